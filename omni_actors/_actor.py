@@ -1,0 +1,112 @@
+"""The ``Actor`` base class: what a user subclasses."""
+
+from __future__ import annotations
+
+import types
+import typing
+from typing import TYPE_CHECKING, Any, ClassVar, Generic, TypeVar
+
+from omni_actors._mailbox import MailboxConfig
+from omni_actors.supervision import SupervisorStrategy
+
+if TYPE_CHECKING:
+    from omni_actors._context import ActorContext
+
+__all__ = ["Actor", "M", "accepted_types"]
+
+M = TypeVar("M")
+
+
+def accepted_types(declared: Any) -> tuple[type, ...] | None:
+    """Flatten a declared message type (a class, a union, ``Any``) into runtime classes.
+
+    Returns ``None`` when the declaration is still generic (a ``TypeVar``), so a subclass
+    inherits its parent's set.
+    """
+    if isinstance(declared, TypeVar):
+        return None
+    if declared is Any or declared is object:
+        return (object,)
+    origin = typing.get_origin(declared)
+    if origin is typing.Union or origin is types.UnionType:
+        found: list[type] = []
+        for arg in typing.get_args(declared):
+            sub = accepted_types(arg)
+            if sub is None:
+                return None
+            found.extend(t for t in sub if t not in found)
+        return tuple(found)
+    if origin is typing.Annotated:
+        return accepted_types(typing.get_args(declared)[0])
+    if origin is typing.Literal:
+        return tuple(dict.fromkeys(type(v) for v in typing.get_args(declared)))
+    if isinstance(origin, type):
+        return (origin,)
+    if isinstance(declared, type):
+        return (declared,)
+    if declared is None or declared is type(None):
+        return (type(None),)
+    raise TypeError(f"cannot check messages against {declared!r}; declare classes or unions")
+
+
+class Actor(Generic[M]):
+    """An actor that processes messages of type ``M``, one at a time.
+
+    Subclass it with the union of message types it accepts, e.g.
+    ``class Counter(Actor[Increment | Get])``; ``tell`` and ``ask`` reject any other type
+    with :class:`~omni_actors.errors.MessageTypeError`. Override :meth:`receive`; what it
+    returns is the reply to an ``ask``, and what it raises is both re-raised to the asker
+    and a failure handled by the actor's supervisor.
+
+    Class attributes an actor may override:
+        mailbox: capacity, overflow policy and stash size (``spawn`` can override it).
+        supervisor_strategy: how this actor supervises the children it spawns.
+    """
+
+    accepts: ClassVar[tuple[type, ...]] = (object,)
+    mailbox: ClassVar[MailboxConfig] = MailboxConfig()
+    supervisor_strategy: ClassVar[SupervisorStrategy] = SupervisorStrategy()
+
+    _context: ActorContext[M]
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        if "accepts" in cls.__dict__:
+            return
+        for base in cls.__dict__.get("__orig_bases__", ()):
+            origin = typing.get_origin(base)
+            if isinstance(origin, type) and issubclass(origin, Actor):
+                args = typing.get_args(base)
+                found = accepted_types(args[0]) if args else None
+                if found is not None:
+                    cls.accepts = found
+                return
+
+    @property
+    def context(self) -> ActorContext[M]:
+        """This actor's view of the runtime: its ref, parent, children, spawn, watch."""
+        try:
+            return self._context
+        except AttributeError:
+            raise RuntimeError(
+                f"{type(self).__qualname__}.context is only available once the actor is "
+                "spawned (use on_start, not __init__)"
+            ) from None
+
+    async def receive(self, message: M) -> Any:
+        """Handle one message; the return value answers an ``ask``."""
+        raise NotImplementedError(f"{type(self).__qualname__} must implement receive()")
+
+    async def on_start(self) -> None:
+        """Called before the first message, after every restart too (spawn children here)."""
+
+    async def on_stop(self) -> None:
+        """Called once when this instance is discarded: stop, or before a restart."""
+
+    async def on_restart(self, cause: BaseException | None) -> None:
+        """Called on the fresh instance after a restart, before ``on_start``.
+
+        ``cause`` is the failure that triggered the restart: the actor's own exception,
+        a sibling's (``one_for_all``/``rest_for_one``), or ``None`` when a permanent
+        actor had stopped itself.
+        """

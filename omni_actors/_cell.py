@@ -1,0 +1,346 @@
+"""``ActorCell``: the runtime behind one actor — its task, mailbox, lifecycle and stash.
+
+A cell outlives the actor instances it hosts: a restart swaps the instance and keeps the
+mailbox, the stash and every ``ActorRef``. The cell's single task is the only code that
+touches the instance, so an actor never sees two messages at once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import logging
+from collections import deque
+from typing import TYPE_CHECKING, Any
+
+from omni_actors import _system_messages as sm
+from omni_actors._actor import Actor
+from omni_actors._context import ActorContext
+from omni_actors._mailbox import Envelope, Mailbox, MailboxConfig
+from omni_actors._ref import ActorRef
+from omni_actors._supervisor import Supervisor
+from omni_actors.errors import ActorNameTakenError, ActorStoppedError, StartTimeoutError
+from omni_actors.signals import Terminated
+from omni_actors.supervision import RestartType, SupervisorStrategy
+
+if TYPE_CHECKING:
+    from omni_actors._system import ActorSystem
+
+__all__ = ["ActorCell"]
+
+log = logging.getLogger("omni_actors")
+
+_RESTART_TYPES = ("permanent", "transient", "temporary")
+_names = itertools.count(1)
+
+
+class _Exit:
+    """Returned up the loop when the cell must terminate with ``reason``."""
+
+    __slots__ = ("reason",)
+
+    def __init__(self, reason: BaseException | None) -> None:
+        self.reason = reason
+
+
+class ActorCell:
+    """Runs one actor: creates instances, drives its mailbox, reports to its parent."""
+
+    def __init__(
+        self,
+        system: ActorSystem,
+        parent: ActorCell | None,
+        name: str,
+        actor_cls: type[Actor[Any]],
+        args: tuple[Any, ...],
+        kwargs: dict[str, Any],
+        restart: RestartType,
+        strategy: SupervisorStrategy,
+        mailbox: MailboxConfig,
+    ) -> None:
+        self.system = system
+        self.parent = parent
+        self.name = name
+        self.path: str = "/" if parent is None else f"{parent.path.rstrip('/')}/{name}"
+        self.actor_cls = actor_cls
+        self.args = args
+        self.kwargs = kwargs
+        self.restart = restart
+        self.accepts = actor_cls.accepts
+        self.mailbox = Mailbox(self.path, mailbox)
+        self.stash: deque[Envelope] = deque()
+        self.children: dict[str, ActorCell] = {}
+        self.watchers: set[ActorCell] = set()
+        self.watching: set[ActorCell] = set()
+        self.supervisor = Supervisor(self, strategy)
+        self.ref: ActorRef[Any] = ActorRef(self)
+        self.context: ActorContext[Any] = ActorContext(self)
+        self.instance: Actor[Any] | None = None
+        self.state = "starting"
+        self.stop_requested = False
+        self.task: asyncio.Task[None] | None = None
+        loop = asyncio.get_running_loop()
+        self.started: asyncio.Future[None] = loop.create_future()
+        self.terminated: asyncio.Future[BaseException | None] = loop.create_future()
+        self._current_reply: asyncio.Future[Any] | None = None
+
+    # -- children -----------------------------------------------------------------
+
+    async def spawn_child(
+        self,
+        actor_cls: type[Actor[Any]],
+        args: tuple[Any, ...],
+        kwargs: dict[str, Any],
+        *,
+        name: str | None,
+        restart: RestartType,
+        strategy: SupervisorStrategy | None,
+        mailbox: MailboxConfig | None,
+        start_timeout: float,
+    ) -> ActorRef[Any]:
+        """Create a child, wait for its ``on_start``, and return its ref."""
+        if not (isinstance(actor_cls, type) and issubclass(actor_cls, Actor)):
+            raise TypeError(f"spawn() needs an Actor subclass, got {actor_cls!r}")
+        if restart not in _RESTART_TYPES:
+            raise ValueError(f"restart must be one of {_RESTART_TYPES}, got {restart!r}")
+        if self.state in ("stopping", "stopped"):
+            raise ActorStoppedError(self.path, "a stopping actor cannot spawn children")
+        if name is None:
+            name = f"{actor_cls.__name__.lower()}-{next(_names)}"
+        elif not name or "/" in name:
+            raise ValueError(f"actor names must be non-empty and contain no '/', got {name!r}")
+        if name in self.children:
+            raise ActorNameTakenError(f"{self.path} already has a child named {name!r}")
+        child = ActorCell(
+            self.system,
+            self,
+            name,
+            actor_cls,
+            args,
+            kwargs,
+            restart,
+            strategy or actor_cls.supervisor_strategy,
+            mailbox or actor_cls.mailbox,
+        )
+        self.children[name] = child
+        self.system._register(child)
+        child.task = self.system._create_task(child._run(), name=f"actor {child.path}")
+        try:
+            async with asyncio.timeout(start_timeout):
+                await asyncio.shield(child.started)
+        except TimeoutError:
+            child.kill()
+            raise StartTimeoutError(child.path, start_timeout) from None
+        return child.ref
+
+    async def stop(self, timeout: float) -> None:
+        """Stop gracefully; kill (cancel the task) if that takes longer than ``timeout``."""
+        if self.terminated.done():
+            return
+        self.mailbox.push_system(sm.Stop())
+        for action in ("stop", "kill"):
+            if action == "kill":
+                log.warning("actor %s did not stop within %gs; killing it", self.path, timeout)
+                self.kill()
+            try:
+                async with asyncio.timeout(timeout):
+                    await asyncio.shield(self.terminated)
+                return
+            except TimeoutError:
+                continue
+        log.error("actor %s ignored cancellation and is abandoned", self.path)
+
+    def kill(self) -> None:
+        """Cancel the cell's task: the current message is interrupted, cleanup still runs."""
+        if self.task is not None and not self.task.done():
+            self.task.cancel()
+
+    async def stop_children(self) -> None:
+        """Stop every child, most recently started first."""
+        for child in reversed(list(self.children.values())):
+            await child.stop(self.system.stop_timeout)
+
+    # -- the task -----------------------------------------------------------------
+
+    async def _run(self) -> None:
+        reason: BaseException | None = None
+        try:
+            try:
+                await self._start_instance(None, first=True)
+            except Exception as exc:
+                reason = exc
+                self.started.set_exception(exc)
+                return
+            self.started.set_result(None)
+            reason = await self._loop()
+        except asyncio.CancelledError:
+            reason = ActorStoppedError(self.path, "killed")
+            raise
+        finally:
+            self._finalize(reason)
+
+    async def _start_instance(self, cause: BaseException | None, *, first: bool) -> None:
+        self.stop_requested = False
+        instance = self.actor_cls(*self.args, **self.kwargs)
+        instance._context = self.context
+        try:
+            if not first:
+                await instance.on_restart(cause)
+            await instance.on_start()
+        except BaseException:
+            # A half-started instance gets no on_stop, but its children must not outlive it.
+            await self.stop_children()
+            raise
+        self.instance = instance
+        self.state = "running"
+
+    async def _loop(self) -> BaseException | None:
+        mailbox = self.mailbox
+        system = mailbox.system
+        user = mailbox.user
+        stash = self.stash
+        stash_capacity = mailbox.config.stash_capacity
+        while True:
+            exit_: _Exit | None = None
+            if system:
+                exit_ = await self._on_system(system.popleft())
+            elif self.state == "running":
+                if stash:
+                    exit_ = await self._process(stash.popleft())
+                elif user:
+                    exit_ = await self._process(mailbox.pop_user())
+                else:
+                    await mailbox.wait(False)
+            elif user and len(stash) < stash_capacity:
+                stash.append(mailbox.pop_user())
+            else:
+                await mailbox.wait(bool(user))
+            if exit_ is not None:
+                await self._terminate()
+                return exit_.reason
+
+    async def _process(self, envelope: Envelope) -> _Exit | None:
+        message, reply = envelope
+        instance = self.instance
+        assert instance is not None
+        self._current_reply = reply
+        try:
+            result = await instance.receive(message)
+        except asyncio.CancelledError as exc:
+            task = asyncio.current_task()
+            if task is not None and task.cancelling():
+                raise
+            return self._failed(exc, reply)
+        except Exception as exc:
+            return self._failed(exc, reply)
+        finally:
+            self._current_reply = None
+        if reply is not None and not reply.done():
+            reply.set_result(result)
+        if self.stop_requested:
+            return self._fail(None)
+        return None
+
+    def _failed(self, exc: BaseException, reply: asyncio.Future[Any] | None) -> _Exit | None:
+        if reply is not None and not reply.done():
+            reply.set_exception(exc)
+        log.debug("actor %s failed: %r", self.path, exc)
+        return self._fail(exc)
+
+    def _fail(self, error: BaseException | None) -> _Exit | None:
+        """Decide locally whether to stop, or suspend and let the parent restart us.
+
+        ``error`` is None when the actor stopped itself.
+        """
+        wanted = self.restart == "permanent" if error is None else self.restart != "temporary"
+        parent = self.parent
+        if not wanted or parent is None or parent.state in ("stopping", "stopped"):
+            if error is not None and self.restart == "temporary":
+                log.warning("actor %s stopped after a failure: %r", self.path, error)
+            return _Exit(error)
+        self.state = "suspended"
+        parent.mailbox.push_system(sm.ChildFailed(self, error))
+        return None
+
+    async def _on_system(self, message: object) -> _Exit | None:
+        match message:
+            case sm.Stop(reason=reason):
+                return _Exit(reason)
+            case sm.Suspend():
+                if self.state == "running":
+                    self.state = "suspended"
+            case sm.Teardown(done=done):
+                await self._teardown()
+                _resolve(done)
+            case sm.Restart(cause=cause, done=done):
+                try:
+                    await self._teardown()
+                    await self._start_instance(cause, first=False)
+                except Exception as exc:
+                    self.state = "suspended"
+                    return self._fail(exc)
+                finally:
+                    _resolve(done)
+            case sm.ChildFailed(child=child, error=error):
+                return await self.supervisor.child_failed(child, error)
+            case sm.RestartGroup(children=children, cause=cause):
+                await self.supervisor.restart_group(children, cause)
+            case Terminated():
+                if self.state == "running":
+                    return await self._process((message, None))
+                self.stash.append((message, None))
+            case _:
+                raise AssertionError(f"unknown system message {message!r}")
+        return None
+
+    async def _teardown(self) -> None:
+        """Stop the children and let the current instance release what it holds."""
+        await self.stop_children()
+        instance, self.instance = self.instance, None
+        if instance is not None:
+            try:
+                await instance.on_stop()
+            except Exception:
+                log.exception("on_stop of %s raised", self.path)
+
+    async def _terminate(self) -> None:
+        self.state = "stopping"
+        self.supervisor.cancel_timers()
+        await self._teardown()
+
+    def _finalize(self, reason: BaseException | None) -> None:
+        """Release everything the cell owns; runs on every exit path, kill included."""
+        self.state = "stopped"
+        self.supervisor.cancel_timers()
+        for child in list(self.children.values()):
+            child.kill()
+        pending = self.mailbox.close()
+        pending.extend(self.stash)
+        self.stash.clear()
+        if self._current_reply is not None:
+            pending.append((None, self._current_reply))
+        for message, reply in pending:
+            if reply is not None and not reply.done():
+                reply.set_exception(ActorStoppedError(self.path, "stopped before replying"))
+            elif reply is None and message is not None:
+                log.debug("dead letter to %s: %r", self.path, message)
+        parent = self.parent
+        if parent is not None and parent.children.get(self.name) is self:
+            del parent.children[self.name]
+            parent.supervisor.forget(self)
+        self.system._unregister(self)
+        for watcher in self.watchers:
+            watcher.mailbox.push_system(Terminated(self.ref, reason))
+        for watched in self.watching:
+            watched.watchers.discard(self)
+        self.watchers.clear()
+        self.watching.clear()
+        if self.started.done() and not self.started.cancelled():
+            self.started.exception()  # the spawner has seen it; mark it retrieved
+        if not self.terminated.done():
+            self.terminated.set_result(reason)
+
+
+def _resolve(done: asyncio.Future[None]) -> None:
+    if not done.done():
+        done.set_result(None)

@@ -1,0 +1,105 @@
+"""``ActorRef``: the only handle to an actor."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import TYPE_CHECKING, Any, Generic, TypeVar
+
+from omni_actors.errors import AskTimeoutError, MessageTypeError, SendTimeoutError
+
+if TYPE_CHECKING:
+    from omni_actors._cell import ActorCell
+
+__all__ = ["ActorRef"]
+
+M = TypeVar("M", contravariant=True)
+
+DEFAULT_ASK_TIMEOUT = 5.0
+
+
+class ActorRef(Generic[M]):
+    """Send messages of type ``M`` to one actor.
+
+    A ref stays valid across restarts of its actor (the mailbox, and anything stashed in
+    it, survives); once the actor has stopped, ``tell`` and ``ask`` raise
+    :class:`~omni_actors.errors.ActorStoppedError`.
+    """
+
+    __slots__ = ("_cell",)
+
+    def __init__(self, cell: ActorCell) -> None:
+        self._cell = cell
+
+    @property
+    def path(self) -> str:
+        """Unique path in the actor tree, e.g. ``/pipeline/thinker``."""
+        return self._cell.path
+
+    @property
+    def name(self) -> str:
+        """Name among its siblings."""
+        return self._cell.name
+
+    @property
+    def is_alive(self) -> bool:
+        """False once the actor has stopped for good."""
+        return not self._cell.mailbox.closed
+
+    def _check(self, message: object) -> None:
+        accepts = self._cell.accepts
+        if not isinstance(message, accepts):
+            raise MessageTypeError(self._cell.path, message, accepts)
+
+    async def tell(self, message: M, *, timeout: float | None = None) -> None:
+        """Queue ``message``; with the backpressure policy, wait for mailbox room.
+
+        Args:
+            message: an instance of one of the actor's declared message types.
+            timeout: longest wait for room in a full mailbox; ``None`` waits as long as
+                the actor lives (it raises ``ActorStoppedError`` if the actor stops).
+
+        Raises:
+            MessageTypeError: the actor does not accept this type.
+            ActorStoppedError: the actor is stopped.
+            MailboxFullError: the mailbox is full and its policy is ``fail``.
+            SendTimeoutError: no room within ``timeout``.
+        """
+        self._check(message)
+        try:
+            await self._cell.mailbox.push_user((message, None), timeout)
+        except TimeoutError:
+            assert timeout is not None
+            raise SendTimeoutError(self._cell.path, timeout) from None
+
+    async def ask(self, message: M, *, timeout: float = DEFAULT_ASK_TIMEOUT) -> Any:
+        """Send ``message`` and wait for the value the actor's ``receive`` returns.
+
+        The deadline covers waiting for mailbox room and for the reply, and fires even
+        if the actor never answers.
+
+        Raises:
+            AskTimeoutError: no reply within ``timeout`` seconds.
+            ActorStoppedError: the actor stopped before replying.
+            Exception: whatever ``receive`` raised, re-raised as is.
+        """
+        self._check(message)
+        reply: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
+        deadline = asyncio.timeout(timeout)
+        try:
+            async with deadline:
+                await self._cell.mailbox.push_user((message, reply))
+                return await reply
+        except TimeoutError:
+            if not deadline.expired():
+                raise
+            reply.cancel()
+            raise AskTimeoutError(self._cell.path, message, timeout) from None
+
+    def __repr__(self) -> str:
+        return f"ActorRef({self._cell.path})"
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, ActorRef) and other._cell is self._cell
+
+    def __hash__(self) -> int:
+        return hash(self._cell)

@@ -1,0 +1,53 @@
+"""Messages of the system lane: the runtime's own control traffic between cells."""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from omni_actors._cell import ActorCell
+
+
+@dataclass(slots=True)
+class Stop:
+    """Terminate for good (from the parent, the system, or a ``stop`` call)."""
+
+    reason: BaseException | None = None
+
+
+@dataclass(slots=True)
+class Suspend:
+    """Stop taking user messages (stash them) until a ``Restart`` arrives."""
+
+
+@dataclass(slots=True)
+class Teardown:
+    """Discard the current instance (children stopped, ``on_stop``) ahead of a restart."""
+
+    done: asyncio.Future[None]
+
+
+@dataclass(slots=True)
+class Restart:
+    """Build a fresh instance and resume, replaying the stash first."""
+
+    cause: BaseException | None
+    done: asyncio.Future[None]
+
+
+@dataclass(slots=True)
+class ChildFailed:
+    """To a parent: a child failed (``error``) or, if permanent, stopped itself (None)."""
+
+    child: ActorCell
+    error: BaseException | None
+
+
+@dataclass(slots=True)
+class RestartGroup:
+    """To a parent, from its own backoff timer: restart these children now."""
+
+    children: list[ActorCell]
+    cause: BaseException | None

@@ -1,0 +1,124 @@
+"""Typed errors raised by the omni-actors runtime.
+
+Every error the runtime raises is an :class:`OmniError`, so callers can catch the whole
+family at once, and most also derive from the matching builtin (``TypeError``,
+``TimeoutError``, ``LookupError``) so generic handlers keep working.
+"""
+
+from __future__ import annotations
+
+__all__ = [
+    "ActorNameTakenError",
+    "ActorNotFoundError",
+    "ActorStoppedError",
+    "AskTimeoutError",
+    "MailboxFullError",
+    "MessageDroppedError",
+    "MessageTypeError",
+    "OmniError",
+    "RestartIntensityExceededError",
+    "SendTimeoutError",
+    "StartTimeoutError",
+]
+
+
+class OmniError(Exception):
+    """Base class of every error raised by omni-actors."""
+
+
+class MessageTypeError(OmniError, TypeError):
+    """A message was sent to an actor that does not declare its type."""
+
+    def __init__(self, actor: str, message: object, accepted: tuple[type, ...]) -> None:
+        names = ", ".join(t.__qualname__ for t in accepted) or "nothing"
+        super().__init__(
+            f"actor {actor} does not accept {type(message).__qualname__}; "
+            f"it declares: {names}. Send one of those types, or add "
+            f"{type(message).__qualname__} to the actor's Actor[...] union."
+        )
+        self.actor = actor
+        self.message_type = type(message)
+        self.accepted = accepted
+
+
+class ActorStoppedError(OmniError):
+    """The target actor is stopped (or stopped before it could reply)."""
+
+    def __init__(self, actor: str, detail: str = "") -> None:
+        text = f"actor {actor} is stopped"
+        super().__init__(f"{text}: {detail}" if detail else text)
+        self.actor = actor
+
+
+class AskTimeoutError(OmniError, TimeoutError):
+    """An ``ask`` got no reply before its deadline."""
+
+    def __init__(self, actor: str, message: object, timeout: float) -> None:
+        super().__init__(
+            f"ask to {actor} with {type(message).__qualname__} got no reply within {timeout:g}s"
+        )
+        self.actor = actor
+        self.timeout = timeout
+
+
+class MailboxFullError(OmniError):
+    """The mailbox is full and the actor's overflow policy is ``fail``."""
+
+    def __init__(self, actor: str, capacity: int) -> None:
+        super().__init__(
+            f"mailbox of {actor} is full ({capacity} messages) and its overflow policy "
+            "is 'fail'; retry later or use the 'backpressure' policy"
+        )
+        self.actor = actor
+        self.capacity = capacity
+
+
+class MessageDroppedError(OmniError):
+    """An asked message was dropped by the ``drop_oldest`` overflow policy."""
+
+    def __init__(self, actor: str, message: object) -> None:
+        super().__init__(
+            f"{type(message).__qualname__} to {actor} was dropped: the mailbox was full "
+            "and its overflow policy is 'drop_oldest'"
+        )
+        self.actor = actor
+
+
+class ActorNameTakenError(OmniError, ValueError):
+    """A sibling with the same name already exists."""
+
+
+class ActorNotFoundError(OmniError, LookupError):
+    """No live actor is registered under the looked-up path."""
+
+
+class RestartIntensityExceededError(OmniError):
+    """A supervisor restarted children too often and escalates to its own parent."""
+
+    def __init__(self, supervisor: str, child: str, max_restarts: int, period: float) -> None:
+        super().__init__(
+            f"supervisor {supervisor} exceeded {max_restarts} restarts within {period:g}s "
+            f"(last failure in {child}); its children were stopped and it escalates"
+        )
+        self.supervisor = supervisor
+        self.child = child
+
+
+class SendTimeoutError(OmniError, TimeoutError):
+    """A ``tell`` waited longer than its timeout for room in a full mailbox."""
+
+    def __init__(self, actor: str, timeout: float) -> None:
+        super().__init__(f"mailbox of {actor} stayed full for {timeout:g}s; message not sent")
+        self.actor = actor
+        self.timeout = timeout
+
+
+class StartTimeoutError(OmniError, TimeoutError):
+    """An actor's ``on_start`` did not finish before the spawn deadline."""
+
+    def __init__(self, actor: str, timeout: float) -> None:
+        super().__init__(
+            f"actor {actor} did not finish on_start within {timeout:g}s; it was stopped"
+        )
+        self.actor = actor
+        self.timeout = timeout

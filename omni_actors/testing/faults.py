@@ -1,0 +1,48 @@
+"""Fault injection for actor tests."""
+
+from __future__ import annotations
+
+from typing import Any, TypeVar
+
+from omni_actors._actor import Actor
+
+__all__ = ["InjectedFault", "crash_after"]
+
+A = TypeVar("A", bound=Actor[Any])
+
+
+class InjectedFault(Exception):
+    """The failure raised by :func:`crash_after`."""
+
+
+def crash_after(
+    actor_cls: type[A],
+    messages: int,
+    *,
+    times: int | None = 1,
+    error: type[Exception] = InjectedFault,
+) -> type[A]:
+    """A subclass of ``actor_cls`` whose instances raise on message ``messages + 1``.
+
+    Each instance counts for itself, so a restarted actor handles ``messages`` more
+    messages before it raises again. ``times`` caps how many crashes happen in total
+    across restarts (``None``: no cap); afterwards the actor behaves normally.
+    """
+    if messages < 0:
+        raise ValueError(f"messages must be >= 0, got {messages}")
+    crashes = 0
+
+    class Faulty(actor_cls):  # type: ignore[valid-type,misc]
+        _handled = 0
+
+        async def receive(self, message: Any) -> Any:
+            nonlocal crashes
+            if self._handled >= messages and (times is None or crashes < times):
+                crashes += 1
+                self._handled = 0
+                raise error(f"injected fault in {type(self).__qualname__} after {messages}")
+            self._handled += 1
+            return await super().receive(message)
+
+    Faulty.__name__ = Faulty.__qualname__ = f"Faulty{actor_cls.__name__}"
+    return Faulty
