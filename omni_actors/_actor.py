@@ -61,11 +61,14 @@ class Actor(Generic[M]):
     Class attributes an actor may override:
         mailbox: capacity, overflow policy and stash size (``spawn`` can override it).
         supervisor_strategy: how this actor supervises the children it spawns.
+        replies: the type ``ask`` replies are decoded as when the actor runs in another
+            process (``spawn(..., process=True)``); builtins decode as ``Any``.
     """
 
     accepts: ClassVar[tuple[type, ...]] = (object,)
     mailbox: ClassVar[MailboxConfig] = MailboxConfig()
     supervisor_strategy: ClassVar[SupervisorStrategy] = SupervisorStrategy()
+    replies: ClassVar[Any] = Any
 
     _context: ActorContext[M]
 

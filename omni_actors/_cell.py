@@ -11,12 +11,13 @@ import asyncio
 import itertools
 import logging
 from collections import deque
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from omni_actors import _system_messages as sm
 from omni_actors._actor import Actor
 from omni_actors._context import ActorContext
-from omni_actors._mailbox import Envelope, Mailbox, MailboxConfig
+from omni_actors._mailbox import Envelope, Mailbox, MailboxConfig, ReplySink
 from omni_actors._ref import ActorRef
 from omni_actors._supervisor import Supervisor
 from omni_actors.errors import ActorNameTakenError, ActorStoppedError, StartTimeoutError
@@ -56,7 +57,8 @@ class ActorCell:
         kwargs: dict[str, Any],
         restart: RestartType,
         strategy: SupervisorStrategy,
-        mailbox: MailboxConfig,
+        mailbox: MailboxConfig | Mailbox,
+        instance_factory: Callable[[], Actor[Any]] | None = None,
     ) -> None:
         self.system = system
         self.parent = parent
@@ -67,7 +69,9 @@ class ActorCell:
         self.kwargs = kwargs
         self.restart = restart
         self.accepts = actor_cls.accepts
-        self.mailbox = Mailbox(self.path, mailbox)
+        self.mailbox = mailbox if isinstance(mailbox, Mailbox) else Mailbox(self.path, mailbox)
+        # A process actor's cell hosts a stand-in (the worker's host), not the class itself.
+        self.instance_factory = instance_factory or (lambda: actor_cls(*args, **kwargs))
         self.stash: deque[Envelope] = deque()
         self.children: dict[str, ActorCell] = {}
         self.watchers: set[ActorCell] = set()
@@ -82,7 +86,8 @@ class ActorCell:
         loop = asyncio.get_running_loop()
         self.started: asyncio.Future[None] = loop.create_future()
         self.terminated: asyncio.Future[BaseException | None] = loop.create_future()
-        self._current_reply: asyncio.Future[Any] | None = None
+        self._current_reply: ReplySink | None = None
+        self._stopping_children = False
 
     # -- children -----------------------------------------------------------------
 
@@ -97,6 +102,7 @@ class ActorCell:
         strategy: SupervisorStrategy | None,
         mailbox: MailboxConfig | None,
         start_timeout: float,
+        process: bool = False,
     ) -> ActorRef[Any]:
         """Create a child, wait for its ``on_start``, and return its ref."""
         if not (isinstance(actor_cls, type) and issubclass(actor_cls, Actor)):
@@ -111,6 +117,12 @@ class ActorCell:
             raise ValueError(f"actor names must be non-empty and contain no '/', got {name!r}")
         if name in self.children:
             raise ActorNameTakenError(f"{self.path} already has a child named {name!r}")
+        config = mailbox or actor_cls.mailbox
+        path = f"{self.path.rstrip('/')}/{name}"
+        box: Mailbox | MailboxConfig = config
+        factory: Callable[[], Actor[Any]] | None = None
+        if process:
+            box, factory = await self.system._process_actor(path, actor_cls, args, kwargs, config)
         child = ActorCell(
             self.system,
             self,
@@ -120,7 +132,8 @@ class ActorCell:
             kwargs,
             restart,
             strategy or actor_cls.supervisor_strategy,
-            mailbox or actor_cls.mailbox,
+            box,
+            factory,
         )
         self.children[name] = child
         self.system._register(child)
@@ -138,17 +151,28 @@ class ActorCell:
         if self.terminated.done():
             return
         self.mailbox.push_system(sm.Stop())
-        for action in ("stop", "kill"):
-            if action == "kill":
-                log.warning("actor %s did not stop within %gs; killing it", self.path, timeout)
-                self.kill()
+        if await self._wait_terminated(timeout, patient=True):
+            return
+        log.warning("actor %s did not stop within %gs; killing it", self.path, timeout)
+        self.kill()
+        if not await self._wait_terminated(timeout, patient=False):
+            log.error("actor %s ignored cancellation and is abandoned", self.path)
+
+    async def _wait_terminated(self, timeout: float, *, patient: bool) -> bool:
+        """Wait up to ``timeout`` for termination, while stopping children not counted.
+
+        Each child has a deadline of its own, so time spent stopping them must not
+        count against this actor's deadline (else a parent would always be killed
+        before its children finished stopping).
+        """
+        while True:
             try:
                 async with asyncio.timeout(timeout):
                     await asyncio.shield(self.terminated)
-                return
+                return True
             except TimeoutError:
-                continue
-        log.error("actor %s ignored cancellation and is abandoned", self.path)
+                if not (patient and self._stopping_children):
+                    return False
 
     def kill(self) -> None:
         """Cancel the cell's task: the current message is interrupted, cleanup still runs."""
@@ -157,8 +181,12 @@ class ActorCell:
 
     async def stop_children(self) -> None:
         """Stop every child, most recently started first."""
-        for child in reversed(list(self.children.values())):
-            await child.stop(self.system.stop_timeout)
+        self._stopping_children = True
+        try:
+            for child in reversed(list(self.children.values())):
+                await child.stop(self.system.stop_timeout)
+        finally:
+            self._stopping_children = False
 
     # -- the task -----------------------------------------------------------------
 
@@ -176,12 +204,16 @@ class ActorCell:
         except asyncio.CancelledError:
             reason = ActorStoppedError(self.path, "killed")
             raise
+        except Exception as exc:
+            # A bug in the runtime itself: stop this actor cleanly rather than hang it.
+            log.exception("internal error in actor %s", self.path)
+            reason = exc
         finally:
             self._finalize(reason)
 
     async def _start_instance(self, cause: BaseException | None, *, first: bool) -> None:
         self.stop_requested = False
-        instance = self.actor_cls(*self.args, **self.kwargs)
+        instance = self.instance_factory()
         instance._context = self.context
         try:
             if not first:
@@ -241,7 +273,7 @@ class ActorCell:
             return self._fail(None)
         return None
 
-    def _failed(self, exc: BaseException, reply: asyncio.Future[Any] | None) -> _Exit | None:
+    def _failed(self, exc: BaseException, reply: ReplySink | None) -> _Exit | None:
         if reply is not None and not reply.done():
             reply.set_exception(exc)
         log.debug("actor %s failed: %r", self.path, exc)
@@ -266,6 +298,9 @@ class ActorCell:
         match message:
             case sm.Stop(reason=reason):
                 return _Exit(reason)
+            case sm.Fail(error=error):
+                if self.state == "running":
+                    return self._fail(error)
             case sm.Suspend():
                 if self.state == "running":
                     self.state = "suspended"

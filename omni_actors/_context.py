@@ -77,6 +77,7 @@ class ActorContext(Generic[M]):
         strategy: SupervisorStrategy | None = None,
         mailbox: MailboxConfig | None = None,
         start_timeout: float = 30.0,
+        process: bool = False,
         **kwargs: Any,
     ) -> ActorRef[C]:
         """Start a child supervised by this actor; see ``ActorSystem.spawn``."""
@@ -89,6 +90,7 @@ class ActorContext(Generic[M]):
             strategy=strategy,
             mailbox=mailbox,
             start_timeout=start_timeout,
+            process=process,
         )
 
     def watch(self, ref: ActorRef[Any]) -> None:

@@ -6,15 +6,26 @@ import asyncio
 import contextlib
 from collections import deque
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 from omni_actors.errors import ActorStoppedError, MailboxFullError, MessageDroppedError
 from omni_actors.supervision import OverflowPolicy
 
-__all__ = ["Envelope", "Mailbox", "MailboxConfig"]
+__all__ = ["Envelope", "Mailbox", "MailboxConfig", "ReplySink"]
 
-Envelope = tuple[Any, "asyncio.Future[Any] | None"]
-"""A user message and, for an ``ask``, the future that carries the reply."""
+
+class ReplySink(Protocol):
+    """Where the outcome of handling a message goes: an asyncio future for a local
+    ``ask``, or the transport's reply for a message that came from another process."""
+
+    def done(self) -> bool: ...
+    def cancelled(self) -> bool: ...
+    def set_result(self, result: Any, /) -> None: ...
+    def set_exception(self, exception: BaseException, /) -> None: ...
+
+
+Envelope = tuple[Any, ReplySink | None]
+"""A user message and, for an ``ask`` (or a remote message), where its outcome goes."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -91,6 +102,15 @@ class Mailbox:
         self.system.append(message)
         self._wake(True)
         return True
+
+    def push_remote(self, envelope: Envelope) -> None:
+        """Queue a message that arrived from another process, regardless of capacity.
+
+        The sender held a credit for it (the receiver granted no more than its room), so
+        the capacity can only be exceeded by messages local senders added meanwhile.
+        """
+        self.user.append(envelope)
+        self._wake(False)
 
     async def push_user(self, envelope: Envelope, timeout: float | None = None) -> None:
         """Queue a user message, applying the overflow policy when full."""

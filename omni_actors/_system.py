@@ -5,16 +5,19 @@ from __future__ import annotations
 import asyncio
 import logging
 import random
-from collections.abc import Coroutine
-from typing import Any, TypeVar
+from collections.abc import Callable, Coroutine
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from omni_actors._actor import Actor
 from omni_actors._cell import ActorCell
-from omni_actors._mailbox import MailboxConfig
+from omni_actors._mailbox import Mailbox, MailboxConfig
 from omni_actors._ref import ActorRef
 from omni_actors.clock import Clock, LoopClock
 from omni_actors.errors import ActorNotFoundError, ActorStoppedError
 from omni_actors.supervision import RestartType, SupervisorStrategy
+
+if TYPE_CHECKING:
+    from omni_actors.transport.workers import Workers
 
 __all__ = ["ActorSystem", "run"]
 
@@ -65,6 +68,7 @@ class ActorSystem:
         self._registry: dict[str, ActorCell] = {}
         self._tasks: set[asyncio.Task[Any]] = set()
         self._guardian: ActorCell | None = None
+        self._workers: Workers | None = None
 
     async def __aenter__(self) -> ActorSystem:
         await self.start()
@@ -102,6 +106,7 @@ class ActorSystem:
         strategy: SupervisorStrategy | None = None,
         mailbox: MailboxConfig | None = None,
         start_timeout: float = 30.0,
+        process: bool = False,
         **kwargs: Any,
     ) -> ActorRef[C]:
         """Start a top-level actor and return its ref once ``on_start`` has finished.
@@ -117,7 +122,13 @@ class ActorSystem:
             strategy: how this actor supervises its own children (default: the class's
                 ``supervisor_strategy``).
             mailbox: overrides the class's ``mailbox`` settings.
-            start_timeout: deadline for ``on_start``.
+            start_timeout: deadline for ``on_start`` (for a process actor: for the worker
+                to start and the actor's ``on_start`` in it).
+            process: run the actor in its own worker process. Its class must live in an
+                importable module, its constructor arguments and messages must be
+                msgspec-encodable (messages: ``msgspec.Struct``s, tensors allowed), and
+                the returned ref behaves exactly like a local one; if the process dies,
+                the actor fails and its supervisor decides.
 
         Raises:
             Exception: whatever ``on_start`` raised (the actor is not started).
@@ -133,6 +144,7 @@ class ActorSystem:
             strategy=strategy,
             mailbox=mailbox,
             start_timeout=start_timeout,
+            process=process,
         )
 
     def lookup(self, path: str) -> ActorRef[Any]:
@@ -161,6 +173,9 @@ class ActorSystem:
         if guardian is None:
             return
         await guardian.stop(self.stop_timeout)
+        if self._workers is not None:
+            await self._workers.close()
+            self._workers = None
         tasks = [t for t in self._tasks if not t.done()]
         if tasks:
             _, stuck = await asyncio.wait(tasks, timeout=self.stop_timeout)
@@ -185,6 +200,27 @@ class ActorSystem:
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
         return task
+
+    async def _process_actor(
+        self,
+        path: str,
+        actor_cls: type[Actor[Any]],
+        args: tuple[Any, ...],
+        kwargs: dict[str, Any],
+        config: MailboxConfig,
+    ) -> tuple[Mailbox, Callable[[], Actor[Any]]]:
+        """The mailbox and host factory of an actor that runs in a worker process."""
+        # Imported here so that processes without workers never load ZeroMQ.
+        from omni_actors.transport.remote import RemoteMailbox
+        from omni_actors.transport.workers import ProcessHost, Workers, actor_spec
+
+        actor_spec(actor_cls)  # fail fast if a worker could not import the class
+        if self._workers is None:
+            self._workers = Workers(self)
+            await self._workers.start()
+        workers = self._workers
+        mailbox = RemoteMailbox(path, config, actor_cls.replies)
+        return mailbox, lambda: ProcessHost(workers, actor_cls, args, kwargs, mailbox)
 
     def _register(self, cell: ActorCell) -> None:
         self._registry[cell.path] = cell

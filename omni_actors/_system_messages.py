@@ -18,6 +18,16 @@ class Stop:
 
 
 @dataclass(slots=True)
+class Fail:
+    """Fail now, as if ``receive`` had raised ``error`` (None: as if it stopped itself).
+
+    Sent by whatever watches a resource the actor depends on, e.g. its worker process.
+    """
+
+    error: BaseException | None
+
+
+@dataclass(slots=True)
 class Suspend:
     """Stop taking user messages (stash them) until a ``Restart`` arrives."""
 

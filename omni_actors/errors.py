@@ -16,6 +16,7 @@ __all__ = [
     "MessageDroppedError",
     "MessageTypeError",
     "OmniError",
+    "ProtocolError",
     "RestartIntensityExceededError",
     "SendTimeoutError",
     "StartTimeoutError",
@@ -122,3 +123,11 @@ class StartTimeoutError(OmniError, TimeoutError):
         )
         self.actor = actor
         self.timeout = timeout
+
+
+class ProtocolError(OmniError):
+    """Bytes from the wire are not a valid message (malformed, truncated or lying).
+
+    Raised by decoders instead of crashing; the channel that received the bytes stays
+    usable and the offending message is dropped.
+    """

@@ -1,10 +1,14 @@
-"""Suite-wide checks: no test may leave an asyncio task behind."""
+"""Suite-wide checks: no test may leave an asyncio task or a child process behind."""
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
+import contextlib
+import os
+import signal
+from collections.abc import AsyncIterator, Iterator
 
+import pytest
 import pytest_asyncio
 
 
@@ -22,3 +26,30 @@ async def _no_stray_tasks() -> AsyncIterator[None]:
     for task in stray:
         task.cancel()
     raise AssertionError(f"test left tasks running: {names}")
+
+
+def _children(pid: int) -> list[int]:
+    """Live (or unreaped) child processes of ``pid``, read from /proc."""
+    found = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if int(fields[1]) == pid:
+            found.append(int(entry))
+    return found
+
+
+@pytest.fixture(autouse=True)
+def _no_orphan_processes() -> Iterator[None]:
+    before = set(_children(os.getpid()))
+    yield
+    leaked = set(_children(os.getpid())) - before
+    for pid in leaked:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+    assert not leaked, f"test left child processes running: {sorted(leaked)}"

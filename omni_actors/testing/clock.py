@@ -5,17 +5,19 @@ from __future__ import annotations
 import heapq
 import itertools
 from collections.abc import Callable
-from dataclasses import dataclass, field
 
 __all__ = ["VirtualClock"]
 
 
-@dataclass(order=True, slots=True)
 class _Timer:
-    when: float
-    seq: int
-    callback: Callable[[], None] = field(compare=False)
-    cancelled: bool = field(default=False, compare=False)
+    """A virtual timer; hashable by identity so owners can keep them in sets."""
+
+    __slots__ = ("callback", "cancelled", "when")
+
+    def __init__(self, when: float, callback: Callable[[], None]) -> None:
+        self.when = when
+        self.callback = callback
+        self.cancelled = False
 
     def cancel(self) -> None:
         self.cancelled = True
@@ -30,7 +32,7 @@ class VirtualClock:
 
     def __init__(self, start: float = 0.0) -> None:
         self._now = start
-        self._timers: list[_Timer] = []
+        self._timers: list[tuple[float, int, _Timer]] = []
         self._seq = itertools.count()
 
     def now(self) -> float:
@@ -39,8 +41,8 @@ class VirtualClock:
 
     def call_later(self, delay: float, callback: Callable[[], None]) -> _Timer:
         """Schedule ``callback`` at ``now() + delay`` virtual seconds."""
-        timer = _Timer(self._now + max(0.0, delay), next(self._seq), callback)
-        heapq.heappush(self._timers, timer)
+        timer = _Timer(self._now + max(0.0, delay), callback)
+        heapq.heappush(self._timers, (timer.when, next(self._seq), timer))
         return timer
 
     def advance(self, seconds: float) -> int:
@@ -49,8 +51,8 @@ class VirtualClock:
             raise ValueError("virtual time cannot go backwards")
         target = self._now + seconds
         fired = 0
-        while self._timers and self._timers[0].when <= target:
-            timer = heapq.heappop(self._timers)
+        while self._timers and self._timers[0][0] <= target:
+            timer = heapq.heappop(self._timers)[2]
             if timer.cancelled:
                 continue
             self._now = timer.when
@@ -61,4 +63,4 @@ class VirtualClock:
 
     def pending(self) -> list[float]:
         """Delays (from now) of the timers still scheduled, soonest first."""
-        return sorted(t.when - self._now for t in self._timers if not t.cancelled)
+        return sorted(t.when - self._now for _, _, t in self._timers if not t.cancelled)

@@ -73,9 +73,10 @@ class ActorTestKit:
         restart: RestartType = "temporary",
         strategy: SupervisorStrategy | None = None,
         mailbox: MailboxConfig | None = None,
+        process: bool = False,
         **kwargs: Any,
     ) -> ActorRef[C]:
-        """Spawn a top-level actor in the test's system."""
+        """Spawn a top-level actor in the test's system (see ``ActorSystem.spawn``)."""
         return await self.system.spawn(
             actor_cls,
             *args,
@@ -83,6 +84,7 @@ class ActorTestKit:
             restart=restart,
             strategy=strategy,
             mailbox=mailbox,
+            process=process,
             **kwargs,
         )
 

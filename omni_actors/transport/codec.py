@@ -1,0 +1,283 @@
+"""Message codec: msgspec/msgpack header plus out-of-band tensor buffers.
+
+``encode`` turns a message into ``[header, *buffers]``: every tensor in it becomes a
+:class:`~omni_actors.protocols.tensors.TensorDesc`; small tensors are copied inline,
+larger ones are referenced as a buffer over the tensor's own memory (no copy — ZeroMQ
+sends it with ``copy=False``), and very large ones on a same-host link are copied once
+into a shared-memory slab slot. ``decode`` builds tensors *over* the received buffers,
+so nothing is copied on the way out.
+
+Decoding treats its input as hostile: anything malformed raises
+:class:`~omni_actors.errors.ProtocolError` and leaves the decoder usable.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from typing import Any, Generic, Protocol, TypeVar
+
+import msgspec
+import numpy as np
+import torch
+
+from omni_actors.errors import ProtocolError
+from omni_actors.protocols.tensors import LIB_NUMPY, LIB_TORCH, TensorDesc
+
+__all__ = ["Decoder", "Encoder", "SlabReader", "SlabWriter"]
+
+T = TypeVar("T")
+
+_TORCH_DTYPES: dict[str, torch.dtype] = {
+    "float16": torch.float16,
+    "bfloat16": torch.bfloat16,
+    "float32": torch.float32,
+    "float64": torch.float64,
+    "complex64": torch.complex64,
+    "complex128": torch.complex128,
+    "int8": torch.int8,
+    "int16": torch.int16,
+    "int32": torch.int32,
+    "int64": torch.int64,
+    "uint8": torch.uint8,
+    "bool": torch.bool,
+}
+_TORCH_NAMES = {dtype: name for name, dtype in _TORCH_DTYPES.items()}
+_NUMPY_DTYPES: dict[str, np.dtype[Any]] = {
+    name: np.dtype(name)
+    for name in [
+        "float16",
+        "float32",
+        "float64",
+        "complex64",
+        "complex128",
+        "int8",
+        "int16",
+        "int32",
+        "int64",
+        "uint8",
+        "uint16",
+        "uint32",
+        "uint64",
+        "bool",
+    ]
+}
+_MAX_DIMS = 32
+
+
+class SlabWriter(Protocol):
+    """Sender side of a shared-memory slab (see ``omni_actors.transport.shm``)."""
+
+    def put(self, data: memoryview) -> tuple[int, int, int] | None:
+        """Copy ``data`` into a free slot: ``(slab, slot, offset)``, or None if none fits."""
+
+
+class SlabReader(Protocol):
+    """Receiver side: memory of a slot, released when the last view over it is dropped."""
+
+    def view(self, slab: int, slot: int, offset: int, nbytes: int) -> memoryview:
+        """A writable view of ``nbytes`` at ``offset`` in ``slot`` of ``slab``."""
+
+
+def _torch_bytes(tensor: torch.Tensor) -> memoryview:
+    if tensor.device.type != "cpu":
+        raise TypeError(
+            f"cannot send a tensor on {tensor.device}: move it to the CPU first "
+            "(device transfers are done by the stage, on its own stream)"
+        )
+    tensor = tensor.detach().resolve_conj().resolve_neg()
+    if not tensor.is_contiguous():
+        tensor = tensor.contiguous()  # the one copy a strided tensor needs
+    # A byte view works for every dtype, bfloat16 included, which numpy lacks.
+    return tensor.reshape(-1).view(torch.uint8).numpy().data
+
+
+class Encoder:
+    """Encodes messages; one instance per sending link (it is not thread-safe).
+
+    Args:
+        inline_threshold: tensors smaller than this (bytes) are copied into the header.
+        slab_writer: shared-memory slab for tensors of at least ``slab_threshold`` bytes.
+        slab_threshold: see ``slab_writer``.
+    """
+
+    def __init__(
+        self,
+        inline_threshold: int = 64 * 1024,
+        slab_writer: SlabWriter | None = None,
+        slab_threshold: int = 1 << 20,
+    ) -> None:
+        self.inline_threshold = inline_threshold
+        self.slab_writer = slab_writer
+        self.slab_threshold = slab_threshold
+        self._buffers: list[Any] | None = None
+        self._encoder = msgspec.msgpack.Encoder(enc_hook=self._enc_hook)
+
+    def encode_into(self, message: Any, buffers: list[Any]) -> bytes:
+        """Encode ``message``; its out-of-band buffers are appended to ``buffers``."""
+        self._buffers = buffers
+        try:
+            return self._encoder.encode(message)
+        finally:
+            self._buffers = None
+
+    def encode(self, message: Any) -> list[Any]:
+        """``[header, *buffers]`` for ``message``."""
+        buffers: list[Any] = []
+        header = self.encode_into(message, buffers)
+        return [header, *buffers]
+
+    def _enc_hook(self, obj: Any) -> Any:
+        if isinstance(obj, torch.Tensor):
+            dtype = _TORCH_NAMES.get(obj.dtype)
+            if dtype is None:
+                raise TypeError(f"tensor dtype {obj.dtype} cannot be sent")
+            return self._place(LIB_TORCH, dtype, tuple(obj.shape), _torch_bytes(obj))
+        if isinstance(obj, np.ndarray):
+            if obj.dtype.name not in _NUMPY_DTYPES or obj.dtype.byteorder == ">":
+                raise TypeError(f"numpy dtype {obj.dtype} cannot be sent")
+            array = np.ascontiguousarray(obj)
+            return self._place(
+                LIB_NUMPY, obj.dtype.name, obj.shape, array.reshape(-1).view(np.uint8).data
+            )
+        raise NotImplementedError(f"cannot encode {type(obj).__qualname__}")
+
+    def _place(self, lib: int, dtype: str, shape: tuple[int, ...], data: memoryview) -> TensorDesc:
+        nbytes = data.nbytes
+        if nbytes < self.inline_threshold:
+            return TensorDesc(lib, dtype, shape, data=data.tobytes())
+        if self.slab_writer is not None and nbytes >= self.slab_threshold:
+            placed = self.slab_writer.put(data)
+            if placed is not None:
+                slab, slot, offset = placed
+                return TensorDesc(
+                    lib, dtype, shape, slab=slab, slot=slot, offset=offset, nbytes=nbytes
+                )
+        buffers = self._buffers
+        assert buffers is not None
+        buffers.append(data)
+        return TensorDesc(lib, dtype, shape, buffer=len(buffers) - 1)
+
+
+class Decoder(Generic[T]):
+    """Decodes messages of one type (a struct, a tagged union, or ``Any``).
+
+    Args:
+        type_: what the header must decode to.
+        slab_reader: maps slab placements; without it they are a ``ProtocolError``.
+        max_buffers: most out-of-band buffers one message may carry.
+        max_header_bytes: largest header accepted.
+    """
+
+    def __init__(
+        self,
+        type_: Any,
+        *,
+        slab_reader: SlabReader | None = None,
+        max_buffers: int = 1024,
+        max_header_bytes: int = 16 << 20,
+    ) -> None:
+        self.type = type_
+        self.slab_reader = slab_reader
+        self.max_buffers = max_buffers
+        self.max_header_bytes = max_header_bytes
+        self._decoder: msgspec.msgpack.Decoder[Any] = msgspec.msgpack.Decoder(
+            type_, dec_hook=self._dec_hook
+        )
+        self._buffers: Sequence[Any] = ()
+        self._used: set[int] = set()
+
+    def decode(self, header: Any, buffers: Sequence[Any] = ()) -> T:
+        """Decode ``header``, building tensors over ``buffers`` (no copy).
+
+        Raises:
+            ProtocolError: the bytes are not a valid message of this decoder's type.
+        """
+        if len(buffers) > self.max_buffers:
+            raise ProtocolError(f"{len(buffers)} buffers exceed the limit of {self.max_buffers}")
+        try:
+            size = memoryview(header).nbytes
+        except TypeError:
+            raise ProtocolError(f"header must be bytes-like, got {type(header).__name__}") from None
+        if size > self.max_header_bytes:
+            raise ProtocolError(f"header of {size} bytes exceeds {self.max_header_bytes}")
+        self._buffers = [getattr(b, "buffer", b) for b in buffers]  # zmq.Frame -> memoryview
+        self._used = set()
+        try:
+            message: T = self._decoder.decode(header)
+        except ProtocolError:
+            raise
+        except (msgspec.DecodeError, msgspec.ValidationError) as exc:
+            cause = exc.__cause__
+            if isinstance(cause, ProtocolError):
+                raise ProtocolError(f"{cause} ({exc})") from None
+            raise ProtocolError(f"malformed message: {exc}") from None
+        except (ValueError, TypeError, OverflowError, RuntimeError, MemoryError) as exc:
+            raise ProtocolError(f"malformed message: {exc}") from None
+        finally:
+            buffers_count = len(self._buffers)
+            used = len(self._used)
+            self._buffers = ()
+        if used != buffers_count:
+            raise ProtocolError(f"message references {used} of its {buffers_count} buffers")
+        return message
+
+    def decode_frames(self, frames: Sequence[Any]) -> T:
+        """Decode ``[header, *buffers]`` as received from ZeroMQ."""
+        if not frames:
+            raise ProtocolError("empty frame list")
+        first = getattr(frames[0], "buffer", frames[0])
+        return self.decode(first, frames[1:])
+
+    def _dec_hook(self, type_: Any, obj: Any) -> Any:
+        if type_ is torch.Tensor or type_ is np.ndarray:
+            try:
+                desc = msgspec.convert(obj, TensorDesc)
+            except msgspec.ValidationError as exc:
+                raise ProtocolError(f"bad tensor descriptor: {exc}") from None
+            return self._tensor(desc, want=LIB_TORCH if type_ is torch.Tensor else LIB_NUMPY)
+        raise NotImplementedError(f"cannot decode {type_!r}")
+
+    def _tensor(self, desc: TensorDesc, want: int) -> Any:
+        if desc.lib != want:
+            raise ProtocolError("tensor library does not match the field type")
+        table: dict[str, Any] = _TORCH_DTYPES if want == LIB_TORCH else _NUMPY_DTYPES
+        dtype = table.get(desc.dtype)
+        if dtype is None:
+            raise ProtocolError(f"unknown dtype {desc.dtype!r}")
+        shape = desc.shape
+        if len(shape) > _MAX_DIMS or any(d < 0 for d in shape):
+            raise ProtocolError(f"invalid shape {shape}")
+        itemsize = dtype.itemsize
+        nbytes = math.prod(shape) * itemsize
+        data = self._bytes_of(desc, nbytes)
+        if data.nbytes != nbytes:
+            raise ProtocolError(
+                f"shape {shape} of {desc.dtype} needs {nbytes} bytes, got {data.nbytes}"
+            )
+        if want == LIB_NUMPY:
+            return np.frombuffer(data, dtype=dtype).reshape(shape)
+        if nbytes == 0:
+            return torch.empty(shape, dtype=dtype)
+        return torch.frombuffer(data, dtype=dtype).reshape(shape)
+
+    def _bytes_of(self, desc: TensorDesc, nbytes: int) -> memoryview:
+        placements = (desc.data is not None) + (desc.buffer >= 0) + (desc.slab >= 0)
+        if placements != 1:
+            raise ProtocolError("a tensor needs exactly one placement")
+        if desc.data is not None:
+            # Inline bytes belong to the header; copy (they are small) to get writable memory.
+            return memoryview(bytearray(desc.data))
+        if desc.buffer >= 0:
+            index = desc.buffer
+            if index >= len(self._buffers):
+                raise ProtocolError(f"buffer {index} missing: the message has {len(self._buffers)}")
+            if index in self._used:
+                raise ProtocolError(f"buffer {index} referenced twice")
+            self._used.add(index)
+            return memoryview(self._buffers[index]).cast("B")
+        if self.slab_reader is None:
+            raise ProtocolError("shared-memory placement on a link without a slab")
+        if desc.nbytes != nbytes:
+            raise ProtocolError(f"slab placement of {desc.nbytes} bytes, tensor needs {nbytes}")
+        return self.slab_reader.view(desc.slab, desc.slot, desc.offset, desc.nbytes)

@@ -1,0 +1,364 @@
+"""``Node``: one process's ZeroMQ presence — an inbox for its actors, links to peers.
+
+Every process that hosts actors runs one node. A node binds a PULL socket (its inbox)
+and opens one PUSH socket per peer it sends to, so frames flow straight from the
+producing process to the consuming one with no broker in between.
+
+Sends are synchronous and never block: outgoing sockets have no high-water mark, and
+what bounds their queues is credit-based flow control — a sender only sends a user
+message while it holds a credit granted by the receiving actor's mailbox, and every
+other frame (reply, credit, control) answers one of those.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import itertools
+import logging
+import typing
+from collections import defaultdict
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Any
+
+import msgspec
+import zmq
+import zmq.asyncio
+from omni_actors.transport.codec import Decoder, Encoder
+from omni_actors.transport.shm import SlabReader, SlabWriter
+
+from omni_actors.errors import ActorStoppedError, ProtocolError
+from omni_actors.protocols import wire
+from omni_actors.transport.endpoints import CurveKeys
+from omni_actors.transport.remote import RemoteReply, error_from_wire, error_to_wire
+
+if TYPE_CHECKING:
+    from omni_actors._cell import ActorCell
+    from omni_actors._system import ActorSystem
+    from omni_actors.transport.remote import RemoteMailbox
+
+__all__ = ["Link", "Node"]
+
+log = logging.getLogger(__name__)
+
+ControlHandler = Callable[[wire.WireMessage], None]
+_wire_encoder = msgspec.msgpack.Encoder()
+
+
+class Link:
+    """The sending half of a connection from this node to one peer."""
+
+    def __init__(self, node: Node, peer: int, endpoint: str, socket: zmq.Socket[bytes]) -> None:
+        self.node = node
+        self.peer = peer
+        self.endpoint = endpoint
+        self.socket = socket
+        self.slab: SlabWriter | None = None
+        self.encoder = Encoder(slab_threshold=node.shm_threshold)
+
+    def use_slab(self, slab: SlabWriter) -> None:
+        """Route large tensors through ``slab`` (offered to the peer right away)."""
+        self.slab = slab
+        self.encoder = Encoder(slab_writer=slab, slab_threshold=self.node.shm_threshold)
+        self.send(wire.SlabOffer(self.node.node_id, slab.slab_id, slab.name))
+
+    def send(self, envelope: wire.WireMessage, buffers: Sequence[Any] = ()) -> None:
+        """Send one frame without blocking (see the module docstring for the bound)."""
+        header = _wire_encoder.encode(envelope)
+        if buffers:
+            self.socket.send_multipart([header, *buffers], copy=False)
+        else:
+            self.socket.send(header, copy=False)
+
+    def send_message(self, target: str, message: object, corr: int | None = None) -> None:
+        """Encode a user message for ``target`` on the peer and send it."""
+        buffers: list[Any] = []
+        body = msgspec.Raw(self.encoder.encode_into(message, buffers))
+        sender = self.node.node_id
+        envelope: wire.WireMessage = (
+            wire.Tell(target, sender, body)
+            if corr is None
+            else wire.Ask(target, sender, corr, body)
+        )
+        self.send(envelope, buffers)
+
+    def close(self) -> None:
+        """Close the socket (pending frames are dropped) and release the slab."""
+        self.socket.close(linger=0)
+        if self.slab is not None:
+            self.slab.close()
+            self.slab = None
+
+
+class Node:
+    """The ZeroMQ endpoint of one process.
+
+    Args:
+        system: the actor system whose actors receive what arrives.
+        node_id: unique per process within a deployment (0 is the parent).
+        endpoint: where to bind the inbox (``ipc://...`` or ``tcp://host:port``).
+        curve: CURVE keys; required for TCP across hosts.
+        shm_threshold: tensors at least this big go through a shared-memory slab on
+            same-host links.
+    """
+
+    def __init__(
+        self,
+        system: ActorSystem,
+        node_id: int,
+        endpoint: str,
+        *,
+        curve: CurveKeys | None = None,
+        shm_threshold: int = 1 << 20,
+    ) -> None:
+        self.system = system
+        self.node_id = node_id
+        self.endpoint = endpoint
+        self.curve = curve
+        self.shm_threshold = shm_threshold
+        self.control: ControlHandler | None = None
+        self.slabs = SlabReader()
+        self._ctx = zmq.asyncio.Context()
+        self._send_ctx = zmq.Context()
+        self._inbox = self._ctx.socket(zmq.PULL)
+        self._links: dict[int, Link] = {}
+        self._asks: dict[int, tuple[asyncio.Future[Any], Decoder[Any], int]] = {}
+        self._corr = itertools.count(1)
+        self._flows: dict[tuple[int, str], RemoteMailbox] = {}
+        self._decoders: dict[Any, Decoder[Any]] = {}
+        self._grants: defaultdict[tuple[int, str], int] = defaultdict(int)
+        self._flush_scheduled = False
+        self._task: asyncio.Task[None] | None = None
+        self._auth: Any = None
+
+    # -- lifecycle ------------------------------------------------------------------
+
+    async def start(self) -> None:
+        """Bind the inbox and start receiving."""
+        if self.curve is not None:
+            self.curve.apply_server(self._inbox)
+            if self.curve.peers:
+                self._auth = _start_authenticator(self._ctx, self.curve.peers)
+        self._inbox.bind(self.endpoint)
+        self.endpoint = self._inbox.getsockopt_string(zmq.LAST_ENDPOINT)
+        self._task = asyncio.get_running_loop().create_task(
+            self._receive_loop(), name=f"node {self.node_id} inbox"
+        )
+
+    async def close(self) -> None:
+        """Stop receiving, close every socket and fail asks still waiting for replies."""
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+            self._task = None
+        for link in self._links.values():
+            link.close()
+        self._links.clear()
+        self._fail_asks(lambda _: True, ActorStoppedError(f"node {self.node_id}", "closed"))
+        self._inbox.close(linger=0)
+        if self._auth is not None:
+            self._auth.stop()
+        self.slabs.close()
+        self._ctx.term()
+        self._send_ctx.term()
+
+    def connect(self, peer: int, endpoint: str, *, server_public: bytes | None = None) -> Link:
+        """Open (or return) the link to ``peer`` listening at ``endpoint``."""
+        link = self._links.get(peer)
+        if link is not None:
+            return link
+        socket = self._send_ctx.socket(zmq.PUSH)
+        socket.setsockopt(zmq.SNDHWM, 0)  # bounded by credits instead: see module doc
+        socket.setsockopt(zmq.LINGER, 0)
+        if endpoint.startswith("tcp://"):
+            if self.curve is None or server_public is None:
+                raise ValueError("TCP links need CurveKeys and the server's public key")
+            self.curve.apply_client(socket, server_public)
+        socket.connect(endpoint)
+        link = Link(self, peer, endpoint, socket)
+        self._links[peer] = link
+        if endpoint.startswith("ipc://"):
+            link.use_slab(SlabWriter.create(slab_id=self.node_id))
+        return link
+
+    def disconnect(self, peer: int, error: BaseException) -> None:
+        """Forget ``peer`` (it died or left): close its link and fail flows to it."""
+        link = self._links.pop(peer, None)
+        if link is not None:
+            link.close()
+        self._fail_asks(lambda p: p == peer, error)
+        for key in [k for k in self._flows if k[0] == peer]:
+            self._flows.pop(key).link_lost(error)
+
+    # -- sending --------------------------------------------------------------------
+
+    def link(self, peer: int) -> Link:
+        """The open link to ``peer``."""
+        try:
+            return self._links[peer]
+        except KeyError:
+            raise ActorStoppedError(f"node {peer}", "no link to it") from None
+
+    def register_flow(self, mailbox: RemoteMailbox) -> None:
+        """Route ``Credit`` frames for ``mailbox``'s target to it."""
+        self._flows[(mailbox.peer, mailbox.target)] = mailbox
+
+    def unregister_flow(self, mailbox: RemoteMailbox) -> None:
+        """Stop routing credits to ``mailbox``."""
+        if self._flows.get((mailbox.peer, mailbox.target)) is mailbox:
+            del self._flows[(mailbox.peer, mailbox.target)]
+
+    def new_ask(self, reply: asyncio.Future[Any], reply_type: Any, peer: int) -> int:
+        """Register ``reply`` to be resolved by a ``Reply``/``Failure``; returns its id."""
+        corr = next(self._corr)
+        self._asks[corr] = (reply, self._decoder(reply_type), peer)
+        reply.add_done_callback(lambda _: self._asks.pop(corr, None))
+        return corr
+
+    def _fail_asks(self, match: Callable[[int], bool], error: BaseException) -> None:
+        """Fail the pending asks whose peer satisfies ``match``."""
+        for corr in [c for c, entry in self._asks.items() if match(entry[2])]:
+            reply = self._asks.pop(corr)[0]
+            if not reply.done():
+                reply.set_exception(error)
+
+    def grant(self, peer: int, target: str) -> None:
+        """Return one credit to ``peer`` for ``target`` (batched per loop turn)."""
+        key = (peer, target)
+        self._grants[key] += 1
+        cell = self.system._registry.get(target)
+        window = cell.mailbox.config.capacity if cell is not None else 1
+        if self._grants[key] >= max(1, window // 4):
+            self._flush_grants()
+        elif not self._flush_scheduled:
+            self._flush_scheduled = True
+            asyncio.get_running_loop().call_soon(self._flush_grants)
+
+    def _flush_grants(self) -> None:
+        self._flush_scheduled = False
+        grants, self._grants = self._grants, defaultdict(int)
+        for (peer, target), count in grants.items():
+            link = self._links.get(peer)
+            if link is not None and count:
+                link.send(wire.Credit(target, count))
+
+    def reply(self, peer: int, corr: int, value: object) -> None:
+        """Send the answer to ``Ask`` number ``corr`` back to ``peer``."""
+        link = self._links.get(peer)
+        if link is None:
+            return
+        buffers: list[Any] = []
+        try:
+            body = msgspec.Raw(link.encoder.encode_into(value, buffers))
+        except (TypeError, ValueError, msgspec.EncodeError) as exc:
+            link.send(wire.Failure(corr, *error_to_wire(exc)))
+            return
+        link.send(wire.Reply(corr, body), buffers)
+
+    def reply_error(self, peer: int, corr: int, error: BaseException) -> None:
+        """Send the exception raised for ``Ask`` number ``corr`` back to ``peer``."""
+        link = self._links.get(peer)
+        if link is not None:
+            link.send(wire.Failure(corr, *error_to_wire(error)))
+
+    # -- receiving ------------------------------------------------------------------
+
+    async def _receive_loop(self) -> None:
+        inbox = self._inbox
+        decoder = msgspec.msgpack.Decoder(wire.WireMessage)
+        while True:
+            frames = await inbox.recv_multipart(copy=False)
+            try:
+                envelope = decoder.decode(frames[0].buffer)
+            except (msgspec.DecodeError, msgspec.ValidationError) as exc:
+                log.warning("node %d dropped a malformed frame: %s", self.node_id, exc)
+                continue
+            buffers = [frame.buffer for frame in frames[1:]]
+            try:
+                self._dispatch(envelope, buffers)
+            except Exception:
+                # One bad frame must never stop the inbox.
+                log.exception("node %d failed to handle %s", self.node_id, type(envelope))
+
+    def _dispatch(self, envelope: wire.WireMessage, buffers: list[memoryview]) -> None:
+        match envelope:
+            case wire.Tell() | wire.Ask():
+                self._deliver(envelope, buffers)
+            case wire.Credit(target=target, grant=grant):
+                for (_, flow_target), mailbox in self._flows.items():
+                    if flow_target == target:
+                        mailbox.add_credits(grant)
+            case wire.Reply(corr=corr, body=body):
+                entry = self._asks.get(corr)
+                if entry is not None and not entry[0].done():
+                    reply, reply_decoder, _ = entry
+                    try:
+                        reply.set_result(reply_decoder.decode(body, buffers))
+                    except ProtocolError as exc:
+                        reply.set_exception(exc)
+            case wire.Failure(corr=corr, error_type=error_type, message=message):
+                entry = self._asks.get(corr)
+                if entry is not None and not entry[0].done():
+                    entry[0].set_exception(error_from_wire(error_type, message))
+            case wire.SlabOffer(node=peer, slab_id=slab_id, name=name):
+                self.slabs.attach(name, slab_id=peer)
+                link = self._links.get(peer)
+                if link is not None:
+                    link.send(wire.SlabAttached(self.node_id, slab_id))
+            case wire.SlabAttached(node=peer):
+                link = self._links.get(peer)
+                if link is not None and link.slab is not None:
+                    link.slab.unlink()  # both sides have it mapped: nothing can leak now
+            case _:
+                if self.control is None:
+                    log.warning("node %d has no handler for %r", self.node_id, envelope)
+                else:
+                    self.control(envelope)
+
+    def _deliver(self, envelope: wire.Tell | wire.Ask, buffers: list[memoryview]) -> None:
+        corr = envelope.corr if isinstance(envelope, wire.Ask) else None
+        cell = self.system._registry.get(envelope.target)
+        if cell is None or cell.mailbox.closed:
+            if corr is not None:
+                self.reply_error(envelope.sender, corr, ActorStoppedError(envelope.target))
+            return
+        try:
+            message = self._decoder_for(cell).decode(envelope.body, buffers)
+        except ProtocolError as exc:
+            log.warning("node %d: bad message for %s: %s", self.node_id, cell.path, exc)
+            if corr is not None:
+                self.reply_error(envelope.sender, corr, exc)
+            self.grant(envelope.sender, envelope.target)
+            return
+        reply = RemoteReply(self, envelope.sender, envelope.target, corr)
+        cell.mailbox.push_remote((message, reply))
+
+    def _decoder_for(self, cell: ActorCell) -> Decoder[Any]:
+        accepts = cell.accepts
+        if accepts == (object,):
+            return self._decoder(Any)
+        return self._decoder(typing.Union[accepts])  # noqa: UP007 - runtime union of a tuple
+
+    def _decoder(self, type_: Any) -> Decoder[Any]:
+        decoder = self._decoders.get(type_)
+        if decoder is None:
+            decoder = Decoder(type_, slab_reader=self.slabs)
+            self._decoders[type_] = decoder
+        return decoder
+
+
+def _start_authenticator(ctx: zmq.asyncio.Context, peers: tuple[bytes, ...]) -> Any:
+    """Only clients whose public key is in ``peers`` may connect (ZAP)."""
+    from zmq.auth.asyncio import AsyncioAuthenticator
+
+    allowed = set(peers)
+
+    class _Keys:
+        def callback(self, domain: str, key: bytes) -> bool:
+            return key in allowed
+
+    auth = AsyncioAuthenticator(ctx)
+    auth.start()
+    auth.configure_curve_callback("*", credentials_provider=_Keys())
+    return auth

@@ -1,0 +1,189 @@
+"""The two ends of a message to an actor in another process.
+
+- :class:`RemoteMailbox` stands in for the mailbox of a local cell whose actor runs in a
+  worker: ``tell``/``ask`` through an ordinary ``ActorRef`` land here, wait for a credit
+  (this is cross-process backpressure), then go straight onto the wire.
+- :class:`RemoteReply` is what the receiving node puts in an envelope instead of a
+  future: when the actor has handled the message it sends the reply (for an ask) and
+  returns the credit.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import builtins
+import sys
+from typing import TYPE_CHECKING, Any
+
+from omni_actors._mailbox import Envelope, Mailbox, MailboxConfig
+from omni_actors.errors import ActorStoppedError, MailboxFullError, OmniError
+
+if TYPE_CHECKING:
+    from omni_actors.transport.node import Link, Node
+
+__all__ = ["RemoteError", "RemoteMailbox", "RemoteReply", "error_from_wire", "error_to_wire"]
+
+
+class RemoteError(OmniError):
+    """An exception from another process whose type cannot be rebuilt here."""
+
+    def __init__(self, error_type: str, message: str) -> None:
+        super().__init__(f"{error_type}: {message}")
+        self.error_type = error_type
+
+
+def error_to_wire(error: BaseException) -> tuple[str, str]:
+    """``(qualified type name, message)`` of an exception, for a ``Failure`` frame."""
+    cls = type(error)
+    return f"{cls.__module__}:{cls.__qualname__}", str(error)
+
+
+def error_from_wire(error_type: str, message: str) -> BaseException:
+    """Rebuild a remote exception as its own type when that is safe.
+
+    Only classes from modules this process has already imported are used (a frame never
+    makes us import code), and only ``Exception`` subclasses whose constructor takes the
+    message; anything else becomes a :class:`RemoteError` carrying the name.
+    """
+    module_name, _, qualname = error_type.partition(":")
+    module = builtins if module_name == "builtins" else sys.modules.get(module_name)
+    cls: Any = module
+    for part in qualname.split("."):
+        cls = getattr(cls, part, None)
+    if isinstance(cls, type) and issubclass(cls, Exception):
+        try:
+            if issubclass(cls, OmniError):
+                raise TypeError  # structured constructors: keep the text verbatim instead
+            return cls(message)
+        except Exception:
+            # Constructors with other signatures (most OmniErrors): same type, same text.
+            error: BaseException = cls.__new__(cls)
+            Exception.__init__(error, message)
+            return error
+    return RemoteError(error_type, message)
+
+
+class RemoteReply:
+    """Completes a message that arrived from another node (duck-types a reply future)."""
+
+    __slots__ = ("_done", "corr", "node", "peer", "target")
+
+    def __init__(self, node: Node, peer: int, target: str, corr: int | None) -> None:
+        self.node = node
+        self.peer = peer
+        self.target = target
+        self.corr = corr
+        self._done = False
+
+    def done(self) -> bool:
+        """True once answered."""
+        return self._done
+
+    def cancelled(self) -> bool:
+        """A remote reply is never cancelled locally."""
+        return False
+
+    def set_result(self, value: object) -> None:
+        """Send the reply (for an ask) and return the sender's credit."""
+        self._done = True
+        if self.corr is not None:
+            self.node.reply(self.peer, self.corr, value)
+        self.node.grant(self.peer, self.target)
+
+    def set_exception(self, error: BaseException) -> None:
+        """Send the failure (for an ask) and return the sender's credit."""
+        self._done = True
+        if self.corr is not None:
+            self.node.reply_error(self.peer, self.corr, error)
+        self.node.grant(self.peer, self.target)
+
+
+class RemoteMailbox(Mailbox):
+    """The mailbox of a cell whose actor lives in another process.
+
+    The system lane stays local (it drives the hosting cell); user messages go to the
+    remote actor. While no link is up (the worker is starting or restarting) senders wait,
+    as they would for a full mailbox.
+    """
+
+    __slots__ = ("_credit_waiters", "credits", "link", "node", "peer", "reply_type", "target")
+
+    def __init__(self, owner: str, config: MailboxConfig, reply_type: Any) -> None:
+        super().__init__(owner, config)
+        self.node: Node | None = None
+        self.link: Link | None = None
+        self.peer = -1
+        self.target = ""
+        self.credits = 0
+        self.reply_type = reply_type
+        self._credit_waiters: list[asyncio.Future[None]] = []
+
+    def bind(self, node: Node, link: Link, target: str, credits: int) -> None:
+        """Start forwarding to ``target`` on ``link``'s peer with ``credits`` in hand."""
+        self.node, self.link = node, link
+        self.peer, self.target = link.peer, target
+        self.credits = credits
+        node.register_flow(self)
+        self._wake_senders()
+
+    def unbind(self) -> None:
+        """The remote actor is gone (restart or stop): hold senders until ``bind``."""
+        if self.node is not None:
+            self.node.unregister_flow(self)
+        self.link = None
+        self.credits = 0
+
+    def link_lost(self, error: BaseException) -> None:
+        """The peer process died: unbind (asks are failed by the node)."""
+        self.unbind()
+
+    def add_credits(self, grant: int) -> None:
+        """The receiver consumed ``grant`` messages."""
+        self.credits += grant
+        self._wake_senders()
+
+    def _wake_senders(self) -> None:
+        waiters, self._credit_waiters = self._credit_waiters, []
+        for waiter in waiters:
+            if not waiter.done():
+                waiter.set_result(None)
+
+    async def push_user(self, envelope: Envelope, timeout: float | None = None) -> None:
+        """Send to the remote actor once a credit is available."""
+        if self.closed:
+            raise ActorStoppedError(self.owner)
+        if self.credits <= 0 or self.link is None:
+            if self.config.overflow == "fail" and self.link is not None:
+                raise MailboxFullError(self.owner, self.config.capacity)
+            async with asyncio.timeout(timeout):
+                while self.credits <= 0 or self.link is None:
+                    if self.closed:
+                        raise ActorStoppedError(self.owner)
+                    waiter: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+                    self._credit_waiters.append(waiter)
+                    await waiter
+        if self.closed:
+            raise ActorStoppedError(self.owner)
+        link, node = self.link, self.node
+        assert link is not None
+        assert node is not None
+        message, reply = envelope
+        corr = None
+        if reply is not None:
+            assert isinstance(reply, asyncio.Future)
+            corr = node.new_ask(reply, self.reply_type, self.peer)
+        self.credits -= 1
+        try:
+            link.send_message(self.target, message, corr)
+        except BaseException:
+            self.credits += 1
+            if reply is not None:
+                reply.cancel()
+            raise
+
+    def close(self) -> list[Envelope]:
+        """Refuse new messages and wake every waiting sender (they raise)."""
+        self.unbind()
+        pending = super().close()
+        self._wake_senders()
+        return pending

@@ -1,0 +1,277 @@
+"""Worker processes of one actor system, and the actor that hosts each of them.
+
+``spawn(..., process=True)`` creates an ordinary local cell whose instance is a
+:class:`ProcessHost` and whose mailbox is a
+:class:`~omni_actors.transport.remote.RemoteMailbox`: refs, ``watch`` and supervision
+work exactly as for a local actor, while messages go straight to the worker. The host
+launches the worker (``spawn`` start method: a fresh interpreter, nothing inherited),
+waits on the process itself — so a death is noticed the moment it happens, with no
+polling — and turns that death into a failure its supervisor handles.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import itertools
+import logging
+import os
+import sys
+from typing import TYPE_CHECKING, Any
+
+import msgspec
+import zmq
+
+from omni_actors import _system_messages as sm
+from omni_actors._actor import Actor
+from omni_actors.errors import ActorStoppedError, OmniError
+from omni_actors.protocols import wire
+from omni_actors.transport import shm
+from omni_actors.transport.endpoints import RuntimeDir
+from omni_actors.transport.node import Link, Node
+from omni_actors.transport.remote import RemoteMailbox, error_from_wire
+from omni_actors.transport.worker import actor_spec
+
+__all__ = ["ProcessHost", "WorkerDiedError", "Workers", "actor_spec"]
+
+if TYPE_CHECKING:
+    from omni_actors._system import ActorSystem
+
+log = logging.getLogger(__name__)
+
+
+class WorkerDiedError(OmniError):
+    """The process hosting an actor exited while the actor was running."""
+
+    def __init__(self, actor: str, pid: int, returncode: int | None) -> None:
+        how = (
+            f"was killed by signal {-returncode}"
+            if returncode and returncode < 0
+            else (f"exited with code {returncode}")
+        )
+        super().__init__(f"worker process {pid} hosting {actor} {how}")
+        self.actor = actor
+        self.pid = pid
+        self.returncode = returncode
+
+
+class WorkerProcess:
+    """One running worker: its process, node id and the link to it."""
+
+    def __init__(self, node_id: int, proc: asyncio.subprocess.Process, link: Link) -> None:
+        self.node_id = node_id
+        self.proc = proc
+        self.link = link
+
+
+class Workers:
+    """Launches and tracks the worker processes of one :class:`ActorSystem`.
+
+    Owns the parent's node (id 0) and the private runtime directory; ``close`` stops
+    every worker and removes both.
+    """
+
+    def __init__(self, system: ActorSystem, *, start_timeout: float = 60.0) -> None:
+        self.system = system
+        self.start_timeout = start_timeout
+        self.rundir = RuntimeDir()
+        self.node = Node(system, 0, self.rundir.endpoint(0))
+        self.node.control = self._on_control
+        self._ids = itertools.count(1)
+        self._hello: dict[int, asyncio.Future[wire.Hello]] = {}
+        self._started: dict[int, asyncio.Future[wire.ActorStarted]] = {}
+        self._hosts: dict[int, ProcessHost] = {}
+        self._procs: dict[int, asyncio.subprocess.Process] = {}
+
+    async def start(self) -> None:
+        """Bind the parent's node."""
+        await self.node.start()
+
+    async def launch(self) -> WorkerProcess:
+        """Start a worker process and wait for its ``Hello``."""
+        node_id = next(self._ids)
+        hello: asyncio.Future[wire.Hello] = asyncio.get_running_loop().create_future()
+        self._hello[node_id] = hello
+        env = dict(os.environ)
+        # The worker imports actor classes by name: give it the parent's import path.
+        env["PYTHONPATH"] = os.pathsep.join(p for p in sys.path if p)
+        proc = await asyncio.create_subprocess_exec(
+            sys.executable,
+            "-m",
+            "omni_actors.transport.worker",
+            "--node",
+            str(node_id),
+            "--endpoint",
+            self.rundir.endpoint(node_id),
+            "--parent",
+            self.node.endpoint,
+            "--log-level",
+            logging.getLevelName(logging.getLogger("omni_actors").getEffectiveLevel()),
+            stdin=asyncio.subprocess.PIPE,
+            env=env,
+        )
+        self._procs[node_id] = proc
+        try:
+            async with asyncio.timeout(self.start_timeout):
+                exited = asyncio.ensure_future(proc.wait())
+                either: list[asyncio.Future[Any]] = [hello, exited]
+                try:
+                    await asyncio.wait(either, return_when=asyncio.FIRST_COMPLETED)
+                finally:
+                    exited.cancel()
+            if not hello.done():
+                raise WorkerDiedError("a new worker", proc.pid, proc.returncode)
+            link = self.node.connect(node_id, hello.result().endpoint)
+        except BaseException:
+            await self._reap(node_id, proc)
+            raise
+        finally:
+            self._hello.pop(node_id, None)
+        return WorkerProcess(node_id, proc, link)
+
+    async def spawn_actor(
+        self,
+        worker: WorkerProcess,
+        actor_cls: type[Actor[Any]],
+        name: str,
+        args: tuple[Any, ...],
+        kwargs: dict[str, Any],
+        mailbox: RemoteMailbox,
+    ) -> wire.ActorStarted:
+        """Ask ``worker`` to start the actor; raise what its ``on_start`` raised."""
+        started: asyncio.Future[wire.ActorStarted] = asyncio.get_running_loop().create_future()
+        self._started[worker.node_id] = started
+        config = mailbox.config
+        try:
+            request = wire.SpawnActor(
+                actor=actor_spec(actor_cls),
+                name=name,
+                args=msgspec.Raw(msgspec.msgpack.encode(list(args))),
+                kwargs=msgspec.Raw(msgspec.msgpack.encode(kwargs)),
+                capacity=config.capacity,
+                overflow=config.overflow,
+                stash_capacity=config.stash_capacity,
+            )
+            worker.link.send(request)
+            async with asyncio.timeout(self.start_timeout):
+                return await started
+        finally:
+            self._started.pop(worker.node_id, None)
+
+    def attach(self, worker: WorkerProcess, host: ProcessHost) -> None:
+        """Route ``ActorExited`` from ``worker`` to ``host``."""
+        self._hosts[worker.node_id] = host
+
+    async def stop(self, worker: WorkerProcess, timeout: float) -> None:
+        """Ask ``worker`` to exit; kill it if it has not within ``timeout``."""
+        self._hosts.pop(worker.node_id, None)
+        with contextlib.suppress(zmq.ZMQError):
+            worker.link.send(wire.Shutdown())
+        await self._reap(worker.node_id, worker.proc, timeout)
+
+    async def _reap(
+        self, node_id: int, proc: asyncio.subprocess.Process, timeout: float = 0.0
+    ) -> None:
+        if proc.stdin is not None:
+            proc.stdin.close()  # the worker exits on EOF even if our Shutdown was lost
+        if proc.returncode is None:
+            try:
+                async with asyncio.timeout(timeout):
+                    await proc.wait()
+            except TimeoutError:
+                proc.kill()
+                await proc.wait()
+        self.node.disconnect(node_id, ActorStoppedError(f"worker {proc.pid}", "it exited"))
+        shm.sweep(proc.pid)  # slabs a killed worker created but could not unlink
+        self._procs.pop(node_id, None)
+
+    def _on_control(self, message: wire.WireMessage) -> None:
+        match message:
+            case wire.Hello(node=node_id):
+                hello = self._hello.get(node_id)
+                if hello is not None and not hello.done():
+                    hello.set_result(message)
+            case wire.ActorStarted(node=node_id):
+                started = self._started.get(node_id)
+                if started is not None and not started.done():
+                    started.set_result(message)
+            case wire.ActorExited(node=node_id, error_type=error_type, message=text):
+                error = error_from_wire(error_type, text) if error_type else None
+                started = self._started.get(node_id)
+                if started is not None and not started.done():
+                    started.set_exception(error or ActorStoppedError(message.name, "exited"))
+                    return
+                host = self._hosts.get(node_id)
+                if host is not None:
+                    host.remote_exited(error)
+            case _:
+                log.warning("parent node ignored %r", message)
+
+    async def close(self) -> None:
+        """Kill any worker still running, close the node and remove the runtime dir."""
+        for node_id, proc in list(self._procs.items()):
+            await self._reap(node_id, proc)
+        await self.node.close()
+        self.rundir.cleanup()
+
+
+class ProcessHost(Actor[object]):
+    """Hosts a process actor: keeps its worker alive and bound to the ref's mailbox."""
+
+    def __init__(
+        self,
+        workers: Workers,
+        actor_cls: type[Actor[Any]],
+        args: tuple[Any, ...],
+        kwargs: dict[str, Any],
+        mailbox: RemoteMailbox,
+    ) -> None:
+        self.workers = workers
+        self.actor_cls = actor_cls
+        self.args = args
+        self.kwargs = kwargs
+        self.remote = mailbox
+        self.worker: WorkerProcess | None = None
+        self._watch: asyncio.Task[None] | None = None
+
+    async def on_start(self) -> None:
+        """Launch the worker, start the actor in it, bind the mailbox, watch the process."""
+        cell = self.context._cell
+        self.worker = worker = await self.workers.launch()
+        try:
+            started = await self.workers.spawn_actor(
+                worker, self.actor_cls, cell.name, self.args, self.kwargs, self.remote
+            )
+        except BaseException:
+            await self.workers.stop(worker, cell.system.stop_timeout)
+            raise
+        self.workers.attach(worker, self)
+        self.remote.bind(self.workers.node, worker.link, started.name, started.credits)
+        self._watch = asyncio.get_running_loop().create_task(
+            self._watch_process(worker), name=f"watch worker of {cell.path}"
+        )
+
+    async def _watch_process(self, worker: WorkerProcess) -> None:
+        returncode = await worker.proc.wait()
+        error = WorkerDiedError(self.context.path, worker.proc.pid, returncode)
+        log.warning("%s", error)
+        # Fail waiting asks now, not after the supervisor's backoff.
+        self.remote.unbind()
+        self.workers.node.disconnect(worker.node_id, error)
+        self.context._cell.mailbox.push_system(sm.Fail(error))
+
+    def remote_exited(self, error: BaseException | None) -> None:
+        """The actor inside the worker stopped (``error`` None: it stopped itself)."""
+        self.remote.unbind()
+        cell = self.context._cell
+        cell.mailbox.push_system(sm.Fail(error))
+
+    async def on_stop(self) -> None:
+        """Stop the worker process (graceful, then kill)."""
+        self.remote.unbind()
+        if self._watch is not None:
+            self._watch.cancel()
+            await asyncio.gather(self._watch, return_exceptions=True)
+        if self.worker is not None:
+            await self.workers.stop(self.worker, self.context._cell.system.stop_timeout)
+            self.worker = None

@@ -1,0 +1,138 @@
+"""Envelopes exchanged between nodes (processes) — the runtime's own wire protocol.
+
+A frame on the wire is ``[header, *buffers]``: ``header`` is one of the structs below,
+msgpack-encoded; ``buffers`` carry tensor bytes out of band. A user message travels
+pre-encoded inside ``Tell.body`` / ``Ask.body`` so the receiving node can decode it
+against the *target actor's* declared message union, not a global one.
+"""
+
+from __future__ import annotations
+
+import msgspec
+
+__all__ = [
+    "ActorExited",
+    "ActorStarted",
+    "Ask",
+    "Credit",
+    "Failure",
+    "Hello",
+    "Reply",
+    "Shutdown",
+    "SlabAttached",
+    "SlabOffer",
+    "SpawnActor",
+    "Tell",
+    "WireMessage",
+]
+
+
+class Tell(msgspec.Struct, tag="tell", frozen=True, array_like=True):
+    """A one-way message to the actor ``target`` on the receiving node."""
+
+    target: str
+    sender: int
+    body: msgspec.Raw
+
+
+class Ask(msgspec.Struct, tag="ask", frozen=True, array_like=True):
+    """A request; the receiving node answers ``Reply`` or ``Failure`` with ``corr``."""
+
+    target: str
+    sender: int
+    corr: int
+    body: msgspec.Raw
+
+
+class Reply(msgspec.Struct, tag="reply", frozen=True, array_like=True):
+    """The value an actor's ``receive`` returned for ``Ask`` number ``corr``."""
+
+    corr: int
+    body: msgspec.Raw
+
+
+class Failure(msgspec.Struct, tag="failure", frozen=True, array_like=True):
+    """An exception raised for ``Ask`` number ``corr`` (type by qualified name)."""
+
+    corr: int
+    error_type: str
+    message: str
+
+
+class Credit(msgspec.Struct, tag="credit", frozen=True, array_like=True):
+    """Receiver → sender: ``grant`` more messages fit in ``target``'s mailbox."""
+
+    target: str
+    grant: int
+
+
+class Hello(msgspec.Struct, tag="hello", frozen=True, array_like=True):
+    """Worker → parent, once its node is listening."""
+
+    node: int
+    pid: int
+    endpoint: str
+
+
+class SpawnActor(msgspec.Struct, tag="spawn", frozen=True, array_like=True, kw_only=True):
+    """Parent → worker: start ``actor`` (``"module:QualName"``) under ``name``."""
+
+    actor: str
+    name: str
+    args: msgspec.Raw
+    kwargs: msgspec.Raw
+    capacity: int
+    overflow: str
+    stash_capacity: int
+
+
+class ActorStarted(msgspec.Struct, tag="started", frozen=True, array_like=True):
+    """Worker → parent: ``name`` is running; the sender may have ``credits`` in flight."""
+
+    node: int
+    name: str
+    credits: int
+
+
+class ActorExited(msgspec.Struct, tag="exited", frozen=True, array_like=True):
+    """Worker → parent: ``name`` stopped; ``error_type`` is empty after a normal stop."""
+
+    node: int
+    name: str
+    error_type: str
+    message: str
+
+
+class SlabOffer(msgspec.Struct, tag="slab", frozen=True, array_like=True):
+    """Sender → receiver: map shared-memory slab ``name``; large tensors will use it."""
+
+    node: int
+    slab_id: int
+    name: str
+
+
+class SlabAttached(msgspec.Struct, tag="slab_ok", frozen=True, array_like=True):
+    """Receiver → sender: the slab is mapped, so its name can be unlinked now."""
+
+    node: int
+    slab_id: int
+
+
+class Shutdown(msgspec.Struct, tag="shutdown", frozen=True, array_like=True):
+    """Parent → worker: stop every actor and exit."""
+
+
+WireMessage = (
+    Tell
+    | Ask
+    | Reply
+    | Failure
+    | Credit
+    | Hello
+    | SpawnActor
+    | ActorStarted
+    | ActorExited
+    | SlabOffer
+    | SlabAttached
+    | Shutdown
+)

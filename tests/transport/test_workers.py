@@ -1,0 +1,129 @@
+"""Actors in worker processes: same ref API, death detection, flow control, cleanup."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import stat
+
+import pytest
+import torch
+from remote_actors import Block, Count, Crash, Echo, FailsToStart, Payload, Pid
+
+from omni_actors import (
+    ActorStoppedError,
+    Backoff,
+    MailboxConfig,
+    MessageTypeError,
+    SendTimeoutError,
+    SupervisorStrategy,
+)
+from omni_actors.testing import ActorTestKit
+from omni_actors.transport.workers import WorkerDiedError
+
+FAST_RESTART = SupervisorStrategy(backoff=Backoff(min_s=0.0, max_s=0.0, jitter=0.0))
+
+
+def _shm_ours() -> set[str]:
+    return {n for n in os.listdir("/dev/shm") if n.startswith("omni-actors-")}
+
+
+async def test_tell_and_ask_round_trip_with_tensors() -> None:
+    async with ActorTestKit() as kit:
+        ref = await kit.spawn(Echo, 2.0, name="echo", process=True)
+        assert ref.path == "/echo"
+        small = torch.arange(8, dtype=torch.float32)
+        reply = await ref.ask(Payload(1, small), timeout=10)
+        assert isinstance(reply, Payload)
+        assert torch.equal(reply.data, small * 2)
+        big = torch.randn(1 << 19)  # 2 MiB: goes through the shared-memory slab
+        reply = await ref.ask(Payload(2, big), timeout=10)
+        assert torch.allclose(reply.data, big * 2)
+        await ref.tell(Payload(3, small))
+        assert await ref.ask(Count(), timeout=10) == 4
+        assert await ref.ask(Pid(), timeout=10) != os.getpid()
+
+
+async def test_wrong_type_is_rejected_before_the_wire() -> None:
+    async with ActorTestKit() as kit:
+        ref = await kit.spawn(Echo, name="echo", process=True)
+        with pytest.raises(MessageTypeError, match="does not accept str"):
+            await ref.tell("hello")  # type: ignore[arg-type]
+
+
+async def test_remote_error_reaches_the_asker_with_its_type() -> None:
+    async with ActorTestKit() as kit:
+        ref = await kit.spawn(
+            Echo, name="echo", process=True, restart="permanent", strategy=FAST_RESTART
+        )
+        with pytest.raises(ValueError, match="bad chunk"):
+            await ref.ask(Crash("bad chunk"), timeout=10)
+
+
+async def test_failed_on_start_in_worker_fails_spawn() -> None:
+    async with ActorTestKit() as kit:
+        with pytest.raises(RuntimeError, match="no model weights"):
+            await kit.spawn(FailsToStart, name="broken", process=True)
+        assert not kit.system._registry.get("/broken")
+
+
+async def test_sigkill_fails_pending_asks_and_restarts_permanent_actor() -> None:
+    async with ActorTestKit(strategy=FAST_RESTART) as kit:
+        probe = await kit.create_probe()
+        ref = await kit.spawn(Echo, name="echo", process=True, restart="permanent")
+        first_pid = await ref.ask(Pid(), timeout=10)
+        blocked = asyncio.ensure_future(ref.ask(Block(30), timeout=30))
+        await asyncio.sleep(0.2)
+        os.kill(first_pid, signal.SIGKILL)
+        with pytest.raises((WorkerDiedError, ActorStoppedError)):
+            await asyncio.wait_for(blocked, 10)
+        probe.watch(ref)
+        # The supervisor restarts it in a fresh worker; the same ref works again.
+        second_pid = await ref.ask(Pid(), timeout=30)
+        assert second_pid != first_pid
+        await probe.expect_no_message(0.05)  # a restart is not a termination
+        x = torch.ones(4)
+        assert torch.equal((await ref.ask(Payload(1, x), timeout=10)).data, x)
+
+
+async def test_sigkill_stops_temporary_actor_and_notifies_watchers() -> None:
+    async with ActorTestKit() as kit:
+        probe = await kit.create_probe()
+        ref = await kit.spawn(Echo, name="echo", process=True)
+        pid = await ref.ask(Pid(), timeout=10)
+        probe.watch(ref)
+        os.kill(pid, signal.SIGKILL)
+        terminated = await probe.expect_terminated(ref, timeout=10)
+        assert isinstance(terminated.reason, WorkerDiedError)
+        assert "signal 9" in str(terminated.reason)
+        with pytest.raises(ActorStoppedError):
+            await ref.tell(Count())
+
+
+async def test_credit_flow_control_bounds_the_sender() -> None:
+    async with ActorTestKit(stop_timeout=1.0) as kit:
+        ref = await kit.spawn(Echo, name="echo", process=True, mailbox=MailboxConfig(capacity=4))
+        await ref.tell(Block(30))  # occupies the actor; its credit is not returned
+        for _ in range(3):
+            await ref.tell(Count(), timeout=5)
+        with pytest.raises(SendTimeoutError):
+            await ref.tell(Count(), timeout=0.3)
+
+
+async def test_no_process_socket_or_segment_left_after_shutdown() -> None:
+    before = _shm_ours()
+    async with ActorTestKit() as kit:
+        a = await kit.spawn(Echo, name="a", process=True)
+        b = await kit.spawn(Echo, name="b", process=True)
+        pids = [await a.ask(Pid(), timeout=10), await b.ask(Pid(), timeout=10)]
+        workers = kit.system._workers
+        assert workers is not None
+        rundir = workers.rundir.path
+        assert stat.S_IMODE(os.stat(rundir).st_mode) == 0o700
+        await a.ask(Payload(0, torch.zeros(1 << 19)), timeout=10)
+    for pid in pids:
+        with pytest.raises(ProcessLookupError):
+            os.kill(pid, 0)
+    assert not os.path.exists(rundir)
+    assert _shm_ours() <= before
