@@ -1,0 +1,1 @@
+"""Moving messages between processes: codec, shared-memory slabs, nodes, workers."""
