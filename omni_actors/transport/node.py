@@ -24,13 +24,13 @@ from typing import TYPE_CHECKING, Any
 import msgspec
 import zmq
 import zmq.asyncio
-from omni_actors.transport.codec import Decoder, Encoder
-from omni_actors.transport.shm import SlabReader, SlabWriter
 
 from omni_actors.errors import ActorStoppedError, ProtocolError
 from omni_actors.protocols import wire
+from omni_actors.transport.codec import Decoder, Encoder
 from omni_actors.transport.endpoints import CurveKeys
 from omni_actors.transport.remote import RemoteReply, error_from_wire, error_to_wire
+from omni_actors.transport.shm import SlabReader, SlabWriter
 
 if TYPE_CHECKING:
     from omni_actors._cell import ActorCell

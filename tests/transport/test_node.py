@@ -1,0 +1,145 @@
+"""Nodes in one process: delivery, hostile frames, TCP with CURVE authentication."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+
+import msgspec
+import pytest
+import torch
+import zmq
+from remote_actors import Payload
+
+from omni_actors import Actor, ActorRef, ActorSystem
+from omni_actors.protocols import wire
+from omni_actors.testing import ActorTestKit
+from omni_actors.transport.codec import Encoder
+from omni_actors.transport.endpoints import CurveKeys, RuntimeDir
+from omni_actors.transport.node import Node
+from omni_actors.transport.remote import RemoteMailbox
+
+
+class Relay(Actor[Payload]):
+    """Typed receiver: decodes Payload off the wire, forwards it to a probe."""
+
+    def __init__(self, probe: ActorRef[object]) -> None:
+        self.probe = probe
+
+    async def receive(self, message: Payload) -> None:
+        await self.probe.tell(message)
+
+
+@asynccontextmanager
+async def _nodes(
+    receiver_endpoint: str,
+    *,
+    receiver_keys: CurveKeys | None = None,
+    sender_keys: CurveKeys | None = None,
+) -> AsyncIterator[tuple[ActorTestKit, Node, Node]]:
+    async with ActorTestKit() as kit:
+        receiver = Node(kit.system, 1, receiver_endpoint, curve=receiver_keys)
+        sender = Node(ActorSystem(), 2, "inproc://unused-sender", curve=sender_keys)
+        await receiver.start()
+        try:
+            yield kit, receiver, sender
+        finally:
+            await receiver.close()
+            await sender.close()
+
+
+async def _remote_ref(
+    sender: Node, receiver: Node, target: ActorRef[object], **connect: bytes
+) -> RemoteMailbox:
+    link = sender.connect(1, receiver.endpoint, **connect)
+    mailbox = RemoteMailbox("/remote", target._cell.mailbox.config, object)
+    mailbox.bind(sender, link, target.path, credits=8)
+    return mailbox
+
+
+async def test_ipc_delivery_to_a_local_actor() -> None:
+    rundir = RuntimeDir()
+    try:
+        async with _nodes(rundir.endpoint(1)) as (kit, receiver, sender):
+            probe = await kit.create_probe()
+            mailbox = await _remote_ref(sender, receiver, probe.ref)
+            await mailbox.push_user(({"hello": [1, 2]}, None))
+            assert await probe.expect_message(dict) == {"hello": [1, 2]}
+    finally:
+        rundir.cleanup()
+
+
+async def test_malformed_frames_are_dropped_and_the_inbox_keeps_working() -> None:
+    rundir = RuntimeDir()
+    try:
+        async with _nodes(rundir.endpoint(1)) as (kit, receiver, sender):
+            probe = await kit.create_probe()
+            relay = await kit.spawn(Relay, probe.ref)
+            mailbox = await _remote_ref(sender, receiver, relay)
+            raw = sender.link(1).socket
+            raw.send(b"\xc1 not msgpack")
+            raw.send_multipart([msgspec.msgpack.encode(["tell"]), b"extra"])
+            body = msgspec.msgpack.encode({"lying": ["T", 0, "float32", [1000], None, 0]})
+            raw.send(msgspec.msgpack.encode(wire.Tell(relay.path, 2, msgspec.Raw(body))))
+            # A descriptor for 1000 floats with a 3-byte buffer behind it.
+            lying = Encoder(inline_threshold=0).encode_into(Payload(1, torch.zeros(1000)), [])
+            raw.send_multipart(
+                [msgspec.msgpack.encode(wire.Tell(relay.path, 2, msgspec.Raw(lying))), b"x" * 3]
+            )
+            raw.send(msgspec.msgpack.encode(wire.Tell("/nobody", 2, msgspec.Raw(b"\x01"))))
+            await mailbox.push_user((Payload(2, torch.ones(3)), None))
+            received = await probe.expect_message(Payload)
+            assert received.seq == 2
+            assert torch.equal(received.data, torch.ones(3))
+    finally:
+        rundir.cleanup()
+
+
+async def test_tcp_with_curve_delivers_tensors() -> None:
+    server = CurveKeys.generate()
+    client = CurveKeys.generate()
+    async with _nodes("tcp://127.0.0.1:*", receiver_keys=server, sender_keys=client) as (
+        kit,
+        receiver,
+        sender,
+    ):
+        probe = await kit.create_probe()
+        relay = await kit.spawn(Relay, probe.ref)
+        mailbox = await _remote_ref(sender, receiver, relay, server_public=server.public)
+        data = torch.arange(100_000, dtype=torch.float32)
+        await mailbox.push_user((Payload(7, data), None))
+        message = await probe.expect_message(Payload, timeout=5)
+        assert torch.equal(message.data, data)
+
+
+async def test_curve_rejects_unknown_clients() -> None:
+    allowed = CurveKeys.generate()
+    server = CurveKeys.generate(peers=(allowed.public,))
+    intruder = CurveKeys.generate()
+    async with _nodes("tcp://127.0.0.1:*", receiver_keys=server, sender_keys=intruder) as (
+        kit,
+        receiver,
+        sender,
+    ):
+        probe = await kit.create_probe()
+        mailbox = await _remote_ref(sender, receiver, probe.ref, server_public=server.public)
+        await mailbox.push_user(("let me in", None))
+        await probe.expect_no_message(0.5)
+
+
+def test_tcp_link_without_keys_is_refused() -> None:
+    async def scenario() -> None:
+        async with ActorSystem() as system:
+            node = Node(system, 3, "inproc://x")
+            try:
+                with pytest.raises(ValueError, match="CurveKeys"):
+                    node.connect(4, "tcp://127.0.0.1:5555")
+            finally:
+                await node.close()
+
+    asyncio.run(scenario())
+
+
+def test_curve_is_available() -> None:
+    assert zmq.has("curve")
