@@ -143,6 +143,7 @@ class ActorCell:
                 await asyncio.shield(child.started)
         except TimeoutError:
             child.kill()
+            await asyncio.wait([child.terminated], timeout=self.system.stop_timeout)
             raise StartTimeoutError(child.path, start_timeout) from None
         return child.ref
 

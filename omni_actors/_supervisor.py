@@ -70,6 +70,9 @@ class Supervisor:
         self._pending.update(restart)
         delay = strategy.backoff.delay(attempt, cell.system.rng)
         log.info("restarting %s in %.3fs after %r", [m.path for m in restart], delay, error)
+        if delay <= 0:
+            cell.mailbox.push_system(sm.RestartGroup(restart, error))
+            return None
         timer: TimerHandle | None = None
 
         def fire() -> None:
