@@ -292,7 +292,7 @@ class ActorCell:
                 log.warning("actor %s stopped after a failure: %r", self.path, error)
             return _Exit(error)
         self.state = "suspended"
-        parent.mailbox.push_system(sm.ChildFailed(self, error))
+        parent.supervisor.post(sm.ChildFailed(self, error))
         return None
 
     async def _on_system(self, message: object) -> _Exit | None:
@@ -317,10 +317,6 @@ class ActorCell:
                     return self._fail(exc)
                 finally:
                     _resolve(done)
-            case sm.ChildFailed(child=child, error=error):
-                return await self.supervisor.child_failed(child, error)
-            case sm.RestartGroup(children=children, cause=cause):
-                await self.supervisor.restart_group(children, cause)
             case Terminated():
                 if self.state == "running":
                     return await self._process((message, None))
@@ -331,6 +327,7 @@ class ActorCell:
 
     async def _teardown(self) -> None:
         """Stop the children and let the current instance release what it holds."""
+        await self.supervisor.close()
         await self.stop_children()
         instance, self.instance = self.instance, None
         if instance is not None:
@@ -341,13 +338,12 @@ class ActorCell:
 
     async def _terminate(self) -> None:
         self.state = "stopping"
-        self.supervisor.cancel_timers()
         await self._teardown()
 
     def _finalize(self, reason: BaseException | None) -> None:
         """Release everything the cell owns; runs on every exit path, kill included."""
         self.state = "stopped"
-        self.supervisor.cancel_timers()
+        self.supervisor.abort()
         for child in list(self.children.values()):
             child.kill()
         pending = self.mailbox.close()

@@ -1,6 +1,9 @@
 """Supervision decisions a parent makes about its children (OTP semantics).
 
-A ``Supervisor`` belongs to one cell and runs only inside that cell's task, so its
+A ``Supervisor`` belongs to one cell but runs in a task of its own, beside the cell's
+message loop: a parent that is busy in ``receive`` — typically awaiting an ask to the
+very child that just failed — must still be able to restart that child, or the two
+would wait on each other. Supervisor work is serialised in that one task, so its
 bookkeeping needs no locks. Restarts are two-phase, as in OTP: the affected children are
 torn down in reverse start order, then started again in start order.
 """
@@ -18,7 +21,7 @@ from omni_actors.errors import RestartIntensityExceededError
 from omni_actors.supervision import SupervisorStrategy
 
 if TYPE_CHECKING:
-    from omni_actors._cell import ActorCell, _Exit
+    from omni_actors._cell import ActorCell
 
 __all__ = ["Supervisor"]
 
@@ -35,6 +38,44 @@ class Supervisor:
         self._child_restarts: dict[ActorCell, deque[float]] = {}
         self._pending: set[ActorCell] = set()
         self._timers: set[TimerHandle] = set()
+        self._inbox: deque[sm.ChildFailed | sm.RestartGroup] = deque()
+        self._task: asyncio.Task[None] | None = None
+
+    def post(self, message: sm.ChildFailed | sm.RestartGroup) -> None:
+        """Queue supervisor work; runs in this supervisor's task, not the cell's loop."""
+        cell = self.cell
+        if cell.state in ("stopping", "stopped"):
+            if isinstance(message, sm.ChildFailed):
+                message.child.mailbox.push_system(sm.Stop(message.error))
+            return
+        self._inbox.append(message)
+        if self._task is None or self._task.done():
+            self._task = cell.system._create_task(self._run(), name=f"supervisor {cell.path}")
+
+    async def _run(self) -> None:
+        while self._inbox:
+            match self._inbox.popleft():
+                case sm.ChildFailed(child=child, error=error):
+                    await self.child_failed(child, error)
+                case sm.RestartGroup(children=children, cause=cause):
+                    await self.restart_group(children, cause)
+
+    async def close(self) -> None:
+        """Stop supervising (the cell is stopping or being restarted) and reset."""
+        self.abort()
+        task, self._task = self._task, None
+        if task is not None and task is not asyncio.current_task():
+            await asyncio.gather(task, return_exceptions=True)
+        self._restarts.clear()
+        self._child_restarts.clear()
+        self._pending.clear()
+
+    def abort(self) -> None:
+        """Cancel timers, queued work and the running task without waiting."""
+        self.cancel_timers()
+        self._inbox.clear()
+        if self._task is not None and self._task is not asyncio.current_task():
+            self._task.cancel()
 
     def forget(self, child: ActorCell) -> None:
         """Drop bookkeeping for a child that has stopped for good."""
@@ -47,15 +88,16 @@ class Supervisor:
             timer.cancel()
         self._timers.clear()
 
-    async def child_failed(self, child: ActorCell, error: BaseException | None) -> _Exit | None:
+    async def child_failed(self, child: ActorCell, error: BaseException | None) -> None:
         """Apply the strategy to a failed child; may escalate by failing the parent."""
         cell = self.cell
         if cell.children.get(child.name) is not child or child in self._pending:
-            return None  # already stopped, or already part of a scheduled restart
+            return  # already stopped, or already part of a scheduled restart
         strategy = self.strategy
         now = cell.system.clock.now()
         if _count(self._restarts, now, strategy.period) > strategy.max_restarts:
-            return await self._escalate(child, error)
+            await self._escalate(child, error)
+            return
         attempt = _count(self._child_restarts.setdefault(child, deque()), now, strategy.period)
         group = self._group(child)
         restart: list[ActorCell] = []
@@ -71,18 +113,17 @@ class Supervisor:
         delay = strategy.backoff.delay(attempt, cell.system.rng)
         log.info("restarting %s in %.3fs after %r", [m.path for m in restart], delay, error)
         if delay <= 0:
-            cell.mailbox.push_system(sm.RestartGroup(restart, error))
-            return None
+            await self.restart_group(restart, error)
+            return
         timer: TimerHandle | None = None
 
         def fire() -> None:
             if timer is not None:
                 self._timers.discard(timer)
-            cell.mailbox.push_system(sm.RestartGroup(restart, error))
+            self.post(sm.RestartGroup(restart, error))
 
         timer = cell.system.clock.call_later(delay, fire)
         self._timers.add(timer)
-        return None
 
     def _group(self, child: ActorCell) -> list[ActorCell]:
         children = list(self.cell.children.values())
@@ -119,7 +160,7 @@ class Supervisor:
             log.error("%s did not restart within %gs; killing it", member.path, timeout)
             member.kill()
 
-    async def _escalate(self, child: ActorCell, error: BaseException | None) -> _Exit | None:
+    async def _escalate(self, child: ActorCell, error: BaseException | None) -> None:
         cell = self.cell
         strategy = self.strategy
         exc = RestartIntensityExceededError(
@@ -131,8 +172,8 @@ class Supervisor:
         self._pending.clear()
         self._restarts.clear()
         await cell.stop_children()
-        cell.state = "suspended"
-        return cell._fail(exc)
+        # The cell's own loop turns this into its failure (after any current message).
+        cell.mailbox.push_system(sm.Fail(exc))
 
 
 def _count(window: deque[float], now: float, period: float) -> int:

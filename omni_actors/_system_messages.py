@@ -1,4 +1,4 @@
-"""Messages of the system lane: the runtime's own control traffic between cells."""
+"""The runtime's own control traffic: system-lane messages and supervisor work."""
 
 from __future__ import annotations
 
@@ -49,7 +49,8 @@ class Restart:
 
 @dataclass(slots=True)
 class ChildFailed:
-    """To a parent: a child failed (``error``) or, if permanent, stopped itself (None)."""
+    """To a parent's supervisor: a child failed, or (``error`` None) a permanent child
+    stopped itself."""
 
     child: ActorCell
     error: BaseException | None
@@ -57,7 +58,7 @@ class ChildFailed:
 
 @dataclass(slots=True)
 class RestartGroup:
-    """To a parent, from its own backoff timer: restart these children now."""
+    """To a supervisor, from its own backoff timer: restart these children now."""
 
     children: list[ActorCell]
     cause: BaseException | None

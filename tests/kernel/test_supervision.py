@@ -341,3 +341,30 @@ async def test_crash_after_injects_a_bounded_number_of_faults() -> None:
         for _ in range(5):
             await ref.tell(Add(1))
         assert await ref.ask(Get()) == 5  # no more faults after `times`
+
+
+class Forwarder(Actor[Add | Boom | Get]):
+    """Asks its own child inside receive: the parent is busy while the child restarts."""
+
+    supervisor_strategy = SupervisorStrategy(backoff=Backoff(min_s=0.01, max_s=0.01))
+
+    async def on_start(self) -> None:
+        self.child = await self.context.spawn(Counter, "c", [], name="c", restart="permanent")
+
+    async def receive(self, message: Add | Boom | Get) -> int | None:
+        try:
+            result: int | None = await self.child.ask(message, timeout=2.0)
+        except ValueError:
+            return -1
+        return result
+
+
+async def test_a_parent_busy_asking_its_child_still_restarts_it() -> None:
+    async with ActorTestKit() as kit:
+        parent = await kit.spawn(Forwarder, name="f")
+        await parent.ask(Add(2))
+        assert await parent.ask(Boom(), timeout=3) == -1
+        # This ask reaches the child while it waits for its restart; the parent is
+        # blocked in receive the whole time and must not deadlock the restart.
+        assert await parent.ask(Add(1), timeout=3) is None
+        assert await parent.ask(Get(), timeout=3) == 1

@@ -1,0 +1,1 @@
+"""Benchmarks behind ``omni-actors bench``: each returns a JSON-ready dict."""
