@@ -275,7 +275,10 @@ class Decoder(Generic[T]):
             if index in self._used:
                 raise ProtocolError(f"buffer {index} referenced twice")
             self._used.add(index)
-            return memoryview(self._buffers[index]).cast("B")
+            view = memoryview(self._buffers[index]).cast("B")
+            # Tensors are always writable; over read-only memory (plain ``bytes``, not a
+            # ZeroMQ frame) that would be unsafe, so those few get a private copy.
+            return memoryview(bytearray(view)) if view.readonly else view
         if self.slab_reader is None:
             raise ProtocolError("shared-memory placement on a link without a slab")
         if desc.nbytes != nbytes:
