@@ -29,10 +29,32 @@ def _add_actor_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--repeat", type=int, default=3, help="runs; the median is reported")
 
 
+def _bench_transport(ns: argparse.Namespace) -> dict[str, Any]:
+    from omni_actors.bench.transport import run_transport_bench
+
+    return run(run_transport_bench(ns.sizes, ns.scale))
+
+
+def _add_transport_options(parser: argparse.ArgumentParser) -> None:
+    from omni_actors.bench.transport import SIZES
+
+    parser.add_argument(
+        "--sizes", nargs="+", choices=list(SIZES), default=list(SIZES), help="payload sizes"
+    )
+    parser.add_argument(
+        "--scale", type=float, default=1.0, help="multiply the iteration counts by this"
+    )
+
+
 BENCH_TARGETS: dict[
     str, tuple[str, Callable[[argparse.ArgumentParser], None], Callable[..., dict[str, Any]]]
 ] = {
     "actors": ("tell/ask cost of the actor kernel", _add_actor_options, _bench_actors),
+    "transport": (
+        "payload ping-pong between processes vs a pickle+shm baseline, raw ZeroMQ, memcpy",
+        _add_transport_options,
+        _bench_transport,
+    ),
 }
 
 

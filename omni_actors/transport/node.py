@@ -13,7 +13,6 @@ other frame (reply, credit, control) answers one of those.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import itertools
 import logging
 import typing
@@ -23,7 +22,6 @@ from typing import TYPE_CHECKING, Any
 
 import msgspec
 import zmq
-import zmq.asyncio
 
 from omni_actors.errors import ActorStoppedError, ProtocolError
 from omni_actors.protocols import wire
@@ -42,6 +40,8 @@ __all__ = ["Link", "Node"]
 log = logging.getLogger(__name__)
 
 ControlHandler = Callable[[wire.WireMessage], None]
+ZERO_COPY_MIN_BYTES = 64 * 1024
+_POLLIN = int(zmq.POLLIN)
 _wire_encoder = msgspec.msgpack.Encoder()
 
 
@@ -65,10 +65,20 @@ class Link:
     def send(self, envelope: wire.WireMessage, buffers: Sequence[Any] = ()) -> None:
         """Send one frame without blocking (see the module docstring for the bound)."""
         header = _wire_encoder.encode(envelope)
-        if buffers:
-            self.socket.send_multipart([header, *buffers], copy=False)
-        else:
-            self.socket.send(header, copy=False)
+        socket = self.socket
+        if not buffers:
+            socket.send(header)
+            return
+        # Zero-copy frames cost a free-callback round trip through pyzmq's garbage
+        # thread: worth it for big buffers only, so small ones are simply copied.
+        socket.send(header, zmq.SNDMORE)
+        last = len(buffers) - 1
+        for i, buffer in enumerate(buffers):
+            socket.send(
+                buffer,
+                zmq.SNDMORE if i < last else 0,
+                copy=memoryview(buffer).nbytes < ZERO_COPY_MIN_BYTES,
+            )
 
     def send_message(self, target: str, message: object, corr: int | None = None) -> None:
         """Encode a user message for ``target`` on the peer and send it."""
@@ -118,17 +128,16 @@ class Node:
         self.shm_threshold = shm_threshold
         self.control: ControlHandler | None = None
         self.slabs = SlabReader()
-        self._ctx = zmq.asyncio.Context()
-        self._send_ctx = zmq.Context()
+        self._ctx = zmq.Context()
         self._inbox = self._ctx.socket(zmq.PULL)
+        self._wire_decoder = msgspec.msgpack.Decoder(wire.WireMessage)
         self._links: dict[int, Link] = {}
         self._asks: dict[int, tuple[asyncio.Future[Any], Decoder[Any], int]] = {}
         self._corr = itertools.count(1)
         self._flows: dict[tuple[int, str], RemoteMailbox] = {}
         self._decoders: dict[Any, Decoder[Any]] = {}
         self._grants: defaultdict[tuple[int, str], int] = defaultdict(int)
-        self._flush_scheduled = False
-        self._task: asyncio.Task[None] | None = None
+        self._reading = False
         self._auth: Any = None
 
     # -- lifecycle ------------------------------------------------------------------
@@ -141,17 +150,16 @@ class Node:
                 self._auth = _start_authenticator(self._ctx, self.curve.peers)
         self._inbox.bind(self.endpoint)
         self.endpoint = self._inbox.getsockopt_string(zmq.LAST_ENDPOINT)
-        self._task = asyncio.get_running_loop().create_task(
-            self._receive_loop(), name=f"node {self.node_id} inbox"
-        )
+        loop = asyncio.get_running_loop()
+        loop.add_reader(self._inbox.FD, self._on_readable)
+        self._reading = True
+        loop.call_soon(self._on_readable)  # frames may have arrived before the reader
 
     async def close(self) -> None:
         """Stop receiving, close every socket and fail asks still waiting for replies."""
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
-            self._task = None
+        if self._reading:
+            asyncio.get_running_loop().remove_reader(self._inbox.FD)
+            self._reading = False
         for link in self._links.values():
             link.close()
         self._links.clear()
@@ -161,14 +169,13 @@ class Node:
             self._auth.stop()
         self.slabs.close()
         self._ctx.term()
-        self._send_ctx.term()
 
     def connect(self, peer: int, endpoint: str, *, server_public: bytes | None = None) -> Link:
         """Open (or return) the link to ``peer`` listening at ``endpoint``."""
         link = self._links.get(peer)
         if link is not None:
             return link
-        socket = self._send_ctx.socket(zmq.PUSH)
+        socket = self._ctx.socket(zmq.PUSH)
         socket.setsockopt(zmq.SNDHWM, 0)  # bounded by credits instead: see module doc
         socket.setsockopt(zmq.LINGER, 0)
         if endpoint.startswith("tcp://"):
@@ -224,24 +231,22 @@ class Node:
                 reply.set_exception(error)
 
     def grant(self, peer: int, target: str) -> None:
-        """Return one credit to ``peer`` for ``target`` (batched per loop turn)."""
+        """Return one credit to ``peer`` for ``target``, in batches of a quarter window.
+
+        Holding back fewer than a quarter of the window never starves the sender (it
+        still holds the other three quarters) and saves a frame per message.
+        """
         key = (peer, target)
-        self._grants[key] += 1
+        count = self._grants[key] + 1
         cell = self.system._registry.get(target)
         window = cell.mailbox.config.capacity if cell is not None else 1
-        if self._grants[key] >= max(1, window // 4):
-            self._flush_grants()
-        elif not self._flush_scheduled:
-            self._flush_scheduled = True
-            asyncio.get_running_loop().call_soon(self._flush_grants)
-
-    def _flush_grants(self) -> None:
-        self._flush_scheduled = False
-        grants, self._grants = self._grants, defaultdict(int)
-        for (peer, target), count in grants.items():
-            link = self._links.get(peer)
-            if link is not None and count:
-                link.send(wire.Credit(target, count))
+        if count < max(1, window // 4):
+            self._grants[key] = count
+            return
+        self._grants[key] = 0
+        link = self._links.get(peer)
+        if link is not None:
+            link.send(wire.Credit(target, count))
 
     def reply(self, peer: int, corr: int, value: object) -> None:
         """Send the answer to ``Ask`` number ``corr`` back to ``peer``."""
@@ -264,13 +269,23 @@ class Node:
 
     # -- receiving ------------------------------------------------------------------
 
-    async def _receive_loop(self) -> None:
+    def _on_readable(self) -> None:
+        """Drain the inbox; called by the loop when its (edge-triggered) FD fires.
+
+        Reading synchronously in the FD callback costs no task switch per frame; the
+        loop must drain until ``Again``, or a frame could wait for the next edge.
+        """
         inbox = self._inbox
-        decoder = msgspec.msgpack.Decoder(wire.WireMessage)
+        decode = self._wire_decoder.decode
         while True:
-            frames = await inbox.recv_multipart(copy=False)
             try:
-                envelope = decoder.decode(frames[0].buffer)
+                if not int(inbox.get(zmq.EVENTS)) & _POLLIN:
+                    return
+                frames = inbox.recv_multipart(zmq.NOBLOCK, copy=False)
+            except zmq.ZMQError:
+                return  # closed under us during shutdown, or a spurious wake-up
+            try:
+                envelope = decode(frames[0].buffer)
             except (msgspec.DecodeError, msgspec.ValidationError) as exc:
                 log.warning("node %d dropped a malformed frame: %s", self.node_id, exc)
                 continue
@@ -348,9 +363,9 @@ class Node:
         return decoder
 
 
-def _start_authenticator(ctx: zmq.asyncio.Context, peers: tuple[bytes, ...]) -> Any:
-    """Only clients whose public key is in ``peers`` may connect (ZAP)."""
-    from zmq.auth.asyncio import AsyncioAuthenticator
+def _start_authenticator(ctx: zmq.Context[Any], peers: tuple[bytes, ...]) -> Any:
+    """Only clients whose public key is in ``peers`` may connect (ZAP, in a thread)."""
+    from zmq.auth.thread import ThreadAuthenticator
 
     allowed = set(peers)
 
@@ -358,7 +373,7 @@ def _start_authenticator(ctx: zmq.asyncio.Context, peers: tuple[bytes, ...]) -> 
         def callback(self, domain: str, key: bytes) -> bool:
             return key in allowed
 
-    auth = AsyncioAuthenticator(ctx)
+    auth = ThreadAuthenticator(ctx)
     auth.start()
     auth.configure_curve_callback("*", credentials_provider=_Keys())
     return auth

@@ -76,7 +76,6 @@ class SlabWriter:
             mm, np.uint8, count=slots, offset=_STATE_OFFSET
         )
         self._data = _data_offset(slots)
-        self._next = 0
         self._linked = True
         self._finalizer = weakref.finalize(self, _unlink_quietly, os.path.join(SHM_DIR, name))
 
@@ -111,13 +110,11 @@ class SlabWriter:
         nbytes = data.nbytes
         if state is None or mm is None or nbytes > self.slot_bytes:
             return None
-        for i in range(self.slots):
-            slot = (self._next + i) % self.slots
-            if state[slot] == 0:
-                break
-        else:
+        # The lowest free slot: reusing warm slots avoids faulting in fresh pages.
+        free = np.flatnonzero(state == 0)
+        if free.size == 0:
             return None
-        self._next = slot + 1
+        slot = int(free[0])
         start = self._data + slot * self.slot_bytes
         target = np.frombuffer(mm, np.uint8, count=nbytes, offset=start)
         np.copyto(target, np.frombuffer(data, np.uint8))  # the one copy in

@@ -56,3 +56,21 @@ def test_example_runs_to_completion() -> None:
     assert done.returncode == 0, done.stderr
     assert "THE FIRST AUDIO LEAVES EARLY" in done.stdout
     assert "transform restarted" in done.stdout
+
+
+def test_bench_transport_prints_every_variant(capsys: pytest.CaptureFixture[str]) -> None:
+    code = main(["bench", "transport", "--json", "--sizes", "1KiB", "--scale", "0.01"])
+    assert code == 0
+    row = json.loads(capsys.readouterr().out)["sizes"]["1KiB"]
+    for key in (
+        "ours_us_p50",
+        "baseline_us_p50",
+        "raw_zmq_us_p50",
+        "memcpy_us_p50",
+        "speedup_vs_baseline",
+        "overhead_vs_raw_zmq",
+        "ratio_vs_memcpy",
+    ):
+        assert isinstance(row[key], int | float)
+        assert math.isfinite(row[key])
+        assert row[key] > 0

@@ -1,0 +1,177 @@
+"""Transport benchmark: a payload ping plus a small ack between two processes.
+
+Four ways to move the same float32 payload, measured in one run:
+
+- ``ours``: ``ask`` to an actor in a worker process (``spawn(..., process=True)``);
+  large tensors go through the link's shared-memory slab, smaller ones as zero-copy
+  ZeroMQ frames.
+- ``baseline``: a connector shaped like vllm-omni's (pickle, a fresh shared-memory
+  segment per message, name over a pipe, unpickle and unlink), run by
+  ``benchmarks/vllm_omni_baseline.py`` — outside the package, which never pickles.
+- ``raw_zmq``: the same bytes over a bare ZeroMQ PAIR socket pair (the floor for a
+  ZeroMQ-based channel).
+- ``memcpy``: one in-process copy of the payload (the floor for moving it at all).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import msgspec
+import numpy as np
+import torch
+import zmq
+
+from omni_actors._actor import Actor
+from omni_actors._system import ActorSystem
+
+__all__ = ["SIZES", "BenchEcho", "BenchPayload", "run_transport_bench"]
+
+SIZES = {"1KiB": 1 << 10, "64KiB": 64 << 10, "1MiB": 1 << 20, "16MiB": 16 << 20}
+BASELINE_SCRIPT = Path(__file__).resolve().parents[2] / "benchmarks" / "vllm_omni_baseline.py"
+
+
+class BenchPayload(msgspec.Struct, tag=True, frozen=True):
+    """The ping: a sequence number and the payload tensor."""
+
+    seq: int
+    data: torch.Tensor
+
+
+class BenchEcho(Actor[BenchPayload]):
+    """Acks each payload with its sequence number (the tensor is dropped at once)."""
+
+    replies = int
+
+    async def receive(self, message: BenchPayload) -> int:
+        return message.seq
+
+
+def _p(samples: list[float], q: float) -> float:
+    ordered = sorted(samples)
+    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
+
+
+def _iterations(size: int, scale: float) -> tuple[int, int]:
+    base = 400 if size <= 64 << 10 else 100 if size <= 1 << 20 else 30
+    count = max(3, int(base * scale))
+    return count, max(2, count // 10)
+
+
+async def _ours(system: ActorSystem, sizes: dict[str, int], scale: float) -> dict[str, list[float]]:
+    ref = await system.spawn(BenchEcho, name="bench-echo", process=True)
+    results: dict[str, list[float]] = {}
+    for label, size in sizes.items():
+        data = torch.from_numpy(np.random.default_rng(1).random(size // 4, dtype=np.float32))
+        count, warmup = _iterations(size, scale)
+        samples = []
+        for i in range(warmup + count):
+            start = time.perf_counter()
+            await ref.ask(BenchPayload(i, data), timeout=30)
+            if i >= warmup:
+                samples.append((time.perf_counter() - start) * 1e6)
+        results[label] = samples
+    await system.stop(ref)
+    return results
+
+
+def _raw_zmq(size: int, count: int, warmup: int) -> list[float]:
+    rundir = tempfile.mkdtemp(prefix="omni-actors-bench-")
+    endpoint = f"ipc://{rundir}/raw"
+    ctx = zmq.Context()
+    socket = ctx.socket(zmq.PAIR)
+    socket.bind(endpoint)
+    peer = subprocess.Popen([sys.executable, "-m", "omni_actors.bench.zmq_peer", endpoint])
+    payload = np.random.default_rng(2).random(size // 4, dtype=np.float32).data.cast("B")
+    samples = []
+    try:
+        for i in range(warmup + count):
+            start = time.perf_counter()
+            socket.send(payload, copy=False)
+            socket.recv()
+            if i >= warmup:
+                samples.append((time.perf_counter() - start) * 1e6)
+        socket.send(b"")
+        peer.wait(timeout=30)
+    finally:
+        if peer.poll() is None:
+            peer.kill()
+            peer.wait()
+        socket.close(linger=0)
+        ctx.term()
+        shutil.rmtree(rundir, ignore_errors=True)
+    return samples
+
+
+def _baseline(size: int, count: int, warmup: int) -> list[float] | None:
+    if not BASELINE_SCRIPT.exists():
+        return None  # installed without the repository's benchmarks/ directory
+    done = subprocess.run(
+        [sys.executable, str(BASELINE_SCRIPT), str(size), str(count), str(warmup)],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        check=True,
+    )
+    samples: list[float] = json.loads(done.stdout)["us"]
+    return samples
+
+
+def _memcpy(size: int, count: int) -> list[float]:
+    src = np.random.default_rng(0).random(size // 4, dtype=np.float32)
+    dst = np.empty_like(src)
+    samples = []
+    for _ in range(count + 3):
+        start = time.perf_counter()
+        np.copyto(dst, src)  # one single-threaded copy, as the slab's copy-in
+        samples.append((time.perf_counter() - start) * 1e6)
+    return samples[3:]
+
+
+async def run_transport_bench(sizes: list[str], scale: float = 1.0) -> dict[str, Any]:
+    """Measure every variant for each size label in ``sizes``."""
+    chosen = {label: SIZES[label] for label in sizes}
+    async with ActorSystem("bench") as system:
+        ours = await _ours(system, chosen, scale)
+    table: dict[str, Any] = {}
+    for label, size in chosen.items():
+        count, warmup = _iterations(size, scale)
+        # The actor system is closed by now: nothing else runs on the loop meanwhile.
+        raw = _raw_zmq(size, count, warmup)
+        base = _baseline(size, count, warmup)
+        copy = _memcpy(size, count)
+        ours_p50 = statistics.median(ours[label])
+        row: dict[str, Any] = {
+            "ours_us_p50": round(ours_p50, 1),
+            "ours_us_p99": round(_p(ours[label], 0.99), 1),
+            "baseline_us_p50": None if base is None else round(statistics.median(base), 1),
+            "raw_zmq_us_p50": round(statistics.median(raw), 1),
+            "memcpy_us_p50": round(statistics.median(copy), 1),
+            "iterations": count,
+        }
+        row["speedup_vs_baseline"] = (
+            None if base is None else round(row["baseline_us_p50"] / ours_p50, 2)
+        )
+        row["overhead_vs_raw_zmq"] = round(ours_p50 / row["raw_zmq_us_p50"], 2)
+        row["ratio_vs_memcpy"] = round(ours_p50 / row["memcpy_us_p50"], 2)
+        table[label] = row
+    return {
+        "machine": {
+            "platform": platform.platform(),
+            "cpus": os.cpu_count(),
+            "python": sys.version.split()[0],
+            "torch": torch.__version__,
+            "pyzmq": zmq.__version__,
+        },
+        "sizes": table,
+    }
