@@ -42,6 +42,10 @@ log = logging.getLogger(__name__)
 ControlHandler = Callable[[wire.WireMessage], None]
 ZERO_COPY_MIN_BYTES = 64 * 1024
 _POLLIN = int(zmq.POLLIN)
+# TensorDesc on the wire: ["T", lib, dtype, shape, data, buffer, slab, slot, offset, nbytes]
+_DESC_TAG = "T"
+_DESC_FIELDS = 10
+_DESC_SLAB = 6
 _wire_encoder = msgspec.msgpack.Encoder()
 
 
@@ -335,19 +339,45 @@ class Node:
         corr = envelope.corr if isinstance(envelope, wire.Ask) else None
         cell = self.system._registry.get(envelope.target)
         if cell is None or cell.mailbox.closed:
+            self._release_slots(envelope.body)
             if corr is not None:
                 self.reply_error(envelope.sender, corr, ActorStoppedError(envelope.target))
             return
+        decoder = self._decoder_for(cell)
         try:
-            message = self._decoder_for(cell).decode(envelope.body, buffers)
+            message = decoder.decode(envelope.body, buffers)
         except ProtocolError as exc:
             log.warning("node %d: bad message for %s: %s", self.node_id, cell.path, exc)
+            self._release_slots(envelope.body)
             if corr is not None:
                 self.reply_error(envelope.sender, corr, exc)
             self.grant(envelope.sender, envelope.target)
             return
+        if decoder.type is Any:
+            self._release_slots(envelope.body)  # untyped: no tensor was built over a slot
         reply = RemoteReply(self, envelope.sender, envelope.target, corr)
         cell.mailbox.push_remote((message, reply))
+
+    def _release_slots(self, body: msgspec.Raw) -> None:
+        """Give back the slab slots of a message that is dropped undecoded.
+
+        The sender filled them; without this they would stay busy forever.
+        """
+        try:
+            stack: list[Any] = [msgspec.msgpack.decode(body)]
+        except msgspec.DecodeError:
+            return
+        while stack:
+            item = stack.pop()
+            if isinstance(item, list):
+                if len(item) == _DESC_FIELDS and item[0] == _DESC_TAG:
+                    slab, slot = item[_DESC_SLAB], item[_DESC_SLAB + 1]
+                    if isinstance(slab, int) and isinstance(slot, int) and slab >= 0:
+                        self.slabs.release(slab, slot)
+                else:
+                    stack.extend(item)
+            elif isinstance(item, dict):
+                stack.extend(item.values())
 
     def _decoder_for(self, cell: ActorCell) -> Decoder[Any]:
         accepts = cell.accepts

@@ -230,6 +230,14 @@ class SlabReader:
         weakref.finalize(array, mapping.release, slot)
         return array.data
 
+    def release(self, slab: int, slot: int) -> None:
+        """Free a slot no view was ever built over (its message was dropped)."""
+        mapping = self._slabs.get(slab)
+        if mapping is None or mapping.mm is None or not 0 <= slot < mapping.slots:
+            return
+        if slot not in mapping.held:
+            mapping.state[slot] = 0
+
     def held(self, slab: int) -> int:
         """Slots of ``slab`` this process still holds views of."""
         mapping = self._slabs.get(slab)

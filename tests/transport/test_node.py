@@ -143,3 +143,36 @@ def test_tcp_link_without_keys_is_refused() -> None:
 
 def test_curve_is_available() -> None:
     assert zmq.has("curve")
+
+
+async def test_dropped_messages_give_their_slab_slots_back() -> None:
+    rundir = RuntimeDir()
+    try:
+        async with _nodes(rundir.endpoint(1)) as (kit, receiver, sender):
+            probe = await kit.create_probe()
+            relay = await kit.spawn(Relay, probe.ref)
+            mailbox = await _remote_ref(sender, receiver, relay)
+            link = sender.link(1)
+            assert link.slab is not None
+            big = torch.zeros(1 << 19)  # 2 MiB: placed in the slab
+            # To an actor that does not exist: dropped without decoding.
+            link.send_message("/nobody", Payload(1, big))
+            # To an actor that accepts Any: decoded untyped, no tensor over the slot.
+            link.send_message(probe.ref.path, Payload(2, big))
+            await probe.expect_message(dict)
+            for _ in range(50):
+                if link.slab.busy() == 0:
+                    break
+                await asyncio.sleep(0.01)
+            assert link.slab.busy() == 0
+            # A delivered one is held while the actor keeps the tensor, then freed.
+            await mailbox.push_user((Payload(3, big), None))
+            received = await probe.expect_message(Payload)
+            assert link.slab.busy() == 1
+            del received
+            import gc
+
+            gc.collect()
+            assert link.slab.busy() == 0
+    finally:
+        rundir.cleanup()

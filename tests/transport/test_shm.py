@@ -19,7 +19,8 @@ from omni_actors.transport.shm import SHM_DIR, SlabReader, SlabWriter, sweep
 
 
 def _ours() -> set[str]:
-    return {n for n in os.listdir(SHM_DIR) if n.startswith("omni-actors-")}
+    """Segments this test process created (other runs may share /dev/shm)."""
+    return {n for n in os.listdir(SHM_DIR) if n.startswith(f"omni-actors-{os.getpid()}-")}
 
 
 @pytest.fixture(autouse=True)
@@ -183,10 +184,13 @@ def test_killed_writer_leaves_nothing_after_unlink_and_sweep_removes_the_rest() 
     proc.kill()
     proc.wait(timeout=30)
     proc.stdout.close()
-    left = {n for n in _ours() if n.startswith(f"omni-actors-{pid}-")}
-    assert len(left) == 1  # only the never-attached one
+
+    def left() -> set[str]:
+        return {n for n in os.listdir(SHM_DIR) if n.startswith(f"omni-actors-{pid}-")}
+
+    assert len(left()) == 1  # only the never-attached one
     assert sweep(pid) == 1
-    assert not {n for n in _ours() if n.startswith(f"omni-actors-{pid}-")}
+    assert not left()
 
 
 def test_geometry_validation() -> None:

@@ -6,6 +6,7 @@ import asyncio
 import os
 import signal
 import stat
+import sys
 
 import pytest
 import torch
@@ -25,8 +26,9 @@ from omni_actors.transport.workers import WorkerDiedError
 FAST_RESTART = SupervisorStrategy(backoff=Backoff(min_s=0.0, max_s=0.0, jitter=0.0))
 
 
-def _shm_ours() -> set[str]:
-    return {n for n in os.listdir("/dev/shm") if n.startswith("omni-actors-")}
+def _shm_of(pids: list[int]) -> set[str]:
+    prefixes = tuple(f"omni-actors-{pid}-" for pid in pids)
+    return {n for n in os.listdir("/dev/shm") if n.startswith(prefixes)}
 
 
 async def test_tell_and_ask_round_trip_with_tensors() -> None:
@@ -112,7 +114,6 @@ async def test_credit_flow_control_bounds_the_sender() -> None:
 
 
 async def test_no_process_socket_or_segment_left_after_shutdown() -> None:
-    before = _shm_ours()
     async with ActorTestKit() as kit:
         a = await kit.spawn(Echo, name="a", process=True)
         b = await kit.spawn(Echo, name="b", process=True)
@@ -126,4 +127,40 @@ async def test_no_process_socket_or_segment_left_after_shutdown() -> None:
         with pytest.raises(ProcessLookupError):
             os.kill(pid, 0)
     assert not os.path.exists(rundir)
-    assert _shm_ours() <= before
+    assert not _shm_of([os.getpid(), *pids])
+
+
+PARENT = """
+import asyncio, os, sys, time
+sys.path.insert(0, {here!r})
+from remote_actors import Echo, Pid
+from omni_actors import ActorSystem
+
+async def main():
+    system = ActorSystem()
+    await system.start()
+    ref = await system.spawn(Echo, name="echo", process=True)
+    print(await ref.ask(Pid(), timeout=30), flush=True)
+    await asyncio.sleep(60)
+
+asyncio.run(main())
+"""
+
+
+async def test_workers_exit_when_their_parent_is_killed() -> None:
+    here = os.path.dirname(__file__)
+    parent = await asyncio.create_subprocess_exec(
+        sys.executable, "-c", PARENT.format(here=here), stdout=asyncio.subprocess.PIPE
+    )
+    assert parent.stdout is not None
+    worker_pid = int(await asyncio.wait_for(parent.stdout.readline(), 60))
+    parent.kill()
+    await parent.wait()
+    for _ in range(100):  # the worker sees stdin close and exits on its own
+        try:
+            os.kill(worker_pid, 0)
+        except ProcessLookupError:
+            return
+        await asyncio.sleep(0.05)
+    os.kill(worker_pid, signal.SIGKILL)
+    pytest.fail("worker outlived its parent")
