@@ -8,13 +8,15 @@ Four ways to move the same float32 payload, measured in one run:
 - ``baseline``: a connector shaped like vllm-omni's (pickle, a fresh shared-memory
   segment per message, name over a pipe, unpickle and unlink), run by
   ``benchmarks/vllm_omni_baseline.py`` — outside the package, which never pickles.
-- ``raw_zmq``: the same bytes over a bare ZeroMQ PAIR socket pair (the floor for a
-  ZeroMQ-based channel).
+- ``raw_zmq``: the same bytes over a bare ZeroMQ PAIR socket pair, both sides blocking
+  in ``recv``; ``raw_zmq_evented``: the same, but both sides wait in an event loop on the
+  socket's file descriptor — the floor for any asyncio program that uses ZeroMQ.
 - ``memcpy``: one in-process copy of the payload (the floor for moving it at all).
 """
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import platform
@@ -85,25 +87,43 @@ async def _ours(system: ActorSystem, sizes: dict[str, int], scale: float) -> dic
     return results
 
 
-def _raw_zmq(size: int, count: int, warmup: int) -> list[float]:
+async def _raw_zmq(size: int, count: int, warmup: int, *, evented: bool) -> list[float]:
+    """Ping-pong raw bytes; ``evented`` waits in the event loop on both sides."""
     rundir = tempfile.mkdtemp(prefix="omni-actors-bench-")
     endpoint = f"ipc://{rundir}/raw"
     ctx = zmq.Context()
     socket = ctx.socket(zmq.PAIR)
     socket.bind(endpoint)
-    peer = subprocess.Popen([sys.executable, "-m", "omni_actors.bench.zmq_peer", endpoint])
+    args = [sys.executable, "-m", "omni_actors.bench.zmq_peer", endpoint]
+    peer = subprocess.Popen([*args, "--async"] if evented else args)  # noqa: ASYNC220 - a bench
     payload = np.random.default_rng(2).random(size // 4, dtype=np.float32).data.cast("B")
+    loop = asyncio.get_running_loop()
+    acks: asyncio.Queue[None] = asyncio.Queue()
+
+    def readable() -> None:
+        while int(socket.get(zmq.EVENTS)) & int(zmq.POLLIN):
+            socket.recv(zmq.NOBLOCK)
+            acks.put_nowait(None)
+
+    if evented:
+        loop.add_reader(socket.FD, readable)
     samples = []
     try:
         for i in range(warmup + count):
             start = time.perf_counter()
             socket.send(payload, copy=False)
-            socket.recv()
+            if evented:
+                readable()  # a send can consume the FD's edge: look before waiting
+                await acks.get()
+            else:
+                socket.recv()
             if i >= warmup:
                 samples.append((time.perf_counter() - start) * 1e6)
         socket.send(b"")
-        peer.wait(timeout=30)
+        await asyncio.to_thread(peer.wait, 30)
     finally:
+        if evented:
+            loop.remove_reader(socket.FD)
         if peer.poll() is None:
             peer.kill()
             peer.wait()
@@ -146,8 +166,8 @@ async def run_transport_bench(sizes: list[str], scale: float = 1.0) -> dict[str,
     table: dict[str, Any] = {}
     for label, size in chosen.items():
         count, warmup = _iterations(size, scale)
-        # The actor system is closed by now: nothing else runs on the loop meanwhile.
-        raw = _raw_zmq(size, count, warmup)
+        raw = await _raw_zmq(size, count, warmup, evented=False)
+        raw_evented = await _raw_zmq(size, count, warmup, evented=True)
         base = _baseline(size, count, warmup)
         copy = _memcpy(size, count)
         ours_p50 = statistics.median(ours[label])
@@ -156,6 +176,7 @@ async def run_transport_bench(sizes: list[str], scale: float = 1.0) -> dict[str,
             "ours_us_p99": round(_p(ours[label], 0.99), 1),
             "baseline_us_p50": None if base is None else round(statistics.median(base), 1),
             "raw_zmq_us_p50": round(statistics.median(raw), 1),
+            "raw_zmq_evented_us_p50": round(statistics.median(raw_evented), 1),
             "memcpy_us_p50": round(statistics.median(copy), 1),
             "iterations": count,
         }
@@ -163,6 +184,7 @@ async def run_transport_bench(sizes: list[str], scale: float = 1.0) -> dict[str,
             None if base is None else round(row["baseline_us_p50"] / ours_p50, 2)
         )
         row["overhead_vs_raw_zmq"] = round(ours_p50 / row["raw_zmq_us_p50"], 2)
+        row["overhead_vs_raw_zmq_evented"] = round(ours_p50 / row["raw_zmq_evented_us_p50"], 2)
         row["ratio_vs_memcpy"] = round(ours_p50 / row["memcpy_us_p50"], 2)
         table[label] = row
     return {

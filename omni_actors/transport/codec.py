@@ -85,7 +85,11 @@ def _torch_bytes(tensor: torch.Tensor) -> memoryview:
             f"cannot send a tensor on {tensor.device}: move it to the CPU first "
             "(device transfers are done by the stage, on its own stream)"
         )
-    tensor = tensor.detach().resolve_conj().resolve_neg()
+    # Each torch call costs microseconds: only pay for the conversions a tensor needs.
+    if tensor.requires_grad:
+        tensor = tensor.detach()
+    if tensor.is_conj() or tensor.is_neg():
+        tensor = tensor.resolve_conj().resolve_neg()
     if not tensor.is_contiguous():
         tensor = tensor.contiguous()  # the one copy a strided tensor needs
     # A byte view works for every dtype, bfloat16 included, which numpy lacks.
@@ -259,7 +263,8 @@ class Decoder(Generic[T]):
             return np.frombuffer(data, dtype=dtype).reshape(shape)
         if nbytes == 0:
             return torch.empty(shape, dtype=dtype)
-        return torch.frombuffer(data, dtype=dtype).reshape(shape)
+        flat = torch.frombuffer(data, dtype=dtype)
+        return flat if len(shape) == 1 else flat.reshape(shape)
 
     def _bytes_of(self, desc: TensorDesc, nbytes: int) -> memoryview:
         placements = (desc.data is not None) + (desc.buffer >= 0) + (desc.slab >= 0)
