@@ -128,7 +128,10 @@ class ActorSystem:
                 importable module, its constructor arguments and messages must be
                 msgspec-encodable (messages: ``msgspec.Struct``s, tensors allowed), and
                 the returned ref behaves exactly like a local one; if the process dies,
-                the actor fails and its supervisor decides.
+                the actor fails and its supervisor decides (a restart starts a fresh
+                worker; tells the dead worker had not processed are lost, asks fail).
+                Overflow ``drop_oldest`` cannot recall sent messages, so it waits like
+                ``backpressure``.
 
         Raises:
             Exception: whatever ``on_start`` raised (the actor is not started).

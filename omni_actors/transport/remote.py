@@ -103,7 +103,8 @@ class RemoteMailbox(Mailbox):
 
     The system lane stays local (it drives the hosting cell); user messages go to the
     remote actor. While no link is up (the worker is starting or restarting) senders wait,
-    as they would for a full mailbox.
+    as they would for a full mailbox. Out of credits, ``fail`` raises and both
+    ``backpressure`` and ``drop_oldest`` wait (messages already sent cannot be dropped).
     """
 
     __slots__ = ("_credit_waiters", "credits", "link", "node", "peer", "reply_type", "target")

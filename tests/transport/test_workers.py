@@ -14,8 +14,10 @@ from remote_actors import Block, Count, Crash, Echo, FailsToStart, Payload, Pid
 
 from omni_actors import (
     ActorStoppedError,
+    AskTimeoutError,
     Backoff,
     MailboxConfig,
+    MailboxFullError,
     MessageTypeError,
     SendTimeoutError,
     SupervisorStrategy,
@@ -164,3 +166,15 @@ async def test_workers_exit_when_their_parent_is_killed() -> None:
         await asyncio.sleep(0.05)
     os.kill(worker_pid, signal.SIGKILL)
     pytest.fail("worker outlived its parent")
+
+
+async def test_remote_fail_policy_and_ask_deadline() -> None:
+    async with ActorTestKit(stop_timeout=1.0) as kit:
+        ref = await kit.spawn(
+            Echo, name="echo", process=True, mailbox=MailboxConfig(capacity=2, overflow="fail")
+        )
+        with pytest.raises(AskTimeoutError):
+            await ref.ask(Block(30), timeout=0.2)  # the deadline fires; the actor is busy
+        await ref.tell(Count())
+        with pytest.raises(MailboxFullError):
+            await ref.tell(Count())
