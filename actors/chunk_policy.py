@@ -1,0 +1,137 @@
+"""``ChunkPolicy``: the one implementation of codec-frame windowing for every model.
+
+A talker produces codec frames one step at a time; code2wav decodes them in chunks. The
+first chunk is small (``initial_frames``) so the first audio packet leaves early; later
+chunks hold ``frames`` new frames. Each chunk also carries up to ``left_context`` frames
+that precede its new ones, because a causal decoder needs them to continue the waveform
+seamlessly — those context frames are *not* new and must not be decoded into audio
+twice.
+
+Guarantees (property-tested): over any arrival pattern, the new frames of the emitted
+chunks, concatenated, are exactly the input, each frame once; ``finish`` flushes only
+what is pending (nothing when the input ended exactly on a chunk boundary); every chunk
+carries exactly the context frames that precede it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+__all__ = ["ChunkPolicy", "FrameChunk", "FrameWindow"]
+
+
+@dataclass(frozen=True, slots=True)
+class ChunkPolicy:
+    """Chunk sizes for one edge that carries codec frames.
+
+    Defaults are the values vllm-omni uses for Qwen3-Omni's talker → code2wav edge.
+    """
+
+    initial_frames: int = 4
+    frames: int = 25
+    left_context: int = 25
+
+    def __post_init__(self) -> None:
+        if self.initial_frames < 1 or self.frames < 1:
+            raise ValueError(
+                f"chunk sizes must be >= 1, got initial_frames={self.initial_frames}, "
+                f"frames={self.frames}"
+            )
+        if self.left_context < 0:
+            raise ValueError(f"left_context must be >= 0, got {self.left_context}")
+
+    def window(self) -> FrameWindow:
+        """A fresh window for one session's frame stream."""
+        return FrameWindow(self)
+
+
+@dataclass(frozen=True, slots=True)
+class FrameChunk:
+    """Frames to decode: ``context`` leading frames already emitted, then new ones.
+
+    Attributes:
+        frames: ``[context + new, ...]`` along dim 0.
+        context: how many leading frames are context only.
+        start: stream index of the first new frame.
+        final: the stream ended with this chunk.
+    """
+
+    frames: torch.Tensor
+    context: int
+    start: int
+    final: bool
+
+    @property
+    def new(self) -> torch.Tensor:
+        """The frames this chunk contributes for the first time."""
+        return self.frames[self.context :]
+
+
+class FrameWindow:
+    """Turns a stream of frame batches into chunks, following a :class:`ChunkPolicy`.
+
+    Keeps only the frames it may still need (pending ones plus the left context), so a
+    long session does not grow memory.
+    """
+
+    def __init__(self, policy: ChunkPolicy) -> None:
+        self.policy = policy
+        self._kept: torch.Tensor | None = None
+        self._kept_start = 0  # stream index of self._kept[0]
+        self._emitted = 0  # frames emitted as new so far
+        self._finished = False
+
+    @property
+    def emitted(self) -> int:
+        """Frames emitted as new so far."""
+        return self._emitted
+
+    @property
+    def pending(self) -> int:
+        """Frames received but not yet emitted."""
+        kept = 0 if self._kept is None else self._kept.shape[0]
+        return self._kept_start + kept - self._emitted
+
+    def push(self, frames: torch.Tensor) -> list[FrameChunk]:
+        """Add frames (time on dim 0); return the chunks that are now complete."""
+        if self._finished:
+            raise RuntimeError("push() after finish(): the frame stream has ended")
+        if frames.dim() == 0:
+            raise ValueError("frames need a time dimension (dim 0)")
+        self._kept = frames if self._kept is None else torch.cat([self._kept, frames])
+        chunks: list[FrameChunk] = []
+        while True:
+            size = self.policy.initial_frames if self._emitted == 0 else self.policy.frames
+            if self.pending < size:
+                return chunks
+            chunks.append(self._emit(size, final=False))
+
+    def finish(self) -> list[FrameChunk]:
+        """End the stream: the pending tail as one final chunk (none if nothing is left)."""
+        if self._finished:
+            return []
+        self._finished = True
+        pending = self.pending
+        return [self._emit(pending, final=True)] if pending else []
+
+    def _emit(self, size: int, *, final: bool) -> FrameChunk:
+        kept = self._kept
+        assert kept is not None
+        start = self._emitted
+        context_start = max(0, start - self.policy.left_context)
+        offset = self._kept_start
+        chunk = FrameChunk(
+            frames=kept[context_start - offset : start + size - offset],
+            context=start - context_start,
+            start=start,
+            final=final,
+        )
+        self._emitted += size
+        # Forget frames no future chunk can need as context.
+        drop = max(0, self._emitted - self.policy.left_context) - offset
+        if drop > 0:
+            self._kept = kept[drop:]
+            self._kept_start += drop
+        return chunk

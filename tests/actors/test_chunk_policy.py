@@ -1,0 +1,98 @@
+"""ChunkPolicy: exactly-once frames, right context, no boundary duplicates."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from omni_actors.actors.chunk_policy import ChunkPolicy, FrameChunk
+
+
+def _run(
+    policy: ChunkPolicy, arrivals: list[int], codebooks: int = 2
+) -> tuple[torch.Tensor, list[FrameChunk]]:
+    total = sum(arrivals)
+    stream = torch.arange(total * codebooks).reshape(total, codebooks)
+    window = policy.window()
+    chunks: list[FrameChunk] = []
+    at = 0
+    for n in arrivals:
+        chunks += window.push(stream[at : at + n])
+        at += n
+    chunks += window.finish()
+    return stream, chunks
+
+
+policies = st.builds(
+    ChunkPolicy,
+    initial_frames=st.integers(1, 8),
+    frames=st.integers(1, 30),
+    left_context=st.integers(0, 30),
+)
+
+
+@settings(max_examples=300, deadline=None)
+@given(policies, st.lists(st.integers(0, 40), max_size=30))
+def test_every_frame_exactly_once_with_the_right_context(
+    policy: ChunkPolicy, arrivals: list[int]
+) -> None:
+    stream, chunks = _run(policy, arrivals)
+    new = [c.new for c in chunks]
+    emitted = torch.cat(new) if new else stream[:0]
+    assert torch.equal(emitted, stream)  # no loss, no duplicate
+    position = 0
+    for i, chunk in enumerate(chunks):
+        assert chunk.start == position
+        assert chunk.new.shape[0] > 0  # never an empty (re-sent) boundary chunk
+        expected_context = min(policy.left_context, position)
+        assert chunk.context == expected_context
+        assert torch.equal(
+            chunk.frames, stream[position - expected_context : position + chunk.new.shape[0]]
+        )
+        size = chunk.new.shape[0]
+        if not chunk.final:
+            assert size == (policy.initial_frames if i == 0 else policy.frames)
+        position += size
+    assert [c.final for c in chunks].count(True) <= 1
+    assert not any(c.final for c in chunks[:-1])
+
+
+@pytest.mark.parametrize("k", [0, 1, 3])
+def test_length_exactly_on_a_boundary_flushes_nothing_extra(k: int) -> None:
+    policy = ChunkPolicy(initial_frames=4, frames=25, left_context=25)
+    total = 4 + k * 25
+    _, chunks = _run(policy, [total])
+    assert [c.new.shape[0] for c in chunks] == [4] + [25] * k
+    assert not any(c.final for c in chunks)  # nothing pending: finish adds no chunk
+
+
+def test_defaults_match_qwen3_omni_talker_edge() -> None:
+    policy = ChunkPolicy()
+    assert (policy.initial_frames, policy.frames, policy.left_context) == (4, 25, 25)
+    _, chunks = _run(policy, [1] * 60)
+    assert [(c.context, c.new.shape[0]) for c in chunks] == [(0, 4), (4, 25), (25, 25), (25, 6)]
+    assert chunks[-1].final
+
+
+def test_window_memory_stays_bounded() -> None:
+    window = ChunkPolicy(initial_frames=2, frames=5, left_context=3).window()
+    for _ in range(1000):
+        window.push(torch.zeros(7, 4))
+    assert window._kept is not None
+    assert window._kept.shape[0] <= 3 + 5 + 7
+
+
+def test_bad_policies_and_misuse_are_errors() -> None:
+    with pytest.raises(ValueError, match=">= 1"):
+        ChunkPolicy(initial_frames=0)
+    with pytest.raises(ValueError, match="left_context"):
+        ChunkPolicy(left_context=-1)
+    window = ChunkPolicy().window()
+    with pytest.raises(ValueError, match="time dimension"):
+        window.push(torch.tensor(1.0))
+    window.finish()
+    with pytest.raises(RuntimeError, match="after finish"):
+        window.push(torch.zeros(1, 2))
+    assert window.finish() == []
