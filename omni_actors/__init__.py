@@ -21,9 +21,11 @@ from omni_actors.errors import (
     MessageDroppedError,
     MessageTypeError,
     OmniError,
+    ProtocolError,
     RestartIntensityExceededError,
     SendTimeoutError,
     StartTimeoutError,
+    WorkerDiedError,
 )
 from omni_actors.signals import Terminated
 from omni_actors.supervision import (
@@ -52,6 +54,7 @@ __all__ = [
     "MessageTypeError",
     "OmniError",
     "OverflowPolicy",
+    "ProtocolError",
     "RestartIntensityExceededError",
     "RestartType",
     "SendTimeoutError",
@@ -59,6 +62,7 @@ __all__ = [
     "Strategy",
     "SupervisorStrategy",
     "Terminated",
+    "WorkerDiedError",
     "run",
 ]
 

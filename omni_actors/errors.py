@@ -20,6 +20,7 @@ __all__ = [
     "RestartIntensityExceededError",
     "SendTimeoutError",
     "StartTimeoutError",
+    "WorkerDiedError",
 ]
 
 
@@ -131,3 +132,18 @@ class ProtocolError(OmniError):
     Raised by decoders instead of crashing; the channel that received the bytes stays
     usable and the offending message is dropped.
     """
+
+
+class WorkerDiedError(OmniError):
+    """The process hosting an actor exited while the actor was running."""
+
+    def __init__(self, actor: str, pid: int, returncode: int | None) -> None:
+        how = (
+            f"was killed by signal {-returncode}"
+            if returncode and returncode < 0
+            else (f"exited with code {returncode}")
+        )
+        super().__init__(f"worker process {pid} hosting {actor} {how}")
+        self.actor = actor
+        self.pid = pid
+        self.returncode = returncode

@@ -24,7 +24,7 @@ import zmq
 
 from omni_actors import _system_messages as sm
 from omni_actors._actor import Actor
-from omni_actors.errors import ActorStoppedError, OmniError
+from omni_actors.errors import ActorStoppedError, WorkerDiedError
 from omni_actors.protocols import wire
 from omni_actors.transport import shm
 from omni_actors.transport.endpoints import RuntimeDir
@@ -32,27 +32,12 @@ from omni_actors.transport.node import Link, Node
 from omni_actors.transport.remote import RemoteMailbox, error_from_wire
 from omni_actors.transport.worker import actor_spec
 
-__all__ = ["ProcessHost", "WorkerDiedError", "Workers", "actor_spec"]
+__all__ = ["ProcessHost", "Workers", "actor_spec"]
 
 if TYPE_CHECKING:
     from omni_actors._system import ActorSystem
 
 log = logging.getLogger(__name__)
-
-
-class WorkerDiedError(OmniError):
-    """The process hosting an actor exited while the actor was running."""
-
-    def __init__(self, actor: str, pid: int, returncode: int | None) -> None:
-        how = (
-            f"was killed by signal {-returncode}"
-            if returncode and returncode < 0
-            else (f"exited with code {returncode}")
-        )
-        super().__init__(f"worker process {pid} hosting {actor} {how}")
-        self.actor = actor
-        self.pid = pid
-        self.returncode = returncode
 
 
 class WorkerProcess:

@@ -21,9 +21,9 @@ from omni_actors import (
     MessageTypeError,
     SendTimeoutError,
     SupervisorStrategy,
+    WorkerDiedError,
 )
 from omni_actors.testing import ActorTestKit
-from omni_actors.transport.workers import WorkerDiedError
 
 FAST_RESTART = SupervisorStrategy(backoff=Backoff(min_s=0.0, max_s=0.0, jitter=0.0))
 
