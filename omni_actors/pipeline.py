@@ -1,0 +1,265 @@
+"""Pipeline definitions: a DAG of stages in YAML, validated by pydantic.
+
+A pipeline file names its stages (engine kind and arguments, process placement,
+replicas, supervision), the edges between them (``stream``: chunks flow as they are
+produced; ``full``: one payload after the upstream finishes), which stage yields text and
+which yields audio, and the deadlines of every wait. Errors name the file, the field and
+what is allowed. Presets ship inside the package and load by name.
+"""
+
+from __future__ import annotations
+
+import re
+from importlib import resources
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from omni_actors.errors import OmniError
+
+__all__ = [
+    "ChunkPolicySpec",
+    "DeadlinesSpec",
+    "EdgeSpec",
+    "EngineSpec",
+    "OutputsSpec",
+    "PipelineConfigError",
+    "PipelineSpec",
+    "StageSpec",
+    "SupervisionSpec",
+    "load_pipeline",
+    "preset_names",
+]
+
+_NAME = r"^[a-z][a-z0-9_-]{0,63}$"
+
+
+class PipelineConfigError(OmniError, ValueError):
+    """A pipeline definition is invalid; the message lists every problem found."""
+
+
+class _Spec(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True)
+
+
+class EngineSpec(_Spec):
+    """Which engine a stage hosts and its arguments (checked by the engine itself)."""
+
+    kind: Literal["scripted", "torch", "vllm"]
+    args: dict[str, Any] = Field(default_factory=dict)
+
+
+class SupervisionSpec(_Spec):
+    """How a stage is restarted when it fails."""
+
+    restart: Literal["permanent", "transient", "temporary"] = "permanent"
+    max_restarts: int = Field(3, ge=0)
+    period_s: float = Field(5.0, gt=0)
+    backoff_min_s: float = Field(0.05, ge=0)
+    backoff_max_s: float = Field(5.0, ge=0)
+
+
+class StageSpec(_Spec):
+    """One stage: a ``StageActor`` hosting one engine."""
+
+    name: str = Field(pattern=_NAME)
+    engine: EngineSpec
+    process: bool = False
+    replicas: int = Field(1, ge=1, le=64)
+    supervision: SupervisionSpec = SupervisionSpec()
+    accumulate: dict[str, Literal["concat", "replace"]] = Field(default_factory=dict)
+
+
+class ChunkPolicySpec(_Spec):
+    """Codec-frame windowing on an edge (see ``omni_actors.actors.chunk_policy``)."""
+
+    initial_frames: int = Field(4, ge=1)
+    frames: int = Field(25, ge=1)
+    left_context: int = Field(25, ge=0)
+
+
+class EdgeSpec(_Spec):
+    """Data flowing from one stage to another."""
+
+    source: str = Field(alias="from")
+    to: str
+    mode: Literal["stream", "full"] = "stream"
+    fields: tuple[str, ...] = Field(min_length=1)
+    chunk_policy: ChunkPolicySpec | None = None
+
+
+class OutputsSpec(_Spec):
+    """Which stage's output the caller receives as text, and which as audio."""
+
+    text: str | None = None
+    audio: str | None = None
+
+
+class DeadlinesSpec(_Spec):
+    """Seconds each wait may last before the session ends with a timeout error."""
+
+    admission_s: float = Field(5.0, gt=0)
+    first_chunk_s: float = Field(30.0, gt=0)
+    inter_chunk_s: float = Field(10.0, gt=0)
+    total_s: float = Field(600.0, gt=0)
+
+
+class PipelineSpec(_Spec):
+    """A validated pipeline: stages form a DAG reachable from ``entry``."""
+
+    name: str = Field(pattern=_NAME)
+    entry: str | None = None
+    stages: tuple[StageSpec, ...] = Field(min_length=1)
+    edges: tuple[EdgeSpec, ...] = ()
+    outputs: OutputsSpec
+    deadlines: DeadlinesSpec = DeadlinesSpec()
+
+    @model_validator(mode="after")
+    def _check_graph(self) -> PipelineSpec:
+        names = [s.name for s in self.stages]
+        duplicates = sorted({n for n in names if names.count(n) > 1})
+        if duplicates:
+            raise ValueError(f"stage names must be unique; repeated: {duplicates}")
+        known = set(names)
+        entry = self.entry or names[0]
+        if entry not in known:
+            raise ValueError(f"entry {entry!r} is not a stage; stages: {names}")
+        seen_edges = set()
+        for edge in self.edges:
+            for end in (edge.source, edge.to):
+                if end not in known:
+                    raise ValueError(f"edge {edge.source}->{edge.to}: no stage {end!r}")
+            if edge.source == edge.to:
+                raise ValueError(f"edge {edge.source}->{edge.to} loops onto itself")
+            if (edge.source, edge.to) in seen_edges:
+                raise ValueError(f"edge {edge.source}->{edge.to} is declared twice")
+            seen_edges.add((edge.source, edge.to))
+        order = self._topological(names)
+        reachable = self.downstream(entry) | {entry}
+        unreachable = [n for n in order if n not in reachable]
+        if unreachable:
+            raise ValueError(f"stages not reachable from entry {entry!r}: {unreachable}")
+        for kind in ("text", "audio"):
+            stage = getattr(self.outputs, kind)
+            if stage is not None and stage not in known:
+                raise ValueError(f"outputs.{kind}: no stage {stage!r}; stages: {names}")
+        if self.outputs.text is None and self.outputs.audio is None:
+            raise ValueError("outputs: name the stage that yields text, audio, or both")
+        return self
+
+    def _topological(self, names: list[str]) -> list[str]:
+        incoming = {n: 0 for n in names}
+        for edge in self.edges:
+            incoming[edge.to] += 1
+        ready = [n for n in names if incoming[n] == 0]
+        order = []
+        while ready:
+            node = ready.pop(0)
+            order.append(node)
+            for edge in self.edges:
+                if edge.source == node:
+                    incoming[edge.to] -= 1
+                    if incoming[edge.to] == 0:
+                        ready.append(edge.to)
+        if len(order) != len(names):
+            cyclic = sorted(n for n in names if n not in order)
+            raise ValueError(f"the stages form a cycle through {cyclic}")
+        return order
+
+    @property
+    def entry_stage(self) -> str:
+        """The stage that receives the request's input."""
+        return self.entry or self.stages[0].name
+
+    def stage(self, name: str) -> StageSpec:
+        """The stage called ``name``."""
+        for stage in self.stages:
+            if stage.name == name:
+                return stage
+        raise KeyError(name)
+
+    def downstream(self, name: str) -> set[str]:
+        """Every stage reachable from ``name`` (excluding it)."""
+        found: set[str] = set()
+        frontier = [name]
+        while frontier:
+            node = frontier.pop()
+            for edge in self.edges:
+                if edge.source == node and edge.to not in found:
+                    found.add(edge.to)
+                    frontier.append(edge.to)
+        return found
+
+    def stages_for(self, *, text: bool, audio: bool) -> list[str]:
+        """Stages a request needs, in topological order: a text-only request skips audio."""
+        targets = [
+            stage
+            for stage, wanted in ((self.outputs.text, text), (self.outputs.audio, audio))
+            if wanted and stage is not None
+        ]
+        needed = {self.entry_stage}
+        for name in [s.name for s in self.stages]:
+            if any(t == name or t in self.downstream(name) for t in targets):
+                needed.add(name)
+        order = self._topological([s.name for s in self.stages])
+        return [n for n in order if n in needed]
+
+
+def preset_names() -> list[str]:
+    """Names of the presets shipped with omni-actors."""
+    files = resources.files("omni_actors").joinpath("presets").iterdir()
+    return sorted(f.name.removesuffix(".yaml") for f in files if f.name.endswith(".yaml"))
+
+
+def load_pipeline(source: str | Path) -> PipelineSpec:
+    """Load a pipeline from a YAML file path or a preset name.
+
+    Raises:
+        PipelineConfigError: unreadable file, bad YAML, or an invalid definition; the
+            message names the file and each offending field.
+    """
+    path = Path(source)
+    if isinstance(source, str) and re.fullmatch(_NAME, source) and not path.exists():
+        preset = resources.files("omni_actors").joinpath("presets", f"{source}.yaml")
+        if not preset.is_file():
+            raise PipelineConfigError(
+                f"no preset named {source!r}; presets: {', '.join(preset_names())}"
+            )
+        label, text = f"preset {source}", preset.read_text()
+    else:
+        try:
+            label, text = str(path), path.read_text()
+        except OSError as exc:
+            raise PipelineConfigError(f"cannot read pipeline file {path}: {exc}") from None
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        raise PipelineConfigError(f"{label}: not valid YAML: {exc}") from None
+    if not isinstance(data, dict):
+        raise PipelineConfigError(f"{label}: expected a mapping at the top level")
+    try:
+        return PipelineSpec.model_validate(data)
+    except ValidationError as exc:
+        raise PipelineConfigError(_describe(label, data, exc)) from None
+
+
+def _describe(label: str, data: dict[str, Any], exc: ValidationError) -> str:
+    """One line per problem: ``file: stages[talker].engine.kind: Input should be ...``."""
+    lines = [f"{label}: invalid pipeline ({exc.error_count()} problem(s))"]
+    for error in exc.errors():
+        parts: list[str] = []
+        node: Any = data
+        for key in error["loc"]:
+            if isinstance(key, int) and isinstance(node, list):
+                item = node[key] if key < len(node) else None
+                name = item.get("name") if isinstance(item, dict) else None
+                parts[-1] += f"[{name or key}]"
+                node = item
+            else:
+                parts.append(str(key))
+                node = node.get(key) if isinstance(node, dict) else None
+        where = ".".join(parts) or "(top level)"
+        lines.append(f"  {where}: {error['msg']}")
+    return "\n".join(lines)
