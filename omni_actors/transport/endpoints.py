@@ -68,3 +68,24 @@ class CurveKeys:
         socket.curve_secretkey = self.secret
         socket.curve_publickey = self.public
         socket.curve_serverkey = server_public
+
+    def start_authenticator(self, ctx: zmq.Context[Any]) -> Any:
+        """Admit only clients whose public key is in ``peers`` (ZAP, in a thread).
+
+        Returns the authenticator to ``stop()`` on close, or None when ``peers`` is
+        empty (then any client that knows our public key may connect).
+        """
+        if not self.peers:
+            return None
+        from zmq.auth.thread import ThreadAuthenticator
+
+        allowed = set(self.peers)
+
+        class _Keys:
+            def callback(self, domain: str, key: bytes) -> bool:
+                return key in allowed
+
+        auth = ThreadAuthenticator(ctx)
+        auth.start()
+        auth.configure_curve_callback("*", credentials_provider=_Keys())
+        return auth

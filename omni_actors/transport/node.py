@@ -150,8 +150,7 @@ class Node:
         """Bind the inbox and start receiving."""
         if self.curve is not None:
             self.curve.apply_server(self._inbox)
-            if self.curve.peers:
-                self._auth = _start_authenticator(self._ctx, self.curve.peers)
+            self._auth = self.curve.start_authenticator(self._ctx)
         self._inbox.bind(self.endpoint)
         self.endpoint = self._inbox.getsockopt_string(zmq.LAST_ENDPOINT)
         loop = asyncio.get_running_loop()
@@ -391,19 +390,3 @@ class Node:
             decoder = Decoder(type_, slab_reader=self.slabs)
             self._decoders[type_] = decoder
         return decoder
-
-
-def _start_authenticator(ctx: zmq.Context[Any], peers: tuple[bytes, ...]) -> Any:
-    """Only clients whose public key is in ``peers`` may connect (ZAP, in a thread)."""
-    from zmq.auth.thread import ThreadAuthenticator
-
-    allowed = set(peers)
-
-    class _Keys:
-        def callback(self, domain: str, key: bytes) -> bool:
-            return key in allowed
-
-    auth = ThreadAuthenticator(ctx)
-    auth.start()
-    auth.configure_curve_callback("*", credentials_provider=_Keys())
-    return auth
