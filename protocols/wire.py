@@ -15,6 +15,10 @@ __all__ = [
     "ActorStarted",
     "Ask",
     "Credit",
+    "FlowClosed",
+    "NodeDown",
+    "OpenFlow",
+    "RefDesc",
     "Failure",
     "Hello",
     "Reply",
@@ -60,10 +64,41 @@ class Failure(msgspec.Struct, tag="failure", frozen=True, array_like=True):
 
 
 class Credit(msgspec.Struct, tag="credit", frozen=True, array_like=True):
-    """Receiver → sender: ``grant`` more messages fit in ``target``'s mailbox."""
+    """Receiver node ``node`` → sender: ``grant`` more messages fit in ``target``'s mailbox."""
 
+    node: int
     target: str
     grant: int
+
+
+class RefDesc(msgspec.Struct, tag="R", frozen=True, array_like=True):
+    """An ``ActorRef`` inside a message: the actor ``path`` on node ``node``."""
+
+    node: int
+    endpoint: str
+    path: str
+
+
+class OpenFlow(msgspec.Struct, tag="open", frozen=True, array_like=True):
+    """Sender → receiver: about to send to ``target``; grant credits (reply to ``endpoint``)."""
+
+    sender: int
+    endpoint: str
+    target: str
+
+
+class FlowClosed(msgspec.Struct, tag="closed", frozen=True, array_like=True):
+    """Receiver → sender: ``target`` does not exist (any more) on node ``node``."""
+
+    node: int
+    target: str
+
+
+class NodeDown(msgspec.Struct, tag="down", frozen=True, array_like=True):
+    """Parent → workers: node ``node`` died; fail everything addressed to it."""
+
+    node: int
+    reason: str
 
 
 class Hello(msgspec.Struct, tag="hello", frozen=True, array_like=True):
@@ -128,6 +163,9 @@ WireMessage = (
     | Reply
     | Failure
     | Credit
+    | OpenFlow
+    | FlowClosed
+    | NodeDown
     | Hello
     | SpawnActor
     | ActorStarted

@@ -14,17 +14,20 @@ Decoding treats its input as hostile: anything malformed raises
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+import typing
+from collections.abc import Callable, Sequence
 from typing import Any, Generic, Protocol, TypeVar
 
 import msgspec
 import numpy as np
 import torch
 
+from omni_actors._ref import ActorRef
 from omni_actors.errors import ProtocolError
 from omni_actors.protocols.tensors import LIB_NUMPY, LIB_TORCH, TensorDesc
+from omni_actors.protocols.wire import RefDesc
 
-__all__ = ["Decoder", "Encoder", "SlabReader", "SlabWriter"]
+__all__ = ["Decoder", "Encoder", "SlabReader", "SlabWriter", "slab_slots"]
 
 T = TypeVar("T")
 
@@ -115,8 +118,10 @@ class Encoder:
         inline_threshold: int = 64 * 1024,
         slab_writer: SlabWriter | None = None,
         slab_threshold: int = 1 << 20,
+        ref_hook: Callable[[ActorRef[Any]], RefDesc] | None = None,
     ) -> None:
         self.inline_threshold = inline_threshold
+        self.ref_hook = ref_hook
         self.slab_writer = slab_writer
         self.slab_threshold = slab_threshold
         self._buffers: list[Any] | None = None
@@ -149,6 +154,10 @@ class Encoder:
             return self._place(
                 LIB_NUMPY, obj.dtype.name, obj.shape, array.reshape(-1).view(np.uint8).data
             )
+        if isinstance(obj, ActorRef):
+            if self.ref_hook is None:
+                raise TypeError("actor refs can only be sent between nodes")
+            return self.ref_hook(obj)
         raise NotImplementedError(f"cannot encode {type(obj).__qualname__}")
 
     def _place(self, lib: int, dtype: str, shape: tuple[int, ...], data: memoryview) -> TensorDesc:
@@ -185,8 +194,10 @@ class Decoder(Generic[T]):
         slab_reader: SlabReader | None = None,
         max_buffers: int = 1024,
         max_header_bytes: int = 16 << 20,
+        ref_hook: Callable[[RefDesc], ActorRef[Any]] | None = None,
     ) -> None:
         self.type = type_
+        self.ref_hook = ref_hook
         self.slab_reader = slab_reader
         self.max_buffers = max_buffers
         self.max_header_bytes = max_header_bytes
@@ -245,6 +256,14 @@ class Decoder(Generic[T]):
             except msgspec.ValidationError as exc:
                 raise ProtocolError(f"bad tensor descriptor: {exc}") from None
             return self._tensor(desc, want=LIB_TORCH if type_ is torch.Tensor else LIB_NUMPY)
+        if type_ is ActorRef or typing.get_origin(type_) is ActorRef:
+            if self.ref_hook is None:
+                raise ProtocolError("an actor ref arrived where refs cannot be resolved")
+            try:
+                ref_desc = msgspec.convert(obj, RefDesc)
+            except msgspec.ValidationError as exc:
+                raise ProtocolError(f"bad actor ref: {exc}") from None
+            return self.ref_hook(ref_desc)
         raise NotImplementedError(f"cannot decode {type_!r}")
 
     def _tensor(self, desc: TensorDesc, want: int) -> Any:
@@ -296,3 +315,32 @@ class Decoder(Generic[T]):
         if desc.nbytes != nbytes:
             raise ProtocolError(f"slab placement of {desc.nbytes} bytes, tensor needs {nbytes}")
         return self.slab_reader.view(desc.slab, desc.slot, desc.offset, desc.nbytes)
+
+
+_DESC_FIELDS = len(TensorDesc.__struct_fields__) + 1  # array-like, led by its tag
+_DESC_SLAB = 1 + TensorDesc.__struct_fields__.index("slab")
+
+
+def slab_slots(header: Any) -> list[tuple[int, int]]:
+    """``(slab, slot)`` of every slab-placed tensor in an encoded message, undecoded.
+
+    For messages that are dropped without being decoded: their slots must still be
+    given back to the sender.
+    """
+    try:
+        stack: list[Any] = [msgspec.msgpack.decode(header)]
+    except msgspec.DecodeError:
+        return []
+    found = []
+    while stack:
+        item = stack.pop()
+        if isinstance(item, list):
+            if len(item) == _DESC_FIELDS and item[0] == "T":
+                slab, slot = item[_DESC_SLAB], item[_DESC_SLAB + 1]
+                if isinstance(slab, int) and isinstance(slot, int) and slab >= 0:
+                    found.append((slab, slot))
+            else:
+                stack.extend(item)
+        elif isinstance(item, dict):
+            stack.extend(item.values())
+    return found

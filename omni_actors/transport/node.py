@@ -17,7 +17,7 @@ import itertools
 import logging
 import typing
 from collections import defaultdict
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 import msgspec
@@ -25,83 +25,29 @@ import zmq
 
 from omni_actors.errors import ActorStoppedError, ProtocolError
 from omni_actors.protocols import wire
-from omni_actors.transport.codec import Decoder, Encoder
+from omni_actors.transport.codec import Decoder, slab_slots
 from omni_actors.transport.endpoints import CurveKeys
-from omni_actors.transport.remote import RemoteReply, error_from_wire, error_to_wire
+from omni_actors.transport.link import Link
+from omni_actors.transport.remote import (
+    RemoteMailbox,
+    RemoteReply,
+    RemoteTarget,
+    error_from_wire,
+    error_to_wire,
+)
 from omni_actors.transport.shm import SlabReader, SlabWriter
 
 if TYPE_CHECKING:
     from omni_actors._cell import ActorCell
+    from omni_actors._ref import ActorRef
     from omni_actors._system import ActorSystem
-    from omni_actors.transport.remote import RemoteMailbox
 
-__all__ = ["Link", "Node"]
+__all__ = ["Node"]
 
 log = logging.getLogger(__name__)
 
 ControlHandler = Callable[[wire.WireMessage], None]
-ZERO_COPY_MIN_BYTES = 64 * 1024
 _POLLIN = int(zmq.POLLIN)
-# TensorDesc on the wire: ["T", lib, dtype, shape, data, buffer, slab, slot, offset, nbytes]
-_DESC_TAG = "T"
-_DESC_FIELDS = 10
-_DESC_SLAB = 6
-_wire_encoder = msgspec.msgpack.Encoder()
-
-
-class Link:
-    """The sending half of a connection from this node to one peer."""
-
-    def __init__(self, node: Node, peer: int, endpoint: str, socket: zmq.Socket[bytes]) -> None:
-        self.node = node
-        self.peer = peer
-        self.endpoint = endpoint
-        self.socket = socket
-        self.slab: SlabWriter | None = None
-        self.encoder = Encoder(slab_threshold=node.shm_threshold)
-
-    def use_slab(self, slab: SlabWriter) -> None:
-        """Route large tensors through ``slab`` (offered to the peer right away)."""
-        self.slab = slab
-        self.encoder = Encoder(slab_writer=slab, slab_threshold=self.node.shm_threshold)
-        self.send(wire.SlabOffer(self.node.node_id, slab.slab_id, slab.name))
-
-    def send(self, envelope: wire.WireMessage, buffers: Sequence[Any] = ()) -> None:
-        """Send one frame without blocking (see the module docstring for the bound)."""
-        header = _wire_encoder.encode(envelope)
-        socket = self.socket
-        if not buffers:
-            socket.send(header)
-            return
-        # Zero-copy frames cost a free-callback round trip through pyzmq's garbage
-        # thread: worth it for big buffers only, so small ones are simply copied.
-        socket.send(header, zmq.SNDMORE)
-        last = len(buffers) - 1
-        for i, buffer in enumerate(buffers):
-            socket.send(
-                buffer,
-                zmq.SNDMORE if i < last else 0,
-                copy=memoryview(buffer).nbytes < ZERO_COPY_MIN_BYTES,
-            )
-
-    def send_message(self, target: str, message: object, corr: int | None = None) -> None:
-        """Encode a user message for ``target`` on the peer and send it."""
-        buffers: list[Any] = []
-        body = msgspec.Raw(self.encoder.encode_into(message, buffers))
-        sender = self.node.node_id
-        envelope: wire.WireMessage = (
-            wire.Tell(target, sender, body)
-            if corr is None
-            else wire.Ask(target, sender, corr, body)
-        )
-        self.send(envelope, buffers)
-
-    def close(self) -> None:
-        """Close the socket (pending frames are dropped) and release the slab."""
-        self.socket.close(linger=0)
-        if self.slab is not None:
-            self.slab.close()
-            self.slab = None
 
 
 class Node:
@@ -140,6 +86,8 @@ class Node:
         self._corr = itertools.count(1)
         self._flows: dict[tuple[int, str], RemoteMailbox] = {}
         self._decoders: dict[Any, Decoder[Any]] = {}
+        self._targets: dict[tuple[int, str], RemoteTarget] = {}
+        self._dead: dict[int, BaseException] = {}
         self._grants: defaultdict[tuple[int, str], int] = defaultdict(int)
         self._reading = False
         self._auth: Any = None
@@ -200,6 +148,59 @@ class Node:
         self._fail_asks(lambda p: p == peer, error)
         for key in [k for k in self._flows if k[0] == peer]:
             self._flows.pop(key).link_lost(error)
+        for key in [k for k in self._targets if k[0] == peer]:
+            self._targets.pop(key).close(error)
+
+    def broadcast(self, message: wire.WireMessage, *, exclude: int) -> None:
+        """Send ``message`` to every linked peer but ``exclude``."""
+        for peer, link in list(self._links.items()):
+            if peer != exclude:
+                link.send(message)
+
+    # -- refs inside messages ---------------------------------------------------------
+
+    def encode_ref(self, ref: ActorRef[Any]) -> wire.RefDesc:
+        """Where ``ref``'s actor lives, for a peer: its node, endpoint and path there."""
+        mailbox = ref._cell.mailbox
+        if isinstance(mailbox, RemoteMailbox):
+            if mailbox.link is None and not (mailbox.closed and mailbox.endpoint):
+                raise ActorStoppedError(ref.path, "it is restarting; its ref cannot be sent now")
+            # A dead actor's ref still names where it lived; the receiver finds it dead.
+            return wire.RefDesc(mailbox.peer, mailbox.endpoint, mailbox.target)
+        return wire.RefDesc(self.node_id, self.endpoint, ref.path)
+
+    def decode_ref(self, desc: wire.RefDesc) -> ActorRef[Any]:
+        """A usable ref from a descriptor: local, already known, or a new remote target."""
+        key = (desc.node, desc.path)
+        if desc.node == self.node_id:
+            cell = self.system._registry.get(desc.path)
+            if cell is not None:
+                return cell.ref
+        else:
+            known = self._flows.get(key)
+            if known is not None and known.ref is not None and not known.closed:
+                return known.ref
+        target = self._targets.get(key)
+        if target is None or target.closed:
+            if desc.node == self.node_id:
+                raise ProtocolError(f"a ref to {desc.path}, which is not running here")
+            link = self.connect(desc.node, desc.endpoint)
+            target = RemoteTarget(self, link, desc.path)
+            dead = self._dead.get(desc.node)
+            if dead is not None:
+                target.close(dead)
+                return target.ref
+            self._targets[key] = target
+            link.send(wire.OpenFlow(self.node_id, self.endpoint, desc.path))
+        return target.ref
+
+    def _open_flow(self, request: wire.OpenFlow) -> None:
+        link = self.connect(request.sender, request.endpoint)
+        cell = self.system._registry.get(request.target)
+        if cell is None or cell.mailbox.closed or isinstance(cell.mailbox, RemoteMailbox):
+            link.send(wire.FlowClosed(self.node_id, request.target))
+        else:
+            link.send(wire.Credit(self.node_id, request.target, max(1, cell.mailbox.room)))
 
     # -- sending --------------------------------------------------------------------
 
@@ -249,7 +250,7 @@ class Node:
         self._grants[key] = 0
         link = self._links.get(peer)
         if link is not None:
-            link.send(wire.Credit(target, count))
+            link.send(wire.Credit(self.node_id, target, count))
 
     def reply(self, peer: int, corr: int, value: object) -> None:
         """Send the answer to ``Ask`` number ``corr`` back to ``peer``."""
@@ -303,10 +304,20 @@ class Node:
         match envelope:
             case wire.Tell() | wire.Ask():
                 self._deliver(envelope, buffers)
-            case wire.Credit(target=target, grant=grant):
-                for (_, flow_target), mailbox in self._flows.items():
-                    if flow_target == target:
-                        mailbox.add_credits(grant)
+            case wire.Credit(node=peer, target=target, grant=grant):
+                flow = self._flows.get((peer, target))
+                if flow is not None:
+                    flow.add_credits(grant)
+            case wire.OpenFlow():
+                self._open_flow(envelope)
+            case wire.FlowClosed(node=peer, target=target):
+                closed = self._targets.pop((peer, target), None)
+                if closed is not None:
+                    closed.close(ActorStoppedError(f"{target} on node {peer}"))
+            case wire.NodeDown(node=peer, reason=reason):
+                error = ActorStoppedError(f"node {peer}", reason)
+                self._dead[peer] = error  # refs to it that arrive later are dead on arrival
+                self.disconnect(peer, error)
             case wire.Reply(corr=corr, body=body):
                 entry = self._asks.get(corr)
                 if entry is not None and not entry[0].done():
@@ -337,7 +348,7 @@ class Node:
     def _deliver(self, envelope: wire.Tell | wire.Ask, buffers: list[memoryview]) -> None:
         corr = envelope.corr if isinstance(envelope, wire.Ask) else None
         cell = self.system._registry.get(envelope.target)
-        if cell is None or cell.mailbox.closed:
+        if cell is None or cell.mailbox.closed or isinstance(cell.mailbox, RemoteMailbox):
             self._release_slots(envelope.body)
             if corr is not None:
                 self.reply_error(envelope.sender, corr, ActorStoppedError(envelope.target))
@@ -358,25 +369,9 @@ class Node:
         cell.mailbox.push_remote((message, reply))
 
     def _release_slots(self, body: msgspec.Raw) -> None:
-        """Give back the slab slots of a message that is dropped undecoded.
-
-        The sender filled them; without this they would stay busy forever.
-        """
-        try:
-            stack: list[Any] = [msgspec.msgpack.decode(body)]
-        except msgspec.DecodeError:
-            return
-        while stack:
-            item = stack.pop()
-            if isinstance(item, list):
-                if len(item) == _DESC_FIELDS and item[0] == _DESC_TAG:
-                    slab, slot = item[_DESC_SLAB], item[_DESC_SLAB + 1]
-                    if isinstance(slab, int) and isinstance(slot, int) and slab >= 0:
-                        self.slabs.release(slab, slot)
-                else:
-                    stack.extend(item)
-            elif isinstance(item, dict):
-                stack.extend(item.values())
+        """Give back the slab slots of a message dropped undecoded (else they leak)."""
+        for slab, slot in slab_slots(body):
+            self.slabs.release(slab, slot)
 
     def _decoder_for(self, cell: ActorCell) -> Decoder[Any]:
         accepts = cell.accepts
@@ -387,6 +382,6 @@ class Node:
     def _decoder(self, type_: Any) -> Decoder[Any]:
         decoder = self._decoders.get(type_)
         if decoder is None:
-            decoder = Decoder(type_, slab_reader=self.slabs)
+            decoder = Decoder(type_, slab_reader=self.slabs, ref_hook=self.decode_ref)
             self._decoders[type_] = decoder
         return decoder

@@ -13,15 +13,26 @@ from __future__ import annotations
 import asyncio
 import builtins
 import sys
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 from omni_actors._mailbox import Envelope, Mailbox, MailboxConfig
+from omni_actors._ref import ActorRef
 from omni_actors.errors import ActorStoppedError, MailboxFullError, OmniError
+from omni_actors.signals import Terminated
 
 if TYPE_CHECKING:
-    from omni_actors.transport.node import Link, Node
+    from omni_actors._cell import ActorCell
+    from omni_actors.transport.link import Link
+    from omni_actors.transport.node import Node
 
-__all__ = ["RemoteError", "RemoteMailbox", "RemoteReply", "error_from_wire", "error_to_wire"]
+__all__ = [
+    "RemoteError",
+    "RemoteMailbox",
+    "RemoteReply",
+    "RemoteTarget",
+    "error_from_wire",
+    "error_to_wire",
+]
 
 
 class RemoteError(OmniError):
@@ -107,22 +118,34 @@ class RemoteMailbox(Mailbox):
     ``backpressure`` and ``drop_oldest`` wait (messages already sent cannot be dropped).
     """
 
-    __slots__ = ("_credit_waiters", "credits", "link", "node", "peer", "reply_type", "target")
+    __slots__ = (
+        "_credit_waiters",
+        "credits",
+        "endpoint",
+        "link",
+        "node",
+        "peer",
+        "ref",
+        "reply_type",
+        "target",
+    )
 
     def __init__(self, owner: str, config: MailboxConfig, reply_type: Any) -> None:
         super().__init__(owner, config)
         self.node: Node | None = None
         self.link: Link | None = None
+        self.endpoint = ""  # where the target lived last, kept after it is gone
         self.peer = -1
         self.target = ""
         self.credits = 0
         self.reply_type = reply_type
+        self.ref: ActorRef[Any] | None = None  # the local ref this mailbox serves, if any
         self._credit_waiters: list[asyncio.Future[None]] = []
 
     def bind(self, node: Node, link: Link, target: str, credits: int) -> None:
         """Start forwarding to ``target`` on ``link``'s peer with ``credits`` in hand."""
         self.node, self.link = node, link
-        self.peer, self.target = link.peer, target
+        self.peer, self.target, self.endpoint = link.peer, target, link.endpoint
         self.credits = credits
         node.register_flow(self)
         self._wake_senders()
@@ -188,3 +211,42 @@ class RemoteMailbox(Mailbox):
         pending = super().close()
         self._wake_senders()
         return pending
+
+
+class RemoteTarget:
+    """An actor on another node, known from a ref that arrived inside a message.
+
+    It offers what ``ActorRef`` and ``watch`` use of a cell (path, name, accepts,
+    mailbox, terminated, watchers), so the decoded ref has the usual API. Its flow starts
+    with no credits: the first send waits until the target node grants its mailbox room.
+    Messages are type-checked by the receiving node, against the actor's own union.
+    """
+
+    def __init__(self, node: Node, link: Link, path: str) -> None:
+        self.path = path
+        self.name = path.rsplit("/", 1)[-1]
+        self.accepts: tuple[type, ...] = (object,)
+        self.mailbox = RemoteMailbox(f"{path} on node {link.peer}", MailboxConfig(), Any)
+        self.mailbox.bind(node, link, path, credits=0)
+        self.terminated: asyncio.Future[BaseException | None] = (
+            asyncio.get_running_loop().create_future()
+        )
+        self.watchers: set[ActorCell] = set()
+        self.watching: set[ActorCell] = set()
+        self.ref: ActorRef[Any] = ActorRef(cast("ActorCell", self))
+        self.mailbox.ref = self.ref
+
+    @property
+    def closed(self) -> bool:
+        """True once the target is known to be gone."""
+        return self.terminated.done()
+
+    def close(self, reason: BaseException | None) -> None:
+        """The target (or its node) is gone: senders raise, watchers get ``Terminated``."""
+        if self.terminated.done():
+            return
+        self.mailbox.close()
+        for watcher in self.watchers:
+            watcher.mailbox.push_system(Terminated(self.ref, reason))
+        self.watchers.clear()
+        self.terminated.set_result(reason)

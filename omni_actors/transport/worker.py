@@ -24,7 +24,8 @@ from omni_actors._actor import Actor
 from omni_actors._mailbox import MailboxConfig
 from omni_actors._system import ActorSystem, run
 from omni_actors.protocols import wire
-from omni_actors.transport.node import Link, Node
+from omni_actors.transport.link import Link
+from omni_actors.transport.node import Node
 from omni_actors.transport.remote import error_to_wire
 
 __all__ = ["actor_spec", "load_actor", "main"]

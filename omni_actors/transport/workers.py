@@ -28,7 +28,8 @@ from omni_actors.errors import ActorStoppedError, WorkerDiedError
 from omni_actors.protocols import wire
 from omni_actors.transport import shm
 from omni_actors.transport.endpoints import RuntimeDir
-from omni_actors.transport.node import Link, Node
+from omni_actors.transport.link import Link
+from omni_actors.transport.node import Node
 from omni_actors.transport.remote import RemoteMailbox, error_from_wire
 from omni_actors.transport.worker import actor_spec
 
@@ -167,6 +168,8 @@ class Workers:
                 proc.kill()
                 await proc.wait()
         self.node.disconnect(node_id, ActorStoppedError(f"worker {proc.pid}", "it exited"))
+        # Other workers may hold direct links to it: tell them it is gone.
+        self.node.broadcast(wire.NodeDown(node_id, f"worker {proc.pid} exited"), exclude=node_id)
         shm.sweep(proc.pid)  # slabs a killed worker created but could not unlink
         self._procs.pop(node_id, None)
 
@@ -231,6 +234,7 @@ class ProcessHost(Actor[object]):
             await self.workers.stop(worker, cell.system.stop_timeout)
             raise
         self.workers.attach(worker, self)
+        self.remote.ref = self.context.self_ref
         self.remote.bind(self.workers.node, worker.link, started.name, started.credits)
         self._watch = asyncio.get_running_loop().create_task(
             self._watch_process(worker), name=f"watch worker of {cell.path}"

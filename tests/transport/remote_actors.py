@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import asyncio
 import os
+from typing import Any
 
 import msgspec
 import torch
 
-from omni_actors import Actor
+from omni_actors import Actor, ActorRef
 
 
 class Payload(msgspec.Struct, tag=True, frozen=True):
@@ -62,3 +63,31 @@ class Echo(Actor[Payload | Crash | Block | Pid | Count]):
 class FailsToStart(Actor[Count]):
     async def on_start(self) -> None:
         raise RuntimeError("cannot start: no model weights")
+
+
+class Notify(msgspec.Struct, tag=True, frozen=True):
+    """Ask an actor to tell ``to`` a greeting (``to`` may live in any process)."""
+
+    to: ActorRef[Any]
+
+
+class Route(msgspec.Struct, tag=True, frozen=True):
+    """Forward ``payload`` to ``to`` directly, without passing through the parent."""
+
+    to: ActorRef[Any]
+    payload: Payload
+
+
+class Forwarder(Actor[Route]):
+    async def receive(self, message: Route) -> None:
+        await message.to.tell(message.payload, timeout=10)
+
+
+class Greeter(Actor[Notify | Pid]):
+    async def receive(self, message: Notify | Pid) -> int | None:
+        match message:
+            case Notify(to=to):
+                await to.tell(f"hello from {os.getpid()}", timeout=10)
+            case Pid():
+                return os.getpid()
+        return None

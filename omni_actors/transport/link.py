@@ -1,0 +1,78 @@
+"""``Link``: the sending half of a connection from one node to a peer."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
+
+import msgspec
+import zmq
+
+from omni_actors.protocols import wire
+from omni_actors.transport.codec import Encoder
+from omni_actors.transport.shm import SlabWriter
+
+if TYPE_CHECKING:
+    from omni_actors.transport.node import Node
+
+__all__ = ["ZERO_COPY_MIN_BYTES", "Link"]
+
+ZERO_COPY_MIN_BYTES = 64 * 1024
+_wire_encoder = msgspec.msgpack.Encoder()
+
+
+class Link:
+    """The sending half of a connection from this node to one peer."""
+
+    def __init__(self, node: Node, peer: int, endpoint: str, socket: zmq.Socket[bytes]) -> None:
+        self.node = node
+        self.peer = peer
+        self.endpoint = endpoint
+        self.socket = socket
+        self.slab: SlabWriter | None = None
+        self.encoder = Encoder(slab_threshold=node.shm_threshold, ref_hook=node.encode_ref)
+
+    def use_slab(self, slab: SlabWriter) -> None:
+        """Route large tensors through ``slab`` (offered to the peer right away)."""
+        self.slab = slab
+        self.encoder = Encoder(
+            slab_writer=slab, slab_threshold=self.node.shm_threshold, ref_hook=self.node.encode_ref
+        )
+        self.send(wire.SlabOffer(self.node.node_id, slab.slab_id, slab.name))
+
+    def send(self, envelope: wire.WireMessage, buffers: Sequence[Any] = ()) -> None:
+        """Send one frame without blocking (see the module docstring for the bound)."""
+        header = _wire_encoder.encode(envelope)
+        socket = self.socket
+        if not buffers:
+            socket.send(header)
+            return
+        # Zero-copy frames cost a free-callback round trip through pyzmq's garbage
+        # thread: worth it for big buffers only, so small ones are simply copied.
+        socket.send(header, zmq.SNDMORE)
+        last = len(buffers) - 1
+        for i, buffer in enumerate(buffers):
+            socket.send(
+                buffer,
+                zmq.SNDMORE if i < last else 0,
+                copy=memoryview(buffer).nbytes < ZERO_COPY_MIN_BYTES,
+            )
+
+    def send_message(self, target: str, message: object, corr: int | None = None) -> None:
+        """Encode a user message for ``target`` on the peer and send it."""
+        buffers: list[Any] = []
+        body = msgspec.Raw(self.encoder.encode_into(message, buffers))
+        sender = self.node.node_id
+        envelope: wire.WireMessage = (
+            wire.Tell(target, sender, body)
+            if corr is None
+            else wire.Ask(target, sender, corr, body)
+        )
+        self.send(envelope, buffers)
+
+    def close(self) -> None:
+        """Close the socket (pending frames are dropped) and release the slab."""
+        self.socket.close(linger=0)
+        if self.slab is not None:
+            self.slab.close()
+            self.slab = None

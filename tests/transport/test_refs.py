@@ -1,0 +1,63 @@
+"""Refs inside messages: workers address each other and the parent directly."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+
+import pytest
+import torch
+from remote_actors import Count, Echo, Forwarder, Greeter, Notify, Payload, Pid, Route
+
+from omni_actors import ActorStoppedError
+from omni_actors.testing import ActorTestKit
+
+
+async def _count_reaches(ref: object, at_least: int) -> int:
+    for _ in range(200):
+        count: int = await ref.ask(Count(), timeout=10)  # type: ignore[attr-defined]
+        if count >= at_least:
+            return count
+        await asyncio.sleep(0.02)
+    raise AssertionError("the routed message never arrived")
+
+
+async def test_a_worker_sends_to_another_worker_by_ref() -> None:
+    async with ActorTestKit() as kit:
+        forwarder = await kit.spawn(Forwarder, name="forwarder", process=True)
+        echo = await kit.spawn(Echo, name="echo", process=True)
+        data = torch.arange(1 << 19, dtype=torch.float32)  # 2 MiB: a slab between workers
+        await forwarder.tell(Route(echo, Payload(1, data)))
+        await forwarder.tell(Route(echo, Payload(2, data[:10])))
+        # Two routed payloads, then each Count ask counts itself too.
+        assert await _count_reaches(echo, 3) >= 3
+
+
+async def test_a_worker_replies_to_a_ref_in_the_parent() -> None:
+    async with ActorTestKit() as kit:
+        probe = await kit.create_probe()
+        greeter = await kit.spawn(Greeter, name="greeter", process=True)
+        pid = await greeter.ask(Pid(), timeout=10)
+        await greeter.tell(Notify(probe.ref))
+        assert await probe.expect_message(f"hello from {pid}", timeout=10)
+
+
+async def test_refs_to_a_dead_worker_fail_instead_of_hanging() -> None:
+    async with ActorTestKit() as kit:
+        forwarder = await kit.spawn(Forwarder, name="forwarder", process=True)
+        echo = await kit.spawn(Echo, name="echo", process=True)
+        await forwarder.tell(Route(echo, Payload(1, torch.ones(2))))
+        await _count_reaches(echo, 2)
+        probe = await kit.create_probe()
+        probe.watch(forwarder)
+        echo_pid = await echo.ask(Pid(), timeout=10)
+        os.kill(echo_pid, signal.SIGKILL)
+        await probe.expect_no_message(0.3)
+        # The forwarder's next send to the dead worker raises: it fails, and as a
+        # temporary actor it stops (its watcher sees why).
+        with pytest.raises(ActorStoppedError):
+            await echo.tell(Count())
+        await forwarder.tell(Route(echo, Payload(2, torch.ones(2))))
+        terminated = await probe.expect_terminated(forwarder, timeout=10)
+        assert terminated.reason is not None
