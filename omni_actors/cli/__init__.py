@@ -32,7 +32,7 @@ def _add_actor_options(parser: argparse.ArgumentParser) -> None:
 def _bench_transport(ns: argparse.Namespace) -> dict[str, Any]:
     from omni_actors.bench.transport import run_transport_bench
 
-    return run(run_transport_bench(ns.sizes, ns.scale))
+    return run(run_transport_bench(ns.sizes, ns.scale, ns.iterations))
 
 
 def _add_transport_options(parser: argparse.ArgumentParser) -> None:
@@ -43,6 +43,12 @@ def _add_transport_options(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--scale", type=float, default=1.0, help="multiply the iteration counts by this"
+    )
+    parser.add_argument(
+        "--iterations",
+        type=int,
+        default=None,
+        help="measured round trips per size (default: 400 up to 64KiB, 100 at 1MiB, 30 above)",
     )
 
 

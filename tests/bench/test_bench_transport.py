@@ -1,0 +1,73 @@
+"""``omni-actors bench transport`` runs every variant and cleans up after itself.
+
+Only the shape of the result is checked: benchmarks are never timed assertions.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+from pathlib import Path
+
+import pytest
+
+from omni_actors.cli import main
+
+ROW_KEYS = (
+    "ours_us_p50",
+    "ours_us_p99",
+    "baseline_us_p50",
+    "raw_zmq_us_p50",
+    "memcpy_us_p50",
+    "speedup_vs_baseline",
+    "overhead_vs_raw_zmq",
+    "ratio_vs_memcpy",
+)
+SHM = Path("/dev/shm")
+
+
+def _our_segments() -> set[str]:
+    """Segments this process's bench could have left: its slabs and the baseline's."""
+    if not SHM.is_dir():
+        return set()
+    mine = (f"omni-actors-{os.getpid()}-", f"bench-baseline-{os.getpid()}-")
+    return {p.name for p in SHM.iterdir() if p.name.startswith(mine)}
+
+
+def _children() -> set[int]:
+    """Live child processes of this test process (Linux only; empty elsewhere)."""
+    found = set()
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if int(fields[1]) == os.getpid() and fields[0] != "Z":
+            found.add(int(stat.parent.name))
+    return found
+
+
+def test_transport_bench_json_has_every_variant(capsys: pytest.CaptureFixture[str]) -> None:
+    segments_before, children_before = _our_segments(), _children()
+
+    code = main(["bench", "transport", "--json", "--sizes", "1KiB", "--iterations", "5"])
+
+    assert code == 0
+    result = json.loads(capsys.readouterr().out)
+    assert set(result["sizes"]) == {"1KiB"}
+    assert result["machine"]["cpus"] > 0
+    row = result["sizes"]["1KiB"]
+    for key in ROW_KEYS:
+        assert isinstance(row[key], int | float), key
+        assert math.isfinite(row[key]), key
+        assert row[key] > 0, key
+    assert row["iterations"] == 5
+    assert _our_segments() <= segments_before
+    assert _children() <= children_before
+
+
+def test_transport_bench_rejects_an_unknown_size() -> None:
+    with pytest.raises(SystemExit) as info:
+        main(["bench", "transport", "--sizes", "3KiB"])
+    assert info.value.code == 2
