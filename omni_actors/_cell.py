@@ -88,6 +88,7 @@ class ActorCell:
         self.terminated: asyncio.Future[BaseException | None] = loop.create_future()
         self._current_reply: ReplySink | None = None
         self._stopping_children = False
+        self.escalation: BaseException | None = None  # set by the supervisor, see _fail
 
     # -- children -----------------------------------------------------------------
 
@@ -214,6 +215,7 @@ class ActorCell:
 
     async def _start_instance(self, cause: BaseException | None, *, first: bool) -> None:
         self.stop_requested = False
+        self.escalation = None
         instance = self.instance_factory()
         instance._context = self.context
         try:
@@ -256,6 +258,8 @@ class ActorCell:
         message, reply = envelope
         instance = self.instance
         assert instance is not None
+        # Kept while receive runs so that a kill (cancellation) still fails the asker:
+        # _finalize answers it. Cleared on every other way out.
         self._current_reply = reply
         try:
             result = await instance.receive(message)
@@ -263,11 +267,12 @@ class ActorCell:
             task = asyncio.current_task()
             if task is not None and task.cancelling():
                 raise
+            self._current_reply = None
             return self._failed(exc, reply)
         except Exception as exc:
-            return self._failed(exc, reply)
-        finally:
             self._current_reply = None
+            return self._failed(exc, reply)
+        self._current_reply = None
         if reply is not None and not reply.done():
             reply.set_result(result)
         if self.stop_requested:
@@ -283,8 +288,12 @@ class ActorCell:
     def _fail(self, error: BaseException | None) -> _Exit | None:
         """Decide locally whether to stop, or suspend and let the parent restart us.
 
-        ``error`` is None when the actor stopped itself.
+        ``error`` is None when the actor stopped itself. A pending escalation wins over
+        whatever the actor's current message raised meanwhile (typically an
+        ``ActorStoppedError`` from asking a child the escalation just stopped).
         """
+        if self.escalation is not None:
+            error, self.escalation = self.escalation, None
         wanted = self.restart == "permanent" if error is None else self.restart != "temporary"
         parent = self.parent
         if not wanted or parent is None or parent.state in ("stopping", "stopped"):

@@ -171,6 +171,9 @@ class Supervisor:
         self.cancel_timers()
         self._pending.clear()
         self._restarts.clear()
+        # Recorded before the children stop: a message the cell is handling may fail
+        # because of that, and must not mask the real reason.
+        cell.escalation = exc
         await cell.stop_children()
         # The cell's own loop turns this into its failure (after any current message).
         cell.mailbox.push_system(sm.Fail(exc))

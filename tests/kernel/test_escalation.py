@@ -1,0 +1,71 @@
+"""Escalation keeps its reason even when the supervisor is busy asking the child."""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass
+
+import pytest
+
+from omni_actors import (
+    Actor,
+    ActorStoppedError,
+    Backoff,
+    RestartIntensityExceededError,
+    SupervisorStrategy,
+)
+from omni_actors.testing import ActorTestKit
+
+
+@dataclass
+class Work:
+    pass
+
+
+class Crashes(Actor[Work]):
+    async def receive(self, message: Work) -> None:
+        raise ValueError("engine fault")
+
+
+class Slow(Actor[Work]):
+    async def receive(self, message: Work) -> None:
+        await asyncio.sleep(30)
+
+
+class Busy(Actor[Work]):
+    """Tells one child (which fails), then waits on an ask to the other one."""
+
+    supervisor_strategy = SupervisorStrategy(
+        max_restarts=0, backoff=Backoff(min_s=0.0, max_s=0.0, jitter=0.0)
+    )
+
+    async def on_start(self) -> None:
+        self.crashes = await self.context.spawn(Crashes, name="crashes", restart="permanent")
+        self.slow = await self.context.spawn(Slow, name="slow", restart="permanent")
+
+    async def receive(self, message: Work) -> None:
+        await self.crashes.tell(message)
+        # Escalation stops ``slow`` while this ask waits: it raises ActorStoppedError,
+        # which must not replace the real reason.
+        await self.slow.ask(message, timeout=10.0)
+
+
+async def test_a_busy_supervisor_escalates_with_the_intensity_error() -> None:
+    async with ActorTestKit(stop_timeout=0.2) as kit:
+        probe = await kit.create_probe()
+        busy = await kit.spawn(Busy, name="busy")
+        probe.watch(busy)
+        await busy.tell(Work())
+        terminated = await probe.expect_terminated(busy, timeout=5)
+        assert isinstance(terminated.reason, RestartIntensityExceededError)
+        assert isinstance(terminated.reason.__cause__, ValueError)
+
+
+async def test_an_ask_in_flight_fails_at_once_when_its_actor_is_killed() -> None:
+    async with ActorTestKit(stop_timeout=0.05) as kit:
+        slow = await kit.spawn(Slow, name="slow")
+        pending = asyncio.ensure_future(slow.ask(Work(), timeout=30))
+        await asyncio.sleep(0)
+        await kit.system.stop(slow)  # graceful stop times out, then the actor is killed
+        with pytest.raises(ActorStoppedError, match="before replying"):
+            await asyncio.wait_for(pending, 1.0)  # not the ask's 30 s deadline
