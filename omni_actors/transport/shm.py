@@ -111,14 +111,12 @@ class SlabWriter:
         if state is None or mm is None or nbytes > self.slot_bytes:
             return None
         # The lowest free slot: reusing warm slots avoids faulting in fresh pages.
-        free = np.flatnonzero(state == 0)
-        if free.size == 0:
+        found = mm.find(b"\x00", _STATE_OFFSET, _STATE_OFFSET + self.slots)
+        if found < 0:
             return None
-        slot = int(free[0])
+        slot = found - _STATE_OFFSET
         start = self._data + slot * self.slot_bytes
-        target = np.frombuffer(mm, np.uint8, count=nbytes, offset=start)
-        np.copyto(target, np.frombuffer(data, np.uint8))  # the one copy in
-        del target
+        mm[start : start + nbytes] = data if data.format == "B" else data.cast("B")  # one copy
         state[slot] = 1
         return self.slab_id, slot, 0
 
@@ -222,6 +220,10 @@ class SlabReader:
             raise ProtocolError(f"{nbytes} bytes at {offset} do not fit a slot")
         if slot in mapping.held:
             raise ProtocolError(f"slot {slot} of slab {slab} is already in use")
+        if mapping.state[slot] != 1:
+            # A stale or forged descriptor: releasing it later would free a slot that a
+            # newer message may own.
+            raise ProtocolError(f"slot {slot} of slab {slab} holds no message")
         start = mapping.data + slot * mapping.slot_bytes + offset
         array = np.frombuffer(mapping.mm, np.uint8, count=nbytes, offset=start)
         mapping.held.add(slot)
@@ -247,6 +249,10 @@ class SlabReader:
         """Unmap ``slab`` (views still alive keep their memory until collected)."""
         mapping = self._slabs.pop(slab, None)
         if mapping is None:
+            return
+        if mapping.held:
+            # Live views still owe the writer their slots: keep the mapping until their
+            # finalizers have run (it is unmapped when the last of them is collected).
             return
         mm, mapping.mm = mapping.mm, None
         del mapping.state

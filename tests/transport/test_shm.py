@@ -196,3 +196,25 @@ def test_killed_writer_leaves_nothing_after_unlink_and_sweep_removes_the_rest() 
 def test_geometry_validation() -> None:
     with pytest.raises(ValueError, match="at least one slot"):
         SlabWriter.create(slots=0)
+
+
+def test_a_slot_that_holds_no_message_cannot_be_viewed(
+    pair: tuple[SlabWriter, SlabReader],
+) -> None:
+    _, reader = pair
+    with pytest.raises(ProtocolError, match="holds no message"):
+        reader.view(7, 0, 0, 8)  # a stale or forged descriptor
+
+
+def test_views_outliving_forget_still_free_their_slot(
+    pair: tuple[SlabWriter, SlabReader],
+) -> None:
+    writer, reader = pair
+    placed = writer.put(memoryview(bytes(64)))
+    assert placed is not None
+    view = reader.view(placed[0], placed[1], 0, 64)
+    reader.forget(7)
+    assert writer.busy() == 1
+    del view
+    gc.collect()
+    assert writer.busy() == 0
