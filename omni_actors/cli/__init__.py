@@ -1,20 +1,61 @@
 """The ``omni-actors`` command line.
 
-Each subcommand registers itself in :data:`COMMANDS`; each bench target in
-:data:`BENCH_TARGETS`. The CLI is the only place that prints.
+Each subcommand is one entry in :data:`COMMANDS` (how to parse its arguments, what to
+run); each ``bench`` target one entry in :data:`BENCH_TARGETS`. Adding a subcommand or a
+target means adding an entry, nothing else. The CLI is the only place that prints.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import sys
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
-from omni_actors._system import run
+from omni_actors import run
 
-__all__ = ["main"]
+__all__ = ["BENCH_TARGETS", "COMMANDS", "BenchTarget", "Command", "main"]
+
+
+@dataclass(frozen=True, slots=True)
+class Command:
+    """A subcommand: its help line, its arguments, and the handler returning the exit code."""
+
+    help: str
+    add_arguments: Callable[[argparse.ArgumentParser], None]
+    handler: Callable[[argparse.Namespace], int]
+
+
+@dataclass(frozen=True, slots=True)
+class BenchTarget:
+    """A benchmark behind ``omni-actors bench <target>``; ``run`` returns a JSON-ready dict."""
+
+    help: str
+    add_options: Callable[[argparse.ArgumentParser], None]
+    run: Callable[[argparse.Namespace], dict[str, Any]]
+
+
+def _positive_int(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be >= 1, got {value}")
+    return value
+
+
+# -- bench actors ------------------------------------------------------------------
+
+
+def _add_actor_options(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--messages", type=_positive_int, default=200_000, help="tells per run (default 200000)"
+    )
+    parser.add_argument(
+        "--asks", type=_positive_int, default=20_000, help="sequential asks per run (default 20000)"
+    )
+    parser.add_argument(
+        "--repeat", type=_positive_int, default=3, help="runs; the median is reported (default 3)"
+    )
 
 
 def _bench_actors(ns: argparse.Namespace) -> dict[str, Any]:
@@ -23,16 +64,7 @@ def _bench_actors(ns: argparse.Namespace) -> dict[str, Any]:
     return run(run_actor_bench(ns.messages, ns.asks, ns.repeat))
 
 
-def _add_actor_options(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--messages", type=int, default=200_000, help="tells per run")
-    parser.add_argument("--asks", type=int, default=20_000, help="sequential asks")
-    parser.add_argument("--repeat", type=int, default=3, help="runs; the median is reported")
-
-
-def _bench_transport(ns: argparse.Namespace) -> dict[str, Any]:
-    from omni_actors.bench.transport import run_transport_bench
-
-    return run(run_transport_bench(ns.sizes, ns.scale, ns.iterations))
+# -- bench transport ---------------------------------------------------------------
 
 
 def _add_transport_options(parser: argparse.ArgumentParser) -> None:
@@ -46,22 +78,41 @@ def _add_transport_options(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--iterations",
-        type=int,
+        type=_positive_int,
         default=None,
         help="measured round trips per size (default: 400 up to 64KiB, 100 at 1MiB, 30 above)",
     )
 
 
-BENCH_TARGETS: dict[
-    str, tuple[str, Callable[[argparse.ArgumentParser], None], Callable[..., dict[str, Any]]]
-] = {
-    "actors": ("tell/ask cost of the actor kernel", _add_actor_options, _bench_actors),
-    "transport": (
+def _bench_transport(ns: argparse.Namespace) -> dict[str, Any]:
+    from omni_actors.bench.transport import run_transport_bench
+
+    return run(run_transport_bench(ns.sizes, ns.scale, ns.iterations))
+
+
+BENCH_TARGETS: dict[str, BenchTarget] = {
+    "actors": BenchTarget(
+        "tell throughput vs a bare asyncio.Queue hop, and ask latency",
+        _add_actor_options,
+        _bench_actors,
+    ),
+    "transport": BenchTarget(
         "payload ping-pong between processes vs a pickle+shm baseline, raw ZeroMQ, memcpy",
         _add_transport_options,
         _bench_transport,
     ),
 }
+
+
+# -- bench -------------------------------------------------------------------------
+
+
+def _add_bench_arguments(parser: argparse.ArgumentParser) -> None:
+    targets = parser.add_subparsers(dest="target", metavar="TARGET", required=True)
+    for name, target in BENCH_TARGETS.items():
+        sub = targets.add_parser(name, help=target.help, description=target.help)
+        sub.add_argument("--json", action="store_true", help="print one JSON object")
+        target.add_options(sub)
 
 
 def _print_table(result: dict[str, Any], indent: str = "") -> None:
@@ -74,8 +125,7 @@ def _print_table(result: dict[str, Any], indent: str = "") -> None:
 
 
 def _bench(ns: argparse.Namespace) -> int:
-    _, _, runner = BENCH_TARGETS[ns.target]
-    result = runner(ns)
+    result = BENCH_TARGETS[ns.target].run(ns)
     if ns.json:
         print(json.dumps(result))
     else:
@@ -83,30 +133,32 @@ def _bench(ns: argparse.Namespace) -> int:
     return 0
 
 
+COMMANDS: dict[str, Command] = {
+    "bench": Command("run a benchmark and print its numbers", _add_bench_arguments, _bench),
+}
+
+
 def _build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="omni-actors", description="Serve multi-stage omni speech models as actors."
     )
-    commands = parser.add_subparsers(dest="command", required=True)
-    bench = commands.add_parser("bench", help="run a benchmark and print its numbers")
-    targets = bench.add_subparsers(dest="target", required=True)
-    for name, (help_text, add_options, _) in BENCH_TARGETS.items():
-        target = targets.add_parser(name, help=help_text)
-        target.add_argument("--json", action="store_true", help="print one JSON object")
-        add_options(target)
-    bench.set_defaults(handler=_bench)
+    commands = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+    for name, command in COMMANDS.items():
+        sub = commands.add_parser(name, help=command.help, description=command.help)
+        command.add_arguments(sub)
+        sub.set_defaults(handler=command.handler)
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Entry point of ``omni-actors``; returns the process exit code."""
+    """Entry point of ``omni-actors``; returns the process exit code.
+
+    Args:
+        argv: the arguments after the program name (default: ``sys.argv[1:]``).
+    """
     ns = _build_parser().parse_args(argv)
     handler: Callable[[argparse.Namespace], int] = ns.handler
     try:
         return handler(ns)
     except KeyboardInterrupt:
         return 130
-
-
-if __name__ == "__main__":
-    sys.exit(main())
