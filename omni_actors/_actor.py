@@ -49,6 +49,16 @@ def accepted_types(declared: Any) -> tuple[type, ...] | None:
     raise TypeError(f"cannot check messages against {declared!r}; declare classes or unions")
 
 
+def _substitute(declared: Any, mapping: dict[Any, Any]) -> Any:
+    """``declared`` with its type variables replaced from ``mapping``."""
+    if isinstance(declared, TypeVar):
+        return mapping.get(declared, declared)
+    params = getattr(declared, "__parameters__", ())
+    if params:
+        return declared[tuple(mapping.get(p, p) for p in params)]
+    return declared
+
+
 class Actor(Generic[M]):
     """An actor that processes messages of type ``M``, one at a time.
 
@@ -66,6 +76,7 @@ class Actor(Generic[M]):
     """
 
     accepts: ClassVar[tuple[type, ...]] = (object,)
+    _message_type: ClassVar[Any] = Any  # the declared M, possibly with type variables
     mailbox: ClassVar[MailboxConfig] = MailboxConfig()
     supervisor_strategy: ClassVar[SupervisorStrategy] = SupervisorStrategy()
     replies: ClassVar[Any] = Any
@@ -80,7 +91,17 @@ class Actor(Generic[M]):
             origin = typing.get_origin(base)
             if isinstance(origin, type) and issubclass(origin, Actor):
                 args = typing.get_args(base)
-                found = accepted_types(args[0]) if args else None
+                if origin is Actor:
+                    declared = args[0] if args else Any
+                else:
+                    # A generic actor base: put our arguments in for its type variables,
+                    # wherever they sit in its declaration (``Base(Actor[M | Stop])``).
+                    params = getattr(origin, "__parameters__", ())
+                    declared = _substitute(
+                        origin._message_type, dict(zip(params, args, strict=False))
+                    )
+                cls._message_type = declared
+                found = accepted_types(declared)
                 if found is not None:
                     cls.accepts = found
                 return

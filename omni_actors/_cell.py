@@ -371,6 +371,7 @@ class ActorCell:
             parent.supervisor.forget(self)
         self.system._unregister(self)
         for watcher in self.watchers:
+            watcher.watching.discard(self)  # a watcher must not keep dead actors alive
             watcher.mailbox.push_system(Terminated(self.ref, reason))
         for watched in self.watching:
             watched.watchers.discard(self)

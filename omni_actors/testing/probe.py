@@ -36,6 +36,7 @@ class TestProbe:
     def __init__(self, ref: ActorRef[object], inbox: asyncio.Queue[object]) -> None:
         self.ref = ref
         self._inbox = inbox
+        self._watched: set[ActorRef[Any]] = set()
 
     @classmethod
     async def start(cls, system: ActorSystem, name: str | None = None) -> TestProbe:
@@ -84,11 +85,12 @@ class TestProbe:
 
     def watch(self, ref: ActorRef[Any]) -> None:
         """Deliver ``Terminated`` for ``ref`` to this probe."""
+        self._watched.add(ref)
         self.ref._cell.context.watch(ref)
 
     async def expect_terminated(self, ref: ActorRef[Any], timeout: float = 1.0) -> Terminated:
         """Watch ``ref`` (if not yet) and assert the next message is its ``Terminated``."""
-        if ref._cell not in self.ref._cell.watching:
+        if ref not in self._watched:  # watched before: its Terminated is (or will be) queued
             self.watch(ref)
         message = await self._next(timeout, f"Terminated({ref.path})")
         if not (isinstance(message, Terminated) and message.ref == ref):
