@@ -143,6 +143,9 @@ class ActorCell:
             async with asyncio.timeout(start_timeout):
                 await asyncio.shield(child.started)
         except TimeoutError:
+            # Queued first: if on_start swallows the cancellation and completes anyway,
+            # the actor stops at once instead of running unannounced.
+            child.mailbox.push_system(sm.Stop())
             child.kill()
             await asyncio.wait([child.terminated], timeout=self.system.stop_timeout)
             raise StartTimeoutError(child.path, start_timeout) from None

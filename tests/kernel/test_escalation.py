@@ -69,3 +69,24 @@ async def test_an_ask_in_flight_fails_at_once_when_its_actor_is_killed() -> None
         await kit.system.stop(slow)  # graceful stop times out, then the actor is killed
         with pytest.raises(ActorStoppedError, match="before replying"):
             await asyncio.wait_for(pending, 1.0)  # not the ask's 30 s deadline
+
+
+class StubbornStart(Actor[Work]):
+    """Ignores the first cancellation of its on_start, then finishes starting."""
+
+    async def on_start(self) -> None:
+        try:
+            await asyncio.sleep(30)
+        except asyncio.CancelledError:
+            await asyncio.sleep(0.05)
+
+
+async def test_a_start_timeout_never_leaves_the_actor_running() -> None:
+    from omni_actors import ActorNotFoundError, StartTimeoutError
+
+    async with ActorTestKit(stop_timeout=0.01) as kit:
+        with pytest.raises(StartTimeoutError):
+            await kit.system.spawn(StubbornStart, name="stubborn", start_timeout=0.05)
+        await asyncio.sleep(0.2)  # on_start has finished by now
+        with pytest.raises(ActorNotFoundError):
+            kit.system.lookup("stubborn")
