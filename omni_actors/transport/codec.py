@@ -77,6 +77,9 @@ class SlabWriter(Protocol):
     def put(self, data: memoryview) -> tuple[int, int, int] | None:
         """Copy ``data`` into a free slot: ``(slab, slot, offset)``, or None if none fits."""
 
+    def cancel(self, slot: int) -> None:
+        """Free a slot filled by ``put`` whose message will never be sent."""
+
 
 class SlabReader(Protocol):
     """Receiver side: memory of a slot, released when the last view over it is dropped."""
@@ -125,15 +128,30 @@ class Encoder:
         self.slab_writer = slab_writer
         self.slab_threshold = slab_threshold
         self._buffers: list[Any] | None = None
+        self._placed: list[int] = []
         self._encoder = msgspec.msgpack.Encoder(enc_hook=self._enc_hook)
 
     def encode_into(self, message: Any, buffers: list[Any]) -> bytes:
-        """Encode ``message``; its out-of-band buffers are appended to ``buffers``."""
+        """Encode ``message``; its out-of-band buffers are appended to ``buffers``.
+
+        If encoding fails, ``buffers`` is left as it was and the slab slots taken so far
+        are given back: the message will never be sent, so nobody else would free them.
+        """
         self._buffers = buffers
+        start = len(buffers)
+        placed = self._placed
+        placed.clear()
         try:
             return self._encoder.encode(message)
+        except BaseException:
+            del buffers[start:]
+            if self.slab_writer is not None:
+                for slot in placed:
+                    self.slab_writer.cancel(slot)
+            raise
         finally:
             self._buffers = None
+            placed.clear()
 
     def encode(self, message: Any) -> list[Any]:
         """``[header, *buffers]`` for ``message``."""
@@ -168,6 +186,7 @@ class Encoder:
             placed = self.slab_writer.put(data)
             if placed is not None:
                 slab, slot, offset = placed
+                self._placed.append(slot)
                 return TensorDesc(
                     lib, dtype, shape, slab=slab, slot=slot, offset=offset, nbytes=nbytes
                 )
@@ -329,7 +348,8 @@ def slab_slots(header: Any) -> list[tuple[int, int]]:
     """
     try:
         stack: list[Any] = [msgspec.msgpack.decode(header)]
-    except msgspec.DecodeError:
+    except (msgspec.DecodeError, TypeError, RecursionError):
+        # Not our encoding (hostile or corrupt): it holds no slot we handed out.
         return []
     found = []
     while stack:

@@ -290,7 +290,7 @@ class Node:
                 return  # closed under us during shutdown, or a spurious wake-up
             try:
                 envelope = decode(frames[0].buffer)
-            except (msgspec.DecodeError, msgspec.ValidationError) as exc:
+            except (msgspec.DecodeError, msgspec.ValidationError, RecursionError) as exc:
                 log.warning("node %d dropped a malformed frame: %s", self.node_id, exc)
                 continue
             buffers = [frame.buffer for frame in frames[1:]]

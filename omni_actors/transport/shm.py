@@ -120,6 +120,11 @@ class SlabWriter:
         state[slot] = 1
         return self.slab_id, slot, 0
 
+    def cancel(self, slot: int) -> None:
+        """Free a slot filled by ``put`` whose message was never sent."""
+        if self._state is not None and 0 <= slot < self.slots:
+            self._state[slot] = 0
+
     def busy(self) -> int:
         """Slots currently held by the receiver."""
         return 0 if self._state is None else int(self._state.sum())

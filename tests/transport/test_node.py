@@ -176,3 +176,17 @@ async def test_dropped_messages_give_their_slab_slots_back() -> None:
             assert link.slab.busy() == 0
     finally:
         rundir.cleanup()
+
+
+async def test_deeply_nested_frames_do_not_stop_the_inbox() -> None:
+    rundir = RuntimeDir()
+    try:
+        async with _nodes(rundir.endpoint(1)) as (kit, receiver, sender):
+            probe = await kit.create_probe()
+            relay = await kit.spawn(Relay, probe.ref)
+            mailbox = await _remote_ref(sender, receiver, relay)
+            sender.link(1).socket.send(b"\x91" * 5000 + b"\xc0")  # lists nested 5000 deep
+            await mailbox.push_user((Payload(9, torch.ones(2)), None))
+            assert (await probe.expect_message(Payload)).seq == 9
+    finally:
+        rundir.cleanup()
