@@ -63,7 +63,7 @@ class ActorCell:
         self.system = system
         self.parent = parent
         self.name = name
-        self.path: str = "/" if parent is None else f"{parent.path.rstrip('/')}/{name}"
+        self.path: str = "/" if parent is None else parent.child_path(name)
         self.actor_cls = actor_cls
         self.args = args
         self.kwargs = kwargs
@@ -92,6 +92,10 @@ class ActorCell:
 
     # -- children -----------------------------------------------------------------
 
+    def child_path(self, name: str) -> str:
+        """The path a child called ``name`` has."""
+        return f"{self.path.rstrip('/')}/{name}"
+
     async def spawn_child(
         self,
         actor_cls: type[Actor[Any]],
@@ -119,7 +123,7 @@ class ActorCell:
         if name in self.children:
             raise ActorNameTakenError(f"{self.path} already has a child named {name!r}")
         config = mailbox or actor_cls.mailbox
-        path = f"{self.path.rstrip('/')}/{name}"
+        path = self.child_path(name)
         box: Mailbox | MailboxConfig = config
         factory: Callable[[], Actor[Any]] | None = None
         if process:

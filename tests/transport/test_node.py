@@ -49,6 +49,17 @@ async def _nodes(
             await sender.close()
 
 
+@asynccontextmanager
+async def _ipc_nodes() -> AsyncIterator[tuple[ActorTestKit, Node, Node]]:
+    """Two nodes over IPC in a private runtime directory, removed afterwards."""
+    rundir = RuntimeDir()
+    try:
+        async with _nodes(rundir.endpoint(1)) as nodes:
+            yield nodes
+    finally:
+        rundir.cleanup()
+
+
 async def _remote_ref(
     sender: Node, receiver: Node, target: ActorRef[object], **connect: bytes
 ) -> RemoteMailbox:
@@ -59,41 +70,33 @@ async def _remote_ref(
 
 
 async def test_ipc_delivery_to_a_local_actor() -> None:
-    rundir = RuntimeDir()
-    try:
-        async with _nodes(rundir.endpoint(1)) as (kit, receiver, sender):
-            probe = await kit.create_probe()
-            mailbox = await _remote_ref(sender, receiver, probe.ref)
-            await mailbox.push_user(({"hello": [1, 2]}, None))
-            assert await probe.expect_message(dict) == {"hello": [1, 2]}
-    finally:
-        rundir.cleanup()
+    async with _ipc_nodes() as (kit, receiver, sender):
+        probe = await kit.create_probe()
+        mailbox = await _remote_ref(sender, receiver, probe.ref)
+        await mailbox.push_user(({"hello": [1, 2]}, None))
+        assert await probe.expect_message(dict) == {"hello": [1, 2]}
 
 
 async def test_malformed_frames_are_dropped_and_the_inbox_keeps_working() -> None:
-    rundir = RuntimeDir()
-    try:
-        async with _nodes(rundir.endpoint(1)) as (kit, receiver, sender):
-            probe = await kit.create_probe()
-            relay = await kit.spawn(Relay, probe.ref)
-            mailbox = await _remote_ref(sender, receiver, relay)
-            raw = sender.link(1).socket
-            raw.send(b"\xc1 not msgpack")
-            raw.send_multipart([msgspec.msgpack.encode(["tell"]), b"extra"])
-            body = msgspec.msgpack.encode({"lying": ["T", 0, "float32", [1000], None, 0]})
-            raw.send(msgspec.msgpack.encode(wire.Tell(relay.path, 2, msgspec.Raw(body))))
-            # A descriptor for 1000 floats with a 3-byte buffer behind it.
-            lying = Encoder(inline_threshold=0).encode_into(Payload(1, torch.zeros(1000)), [])
-            raw.send_multipart(
-                [msgspec.msgpack.encode(wire.Tell(relay.path, 2, msgspec.Raw(lying))), b"x" * 3]
-            )
-            raw.send(msgspec.msgpack.encode(wire.Tell("/nobody", 2, msgspec.Raw(b"\x01"))))
-            await mailbox.push_user((Payload(2, torch.ones(3)), None))
-            received = await probe.expect_message(Payload)
-            assert received.seq == 2
-            assert torch.equal(received.data, torch.ones(3))
-    finally:
-        rundir.cleanup()
+    async with _ipc_nodes() as (kit, receiver, sender):
+        probe = await kit.create_probe()
+        relay = await kit.spawn(Relay, probe.ref)
+        mailbox = await _remote_ref(sender, receiver, relay)
+        raw = sender.link(1).socket
+        raw.send(b"\xc1 not msgpack")
+        raw.send_multipart([msgspec.msgpack.encode(["tell"]), b"extra"])
+        body = msgspec.msgpack.encode({"lying": ["T", 0, "float32", [1000], None, 0]})
+        raw.send(msgspec.msgpack.encode(wire.Tell(relay.path, 2, msgspec.Raw(body))))
+        # A descriptor for 1000 floats with a 3-byte buffer behind it.
+        lying = Encoder(inline_threshold=0).encode_into(Payload(1, torch.zeros(1000)), [])
+        raw.send_multipart(
+            [msgspec.msgpack.encode(wire.Tell(relay.path, 2, msgspec.Raw(lying))), b"x" * 3]
+        )
+        raw.send(msgspec.msgpack.encode(wire.Tell("/nobody", 2, msgspec.Raw(b"\x01"))))
+        await mailbox.push_user((Payload(2, torch.ones(3)), None))
+        received = await probe.expect_message(Payload)
+        assert received.seq == 2
+        assert torch.equal(received.data, torch.ones(3))
 
 
 async def test_tcp_with_curve_delivers_tensors() -> None:
@@ -146,47 +149,39 @@ def test_curve_is_available() -> None:
 
 
 async def test_dropped_messages_give_their_slab_slots_back() -> None:
-    rundir = RuntimeDir()
-    try:
-        async with _nodes(rundir.endpoint(1)) as (kit, receiver, sender):
-            probe = await kit.create_probe()
-            relay = await kit.spawn(Relay, probe.ref)
-            mailbox = await _remote_ref(sender, receiver, relay)
-            link = sender.link(1)
-            assert link.slab is not None
-            big = torch.zeros(1 << 19)  # 2 MiB: placed in the slab
-            # To an actor that does not exist: dropped without decoding.
-            link.send_message("/nobody", Payload(1, big))
-            # To an actor that accepts Any: decoded untyped, no tensor over the slot.
-            link.send_message(probe.ref.path, Payload(2, big))
-            await probe.expect_message(dict)
-            for _ in range(50):
-                if link.slab.busy() == 0:
-                    break
-                await asyncio.sleep(0.01)
-            assert link.slab.busy() == 0
-            # A delivered one is held while the actor keeps the tensor, then freed.
-            await mailbox.push_user((Payload(3, big), None))
-            received = await probe.expect_message(Payload)
-            assert link.slab.busy() == 1
-            del received
-            import gc
+    async with _ipc_nodes() as (kit, receiver, sender):
+        probe = await kit.create_probe()
+        relay = await kit.spawn(Relay, probe.ref)
+        mailbox = await _remote_ref(sender, receiver, relay)
+        link = sender.link(1)
+        assert link.slab is not None
+        big = torch.zeros(1 << 19)  # 2 MiB: placed in the slab
+        # To an actor that does not exist: dropped without decoding.
+        link.send_message("/nobody", Payload(1, big))
+        # To an actor that accepts Any: decoded untyped, no tensor over the slot.
+        link.send_message(probe.ref.path, Payload(2, big))
+        await probe.expect_message(dict)
+        for _ in range(50):
+            if link.slab.busy() == 0:
+                break
+            await asyncio.sleep(0.01)
+        assert link.slab.busy() == 0
+        # A delivered one is held while the actor keeps the tensor, then freed.
+        await mailbox.push_user((Payload(3, big), None))
+        received = await probe.expect_message(Payload)
+        assert link.slab.busy() == 1
+        del received
+        import gc
 
-            gc.collect()
-            assert link.slab.busy() == 0
-    finally:
-        rundir.cleanup()
+        gc.collect()
+        assert link.slab.busy() == 0
 
 
 async def test_deeply_nested_frames_do_not_stop_the_inbox() -> None:
-    rundir = RuntimeDir()
-    try:
-        async with _nodes(rundir.endpoint(1)) as (kit, receiver, sender):
-            probe = await kit.create_probe()
-            relay = await kit.spawn(Relay, probe.ref)
-            mailbox = await _remote_ref(sender, receiver, relay)
-            sender.link(1).socket.send(b"\x91" * 5000 + b"\xc0")  # lists nested 5000 deep
-            await mailbox.push_user((Payload(9, torch.ones(2)), None))
-            assert (await probe.expect_message(Payload)).seq == 9
-    finally:
-        rundir.cleanup()
+    async with _ipc_nodes() as (kit, receiver, sender):
+        probe = await kit.create_probe()
+        relay = await kit.spawn(Relay, probe.ref)
+        mailbox = await _remote_ref(sender, receiver, relay)
+        sender.link(1).socket.send(b"\x91" * 5000 + b"\xc0")  # lists nested 5000 deep
+        await mailbox.push_user((Payload(9, torch.ones(2)), None))
+        assert (await probe.expect_message(Payload)).seq == 9
