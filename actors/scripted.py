@@ -14,9 +14,26 @@ from dataclasses import dataclass, field
 
 import torch
 
-from omni_actors.actors.engine import Fields
+from omni_actors.actors.engine import CONTEXT_FIELD, Fields
+from omni_actors.errors import OmniError
 
-__all__ = ["ScriptedEngine"]
+__all__ = ["ScriptedEngine", "ScriptedEngineError"]
+
+
+class ScriptedEngineError(OmniError):
+    """The failure a ``ScriptedEngine`` declared with ``fail_after`` raises."""
+
+
+def input_rows(fields: Fields) -> int:
+    """New rows an input carries: dim 0 of its tensors minus the left context (text: 1)."""
+    context_value = fields.get(CONTEXT_FIELD)
+    context = int(context_value) if isinstance(context_value, torch.Tensor) else 0
+    rows = [
+        v.shape[0] if v.dim() else 1
+        for k, v in fields.items()
+        if isinstance(v, torch.Tensor) and k != CONTEXT_FIELD
+    ]
+    return max(rows) - context if rows else 1
 
 
 @dataclass
@@ -27,13 +44,16 @@ class ScriptedEngine:
 
     Two modes:
         - ``outputs_per_input`` set (a streaming stage such as a talker): every input
-          chunk yields that many outputs as soon as it arrives.
+          chunk yields that many outputs per new row (dim 0 of its tensors, minus the
+          left context a windowed edge adds) as soon as it arrives, so a stage fed one
+          whole payload (a ``full`` edge) produces as much as one fed row by row.
         - otherwise (an entry stage such as a thinker): once the input stream ends, it
           yields ``outputs`` outputs.
 
     The first output of a session comes ``first_output_s`` after the session's first
     input (or, for entry stages, after its last); each further output ``per_output_s``
-    after the previous one.
+    after the previous one. With ``fail_after`` set, a session's generate raises
+    :class:`ScriptedEngineError` after that many outputs (an engine failure).
     """
 
     first_output_s: float = 0.0
@@ -44,6 +64,7 @@ class ScriptedEngine:
     hidden_dim: int = 8
     codebooks: int = 4
     audio_samples: int = 1920  # one 12.5 Hz codec frame of 24 kHz audio
+    fail_after: int | None = None
     _aborted: dict[str, asyncio.Event] = field(default_factory=dict, init=False, repr=False)
     started: bool = field(default=False, init=False)
 
@@ -56,6 +77,8 @@ class ScriptedEngine:
             raise ValueError("latencies must be >= 0")
         if self.outputs < 0 or (self.outputs_per_input is not None and self.outputs_per_input < 1):
             raise ValueError("outputs must be >= 0 and outputs_per_input >= 1")
+        if self.fail_after is not None and self.fail_after < 0:
+            raise ValueError("fail_after must be >= 0")
 
     @property
     def active_sessions(self) -> set[str]:
@@ -71,6 +94,9 @@ class ScriptedEngine:
         for event in self._aborted.values():
             event.set()
         self.started = False
+
+    async def release(self, session: str) -> None:
+        """Nothing is kept between segments."""
 
     async def abort(self, session: str) -> None:
         """End ``session``'s ``generate`` at its next step."""
@@ -106,8 +132,8 @@ class ScriptedEngine:
                     yield self.output(produced)
                     produced += 1
             else:
-                async for _ in inputs:
-                    for _ in range(self.outputs_per_input):
+                async for item in inputs:
+                    for _ in range(self.outputs_per_input * input_rows(item)):
                         if await self._wait(produced, aborted):
                             return
                         yield self.output(produced)
@@ -117,6 +143,8 @@ class ScriptedEngine:
 
     async def _wait(self, produced: int, aborted: asyncio.Event) -> bool:
         """Sleep the declared latency; True if the session was aborted meanwhile."""
+        if self.fail_after is not None and produced >= self.fail_after:
+            raise ScriptedEngineError(f"scripted failure after {produced} outputs")
         delay = self.first_output_s if produced == 0 else self.per_output_s
         if aborted.is_set():
             return True

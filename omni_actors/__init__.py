@@ -1,10 +1,14 @@
 """omni-actors: serve multi-stage omni speech models as supervised asyncio actors.
 
 The kernel's public surface fits on one screen: subclass :class:`Actor`, start it in an
-:class:`ActorSystem`, talk to it through its :class:`ActorRef`.
+:class:`ActorSystem`, talk to it through its :class:`ActorRef`. Serving a pipeline is
+:class:`OmniPipeline` (imported on first use, so the kernel alone does not load torch).
 """
 
 from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
 
 from omni_actors._actor import Actor
 from omni_actors._context import ActorContext
@@ -27,7 +31,7 @@ from omni_actors.errors import (
     StartTimeoutError,
     WorkerDiedError,
 )
-from omni_actors.signals import Terminated
+from omni_actors.signals import ChildFailed, ControlMessage, Terminated
 from omni_actors.supervision import (
     Backoff,
     OverflowPolicy,
@@ -36,7 +40,53 @@ from omni_actors.supervision import (
     SupervisorStrategy,
 )
 
+if TYPE_CHECKING:
+    from omni_actors.omni import OmniPipeline, Session, SessionClosedError
+    from omni_actors.protocols.events import (
+        Aborted,
+        AudioDelta,
+        Done,
+        Event,
+        SegmentDone,
+        SessionError,
+        SessionMetrics,
+        TextDelta,
+    )
+
+_LAZY = {
+    "OmniPipeline": "omni_actors.omni",
+    "Session": "omni_actors.omni",
+    "SessionClosedError": "omni_actors.omni",
+    "Aborted": "omni_actors.protocols.events",
+    "AudioDelta": "omni_actors.protocols.events",
+    "Done": "omni_actors.protocols.events",
+    "Event": "omni_actors.protocols.events",
+    "SegmentDone": "omni_actors.protocols.events",
+    "SessionError": "omni_actors.protocols.events",
+    "SessionMetrics": "omni_actors.protocols.events",
+    "TextDelta": "omni_actors.protocols.events",
+}
+
+
+def __getattr__(name: str) -> Any:
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module 'omni_actors' has no attribute {name!r}")
+    return getattr(importlib.import_module(module), name)
+
+
 __all__ = [
+    "Aborted",
+    "AudioDelta",
+    "Done",
+    "Event",
+    "OmniPipeline",
+    "SegmentDone",
+    "Session",
+    "SessionClosedError",
+    "SessionError",
+    "SessionMetrics",
+    "TextDelta",
     "Actor",
     "ActorContext",
     "ActorNameTakenError",
@@ -46,7 +96,9 @@ __all__ = [
     "ActorSystem",
     "AskTimeoutError",
     "Backoff",
+    "ChildFailed",
     "Clock",
+    "ControlMessage",
     "LoopClock",
     "MailboxConfig",
     "MailboxFullError",

@@ -21,7 +21,7 @@ from omni_actors._mailbox import Envelope, Mailbox, MailboxConfig, ReplySink
 from omni_actors._ref import ActorRef
 from omni_actors._supervisor import Supervisor
 from omni_actors.errors import ActorNameTakenError, ActorStoppedError, StartTimeoutError
-from omni_actors.signals import Terminated
+from omni_actors.signals import ChildFailed, ControlMessage, Terminated
 from omni_actors.supervision import RestartType, SupervisorStrategy
 
 if TYPE_CHECKING:
@@ -298,11 +298,15 @@ class ActorCell:
         ``error`` is None when the actor stopped itself. A pending escalation wins over
         whatever the actor's current message raised meanwhile (typically an
         ``ActorStoppedError`` from asking a child the escalation just stopped).
+        Every failure passes here, so this is where a parent that lists ``ChildFailed``
+        hears of it, whatever its supervisor then decides.
         """
         if self.escalation is not None:
             error, self.escalation = self.escalation, None
-        wanted = self.restart == "permanent" if error is None else self.restart != "temporary"
         parent = self.parent
+        if error is not None and parent is not None and ChildFailed in parent.accepts:
+            parent.mailbox.push_system(ChildFailed(self.ref, error))
+        wanted = self.restart == "permanent" if error is None else self.restart != "temporary"
         if not wanted or parent is None or parent.state in ("stopping", "stopped"):
             if error is not None and self.restart == "temporary":
                 log.warning("actor %s stopped after a failure: %r", self.path, error)
@@ -333,13 +337,22 @@ class ActorCell:
                     return self._fail(exc)
                 finally:
                     _resolve(done)
-            case Terminated():
+            case sm.Control(envelope=envelope):
+                if self.state == "running":
+                    return await self._process(envelope)
+                self._stash_control(envelope)
+            case Terminated() | ChildFailed():
                 if self.state == "running":
                     return await self._process((message, None))
                 self.stash.append((message, None))
             case _:
                 raise AssertionError(f"unknown system message {message!r}")
         return None
+
+    def _stash_control(self, envelope: Envelope) -> None:
+        """Stash a control message ahead of user messages, behind earlier control ones."""
+        urgent = itertools.takewhile(lambda e: isinstance(e[0], ControlMessage), self.stash)
+        self.stash.insert(sum(1 for _ in urgent), envelope)
 
     async def _teardown(self) -> None:
         """Stop the children and let the current instance release what it holds."""

@@ -8,7 +8,9 @@ from collections import deque
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+from omni_actors import _system_messages as sm
 from omni_actors.errors import ActorStoppedError, MailboxFullError, MessageDroppedError
+from omni_actors.signals import ControlMessage
 from omni_actors.supervision import OverflowPolicy
 
 __all__ = ["Envelope", "Mailbox", "MailboxConfig", "ReplySink"]
@@ -61,7 +63,8 @@ class Mailbox:
 
     Only the owning actor's task consumes it. Producers are any tasks on the same loop.
     The system lane is unbounded (system messages are few and must never be refused);
-    the user lane is bounded by ``config.capacity``.
+    the user lane is bounded by ``config.capacity``. User messages that are a
+    ``ControlMessage`` take the system lane too, wrapped in ``sm.Control``.
     """
 
     __slots__ = (
@@ -113,9 +116,15 @@ class Mailbox:
         self._wake(False)
 
     async def push_user(self, envelope: Envelope, timeout: float | None = None) -> None:
-        """Queue a user message, applying the overflow policy when full."""
+        """Queue a user message, applying the overflow policy when full.
+
+        A ``ControlMessage`` goes to the system lane instead: never refused, never waits.
+        """
         if self.closed:
             raise ActorStoppedError(self.owner)
+        if isinstance(envelope[0], ControlMessage):
+            self.push_system(sm.Control(envelope))
+            return
         user = self.user
         if len(user) < self.config.capacity and not self._putters:
             user.append(envelope)
@@ -186,12 +195,17 @@ class Mailbox:
             self._waiter = None
 
     def close(self) -> list[Envelope]:
-        """Refuse new messages, wake every waiting sender and return what was queued."""
+        """Refuse new messages, wake every waiting sender and return what was queued.
+
+        Control messages waiting in the system lane are returned first (they were due
+        first), so that their asks fail too instead of waiting out their deadline.
+        """
         self.closed = True
         for putter in self._putters:
             if not putter.done():
                 putter.set_result(None)
-        pending = list(self.user)
+        pending = [m.envelope for m in self.system if isinstance(m, sm.Control)]
+        pending.extend(self.user)
         self.user.clear()
         self.system.clear()
         return pending

@@ -53,6 +53,9 @@ class ActorRef(Generic[M]):
     async def tell(self, message: M, *, timeout: float | None = None) -> None:
         """Queue ``message``; with the backpressure policy, wait for mailbox room.
 
+        A :class:`~omni_actors.signals.ControlMessage` never waits: it goes ahead of the
+        queued messages.
+
         Args:
             message: an instance of one of the actor's declared message types.
             timeout: longest wait for room in a full mailbox; ``None`` waits as long as

@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from omni_actors._cell import ActorCell
+    from omni_actors._mailbox import Envelope
 
 
 @dataclass(slots=True)
@@ -25,6 +26,17 @@ class Fail:
     """
 
     error: BaseException | None
+
+
+@dataclass(slots=True)
+class Control:
+    """A user message whose type is a ``ControlMessage``, riding the system lane.
+
+    It is wrapped rather than queued bare so that the cell tells it apart from the
+    runtime's own messages, yet handles it (and answers its ask) like a user message.
+    """
+
+    envelope: Envelope
 
 
 @dataclass(slots=True)

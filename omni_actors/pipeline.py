@@ -89,20 +89,39 @@ class EdgeSpec(_Spec):
     fields: tuple[str, ...] = Field(min_length=1)
     chunk_policy: ChunkPolicySpec | None = None
 
+    @model_validator(mode="after")
+    def _check_window(self) -> EdgeSpec:
+        if self.chunk_policy is not None:
+            if self.mode != "stream":
+                raise ValueError("chunk_policy windows a stream edge; remove it or use mode stream")
+            if len(self.fields) != 1:
+                raise ValueError(
+                    f"chunk_policy windows one field of codec frames, got fields {self.fields}"
+                )
+        return self
+
 
 class OutputsSpec(_Spec):
     """Which stage's output the caller receives as text, and which as audio."""
 
     text: str | None = None
     audio: str | None = None
+    sample_rate: int = Field(24000, gt=0)
 
 
 class DeadlinesSpec(_Spec):
-    """Seconds each wait may last before the session ends with a timeout error."""
+    """Seconds each wait may last before the session ends with a timeout error.
+
+    ``admission_s`` covers waiting for a free session slot plus prewarm of every stage;
+    ``first_chunk_s`` a stage's wait for a segment's first input (one-shot sessions);
+    ``inter_chunk_s`` the wait between two inputs; ``idle_s`` a resumable session's wait
+    for its caller's next segment; ``total_s`` the session's whole life.
+    """
 
     admission_s: float = Field(5.0, gt=0)
     first_chunk_s: float = Field(30.0, gt=0)
     inter_chunk_s: float = Field(10.0, gt=0)
+    idle_s: float = Field(300.0, gt=0)
     total_s: float = Field(600.0, gt=0)
 
 
@@ -167,6 +186,10 @@ class PipelineSpec(_Spec):
             cyclic = sorted(n for n in names if n not in order)
             raise ValueError(f"the stages form a cycle through {cyclic}")
         return order
+
+    def stages_order(self) -> list[str]:
+        """Every stage in topological order (entry first)."""
+        return self._topological([s.name for s in self.stages])
 
     @property
     def entry_stage(self) -> str:

@@ -6,9 +6,34 @@ available in any project that installs omni-actors.
 
 from __future__ import annotations
 
+import importlib
+from typing import TYPE_CHECKING, Any
+
 from omni_actors.testing.clock import VirtualClock
 from omni_actors.testing.faults import InjectedFault, crash_after
 from omni_actors.testing.kit import ActorTestKit
 from omni_actors.testing.probe import TestProbe
 
-__all__ = ["ActorTestKit", "InjectedFault", "TestProbe", "VirtualClock", "crash_after"]
+if TYPE_CHECKING:
+    from omni_actors.testing.chunk_faults import ChunkFaults, FaultyEdge, PipelineFaults
+
+# Pipeline faults load torch; the plain actor harness (and the pytest plugin) must not.
+_LAZY = ("ChunkFaults", "FaultyEdge", "PipelineFaults")
+
+
+def __getattr__(name: str) -> Any:
+    if name not in _LAZY:
+        raise AttributeError(f"module 'omni_actors.testing' has no attribute {name!r}")
+    return getattr(importlib.import_module("omni_actors.testing.chunk_faults"), name)
+
+
+__all__ = [
+    "ActorTestKit",
+    "ChunkFaults",
+    "FaultyEdge",
+    "InjectedFault",
+    "PipelineFaults",
+    "TestProbe",
+    "VirtualClock",
+    "crash_after",
+]

@@ -23,8 +23,10 @@ from typing import TYPE_CHECKING, Any
 import msgspec
 import zmq
 
+from omni_actors import _system_messages as sm
 from omni_actors.errors import ActorStoppedError, ProtocolError
 from omni_actors.protocols import wire
+from omni_actors.signals import ControlMessage
 from omni_actors.transport.codec import Decoder, slab_slots
 from omni_actors.transport.endpoints import CurveKeys
 from omni_actors.transport.link import Link
@@ -365,6 +367,11 @@ class Node:
             return
         if decoder.type is Any:
             self._release_slots(envelope.body)  # untyped: no tensor was built over a slot
+        if isinstance(message, ControlMessage):
+            # Sent without a credit, to overtake: the system lane, and no credit back.
+            control = RemoteReply(self, envelope.sender, envelope.target, corr, grant=False)
+            cell.mailbox.push_system(sm.Control((message, control)))
+            return
         reply = RemoteReply(self, envelope.sender, envelope.target, corr)
         cell.mailbox.push_remote((message, reply))
 

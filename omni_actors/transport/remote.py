@@ -6,6 +6,9 @@
 - :class:`RemoteReply` is what the receiving node puts in an envelope instead of a
   future: when the actor has handled the message it sends the reply (for an ask) and
   returns the credit.
+
+A ``ControlMessage`` neither waits for nor takes a credit (it must overtake a full
+mailbox), so its ``RemoteReply`` returns none.
 """
 
 from __future__ import annotations
@@ -18,7 +21,7 @@ from typing import TYPE_CHECKING, Any, cast
 from omni_actors._mailbox import Envelope, Mailbox, MailboxConfig
 from omni_actors._ref import ActorRef
 from omni_actors.errors import ActorStoppedError, MailboxFullError, OmniError
-from omni_actors.signals import Terminated
+from omni_actors.signals import ControlMessage, Terminated
 
 if TYPE_CHECKING:
     from omni_actors._cell import ActorCell
@@ -77,13 +80,16 @@ def error_from_wire(error_type: str, message: str) -> BaseException:
 class RemoteReply:
     """Completes a message that arrived from another node (duck-types a reply future)."""
 
-    __slots__ = ("_done", "corr", "node", "peer", "target")
+    __slots__ = ("_done", "corr", "grant", "node", "peer", "target")
 
-    def __init__(self, node: Node, peer: int, target: str, corr: int | None) -> None:
+    def __init__(
+        self, node: Node, peer: int, target: str, corr: int | None, *, grant: bool = True
+    ) -> None:
         self.node = node
         self.peer = peer
         self.target = target
         self.corr = corr
+        self.grant = grant  # False for a control message: the sender spent no credit
         self._done = False
 
     def done(self) -> bool:
@@ -99,14 +105,16 @@ class RemoteReply:
         self._done = True
         if self.corr is not None:
             self.node.reply(self.peer, self.corr, value)
-        self.node.grant(self.peer, self.target)
+        if self.grant:
+            self.node.grant(self.peer, self.target)
 
     def set_exception(self, error: BaseException) -> None:
         """Send the failure (for an ask) and return the sender's credit."""
         self._done = True
         if self.corr is not None:
             self.node.reply_error(self.peer, self.corr, error)
-        self.node.grant(self.peer, self.target)
+        if self.grant:
+            self.node.grant(self.peer, self.target)
 
 
 class RemoteMailbox(Mailbox):
@@ -115,7 +123,8 @@ class RemoteMailbox(Mailbox):
     The system lane stays local (it drives the hosting cell); user messages go to the
     remote actor. While no link is up (the worker is starting or restarting) senders wait,
     as they would for a full mailbox. Out of credits, ``fail`` raises and both
-    ``backpressure`` and ``drop_oldest`` wait (messages already sent cannot be dropped).
+    ``backpressure`` and ``drop_oldest`` wait (messages already sent cannot be dropped);
+    a ``ControlMessage`` only waits for the link.
     """
 
     __slots__ = (
@@ -172,15 +181,19 @@ class RemoteMailbox(Mailbox):
             if not waiter.done():
                 waiter.set_result(None)
 
+    def _blocked(self, control: bool) -> bool:
+        return self.link is None or (not control and self.credits <= 0)
+
     async def push_user(self, envelope: Envelope, timeout: float | None = None) -> None:
-        """Send to the remote actor once a credit is available."""
+        """Send to the remote actor once a credit (for a control message: a link) is up."""
         if self.closed:
             raise ActorStoppedError(self.owner)
-        if self.credits <= 0 or self.link is None:
-            if self.config.overflow == "fail" and self.link is not None:
+        control = isinstance(envelope[0], ControlMessage)
+        if self._blocked(control):
+            if not control and self.config.overflow == "fail" and self.link is not None:
                 raise MailboxFullError(self.owner, self.config.capacity)
             async with asyncio.timeout(timeout):
-                while self.credits <= 0 or self.link is None:
+                while self._blocked(control):
                     if self.closed:
                         raise ActorStoppedError(self.owner)
                     waiter: asyncio.Future[None] = asyncio.get_running_loop().create_future()
@@ -196,11 +209,12 @@ class RemoteMailbox(Mailbox):
         if reply is not None:
             assert isinstance(reply, asyncio.Future)
             corr = node.new_ask(reply, self.reply_type, self.peer)
-        self.credits -= 1
+        spent = 0 if control else 1
+        self.credits -= spent
         try:
             link.send_message(self.target, message, corr)
         except BaseException:
-            self.credits += 1
+            self.credits += spent
             if reply is not None:
                 reply.cancel()
             raise

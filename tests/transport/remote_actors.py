@@ -9,7 +9,7 @@ from typing import Any
 import msgspec
 import torch
 
-from omni_actors import Actor, ActorRef
+from omni_actors import Actor, ActorRef, ControlMessage
 
 
 class Payload(msgspec.Struct, tag=True, frozen=True):
@@ -90,4 +90,38 @@ class Greeter(Actor[Notify | Pid]):
                 await to.tell(f"hello from {os.getpid()}", timeout=10)
             case Pid():
                 return os.getpid()
+        return None
+
+
+class Note(msgspec.Struct, tag=True, frozen=True):
+    n: int
+
+
+class Urgent(msgspec.Struct, ControlMessage, tag=True, frozen=True):
+    """A control message: overtakes queued messages and needs no credit."""
+
+    n: int
+
+
+class History(msgspec.Struct, tag=True, frozen=True):
+    pass
+
+
+class Recorder(Actor[Block | Note | Urgent | History]):
+    """Records the order it handles notes (``n``) and urgent messages (``-n``) in."""
+
+    def __init__(self) -> None:
+        self.seen: list[int] = []
+
+    async def receive(self, message: Block | Note | Urgent | History) -> Any:
+        match message:
+            case Block(seconds=seconds):
+                await asyncio.sleep(seconds)
+            case Note(n=n):
+                self.seen.append(n)
+            case Urgent(n=n):
+                self.seen.append(-n)
+                return n * 10
+            case History():
+                return self.seen
         return None

@@ -1,0 +1,133 @@
+"""``Outlet``: one session's stream from a stage to one receiver.
+
+An outlet applies its edge's mode before anything is sent: ``stream`` sends each output
+as produced (through a ``ChunkPolicy`` window when the edge carries codec frames),
+``full`` merges the segment's outputs by the receiver's accumulate rules and sends one
+payload when the segment ends. It numbers its chunks and counts what it sent.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Mapping
+from typing import Any, Literal
+
+import torch
+
+from omni_actors._ref import ActorRef
+from omni_actors.actors.accumulate import Accumulator
+from omni_actors.actors.chunk_policy import ChunkPolicy, FrameWindow
+from omni_actors.actors.engine import Fields
+from omni_actors.protocols.stage import Chunk, End, HopMetrics, split_fields
+
+__all__ = ["Outlet"]
+
+
+class Outlet:
+    """Sends ``session``'s outputs from stage ``source`` to ``ref`` (named ``name``).
+
+    Args:
+        fields: output fields this receiver gets (others are not sent).
+        mode: ``stream`` or ``full``.
+        window: ``(initial_frames, frames, left_context)`` to window the edge's one
+            tensor field into codec chunks.
+        accumulate: merge rules for ``full`` mode.
+        ends: whether segment ends are sent as end markers (a session's owner learns
+            them from the stage's report instead).
+    """
+
+    def __init__(
+        self,
+        session: str,
+        source: str,
+        name: str,
+        ref: ActorRef[Any],
+        fields: tuple[str, ...],
+        *,
+        mode: Literal["stream", "full"] = "stream",
+        window: tuple[int, int, int] | None = None,
+        accumulate: Mapping[str, Literal["concat", "replace"]] | None = None,
+        ends: bool = True,
+    ) -> None:
+        self.session = session
+        self.source = source
+        self.name = name
+        self.ref = ref
+        self.fields = frozenset(fields)
+        self.ends = ends
+        self._policy = ChunkPolicy(*window) if window is not None else None
+        self._window: FrameWindow | None = self._policy.window() if self._policy else None
+        self._acc = Accumulator(accumulate) if mode == "full" else None
+        self._seq = 0
+        self.chunks = 0
+        self.bytes = 0
+
+    def metrics(self) -> HopMetrics:
+        """Chunks and bytes sent since the last :meth:`reset_metrics`."""
+        return HopMetrics(chunks=self.chunks, bytes=self.bytes)
+
+    def reset_metrics(self) -> None:
+        """Start counting a new segment."""
+        self.chunks = 0
+        self.bytes = 0
+
+    async def push(self, output: Fields) -> None:
+        """Route one engine output to this receiver."""
+        picked = {k: v for k, v in output.items() if k in self.fields}
+        if not picked:
+            return
+        if self._acc is not None:
+            self._acc.add(picked)
+            return
+        if self._window is not None:
+            name, frames = _one_tensor(picked)
+            for chunk in self._window.push(frames):
+                await self._send({name: chunk.frames}, context=chunk.context)
+            return
+        await self._send(picked)
+
+    async def flush(self, end: End) -> None:
+        """The segment ended: send what is pending, marked with ``end``."""
+        if self._acc is not None:
+            payload = self._acc.snapshot()
+            self._acc.clear()
+            await self._send(payload, end=end)
+            return
+        if self._window is not None:
+            chunks = self._window.finish()
+            assert self._policy is not None
+            self._window = self._policy.window()  # the next segment starts a new stream
+            if chunks:
+                name = next(iter(self.fields))
+                for chunk in chunks[:-1]:
+                    await self._send({name: chunk.frames}, context=chunk.context)
+                last = chunks[-1]
+                await self._send({name: last.frames}, context=last.context, end=end)
+                return
+        if self.ends:
+            await self._send({}, end=end)
+
+    async def _send(self, fields: Fields, *, context: int = 0, end: End = "") -> None:
+        tensors, texts = split_fields(fields)
+        chunk = Chunk(
+            session=self.session,
+            source=self.source,
+            seq=self._seq,
+            tensors=tensors,
+            texts=texts,
+            context=context,
+            end=end if self.ends else "",
+            sent_at=time.monotonic(),
+        )
+        self._seq += 1
+        self.chunks += 1
+        self.bytes += chunk.nbytes
+        await self.ref.tell(chunk)
+
+
+def _one_tensor(fields: dict[str, torch.Tensor | str]) -> tuple[str, torch.Tensor]:
+    """The single tensor field of a windowed edge (the pipeline checks there is one)."""
+    for name, value in fields.items():
+        if isinstance(value, torch.Tensor):
+            return name, value
+    raise TypeError(f"a windowed edge carries codec frames as a tensor, got {sorted(fields)}")

@@ -1,0 +1,102 @@
+"""``StageActor``: hosts one engine and every session's state on one stage.
+
+Its ``receive`` only routes: a ``Prewarm`` allocates a :class:`StageSession` (which
+starts waiting for input at once), a ``Chunk`` goes into its session's queue, an
+``Abort`` (a control message, served before queued chunks) frees the session. The
+engine work of each session runs in that session's task, so one slow session never
+holds up the chunks of another, and the engine sees all of them at once to batch.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from typing import Any
+
+from omni_actors._actor import Actor
+from omni_actors._mailbox import MailboxConfig
+from omni_actors.actors.engine import Engine
+from omni_actors.actors.engines import build_engine
+from omni_actors.actors.messages import Abort, Inspect, Prewarm, StageState
+from omni_actors.actors.stage_session import StageSession
+from omni_actors.protocols.stage import Chunk
+
+__all__ = ["StageActor"]
+
+log = logging.getLogger(__name__)
+
+_CLOSE_TIMEOUT = 2.0
+
+
+class StageActor(Actor[Prewarm | Chunk | Abort | Inspect]):
+    """One pipeline stage. Spawned by the orchestrator, locally or in a worker process.
+
+    Args:
+        name: the stage's name in the pipeline.
+        kind: engine kind (``scripted``, ``torch``, ``vllm``).
+        args: the engine's arguments from the pipeline definition.
+    """
+
+    replies = StageState | bool | None
+    mailbox = MailboxConfig(capacity=4096)
+
+    def __init__(self, name: str, kind: str, args: dict[str, Any]) -> None:
+        self.name = name
+        self.kind = kind
+        self.args = args
+        self.engine: Engine | None = None
+        self.sessions: dict[str, StageSession] = {}
+
+    async def on_start(self) -> None:
+        """Build and start the engine (a failure here fails the spawn, with its reason)."""
+        engine = build_engine(self.kind, self.args)
+        await engine.start()
+        self.engine = engine
+
+    async def on_stop(self) -> None:
+        """Abort every session still here, then stop the engine."""
+        sessions = list(self.sessions.values())
+        self.sessions.clear()
+        for session in sessions:
+            session.task.cancel()
+        if sessions:
+            await asyncio.wait([s.task for s in sessions], timeout=_CLOSE_TIMEOUT)
+        if self.engine is not None:
+            await self.engine.stop()
+            self.engine = None
+
+    async def receive(self, message: Prewarm | Chunk | Abort | Inspect) -> Any:
+        """Route one message; see the module docstring."""
+        match message:
+            case Chunk():
+                session = self.sessions.get(message.session)
+                if session is not None:
+                    session.deliver(message)
+                else:  # aborted or timed out meanwhile: its chunks are moot
+                    log.debug(
+                        "%s: chunk for unknown session %s dropped", self.name, message.session
+                    )
+                return None
+            case Prewarm():
+                return self._prewarm(message)
+            case Abort(session=session_id):
+                session = self.sessions.pop(session_id, None)
+                if session is not None:
+                    await session.close(_CLOSE_TIMEOUT)
+                return True
+            case Inspect():
+                return StageState(stage=self.name, sessions=sorted(self.sessions))
+        raise AssertionError(f"unhandled {message!r}")  # pragma: no cover - typed union
+
+    def _prewarm(self, message: Prewarm) -> bool:
+        if message.session in self.sessions:
+            raise ValueError(f"stage {self.name}: session {message.session} is already open")
+        assert self.engine is not None
+        self.sessions[message.session] = StageSession(
+            self.name, self.engine, message, self._session_ended
+        )
+        return True
+
+    def _session_ended(self, session: StageSession) -> None:
+        if self.sessions.get(session.id) is session:
+            del self.sessions[session.id]

@@ -1,0 +1,328 @@
+"""``StageSession``: one session's life on one stage.
+
+A stage hosts many sessions at once; each has one of these. It owns the session's input
+queue (fed by the stage's ``receive``), calls the engine once per segment with an input
+iterator over that queue, routes every output through the session's outlets, and
+reports each segment's end to the session's owner. Every wait for input has a
+deadline; the task that drives it all belongs to the stage, which cancels it on abort.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections import deque
+from collections.abc import AsyncIterator, Callable
+from typing import Any
+
+import torch
+
+from omni_actors.actors.accumulate import ChunkGapError, ChunkSequence
+from omni_actors.actors.engine import CONTEXT_FIELD, Engine, Fields
+from omni_actors.actors.messages import Prewarm
+from omni_actors.actors.outlet import Outlet
+from omni_actors.errors import ActorStoppedError, OmniError, ProtocolError
+from omni_actors.protocols.stage import Chunk, End, ReportEnd, StageMetrics, StageReport
+
+__all__ = ["DeadlineExceededError", "StageSession"]
+
+log = logging.getLogger(__name__)
+
+
+class DeadlineExceededError(OmniError, TimeoutError):
+    """A stage waited longer than a session deadline allows."""
+
+    def __init__(self, stage: str, session: str, waiting_for: str, limit: float, setting: str):
+        super().__init__(
+            f"stage {stage}, session {session}: no {waiting_for} within {limit:g}s; "
+            f"raise deadlines.{setting} in the pipeline if that wait is expected"
+        )
+        self.stage = stage
+        self.setting = setting
+        self.limit = limit
+
+
+class StageSession:
+    """State and task of ``prewarm.session`` on stage ``stage``; see the module docstring.
+
+    Args:
+        stage: the stage's name.
+        engine: the stage's engine (shared by all its sessions).
+        prewarm: the session's route, owner and deadlines.
+        on_end: called with this session once the task has ended, however it ended.
+    """
+
+    def __init__(
+        self, stage: str, engine: Engine, prewarm: Prewarm, on_end: Callable[[StageSession], None]
+    ) -> None:
+        self.stage = stage
+        self.engine = engine
+        self.id = prewarm.session
+        self.owner = prewarm.owner
+        self.resumable = prewarm.resumable
+        self.deadlines = prewarm.deadlines
+        self.sources = prewarm.sources
+        self.sequences = {s: ChunkSequence(f"{self.id}: {s} -> {stage}") for s in self.sources}
+        self.outlets = [
+            Outlet(
+                self.id,
+                stage,
+                t.stage,
+                t.ref,
+                t.fields,
+                mode=t.mode,
+                window=t.window,
+                accumulate=t.accumulate,
+            )
+            for t in prewarm.targets
+        ]
+        if prewarm.emit:
+            self.outlets.append(
+                Outlet(self.id, stage, "client", prewarm.owner, prewarm.emit, ends=False)
+            )
+        self._queue: deque[Chunk] = deque()
+        self._waiter: asyncio.Future[None] | None = None
+        self._error: BaseException | None = None
+        self._on_end = on_end
+        self._reset_metrics()
+        loop = asyncio.get_running_loop()
+        self.task = loop.create_task(self._run(loop.time()), name=f"{stage} session {self.id}")
+
+    # -- input side (called from the stage's receive) ---------------------------------
+
+    def deliver(self, chunk: Chunk) -> None:
+        """Queue an input chunk: duplicates are dropped, a gap fails the session."""
+        sequence = self.sequences.get(chunk.source)
+        if sequence is None:
+            self._fail(
+                ProtocolError(
+                    f"stage {self.stage}, session {self.id}: chunk from {chunk.source!r}, "
+                    f"which is not on this session's path (expected {list(self.sources)})"
+                )
+            )
+            return
+        try:
+            fresh = sequence.accept(chunk.seq)
+        except ChunkGapError as exc:
+            self._fail(exc)
+            return
+        if not fresh:
+            self._duplicates += 1
+            return
+        self._queue.append(chunk)
+        self._wake()
+
+    def _fail(self, error: BaseException) -> None:
+        if self._error is None:
+            self._error = error
+        self._wake()
+
+    def _wake(self) -> None:
+        waiter = self._waiter
+        if waiter is not None and not waiter.done():
+            waiter.set_result(None)
+
+    async def next_chunk(
+        self, deadline: float, waiting_for: str, limit: float, setting: str
+    ) -> Chunk:
+        """The next input chunk, waiting until the loop time ``deadline`` at most."""
+        while not self._queue:
+            if self._error is not None:
+                raise self._error
+            waiter: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+            self._waiter = waiter
+            started = time.monotonic()
+            try:
+                async with asyncio.timeout_at(deadline):
+                    await waiter
+            except TimeoutError:
+                raise DeadlineExceededError(
+                    self.stage, self.id, waiting_for, limit, setting
+                ) from None
+            finally:
+                self._waiter = None
+                self._blocked += time.monotonic() - started
+        if self._error is not None:
+            raise self._error
+        chunk = self._queue.popleft()
+        self._queue_wait += max(0.0, time.monotonic() - chunk.sent_at)
+        self._chunks_in += 1
+        return chunk
+
+    # -- the session's task ------------------------------------------------------------
+
+    async def close(self, timeout: float) -> None:
+        """Abort: cancel the task, wait for it (bounded), free the engine's state."""
+        self.task.cancel()
+        await asyncio.wait([self.task], timeout=timeout)
+        await self.engine.abort(self.id)
+
+    async def _run(self, started: float) -> None:
+        loop = asyncio.get_running_loop()
+        total = asyncio.timeout_at(started + self.deadlines.total_s)
+        segment = 0
+        finished = False
+        try:
+            async with total:
+                start = started
+                while True:
+                    end = await self._segment(segment, start)
+                    await self._report(segment, "finished" if end == "finished" else "segment")
+                    if end == "finished":
+                        finished = True
+                        break
+                    segment += 1
+                    start = loop.time()
+        except ActorStoppedError as exc:
+            log.debug("session %s on %s ends: %s", self.id, self.stage, exc)
+        except Exception as exc:
+            error = exc
+            if total.expired():
+                error = DeadlineExceededError(
+                    self.stage, self.id, "end of the session", self.deadlines.total_s, "total_s"
+                )
+            await self._report_error(segment, error)
+        finally:
+            # Runs on abort (cancellation) too: nothing of the session stays allocated.
+            if finished:
+                await self.engine.release(self.id)
+            else:
+                await self.engine.abort(self.id)
+            self._on_end(self)
+
+    async def _segment(self, segment: int, start: float) -> End:
+        inputs = _SegmentInputs(self, start)
+        if await inputs.has_payload():
+            await self._generate(inputs)
+        for outlet in self.outlets:
+            await outlet.flush(inputs.end)
+        return inputs.end
+
+    async def _generate(self, inputs: _SegmentInputs) -> None:
+        """Run the engine over one segment's inputs, routing its outputs as they come."""
+        outputs = self.engine.generate(self.id, inputs)
+        try:
+            while True:
+                before, blocked = time.monotonic(), self._blocked
+                try:
+                    output = await anext(outputs)
+                except StopAsyncIteration:
+                    break
+                self._compute += time.monotonic() - before - (self._blocked - blocked)
+                self._outputs += 1
+                for outlet in self.outlets:
+                    await outlet.push(output)
+        finally:
+            aclose = getattr(outputs, "aclose", None)
+            if aclose is not None:
+                await aclose()
+        async for _ in inputs:  # the engine may stop reading early: finish the segment
+            pass
+
+    async def _report(
+        self, segment: int, end: ReportEnd, error: BaseException | None = None
+    ) -> None:
+        metrics = StageMetrics(
+            queue_wait_ms=self._queue_wait * 1e3,
+            compute_ms=self._compute * 1e3,
+            chunks_in=self._chunks_in,
+            duplicates=self._duplicates,
+            outputs=self._outputs,
+            hops={o.name: o.metrics() for o in self.outlets},
+        )
+        self._reset_metrics()
+        report = StageReport(
+            session=self.id,
+            stage=self.stage,
+            segment=segment,
+            end=end,
+            metrics=metrics,
+            error_type=_qualname(error) if error is not None else "",
+            error=str(error) if error is not None else "",
+        )
+        await self.owner.tell(report)
+
+    async def _report_error(self, segment: int, error: BaseException) -> None:
+        log.debug("session %s failed on %s: %r", self.id, self.stage, error)
+        # If the owner is gone, nobody is waiting for this session any more.
+        with contextlib.suppress(ActorStoppedError):
+            await self._report(segment, "error", error)
+
+    def _reset_metrics(self) -> None:
+        self._queue_wait = 0.0
+        self._compute = 0.0
+        self._blocked = 0.0
+        self._chunks_in = 0
+        self._duplicates = 0
+        self._outputs = 0
+        for outlet in getattr(self, "outlets", ()):
+            outlet.reset_metrics()
+
+
+class _SegmentInputs(AsyncIterator[Fields]):
+    """The engine's view of one segment's input: chunks until every source ends it."""
+
+    def __init__(self, session: StageSession, start: float) -> None:
+        self.session = session
+        self.start = start
+        self.ended: set[str] = set()
+        self.end: End = ""
+        self.started = False
+        self.last = start
+        self._first: Fields | None = None
+
+    def __aiter__(self) -> _SegmentInputs:
+        return self
+
+    async def has_payload(self) -> bool:
+        """Wait for the segment's first input; False if it ended without any.
+
+        A segment that carries nothing (a resumable session closed without new input)
+        never reaches the engine, so no reply is made up for it.
+        """
+        try:
+            self._first = await self.__anext__()
+        except StopAsyncIteration:
+            return False
+        return True
+
+    async def __anext__(self) -> Fields:
+        if self._first is not None:
+            first, self._first = self._first, None
+            return first
+        s = self.session
+        while len(self.ended) < len(s.sources):
+            d = s.deadlines
+            if not self.started:
+                limit, setting = (
+                    (d.idle_s, "idle_s")
+                    if s.resumable
+                    else (
+                        d.first_chunk_s,
+                        "first_chunk_s",
+                    )
+                )
+                what = "first input chunk of the segment"
+            else:
+                limit, setting, what = d.inter_chunk_s, "inter_chunk_s", "next input chunk"
+            base = self.last if self.started else self.start
+            chunk = await s.next_chunk(base + limit, what, limit, setting)
+            self.started = True
+            self.last = asyncio.get_running_loop().time()
+            if chunk.end:
+                self.ended.add(chunk.source)
+                if chunk.end == "finished" or self.end != "finished":
+                    self.end = chunk.end
+            if chunk.has_payload:
+                fields: dict[str, Any] = chunk.fields()
+                if chunk.context:
+                    fields[CONTEXT_FIELD] = torch.tensor(chunk.context)
+                return fields
+        raise StopAsyncIteration
+
+
+def _qualname(error: BaseException) -> str:
+    cls = type(error)
+    return f"{cls.__module__}:{cls.__qualname__}"

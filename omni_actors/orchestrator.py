@@ -1,0 +1,246 @@
+"""``Orchestrator``: the control plane of one pipeline.
+
+It spawns and supervises the stages, admits sessions (one :class:`SessionActor` each,
+with the plan of the stages on the request's path) and, when a stage fails, fails the
+sessions that were on it. It never carries a chunk: data flows stage to stage, and from
+the output stages straight to each session's actor.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from dataclasses import dataclass
+from typing import Any
+
+from omni_actors._actor import Actor
+from omni_actors._ref import ActorRef
+from omni_actors.actors.messages import Deadlines, Target
+from omni_actors.actors.stage import StageActor
+from omni_actors.errors import OmniError
+from omni_actors.pipeline import PipelineSpec
+from omni_actors.protocols.stage import INPUT
+from omni_actors.session import SessionActor, SessionChannel, StageFailed, StagePlan
+from omni_actors.signals import ChildFailed, Terminated
+from omni_actors.supervision import Backoff, SupervisorStrategy
+
+__all__ = [
+    "Admitted",
+    "ListSessions",
+    "ListStages",
+    "Orchestrator",
+    "SessionExistsError",
+    "StartSession",
+    "pipeline_strategy",
+]
+
+log = logging.getLogger(__name__)
+
+
+class SessionExistsError(OmniError, ValueError):
+    """A session id is already in use on this pipeline."""
+
+
+@dataclass(frozen=True, slots=True)
+class StartSession:
+    """Admit a session; the reply is the session actor's ref, or an ``OmniError``.
+
+    Attributes:
+        session: the id (unique among live sessions).
+        text: the caller wants text.
+        audio: the caller wants audio (text-only requests never touch audio stages).
+        resumable: input arrives in segments.
+        admission_deadline: loop time by which prewarm must be done.
+        channel: where the session's events go.
+    """
+
+    session: str
+    text: bool
+    audio: bool
+    resumable: bool
+    admission_deadline: float
+    channel: SessionChannel
+
+
+@dataclass(frozen=True, slots=True)
+class Admitted:
+    """Reply to :class:`StartSession`: the session's actor and the stage its input enters."""
+
+    session: ActorRef[Any]
+    entry: ActorRef[Any]
+
+
+@dataclass(frozen=True, slots=True)
+class ListSessions:
+    """Reply: live session ids by stage (sessions whose path includes that stage)."""
+
+
+@dataclass(frozen=True, slots=True)
+class ListStages:
+    """Reply: every stage's ref by name."""
+
+
+def pipeline_strategy(spec: PipelineSpec) -> SupervisorStrategy:
+    """How the orchestrator supervises the stages: one stage restarts alone.
+
+    Restart intensity belongs to the supervisor, so the most lenient stage settings
+    apply to the pipeline as a whole.
+    """
+    sup = [s.supervision for s in spec.stages]
+    return SupervisorStrategy(
+        "one_for_one",
+        max_restarts=max(s.max_restarts for s in sup),
+        period=max(s.period_s for s in sup),
+        backoff=Backoff(
+            min_s=min(s.backoff_min_s for s in sup),
+            max_s=max(max(s.backoff_max_s, s.backoff_min_s) for s in sup),
+        ),
+    )
+
+
+class Orchestrator(Actor[StartSession | ListSessions | ListStages | Terminated | ChildFailed]):
+    """See the module docstring.
+
+    Args:
+        spec: the validated pipeline.
+        stage_classes: per stage, the actor class to spawn instead of ``StageActor``
+            (the test harness injects faulty stages this way).
+        interposers: per edge ``"from->to"`` (``"input-><entry>"`` for the caller's
+            input), an actor class spawned locally between the two ends, given the
+            downstream ref and the extra arguments (harness chunk faults).
+    """
+
+    def __init__(
+        self,
+        spec: PipelineSpec,
+        stage_classes: dict[str, type[StageActor]] | None = None,
+        interposers: dict[str, tuple[type[Actor[Any]], tuple[Any, ...]]] | None = None,
+    ) -> None:
+        self.spec = spec
+        self.stage_classes = stage_classes or {}
+        self.interposers = interposers or {}
+        self.stages: dict[str, ActorRef[Any]] = {}
+        self.edge_refs: dict[tuple[str, str], ActorRef[Any]] = {}
+        self.sessions: dict[str, tuple[ActorRef[Any], list[str]]] = {}
+        self.by_ref: dict[ActorRef[Any], str] = {}
+        deadlines = spec.deadlines
+        self.deadlines = Deadlines(
+            first_chunk_s=deadlines.first_chunk_s,
+            inter_chunk_s=deadlines.inter_chunk_s,
+            idle_s=deadlines.idle_s,
+            total_s=deadlines.total_s,
+        )
+
+    async def on_start(self) -> None:
+        """Spawn every stage (entry first), then the harness's interposers if any."""
+        ctx = self.context
+        for name in self.spec.stages_order():
+            stage = self.spec.stage(name)
+            cls = self.stage_classes.get(name, StageActor)
+            self.stages[name] = await ctx.spawn(
+                cls,
+                name,
+                stage.engine.kind,
+                dict(stage.engine.args),
+                name=name,
+                restart=stage.supervision.restart,
+                process=stage.process,
+            )
+        edges = [(e.source, e.to) for e in self.spec.edges]
+        for source, to in [(INPUT, self.spec.entry_stage), *edges]:
+            key = f"{source}->{to}"
+            if key in self.interposers:
+                cls_, args = self.interposers[key]
+                self.edge_refs[(source, to)] = await ctx.spawn(
+                    cls_, self.stages[to], *args, name=f"edge-{source}-{to}"
+                )
+
+    async def receive(
+        self, message: StartSession | ListSessions | ListStages | Terminated | ChildFailed
+    ) -> Any:
+        """Admit sessions, forget ended ones, fail sessions of a failed stage."""
+        match message:
+            case StartSession():
+                return await self._start(message)
+            case ListSessions():
+                found: dict[str, list[str]] = {name: [] for name in self.stages}
+                for sid, (_, path) in self.sessions.items():
+                    for name in path:
+                        found[name].append(sid)
+                return found
+            case ListStages():
+                return dict(self.stages)
+            case Terminated(ref=ref):
+                ended = self.by_ref.pop(ref, None)
+                if ended is not None:
+                    del self.sessions[ended]
+            case ChildFailed(ref=ref, reason=reason):
+                await self._stage_failed(ref, reason)
+        return None
+
+    async def _start(self, request: StartSession) -> Admitted | OmniError:
+        if request.session in self.sessions:
+            return SessionExistsError(f"session id {request.session!r} is already in use")
+        path = self.spec.stages_for(text=request.text, audio=request.audio)
+        plan = self._plan(path, text=request.text, audio=request.audio)
+        ref = await self.context.spawn(
+            SessionActor,
+            request.session,
+            plan,
+            self.deadlines,
+            request.resumable,
+            request.admission_deadline,
+            request.channel,
+            name=f"session-{request.session}",
+        )
+        self.context.watch(ref)
+        self.sessions[request.session] = (ref, path)
+        self.by_ref[ref] = request.session
+        entry = self.spec.entry_stage
+        return Admitted(ref, self.edge_refs.get((INPUT, entry), self.stages[entry]))
+
+    def _plan(self, path: list[str], *, text: bool, audio: bool) -> dict[str, StagePlan]:
+        spec = self.spec
+        on_path = set(path)
+        plan: dict[str, StagePlan] = {}
+        for name in path:
+            sources = tuple(e.source for e in spec.edges if e.to == name and e.source in on_path)
+            targets = tuple(
+                Target(
+                    stage=e.to,
+                    ref=self.edge_refs.get((e.source, e.to), self.stages[e.to]),
+                    mode=e.mode,
+                    fields=e.fields,
+                    window=(
+                        None
+                        if e.chunk_policy is None
+                        else (
+                            e.chunk_policy.initial_frames,
+                            e.chunk_policy.frames,
+                            e.chunk_policy.left_context,
+                        )
+                    ),
+                    accumulate=dict(spec.stage(e.to).accumulate),
+                )
+                for e in spec.edges
+                if e.source == name and e.to in on_path
+            )
+            emit = tuple(
+                kind
+                for kind, wanted in (("text", text), ("audio", audio))
+                if wanted and getattr(spec.outputs, kind) == name
+            )
+            plan[name] = StagePlan(self.stages[name], sources or (INPUT,), targets, emit)
+        return plan
+
+    async def _stage_failed(self, ref: ActorRef[Any], reason: BaseException) -> None:
+        stage = next((name for name, r in self.stages.items() if r == ref), None)
+        if stage is None:
+            return
+        hit = [sref for sref, path in self.sessions.values() if stage in path]
+        log.warning("stage %s failed (%r); failing %d session(s) on it", stage, reason, len(hit))
+        failed = StageFailed(stage, f"{type(reason).__name__}: {reason}")
+        results = await asyncio.gather(*(s.tell(failed) for s in hit), return_exceptions=True)
+        for result in results:
+            if isinstance(result, BaseException):
+                log.debug("session already gone: %r", result)

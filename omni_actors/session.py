@@ -1,0 +1,317 @@
+"""``SessionActor``: the caller's end of one session.
+
+The orchestrator spawns one per session. It prewarms every stage on the session's path,
+receives the output stages' chunks and turns them into events for the caller, collects
+each stage's report, and ends the session — ``Done``, ``SessionError`` or ``Aborted`` —
+telling every stage to free what it holds when the session did not finish normally.
+Events go into a :class:`SessionChannel` the caller reads; the channel is local to the
+caller's process, so this actor always runs there.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from dataclasses import dataclass, field
+from typing import Any
+
+import msgspec
+
+from omni_actors._actor import Actor
+from omni_actors._mailbox import MailboxConfig
+from omni_actors._ref import ActorRef
+from omni_actors.actors.accumulate import ChunkGapError, ChunkSequence
+from omni_actors.actors.messages import Abort, Deadlines, Prewarm, Target
+from omni_actors.protocols.events import (
+    Aborted,
+    AudioDelta,
+    Done,
+    ErrorCode,
+    Event,
+    SegmentDone,
+    SessionError,
+    SessionMetrics,
+    TextDelta,
+)
+from omni_actors.protocols.stage import Chunk, StageMetrics, StageReport
+from omni_actors.signals import ControlMessage
+
+__all__ = [
+    "AbortSession",
+    "OpenSession",
+    "SessionActor",
+    "SessionChannel",
+    "StageFailed",
+    "StagePlan",
+]
+
+log = logging.getLogger(__name__)
+
+_ABORT_TIMEOUT = 5.0
+
+
+class OpenSession(msgspec.Struct, tag="open-session", frozen=True):
+    """Prewarm every stage on the path; the reply is ``None`` or a ``SessionError``."""
+
+
+class AbortSession(msgspec.Struct, ControlMessage, tag="abort-session", frozen=True):
+    """End the session now: every stage frees it, the caller gets ``Aborted``."""
+
+    reason: str
+
+
+class StageFailed(msgspec.Struct, ControlMessage, tag="stage-failed", frozen=True):
+    """From the orchestrator: ``stage`` crashed, and this session's state on it is lost."""
+
+    stage: str
+    error: str
+
+
+@dataclass(frozen=True, slots=True)
+class StagePlan:
+    """What one stage on a session's path needs at prewarm, and its ref."""
+
+    ref: ActorRef[Any]
+    sources: tuple[str, ...]
+    targets: tuple[Target, ...]
+    emit: tuple[str, ...]
+
+
+@dataclass(slots=True)
+class SessionChannel:
+    """Where a session's events go, and when each segment started (loop time).
+
+    Shared between the caller's handle and the session actor, in one process.
+    """
+
+    sample_rate: int
+    starts: dict[int, float] = field(default_factory=dict)
+    events: asyncio.Queue[Event] = field(default_factory=asyncio.Queue)
+    terminal: Event | None = None
+
+    def put(self, event: Event) -> None:
+        """Queue an event; after a terminal one, nothing more is queued."""
+        if self.terminal is None:
+            self.events.put_nowait(event)
+
+    def end(self, event: Event) -> bool:
+        """Queue the terminal event; False if the session had already ended."""
+        if self.terminal is not None:
+            return False
+        self.events.put_nowait(event)
+        self.terminal = event
+        return True
+
+
+_CODES: dict[str, ErrorCode] = {
+    "DeadlineExceededError": "timeout",
+    "ChunkGapError": "chunk_gap",
+}
+
+
+class SessionActor(Actor[OpenSession | Chunk | StageReport | AbortSession | StageFailed]):
+    """See the module docstring.
+
+    Args:
+        session: the session id.
+        plan: the stages on the path, in topological order, with their prewarm plans.
+        deadlines: the session's deadlines, passed to every stage.
+        resumable: the caller sends input in segments.
+        admission_deadline: loop time by which prewarm must be complete.
+        channel: where events go.
+    """
+
+    mailbox = MailboxConfig(capacity=4096)
+
+    def __init__(
+        self,
+        session: str,
+        plan: dict[str, StagePlan],
+        deadlines: Deadlines,
+        resumable: bool,
+        admission_deadline: float,
+        channel: SessionChannel,
+    ) -> None:
+        self.id = session
+        self.plan = plan
+        self.deadlines = deadlines
+        self.resumable = resumable
+        self.admission_deadline = admission_deadline
+        self.channel = channel
+        self.sequences: dict[str, ChunkSequence] = {}
+        self.segment = 0
+        self.reports: dict[str, StageMetrics] = {}
+        self._ended = False
+        self._reset_segment()
+
+    def _reset_segment(self) -> None:
+        self.first_text: float | None = None
+        self.first_audio: float | None = None
+        self.last_audio: float | None = None
+        self.audio_samples = 0
+        self.reports = {}
+
+    async def receive(
+        self, message: OpenSession | Chunk | StageReport | AbortSession | StageFailed
+    ) -> Any:
+        """Handle one message; see the module docstring."""
+        match message:
+            case Chunk():
+                gap = self._output(message)
+                if gap is not None:
+                    await self._fail("chunk_gap", str(gap), message.source, "ChunkGapError")
+            case StageReport():
+                await self._report(message)
+            case OpenSession():
+                return await self._open()
+            case AbortSession(reason=reason):
+                await self._end(Aborted(session=self.id, reason=reason))
+                return True
+            case StageFailed(stage=stage, error=error):
+                await self._fail("stage_failed", f"stage {stage} failed: {error}", stage)
+        return None
+
+    async def on_stop(self) -> None:
+        """If the session has not ended yet (pipeline closing, a bug), end it now."""
+        if not self._ended:
+            await self._end(
+                SessionError(
+                    session=self.id,
+                    code="internal",
+                    message="the session's pipeline stopped before it ended",
+                ),
+                stop=False,
+            )
+
+    # -- prewarm --------------------------------------------------------------------
+
+    async def _open(self) -> SessionError | None:
+        owner = self.context.self_ref
+        loop = asyncio.get_running_loop()
+        timeout = max(0.0, self.admission_deadline - loop.time())
+        asks = [
+            p.ref.ask(
+                Prewarm(
+                    session=self.id,
+                    owner=owner,
+                    sources=p.sources,
+                    targets=p.targets,
+                    emit=p.emit,
+                    resumable=self.resumable,
+                    deadlines=self.deadlines,
+                ),
+                timeout=timeout,
+            )
+            for p in self.plan.values()
+        ]
+        results = await asyncio.gather(*asks, return_exceptions=True)
+        for stage, result in zip(self.plan, results, strict=True):
+            if isinstance(result, BaseException):
+                code: ErrorCode = "admission" if isinstance(result, TimeoutError) else "prewarm"
+                error = SessionError(
+                    session=self.id,
+                    code=code,
+                    message=f"prewarm of stage {stage} failed: {result}",
+                    stage=stage,
+                    error_type=type(result).__qualname__,
+                )
+                await self._end(error)
+                return error
+        return None
+
+    # -- outputs and reports ----------------------------------------------------------
+
+    def _output(self, chunk: Chunk) -> ChunkGapError | None:
+        sequence = self.sequences.get(chunk.source)
+        if sequence is None:
+            sequence = self.sequences[chunk.source] = ChunkSequence(f"{chunk.source} -> client")
+        try:
+            if not sequence.accept(chunk.seq):
+                return None
+        except ChunkGapError as exc:
+            return exc
+        now = asyncio.get_running_loop().time()
+        text = chunk.texts.get("text")
+        if text:
+            if self.first_text is None:
+                self.first_text = now
+            self.channel.put(TextDelta(session=self.id, text=text))
+        audio = chunk.tensors.get("audio")
+        if audio is not None and audio.numel():
+            if self.first_audio is None:
+                self.first_audio = now
+            self.last_audio = now
+            self.audio_samples += audio.numel()
+            self.channel.put(
+                AudioDelta(session=self.id, audio=audio, sample_rate=self.channel.sample_rate)
+            )
+        return None
+
+    async def _report(self, report: StageReport) -> None:
+        if report.end == "error":
+            code = _CODES.get(report.error_type.rpartition(":")[2], "engine_error")
+            await self._fail(code, report.error, report.stage, report.error_type)
+            return
+        self.reports[report.stage] = report.metrics
+        if len(self.reports) < len(self.plan):
+            return
+        metrics = self._metrics()
+        if report.end == "finished":
+            await self._end(Done(session=self.id, metrics=metrics), abort=False)
+            return
+        self.channel.put(SegmentDone(session=self.id, segment=self.segment, metrics=metrics))
+        self.segment += 1
+        self._reset_segment()
+
+    def _metrics(self) -> SessionMetrics:
+        now = asyncio.get_running_loop().time()
+        start = self.channel.starts.get(self.segment, now)
+        audio_s = self.audio_samples / self.channel.sample_rate
+
+        def since(t: float | None) -> float | None:
+            return None if t is None else (t - start) * 1e3
+
+        rtf = None
+        if audio_s > 0 and self.last_audio is not None:
+            rtf = (self.last_audio - start) / audio_s
+        return SessionMetrics(
+            ttft_ms=since(self.first_text),
+            ttfa_ms=since(self.first_audio),
+            e2e_ms=(now - start) * 1e3,
+            audio_s=audio_s,
+            rtf=rtf,
+            stages={name: self.reports[name] for name in self.plan if name in self.reports},
+        )
+
+    # -- ending -----------------------------------------------------------------------
+
+    async def _fail(self, code: ErrorCode, message: str, stage: str, error_type: str = "") -> None:
+        await self._end(
+            SessionError(
+                session=self.id, code=code, message=message, stage=stage, error_type=error_type
+            )
+        )
+
+    async def _end(self, event: Event, *, abort: bool = True, stop: bool = True) -> None:
+        """Emit the terminal event, free the session on every stage, stop this actor.
+
+        The caller may have ended the channel already (an abort ends the caller's stream
+        at once); the stages are freed all the same.
+        """
+        if self._ended:
+            return
+        self._ended = True
+        self.channel.end(event)
+        if abort:
+            reason = getattr(event, "reason", "") or getattr(event, "message", "")
+            asks = [
+                p.ref.ask(Abort(self.id, reason), timeout=_ABORT_TIMEOUT)
+                for p in self.plan.values()
+            ]
+            for stage, result in zip(
+                self.plan, await asyncio.gather(*asks, return_exceptions=True), strict=True
+            ):
+                if isinstance(result, BaseException):
+                    log.warning("session %s: abort on %s failed: %r", self.id, stage, result)
+        if stop:
+            self.context.stop_self()

@@ -1,0 +1,88 @@
+"""Fault injection on a pipeline's edges and stages, for actor-level tests.
+
+``PipelineFaults`` turns declared faults into the hooks ``OmniPipeline`` takes: an
+interposer actor on an edge that drops, duplicates, reorders or delays chunks by
+sequence number, and stage actors that crash after a number of messages. The chunks
+are real messages through real mailboxes; only their order and count change.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass, field
+from typing import Any
+
+from omni_actors._actor import Actor
+from omni_actors._ref import ActorRef
+from omni_actors.actors.stage import StageActor
+from omni_actors.protocols.stage import Chunk
+from omni_actors.testing.faults import crash_after
+
+__all__ = ["ChunkFaults", "FaultyEdge", "PipelineFaults"]
+
+
+@dataclass(frozen=True, slots=True)
+class ChunkFaults:
+    """What happens to the chunks of every session on one edge, by sequence number.
+
+    Attributes:
+        drop: never delivered (the receiver sees a gap).
+        duplicate: delivered twice (the receiver must drop the copy).
+        swap: held back and delivered after the next chunk (out of order).
+        delay_s: every chunk is delivered this much later (in order).
+    """
+
+    drop: frozenset[int] = frozenset()
+    duplicate: frozenset[int] = frozenset()
+    swap: frozenset[int] = frozenset()
+    delay_s: float = 0.0
+
+
+class FaultyEdge(Actor[Chunk]):
+    """Sits between two stages and applies :class:`ChunkFaults` to what passes."""
+
+    def __init__(self, target: ActorRef[Any], faults: ChunkFaults) -> None:
+        self.target = target
+        self.faults = faults
+        self.held: dict[str, Chunk] = {}
+
+    async def receive(self, message: Chunk) -> None:
+        """Forward ``message`` with the declared faults."""
+        faults = self.faults
+        if faults.delay_s:
+            await asyncio.sleep(faults.delay_s)
+        if message.seq in faults.drop:
+            return
+        if message.seq in faults.swap and not message.end:
+            self.held[message.session] = message
+            return
+        await self.target.tell(message)
+        if message.seq in faults.duplicate:
+            await self.target.tell(message)
+        held = self.held.pop(message.session, None)
+        if held is not None:
+            await self.target.tell(held)
+
+
+@dataclass(frozen=True, slots=True)
+class PipelineFaults:
+    """Faults to build a pipeline with: ``OmniPipeline(spec, **faults.hooks())``.
+
+    Attributes:
+        edges: per edge ``"from->to"`` (``"input-><entry stage>"`` for the caller's
+            input), the chunk faults.
+        crash_after: per stage, crash its actor on message ``n + 1`` (once); the
+            supervisor restarts it. Local stages only.
+    """
+
+    edges: dict[str, ChunkFaults] = field(default_factory=dict)
+    crash_after: dict[str, int] = field(default_factory=dict)
+
+    def hooks(self) -> dict[str, Any]:
+        """Keyword arguments for ``OmniPipeline``."""
+        return {
+            "stage_classes": {
+                stage: crash_after(StageActor, n) for stage, n in self.crash_after.items()
+            },
+            "interposers": {edge: (FaultyEdge, (faults,)) for edge, faults in self.edges.items()},
+        }

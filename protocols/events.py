@@ -1,0 +1,118 @@
+"""What a caller receives from a session: text and audio deltas, then a terminal event.
+
+Every session's event stream ends with exactly one terminal event — :class:`Done`,
+:class:`SessionError` or :class:`Aborted` — so a caller never waits on a stream that
+cannot end. A resumable session also yields :class:`SegmentDone` after each segment.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+import msgspec
+import torch
+
+from omni_actors.protocols.stage import StageMetrics
+
+__all__ = [
+    "Aborted",
+    "AudioDelta",
+    "Done",
+    "ErrorCode",
+    "Event",
+    "SegmentDone",
+    "SessionError",
+    "SessionMetrics",
+    "TextDelta",
+    "TERMINAL",
+]
+
+
+class SessionMetrics(msgspec.Struct, frozen=True, kw_only=True):
+    """Latency and throughput of one segment (or of the whole of a one-shot session).
+
+    Times are measured from the request (``generate``) or from the end of the segment's
+    input (resumable sessions) to the event reaching the session's owner.
+
+    Attributes:
+        ttft_ms: to the first text delta (None: no text).
+        ttfa_ms: to the first audio delta (None: no audio).
+        e2e_ms: to the end of the segment.
+        audio_s: seconds of audio produced.
+        rtf: real-time factor, wall time from the start to the last audio delta divided
+            by ``audio_s`` (below 1: faster than real time; None without audio).
+        stages: per-stage metrics (queue wait, compute, chunks and bytes per hop).
+    """
+
+    ttft_ms: float | None = None
+    ttfa_ms: float | None = None
+    e2e_ms: float = 0.0
+    audio_s: float = 0.0
+    rtf: float | None = None
+    stages: dict[str, StageMetrics] = {}
+
+
+class TextDelta(msgspec.Struct, tag="text_delta", frozen=True, kw_only=True):
+    """New text from the pipeline's text stage."""
+
+    session: str
+    text: str
+
+
+class AudioDelta(msgspec.Struct, tag="audio_delta", frozen=True, kw_only=True):
+    """New mono audio samples (float, ``sample_rate`` Hz) from the audio stage."""
+
+    session: str
+    audio: torch.Tensor
+    sample_rate: int
+
+
+class SegmentDone(msgspec.Struct, tag="segment_done", frozen=True, kw_only=True):
+    """Every stage has finished segment ``segment``; the session stays open."""
+
+    session: str
+    segment: int
+    metrics: SessionMetrics
+
+
+class Done(msgspec.Struct, tag="done", frozen=True, kw_only=True):
+    """Terminal: the session finished on every stage."""
+
+    session: str
+    metrics: SessionMetrics
+
+
+ErrorCode = Literal[
+    "timeout", "stage_failed", "engine_error", "chunk_gap", "admission", "prewarm", "internal"
+]
+
+
+class SessionError(msgspec.Struct, tag="error", frozen=True, kw_only=True):
+    """Terminal: the session failed; every stage has been told to free its state.
+
+    Attributes:
+        code: what kind of failure (``timeout`` for any expired deadline).
+        message: what happened and, where it helps, what to change.
+        stage: the stage where it happened ("" when not stage-specific).
+        error_type: the qualified exception type, for programs.
+    """
+
+    session: str
+    code: ErrorCode
+    message: str
+    stage: str = ""
+    error_type: str = ""
+
+
+class Aborted(msgspec.Struct, tag="aborted", frozen=True, kw_only=True):
+    """Terminal: the session was aborted (caller cancel, explicit abort, disconnect)."""
+
+    session: str
+    reason: str
+
+
+Event = TextDelta | AudioDelta | SegmentDone | Done | SessionError | Aborted
+"""Every event a session yields."""
+
+TERMINAL = (Done, SessionError, Aborted)
+"""The event types that end a session's stream."""

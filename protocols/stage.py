@@ -1,0 +1,134 @@
+"""The data plane: chunks that flow stage to stage, and what a stage reports per segment.
+
+A :class:`Chunk` carries named payload fields (``hidden``, ``token_ids``, ``codes``,
+``audio`` as tensors; ``text`` as a string) of one session, numbered per stream (one
+sender to one receiver) so the receiver drops duplicates and detects gaps. A chunk may
+also end a *segment* (the session stays open: resumable input) or the whole session.
+
+Every stage reports a :class:`StageReport` to the session's owner when a segment ends,
+whether it finished, failed or timed out, with the stage's :class:`StageMetrics`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Literal
+
+import msgspec
+import torch
+
+__all__ = [
+    "INPUT",
+    "Chunk",
+    "End",
+    "HopMetrics",
+    "ReportEnd",
+    "StageMetrics",
+    "StageReport",
+    "split_fields",
+]
+
+INPUT = "input"
+"""The ``source`` of chunks the caller sends into the entry stage."""
+
+End = Literal["", "segment", "finished"]
+"""How a chunk ends its stream: not at all, at a segment boundary, or for good."""
+
+ReportEnd = Literal["segment", "finished", "error"]
+"""How a stage's work on a session's segment ended."""
+
+
+class Chunk(msgspec.Struct, tag="chunk", frozen=True, kw_only=True):
+    """One piece of one session's stream from ``source`` to the receiving stage.
+
+    Attributes:
+        session: the session id.
+        source: the sending stage's name, or :data:`INPUT` for the caller.
+        seq: position in this stream, from 0; an end marker takes a number too.
+        tensors: tensor fields by name (time or tokens along dim 0).
+        texts: text fields by name.
+        context: leading rows of the windowed tensor that are left context only
+            (already delivered in an earlier chunk; see ``ChunkPolicy``).
+        end: ``segment`` or ``finished`` on the last chunk of a segment / session.
+        sent_at: ``time.monotonic()`` at the sender, for queue-wait metrics.
+    """
+
+    session: str
+    source: str
+    seq: int
+    tensors: dict[str, torch.Tensor] = {}
+    texts: dict[str, str] = {}
+    context: int = 0
+    end: End = ""
+    sent_at: float = 0.0
+
+    @property
+    def has_payload(self) -> bool:
+        """True if the chunk carries any field (an end marker may carry none)."""
+        return bool(self.tensors) or bool(self.texts)
+
+    def fields(self) -> dict[str, torch.Tensor | str]:
+        """Every payload field by name."""
+        fields: dict[str, torch.Tensor | str] = dict(self.tensors)
+        fields.update(self.texts)
+        return fields
+
+    @property
+    def nbytes(self) -> int:
+        """Payload bytes: tensor storage plus UTF-8 text."""
+        size = sum(t.numel() * t.element_size() for t in self.tensors.values())
+        return size + sum(len(s.encode()) for s in self.texts.values())
+
+
+def split_fields(
+    fields: Mapping[str, torch.Tensor | str],
+) -> tuple[dict[str, torch.Tensor], dict[str, str]]:
+    """Tensor fields and text fields of a payload, as :class:`Chunk` stores them."""
+    tensors = {k: v for k, v in fields.items() if isinstance(v, torch.Tensor)}
+    texts = {k: v for k, v in fields.items() if isinstance(v, str)}
+    return tensors, texts
+
+
+class HopMetrics(msgspec.Struct, frozen=True, kw_only=True):
+    """What one stage sent to one receiver (a stage, or the caller) for a session."""
+
+    chunks: int = 0
+    bytes: int = 0
+
+
+class StageMetrics(msgspec.Struct, frozen=True, kw_only=True):
+    """One stage's share of one session's segment.
+
+    Attributes:
+        queue_wait_ms: summed time input chunks spent between their sender and the
+            engine taking them (mailbox and session queue).
+        compute_ms: time the engine spent producing outputs, excluding time it waited
+            for input.
+        chunks_in: input chunks accepted (duplicates excluded).
+        duplicates: duplicate input chunks dropped.
+        outputs: outputs the engine produced.
+        hops: per receiver (a stage name, or ``client``): chunks and bytes sent.
+    """
+
+    queue_wait_ms: float = 0.0
+    compute_ms: float = 0.0
+    chunks_in: int = 0
+    duplicates: int = 0
+    outputs: int = 0
+    hops: dict[str, HopMetrics] = {}
+
+
+class StageReport(msgspec.Struct, tag="stage-report", frozen=True, kw_only=True):
+    """A stage's segment of a session has ended (``end``), with its metrics.
+
+    Sent to the session's owner after every output chunk of that segment, so the owner
+    knows the stage's output is complete. ``error_type``/``error`` describe a failure.
+    """
+
+    session: str
+    stage: str
+    segment: int
+    end: ReportEnd
+    metrics: StageMetrics
+    error_type: str = ""
+    error: str = ""
