@@ -29,7 +29,13 @@ from omni_actors._system import ActorSystem
 from omni_actors.actors.messages import Inspect, StageState
 from omni_actors.actors.stage import StageActor
 from omni_actors.errors import OmniError
-from omni_actors.orchestrator import ListSessions, ListStages, Orchestrator, StartSession
+from omni_actors.orchestrator import (
+    ListSessions,
+    ListStages,
+    Orchestrator,
+    StartSession,
+    pipeline_strategy,
+)
 from omni_actors.pipeline import PipelineSpec, load_pipeline
 from omni_actors.protocols.events import TERMINAL, Aborted, Event, SegmentDone, SessionError
 from omni_actors.protocols.stage import INPUT, Chunk, End, split_fields
@@ -103,6 +109,7 @@ class OmniPipeline:
                 self._stage_classes,
                 self._interposers,
                 name=f"{self.spec.name}-{next(_names)}",
+                strategy=pipeline_strategy(self.spec),
             )
         except BaseException:
             if self._own_system:
@@ -263,7 +270,11 @@ class Session:
             error: SessionError | None = await reply.session.ask(
                 OpenSession(), timeout=max(0.001, admission_deadline - loop.time()) + _GRACE_S
             )
-        except TimeoutError:
+        except (OmniError, TimeoutError) as exc:
+            if not isinstance(exc, TimeoutError):  # the pipeline itself has stopped
+                return self._closed(
+                    SessionError(session=self.id, code="internal", message=str(exc))
+                )
             return self._closed(
                 SessionError(
                     session=self.id,

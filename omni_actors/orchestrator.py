@@ -77,7 +77,7 @@ class ListSessions:
 
 @dataclass(frozen=True, slots=True)
 class ListStages:
-    """Reply: every stage's ref by name."""
+    """Reply: every stage actor's ref by actor name (replicas are ``<stage>-<i>``)."""
 
 
 def pipeline_strategy(spec: PipelineSpec) -> SupervisorStrategy:
@@ -119,7 +119,11 @@ class Orchestrator(Actor[StartSession | ListSessions | ListStages | Terminated |
         self.spec = spec
         self.stage_classes = stage_classes or {}
         self.interposers = interposers or {}
-        self.stages: dict[str, ActorRef[Any]] = {}
+        # Replica actors by stage; a replica's actor name is the stage name, suffixed
+        # with its index when the stage has several.
+        self.replicas: dict[str, list[str]] = {}
+        self.stages: dict[str, ActorRef[Any]] = {}  # by actor name
+        self.load: dict[str, int] = {}  # live sessions by actor name
         self.edge_refs: dict[tuple[str, str], ActorRef[Any]] = {}
         self.sessions: dict[str, tuple[ActorRef[Any], list[str]]] = {}
         self.by_ref: dict[ActorRef[Any], str] = {}
@@ -132,24 +136,32 @@ class Orchestrator(Actor[StartSession | ListSessions | ListStages | Terminated |
         )
 
     async def on_start(self) -> None:
-        """Spawn every stage (entry first), then the harness's interposers if any."""
+        """Spawn every stage's replicas (entry first), then the harness's interposers."""
         ctx = self.context
         for name in self.spec.stages_order():
             stage = self.spec.stage(name)
             cls = self.stage_classes.get(name, StageActor)
-            self.stages[name] = await ctx.spawn(
-                cls,
-                name,
-                stage.engine.kind,
-                dict(stage.engine.args),
-                name=name,
-                restart=stage.supervision.restart,
-                process=stage.process,
+            names = (
+                [name] if stage.replicas == 1 else [f"{name}-{i}" for i in range(stage.replicas)]
             )
+            self.replicas[name] = names
+            for actor in names:
+                self.stages[actor] = await ctx.spawn(
+                    cls,
+                    name,
+                    stage.engine.kind,
+                    dict(stage.engine.args),
+                    name=actor,
+                    restart=stage.supervision.restart,
+                    process=stage.process,
+                )
+                self.load[actor] = 0
         edges = [(e.source, e.to) for e in self.spec.edges]
         for source, to in [(INPUT, self.spec.entry_stage), *edges]:
             key = f"{source}->{to}"
             if key in self.interposers:
+                if len(self.replicas[to]) > 1:
+                    raise ValueError(f"edge faults on {key} need a single replica of {to}")
                 cls_, args = self.interposers[key]
                 self.edge_refs[(source, to)] = await ctx.spawn(
                     cls_, self.stages[to], *args, name=f"edge-{source}-{to}"
@@ -173,7 +185,9 @@ class Orchestrator(Actor[StartSession | ListSessions | ListStages | Terminated |
             case Terminated(ref=ref):
                 ended = self.by_ref.pop(ref, None)
                 if ended is not None:
-                    del self.sessions[ended]
+                    _, path = self.sessions.pop(ended)
+                    for actor in path:
+                        self.load[actor] -= 1
             case ChildFailed(ref=ref, reason=reason):
                 await self._stage_failed(ref, reason)
         return None
@@ -182,7 +196,9 @@ class Orchestrator(Actor[StartSession | ListSessions | ListStages | Terminated |
         if request.session in self.sessions:
             return SessionExistsError(f"session id {request.session!r} is already in use")
         path = self.spec.stages_for(text=request.text, audio=request.audio)
-        plan = self._plan(path, text=request.text, audio=request.audio)
+        # Each stage's least loaded replica serves the session for its whole life.
+        chosen = {name: min(self.replicas[name], key=self.load.__getitem__) for name in path}
+        plan = self._plan(chosen, text=request.text, audio=request.audio)
         ref = await self.context.spawn(
             SessionActor,
             request.session,
@@ -194,21 +210,27 @@ class Orchestrator(Actor[StartSession | ListSessions | ListStages | Terminated |
             name=f"session-{request.session}",
         )
         self.context.watch(ref)
-        self.sessions[request.session] = (ref, path)
+        actors = list(chosen.values())
+        for actor in actors:
+            self.load[actor] += 1
+        self.sessions[request.session] = (ref, actors)
         self.by_ref[ref] = request.session
         entry = self.spec.entry_stage
-        return Admitted(ref, self.edge_refs.get((INPUT, entry), self.stages[entry]))
+        return Admitted(ref, self._ref(INPUT, entry, chosen[entry]))
 
-    def _plan(self, path: list[str], *, text: bool, audio: bool) -> dict[str, StagePlan]:
+    def _ref(self, source: str, stage: str, actor: str) -> ActorRef[Any]:
+        """Where ``source`` sends to ``stage``: its replica, or the harness's interposer."""
+        return self.edge_refs.get((source, stage), self.stages[actor])
+
+    def _plan(self, chosen: dict[str, str], *, text: bool, audio: bool) -> dict[str, StagePlan]:
         spec = self.spec
-        on_path = set(path)
         plan: dict[str, StagePlan] = {}
-        for name in path:
-            sources = tuple(e.source for e in spec.edges if e.to == name and e.source in on_path)
+        for name, actor in chosen.items():
+            sources = tuple(e.source for e in spec.edges if e.to == name and e.source in chosen)
             targets = tuple(
                 Target(
                     stage=e.to,
-                    ref=self.edge_refs.get((e.source, e.to), self.stages[e.to]),
+                    ref=self._ref(name, e.to, chosen[e.to]),
                     mode=e.mode,
                     fields=e.fields,
                     window=(
@@ -223,20 +245,20 @@ class Orchestrator(Actor[StartSession | ListSessions | ListStages | Terminated |
                     accumulate=dict(spec.stage(e.to).accumulate),
                 )
                 for e in spec.edges
-                if e.source == name and e.to in on_path
+                if e.source == name and e.to in chosen
             )
             emit = tuple(
                 kind
                 for kind, wanted in (("text", text), ("audio", audio))
                 if wanted and getattr(spec.outputs, kind) == name
             )
-            plan[name] = StagePlan(self.stages[name], sources or (INPUT,), targets, emit)
+            plan[name] = StagePlan(self.stages[actor], sources or (INPUT,), targets, emit)
         return plan
 
     async def _stage_failed(self, ref: ActorRef[Any], reason: BaseException) -> None:
         stage = next((name for name, r in self.stages.items() if r == ref), None)
         if stage is None:
-            return
+            return  # a session actor: its on_stop ends its session
         hit = [sref for sref, path in self.sessions.values() if stage in path]
         log.warning("stage %s failed (%r); failing %d session(s) on it", stage, reason, len(hit))
         failed = StageFailed(stage, f"{type(reason).__name__}: {reason}")

@@ -207,3 +207,31 @@ async def test_bad_modalities_are_a_usage_error() -> None:
     async with OmniPipeline(make_spec()) as omni:
         with pytest.raises(ValueError, match="modalities"):
             omni.session(modalities=("video",))  # type: ignore[arg-type]
+
+
+async def test_replicas_share_sessions_and_each_serves_whole_sessions() -> None:
+    spec = make_spec()
+    stages = tuple(
+        s.model_copy(update={"replicas": 2}) if s.name == "talker" else s for s in spec.stages
+    )
+    async with OmniPipeline(spec.model_copy(update={"stages": stages})) as omni:
+        assert sorted(await omni.stages()) == ["code2wav", "talker-0", "talker-1", "thinker"]
+        async with omni.session() as a, omni.session() as b:
+            live = await omni.live_sessions()
+            assert sorted(live["talker-0"] + live["talker-1"]) == sorted([a.id, b.id])
+            assert live["talker-0"] and live["talker-1"]  # least loaded replica first
+            for session in (a, b):
+                await session.send(text="x")
+                await session.finish()
+            for session in (a, b):
+                assert samples_of([e async for e in session]) == 16 * 240
+        await assert_nothing_held(omni)
+
+
+async def test_a_stopped_pipeline_answers_new_sessions_with_an_error() -> None:
+    omni = OmniPipeline(make_spec())
+    async with omni:
+        orchestrator = omni.orchestrator
+        await orchestrator._cell.system.stop(orchestrator)
+        events = await collect(omni.generate(text="x"))
+    assert events[-1].code == "internal"  # type: ignore[union-attr]
