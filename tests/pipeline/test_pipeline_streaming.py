@@ -219,7 +219,8 @@ async def test_replicas_share_sessions_and_each_serves_whole_sessions() -> None:
         async with omni.session() as a, omni.session() as b:
             live = await omni.live_sessions()
             assert sorted(live["talker-0"] + live["talker-1"]) == sorted([a.id, b.id])
-            assert live["talker-0"] and live["talker-1"]  # least loaded replica first
+            assert live["talker-0"], "the least loaded replica takes the next session"
+            assert live["talker-1"], "the least loaded replica takes the next session"
             for session in (a, b):
                 await session.send(text="x")
                 await session.finish()
