@@ -10,7 +10,7 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 from omni_actors.testing.clock import VirtualClock
-from omni_actors.testing.faults import InjectedFault, crash_after
+from omni_actors.testing.faults import InjectedFault, crash_after, kill_worker, worker_pid
 from omni_actors.testing.kit import ActorTestKit
 from omni_actors.testing.probe import TestProbe
 
@@ -36,4 +36,6 @@ __all__ = [
     "TestProbe",
     "VirtualClock",
     "crash_after",
+    "kill_worker",
+    "worker_pid",
 ]

@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import os
+import signal
 from typing import Any, TypeVar
 
 from omni_actors._actor import Actor
+from omni_actors._ref import ActorRef
 
-__all__ = ["InjectedFault", "crash_after"]
+__all__ = ["InjectedFault", "crash_after", "kill_worker", "worker_pid"]
 
 A = TypeVar("A", bound=Actor[Any])
 
@@ -46,3 +49,29 @@ def crash_after(
 
     Faulty.__name__ = Faulty.__qualname__ = f"Faulty{actor_cls.__name__}"
     return Faulty
+
+
+def worker_pid(ref: ActorRef[Any]) -> int:
+    """The pid of the worker process hosting ``ref`` (spawned with ``process=True``).
+
+    Raises:
+        ValueError: ``ref`` is a local actor, or its worker is not running right now.
+    """
+    from omni_actors.transport.workers import ProcessHost
+
+    host = ref._cell.instance
+    if not isinstance(host, ProcessHost):
+        raise ValueError(f"{ref.path} is not a process actor (spawn it with process=True)")
+    if host.worker is None:
+        raise ValueError(f"{ref.path} has no running worker (it is restarting or stopped)")
+    return host.worker.proc.pid
+
+
+def kill_worker(ref: ActorRef[Any], sig: int = signal.SIGKILL) -> int:
+    """Kill the worker process hosting ``ref`` (default: SIGKILL, nothing runs in it).
+
+    Its supervisor sees the actor fail with ``WorkerDiedError``. Returns the pid killed.
+    """
+    pid = worker_pid(ref)
+    os.kill(pid, sig)
+    return pid

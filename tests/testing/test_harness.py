@@ -315,3 +315,14 @@ def test_fixtures_come_from_the_installed_plugin(pytester: pytest.Pytester) -> N
     )
     result = pytester.runpytest_inprocess("-p", "no:cacheprovider")
     result.assert_outcomes(passed=2)
+
+
+async def test_worker_pid_refuses_a_local_actor() -> None:
+    from omni_actors.testing import kill_worker, worker_pid
+
+    async with ActorTestKit() as kit:
+        ref = await kit.spawn(Echo, name="local")
+        with pytest.raises(ValueError, match="not a process actor"):
+            worker_pid(ref)
+        with pytest.raises(ValueError, match="not a process actor"):
+            kill_worker(ref)
