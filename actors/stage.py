@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections import OrderedDict
 from typing import Any
 
 from omni_actors._actor import Actor
@@ -26,6 +27,7 @@ __all__ = ["StageActor"]
 log = logging.getLogger(__name__)
 
 _CLOSE_TIMEOUT = 2.0
+_ABORTED_MEMORY = 4096  # aborted session ids remembered, to refuse a late prewarm
 
 
 class StageActor(Actor[Prewarm | Chunk | Abort | Inspect]):
@@ -46,6 +48,7 @@ class StageActor(Actor[Prewarm | Chunk | Abort | Inspect]):
         self.args = args
         self.engine: Engine | None = None
         self.sessions: dict[str, StageSession] = {}
+        self.aborted: OrderedDict[str, None] = OrderedDict()
 
     async def on_start(self) -> None:
         """Build and start the engine (a failure here fails the spawn, with its reason)."""
@@ -80,6 +83,10 @@ class StageActor(Actor[Prewarm | Chunk | Abort | Inspect]):
             case Prewarm():
                 return self._prewarm(message)
             case Abort(session=session_id):
+                # An abort overtakes queued messages, possibly the session's own prewarm.
+                self.aborted[session_id] = None
+                if len(self.aborted) > _ABORTED_MEMORY:
+                    self.aborted.popitem(last=False)
                 session = self.sessions.pop(session_id, None)
                 if session is not None:
                     await session.close(_CLOSE_TIMEOUT)
@@ -89,8 +96,10 @@ class StageActor(Actor[Prewarm | Chunk | Abort | Inspect]):
         raise AssertionError(f"unhandled {message!r}")  # pragma: no cover - typed union
 
     def _prewarm(self, message: Prewarm) -> bool:
-        if message.session in self.sessions:
-            raise ValueError(f"stage {self.name}: session {message.session} is already open")
+        if message.session in self.aborted or message.session in self.sessions:
+            # Aborted before it arrived, or a duplicate: allocate nothing. Refused, not
+            # raised: a bad request must not crash the stage and its other sessions.
+            return False
         assert self.engine is not None
         self.sessions[message.session] = StageSession(
             self.name, self.engine, message, self._session_ended

@@ -175,8 +175,6 @@ class StageSession:
                         break
                     segment += 1
                     start = loop.time()
-        except ActorStoppedError as exc:
-            log.debug("session %s on %s ends: %s", self.id, self.stage, exc)
         except Exception as exc:
             error = exc
             if total.expired():

@@ -206,6 +206,8 @@ class SessionActor(Actor[OpenSession | Chunk | StageReport | AbortSession | Stag
         ]
         results = await asyncio.gather(*asks, return_exceptions=True)
         for stage, result in zip(self.plan, results, strict=True):
+            if result is False:
+                result = RuntimeError("the stage refused it (session aborted or already open)")
             if isinstance(result, BaseException):
                 code: ErrorCode = "admission" if isinstance(result, TimeoutError) else "prewarm"
                 error = SessionError(

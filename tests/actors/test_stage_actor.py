@@ -1,0 +1,114 @@
+"""``StageActor`` on its own, driven through a ``TestProbe`` as the session's owner."""
+
+from __future__ import annotations
+
+import torch
+
+from omni_actors.actors.messages import Abort, Deadlines, Inspect, Prewarm, StageState, Target
+from omni_actors.actors.stage import StageActor
+from omni_actors.protocols.stage import INPUT, Chunk, StageReport
+from omni_actors.testing import ActorTestKit, TestProbe
+
+DEADLINES = Deadlines(first_chunk_s=5, inter_chunk_s=5, idle_s=5, total_s=10)
+TALKER = {"outputs_per_input": 2, "fields": ["codes"]}
+
+
+def prewarm(owner: TestProbe, session: str = "s", **kw: object) -> Prewarm:
+    return Prewarm(
+        session=session,
+        owner=owner.ref,
+        sources=(INPUT,),
+        deadlines=DEADLINES,
+        **kw,  # type: ignore[arg-type]
+    )
+
+
+def chunk(seq: int, rows: int = 1, end: str = "", source: str = INPUT) -> Chunk:
+    return Chunk(
+        session="s",
+        source=source,
+        seq=seq,
+        tensors={"hidden": torch.zeros(rows, 4)} if rows else {},
+        end=end,  # type: ignore[arg-type]
+    )
+
+
+async def test_outputs_stream_to_the_owner_then_a_report() -> None:
+    async with ActorTestKit() as kit:
+        owner = await kit.create_probe()
+        stage = await kit.spawn(
+            StageActor, "talker", "scripted", {**TALKER, "fields": ["codes", "text"]}
+        )
+        assert await stage.ask(prewarm(owner, emit=("text",))) is True
+        await stage.tell(chunk(0, rows=2))
+        await stage.tell(chunk(1, rows=0, end="finished"))
+        texts = [await owner.expect_message(Chunk) for _ in range(4)]
+        assert [c.texts["text"] for c in texts] == ["t0 ", "t1 ", "t2 ", "t3 "]
+        assert [c.seq for c in texts] == [0, 1, 2, 3]
+        report = await owner.expect_message(StageReport)
+        assert report.end == "finished"
+        assert report.metrics.outputs == 4
+        assert report.metrics.chunks_in == 2
+        assert await stage.ask(Inspect()) == StageState(stage="talker", sessions=[])
+
+
+async def test_a_windowed_target_gets_frames_with_left_context() -> None:
+    async with ActorTestKit() as kit:
+        owner, down = await kit.create_probe(), await kit.create_probe()
+        stage = await kit.spawn(StageActor, "talker", "scripted", TALKER)
+        target = Target(
+            stage="code2wav", ref=down.ref, mode="stream", fields=("codes",), window=(2, 3, 1)
+        )
+        await stage.ask(prewarm(owner, targets=(target,)))
+        await stage.tell(chunk(0, rows=3, end="finished"))  # 6 frames: 2 + 3 + 1
+        got = [await down.expect_message(Chunk) for _ in range(3)]
+        assert [c.tensors["codes"].shape[0] for c in got] == [2, 4, 2]
+        assert [c.context for c in got] == [0, 1, 1]
+        assert [c.end for c in got] == ["", "", "finished"]
+        assert (await owner.expect_message(StageReport)).end == "finished"
+
+
+async def test_an_aborted_session_is_never_allocated_by_a_late_prewarm() -> None:
+    async with ActorTestKit() as kit:
+        owner = await kit.create_probe()
+        stage = await kit.spawn(StageActor, "talker", "scripted", TALKER)
+        assert await stage.ask(Abort("s", "cancelled")) is True
+        assert await stage.ask(prewarm(owner)) is False
+        assert await stage.ask(Inspect()) == StageState(stage="talker", sessions=[])
+
+
+async def test_a_duplicate_prewarm_is_refused_without_crashing_the_stage() -> None:
+    async with ActorTestKit() as kit:
+        owner = await kit.create_probe()
+        stage = await kit.spawn(StageActor, "talker", "scripted", TALKER)
+        assert await stage.ask(prewarm(owner)) is True
+        assert await stage.ask(prewarm(owner)) is False
+        assert stage.is_alive
+        assert (await stage.ask(Inspect())).sessions == ["s"]
+        await stage.ask(Abort("s"))
+        assert (await stage.ask(Inspect())).sessions == []
+
+
+async def test_a_chunk_from_a_stream_off_the_path_fails_the_session() -> None:
+    async with ActorTestKit() as kit:
+        owner = await kit.create_probe()
+        stage = await kit.spawn(StageActor, "talker", "scripted", TALKER)
+        await stage.ask(prewarm(owner))
+        await stage.tell(chunk(0, source="intruder"))
+        report = await owner.expect_message(StageReport)
+        assert report.end == "error"
+        assert "intruder" in report.error
+        assert "ProtocolError" in report.error_type
+        assert (await stage.ask(Inspect())).sessions == []
+
+
+async def test_an_unknown_engine_kind_fails_the_spawn_with_a_clear_error() -> None:
+    import pytest
+
+    from omni_actors.actors.engines import EngineUnavailableError
+
+    async with ActorTestKit() as kit:
+        with pytest.raises(EngineUnavailableError, match="not available"):
+            await kit.spawn(StageActor, "thinker", "vllm", {})
+        with pytest.raises(EngineUnavailableError, match="no_such_arg"):
+            await kit.spawn(StageActor, "thinker", "scripted", {"no_such_arg": 1})
