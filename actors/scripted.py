@@ -65,7 +65,7 @@ class ScriptedEngine:
     codebooks: int = 4
     audio_samples: int = 1920  # one 12.5 Hz codec frame of 24 kHz audio
     fail_after: int | None = None
-    _aborted: dict[str, asyncio.Event] = field(default_factory=dict, init=False, repr=False)
+    _sessions: dict[str, _Pacer] = field(default_factory=dict, init=False, repr=False)
     started: bool = field(default=False, init=False)
 
     def __post_init__(self) -> None:
@@ -83,7 +83,7 @@ class ScriptedEngine:
     @property
     def active_sessions(self) -> set[str]:
         """Sessions with a running ``generate``."""
-        return set(self._aborted)
+        return set(self._sessions)
 
     async def start(self) -> None:
         """Nothing to load."""
@@ -91,8 +91,8 @@ class ScriptedEngine:
 
     async def stop(self) -> None:
         """Abort whatever is still running."""
-        for event in self._aborted.values():
-            event.set()
+        for pacer in self._sessions.values():
+            pacer.abort()
         self.started = False
 
     async def release(self, session: str) -> None:
@@ -100,59 +100,101 @@ class ScriptedEngine:
 
     async def abort(self, session: str) -> None:
         """End ``session``'s ``generate`` at its next step."""
-        event = self._aborted.get(session)
-        if event is not None:
-            event.set()
+        pacer = self._sessions.get(session)
+        if pacer is not None:
+            pacer.abort()
 
     def output(self, k: int) -> dict[str, torch.Tensor | str]:
         """Output number ``k`` of any session (deterministic)."""
-        made: dict[str, torch.Tensor | str] = {
-            "token_ids": torch.tensor([k]),
-            "hidden": torch.full((1, self.hidden_dim), float(k)),
-            "codes": torch.full((1, self.codebooks), k % 2048),
-            "text": f"t{k} ",
-            "audio": torch.full((self.audio_samples,), k / 1000),
-        }
-        return {name: made[name] for name in self.fields}
+        made: dict[str, torch.Tensor | str] = {}
+        for name in self.fields:
+            if name == "token_ids":
+                made[name] = torch.tensor([k])
+            elif name == "hidden":
+                made[name] = torch.full((1, self.hidden_dim), float(k))
+            elif name == "codes":
+                made[name] = torch.full((1, self.codebooks), k % 2048)
+            elif name == "text":
+                made[name] = f"t{k} "
+            else:
+                made[name] = torch.full((self.audio_samples,), k / 1000)
+        return made
 
     async def generate(self, session: str, inputs: AsyncIterator[Fields]) -> AsyncIterator[Fields]:
         """See the class docstring."""
-        if session in self._aborted:
+        if session in self._sessions:
             raise ValueError(f"session {session!r} is already generating")
-        aborted = self._aborted[session] = asyncio.Event()
+        pacer = self._sessions[session] = _Pacer()
         produced = 0
         try:
             if self.outputs_per_input is None:
                 async for _ in inputs:
-                    if aborted.is_set():
+                    if pacer.aborted:
                         return
+                pacer.input_taken()
                 for _ in range(self.outputs):
-                    if await self._wait(produced, aborted):
+                    if await self._next(pacer, produced):
                         return
                     yield self.output(produced)
                     produced += 1
             else:
                 async for item in inputs:
+                    pacer.input_taken()
                     for _ in range(self.outputs_per_input * input_rows(item)):
-                        if await self._wait(produced, aborted):
+                        if await self._next(pacer, produced):
                             return
                         yield self.output(produced)
                         produced += 1
         finally:
-            del self._aborted[session]
+            del self._sessions[session]
 
-    async def _wait(self, produced: int, aborted: asyncio.Event) -> bool:
-        """Sleep the declared latency; True if the session was aborted meanwhile."""
+    async def _next(self, pacer: _Pacer, produced: int) -> bool:
+        """Wait until output ``produced`` is due; True if the session was aborted."""
         if self.fail_after is not None and produced >= self.fail_after:
             raise ScriptedEngineError(f"scripted failure after {produced} outputs")
-        delay = self.first_output_s if produced == 0 else self.per_output_s
-        if aborted.is_set():
+        return await pacer.wait(self.first_output_s if produced == 0 else self.per_output_s)
+
+
+class _Pacer:
+    """One session's schedule: each output is due ``delay`` after the previous one was
+    due, or after the input it answers was taken if that came later.
+
+    Due times are absolute, so a late wake-up does not push every later output back:
+    the engine keeps exactly the timing its declaration promises (what the benchmark's
+    ideal latency assumes), and abort wakes it at once.
+    """
+
+    __slots__ = ("_due", "_waiter", "aborted")
+
+    def __init__(self) -> None:
+        self._due = 0.0
+        self._waiter: asyncio.Future[None] | None = None
+        self.aborted = False
+
+    def input_taken(self) -> None:
+        self._due = max(self._due, asyncio.get_running_loop().time())
+
+    async def wait(self, delay: float) -> bool:
+        if self.aborted:
             return True
-        if delay > 0:
+        loop = asyncio.get_running_loop()
+        self._due += delay
+        if self._due > loop.time():
+            waiter = self._waiter = loop.create_future()
+            timer = loop.call_at(self._due, _resolve, waiter)
             try:
-                async with asyncio.timeout(delay):
-                    await aborted.wait()
-            except TimeoutError:
-                return False
-            return True
-        return False
+                await waiter
+            finally:
+                timer.cancel()
+                self._waiter = None
+        return self.aborted
+
+    def abort(self) -> None:
+        self.aborted = True
+        if self._waiter is not None:
+            _resolve(self._waiter)
+
+
+def _resolve(waiter: asyncio.Future[None]) -> None:
+    if not waiter.done():
+        waiter.set_result(None)

@@ -218,6 +218,7 @@ class Session:
         self.resumable = resumable
         self.channel = SessionChannel(sample_rate=pipeline.spec.outputs.sample_rate)
         self._ref: ActorRef[Any] | None = None
+        self._key = ""  # the session's key on the stages (the id plus an admission count)
         self._entry: ActorRef[Any] | None = None
         self._seq = 0
         self._segment = 0
@@ -244,7 +245,8 @@ class Session:
         """Admission and prewarm, within ``deadlines.admission_s``; an error is returned."""
         spec = self.pipeline.spec
         loop = asyncio.get_running_loop()
-        self.channel.starts[0] = start = loop.time()
+        self.channel.starts[0] = time.monotonic()
+        start = loop.time()
         admission_deadline = start + spec.deadlines.admission_s
         self._deadline = start + spec.deadlines.total_s + _GRACE_S
         try:
@@ -266,7 +268,7 @@ class Session:
                 return self._closed(
                     SessionError(session=self.id, code="admission", message=str(reply))
                 )
-            self._ref, self._entry = reply.session, reply.entry
+            self._ref, self._entry, self._key = reply.session, reply.entry, reply.key
             error: SessionError | None = await reply.session.ask(
                 OpenSession(), timeout=max(0.001, admission_deadline - loop.time()) + _GRACE_S
             )
@@ -318,9 +320,9 @@ class Session:
         if end and (self.resumable or self._segment > 0):
             # A segment's latency counts from the end of its input; a one-shot request's
             # from the call (admission and prewarm included).
-            self.channel.starts[self._segment] = asyncio.get_running_loop().time()
+            self.channel.starts[self._segment] = time.monotonic()
         chunk = Chunk(
-            session=self.id,
+            session=self._key,
             source=INPUT,
             seq=self._seq,
             tensors=tensors,

@@ -9,6 +9,7 @@ the output stages straight to each session's actor.
 from __future__ import annotations
 
 import asyncio
+import itertools
 import logging
 from dataclasses import dataclass
 from typing import Any
@@ -68,6 +69,7 @@ class Admitted:
 
     session: ActorRef[Any]
     entry: ActorRef[Any]
+    key: str
 
 
 @dataclass(frozen=True, slots=True)
@@ -127,6 +129,7 @@ class Orchestrator(Actor[StartSession | ListSessions | ListStages | Terminated |
         self.edge_refs: dict[tuple[str, str], ActorRef[Any]] = {}
         self.sessions: dict[str, tuple[ActorRef[Any], list[str]]] = {}
         self.by_ref: dict[ActorRef[Any], str] = {}
+        self._keys = itertools.count(1)
         deadlines = spec.deadlines
         self.deadlines = Deadlines(
             first_chunk_s=deadlines.first_chunk_s,
@@ -199,15 +202,18 @@ class Orchestrator(Actor[StartSession | ListSessions | ListStages | Terminated |
         # Each stage's least loaded replica serves the session for its whole life.
         chosen = {name: min(self.replicas[name], key=self.load.__getitem__) for name in path}
         plan = self._plan(chosen, text=request.text, audio=request.audio)
+        n = next(self._keys)
+        key = f"{request.session}#{n}"
         ref = await self.context.spawn(
             SessionActor,
             request.session,
+            key,
             plan,
             self.deadlines,
             request.resumable,
             request.admission_deadline,
             request.channel,
-            name=f"session-{request.session}",
+            name=f"session-{n}",
         )
         self.context.watch(ref)
         actors = list(chosen.values())
@@ -216,7 +222,7 @@ class Orchestrator(Actor[StartSession | ListSessions | ListStages | Terminated |
         self.sessions[request.session] = (ref, actors)
         self.by_ref[ref] = request.session
         entry = self.spec.entry_stage
-        return Admitted(ref, self._ref(INPUT, entry, chosen[entry]))
+        return Admitted(ref, self._ref(INPUT, entry, chosen[entry]), key)
 
     def _ref(self, source: str, stage: str, actor: str) -> ActorRef[Any]:
         """Where ``source`` sends to ``stage``: its replica, or the harness's interposer."""

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -79,7 +80,8 @@ class StagePlan:
 
 @dataclass(slots=True)
 class SessionChannel:
-    """Where a session's events go, and when each segment started (loop time).
+    """Where a session's events go, and when each segment started (``time.monotonic``,
+    finer than the loop's clock, which may tick in milliseconds).
 
     Shared between the caller's handle and the session actor, in one process.
     """
@@ -113,7 +115,9 @@ class SessionActor(Actor[OpenSession | Chunk | StageReport | AbortSession | Stag
     """See the module docstring.
 
     Args:
-        session: the session id.
+        session: the session id the caller knows (in every event).
+        key: the session's key on the stages, unique for the pipeline's life, so a
+            caller may reuse an id without meeting the state of its earlier session.
         plan: the stages on the path, in topological order, with their prewarm plans.
         deadlines: the session's deadlines, passed to every stage.
         resumable: the caller sends input in segments.
@@ -126,6 +130,7 @@ class SessionActor(Actor[OpenSession | Chunk | StageReport | AbortSession | Stag
     def __init__(
         self,
         session: str,
+        key: str,
         plan: dict[str, StagePlan],
         deadlines: Deadlines,
         resumable: bool,
@@ -133,6 +138,7 @@ class SessionActor(Actor[OpenSession | Chunk | StageReport | AbortSession | Stag
         channel: SessionChannel,
     ) -> None:
         self.id = session
+        self.key = key
         self.plan = plan
         self.deadlines = deadlines
         self.resumable = resumable
@@ -192,7 +198,7 @@ class SessionActor(Actor[OpenSession | Chunk | StageReport | AbortSession | Stag
         asks = [
             p.ref.ask(
                 Prewarm(
-                    session=self.id,
+                    session=self.key,
                     owner=owner,
                     sources=p.sources,
                     targets=p.targets,
@@ -232,7 +238,7 @@ class SessionActor(Actor[OpenSession | Chunk | StageReport | AbortSession | Stag
                 return None
         except ChunkGapError as exc:
             return exc
-        now = asyncio.get_running_loop().time()
+        now = time.monotonic()
         text = chunk.texts.get("text")
         if text:
             if self.first_text is None:
@@ -266,7 +272,7 @@ class SessionActor(Actor[OpenSession | Chunk | StageReport | AbortSession | Stag
         self._reset_segment()
 
     def _metrics(self) -> SessionMetrics:
-        now = asyncio.get_running_loop().time()
+        now = time.monotonic()
         start = self.channel.starts.get(self.segment, now)
         audio_s = self.audio_samples / self.channel.sample_rate
 
@@ -307,7 +313,7 @@ class SessionActor(Actor[OpenSession | Chunk | StageReport | AbortSession | Stag
         if abort:
             reason = getattr(event, "reason", "") or getattr(event, "message", "")
             asks = [
-                p.ref.ask(Abort(self.id, reason), timeout=_ABORT_TIMEOUT)
+                p.ref.ask(Abort(self.key, reason), timeout=_ABORT_TIMEOUT)
                 for p in self.plan.values()
             ]
             for stage, result in zip(

@@ -74,7 +74,8 @@ async def test_every_stage_is_prewarmed_before_any_input() -> None:
             assert PREWARMS == {"thinker": 1, "talker": 1, "code2wav": 1}
             assert CHUNKS == {}
             held = await omni.inspect()
-            assert all(state.sessions == [session.id] for state in held.values())
+            # stages know a session by its key: the id plus an admission count
+            assert all(state.sessions == [f"{session.id}#1"] for state in held.values())
             await session.send(text="hi")
             await session.finish()
             events = [e async for e in session]
