@@ -90,6 +90,44 @@ def _bench_transport(ns: argparse.Namespace) -> dict[str, Any]:
     return run(run_transport_bench(ns.sizes, ns.scale, ns.iterations))
 
 
+# -- bench pipeline ----------------------------------------------------------------
+
+
+def _add_pipeline_options(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--concurrency",
+        type=_positive_int,
+        nargs="+",
+        default=[1, 8, 64],
+        help="requests in flight at once, one run per level (default 1 8 64)",
+    )
+    parser.add_argument(
+        "--requests",
+        type=_positive_int,
+        default=None,
+        help="measured requests per level (default: max(3 x concurrency, 20))",
+    )
+    parser.add_argument(
+        "--preset",
+        default=None,
+        help="a scripted preset name or YAML path to measure instead of the built-in "
+        "stream and full pipelines",
+    )
+
+
+def _bench_pipeline(ns: argparse.Namespace) -> dict[str, Any]:
+    from omni_actors.bench.ideal import IdealUnavailableError, ideal_times
+    from omni_actors.bench.pipeline import bench_specs, run_pipeline_bench
+    from omni_actors.pipeline import PipelineConfigError
+
+    try:  # fail before anything runs, with the reason rather than a traceback
+        for spec in bench_specs(ns.preset).values():
+            ideal_times(spec)
+    except (PipelineConfigError, IdealUnavailableError) as exc:
+        raise SystemExit(f"omni-actors bench pipeline: {exc}") from None
+    return run(run_pipeline_bench(ns.concurrency, ns.requests, ns.preset))
+
+
 BENCH_TARGETS: dict[str, BenchTarget] = {
     "actors": BenchTarget(
         "tell throughput vs a bare asyncio.Queue hop, and ask latency",
@@ -100,6 +138,12 @@ BENCH_TARGETS: dict[str, BenchTarget] = {
         "payload ping-pong between processes vs a pickle+shm baseline, raw ZeroMQ, memcpy",
         _add_transport_options,
         _bench_transport,
+    ),
+    "pipeline": BenchTarget(
+        "time to first audio of scripted omni pipelines (stream vs full edges) vs the "
+        "ideal from declared latencies, per concurrency level",
+        _add_pipeline_options,
+        _bench_pipeline,
     ),
 }
 

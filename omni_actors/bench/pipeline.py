@@ -1,0 +1,387 @@
+"""Pipeline benchmark: time to first audio of a scripted omni pipeline vs its ideal.
+
+Scripted engines declare their compute time, so the latency a request would have if
+every hop were free is known exactly (:mod:`omni_actors.bench.ideal`). What a request
+measures beyond it is what the framework adds: admission and prewarm, messages between
+stages, windowing, accounting. Dividing that by the hops on the path to the first audio
+gives a per-hop cost that does not depend on the model's own latency. Scripted engines
+sleep, and every sleep wakes a little late; the timer's overshoot is measured on the
+same loop and reported, with the overhead net of it, so the two are not confused.
+
+Two variants of the same thinker -> talker -> code2wav pipeline run: every edge
+``stream`` (the talker starts on the thinker's first token, code2wav on the first
+window of codec frames) and every edge ``full`` (each stage waits for its upstream to
+finish), so the report also shows what streaming buys. Each variant runs at each
+concurrency level with at most that many requests in flight.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import gc
+import itertools
+import math
+import os
+import platform
+import sys
+import time
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal
+
+import torch
+
+from omni_actors.actors.scripted import ScriptedEngine
+from omni_actors.bench.ideal import IdealTimes, ideal_times
+from omni_actors.omni import OmniPipeline
+from omni_actors.pipeline import PipelineSpec, load_pipeline
+from omni_actors.protocols.events import Aborted, AudioDelta, Done, SessionError
+
+__all__ = ["DEFAULT_CONCURRENCY", "bench_spec", "default_requests", "run_pipeline_bench"]
+
+DEFAULT_CONCURRENCY = (1, 8, 64)
+_WARMUP_REQUESTS = 3
+_TIMER_SLEEPS = 60  # of 5 ms each: 0.3 s to calibrate the timer overshoot
+_OVERHEAD_LIMITS_MS = {1: 1.0, 64: 5.0}  # per hop, at these concurrency levels
+_STREAM_TTFA_LIMIT = 1.10  # stream TTFA p50 / ideal
+
+
+def default_requests(concurrency: int) -> int:
+    """Requests per concurrency level when none is given: three waves, at least 20."""
+    return max(3 * concurrency, 20)
+
+
+def bench_spec(mode: Literal["stream", "full"]) -> PipelineSpec:
+    """The built-in bench pipeline with every edge in ``mode``.
+
+    The shape and latencies of the ``scripted-omni`` preset; a ``full`` edge cannot
+    window codec frames, so the ``full`` variant drops the chunk policy. Deadlines are
+    generous: at high concurrency a slow request must be measured, not failed.
+    """
+    window = {"initial_frames": 4, "frames": 25, "left_context": 25}
+    return PipelineSpec.model_validate(
+        {
+            "name": f"bench-{mode}",
+            "stages": [
+                {
+                    "name": "thinker",
+                    "engine": {
+                        "kind": "scripted",
+                        "args": {
+                            "first_output_s": 0.05,
+                            "per_output_s": 0.01,
+                            "outputs": 32,
+                            "fields": ["token_ids", "hidden", "text"],
+                        },
+                    },
+                },
+                {
+                    "name": "talker",
+                    "engine": {
+                        "kind": "scripted",
+                        "args": {
+                            "first_output_s": 0.02,
+                            "per_output_s": 0.005,
+                            "outputs_per_input": 2,
+                            "fields": ["codes"],
+                        },
+                    },
+                    "accumulate": {"hidden": "concat", "token_ids": "concat"},
+                },
+                {
+                    "name": "code2wav",
+                    "engine": {
+                        "kind": "scripted",
+                        "args": {
+                            "first_output_s": 0.01,
+                            "per_output_s": 0.002,
+                            "outputs_per_input": 1,
+                            "fields": ["audio"],
+                        },
+                    },
+                    "accumulate": {"codes": "concat"},
+                },
+            ],
+            "edges": [
+                {
+                    "from": "thinker",
+                    "to": "talker",
+                    "mode": mode,
+                    "fields": ["hidden", "token_ids"],
+                },
+                {
+                    "from": "talker",
+                    "to": "code2wav",
+                    "mode": mode,
+                    "fields": ["codes"],
+                    **({"chunk_policy": window} if mode == "stream" else {}),
+                },
+            ],
+            "outputs": {"text": "thinker", "audio": "code2wav"},
+            "deadlines": {
+                "admission_s": 60,
+                "first_chunk_s": 60,
+                "inter_chunk_s": 60,
+                "total_s": 600,
+            },
+        }
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class _Sample:
+    """One request's numbers: the session's own metrics, and the caller's TTFA."""
+
+    ttfa_ms: float
+    e2e_ms: float
+    rtf: float
+    client_ttfa_ms: float
+
+
+async def _request(omni: OmniPipeline) -> _Sample | str:
+    """One ``generate``, read to its end; the sample, or why it failed."""
+    started = time.perf_counter()
+    client_ttfa_ms: float | None = None
+    outcome: _Sample | str = "the stream ended without a terminal event"
+    try:
+        # Read to the end (no early return) so the generator closes its session here.
+        async for event in omni.generate(text="hello"):
+            if isinstance(event, AudioDelta) and client_ttfa_ms is None:
+                client_ttfa_ms = (time.perf_counter() - started) * 1e3
+            elif isinstance(event, Done):
+                m = event.metrics
+                if m.ttfa_ms is None or m.rtf is None or client_ttfa_ms is None:
+                    outcome = "the request finished without audio"
+                else:
+                    outcome = _Sample(m.ttfa_ms, m.e2e_ms, m.rtf, client_ttfa_ms)
+            elif isinstance(event, SessionError):
+                outcome = f"{event.code} at {event.stage or 'pipeline'}: {event.message}"
+            elif isinstance(event, Aborted):
+                outcome = f"aborted: {event.reason}"
+    except Exception as exc:  # a library bug: count it, keep measuring the others
+        outcome = f"generate raised {exc!r}"
+    return outcome
+
+
+async def _drive(omni: OmniPipeline, requests: int, concurrency: int) -> list[_Sample | str]:
+    """``requests`` requests, ``concurrency`` workers each taking the next one."""
+    tickets = itertools.count()
+    results: list[_Sample | str] = []
+
+    async def worker() -> None:
+        while next(tickets) < requests:
+            results.append(await _request(omni))
+
+    async with asyncio.TaskGroup() as group:
+        for _ in range(min(concurrency, requests)):
+            group.create_task(worker())
+    return results
+
+
+def _percentile(samples: list[float], q: float) -> float:
+    """The ``q`` quantile of ``samples`` (nearest rank, no interpolation)."""
+    ordered = sorted(samples)
+    rank = max(1, math.ceil(q * len(ordered)))
+    return ordered[rank - 1]
+
+
+def _ms(value: float | None) -> float | None:
+    return None if value is None else round(value, 3)
+
+
+async def _timer_overshoot_ms() -> float:
+    """How late a scripted engine's sleep wakes on this loop, on average, in ms.
+
+    A scripted engine sleeps each latency from when it last woke, so this is paid once
+    per sleep on a request's critical path; the ideal knows how many sleeps that is.
+    """
+    engine = ScriptedEngine(
+        first_output_s=0.005, per_output_s=0.005, outputs=_TIMER_SLEEPS, fields=("text",)
+    )
+
+    async def one_input() -> AsyncIterator[dict[str, torch.Tensor | str]]:
+        yield {"text": "calibrate"}
+
+    started = time.perf_counter()
+    async for _ in engine.generate("timer-calibration", one_input()):
+        pass
+    elapsed = time.perf_counter() - started
+    return max(0.0, elapsed - _TIMER_SLEEPS * 0.005) / _TIMER_SLEEPS * 1e3
+
+
+def _level(results: list[_Sample | str], ideal: IdealTimes, overshoot_ms: float) -> dict[str, Any]:
+    """The report of one (variant, concurrency) run."""
+    samples = [r for r in results if isinstance(r, _Sample)]
+    errors = [r for r in results if isinstance(r, str)]
+    ideal_ttfa_ms = ideal.ttfa_s * 1e3
+    level: dict[str, Any] = {
+        "requests": len(results),
+        "errors": len(errors),
+        "ideal_ttfa_ms": _ms(ideal_ttfa_ms),
+        "ideal_e2e_ms": _ms(ideal.e2e_s * 1e3),
+        "ideal_rtf": round(ideal.rtf, 4),
+        "hops": ideal.hops,
+        "ttfa_sleeps": ideal.ttfa_sleeps,
+    }
+    if samples:
+        ttfa = [s.ttfa_ms for s in samples]
+        p50 = _percentile(ttfa, 0.50)
+        level |= {
+            "ttfa_ms_p50": _ms(p50),
+            "ttfa_ms_p99": _ms(_percentile(ttfa, 0.99)),
+            "client_ttfa_ms_p50": _ms(_percentile([s.client_ttfa_ms for s in samples], 0.50)),
+            "e2e_ms_p50": _ms(_percentile([s.e2e_ms for s in samples], 0.50)),
+            "rtf_p50": round(_percentile([s.rtf for s in samples], 0.50), 4),
+            "overhead_ms_per_hop_p50": _ms((p50 - ideal_ttfa_ms) / ideal.hops),
+            "overhead_ms_per_hop_net_of_timers_p50": _ms(
+                (p50 - ideal_ttfa_ms - ideal.ttfa_sleeps * overshoot_ms) / ideal.hops
+            ),
+            "ttfa_vs_ideal": round(p50 / ideal_ttfa_ms, 4),
+        }
+    if errors:
+        level["first_error"] = errors[0]
+    return level
+
+
+async def _run_variant(
+    spec: PipelineSpec,
+    ideal: IdealTimes,
+    concurrency: list[int],
+    requests: int | None,
+    overshoot_ms: float,
+) -> dict[str, dict[str, Any]]:
+    """Every concurrency level of one pipeline, each on a fresh, warmed-up pipeline."""
+    levels: dict[str, dict[str, Any]] = {}
+    for c in concurrency:
+        count = requests if requests is not None else default_requests(c)
+        async with OmniPipeline(spec, max_sessions=c) as omni:
+            await _drive(omni, _WARMUP_REQUESTS, min(c, _WARMUP_REQUESTS))
+            gc.collect()  # a collection left over from set-up would land on one level
+            levels[str(c)] = _level(await _drive(omni, count, c), ideal, overshoot_ms)
+    return levels
+
+
+def _is_streaming(spec: PipelineSpec) -> bool:
+    return all(edge.mode == "stream" for edge in spec.edges)
+
+
+def _targets(
+    variants: dict[str, dict[str, dict[str, Any]]], streaming: str | None
+) -> dict[str, Any]:
+    """The goals and whether this run met them (``met`` None: the level was not run)."""
+    targets: dict[str, Any] = {}
+    for c, limit in _OVERHEAD_LIMITS_MS.items():
+        at_c = {name: levels[str(c)] for name, levels in variants.items() if str(c) in levels}
+        measured = {name: level.get("overhead_ms_per_hop_p50") for name, level in at_c.items()}
+        net = {
+            name: level.get("overhead_ms_per_hop_net_of_timers_p50") for name, level in at_c.items()
+        }
+        targets[f"overhead_ms_per_hop_c{c}"] = {
+            "limit": limit,
+            "measured": measured,
+            "met": _met(measured, limit),
+            "measured_net_of_timers": net,
+            "met_net_of_timers": _met(net, limit),
+        }
+    ratios: dict[str, Any] = {}
+    if streaming is not None:
+        ratios = {c: level.get("ttfa_vs_ideal") for c, level in variants[streaming].items()}
+    targets["stream_ttfa_vs_ideal"] = {
+        "limit": _STREAM_TTFA_LIMIT,
+        "variant": streaming,
+        "measured": ratios,
+        "met": _met(ratios, _STREAM_TTFA_LIMIT),
+    }
+    return targets
+
+
+def _met(measured: dict[str, Any], limit: float) -> bool | None:
+    """Every measured value within ``limit``; None if nothing was measured."""
+    if not measured:
+        return None
+    return all(value is not None and value <= limit for value in measured.values())
+
+
+def _machine() -> dict[str, Any]:
+    loop = type(asyncio.get_running_loop()).__module__.split(".")[0]
+    return {
+        "platform": platform.platform(),
+        "machine": f"{platform.machine()}, {os.cpu_count()} cpus",
+        "cpus": os.cpu_count(),
+        "python": f"{platform.python_implementation()} {sys.version.split()[0]}",
+        "loop": loop,
+    }
+
+
+def bench_specs(preset: str | Path | None) -> dict[str, PipelineSpec]:
+    """The pipelines to measure by label: the built-in pair, or the one ``preset``."""
+    if preset is None:
+        return {"stream": bench_spec("stream"), "full": bench_spec("full")}
+    spec = load_pipeline(preset)
+    return {spec.name: spec}
+
+
+async def run_pipeline_bench(
+    concurrency: list[int], requests: int | None, preset: str | Path | None
+) -> dict[str, Any]:
+    """Measure TTFA, E2E and RTF of scripted pipelines against their ideal.
+
+    Must run inside an event loop (the CLI uses ``omni_actors.run``, i.e. uvloop when
+    installed). The ideal of every pipeline is computed before anything runs, so a
+    pipeline that has none fails at once.
+
+    Args:
+        concurrency: concurrency levels; at each, at most that many requests in flight.
+        requests: measured requests per level (None: :func:`default_requests`), after
+            a warm-up of a few.
+        preset: a scripted preset name or YAML path to measure instead of the built-in
+            stream and full pipelines.
+
+    Returns:
+        A JSON-ready dict: ``variants`` (per pipeline, per concurrency level: TTFA p50
+        and p99, the caller-side TTFA p50, E2E and RTF p50, the ideal TTFA/E2E/RTF,
+        ``hops``, ``overhead_ms_per_hop_p50`` = (TTFA p50 - ideal) / hops, the same net
+        of ``ttfa_sleeps`` timer overshoots, ``ttfa_vs_ideal``, ``errors``,
+        ``requests``), ``stream_vs_full_ttfa`` (per level, stream TTFA p50 / full TTFA
+        p50; built-in pipelines only), ``targets`` (each goal, what was measured,
+        ``met``), ``timer_overshoot_ms_per_sleep``, ``machine``, ``parameters`` and
+        ``wall_s``.
+
+    Raises:
+        ValueError: a level or ``requests`` below 1, or a pipeline whose ideal cannot
+            be computed (:class:`~omni_actors.bench.ideal.IdealUnavailableError`).
+    """
+    if not concurrency or min(concurrency) < 1:
+        raise ValueError(f"concurrency levels must be >= 1, got {concurrency}")
+    if requests is not None and requests < 1:
+        raise ValueError(f"requests must be >= 1, got {requests}")
+    started = time.perf_counter()
+    specs = bench_specs(preset)
+    ideals = {name: ideal_times(spec) for name, spec in specs.items()}
+    overshoot_ms = await _timer_overshoot_ms()
+    variants = {
+        name: await _run_variant(spec, ideals[name], concurrency, requests, overshoot_ms)
+        for name, spec in specs.items()
+    }
+    ratios: dict[str, float | None] = {}
+    if "stream" in variants and "full" in variants and preset is None:
+        for c in map(str, concurrency):
+            stream, full = variants["stream"][c], variants["full"][c]
+            both = "ttfa_ms_p50" in stream and "ttfa_ms_p50" in full
+            ratios[c] = round(stream["ttfa_ms_p50"] / full["ttfa_ms_p50"], 4) if both else None
+    streaming = next((name for name, spec in specs.items() if _is_streaming(spec)), None)
+    return {
+        "variants": variants,
+        "stream_vs_full_ttfa": ratios,
+        "targets": _targets(variants, streaming),
+        "timer_overshoot_ms_per_sleep": round(overshoot_ms, 4),
+        "machine": _machine(),
+        "parameters": {
+            "concurrency": list(concurrency),
+            "requests": requests if requests is not None else "max(3*c, 20)",
+            "warmup_requests": _WARMUP_REQUESTS,
+            "preset": None if preset is None else str(preset),
+        },
+        "wall_s": round(time.perf_counter() - started, 1),
+    }

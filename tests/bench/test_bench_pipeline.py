@@ -1,0 +1,264 @@
+"""``omni-actors bench pipeline``: the ideal simulation, and the command's shape.
+
+The simulation is checked against timelines derived by hand from the declared
+latencies; the command only for the shape and sanity of its numbers (benchmarks are
+never timed assertions: the one bound used, measured >= ideal, holds on any machine
+because scripted engines cannot compute faster than they declare).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from omni_actors.bench.ideal import IdealUnavailableError, ideal_times, path_hops
+from omni_actors.bench.pipeline import bench_spec, run_pipeline_bench
+from omni_actors.cli import main
+from omni_actors.pipeline import PipelineSpec, load_pipeline
+
+LEVEL_KEYS = (
+    "ttfa_ms_p50",
+    "ttfa_ms_p99",
+    "e2e_ms_p50",
+    "rtf_p50",
+    "ideal_ttfa_ms",
+    "ideal_e2e_ms",
+    "overhead_ms_per_hop_p50",
+    "ttfa_vs_ideal",
+    "errors",
+    "requests",
+)
+
+
+def _spec(
+    stages: list[dict[str, Any]], edges: list[dict[str, Any]], **outputs: str
+) -> PipelineSpec:
+    return PipelineSpec.model_validate(
+        {"name": "sim", "stages": stages, "edges": edges, "outputs": outputs}
+    )
+
+
+def _scripted(name: str, **args: Any) -> dict[str, Any]:
+    return {"name": name, "engine": {"kind": "scripted", "args": args}}
+
+
+# -- the ideal simulation --------------------------------------------------------------
+
+
+def test_stream_pipeline_first_audio_by_hand() -> None:
+    # thinker (entry mode): input at 0, output k at 50 + 10k ms (k = 0..31), last at 360.
+    # talker (2 outputs per row, F 20, P 5): input 0 arrives at 50 -> outputs at 70, 75;
+    #   input 1 arrives at 60 but the talker is busy until 75 -> outputs at 80, 85; from
+    #   then on it runs flat out: frame k at 70 + 5k, frame 63 at 385.
+    # window 4 / 25: frames 0-3 leave at 85 (frame 3), 4-28 at 210, 29-53 at 335, and
+    #   the last 10 at the talker's finish, 385.
+    # code2wav (1 output per row, F 10, P 2): takes frames 0-3 at 85 -> first audio at
+    #   95 (then 97, 99, 101); F is paid once per session, so the final chunk, taken at
+    #   385, yields 10 outputs P apart: the last audio at 385 + 10 * 2 = 405.
+    # Sleeps on the path to the first audio: thinker 1, talker 4 (its outputs 0-3,
+    #   the backlog making output 2 follow output 1), code2wav 1 = 6.
+    ideal = ideal_times(bench_spec("stream"))
+
+    assert ideal.ttfa_s == pytest.approx(0.095)
+    assert ideal.e2e_s == pytest.approx(0.405)
+    assert ideal.ttfa_sleeps == 6
+    assert ideal.hops == 4  # input->thinker, thinker->talker, talker->code2wav, ->client
+    assert ideal.audio_s == pytest.approx(64 * 1920 / 24000)
+    assert ideal.outputs["talker"][:4] == pytest.approx([0.070, 0.075, 0.080, 0.085])
+    assert ideal.outputs["talker"][-1] == pytest.approx(0.385)
+    assert ideal.outputs["code2wav"][4] == pytest.approx(0.210 + 0.002)  # 2nd chunk, P only
+
+
+def test_full_pipeline_waits_for_each_upstream_to_finish() -> None:
+    # thinker: last output at 50 + 31 * 10 = 360 ms; the talker gets all 32 rows then:
+    # 64 outputs from 380 to 380 + 63 * 5 = 695; code2wav gets 64 rows at 695: first
+    # audio at 705, last at 705 + 63 * 2 = 831. Sleeps: 32 + 64 + 1 = 97.
+    ideal = ideal_times(bench_spec("full"))
+
+    assert ideal.ttfa_s == pytest.approx(0.705)
+    assert ideal.e2e_s == pytest.approx(0.831)
+    assert ideal.ttfa_sleeps == 97
+    assert ideal.hops == 4
+
+
+def test_scripted_omni_preset_matches_the_builtin_stream_pipeline() -> None:
+    preset = ideal_times(load_pipeline("scripted-omni"))
+    builtin = ideal_times(bench_spec("stream"))
+
+    assert (preset.ttfa_s, preset.e2e_s) == pytest.approx((builtin.ttfa_s, builtin.e2e_s))
+
+
+def test_window_flushes_the_partial_tail_when_the_upstream_finishes() -> None:
+    # src: outputs at 100, 200, 300, 400, 500 ms. Window 2 / 2: frames 0-1 at 200,
+    # 2-3 at 400, frame 4 (partial) at src's finish, 500. dec (F 10, P 1): 210, 211;
+    # 401, 402; 501.
+    spec = _spec(
+        [
+            _scripted("src", first_output_s=0.1, per_output_s=0.1, outputs=5, fields=["codes"]),
+            _scripted(
+                "dec", first_output_s=0.01, per_output_s=0.001, outputs_per_input=1,
+                fields=["audio"],
+            ),
+        ],
+        [
+            {
+                "from": "src", "to": "dec", "fields": ["codes"],
+                "chunk_policy": {"initial_frames": 2, "frames": 2, "left_context": 1},
+            }
+        ],
+        audio="dec",
+    )  # fmt: skip
+    ideal = ideal_times(spec)
+
+    assert ideal.outputs["dec"] == pytest.approx([0.21, 0.211, 0.401, 0.402, 0.501])
+    assert ideal.hops == 3
+
+
+def test_full_edge_honours_the_receivers_replace_rule() -> None:
+    # A replaced field keeps only the last output's row: one row -> 3 outputs, not 12.
+    spec = _spec(
+        [
+            _scripted("src", first_output_s=0.1, per_output_s=0.1, outputs=4, fields=["codes"]),
+            {
+                **_scripted(
+                    "dec", first_output_s=0.01, per_output_s=0.001, outputs_per_input=3,
+                    fields=["audio"],
+                ),
+                "accumulate": {"codes": "replace"},
+            },
+        ],
+        [{"from": "src", "to": "dec", "mode": "full", "fields": ["codes"]}],
+        audio="dec",
+    )  # fmt: skip
+
+    assert ideal_times(spec).outputs["dec"] == pytest.approx([0.41, 0.411, 0.412])
+
+
+def test_hops_follow_the_longest_path_to_the_audio_stage() -> None:
+    spec = _spec(
+        [_scripted("a"), _scripted("b"), _scripted("c", fields=["audio"])],
+        [
+            {"from": "a", "to": "b", "fields": ["hidden"]},
+            {"from": "b", "to": "c", "fields": ["hidden"]},
+            {"from": "a", "to": "c", "fields": ["text"]},
+        ],
+        audio="c",
+    )
+
+    assert path_hops(spec) == 4
+
+
+def test_a_stage_that_is_not_scripted_has_no_ideal() -> None:
+    spec = _spec(
+        [_scripted("thinker"), {"name": "talker", "engine": {"kind": "torch"}}],
+        [{"from": "thinker", "to": "talker", "fields": ["hidden"]}],
+        audio="talker",
+    )
+
+    with pytest.raises(IdealUnavailableError, match="stage talker runs a 'torch' engine"):
+        ideal_times(spec)
+
+
+def test_an_audio_stage_without_audio_has_no_ideal() -> None:
+    spec = _spec([_scripted("only")], [], audio="only")
+
+    with pytest.raises(IdealUnavailableError, match="yields no 'audio' field"):
+        ideal_times(spec)
+
+
+# -- the command ---------------------------------------------------------------------------
+
+
+def _number(value: object) -> float:
+    assert isinstance(value, int | float), value
+    assert not isinstance(value, bool), value
+    assert math.isfinite(value), value
+    return float(value)
+
+
+def test_json_reports_both_variants_at_each_level(capsys: pytest.CaptureFixture[str]) -> None:
+    code = main(["bench", "pipeline", "--json", "--concurrency", "1", "2", "--requests", "2"])
+
+    assert code == 0
+    out = capsys.readouterr().out
+    assert out.count("\n") == 1  # one JSON object, nothing else
+    result = json.loads(out)
+    assert set(result["variants"]) == {"stream", "full"}
+    for variant, levels in result["variants"].items():
+        assert set(levels) == {"1", "2"}, variant
+        for level in levels.values():
+            for key in LEVEL_KEYS:
+                _number(level[key])
+            assert level["errors"] == 0, level.get("first_error")
+            assert level["requests"] == 2
+            assert level["hops"] == 4
+            assert level["ttfa_ms_p50"] >= 0.95 * level["ideal_ttfa_ms"]
+            assert level["ttfa_ms_p99"] >= level["ttfa_ms_p50"]
+            assert level["e2e_ms_p50"] >= 0.95 * level["ideal_e2e_ms"]
+            assert level["ttfa_vs_ideal"] >= 0.95
+            assert 0 < level["rtf_p50"] < 1
+    for c in ("1", "2"):
+        assert 0 < _number(result["stream_vs_full_ttfa"][c]) < 1  # streaming pays off
+    targets = result["targets"]
+    assert set(targets) == {
+        "overhead_ms_per_hop_c1",
+        "overhead_ms_per_hop_c64",
+        "stream_ttfa_vs_ideal",
+    }
+    assert isinstance(targets["overhead_ms_per_hop_c1"]["met"], bool)
+    assert targets["overhead_ms_per_hop_c64"]["met"] is None  # c=64 was not run
+    assert isinstance(targets["stream_ttfa_vs_ideal"]["met"], bool)
+    assert result["machine"]["loop"] in ("uvloop", "asyncio")
+    assert _number(result["timer_overshoot_ms_per_sleep"]) >= 0
+
+
+async def test_library_call_measures_a_scripted_preset() -> None:
+    result = await run_pipeline_bench([1], 1, "scripted-omni")
+
+    level = result["variants"]["scripted-omni"]["1"]
+    assert level["errors"] == 0, level.get("first_error")
+    assert level["ideal_ttfa_ms"] == pytest.approx(95.0)
+    assert level["ttfa_ms_p50"] >= 0.95 * level["ideal_ttfa_ms"]
+    assert result["stream_vs_full_ttfa"] == {}
+    assert result["targets"]["stream_ttfa_vs_ideal"]["variant"] == "scripted-omni"
+
+
+async def test_library_call_rejects_empty_levels() -> None:
+    with pytest.raises(ValueError, match=">= 1"):
+        await run_pipeline_bench([0], 1, None)
+    with pytest.raises(ValueError, match=">= 1"):
+        await run_pipeline_bench([1], 0, None)
+
+
+def test_a_preset_without_an_ideal_is_refused_before_running(tmp_path: Path) -> None:
+    path = tmp_path / "torch.yaml"
+    path.write_text(
+        "name: real\n"
+        "stages:\n"
+        "  - {name: thinker, engine: {kind: scripted}}\n"
+        "  - {name: code2wav, engine: {kind: torch}}\n"
+        "edges:\n"
+        "  - {from: thinker, to: code2wav, fields: [hidden]}\n"
+        "outputs: {audio: code2wav}\n"
+    )
+
+    with pytest.raises(SystemExit, match="stage code2wav runs a 'torch' engine"):
+        main(["bench", "pipeline", "--preset", str(path)])
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["bench", "pipeline", "--concurrency", "0"],
+        ["bench", "pipeline", "--concurrency"],
+        ["bench", "pipeline", "--requests", "-1"],
+    ],
+)
+def test_bad_arguments_are_usage_errors(argv: list[str]) -> None:
+    with pytest.raises(SystemExit) as info:
+        main(argv)
+    assert info.value.code == 2
