@@ -23,7 +23,7 @@ test: check
 	$(BIN)/pytest -q
 
 serve: $(STAMP)
-	$(BIN)/python examples/supervised_pipeline.py
+	$(BIN)/python examples/voice_agent.py
 
 bench: $(STAMP)
 	$(BIN)/omni-actors bench actors --json

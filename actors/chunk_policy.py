@@ -79,6 +79,8 @@ class FrameWindow:
     def __init__(self, policy: ChunkPolicy) -> None:
         self.policy = policy
         self._kept: torch.Tensor | None = None
+        self._parts: list[torch.Tensor] = []  # pushed after _kept, joined only to emit
+        self._received = 0
         self._kept_start = 0  # stream index of self._kept[0]
         self._emitted = 0  # frames emitted as new so far
         self._finished = False
@@ -91,8 +93,7 @@ class FrameWindow:
     @property
     def pending(self) -> int:
         """Frames received but not yet emitted."""
-        kept = 0 if self._kept is None else self._kept.shape[0]
-        return self._kept_start + kept - self._emitted
+        return self._received - self._emitted
 
     def push(self, frames: torch.Tensor) -> list[FrameChunk]:
         """Add frames (time on dim 0); return the chunks that are now complete."""
@@ -100,7 +101,9 @@ class FrameWindow:
             raise RuntimeError("push() after finish(): the frame stream has ended")
         if frames.dim() == 0:
             raise ValueError("frames need a time dimension (dim 0)")
-        self._kept = frames if self._kept is None else torch.cat([self._kept, frames])
+        # Frames usually arrive one at a time: join them once per chunk, not per push.
+        self._parts.append(frames)
+        self._received += frames.shape[0]
         chunks: list[FrameChunk] = []
         while True:
             size = self.policy.initial_frames if self._emitted == 0 else self.policy.frames
@@ -117,6 +120,10 @@ class FrameWindow:
         return [self._emit(pending, final=True)] if pending else []
 
     def _emit(self, size: int, *, final: bool) -> FrameChunk:
+        if self._parts:
+            parts = self._parts if self._kept is None else [self._kept, *self._parts]
+            self._kept = parts[0] if len(parts) == 1 else torch.cat(parts)
+            self._parts = []
         kept = self._kept
         assert kept is not None
         start = self._emitted

@@ -66,6 +66,9 @@ class ScriptedEngine:
     audio_samples: int = 1920  # one 12.5 Hz codec frame of 24 kHz audio
     fail_after: int | None = None
     _sessions: dict[str, _Pacer] = field(default_factory=dict, init=False, repr=False)
+    _made: dict[int, dict[str, torch.Tensor | str]] = field(
+        default_factory=dict, init=False, repr=False
+    )
     started: bool = field(default=False, init=False)
 
     def __post_init__(self) -> None:
@@ -105,7 +108,19 @@ class ScriptedEngine:
             pacer.abort()
 
     def output(self, k: int) -> dict[str, torch.Tensor | str]:
-        """Output number ``k`` of any session (deterministic)."""
+        """Output number ``k`` of any session (deterministic).
+
+        Made once and shared by every session: like any sent payload, never mutated, and
+        building tensors per step would make the test engine dearer than what it tests.
+        """
+        made = self._made.get(k)
+        if made is None:
+            made = self._make(k)
+            if len(self._made) < _CACHED:
+                self._made[k] = made
+        return dict(made)
+
+    def _make(self, k: int) -> dict[str, torch.Tensor | str]:
         made: dict[str, torch.Tensor | str] = {}
         for name in self.fields:
             if name == "token_ids":
@@ -153,6 +168,9 @@ class ScriptedEngine:
         if self.fail_after is not None and produced >= self.fail_after:
             raise ScriptedEngineError(f"scripted failure after {produced} outputs")
         return await pacer.wait(self.first_output_s if produced == 0 else self.per_output_s)
+
+
+_CACHED = 4096  # outputs kept per engine
 
 
 class _Pacer:

@@ -64,7 +64,7 @@ class StageSession:
         self.resumable = prewarm.resumable
         self.deadlines = prewarm.deadlines
         self.sources = prewarm.sources
-        self.sequences = {s: ChunkSequence(f"{self.id}: {s} -> {stage}") for s in self.sources}
+        self.sequences = {s: ChunkSequence(f"{s} -> {stage}") for s in self.sources}
         self.outlets = [
             Outlet(
                 self.id,
@@ -128,20 +128,23 @@ class StageSession:
         self, deadline: float, waiting_for: str, limit: float, setting: str
     ) -> Chunk:
         """The next input chunk, waiting until the loop time ``deadline`` at most."""
+        loop = asyncio.get_running_loop()
         while not self._queue:
             if self._error is not None:
                 raise self._error
-            waiter: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+            waiter: asyncio.Future[None] = loop.create_future()
             self._waiter = waiter
             started = time.monotonic()
+            # A timer on the waiter, not asyncio.timeout: this runs once per chunk.
+            timer = loop.call_at(deadline, _expire, waiter)
             try:
-                async with asyncio.timeout_at(deadline):
-                    await waiter
+                await waiter
             except TimeoutError:
                 raise DeadlineExceededError(
                     self.stage, self.id, waiting_for, limit, setting
                 ) from None
             finally:
+                timer.cancel()
                 self._waiter = None
                 self._blocked += time.monotonic() - started
         if self._error is not None:
@@ -319,6 +322,11 @@ class _SegmentInputs(AsyncIterator[Fields]):
                     fields[CONTEXT_FIELD] = torch.tensor(chunk.context)
                 return fields
         raise StopAsyncIteration
+
+
+def _expire(waiter: asyncio.Future[None]) -> None:
+    if not waiter.done():
+        waiter.set_exception(TimeoutError())
 
 
 def _qualname(error: BaseException) -> str:

@@ -223,8 +223,9 @@ class Session:
         self._seq = 0
         self._segment = 0
         self._slot = False
-        self._deadline = 0.0
         self._drained = False  # the terminal event has been handed to the caller
+        self._expiry: asyncio.TimerHandle | None = None
+        self._expiring: asyncio.Task[None] | None = None
 
     async def __aenter__(self) -> Session:
         error = await self.open()
@@ -248,7 +249,8 @@ class Session:
         self.channel.starts[0] = time.monotonic()
         start = loop.time()
         admission_deadline = start + spec.deadlines.admission_s
-        self._deadline = start + spec.deadlines.total_s + _GRACE_S
+        # The caller's last line of defence: the stages' own deadlines fire first.
+        self._expiry = loop.call_at(start + spec.deadlines.total_s + _GRACE_S, self._expire)
         try:
             async with asyncio.timeout_at(admission_deadline):
                 await self.pipeline._slots.acquire()
@@ -363,28 +365,33 @@ class Session:
         try:
             if not self.ended:
                 await self.abort("closed before it ended")
+            if self._expiring is not None:
+                await self._expiring
         finally:
+            if self._expiry is not None:
+                self._expiry.cancel()
             if self._slot:
                 self._slot = False
                 self.pipeline._slots.release()
 
-    async def next_event(self) -> Event:
-        """The next event; past the session's deadline, a ``SessionError`` (timeout)."""
-        try:
-            async with asyncio.timeout_at(self._deadline):
-                return await self.channel.events.get()
-        except TimeoutError:
-            error = SessionError(
-                session=self.id,
-                code="timeout",
-                message=(
-                    f"the session outlived deadlines.total_s "
-                    f"({self.pipeline.spec.deadlines.total_s:g}s)"
-                ),
+    def _expire(self) -> None:
+        error = SessionError(
+            session=self.id,
+            code="timeout",
+            message=(
+                "the session outlived deadlines.total_s "
+                f"({self.pipeline.spec.deadlines.total_s:g}s) and its stages did not end it"
+            ),
+        )
+        if self.channel.end(error):
+            # Owned by this session: ``close`` waits for it.
+            self._expiring = asyncio.get_running_loop().create_task(
+                self._abort_stages("deadline"), name=f"expire session {self.id}"
             )
-            if self.channel.end(error):
-                await self._abort_stages("deadline")
-            return await self.channel.events.get()
+
+    async def next_event(self) -> Event:
+        """The next event (a ``SessionError`` once the session outlives its deadline)."""
+        return await self.channel.events.get()
 
     async def events(self) -> AsyncIterator[Event]:
         """This segment's events, through ``SegmentDone`` or the terminal event."""

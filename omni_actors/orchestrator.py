@@ -262,12 +262,14 @@ class Orchestrator(Actor[StartSession | ListSessions | ListStages | Terminated |
         return plan
 
     async def _stage_failed(self, ref: ActorRef[Any], reason: BaseException) -> None:
-        stage = next((name for name, r in self.stages.items() if r == ref), None)
-        if stage is None:
+        actor = next((name for name, r in self.stages.items() if r == ref), None)
+        if actor is None:
             return  # a session actor: its on_stop ends its session
-        hit = [sref for sref, path in self.sessions.values() if stage in path]
-        log.warning("stage %s failed (%r); failing %d session(s) on it", stage, reason, len(hit))
-        failed = StageFailed(stage, f"{type(reason).__name__}: {reason}")
+        stage = next(s for s, actors in self.replicas.items() if actor in actors)
+        hit = [sref for sref, path in self.sessions.values() if actor in path]
+        log.warning("stage %s failed (%r); failing %d session(s) on it", actor, reason, len(hit))
+        where = f"replica {actor}: " if actor != stage else ""
+        failed = StageFailed(stage, f"{where}{type(reason).__name__}: {reason}")
         results = await asyncio.gather(*(s.tell(failed) for s in hit), return_exceptions=True)
         for result in results:
             if isinstance(result, BaseException):

@@ -76,16 +76,25 @@ class Chunk(msgspec.Struct, tag="chunk", frozen=True, kw_only=True):
     @property
     def nbytes(self) -> int:
         """Payload bytes: tensor storage plus UTF-8 text."""
-        size = sum(t.numel() * t.element_size() for t in self.tensors.values())
-        return size + sum(len(s.encode()) for s in self.texts.values())
+        size = 0
+        for tensor in self.tensors.values():
+            size += tensor.nbytes
+        for text in self.texts.values():
+            size += len(text.encode())
+        return size
 
 
 def split_fields(
     fields: Mapping[str, torch.Tensor | str],
 ) -> tuple[dict[str, torch.Tensor], dict[str, str]]:
     """Tensor fields and text fields of a payload, as :class:`Chunk` stores them."""
-    tensors = {k: v for k, v in fields.items() if isinstance(v, torch.Tensor)}
-    texts = {k: v for k, v in fields.items() if isinstance(v, str)}
+    tensors: dict[str, torch.Tensor] = {}
+    texts: dict[str, str] = {}
+    for name, value in fields.items():
+        if isinstance(value, str):
+            texts[name] = value
+        else:
+            tensors[name] = value
     return tensors, texts
 
 

@@ -23,3 +23,21 @@ def test_supervised_pipeline_restarts_the_failed_stage_and_finishes() -> None:
     # Chunk 3 crashed the stage and is gone; the chunks queued behind it survived.
     assert "sink got: THE FIRST AUDIO LEAVES EARLY" in done.stdout
     assert done.stdout.rstrip().endswith("shut down cleanly")
+
+
+def test_voice_agent_answers_two_turns_and_barges_in_on_the_third() -> None:
+    done = subprocess.run(
+        [sys.executable, str(EXAMPLES / "voice_agent.py")],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+
+    assert done.returncode == 0, done.stdout + done.stderr
+    lines = done.stdout.splitlines()
+    assert lines[0].startswith("turn 1: 32 text pieces, 5.12s audio, TTFT ")
+    assert lines[1].startswith("turn 2: 32 text pieces, 5.12s audio, TTFT ")
+    assert lines[2].startswith("turn 3: ended with Aborted: ")
+    assert "barge-in" in lines[2]
+    assert lines[-1] == "pipeline closed cleanly"

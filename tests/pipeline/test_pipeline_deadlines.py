@@ -11,6 +11,8 @@ import asyncio
 import pytest
 from pipeline_helpers import assert_nothing_held, collect, make_spec
 
+from omni_actors.actors.messages import Prewarm
+from omni_actors.actors.stage import StageActor
 from omni_actors.omni import OmniPipeline, SessionClosedError
 from omni_actors.protocols.events import SessionError
 
@@ -102,4 +104,25 @@ async def test_total_deadline_ends_a_long_session() -> None:
         assert error.code == "timeout"
         assert "total_s" in error.message
         assert loop.time() - started < 2.0
+        await assert_nothing_held(omni)
+
+
+class SilentStage(StageActor):
+    """Accepts prewarms but never runs the session: nothing would ever end it."""
+
+    def _prewarm(self, message: Prewarm) -> bool:
+        return True
+
+
+async def test_the_caller_gets_a_timeout_even_if_no_stage_ends_the_session(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    import omni_actors.omni
+
+    monkeypatch.setattr(omni_actors.omni, "_GRACE_S", 0.05)
+    spec = make_spec(deadlines={"total_s": 0.2})
+    async with OmniPipeline(spec, stage_classes={"thinker": SilentStage}) as omni:
+        error = error_of(await collect(omni.generate(text="x", modalities=("text",))))
+        assert error.code == "timeout"
+        assert "did not end it" in error.message
         await assert_nothing_held(omni)

@@ -1,0 +1,49 @@
+"""A voice agent's loop on the built-in scripted pipeline (thinker -> talker -> code2wav).
+
+The caller streams microphone audio into one resumable session in segments. After each
+segment (end of the user's turn) the pipeline answers with text and audio while the
+session keeps its state, and later turns pay no prewarm. The last turn is cut short
+by a barge-in: the abort reaches every stage and the stream ends at once.
+
+Run: python examples/voice_agent.py
+"""
+
+from __future__ import annotations
+
+import sys
+
+import torch
+
+from omni_actors import AudioDelta, OmniPipeline, SegmentDone, TextDelta, run
+
+FRAME = 1600  # 100 ms of 16 kHz microphone audio
+
+
+async def main() -> int:
+    async with OmniPipeline("scripted-omni") as omni, omni.session() as session:
+        for turn in range(1, 4):
+            for _ in range(5):  # half a second of "speech", frame by frame
+                await session.send(audio=torch.zeros(FRAME))
+            await session.end_segment()
+            text, samples = [], 0
+            async for event in session.events():
+                match event:
+                    case TextDelta(text=piece):
+                        text.append(piece)
+                    case AudioDelta(audio=audio):
+                        samples += audio.numel()
+                        if turn == 3 and samples >= 24000:
+                            await session.abort("barge-in: the user spoke again")
+                    case SegmentDone(metrics=m):
+                        print(
+                            f"turn {turn}: {len(text)} text pieces, {samples / 24000:.2f}s audio,"
+                            f" TTFT {m.ttft_ms:.0f} ms, TTFA {m.ttfa_ms:.0f} ms, RTF {m.rtf:.2f}"
+                        )
+                    case _:
+                        print(f"turn {turn}: ended with {type(event).__name__}: {event}")
+    print("pipeline closed cleanly")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(run(main()))
