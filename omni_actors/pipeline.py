@@ -187,6 +187,25 @@ class PipelineSpec(_Spec):
             raise ValueError(f"the stages form a cycle through {cyclic}")
         return order
 
+    def with_engine_args(self, kind: str, **args: Any) -> PipelineSpec:
+        """A copy whose stages of engine ``kind`` get ``args`` merged into theirs.
+
+        The CLI uses it to point every model stage at one weights cache and seed.
+        """
+        stages = tuple(
+            stage.model_copy(
+                update={
+                    "engine": stage.engine.model_copy(
+                        update={"args": {**stage.engine.args, **args}}
+                    )
+                }
+            )
+            if stage.engine.kind == kind
+            else stage
+            for stage in self.stages
+        )
+        return self.model_copy(update={"stages": stages})
+
     def stages_order(self) -> list[str]:
         """Every stage in topological order (entry first)."""
         return self._topological([s.name for s in self.stages])

@@ -43,7 +43,7 @@ def read_wav(path: str | Path, *, rate: int | None = None) -> tuple[torch.Tensor
         raise AudioFormatError(f"{path}: no such file") from None
     except (wave.Error, EOFError, OSError) as exc:
         raise AudioFormatError(
-            f"{path}: not a PCM WAV file ({exc}); convert it, e.g. "
+            f"{path}: not a PCM WAV file ({exc or type(exc).__name__}); convert it, e.g. "
             "`ffmpeg -i in.ext -ac 1 -ar 16000 -sample_fmt s16 out.wav`"
         ) from None
     if not frames:

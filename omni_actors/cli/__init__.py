@@ -11,6 +11,7 @@ import argparse
 import json
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from omni_actors import run
@@ -93,13 +94,17 @@ def _bench_transport(ns: argparse.Namespace) -> dict[str, Any]:
 # -- bench pipeline ----------------------------------------------------------------
 
 
+_SCRIPTED_LEVELS = [1, 8, 64]
+
+
 def _add_pipeline_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--concurrency",
         type=_positive_int,
         nargs="+",
-        default=[1, 8, 64],
-        help="requests in flight at once, one run per level (default 1 8 64)",
+        default=_SCRIPTED_LEVELS,
+        help="requests in flight at once, one run per level (default 1 8 64; "
+        "1 4 16 for a model preset)",
     )
     parser.add_argument(
         "--requests",
@@ -110,9 +115,11 @@ def _add_pipeline_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--preset",
         default=None,
-        help="a scripted preset name or YAML path to measure instead of the built-in "
-        "stream and full pipelines",
+        help="a preset name or YAML path to measure instead of the built-in scripted "
+        "pipelines; a model preset (tiny-omni) is measured against its full-edge variant",
     )
+    parser.add_argument("--cache-dir", type=Path, default=None, help="weights cache")
+    parser.add_argument("--seed", type=int, default=0, help="seed of the prepared weights")
 
 
 def _bench_pipeline(ns: argparse.Namespace) -> dict[str, Any]:
@@ -121,7 +128,19 @@ def _bench_pipeline(ns: argparse.Namespace) -> dict[str, Any]:
     from omni_actors.pipeline import PipelineConfigError
 
     try:  # fail before anything runs, with the reason rather than a traceback
-        for spec in bench_specs(ns.preset).values():
+        specs = bench_specs(ns.preset)
+        if ns.preset is not None:
+            from omni_actors.bench.models import is_model_pipeline, run_model_bench
+
+            if any(is_model_pipeline(spec) for spec in specs.values()):
+                # Real models: streaming against full edges (no ideal to compare with).
+                levels = None if ns.concurrency == _SCRIPTED_LEVELS else ns.concurrency
+                return run(
+                    run_model_bench(
+                        ns.preset, levels, ns.requests, cache_dir=ns.cache_dir, seed=ns.seed
+                    )
+                )
+        for spec in specs.values():
             ideal_times(spec)
     except (PipelineConfigError, IdealUnavailableError) as exc:
         raise SystemExit(f"omni-actors bench pipeline: {exc}") from None
@@ -177,8 +196,42 @@ def _bench(ns: argparse.Namespace) -> int:
     return 0
 
 
+def _add_prepare_arguments(parser: argparse.ArgumentParser) -> None:
+    from omni_actors.cli.prepare import add_prepare_arguments
+
+    add_prepare_arguments(parser)
+
+
+def _prepare(ns: argparse.Namespace) -> int:
+    from omni_actors.cli.prepare import prepare_command
+
+    return prepare_command(ns)
+
+
+def _add_run_arguments(parser: argparse.ArgumentParser) -> None:
+    from omni_actors.cli.run import add_run_arguments
+
+    add_run_arguments(parser)
+
+
+def _run(ns: argparse.Namespace) -> int:
+    from omni_actors.cli.run import run_command
+
+    return run_command(ns)
+
+
 COMMANDS: dict[str, Command] = {
     "bench": Command("run a benchmark and print its numbers", _add_bench_arguments, _bench),
+    "prepare": Command(
+        "build a model family's weights (seeded, no download) into the cache",
+        _add_prepare_arguments,
+        _prepare,
+    ),
+    "run": Command(
+        "run one request offline: stream the text, write the audio to a WAV",
+        _add_run_arguments,
+        _run,
+    ),
 }
 
 

@@ -1,0 +1,157 @@
+"""Build and load tiny-omni weights in the standard Hugging Face layout.
+
+Each stage is saved on its own (``thinker/``, ``talker/``, ``code2wav/``: ``config.json`` +
+``model.safetensors``) so a stage engine loads only the model it serves, as separate
+processes would with the real checkpoint split by stage. ``config.json`` at the top level
+holds the composite :class:`Qwen3OmniMoeConfig` for the pipeline-level special token ids;
+it has no weights of its own.
+
+Weights are random but deterministic: every stage is drawn right after
+``torch.manual_seed(seed)``, so a stage's weights do not depend on build order and the same
+seed always rebuilds the same files' tensors.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from collections.abc import Callable
+from pathlib import Path
+from typing import Final, cast
+
+import torch
+from transformers import PreTrainedConfig, PreTrainedModel
+from transformers.models.qwen3_omni_moe.modeling_qwen3_omni_moe import (
+    Qwen3OmniMoeCode2Wav,
+    Qwen3OmniMoeTalkerForConditionalGeneration,
+    Qwen3OmniMoeTalkerTextExperts,
+    Qwen3OmniMoeTalkerTextTopKRouter,
+    Qwen3OmniMoeThinkerForConditionalGeneration,
+)
+
+from .configs import DEFAULT_NUM_CODE_GROUPS, quiet_transformers, tiny_configs
+
+__all__ = ["STAGES", "Progress", "build", "is_built", "load"]
+
+STAGES: Final = ("thinker", "talker", "code2wav")
+"""Stage directory names, in pipeline order."""
+
+Progress = Callable[[str, int, int], None]
+"""``progress(stage, done, total)``: called once a stage's files are written."""
+
+_CLASSES: Final[dict[str, type[PreTrainedModel]]] = {
+    "thinker": Qwen3OmniMoeThinkerForConditionalGeneration,
+    "talker": Qwen3OmniMoeTalkerForConditionalGeneration,
+    "code2wav": Qwen3OmniMoeCode2Wav,
+}
+_BY_ARCHITECTURE: Final = {cls.__name__: cls for cls in _CLASSES.values()}
+
+
+def _stage_configs(
+    seed: int, num_code_groups: int
+) -> tuple[PreTrainedConfig, dict[str, PreTrainedConfig]]:
+    composite = tiny_configs(seed, num_code_groups=num_code_groups)
+    stages = {
+        "thinker": composite.thinker_config,
+        "talker": composite.talker_config,
+        "code2wav": composite.code2wav_config,
+    }
+    # The composite's __post_init__ turns every sub-config into a PreTrainedConfig.
+    return composite, {k: cast(PreTrainedConfig, v) for k, v in stages.items()}
+
+
+@torch.no_grad()
+def _init_missed(model: PreTrainedModel, std: float) -> None:
+    """Initialize the parameters transformers' ``_init_weights`` skips.
+
+    The talker's MoE experts are allocated with ``torch.empty`` and its router with zeros,
+    and (in transformers 5.23) no ``_init_weights`` branch covers the talker variants, only
+    the thinker's. A real checkpoint overwrites them; random weights must not: uninitialized
+    memory is neither deterministic nor finite. Drawn like the thinker's experts.
+    """
+    for module in model.modules():
+        if isinstance(module, Qwen3OmniMoeTalkerTextExperts):
+            module.gate_up_proj.normal_(0.0, std)
+            module.down_proj.normal_(0.0, std)
+        elif isinstance(module, Qwen3OmniMoeTalkerTextTopKRouter):
+            module.weight.normal_(0.0, std)
+    bad = [name for name, p in model.named_parameters() if not torch.isfinite(p).all()]
+    if bad:
+        raise RuntimeError(f"non-finite parameters after initialization: {bad}")
+
+
+def build(
+    out_dir: Path,
+    seed: int = 0,
+    progress: Progress | None = None,
+    *,
+    num_code_groups: int = DEFAULT_NUM_CODE_GROUPS,
+) -> None:
+    """Draw the tiny-omni weights and save one HF directory per stage under ``out_dir``.
+
+    A stage is written to a hidden sibling first and renamed into place, so an interrupted
+    build never leaves a half-written stage that :func:`load` would accept.
+
+    Args:
+        out_dir: Created if missing; existing stage directories are replaced.
+        seed: Seeds ``torch.manual_seed`` before each stage is instantiated.
+        progress: Optional ``progress(stage, done, total)`` callback.
+        num_code_groups: Codebooks per codec frame (see :func:`tiny_configs`).
+    """
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    composite, stages = _stage_configs(seed, num_code_groups)
+    for done, stage in enumerate(STAGES, start=1):
+        final = out_dir / stage
+        staging = out_dir / f".{stage}.partial"
+        shutil.rmtree(staging, ignore_errors=True)
+        # The global RNG is the one HF's initializers draw from; reseeding per stage makes
+        # each stage reproducible on its own. fork_rng leaves the caller's RNG untouched.
+        with torch.random.fork_rng(devices=[]), quiet_transformers():
+            torch.manual_seed(seed)
+            model = _CLASSES[stage](stages[stage])
+            model.train(False)
+            _init_missed(model, stages[stage].initializer_range)
+            model.save_pretrained(staging)
+        del model
+        shutil.rmtree(final, ignore_errors=True)
+        staging.rename(final)
+        if progress is not None:
+            progress(stage, done, len(STAGES))
+    composite.to_json_file(out_dir / "config.json")
+
+
+def is_built(out_dir: Path) -> bool:
+    """Whether ``out_dir`` holds every stage (config and weights), e.g. to build lazily."""
+    out_dir = Path(out_dir)
+    return (out_dir / "config.json").is_file() and all(
+        (out_dir / s / "config.json").is_file() and (out_dir / s / "model.safetensors").is_file()
+        for s in STAGES
+    )
+
+
+def load(stage_dir: Path, *, dtype: torch.dtype = torch.float32) -> PreTrainedModel:
+    """Load one stage saved by :func:`build`, from local files only, in eval mode.
+
+    The class comes from ``architectures`` in the stage's ``config.json`` (written by
+    ``save_pretrained``), so the same call serves every stage.
+
+    Args:
+        stage_dir: ``<out_dir>/thinker``, ``<out_dir>/talker`` or ``<out_dir>/code2wav``.
+        dtype: Parameter dtype; float32 is what CPU runs fastest for these sizes.
+
+    Returns:
+        The model, on CPU, with gradients off for its parameters.
+    """
+    stage_dir = Path(stage_dir)
+    config = json.loads((stage_dir / "config.json").read_text())
+    names = config.get("architectures") or []
+    if len(names) != 1 or names[0] not in _BY_ARCHITECTURE:
+        raise ValueError(f"{stage_dir}: not a tiny-omni stage (architectures={names!r})")
+    with quiet_transformers():
+        model = _BY_ARCHITECTURE[names[0]].from_pretrained(
+            stage_dir, local_files_only=True, dtype=dtype
+        )
+    model.train(False)
+    model.requires_grad_(False)
+    return model

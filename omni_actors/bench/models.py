@@ -1,0 +1,147 @@
+"""Benchmark of a model pipeline (``bench pipeline --preset tiny-omni``): streaming edges
+against full-payload edges, on the real models.
+
+A model pipeline has no ideal latency to compare with; what matters is how much sooner
+streaming delivers the first audio than waiting for each stage to finish (vllm-omni's
+published async-chunk gain is 6459 -> 523 ms), and whether the audio comes faster than
+real time under load. Both variants run the same weights, one after the other, each on a
+fresh warmed-up pipeline per concurrency level.
+"""
+
+from __future__ import annotations
+
+import gc
+import time
+from pathlib import Path
+from typing import Any
+
+from omni_actors.bench.pipeline import _drive, _machine, _ms, _percentile, _Sample
+from omni_actors.model_cache import prepare
+from omni_actors.omni import OmniPipeline
+from omni_actors.pipeline import PipelineSpec, load_pipeline
+
+__all__ = ["MODEL_CONCURRENCY", "full_variant", "is_model_pipeline", "run_model_bench"]
+
+MODEL_CONCURRENCY = [1, 4, 16]
+_WARMUP = 2
+_TTFA_RATIO_LIMIT = 0.35  # streaming TTFA / full TTFA at concurrency 1
+_RTF_LIMIT = 1.0  # at concurrency 4
+
+
+def is_model_pipeline(spec: PipelineSpec) -> bool:
+    """True if any stage runs a real model (its ideal latency cannot be computed)."""
+    return any(stage.engine.kind != "scripted" for stage in spec.stages)
+
+
+def full_variant(spec: PipelineSpec) -> PipelineSpec:
+    """The same pipeline with every edge ``full`` (the non-streaming baseline).
+
+    A preset ``<name>-full`` is used when it ships; otherwise the edges are turned to
+    ``full`` here (chunk policies dropped: a full edge carries one payload).
+    """
+    try:
+        return load_pipeline(f"{spec.name}-full")
+    except Exception:  # no such preset: derive it
+        edges = tuple(
+            edge.model_copy(update={"mode": "full", "chunk_policy": None}) for edge in spec.edges
+        )
+        return spec.model_copy(update={"name": f"{spec.name}-full", "edges": edges})
+
+
+def _level(results: list[_Sample | str]) -> dict[str, Any]:
+    samples = [r for r in results if isinstance(r, _Sample)]
+    errors = [r for r in results if isinstance(r, str)]
+    level: dict[str, Any] = {"requests": len(results), "errors": len(errors)}
+    if samples:
+        ttfa = [s.ttfa_ms for s in samples]
+        level |= {
+            "ttfa_ms_p50": _ms(_percentile(ttfa, 0.50)),
+            "ttfa_ms_p99": _ms(_percentile(ttfa, 0.99)),
+            "rtf_p50": round(_percentile([s.rtf for s in samples], 0.50), 4),
+            "e2e_ms_p50": _ms(_percentile([s.e2e_ms for s in samples], 0.50)),
+        }
+    if errors:
+        level["first_error"] = errors[0]
+    return level
+
+
+async def run_model_bench(
+    preset: str | Path,
+    concurrency: list[int] | None = None,
+    requests: int | None = None,
+    *,
+    cache_dir: Path | None = None,
+    seed: int = 0,
+) -> dict[str, Any]:
+    """Measure ``preset`` (streaming) against its full-edge variant.
+
+    Args:
+        preset: a model preset name or YAML path (e.g. ``tiny-omni``).
+        concurrency: levels (default 1, 4, 16).
+        requests: measured requests per level (default ``max(2 * c, 8)``).
+        cache_dir: the weights cache (prepared first if missing).
+        seed: the weights' seed.
+
+    Returns:
+        ``variants`` (per pipeline, per level: TTFA p50/p99, RTF p50, E2E p50, errors),
+        ``stream_vs_full_ttfa`` per level, ``targets`` and ``machine``.
+    """
+    levels = concurrency or MODEL_CONCURRENCY
+    started = time.perf_counter()
+    stream = load_pipeline(preset)
+    specs = {stream.name: stream, "full": full_variant(stream)}
+    models = {
+        str(s.engine.args.get("model", "tiny-omni"))
+        for spec in specs.values()
+        for s in spec.stages
+        if s.engine.kind == "torch"
+    }
+    for model in sorted(models):
+        prepare(model, cache_dir=cache_dir, seed=seed)
+    extra: dict[str, Any] = {"seed": seed}
+    if cache_dir is not None:
+        extra["cache_dir"] = str(cache_dir)
+    variants: dict[str, dict[str, Any]] = {}
+    for label, spec in specs.items():
+        spec = spec.with_engine_args("torch", **extra)
+        variants[spec.name] = {}
+        for c in levels:
+            count = requests if requests is not None else max(2 * c, 8)
+            async with OmniPipeline(spec, max_sessions=c) as omni:
+                await _drive(omni, _WARMUP, min(c, _WARMUP))
+                gc.collect()
+                variants[spec.name][str(c)] = _level(await _drive(omni, count, c))
+        specs[label] = spec
+    stream_name, full_name = stream.name, specs["full"].name
+    ratios: dict[str, float | None] = {}
+    for level in map(str, levels):
+        a, b = variants[stream_name][level], variants[full_name][level]
+        both = "ttfa_ms_p50" in a and "ttfa_ms_p50" in b
+        ratios[level] = round(a["ttfa_ms_p50"] / b["ttfa_ms_p50"], 4) if both else None
+    rtf_c4 = variants[stream_name].get("4", {}).get("rtf_p50")
+    ratio_c1 = ratios.get("1")
+    return {
+        "variants": variants,
+        "stream_vs_full_ttfa": ratios,
+        "targets": {
+            "stream_vs_full_ttfa_c1": {
+                "limit": _TTFA_RATIO_LIMIT,
+                "measured": ratio_c1,
+                "met": None if ratio_c1 is None else ratio_c1 <= _TTFA_RATIO_LIMIT,
+            },
+            "rtf_c4": {
+                "limit": _RTF_LIMIT,
+                "measured": rtf_c4,
+                "met": None if rtf_c4 is None else rtf_c4 < _RTF_LIMIT,
+            },
+        },
+        "machine": _machine(),
+        "parameters": {
+            "preset": str(preset),
+            "concurrency": levels,
+            "requests": requests if requests is not None else "max(2*c, 8)",
+            "warmup_requests": _WARMUP,
+            "seed": seed,
+        },
+        "wall_s": round(time.perf_counter() - started, 1),
+    }

@@ -1,0 +1,139 @@
+"""``omni-actors run``: one request through a pipeline, offline, written to a WAV file.
+
+Prints the text as it streams, then TTFT, TTFA, RTF and end-to-end latency. Missing
+weights are prepared first (with a progress bar) unless ``--no-prepare``; bad input
+(an unreadable WAV, an unknown preset) is a one-line message and a non-zero exit.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+import torch
+
+from omni_actors.cli.progress import ProgressBar
+from omni_actors.errors import OmniError
+from omni_actors.model_cache import FAMILIES, is_prepared, prepare
+from omni_actors.pipeline import PipelineSpec, load_pipeline
+
+__all__ = ["add_run_arguments", "run_command"]
+
+INPUT_RATE = 16_000  # what the thinker's audio encoder takes
+
+
+def add_run_arguments(parser: argparse.ArgumentParser) -> None:
+    """Arguments of ``run``."""
+    parser.add_argument(
+        "--preset", default="tiny-omni", help="a preset name or a pipeline YAML (default tiny-omni)"
+    )
+    parser.add_argument("--text", default=None, help="the request's text")
+    parser.add_argument("--audio", type=Path, default=None, help="the request's audio (a WAV)")
+    parser.add_argument("--out", type=Path, required=True, help="where to write the reply WAV")
+    parser.add_argument("--cache-dir", type=Path, default=None, help="weights cache")
+    parser.add_argument("--seed", type=int, default=0, help="seed of the prepared weights")
+    parser.add_argument(
+        "--no-prepare",
+        action="store_true",
+        help="fail (with the command to run) instead of preparing missing weights",
+    )
+
+
+def run_command(ns: argparse.Namespace) -> int:
+    """Run one request; 0 on success, 1 if the session failed, 2 for bad input."""
+    try:
+        spec = load_pipeline(ns.preset)
+        if ns.text is None and ns.audio is None:
+            raise _UsageError("give --text, --audio or both")
+        audio = _read_audio(ns.audio) if ns.audio is not None else None
+        spec = _prepared(spec, ns)
+    except (OmniError, _UsageError) as exc:
+        print(f"omni-actors run: {exc}", file=sys.stderr)
+        return 2
+    from omni_actors import run
+
+    return run(_request(spec, ns.text, audio, ns.out))
+
+
+class _UsageError(Exception):
+    pass
+
+
+def _read_audio(path: Path) -> torch.Tensor:
+    from omni_actors.wav import read_wav
+
+    audio, _ = read_wav(path, rate=INPUT_RATE)
+    return audio
+
+
+def _prepared(spec: PipelineSpec, ns: argparse.Namespace) -> PipelineSpec:
+    """Point torch stages at the cache and seed; prepare their weights if missing."""
+    models = {
+        str(s.engine.args.get("model", "tiny-omni"))
+        for s in spec.stages
+        if s.engine.kind == "torch"
+    }
+    for model in sorted(models):
+        if model not in FAMILIES:
+            raise _UsageError(f"the pipeline names model {model!r}; known: {sorted(FAMILIES)}")
+        if is_prepared(model, cache_dir=ns.cache_dir, seed=ns.seed):
+            continue
+        if ns.no_prepare:
+            flags = f" --seed {ns.seed}" if ns.seed else ""
+            flags += f" --cache-dir {ns.cache_dir}" if ns.cache_dir else ""
+            raise _UsageError(
+                f"{model} weights are not prepared; run: omni-actors prepare {model}{flags}"
+            )
+        prepare(
+            model,
+            cache_dir=ns.cache_dir,
+            seed=ns.seed,
+            progress=ProgressBar(f"preparing {model}", stream=sys.stderr),
+        )
+    args: dict[str, object] = {"seed": ns.seed}
+    if ns.cache_dir is not None:
+        args["cache_dir"] = str(ns.cache_dir)
+    return spec.with_engine_args("torch", **args) if models else spec
+
+
+async def _request(
+    spec: PipelineSpec, text: str | None, audio: torch.Tensor | None, out: Path
+) -> int:
+    from omni_actors.omni import OmniPipeline
+    from omni_actors.protocols.events import AudioDelta, Done, SessionError, TextDelta
+    from omni_actors.wav import write_wav
+
+    pieces: list[torch.Tensor] = []
+    rate = spec.outputs.sample_rate
+    async with OmniPipeline(spec) as omni:
+        async for event in omni.generate(text=text, audio=audio):
+            match event:
+                case TextDelta(text=delta):
+                    print(delta, end="", flush=True)
+                case AudioDelta(audio=samples, sample_rate=rate):
+                    pieces.append(samples)
+                case Done(metrics=m):
+                    print()
+                    audio_out = torch.cat(pieces) if pieces else torch.zeros(0)
+                    write_wav(out, audio_out, rate)
+                    print(f"wrote {out} ({audio_out.numel() / rate:.2f}s of {rate} Hz audio)")
+                    print(f"TTFT {_ms(m.ttft_ms)}  TTFA {_ms(m.ttfa_ms)}  ", end="")
+                    rtf = "-" if m.rtf is None else f"{m.rtf:.3f}"
+                    print(f"RTF {rtf}  end-to-end {m.e2e_ms:.0f} ms")
+                    return 0
+                case SessionError(code=code, message=message, stage=stage):
+                    where = f" at {stage}" if stage else ""
+                    print(
+                        f"\nomni-actors run: the request failed{where} ({code}): {message}",
+                        file=sys.stderr,
+                    )
+                    return 1
+                case _:
+                    print(f"\nomni-actors run: the request ended: {event}", file=sys.stderr)
+                    return 1
+    return 1
+
+
+def _ms(value: float | None) -> str:
+    return "-" if value is None else f"{value:.0f} ms"

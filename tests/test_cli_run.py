@@ -1,0 +1,61 @@
+"""``omni-actors run`` and ``prepare``: output, exit codes, and clear one-line errors."""
+
+from __future__ import annotations
+
+import wave
+from pathlib import Path
+
+import pytest
+import torch
+
+from omni_actors.cli import main
+from omni_actors.wav import write_wav
+
+
+def test_run_streams_text_writes_a_wav_and_prints_metrics(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    out = tmp_path / "reply.wav"
+    assert main(["run", "--preset", "scripted-omni", "--text", "hi", "--out", str(out)]) == 0
+    printed = capsys.readouterr().out
+    assert printed.startswith("t0 t1 t2 ")
+    assert "TTFT " in printed
+    assert "TTFA " in printed
+    assert "RTF " in printed
+    assert "end-to-end " in printed
+    with wave.open(str(out)) as wav:
+        assert (wav.getnchannels(), wav.getsampwidth(), wav.getframerate()) == (1, 2, 24000)
+        assert wav.getnframes() == 32 * 2 * 1920
+
+
+def test_run_takes_audio_at_any_rate(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    write_wav(tmp_path / "in.wav", torch.zeros(44100), 44100)
+    out = tmp_path / "reply.wav"
+    argv = ["run", "--preset", "scripted-omni", "--audio", str(tmp_path / "in.wav")]
+    assert main([*argv, "--out", str(out)]) == 0
+    assert out.stat().st_size > 44
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["--preset", "nope", "--text", "x"], "no preset named 'nope'"),
+        (["--preset", "scripted-omni"], "give --text, --audio or both"),
+        (["--preset", "scripted-omni", "--audio", "missing.wav"], "no such file"),
+    ],
+)
+def test_bad_input_is_one_line_and_exit_2(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], argv: list[str], message: str
+) -> None:
+    assert main(["run", *argv, "--out", str(tmp_path / "o.wav")]) == 2
+    err = capsys.readouterr().err
+    assert message in err
+    assert "Traceback" not in err
+    assert len(err.strip().splitlines()) == 1
+
+
+def test_a_garbage_wav_is_rejected(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    (tmp_path / "bad.wav").write_bytes(b"RIFF....garbage")
+    argv = ["run", "--preset", "scripted-omni", "--audio", str(tmp_path / "bad.wav")]
+    assert main([*argv, "--out", str(tmp_path / "o.wav")]) == 2
+    assert "not a PCM WAV file" in capsys.readouterr().err

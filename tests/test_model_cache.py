@@ -1,0 +1,89 @@
+"""The model cache: idempotent prepare, seeds, interrupted builds, clear errors."""
+
+from __future__ import annotations
+
+import sys
+import types
+from pathlib import Path
+
+import pytest
+
+from omni_actors import model_cache
+from omni_actors.model_cache import (
+    ModelNotPreparedError,
+    UnknownModelError,
+    is_prepared,
+    model_dir,
+    prepare,
+    require,
+)
+
+BUILDS: list[tuple[Path, int]] = []
+
+
+def _build(out_dir: Path, seed: int, progress: object = None) -> None:
+    if seed == 13:
+        raise RuntimeError("interrupted")
+    BUILDS.append((out_dir, seed))
+    out_dir.mkdir(parents=True, exist_ok=True)
+    (out_dir / "weights.bin").write_text(str(seed))
+    if callable(progress):
+        progress("weights", 1, 1)
+
+
+@pytest.fixture
+def fake_family(monkeypatch: pytest.MonkeyPatch) -> str:
+    module = types.ModuleType("fake_family")
+    module.build = _build  # type: ignore[attr-defined]
+    monkeypatch.setitem(sys.modules, "fake_family", module)
+    monkeypatch.setitem(model_cache.FAMILIES, "fake", "fake_family")
+    BUILDS.clear()
+    return "fake"
+
+
+def test_prepare_builds_once_per_seed(tmp_path: Path, fake_family: str) -> None:
+    steps: list[tuple[str, int, int]] = []
+    where = prepare(fake_family, cache_dir=tmp_path, progress=lambda *a: steps.append(a))
+    assert where == tmp_path / "fake" / "seed-0"
+    assert (where / "weights.bin").read_text() == "0"
+    assert steps == [("weights", 1, 1)]
+    assert prepare(fake_family, cache_dir=tmp_path) == where  # idempotent
+    assert len(BUILDS) == 1
+    prepare(fake_family, cache_dir=tmp_path, seed=7)
+    assert is_prepared(fake_family, cache_dir=tmp_path, seed=7)
+    prepare(fake_family, cache_dir=tmp_path, force=True)
+    assert [seed for _, seed in BUILDS] == [0, 7, 0]
+
+
+def test_an_interrupted_build_is_not_prepared(tmp_path: Path, fake_family: str) -> None:
+    with pytest.raises(RuntimeError, match="interrupted"):
+        prepare(fake_family, cache_dir=tmp_path, seed=13)
+    assert not is_prepared(fake_family, cache_dir=tmp_path, seed=13)
+    with pytest.raises(ModelNotPreparedError, match="omni-actors prepare fake --seed 13"):
+        require(fake_family, cache_dir=tmp_path, seed=13)
+
+
+def test_require_names_the_command(tmp_path: Path, fake_family: str) -> None:
+    with pytest.raises(ModelNotPreparedError) as info:
+        require(fake_family, cache_dir=tmp_path)
+    assert f"omni-actors prepare fake --cache-dir {tmp_path}" in str(info.value)
+    prepare(fake_family, cache_dir=tmp_path)
+    assert require(fake_family, cache_dir=tmp_path) == model_dir("fake", cache_dir=tmp_path)
+
+
+def test_a_corrupt_manifest_means_not_prepared(tmp_path: Path, fake_family: str) -> None:
+    where = prepare(fake_family, cache_dir=tmp_path)
+    (where / "prepared.json").write_text("{not json")
+    assert not is_prepared(fake_family, cache_dir=tmp_path)
+    prepare(fake_family, cache_dir=tmp_path)
+    assert len(BUILDS) == 2
+
+
+def test_unknown_families_and_the_default_cache(monkeypatch: pytest.MonkeyPatch) -> None:
+    with pytest.raises(UnknownModelError, match="tiny-omni"):
+        model_dir("gpt-17")
+    monkeypatch.setenv("OMNI_ACTORS_CACHE", "/somewhere/cache")
+    assert model_cache.default_cache_dir() == Path("/somewhere/cache")
+    monkeypatch.delenv("OMNI_ACTORS_CACHE")
+    monkeypatch.setenv("XDG_CACHE_HOME", "/xdg")
+    assert model_cache.default_cache_dir() == Path("/xdg/omni-actors")
