@@ -59,3 +59,16 @@ def test_a_garbage_wav_is_rejected(tmp_path: Path, capsys: pytest.CaptureFixture
     argv = ["run", "--preset", "scripted-omni", "--audio", str(tmp_path / "bad.wav")]
     assert main([*argv, "--out", str(tmp_path / "o.wav")]) == 2
     assert "not a PCM WAV file" in capsys.readouterr().err
+
+
+def test_the_run_command_does_not_shadow_the_loop_runner(tmp_path: Path) -> None:
+    import omni_actors
+    from omni_actors import cli
+
+    assert (
+        main(["run", "--preset", "scripted-omni", "--text", "x", "--out", str(tmp_path / "o.wav")])
+        == 0
+    )
+    # A submodule named like an attribute of its package replaces it on import: the
+    # bench commands, which call ``cli.run``, broke after a ``run`` command once.
+    assert cli.run is omni_actors.run

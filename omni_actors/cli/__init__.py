@@ -209,13 +209,13 @@ def _prepare(ns: argparse.Namespace) -> int:
 
 
 def _add_run_arguments(parser: argparse.ArgumentParser) -> None:
-    from omni_actors.cli.run import add_run_arguments
+    from omni_actors.cli.offline import add_run_arguments
 
     add_run_arguments(parser)
 
 
 def _run(ns: argparse.Namespace) -> int:
-    from omni_actors.cli.run import run_command
+    from omni_actors.cli.offline import run_command
 
     return run_command(ns)
 
