@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from omni_actors import run
+from omni_actors.errors import OmniError
 
 __all__ = ["BENCH_TARGETS", "COMMANDS", "BenchTarget", "Command", "main"]
 
@@ -135,11 +136,14 @@ def _bench_pipeline(ns: argparse.Namespace) -> dict[str, Any]:
             if any(is_model_pipeline(spec) for spec in specs.values()):
                 # Real models: streaming against full edges (no ideal to compare with).
                 levels = None if ns.concurrency == _SCRIPTED_LEVELS else ns.concurrency
-                return run(
-                    run_model_bench(
-                        ns.preset, levels, ns.requests, cache_dir=ns.cache_dir, seed=ns.seed
+                try:
+                    return run(
+                        run_model_bench(
+                            ns.preset, levels, ns.requests, cache_dir=ns.cache_dir, seed=ns.seed
+                        )
                     )
-                )
+                except OmniError as exc:  # e.g. engine arguments the engine rejects
+                    raise SystemExit(f"omni-actors bench pipeline: {exc}") from None
         for spec in specs.values():
             ideal_times(spec)
     except (PipelineConfigError, IdealUnavailableError) as exc:
