@@ -28,9 +28,20 @@ def build_engine(kind: str, args: dict[str, Any]) -> Engine:
             return ScriptedEngine(**args)
         except (TypeError, ValueError) as exc:
             raise EngineUnavailableError(f"scripted engine args {args!r}: {exc}") from None
-    if kind in ("torch", "vllm"):
+    if kind == "torch":
+        try:
+            from omni_actors.actors.tiny_omni.engines import build_torch_engine
+        except ImportError as exc:
+            raise EngineUnavailableError(
+                f"engine kind 'torch' needs transformers ({exc}); install omni-actors again"
+            ) from None
+        try:
+            return build_torch_engine(args)
+        except (TypeError, ValueError) as exc:
+            raise EngineUnavailableError(f"torch engine args {args!r}: {exc}") from None
+    if kind == "vllm":
         raise EngineUnavailableError(
-            f"engine kind {kind!r} is not available in this version of omni-actors; "
-            "use kind 'scripted'"
+            "engine kind 'vllm' is not available in this version of omni-actors; "
+            "use kind 'scripted' or 'torch'"
         )
     raise EngineUnavailableError(f"unknown engine kind {kind!r}; use scripted, torch or vllm")

@@ -33,7 +33,7 @@ FAMILIES: dict[str, str] = {"tiny-omni": "omni_actors.actors.tiny_omni.weights"}
 """Model families ``prepare`` can build, and the module whose ``build`` draws them."""
 
 _MANIFEST = "prepared.json"
-_FORMAT = 1  # bumped when the layout of a prepared directory changes
+_FORMAT = 2  # bumped when the layout of a prepared directory changes
 
 Progress = Callable[[str, int, int], None]
 

@@ -30,6 +30,7 @@ from transformers.models.qwen3_omni_moe.modeling_qwen3_omni_moe import (
 )
 
 from .configs import DEFAULT_NUM_CODE_GROUPS, quiet_transformers, tiny_configs
+from .tokenizer import write_tokenizer
 
 __all__ = ["STAGES", "Progress", "build", "is_built", "load"]
 
@@ -113,20 +114,28 @@ def build(
             model.train(False)
             _init_missed(model, stages[stage].initializer_range)
             model.save_pretrained(staging)
+            if stage == "thinker":  # the text stage's directory is a complete HF model
+                write_tokenizer(staging)
         del model
         shutil.rmtree(final, ignore_errors=True)
         staging.rename(final)
         if progress is not None:
             progress(stage, done, len(STAGES))
     composite.to_json_file(out_dir / "config.json")
+    write_tokenizer(out_dir)
 
 
 def is_built(out_dir: Path) -> bool:
     """Whether ``out_dir`` holds every stage (config and weights), e.g. to build lazily."""
     out_dir = Path(out_dir)
-    return (out_dir / "config.json").is_file() and all(
-        (out_dir / s / "config.json").is_file() and (out_dir / s / "model.safetensors").is_file()
-        for s in STAGES
+    return (
+        (out_dir / "config.json").is_file()
+        and (out_dir / "thinker" / "tokenizer.json").is_file()
+        and all(
+            (out_dir / s / "config.json").is_file()
+            and (out_dir / s / "model.safetensors").is_file()
+            for s in STAGES
+        )
     )
 
 

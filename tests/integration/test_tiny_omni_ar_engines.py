@@ -1,0 +1,377 @@
+"""The autoregressive tiny-omni engines: ``ThinkerEngine`` and ``TalkerEngine``.
+
+They run the real (tiny) models, so these pin behaviour the pipeline relies on: the
+fields and shapes each engine yields, determinism, streaming input equal to whole input,
+resumable thinker sessions, prompt aborts, and a talker whose codes do not depend on how
+the thinker's output was chunked and equal the step-by-step schedule that
+``test_tiny_omni_models`` proves equal to HF ``generate``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+import time
+from collections.abc import AsyncIterator, Iterable
+from contextlib import AbstractAsyncContextManager, asynccontextmanager
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+pytest.importorskip("transformers")
+
+import torch
+from transformers import DynamicCache
+
+from omni_actors import model_cache
+from omni_actors.actors.engine import Fields
+from omni_actors.actors.tiny_omni import configs, stepping, weights
+from omni_actors.actors.tiny_omni.configs import Tokens
+from omni_actors.actors.tiny_omni.talker_engine import TalkerEngine
+from omni_actors.actors.tiny_omni.thinker_engine import ThinkerEngine
+
+pytestmark = pytest.mark.integration
+
+TEXT = "Hello there, how are you today?"
+TALKER_FIELDS = ("prompt", "prompt_mask", "tts", "embed", "token_ids")
+
+
+@pytest.fixture(scope="module")
+def cache_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    cache = tmp_path_factory.mktemp("model-cache")
+    model_cache.prepare("tiny-omni", cache_dir=cache)
+    return cache
+
+
+def _args(cache_dir: Path, **extra: Any) -> dict[str, Any]:
+    return {"model": "tiny-omni", "seed": 0, "cache_dir": str(cache_dir), **extra}
+
+
+@asynccontextmanager
+async def _started(engine: Any) -> AsyncIterator[Any]:
+    await engine.start()
+    try:
+        yield engine
+    finally:
+        await engine.stop()
+
+
+def thinker(cache_dir: Path, **extra: Any) -> AbstractAsyncContextManager[ThinkerEngine]:
+    return _started(ThinkerEngine(_args(cache_dir, **extra)))
+
+
+def talker(cache_dir: Path, **extra: Any) -> AbstractAsyncContextManager[TalkerEngine]:
+    return _started(TalkerEngine(_args(cache_dir, **extra)))
+
+
+async def feed(items: Iterable[Fields], pause: float = 0.0) -> AsyncIterator[Fields]:
+    for item in items:
+        if pause:
+            await asyncio.sleep(pause)
+        yield item
+
+
+async def hang_after(items: Iterable[Fields]) -> AsyncIterator[Fields]:
+    """Yields ``items``, then waits forever (an input stream that never ends)."""
+    for item in items:
+        yield item
+    await asyncio.Event().wait()
+
+
+async def run(engine: Any, session: str, inputs: AsyncIterator[Fields]) -> list[Fields]:
+    return [out async for out in engine.generate(session, inputs)]
+
+
+def tensor(fields: Fields, name: str) -> torch.Tensor:
+    value = fields[name]
+    assert isinstance(value, torch.Tensor), name
+    return value
+
+
+def ids(outputs: list[Fields]) -> list[int]:
+    return [int(tensor(o, "token_ids")) for o in outputs]
+
+
+def sine(seconds: float = 1.0) -> torch.Tensor:
+    t = torch.arange(int(configs.AUDIO_SAMPLE_RATE * seconds)) / configs.AUDIO_SAMPLE_RATE
+    return (0.3 * torch.sin(2 * math.pi * 440.0 * t)).to(torch.float32)
+
+
+def stream_edge(outputs: list[Fields]) -> list[Fields]:
+    """What a ``stream`` thinker -> talker edge delivers: one chunk per token."""
+    return [{k: v for k, v in o.items() if k in TALKER_FIELDS} for o in outputs]
+
+
+def full_edge(outputs: list[Fields]) -> list[Fields]:
+    """What a ``full`` edge delivers: one chunk, per-token fields concatenated."""
+    first = outputs[0]
+    merged: dict[str, torch.Tensor | str] = {k: first[k] for k in ("prompt", "prompt_mask", "tts")}
+    merged["embed"] = torch.cat([tensor(o, "embed") for o in outputs])
+    merged["token_ids"] = torch.cat([tensor(o, "token_ids") for o in outputs])
+    return [merged]
+
+
+def codes(outputs: list[Fields]) -> torch.Tensor:
+    return torch.cat([tensor(o, "codes") for o in outputs])
+
+
+async def test_thinker_yields_tokens_and_the_talker_inputs_first(cache_dir: Path) -> None:
+    async with thinker(cache_dir) as engine:
+        outputs = await run(engine, "s", feed([{"text": TEXT}]))
+    assert 8 <= len(outputs) <= 48
+    table = weights.load(cache_dir / "tiny-omni" / "seed-0" / "thinker").get_input_embeddings()
+    for k, out in enumerate(outputs):
+        token = tensor(out, "token_ids")
+        assert token.dtype == torch.int64
+        assert token.shape == (1,)
+        assert 32 <= int(token) <= 126
+        assert out["text"] == chr(int(token))
+        embed = tensor(out, "embed")
+        assert embed.shape == (1, 64)
+        assert embed.dtype == torch.float32
+        assert torch.equal(embed, table(token))
+        assert ("prompt" in out) == (k == 0)
+    first = outputs[0]
+    prompt, mask, tts = (tensor(first, k) for k in ("prompt", "prompt_mask", "tts"))
+    turn = [Tokens.IM_START, Tokens.USER, 10, *configs.encode_text(TEXT), Tokens.IM_END, 10]
+    turn += [Tokens.IM_START, Tokens.ASSISTANT, 10]
+    assert prompt.shape == (len(turn), 64)
+    assert torch.equal(prompt, table(torch.tensor(turn)))  # text only: embeddings
+    assert mask.dtype == torch.bool
+    assert mask.shape == (len(turn),)
+    assert not mask.any()
+    assert torch.equal(tts, table(torch.tensor([Tokens.TTS_BOS, Tokens.TTS_EOS, Tokens.TTS_PAD])))
+
+
+async def test_thinker_is_deterministic(cache_dir: Path) -> None:
+    async with thinker(cache_dir) as engine:
+        first = await run(engine, "a", feed([{"text": TEXT}]))
+        second = await run(engine, "b", feed([{"text": TEXT}]))
+    async with thinker(cache_dir) as engine:
+        third = await run(engine, "a", feed([{"text": TEXT}]))
+    assert ids(first) == ids(second) == ids(third)
+    pairs = zip(first, third, strict=True)
+    assert all(torch.equal(tensor(a, "embed"), tensor(b, "embed")) for a, b in pairs)
+
+
+@pytest.mark.parametrize(("low", "high"), [(0, 3), (5, 5), (20, 24), (8, 48)])
+async def test_thinker_respects_min_and_max_new_tokens(
+    cache_dir: Path, low: int, high: int
+) -> None:
+    async with thinker(cache_dir, min_new_tokens=low, max_new_tokens=high) as engine:
+        outputs = await run(engine, "s", feed([{"text": TEXT}]))
+    assert low <= len(outputs) <= high
+    assert Tokens.IM_END not in ids(outputs)
+
+
+def test_thinker_rejects_bad_args(cache_dir: Path) -> None:
+    with pytest.raises(ValueError, match="min_new_tokens"):
+        ThinkerEngine(_args(cache_dir, min_new_tokens=-1))
+    assert ThinkerEngine(_args(cache_dir, max_new_tokens=4)).min_new_tokens == 4
+    with pytest.raises(ValueError, match="unknown engine args"):
+        ThinkerEngine(_args(cache_dir, max_tokens=8))
+    with pytest.raises(ValueError, match="speaker"):
+        TalkerEngine(_args(cache_dir, speaker="nobody"))
+
+
+async def test_thinker_text_in_chunks_equals_one_chunk(cache_dir: Path) -> None:
+    pieces = [{"text": TEXT[i : i + 7]} for i in range(0, len(TEXT), 7)]
+    async with thinker(cache_dir) as engine:
+        whole = await run(engine, "whole", feed([{"text": TEXT}]))
+        chunked = await run(engine, "chunked", feed(pieces, pause=0.005))
+    assert ids(chunked) == ids(whole)
+    assert torch.equal(tensor(chunked[0], "prompt"), tensor(whole[0], "prompt"))
+
+
+async def test_thinker_takes_audio(cache_dir: Path) -> None:
+    async with thinker(cache_dir) as engine:
+        heard = await run(engine, "a", feed([{"audio": sine()}, {"text": "Hi!"}]))
+        split = await run(
+            engine,
+            "b",
+            feed([{"audio": sine()[:8000]}, {"audio": sine()[8000:], "text": "Hi!"}]),
+        )
+        plain = await run(engine, "c", feed([{"text": "Hi!"}]))
+        blip = await run(engine, "d", feed([{"audio": sine()[:200]}, {"text": "Hi!"}]))
+    assert 8 <= len(heard) <= 48
+    assert ids(heard) != ids(plain)
+    mask = tensor(heard[0], "prompt_mask")
+    assert int(mask.sum()) == 13  # 1 s -> 100 mel frames -> 13 audio positions
+    assert mask[:4].tolist() == [False] * 4  # im_start user \n audio_start
+    # Chunks of one audio run are buffered and encoded as one clip.
+    assert ids(split) == ids(heard)
+    assert ids(blip) == ids(plain)  # under one STFT window: dropped, nothing to hear
+
+
+async def test_thinker_session_resumes_where_it_stopped(cache_dir: Path) -> None:
+    async with thinker(cache_dir, min_new_tokens=6, max_new_tokens=6) as engine:
+        first = await run(engine, "s", feed([{"text": "Hi!"}]))
+        after_first = engine.cached_tokens("s")
+        second = await run(engine, "s", feed([{"text": "And?"}]))
+        after_second = engine.cached_tokens("s")
+        fresh = await run(engine, "t", feed([{"text": "And?"}]))
+        assert engine.active_sessions == {"s", "t"}
+        await engine.release("s")
+        assert engine.active_sessions == {"t"}
+        assert engine.cached_tokens("s") == 0
+    lengths = [tensor(o[0], "prompt").shape[0] for o in (first, second)]
+    assert lengths == [3 + 3 + 2 + 3, 3 + 4 + 2 + 3]  # each segment's own user turn
+    # The 6th token is not fed; the next segment feeds it with <|im_end|> \n first.
+    assert after_first == lengths[0] + 5
+    assert after_second == after_first + 3 + lengths[1] + 5
+    assert len(second) == len(fresh) == 6
+    assert ids(second) != ids(fresh)  # the first exchange is in context
+
+
+async def test_thinker_abort_mid_decode_ends_promptly(cache_dir: Path) -> None:
+    async with thinker(cache_dir, min_new_tokens=48, max_new_tokens=48) as engine:
+        outputs = engine.generate("s", feed([{"text": TEXT}]))
+        for _ in range(3):
+            await anext(outputs)
+        assert engine.generating == {"s"}
+        await engine.abort("s")
+        started = time.monotonic()
+        rest = [out async for out in outputs]
+        assert time.monotonic() - started < 0.5
+        assert len(rest) <= 1  # at most the step already in flight
+        assert engine.active_sessions == set()
+        assert engine.generating == set()
+
+
+async def test_thinker_abort_while_waiting_for_input(cache_dir: Path) -> None:
+    async with thinker(cache_dir) as engine:
+        outputs = engine.generate("s", hang_after([{"text": "Hi"}]))
+        task = asyncio.ensure_future(run_list(outputs))
+        await asyncio.sleep(0.05)
+        assert engine.generating == {"s"}
+        await engine.abort("s")
+        assert await asyncio.wait_for(task, 1.0) == []
+        assert engine.active_sessions == set()
+
+
+async def run_list(outputs: AsyncIterator[Fields]) -> list[Fields]:
+    return [out async for out in outputs]
+
+
+async def _thinker_output(cache_dir: Path, inputs: list[Fields], **extra: Any) -> list[Fields]:
+    async with thinker(cache_dir, **extra) as engine:
+        return await run(engine, "s", feed(inputs))
+
+
+async def test_talker_stream_and_full_input_give_the_same_codes(cache_dir: Path) -> None:
+    said = await _thinker_output(cache_dir, [{"text": TEXT}], max_new_tokens=12)
+    async with talker(cache_dir) as engine:
+        streamed = await run(engine, "stream", feed(stream_edge(said), pause=0.002))
+        whole = await run(engine, "full", feed(full_edge(said)))
+        assert engine.active_sessions == set()
+    assert len(streamed) == len(whole) == 2 * len(said)
+    assert torch.equal(codes(streamed), codes(whole))
+    frames = codes(whole)
+    assert frames.dtype == torch.int64
+    assert frames.shape == (2 * len(said), configs.DEFAULT_NUM_CODE_GROUPS)
+    assert all(tensor(out, "codes").shape == (1, 4) for out in whole)
+    assert int(frames.min()) >= 0
+    assert int(frames.max()) < configs.CODEBOOK_SIZE
+
+
+async def test_talker_follows_hf_schedule_with_audio_prompt(cache_dir: Path) -> None:
+    """Frame k's text is token k, then TTS_EOS, then TTS_PAD (the HF-equal loop)."""
+    said = await _thinker_output(
+        cache_dir, [{"audio": sine(), "text": "Hi"}], min_new_tokens=4, max_new_tokens=4
+    )
+    async with talker(cache_dir, frames_per_token=3, speaker="ethan") as engine:
+        ours = codes(await run(engine, "s", feed(stream_edge(said))))
+
+    model: Any = weights.load(cache_dir / "tiny-omni" / "seed-0" / "talker")
+    prompt, mask, tts = (tensor(said[0], k) for k in ("prompt", "prompt_mask", "tts"))
+    assert mask.any()
+    embeds = [tensor(o, "embed")[None] for o in said]
+    user = stepping.talker_user_part(model, prompt[None, :-3], prompt[None, :-3], mask[None, :-3])
+    prefix = stepping.talker_assistant_prefix(
+        model,
+        torch.cat((prompt[None, -3:], embeds[0]), dim=1),
+        (tts[None, 0:1], tts[None, 2:3]),
+        configs.SPEAKERS["ethan"],
+    )
+    texts = [*embeds[1:], tts[None, 1:2]]
+    cache = DynamicCache(config=model.config.text_config)
+    inputs = torch.cat((user, prefix), dim=1)
+    hidden, logits = stepping.talker_forward(model, inputs, cache, 0)
+    position, frames = inputs.shape[1], []
+    vocab, eos = model.config.text_config.vocab_size, model.config.codec_eos_token_id
+    for k in range(3 * len(said)):
+        code0 = stepping.greedy(stepping.mask_codec_logits(logits, vocab, eos))
+        frame, carry = stepping.code_predictor_frame(model, hidden, code0)
+        frames.append(frame)
+        text = texts[k] if k < len(texts) else tts[None, 2:3]
+        hidden, logits = stepping.talker_forward(
+            model, carry + model.text_projection(text), cache, position
+        )
+        position += 1
+    assert torch.equal(ours, torch.cat(frames))
+
+
+async def test_talker_waits_for_tokens_it_needs(cache_dir: Path) -> None:
+    said = await _thinker_output(cache_dir, [{"text": TEXT}], max_new_tokens=6)
+    async with talker(cache_dir) as engine:
+        outputs = engine.generate("s", hang_after(stream_edge(said)[:2]))
+        got = [await anext(outputs) for _ in range(2)]  # frames 0 and 1: tokens 0 and 1
+        pending = asyncio.ensure_future(anext(outputs))
+        await asyncio.sleep(0.1)
+        assert not pending.done()  # frame 2 needs token 2, which never comes
+        await engine.abort("s")
+        with pytest.raises(StopAsyncIteration):
+            await asyncio.wait_for(pending, 1.0)
+        assert engine.active_sessions == set()
+        alone = await run(engine, "t", feed(full_edge(said)))
+    assert torch.equal(codes(got), codes(alone)[:2])
+
+
+async def test_talker_abort_mid_segment_frees_it(cache_dir: Path) -> None:
+    said = await _thinker_output(cache_dir, [{"text": TEXT}], min_new_tokens=24)
+    async with talker(cache_dir) as engine:
+        outputs = engine.generate("s", feed(full_edge(said)))
+        await anext(outputs)
+        assert engine.active_sessions == {"s"}
+        await engine.abort("s")
+        rest = await asyncio.wait_for(run_list(outputs), 1.0)
+        assert len(rest) <= 1
+        assert engine.active_sessions == set()
+
+
+async def test_talker_interleaved_sessions_match_running_alone(cache_dir: Path) -> None:
+    said_a = await _thinker_output(cache_dir, [{"text": TEXT}], max_new_tokens=10)
+    said_b = await _thinker_output(cache_dir, [{"audio": sine(0.5)}], max_new_tokens=10)
+    async with talker(cache_dir) as engine:
+        alone_a = codes(await run(engine, "a", feed(full_edge(said_a))))
+        alone_b = codes(await run(engine, "b", feed(full_edge(said_b))))
+        both = await asyncio.gather(
+            run(engine, "a", feed(stream_edge(said_a), pause=0.003)),
+            run(engine, "b", feed(stream_edge(said_b), pause=0.002)),
+        )
+        assert engine.active_sessions == set()
+    assert torch.equal(codes(both[0]), alone_a)
+    assert torch.equal(codes(both[1]), alone_b)
+    assert not torch.equal(alone_a[: len(alone_b)], alone_b[: len(alone_a)])
+
+
+async def test_talker_without_tokens_says_nothing(cache_dir: Path) -> None:
+    async with talker(cache_dir) as engine:
+        assert await run(engine, "s", feed([])) == []
+        with pytest.raises(ValueError, match="prompt_mask"):
+            await run(engine, "t", feed([{"embed": torch.zeros(1, 64)}]))
+        assert engine.active_sessions == set()
+
+
+async def test_talker_codec_eos_is_masked_unless_asked_to_stop(cache_dir: Path) -> None:
+    # With seed 0 the talker picks codec EOS at frame 44 of this answer's 96.
+    said = await _thinker_output(cache_dir, [{"text": "Hello there!"}])
+    async with talker(cache_dir) as engine:
+        masked = codes(await run(engine, "s", feed(full_edge(said))))
+    async with talker(cache_dir, stop_at_codec_eos=True) as engine:
+        stopped = codes(await run(engine, "s", feed(stream_edge(said))))
+        assert engine.active_sessions == set()
+    assert masked.shape[0] == 2 * len(said)
+    assert 0 < stopped.shape[0] < masked.shape[0]
+    assert torch.equal(stopped, masked[: stopped.shape[0]])  # the same frames up to EOS

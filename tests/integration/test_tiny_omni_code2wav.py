@@ -1,0 +1,250 @@
+"""``Code2WavEngine``: streamed windows decode to the one-shot audio, sessions batch.
+
+The reference everywhere is HF's own forward over the whole code sequence at once; the
+engine must reproduce it from ``ChunkPolicy`` windows, add the 555-sample tail HF trims
+(so a segment of ``F`` frames is exactly ``1920 * F`` samples), share forwards between
+sessions without mixing their audio, and end aborted or stopped sessions at once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+pytest.importorskip("transformers")
+
+import torch
+
+from omni_actors.actors.chunk_policy import ChunkPolicy
+from omni_actors.actors.engine import CONTEXT_FIELD, Fields
+from omni_actors.actors.tiny_omni import configs, stepping, weights
+from omni_actors.actors.tiny_omni.code2wav_engine import (
+    Code2WavEngine,
+    Code2WavInputError,
+    EngineStoppedError,
+)
+from omni_actors.model_cache import prepare
+
+PER_FRAME = configs.SAMPLES_PER_FRAME
+PENDING = 555
+GROUPS = configs.DEFAULT_NUM_CODE_GROUPS
+
+
+@pytest.fixture(scope="module")
+def cache(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    cache_dir = tmp_path_factory.mktemp("code2wav-cache")
+    prepare("tiny-omni", cache_dir=cache_dir)
+    return cache_dir
+
+
+@pytest.fixture(scope="module")
+def reference(cache: Path) -> Any:
+    """HF's code2wav as saved, untouched: the one-shot decode every stream must match."""
+    root = cache / "tiny-omni" / "seed-0"
+    return weights.load(root / "code2wav")
+
+
+@asynccontextmanager
+async def running(cache: Path, **args: Any) -> AsyncIterator[Code2WavEngine]:
+    engine = Code2WavEngine({"model": "tiny-omni", "cache_dir": str(cache), **args})
+    await engine.start()
+    try:
+        yield engine
+    finally:
+        await engine.stop()
+
+
+def random_codes(frames: int, seed: int) -> torch.Tensor:
+    gen = torch.Generator().manual_seed(seed)
+    return torch.randint(0, configs.CODEBOOK_SIZE, (frames, GROUPS), generator=gen)
+
+
+def windows(codes: torch.Tensor, policy: ChunkPolicy | None = None) -> list[Fields]:
+    """The inputs a stage hands code2wav: frames pushed one by one, as a talker makes them."""
+    window = (policy or ChunkPolicy(4, 25, 25)).window()
+    chunks = [c for frame in codes for c in window.push(frame[None])] + window.finish()
+    inputs: list[Fields] = []
+    for chunk in chunks:
+        fields: dict[str, torch.Tensor | str] = {"codes": chunk.frames}
+        if chunk.context:
+            fields[CONTEXT_FIELD] = torch.tensor(chunk.context)
+        inputs.append(fields)
+    return inputs
+
+
+async def feed(items: list[Fields], stalled: asyncio.Event | None = None) -> AsyncIterator[Fields]:
+    """Yield ``items``; with ``stalled``, set it after two and wait forever (a stuck talker)."""
+    for index, item in enumerate(items):
+        if stalled is not None and index == 2:
+            stalled.set()
+            await asyncio.Event().wait()
+        yield item
+
+
+async def decode(engine: Code2WavEngine, session: str, inputs: AsyncIterator[Fields]) -> list[Any]:
+    outputs = engine.generate(session, inputs)
+    return [out["audio"] for out in [o async for o in outputs]]
+
+
+def one_shot(reference: Any, codes: torch.Tensor) -> torch.Tensor:
+    with torch.no_grad():
+        out: torch.Tensor = reference(codes.T[None])[0, 0]
+    return out
+
+
+def close(a: torch.Tensor, b: torch.Tensor) -> bool:
+    return a.shape == b.shape and float((a - b).abs().max()) < 1e-5
+
+
+@pytest.mark.integration
+@pytest.mark.parametrize("frames", [60, 54])  # 4+25+25+6 (finish() flushes), 4+25+25 (it does not)
+async def test_stream_of_windows_equals_one_shot_decode(
+    cache: Path, reference: Any, frames: int
+) -> None:
+    codes = random_codes(frames, seed=frames)
+    inputs = windows(codes)
+    async with running(cache) as engine:
+        pieces = await decode(engine, "s", feed(inputs))
+        whole = await decode(engine, "full", feed([{"codes": codes}]))  # a full edge
+        assert engine.pending_samples == PENDING
+        assert engine.active_sessions == set()
+
+    new = [4, 25, 25, 6][: len(inputs)]
+    expected = [PER_FRAME * new[0] - PENDING] + [PER_FRAME * n for n in new[1:]] + [PENDING]
+    assert [p.shape[-1] for p in pieces] == expected
+    assert all(p.dtype == torch.float32 and p.dim() == 1 for p in pieces)
+    stream = torch.cat(pieces)
+    assert stream.shape[-1] == PER_FRAME * frames
+    # Everything but the tail is HF's one-shot decode (which trims the tail).
+    assert close(stream[:-PENDING], one_shot(reference, codes))
+    # ... and so is each chunk's emitted audio, chunk by chunk (stepping's reference).
+    contexts = [int(f.get(CONTEXT_FIELD, torch.tensor(0))) for f in inputs]
+    steps = [
+        stepping.decode_window(reference, f["codes"].T[None], c)[0]  # type: ignore[union-attr]
+        for f, c in zip(inputs, contexts, strict=True)
+    ]
+    assert close(stream[:-PENDING], torch.cat(steps))
+    # A full edge (one chunk) gives the same samples, tail included, in two outputs.
+    assert [p.shape[-1] for p in whole] == [PER_FRAME * frames - PENDING, PENDING]
+    assert close(torch.cat(whole), stream)
+    assert float(stream[-PENDING:].abs().max()) > 1e-3  # the tail is audio, not padding
+
+
+@pytest.mark.integration
+async def test_any_chunking_gives_1920_samples_per_frame(cache: Path, reference: Any) -> None:
+    codes = random_codes(30, seed=7)
+    full = one_shot(reference, codes)
+    async with running(cache) as engine:
+        for policy, exact in [
+            (ChunkPolicy(1, 3, 25), True),  # context always covers the receptive field
+            (ChunkPolicy(4, 25, 0), False),  # no context: chunk edges are approximate
+            (ChunkPolicy(2, 7, 3), False),  # context shorter than the receptive field
+        ]:
+            stream = torch.cat(await decode(engine, "s", feed(windows(codes, policy))))
+            assert stream.shape[-1] == PER_FRAME * 30, policy
+            assert close(stream[:-PENDING], full) == exact, policy
+            # The first chunk is always exact: it has nothing before it.
+            assert close(
+                stream[: PER_FRAME * policy.initial_frames - PENDING],
+                full[: PER_FRAME * policy.initial_frames - PENDING],
+            )
+
+
+@pytest.mark.integration
+async def test_concurrent_sessions_share_forwards(cache: Path) -> None:
+    sessions = {f"s{i}": random_codes(60, seed=100 + i) for i in range(4)}
+    async with running(cache, batch_wait_ms=20) as engine:
+        solo = {
+            s: torch.cat(await decode(engine, s, feed(windows(c)))) for s, c in sessions.items()
+        }
+        alone = engine.stats.forwards
+        assert alone == engine.stats.rows == 4 * 4  # 4 chunks each, one forward per chunk
+
+        results = await asyncio.gather(
+            *(decode(engine, s, feed(windows(c))) for s, c in sessions.items())
+        )
+        forwards = engine.stats.forwards - alone
+        assert engine.stats.rows - 16 == 16
+        assert forwards < 16
+        assert engine.stats.largest == 4
+        assert engine.stats.mean_forward_s(4) > 0.0
+    for session, pieces in zip(sessions, results, strict=True):
+        assert close(torch.cat(pieces), solo[session])
+
+
+@pytest.mark.integration
+async def test_abort_mid_stream_frees_session_and_others_continue(cache: Path) -> None:
+    codes = {s: random_codes(60, seed=200 + i) for i, s in enumerate(["a", "b", "c"])}
+    async with running(cache) as engine:
+        solo = torch.cat(await decode(engine, "solo", feed(windows(codes["a"]))))
+        stalled = asyncio.Event()
+        a = asyncio.create_task(decode(engine, "a", feed(windows(codes["a"]))))
+        b = asyncio.create_task(decode(engine, "b", feed(windows(codes["b"]), stalled)))
+        await stalled.wait()  # b has yielded two chunks' audio and waits for a third
+        assert "b" in engine.active_sessions
+        began = time.monotonic()
+        await engine.abort("b")
+        assert "b" not in engine.active_sessions
+        b_pieces = await asyncio.wait_for(b, 1.0)
+        assert time.monotonic() - began < 0.5
+        assert len(b_pieces) == 2  # what it decoded before the abort, and no tail
+
+        # Abort c while its chunk waits behind a busy model thread: it ends at once.
+        busy = asyncio.create_task(engine.call(time.sleep, 0.5))
+        c = asyncio.create_task(decode(engine, "c", feed(windows(codes["c"]))))
+        await asyncio.sleep(0.05)  # c has queued its first chunk
+        assert "c" in engine.active_sessions
+        began = time.monotonic()
+        await engine.abort("c")
+        assert await asyncio.wait_for(c, 0.3) == []
+        assert time.monotonic() - began < 0.3
+        await busy
+        a_pieces = await a
+        assert engine.active_sessions == set()
+    assert close(torch.cat(a_pieces), solo)
+
+
+@pytest.mark.integration
+async def test_bad_chunk_fails_only_its_session(cache: Path) -> None:
+    good = random_codes(30, seed=3)
+    async with running(cache) as engine:
+        ok = asyncio.create_task(decode(engine, "ok", feed(windows(good))))
+        with pytest.raises(Code2WavInputError, match="lie in"):
+            await decode(engine, "bad", feed([{"codes": good + configs.CODEBOOK_SIZE}]))
+        with pytest.raises(Code2WavInputError, match=r"\[frames, 4\]"):
+            await decode(engine, "bad", feed([{"codes": good[:, :3]}]))
+        assert sum(p.shape[-1] for p in await ok) == PER_FRAME * 30
+        assert engine.active_sessions == set()
+
+
+@pytest.mark.integration
+async def test_stop_ends_generating_sessions_and_leaves_no_task(cache: Path) -> None:
+    engine = Code2WavEngine({"cache_dir": str(cache), "stage": "code2wav"})
+    with pytest.raises(EngineStoppedError):
+        await decode(engine, "early", feed([]))
+    await engine.start()
+    stalled = asyncio.Event()
+    session = asyncio.create_task(decode(engine, "s", feed(windows(random_codes(30, 4)), stalled)))
+    await stalled.wait()
+    await engine.stop()
+    with pytest.raises(EngineStoppedError):
+        await session
+    assert engine.active_sessions == set()
+    current = asyncio.current_task()
+    assert [t for t in asyncio.all_tasks() if t is not current and not t.done()] == []
+    with pytest.raises(EngineStoppedError):
+        await decode(engine, "late", feed([]))
+
+
+@pytest.mark.integration
+def test_args_are_checked(cache: Path) -> None:
+    with pytest.raises(ValueError, match="unknown"):
+        Code2WavEngine({"cache_dir": str(cache), "max_btach": 4})
+    with pytest.raises(ValueError, match="max_batch"):
+        Code2WavEngine({"cache_dir": str(cache), "max_batch": 0})
