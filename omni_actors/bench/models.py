@@ -48,6 +48,34 @@ def full_variant(spec: PipelineSpec) -> PipelineSpec:
         return spec.model_copy(update={"name": f"{spec.name}-full", "edges": edges})
 
 
+def fixed_replies(spec: PipelineSpec, tokens: int) -> PipelineSpec:
+    """``spec`` with every text stage replying exactly ``tokens`` tokens.
+
+    Random weights end a reply at a random token, so reply lengths, and with them the
+    full-edge variant's latency, would follow the prompt by chance. A stage whose
+    engine takes ``max_new_tokens`` gets it as both its minimum and maximum.
+    """
+    stages = tuple(
+        stage.model_copy(
+            update={
+                "engine": stage.engine.model_copy(
+                    update={
+                        "args": {
+                            **stage.engine.args,
+                            "max_new_tokens": tokens,
+                            "min_new_tokens": tokens,
+                        }
+                    }
+                )
+            }
+        )
+        if "max_new_tokens" in stage.engine.args
+        else stage
+        for stage in spec.stages
+    )
+    return spec.model_copy(update={"stages": stages})
+
+
 def _level(results: list[_Sample | str]) -> dict[str, Any]:
     samples = [r for r in results if isinstance(r, _Sample)]
     errors = [r for r in results if isinstance(r, str)]
@@ -72,6 +100,7 @@ async def run_model_bench(
     *,
     cache_dir: Path | None = None,
     seed: int = 0,
+    reply_tokens: int = 48,
 ) -> dict[str, Any]:
     """Measure ``preset`` (streaming) against its full-edge variant.
 
@@ -81,6 +110,8 @@ async def run_model_bench(
         requests: measured requests per level (default ``max(2 * c, 8)``).
         cache_dir: the weights cache (prepared first if missing).
         seed: the weights' seed.
+        reply_tokens: every reply is exactly this many text tokens (see
+            :func:`fixed_replies`).
 
     Returns:
         ``variants`` (per pipeline, per level: TTFA p50/p99, RTF p50, E2E p50, errors),
@@ -103,7 +134,7 @@ async def run_model_bench(
         extra["cache_dir"] = str(cache_dir)
     variants: dict[str, dict[str, Any]] = {}
     for label, spec in specs.items():
-        spec = spec.with_engine_args("torch", **extra)
+        spec = fixed_replies(spec.with_engine_args("torch", **extra), reply_tokens)
         variants[spec.name] = {}
         for c in levels:
             count = requests if requests is not None else max(2 * c, 8)
@@ -142,6 +173,7 @@ async def run_model_bench(
             "requests": requests if requests is not None else "max(2*c, 8)",
             "warmup_requests": _WARMUP,
             "seed": seed,
+            "reply_tokens": reply_tokens,
         },
         "wall_s": round(time.perf_counter() - started, 1),
     }

@@ -121,6 +121,12 @@ def _add_pipeline_options(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--cache-dir", type=Path, default=None, help="weights cache")
     parser.add_argument("--seed", type=int, default=0, help="seed of the prepared weights")
+    parser.add_argument(
+        "--reply-tokens",
+        type=_positive_int,
+        default=48,
+        help="model presets: every reply is exactly this many text tokens (default 48)",
+    )
 
 
 def _bench_pipeline(ns: argparse.Namespace) -> dict[str, Any]:
@@ -139,7 +145,12 @@ def _bench_pipeline(ns: argparse.Namespace) -> dict[str, Any]:
                 try:
                     return run(
                         run_model_bench(
-                            ns.preset, levels, ns.requests, cache_dir=ns.cache_dir, seed=ns.seed
+                            ns.preset,
+                            levels,
+                            ns.requests,
+                            cache_dir=ns.cache_dir,
+                            seed=ns.seed,
+                            reply_tokens=ns.reply_tokens,
                         )
                     )
                 except OmniError as exc:  # e.g. engine arguments the engine rejects

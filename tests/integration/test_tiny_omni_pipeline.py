@@ -169,3 +169,21 @@ def test_cli_run_without_weights_and_no_prepare_names_the_command(
     assert main([*argv, "--no-prepare", "--out", str(tmp_path / "o.wav")]) == 2
     err = capsys.readouterr().err
     assert f"omni-actors prepare tiny-omni --cache-dir {cache}" in err
+
+
+def test_model_bench_compares_stream_and_full(
+    cache: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    import json
+
+    argv = ["bench", "pipeline", "--preset", "tiny-omni", "--json", "--cache-dir", str(cache)]
+    assert main([*argv, "--concurrency", "1", "--requests", "2", "--reply-tokens", "12"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    stream, full = report["variants"]["tiny-omni"]["1"], report["variants"]["tiny-omni-full"]["1"]
+    assert stream["errors"] == full["errors"] == 0
+    assert 0 < stream["ttfa_ms_p50"] < full["ttfa_ms_p50"]
+    assert report["stream_vs_full_ttfa"]["1"] == pytest.approx(
+        stream["ttfa_ms_p50"] / full["ttfa_ms_p50"], rel=1e-3
+    )
+    assert report["parameters"]["reply_tokens"] == 12
+    assert set(report["targets"]) == {"stream_vs_full_ttfa_c1", "rtf_c4"}
