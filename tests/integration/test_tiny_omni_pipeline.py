@@ -187,3 +187,18 @@ def test_model_bench_compares_stream_and_full(
     )
     assert report["parameters"]["reply_tokens"] == 12
     assert set(report["targets"]) == {"stream_vs_full_ttfa_c1", "rtf_c4"}
+
+
+async def test_stages_in_worker_processes_make_the_same_reply(cache: Path) -> None:
+    local = spec_of("tiny-omni", cache)
+    stages = tuple(
+        s.model_copy(update={"process": s.name in ("talker", "code2wav")}) for s in local.stages
+    )
+    async with OmniPipeline(local.model_copy(update={"stages": stages})) as omni:
+        remote = await collect(omni, text="across processes")
+        await nothing_held(omni)
+    async with OmniPipeline(local) as omni:
+        same = await collect(omni, text="across processes")
+    done(remote)
+    assert text_of(remote) == text_of(same)
+    assert torch.allclose(audio_of(remote), audio_of(same), atol=1e-4)
