@@ -10,15 +10,17 @@ pending when the thread frees up goes into the next call.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, TypeVar
 
+from omni_actors.actors.engine import Fields
 from omni_actors.model_cache import require
 
-__all__ = ["TorchEngine", "stage_dir"]
+__all__ = ["AbortSignal", "TorchEngine", "check_args", "stage_dir"]
 
 T = TypeVar("T")
 
@@ -36,6 +38,48 @@ def stage_dir(args: dict[str, Any], stage: str) -> Path:
         seed=int(args.get("seed", 0)),
     )
     return root / stage
+
+
+def check_args(args: dict[str, Any], allowed: frozenset[str]) -> None:
+    """Raise ValueError on unknown keys, so a misspelt setting fails when built."""
+    unknown = sorted(set(args) - allowed)
+    if unknown:
+        raise ValueError(f"unknown engine args {unknown}; known: {sorted(allowed)}")
+
+
+class AbortSignal:
+    """An abort that a running ``generate`` can wait on together with its next input.
+
+    ``Engine.abort`` must end a ``generate`` promptly even while it waits for input that
+    may never come (the stage cancels its task too, but an engine must not rely on it).
+    """
+
+    def __init__(self) -> None:
+        self._future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+
+    @property
+    def aborted(self) -> bool:
+        """Whether :meth:`abort` was called."""
+        return self._future.done()
+
+    def abort(self) -> None:
+        """Wake whoever waits in :meth:`next_input`; idempotent."""
+        if not self._future.done():
+            self._future.set_result(None)
+
+    async def next_input(self, inputs: AsyncIterator[Fields]) -> Fields | None:
+        """The next input chunk, or None once the input ended or the session was aborted."""
+        if self.aborted:
+            return None
+        read = asyncio.ensure_future(anext(inputs, None))
+        try:
+            await asyncio.wait((read, self._future), return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            if not read.done():
+                read.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await read
+        return None if read.cancelled() else read.result()
 
 
 class TorchEngine:

@@ -36,12 +36,8 @@ from transformers.models.qwen3_omni_moe.modeling_qwen3_omni_moe import (
 
 from omni_actors.actors.engine import Fields
 from omni_actors.actors.tiny_omni import configs, stepping, weights
-from omni_actors.actors.tiny_omni.thinker_engine import (
-    ASSISTANT_OPENING,
-    AbortSignal,
-    check_args,
-)
-from omni_actors.actors.torch_engine import TorchEngine, stage_dir
+from omni_actors.actors.tiny_omni.thinker_engine import ASSISTANT_OPENING
+from omni_actors.actors.torch_engine import AbortSignal, TorchEngine, check_args, stage_dir
 
 __all__ = ["TalkerEngine"]
 

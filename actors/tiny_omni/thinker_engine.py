@@ -23,7 +23,6 @@ and ``<|im_end|> \\n``, so the cached conversation stays well-formed across segm
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
@@ -41,9 +40,9 @@ from transformers.models.qwen3_omni_moe.modeling_qwen3_omni_moe import (
 from omni_actors.actors.engine import Fields
 from omni_actors.actors.tiny_omni import configs, stepping, weights
 from omni_actors.actors.tiny_omni.configs import Tokens
-from omni_actors.actors.torch_engine import TorchEngine, stage_dir
+from omni_actors.actors.torch_engine import AbortSignal, TorchEngine, check_args, stage_dir
 
-__all__ = ["AbortSignal", "ThinkerEngine", "check_args"]
+__all__ = ["ThinkerEngine"]
 
 NEWLINE: Final = 10
 _MIN_AUDIO: Final = 400  # one 25 ms STFT window; shorter runs are dropped (nothing to
@@ -54,48 +53,6 @@ special tokens, which no text consumer downstream could show."""
 ASSISTANT_OPENING: Final = (Tokens.IM_START, Tokens.ASSISTANT, NEWLINE)
 _COMMON_ARGS: Final = frozenset({"model", "seed", "cache_dir", "stage", "speaker"})
 _ARGS: Final = _COMMON_ARGS | {"max_new_tokens", "min_new_tokens"}
-
-
-def check_args(args: dict[str, Any], allowed: frozenset[str]) -> None:
-    """Raise ValueError on unknown keys, so a misspelt setting fails when built."""
-    unknown = sorted(set(args) - allowed)
-    if unknown:
-        raise ValueError(f"unknown engine args {unknown}; known: {sorted(allowed)}")
-
-
-class AbortSignal:
-    """An abort that a running ``generate`` can wait on together with its next input.
-
-    ``Engine.abort`` must end a ``generate`` promptly even while it waits for input that
-    may never come (the stage cancels its task too, but an engine must not rely on it).
-    """
-
-    def __init__(self) -> None:
-        self._future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-
-    @property
-    def aborted(self) -> bool:
-        """Whether :meth:`abort` was called."""
-        return self._future.done()
-
-    def abort(self) -> None:
-        """Wake whoever waits in :meth:`next_input`; idempotent."""
-        if not self._future.done():
-            self._future.set_result(None)
-
-    async def next_input(self, inputs: AsyncIterator[Fields]) -> Fields | None:
-        """The next input chunk, or None once the input ended or the session was aborted."""
-        if self.aborted:
-            return None
-        read = asyncio.ensure_future(anext(inputs, None))
-        try:
-            await asyncio.wait((read, self._future), return_when=asyncio.FIRST_COMPLETED)
-        finally:
-            if not read.done():
-                read.cancel()
-                with contextlib.suppress(asyncio.CancelledError):
-                    await read
-        return None if read.cancelled() else read.result()
 
 
 class _Prefilled(NamedTuple):
