@@ -1,11 +1,12 @@
-"""A voice agent's loop on the built-in scripted pipeline (thinker -> talker -> code2wav).
+"""A voice agent's loop on a thinker -> talker -> code2wav pipeline.
 
 The caller streams microphone audio into one resumable session in segments. After each
 segment (end of the user's turn) the pipeline answers with text and audio while the
 session keeps its state, and later turns pay no prewarm. The last turn is cut short
 by a barge-in: the abort reaches every stage and the stream ends at once.
 
-Run: python examples/voice_agent.py
+Run: python examples/voice_agent.py [PRESET]   (default scripted-omni; tiny-omni runs the
+real tiny models, preparing their weights first if needed)
 """
 
 from __future__ import annotations
@@ -15,12 +16,17 @@ import sys
 import torch
 
 from omni_actors import AudioDelta, OmniPipeline, SegmentDone, TextDelta, run
+from omni_actors.model_cache import prepare
+from omni_actors.pipeline import load_pipeline
 
 FRAME = 1600  # 100 ms of 16 kHz microphone audio
 
 
-async def main() -> int:
-    async with OmniPipeline("scripted-omni") as omni, omni.session() as session:
+async def main(preset: str) -> int:
+    spec = load_pipeline(preset)
+    if any(stage.engine.kind == "torch" for stage in spec.stages):
+        prepare("tiny-omni")  # a no-op once the weights are in the cache
+    async with OmniPipeline(spec) as omni, omni.session() as session:
         for turn in range(1, 4):
             for _ in range(5):  # half a second of "speech", frame by frame
                 await session.send(audio=torch.zeros(FRAME))
@@ -32,7 +38,7 @@ async def main() -> int:
                         text.append(piece)
                     case AudioDelta(audio=audio):
                         samples += audio.numel()
-                        if turn == 3 and samples >= 24000:
+                        if turn == 3 and samples >= 12000:
                             await session.abort("barge-in: the user spoke again")
                     case SegmentDone(metrics=m):
                         print(
@@ -46,4 +52,4 @@ async def main() -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(run(main()))
+    sys.exit(run(main(sys.argv[1] if len(sys.argv) > 1 else "scripted-omni")))

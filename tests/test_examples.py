@@ -41,3 +41,24 @@ def test_voice_agent_answers_two_turns_and_barges_in_on_the_third() -> None:
     assert lines[2].startswith("turn 3: ended with Aborted: ")
     assert "barge-in" in lines[2]
     assert lines[-1] == "pipeline closed cleanly"
+
+
+def test_voice_agent_runs_on_tiny_omni(tmp_path: Path) -> None:
+    import os
+
+    env = {**os.environ, "OMNI_ACTORS_CACHE": str(tmp_path)}
+    done = subprocess.run(
+        [sys.executable, str(EXAMPLES / "voice_agent.py"), "tiny-omni"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+        env=env,
+    )
+
+    assert done.returncode == 0, done.stdout + done.stderr
+    lines = done.stdout.splitlines()
+    assert lines[0].startswith("turn 1: ")
+    assert lines[1].startswith("turn 2: ")
+    assert lines[2].startswith("turn 3: ended with Aborted: ")
+    assert lines[-1] == "pipeline closed cleanly"
