@@ -139,26 +139,36 @@ class Orchestrator(Actor[StartSession | ListSessions | ListStages | Terminated |
         )
 
     async def on_start(self) -> None:
-        """Spawn every stage's replicas (entry first), then the harness's interposers."""
+        """Spawn every stage's replicas (at once: worker processes start in parallel),
+        then the harness's interposers."""
         ctx = self.context
-        for name in self.spec.stages_order():
-            stage = self.spec.stage(name)
-            cls = self.stage_classes.get(name, StageActor)
-            names = (
-                [name] if stage.replicas == 1 else [f"{name}-{i}" for i in range(stage.replicas)]
-            )
-            self.replicas[name] = names
-            for actor in names:
-                self.stages[actor] = await ctx.spawn(
-                    cls,
-                    name,
-                    stage.engine.kind,
-                    dict(stage.engine.args),
-                    name=actor,
-                    restart=stage.supervision.restart,
-                    process=stage.process,
+        spawns: dict[str, asyncio.Task[ActorRef[Any]]] = {}
+        async with asyncio.TaskGroup() as group:  # one failure cancels the other spawns
+            for name in self.spec.stages_order():
+                stage = self.spec.stage(name)
+                cls = self.stage_classes.get(name, StageActor)
+                names = (
+                    [name]
+                    if stage.replicas == 1
+                    else [f"{name}-{i}" for i in range(stage.replicas)]
                 )
-                self.load[actor] = 0
+                self.replicas[name] = names
+                for actor in names:
+                    spawns[actor] = group.create_task(
+                        ctx.spawn(
+                            cls,
+                            name,
+                            stage.engine.kind,
+                            dict(stage.engine.args),
+                            name=actor,
+                            restart=stage.supervision.restart,
+                            process=stage.process,
+                        ),
+                        name=f"spawn stage {actor}",
+                    )
+        for actor, spawned in spawns.items():
+            self.stages[actor] = spawned.result()
+            self.load[actor] = 0
         edges = [(e.source, e.to) for e in self.spec.edges]
         for source, to in [(INPUT, self.spec.entry_stage), *edges]:
             key = f"{source}->{to}"

@@ -16,6 +16,7 @@ is involved.
 from __future__ import annotations
 
 import logging
+import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any, Final
@@ -102,26 +103,40 @@ SPEAKERS: Final = {
 """Speaker name -> codec id; the real names, so HF's default ``speaker="Ethan"`` works."""
 
 
+_quiet_lock = threading.Lock()
+_quiet_depth = 0
+_quiet_saved: tuple[int, bool] = (logging.NOTSET, True)
+
+
 @contextmanager
 def quiet_transformers() -> Iterator[None]:
     """Silence transformers' progress bars and rope-key warnings for the enclosed calls.
 
     The talker's text config does not whitelist the ``mrope_section`` keys that its own
     rotary embedding reads (the real checkpoint triggers the same warning), and saving or
-    loading a 2 MB stage should not draw tqdm bars on a server's stderr. Both settings are
-    restored on exit.
+    loading a 2 MB stage should not draw tqdm bars on a server's stderr. The settings are
+    process-wide and engines load in threads of their own, at once: the first caller in
+    silences, the last one out restores, so overlapping loads never re-enable the bars
+    under each other.
     """
+    global _quiet_depth, _quiet_saved
     rope_logger = logging.getLogger("transformers.modeling_rope_utils")
-    level = rope_logger.level
-    bars = hf_logging.is_progress_bar_enabled()
-    rope_logger.setLevel(logging.ERROR)
-    hf_logging.disable_progress_bar()  # type: ignore[no-untyped-call]
+    with _quiet_lock:
+        if _quiet_depth == 0:
+            _quiet_saved = (rope_logger.level, hf_logging.is_progress_bar_enabled())
+            rope_logger.setLevel(logging.ERROR)
+            hf_logging.disable_progress_bar()  # type: ignore[no-untyped-call]
+        _quiet_depth += 1
     try:
         yield
     finally:
-        rope_logger.setLevel(level)
-        if bars:
-            hf_logging.enable_progress_bar()  # type: ignore[no-untyped-call]
+        with _quiet_lock:
+            _quiet_depth -= 1
+            if _quiet_depth == 0:
+                level, bars = _quiet_saved
+                rope_logger.setLevel(level)
+                if bars:
+                    hf_logging.enable_progress_bar()  # type: ignore[no-untyped-call]
 
 
 def encode_text(text: str) -> list[int]:
