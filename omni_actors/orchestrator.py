@@ -143,29 +143,36 @@ class Orchestrator(Actor[StartSession | ListSessions | ListStages | Terminated |
         then the harness's interposers."""
         ctx = self.context
         spawns: dict[str, asyncio.Task[ActorRef[Any]]] = {}
-        async with asyncio.TaskGroup() as group:  # one failure cancels the other spawns
-            for name in self.spec.stages_order():
-                stage = self.spec.stage(name)
-                cls = self.stage_classes.get(name, StageActor)
-                names = (
-                    [name]
-                    if stage.replicas == 1
-                    else [f"{name}-{i}" for i in range(stage.replicas)]
-                )
-                self.replicas[name] = names
-                for actor in names:
-                    spawns[actor] = group.create_task(
-                        ctx.spawn(
-                            cls,
-                            name,
-                            stage.engine.kind,
-                            dict(stage.engine.args),
-                            name=actor,
-                            restart=stage.supervision.restart,
-                            process=stage.process,
-                        ),
-                        name=f"spawn stage {actor}",
+        try:
+            async with asyncio.TaskGroup() as group:  # one failure cancels the other spawns
+                for name in self.spec.stages_order():
+                    stage = self.spec.stage(name)
+                    cls = self.stage_classes.get(name, StageActor)
+                    names = (
+                        [name]
+                        if stage.replicas == 1
+                        else [f"{name}-{i}" for i in range(stage.replicas)]
                     )
+                    self.replicas[name] = names
+                    for actor in names:
+                        spawns[actor] = group.create_task(
+                            ctx.spawn(
+                                cls,
+                                name,
+                                stage.engine.kind,
+                                dict(stage.engine.args),
+                                name=actor,
+                                restart=stage.supervision.restart,
+                                process=stage.process,
+                            ),
+                            name=f"spawn stage {actor}",
+                        )
+        except BaseExceptionGroup as failed:
+            # The caller wants the stage's own error (e.g. bad engine arguments), not a
+            # group; the other spawns were cancelled and their stages are stopped.
+            for extra in failed.exceptions[1:]:
+                log.error("another stage failed to start as well: %r", extra)
+            raise failed.exceptions[0] from None
         for actor, spawned in spawns.items():
             self.stages[actor] = spawned.result()
             self.load[actor] = 0

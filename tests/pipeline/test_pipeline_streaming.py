@@ -237,3 +237,14 @@ async def test_a_stopped_pipeline_answers_new_sessions_with_an_error() -> None:
         await orchestrator._cell.system.stop(orchestrator)
         events = await collect(omni.generate(text="x"))
     assert events[-1].code == "internal"  # type: ignore[union-attr]
+
+
+async def test_a_stage_that_cannot_start_fails_the_pipeline_start_cleanly() -> None:
+    from omni_actors.actors.engines import EngineUnavailableError
+
+    spec = make_spec(talker={"no_such_setting": 1})
+    with pytest.raises(EngineUnavailableError, match="no_such_setting"):
+        async with OmniPipeline(spec):
+            pass
+    # the other stages, started concurrently, were stopped: the suite's leak checks
+    # (tasks, child processes) run after this test
