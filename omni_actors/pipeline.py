@@ -206,6 +206,14 @@ class PipelineSpec(_Spec):
         )
         return self.model_copy(update={"stages": stages})
 
+    def with_full_edges(self) -> PipelineSpec:
+        """A copy whose every edge is ``full`` (chunk policies dropped): the non-streaming
+        baseline of this pipeline, named ``<name>-full``."""
+        edges = tuple(
+            edge.model_copy(update={"mode": "full", "chunk_policy": None}) for edge in self.edges
+        )
+        return self.model_copy(update={"name": f"{self.name}-full", "edges": edges})
+
     def stages_order(self) -> list[str]:
         """Every stage in topological order (entry first)."""
         return self._topological([s.name for s in self.stages])

@@ -18,7 +18,7 @@ from typing import Any
 from omni_actors.bench.pipeline import _drive, _machine, _ms, _percentile, _Sample
 from omni_actors.model_cache import prepare
 from omni_actors.omni import OmniPipeline
-from omni_actors.pipeline import PipelineSpec, load_pipeline
+from omni_actors.pipeline import PipelineConfigError, PipelineSpec, load_pipeline
 
 __all__ = ["MODEL_CONCURRENCY", "full_variant", "is_model_pipeline", "run_model_bench"]
 
@@ -41,11 +41,8 @@ def full_variant(spec: PipelineSpec) -> PipelineSpec:
     """
     try:
         return load_pipeline(f"{spec.name}-full")
-    except Exception:  # no such preset: derive it
-        edges = tuple(
-            edge.model_copy(update={"mode": "full", "chunk_policy": None}) for edge in spec.edges
-        )
-        return spec.model_copy(update={"name": f"{spec.name}-full", "edges": edges})
+    except PipelineConfigError:  # no such preset: derive it
+        return spec.with_full_edges()
 
 
 def fixed_replies(spec: PipelineSpec, tokens: int) -> PipelineSpec:

@@ -35,7 +35,7 @@ import torch
 from omni_actors.actors.scripted import ScriptedEngine
 from omni_actors.bench.ideal import IdealTimes, ideal_times
 from omni_actors.omni import OmniPipeline
-from omni_actors.pipeline import PipelineSpec, load_pipeline
+from omni_actors.pipeline import DeadlinesSpec, PipelineSpec, load_pipeline
 from omni_actors.protocols.events import Aborted, AudioDelta, Done, SessionError
 
 __all__ = ["DEFAULT_CONCURRENCY", "bench_spec", "default_requests", "run_pipeline_bench"]
@@ -53,80 +53,17 @@ def default_requests(concurrency: int) -> int:
 
 
 def bench_spec(mode: Literal["stream", "full"]) -> PipelineSpec:
-    """The built-in bench pipeline with every edge in ``mode``.
+    """The built-in bench pipeline: the ``scripted-omni`` preset with every edge in ``mode``.
 
-    The shape and latencies of the ``scripted-omni`` preset; a ``full`` edge cannot
-    window codec frames, so the ``full`` variant drops the chunk policy. Deadlines are
-    generous: at high concurrency a slow request must be measured, not failed.
+    A ``full`` edge cannot window codec frames, so the ``full`` variant drops the chunk
+    policy. Deadlines are generous: at high concurrency a slow request must be measured,
+    not failed.
     """
-    window = {"initial_frames": 4, "frames": 25, "left_context": 25}
-    return PipelineSpec.model_validate(
-        {
-            "name": f"bench-{mode}",
-            "stages": [
-                {
-                    "name": "thinker",
-                    "engine": {
-                        "kind": "scripted",
-                        "args": {
-                            "first_output_s": 0.05,
-                            "per_output_s": 0.01,
-                            "outputs": 32,
-                            "fields": ["token_ids", "hidden", "text"],
-                        },
-                    },
-                },
-                {
-                    "name": "talker",
-                    "engine": {
-                        "kind": "scripted",
-                        "args": {
-                            "first_output_s": 0.02,
-                            "per_output_s": 0.005,
-                            "outputs_per_input": 2,
-                            "fields": ["codes"],
-                        },
-                    },
-                    "accumulate": {"hidden": "concat", "token_ids": "concat"},
-                },
-                {
-                    "name": "code2wav",
-                    "engine": {
-                        "kind": "scripted",
-                        "args": {
-                            "first_output_s": 0.01,
-                            "per_output_s": 0.002,
-                            "outputs_per_input": 1,
-                            "fields": ["audio"],
-                        },
-                    },
-                    "accumulate": {"codes": "concat"},
-                },
-            ],
-            "edges": [
-                {
-                    "from": "thinker",
-                    "to": "talker",
-                    "mode": mode,
-                    "fields": ["hidden", "token_ids"],
-                },
-                {
-                    "from": "talker",
-                    "to": "code2wav",
-                    "mode": mode,
-                    "fields": ["codes"],
-                    **({"chunk_policy": window} if mode == "stream" else {}),
-                },
-            ],
-            "outputs": {"text": "thinker", "audio": "code2wav"},
-            "deadlines": {
-                "admission_s": 60,
-                "first_chunk_s": 60,
-                "inter_chunk_s": 60,
-                "total_s": 600,
-            },
-        }
-    )
+    spec = load_pipeline("scripted-omni")
+    if mode == "full":
+        spec = spec.with_full_edges()
+    deadlines = DeadlinesSpec(admission_s=60, first_chunk_s=60, inter_chunk_s=60, total_s=600)
+    return spec.model_copy(update={"name": f"bench-{mode}", "deadlines": deadlines})
 
 
 @dataclass(frozen=True, slots=True)
