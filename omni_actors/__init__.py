@@ -41,7 +41,8 @@ from omni_actors.supervision import (
 )
 
 if TYPE_CHECKING:
-    from omni_actors.omni import OmniPipeline, Session, SessionClosedError
+    from omni_actors.caller import Session, SessionClosedError
+    from omni_actors.omni import OmniPipeline
     from omni_actors.protocols.events import (
         Aborted,
         AudioDelta,
@@ -55,8 +56,8 @@ if TYPE_CHECKING:
 
 _LAZY = {
     "OmniPipeline": "omni_actors.omni",
-    "Session": "omni_actors.omni",
-    "SessionClosedError": "omni_actors.omni",
+    "Session": "omni_actors.caller",
+    "SessionClosedError": "omni_actors.caller",
     "Aborted": "omni_actors.protocols.events",
     "AudioDelta": "omni_actors.protocols.events",
     "Done": "omni_actors.protocols.events",

@@ -117,9 +117,9 @@ class SilentStage(StageActor):
 async def test_the_caller_gets_a_timeout_even_if_no_stage_ends_the_session(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    import omni_actors.omni
+    import omni_actors.caller
 
-    monkeypatch.setattr(omni_actors.omni, "_GRACE_S", 0.05)
+    monkeypatch.setattr(omni_actors.caller, "_GRACE_S", 0.05)
     spec = make_spec(deadlines={"total_s": 0.2})
     async with OmniPipeline(spec, stage_classes={"thinker": SilentStage}) as omni:
         error = error_of(await collect(omni.generate(text="x", modalities=("text",))))

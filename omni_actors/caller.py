@@ -1,0 +1,256 @@
+"""``Session``: the caller's handle on one session of an :class:`OmniPipeline`.
+
+``OmniPipeline.session()`` returns one for streaming input in segments; ``generate``
+drives one for a one-shot request. It sends input straight to the entry stage, reads the
+events its session actor queues, and owns the session's admission slot and last-resort
+deadline.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+import uuid
+from collections.abc import AsyncIterator, Mapping
+from typing import TYPE_CHECKING, Any, Literal
+
+import torch
+
+from omni_actors._ref import ActorRef
+from omni_actors.errors import OmniError
+from omni_actors.orchestrator import StartSession
+from omni_actors.protocols.events import TERMINAL, Aborted, Event, SegmentDone, SessionError
+from omni_actors.protocols.stage import INPUT, Chunk, End, split_fields
+from omni_actors.session import AbortSession, OpenSession, SessionChannel
+
+if TYPE_CHECKING:
+    from omni_actors.omni import OmniPipeline
+
+__all__ = ["Modality", "Session", "SessionClosedError"]
+
+Modality = Literal["text", "audio"]
+
+_GRACE_S = 5.0  # beyond total_s: the stages' own deadline fires first
+_ABORT_TIMEOUT_S = 10.0
+
+
+class SessionClosedError(OmniError):
+    """Input was sent to a session that has already ended."""
+
+
+class Session:
+    """The caller's handle on one session (``OmniPipeline.session()`` or ``generate``).
+
+    Send input with :meth:`send`; end a segment with :meth:`end_segment` (the pipeline
+    replies, then waits for the next segment with the session's state kept) or the
+    session with :meth:`finish`. Iterate :meth:`events` for one segment's events, or
+    the session itself for all of them up to the terminal event.
+    """
+
+    def __init__(
+        self,
+        pipeline: OmniPipeline,
+        *,
+        modalities: tuple[Modality, ...],
+        session_id: str | None,
+        resumable: bool,
+    ) -> None:
+        unknown = set(modalities) - {"text", "audio"}
+        if unknown or not modalities:
+            raise ValueError(f"modalities must be 'text' and/or 'audio', got {modalities!r}")
+        self.pipeline = pipeline
+        self.id = session_id or uuid.uuid4().hex
+        self.modalities = modalities
+        self.resumable = resumable
+        self.channel = SessionChannel(sample_rate=pipeline.spec.outputs.sample_rate)
+        self._ref: ActorRef[Any] | None = None
+        self._key = ""  # the session's key on the stages (the id plus an admission count)
+        self._entry: ActorRef[Any] | None = None
+        self._seq = 0
+        self._segment = 0
+        self._slot = False
+        self._drained = False  # the terminal event has been handed to the caller
+        self._expiry: asyncio.TimerHandle | None = None
+        self._expiring: asyncio.Task[None] | None = None
+
+    async def __aenter__(self) -> Session:
+        error = await self.open()
+        if error is not None:
+            await self.close()
+            raise SessionClosedError(f"session {self.id} could not open: {error.message}")
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        await self.close()
+
+    @property
+    def ended(self) -> bool:
+        """True once the terminal event has been emitted."""
+        return self.channel.terminal is not None
+
+    async def open(self) -> SessionError | None:
+        """Admission and prewarm, within ``deadlines.admission_s``; an error is returned."""
+        spec = self.pipeline.spec
+        loop = asyncio.get_running_loop()
+        self.channel.starts[0] = time.monotonic()
+        start = loop.time()
+        admission_deadline = start + spec.deadlines.admission_s
+        # The caller's last line of defence: the stages' own deadlines fire first.
+        self._expiry = loop.call_at(start + spec.deadlines.total_s + _GRACE_S, self._expire)
+        try:
+            async with asyncio.timeout_at(admission_deadline):
+                await self.pipeline._slots.acquire()
+            self._slot = True
+            reply = await self.pipeline.orchestrator.ask(
+                StartSession(
+                    self.id,
+                    "text" in self.modalities,
+                    "audio" in self.modalities,
+                    self.resumable,
+                    admission_deadline,
+                    self.channel,
+                ),
+                timeout=max(0.001, admission_deadline - loop.time()),
+            )
+            if isinstance(reply, OmniError):
+                return self._closed(
+                    SessionError(session=self.id, code="admission", message=str(reply))
+                )
+            self._ref, self._entry, self._key = reply.session, reply.entry, reply.key
+            error: SessionError | None = await reply.session.ask(
+                OpenSession(), timeout=max(0.001, admission_deadline - loop.time()) + _GRACE_S
+            )
+        except (OmniError, TimeoutError) as exc:
+            if not isinstance(exc, TimeoutError):  # the pipeline itself has stopped
+                return self._closed(
+                    SessionError(session=self.id, code="internal", message=str(exc))
+                )
+            return self._closed(
+                SessionError(
+                    session=self.id,
+                    code="admission",
+                    message=(
+                        f"not admitted within {spec.deadlines.admission_s:g}s "
+                        f"({self.pipeline.max_sessions} sessions at most); retry later or "
+                        "raise deadlines.admission_s / max_sessions"
+                    ),
+                )
+            )
+        return error
+
+    def _closed(self, error: SessionError) -> SessionError:
+        self.channel.end(error)
+        return error
+
+    async def send(
+        self,
+        *,
+        text: str | None = None,
+        audio: torch.Tensor | None = None,
+        fields: Mapping[str, torch.Tensor | str] | None = None,
+        end: End = "",
+    ) -> None:
+        """Send input (``text``, ``audio`` samples, or named ``fields``) to the entry stage.
+
+        ``end`` ends the current segment (``segment``) or the session (``finished``).
+
+        Raises:
+            SessionClosedError: the session has ended (its terminal event says why).
+        """
+        if self.ended or self._entry is None:
+            raise SessionClosedError(f"session {self.id} has ended; open a new one")
+        payload: dict[str, torch.Tensor | str] = dict(fields or {})
+        if text is not None:
+            payload["text"] = text
+        if audio is not None:
+            payload["audio"] = audio
+        tensors, texts = split_fields(payload)
+        if end and (self.resumable or self._segment > 0):
+            # A segment's latency counts from the end of its input; a one-shot request's
+            # from the call (admission and prewarm included).
+            self.channel.starts[self._segment] = time.monotonic()
+        chunk = Chunk(
+            session=self._key,
+            source=INPUT,
+            seq=self._seq,
+            tensors=tensors,
+            texts=texts,
+            end=end,
+            sent_at=time.monotonic(),
+        )
+        self._seq += 1
+        await self._entry.tell(chunk)
+        if end:
+            self._segment += 1
+
+    async def end_segment(self) -> None:
+        """End the current input segment: the pipeline answers it and stays open."""
+        await self.send(end="segment")
+
+    async def finish(self) -> None:
+        """End the last segment and the session."""
+        await self.send(end="finished")
+
+    async def abort(self, reason: str = "aborted by the caller") -> None:
+        """End the session now on every stage; the event stream ends with ``Aborted``.
+
+        The caller's stream ends at once; this returns once every stage has freed the
+        session (or its session actor is gone).
+        """
+        if self.channel.end(Aborted(session=self.id, reason=reason)):
+            await self._abort_stages(reason)
+
+    async def _abort_stages(self, reason: str) -> None:
+        if self._ref is not None:
+            # If the session actor is gone, so is the session.
+            with contextlib.suppress(OmniError):
+                await self._ref.ask(AbortSession(reason), timeout=_ABORT_TIMEOUT_S)
+
+    async def close(self) -> None:
+        """Abort if not ended; give the admission slot back."""
+        try:
+            if not self.ended:
+                await self.abort("closed before it ended")
+            if self._expiring is not None:
+                await self._expiring
+        finally:
+            if self._expiry is not None:
+                self._expiry.cancel()
+            if self._slot:
+                self._slot = False
+                self.pipeline._slots.release()
+
+    def _expire(self) -> None:
+        error = SessionError(
+            session=self.id,
+            code="timeout",
+            message=(
+                "the session outlived deadlines.total_s "
+                f"({self.pipeline.spec.deadlines.total_s:g}s) and its stages did not end it"
+            ),
+        )
+        if self.channel.end(error):
+            # Owned by this session: ``close`` waits for it.
+            self._expiring = asyncio.get_running_loop().create_task(
+                self._abort_stages("deadline"), name=f"expire session {self.id}"
+            )
+
+    async def next_event(self) -> Event:
+        """The next event (a ``SessionError`` once the session outlives its deadline)."""
+        return await self.channel.events.get()
+
+    async def events(self) -> AsyncIterator[Event]:
+        """This segment's events, through ``SegmentDone`` or the terminal event."""
+        while not self._drained:
+            event = await self.next_event()
+            self._drained = isinstance(event, TERMINAL)
+            yield event
+            if isinstance(event, SegmentDone):
+                return
+
+    async def __aiter__(self) -> AsyncIterator[Event]:
+        while not self._drained:
+            event = await self.next_event()
+            self._drained = isinstance(event, TERMINAL)
+            yield event
