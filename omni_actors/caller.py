@@ -238,7 +238,7 @@ class Session:
 
     async def next_event(self) -> Event:
         """The next event (a ``SessionError`` once the session outlives its deadline)."""
-        return await self.channel.events.get()
+        return await self.channel.get()
 
     async def events(self) -> AsyncIterator[Event]:
         """This segment's events, through ``SegmentDone`` or the terminal event."""

@@ -13,7 +13,8 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from dataclasses import dataclass, field
+from collections import deque
+from dataclasses import dataclass
 from typing import Any
 
 import msgspec
@@ -78,31 +79,52 @@ class StagePlan:
     emit: tuple[str, ...]
 
 
-@dataclass(slots=True)
 class SessionChannel:
     """Where a session's events go, and when each segment started (``time.monotonic``,
     finer than the loop's clock, which may tick in milliseconds).
 
-    Shared between the caller's handle and the session actor, in one process.
+    Shared between the caller's handle and the session actor, in one process. A deque
+    and one waiter rather than an ``asyncio.Queue``: every text and audio delta passes
+    here, and there is exactly one reader.
     """
 
-    sample_rate: int
-    starts: dict[int, float] = field(default_factory=dict)
-    events: asyncio.Queue[Event] = field(default_factory=asyncio.Queue)
-    terminal: Event | None = None
+    __slots__ = ("_events", "_waiter", "sample_rate", "starts", "terminal")
+
+    def __init__(self, sample_rate: int) -> None:
+        self.sample_rate = sample_rate
+        self.starts: dict[int, float] = {}
+        self.terminal: Event | None = None
+        self._events: deque[Event] = deque()
+        self._waiter: asyncio.Future[None] | None = None
 
     def put(self, event: Event) -> None:
         """Queue an event; after a terminal one, nothing more is queued."""
         if self.terminal is None:
-            self.events.put_nowait(event)
+            self._push(event)
 
     def end(self, event: Event) -> bool:
         """Queue the terminal event; False if the session had already ended."""
         if self.terminal is not None:
             return False
-        self.events.put_nowait(event)
+        self._push(event)
         self.terminal = event
         return True
+
+    def _push(self, event: Event) -> None:
+        self._events.append(event)
+        waiter = self._waiter
+        if waiter is not None and not waiter.done():
+            waiter.set_result(None)
+
+    async def get(self) -> Event:
+        """The next event, waiting for one if none is queued."""
+        while not self._events:
+            waiter = self._waiter = asyncio.get_running_loop().create_future()
+            try:
+                await waiter
+            finally:
+                self._waiter = None
+        return self._events.popleft()
 
 
 _CODES: dict[str, ErrorCode] = {
