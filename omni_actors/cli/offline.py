@@ -106,6 +106,9 @@ async def _request(
 
     pieces: list[torch.Tensor] = []
     rate = spec.outputs.sample_rate
+    workers = sum(stage.process for stage in spec.stages)
+    placed = f", {workers} in worker processes" if workers else ""
+    print(f"starting {spec.name} ({len(spec.stages)} stages{placed})...", file=sys.stderr)
     async with OmniPipeline(spec) as omni:
         async for event in omni.generate(text=text, audio=audio):
             match event:

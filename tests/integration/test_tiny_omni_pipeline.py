@@ -203,3 +203,35 @@ async def test_stages_in_worker_processes_make_the_same_reply(cache: Path) -> No
     done(remote)
     assert text_of(remote) == text_of(same)
     assert torch.allclose(audio_of(remote), audio_of(same), atol=1e-4)
+
+
+async def test_a_resumable_voice_session_keeps_its_conversation(cache: Path) -> None:
+    from omni_actors.protocols.events import SegmentDone
+
+    tone = torch.sin(torch.arange(8000) * 2 * math.pi * 330 / 16000) * 0.3
+    async with OmniPipeline(spec_of("tiny-omni", cache)) as omni:
+        async with omni.session() as session:
+            replies = []
+            for turn in range(2):
+                for piece in tone.split(1600):  # 100 ms microphone frames
+                    await session.send(audio=piece)
+                if turn == 0:
+                    await session.end_segment()
+                else:
+                    await session.finish()
+                replies.append([e async for e in session.events()])
+        first, second = replies
+        assert isinstance(first[-1], SegmentDone)
+        done(second)
+        for reply in replies:
+            assert text_of(reply)
+            assert audio_of(reply).numel() > 0
+        # the second turn is answered in the context of the first: a fresh session
+        # asked the same second turn alone replies differently
+        async with omni.session() as fresh:
+            for piece in tone.split(1600):
+                await fresh.send(audio=piece)
+            await fresh.finish()
+            alone = [e async for e in fresh.events()]
+        assert text_of(alone) != text_of(second)
+        await nothing_held(omni)
