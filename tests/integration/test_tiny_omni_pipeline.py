@@ -235,3 +235,36 @@ async def test_a_resumable_voice_session_keeps_its_conversation(cache: Path) -> 
             alone = [e async for e in fresh.events()]
         assert text_of(alone) != text_of(second)
         await nothing_held(omni)
+
+
+async def test_a_killed_model_worker_fails_only_its_sessions_and_comes_back(cache: Path) -> None:
+    import os
+
+    from omni_actors.protocols.events import SessionError
+    from omni_actors.testing import kill_worker, worker_pid
+
+    async with OmniPipeline(spec_of("tiny-omni", cache)) as omni:
+        talker = (await omni.stages())["talker"]
+        first_pid = worker_pid(talker)
+        hit: list[Event] = []
+        async with contextlib.aclosing(omni.generate(text="a reply to cut short")) as events:
+            async for event in events:
+                hit.append(event)
+                if isinstance(event, AudioDelta):  # mid-stream: the talker is busy
+                    kill_worker(talker)
+                    hit.extend([e async for e in events])
+                    break
+        last = hit[-1]
+        assert isinstance(last, SessionError), last
+        assert last.code == "stage_failed"
+        assert last.stage == "talker"
+        # the text-only path never needed the talker, and the restarted talker serves again
+        done(await collect(omni, text="text only", modalities=("text",)))
+        after = await collect(omni, text="after the restart")
+        done(after)
+        assert audio_of(after).numel() > 0
+        assert worker_pid(talker) != first_pid
+        await nothing_held(omni)
+    with contextlib.suppress(ProcessLookupError):
+        os.kill(first_pid, 0)
+        raise AssertionError("the killed worker is still there")
