@@ -17,7 +17,7 @@ from typing import Any
 from omni_actors._actor import Actor
 from omni_actors._mailbox import MailboxConfig
 from omni_actors.actors.engine import Engine
-from omni_actors.actors.engines import build_engine
+from omni_actors.actors.engine_registry import build_engine
 from omni_actors.actors.messages import Abort, Inspect, Prewarm, StageState
 from omni_actors.actors.stage_session import StageSession
 from omni_actors.protocols.stage import Chunk

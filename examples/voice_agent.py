@@ -17,7 +17,7 @@ import torch
 
 from omni_actors import AudioDelta, OmniPipeline, SegmentDone, TextDelta, run
 from omni_actors.model_cache import prepare
-from omni_actors.pipeline import load_pipeline
+from omni_actors.serving.pipeline_spec import load_pipeline
 
 FRAME = 1600  # 100 ms of 16 kHz microphone audio
 

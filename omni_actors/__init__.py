@@ -41,8 +41,6 @@ from omni_actors.supervision import (
 )
 
 if TYPE_CHECKING:
-    from omni_actors.caller import Session, SessionClosedError
-    from omni_actors.omni import OmniPipeline
     from omni_actors.protocols.events import (
         Aborted,
         AudioDelta,
@@ -53,11 +51,13 @@ if TYPE_CHECKING:
         SessionMetrics,
         TextDelta,
     )
+    from omni_actors.serving.omni_pipeline import OmniPipeline
+    from omni_actors.serving.session import Session, SessionClosedError
 
 _LAZY = {
-    "OmniPipeline": "omni_actors.omni",
-    "Session": "omni_actors.caller",
-    "SessionClosedError": "omni_actors.caller",
+    "OmniPipeline": "omni_actors.serving.omni_pipeline",
+    "Session": "omni_actors.serving.session",
+    "SessionClosedError": "omni_actors.serving.session",
     "Aborted": "omni_actors.protocols.events",
     "AudioDelta": "omni_actors.protocols.events",
     "Done": "omni_actors.protocols.events",

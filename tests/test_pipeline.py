@@ -8,7 +8,12 @@ from typing import Any
 import pytest
 import yaml
 
-from omni_actors.pipeline import PipelineConfigError, PipelineSpec, load_pipeline, preset_names
+from omni_actors.serving.pipeline_spec import (
+    PipelineConfigError,
+    PipelineSpec,
+    load_pipeline,
+    preset_names,
+)
 
 
 def _base() -> dict[str, Any]:

@@ -36,7 +36,7 @@ from dataclasses import dataclass
 
 from omni_actors.actors.scripted import ScriptedEngine
 from omni_actors.errors import OmniError
-from omni_actors.pipeline import EdgeSpec, PipelineSpec
+from omni_actors.serving.pipeline_spec import EdgeSpec, PipelineSpec
 
 __all__ = ["IdealTimes", "IdealUnavailableError", "ideal_times", "path_hops"]
 

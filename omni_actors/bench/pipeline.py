@@ -34,9 +34,9 @@ import torch
 
 from omni_actors.actors.scripted import ScriptedEngine
 from omni_actors.bench.ideal import IdealTimes, ideal_times
-from omni_actors.omni import OmniPipeline
-from omni_actors.pipeline import DeadlinesSpec, PipelineSpec, load_pipeline
 from omni_actors.protocols.events import Aborted, AudioDelta, Done, SessionError
+from omni_actors.serving.omni_pipeline import OmniPipeline
+from omni_actors.serving.pipeline_spec import DeadlinesSpec, PipelineSpec, load_pipeline
 
 __all__ = ["DEFAULT_CONCURRENCY", "bench_spec", "default_requests", "run_pipeline_bench"]
 

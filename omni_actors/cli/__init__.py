@@ -132,7 +132,7 @@ def _add_pipeline_options(parser: argparse.ArgumentParser) -> None:
 def _bench_pipeline(ns: argparse.Namespace) -> dict[str, Any]:
     from omni_actors.bench.ideal import IdealUnavailableError, ideal_times
     from omni_actors.bench.pipeline import bench_specs, run_pipeline_bench
-    from omni_actors.pipeline import PipelineConfigError
+    from omni_actors.serving.pipeline_spec import PipelineConfigError
 
     try:  # fail before anything runs, with the reason rather than a traceback
         specs = bench_specs(ns.preset)

@@ -16,7 +16,7 @@ import torch
 from omni_actors.cli.progress import ProgressBar
 from omni_actors.errors import OmniError
 from omni_actors.model_cache import FAMILIES, is_prepared, prepare
-from omni_actors.pipeline import PipelineSpec, load_pipeline
+from omni_actors.serving.pipeline_spec import PipelineSpec, load_pipeline
 
 __all__ = ["add_run_arguments", "run_command"]
 
@@ -100,8 +100,8 @@ def _prepared(spec: PipelineSpec, ns: argparse.Namespace) -> PipelineSpec:
 async def _request(
     spec: PipelineSpec, text: str | None, audio: torch.Tensor | None, out: Path
 ) -> int:
-    from omni_actors.omni import OmniPipeline
     from omni_actors.protocols.events import AudioDelta, Done, SessionError, TextDelta
+    from omni_actors.serving.omni_pipeline import OmniPipeline
     from omni_actors.wav import write_wav
 
     pieces: list[torch.Tensor] = []

@@ -105,7 +105,7 @@ def test_bad_declarations() -> None:
 
 
 def test_scripted_preset_stages_build_engines() -> None:
-    from omni_actors.pipeline import load_pipeline
+    from omni_actors.serving.pipeline_spec import load_pipeline
 
     spec = load_pipeline("scripted-omni")
     engines = {s.name: ScriptedEngine(**s.engine.args) for s in spec.stages}

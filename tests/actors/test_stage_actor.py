@@ -105,7 +105,7 @@ async def test_a_chunk_from_a_stream_off_the_path_fails_the_session() -> None:
 async def test_an_unknown_engine_kind_fails_the_spawn_with_a_clear_error() -> None:
     import pytest
 
-    from omni_actors.actors.engines import EngineUnavailableError
+    from omni_actors.actors.engine_registry import EngineUnavailableError
 
     async with ActorTestKit() as kit:
         with pytest.raises(EngineUnavailableError, match="not available"):

@@ -18,7 +18,7 @@ import pytest
 from omni_actors.bench.ideal import IdealUnavailableError, ideal_times, path_hops
 from omni_actors.bench.pipeline import bench_spec, run_pipeline_bench
 from omni_actors.cli import main
-from omni_actors.pipeline import PipelineSpec, load_pipeline
+from omni_actors.serving.pipeline_spec import PipelineSpec, load_pipeline
 
 LEVEL_KEYS = (
     "ttfa_ms_p50",

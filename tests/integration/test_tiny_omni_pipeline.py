@@ -14,9 +14,9 @@ import torch
 from omni_actors.actors.stage import StageActor
 from omni_actors.cli import main
 from omni_actors.model_cache import prepare
-from omni_actors.omni import OmniPipeline
-from omni_actors.pipeline import PipelineSpec, load_pipeline
 from omni_actors.protocols.events import AudioDelta, Done, Event, TextDelta
+from omni_actors.serving.omni_pipeline import OmniPipeline
+from omni_actors.serving.pipeline_spec import PipelineSpec, load_pipeline
 
 pytestmark = pytest.mark.integration
 

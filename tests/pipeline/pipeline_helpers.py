@@ -7,9 +7,9 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 from omni_actors.actors.stage import StageActor
-from omni_actors.omni import OmniPipeline
-from omni_actors.pipeline import PipelineSpec
 from omni_actors.protocols.events import AudioDelta, Done, Event, TextDelta
+from omni_actors.serving.omni_pipeline import OmniPipeline
+from omni_actors.serving.pipeline_spec import PipelineSpec
 
 THINKER = {"first_output_s": 0.005, "per_output_s": 0.001, "outputs": 8}
 TALKER = {

@@ -8,8 +8,8 @@ import contextlib
 
 from pipeline_helpers import assert_nothing_held, collect, done, make_spec
 
-from omni_actors.omni import OmniPipeline
 from omni_actors.protocols.events import Aborted, AudioDelta, Event, TextDelta
+from omni_actors.serving.omni_pipeline import OmniPipeline
 
 SLOW_PREFILL = {"first_output_s": 5.0}
 SLOW_AUDIO = {"first_output_s": 0.0, "per_output_s": 0.2}

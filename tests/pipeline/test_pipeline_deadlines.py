@@ -13,8 +13,8 @@ from pipeline_helpers import assert_nothing_held, collect, make_spec
 
 from omni_actors.actors.messages import Prewarm
 from omni_actors.actors.stage import StageActor
-from omni_actors.omni import OmniPipeline, SessionClosedError
 from omni_actors.protocols.events import SessionError
+from omni_actors.serving.omni_pipeline import OmniPipeline, SessionClosedError
 
 
 def error_of(events: list[object]) -> SessionError:
@@ -117,9 +117,9 @@ class SilentStage(StageActor):
 async def test_the_caller_gets_a_timeout_even_if_no_stage_ends_the_session(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    import omni_actors.caller
+    import omni_actors.serving.session
 
-    monkeypatch.setattr(omni_actors.caller, "_GRACE_S", 0.05)
+    monkeypatch.setattr(omni_actors.serving.session, "_GRACE_S", 0.05)
     spec = make_spec(deadlines={"total_s": 0.2})
     async with OmniPipeline(spec, stage_classes={"thinker": SilentStage}) as omni:
         error = error_of(await collect(omni.generate(text="x", modalities=("text",))))

@@ -7,8 +7,8 @@ import contextlib
 
 from pipeline_helpers import assert_nothing_held, collect, done, make_spec, samples_of
 
-from omni_actors.omni import OmniPipeline
 from omni_actors.protocols.events import AudioDelta, Event
+from omni_actors.serving.omni_pipeline import OmniPipeline
 
 
 async def aborted_after_first_audio(omni: OmniPipeline) -> list[Event]:

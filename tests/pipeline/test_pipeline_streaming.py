@@ -12,9 +12,9 @@ from pipeline_helpers import assert_nothing_held, collect, done, make_spec, samp
 
 from omni_actors.actors.messages import Prewarm
 from omni_actors.actors.stage import StageActor
-from omni_actors.omni import OmniPipeline, SessionClosedError
 from omni_actors.protocols.events import AudioDelta, Done, SegmentDone, TextDelta
 from omni_actors.protocols.stage import Chunk
+from omni_actors.serving.omni_pipeline import OmniPipeline, SessionClosedError
 
 PREWARMS: dict[str, int] = {}
 CHUNKS: dict[str, int] = {}
@@ -240,7 +240,7 @@ async def test_a_stopped_pipeline_answers_new_sessions_with_an_error() -> None:
 
 
 async def test_a_stage_that_cannot_start_fails_the_pipeline_start_cleanly() -> None:
-    from omni_actors.actors.engines import EngineUnavailableError
+    from omni_actors.actors.engine_registry import EngineUnavailableError
 
     spec = make_spec(talker={"no_such_setting": 1})
     with pytest.raises(EngineUnavailableError, match="no_such_setting"):

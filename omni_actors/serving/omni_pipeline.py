@@ -25,15 +25,15 @@ from omni_actors._ref import ActorRef
 from omni_actors._system import ActorSystem
 from omni_actors.actors.messages import Inspect, StageState
 from omni_actors.actors.stage import StageActor
-from omni_actors.caller import Modality, Session, SessionClosedError
-from omni_actors.orchestrator import (
+from omni_actors.protocols.events import Event
+from omni_actors.serving.orchestrator import (
     ListSessions,
     ListStages,
     Orchestrator,
     pipeline_strategy,
 )
-from omni_actors.pipeline import PipelineSpec, load_pipeline
-from omni_actors.protocols.events import Event
+from omni_actors.serving.pipeline_spec import PipelineSpec, load_pipeline
+from omni_actors.serving.session import Modality, Session, SessionClosedError
 
 __all__ = ["Modality", "OmniPipeline", "Session", "SessionClosedError"]
 

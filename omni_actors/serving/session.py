@@ -19,13 +19,13 @@ import torch
 
 from omni_actors._ref import ActorRef
 from omni_actors.errors import OmniError
-from omni_actors.orchestrator import StartSession
 from omni_actors.protocols.events import TERMINAL, Aborted, Event, SegmentDone, SessionError
 from omni_actors.protocols.stage import INPUT, Chunk, End, split_fields
-from omni_actors.session import AbortSession, OpenSession, SessionChannel
+from omni_actors.serving.orchestrator import StartSession
+from omni_actors.serving.session_actor import AbortSession, OpenSession, SessionChannel
 
 if TYPE_CHECKING:
-    from omni_actors.omni import OmniPipeline
+    from omni_actors.serving.omni_pipeline import OmniPipeline
 
 __all__ = ["Modality", "Session", "SessionClosedError"]
 

@@ -19,9 +19,9 @@ from omni_actors._ref import ActorRef
 from omni_actors.actors.messages import Deadlines, Target
 from omni_actors.actors.stage import StageActor
 from omni_actors.errors import OmniError
-from omni_actors.pipeline import PipelineSpec
 from omni_actors.protocols.stage import INPUT
-from omni_actors.session import SessionActor, SessionChannel, StageFailed, StagePlan
+from omni_actors.serving.pipeline_spec import PipelineSpec
+from omni_actors.serving.session_actor import SessionActor, SessionChannel, StageFailed, StagePlan
 from omni_actors.signals import ChildFailed, Terminated
 from omni_actors.supervision import Backoff, SupervisorStrategy
 
