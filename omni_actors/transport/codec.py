@@ -22,7 +22,7 @@ import msgspec
 import numpy as np
 import torch
 
-from omni_actors._ref import ActorRef
+from omni_actors import ActorRef
 from omni_actors.errors import ProtocolError
 from omni_actors.protocols.tensors import LIB_NUMPY, LIB_TORCH, TensorDesc
 from omni_actors.protocols.wire import RefDesc
