@@ -20,11 +20,14 @@ from omni_actors import (
     MailboxFullError,
     MessageTypeError,
     Props,
+    ProtocolVersionError,
     SendTimeoutError,
     SupervisorStrategy,
     WorkerDiedError,
 )
+from omni_actors.protocols import wire
 from omni_actors.testing import ActorTestKit
+from omni_actors.transport.worker import WIRE_VERSION_ENV
 from omni_actors.transport.workers import ProcessPlacement
 
 FAST_RESTART = SupervisorStrategy(backoff=Backoff(min_s=0.0, max_s=0.0, jitter=0.0))
@@ -184,3 +187,16 @@ async def test_remote_fail_policy_and_ask_deadline() -> None:
         await ref.tell(Count())
         with pytest.raises(MailboxFullError):
             await ref.tell(Count())
+
+
+async def test_a_worker_of_another_wire_version_is_refused_at_the_handshake(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # The worker announces another version through the real launch path.
+    monkeypatch.setenv(WIRE_VERSION_ENV, str(wire.VERSION + 1))
+    async with ActorTestKit() as kit:
+        with pytest.raises(ProtocolVersionError) as refused:
+            await kit.spawn(Echo, name="echo", props=Props(process=True))
+        assert (refused.value.ours, refused.value.theirs) == (wire.VERSION, wire.VERSION + 1)
+        assert f"version {wire.VERSION + 1}" in str(refused.value)
+        assert f"version {wire.VERSION}:" in str(refused.value)
