@@ -8,7 +8,6 @@ touches the instance, so an actor never sees two messages at once.
 from __future__ import annotations
 
 import asyncio
-import enum
 import itertools
 import logging
 from collections import deque
@@ -21,6 +20,7 @@ from omni_actors._context import ActorContext
 from omni_actors._mailbox import Envelope, Mailbox, MailboxConfig, ReplySink
 from omni_actors._props import Props, check_spawn_kwargs
 from omni_actors._ref import ActorRef
+from omni_actors._state import CellState
 from omni_actors._supervisor import Supervisor
 from omni_actors.errors import ActorNameTakenError, ActorStoppedError, StartTimeoutError
 from omni_actors.signals import ChildFailed, ControlMessage, Terminated
@@ -35,26 +35,6 @@ __all__ = ["ActorCell", "CellState"]
 log = logging.getLogger("omni_actors")
 
 _names = itertools.count(1)
-
-
-class CellState(enum.Enum):
-    """Where a cell is in its life; it only moves forward, except suspend/restart."""
-
-    STARTING = "starting"
-    """``on_start`` of the first instance is running."""
-    RUNNING = "running"
-    """Handling messages."""
-    SUSPENDED = "suspended"
-    """Failed; its supervisor decides (user messages are stashed meanwhile)."""
-    STOPPING = "stopping"
-    """Terminating: children stopped, ``on_stop`` runs."""
-    STOPPED = "stopped"
-    """Gone for good; the mailbox is closed."""
-
-    @property
-    def ending(self) -> bool:
-        """True while stopping or once stopped: no new children, no restart."""
-        return self in (CellState.STOPPING, CellState.STOPPED)
 
 
 class _Exit:
