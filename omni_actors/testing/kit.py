@@ -5,16 +5,18 @@ from __future__ import annotations
 from typing import Any, TypeVar
 
 from omni_actors._actor import Actor
-from omni_actors._mailbox import MailboxConfig
+from omni_actors._props import Props
 from omni_actors._ref import ActorRef
 from omni_actors._system import ActorSystem
-from omni_actors.supervision import RestartType, SupervisorStrategy
+from omni_actors.supervision import SupervisorStrategy
 from omni_actors.testing.clock import VirtualClock
 from omni_actors.testing.probe import TestProbe
 
 __all__ = ["ActorTestKit"]
 
 C = TypeVar("C")
+
+_DEFAULT_PROPS = Props()
 
 
 class ActorTestKit:
@@ -70,23 +72,11 @@ class ActorTestKit:
         actor_cls: type[Actor[C]],
         *args: Any,
         name: str | None = None,
-        restart: RestartType = "temporary",
-        strategy: SupervisorStrategy | None = None,
-        mailbox: MailboxConfig | None = None,
-        process: bool = False,
+        props: Props = _DEFAULT_PROPS,
         **kwargs: Any,
     ) -> ActorRef[C]:
         """Spawn a top-level actor in the test's system (see ``ActorSystem.spawn``)."""
-        return await self.system.spawn(
-            actor_cls,
-            *args,
-            name=name,
-            restart=restart,
-            strategy=strategy,
-            mailbox=mailbox,
-            process=process,
-            **kwargs,
-        )
+        return await self.system.spawn(actor_cls, *args, name=name, props=props, **kwargs)
 
     async def create_probe(self, name: str | None = None) -> TestProbe:
         """A new :class:`TestProbe` in this system."""
