@@ -31,6 +31,7 @@ from omni_actors.errors import (
     StartTimeoutError,
     WorkerDiedError,
 )
+from omni_actors.protocols.message import Request
 from omni_actors.signals import ChildFailed, ControlMessage, Terminated
 from omni_actors.supervision import (
     Backoff,
@@ -108,6 +109,7 @@ __all__ = [
     "OmniError",
     "OverflowPolicy",
     "ProtocolError",
+    "Request",
     "RestartIntensityExceededError",
     "RestartType",
     "SendTimeoutError",

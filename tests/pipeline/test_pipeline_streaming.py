@@ -10,8 +10,8 @@ import pytest
 import torch
 from pipeline_helpers import assert_nothing_held, collect, done, make_spec, samples_of, text_of
 
-from omni_actors.protocols.control import Prewarm
 from omni_actors.actors.stage import StageActor
+from omni_actors.protocols.control import Prewarm
 from omni_actors.protocols.events import AudioDelta, Done, SegmentDone, TextDelta
 from omni_actors.protocols.stage import Chunk
 from omni_actors.serving.omni_pipeline import OmniPipeline, SessionClosedError
