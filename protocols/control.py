@@ -13,8 +13,8 @@ the ``StageActor`` of each stage (possibly in worker processes). A session's lif
    actor asks every stage on the path to :class:`Prewarm` (where to send outputs:
    :class:`Target`; how long each wait may last: :class:`Deadlines`). Once every stage
    has answered, each holds the session's state and waits for its input.
-3. **Chunks** — the caller sends :class:`~omni_actors.protocols.stage.Chunk` s to the
-   entry stage; each stage streams its outputs to its targets, and the fields the caller
+3. **Chunks** — the caller sends chunks (:class:`~omni_actors.protocols.stage.Chunk`) to
+   the entry stage; each stage streams its outputs to its targets, and the fields the caller
    wants (``text``, ``audio``) to the session actor, which turns them into events
    (:mod:`omni_actors.protocols.events`). The data plane never passes through the
    orchestrator.
@@ -28,8 +28,9 @@ the ``StageActor`` of each stage (possibly in worker processes). A session's lif
    :class:`Abort`, which frees the session there.
 
 :class:`Inspect`, :class:`ListSessions` and :class:`ListStages` ask what is held where
-(health, leak checks). ``ControlMessage`` s (``Abort``, ``AbortSession``,
-``StageFailed``) overtake queued chunks; a ``Request[R]`` is answered with an ``R``.
+(health, leak checks). The control messages (``Abort``, ``AbortSession``,
+``StageFailed``: ``ControlMessage``) overtake queued chunks; a ``Request[R]`` is
+answered with an ``R``.
 """
 
 from __future__ import annotations
