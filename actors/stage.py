@@ -1,8 +1,9 @@
 """``StageActor``: hosts one engine and every session's state on one stage.
 
-Its ``receive`` only routes: a ``Prewarm`` allocates a :class:`StageSession` (which
-starts waiting for input at once), a ``Chunk`` goes into its session's queue, an
-``Abort`` (a control message, served before queued chunks) frees the session. The
+Its ``receive`` only routes (the messages: ``omni_actors.protocols.control``): a
+``Prewarm`` allocates a :class:`StageSession` (which starts waiting for input at once),
+a ``Chunk`` goes into its session's queue, an ``Abort`` (a control message, served
+before queued chunks) frees the session. Sessions are known by their ``SessionKey``. The
 engine work of each session runs in that session's task, so one slow session never
 holds up the chunks of another, and the engine sees all of them at once to batch.
 """
@@ -18,19 +19,19 @@ from omni_actors._actor import Actor
 from omni_actors._mailbox import MailboxConfig
 from omni_actors.actors.engine import Engine
 from omni_actors.actors.engine_registry import build_engine
-from omni_actors.actors.messages import Abort, Inspect, Prewarm, StageState
 from omni_actors.actors.stage_session import StageSession
-from omni_actors.protocols.stage import Chunk
+from omni_actors.protocols.control import Abort, Inspect, Prewarm, StageMessage, StageState
+from omni_actors.protocols.stage import Chunk, SessionKey
 
 __all__ = ["StageActor"]
 
 log = logging.getLogger(__name__)
 
 _CLOSE_TIMEOUT = 2.0
-_ABORTED_MEMORY = 4096  # aborted session ids remembered, to refuse a late prewarm
+_ABORTED_MEMORY = 4096  # aborted session keys remembered, to refuse a late prewarm
 
 
-class StageActor(Actor[Prewarm | Chunk | Abort | Inspect]):
+class StageActor(Actor[StageMessage]):
     """One pipeline stage. Spawned by the orchestrator, locally or in a worker process.
 
     Args:
@@ -47,8 +48,8 @@ class StageActor(Actor[Prewarm | Chunk | Abort | Inspect]):
         self.kind = kind
         self.args = args
         self.engine: Engine | None = None
-        self.sessions: dict[str, StageSession] = {}
-        self.aborted: OrderedDict[str, None] = OrderedDict()
+        self.sessions: dict[SessionKey, StageSession] = {}
+        self.aborted: OrderedDict[SessionKey, None] = OrderedDict()
 
     async def on_start(self) -> None:
         """Build and start the engine (a failure here fails the spawn, with its reason)."""
@@ -68,44 +69,42 @@ class StageActor(Actor[Prewarm | Chunk | Abort | Inspect]):
             await self.engine.stop()
             self.engine = None
 
-    async def receive(self, message: Prewarm | Chunk | Abort | Inspect) -> Any:
+    async def receive(self, message: StageMessage) -> Any:
         """Route one message; see the module docstring."""
         match message:
             case Chunk():
-                session = self.sessions.get(message.session)
+                session = self.sessions.get(message.key)
                 if session is not None:
                     session.deliver(message)
                 else:  # aborted or timed out meanwhile: its chunks are moot
-                    log.debug(
-                        "%s: chunk for unknown session %s dropped", self.name, message.session
-                    )
+                    log.debug("%s: chunk for unknown session %s dropped", self.name, message.key)
                 return None
             case Prewarm():
                 return self._prewarm(message)
-            case Abort(session=session_id):
+            case Abort(key=key):
                 # An abort overtakes queued messages, possibly the session's own prewarm.
-                self.aborted[session_id] = None
+                self.aborted[key] = None
                 if len(self.aborted) > _ABORTED_MEMORY:
                     self.aborted.popitem(last=False)
-                session = self.sessions.pop(session_id, None)
+                session = self.sessions.pop(key, None)
                 if session is not None:
                     await session.close(_CLOSE_TIMEOUT)
                 return True
             case Inspect():
-                return StageState(stage=self.name, sessions=sorted(self.sessions))
+                return StageState(stage=self.name, keys=sorted(self.sessions))
         raise AssertionError(f"unhandled {message!r}")  # pragma: no cover - typed union
 
     def _prewarm(self, message: Prewarm) -> bool:
-        if message.session in self.aborted or message.session in self.sessions:
+        if message.key in self.aborted or message.key in self.sessions:
             # Aborted before it arrived, or a duplicate: allocate nothing. Refused, not
             # raised: a bad request must not crash the stage and its other sessions.
             return False
         assert self.engine is not None
-        self.sessions[message.session] = StageSession(
+        self.sessions[message.key] = StageSession(
             self.name, self.engine, message, self._session_ended
         )
         return True
 
     def _session_ended(self, session: StageSession) -> None:
-        if self.sessions.get(session.id) is session:
-            del self.sessions[session.id]
+        if self.sessions.get(session.key) is session:
+            del self.sessions[session.key]

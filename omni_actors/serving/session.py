@@ -13,16 +13,17 @@ import contextlib
 import time
 import uuid
 from collections.abc import AsyncIterator, Mapping
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Literal
 
 import torch
 
 from omni_actors._ref import ActorRef
 from omni_actors.errors import OmniError
+from omni_actors.protocols.control import AbortSession, OpenSession, SessionMessage
 from omni_actors.protocols.events import TERMINAL, Aborted, Event, SegmentDone, SessionError
-from omni_actors.protocols.stage import INPUT, Chunk, End, split_fields
+from omni_actors.protocols.stage import INPUT, Chunk, End, SessionKey, split_fields
 from omni_actors.serving.orchestrator import StartSession
-from omni_actors.serving.session_actor import AbortSession, OpenSession, SessionChannel
+from omni_actors.serving.session_actor import SessionChannel
 
 if TYPE_CHECKING:
     from omni_actors.serving.omni_pipeline import OmniPipeline
@@ -64,9 +65,9 @@ class Session:
         self.modalities = modalities
         self.resumable = resumable
         self.channel = SessionChannel(sample_rate=pipeline.spec.outputs.sample_rate)
-        self._ref: ActorRef[Any] | None = None
-        self._key = ""  # the session's key on the stages (the id plus an admission count)
-        self._entry: ActorRef[Any] | None = None
+        self._ref: ActorRef[SessionMessage] | None = None
+        self._key = SessionKey("")  # the session's key on the stages, once admitted
+        self._entry: ActorRef[Chunk] | None = None
         self._seq = 0
         self._segment = 0
         self._slot = False
@@ -115,17 +116,15 @@ class Session:
             )
             if isinstance(reply, OmniError):
                 return self._closed(
-                    SessionError(session=self.id, code="admission", message=str(reply))
+                    SessionError(session=self.id, code=reply.code, message=str(reply))
                 )
             self._ref, self._entry, self._key = reply.session, reply.entry, reply.key
-            error: SessionError | None = await reply.session.ask(
+            error = await reply.session.ask(
                 OpenSession(), timeout=max(0.001, admission_deadline - loop.time()) + _GRACE_S
             )
         except (OmniError, TimeoutError) as exc:
             if not isinstance(exc, TimeoutError):  # the pipeline itself has stopped
-                return self._closed(
-                    SessionError(session=self.id, code="internal", message=str(exc))
-                )
+                return self._closed(SessionError(session=self.id, code=exc.code, message=str(exc)))
             return self._closed(
                 SessionError(
                     session=self.id,
@@ -171,7 +170,7 @@ class Session:
             # from the call (admission and prewarm included).
             self.channel.starts[self._segment] = time.monotonic()
         chunk = Chunk(
-            session=self._key,
+            key=self._key,
             source=INPUT,
             seq=self._seq,
             tensors=tensors,
@@ -205,7 +204,7 @@ class Session:
         if self._ref is not None:
             # If the session actor is gone, so is the session.
             with contextlib.suppress(OmniError):
-                await self._ref.ask(AbortSession(reason), timeout=_ABORT_TIMEOUT_S)
+                await self._ref.ask(AbortSession(reason=reason), timeout=_ABORT_TIMEOUT_S)
 
     async def close(self) -> None:
         """Abort if not ended; give the admission slot back."""

@@ -55,7 +55,7 @@ async def nothing_held(omni: OmniPipeline, timeout: float = 5.0) -> None:
     loop = asyncio.get_running_loop()
     deadline = loop.time() + timeout
     while True:
-        held = {n: s.sessions for n, s in (await omni.inspect()).items() if s.sessions}
+        held = {n: s.keys for n, s in (await omni.inspect()).items() if s.keys}
         live = {n: ids for n, ids in (await omni.live_sessions()).items() if ids}
         engines = {
             name: sorted(getattr(instance.engine, "active_sessions", ()))

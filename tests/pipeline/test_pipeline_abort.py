@@ -19,7 +19,7 @@ async def wait_prewarmed(omni: OmniPipeline, stages: int = 3) -> None:
     """Until a session is held by ``stages`` stages (a test-only wait)."""
     for _ in range(200):
         held = await omni.inspect()
-        if sum(1 for state in held.values() if state.sessions) >= stages:
+        if sum(1 for state in held.values() if state.keys) >= stages:
             return
         await asyncio.sleep(0.01)
     raise AssertionError("the session was never prewarmed")

@@ -11,8 +11,8 @@ import asyncio
 import pytest
 from pipeline_helpers import assert_nothing_held, collect, make_spec
 
-from omni_actors.actors.messages import Prewarm
 from omni_actors.actors.stage import StageActor
+from omni_actors.protocols.control import Prewarm
 from omni_actors.protocols.events import SessionError
 from omni_actors.serving.omni_pipeline import OmniPipeline, SessionClosedError
 
