@@ -211,12 +211,19 @@ def build_engine(kind: str, args: Mapping[str, Any], *, where: str = "engine") -
         where: how errors name the stage (``stages[talker].engine``).
 
     Raises:
-        EngineUnavailableError: see :func:`engine_type`.
-        EngineArgsError: the engine's ``Args`` reject ``args`` (one line per field).
+        EngineUnavailableError: see :func:`engine_type`; or its ports are malformed.
+        EngineArgsError: the engine's ``Args`` reject ``args`` (one line per field), or
+            its ports do not accept them.
     """
     found = engine_type(kind)
     try:
         validated = found.args(args)
     except ValidationError as exc:
         raise EngineArgsError("; ".join(describe_args_error(where, exc))) from None
+    try:
+        found.ports(validated)  # the declaration is checked where the engine runs, too
+    except EngineUnavailableError:
+        raise
+    except ValueError as exc:
+        raise EngineArgsError(f"{where}.args: {exc}") from None
     return found.build(validated)

@@ -17,40 +17,45 @@ import logging
 from collections import deque
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
+from typing import Generic, TypeVar
 
 import torch
 
-from omni_actors.actors.tiny_omni.code2wav_model import Piece
-
-__all__ = ["Decode", "WindowBatcher"]
+__all__ = ["WindowBatcher"]
 
 log = logging.getLogger(__name__)
 
-Decode = Callable[[torch.Tensor, list[int]], Awaitable[list[Piece]]]
-"""``decode(codes [B, Q, T], starts)``: one forward over a batch, a piece per row."""
+T = TypeVar("T")
 
 
 @dataclass(eq=False, slots=True)
-class _Request:
+class _Request(Generic[T]):
     codes: torch.Tensor  # [Q, T]
     start: int
-    future: asyncio.Future[Piece]
+    future: asyncio.Future[T]
 
 
-class WindowBatcher:
+class WindowBatcher(Generic[T]):
     """See the module docstring.
 
     Args:
-        decode: runs one forward (in the engine's model thread).
+        decode: ``decode(codes [B, Q, T], starts)`` runs one forward over a batch (in the
+            engine's model thread) and returns a result per row.
         max_batch: the most windows per forward.
         wait_s: how long an idle batcher gathers before its first forward.
     """
 
-    def __init__(self, decode: Decode, *, max_batch: int, wait_s: float) -> None:
+    def __init__(
+        self,
+        decode: Callable[[torch.Tensor, list[int]], Awaitable[list[T]]],
+        *,
+        max_batch: int,
+        wait_s: float,
+    ) -> None:
         self._decode = decode
         self.max_batch = max_batch
         self.wait_s = wait_s
-        self._queue: deque[_Request] = deque()
+        self._queue: deque[_Request[T]] = deque()
         self._wake = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
 
@@ -67,7 +72,7 @@ class WindowBatcher:
             )
 
     async def stop(self) -> None:
-        """End the batcher task; queued requests are dropped (their sessions end too)."""
+        """End the batcher task; queued and in-flight requests are cancelled."""
         task, self._task = self._task, None
         if task is not None:
             task.cancel()
@@ -78,10 +83,10 @@ class WindowBatcher:
             request.future.cancel()
         self._queue.clear()
 
-    def submit(self, codes: torch.Tensor, start: int) -> asyncio.Future[Piece]:
-        """Queue window ``codes`` [Q, T]; the future gets its piece, or the forward's
-        error. Cancel the future to withdraw the request."""
-        future: asyncio.Future[Piece] = asyncio.get_running_loop().create_future()
+    def submit(self, codes: torch.Tensor, start: int) -> asyncio.Future[T]:
+        """Queue window ``codes`` [Q, T], to be emitted from sample ``start``; the future
+        gets its row's result, or the forward's error. Cancel it to withdraw the request."""
+        future: asyncio.Future[T] = asyncio.get_running_loop().create_future()
         self._queue.append(_Request(codes, start, future))
         self._wake.set()
         return future
@@ -96,15 +101,15 @@ class WindowBatcher:
             while group := self._take_group():
                 await self._run_group(group)
 
-    def _take_group(self) -> list[_Request]:
+    def _take_group(self) -> list[_Request[T]]:
         """The oldest live request and up to ``max_batch - 1`` live ones of its length."""
         while self._queue and self._queue[0].future.done():
             self._queue.popleft()
         if not self._queue:
             return []
         length = self._queue[0].codes.shape[-1]
-        group: list[_Request] = []
-        rest: deque[_Request] = deque()
+        group: list[_Request[T]] = []
+        rest: deque[_Request[T]] = deque()
         for request in self._queue:
             if request.future.done():
                 continue
@@ -115,10 +120,14 @@ class WindowBatcher:
         self._queue = rest
         return group
 
-    async def _run_group(self, group: list[_Request]) -> None:
+    async def _run_group(self, group: list[_Request[T]]) -> None:
         codes = torch.stack([r.codes for r in group])
         try:
             pieces = await self._decode(codes, [r.start for r in group])
+        except asyncio.CancelledError:  # stopped mid-forward: nobody waits on these rows
+            for request in group:
+                request.future.cancel()
+            raise
         except Exception as exc:  # a failed forward fails its rows' sessions, not the batcher
             for request in group:
                 if not request.future.done():

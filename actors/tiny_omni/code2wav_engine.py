@@ -106,7 +106,7 @@ class Code2WavEngine(TorchEngine):
         super().__init__(stage_dir(TINY_OMNI.name, args, "code2wav"), "code2wav")
         self._model: Code2WavModel | None = None
         self._sessions: dict[str, _Session] = {}
-        self._batcher = WindowBatcher(
+        self._batcher: WindowBatcher[Piece] = WindowBatcher(
             self._decode, max_batch=args.max_batch, wait_s=args.batch_wait_ms / 1e3
         )
 
