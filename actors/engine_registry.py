@@ -36,9 +36,9 @@ __all__ = [
     "EngineUnavailableError",
     "NoArgs",
     "build_engine",
+    "describe_args_error",
     "engine_kinds",
     "engine_type",
-    "describe_args_error",
 ]
 
 ENGINE_ENTRY_POINTS = "omni_actors.engines"
