@@ -76,7 +76,7 @@ _LAZY = {
 def _process_placement(system: ActorSystem) -> Placement:
     # The one place that wires the transport into the kernel, on the first process
     # actor of a system: programs without one never import ZeroMQ (or torch).
-    from omni_actors.transport.workers import ProcessPlacement
+    from omni_actors.transport.process_placement import ProcessPlacement
 
     return ProcessPlacement(system)
 

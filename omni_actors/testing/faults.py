@@ -57,7 +57,7 @@ def worker_pid(ref: ActorRef[Any]) -> int:
     Raises:
         ValueError: ``ref`` is a local actor, or its worker is not running right now.
     """
-    from omni_actors.transport.workers import ProcessHost
+    from omni_actors.transport.process_placement import ProcessHost
 
     host = ref._cell.instance
     if not isinstance(host, ProcessHost):

@@ -27,8 +27,8 @@ from omni_actors import (
 )
 from omni_actors.protocols import wire
 from omni_actors.testing import ActorTestKit
-from omni_actors.transport.worker import WIRE_VERSION_ENV
-from omni_actors.transport.workers import ProcessPlacement
+from omni_actors.transport.process_placement import ProcessPlacement
+from omni_actors.transport.worker_main import WIRE_VERSION_ENV
 
 FAST_RESTART = SupervisorStrategy(backoff=Backoff(min_s=0.0, max_s=0.0, jitter=0.0))
 

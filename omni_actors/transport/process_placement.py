@@ -32,7 +32,7 @@ from omni_actors.transport.endpoints import RuntimeDir
 from omni_actors.transport.link import Link
 from omni_actors.transport.node import Node
 from omni_actors.transport.remote import RemoteMailbox, error_from_wire
-from omni_actors.transport.worker import actor_spec
+from omni_actors.transport.worker_main import actor_spec
 
 __all__ = ["ProcessHost", "ProcessPlacement", "Workers", "actor_spec"]
 
@@ -114,7 +114,7 @@ class Workers:
         proc = await asyncio.create_subprocess_exec(
             sys.executable,
             "-m",
-            "omni_actors.transport.worker",
+            "omni_actors.transport.worker_main",
             "--node",
             str(node_id),
             "--endpoint",

@@ -1,4 +1,4 @@
-"""Entry point of a worker process: ``python -m omni_actors.transport.worker``.
+"""Entry point of a worker process: ``python -m omni_actors.transport.worker_main``.
 
 A worker hosts a small actor system and one node. It says ``Hello`` to its parent,
 spawns the actors the parent asks for, reports when they exit, and exits itself on
@@ -168,7 +168,7 @@ async def serve(
 
 def main(argv: list[str] | None = None) -> int:
     """Parse the command line the parent built and serve."""
-    parser = argparse.ArgumentParser(prog="omni_actors.transport.worker")
+    parser = argparse.ArgumentParser(prog="omni_actors.transport.worker_main")
     parser.add_argument("--node", type=int, required=True)
     parser.add_argument("--endpoint", required=True)
     parser.add_argument("--parent", required=True)
