@@ -20,6 +20,7 @@ from omni_actors._context import ActorContext
 from omni_actors._mailbox import Envelope, Mailbox, MailboxConfig, ReplySink
 from omni_actors._ref import ActorRef
 from omni_actors._supervisor import Supervisor
+from omni_actors._task_scope import TaskScope
 from omni_actors.errors import ActorNameTakenError, ActorStoppedError, StartTimeoutError
 from omni_actors.signals import ChildFailed, ControlMessage, Terminated
 from omni_actors.supervision import RestartType, SupervisorStrategy
@@ -79,6 +80,7 @@ class ActorCell:
         self.supervisor = Supervisor(self, strategy)
         self.ref: ActorRef[Any] = ActorRef(self)
         self.context: ActorContext[Any] = ActorContext(self)
+        self.tasks = TaskScope(self.path, system._create_task)
         self.instance: Actor[Any] | None = None
         self.state = "starting"
         self.stop_requested = False
@@ -355,7 +357,10 @@ class ActorCell:
         self.stash.insert(sum(1 for _ in urgent), envelope)
 
     async def _teardown(self) -> None:
-        """Stop the children and let the current instance release what it holds."""
+        """Stop the children and let the current instance release what it holds.
+
+        Then no task the instance started (``context.tasks``) outlives it.
+        """
         await self.supervisor.close()
         await self.stop_children()
         instance, self.instance = self.instance, None
@@ -364,6 +369,7 @@ class ActorCell:
                 await instance.on_stop()
             except Exception:
                 log.exception("on_stop of %s raised", self.path)
+        await self.tasks.cancel(self.system.stop_timeout, "the actor stopped or restarted")
 
     async def _terminate(self) -> None:
         self.state = "stopping"
@@ -373,6 +379,7 @@ class ActorCell:
         """Release everything the cell owns; runs on every exit path, kill included."""
         self.state = "stopped"
         self.supervisor.abort()
+        self.tasks.cancel_now()
         for child in list(self.children.values()):
             child.kill()
         pending = self.mailbox.close()

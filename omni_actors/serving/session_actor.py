@@ -143,7 +143,7 @@ class SessionActor(Actor[OpenSession | Chunk | StageReport | AbortSession | Stag
         plan: the stages on the path, in topological order, with their prewarm plans.
         deadlines: the session's deadlines, passed to every stage.
         resumable: the caller sends input in segments.
-        admission_deadline: loop time by which prewarm must be complete.
+        admission_deadline: system clock time by which prewarm must be complete.
         channel: where events go.
     """
 
@@ -215,8 +215,7 @@ class SessionActor(Actor[OpenSession | Chunk | StageReport | AbortSession | Stag
 
     async def _open(self) -> SessionError | None:
         owner = self.context.self_ref
-        loop = asyncio.get_running_loop()
-        timeout = max(0.0, self.admission_deadline - loop.time())
+        timeout = max(0.0, self.admission_deadline - self.context.clock.now())
         asks = [
             p.ref.ask(
                 Prewarm(
