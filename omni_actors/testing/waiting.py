@@ -32,11 +32,13 @@ async def _check(condition: Condition[T]) -> T:
 
 
 async def eventually(condition: Condition[T], timeout: float = 5.0, what: str = "") -> T:
-    """Wait until ``condition()`` returns a truthy value, and return that value.
+    """Wait until ``condition()`` holds, and return what it returned.
 
-    ``condition`` is a plain or an async callable. It may also raise
-    ``AssertionError`` (an ``assert`` inside it) to say "not yet": the last such error
-    is re-raised if the deadline passes, so a failure says what was wrong.
+    ``condition`` is a plain or an async callable. It says "not yet" by returning a
+    falsy value (``False``, ``0``, an empty list) or by raising ``AssertionError``; an
+    assertion-style check (``assert`` statements, returning ``None``) holds once it returns
+    without raising. If the deadline passes, the failure names the last value or
+    assertion, so it says what was wrong.
 
     Args:
         condition: what must become true.
@@ -57,7 +59,7 @@ async def eventually(condition: Condition[T], timeout: float = 5.0, what: str = 
         except AssertionError as exc:
             failure = exc
         else:
-            if value:
+            if value or value is None:
                 return value
         if loop.time() >= deadline:
             label = what or getattr(condition, "__name__", repr(condition))
