@@ -11,7 +11,7 @@ local stand-in).
 from __future__ import annotations
 
 import asyncio
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal
 
 from omni_actors._actor import Actor
 from omni_actors._ref import ActorRef
@@ -19,7 +19,10 @@ from omni_actors._ref import ActorRef
 if TYPE_CHECKING:
     from omni_actors._system import ActorSystem
 
+Lane = Literal["user", "system"]
+
 __all__ = [
+    "Lane",
     "actor_instance",
     "actor_task",
     "blocked_senders",
@@ -28,6 +31,7 @@ __all__ = [
     "mailbox_depth",
     "mailbox_room",
     "queued_messages",
+    "stashed_messages",
     "terminated",
     "watched_by",
 ]
@@ -44,14 +48,25 @@ def actor_task(ref: ActorRef[Any]) -> asyncio.Task[None] | None:
     return ref._cell.task
 
 
-def mailbox_depth(ref: ActorRef[Any]) -> int:
-    """User messages queued in ``ref``'s mailbox, not yet received."""
-    return len(ref._cell.mailbox.user)
+def mailbox_depth(ref: ActorRef[Any], lane: Lane = "user") -> int:
+    """Messages queued in one lane of ``ref``'s mailbox, not yet received.
+
+    ``user``: ordinary messages. ``system``: what is served first — stop, restart,
+    ``Terminated``, and control messages (``ControlMessage``).
+    """
+    box = ref._cell.mailbox
+    return len(box.user if lane == "user" else box.system)
 
 
 def queued_messages(ref: ActorRef[Any]) -> list[object]:
     """The user messages queued in ``ref``'s mailbox, oldest first."""
     return [message for message, _ in ref._cell.mailbox.user]
+
+
+def stashed_messages(ref: ActorRef[Any]) -> list[object]:
+    """Messages ``ref``'s actor set aside while it was not running (restarting): they
+    are replayed, in order, before its mailbox once it runs again."""
+    return [message for message, _ in ref._cell.stash]
 
 
 def mailbox_room(ref: ActorRef[Any]) -> int:

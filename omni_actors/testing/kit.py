@@ -134,13 +134,17 @@ class ActorTestKit:
         :func:`omni_actors.testing.inspection.actor_instance`."""
         return inspection.actor_instance(ref)
 
-    def mailbox_depth(self, ref: ActorRef[Any]) -> int:
-        """User messages queued for ``ref``, not yet received."""
-        return inspection.mailbox_depth(ref)
+    def mailbox_depth(self, ref: ActorRef[Any], lane: inspection.Lane = "user") -> int:
+        """Messages queued in one lane (``user`` or ``system``) of ``ref``'s mailbox."""
+        return inspection.mailbox_depth(ref, lane)
 
     def queued_messages(self, ref: ActorRef[Any]) -> list[object]:
         """The user messages queued for ``ref``, oldest first."""
         return inspection.queued_messages(ref)
+
+    def stashed_messages(self, ref: ActorRef[Any]) -> list[object]:
+        """Messages ``ref`` set aside while restarting, to be replayed first."""
+        return inspection.stashed_messages(ref)
 
     def mailbox_room(self, ref: ActorRef[Any]) -> int:
         """How many more user messages ``ref``'s mailbox takes before senders wait."""
