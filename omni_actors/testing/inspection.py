@@ -70,8 +70,11 @@ def stashed_messages(ref: ActorRef[Any]) -> list[object]:
 
 
 def mailbox_room(ref: ActorRef[Any]) -> int:
-    """How many more user messages ``ref``'s mailbox takes before senders wait."""
-    return ref._cell.mailbox.room
+    """How many more user messages ``ref`` takes before senders wait: free slots of a
+    local mailbox; for an actor in a worker process, the credits its worker granted."""
+    box = ref._cell.mailbox
+    credits = getattr(box, "credits", None)  # a worker's actor: flow control by credit
+    return box.room if credits is None else int(credits)
 
 
 def blocked_senders(ref: ActorRef[Any]) -> int:

@@ -23,7 +23,7 @@ from omni_actors import (
     SupervisorStrategy,
     WorkerDiedError,
 )
-from omni_actors.testing import ActorTestKit
+from omni_actors.testing import ActorTestKit, eventually
 
 FAST_RESTART = SupervisorStrategy(backoff=Backoff(min_s=0.0, max_s=0.0, jitter=0.0))
 
@@ -69,7 +69,7 @@ async def test_failed_on_start_in_worker_fails_spawn() -> None:
     async with ActorTestKit() as kit:
         with pytest.raises(RuntimeError, match="no model weights"):
             await kit.spawn(FailsToStart, name="broken", process=True)
-        assert not kit.system._registry.get("/broken")
+        assert not kit.is_alive("/broken")
 
 
 async def test_sigkill_fails_pending_asks_and_restarts_permanent_actor() -> None:
@@ -77,8 +77,10 @@ async def test_sigkill_fails_pending_asks_and_restarts_permanent_actor() -> None
         probe = await kit.create_probe()
         ref = await kit.spawn(Echo, name="echo", process=True, restart="permanent")
         first_pid = await ref.ask(Pid(), timeout=10)
+        credits = kit.mailbox_room(ref)
         blocked = asyncio.ensure_future(ref.ask(Block(30), timeout=30))
-        await asyncio.sleep(0.2)
+        # The Block has been sent (it took a credit): the worker holds the ask.
+        await kit.eventually(lambda: kit.mailbox_room(ref) < credits)
         os.kill(first_pid, signal.SIGKILL)
         with pytest.raises((WorkerDiedError, ActorStoppedError)):
             await asyncio.wait_for(blocked, 10)
@@ -143,7 +145,7 @@ async def main():
     await system.start()
     ref = await system.spawn(Echo, name="echo", process=True)
     print(await ref.ask(Pid(), timeout=30), flush=True)
-    await asyncio.sleep(60)
+    await asyncio.sleep(60)  # alive until the test kills it: the behaviour under test
 
 asyncio.run(main())
 """
@@ -158,14 +160,19 @@ async def test_workers_exit_when_their_parent_is_killed() -> None:
     worker_pid = int(await asyncio.wait_for(parent.stdout.readline(), 60))
     parent.kill()
     await parent.wait()
-    for _ in range(100):  # the worker sees stdin close and exits on its own
+
+    def worker_gone() -> bool:
         try:
             os.kill(worker_pid, 0)
         except ProcessLookupError:
-            return
-        await asyncio.sleep(0.05)
-    os.kill(worker_pid, signal.SIGKILL)
-    pytest.fail("worker outlived its parent")
+            return True
+        return False
+
+    try:  # the worker sees stdin close and exits on its own
+        await eventually(worker_gone, what="the worker exits after its parent")
+    except AssertionError:
+        os.kill(worker_pid, signal.SIGKILL)
+        raise
 
 
 async def test_remote_fail_policy_and_ask_deadline() -> None:
