@@ -85,9 +85,9 @@ class StubbornStart(Actor[Work]):
     async def on_start(self) -> None:
         # The behaviour under test: a start that outlives its deadline, then completes.
         try:
-            await asyncio.sleep(30)
+            await asyncio.sleep(30)  # cancelled by the start timeout
         except asyncio.CancelledError:
-            await asyncio.sleep(0.05)
+            await asyncio.sleep(0.05)  # ...which it ignores, to finish late
         self.started.set()
 
 
