@@ -18,11 +18,13 @@ import pytest_asyncio
 from pipeline_helpers import armed, assert_nothing_held, collect, make_spec
 
 from omni_actors.actors.messages import Prewarm
+from omni_actors.actors.scripted import ScriptedEngine
 from omni_actors.actors.stage import StageActor
 from omni_actors.protocols.events import Event, SessionError
 from omni_actors.serving.omni_pipeline import OmniPipeline, SessionClosedError
 from omni_actors.serving.session import _GRACE_S
 from omni_actors.testing import ActorTestKit
+from omni_actors.testing.inspection import actor_instance
 
 # A stage whose engine never gets this far in a test: only an expiry ends its session.
 STALLED = {"first_output_s": 3600.0}
@@ -77,7 +79,14 @@ async def test_first_chunk_deadline_on_a_full_edge(kit: ActorTestKit) -> None:
     spec = make_spec(mode="full", thinker=STALLED, deadlines={"first_chunk_s": 0.2})
     async with OmniPipeline(spec, system=kit.system) as omni:
         request = asyncio.ensure_future(collect(omni.generate(text="x")))
-        await armed(kit, 0.2, count=2)  # talker and code2wav wait for their input
+        # The thinker has its input (its own first-chunk wait is over)...
+        thinker = actor_instance((await omni.stages())["thinker"])
+        assert isinstance(thinker, StageActor)
+        engine = thinker.engine
+        assert isinstance(engine, ScriptedEngine)
+        await kit.eventually(lambda: engine.active_sessions, what="the thinker generating")
+        # ...while talker and code2wav still wait for theirs.
+        await armed(kit, 0.2, count=2)
         kit.virtual_clock.advance(0.2)
         error = error_of(await request)
         assert error.code == "timeout"
