@@ -15,7 +15,7 @@ import logging
 import sys
 from dataclasses import dataclass
 
-from omni_actors import Actor, ActorRef, ActorSystem, Backoff, SupervisorStrategy, run
+from omni_actors import Actor, ActorRef, ActorSystem, Backoff, Props, SupervisorStrategy, run
 
 log = logging.getLogger("example")
 
@@ -111,11 +111,10 @@ class Pipeline(Actor[Emit]):
     async def on_start(self) -> None:
         # Downstream first, so each stage is born with the ref of the next one; shutdown
         # goes in reverse start order, so the source stops before what it feeds.
-        sink = await self.context.spawn(Sink, self.finished, name="sink", restart="permanent")
-        transform = await self.context.spawn(Transform, sink, name="transform", restart="permanent")
-        self.source = await self.context.spawn(
-            Source, transform, name="source", restart="permanent"
-        )
+        permanent = Props(restart="permanent")
+        sink = await self.context.spawn(Sink, self.finished, name="sink", props=permanent)
+        transform = await self.context.spawn(Transform, sink, name="transform", props=permanent)
+        self.source = await self.context.spawn(Source, transform, name="source", props=permanent)
 
     async def receive(self, message: Emit) -> None:
         await self.source.tell(message)

@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any
 from omni_actors._actor import Actor
 from omni_actors._context import ActorContext
 from omni_actors._mailbox import MailboxConfig
+from omni_actors._props import PROCESS, Props
 from omni_actors._ref import ActorRef
 from omni_actors._system import ActorSystem, run
 from omni_actors._task_scope import TaskScope
@@ -27,11 +28,13 @@ from omni_actors.errors import (
     MessageTypeError,
     OmniError,
     ProtocolError,
+    ProtocolVersionError,
     RestartIntensityExceededError,
     SendTimeoutError,
     StartTimeoutError,
     WorkerDiedError,
 )
+from omni_actors.remoting import Placement, register_placement
 from omni_actors.signals import ChildFailed, ControlMessage, Terminated
 from omni_actors.supervision import (
     Backoff,
@@ -68,6 +71,17 @@ _LAZY = {
     "SessionMetrics": "omni_actors.protocols.events",
     "TextDelta": "omni_actors.protocols.events",
 }
+
+
+def _process_placement(system: ActorSystem) -> Placement:
+    # The one place that wires the transport into the kernel, on the first process
+    # actor of a system: programs without one never import ZeroMQ (or torch).
+    from omni_actors.transport.workers import ProcessPlacement
+
+    return ProcessPlacement(system)
+
+
+register_placement(PROCESS, _process_placement)
 
 
 def __getattr__(name: str) -> Any:
@@ -109,6 +123,8 @@ __all__ = [
     "OmniError",
     "OverflowPolicy",
     "ProtocolError",
+    "ProtocolVersionError",
+    "Props",
     "RestartIntensityExceededError",
     "RestartType",
     "SendTimeoutError",

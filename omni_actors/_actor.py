@@ -69,10 +69,10 @@ class Actor(Generic[M]):
     and a failure handled by the actor's supervisor.
 
     Class attributes an actor may override:
-        mailbox: capacity, overflow policy and stash size (``spawn`` can override it).
+        mailbox: capacity, overflow policy and stash size (``Props.mailbox`` overrides it).
         supervisor_strategy: how this actor supervises the children it spawns.
         replies: the type ``ask`` replies are decoded as when the actor runs in another
-            process (``spawn(..., process=True)``); builtins decode as ``Any``.
+            process (``Props(process=True)``); builtins decode as ``Any``.
     """
 
     accepts: ClassVar[tuple[type, ...]] = (object,)

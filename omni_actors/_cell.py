@@ -18,7 +18,9 @@ from omni_actors import _system_messages as sm
 from omni_actors._actor import Actor
 from omni_actors._context import ActorContext
 from omni_actors._mailbox import Envelope, Mailbox, MailboxConfig, ReplySink
+from omni_actors._props import Props, check_spawn_kwargs
 from omni_actors._ref import ActorRef
+from omni_actors._state import CellState
 from omni_actors._supervisor import Supervisor
 from omni_actors._task_scope import TaskScope
 from omni_actors.errors import ActorNameTakenError, ActorStoppedError, StartTimeoutError
@@ -27,12 +29,12 @@ from omni_actors.supervision import RestartType, SupervisorStrategy
 
 if TYPE_CHECKING:
     from omni_actors._system import ActorSystem
+    from omni_actors.remoting import Hosting
 
-__all__ = ["ActorCell"]
+__all__ = ["ActorCell", "CellState"]
 
 log = logging.getLogger("omni_actors")
 
-_RESTART_TYPES = ("permanent", "transient", "temporary")
 _names = itertools.count(1)
 
 
@@ -58,8 +60,8 @@ class ActorCell:
         kwargs: dict[str, Any],
         restart: RestartType,
         strategy: SupervisorStrategy,
-        mailbox: MailboxConfig | Mailbox,
-        instance_factory: Callable[[], Actor[Any]] | None = None,
+        mailbox: MailboxConfig,
+        hosting: Hosting | None = None,
     ) -> None:
         self.system = system
         self.parent = parent
@@ -70,9 +72,13 @@ class ActorCell:
         self.kwargs = kwargs
         self.restart = restart
         self.accepts = actor_cls.accepts
-        self.mailbox = mailbox if isinstance(mailbox, Mailbox) else Mailbox(self.path, mailbox)
-        # A process actor's cell hosts a stand-in (the worker's host), not the class itself.
-        self.instance_factory = instance_factory or (lambda: actor_cls(*args, **kwargs))
+        # An actor placed elsewhere (a worker process) is hosted by a local stand-in
+        # behind the placement's forwarding mailbox; everything else here is unchanged.
+        self.placed = hosting is not None
+        self.mailbox = Mailbox(self.path, mailbox) if hosting is None else hosting.mailbox
+        self.instance_factory: Callable[[], Actor[Any]] = (
+            (lambda: actor_cls(*args, **kwargs)) if hosting is None else hosting.host
+        )
         self.stash: deque[Envelope] = deque()
         self.children: dict[str, ActorCell] = {}
         self.watchers: set[ActorCell] = set()
@@ -82,7 +88,7 @@ class ActorCell:
         self.context: ActorContext[Any] = ActorContext(self)
         self.tasks = TaskScope(self.path, system._create_task)
         self.instance: Actor[Any] | None = None
-        self.state = "starting"
+        self.state = CellState.STARTING
         self.stop_requested = False
         self.task: asyncio.Task[None] | None = None
         loop = asyncio.get_running_loop()
@@ -105,18 +111,15 @@ class ActorCell:
         kwargs: dict[str, Any],
         *,
         name: str | None,
-        restart: RestartType,
-        strategy: SupervisorStrategy | None,
-        mailbox: MailboxConfig | None,
-        start_timeout: float,
-        process: bool = False,
+        props: Props,
     ) -> ActorRef[Any]:
         """Create a child, wait for its ``on_start``, and return its ref."""
         if not (isinstance(actor_cls, type) and issubclass(actor_cls, Actor)):
             raise TypeError(f"spawn() needs an Actor subclass, got {actor_cls!r}")
-        if restart not in _RESTART_TYPES:
-            raise ValueError(f"restart must be one of {_RESTART_TYPES}, got {restart!r}")
-        if self.state in ("stopping", "stopped"):
+        if not isinstance(props, Props):
+            raise TypeError(f"spawn(props=...) needs a Props, got {props!r}")
+        check_spawn_kwargs(actor_cls, kwargs)
+        if self.state.ending:
             raise ActorStoppedError(self.path, "a stopping actor cannot spawn children")
         if name is None:
             name = f"{actor_cls.__name__.lower()}-{next(_names)}"
@@ -124,12 +127,12 @@ class ActorCell:
             raise ValueError(f"actor names must be non-empty and contain no '/', got {name!r}")
         if name in self.children:
             raise ActorNameTakenError(f"{self.path} already has a child named {name!r}")
-        config = mailbox or actor_cls.mailbox
-        path = self.child_path(name)
-        box: Mailbox | MailboxConfig = config
-        factory: Callable[[], Actor[Any]] | None = None
-        if process:
-            box, factory = await self.system._process_actor(path, actor_cls, args, kwargs, config)
+        config = props.mailbox or actor_cls.mailbox
+        hosting: Hosting | None = None
+        if props.placement is not None:
+            hosting = await self.system._place(
+                props.placement, self.child_path(name), actor_cls, args, kwargs, config
+            )
         child = ActorCell(
             self.system,
             self,
@@ -137,16 +140,16 @@ class ActorCell:
             actor_cls,
             args,
             kwargs,
-            restart,
-            strategy or actor_cls.supervisor_strategy,
-            box,
-            factory,
+            props.restart,
+            props.strategy or actor_cls.supervisor_strategy,
+            config,
+            hosting,
         )
         self.children[name] = child
         self.system._register(child)
         child.task = self.system._create_task(child._run(), name=f"actor {child.path}")
         try:
-            async with asyncio.timeout(start_timeout):
+            async with asyncio.timeout(props.start_timeout):
                 await asyncio.shield(child.started)
         except TimeoutError:
             # Queued first: if on_start swallows the cancellation and completes anyway,
@@ -154,7 +157,7 @@ class ActorCell:
             child.mailbox.push_system(sm.Stop())
             child.kill()
             await asyncio.wait([child.terminated], timeout=self.system.stop_timeout)
-            raise StartTimeoutError(child.path, start_timeout) from None
+            raise StartTimeoutError(child.path, props.start_timeout) from None
         return child.ref
 
     async def stop(self, timeout: float) -> None:
@@ -236,7 +239,7 @@ class ActorCell:
             await self.stop_children()
             raise
         self.instance = instance
-        self.state = "running"
+        self.state = CellState.RUNNING
 
     async def _loop(self) -> BaseException | None:
         mailbox = self.mailbox
@@ -248,7 +251,7 @@ class ActorCell:
             exit_: _Exit | None = None
             if system:
                 exit_ = await self._on_system(system.popleft())
-            elif self.state == "running":
+            elif self.state is CellState.RUNNING:
                 if stash:
                     exit_ = await self._process(stash.popleft())
                 elif user:
@@ -309,11 +312,11 @@ class ActorCell:
         if error is not None and parent is not None and ChildFailed in parent.accepts:
             parent.mailbox.push_system(ChildFailed(self.ref, error))
         wanted = self.restart == "permanent" if error is None else self.restart != "temporary"
-        if not wanted or parent is None or parent.state in ("stopping", "stopped"):
+        if not wanted or parent is None or parent.state.ending:
             if error is not None and self.restart == "temporary":
                 log.warning("actor %s stopped after a failure: %r", self.path, error)
             return _Exit(error)
-        self.state = "suspended"
+        self.state = CellState.SUSPENDED
         parent.supervisor.post(sm.ChildFailed(self, error))
         return None
 
@@ -322,11 +325,11 @@ class ActorCell:
             case sm.Stop(reason=reason):
                 return _Exit(reason)
             case sm.Fail(error=error):
-                if self.state == "running":
+                if self.state is CellState.RUNNING:
                     return self._fail(error)
             case sm.Suspend():
-                if self.state == "running":
-                    self.state = "suspended"
+                if self.state is CellState.RUNNING:
+                    self.state = CellState.SUSPENDED
             case sm.Teardown(done=done):
                 await self._teardown()
                 _resolve(done)
@@ -335,16 +338,16 @@ class ActorCell:
                     await self._teardown()
                     await self._start_instance(cause, first=False)
                 except Exception as exc:
-                    self.state = "suspended"
+                    self.state = CellState.SUSPENDED
                     return self._fail(exc)
                 finally:
                     _resolve(done)
             case sm.Control(envelope=envelope):
-                if self.state == "running":
+                if self.state is CellState.RUNNING:
                     return await self._process(envelope)
                 self._stash_control(envelope)
             case Terminated() | ChildFailed():
-                if self.state == "running":
+                if self.state is CellState.RUNNING:
                     return await self._process((message, None))
                 self.stash.append((message, None))
             case _:
@@ -372,12 +375,12 @@ class ActorCell:
         await self.tasks.cancel(self.system.stop_timeout, "the actor stopped or restarted")
 
     async def _terminate(self) -> None:
-        self.state = "stopping"
+        self.state = CellState.STOPPING
         await self._teardown()
 
     def _finalize(self, reason: BaseException | None) -> None:
         """Release everything the cell owns; runs on every exit path, kill included."""
-        self.state = "stopped"
+        self.state = CellState.STOPPED
         self.supervisor.abort()
         self.tasks.cancel_now()
         for child in list(self.children.values()):

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
+from omni_actors._props import Props
 from omni_actors.clock import Clock
 from omni_actors.errors import ActorNotFoundError
 from omni_actors.signals import Terminated
@@ -11,16 +12,16 @@ from omni_actors.signals import Terminated
 if TYPE_CHECKING:
     from omni_actors._actor import Actor
     from omni_actors._cell import ActorCell
-    from omni_actors._mailbox import MailboxConfig
     from omni_actors._ref import ActorRef
     from omni_actors._system import ActorSystem
     from omni_actors._task_scope import TaskScope
-    from omni_actors.supervision import RestartType, SupervisorStrategy
 
 __all__ = ["ActorContext"]
 
 M = TypeVar("M")
 C = TypeVar("C")
+
+_DEFAULT_PROPS = Props()
 
 
 class ActorContext(Generic[M]):
@@ -80,25 +81,11 @@ class ActorContext(Generic[M]):
         actor_cls: type[Actor[C]],
         *args: Any,
         name: str | None = None,
-        restart: RestartType = "temporary",
-        strategy: SupervisorStrategy | None = None,
-        mailbox: MailboxConfig | None = None,
-        start_timeout: float = 30.0,
-        process: bool = False,
+        props: Props = _DEFAULT_PROPS,
         **kwargs: Any,
     ) -> ActorRef[C]:
         """Start a child supervised by this actor; see ``ActorSystem.spawn``."""
-        return await self._cell.spawn_child(
-            actor_cls,
-            args,
-            kwargs,
-            name=name,
-            restart=restart,
-            strategy=strategy,
-            mailbox=mailbox,
-            start_timeout=start_timeout,
-            process=process,
-        )
+        return await self._cell.spawn_child(actor_cls, args, kwargs, name=name, props=props)
 
     def watch(self, ref: ActorRef[Any]) -> None:
         """Receive ``Terminated(ref, reason)`` once ``ref`` stops for good.

@@ -44,7 +44,7 @@ class Supervisor:
     def post(self, message: sm.ChildFailed | sm.RestartGroup) -> None:
         """Queue supervisor work; runs in this supervisor's task, not the cell's loop."""
         cell = self.cell
-        if cell.state in ("stopping", "stopped"):
+        if cell.state.ending:
             if isinstance(message, sm.ChildFailed):
                 message.child.mailbox.push_system(sm.Stop(message.error))
             return

@@ -5,19 +5,21 @@ from __future__ import annotations
 import asyncio
 import logging
 import random
-from collections.abc import Callable, Coroutine
+from collections.abc import Coroutine
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from omni_actors._actor import Actor
 from omni_actors._cell import ActorCell
-from omni_actors._mailbox import Mailbox, MailboxConfig
+from omni_actors._mailbox import MailboxConfig
+from omni_actors._props import Props
 from omni_actors._ref import ActorRef
 from omni_actors.clock import Clock, LoopClock
 from omni_actors.errors import ActorNotFoundError, ActorStoppedError
-from omni_actors.supervision import RestartType, SupervisorStrategy
+from omni_actors.remoting import PlacedActor, placement_factory
+from omni_actors.supervision import SupervisorStrategy
 
 if TYPE_CHECKING:
-    from omni_actors.transport.workers import Workers
+    from omni_actors.remoting import Hosting, Placement
 
 __all__ = ["ActorSystem", "run"]
 
@@ -25,6 +27,8 @@ log = logging.getLogger("omni_actors")
 
 C = TypeVar("C")
 T = TypeVar("T")
+
+_DEFAULT_PROPS = Props()
 
 
 class _Guardian(Actor[object]):
@@ -68,7 +72,7 @@ class ActorSystem:
         self._registry: dict[str, ActorCell] = {}
         self._tasks: set[asyncio.Task[Any]] = set()
         self._guardian: ActorCell | None = None
-        self._workers: Workers | None = None
+        self._placements: dict[str, Placement] = {}
 
     async def __aenter__(self) -> ActorSystem:
         await self.start()
@@ -93,7 +97,7 @@ class ActorSystem:
         guardian = self._guardian
         if guardian is None:
             raise RuntimeError("ActorSystem is not started; use 'async with ActorSystem()'")
-        if guardian.state in ("stopping", "stopped"):
+        if guardian.state.ending:
             raise ActorStoppedError(f"system {self.name}", "it has shut down")
         return guardian
 
@@ -102,11 +106,7 @@ class ActorSystem:
         actor_cls: type[Actor[C]],
         *args: Any,
         name: str | None = None,
-        restart: RestartType = "temporary",
-        strategy: SupervisorStrategy | None = None,
-        mailbox: MailboxConfig | None = None,
-        start_timeout: float = 30.0,
-        process: bool = False,
+        props: Props = _DEFAULT_PROPS,
         **kwargs: Any,
     ) -> ActorRef[C]:
         """Start a top-level actor and return its ref once ``on_start`` has finished.
@@ -117,38 +117,15 @@ class ActorSystem:
         Args:
             actor_cls: the ``Actor`` subclass.
             name: unique among siblings (generated if omitted); the path is ``/name``.
-            restart: ``permanent``, ``transient`` or ``temporary`` (default: a failure
-                stops the actor).
-            strategy: how this actor supervises its own children (default: the class's
-                ``supervisor_strategy``).
-            mailbox: overrides the class's ``mailbox`` settings.
-            start_timeout: deadline for ``on_start`` (for a process actor: for the worker
-                to start and the actor's ``on_start`` in it).
-            process: run the actor in its own worker process. Its class must live in an
-                importable module, its constructor arguments and messages must be
-                msgspec-encodable (messages: ``msgspec.Struct``s, tensors allowed), and
-                the returned ref behaves exactly like a local one; if the process dies,
-                the actor fails and its supervisor decides (a restart starts a fresh
-                worker; tells the dead worker had not processed are lost, asks fail).
-                Overflow ``drop_oldest`` cannot recall sent messages, so it waits like
-                ``backpressure``.
+            props: how to run it — mailbox, supervision, restart type, process
+                placement, start deadline (see :class:`~omni_actors.Props`).
 
         Raises:
             Exception: whatever ``on_start`` raised (the actor is not started).
-            StartTimeoutError: ``on_start`` took longer than ``start_timeout``.
+            StartTimeoutError: ``on_start`` took longer than ``props.start_timeout``.
             ActorNameTakenError: the name is in use.
         """
-        return await self._root.spawn_child(
-            actor_cls,
-            args,
-            kwargs,
-            name=name,
-            restart=restart,
-            strategy=strategy,
-            mailbox=mailbox,
-            start_timeout=start_timeout,
-            process=process,
-        )
+        return await self._root.spawn_child(actor_cls, args, kwargs, name=name, props=props)
 
     def lookup(self, path: str) -> ActorRef[Any]:
         """The live actor at ``path`` (``"name"``, ``"/parent/child"``).
@@ -176,9 +153,9 @@ class ActorSystem:
         if guardian is None:
             return
         await guardian.stop(self.stop_timeout)
-        if self._workers is not None:
-            await self._workers.close()
-            self._workers = None
+        placements, self._placements = self._placements, {}
+        for placement in placements.values():
+            await placement.close()
         tasks = [t for t in self._tasks if not t.done()]
         if tasks:
             _, stuck = await asyncio.wait(tasks, timeout=self.stop_timeout)
@@ -204,26 +181,21 @@ class ActorSystem:
         task.add_done_callback(self._tasks.discard)
         return task
 
-    async def _process_actor(
+    async def _place(
         self,
+        kind: str,
         path: str,
         actor_cls: type[Actor[Any]],
         args: tuple[Any, ...],
         kwargs: dict[str, Any],
         config: MailboxConfig,
-    ) -> tuple[Mailbox, Callable[[], Actor[Any]]]:
-        """The mailbox and host factory of an actor that runs in a worker process."""
-        # Imported here so that processes without workers never load ZeroMQ.
-        from omni_actors.transport.remote import RemoteMailbox
-        from omni_actors.transport.workers import ProcessHost, Workers, actor_spec
-
-        actor_spec(actor_cls)  # fail fast if a worker could not import the class
-        if self._workers is None:
-            self._workers = Workers(self)
-            await self._workers.start()
-        workers = self._workers
-        mailbox = RemoteMailbox(path, config, actor_cls.replies)
-        return mailbox, lambda: ProcessHost(workers, actor_cls, args, kwargs, mailbox)
+    ) -> Hosting:
+        """How placement ``kind`` hosts the actor at ``path`` (built on first use)."""
+        placement = self._placements.get(kind)
+        if placement is None:
+            placement = placement_factory(kind)(self)
+            self._placements[kind] = placement
+        return await placement.place(PlacedActor(path, actor_cls, args, kwargs, config))
 
     def _register(self, cell: ActorCell) -> None:
         self._registry[cell.path] = cell

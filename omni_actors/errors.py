@@ -17,6 +17,7 @@ __all__ = [
     "MessageTypeError",
     "OmniError",
     "ProtocolError",
+    "ProtocolVersionError",
     "RestartIntensityExceededError",
     "SendTimeoutError",
     "StartTimeoutError",
@@ -132,6 +133,23 @@ class ProtocolError(OmniError):
     Raised by decoders instead of crashing; the channel that received the bytes stays
     usable and the offending message is dropped.
     """
+
+
+class ProtocolVersionError(ProtocolError):
+    """A peer speaks another version of the wire protocol than this process.
+
+    Raised during the handshake, before any message could be misread: both ends must
+    run the same omni-actors release (check the worker's interpreter and environment).
+    """
+
+    def __init__(self, peer: str, ours: int, theirs: int) -> None:
+        super().__init__(
+            f"{peer} speaks wire protocol version {theirs}, this process speaks version "
+            f"{ours}: run the same omni-actors release on both sides (a worker uses the "
+            "parent's Python interpreter and import path; check for a stale install)"
+        )
+        self.ours = ours
+        self.theirs = theirs
 
 
 class WorkerDiedError(OmniError):

@@ -11,6 +11,7 @@ from __future__ import annotations
 import msgspec
 
 __all__ = [
+    "VERSION",
     "ActorExited",
     "ActorStarted",
     "Ask",
@@ -29,6 +30,12 @@ __all__ = [
     "Tell",
     "WireMessage",
 ]
+
+
+VERSION = 1
+"""The wire protocol's version, announced in ``Hello``: bump it on any change to the
+structs below (or to how messages and tensors are encoded), so that two processes of
+different releases refuse each other at the handshake instead of misreading frames."""
 
 
 class Tell(msgspec.Struct, tag="tell", frozen=True, array_like=True):
@@ -102,8 +109,14 @@ class NodeDown(msgspec.Struct, tag="down", frozen=True, array_like=True):
 
 
 class Hello(msgspec.Struct, tag="hello", frozen=True, array_like=True):
-    """Worker → parent, once its node is listening."""
+    """Worker → parent, once its node is listening; the parent checks ``version`` first.
 
+    ``version`` stays the first field in every version, and later versions only append
+    fields (with defaults), so any two releases can read each other's ``Hello`` — and
+    name both versions in the error — whatever else changed.
+    """
+
+    version: int
     node: int
     pid: int
     endpoint: str

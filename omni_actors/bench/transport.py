@@ -2,7 +2,7 @@
 
 Four ways to move the same float32 payload, measured in one run:
 
-- ``ours``: ``ask`` to an actor in a worker process (``spawn(..., process=True)``);
+- ``ours``: ``ask`` to an actor in a worker process (``Props(process=True)``);
   large tensors go through the link's shared-memory slab, smaller ones as zero-copy
   ZeroMQ frames.
 - ``baseline``: a connector shaped like vllm-omni's (pickle, a fresh shared-memory
@@ -34,8 +34,7 @@ import numpy as np
 import torch
 import zmq
 
-from omni_actors._actor import Actor
-from omni_actors._system import ActorSystem
+from omni_actors import Actor, ActorSystem, Props
 
 __all__ = ["SIZES", "BenchEcho", "BenchPayload", "run_transport_bench"]
 
@@ -79,7 +78,7 @@ async def _ours(
     system: ActorSystem, sizes: dict[str, int], scale: float, iterations: int | None
 ) -> dict[str, list[float]]:
     """Round trips to one worker-process actor; one worker serves every size."""
-    ref = await system.spawn(BenchEcho, name="bench-echo", process=True)
+    ref = await system.spawn(BenchEcho, name="bench-echo", props=Props(process=True))
     results: dict[str, list[float]] = {}
     for label, size in sizes.items():
         data = torch.from_numpy(np.random.default_rng(1).random(size // 4, dtype=np.float32))

@@ -21,6 +21,7 @@ from typing import Any
 import torch
 
 from omni_actors._actor import Actor
+from omni_actors._props import Props
 from omni_actors._ref import ActorRef
 from omni_actors._system import ActorSystem
 from omni_actors.actors.messages import Inspect, StageState
@@ -100,7 +101,7 @@ class OmniPipeline:
                 self._stage_classes,
                 self._interposers,
                 name=f"{self.spec.name}-{next(_names)}",
-                strategy=pipeline_strategy(self.spec),
+                props=Props(strategy=pipeline_strategy(self.spec)),
             )
         except BaseException:
             if self._own_system:

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from omni_actors._actor import Actor
+from omni_actors._props import Props
 from omni_actors._ref import ActorRef
 from omni_actors.actors.messages import Deadlines, Target
 from omni_actors.actors.stage import StageActor
@@ -162,8 +163,9 @@ class Orchestrator(Actor[StartSession | ListSessions | ListStages | Terminated |
                                 stage.engine.kind,
                                 dict(stage.engine.args),
                                 name=actor,
-                                restart=stage.supervision.restart,
-                                process=stage.process,
+                                props=Props(
+                                    restart=stage.supervision.restart, process=stage.process
+                                ),
                             ),
                             name=f"spawn stage {actor}",
                         )

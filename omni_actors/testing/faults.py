@@ -52,7 +52,7 @@ def crash_after(
 
 
 def worker_pid(ref: ActorRef[Any]) -> int:
-    """The pid of the worker process hosting ``ref`` (spawned with ``process=True``).
+    """The pid of the worker process hosting ``ref`` (spawned with ``Props(process=True)``).
 
     Raises:
         ValueError: ``ref`` is a local actor, or its worker is not running right now.
@@ -61,7 +61,7 @@ def worker_pid(ref: ActorRef[Any]) -> int:
 
     host = ref._cell.instance
     if not isinstance(host, ProcessHost):
-        raise ValueError(f"{ref.path} is not a process actor (spawn it with process=True)")
+        raise ValueError(f"{ref.path} is not a process actor (spawn it with Props(process=True))")
     if host.worker is None:
         raise ValueError(f"{ref.path} has no running worker (it is restarting or stopped)")
     return host.worker.proc.pid

@@ -6,10 +6,10 @@ import asyncio
 from typing import Any, TypeVar
 
 from omni_actors._actor import Actor
-from omni_actors._mailbox import MailboxConfig
+from omni_actors._props import Props
 from omni_actors._ref import ActorRef
 from omni_actors._system import ActorSystem
-from omni_actors.supervision import RestartType, SupervisorStrategy
+from omni_actors.supervision import SupervisorStrategy
 from omni_actors.testing import inspection
 from omni_actors.testing.clock import VirtualClock
 from omni_actors.testing.probe import TestProbe
@@ -19,6 +19,8 @@ __all__ = ["ActorTestKit"]
 
 C = TypeVar("C")
 T = TypeVar("T")
+
+_DEFAULT_PROPS = Props()
 
 
 class ActorTestKit:
@@ -77,23 +79,11 @@ class ActorTestKit:
         actor_cls: type[Actor[C]],
         *args: Any,
         name: str | None = None,
-        restart: RestartType = "temporary",
-        strategy: SupervisorStrategy | None = None,
-        mailbox: MailboxConfig | None = None,
-        process: bool = False,
+        props: Props = _DEFAULT_PROPS,
         **kwargs: Any,
     ) -> ActorRef[C]:
         """Spawn a top-level actor in the test's system (see ``ActorSystem.spawn``)."""
-        return await self.system.spawn(
-            actor_cls,
-            *args,
-            name=name,
-            restart=restart,
-            strategy=strategy,
-            mailbox=mailbox,
-            process=process,
-            **kwargs,
-        )
+        return await self.system.spawn(actor_cls, *args, name=name, props=props, **kwargs)
 
     async def create_probe(self, name: str | None = None) -> TestProbe:
         """A new :class:`TestProbe` in this system."""

@@ -2,10 +2,10 @@
 
 ``encode`` turns a message into ``[header, *buffers]``: every tensor in it becomes a
 :class:`~omni_actors.protocols.tensors.TensorDesc`; small tensors are copied inline,
-larger ones are referenced as a buffer over the tensor's own memory (no copy — ZeroMQ
-sends it with ``copy=False``), and very large ones on a same-host link are copied once
-into a shared-memory slab slot. ``decode`` builds tensors *over* the received buffers,
-so nothing is copied on the way out.
+larger ones are referenced as a buffer over the tensor's own memory (the link copies
+it once into its ZeroMQ frame when it sends, see ``Link.send``), and very large ones on
+a same-host link are copied once into a shared-memory slab slot. ``decode`` builds
+tensors *over* the received buffers, so nothing is copied on the way out.
 
 Decoding treats its input as hostile: anything malformed raises
 :class:`~omni_actors.errors.ProtocolError` and leaves the decoder usable.
@@ -22,7 +22,7 @@ import msgspec
 import numpy as np
 import torch
 
-from omni_actors._ref import ActorRef
+from omni_actors import ActorRef
 from omni_actors.errors import ProtocolError
 from omni_actors.protocols.tensors import LIB_NUMPY, LIB_TORCH, TensorDesc
 from omni_actors.protocols.wire import RefDesc

@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Any
 import msgspec
 import zmq
 
-from omni_actors import _system_messages as sm
+from omni_actors import remoting
 from omni_actors.errors import ActorStoppedError, ProtocolError
 from omni_actors.protocols import wire
 from omni_actors.signals import ControlMessage
@@ -40,9 +40,7 @@ from omni_actors.transport.remote import (
 from omni_actors.transport.shm import SlabReader, SlabWriter
 
 if TYPE_CHECKING:
-    from omni_actors._cell import ActorCell
-    from omni_actors._ref import ActorRef
-    from omni_actors._system import ActorSystem
+    from omni_actors import ActorRef, ActorSystem
 
 __all__ = ["Node"]
 
@@ -163,7 +161,7 @@ class Node:
 
     def encode_ref(self, ref: ActorRef[Any]) -> wire.RefDesc:
         """Where ``ref``'s actor lives, for a peer: its node, endpoint and path there."""
-        mailbox = ref._cell.mailbox
+        mailbox = remoting.mailbox_of(ref)
         if isinstance(mailbox, RemoteMailbox):
             if mailbox.link is None and not (mailbox.closed and mailbox.endpoint):
                 raise ActorStoppedError(ref.path, "it is restarting; its ref cannot be sent now")
@@ -175,9 +173,9 @@ class Node:
         """A usable ref from a descriptor: local, already known, or a new remote target."""
         key = (desc.node, desc.path)
         if desc.node == self.node_id:
-            cell = self.system._registry.get(desc.path)
-            if cell is not None:
-                return cell.ref
+            inbox = remoting.inbox(self.system, desc.path)
+            if inbox is not None:
+                return inbox.ref
         else:
             known = self._flows.get(key)
             if known is not None and known.ref is not None and not known.closed:
@@ -198,11 +196,11 @@ class Node:
 
     def _open_flow(self, request: wire.OpenFlow) -> None:
         link = self.connect(request.sender, request.endpoint)
-        cell = self.system._registry.get(request.target)
-        if cell is None or cell.mailbox.closed or isinstance(cell.mailbox, RemoteMailbox):
+        inbox = remoting.inbox(self.system, request.target)
+        if inbox is None:
             link.send(wire.FlowClosed(self.node_id, request.target))
         else:
-            link.send(wire.Credit(self.node_id, request.target, max(1, cell.mailbox.room)))
+            link.send(wire.Credit(self.node_id, request.target, max(1, inbox.room)))
 
     # -- sending --------------------------------------------------------------------
 
@@ -244,8 +242,8 @@ class Node:
         """
         key = (peer, target)
         count = self._grants[key] + 1
-        cell = self.system._registry.get(target)
-        window = cell.mailbox.config.capacity if cell is not None else 1
+        inbox = remoting.inbox(self.system, target)
+        window = inbox.capacity if inbox is not None else 1
         if count < max(1, window // 4):
             self._grants[key] = count
             return
@@ -349,17 +347,17 @@ class Node:
 
     def _deliver(self, envelope: wire.Tell | wire.Ask, buffers: list[memoryview]) -> None:
         corr = envelope.corr if isinstance(envelope, wire.Ask) else None
-        cell = self.system._registry.get(envelope.target)
-        if cell is None or cell.mailbox.closed or isinstance(cell.mailbox, RemoteMailbox):
+        inbox = remoting.inbox(self.system, envelope.target)
+        if inbox is None:
             self._release_slots(envelope.body)
             if corr is not None:
                 self.reply_error(envelope.sender, corr, ActorStoppedError(envelope.target))
             return
-        decoder = self._decoder_for(cell)
+        decoder = self._decoder_for(inbox.accepts)
         try:
             message = decoder.decode(envelope.body, buffers)
         except ProtocolError as exc:
-            log.warning("node %d: bad message for %s: %s", self.node_id, cell.path, exc)
+            log.warning("node %d: bad message for %s: %s", self.node_id, inbox.path, exc)
             self._release_slots(envelope.body)
             if corr is not None:
                 self.reply_error(envelope.sender, corr, exc)
@@ -367,21 +365,18 @@ class Node:
             return
         if decoder.type is Any:
             self._release_slots(envelope.body)  # untyped: no tensor was built over a slot
-        if isinstance(message, ControlMessage):
-            # Sent without a credit, to overtake: the system lane, and no credit back.
-            control = RemoteReply(self, envelope.sender, envelope.target, corr, grant=False)
-            cell.mailbox.push_system(sm.Control((message, control)))
-            return
-        reply = RemoteReply(self, envelope.sender, envelope.target, corr)
-        cell.mailbox.push_remote((message, reply))
+        # A control message was sent without a credit (to overtake): none goes back.
+        grant = not isinstance(message, ControlMessage)
+        reply = RemoteReply(self, envelope.sender, envelope.target, corr, grant=grant)
+        if not inbox.deliver(message, reply):
+            reply.set_exception(ActorStoppedError(inbox.path))
 
     def _release_slots(self, body: msgspec.Raw) -> None:
         """Give back the slab slots of a message dropped undecoded (else they leak)."""
         for slab, slot in slab_slots(body):
             self.slabs.release(slab, slot)
 
-    def _decoder_for(self, cell: ActorCell) -> Decoder[Any]:
-        accepts = cell.accepts
+    def _decoder_for(self, accepts: tuple[type, ...]) -> Decoder[Any]:
         if accepts == (object,):
             return self._decoder(Any)
         return self._decoder(typing.Union[accepts])  # noqa: UP007 - runtime union of a tuple

@@ -16,15 +16,14 @@ from __future__ import annotations
 import asyncio
 import builtins
 import sys
-from typing import TYPE_CHECKING, Any, cast
+from typing import TYPE_CHECKING, Any
 
-from omni_actors._mailbox import Envelope, Mailbox, MailboxConfig
-from omni_actors._ref import ActorRef
+from omni_actors import ActorRef
 from omni_actors.errors import ActorStoppedError, MailboxFullError, OmniError
-from omni_actors.signals import ControlMessage, Terminated
+from omni_actors.remoting import Envelope, Mailbox, MailboxConfig, RemoteActor
+from omni_actors.signals import ControlMessage
 
 if TYPE_CHECKING:
-    from omni_actors._cell import ActorCell
     from omni_actors.transport.link import Link
     from omni_actors.transport.node import Node
 
@@ -233,40 +232,15 @@ class RemoteMailbox(Mailbox):
         return pending
 
 
-class RemoteTarget:
+class RemoteTarget(RemoteActor):
     """An actor on another node, known from a ref that arrived inside a message.
 
-    It offers what ``ActorRef`` and ``watch`` use of a cell (path, name, accepts,
-    mailbox, terminated, watchers), so the decoded ref has the usual API. Its flow starts
-    with no credits: the first send waits until the target node grants its mailbox room.
-    Messages are type-checked by the receiving node, against the actor's own union.
+    Its flow starts with no credits: the first send waits until the target node grants
+    its mailbox room.
     """
 
     def __init__(self, node: Node, link: Link, path: str) -> None:
-        self.path = path
-        self.name = path.rsplit("/", 1)[-1]
-        self.accepts: tuple[type, ...] = (object,)
-        self.mailbox = RemoteMailbox(f"{path} on node {link.peer}", MailboxConfig(), Any)
-        self.mailbox.bind(node, link, path, credits=0)
-        self.terminated: asyncio.Future[BaseException | None] = (
-            asyncio.get_running_loop().create_future()
-        )
-        self.watchers: set[ActorCell] = set()
-        self.watching: set[ActorCell] = set()
-        self.ref: ActorRef[Any] = ActorRef(cast("ActorCell", self))
-        self.mailbox.ref = self.ref
-
-    @property
-    def closed(self) -> bool:
-        """True once the target is known to be gone."""
-        return self.terminated.done()
-
-    def close(self, reason: BaseException | None) -> None:
-        """The target (or its node) is gone: senders raise, watchers get ``Terminated``."""
-        if self.terminated.done():
-            return
-        self.mailbox.close()
-        for watcher in self.watchers:
-            watcher.mailbox.push_system(Terminated(self.ref, reason))
-        self.watchers.clear()
-        self.terminated.set_result(reason)
+        mailbox = RemoteMailbox(f"{path} on node {link.peer}", MailboxConfig(), Any)
+        super().__init__(path, mailbox)
+        mailbox.bind(node, link, path, credits=0)
+        mailbox.ref = self.ref

@@ -20,17 +20,18 @@ from typing import Any
 
 import msgspec
 
-from omni_actors._actor import Actor
-from omni_actors._mailbox import MailboxConfig
-from omni_actors._system import ActorSystem, run
+from omni_actors import Actor, ActorSystem, MailboxConfig, Props, remoting, run
 from omni_actors.protocols import wire
 from omni_actors.transport.link import Link
 from omni_actors.transport.node import Node
 from omni_actors.transport.remote import error_to_wire
 
-__all__ = ["actor_spec", "load_actor", "main"]
+__all__ = ["WIRE_VERSION_ENV", "actor_spec", "load_actor", "main"]
 
 log = logging.getLogger(__name__)
+
+WIRE_VERSION_ENV = "OMNI_ACTORS_WORKER_WIRE_VERSION"
+"""Environment variable overriding the wire version a worker announces (for tests)."""
 
 
 def actor_spec(actor_cls: type[Actor[Any]]) -> str:
@@ -99,7 +100,11 @@ class _Worker:
                 request.stash_capacity,
             )
             ref = await self.system.spawn(
-                actor_cls, *bound.args, name=request.name, mailbox=mailbox, **bound.kwargs
+                actor_cls,
+                *bound.args,
+                name=request.name,
+                props=Props(mailbox=mailbox),
+                **bound.kwargs,
             )
         except Exception as exc:
             self.parent.send(wire.ActorExited(node_id, request.name, *error_to_wire(exc)))
@@ -110,7 +115,7 @@ class _Worker:
             error_type, text = ("", "") if reason is None else error_to_wire(reason)
             self.parent.send(wire.ActorExited(node_id, request.name, error_type, text))
 
-        ref._cell.terminated.add_done_callback(exited)
+        remoting.terminated(ref).add_done_callback(exited)
         self.parent.send(wire.ActorStarted(node_id, ref.path, request.capacity))
 
     async def cancel_spawns(self) -> None:
@@ -134,8 +139,13 @@ async def _watch_stdin(done: asyncio.Event) -> None:
         done.set()
 
 
-async def serve(node_id: int, endpoint: str, parent_endpoint: str) -> None:
-    """Run a worker until the parent says ``Shutdown`` or goes away."""
+async def serve(
+    node_id: int, endpoint: str, parent_endpoint: str, *, version: int = wire.VERSION
+) -> None:
+    """Run a worker until the parent says ``Shutdown`` or goes away.
+
+    ``version`` is the wire version announced in ``Hello`` (only a test claims another).
+    """
     async with ActorSystem(f"worker-{node_id}") as system:
         node = Node(system, node_id, endpoint)
         await node.start()
@@ -144,7 +154,7 @@ async def serve(node_id: int, endpoint: str, parent_endpoint: str) -> None:
             worker = _Worker(system, node, parent)
             node.control = worker.on_control
             stdin_task = asyncio.get_running_loop().create_task(_watch_stdin(worker.done))
-            parent.send(wire.Hello(node_id, os.getpid(), node.endpoint))
+            parent.send(wire.Hello(version, node_id, os.getpid(), node.endpoint))
             try:
                 await worker.done.wait()
             finally:
@@ -167,7 +177,9 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(
         level=ns.log_level, format=f"[worker {ns.node}] %(levelname)s %(name)s: %(message)s"
     )
-    run(serve(ns.node, ns.endpoint, ns.parent))
+    # Lets a test start a worker of "another release" through the real launch path.
+    version = int(os.environ.get(WIRE_VERSION_ENV, wire.VERSION))
+    run(serve(ns.node, ns.endpoint, ns.parent, version=version))
     return 0
 
 

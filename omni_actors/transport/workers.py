@@ -1,6 +1,7 @@
 """Worker processes of one actor system, and the actor that hosts each of them.
 
-``spawn(..., process=True)`` creates an ordinary local cell whose instance is a
+:class:`ProcessPlacement` is the kernel's ``"process"`` placement
+(``Props(process=True)``): the actor gets an ordinary local cell whose instance is a
 :class:`ProcessHost` and whose mailbox is a
 :class:`~omni_actors.transport.remote.RemoteMailbox`: refs, ``watch`` and supervision
 work exactly as for a local actor, while messages go straight to the worker. The host
@@ -22,10 +23,10 @@ from typing import TYPE_CHECKING, Any
 import msgspec
 import zmq
 
-from omni_actors import _system_messages as sm
-from omni_actors._actor import Actor
-from omni_actors.errors import ActorStoppedError, WorkerDiedError
+from omni_actors import Actor, remoting
+from omni_actors.errors import ActorStoppedError, ProtocolVersionError, WorkerDiedError
 from omni_actors.protocols import wire
+from omni_actors.remoting import Hosting, PlacedActor
 from omni_actors.transport import shm
 from omni_actors.transport.endpoints import RuntimeDir
 from omni_actors.transport.link import Link
@@ -33,12 +34,41 @@ from omni_actors.transport.node import Node
 from omni_actors.transport.remote import RemoteMailbox, error_from_wire
 from omni_actors.transport.worker import actor_spec
 
-__all__ = ["ProcessHost", "Workers", "actor_spec"]
+__all__ = ["ProcessHost", "ProcessPlacement", "Workers", "actor_spec"]
 
 if TYPE_CHECKING:
-    from omni_actors._system import ActorSystem
+    from omni_actors import ActorSystem
 
 log = logging.getLogger(__name__)
+
+
+class ProcessPlacement:
+    """The ``"process"`` placement: each actor in a fresh worker process of its own.
+
+    One per actor system, built by the kernel on its first process actor: it binds the
+    parent's node then, and ``close`` (at system shutdown) stops every worker.
+    """
+
+    def __init__(self, system: ActorSystem) -> None:
+        self.workers = Workers(system)
+        self._started = False
+
+    async def place(self, actor: PlacedActor) -> Hosting:
+        """A forwarding mailbox and a :class:`ProcessHost` that runs ``actor`` in a worker."""
+        actor_spec(actor.actor_cls)  # fail fast if a worker could not import the class
+        if not self._started:
+            await self.workers.start()
+            self._started = True
+        workers = self.workers
+        mailbox = RemoteMailbox(actor.path, actor.mailbox, actor.actor_cls.replies)
+        return Hosting(
+            mailbox,
+            lambda: ProcessHost(workers, actor.actor_cls, actor.args, actor.kwargs, mailbox),
+        )
+
+    async def close(self) -> None:
+        """Stop every worker and release the node and runtime directory."""
+        await self.workers.close()
 
 
 class WorkerProcess:
@@ -107,7 +137,10 @@ class Workers:
                     exited.cancel()
             if not hello.done():
                 raise WorkerDiedError("a new worker", proc.pid, proc.returncode)
-            link = self.node.connect(node_id, hello.result().endpoint)
+            greeting = hello.result()
+            if greeting.version != wire.VERSION:
+                raise ProtocolVersionError(f"worker {proc.pid}", wire.VERSION, greeting.version)
+            link = self.node.connect(node_id, greeting.endpoint)
         except BaseException:
             await self._reap(node_id, proc)
             raise
@@ -224,20 +257,20 @@ class ProcessHost(Actor[object]):
 
     async def on_start(self) -> None:
         """Launch the worker, start the actor in it, bind the mailbox, watch the process."""
-        cell = self.context._cell
+        context = self.context
         self.worker = worker = await self.workers.launch()
         try:
             started = await self.workers.spawn_actor(
-                worker, self.actor_cls, cell.name, self.args, self.kwargs, self.remote
+                worker, self.actor_cls, context.self_ref.name, self.args, self.kwargs, self.remote
             )
         except BaseException:
-            await self.workers.stop(worker, cell.system.stop_timeout)
+            await self.workers.stop(worker, context.system.stop_timeout)
             raise
         self.workers.attach(worker, self)
         self.remote.ref = self.context.self_ref
         self.remote.bind(self.workers.node, worker.link, started.name, started.credits)
         self._watch = asyncio.get_running_loop().create_task(
-            self._watch_process(worker), name=f"watch worker of {cell.path}"
+            self._watch_process(worker), name=f"watch worker of {context.path}"
         )
 
     async def _watch_process(self, worker: WorkerProcess) -> None:
@@ -247,13 +280,12 @@ class ProcessHost(Actor[object]):
         # Fail waiting asks now, not after the supervisor's backoff.
         self.remote.unbind()
         self.workers.node.disconnect(worker.node_id, error)
-        self.context._cell.mailbox.push_system(sm.Fail(error))
+        remoting.fail(self.context.self_ref, error)
 
     def remote_exited(self, error: BaseException | None) -> None:
         """The actor inside the worker stopped (``error`` None: it stopped itself)."""
         self.remote.unbind()
-        cell = self.context._cell
-        cell.mailbox.push_system(sm.Fail(error))
+        remoting.fail(self.context.self_ref, error)
 
     async def on_stop(self) -> None:
         """Stop the worker process (graceful, then kill)."""
@@ -262,5 +294,5 @@ class ProcessHost(Actor[object]):
             self._watch.cancel()
             await asyncio.gather(self._watch, return_exceptions=True)
         if self.worker is not None:
-            await self.workers.stop(self.worker, self.context._cell.system.stop_timeout)
+            await self.workers.stop(self.worker, self.context.system.stop_timeout)
             self.worker = None

@@ -17,6 +17,7 @@ from omni_actors import (
     ActorRef,
     Backoff,
     ChildFailed,
+    Props,
     RestartType,
     SupervisorStrategy,
     Terminated,
@@ -89,7 +90,7 @@ class Parent(Actor[ChildFailed | Terminated]):
         self.child = child
 
     async def on_start(self) -> None:
-        ref = await self.context.spawn(self.child, name="child", restart=self.restart)
+        ref = await self.context.spawn(self.child, name="child", props=Props(restart=self.restart))
         if self.watch:
             self.context.watch(ref)
 
@@ -104,7 +105,7 @@ class CatchAll(Actor[object]):
         self.sink = sink
 
     async def on_start(self) -> None:
-        await self.context.spawn(Child, name="child", restart="permanent")
+        await self.context.spawn(Child, name="child", props=Props(restart="permanent"))
 
     async def receive(self, message: object) -> None:
         await self.sink.tell(message)
@@ -115,7 +116,9 @@ async def start(
 ) -> tuple[TestProbe, ActorRef[ChildMsg]]:
     """A probe and the child of a fresh ``Parent``."""
     probe = await kit.create_probe()
-    await kit.spawn(Parent, probe.ref, restart, watch, child, name="p", strategy=NO_BACKOFF)
+    await kit.spawn(
+        Parent, probe.ref, restart, watch, child, name="p", props=Props(strategy=NO_BACKOFF)
+    )
     return probe, kit.system.lookup("p/child")
 
 
@@ -184,7 +187,7 @@ async def test_no_signal_when_a_child_is_stopped() -> None:
 async def test_a_parent_that_does_not_list_it_is_unaffected() -> None:
     async with ActorTestKit() as kit:
         probe = await kit.create_probe()
-        await kit.spawn(CatchAll, probe.ref, name="p", strategy=NO_BACKOFF)
+        await kit.spawn(CatchAll, probe.ref, name="p", props=Props(strategy=NO_BACKOFF))
         child: ActorRef[Any] = kit.system.lookup("p/child")
         await fail(child)
         assert await child.ask(Get()) == 1  # supervised as before

@@ -22,6 +22,7 @@ from omni_actors import (
     ControlMessage,
     MailboxConfig,
     OverflowPolicy,
+    Props,
     SupervisorStrategy,
 )
 from omni_actors.testing import ActorTestKit
@@ -120,7 +121,7 @@ async def test_control_message_is_accepted_by_a_full_mailbox(overflow: OverflowP
     handled: list[object] = []
     async with ActorTestKit() as kit:
         ref = await kit.spawn(
-            Recorder, handled, mailbox=MailboxConfig(capacity=2, overflow=overflow)
+            Recorder, handled, props=Props(mailbox=MailboxConfig(capacity=2, overflow=overflow))
         )
         release = await hold(ref)
         await ref.tell(Item(1))
@@ -137,7 +138,7 @@ async def test_control_message_is_accepted_by_a_full_mailbox(overflow: OverflowP
 async def test_ask_of_a_control_message_gets_the_reply_before_queued_work() -> None:
     handled: list[object] = []
     async with ActorTestKit() as kit:
-        ref = await kit.spawn(Recorder, handled, mailbox=MailboxConfig(capacity=3))
+        ref = await kit.spawn(Recorder, handled, props=Props(mailbox=MailboxConfig(capacity=3)))
         release = await hold(ref)
         for i in range(3):
             await ref.tell(Item(i))
@@ -151,7 +152,7 @@ async def test_ask_of_a_control_message_gets_the_reply_before_queued_work() -> N
 async def test_a_failing_control_message_is_supervised_like_any_message() -> None:
     handled: list[object] = []
     async with ActorTestKit(strategy=NO_BACKOFF) as kit:
-        ref = await kit.spawn(Recorder, handled, restart="permanent")
+        ref = await kit.spawn(Recorder, handled, props=Props(restart="permanent"))
         with pytest.raises(ValueError, match="control failed"):
             await ref.ask(Crash())
         assert await ref.ask(Urgent(3)) == 30  # restarted, same ref
@@ -163,7 +164,7 @@ async def test_control_message_during_a_restart_is_replayed_before_stashed_messa
 ) -> None:
     clock = virtual_testkit.virtual_clock
     handled: list[object] = []
-    ref = await virtual_testkit.spawn(Recorder, handled, restart="permanent")
+    ref = await virtual_testkit.spawn(Recorder, handled, props=Props(restart="permanent"))
     with pytest.raises(ValueError, match="control failed"):
         await ref.ask(Crash())
     # the supervisor has scheduled the (virtual) backoff

@@ -11,6 +11,7 @@ from omni_actors import (
     Actor,
     ActorStoppedError,
     Backoff,
+    Props,
     RestartIntensityExceededError,
     SupervisorStrategy,
 )
@@ -44,8 +45,10 @@ class Busy(Actor[Work]):
     )
 
     async def on_start(self) -> None:
-        self.crashes = await self.context.spawn(Crashes, name="crashes", restart="permanent")
-        self.slow = await self.context.spawn(Slow, name="slow", restart="permanent")
+        self.crashes = await self.context.spawn(
+            Crashes, name="crashes", props=Props(restart="permanent")
+        )
+        self.slow = await self.context.spawn(Slow, name="slow", props=Props(restart="permanent"))
 
     async def receive(self, message: Work) -> None:
         await self.crashes.tell(message)
@@ -97,7 +100,9 @@ async def test_a_start_timeout_never_leaves_the_actor_running() -> None:
     async with ActorTestKit(stop_timeout=0.01) as kit:
         started = asyncio.Event()
         with pytest.raises(StartTimeoutError):
-            await kit.system.spawn(StubbornStart, started, name="stubborn", start_timeout=0.05)
+            await kit.system.spawn(
+                StubbornStart, started, name="stubborn", props=Props(start_timeout=0.05)
+            )
         await kit.eventually(started.is_set, what="on_start has finished")
         await kit.eventually(lambda: not kit.is_alive("/stubborn"))
         with pytest.raises(ActorNotFoundError):

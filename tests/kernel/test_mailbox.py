@@ -17,6 +17,7 @@ from omni_actors import (
     MailboxFullError,
     MessageDroppedError,
     OmniError,
+    Props,
     SendTimeoutError,
     Terminated,
 )
@@ -96,7 +97,7 @@ def items(handled: list[object]) -> list[int]:
 async def test_stop_is_served_before_a_full_user_lane() -> None:
     handled: list[object] = []
     async with ActorTestKit() as kit:
-        ref = await kit.spawn(Recorder, handled, mailbox=MailboxConfig(capacity=50))
+        ref = await kit.spawn(Recorder, handled, props=Props(mailbox=MailboxConfig(capacity=50)))
         release = await hold(ref)
         for i in range(50):
             await ref.tell(Item(i))
@@ -131,7 +132,7 @@ async def test_terminated_is_served_before_queued_user_messages() -> None:
 async def test_backpressure_tell_waits_until_the_actor_takes_a_message() -> None:
     handled: list[object] = []
     async with ActorTestKit() as kit:
-        ref = await kit.spawn(Recorder, handled, mailbox=MailboxConfig(capacity=2))
+        ref = await kit.spawn(Recorder, handled, props=Props(mailbox=MailboxConfig(capacity=2)))
         release = await hold(ref)
         await ref.tell(Item(1))
         await ref.tell(Item(2))
@@ -147,7 +148,9 @@ async def test_backpressure_tell_waits_until_the_actor_takes_a_message() -> None
 async def test_tell_timeout_raises_send_timeout_error_and_sends_nothing() -> None:
     handled: list[object] = []
     async with ActorTestKit() as kit:
-        ref = await kit.spawn(Recorder, handled, name="slow", mailbox=MailboxConfig(capacity=1))
+        ref = await kit.spawn(
+            Recorder, handled, name="slow", props=Props(mailbox=MailboxConfig(capacity=1))
+        )
         release = await hold(ref)
         await ref.tell(Item(1))
         with pytest.raises(SendTimeoutError) as info:
@@ -166,7 +169,7 @@ async def test_tell_timeout_raises_send_timeout_error_and_sends_nothing() -> Non
 async def test_tell_timeout_is_not_hit_when_room_appears_in_time() -> None:
     handled: list[object] = []
     async with ActorTestKit() as kit:
-        ref = await kit.spawn(Recorder, handled, mailbox=MailboxConfig(capacity=1))
+        ref = await kit.spawn(Recorder, handled, props=Props(mailbox=MailboxConfig(capacity=1)))
         release = await hold(ref)
         await ref.tell(Item(1))
         sending = asyncio.create_task(ref.tell(Item(2), timeout=5))
@@ -178,7 +181,9 @@ async def test_tell_timeout_is_not_hit_when_room_appears_in_time() -> None:
 
 async def test_a_sender_waiting_for_room_fails_when_the_actor_stops() -> None:
     async with ActorTestKit() as kit:
-        ref = await kit.spawn(Recorder, [], name="busy", mailbox=MailboxConfig(capacity=1))
+        ref = await kit.spawn(
+            Recorder, [], name="busy", props=Props(mailbox=MailboxConfig(capacity=1))
+        )
         release = await hold(ref)
         await ref.tell(Item(1))
         blocked = asyncio.create_task(ref.tell(Item(2)))
@@ -198,7 +203,9 @@ async def test_drop_oldest_drops_the_oldest_keeps_the_newest_in_order() -> None:
     async with ActorTestKit() as kit:
         probe = await kit.create_probe()
         config = MailboxConfig(capacity=3, overflow="drop_oldest")
-        ref = await kit.spawn(Recorder, [], forward=probe.ref, name="lossy", mailbox=config)
+        ref = await kit.spawn(
+            Recorder, [], forward=probe.ref, name="lossy", props=Props(mailbox=config)
+        )
         release = await hold(ref)
         dropped_ask = asyncio.create_task(ref.ask(Item(1)))
         await kit.eventually(lambda: kit.queued_messages(ref) == [Item(1)])
@@ -218,7 +225,7 @@ async def test_drop_oldest_never_blocks_a_sender() -> None:
     handled: list[object] = []
     async with ActorTestKit() as kit:
         config = MailboxConfig(capacity=2, overflow="drop_oldest")
-        ref = await kit.spawn(Recorder, handled, mailbox=config)
+        ref = await kit.spawn(Recorder, handled, props=Props(mailbox=config))
         release = await hold(ref)
         for i in range(100):
             await ref.tell(Item(i), timeout=0)
@@ -230,7 +237,9 @@ async def test_fail_policy_raises_mailbox_full_naming_actor_and_capacity() -> No
     async with ActorTestKit() as kit:
         probe = await kit.create_probe()
         config = MailboxConfig(capacity=2, overflow="fail")
-        ref = await kit.spawn(Recorder, [], forward=probe.ref, name="strict", mailbox=config)
+        ref = await kit.spawn(
+            Recorder, [], forward=probe.ref, name="strict", props=Props(mailbox=config)
+        )
         release = await hold(ref)
         await ref.tell(Item(1))
         await ref.tell(Item(2))
@@ -260,7 +269,9 @@ async def test_class_mailbox_default_and_spawn_override() -> None:
         with pytest.raises(MailboxFullError):
             await strict.tell(Item(2))
         release.set()
-        roomy = await kit.spawn(Strict, [], mailbox=MailboxConfig(capacity=3, overflow="fail"))
+        roomy = await kit.spawn(
+            Strict, [], props=Props(mailbox=MailboxConfig(capacity=3, overflow="fail"))
+        )
         release = await hold(roomy)
         for i in range(3):
             await roomy.tell(Item(i))
@@ -277,7 +288,7 @@ async def test_fifo_across_many_concurrent_senders() -> None:
     handled: list[object] = []
     sent: list[int] = []
     async with ActorTestKit() as kit:
-        ref = await kit.spawn(Recorder, handled, mailbox=MailboxConfig(capacity=4))
+        ref = await kit.spawn(Recorder, handled, props=Props(mailbox=MailboxConfig(capacity=4)))
 
         async def sender(base: int) -> None:
             for i in range(25):
@@ -301,7 +312,7 @@ async def test_fifo_across_many_concurrent_senders() -> None:
 async def test_waiting_senders_get_room_in_arrival_order() -> None:
     handled: list[object] = []
     async with ActorTestKit() as kit:
-        ref = await kit.spawn(Recorder, handled, mailbox=MailboxConfig(capacity=1))
+        ref = await kit.spawn(Recorder, handled, props=Props(mailbox=MailboxConfig(capacity=1)))
         release = await hold(ref)
         await ref.tell(Item(0))
         waiting = []
@@ -336,7 +347,7 @@ async def test_a_new_sender_does_not_overtake_a_woken_waiter() -> None:
 async def test_a_cancelled_waiting_sender_does_not_hold_up_the_next() -> None:
     handled: list[object] = []
     async with ActorTestKit() as kit:
-        ref = await kit.spawn(Recorder, handled, mailbox=MailboxConfig(capacity=1))
+        ref = await kit.spawn(Recorder, handled, props=Props(mailbox=MailboxConfig(capacity=1)))
         release = await hold(ref)
         await ref.tell(Item(1))
         first = asyncio.create_task(ref.tell(Item(2)))

@@ -18,6 +18,7 @@ from omni_actors import (
     MailboxConfig,
     MessageTypeError,
     OmniError,
+    Props,
     SupervisorStrategy,
 )
 from omni_actors.testing import ActorTestKit
@@ -275,7 +276,7 @@ async def test_a_late_failure_is_discarded_quietly(caplog: pytest.LogCaptureFixt
 async def test_ask_deadline_covers_waiting_for_mailbox_room() -> None:
     handled: list[object] = []
     async with ActorTestKit() as kit:
-        ref = await kit.spawn(Worker, handled, mailbox=MailboxConfig(capacity=1))
+        ref = await kit.spawn(Worker, handled, props=Props(mailbox=MailboxConfig(capacity=1)))
         asking, release = await block(ref)
         await ref.tell(Ping(1))  # fills the mailbox
         with pytest.raises(AskTimeoutError):
@@ -404,7 +405,7 @@ async def test_ref_equality_hash_path_and_name() -> None:
 async def test_a_ref_stays_valid_across_restarts() -> None:
     instant = SupervisorStrategy(backoff=Backoff(min_s=0, max_s=0))
     async with ActorTestKit(strategy=instant) as kit:
-        ref = await kit.spawn(Worker, restart="permanent")
+        ref = await kit.spawn(Worker, props=Props(restart="permanent"))
         instance = kit.instance(ref)
         with pytest.raises(EngineError):
             await ref.ask(Fail(EngineError(1)))

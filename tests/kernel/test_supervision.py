@@ -9,6 +9,7 @@ the short negative checks of ``expect_no_message``.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import random
 from dataclasses import dataclass, field
 from typing import Any
@@ -21,6 +22,7 @@ from omni_actors import (
     ActorStoppedError,
     Backoff,
     MailboxConfig,
+    Props,
     RestartIntensityExceededError,
     RestartType,
     SupervisorStrategy,
@@ -173,15 +175,17 @@ class Sup(Actor[Get]):
     async def on_start(self) -> None:
         self.journal.append(("start", self.tag, None))
         for spec in self.specs:
-            options: dict[str, Any] = {"name": spec.tag}
+            props = Props(strategy=spec.strategy, mailbox=spec.mailbox)
             if spec.restart is not None:
-                options["restart"] = spec.restart
-            if spec.strategy is not None:
-                options["strategy"] = spec.strategy
-            if spec.mailbox is not None:
-                options["mailbox"] = spec.mailbox
+                props = dataclasses.replace(props, restart=spec.restart)
             await self.context.spawn(
-                spec.cls, spec.tag, self.journal, *spec.args, events=self.events, **options
+                spec.cls,
+                spec.tag,
+                self.journal,
+                *spec.args,
+                name=spec.tag,
+                props=props,
+                events=self.events,
             )
 
     async def on_stop(self) -> None:
@@ -237,8 +241,7 @@ async def spawn_sup(
         children,
         events.ref if events else None,
         name="p",
-        strategy=strategy,
-        restart=restart,
+        props=Props(strategy=strategy, restart=restart),
     )
     return sup, {c.tag: kit.system.lookup(f"p/{c.tag}") for c in children}
 
@@ -512,7 +515,9 @@ async def test_intensity_exceeded_stops_children_and_escalates_to_the_parent(
     inner = SupervisorStrategy(max_restarts=2, period=10.0, backoff=NO_BACKOFF)
     s = Child("s", cls=Sup, args=([Child("a"), Child("b")],), strategy=inner)
     outer = SupervisorStrategy(backoff=NO_BACKOFF)
-    await virtual_testkit.spawn(Sup, "g", journal, [s], events.ref, name="g", strategy=outer)
+    await virtual_testkit.spawn(
+        Sup, "g", journal, [s], events.ref, name="g", props=Props(strategy=outer)
+    )
     a = virtual_testkit.system.lookup("g/s/a")
     b = virtual_testkit.system.lookup("g/s/b")
     await b.tell(Add(1))
@@ -613,7 +618,7 @@ async def test_escalation_to_the_root_terminates_the_system() -> None:
     journal: Journal = []
     root = SupervisorStrategy(max_restarts=1, period=60.0, backoff=NO_BACKOFF)
     async with ActorTestKit(strategy=root) as kit:
-        ref = await kit.spawn(Worker, "top", journal, name="top", restart="permanent")
+        ref = await kit.spawn(Worker, "top", journal, name="top", props=Props(restart="permanent"))
         await fail(ref)
         assert await ref.ask(Get()) == 0
         assert not kit.system.is_terminated
@@ -900,7 +905,9 @@ class Forwarder(Actor[WorkerMsg]):
     supervisor_strategy = SupervisorStrategy(backoff=LONG_BACKOFF)
 
     async def on_start(self) -> None:
-        self.child = await self.context.spawn(Worker, "c", [], name="c", restart="permanent")
+        self.child = await self.context.spawn(
+            Worker, "c", [], name="c", props=Props(restart="permanent")
+        )
 
     async def receive(self, message: WorkerMsg) -> int | None:
         try:

@@ -14,6 +14,7 @@ from omni_actors import (
     ActorStoppedError,
     ActorSystem,
     OmniError,
+    Props,
     RestartIntensityExceededError,
     StartTimeoutError,
     SupervisorStrategy,
@@ -114,7 +115,7 @@ class PermanentKid(Node):
 
     async def on_start(self) -> None:
         await super().on_start()
-        await self.context.spawn(Node, self.log, name="kid", restart="permanent")
+        await self.context.spawn(Node, self.log, name="kid", props=Props(restart="permanent"))
 
 
 def other_tasks() -> list[asyncio.Task[object]]:
@@ -182,7 +183,7 @@ async def test_invalid_spawn_arguments_are_refused() -> None:
         with pytest.raises(TypeError, match="Actor subclass"):
             await system.spawn(object, name="x")  # type: ignore[arg-type]
         with pytest.raises(ValueError, match="restart must be one of"):
-            await system.spawn(Node, [], name="r", restart="sometimes")  # type: ignore[arg-type]
+            await system.spawn(Node, [], name="r", props=Props(restart="sometimes"))  # type: ignore[arg-type]
         a, b = await system.spawn(Node, []), await system.spawn(Node, [])
         assert a.name != b.name  # generated names are unique
         assert system.lookup(a.name) == a
@@ -208,7 +209,7 @@ async def test_start_timeout_stops_the_actor_and_registers_nothing() -> None:
     log: list[str] = []
     async with ActorSystem() as system:
         with pytest.raises(StartTimeoutError) as info:
-            await system.spawn(HangingStart, log, name="slow", start_timeout=0.02)
+            await system.spawn(HangingStart, log, name="slow", props=Props(start_timeout=0.02))
         assert isinstance(info.value, TimeoutError)
         assert info.value.actor == "/slow"
         assert "/slow did not finish on_start within 0.02s" in str(info.value)
@@ -292,7 +293,7 @@ async def test_no_task_survives_a_root_escalation() -> None:
     system = ActorSystem(strategy=SupervisorStrategy(max_restarts=0))
     async with system:
         await system.spawn(Node, log, {"kid": {}}, name="calm")
-        crashing = await system.spawn(Node, log, name="crashing", restart="permanent")
+        crashing = await system.spawn(Node, log, name="crashing", props=Props(restart="permanent"))
         with pytest.raises(RuntimeError, match="crashed"):
             await crashing.ask(Crash())
         reason = await asyncio.wait_for(system.wait_terminated(), 1)
@@ -310,7 +311,7 @@ async def test_no_task_survives_an_escalation_below_the_root() -> None:
     system = ActorSystem()
     async with system:
         no_restarts = SupervisorStrategy(max_restarts=0)
-        parent = await system.spawn(PermanentKid, log, name="p", strategy=no_restarts)
+        parent = await system.spawn(PermanentKid, log, name="p", props=Props(strategy=no_restarts))
         kid = system.lookup("p/kid")
         with pytest.raises(RuntimeError, match="crashed"):
             await kid.ask(Crash())

@@ -7,7 +7,7 @@ import logging
 
 import pytest
 
-from omni_actors import Actor, TaskScope
+from omni_actors import Actor, Props, TaskScope
 from omni_actors.testing import ActorTestKit
 
 
@@ -53,7 +53,7 @@ async def test_a_restart_cancels_the_old_instances_tasks() -> None:
             await super().receive(message)
 
     async with ActorTestKit() as kit:
-        ref = await kit.spawn(Crashy, ended, restart="permanent")
+        ref = await kit.spawn(Crashy, ended, props=Props(restart="permanent"))
         await ref.ask("a")
         with pytest.raises(RuntimeError):
             await ref.ask("crash")

@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from omni_actors import Actor, Backoff, SupervisorStrategy, Terminated
+from omni_actors import Actor, Backoff, Props, SupervisorStrategy, Terminated
 from omni_actors.testing import (
     ActorTestKit,
     InjectedFault,
@@ -155,7 +155,7 @@ async def test_crash_after_crashes_once_after_n_messages() -> None:
     assert issubclass(faulty, Echo)
     assert faulty.__name__ == "FaultyEcho"
     async with ActorTestKit(strategy=INSTANT_RESTARTS) as kit:
-        ref = await kit.spawn(faulty, restart="permanent")
+        ref = await kit.spawn(faulty, props=Props(restart="permanent"))
         assert await asks(ref, 2) == [0, 1]
         with pytest.raises(InjectedFault, match="injected fault in FaultyEcho after 2"):
             await ref.ask(2)
@@ -164,11 +164,11 @@ async def test_crash_after_crashes_once_after_n_messages() -> None:
 
 async def test_crash_after_counts_per_instance_up_to_times() -> None:
     async with ActorTestKit(strategy=INSTANT_RESTARTS) as kit:
-        twice = await kit.spawn(crash_after(Echo, 1, times=2), restart="permanent")
+        twice = await kit.spawn(crash_after(Echo, 1, times=2), props=Props(restart="permanent"))
         assert await asks(twice, 6) == [0, InjectedFault, 2, InjectedFault, 4, 5]
-        always = await kit.spawn(crash_after(Echo, 1, times=None), restart="permanent")
+        always = await kit.spawn(crash_after(Echo, 1, times=None), props=Props(restart="permanent"))
         assert await asks(always, 6) == [0, InjectedFault, 2, InjectedFault, 4, InjectedFault]
-        first = await kit.spawn(crash_after(Echo, 0, error=Boom), restart="permanent")
+        first = await kit.spawn(crash_after(Echo, 0, error=Boom), props=Props(restart="permanent"))
         assert await asks(first, 3) == [Boom, 1, 2]
     with pytest.raises(ValueError, match="messages must be >= 0"):
         crash_after(Echo, -1)
@@ -222,7 +222,7 @@ def test_virtual_clock_cancel_and_timers_scheduled_while_advancing() -> None:
 
 async def test_virtual_clock_drives_restart_backoff(virtual_testkit: ActorTestKit) -> None:
     clock = virtual_testkit.virtual_clock
-    ref = await virtual_testkit.spawn(crash_after(Echo, 0), restart="permanent")
+    ref = await virtual_testkit.spawn(crash_after(Echo, 0), props=Props(restart="permanent"))
     with pytest.raises(InjectedFault):
         await ref.ask(1)
     # the supervisor schedules the restart on its own task

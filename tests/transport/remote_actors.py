@@ -125,3 +125,20 @@ class Recorder(Actor[Block | Note | Urgent | History]):
             case History():
                 return self.seen
         return None
+
+
+class Smallest(Actor[Payload | Count]):
+    """Records the smallest value of every payload it is told; ``Count`` returns them."""
+
+    replies = list[float]
+
+    def __init__(self) -> None:
+        self.seen: list[float] = []
+
+    async def receive(self, message: Payload | Count) -> list[float] | None:
+        match message:
+            case Payload(data=data):
+                self.seen.append(float(data.min()))
+            case Count():
+                return self.seen
+        return None

@@ -13,6 +13,7 @@ from omni_actors import (
     ActorRef,
     ChildFailed,
     MailboxConfig,
+    Props,
     Terminated,
     WorkerDiedError,
 )
@@ -21,7 +22,9 @@ from omni_actors.testing import ActorTestKit
 
 async def test_control_message_overtakes_a_full_process_mailbox_without_a_credit() -> None:
     async with ActorTestKit(stop_timeout=1.0) as kit:
-        ref = await kit.spawn(Recorder, name="rec", process=True, mailbox=MailboxConfig(capacity=4))
+        ref = await kit.spawn(
+            Recorder, name="rec", props=Props(process=True, mailbox=MailboxConfig(capacity=4))
+        )
         await ref.tell(Block(0.5))  # keeps the actor busy; its credit is not returned
         for n in (1, 2, 3):
             await ref.tell(Note(n), timeout=5)
@@ -48,7 +51,7 @@ class Parent(Actor[ChildFailed | Terminated]):
         self.sink = sink
 
     async def on_start(self) -> None:
-        child = await self.context.spawn(Echo, name="echo", process=True)
+        child = await self.context.spawn(Echo, name="echo", props=Props(process=True))
         self.context.watch(child)
 
     async def receive(self, message: ChildFailed | Terminated) -> None:

@@ -9,7 +9,7 @@ import pytest
 import torch
 from remote_actors import Count, Echo, Forwarder, Greeter, Notify, Payload, Pid, Route
 
-from omni_actors import ActorStoppedError
+from omni_actors import ActorStoppedError, Props
 from omni_actors.testing import ActorTestKit, eventually
 
 
@@ -23,8 +23,8 @@ async def _count_reaches(ref: object, at_least: int) -> int:
 
 async def test_a_worker_sends_to_another_worker_by_ref() -> None:
     async with ActorTestKit() as kit:
-        forwarder = await kit.spawn(Forwarder, name="forwarder", process=True)
-        echo = await kit.spawn(Echo, name="echo", process=True)
+        forwarder = await kit.spawn(Forwarder, name="forwarder", props=Props(process=True))
+        echo = await kit.spawn(Echo, name="echo", props=Props(process=True))
         data = torch.arange(1 << 19, dtype=torch.float32)  # 2 MiB: a slab between workers
         await forwarder.tell(Route(echo, Payload(1, data)))
         await forwarder.tell(Route(echo, Payload(2, data[:10])))
@@ -35,7 +35,7 @@ async def test_a_worker_sends_to_another_worker_by_ref() -> None:
 async def test_a_worker_replies_to_a_ref_in_the_parent() -> None:
     async with ActorTestKit() as kit:
         probe = await kit.create_probe()
-        greeter = await kit.spawn(Greeter, name="greeter", process=True)
+        greeter = await kit.spawn(Greeter, name="greeter", props=Props(process=True))
         pid = await greeter.ask(Pid(), timeout=10)
         await greeter.tell(Notify(probe.ref))
         assert await probe.expect_message(f"hello from {pid}", timeout=10)
@@ -43,8 +43,8 @@ async def test_a_worker_replies_to_a_ref_in_the_parent() -> None:
 
 async def test_refs_to_a_dead_worker_fail_instead_of_hanging() -> None:
     async with ActorTestKit() as kit:
-        forwarder = await kit.spawn(Forwarder, name="forwarder", process=True)
-        echo = await kit.spawn(Echo, name="echo", process=True)
+        forwarder = await kit.spawn(Forwarder, name="forwarder", props=Props(process=True))
+        echo = await kit.spawn(Echo, name="echo", props=Props(process=True))
         await forwarder.tell(Route(echo, Payload(1, torch.ones(2))))
         await _count_reaches(echo, 2)
         probe = await kit.create_probe()

@@ -19,11 +19,16 @@ from omni_actors import (
     MailboxConfig,
     MailboxFullError,
     MessageTypeError,
+    Props,
+    ProtocolVersionError,
     SendTimeoutError,
     SupervisorStrategy,
     WorkerDiedError,
 )
+from omni_actors.protocols import wire
 from omni_actors.testing import ActorTestKit, eventually
+from omni_actors.transport.worker import WIRE_VERSION_ENV
+from omni_actors.transport.workers import ProcessPlacement
 
 FAST_RESTART = SupervisorStrategy(backoff=Backoff(min_s=0.0, max_s=0.0, jitter=0.0))
 
@@ -35,7 +40,7 @@ def _shm_of(pids: list[int]) -> set[str]:
 
 async def test_tell_and_ask_round_trip_with_tensors() -> None:
     async with ActorTestKit() as kit:
-        ref = await kit.spawn(Echo, 2.0, name="echo", process=True)
+        ref = await kit.spawn(Echo, 2.0, name="echo", props=Props(process=True))
         assert ref.path == "/echo"
         small = torch.arange(8, dtype=torch.float32)
         reply = await ref.ask(Payload(1, small), timeout=10)
@@ -51,7 +56,7 @@ async def test_tell_and_ask_round_trip_with_tensors() -> None:
 
 async def test_wrong_type_is_rejected_before_the_wire() -> None:
     async with ActorTestKit() as kit:
-        ref = await kit.spawn(Echo, name="echo", process=True)
+        ref = await kit.spawn(Echo, name="echo", props=Props(process=True))
         with pytest.raises(MessageTypeError, match="does not accept str"):
             await ref.tell("hello")  # type: ignore[arg-type]
 
@@ -59,7 +64,7 @@ async def test_wrong_type_is_rejected_before_the_wire() -> None:
 async def test_remote_error_reaches_the_asker_with_its_type() -> None:
     async with ActorTestKit() as kit:
         ref = await kit.spawn(
-            Echo, name="echo", process=True, restart="permanent", strategy=FAST_RESTART
+            Echo, name="echo", props=Props(process=True, restart="permanent", strategy=FAST_RESTART)
         )
         with pytest.raises(ValueError, match="bad chunk"):
             await ref.ask(Crash("bad chunk"), timeout=10)
@@ -68,14 +73,14 @@ async def test_remote_error_reaches_the_asker_with_its_type() -> None:
 async def test_failed_on_start_in_worker_fails_spawn() -> None:
     async with ActorTestKit() as kit:
         with pytest.raises(RuntimeError, match="no model weights"):
-            await kit.spawn(FailsToStart, name="broken", process=True)
+            await kit.spawn(FailsToStart, name="broken", props=Props(process=True))
         assert not kit.is_alive("/broken")
 
 
 async def test_sigkill_fails_pending_asks_and_restarts_permanent_actor() -> None:
     async with ActorTestKit(strategy=FAST_RESTART) as kit:
         probe = await kit.create_probe()
-        ref = await kit.spawn(Echo, name="echo", process=True, restart="permanent")
+        ref = await kit.spawn(Echo, name="echo", props=Props(process=True, restart="permanent"))
         first_pid = await ref.ask(Pid(), timeout=10)
         credits = kit.mailbox_room(ref)
         blocked = asyncio.ensure_future(ref.ask(Block(30), timeout=30))
@@ -96,7 +101,7 @@ async def test_sigkill_fails_pending_asks_and_restarts_permanent_actor() -> None
 async def test_sigkill_stops_temporary_actor_and_notifies_watchers() -> None:
     async with ActorTestKit() as kit:
         probe = await kit.create_probe()
-        ref = await kit.spawn(Echo, name="echo", process=True)
+        ref = await kit.spawn(Echo, name="echo", props=Props(process=True))
         pid = await ref.ask(Pid(), timeout=10)
         probe.watch(ref)
         os.kill(pid, signal.SIGKILL)
@@ -109,7 +114,9 @@ async def test_sigkill_stops_temporary_actor_and_notifies_watchers() -> None:
 
 async def test_credit_flow_control_bounds_the_sender() -> None:
     async with ActorTestKit(stop_timeout=1.0) as kit:
-        ref = await kit.spawn(Echo, name="echo", process=True, mailbox=MailboxConfig(capacity=4))
+        ref = await kit.spawn(
+            Echo, name="echo", props=Props(process=True, mailbox=MailboxConfig(capacity=4))
+        )
         await ref.tell(Block(30))  # occupies the actor; its credit is not returned
         for _ in range(3):
             await ref.tell(Count(), timeout=5)
@@ -119,12 +126,12 @@ async def test_credit_flow_control_bounds_the_sender() -> None:
 
 async def test_no_process_socket_or_segment_left_after_shutdown() -> None:
     async with ActorTestKit() as kit:
-        a = await kit.spawn(Echo, name="a", process=True)
-        b = await kit.spawn(Echo, name="b", process=True)
+        a = await kit.spawn(Echo, name="a", props=Props(process=True))
+        b = await kit.spawn(Echo, name="b", props=Props(process=True))
         pids = [await a.ask(Pid(), timeout=10), await b.ask(Pid(), timeout=10)]
-        workers = kit.system._workers
-        assert workers is not None
-        rundir = workers.rundir.path
+        placement = kit.system._placements["process"]
+        assert isinstance(placement, ProcessPlacement)
+        rundir = placement.workers.rundir.path
         assert stat.S_IMODE(os.stat(rundir).st_mode) == 0o700
         await a.ask(Payload(0, torch.zeros(1 << 19)), timeout=10)
     for pid in pids:
@@ -138,12 +145,12 @@ PARENT = """
 import asyncio, os, sys, time
 sys.path.insert(0, {here!r})
 from remote_actors import Echo, Pid
-from omni_actors import ActorSystem
+from omni_actors import ActorSystem, Props
 
 async def main():
     system = ActorSystem()
     await system.start()
-    ref = await system.spawn(Echo, name="echo", process=True)
+    ref = await system.spawn(Echo, name="echo", props=Props(process=True))
     print(await ref.ask(Pid(), timeout=30), flush=True)
     await asyncio.sleep(60)  # alive until the test kills it: the behaviour under test
 
@@ -178,10 +185,25 @@ async def test_workers_exit_when_their_parent_is_killed() -> None:
 async def test_remote_fail_policy_and_ask_deadline() -> None:
     async with ActorTestKit(stop_timeout=1.0) as kit:
         ref = await kit.spawn(
-            Echo, name="echo", process=True, mailbox=MailboxConfig(capacity=2, overflow="fail")
+            Echo,
+            name="echo",
+            props=Props(process=True, mailbox=MailboxConfig(capacity=2, overflow="fail")),
         )
         with pytest.raises(AskTimeoutError):
             await ref.ask(Block(30), timeout=0.2)  # the deadline fires; the actor is busy
         await ref.tell(Count())
         with pytest.raises(MailboxFullError):
             await ref.tell(Count())
+
+
+async def test_a_worker_of_another_wire_version_is_refused_at_the_handshake(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # The worker announces another version through the real launch path.
+    monkeypatch.setenv(WIRE_VERSION_ENV, str(wire.VERSION + 1))
+    async with ActorTestKit() as kit:
+        with pytest.raises(ProtocolVersionError) as refused:
+            await kit.spawn(Echo, name="echo", props=Props(process=True))
+        assert (refused.value.ours, refused.value.theirs) == (wire.VERSION, wire.VERSION + 1)
+        assert f"version {wire.VERSION + 1}" in str(refused.value)
+        assert f"version {wire.VERSION}:" in str(refused.value)
