@@ -9,15 +9,14 @@ there is no global table to keep in sync.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Literal
 
 import torch
 
 from omni_actors.errors import OmniError
+from omni_actors.protocols.control import AccumulateRule
 
 __all__ = ["AccumulateRule", "Accumulator", "ChunkGapError", "ChunkSequence"]
 
-AccumulateRule = Literal["concat", "replace"]
 Value = torch.Tensor | str
 
 
@@ -82,6 +81,8 @@ class Accumulator:
 
 class ChunkGapError(OmniError):
     """A chunk arrived after a missing one: the stream cannot be reassembled."""
+
+    code = "chunk_gap"
 
     def __init__(self, stream: str, expected: int, got: int) -> None:
         super().__init__(f"{stream}: expected chunk {expected}, got {got}; chunks were lost")

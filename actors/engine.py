@@ -5,7 +5,9 @@ An engine serves many sessions at once. For each session the stage calls
 ones are being processed — that is what lets stages stream into each other) and reads
 outputs as they are produced. One call serves one *segment*: a resumable session calls
 ``generate`` again for its next segment, and the engine may keep conversation state
-per session between calls until :meth:`Engine.release` (or ``abort``). Kinds:
+per session between calls until :meth:`Engine.release` (or ``abort``). The stage names
+a session by its :data:`~omni_actors.protocols.stage.SessionKey`, unique for the
+pipeline's life, so per-session state never outlives its admission. Kinds:
 ``scripted`` (declared latencies, deterministic outputs: the test harness), ``torch``
 and ``vllm``.
 """
@@ -16,6 +18,8 @@ from collections.abc import AsyncIterator, Mapping
 from typing import Protocol
 
 import torch
+
+from omni_actors.protocols.stage import SessionKey
 
 __all__ = ["CONTEXT_FIELD", "Engine", "Fields"]
 
@@ -34,13 +38,13 @@ class Engine(Protocol):
     async def start(self) -> None:
         """Load weights and allocate what every session shares."""
 
-    def generate(self, session: str, inputs: AsyncIterator[Fields]) -> AsyncIterator[Fields]:
+    def generate(self, session: SessionKey, inputs: AsyncIterator[Fields]) -> AsyncIterator[Fields]:
         """Outputs for ``session`` as they are produced, while ``inputs`` still arrive."""
 
-    async def abort(self, session: str) -> None:
+    async def abort(self, session: SessionKey) -> None:
         """Stop ``session`` now and free its state; its ``generate`` ends promptly."""
 
-    async def release(self, session: str) -> None:
+    async def release(self, session: SessionKey) -> None:
         """``session`` ended normally: drop whatever state it kept between segments."""
 
     async def stop(self) -> None:

@@ -10,23 +10,24 @@ from __future__ import annotations
 
 import time
 from collections.abc import Mapping
-from typing import Any, Literal
 
 import torch
 
-from omni_actors._ref import ActorRef
 from omni_actors.actors.accumulate import Accumulator
 from omni_actors.actors.chunk_policy import ChunkPolicy, FrameWindow
 from omni_actors.actors.engine import Fields
-from omni_actors.protocols.stage import Chunk, End, HopMetrics, split_fields
+from omni_actors.protocols.address import ActorAddress
+from omni_actors.protocols.control import AccumulateRule, EdgeMode
+from omni_actors.protocols.stage import Chunk, End, HopMetrics, SessionKey, split_fields
 
 __all__ = ["Outlet"]
 
 
 class Outlet:
-    """Sends ``session``'s outputs from stage ``source`` to ``ref`` (named ``name``).
+    """Sends a session's outputs from stage ``source`` to ``ref`` (named ``name``).
 
     Args:
+        key: the session's key on the stages.
         fields: output fields this receiver gets (others are not sent).
         mode: ``stream`` or ``full``.
         window: ``(initial_frames, frames, left_context)`` to window the edge's one
@@ -38,18 +39,18 @@ class Outlet:
 
     def __init__(
         self,
-        session: str,
+        key: SessionKey,
         source: str,
         name: str,
-        ref: ActorRef[Any],
+        ref: ActorAddress[Chunk],
         fields: tuple[str, ...],
         *,
-        mode: Literal["stream", "full"] = "stream",
+        mode: EdgeMode = "stream",
         window: tuple[int, int, int] | None = None,
-        accumulate: Mapping[str, Literal["concat", "replace"]] | None = None,
+        accumulate: Mapping[str, AccumulateRule] | None = None,
         ends: bool = True,
     ) -> None:
-        self.session = session
+        self.key = key
         self.source = source
         self.name = name
         self.ref = ref
@@ -110,7 +111,7 @@ class Outlet:
     async def _send(self, fields: Fields, *, context: int = 0, end: End = "") -> None:
         tensors, texts = split_fields(fields)
         chunk = Chunk(
-            session=self.session,
+            key=self.key,
             source=self.source,
             seq=self._seq,
             tensors=tensors,

@@ -15,12 +15,12 @@ from dataclasses import dataclass, field
 import torch
 
 from omni_actors.actors.engine import CONTEXT_FIELD, Fields
-from omni_actors.errors import OmniError
+from omni_actors.errors import EngineError
 
 __all__ = ["ScriptedEngine", "ScriptedEngineError"]
 
 
-class ScriptedEngineError(OmniError):
+class ScriptedEngineError(EngineError):
     """The failure a ``ScriptedEngine`` declared with ``fail_after`` raises."""
 
 

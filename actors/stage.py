@@ -1,9 +1,10 @@
 """``StageActor``: hosts one engine and every session's state on one stage.
 
-Its ``receive`` only routes, and never waits on the engine: a ``Prewarm`` allocates a
-:class:`StageSession` (which starts waiting for input at once), a ``Chunk`` goes into
-its session's queue, an ``Abort`` (a control message, served before queued chunks)
-cancels the session's task, which frees the session on the engine as it ends. The
+Its ``receive`` only routes (the messages: ``omni_actors.protocols.control``), and
+never waits on the engine: a ``Prewarm`` allocates a :class:`StageSession` (which starts
+waiting for input at once), a ``Chunk`` goes into its session's queue, an ``Abort`` (a
+control message, served before queued chunks) cancels the session's task, which frees
+the session on the engine as it ends. Sessions are known by their ``SessionKey``. The
 engine work of each session — its abort included — runs in that session's task, owned
 by the stage's task scope, so one slow session never holds up the chunks of another,
 and the engine sees all of them at once to batch.
@@ -19,18 +20,18 @@ from omni_actors._actor import Actor
 from omni_actors._mailbox import MailboxConfig
 from omni_actors.actors.engine import Engine
 from omni_actors.actors.engine_registry import build_engine
-from omni_actors.actors.messages import Abort, Inspect, Prewarm, StageState
 from omni_actors.actors.stage_session import StageSession
-from omni_actors.protocols.stage import Chunk
+from omni_actors.protocols.control import Abort, Inspect, Prewarm, StageMessage, StageState
+from omni_actors.protocols.stage import Chunk, SessionKey
 
 __all__ = ["StageActor"]
 
 log = logging.getLogger(__name__)
 
-_ABORTED_MEMORY = 4096  # aborted session ids remembered, to refuse a late prewarm
+_ABORTED_MEMORY = 4096  # aborted session keys remembered, to refuse a late prewarm
 
 
-class StageActor(Actor[Prewarm | Chunk | Abort | Inspect]):
+class StageActor(Actor[StageMessage]):
     """One pipeline stage. Spawned by the orchestrator, locally or in a worker process.
 
     Args:
@@ -47,10 +48,10 @@ class StageActor(Actor[Prewarm | Chunk | Abort | Inspect]):
         self.kind = kind
         self.args = args
         self.engine: Engine | None = None
-        self.sessions: dict[str, StageSession] = {}
+        self.sessions: dict[SessionKey, StageSession] = {}
         # Aborted, their task still ending (the engine freeing them): still held.
-        self.closing: dict[str, StageSession] = {}
-        self.aborted: OrderedDict[str, None] = OrderedDict()
+        self.closing: dict[SessionKey, StageSession] = {}
+        self.aborted: OrderedDict[SessionKey, None] = OrderedDict()
 
     async def on_start(self) -> None:
         """Build and start the engine (a failure here fails the spawn, with its reason)."""
@@ -71,50 +72,47 @@ class StageActor(Actor[Prewarm | Chunk | Abort | Inspect]):
             await self.engine.stop()
             self.engine = None
 
-    async def receive(self, message: Prewarm | Chunk | Abort | Inspect) -> Any:
+    async def receive(self, message: StageMessage) -> Any:
         """Route one message; see the module docstring."""
         match message:
             case Chunk():
-                session = self.sessions.get(message.session)
+                session = self.sessions.get(message.key)
                 if session is not None:
                     session.deliver(message)
                 else:  # aborted or timed out meanwhile: its chunks are moot
-                    log.debug(
-                        "%s: chunk for unknown session %s dropped", self.name, message.session
-                    )
+                    log.debug("%s: chunk for unknown session %s dropped", self.name, message.key)
                 return None
             case Prewarm():
                 return self._prewarm(message)
-            case Abort(session=session_id):
+            case Abort(key=key):
                 # An abort overtakes queued messages, possibly the session's own prewarm.
-                self.aborted[session_id] = None
+                self.aborted[key] = None
                 if len(self.aborted) > _ABORTED_MEMORY:
                     self.aborted.popitem(last=False)
-                session = self.sessions.pop(session_id, None)
+                session = self.sessions.pop(key, None)
                 if session is not None:
                     # Not awaited: the session's task runs the engine's abort as it ends.
-                    self.closing[session_id] = session
+                    self.closing[key] = session
                     session.abort()
                 return True
             case Inspect():
                 # Sessions still being aborted hold engine state: they count as held.
-                held = sorted({*self.sessions, *self.closing})
-                return StageState(stage=self.name, sessions=held)
+                return StageState(stage=self.name, keys=sorted({*self.sessions, *self.closing}))
         raise AssertionError(f"unhandled {message!r}")  # pragma: no cover - typed union
 
     def _prewarm(self, message: Prewarm) -> bool:
-        if message.session in self.aborted or message.session in self.sessions:
+        if message.key in self.aborted or message.key in self.sessions:
             # Aborted before it arrived, or a duplicate: allocate nothing. Refused, not
             # raised: a bad request must not crash the stage and its other sessions.
             return False
         assert self.engine is not None
         context = self.context
-        self.sessions[message.session] = StageSession(
+        self.sessions[message.key] = StageSession(
             self.name, self.engine, message, self._session_ended, context.clock, context.tasks
         )
         return True
 
     def _session_ended(self, session: StageSession) -> None:
         for held in (self.sessions, self.closing):
-            if held.get(session.id) is session:
-                del held[session.id]
+            if held.get(session.key) is session:
+                del held[session.key]

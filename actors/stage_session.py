@@ -25,11 +25,24 @@ import torch
 from omni_actors._task_scope import TaskScope
 from omni_actors.actors.accumulate import ChunkGapError, ChunkSequence
 from omni_actors.actors.engine import CONTEXT_FIELD, Engine, Fields
-from omni_actors.actors.messages import Prewarm
 from omni_actors.actors.outlet import Outlet
 from omni_actors.clock import Clock, timeout_at
-from omni_actors.errors import ActorStoppedError, OmniError, ProtocolError
-from omni_actors.protocols.stage import Chunk, End, ReportEnd, StageMetrics, StageReport
+from omni_actors.errors import (
+    ActorStoppedError,
+    OmniError,
+    ProtocolError,
+    error_code,
+    qualified_name,
+)
+from omni_actors.protocols.control import Prewarm
+from omni_actors.protocols.stage import (
+    Chunk,
+    End,
+    ReportEnd,
+    SessionKey,
+    StageMetrics,
+    StageReport,
+)
 
 __all__ = ["DeadlineExceededError", "StageSession"]
 
@@ -39,9 +52,11 @@ log = logging.getLogger(__name__)
 class DeadlineExceededError(OmniError, TimeoutError):
     """A stage waited longer than a session deadline allows."""
 
-    def __init__(self, stage: str, session: str, waiting_for: str, limit: float, setting: str):
+    code = "timeout"
+
+    def __init__(self, stage: str, key: SessionKey, waiting_for: str, limit: float, setting: str):
         super().__init__(
-            f"stage {stage}, session {session}: no {waiting_for} within {limit:g}s; "
+            f"stage {stage}, session {key}: no {waiting_for} within {limit:g}s; "
             f"raise deadlines.{setting} in the pipeline if that wait is expected"
         )
         self.stage = stage
@@ -50,7 +65,7 @@ class DeadlineExceededError(OmniError, TimeoutError):
 
 
 class StageSession:
-    """State and task of ``prewarm.session`` on stage ``stage``; see the module docstring.
+    """State and task of session ``prewarm.key`` on stage ``stage``; see the module docstring.
 
     Args:
         stage: the stage's name.
@@ -75,7 +90,7 @@ class StageSession:
         self.engine = engine
         self.clock = clock
         self._call_at = clock.call_at
-        self.id = prewarm.session
+        self.key = prewarm.key
         self.owner = prewarm.owner
         self.resumable = prewarm.resumable
         self.deadlines = prewarm.deadlines
@@ -83,7 +98,7 @@ class StageSession:
         self.sequences = {s: ChunkSequence(f"{s} -> {stage}") for s in self.sources}
         self.outlets = [
             Outlet(
-                self.id,
+                self.key,
                 stage,
                 t.stage,
                 t.ref,
@@ -96,14 +111,14 @@ class StageSession:
         ]
         if prewarm.emit:
             self.outlets.append(
-                Outlet(self.id, stage, "client", prewarm.owner, prewarm.emit, ends=False)
+                Outlet(self.key, stage, "client", prewarm.owner, prewarm.emit, ends=False)
             )
         self._queue: deque[Chunk] = deque()
         self._waiter: asyncio.Future[None] | None = None
         self._error: BaseException | None = None
         self._on_end = on_end
         self._reset_metrics()
-        self.task = tasks.create_task(self._run(clock.now()), name=f"{stage} session {self.id}")
+        self.task = tasks.create_task(self._run(clock.now()), name=f"{stage} session {self.key}")
         self.task.add_done_callback(self._task_ended)
 
     # -- input side (called from the stage's receive) ---------------------------------
@@ -114,7 +129,7 @@ class StageSession:
         if sequence is None:
             self._fail(
                 ProtocolError(
-                    f"stage {self.stage}, session {self.id}: chunk from {chunk.source!r}, "
+                    f"stage {self.stage}, session {self.key}: chunk from {chunk.source!r}, "
                     f"which is not on this session's path (expected {list(self.sources)})"
                 )
             )
@@ -150,13 +165,13 @@ class StageSession:
             waiter: asyncio.Future[None] = asyncio.get_running_loop().create_future()
             self._waiter = waiter
             started = time.monotonic()
-            # A timer on the waiter, not a timeout context: this runs once per chunk.
+            # A timer on the waiter, not asyncio.timeout: this runs once per chunk.
             timer = self._call_at(deadline, _expire, waiter)
             try:
                 await waiter
             except TimeoutError:
                 raise DeadlineExceededError(
-                    self.stage, self.id, waiting_for, limit, setting
+                    self.stage, self.key, waiting_for, limit, setting
                 ) from None
             finally:
                 timer.cancel()
@@ -201,7 +216,7 @@ class StageSession:
             error = exc
             if total.expired():
                 error = DeadlineExceededError(
-                    self.stage, self.id, "end of the session", self.deadlines.total_s, "total_s"
+                    self.stage, self.key, "end of the session", self.deadlines.total_s, "total_s"
                 )
             await self._report_error(segment, error)
         finally:
@@ -209,9 +224,9 @@ class StageSession:
             # The one place the engine frees the session: each session is released or
             # aborted exactly once.
             if finished:
-                await self.engine.release(self.id)
+                await self.engine.release(self.key)
             else:
-                await self.engine.abort(self.id)
+                await self.engine.abort(self.key)
 
     async def _segment(self, segment: int, start: float) -> End:
         inputs = _SegmentInputs(self, start)
@@ -223,7 +238,7 @@ class StageSession:
 
     async def _generate(self, inputs: _SegmentInputs) -> None:
         """Run the engine over one segment's inputs, routing its outputs as they come."""
-        outputs = self.engine.generate(self.id, inputs)
+        outputs = self.engine.generate(self.key, inputs)
         try:
             while True:
                 before, blocked = time.monotonic(), self._blocked
@@ -255,18 +270,21 @@ class StageSession:
         )
         self._reset_metrics()
         report = StageReport(
-            session=self.id,
+            key=self.key,
             stage=self.stage,
             segment=segment,
             end=end,
             metrics=metrics,
-            error_type=_qualname(error) if error is not None else "",
+            # Our own failures are OmniErrors with their code: anything else came out of
+            # the engine (or the outputs it produced).
+            code=error_code(error, default="engine_error") if error is not None else None,
+            error_type=qualified_name(error) if error is not None else "",
             error=str(error) if error is not None else "",
         )
         await self.owner.tell(report)
 
     async def _report_error(self, segment: int, error: BaseException) -> None:
-        log.debug("session %s failed on %s: %r", self.id, self.stage, error)
+        log.debug("session %s failed on %s: %r", self.key, self.stage, error)
         # If the owner is gone, nobody is waiting for this session any more.
         with contextlib.suppress(ActorStoppedError):
             await self._report(segment, "error", error)
@@ -347,8 +365,3 @@ class _SegmentInputs(AsyncIterator[Fields]):
 def _expire(waiter: asyncio.Future[None]) -> None:
     if not waiter.done():
         waiter.set_exception(TimeoutError())
-
-
-def _qualname(error: BaseException) -> str:
-    cls = type(error)
-    return f"{cls.__module__}:{cls.__qualname__}"

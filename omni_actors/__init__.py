@@ -34,6 +34,7 @@ from omni_actors.errors import (
     StartTimeoutError,
     WorkerDiedError,
 )
+from omni_actors.protocols.message import Request
 from omni_actors.remoting import Placement, register_placement
 from omni_actors.signals import ChildFailed, ControlMessage, Terminated
 from omni_actors.supervision import (
@@ -125,6 +126,7 @@ __all__ = [
     "ProtocolError",
     "ProtocolVersionError",
     "Props",
+    "Request",
     "RestartIntensityExceededError",
     "RestartType",
     "SendTimeoutError",

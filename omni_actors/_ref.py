@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import asyncio
-from typing import TYPE_CHECKING, Any, Generic, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar, overload
 
 from omni_actors.errors import AskTimeoutError, MessageTypeError, SendTimeoutError
+from omni_actors.protocols.address import DEFAULT_ASK_TIMEOUT, ActorAddress
+from omni_actors.protocols.message import Request
 
 if TYPE_CHECKING:
     from omni_actors._cell import ActorCell
@@ -13,16 +15,16 @@ if TYPE_CHECKING:
 __all__ = ["ActorRef"]
 
 M = TypeVar("M", contravariant=True)
+R = TypeVar("R")
 
-DEFAULT_ASK_TIMEOUT = 5.0
 
-
-class ActorRef(Generic[M]):
+class ActorRef(ActorAddress[M]):
     """Send messages of type ``M`` to one actor.
 
     A ref stays valid across restarts of its actor (the mailbox, and anything stashed in
     it, survives); once the actor has stopped, ``tell`` and ``ask`` raise
-    :class:`~omni_actors.errors.ActorStoppedError`.
+    :class:`~omni_actors.errors.ActorStoppedError`. It is the runtime's
+    :class:`~omni_actors.protocols.address.ActorAddress`: messages carry it as one.
     """
 
     __slots__ = ("_cell",)
@@ -74,11 +76,19 @@ class ActorRef(Generic[M]):
             assert timeout is not None
             raise SendTimeoutError(self._cell.path, timeout) from None
 
-    async def ask(self, message: M, *, timeout: float = DEFAULT_ASK_TIMEOUT) -> Any:
+    @overload
+    async def ask(self, message: Request[R], *, timeout: float = ...) -> R: ...
+
+    @overload
+    async def ask(self, message: M, *, timeout: float = ...) -> Any: ...
+
+    async def ask(self, message: Any, *, timeout: float = DEFAULT_ASK_TIMEOUT) -> Any:
         """Send ``message`` and wait for the value the actor's ``receive`` returns.
 
         The deadline covers waiting for mailbox room and for the reply, and fires even
-        if the actor never answers.
+        if the actor never answers. A :class:`~omni_actors.protocols.message.Request`
+        declares its reply type (``ask(Inspect())`` is a ``StageState``); the reply to
+        any other message is ``Any``.
 
         Raises:
             AskTimeoutError: no reply within ``timeout`` seconds.

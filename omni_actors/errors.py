@@ -2,16 +2,24 @@
 
 Every error the runtime raises is an :class:`OmniError`, so callers can catch the whole
 family at once, and most also derive from the matching builtin (``TypeError``,
-``TimeoutError``, ``LookupError``) so generic handlers keep working.
+``TimeoutError``, ``LookupError``) so generic handlers keep working. Each class carries
+its :data:`~omni_actors.protocols.error_code.ErrorCode` (``code``), which is what a
+session's caller receives when such an error ends a session.
 """
 
 from __future__ import annotations
+
+from typing import ClassVar
+
+from omni_actors.protocols.error_code import ErrorCode
 
 __all__ = [
     "ActorNameTakenError",
     "ActorNotFoundError",
     "ActorStoppedError",
     "AskTimeoutError",
+    "EngineError",
+    "ErrorCode",
     "MailboxFullError",
     "MessageDroppedError",
     "MessageTypeError",
@@ -22,11 +30,41 @@ __all__ = [
     "SendTimeoutError",
     "StartTimeoutError",
     "WorkerDiedError",
+    "error_code",
+    "qualified_name",
 ]
 
 
 class OmniError(Exception):
-    """Base class of every error raised by omni-actors."""
+    """Base class of every error raised by omni-actors.
+
+    Attributes:
+        code: what kind of failure this is, for programs (``SessionError.code``); a
+            subclass sets its own, including a user's error raised by their engine.
+    """
+
+    code: ClassVar[ErrorCode] = "internal"
+
+
+class EngineError(OmniError):
+    """An engine could not serve a session (bad input, a failed forward, stopped).
+
+    Engines raise subclasses of it; any other exception out of an engine is reported
+    with the same code.
+    """
+
+    code = "engine_error"
+
+
+def error_code(error: BaseException, default: ErrorCode = "internal") -> ErrorCode:
+    """The code ``error`` carries, or ``default`` for an exception that is no ``OmniError``."""
+    return error.code if isinstance(error, OmniError) else default
+
+
+def qualified_name(error: BaseException) -> str:
+    """``module:QualName`` of ``error``'s class, as ``SessionError.error_type`` gives it."""
+    cls = type(error)
+    return f"{cls.__module__}:{cls.__qualname__}"
 
 
 class MessageTypeError(OmniError, TypeError):
@@ -55,6 +93,8 @@ class ActorStoppedError(OmniError):
 
 class AskTimeoutError(OmniError, TimeoutError):
     """An ``ask`` got no reply before its deadline."""
+
+    code = "timeout"
 
     def __init__(self, actor: str, message: object, timeout: float) -> None:
         super().__init__(
@@ -110,6 +150,8 @@ class RestartIntensityExceededError(OmniError):
 class SendTimeoutError(OmniError, TimeoutError):
     """A ``tell`` waited longer than its timeout for room in a full mailbox."""
 
+    code = "timeout"
+
     def __init__(self, actor: str, timeout: float) -> None:
         super().__init__(f"mailbox of {actor} stayed full for {timeout:g}s; message not sent")
         self.actor = actor
@@ -118,6 +160,8 @@ class SendTimeoutError(OmniError, TimeoutError):
 
 class StartTimeoutError(OmniError, TimeoutError):
     """An actor's ``on_start`` did not finish before the spawn deadline."""
+
+    code = "timeout"
 
     def __init__(self, actor: str, timeout: float) -> None:
         super().__init__(

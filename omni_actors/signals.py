@@ -1,35 +1,20 @@
-"""Messages the runtime itself delivers to actors, and the marker for urgent ones."""
+"""Messages the runtime itself delivers to actors, and the marker for urgent ones.
+
+:class:`ControlMessage` is defined with the protocols (``omni_actors.protocols.message``),
+which must not import the runtime, and is re-exported here and from ``omni_actors``.
+"""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from omni_actors.protocols.message import ControlMessage
+
 if TYPE_CHECKING:
     from omni_actors._ref import ActorRef
 
 __all__ = ["ChildFailed", "ControlMessage", "Terminated"]
-
-
-class ControlMessage:
-    """Mixin marking a user message as urgent: it overtakes the actor's queued messages.
-
-    As with Akka's control-aware mailboxes, a message whose type subclasses this one
-    travels in the mailbox's system lane, so it is handled before every queued user
-    message and is never refused for lack of room (no backpressure wait, no overflow
-    policy, no credit across processes): "abort this request" must not queue behind the
-    very work it cancels. Otherwise it is an ordinary message: the actor must list its
-    type, ``receive`` handles it, an ``ask`` gets the reply, and a failure is supervised
-    as usual. While the actor restarts it is stashed ahead of the user messages.
-
-    Keep such messages rare and small, since nothing bounds them. It has no fields and
-    empty ``__slots__``, so it mixes into dataclasses and ``msgspec.Struct`` alike::
-
-        class Abort(msgspec.Struct, ControlMessage, tag=True):
-            request_id: str
-    """
-
-    __slots__ = ()
 
 
 @dataclass(frozen=True, slots=True)

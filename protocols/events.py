@@ -3,15 +3,15 @@
 Every session's event stream ends with exactly one terminal event — :class:`Done`,
 :class:`SessionError` or :class:`Aborted` — so a caller never waits on a stream that
 cannot end. A resumable session also yields :class:`SegmentDone` after each segment.
+Every event's ``session`` is the id the caller chose (or was given) for the session.
 """
 
 from __future__ import annotations
 
-from typing import Literal
-
 import msgspec
 import torch
 
+from omni_actors.protocols.error_code import ErrorCode
 from omni_actors.protocols.stage import StageMetrics
 
 __all__ = [
@@ -82,16 +82,12 @@ class Done(msgspec.Struct, tag="done", frozen=True, kw_only=True):
     metrics: SessionMetrics
 
 
-ErrorCode = Literal[
-    "timeout", "stage_failed", "engine_error", "chunk_gap", "admission", "prewarm", "internal"
-]
-
-
 class SessionError(msgspec.Struct, tag="error", frozen=True, kw_only=True):
     """Terminal: the session failed; every stage has been told to free its state.
 
     Attributes:
-        code: what kind of failure (``timeout`` for any expired deadline).
+        code: what kind of failure (``timeout`` for any expired deadline); see
+            :data:`~omni_actors.protocols.error_code.ErrorCode`.
         message: what happened and, where it helps, what to change.
         stage: the stage where it happened ("" when not stage-specific).
         error_type: the qualified exception type, for programs.

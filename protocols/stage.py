@@ -7,15 +7,20 @@ also end a *segment* (the session stays open: resumable input) or the whole sess
 
 Every stage reports a :class:`StageReport` to the session's owner when a segment ends,
 whether it finished, failed or timed out, with the stage's :class:`StageMetrics`.
+
+On the stages a session is known by its :data:`SessionKey`, not by the id its caller
+chose: see there why.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Literal
+from typing import Literal, NewType
 
 import msgspec
 import torch
+
+from omni_actors.protocols.error_code import ErrorCode
 
 __all__ = [
     "INPUT",
@@ -23,10 +28,19 @@ __all__ = [
     "End",
     "HopMetrics",
     "ReportEnd",
+    "SessionKey",
     "StageMetrics",
     "StageReport",
     "split_fields",
 ]
+
+SessionKey = NewType("SessionKey", str)
+"""A session's key on the stages: its caller's id and its admission number, ``"id#n"``.
+
+Unique for the pipeline's life, unlike the id (a caller may reuse an id once its
+session has ended), so a stage never mistakes a new session for an earlier one with the
+same id: a late chunk, or the memory of an abort, matches only its own admission. The
+caller's id travels only in the caller's events (``session`` fields)."""
 
 INPUT = "input"
 """The ``source`` of chunks the caller sends into the entry stage."""
@@ -42,7 +56,7 @@ class Chunk(msgspec.Struct, tag="chunk", frozen=True, kw_only=True):
     """One piece of one session's stream from ``source`` to the receiving stage.
 
     Attributes:
-        session: the session id.
+        key: the session's key on the stages.
         source: the sending stage's name, or :data:`INPUT` for the caller.
         seq: position in this stream, from 0; an end marker takes a number too.
         tensors: tensor fields by name (time or tokens along dim 0).
@@ -53,7 +67,7 @@ class Chunk(msgspec.Struct, tag="chunk", frozen=True, kw_only=True):
         sent_at: ``time.monotonic()`` at the sender, for queue-wait metrics.
     """
 
-    session: str
+    key: SessionKey
     source: str
     seq: int
     tensors: dict[str, torch.Tensor] = {}
@@ -128,16 +142,27 @@ class StageMetrics(msgspec.Struct, frozen=True, kw_only=True):
 
 
 class StageReport(msgspec.Struct, tag="stage-report", frozen=True, kw_only=True):
-    """A stage's segment of a session has ended (``end``), with its metrics.
+    """Stage → session's owner: the session's segment has ended here (``end``).
 
-    Sent to the session's owner after every output chunk of that segment, so the owner
-    knows the stage's output is complete. ``error_type``/``error`` describe a failure.
+    Sent after every output chunk of that segment, so the owner knows the stage's output
+    is complete.
+
+    Attributes:
+        key: the session's key on the stages.
+        stage: the reporting stage.
+        segment: which segment of the session, from 0.
+        end: ``segment``, ``finished`` or ``error``.
+        metrics: the stage's share of the segment.
+        code: on ``error``, what kind of failure (the error class's ``code``).
+        error_type: on ``error``, the exception's ``module:QualName``.
+        error: on ``error``, its message.
     """
 
-    session: str
+    key: SessionKey
     stage: str
     segment: int
     end: ReportEnd
     metrics: StageMetrics
+    code: ErrorCode | None = None
     error_type: str = ""
     error: str = ""

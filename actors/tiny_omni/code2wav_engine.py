@@ -53,7 +53,7 @@ from transformers.models.qwen3_omni_moe.modeling_qwen3_omni_moe import (
 from omni_actors.actors.engine import CONTEXT_FIELD, Fields
 from omni_actors.actors.tiny_omni import weights
 from omni_actors.actors.torch_engine import TorchEngine, stage_dir
-from omni_actors.errors import OmniError
+from omni_actors.errors import EngineError
 
 __all__ = [
     "Code2WavEngine",
@@ -72,11 +72,11 @@ _ARGS: Final = frozenset({"model", "seed", "cache_dir", "stage", "max_batch", "b
 _INTEGER: Final = frozenset({torch.int64, torch.int32, torch.int16, torch.int8, torch.uint8})
 
 
-class Code2WavInputError(OmniError, ValueError):
+class Code2WavInputError(EngineError, ValueError):
     """An input chunk is not a window of codec frames this decoder can take."""
 
 
-class EngineStoppedError(OmniError):
+class EngineStoppedError(EngineError):
     """The engine is not started, or stopped while the session was still generating."""
 
 

@@ -28,12 +28,13 @@ import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
 import torch
 
 from omni_actors.actors.scripted import ScriptedEngine
 from omni_actors.bench.ideal import IdealTimes, ideal_times
+from omni_actors.protocols.control import EdgeMode
 from omni_actors.protocols.events import Aborted, AudioDelta, Done, SessionError
 from omni_actors.serving.omni_pipeline import OmniPipeline
 from omni_actors.serving.pipeline_spec import DeadlinesSpec, PipelineSpec, load_pipeline
@@ -52,7 +53,7 @@ def default_requests(concurrency: int) -> int:
     return max(3 * concurrency, 20)
 
 
-def bench_spec(mode: Literal["stream", "full"]) -> PipelineSpec:
+def bench_spec(mode: EdgeMode) -> PipelineSpec:
     """The built-in bench pipeline: the ``scripted-omni`` preset with every edge in ``mode``.
 
     A ``full`` edge cannot window codec frames, so the ``full`` variant drops the chunk

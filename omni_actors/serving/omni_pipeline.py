@@ -16,7 +16,7 @@ import asyncio
 import itertools
 from collections.abc import AsyncIterator
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import torch
 
@@ -24,16 +24,18 @@ from omni_actors._actor import Actor
 from omni_actors._props import Props
 from omni_actors._ref import ActorRef
 from omni_actors._system import ActorSystem
-from omni_actors.actors.messages import Inspect, StageState
 from omni_actors.actors.stage import StageActor
 from omni_actors.clock import Clock
-from omni_actors.protocols.events import Event
-from omni_actors.serving.orchestrator import (
+from omni_actors.protocols.control import (
+    Inspect,
     ListSessions,
     ListStages,
-    Orchestrator,
-    pipeline_strategy,
+    StageMessage,
+    StageState,
 )
+from omni_actors.protocols.events import Event
+from omni_actors.protocols.stage import Chunk
+from omni_actors.serving.orchestrator import Orchestrator, OrchestratorMessage, pipeline_strategy
 from omni_actors.serving.pipeline_spec import PipelineSpec, load_pipeline
 from omni_actors.serving.session import Modality, Session, SessionClosedError
 
@@ -67,7 +69,7 @@ class OmniPipeline:
         max_sessions: int = 256,
         system: ActorSystem | None = None,
         stage_classes: dict[str, type[StageActor]] | None = None,
-        interposers: dict[str, tuple[type[Actor[Any]], tuple[Any, ...]]] | None = None,
+        interposers: dict[str, tuple[type[Actor[Chunk]], tuple[Any, ...]]] | None = None,
     ) -> None:
         if max_sessions < 1:
             raise ValueError(f"max_sessions must be >= 1, got {max_sessions}")
@@ -77,7 +79,7 @@ class OmniPipeline:
         self._own_system = system is None
         self._stage_classes = stage_classes
         self._interposers = interposers
-        self._orchestrator: ActorRef[Any] | None = None
+        self._orchestrator: ActorRef[OrchestratorMessage] | None = None
         self._slots = asyncio.Semaphore(max_sessions)
 
     async def __aenter__(self) -> OmniPipeline:
@@ -128,24 +130,24 @@ class OmniPipeline:
         return self._system.clock
 
     @property
-    def orchestrator(self) -> ActorRef[Any]:
+    def orchestrator(self) -> ActorRef[OrchestratorMessage]:
         """The orchestrator's ref (raises if the pipeline is not started)."""
         if self._orchestrator is None:
             raise RuntimeError("the pipeline is not started; use 'async with OmniPipeline(...)'")
         return self._orchestrator
 
     async def live_sessions(self) -> dict[str, list[str]]:
-        """Open sessions by stage, as the orchestrator knows them."""
-        result: dict[str, list[str]] = await self.orchestrator.ask(ListSessions())
-        return result
+        """Open sessions' ids by stage, as the orchestrator knows them."""
+        return await self.orchestrator.ask(ListSessions())
 
-    async def stages(self) -> dict[str, ActorRef[Any]]:
+    async def stages(self) -> dict[str, ActorRef[StageMessage]]:
         """Every stage's ref by name."""
-        result: dict[str, ActorRef[Any]] = await self.orchestrator.ask(ListStages())
-        return result
+        addresses = await self.orchestrator.ask(ListStages())
+        # The protocol names them as addresses; in this process each is an ActorRef.
+        return cast("dict[str, ActorRef[StageMessage]]", addresses)
 
     async def inspect(self, timeout: float = 5.0) -> dict[str, StageState]:
-        """What every stage holds right now (session ids), by stage name."""
+        """What every stage holds right now (its sessions' keys), by stage name."""
         refs = await self.stages()
         states = await asyncio.gather(*(r.ask(Inspect(), timeout=timeout) for r in refs.values()))
         return dict(zip(refs, states, strict=True))

@@ -17,20 +17,28 @@ from typing import Any
 from omni_actors._actor import Actor
 from omni_actors._props import Props
 from omni_actors._ref import ActorRef
-from omni_actors.actors.messages import Deadlines, Target
 from omni_actors.actors.stage import StageActor
 from omni_actors.errors import OmniError
-from omni_actors.protocols.stage import INPUT
+from omni_actors.protocols.control import (
+    Deadlines,
+    ListSessions,
+    ListStages,
+    SessionMessage,
+    StageFailed,
+    StageMessage,
+    Target,
+)
+from omni_actors.protocols.message import Request
+from omni_actors.protocols.stage import INPUT, Chunk, SessionKey
 from omni_actors.serving.pipeline_spec import PipelineSpec
-from omni_actors.serving.session_actor import SessionActor, SessionChannel, StageFailed, StagePlan
+from omni_actors.serving.session_actor import SessionActor, SessionChannel, StagePlan
 from omni_actors.signals import ChildFailed, Terminated
 from omni_actors.supervision import Backoff, SupervisorStrategy
 
 __all__ = [
     "Admitted",
-    "ListSessions",
-    "ListStages",
     "Orchestrator",
+    "OrchestratorMessage",
     "SessionExistsError",
     "StartSession",
     "pipeline_strategy",
@@ -40,12 +48,28 @@ log = logging.getLogger(__name__)
 
 
 class SessionExistsError(OmniError, ValueError):
-    """A session id is already in use on this pipeline."""
+    """A session id is already in use on this pipeline (the caller should pick another)."""
+
+    code = "admission"
 
 
 @dataclass(frozen=True, slots=True)
-class StartSession:
-    """Admit a session; the reply is the session actor's ref, or an ``OmniError``.
+class Admitted:
+    """Reply to :class:`StartSession`: the session's actor, its entry stage, its key."""
+
+    session: ActorRef[SessionMessage]
+    entry: ActorRef[Chunk]
+    key: SessionKey
+
+
+@dataclass(frozen=True, slots=True)
+class StartSession(Request[Admitted | OmniError]):
+    """Caller → orchestrator: admit a session (``omni_actors.protocols.control``, step 1).
+
+    The reply is :class:`Admitted`, or the ``OmniError`` that refused it. It is no
+    protocol message because it carries the caller's :class:`SessionChannel`, an object
+    of the caller's process: the orchestrator and the session actors always run there,
+    and so does this message (and its reply).
 
     Attributes:
         session: the id (unique among live sessions).
@@ -64,23 +88,8 @@ class StartSession:
     channel: SessionChannel
 
 
-@dataclass(frozen=True, slots=True)
-class Admitted:
-    """Reply to :class:`StartSession`: the session's actor and the stage its input enters."""
-
-    session: ActorRef[Any]
-    entry: ActorRef[Any]
-    key: str
-
-
-@dataclass(frozen=True, slots=True)
-class ListSessions:
-    """Reply: live session ids by stage (sessions whose path includes that stage)."""
-
-
-@dataclass(frozen=True, slots=True)
-class ListStages:
-    """Reply: every stage actor's ref by actor name (replicas are ``<stage>-<i>``)."""
+OrchestratorMessage = StartSession | ListSessions | ListStages | Terminated | ChildFailed
+"""Every message the orchestrator accepts."""
 
 
 def pipeline_strategy(spec: PipelineSpec) -> SupervisorStrategy:
@@ -101,7 +110,7 @@ def pipeline_strategy(spec: PipelineSpec) -> SupervisorStrategy:
     )
 
 
-class Orchestrator(Actor[StartSession | ListSessions | ListStages | Terminated | ChildFailed]):
+class Orchestrator(Actor[OrchestratorMessage]):
     """See the module docstring.
 
     Args:
@@ -117,7 +126,7 @@ class Orchestrator(Actor[StartSession | ListSessions | ListStages | Terminated |
         self,
         spec: PipelineSpec,
         stage_classes: dict[str, type[StageActor]] | None = None,
-        interposers: dict[str, tuple[type[Actor[Any]], tuple[Any, ...]]] | None = None,
+        interposers: dict[str, tuple[type[Actor[Chunk]], tuple[Any, ...]]] | None = None,
     ) -> None:
         self.spec = spec
         self.stage_classes = stage_classes or {}
@@ -125,11 +134,12 @@ class Orchestrator(Actor[StartSession | ListSessions | ListStages | Terminated |
         # Replica actors by stage; a replica's actor name is the stage name, suffixed
         # with its index when the stage has several.
         self.replicas: dict[str, list[str]] = {}
-        self.stages: dict[str, ActorRef[Any]] = {}  # by actor name
+        self.stages: dict[str, ActorRef[StageMessage]] = {}  # by actor name
         self.load: dict[str, int] = {}  # live sessions by actor name
-        self.edge_refs: dict[tuple[str, str], ActorRef[Any]] = {}
-        self.sessions: dict[str, tuple[ActorRef[Any], list[str]]] = {}
-        self.by_ref: dict[ActorRef[Any], str] = {}
+        self.edge_refs: dict[tuple[str, str], ActorRef[Chunk]] = {}
+        # Live sessions by the caller's id: the session actor and the stage actors used.
+        self.sessions: dict[str, tuple[ActorRef[SessionMessage], list[str]]] = {}
+        self.by_ref: dict[ActorRef[SessionMessage], str] = {}
         self._keys = itertools.count(1)
         deadlines = spec.deadlines
         self.deadlines = Deadlines(
@@ -143,7 +153,7 @@ class Orchestrator(Actor[StartSession | ListSessions | ListStages | Terminated |
         """Spawn every stage's replicas (at once: worker processes start in parallel),
         then the harness's interposers."""
         ctx = self.context
-        spawns: dict[str, asyncio.Task[ActorRef[Any]]] = {}
+        spawns: dict[str, asyncio.Task[ActorRef[StageMessage]]] = {}
         try:
             async with asyncio.TaskGroup() as group:  # one failure cancels the other spawns
                 for name in self.spec.stages_order():
@@ -189,9 +199,7 @@ class Orchestrator(Actor[StartSession | ListSessions | ListStages | Terminated |
                     cls_, self.stages[to], *args, name=f"edge-{source}-{to}"
                 )
 
-    async def receive(
-        self, message: StartSession | ListSessions | ListStages | Terminated | ChildFailed
-    ) -> Any:
+    async def receive(self, message: OrchestratorMessage) -> Any:
         """Admit sessions, forget ended ones, fail sessions of a failed stage."""
         match message:
             case StartSession():
@@ -216,13 +224,16 @@ class Orchestrator(Actor[StartSession | ListSessions | ListStages | Terminated |
 
     async def _start(self, request: StartSession) -> Admitted | OmniError:
         if request.session in self.sessions:
-            return SessionExistsError(f"session id {request.session!r} is already in use")
+            return SessionExistsError(
+                f"session id {request.session!r} is already in use; "
+                "pick another id, or wait for that session to end"
+            )
         path = self.spec.stages_for(text=request.text, audio=request.audio)
         # Each stage's least loaded replica serves the session for its whole life.
         chosen = {name: min(self.replicas[name], key=self.load.__getitem__) for name in path}
         plan = self._plan(chosen, text=request.text, audio=request.audio)
         n = next(self._keys)
-        key = f"{request.session}#{n}"
+        key = SessionKey(f"{request.session}#{n}")
         ref = await self.context.spawn(
             SessionActor,
             request.session,
@@ -243,7 +254,7 @@ class Orchestrator(Actor[StartSession | ListSessions | ListStages | Terminated |
         entry = self.spec.entry_stage
         return Admitted(ref, self._ref(INPUT, entry, chosen[entry]), key)
 
-    def _ref(self, source: str, stage: str, actor: str) -> ActorRef[Any]:
+    def _ref(self, source: str, stage: str, actor: str) -> ActorRef[Chunk]:
         """Where ``source`` sends to ``stage``: its replica, or the harness's interposer."""
         return self.edge_refs.get((source, stage), self.stages[actor])
 
@@ -288,7 +299,7 @@ class Orchestrator(Actor[StartSession | ListSessions | ListStages | Terminated |
         hit = [sref for sref, path in self.sessions.values() if actor in path]
         log.warning("stage %s failed (%r); failing %d session(s) on it", actor, reason, len(hit))
         where = f"replica {actor}: " if actor != stage else ""
-        failed = StageFailed(stage, f"{where}{type(reason).__name__}: {reason}")
+        failed = StageFailed(stage=stage, error=f"{where}{type(reason).__name__}: {reason}")
         results = await asyncio.gather(*(s.tell(failed) for s in hit), return_exceptions=True)
         for result in results:
             if isinstance(result, BaseException):

@@ -18,6 +18,8 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from omni_actors.errors import OmniError
+from omni_actors.protocols.control import AccumulateRule, EdgeMode
+from omni_actors.supervision import RestartType
 
 __all__ = [
     "ChunkPolicySpec",
@@ -54,7 +56,7 @@ class EngineSpec(_Spec):
 class SupervisionSpec(_Spec):
     """How a stage is restarted when it fails."""
 
-    restart: Literal["permanent", "transient", "temporary"] = "permanent"
+    restart: RestartType = "permanent"
     max_restarts: int = Field(3, ge=0)
     period_s: float = Field(5.0, gt=0)
     backoff_min_s: float = Field(0.05, ge=0)
@@ -69,7 +71,7 @@ class StageSpec(_Spec):
     process: bool = False
     replicas: int = Field(1, ge=1, le=64)
     supervision: SupervisionSpec = SupervisionSpec()
-    accumulate: dict[str, Literal["concat", "replace"]] = Field(default_factory=dict)
+    accumulate: dict[str, AccumulateRule] = Field(default_factory=dict)
 
 
 class ChunkPolicySpec(_Spec):
@@ -85,7 +87,7 @@ class EdgeSpec(_Spec):
 
     source: str = Field(alias="from")
     to: str
-    mode: Literal["stream", "full"] = "stream"
+    mode: EdgeMode = "stream"
     fields: tuple[str, ...] = Field(min_length=1)
     chunk_policy: ChunkPolicySpec | None = None
 

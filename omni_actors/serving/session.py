@@ -14,17 +14,18 @@ import contextlib
 import time
 import uuid
 from collections.abc import AsyncIterator, Mapping
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Literal
 
 import torch
 
 from omni_actors._ref import ActorRef
 from omni_actors.clock import TimerHandle, timeout_at
 from omni_actors.errors import OmniError
+from omni_actors.protocols.control import AbortSession, OpenSession, SessionMessage
 from omni_actors.protocols.events import TERMINAL, Aborted, Event, SegmentDone, SessionError
-from omni_actors.protocols.stage import INPUT, Chunk, End, split_fields
+from omni_actors.protocols.stage import INPUT, Chunk, End, SessionKey, split_fields
 from omni_actors.serving.orchestrator import StartSession
-from omni_actors.serving.session_actor import AbortSession, OpenSession, SessionChannel
+from omni_actors.serving.session_actor import SessionChannel
 
 if TYPE_CHECKING:
     from omni_actors.serving.omni_pipeline import OmniPipeline
@@ -66,9 +67,9 @@ class Session:
         self.modalities = modalities
         self.resumable = resumable
         self.channel = SessionChannel(sample_rate=pipeline.spec.outputs.sample_rate)
-        self._ref: ActorRef[Any] | None = None
-        self._key = ""  # the session's key on the stages (the id plus an admission count)
-        self._entry: ActorRef[Any] | None = None
+        self._ref: ActorRef[SessionMessage] | None = None
+        self._key = SessionKey("")  # the session's key on the stages, once admitted
+        self._entry: ActorRef[Chunk] | None = None
         self._seq = 0
         self._segment = 0
         self._slot = False
@@ -117,17 +118,15 @@ class Session:
             )
             if isinstance(reply, OmniError):
                 return self._closed(
-                    SessionError(session=self.id, code="admission", message=str(reply))
+                    SessionError(session=self.id, code=reply.code, message=str(reply))
                 )
             self._ref, self._entry, self._key = reply.session, reply.entry, reply.key
-            error: SessionError | None = await reply.session.ask(
+            error = await reply.session.ask(
                 OpenSession(), timeout=max(0.001, admission_deadline - clock.now()) + _GRACE_S
             )
         except (OmniError, TimeoutError) as exc:
             if not isinstance(exc, TimeoutError):  # the pipeline itself has stopped
-                return self._closed(
-                    SessionError(session=self.id, code="internal", message=str(exc))
-                )
+                return self._closed(SessionError(session=self.id, code=exc.code, message=str(exc)))
             return self._closed(
                 SessionError(
                     session=self.id,
@@ -173,7 +172,7 @@ class Session:
             # from the call (admission and prewarm included).
             self.channel.starts[self._segment] = time.monotonic()
         chunk = Chunk(
-            session=self._key,
+            key=self._key,
             source=INPUT,
             seq=self._seq,
             tensors=tensors,
@@ -197,8 +196,9 @@ class Session:
     async def abort(self, reason: str = "aborted by the caller") -> None:
         """End the session now on every stage; the event stream ends with ``Aborted``.
 
-        The caller's stream ends at once; this returns once every stage has freed the
-        session (or its session actor is gone).
+        The caller's stream ends at once; this returns once every stage has dropped the
+        session (or its session actor is gone). Each stage's engine frees its state in
+        the background, in the session's own task: a slow engine abort holds up nobody.
         """
         if self.channel.end(Aborted(session=self.id, reason=reason)):
             await self._abort_stages(reason)
@@ -207,7 +207,7 @@ class Session:
         if self._ref is not None:
             # If the session actor is gone, so is the session.
             with contextlib.suppress(OmniError):
-                await self._ref.ask(AbortSession(reason), timeout=_ABORT_TIMEOUT_S)
+                await self._ref.ask(AbortSession(reason=reason), timeout=_ABORT_TIMEOUT_S)
 
     async def close(self) -> None:
         """Abort if not ended; give the admission slot back."""

@@ -5,7 +5,9 @@ receives the output stages' chunks and turns them into events for the caller, co
 each stage's report, and ends the session — ``Done``, ``SessionError`` or ``Aborted`` —
 telling every stage to free what it holds when the session did not finish normally.
 Events go into a :class:`SessionChannel` the caller reads; the channel is local to the
-caller's process, so this actor always runs there.
+caller's process, so this actor always runs there. Its messages, and the stages', are in
+``omni_actors.protocols.control``; the stages know the session by its ``SessionKey``,
+the caller's events by its id.
 """
 
 from __future__ import annotations
@@ -17,63 +19,47 @@ from collections import deque
 from dataclasses import dataclass
 from typing import Any
 
-import msgspec
-
 from omni_actors._actor import Actor
 from omni_actors._mailbox import MailboxConfig
 from omni_actors._ref import ActorRef
 from omni_actors.actors.accumulate import ChunkGapError, ChunkSequence
-from omni_actors.actors.messages import Abort, Deadlines, Prewarm, Target
+from omni_actors.errors import qualified_name
+from omni_actors.protocols.control import (
+    Abort,
+    AbortSession,
+    Deadlines,
+    OpenSession,
+    Prewarm,
+    SessionMessage,
+    StageFailed,
+    StageMessage,
+    Target,
+)
+from omni_actors.protocols.error_code import ErrorCode
 from omni_actors.protocols.events import (
     Aborted,
     AudioDelta,
     Done,
-    ErrorCode,
     Event,
     SegmentDone,
     SessionError,
     SessionMetrics,
     TextDelta,
 )
-from omni_actors.protocols.stage import Chunk, StageMetrics, StageReport
-from omni_actors.signals import ControlMessage
+from omni_actors.protocols.stage import Chunk, SessionKey, StageMetrics, StageReport
 
-__all__ = [
-    "AbortSession",
-    "OpenSession",
-    "SessionActor",
-    "SessionChannel",
-    "StageFailed",
-    "StagePlan",
-]
+__all__ = ["SessionActor", "SessionChannel", "StagePlan"]
 
 log = logging.getLogger(__name__)
 
 _ABORT_TIMEOUT = 5.0
 
 
-class OpenSession(msgspec.Struct, tag="open-session", frozen=True):
-    """Prewarm every stage on the path; the reply is ``None`` or a ``SessionError``."""
-
-
-class AbortSession(msgspec.Struct, ControlMessage, tag="abort-session", frozen=True):
-    """End the session now: every stage frees it, the caller gets ``Aborted``."""
-
-    reason: str
-
-
-class StageFailed(msgspec.Struct, ControlMessage, tag="stage-failed", frozen=True):
-    """From the orchestrator: ``stage`` crashed, and this session's state on it is lost."""
-
-    stage: str
-    error: str
-
-
 @dataclass(frozen=True, slots=True)
 class StagePlan:
     """What one stage on a session's path needs at prewarm, and its ref."""
 
-    ref: ActorRef[Any]
+    ref: ActorRef[StageMessage]
     sources: tuple[str, ...]
     targets: tuple[Target, ...]
     emit: tuple[str, ...]
@@ -127,19 +113,12 @@ class SessionChannel:
         return self._events.popleft()
 
 
-_CODES: dict[str, ErrorCode] = {
-    "DeadlineExceededError": "timeout",
-    "ChunkGapError": "chunk_gap",
-}
-
-
-class SessionActor(Actor[OpenSession | Chunk | StageReport | AbortSession | StageFailed]):
+class SessionActor(Actor[SessionMessage]):
     """See the module docstring.
 
     Args:
-        session: the session id the caller knows (in every event).
-        key: the session's key on the stages, unique for the pipeline's life, so a
-            caller may reuse an id without meeting the state of its earlier session.
+        session: the session's id, chosen by its caller (in every event).
+        key: the session's key on the stages (see ``SessionKey``).
         plan: the stages on the path, in topological order, with their prewarm plans.
         deadlines: the session's deadlines, passed to every stage.
         resumable: the caller sends input in segments.
@@ -152,7 +131,7 @@ class SessionActor(Actor[OpenSession | Chunk | StageReport | AbortSession | Stag
     def __init__(
         self,
         session: str,
-        key: str,
+        key: SessionKey,
         plan: dict[str, StagePlan],
         deadlines: Deadlines,
         resumable: bool,
@@ -179,15 +158,13 @@ class SessionActor(Actor[OpenSession | Chunk | StageReport | AbortSession | Stag
         self.audio_samples = 0
         self.reports = {}
 
-    async def receive(
-        self, message: OpenSession | Chunk | StageReport | AbortSession | StageFailed
-    ) -> Any:
+    async def receive(self, message: SessionMessage) -> Any:
         """Handle one message; see the module docstring."""
         match message:
             case Chunk():
                 gap = self._output(message)
                 if gap is not None:
-                    await self._fail("chunk_gap", str(gap), message.source, "ChunkGapError")
+                    await self._fail(gap.code, str(gap), message.source, qualified_name(gap))
             case StageReport():
                 await self._report(message)
             case OpenSession():
@@ -219,7 +196,7 @@ class SessionActor(Actor[OpenSession | Chunk | StageReport | AbortSession | Stag
         asks = [
             p.ref.ask(
                 Prewarm(
-                    session=self.key,
+                    key=self.key,
                     owner=owner,
                     sources=p.sources,
                     targets=p.targets,
@@ -236,13 +213,14 @@ class SessionActor(Actor[OpenSession | Chunk | StageReport | AbortSession | Stag
             if result is False:
                 result = RuntimeError("the stage refused it (session aborted or already open)")
             if isinstance(result, BaseException):
+                # The phase says what failed: the deadline of admission, or the stage.
                 code: ErrorCode = "admission" if isinstance(result, TimeoutError) else "prewarm"
                 error = SessionError(
                     session=self.id,
                     code=code,
                     message=f"prewarm of stage {stage} failed: {result}",
                     stage=stage,
-                    error_type=type(result).__qualname__,
+                    error_type=qualified_name(result),
                 )
                 await self._end(error)
                 return error
@@ -278,7 +256,7 @@ class SessionActor(Actor[OpenSession | Chunk | StageReport | AbortSession | Stag
 
     async def _report(self, report: StageReport) -> None:
         if report.end == "error":
-            code = _CODES.get(report.error_type.rpartition(":")[2], "engine_error")
+            code = report.code if report.code is not None else "internal"
             await self._fail(code, report.error, report.stage, report.error_type)
             return
         self.reports[report.stage] = report.metrics
@@ -334,7 +312,7 @@ class SessionActor(Actor[OpenSession | Chunk | StageReport | AbortSession | Stag
         if abort:
             reason = getattr(event, "reason", "") or getattr(event, "message", "")
             asks = [
-                p.ref.ask(Abort(self.key, reason), timeout=_ABORT_TIMEOUT)
+                p.ref.ask(Abort(key=self.key, reason=reason), timeout=_ABORT_TIMEOUT)
                 for p in self.plan.values()
             ]
             for stage, result in zip(

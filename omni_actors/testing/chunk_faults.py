@@ -15,7 +15,7 @@ from typing import Any
 from omni_actors._actor import Actor
 from omni_actors._ref import ActorRef
 from omni_actors.actors.stage import StageActor
-from omni_actors.protocols.stage import Chunk
+from omni_actors.protocols.stage import Chunk, SessionKey
 from omni_actors.testing.faults import crash_after
 
 __all__ = ["ChunkFaults", "FaultyEdge", "PipelineFaults"]
@@ -41,10 +41,10 @@ class ChunkFaults:
 class FaultyEdge(Actor[Chunk]):
     """Sits between two stages and applies :class:`ChunkFaults` to what passes."""
 
-    def __init__(self, target: ActorRef[Any], faults: ChunkFaults) -> None:
+    def __init__(self, target: ActorRef[Chunk], faults: ChunkFaults) -> None:
         self.target = target
         self.faults = faults
-        self.held: dict[str, Chunk] = {}
+        self.held: dict[SessionKey, Chunk] = {}
 
     async def receive(self, message: Chunk) -> None:
         """Forward ``message`` with the declared faults."""
@@ -54,12 +54,12 @@ class FaultyEdge(Actor[Chunk]):
         if message.seq in faults.drop:
             return
         if message.seq in faults.swap and not message.end:
-            self.held[message.session] = message
+            self.held[message.key] = message
             return
         await self.target.tell(message)
         if message.seq in faults.duplicate:
             await self.target.tell(message)
-        held = self.held.pop(message.session, None)
+        held = self.held.pop(message.key, None)
         if held is not None:
             await self.target.tell(held)
 

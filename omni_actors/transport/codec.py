@@ -24,6 +24,7 @@ import torch
 
 from omni_actors import ActorRef
 from omni_actors.errors import ProtocolError
+from omni_actors.protocols.address import ActorAddress
 from omni_actors.protocols.tensors import LIB_NUMPY, LIB_TORCH, TensorDesc
 from omni_actors.protocols.wire import RefDesc
 
@@ -275,7 +276,8 @@ class Decoder(Generic[T]):
             except msgspec.ValidationError as exc:
                 raise ProtocolError(f"bad tensor descriptor: {exc}") from None
             return self._tensor(desc, want=LIB_TORCH if type_ is torch.Tensor else LIB_NUMPY)
-        if type_ is ActorRef or typing.get_origin(type_) is ActorRef:
+        origin = typing.get_origin(type_) or type_
+        if isinstance(origin, type) and issubclass(origin, ActorAddress):  # ActorRef too
             if self.ref_hook is None:
                 raise ProtocolError("an actor ref arrived where refs cannot be resolved")
             try:

@@ -10,10 +10,10 @@ from typing import Any
 import pytest
 import torch
 
-from omni_actors.actors.messages import Abort, Deadlines, Inspect, Prewarm
 from omni_actors.actors.scripted import ScriptedEngine
 from omni_actors.actors.stage import StageActor
-from omni_actors.protocols.stage import INPUT, Chunk, StageReport
+from omni_actors.protocols.control import Abort, Deadlines, Inspect, Prewarm
+from omni_actors.protocols.stage import INPUT, Chunk, SessionKey, StageReport
 from omni_actors.testing import ActorTestKit, TestProbe
 
 DEADLINES = Deadlines(first_chunk_s=5, inter_chunk_s=5, idle_s=5, total_s=10)
@@ -51,13 +51,17 @@ class GatedStage(StageActor):
 
 def prewarm(owner: TestProbe, session: str) -> Prewarm:
     return Prewarm(
-        session=session, owner=owner.ref, sources=(INPUT,), emit=("text",), deadlines=DEADLINES
+        key=SessionKey(session),
+        owner=owner.ref,
+        sources=(INPUT,),
+        emit=("text",),
+        deadlines=DEADLINES,
     )
 
 
 def chunk(session: str, seq: int, end: str = "") -> Chunk:
     return Chunk(
-        session=session,
+        key=SessionKey(session),
         source=INPUT,
         seq=seq,
         tensors={"hidden": torch.zeros(1, 4)},
@@ -78,7 +82,9 @@ async def test_a_slow_abort_does_not_hold_up_another_session_on_the_stage() -> N
             await stage.tell(chunk("b", 0))
             await aborted.expect_message(Chunk)
 
-            await stage.tell(Abort("b", "barge-in"))  # its engine abort now hangs on gate
+            await stage.tell(
+                Abort(key=SessionKey("b"), reason="barge-in")
+            )  # its engine abort now hangs on gate
             await kit.eventually(lambda: aborts == ["b"], what="the engine's abort began")
 
             # Session a keeps streaming and finishes while b's abort is still pending.
@@ -91,7 +97,7 @@ async def test_a_slow_abort_does_not_hold_up_another_session_on_the_stage() -> N
             assert report.end == "finished"
             assert not gate.is_set()
             # The aborted session is still held until its engine has freed it.
-            assert (await stage.ask(Inspect())).sessions == ["b"]
+            assert (await stage.ask(Inspect())).keys == ["b"]
         finally:
             gate.set()
         await kit.eventually(_held_nothing(stage), what="b freed")
@@ -100,7 +106,7 @@ async def test_a_slow_abort_does_not_hold_up_another_session_on_the_stage() -> N
 
 def _held_nothing(stage: Any) -> Any:
     async def check() -> bool:
-        return (await stage.ask(Inspect())).sessions == []
+        return (await stage.ask(Inspect())).keys == []
 
     return check
 
@@ -143,7 +149,7 @@ async def test_each_session_is_aborted_on_the_engine_exactly_once() -> None:
         for session in ("aborted", "stopped"):
             await stage.tell(chunk(session, 0))
         await owner.receive_messages(2)  # each one's first output: both are generating
-        await stage.ask(Abort("aborted"))
+        await stage.ask(Abort(key=SessionKey("aborted")))
         await kit.eventually(_held_only(stage, ["done", "stopped"]), what="aborted freed")
         await stage.tell(chunk("done", 0, end="finished"))
         # done's two outputs (the second is 30 s away): abort it by stopping the stage.
@@ -154,7 +160,7 @@ async def test_each_session_is_aborted_on_the_engine_exactly_once() -> None:
 
 def _held_only(stage: Any, sessions: list[str]) -> Any:
     async def check() -> bool:
-        return (await stage.ask(Inspect())).sessions == sessions
+        return (await stage.ask(Inspect())).keys == sessions
 
     return check
 
@@ -168,7 +174,7 @@ async def test_a_finished_session_is_released_not_aborted() -> None:
         await stage.tell(chunk("s", 0, end="finished"))
         await owner.receive_messages(2)
         assert (await owner.expect_message(StageReport)).end == "finished"
-        await stage.ask(Abort("s"))  # after the end: nothing left to abort
+        await stage.ask(Abort(key=SessionKey("s")))  # after the end: nothing left to abort
         await kit.eventually(_held_nothing(stage))
     assert calls == [("release", "s")]
 

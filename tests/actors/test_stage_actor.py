@@ -4,18 +4,21 @@ from __future__ import annotations
 
 import torch
 
-from omni_actors.actors.messages import Abort, Deadlines, Inspect, Prewarm, StageState, Target
 from omni_actors.actors.stage import StageActor
-from omni_actors.protocols.stage import INPUT, Chunk, StageReport
+from omni_actors.protocols.control import Abort, Deadlines, Inspect, Prewarm, StageState, Target
+from omni_actors.protocols.stage import INPUT, Chunk, SessionKey, StageReport
 from omni_actors.testing import ActorTestKit, TestProbe
 
 DEADLINES = Deadlines(first_chunk_s=5, inter_chunk_s=5, idle_s=5, total_s=10)
 TALKER = {"outputs_per_input": 2, "fields": ["codes"]}
 
 
-def prewarm(owner: TestProbe, session: str = "s", **kw: object) -> Prewarm:
+S = SessionKey("s")
+
+
+def prewarm(owner: TestProbe, key: SessionKey = S, **kw: object) -> Prewarm:
     return Prewarm(
-        session=session,
+        key=key,
         owner=owner.ref,
         sources=(INPUT,),
         deadlines=DEADLINES,
@@ -25,7 +28,7 @@ def prewarm(owner: TestProbe, session: str = "s", **kw: object) -> Prewarm:
 
 def chunk(seq: int, rows: int = 1, end: str = "", source: str = INPUT) -> Chunk:
     return Chunk(
-        session="s",
+        key=S,
         source=source,
         seq=seq,
         tensors={"hidden": torch.zeros(rows, 4)} if rows else {},
@@ -49,7 +52,7 @@ async def test_outputs_stream_to_the_owner_then_a_report() -> None:
         assert report.end == "finished"
         assert report.metrics.outputs == 4
         assert report.metrics.chunks_in == 2
-        assert await stage.ask(Inspect()) == StageState(stage="talker", sessions=[])
+        assert await stage.ask(Inspect()) == StageState(stage="talker", keys=[])
 
 
 async def test_a_windowed_target_gets_frames_with_left_context() -> None:
@@ -72,9 +75,9 @@ async def test_an_aborted_session_is_never_allocated_by_a_late_prewarm() -> None
     async with ActorTestKit() as kit:
         owner = await kit.create_probe()
         stage = await kit.spawn(StageActor, "talker", "scripted", TALKER)
-        assert await stage.ask(Abort("s", "cancelled")) is True
+        assert await stage.ask(Abort(key=S, reason="cancelled")) is True
         assert await stage.ask(prewarm(owner)) is False
-        assert await stage.ask(Inspect()) == StageState(stage="talker", sessions=[])
+        assert await stage.ask(Inspect()) == StageState(stage="talker", keys=[])
 
 
 async def test_a_duplicate_prewarm_is_refused_without_crashing_the_stage() -> None:
@@ -84,9 +87,9 @@ async def test_a_duplicate_prewarm_is_refused_without_crashing_the_stage() -> No
         assert await stage.ask(prewarm(owner)) is True
         assert await stage.ask(prewarm(owner)) is False
         assert stage.is_alive
-        assert (await stage.ask(Inspect())).sessions == ["s"]
-        await stage.ask(Abort("s"))
-        assert (await stage.ask(Inspect())).sessions == []
+        assert (await stage.ask(Inspect())).keys == ["s"]
+        await stage.ask(Abort(key=S))
+        assert (await stage.ask(Inspect())).keys == []
 
 
 async def test_a_chunk_from_a_stream_off_the_path_fails_the_session() -> None:
@@ -99,7 +102,8 @@ async def test_a_chunk_from_a_stream_off_the_path_fails_the_session() -> None:
         assert report.end == "error"
         assert "intruder" in report.error
         assert "ProtocolError" in report.error_type
-        assert (await stage.ask(Inspect())).sessions == []
+        assert report.code == "internal"
+        assert (await stage.ask(Inspect())).keys == []
 
 
 async def test_an_unknown_engine_kind_fails_the_spawn_with_a_clear_error() -> None:

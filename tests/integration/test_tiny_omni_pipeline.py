@@ -55,7 +55,7 @@ def done(events: list[Event]) -> Done:
 
 async def nothing_held(omni: OmniPipeline, timeout: float = 5.0) -> None:
     async def check() -> None:
-        held = {n: s.sessions for n, s in (await omni.inspect()).items() if s.sessions}
+        held = {n: s.keys for n, s in (await omni.inspect()).items() if s.keys}
         live = {n: ids for n, ids in (await omni.live_sessions()).items() if ids}
         engines = {
             name: sorted(getattr(instance.engine, "active_sessions", ()))

@@ -107,7 +107,7 @@ async def assert_nothing_held(omni: OmniPipeline, timeout: float = 5.0) -> None:
 
     async def nothing_held() -> None:
         live = await omni.live_sessions()
-        held = {name: state.sessions for name, state in (await omni.inspect()).items()}
+        held = {name: state.keys for name, state in (await omni.inspect()).items()}
         engines = {
             name: sorted(engine.active_sessions)
             for name, ref in (await omni.stages()).items()

@@ -25,7 +25,7 @@ async def wait_prewarmed(omni: OmniPipeline, stages: int = 3) -> None:
 
     async def prewarmed() -> bool:
         held = await omni.inspect()
-        return sum(1 for state in held.values() if state.sessions) >= stages
+        return sum(1 for state in held.values() if state.keys) >= stages
 
     await eventually(prewarmed, what=f"a session prewarmed on {stages} stages")
 

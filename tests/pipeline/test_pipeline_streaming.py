@@ -10,8 +10,8 @@ import pytest
 import torch
 from pipeline_helpers import assert_nothing_held, collect, done, make_spec, samples_of, text_of
 
-from omni_actors.actors.messages import Prewarm
 from omni_actors.actors.stage import StageActor
+from omni_actors.protocols.control import Prewarm
 from omni_actors.protocols.events import AudioDelta, Done, SegmentDone, TextDelta
 from omni_actors.protocols.stage import Chunk
 from omni_actors.serving.omni_pipeline import OmniPipeline, SessionClosedError
@@ -76,7 +76,7 @@ async def test_every_stage_is_prewarmed_before_any_input() -> None:
             assert CHUNKS == {}
             held = await omni.inspect()
             # stages know a session by its key: the id plus an admission count
-            assert all(state.sessions == [f"{session.id}#1"] for state in held.values())
+            assert all(state.keys == [f"{session.id}#1"] for state in held.values())
             await session.send(text="hi")
             await session.finish()
             events = [e async for e in session]

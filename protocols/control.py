@@ -1,0 +1,222 @@
+"""The control plane: how a session is admitted, prewarmed, fed, ended and aborted.
+
+The actors: the caller's ``Session`` handle, the pipeline's ``Orchestrator``, one
+``SessionActor`` per session (the session's *owner*, always in the caller's process) and
+the ``StageActor`` of each stage (possibly in worker processes). A session's life:
+
+1. **Admission** — the caller asks the orchestrator to ``StartSession``; it picks the
+   stages on the request's path (text only: no audio stage), spawns the session actor
+   and replies with it, the entry stage and the session's :data:`SessionKey`.
+   ``StartSession`` carries the caller's event channel, a process-local object, so it
+   lives beside the orchestrator (``omni_actors.serving.orchestrator``), not here.
+2. **Prewarm** — the caller asks its session actor to :class:`OpenSession`; the session
+   actor asks every stage on the path to :class:`Prewarm` (where to send outputs:
+   :class:`Target`; how long each wait may last: :class:`Deadlines`). Once every stage
+   has answered, each holds the session's state and waits for its input.
+3. **Chunks** — the caller sends chunks (:class:`~omni_actors.protocols.stage.Chunk`) to
+   the entry stage; each stage streams its outputs to its targets, and the fields the caller
+   wants (``text``, ``audio``) to the session actor, which turns them into events
+   (:mod:`omni_actors.protocols.events`). The data plane never passes through the
+   orchestrator.
+4. **Segment ends** — every stage sends a
+   :class:`~omni_actors.protocols.stage.StageReport` to the session actor when a segment
+   ends; once all have, the caller gets ``SegmentDone`` (the session stays open) or
+   ``Done``.
+5. **Abort** — the caller sends :class:`AbortSession`, or something fails (a stage's
+   error report, a deadline, the orchestrator's :class:`StageFailed` when a stage
+   crashes): the session actor ends the caller's stream and asks every stage to
+   :class:`Abort`, which frees the session there.
+
+:class:`Inspect`, :class:`ListSessions` and :class:`ListStages` ask what is held where
+(health, leak checks). The control messages (``Abort``, ``AbortSession``,
+``StageFailed``: ``ControlMessage``) overtake queued chunks; a ``Request[R]`` is
+answered with an ``R``.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+import msgspec
+
+from omni_actors.protocols.address import ActorAddress
+from omni_actors.protocols.events import SessionError
+from omni_actors.protocols.message import ControlMessage, Request
+from omni_actors.protocols.stage import Chunk, SessionKey, StageReport
+
+__all__ = [
+    "Abort",
+    "AbortSession",
+    "AccumulateRule",
+    "Deadlines",
+    "EdgeMode",
+    "Inspect",
+    "ListSessions",
+    "ListStages",
+    "OpenSession",
+    "Prewarm",
+    "SessionMessage",
+    "StageFailed",
+    "StageMessage",
+    "StageState",
+    "Target",
+]
+
+EdgeMode = Literal["stream", "full"]
+"""How an edge delivers: ``stream`` (each output as produced) or ``full`` (one payload,
+the outputs merged by the receiver's accumulate rules, when the segment ends)."""
+
+AccumulateRule = Literal["concat", "replace"]
+"""How successive values of a field combine: ``concat`` (along dim 0, or text appended)
+or ``replace`` (only the latest matters)."""
+
+
+# -- to a stage --------------------------------------------------------------------------
+
+
+class Deadlines(msgspec.Struct, frozen=True, kw_only=True):
+    """Seconds a stage may wait for a session's input before the session fails.
+
+    Attributes:
+        first_chunk_s: for the first chunk of a segment of a one-shot session.
+        inter_chunk_s: between two chunks of a segment.
+        idle_s: for the first chunk of a segment of a resumable session (its caller
+            decides when to speak).
+        total_s: the session's whole life on this stage.
+    """
+
+    first_chunk_s: float
+    inter_chunk_s: float
+    idle_s: float
+    total_s: float
+
+
+class Target(msgspec.Struct, frozen=True, kw_only=True):
+    """Where a stage sends a session's outputs: one downstream stage.
+
+    Attributes:
+        stage: the receiver's name (used for metrics and messages).
+        ref: the receiver.
+        mode: see :data:`EdgeMode`.
+        fields: which output fields travel on this edge.
+        window: ``(initial_frames, frames, left_context)`` when the edge windows codec
+            frames through a ``ChunkPolicy`` (stream edges with one tensor field).
+        accumulate: the receiver's per-field rules, for ``full`` edges.
+    """
+
+    stage: str
+    ref: ActorAddress[Chunk]
+    mode: EdgeMode
+    fields: tuple[str, ...]
+    window: tuple[int, int, int] | None = None
+    accumulate: dict[str, AccumulateRule] = {}
+
+
+class Prewarm(msgspec.Struct, Request[bool], tag="prewarm", frozen=True, kw_only=True):
+    """Session actor → stage: allocate the session's state and wait for its input.
+
+    The reply is True, or False if the stage refuses (the session was aborted before the
+    prewarm arrived, or is already open there).
+
+    Attributes:
+        key: the session's key on the stages.
+        owner: the session's actor: it receives output chunks for the caller and every
+            ``StageReport``.
+        sources: the streams this stage reads for the session (upstream stage names, or
+            ``input`` for the entry stage); a segment ends when all of them end it.
+        targets: downstream stages on the session's path (others are skipped).
+        emit: output fields the owner receives (``text``, ``audio``).
+        resumable: the input comes in segments (deadline between segments: ``idle_s``).
+        deadlines: how long each wait may last.
+    """
+
+    key: SessionKey
+    owner: ActorAddress[Chunk | StageReport]
+    sources: tuple[str, ...]
+    targets: tuple[Target, ...] = ()
+    emit: tuple[str, ...] = ()
+    resumable: bool = False
+    deadlines: Deadlines
+
+
+class Abort(msgspec.Struct, ControlMessage, Request[bool], tag="abort", frozen=True, kw_only=True):
+    """Session actor → stage: stop the session now and free its state (reply: True).
+
+    Served before queued chunks; an abort that overtakes the session's own prewarm makes
+    the stage refuse that prewarm.
+    """
+
+    key: SessionKey
+    reason: str = ""
+
+
+class StageState(msgspec.Struct, tag="stage-state", frozen=True, kw_only=True):
+    """Stage → asker, the reply to :class:`Inspect`: the sessions the stage holds."""
+
+    stage: str
+    keys: list[SessionKey]
+
+
+class Inspect(msgspec.Struct, Request[StageState], tag="inspect", frozen=True, kw_only=True):
+    """Anyone → stage: what do you hold? (leak checks, health)."""
+
+
+StageMessage = Prewarm | Chunk | Abort | Inspect
+"""Every message a stage accepts."""
+
+
+# -- to a session's actor ----------------------------------------------------------------
+
+
+class OpenSession(
+    msgspec.Struct, Request[SessionError | None], tag="open-session", frozen=True, kw_only=True
+):
+    """Caller → session actor: prewarm every stage on the path.
+
+    The reply is None once every stage holds the session, else the ``SessionError`` that
+    also ended the caller's stream.
+    """
+
+
+class AbortSession(
+    msgspec.Struct, ControlMessage, Request[bool], tag="abort-session", frozen=True, kw_only=True
+):
+    """Caller → session actor: end the session now (reply: True once every stage dropped it).
+
+    The caller's stream ends with ``Aborted`` carrying ``reason``.
+    """
+
+    reason: str
+
+
+class StageFailed(msgspec.Struct, ControlMessage, tag="stage-failed", frozen=True, kw_only=True):
+    """Orchestrator → session actor: ``stage`` crashed, and the session's state there is lost.
+
+    The session fails with code ``stage_failed``; ``error`` says what the stage raised.
+    """
+
+    stage: str
+    error: str
+
+
+SessionMessage = Chunk | StageReport | OpenSession | AbortSession | StageFailed
+"""Every message a session's actor accepts."""
+
+
+# -- to the orchestrator -----------------------------------------------------------------
+
+
+class ListSessions(
+    msgspec.Struct, Request[dict[str, list[str]]], tag="list-sessions", frozen=True, kw_only=True
+):
+    """Caller → orchestrator: the ids of the live sessions, by the stages they are on."""
+
+
+class ListStages(
+    msgspec.Struct,
+    Request[dict[str, ActorAddress[StageMessage]]],
+    tag="list-stages",
+    frozen=True,
+    kw_only=True,
+):
+    """Caller → orchestrator: every stage actor by name (replicas are ``<stage>-<i>``)."""

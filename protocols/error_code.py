@@ -1,0 +1,21 @@
+"""``ErrorCode``: what kind of failure ended a session, for programs to act on.
+
+Each ``OmniError`` class carries one (``code``); a stage sends it in its
+``StageReport``, and the caller reads it in ``SessionError.code``. The vocabulary is
+closed so that a program can match on it; the message says the rest.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+__all__ = ["ErrorCode"]
+
+ErrorCode = Literal[
+    "timeout", "stage_failed", "engine_error", "chunk_gap", "admission", "prewarm", "internal"
+]
+"""``timeout``: a deadline expired. ``stage_failed``: a stage crashed with the session on
+it. ``engine_error``: the engine failed the session. ``chunk_gap``: chunks were lost
+between two stages. ``admission``: not admitted (no slot in time, id in use).
+``prewarm``: a stage refused or failed to allocate the session. ``internal``: anything
+else (a bug, or the pipeline stopping)."""
