@@ -10,14 +10,15 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator
-from dataclasses import dataclass, field
+from typing import ClassVar, Final, Literal, get_args
 
 import torch
+from pydantic import BaseModel, ConfigDict, Field
 
-from omni_actors.actors.engine import CONTEXT_FIELD, Fields
+from omni_actors.actors.engine import CONTEXT_FIELD, Fields, Ports, Rule
 from omni_actors.errors import EngineError
 
-__all__ = ["ScriptedEngine", "ScriptedEngineError"]
+__all__ = ["ScriptedArgs", "ScriptedEngine", "ScriptedEngineError"]
 
 
 class ScriptedEngineError(EngineError):
@@ -36,7 +37,31 @@ def input_rows(fields: Fields) -> int:
     return max(rows) - context if rows else 1
 
 
-@dataclass
+ScriptedField = Literal["token_ids", "hidden", "codes", "text", "audio"]
+_FIELDS: Final[tuple[ScriptedField, ...]] = get_args(ScriptedField)
+
+
+class ScriptedArgs(BaseModel):
+    """A scripted stage's declaration (see :class:`ScriptedEngine`)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    first_output_s: float = Field(0.0, ge=0)
+    per_output_s: float = Field(0.0, ge=0)
+    outputs: int = Field(8, ge=0)
+    outputs_per_input: int | None = Field(None, ge=1)
+    fields: tuple[ScriptedField, ...] = ("token_ids", "hidden", "text")
+    """The fields each output carries (its declared outputs)."""
+    inputs: tuple[ScriptedField, ...] = _FIELDS
+    """The fields it takes (its declared inputs): any of them, by default."""
+    replace: tuple[str, ...] = ()
+    """Fields accumulated by ``replace`` rather than ``concat``, as inputs and outputs."""
+    hidden_dim: int = Field(8, ge=1)
+    codebooks: int = Field(4, ge=1)
+    audio_samples: int = Field(1920, ge=1)  # one 12.5 Hz codec frame of 24 kHz audio
+    fail_after: int | None = Field(None, ge=0)
+
+
 class ScriptedEngine:
     """Produces output ``k`` of a session as ``token_ids=[k]``, ``hidden`` rows of ``k``,
     ``codes`` rows of ``k % 2048``, ``text="t{k} "`` and ``audio`` (``audio_samples``
@@ -54,34 +79,28 @@ class ScriptedEngine:
     input (or, for entry stages, after its last); each further output ``per_output_s``
     after the previous one. With ``fail_after`` set, a session's generate raises
     :class:`ScriptedEngineError` after that many outputs (an engine failure).
+
+    It stands in for any engine, so its ports are declared by its arguments: it yields
+    ``fields`` and takes ``inputs``, each ``concat`` unless named in ``replace``.
     """
 
-    first_output_s: float = 0.0
-    per_output_s: float = 0.0
-    outputs: int = 8
-    outputs_per_input: int | None = None
-    fields: tuple[str, ...] = ("token_ids", "hidden", "text")
-    hidden_dim: int = 8
-    codebooks: int = 4
-    audio_samples: int = 1920  # one 12.5 Hz codec frame of 24 kHz audio
-    fail_after: int | None = None
-    _sessions: dict[str, _Pacer] = field(default_factory=dict, init=False, repr=False)
-    _made: dict[int, dict[str, torch.Tensor | str]] = field(
-        default_factory=dict, init=False, repr=False
-    )
-    started: bool = field(default=False, init=False)
+    kind: ClassVar[str] = "scripted"
+    Args: ClassVar[type[ScriptedArgs]] = ScriptedArgs
 
-    def __post_init__(self) -> None:
-        self.fields = tuple(self.fields)
-        unknown = set(self.fields) - {"token_ids", "hidden", "codes", "text", "audio"}
-        if unknown:
-            raise ValueError(f"unknown output fields {sorted(unknown)}")
-        if self.first_output_s < 0 or self.per_output_s < 0:
-            raise ValueError("latencies must be >= 0")
-        if self.outputs < 0 or (self.outputs_per_input is not None and self.outputs_per_input < 1):
-            raise ValueError("outputs must be >= 0 and outputs_per_input >= 1")
-        if self.fail_after is not None and self.fail_after < 0:
-            raise ValueError("fail_after must be >= 0")
+    @classmethod
+    def ports(cls, args: ScriptedArgs) -> Ports:
+        """Its declaration, from its arguments (see the class docstring)."""
+
+        def rules(names: tuple[str, ...]) -> dict[str, Rule]:
+            return {n: "replace" if n in args.replace else "concat" for n in names}
+
+        return Ports(inputs=rules(args.inputs), outputs=rules(args.fields))
+
+    def __init__(self, args: ScriptedArgs | None = None) -> None:
+        self.args = args or ScriptedArgs()
+        self._sessions: dict[str, _Pacer] = {}
+        self._made: dict[int, dict[str, torch.Tensor | str]] = {}
+        self.started = False
 
     @property
     def active_sessions(self) -> set[str]:
@@ -122,17 +141,17 @@ class ScriptedEngine:
 
     def _make(self, k: int) -> dict[str, torch.Tensor | str]:
         made: dict[str, torch.Tensor | str] = {}
-        for name in self.fields:
+        for name in self.args.fields:
             if name == "token_ids":
                 made[name] = torch.tensor([k])
             elif name == "hidden":
-                made[name] = torch.full((1, self.hidden_dim), float(k))
+                made[name] = torch.full((1, self.args.hidden_dim), float(k))
             elif name == "codes":
-                made[name] = torch.full((1, self.codebooks), k % 2048)
+                made[name] = torch.full((1, self.args.codebooks), k % 2048)
             elif name == "text":
                 made[name] = f"t{k} "
             else:
-                made[name] = torch.full((self.audio_samples,), k / 1000)
+                made[name] = torch.full((self.args.audio_samples,), k / 1000)
         return made
 
     async def generate(self, session: str, inputs: AsyncIterator[Fields]) -> AsyncIterator[Fields]:
@@ -142,12 +161,12 @@ class ScriptedEngine:
         pacer = self._sessions[session] = _Pacer()
         produced = 0
         try:
-            if self.outputs_per_input is None:
+            if self.args.outputs_per_input is None:
                 async for _ in inputs:
                     if pacer.aborted:
                         return
                 pacer.input_taken()
-                for _ in range(self.outputs):
+                for _ in range(self.args.outputs):
                     if await self._next(pacer, produced):
                         return
                     yield self.output(produced)
@@ -155,7 +174,7 @@ class ScriptedEngine:
             else:
                 async for item in inputs:
                     pacer.input_taken()
-                    for _ in range(self.outputs_per_input * input_rows(item)):
+                    for _ in range(self.args.outputs_per_input * input_rows(item)):
                         if await self._next(pacer, produced):
                             return
                         yield self.output(produced)
@@ -165,9 +184,11 @@ class ScriptedEngine:
 
     async def _next(self, pacer: _Pacer, produced: int) -> bool:
         """Wait until output ``produced`` is due; True if the session was aborted."""
-        if self.fail_after is not None and produced >= self.fail_after:
+        if self.args.fail_after is not None and produced >= self.args.fail_after:
             raise ScriptedEngineError(f"scripted failure after {produced} outputs")
-        return await pacer.wait(self.first_output_s if produced == 0 else self.per_output_s)
+        return await pacer.wait(
+            self.args.first_output_s if produced == 0 else self.args.per_output_s
+        )
 
 
 _CACHED = 4096  # outputs kept per engine

@@ -36,7 +36,7 @@ class StageActor(Actor[StageMessage]):
 
     Args:
         name: the stage's name in the pipeline.
-        kind: engine kind (``scripted``, ``torch``, ``vllm``).
+        kind: engine kind (a registered name or ``package.module:Class``).
         args: the engine's arguments from the pipeline definition.
     """
 
@@ -55,7 +55,7 @@ class StageActor(Actor[StageMessage]):
 
     async def on_start(self) -> None:
         """Build and start the engine (a failure here fails the spawn, with its reason)."""
-        engine = build_engine(self.kind, self.args)
+        engine = build_engine(self.kind, self.args, where=f"stages[{self.name}].engine")
         await engine.start()
         self.engine = engine
 

@@ -19,32 +19,20 @@ from typing import Any, TypeVar
 
 from omni_actors.actors.engine import Fields
 from omni_actors.model_cache import require
+from omni_actors.model_family import WeightsArgs
 
-__all__ = ["AbortSignal", "TorchEngine", "check_args", "stage_dir"]
+__all__ = ["AbortSignal", "TorchEngine", "stage_dir"]
 
 T = TypeVar("T")
 
 
-def stage_dir(args: dict[str, Any], stage: str) -> Path:
-    """The prepared directory of ``stage`` from an engine's ``model``/``seed``/``cache_dir``.
+def stage_dir(family: str, args: WeightsArgs, stage: str) -> Path:
+    """The prepared directory of ``stage`` of ``family``, from the engine's arguments.
 
     Raises:
         ModelNotPreparedError: the weights are not prepared (the message has the command).
     """
-    cache_dir = args.get("cache_dir")
-    root = require(
-        str(args.get("model", "tiny-omni")),
-        cache_dir=Path(cache_dir) if cache_dir else None,
-        seed=int(args.get("seed", 0)),
-    )
-    return root / stage
-
-
-def check_args(args: dict[str, Any], allowed: frozenset[str]) -> None:
-    """Raise ValueError on unknown keys, so a misspelt setting fails when built."""
-    unknown = sorted(set(args) - allowed)
-    if unknown:
-        raise ValueError(f"unknown engine args {unknown}; known: {sorted(allowed)}")
+    return require(family, cache_dir=args.cache_dir, seed=args.seed) / stage
 
 
 class AbortSignal:

@@ -24,8 +24,8 @@ FRAME = 1600  # 100 ms of 16 kHz microphone audio
 
 async def main(preset: str) -> int:
     spec = load_pipeline(preset)
-    if any(stage.engine.kind == "torch" for stage in spec.stages):
-        prepare("tiny-omni")  # a no-op once the weights are in the cache
+    for family in spec.model_families().values():
+        prepare(family)  # a no-op once the weights are in the cache
     async with OmniPipeline(spec) as omni, omni.session() as session:
         for turn in range(1, 4):
             for _ in range(5):  # half a second of "speech", frame by frame

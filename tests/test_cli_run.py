@@ -72,3 +72,12 @@ def test_the_run_command_does_not_shadow_the_loop_runner(tmp_path: Path) -> None
     # A submodule named like an attribute of its package replaces it on import: the
     # bench commands, which call ``cli.run``, broke after a ``run`` command once.
     assert cli.run is omni_actors.run
+
+
+def test_prepare_offers_the_installed_model_families(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as info:
+        main(["prepare", "gpt-17"])
+    assert info.value.code == 2
+    err = capsys.readouterr().err
+    assert "invalid choice: 'gpt-17'" in err
+    assert "'tiny-omni'" in err  # registered under the omni_actors.families entry point

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import sys
-import types
 from pathlib import Path
 
 import pytest
@@ -17,31 +15,28 @@ from omni_actors.model_cache import (
     prepare,
     require,
 )
+from omni_actors.model_family import ModelFamily, Progress
 
 BUILDS: list[tuple[Path, int]] = []
 
 
-def _build(out_dir: Path, seed: int, progress: object = None) -> None:
+def _build(out_dir: Path, seed: int, progress: Progress | None = None) -> None:
     if seed == 13:
         raise RuntimeError("interrupted")
     BUILDS.append((out_dir, seed))
     out_dir.mkdir(parents=True, exist_ok=True)
     (out_dir / "weights.bin").write_text(str(seed))
-    if callable(progress):
+    if progress is not None:
         progress("weights", 1, 1)
 
 
 @pytest.fixture
-def fake_family(monkeypatch: pytest.MonkeyPatch) -> str:
-    module = types.ModuleType("fake_family")
-    module.build = _build  # type: ignore[attr-defined]
-    monkeypatch.setitem(sys.modules, "fake_family", module)
-    monkeypatch.setitem(model_cache.FAMILIES, "fake", "fake_family")
+def fake_family() -> ModelFamily:
     BUILDS.clear()
-    return "fake"
+    return ModelFamily(name="fake", engines={}, prepare=_build)
 
 
-def test_prepare_builds_once_per_seed(tmp_path: Path, fake_family: str) -> None:
+def test_prepare_builds_once_per_seed(tmp_path: Path, fake_family: ModelFamily) -> None:
     steps: list[tuple[str, int, int]] = []
     where = prepare(fake_family, cache_dir=tmp_path, progress=lambda *a: steps.append(a))
     assert where == tmp_path / "fake" / "seed-0"
@@ -55,7 +50,7 @@ def test_prepare_builds_once_per_seed(tmp_path: Path, fake_family: str) -> None:
     assert [seed for _, seed in BUILDS] == [0, 7, 0]
 
 
-def test_an_interrupted_build_is_not_prepared(tmp_path: Path, fake_family: str) -> None:
+def test_an_interrupted_build_is_not_prepared(tmp_path: Path, fake_family: ModelFamily) -> None:
     with pytest.raises(RuntimeError, match="interrupted"):
         prepare(fake_family, cache_dir=tmp_path, seed=13)
     assert not is_prepared(fake_family, cache_dir=tmp_path, seed=13)
@@ -63,15 +58,15 @@ def test_an_interrupted_build_is_not_prepared(tmp_path: Path, fake_family: str) 
         require(fake_family, cache_dir=tmp_path, seed=13)
 
 
-def test_require_names_the_command(tmp_path: Path, fake_family: str) -> None:
+def test_require_names_the_command(tmp_path: Path, fake_family: ModelFamily) -> None:
     with pytest.raises(ModelNotPreparedError) as info:
         require(fake_family, cache_dir=tmp_path)
     assert f"omni-actors prepare fake --cache-dir {tmp_path}" in str(info.value)
     prepare(fake_family, cache_dir=tmp_path)
-    assert require(fake_family, cache_dir=tmp_path) == model_dir("fake", cache_dir=tmp_path)
+    assert require(fake_family, cache_dir=tmp_path) == model_dir(fake_family, cache_dir=tmp_path)
 
 
-def test_a_corrupt_manifest_means_not_prepared(tmp_path: Path, fake_family: str) -> None:
+def test_a_corrupt_manifest_means_not_prepared(tmp_path: Path, fake_family: ModelFamily) -> None:
     where = prepare(fake_family, cache_dir=tmp_path)
     (where / "prepared.json").write_text("{not json")
     assert not is_prepared(fake_family, cache_dir=tmp_path)

@@ -21,8 +21,8 @@ def _base() -> dict[str, Any]:
         "name": "p",
         "stages": [
             {"name": "thinker", "engine": {"kind": "scripted"}},
-            {"name": "talker", "engine": {"kind": "scripted"}},
-            {"name": "code2wav", "engine": {"kind": "scripted"}},
+            {"name": "talker", "engine": {"kind": "scripted", "args": {"fields": ["codes"]}}},
+            {"name": "code2wav", "engine": {"kind": "scripted", "args": {"fields": ["audio"]}}},
         ],
         "edges": [
             {"from": "thinker", "to": "talker", "fields": ["hidden"]},
@@ -63,7 +63,31 @@ def test_text_only_requests_skip_audio_stages() -> None:
 @pytest.mark.parametrize(
     ("mutate", "message"),
     [
-        (lambda d: d["stages"][1]["engine"].update(kind="onnx"), r"stages\[talker\]\.engine\.kind"),
+        (
+            lambda d: d["stages"][1]["engine"].update(kind="onnx"),
+            r"stages\[talker\]\.engine\.kind: unknown engine kind 'onnx'; known: .*scripted",
+        ),
+        (
+            lambda d: d["stages"][1]["engine"].update(kind="vllm"),
+            r"stages\[talker\]\.engine\.kind: engine kind 'vllm' is not available",
+        ),
+        (
+            lambda d: d["stages"][1]["engine"]["args"].update(outputs_per_input=0, colour=1),
+            r"stages\[talker\]\.engine\.args\.outputs_per_input: Input should be greater than"
+            r"(.|\n)*stages\[talker\]\.engine\.args\.colour: Extra inputs",
+        ),
+        (
+            lambda d: d["stages"][1].update(accumulate={"hidden": "replace"}),
+            r"stages\[talker\]\.accumulate: Extra inputs are not permitted",
+        ),
+        (
+            lambda d: d["stages"][1].update(supervision={"max_restarts": 1}),
+            r"stages\[talker\]\.supervision: Extra inputs are not permitted",
+        ),
+        (
+            lambda d: d.update(supervision={"backoff_min_s": 2, "backoff_max_s": 1}),
+            r"backoff_max_s must be >= backoff_min_s",
+        ),
         (
             lambda d: d["edges"][0].update(mode="async"),
             r"edges\[0\]\.mode: Input should be 'stream' or 'full'",
@@ -79,7 +103,10 @@ def test_text_only_requests_skip_audio_stages() -> None:
             lambda d: d["edges"].append({"from": "talker", "to": "ghost", "fields": ["x"]}),
             "no stage 'ghost'",
         ),
-        (lambda d: d["stages"].append({"name": "talker", "engine": {"kind": "torch"}}), "unique"),
+        (
+            lambda d: d["stages"].append({"name": "talker", "engine": {"kind": "scripted"}}),
+            "unique",
+        ),
         (lambda d: d.update(outputs={}), "name the stage"),
         (lambda d: d["edges"][0].update(fields=[]), r"edges\[0\]\.fields"),
     ],
@@ -107,3 +134,140 @@ def test_unreadable_and_malformed_sources(tmp_path: Path) -> None:
     bad.write_text("- a list\n")
     with pytest.raises(PipelineConfigError, match="mapping at the top level"):
         load_pipeline(bad)
+
+
+# -- edges against the engines' declarations ------------------------------------------
+
+
+def _problem(tmp_path: Path, data: dict[str, Any], message: str) -> str:
+    path = _write(tmp_path, data)
+    with pytest.raises(PipelineConfigError, match=message) as info:
+        load_pipeline(path)
+    assert str(path) in str(info.value)
+    return str(info.value)
+
+
+def test_an_edge_field_the_source_does_not_yield(tmp_path: Path) -> None:
+    data = _base()
+    data["edges"][0]["fields"] = ["codes"]
+    _problem(
+        tmp_path,
+        data,
+        r"edges\[thinker->talker\]\.fields: thinker \(scripted\) does not yield 'codes' "
+        r"\(it yields token_ids, hidden, text\)",
+    )
+
+
+def test_an_edge_field_the_receiver_does_not_take(tmp_path: Path) -> None:
+    data = _base()
+    data["stages"][1]["engine"]["args"]["inputs"] = ["hidden"]
+    data["edges"][0]["fields"] = ["hidden", "token_ids"]
+    _problem(
+        tmp_path,
+        data,
+        r"edges\[thinker->talker\]\.fields: talker \(scripted\) does not take 'token_ids' "
+        r"\(it takes hidden\)",
+    )
+
+
+def test_an_edge_whose_ends_declare_different_rules(tmp_path: Path) -> None:
+    data = _base()
+    data["stages"][1]["engine"]["args"]["replace"] = ["hidden"]
+    _problem(
+        tmp_path,
+        data,
+        r"edges\[thinker->talker\]\.fields: 'hidden' is concat as thinker's output but "
+        r"replace as talker's input",
+    )
+    data["stages"][0]["engine"]["args"] = {"replace": ["hidden"]}
+    spec = load_pipeline(_write(tmp_path, data))  # both ends agree: valid
+    assert spec.accumulate("talker")["hidden"] == "replace"
+
+
+def test_edge_fields_default_to_what_both_ends_declare(tmp_path: Path) -> None:
+    data = _base()
+    for edge in data["edges"]:
+        del edge["fields"]
+    spec = load_pipeline(_write(tmp_path, data))
+    assert spec.edge_fields("thinker", "talker") == ("token_ids", "hidden", "text")
+    assert spec.edge_fields("talker", "code2wav") == ("codes",)
+    data["stages"][2]["engine"]["args"]["inputs"] = ["audio"]
+    _problem(
+        tmp_path,
+        data,
+        r"edges\[talker->code2wav\]\.fields: talker \(scripted\) yields nothing code2wav "
+        r"\(scripted\) takes \(talker yields codes; code2wav takes audio\)",
+    )
+
+
+def test_a_window_needs_exactly_one_field(tmp_path: Path) -> None:
+    data = _base()
+    data["edges"][0].update(fields=["hidden", "token_ids"], chunk_policy={})
+    _problem(
+        tmp_path,
+        data,
+        r"edges\[thinker->talker\]\.chunk_policy: windows one field of codec frames, but the "
+        r"edge carries \['hidden', 'token_ids'\]",
+    )
+
+
+def test_every_problem_is_reported_at_once(tmp_path: Path) -> None:
+    data = _base()
+    data["stages"][0]["engine"]["kind"] = "onnx"
+    data["edges"][1]["fields"] = ["audio"]
+    text = _problem(tmp_path, data, r"\(2 problem\(s\)\)")
+    assert "stages[thinker].engine.kind: unknown engine kind" in text
+    assert "edges[talker->code2wav].fields: talker (scripted) does not yield 'audio'" in text
+
+
+WHOLE = """
+class Whole:
+    inputs = {"codes": "concat"}
+    outputs = {"audio": "concat"}
+    streams_input = False
+"""
+
+
+def test_a_stream_edge_into_an_engine_that_needs_the_whole_input(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    (tmp_path / "whole_input_engines.py").write_text(WHOLE)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    data = _base()
+    data["stages"][2]["engine"] = {"kind": "whole_input_engines:Whole"}
+    data["edges"][1]["mode"] = "stream"
+    _problem(
+        tmp_path,
+        data,
+        r"edges\[talker->code2wav\]\.mode: code2wav \(whole_input_engines:Whole\) cannot "
+        r"take streamed input; use mode: full",
+    )
+    data["edges"][1]["mode"] = "full"
+    assert load_pipeline(_write(tmp_path, data)).ports("code2wav").streams_input is False
+
+
+# -- supervision -------------------------------------------------------------------------
+
+
+def test_restart_intensity_is_the_pipelines_and_restart_type_each_stages(tmp_path: Path) -> None:
+    from omni_actors.serving.orchestrator import pipeline_strategy
+
+    data = _base()
+    data["supervision"] = {
+        "max_restarts": 7,
+        "period_s": 2.5,
+        "backoff_min_s": 0.1,
+        "backoff_max_s": 0.4,
+    }
+    data["stages"][1]["restart"] = "transient"
+    spec = load_pipeline(_write(tmp_path, data))
+    strategy = pipeline_strategy(spec)
+    assert (strategy.max_restarts, strategy.period) == (7, 2.5)
+    assert (strategy.backoff.min_s, strategy.backoff.max_s) == (0.1, 0.4)
+    assert [s.restart for s in spec.stages] == ["permanent", "transient", "permanent"]
+
+
+def test_model_stages_are_pointed_at_one_weights_cache() -> None:
+    spec = load_pipeline("scripted-omni")
+    assert spec.model_families() == {}
+    assert spec.with_weights(seed=3) == spec  # no model family: nothing changes

@@ -1,6 +1,9 @@
 """tiny-omni: Qwen3-Omni's real architecture at toy size, the embedded default model family.
 
-``configs`` defines the shapes and vocabularies, ``weights`` draws deterministic random
-weights and saves/loads them per stage in the Hugging Face layout. Importing this package
-needs ``transformers``; the rest of ``omni_actors`` does not.
+``family`` registers the family (its three engines and its ``prepare`` step) and imports
+nothing heavy; ``configs`` defines the shapes and vocabularies, ``weights`` draws
+deterministic random weights and saves/loads them per stage in the Hugging Face layout;
+``thinker_engine``, ``talker_engine`` and ``code2wav_engine`` (with ``code2wav_batcher``
+and ``code2wav_model``) serve the stages. Those modules need ``transformers``; the rest
+of ``omni_actors`` does not.
 """

@@ -26,25 +26,48 @@ import asyncio
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Final, cast
+from typing import ClassVar, Final, cast
 
 import torch
+from pydantic import Field, field_validator
 from transformers import DynamicCache, PreTrainedConfig
 from transformers.models.qwen3_omni_moe.modeling_qwen3_omni_moe import (
     Qwen3OmniMoeTalkerForConditionalGeneration,
 )
 
-from omni_actors.actors.engine import Fields
+from omni_actors.actors.engine import Fields, Rule
 from omni_actors.actors.tiny_omni import configs, stepping, weights
+from omni_actors.actors.tiny_omni.family import TINY_OMNI
 from omni_actors.actors.tiny_omni.thinker_engine import ASSISTANT_OPENING
-from omni_actors.actors.torch_engine import AbortSignal, TorchEngine, check_args, stage_dir
+from omni_actors.actors.torch_engine import AbortSignal, TorchEngine, stage_dir
+from omni_actors.model_family import WeightsArgs
 
-__all__ = ["TalkerEngine"]
+__all__ = ["TalkerArgs", "TalkerEngine"]
 
-_ARGS: Final = frozenset(
-    {"model", "seed", "cache_dir", "stage", "speaker", "frames_per_token", "stop_at_codec_eos"}
-)
 _OPENING: Final = len(ASSISTANT_OPENING)
+
+
+class TalkerArgs(WeightsArgs):
+    """The talker's arguments: ``seed`` and ``cache_dir`` locate its weights.
+
+    Attributes:
+        frames_per_token: the segment yields that many codec frames per thinker token.
+        speaker: the voice (``chelsie``, ``ethan``, ``aiden``).
+        stop_at_codec_eos: end the segment when the talker picks codec EOS (default: EOS
+            is masked, see the module docstring).
+    """
+
+    frames_per_token: int = Field(2, ge=1)
+    speaker: str = "chelsie"
+    stop_at_codec_eos: bool = Field(False, strict=True)
+
+    @field_validator("speaker")
+    @classmethod
+    def _known_speaker(cls, speaker: str) -> str:
+        if speaker.lower() not in configs.SPEAKERS:
+            raise ValueError(f"unknown speaker {speaker!r}; known: {sorted(configs.SPEAKERS)}")
+        return speaker.lower()
+
 
 Frame = tuple[torch.Tensor, torch.Tensor] | None
 """``(codes [1, G], next_input [1, 1, Ht])`` of one frame, or None at codec EOS."""
@@ -70,7 +93,7 @@ class _Received:
     ended: bool = False
 
     def take(self, fields: Fields) -> None:
-        """Keep one input chunk's fields (``token_ids`` and ``text`` are not needed)."""
+        """Keep one input chunk's fields."""
         for name in ("prompt", "prompt_mask", "tts"):
             value = fields.get(name)
             if isinstance(value, torch.Tensor):
@@ -96,29 +119,32 @@ class TalkerEngine(TorchEngine):
 
     Inputs (any subset per chunk): ``prompt`` [L, H] and ``prompt_mask`` [L] bool and
     ``tts`` [3, H] (the thinker's first output carries them), ``embed`` [n, H] (one row
-    per token), ``token_ids`` [n] (ignored). Outputs: ``codes`` [1, G] int64, one frame
+    per token). Outputs: ``codes`` [1, G] int64, one frame
     each, every code in ``[0, codebook_size)``.
 
     Args:
-        args: ``model``, ``seed``, ``cache_dir`` (where the weights are prepared),
-            ``frames_per_token`` (default 2: the segment yields that many frames per
-            thinker token), ``speaker`` (default ``chelsie``), ``stop_at_codec_eos``
-            (default False: EOS is masked, see the module docstring); ``stage`` is
-            ignored.
+        args: see :class:`TalkerArgs`.
+
+    Raises:
+        ModelNotPreparedError: the weights are not prepared.
     """
 
-    def __init__(self, args: dict[str, Any]) -> None:
-        check_args(args, _ARGS)
-        self.frames_per_token = int(args.get("frames_per_token", 2))
-        if self.frames_per_token < 1:
-            raise ValueError("frames_per_token must be >= 1")
-        self.stop_at_codec_eos = args.get("stop_at_codec_eos", False)
-        if not isinstance(self.stop_at_codec_eos, bool):
-            raise ValueError("stop_at_codec_eos must be true or false")
-        self.speaker = str(args.get("speaker", "chelsie")).lower()
-        if self.speaker not in configs.SPEAKERS:
-            raise ValueError(f"unknown speaker {self.speaker!r}; known: {sorted(configs.SPEAKERS)}")
-        super().__init__(stage_dir(args, "talker"), "talker")
+    kind: ClassVar[str] = "tiny-omni.talker"
+    Args: ClassVar[type[TalkerArgs]] = TalkerArgs
+    inputs: ClassVar[dict[str, Rule]] = {
+        "prompt": "replace",
+        "prompt_mask": "replace",
+        "tts": "replace",
+        "embed": "concat",
+    }
+    outputs: ClassVar[dict[str, Rule]] = {"codes": "concat"}
+    streams_input: ClassVar[bool] = True
+
+    def __init__(self, args: TalkerArgs) -> None:
+        self.frames_per_token = args.frames_per_token
+        self.stop_at_codec_eos = args.stop_at_codec_eos
+        self.speaker = args.speaker
+        super().__init__(stage_dir(TINY_OMNI.name, args, "talker"), "talker")
         self._sessions: dict[str, AbortSignal] = {}
 
     def _load(self, path: Path) -> None:

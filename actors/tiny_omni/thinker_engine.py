@@ -27,22 +27,25 @@ import json
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Final, NamedTuple, cast
+from typing import Any, ClassVar, Final, NamedTuple, cast
 
 import numpy as np
 import torch
+from pydantic import Field
 from transformers import DynamicCache, PreTrainedConfig
 from transformers.models.qwen3_omni_moe.modeling_qwen3_omni_moe import (
     Qwen3OmniMoeThinkerForConditionalGeneration,
     _get_feat_extract_output_lengths,
 )
 
-from omni_actors.actors.engine import Fields
+from omni_actors.actors.engine import Fields, Rule
 from omni_actors.actors.tiny_omni import configs, stepping, weights
 from omni_actors.actors.tiny_omni.configs import Tokens
-from omni_actors.actors.torch_engine import AbortSignal, TorchEngine, check_args, stage_dir
+from omni_actors.actors.tiny_omni.family import TINY_OMNI
+from omni_actors.actors.torch_engine import AbortSignal, TorchEngine, stage_dir
+from omni_actors.model_family import WeightsArgs
 
-__all__ = ["ThinkerEngine"]
+__all__ = ["ThinkerArgs", "ThinkerEngine"]
 
 NEWLINE: Final = 10
 _MIN_AUDIO: Final = 400  # one 25 ms STFT window; shorter runs are dropped (nothing to
@@ -51,8 +54,20 @@ PRINTABLE: Final = range(32, 127)
 """Byte ids the thinker may emit: random weights would otherwise emit control bytes and
 special tokens, which no text consumer downstream could show."""
 ASSISTANT_OPENING: Final = (Tokens.IM_START, Tokens.ASSISTANT, NEWLINE)
-_COMMON_ARGS: Final = frozenset({"model", "seed", "cache_dir", "stage", "speaker"})
-_ARGS: Final = _COMMON_ARGS | {"max_new_tokens", "min_new_tokens"}
+
+
+class ThinkerArgs(WeightsArgs):
+    """The thinker's arguments: ``seed`` and ``cache_dir`` locate its weights.
+
+    Attributes:
+        max_new_tokens: a reply's most tokens.
+        min_new_tokens: ``<|im_end|>`` is masked until that many tokens exist; capped
+            at ``max_new_tokens`` (setting only a small maximum means "at most that
+            many", not a conflict).
+    """
+
+    max_new_tokens: int = Field(48, ge=1)
+    min_new_tokens: int = Field(8, ge=0)
 
 
 class _Prefilled(NamedTuple):
@@ -104,22 +119,30 @@ class ThinkerEngine(TorchEngine):
     :meth:`generate`).
 
     Args:
-        args: ``model``, ``seed``, ``cache_dir`` (where the weights are prepared),
-            ``max_new_tokens`` (default 48, >= 1), ``min_new_tokens`` (default 8, capped
-            at ``max_new_tokens``: ``<|im_end|>`` is masked until that many tokens
-            exist); ``stage`` and ``speaker`` are accepted and ignored.
+        args: see :class:`ThinkerArgs`.
+
+    Raises:
+        ModelNotPreparedError: the weights are not prepared.
     """
 
-    def __init__(self, args: dict[str, Any]) -> None:
-        check_args(args, _ARGS)
-        self.max_new_tokens = int(args.get("max_new_tokens", 48))
-        min_new_tokens = int(args.get("min_new_tokens", 8))
-        if self.max_new_tokens < 1 or min_new_tokens < 0:
-            raise ValueError("need max_new_tokens >= 1 and min_new_tokens >= 0")
-        # Capped rather than rejected: setting only max_new_tokens below the default
-        # minimum means "at most that many", not a conflict.
-        self.min_new_tokens = min(min_new_tokens, self.max_new_tokens)
-        super().__init__(stage_dir(args, "thinker"), "thinker")
+    kind: ClassVar[str] = "tiny-omni.thinker"
+    Args: ClassVar[type[ThinkerArgs]] = ThinkerArgs
+    inputs: ClassVar[dict[str, Rule]] = {"text": "concat", "audio": "concat"}
+    outputs: ClassVar[dict[str, Rule]] = {
+        "token_ids": "concat",
+        "text": "concat",
+        "embed": "concat",
+        # Sent once, with the first token: a segment's prompt, not a sequence.
+        "prompt": "replace",
+        "prompt_mask": "replace",
+        "tts": "replace",
+    }
+    streams_input: ClassVar[bool] = True
+
+    def __init__(self, args: ThinkerArgs) -> None:
+        self.max_new_tokens = args.max_new_tokens
+        self.min_new_tokens = min(args.min_new_tokens, args.max_new_tokens)
+        super().__init__(stage_dir(TINY_OMNI.name, args, "thinker"), "thinker")
         self._sessions: dict[str, _Conversation] = {}
 
     def _load(self, path: Path) -> None:

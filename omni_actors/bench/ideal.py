@@ -34,7 +34,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from omni_actors.actors.scripted import ScriptedEngine
+from omni_actors.actors.scripted import ScriptedArgs
 from omni_actors.errors import OmniError
 from omni_actors.serving.pipeline_spec import EdgeSpec, PipelineSpec
 
@@ -78,15 +78,15 @@ class IdealTimes:
 class _Stage:
     """One stage's simulated timeline: inputs received, outputs produced."""
 
-    engine: ScriptedEngine
+    engine: ScriptedArgs
     inputs: list[_Arrival]
     inputs_end: _When = (0.0, 0)
     outputs: tuple[_When, ...] = ()
     finish: _When = (0.0, 0)
 
 
-def _engines(spec: PipelineSpec, names: list[str]) -> dict[str, ScriptedEngine]:
-    engines: dict[str, ScriptedEngine] = {}
+def _engines(spec: PipelineSpec, names: list[str]) -> dict[str, ScriptedArgs]:
+    engines: dict[str, ScriptedArgs] = {}
     for name in names:
         engine = spec.stage(name).engine
         if engine.kind != "scripted":
@@ -94,16 +94,11 @@ def _engines(spec: PipelineSpec, names: list[str]) -> dict[str, ScriptedEngine]:
                 f"pipeline {spec.name}: stage {name} runs a {engine.kind!r} engine; the ideal "
                 "latency is only known for stages whose engine kind is 'scripted'"
             )
-        try:
-            engines[name] = ScriptedEngine(**engine.args)
-        except (TypeError, ValueError) as exc:
-            raise IdealUnavailableError(
-                f"pipeline {spec.name}: stage {name}: bad scripted engine args: {exc}"
-            ) from None
+        engines[name] = ScriptedArgs.model_validate(engine.args)  # checked by the spec
     return engines
 
 
-def _rows(engine: ScriptedEngine, field: str) -> int:
+def _rows(engine: ScriptedArgs, field: str) -> int:
     """Rows (dim 0) of one output's ``field``: 1, or the samples of an audio output."""
     return engine.audio_samples if field == "audio" else 1
 
@@ -131,9 +126,12 @@ def _produce(stage: _Stage) -> None:
     stage.finish = max([stage.inputs_end, *times])
 
 
-def _deliver(edge: EdgeSpec, up: _Stage, accumulate: Mapping[str, str]) -> list[_Arrival]:
-    """The inputs ``edge`` hands its receiver, given the upstream's outputs."""
-    carried = set(edge.fields) & set(up.engine.fields)
+def _deliver(
+    edge: EdgeSpec, fields: tuple[str, ...], up: _Stage, accumulate: Mapping[str, str]
+) -> list[_Arrival]:
+    """The inputs ``edge`` (carrying ``fields``) hands its receiver, given the upstream's
+    outputs."""
+    carried = set(fields) & set(up.engine.fields)
     if not carried or not up.outputs:
         return []
     tensors = carried - {"text"}  # text alone counts one row (see ``input_rows``)
@@ -216,7 +214,8 @@ def ideal_times(spec: PipelineSpec) -> IdealTimes:
             if edge.source != name or edge.to not in on_path:
                 continue
             down = stages[edge.to]
-            down.inputs.extend(_deliver(edge, stage, spec.stage(edge.to).accumulate))
+            fields = spec.edge_fields(edge.source, edge.to)
+            down.inputs.extend(_deliver(edge, fields, stage, spec.accumulate(edge.to)))
             down.inputs_end = max(down.inputs_end, stage.finish)
     produced = stages[audio].outputs
     if not produced:

@@ -118,20 +118,12 @@ async def run_model_bench(
     started = time.perf_counter()
     stream = load_pipeline(preset)
     specs = {stream.name: stream, "full": full_variant(stream)}
-    models = {
-        str(s.engine.args.get("model", "tiny-omni"))
-        for spec in specs.values()
-        for s in spec.stages
-        if s.engine.kind == "torch"
-    }
-    for model in sorted(models):
-        prepare(model, cache_dir=cache_dir, seed=seed)
-    extra: dict[str, Any] = {"seed": seed}
-    if cache_dir is not None:
-        extra["cache_dir"] = str(cache_dir)
+    families = {name: f for spec in specs.values() for name, f in spec.model_families().items()}
+    for family in families.values():
+        prepare(family, cache_dir=cache_dir, seed=seed)
     variants: dict[str, dict[str, Any]] = {}
     for label, spec in specs.items():
-        spec = fixed_replies(spec.with_engine_args("torch", **extra), reply_tokens)
+        spec = fixed_replies(spec.with_weights(cache_dir=cache_dir, seed=seed), reply_tokens)
         variants[spec.name] = {}
         for c in levels:
             count = requests if requests is not None else max(2 * c, 8)

@@ -32,7 +32,7 @@ from typing import Any
 
 import torch
 
-from omni_actors.actors.scripted import ScriptedEngine
+from omni_actors.actors.scripted import ScriptedArgs, ScriptedEngine
 from omni_actors.bench.ideal import IdealTimes, ideal_times
 from omni_actors.protocols.control import EdgeMode
 from omni_actors.protocols.events import Aborted, AudioDelta, Done, SessionError
@@ -135,7 +135,9 @@ async def _timer_overshoot_ms() -> float:
     per sleep on a request's critical path; the ideal knows how many sleeps that is.
     """
     engine = ScriptedEngine(
-        first_output_s=0.005, per_output_s=0.005, outputs=_TIMER_SLEEPS, fields=("text",)
+        ScriptedArgs(
+            first_output_s=0.005, per_output_s=0.005, outputs=_TIMER_SLEEPS, fields=("text",)
+        )
     )
 
     async def one_input() -> AsyncIterator[dict[str, torch.Tensor | str]]:

@@ -15,7 +15,7 @@ import torch
 
 from omni_actors.cli.progress import ProgressBar
 from omni_actors.errors import OmniError
-from omni_actors.model_cache import FAMILIES, is_prepared, prepare
+from omni_actors.model_cache import is_prepared, prepare
 from omni_actors.serving.pipeline_spec import PipelineSpec, load_pipeline
 
 __all__ = ["add_run_arguments", "run_command"]
@@ -68,16 +68,10 @@ def _read_audio(path: Path) -> torch.Tensor:
 
 
 def _prepared(spec: PipelineSpec, ns: argparse.Namespace) -> PipelineSpec:
-    """Point torch stages at the cache and seed; prepare their weights if missing."""
-    models = {
-        str(s.engine.args.get("model", "tiny-omni"))
-        for s in spec.stages
-        if s.engine.kind == "torch"
-    }
-    for model in sorted(models):
-        if model not in FAMILIES:
-            raise _UsageError(f"the pipeline names model {model!r}; known: {sorted(FAMILIES)}")
-        if is_prepared(model, cache_dir=ns.cache_dir, seed=ns.seed):
+    """Point model-family stages at the cache and seed; prepare their weights if missing."""
+    families = spec.model_families()
+    for model, family in sorted(families.items()):
+        if is_prepared(family, cache_dir=ns.cache_dir, seed=ns.seed):
             continue
         if ns.no_prepare:
             flags = f" --seed {ns.seed}" if ns.seed else ""
@@ -86,15 +80,12 @@ def _prepared(spec: PipelineSpec, ns: argparse.Namespace) -> PipelineSpec:
                 f"{model} weights are not prepared; run: omni-actors prepare {model}{flags}"
             )
         prepare(
-            model,
+            family,
             cache_dir=ns.cache_dir,
             seed=ns.seed,
             progress=ProgressBar(f"preparing {model}", stream=sys.stderr),
         )
-    args: dict[str, object] = {"seed": ns.seed}
-    if ns.cache_dir is not None:
-        args["cache_dir"] = str(ns.cache_dir)
-    return spec.with_engine_args("torch", **args) if models else spec
+    return spec.with_weights(cache_dir=ns.cache_dir, seed=ns.seed) if families else spec
 
 
 async def _request(

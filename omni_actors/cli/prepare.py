@@ -7,14 +7,15 @@ import sys
 from pathlib import Path
 
 from omni_actors.cli.progress import ProgressBar
-from omni_actors.model_cache import FAMILIES, default_cache_dir, is_prepared, prepare
+from omni_actors.model_cache import default_cache_dir, is_prepared, prepare
+from omni_actors.model_family import model_families
 
 __all__ = ["add_prepare_arguments", "prepare_command"]
 
 
 def add_prepare_arguments(parser: argparse.ArgumentParser) -> None:
     """Arguments of ``prepare``."""
-    parser.add_argument("model", choices=sorted(FAMILIES), help="the model family to build")
+    parser.add_argument("model", choices=sorted(model_families()), help="the model family to build")
     parser.add_argument(
         "--cache-dir",
         type=Path,

@@ -93,20 +93,14 @@ OrchestratorMessage = StartSession | ListSessions | ListStages | Terminated | Ch
 
 
 def pipeline_strategy(spec: PipelineSpec) -> SupervisorStrategy:
-    """How the orchestrator supervises the stages: one stage restarts alone.
-
-    Restart intensity belongs to the supervisor, so the most lenient stage settings
-    apply to the pipeline as a whole.
-    """
-    sup = [s.supervision for s in spec.stages]
+    """How the orchestrator supervises the stages: one stage restarts alone, within the
+    pipeline's restart intensity (``supervision:``); each stage has its restart type."""
+    sup = spec.supervision
     return SupervisorStrategy(
         "one_for_one",
-        max_restarts=max(s.max_restarts for s in sup),
-        period=max(s.period_s for s in sup),
-        backoff=Backoff(
-            min_s=min(s.backoff_min_s for s in sup),
-            max_s=max(max(s.backoff_max_s, s.backoff_min_s) for s in sup),
-        ),
+        max_restarts=sup.max_restarts,
+        period=sup.period_s,
+        backoff=Backoff(min_s=sup.backoff_min_s, max_s=sup.backoff_max_s),
     )
 
 
@@ -173,9 +167,7 @@ class Orchestrator(Actor[OrchestratorMessage]):
                                 stage.engine.kind,
                                 dict(stage.engine.args),
                                 name=actor,
-                                props=Props(
-                                    restart=stage.supervision.restart, process=stage.process
-                                ),
+                                props=Props(restart=stage.restart, process=stage.process),
                             ),
                             name=f"spawn stage {actor}",
                         )
@@ -268,7 +260,7 @@ class Orchestrator(Actor[OrchestratorMessage]):
                     stage=e.to,
                     ref=self._ref(name, e.to, chosen[e.to]),
                     mode=e.mode,
-                    fields=e.fields,
+                    fields=spec.edge_fields(e.source, e.to),
                     window=(
                         None
                         if e.chunk_policy is None
@@ -278,7 +270,7 @@ class Orchestrator(Actor[OrchestratorMessage]):
                             e.chunk_policy.left_context,
                         )
                     ),
-                    accumulate=dict(spec.stage(e.to).accumulate),
+                    accumulate=spec.accumulate(e.to),
                 )
                 for e in spec.edges
                 if e.source == name and e.to in chosen

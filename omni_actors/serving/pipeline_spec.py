@@ -1,10 +1,13 @@
 """Pipeline definitions: a DAG of stages in YAML, validated by pydantic.
 
 A pipeline file names its stages (engine kind and arguments, process placement,
-replicas, supervision), the edges between them (``stream``: chunks flow as they are
+replicas, restart type), the edges between them (``stream``: chunks flow as they are
 produced; ``full``: one payload after the upstream finishes), which stage yields text and
-which yields audio, and the deadlines of every wait. Errors name the file, the field and
-what is allowed. Presets ship inside the package and load by name.
+which yields audio, how failed stages are restarted, and the deadlines of every wait.
+Fields and accumulate rules are not repeated here: each engine declares them, and
+validation checks every edge against the declarations of its two ends
+(:mod:`omni_actors.serving.wiring`). Errors name the file, the field and what is
+allowed. Presets ship inside the package and load by name.
 """
 
 from __future__ import annotations
@@ -12,13 +15,16 @@ from __future__ import annotations
 import re
 from importlib import resources
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, model_validator
 
+from omni_actors.actors.engine import Ports, Rule
 from omni_actors.errors import OmniError
-from omni_actors.protocols.control import AccumulateRule, EdgeMode
+from omni_actors.model_family import ModelFamily, family_of_kind
+from omni_actors.protocols.control import EdgeMode
+from omni_actors.serving.wiring import Wiring, wire
 from omni_actors.supervision import RestartType
 
 __all__ = [
@@ -47,31 +53,49 @@ class _Spec(BaseModel):
 
 
 class EngineSpec(_Spec):
-    """Which engine a stage hosts and its arguments (checked by the engine itself)."""
+    """Which engine a stage hosts and its arguments (validated by the engine's ``Args``).
 
-    kind: Literal["scripted", "torch", "vllm"]
+    ``kind`` is a registered engine (``scripted``, a model family's ``tiny-omni.talker``,
+    a third party's entry point) or an importable class, ``package.module:Class``.
+    """
+
+    kind: str = Field(min_length=1)
     args: dict[str, Any] = Field(default_factory=dict)
 
 
 class SupervisionSpec(_Spec):
-    """How a stage is restarted when it fails."""
+    """How the pipeline restarts failed stages: one restart intensity for all of them.
 
-    restart: RestartType = "permanent"
+    Intensity belongs to the supervisor (as in OTP, where it is a supervisor flag and a
+    child spec has only its restart type): the orchestrator supervises every stage, so
+    more than ``max_restarts`` restarts of any stages within ``period_s`` stop the
+    pipeline. Each restart waits an exponential backoff between the two bounds.
+    """
+
     max_restarts: int = Field(3, ge=0)
     period_s: float = Field(5.0, gt=0)
     backoff_min_s: float = Field(0.05, ge=0)
     backoff_max_s: float = Field(5.0, ge=0)
 
+    @model_validator(mode="after")
+    def _check_backoff(self) -> SupervisionSpec:
+        if self.backoff_max_s < self.backoff_min_s:
+            raise ValueError("backoff_max_s must be >= backoff_min_s")
+        return self
+
 
 class StageSpec(_Spec):
-    """One stage: a ``StageActor`` hosting one engine."""
+    """One stage: a ``StageActor`` hosting one engine.
+
+    ``restart`` is its restart type: ``permanent`` (always restarted), ``transient``
+    (restarted after a failure, not after a normal stop) or ``temporary`` (never).
+    """
 
     name: str = Field(pattern=_NAME)
     engine: EngineSpec
     process: bool = False
     replicas: int = Field(1, ge=1, le=64)
-    supervision: SupervisionSpec = SupervisionSpec()
-    accumulate: dict[str, AccumulateRule] = Field(default_factory=dict)
+    restart: RestartType = "permanent"
 
 
 class ChunkPolicySpec(_Spec):
@@ -83,23 +107,22 @@ class ChunkPolicySpec(_Spec):
 
 
 class EdgeSpec(_Spec):
-    """Data flowing from one stage to another."""
+    """Data flowing from one stage to another.
+
+    ``fields`` (default: every field the source yields and the receiver takes) narrows
+    what travels on the edge.
+    """
 
     source: str = Field(alias="from")
     to: str
     mode: EdgeMode = "stream"
-    fields: tuple[str, ...] = Field(min_length=1)
+    fields: tuple[str, ...] | None = Field(None, min_length=1)
     chunk_policy: ChunkPolicySpec | None = None
 
     @model_validator(mode="after")
     def _check_window(self) -> EdgeSpec:
-        if self.chunk_policy is not None:
-            if self.mode != "stream":
-                raise ValueError("chunk_policy windows a stream edge; remove it or use mode stream")
-            if len(self.fields) != 1:
-                raise ValueError(
-                    f"chunk_policy windows one field of codec frames, got fields {self.fields}"
-                )
+        if self.chunk_policy is not None and self.mode != "stream":
+            raise ValueError("chunk_policy windows a stream edge; remove it or use mode stream")
         return self
 
 
@@ -128,14 +151,17 @@ class DeadlinesSpec(_Spec):
 
 
 class PipelineSpec(_Spec):
-    """A validated pipeline: stages form a DAG reachable from ``entry``."""
+    """A validated pipeline: stages form a DAG reachable from ``entry``, and every edge
+    fits the declarations of the engines at its two ends."""
 
     name: str = Field(pattern=_NAME)
     entry: str | None = None
     stages: tuple[StageSpec, ...] = Field(min_length=1)
     edges: tuple[EdgeSpec, ...] = ()
     outputs: OutputsSpec
+    supervision: SupervisionSpec = SupervisionSpec()
     deadlines: DeadlinesSpec = DeadlinesSpec()
+    _wiring: Wiring = PrivateAttr()
 
     @model_validator(mode="after")
     def _check_graph(self) -> PipelineSpec:
@@ -168,6 +194,7 @@ class PipelineSpec(_Spec):
                 raise ValueError(f"outputs.{kind}: no stage {stage!r}; stages: {names}")
         if self.outputs.text is None and self.outputs.audio is None:
             raise ValueError("outputs: name the stage that yields text, audio, or both")
+        self._wiring = wire(self.stages, self.edges)
         return self
 
     def _topological(self, names: list[str]) -> list[str]:
@@ -189,24 +216,34 @@ class PipelineSpec(_Spec):
             raise ValueError(f"the stages form a cycle through {cyclic}")
         return order
 
-    def with_engine_args(self, kind: str, **args: Any) -> PipelineSpec:
-        """A copy whose stages of engine ``kind`` get ``args`` merged into theirs.
+    def edge_fields(self, source: str, to: str) -> tuple[str, ...]:
+        """The fields the edge ``source -> to`` carries (declared, or named in YAML)."""
+        return self._wiring.fields[(source, to)]
 
-        The CLI uses it to point every model stage at one weights cache and seed.
-        """
-        stages = tuple(
-            stage.model_copy(
-                update={
-                    "engine": stage.engine.model_copy(
-                        update={"args": {**stage.engine.args, **args}}
-                    )
-                }
-            )
-            if stage.engine.kind == kind
-            else stage
-            for stage in self.stages
-        )
-        return self.model_copy(update={"stages": stages})
+    def ports(self, stage: str) -> Ports:
+        """What ``stage``'s engine takes and yields, as it declares."""
+        return self._wiring.ports[stage]
+
+    def accumulate(self, stage: str) -> dict[str, Rule]:
+        """``stage``'s per-field accumulate rules (its engine's input declaration)."""
+        return self._wiring.accumulate(stage)
+
+    def model_families(self) -> dict[str, ModelFamily]:
+        """The model families whose engines this pipeline runs, by name."""
+        found = (family_of_kind(stage.engine.kind) for stage in self.stages)
+        return {family.name: family for family in found if family is not None}
+
+    def with_weights(self, *, cache_dir: Path | None = None, seed: int = 0) -> PipelineSpec:
+        """A copy whose model-family stages load the weights prepared in ``cache_dir``
+        with ``seed`` (the CLI points every model stage at one cache this way)."""
+        weights: dict[str, Any] = {"seed": seed}
+        if cache_dir is not None:
+            weights["cache_dir"] = str(cache_dir)  # a string: args cross to worker processes
+        data = self.model_dump(by_alias=True)
+        for stage in data["stages"]:
+            if family_of_kind(stage["engine"]["kind"]) is not None:
+                stage["engine"]["args"] = {**stage["engine"]["args"], **weights}
+        return PipelineSpec.model_validate(data)
 
     def with_full_edges(self) -> PipelineSpec:
         """A copy whose every edge is ``full`` (chunk policies dropped): the non-streaming
@@ -299,8 +336,14 @@ def load_pipeline(source: str | Path) -> PipelineSpec:
 
 def _describe(label: str, data: dict[str, Any], exc: ValidationError) -> str:
     """One line per problem: ``file: stages[talker].engine.kind: Input should be ...``."""
-    lines = [f"{label}: invalid pipeline ({exc.error_count()} problem(s))"]
+    lines: list[str] = []
     for error in exc.errors():
+        if not error["loc"] and error["type"] == "value_error":
+            # Whole-pipeline checks (graph, wiring) name their fields themselves.
+            cause = error.get("ctx", {}).get("error")
+            text = str(cause) if cause is not None else error["msg"]
+            lines.extend(f"  {line}" for line in text.splitlines())
+            continue
         parts: list[str] = []
         node: Any = data
         for key in error["loc"]:
@@ -314,4 +357,4 @@ def _describe(label: str, data: dict[str, Any], exc: ValidationError) -> str:
                 node = node.get(key) if isinstance(node, dict) else None
         where = ".".join(parts) or "(top level)"
         lines.append(f"  {where}: {error['msg']}")
-    return "\n".join(lines)
+    return "\n".join([f"{label}: invalid pipeline ({len(lines)} problem(s))", *lines])

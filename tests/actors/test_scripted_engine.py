@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from omni_actors.actors.engine import Engine, Fields
-from omni_actors.actors.scripted import ScriptedEngine
+from omni_actors.actors.scripted import ScriptedArgs, ScriptedEngine
 
 
 async def _inputs(n: int) -> AsyncIterator[Fields]:
@@ -27,7 +27,7 @@ def test_it_satisfies_the_engine_protocol() -> None:
 
 
 async def test_entry_mode_yields_declared_outputs_after_the_input_ends() -> None:
-    engine = ScriptedEngine(outputs=5)
+    engine = ScriptedEngine(ScriptedArgs(outputs=5))
     await engine.start()
     outs = await _collect(engine, "s", 3)
     assert [int(o["token_ids"][0]) for o in outs] == [0, 1, 2, 3, 4]  # type: ignore[index]
@@ -37,7 +37,7 @@ async def test_entry_mode_yields_declared_outputs_after_the_input_ends() -> None
 
 
 async def test_streaming_mode_yields_per_input_while_inputs_arrive() -> None:
-    engine = ScriptedEngine(outputs_per_input=2, fields=("codes",), codebooks=3)
+    engine = ScriptedEngine(ScriptedArgs(outputs_per_input=2, fields=("codes",), codebooks=3))
     seen_before_last_input = 0
     arrived = 0
 
@@ -58,13 +58,13 @@ async def test_streaming_mode_yields_per_input_while_inputs_arrive() -> None:
 
 
 async def test_same_inputs_same_outputs() -> None:
-    a = await _collect(ScriptedEngine(outputs=4), "x", 1)
-    b = await _collect(ScriptedEngine(outputs=4), "y", 2)
+    a = await _collect(ScriptedEngine(ScriptedArgs(outputs=4)), "x", 1)
+    b = await _collect(ScriptedEngine(ScriptedArgs(outputs=4)), "y", 2)
     assert all(torch.equal(p["hidden"], q["hidden"]) for p, q in zip(a, b, strict=True))  # type: ignore[arg-type]
 
 
 async def test_abort_ends_a_session_promptly_and_frees_it() -> None:
-    engine = ScriptedEngine(outputs=1000, first_output_s=0.0, per_output_s=10.0)
+    engine = ScriptedEngine(ScriptedArgs(outputs=1000, first_output_s=0.0, per_output_s=10.0))
     outs: list[Fields] = []
     first = asyncio.Event()
 
@@ -84,7 +84,7 @@ async def test_abort_ends_a_session_promptly_and_frees_it() -> None:
 
 
 async def test_a_session_cannot_generate_twice_at_once() -> None:
-    engine = ScriptedEngine(outputs=2, per_output_s=5.0)
+    engine = ScriptedEngine(ScriptedArgs(outputs=2, per_output_s=5.0))
     first = engine.generate("s", _inputs(1))
     await anext(first)
     with pytest.raises(ValueError, match="already generating"):
@@ -95,19 +95,33 @@ async def test_a_session_cannot_generate_twice_at_once() -> None:
 
 
 def test_bad_declarations() -> None:
-    with pytest.raises(ValueError, match="latencies"):
-        ScriptedEngine(first_output_s=-1)
-    with pytest.raises(ValueError, match="outputs"):
-        ScriptedEngine(outputs_per_input=0)
+    with pytest.raises(ValueError, match="first_output_s"):
+        ScriptedArgs(first_output_s=-1)
+    with pytest.raises(ValueError, match="outputs_per_input"):
+        ScriptedArgs(outputs_per_input=0)
+    with pytest.raises(ValueError, match="fields"):
+        ScriptedArgs(fields=("pixels",))  # type: ignore[arg-type]
+
+
+def test_its_ports_follow_its_arguments() -> None:
+    ports = ScriptedEngine.ports(ScriptedArgs(fields=("codes",), replace=("hidden",)))
+    assert ports.outputs == {"codes": "concat"}
+    assert ports.inputs["hidden"] == "replace"
+    assert ports.inputs["token_ids"] == "concat"
+    assert ports.streams_input
+    narrow = ScriptedEngine.ports(ScriptedArgs(inputs=("codes",), replace=("codes",)))
+    assert narrow.inputs == {"codes": "replace"}
 
 
 def test_scripted_preset_stages_build_engines() -> None:
+    from omni_actors.actors.engine_registry import build_engine
     from omni_actors.serving.pipeline_spec import load_pipeline
 
     spec = load_pipeline("scripted-omni")
-    engines = {s.name: ScriptedEngine(**s.engine.args) for s in spec.stages}
-    assert engines["thinker"].outputs_per_input is None
-    assert engines["talker"].fields == ("codes",)
-    assert engines["code2wav"].output(3)["audio"].shape == (1920,)  # type: ignore[union-attr]
-    with pytest.raises(ValueError, match="unknown output fields"):
-        ScriptedEngine(fields=("pixels",))
+    engines = {s.name: build_engine(s.engine.kind, s.engine.args) for s in spec.stages}
+    assert all(isinstance(e, ScriptedEngine) for e in engines.values())
+    talker, code2wav = engines["talker"], engines["code2wav"]
+    assert isinstance(talker, ScriptedEngine)
+    assert talker.args.fields == ("codes",)
+    assert isinstance(code2wav, ScriptedEngine)
+    assert code2wav.output(3)["audio"].shape == (1920,)  # type: ignore[union-attr]

@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 import torch
 
-from omni_actors.actors.scripted import ScriptedEngine
+from omni_actors.actors.scripted import ScriptedArgs, ScriptedEngine
 from omni_actors.actors.stage import StageActor
 from omni_actors.protocols.control import Abort, Deadlines, Inspect, Prewarm
 from omni_actors.protocols.stage import INPUT, Chunk, SessionKey, StageReport
@@ -25,7 +25,7 @@ class GatedAbortEngine(ScriptedEngine):
     an engine that is slow to free a session, with no time involved."""
 
     def __init__(self, gate: asyncio.Event, aborts: list[str], **args: Any) -> None:
-        super().__init__(**args)
+        super().__init__(ScriptedArgs(**args))
         self.gate = gate
         self.aborts = aborts
 
@@ -44,7 +44,7 @@ class GatedStage(StageActor):
         self.abort_calls = aborts
 
     async def on_start(self) -> None:
-        engine = GatedAbortEngine(self.gate, self.abort_calls, **TALKER)  # type: ignore[arg-type]
+        engine = GatedAbortEngine(self.gate, self.abort_calls, **TALKER)
         await engine.start()
         self.engine = engine
 
@@ -115,7 +115,7 @@ class CountingEngine(ScriptedEngine):
     """A scripted engine that counts ``abort`` and ``release`` per session."""
 
     def __init__(self, calls: list[tuple[str, str]], **args: Any) -> None:
-        super().__init__(**args)
+        super().__init__(ScriptedArgs(**args))
         self.calls = calls
 
     async def abort(self, session: str) -> None:
@@ -183,7 +183,7 @@ class StuckEngine(ScriptedEngine):
     """Its ``abort`` ignores cancellation until ``gate`` is set: a broken engine."""
 
     def __init__(self, gate: asyncio.Event, **args: Any) -> None:
-        super().__init__(**args)
+        super().__init__(ScriptedArgs(**args))
         self.gate = gate
 
     async def abort(self, session: str) -> None:
@@ -201,7 +201,7 @@ class StuckStage(StageActor):
         self.gate = gate
 
     async def on_start(self) -> None:
-        engine = StuckEngine(self.gate, **TALKER)  # type: ignore[arg-type]
+        engine = StuckEngine(self.gate, **TALKER)
         await engine.start()
         self.engine = engine
 

@@ -106,13 +106,17 @@ async def test_a_chunk_from_a_stream_off_the_path_fails_the_session() -> None:
         assert (await stage.ask(Inspect())).keys == []
 
 
-async def test_an_unknown_engine_kind_fails_the_spawn_with_a_clear_error() -> None:
+async def test_a_bad_engine_fails_the_spawn_with_a_clear_error() -> None:
     import pytest
 
-    from omni_actors.actors.engine_registry import EngineUnavailableError
+    from omni_actors.actors.engine_registry import EngineArgsError, EngineUnavailableError
 
     async with ActorTestKit() as kit:
         with pytest.raises(EngineUnavailableError, match="not available"):
             await kit.spawn(StageActor, "thinker", "vllm", {})
-        with pytest.raises(EngineUnavailableError, match="no_such_arg"):
+        with pytest.raises(EngineUnavailableError, match="unknown engine kind 'onnx'"):
+            await kit.spawn(StageActor, "thinker", "onnx", {})
+        with pytest.raises(
+            EngineArgsError, match=r"stages\[thinker\]\.engine\.args\.no_such_arg: Extra inputs"
+        ):
             await kit.spawn(StageActor, "thinker", "scripted", {"no_such_arg": 1})

@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 import math
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import pytest
 
@@ -122,14 +122,14 @@ def test_full_edge_honours_the_receivers_replace_rule() -> None:
     # A replaced field keeps only the last output's row: one row -> 3 outputs, not 12.
     spec = _spec(
         [
-            _scripted("src", first_output_s=0.1, per_output_s=0.1, outputs=4, fields=["codes"]),
-            {
-                **_scripted(
-                    "dec", first_output_s=0.01, per_output_s=0.001, outputs_per_input=3,
-                    fields=["audio"],
-                ),
-                "accumulate": {"codes": "replace"},
-            },
+            _scripted(
+                "src", first_output_s=0.1, per_output_s=0.1, outputs=4, fields=["codes"],
+                replace=["codes"],
+            ),
+            _scripted(
+                "dec", first_output_s=0.01, per_output_s=0.001, outputs_per_input=3,
+                fields=["audio"], replace=["codes"],
+            ),
         ],
         [{"from": "src", "to": "dec", "mode": "full", "fields": ["codes"]}],
         audio="dec",
@@ -152,14 +152,22 @@ def test_hops_follow_the_longest_path_to_the_audio_stage() -> None:
     assert path_hops(spec) == 4
 
 
+class Unscripted:
+    """An engine the ideal knows nothing about (it is never started)."""
+
+    inputs: ClassVar[dict[str, str]] = {"hidden": "concat"}
+    outputs: ClassVar[dict[str, str]] = {"audio": "concat"}
+
+
 def test_a_stage_that_is_not_scripted_has_no_ideal() -> None:
+    kind = f"{__name__}:Unscripted"
     spec = _spec(
-        [_scripted("thinker"), {"name": "talker", "engine": {"kind": "torch"}}],
+        [_scripted("thinker"), {"name": "talker", "engine": {"kind": kind}}],
         [{"from": "thinker", "to": "talker", "fields": ["hidden"]}],
         audio="talker",
     )
 
-    with pytest.raises(IdealUnavailableError, match="stage talker runs a 'torch' engine"):
+    with pytest.raises(IdealUnavailableError, match=f"stage talker runs a '{kind}' engine"):
         ideal_times(spec)
 
 
@@ -234,21 +242,20 @@ async def test_library_call_rejects_empty_levels() -> None:
         await run_pipeline_bench([1], 0, None)
 
 
-def test_a_model_preset_with_bad_engine_args_is_a_clear_error(tmp_path: Path) -> None:
-    path = tmp_path / "torch.yaml"
+def test_a_preset_with_bad_engine_args_is_a_clear_error(tmp_path: Path) -> None:
+    path = tmp_path / "bad.yaml"
     path.write_text(
         "name: real\n"
         "stages:\n"
         "  - {name: thinker, engine: {kind: scripted}}\n"
-        "  - {name: code2wav, engine: {kind: torch}}\n"
+        "  - {name: code2wav, engine: {kind: scripted, args: {max_batch: 0}}}\n"
         "edges:\n"
         "  - {from: thinker, to: code2wav, fields: [hidden]}\n"
         "outputs: {audio: code2wav}\n"
     )
 
-    # A model preset is measured against its full variant (no ideal); its engines must
-    # start, and a torch stage that names no stage is refused with the reason.
-    with pytest.raises(SystemExit, match="need stage"):
+    # Refused before anything runs, with the field to fix.
+    with pytest.raises(SystemExit, match=r"stages\[code2wav\]\.engine\.args\.max_batch: Extra"):
         main(["bench", "pipeline", "--preset", str(path), "--cache-dir", str(tmp_path)])
 
 

@@ -25,16 +25,17 @@ from transformers import DynamicCache
 
 from omni_actors import model_cache
 from omni_actors.actors.engine import Fields
+from omni_actors.actors.engine_registry import EngineArgsError, build_engine
 from omni_actors.actors.tiny_omni import configs, stepping, weights
 from omni_actors.actors.tiny_omni.configs import Tokens
-from omni_actors.actors.tiny_omni.talker_engine import TalkerEngine
-from omni_actors.actors.tiny_omni.thinker_engine import ThinkerEngine
+from omni_actors.actors.tiny_omni.talker_engine import TalkerArgs, TalkerEngine
+from omni_actors.actors.tiny_omni.thinker_engine import ThinkerArgs, ThinkerEngine
 from omni_actors.testing import consistently, eventually
 
 pytestmark = pytest.mark.integration
 
 TEXT = "Hello there, how are you today?"
-TALKER_FIELDS = ("prompt", "prompt_mask", "tts", "embed", "token_ids")
+TALKER_FIELDS = tuple(TalkerEngine.inputs)  # what the talker declares it takes
 
 
 @pytest.fixture(scope="module")
@@ -45,7 +46,7 @@ def cache_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def _args(cache_dir: Path, **extra: Any) -> dict[str, Any]:
-    return {"model": "tiny-omni", "seed": 0, "cache_dir": str(cache_dir), **extra}
+    return {"seed": 0, "cache_dir": str(cache_dir), **extra}
 
 
 @asynccontextmanager
@@ -58,11 +59,11 @@ async def _started(engine: Any) -> AsyncIterator[Any]:
 
 
 def thinker(cache_dir: Path, **extra: Any) -> AbstractAsyncContextManager[ThinkerEngine]:
-    return _started(ThinkerEngine(_args(cache_dir, **extra)))
+    return _started(ThinkerEngine(ThinkerArgs(**_args(cache_dir, **extra))))
 
 
 def talker(cache_dir: Path, **extra: Any) -> AbstractAsyncContextManager[TalkerEngine]:
-    return _started(TalkerEngine(_args(cache_dir, **extra)))
+    return _started(TalkerEngine(TalkerArgs(**_args(cache_dir, **extra))))
 
 
 async def feed(items: Iterable[Fields], pause: float = 0.0) -> AsyncIterator[Fields]:
@@ -168,13 +169,17 @@ async def test_thinker_respects_min_and_max_new_tokens(
 
 
 def test_thinker_rejects_bad_args(cache_dir: Path) -> None:
-    with pytest.raises(ValueError, match="min_new_tokens"):
-        ThinkerEngine(_args(cache_dir, min_new_tokens=-1))
-    assert ThinkerEngine(_args(cache_dir, max_new_tokens=4)).min_new_tokens == 4
-    with pytest.raises(ValueError, match="unknown engine args"):
-        ThinkerEngine(_args(cache_dir, max_tokens=8))
-    with pytest.raises(ValueError, match="speaker"):
-        TalkerEngine(_args(cache_dir, speaker="nobody"))
+    with pytest.raises(EngineArgsError, match=r"engine\.args\.min_new_tokens: Input should be"):
+        build_engine("tiny-omni.thinker", _args(cache_dir, min_new_tokens=-1))
+    small = build_engine("tiny-omni.thinker", _args(cache_dir, max_new_tokens=4))
+    assert isinstance(small, ThinkerEngine)
+    assert small.min_new_tokens == 4
+    with pytest.raises(EngineArgsError, match=r"engine\.args\.max_tokens: Extra inputs"):
+        build_engine("tiny-omni.thinker", _args(cache_dir, max_tokens=8))
+    with pytest.raises(EngineArgsError, match="unknown speaker 'nobody'"):
+        build_engine("tiny-omni.talker", _args(cache_dir, speaker="nobody"))
+    with pytest.raises(EngineArgsError, match="stop_at_codec_eos"):
+        build_engine("tiny-omni.talker", _args(cache_dir, stop_at_codec_eos="yes"))
 
 
 async def test_thinker_text_in_chunks_equals_one_chunk(cache_dir: Path) -> None:

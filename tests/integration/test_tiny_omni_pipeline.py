@@ -31,7 +31,7 @@ def cache(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def spec_of(preset: str, cache: Path) -> PipelineSpec:
-    return load_pipeline(preset).with_engine_args("torch", cache_dir=str(cache))
+    return load_pipeline(preset).with_weights(cache_dir=cache)
 
 
 async def collect(omni: OmniPipeline, **kw: object) -> list[Event]:

@@ -47,7 +47,6 @@ def make_spec(
                     "name": name,
                     "engine": {"kind": "scripted", "args": {**base, **(over or {})}},
                     "process": name in process,
-                    "supervision": {"backoff_min_s": 0.0, "backoff_max_s": 0.0},
                 }
                 for name, base, over in (
                     ("thinker", THINKER, thinker),
@@ -71,6 +70,7 @@ def make_spec(
                 },
             ],
             "outputs": {"text": "thinker", "audio": "code2wav"},
+            "supervision": {"backoff_min_s": 0.0, "backoff_max_s": 0.0},
             "deadlines": deadlines or {},
         }
     )

@@ -110,16 +110,15 @@ async def test_full_edges_wait_for_the_whole_upstream_and_make_the_same_audio() 
 
 
 async def test_full_edge_payload_follows_the_receivers_accumulate_rules() -> None:
-    spec = make_spec(mode="full")
-    stages = [
-        s.model_copy(update={"accumulate": {"hidden": "replace"}}) if s.name == "talker" else s
-        for s in spec.stages
-    ]
-    spec = spec.model_copy(update={"stages": tuple(stages)})
+    # Both ends declare the edge's fields as replaced (an edge's two rules must agree).
+    replaced = {"replace": ["hidden", "token_ids"]}
+    spec = make_spec(mode="full", thinker=replaced, talker=replaced)
+    assert spec.accumulate("talker")["hidden"] == "replace"
     async with OmniPipeline(spec) as omni:
         events = await collect(omni.generate(text="x"))
-    # hidden is replaced (1 row), token_ids concatenated (8 rows): the talker sees 8 rows
-    assert samples_of(events) == 16 * 240
+    # The payload keeps only the last output's row: the talker sees 1 row, not 8, and
+    # speaks 2 frames instead of 16.
+    assert samples_of(events) == 2 * 240
 
 
 async def test_text_only_requests_never_touch_audio_stages() -> None:
@@ -239,10 +238,16 @@ async def test_a_stopped_pipeline_answers_new_sessions_with_an_error() -> None:
 
 
 async def test_a_stage_that_cannot_start_fails_the_pipeline_start_cleanly() -> None:
-    from omni_actors.actors.engine_registry import EngineUnavailableError
+    from omni_actors.actors.engine_registry import EngineArgsError
 
-    spec = make_spec(talker={"no_such_setting": 1})
-    with pytest.raises(EngineUnavailableError, match="no_such_setting"):
+    spec = make_spec()
+    # Validation refuses such args when the spec is made; the stage checks them again
+    # when it builds its engine, as a spec may be copied and changed after validation.
+    talker = spec.stages[1]
+    engine = talker.engine.model_copy(update={"args": {"no_such_setting": 1}})
+    stages = (spec.stages[0], talker.model_copy(update={"engine": engine}), spec.stages[2])
+    spec = spec.model_copy(update={"stages": stages})
+    with pytest.raises(EngineArgsError, match=r"stages\[talker\]\.engine\.args\.no_such_setting"):
         async with OmniPipeline(spec):
             pass
     # the other stages, started concurrently, were stopped: the suite's leak checks

@@ -1,0 +1,140 @@
+"""The engine registry: kinds from entry points and families, import paths, declarations."""
+
+from __future__ import annotations
+
+import sys
+import uuid
+from collections.abc import Callable, Iterator
+from importlib.metadata import entry_points
+from pathlib import Path
+
+import pytest
+
+from omni_actors.actors.engine import Ports
+from omni_actors.actors.engine_registry import (
+    ENGINE_ENTRY_POINTS,
+    EngineArgsError,
+    EngineUnavailableError,
+    build_engine,
+    engine_kinds,
+    engine_type,
+)
+from omni_actors.actors.scripted import ScriptedEngine
+from omni_actors.model_family import FAMILY_ENTRY_POINTS, model_family
+
+WriteModule = Callable[[str], str]
+
+
+@pytest.fixture
+def write_module(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[WriteModule]:
+    """Write a throwaway module on the import path; returns its (unique) name."""
+    written: list[str] = []
+    monkeypatch.syspath_prepend(str(tmp_path))
+
+    def write(source: str) -> str:
+        name = f"user_engines_{uuid.uuid4().hex[:12]}"
+        (tmp_path / f"{name}.py").write_text(source)
+        written.append(name)
+        return name
+
+    yield write
+    for name in written:
+        sys.modules.pop(name, None)
+
+
+ECHO = """
+from pydantic import BaseModel
+
+
+class EchoArgs(BaseModel):
+    model_config = {"extra": "forbid"}
+    times: int = 1
+
+
+class Echo:
+    Args = EchoArgs
+    inputs = {"text": "concat"}
+    outputs = {"text": "concat"}
+
+    def __init__(self, args: EchoArgs) -> None:
+        self.times = args.times
+
+    async def start(self) -> None: ...
+    async def stop(self) -> None: ...
+    async def abort(self, session: str) -> None: ...
+    async def release(self, session: str) -> None: ...
+
+    async def generate(self, session, inputs):
+        async for chunk in inputs:
+            yield {"text": chunk["text"] * self.times}
+"""
+
+
+def test_builtin_kinds_come_from_this_packages_entry_points() -> None:
+    engines = {p.name: p.value for p in entry_points(group=ENGINE_ENTRY_POINTS)}
+    assert engines["scripted"] == "omni_actors.actors.scripted:ScriptedEngine"
+    families = {p.name: p.value for p in entry_points(group=FAMILY_ENTRY_POINTS)}
+    assert families["tiny-omni"] == "omni_actors.actors.tiny_omni.family:TINY_OMNI"
+    # a family's engines are kinds too, imported only when a pipeline names one
+    kinds = engine_kinds()
+    assert kinds["scripted"] == engines["scripted"]
+    for kind, path in model_family("tiny-omni").engines.items():
+        assert kinds[kind] == path
+    assert set(kinds) >= {"tiny-omni.thinker", "tiny-omni.talker", "tiny-omni.code2wav"}
+    assert engine_type("scripted").cls is ScriptedEngine
+
+
+def test_an_unknown_kind_lists_the_known_ones() -> None:
+    with pytest.raises(EngineUnavailableError, match="unknown engine kind 'onnx'") as info:
+        engine_type("onnx")
+    assert "scripted" in str(info.value)
+    assert "tiny-omni.talker" in str(info.value)
+    assert "package.module:Class" in str(info.value)
+    with pytest.raises(EngineUnavailableError, match="'vllm' is not available"):
+        engine_type("vllm")
+
+
+def test_a_class_named_by_import_path_is_an_engine(write_module: WriteModule) -> None:
+    module = write_module(ECHO)
+    found = engine_type(f"{module}:Echo")
+    assert found.ports(found.args({})) == Ports({"text": "concat"}, {"text": "concat"})
+    engine = build_engine(f"{module}:Echo", {"times": 2})
+    assert engine.times == 2  # type: ignore[attr-defined]
+    with pytest.raises(EngineArgsError, match=r"stages\[echo\]\.engine\.args\.times: "):
+        build_engine(f"{module}:Echo", {"times": "many"}, where="stages[echo].engine")
+
+
+def test_an_import_path_that_does_not_import_is_a_clear_error(write_module: WriteModule) -> None:
+    with pytest.raises(EngineUnavailableError, match="cannot import no_such_module:Engine"):
+        engine_type("no_such_module:Engine")
+    module = write_module(ECHO)
+    with pytest.raises(EngineUnavailableError, match=f"cannot import {module}:Missing"):
+        engine_type(f"{module}:Missing")
+
+
+@pytest.mark.parametrize(
+    ("body", "message"),
+    [
+        ("inputs = {'text': 'concat'}", "declare outputs"),
+        ("inputs = {'text': 'append'}\n    outputs = {}", "need a rule of concat or replace"),
+        ("Args = dict\n    inputs = outputs = {}", "Args must be a pydantic BaseModel"),
+        (
+            "inputs = outputs = {}\n    @classmethod\n    def ports(cls, args): return {}",
+            "ports\\(\\) returned dict",
+        ),
+    ],
+)
+def test_a_malformed_declaration_is_a_clear_error(
+    write_module: WriteModule, body: str, message: str
+) -> None:
+    module = write_module(f"class Bad:\n    {body}\n")
+    with pytest.raises(EngineUnavailableError, match=message):
+        build_engine(f"{module}:Bad", {})
+
+
+def test_an_engine_without_args_takes_none(write_module: WriteModule) -> None:
+    module = write_module("class Plain:\n    inputs = outputs = {'codes': 'concat'}\n")
+    found = engine_type(f"{module}:Plain")
+    assert found.ports(found.args({})).streams_input
+    with pytest.raises(EngineArgsError, match=r"engine\.args\.speed: Extra inputs"):
+        build_engine(f"{module}:Plain", {"speed": 2})
