@@ -1,16 +1,17 @@
 """``StageActor``: hosts one engine and every session's state on one stage.
 
-Its ``receive`` only routes (the messages: ``omni_actors.protocols.control``): a
-``Prewarm`` allocates a :class:`StageSession` (which starts waiting for input at once),
-a ``Chunk`` goes into its session's queue, an ``Abort`` (a control message, served
-before queued chunks) frees the session. Sessions are known by their ``SessionKey``. The
-engine work of each session runs in that session's task, so one slow session never
-holds up the chunks of another, and the engine sees all of them at once to batch.
+Its ``receive`` only routes (the messages: ``omni_actors.protocols.control``), and
+never waits on the engine: a ``Prewarm`` allocates a :class:`StageSession` (which starts
+waiting for input at once), a ``Chunk`` goes into its session's queue, an ``Abort`` (a
+control message, served before queued chunks) cancels the session's task, which frees
+the session on the engine as it ends. Sessions are known by their ``SessionKey``. The
+engine work of each session — its abort included — runs in that session's task, owned
+by the stage's task scope, so one slow session never holds up the chunks of another,
+and the engine sees all of them at once to batch.
 """
 
 from __future__ import annotations
 
-import asyncio
 import logging
 from collections import OrderedDict
 from typing import Any
@@ -27,7 +28,6 @@ __all__ = ["StageActor"]
 
 log = logging.getLogger(__name__)
 
-_CLOSE_TIMEOUT = 2.0
 _ABORTED_MEMORY = 4096  # aborted session keys remembered, to refuse a late prewarm
 
 
@@ -49,6 +49,8 @@ class StageActor(Actor[StageMessage]):
         self.args = args
         self.engine: Engine | None = None
         self.sessions: dict[SessionKey, StageSession] = {}
+        # Aborted, their task still ending (the engine freeing them): still held.
+        self.closing: dict[SessionKey, StageSession] = {}
         self.aborted: OrderedDict[SessionKey, None] = OrderedDict()
 
     async def on_start(self) -> None:
@@ -58,13 +60,14 @@ class StageActor(Actor[StageMessage]):
         self.engine = engine
 
     async def on_stop(self) -> None:
-        """Abort every session still here, then stop the engine."""
-        sessions = list(self.sessions.values())
-        self.sessions.clear()
-        for session in sessions:
-            session.task.cancel()
-        if sessions:
-            await asyncio.wait([s.task for s in sessions], timeout=_CLOSE_TIMEOUT)
+        """Abort every session still here, then stop the engine.
+
+        The sessions' tasks get half the system's ``stop_timeout`` to free their state
+        on the engine (what is left is the engine's own stop); any that do not end are
+        logged by the task scope, and the engine's ``stop`` releases what they held.
+        """
+        tasks = self.context.tasks
+        await tasks.cancel(self.context.system.stop_timeout / 2, f"stage {self.name} stopping")
         if self.engine is not None:
             await self.engine.stop()
             self.engine = None
@@ -88,10 +91,13 @@ class StageActor(Actor[StageMessage]):
                     self.aborted.popitem(last=False)
                 session = self.sessions.pop(key, None)
                 if session is not None:
-                    await session.close(_CLOSE_TIMEOUT)
+                    # Not awaited: the session's task runs the engine's abort as it ends.
+                    self.closing[key] = session
+                    session.abort()
                 return True
             case Inspect():
-                return StageState(stage=self.name, keys=sorted(self.sessions))
+                # Sessions still being aborted hold engine state: they count as held.
+                return StageState(stage=self.name, keys=sorted({*self.sessions, *self.closing}))
         raise AssertionError(f"unhandled {message!r}")  # pragma: no cover - typed union
 
     def _prewarm(self, message: Prewarm) -> bool:
@@ -100,11 +106,13 @@ class StageActor(Actor[StageMessage]):
             # raised: a bad request must not crash the stage and its other sessions.
             return False
         assert self.engine is not None
+        context = self.context
         self.sessions[message.key] = StageSession(
-            self.name, self.engine, message, self._session_ended
+            self.name, self.engine, message, self._session_ended, context.clock, context.tasks
         )
         return True
 
     def _session_ended(self, session: StageSession) -> None:
-        if self.sessions.get(session.key) is session:
-            del self.sessions[session.key]
+        for held in (self.sessions, self.closing):
+            if held.get(session.key) is session:
+                del held[session.key]

@@ -4,7 +4,10 @@ A stage hosts many sessions at once; each has one of these. It owns the session'
 queue (fed by the stage's ``receive``), calls the engine once per segment with an input
 iterator over that queue, routes every output through the session's outlets, and
 reports each segment's end to the session's owner. Every wait for input has a
-deadline; the task that drives it all belongs to the stage, which cancels it on abort.
+deadline on the stage's system clock (virtual under ``ActorTestKit(virtual_time=True)``;
+in a worker process, that process's real clock). The task that drives it all belongs to
+the stage's task scope: an abort cancels it, and the task itself frees the session on
+the engine, once, however it ends.
 """
 
 from __future__ import annotations
@@ -19,9 +22,11 @@ from typing import Any
 
 import torch
 
+from omni_actors._task_scope import TaskScope
 from omni_actors.actors.accumulate import ChunkGapError, ChunkSequence
 from omni_actors.actors.engine import CONTEXT_FIELD, Engine, Fields
 from omni_actors.actors.outlet import Outlet
+from omni_actors.clock import Clock, timeout_at
 from omni_actors.errors import (
     ActorStoppedError,
     OmniError,
@@ -66,14 +71,25 @@ class StageSession:
         stage: the stage's name.
         engine: the stage's engine (shared by all its sessions).
         prewarm: the session's route, owner and deadlines.
-        on_end: called with this session once the task has ended, however it ended.
+        on_end: called with this session once the task has ended, however it ended
+            (cancelled before it ever ran included).
+        clock: the stage's system clock; every deadline reads it.
+        tasks: the stage's task scope, which owns the session's task.
     """
 
     def __init__(
-        self, stage: str, engine: Engine, prewarm: Prewarm, on_end: Callable[[StageSession], None]
+        self,
+        stage: str,
+        engine: Engine,
+        prewarm: Prewarm,
+        on_end: Callable[[StageSession], None],
+        clock: Clock,
+        tasks: TaskScope,
     ) -> None:
         self.stage = stage
         self.engine = engine
+        self.clock = clock
+        self._call_at = clock.call_at
         self.key = prewarm.key
         self.owner = prewarm.owner
         self.resumable = prewarm.resumable
@@ -102,8 +118,8 @@ class StageSession:
         self._error: BaseException | None = None
         self._on_end = on_end
         self._reset_metrics()
-        loop = asyncio.get_running_loop()
-        self.task = loop.create_task(self._run(loop.time()), name=f"{stage} session {self.key}")
+        self.task = tasks.create_task(self._run(clock.now()), name=f"{stage} session {self.key}")
+        self.task.add_done_callback(self._task_ended)
 
     # -- input side (called from the stage's receive) ---------------------------------
 
@@ -142,16 +158,15 @@ class StageSession:
     async def next_chunk(
         self, deadline: float, waiting_for: str, limit: float, setting: str
     ) -> Chunk:
-        """The next input chunk, waiting until the loop time ``deadline`` at most."""
-        loop = asyncio.get_running_loop()
+        """The next input chunk, waiting until the clock time ``deadline`` at most."""
         while not self._queue:
             if self._error is not None:
                 raise self._error
-            waiter: asyncio.Future[None] = loop.create_future()
+            waiter: asyncio.Future[None] = asyncio.get_running_loop().create_future()
             self._waiter = waiter
             started = time.monotonic()
             # A timer on the waiter, not asyncio.timeout: this runs once per chunk.
-            timer = loop.call_at(deadline, _expire, waiter)
+            timer = self._call_at(deadline, _expire, waiter)
             try:
                 await waiter
             except TimeoutError:
@@ -171,15 +186,19 @@ class StageSession:
 
     # -- the session's task ------------------------------------------------------------
 
-    async def close(self, timeout: float) -> None:
-        """Abort: cancel the task, wait for it (bounded), free the engine's state."""
+    def abort(self) -> None:
+        """Cancel the session's task; it frees the session on the engine as it ends.
+
+        Returns at once: the engine's ``abort`` runs in the session's own task, so a slow
+        one holds up no other session on the stage.
+        """
         self.task.cancel()
-        await asyncio.wait([self.task], timeout=timeout)
-        await self.engine.abort(self.key)
+
+    def _task_ended(self, task: asyncio.Task[None]) -> None:
+        self._on_end(self)
 
     async def _run(self, started: float) -> None:
-        loop = asyncio.get_running_loop()
-        total = asyncio.timeout_at(started + self.deadlines.total_s)
+        total = timeout_at(self.clock, started + self.deadlines.total_s)
         segment = 0
         finished = False
         try:
@@ -192,7 +211,7 @@ class StageSession:
                         finished = True
                         break
                     segment += 1
-                    start = loop.time()
+                    start = self.clock.now()
         except Exception as exc:
             error = exc
             if total.expired():
@@ -202,11 +221,12 @@ class StageSession:
             await self._report_error(segment, error)
         finally:
             # Runs on abort (cancellation) too: nothing of the session stays allocated.
+            # The one place the engine frees the session: each session is released or
+            # aborted exactly once.
             if finished:
                 await self.engine.release(self.key)
             else:
                 await self.engine.abort(self.key)
-            self._on_end(self)
 
     async def _segment(self, segment: int, start: float) -> End:
         inputs = _SegmentInputs(self, start)
@@ -329,7 +349,7 @@ class _SegmentInputs(AsyncIterator[Fields]):
             base = self.last if self.started else self.start
             chunk = await s.next_chunk(base + limit, what, limit, setting)
             self.started = True
-            self.last = asyncio.get_running_loop().time()
+            self.last = s.clock.now()
             if chunk.end:
                 self.ended.add(chunk.source)
                 if chunk.end == "finished" or self.end != "finished":

@@ -16,6 +16,7 @@ from omni_actors._mailbox import MailboxConfig
 from omni_actors._props import PROCESS, Props
 from omni_actors._ref import ActorRef
 from omni_actors._system import ActorSystem, run
+from omni_actors._task_scope import TaskScope
 from omni_actors.clock import Clock, LoopClock
 from omni_actors.errors import (
     ActorNameTakenError,
@@ -132,6 +133,7 @@ __all__ = [
     "StartTimeoutError",
     "Strategy",
     "SupervisorStrategy",
+    "TaskScope",
     "Terminated",
     "WorkerDiedError",
     "run",

@@ -22,6 +22,7 @@ from omni_actors._props import Props, check_spawn_kwargs
 from omni_actors._ref import ActorRef
 from omni_actors._state import CellState
 from omni_actors._supervisor import Supervisor
+from omni_actors._task_scope import TaskScope
 from omni_actors.errors import ActorNameTakenError, ActorStoppedError, StartTimeoutError
 from omni_actors.signals import ChildFailed, ControlMessage, Terminated
 from omni_actors.supervision import RestartType, SupervisorStrategy
@@ -85,6 +86,7 @@ class ActorCell:
         self.supervisor = Supervisor(self, strategy)
         self.ref: ActorRef[Any] = ActorRef(self)
         self.context: ActorContext[Any] = ActorContext(self)
+        self.tasks = TaskScope(self.path, system._create_task)
         self.instance: Actor[Any] | None = None
         self.state = CellState.STARTING
         self.stop_requested = False
@@ -358,7 +360,10 @@ class ActorCell:
         self.stash.insert(sum(1 for _ in urgent), envelope)
 
     async def _teardown(self) -> None:
-        """Stop the children and let the current instance release what it holds."""
+        """Stop the children and let the current instance release what it holds.
+
+        Then no task the instance started (``context.tasks``) outlives it.
+        """
         await self.supervisor.close()
         await self.stop_children()
         instance, self.instance = self.instance, None
@@ -367,6 +372,7 @@ class ActorCell:
                 await instance.on_stop()
             except Exception:
                 log.exception("on_stop of %s raised", self.path)
+        await self.tasks.cancel(self.system.stop_timeout, "the actor stopped or restarted")
 
     async def _terminate(self) -> None:
         self.state = CellState.STOPPING
@@ -376,6 +382,7 @@ class ActorCell:
         """Release everything the cell owns; runs on every exit path, kill included."""
         self.state = CellState.STOPPED
         self.supervisor.abort()
+        self.tasks.cancel_now()
         for child in list(self.children.values()):
             child.kill()
         pending = self.mailbox.close()

@@ -14,6 +14,7 @@ if TYPE_CHECKING:
     from omni_actors._cell import ActorCell
     from omni_actors._ref import ActorRef
     from omni_actors._system import ActorSystem
+    from omni_actors._task_scope import TaskScope
 
 __all__ = ["ActorContext"]
 
@@ -51,6 +52,12 @@ class ActorContext(Generic[M]):
     def clock(self) -> Clock:
         """The system's clock (virtual under ``ActorTestKit(virtual_time=True)``)."""
         return self._cell.system.clock
+
+    @property
+    def tasks(self) -> TaskScope:
+        """Where this actor starts tasks besides its own: each is cancelled and awaited
+        when the actor stops or restarts (see :class:`omni_actors.TaskScope`)."""
+        return self._cell.tasks
 
     @property
     def path(self) -> str:

@@ -93,6 +93,11 @@ class Mailbox:
         """Free user slots right now."""
         return self.config.capacity - len(self.user)
 
+    @property
+    def waiting_senders(self) -> int:
+        """Senders waiting for room (a timed-out or cancelled one leaves no trace)."""
+        return len(self._putters)
+
     def _wake(self, system: bool) -> None:
         waiter = self._waiter
         if waiter is not None and (system or not self._waiter_system_only) and not waiter.done():

@@ -181,7 +181,7 @@ class OpenSession(
 class AbortSession(
     msgspec.Struct, ControlMessage, Request[bool], tag="abort-session", frozen=True, kw_only=True
 ):
-    """Caller → session actor: end the session now (reply: True once every stage freed it).
+    """Caller → session actor: end the session now (reply: True once every stage dropped it).
 
     The caller's stream ends with ``Aborted`` carrying ``reason``.
     """

@@ -25,6 +25,7 @@ from omni_actors._props import Props
 from omni_actors._ref import ActorRef
 from omni_actors._system import ActorSystem
 from omni_actors.actors.stage import StageActor
+from omni_actors.clock import Clock
 from omni_actors.protocols.control import (
     Inspect,
     ListSessions,
@@ -50,7 +51,11 @@ class OmniPipeline:
         pipeline: a :class:`PipelineSpec`, a preset name or a YAML path.
         max_sessions: sessions served at once; further requests wait for a slot, up to
             the pipeline's ``deadlines.admission_s``.
-        system: run inside this actor system (default: a system of its own).
+        system: run inside this actor system (default: a system of its own). Its clock
+            is the pipeline's: under ``ActorTestKit(virtual_time=True)``, every deadline
+            enforced in this process (admission, the stages' waits, the caller's
+            last-resort expiry) moves with the virtual clock; stages in worker
+            processes keep real time.
         stage_classes: harness hook: per stage, an actor class used instead of
             ``StageActor`` (see ``omni_actors.testing.PipelineFaults``).
         interposers: harness hook: per edge ``"from->to"``, an actor class (and extra
@@ -116,6 +121,13 @@ class OmniPipeline:
         if self._own_system:
             await system.shutdown()
             self._system = None
+
+    @property
+    def clock(self) -> Clock:
+        """The system clock every deadline of the pipeline reads (started pipelines)."""
+        if self._system is None:
+            raise RuntimeError("the pipeline is not started; use 'async with OmniPipeline(...)'")
+        return self._system.clock
 
     @property
     def orchestrator(self) -> ActorRef[OrchestratorMessage]:

@@ -76,7 +76,7 @@ class StartSession(Request[Admitted | OmniError]):
         text: the caller wants text.
         audio: the caller wants audio (text-only requests never touch audio stages).
         resumable: input arrives in segments.
-        admission_deadline: loop time by which prewarm must be done.
+        admission_deadline: system clock time by which prewarm must be done.
         channel: where the session's events go.
     """
 

@@ -3,7 +3,8 @@
 ``OmniPipeline.session()`` returns one for streaming input in segments; ``generate``
 drives one for a one-shot request. It sends input straight to the entry stage, reads the
 events its session actor queues, and owns the session's admission slot and last-resort
-deadline.
+deadline. Both deadlines read the pipeline's system clock (``ActorSystem.clock``), so a
+pipeline in a system with a virtual clock runs them on virtual time.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from typing import TYPE_CHECKING, Literal
 import torch
 
 from omni_actors._ref import ActorRef
+from omni_actors.clock import TimerHandle, timeout_at
 from omni_actors.errors import OmniError
 from omni_actors.protocols.control import AbortSession, OpenSession, SessionMessage
 from omni_actors.protocols.events import TERMINAL, Aborted, Event, SegmentDone, SessionError
@@ -72,7 +74,7 @@ class Session:
         self._segment = 0
         self._slot = False
         self._drained = False  # the terminal event has been handed to the caller
-        self._expiry: asyncio.TimerHandle | None = None
+        self._expiry: TimerHandle | None = None
         self._expiring: asyncio.Task[None] | None = None
 
     async def __aenter__(self) -> Session:
@@ -93,14 +95,14 @@ class Session:
     async def open(self) -> SessionError | None:
         """Admission and prewarm, within ``deadlines.admission_s``; an error is returned."""
         spec = self.pipeline.spec
-        loop = asyncio.get_running_loop()
+        clock = self.pipeline.clock
         self.channel.starts[0] = time.monotonic()
-        start = loop.time()
+        start = clock.now()
         admission_deadline = start + spec.deadlines.admission_s
         # The caller's last line of defence: the stages' own deadlines fire first.
-        self._expiry = loop.call_at(start + spec.deadlines.total_s + _GRACE_S, self._expire)
+        self._expiry = clock.call_at(start + spec.deadlines.total_s + _GRACE_S, self._expire)
         try:
-            async with asyncio.timeout_at(admission_deadline):
+            async with timeout_at(clock, admission_deadline):
                 await self.pipeline._slots.acquire()
             self._slot = True
             reply = await self.pipeline.orchestrator.ask(
@@ -112,7 +114,7 @@ class Session:
                     admission_deadline,
                     self.channel,
                 ),
-                timeout=max(0.001, admission_deadline - loop.time()),
+                timeout=max(0.001, admission_deadline - clock.now()),
             )
             if isinstance(reply, OmniError):
                 return self._closed(
@@ -120,7 +122,7 @@ class Session:
                 )
             self._ref, self._entry, self._key = reply.session, reply.entry, reply.key
             error = await reply.session.ask(
-                OpenSession(), timeout=max(0.001, admission_deadline - loop.time()) + _GRACE_S
+                OpenSession(), timeout=max(0.001, admission_deadline - clock.now()) + _GRACE_S
             )
         except (OmniError, TimeoutError) as exc:
             if not isinstance(exc, TimeoutError):  # the pipeline itself has stopped
@@ -194,8 +196,9 @@ class Session:
     async def abort(self, reason: str = "aborted by the caller") -> None:
         """End the session now on every stage; the event stream ends with ``Aborted``.
 
-        The caller's stream ends at once; this returns once every stage has freed the
-        session (or its session actor is gone).
+        The caller's stream ends at once; this returns once every stage has dropped the
+        session (or its session actor is gone). Each stage's engine frees its state in
+        the background, in the session's own task: a slow engine abort holds up nobody.
         """
         if self.channel.end(Aborted(session=self.id, reason=reason)):
             await self._abort_stages(reason)

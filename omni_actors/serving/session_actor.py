@@ -122,7 +122,7 @@ class SessionActor(Actor[SessionMessage]):
         plan: the stages on the path, in topological order, with their prewarm plans.
         deadlines: the session's deadlines, passed to every stage.
         resumable: the caller sends input in segments.
-        admission_deadline: loop time by which prewarm must be complete.
+        admission_deadline: system clock time by which prewarm must be complete.
         channel: where events go.
     """
 
@@ -192,8 +192,7 @@ class SessionActor(Actor[SessionMessage]):
 
     async def _open(self) -> SessionError | None:
         owner = self.context.self_ref
-        loop = asyncio.get_running_loop()
-        timeout = max(0.0, self.admission_deadline - loop.time())
+        timeout = max(0.0, self.admission_deadline - self.context.clock.now())
         asks = [
             p.ref.ask(
                 Prewarm(

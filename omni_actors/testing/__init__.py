@@ -1,7 +1,10 @@
-"""Test harness for actors: test kit, probes, virtual time and fault injection.
+"""Test harness for actors: test kit, probes, waiting on conditions, virtual time and
+fault injection.
 
 Installed as a pytest plugin: the ``actor_testkit`` and ``virtual_testkit`` fixtures are
-available in any project that installs omni-actors.
+available in any project that installs omni-actors. Tests wait with :func:`eventually`
+(or ``ActorTestKit.eventually``), never with a sleep; :mod:`.inspection` is what a test
+may read of a running actor.
 """
 
 from __future__ import annotations
@@ -13,6 +16,7 @@ from omni_actors.testing.clock import VirtualClock
 from omni_actors.testing.faults import InjectedFault, crash_after, kill_worker, worker_pid
 from omni_actors.testing.kit import ActorTestKit
 from omni_actors.testing.probe import TestProbe
+from omni_actors.testing.waiting import consistently, eventually
 
 if TYPE_CHECKING:
     from omni_actors.testing.chunk_faults import ChunkFaults, FaultyEdge, PipelineFaults
@@ -35,7 +39,9 @@ __all__ = [
     "PipelineFaults",
     "TestProbe",
     "VirtualClock",
+    "consistently",
     "crash_after",
+    "eventually",
     "kill_worker",
     "worker_pid",
 ]

@@ -174,6 +174,12 @@ class RemoteMailbox(Mailbox):
         self.credits += grant
         self._wake_senders()
 
+    @property
+    def waiting_senders(self) -> int:
+        """Senders waiting for a credit or the link (one that gave up counts until the
+        next grant)."""
+        return len(self._credit_waiters)
+
     def _wake_senders(self) -> None:
         waiters, self._credit_waiters = self._credit_waiters, []
         for waiter in waiters:

@@ -12,10 +12,8 @@ from omni_actors.actors.engine import Engine, Fields
 from omni_actors.actors.scripted import ScriptedArgs, ScriptedEngine
 
 
-async def _inputs(n: int, gap: float = 0.0) -> AsyncIterator[Fields]:
+async def _inputs(n: int) -> AsyncIterator[Fields]:
     for i in range(n):
-        if gap:
-            await asyncio.sleep(gap)
         yield {"token_ids": torch.tensor([i])}
 
 
@@ -48,7 +46,6 @@ async def test_streaming_mode_yields_per_input_while_inputs_arrive() -> None:
         for _ in range(3):
             arrived += 1
             yield {"hidden": torch.zeros(1, 8)}
-            await asyncio.sleep(0)
 
     outs = []
     async for out in engine.generate("s", inputs()):

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import asyncio
 import math
-import time
 from collections.abc import AsyncIterator, Iterable
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from pathlib import Path
@@ -31,6 +30,7 @@ from omni_actors.actors.tiny_omni import configs, stepping, weights
 from omni_actors.actors.tiny_omni.configs import Tokens
 from omni_actors.actors.tiny_omni.talker_engine import TalkerArgs, TalkerEngine
 from omni_actors.actors.tiny_omni.thinker_engine import ThinkerArgs, ThinkerEngine
+from omni_actors.testing import consistently, eventually
 
 pytestmark = pytest.mark.integration
 
@@ -67,6 +67,8 @@ def talker(cache_dir: Path, **extra: Any) -> AbstractAsyncContextManager[TalkerE
 
 
 async def feed(items: Iterable[Fields], pause: float = 0.0) -> AsyncIterator[Fields]:
+    """``items`` as an input stream; with ``pause``, each arrives that much later (input
+    that streams in over time is the behaviour some tests are about)."""
     for item in items:
         if pause:
             await asyncio.sleep(pause)
@@ -236,10 +238,8 @@ async def test_thinker_abort_mid_decode_ends_promptly(cache_dir: Path) -> None:
             await anext(outputs)
         assert engine.generating == {"s"}
         await engine.abort("s")
-        started = time.monotonic()
         rest = [out async for out in outputs]
-        assert time.monotonic() - started < 0.5
-        assert len(rest) <= 1  # at most the step already in flight
+        assert len(rest) <= 1  # at most the step already in flight, not the 45 left
         assert engine.active_sessions == set()
         assert engine.generating == set()
 
@@ -248,10 +248,9 @@ async def test_thinker_abort_while_waiting_for_input(cache_dir: Path) -> None:
     async with thinker(cache_dir) as engine:
         outputs = engine.generate("s", hang_after([{"text": "Hi"}]))
         task = asyncio.ensure_future(run_list(outputs))
-        await asyncio.sleep(0.05)
-        assert engine.generating == {"s"}
+        await eventually(lambda: engine.generating == {"s"})
         await engine.abort("s")
-        assert await asyncio.wait_for(task, 1.0) == []
+        assert await asyncio.wait_for(task, 5.0) == []
         assert engine.active_sessions == set()
 
 
@@ -323,11 +322,11 @@ async def test_talker_waits_for_tokens_it_needs(cache_dir: Path) -> None:
         outputs = engine.generate("s", hang_after(stream_edge(said)[:2]))
         got = [await anext(outputs) for _ in range(2)]  # frames 0 and 1: tokens 0 and 1
         pending = asyncio.ensure_future(anext(outputs))
-        await asyncio.sleep(0.1)
-        assert not pending.done()  # frame 2 needs token 2, which never comes
+        # frame 2 needs token 2, which never comes
+        await consistently(lambda: not pending.done(), duration=0.1)
         await engine.abort("s")
         with pytest.raises(StopAsyncIteration):
-            await asyncio.wait_for(pending, 1.0)
+            await asyncio.wait_for(pending, 5.0)
         assert engine.active_sessions == set()
         alone = await run(engine, "t", feed(full_edge(said)))
     assert torch.equal(codes(got), codes(alone)[:2])

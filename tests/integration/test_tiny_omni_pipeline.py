@@ -17,6 +17,8 @@ from omni_actors.model_cache import prepare
 from omni_actors.protocols.events import AudioDelta, Done, Event, TextDelta
 from omni_actors.serving.omni_pipeline import OmniPipeline
 from omni_actors.serving.pipeline_spec import PipelineSpec, load_pipeline
+from omni_actors.testing import eventually
+from omni_actors.testing.inspection import actor_instance
 
 pytestmark = pytest.mark.integration
 
@@ -52,21 +54,19 @@ def done(events: list[Event]) -> Done:
 
 
 async def nothing_held(omni: OmniPipeline, timeout: float = 5.0) -> None:
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + timeout
-    while True:
+    async def check() -> None:
         held = {n: s.keys for n, s in (await omni.inspect()).items() if s.keys}
         live = {n: ids for n, ids in (await omni.live_sessions()).items() if ids}
         engines = {
             name: sorted(getattr(instance.engine, "active_sessions", ()))
             for name, ref in (await omni.stages()).items()
-            if isinstance(instance := ref._cell.instance, StageActor) and instance.engine
+            if isinstance(instance := actor_instance(ref), StageActor) and instance.engine
         }
-        if not held and not live and not any(engines.values()):
-            return
-        if loop.time() > deadline:
-            raise AssertionError(f"still held: {held}, live {live}, engines {engines}")
-        await asyncio.sleep(0.02)
+        assert not held, f"stages still hold {held}"
+        assert not live, f"orchestrator still knows {live}"
+        assert not any(engines.values()), f"engines still run {engines}"
+
+    await eventually(check, timeout=timeout)
 
 
 async def test_text_in_text_and_audio_out(cache: Path) -> None:

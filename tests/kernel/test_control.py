@@ -126,10 +126,10 @@ async def test_control_message_is_accepted_by_a_full_mailbox(overflow: OverflowP
         release = await hold(ref)
         await ref.tell(Item(1))
         await ref.tell(Item(2))
-        assert ref._cell.mailbox.room == 0
+        assert kit.mailbox_room(ref) == 0
         await ref.tell(Urgent(1), timeout=0.01)  # neither waits, raises nor drops
         answer = asyncio.ensure_future(ref.ask(Urgent(2), timeout=1))
-        await asyncio.sleep(0)
+        await kit.eventually(lambda: kit.mailbox_depth(ref, "system") == 2)
         release.set()
         assert await answer == 20
         assert await ref.ask(Dump()) == [Urgent(1), Urgent(2), Item(1), Item(2)]
@@ -143,7 +143,7 @@ async def test_ask_of_a_control_message_gets_the_reply_before_queued_work() -> N
         for i in range(3):
             await ref.tell(Item(i))
         answer = asyncio.ensure_future(ref.ask(Urgent(7)))
-        await asyncio.sleep(0)
+        await kit.eventually(lambda: kit.mailbox_depth(ref, "system") == 1)
         release.set()
         assert await answer == 70
         assert handled[0] == Urgent(7)  # answered before any queued item was handled
@@ -167,19 +167,14 @@ async def test_control_message_during_a_restart_is_replayed_before_stashed_messa
     ref = await virtual_testkit.spawn(Recorder, handled, props=Props(restart="permanent"))
     with pytest.raises(ValueError, match="control failed"):
         await ref.ask(Crash())
-    for _ in range(100):  # let the supervisor schedule the (virtual) backoff
-        if clock.pending():
-            break
-        await asyncio.sleep(0)
-    assert clock.pending()
+    # the supervisor has scheduled the (virtual) backoff
+    await virtual_testkit.eventually(clock.pending)
     await ref.tell(Item(1))
     await ref.tell(Item(2))
     await ref.tell(Urgent(1))
     answer = asyncio.ensure_future(ref.ask(Urgent(2)))
-    for _ in range(30):
-        await asyncio.sleep(0)
-    assert not answer.done()
-    assert handled == []  # nothing runs while the actor waits to restart
+    # Nothing runs while the actor waits to restart (the advance below is what ends it).
+    await virtual_testkit.consistently(lambda: not answer.done() and handled == [])
     clock.advance(10.0)
     assert await answer == 20
     assert await ref.ask(Dump()) == [Urgent(1), Urgent(2), Item(1), Item(2)]
@@ -200,9 +195,11 @@ async def test_a_control_ask_queued_when_the_actor_stops_fails_at_once() -> None
         ref = await kit.spawn(Recorder, [])
         release = await hold(ref)
         stopping = asyncio.create_task(kit.system.stop(ref))
-        await asyncio.sleep(0)  # the Stop is queued in the system lane
+        # the Stop is queued in the system lane...
+        await kit.eventually(lambda: kit.mailbox_depth(ref, "system") == 1)
         answer = asyncio.ensure_future(ref.ask(Urgent(1), timeout=30))
-        await asyncio.sleep(0)  # ...and the control message behind it
+        # ...and the control message behind it
+        await kit.eventually(lambda: kit.mailbox_depth(ref, "system") == 2)
         release.set()
         await stopping
         with pytest.raises(ActorStoppedError):

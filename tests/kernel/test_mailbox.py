@@ -22,7 +22,7 @@ from omni_actors import (
     Terminated,
 )
 from omni_actors._mailbox import Mailbox
-from omni_actors.testing import ActorTestKit
+from omni_actors.testing import ActorTestKit, eventually
 
 
 @dataclass
@@ -101,9 +101,10 @@ async def test_stop_is_served_before_a_full_user_lane() -> None:
         release = await hold(ref)
         for i in range(50):
             await ref.tell(Item(i))
-        assert ref._cell.mailbox.room == 0
+        assert kit.mailbox_room(ref) == 0
         stopping = asyncio.create_task(kit.system.stop(ref))
-        await asyncio.sleep(0)  # the Stop is queued behind the held message
+        # the Stop is queued behind the held message
+        await kit.eventually(lambda: kit.mailbox_depth(ref, "system") == 1)
         release.set()
         await stopping
         assert not ref.is_alive
@@ -136,8 +137,7 @@ async def test_backpressure_tell_waits_until_the_actor_takes_a_message() -> None
         await ref.tell(Item(1))
         await ref.tell(Item(2))
         blocked = asyncio.create_task(ref.tell(Item(3)))
-        for _ in range(5):
-            await asyncio.sleep(0)
+        await kit.eventually(lambda: kit.blocked_senders(ref) == 1)  # waiting for room
         assert not blocked.done()  # the actor is held: no room can appear
         assert items(handled) == []
         release.set()
@@ -160,7 +160,7 @@ async def test_tell_timeout_raises_send_timeout_error_and_sends_nothing() -> Non
         assert info.value.actor == "/slow"
         assert info.value.timeout == 0.01
         assert "/slow" in str(info.value)
-        assert not ref._cell.mailbox._putters  # the timed-out sender left no trace
+        assert kit.blocked_senders(ref) == 0  # the timed-out sender left no trace
         release.set()
         await ref.tell(Item(3), timeout=1)
         assert items(await ref.ask(Dump())) == [1, 3]
@@ -173,7 +173,7 @@ async def test_tell_timeout_is_not_hit_when_room_appears_in_time() -> None:
         release = await hold(ref)
         await ref.tell(Item(1))
         sending = asyncio.create_task(ref.tell(Item(2), timeout=5))
-        await asyncio.sleep(0)
+        await kit.eventually(lambda: kit.blocked_senders(ref) == 1)
         release.set()
         await sending
         assert items(await ref.ask(Dump())) == [1, 2]
@@ -187,9 +187,9 @@ async def test_a_sender_waiting_for_room_fails_when_the_actor_stops() -> None:
         release = await hold(ref)
         await ref.tell(Item(1))
         blocked = asyncio.create_task(ref.tell(Item(2)))
-        await asyncio.sleep(0)
+        await kit.eventually(lambda: kit.blocked_senders(ref) == 1)
         stopping = asyncio.create_task(kit.system.stop(ref))
-        await asyncio.sleep(0)
+        await kit.eventually(lambda: kit.mailbox_depth(ref, "system") == 1)
         release.set()
         await stopping
         with pytest.raises(ActorStoppedError, match="/busy"):
@@ -208,7 +208,7 @@ async def test_drop_oldest_drops_the_oldest_keeps_the_newest_in_order() -> None:
         )
         release = await hold(ref)
         dropped_ask = asyncio.create_task(ref.ask(Item(1)))
-        await asyncio.sleep(0)
+        await kit.eventually(lambda: kit.queued_messages(ref) == [Item(1)])
         await ref.tell(Item(2))
         await ref.tell(Item(3))
         await ref.tell(Item(4))  # full: drops the ask of Item(1)
@@ -216,7 +216,7 @@ async def test_drop_oldest_drops_the_oldest_keeps_the_newest_in_order() -> None:
         with pytest.raises(MessageDroppedError, match="drop_oldest") as info:
             await dropped_ask
         assert info.value.actor == "/lossy"
-        assert [env[0] for env in ref._cell.mailbox.user] == [Item(3), Item(4), Item(5)]
+        assert kit.queued_messages(ref) == [Item(3), Item(4), Item(5)]
         release.set()
         assert await probe.receive_messages(3) == [Item(3), Item(4), Item(5)]
 
@@ -229,7 +229,7 @@ async def test_drop_oldest_never_blocks_a_sender() -> None:
         release = await hold(ref)
         for i in range(100):
             await ref.tell(Item(i), timeout=0)
-        assert [env[0].n for env in ref._cell.mailbox.user] == [98, 99]
+        assert kit.queued_messages(ref) == [Item(98), Item(99)]
         release.set()
 
 
@@ -297,6 +297,7 @@ async def test_fifo_across_many_concurrent_senders() -> None:
                 # exact order in which messages entered the mailbox.
                 sent.append(base + i)
                 if i % 3 == 0:
+                    # The behaviour under test: senders interleaving at every loop step.
                     await asyncio.sleep(0)
 
         await asyncio.gather(*(sender(k * 1000) for k in range(20)))
@@ -317,8 +318,9 @@ async def test_waiting_senders_get_room_in_arrival_order() -> None:
         waiting = []
         for i in range(1, 11):
             waiting.append(asyncio.create_task(ref.tell(Item(i))))
-            await asyncio.sleep(0)
-        assert len(ref._cell.mailbox._putters) == 10
+            # each one waits before the next is sent: their arrival order is known
+            await kit.eventually(lambda n=i: kit.blocked_senders(ref) == n)
+        assert kit.blocked_senders(ref) == 10
         release.set()
         await asyncio.gather(*waiting)
         assert items(await ref.ask(Dump())) == list(range(11))
@@ -328,9 +330,11 @@ async def test_a_new_sender_does_not_overtake_a_woken_waiter() -> None:
     box = Mailbox("/box", MailboxConfig(capacity=1))
     await box.push_user(("first", None))
     waiter = asyncio.create_task(box.push_user(("waiter", None)))
-    await asyncio.sleep(0)
+    await eventually(lambda: box.waiting_senders == 1)
     assert box.pop_user()[0] == "first"  # room for exactly one: the waiter's
     newcomer = asyncio.create_task(box.push_user(("newcomer", None)))
+    # One loop step, the interleaving under test: the newcomer runs while the woken
+    # waiter has not yet taken its slot.
     await asyncio.sleep(0)
     await waiter
     assert [env[0] for env in box.user] == ["waiter"]
@@ -348,7 +352,7 @@ async def test_a_cancelled_waiting_sender_does_not_hold_up_the_next() -> None:
         await ref.tell(Item(1))
         first = asyncio.create_task(ref.tell(Item(2)))
         second = asyncio.create_task(ref.tell(Item(3)))
-        await asyncio.sleep(0)
+        await kit.eventually(lambda: kit.blocked_senders(ref) == 2)
         first.cancel()
         release.set()
         await asyncio.wait_for(second, 1)
@@ -361,20 +365,20 @@ async def test_a_woken_sender_cancelled_before_it_runs_passes_the_slot_on() -> N
     await box.push_user(("a", None))
     first = asyncio.create_task(box.push_user(("first", None)))
     second = asyncio.create_task(box.push_user(("second", None)))
-    await asyncio.sleep(0)
+    await eventually(lambda: box.waiting_senders == 2)
     box.pop_user()  # wakes ``first``...
     first.cancel()  # ...which is cancelled before it can take the free slot
     await asyncio.wait_for(second, 1)
     assert first.cancelled()
     assert [env[0] for env in box.user] == ["second"]
-    assert not box._putters
+    assert box.waiting_senders == 0
 
 
 async def test_close_wakes_every_waiting_sender_with_actor_stopped() -> None:
     box = Mailbox("/box", MailboxConfig(capacity=1))
     await box.push_user(("a", None))
     waiting = [asyncio.create_task(box.push_user((i, None))) for i in range(3)]
-    await asyncio.sleep(0)
+    await eventually(lambda: box.waiting_senders == 3)
     assert [env[0] for env in box.close()] == ["a"]
     for task in waiting:
         with pytest.raises(ActorStoppedError, match="/box"):

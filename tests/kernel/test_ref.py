@@ -269,7 +269,7 @@ async def test_a_late_failure_is_discarded_quietly(caplog: pytest.LogCaptureFixt
         release.set()
         await blocker
         # The failure is the actor's own (it is temporary: it stops); the asker is gone.
-        assert isinstance(await ref._cell.terminated, EngineError)
+        assert isinstance(await kit.terminated(ref), EngineError)
     assert asyncio_complaints(caplog) == []
 
 
@@ -281,7 +281,7 @@ async def test_ask_deadline_covers_waiting_for_mailbox_room() -> None:
         await ref.tell(Ping(1))  # fills the mailbox
         with pytest.raises(AskTimeoutError):
             await ref.ask(Ping(2), timeout=0.01)
-        assert not ref._cell.mailbox._putters
+        assert kit.blocked_senders(ref) == 0
         release.set()
         await asking
         assert await ref.ask(Ping(3)) == 6
@@ -332,7 +332,7 @@ async def test_a_failed_temporary_actor_refuses_further_messages() -> None:
         ref = await kit.spawn(Worker)
         with pytest.raises(EngineError):
             await ref.ask(Fail(EngineError(1)))
-        await ref._cell.terminated
+        await kit.terminated(ref)
         assert not ref.is_alive
         with pytest.raises(ActorStoppedError):
             await ref.ask(Ping())
@@ -345,9 +345,9 @@ async def test_asks_queued_when_the_actor_stops_fail_instead_of_hanging() -> Non
         blocker, release = await block(ref, "done")
         queued = [asyncio.create_task(ref.ask(Ping(i), timeout=5)) for i in range(3)]
         await ref.tell(Ping(99))
-        await asyncio.sleep(0)
+        await kit.eventually(lambda: kit.mailbox_depth(ref) == 4)  # the asks and the tell
         stopping = asyncio.create_task(kit.system.stop(ref))
-        await asyncio.sleep(0)
+        await kit.eventually(lambda: kit.mailbox_depth(ref, "system") == 1)  # the Stop
         release.set()
         await stopping
         assert await blocker == "done"  # the message in progress still finished
@@ -406,9 +406,9 @@ async def test_a_ref_stays_valid_across_restarts() -> None:
     instant = SupervisorStrategy(backoff=Backoff(min_s=0, max_s=0))
     async with ActorTestKit(strategy=instant) as kit:
         ref = await kit.spawn(Worker, props=Props(restart="permanent"))
-        instance = ref._cell.instance
+        instance = kit.instance(ref)
         with pytest.raises(EngineError):
             await ref.ask(Fail(EngineError(1)))
         assert await ref.ask(Ping(2)) == 4
-        assert ref._cell.instance is not instance  # a fresh instance behind the same ref
+        assert kit.instance(ref) is not instance  # a fresh instance behind the same ref
         assert ref.is_alive

@@ -11,7 +11,6 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import random
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -29,7 +28,14 @@ from omni_actors import (
     SupervisorStrategy,
     Terminated,
 )
-from omni_actors.testing import ActorTestKit, InjectedFault, TestProbe, crash_after
+from omni_actors.testing import (
+    ActorTestKit,
+    InjectedFault,
+    TestProbe,
+    consistently,
+    crash_after,
+    eventually,
+)
 
 NO_BACKOFF = Backoff(min_s=0.0, max_s=0.0, jitter=0.0)
 LONG_BACKOFF = Backoff(min_s=10.0, max_s=10.0, jitter=0.0)
@@ -247,21 +253,6 @@ async def fail(ref: ActorRef[WorkerMsg], error: Exception | None = None) -> Exce
         await ref.ask(Boom(error))
     assert info.value is error
     return error
-
-
-async def spin(turns: int = 30) -> None:
-    """Let every ready task on the loop run a few steps (no real time passes)."""
-    for _ in range(turns):
-        await asyncio.sleep(0)
-
-
-async def until(condition: Callable[[], object], turns: int = 200) -> None:
-    """Spin the loop until ``condition()`` holds; fail (not hang) if it never does."""
-    for _ in range(turns):
-        if condition():
-            return
-        await asyncio.sleep(0)
-    raise AssertionError("condition never held")
 
 
 # -- strategies ------------------------------------------------------------------------
@@ -484,7 +475,7 @@ async def test_failure_of_a_temporary_child_in_one_for_all_restarts_nobody(
     sup, kids = await spawn_sup(actor_testkit, strategy, specs, journal)
     await kids["a"].tell(Add(4))
     await fail(kids["t"])
-    await until(lambda: not kids["t"].is_alive)
+    await eventually(lambda: not kids["t"].is_alive)
     assert await kids["a"].ask(Get()) == 4
     assert await sup.ask(Get()) == ["a"]
 
@@ -660,15 +651,14 @@ async def test_restarts_wait_for_the_exponential_backoff(virtual_testkit: ActorT
     for delay in (1.0, 2.0, 4.0, 5.0, 5.0):  # min_s * factor**(n-1), capped at max_s
         await a.tell(Add(1))
         error = await fail(a)
-        await until(clock.pending)
+        await eventually(clock.pending)
         assert clock.pending() == [pytest.approx(delay)]
 
         answer = asyncio.ensure_future(a.ask(Get()))
         clock.advance(delay - epsilon)
-        await spin()
         assert clock.pending() == [pytest.approx(epsilon)]
-        assert not answer.done()  # still waiting for the restart
-        await events.expect_no_message(0.01)
+        await events.expect_no_message(0.02)  # still waiting for the restart
+        assert not answer.done()
 
         clock.advance(epsilon)
         restarted = await events.expect_message(Restarted)
@@ -687,7 +677,7 @@ async def test_backoff_starts_over_after_a_quiet_period(virtual_testkit: ActorTe
 
     for delay in (1.0, 3.0, 1.0):
         await fail(a)
-        await until(clock.pending)
+        await eventually(clock.pending)
         assert clock.pending() == [pytest.approx(delay)]
         clock.advance(delay)
         assert await a.ask(Get()) == 0
@@ -701,9 +691,9 @@ async def test_backoff_is_counted_per_child(virtual_testkit: ActorTestKit) -> No
     strategy = SupervisorStrategy(max_restarts=10, period=100.0, backoff=backoff)
     _, kids = await spawn_sup(virtual_testkit, strategy, [Child("a"), Child("b")], [])
     await fail(kids["a"])
-    await until(clock.pending)
+    await eventually(clock.pending)
     await fail(kids["b"])
-    await until(lambda: len(clock.pending()) == 2)
+    await eventually(lambda: len(clock.pending()) == 2)
     assert clock.pending() == [pytest.approx(1.0), pytest.approx(1.0)]
     clock.advance(1.0)
     assert await kids["a"].ask(Get()) == 0
@@ -734,14 +724,13 @@ async def test_messages_during_a_restart_are_stashed_and_replayed_in_order(
     a = kids["a"]
     await a.tell(Add(1000))  # state of the old instance, lost with it
     await fail(a)
-    await until(clock.pending)
+    await eventually(clock.pending)
 
     for n in (1, 2, 3, 4):
         await a.tell(Add(n))
     answer = asyncio.ensure_future(a.ask(Get()))
-    await spin()
-    assert not answer.done()
-    assert added(journal) == [1000]  # nothing handled while waiting for the restart
+    # nothing handled while waiting for the restart
+    await consistently(lambda: not answer.done() and added(journal) == [1000])
 
     clock.advance(10.0)
     await a.tell(Add(5))  # newer than everything stashed
@@ -760,12 +749,12 @@ async def test_a_full_stash_backpressures_senders_without_losing_messages(
     _, kids = await spawn_sup(virtual_testkit, strategy, [child], journal)
     a = kids["a"]
     await fail(a)
-    await until(clock.pending)
+    await eventually(clock.pending)
 
     sends = [asyncio.ensure_future(a.tell(Add(n))) for n in range(1, 9)]
-    await until(lambda: sum(s.done() for s in sends) == 5)  # 3 stashed + 2 in the mailbox
-    await spin()
-    assert [s.done() for s in sends] == [True] * 5 + [False] * 3  # the rest wait, in order
+    await eventually(lambda: sum(s.done() for s in sends) == 5)  # 3 stashed + 2 in the mailbox
+    # the rest wait, in order
+    await consistently(lambda: [s.done() for s in sends] == [True] * 5 + [False] * 3)
 
     clock.advance(10.0)
     await asyncio.gather(*sends)
@@ -782,13 +771,13 @@ async def test_one_for_all_siblings_stash_while_the_group_waits_to_restart(
     _, kids = await spawn_sup(virtual_testkit, strategy, [Child("a"), Child("b")], journal)
     await kids["b"].tell(Add(100))
     await fail(kids["a"])
-    await until(clock.pending)
+    await eventually(clock.pending)
 
     answer = asyncio.ensure_future(kids["b"].ask(Get()))
-    await spin()  # the ask is queued before the Add
+    # the ask is set aside (b is suspended with its group) before the Add is sent
+    await eventually(lambda: virtual_testkit.stashed_messages(kids["b"]) == [Get()])
     await kids["b"].tell(Add(1))
-    await spin()
-    assert not answer.done()  # b is suspended with its group
+    await consistently(lambda: not answer.done())
     clock.advance(10.0)
     # Asked before the restart: answered by the fresh instance, before the Add.
     assert await answer == 0
@@ -835,7 +824,7 @@ async def test_watching_a_dead_actor_delivers_terminated_at_once(
     crashed = await actor_testkit.spawn(Worker, "c", [])
     await actor_testkit.system.stop(stopped)
     error = await fail(crashed)
-    await until(lambda: not crashed.is_alive)
+    await eventually(lambda: not crashed.is_alive)
 
     assert (await probe.expect_terminated(stopped)).reason is None
     assert (await probe.expect_terminated(crashed)).reason is error
@@ -938,8 +927,7 @@ async def test_a_parent_busy_asking_its_child_still_restarts_it(
     # This ask reaches the child while it waits for its restart; the parent is blocked
     # in receive the whole time, and the restart must still happen.
     answer = asyncio.ensure_future(parent.ask(Get()))
-    await until(clock.pending)
-    await spin()
-    assert not answer.done()
+    await eventually(clock.pending)
+    await consistently(lambda: not answer.done())
     clock.advance(10.0)
     assert await answer == 0

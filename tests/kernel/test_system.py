@@ -20,6 +20,7 @@ from omni_actors import (
     SupervisorStrategy,
     run,
 )
+from omni_actors.testing.inspection import actor_instance, terminated
 
 Tree = dict[str, "Tree"]
 """Child names, each mapped to that child's own children."""
@@ -164,8 +165,10 @@ async def test_names_are_unique_among_siblings_and_free_again_after_stop() -> No
             await system.spawn(Node, log, name="n")
         assert isinstance(info.value, ValueError)
         assert system.lookup("n") == first  # the refused spawn did not replace it
+        instance = actor_instance(first)
+        assert instance is not None
         with pytest.raises(ActorNameTakenError, match="/n already has a child named 'x'"):
-            await first._cell.context.spawn(Node, log, name="x")
+            await instance.context.spawn(Node, log, name="x")
         await system.stop(first)
         second = await system.spawn(Node, log, name="n")
         assert system.lookup("n") == second != first
@@ -257,7 +260,7 @@ async def test_an_actor_stuck_in_receive_is_killed_and_shutdown_completes() -> N
         await system.spawn(Node, log, name="last")
     assert log == ["start /first", "start /last", "stop /last", "stop /first"]
     assert not stuck.is_alive
-    assert isinstance(stuck._cell.terminated.result(), ActorStoppedError)  # killed
+    assert isinstance(await terminated(stuck), ActorStoppedError)  # killed
     assert other_tasks() == []
 
 
@@ -281,7 +284,7 @@ async def test_time_spent_stopping_children_does_not_count_against_the_parent() 
         await entered.wait()
     # The stuck child was killed after its deadline; the parent still stopped gracefully.
     assert log == ["start /parent", "stop /parent"]
-    assert parent._cell.terminated.result() is None
+    assert await terminated(parent) is None
     assert other_tasks() == []
 
 
@@ -312,7 +315,7 @@ async def test_no_task_survives_an_escalation_below_the_root() -> None:
         kid = system.lookup("p/kid")
         with pytest.raises(RuntimeError, match="crashed"):
             await kid.ask(Crash())
-        reason = await asyncio.wait_for(asyncio.shield(parent._cell.terminated), 1)
+        reason = await terminated(parent)
         assert isinstance(reason, RestartIntensityExceededError)
         assert not system.is_terminated  # the temporary parent stopped; the root lives
         assert await (await system.spawn(Node, log)).ask(Ping())

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -10,6 +9,8 @@ from omni_actors.actors.stage import StageActor
 from omni_actors.protocols.events import AudioDelta, Done, Event, TextDelta
 from omni_actors.serving.omni_pipeline import OmniPipeline
 from omni_actors.serving.pipeline_spec import PipelineSpec
+from omni_actors.testing import ActorTestKit, eventually
+from omni_actors.testing.inspection import actor_instance
 
 THINKER = {"first_output_s": 0.005, "per_output_s": 0.001, "outputs": 8}
 TALKER = {
@@ -97,27 +98,36 @@ def done(events: list[Event]) -> Done:
     return last
 
 
-async def assert_nothing_held(omni: OmniPipeline, timeout: float = 3.0) -> None:
+async def assert_nothing_held(omni: OmniPipeline, timeout: float = 5.0) -> None:
     """No session is known to the orchestrator, held by a stage or running in an engine.
 
-    Session actors stop right after their terminal event; give them ``timeout`` to go.
+    Session actors stop right after their terminal event, and a stage frees an aborted
+    session as its task ends: wait (``timeout`` at most) until all of that is done.
     """
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + timeout
-    while True:
+
+    async def nothing_held() -> None:
         live = await omni.live_sessions()
         held = {name: state.keys for name, state in (await omni.inspect()).items()}
         engines = {
             name: sorted(engine.active_sessions)
             for name, ref in (await omni.stages()).items()
-            if isinstance(instance := ref._cell.instance, StageActor)
+            if isinstance(instance := actor_instance(ref), StageActor)
             and (engine := instance.engine) is not None
             and hasattr(engine, "active_sessions")
         }
-        if not any(live.values()) and not any(held.values()) and not any(engines.values()):
-            return
-        if loop.time() > deadline:
-            raise AssertionError(
-                f"still held: orchestrator {live}, stages {held}, engines {engines}"
-            )
-        await asyncio.sleep(0.01)
+        assert not any(live.values()), f"orchestrator still knows {live}"
+        assert not any(held.values()), f"stages still hold {held}"
+        assert not any(engines.values()), f"engines still run {engines}"
+
+    await eventually(nothing_held, timeout=timeout)
+
+
+async def armed(kit: ActorTestKit, delay: float, count: int = 1) -> None:
+    """Until ``count`` deadlines are armed ``delay`` seconds from now on the kit's
+    virtual clock: the waits they guard have begun."""
+    clock = kit.virtual_clock
+
+    def ready() -> bool:
+        return sum(1 for d in clock.pending() if abs(d - delay) < 1e-9) >= count
+
+    await kit.eventually(ready, what=f"{count} deadline(s) {delay}s away")

@@ -1,75 +1,111 @@
 """Every wait has a deadline: admission, first chunk, inter-chunk, idle and total.
 
 Each expiry ends the session with a ``SessionError`` (code ``timeout``, or
-``admission``) that names the stage and the setting, and frees every stage.
+``admission``) that names the stage and the setting, and frees every stage. The
+pipeline runs in a test kit with a virtual clock: a deadline expires when the test
+advances time past it, never on its own, so nothing here waits real seconds and no
+outcome depends on the machine's speed. (Stages run in this process here; a stage in a
+worker process enforces its deadlines on that process's real clock.)
 """
 
 from __future__ import annotations
 
 import asyncio
+from collections.abc import AsyncIterator
 
 import pytest
-from pipeline_helpers import assert_nothing_held, collect, make_spec
+import pytest_asyncio
+from pipeline_helpers import armed, assert_nothing_held, collect, make_spec
 
+from omni_actors.actors.scripted import ScriptedEngine
 from omni_actors.actors.stage import StageActor
 from omni_actors.protocols.control import Prewarm
-from omni_actors.protocols.events import SessionError
+from omni_actors.protocols.events import Event, SessionError
 from omni_actors.serving.omni_pipeline import OmniPipeline, SessionClosedError
+from omni_actors.serving.session import _GRACE_S
+from omni_actors.testing import ActorTestKit
+from omni_actors.testing.inspection import actor_instance
+
+# A stage whose engine never gets this far in a test: only an expiry ends its session.
+STALLED = {"first_output_s": 3600.0}
 
 
-def error_of(events: list[object]) -> SessionError:
+@pytest_asyncio.fixture
+async def kit() -> AsyncIterator[ActorTestKit]:
+    async with ActorTestKit(virtual_time=True) as kit:
+        yield kit
+
+
+def error_of(events: list[Event]) -> SessionError:
     last = events[-1]
     assert isinstance(last, SessionError), f"expected a SessionError, got {events[-3:]}"
     return last
 
 
-async def test_admission_deadline_when_every_slot_is_taken() -> None:
+async def test_admission_deadline_when_every_slot_is_taken(kit: ActorTestKit) -> None:
     spec = make_spec(deadlines={"admission_s": 0.2})
-    async with OmniPipeline(spec, max_sessions=1) as omni:
+    async with OmniPipeline(spec, max_sessions=1, system=kit.system) as omni:
         async with omni.session():
-            loop = asyncio.get_running_loop()
-            started = loop.time()
-            error = error_of(await collect(omni.generate(text="x")))
+            request = asyncio.ensure_future(collect(omni.generate(text="x")))
+            await armed(kit, 0.2)
+            kit.virtual_clock.advance(0.19)
+            await kit.consistently(lambda: not request.done(), duration=0.05)  # not yet
+            kit.virtual_clock.advance(0.01)
+            error = error_of(await request)
             assert error.code == "admission"
             assert "max_sessions" in error.message
-            assert 0.15 < loop.time() - started < 2.0
         # the slot is free again
         events = await collect(omni.generate(text="x"))
         assert not isinstance(events[-1], SessionError)
         await assert_nothing_held(omni)
 
 
-async def test_a_session_handle_that_cannot_open_raises() -> None:
+async def test_a_session_handle_that_cannot_open_raises(kit: ActorTestKit) -> None:
     spec = make_spec(deadlines={"admission_s": 0.1})
-    async with OmniPipeline(spec, max_sessions=1) as omni, omni.session():
-        with pytest.raises(SessionClosedError, match="could not open"):
+    async with OmniPipeline(spec, max_sessions=1, system=kit.system) as omni, omni.session():
+
+        async def open_another() -> None:
             async with omni.session():
                 pass
 
+        opening = asyncio.ensure_future(open_another())
+        await armed(kit, 0.1)
+        kit.virtual_clock.advance(0.1)
+        with pytest.raises(SessionClosedError, match="could not open"):
+            await opening
 
-async def test_first_chunk_deadline_on_a_full_edge() -> None:
-    # The full payload only leaves the thinker after 10 x 50 ms.
-    spec = make_spec(
-        mode="full",
-        thinker={"per_output_s": 0.05, "outputs": 10},
-        deadlines={"first_chunk_s": 0.2},
-    )
-    async with OmniPipeline(spec) as omni:
-        error = error_of(await collect(omni.generate(text="x")))
+
+async def test_first_chunk_deadline_on_a_full_edge(kit: ActorTestKit) -> None:
+    spec = make_spec(mode="full", thinker=STALLED, deadlines={"first_chunk_s": 0.2})
+    async with OmniPipeline(spec, system=kit.system) as omni:
+        request = asyncio.ensure_future(collect(omni.generate(text="x")))
+        # The thinker has its input (its own first-chunk wait is over)...
+        thinker = actor_instance((await omni.stages())["thinker"])
+        assert isinstance(thinker, StageActor)
+        engine = thinker.engine
+        assert isinstance(engine, ScriptedEngine)
+        await kit.eventually(lambda: engine.active_sessions, what="the thinker generating")
+        # ...while talker and code2wav still wait for theirs.
+        await armed(kit, 0.2, count=2)
+        kit.virtual_clock.advance(0.2)
+        error = error_of(await request)
         assert error.code == "timeout"
         assert error.stage in ("talker", "code2wav")
         assert "first_chunk_s" in error.message
         await assert_nothing_held(omni)
 
 
-async def test_inter_chunk_deadline_on_a_stream_edge() -> None:
+async def test_inter_chunk_deadline_on_a_stream_edge(kit: ActorTestKit) -> None:
+    # The thinker's first output comes at once, the second never.
     spec = make_spec(
-        thinker={"first_output_s": 0.0, "per_output_s": 0.4, "outputs": 4},
+        thinker={"first_output_s": 0.0, "per_output_s": 3600.0, "outputs": 4},
         deadlines={"inter_chunk_s": 0.15},
     )
-    async with OmniPipeline(spec) as omni:
-        events = await collect(omni.generate(text="x"))
-        error = error_of(events)
+    async with OmniPipeline(spec, system=kit.system) as omni:
+        request = asyncio.ensure_future(collect(omni.generate(text="x")))
+        await armed(kit, 0.15)  # the talker, after the thinker's first chunk
+        kit.virtual_clock.advance(0.15)
+        error = error_of(await request)
         assert error.code == "timeout"
         assert error.stage == "talker"
         assert "inter_chunk_s" in error.message
@@ -77,33 +113,37 @@ async def test_inter_chunk_deadline_on_a_stream_edge() -> None:
         await assert_nothing_held(omni)
 
 
-async def test_idle_deadline_between_segments_of_a_resumable_session() -> None:
+async def test_idle_deadline_between_segments_of_a_resumable_session(
+    kit: ActorTestKit,
+) -> None:
     spec = make_spec(deadlines={"idle_s": 0.2})
-    async with OmniPipeline(spec) as omni:
+    async with OmniPipeline(spec, system=kit.system) as omni:
         async with omni.session() as session:
             await session.send(text="hi")
             await session.end_segment()
             first = [e async for e in session.events()]
             assert not isinstance(first[-1], SessionError)
             # the caller never sends the next segment
+            await armed(kit, 0.2)
+            kit.virtual_clock.advance(0.2)
             error = error_of([e async for e in session.events()])
         assert error.code == "timeout"
         assert "idle_s" in error.message
         await assert_nothing_held(omni)
 
 
-async def test_total_deadline_ends_a_long_session() -> None:
+async def test_total_deadline_ends_a_long_session(kit: ActorTestKit) -> None:
     spec = make_spec(
-        thinker={"first_output_s": 0.0, "per_output_s": 0.05, "outputs": 100},
+        thinker={"first_output_s": 0.0, "per_output_s": 3600.0, "outputs": 100},
         deadlines={"total_s": 0.3},
     )
-    async with OmniPipeline(spec) as omni:
-        loop = asyncio.get_running_loop()
-        started = loop.time()
-        error = error_of(await collect(omni.generate(text="x")))
+    async with OmniPipeline(spec, system=kit.system) as omni:
+        request = asyncio.ensure_future(collect(omni.generate(text="x")))
+        await armed(kit, 0.3, count=3)  # each stage's total, from its prewarm
+        kit.virtual_clock.advance(0.3)
+        error = error_of(await request)
         assert error.code == "timeout"
         assert "total_s" in error.message
-        assert loop.time() - started < 2.0
         await assert_nothing_held(omni)
 
 
@@ -115,14 +155,15 @@ class SilentStage(StageActor):
 
 
 async def test_the_caller_gets_a_timeout_even_if_no_stage_ends_the_session(
-    monkeypatch: pytest.MonkeyPatch,
+    kit: ActorTestKit,
 ) -> None:
-    import omni_actors.serving.session
-
-    monkeypatch.setattr(omni_actors.serving.session, "_GRACE_S", 0.05)
     spec = make_spec(deadlines={"total_s": 0.2})
-    async with OmniPipeline(spec, stage_classes={"thinker": SilentStage}) as omni:
-        error = error_of(await collect(omni.generate(text="x", modalities=("text",))))
+    stages = {"thinker": SilentStage}
+    async with OmniPipeline(spec, stage_classes=stages, system=kit.system) as omni:
+        request = asyncio.ensure_future(collect(omni.generate(text="x", modalities=("text",))))
+        await armed(kit, 0.2 + _GRACE_S)  # the caller's own, last-resort deadline
+        kit.virtual_clock.advance(0.2 + _GRACE_S)
+        error = error_of(await request)
         assert error.code == "timeout"
         assert "did not end it" in error.message
         await assert_nothing_held(omni)

@@ -9,6 +9,7 @@ from pipeline_helpers import assert_nothing_held, collect, done, make_spec, samp
 
 from omni_actors.protocols.events import AudioDelta, Event
 from omni_actors.serving.omni_pipeline import OmniPipeline
+from omni_actors.testing import ActorTestKit
 
 
 async def aborted_after_first_audio(omni: OmniPipeline) -> list[Event]:
@@ -23,7 +24,10 @@ async def aborted_after_first_audio(omni: OmniPipeline) -> list[Event]:
 
 async def test_a_hundred_concurrent_sessions_leave_nothing_behind() -> None:
     tasks_before = len(asyncio.all_tasks())
-    async with OmniPipeline(make_spec(), max_sessions=100) as omni:
+    async with (
+        ActorTestKit() as kit,
+        OmniPipeline(make_spec(), max_sessions=100, system=kit.system) as omni,
+    ):
         full = [collect(omni.generate(text=f"q{i}")) for i in range(60)]
         text = [collect(omni.generate(text="t", modalities=("text",))) for _ in range(20)]
         cut = [aborted_after_first_audio(omni) for _ in range(20)]
@@ -38,8 +42,7 @@ async def test_a_hundred_concurrent_sessions_leave_nothing_behind() -> None:
             assert isinstance(events[-1], AudioDelta)
         await assert_nothing_held(omni)
         # every session actor has stopped: only the pipeline's own actors remain
-        system = omni.orchestrator._cell.system
-        assert not [path for path in system._registry if "/session-" in path]
+        assert not [path for path in kit.live_actors() if "/session-" in path]
     assert len(asyncio.all_tasks()) <= tasks_before
 
 

@@ -15,6 +15,7 @@ from omni_actors.protocols.control import Prewarm
 from omni_actors.protocols.events import AudioDelta, Done, SegmentDone, TextDelta
 from omni_actors.protocols.stage import Chunk
 from omni_actors.serving.omni_pipeline import OmniPipeline, SessionClosedError
+from omni_actors.testing import ActorTestKit
 
 PREWARMS: dict[str, int] = {}
 CHUNKS: dict[str, int] = {}
@@ -230,10 +231,8 @@ async def test_replicas_share_sessions_and_each_serves_whole_sessions() -> None:
 
 
 async def test_a_stopped_pipeline_answers_new_sessions_with_an_error() -> None:
-    omni = OmniPipeline(make_spec())
-    async with omni:
-        orchestrator = omni.orchestrator
-        await orchestrator._cell.system.stop(orchestrator)
+    async with ActorTestKit() as kit, OmniPipeline(make_spec(), system=kit.system) as omni:
+        await kit.system.stop(omni.orchestrator)
         events = await collect(omni.generate(text="x"))
     assert events[-1].code == "internal"  # type: ignore[union-attr]
 

@@ -9,7 +9,15 @@ from typing import Any
 import pytest
 
 from omni_actors import Actor, Backoff, Props, SupervisorStrategy, Terminated
-from omni_actors.testing import ActorTestKit, InjectedFault, TestProbe, VirtualClock, crash_after
+from omni_actors.testing import (
+    ActorTestKit,
+    InjectedFault,
+    TestProbe,
+    VirtualClock,
+    crash_after,
+    eventually,
+)
+from omni_actors.testing.inspection import actor_task, watched_by
 
 pytest_plugins = ["pytester"]
 
@@ -125,7 +133,7 @@ async def test_a_watcher_forgets_an_actor_once_it_has_terminated(
     probe.watch(ref)
     await actor_testkit.system.stop(ref)
     await probe.expect_terminated(ref)
-    assert not probe.ref._cell.watching
+    assert watched_by(probe.ref) == []
 
 
 # -- crash_after -----------------------------------------------------------------------
@@ -217,16 +225,12 @@ async def test_virtual_clock_drives_restart_backoff(virtual_testkit: ActorTestKi
     ref = await virtual_testkit.spawn(crash_after(Echo, 0), props=Props(restart="permanent"))
     with pytest.raises(InjectedFault):
         await ref.ask(1)
-    for _ in range(20):  # the supervisor schedules the restart on its own task
-        if clock.pending():
-            break
-        await asyncio.sleep(0)
-    [delay] = clock.pending()
+    # the supervisor schedules the restart on its own task
+    [delay] = await virtual_testkit.eventually(clock.pending)
     assert 0.01 <= delay <= 0.011  # Backoff() default: 10 ms plus up to 10 % jitter
     waiting = asyncio.create_task(ref.ask(2))
-    for _ in range(5):
-        await asyncio.sleep(0)
-    assert not waiting.done()  # real time passes, virtual time does not
+    # real time passes, virtual time does not
+    await virtual_testkit.consistently(lambda: not waiting.done())
     clock.advance(delay)
     assert await asyncio.wait_for(waiting, 1) == 2
 
@@ -242,7 +246,7 @@ async def test_testkit_shuts_down_clean() -> None:
         assert await ref.ask(5) == 5
     assert kit.system.is_terminated
     assert not ref.is_alive
-    assert [t for t in kit.system._tasks if not t.done()] == []
+    assert kit.live_tasks() == []
 
 
 async def test_virtual_clock_is_only_for_virtual_kits() -> None:
@@ -276,11 +280,14 @@ async def test_testkit_reports_actor_tasks_that_survive_shutdown() -> None:
     await entered.wait()
     with pytest.raises(AssertionError, match=r"running after shutdown: \['actor /stubborn'\]"):
         await kit.shutdown()
-    task = ref._cell.task
+    task = actor_task(ref)
     assert task is not None
-    while not task.done():  # finish what the test deliberately leaked
+
+    def cancelled_for_good() -> bool:  # finish what the test deliberately leaked
         task.cancel()
-        await asyncio.sleep(0)
+        return task.done()
+
+    await eventually(cancelled_for_good)
 
 
 async def test_actor_testkit_fixture(actor_testkit: ActorTestKit) -> None:

@@ -52,7 +52,7 @@ class Echo(Actor[Payload | Crash | Block | Pid | Count]):
             case Crash(reason=reason):
                 raise ValueError(reason)
             case Block(seconds=seconds):
-                await asyncio.sleep(seconds)
+                await asyncio.sleep(seconds)  # a busy actor: the behaviour under test
             case Pid():
                 return os.getpid()
             case Count():
@@ -116,7 +116,7 @@ class Recorder(Actor[Block | Note | Urgent | History]):
     async def receive(self, message: Block | Note | Urgent | History) -> Any:
         match message:
             case Block(seconds=seconds):
-                await asyncio.sleep(seconds)
+                await asyncio.sleep(seconds)  # a busy actor: the behaviour under test
             case Note(n=n):
                 self.seen.append(n)
             case Urgent(n=n):

@@ -5,7 +5,6 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
-from collections.abc import Callable
 
 from remote_actors import Block, Echo, History, Note, Pid, Recorder, Urgent
 
@@ -19,16 +18,6 @@ from omni_actors import (
     WorkerDiedError,
 )
 from omni_actors.testing import ActorTestKit
-from omni_actors.transport.remote import RemoteMailbox
-
-
-async def wait_for(predicate: Callable[[], bool], timeout: float = 5.0) -> None:
-    """Poll ``predicate()`` until it holds; fail (not hang) if it never does."""
-    for _ in range(int(timeout / 0.01)):
-        if predicate():
-            return
-        await asyncio.sleep(0.01)
-    raise AssertionError("condition never held")
 
 
 async def test_control_message_overtakes_a_full_process_mailbox_without_a_credit() -> None:
@@ -36,23 +25,20 @@ async def test_control_message_overtakes_a_full_process_mailbox_without_a_credit
         ref = await kit.spawn(
             Recorder, name="rec", props=Props(process=True, mailbox=MailboxConfig(capacity=4))
         )
-        remote = ref._cell.mailbox
-        assert isinstance(remote, RemoteMailbox)
         await ref.tell(Block(0.5))  # keeps the actor busy; its credit is not returned
         for n in (1, 2, 3):
             await ref.tell(Note(n), timeout=5)
-        assert remote.credits == 0
+        assert kit.mailbox_room(ref) == 0  # no credit left
         blocked = asyncio.ensure_future(ref.tell(Note(4), timeout=10))
-        await asyncio.sleep(0.05)
+        await kit.eventually(lambda: kit.blocked_senders(ref) == 1)
         assert not blocked.done()  # out of credits: a user message waits
         # The control message goes at once, takes no credit and is handled first.
         assert await ref.ask(Urgent(1), timeout=5) == 10
         await blocked
         assert await ref.ask(History(), timeout=5) == [-1, 1, 2, 3, 4]
         # Every credit came back, and none extra for the control message.
-        await wait_for(lambda: remote.credits == 4)
-        await asyncio.sleep(0.05)
-        assert remote.credits == 4
+        await kit.eventually(lambda: kit.mailbox_room(ref) == 4)
+        await kit.consistently(lambda: kit.mailbox_room(ref) == 4)
         for n in range(5, 15):
             await ref.tell(Note(n), timeout=5)
         assert await ref.ask(History(), timeout=5) == [-1, *range(1, 15)]

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import os
 import signal
 
@@ -11,16 +10,15 @@ import torch
 from remote_actors import Count, Echo, Forwarder, Greeter, Notify, Payload, Pid, Route
 
 from omni_actors import ActorStoppedError, Props
-from omni_actors.testing import ActorTestKit
+from omni_actors.testing import ActorTestKit, eventually
 
 
 async def _count_reaches(ref: object, at_least: int) -> int:
-    for _ in range(200):
-        count: int = await ref.ask(Count(), timeout=10)  # type: ignore[attr-defined]
-        if count >= at_least:
-            return count
-        await asyncio.sleep(0.02)
-    raise AssertionError("the routed message never arrived")
+    async def count() -> int:
+        n: int = await ref.ask(Count(), timeout=10)  # type: ignore[attr-defined]
+        return n if n >= at_least else 0
+
+    return await eventually(count, what=f"{at_least} messages routed")
 
 
 async def test_a_worker_sends_to_another_worker_by_ref() -> None:

@@ -129,7 +129,7 @@ READER = textwrap.dedent(
         print("released", flush=True)
     else:
         print("holding", flush=True)
-        time.sleep(60)
+        time.sleep(60)  # holds the slot until the test kills it: the behaviour under test
     """
 )
 
@@ -175,7 +175,7 @@ def test_killed_writer_leaves_nothing_after_unlink_and_sweep_removes_the_rest() 
         b = SlabWriter.create(slots=1, slot_bytes=4096)
         a.unlink()  # as after the peer attached
         print(os.getpid(), flush=True)
-        time.sleep(60)
+        time.sleep(60)  # alive until the test kills it: the behaviour under test
         """
     )
     proc = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True)

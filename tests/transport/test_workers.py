@@ -26,7 +26,7 @@ from omni_actors import (
     WorkerDiedError,
 )
 from omni_actors.protocols import wire
-from omni_actors.testing import ActorTestKit
+from omni_actors.testing import ActorTestKit, eventually
 from omni_actors.transport.process_placement import ProcessPlacement
 from omni_actors.transport.worker_main import WIRE_VERSION_ENV
 
@@ -74,7 +74,7 @@ async def test_failed_on_start_in_worker_fails_spawn() -> None:
     async with ActorTestKit() as kit:
         with pytest.raises(RuntimeError, match="no model weights"):
             await kit.spawn(FailsToStart, name="broken", props=Props(process=True))
-        assert not kit.system._registry.get("/broken")
+        assert not kit.is_alive("/broken")
 
 
 async def test_sigkill_fails_pending_asks_and_restarts_permanent_actor() -> None:
@@ -82,8 +82,10 @@ async def test_sigkill_fails_pending_asks_and_restarts_permanent_actor() -> None
         probe = await kit.create_probe()
         ref = await kit.spawn(Echo, name="echo", props=Props(process=True, restart="permanent"))
         first_pid = await ref.ask(Pid(), timeout=10)
+        credits = kit.mailbox_room(ref)
         blocked = asyncio.ensure_future(ref.ask(Block(30), timeout=30))
-        await asyncio.sleep(0.2)
+        # The Block has been sent (it took a credit): the worker holds the ask.
+        await kit.eventually(lambda: kit.mailbox_room(ref) < credits)
         os.kill(first_pid, signal.SIGKILL)
         with pytest.raises((WorkerDiedError, ActorStoppedError)):
             await asyncio.wait_for(blocked, 10)
@@ -150,7 +152,7 @@ async def main():
     await system.start()
     ref = await system.spawn(Echo, name="echo", props=Props(process=True))
     print(await ref.ask(Pid(), timeout=30), flush=True)
-    await asyncio.sleep(60)
+    await asyncio.sleep(60)  # alive until the test kills it: the behaviour under test
 
 asyncio.run(main())
 """
@@ -165,14 +167,19 @@ async def test_workers_exit_when_their_parent_is_killed() -> None:
     worker_pid = int(await asyncio.wait_for(parent.stdout.readline(), 60))
     parent.kill()
     await parent.wait()
-    for _ in range(100):  # the worker sees stdin close and exits on its own
+
+    def worker_gone() -> bool:
         try:
             os.kill(worker_pid, 0)
         except ProcessLookupError:
-            return
-        await asyncio.sleep(0.05)
-    os.kill(worker_pid, signal.SIGKILL)
-    pytest.fail("worker outlived its parent")
+            return True
+        return False
+
+    try:  # the worker sees stdin close and exits on its own
+        await eventually(worker_gone, what="the worker exits after its parent")
+    except AssertionError:
+        os.kill(worker_pid, signal.SIGKILL)
+        raise
 
 
 async def test_remote_fail_policy_and_ask_deadline() -> None:
