@@ -1,4 +1,5 @@
-# One-command set-up: every target creates or refreshes .venv first.
+# One-command set-up: every target creates or refreshes .venv first. pyproject.toml
+# declares version ranges; constraints.txt picks the exact builds for dev and CI.
 PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
@@ -6,10 +7,10 @@ STAMP := $(VENV)/.installed
 
 .PHONY: venv test check lint serve bench clean
 
-$(STAMP): pyproject.toml
+$(STAMP): pyproject.toml constraints.txt
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
-	$(BIN)/python -m pip install --quiet -e '.[dev]'
+	$(BIN)/python -m pip install --quiet -c constraints.txt -e '.[dev]'
 	touch $(STAMP)
 
 venv: $(STAMP)

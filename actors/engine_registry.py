@@ -26,7 +26,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, ValidationError
 
 from omni_actors.actors.engine import RULES, Engine, Ports
-from omni_actors.errors import OmniError
+from omni_actors.errors import MissingExtraError, OmniError
 from omni_actors.model_family import model_families
 
 __all__ = [
@@ -183,6 +183,8 @@ def _import(kind: str, path: str) -> type[Any]:
         obj: Any = importlib.import_module(module_name)
         for part in qualname.split("."):
             obj = getattr(obj, part)
+    except MissingExtraError as exc:  # installed, but without the extra it needs
+        raise EngineUnavailableError(f"engine {kind!r}: {exc}") from None
     except (ImportError, AttributeError) as exc:
         raise EngineUnavailableError(
             f"engine {kind!r}: cannot import {path} ({type(exc).__name__}: {exc}); "

@@ -23,6 +23,7 @@ __all__ = [
     "MailboxFullError",
     "MessageDroppedError",
     "MessageTypeError",
+    "MissingExtraError",
     "OmniError",
     "ProtocolError",
     "ProtocolVersionError",
@@ -209,3 +210,22 @@ class WorkerDiedError(OmniError):
         self.actor = actor
         self.pid = pid
         self.returncode = returncode
+
+
+class MissingExtraError(OmniError, ImportError):
+    """A feature needs packages from an optional extra of omni-actors that is not installed.
+
+    The kernel, transport and scripted engines install with ``pip install omni-actors``;
+    model families pull large libraries, so they sit behind extras. An ``ImportError`` too,
+    so code that probes for an optional feature with ``except ImportError`` keeps working.
+    """
+
+    def __init__(self, feature: str, extra: str, cause: ImportError) -> None:
+        missing = cause.name or str(cause)
+        super().__init__(
+            f"{feature} needs the {extra!r} extra of omni-actors ({missing} is missing); "
+            f"install it with: pip install 'omni-actors[{extra}]'"
+        )
+        self.feature = feature
+        self.extra = extra
+        self.name = cause.name  # ImportError's: the module that is missing

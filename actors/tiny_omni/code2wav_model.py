@@ -13,12 +13,12 @@ from __future__ import annotations
 from pathlib import Path
 
 import torch
-from transformers.models.qwen3_omni_moe.modeling_qwen3_omni_moe import (
+
+from omni_actors.actors.tiny_omni import weights
+from omni_actors.actors.tiny_omni.hf import (
     Qwen3OmniMoeCausalTransConvNet,
     Qwen3OmniMoeCode2Wav,
 )
-
-from omni_actors.actors.tiny_omni import weights
 
 __all__ = ["Code2WavModel", "Piece", "keep_pending_tail"]
 

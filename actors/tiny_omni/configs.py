@@ -21,14 +21,14 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any, Final
 
-from transformers import WhisperFeatureExtractor
-from transformers.models.qwen3_omni_moe.configuration_qwen3_omni_moe import (
+from omni_actors.actors.tiny_omni.hf import (
     Qwen3OmniMoeCode2WavConfig,
     Qwen3OmniMoeConfig,
     Qwen3OmniMoeTalkerConfig,
     Qwen3OmniMoeThinkerConfig,
+    WhisperFeatureExtractor,
+    hf_logging,
 )
-from transformers.utils import logging as hf_logging
 
 __all__ = [
     "AUDIO_SAMPLE_RATE",

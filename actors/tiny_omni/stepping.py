@@ -17,8 +17,9 @@ from collections.abc import Callable
 from typing import NamedTuple
 
 import torch
-from transformers import DynamicCache
-from transformers.models.qwen3_omni_moe.modeling_qwen3_omni_moe import (
+
+from omni_actors.actors.tiny_omni.hf import (
+    DynamicCache,
     Qwen3OmniMoeCode2Wav,
     Qwen3OmniMoeTalkerForConditionalGeneration,
     Qwen3OmniMoeThinkerForConditionalGeneration,
@@ -26,6 +27,7 @@ from transformers.models.qwen3_omni_moe.modeling_qwen3_omni_moe import (
 
 __all__ = [
     "ThinkerStep",
+    "audio_token_count",
     "code_predictor_frame",
     "decode_window",
     "greedy",
@@ -55,6 +57,23 @@ class ThinkerStep(NamedTuple):
     accept_hidden: torch.Tensor
     """[B, L, H] hidden state at ``talker_config.accept_hidden_layer``: the talker's input
     for audio/image/video placeholder positions of the user turn."""
+
+
+def audio_token_count(mel_frames: int, n_window: int) -> int:
+    """How many AUDIO_PAD placeholders a clip of ``mel_frames`` log-mel frames fills.
+
+    The audio encoder cuts the mel into chunks of ``2 * n_window`` frames and runs each
+    through three stride-2 convolutions (kernel 3, padding 1), each rounding up, so a
+    chunk of ``n`` frames yields ``ceil(n / 8)`` embeddings. The prompt needs exactly one
+    placeholder per embedding. transformers computes this with a private function whose
+    name and signature are not part of its API, so the arithmetic is ours, checked against
+    the encoder's real output (``tests/integration/test_tiny_omni_models.py``).
+    """
+    if mel_frames < 0 or n_window < 1:
+        raise ValueError(f"need mel_frames >= 0 and n_window >= 1, got {mel_frames}, {n_window}")
+    chunk = 2 * n_window
+    full, rest = divmod(mel_frames, chunk)
+    return full * -(-chunk // 8) + -(-rest // 8)
 
 
 @torch.no_grad()

@@ -30,14 +30,15 @@ from typing import ClassVar, Final, cast
 
 import torch
 from pydantic import Field, field_validator
-from transformers import DynamicCache, PreTrainedConfig
-from transformers.models.qwen3_omni_moe.modeling_qwen3_omni_moe import (
-    Qwen3OmniMoeTalkerForConditionalGeneration,
-)
 
 from omni_actors.actors.engine import Fields, Rule
 from omni_actors.actors.tiny_omni import configs, stepping, weights
 from omni_actors.actors.tiny_omni.family import TINY_OMNI
+from omni_actors.actors.tiny_omni.hf import (
+    DynamicCache,
+    PreTrainedConfig,
+    Qwen3OmniMoeTalkerForConditionalGeneration,
+)
 from omni_actors.actors.tiny_omni.thinker_engine import ASSISTANT_OPENING
 from omni_actors.actors.torch_engine import AbortSignal, TorchEngine, stage_dir
 from omni_actors.model_family import WeightsArgs

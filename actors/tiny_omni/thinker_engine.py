@@ -32,16 +32,16 @@ from typing import Any, ClassVar, Final, NamedTuple, cast
 import numpy as np
 import torch
 from pydantic import Field
-from transformers import DynamicCache, PreTrainedConfig
-from transformers.models.qwen3_omni_moe.modeling_qwen3_omni_moe import (
-    Qwen3OmniMoeThinkerForConditionalGeneration,
-    _get_feat_extract_output_lengths,
-)
 
 from omni_actors.actors.engine import Fields, Rule
 from omni_actors.actors.tiny_omni import configs, stepping, weights
 from omni_actors.actors.tiny_omni.configs import Tokens
 from omni_actors.actors.tiny_omni.family import TINY_OMNI
+from omni_actors.actors.tiny_omni.hf import (
+    DynamicCache,
+    PreTrainedConfig,
+    Qwen3OmniMoeThinkerForConditionalGeneration,
+)
 from omni_actors.actors.torch_engine import AbortSignal, TorchEngine, stage_dir
 from omni_actors.model_family import WeightsArgs
 
@@ -154,7 +154,10 @@ class ThinkerEngine(TorchEngine):
         composite = json.loads((path.parent / "config.json").read_text())
         self._accept_layer = int(composite["talker_config"]["accept_hidden_layer"])
         self._text_config = cast(PreTrainedConfig, thinker.config.text_config)
-        self._embedding = thinker.get_input_embeddings()
+        self._audio_window = int(cast(PreTrainedConfig, thinker.config.audio_config).n_window)
+        # Annotated from transformers 5.23 on, untyped before: the ignore serves the
+        # older releases of the supported range and is unused on newer ones.
+        self._embedding = thinker.get_input_embeddings()  # type: ignore[no-untyped-call,unused-ignore]
         self._extractor = configs.audio_feature_extractor()
         vocab = self._text_config.vocab_size
         self._allow_text = torch.full((vocab,), float("-inf"))
@@ -328,7 +331,7 @@ class ThinkerEngine(TorchEngine):
                 return_tensors="pt",
             )
             mask = extracted["attention_mask"]
-            n_audio = int(_get_feat_extract_output_lengths(mask.sum(-1)))  # type: ignore[no-untyped-call]
+            n_audio = stepping.audio_token_count(int(mask.sum()), self._audio_window)
             if n_audio > 0:
                 features = {"input_features": extracted["input_features"]}
                 features["feature_attention_mask"] = mask

@@ -17,15 +17,20 @@ import json
 import shutil
 from collections.abc import Callable
 from pathlib import Path
-from typing import Final, cast
+from typing import Any, Final, cast
 
 import torch
-from transformers import PreTrainedConfig, PreTrainedModel
-from transformers.models.qwen3_omni_moe.modeling_qwen3_omni_moe import (
+
+from omni_actors.actors.tiny_omni.hf import (
+    PreTrainedConfig,
+    PreTrainedModel,
     Qwen3OmniMoeCode2Wav,
+    Qwen3OmniMoeCode2WavConfig,
+    Qwen3OmniMoeTalkerConfig,
     Qwen3OmniMoeTalkerForConditionalGeneration,
     Qwen3OmniMoeTalkerTextExperts,
     Qwen3OmniMoeTalkerTextTopKRouter,
+    Qwen3OmniMoeThinkerConfig,
     Qwen3OmniMoeThinkerForConditionalGeneration,
 )
 
@@ -45,7 +50,16 @@ _CLASSES: Final[dict[str, type[PreTrainedModel]]] = {
     "talker": Qwen3OmniMoeTalkerForConditionalGeneration,
     "code2wav": Qwen3OmniMoeCode2Wav,
 }
-_BY_ARCHITECTURE: Final = {cls.__name__: cls for cls in _CLASSES.values()}
+_CONFIGS: Final[dict[str, type[PreTrainedConfig]]] = {
+    "thinker": Qwen3OmniMoeThinkerConfig,
+    "talker": Qwen3OmniMoeTalkerConfig,
+    "code2wav": Qwen3OmniMoeCode2WavConfig,
+}
+"""Each stage's own config class. Passed to ``from_pretrained`` explicitly: before 5.23,
+transformers declares the composite ``Qwen3OmniMoeConfig`` as code2wav's config class,
+so loading code2wav by itself fails without it (``'Qwen3OmniMoeConfig' object has no
+attribute 'layer_types'``). Explicit works on the whole supported range."""
+_BY_ARCHITECTURE: Final = {cls.__name__: stage for stage, cls in _CLASSES.items()}
 
 
 def _stage_configs(
@@ -157,9 +171,22 @@ def load(stage_dir: Path, *, dtype: torch.dtype = torch.float32) -> PreTrainedMo
     names = config.get("architectures") or []
     if len(names) != 1 or names[0] not in _BY_ARCHITECTURE:
         raise ValueError(f"{stage_dir}: not a tiny-omni stage (architectures={names!r})")
+    stage = _BY_ARCHITECTURE[names[0]]
     with quiet_transformers():
-        model = _BY_ARCHITECTURE[names[0]].from_pretrained(
-            stage_dir, local_files_only=True, dtype=dtype
+        config = _CONFIGS[stage].from_pretrained(stage_dir, local_files_only=True)
+        # With output_loading_info, a (model, info) pair, which the stubs do not describe.
+        loaded: Any = _CLASSES[stage].from_pretrained(
+            stage_dir, config=config, local_files_only=True, dtype=dtype, output_loading_info=True
+        )
+    model: PreTrainedModel = loaded[0]
+    info: dict[str, Any] = loaded[1]
+    # transformers fills missing weights with fresh random ones and only logs it: a stage
+    # saved under another layout would load as a different model without a word.
+    mismatch = {k: info[k] for k in ("missing_keys", "unexpected_keys") if info.get(k)}
+    if mismatch:
+        raise ValueError(
+            f"{stage_dir} does not match {names[0]} of this transformers version "
+            f"({mismatch}); rebuild it: omni-actors prepare tiny-omni --force"
         )
     model.train(False)
     model.requires_grad_(False)

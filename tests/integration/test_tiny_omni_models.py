@@ -7,6 +7,7 @@ audio front end, and the step functions reproducing HF's own end-to-end ``genera
 
 from __future__ import annotations
 
+import shutil
 from pathlib import Path
 from typing import Any
 
@@ -16,10 +17,10 @@ import pytest
 pytest.importorskip("transformers")
 
 import torch
+from safetensors.torch import load_file, save_file
 from transformers import DynamicCache, Qwen3OmniMoeConfig
 from transformers.models.qwen3_omni_moe.modeling_qwen3_omni_moe import (
     Qwen3OmniMoeForConditionalGeneration,
-    _get_feat_extract_output_lengths,
 )
 
 from omni_actors.actors.tiny_omni import configs, stepping, weights
@@ -90,6 +91,21 @@ def test_same_seed_same_weights(built: Path, tmp_path: Path) -> None:
 
 
 @pytest.mark.integration
+def test_load_refuses_a_stage_whose_weights_do_not_match(built: Path, tmp_path: Path) -> None:
+    # transformers would fill a missing tensor with fresh random values and only log it;
+    # a stage saved in another layout must fail to load, with the command that rebuilds it.
+    stage = tmp_path / "code2wav"
+    shutil.copytree(built / "code2wav", stage)
+    tensors = load_file(stage / "model.safetensors")
+    tensors["extra.weight"] = tensors.pop("code_embedding.weight")
+    save_file(tensors, stage / "model.safetensors", metadata={"format": "pt"})
+    with pytest.raises(ValueError, match="prepare tiny-omni --force") as failure:
+        weights.load(stage)
+    assert "code_embedding.weight" in str(failure.value)
+    assert "extra.weight" in str(failure.value)
+
+
+@pytest.mark.integration
 def test_thinker_cached_decoding_matches_full_forward(models: Models) -> None:
     thinker, talker, _ = models
     layer = talker.config.accept_hidden_layer
@@ -118,7 +134,8 @@ def test_audio_encoder_takes_one_second_of_16khz(models: Models) -> None:
     thinker, talker, _ = models
     audio = _one_second()
     assert audio["input_features"].shape == (1, 128, 100)  # 10 ms hop
-    n_tokens = int(_get_feat_extract_output_lengths(audio["feature_attention_mask"].sum(-1)))
+    n_window = thinker.config.audio_config.n_window
+    n_tokens = stepping.audio_token_count(int(audio["feature_attention_mask"].sum()), n_window)
     assert n_tokens == 13  # 100 mel frames -> 13 audio embeddings
     encoded = thinker.get_audio_features(**audio).last_hidden_state
     assert encoded.shape == (n_tokens, thinker.config.text_config.hidden_size)
@@ -142,6 +159,19 @@ def test_audio_encoder_takes_one_second_of_16khz(models: Models) -> None:
     assert step.logits.shape == (1, ids.shape[1], thinker.config.text_config.vocab_size)
     assert torch.isfinite(step.logits).all()
     torch.testing.assert_close(step.embeds[0, 4 : 4 + n_tokens], encoded)
+
+
+@pytest.mark.integration
+def test_audio_token_count_is_the_encoder_output_length(models: Models) -> None:
+    # Around every chunk boundary (100 mel frames for tiny-omni's n_window of 50) and
+    # across several chunks: one placeholder per embedding the encoder really produces.
+    thinker = models[0]
+    n_window = thinker.config.audio_config.n_window
+    for frames in (3, 8, 9, 99, 100, 101, 107, 200, 257, 808):
+        features = torch.randn(1, 128, frames)
+        mask = torch.ones(1, frames, dtype=torch.long)
+        encoded = thinker.get_audio_features(features, mask).last_hidden_state
+        assert stepping.audio_token_count(frames, n_window) == encoded.shape[0], frames
 
 
 @pytest.mark.integration
@@ -205,7 +235,8 @@ def test_step_functions_reproduce_hf_generate(models: Models) -> None:
     reference.code2wav.load_state_dict(code2wav.state_dict())
 
     audio = _one_second(seed=1)
-    n_audio = int(_get_feat_extract_output_lengths(audio["feature_attention_mask"].sum(-1)))
+    n_window = thinker.config.audio_config.n_window
+    n_audio = stepping.audio_token_count(int(audio["feature_attention_mask"].sum()), n_window)
     system = [
         Tokens.IM_START,
         Tokens.SYSTEM,

@@ -1,0 +1,64 @@
+"""Every ``transformers`` name tiny-omni uses, imported in one place.
+
+One place for two reasons. A missing ``transformers`` (``pip install omni-actors``
+without the ``tiny-omni`` extra) fails here with a :class:`MissingExtraError` that names
+the extra, whichever tiny-omni module the caller reached first. And the surface we depend
+on can be reviewed in one screen against the supported range (see the README's supported
+versions): public names only, never one starting with ``_``, which transformers may
+rename in any release.
+
+Four classes below are public by name but not in their module's ``__all__``:
+``Qwen3OmniMoeCode2WavConfig`` (code2wav's own config: tiny-omni builds and loads that
+stage on its own), and three building blocks tiny-omni adjusts rather than only calls:
+``Qwen3OmniMoeTalkerTextExperts`` and ``Qwen3OmniMoeTalkerTextTopKRouter`` (initialized by
+``weights``) and ``Qwen3OmniMoeCausalTransConvNet`` (its tail trim turned off by
+``code2wav_model``). Both adjustments check the model afterwards (finite weights; the
+decoded prefix unchanged), so a release that changes them fails loudly, not silently.
+"""
+
+from __future__ import annotations
+
+from omni_actors.errors import MissingExtraError
+
+try:
+    from transformers import (
+        DynamicCache,
+        PreTrainedConfig,
+        PreTrainedModel,
+        WhisperFeatureExtractor,
+    )
+    from transformers.models.qwen3_omni_moe.configuration_qwen3_omni_moe import (
+        Qwen3OmniMoeCode2WavConfig,
+        Qwen3OmniMoeConfig,
+        Qwen3OmniMoeTalkerConfig,
+        Qwen3OmniMoeThinkerConfig,
+    )
+    from transformers.models.qwen3_omni_moe.modeling_qwen3_omni_moe import (
+        Qwen3OmniMoeCausalTransConvNet,
+        Qwen3OmniMoeCode2Wav,
+        Qwen3OmniMoeTalkerForConditionalGeneration,
+        Qwen3OmniMoeTalkerTextExperts,
+        Qwen3OmniMoeTalkerTextTopKRouter,
+        Qwen3OmniMoeThinkerForConditionalGeneration,
+    )
+    from transformers.utils import logging as hf_logging
+except ImportError as exc:
+    raise MissingExtraError("tiny-omni", "tiny-omni", exc) from exc
+
+__all__ = [
+    "DynamicCache",
+    "PreTrainedConfig",
+    "PreTrainedModel",
+    "Qwen3OmniMoeCausalTransConvNet",
+    "Qwen3OmniMoeCode2Wav",
+    "Qwen3OmniMoeCode2WavConfig",
+    "Qwen3OmniMoeConfig",
+    "Qwen3OmniMoeTalkerConfig",
+    "Qwen3OmniMoeTalkerForConditionalGeneration",
+    "Qwen3OmniMoeTalkerTextExperts",
+    "Qwen3OmniMoeTalkerTextTopKRouter",
+    "Qwen3OmniMoeThinkerConfig",
+    "Qwen3OmniMoeThinkerForConditionalGeneration",
+    "WhisperFeatureExtractor",
+    "hf_logging",
+]
