@@ -33,6 +33,7 @@ from omni_actors.actors.tiny_omni.hf import (
     Qwen3OmniMoeThinkerConfig,
     Qwen3OmniMoeThinkerForConditionalGeneration,
 )
+from omni_actors.model_cache import ModelNotPreparedError
 
 from .configs import DEFAULT_NUM_CODE_GROUPS, quiet_transformers, tiny_configs
 from .tokenizer import write_tokenizer
@@ -165,6 +166,11 @@ def load(stage_dir: Path, *, dtype: torch.dtype = torch.float32) -> PreTrainedMo
 
     Returns:
         The model, on CPU, with gradients off for its parameters.
+
+    Raises:
+        ValueError: ``stage_dir`` is not a tiny-omni stage.
+        ModelNotPreparedError: its tensors do not match the model (saved under a layout
+            this transformers release does not read); the message has the command.
     """
     stage_dir = Path(stage_dir)
     config = json.loads((stage_dir / "config.json").read_text())
@@ -184,7 +190,7 @@ def load(stage_dir: Path, *, dtype: torch.dtype = torch.float32) -> PreTrainedMo
     # saved under another layout would load as a different model without a word.
     mismatch = {k: info[k] for k in ("missing_keys", "unexpected_keys") if info.get(k)}
     if mismatch:
-        raise ValueError(
+        raise ModelNotPreparedError(
             f"{stage_dir} does not match {names[0]} of this transformers version "
             f"({mismatch}); rebuild it: omni-actors prepare tiny-omni --force"
         )

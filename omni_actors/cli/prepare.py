@@ -7,6 +7,7 @@ import sys
 from pathlib import Path
 
 from omni_actors.cli.progress import ProgressBar
+from omni_actors.errors import OmniError
 from omni_actors.model_cache import default_cache_dir, is_prepared, prepare
 from omni_actors.model_family import model_families
 
@@ -32,12 +33,16 @@ def prepare_command(ns: argparse.Namespace) -> int:
         where = prepare(ns.model, cache_dir=ns.cache_dir, seed=ns.seed)
         print(f"{ns.model} (seed {ns.seed}) is already prepared in {where}")
         return 0
-    where = prepare(
-        ns.model,
-        cache_dir=ns.cache_dir,
-        seed=ns.seed,
-        force=ns.force,
-        progress=ProgressBar(f"preparing {ns.model}", stream=sys.stderr),
-    )
+    try:
+        where = prepare(
+            ns.model,
+            cache_dir=ns.cache_dir,
+            seed=ns.seed,
+            force=ns.force,
+            progress=ProgressBar(f"preparing {ns.model}", stream=sys.stderr),
+        )
+    except OmniError as exc:  # e.g. a missing extra: a step for the user, not a traceback
+        print(f"omni-actors prepare: {exc}", file=sys.stderr)
+        return 2
     print(f"{ns.model} (seed {ns.seed}) prepared in {where}")
     return 0

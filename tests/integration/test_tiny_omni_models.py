@@ -25,6 +25,7 @@ from transformers.models.qwen3_omni_moe.modeling_qwen3_omni_moe import (
 
 from omni_actors.actors.tiny_omni import configs, stepping, weights
 from omni_actors.actors.tiny_omni.configs import Tokens
+from omni_actors.model_cache import ModelNotPreparedError
 
 Models = tuple[Any, Any, Any]
 
@@ -99,7 +100,7 @@ def test_load_refuses_a_stage_whose_weights_do_not_match(built: Path, tmp_path: 
     tensors = load_file(stage / "model.safetensors")
     tensors["extra.weight"] = tensors.pop("code_embedding.weight")
     save_file(tensors, stage / "model.safetensors", metadata={"format": "pt"})
-    with pytest.raises(ValueError, match="prepare tiny-omni --force") as failure:
+    with pytest.raises(ModelNotPreparedError, match="prepare tiny-omni --force") as failure:
         weights.load(stage)
     assert "code_embedding.weight" in str(failure.value)
     assert "extra.weight" in str(failure.value)
