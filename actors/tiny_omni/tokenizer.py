@@ -180,9 +180,12 @@ def write_tokenizer(out_dir: Path) -> None:
         "pad_token": pad,
         "unk_token": None,
         # The list makes every special id count as special (all_special_ids, skipped when
-        # decoding); the dict gives the named media attributes processors read.
-        "additional_special_tokens": names,
-        "extra_special_tokens": dict(_MULTIMODAL),
+        # decoding); the media attributes processors read are ``*_token`` keys of their
+        # own. Not a dict of them under ``extra_special_tokens`` beside the list under the
+        # deprecated ``additional_special_tokens``: transformers before 5.19 drops the list
+        # when the dict is there. This form reads the same across the supported range.
+        "extra_special_tokens": names,
+        **_MULTIMODAL,
         "add_prefix_space": False,
         "clean_up_tokenization_spaces": False,
         "errors": "replace",
