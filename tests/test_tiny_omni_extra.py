@@ -34,7 +34,7 @@ for module in ("configs", "stepping", "weights", "thinker_engine", "talker_engin
     except MissingExtraError as exc:
         seen[module] = str(exc)
 
-from omni_actors.actors.engines import build_engine
+from omni_actors.actors.engine_registry import build_engine
 try:
     build_engine("torch", {"stage": "thinker", "cache_dir": cache})
 except Exception as exc:
