@@ -250,7 +250,10 @@ async def test_a_killed_model_worker_fails_only_its_sessions_and_comes_back(cach
         async with contextlib.aclosing(omni.generate(text="a reply to cut short")) as events:
             async for event in events:
                 hit.append(event)
-                if isinstance(event, AudioDelta):  # mid-stream: the talker is busy
+                # The first text token: the talker holds the session and cannot have
+                # finished it (the reply has only begun). Waiting for the first audio
+                # instead raced the talker's end on a fast run.
+                if isinstance(event, TextDelta):
                     kill_worker(talker)
                     hit.extend([e async for e in events])
                     break
