@@ -7,7 +7,9 @@ Four ways to move the same float32 payload, measured in one run:
   ZeroMQ frames.
 - ``baseline``: a connector shaped like vllm-omni's (pickle, a fresh shared-memory
   segment per message, name over a pipe, unpickle and unlink), run by
-  ``benchmarks/vllm_omni_baseline.py`` — outside the package, which never pickles.
+  ``benchmarks/vllm_omni_baseline.py`` — outside the package, which never pickles, so
+  the bench finds it in a checkout (or where ``--baseline`` points) and says so loudly
+  when it cannot, rather than reporting no baseline.
 - ``raw_zmq``: the same bytes over a bare ZeroMQ PAIR socket pair, both sides blocking
   in ``recv``; ``raw_zmq_evented``: the same, but both sides wait in an event loop on the
   socket's file descriptor — the floor for any asyncio program that uses ZeroMQ.
@@ -35,11 +37,42 @@ import torch
 import zmq
 
 from omni_actors import Actor, ActorSystem, Props
+from omni_actors.errors import OmniError
 
-__all__ = ["SIZES", "BenchEcho", "BenchPayload", "run_transport_bench"]
+__all__ = [
+    "BASELINE_SCRIPT",
+    "SIZES",
+    "BaselineMissingError",
+    "BenchEcho",
+    "BenchPayload",
+    "find_baseline",
+    "run_transport_bench",
+]
 
 SIZES = {"1KiB": 1 << 10, "64KiB": 64 << 10, "1MiB": 1 << 20, "16MiB": 16 << 20}
 BASELINE_SCRIPT = Path(__file__).resolve().parents[2] / "benchmarks" / "vllm_omni_baseline.py"
+"""Where a checkout keeps the baseline (an editable install runs from the checkout)."""
+
+
+class BaselineMissingError(OmniError, FileNotFoundError):
+    """The pickle baseline script is not where the bench was told to find it."""
+
+
+def find_baseline(path: Path | None = None) -> Path:
+    """The baseline script: ``path``, or the checkout's ``benchmarks/`` copy.
+
+    Raises:
+        BaselineMissingError: the script is not there; the message says what to pass.
+    """
+    script = BASELINE_SCRIPT if path is None else path
+    if not script.is_file():
+        raise BaselineMissingError(
+            f"no pickle baseline script at {script}: it ships in the repository's "
+            "benchmarks/ directory, not in the package (which never pickles). Run the bench "
+            "from a checkout, pass --baseline PATH/TO/vllm_omni_baseline.py, or "
+            "--no-baseline to measure without it"
+        )
+    return script
 
 
 class BenchPayload(msgspec.Struct, tag=True, frozen=True):
@@ -140,19 +173,19 @@ async def _raw_zmq(size: int, count: int, warmup: int, *, evented: bool) -> list
     return samples
 
 
-def _baseline(size: int, count: int, warmup: int) -> list[float] | None:
+def _baseline(script: Path | None, size: int, count: int, warmup: int) -> list[float] | None:
     """Run the pickle+shm baseline script; it times itself, so startup is excluded."""
-    if not BASELINE_SCRIPT.exists():
-        return None  # installed without the repository's benchmarks/ directory
+    if script is None:
+        return None  # --no-baseline
     done = subprocess.run(
-        [sys.executable, str(BASELINE_SCRIPT), str(size), str(count), str(warmup)],
+        [sys.executable, str(script), str(size), str(count), str(warmup)],
         capture_output=True,
         text=True,
         timeout=600,
         check=False,
     )
     if done.returncode != 0:
-        raise RuntimeError(f"{BASELINE_SCRIPT.name} failed:\n{done.stderr}")
+        raise RuntimeError(f"{script.name} failed:\n{done.stderr}")
     samples: list[float] = json.loads(done.stdout)["us"]
     return samples
 
@@ -170,13 +203,19 @@ def _memcpy(size: int, count: int) -> list[float]:
 
 
 async def run_transport_bench(
-    sizes: list[str], scale: float = 1.0, iterations: int | None = None
+    sizes: list[str],
+    scale: float = 1.0,
+    iterations: int | None = None,
+    baseline: Path | None = BASELINE_SCRIPT,
 ) -> dict[str, Any]:
     """Measure every variant for each size label in ``sizes``.
 
     ``iterations`` fixes the measured round trips per size; without it each size gets
-    a default count (fewer for large payloads) multiplied by ``scale``.
+    a default count (fewer for large payloads) multiplied by ``scale``. ``baseline`` is
+    the pickle baseline script (see :func:`find_baseline`); None skips that variant.
     """
+    if baseline is not None:
+        baseline = find_baseline(baseline)  # fail before measuring anything
     chosen = {label: SIZES[label] for label in sizes}
     async with ActorSystem("bench") as system:
         ours = await _ours(system, chosen, scale, iterations)
@@ -185,7 +224,7 @@ async def run_transport_bench(
         count, warmup = _iterations(size, scale, iterations)
         raw = await _raw_zmq(size, count, warmup, evented=False)
         raw_evented = await _raw_zmq(size, count, warmup, evented=True)
-        base = _baseline(size, count, warmup)
+        base = _baseline(baseline, size, count, warmup)
         copy = _memcpy(size, count)
         ours_p50 = statistics.median(ours[label])
         row: dict[str, Any] = {
@@ -212,5 +251,6 @@ async def run_transport_bench(
             "torch": torch.__version__,
             "pyzmq": zmq.__version__,
         },
+        "baseline": "skipped" if baseline is None else str(baseline),
         "sizes": table,
     }

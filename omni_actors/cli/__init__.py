@@ -84,12 +84,27 @@ def _add_transport_options(parser: argparse.ArgumentParser) -> None:
         default=None,
         help="measured round trips per size (default: 400 up to 64KiB, 100 at 1MiB, 30 above)",
     )
+    baseline = parser.add_mutually_exclusive_group()
+    baseline.add_argument(
+        "--baseline",
+        type=Path,
+        default=None,
+        help="the pickle baseline script (default: benchmarks/vllm_omni_baseline.py of "
+        "the checkout this package runs from)",
+    )
+    baseline.add_argument(
+        "--no-baseline", action="store_true", help="measure without the pickle baseline"
+    )
 
 
 def _bench_transport(ns: argparse.Namespace) -> dict[str, Any]:
-    from omni_actors.bench.transport import run_transport_bench
+    from omni_actors.bench.transport import BaselineMissingError, find_baseline, run_transport_bench
 
-    return run(run_transport_bench(ns.sizes, ns.scale, ns.iterations))
+    try:
+        script = None if ns.no_baseline else find_baseline(ns.baseline)
+    except BaselineMissingError as exc:
+        raise SystemExit(f"omni-actors bench transport: {exc}") from None
+    return run(run_transport_bench(ns.sizes, ns.scale, ns.iterations, script))
 
 
 # -- bench pipeline ----------------------------------------------------------------

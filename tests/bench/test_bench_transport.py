@@ -57,6 +57,7 @@ def test_transport_bench_json_has_every_variant(capsys: pytest.CaptureFixture[st
     result = json.loads(capsys.readouterr().out)
     assert set(result["sizes"]) == {"1KiB"}
     assert result["machine"]["cpus"] > 0
+    assert result["baseline"].endswith("vllm_omni_baseline.py")
     row = result["sizes"]["1KiB"]
     for key in ROW_KEYS:
         assert isinstance(row[key], int | float), key
@@ -71,3 +72,30 @@ def test_transport_bench_rejects_an_unknown_size() -> None:
     with pytest.raises(SystemExit) as info:
         main(["bench", "transport", "--sizes", "3KiB"])
     assert info.value.code == 2
+
+
+def test_transport_bench_says_so_when_the_baseline_script_is_missing(tmp_path: Path) -> None:
+    missing = tmp_path / "vllm_omni_baseline.py"
+
+    with pytest.raises(SystemExit) as info:
+        main(["bench", "transport", "--sizes", "1KiB", "--baseline", str(missing)])
+
+    message = str(info.value.code)
+    assert str(missing) in message
+    assert "--no-baseline" in message
+
+
+def test_transport_bench_runs_without_the_baseline_when_asked(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    code = main(
+        ["bench", "transport", "--json", "--sizes", "1KiB", "--iterations", "5", "--no-baseline"]
+    )
+
+    assert code == 0
+    result = json.loads(capsys.readouterr().out)
+    assert result["baseline"] == "skipped"
+    row = result["sizes"]["1KiB"]
+    assert row["baseline_us_p50"] is None
+    assert row["speedup_vs_baseline"] is None
+    assert row["ours_us_p50"] > 0
