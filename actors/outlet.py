@@ -60,6 +60,7 @@ class Outlet:
         self._window: FrameWindow | None = self._policy.window() if self._policy else None
         self._acc = Accumulator(accumulate) if mode == "full" else None
         self._seq = 0
+        self.segment = 0  # the segment being sent; each flush ends one
         self.chunks = 0
         self.bytes = 0
 
@@ -88,7 +89,15 @@ class Outlet:
         await self._send(picked)
 
     async def flush(self, end: End) -> None:
-        """The segment ended: send what is pending, marked with ``end``."""
+        """The segment ended: send what is pending, marked with ``end``.
+
+        Every segment ends with one flush, on every outlet, so the outlet's segment
+        number follows its stage's (chunks carry it; see ``Chunk.segment``).
+        """
+        await self._flush(end)
+        self.segment += 1
+
+    async def _flush(self, end: End) -> None:
         if self._acc is not None:
             payload = self._acc.snapshot()
             self._acc.clear()
@@ -118,6 +127,7 @@ class Outlet:
             texts=texts,
             context=context,
             end=end if self.ends else "",
+            segment=self.segment,
             sent_at=time.monotonic(),
         )
         self._seq += 1

@@ -64,6 +64,9 @@ class Chunk(msgspec.Struct, tag="chunk", frozen=True, kw_only=True):
         context: leading rows of the windowed tensor that are left context only
             (already delivered in an earlier chunk; see ``ChunkPolicy``).
         end: ``segment`` or ``finished`` on the last chunk of a segment / session.
+        segment: the session's segment this chunk belongs to, from 0 (set by its sender,
+            so a receiver can attribute output of overlapping segments: the caller may
+            end segment 1 while a later stage still works on segment 0).
         sent_at: ``time.monotonic()`` at the sender, for queue-wait metrics.
     """
 
@@ -74,6 +77,7 @@ class Chunk(msgspec.Struct, tag="chunk", frozen=True, kw_only=True):
     texts: dict[str, str] = {}
     context: int = 0
     end: End = ""
+    segment: int = 0
     sent_at: float = 0.0
 
     @property

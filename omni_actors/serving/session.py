@@ -178,6 +178,7 @@ class Session:
             tensors=tensors,
             texts=texts,
             end=end,
+            segment=self._segment,
             sent_at=time.monotonic(),
         )
         self._seq += 1

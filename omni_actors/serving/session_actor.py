@@ -2,12 +2,21 @@
 
 The orchestrator spawns one per session. It prewarms every stage on the session's path,
 receives the output stages' chunks and turns them into events for the caller, collects
-each stage's report, and ends the session — ``Done``, ``SessionError`` or ``Aborted`` —
+each stage's report per segment, and ends the session — ``Done``, ``SessionError`` or ``Aborted`` —
 telling every stage to free what it holds when the session did not finish normally.
 Events go into a :class:`SessionChannel` the caller reads; the channel is local to the
 caller's process, so this actor always runs there. Its messages, and the stages', are in
 ``omni_actors.protocols.control``; the stages know the session by its ``SessionKey``,
 the caller's events by its id.
+
+Segments may overlap: the caller can end segment 1 while a later stage still works on
+segment 0, so the thinker's reply to segment 1 arrives amid code2wav's audio for
+segment 0. Every chunk and report names its segment; a segment is done when every stage
+on the path has reported it, and the caller gets the segments' events in segment order
+(``Session.events()`` is the reply to one segment, through its ``SegmentDone``): events
+of a later segment are held here until the earlier segment's ``SegmentDone`` is out.
+The hold is bounded in time by the stages' deadlines: a stalled earlier segment fails
+the session, and the terminal event drops what is held.
 """
 
 from __future__ import annotations
@@ -113,6 +122,32 @@ class SessionChannel:
         return self._events.popleft()
 
 
+class _Reply:
+    """What the session has of one segment's reply: its reports, latencies and the events
+    held until the segments before it are done."""
+
+    __slots__ = (
+        "audio_samples",
+        "done_at",
+        "finished",
+        "first_audio",
+        "first_text",
+        "held",
+        "last_audio",
+        "reports",
+    )
+
+    def __init__(self) -> None:
+        self.first_text: float | None = None
+        self.first_audio: float | None = None
+        self.last_audio: float | None = None
+        self.audio_samples = 0
+        self.reports: dict[str, StageMetrics] = {}
+        self.finished = False  # the session's last segment
+        self.done_at: float | None = None  # every stage has reported it
+        self.held: list[Event] = []
+
+
 class SessionActor(Actor[SessionMessage]):
     """See the module docstring.
 
@@ -146,17 +181,9 @@ class SessionActor(Actor[SessionMessage]):
         self.admission_deadline = admission_deadline
         self.channel = channel
         self.sequences: dict[str, ChunkSequence] = {}
-        self.segment = 0
-        self.reports: dict[str, StageMetrics] = {}
+        self.segment = 0  # the segment whose events go to the caller now
+        self._pending: dict[int, _Reply] = {}  # segments not yet done, by number
         self._ended = False
-        self._reset_segment()
-
-    def _reset_segment(self) -> None:
-        self.first_text: float | None = None
-        self.first_audio: float | None = None
-        self.last_audio: float | None = None
-        self.audio_samples = 0
-        self.reports = {}
 
     async def receive(self, message: SessionMessage) -> Any:
         """Handle one message; see the module docstring."""
@@ -228,6 +255,16 @@ class SessionActor(Actor[SessionMessage]):
 
     # -- outputs and reports ----------------------------------------------------------
 
+    def _reply(self, segment: int) -> _Reply | None:
+        """The reply to ``segment``; None if that segment is already done (a bug)."""
+        if segment < self.segment:
+            log.warning("session %s: output or report for done segment %d", self.id, segment)
+            return None
+        reply = self._pending.get(segment)
+        if reply is None:
+            reply = self._pending[segment] = _Reply()
+        return reply
+
     def _output(self, chunk: Chunk) -> ChunkGapError | None:
         sequence = self.sequences.get(chunk.source)
         if sequence is None:
@@ -237,57 +274,82 @@ class SessionActor(Actor[SessionMessage]):
                 return None
         except ChunkGapError as exc:
             return exc
+        reply = self._reply(chunk.segment)
+        if reply is None:
+            return None
+        # Latencies count when the output reaches the session, held or not.
         now = time.monotonic()
         text = chunk.texts.get("text")
         if text:
-            if self.first_text is None:
-                self.first_text = now
-            self.channel.put(TextDelta(session=self.id, text=text))
+            if reply.first_text is None:
+                reply.first_text = now
+            self._emit(chunk.segment, reply, TextDelta(session=self.id, text=text))
         audio = chunk.tensors.get("audio")
         if audio is not None and audio.numel():
-            if self.first_audio is None:
-                self.first_audio = now
-            self.last_audio = now
-            self.audio_samples += audio.numel()
-            self.channel.put(
-                AudioDelta(session=self.id, audio=audio, sample_rate=self.channel.sample_rate)
-            )
+            if reply.first_audio is None:
+                reply.first_audio = now
+            reply.last_audio = now
+            reply.audio_samples += audio.numel()
+            delta = AudioDelta(session=self.id, audio=audio, sample_rate=self.channel.sample_rate)
+            self._emit(chunk.segment, reply, delta)
         return None
+
+    def _emit(self, segment: int, reply: _Reply, event: Event) -> None:
+        """To the caller now if ``segment`` is the current one, else held for later."""
+        if segment == self.segment:
+            self.channel.put(event)
+        else:
+            reply.held.append(event)
 
     async def _report(self, report: StageReport) -> None:
         if report.end == "error":
             code = report.code if report.code is not None else "internal"
             await self._fail(code, report.error, report.stage, report.error_type)
             return
-        self.reports[report.stage] = report.metrics
-        if len(self.reports) < len(self.plan):
+        reply = self._reply(report.segment)
+        if reply is None:
             return
-        metrics = self._metrics()
-        if report.end == "finished":
-            await self._end(Done(session=self.id, metrics=metrics), abort=False)
-            return
-        self.channel.put(SegmentDone(session=self.id, segment=self.segment, metrics=metrics))
-        self.segment += 1
-        self._reset_segment()
+        reply.reports[report.stage] = report.metrics
+        reply.finished |= report.end == "finished"
+        if len(reply.reports) == len(self.plan):
+            reply.done_at = time.monotonic()
+            await self._advance()
 
-    def _metrics(self) -> SessionMetrics:
-        now = time.monotonic()
-        start = self.channel.starts.get(self.segment, now)
-        audio_s = self.audio_samples / self.channel.sample_rate
+    async def _advance(self) -> None:
+        """End every done segment from the current one on, in order; release the events
+        held for the segment that becomes current."""
+        while (reply := self._pending.get(self.segment)) is not None and reply.done_at is not None:
+            del self._pending[self.segment]
+            metrics = self._metrics(self.segment, reply)
+            if reply.finished:
+                await self._end(Done(session=self.id, metrics=metrics), abort=False)
+                return
+            self.channel.put(SegmentDone(session=self.id, segment=self.segment, metrics=metrics))
+            self.segment += 1
+            following = self._pending.get(self.segment)
+            if following is not None:
+                for event in following.held:
+                    self.channel.put(event)
+                following.held.clear()
+
+    def _metrics(self, segment: int, reply: _Reply) -> SessionMetrics:
+        end = reply.done_at if reply.done_at is not None else time.monotonic()
+        start = self.channel.starts.get(segment, end)
+        audio_s = reply.audio_samples / self.channel.sample_rate
 
         def since(t: float | None) -> float | None:
             return None if t is None else (t - start) * 1e3
 
         rtf = None
-        if audio_s > 0 and self.last_audio is not None:
-            rtf = (self.last_audio - start) / audio_s
+        if audio_s > 0 and reply.last_audio is not None:
+            rtf = (reply.last_audio - start) / audio_s
         return SessionMetrics(
-            ttft_ms=since(self.first_text),
-            ttfa_ms=since(self.first_audio),
-            e2e_ms=(now - start) * 1e3,
+            ttft_ms=since(reply.first_text),
+            ttfa_ms=since(reply.first_audio),
+            e2e_ms=(end - start) * 1e3,
             audio_s=audio_s,
             rtf=rtf,
-            stages={name: self.reports[name] for name in self.plan if name in self.reports},
+            stages={name: reply.reports[name] for name in self.plan if name in reply.reports},
         )
 
     # -- ending -----------------------------------------------------------------------
