@@ -13,6 +13,11 @@ Two variants of the same thinker -> talker -> code2wav pipeline run: every edge
 window of codec frames) and every edge ``full`` (each stage waits for its upstream to
 finish), so the report also shows what streaming buys. Each variant runs at each
 concurrency level with at most that many requests in flight.
+
+Each pipeline runs in two placements: ``local`` (every stage an actor in the caller's
+process, so a hop is a mailbox put) and ``process`` (every stage in a worker process,
+so each hop also crosses the wire: encoding, a ZeroMQ socket, decoding). The difference
+between the two, per hop, is what the wire costs a request.
 """
 
 from __future__ import annotations
@@ -25,10 +30,10 @@ import os
 import platform
 import sys
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal, get_args
 
 import torch
 
@@ -39,13 +44,31 @@ from omni_actors.protocols.events import Aborted, AudioDelta, Done, SessionError
 from omni_actors.serving.omni_pipeline import OmniPipeline
 from omni_actors.serving.pipeline_spec import DeadlinesSpec, PipelineSpec, load_pipeline
 
-__all__ = ["DEFAULT_CONCURRENCY", "bench_spec", "default_requests", "run_pipeline_bench"]
+__all__ = [
+    "DEFAULT_CONCURRENCY",
+    "PLACEMENTS",
+    "Placement",
+    "bench_spec",
+    "default_requests",
+    "placed",
+    "run_pipeline_bench",
+]
+
+Placement = Literal["local", "process"]
+PLACEMENTS: tuple[Placement, ...] = get_args(Placement)
 
 DEFAULT_CONCURRENCY = (1, 8, 64)
 _WARMUP_REQUESTS = 3
 _TIMER_SLEEPS = 60  # of 5 ms each: 0.3 s to calibrate the timer overshoot
 _OVERHEAD_LIMITS_MS = {1: 1.0, 64: 5.0}  # per hop, at these concurrency levels
 _STREAM_TTFA_LIMIT = 1.10  # stream TTFA p50 / ideal
+
+
+def placed(spec: PipelineSpec, placement: Placement) -> PipelineSpec:
+    """``spec`` with every stage in the caller's process (``local``) or each in a worker
+    process (``process``), whatever the spec itself says, so the two runs differ only
+    in the wire."""
+    return spec.with_process_stages(placement == "process")
 
 
 def default_requests(concurrency: int) -> int:
@@ -262,8 +285,54 @@ def bench_specs(preset: str | Path | None) -> dict[str, PipelineSpec]:
     return {spec.name: spec}
 
 
+async def _run_placement(
+    specs: dict[str, PipelineSpec],
+    ideals: dict[str, IdealTimes],
+    placement: Placement,
+    concurrency: list[int],
+    requests: int | None,
+    overshoot_ms: float,
+    builtin: bool,
+) -> dict[str, Any]:
+    """Every pipeline of ``specs`` in one placement: its variants and, for the built-in
+    pair, the stream/full TTFA ratio per level."""
+    variants = {
+        name: await _run_variant(
+            placed(spec, placement), ideals[name], concurrency, requests, overshoot_ms
+        )
+        for name, spec in specs.items()
+    }
+    ratios: dict[str, float | None] = {}
+    if "stream" in variants and "full" in variants and builtin:
+        for c in map(str, concurrency):
+            stream, full = variants["stream"][c], variants["full"][c]
+            both = "ttfa_ms_p50" in stream and "ttfa_ms_p50" in full
+            ratios[c] = round(stream["ttfa_ms_p50"] / full["ttfa_ms_p50"], 4) if both else None
+    return {"variants": variants, "stream_vs_full_ttfa": ratios}
+
+
+def _wire_ms_per_hop(placements: dict[Placement, dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    """Per variant and level, (process TTFA p50 - local TTFA p50) / hops: what crossing
+    a process boundary adds to each hop. Empty unless both placements ran."""
+    if "local" not in placements or "process" not in placements:
+        return {}
+    wire: dict[str, dict[str, Any]] = {}
+    local, process = placements["local"]["variants"], placements["process"]["variants"]
+    for name, levels in local.items():
+        wire[name] = {}
+        for c, here in levels.items():
+            there = process[name][c]
+            both = "ttfa_ms_p50" in here and "ttfa_ms_p50" in there
+            delta = (there["ttfa_ms_p50"] - here["ttfa_ms_p50"]) / here["hops"] if both else None
+            wire[name][c] = _ms(delta)
+    return wire
+
+
 async def run_pipeline_bench(
-    concurrency: list[int], requests: int | None, preset: str | Path | None
+    concurrency: list[int],
+    requests: int | None,
+    preset: str | Path | None,
+    placements: Sequence[Placement] = ("local",),
 ) -> dict[str, Any]:
     """Measure TTFA, E2E and RTF of scripted pipelines against their ideal.
 
@@ -277,44 +346,51 @@ async def run_pipeline_bench(
             a warm-up of a few.
         preset: a scripted preset name or YAML path to measure instead of the built-in
             stream and full pipelines.
+        placements: where the stages run, each measured in turn: ``local`` (all in
+            this process, the default) and/or ``process`` (each stage in a worker
+            process), measured in the order given.
 
     Returns:
-        A JSON-ready dict: ``variants`` (per pipeline, per concurrency level: TTFA p50
+        A JSON-ready dict: ``placements`` (per placement: ``variants`` and
+        ``stream_vs_full_ttfa``, below), ``wire_ms_per_hop`` (per pipeline and level,
+        (process TTFA p50 - local TTFA p50) / hops; empty unless both ran), ``targets``
+        (per placement: each goal, what was measured, ``met``),
+        ``timer_overshoot_ms_per_sleep``, ``machine``, ``parameters`` and ``wall_s``.
+        ``variants``: per pipeline, per concurrency level: TTFA p50
         and p99, the caller-side TTFA p50, E2E and RTF p50, the ideal TTFA/E2E/RTF,
         ``hops``, ``overhead_ms_per_hop_p50`` = (TTFA p50 - ideal) / hops, the same net
         of ``ttfa_sleeps`` timer overshoots, ``ttfa_vs_ideal``, ``errors``,
-        ``requests``), ``stream_vs_full_ttfa`` (per level, stream TTFA p50 / full TTFA
-        p50; built-in pipelines only), ``targets`` (each goal, what was measured,
-        ``met``), ``timer_overshoot_ms_per_sleep``, ``machine``, ``parameters`` and
-        ``wall_s``.
+        ``requests``; ``stream_vs_full_ttfa``: per level, stream TTFA p50 / full TTFA
+        p50 (built-in pipelines only).
 
     Raises:
-        ValueError: a level or ``requests`` below 1, or a pipeline whose ideal cannot
-            be computed (:class:`~omni_actors.bench.ideal.IdealUnavailableError`).
+        ValueError: a level or ``requests`` below 1, no or an unknown placement, or a
+            pipeline whose ideal cannot be computed
+            (:class:`~omni_actors.bench.ideal.IdealUnavailableError`).
     """
     if not concurrency or min(concurrency) < 1:
         raise ValueError(f"concurrency levels must be >= 1, got {concurrency}")
     if requests is not None and requests < 1:
         raise ValueError(f"requests must be >= 1, got {requests}")
+    if not placements or not set(placements) <= set(PLACEMENTS):
+        raise ValueError(f"placements must be some of {list(PLACEMENTS)}, got {placements}")
     started = time.perf_counter()
     specs = bench_specs(preset)
     ideals = {name: ideal_times(spec) for name, spec in specs.items()}
     overshoot_ms = await _timer_overshoot_ms()
-    variants = {
-        name: await _run_variant(spec, ideals[name], concurrency, requests, overshoot_ms)
-        for name, spec in specs.items()
+    runs = {
+        placement: await _run_placement(
+            specs, ideals, placement, concurrency, requests, overshoot_ms, preset is None
+        )
+        for placement in dict.fromkeys(placements)  # each once, in the order given
     }
-    ratios: dict[str, float | None] = {}
-    if "stream" in variants and "full" in variants and preset is None:
-        for c in map(str, concurrency):
-            stream, full = variants["stream"][c], variants["full"][c]
-            both = "ttfa_ms_p50" in stream and "ttfa_ms_p50" in full
-            ratios[c] = round(stream["ttfa_ms_p50"] / full["ttfa_ms_p50"], 4) if both else None
     streaming = next((name for name, spec in specs.items() if _is_streaming(spec)), None)
     return {
-        "variants": variants,
-        "stream_vs_full_ttfa": ratios,
-        "targets": _targets(variants, streaming),
+        "placements": runs,
+        "wire_ms_per_hop": _wire_ms_per_hop(runs),
+        "targets": {
+            placement: _targets(run["variants"], streaming) for placement, run in runs.items()
+        },
         "timer_overshoot_ms_per_sleep": round(overshoot_ms, 4),
         "machine": _machine(),
         "parameters": {
@@ -322,6 +398,7 @@ async def run_pipeline_bench(
             "requests": requests if requests is not None else "max(3*c, 20)",
             "warmup_requests": _WARMUP_REQUESTS,
             "preset": None if preset is None else str(preset),
+            "placements": list(runs),
         },
         "wall_s": round(time.perf_counter() - started, 1),
     }

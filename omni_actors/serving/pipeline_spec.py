@@ -253,6 +253,13 @@ class PipelineSpec(_Spec):
         )
         return self.model_copy(update={"name": f"{self.name}-full", "edges": edges})
 
+    def with_process_stages(self, process: bool = True) -> PipelineSpec:
+        """A copy whose every stage runs in a worker process (``process=False``: in the
+        caller's), so one pipeline can be measured with and without the wire between
+        its stages."""
+        stages = tuple(stage.model_copy(update={"process": process}) for stage in self.stages)
+        return self.model_copy(update={"stages": stages})
+
     def stages_order(self) -> list[str]:
         """Every stage in topological order (entry first)."""
         return self._topological([s.name for s in self.stages])

@@ -15,8 +15,9 @@ from typing import Any, ClassVar
 
 import pytest
 
+from omni_actors.bench import pipeline as pipeline_bench
 from omni_actors.bench.ideal import IdealUnavailableError, ideal_times, path_hops
-from omni_actors.bench.pipeline import bench_spec, run_pipeline_bench
+from omni_actors.bench.pipeline import bench_spec, placed, run_pipeline_bench
 from omni_actors.cli import main
 from omni_actors.serving.pipeline_spec import PipelineSpec, load_pipeline
 
@@ -188,15 +189,10 @@ def _number(value: object) -> float:
     return float(value)
 
 
-def test_json_reports_both_variants_at_each_level(capsys: pytest.CaptureFixture[str]) -> None:
-    code = main(["bench", "pipeline", "--json", "--concurrency", "1", "2", "--requests", "2"])
-
-    assert code == 0
-    out = capsys.readouterr().out
-    assert out.count("\n") == 1  # one JSON object, nothing else
-    result = json.loads(out)
-    assert set(result["variants"]) == {"stream", "full"}
-    for variant, levels in result["variants"].items():
+def _check_variants(run: dict[str, Any]) -> None:
+    """Both built-in variants at levels 1 and 2, every number sane, no errors."""
+    assert set(run["variants"]) == {"stream", "full"}
+    for variant, levels in run["variants"].items():
         assert set(levels) == {"1", "2"}, variant
         for level in levels.values():
             for key in LEVEL_KEYS:
@@ -210,8 +206,10 @@ def test_json_reports_both_variants_at_each_level(capsys: pytest.CaptureFixture[
             assert level["ttfa_vs_ideal"] >= 0.95
             assert 0 < level["rtf_p50"] < 1
     for c in ("1", "2"):
-        assert 0 < _number(result["stream_vs_full_ttfa"][c]) < 1  # streaming pays off
-    targets = result["targets"]
+        assert 0 < _number(run["stream_vs_full_ttfa"][c]) < 1  # streaming pays off
+
+
+def _check_targets(targets: dict[str, Any]) -> None:
     assert set(targets) == {
         "overhead_ms_per_hop_c1",
         "overhead_ms_per_hop_c64",
@@ -220,19 +218,74 @@ def test_json_reports_both_variants_at_each_level(capsys: pytest.CaptureFixture[
     assert isinstance(targets["overhead_ms_per_hop_c1"]["met"], bool)
     assert targets["overhead_ms_per_hop_c64"]["met"] is None  # c=64 was not run
     assert isinstance(targets["stream_ttfa_vs_ideal"]["met"], bool)
+
+
+def test_json_reports_both_variants_at_each_level(capsys: pytest.CaptureFixture[str]) -> None:
+    argv = ["bench", "pipeline", "--json", "--concurrency", "1", "2", "--requests", "2"]
+    code = main([*argv, "--placement", "local"])
+
+    assert code == 0
+    out = capsys.readouterr().out
+    assert out.count("\n") == 1  # one JSON object, nothing else
+    result = json.loads(out)
+    assert set(result["placements"]) == {"local"}
+    _check_variants(result["placements"]["local"])
+    assert set(result["targets"]) == {"local"}
+    _check_targets(result["targets"]["local"])
+    assert result["wire_ms_per_hop"] == {}  # nothing to compare with
     assert result["machine"]["loop"] in ("uvloop", "asyncio")
     assert _number(result["timer_overshoot_ms_per_sleep"]) >= 0
 
 
-async def test_library_call_measures_a_scripted_preset() -> None:
-    result = await run_pipeline_bench([1], 1, "scripted-omni")
+async def test_process_placement_runs_every_stage_in_a_worker(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    started: list[PipelineSpec] = []
+    real_run_variant = pipeline_bench._run_variant
 
-    level = result["variants"]["scripted-omni"]["1"]
+    async def recording(spec: PipelineSpec, *args: Any) -> dict[str, dict[str, Any]]:
+        started.append(spec)
+        return await real_run_variant(spec, *args)
+
+    monkeypatch.setattr(pipeline_bench, "_run_variant", recording)
+    result = await run_pipeline_bench([1, 2], 2, None, ["process", "local"])
+
+    # Both placements measured, each variant in both; what ran is what was named.
+    assert list(result["placements"]) == ["process", "local"]
+    assert [spec.name for spec in started] == ["bench-stream", "bench-full"] * 2
+    assert all(stage.process for spec in started[:2] for stage in spec.stages)
+    assert not any(stage.process for spec in started[2:] for stage in spec.stages)
+    for run in result["placements"].values():
+        _check_variants(run)
+    for targets in result["targets"].values():
+        _check_targets(targets)
+    for name in ("stream", "full"):
+        for c in ("1", "2"):
+            local = result["placements"]["local"]["variants"][name][c]["ttfa_ms_p50"]
+            process = result["placements"]["process"]["variants"][name][c]["ttfa_ms_p50"]
+            wire = _number(result["wire_ms_per_hop"][name][c])
+            assert wire == pytest.approx((process - local) / 4, abs=1e-3)
+    assert result["parameters"]["placements"] == ["process", "local"]
+
+
+def test_placed_overrides_the_specs_own_placement() -> None:
+    spec = bench_spec("stream")
+    in_workers = placed(spec, "process")
+
+    assert [s.process for s in in_workers.stages] == [True] * len(spec.stages)
+    assert not any(s.process for s in placed(in_workers, "local").stages)
+    assert in_workers.edges == spec.edges
+
+
+async def test_library_call_measures_a_scripted_preset() -> None:
+    result = await run_pipeline_bench([1], 1, "scripted-omni", ["local"])
+
+    level = result["placements"]["local"]["variants"]["scripted-omni"]["1"]
     assert level["errors"] == 0, level.get("first_error")
     assert level["ideal_ttfa_ms"] == pytest.approx(95.0)
     assert level["ttfa_ms_p50"] >= 0.95 * level["ideal_ttfa_ms"]
-    assert result["stream_vs_full_ttfa"] == {}
-    assert result["targets"]["stream_ttfa_vs_ideal"]["variant"] == "scripted-omni"
+    assert result["placements"]["local"]["stream_vs_full_ttfa"] == {}
+    assert result["targets"]["local"]["stream_ttfa_vs_ideal"]["variant"] == "scripted-omni"
 
 
 async def test_library_call_rejects_empty_levels() -> None:
@@ -240,6 +293,8 @@ async def test_library_call_rejects_empty_levels() -> None:
         await run_pipeline_bench([0], 1, None)
     with pytest.raises(ValueError, match=">= 1"):
         await run_pipeline_bench([1], 0, None)
+    with pytest.raises(ValueError, match="placements must be some of"):
+        await run_pipeline_bench([1], 1, None, [])
 
 
 def test_a_preset_with_bad_engine_args_is_a_clear_error(tmp_path: Path) -> None:
@@ -265,6 +320,7 @@ def test_a_preset_with_bad_engine_args_is_a_clear_error(tmp_path: Path) -> None:
         ["bench", "pipeline", "--concurrency", "0"],
         ["bench", "pipeline", "--concurrency"],
         ["bench", "pipeline", "--requests", "-1"],
+        ["bench", "pipeline", "--placement", "remote"],
     ],
 )
 def test_bad_arguments_are_usage_errors(argv: list[str]) -> None:
