@@ -31,6 +31,32 @@ returns :class:`Ports`. ``Args`` may be left out (the engine then takes no argum
 and so may ``streams_input`` (True). ``kind`` names a registered engine; a class named
 by its import path (``package.module:Class`` in a pipeline) needs none.
 
+**Conversations.** A resumable session is a conversation: its segments are responses.
+Each ``generate`` call serves one response: the input since the previous response (user
+turns, ended by ``commit`` marks), then the reply. An engine that keeps conversation
+state declares :data:`TURN_FIELD` among its inputs; it then gets the caller's turn marks
+in its input, in order with the input around them, as ``{TURN_FIELD: "commit"}``,
+``{TURN_FIELD: "clear"}`` (roll back what was prefilled since the last commit) and
+``{TURN_FIELD: "truncate", KEPT_FIELD: tensor(k)}`` (cut the last assistant turn to its
+first ``k`` outputs). Only the entry stage gets marks from the caller; an engine may pass
+them on as an output field to a stage that also declares them. Stages without the field
+never see marks. A response's overrides (:class:`ResponseOptions`: ``max_tokens``,
+``temperature``, ``voice``) are read with :func:`response_options` once the input has
+ended (they come with the chunk that starts the response).
+
+A reply is cancelled (barge-in) by closing the ``generate`` iterator (``aclose``) at a
+``yield``: the engine keeps its session state as if the reply had ended after the last
+output it yielded (the thinker keeps the spoken part of its answer in its cache), and
+the conversation goes on. A ``generate`` that raises fails that response only: the
+engine rolls its session state back to where the response started, and the next
+response starts from there. Abort (the session is over) stays :meth:`Engine.abort`.
+
+An engine after the entry stage that keeps state derived from a reply implements
+:class:`Truncatable`: after a reply was cut short where the user stopped listening, the
+session asks it to keep only the reply's first ``kept`` outputs, and it answers how many
+rows of its streamed input those outputs depend on, which is what its source stage then
+keeps (code2wav: samples to codec frames; talker: frames to text tokens).
+
 The accumulate rule of a field says how a sequence of outputs makes one payload:
 ``concat`` joins tensors along dim 0 (and strings end to end), ``replace`` keeps the
 last. A ``full`` edge merges a segment's outputs by it, and an edge is valid only when
@@ -46,9 +72,22 @@ from typing import Protocol, get_args
 import torch
 
 from omni_actors.protocols.control import AccumulateRule
-from omni_actors.protocols.stage import SessionKey
+from omni_actors.protocols.stage import ResponseOptions, SessionKey
 
-__all__ = ["CONTEXT_FIELD", "RULES", "Engine", "Fields", "Ports", "Rule"]
+__all__ = [
+    "CONTEXT_FIELD",
+    "KEPT_FIELD",
+    "NO_OPTIONS",
+    "RULES",
+    "TURN_FIELD",
+    "Engine",
+    "Fields",
+    "Ports",
+    "ResponseOptions",
+    "Rule",
+    "Truncatable",
+    "response_options",
+]
 
 Fields = Mapping[str, torch.Tensor | str]
 """Named payload fields of a chunk: ``hidden``, ``token_ids``, ``codes``, ``text``, …"""
@@ -63,6 +102,27 @@ CONTEXT_FIELD = "left_context"
 int64 tensor, how many leading rows of the windowed field are left context, decoded
 only to continue the waveform seamlessly, not to be emitted again. It is not a declared
 field: the edge adds it, whatever the engines declare."""
+
+TURN_FIELD = "turn"
+"""A text field carrying a turn mark (``commit``, ``clear``, ``truncate``; see the module
+docstring). Delivered only to an engine that declares it among its inputs (``concat``)."""
+
+KEPT_FIELD = "kept"
+"""With ``{TURN_FIELD: "truncate"}``: a 0-d int64 tensor, the outputs of the last reply
+to keep."""
+
+NO_OPTIONS = ResponseOptions()
+"""The options of a response that overrides nothing."""
+
+
+def response_options(inputs: AsyncIterator[Fields]) -> ResponseOptions:
+    """The overrides of the response whose input ``inputs`` is (read after it ended).
+
+    A stage's input iterator carries them as ``options``; any other iterator (an engine
+    driven directly, in a test) overrides nothing.
+    """
+    options = getattr(inputs, "options", None)
+    return options if isinstance(options, ResponseOptions) else NO_OPTIONS
 
 
 @dataclass(frozen=True, slots=True)
@@ -98,3 +158,18 @@ class Engine(Protocol):
 
     async def stop(self) -> None:
         """Release everything (after every session has ended or been aborted)."""
+
+
+class Truncatable(Protocol):
+    """An engine whose per-session state follows its replies (see the module docstring)."""
+
+    async def truncate(self, session: SessionKey, kept: int) -> int:
+        """Keep the first ``kept`` outputs of ``session``'s last reply; forget the rest.
+
+        Returns:
+            How many rows of its streamed input (the source stage's outputs) the kept
+            outputs depend on: what the source stage keeps in turn.
+
+        Raises:
+            ValueError: the session has no reply to truncate.
+        """

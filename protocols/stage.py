@@ -27,7 +27,9 @@ __all__ = [
     "Chunk",
     "End",
     "HopMetrics",
+    "Mark",
     "ReportEnd",
+    "ResponseOptions",
     "SessionKey",
     "StageMetrics",
     "StageReport",
@@ -51,6 +53,31 @@ End = Literal["", "segment", "finished"]
 ReportEnd = Literal["segment", "finished", "error"]
 """How a stage's work on a session's segment ended."""
 
+Mark = Literal["", "commit", "clear", "truncate"]
+"""A turn mark in the caller's input (``Session.commit``, ``clear``, ``truncate``), ordered
+with the input around it: ``commit`` ends a user turn (what was prefilled of it stays),
+``clear`` drops the input since the last commit (what was prefilled of it is rolled back),
+``truncate`` cuts the last assistant turn to its first ``Chunk.kept`` outputs."""
+
+
+class ResponseOptions(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
+    """Per-response overrides (``Session.respond``); None keeps the stage's own setting.
+
+    They travel with the chunk that starts the response and, from stage to stage, on the
+    first chunk of each segment an outlet sends; an engine reads them with
+    ``omni_actors.actors.engine.response_options``.
+
+    Attributes:
+        max_tokens: the reply's most text tokens (the thinker's bound on a session's
+            output, and so on the memory every later stage holds for it).
+        temperature: sampling temperature (0: greedy).
+        voice: the speaker's name, for a stage that speaks.
+    """
+
+    max_tokens: int | None = None
+    temperature: float | None = None
+    voice: str | None = None
+
 
 class Chunk(msgspec.Struct, tag="chunk", frozen=True, kw_only=True):
     """One piece of one session's stream from ``source`` to the receiving stage.
@@ -68,6 +95,11 @@ class Chunk(msgspec.Struct, tag="chunk", frozen=True, kw_only=True):
             so a receiver can attribute output of overlapping segments: the caller may
             end segment 1 while a later stage still works on segment 0).
         sent_at: ``time.monotonic()`` at the sender, for queue-wait metrics.
+        mark: a turn mark from the caller (see :data:`Mark`); a marked chunk carries
+            no payload.
+        kept: with ``mark="truncate"``, how many outputs of the last reply to keep.
+        options: the response's overrides, on the chunk that starts a response and on
+            the first chunk of each segment a stage sends on.
     """
 
     key: SessionKey
@@ -79,6 +111,9 @@ class Chunk(msgspec.Struct, tag="chunk", frozen=True, kw_only=True):
     end: End = ""
     segment: int = 0
     sent_at: float = 0.0
+    mark: Mark = ""
+    kept: int = 0
+    options: ResponseOptions | None = None
 
     @property
     def has_payload(self) -> bool:
