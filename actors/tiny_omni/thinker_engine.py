@@ -17,35 +17,21 @@ A reply the stage closes (``aclose``, a barge-in) stays in the conversation as f
 it was yielded; a response that fails is rolled back to where it started; an abort
 drops the session.
 
-Sampling: greedy unless the response asks for a ``temperature`` > 0; then each token is
-drawn from the softmax of the allowed tokens' logits at that temperature, with the
-session's own ``torch.Generator``, seeded from the engine's ``seed`` and the session key
-(BLAKE2b, not Python's salted ``hash``): the same pipeline seed and session key draw the
-same reply on every run, and sessions never share a random stream.
+Tokens are greedy unless a response asks for a temperature (see ``sampling``).
 """
 
 from __future__ import annotations
 
 import asyncio
-import hashlib
-import json
 from collections.abc import AsyncIterator
 from pathlib import Path
-from typing import ClassVar, Final, Literal, NamedTuple, cast
+from typing import ClassVar, Literal
 
 import torch
 from pydantic import Field
 
-from omni_actors.actors.engine import (
-    KEPT_FIELD,
-    TURN_FIELD,
-    Fields,
-    ResponseOptions,
-    Rule,
-    response_options,
-)
-from omni_actors.actors.tiny_omni import configs, stepping, weights
-from omni_actors.actors.tiny_omni.audio_stream import AudioClip
+from omni_actors.actors.engine import KEPT_FIELD, TURN_FIELD, Fields, Rule, response_options
+from omni_actors.actors.tiny_omni import configs
 from omni_actors.actors.tiny_omni.configs import Tokens
 from omni_actors.actors.tiny_omni.conversation import (
     CLOSE_TURN,
@@ -55,22 +41,14 @@ from omni_actors.actors.tiny_omni.conversation import (
     Reply,
 )
 from omni_actors.actors.tiny_omni.family import TINY_OMNI
-from omni_actors.actors.tiny_omni.hf import (
-    DynamicCache,
-    PreTrainedConfig,
-    Qwen3OmniMoeThinkerForConditionalGeneration,
-)
-from omni_actors.actors.tiny_omni.log_mel import LogMel
-from omni_actors.actors.tiny_omni.user_turn import Feed, UserTurn
+from omni_actors.actors.tiny_omni.hf import DynamicCache
+from omni_actors.actors.tiny_omni.sampling import sampling_for, session_seed
+from omni_actors.actors.tiny_omni.thinker_model import ASSISTANT_OPENING, ThinkerModel, Token
+from omni_actors.actors.tiny_omni.user_turn import UserTurn
 from omni_actors.actors.torch_engine import AbortSignal, TorchEngine, stage_dir
 from omni_actors.model_family import WeightsArgs
 
 __all__ = ["ASSISTANT_OPENING", "NEWLINE", "ThinkerArgs", "ThinkerEngine"]
-
-PRINTABLE: Final = range(32, 127)
-"""Byte ids the thinker may emit: random weights would otherwise emit control bytes and
-special tokens, which no text consumer downstream could show."""
-ASSISTANT_OPENING: Final = (Tokens.IM_START, Tokens.ASSISTANT, NEWLINE)
 
 
 class ThinkerArgs(WeightsArgs):
@@ -86,19 +64,6 @@ class ThinkerArgs(WeightsArgs):
     max_new_tokens: int = Field(48, ge=1)
     min_new_tokens: int = Field(8, ge=0)
 
-
-class _Sampling(NamedTuple):
-    """How a response picks its tokens."""
-
-    max_tokens: int
-    min_tokens: int
-    temperature: float
-    """0: greedy."""
-    generator: torch.Generator | None
-
-
-Token = tuple[int, torch.Tensor]
-"""A picked token and its [1, H] input embedding."""
 
 _Outcome = Literal["done", "cancelled", "failed", "dropped"]
 
@@ -147,28 +112,7 @@ class ThinkerEngine(TorchEngine):
         self._sessions: dict[str, Conversation] = {}
 
     def _load(self, path: Path) -> None:
-        thinker = weights.load(path)
-        assert isinstance(thinker, Qwen3OmniMoeThinkerForConditionalGeneration)
-        self._thinker = thinker
-        # The talker's conditioning layer is a talker setting; the thinker stage's own
-        # config does not have it, the composite config one level up does.
-        composite = json.loads((path.parent / "config.json").read_text())
-        self._accept_layer = int(composite["talker_config"]["accept_hidden_layer"])
-        self._text_config = cast(PreTrainedConfig, thinker.config.text_config)
-        audio = cast(PreTrainedConfig, thinker.config.audio_config)
-        self._n_window, self._n_window_infer = int(audio.n_window), int(audio.n_window_infer)
-        # Annotated from transformers 5.23 on, untyped before: the ignore serves the
-        # older releases of the supported range and is unused on newer ones.
-        self._embedding = thinker.get_input_embeddings()  # type: ignore[no-untyped-call,unused-ignore]
-        self._extractor = configs.audio_feature_extractor()
-        vocab = self._text_config.vocab_size
-        self._allow_text = torch.full((vocab,), float("-inf"))
-        self._allow_text[list(PRINTABLE)] = 0.0
-        self._allow_end = self._allow_text.clone()
-        self._allow_end[Tokens.IM_END] = 0.0
-        # No graph: weights.load turned gradients off.
-        self._tts = self._embedding(torch.tensor([Tokens.TTS_BOS, Tokens.TTS_EOS, Tokens.TTS_PAD]))
-        self._opening = self._embedding(torch.tensor(ASSISTANT_OPENING))
+        self._model = ThinkerModel(path)
 
     # -- introspection -------------------------------------------------------------------
 
@@ -202,7 +146,7 @@ class ThinkerEngine(TorchEngine):
         """
         conversation = self._sessions.get(session)
         if conversation is None:
-            cache = DynamicCache(config=self._text_config)
+            cache = DynamicCache(config=self._model.text_config)
             conversation = self._sessions[session] = Conversation(cache)
         if conversation.signal is not None:
             raise ValueError(f"session {session!r} is already generating")
@@ -233,11 +177,16 @@ class ThinkerEngine(TorchEngine):
                     return
             if signal.aborted:
                 return
-            sampling = self._sampling(session, conversation, response_options(inputs))
+            sampling = sampling_for(
+                response_options(inputs),
+                max_new_tokens=self.max_new_tokens,
+                min_new_tokens=self.min_new_tokens,
+                generator=lambda: self._generator(session, conversation),
+            )
             rows = await self._commit(conversation, turn)
             if rows is not None:
                 yield rows
-            token, embed = await self.call(self._open_reply, conversation, sampling)
+            token, embed = await self.call(self._model.open_reply, conversation, sampling)
             reply = conversation.reply = Reply(conversation.position, (), 0)
             conversation.turns_since_reply = 0
             while token != Tokens.IM_END and not signal.aborted:
@@ -247,15 +196,15 @@ class ThinkerEngine(TorchEngine):
                     "embed": embed,
                 }
                 if not reply.tokens:
-                    out["opening"] = self._opening
-                    out["tts"] = self._tts
+                    out["opening"] = self._model.opening
+                    out["tts"] = self._model.tts
                 reply = conversation.reply = Reply(reply.start, (*reply.tokens, token), reply.fed)
                 if len(reply.tokens) < sampling.max_tokens:
                     # Start the next step before handing this token out: the model thread
                     # works while the stage routes the output.
                     allow_end = len(reply.tokens) >= sampling.min_tokens
                     step = asyncio.ensure_future(
-                        self.call(self._decode, conversation, token, allow_end, sampling)
+                        self.call(self._model.decode, conversation, token, allow_end, sampling)
                     )
                 yield out
                 if step is None:
@@ -366,19 +315,19 @@ class ThinkerEngine(TorchEngine):
         turn.open(conversation.carry)
         if isinstance(audio, torch.Tensor) and heard:
             if turn.clip is None:
-                mel = LogMel(self._extractor, block=2 * self._n_window)
-                turn.clip = AudioClip(mel, self._n_window, self._n_window_infer)
+                turn.clip = self._model.clip()
             turn.clip.push(audio.detach().to(torch.float32).reshape(-1).numpy())
         if isinstance(text, str) and said:
-            await self.call(self._prefill, conversation, turn, True, configs.encode_text(text))
+            ids = configs.encode_text(text)
+            await self.call(self._model.prefill, conversation, turn, True, ids)
         elif turn.clip is not None and turn.clip.window_ready():
-            await self.call(self._prefill, conversation, turn, False, [])
+            await self.call(self._model.prefill, conversation, turn, False, [])
 
     async def _commit(self, conversation: Conversation, turn: UserTurn) -> Fields | None:
         """Close the user turn (nothing if none is open); its rows as an output."""
         if not turn.opened:
             return None
-        await self.call(self._prefill, conversation, turn, True, list(CLOSE_TURN))
+        await self.call(self._model.prefill, conversation, turn, True, list(CLOSE_TURN))
         conversation.turns_since_reply += 1
         return turn.user_rows()
 
@@ -387,97 +336,13 @@ class ThinkerEngine(TorchEngine):
         conversation.truncate(kept)
         replay = turn.replay(conversation.carry)
         if replay is not None:
-            await self.call(self._feed, conversation, turn, replay)
+            await self.call(self._model.feed, conversation, turn, replay)
 
-    def _sampling(
-        self, session: str, conversation: Conversation, options: ResponseOptions
-    ) -> _Sampling:
-        max_tokens = self.max_new_tokens if options.max_tokens is None else options.max_tokens
-        if max_tokens < 1:
-            raise ValueError(f"max_tokens must be >= 1, got {max_tokens}")
-        temperature = options.temperature or 0.0
-        if temperature < 0:
-            raise ValueError(f"temperature must be >= 0, got {temperature}")
-        generator = None
-        if temperature > 0:
-            if conversation.generator is None:
-                conversation.generator = torch.Generator().manual_seed(self._seed_of(session))
-            generator = conversation.generator
-        min_tokens = min(self.min_new_tokens, max_tokens)
-        return _Sampling(max_tokens, min_tokens, temperature, generator)
-
-    def _seed_of(self, session: str) -> int:
-        """The session's sampling seed: stable across runs (see the module docstring)."""
-        digest = hashlib.blake2b(f"{self.seed}/{session}".encode(), digest_size=8).digest()
-        return int.from_bytes(digest, "little") & (2**63 - 1)
-
-    # -- model thread -------------------------------------------------------------------
-
-    def _prefill(
-        self, conversation: Conversation, turn: UserTurn, end_clip: bool, then: list[int]
-    ) -> None:
-        """Prefill the turn's pending ids, its clip's new windows (all of the clip if
-        ``end_clip``), then ``then``."""
-        embeds = None
-        if turn.clip is not None:
-            clip, encode = turn.clip, self._encode
-            embeds = clip.finish(encode) if end_clip else clip.windows(encode)
-        feed = turn.next_feed(embeds, end_clip, then)
-        if feed.ids:
-            self._feed(conversation, turn, feed)
-
-    @torch.no_grad()
-    def _feed(self, conversation: Conversation, turn: UserTurn, feed: Feed) -> None:
-        """One forward over ``feed``; its rows go to the turn."""
-        step = self._forward(conversation, feed.ids, feed.audio)
-        if feed.skip:
-            conversation.carry = []
-        placeholders = torch.tensor(feed.ids) == Tokens.AUDIO_PAD
-        rows = torch.where(placeholders[:, None], step.accept_hidden[0], step.embeds[0])
-        turn.keep(feed, rows, placeholders)
-
-    def _encode(self, mel: torch.Tensor) -> torch.Tensor:
-        return stepping.encode_audio(self._thinker, mel)
-
-    def _forward(
-        self, conversation: Conversation, ids: list[int], audio: torch.Tensor | None = None
-    ) -> stepping.ThinkerStep:
-        step = stepping.thinker_forward(
-            self._thinker,
-            torch.tensor([ids]),
-            conversation.cache,
-            conversation.position,
-            accept_layer=self._accept_layer,
-            audio_embeds=audio,
-        )
-        conversation.position += len(ids)
-        return step
-
-    @torch.no_grad()
-    def _open_reply(self, conversation: Conversation, sampling: _Sampling) -> Token:
-        """Feed the carry and ``<|im_start|> ASSISTANT \\n``; pick the first token."""
-        step = self._forward(conversation, [*conversation.carry, *ASSISTANT_OPENING])
-        conversation.carry = []
-        return self._pick(step.logits[0, -1], sampling.min_tokens == 0, sampling)
-
-    @torch.no_grad()
-    def _decode(
-        self, conversation: Conversation, token: int, allow_end: bool, sampling: _Sampling
-    ) -> Token:
-        """Feed ``token``, pick the next one."""
-        step = self._forward(conversation, [token])
-        return self._pick(step.logits[0, -1], allow_end, sampling)
-
-    @torch.no_grad()
-    def _pick(self, logits: torch.Tensor, allow_end: bool, sampling: _Sampling) -> Token:
-        """A printable token (or im_end), greedy or sampled, and its [1, H] embedding."""
-        masked = logits + (self._allow_end if allow_end else self._allow_text)
-        if sampling.temperature > 0:
-            probs = torch.softmax(masked / sampling.temperature, dim=-1)
-            token = int(torch.multinomial(probs, 1, generator=sampling.generator))
-        else:
-            token = int(masked.argmax())
-        return token, self._embedding(torch.tensor([token]))
+    def _generator(self, session: str, conversation: Conversation) -> torch.Generator:
+        if conversation.generator is None:
+            seed = session_seed(self.seed, session)
+            conversation.generator = torch.Generator().manual_seed(seed)
+        return conversation.generator
 
 
 def _kept(fields: Fields) -> int:
