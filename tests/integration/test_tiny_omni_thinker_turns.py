@@ -190,6 +190,12 @@ async def test_each_commit_sends_its_turns_rows_at_once(cache_dir: Path, model: 
     rows = user_outputs(seen)
     table = model.get_input_embeddings()
     turns = [user("Hi"), user("there"), user("!")]
+    # The last turn, committed by the end of input: what was prefilled of it at once,
+    # the rest (<|im_end|> \n, computed with the reply's opening) with the first token.
+    assert "token_ids" not in seen[2]
+    assert "token_ids" in seen[3]
+    assert torch.equal(tensor(seen[3], "user"), rows[3])
+    rows = [rows[0], rows[1], torch.cat(rows[2:])]
     assert [r.shape[0] for r in rows] == [len(t) for t in turns]
     for turn_rows, turn in zip(rows, turns, strict=True):
         assert torch.equal(turn_rows, table(torch.tensor(turn)))
@@ -229,7 +235,8 @@ async def test_clear_rolls_back_to_the_last_commit(cache_dir: Path, model: Any) 
         )
         plain = await respond(engine, "t", {"text": "Hello"}, COMMIT, {"text": "world"})
     assert ids(cleared) == ids(plain) == reference(model, [*user("Hello"), *user("world")], 6)
-    assert [r.shape[0] for r in user_outputs(cleared)] == [len(user("Hello")), len(user("world"))]
+    rows = user_outputs(cleared)
+    assert [r.shape[0] for r in (rows[0], torch.cat(rows[1:]))] == [7 + 3, 5 + 5]
 
 
 async def test_clear_after_a_reply_restores_its_carry(cache_dir: Path) -> None:
@@ -247,7 +254,7 @@ async def test_clear_after_a_reply_restores_its_carry(cache_dir: Path) -> None:
         )
         plain = await respond(engine, "t", {"text": "And?"})
     assert ids(cleared) == ids(plain)
-    assert torch.equal(user_outputs(cleared)[0], user_outputs(plain)[0])
+    assert torch.equal(torch.cat(user_outputs(cleared)), torch.cat(user_outputs(plain)))
 
 
 # -- truncate -------------------------------------------------------------------------
@@ -313,6 +320,20 @@ async def test_cancel_at_the_last_token_feeds_it_with_the_turns_end(
         after = await respond(engine, "s", {"text": "And?"})
     conversation = [*user("Hi"), *assistant(ids(got)), *user("And?")]
     assert ids(after) == reference(model, conversation, 3, 3)
+
+
+async def test_cancel_before_the_first_token_keeps_the_committed_turn(
+    cache_dir: Path, model: Any
+) -> None:
+    async with thinker(cache_dir) as engine:
+        outputs = engine.generate("s", Inputs([{"text": "Hi"}]))
+        first = await anext(outputs)  # the turn's rows so far, sent as the input ended
+        assert "token_ids" not in first
+        await outputs.aclose()
+        # The talker has those rows: the turn stays, closed, with no reply after it.
+        assert engine.cached_tokens("s") == len(user("Hi"))
+        answer = await respond(engine, "s")
+    assert ids(answer) == reference(model, user("Hi"), 6)
 
 
 # -- failure --------------------------------------------------------------------------
