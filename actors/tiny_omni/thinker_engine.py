@@ -168,8 +168,11 @@ class ThinkerEngine(TorchEngine):
                     conversation.restore(committed)
                     turn = UserTurn()
                 elif mark == "truncate":
-                    await self._truncate(conversation, turn, _kept(fields))
-                    committed = conversation.checkpoint()
+                    conversation.truncate(_kept(fields))
+                    # The cut part of the cache is gone: a failure after it can only
+                    # come back to here (what the user heard stays what they heard).
+                    start = committed = conversation.checkpoint()
+                    await self._replay(conversation, turn)
                 elif mark is not None:
                     raise ValueError(f"unknown turn mark {mark!r}: commit, clear or truncate")
                 else:
@@ -349,9 +352,8 @@ class ThinkerEngine(TorchEngine):
         conversation.turns_since_reply += 1
         return turn.take_rows()
 
-    async def _truncate(self, conversation: Conversation, turn: UserTurn, kept: int) -> None:
-        """Cut the last reply, then feed again what the open turn had prefilled after it."""
-        conversation.truncate(kept)
+    async def _replay(self, conversation: Conversation, turn: UserTurn) -> None:
+        """After a truncation, feed again what the open turn had prefilled after the reply."""
         replay = turn.replay(conversation.carry)
         if replay is not None:
             await self.call(self._model.feed, conversation, turn, replay)

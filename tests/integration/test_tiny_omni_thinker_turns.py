@@ -372,6 +372,22 @@ async def test_a_failed_response_rolls_back_to_where_it_started(
     assert ids(after) == reference(model, [*user("Hi"), *assistant(first), *user("And?")], 6)
 
 
+async def test_a_truncation_stays_when_the_response_after_it_fails(
+    cache_dir: Path, model: Any
+) -> None:
+    async def broken() -> None:
+        raise RuntimeError("input broke")
+
+    async with thinker(cache_dir) as engine:
+        first = ids(await respond(engine, "s", {"text": "Hi"}))
+        with pytest.raises(RuntimeError, match="input broke"):
+            await respond(engine, "s", {"text": "lost"}, truncate(2), {"text": "too"}, broken)
+        assert engine.cached_tokens("s") == len(user("Hi")) + 3 + 2
+        after = await respond(engine, "s", {"text": "And?"})
+    expected = reference(model, [*user("Hi"), *assistant(first[:2]), *user("And?")], 6)
+    assert ids(after) == expected
+
+
 async def test_abort_still_drops_the_session(cache_dir: Path) -> None:
     async with thinker(cache_dir, min_new_tokens=40, max_new_tokens=40) as engine:
         await respond(engine, "s", {"text": "Hi"})
