@@ -13,9 +13,17 @@ to the last commit; ``truncate`` cuts the last reply to what the user heard. The
 the input commits what is pending, then the reply opens (``<|im_start|> ASSISTANT \\n``)
 and decodes; with no input at all, it replies to the conversation so far.
 
+The end of input commits the open turn in two steps: the rows it prefilled go out at
+once (the talker prefills them meanwhile), then one forward over its tail,
+``<|im_end|> \\n`` and the reply's opening picks the first token, which carries the tail's
+rows. That forward is all the work between the end of the input and the first token.
+
 A reply the stage closes (``aclose``, a barge-in) stays in the conversation as far as
-it was yielded; a response that fails is rolled back to where it started; an abort
-drops the session.
+it was yielded; closed before its first token, the committed turn stays without a
+reply (its first rows are the talker's already; the rows of its tail, computed on
+closing, are not sent). A response that fails is rolled back to where it started, or
+to its truncation if its input cut the last reply (the cut part of the cache is gone).
+An abort drops the session.
 
 Tokens are greedy unless a response asks for a temperature (see ``sampling``).
 """
