@@ -82,9 +82,14 @@ class AudioClip:
         """Append samples (float32, mono, 16 kHz)."""
         self._mel.push(samples)
 
-    def window_ready(self) -> bool:
-        """Whether :meth:`windows` would encode a window now."""
-        return self._held + self._mel.ready() >= self._window
+    def ready(self) -> bool:
+        """Whether :meth:`windows` has work: a log-mel block became final.
+
+        Computing each block as it becomes final (every ``2 * n_window`` frames, one
+        second) leaves only the last one to compute when the clip ends; a window is
+        encoded once its last block is in.
+        """
+        return self._mel.ready() > 0
 
     def windows(self, encode: Encode) -> torch.Tensor | None:
         """Embeddings [tokens, H] of every window that became whole, or None."""

@@ -349,7 +349,7 @@ class ThinkerEngine(TorchEngine):
         if isinstance(text, str) and said:
             ids = configs.encode_text(text)
             await self.call(self._model.prefill, conversation, turn, True, ids)
-        elif turn.clip is not None and turn.clip.window_ready():
+        elif turn.clip is not None and turn.clip.ready():
             await self.call(self._model.prefill, conversation, turn, False, [])
 
     async def _commit(self, conversation: Conversation, turn: UserTurn) -> Fields | None:

@@ -88,6 +88,8 @@ class ThinkerModel:
         if turn.clip is not None:
             clip, encode = turn.clip, self._encode
             embeds = clip.finish(encode) if end_clip else clip.windows(encode)
+        if embeds is None and not end_clip and not then:
+            return  # the clip's log-mel advanced, no window is whole yet
         feed = turn.next_feed(embeds, end_clip, then)
         if feed.ids:
             self.feed(conversation, turn, feed)

@@ -129,7 +129,7 @@ def test_streamed_windows_equal_the_one_shot_encoder(model: Any, seconds: float)
     pieces = []
     for start in range(0, len(samples), FRAME):
         clip.push(samples[start : start + FRAME])
-        if clip.window_ready():
+        if clip.ready():
             pieces.append(clip.windows(encode))
     pieces.append(clip.finish(encode))
     streamed = torch.cat([p for p in pieces if p is not None])
