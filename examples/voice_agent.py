@@ -15,7 +15,7 @@ import sys
 
 import torch
 
-from omni_actors import AudioDelta, OmniPipeline, SegmentDone, TextDelta, run
+from omni_actors import AudioDelta, OmniPipeline, ResponseDone, TextDelta, run
 from omni_actors.model_cache import prepare
 from omni_actors.serving.pipeline_spec import load_pipeline
 
@@ -40,7 +40,7 @@ async def main(preset: str) -> int:
                         samples += audio.numel()
                         if turn == 3 and samples >= 12000:
                             await session.abort("barge-in: the user spoke again")
-                    case SegmentDone(metrics=m):
+                    case ResponseDone(metrics=m):
                         print(
                             f"turn {turn}: {len(text)} text pieces, {samples / 24000:.2f}s audio,"
                             f" TTFT {m.ttft_ms:.0f} ms, TTFA {m.ttfa_ms:.0f} ms, RTF {m.rtf:.2f}"
