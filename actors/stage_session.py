@@ -378,12 +378,14 @@ class _SegmentInputs(AsyncIterator[Fields]):
         """Wait for the segment's first input; False if it ended without any.
 
         A segment that carries nothing (a resumable session closed without new input)
-        never reaches the engine, so no reply is made up for it.
+        never reaches the engine, so no reply is made up for it; but a response asked
+        for with nothing new said (its chunk carries options) does: it answers the
+        conversation so far.
         """
         try:
             self._first = await self.__anext__()
         except StopAsyncIteration:
-            return False
+            return self.responding
         return True
 
     async def drain(self) -> AsyncIterator[Fields]:
