@@ -54,6 +54,7 @@ from omni_actors.protocols.stage import (
     split_fields,
 )
 from omni_actors.serving.orchestrator import StartSession
+from omni_actors.serving.resample import StreamResampler
 from omni_actors.serving.response import Response
 from omni_actors.serving.session_actor import SessionChannel
 
@@ -107,6 +108,7 @@ class Session:
         self._expiry: TimerHandle | None = None
         self._expiring: asyncio.Task[None] | None = None
         self.response: Response | None = None  # the last one started
+        self._resampler: StreamResampler | None = None  # audio at the caller's own rate
 
     async def __aenter__(self) -> Session:
         error = await self.open()
@@ -180,10 +182,16 @@ class Session:
         *,
         text: str | None = None,
         audio: torch.Tensor | None = None,
+        sample_rate: int | None = None,
         fields: Mapping[str, torch.Tensor | str] | None = None,
         end: End = "",
     ) -> None:
         """Append input (``text``, ``audio`` samples, or named ``fields``) to the turn.
+
+        ``audio`` is mono: float samples in [-1, 1], or int16 PCM. At a ``sample_rate``
+        other than the pipeline's (``inputs.sample_rate``) it is resampled as one
+        stream: pieces join without clicks, and the last samples of a turn are sent
+        when it is committed or answered.
 
         ``end`` ends the current segment (``segment``: the pipeline answers it, as
         :meth:`respond` does, but segments may overlap: one may end while the reply to
@@ -192,12 +200,20 @@ class Session:
 
         Raises:
             SessionClosedError: the session has ended (its terminal event says why).
+            InvalidRequestError: ``audio`` is not a 1-D float or int16 tensor, or
+                ``sample_rate`` is not a positive int.
         """
         payload: dict[str, torch.Tensor | str] = dict(fields or {})
         if text is not None:
             payload["text"] = text
         if audio is not None:
-            payload["audio"] = audio
+            samples = self._audio(audio, sample_rate)
+            if samples.numel():
+                payload["audio"] = samples
+        elif sample_rate is not None:
+            raise InvalidRequestError("sample_rate describes audio; none was sent")
+        if end:
+            await self._flush_audio()
         if end == "segment":
             self._check_open()
             self._start_response(uuid.uuid4().hex)
@@ -335,7 +351,39 @@ class Session:
 
     async def _mark(self, mark: Mark) -> None:
         self._check_open()
+        if mark == "clear":
+            self._resampler = None  # what it holds is dropped with the rest
+        else:
+            await self._flush_audio()
         await self._send({}, mark=mark)
+
+    def _audio(self, audio: torch.Tensor, sample_rate: int | None) -> torch.Tensor:
+        """``audio`` as float32 samples at the pipeline's rate (what is ready of them)."""
+        if not isinstance(audio, torch.Tensor) or (
+            audio.dim() != 1 and audio.numel() != max(audio.shape, default=0)
+        ):
+            raise InvalidRequestError("audio must be a 1-D tensor of mono samples")
+        if audio.dtype == torch.int16:
+            audio = audio.to(torch.float32) / 32768.0
+        elif not audio.is_floating_point():
+            raise InvalidRequestError(f"audio must be float or int16 samples, not {audio.dtype}")
+        audio = audio.reshape(-1).to(torch.float32)
+        rate = self.pipeline.spec.inputs.sample_rate
+        if sample_rate is None or sample_rate == rate:
+            return audio
+        if isinstance(sample_rate, bool) or not isinstance(sample_rate, int) or sample_rate < 1:
+            raise InvalidRequestError(f"sample_rate must be a positive int, got {sample_rate!r}")
+        if self._resampler is None or self._resampler.source != sample_rate:
+            self._resampler = StreamResampler(sample_rate, rate)
+        return self._resampler.push(audio)
+
+    async def _flush_audio(self) -> None:
+        """Send the end of the resampled audio stream before a turn boundary."""
+        resampler, self._resampler = self._resampler, None
+        if resampler is not None:
+            tail = resampler.flush()
+            if tail.numel():
+                await self._send({"audio": tail})
 
     async def _send(
         self,

@@ -33,11 +33,12 @@ class _Conversation:
 
 
 class TurnEcho:
-    inputs: ClassVar[dict[str, str]] = {"text": "concat", TURN_FIELD: "concat"}
+    inputs: ClassVar[dict[str, str]] = {"text": "concat", "audio": "concat", TURN_FIELD: "concat"}
     outputs: ClassVar[dict[str, str]] = {"text": "concat"}
 
     def __init__(self, args: object) -> None:
         self.sessions: dict[str, _Conversation] = {}
+        self.audio: dict[str, list[torch.Tensor]] = {}  # every audio input, per session
 
     async def start(self) -> None: ...
     async def stop(self) -> None: ...
@@ -70,6 +71,9 @@ class TurnEcho:
             text = fields.get("text")
             if isinstance(text, str):
                 c.pending += text
+            audio = fields.get("audio")
+            if isinstance(audio, torch.Tensor):
+                self.audio.setdefault(session, []).append(audio)
         self._commit(c)
         if c.unanswered == ["?"]:
             c.history.pop()  # the question is not part of the conversation

@@ -8,10 +8,13 @@ what every stage kept.
 
 from __future__ import annotations
 
+import math
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
 import pytest
+import torch
+from conversation_engines import TurnEcho
 
 from omni_actors.errors import InvalidRequestError
 from omni_actors.protocols.events import (
@@ -23,6 +26,7 @@ from omni_actors.protocols.events import (
 from omni_actors.serving.omni_pipeline import OmniPipeline
 from omni_actors.serving.pipeline_spec import PipelineSpec
 from omni_actors.serving.session import Session
+from omni_actors.testing.inspection import actor_instance
 
 SAMPLE_RATE = 1000  # 100 samples per character: 100 ms each
 
@@ -176,3 +180,26 @@ async def test_cancel_and_truncate_cross_a_worker_process() -> None:
                 await response.cancel()
         assert isinstance(response.done, ResponseDone)
         assert response.done.status == "cancelled"
+
+
+async def test_audio_at_the_callers_rate_is_resampled_as_one_stream() -> None:
+    async with OmniPipeline(spec()) as omni, omni.session() as session:
+        echo = actor_instance((await omni.stages())["echo"]).engine
+        assert isinstance(echo, TurnEcho)
+        tone = torch.sin(2 * math.pi * 440 * torch.arange(24000) / 24000)
+        pcm = (tone * 32767).to(torch.int16)
+        for piece in torch.split(pcm, 480):  # 20 ms frames of 24 kHz PCM
+            await session.send(audio=piece, sample_rate=24000)
+        await session.commit()  # sends the stream's last samples
+        await session.send(text="hi")
+        assert (await reply(session))[0] == "HI"
+        heard = torch.cat(echo.audio[next(iter(echo.audio))])
+        assert heard.numel() == 16000  # 1 s at the pipeline's 16 kHz
+        expected = torch.sin(2 * math.pi * 440 * torch.arange(16000) / 16000)
+        assert torch.allclose(heard[200:-200], expected[200:-200], atol=2e-3)
+        with pytest.raises(InvalidRequestError, match="int16"):
+            await session.send(audio=torch.zeros(4, dtype=torch.int32))
+        with pytest.raises(InvalidRequestError, match="1-D"):
+            await session.send(audio=torch.zeros(2, 4))
+        with pytest.raises(InvalidRequestError, match="sample_rate"):
+            await session.send(audio=torch.zeros(4), sample_rate=0)
