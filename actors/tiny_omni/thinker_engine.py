@@ -114,9 +114,9 @@ class ThinkerEngine(TorchEngine):
 
     Outputs, one per generated token: ``token_ids`` [1] int64, ``text`` (that byte as a
     one-character str) and ``embed`` [1, H] float32 (the token's input embedding: the
-    talker's text input for it). The first output of a segment also carries
-    ``prompt`` [L, H] float32, ``prompt_mask`` [L] bool and ``tts`` [3, H] float32 (see
-    :meth:`generate`).
+    talker's text input for it). Committed user turns come as ``user`` [n, H] float32
+    and ``user_mask`` [n] bool rows (``concat``); the first token of a response also
+    carries ``opening`` [3, H] and ``tts`` [3, H] float32 (see :meth:`generate`).
 
     Args:
         args: see :class:`ThinkerArgs`.
@@ -132,9 +132,11 @@ class ThinkerEngine(TorchEngine):
         "token_ids": "concat",
         "text": "concat",
         "embed": "concat",
-        # Sent once, with the first token: a segment's prompt, not a sequence.
-        "prompt": "replace",
-        "prompt_mask": "replace",
+        # Rows of committed user turns, sent as each turn is committed.
+        "user": "concat",
+        "user_mask": "concat",
+        # Sent once per response, with its first token.
+        "opening": "replace",
         "tts": "replace",
     }
     streams_input: ClassVar[bool] = True
@@ -190,12 +192,12 @@ class ThinkerEngine(TorchEngine):
         """Prefill the segment's input as it arrives, then decode one token per output.
 
         Input fields per chunk: ``text`` (str) and/or ``audio`` (float32 1-D, 16 kHz
-        mono); in a chunk with both, the audio comes first. The first output carries
-        ``prompt`` [L, H]: per position of ``<|im_start|>user … <|im_end|>\\n<|im_start|>
-        assistant\\n`` the thinker input embedding, or at audio placeholders (where
-        ``prompt_mask`` is True) the hidden state at ``accept_hidden_layer`` — what
-        ``stepping.talker_user_part`` selects from; the last 3 rows open the assistant
-        turn. ``tts`` [3, H] holds the embeddings of TTS_BOS, TTS_EOS and TTS_PAD.
+        mono); in a chunk with both, the audio comes first. ``user`` [n, H] holds, per
+        position of each committed user turn ``<|im_start|>user … <|im_end|>\\n``, the
+        thinker input embedding, or at audio placeholders (where ``user_mask`` is True)
+        the hidden state at ``accept_hidden_layer`` — what ``stepping.talker_user_part``
+        selects from. ``opening`` [3, H] holds the embeddings of ``<|im_start|>assistant
+        \\n`` and ``tts`` [3, H] those of TTS_BOS, TTS_EOS and TTS_PAD.
 
         Raises:
             ValueError: the session is already generating a segment.
@@ -232,8 +234,10 @@ class ThinkerEngine(TorchEngine):
                     "embed": embed,
                 }
                 if produced == 1:
-                    out["prompt"] = torch.cat(turn.rows)
-                    out["prompt_mask"] = torch.cat(turn.placeholders)
+                    rows = torch.cat(turn.rows)
+                    out["user"] = rows[: -len(ASSISTANT_OPENING)]
+                    out["user_mask"] = torch.cat(turn.placeholders)[: -len(ASSISTANT_OPENING)]
+                    out["opening"] = rows[-len(ASSISTANT_OPENING) :]
                     out["tts"] = self._tts
                 if produced < self.max_new_tokens:
                     # Start the next step before handing this token out: the model thread

@@ -24,6 +24,7 @@ import torch
 from transformers import DynamicCache
 
 from omni_actors import model_cache
+from omni_actors.actors.accumulate import Accumulator
 from omni_actors.actors.engine import Fields
 from omni_actors.actors.engine_registry import EngineArgsError, build_engine
 from omni_actors.actors.tiny_omni import configs, stepping, weights
@@ -92,8 +93,22 @@ def tensor(fields: Fields, name: str) -> torch.Tensor:
     return value
 
 
+def tokens(outputs: list[Fields]) -> list[Fields]:
+    """The outputs that carry a token (user rows may come in outputs of their own)."""
+    return [o for o in outputs if "token_ids" in o]
+
+
 def ids(outputs: list[Fields]) -> list[int]:
-    return [int(tensor(o, "token_ids")) for o in outputs]
+    return [int(tensor(o, "token_ids")) for o in tokens(outputs)]
+
+
+def user_rows(outputs: list[Fields]) -> tuple[torch.Tensor, torch.Tensor]:
+    """The ``user`` rows and ``user_mask`` of a response, concatenated (the edge's rule)."""
+    rows = [tensor(o, "user") for o in outputs if "user" in o]
+    masks = [tensor(o, "user_mask") for o in outputs if "user_mask" in o]
+    if not rows:
+        return torch.zeros(0, 64), torch.zeros(0, dtype=torch.bool)
+    return torch.cat(rows), torch.cat(masks)
 
 
 def sine(seconds: float = 1.0) -> torch.Tensor:
@@ -107,12 +122,11 @@ def stream_edge(outputs: list[Fields]) -> list[Fields]:
 
 
 def full_edge(outputs: list[Fields]) -> list[Fields]:
-    """What a ``full`` edge delivers: one chunk, per-token fields concatenated."""
-    first = outputs[0]
-    merged: dict[str, torch.Tensor | str] = {k: first[k] for k in ("prompt", "prompt_mask", "tts")}
-    merged["embed"] = torch.cat([tensor(o, "embed") for o in outputs])
-    merged["token_ids"] = torch.cat([tensor(o, "token_ids") for o in outputs])
-    return [merged]
+    """What a ``full`` edge delivers: one chunk, fields merged by their accumulate rules."""
+    merged = Accumulator(ThinkerEngine.outputs)
+    for out in outputs:
+        merged.add(out)
+    return [{k: v for k, v in merged.snapshot().items() if k in TALKER_FIELDS}]
 
 
 def codes(outputs: list[Fields]) -> torch.Tensor:
@@ -121,7 +135,7 @@ def codes(outputs: list[Fields]) -> torch.Tensor:
 
 async def test_thinker_yields_tokens_and_the_talker_inputs_first(cache_dir: Path) -> None:
     async with thinker(cache_dir) as engine:
-        outputs = await run(engine, "s", feed([{"text": TEXT}]))
+        outputs = tokens(await run(engine, "s", feed([{"text": TEXT}])))
     assert 8 <= len(outputs) <= 48
     table = weights.load(cache_dir / "tiny-omni" / "seed-0" / "thinker").get_input_embeddings()
     for k, out in enumerate(outputs):
@@ -134,16 +148,16 @@ async def test_thinker_yields_tokens_and_the_talker_inputs_first(cache_dir: Path
         assert embed.shape == (1, 64)
         assert embed.dtype == torch.float32
         assert torch.equal(embed, table(token))
-        assert ("prompt" in out) == (k == 0)
-    first = outputs[0]
-    prompt, mask, tts = (tensor(first, k) for k in ("prompt", "prompt_mask", "tts"))
+        assert ("opening" in out) == ("tts" in out) == (k == 0)
+    user, mask = user_rows(outputs)
+    opening, tts = (tensor(outputs[0], k) for k in ("opening", "tts"))
     turn = [Tokens.IM_START, Tokens.USER, 10, *configs.encode_text(TEXT), Tokens.IM_END, 10]
-    turn += [Tokens.IM_START, Tokens.ASSISTANT, 10]
-    assert prompt.shape == (len(turn), 64)
-    assert torch.equal(prompt, table(torch.tensor(turn)))  # text only: embeddings
+    assert user.shape == (len(turn), 64)
+    assert torch.equal(user, table(torch.tensor(turn)))  # text only: embeddings
     assert mask.dtype == torch.bool
     assert mask.shape == (len(turn),)
     assert not mask.any()
+    assert torch.equal(opening, table(torch.tensor([Tokens.IM_START, Tokens.ASSISTANT, 10])))
     assert torch.equal(tts, table(torch.tensor([Tokens.TTS_BOS, Tokens.TTS_EOS, Tokens.TTS_PAD])))
 
 
@@ -163,7 +177,7 @@ async def test_thinker_respects_min_and_max_new_tokens(
     cache_dir: Path, low: int, high: int
 ) -> None:
     async with thinker(cache_dir, min_new_tokens=low, max_new_tokens=high) as engine:
-        outputs = await run(engine, "s", feed([{"text": TEXT}]))
+        outputs = tokens(await run(engine, "s", feed([{"text": TEXT}])))
     assert low <= len(outputs) <= high
     assert Tokens.IM_END not in ids(outputs)
 
@@ -188,7 +202,7 @@ async def test_thinker_text_in_chunks_equals_one_chunk(cache_dir: Path) -> None:
         whole = await run(engine, "whole", feed([{"text": TEXT}]))
         chunked = await run(engine, "chunked", feed(pieces, pause=0.005))
     assert ids(chunked) == ids(whole)
-    assert torch.equal(tensor(chunked[0], "prompt"), tensor(whole[0], "prompt"))
+    assert torch.equal(user_rows(chunked)[0], user_rows(whole)[0])
 
 
 async def test_thinker_takes_audio(cache_dir: Path) -> None:
@@ -201,9 +215,9 @@ async def test_thinker_takes_audio(cache_dir: Path) -> None:
         )
         plain = await run(engine, "c", feed([{"text": "Hi!"}]))
         blip = await run(engine, "d", feed([{"audio": sine()[:200]}, {"text": "Hi!"}]))
-    assert 8 <= len(heard) <= 48
+    assert 8 <= len(ids(heard)) <= 48
     assert ids(heard) != ids(plain)
-    mask = tensor(heard[0], "prompt_mask")
+    mask = user_rows(heard)[1]
     assert int(mask.sum()) == 13  # 1 s -> 100 mel frames -> 13 audio positions
     assert mask[:4].tolist() == [False] * 4  # im_start user \n audio_start
     # Chunks of one audio run are buffered and encoded as one clip.
@@ -222,12 +236,12 @@ async def test_thinker_session_resumes_where_it_stopped(cache_dir: Path) -> None
         await engine.release("s")
         assert engine.active_sessions == {"t"}
         assert engine.cached_tokens("s") == 0
-    lengths = [tensor(o[0], "prompt").shape[0] for o in (first, second)]
-    assert lengths == [3 + 3 + 2 + 3, 3 + 4 + 2 + 3]  # each segment's own user turn
+    lengths = [user_rows(o)[0].shape[0] for o in (first, second)]
+    assert lengths == [3 + 3 + 2, 3 + 4 + 2]  # each segment's own user turn
     # The 6th token is not fed; the next segment feeds it with <|im_end|> \n first.
-    assert after_first == lengths[0] + 5
-    assert after_second == after_first + 3 + lengths[1] + 5
-    assert len(second) == len(fresh) == 6
+    assert after_first == lengths[0] + 3 + 5
+    assert after_second == after_first + 3 + lengths[1] + 3 + 5
+    assert len(ids(second)) == len(ids(fresh)) == 6
     assert ids(second) != ids(fresh)  # the first exchange is in context
 
 
