@@ -135,7 +135,11 @@ def codes(outputs: list[Fields]) -> torch.Tensor:
 
 async def test_thinker_yields_tokens_and_the_talker_inputs_first(cache_dir: Path) -> None:
     async with thinker(cache_dir) as engine:
-        outputs = tokens(await run(engine, "s", feed([{"text": TEXT}])))
+        everything = await run(engine, "s", feed([{"text": TEXT}]))
+    outputs = tokens(everything)
+    # The committed user turn comes first, in an output of its own.
+    assert set(everything[0]) == {"user", "user_mask"}
+    assert everything[1:] == outputs
     assert 8 <= len(outputs) <= 48
     table = weights.load(cache_dir / "tiny-omni" / "seed-0" / "thinker").get_input_embeddings()
     for k, out in enumerate(outputs):
@@ -149,7 +153,7 @@ async def test_thinker_yields_tokens_and_the_talker_inputs_first(cache_dir: Path
         assert embed.dtype == torch.float32
         assert torch.equal(embed, table(token))
         assert ("opening" in out) == ("tts" in out) == (k == 0)
-    user, mask = user_rows(outputs)
+    user, mask = user_rows(everything)
     opening, tts = (tensor(outputs[0], k) for k in ("opening", "tts"))
     turn = [Tokens.IM_START, Tokens.USER, 10, *configs.encode_text(TEXT), Tokens.IM_END, 10]
     assert user.shape == (len(turn), 64)
@@ -168,7 +172,7 @@ async def test_thinker_is_deterministic(cache_dir: Path) -> None:
     async with thinker(cache_dir) as engine:
         third = await run(engine, "a", feed([{"text": TEXT}]))
     assert ids(first) == ids(second) == ids(third)
-    pairs = zip(first, third, strict=True)
+    pairs = zip(tokens(first), tokens(third), strict=True)
     assert all(torch.equal(tensor(a, "embed"), tensor(b, "embed")) for a, b in pairs)
 
 
