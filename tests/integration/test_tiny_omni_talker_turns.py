@@ -31,12 +31,13 @@ from transformers.models.qwen3_omni_moe.modeling_qwen3_omni_moe import (
 )
 
 from omni_actors import model_cache
-from omni_actors.actors.engine import Fields, ResponseOptions
+from omni_actors.actors.engine import KEPT_FIELD, TURN_FIELD, Fields, ResponseOptions
 from omni_actors.actors.tiny_omni import configs, stepping, weights
 from omni_actors.actors.tiny_omni.configs import Tokens
 from omni_actors.actors.tiny_omni.talker_engine import TalkerArgs, TalkerEngine
 from omni_actors.actors.tiny_omni.talker_input import TalkerInputError
-from omni_actors.actors.tiny_omni.thinker_engine import PRINTABLE, ThinkerArgs, ThinkerEngine
+from omni_actors.actors.tiny_omni.thinker_engine import ThinkerArgs, ThinkerEngine
+from omni_actors.actors.tiny_omni.thinker_model import PRINTABLE
 from omni_actors.testing import eventually
 
 pytestmark = pytest.mark.integration
@@ -155,14 +156,17 @@ class Turn:
         return token_ids(self.said)
 
 
+async def respond(think: ThinkerEngine, talk: TalkerEngine, inputs: list[Fields]) -> Turn:
+    """One response at session ``s``: ``inputs`` through the thinker, its outputs through
+    the talker (as the stream edge delivers them)."""
+    said = [out async for out in think.generate("s", Inputs(inputs))]
+    return Turn(inputs[-1], said, await speak(talk, "s", Inputs(edge(said))))
+
+
 async def converse(cache_dir: Path, turns: Sequence[Fields], **talker_args: Any) -> list[Turn]:
-    """Each user turn through the thinker, its outputs through the talker, one session."""
-    done: list[Turn] = []
+    """Each user turn a response: through the thinker, then the talker, one session."""
     async with thinker(cache_dir) as think, talker(cache_dir, **talker_args) as talk:
-        for user in turns:
-            said = [out async for out in think.generate("s", Inputs([user]))]
-            done.append(Turn(user, said, await speak(talk, "s", Inputs(edge(said)))))
-    return done
+        return [await respond(think, talk, [user]) for user in turns]
 
 
 @pytest.fixture(scope="module")
@@ -255,24 +259,34 @@ def hf_reply(reference: Any, prompt: list[int], replied: int, frames: int, **aud
     )
 
 
+def assert_reply_equal(reference: Any, conversation: list[int], turn: Turn, **audio: Any) -> None:
+    """``turn``'s text and codes == HF's generate on ``conversation`` (the user turns and
+    replies so far, ending with the user's), asked for a reply."""
+    prompt = [*conversation, Tokens.IM_START, Tokens.ASSISTANT, 10]
+    assert turn.codes.shape == (2 * len(turn.ids), configs.DEFAULT_NUM_CODE_GROUPS)
+    reference.captured.clear()
+    sequences, _ = hf_reply(reference, prompt, len(turn.ids), turn.codes.shape[0], **audio)
+    assert sequences[0, len(prompt) :].tolist() == [*turn.ids, Tokens.IM_END]
+    (codes,) = reference.captured
+    assert torch.equal(codes[0].T, turn.codes)
+
+
+def assistant_turn(ids: Sequence[int]) -> list[int]:
+    return [Tokens.IM_START, Tokens.ASSISTANT, 10, *ids, Tokens.IM_END, 10]
+
+
 def assert_equal_to_hf_generate(reference: Any, turns: list[Turn]) -> None:
     """Each turn's text and codes == HF's generate on the conversation up to that turn."""
     n_window = reference.config.thinker_config.audio_config.n_window
     conversation: list[int] = []
     audio: dict[str, torch.Tensor] = {}
-    for index, turn in enumerate(turns):
+    for turn in turns:
         ids, features = hf_user_turn(turn.user, n_window)
         assert not (audio and features), "HF's generate takes one audio clip per request"
         audio |= features
         conversation += ids
-        prompt = [*conversation, Tokens.IM_START, Tokens.ASSISTANT, 10]
-        assert turn.codes.shape == (2 * len(turn.ids), configs.DEFAULT_NUM_CODE_GROUPS)
-        reference.captured.clear()
-        sequences, _ = hf_reply(reference, prompt, len(turn.ids), turn.codes.shape[0], **audio)
-        assert sequences[0, len(prompt) :].tolist() == [*turn.ids, Tokens.IM_END], index
-        (codes,) = reference.captured
-        assert torch.equal(codes[0].T, turn.codes), f"turn {index}"
-        conversation += [Tokens.IM_START, Tokens.ASSISTANT, 10, *turn.ids, Tokens.IM_END, 10]
+        assert_reply_equal(reference, conversation, turn, **audio)
+        conversation += assistant_turn(turn.ids)
 
 
 async def test_three_turn_conversation_equals_hf_generate_on_the_whole_conversation(
@@ -449,3 +463,29 @@ async def test_release_and_abort_drop_the_conversation(
             # The key starts a new conversation: nothing of the first turn is left.
             assert torch.equal(await speak(engine, "s", Inputs(edge(second.said))), alone)
             await engine.release("s")
+
+
+async def test_commits_and_a_truncated_reply_equal_hf_generate(
+    cache_dir: Path, reference: Any
+) -> None:
+    """Two user turns committed before one reply, and a reply cut where the user stopped
+    listening (the talker maps heard frames to tokens, the thinker keeps those)."""
+    first, second, third = ({"text": t} for t in TURNS)
+    before, after = {"text": "One more thing."}, {"text": "Go on."}
+    async with thinker(cache_dir) as think, talker(cache_dir, speaker="ethan") as talk:
+        one = await respond(think, talk, [first])
+        two = await respond(think, talk, [before, {TURN_FIELD: "commit"}, second])
+        kept = await talk.truncate("s", 5)  # the user heard 5 frames of the reply
+        cut = {TURN_FIELD: "truncate", KEPT_FIELD: torch.tensor(kept)}
+        three = await respond(think, talk, [cut, third, {TURN_FIELD: "commit"}, after])
+    assert kept == 5
+
+    def user(*turns: Fields) -> list[int]:
+        return [i for turn in turns for i in hf_user_turn(turn, 1)[0]]
+
+    conversation = user(first)
+    assert_reply_equal(reference, conversation, one)
+    conversation += [*assistant_turn(one.ids), *user(before, second)]
+    assert_reply_equal(reference, conversation, two)
+    conversation += [*assistant_turn(two.ids[:kept]), *user(third, after)]
+    assert_reply_equal(reference, conversation, three)
