@@ -38,7 +38,7 @@ import asyncio
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import ClassVar, Final, cast
+from typing import Any, ClassVar, Final, cast
 
 import torch
 from pydantic import Field, field_validator
@@ -107,10 +107,18 @@ class _Voice:
     """Set while a response is generating."""
 
     def crop(self) -> None:
-        """Model thread: drop whatever follows the user parts."""
-        extra = self.cache.get_seq_length() - self.user
-        if extra > 0:
-            self.cache.crop(-extra)
+        """Model thread: drop whatever follows the user parts.
+
+        Layer by layer: a forward that failed part-way leaves its first layers longer.
+        A negative ``crop`` removes that many positions on every supported transformers
+        release (a positive one changed meaning across them).
+        """
+        # Typed differently across releases; each has get_seq_length and crop.
+        layers: list[Any] = list(self.cache.layers)
+        for layer in layers:
+            extra = int(layer.get_seq_length()) - self.user
+            if extra > 0:
+                layer.crop(-extra)
 
 
 @dataclass

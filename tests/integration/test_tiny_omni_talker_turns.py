@@ -406,6 +406,10 @@ async def test_truncate_keeps_the_tokens_the_kept_frames_depend_on(
             await engine.truncate("s", -1)
 
 
+def broken_layer(*args: Any, **kwargs: Any) -> Any:
+    raise RuntimeError("layer failed")
+
+
 async def test_a_failed_response_rolls_back_to_its_start(
     cache_dir: Path, conversation: list[Turn]
 ) -> None:
@@ -420,6 +424,13 @@ async def test_a_failed_response_rolls_back_to_its_start(
                 await speak(engine, "s", failing_after(inputs))
             assert engine.user_positions("s") == kept
             assert engine.generating == set()
+        # A forward that fails part-way, its first layer's cache already extended.
+        last = engine._talker.model.layers[-1]
+        with pytest.MonkeyPatch.context() as patch:
+            patch.setattr(last, "forward", broken_layer)
+            with pytest.raises(RuntimeError, match="layer failed"):
+                await speak(engine, "s", Inputs(early))
+        assert engine.user_positions("s") == kept
         assert await engine.truncate("s", 10**6) == len(first.ids)  # still the first reply
         # The conversation goes on as if the failed responses had never been.
         assert torch.equal(await speak(engine, "s", Inputs(edge(second.said))), second.codes)
