@@ -65,6 +65,9 @@ class LogMel:
         self._window = torch.hann_window(self.n_fft)
         self._filters = torch.from_numpy(np.asarray(extractor.mel_filters)).to(torch.float32).T
         self._kept: Samples = np.zeros(0, dtype=np.float32)
+        self._arrived: list[Samples] = []
+        """Pushed since the last computation: joined onto ``_kept`` once, when needed
+        (a 20 ms frame at a time, joining on every push would copy quadratically)."""
         self._kept_from = 0
         """Clip index of ``_kept[0]``: what frames not yet computed may still need."""
         self._head: Samples = np.zeros(0, dtype=np.float32)
@@ -100,7 +103,7 @@ class LogMel:
         samples = np.asarray(samples, dtype=np.float32).reshape(-1)
         if len(self._head) <= self._pad:
             self._head = np.concatenate((self._head, samples[: self._pad + 1 - len(self._head)]))
-        self._kept = np.concatenate((self._kept, samples))
+        self._arrived.append(samples)
         self._received += len(samples)
 
     def take(self) -> torch.Tensor:
@@ -123,6 +126,9 @@ class LogMel:
         return self._compute(total - self._frames)
 
     def _compute(self, count: int) -> torch.Tensor:
+        if count > 0 and self._arrived:
+            self._kept = np.concatenate((self._kept, *self._arrived))
+            self._arrived = []
         pieces: list[torch.Tensor] = []
         while count > 0:
             frames = min(self.block, count)

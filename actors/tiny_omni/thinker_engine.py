@@ -13,9 +13,17 @@ to the last commit; ``truncate`` cuts the last reply to what the user heard. The
 the input commits what is pending, then the reply opens (``<|im_start|> ASSISTANT \\n``)
 and decodes; with no input at all, it replies to the conversation so far.
 
+The end of input commits the open turn in two steps: the rows it prefilled go out at
+once (the talker prefills them meanwhile), then one forward over its tail,
+``<|im_end|> \\n`` and the reply's opening picks the first token, which carries the tail's
+rows. That forward is all the work between the end of the input and the first token.
+
 A reply the stage closes (``aclose``, a barge-in) stays in the conversation as far as
-it was yielded; a response that fails is rolled back to where it started; an abort
-drops the session.
+it was yielded; closed before its first token, the committed turn stays without a
+reply (its first rows are the talker's already; the rows of its tail, computed on
+closing, are not sent). A response that fails is rolled back to where it started, or
+to its truncation if its input cut the last reply (the cut part of the cache is gone).
+An abort drops the session.
 
 Tokens are greedy unless a response asks for a temperature (see ``sampling``).
 """
@@ -154,6 +162,7 @@ class ThinkerEngine(TorchEngine):
         start = committed = conversation.checkpoint()
         turn = UserTurn()
         step: asyncio.Future[Token] | None = None
+        unclosed: UserTurn | None = None  # being committed by the end of input, rows sent
         outcome: _Outcome = "dropped"
         try:
             while (fields := await signal.next_input(inputs)) is not None:
@@ -167,8 +176,11 @@ class ThinkerEngine(TorchEngine):
                     conversation.restore(committed)
                     turn = UserTurn()
                 elif mark == "truncate":
-                    await self._truncate(conversation, turn, _kept(fields))
-                    committed = conversation.checkpoint()
+                    conversation.truncate(_kept(fields))
+                    # The cut part of the cache is gone: a failure after it can only
+                    # come back to here (what the user heard stays what they heard).
+                    start = committed = conversation.checkpoint()
+                    await self._replay(conversation, turn)
                 elif mark is not None:
                     raise ValueError(f"unknown turn mark {mark!r}: commit, clear or truncate")
                 else:
@@ -183,10 +195,15 @@ class ThinkerEngine(TorchEngine):
                 min_new_tokens=self.min_new_tokens,
                 generator=lambda: self._generator(session, conversation),
             )
-            rows = await self._commit(conversation, turn)
-            if rows is not None:
+            # The end of input commits the open turn: what it prefilled goes to the talker
+            # now, the rest comes with the first token, from the one forward left.
+            closing = turn if turn.opened else None
+            if closing is not None and (rows := closing.take_rows()) is not None:
+                unclosed = closing
                 yield rows
-            token, embed = await self.call(self._model.open_reply, conversation, sampling)
+            token, embed = await self.call(self._model.open_reply, conversation, closing, sampling)
+            unclosed = None
+            last_rows = None if closing is None else closing.take_rows()
             reply = conversation.reply = Reply(conversation.position, (), 0)
             conversation.turns_since_reply = 0
             while token != Tokens.IM_END and not signal.aborted:
@@ -196,6 +213,7 @@ class ThinkerEngine(TorchEngine):
                     "embed": embed,
                 }
                 if not reply.tokens:
+                    out.update(last_rows or {})
                     out["opening"] = self._model.opening
                     out["tts"] = self._model.tts
                 reply = conversation.reply = Reply(reply.start, (*reply.tokens, token), reply.fed)
@@ -222,7 +240,7 @@ class ThinkerEngine(TorchEngine):
             outcome = "failed"
             raise
         finally:
-            await self._settle(session, conversation, outcome, step, start)
+            await self._settle(session, conversation, outcome, step, start, unclosed)
 
     async def _settle(
         self,
@@ -231,6 +249,7 @@ class ThinkerEngine(TorchEngine):
         outcome: _Outcome,
         step: asyncio.Future[Token] | None,
         start: Checkpoint,
+        unclosed: UserTurn | None,
     ) -> None:
         """Leave the session's state as the response's outcome says (module docstring)."""
         conversation.signal = None
@@ -240,6 +259,16 @@ class ThinkerEngine(TorchEngine):
             if self._sessions.get(session) is conversation:
                 del self._sessions[session]
             return
+        if unclosed is not None and outcome == "cancelled":
+            # Closed right after the turn's first rows went out: they are the talker's
+            # now, so the turn stays, committed without a reply.
+            try:
+                await self._commit(conversation, unclosed)
+            except Exception:
+                outcome = "failed"
+            except BaseException:
+                del self._sessions[session]
+                raise
         if step is not None:
             # A decode step runs in the model thread and writes the cache: wait for it,
             # so the cache holds exactly the tokens yielded (it fed the last one).
@@ -329,11 +358,10 @@ class ThinkerEngine(TorchEngine):
             return None
         await self.call(self._model.prefill, conversation, turn, True, list(CLOSE_TURN))
         conversation.turns_since_reply += 1
-        return turn.user_rows()
+        return turn.take_rows()
 
-    async def _truncate(self, conversation: Conversation, turn: UserTurn, kept: int) -> None:
-        """Cut the last reply, then feed again what the open turn had prefilled after it."""
-        conversation.truncate(kept)
+    async def _replay(self, conversation: Conversation, turn: UserTurn) -> None:
+        """After a truncation, feed again what the open turn had prefilled after the reply."""
         replay = turn.replay(conversation.carry)
         if replay is not None:
             await self.call(self._model.feed, conversation, turn, replay)

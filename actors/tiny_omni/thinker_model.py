@@ -18,7 +18,7 @@ import torch
 from omni_actors.actors.tiny_omni import configs, stepping, weights
 from omni_actors.actors.tiny_omni.audio_stream import AudioClip
 from omni_actors.actors.tiny_omni.configs import Tokens
-from omni_actors.actors.tiny_omni.conversation import NEWLINE, Conversation
+from omni_actors.actors.tiny_omni.conversation import CLOSE_TURN, NEWLINE, Conversation
 from omni_actors.actors.tiny_omni.hf import (
     PreTrainedConfig,
     Qwen3OmniMoeThinkerForConditionalGeneration,
@@ -93,7 +93,7 @@ class ThinkerModel:
             self.feed(conversation, turn, feed)
 
     @torch.no_grad()
-    def feed(self, conversation: Conversation, turn: UserTurn, feed: Feed) -> None:
+    def feed(self, conversation: Conversation, turn: UserTurn, feed: Feed) -> stepping.ThinkerStep:
         """One forward over ``feed``; its talker rows go to the turn.
 
         Rows: the input embedding per position, the ``accept_hidden_layer`` state at
@@ -106,12 +106,26 @@ class ThinkerModel:
         placeholders = torch.tensor(feed.ids) == Tokens.AUDIO_PAD
         rows = torch.where(placeholders[:, None], step.accept_hidden[0], step.embeds[0])
         turn.keep(feed, rows, placeholders)
+        return step
 
     @torch.no_grad()
-    def open_reply(self, conversation: Conversation, sampling: Sampling) -> Token:
-        """Feed the carry and ``<|im_start|> ASSISTANT \\n``; pick the first token."""
-        step = self._forward(conversation, [*conversation.carry, *ASSISTANT_OPENING])
-        conversation.carry = []
+    def open_reply(
+        self, conversation: Conversation, turn: UserTurn | None, sampling: Sampling
+    ) -> Token:
+        """Close ``turn`` if one is open, open the reply, pick its first token.
+
+        One forward over what the turn still has pending (its clip's last window among
+        it), ``<|im_end|> \\n``, then ``<|im_start|> ASSISTANT \\n``: the only work left
+        between the end of the input and the first token. Without a turn it feeds the
+        carry and the opening.
+        """
+        if turn is None:
+            step = self._forward(conversation, [*conversation.carry, *ASSISTANT_OPENING])
+            conversation.carry = []
+        else:
+            embeds = None if turn.clip is None else turn.clip.finish(self._encode)
+            then = [*CLOSE_TURN, *ASSISTANT_OPENING]
+            step = self.feed(conversation, turn, turn.next_feed(embeds, True, then, tail=3))
         return self._pick(step.logits[0, -1], sampling.min_tokens == 0, sampling)
 
     @torch.no_grad()

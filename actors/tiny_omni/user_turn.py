@@ -35,11 +35,13 @@ class Feed:
         ids: the positions' ids, in order.
         audio: [n, H] encoder output for the ``n`` AUDIO_PAD ids, or None.
         skip: leading ids that close the last reply (the carry): not the user's turn.
+        tail: trailing ids that open the reply: not the user's turn either.
     """
 
     ids: list[int]
     audio: torch.Tensor | None = None
     skip: int = 0
+    tail: int = 0
 
 
 @dataclass
@@ -69,11 +71,14 @@ class UserTurn:
             self.pending = [*carry, *USER_OPENING]
             self.skip = len(carry)
 
-    def next_feed(self, embeds: torch.Tensor | None, end_clip: bool, then: list[int]) -> Feed:
+    def next_feed(
+        self, embeds: torch.Tensor | None, end_clip: bool, then: list[int], tail: int = 0
+    ) -> Feed:
         """The forward input for the pending ids, ``embeds`` of the clip, then ``then``.
 
         ``embeds`` are the clip's new encoder outputs; ``end_clip`` closes the clip
-        (``<|audio_end|>``, if any of it was heard). Pending state moves into the feed.
+        (``<|audio_end|>``, if any of it was heard); the last ``tail`` ids of ``then``
+        are not the user's. Pending state moves into the feed.
         """
         ids = self.pending
         if embeds is not None and embeds.shape[0]:
@@ -88,15 +93,17 @@ class UserTurn:
                 ids.append(Tokens.AUDIO_END)
             self.clip, self.clip_open = None, False
         ids.extend(then)
-        feed = Feed(ids, embeds, self.skip)
+        feed = Feed(ids, embeds, self.skip, tail)
         self.pending, self.skip = [], 0
         return feed
 
     def keep(self, feed: Feed, rows: torch.Tensor, placeholders: torch.Tensor) -> None:
-        """Record a prefilled feed and its rows (the carry's rows are not the user's)."""
-        self.rows.append(rows[feed.skip :])
-        self.masks.append(placeholders[feed.skip :])
-        self.fed.append(Feed(feed.ids[feed.skip :], feed.audio))
+        """Record a prefilled feed and its rows (the carry's and the reply's opening's rows
+        are not the user's)."""
+        end = len(feed.ids) - feed.tail
+        self.rows.append(rows[feed.skip : end])
+        self.masks.append(placeholders[feed.skip : end])
+        self.fed.append(Feed(feed.ids[feed.skip : end], feed.audio))
 
     def replay(self, carry: list[int]) -> Feed | None:
         """What to feed again behind ``carry`` after a truncation cropped the cache back
@@ -112,8 +119,17 @@ class UserTurn:
         self.rows, self.masks, self.fed = [], [], []
         return Feed(ids, torch.cat(audio) if audio else None, len(carry))
 
-    def user_rows(self) -> dict[str, torch.Tensor | str] | None:
-        """The turn's rows as an output (``user``, ``user_mask``), or None if it has none."""
+    def take_rows(self) -> dict[str, torch.Tensor | str] | None:
+        """The rows not taken yet, as an output (``user``, ``user_mask``); None if none.
+
+        Only once the turn is committed (a ``clear`` would otherwise have to take back
+        rows the talker has), or while it is being committed by the end of the input.
+        """
         if not self.rows:
             return None
-        return {"user": torch.cat(self.rows), "user_mask": torch.cat(self.masks)}
+        out: dict[str, torch.Tensor | str] = {
+            "user": torch.cat(self.rows),
+            "user_mask": torch.cat(self.masks),
+        }
+        self.rows, self.masks = [], []
+        return out

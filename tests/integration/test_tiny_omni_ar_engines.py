@@ -224,7 +224,7 @@ async def test_thinker_takes_audio(cache_dir: Path) -> None:
     mask = user_rows(heard)[1]
     assert int(mask.sum()) == 13  # 1 s -> 100 mel frames -> 13 audio positions
     assert mask[:4].tolist() == [False] * 4  # im_start user \n audio_start
-    # Chunks of one audio run are buffered and encoded as one clip.
+    # Chunks of one audio run make one clip.
     assert ids(split) == ids(heard)
     assert ids(blip) == ids(plain)  # under one STFT window: dropped, nothing to hear
 
