@@ -479,8 +479,9 @@ async def test_release_and_abort_drop_the_conversation(
 async def test_commits_and_a_truncated_reply_equal_hf_generate(
     cache_dir: Path, reference: Any
 ) -> None:
-    """Two user turns committed before one reply, and a reply cut where the user stopped
-    listening (the talker maps heard frames to tokens, the thinker keeps those)."""
+    """Two user turns committed before one reply, a reply cut where the user stopped
+    listening (the talker maps heard frames to tokens, the thinker keeps those), and
+    input cleared before its commit (never part of the conversation)."""
     first, second, third = ({"text": t} for t in TURNS)
     before, after = {"text": "One more thing."}, {"text": "Go on."}
     async with thinker(cache_dir) as think, talker(cache_dir, speaker="ethan") as talk:
@@ -488,7 +489,8 @@ async def test_commits_and_a_truncated_reply_equal_hf_generate(
         two = await respond(think, talk, [before, {TURN_FIELD: "commit"}, second])
         kept = await talk.truncate("s", 5)  # the user heard 5 frames of the reply
         cut = {TURN_FIELD: "truncate", KEPT_FIELD: torch.tensor(kept)}
-        three = await respond(think, talk, [cut, third, {TURN_FIELD: "commit"}, after])
+        dropped = [{"text": "Never mind."}, {TURN_FIELD: "clear"}]  # rolled back unsaid
+        three = await respond(think, talk, [cut, *dropped, third, {TURN_FIELD: "commit"}, after])
     assert kept == 5
 
     def user(*turns: Fields) -> list[int]:
