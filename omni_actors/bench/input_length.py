@@ -24,13 +24,14 @@ import os
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 import torch
 
+from omni_actors.clock import Clock
 from omni_actors.errors import OmniError
 from omni_actors.protocols.events import TERMINAL, AudioDelta, SegmentDone, TextDelta
-from omni_actors.serving.omni_pipeline import OmniPipeline, Session
+from omni_actors.serving.omni_pipeline import OmniPipeline
 
 __all__ = [
     "DEFAULT_INPUT_AUDIO_S",
@@ -42,6 +43,7 @@ __all__ = [
     "input_length_table",
     "length_key",
     "measure_input_length",
+    "send_paced",
     "synthetic_speech",
 ]
 
@@ -111,37 +113,48 @@ class _Sample:
     max_send_lag_ms: float
 
 
-async def _until(omni: OmniPipeline, when: float) -> None:
-    """Sleep until the pipeline's clock reads ``when`` (virtual time in a test kit)."""
+class _AudioInput(Protocol):
+    """Where paced frames go: a :class:`Session`, or a test's recorder."""
+
+    async def send(self, *, audio: torch.Tensor) -> None: ...
+
+
+async def _until(clock: Clock, when: float) -> None:
+    """Sleep until ``clock`` reads ``when`` (virtual time under a test kit)."""
     done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
 
     def wake() -> None:
         if not done.done():
             done.set_result(None)
 
-    timer = omni.clock.call_at(when, wake)
+    timer = clock.call_at(when, wake)
     try:
         await done
     finally:
         timer.cancel()
 
 
-async def _speak(omni: OmniPipeline, session: Session, clip: torch.Tensor) -> float:
-    """Send ``clip`` in paced frames, end the segment when it has played; the worst lag.
+async def send_paced(session: _AudioInput, clip: torch.Tensor, clock: Clock) -> float:
+    """Send ``clip`` in 20 ms frames at real-time pace; return once it has played.
 
-    A ``send`` that waits for room (backpressure) makes later frames late; they then
-    leave at once, as a microphone's buffered frames would, and the lag is reported.
+    Frame ``k`` leaves at ``start + k * 20 ms`` on ``clock`` (the pipeline's, so a
+    virtual clock paces it in tests), and the call returns at ``start + n * 20 ms``, the
+    moment a speaker of the clip would stop. A ``send`` that waits for room
+    (backpressure) makes later frames late; they then leave at once, as a microphone's
+    buffered frames would, and the pace resumes on the original schedule.
+
+    Returns:
+        The worst lateness of a frame, in seconds (0 when every frame left on time).
     """
-    clock = omni.clock
     start = clock.now()
     lag = 0.0
     frames = [clip[i : i + _FRAME_SAMPLES] for i in range(0, clip.numel(), _FRAME_SAMPLES)]
     for k, frame in enumerate(frames):
         due = start + k * FRAME_S
-        await _until(omni, due)
+        await _until(clock, due)
         lag = max(lag, clock.now() - due)
         await session.send(audio=frame)
-    await _until(omni, start + len(frames) * FRAME_S)
+    await _until(clock, start + len(frames) * FRAME_S)
     return lag
 
 
@@ -149,7 +162,7 @@ async def _session(omni: OmniPipeline, clip: torch.Tensor) -> _Sample | str:
     """One fresh session: the clip in paced frames, then its reply read to the end."""
     try:
         async with omni.session() as session:
-            lag = await _speak(omni, session, clip)
+            lag = await send_paced(session, clip, omni.clock)
             ended = time.perf_counter()
             await session.end_segment()
             ttfa: float | None = None

@@ -198,10 +198,14 @@ def _input_lengths(ns: argparse.Namespace) -> tuple[float, ...]:
 
 def _bench_pipeline(ns: argparse.Namespace) -> dict[str, Any]:
     from omni_actors.bench.ideal import IdealUnavailableError, ideal_times
+    from omni_actors.bench.input_length import InputLengthError, check_input_lengths
     from omni_actors.bench.pipeline import PLACEMENTS, bench_specs, run_pipeline_bench
     from omni_actors.serving.pipeline_spec import PipelineConfigError
 
     try:  # fail before anything runs, with the reason rather than a traceback
+        lengths = _input_lengths(ns)
+        if lengths:
+            check_input_lengths(lengths)
         specs = bench_specs(ns.preset)
         if ns.preset is not None:
             from omni_actors.bench.models import is_model_pipeline, run_model_bench
@@ -218,7 +222,7 @@ def _bench_pipeline(ns: argparse.Namespace) -> dict[str, Any]:
                             cache_dir=ns.cache_dir,
                             seed=ns.seed,
                             reply_tokens=ns.reply_tokens,
-                            input_audio_s=_input_lengths(ns),
+                            input_audio_s=lengths,
                             input_repeats=ns.input_repeats,
                         )
                     )
@@ -231,7 +235,7 @@ def _bench_pipeline(ns: argparse.Namespace) -> dict[str, Any]:
             )
         for spec in specs.values():
             ideal_times(spec)
-    except (PipelineConfigError, IdealUnavailableError) as exc:
+    except (PipelineConfigError, IdealUnavailableError, InputLengthError) as exc:
         raise SystemExit(f"omni-actors bench pipeline: {exc}") from None
     placements = PLACEMENTS if ns.placement == "both" else (ns.placement,)
     return run(run_pipeline_bench(ns.concurrency, ns.requests, ns.preset, placements))
