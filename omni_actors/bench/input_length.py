@@ -28,6 +28,7 @@ from typing import Any, Protocol
 
 import torch
 
+from omni_actors.bench.pipeline import _percentile
 from omni_actors.clock import Clock
 from omni_actors.errors import OmniError
 from omni_actors.protocols.events import TERMINAL, AudioDelta, SegmentDone, TextDelta
@@ -185,8 +186,7 @@ async def _session(omni: OmniPipeline, clip: torch.Tensor) -> _Sample | str:
 
 
 def _p50(values: list[float]) -> float:
-    ordered = sorted(values)
-    return round(ordered[max(1, math.ceil(0.5 * len(ordered))) - 1], 1)
+    return round(_percentile(values, 0.50), 1)
 
 
 def _length(results: list[_Sample | str]) -> dict[str, Any]:
