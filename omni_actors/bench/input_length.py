@@ -31,7 +31,7 @@ import torch
 from omni_actors.bench.pipeline import _percentile
 from omni_actors.clock import Clock
 from omni_actors.errors import OmniError
-from omni_actors.protocols.events import TERMINAL, AudioDelta, SegmentDone, TextDelta
+from omni_actors.protocols.events import TERMINAL, AudioDelta, ResponseDone, TextDelta
 from omni_actors.serving.omni_pipeline import OmniPipeline
 
 __all__ = [
@@ -117,7 +117,7 @@ class _Sample:
 class _AudioInput(Protocol):
     """Where paced frames go: a :class:`Session`, or a test's recorder."""
 
-    async def send(self, *, audio: torch.Tensor) -> None: ...
+    async def send(self, *, audio: torch.Tensor, sample_rate: int) -> None: ...
 
 
 async def _until(clock: Clock, when: float) -> None:
@@ -154,7 +154,7 @@ async def send_paced(session: _AudioInput, clip: torch.Tensor, clock: Clock) -> 
         due = start + k * FRAME_S
         await _until(clock, due)
         lag = max(lag, clock.now() - due)
-        await session.send(audio=frame)
+        await session.send(audio=frame, sample_rate=INPUT_SAMPLE_RATE)
     await _until(clock, start + len(frames) * FRAME_S)
     return lag
 
@@ -165,22 +165,24 @@ async def _session(omni: OmniPipeline, clip: torch.Tensor) -> _Sample | str:
         async with omni.session() as session:
             lag = await send_paced(session, clip, omni.clock)
             ended = time.perf_counter()
-            await session.end_segment()
+            response = await session.end_segment()
             ttfa: float | None = None
             ttft: float | None = None
-            async for event in session.events():
+            async for event in response.events():
                 now = (time.perf_counter() - ended) * 1e3
                 if isinstance(event, AudioDelta) and ttfa is None:
                     ttfa = now
                 elif isinstance(event, TextDelta) and ttft is None:
                     ttft = now
-                elif isinstance(event, SegmentDone):
+                elif isinstance(event, ResponseDone):
+                    if event.status != "completed":
+                        return f"the reply ended {event.status}: {event.code} {event.message}"
                     if ttfa is None:
                         return "the reply finished without audio"
                     return _Sample(ttfa, ttft, now, lag * 1e3)
                 elif isinstance(event, TERMINAL):
                     return f"the session ended before its reply finished: {event!r}"
-            return "the event stream ended without SegmentDone"
+            return "the reply's events ended without ResponseDone"
     except OmniError as exc:
         return f"{type(exc).__name__}: {exc}"
 

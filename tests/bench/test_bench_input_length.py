@@ -39,7 +39,8 @@ class Recorder:
         self.stall = stall or {}  # frame index -> virtual seconds its send waits
         self.sent: list[tuple[float, int]] = []
 
-    async def send(self, *, audio: torch.Tensor) -> None:
+    async def send(self, *, audio: torch.Tensor, sample_rate: int) -> None:
+        assert sample_rate == INPUT_SAMPLE_RATE
         self.sent.append((round(self.clock.now(), 6), audio.numel()))
         self.clock.advance(self.stall.get(len(self.sent) - 1, 0.0))
 
