@@ -3,7 +3,9 @@
 An outlet applies its edge's mode before anything is sent: ``stream`` sends each output
 as produced (through a ``ChunkPolicy`` window when the edge carries codec frames),
 ``full`` merges the segment's outputs by the receiver's accumulate rules and sends one
-payload when the segment ends. It numbers its chunks and counts what it sent.
+payload when the segment ends. It numbers its chunks and counts what it sent, and
+passes a response's options on with the first chunk it sends after they reached its
+stage.
 """
 
 from __future__ import annotations
@@ -18,7 +20,14 @@ from omni_actors.actors.chunk_policy import ChunkPolicy, FrameWindow
 from omni_actors.actors.engine import Fields
 from omni_actors.protocols.address import ActorAddress
 from omni_actors.protocols.control import AccumulateRule, EdgeMode
-from omni_actors.protocols.stage import Chunk, End, HopMetrics, SessionKey, split_fields
+from omni_actors.protocols.stage import (
+    Chunk,
+    End,
+    HopMetrics,
+    ResponseOptions,
+    SessionKey,
+    split_fields,
+)
 
 __all__ = ["Outlet"]
 
@@ -61,6 +70,7 @@ class Outlet:
         self._acc = Accumulator(accumulate) if mode == "full" else None
         self._seq = 0
         self.segment = 0  # the segment being sent; each flush ends one
+        self._options: ResponseOptions | None = None  # to pass on with the next chunk
         self.chunks = 0
         self.bytes = 0
 
@@ -72,6 +82,10 @@ class Outlet:
         """Start counting a new segment."""
         self.chunks = 0
         self.bytes = 0
+
+    def stamp(self, options: ResponseOptions) -> None:
+        """The segment's response started with ``options``: the next chunk carries them."""
+        self._options = options
 
     async def push(self, output: Fields) -> None:
         """Route one engine output to this receiver."""
@@ -95,6 +109,7 @@ class Outlet:
         number follows its stage's (chunks carry it; see ``Chunk.segment``).
         """
         await self._flush(end)
+        self._options = None
         self.segment += 1
 
     async def _flush(self, end: End) -> None:
@@ -129,7 +144,9 @@ class Outlet:
             end=end if self.ends else "",
             segment=self.segment,
             sent_at=time.monotonic(),
+            options=self._options,
         )
+        self._options = None
         self._seq += 1
         self.chunks += 1
         self.bytes += chunk.nbytes

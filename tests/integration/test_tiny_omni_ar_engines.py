@@ -286,12 +286,12 @@ async def test_talker_stream_and_full_input_give_the_same_codes(cache_dir: Path)
     async with talker(cache_dir) as engine:
         streamed = await run(engine, "stream", feed(stream_edge(said), pause=0.002))
         whole = await run(engine, "full", feed(full_edge(said)))
-        assert engine.active_sessions == set()
-    assert len(streamed) == len(whole) == 2 * len(said)
+        assert engine.generating == set()
+    assert len(streamed) == len(whole) == 2 * len(ids(said))
     assert torch.equal(codes(streamed), codes(whole))
     frames = codes(whole)
     assert frames.dtype == torch.int64
-    assert frames.shape == (2 * len(said), configs.DEFAULT_NUM_CODE_GROUPS)
+    assert frames.shape == (2 * len(ids(said)), configs.DEFAULT_NUM_CODE_GROUPS)
     assert all(tensor(out, "codes").shape == (1, 4) for out in whole)
     assert int(frames.min()) >= 0
     assert int(frames.max()) < configs.CODEBOOK_SIZE
@@ -306,13 +306,14 @@ async def test_talker_follows_hf_schedule_with_audio_prompt(cache_dir: Path) -> 
         ours = codes(await run(engine, "s", feed(stream_edge(said))))
 
     model: Any = weights.load(cache_dir / "tiny-omni" / "seed-0" / "talker")
-    prompt, mask, tts = (tensor(said[0], k) for k in ("prompt", "prompt_mask", "tts"))
+    rows, mask = user_rows(said)
+    opening, tts = (tensor(tokens(said)[0], k) for k in ("opening", "tts"))
     assert mask.any()
-    embeds = [tensor(o, "embed")[None] for o in said]
-    user = stepping.talker_user_part(model, prompt[None, :-3], prompt[None, :-3], mask[None, :-3])
+    embeds = [tensor(o, "embed")[None] for o in tokens(said)]
+    user = stepping.talker_user_part(model, rows[None], rows[None], mask[None])
     prefix = stepping.talker_assistant_prefix(
         model,
-        torch.cat((prompt[None, -3:], embeds[0]), dim=1),
+        torch.cat((opening[None], embeds[0]), dim=1),
         (tts[None, 0:1], tts[None, 2:3]),
         configs.SPEAKERS["ethan"],
     )
@@ -322,7 +323,7 @@ async def test_talker_follows_hf_schedule_with_audio_prompt(cache_dir: Path) -> 
     hidden, logits = stepping.talker_forward(model, inputs, cache, 0)
     position, frames = inputs.shape[1], []
     vocab, eos = model.config.text_config.vocab_size, model.config.codec_eos_token_id
-    for k in range(3 * len(said)):
+    for k in range(3 * len(embeds)):
         code0 = stepping.greedy(stepping.mask_codec_logits(logits, vocab, eos))
         frame, carry = stepping.code_predictor_frame(model, hidden, code0)
         frames.append(frame)
@@ -337,7 +338,8 @@ async def test_talker_follows_hf_schedule_with_audio_prompt(cache_dir: Path) -> 
 async def test_talker_waits_for_tokens_it_needs(cache_dir: Path) -> None:
     said = await _thinker_output(cache_dir, [{"text": TEXT}], max_new_tokens=6)
     async with talker(cache_dir) as engine:
-        outputs = engine.generate("s", hang_after(stream_edge(said)[:2]))
+        second = said.index(tokens(said)[1])  # the output with token 1
+        outputs = engine.generate("s", hang_after(stream_edge(said)[: second + 1]))
         got = [await anext(outputs) for _ in range(2)]  # frames 0 and 1: tokens 0 and 1
         pending = asyncio.ensure_future(anext(outputs))
         # frame 2 needs token 2, which never comes
@@ -345,7 +347,7 @@ async def test_talker_waits_for_tokens_it_needs(cache_dir: Path) -> None:
         await engine.abort("s")
         with pytest.raises(StopAsyncIteration):
             await asyncio.wait_for(pending, 5.0)
-        assert engine.active_sessions == set()
+        assert engine.active_sessions == set()  # abort drops the session's state
         alone = await run(engine, "t", feed(full_edge(said)))
     assert torch.equal(codes(got), codes(alone)[:2])
 
@@ -368,11 +370,12 @@ async def test_talker_interleaved_sessions_match_running_alone(cache_dir: Path) 
     async with talker(cache_dir) as engine:
         alone_a = codes(await run(engine, "a", feed(full_edge(said_a))))
         alone_b = codes(await run(engine, "b", feed(full_edge(said_b))))
+        # Fresh sessions: "a" and "b" now hold their first exchange.
         both = await asyncio.gather(
-            run(engine, "a", feed(stream_edge(said_a), pause=0.003)),
-            run(engine, "b", feed(stream_edge(said_b), pause=0.002)),
+            run(engine, "a2", feed(stream_edge(said_a), pause=0.003)),
+            run(engine, "b2", feed(stream_edge(said_b), pause=0.002)),
         )
-        assert engine.active_sessions == set()
+        assert engine.generating == set()
     assert torch.equal(codes(both[0]), alone_a)
     assert torch.equal(codes(both[1]), alone_b)
     assert not torch.equal(alone_a[: len(alone_b)], alone_b[: len(alone_a)])
@@ -381,9 +384,9 @@ async def test_talker_interleaved_sessions_match_running_alone(cache_dir: Path) 
 async def test_talker_without_tokens_says_nothing(cache_dir: Path) -> None:
     async with talker(cache_dir) as engine:
         assert await run(engine, "s", feed([])) == []
-        with pytest.raises(ValueError, match="prompt_mask"):
+        with pytest.raises(ValueError, match="opening or tts"):
             await run(engine, "t", feed([{"embed": torch.zeros(1, 64)}]))
-        assert engine.active_sessions == set()
+        assert engine.generating == set()
 
 
 async def test_talker_codec_eos_is_masked_unless_asked_to_stop(cache_dir: Path) -> None:
@@ -393,7 +396,7 @@ async def test_talker_codec_eos_is_masked_unless_asked_to_stop(cache_dir: Path) 
         masked = codes(await run(engine, "s", feed(full_edge(said))))
     async with talker(cache_dir, stop_at_codec_eos=True) as engine:
         stopped = codes(await run(engine, "s", feed(stream_edge(said))))
-        assert engine.active_sessions == set()
-    assert masked.shape[0] == 2 * len(said)
+        assert engine.generating == set()
+    assert masked.shape[0] == 2 * len(ids(said))
     assert 0 < stopped.shape[0] < masked.shape[0]
     assert torch.equal(stopped, masked[: stopped.shape[0]])  # the same frames up to EOS

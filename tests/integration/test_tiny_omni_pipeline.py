@@ -177,7 +177,8 @@ def test_model_bench_compares_stream_and_full(
     import json
 
     argv = ["bench", "pipeline", "--preset", "tiny-omni", "--json", "--cache-dir", str(cache)]
-    assert main([*argv, "--concurrency", "1", "--requests", "2", "--reply-tokens", "12"]) == 0
+    quick = ["--concurrency", "1", "--requests", "2", "--reply-tokens", "12", "--no-input-length"]
+    assert main([*argv, *quick]) == 0
     report = json.loads(capsys.readouterr().out)
     stream, full = report["variants"]["tiny-omni"]["1"], report["variants"]["tiny-omni-full"]["1"]
     assert stream["errors"] == full["errors"] == 0
@@ -206,7 +207,7 @@ async def test_stages_in_worker_processes_make_the_same_reply(cache: Path) -> No
 
 
 async def test_a_resumable_voice_session_keeps_its_conversation(cache: Path) -> None:
-    from omni_actors.protocols.events import SegmentDone
+    from omni_actors.protocols.events import ResponseDone
 
     tone = torch.sin(torch.arange(8000) * 2 * math.pi * 330 / 16000) * 0.3
     async with OmniPipeline(spec_of("tiny-omni", cache)) as omni:
@@ -221,7 +222,7 @@ async def test_a_resumable_voice_session_keeps_its_conversation(cache: Path) -> 
                     await session.finish()
                 replies.append([e async for e in session.events()])
         first, second = replies
-        assert isinstance(first[-1], SegmentDone)
+        assert isinstance(first[-1], ResponseDone)
         done(second)
         for reply in replies:
             assert text_of(reply)
