@@ -27,6 +27,10 @@ the ``StageActor`` of each stage (possibly in worker processes). A session's lif
    crashes): the session actor ends the caller's stream and asks every stage to
    :class:`Abort`, which frees the session there.
 
+Flow control is per (session, edge) stream: a sender has ``Prewarm.window`` chunks in
+flight at most, and its receiver grants them back with :class:`StreamCredit` as they are
+taken (``omni_actors.actors.flow``).
+
 :class:`Inspect`, :class:`ListSessions` and :class:`ListStages` ask what is held where
 (health, leak checks). The control messages (``Abort``, ``AbortSession``,
 ``StageFailed``: ``ControlMessage``) overtake queued chunks; a ``Request[R]`` is
@@ -48,6 +52,7 @@ __all__ = [
     "Abort",
     "AbortSession",
     "AccumulateRule",
+    "DEFAULT_WINDOW",
     "Deadlines",
     "EdgeMode",
     "Inspect",
@@ -59,6 +64,7 @@ __all__ = [
     "StageFailed",
     "StageMessage",
     "StageState",
+    "StreamCredit",
     "Target",
 ]
 
@@ -69,6 +75,28 @@ the outputs merged by the receiver's accumulate rules, when the segment ends).""
 AccumulateRule = Literal["concat", "replace"]
 """How successive values of a field combine: ``concat`` (along dim 0, or text appended)
 or ``replace`` (only the latest matters)."""
+
+DEFAULT_WINDOW = 64
+"""Chunks in flight per (session, edge) stream unless the pipeline sets ``flow.window``."""
+
+
+# -- flow control (every stream of a session) --------------------------------------------
+
+
+class StreamCredit(msgspec.Struct, ControlMessage, tag="stream-credit", frozen=True, kw_only=True):
+    """Receiver → sender of one of a session's streams: ``n`` more chunks may be sent.
+
+    The stream is the sender's to ``receiver`` (a stage's name, or ``client`` for the
+    session's owner). A stage sends it to its upstream stages, and for the caller's input
+    to the session's owner; the owner sends it to the output stages as the caller reads
+    its events. A control message, so a credit overtakes queued chunks: the sender may be
+    waiting for it, and there is one per half window of chunks at most. A credit for a
+    session the sender no longer holds is ignored.
+    """
+
+    key: SessionKey
+    receiver: str
+    n: int
 
 
 # -- to a stage --------------------------------------------------------------------------
@@ -128,15 +156,21 @@ class Prewarm(msgspec.Struct, Request[bool], tag="prewarm", frozen=True, kw_only
         emit: output fields the owner receives (``text``, ``audio``).
         resumable: the input comes in segments (deadline between segments: ``idle_s``).
         deadlines: how long each wait may last.
+        window: chunks in flight per stream, into and out of the stage (see
+            :class:`StreamCredit`).
+        upstream: per source stage, where the credits for its stream go; those for
+            ``input`` go to ``owner``.
     """
 
     key: SessionKey
-    owner: ActorAddress[Chunk | StageReport]
+    owner: ActorAddress[Chunk | StageReport | StreamCredit]
     sources: tuple[str, ...]
     targets: tuple[Target, ...] = ()
     emit: tuple[str, ...] = ()
     resumable: bool = False
     deadlines: Deadlines
+    window: int = DEFAULT_WINDOW
+    upstream: dict[str, ActorAddress[StreamCredit]] = {}
 
 
 class Abort(msgspec.Struct, ControlMessage, Request[bool], tag="abort", frozen=True, kw_only=True):
@@ -161,7 +195,7 @@ class Inspect(msgspec.Struct, Request[StageState], tag="inspect", frozen=True, k
     """Anyone → stage: what do you hold? (leak checks, health)."""
 
 
-StageMessage = Prewarm | Chunk | Abort | Inspect
+StageMessage = Prewarm | Chunk | Abort | Inspect | StreamCredit
 """Every message a stage accepts."""
 
 
@@ -199,7 +233,7 @@ class StageFailed(msgspec.Struct, ControlMessage, tag="stage-failed", frozen=Tru
     error: str
 
 
-SessionMessage = Chunk | StageReport | OpenSession | AbortSession | StageFailed
+SessionMessage = Chunk | StageReport | OpenSession | AbortSession | StageFailed | StreamCredit
 """Every message a session's actor accepts."""
 
 

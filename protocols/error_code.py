@@ -12,10 +12,19 @@ from typing import Literal
 __all__ = ["ErrorCode"]
 
 ErrorCode = Literal[
-    "timeout", "stage_failed", "engine_error", "chunk_gap", "admission", "prewarm", "internal"
+    "timeout",
+    "backpressure",
+    "stage_failed",
+    "engine_error",
+    "chunk_gap",
+    "admission",
+    "prewarm",
+    "internal",
 ]
-"""``timeout``: a deadline expired. ``stage_failed``: a stage crashed with the session on
-it. ``engine_error``: the engine failed the session. ``chunk_gap``: chunks were lost
+"""``timeout``: a deadline expired. ``backpressure``: a sender waited too long for its
+receiver to take what it sent (most often a caller that stopped reading its events).
+``stage_failed``: a stage crashed with the session on it. ``engine_error``: the engine
+failed the session. ``chunk_gap``: chunks were lost
 between two stages. ``admission``: not admitted (no slot in time, id in use).
 ``prewarm``: a stage refused or failed to allocate the session. ``internal``: anything
 else (a bug, or the pipeline stopping)."""

@@ -1,7 +1,8 @@
 """``Session``: the caller's handle on one session of an :class:`OmniPipeline`.
 
 ``OmniPipeline.session()`` returns one for streaming input in segments; ``generate``
-drives one for a one-shot request. It sends input straight to the entry stage, reads the
+drives one for a one-shot request. It sends input straight to the entry stage (within
+the credit window the entry stage grants: see ``flow`` in the pipeline), reads the
 events its session actor queues, and owns the session's admission slot and last-resort
 deadline. Both deadlines read the pipeline's system clock (``ActorSystem.clock``), so a
 pipeline in a system with a virtual clock runs them on virtual time.
@@ -19,8 +20,9 @@ from typing import TYPE_CHECKING, Literal
 import torch
 
 from omni_actors._ref import ActorRef
+from omni_actors.actors.flow import BackpressureError, CreditWindow
 from omni_actors.clock import TimerHandle, timeout_at
-from omni_actors.errors import OmniError
+from omni_actors.errors import OmniError, qualified_name
 from omni_actors.protocols.control import AbortSession, OpenSession, SessionMessage
 from omni_actors.protocols.events import TERMINAL, Aborted, Event, SegmentDone, SessionError
 from omni_actors.protocols.stage import INPUT, Chunk, End, SessionKey, split_fields
@@ -66,7 +68,9 @@ class Session:
         self.id = session_id or uuid.uuid4().hex
         self.modalities = modalities
         self.resumable = resumable
-        self.channel = SessionChannel(sample_rate=pipeline.spec.outputs.sample_rate)
+        self.channel = SessionChannel(
+            sample_rate=pipeline.spec.outputs.sample_rate, window=pipeline.spec.flow.window
+        )
         self._ref: ActorRef[SessionMessage] | None = None
         self._key = SessionKey("")  # the session's key on the stages, once admitted
         self._entry: ActorRef[Chunk] | None = None
@@ -155,9 +159,13 @@ class Session:
         """Send input (``text``, ``audio`` samples, or named ``fields``) to the entry stage.
 
         ``end`` ends the current segment (``segment``) or the session (``finished``).
+        Once a window of input chunks (``flow.window``) is in flight, this waits until the
+        entry stage takes some, ``deadlines.inter_chunk_s`` at most.
 
         Raises:
             SessionClosedError: the session has ended (its terminal event says why).
+            BackpressureError: the entry stage took none of the input in flight within
+                ``deadlines.inter_chunk_s``; the session has ended with that error.
         """
         if self.ended or self._entry is None:
             raise SessionClosedError(f"session {self.id} has ended; open a new one")
@@ -166,6 +174,9 @@ class Session:
             payload["text"] = text
         if audio is not None:
             payload["audio"] = audio
+        credits = self.channel.input
+        if not credits.try_take():
+            await self._wait_for_credit(credits)
         tensors, texts = split_fields(payload)
         if end and (self.resumable or self._segment > 0):
             # A segment's latency counts from the end of its input; a one-shot request's
@@ -185,6 +196,27 @@ class Session:
         await self._entry.tell(chunk)
         if end:
             self._segment += 1
+
+    async def _wait_for_credit(self, credits: CreditWindow) -> None:
+        limit = self.pipeline.spec.deadlines.inter_chunk_s
+        try:
+            taken = await credits.take(self.pipeline.clock, limit)
+        except TimeoutError:
+            entry = f"stage {self.pipeline.spec.entry_stage}"
+            error = BackpressureError("the caller", entry, self._key, credits.size, limit)
+            if self.channel.end(
+                SessionError(
+                    session=self.id,
+                    code=error.code,
+                    message=str(error),
+                    stage=self.pipeline.spec.entry_stage,
+                    error_type=qualified_name(error),
+                )
+            ):
+                await self._abort_stages("backpressure")
+            raise error from None
+        if not taken:
+            raise SessionClosedError(f"session {self.id} has ended; open a new one")
 
     async def end_segment(self) -> None:
         """End the current input segment: the pipeline answers it and stays open."""

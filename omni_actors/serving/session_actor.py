@@ -17,6 +17,13 @@ on the path has reported it, and the caller gets the segments' events in segment
 of a later segment are held here until the earlier segment's ``SegmentDone`` is out.
 The hold is bounded in time by the stages' deadlines: a stalled earlier segment fails
 the session, and the terminal event drops what is held.
+
+Flow control (``omni_actors.actors.flow``): this actor receives each output stage's
+stream, and the caller's reads of the channel grant it back, so the events queued for
+the caller (held ones included) stay within a window of chunks per output stage, and a
+caller that stops reading makes the output stages wait. The entry stage's credits for
+the caller's input arrive here too, and go to the channel, where ``Session.send`` waits
+for them.
 """
 
 from __future__ import annotations
@@ -32,8 +39,10 @@ from omni_actors._actor import Actor
 from omni_actors._mailbox import MailboxConfig
 from omni_actors._ref import ActorRef
 from omni_actors.actors.accumulate import ChunkGapError, ChunkSequence
-from omni_actors.errors import qualified_name
+from omni_actors.actors.flow import CreditWindow, Inflow
+from omni_actors.errors import OmniError, ProtocolError, qualified_name
 from omni_actors.protocols.control import (
+    DEFAULT_WINDOW,
     Abort,
     AbortSession,
     Deadlines,
@@ -42,6 +51,7 @@ from omni_actors.protocols.control import (
     SessionMessage,
     StageFailed,
     StageMessage,
+    StreamCredit,
     Target,
 )
 from omni_actors.protocols.error_code import ErrorCode
@@ -81,32 +91,68 @@ class SessionChannel:
     Shared between the caller's handle and the session actor, in one process. A deque
     and one waiter rather than an ``asyncio.Queue``: every text and audio delta passes
     here, and there is exactly one reader.
+
+    It is also where the caller's side of flow control meets the session actor:
+    ``input`` is the credit window of the caller's input (``Session.send`` spends it,
+    the entry stage's credits refill it), and ``inflow`` — set by the session actor —
+    counts the output stages' chunks, granted back as the caller reads their events.
+
+    Args:
+        sample_rate: of the session's audio.
+        window: chunks in flight per stream (the pipeline's ``flow.window``).
     """
 
-    __slots__ = ("_events", "_waiter", "sample_rate", "starts", "terminal")
+    __slots__ = (
+        "_events",
+        "_waiter",
+        "inflow",
+        "input",
+        "sample_rate",
+        "starts",
+        "terminal",
+        "window",
+    )
 
-    def __init__(self, sample_rate: int) -> None:
+    def __init__(self, sample_rate: int, window: int = DEFAULT_WINDOW) -> None:
         self.sample_rate = sample_rate
+        self.window = window
         self.starts: dict[int, float] = {}
         self.terminal: Event | None = None
-        self._events: deque[Event] = deque()
+        self.input = CreditWindow(window)
+        self.inflow: Inflow | None = None
+        # Each event with the output stage whose chunk it ends ("" for the others): its
+        # read is that chunk taken.
+        self._events: deque[tuple[Event, str]] = deque()
         self._waiter: asyncio.Future[None] | None = None
 
-    def put(self, event: Event) -> None:
-        """Queue an event; after a terminal one, nothing more is queued."""
+    def put(self, event: Event, source: str = "") -> None:
+        """Queue an event; after a terminal one, nothing more is queued.
+
+        ``source``: the output stage whose chunk this event ends, granted a credit once
+        the caller has read it.
+        """
         if self.terminal is None:
-            self._push(event)
+            self._push(event, source)
 
     def end(self, event: Event) -> bool:
-        """Queue the terminal event; False if the session had already ended."""
+        """Queue the terminal event; False if the session had already ended.
+
+        No more input is taken: a ``send`` waiting for a credit returns at once.
+        """
         if self.terminal is not None:
             return False
-        self._push(event)
+        self._push(event, "")
         self.terminal = event
+        self.input.close()
         return True
 
-    def _push(self, event: Event) -> None:
-        self._events.append(event)
+    @property
+    def queued(self) -> int:
+        """Events waiting for the caller."""
+        return len(self._events)
+
+    def _push(self, event: Event, source: str) -> None:
+        self._events.append((event, source))
         waiter = self._waiter
         if waiter is not None and not waiter.done():
             waiter.set_result(None)
@@ -119,7 +165,19 @@ class SessionChannel:
                 await waiter
             finally:
                 self._waiter = None
-        return self._events.popleft()
+        event, source = self._events[0]
+        inflow = self.inflow
+        if source and inflow is not None and self.terminal is None:
+            due = inflow.taken(source)
+            if due:
+                try:
+                    await inflow.grant(source, due)
+                except BaseException:
+                    # Cancelled before the credit went out: the event stays unread.
+                    inflow.untake(source, due)
+                    raise
+        self._events.popleft()
+        return event
 
 
 class _Reply:
@@ -145,7 +203,7 @@ class _Reply:
         self.reports: dict[str, StageMetrics] = {}
         self.finished = False  # the session's last segment
         self.done_at: float | None = None  # every stage has reported it
-        self.held: list[Event] = []
+        self.held: list[tuple[Event, str]] = []  # with their sources (see _emit)
 
 
 class SessionActor(Actor[SessionMessage]):
@@ -180,6 +238,10 @@ class SessionActor(Actor[SessionMessage]):
         self.resumable = resumable
         self.admission_deadline = admission_deadline
         self.channel = channel
+        # The output stages' streams end here: their credits come from the caller's reads.
+        channel.inflow = Inflow(
+            key, "client", channel.window, {name: p.ref for name, p in plan.items() if p.emit}
+        )
         self.sequences: dict[str, ChunkSequence] = {}
         self.segment = 0  # the segment whose events go to the caller now
         self._pending: dict[int, _Reply] = {}  # segments not yet done, by number
@@ -189,9 +251,9 @@ class SessionActor(Actor[SessionMessage]):
         """Handle one message; see the module docstring."""
         match message:
             case Chunk():
-                gap = self._output(message)
-                if gap is not None:
-                    await self._fail(gap.code, str(gap), message.source, qualified_name(gap))
+                error = await self._output(message)
+                if error is not None:
+                    await self._fail(error.code, str(error), message.source, qualified_name(error))
             case StageReport():
                 await self._report(message)
             case OpenSession():
@@ -201,6 +263,9 @@ class SessionActor(Actor[SessionMessage]):
                 return True
             case StageFailed(stage=stage, error=error):
                 await self._fail("stage_failed", f"stage {stage} failed: {error}", stage)
+            case StreamCredit(n=n):
+                # The entry stage took some of the caller's input: Session.send may go on.
+                self.channel.input.grant(n)
         return None
 
     async def on_stop(self) -> None:
@@ -230,6 +295,8 @@ class SessionActor(Actor[SessionMessage]):
                     emit=p.emit,
                     resumable=self.resumable,
                     deadlines=self.deadlines,
+                    window=self.channel.window,
+                    upstream={s: self.plan[s].ref for s in p.sources if s in self.plan},
                 ),
                 timeout=timeout,
             )
@@ -265,7 +332,7 @@ class SessionActor(Actor[SessionMessage]):
             reply = self._pending[segment] = _Reply()
         return reply
 
-    def _output(self, chunk: Chunk) -> ChunkGapError | None:
+    async def _output(self, chunk: Chunk) -> OmniError | None:
         sequence = self.sequences.get(chunk.source)
         if sequence is None:
             sequence = self.sequences[chunk.source] = ChunkSequence(f"{chunk.source} -> client")
@@ -274,32 +341,50 @@ class SessionActor(Actor[SessionMessage]):
                 return None
         except ChunkGapError as exc:
             return exc
+        inflow = self.channel.inflow
+        if inflow is not None:
+            try:
+                inflow.received(chunk.source)
+            except ProtocolError as exc:  # past its window: refused, never queued
+                return exc
         reply = self._reply(chunk.segment)
-        if reply is None:
-            return None
-        # Latencies count when the output reaches the session, held or not.
-        now = time.monotonic()
-        text = chunk.texts.get("text")
-        if text:
-            if reply.first_text is None:
-                reply.first_text = now
-            self._emit(chunk.segment, reply, TextDelta(session=self.id, text=text))
-        audio = chunk.tensors.get("audio")
-        if audio is not None and audio.numel():
-            if reply.first_audio is None:
-                reply.first_audio = now
-            reply.last_audio = now
-            reply.audio_samples += audio.numel()
-            delta = AudioDelta(session=self.id, audio=audio, sample_rate=self.channel.sample_rate)
-            self._emit(chunk.segment, reply, delta)
+        events: list[Event] = []
+        if reply is not None:
+            # Latencies count when the output reaches the session, held or not.
+            now = time.monotonic()
+            text = chunk.texts.get("text")
+            if text:
+                if reply.first_text is None:
+                    reply.first_text = now
+                events.append(TextDelta(session=self.id, text=text))
+            audio = chunk.tensors.get("audio")
+            if audio is not None and audio.numel():
+                if reply.first_audio is None:
+                    reply.first_audio = now
+                reply.last_audio = now
+                reply.audio_samples += audio.numel()
+                rate = self.channel.sample_rate
+                events.append(AudioDelta(session=self.id, audio=audio, sample_rate=rate))
+        if reply is not None and events:
+            for event in events[:-1]:
+                self._emit(chunk.segment, reply, event)
+            # The chunk is taken once the caller reads its last event.
+            self._emit(chunk.segment, reply, events[-1], chunk.source)
+        elif inflow is not None:  # nothing for the caller to read: taken now
+            due = inflow.taken(chunk.source)
+            if due:
+                await inflow.grant(chunk.source, due)
         return None
 
-    def _emit(self, segment: int, reply: _Reply, event: Event) -> None:
-        """To the caller now if ``segment`` is the current one, else held for later."""
+    def _emit(self, segment: int, reply: _Reply, event: Event, source: str = "") -> None:
+        """To the caller now if ``segment`` is the current one, else held for later.
+
+        ``source``: the output stage whose chunk ``event`` ends (see ``SessionChannel``).
+        """
         if segment == self.segment:
-            self.channel.put(event)
+            self.channel.put(event, source)
         else:
-            reply.held.append(event)
+            reply.held.append((event, source))
 
     async def _report(self, report: StageReport) -> None:
         if report.end == "error":
@@ -328,8 +413,8 @@ class SessionActor(Actor[SessionMessage]):
             self.segment += 1
             following = self._pending.get(self.segment)
             if following is not None:
-                for event in following.held:
-                    self.channel.put(event)
+                for event, source in following.held:
+                    self.channel.put(event, source)
                 following.held.clear()
 
     def _metrics(self, segment: int, reply: _Reply) -> SessionMetrics:

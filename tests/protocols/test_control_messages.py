@@ -24,6 +24,7 @@ from omni_actors.protocols.control import (
     StageFailed,
     StageMessage,
     StageState,
+    StreamCredit,
     Target,
 )
 from omni_actors.protocols.message import ControlMessage
@@ -58,6 +59,8 @@ def _examples(owner: ActorRef[Any], downstream: ActorRef[Any]) -> list[msgspec.S
             emit=("text",),
             resumable=True,
             deadlines=DEADLINES,
+            window=8,
+            upstream={"thinker": downstream},
         ),
         Abort(key=KEY, reason="barge-in"),
         Inspect(),
@@ -67,6 +70,7 @@ def _examples(owner: ActorRef[Any], downstream: ActorRef[Any]) -> list[msgspec.S
         StageFailed(stage="talker", error="WorkerDiedError: killed"),
         ListSessions(),
         ListStages(),
+        StreamCredit(key=KEY, receiver="client", n=32),
         Chunk(key=KEY, source="thinker", seq=2, tensors={"hidden": torch.ones(2, 3)}),
         StageReport(
             key=KEY,
@@ -133,6 +137,7 @@ async def test_refs_inside_a_prewarm_arrive_as_working_refs() -> None:
         assert isinstance(back, Prewarm)
         assert back.owner is owner.ref
         assert back.targets[0].ref is downstream.ref
+        assert back.upstream == {"thinker": downstream.ref}
         await back.targets[0].ref.tell(Chunk(key=KEY, source="thinker", seq=0))
         assert (await downstream.expect_message(Chunk)).key == KEY
 
@@ -144,8 +149,17 @@ def test_each_actor_union_decodes_by_tag_and_control_messages_overtake() -> None
         assert all(tags), tags
         assert len(set(tags)) == len(tags), tags
         Decoder(union)  # msgspec refuses a union it cannot tell apart
-    urgent = {Abort, AbortSession, StageFailed}
-    for cls in (Prewarm, Abort, Inspect, OpenSession, AbortSession, StageFailed, Chunk):
+    urgent = {Abort, AbortSession, StageFailed, StreamCredit}
+    for cls in (
+        Prewarm,
+        Abort,
+        Inspect,
+        OpenSession,
+        AbortSession,
+        StageFailed,
+        StreamCredit,
+        Chunk,
+    ):
         assert issubclass(cls, ControlMessage) == (cls in urgent), cls
     assert SignalsControlMessage is ControlMessage
 
