@@ -141,7 +141,8 @@ class DeadlinesSpec(_Spec):
 
     ``admission_s`` covers waiting for a free session slot plus prewarm of every stage;
     ``first_chunk_s`` a stage's wait for a segment's first input (one-shot sessions);
-    ``inter_chunk_s`` the wait between two inputs; ``idle_s`` a resumable session's wait
+    ``inter_chunk_s`` the wait between two inputs, and a sender's wait for a credit
+    (:class:`FlowSpec`); ``idle_s`` a resumable session's wait
     for its caller's next segment; ``total_s`` the session's whole life.
     """
 

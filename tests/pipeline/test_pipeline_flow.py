@@ -315,3 +315,16 @@ async def test_the_receiver_grants_credits_as_its_engine_takes_chunks() -> None:
         report = await owner.expect_message(StageReport, timeout=WAIT_S)
         assert report.end == "finished"
         assert report.metrics.chunks_in == 8
+
+
+async def test_a_late_credit_for_a_session_gone_from_the_stage_is_ignored() -> None:
+    async with ActorTestKit() as kit:
+        owner = await kit.create_probe()
+        stage = await kit.spawn(StageActor, "talker", "scripted", {"outputs_per_input": 1})
+        assert await stage.ask(prewarm(owner, window=4)) is True
+        await stage.tell(chunk(0, end="finished"))
+        assert (await next_report(owner)).end == "finished"
+        await stage.tell(StreamCredit(key=KEY, receiver="code2wav", n=2))
+        await stage.tell(StreamCredit(key=SessionKey("never#9"), receiver="talker", n=2))
+        assert (await stage.ask(Inspect())).keys == []
+        assert stage.is_alive
