@@ -175,8 +175,10 @@ class StageSession:
         except ProtocolError as exc:  # past its window: refused, never queued
             self._fail(exc)
             return
-        self._queue.append(chunk)
-        self._queued_max = max(self._queued_max, len(self._queue))
+        queue = self._queue
+        queue.append(chunk)
+        if len(queue) > self._queued_max:
+            self._queued_max = len(queue)
         self._wake()
 
     @property

@@ -348,33 +348,39 @@ class SessionActor(Actor[SessionMessage]):
             except ProtocolError as exc:  # past its window: refused, never queued
                 return exc
         reply = self._reply(chunk.segment)
-        events: list[Event] = []
-        if reply is not None:
-            # Latencies count when the output reaches the session, held or not.
-            now = time.monotonic()
-            text = chunk.texts.get("text")
-            if text:
-                if reply.first_text is None:
-                    reply.first_text = now
-                events.append(TextDelta(session=self.id, text=text))
-            audio = chunk.tensors.get("audio")
-            if audio is not None and audio.numel():
-                if reply.first_audio is None:
-                    reply.first_audio = now
-                reply.last_audio = now
-                reply.audio_samples += audio.numel()
-                rate = self.channel.sample_rate
-                events.append(AudioDelta(session=self.id, audio=audio, sample_rate=rate))
-        if reply is not None and events:
-            for event in events[:-1]:
-                self._emit(chunk.segment, reply, event)
+        text, audio = (None, None) if reply is None else self._deltas(chunk, reply)
+        last = audio or text
+        if reply is not None and last is not None:
+            if text is not None and audio is not None:
+                self._emit(chunk.segment, reply, text)
             # The chunk is taken once the caller reads its last event.
-            self._emit(chunk.segment, reply, events[-1], chunk.source)
+            self._emit(chunk.segment, reply, last, chunk.source)
         elif inflow is not None:  # nothing for the caller to read: taken now
             due = inflow.taken(chunk.source)
             if due:
                 await inflow.grant(chunk.source, due)
         return None
+
+    def _deltas(self, chunk: Chunk, reply: _Reply) -> tuple[TextDelta | None, AudioDelta | None]:
+        """The caller's events in ``chunk``, counted in ``reply``'s latencies."""
+        # Latencies count when the output reaches the session, held or not.
+        now = time.monotonic()
+        text_delta = audio_delta = None
+        text = chunk.texts.get("text")
+        if text:
+            if reply.first_text is None:
+                reply.first_text = now
+            text_delta = TextDelta(session=self.id, text=text)
+        audio = chunk.tensors.get("audio")
+        if audio is not None and audio.numel():
+            if reply.first_audio is None:
+                reply.first_audio = now
+            reply.last_audio = now
+            reply.audio_samples += audio.numel()
+            audio_delta = AudioDelta(
+                session=self.id, audio=audio, sample_rate=self.channel.sample_rate
+            )
+        return text_delta, audio_delta
 
     def _emit(self, segment: int, reply: _Reply, event: Event, source: str = "") -> None:
         """To the caller now if ``segment`` is the current one, else held for later.
