@@ -4,9 +4,11 @@ An outlet applies its edge's mode before anything is sent: ``stream`` sends each
 as produced (through a ``ChunkPolicy`` window when the edge carries codec frames),
 ``full`` merges the segment's outputs by the receiver's accumulate rules and sends one
 payload when the segment ends. It numbers its chunks and counts what it sent, and
-spends a credit of its stream's window on each (``omni_actors.actors.flow``): once the
-receiver has a window of them in flight, the outlet waits — and with it the stage's
-engine for this session — until the receiver grants more.
+passes a response's options on with the first chunk it sends after they reached its
+stage. It spends a credit of its stream's window on each chunk
+(``omni_actors.actors.flow``): once the receiver has a window of them in flight, the
+outlet waits — and with it the stage's engine for this session — until the receiver
+grants more.
 """
 
 from __future__ import annotations
@@ -23,7 +25,14 @@ from omni_actors.actors.flow import BackpressureError, CreditWindow
 from omni_actors.clock import Clock
 from omni_actors.protocols.address import ActorAddress
 from omni_actors.protocols.control import AccumulateRule, EdgeMode
-from omni_actors.protocols.stage import Chunk, End, HopMetrics, SessionKey, split_fields
+from omni_actors.protocols.stage import (
+    Chunk,
+    End,
+    HopMetrics,
+    ResponseOptions,
+    SessionKey,
+    split_fields,
+)
 
 __all__ = ["Outlet"]
 
@@ -76,6 +85,7 @@ class Outlet:
         self._acc = Accumulator(accumulate) if mode == "full" else None
         self._seq = 0
         self.segment = 0  # the segment being sent; each flush ends one
+        self._options: ResponseOptions | None = None  # to pass on with the next chunk
         self.chunks = 0
         self.bytes = 0
 
@@ -92,6 +102,10 @@ class Outlet:
         """The receiver has taken ``n`` more chunks (a ``StreamCredit``)."""
         if self.credits is not None:
             self.credits.grant(n)
+
+    def stamp(self, options: ResponseOptions) -> None:
+        """The segment's response started with ``options``: the next chunk carries them."""
+        self._options = options
 
     async def push(self, output: Fields) -> None:
         """Route one engine output to this receiver."""
@@ -115,6 +129,7 @@ class Outlet:
         number follows its stage's (chunks carry it; see ``Chunk.segment``).
         """
         await self._flush(end)
+        self._options = None
         self.segment += 1
 
     async def _flush(self, end: End) -> None:
@@ -153,7 +168,9 @@ class Outlet:
             end=end if self.ends else "",
             segment=self.segment,
             sent_at=time.monotonic(),
+            options=self._options,
         )
+        self._options = None
         self._seq += 1
         self.chunks += 1
         self.bytes += chunk.nbytes

@@ -9,6 +9,7 @@ the declared numbers — without weights.
 from __future__ import annotations
 
 import asyncio
+import math
 from collections.abc import AsyncIterator
 from typing import ClassVar, Final, Literal, get_args
 
@@ -82,6 +83,9 @@ class ScriptedEngine:
 
     It stands in for any engine, so its ports are declared by its arguments: it yields
     ``fields`` and takes ``inputs``, each ``concat`` unless named in ``replace``.
+
+    It is ``Truncatable``: asked to keep ``kept`` outputs of a session's last reply (in
+    samples when it yields ``audio``), it answers the input rows those came from.
     """
 
     kind: ClassVar[str] = "scripted"
@@ -99,6 +103,7 @@ class ScriptedEngine:
     def __init__(self, args: ScriptedArgs | None = None) -> None:
         self.args = args or ScriptedArgs()
         self._sessions: dict[str, _Pacer] = {}
+        self._replies: dict[str, int] = {}  # outputs of each session's last reply
         self._made: dict[int, dict[str, torch.Tensor | str]] = {}
         self.started = False
 
@@ -118,13 +123,30 @@ class ScriptedEngine:
         self.started = False
 
     async def release(self, session: str) -> None:
-        """Nothing is kept between segments."""
+        """Forget the session's last reply (nothing else is kept between segments)."""
+        self._replies.pop(session, None)
 
     async def abort(self, session: str) -> None:
         """End ``session``'s ``generate`` at its next step."""
+        self._replies.pop(session, None)
         pacer = self._sessions.get(session)
         if pacer is not None:
             pacer.abort()
+
+    async def truncate(self, session: str, kept: int) -> int:
+        """Input rows that the first ``kept`` outputs (samples, for audio) came from.
+
+        Raises:
+            ValueError: the session has no reply.
+        """
+        made = self._replies.get(session)
+        if made is None:
+            raise ValueError(f"session {session!r} has no reply to truncate")
+        audio = "audio" in self.args.fields
+        outputs = min(made, math.ceil(kept / self.args.audio_samples) if audio else kept)
+        self._replies[session] = outputs
+        per = self.args.outputs_per_input
+        return outputs if per is None else math.ceil(outputs / per)
 
     def output(self, k: int) -> dict[str, torch.Tensor | str]:
         """Output number ``k`` of any session (deterministic).
@@ -160,6 +182,7 @@ class ScriptedEngine:
             raise ValueError(f"session {session!r} is already generating")
         pacer = self._sessions[session] = _Pacer()
         produced = 0
+        self._replies[session] = 0
         try:
             if self.args.outputs_per_input is None:
                 async for _ in inputs:
@@ -169,16 +192,18 @@ class ScriptedEngine:
                 for _ in range(self.args.outputs):
                     if await self._next(pacer, produced):
                         return
-                    yield self.output(produced)
                     produced += 1
+                    self._replies[session] = produced  # counted once handed out
+                    yield self.output(produced - 1)
             else:
                 async for item in inputs:
                     pacer.input_taken()
                     for _ in range(self.args.outputs_per_input * input_rows(item)):
                         if await self._next(pacer, produced):
                             return
-                        yield self.output(produced)
                         produced += 1
+                        self._replies[session] = produced
+                        yield self.output(produced - 1)
         finally:
             del self._sessions[session]
 

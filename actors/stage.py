@@ -1,13 +1,17 @@
 """``StageActor``: hosts one engine and every session's state on one stage.
 
 Its ``receive`` only routes (the messages: ``omni_actors.protocols.control``), and
-never waits on the engine: a ``Prewarm`` allocates a :class:`StageSession` (which starts
-waiting for input at once), a ``Chunk`` goes into its session's queue, an ``Abort`` (a
-control message, served before queued chunks) cancels the session's task, which frees
-the session on the engine as it ends. Sessions are known by their ``SessionKey``. The
-engine work of each session — its abort included — runs in that session's task, owned
-by the stage's task scope, so one slow session never holds up the chunks of another,
-and the engine sees all of them at once to batch.
+never waits on the engine (but for ``Truncate``): a ``Prewarm`` allocates a
+:class:`StageSession` (which starts waiting for input at once), a ``Chunk`` goes into its
+session's queue, an ``Abort`` (a control message, served before queued chunks) cancels
+the session's task, which frees the session on the engine as it ends. A ``Cancel`` (also
+a control message) stops one response of a session and keeps the session; a
+``Truncate`` asks the engine to cut the session's last reply (``Truncatable``), which it
+must do quickly: it runs here.
+Sessions are known by their ``SessionKey``. The engine work of each session — its abort
+included — runs in that session's task, owned by the stage's task scope, so one slow
+session never holds up the chunks of another, and the engine sees all of them at once to
+batch.
 
 A ``StreamCredit`` (a control message, so it overtakes queued chunks) lets one of a
 session's outlets send more; one for a session no longer here is ignored.
@@ -21,16 +25,19 @@ from typing import Any
 
 from omni_actors._actor import Actor
 from omni_actors._mailbox import MailboxConfig
-from omni_actors.actors.engine import Engine
-from omni_actors.actors.engine_registry import build_engine
+from omni_actors.actors.engine import TURN_FIELD, Engine
+from omni_actors.actors.engine_registry import build_engine, engine_type
 from omni_actors.actors.stage_session import StageSession
 from omni_actors.protocols.control import (
     Abort,
+    Cancel,
     Inspect,
     Prewarm,
+    Refused,
     StageMessage,
     StageState,
     StreamCredit,
+    Truncate,
 )
 from omni_actors.protocols.stage import Chunk, SessionKey
 
@@ -50,7 +57,7 @@ class StageActor(Actor[StageMessage]):
         args: the engine's arguments from the pipeline definition.
     """
 
-    replies = StageState | bool | None
+    replies = StageState | bool | int | Refused | None
     mailbox = MailboxConfig(capacity=4096)
 
     def __init__(self, name: str, kind: str, args: dict[str, Any]) -> None:
@@ -58,6 +65,7 @@ class StageActor(Actor[StageMessage]):
         self.kind = kind
         self.args = args
         self.engine: Engine | None = None
+        self.takes_marks = False
         self.sessions: dict[SessionKey, StageSession] = {}
         # Aborted, their task still ending (the engine freeing them): still held.
         self.closing: dict[SessionKey, StageSession] = {}
@@ -68,6 +76,8 @@ class StageActor(Actor[StageMessage]):
         engine = build_engine(self.kind, self.args, where=f"stages[{self.name}].engine")
         await engine.start()
         self.engine = engine
+        found = engine_type(self.kind)
+        self.takes_marks = TURN_FIELD in found.ports(found.args(self.args)).inputs
 
     async def on_stop(self) -> None:
         """Abort every session still here, then stop the engine.
@@ -105,6 +115,13 @@ class StageActor(Actor[StageMessage]):
                     self.closing[key] = session
                     session.abort()
                 return True
+            case Cancel(key=key, segment=segment):
+                session = self.sessions.get(key)
+                if session is not None:
+                    session.cancel(segment)
+                return None
+            case Truncate():
+                return await self._truncate(message)
             case Inspect():
                 # Sessions still being aborted hold engine state: they count as held.
                 return StageState(stage=self.name, keys=sorted({*self.sessions, *self.closing}))
@@ -124,9 +141,29 @@ class StageActor(Actor[StageMessage]):
         assert self.engine is not None
         context = self.context
         self.sessions[message.key] = StageSession(
-            self.name, self.engine, message, self._session_ended, context.clock, context.tasks
+            self.name,
+            self.engine,
+            message,
+            self._session_ended,
+            context.clock,
+            context.tasks,
+            takes_marks=self.takes_marks,
         )
         return True
+
+    async def _truncate(self, message: Truncate) -> int | Refused:
+        """The engine's share of a truncate; refused, never raised: a bad request must not
+        crash the stage and its other sessions."""
+        truncate = getattr(self.engine, "truncate", None)
+        if truncate is None:
+            return Refused(reason=f"stage {self.name} ({self.kind}) cannot truncate a reply")
+        if message.key not in self.sessions:
+            return Refused(reason=f"stage {self.name} does not hold session {message.key}")
+        try:
+            kept: int = await truncate(message.key, message.kept)
+        except ValueError as exc:
+            return Refused(reason=f"stage {self.name}: {exc}")
+        return kept
 
     def _session_ended(self, session: StageSession) -> None:
         for held in (self.sessions, self.closing):

@@ -3,7 +3,15 @@
 A stage hosts many sessions at once; each has one of these. It owns the session's input
 queue (fed by the stage's ``receive``), calls the engine once per segment with an input
 iterator over that queue, routes every output through the session's outlets, and
-reports each segment's end to the session's owner. Every wait for input has a
+reports each segment's end to the session's owner.
+
+In a conversation each segment is a response. A cancelled response stops at the
+engine's next output (the stage closes ``generate``; the input still drains to the
+segment's end, so the engine keeps consistent state and later stages end the segment
+too). An engine that raises fails its response only: the stage reports ``failed``,
+drains the segment's input, ends the segment on every outlet and serves the next one;
+failures that break the session itself (a broken input stream, a deadline, a failure
+in the session's last segment) end it here with an ``error`` report. Every wait for input has a
 deadline on the stage's system clock (virtual under ``ActorTestKit(virtual_time=True)``;
 in a worker process, that process's real clock). The task that drives it all belongs to
 the stage's task scope: an abort cancels it, and the task itself frees the session on
@@ -29,7 +37,15 @@ import torch
 
 from omni_actors._task_scope import TaskScope
 from omni_actors.actors.accumulate import ChunkGapError, ChunkSequence
-from omni_actors.actors.engine import CONTEXT_FIELD, Engine, Fields
+from omni_actors.actors.engine import (
+    CONTEXT_FIELD,
+    KEPT_FIELD,
+    NO_OPTIONS,
+    TURN_FIELD,
+    Engine,
+    Fields,
+    ResponseOptions,
+)
 from omni_actors.actors.flow import CreditWindow, Inflow
 from omni_actors.actors.outlet import Outlet
 from omni_actors.clock import Clock, timeout_at
@@ -82,6 +98,8 @@ class StageSession:
             (cancelled before it ever ran included).
         clock: the stage's system clock; every deadline reads it.
         tasks: the stage's task scope, which owns the session's task.
+        takes_marks: the engine declares :data:`TURN_FIELD` among its inputs (it gets
+            the caller's turn marks; otherwise they are dropped here).
     """
 
     def __init__(
@@ -92,8 +110,11 @@ class StageSession:
         on_end: Callable[[StageSession], None],
         clock: Clock,
         tasks: TaskScope,
+        *,
+        takes_marks: bool = False,
     ) -> None:
         self.stage = stage
+        self.takes_marks = takes_marks
         self.engine = engine
         self.clock = clock
         self._call_at = clock.call_at
@@ -144,6 +165,8 @@ class StageSession:
         self._queued_max = 0  # the most chunks queued at once in this segment
         self._waiter: asyncio.Future[None] | None = None
         self._error: BaseException | None = None
+        self.segment = 0  # the segment (response) being served
+        self._cancelled: set[int] = set()  # segments to stop, this one or later
         self._on_end = on_end
         self._reset_metrics()
         self.task = tasks.create_task(self._run(clock.now()), name=f"{stage} session {self.key}")
@@ -248,23 +271,34 @@ class StageSession:
         """
         self.task.cancel()
 
+    def cancel(self, segment: int) -> None:
+        """Stop the reply of ``segment`` at the engine's next output; keep the session.
+
+        A segment not started yet is stopped as it starts (after its first output: an
+        engine's first output may carry state later stages need, such as the talker's
+        user turn).
+        """
+        if segment >= self.segment:
+            self._cancelled.add(segment)
+
     def _task_ended(self, task: asyncio.Task[None]) -> None:
         self._on_end(self)
 
     async def _run(self, started: float) -> None:
         total = timeout_at(self.clock, started + self.deadlines.total_s)
-        segment = 0
         finished = False
         try:
             async with total:
                 start = started
                 while True:
+                    segment = self.segment
                     end = await self._segment(segment, start)
                     await self._report(segment, "finished" if end == "finished" else "segment")
                     if end == "finished":
                         finished = True
                         break
-                    segment += 1
+                    self._cancelled.discard(segment)
+                    self.segment = segment + 1
                     start = self.clock.now()
         except Exception as exc:
             error = exc
@@ -272,7 +306,7 @@ class StageSession:
                 error = DeadlineExceededError(
                     self.stage, self.key, "end of the session", self.deadlines.total_s, "total_s"
                 )
-            await self._report_error(segment, error)
+            await self._report_error(self.segment, error)
         finally:
             # Runs on abort (cancellation) too: nothing of the session stays allocated.
             # The one place the engine frees the session: each session is released or
@@ -283,16 +317,28 @@ class StageSession:
                 await self.engine.abort(self.key)
 
     async def _segment(self, segment: int, start: float) -> End:
+        """Serve one segment. An engine failure in a conversation fails the response
+        only (see the module docstring); anything else that goes wrong ends the session."""
         inputs = _SegmentInputs(self, start)
         if await inputs.has_payload():
-            await self._generate(inputs)
+            failure = await self._generate(segment, inputs)
+            if failure is not None:
+                if not self.resumable:
+                    raise failure  # a one-shot session has nothing left to serve
+                # Told at once, so the owner stops the response on every stage; the
+                # segment's end is reported as usual once its input has drained.
+                await self._report(segment, "failed", failure)
+        async for _ in inputs.drain():  # the engine may stop reading early
+            pass
         for outlet in self.outlets:
             await outlet.flush(inputs.end)
         return inputs.end
 
-    async def _generate(self, inputs: _SegmentInputs) -> None:
-        """Run the engine over one segment's inputs, routing its outputs as they come."""
+    async def _generate(self, segment: int, inputs: _SegmentInputs) -> Exception | None:
+        """Run the engine over one segment's inputs, routing its outputs as they come,
+        until they end or the segment is cancelled; the engine's failure is returned."""
         outputs = self.engine.generate(self.key, inputs)
+        cancelled = self._cancelled
         try:
             while True:
                 before, blocked = time.monotonic(), self._blocked
@@ -300,16 +346,21 @@ class StageSession:
                     output = await anext(outputs)
                 except StopAsyncIteration:
                     break
+                except Exception as exc:
+                    return exc
                 self._compute += time.monotonic() - before - (self._blocked - blocked)
                 self._outputs += 1
                 for outlet in self.outlets:
                     await outlet.push(output)
+                if segment in cancelled:
+                    break
         finally:
             aclose = getattr(outputs, "aclose", None)
             if aclose is not None:
+                # Closing at a yield is how a reply is cancelled: the engine keeps its
+                # state as it stands after the last output it yielded.
                 await aclose()
-        async for _ in inputs:  # the engine may stop reading early: finish the segment
-            pass
+        return None
 
     async def _report(
         self, segment: int, end: ReportEnd, error: BaseException | None = None
@@ -357,7 +408,13 @@ class StageSession:
 
 
 class _SegmentInputs(AsyncIterator[Fields]):
-    """The engine's view of one segment's input: chunks until every source ends it."""
+    """The engine's view of one segment's input: chunks until every source ends it.
+
+    ``options`` are the response's overrides, once the chunk that carries them arrived
+    (``omni_actors.actors.engine.response_options``). Until then, in a resumable
+    session, the user is still speaking: every wait for input is bounded by
+    ``idle_s``; once the response started, by ``inter_chunk_s``.
+    """
 
     def __init__(self, session: StageSession, start: float) -> None:
         self.session = session
@@ -365,6 +422,8 @@ class _SegmentInputs(AsyncIterator[Fields]):
         self.ended: set[str] = set()
         self.end: End = ""
         self.started = False
+        self.options: ResponseOptions = NO_OPTIONS
+        self.responding = False
         self.last = start
         self._first: Fields | None = None
 
@@ -375,13 +434,21 @@ class _SegmentInputs(AsyncIterator[Fields]):
         """Wait for the segment's first input; False if it ended without any.
 
         A segment that carries nothing (a resumable session closed without new input)
-        never reaches the engine, so no reply is made up for it.
+        never reaches the engine, so no reply is made up for it; but a response asked
+        for with nothing new said (its chunk carries options) does: it answers the
+        conversation so far.
         """
         try:
             self._first = await self.__anext__()
         except StopAsyncIteration:
-            return False
+            return self.responding
         return True
+
+    async def drain(self) -> AsyncIterator[Fields]:
+        """What is left of the segment's input, through its end (the engine's done)."""
+        self._first = None
+        async for fields in self:
+            yield fields
 
     async def __anext__(self) -> Fields:
         if self._first is not None:
@@ -392,24 +459,33 @@ class _SegmentInputs(AsyncIterator[Fields]):
             d = s.deadlines
             if not self.started:
                 limit, setting = (
-                    (d.idle_s, "idle_s")
-                    if s.resumable
-                    else (
-                        d.first_chunk_s,
-                        "first_chunk_s",
-                    )
+                    (d.idle_s, "idle_s") if s.resumable else (d.first_chunk_s, "first_chunk_s")
                 )
                 what = "first input chunk of the segment"
+            elif s.resumable and not self.responding:
+                limit, setting, what = d.idle_s, "idle_s", "next input chunk of the turn"
             else:
                 limit, setting, what = d.inter_chunk_s, "inter_chunk_s", "next input chunk"
             base = self.last if self.started else self.start
             chunk = await s.next_chunk(base + limit, what, limit, setting)
             self.started = True
             self.last = s.clock.now()
+            if chunk.options is not None:
+                self.options = chunk.options
+                self.responding = True
+                for outlet in s.outlets:
+                    outlet.stamp(chunk.options)
             if chunk.end:
                 self.ended.add(chunk.source)
                 if chunk.end == "finished" or self.end != "finished":
                     self.end = chunk.end
+            if chunk.mark:
+                if s.takes_marks:
+                    marked: dict[str, Any] = {TURN_FIELD: chunk.mark}
+                    if chunk.mark == "truncate":
+                        marked[KEPT_FIELD] = torch.tensor(chunk.kept)
+                    return marked
+                continue
             if chunk.has_payload:
                 fields: dict[str, Any] = chunk.fields()
                 if chunk.context:

@@ -1,9 +1,10 @@
 """A voice agent's loop on a thinker -> talker -> code2wav pipeline.
 
-The caller streams microphone audio into one resumable session in segments. After each
-segment (end of the user's turn) the pipeline answers with text and audio while the
-session keeps its state, and later turns pay no prewarm. The last turn is cut short
-by a barge-in: the abort reaches every stage and the stream ends at once.
+The caller streams microphone audio into one conversation. At the end of each user turn
+it asks for a response; the pipeline answers with text and audio while the session
+keeps its state, and later turns pay no prewarm. On the third turn the user barges in:
+the response is cancelled on every stage, the conversation is cut to what the user
+heard (``truncate``), and a fourth turn is answered as usual.
 
 Run: python examples/voice_agent.py [PRESET]   (default scripted-omni; tiny-omni runs the
 real tiny models, preparing their weights first if needed)
@@ -15,7 +16,7 @@ import sys
 
 import torch
 
-from omni_actors import AudioDelta, OmniPipeline, SegmentDone, TextDelta, run
+from omni_actors import AudioDelta, OmniPipeline, ResponseDone, TextDelta, run
 from omni_actors.model_cache import prepare
 from omni_actors.serving.pipeline_spec import load_pipeline
 
@@ -26,25 +27,30 @@ async def main(preset: str) -> int:
     spec = load_pipeline(preset)
     for family in spec.model_families().values():
         prepare(family)  # a no-op once the weights are in the cache
+    rate = spec.outputs.sample_rate
     async with OmniPipeline(spec) as omni, omni.session() as session:
-        for turn in range(1, 4):
+        for turn in range(1, 5):
             for _ in range(5):  # half a second of "speech", frame by frame
                 await session.send(audio=torch.zeros(FRAME))
-            await session.end_segment()
+            response = await session.respond()
             text, samples = [], 0
-            async for event in session.events():
+            async for event in response.events():
                 match event:
                     case TextDelta(text=piece):
                         text.append(piece)
                     case AudioDelta(audio=audio):
                         samples += audio.numel()
-                        if turn == 3 and samples >= 12000:
-                            await session.abort("barge-in: the user spoke again")
-                    case SegmentDone(metrics=m):
+                        if turn == 3 and samples >= rate // 2:
+                            await response.cancel()  # the user spoke again
+                    case ResponseDone(status="completed", metrics=m):
                         print(
-                            f"turn {turn}: {len(text)} text pieces, {samples / 24000:.2f}s audio,"
+                            f"turn {turn}: {len(text)} text pieces, {samples / rate:.2f}s audio,"
                             f" TTFT {m.ttft_ms:.0f} ms, TTFA {m.ttfa_ms:.0f} ms, RTF {m.rtf:.2f}"
                         )
+                    case ResponseDone(status=status):
+                        heard_ms = 1000 * samples / rate
+                        print(f"turn {turn}: {status} after {heard_ms:.0f} ms of audio")
+                        await session.truncate(audio_ms=heard_ms)
                     case _:
                         print(f"turn {turn}: ended with {type(event).__name__}: {event}")
     print("pipeline closed cleanly")

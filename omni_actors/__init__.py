@@ -23,6 +23,7 @@ from omni_actors.errors import (
     ActorNotFoundError,
     ActorStoppedError,
     AskTimeoutError,
+    InvalidRequestError,
     MailboxFullError,
     MessageDroppedError,
     MessageTypeError,
@@ -51,23 +52,25 @@ if TYPE_CHECKING:
         AudioDelta,
         Done,
         Event,
-        SegmentDone,
+        ResponseDone,
         SessionError,
         SessionMetrics,
         TextDelta,
     )
     from omni_actors.serving.omni_pipeline import OmniPipeline
+    from omni_actors.serving.response import Response
     from omni_actors.serving.session import Session, SessionClosedError
 
 _LAZY = {
     "OmniPipeline": "omni_actors.serving.omni_pipeline",
     "Session": "omni_actors.serving.session",
+    "Response": "omni_actors.serving.response",
     "SessionClosedError": "omni_actors.serving.session",
     "Aborted": "omni_actors.protocols.events",
     "AudioDelta": "omni_actors.protocols.events",
     "Done": "omni_actors.protocols.events",
     "Event": "omni_actors.protocols.events",
-    "SegmentDone": "omni_actors.protocols.events",
+    "ResponseDone": "omni_actors.protocols.events",
     "SessionError": "omni_actors.protocols.events",
     "SessionMetrics": "omni_actors.protocols.events",
     "TextDelta": "omni_actors.protocols.events",
@@ -97,8 +100,10 @@ __all__ = [
     "AudioDelta",
     "Done",
     "Event",
+    "InvalidRequestError",
     "OmniPipeline",
-    "SegmentDone",
+    "Response",
+    "ResponseDone",
     "Session",
     "SessionClosedError",
     "SessionError",

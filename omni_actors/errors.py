@@ -20,6 +20,7 @@ __all__ = [
     "AskTimeoutError",
     "EngineError",
     "ErrorCode",
+    "InvalidRequestError",
     "MailboxFullError",
     "MessageDroppedError",
     "MessageTypeError",
@@ -66,6 +67,12 @@ def qualified_name(error: BaseException) -> str:
     """``module:QualName`` of ``error``'s class, as ``SessionError.error_type`` gives it."""
     cls = type(error)
     return f"{cls.__module__}:{cls.__qualname__}"
+
+
+class InvalidRequestError(OmniError, ValueError):
+    """The caller asked a session for something it cannot do now; nothing changed."""
+
+    code = "invalid_request"
 
 
 class MessageTypeError(OmniError, TypeError):

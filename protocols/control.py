@@ -20,9 +20,16 @@ the ``StageActor`` of each stage (possibly in worker processes). A session's lif
    orchestrator.
 4. **Segment ends** — every stage sends a
    :class:`~omni_actors.protocols.stage.StageReport` to the session actor when a segment
-   ends; once all have, the caller gets ``SegmentDone`` (the session stays open) or
+   ends; once all have, the caller gets ``ResponseDone`` (the session stays open) or
    ``Done``.
-5. **Abort** — the caller sends :class:`AbortSession`, or something fails (a stage's
+5. **Responses** — in a conversation (a resumable session) each segment is a response.
+   The caller's :class:`CancelResponse` (barge-in) makes the session actor tell every
+   stage to :class:`Cancel` that segment: each stops its engine at the next output and
+   keeps the session. :class:`TruncateResponse` cuts the last reply to what the user
+   heard: the session actor asks the stages after the entry one, last first, to
+   :class:`Truncate` (each answers what its source keeps), and the caller sends the
+   entry stage's share as a ``truncate`` mark in its input.
+6. **Abort** — the caller sends :class:`AbortSession`, or something fails (a stage's
    error report, a deadline, the orchestrator's :class:`StageFailed` when a stage
    crashes): the session actor ends the caller's stream and asks every stage to
    :class:`Abort`, which frees the session there.
@@ -53,6 +60,8 @@ __all__ = [
     "AbortSession",
     "AccumulateRule",
     "DEFAULT_WINDOW",
+    "Cancel",
+    "CancelResponse",
     "Deadlines",
     "EdgeMode",
     "Inspect",
@@ -60,12 +69,15 @@ __all__ = [
     "ListStages",
     "OpenSession",
     "Prewarm",
+    "Refused",
     "SessionMessage",
     "StageFailed",
     "StageMessage",
     "StageState",
     "StreamCredit",
     "Target",
+    "Truncate",
+    "TruncateResponse",
 ]
 
 EdgeMode = Literal["stream", "full"]
@@ -184,6 +196,34 @@ class Abort(msgspec.Struct, ControlMessage, Request[bool], tag="abort", frozen=T
     reason: str = ""
 
 
+class Cancel(msgspec.Struct, ControlMessage, tag="cancel", frozen=True, kw_only=True):
+    """Session actor → stage: stop the reply of segment ``segment`` at the engine's next
+    output, keep the session (it reports the segment as usual once its input ended).
+
+    Served before queued chunks; a cancel for a segment the stage has not started yet
+    waits for it.
+    """
+
+    key: SessionKey
+    segment: int
+
+
+class Refused(msgspec.Struct, tag="refused", frozen=True, kw_only=True):
+    """Stage → asker: the request cannot be served (``reason`` says why); nothing changed."""
+
+    reason: str
+
+
+class Truncate(msgspec.Struct, Request[int | Refused], tag="truncate", frozen=True, kw_only=True):
+    """Session actor → stage after the entry one: keep the first ``kept`` outputs of the
+    session's last reply (``Truncatable.truncate``). The reply: how many rows of its
+    input those depend on, what the source stage keeps in turn; or :class:`Refused`.
+    """
+
+    key: SessionKey
+    kept: int
+
+
 class StageState(msgspec.Struct, tag="stage-state", frozen=True, kw_only=True):
     """Stage → asker, the reply to :class:`Inspect`: the sessions the stage holds."""
 
@@ -195,7 +235,7 @@ class Inspect(msgspec.Struct, Request[StageState], tag="inspect", frozen=True, k
     """Anyone → stage: what do you hold? (leak checks, health)."""
 
 
-StageMessage = Prewarm | Chunk | Abort | Inspect | StreamCredit
+StageMessage = Prewarm | Chunk | Abort | Cancel | Truncate | Inspect | StreamCredit
 """Every message a stage accepts."""
 
 
@@ -233,7 +273,37 @@ class StageFailed(msgspec.Struct, ControlMessage, tag="stage-failed", frozen=Tru
     error: str
 
 
-SessionMessage = Chunk | StageReport | OpenSession | AbortSession | StageFailed | StreamCredit
+class CancelResponse(
+    msgspec.Struct, ControlMessage, Request[bool], tag="cancel-response", frozen=True, kw_only=True
+):
+    """Caller → session actor: cancel the response of segment ``segment`` (barge-in).
+
+    The reply is False when that response is already done. Its deltas stop reaching the
+    caller; it ends with ``ResponseDone(status="cancelled")`` once every stage stopped.
+    """
+
+    segment: int
+
+
+class TruncateResponse(
+    msgspec.Struct, Request[int], tag="truncate-response", frozen=True, kw_only=True
+):
+    """Caller → session actor: the user heard ``audio_ms`` of the last reply; cut the
+    stages' state after it. The reply: how many outputs the entry stage keeps."""
+
+    audio_ms: float
+
+
+SessionMessage = (
+    Chunk
+    | StageReport
+    | OpenSession
+    | AbortSession
+    | StageFailed
+    | CancelResponse
+    | TruncateResponse
+    | StreamCredit
+)
 """Every message a session's actor accepts."""
 
 

@@ -2,11 +2,16 @@
 
 Every session's event stream ends with exactly one terminal event — :class:`Done`,
 :class:`SessionError` or :class:`Aborted` — so a caller never waits on a stream that
-cannot end. A resumable session also yields :class:`SegmentDone` after each segment.
-Every event's ``session`` is the id the caller chose (or was given) for the session.
+cannot end. In a resumable session (a conversation) each response's events end with
+exactly one :class:`ResponseDone`, whose ``status`` says whether the reply
+``completed``, was ``cancelled`` (barge-in) or ``failed`` (the session stays open).
+Every event's ``session`` is the id the caller chose (or was given) for the session; the
+deltas and ``ResponseDone`` also name their ``response``.
 """
 
 from __future__ import annotations
+
+from typing import Literal
 
 import msgspec
 import torch
@@ -20,7 +25,8 @@ __all__ = [
     "Done",
     "ErrorCode",
     "Event",
-    "SegmentDone",
+    "ResponseDone",
+    "ResponseStatus",
     "SessionError",
     "SessionMetrics",
     "TextDelta",
@@ -53,10 +59,11 @@ class SessionMetrics(msgspec.Struct, frozen=True, kw_only=True):
 
 
 class TextDelta(msgspec.Struct, tag="text_delta", frozen=True, kw_only=True):
-    """New text from the pipeline's text stage."""
+    """New text from the pipeline's text stage (``response``: "" in a one-shot session)."""
 
     session: str
     text: str
+    response: str = ""
 
 
 class AudioDelta(msgspec.Struct, tag="audio_delta", frozen=True, kw_only=True):
@@ -65,14 +72,33 @@ class AudioDelta(msgspec.Struct, tag="audio_delta", frozen=True, kw_only=True):
     session: str
     audio: torch.Tensor
     sample_rate: int
+    response: str = ""
 
 
-class SegmentDone(msgspec.Struct, tag="segment_done", frozen=True, kw_only=True):
-    """Every stage has finished segment ``segment``; the session stays open."""
+ResponseStatus = Literal["completed", "cancelled", "failed"]
+"""How a response ended: it ran to its end, the caller cancelled it, or it failed."""
+
+
+class ResponseDone(msgspec.Struct, tag="response_done", frozen=True, kw_only=True):
+    """Every stage is done with response ``response`` (segment ``segment``); the session
+    stays open whatever the ``status``.
+
+    Attributes:
+        status: see :data:`ResponseStatus`.
+        metrics: latencies and per-stage figures of the response.
+        code: with ``failed``, what kind of failure (as in ``SessionError``).
+        message: with ``failed``, what happened.
+        stage: with ``failed``, the stage where it happened.
+    """
 
     session: str
+    response: str
     segment: int
+    status: ResponseStatus = "completed"
     metrics: SessionMetrics
+    code: ErrorCode | None = None
+    message: str = ""
+    stage: str = ""
 
 
 class Done(msgspec.Struct, tag="done", frozen=True, kw_only=True):
@@ -107,7 +133,7 @@ class Aborted(msgspec.Struct, tag="aborted", frozen=True, kw_only=True):
     reason: str
 
 
-Event = TextDelta | AudioDelta | SegmentDone | Done | SessionError | Aborted
+Event = TextDelta | AudioDelta | ResponseDone | Done | SessionError | Aborted
 """Every event a session yields."""
 
 TERMINAL = (Done, SessionError, Aborted)

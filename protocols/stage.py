@@ -50,8 +50,11 @@ INPUT = "input"
 End = Literal["", "segment", "finished"]
 """How a chunk ends its stream: not at all, at a segment boundary, or for good."""
 
-ReportEnd = Literal["segment", "finished", "error"]
-"""How a stage's work on a session's segment ended."""
+ReportEnd = Literal["segment", "finished", "failed", "error"]
+"""How a stage's work on a session's segment ended: the segment (a response) ended, the
+session finished, or the session failed here (the stage dropped it). ``failed`` is a
+notice sent as soon as the engine failed the response (the stage keeps the session and
+still reports the segment's end once its input has drained)."""
 
 Mark = Literal["", "commit", "clear", "truncate"]
 """A turn mark in the caller's input (``Session.commit``, ``clear``, ``truncate``), ordered
@@ -193,11 +196,11 @@ class StageReport(msgspec.Struct, tag="stage-report", frozen=True, kw_only=True)
         key: the session's key on the stages.
         stage: the reporting stage.
         segment: which segment of the session, from 0.
-        end: ``segment``, ``finished`` or ``error``.
+        end: see :data:`ReportEnd`.
         metrics: the stage's share of the segment.
-        code: on ``error``, what kind of failure (the error class's ``code``).
-        error_type: on ``error``, the exception's ``module:QualName``.
-        error: on ``error``, its message.
+        code: on ``failed`` or ``error``, what kind of failure (the error's ``code``).
+        error_type: on ``failed`` or ``error``, the exception's ``module:QualName``.
+        error: on ``failed`` or ``error``, its message.
     """
 
     key: SessionKey

@@ -36,8 +36,8 @@ def test_voice_agent_answers_two_turns_and_barges_in_on_the_third() -> None:
     lines = run_example("voice_agent.py").splitlines()
     assert lines[0].startswith("turn 1: 32 text pieces, 5.12s audio, TTFT ")
     assert lines[1].startswith("turn 2: 32 text pieces, 5.12s audio, TTFT ")
-    assert lines[2].startswith("turn 3: ended with Aborted: ")
-    assert "barge-in" in lines[2]
+    assert lines[2].startswith("turn 3: cancelled after ")
+    assert lines[3].startswith("turn 4: 32 text pieces, 5.12s audio, TTFT ")
     assert lines[-1] == "pipeline closed cleanly"
 
 
@@ -47,5 +47,6 @@ def test_voice_agent_runs_on_tiny_omni(tmp_path: Path) -> None:
     ).splitlines()
     assert lines[0].startswith("turn 1: ")
     assert lines[1].startswith("turn 2: ")
-    assert lines[2].startswith("turn 3: ended with Aborted: ")
+    assert lines[2].startswith("turn 3: cancelled after ")
+    assert lines[3].startswith("turn 4: ")
     assert lines[-1] == "pipeline closed cleanly"

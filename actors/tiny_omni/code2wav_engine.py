@@ -21,6 +21,11 @@ one have the same length, and the same samples when each chunk's context covers 
 receptive field (20 frames for tiny-omni; ``ChunkPolicy``'s 25 do) or every earlier frame.
 The first ``1920 * F - 555`` samples are HF's one-shot decode of the whole sequence.
 
+Truncation. code2wav keeps no conversation state: each reply is an utterance of its own.
+It only remembers, per session until release or abort, how many frames its last reply
+had, so that :meth:`Code2WavEngine.truncate` can tell the talker which frames the samples
+the user heard depend on.
+
 Batching. Every session's windows go through one
 :class:`~omni_actors.actors.tiny_omni.code2wav_batcher.WindowBatcher`, so sessions
 speaking at once share forwards.
@@ -106,12 +111,19 @@ class Code2WavEngine(TorchEngine):
         super().__init__(stage_dir(TINY_OMNI.name, args, "code2wav"), "code2wav")
         self._model: Code2WavModel | None = None
         self._sessions: dict[str, _Session] = {}
+        self._replies: dict[str, int] = {}
+        """Frames of each session's last reply (see :meth:`truncate`)."""
         self._batcher: WindowBatcher[Piece] = WindowBatcher(
             self._decode, max_batch=args.max_batch, wait_s=args.batch_wait_ms / 1e3
         )
 
     @property
     def active_sessions(self) -> set[str]:
+        """Sessions holding state: generating, or remembering their last reply."""
+        return set(self._sessions) | set(self._replies)
+
+    @property
+    def generating(self) -> set[str]:
         """Sessions with a running ``generate`` (an aborted one leaves at once)."""
         return set(self._sessions)
 
@@ -132,20 +144,50 @@ class Code2WavEngine(TorchEngine):
         for session in self._sessions.values():
             session.end("stopped")
         self._sessions.clear()
+        self._replies.clear()
         await self._batcher.stop()
         await super().stop()
 
     async def abort(self, session: str) -> None:
-        """End ``session``'s ``generate`` now; its queued chunk is never decoded."""
+        """End ``session``'s ``generate`` now (its queued chunk is never decoded); forget
+        its last reply."""
+        self._replies.pop(session, None)
         state = self._sessions.pop(session, None)
         if state is not None:
             state.end("aborted")
 
     async def release(self, session: str) -> None:
-        """Nothing to drop: each segment is an utterance of its own, no state is kept."""
+        """Forget the session's last reply (the only thing kept between responses)."""
+        self._replies.pop(session, None)
+
+    async def truncate(self, session: str, kept: int) -> int:
+        """The user heard the first ``kept`` samples of the last reply: the frames they
+        depend on, which is what the talker keeps.
+
+        Frame ``n`` changes only samples from ``per_frame * n - pending`` on (each
+        window holds its last ``pending`` samples back until the next frame is known;
+        the first window emits ``per_frame * new - pending`` samples). So ``kept > 0``
+        samples depend on the first ``ceil((kept + pending) / per_frame)`` frames
+        (1920 and 555 for tiny-omni), capped at the reply's; none on none.
+
+        Raises:
+            ValueError: the session has no reply to truncate, or ``kept`` is negative.
+        """
+        frames = self._replies.get(session)
+        if frames is None or self._model is None:
+            raise ValueError(f"code2wav session {session!r} has no reply to truncate")
+        if kept < 0:
+            raise ValueError(f"cannot keep {kept} samples; pass 0 or more")
+        model = self._model
+        needed = -(-(kept + model.pending) // model.per_frame) if kept else 0
+        self._replies[session] = min(needed, frames)
+        return self._replies[session]
 
     async def generate(self, session: str, inputs: AsyncIterator[Fields]) -> AsyncIterator[Fields]:
         """``{"audio": ...}`` per input chunk, then the held-back tail; see the module docstring.
+
+        A reply that completes or is cancelled (closed at a ``yield``) becomes the one
+        :meth:`truncate` cuts; a failed one leaves the previous in place.
 
         Raises:
             Code2WavInputError: a chunk is not ``[frames, num_quantizers]`` codes in range.
@@ -159,23 +201,32 @@ class Code2WavEngine(TorchEngine):
         model = self._model
         state = self._sessions[session] = _Session(asyncio.get_running_loop().create_future())
         tail: torch.Tensor | None = None
+        frames = 0
+        failed = False
         try:
             while (fields := await self._until_ended(state, _read(inputs))) is not None:
                 window = _window(model, fields)
                 if window is None:
                     continue
-                state.request = self._batcher.submit(*window)
+                codes, start, new = window
+                frames += new
+                state.request = self._batcher.submit(codes, start)
                 decoded = await self._until_ended(state, state.request)
                 state.request = None
                 if decoded is None:
                     return
-                if window[1] == 0 and tail is not None:  # a chunk without context
+                if start == 0 and tail is not None:  # a chunk without context
                     decoded = (torch.cat((tail, decoded[0])), decoded[1])
                 audio, tail = decoded
                 yield {"audio": audio}
             if tail is not None and not state.ended.done():
                 yield {"audio": tail}
+        except Exception:
+            failed = True
+            raise
         finally:
+            if not failed and not state.ended.done():  # not aborted or stopped
+                self._replies[session] = frames
             state.end("finished")
             if self._sessions.get(session) is state:
                 del self._sessions[session]
@@ -210,8 +261,9 @@ async def _read(inputs: AsyncIterator[Fields]) -> Fields | None:
         return None
 
 
-def _window(model: Code2WavModel, fields: Fields) -> tuple[torch.Tensor, int] | None:
-    """``(codes [Q, T] int64, first sample to emit)``, None if the input adds nothing.
+def _window(model: Code2WavModel, fields: Fields) -> tuple[torch.Tensor, int, int] | None:
+    """``(codes [Q, T] int64, first sample to emit, new frames)``, None if the input adds
+    nothing.
 
     Checked here so a bad chunk fails its own session, not a batch of sessions.
     """
@@ -232,4 +284,4 @@ def _window(model: Code2WavModel, fields: Fields) -> tuple[torch.Tensor, int] | 
     if int(codes.min()) < 0 or int(codes.max()) >= model.codebook:
         raise Code2WavInputError(f"codes must lie in [0, {model.codebook})")
     start = context * model.per_frame - model.pending if context else 0
-    return codes.to(torch.long).T.contiguous(), start
+    return codes.to(torch.long).T.contiguous(), start, codes.shape[0] - context

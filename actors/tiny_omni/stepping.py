@@ -30,6 +30,7 @@ __all__ = [
     "audio_token_count",
     "code_predictor_frame",
     "decode_window",
+    "encode_audio",
     "greedy",
     "mask_codec_logits",
     "talker_assistant_prefix",
@@ -77,6 +78,23 @@ def audio_token_count(mel_frames: int, n_window: int) -> int:
 
 
 @torch.no_grad()
+def encode_audio(
+    thinker: Qwen3OmniMoeThinkerForConditionalGeneration, mel: torch.Tensor
+) -> torch.Tensor:
+    """The audio encoder's embeddings [tokens, H] for one log-mel [n_mels, frames].
+
+    The call HF's thinker forward makes for a clip (``get_audio_features``), so pieces
+    encoded here and spliced with ``audio_embeds`` reproduce the one-shot forward.
+    """
+    mask = torch.ones(1, mel.shape[1], dtype=torch.long)
+    out = thinker.get_audio_features(mel[None], feature_attention_mask=mask)
+    # A model output from 5.x on; a bare tensor in releases that returned one.
+    hidden = out if isinstance(out, torch.Tensor) else out.last_hidden_state
+    assert isinstance(hidden, torch.Tensor)
+    return hidden
+
+
+@torch.no_grad()
 def thinker_forward(
     thinker: Qwen3OmniMoeThinkerForConditionalGeneration,
     input_ids: torch.Tensor,
@@ -86,6 +104,7 @@ def thinker_forward(
     accept_layer: int,
     input_features: torch.Tensor | None = None,
     feature_attention_mask: torch.Tensor | None = None,
+    audio_embeds: torch.Tensor | None = None,
 ) -> ThinkerStep:
     """Run the thinker over ``input_ids`` [B, L] at positions ``start .. start+L-1``.
 
@@ -94,11 +113,26 @@ def thinker_forward(
     passes the last sampled token with ``start`` = tokens already in ``cache``. Text and
     audio use plain sequential positions (HF's 3-D rope only departs from them for
     image/video grids).
+
+    A streaming prefill passes ``audio_embeds`` [n, H] instead of features: the audio
+    encoder's output (:func:`encode_audio`) for the ``n`` AUDIO_PAD positions of
+    ``input_ids``, in order, spliced in as HF splices the encoder's output for a clip.
     """
     batch, length = input_ids.shape
     positions = torch.arange(start, start + length).expand(batch, length)
+    ids: torch.Tensor | None = input_ids
+    embeds: torch.Tensor | None = None
+    if audio_embeds is not None:
+        if input_features is not None:
+            raise ValueError("pass input_features or audio_embeds, not both")
+        embeds = thinker.get_input_embeddings()(input_ids)  # type: ignore[no-untyped-call,unused-ignore]
+        assert isinstance(embeds, torch.Tensor)
+        placeholders = (input_ids == thinker.config.audio_token_id)[..., None]
+        embeds = embeds.masked_scatter(placeholders.expand_as(embeds), audio_embeds.to(embeds))
+        ids = None
     out = thinker(
-        input_ids=input_ids,
+        input_ids=ids,
+        inputs_embeds=embeds,
         input_features=input_features,
         feature_attention_mask=feature_attention_mask,
         position_ids=positions,

@@ -1,22 +1,34 @@
-"""``TalkerEngine``: tiny-omni's talker, one codec frame per output, streaming or not.
+"""``TalkerEngine``: tiny-omni's talker, one codec frame per output, across a conversation.
 
-The talker turns the thinker's answer into codec frames. Per segment it prefills the
-user turn (from the thinker's ``prompt``) and the 9-position assistant prefix (which
-already holds the first text token), then steps one frame at a time: frame ``k``'s text
-input is token ``k``'s embedding while ``k < N``, then TTS_EOS once, then TTS_PAD — HF's
-``generate`` schedule, so the codes equal HF's for the same thinker output.
+The talker turns the thinker's answer into codec frames, conditioned as HF's reference
+``Qwen3OmniMoeForConditionalGeneration.generate`` conditions it: on *every user turn of
+the conversation so far* (the user-role positions, gathered contiguously), then the
+9-position assistant prefix of the reply (which already holds its first text token);
+earlier assistant turns are not part of its input. So a session keeps, across responses
+until release or abort, a KV cache of the user parts only. Per response it crops the
+cache back to the end of the user parts (dropping the previous reply's positions),
+prefills each committed user turn as the thinker sends it (while the thinker still
+prefills and decodes: the talker's ``generate`` runs during the user's turn), then, when
+the first token comes, the user rows left plus the assistant prefix in one forward, then
+steps one frame at a time: frame ``k``'s text input is token ``k``'s embedding while
+``k < N``, then TTS_EOS once, then TTS_PAD — HF's schedule, so the codes equal HF's for
+the same conversation (``tests/integration/test_tiny_omni_talker_turns.py``).
 
-It starts as soon as the prompt and the first token are in, and never guesses ahead:
-when frame ``k`` needs token ``k`` and that has not arrived, it waits for the next input
-chunk. The total ``N`` is only known once the input ended, so the output does not depend
-on how the thinker's output was chunked (one token per chunk on a ``stream`` edge, one
-chunk with everything on a ``full`` edge): every frame runs the same forwards on the same
-tensors either way.
+It never guesses ahead: when frame ``k`` needs token ``k`` and that has not arrived, it
+waits for the next input chunk. The total ``N`` is only known once the input ended, so
+the output does not depend on how the thinker's output was chunked (one output per
+chunk on a ``stream`` edge, one chunk with everything on a ``full`` edge).
 
-Codec EOS is suppressed by default, so a segment is exactly ``frames_per_token * N``
+State across responses: a response that completes, or is cancelled (its ``generate``
+closed at a ``yield``), keeps the user turns it prefilled; one that fails rolls back to
+where it started; release and abort drop the session. Frame ``k`` is conditioned on
+tokens ``0 .. min(k, N - 1)``, so :meth:`TalkerEngine.truncate` maps kept frames to kept
+tokens one to one, capped at the reply's ``N``.
+
+Codec EOS is suppressed by default, so a reply is exactly ``frames_per_token * N``
 frames long (the length the pipeline plans for); the random weights *do* pick EOS now
 and then (e.g. at frame 44 of 96 for "Hello there!"). Every frame HF would produce is the same
-either way; with ``stop_at_codec_eos`` the segment ends at EOS, as HF and a real
+either way; with ``stop_at_codec_eos`` the reply ends at EOS, as HF and a real
 checkpoint do.
 """
 
@@ -24,14 +36,14 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
-from typing import ClassVar, Final, cast
+from typing import Any, ClassVar, Final, cast
 
 import torch
 from pydantic import Field, field_validator
 
-from omni_actors.actors.engine import Fields, Rule
+from omni_actors.actors.engine import Fields, ResponseOptions, Rule, response_options
 from omni_actors.actors.tiny_omni import configs, stepping, weights
 from omni_actors.actors.tiny_omni.family import TINY_OMNI
 from omni_actors.actors.tiny_omni.hf import (
@@ -39,22 +51,24 @@ from omni_actors.actors.tiny_omni.hf import (
     PreTrainedConfig,
     Qwen3OmniMoeTalkerForConditionalGeneration,
 )
-from omni_actors.actors.tiny_omni.thinker_engine import ASSISTANT_OPENING
+from omni_actors.actors.tiny_omni.talker_input import ReplyInput, TalkerInputError
 from omni_actors.actors.torch_engine import AbortSignal, TorchEngine, stage_dir
 from omni_actors.model_family import WeightsArgs
 
-__all__ = ["TalkerArgs", "TalkerEngine"]
+__all__ = ["TalkerArgs", "TalkerEngine", "TalkerInputError"]
 
-_OPENING: Final = len(ASSISTANT_OPENING)
+PREFIX: Final = 9
+"""Positions of the assistant prefix (``stepping.talker_assistant_prefix``)."""
 
 
 class TalkerArgs(WeightsArgs):
     """The talker's arguments: ``seed`` and ``cache_dir`` locate its weights.
 
     Attributes:
-        frames_per_token: the segment yields that many codec frames per thinker token.
-        speaker: the voice (``chelsie``, ``ethan``, ``aiden``).
-        stop_at_codec_eos: end the segment when the talker picks codec EOS (default: EOS
+        frames_per_token: a reply is that many codec frames per thinker token.
+        speaker: the voice (``chelsie``, ``ethan``, ``aiden``); a response's ``voice``
+            option overrides it.
+        stop_at_codec_eos: end the reply when the talker picks codec EOS (default: EOS
             is masked, see the module docstring).
     """
 
@@ -75,53 +89,56 @@ Frame = tuple[torch.Tensor, torch.Tensor] | None
 
 
 @dataclass
+class _Voice:
+    """One session's talker state, kept across responses until release or abort.
+
+    ``cache`` holds the conversation's user parts in its first ``user`` positions, then
+    possibly the last reply's assistant part, which the next model call crops away.
+    ``user`` is only changed in the model thread (a prefill still running there when its
+    response was cancelled keeps it in step with the cache), except by a failed
+    response's rollback, when nothing that changes it can still be running.
+    """
+
+    cache: DynamicCache
+    user: int = 0
+    reply: int | None = None
+    """Tokens of the last reply (what ``truncate`` caps at); None before the first."""
+    signal: AbortSignal | None = None
+    """Set while a response is generating."""
+
+    def crop(self) -> None:
+        """Model thread: drop whatever follows the user parts.
+
+        Layer by layer: a forward that failed part-way leaves its first layers longer.
+        A negative ``crop`` removes that many positions on every supported transformers
+        release (a positive one changed meaning across them).
+        """
+        # Typed differently across releases; each has get_seq_length and crop.
+        layers: list[Any] = list(self.cache.layers)
+        for layer in layers:
+            extra = int(layer.get_seq_length()) - self.user
+            if extra > 0:
+                layer.crop(-extra)
+
+
+@dataclass
 class _Speech:
-    """One segment's talker state: its KV cache and the next position to fill."""
+    """One reply's frame loop state: the next position to fill."""
 
     cache: DynamicCache
     position: int
 
 
-@dataclass
-class _Received:
-    """What the thinker has sent in this segment so far."""
-
-    prompt: torch.Tensor | None = None
-    prompt_mask: torch.Tensor | None = None
-    tts: torch.Tensor | None = None
-    embeds: list[torch.Tensor] = field(default_factory=list)
-    """[1, H] per token, in order."""
-    ended: bool = False
-
-    def take(self, fields: Fields) -> None:
-        """Keep one input chunk's fields."""
-        for name in ("prompt", "prompt_mask", "tts"):
-            value = fields.get(name)
-            if isinstance(value, torch.Tensor):
-                setattr(self, name, value)
-        embed = fields.get("embed")
-        if isinstance(embed, torch.Tensor) and embed.numel():
-            self.embeds.extend(torch.split(embed.reshape(-1, embed.shape[-1]), 1))
-
-    def known(self, frame: int) -> bool:
-        """Whether frame ``frame``'s text input can be told yet."""
-        return self.ended or frame < len(self.embeds)
-
-    def text(self, frame: int) -> torch.Tensor:
-        """Frame ``frame``'s text input [1, H]: its token, then TTS_EOS once, then TTS_PAD."""
-        if frame < len(self.embeds):
-            return self.embeds[frame]
-        assert self.tts is not None, "checked before the first frame"
-        return self.tts[1:2] if frame == len(self.embeds) else self.tts[2:3]
-
-
 class TalkerEngine(TorchEngine):
-    """Codec frames for the thinker's tokens (see the module docstring).
+    """Codec frames for the thinker's tokens, conditioned on the conversation's user turns.
 
-    Inputs (any subset per chunk): ``prompt`` [L, H] and ``prompt_mask`` [L] bool and
-    ``tts`` [3, H] (the thinker's first output carries them), ``embed`` [n, H] (one row
-    per token). Outputs: ``codes`` [1, G] int64, one frame
-    each, every code in ``[0, codebook_size)``.
+    Inputs (any subset per chunk; see the module docstring): ``user`` [n, H] and
+    ``user_mask`` [n] bool, rows of committed user turns (at placeholder positions, where
+    the mask is True, the thinker's ``accept_hidden_layer`` state, elsewhere its input
+    embedding), sent before or with the first token; ``opening`` [3, H] (embeddings of
+    ``<|im_start|> assistant \\n``) and ``tts`` [3, H] (TTS_BOS, TTS_EOS, TTS_PAD) with
+    the first token; ``embed`` [n, H], one row per token. Outputs: ``codes`` [1, G]
+    int64, one frame each, every code in ``[0, codebook_size)``.
 
     Args:
         args: see :class:`TalkerArgs`.
@@ -133,8 +150,9 @@ class TalkerEngine(TorchEngine):
     kind: ClassVar[str] = "tiny-omni.talker"
     Args: ClassVar[type[TalkerArgs]] = TalkerArgs
     inputs: ClassVar[dict[str, Rule]] = {
-        "prompt": "replace",
-        "prompt_mask": "replace",
+        "user": "concat",
+        "user_mask": "concat",
+        "opening": "replace",
         "tts": "replace",
         "embed": "concat",
     }
@@ -146,7 +164,7 @@ class TalkerEngine(TorchEngine):
         self.stop_at_codec_eos = args.stop_at_codec_eos
         self.speaker = args.speaker
         super().__init__(stage_dir(TINY_OMNI.name, args, "talker"), "talker")
-        self._sessions: dict[str, AbortSignal] = {}
+        self._sessions: dict[str, _Voice] = {}
 
     def _load(self, path: Path) -> None:
         talker = weights.load(path)
@@ -154,43 +172,68 @@ class TalkerEngine(TorchEngine):
         self._talker = talker
         cfg = talker.config
         self._text_config = cast(PreTrainedConfig, cfg.text_config)
-        self._speaker_id = int((cfg.speaker_id or configs.SPEAKERS)[self.speaker])
+        speakers = cfg.speaker_id or configs.SPEAKERS
+        self._speakers = {name.lower(): int(code) for name, code in speakers.items()}
         self._vocab = int(self._text_config.vocab_size)
         self._codec_eos = int(cfg.codec_eos_token_id)
 
+    # -- introspection -------------------------------------------------------------------
+
     @property
     def active_sessions(self) -> set[str]:
-        """Sessions with a running ``generate`` (the talker keeps nothing in between)."""
+        """Sessions holding talker state (generating, or between responses)."""
         return set(self._sessions)
 
+    @property
+    def generating(self) -> set[str]:
+        """Sessions with a running ``generate``."""
+        return {s for s, v in self._sessions.items() if v.signal is not None}
+
+    def user_positions(self, session: str) -> int:
+        """Positions of ``session``'s user parts in its KV cache (0 when it has no state)."""
+        voice = self._sessions.get(session)
+        return 0 if voice is None else voice.user
+
+    # -- the engine protocol --------------------------------------------------------------
+
     async def generate(self, session: str, inputs: AsyncIterator[Fields]) -> AsyncIterator[Fields]:
-        """``frames_per_token * N`` frames for the segment's ``N`` tokens.
+        """Prefill the response's user rows as they come, then ``frames_per_token * N``
+        frames for its ``N`` tokens.
 
         Fewer only with ``stop_at_codec_eos`` when the talker picks codec EOS (as the
-        real model ends its speech): the segment then ends at once, its remaining input
-        left unread for the stage to drain.
+        real model ends its speech): the reply then ends at once, its remaining input
+        left unread for the stage to drain. The voice is the response's ``voice`` option,
+        else ``speaker``, read when the first token comes (the thinker's input, which
+        the option comes with, has ended by then).
 
         Raises:
-            ValueError: the session is already generating, or tokens came without the
-                ``prompt``/``prompt_mask``/``tts`` the first frame needs.
+            ValueError: the session is already generating.
+            TalkerInputError: tokens came without ``opening``/``tts``, user rows without
+                their mask or after the first token, or the voice is unknown. The
+                response fails alone: the session's state goes back to its start.
         """
-        if session in self._sessions:
+        voice = self._sessions.get(session)
+        if voice is None:
+            voice = self._sessions[session] = _Voice(DynamicCache(config=self._text_config))
+        if voice.signal is not None:
             raise ValueError(f"session {session!r} is already generating")
-        signal = self._sessions[session] = AbortSignal()
-        got = _Received()
+        signal = voice.signal = AbortSignal()
+        start, last_reply = voice.user, voice.reply
+        got = ReplyInput()
         step: asyncio.Future[Frame] | None = None
+        failed = False
         try:
-            if not await self._wait_for(signal, inputs, got, 0):
-                return
-            if not got.embeds:
-                return  # the thinker said nothing: no speech
-            if got.prompt is None or got.prompt_mask is None or got.tts is None:
-                raise ValueError(
-                    "talker input lacks prompt, prompt_mask or tts: the thinker -> talker "
-                    "edge must carry them with embed"
+            if not await self._listen(voice, signal, inputs, got) or not got.embeds:
+                return  # aborted, or the thinker said nothing: no speech
+            speaker = self._speaker_id(response_options(inputs))
+            if got.opening is None or got.tts is None:
+                raise TalkerInputError(
+                    "talker input lacks opening or tts: the thinker -> talker edge must "
+                    "carry them with the first embed"
                 )
+            rows, mask = got.take_user()
             speech, frame = await self.call(
-                self._open, got.prompt, got.prompt_mask, got.tts, got.embeds[0]
+                self._open, voice, rows, mask, got.opening, got.tts, got.embeds[0], speaker
             )
             produced = 0
             while frame is not None and not signal.aborted:
@@ -212,17 +255,51 @@ class TalkerEngine(TorchEngine):
                     )
                 frame = await step
                 step = None
+        except Exception:
+            failed = True
+            raise
         finally:
             if step is not None and not step.done():
-                step.cancel()
-            if self._sessions.get(session) is signal:
-                del self._sessions[session]
+                step.cancel()  # its forward only extends the reply's part of the cache
+            voice.signal = None
+            if self._sessions.get(session) is voice:
+                if failed:
+                    # Nothing that moves ``user`` runs now: prefills are awaited in turn.
+                    voice.user, voice.reply = start, last_reply
+                else:
+                    voice.reply = len(got.embeds)
 
-    def _done(self, got: _Received, produced: int) -> bool:
+    async def _listen(
+        self, voice: _Voice, signal: AbortSignal, inputs: AsyncIterator[Fields], got: ReplyInput
+    ) -> bool:
+        """Read input until the first token (or the end), prefilling user rows as they
+        come; False if aborted meanwhile."""
+        while not got.embeds and not got.ended:
+            fields = await signal.next_input(inputs)
+            if signal.aborted:
+                return False
+            if fields is None:
+                got.ended = True
+            else:
+                got.take(fields)
+            if got.user and not got.embeds:
+                rows, mask = got.take_user()
+                await self.call(self._prefill_user, voice, rows, mask)
+        return not signal.aborted
+
+    def _speaker_id(self, options: ResponseOptions) -> int:
+        name = (options.voice or self.speaker).lower()
+        if name not in self._speakers:
+            raise TalkerInputError(
+                f"unknown voice {options.voice!r}; known: {sorted(self._speakers)}"
+            )
+        return self._speakers[name]
+
+    def _done(self, got: ReplyInput, produced: int) -> bool:
         return got.ended and produced >= self.frames_per_token * len(got.embeds)
 
     async def _wait_for(
-        self, signal: AbortSignal, inputs: AsyncIterator[Fields], got: _Received, frame: int
+        self, signal: AbortSignal, inputs: AsyncIterator[Fields], got: ReplyInput, frame: int
     ) -> bool:
         """Read input until frame ``frame``'s text is known; False if aborted meanwhile."""
         while not got.known(frame):
@@ -235,14 +312,32 @@ class TalkerEngine(TorchEngine):
                 got.take(fields)
         return not signal.aborted
 
+    async def truncate(self, session: str, kept: int) -> int:
+        """Keep the first ``kept`` frames of the last reply: the tokens they depend on.
+
+        Frame ``k`` is conditioned on tokens ``0 .. k`` (capped at the reply's last), so
+        ``kept`` frames depend on ``min(kept, N)`` tokens. The talker's own state holds
+        no reply (only user turns), so only what later truncations cap at changes.
+
+        Raises:
+            ValueError: the session has no reply to truncate, or ``kept`` is negative.
+        """
+        voice = self._sessions.get(session)
+        if voice is None or voice.reply is None:
+            raise ValueError(f"talker session {session!r} has no reply to truncate")
+        if kept < 0:
+            raise ValueError(f"cannot keep {kept} frames; pass 0 or more")
+        voice.reply = min(kept, voice.reply)
+        return voice.reply
+
     async def abort(self, session: str) -> None:
-        """End ``session``'s ``generate`` at its next step; its state goes with it."""
-        signal = self._sessions.pop(session, None)
-        if signal is not None:
-            signal.abort()
+        """Drop ``session``'s state; a running ``generate`` ends at its next step."""
+        voice = self._sessions.pop(session, None)
+        if voice is not None and voice.signal is not None:
+            voice.signal.abort()
 
     async def release(self, session: str) -> None:
-        """Nothing outlives a segment; same as :meth:`abort` if one is still running."""
+        """The conversation is over: drop its KV cache."""
         await self.abort(session)
 
     async def stop(self) -> None:
@@ -253,21 +348,38 @@ class TalkerEngine(TorchEngine):
 
     # -- model thread -------------------------------------------------------------------
 
+    def _user_part(self, rows: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        return stepping.talker_user_part(self._talker, rows[None], rows[None], mask[None])
+
+    @torch.no_grad()
+    def _prefill_user(self, voice: _Voice, rows: torch.Tensor, mask: torch.Tensor) -> None:
+        """Append user rows to the session's user parts."""
+        voice.crop()
+        stepping.talker_forward(self._talker, self._user_part(rows, mask), voice.cache, voice.user)
+        voice.user += rows.shape[0]
+
     @torch.no_grad()
     def _open(
-        self, prompt: torch.Tensor, mask: torch.Tensor, tts: torch.Tensor, first: torch.Tensor
+        self,
+        voice: _Voice,
+        rows: torch.Tensor,
+        mask: torch.Tensor,
+        opening: torch.Tensor,
+        tts: torch.Tensor,
+        first: torch.Tensor,
+        speaker: int,
     ) -> tuple[_Speech, Frame]:
-        """Prefill user turn + assistant prefix (holding token 0) and make frame 0."""
+        """Prefill the user rows left + the assistant prefix (holding token 0); frame 0."""
+        voice.crop()
         talker = self._talker
-        user = prompt[None, :-_OPENING]
-        user_part = stepping.talker_user_part(talker, user, user, mask[None, :-_OPENING])
-        first_four = torch.cat((prompt[-_OPENING:], first))[None]
+        first_four = torch.cat((opening, first))[None]
         bos_pad = (tts[None, 0:1], tts[None, 2:3])
-        prefix = stepping.talker_assistant_prefix(talker, first_four, bos_pad, self._speaker_id)
-        inputs = torch.cat((user_part, prefix), dim=1)
-        speech = _Speech(DynamicCache(config=self._text_config), inputs.shape[1])
-        hidden, logits = stepping.talker_forward(talker, inputs, speech.cache, 0)
-        return speech, self._complete(hidden, logits)
+        inputs = stepping.talker_assistant_prefix(talker, first_four, bos_pad, speaker)
+        if rows.shape[0]:
+            inputs = torch.cat((self._user_part(rows, mask), inputs), dim=1)
+        hidden, logits = stepping.talker_forward(talker, inputs, voice.cache, voice.user)
+        voice.user += rows.shape[0]
+        return _Speech(voice.cache, voice.user + PREFIX), self._complete(hidden, logits)
 
     @torch.no_grad()
     def _frame(self, speech: _Speech, carry: torch.Tensor, text: torch.Tensor) -> Frame:

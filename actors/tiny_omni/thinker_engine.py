@@ -1,68 +1,71 @@
-"""``ThinkerEngine``: tiny-omni's thinker as a streaming, resumable torch engine.
+"""``ThinkerEngine``: tiny-omni's thinker as a conversation engine.
 
 The entry stage: it answers the user's text and audio with text tokens plus what the
-talker needs to speak them. Input is prefilled into the session's KV cache *while it
-arrives* (one forward per text chunk), so when the user's turn ends only its tail is
-left to compute and the first token comes quickly.
+talker needs to speak them. Each ``generate`` call is one response of a conversation
+whose KV cache the engine keeps per session (:class:`~.conversation.Conversation`).
+Input is prefilled *while it arrives* (:class:`~.user_turn.UserTurn`: text per chunk,
+audio per encoder window), so when the input ends only its tail is left to compute and
+the first token comes quickly, however long the user spoke.
 
-Audio is the exception: a run of consecutive audio chunks is buffered and encoded as one
-clip when the run ends (a text chunk follows, or the segment's input ends). Encoding per
-chunk would not be exact: Whisper's log-mel is normalised by the clip's maximum and the
-STFT pads at clip edges, and the audio encoder attends bidirectionally over 8 s windows.
+The input is user turns and turn marks (``omni_actors.actors.engine``): ``commit``
+closes the user turn and sends its rows to the talker; ``clear`` crops the cache back
+to the last commit; ``truncate`` cuts the last reply to what the user heard. The end of
+the input commits what is pending, then the reply opens (``<|im_start|> ASSISTANT \\n``)
+and decodes; with no input at all, it replies to the conversation so far.
 
-A segment's prompt (HF's chat template; roles are the ``USER``/``ASSISTANT`` special
-ids, as HF's talker finds the turns it conditions on by them)::
+The end of input commits the open turn in two steps: the rows it prefilled go out at
+once (the talker prefills them meanwhile), then one forward over its tail,
+``<|im_end|> \\n`` and the reply's opening picks the first token, which carries the tail's
+rows. That forward is all the work between the end of the input and the first token.
 
-    [previous turn's tail] <|im_start|> USER \\n (text | <|audio_start|> PAD*n <|audio_end|>)*
-    <|im_end|> \\n <|im_start|> ASSISTANT \\n  -> generated tokens
+A reply the stage closes (``aclose``, a barge-in) stays in the conversation as far as
+it was yielded; closed before its first token, the committed turn stays without a
+reply (its first rows are the talker's already; the rows of its tail, computed on
+closing, are not sent). A response that fails is rolled back to where it started, or
+to its truncation if its input cut the last reply (the cut part of the cache is gone).
+An abort drops the session.
 
-The previous turn's tail is its unfed last token (when it stopped at ``max_new_tokens``)
-and ``<|im_end|> \\n``, so the cached conversation stays well-formed across segments.
+Tokens are greedy unless a response asks for a temperature (see ``sampling``).
 """
 
 from __future__ import annotations
 
 import asyncio
-import json
 from collections.abc import AsyncIterator
-from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, ClassVar, Final, NamedTuple, cast
+from typing import ClassVar, Literal
 
-import numpy as np
 import torch
 from pydantic import Field
 
-from omni_actors.actors.engine import Fields, Rule
-from omni_actors.actors.tiny_omni import configs, stepping, weights
+from omni_actors.actors.engine import KEPT_FIELD, TURN_FIELD, Fields, Rule, response_options
+from omni_actors.actors.tiny_omni import configs
 from omni_actors.actors.tiny_omni.configs import Tokens
-from omni_actors.actors.tiny_omni.family import TINY_OMNI
-from omni_actors.actors.tiny_omni.hf import (
-    DynamicCache,
-    PreTrainedConfig,
-    Qwen3OmniMoeThinkerForConditionalGeneration,
+from omni_actors.actors.tiny_omni.conversation import (
+    CLOSE_TURN,
+    NEWLINE,
+    Checkpoint,
+    Conversation,
+    Reply,
 )
+from omni_actors.actors.tiny_omni.family import TINY_OMNI
+from omni_actors.actors.tiny_omni.hf import DynamicCache
+from omni_actors.actors.tiny_omni.sampling import sampling_for, session_seed
+from omni_actors.actors.tiny_omni.thinker_model import ASSISTANT_OPENING, ThinkerModel, Token
+from omni_actors.actors.tiny_omni.user_turn import UserTurn
 from omni_actors.actors.torch_engine import AbortSignal, TorchEngine, stage_dir
 from omni_actors.model_family import WeightsArgs
 
-__all__ = ["ThinkerArgs", "ThinkerEngine"]
-
-NEWLINE: Final = 10
-_MIN_AUDIO: Final = 400  # one 25 ms STFT window; shorter runs are dropped (nothing to
-# hear, and the mel front end's reflect padding fails on them)
-PRINTABLE: Final = range(32, 127)
-"""Byte ids the thinker may emit: random weights would otherwise emit control bytes and
-special tokens, which no text consumer downstream could show."""
-ASSISTANT_OPENING: Final = (Tokens.IM_START, Tokens.ASSISTANT, NEWLINE)
+__all__ = ["ASSISTANT_OPENING", "NEWLINE", "ThinkerArgs", "ThinkerEngine"]
 
 
 class ThinkerArgs(WeightsArgs):
     """The thinker's arguments: ``seed`` and ``cache_dir`` locate its weights.
 
     Attributes:
-        max_new_tokens: a reply's most tokens.
+        max_new_tokens: a reply's most tokens (a response's ``max_tokens`` overrides it).
         min_new_tokens: ``<|im_end|>`` is masked until that many tokens exist; capped
-            at ``max_new_tokens`` (setting only a small maximum means "at most that
+            at the reply's maximum (setting only a small maximum means "at most that
             many", not a conflict).
     """
 
@@ -70,53 +73,21 @@ class ThinkerArgs(WeightsArgs):
     min_new_tokens: int = Field(8, ge=0)
 
 
-class _Prefilled(NamedTuple):
-    """What one prefill forward returns to the event loop."""
-
-    rows: torch.Tensor
-    """[L, H] the talker's thinker-space input per position (see ``_prefill``)."""
-    placeholders: torch.Tensor
-    """[L] bool, True at AUDIO_PAD positions (whose row is ``accept_hidden``)."""
-    first: tuple[int, torch.Tensor] | None
-    """The first generated token and its embedding, when the prefill ends the prompt."""
-
-
-@dataclass
-class _Conversation:
-    """One session's thinker state, kept across segments until release or abort."""
-
-    cache: DynamicCache
-    position: int = 0
-    """Tokens in ``cache``: the next forward starts here."""
-    carry: list[int] = field(default_factory=list)
-    """Tokens that close the previous assistant turn, fed before the next user turn."""
-    signal: AbortSignal | None = None
-    """Set while a segment is generating."""
-
-
-@dataclass
-class _Turn:
-    """The not-yet-prefilled part of a segment's user turn, and its talker rows so far."""
-
-    ids: list[int]
-    skip: int
-    """Leading rows of the next prefill that belong to the previous turn (the carry)."""
-    audio: list[np.ndarray[Any, np.dtype[np.float32]]] = field(default_factory=list)
-    """The buffered audio run, encoded as one clip at the next prefill."""
-    audio_at: int = 0
-    """Where in ``ids`` the audio run goes (the ids pending when it started)."""
-    rows: list[torch.Tensor] = field(default_factory=list)  # see _Prefilled
-    placeholders: list[torch.Tensor] = field(default_factory=list)
+_Outcome = Literal["done", "cancelled", "failed", "dropped"]
 
 
 class ThinkerEngine(TorchEngine):
-    """Greedy byte-level text generation with streaming prefill (see the module docstring).
+    """Byte-level text replies with streaming prefill (see the module docstring).
 
     Outputs, one per generated token: ``token_ids`` [1] int64, ``text`` (that byte as a
     one-character str) and ``embed`` [1, H] float32 (the token's input embedding: the
-    talker's text input for it). The first output of a segment also carries
-    ``prompt`` [L, H] float32, ``prompt_mask`` [L] bool and ``tts`` [3, H] float32 (see
-    :meth:`generate`).
+    talker's text input for it); the first token of a reply also carries ``opening``
+    [3, H] (the embeddings of ``<|im_start|> ASSISTANT \\n``) and ``tts`` [3, H] float32
+    (those of TTS_BOS, TTS_EOS, TTS_PAD). Each committed user turn comes, as soon as it
+    is committed, as an output without a token: ``user`` [n, H] float32, per position of
+    ``<|im_start|> USER \\n … <|im_end|> \\n`` the thinker's input embedding, or at audio
+    placeholders (where ``user_mask`` [n] bool is True) the hidden state at
+    ``accept_hidden_layer``: what ``stepping.talker_user_part`` selects from.
 
     Args:
         args: see :class:`ThinkerArgs`.
@@ -127,14 +98,16 @@ class ThinkerEngine(TorchEngine):
 
     kind: ClassVar[str] = "tiny-omni.thinker"
     Args: ClassVar[type[ThinkerArgs]] = ThinkerArgs
-    inputs: ClassVar[dict[str, Rule]] = {"text": "concat", "audio": "concat"}
+    inputs: ClassVar[dict[str, Rule]] = {"text": "concat", "audio": "concat", TURN_FIELD: "concat"}
     outputs: ClassVar[dict[str, Rule]] = {
         "token_ids": "concat",
         "text": "concat",
         "embed": "concat",
-        # Sent once, with the first token: a segment's prompt, not a sequence.
-        "prompt": "replace",
-        "prompt_mask": "replace",
+        # Rows of committed user turns, sent as each turn is committed.
+        "user": "concat",
+        "user_mask": "concat",
+        # Sent once per reply, with its first token.
+        "opening": "replace",
         "tts": "replace",
     }
     streams_input: ClassVar[bool] = True
@@ -142,36 +115,18 @@ class ThinkerEngine(TorchEngine):
     def __init__(self, args: ThinkerArgs) -> None:
         self.max_new_tokens = args.max_new_tokens
         self.min_new_tokens = min(args.min_new_tokens, args.max_new_tokens)
+        self.seed = args.seed
         super().__init__(stage_dir(TINY_OMNI.name, args, "thinker"), "thinker")
-        self._sessions: dict[str, _Conversation] = {}
+        self._sessions: dict[str, Conversation] = {}
 
     def _load(self, path: Path) -> None:
-        thinker = weights.load(path)
-        assert isinstance(thinker, Qwen3OmniMoeThinkerForConditionalGeneration)
-        self._thinker = thinker
-        # The talker's conditioning layer is a talker setting; the thinker stage's own
-        # config does not have it, the composite config one level up does.
-        composite = json.loads((path.parent / "config.json").read_text())
-        self._accept_layer = int(composite["talker_config"]["accept_hidden_layer"])
-        self._text_config = cast(PreTrainedConfig, thinker.config.text_config)
-        self._audio_window = int(cast(PreTrainedConfig, thinker.config.audio_config).n_window)
-        # Annotated from transformers 5.23 on, untyped before: the ignore serves the
-        # older releases of the supported range and is unused on newer ones.
-        self._embedding = thinker.get_input_embeddings()  # type: ignore[no-untyped-call,unused-ignore]
-        self._extractor = configs.audio_feature_extractor()
-        vocab = self._text_config.vocab_size
-        self._allow_text = torch.full((vocab,), float("-inf"))
-        self._allow_text[list(PRINTABLE)] = 0.0
-        self._allow_end = self._allow_text.clone()
-        self._allow_end[Tokens.IM_END] = 0.0
-        # No graph: weights.load turned gradients off.
-        self._tts = self._embedding(torch.tensor([Tokens.TTS_BOS, Tokens.TTS_EOS, Tokens.TTS_PAD]))
+        self._model = ThinkerModel(path)
 
     # -- introspection -------------------------------------------------------------------
 
     @property
     def active_sessions(self) -> set[str]:
-        """Sessions holding thinker state (generating, or between segments)."""
+        """Sessions holding thinker state (generating, or between responses)."""
         return set(self._sessions)
 
     @property
@@ -187,79 +142,154 @@ class ThinkerEngine(TorchEngine):
     # -- the engine protocol --------------------------------------------------------------
 
     async def generate(self, session: str, inputs: AsyncIterator[Fields]) -> AsyncIterator[Fields]:
-        """Prefill the segment's input as it arrives, then decode one token per output.
+        """One response: prefill its input as it arrives, then decode one token per output.
 
         Input fields per chunk: ``text`` (str) and/or ``audio`` (float32 1-D, 16 kHz
-        mono); in a chunk with both, the audio comes first. The first output carries
-        ``prompt`` [L, H]: per position of ``<|im_start|>user … <|im_end|>\\n<|im_start|>
-        assistant\\n`` the thinker input embedding, or at audio placeholders (where
-        ``prompt_mask`` is True) the hidden state at ``accept_hidden_layer`` — what
-        ``stepping.talker_user_part`` selects from; the last 3 rows open the assistant
-        turn. ``tts`` [3, H] holds the embeddings of TTS_BOS, TTS_EOS and TTS_PAD.
+        mono; in a chunk with both, the audio comes first), or a turn mark. Outputs: see
+        the class docstring.
 
         Raises:
-            ValueError: the session is already generating a segment.
+            ValueError: the session is already generating, a mark is malformed, a
+                truncation has no reply to cut, or the options are out of range.
         """
         conversation = self._sessions.get(session)
         if conversation is None:
-            cache = DynamicCache(config=self._text_config)
-            conversation = self._sessions[session] = _Conversation(cache)
+            cache = DynamicCache(config=self._model.text_config)
+            conversation = self._sessions[session] = Conversation(cache)
         if conversation.signal is not None:
             raise ValueError(f"session {session!r} is already generating")
         signal = conversation.signal = AbortSignal()
-        opening = [*conversation.carry, Tokens.IM_START, Tokens.USER, NEWLINE]
-        turn = _Turn(opening, skip=len(conversation.carry))
-        conversation.carry = []
-        step: asyncio.Future[tuple[int, torch.Tensor]] | None = None
-        clean = False
+        start = committed = conversation.checkpoint()
+        turn = UserTurn()
+        step: asyncio.Future[Token] | None = None
+        unclosed: UserTurn | None = None  # being committed by the end of input, rows sent
+        outcome: _Outcome = "dropped"
         try:
             while (fields := await signal.next_input(inputs)) is not None:
-                await self._take(conversation, turn, fields)
+                mark = fields.get(TURN_FIELD)
+                if mark == "commit":
+                    rows = await self._commit(conversation, turn)
+                    turn, committed = UserTurn(), conversation.checkpoint()
+                    if rows is not None:
+                        yield rows
+                elif mark == "clear":
+                    conversation.restore(committed)
+                    turn = UserTurn()
+                elif mark == "truncate":
+                    conversation.truncate(_kept(fields))
+                    # The cut part of the cache is gone: a failure after it can only
+                    # come back to here (what the user heard stays what they heard).
+                    start = committed = conversation.checkpoint()
+                    await self._replay(conversation, turn)
+                elif mark is not None:
+                    raise ValueError(f"unknown turn mark {mark!r}: commit, clear or truncate")
+                else:
+                    await self._take(conversation, turn, fields)
                 if signal.aborted:
                     return
             if signal.aborted:
                 return
-            turn.ids += [Tokens.IM_END, NEWLINE, *ASSISTANT_OPENING]
-            last = await self._prefill_pending(conversation, turn, self.min_new_tokens == 0)
-            assert last.first is not None
-            token, embed = last.first
-            produced = 0
+            sampling = sampling_for(
+                response_options(inputs),
+                max_new_tokens=self.max_new_tokens,
+                min_new_tokens=self.min_new_tokens,
+                generator=lambda: self._generator(session, conversation),
+            )
+            # The end of input commits the open turn: what it prefilled goes to the talker
+            # now, the rest comes with the first token, from the one forward left.
+            closing = turn if turn.opened else None
+            if closing is not None and (rows := closing.take_rows()) is not None:
+                unclosed = closing
+                yield rows
+            token, embed = await self.call(self._model.open_reply, conversation, closing, sampling)
+            unclosed = None
+            last_rows = None if closing is None else closing.take_rows()
+            reply = conversation.reply = Reply(conversation.position, (), 0)
+            conversation.turns_since_reply = 0
             while token != Tokens.IM_END and not signal.aborted:
-                produced += 1
                 out: dict[str, torch.Tensor | str] = {
                     "token_ids": torch.tensor([token]),
                     "text": chr(token),
                     "embed": embed,
                 }
-                if produced == 1:
-                    out["prompt"] = torch.cat(turn.rows)
-                    out["prompt_mask"] = torch.cat(turn.placeholders)
-                    out["tts"] = self._tts
-                if produced < self.max_new_tokens:
+                if not reply.tokens:
+                    out.update(last_rows or {})
+                    out["opening"] = self._model.opening
+                    out["tts"] = self._model.tts
+                reply = conversation.reply = Reply(reply.start, (*reply.tokens, token), reply.fed)
+                if len(reply.tokens) < sampling.max_tokens:
                     # Start the next step before handing this token out: the model thread
                     # works while the stage routes the output.
-                    allow_end = produced >= self.min_new_tokens
+                    allow_end = len(reply.tokens) >= sampling.min_tokens
                     step = asyncio.ensure_future(
-                        self.call(self._decode, conversation, token, allow_end)
+                        self.call(self._model.decode, conversation, token, allow_end, sampling)
                     )
                 yield out
                 if step is None:
                     break
                 token, embed = await step
                 step = None
+                reply = conversation.reply = Reply(reply.start, reply.tokens, reply.fed + 1)
             if signal.aborted:
                 return
-            unfed = [token] if token != Tokens.IM_END else []
-            conversation.carry = [*unfed, Tokens.IM_END, NEWLINE]
-            clean = True
+            outcome = "done"
+        except GeneratorExit:
+            outcome = "cancelled"
+            raise
+        except Exception:
+            outcome = "failed"
+            raise
         finally:
-            if step is not None and not step.done():
-                step.cancel()
-            conversation.signal = None
-            if not clean and self._sessions.get(session) is conversation:
-                # A segment cut short leaves a half-written turn (maybe a forward still
-                # running on the cache): the conversation cannot continue.
+            await self._settle(session, conversation, outcome, step, start, unclosed)
+
+    async def _settle(
+        self,
+        session: str,
+        conversation: Conversation,
+        outcome: _Outcome,
+        step: asyncio.Future[Token] | None,
+        start: Checkpoint,
+        unclosed: UserTurn | None,
+    ) -> None:
+        """Leave the session's state as the response's outcome says (module docstring)."""
+        conversation.signal = None
+        if outcome == "dropped" or self._sessions.get(session) is not conversation:
+            if step is not None:
+                step.cancel()  # the thread finishes it; its cache goes with the session
+            if self._sessions.get(session) is conversation:
                 del self._sessions[session]
+            return
+        if unclosed is not None and outcome == "cancelled":
+            # Closed right after the turn's first rows went out: they are the talker's
+            # now, so the turn stays, committed without a reply.
+            try:
+                await self._commit(conversation, unclosed)
+            except Exception:
+                outcome = "failed"
+            except BaseException:
+                del self._sessions[session]
+                raise
+        if step is not None:
+            # A decode step runs in the model thread and writes the cache: wait for it,
+            # so the cache holds exactly the tokens yielded (it fed the last one).
+            try:
+                await step
+            except Exception:
+                outcome = "failed"
+            except BaseException:
+                del self._sessions[session]  # cancelled while waiting: an abort
+                raise
+            else:
+                reply = conversation.reply
+                assert reply is not None, "a decode step only runs in a reply"
+                conversation.reply = Reply(reply.start, reply.tokens, reply.fed + 1)
+        if outcome == "failed":
+            conversation.restore(start)
+        elif conversation.reply is not None and conversation.turns_since_reply == 0:
+            reply = conversation.reply
+            # Tokens yielded but not fed (the last one, at the token limit) close the
+            # turn before whatever comes next, with <|im_end|> \n.
+            conversation.carry = [*reply.tokens[reply.fed :], *CLOSE_TURN]
 
     async def abort(self, session: str) -> None:
         """Drop ``session``'s state; a running ``generate`` ends at its next step."""
@@ -277,101 +307,74 @@ class ThinkerEngine(TorchEngine):
             await self.abort(session)
         await super().stop()
 
-    # -- prefill ------------------------------------------------------------------------
+    async def truncate(self, session: str, kept: int) -> int:
+        """Cut ``session``'s last reply to its first ``kept`` tokens (between responses).
 
-    async def _take(self, conversation: _Conversation, turn: _Turn, fields: Fields) -> None:
+        The cache is cropped into the reply and the kept part closed with ``<|im_end|>
+        \\n`` before the next input. During a response, send the ``truncate`` mark in its
+        input instead.
+
+        Returns:
+            0: the thinker is the entry stage; no stage before it keeps anything.
+
+        Raises:
+            ValueError: the session has no reply, is generating, or committed a user
+                turn after its reply.
+        """
+        conversation = self._sessions.get(session)
+        if conversation is None:
+            raise ValueError(f"session {session!r} has no reply to truncate")
+        if conversation.signal is not None:
+            raise ValueError(
+                f"session {session!r} is generating: send the truncate mark in its input"
+            )
+        conversation.truncate(kept)
+        return 0
+
+    # -- input ------------------------------------------------------------------------
+
+    async def _take(self, conversation: Conversation, turn: UserTurn, fields: Fields) -> None:
         """Add one input chunk to the user turn, prefilling what can be prefilled now."""
         audio = fields.get("audio")
-        if isinstance(audio, torch.Tensor) and audio.numel():
-            if not turn.audio:
-                turn.audio_at = len(turn.ids)
-            turn.audio.append(audio.detach().to(torch.float32).reshape(-1).numpy().copy())
         text = fields.get("text")
-        if isinstance(text, str) and text:
-            turn.ids += configs.encode_text(text)
-            await self._prefill_pending(conversation, turn)
+        heard = isinstance(audio, torch.Tensor) and audio.numel() > 0
+        said = isinstance(text, str) and text != ""
+        if not (heard or said):
+            return
+        turn.open(conversation.carry)
+        if isinstance(audio, torch.Tensor) and heard:
+            if turn.clip is None:
+                turn.clip = self._model.clip()
+            turn.clip.push(audio.detach().to(torch.float32).reshape(-1).numpy())
+        if isinstance(text, str) and said:
+            ids = configs.encode_text(text)
+            await self.call(self._model.prefill, conversation, turn, True, ids)
+        elif turn.clip is not None and turn.clip.window_ready():
+            await self.call(self._model.prefill, conversation, turn, False, [])
 
-    async def _prefill_pending(
-        self, conversation: _Conversation, turn: _Turn, allow_end: bool | None = None
-    ) -> _Prefilled:
-        """Prefill the turn's pending ids and audio run, keeping the talker rows that
-        belong to this segment's turn; pick the first token unless ``allow_end`` is None."""
-        audio = np.concatenate(turn.audio) if turn.audio else None
-        done = await self.call(
-            self._prefill, conversation, turn.ids, turn.audio_at, audio, allow_end
-        )
-        turn.rows.append(done.rows[turn.skip :])
-        turn.placeholders.append(done.placeholders[turn.skip :])
-        turn.ids, turn.audio, turn.skip = [], [], 0
-        return done
+    async def _commit(self, conversation: Conversation, turn: UserTurn) -> Fields | None:
+        """Close the user turn (nothing if none is open); its rows as an output."""
+        if not turn.opened:
+            return None
+        await self.call(self._model.prefill, conversation, turn, True, list(CLOSE_TURN))
+        conversation.turns_since_reply += 1
+        return turn.take_rows()
 
-    @torch.no_grad()
-    def _prefill(
-        self,
-        conversation: _Conversation,
-        ids: list[int],
-        audio_at: int,
-        audio: np.ndarray[Any, np.dtype[np.float32]] | None,
-        allow_end: bool | None,
-    ) -> _Prefilled:
-        """Model thread: one forward over ``ids`` with ``audio`` spliced in at ``audio_at``.
+    async def _replay(self, conversation: Conversation, turn: UserTurn) -> None:
+        """After a truncation, feed again what the open turn had prefilled after the reply."""
+        replay = turn.replay(conversation.carry)
+        if replay is not None:
+            await self.call(self._model.feed, conversation, turn, replay)
 
-        Rows: the input embedding per position, the ``accept_hidden_layer`` state at
-        AUDIO_PAD positions (``stepping.talker_user_part`` selects between the two by the
-        placeholder mask, so one tensor carries what it needs).
-        """
-        features: dict[str, torch.Tensor] = {}
-        if audio is not None and audio.size >= _MIN_AUDIO:
-            extracted = self._extractor(
-                audio,
-                sampling_rate=configs.AUDIO_SAMPLE_RATE,
-                padding="longest",
-                truncation=False,
-                return_attention_mask=True,
-                return_tensors="pt",
-            )
-            mask = extracted["attention_mask"]
-            n_audio = stepping.audio_token_count(int(mask.sum()), self._audio_window)
-            if n_audio > 0:
-                features = {"input_features": extracted["input_features"]}
-                features["feature_attention_mask"] = mask
-                clip = [Tokens.AUDIO_START, *[Tokens.AUDIO_PAD] * n_audio, Tokens.AUDIO_END]
-                ids = [*ids[:audio_at], *clip, *ids[audio_at:]]
-        input_ids = torch.tensor([ids])
-        step = stepping.thinker_forward(
-            self._thinker,
-            input_ids,
-            conversation.cache,
-            conversation.position,
-            accept_layer=self._accept_layer,
-            **features,
-        )
-        conversation.position += len(ids)
-        placeholders = input_ids[0] == Tokens.AUDIO_PAD
-        rows = torch.where(placeholders[:, None], step.accept_hidden[0], step.embeds[0])
-        first = None if allow_end is None else self._pick(step.logits[0, -1], allow_end)
-        return _Prefilled(rows, placeholders, first)
+    def _generator(self, session: str, conversation: Conversation) -> torch.Generator:
+        if conversation.generator is None:
+            seed = session_seed(self.seed, session)
+            conversation.generator = torch.Generator().manual_seed(seed)
+        return conversation.generator
 
-    # -- decode -------------------------------------------------------------------------
 
-    @torch.no_grad()
-    def _pick(self, logits: torch.Tensor, allow_end: bool) -> tuple[int, torch.Tensor]:
-        """Model thread: the greedy printable token (or im_end) and its [1, H] embedding."""
-        allowed = self._allow_end if allow_end else self._allow_text
-        token = int((logits + allowed).argmax())
-        return token, self._embedding(torch.tensor([token]))
-
-    @torch.no_grad()
-    def _decode(
-        self, conversation: _Conversation, token: int, allow_end: bool
-    ) -> tuple[int, torch.Tensor]:
-        """Model thread: feed ``token``, pick the next one."""
-        step = stepping.thinker_forward(
-            self._thinker,
-            torch.tensor([[token]]),
-            conversation.cache,
-            conversation.position,
-            accept_layer=self._accept_layer,
-        )
-        conversation.position += 1
-        return self._pick(step.logits[0, -1], allow_end)
+def _kept(fields: Fields) -> int:
+    kept = fields.get(KEPT_FIELD)
+    if not isinstance(kept, torch.Tensor) or kept.numel() != 1:
+        raise ValueError(f"a truncate mark needs {KEPT_FIELD!r}: a 0-d tensor of tokens to keep")
+    return int(kept)

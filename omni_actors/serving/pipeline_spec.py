@@ -128,6 +128,16 @@ class EdgeSpec(_Spec):
         return self
 
 
+class InputsSpec(_Spec):
+    """What the entry stage takes from the caller.
+
+    ``sample_rate``: the audio rate it takes; audio sent at another rate
+    (``Session.send(audio=..., sample_rate=...)``) is resampled to it.
+    """
+
+    sample_rate: int = Field(16000, gt=0)
+
+
 class OutputsSpec(_Spec):
     """Which stage's output the caller receives as text, and which as audio."""
 
@@ -182,6 +192,7 @@ class PipelineSpec(_Spec):
     entry: str | None = None
     stages: tuple[StageSpec, ...] = Field(min_length=1)
     edges: tuple[EdgeSpec, ...] = ()
+    inputs: InputsSpec = InputsSpec()
     outputs: OutputsSpec
     supervision: SupervisionSpec = SupervisionSpec()
     deadlines: DeadlinesSpec = DeadlinesSpec()

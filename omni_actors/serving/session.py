@@ -1,17 +1,32 @@
 """``Session``: the caller's handle on one session of an :class:`OmniPipeline`.
 
-``OmniPipeline.session()`` returns one for streaming input in segments; ``generate``
-drives one for a one-shot request. It sends input straight to the entry stage (within
-the credit window the entry stage grants: see ``flow`` in the pipeline), reads the
-events its session actor queues, and owns the session's admission slot and last-resort
-deadline. Both deadlines read the pipeline's system clock (``ActorSystem.clock``), so a
-pipeline in a system with a virtual clock runs them on virtual time.
+``OmniPipeline.session()`` returns one for a conversation; ``generate`` drives one for a
+one-shot request.
+
+A conversation, as a voice agent holds it: :meth:`Session.send` appends input (the
+entry stage prefills it as it arrives), :meth:`Session.commit` makes the uncommitted
+input a user turn, :meth:`Session.clear` drops it (every stage rolls back what it
+prefilled), :meth:`Session.respond` starts a reply to the conversation so far and
+returns its :class:`~omni_actors.serving.response.Response`, which can be cancelled
+(barge-in); :meth:`Session.truncate` cuts the last reply to what the user heard. One
+response is in flight at a time: ``respond`` while one is raises
+``InvalidRequestError`` rather than queueing the reply, because a voice agent that
+answers twice must decide which answer the user hears (cancel the first, or wait for
+its ``ResponseDone``). A response's failure ends that response only; the session ends
+on ``finish``, ``abort``, a failed admission, a deadline or a stage crash.
+
+The handle sends input straight to the entry stage (within the credit window the entry
+stage grants: see ``flow`` in the pipeline), reads the events its session actor queues,
+and owns the session's admission slot and last-resort deadline. Both deadlines read the
+pipeline's system clock (``ActorSystem.clock``), so a pipeline in a system with a virtual
+clock runs them on virtual time.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import math
 import time
 import uuid
 from collections.abc import AsyncIterator, Mapping
@@ -22,11 +37,27 @@ import torch
 from omni_actors._ref import ActorRef
 from omni_actors.actors.flow import BackpressureError, CreditWindow
 from omni_actors.clock import TimerHandle, timeout_at
-from omni_actors.errors import OmniError, qualified_name
-from omni_actors.protocols.control import AbortSession, OpenSession, SessionMessage
-from omni_actors.protocols.events import TERMINAL, Aborted, Event, SegmentDone, SessionError
-from omni_actors.protocols.stage import INPUT, Chunk, End, SessionKey, split_fields
+from omni_actors.errors import InvalidRequestError, OmniError, qualified_name
+from omni_actors.protocols.control import (
+    AbortSession,
+    CancelResponse,
+    OpenSession,
+    SessionMessage,
+    TruncateResponse,
+)
+from omni_actors.protocols.events import TERMINAL, Aborted, Event, ResponseDone, SessionError
+from omni_actors.protocols.stage import (
+    INPUT,
+    Chunk,
+    End,
+    Mark,
+    ResponseOptions,
+    SessionKey,
+    split_fields,
+)
 from omni_actors.serving.orchestrator import StartSession
+from omni_actors.serving.resample import StreamResampler
+from omni_actors.serving.response import Response
 from omni_actors.serving.session_actor import SessionChannel
 
 if TYPE_CHECKING:
@@ -80,6 +111,8 @@ class Session:
         self._drained = False  # the terminal event has been handed to the caller
         self._expiry: TimerHandle | None = None
         self._expiring: asyncio.Task[None] | None = None
+        self.response: Response | None = None  # the last one started
+        self._resampler: StreamResampler | None = None  # audio at the caller's own rate
 
     async def __aenter__(self) -> Session:
         error = await self.open()
@@ -153,35 +186,229 @@ class Session:
         *,
         text: str | None = None,
         audio: torch.Tensor | None = None,
+        sample_rate: int | None = None,
         fields: Mapping[str, torch.Tensor | str] | None = None,
         end: End = "",
     ) -> None:
-        """Send input (``text``, ``audio`` samples, or named ``fields``) to the entry stage.
+        """Append input (``text``, ``audio`` samples, or named ``fields``) to the turn.
 
-        ``end`` ends the current segment (``segment``) or the session (``finished``).
+        ``audio`` is mono: float samples in [-1, 1], or int16 PCM. At a ``sample_rate``
+        other than the pipeline's (``inputs.sample_rate``) it is resampled as one
+        stream: pieces join without clicks, and the last samples of a turn are sent
+        when it is committed or answered.
+
+        ``end`` ends the current segment (``segment``: the pipeline answers it, as
+        :meth:`respond` does, but segments may overlap: one may end while the reply to
+        the previous one is still being voiced, and the replies come in order) or the
+        session (``finished``: the last input is answered, then the session ends).
+
         Once a window of input chunks (``flow.window``) is in flight, this waits until the
-        entry stage takes some, ``deadlines.inter_chunk_s`` at most.
+        entry stage takes some, ``deadlines.inter_chunk_s`` at most (so do ``commit``,
+        ``clear``, ``respond`` and ``truncate``, which send a chunk each).
 
         Raises:
             SessionClosedError: the session has ended (its terminal event says why).
+            InvalidRequestError: ``audio`` is not a 1-D float or int16 tensor, or
+                ``sample_rate`` is not a positive int.
             BackpressureError: the entry stage took none of the input in flight within
                 ``deadlines.inter_chunk_s``; the session has ended with that error.
         """
-        if self.ended or self._entry is None:
-            raise SessionClosedError(f"session {self.id} has ended; open a new one")
         payload: dict[str, torch.Tensor | str] = dict(fields or {})
         if text is not None:
             payload["text"] = text
         if audio is not None:
-            payload["audio"] = audio
-        credits = self.channel.input
-        if not credits.try_take():
-            await self._wait_for_credit(credits)
-        tensors, texts = split_fields(payload)
+            samples = self._audio(audio, sample_rate)
+            if samples.numel():
+                payload["audio"] = samples
+        elif sample_rate is not None:
+            raise InvalidRequestError("sample_rate describes audio; none was sent")
+        if end:
+            await self._flush_audio()
+        if end == "segment":
+            self._check_open()
+            self._start_response(uuid.uuid4().hex)
+            await self._send(payload, end=end, options=ResponseOptions())
+            return
+        self._check_open()
         if end and (self.resumable or self._segment > 0):
             # A segment's latency counts from the end of its input; a one-shot request's
             # from the call (admission and prewarm included).
             self.channel.starts[self._segment] = time.monotonic()
+        await self._send(payload, end=end)
+
+    async def commit(self) -> None:
+        """Make the input since the last commit a user turn; no reply is started.
+
+        Raises:
+            SessionClosedError: the session has ended.
+        """
+        await self._mark("commit")
+
+    async def clear(self) -> None:
+        """Drop the input since the last commit; every stage rolls back what it prefilled.
+
+        Raises:
+            SessionClosedError: the session has ended.
+        """
+        await self._mark("clear")
+
+    async def respond(
+        self,
+        *,
+        max_tokens: int | None = None,
+        temperature: float | None = None,
+        voice: str | None = None,
+        response_id: str | None = None,
+    ) -> Response:
+        """Start a reply to the conversation so far (any uncommitted input is committed).
+
+        Args:
+            max_tokens: the reply's most text tokens (default: the thinker's setting).
+            temperature: sampling temperature, 0 for greedy (default: the engine's).
+            voice: the speaker (default: the talker's setting).
+            response_id: the response's id (default: a new one).
+
+        Raises:
+            SessionClosedError: the session has ended.
+            InvalidRequestError: a response is in flight, an override is out of range,
+                or the session is a one-shot request.
+        """
+        if max_tokens is not None and (
+            isinstance(max_tokens, bool) or not isinstance(max_tokens, int) or max_tokens < 1
+        ):
+            raise InvalidRequestError(f"max_tokens must be a positive int, got {max_tokens!r}")
+        if temperature is not None and not (
+            isinstance(temperature, int | float)
+            and not isinstance(temperature, bool)
+            and math.isfinite(temperature)
+            and temperature >= 0
+        ):
+            raise InvalidRequestError(f"temperature must be a number >= 0, got {temperature!r}")
+        if voice is not None and (not isinstance(voice, str) or not voice):
+            raise InvalidRequestError(f"voice must be a non-empty name, got {voice!r}")
+        self._check_respond()
+        options = ResponseOptions(
+            max_tokens=max_tokens,
+            temperature=None if temperature is None else float(temperature),
+            voice=voice,
+        )
+        response = self._start_response(response_id or uuid.uuid4().hex)
+        await self._send({}, end="segment", options=options)
+        return response
+
+    async def end_segment(self) -> Response:
+        """Commit the input and respond to it: :meth:`respond` with no overrides."""
+        return await self.respond()
+
+    async def truncate(self, audio_ms: float) -> None:
+        """Cut the last reply to its first ``audio_ms`` of audio (what the user heard).
+
+        Every stage rolls its state back past that point (the thinker keeps only the
+        text that was spoken), so the next reply follows the conversation as heard.
+
+        Raises:
+            SessionClosedError: the session has ended.
+            InvalidRequestError: a response is in flight (cancel it first), no response
+                has ended yet, ``audio_ms`` is negative, or a stage cannot truncate.
+        """
+        if not (isinstance(audio_ms, int | float) and math.isfinite(audio_ms) and audio_ms >= 0):
+            raise InvalidRequestError(f"audio_ms must be a number >= 0, got {audio_ms!r}")
+        self._check_open()
+        if self._in_flight():
+            raise InvalidRequestError(
+                f"session {self.id}: a response is in flight; cancel it before truncating"
+            )
+        assert self._ref is not None
+        kept: object = await self._ref.ask(
+            TruncateResponse(audio_ms=float(audio_ms)), timeout=_ABORT_TIMEOUT_S
+        )
+        if isinstance(kept, OmniError):
+            raise kept
+        assert isinstance(kept, int)
+        await self._send({}, mark="truncate", kept=kept)
+
+    async def _cancel(self, segment: int) -> bool:
+        if self.ended or self._ref is None:
+            return False
+        with contextlib.suppress(OmniError):  # the session actor is gone: so is the reply
+            return await self._ref.ask(CancelResponse(segment=segment), timeout=_ABORT_TIMEOUT_S)
+        return False
+
+    def _check_open(self) -> None:
+        if self.ended or self._entry is None:
+            raise SessionClosedError(f"session {self.id} has ended; open a new one")
+
+    def _in_flight(self) -> bool:
+        return self._segment > self.channel.completed
+
+    def _check_respond(self) -> None:
+        self._check_open()
+        if not self.resumable:
+            raise InvalidRequestError("a one-shot request has one reply; open a session")
+        if self._in_flight():
+            current = self.response.id if self.response is not None else "?"
+            raise InvalidRequestError(
+                f"session {self.id}: response {current} is in flight; cancel it or wait "
+                "for its ResponseDone"
+            )
+
+    def _start_response(self, response_id: str) -> Response:
+        segment = self._segment
+        self.channel.responses[segment] = response_id
+        self.channel.starts[segment] = time.monotonic()  # latency counts from here
+        self.response = Response(self, response_id, segment)
+        return self.response
+
+    async def _mark(self, mark: Mark) -> None:
+        self._check_open()
+        if mark == "clear":
+            self._resampler = None  # what it holds is dropped with the rest
+        else:
+            await self._flush_audio()
+        await self._send({}, mark=mark)
+
+    def _audio(self, audio: torch.Tensor, sample_rate: int | None) -> torch.Tensor:
+        """``audio`` as float32 samples at the pipeline's rate (what is ready of them)."""
+        if not isinstance(audio, torch.Tensor) or (
+            audio.dim() != 1 and audio.numel() != max(audio.shape, default=0)
+        ):
+            raise InvalidRequestError("audio must be a 1-D tensor of mono samples")
+        if audio.dtype == torch.int16:
+            audio = audio.to(torch.float32) / 32768.0
+        elif not audio.is_floating_point():
+            raise InvalidRequestError(f"audio must be float or int16 samples, not {audio.dtype}")
+        audio = audio.reshape(-1).to(torch.float32)
+        rate = self.pipeline.spec.inputs.sample_rate
+        if sample_rate is None or sample_rate == rate:
+            return audio
+        if isinstance(sample_rate, bool) or not isinstance(sample_rate, int) or sample_rate < 1:
+            raise InvalidRequestError(f"sample_rate must be a positive int, got {sample_rate!r}")
+        if self._resampler is None or self._resampler.source != sample_rate:
+            self._resampler = StreamResampler(sample_rate, rate)
+        return self._resampler.push(audio)
+
+    async def _flush_audio(self) -> None:
+        """Send the end of the resampled audio stream before a turn boundary."""
+        resampler, self._resampler = self._resampler, None
+        if resampler is not None:
+            tail = resampler.flush()
+            if tail.numel():
+                await self._send({"audio": tail})
+
+    async def _send(
+        self,
+        payload: Mapping[str, torch.Tensor | str],
+        *,
+        end: End = "",
+        mark: Mark = "",
+        kept: int = 0,
+        options: ResponseOptions | None = None,
+    ) -> None:
+        assert self._entry is not None
+        credits = self.channel.input
+        if not credits.try_take():
+            await self._wait_for_credit(credits)
+        tensors, texts = split_fields(payload)
         chunk = Chunk(
             key=self._key,
             source=INPUT,
@@ -191,6 +418,9 @@ class Session:
             end=end,
             segment=self._segment,
             sent_at=time.monotonic(),
+            mark=mark,
+            kept=kept,
+            options=options,
         )
         self._seq += 1
         await self._entry.tell(chunk)
@@ -217,10 +447,6 @@ class Session:
             raise error from None
         if not taken:
             raise SessionClosedError(f"session {self.id} has ended; open a new one")
-
-    async def end_segment(self) -> None:
-        """End the current input segment: the pipeline answers it and stays open."""
-        await self.send(end="segment")
 
     async def finish(self) -> None:
         """End the last segment and the session."""
@@ -276,12 +502,12 @@ class Session:
         return await self.channel.get()
 
     async def events(self) -> AsyncIterator[Event]:
-        """This segment's events, through ``SegmentDone`` or the terminal event."""
+        """The current response's events, through ``ResponseDone`` or the terminal event."""
         while not self._drained:
             event = await self.next_event()
             self._drained = isinstance(event, TERMINAL)
             yield event
-            if isinstance(event, SegmentDone):
+            if isinstance(event, ResponseDone):
                 return
 
     async def __aiter__(self) -> AsyncIterator[Event]:

@@ -13,15 +13,24 @@ Segments may overlap: the caller can end segment 1 while a later stage still wor
 segment 0, so the thinker's reply to segment 1 arrives amid code2wav's audio for
 segment 0. Every chunk and report names its segment; a segment is done when every stage
 on the path has reported it, and the caller gets the segments' events in segment order
-(``Session.events()`` is the reply to one segment, through its ``SegmentDone``): events
-of a later segment are held here until the earlier segment's ``SegmentDone`` is out.
+(``Session.events()`` is the reply to one segment, through its ``ResponseDone``): events
+of a later segment are held here until the earlier segment's ``ResponseDone`` is out.
 The hold is bounded in time by the stages' deadlines: a stalled earlier segment fails
 the session, and the terminal event drops what is held.
+
+In a conversation each segment is a response, named by the id its caller gave it
+(``SessionChannel.responses``). A response ends with ``ResponseDone``: ``completed``,
+``cancelled`` (the caller's :class:`CancelResponse`: every stage is told to stop it,
+and its late deltas are dropped) or ``failed`` (a stage's engine failed it: the other
+stages are told to stop it too). Either way the session stays open. A truncate walks
+the stages back from the audio: each keeps what the user heard of the last reply and
+answers what its source keeps, down to the entry stage's share.
 
 Flow control (``omni_actors.actors.flow``): this actor receives each output stage's
 stream, and the caller's reads of the channel grant it back, so the events queued for
 the caller (held ones included) stay within a window of chunks per output stage, and a
-caller that stops reading makes the output stages wait. The entry stage's credits for
+caller that stops reading makes the output stages wait. A chunk whose events are dropped
+(a cancelled or failed response) counts as taken at once. The entry stage's credits for
 the caller's input arrive here too, and go to the channel, where ``Session.send`` waits
 for them.
 """
@@ -40,11 +49,13 @@ from omni_actors._mailbox import MailboxConfig
 from omni_actors._ref import ActorRef
 from omni_actors.actors.accumulate import ChunkGapError, ChunkSequence
 from omni_actors.actors.flow import CreditWindow, Inflow
-from omni_actors.errors import OmniError, ProtocolError, qualified_name
+from omni_actors.errors import InvalidRequestError, OmniError, ProtocolError, qualified_name
 from omni_actors.protocols.control import (
     DEFAULT_WINDOW,
     Abort,
     AbortSession,
+    Cancel,
+    CancelResponse,
     Deadlines,
     OpenSession,
     Prewarm,
@@ -53,6 +64,8 @@ from omni_actors.protocols.control import (
     StageMessage,
     StreamCredit,
     Target,
+    Truncate,
+    TruncateResponse,
 )
 from omni_actors.protocols.error_code import ErrorCode
 from omni_actors.protocols.events import (
@@ -60,12 +73,13 @@ from omni_actors.protocols.events import (
     AudioDelta,
     Done,
     Event,
-    SegmentDone,
+    ResponseDone,
+    ResponseStatus,
     SessionError,
     SessionMetrics,
     TextDelta,
 )
-from omni_actors.protocols.stage import Chunk, SessionKey, StageMetrics, StageReport
+from omni_actors.protocols.stage import INPUT, Chunk, SessionKey, StageMetrics, StageReport
 
 __all__ = ["SessionActor", "SessionChannel", "StagePlan"]
 
@@ -105,8 +119,10 @@ class SessionChannel:
     __slots__ = (
         "_events",
         "_waiter",
+        "completed",
         "inflow",
         "input",
+        "responses",
         "sample_rate",
         "starts",
         "terminal",
@@ -117,6 +133,8 @@ class SessionChannel:
         self.sample_rate = sample_rate
         self.window = window
         self.starts: dict[int, float] = {}
+        self.responses: dict[int, str] = {}  # response id by segment, set by the caller
+        self.completed = 0  # segments whose ResponseDone (or the terminal event) is out
         self.terminal: Event | None = None
         self.input = CreditWindow(window)
         self.inflow: Inflow | None = None
@@ -186,16 +204,28 @@ class _Reply:
 
     __slots__ = (
         "audio_samples",
+        "code",
         "done_at",
+        "error_type",
         "finished",
         "first_audio",
         "first_text",
         "held",
         "last_audio",
+        "message",
         "reports",
+        "response",
+        "stage",
+        "status",
     )
 
-    def __init__(self) -> None:
+    def __init__(self, response: str) -> None:
+        self.response = response
+        self.status: ResponseStatus = "completed"
+        self.code: ErrorCode | None = None  # with status "failed"
+        self.message = ""
+        self.stage = ""
+        self.error_type = ""
         self.first_text: float | None = None
         self.first_audio: float | None = None
         self.last_audio: float | None = None
@@ -239,12 +269,13 @@ class SessionActor(Actor[SessionMessage]):
         self.admission_deadline = admission_deadline
         self.channel = channel
         # The output stages' streams end here: their credits come from the caller's reads.
-        channel.inflow = Inflow(
+        channel.inflow = self.inflow = Inflow(
             key, "client", channel.window, {name: p.ref for name, p in plan.items() if p.emit}
         )
         self.sequences: dict[str, ChunkSequence] = {}
         self.segment = 0  # the segment whose events go to the caller now
         self._pending: dict[int, _Reply] = {}  # segments not yet done, by number
+        self._last: _Reply | None = None  # the last response done
         self._ended = False
 
     async def receive(self, message: SessionMessage) -> Any:
@@ -263,6 +294,10 @@ class SessionActor(Actor[SessionMessage]):
                 return True
             case StageFailed(stage=stage, error=error):
                 await self._fail("stage_failed", f"stage {stage} failed: {error}", stage)
+            case CancelResponse(segment=segment):
+                return await self._cancel(segment)
+            case TruncateResponse(audio_ms=audio_ms):
+                return await self._truncate(audio_ms)
             case StreamCredit(n=n):
                 # The entry stage took some of the caller's input: Session.send may go on.
                 self.channel.input.grant(n)
@@ -329,7 +364,7 @@ class SessionActor(Actor[SessionMessage]):
             return None
         reply = self._pending.get(segment)
         if reply is None:
-            reply = self._pending[segment] = _Reply()
+            reply = self._pending[segment] = _Reply(self.channel.responses.get(segment, ""))
         return reply
 
     async def _output(self, chunk: Chunk) -> OmniError | None:
@@ -341,24 +376,24 @@ class SessionActor(Actor[SessionMessage]):
                 return None
         except ChunkGapError as exc:
             return exc
-        inflow = self.channel.inflow
-        if inflow is not None:
-            try:
-                inflow.received(chunk.source)
-            except ProtocolError as exc:  # past its window: refused, never queued
-                return exc
+        try:
+            self.inflow.received(chunk.source)
+        except ProtocolError as exc:  # past its window: refused, never queued
+            return exc
         reply = self._reply(chunk.segment)
-        text, audio = (None, None) if reply is None else self._deltas(chunk, reply)
+        if reply is None or reply.status != "completed":
+            # Done, or cancelled or failed: what it still says is moot (and taken now).
+            await self._taken(chunk.source)
+            return None
+        text, audio = self._deltas(chunk, reply)
         last = audio or text
-        if reply is not None and last is not None:
-            if text is not None and audio is not None:
-                self._emit(chunk.segment, reply, text)
-            # The chunk is taken once the caller reads its last event.
-            self._emit(chunk.segment, reply, last, chunk.source)
-        elif inflow is not None:  # nothing for the caller to read: taken now
-            due = inflow.taken(chunk.source)
-            if due:
-                await inflow.grant(chunk.source, due)
+        if last is None:  # nothing for the caller to read: taken now
+            await self._taken(chunk.source)
+            return None
+        if text is not None and audio is not None:
+            self._emit(chunk.segment, reply, text)
+        # The chunk is taken once the caller reads its last event.
+        self._emit(chunk.segment, reply, last, chunk.source)
         return None
 
     def _deltas(self, chunk: Chunk, reply: _Reply) -> tuple[TextDelta | None, AudioDelta | None]:
@@ -370,7 +405,7 @@ class SessionActor(Actor[SessionMessage]):
         if text:
             if reply.first_text is None:
                 reply.first_text = now
-            text_delta = TextDelta(session=self.id, text=text)
+            text_delta = TextDelta(session=self.id, text=text, response=reply.response)
         audio = chunk.tensors.get("audio")
         if audio is not None and audio.numel():
             if reply.first_audio is None:
@@ -378,7 +413,10 @@ class SessionActor(Actor[SessionMessage]):
             reply.last_audio = now
             reply.audio_samples += audio.numel()
             audio_delta = AudioDelta(
-                session=self.id, audio=audio, sample_rate=self.channel.sample_rate
+                session=self.id,
+                audio=audio,
+                sample_rate=self.channel.sample_rate,
+                response=reply.response,
             )
         return text_delta, audio_delta
 
@@ -392,6 +430,19 @@ class SessionActor(Actor[SessionMessage]):
         else:
             reply.held.append((event, source))
 
+    async def _taken(self, source: str) -> None:
+        """A chunk from ``source`` that the caller will not read counts as taken."""
+        due = self.inflow.taken(source)
+        if due:
+            await self.inflow.grant(source, due)
+
+    async def _drop_held(self, reply: _Reply) -> None:
+        """Drop the events held for ``reply``; their chunks count as taken."""
+        held, reply.held = reply.held, []
+        for _, source in held:
+            if source:
+                await self._taken(source)
+
     async def _report(self, report: StageReport) -> None:
         if report.end == "error":
             code = report.code if report.code is not None else "internal"
@@ -399,6 +450,15 @@ class SessionActor(Actor[SessionMessage]):
             return
         reply = self._reply(report.segment)
         if reply is None:
+            return
+        if report.end == "failed":  # a notice: the stage's report of the end follows
+            if reply.status == "completed":
+                reply.status = "failed"
+                reply.code = report.code if report.code is not None else "engine_error"
+                reply.message, reply.stage = report.error, report.stage
+                reply.error_type = report.error_type
+                await self._drop_held(reply)
+                await self._cancel_stages(report.segment)  # the reply is over everywhere
             return
         reply.reports[report.stage] = report.metrics
         reply.finished |= report.end == "finished"
@@ -413,10 +473,27 @@ class SessionActor(Actor[SessionMessage]):
             del self._pending[self.segment]
             metrics = self._metrics(self.segment, reply)
             if reply.finished:
-                await self._end(Done(session=self.id, metrics=metrics), abort=False)
+                if reply.status == "failed":  # the last reply failed: so did the session
+                    assert reply.code is not None
+                    await self._fail(reply.code, reply.message, reply.stage, reply.error_type)
+                else:
+                    await self._end(Done(session=self.id, metrics=metrics), abort=False)
                 return
-            self.channel.put(SegmentDone(session=self.id, segment=self.segment, metrics=metrics))
+            self.channel.put(
+                ResponseDone(
+                    session=self.id,
+                    response=reply.response,
+                    segment=self.segment,
+                    status=reply.status,
+                    metrics=metrics,
+                    code=reply.code,
+                    message=reply.message,
+                    stage=reply.stage,
+                )
+            )
+            self._last = reply
             self.segment += 1
+            self.channel.completed = self.segment
             following = self._pending.get(self.segment)
             if following is not None:
                 for event, source in following.held:
@@ -442,6 +519,51 @@ class SessionActor(Actor[SessionMessage]):
             rtf=rtf,
             stages={name: reply.reports[name] for name in self.plan if name in reply.reports},
         )
+
+    # -- cancel and truncate -------------------------------------------------------------
+
+    async def _cancel(self, segment: int) -> bool:
+        """Stop response ``segment`` on every stage; False if it is already done."""
+        if self._ended or segment < self.segment:
+            return False
+        reply = self._reply(segment)
+        if reply is None:
+            return False
+        if reply.status == "completed":
+            reply.status = "cancelled"
+            await self._drop_held(reply)
+            await self._cancel_stages(segment)
+        return True
+
+    async def _cancel_stages(self, segment: int) -> None:
+        for p in self.plan.values():
+            await p.ref.tell(Cancel(key=self.key, segment=segment))
+
+    async def _truncate(self, audio_ms: float) -> int | InvalidRequestError:
+        """How many outputs the entry stage keeps once every later stage kept what the
+        user heard of the last reply (see the module docstring)."""
+        last = self._last
+        if self._pending or last is None:
+            why = "a response is in flight" if self._pending else "no response has ended yet"
+            return InvalidRequestError(f"session {self.id}: nothing to truncate ({why})")
+        samples = max(0, min(round(audio_ms * self.channel.sample_rate / 1e3), last.audio_samples))
+        answers: dict[str, int] = {}  # per stage: what its sources keep
+        for name in reversed(self.plan):  # the plan is in topological order
+            plan = self.plan[name]
+            if "audio" in plan.emit:
+                kept = samples
+            else:
+                shares = [answers[t.stage] for t in plan.targets if t.stage in answers]
+                if not shares:
+                    continue  # not on the way to the audio
+                kept = min(shares)
+            if INPUT in plan.sources:
+                return kept
+            answer = await plan.ref.ask(Truncate(key=self.key, kept=kept), timeout=_ABORT_TIMEOUT)
+            if not isinstance(answer, int):
+                return InvalidRequestError(f"session {self.id}: {answer.reason}")
+            answers[name] = answer
+        return InvalidRequestError(f"session {self.id}: no audio reaches the caller to truncate")
 
     # -- ending -----------------------------------------------------------------------
 

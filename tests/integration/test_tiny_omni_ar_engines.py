@@ -24,6 +24,7 @@ import torch
 from transformers import DynamicCache
 
 from omni_actors import model_cache
+from omni_actors.actors.accumulate import Accumulator
 from omni_actors.actors.engine import Fields
 from omni_actors.actors.engine_registry import EngineArgsError, build_engine
 from omni_actors.actors.tiny_omni import configs, stepping, weights
@@ -92,8 +93,22 @@ def tensor(fields: Fields, name: str) -> torch.Tensor:
     return value
 
 
+def tokens(outputs: list[Fields]) -> list[Fields]:
+    """The outputs that carry a token (user rows may come in outputs of their own)."""
+    return [o for o in outputs if "token_ids" in o]
+
+
 def ids(outputs: list[Fields]) -> list[int]:
-    return [int(tensor(o, "token_ids")) for o in outputs]
+    return [int(tensor(o, "token_ids")) for o in tokens(outputs)]
+
+
+def user_rows(outputs: list[Fields]) -> tuple[torch.Tensor, torch.Tensor]:
+    """The ``user`` rows and ``user_mask`` of a response, concatenated (the edge's rule)."""
+    rows = [tensor(o, "user") for o in outputs if "user" in o]
+    masks = [tensor(o, "user_mask") for o in outputs if "user_mask" in o]
+    if not rows:
+        return torch.zeros(0, 64), torch.zeros(0, dtype=torch.bool)
+    return torch.cat(rows), torch.cat(masks)
 
 
 def sine(seconds: float = 1.0) -> torch.Tensor:
@@ -107,12 +122,11 @@ def stream_edge(outputs: list[Fields]) -> list[Fields]:
 
 
 def full_edge(outputs: list[Fields]) -> list[Fields]:
-    """What a ``full`` edge delivers: one chunk, per-token fields concatenated."""
-    first = outputs[0]
-    merged: dict[str, torch.Tensor | str] = {k: first[k] for k in ("prompt", "prompt_mask", "tts")}
-    merged["embed"] = torch.cat([tensor(o, "embed") for o in outputs])
-    merged["token_ids"] = torch.cat([tensor(o, "token_ids") for o in outputs])
-    return [merged]
+    """What a ``full`` edge delivers: one chunk, fields merged by their accumulate rules."""
+    merged = Accumulator(ThinkerEngine.outputs)
+    for out in outputs:
+        merged.add(out)
+    return [{k: v for k, v in merged.snapshot().items() if k in TALKER_FIELDS}]
 
 
 def codes(outputs: list[Fields]) -> torch.Tensor:
@@ -121,7 +135,11 @@ def codes(outputs: list[Fields]) -> torch.Tensor:
 
 async def test_thinker_yields_tokens_and_the_talker_inputs_first(cache_dir: Path) -> None:
     async with thinker(cache_dir) as engine:
-        outputs = await run(engine, "s", feed([{"text": TEXT}]))
+        everything = await run(engine, "s", feed([{"text": TEXT}]))
+    outputs = tokens(everything)
+    # The committed user turn comes first, in an output of its own.
+    assert set(everything[0]) == {"user", "user_mask"}
+    assert everything[1:] == outputs
     assert 8 <= len(outputs) <= 48
     table = weights.load(cache_dir / "tiny-omni" / "seed-0" / "thinker").get_input_embeddings()
     for k, out in enumerate(outputs):
@@ -134,16 +152,16 @@ async def test_thinker_yields_tokens_and_the_talker_inputs_first(cache_dir: Path
         assert embed.shape == (1, 64)
         assert embed.dtype == torch.float32
         assert torch.equal(embed, table(token))
-        assert ("prompt" in out) == (k == 0)
-    first = outputs[0]
-    prompt, mask, tts = (tensor(first, k) for k in ("prompt", "prompt_mask", "tts"))
+        assert ("opening" in out) == ("tts" in out) == (k == 0)
+    user, mask = user_rows(everything)
+    opening, tts = (tensor(outputs[0], k) for k in ("opening", "tts"))
     turn = [Tokens.IM_START, Tokens.USER, 10, *configs.encode_text(TEXT), Tokens.IM_END, 10]
-    turn += [Tokens.IM_START, Tokens.ASSISTANT, 10]
-    assert prompt.shape == (len(turn), 64)
-    assert torch.equal(prompt, table(torch.tensor(turn)))  # text only: embeddings
+    assert user.shape == (len(turn), 64)
+    assert torch.equal(user, table(torch.tensor(turn)))  # text only: embeddings
     assert mask.dtype == torch.bool
     assert mask.shape == (len(turn),)
     assert not mask.any()
+    assert torch.equal(opening, table(torch.tensor([Tokens.IM_START, Tokens.ASSISTANT, 10])))
     assert torch.equal(tts, table(torch.tensor([Tokens.TTS_BOS, Tokens.TTS_EOS, Tokens.TTS_PAD])))
 
 
@@ -154,7 +172,7 @@ async def test_thinker_is_deterministic(cache_dir: Path) -> None:
     async with thinker(cache_dir) as engine:
         third = await run(engine, "a", feed([{"text": TEXT}]))
     assert ids(first) == ids(second) == ids(third)
-    pairs = zip(first, third, strict=True)
+    pairs = zip(tokens(first), tokens(third), strict=True)
     assert all(torch.equal(tensor(a, "embed"), tensor(b, "embed")) for a, b in pairs)
 
 
@@ -163,7 +181,7 @@ async def test_thinker_respects_min_and_max_new_tokens(
     cache_dir: Path, low: int, high: int
 ) -> None:
     async with thinker(cache_dir, min_new_tokens=low, max_new_tokens=high) as engine:
-        outputs = await run(engine, "s", feed([{"text": TEXT}]))
+        outputs = tokens(await run(engine, "s", feed([{"text": TEXT}])))
     assert low <= len(outputs) <= high
     assert Tokens.IM_END not in ids(outputs)
 
@@ -188,7 +206,7 @@ async def test_thinker_text_in_chunks_equals_one_chunk(cache_dir: Path) -> None:
         whole = await run(engine, "whole", feed([{"text": TEXT}]))
         chunked = await run(engine, "chunked", feed(pieces, pause=0.005))
     assert ids(chunked) == ids(whole)
-    assert torch.equal(tensor(chunked[0], "prompt"), tensor(whole[0], "prompt"))
+    assert torch.equal(user_rows(chunked)[0], user_rows(whole)[0])
 
 
 async def test_thinker_takes_audio(cache_dir: Path) -> None:
@@ -201,12 +219,12 @@ async def test_thinker_takes_audio(cache_dir: Path) -> None:
         )
         plain = await run(engine, "c", feed([{"text": "Hi!"}]))
         blip = await run(engine, "d", feed([{"audio": sine()[:200]}, {"text": "Hi!"}]))
-    assert 8 <= len(heard) <= 48
+    assert 8 <= len(ids(heard)) <= 48
     assert ids(heard) != ids(plain)
-    mask = tensor(heard[0], "prompt_mask")
+    mask = user_rows(heard)[1]
     assert int(mask.sum()) == 13  # 1 s -> 100 mel frames -> 13 audio positions
     assert mask[:4].tolist() == [False] * 4  # im_start user \n audio_start
-    # Chunks of one audio run are buffered and encoded as one clip.
+    # Chunks of one audio run make one clip.
     assert ids(split) == ids(heard)
     assert ids(blip) == ids(plain)  # under one STFT window: dropped, nothing to hear
 
@@ -222,12 +240,12 @@ async def test_thinker_session_resumes_where_it_stopped(cache_dir: Path) -> None
         await engine.release("s")
         assert engine.active_sessions == {"t"}
         assert engine.cached_tokens("s") == 0
-    lengths = [tensor(o[0], "prompt").shape[0] for o in (first, second)]
-    assert lengths == [3 + 3 + 2 + 3, 3 + 4 + 2 + 3]  # each segment's own user turn
+    lengths = [user_rows(o)[0].shape[0] for o in (first, second)]
+    assert lengths == [3 + 3 + 2, 3 + 4 + 2]  # each segment's own user turn
     # The 6th token is not fed; the next segment feeds it with <|im_end|> \n first.
-    assert after_first == lengths[0] + 5
-    assert after_second == after_first + 3 + lengths[1] + 5
-    assert len(second) == len(fresh) == 6
+    assert after_first == lengths[0] + 3 + 5
+    assert after_second == after_first + 3 + lengths[1] + 3 + 5
+    assert len(ids(second)) == len(ids(fresh)) == 6
     assert ids(second) != ids(fresh)  # the first exchange is in context
 
 
@@ -268,12 +286,12 @@ async def test_talker_stream_and_full_input_give_the_same_codes(cache_dir: Path)
     async with talker(cache_dir) as engine:
         streamed = await run(engine, "stream", feed(stream_edge(said), pause=0.002))
         whole = await run(engine, "full", feed(full_edge(said)))
-        assert engine.active_sessions == set()
-    assert len(streamed) == len(whole) == 2 * len(said)
+        assert engine.generating == set()
+    assert len(streamed) == len(whole) == 2 * len(ids(said))
     assert torch.equal(codes(streamed), codes(whole))
     frames = codes(whole)
     assert frames.dtype == torch.int64
-    assert frames.shape == (2 * len(said), configs.DEFAULT_NUM_CODE_GROUPS)
+    assert frames.shape == (2 * len(ids(said)), configs.DEFAULT_NUM_CODE_GROUPS)
     assert all(tensor(out, "codes").shape == (1, 4) for out in whole)
     assert int(frames.min()) >= 0
     assert int(frames.max()) < configs.CODEBOOK_SIZE
@@ -288,13 +306,14 @@ async def test_talker_follows_hf_schedule_with_audio_prompt(cache_dir: Path) -> 
         ours = codes(await run(engine, "s", feed(stream_edge(said))))
 
     model: Any = weights.load(cache_dir / "tiny-omni" / "seed-0" / "talker")
-    prompt, mask, tts = (tensor(said[0], k) for k in ("prompt", "prompt_mask", "tts"))
+    rows, mask = user_rows(said)
+    opening, tts = (tensor(tokens(said)[0], k) for k in ("opening", "tts"))
     assert mask.any()
-    embeds = [tensor(o, "embed")[None] for o in said]
-    user = stepping.talker_user_part(model, prompt[None, :-3], prompt[None, :-3], mask[None, :-3])
+    embeds = [tensor(o, "embed")[None] for o in tokens(said)]
+    user = stepping.talker_user_part(model, rows[None], rows[None], mask[None])
     prefix = stepping.talker_assistant_prefix(
         model,
-        torch.cat((prompt[None, -3:], embeds[0]), dim=1),
+        torch.cat((opening[None], embeds[0]), dim=1),
         (tts[None, 0:1], tts[None, 2:3]),
         configs.SPEAKERS["ethan"],
     )
@@ -304,7 +323,7 @@ async def test_talker_follows_hf_schedule_with_audio_prompt(cache_dir: Path) -> 
     hidden, logits = stepping.talker_forward(model, inputs, cache, 0)
     position, frames = inputs.shape[1], []
     vocab, eos = model.config.text_config.vocab_size, model.config.codec_eos_token_id
-    for k in range(3 * len(said)):
+    for k in range(3 * len(embeds)):
         code0 = stepping.greedy(stepping.mask_codec_logits(logits, vocab, eos))
         frame, carry = stepping.code_predictor_frame(model, hidden, code0)
         frames.append(frame)
@@ -319,7 +338,8 @@ async def test_talker_follows_hf_schedule_with_audio_prompt(cache_dir: Path) -> 
 async def test_talker_waits_for_tokens_it_needs(cache_dir: Path) -> None:
     said = await _thinker_output(cache_dir, [{"text": TEXT}], max_new_tokens=6)
     async with talker(cache_dir) as engine:
-        outputs = engine.generate("s", hang_after(stream_edge(said)[:2]))
+        second = said.index(tokens(said)[1])  # the output with token 1
+        outputs = engine.generate("s", hang_after(stream_edge(said)[: second + 1]))
         got = [await anext(outputs) for _ in range(2)]  # frames 0 and 1: tokens 0 and 1
         pending = asyncio.ensure_future(anext(outputs))
         # frame 2 needs token 2, which never comes
@@ -327,7 +347,7 @@ async def test_talker_waits_for_tokens_it_needs(cache_dir: Path) -> None:
         await engine.abort("s")
         with pytest.raises(StopAsyncIteration):
             await asyncio.wait_for(pending, 5.0)
-        assert engine.active_sessions == set()
+        assert engine.active_sessions == set()  # abort drops the session's state
         alone = await run(engine, "t", feed(full_edge(said)))
     assert torch.equal(codes(got), codes(alone)[:2])
 
@@ -350,11 +370,12 @@ async def test_talker_interleaved_sessions_match_running_alone(cache_dir: Path) 
     async with talker(cache_dir) as engine:
         alone_a = codes(await run(engine, "a", feed(full_edge(said_a))))
         alone_b = codes(await run(engine, "b", feed(full_edge(said_b))))
+        # Fresh sessions: "a" and "b" now hold their first exchange.
         both = await asyncio.gather(
-            run(engine, "a", feed(stream_edge(said_a), pause=0.003)),
-            run(engine, "b", feed(stream_edge(said_b), pause=0.002)),
+            run(engine, "a2", feed(stream_edge(said_a), pause=0.003)),
+            run(engine, "b2", feed(stream_edge(said_b), pause=0.002)),
         )
-        assert engine.active_sessions == set()
+        assert engine.generating == set()
     assert torch.equal(codes(both[0]), alone_a)
     assert torch.equal(codes(both[1]), alone_b)
     assert not torch.equal(alone_a[: len(alone_b)], alone_b[: len(alone_a)])
@@ -363,9 +384,9 @@ async def test_talker_interleaved_sessions_match_running_alone(cache_dir: Path) 
 async def test_talker_without_tokens_says_nothing(cache_dir: Path) -> None:
     async with talker(cache_dir) as engine:
         assert await run(engine, "s", feed([])) == []
-        with pytest.raises(ValueError, match="prompt_mask"):
+        with pytest.raises(ValueError, match="opening or tts"):
             await run(engine, "t", feed([{"embed": torch.zeros(1, 64)}]))
-        assert engine.active_sessions == set()
+        assert engine.generating == set()
 
 
 async def test_talker_codec_eos_is_masked_unless_asked_to_stop(cache_dir: Path) -> None:
@@ -375,7 +396,7 @@ async def test_talker_codec_eos_is_masked_unless_asked_to_stop(cache_dir: Path) 
         masked = codes(await run(engine, "s", feed(full_edge(said))))
     async with talker(cache_dir, stop_at_codec_eos=True) as engine:
         stopped = codes(await run(engine, "s", feed(stream_edge(said))))
-        assert engine.active_sessions == set()
-    assert masked.shape[0] == 2 * len(said)
+        assert engine.generating == set()
+    assert masked.shape[0] == 2 * len(ids(said))
     assert 0 < stopped.shape[0] < masked.shape[0]
     assert torch.equal(stopped, masked[: stopped.shape[0]])  # the same frames up to EOS

@@ -3,7 +3,8 @@
 The reference everywhere is HF's own forward over the whole code sequence at once; the
 engine must reproduce it from ``ChunkPolicy`` windows, add the 555-sample tail HF trims
 (so a segment of ``F`` frames is exactly ``1920 * F`` samples), share forwards between
-sessions without mixing their audio, and end aborted or stopped sessions at once.
+sessions without mixing their audio, end aborted or stopped sessions at once, and map
+the samples a user heard of the last reply back to the frames they depend on.
 """
 
 from __future__ import annotations
@@ -116,7 +117,7 @@ async def test_stream_of_windows_equals_one_shot_decode(
     async with running(cache) as engine:
         pieces = await decode(engine, "s", feed(inputs))
         whole = await decode(engine, "full", feed([{"codes": codes}]))  # a full edge
-        assert engine.active_sessions == set()
+        assert engine.generating == set()
 
     new = [4, 25, 25, 6][: len(inputs)]
     expected = [PER_FRAME * new[0] - PENDING] + [PER_FRAME * n for n in new[1:]] + [PENDING]
@@ -198,9 +199,9 @@ async def test_abort_mid_stream_frees_session_and_others_continue(cache: Path) -
         a = asyncio.create_task(decode(engine, "a", feed(windows(codes["a"]))))
         b = asyncio.create_task(decode(engine, "b", feed(windows(codes["b"]), stalled)))
         await stalled.wait()  # b has yielded two chunks' audio and waits for a third
-        assert "b" in engine.active_sessions
+        assert "b" in engine.generating
         await engine.abort("b")
-        assert "b" not in engine.active_sessions
+        assert "b" not in engine.generating
         b_pieces = await asyncio.wait_for(b, 5.0)  # its input never ends: only the abort
         assert len(b_pieces) == 2  # what it decoded before the abort, and no tail
 
@@ -210,7 +211,7 @@ async def test_abort_mid_stream_frees_session_and_others_continue(cache: Path) -
         busy = asyncio.create_task(engine.call(free.wait))
         try:
             c = asyncio.create_task(decode(engine, "c", feed(windows(codes["c"]))))
-            await eventually(lambda: "c" in engine.active_sessions)  # its chunk is queued
+            await eventually(lambda: "c" in engine.generating)  # its chunk is queued
             await engine.abort("c")
             assert await asyncio.wait_for(c, 5.0) == []
             assert not busy.done()  # c ended while the model thread was still taken
@@ -218,7 +219,7 @@ async def test_abort_mid_stream_frees_session_and_others_continue(cache: Path) -
             free.set()
         await busy
         a_pieces = await a
-        assert engine.active_sessions == set()
+        assert engine.generating == set()
     assert close(torch.cat(a_pieces), solo)
 
 
@@ -232,7 +233,7 @@ async def test_bad_chunk_fails_only_its_session(cache: Path) -> None:
         with pytest.raises(Code2WavInputError, match=r"\[frames, 4\]"):
             await decode(engine, "bad", feed([{"codes": good[:, :3]}]))
         assert sum(p.shape[-1] for p in await ok) == PER_FRAME * 30
-        assert engine.active_sessions == set()
+        assert engine.generating == set()
 
 
 @pytest.mark.integration
@@ -247,7 +248,7 @@ async def test_stop_ends_generating_sessions_and_leaves_no_task(cache: Path) -> 
     await engine.stop()
     with pytest.raises(EngineStoppedError):
         await session
-    assert engine.active_sessions == set()
+    assert engine.generating == set()
     current = asyncio.current_task()
     assert [t for t in asyncio.all_tasks() if t is not current and not t.done()] == []
     with pytest.raises(EngineStoppedError):
@@ -260,3 +261,70 @@ def test_args_are_checked(cache: Path) -> None:
         build_engine("tiny-omni.code2wav", {"cache_dir": str(cache), "max_btach": 4})
     with pytest.raises(EngineArgsError, match=r"args\.max_batch: Input should be greater"):
         build_engine("tiny-omni.code2wav", {"cache_dir": str(cache), "max_batch": 0})
+
+
+@pytest.mark.integration
+async def test_truncate_maps_heard_samples_to_the_frames_they_depend_on(
+    cache: Path, reference: Any
+) -> None:
+    """Checked against the decoder itself: frame ``n`` first changes sample
+    ``1920 * n - 555`` (the first window lacks the 555 samples held back for the next)."""
+    frames = 12
+    codes = random_codes(frames, seed=11)
+    async with running(cache) as engine:
+
+        async def cut(kept: int) -> int:
+            await decode(engine, "s", feed(windows(codes)))  # the whole reply, then cut it
+            return await engine.truncate("s", kept)
+
+        heard = torch.cat(await decode(engine, "heard", feed(windows(codes))))
+        assert heard.shape[-1] == PER_FRAME * frames
+        for n in (1, 2, 5, 11):
+            changed = codes.clone()
+            changed[n] = (changed[n] + 1) % configs.CODEBOOK_SIZE
+            other = torch.cat(await decode(engine, "other", feed(windows(changed))))
+            first = int((other != heard).nonzero()[0])
+            assert first == PER_FRAME * n - PENDING, n
+            # The samples before it do not need frame n; the one at it does.
+            assert await cut(first) == n
+            assert await cut(first + 1) == n + 1
+        cases = {0: 0, 1: 1, PER_FRAME - PENDING: 1, PER_FRAME - PENDING + 1: 2}
+        cases |= {PER_FRAME * frames - PENDING: frames, PER_FRAME * frames: frames}
+        cases |= {PER_FRAME * frames + 5000: frames}
+        for kept, expected in cases.items():
+            assert await cut(kept) == expected, kept
+        # A truncated reply stays truncated: a later, longer cut keeps what is left.
+        assert await engine.truncate("s", PER_FRAME * 3) == 4
+        assert await engine.truncate("s", PER_FRAME * 8) == 4
+        assert await engine.truncate("s", 100) == 1
+
+
+@pytest.mark.integration
+async def test_truncate_needs_a_reply_and_release_forgets_it(cache: Path) -> None:
+    codes = random_codes(8, seed=12)
+    async with running(cache) as engine:
+        with pytest.raises(ValueError, match="no reply to truncate"):
+            await engine.truncate("s", 100)
+        await decode(engine, "s", feed(windows(codes)))
+        assert engine.generating == set()
+        assert engine.active_sessions == {"s"}  # its last reply, until release
+        with pytest.raises(ValueError, match="pass 0 or more"):
+            await engine.truncate("s", -1)
+        # A failed reply leaves the last one in place.
+        with pytest.raises(Code2WavInputError):
+            await decode(engine, "s", feed([*windows(codes[:5])[:1], {"codes": codes[:, :3]}]))
+        assert await engine.truncate("s", 10**9) == 8
+        # A cancelled one (closed at a yield) replaces it with what had arrived.
+        outputs = engine.generate("s", feed(windows(random_codes(30, seed=13))))
+        await anext(outputs)
+        await outputs.aclose()
+        assert await engine.truncate("s", 10**9) == 4  # the first window's 4 frames
+        await engine.release("s")
+        assert engine.active_sessions == set()
+        with pytest.raises(ValueError, match="no reply to truncate"):
+            await engine.truncate("s", 100)
+        await decode(engine, "t", feed(windows(codes)))
+        await engine.abort("t")
+        assert engine.active_sessions == set()
+        with pytest.raises(ValueError, match="no reply to truncate"):
+            await engine.truncate("t", 100)

@@ -206,7 +206,7 @@ async def test_stages_in_worker_processes_make_the_same_reply(cache: Path) -> No
 
 
 async def test_a_resumable_voice_session_keeps_its_conversation(cache: Path) -> None:
-    from omni_actors.protocols.events import SegmentDone
+    from omni_actors.protocols.events import ResponseDone
 
     tone = torch.sin(torch.arange(8000) * 2 * math.pi * 330 / 16000) * 0.3
     async with OmniPipeline(spec_of("tiny-omni", cache)) as omni:
@@ -221,7 +221,7 @@ async def test_a_resumable_voice_session_keeps_its_conversation(cache: Path) -> 
                     await session.finish()
                 replies.append([e async for e in session.events()])
         first, second = replies
-        assert isinstance(first[-1], SegmentDone)
+        assert isinstance(first[-1], ResponseDone)
         done(second)
         for reply in replies:
             assert text_of(reply)

@@ -1,6 +1,6 @@
 """Overlapping segments of a resumable session: the caller ends segment 1 while the
 last stage still produces segment 0's audio. Each segment's reply holds only its own
-events, ends with its own ``SegmentDone`` (in order, once each) and reports metrics
+events, ends with its own ``ResponseDone`` (in order, once each) and reports metrics
 measured from its own start."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ import asyncio
 
 from pipeline_helpers import assert_nothing_held, make_spec, samples_of, text_of
 
-from omni_actors.protocols.events import AudioDelta, Done, Event, SegmentDone, TextDelta
+from omni_actors.protocols.events import AudioDelta, Done, Event, ResponseDone, TextDelta
 from omni_actors.serving.omni_pipeline import OmniPipeline
 from omni_actors.serving.session import Session
 
@@ -21,7 +21,7 @@ WAIT_S = 10.0  # far beyond a segment's ~0.8 s; the session's own deadline is la
 
 
 async def reply(session: Session) -> list[Event]:
-    """One segment's events, through its SegmentDone (or the terminal event)."""
+    """One segment's events, through its ResponseDone (or the terminal event)."""
     async with asyncio.timeout(WAIT_S):
         return [e async for e in session.events()]
 
@@ -31,7 +31,7 @@ async def test_a_segment_sent_while_the_last_one_is_still_voiced_is_answered_apa
     async with OmniPipeline(spec) as omni:
         async with omni.session() as session:
             await session.send(text="first")
-            await session.end_segment()
+            await session.send(end="segment")
             first: list[Event] = []
             async with asyncio.timeout(WAIT_S):
                 async for event in session.events():
@@ -39,16 +39,16 @@ async def test_a_segment_sent_while_the_last_one_is_still_voiced_is_answered_apa
                     if isinstance(event, AudioDelta):
                         break  # segment 0 is being voiced: send segment 1 now
             await session.send(text="second")
-            await session.end_segment()
+            await session.send(end="segment")
             first += await reply(session)
-            assert isinstance(first[-1], SegmentDone), first[-3:]
+            assert isinstance(first[-1], ResponseDone), first[-3:]
             assert first[-1].segment == 0
             assert text_of(first) == TEXT  # nothing of segment 1 in segment 0's reply
             second = await reply(session)
             await session.finish()
             last = await reply(session)
 
-        segment_ends = [e for e in first + second if isinstance(e, SegmentDone)]
+        segment_ends = [e for e in first + second if isinstance(e, ResponseDone)]
         assert [e.segment for e in segment_ends] == [0, 1], segment_ends
         assert first[-1] is segment_ends[0]
         assert second[-1] is segment_ends[1]
@@ -56,7 +56,7 @@ async def test_a_segment_sent_while_the_last_one_is_still_voiced_is_answered_apa
             assert text_of(events) == TEXT
             assert samples_of(events) == SAMPLES
             end = events[-1]
-            assert isinstance(end, SegmentDone)
+            assert isinstance(end, ResponseDone)
             metrics = end.metrics
             assert metrics.audio_s == SAMPLES / 24000
             assert metrics.stages["thinker"].outputs == 8

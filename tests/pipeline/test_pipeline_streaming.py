@@ -12,7 +12,7 @@ from pipeline_helpers import assert_nothing_held, collect, done, make_spec, samp
 
 from omni_actors.actors.stage import StageActor
 from omni_actors.protocols.control import Prewarm
-from omni_actors.protocols.events import AudioDelta, Done, SegmentDone, TextDelta
+from omni_actors.protocols.events import AudioDelta, Done, ResponseDone, TextDelta
 from omni_actors.protocols.stage import Chunk
 from omni_actors.serving.omni_pipeline import OmniPipeline, SessionClosedError
 from omni_actors.testing import ActorTestKit
@@ -160,7 +160,7 @@ async def test_resumable_session_answers_each_segment_and_prewarms_once() -> Non
                 replies.append([e async for e in session.events()])
             assert not session.ended or isinstance(session.channel.terminal, Done)
         for segment, reply in enumerate(replies[:2]):
-            assert isinstance(reply[-1], SegmentDone)
+            assert isinstance(reply[-1], ResponseDone)
             assert reply[-1].segment == segment
             assert samples_of(reply) == 16 * 240
             assert text_of(reply)

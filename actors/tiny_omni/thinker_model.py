@@ -1,0 +1,159 @@
+"""``ThinkerModel``: the loaded thinker and every forward the thinker engine runs.
+
+Everything here runs in the engine's model thread (``TorchEngine.call``), one call at a
+time, on one session's :class:`~.conversation.Conversation` and the
+:class:`~.user_turn.UserTurn` it is receiving: the engine's event-loop side decides
+*what* to run, this runs it and keeps the cache position, the carry and the turn's rows
+in step with what the cache holds.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Final, cast
+
+import torch
+
+from omni_actors.actors.tiny_omni import configs, stepping, weights
+from omni_actors.actors.tiny_omni.audio_stream import AudioClip
+from omni_actors.actors.tiny_omni.configs import Tokens
+from omni_actors.actors.tiny_omni.conversation import CLOSE_TURN, NEWLINE, Conversation
+from omni_actors.actors.tiny_omni.hf import (
+    PreTrainedConfig,
+    Qwen3OmniMoeThinkerForConditionalGeneration,
+)
+from omni_actors.actors.tiny_omni.log_mel import LogMel
+from omni_actors.actors.tiny_omni.sampling import Sampling, pick
+from omni_actors.actors.tiny_omni.user_turn import Feed, UserTurn
+
+__all__ = ["ASSISTANT_OPENING", "PRINTABLE", "ThinkerModel", "Token"]
+
+PRINTABLE: Final = range(32, 127)
+"""Byte ids the thinker may emit: random weights would otherwise emit control bytes and
+special tokens, which no text consumer downstream could show."""
+ASSISTANT_OPENING: Final = (Tokens.IM_START, Tokens.ASSISTANT, NEWLINE)
+
+Token = tuple[int, torch.Tensor]
+"""A picked token and its [1, H] input embedding."""
+
+
+class ThinkerModel:
+    """The thinker of a prepared tiny-omni directory, loaded (in the model thread).
+
+    Args:
+        path: the thinker stage's directory (``<prepared>/thinker``).
+
+    Attributes:
+        text_config: the text model's config (what a session's ``DynamicCache`` needs).
+        tts: [3, H] the embeddings of TTS_BOS, TTS_EOS, TTS_PAD.
+        opening: [3, H] the embeddings of ``<|im_start|> ASSISTANT \\n``.
+    """
+
+    def __init__(self, path: Path) -> None:
+        thinker = weights.load(path)
+        assert isinstance(thinker, Qwen3OmniMoeThinkerForConditionalGeneration)
+        self._thinker = thinker
+        # The talker's conditioning layer is a talker setting; the thinker stage's own
+        # config does not have it, the composite config one level up does.
+        composite = json.loads((path.parent / "config.json").read_text())
+        self._accept_layer = int(composite["talker_config"]["accept_hidden_layer"])
+        self.text_config = cast(PreTrainedConfig, thinker.config.text_config)
+        audio = cast(PreTrainedConfig, thinker.config.audio_config)
+        self._n_window, self._n_window_infer = int(audio.n_window), int(audio.n_window_infer)
+        # Annotated from transformers 5.23 on, untyped before: the ignore serves the
+        # older releases of the supported range and is unused on newer ones.
+        self._embedding = thinker.get_input_embeddings()  # type: ignore[no-untyped-call,unused-ignore]
+        self._extractor = configs.audio_feature_extractor()
+        vocab = self.text_config.vocab_size
+        self._allow_text = torch.full((vocab,), float("-inf"))
+        self._allow_text[list(PRINTABLE)] = 0.0
+        self._allow_end = self._allow_text.clone()
+        self._allow_end[Tokens.IM_END] = 0.0
+        # No graph: weights.load turned gradients off.
+        self.tts = self._embedding(torch.tensor([Tokens.TTS_BOS, Tokens.TTS_EOS, Tokens.TTS_PAD]))
+        self.opening = self._embedding(torch.tensor(ASSISTANT_OPENING))
+
+    def clip(self) -> AudioClip:
+        """A new audio clip, windowed as this thinker's audio encoder attends."""
+        mel = LogMel(self._extractor, block=2 * self._n_window)
+        return AudioClip(mel, self._n_window, self._n_window_infer)
+
+    def prefill(
+        self, conversation: Conversation, turn: UserTurn, end_clip: bool, then: list[int]
+    ) -> None:
+        """Prefill the turn's pending ids, its clip's new windows (all of the clip if
+        ``end_clip``), then ``then``."""
+        embeds = None
+        if turn.clip is not None:
+            clip, encode = turn.clip, self._encode
+            embeds = clip.finish(encode) if end_clip else clip.windows(encode)
+        feed = turn.next_feed(embeds, end_clip, then)
+        if feed.ids:
+            self.feed(conversation, turn, feed)
+
+    @torch.no_grad()
+    def feed(self, conversation: Conversation, turn: UserTurn, feed: Feed) -> stepping.ThinkerStep:
+        """One forward over ``feed``; its talker rows go to the turn.
+
+        Rows: the input embedding per position, the ``accept_hidden_layer`` state at
+        AUDIO_PAD positions (``stepping.talker_user_part`` selects between the two by the
+        placeholder mask, so one tensor carries what it needs).
+        """
+        step = self._forward(conversation, feed.ids, feed.audio)
+        if feed.skip:
+            conversation.carry = []
+        placeholders = torch.tensor(feed.ids) == Tokens.AUDIO_PAD
+        rows = torch.where(placeholders[:, None], step.accept_hidden[0], step.embeds[0])
+        turn.keep(feed, rows, placeholders)
+        return step
+
+    @torch.no_grad()
+    def open_reply(
+        self, conversation: Conversation, turn: UserTurn | None, sampling: Sampling
+    ) -> Token:
+        """Close ``turn`` if one is open, open the reply, pick its first token.
+
+        One forward over what the turn still has pending (its clip's last window among
+        it), ``<|im_end|> \\n``, then ``<|im_start|> ASSISTANT \\n``: the only work left
+        between the end of the input and the first token. Without a turn it feeds the
+        carry and the opening.
+        """
+        if turn is None:
+            step = self._forward(conversation, [*conversation.carry, *ASSISTANT_OPENING])
+            conversation.carry = []
+        else:
+            embeds = None if turn.clip is None else turn.clip.finish(self._encode)
+            then = [*CLOSE_TURN, *ASSISTANT_OPENING]
+            step = self.feed(conversation, turn, turn.next_feed(embeds, True, then, tail=3))
+        return self._pick(step.logits[0, -1], sampling.min_tokens == 0, sampling)
+
+    @torch.no_grad()
+    def decode(
+        self, conversation: Conversation, token: int, allow_end: bool, sampling: Sampling
+    ) -> Token:
+        """Feed ``token``, pick the next one."""
+        step = self._forward(conversation, [token])
+        return self._pick(step.logits[0, -1], allow_end, sampling)
+
+    def _encode(self, mel: torch.Tensor) -> torch.Tensor:
+        return stepping.encode_audio(self._thinker, mel)
+
+    def _forward(
+        self, conversation: Conversation, ids: list[int], audio: torch.Tensor | None = None
+    ) -> stepping.ThinkerStep:
+        step = stepping.thinker_forward(
+            self._thinker,
+            torch.tensor([ids]),
+            conversation.cache,
+            conversation.position,
+            accept_layer=self._accept_layer,
+            audio_embeds=audio,
+        )
+        conversation.position += len(ids)
+        return step
+
+    def _pick(self, logits: torch.Tensor, allow_end: bool, sampling: Sampling) -> Token:
+        """A printable token (or im_end) and its [1, H] embedding."""
+        token = pick(logits, self._allow_end if allow_end else self._allow_text, sampling)
+        return token, self._embedding(torch.tensor([token]))

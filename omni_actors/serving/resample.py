@@ -1,0 +1,88 @@
+"""``StreamResampler``: audio sent in pieces, resampled as one stream.
+
+A caller may send audio at its own rate (the OpenAI Realtime API's PCM is 24 kHz, a
+browser's often 48 kHz) to an entry stage that takes another (16 kHz for Qwen3-Omni's
+audio encoder). Resampling each piece on its own would click at every boundary, so
+this keeps the tail of the input between pieces: the output of a stream sent in pieces
+equals the output of the same stream sent at once (up to float rounding), and
+:meth:`StreamResampler.flush` ends the stream (the last samples need the zeros after
+them).
+
+The filter is a windowed sinc (Hann window, ``taps`` zero crossings each side), with
+its cutoff at the lower Nyquist frequency of the two rates, so downsampling does not
+alias.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+__all__ = ["StreamResampler"]
+
+
+class StreamResampler:
+    """Resamples one stream from ``source`` Hz to ``target`` Hz (mono float32).
+
+    Args:
+        source: the caller's sample rate.
+        target: the rate the pipeline's entry stage takes.
+        taps: zero crossings of the sinc kept on each side (quality against cost).
+    """
+
+    def __init__(self, source: int, target: int, taps: int = 16) -> None:
+        if source <= 0 or target <= 0:
+            raise ValueError(f"sample rates must be positive, got {source} and {target}")
+        self.source = source
+        self.target = target
+        self.taps = taps
+        self._step = source / target  # input samples per output sample
+        self._cutoff = min(1.0, target / source)
+        self._half = math.ceil(taps / self._cutoff)  # input samples each side
+        self._reset()
+
+    def _reset(self) -> None:
+        self._pending = torch.zeros(self._half)  # input from index ``_start`` on
+        self._start = -self._half  # stream index of _pending[0]: leading zeros
+        self._next = 0  # index of the next output sample
+
+    def push(self, audio: torch.Tensor) -> torch.Tensor:
+        """The output samples that ``audio`` (1-D) completes."""
+        self._pending = torch.cat((self._pending, audio.reshape(-1).to(torch.float32)))
+        return self._emit(final=False)
+
+    def flush(self) -> torch.Tensor:
+        """The rest of the stream (the input after it taken as silence); then it restarts."""
+        end = self._start + self._pending.numel()
+        self._pending = torch.cat((self._pending, torch.zeros(self._half + 1)))
+        out = self._emit(final=True, end=end)
+        self._reset()
+        return out
+
+    def _emit(self, *, final: bool, end: int | None = None) -> torch.Tensor:
+        available = self._start + self._pending.numel()  # stream index past the input
+        if final:
+            assert end is not None
+            count = max(0, math.ceil(end / self._step) - self._next)
+        else:
+            # Output j needs the input up to floor(j * step) + half.
+            count = max(0, math.floor((available - 1 - self._half) / self._step) + 1 - self._next)
+        if count == 0:
+            return torch.zeros(0)
+        times = (self._next + torch.arange(count, dtype=torch.float64)) * self._step
+        base = torch.floor(times).to(torch.int64)
+        offsets = torch.arange(-self._half + 1, self._half + 1)
+        index = base[:, None] + offsets[None, :]  # [count, 2*half] stream indices
+        distance = (times[:, None] - index).to(torch.float64)
+        x = distance * self._cutoff
+        window = 0.5 + 0.5 * torch.cos(math.pi * distance / self._half)
+        weights = (self._cutoff * torch.sinc(x) * window).to(torch.float32)
+        out = (self._pending[index - self._start] * weights).sum(dim=1)
+        self._next += count
+        # Keep what later outputs still need.
+        keep_from = math.floor(self._next * self._step) - self._half + 1
+        drop = max(0, keep_from - self._start)
+        self._pending = self._pending[drop:]
+        self._start += drop
+        return out

@@ -1,0 +1,431 @@
+"""tiny-omni's thinker as a conversation engine, driven directly: turn marks, options,
+cancel and failure.
+
+The yardstick is a conversation written out token by token (the chat template of
+``actors/tiny_omni/conversation.py``) and decoded greedily by plain forwards
+(:func:`reference`): every rollback — a clear, a truncation, a cancelled reply, a failed
+response — must leave the engine answering exactly as that conversation does.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
+from contextlib import AbstractAsyncContextManager, asynccontextmanager
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+pytest.importorskip("transformers")
+
+import torch
+from transformers import DynamicCache
+
+from omni_actors import model_cache
+from omni_actors.actors.engine import KEPT_FIELD, TURN_FIELD, Fields, ResponseOptions
+from omni_actors.actors.tiny_omni import configs, stepping, weights
+from omni_actors.actors.tiny_omni.configs import Tokens
+from omni_actors.actors.tiny_omni.thinker_engine import ThinkerArgs, ThinkerEngine
+from omni_actors.actors.tiny_omni.thinker_model import PRINTABLE
+from omni_actors.testing import eventually
+
+pytestmark = pytest.mark.integration
+
+COMMIT: Fields = {TURN_FIELD: "commit"}
+CLEAR: Fields = {TURN_FIELD: "clear"}
+ACCEPT_LAYER = 1  # tiny-omni's talker_config.accept_hidden_layer
+
+
+def truncate(kept: int) -> Fields:
+    return {TURN_FIELD: "truncate", KEPT_FIELD: torch.tensor(kept)}
+
+
+@pytest.fixture(scope="module")
+def cache_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    cache = tmp_path_factory.mktemp("model-cache")
+    model_cache.prepare("tiny-omni", cache_dir=cache)
+    return cache
+
+
+@pytest.fixture(scope="module")
+def model(cache_dir: Path) -> Any:
+    return weights.load(cache_dir / "tiny-omni" / "seed-0" / "thinker")
+
+
+@asynccontextmanager
+async def _started(engine: ThinkerEngine) -> AsyncIterator[ThinkerEngine]:
+    await engine.start()
+    try:
+        yield engine
+    finally:
+        await engine.stop()
+
+
+def thinker(cache_dir: Path, **extra: Any) -> AbstractAsyncContextManager[ThinkerEngine]:
+    args = {"seed": 0, "cache_dir": str(cache_dir), "min_new_tokens": 6, "max_new_tokens": 6}
+    return _started(ThinkerEngine(ThinkerArgs(**{**args, **extra})))
+
+
+Step = Fields | Callable[[], Awaitable[None]]
+"""An input item, or something to wait for before the next one."""
+
+
+class Inputs:
+    """A response's input stream as a stage hands it over: items, then ``options``.
+
+    Callables among the items are awaited between items (conditions to wait for, with a
+    deadline): the engine has taken every item before them by then, since it reads the
+    next item only after it prefilled the last.
+    """
+
+    def __init__(self, steps: Iterable[Step], options: ResponseOptions | None = None) -> None:
+        self.options = options
+        self._items = self._run(list(steps))
+
+    async def _run(self, steps: list[Step]) -> AsyncIterator[Fields]:
+        for step in steps:
+            if callable(step):
+                await step()
+            else:
+                yield step
+
+    def __aiter__(self) -> Inputs:
+        return self
+
+    async def __anext__(self) -> Fields:
+        return await anext(self._items)
+
+
+async def respond(
+    engine: ThinkerEngine, session: str, *steps: Step, **options: Any
+) -> list[Fields]:
+    inputs = Inputs(steps, ResponseOptions(**options) if options else None)
+    return [out async for out in engine.generate(session, inputs)]
+
+
+def tensor(fields: Fields, name: str) -> torch.Tensor:
+    value = fields[name]
+    assert isinstance(value, torch.Tensor), name
+    return value
+
+
+def ids(outputs: list[Fields]) -> list[int]:
+    return [int(tensor(o, "token_ids")) for o in outputs if "token_ids" in o]
+
+
+def user_outputs(outputs: list[Fields]) -> list[torch.Tensor]:
+    """The ``user`` rows of each output that has them (one per committed turn)."""
+    return [tensor(o, "user") for o in outputs if "user" in o]
+
+
+def user(text: str) -> list[int]:
+    """A user turn of the chat template."""
+    return [Tokens.IM_START, Tokens.USER, 10, *configs.encode_text(text), Tokens.IM_END, 10]
+
+
+def assistant(tokens: list[int]) -> list[int]:
+    """A closed assistant turn."""
+    return [Tokens.IM_START, Tokens.ASSISTANT, 10, *tokens, Tokens.IM_END, 10]
+
+
+def reference(model: Any, conversation: list[int], count: int, least: int = 6) -> list[int]:
+    """The greedy reply to ``conversation`` (its assistant opening added), by plain
+    forwards: one prefill, then one token at a time, with the engine's token rules
+    (printable bytes; ``<|im_end|>`` from ``least`` tokens on)."""
+    prompt = [*conversation, Tokens.IM_START, Tokens.ASSISTANT, 10]
+    allowed = torch.full((model.config.text_config.vocab_size,), float("-inf"))
+    allowed[list(PRINTABLE)] = 0.0
+    cache = DynamicCache(config=model.config.text_config)
+    step = stepping.thinker_forward(model, torch.tensor([prompt]), cache, 0, accept_layer=1)
+    reply: list[int] = []
+    position = len(prompt)
+    while len(reply) < count:
+        mask = allowed.clone()
+        if len(reply) >= least:
+            mask[Tokens.IM_END] = 0.0
+        token = int((step.logits[0, -1] + mask).argmax())
+        if token == Tokens.IM_END:
+            break
+        reply.append(token)
+        step = stepping.thinker_forward(
+            model, torch.tensor([[token]]), cache, position, accept_layer=1
+        )
+        position += 1
+    return reply
+
+
+def cached_at(engine: ThinkerEngine, session: str, expected: int) -> Callable[[], Awaitable[None]]:
+    """A step that checks the session's cache length when the engine reaches it."""
+
+    async def check() -> None:
+        assert engine.cached_tokens(session) == expected
+
+    return check
+
+
+# -- commit ---------------------------------------------------------------------------
+
+
+async def test_each_commit_sends_its_turns_rows_at_once(cache_dir: Path, model: Any) -> None:
+    seen: list[Fields] = []
+    async with thinker(cache_dir) as engine:
+        outputs = engine.generate(
+            "s",
+            Inputs(
+                [
+                    {"text": "Hi"},
+                    COMMIT,
+                    COMMIT,  # nothing sent since the last commit: no empty turn
+                    lambda: eventually(lambda: len(seen) == 1),  # before the input goes on
+                    {"text": "there"},
+                    COMMIT,
+                    {"text": "!"},
+                ]
+            ),
+        )
+        async for out in outputs:
+            seen.append(out)
+        cached = engine.cached_tokens("s")
+    rows = user_outputs(seen)
+    table = model.get_input_embeddings()
+    turns = [user("Hi"), user("there"), user("!")]
+    # The last turn, committed by the end of input: what was prefilled of it at once,
+    # the rest (<|im_end|> \n, computed with the reply's opening) with the first token.
+    assert "token_ids" not in seen[2]
+    assert "token_ids" in seen[3]
+    assert torch.equal(tensor(seen[3], "user"), rows[3])
+    rows = [rows[0], rows[1], torch.cat(rows[2:])]
+    assert [r.shape[0] for r in rows] == [len(t) for t in turns]
+    for turn_rows, turn in zip(rows, turns, strict=True):
+        assert torch.equal(turn_rows, table(torch.tensor(turn)))
+    assert all("token_ids" not in o for o in seen[:3])  # rows come without a token
+    conversation = [i for t in turns for i in t]
+    assert ids(seen) == reference(model, conversation, 6)
+    # The 6th token waits, unfed, in the carry.
+    assert cached == len(conversation) + 3 + 5
+
+
+async def test_a_response_without_input_replies_to_the_conversation_so_far(
+    cache_dir: Path, model: Any
+) -> None:
+    async with thinker(cache_dir) as engine:
+        first = ids(await respond(engine, "s", {"text": "Hi"}))
+        again = await respond(engine, "s")
+    assert user_outputs(again) == []
+    assert ids(again) == reference(model, [*user("Hi"), *assistant(first)], 6)
+
+
+# -- clear ----------------------------------------------------------------------------
+
+
+async def test_clear_rolls_back_to_the_last_commit(cache_dir: Path, model: Any) -> None:
+    async with thinker(cache_dir) as engine:
+        committed = len(user("Hello"))
+        cleared = await respond(
+            engine,
+            "s",
+            {"text": "Hello"},
+            COMMIT,
+            {"text": "never mind"},
+            {"audio": torch.zeros(16000)},
+            CLEAR,
+            cached_at(engine, "s", committed),
+            {"text": "world"},
+        )
+        plain = await respond(engine, "t", {"text": "Hello"}, COMMIT, {"text": "world"})
+    assert ids(cleared) == ids(plain) == reference(model, [*user("Hello"), *user("world")], 6)
+    rows = user_outputs(cleared)
+    assert [r.shape[0] for r in (rows[0], torch.cat(rows[1:]))] == [7 + 3, 5 + 5]
+
+
+async def test_clear_after_a_reply_restores_its_carry(cache_dir: Path) -> None:
+    async with thinker(cache_dir) as engine:
+        for session in ("s", "t"):
+            await respond(engine, session, {"text": "Hi"})
+        after_reply = engine.cached_tokens("s")
+        cleared = await respond(
+            engine,
+            "s",
+            {"text": "junk"},  # fed behind the carry: the last token, <|im_end|> \n
+            CLEAR,
+            cached_at(engine, "s", after_reply),
+            {"text": "And?"},
+        )
+        plain = await respond(engine, "t", {"text": "And?"})
+    assert ids(cleared) == ids(plain)
+    assert torch.equal(torch.cat(user_outputs(cleared)), torch.cat(user_outputs(plain)))
+
+
+# -- truncate -------------------------------------------------------------------------
+
+
+async def test_truncate_cuts_the_reply_to_what_was_heard(cache_dir: Path, model: Any) -> None:
+    async with thinker(cache_dir) as engine:
+        first = ids(await respond(engine, "s", {"text": "Hi"}))
+        marked = await respond(engine, "s", truncate(2), {"text": "And?"})
+        # The same cut with input already prefilled behind the reply: it is fed again.
+        await respond(engine, "t", {"text": "Hi"})
+        late = await respond(engine, "t", {"text": "And"}, truncate(2), {"text": "?"})
+        # Between responses, as a stage after the entry one would be asked.
+        await respond(engine, "u", {"text": "Hi"})
+        assert await engine.truncate("u", 2) == 0
+        between = await respond(engine, "u", {"text": "And?"})
+    expected = reference(model, [*user("Hi"), *assistant(first[:2]), *user("And?")], 6)
+    assert ids(marked) == ids(late) == ids(between) == expected
+    unheard = reference(model, [*user("Hi"), *assistant(first), *user("And?")], 6)
+    assert expected != unheard  # the cut changed the context
+
+
+async def test_truncate_after_a_commit_fails_the_response_only(cache_dir: Path) -> None:
+    async with thinker(cache_dir) as engine:
+        with pytest.raises(ValueError, match="no reply"):
+            await engine.truncate("s", 1)
+        await respond(engine, "s", {"text": "Hi"})
+        before = engine.cached_tokens("s")
+        with pytest.raises(ValueError, match="committed after the last reply"):
+            await respond(engine, "s", {"text": "x"}, COMMIT, truncate(1))
+        assert engine.cached_tokens("s") == before
+        assert engine.active_sessions == {"s"}
+
+
+# -- cancel ---------------------------------------------------------------------------
+
+
+async def test_cancel_keeps_exactly_the_yielded_reply(cache_dir: Path, model: Any) -> None:
+    async with thinker(cache_dir, min_new_tokens=20, max_new_tokens=20) as engine:
+        outputs = engine.generate("s", Inputs([{"text": "Hi"}]))
+        got = [await anext(outputs) for _ in range(4)]  # the rows, then 3 tokens
+        # A decode step for token 4 runs by now (started before token 3 was yielded).
+        await outputs.aclose()
+        heard = ids(got)
+        assert len(heard) == 3
+        assert engine.generating == set()
+        # The cache holds the turn, the opening and the 3 yielded tokens, no more.
+        assert engine.cached_tokens("s") == len(user("Hi")) + 3 + 3
+        after = await respond(engine, "s", {"text": "And?"})
+    assert heard == reference(model, user("Hi"), 20, 20)[:3]
+    conversation = [*user("Hi"), *assistant(heard), *user("And?")]
+    assert ids(after) == reference(model, conversation, 20, 20)
+
+
+async def test_cancel_at_the_last_token_feeds_it_with_the_turns_end(
+    cache_dir: Path, model: Any
+) -> None:
+    async with thinker(cache_dir, min_new_tokens=3, max_new_tokens=3) as engine:
+        outputs = engine.generate("s", Inputs([{"text": "Hi"}]))
+        got = [await anext(outputs) for _ in range(4)]  # rows + 3 tokens: no step after
+        await outputs.aclose()
+        assert engine.cached_tokens("s") == len(user("Hi")) + 3 + 2
+        after = await respond(engine, "s", {"text": "And?"})
+    conversation = [*user("Hi"), *assistant(ids(got)), *user("And?")]
+    assert ids(after) == reference(model, conversation, 3, 3)
+
+
+async def test_cancel_before_the_first_token_keeps_the_committed_turn(
+    cache_dir: Path, model: Any
+) -> None:
+    async with thinker(cache_dir) as engine:
+        outputs = engine.generate("s", Inputs([{"text": "Hi"}]))
+        first = await anext(outputs)  # the turn's rows so far, sent as the input ended
+        assert "token_ids" not in first
+        await outputs.aclose()
+        # The talker has those rows: the turn stays, closed, with no reply after it.
+        assert engine.cached_tokens("s") == len(user("Hi"))
+        answer = await respond(engine, "s")
+    assert ids(answer) == reference(model, user("Hi"), 6)
+
+
+# -- failure --------------------------------------------------------------------------
+
+
+async def test_a_failed_response_rolls_back_to_where_it_started(
+    cache_dir: Path, model: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    async def broken() -> None:
+        raise RuntimeError("input broke")
+
+    async with thinker(cache_dir) as engine:
+        first = ids(await respond(engine, "s", {"text": "Hi"}))
+        before = engine.cached_tokens("s")
+        with pytest.raises(RuntimeError, match="input broke"):
+            await respond(engine, "s", {"text": "lost"}, COMMIT, {"text": "too"}, broken)
+        assert engine.cached_tokens("s") == before
+        # A model call failing mid-reply (a decode step in flight) rolls back the same way.
+        decode, calls = engine._model.decode, 0
+
+        def failing(*args: Any) -> Any:
+            nonlocal calls
+            calls += 1
+            if calls == 3:
+                raise RuntimeError("decode broke")
+            return decode(*args)
+
+        with monkeypatch.context() as patch:
+            patch.setattr(engine._model, "decode", failing)
+            with pytest.raises(RuntimeError, match="decode broke"):
+                await respond(engine, "s", {"text": "lost"})
+            assert calls == 3
+        assert engine.cached_tokens("s") == before
+        assert engine.active_sessions == {"s"}
+        after = await respond(engine, "s", {"text": "And?"})
+    assert ids(after) == reference(model, [*user("Hi"), *assistant(first), *user("And?")], 6)
+
+
+async def test_a_truncation_stays_when_the_response_after_it_fails(
+    cache_dir: Path, model: Any
+) -> None:
+    async def broken() -> None:
+        raise RuntimeError("input broke")
+
+    async with thinker(cache_dir) as engine:
+        first = ids(await respond(engine, "s", {"text": "Hi"}))
+        with pytest.raises(RuntimeError, match="input broke"):
+            await respond(engine, "s", {"text": "lost"}, truncate(2), {"text": "too"}, broken)
+        assert engine.cached_tokens("s") == len(user("Hi")) + 3 + 2
+        after = await respond(engine, "s", {"text": "And?"})
+    expected = reference(model, [*user("Hi"), *assistant(first[:2]), *user("And?")], 6)
+    assert ids(after) == expected
+
+
+async def test_abort_still_drops_the_session(cache_dir: Path) -> None:
+    async with thinker(cache_dir, min_new_tokens=40, max_new_tokens=40) as engine:
+        await respond(engine, "s", {"text": "Hi"})
+        task = asyncio.ensure_future(respond(engine, "s", {"text": "And?"}))
+        await eventually(lambda: engine.generating == {"s"})
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await asyncio.wait_for(task, 5.0)
+        assert engine.active_sessions == set()
+
+
+# -- options --------------------------------------------------------------------------
+
+
+async def test_max_tokens_overrides_the_limit_for_one_response(cache_dir: Path) -> None:
+    async with thinker(cache_dir, min_new_tokens=8, max_new_tokens=48) as engine:
+        short = ids(await respond(engine, "s", {"text": "Hi"}, max_tokens=3))
+        usual = ids(await respond(engine, "t", {"text": "Hi"}))
+        with pytest.raises(ValueError, match="max_tokens must be >= 1"):
+            await respond(engine, "u", {"text": "Hi"}, max_tokens=0)
+    assert len(short) == 3  # the minimum of 8 is capped to it
+    assert 8 <= len(usual) <= 48
+    assert short == usual[:3]
+
+
+async def test_temperature_samples_reproducibly_per_session(cache_dir: Path) -> None:
+    async def reply(engine: ThinkerEngine, session: str, **options: Any) -> list[int]:
+        return ids(await respond(engine, session, {"text": "Hi"}, **options))
+
+    async with thinker(cache_dir, min_new_tokens=24, max_new_tokens=24) as engine:
+        greedy = await reply(engine, "g")
+        zero = await reply(engine, "z", temperature=0.0)
+        hot = await reply(engine, "a#1", temperature=1.5)
+        other = await reply(engine, "b#1", temperature=1.5)
+    async with thinker(cache_dir, min_new_tokens=24, max_new_tokens=24) as engine:
+        again = await reply(engine, "a#1", temperature=1.5)
+    assert zero == greedy
+    assert hot != greedy
+    assert hot == again  # the same seed and session key draw the same reply
+    assert hot != other  # another session draws from its own stream
+    assert all(32 <= t <= 126 for t in hot)

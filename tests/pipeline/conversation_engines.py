@@ -1,0 +1,127 @@
+"""Two small engines that keep a conversation, for the conversation tests.
+
+``TurnEcho`` (an entry stage) takes text and the caller's turn marks; it replies, one
+character per output, with the user turns since its last reply, upper-cased and joined
+by ``|``. Input ``?`` makes it reply with its whole history instead (user turns and its
+replies as it keeps them, after cancels and truncates), so a test can read the state it
+holds. Input ``FAIL`` makes the reply fail after two outputs. ``Speaker`` voices each
+character as 100 samples and maps kept samples back to characters on truncate.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from typing import ClassVar
+
+import torch
+
+from omni_actors.actors.engine import KEPT_FIELD, TURN_FIELD, Fields, response_options
+from omni_actors.errors import EngineError
+
+SAMPLES_PER_CHAR = 100
+STEP_S = 0.01  # between two outputs: a cancel can land mid-reply
+
+
+@dataclass
+class _Conversation:
+    history: list[str] = field(default_factory=list)  # "u:..." and "a:..." entries
+    unanswered: list[str] = field(default_factory=list)  # user turns since the last reply
+    pending: str = ""
+
+
+class TurnEcho:
+    inputs: ClassVar[dict[str, str]] = {"text": "concat", "audio": "concat", TURN_FIELD: "concat"}
+    outputs: ClassVar[dict[str, str]] = {"text": "concat"}
+
+    def __init__(self, args: object) -> None:
+        self.sessions: dict[str, _Conversation] = {}
+        self.audio: dict[str, list[torch.Tensor]] = {}  # every audio input, per session
+
+    async def start(self) -> None: ...
+    async def stop(self) -> None: ...
+
+    async def abort(self, session: str) -> None:
+        self.sessions.pop(session, None)
+
+    async def release(self, session: str) -> None:
+        self.sessions.pop(session, None)
+
+    def _commit(self, c: _Conversation) -> None:
+        if c.pending:
+            c.unanswered.append(c.pending)
+            c.history.append("u:" + c.pending)
+            c.pending = ""
+
+    async def generate(self, session: str, inputs: AsyncIterator[Fields]) -> AsyncIterator[Fields]:
+        c = self.sessions.setdefault(session, _Conversation())
+        start = (list(c.history), list(c.unanswered), c.pending)
+        async for fields in inputs:
+            mark = fields.get(TURN_FIELD)
+            if mark == "commit":
+                self._commit(c)
+            elif mark == "clear":
+                c.pending = ""
+            elif mark == "truncate":
+                kept = int(fields[KEPT_FIELD])  # type: ignore[arg-type]
+                last = max(i for i, h in enumerate(c.history) if h.startswith("a:"))
+                c.history[last] = c.history[last][: 2 + kept]
+            text = fields.get("text")
+            if isinstance(text, str):
+                c.pending += text
+            audio = fields.get("audio")
+            if isinstance(audio, torch.Tensor):
+                self.audio.setdefault(session, []).append(audio)
+        self._commit(c)
+        if c.unanswered == ["?"]:
+            c.history.pop()  # the question is not part of the conversation
+            reply = " ".join(c.history)
+        else:
+            reply = "|".join(c.unanswered).upper()
+        c.unanswered = []
+        limit = response_options(inputs).max_tokens
+        if limit is not None:
+            reply = reply[:limit]
+        c.history.append("a:")
+        last = len(c.history) - 1
+        try:
+            for k, char in enumerate(reply):
+                if k == 2 and "FAIL" in reply:
+                    raise EngineError("the reply failed on purpose")
+                await asyncio.sleep(STEP_S)  # stands for a decode step
+                c.history[last] += char
+                yield {"text": char}
+        except EngineError:
+            c.history, c.unanswered, c.pending = start  # the response never happened
+            raise
+
+
+class Speaker:
+    inputs: ClassVar[dict[str, str]] = {"text": "concat"}
+    outputs: ClassVar[dict[str, str]] = {"audio": "concat"}
+
+    def __init__(self, args: object) -> None:
+        self.said: dict[str, int] = {}  # characters voiced in the last reply
+
+    async def start(self) -> None: ...
+    async def stop(self) -> None: ...
+
+    async def abort(self, session: str) -> None:
+        self.said.pop(session, None)
+
+    async def release(self, session: str) -> None:
+        self.said.pop(session, None)
+
+    async def generate(self, session: str, inputs: AsyncIterator[Fields]) -> AsyncIterator[Fields]:
+        self.said[session] = 0
+        async for fields in inputs:
+            for _ in str(fields.get("text", "")):
+                self.said[session] += 1
+                yield {"audio": torch.full((SAMPLES_PER_CHAR,), 0.5)}
+
+    async def truncate(self, session: str, kept: int) -> int:
+        if session not in self.said:
+            raise ValueError("no reply to truncate")
+        return min(self.said[session], math.ceil(kept / SAMPLES_PER_CHAR))

@@ -1,0 +1,205 @@
+"""The conversation model of ``Session``: commit, clear, respond, cancel, truncate.
+
+Driven through a pipeline of two small engines that keep a conversation
+(``conversation_engines``): ``TurnEcho`` replies with the user turns since its last
+reply and, asked ``?``, with the whole history it holds, which is how these tests read
+what every stage kept.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+
+import pytest
+import torch
+from conversation_engines import TurnEcho
+
+from omni_actors.errors import InvalidRequestError
+from omni_actors.protocols.events import (
+    AudioDelta,
+    Event,
+    ResponseDone,
+    TextDelta,
+)
+from omni_actors.serving.omni_pipeline import OmniPipeline
+from omni_actors.serving.pipeline_spec import PipelineSpec
+from omni_actors.serving.session import Session
+from omni_actors.testing.inspection import actor_instance
+
+SAMPLE_RATE = 1000  # 100 samples per character: 100 ms each
+
+
+def spec(*, process: bool = False) -> PipelineSpec:
+    return PipelineSpec.model_validate(
+        {
+            "name": "conversation",
+            "stages": [
+                {"name": "echo", "engine": {"kind": "conversation_engines:TurnEcho"}},
+                {
+                    "name": "speaker",
+                    "process": process,
+                    "engine": {"kind": "conversation_engines:Speaker"},
+                },
+            ],
+            "edges": [{"from": "echo", "to": "speaker"}],
+            "outputs": {"text": "echo", "audio": "speaker", "sample_rate": SAMPLE_RATE},
+            "deadlines": {"idle_s": 30.0, "inter_chunk_s": 10.0},
+        }
+    )
+
+
+@asynccontextmanager
+async def conversation(*, process: bool = False) -> AsyncIterator[Session]:
+    async with OmniPipeline(spec(process=process)) as omni, omni.session() as session:
+        yield session
+
+
+async def reply(session: Session, **options: object) -> tuple[str, list[Event], ResponseDone]:
+    response = await session.respond(**options)  # type: ignore[arg-type]
+    events = [event async for event in response.events()]
+    done = events[-1]
+    assert isinstance(done, ResponseDone), events
+    assert done.response == response.id
+    assert all(getattr(e, "response", response.id) == response.id for e in events)
+    text = "".join(e.text for e in events if isinstance(e, TextDelta))
+    return text, events, done
+
+
+async def history(session: Session) -> str:
+    await session.send(text="?")
+    text, _, done = await reply(session)
+    assert done.status == "completed"
+    return text
+
+
+async def test_commits_make_turns_and_clear_drops_the_uncommitted_input() -> None:
+    async with conversation() as session:
+        await session.send(text="ab")
+        await session.commit()
+        await session.send(text="c")
+        await session.send(text="d")
+        await session.clear()
+        await session.send(text="ef")
+        text, events, done = await reply(session)
+        assert text == "AB|EF"
+        assert done.status == "completed"
+        samples = sum(e.audio.numel() for e in events if isinstance(e, AudioDelta))
+        assert samples == 5 * 100
+        assert done.metrics.audio_s == pytest.approx(0.5)
+        # A reply to the conversation so far, with nothing new said.
+        assert (await reply(session))[0] == ""
+        assert await history(session) == "u:ab u:ef a:AB|EF a:"
+
+
+async def test_one_response_in_flight() -> None:
+    async with conversation() as session:
+        await session.send(text="hello")
+        first = await session.respond()
+        with pytest.raises(InvalidRequestError, match="in flight"):
+            await session.respond()
+        with pytest.raises(InvalidRequestError, match="in flight"):
+            await session.truncate(audio_ms=10)
+        assert isinstance(await first.wait(), ResponseDone)
+        await session.send(text="again")
+        assert (await reply(session))[0] == "AGAIN"
+
+
+async def test_a_cancelled_response_stops_and_the_conversation_keeps_what_was_said() -> None:
+    async with conversation() as session:
+        await session.send(text="a long answer to cut")
+        response = await session.respond()
+        seen = ""
+        async for event in response.events():
+            if isinstance(event, TextDelta):
+                seen += event.text
+                if len(seen) == 3:
+                    assert await response.cancel()
+        done = response.done
+        assert isinstance(done, ResponseDone)
+        assert done.status == "cancelled"
+        assert seen.startswith("A L")
+        assert len(seen) < len("A LONG ANSWER TO CUT")
+        assert not await response.cancel()  # already over
+        kept = (await history(session)).split(" a:", 1)[1]
+        # The engine keeps what it yielded: what the caller saw, and at most the outputs
+        # that were on their way when the cancel landed.
+        assert kept.startswith(seen), kept
+        assert len(kept) <= len(seen) + 2, kept
+        await session.send(text="next")
+        assert (await reply(session))[0] == "NEXT"
+
+
+async def test_a_failed_response_keeps_the_session_and_rolls_back() -> None:
+    async with conversation() as session:
+        await session.send(text="fail")
+        _, _, done = await reply(session)
+        assert done.status == "failed"
+        assert (done.code, done.stage) == ("engine_error", "echo")
+        assert "on purpose" in done.message
+        assert not session.ended
+        await session.send(text="fine")
+        assert (await reply(session))[0] == "FINE"
+        assert await history(session) == "u:fine a:FINE"
+
+
+async def test_truncate_cuts_every_stage_to_what_was_heard() -> None:
+    async with conversation() as session:
+        with pytest.raises(InvalidRequestError, match="no response"):
+            await session.truncate(audio_ms=100)
+        await session.send(text="abcdef")
+        assert (await reply(session))[0] == "ABCDEF"
+        await session.truncate(audio_ms=250)  # 2.5 characters heard: 3 kept
+        assert await history(session) == "u:abcdef a:ABC"
+        with pytest.raises(InvalidRequestError, match="audio_ms"):
+            await session.truncate(audio_ms=-1)
+
+
+async def test_options_reach_the_engine_and_bad_ones_are_refused() -> None:
+    async with conversation() as session:
+        await session.send(text="abcdef")
+        assert (await reply(session, max_tokens=2))[0] == "AB"
+        for bad in ({"max_tokens": 0}, {"temperature": -1.0}, {"voice": ""}):
+            with pytest.raises(InvalidRequestError):
+                await session.respond(**bad)  # type: ignore[arg-type]
+        await session.send(text="x")
+        assert (await reply(session))[0] == "X"
+
+
+async def test_cancel_and_truncate_cross_a_worker_process() -> None:
+    async with conversation(process=True) as session:
+        await session.send(text="abcdef")
+        assert (await reply(session))[0] == "ABCDEF"
+        await session.truncate(audio_ms=100)
+        assert await history(session) == "u:abcdef a:A"
+        await session.send(text="a long answer to cut")
+        response = await session.respond()
+        async for event in response.events():
+            if isinstance(event, TextDelta):
+                await response.cancel()
+        assert isinstance(response.done, ResponseDone)
+        assert response.done.status == "cancelled"
+
+
+async def test_audio_at_the_callers_rate_is_resampled_as_one_stream() -> None:
+    async with OmniPipeline(spec()) as omni, omni.session() as session:
+        echo = actor_instance((await omni.stages())["echo"]).engine
+        assert isinstance(echo, TurnEcho)
+        tone = torch.sin(2 * math.pi * 440 * torch.arange(24000) / 24000)
+        pcm = (tone * 32767).to(torch.int16)
+        for piece in torch.split(pcm, 480):  # 20 ms frames of 24 kHz PCM
+            await session.send(audio=piece, sample_rate=24000)
+        await session.commit()  # sends the stream's last samples
+        await session.send(text="hi")
+        assert (await reply(session))[0] == "HI"
+        heard = torch.cat(echo.audio[next(iter(echo.audio))])
+        assert heard.numel() == 16000  # 1 s at the pipeline's 16 kHz
+        expected = torch.sin(2 * math.pi * 440 * torch.arange(16000) / 16000)
+        assert torch.allclose(heard[200:-200], expected[200:-200], atol=2e-3)
+        with pytest.raises(InvalidRequestError, match="int16"):
+            await session.send(audio=torch.zeros(4, dtype=torch.int32))
+        with pytest.raises(InvalidRequestError, match="1-D"):
+            await session.send(audio=torch.zeros(2, 4))
+        with pytest.raises(InvalidRequestError, match="sample_rate"):
+            await session.send(audio=torch.zeros(4), sample_rate=0)
