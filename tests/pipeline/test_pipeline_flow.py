@@ -19,11 +19,20 @@ from pipeline_helpers import armed, assert_nothing_held, done, samples_of, text_
 
 from omni_actors.actors.flow import BackpressureError
 from omni_actors.actors.stage import StageActor
-from omni_actors.protocols.control import Deadlines, Inspect, Prewarm, StageMessage, StreamCredit
+from omni_actors.protocols.control import (
+    Cancel,
+    CancelResponse,
+    Deadlines,
+    Inspect,
+    Prewarm,
+    StageMessage,
+    StreamCredit,
+)
 from omni_actors.protocols.events import Done, Event, SessionError
 from omni_actors.protocols.stage import INPUT, Chunk, SessionKey, StageReport
 from omni_actors.serving.omni_pipeline import OmniPipeline, SessionClosedError
 from omni_actors.serving.pipeline_spec import PipelineSpec
+from omni_actors.serving.session_actor import SessionActor, SessionChannel, StagePlan
 from omni_actors.testing import ActorTestKit, TestProbe, eventually
 from omni_actors.testing.inspection import mailbox_depth
 
@@ -328,3 +337,23 @@ async def test_a_late_credit_for_a_session_gone_from_the_stage_is_ignored() -> N
         await stage.tell(StreamCredit(key=SessionKey("never#9"), receiver="talker", n=2))
         assert (await stage.ask(Inspect())).keys == []
         assert stage.is_alive
+
+
+async def test_the_chunks_a_cancelled_reply_drops_are_granted_back() -> None:
+    async with ActorTestKit() as kit:
+        stage = await kit.create_probe()
+        channel = SessionChannel(sample_rate=24000, window=2)  # a credit per chunk taken
+        plan = {"thinker": StagePlan(stage.ref, (INPUT,), (), ("text",))}
+        session = await kit.spawn(
+            SessionActor, "s", KEY, plan, DEADLINES, True, kit.system.clock.now() + 5, channel
+        )
+        assert await session.ask(CancelResponse(segment=0)) is True
+        await stage.expect_message(Cancel)
+        # The thinker's last words, sent before the cancel reached it: the caller will
+        # never read them, so they are taken as they arrive.
+        for seq in range(3):
+            await session.tell(Chunk(key=KEY, source="thinker", seq=seq, texts={"text": "so"}))
+        for _ in range(3):
+            credit = await stage.expect_message(StreamCredit, timeout=WAIT_S)
+            assert credit == StreamCredit(key=KEY, receiver="client", n=1)
+        assert channel.queued == 0
