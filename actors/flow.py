@@ -7,7 +7,8 @@ chunk (:class:`CreditWindow`) and waits when it has none; the receiver (:class:`
 counts the chunks its consumer takes — the engine pulling its input, or the caller
 reading its events — and grants them back with a
 :class:`~omni_actors.protocols.control.StreamCredit` once half a window has been taken,
-so a grant costs one small message per ``size / 2`` chunks. The mailbox's own credit
+so a grant costs one small message per ``size / 2`` chunks. A stage grants through the
+session's owner, which passes each credit on to its sender. The mailbox's own credit
 (what a whole actor can hold) stays underneath; this one is per session, so a slow
 consumer holds up only its own session's producers, never a stage's mailbox or the other
 sessions on it.
@@ -27,12 +28,12 @@ import logging
 from collections.abc import Mapping
 
 from omni_actors.clock import Clock
-from omni_actors.errors import ActorStoppedError, OmniError, ProtocolError
+from omni_actors.errors import ActorStoppedError, OmniError, ProtocolError, SendTimeoutError
 from omni_actors.protocols.address import ActorAddress
 from omni_actors.protocols.control import StreamCredit
 from omni_actors.protocols.stage import SessionKey
 
-__all__ = ["BackpressureError", "CreditWindow", "Inflow", "WindowExceededError"]
+__all__ = ["BackpressureError", "CreditWindow", "Inflow", "WindowExceededError", "send_credit"]
 
 log = logging.getLogger(__name__)
 
@@ -158,7 +159,8 @@ class Inflow:
         receiver: the receiving end's name in credits and errors (a stage, or
             ``client`` for the caller's events).
         size: the window of every stream.
-        upstream: per source, where its credits go (the sender's actor).
+        upstream: per source, where its credits go (the sender, or the session's owner
+            that passes them on).
     """
 
     __slots__ = ("_batch", "_ledgers", "key", "receiver", "size")
@@ -212,13 +214,24 @@ class Inflow:
         ledger.granted -= due
 
     async def grant(self, source: str, n: int) -> None:
-        """Send ``source`` a credit for ``n`` chunks (a sender that is gone needs none)."""
+        """Send ``source`` a credit for ``n`` chunks."""
         to = self._ledgers[source].to
         if to is None:
             log.debug("session %s: no address to grant %s credits to", self.key, source)
             return
-        with contextlib.suppress(ActorStoppedError):
-            await to.tell(StreamCredit(key=self.key, receiver=self.receiver, n=n))
+        await send_credit(
+            to, StreamCredit(key=self.key, source=source, receiver=self.receiver, n=n)
+        )
+
+
+async def send_credit(to: ActorAddress[StreamCredit], credit: StreamCredit) -> None:
+    """Send ``credit`` without waiting: a credit a sender cannot take at once is moot.
+
+    A control message waits only for its receiver's link, and an actor without one is
+    restarting (it lost its sessions with their credits) or gone.
+    """
+    with contextlib.suppress(ActorStoppedError, SendTimeoutError):
+        await to.tell(credit, timeout=0.0)
 
 
 def _expire(waiter: asyncio.Future[None]) -> None:

@@ -58,7 +58,6 @@ from omni_actors.errors import (
 )
 from omni_actors.protocols.control import Prewarm
 from omni_actors.protocols.stage import (
-    INPUT,
     Chunk,
     End,
     ReportEnd,
@@ -128,7 +127,7 @@ class StageSession:
             self.key,
             stage,
             prewarm.window,
-            {s: prewarm.owner if s == INPUT else prewarm.upstream.get(s) for s in self.sources},
+            {s: prewarm.owner for s in self.sources},  # it passes them on
         )
         wait_s = prewarm.deadlines.inter_chunk_s  # for a credit, as for a chunk
         self.outlets = [

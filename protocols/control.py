@@ -36,7 +36,8 @@ the ``StageActor`` of each stage (possibly in worker processes). A session's lif
 
 Flow control is per (session, edge) stream: a sender has ``Prewarm.window`` chunks in
 flight at most, and its receiver grants them back with :class:`StreamCredit` as they are
-taken (``omni_actors.actors.flow``).
+taken (``omni_actors.actors.flow``), through the session's actor, which knows every
+sender.
 
 :class:`Inspect`, :class:`ListSessions` and :class:`ListStages` ask what is held where
 (health, leak checks). The control messages (``Abort``, ``AbortSession``,
@@ -96,17 +97,22 @@ DEFAULT_WINDOW = 64
 
 
 class StreamCredit(msgspec.Struct, ControlMessage, tag="stream-credit", frozen=True, kw_only=True):
-    """Receiver → sender of one of a session's streams: ``n`` more chunks may be sent.
+    """Receiver → sender of a session's stream ``source`` → ``receiver``: ``n`` more
+    chunks may be sent.
 
-    The stream is the sender's to ``receiver`` (a stage's name, or ``client`` for the
-    session's owner). A stage sends it to its upstream stages, and for the caller's input
-    to the session's owner; the owner sends it to the output stages as the caller reads
-    its events. A control message, so a credit overtakes queued chunks: the sender may be
-    waiting for it, and there is one per half window of chunks at most. A credit for a
-    session the sender no longer holds is ignored.
+    ``source`` is a stage's name, or ``input`` for the caller; ``receiver`` a stage's
+    name, or ``client`` for the caller's events. A stage sends its credits to the
+    session's owner, which passes them on to ``source`` (or to the caller's ``send``):
+    the owner holds a working ref to every stage, where a stage in a worker process may
+    not be able to name a restarting one. The owner sends the output stages the credits
+    for the caller's events as the caller reads them. A control message, so a credit
+    overtakes queued chunks: the sender may be waiting for it, and there is one per half
+    window of chunks at most. A credit for a session the sender no longer holds (ended,
+    aborted, or lost in a restart) is dropped.
     """
 
     key: SessionKey
+    source: str
     receiver: str
     n: int
 
@@ -170,8 +176,6 @@ class Prewarm(msgspec.Struct, Request[bool], tag="prewarm", frozen=True, kw_only
         deadlines: how long each wait may last.
         window: chunks in flight per stream, into and out of the stage (see
             :class:`StreamCredit`).
-        upstream: per source stage, where the credits for its stream go; those for
-            ``input`` go to ``owner``.
     """
 
     key: SessionKey
@@ -182,7 +186,6 @@ class Prewarm(msgspec.Struct, Request[bool], tag="prewarm", frozen=True, kw_only
     resumable: bool = False
     deadlines: Deadlines
     window: int = DEFAULT_WINDOW
-    upstream: dict[str, ActorAddress[StreamCredit]] = {}
 
 
 class Abort(msgspec.Struct, ControlMessage, Request[bool], tag="abort", frozen=True, kw_only=True):

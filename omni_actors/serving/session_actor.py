@@ -48,7 +48,7 @@ from omni_actors._actor import Actor
 from omni_actors._mailbox import MailboxConfig
 from omni_actors._ref import ActorRef
 from omni_actors.actors.accumulate import ChunkGapError, ChunkSequence
-from omni_actors.actors.flow import CreditWindow, Inflow
+from omni_actors.actors.flow import CreditWindow, Inflow, send_credit
 from omni_actors.errors import InvalidRequestError, OmniError, ProtocolError, qualified_name
 from omni_actors.protocols.control import (
     DEFAULT_WINDOW,
@@ -298,9 +298,8 @@ class SessionActor(Actor[SessionMessage]):
                 return await self._cancel(segment)
             case TruncateResponse(audio_ms=audio_ms):
                 return await self._truncate(audio_ms)
-            case StreamCredit(n=n):
-                # The entry stage took some of the caller's input: Session.send may go on.
-                self.channel.input.grant(n)
+            case StreamCredit(source=source):
+                await self._pass_credit(source, message)
         return None
 
     async def on_stop(self) -> None:
@@ -331,7 +330,6 @@ class SessionActor(Actor[SessionMessage]):
                     resumable=self.resumable,
                     deadlines=self.deadlines,
                     window=self.channel.window,
-                    upstream={s: self.plan[s].ref for s in p.sources if s in self.plan},
                 ),
                 timeout=timeout,
             )
@@ -429,6 +427,13 @@ class SessionActor(Actor[SessionMessage]):
             self.channel.put(event, source)
         else:
             reply.held.append((event, source))
+
+    async def _pass_credit(self, source: str, credit: StreamCredit) -> None:
+        """A stage took chunks from ``source``: pass the credit on to that sender."""
+        if source == INPUT:
+            self.channel.input.grant(credit.n)  # Session.send may go on
+        elif source in self.plan:
+            await send_credit(self.plan[source].ref, credit)
 
     async def _taken(self, source: str) -> None:
         """A chunk from ``source`` that the caller will not read counts as taken."""

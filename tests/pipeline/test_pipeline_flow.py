@@ -315,7 +315,7 @@ async def test_the_receiver_grants_credits_as_its_engine_takes_chunks() -> None:
         for seq in range(4):
             await stage.tell(chunk(seq))
         credits = [await owner.expect_message(StreamCredit, timeout=WAIT_S) for _ in range(2)]
-        assert credits == [StreamCredit(key=KEY, receiver="talker", n=2)] * 2
+        assert credits == [StreamCredit(key=KEY, source=INPUT, receiver="talker", n=2)] * 2
         # The credits are spent: four more chunks, the last ending the session.
         for seq in range(4, 8):
             await stage.tell(chunk(seq, end="finished" if seq == 7 else ""))
@@ -333,8 +333,9 @@ async def test_a_late_credit_for_a_session_gone_from_the_stage_is_ignored() -> N
         assert await stage.ask(prewarm(owner, window=4)) is True
         await stage.tell(chunk(0, end="finished"))
         assert (await next_report(owner)).end == "finished"
-        await stage.tell(StreamCredit(key=KEY, receiver="code2wav", n=2))
-        await stage.tell(StreamCredit(key=SessionKey("never#9"), receiver="talker", n=2))
+        await stage.tell(StreamCredit(key=KEY, source="talker", receiver="code2wav", n=2))
+        late = StreamCredit(key=SessionKey("never#9"), source="talker", receiver="client", n=2)
+        await stage.tell(late)
         assert (await stage.ask(Inspect())).keys == []
         assert stage.is_alive
 
@@ -355,5 +356,5 @@ async def test_the_chunks_a_cancelled_reply_drops_are_granted_back() -> None:
             await session.tell(Chunk(key=KEY, source="thinker", seq=seq, texts={"text": "so"}))
         for _ in range(3):
             credit = await stage.expect_message(StreamCredit, timeout=WAIT_S)
-            assert credit == StreamCredit(key=KEY, receiver="client", n=1)
+            assert credit == StreamCredit(key=KEY, source="thinker", receiver="client", n=1)
         assert channel.queued == 0

@@ -65,7 +65,6 @@ def _examples(owner: ActorRef[Any], downstream: ActorRef[Any]) -> list[msgspec.S
             resumable=True,
             deadlines=DEADLINES,
             window=8,
-            upstream={"thinker": downstream},
         ),
         Abort(key=KEY, reason="barge-in"),
         Cancel(key=KEY, segment=2),
@@ -80,7 +79,7 @@ def _examples(owner: ActorRef[Any], downstream: ActorRef[Any]) -> list[msgspec.S
         StageFailed(stage="talker", error="WorkerDiedError: killed"),
         ListSessions(),
         ListStages(),
-        StreamCredit(key=KEY, receiver="client", n=32),
+        StreamCredit(key=KEY, source="code2wav", receiver="client", n=32),
         Chunk(key=KEY, source="thinker", seq=2, tensors={"hidden": torch.ones(2, 3)}),
         StageReport(
             key=KEY,
@@ -147,7 +146,6 @@ async def test_refs_inside_a_prewarm_arrive_as_working_refs() -> None:
         assert isinstance(back, Prewarm)
         assert back.owner is owner.ref
         assert back.targets[0].ref is downstream.ref
-        assert back.upstream == {"thinker": downstream.ref}
         await back.targets[0].ref.tell(Chunk(key=KEY, source="thinker", seq=0))
         assert (await downstream.expect_message(Chunk)).key == KEY
 
