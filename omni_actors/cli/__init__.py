@@ -31,11 +31,16 @@ class Command:
 
 @dataclass(frozen=True, slots=True)
 class BenchTarget:
-    """A benchmark behind ``omni-actors bench <target>``; ``run`` returns a JSON-ready dict."""
+    """A benchmark behind ``omni-actors bench <target>``; ``run`` returns a JSON-ready dict.
+
+    ``summary`` (optional) renders the lines of a short table printed under the text
+    report, for a figure the nested key/value listing does not show at a glance.
+    """
 
     help: str
     add_options: Callable[[argparse.ArgumentParser], None]
     run: Callable[[argparse.Namespace], dict[str, Any]]
+    summary: Callable[[dict[str, Any]], list[str]] | None = None
 
 
 def _positive_int(text: str) -> int:
@@ -150,14 +155,57 @@ def _add_pipeline_options(parser: argparse.ArgumentParser) -> None:
         default=48,
         help="model presets: every reply is exactly this many text tokens (default 48)",
     )
+    lengths = parser.add_mutually_exclusive_group()
+    lengths.add_argument(
+        "--input-audio-s",
+        type=_input_seconds,
+        nargs="+",
+        default=None,
+        metavar="SECONDS",
+        help="model presets: seconds of audio fed in paced 20 ms frames, one point each "
+        "of the TTFA-after-input figure (default 5 60: about 3.5 min with 3 repeats)",
+    )
+    lengths.add_argument(
+        "--no-input-length",
+        action="store_true",
+        help="model presets: skip the TTFA-vs-input-length figure",
+    )
+    parser.add_argument(
+        "--input-repeats",
+        type=_positive_int,
+        default=3,
+        help="model presets: sessions per input length; the p50 is reported (default 3)",
+    )
+
+
+def _input_seconds(text: str) -> float:
+    from omni_actors.bench.input_length import InputLengthError, check_input_lengths
+
+    try:
+        return check_input_lengths([float(text)])[0]
+    except ValueError as exc:  # InputLengthError is one too
+        reason = str(exc) if isinstance(exc, InputLengthError) else f"not a number: {text!r}"
+        raise argparse.ArgumentTypeError(reason) from None
+
+
+def _input_lengths(ns: argparse.Namespace) -> tuple[float, ...]:
+    from omni_actors.bench.input_length import DEFAULT_INPUT_AUDIO_S
+
+    if ns.no_input_length:
+        return ()
+    return DEFAULT_INPUT_AUDIO_S if ns.input_audio_s is None else tuple(ns.input_audio_s)
 
 
 def _bench_pipeline(ns: argparse.Namespace) -> dict[str, Any]:
     from omni_actors.bench.ideal import IdealUnavailableError, ideal_times
+    from omni_actors.bench.input_length import InputLengthError, check_input_lengths
     from omni_actors.bench.pipeline import PLACEMENTS, bench_specs, run_pipeline_bench
     from omni_actors.serving.pipeline_spec import PipelineConfigError
 
     try:  # fail before anything runs, with the reason rather than a traceback
+        lengths = _input_lengths(ns)
+        if lengths:
+            check_input_lengths(lengths)
         specs = bench_specs(ns.preset)
         if ns.preset is not None:
             from omni_actors.bench.models import is_model_pipeline, run_model_bench
@@ -174,16 +222,30 @@ def _bench_pipeline(ns: argparse.Namespace) -> dict[str, Any]:
                             cache_dir=ns.cache_dir,
                             seed=ns.seed,
                             reply_tokens=ns.reply_tokens,
+                            input_audio_s=lengths,
+                            input_repeats=ns.input_repeats,
                         )
                     )
                 except OmniError as exc:  # e.g. engine arguments the engine rejects
                     raise SystemExit(f"omni-actors bench pipeline: {exc}") from None
+        if ns.input_audio_s is not None:
+            raise SystemExit(
+                "omni-actors bench pipeline: --input-audio-s measures a model preset's "
+                "audio input; add --preset tiny-omni (scripted pipelines take no audio)"
+            )
         for spec in specs.values():
             ideal_times(spec)
-    except (PipelineConfigError, IdealUnavailableError) as exc:
+    except (PipelineConfigError, IdealUnavailableError, InputLengthError) as exc:
         raise SystemExit(f"omni-actors bench pipeline: {exc}") from None
     placements = PLACEMENTS if ns.placement == "both" else (ns.placement,)
     return run(run_pipeline_bench(ns.concurrency, ns.requests, ns.preset, placements))
+
+
+def _pipeline_summary(result: dict[str, Any]) -> list[str]:
+    from omni_actors.bench.input_length import input_length_table
+
+    section = result.get("input_length")
+    return input_length_table(section) if section is not None else []
 
 
 BENCH_TARGETS: dict[str, BenchTarget] = {
@@ -202,6 +264,7 @@ BENCH_TARGETS: dict[str, BenchTarget] = {
         "ideal from declared latencies, per concurrency level",
         _add_pipeline_options,
         _bench_pipeline,
+        _pipeline_summary,
     ),
 }
 
@@ -227,11 +290,14 @@ def _print_table(result: dict[str, Any], indent: str = "") -> None:
 
 
 def _bench(ns: argparse.Namespace) -> int:
-    result = BENCH_TARGETS[ns.target].run(ns)
+    target = BENCH_TARGETS[ns.target]
+    result = target.run(ns)
     if ns.json:
         print(json.dumps(result))
     else:
         _print_table(result)
+        for line in target.summary(result) if target.summary is not None else []:
+            print(line)
     return 0
 
 

@@ -177,7 +177,8 @@ def test_model_bench_compares_stream_and_full(
     import json
 
     argv = ["bench", "pipeline", "--preset", "tiny-omni", "--json", "--cache-dir", str(cache)]
-    assert main([*argv, "--concurrency", "1", "--requests", "2", "--reply-tokens", "12"]) == 0
+    quick = ["--concurrency", "1", "--requests", "2", "--reply-tokens", "12", "--no-input-length"]
+    assert main([*argv, *quick]) == 0
     report = json.loads(capsys.readouterr().out)
     stream, full = report["variants"]["tiny-omni"]["1"], report["variants"]["tiny-omni-full"]["1"]
     assert stream["errors"] == full["errors"] == 0

@@ -1,0 +1,152 @@
+"""A tiny-omni conversation through the whole pipeline, as a voice agent holds one.
+
+Each reply — text and audio, at every turn — must equal HF's end-to-end
+``Qwen3OmniMoeForConditionalGeneration.generate`` on the conversation so far as one
+request (``tiny_omni_reference``): the stages keep the conversation between turns
+(the thinker its KV cache, the talker every user turn), and a barge-in (cancel, then
+truncate to what was heard) leaves every stage where the reference conversation with
+the heard part of the reply stands.
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+pytest.importorskip("transformers")
+
+import torch
+from tiny_omni_reference import assistant_turn, hf_reply, hf_user_turn, reference_model
+
+from omni_actors.actors.tiny_omni import configs
+from omni_actors.actors.tiny_omni.thinker_engine import ThinkerEngine
+from omni_actors.model_cache import prepare
+from omni_actors.protocols.events import AudioDelta, Event, ResponseDone, TextDelta
+from omni_actors.serving.omni_pipeline import OmniPipeline
+from omni_actors.serving.pipeline_spec import PipelineSpec, load_pipeline
+from omni_actors.serving.session import Session
+from omni_actors.testing import eventually
+from omni_actors.testing.inspection import actor_instance
+
+pytestmark = pytest.mark.integration
+
+MIN_TOKENS, MAX_TOKENS = 8, 10
+TURNS = ["Hello there!", "What is the weather like?", "Thanks, bye."]
+
+
+@pytest.fixture(scope="module")
+def cache(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    root = tmp_path_factory.mktemp("weights")
+    prepare("tiny-omni", cache_dir=root)
+    return root
+
+
+@pytest.fixture(scope="module")
+def reference(cache: Path) -> Any:
+    return reference_model(cache)
+
+
+def spec(cache: Path) -> PipelineSpec:
+    raw = load_pipeline("tiny-omni").with_weights(cache_dir=cache).model_dump(by_alias=True)
+    thinker = next(s for s in raw["stages"] if s["name"] == "thinker")
+    thinker["engine"]["args"].update(min_new_tokens=MIN_TOKENS, max_new_tokens=MAX_TOKENS)
+    return PipelineSpec.model_validate(raw)
+
+
+async def reply(session: Session, text: str) -> tuple[str, torch.Tensor, ResponseDone]:
+    await session.send(text=text)
+    response = await session.respond(voice="ethan")
+    events: list[Event] = [e async for e in response.events()]
+    done = events[-1]
+    assert isinstance(done, ResponseDone), done
+    said = "".join(e.text for e in events if isinstance(e, TextDelta))
+    audio = [e.audio for e in events if isinstance(e, AudioDelta)]
+    return said, torch.cat(audio) if audio else torch.zeros(0), done
+
+
+def assert_like_reference(
+    reference: Any, conversation: list[int], said: str, audio: torch.Tensor
+) -> None:
+    """``said`` and ``audio`` == HF's reply to ``conversation`` (ending with a user turn)."""
+    prompt = [*conversation, configs.Tokens.IM_START, configs.Tokens.ASSISTANT, 10]
+    ids = [ord(c) for c in said]  # byte-level tokens of printable text
+    reference.captured.clear()
+    sequences, wav = hf_reply(reference, prompt, len(ids), 2 * len(ids), MIN_TOKENS)
+    assert sequences[0, len(prompt) :].tolist() == [*ids, configs.Tokens.IM_END]
+    expected = wav.reshape(-1)
+    # HF trims the decoder's last 555 samples (they wait for a next frame); the stream
+    # ends the utterance with them.
+    assert audio.numel() == expected.numel() + 555
+    assert (audio[: expected.numel()] - expected).abs().max().item() < 1e-4
+
+
+async def test_three_turns_through_the_pipeline_equal_hf_generate(
+    cache: Path, reference: Any
+) -> None:
+    conversation: list[int] = []
+    async with OmniPipeline(spec(cache)) as omni, omni.session() as session:
+        for text in TURNS:
+            said, audio, done = await reply(session, text)
+            assert done.status == "completed"
+            assert said
+            conversation += hf_user_turn({"text": text}, 1)[0]
+            assert_like_reference(reference, conversation, said, audio)
+            conversation += assistant_turn([ord(c) for c in said])
+
+
+async def test_barge_in_then_truncate_leaves_every_stage_where_the_user_stopped_listening(
+    cache: Path, reference: Any
+) -> None:
+    async with OmniPipeline(spec(cache)) as omni, omni.session() as session:
+        await session.send(text=TURNS[0])
+        response = await session.respond(voice="ethan")
+        said, heard = "", 0
+        async for event in response.events():
+            if isinstance(event, TextDelta):
+                said += event.text
+            elif isinstance(event, AudioDelta):
+                heard += event.audio.numel()
+                await response.cancel()  # the user spoke over the first audio
+        assert isinstance(response.done, ResponseDone)
+        assert response.done.status == "cancelled"
+        heard_ms = 1000 * heard / configs.OUTPUT_SAMPLE_RATE
+        await session.truncate(audio_ms=heard_ms)
+        # The talker maps the heard frames to the tokens they voiced: frame k is
+        # conditioned on tokens 0..k, and a stream's first frame lacks 555 samples.
+        frames = math.ceil((heard + 555) / configs.SAMPLES_PER_FRAME)
+        kept = said[: min(frames, len(said))]
+        assert 0 < len(kept) < len(said)
+        # The tiny thinker's next reply barely depends on what it said before (random
+        # weights): read its cache to see the cut.
+        thinker = actor_instance((await omni.stages())["thinker"]).engine
+        assert isinstance(thinker, ThinkerEngine)
+        opened = len(hf_user_turn({"text": TURNS[0]}, 1)[0]) + 3  # + assistant opening
+
+        async def cut() -> None:
+            assert thinker.cached_tokens(session._key) == opened + len(kept)
+
+        await eventually(cut, timeout=10)
+
+        next_said, next_audio, done = await reply(session, TURNS[1])
+        assert done.status == "completed"
+        conversation = [
+            *hf_user_turn({"text": TURNS[0]}, 1)[0],
+            *assistant_turn([ord(c) for c in kept]),
+            *hf_user_turn({"text": TURNS[1]}, 1)[0],
+        ]
+        assert_like_reference(reference, conversation, next_said, next_audio)
+
+
+async def test_cleared_input_is_as_if_never_sent(cache: Path) -> None:
+    async with OmniPipeline(spec(cache)) as omni:
+        async with omni.session() as session:
+            await session.send(text="Something to take back")
+            await session.clear()
+            cleared = await reply(session, TURNS[0])
+        async with omni.session() as session:
+            plain = await reply(session, TURNS[0])
+    assert cleared[0] == plain[0]
+    assert torch.equal(cleared[1], plain[1])
