@@ -199,8 +199,9 @@ class StageSession:
             return
         queue = self._queue
         queue.append(chunk)
-        if len(queue) > self._queued_max:
-            self._queued_max = len(queue)
+        queued = len(queue)
+        if queued > self._queued_max:
+            self._queued_max = queued
         self._wake()
 
     @property

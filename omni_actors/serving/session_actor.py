@@ -183,7 +183,7 @@ class SessionChannel:
                 await waiter
             finally:
                 self._waiter = None
-        event, source = self._events[0]
+        event, source = self._events.popleft()
         inflow = self.inflow
         if source and inflow is not None and self.terminal is None:
             due = inflow.taken(source)
@@ -193,8 +193,8 @@ class SessionChannel:
                 except BaseException:
                     # Cancelled before the credit went out: the event stays unread.
                     inflow.untake(source, due)
+                    self._events.appendleft((event, source))
                     raise
-        self._events.popleft()
         return event
 
 
@@ -383,19 +383,6 @@ class SessionActor(Actor[SessionMessage]):
             # Done, or cancelled or failed: what it still says is moot (and taken now).
             await self._taken(chunk.source)
             return None
-        text, audio = self._deltas(chunk, reply)
-        last = audio or text
-        if last is None:  # nothing for the caller to read: taken now
-            await self._taken(chunk.source)
-            return None
-        if text is not None and audio is not None:
-            self._emit(chunk.segment, reply, text)
-        # The chunk is taken once the caller reads its last event.
-        self._emit(chunk.segment, reply, last, chunk.source)
-        return None
-
-    def _deltas(self, chunk: Chunk, reply: _Reply) -> tuple[TextDelta | None, AudioDelta | None]:
-        """The caller's events in ``chunk``, counted in ``reply``'s latencies."""
         # Latencies count when the output reaches the session, held or not.
         now = time.monotonic()
         text_delta = audio_delta = None
@@ -416,7 +403,15 @@ class SessionActor(Actor[SessionMessage]):
                 sample_rate=self.channel.sample_rate,
                 response=reply.response,
             )
-        return text_delta, audio_delta
+        last = audio_delta if audio_delta is not None else text_delta
+        if last is None:  # nothing for the caller to read: taken now
+            await self._taken(chunk.source)
+            return None
+        if text_delta is not None and audio_delta is not None:
+            self._emit(chunk.segment, reply, text_delta)
+        # The chunk is taken once the caller reads its last event.
+        self._emit(chunk.segment, reply, last, chunk.source)
+        return None
 
     def _emit(self, segment: int, reply: _Reply, event: Event, source: str = "") -> None:
         """To the caller now if ``segment`` is the current one, else held for later.
