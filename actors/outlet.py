@@ -5,7 +5,10 @@ as produced (through a ``ChunkPolicy`` window when the edge carries codec frames
 ``full`` merges the segment's outputs by the receiver's accumulate rules and sends one
 payload when the segment ends. It numbers its chunks and counts what it sent, and
 passes a response's options on with the first chunk it sends after they reached its
-stage.
+stage. It spends a credit of its stream's window on each chunk
+(``omni_actors.actors.flow``): once the receiver has a window of them in flight, the
+outlet waits — and with it the stage's engine for this session — until the receiver
+grants more.
 """
 
 from __future__ import annotations
@@ -18,6 +21,8 @@ import torch
 from omni_actors.actors.accumulate import Accumulator
 from omni_actors.actors.chunk_policy import ChunkPolicy, FrameWindow
 from omni_actors.actors.engine import Fields
+from omni_actors.actors.flow import BackpressureError, CreditWindow
+from omni_actors.clock import Clock
 from omni_actors.protocols.address import ActorAddress
 from omni_actors.protocols.control import AccumulateRule, EdgeMode
 from omni_actors.protocols.stage import (
@@ -44,6 +49,10 @@ class Outlet:
         accumulate: merge rules for ``full`` mode.
         ends: whether segment ends are sent as end markers (a session's owner learns
             them from the stage's report instead).
+        credits: the stream's credit window (None: no flow control), granted by the
+            receiver through :meth:`grant`.
+        clock: the stage's clock, for the wait for a credit.
+        credit_wait_s: the longest wait for a credit (``deadlines.inter_chunk_s``).
     """
 
     def __init__(
@@ -58,6 +67,9 @@ class Outlet:
         window: tuple[int, int, int] | None = None,
         accumulate: Mapping[str, AccumulateRule] | None = None,
         ends: bool = True,
+        credits: CreditWindow | None = None,
+        clock: Clock | None = None,
+        credit_wait_s: float = 0.0,
     ) -> None:
         self.key = key
         self.source = source
@@ -65,6 +77,9 @@ class Outlet:
         self.ref = ref
         self.fields = frozenset(fields)
         self.ends = ends
+        self.credits = credits
+        self._clock = clock
+        self._credit_wait_s = credit_wait_s
         self._policy = ChunkPolicy(*window) if window is not None else None
         self._window: FrameWindow | None = self._policy.window() if self._policy else None
         self._acc = Accumulator(accumulate) if mode == "full" else None
@@ -82,6 +97,11 @@ class Outlet:
         """Start counting a new segment."""
         self.chunks = 0
         self.bytes = 0
+
+    def grant(self, n: int) -> None:
+        """The receiver has taken ``n`` more chunks (a ``StreamCredit``)."""
+        if self.credits is not None:
+            self.credits.grant(n)
 
     def stamp(self, options: ResponseOptions) -> None:
         """The segment's response started with ``options``: the next chunk carries them."""
@@ -133,6 +153,12 @@ class Outlet:
             await self._send({}, end=end)
 
     async def _send(self, fields: Fields, *, context: int = 0, end: End = "") -> None:
+        credits = self.credits
+        if credits is not None:
+            if credits.credits > 0:  # CreditWindow.try_take, inlined: once per chunk
+                credits.credits -= 1
+            else:  # before the chunk is made: the wait is the sender's, not queue wait
+                await self._wait_for_credit(credits)
         tensors, texts = split_fields(fields)
         chunk = Chunk(
             key=self.key,
@@ -151,6 +177,15 @@ class Outlet:
         self.chunks += 1
         self.bytes += chunk.nbytes
         await self.ref.tell(chunk)
+
+    async def _wait_for_credit(self, credits: CreditWindow) -> None:
+        assert self._clock is not None
+        try:
+            await credits.take(self._clock, self._credit_wait_s)
+        except TimeoutError:
+            raise BackpressureError(
+                f"stage {self.source}", self.name, self.key, credits.size, self._credit_wait_s
+            ) from None
 
 
 def _one_tensor(fields: dict[str, torch.Tensor | str]) -> tuple[str, torch.Tensor]:

@@ -12,6 +12,9 @@ Sessions are known by their ``SessionKey``. The engine work of each session — 
 included — runs in that session's task, owned by the stage's task scope, so one slow
 session never holds up the chunks of another, and the engine sees all of them at once to
 batch.
+
+A ``StreamCredit`` (a control message, so it overtakes queued chunks) lets one of a
+session's outlets send more; one for a session no longer here is ignored.
 """
 
 from __future__ import annotations
@@ -33,6 +36,7 @@ from omni_actors.protocols.control import (
     Refused,
     StageMessage,
     StageState,
+    StreamCredit,
     Truncate,
 )
 from omni_actors.protocols.stage import Chunk, SessionKey
@@ -121,6 +125,12 @@ class StageActor(Actor[StageMessage]):
             case Inspect():
                 # Sessions still being aborted hold engine state: they count as held.
                 return StageState(stage=self.name, keys=sorted({*self.sessions, *self.closing}))
+            case StreamCredit(key=key, receiver=receiver, n=n):
+                session = self.sessions.get(key)
+                if session is not None:
+                    session.credit(receiver, n)
+                # else: the session ended here (finished or aborted): its credits with it
+                return None
         raise AssertionError(f"unhandled {message!r}")  # pragma: no cover - typed union
 
     def _prewarm(self, message: Prewarm) -> bool:

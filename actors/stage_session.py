@@ -16,6 +16,11 @@ deadline on the stage's system clock (virtual under ``ActorTestKit(virtual_time=
 in a worker process, that process's real clock). The task that drives it all belongs to
 the stage's task scope: an abort cancels it, and the task itself frees the session on
 the engine, once, however it ends.
+
+Each stream in and out has a credit window (``omni_actors.actors.flow``): the queue
+holds at most a window of chunks per source, granted back as the engine takes them, and
+each outlet waits for its receiver's credits, so a slow receiver slows this session's
+engine and nothing else.
 """
 
 from __future__ import annotations
@@ -41,6 +46,7 @@ from omni_actors.actors.engine import (
     Fields,
     ResponseOptions,
 )
+from omni_actors.actors.flow import CreditWindow, Inflow
 from omni_actors.actors.outlet import Outlet
 from omni_actors.clock import Clock, timeout_at
 from omni_actors.errors import (
@@ -117,6 +123,13 @@ class StageSession:
         self.deadlines = prewarm.deadlines
         self.sources = prewarm.sources
         self.sequences = {s: ChunkSequence(f"{s} -> {stage}") for s in self.sources}
+        self.inflow = Inflow(
+            self.key,
+            stage,
+            prewarm.window,
+            {s: prewarm.owner for s in self.sources},  # it passes them on
+        )
+        wait_s = prewarm.deadlines.inter_chunk_s  # for a credit, as for a chunk
         self.outlets = [
             Outlet(
                 self.key,
@@ -127,14 +140,28 @@ class StageSession:
                 mode=t.mode,
                 window=t.window,
                 accumulate=t.accumulate,
+                credits=CreditWindow(prewarm.window),
+                clock=clock,
+                credit_wait_s=wait_s,
             )
             for t in prewarm.targets
         ]
         if prewarm.emit:
             self.outlets.append(
-                Outlet(self.key, stage, "client", prewarm.owner, prewarm.emit, ends=False)
+                Outlet(
+                    self.key,
+                    stage,
+                    "client",
+                    prewarm.owner,
+                    prewarm.emit,
+                    ends=False,
+                    credits=CreditWindow(prewarm.window),
+                    clock=clock,
+                    credit_wait_s=wait_s,
+                )
             )
         self._queue: deque[Chunk] = deque()
+        self._queued_max = 0  # the most chunks queued at once in this segment
         self._waiter: asyncio.Future[None] | None = None
         self._error: BaseException | None = None
         self.segment = 0  # the segment (response) being served
@@ -165,8 +192,32 @@ class StageSession:
         if not fresh:
             self._duplicates += 1
             return
-        self._queue.append(chunk)
+        try:
+            self.inflow.received(chunk.source)
+        except ProtocolError as exc:  # past its window: refused, never queued
+            self._fail(exc)
+            return
+        queue = self._queue
+        queue.append(chunk)
+        queued = len(queue)
+        if queued > self._queued_max:
+            self._queued_max = queued
         self._wake()
+
+    @property
+    def queued(self) -> int:
+        """Input chunks waiting for the engine (at most a window per source)."""
+        return len(self._queue)
+
+    def credit(self, receiver: str, n: int) -> None:
+        """``receiver`` has taken ``n`` more of this session's chunks (a ``StreamCredit``)."""
+        for outlet in self.outlets:
+            if outlet.name == receiver:
+                outlet.grant(n)
+                return
+        log.debug(
+            "%s: credit from %r, not a receiver of session %s", self.stage, receiver, self.key
+        )
 
     def _fail(self, error: BaseException) -> None:
         if self._error is None:
@@ -205,6 +256,9 @@ class StageSession:
         chunk = self._queue.popleft()
         self._queue_wait += max(0.0, time.monotonic() - chunk.sent_at)
         self._chunks_in += 1
+        due = self.inflow.taken(chunk.source)
+        if due:
+            await self.inflow.grant(chunk.source, due)
         return chunk
 
     # -- the session's task ------------------------------------------------------------
@@ -318,6 +372,7 @@ class StageSession:
             duplicates=self._duplicates,
             outputs=self._outputs,
             hops={o.name: o.metrics() for o in self.outlets},
+            queued_max=self._queued_max,
         )
         self._reset_metrics()
         report = StageReport(
@@ -347,6 +402,7 @@ class StageSession:
         self._chunks_in = 0
         self._duplicates = 0
         self._outputs = 0
+        self._queued_max = len(self._queue)
         for outlet in getattr(self, "outlets", ()):
             outlet.reset_metrics()
 

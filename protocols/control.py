@@ -34,6 +34,11 @@ the ``StageActor`` of each stage (possibly in worker processes). A session's lif
    crashes): the session actor ends the caller's stream and asks every stage to
    :class:`Abort`, which frees the session there.
 
+Flow control is per (session, edge) stream: a sender has ``Prewarm.window`` chunks in
+flight at most, and its receiver grants them back with :class:`StreamCredit` as they are
+taken (``omni_actors.actors.flow``), through the session's actor, which knows every
+sender.
+
 :class:`Inspect`, :class:`ListSessions` and :class:`ListStages` ask what is held where
 (health, leak checks). The control messages (``Abort``, ``AbortSession``,
 ``StageFailed``: ``ControlMessage``) overtake queued chunks; a ``Request[R]`` is
@@ -55,6 +60,7 @@ __all__ = [
     "Abort",
     "AbortSession",
     "AccumulateRule",
+    "DEFAULT_WINDOW",
     "Cancel",
     "CancelResponse",
     "Deadlines",
@@ -69,6 +75,7 @@ __all__ = [
     "StageFailed",
     "StageMessage",
     "StageState",
+    "StreamCredit",
     "Target",
     "Truncate",
     "TruncateResponse",
@@ -81,6 +88,33 @@ the outputs merged by the receiver's accumulate rules, when the segment ends).""
 AccumulateRule = Literal["concat", "replace"]
 """How successive values of a field combine: ``concat`` (along dim 0, or text appended)
 or ``replace`` (only the latest matters)."""
+
+DEFAULT_WINDOW = 64
+"""Chunks in flight per (session, edge) stream unless the pipeline sets ``flow.window``."""
+
+
+# -- flow control (every stream of a session) --------------------------------------------
+
+
+class StreamCredit(msgspec.Struct, ControlMessage, tag="stream-credit", frozen=True, kw_only=True):
+    """Receiver → sender of a session's stream ``source`` → ``receiver``: ``n`` more
+    chunks may be sent.
+
+    ``source`` is a stage's name, or ``input`` for the caller; ``receiver`` a stage's
+    name, or ``client`` for the caller's events. A stage sends its credits to the
+    session's owner, which passes them on to ``source`` (or to the caller's ``send``):
+    the owner holds a working ref to every stage, where a stage in a worker process may
+    not be able to name a restarting one. The owner sends the output stages the credits
+    for the caller's events as the caller reads them. A control message, so a credit
+    overtakes queued chunks: the sender may be waiting for it, and there is one per half
+    window of chunks at most. A credit for a session the sender no longer holds (ended,
+    aborted, or lost in a restart) is dropped.
+    """
+
+    key: SessionKey
+    source: str
+    receiver: str
+    n: int
 
 
 # -- to a stage --------------------------------------------------------------------------
@@ -140,15 +174,18 @@ class Prewarm(msgspec.Struct, Request[bool], tag="prewarm", frozen=True, kw_only
         emit: output fields the owner receives (``text``, ``audio``).
         resumable: the input comes in segments (deadline between segments: ``idle_s``).
         deadlines: how long each wait may last.
+        window: chunks in flight per stream, into and out of the stage (see
+            :class:`StreamCredit`).
     """
 
     key: SessionKey
-    owner: ActorAddress[Chunk | StageReport]
+    owner: ActorAddress[Chunk | StageReport | StreamCredit]
     sources: tuple[str, ...]
     targets: tuple[Target, ...] = ()
     emit: tuple[str, ...] = ()
     resumable: bool = False
     deadlines: Deadlines
+    window: int = DEFAULT_WINDOW
 
 
 class Abort(msgspec.Struct, ControlMessage, Request[bool], tag="abort", frozen=True, kw_only=True):
@@ -201,7 +238,7 @@ class Inspect(msgspec.Struct, Request[StageState], tag="inspect", frozen=True, k
     """Anyone → stage: what do you hold? (leak checks, health)."""
 
 
-StageMessage = Prewarm | Chunk | Abort | Cancel | Truncate | Inspect
+StageMessage = Prewarm | Chunk | Abort | Cancel | Truncate | Inspect | StreamCredit
 """Every message a stage accepts."""
 
 
@@ -268,6 +305,7 @@ SessionMessage = (
     | StageFailed
     | CancelResponse
     | TruncateResponse
+    | StreamCredit
 )
 """Every message a session's actor accepts."""
 

@@ -13,6 +13,7 @@ __all__ = ["ErrorCode"]
 
 ErrorCode = Literal[
     "timeout",
+    "backpressure",
     "stage_failed",
     "engine_error",
     "chunk_gap",
@@ -21,10 +22,11 @@ ErrorCode = Literal[
     "invalid_request",
     "internal",
 ]
-"""``timeout``: a deadline expired. ``stage_failed``: a stage crashed with the session on
-it. ``engine_error``: the engine failed the session. ``chunk_gap``: chunks were lost
-between two stages. ``admission``: not admitted (no slot in time, id in use).
-``prewarm``: a stage refused or failed to allocate the session. ``invalid_request``: the
-caller asked for something the session cannot do (a response while one is in flight, a
-truncate with no reply to cut). ``internal``: anything
-else (a bug, or the pipeline stopping)."""
+"""``timeout``: a deadline expired. ``backpressure``: a sender waited too long for its
+receiver to take what it sent (most often a caller that stopped reading its events).
+``stage_failed``: a stage crashed with the session on it. ``engine_error``: the engine
+failed the session. ``chunk_gap``: chunks were lost between two stages. ``admission``:
+not admitted (no slot in time, id in use). ``prewarm``: a stage refused or failed to
+allocate the session. ``invalid_request``: the caller asked for something the session
+cannot do (a response while one is in flight, a truncate with no reply to cut).
+``internal``: anything else (a bug, or the pipeline stopping)."""

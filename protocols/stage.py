@@ -173,6 +173,8 @@ class StageMetrics(msgspec.Struct, frozen=True, kw_only=True):
         duplicates: duplicate input chunks dropped.
         outputs: outputs the engine produced.
         hops: per receiver (a stage name, or ``client``): chunks and bytes sent.
+        queued_max: the most input chunks waiting for the engine at once (bounded by
+            the pipeline's ``flow.window`` per source).
     """
 
     queue_wait_ms: float = 0.0
@@ -181,6 +183,7 @@ class StageMetrics(msgspec.Struct, frozen=True, kw_only=True):
     duplicates: int = 0
     outputs: int = 0
     hops: dict[str, HopMetrics] = {}
+    queued_max: int = 0
 
 
 class StageReport(msgspec.Struct, tag="stage-report", frozen=True, kw_only=True):

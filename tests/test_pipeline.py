@@ -109,6 +109,7 @@ def test_text_only_requests_skip_audio_stages() -> None:
         ),
         (lambda d: d.update(outputs={}), "name the stage"),
         (lambda d: d["edges"][0].update(fields=[]), r"edges\[0\]\.fields"),
+        (lambda d: d.update(flow={"window": 0}), r"flow\.window: Input should be greater than"),
     ],
 )
 def test_validation_errors_name_the_file_and_field(

@@ -3,7 +3,8 @@
 A pipeline file names its stages (engine kind and arguments, process placement,
 replicas, restart type), the edges between them (``stream``: chunks flow as they are
 produced; ``full``: one payload after the upstream finishes), which stage yields text and
-which yields audio, how failed stages are restarted, and the deadlines of every wait.
+which yields audio, how failed stages are restarted, the deadlines of every wait and the
+flow control of every stream.
 Fields and accumulate rules are not repeated here: each engine declares them, and
 validation checks every edge against the declarations of its two ends
 (:mod:`omni_actors.serving.wiring`). Errors name the file, the field and what is
@@ -23,7 +24,7 @@ from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError,
 from omni_actors.actors.engine import Ports, Rule
 from omni_actors.errors import OmniError
 from omni_actors.model_family import ModelFamily, family_of_kind
-from omni_actors.protocols.control import EdgeMode
+from omni_actors.protocols.control import DEFAULT_WINDOW, EdgeMode
 from omni_actors.serving.wiring import Wiring, wire
 from omni_actors.supervision import RestartType
 
@@ -32,6 +33,7 @@ __all__ = [
     "DeadlinesSpec",
     "EdgeSpec",
     "EngineSpec",
+    "FlowSpec",
     "OutputsSpec",
     "PipelineConfigError",
     "PipelineSpec",
@@ -149,7 +151,8 @@ class DeadlinesSpec(_Spec):
 
     ``admission_s`` covers waiting for a free session slot plus prewarm of every stage;
     ``first_chunk_s`` a stage's wait for a segment's first input (one-shot sessions);
-    ``inter_chunk_s`` the wait between two inputs; ``idle_s`` a resumable session's wait
+    ``inter_chunk_s`` the wait between two inputs, and a sender's wait for a credit
+    (:class:`FlowSpec`); ``idle_s`` a resumable session's wait
     for its caller's next segment; ``total_s`` the session's whole life.
     """
 
@@ -158,6 +161,27 @@ class DeadlinesSpec(_Spec):
     inter_chunk_s: float = Field(10.0, gt=0)
     idle_s: float = Field(300.0, gt=0)
     total_s: float = Field(600.0, gt=0)
+
+
+class FlowSpec(_Spec):
+    """Flow control: how many chunks each (session, edge) stream has in flight.
+
+    Every stream of a session — the caller's input into the entry stage, each edge, each
+    output stage to the caller's events — has its own window of ``window`` chunks: a
+    sender waits once that many are unconsumed (``Session.send`` too), so a slow stage,
+    or a caller that stops reading, slows that session's producers and nobody else.
+    A sender waits for its receiver's credit at most ``deadlines.inter_chunk_s``, then
+    the session fails with code ``backpressure``.
+
+    The bound this sets: per session, a stage holds at most ``window`` chunks of each
+    stream into it (mailbox and session queue together), and the caller's event queue
+    ``window`` chunks per output stage; memory is ``window`` x the chunk size of each
+    edge. An engine that cannot be slowed per request keeps producing while its
+    stage's outlet waits, into its own buffers: a vLLM thinker (``AsyncLLM`` decodes each
+    request to its end) is bounded by the reply's ``max_tokens`` instead.
+    """
+
+    window: int = Field(DEFAULT_WINDOW, ge=1, le=65536)
 
 
 class PipelineSpec(_Spec):
@@ -172,6 +196,7 @@ class PipelineSpec(_Spec):
     outputs: OutputsSpec
     supervision: SupervisionSpec = SupervisionSpec()
     deadlines: DeadlinesSpec = DeadlinesSpec()
+    flow: FlowSpec = FlowSpec()
     _wiring: Wiring = PrivateAttr()
 
     @model_validator(mode="after")

@@ -15,10 +15,11 @@ answers twice must decide which answer the user hears (cancel the first, or wait
 its ``ResponseDone``). A response's failure ends that response only; the session ends
 on ``finish``, ``abort``, a failed admission, a deadline or a stage crash.
 
-The handle sends input straight to the entry stage, reads the events its session actor
-queues, and owns the session's admission slot and last-resort
-deadline. Both deadlines read the pipeline's system clock (``ActorSystem.clock``), so a
-pipeline in a system with a virtual clock runs them on virtual time.
+The handle sends input straight to the entry stage (within the credit window the entry
+stage grants: see ``flow`` in the pipeline), reads the events its session actor queues,
+and owns the session's admission slot and last-resort deadline. Both deadlines read the
+pipeline's system clock (``ActorSystem.clock``), so a pipeline in a system with a virtual
+clock runs them on virtual time.
 """
 
 from __future__ import annotations
@@ -34,8 +35,9 @@ from typing import TYPE_CHECKING, Literal
 import torch
 
 from omni_actors._ref import ActorRef
+from omni_actors.actors.flow import BackpressureError, CreditWindow
 from omni_actors.clock import TimerHandle, timeout_at
-from omni_actors.errors import InvalidRequestError, OmniError
+from omni_actors.errors import InvalidRequestError, OmniError, qualified_name
 from omni_actors.protocols.control import (
     AbortSession,
     CancelResponse,
@@ -97,7 +99,9 @@ class Session:
         self.id = session_id or uuid.uuid4().hex
         self.modalities = modalities
         self.resumable = resumable
-        self.channel = SessionChannel(sample_rate=pipeline.spec.outputs.sample_rate)
+        self.channel = SessionChannel(
+            sample_rate=pipeline.spec.outputs.sample_rate, window=pipeline.spec.flow.window
+        )
         self._ref: ActorRef[SessionMessage] | None = None
         self._key = SessionKey("")  # the session's key on the stages, once admitted
         self._entry: ActorRef[Chunk] | None = None
@@ -198,10 +202,16 @@ class Session:
         the previous one is still being voiced, and the replies come in order) or the
         session (``finished``: the last input is answered, then the session ends).
 
+        Once a window of input chunks (``flow.window``) is in flight, this waits until the
+        entry stage takes some, ``deadlines.inter_chunk_s`` at most (so do ``commit``,
+        ``clear``, ``respond`` and ``truncate``, which send a chunk each).
+
         Raises:
             SessionClosedError: the session has ended (its terminal event says why).
             InvalidRequestError: ``audio`` is not a 1-D float or int16 tensor, or
                 ``sample_rate`` is not a positive int.
+            BackpressureError: the entry stage took none of the input in flight within
+                ``deadlines.inter_chunk_s``; the session has ended with that error.
         """
         payload: dict[str, torch.Tensor | str] = dict(fields or {})
         if text is not None:
@@ -395,6 +405,9 @@ class Session:
         options: ResponseOptions | None = None,
     ) -> None:
         assert self._entry is not None
+        credits = self.channel.input
+        if not credits.try_take():
+            await self._wait_for_credit(credits)
         tensors, texts = split_fields(payload)
         chunk = Chunk(
             key=self._key,
@@ -413,6 +426,27 @@ class Session:
         await self._entry.tell(chunk)
         if end:
             self._segment += 1
+
+    async def _wait_for_credit(self, credits: CreditWindow) -> None:
+        limit = self.pipeline.spec.deadlines.inter_chunk_s
+        try:
+            taken = await credits.take(self.pipeline.clock, limit)
+        except TimeoutError:
+            entry = f"stage {self.pipeline.spec.entry_stage}"
+            error = BackpressureError("the caller", entry, self._key, credits.size, limit)
+            if self.channel.end(
+                SessionError(
+                    session=self.id,
+                    code=error.code,
+                    message=str(error),
+                    stage=self.pipeline.spec.entry_stage,
+                    error_type=qualified_name(error),
+                )
+            ):
+                await self._abort_stages("backpressure")
+            raise error from None
+        if not taken:
+            raise SessionClosedError(f"session {self.id} has ended; open a new one")
 
     async def finish(self) -> None:
         """End the last segment and the session."""

@@ -25,6 +25,14 @@ and its late deltas are dropped) or ``failed`` (a stage's engine failed it: the 
 stages are told to stop it too). Either way the session stays open. A truncate walks
 the stages back from the audio: each keeps what the user heard of the last reply and
 answers what its source keeps, down to the entry stage's share.
+
+Flow control (``omni_actors.actors.flow``): this actor receives each output stage's
+stream, and the caller's reads of the channel grant it back, so the events queued for
+the caller (held ones included) stay within a window of chunks per output stage, and a
+caller that stops reading makes the output stages wait. A chunk whose events are dropped
+(a cancelled or failed response) counts as taken at once. The entry stage's credits for
+the caller's input arrive here too, and go to the channel, where ``Session.send`` waits
+for them.
 """
 
 from __future__ import annotations
@@ -40,8 +48,10 @@ from omni_actors._actor import Actor
 from omni_actors._mailbox import MailboxConfig
 from omni_actors._ref import ActorRef
 from omni_actors.actors.accumulate import ChunkGapError, ChunkSequence
-from omni_actors.errors import InvalidRequestError, qualified_name
+from omni_actors.actors.flow import CreditWindow, Inflow, send_credit
+from omni_actors.errors import InvalidRequestError, OmniError, ProtocolError, qualified_name
 from omni_actors.protocols.control import (
+    DEFAULT_WINDOW,
     Abort,
     AbortSession,
     Cancel,
@@ -52,6 +62,7 @@ from omni_actors.protocols.control import (
     SessionMessage,
     StageFailed,
     StageMessage,
+    StreamCredit,
     Target,
     Truncate,
     TruncateResponse,
@@ -94,42 +105,72 @@ class SessionChannel:
     Shared between the caller's handle and the session actor, in one process. A deque
     and one waiter rather than an ``asyncio.Queue``: every text and audio delta passes
     here, and there is exactly one reader.
+
+    It is also where the caller's side of flow control meets the session actor:
+    ``input`` is the credit window of the caller's input (``Session.send`` spends it,
+    the entry stage's credits refill it), and ``inflow`` — set by the session actor —
+    counts the output stages' chunks, granted back as the caller reads their events.
+
+    Args:
+        sample_rate: of the session's audio.
+        window: chunks in flight per stream (the pipeline's ``flow.window``).
     """
 
     __slots__ = (
         "_events",
         "_waiter",
         "completed",
+        "inflow",
+        "input",
         "responses",
         "sample_rate",
         "starts",
         "terminal",
+        "window",
     )
 
-    def __init__(self, sample_rate: int) -> None:
+    def __init__(self, sample_rate: int, window: int = DEFAULT_WINDOW) -> None:
         self.sample_rate = sample_rate
+        self.window = window
         self.starts: dict[int, float] = {}
         self.responses: dict[int, str] = {}  # response id by segment, set by the caller
         self.completed = 0  # segments whose ResponseDone (or the terminal event) is out
         self.terminal: Event | None = None
-        self._events: deque[Event] = deque()
+        self.input = CreditWindow(window)
+        self.inflow: Inflow | None = None
+        # Each event with the output stage whose chunk it ends ("" for the others): its
+        # read is that chunk taken.
+        self._events: deque[tuple[Event, str]] = deque()
         self._waiter: asyncio.Future[None] | None = None
 
-    def put(self, event: Event) -> None:
-        """Queue an event; after a terminal one, nothing more is queued."""
+    def put(self, event: Event, source: str = "") -> None:
+        """Queue an event; after a terminal one, nothing more is queued.
+
+        ``source``: the output stage whose chunk this event ends, granted a credit once
+        the caller has read it.
+        """
         if self.terminal is None:
-            self._push(event)
+            self._push(event, source)
 
     def end(self, event: Event) -> bool:
-        """Queue the terminal event; False if the session had already ended."""
+        """Queue the terminal event; False if the session had already ended.
+
+        No more input is taken: a ``send`` waiting for a credit returns at once.
+        """
         if self.terminal is not None:
             return False
-        self._push(event)
+        self._push(event, "")
         self.terminal = event
+        self.input.close()
         return True
 
-    def _push(self, event: Event) -> None:
-        self._events.append(event)
+    @property
+    def queued(self) -> int:
+        """Events waiting for the caller."""
+        return len(self._events)
+
+    def _push(self, event: Event, source: str) -> None:
+        self._events.append((event, source))
         waiter = self._waiter
         if waiter is not None and not waiter.done():
             waiter.set_result(None)
@@ -142,7 +183,19 @@ class SessionChannel:
                 await waiter
             finally:
                 self._waiter = None
-        return self._events.popleft()
+        event, source = self._events.popleft()
+        inflow = self.inflow
+        if source and inflow is not None and self.terminal is None:
+            due = inflow.taken(source)
+            if due:
+                try:
+                    await inflow.grant(source, due)
+                except BaseException:
+                    # Cancelled before the credit went out: the event stays unread.
+                    inflow.untake(source, due)
+                    self._events.appendleft((event, source))
+                    raise
+        return event
 
 
 class _Reply:
@@ -180,7 +233,7 @@ class _Reply:
         self.reports: dict[str, StageMetrics] = {}
         self.finished = False  # the session's last segment
         self.done_at: float | None = None  # every stage has reported it
-        self.held: list[Event] = []
+        self.held: list[tuple[Event, str]] = []  # with their sources (see _emit)
 
 
 class SessionActor(Actor[SessionMessage]):
@@ -215,6 +268,10 @@ class SessionActor(Actor[SessionMessage]):
         self.resumable = resumable
         self.admission_deadline = admission_deadline
         self.channel = channel
+        # The output stages' streams end here: their credits come from the caller's reads.
+        channel.inflow = self.inflow = Inflow(
+            key, "client", channel.window, {name: p.ref for name, p in plan.items() if p.emit}
+        )
         self.sequences: dict[str, ChunkSequence] = {}
         self.segment = 0  # the segment whose events go to the caller now
         self._pending: dict[int, _Reply] = {}  # segments not yet done, by number
@@ -225,9 +282,9 @@ class SessionActor(Actor[SessionMessage]):
         """Handle one message; see the module docstring."""
         match message:
             case Chunk():
-                gap = self._output(message)
-                if gap is not None:
-                    await self._fail(gap.code, str(gap), message.source, qualified_name(gap))
+                error = await self._output(message)
+                if error is not None:
+                    await self._fail(error.code, str(error), message.source, qualified_name(error))
             case StageReport():
                 await self._report(message)
             case OpenSession():
@@ -241,6 +298,8 @@ class SessionActor(Actor[SessionMessage]):
                 return await self._cancel(segment)
             case TruncateResponse(audio_ms=audio_ms):
                 return await self._truncate(audio_ms)
+            case StreamCredit(source=source):
+                await self._pass_credit(source, message)
         return None
 
     async def on_stop(self) -> None:
@@ -270,6 +329,7 @@ class SessionActor(Actor[SessionMessage]):
                     emit=p.emit,
                     resumable=self.resumable,
                     deadlines=self.deadlines,
+                    window=self.channel.window,
                 ),
                 timeout=timeout,
             )
@@ -305,7 +365,7 @@ class SessionActor(Actor[SessionMessage]):
             reply = self._pending[segment] = _Reply(self.channel.responses.get(segment, ""))
         return reply
 
-    def _output(self, chunk: Chunk) -> ChunkGapError | None:
+    async def _output(self, chunk: Chunk) -> OmniError | None:
         sequence = self.sequences.get(chunk.source)
         if sequence is None:
             sequence = self.sequences[chunk.source] = ChunkSequence(f"{chunk.source} -> client")
@@ -314,39 +374,74 @@ class SessionActor(Actor[SessionMessage]):
                 return None
         except ChunkGapError as exc:
             return exc
+        try:
+            self.inflow.received(chunk.source)
+        except ProtocolError as exc:  # past its window: refused, never queued
+            return exc
         reply = self._reply(chunk.segment)
         if reply is None or reply.status != "completed":
-            return None  # done, or cancelled or failed: what it still says is moot
+            # Done, or cancelled or failed: what it still says is moot (and taken now).
+            await self._taken(chunk.source)
+            return None
         # Latencies count when the output reaches the session, held or not.
         now = time.monotonic()
+        text_delta = audio_delta = None
         text = chunk.texts.get("text")
         if text:
             if reply.first_text is None:
                 reply.first_text = now
-            self._emit(
-                chunk.segment, reply, TextDelta(session=self.id, text=text, response=reply.response)
-            )
+            text_delta = TextDelta(session=self.id, text=text, response=reply.response)
         audio = chunk.tensors.get("audio")
         if audio is not None and audio.numel():
             if reply.first_audio is None:
                 reply.first_audio = now
             reply.last_audio = now
             reply.audio_samples += audio.numel()
-            delta = AudioDelta(
+            audio_delta = AudioDelta(
                 session=self.id,
                 audio=audio,
                 sample_rate=self.channel.sample_rate,
                 response=reply.response,
             )
-            self._emit(chunk.segment, reply, delta)
+        last = audio_delta if audio_delta is not None else text_delta
+        if last is None:  # nothing for the caller to read: taken now
+            await self._taken(chunk.source)
+            return None
+        if text_delta is not None and audio_delta is not None:
+            self._emit(chunk.segment, reply, text_delta)
+        # The chunk is taken once the caller reads its last event.
+        self._emit(chunk.segment, reply, last, chunk.source)
         return None
 
-    def _emit(self, segment: int, reply: _Reply, event: Event) -> None:
-        """To the caller now if ``segment`` is the current one, else held for later."""
+    def _emit(self, segment: int, reply: _Reply, event: Event, source: str = "") -> None:
+        """To the caller now if ``segment`` is the current one, else held for later.
+
+        ``source``: the output stage whose chunk ``event`` ends (see ``SessionChannel``).
+        """
         if segment == self.segment:
-            self.channel.put(event)
+            self.channel.put(event, source)
         else:
-            reply.held.append(event)
+            reply.held.append((event, source))
+
+    async def _pass_credit(self, source: str, credit: StreamCredit) -> None:
+        """A stage took chunks from ``source``: pass the credit on to that sender."""
+        if source == INPUT:
+            self.channel.input.grant(credit.n)  # Session.send may go on
+        elif source in self.plan:
+            await send_credit(self.plan[source].ref, credit)
+
+    async def _taken(self, source: str) -> None:
+        """A chunk from ``source`` that the caller will not read counts as taken."""
+        due = self.inflow.taken(source)
+        if due:
+            await self.inflow.grant(source, due)
+
+    async def _drop_held(self, reply: _Reply) -> None:
+        """Drop the events held for ``reply``; their chunks count as taken."""
+        held, reply.held = reply.held, []
+        for _, source in held:
+            if source:
+                await self._taken(source)
 
     async def _report(self, report: StageReport) -> None:
         if report.end == "error":
@@ -362,7 +457,7 @@ class SessionActor(Actor[SessionMessage]):
                 reply.code = report.code if report.code is not None else "engine_error"
                 reply.message, reply.stage = report.error, report.stage
                 reply.error_type = report.error_type
-                reply.held.clear()
+                await self._drop_held(reply)
                 await self._cancel_stages(report.segment)  # the reply is over everywhere
             return
         reply.reports[report.stage] = report.metrics
@@ -401,8 +496,8 @@ class SessionActor(Actor[SessionMessage]):
             self.channel.completed = self.segment
             following = self._pending.get(self.segment)
             if following is not None:
-                for event in following.held:
-                    self.channel.put(event)
+                for event, source in following.held:
+                    self.channel.put(event, source)
                 following.held.clear()
 
     def _metrics(self, segment: int, reply: _Reply) -> SessionMetrics:
@@ -436,7 +531,7 @@ class SessionActor(Actor[SessionMessage]):
             return False
         if reply.status == "completed":
             reply.status = "cancelled"
-            reply.held.clear()
+            await self._drop_held(reply)
             await self._cancel_stages(segment)
         return True
 

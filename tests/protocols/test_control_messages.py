@@ -27,6 +27,7 @@ from omni_actors.protocols.control import (
     StageFailed,
     StageMessage,
     StageState,
+    StreamCredit,
     Target,
     Truncate,
     TruncateResponse,
@@ -63,6 +64,7 @@ def _examples(owner: ActorRef[Any], downstream: ActorRef[Any]) -> list[msgspec.S
             emit=("text",),
             resumable=True,
             deadlines=DEADLINES,
+            window=8,
         ),
         Abort(key=KEY, reason="barge-in"),
         Cancel(key=KEY, segment=2),
@@ -77,6 +79,7 @@ def _examples(owner: ActorRef[Any], downstream: ActorRef[Any]) -> list[msgspec.S
         StageFailed(stage="talker", error="WorkerDiedError: killed"),
         ListSessions(),
         ListStages(),
+        StreamCredit(key=KEY, source="code2wav", receiver="client", n=32),
         Chunk(key=KEY, source="thinker", seq=2, tensors={"hidden": torch.ones(2, 3)}),
         StageReport(
             key=KEY,
@@ -154,8 +157,17 @@ def test_each_actor_union_decodes_by_tag_and_control_messages_overtake() -> None
         assert all(tags), tags
         assert len(set(tags)) == len(tags), tags
         Decoder(union)  # msgspec refuses a union it cannot tell apart
-    urgent = {Abort, AbortSession, StageFailed}
-    for cls in (Prewarm, Abort, Inspect, OpenSession, AbortSession, StageFailed, Chunk):
+    urgent = {Abort, AbortSession, StageFailed, StreamCredit}
+    for cls in (
+        Prewarm,
+        Abort,
+        Inspect,
+        OpenSession,
+        AbortSession,
+        StageFailed,
+        StreamCredit,
+        Chunk,
+    ):
         assert issubclass(cls, ControlMessage) == (cls in urgent), cls
     assert SignalsControlMessage is ControlMessage
 
