@@ -13,6 +13,7 @@ arrives in segments (streaming audio in, a reply per segment, conversation state
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import itertools
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -180,7 +181,9 @@ class OmniPipeline:
             if error is not None:
                 yield error
                 return
-            await session.send(text=text, audio=audio, end="finished")
+            # It may end meanwhile (a deadline): its terminal event then says why.
+            with contextlib.suppress(SessionClosedError):
+                await session.send(text=text, audio=audio, end="finished")
             async for event in session:
                 yield event
         finally:
