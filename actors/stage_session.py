@@ -30,24 +30,16 @@ import contextlib
 import logging
 import time
 from collections import deque
-from collections.abc import AsyncIterator, Callable
-from typing import Any
-
-import torch
+from collections.abc import Callable
 
 from omni_actors._task_scope import TaskScope
 from omni_actors.actors.accumulate import ChunkGapError, ChunkSequence
 from omni_actors.actors.engine import (
-    CONTEXT_FIELD,
-    KEPT_FIELD,
-    NO_OPTIONS,
-    TURN_FIELD,
     Engine,
-    Fields,
-    ResponseOptions,
 )
 from omni_actors.actors.flow import CreditWindow, Inflow
 from omni_actors.actors.outlet import Outlet
+from omni_actors.actors.segment_inputs import SegmentInputs
 from omni_actors.clock import Clock, timeout_at
 from omni_actors.errors import (
     ActorStoppedError,
@@ -319,7 +311,7 @@ class StageSession:
     async def _segment(self, segment: int, start: float) -> End:
         """Serve one segment. An engine failure in a conversation fails the response
         only (see the module docstring); anything else that goes wrong ends the session."""
-        inputs = _SegmentInputs(self, start)
+        inputs = SegmentInputs(self, start)
         if await inputs.has_payload():
             failure = await self._generate(segment, inputs)
             if failure is not None:
@@ -334,7 +326,7 @@ class StageSession:
             await outlet.flush(inputs.end)
         return inputs.end
 
-    async def _generate(self, segment: int, inputs: _SegmentInputs) -> Exception | None:
+    async def _generate(self, segment: int, inputs: SegmentInputs) -> Exception | None:
         """Run the engine over one segment's inputs, routing its outputs as they come,
         until they end or the segment is cancelled; the engine's failure is returned."""
         outputs = self.engine.generate(self.key, inputs)
@@ -405,93 +397,6 @@ class StageSession:
         self._queued_max = len(self._queue)
         for outlet in getattr(self, "outlets", ()):
             outlet.reset_metrics()
-
-
-class _SegmentInputs(AsyncIterator[Fields]):
-    """The engine's view of one segment's input: chunks until every source ends it.
-
-    ``options`` are the response's overrides, once the chunk that carries them arrived
-    (``omni_actors.actors.engine.response_options``). Until then, in a resumable
-    session, the user is still speaking: every wait for input is bounded by
-    ``idle_s``; once the response started, by ``inter_chunk_s``.
-    """
-
-    def __init__(self, session: StageSession, start: float) -> None:
-        self.session = session
-        self.start = start
-        self.ended: set[str] = set()
-        self.end: End = ""
-        self.started = False
-        self.options: ResponseOptions = NO_OPTIONS
-        self.responding = False
-        self.last = start
-        self._first: Fields | None = None
-
-    def __aiter__(self) -> _SegmentInputs:
-        return self
-
-    async def has_payload(self) -> bool:
-        """Wait for the segment's first input; False if it ended without any.
-
-        A segment that carries nothing (a resumable session closed without new input)
-        never reaches the engine, so no reply is made up for it; but a response asked
-        for with nothing new said (its chunk carries options) does: it answers the
-        conversation so far.
-        """
-        try:
-            self._first = await self.__anext__()
-        except StopAsyncIteration:
-            return self.responding
-        return True
-
-    async def drain(self) -> AsyncIterator[Fields]:
-        """What is left of the segment's input, through its end (the engine's done)."""
-        self._first = None
-        async for fields in self:
-            yield fields
-
-    async def __anext__(self) -> Fields:
-        if self._first is not None:
-            first, self._first = self._first, None
-            return first
-        s = self.session
-        while len(self.ended) < len(s.sources):
-            d = s.deadlines
-            if not self.started:
-                limit, setting = (
-                    (d.idle_s, "idle_s") if s.resumable else (d.first_chunk_s, "first_chunk_s")
-                )
-                what = "first input chunk of the segment"
-            elif s.resumable and not self.responding:
-                limit, setting, what = d.idle_s, "idle_s", "next input chunk of the turn"
-            else:
-                limit, setting, what = d.inter_chunk_s, "inter_chunk_s", "next input chunk"
-            base = self.last if self.started else self.start
-            chunk = await s.next_chunk(base + limit, what, limit, setting)
-            self.started = True
-            self.last = s.clock.now()
-            if chunk.options is not None:
-                self.options = chunk.options
-                self.responding = True
-                for outlet in s.outlets:
-                    outlet.stamp(chunk.options)
-            if chunk.end:
-                self.ended.add(chunk.source)
-                if chunk.end == "finished" or self.end != "finished":
-                    self.end = chunk.end
-            if chunk.mark:
-                if s.takes_marks:
-                    marked: dict[str, Any] = {TURN_FIELD: chunk.mark}
-                    if chunk.mark == "truncate":
-                        marked[KEPT_FIELD] = torch.tensor(chunk.kept)
-                    return marked
-                continue
-            if chunk.has_payload:
-                fields: dict[str, Any] = chunk.fields()
-                if chunk.context:
-                    fields[CONTEXT_FIELD] = torch.tensor(chunk.context)
-                return fields
-        raise StopAsyncIteration
 
 
 def _expire(waiter: asyncio.Future[None]) -> None:

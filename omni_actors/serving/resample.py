@@ -19,7 +19,9 @@ import math
 
 import torch
 
-__all__ = ["StreamResampler"]
+from omni_actors.errors import InvalidRequestError
+
+__all__ = ["CallerAudio", "StreamResampler"]
 
 
 class StreamResampler:
@@ -86,3 +88,47 @@ class StreamResampler:
         self._pending = self._pending[drop:]
         self._start += drop
         return out
+
+
+class CallerAudio:
+    """A session's audio input: checked, made float32, resampled to ``rate`` as one stream.
+
+    Args:
+        rate: the pipeline's input rate (``inputs.sample_rate``).
+    """
+
+    def __init__(self, rate: int) -> None:
+        self.rate = rate
+        self._resampler: StreamResampler | None = None  # audio at the caller's own rate
+
+    def take(self, audio: torch.Tensor, sample_rate: int | None) -> torch.Tensor:
+        """``audio`` (float or int16, mono) as float32 samples at ``rate``: what is ready.
+
+        Raises:
+            InvalidRequestError: not a 1-D float or int16 tensor, or a bad ``sample_rate``.
+        """
+        if not isinstance(audio, torch.Tensor) or (
+            audio.dim() != 1 and audio.numel() != max(audio.shape, default=0)
+        ):
+            raise InvalidRequestError("audio must be a 1-D tensor of mono samples")
+        if audio.dtype == torch.int16:
+            audio = audio.to(torch.float32) / 32768.0
+        elif not audio.is_floating_point():
+            raise InvalidRequestError(f"audio must be float or int16 samples, not {audio.dtype}")
+        audio = audio.reshape(-1).to(torch.float32)
+        if sample_rate is None or sample_rate == self.rate:
+            return audio
+        if isinstance(sample_rate, bool) or not isinstance(sample_rate, int) or sample_rate < 1:
+            raise InvalidRequestError(f"sample_rate must be a positive int, got {sample_rate!r}")
+        if self._resampler is None or self._resampler.source != sample_rate:
+            self._resampler = StreamResampler(sample_rate, self.rate)
+        return self._resampler.push(audio)
+
+    def flush(self) -> torch.Tensor:
+        """The end of the resampled stream (a turn boundary); empty if none is open."""
+        resampler, self._resampler = self._resampler, None
+        return resampler.flush() if resampler is not None else torch.zeros(0)
+
+    def drop(self) -> None:
+        """Forget what the resampler holds (the input was cleared)."""
+        self._resampler = None

@@ -9,15 +9,18 @@ at a time, so its events never interleave with another's.
 
 from __future__ import annotations
 
+import math
 from collections.abc import AsyncIterator
 from typing import TYPE_CHECKING
 
+from omni_actors.errors import InvalidRequestError
 from omni_actors.protocols.events import TERMINAL, Event, ResponseDone
+from omni_actors.protocols.stage import ResponseOptions
 
 if TYPE_CHECKING:
     from omni_actors.serving.session import Session
 
-__all__ = ["Response"]
+__all__ = ["Response", "checked_options"]
 
 
 class Response:
@@ -67,3 +70,31 @@ class Response:
         deltas dropped. Returns False if the response had already ended.
         """
         return await self.session._cancel(self.segment)
+
+
+def checked_options(
+    max_tokens: int | None, temperature: float | None, voice: str | None
+) -> ResponseOptions:
+    """A response's overrides, checked (``Session.respond``).
+
+    Raises:
+        InvalidRequestError: an override is out of range.
+    """
+    if max_tokens is not None and (
+        isinstance(max_tokens, bool) or not isinstance(max_tokens, int) or max_tokens < 1
+    ):
+        raise InvalidRequestError(f"max_tokens must be a positive int, got {max_tokens!r}")
+    if temperature is not None and not (
+        isinstance(temperature, int | float)
+        and not isinstance(temperature, bool)
+        and math.isfinite(temperature)
+        and temperature >= 0
+    ):
+        raise InvalidRequestError(f"temperature must be a number >= 0, got {temperature!r}")
+    if voice is not None and (not isinstance(voice, str) or not voice):
+        raise InvalidRequestError(f"voice must be a non-empty name, got {voice!r}")
+    return ResponseOptions(
+        max_tokens=max_tokens,
+        temperature=None if temperature is None else float(temperature),
+        voice=voice,
+    )

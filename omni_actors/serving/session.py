@@ -56,8 +56,8 @@ from omni_actors.protocols.stage import (
     split_fields,
 )
 from omni_actors.serving.orchestrator import StartSession
-from omni_actors.serving.resample import StreamResampler
-from omni_actors.serving.response import Response
+from omni_actors.serving.resample import CallerAudio
+from omni_actors.serving.response import Response, checked_options
 from omni_actors.serving.session_actor import SessionChannel
 
 if TYPE_CHECKING:
@@ -112,7 +112,7 @@ class Session:
         self._expiry: TimerHandle | None = None
         self._expiring: asyncio.Task[None] | None = None
         self.response: Response | None = None  # the last one started
-        self._resampler: StreamResampler | None = None  # audio at the caller's own rate
+        self._audio = CallerAudio(pipeline.spec.inputs.sample_rate)
 
     async def __aenter__(self) -> Session:
         error = await self.open()
@@ -217,7 +217,7 @@ class Session:
         if text is not None:
             payload["text"] = text
         if audio is not None:
-            samples = self._audio(audio, sample_rate)
+            samples = self._audio.take(audio, sample_rate)
             if samples.numel():
                 payload["audio"] = samples
         elif sample_rate is not None:
@@ -273,25 +273,8 @@ class Session:
             InvalidRequestError: a response is in flight, an override is out of range,
                 or the session is a one-shot request.
         """
-        if max_tokens is not None and (
-            isinstance(max_tokens, bool) or not isinstance(max_tokens, int) or max_tokens < 1
-        ):
-            raise InvalidRequestError(f"max_tokens must be a positive int, got {max_tokens!r}")
-        if temperature is not None and not (
-            isinstance(temperature, int | float)
-            and not isinstance(temperature, bool)
-            and math.isfinite(temperature)
-            and temperature >= 0
-        ):
-            raise InvalidRequestError(f"temperature must be a number >= 0, got {temperature!r}")
-        if voice is not None and (not isinstance(voice, str) or not voice):
-            raise InvalidRequestError(f"voice must be a non-empty name, got {voice!r}")
+        options = checked_options(max_tokens, temperature, voice)
         self._check_respond()
-        options = ResponseOptions(
-            max_tokens=max_tokens,
-            temperature=None if temperature is None else float(temperature),
-            voice=voice,
-        )
         response = self._start_response(response_id or uuid.uuid4().hex)
         await self._send({}, end="segment", options=options)
         return response
@@ -362,38 +345,16 @@ class Session:
     async def _mark(self, mark: Mark) -> None:
         self._check_open()
         if mark == "clear":
-            self._resampler = None  # what it holds is dropped with the rest
+            self._audio.drop()  # what it holds is dropped with the rest
         else:
             await self._flush_audio()
         await self._send({}, mark=mark)
 
-    def _audio(self, audio: torch.Tensor, sample_rate: int | None) -> torch.Tensor:
-        """``audio`` as float32 samples at the pipeline's rate (what is ready of them)."""
-        if not isinstance(audio, torch.Tensor) or (
-            audio.dim() != 1 and audio.numel() != max(audio.shape, default=0)
-        ):
-            raise InvalidRequestError("audio must be a 1-D tensor of mono samples")
-        if audio.dtype == torch.int16:
-            audio = audio.to(torch.float32) / 32768.0
-        elif not audio.is_floating_point():
-            raise InvalidRequestError(f"audio must be float or int16 samples, not {audio.dtype}")
-        audio = audio.reshape(-1).to(torch.float32)
-        rate = self.pipeline.spec.inputs.sample_rate
-        if sample_rate is None or sample_rate == rate:
-            return audio
-        if isinstance(sample_rate, bool) or not isinstance(sample_rate, int) or sample_rate < 1:
-            raise InvalidRequestError(f"sample_rate must be a positive int, got {sample_rate!r}")
-        if self._resampler is None or self._resampler.source != sample_rate:
-            self._resampler = StreamResampler(sample_rate, rate)
-        return self._resampler.push(audio)
-
     async def _flush_audio(self) -> None:
         """Send the end of the resampled audio stream before a turn boundary."""
-        resampler, self._resampler = self._resampler, None
-        if resampler is not None:
-            tail = resampler.flush()
-            if tail.numel():
-                await self._send({"audio": tail})
+        tail = self._audio.flush()
+        if tail.numel():
+            await self._send({"audio": tail})
 
     async def _send(
         self,

@@ -40,7 +40,6 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections import deque
 from dataclasses import dataclass
 from typing import Any
 
@@ -48,10 +47,9 @@ from omni_actors._actor import Actor
 from omni_actors._mailbox import MailboxConfig
 from omni_actors._ref import ActorRef
 from omni_actors.actors.accumulate import ChunkGapError, ChunkSequence
-from omni_actors.actors.flow import CreditWindow, Inflow, send_credit
+from omni_actors.actors.flow import Inflow, send_credit
 from omni_actors.errors import InvalidRequestError, OmniError, ProtocolError, qualified_name
 from omni_actors.protocols.control import (
-    DEFAULT_WINDOW,
     Abort,
     AbortSession,
     Cancel,
@@ -74,12 +72,13 @@ from omni_actors.protocols.events import (
     Done,
     Event,
     ResponseDone,
-    ResponseStatus,
     SessionError,
     SessionMetrics,
     TextDelta,
 )
-from omni_actors.protocols.stage import INPUT, Chunk, SessionKey, StageMetrics, StageReport
+from omni_actors.protocols.stage import INPUT, Chunk, SessionKey, StageReport
+from omni_actors.serving.reply import Reply
+from omni_actors.serving.session_channel import SessionChannel
 
 __all__ = ["SessionActor", "SessionChannel", "StagePlan"]
 
@@ -96,144 +95,6 @@ class StagePlan:
     sources: tuple[str, ...]
     targets: tuple[Target, ...]
     emit: tuple[str, ...]
-
-
-class SessionChannel:
-    """Where a session's events go, and when each segment started (``time.monotonic``,
-    finer than the loop's clock, which may tick in milliseconds).
-
-    Shared between the caller's handle and the session actor, in one process. A deque
-    and one waiter rather than an ``asyncio.Queue``: every text and audio delta passes
-    here, and there is exactly one reader.
-
-    It is also where the caller's side of flow control meets the session actor:
-    ``input`` is the credit window of the caller's input (``Session.send`` spends it,
-    the entry stage's credits refill it), and ``inflow`` — set by the session actor —
-    counts the output stages' chunks, granted back as the caller reads their events.
-
-    Args:
-        sample_rate: of the session's audio.
-        window: chunks in flight per stream (the pipeline's ``flow.window``).
-    """
-
-    __slots__ = (
-        "_events",
-        "_waiter",
-        "completed",
-        "inflow",
-        "input",
-        "responses",
-        "sample_rate",
-        "starts",
-        "terminal",
-        "window",
-    )
-
-    def __init__(self, sample_rate: int, window: int = DEFAULT_WINDOW) -> None:
-        self.sample_rate = sample_rate
-        self.window = window
-        self.starts: dict[int, float] = {}
-        self.responses: dict[int, str] = {}  # response id by segment, set by the caller
-        self.completed = 0  # segments whose ResponseDone (or the terminal event) is out
-        self.terminal: Event | None = None
-        self.input = CreditWindow(window)
-        self.inflow: Inflow | None = None
-        # Each event with the output stage whose chunk it ends ("" for the others): its
-        # read is that chunk taken.
-        self._events: deque[tuple[Event, str]] = deque()
-        self._waiter: asyncio.Future[None] | None = None
-
-    def put(self, event: Event, source: str = "") -> None:
-        """Queue an event; after a terminal one, nothing more is queued.
-
-        ``source``: the output stage whose chunk this event ends, granted a credit once
-        the caller has read it.
-        """
-        if self.terminal is None:
-            self._push(event, source)
-
-    def end(self, event: Event) -> bool:
-        """Queue the terminal event; False if the session had already ended.
-
-        No more input is taken: a ``send`` waiting for a credit returns at once.
-        """
-        if self.terminal is not None:
-            return False
-        self._push(event, "")
-        self.terminal = event
-        self.input.close()
-        return True
-
-    @property
-    def queued(self) -> int:
-        """Events waiting for the caller."""
-        return len(self._events)
-
-    def _push(self, event: Event, source: str) -> None:
-        self._events.append((event, source))
-        waiter = self._waiter
-        if waiter is not None and not waiter.done():
-            waiter.set_result(None)
-
-    async def get(self) -> Event:
-        """The next event, waiting for one if none is queued."""
-        while not self._events:
-            waiter = self._waiter = asyncio.get_running_loop().create_future()
-            try:
-                await waiter
-            finally:
-                self._waiter = None
-        event, source = self._events.popleft()
-        inflow = self.inflow
-        if source and inflow is not None and self.terminal is None:
-            due = inflow.taken(source)
-            if due:
-                try:
-                    await inflow.grant(source, due)
-                except BaseException:
-                    # Cancelled before the credit went out: the event stays unread.
-                    inflow.untake(source, due)
-                    self._events.appendleft((event, source))
-                    raise
-        return event
-
-
-class _Reply:
-    """What the session has of one segment's reply: its reports, latencies and the events
-    held until the segments before it are done."""
-
-    __slots__ = (
-        "audio_samples",
-        "code",
-        "done_at",
-        "error_type",
-        "finished",
-        "first_audio",
-        "first_text",
-        "held",
-        "last_audio",
-        "message",
-        "reports",
-        "response",
-        "stage",
-        "status",
-    )
-
-    def __init__(self, response: str) -> None:
-        self.response = response
-        self.status: ResponseStatus = "completed"
-        self.code: ErrorCode | None = None  # with status "failed"
-        self.message = ""
-        self.stage = ""
-        self.error_type = ""
-        self.first_text: float | None = None
-        self.first_audio: float | None = None
-        self.last_audio: float | None = None
-        self.audio_samples = 0
-        self.reports: dict[str, StageMetrics] = {}
-        self.finished = False  # the session's last segment
-        self.done_at: float | None = None  # every stage has reported it
-        self.held: list[tuple[Event, str]] = []  # with their sources (see _emit)
 
 
 class SessionActor(Actor[SessionMessage]):
@@ -274,8 +135,8 @@ class SessionActor(Actor[SessionMessage]):
         )
         self.sequences: dict[str, ChunkSequence] = {}
         self.segment = 0  # the segment whose events go to the caller now
-        self._pending: dict[int, _Reply] = {}  # segments not yet done, by number
-        self._last: _Reply | None = None  # the last response done
+        self._pending: dict[int, Reply] = {}  # segments not yet done, by number
+        self._last: Reply | None = None  # the last response done
         self._ended = False
 
     async def receive(self, message: SessionMessage) -> Any:
@@ -355,14 +216,14 @@ class SessionActor(Actor[SessionMessage]):
 
     # -- outputs and reports ----------------------------------------------------------
 
-    def _reply(self, segment: int) -> _Reply | None:
+    def _reply(self, segment: int) -> Reply | None:
         """The reply to ``segment``; None if that segment is already done (a bug)."""
         if segment < self.segment:
             log.warning("session %s: output or report for done segment %d", self.id, segment)
             return None
         reply = self._pending.get(segment)
         if reply is None:
-            reply = self._pending[segment] = _Reply(self.channel.responses.get(segment, ""))
+            reply = self._pending[segment] = Reply(self.channel.responses.get(segment, ""))
         return reply
 
     async def _output(self, chunk: Chunk) -> OmniError | None:
@@ -413,7 +274,7 @@ class SessionActor(Actor[SessionMessage]):
         self._emit(chunk.segment, reply, last, chunk.source)
         return None
 
-    def _emit(self, segment: int, reply: _Reply, event: Event, source: str = "") -> None:
+    def _emit(self, segment: int, reply: Reply, event: Event, source: str = "") -> None:
         """To the caller now if ``segment`` is the current one, else held for later.
 
         ``source``: the output stage whose chunk ``event`` ends (see ``SessionChannel``).
@@ -436,7 +297,7 @@ class SessionActor(Actor[SessionMessage]):
         if due:
             await self.inflow.grant(source, due)
 
-    async def _drop_held(self, reply: _Reply) -> None:
+    async def _drop_held(self, reply: Reply) -> None:
         """Drop the events held for ``reply``; their chunks count as taken."""
         held, reply.held = reply.held, []
         for _, source in held:
@@ -500,7 +361,7 @@ class SessionActor(Actor[SessionMessage]):
                     self.channel.put(event, source)
                 following.held.clear()
 
-    def _metrics(self, segment: int, reply: _Reply) -> SessionMetrics:
+    def _metrics(self, segment: int, reply: Reply) -> SessionMetrics:
         end = reply.done_at if reply.done_at is not None else time.monotonic()
         start = self.channel.starts.get(segment, end)
         audio_s = reply.audio_samples / self.channel.sample_rate
