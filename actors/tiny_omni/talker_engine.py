@@ -275,13 +275,8 @@ class TalkerEngine(TorchEngine):
         """Read input until the first token (or the end), prefilling user rows as they
         come; False if aborted meanwhile."""
         while not got.embeds and not got.ended:
-            fields = await signal.next_input(inputs)
-            if signal.aborted:
+            if not await self._read(signal, inputs, got):
                 return False
-            if fields is None:
-                got.ended = True
-            else:
-                got.take(fields)
             if got.user and not got.embeds:
                 rows, mask = got.take_user()
                 await self.call(self._prefill_user, voice, rows, mask)
@@ -303,14 +298,21 @@ class TalkerEngine(TorchEngine):
     ) -> bool:
         """Read input until frame ``frame``'s text is known; False if aborted meanwhile."""
         while not got.known(frame):
-            fields = await signal.next_input(inputs)
-            if signal.aborted:
+            if not await self._read(signal, inputs, got):
                 return False
-            if fields is None:
-                got.ended = True
-            else:
-                got.take(fields)
         return not signal.aborted
+
+    @staticmethod
+    async def _read(signal: AbortSignal, inputs: AsyncIterator[Fields], got: ReplyInput) -> bool:
+        """Take the next input (or the input's end) into ``got``; False if aborted."""
+        fields = await signal.next_input(inputs)
+        if signal.aborted:
+            return False
+        if fields is None:
+            got.ended = True
+        else:
+            got.take(fields)
+        return True
 
     async def truncate(self, session: str, kept: int) -> int:
         """Keep the first ``kept`` frames of the last reply: the tokens they depend on.
