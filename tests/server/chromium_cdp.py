@@ -226,7 +226,9 @@ class DevTools:
     async def open_page(self) -> Page:
         """A new tab, attached, with its console reported to :attr:`console`."""
         target = await self.call("Target.createTarget", url="about:blank")
-        attached = await self.call("Target.attachToTarget", targetId=target["targetId"], flatten=True)
+        attached = await self.call(
+            "Target.attachToTarget", targetId=target["targetId"], flatten=True
+        )
         page = Page(self, attached["sessionId"])
         await page.call("Runtime.enable")
         return page
