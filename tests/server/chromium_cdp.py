@@ -95,6 +95,7 @@ class Chromium:
             "--disable-component-update",
             "--disable-sync",
             "--no-first-run",
+            "--window-size=1000,900",  # the screenshot shows the whole demo page
             f"--user-data-dir={self.profile_dir}",
             "--remote-debugging-port=0",  # any free port, written to DevToolsActivePort
             "--use-fake-ui-for-media-stream",  # grants getUserMedia without a prompt

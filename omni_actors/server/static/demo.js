@@ -4,7 +4,8 @@
 // the server's VAD ends each turn and answers; response.output_audio.delta is played
 // gaplessly by scheduling one AudioBufferSourceNode per delta back to back on the
 // AudioContext's timeline. Speech during a reply (barge-in) or the Stop button flushes
-// what is scheduled at once. window.omniDemo mirrors what the page shows, for tests.
+// what is scheduled at once and truncates the reply to what was heard. window.omniDemo
+// mirrors what the page shows, for tests.
 
 const RATE = 24000; // PCM16 mono, both ways (session.update below asks for it)
 const LEAD_S = 0.05; // first delta of a burst starts this far ahead: room for jitter
@@ -51,9 +52,10 @@ const dropped = new Set(); // responses flushed here: their late deltas are not 
 // ---- playback ------------------------------------------------------------------------
 
 let playhead = 0; // context time where the next delta starts
-const scheduled = new Set(); // {source, start, samples, turn}
+const scheduled = new Set(); // {source, start, samples, turn, itemId}
+const heardOfItem = new Map(); // itemId -> samples of it played so far
 
-function play(turn, base64) {
+function play(turn, itemId, base64) {
   const samples = decodePcm16(base64);
   if (samples.length === 0) return;
   const context = audio.context;
@@ -64,7 +66,7 @@ function play(turn, base64) {
   source.connect(context.destination);
   // Back to back: a delta starts where the previous one ends, unless playback ran dry.
   playhead = Math.max(playhead, context.currentTime + LEAD_S);
-  const entry = { source, start: playhead, samples: samples.length, turn };
+  const entry = { source, start: playhead, samples: samples.length, turn, itemId };
   source.onended = () => finished(entry, samples.length);
   source.start(playhead);
   playhead += buffer.duration;
@@ -78,19 +80,33 @@ function finished(entry, played) {
     demo.audioDeltasPlayed += 1;
     entry.turn.samplesPlayed += played;
   }
+  heardOfItem.set(entry.itemId, (heardOfItem.get(entry.itemId) ?? 0) + played);
 }
 
 // Stop everything scheduled now; a delta cut midway counts what was heard of it.
+// Returns the items whose audio was cut short.
 function flushPlayback() {
-  if (!audio) return;
+  const cut = new Set();
+  if (!audio) return cut;
   const now = audio.context.currentTime;
   for (const entry of [...scheduled]) {
     entry.source.onended = null;
     entry.source.stop();
-    const heard = Math.round((now - entry.start) * RATE);
-    finished(entry, Math.max(0, Math.min(entry.samples, heard)));
+    const heard = Math.max(0, Math.min(entry.samples, Math.round((now - entry.start) * RATE)));
+    finished(entry, heard);
+    if (heard < entry.samples) cut.add(entry.itemId);
   }
   playhead = 0;
+  return cut;
+}
+
+// Barge-in or Stop: the server cannot know how much of the reply the user heard, so the
+// page tells it (conversation.item.truncate), and the conversation keeps only that.
+function cutPlayback() {
+  for (const itemId of flushPlayback()) {
+    const audioEndMs = Math.floor(((heardOfItem.get(itemId) ?? 0) * 1000) / RATE);
+    send({ type: "conversation.item.truncate", item_id: itemId, content_index: 0, audio_end_ms: audioEndMs });
+  }
 }
 
 function decodePcm16(base64) {
@@ -175,7 +191,7 @@ function stop() {
     send({ type: "response.cancel", response_id: inFlight.responseId });
     dropped.add(inFlight.responseId);
   }
-  flushPlayback();
+  cutPlayback();
 }
 
 function onEvent(event) {
@@ -189,7 +205,7 @@ function onEvent(event) {
     case "input_audio_buffer.speech_started":
       // Barge-in: the server cancels its reply; what is already here must not play on.
       if (inFlight) dropped.add(inFlight.responseId);
-      flushPlayback();
+      cutPlayback();
       setSpeaking(true);
       break;
     case "input_audio_buffer.speech_stopped":
@@ -217,7 +233,7 @@ function onEvent(event) {
         renderTurns();
       }
       turn.audioDeltas += 1;
-      play(turn, event.delta);
+      play(turn, event.item_id, event.delta);
       break;
     }
     case "response.output_audio_transcript.delta":
