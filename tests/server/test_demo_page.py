@@ -10,9 +10,10 @@ test's tmp dir.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import wave
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
 from typing import Any
 from urllib.parse import urljoin
@@ -30,7 +31,7 @@ pytestmark = pytest.mark.integration
 _MIC_RATE = 48000  # what a real microphone gives; the page resamples to 24 kHz
 
 
-def write_speech_like_wav(path: Path, speech_s: float = 1.2, silence_s: float = 2.0) -> None:
+def write_speech_like_wav(path: Path, speech_s: float = 1.2, silence_s: float = 5.0) -> None:
     """A voiced sound (harmonics of a gliding 140 Hz pitch, syllable-rate loudness) then
     silence: loud enough for an energy VAD, and not the stationary noise that the
     browser's noise suppression would take out. 48 kHz mono PCM16."""
@@ -67,12 +68,11 @@ async def _demo_state(page: Page) -> dict[str, Any]:
     return state
 
 
-def _heard(turn: dict[str, Any]) -> bool:
-    """A turn whose audio reached the speakers, with its TTFA measured."""
-    return bool(turn["samplesPlayed"]) and turn["ttfaMs"] is not None
-
-
-async def test_demo_page_plays_the_reply_to_speech(chromium: Chromium, tmp_path: Path) -> None:
+@contextlib.asynccontextmanager
+async def _connected_demo(chromium: Chromium, tmp_path: Path) -> AsyncIterator[DemoPage]:
+    """The demo page of a scripted-omni server, Connect clicked; on the way out its
+    screenshot and ``omniDemo`` state are saved under ``tmp_path`` (pass or fail) and
+    it disconnects before the server stops."""
     async with run_server(ServerSettings(preset="scripted-omni", port=0)) as server:
         devtools = await DevTools.connect(chromium.devtools_url())
         try:
@@ -84,30 +84,85 @@ async def test_demo_page_plays_the_reply_to_speech(chromium: Chromium, tmp_path:
                 what="the demo page loaded",
             )
             await page.evaluate("document.getElementById('connect').click()", user_gesture=True)
-
-            async def reply_heard() -> dict[str, Any]:
-                state = await _demo_state(page)
-                assert not state["errors"], f"the page shows errors: {state['errors']}"
-                assert any(_heard(turn) for turn in state["turns"]), (
-                    f"no reply played yet: {state}; console: {devtools.console}"
-                )
-                return state
-
             try:
-                state = await eventually(reply_heard, timeout=60, what="a reply played")
+                yield DemoPage(page, devtools)
             finally:
                 await page.screenshot(tmp_path / "demo.png")
                 (tmp_path / "omni_demo.json").write_text(json.dumps(await _demo_state(page)))
+                await page.evaluate("document.getElementById('connect').click()")
+                await eventually(
+                    lambda: page.evaluate("omniDemo.state === 'closed'"), what="disconnected"
+                )
         finally:
             await devtools.close()
 
-    assert state["state"] == "ready"
-    assert state["errors"] == []
-    assert state["audioDeltasPlayed"] >= 1
-    played = sum(turn["samplesPlayed"] for turn in state["turns"])
-    assert 0 < played <= state["samplesScheduled"]
-    heard = next(turn for turn in state["turns"] if _heard(turn))
-    assert heard["responseId"]
-    assert heard["audioDeltas"] > 0
-    assert heard["ttfaMs"] >= 0
+
+class DemoPage:
+    """The page under test, and what its state must show at every poll."""
+
+    def __init__(self, page: Page, devtools: DevTools) -> None:
+        self.page = page
+        self.devtools = devtools
+
+    async def state(self) -> dict[str, Any]:
+        """``window.omniDemo``, which must show no error."""
+        state = await _demo_state(self.page)
+        if state["errors"]:  # no waiting for what cannot come
+            pytest.fail(f"the page shows errors: {state['errors']}")
+        return state
+
+    async def wait_for_turn(self, holds: Callable[[dict[str, Any]], bool], what: str) -> Any:
+        """The first turn for which ``holds(turn)``, and the page's state then."""
+
+        async def found() -> tuple[dict[str, Any], dict[str, Any]]:
+            state = await self.state()
+            turns = [turn for turn in state["turns"] if holds(turn)]
+            assert turns, f"{state}; console: {self.devtools.console}"
+            return turns[0], state
+
+        return await eventually(found, timeout=60, what=what)
+
+
+def _heard(turn: dict[str, Any]) -> bool:
+    """A turn whose audio reached the speakers, with its TTFA measured."""
+    return bool(turn["samplesPlayed"]) and turn["ttfaMs"] is not None
+
+
+async def test_demo_page_plays_the_reply_to_speech(chromium: Chromium, tmp_path: Path) -> None:
+    async with _connected_demo(chromium, tmp_path) as demo:
+        turn, state = await demo.wait_for_turn(_heard, "a reply played")
+        assert state["state"] == "ready"
+        assert state["audioDeltasPlayed"] >= 1
+        assert turn["responseId"]
+        assert turn["audioDeltas"] > 0
+        assert turn["ttfaMs"] >= 0
+        assert 0 < turn["samplesPlayed"] <= turn["samplesReceived"] <= state["samplesScheduled"]
+        # Played on: the whole reply, delta after delta, unless speech cut it short.
+        turn, state = await demo.wait_for_turn(
+            lambda t: t["status"] != "in_progress" and not scheduled_audio_left(t),
+            "the reply played to its end or was cut",
+        )
+        assert turn["samplesPlayed"] == turn["samplesReceived"] or turn["heardMs"] is not None
     assert (tmp_path / "demo.png").read_bytes().startswith(b"\x89PNG")
+    assert json.loads((tmp_path / "omni_demo.json").read_text())["errors"] == []
+
+
+def scheduled_audio_left(turn: dict[str, Any]) -> bool:
+    """Whether some of the turn's audio is still scheduled (neither played nor cut)."""
+    return turn["heardMs"] is None and turn["samplesPlayed"] < turn["samplesReceived"]
+
+
+async def test_stop_cuts_the_reply_and_truncates_it_to_what_was_heard(
+    chromium: Chromium, tmp_path: Path
+) -> None:
+    async with _connected_demo(chromium, tmp_path) as demo:
+        await demo.wait_for_turn(_heard, "a reply playing")
+        await demo.page.evaluate("document.getElementById('stop').click()", user_gesture=True)
+        turn, _ = await demo.wait_for_turn(
+            lambda t: t["truncatedMs"] is not None, "the server truncated the reply"
+        )
+        # Cut short: what was heard of it, not all that arrived, and the server agrees.
+        assert turn["samplesPlayed"] < turn["samplesReceived"]
+        assert turn["heardMs"] == turn["samplesPlayed"] * 1000 // 24000
+        assert turn["truncatedMs"] == turn["heardMs"]
+        assert turn["status"] in ("completed", "cancelled")

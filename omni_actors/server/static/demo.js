@@ -32,7 +32,7 @@ const SESSION = {
 // What the page shows, kept as plain data so a test can poll JSON.stringify(omniDemo).
 const demo = {
   state: "disconnected", // disconnected | connecting | connected | ready | closed
-  turns: [], // {responseId, ttfaMs, audioDeltas, samplesPlayed, status}
+  turns: [], // {responseId, itemId, ttfaMs, audioDeltas, samplesReceived, samplesPlayed, heardMs, truncatedMs, status}
   audioDeltasPlayed: 0, // deltas whose audio reached the output (fully or until a flush)
   samplesScheduled: 0,
   transcript: [], // {responseId, text}
@@ -52,10 +52,9 @@ const dropped = new Set(); // responses flushed here: their late deltas are not 
 // ---- playback ------------------------------------------------------------------------
 
 let playhead = 0; // context time where the next delta starts
-const scheduled = new Set(); // {source, start, samples, turn, itemId}
-const heardOfItem = new Map(); // itemId -> samples of it played so far
+const scheduled = new Set(); // {source, start, samples, turn}
 
-function play(turn, itemId, base64) {
+function play(turn, base64) {
   const samples = decodePcm16(base64);
   if (samples.length === 0) return;
   const context = audio.context;
@@ -66,12 +65,13 @@ function play(turn, itemId, base64) {
   source.connect(context.destination);
   // Back to back: a delta starts where the previous one ends, unless playback ran dry.
   playhead = Math.max(playhead, context.currentTime + LEAD_S);
-  const entry = { source, start: playhead, samples: samples.length, turn, itemId };
+  const entry = { source, start: playhead, samples: samples.length, turn };
   source.onended = () => finished(entry, samples.length);
   source.start(playhead);
   playhead += buffer.duration;
   scheduled.add(entry);
   demo.samplesScheduled += samples.length;
+  turn.samplesReceived += samples.length;
 }
 
 function finished(entry, played) {
@@ -80,11 +80,10 @@ function finished(entry, played) {
     demo.audioDeltasPlayed += 1;
     entry.turn.samplesPlayed += played;
   }
-  heardOfItem.set(entry.itemId, (heardOfItem.get(entry.itemId) ?? 0) + played);
 }
 
 // Stop everything scheduled now; a delta cut midway counts what was heard of it.
-// Returns the items whose audio was cut short.
+// Returns the turns whose audio was cut short.
 function flushPlayback() {
   const cut = new Set();
   if (!audio) return cut;
@@ -94,19 +93,24 @@ function flushPlayback() {
     entry.source.stop();
     const heard = Math.max(0, Math.min(entry.samples, Math.round((now - entry.start) * RATE)));
     finished(entry, heard);
-    if (heard < entry.samples) cut.add(entry.itemId);
+    if (heard < entry.samples) cut.add(entry.turn);
   }
   playhead = 0;
   return cut;
 }
 
 // Barge-in or Stop: the server cannot know how much of the reply the user heard, so the
-// page tells it (conversation.item.truncate), and the conversation keeps only that.
+// page tells it (conversation.item.truncate), and the conversation keeps only that. An
+// item can be truncated once its response is done: until then the truncate waits.
 function cutPlayback() {
-  for (const itemId of flushPlayback()) {
-    const audioEndMs = Math.floor(((heardOfItem.get(itemId) ?? 0) * 1000) / RATE);
-    send({ type: "conversation.item.truncate", item_id: itemId, content_index: 0, audio_end_ms: audioEndMs });
+  for (const turn of flushPlayback()) {
+    turn.heardMs = Math.floor((turn.samplesPlayed * 1000) / RATE);
+    if (turn.status !== "in_progress") truncate(turn);
   }
+}
+
+function truncate(turn) {
+  send({ type: "conversation.item.truncate", item_id: turn.itemId, content_index: 0, audio_end_ms: turn.heardMs });
 }
 
 function decodePcm16(base64) {
@@ -216,8 +220,12 @@ function onEvent(event) {
       inFlight = {
         responseId: event.response.id,
         ttfaMs: null,
+        itemId: null,
         audioDeltas: 0,
+        samplesReceived: 0,
         samplesPlayed: 0,
+        heardMs: null, // set when its playback was cut short
+        truncatedMs: null, // the server's conversation.item.truncated
         status: "in_progress",
       };
       turnStart.set(inFlight.responseId, speechStoppedAt ?? performance.now());
@@ -232,8 +240,9 @@ function onEvent(event) {
         turn.ttfaMs = Math.round(performance.now() - turnStart.get(turn.responseId));
         renderTurns();
       }
+      turn.itemId = event.item_id;
       turn.audioDeltas += 1;
-      play(turn, event.item_id, event.delta);
+      play(turn, event.delta);
       break;
     }
     case "response.output_audio_transcript.delta":
@@ -247,8 +256,17 @@ function onEvent(event) {
       break;
     case "response.done": {
       const turn = demo.turns.find((t) => t.responseId === event.response.id);
-      if (turn) turn.status = event.response.status;
       if (inFlight && inFlight.responseId === event.response.id) inFlight = null;
+      if (turn) {
+        turn.status = event.response.status;
+        if (turn.heardMs !== null) truncate(turn);
+      }
+      renderTurns();
+      break;
+    }
+    case "conversation.item.truncated": {
+      const turn = demo.turns.find((t) => t.itemId === event.item_id);
+      if (turn) turn.truncatedMs = event.audio_end_ms;
       renderTurns();
       break;
     }
@@ -300,7 +318,9 @@ function renderTurns() {
   $("turns").replaceChildren(
     ...demo.turns.map((turn) => {
       const row = document.createElement("tr");
-      for (const cell of [turn.responseId, turn.ttfaMs === null ? "-" : `${turn.ttfaMs} ms`, turn.status]) {
+      const ttfa = turn.ttfaMs === null ? "-" : `${turn.ttfaMs} ms`;
+      const cut = turn.truncatedMs === null ? "" : ` (heard ${turn.truncatedMs} ms)`;
+      for (const cell of [turn.responseId, ttfa, turn.status + cut]) {
         const td = document.createElement("td");
         td.textContent = cell;
         row.append(td);
