@@ -173,7 +173,14 @@ async function connect() {
   const key = $("api-key").value.trim();
   if (key) protocols.push(`openai-insecure-api-key.${key}`);
   const scheme = location.protocol === "https:" ? "wss" : "ws";
-  ws = new WebSocket(`${scheme}://${location.host}/v1/realtime`, protocols);
+  try {
+    ws = new WebSocket(`${scheme}://${location.host}/v1/realtime`, protocols);
+  } catch (err) {
+    showError(`cannot connect: ${err.message} (an API key is letters, digits and -_.)`);
+    stopAudio();
+    setState("disconnected");
+    return;
+  }
   ws.onopen = () => send({ type: "session.update", session: SESSION });
   ws.onmessage = (message) => onEvent(JSON.parse(message.data));
   ws.onerror = () => showError("websocket error (is the server up? is the API key right?)");
@@ -192,7 +199,7 @@ function disconnect() {
 
 function stop() {
   if (inFlight) {
-    send({ type: "response.cancel", response_id: inFlight.responseId });
+    send({ type: "response.cancel", event_id: `stop_${inFlight.responseId}`, response_id: inFlight.responseId });
     dropped.add(inFlight.responseId);
   }
   cutPlayback();
@@ -271,6 +278,8 @@ function onEvent(event) {
       break;
     }
     case "error":
+      // A Stop that crossed its response's end on the wire: nothing was left to cancel.
+      if (event.error.code === "response_cancel_not_active" && event.error.event_id?.startsWith("stop_")) break;
       showError(event.error.message);
       break;
   }
