@@ -119,7 +119,9 @@ class SessionSettings:
             turn_detection = audio_in.turn_detection
         if turn_detection is not msgspec.UNSET:
             new = replace(new, vad=_vad(turn_detection, new.vad))
-        limit = _first(config.max_output_tokens, config.max_response_output_tokens)
+        limit: int | Literal["inf"] | None = _first(
+            config.max_output_tokens, config.max_response_output_tokens
+        )
         if limit is not None:
             new = replace(new, max_tokens=_max_tokens(limit, "session.max_output_tokens"))
         if config.temperature is not None:
@@ -147,7 +149,9 @@ class SessionSettings:
             base = replace(base, modalities=_modalities(modalities, "response.output_modalities"))
         if params.instructions is not None:
             base = replace(base, instructions=params.instructions)
-        limit = _first(params.max_output_tokens, params.max_response_output_tokens)
+        limit: int | Literal["inf"] | None = _first(
+            params.max_output_tokens, params.max_response_output_tokens
+        )
         if limit is not None:
             base = replace(base, max_tokens=_max_tokens(limit, "response.max_output_tokens"))
         output: AudioOutputConfig | None = params.audio.output if params.audio else None
