@@ -32,7 +32,7 @@ test: check browser
 	$(BIN)/pytest -q
 
 serve: $(STAMP)
-	$(BIN)/python examples/voice_agent.py
+	$(BIN)/omni-actors serve --preset tiny-omni
 
 bench: $(STAMP)
 	$(BIN)/omni-actors bench actors --json

@@ -22,8 +22,7 @@ import numpy as np
 import pytest
 from chromium_cdp import Chromium, DevTools, Page
 
-from omni_actors.server import ServerSettings
-from omni_actors.server.runner import run_server
+from omni_actors.server.runner import RunningServer
 from omni_actors.testing.waiting import eventually
 
 pytestmark = pytest.mark.integration
@@ -69,32 +68,33 @@ async def _demo_state(page: Page) -> dict[str, Any]:
 
 
 @contextlib.asynccontextmanager
-async def _connected_demo(chromium: Chromium, tmp_path: Path) -> AsyncIterator[DemoPage]:
-    """The demo page of a scripted-omni server, Connect clicked; on the way out its
-    screenshot and ``omniDemo`` state are saved under ``tmp_path`` (pass or fail) and
-    it disconnects before the server stops."""
-    async with run_server(ServerSettings(preset="scripted-omni", port=0)) as server:
-        devtools = await DevTools.connect(chromium.devtools_url())
+async def _connected_demo(
+    server: RunningServer, chromium: Chromium, tmp_path: Path
+) -> AsyncIterator[DemoPage]:
+    """The demo page of ``server``, Connect clicked; on the way out its screenshot and
+    ``omniDemo`` state are saved under ``tmp_path`` (pass or fail), and it disconnects
+    (the server would wait for its responses when it stops)."""
+    devtools = await DevTools.connect(chromium.devtools_url())
+    try:
+        page = await devtools.open_page()
+        await page.navigate(urljoin(server.url, "/"))
+        await eventually(
+            lambda: page.evaluate("document.readyState === 'complete'"),
+            timeout=30,
+            what="the demo page loaded",
+        )
+        await page.evaluate("document.getElementById('connect').click()", user_gesture=True)
         try:
-            page = await devtools.open_page()
-            await page.navigate(urljoin(server.url, "/"))
-            await eventually(
-                lambda: page.evaluate("document.readyState === 'complete'"),
-                timeout=30,
-                what="the demo page loaded",
-            )
-            await page.evaluate("document.getElementById('connect').click()", user_gesture=True)
-            try:
-                yield DemoPage(page, devtools)
-            finally:
-                await page.screenshot(tmp_path / "demo.png")
-                (tmp_path / "omni_demo.json").write_text(json.dumps(await _demo_state(page)))
-                await page.evaluate("document.getElementById('connect').click()")
-                await eventually(
-                    lambda: page.evaluate("omniDemo.state === 'closed'"), what="disconnected"
-                )
+            yield DemoPage(page, devtools)
         finally:
-            await devtools.close()
+            await page.screenshot(tmp_path / "demo.png")
+            (tmp_path / "omni_demo.json").write_text(json.dumps(await _demo_state(page)))
+            await page.evaluate("document.getElementById('connect').click()")
+            await eventually(
+                lambda: page.evaluate("omniDemo.state === 'closed'"), what="disconnected"
+            )
+    finally:
+        await devtools.close()
 
 
 class DemoPage:
@@ -128,8 +128,10 @@ def _heard(turn: dict[str, Any]) -> bool:
     return bool(turn["samplesPlayed"]) and turn["ttfaMs"] is not None
 
 
-async def test_demo_page_plays_the_reply_to_speech(chromium: Chromium, tmp_path: Path) -> None:
-    async with _connected_demo(chromium, tmp_path) as demo:
+async def test_demo_page_plays_the_reply_to_speech(
+    server: RunningServer, chromium: Chromium, tmp_path: Path
+) -> None:
+    async with _connected_demo(server, chromium, tmp_path) as demo:
         turn, state = await demo.wait_for_turn(_heard, "a reply played")
         assert state["state"] == "ready"
         assert state["audioDeltasPlayed"] >= 1
@@ -153,9 +155,9 @@ def scheduled_audio_left(turn: dict[str, Any]) -> bool:
 
 
 async def test_stop_cuts_the_reply_and_truncates_it_to_what_was_heard(
-    chromium: Chromium, tmp_path: Path
+    server: RunningServer, chromium: Chromium, tmp_path: Path
 ) -> None:
-    async with _connected_demo(chromium, tmp_path) as demo:
+    async with _connected_demo(server, chromium, tmp_path) as demo:
         await demo.wait_for_turn(_heard, "a reply playing")
         await demo.page.evaluate("document.getElementById('stop').click()", user_gesture=True)
         turn, _ = await demo.wait_for_turn(
