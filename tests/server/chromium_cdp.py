@@ -41,12 +41,12 @@ class CdpError(RuntimeError):
     """A CDP command answered with an error, or the page threw."""
 
 
-def _browser_processes(pgid: int, profile_dir: Path) -> list[int]:
+def _browser_processes(pgid: int | None, profile_dir: Path) -> list[int]:
     """Live processes of the browser (zombies excluded), read from /proc.
 
-    That is its process group, plus anything whose command line names its profile:
-    Chromium's crashpad handlers start sessions of their own, and name the profile
-    (where ``XDG_CONFIG_HOME`` puts their database).
+    That is its process group (``pgid``; None once the browser is reaped), plus anything
+    whose command line names its profile: Chromium's crashpad handlers start sessions of
+    their own, and name the profile (where ``XDG_CONFIG_HOME`` puts their database).
     """
     marker = str(profile_dir).encode()
     found = []
@@ -104,15 +104,19 @@ class Chromium:
             "--autoplay-policy=no-user-gesture-required",
             "about:blank",
         ]
-        self.process = subprocess.Popen(
-            args,
-            stdin=subprocess.DEVNULL,
-            stdout=self._log,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-            # Chromium's config and crash database go under the profile, not ~/.config.
-            env={**os.environ, "XDG_CONFIG_HOME": str(self.profile_dir)},
-        )
+        try:
+            self.process = subprocess.Popen(
+                args,
+                stdin=subprocess.DEVNULL,
+                stdout=self._log,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+                # Chromium's config and crash database go under the profile, not ~/.config.
+                env={**os.environ, "XDG_CONFIG_HOME": str(self.profile_dir)},
+            )
+        except BaseException:
+            self._remove_profile()
+            raise
 
     def devtools_url(self, timeout: float = _START_S) -> str:
         """The browser's CDP websocket URL, once Chromium has written it.
@@ -134,15 +138,24 @@ class Chromium:
 
     def close(self) -> None:
         """End every process of the browser and remove its profile; safe to call twice."""
-        pgid = self.process.pid  # start_new_session: the group is the browser's pid
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(pgid, signal.SIGTERM)
         try:
-            self.process.wait(timeout=_STOP_S)
-        except subprocess.TimeoutExpired:
+            self._stop()
+        finally:
+            self._remove_profile()
+
+    def _stop(self) -> None:
+        # Once the browser is reaped its pid may be another process's: from then on its
+        # processes are found by the profile their command lines name.
+        pgid = None if self.process.returncode is not None else self.process.pid
+        if pgid is not None:  # start_new_session: the group's id is the browser's pid
             with contextlib.suppress(ProcessLookupError):
-                os.killpg(pgid, signal.SIGKILL)
-            self.process.wait(timeout=_STOP_S)
+                os.killpg(pgid, signal.SIGTERM)
+            try:
+                self.process.wait(timeout=_STOP_S)
+            except subprocess.TimeoutExpired:
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(pgid, signal.SIGKILL)
+                self.process.wait(timeout=_STOP_S)
         # Processes the browser did not take down with it (they are init's now).
         deadline = time.monotonic() + _STOP_S
         while left := _browser_processes(pgid, self.profile_dir):
@@ -152,6 +165,8 @@ class Chromium:
             if time.monotonic() > deadline:
                 raise RuntimeError(f"chromium processes {left} survived SIGKILL")
             time.sleep(0.01)  # polling /proc: a process that is not our child has no event
+
+    def _remove_profile(self) -> None:
         self._log.close()
         shutil.rmtree(self.profile_dir, ignore_errors=True)
 
