@@ -1,0 +1,124 @@
+"""The ASGI app: the routes of ``omni-actors serve``.
+
+- ``/v1/realtime`` — the OpenAI Realtime websocket (``realtime.py``).
+- ``/healthz`` — liveness: the process answers.
+- ``/metrics`` — Prometheus text (``metrics.py``).
+- ``/`` and ``/static/…`` — the demo page.
+
+:func:`create_app` serves a running :class:`OmniPipeline` (``runner.py`` owns one);
+given none, the app starts its own in its lifespan, so ``uvicorn
+omni_actors.server.app:app`` also works.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import FileResponse, JSONResponse, Response
+from starlette.routing import Mount, Route, WebSocketRoute
+from starlette.staticfiles import StaticFiles
+from starlette.websockets import WebSocket
+
+from omni_actors.server.auth import authorized, origin_allowed, pick_subprotocol
+from omni_actors.server.realtime import RealtimeConnection
+from omni_actors.server.settings import ServerSettings
+from omni_actors.server.state import ServerState
+from omni_actors.serving.omni_pipeline import OmniPipeline
+
+__all__ = ["STATIC", "create_app", "server_state"]
+
+log = logging.getLogger(__name__)
+
+STATIC = Path(__file__).parent / "static"
+_POLICY_VIOLATION = 1008
+_TRY_AGAIN_LATER = 1013
+
+
+def server_state(scope_owner: Request | WebSocket) -> ServerState:
+    """The state of the server a request came to."""
+    state = scope_owner.app.state.server
+    assert isinstance(state, ServerState)
+    return state
+
+
+async def realtime(websocket: WebSocket) -> None:
+    """``/v1/realtime``: check the handshake, then serve one session."""
+    state = server_state(websocket)
+    headers = websocket.headers
+    offered = list(websocket.scope.get("subprotocols") or [])
+    if not origin_allowed(state.settings, headers):
+        log.warning("realtime: refused origin %s", headers.get("origin"))
+        await websocket.close(_POLICY_VIOLATION)  # before accept: an HTTP 403
+        return
+    if not authorized(state.settings, headers, offered):
+        log.warning("realtime: refused a client without the API key")
+        await websocket.close(_POLICY_VIOLATION)
+        return
+    await websocket.accept(subprotocol=pick_subprotocol(offered))
+    connection = RealtimeConnection(
+        websocket, state, beta="realtime=v1" in headers.get("openai-beta", "")
+    )
+    if not state.admit():
+        reason = "the server is shutting down" if state.draining else "the server is full"
+        await connection.fail(
+            "busy",
+            f"{reason} ({state.settings.max_sessions} sessions at most: max_sessions); retry later",
+            close_code=_TRY_AGAIN_LATER,
+        )
+        return
+    try:
+        await connection.serve()
+    finally:
+        state.release()
+
+
+async def healthz(request: Request) -> Response:
+    """Liveness: the process serves requests."""
+    return JSONResponse({"status": "ok"})
+
+
+async def metrics(request: Request) -> Response:
+    """Prometheus metrics."""
+    body, content_type = server_state(request).metrics.render()
+    return Response(body, media_type=content_type)
+
+
+async def index(request: Request) -> Response:
+    """The demo page."""
+    return FileResponse(STATIC / "index.html")
+
+
+def create_app(settings: ServerSettings, pipeline: OmniPipeline | None = None) -> Starlette:
+    """The server's ASGI app (see the module docstring).
+
+    Args:
+        settings: the server's settings.
+        pipeline: a started pipeline to serve; if None, the app starts one from
+            ``settings.preset`` in its lifespan and stops it at shutdown.
+    """
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app: Starlette) -> AsyncIterator[None]:
+        if pipeline is not None:  # its owner starts and stops it
+            yield
+            return
+        async with OmniPipeline(settings.preset, max_sessions=settings.max_sessions) as own:
+            app.state.server = ServerState(settings, own)
+            yield
+
+    routes = [
+        WebSocketRoute("/v1/realtime", realtime),
+        Route("/healthz", healthz),
+        Route("/metrics", metrics),
+        Route("/", index),
+        Mount("/static", app=StaticFiles(directory=STATIC, check_dir=False), name="static"),
+    ]
+    app = Starlette(routes=routes, lifespan=lifespan)
+    if pipeline is not None:
+        app.state.server = ServerState(settings, pipeline)
+    return app

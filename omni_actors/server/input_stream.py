@@ -1,0 +1,132 @@
+"""``InputStream``: a connection's input to its session, in order, never blocking reads.
+
+Client events arrive faster than a busy pipeline takes input: while the thinker
+replies, the entry stage takes no new input, and a client streaming 20 ms frames would
+fill the session's credit window in about a second. The connection therefore never
+waits on the pipeline while it reads: each operation (audio, text, commit, clear,
+respond, truncate, instructions) is queued here, and one task hands them to the
+session in order. Audio queued back to back goes as one ``send``, so a backlog costs
+one chunk, not one per frame; the backlog is bounded by the connection (its
+``max_input_buffer_s``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections import deque
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+
+import torch
+
+from omni_actors.errors import OmniError
+from omni_actors.server.response_stream import ResponseStream
+from omni_actors.serving.session import Session, SessionClosedError
+
+__all__ = ["InputStream", "Op"]
+
+log = logging.getLogger(__name__)
+
+INSTRUCTIONS_FIELD = "instructions"  # the entry engine's system-prompt input field
+
+
+@dataclass(frozen=True, slots=True)
+class Op:
+    """One queued operation; ``event_id`` is the client event it came from."""
+
+    kind: str  # audio | text | commit | clear | respond | truncate | instructions
+    event_id: str | None = None
+    samples: torch.Tensor | None = None
+    text: str = ""
+    audio_ms: int = 0
+    stream: ResponseStream | None = None
+
+
+class InputStream:
+    """Queued input of one session (see the module docstring).
+
+    Args:
+        session: the connection's session.
+        sample_rate: the rate of the queued audio.
+        on_error: told of an operation the session refused (with its client
+            ``event_id``), and of a response it could not start.
+    """
+
+    def __init__(
+        self,
+        session: Session,
+        sample_rate: int,
+        on_error: Callable[[OmniError, Op], Awaitable[None]],
+    ) -> None:
+        self.session = session
+        self.rate = sample_rate
+        self._on_error = on_error
+        self._ops: deque[Op] = deque()
+        self._ready = asyncio.Event()
+        self.queued_samples = 0  # audio queued, not yet sent
+
+    def put(self, op: Op) -> None:
+        """Queue ``op``; a ``clear`` drops the audio queued since the last boundary."""
+        if op.kind == "clear":
+            while self._ops and self._ops[-1].kind == "audio":
+                dropped = self._ops.pop()
+                assert dropped.samples is not None
+                self.queued_samples -= dropped.samples.numel()
+        elif op.kind == "audio":
+            assert op.samples is not None
+            self.queued_samples += op.samples.numel()
+        self._ops.append(op)
+        self._ready.set()
+
+    async def run(self) -> None:
+        """Hand the queued operations to the session until it ends (the owner cancels)."""
+        while True:
+            if not self._ops:
+                self._ready.clear()
+                await self._ready.wait()
+                continue
+            op = self._ops.popleft()
+            try:
+                await self._apply(op)
+            except SessionClosedError:
+                return  # the session's terminal event tells the connection why
+            except OmniError as exc:
+                await self._on_error(exc, op)
+
+    async def _apply(self, op: Op) -> None:
+        session = self.session
+        if op.kind == "audio":
+            pieces = [op.samples]
+            while self._ops and self._ops[0].kind == "audio":
+                pieces.append(self._ops.popleft().samples)
+            audio = torch.cat([p for p in pieces if p is not None])
+            self.queued_samples -= audio.numel()
+            await session.send(audio=audio, sample_rate=self.rate)
+        elif op.kind == "text":
+            await session.send(text=op.text)
+        elif op.kind == "instructions":
+            await session.send(fields={INSTRUCTIONS_FIELD: op.text})
+        elif op.kind == "commit":
+            await session.commit()
+        elif op.kind == "clear":
+            await session.clear()
+        elif op.kind == "truncate":
+            await session.truncate(op.audio_ms)
+        elif op.kind == "respond":
+            stream = op.stream
+            assert stream is not None
+            if stream.cancel_reason is not None:
+                # Cancelled before it started: the pipeline never hears of it.
+                await self._on_error(OmniError("cancelled before it started"), op)
+                return
+            settings = stream.settings
+            stream.response = await session.respond(
+                max_tokens=settings.max_tokens,
+                temperature=settings.temperature,
+                voice=settings.voice,
+                response_id=stream.id,
+            )
+            log.debug("session %s response %s started", session.id, stream.id)
+        else:  # pragma: no cover - the connection builds the ops
+            raise AssertionError(op.kind)

@@ -1,0 +1,80 @@
+"""``ServerMetrics``: the server's Prometheus metrics, served at ``/metrics``.
+
+Each server has a registry of its own (not the process-wide default), so two servers in
+one process (tests, an app that embeds one) keep separate counts.
+"""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client.exposition import CONTENT_TYPE_LATEST
+
+__all__ = ["ServerMetrics"]
+
+# First text and first audio take tens of ms on a GPU and seconds on a busy CPU.
+_LATENCY_BUCKETS_MS = (10, 25, 50, 100, 150, 200, 300, 500, 750, 1000, 2000, 5000, 10000)
+
+
+class ServerMetrics:
+    """Counters and histograms of one server (see the module docstring)."""
+
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry()
+        r = self.registry
+        self.sessions = Gauge("omni_sessions", "Realtime sessions open now", registry=r)
+        self.sessions_total = Counter(
+            "omni_sessions_opened", "Realtime sessions opened", registry=r
+        )
+        self.events = Counter("omni_events", "Server events sent, by type", ["type"], registry=r)
+        self.client_events = Counter(
+            "omni_client_events", "Client events received, by type", ["type"], registry=r
+        )
+        self.errors = Counter("omni_errors", "Errors reported, by code", ["code"], registry=r)
+        self.responses = Counter(
+            "omni_responses", "Responses ended, by status", ["status"], registry=r
+        )
+        self.ttft = Histogram(
+            "omni_ttft_ms",
+            "Time to first text of a response (ms)",
+            buckets=_LATENCY_BUCKETS_MS,
+            registry=r,
+        )
+        self.ttfa = Histogram(
+            "omni_ttfa_ms",
+            "Time to first audio of a response (ms)",
+            buckets=_LATENCY_BUCKETS_MS,
+            registry=r,
+        )
+
+    def session_opened(self) -> None:
+        """A realtime session was admitted."""
+        self.sessions.inc()
+        self.sessions_total.inc()
+
+    def session_closed(self) -> None:
+        """A realtime session ended (for whatever reason)."""
+        self.sessions.dec()
+
+    def sent(self, event_type: str) -> None:
+        """A server event of ``event_type`` went to a client."""
+        self.events.labels(event_type).inc()
+
+    def received(self, event_type: str) -> None:
+        """A client event of ``event_type`` arrived (``invalid`` for one that did not parse)."""
+        self.client_events.labels(event_type).inc()
+
+    def error(self, code: str) -> None:
+        """An ``error`` event (or a failed response) with ``code``."""
+        self.errors.labels(code).inc()
+
+    def response_done(self, status: str, ttft_ms: float | None, ttfa_ms: float | None) -> None:
+        """A response ended with ``status``; its latencies, where it had them."""
+        self.responses.labels(status).inc()
+        if ttft_ms is not None:
+            self.ttft.observe(ttft_ms)
+        if ttfa_ms is not None:
+            self.ttfa.observe(ttfa_ms)
+
+    def render(self) -> tuple[bytes, str]:
+        """The exposition text and its content type."""
+        return generate_latest(self.registry), CONTENT_TYPE_LATEST

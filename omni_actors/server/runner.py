@@ -1,0 +1,145 @@
+"""``run_server``: a pipeline and the realtime server on it, as one owned resource.
+
+::
+
+    async with run_server(ServerSettings(preset="tiny-omni", port=0)) as server:
+        print(server.url)  # http://127.0.0.1:PORT — the demo page; ws at server.ws_url
+        await stop.wait()
+    # drained, sessions closed, workers stopped
+
+Leaving the block shuts down gracefully: new sessions are refused, the responses in
+flight get ``settings.grace_s`` to finish, then every open session gets a final
+``error`` event (``server_shutting_down``) and a close frame, uvicorn stops, and the
+pipeline stops its stages and workers. The listening socket is bound before the block
+is entered, so a client may connect at once (port 0 picks a free port).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import socket
+from collections.abc import AsyncIterator, Iterator
+from dataclasses import dataclass
+
+import uvicorn
+
+from omni_actors.server.app import create_app
+from omni_actors.server.settings import ServerSettings
+from omni_actors.server.state import ServerState
+from omni_actors.serving.omni_pipeline import OmniPipeline
+from omni_actors.serving.pipeline_spec import PipelineSpec
+
+__all__ = ["RunningServer", "run_server"]
+
+log = logging.getLogger(__name__)
+
+_UVICORN_GRACE_S = 5
+
+
+class _Server(uvicorn.Server):
+    """uvicorn without its own signal handlers: the owner of the server decides what a
+    signal means (``omni-actors serve`` drains first; a test never gets signals)."""
+
+    @contextlib.contextmanager
+    def capture_signals(self) -> Iterator[None]:
+        yield
+
+
+@dataclass
+class RunningServer:
+    """A server started by :func:`run_server`.
+
+    Attributes:
+        url: the server's base URL (the demo page).
+        ws_url: the realtime websocket's URL.
+        state: what its routes share (pipeline, metrics, connections).
+    """
+
+    url: str
+    ws_url: str
+    state: ServerState
+    _server: _Server
+    _task: asyncio.Task[None]
+
+    async def shutdown(self) -> None:
+        """Drain and stop (see the module docstring); safe to call twice."""
+        state = self.state
+        if not state.draining:
+            state.draining = True
+            for listener in self._server.servers:
+                listener.close()  # stop accepting
+            await self._drain(state.settings.grace_s)
+            for connection in list(state.connections):
+                await connection.shut_down(
+                    "the server is shutting down; reconnect to another instance"
+                )
+        self._server.should_exit = True
+        await self._task
+
+    async def _drain(self, grace_s: float) -> None:
+        """Wait, ``grace_s`` at most, for the responses in flight to finish."""
+        state = self.state
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(grace_s):
+                while state.responding():
+                    state.response_ended.clear()
+                    await state.response_ended.wait()
+
+
+def _listen(host: str, port: int) -> socket.socket:
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind((host, port))
+        sock.listen(512)
+        sock.setblocking(False)
+    except OSError:
+        sock.close()
+        raise
+    return sock
+
+
+@contextlib.asynccontextmanager
+async def run_server(
+    settings: ServerSettings, *, pipeline: PipelineSpec | str | None = None
+) -> AsyncIterator[RunningServer]:
+    """Start the pipeline (``pipeline`` or ``settings.preset``) and serve it.
+
+    Raises:
+        OSError: the address is taken (nothing was started).
+    """
+    sock = _listen(settings.host, settings.port)
+    try:
+        spec = pipeline if pipeline is not None else settings.preset
+        async with OmniPipeline(spec, max_sessions=settings.max_sessions) as omni:
+            app = create_app(settings, omni)
+            config = uvicorn.Config(
+                app,
+                loop="none",  # the caller's loop (uvloop under ``omni-actors serve``)
+                http="httptools",
+                ws="websockets-sansio",
+                ws_max_size=2 * settings.max_message_bytes,  # above it: the connection drops
+                lifespan="off",  # ``omni`` is owned here
+                log_config=None,
+                timeout_graceful_shutdown=_UVICORN_GRACE_S,
+            )
+            server = _Server(config)
+            task = asyncio.create_task(server.serve(sockets=[sock]), name="uvicorn")
+            host, port = sock.getsockname()[:2]
+            where = f"[{host}]" if ":" in host else host
+            running = RunningServer(
+                url=f"http://{where}:{port}",
+                ws_url=f"ws://{where}:{port}/v1/realtime",
+                state=app.state.server,
+                _server=server,
+                _task=task,
+            )
+            try:
+                yield running
+            finally:
+                await running.shutdown()
+    finally:
+        sock.close()

@@ -1,0 +1,306 @@
+"""``SessionSettings``: a realtime session's settings, and how ``session.update`` changes
+them.
+
+The GA form (``session.audio.input.format``, ``output_modalities`` …) and the beta flat
+form (``input_audio_format: "pcm16"``, ``modalities``, ``voice`` …) update the same
+settings; an update changes only what it names, and is checked whole before any of it
+applies, so a bad update leaves the session as it was.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, replace
+from typing import Literal, TypeVar
+
+import msgspec
+
+from omni_actors.protocols.realtime_client import (
+    AudioFormat,
+    AudioInputConfig,
+    AudioOutputConfig,
+    ResponseParams,
+    SessionConfig,
+    TurnDetection,
+)
+from omni_actors.protocols.realtime_server import (
+    AudioInputState,
+    AudioOutputState,
+    AudioState,
+    RealtimeSession,
+)
+from omni_actors.server.audio_format import BETA_FORMATS, AudioFormatName, format_rate
+from omni_actors.server.request_error import RequestError
+
+__all__ = ["ResponseSettings", "SessionSettings", "SettingError", "VadSettings"]
+
+Modality = Literal["text", "audio"]
+_SESSION_LIFETIME_S = 30 * 60
+T = TypeVar("T")
+
+
+class SettingError(RequestError):
+    """A setting the server cannot apply; ``param`` names it."""
+
+    def __init__(self, message: str, param: str) -> None:
+        super().__init__(message, realtime_code="invalid_value", param=param)
+
+
+@dataclass(frozen=True, slots=True)
+class VadSettings:
+    """``server_vad`` turn detection (OpenAI's defaults)."""
+
+    threshold: float = 0.5
+    prefix_padding_ms: int = 300
+    silence_duration_ms: int = 500
+    create_response: bool = True
+    interrupt_response: bool = True
+
+
+@dataclass(frozen=True, slots=True)
+class ResponseSettings:
+    """What one response is asked for: the session's settings with its overrides."""
+
+    modalities: tuple[Modality, ...]
+    output_format: AudioFormatName
+    voice: str | None
+    max_tokens: int | None
+    temperature: float | None
+    instructions: str
+
+
+@dataclass(frozen=True, slots=True)
+class SessionSettings:
+    """A session's settings (see the module docstring)."""
+
+    id: str
+    model: str
+    modalities: tuple[Modality, ...] = ("audio",)
+    instructions: str = ""
+    input_format: AudioFormatName = "audio/pcm"
+    output_format: AudioFormatName = "audio/pcm"
+    voice: str | None = None
+    vad: VadSettings | None = VadSettings()
+    max_tokens: int | None = None
+    temperature: float | None = None
+    created_at: float = 0.0
+
+    def updated(self, config: SessionConfig) -> SessionSettings:
+        """These settings with ``config`` applied.
+
+        Raises:
+            SettingError: a value the server does not support (the settings are unchanged).
+        """
+        new = self
+        modalities = _first(config.output_modalities, config.modalities)
+        if modalities is not None:
+            new = replace(new, modalities=_modalities(modalities, "session.output_modalities"))
+        if config.instructions is not None:
+            new = replace(new, instructions=config.instructions)
+        audio_in = config.audio.input if config.audio is not None else None
+        audio_out = config.audio.output if config.audio is not None else None
+        fmt = _either_format(audio_in, config.input_audio_format, "input")
+        if fmt is not None:
+            new = replace(new, input_format=fmt)
+        fmt = _either_format(audio_out, config.output_audio_format, "output")
+        if fmt is not None:
+            new = replace(new, output_format=fmt)
+        voice = audio_out.voice if audio_out is not None else None
+        voice = voice or config.voice
+        if voice is not None:
+            new = replace(new, voice=_voice(voice, "session.audio.output.voice"))
+        turn_detection = config.turn_detection
+        if audio_in is not None and audio_in.turn_detection is not msgspec.UNSET:
+            turn_detection = audio_in.turn_detection
+        if turn_detection is not msgspec.UNSET:
+            new = replace(new, vad=_vad(turn_detection, new.vad))
+        limit: int | Literal["inf"] | None = _first(
+            config.max_output_tokens, config.max_response_output_tokens
+        )
+        if limit is not None:
+            new = replace(new, max_tokens=_max_tokens(limit, "session.max_output_tokens"))
+        if config.temperature is not None:
+            new = replace(new, temperature=_temperature(config.temperature))
+        return new
+
+    def for_response(self, params: ResponseParams | None) -> ResponseSettings:
+        """The settings of a response, with ``response.create``'s overrides.
+
+        Raises:
+            SettingError: an override the server does not support.
+        """
+        base = ResponseSettings(
+            modalities=self.modalities,
+            output_format=self.output_format,
+            voice=self.voice,
+            max_tokens=self.max_tokens,
+            temperature=self.temperature,
+            instructions=self.instructions,
+        )
+        if params is None:
+            return base
+        modalities = _first(params.output_modalities, params.modalities)
+        if modalities is not None:
+            base = replace(base, modalities=_modalities(modalities, "response.output_modalities"))
+        if params.instructions is not None:
+            base = replace(base, instructions=params.instructions)
+        limit: int | Literal["inf"] | None = _first(
+            params.max_output_tokens, params.max_response_output_tokens
+        )
+        if limit is not None:
+            base = replace(base, max_tokens=_max_tokens(limit, "response.max_output_tokens"))
+        output: AudioOutputConfig | None = params.audio.output if params.audio else None
+        voice = (output.voice if output else None) or params.voice
+        if voice is not None:
+            base = replace(base, voice=_voice(voice, "response.audio.output.voice"))
+        if output is not None and output.format is not None:
+            fmt = _format(output.format, "response.audio.output.format")
+            base = replace(base, output_format=fmt)
+        if params.temperature is not None:
+            base = replace(base, temperature=_temperature(params.temperature))
+        return base
+
+    def describe(self) -> RealtimeSession:
+        """The settings as ``session.created``/``session.updated`` show them."""
+        vad = self.vad
+        return RealtimeSession(
+            id=self.id,
+            model=self.model,
+            output_modalities=list(self.modalities),
+            instructions=self.instructions,
+            audio=AudioState(
+                input=AudioInputState(
+                    format=describe_format(self.input_format),
+                    turn_detection=None
+                    if vad is None
+                    else TurnDetection(
+                        type="server_vad",
+                        threshold=vad.threshold,
+                        prefix_padding_ms=vad.prefix_padding_ms,
+                        silence_duration_ms=vad.silence_duration_ms,
+                        create_response=vad.create_response,
+                        interrupt_response=vad.interrupt_response,
+                    ),
+                ),
+                output=AudioOutputState(
+                    format=describe_format(self.output_format), voice=self.voice
+                ),
+            ),
+            max_output_tokens="inf" if self.max_tokens is None else self.max_tokens,
+            expires_at=int((self.created_at or time.time()) + _SESSION_LIFETIME_S),
+        )
+
+
+def _first(ga: T | None, beta: T | None) -> T | None:
+    """The GA field if given, else its beta alias (0 and [] count as given)."""
+    return ga if ga is not None else beta
+
+
+def describe_format(name: AudioFormatName) -> AudioFormat:
+    """The GA description of an audio format."""
+    return AudioFormat(type=name, rate=format_rate(name) if name == "audio/pcm" else None)
+
+
+def _format(fmt: AudioFormat, param: str) -> AudioFormatName:
+    name = BETA_FORMATS.get(fmt.type, fmt.type)
+    if name not in ("audio/pcm", "audio/pcmu", "audio/pcma"):
+        raise SettingError(
+            f"unsupported audio format {fmt.type!r}: use audio/pcm, audio/pcmu or audio/pcma",
+            param + ".type",
+        )
+    if fmt.rate is not None and fmt.rate != format_rate(name):  # type: ignore[arg-type]
+        raise SettingError(
+            f"{name} is served at {format_rate(name)} Hz, not {fmt.rate}",  # type: ignore[arg-type]
+            param + ".rate",
+        )
+    return name  # type: ignore[return-value]
+
+
+def _either_format(
+    ga: AudioInputConfig | AudioOutputConfig | None, beta: str | None, side: str
+) -> AudioFormatName | None:
+    """The format a ``session.update`` sets for one side: the GA nested form, else the
+    beta flat name, else None."""
+    if ga is not None and ga.format is not None:
+        return _format(ga.format, f"session.audio.{side}.format")
+    if beta is not None:
+        return _beta_format(beta, f"session.{side}_audio_format")
+    return None
+
+
+def _beta_format(name: str, param: str) -> AudioFormatName:
+    if name not in BETA_FORMATS:
+        raise SettingError(
+            f"unsupported audio format {name!r}: use pcm16, g711_ulaw or g711_alaw", param
+        )
+    return BETA_FORMATS[name]
+
+
+def _modalities(modalities: list[Modality], param: str) -> tuple[Modality, ...]:
+    if not modalities:
+        raise SettingError('output_modalities must be ["audio"] or ["text"]', param)
+    # Audio output always carries its transcript: ["text", "audio"] is ["audio"].
+    return ("audio",) if "audio" in modalities else ("text",)
+
+
+def _voice(voice: str, param: str) -> str:
+    if not voice:
+        raise SettingError("voice must be a non-empty name", param)
+    return voice
+
+
+def _max_tokens(limit: int | Literal["inf"], param: str) -> int | None:
+    if limit == "inf":
+        return None
+    if isinstance(limit, bool) or limit < 1:
+        raise SettingError(f'max_output_tokens must be >= 1 or "inf", got {limit!r}', param)
+    return limit
+
+
+def _temperature(value: float) -> float:
+    if not value >= 0:
+        raise SettingError(f"temperature must be >= 0, got {value}", "session.temperature")
+    return float(value)
+
+
+def _vad(detection: TurnDetection | None, current: VadSettings | None) -> VadSettings | None:
+    if detection is None:
+        return None
+    if detection.type not in ("server_vad", "semantic_vad"):
+        raise SettingError(
+            f"unsupported turn_detection type {detection.type!r}: use server_vad or null",
+            "session.audio.input.turn_detection.type",
+        )
+    base = current or VadSettings()
+    vad = replace(
+        base,
+        threshold=base.threshold if detection.threshold is None else detection.threshold,
+        prefix_padding_ms=base.prefix_padding_ms
+        if detection.prefix_padding_ms is None
+        else detection.prefix_padding_ms,
+        silence_duration_ms=base.silence_duration_ms
+        if detection.silence_duration_ms is None
+        else detection.silence_duration_ms,
+        create_response=base.create_response
+        if detection.create_response is None
+        else detection.create_response,
+        interrupt_response=base.interrupt_response
+        if detection.interrupt_response is None
+        else detection.interrupt_response,
+    )
+    param = "session.audio.input.turn_detection"
+    if not 0.0 <= vad.threshold <= 1.0:
+        raise SettingError(
+            f"threshold must be in [0, 1], got {vad.threshold}", param + ".threshold"
+        )
+    if not 0 <= vad.prefix_padding_ms <= 10_000:
+        raise SettingError(
+            f"prefix_padding_ms must be in [0, 10000], got {vad.prefix_padding_ms}",
+            param + ".prefix_padding_ms",
+        )
+    if not 10 <= vad.silence_duration_ms <= 10_000:
+        raise SettingError(
+            f"silence_duration_ms must be in [10, 10000], got {vad.silence_duration_ms}",
+            param + ".silence_duration_ms",
+        )
+    return vad

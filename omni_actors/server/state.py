@@ -1,0 +1,51 @@
+"""``ServerState``: what every route of one server shares."""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+from omni_actors.server.metrics import ServerMetrics
+from omni_actors.server.settings import ServerSettings
+from omni_actors.serving.omni_pipeline import OmniPipeline
+
+if TYPE_CHECKING:
+    from omni_actors.server.realtime import RealtimeConnection
+
+__all__ = ["ServerState"]
+
+
+@dataclass(eq=False)
+class ServerState:
+    """The pipeline, settings, metrics and live connections of one server.
+
+    Attributes:
+        active: sessions held now (realtime connections and chat requests); at
+            ``settings.max_sessions`` one more is refused as ``busy``.
+        draining: the server is shutting down: new sessions are refused.
+    """
+
+    settings: ServerSettings
+    pipeline: OmniPipeline
+    metrics: ServerMetrics = field(default_factory=ServerMetrics)
+    connections: set[RealtimeConnection] = field(default_factory=set)
+    active: int = 0
+    draining: bool = False
+    response_ended: asyncio.Event = field(default_factory=asyncio.Event)
+    """Set each time a response ends (a draining server waits on it)."""
+
+    def responding(self) -> bool:
+        """True while a realtime connection has a response in flight."""
+        return any(c.replies.active is not None for c in self.connections)
+
+    def admit(self) -> bool:
+        """Take a session slot; False when the server is full or draining."""
+        if self.draining or self.active >= self.settings.max_sessions:
+            return False
+        self.active += 1
+        return True
+
+    def release(self) -> None:
+        """Give a session slot back."""
+        self.active -= 1

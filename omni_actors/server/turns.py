@@ -1,0 +1,109 @@
+"""``TurnDetector``: server VAD in front of the pipeline's input.
+
+With ``server_vad`` the pipeline hears only speech: audio before speech starts is held
+(the last ``prefix_padding_ms`` of it goes in with the speech, as OpenAI's committed
+items include it), audio while the user speaks goes on as it arrives — so the thinker
+prefills while the user is still talking — and speech stopping ends the turn. Silence
+between turns costs the pipeline nothing.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from omni_actors.server.session_config import VadSettings
+from omni_actors.server.vad import ServerVad, SpeechStarted, SpeechStopped
+
+__all__ = ["Forward", "Started", "Stopped", "TurnAction", "TurnDetector"]
+
+_HOLD_EXTRA_MS = 2000  # held beyond the prefix: a VAD may report a start late
+
+
+@dataclass(frozen=True, slots=True)
+class Forward:
+    """Send these samples to the pipeline."""
+
+    samples: torch.Tensor
+
+
+@dataclass(frozen=True, slots=True)
+class Started:
+    """Speech began at ``audio_start_ms`` (prefix padding included)."""
+
+    audio_start_ms: int
+
+
+@dataclass(frozen=True, slots=True)
+class Stopped:
+    """Speech ended at ``audio_end_ms``: the turn is over."""
+
+    audio_end_ms: int
+
+
+TurnAction = Forward | Started | Stopped
+
+
+class TurnDetector:
+    """Gate a session's input audio by speech (see the module docstring).
+
+    Args:
+        settings: the session's ``server_vad`` settings.
+        sample_rate: the rate of the samples fed.
+    """
+
+    def __init__(self, settings: VadSettings, sample_rate: int) -> None:
+        self.settings = settings
+        self.rate = sample_rate
+        self.vad = ServerVad(
+            sample_rate=sample_rate,
+            threshold=settings.threshold,
+            prefix_padding_ms=settings.prefix_padding_ms,
+            silence_duration_ms=settings.silence_duration_ms,
+        )
+        self._held: torch.Tensor = torch.zeros(0, dtype=torch.int16)
+        self._held_start = 0  # absolute index of the first held sample
+        self._keep = (settings.prefix_padding_ms + _HOLD_EXTRA_MS) * sample_rate // 1000
+        self.speaking = False
+
+    def feed(self, samples: torch.Tensor) -> list[TurnAction]:
+        """What to do with ``samples`` (int16), in order."""
+        self._held = torch.cat([self._held, samples]) if self._held.numel() else samples
+        actions: list[TurnAction] = []
+        for event in self.vad.feed(samples):
+            if isinstance(event, SpeechStarted):
+                self._drop_before(event.audio_start_ms * self.rate // 1000)
+                self.speaking = True
+                actions.append(Started(event.audio_start_ms))
+            elif isinstance(event, SpeechStopped):
+                end = event.audio_end_ms * self.rate // 1000
+                actions += self._forward(end - self._held_start)
+                self.speaking = False
+                actions.append(Stopped(event.audio_end_ms))
+        if self.speaking:
+            actions += self._forward(self._held.numel())
+        else:
+            self._drop_before(self._held_start + self._held.numel() - self._keep)
+        return actions
+
+    def clear(self) -> None:
+        """The input buffer was cleared: forget held audio and the speech in progress."""
+        self._drop_before(self._held_start + self._held.numel())
+        self.vad.reset()
+        self.speaking = False
+
+    def _forward(self, count: int) -> list[TurnAction]:
+        count = max(0, min(count, self._held.numel()))
+        if not count:
+            return []
+        out = self._held[:count]
+        self._held = self._held[count:]
+        self._held_start += count
+        return [Forward(out)]
+
+    def _drop_before(self, index: int) -> None:
+        drop = max(0, min(index - self._held_start, self._held.numel()))
+        if drop:
+            self._held = self._held[drop:]
+            self._held_start += drop
