@@ -224,16 +224,21 @@ class InputBuffer:
                 f"item {event.item_id!r} is not the last assistant item; only it can be truncated",
                 realtime_code="item_truncate_invalid_item_id",
             )
-        if self.conn.replies.active is not None:
-            raise RequestError("a response is in flight; cancel it before truncating")
         if event.audio_end_ms < 0 or event.audio_end_ms > reply.audio_ms + 1:
             raise RequestError(
                 f"audio_end_ms must be in [0, {reply.audio_ms:.0f}] (the item's audio), "
                 f"got {event.audio_end_ms}",
                 realtime_code="invalid_value",
             )
+        if reply is self.conn.replies.active:
+            # The user stopped listening while it was still being generated (a client
+            # truncates as soon as it hears the user speak): it ends here, and the cut
+            # applies once every stage has let it go.
+            await self.conn.replies.cancel(reply, "client_cancelled")
         assert self.conn.input is not None
-        self.conn.input.put(Op("truncate", event_id=event.event_id, audio_ms=event.audio_end_ms))
+        self.conn.input.put(
+            Op("truncate", event_id=event.event_id, audio_ms=event.audio_end_ms, stream=reply)
+        )
         await self.conn.send(
             ConversationItemTruncated(
                 event_id=new_id("event"),

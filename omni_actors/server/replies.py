@@ -132,6 +132,7 @@ class Replies:
         self.streams.pop(stream.id, None)
         if self.active is stream:
             self.active = None
+        stream.finished.set()
         self.conn.state.response_ended.set()
 
     async def on_event(self, event: Event) -> None:
