@@ -21,7 +21,9 @@ pytest.importorskip("transformers")
 import torch
 from tiny_omni_reference import assistant_turn, hf_reply, hf_user_turn, reference_model
 
+from omni_actors.actors.engine import INSTRUCTIONS_FIELD
 from omni_actors.actors.tiny_omni import configs
+from omni_actors.actors.tiny_omni.conversation import system_turn
 from omni_actors.actors.tiny_omni.thinker_engine import ThinkerEngine
 from omni_actors.model_cache import prepare
 from omni_actors.protocols.events import AudioDelta, Event, ResponseDone, TextDelta
@@ -95,6 +97,28 @@ async def test_three_turns_through_the_pipeline_equal_hf_generate(
             conversation += hf_user_turn({"text": text}, 1)[0]
             assert_like_reference(reference, conversation, said, audio)
             conversation += assistant_turn([ord(c) for c in said])
+
+
+async def test_instructions_through_the_pipeline_equal_hf_generate_with_a_system_message(
+    cache: Path, reference: Any
+) -> None:
+    """HF's talker skips system turns: ours never gets their rows, and the audio agrees."""
+    conversation: list[int] = []
+    instructions = ["You answer briefly.", "Now you are cheerful."]
+    replies: list[str] = []
+    async with OmniPipeline(spec(cache)) as omni:
+        async with omni.session() as session:
+            plain = (await reply(session, TURNS[0]))[0]
+        async with omni.session() as session:
+            for text, system in zip(TURNS, instructions, strict=False):
+                await session.send(fields={INSTRUCTIONS_FIELD: system})
+                said, audio, done = await reply(session, text)
+                assert done.status == "completed"
+                conversation += [*system_turn(system), *hf_user_turn({"text": text}, 1)[0]]
+                assert_like_reference(reference, conversation, said, audio)
+                conversation += assistant_turn([ord(c) for c in said])
+                replies.append(said)
+    assert replies[0] != plain  # the instructions were read
 
 
 async def test_barge_in_then_truncate_leaves_every_stage_where_the_user_stopped_listening(
