@@ -44,6 +44,14 @@ never see marks. A response's overrides (:class:`ResponseOptions`: ``max_tokens`
 ``temperature``, ``voice``) are read with :func:`response_options` once the input has
 ended (they come with the chunk that starts the response).
 
+An entry engine that can follow a system prompt declares :data:`INSTRUCTIONS_FIELD`
+among its inputs (``concat``): the caller sends the conversation's instructions as that
+text field (``Session.send(fields={INSTRUCTIONS_FIELD: text})``; the realtime server
+sends a ``session.update``'s ``instructions`` so), and they hold from then on, across
+clears, cancelled and failed replies and truncations; an empty string sets none. The
+caller checks the declaration first (``PipelineSpec.entry_inputs``): an engine without
+the field has no place for a system prompt.
+
 A reply is cancelled (barge-in) by closing the ``generate`` iterator (``aclose``) at a
 ``yield``: the engine keeps its session state as if the reply had ended after the last
 output it yielded (the thinker keeps the spoken part of its answer in its cache), and
@@ -76,6 +84,7 @@ from omni_actors.protocols.stage import ResponseOptions, SessionKey
 
 __all__ = [
     "CONTEXT_FIELD",
+    "INSTRUCTIONS_FIELD",
     "KEPT_FIELD",
     "NO_OPTIONS",
     "RULES",
@@ -110,6 +119,10 @@ docstring). Delivered only to an engine that declares it among its inputs (``con
 KEPT_FIELD = "kept"
 """With ``{TURN_FIELD: "truncate"}``: a 0-d int64 tensor, the outputs of the last reply
 to keep."""
+
+INSTRUCTIONS_FIELD = "instructions"
+"""A text field setting the conversation's instructions (its system prompt) from now on;
+an entry engine that declares it among its inputs follows them (module docstring)."""
 
 NO_OPTIONS = ResponseOptions()
 """The options of a response that overrides nothing."""

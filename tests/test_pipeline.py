@@ -8,6 +8,7 @@ from typing import Any
 import pytest
 import yaml
 
+from omni_actors.actors.engine import INSTRUCTIONS_FIELD
 from omni_actors.serving.pipeline_spec import (
     PipelineConfigError,
     PipelineSpec,
@@ -51,6 +52,14 @@ def test_a_valid_file_loads(tmp_path: Path) -> None:
     assert spec.entry_stage == "thinker"
     assert spec.edges[1].mode == "full"
     assert spec.downstream("thinker") == {"talker", "code2wav"}
+
+
+def test_entry_inputs_are_what_the_entry_engine_declares() -> None:
+    data = _base()
+    data["stages"][0]["engine"]["args"] = {"inputs": ["text", "audio"]}
+    spec = PipelineSpec.model_validate(data)
+    assert spec.entry_inputs() == {"text", "audio"}
+    assert INSTRUCTIONS_FIELD not in spec.entry_inputs()  # no place for a system prompt
 
 
 def test_text_only_requests_skip_audio_stages() -> None:

@@ -1,15 +1,23 @@
 """``Conversation``: one session's thinker state across responses, and its rollbacks.
 
 The KV cache holds the conversation so far, turn after turn (HF's chat template; roles
-are the ``USER``/``ASSISTANT`` special ids, as HF's talker finds the turns it conditions
-on by them)::
+are the ``SYSTEM``/``USER``/``ASSISTANT`` special ids, as HF's talker finds the turns it
+conditions on by them)::
 
+    [<|im_start|> SYSTEM \\n instructions <|im_end|> \\n]
     <|im_start|> USER \\n (text | <|audio_start|> PAD*n <|audio_end|>)* <|im_end|> \\n
     <|im_start|> ASSISTANT \\n  reply tokens  [<|im_end|> \\n]  <|im_start|> USER \\n ...
 
+A system turn (:func:`system_turn`) sets the conversation's instructions from where it
+stands on; it may come between any two turns. It is the thinker's alone: HF's talker
+conditions on user turns only (``generate`` skips system-role segments), so no row of
+it is sent on.
+
 A reply's end is not fed at once: its last token when it stopped at its token limit,
 then ``<|im_end|> \\n``, wait in :attr:`Conversation.carry` and are fed before whatever
-comes next, so nothing is computed that a truncation or a clear would throw away.
+comes next, so nothing is computed that a truncation or a clear would throw away. A
+system turn fed after the reply goes back into the carry when a truncation cuts the
+reply before it (:attr:`Conversation.system`).
 
 Every change of plan is a crop of the cache back to a known position plus the tokens
 that then close the last reply: a ``clear`` back to the last commit, a failed response
@@ -24,15 +32,33 @@ from typing import Any, Final
 
 import torch
 
+from omni_actors.actors.tiny_omni import configs
 from omni_actors.actors.tiny_omni.configs import Tokens
 from omni_actors.actors.tiny_omni.hf import DynamicCache
 from omni_actors.actors.torch_engine import AbortSignal
 
-__all__ = ["CLOSE_TURN", "NEWLINE", "Checkpoint", "Conversation", "Reply"]
+__all__ = [
+    "CLOSE_TURN",
+    "NEWLINE",
+    "SYSTEM_OPENING",
+    "Checkpoint",
+    "Conversation",
+    "Reply",
+    "system_turn",
+]
 
 NEWLINE: Final = 10
 CLOSE_TURN: Final = (Tokens.IM_END, NEWLINE)
 """What ends every turn of the template."""
+SYSTEM_OPENING: Final = (Tokens.IM_START, Tokens.SYSTEM, NEWLINE)
+
+
+def system_turn(text: str) -> tuple[int, ...]:
+    """The ids of the system turn that sets ``text`` as the instructions; none for ``""``
+    (no instructions: nothing to prefill)."""
+    if not text:
+        return ()
+    return (*SYSTEM_OPENING, *configs.encode_text(text), *CLOSE_TURN)
 
 
 @dataclass(frozen=True)
@@ -58,6 +84,7 @@ class Checkpoint:
     carry: tuple[int, ...]
     reply: Reply | None
     turns_since_reply: int
+    system: tuple[int, ...]
     rng: torch.Tensor | None
 
 
@@ -73,6 +100,10 @@ class Conversation:
     reply: Reply | None = None
     turns_since_reply: int = 0
     """User turns committed since :attr:`reply` (a truncation must come before them)."""
+    system: tuple[int, ...] = ()
+    """System turns fed after :attr:`reply` (before any user turn: truncation is only
+    allowed then), in order: a truncation crops them with the reply's end, and puts them
+    back into the carry."""
     generator: torch.Generator | None = None
     """The session's sampling generator, made on its first sampled response."""
     signal: AbortSignal | None = None
@@ -81,7 +112,14 @@ class Conversation:
     def checkpoint(self) -> Checkpoint:
         """The state to come back to (the cache is cropped, never copied)."""
         rng = None if self.generator is None else self.generator.get_state()
-        return Checkpoint(self.position, tuple(self.carry), self.reply, self.turns_since_reply, rng)
+        return Checkpoint(
+            self.position,
+            tuple(self.carry),
+            self.reply,
+            self.turns_since_reply,
+            self.system,
+            rng,
+        )
 
     def restore(self, checkpoint: Checkpoint) -> None:
         """Come back to ``checkpoint``: everything computed after it is forgotten."""
@@ -89,8 +127,18 @@ class Conversation:
         self.carry = list(checkpoint.carry)
         self.reply = checkpoint.reply
         self.turns_since_reply = checkpoint.turns_since_reply
+        self.system = checkpoint.system
         if checkpoint.rng is not None and self.generator is not None:
             self.generator.set_state(checkpoint.rng)
+
+    def queue_system(self, system: tuple[int, ...]) -> None:
+        """Feed the system turn ``system`` before whatever comes next, behind the carry.
+
+        For instructions a rollback took out of the cache with a failed response: they
+        are the caller's setting, which holds whatever became of the response.
+        """
+        self.carry.extend(system)
+        self.system = (*self.system, *system)
 
     def crop(self, position: int) -> None:
         """Forget every cached position from ``position`` on.
@@ -129,5 +177,5 @@ class Conversation:
         kept = min(kept, len(reply.tokens))
         fed = min(kept, reply.fed)
         self.crop(reply.start + fed)
-        self.carry = [*reply.tokens[fed:kept], *CLOSE_TURN]
+        self.carry = [*reply.tokens[fed:kept], *CLOSE_TURN, *self.system]
         self.reply = replace(reply, tokens=reply.tokens[:kept], fed=fed)

@@ -25,6 +25,16 @@ closing, are not sent). A response that fails is rolled back to where it started
 to its truncation if its input cut the last reply (the cut part of the cache is gone).
 An abort drops the session.
 
+Instructions (``INSTRUCTIONS_FIELD``, a system prompt) set the conversation's
+instructions from then on as a system turn (``conversation``): prefilled at once when
+no user turn is open, else right behind the open turn when it is committed (by a mark
+or by the end of input, in the forward that closes it); a later instruction replaces
+one still waiting, and an empty one sets none. In a chunk with text or audio they come
+first. A system turn stays through a ``clear`` (one waiting behind a cleared turn is
+prefilled then), a truncation (fed again behind the cut reply) and a failed response
+(the last instructions it set are fed again before whatever comes next): they are the
+caller's setting, not the reply's. No row of a system turn goes to the talker.
+
 Tokens are greedy unless a response asks for a temperature (see ``sampling``).
 """
 
@@ -38,7 +48,14 @@ from typing import ClassVar, Literal
 import torch
 from pydantic import Field
 
-from omni_actors.actors.engine import KEPT_FIELD, TURN_FIELD, Fields, Rule, response_options
+from omni_actors.actors.engine import (
+    INSTRUCTIONS_FIELD,
+    KEPT_FIELD,
+    TURN_FIELD,
+    Fields,
+    Rule,
+    response_options,
+)
 from omni_actors.actors.tiny_omni import configs
 from omni_actors.actors.tiny_omni.configs import Tokens
 from omni_actors.actors.tiny_omni.conversation import (
@@ -47,6 +64,7 @@ from omni_actors.actors.tiny_omni.conversation import (
     Checkpoint,
     Conversation,
     Reply,
+    system_turn,
 )
 from omni_actors.actors.tiny_omni.family import TINY_OMNI
 from omni_actors.actors.tiny_omni.hf import DynamicCache
@@ -98,7 +116,12 @@ class ThinkerEngine(TorchEngine):
 
     kind: ClassVar[str] = "tiny-omni.thinker"
     Args: ClassVar[type[ThinkerArgs]] = ThinkerArgs
-    inputs: ClassVar[dict[str, Rule]] = {"text": "concat", "audio": "concat", TURN_FIELD: "concat"}
+    inputs: ClassVar[dict[str, Rule]] = {
+        "text": "concat",
+        "audio": "concat",
+        TURN_FIELD: "concat",
+        INSTRUCTIONS_FIELD: "concat",
+    }
     outputs: ClassVar[dict[str, Rule]] = {
         "token_ids": "concat",
         "text": "concat",
@@ -145,12 +168,13 @@ class ThinkerEngine(TorchEngine):
         """One response: prefill its input as it arrives, then decode one token per output.
 
         Input fields per chunk: ``text`` (str) and/or ``audio`` (float32 1-D, 16 kHz
-        mono; in a chunk with both, the audio comes first), or a turn mark. Outputs: see
-        the class docstring.
+        mono; in a chunk with both, the audio comes first), ``instructions`` (str; before
+        either), or a turn mark. Outputs: see the class docstring.
 
         Raises:
             ValueError: the session is already generating, a mark is malformed, a
-                truncation has no reply to cut, or the options are out of range.
+                truncation has no reply to cut, instructions are not text, or the
+                options are out of range.
         """
         conversation = self._sessions.get(session)
         if conversation is None:
@@ -163,6 +187,7 @@ class ThinkerEngine(TorchEngine):
         turn = UserTurn()
         step: asyncio.Future[Token] | None = None
         unclosed: UserTurn | None = None  # being committed by the end of input, rows sent
+        instructed: tuple[int, ...] = ()  # instructions set since ``start``: a failure keeps them
         outcome: _Outcome = "dropped"
         try:
             while (fields := await signal.next_input(inputs)) is not None:
@@ -173,17 +198,29 @@ class ThinkerEngine(TorchEngine):
                     if rows is not None:
                         yield rows
                 elif mark == "clear":
+                    waiting = turn.system
                     conversation.restore(committed)
                     turn = UserTurn()
+                    if waiting:  # no turn is open now for them to wait behind
+                        await self.call(self._model.instruct, conversation, waiting)
+                        committed = conversation.checkpoint()
                 elif mark == "truncate":
                     conversation.truncate(_kept(fields))
                     # The cut part of the cache is gone: a failure after it can only
                     # come back to here (what the user heard stays what they heard).
                     start = committed = conversation.checkpoint()
+                    instructed = turn.system  # those fed already are in the carry, at start
                     await self._replay(conversation, turn)
                 elif mark is not None:
                     raise ValueError(f"unknown turn mark {mark!r}: commit, clear or truncate")
                 else:
+                    if INSTRUCTIONS_FIELD in fields:
+                        instructed = _system_turn(fields)
+                        if turn.opened:
+                            turn.system = instructed
+                        elif instructed:
+                            await self.call(self._model.instruct, conversation, instructed)
+                            committed = conversation.checkpoint()  # a clear keeps them
                     await self._take(conversation, turn, fields)
                 if signal.aborted:
                     return
@@ -205,7 +242,7 @@ class ThinkerEngine(TorchEngine):
             unclosed = None
             last_rows = None if closing is None else closing.take_rows()
             reply = conversation.reply = Reply(conversation.position, (), 0)
-            conversation.turns_since_reply = 0
+            conversation.turns_since_reply, conversation.system = 0, ()
             while token != Tokens.IM_END and not signal.aborted:
                 out: dict[str, torch.Tensor | str] = {
                     "token_ids": torch.tensor([token]),
@@ -240,7 +277,7 @@ class ThinkerEngine(TorchEngine):
             outcome = "failed"
             raise
         finally:
-            await self._settle(session, conversation, outcome, step, start, unclosed)
+            await self._settle(session, conversation, outcome, step, start, unclosed, instructed)
 
     async def _settle(
         self,
@@ -250,6 +287,7 @@ class ThinkerEngine(TorchEngine):
         step: asyncio.Future[Token] | None,
         start: Checkpoint,
         unclosed: UserTurn | None,
+        instructed: tuple[int, ...],
     ) -> None:
         """Leave the session's state as the response's outcome says (module docstring)."""
         conversation.signal = None
@@ -285,6 +323,8 @@ class ThinkerEngine(TorchEngine):
                 conversation.reply = Reply(reply.start, reply.tokens, reply.fed + 1)
         if outcome == "failed":
             conversation.restore(start)
+            if instructed:
+                conversation.queue_system(instructed)
         elif conversation.reply is not None and conversation.turns_since_reply == 0:
             reply = conversation.reply
             # Tokens yielded but not fed (the last one, at the token limit) close the
@@ -356,7 +396,8 @@ class ThinkerEngine(TorchEngine):
         """Close the user turn (nothing if none is open); its rows as an output."""
         if not turn.opened:
             return None
-        await self.call(self._model.prefill, conversation, turn, True, list(CLOSE_TURN))
+        then, system = [*CLOSE_TURN, *turn.system], len(turn.system)
+        await self.call(self._model.prefill, conversation, turn, True, then, system)
         conversation.turns_since_reply += 1
         return turn.take_rows()
 
@@ -371,6 +412,13 @@ class ThinkerEngine(TorchEngine):
             seed = session_seed(self.seed, session)
             conversation.generator = torch.Generator().manual_seed(seed)
         return conversation.generator
+
+
+def _system_turn(fields: Fields) -> tuple[int, ...]:
+    text = fields[INSTRUCTIONS_FIELD]
+    if not isinstance(text, str):
+        raise ValueError(f"{INSTRUCTIONS_FIELD!r} must be text (a str), got a tensor")
+    return system_turn(text)
 
 
 def _kept(fields: Fields) -> int:

@@ -80,17 +80,22 @@ class ThinkerModel:
         return AudioClip(mel, self._n_window, self._n_window_infer)
 
     def prefill(
-        self, conversation: Conversation, turn: UserTurn, end_clip: bool, then: list[int]
+        self,
+        conversation: Conversation,
+        turn: UserTurn,
+        end_clip: bool,
+        then: list[int],
+        tail: int = 0,
     ) -> None:
         """Prefill the turn's pending ids, its clip's new windows (all of the clip if
-        ``end_clip``), then ``then``."""
+        ``end_clip``), then ``then``, whose last ``tail`` ids are not the user's."""
         embeds = None
         if turn.clip is not None:
             clip, encode = turn.clip, self._encode
             embeds = clip.finish(encode) if end_clip else clip.windows(encode)
         if embeds is None and not end_clip and not then:
             return  # the clip's log-mel advanced, no window is whole yet
-        feed = turn.next_feed(embeds, end_clip, then)
+        feed = turn.next_feed(embeds, end_clip, then, tail)
         if feed.ids:
             self.feed(conversation, turn, feed)
 
@@ -111,23 +116,31 @@ class ThinkerModel:
         return step
 
     @torch.no_grad()
+    def instruct(self, conversation: Conversation, system: tuple[int, ...]) -> None:
+        """Feed the system turn ``system`` behind the carry (no user turn is open)."""
+        self._forward(conversation, [*conversation.carry, *system])
+        conversation.carry = []
+        conversation.system = (*conversation.system, *system)
+
+    @torch.no_grad()
     def open_reply(
         self, conversation: Conversation, turn: UserTurn | None, sampling: Sampling
     ) -> Token:
         """Close ``turn`` if one is open, open the reply, pick its first token.
 
         One forward over what the turn still has pending (its clip's last window among
-        it), ``<|im_end|> \\n``, then ``<|im_start|> ASSISTANT \\n``: the only work left
-        between the end of the input and the first token. Without a turn it feeds the
-        carry and the opening.
+        it), ``<|im_end|> \\n``, the system turn set while it was open if any, then
+        ``<|im_start|> ASSISTANT \\n``: the only work left between the end of the input
+        and the first token. Without a turn it feeds the carry and the opening.
         """
         if turn is None:
             step = self._forward(conversation, [*conversation.carry, *ASSISTANT_OPENING])
             conversation.carry = []
         else:
             embeds = None if turn.clip is None else turn.clip.finish(self._encode)
-            then = [*CLOSE_TURN, *ASSISTANT_OPENING]
-            step = self.feed(conversation, turn, turn.next_feed(embeds, True, then, tail=3))
+            then = [*CLOSE_TURN, *turn.system, *ASSISTANT_OPENING]
+            tail = len(turn.system) + len(ASSISTANT_OPENING)
+            step = self.feed(conversation, turn, turn.next_feed(embeds, True, then, tail))
         return self._pick(step.logits[0, -1], sampling.min_tokens == 0, sampling)
 
     @torch.no_grad()

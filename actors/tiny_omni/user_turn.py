@@ -10,6 +10,10 @@ ends only the last window and the last text remain.
 The turn keeps the talker rows of what it prefilled (sent when it is committed: before
 that, a ``clear`` may still take it back) and what it fed the thinker, to feed it again
 behind a shorter carry when a truncation cuts the reply before it.
+
+Instructions that arrive while the turn is open wait in :attr:`UserTurn.system` and are
+prefilled right behind its end, in the same forward (a system turn never splits a user
+turn, and the user turn's rows never include it).
 """
 
 from __future__ import annotations
@@ -63,6 +67,8 @@ class UserTurn:
     """[n] bool, True at AUDIO_PAD rows."""
     fed: list[Feed] = field(default_factory=list)
     """What was prefilled of the turn (without the carry), to replay it."""
+    system: tuple[int, ...] = ()
+    """The system turn of instructions set while the turn is open: prefilled behind it."""
 
     def open(self, carry: list[int]) -> None:
         """Start the turn behind ``carry`` unless it is open already."""

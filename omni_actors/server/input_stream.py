@@ -20,16 +20,16 @@ from dataclasses import dataclass
 
 import torch
 
+from omni_actors.actors.engine import INSTRUCTIONS_FIELD
 from omni_actors.errors import InvalidRequestError, OmniError
 from omni_actors.server.response_stream import ResponseStream
 from omni_actors.serving.session import Session, SessionClosedError
 
-__all__ = ["InputStream", "Op"]
+__all__ = ["INSTRUCTIONS_FIELD", "InputStream", "Op"]
 
 log = logging.getLogger(__name__)
 
 _RESPONSE_END_S = 30.0  # a cancelled response ends within the stages' abort timeout
-INSTRUCTIONS_FIELD = "instructions"  # the entry engine's system-prompt input field
 
 
 @dataclass(frozen=True, slots=True)

@@ -93,7 +93,7 @@ class RealtimeConnection:
         self.session: Session | None = None
         self.input: InputStream | None = None
         self.source_rate = spec.outputs.sample_rate
-        self._takes_instructions = INSTRUCTIONS_FIELD in spec.ports(spec.entry_stage).inputs
+        self._takes_instructions = INSTRUCTIONS_FIELD in spec.entry_inputs()
         self.sent_instructions = ""
         self.last_item: str | None = None  # the conversation's last item
         self.input_buffer = InputBuffer(self)

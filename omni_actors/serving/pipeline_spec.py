@@ -305,6 +305,11 @@ class PipelineSpec(_Spec):
         """The stage that receives the request's input."""
         return self.entry or self.stages[0].name
 
+    def entry_inputs(self) -> frozenset[str]:
+        """The fields the entry stage's engine takes from the caller: a caller checks
+        here before sending an optional field (``INSTRUCTIONS_FIELD``) it may not take."""
+        return frozenset(self.ports(self.entry_stage).inputs)
+
     def stage(self, name: str) -> StageSpec:
         """The stage called ``name``."""
         for stage in self.stages:

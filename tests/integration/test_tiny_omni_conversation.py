@@ -21,7 +21,9 @@ pytest.importorskip("transformers")
 import torch
 from tiny_omni_reference import assistant_turn, hf_reply, hf_user_turn, reference_model
 
+from omni_actors.actors.engine import INSTRUCTIONS_FIELD
 from omni_actors.actors.tiny_omni import configs
+from omni_actors.actors.tiny_omni.conversation import system_turn
 from omni_actors.actors.tiny_omni.thinker_engine import ThinkerEngine
 from omni_actors.model_cache import prepare
 from omni_actors.protocols.events import AudioDelta, Event, ResponseDone, TextDelta
@@ -58,6 +60,11 @@ def spec(cache: Path) -> PipelineSpec:
 
 async def reply(session: Session, text: str) -> tuple[str, torch.Tensor, ResponseDone]:
     await session.send(text=text)
+    return await answer(session)
+
+
+async def answer(session: Session) -> tuple[str, torch.Tensor, ResponseDone]:
+    """The reply to the conversation so far."""
     response = await session.respond(voice="ethan")
     events: list[Event] = [e async for e in response.events()]
     done = events[-1]
@@ -70,7 +77,8 @@ async def reply(session: Session, text: str) -> tuple[str, torch.Tensor, Respons
 def assert_like_reference(
     reference: Any, conversation: list[int], said: str, audio: torch.Tensor
 ) -> None:
-    """``said`` and ``audio`` == HF's reply to ``conversation`` (ending with a user turn)."""
+    """``said`` and ``audio`` == HF's reply to ``conversation`` (ending with a user turn, or
+    a system turn behind one)."""
     prompt = [*conversation, configs.Tokens.IM_START, configs.Tokens.ASSISTANT, 10]
     ids = [ord(c) for c in said]  # byte-level tokens of printable text
     reference.captured.clear()
@@ -95,6 +103,35 @@ async def test_three_turns_through_the_pipeline_equal_hf_generate(
             conversation += hf_user_turn({"text": text}, 1)[0]
             assert_like_reference(reference, conversation, said, audio)
             conversation += assistant_turn([ord(c) for c in said])
+
+
+async def test_instructions_through_the_pipeline_equal_hf_generate_with_a_system_message(
+    cache: Path, reference: Any
+) -> None:
+    """HF's talker skips system turns: ours never gets their rows, and the audio agrees."""
+    instructions = ["You answer briefly.", "Now you are cheerful.", "Say goodbye."]
+    conversation: list[int] = []
+    replies: list[str] = []
+    async with OmniPipeline(spec(cache)) as omni:
+        async with omni.session() as session:
+            plain = (await reply(session, TURNS[0]))[0]
+        async with omni.session() as session:
+            for turn, (text, system) in enumerate(zip(TURNS, instructions, strict=True)):
+                user = hf_user_turn({"text": text}, 1)[0]
+                if turn < 2:  # set between replies: before the user turn
+                    await session.send(fields={INSTRUCTIONS_FIELD: system})
+                    await session.send(text=text)
+                    conversation += [*system_turn(system), *user]
+                else:  # set while the user turn is open: right behind it
+                    await session.send(text=text)
+                    await session.send(fields={INSTRUCTIONS_FIELD: system})
+                    conversation += [*user, *system_turn(system)]
+                said, audio, done = await answer(session)
+                assert done.status == "completed"
+                assert_like_reference(reference, conversation, said, audio)
+                conversation += assistant_turn([ord(c) for c in said])
+                replies.append(said)
+    assert replies[0] != plain  # the instructions were read
 
 
 async def test_barge_in_then_truncate_leaves_every_stage_where_the_user_stopped_listening(
