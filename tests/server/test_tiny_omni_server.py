@@ -1,5 +1,6 @@
 """The realtime server on tiny-omni: what a client hears over the websocket is what the
-library's ``Session`` makes of the same audio, and barge-in cancels a real reply."""
+library's ``Session`` makes of the same instructions and audio, and barge-in cancels a
+real reply."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ pytest.importorskip("transformers")
 import torch
 from realtime_client import b64, connect, silence, speech
 
+from omni_actors.actors.engine import INSTRUCTIONS_FIELD
 from omni_actors.model_cache import prepare
 from omni_actors.protocols.events import AudioDelta, ResponseDone, TextDelta
 from omni_actors.server.runner import run_server
@@ -23,6 +25,7 @@ from omni_actors.serving.pipeline_spec import PipelineSpec, load_pipeline
 pytestmark = pytest.mark.integration
 
 FRAME = 480  # 20 ms at 24 kHz
+INSTRUCTIONS = "Answer in one short sentence."
 
 
 @pytest.fixture(scope="module")
@@ -35,6 +38,7 @@ def spec(tmp_path_factory: pytest.TempPathFactory) -> PipelineSpec:
 async def _library_reply(spec: PipelineSpec, pcm: bytes) -> tuple[str, torch.Tensor]:
     samples = torch.from_numpy(np.frombuffer(pcm, dtype="<i2").copy())
     async with OmniPipeline(spec) as omni, omni.session() as session:
+        await session.send(fields={INSTRUCTIONS_FIELD: INSTRUCTIONS})
         for i in range(0, samples.numel(), FRAME):
             await session.send(audio=samples[i : i + FRAME], sample_rate=24_000)
         await session.commit()
@@ -53,7 +57,15 @@ async def test_the_server_says_what_the_library_says_and_barge_in_cancels(
     pcm = speech(1.0, seed=3)
     serving = run_server(ServerSettings(port=0), pipeline=spec)
     async with serving as server, connect(server.ws_url) as client:
-        await client.no_vad()
+        await client.send(
+            "session.update",
+            session={
+                "type": "realtime",
+                "instructions": INSTRUCTIONS,
+                "audio": {"input": {"turn_detection": None}},
+            },
+        )
+        assert (await client.expect("session.updated"))["session"]["instructions"] == INSTRUCTIONS
         for i in range(0, len(pcm), 2 * FRAME):  # 20 ms frames, as a microphone sends
             await client.send("input_audio_buffer.append", audio=b64(pcm[i : i + 2 * FRAME]))
         await client.send("input_audio_buffer.commit")
