@@ -19,6 +19,7 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any, cast
 
+import msgspec
 import torch
 
 from omni_actors._actor import Actor
@@ -27,10 +28,13 @@ from omni_actors._ref import ActorRef
 from omni_actors._system import ActorSystem
 from omni_actors.actors.stage import StageActor
 from omni_actors.clock import Clock
+from omni_actors.errors import OmniError
 from omni_actors.protocols.control import (
+    Health,
     Inspect,
     ListSessions,
     ListStages,
+    PipelineHealth,
     StageMessage,
     StageState,
 )
@@ -152,6 +156,33 @@ class OmniPipeline:
         refs = await self.stages()
         states = await asyncio.gather(*(r.ask(Inspect(), timeout=timeout) for r in refs.values()))
         return dict(zip(refs, states, strict=True))
+
+    async def health(self, timeout: float = 2.0) -> PipelineHealth:
+        """Every stage actor's state, restarts, sessions and backlog (``queued``).
+
+        The orchestrator reports states, restarts and sessions; each running stage is
+        asked for its backlog, ``timeout`` seconds at most, all at once. A stage that
+        does not answer in time (it failed meanwhile, or is too busy to answer) is
+        reported with ``queued=None`` rather than holding up a readiness probe.
+
+        Raises:
+            AskTimeoutError: the orchestrator did not answer within ``timeout``.
+        """
+        health = await self.orchestrator.ask(Health(), timeout=timeout)
+        addresses = await self.orchestrator.ask(ListStages(), timeout=timeout)
+        refs = cast("dict[str, ActorRef[StageMessage]]", addresses)  # local: see stages()
+        running = [name for name, s in health.stages.items() if s.state == "running"]
+        answers = await asyncio.gather(
+            *(refs[name].ask(Inspect(), timeout=timeout) for name in running),
+            return_exceptions=True,
+        )
+        stages = dict(health.stages)
+        for name, answer in zip(running, answers, strict=True):
+            if isinstance(answer, StageState):
+                stages[name] = msgspec.structs.replace(stages[name], queued=answer.queued)
+            elif not isinstance(answer, OmniError):
+                raise answer
+        return PipelineHealth(stages=stages)
 
     def generate(
         self,
