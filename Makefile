@@ -24,7 +24,7 @@ test: check
 	$(BIN)/pytest -q
 
 serve: $(STAMP)
-	$(BIN)/python examples/voice_agent.py
+	$(BIN)/omni-actors serve --preset tiny-omni
 
 bench: $(STAMP)
 	$(BIN)/omni-actors bench actors --json

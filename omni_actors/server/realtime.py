@@ -201,7 +201,7 @@ class RealtimeConnection:
         assert isinstance(name, str)
         if self.beta and name in BETA_NAMES:
             # msgspec writes the tag first: swap the name without decoding the event.
-            data = b'{"type":"%s"' % BETA_NAMES[name].encode() + data[len(name) + 9 :]
+            data = b'{"type":"%s"' % BETA_NAMES[name].encode() + data[len(name) + 10 :]
         async with asyncio.timeout(_SEND_TIMEOUT_S):
             await self.ws.send_text(data.decode())
         self.state.metrics.sent(name)

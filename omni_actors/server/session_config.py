@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, replace
-from typing import Literal
+from typing import Literal, TypeVar
 
 import msgspec
 
@@ -35,6 +35,7 @@ __all__ = ["ResponseSettings", "SessionSettings", "SettingError", "VadSettings"]
 
 Modality = Literal["text", "audio"]
 _SESSION_LIFETIME_S = 30 * 60
+T = TypeVar("T")
 
 
 class SettingError(RequestError):
@@ -90,7 +91,7 @@ class SessionSettings:
             SettingError: a value the server does not support (the settings are unchanged).
         """
         new = self
-        modalities = config.output_modalities or config.modalities
+        modalities = _first(config.output_modalities, config.modalities)
         if modalities is not None:
             new = replace(new, modalities=_modalities(modalities, "session.output_modalities"))
         if config.instructions is not None:
@@ -118,7 +119,9 @@ class SessionSettings:
             turn_detection = audio_in.turn_detection
         if turn_detection is not msgspec.UNSET:
             new = replace(new, vad=_vad(turn_detection, new.vad))
-        limit = config.max_output_tokens or config.max_response_output_tokens
+        limit: int | Literal["inf"] | None = _first(
+            config.max_output_tokens, config.max_response_output_tokens
+        )
         if limit is not None:
             new = replace(new, max_tokens=_max_tokens(limit, "session.max_output_tokens"))
         if config.temperature is not None:
@@ -141,12 +144,14 @@ class SessionSettings:
         )
         if params is None:
             return base
-        modalities = params.output_modalities or params.modalities
+        modalities = _first(params.output_modalities, params.modalities)
         if modalities is not None:
             base = replace(base, modalities=_modalities(modalities, "response.output_modalities"))
         if params.instructions is not None:
             base = replace(base, instructions=params.instructions)
-        limit = params.max_output_tokens or params.max_response_output_tokens
+        limit: int | Literal["inf"] | None = _first(
+            params.max_output_tokens, params.max_response_output_tokens
+        )
         if limit is not None:
             base = replace(base, max_tokens=_max_tokens(limit, "response.max_output_tokens"))
         output: AudioOutputConfig | None = params.audio.output if params.audio else None
@@ -189,6 +194,11 @@ class SessionSettings:
             max_output_tokens="inf" if self.max_tokens is None else self.max_tokens,
             expires_at=int((self.created_at or time.time()) + _SESSION_LIFETIME_S),
         )
+
+
+def _first(ga: T | None, beta: T | None) -> T | None:
+    """The GA field if given, else its beta alias (0 and [] count as given)."""
+    return ga if ga is not None else beta
 
 
 def describe_format(name: AudioFormatName) -> AudioFormat:
