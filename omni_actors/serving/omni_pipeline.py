@@ -15,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import itertools
+import logging
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any, cast
@@ -28,7 +29,6 @@ from omni_actors._ref import ActorRef
 from omni_actors._system import ActorSystem
 from omni_actors.actors.stage import StageActor
 from omni_actors.clock import Clock
-from omni_actors.errors import OmniError
 from omni_actors.protocols.control import (
     Health,
     Inspect,
@@ -45,6 +45,8 @@ from omni_actors.serving.pipeline_spec import PipelineSpec, load_pipeline
 from omni_actors.serving.session import Modality, Session, SessionClosedError
 
 __all__ = ["Modality", "OmniPipeline", "Session", "SessionClosedError"]
+
+log = logging.getLogger(__name__)
 
 _names = itertools.count(1)
 
@@ -180,8 +182,10 @@ class OmniPipeline:
         for name, answer in zip(running, answers, strict=True):
             if isinstance(answer, StageState):
                 stages[name] = msgspec.structs.replace(stages[name], queued=answer.queued)
-            elif not isinstance(answer, OmniError):
-                raise answer
+            elif not isinstance(answer, Exception):
+                raise answer  # cancelled: this call is
+            else:  # it failed meanwhile, or is too busy: its supervisor reports the rest
+                log.debug("stage %s did not report its backlog: %r", name, answer)
         return PipelineHealth(stages=stages)
 
     def generate(

@@ -14,7 +14,7 @@ from pipeline_helpers import collect, done, make_spec
 from omni_actors.protocols.control import PipelineHealth, StageHealth
 from omni_actors.serving.omni_pipeline import OmniPipeline
 from omni_actors.serving.pipeline_spec import PipelineSpec
-from omni_actors.testing import eventually, kill_worker
+from omni_actors.testing import eventually
 from omni_actors.testing.chunk_faults import PipelineFaults
 
 PATIENT = {"first_chunk_s": 30.0, "inter_chunk_s": 30.0, "idle_s": 30.0}
@@ -68,11 +68,14 @@ async def test_sessions_and_backlog_are_reported_per_stage() -> None:
         await eventually(drained)
 
 
-async def test_a_killed_worker_is_restarting_until_its_new_worker_is_up() -> None:
-    spec = with_backoff(make_spec(process=("talker",), deadlines=PATIENT), backoff_s=1.0)
-    async with OmniPipeline(spec) as omni:
-        talker = (await omni.stages())["talker"]
-        kill_worker(talker)
+async def test_a_crashed_stage_is_restarting_until_its_restart() -> None:
+    # The talker crashes on its 3rd message (prewarm, a chunk, then the crash), once;
+    # its supervisor restarts it a second later.
+    faults = PipelineFaults(crash_after={"talker": 2})
+    spec = with_backoff(make_spec(deadlines=PATIENT), backoff_s=1.0)
+    async with OmniPipeline(spec, **faults.hooks()) as omni:
+        failed = await collect(omni.generate(text="x"))
+        assert failed[-1].code == "stage_failed"  # type: ignore[union-attr]
 
         async def restarting() -> PipelineHealth:
             health = await omni.health()
@@ -82,7 +85,10 @@ async def test_a_killed_worker_is_restarting_until_its_new_worker_is_up() -> Non
         health = await eventually(restarting)
         assert health.stages["talker"].restarts == 1
         assert health.stages["talker"].queued is None  # not asked while restarting
-        assert health.stages["thinker"] == idle("thinker")
+        assert (health.stages["thinker"].state, health.stages["thinker"].restarts) == (
+            "running",
+            0,
+        )
         assert not health.ready
 
         async def ready() -> PipelineHealth:
@@ -90,22 +96,21 @@ async def test_a_killed_worker_is_restarting_until_its_new_worker_is_up() -> Non
             assert health.ready, health
             return health
 
-        health = await eventually(ready, timeout=60.0)
+        health = await eventually(ready)
         assert health.stages["talker"] == idle("talker", restarts=1)
-        done(await collect(omni.generate(text="x")))  # served by the new worker
+        assert health.stages["code2wav"].restarts == 0
+        done(await collect(omni.generate(text="x")))  # served by the new instance
 
 
-async def test_a_crash_of_a_local_stage_counts_as_a_restart() -> None:
-    # The talker crashes on its 3rd message (prewarm, a chunk, then the crash), once.
-    faults = PipelineFaults(crash_after={"talker": 2})
-    async with OmniPipeline(make_spec(deadlines=PATIENT), **faults.hooks()) as omni:
-        failed = await collect(omni.generate(text="x"))
-        assert failed[-1].code == "stage_failed"  # type: ignore[union-attr]
+async def test_a_stage_failing_to_answer_is_reported_without_its_backlog() -> None:
+    # The talker's first message is the health probe's Inspect: it crashes on it.
+    faults = PipelineFaults(crash_after={"talker": 0})
+    async with OmniPipeline(make_spec(), **faults.hooks()) as omni:
+        health = await omni.health()
+        assert health.stages["talker"].queued is None
+        assert health.stages["thinker"] == idle("thinker")
 
         async def counted() -> None:
-            health = await omni.health()
-            assert health.stages["talker"] == idle("talker", restarts=1), health
-            assert health.ready, health
+            assert (await omni.health()).stages["talker"] == idle("talker", restarts=1)
 
         await eventually(counted)
-        assert (await omni.health()).stages["code2wav"].restarts == 0
