@@ -4,6 +4,7 @@ reply, and a client that goes away mid-stream."""
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import io
 import json
@@ -321,3 +322,14 @@ async def test_a_client_leaving_mid_stream_aborts_its_session(slow: RunningServe
     }
     assert samples[("omni_chat_completions_total", "cancelled")] == 1
     assert ("omni_responses_total", "completed") not in samples  # it never completed
+
+
+async def test_a_draining_server_lets_a_reply_in_flight_finish() -> None:
+    async with run_server(FAST, pipeline=scripted(per_output_s=0.05)) as server:
+        request = asyncio.create_task(chat(server, {"messages": HELLO}))
+        await eventually(lambda: server.state.chats == 1)
+        assert server.state.responding()  # what the drain waits on, grace_s at most
+        await server.shutdown()
+        status, reply = await request
+        assert status == 200, reply
+        assert reply["choices"][0]["message"]["content"] == TEXT
