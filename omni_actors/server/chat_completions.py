@@ -17,11 +17,9 @@ from __future__ import annotations
 
 import asyncio
 import base64
-import io
 import logging
 import time
 import uuid
-import wave
 from collections.abc import AsyncIterator
 
 import msgspec
@@ -59,6 +57,7 @@ from omni_actors.server.input_stream import INSTRUCTIONS_FIELD
 from omni_actors.server.state import ServerState, server_state
 from omni_actors.serving.response import Response as PipelineResponse
 from omni_actors.serving.session import Session, SessionClosedError
+from omni_actors.wav import encode_wav
 
 __all__ = ["ChatCompletionReply", "ReplyFailedError", "chat_completions"]
 
@@ -308,7 +307,9 @@ class ChatCompletionReply(Response):
         if self.plan.audio_format is None:
             message = AssistantReply(content=transcript)
         else:
-            data = bytes(pcm) if self.plan.audio_format == "pcm16" else _wav(bytes(pcm))
+            data = bytes(pcm)
+            if self.plan.audio_format == "wav":
+                data = encode_wav(data, OUTPUT_RATE)
             audio = ChatAudio(
                 id=self.audio_id,
                 data=base64.b64encode(data).decode("ascii"),
@@ -401,14 +402,3 @@ def _ended(event: Event | None) -> ReplyFailedError:
     if isinstance(event, Aborted):
         return ReplyFailedError(f"the session was aborted: {event.reason}", error_code="aborted")
     return ReplyFailedError("the session ended before the reply", error_code="internal")
-
-
-def _wav(pcm: bytes) -> bytes:
-    """PCM16 mono samples at the reply's rate as a WAV file."""
-    out = io.BytesIO()
-    with wave.open(out, "wb") as wav:
-        wav.setnchannels(1)
-        wav.setsampwidth(2)
-        wav.setframerate(OUTPUT_RATE)
-        wav.writeframes(pcm)
-    return out.getvalue()
