@@ -88,6 +88,12 @@ def serve_command(ns: argparse.Namespace) -> int:
     except (OmniError, ValueError) as exc:
         print(f"omni-actors serve: {exc}", file=sys.stderr)
         return 2
+    import torch
+
+    # The server's own tensor work (decoding, resampling, encoding audio) is many small
+    # ops per frame per session: torch's intra-op pool only adds contention to them,
+    # and the engines in this process want one thread each too (torch_engine.py).
+    torch.set_num_threads(1)
     from omni_actors import run
 
     return run(_serve(settings, spec, ns.ready_file))

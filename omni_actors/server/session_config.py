@@ -17,6 +17,7 @@ import msgspec
 
 from omni_actors.protocols.realtime_client import (
     AudioFormat,
+    AudioInputConfig,
     AudioOutputConfig,
     ResponseParams,
     SessionConfig,
@@ -98,17 +99,11 @@ class SessionSettings:
             new = replace(new, instructions=config.instructions)
         audio_in = config.audio.input if config.audio is not None else None
         audio_out = config.audio.output if config.audio is not None else None
-        if audio_in is not None and audio_in.format is not None:
-            fmt = _format(audio_in.format, "session.audio.input.format")
+        fmt = _either_format(audio_in, config.input_audio_format, "input")
+        if fmt is not None:
             new = replace(new, input_format=fmt)
-        elif config.input_audio_format is not None:
-            fmt = _beta_format(config.input_audio_format, "session.input_audio_format")
-            new = replace(new, input_format=fmt)
-        if audio_out is not None and audio_out.format is not None:
-            fmt = _format(audio_out.format, "session.audio.output.format")
-            new = replace(new, output_format=fmt)
-        elif config.output_audio_format is not None:
-            fmt = _beta_format(config.output_audio_format, "session.output_audio_format")
+        fmt = _either_format(audio_out, config.output_audio_format, "output")
+        if fmt is not None:
             new = replace(new, output_format=fmt)
         voice = audio_out.voice if audio_out is not None else None
         voice = voice or config.voice
@@ -219,6 +214,18 @@ def _format(fmt: AudioFormat, param: str) -> AudioFormatName:
             param + ".rate",
         )
     return name  # type: ignore[return-value]
+
+
+def _either_format(
+    ga: AudioInputConfig | AudioOutputConfig | None, beta: str | None, side: str
+) -> AudioFormatName | None:
+    """The format a ``session.update`` sets for one side: the GA nested form, else the
+    beta flat name, else None."""
+    if ga is not None and ga.format is not None:
+        return _format(ga.format, f"session.audio.{side}.format")
+    if beta is not None:
+        return _beta_format(beta, f"session.{side}_audio_format")
+    return None
 
 
 def _beta_format(name: str, param: str) -> AudioFormatName:

@@ -265,3 +265,27 @@ async def test_text_only_responses_carry_text_events(server: RunningServer) -> N
     assert "response.output_audio.delta" not in types
     assert events[-1]["response"]["output_modalities"] == ["text"]
     _openai_parses(events)
+
+
+async def test_truncating_the_reply_in_flight_cancels_it_then_cuts_it(
+    server: RunningServer,
+) -> None:
+    """What a client does on barge-in: truncate as soon as the user speaks."""
+    async with connect(server.ws_url) as client:
+        await client.no_vad()
+        await client.say(speech(0.2))
+        await client.send("response.create")
+        events = await client.until("response.output_audio.delta")
+        item_id = events[-1]["item_id"]
+        await client.send(
+            "conversation.item.truncate", event_id="cut", item_id=item_id, audio_end_ms=0
+        )
+        events = await client.until("response.done")
+        types = [e["type"] for e in events]
+        assert "conversation.item.truncated" in types
+        assert "error" not in types
+        assert events[-1]["response"]["status"] == "cancelled"
+        await client.send("response.create")  # the conversation goes on, cut
+        events = await client.until("response.done")
+        assert "error" not in [e["type"] for e in events]
+        assert events[-1]["response"]["status"] == "completed"
