@@ -92,11 +92,10 @@ class ChatPlan:
         model: the name the reply carries.
         modalities: the session's outputs (``("text", "audio")`` when audio is wanted).
         audio_format: ``wav`` or ``pcm16`` when audio is wanted, else None.
-        voice: the reply's speaker, if asked.
         instructions: the system/developer messages, joined (sent as the entry
             stage's ``instructions`` field; "" when none or the engine takes none).
         turns: each user message's parts, in order (each is a committed turn).
-        options: the checked response options.
+        options: the checked response options (``max_tokens``, ``temperature``, ``voice``).
         stream: reply as server-sent events.
         include_usage: end the stream with a usage chunk.
     """
@@ -104,7 +103,6 @@ class ChatPlan:
     model: str
     modalities: tuple[Modality, ...]
     audio_format: Literal["wav", "pcm16"] | None
-    voice: str | None
     instructions: str
     turns: list[list[TurnPart]]
     options: ResponseOptions
@@ -168,7 +166,6 @@ def plan_request(body: bytes, spec: PipelineSpec, *, model: str, max_bytes: int)
         model=request.model or model,
         modalities=("text", "audio") if audio_format is not None else ("text",),
         audio_format=audio_format,
-        voice=voice,
         instructions=instructions,
         turns=turns,
         options=options,

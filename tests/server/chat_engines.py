@@ -1,9 +1,10 @@
 """A small entry engine that shows what a chat completion gave it, for the chat tests.
 
 ``Echo`` replies, one character per output, with its instructions in brackets (if any)
-and the user turns since its last reply joined by ``|``; a turn's audio shows as
-``<audio:N>`` (N samples, at the pipeline's input rate). It honours ``max_tokens`` by
-cutting the reply. ``Voice`` speaks each character as ``SAMPLES_PER_CHAR`` samples.
+and the user turns since its last reply joined by ``|``, then the voice asked for in
+parentheses (if any); a turn's audio shows as ``<audio:N>`` (N samples, at the
+pipeline's input rate). It honours ``max_tokens`` by cutting the reply. ``Voice``
+speaks each character as ``SAMPLES_PER_CHAR`` samples.
 """
 
 from __future__ import annotations
@@ -66,8 +67,10 @@ class Echo:
         self._commit(session)
         said = self.instructions.get(session)
         reply = (f"[{said}]" if said else "") + "|".join(self.turns.pop(session, []))
-        limit = response_options(inputs).max_tokens
-        for char in reply[:limit]:
+        options = response_options(inputs)
+        if options.voice is not None:
+            reply += f"({options.voice})"
+        for char in reply[: options.max_tokens]:
             await asyncio.sleep(STEP_S)  # stands for a decode step
             yield {"text": char}
 
