@@ -124,7 +124,11 @@ class StageActor(Actor[StageMessage]):
                 return await self._truncate(message)
             case Inspect():
                 # Sessions still being aborted hold engine state: they count as held.
-                return StageState(stage=self.name, keys=sorted({*self.sessions, *self.closing}))
+                return StageState(
+                    stage=self.name,
+                    keys=sorted({*self.sessions, *self.closing}),
+                    queued=sum(s.queued for s in self.sessions.values()),
+                )
             case StreamCredit(key=key, receiver=receiver, n=n):
                 session = self.sessions.get(key)
                 if session is not None:

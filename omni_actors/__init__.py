@@ -15,6 +15,7 @@ from omni_actors._context import ActorContext
 from omni_actors._mailbox import MailboxConfig
 from omni_actors._props import PROCESS, Props
 from omni_actors._ref import ActorRef
+from omni_actors._state import CellState
 from omni_actors._system import ActorSystem, run
 from omni_actors._task_scope import TaskScope
 from omni_actors.clock import Clock, LoopClock
@@ -118,6 +119,7 @@ __all__ = [
     "ActorSystem",
     "AskTimeoutError",
     "Backoff",
+    "CellState",
     "ChildFailed",
     "Clock",
     "ControlMessage",

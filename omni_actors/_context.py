@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
 from omni_actors._props import Props
+from omni_actors._state import CellState
 from omni_actors.clock import Clock
 from omni_actors.errors import ActorNotFoundError
 from omni_actors.signals import Terminated
@@ -75,6 +76,21 @@ class ActorContext(Generic[M]):
             return self._cell.children[name].ref
         except KeyError:
             raise ActorNotFoundError(f"{self._cell.path} has no child named {name!r}") from None
+
+    def child_state(self, child: ActorRef[Any]) -> CellState:
+        """Where one of this actor's children is in its life.
+
+        A supervisor is the one that knows whether a child is serving or being
+        restarted (``SUSPENDED`` from its failure until its new instance has started,
+        backoff included); a parent reports it as its children's health.
+
+        Raises:
+            ValueError: ``child`` is not a child of this actor.
+        """
+        cell = child._cell
+        if cell.parent is not self._cell:
+            raise ValueError(f"{child.path} is not a child of {self._cell.path}")
+        return cell.state
 
     async def spawn(
         self,

@@ -8,15 +8,17 @@ speech encoder.
 
 from __future__ import annotations
 
+import io
 import wave
 from pathlib import Path
+from typing import BinaryIO
 
 import numpy as np
 import torch
 
 from omni_actors.errors import OmniError
 
-__all__ = ["AudioFormatError", "read_wav", "resample", "write_wav"]
+__all__ = ["AudioFormatError", "decode_wav", "encode_wav", "read_wav", "resample", "write_wav"]
 
 
 class AudioFormatError(OmniError, ValueError):
@@ -33,8 +35,21 @@ def read_wav(path: str | Path, *, rate: int | None = None) -> tuple[torch.Tensor
     Raises:
         AudioFormatError: unreadable, not a WAV, not PCM, or empty.
     """
+    return _read(str(path), path, rate)
+
+
+def decode_wav(data: bytes, *, rate: int | None = None) -> tuple[torch.Tensor, int]:
+    """:func:`read_wav` for a WAV file's bytes (audio a client sent in a request).
+
+    Raises:
+        AudioFormatError: not a WAV, not PCM, or empty (the message names "the WAV data").
+    """
+    return _read(io.BytesIO(data), "the WAV data", rate)
+
+
+def _read(source: str | BinaryIO, path: str | Path, rate: int | None) -> tuple[torch.Tensor, int]:
     try:
-        with wave.open(str(path), "rb") as wav:
+        with wave.open(source, "rb") as wav:
             channels = wav.getnchannels()
             width = wav.getsampwidth()
             source_rate = wav.getframerate()
@@ -87,8 +102,15 @@ def resample(audio: torch.Tensor, source_rate: int, rate: int) -> torch.Tensor:
 def write_wav(path: str | Path, audio: torch.Tensor, rate: int) -> None:
     """Write float samples (any shape, flattened) as 16-bit mono PCM, clipped to [-1, 1]."""
     pcm = (audio.detach().float().flatten().clamp(-1.0, 1.0) * 32767.0).round().to(torch.int16)
-    with wave.open(str(path), "wb") as wav:
+    Path(path).write_bytes(encode_wav(pcm.numpy().astype("<i2").tobytes(), rate))
+
+
+def encode_wav(pcm16: bytes, rate: int) -> bytes:
+    """A WAV file of mono 16-bit little-endian PCM samples (a reply's audio, in memory)."""
+    out = io.BytesIO()
+    with wave.open(out, "wb") as wav:
         wav.setnchannels(1)
         wav.setsampwidth(2)
         wav.setframerate(rate)
-        wav.writeframes(pcm.numpy().astype("<i2").tobytes())
+        wav.writeframes(pcm16)
+    return out.getvalue()

@@ -40,9 +40,9 @@ taken (``omni_actors.actors.flow``), through the session's actor, which knows ev
 sender.
 
 :class:`Inspect`, :class:`ListSessions` and :class:`ListStages` ask what is held where
-(health, leak checks). The control messages (``Abort``, ``AbortSession``,
-``StageFailed``: ``ControlMessage``) overtake queued chunks; a ``Request[R]`` is
-answered with an ``R``.
+(leak checks); :class:`Health` asks how every stage is (readiness, metrics). The control
+messages (``Abort``, ``AbortSession``, ``StageFailed``: ``ControlMessage``) overtake
+queued chunks; a ``Request[R]`` is answered with an ``R``.
 """
 
 from __future__ import annotations
@@ -65,14 +65,18 @@ __all__ = [
     "CancelResponse",
     "Deadlines",
     "EdgeMode",
+    "Health",
     "Inspect",
     "ListSessions",
     "ListStages",
     "OpenSession",
+    "PipelineHealth",
     "Prewarm",
     "Refused",
     "SessionMessage",
+    "StageCondition",
     "StageFailed",
+    "StageHealth",
     "StageMessage",
     "StageState",
     "StreamCredit",
@@ -228,10 +232,18 @@ class Truncate(msgspec.Struct, Request[int | Refused], tag="truncate", frozen=Tr
 
 
 class StageState(msgspec.Struct, tag="stage-state", frozen=True, kw_only=True):
-    """Stage → asker, the reply to :class:`Inspect`: the sessions the stage holds."""
+    """Stage → asker, the reply to :class:`Inspect`: the sessions the stage holds.
+
+    Attributes:
+        stage: the stage's name.
+        keys: the sessions it holds (those still being aborted included).
+        queued: input chunks its sessions have received and their engine has not taken
+            yet: the stage's backlog (its mailbox only routes, so chunks wait here).
+    """
 
     stage: str
     keys: list[SessionKey]
+    queued: int = 0
 
 
 class Inspect(msgspec.Struct, Request[StageState], tag="inspect", frozen=True, kw_only=True):
@@ -327,3 +339,47 @@ class ListStages(
     kw_only=True,
 ):
     """Caller → orchestrator: every stage actor by name (replicas are ``<stage>-<i>``)."""
+
+
+StageCondition = Literal["starting", "running", "restarting", "stopped"]
+"""Where a stage actor is in its life, as its supervisor sees it: ``restarting`` from
+its failure until its new instance has started (a backoff included)."""
+
+
+class StageHealth(msgspec.Struct, frozen=True, kw_only=True):
+    """One stage actor's health (an entry of :class:`PipelineHealth`).
+
+    Attributes:
+        stage: the actor's name (the stage's, or ``<stage>-<i>`` for a replica).
+        state: see :data:`StageCondition`.
+        restarts: failures it has been restarted after since the pipeline started.
+        sessions: live sessions routed through it.
+        queued: its backlog (:attr:`StageState.queued`); None when it did not answer
+            in time (restarting, or too busy to answer).
+    """
+
+    stage: str
+    state: StageCondition
+    restarts: int
+    sessions: int
+    queued: int | None = None
+
+
+class PipelineHealth(msgspec.Struct, tag="pipeline-health", frozen=True, kw_only=True):
+    """Orchestrator → caller, the reply to :class:`Health`: every stage actor's health,
+    by actor name."""
+
+    stages: dict[str, StageHealth]
+
+    @property
+    def ready(self) -> bool:
+        """True when every stage actor is running (the pipeline can serve a session)."""
+        return all(s.state == "running" for s in self.stages.values())
+
+
+class Health(msgspec.Struct, Request[PipelineHealth], tag="health", frozen=True, kw_only=True):
+    """Caller → orchestrator: how is every stage (readiness probes, metrics)?
+
+    The orchestrator answers from what it knows as the stages' supervisor, at once; it
+    does not ask the stages (``OmniPipeline.health`` adds their backlogs).
+    """

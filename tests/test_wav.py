@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 import torch
 
-from omni_actors.wav import AudioFormatError, read_wav, resample, write_wav
+from omni_actors.wav import AudioFormatError, decode_wav, encode_wav, read_wav, resample, write_wav
 
 
 def _write_raw(path: Path, data: bytes, *, channels: int, width: int, rate: int) -> None:
@@ -80,3 +80,12 @@ def test_bad_files_raise_a_clear_error(tmp_path: Path) -> None:
     (tmp_path / "cut.wav").write_bytes(truncated.read_bytes()[:30])
     with pytest.raises(AudioFormatError):
         read_wav(tmp_path / "cut.wav")
+
+
+def test_wav_bytes_round_trip_in_memory() -> None:
+    pcm = np.array([0, 1000, -1000, 32767, -32768], "<i2")
+    back, rate = decode_wav(encode_wav(pcm.tobytes(), 16000))
+    assert rate == 16000
+    np.testing.assert_array_equal(back.numpy(), pcm / 32768.0)
+    with pytest.raises(AudioFormatError, match="the WAV data: not a PCM WAV file"):
+        decode_wav(b"RIFF but nothing else")

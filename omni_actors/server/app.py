@@ -1,7 +1,10 @@
 """The ASGI app: the routes of ``omni-actors serve``.
 
 - ``/v1/realtime`` — the OpenAI Realtime websocket (``realtime.py``).
-- ``/healthz`` — liveness: the process answers.
+- ``POST /v1/chat/completions`` — OpenAI's chat completions, text and audio output
+  (``chat_completions.py``).
+- ``/healthz`` — liveness: the process answers; ``/readyz`` — readiness: every stage
+  runs and the server is not draining (``health.py``).
 - ``/metrics`` — Prometheus text (``metrics.py``).
 - ``/`` and ``/static/…`` — the demo page.
 
@@ -19,15 +22,17 @@ from pathlib import Path
 
 from starlette.applications import Starlette
 from starlette.requests import Request
-from starlette.responses import FileResponse, JSONResponse, Response
+from starlette.responses import FileResponse, Response
 from starlette.routing import Mount, Route, WebSocketRoute
 from starlette.staticfiles import StaticFiles
 from starlette.websockets import WebSocket
 
 from omni_actors.server.auth import authorized, origin_allowed, pick_subprotocol
+from omni_actors.server.chat_completions import chat_completions
+from omni_actors.server.health import healthz, pipeline_health, readyz
 from omni_actors.server.realtime import RealtimeConnection
 from omni_actors.server.settings import ServerSettings
-from omni_actors.server.state import ServerState
+from omni_actors.server.state import ServerState, server_state
 from omni_actors.serving.omni_pipeline import OmniPipeline
 
 __all__ = ["STATIC", "create_app", "server_state"]
@@ -37,13 +42,6 @@ log = logging.getLogger(__name__)
 STATIC = Path(__file__).parent / "static"
 _POLICY_VIOLATION = 1008
 _TRY_AGAIN_LATER = 1013
-
-
-def server_state(scope_owner: Request | WebSocket) -> ServerState:
-    """The state of the server a request came to."""
-    state = scope_owner.app.state.server
-    assert isinstance(state, ServerState)
-    return state
 
 
 async def realtime(websocket: WebSocket) -> None:
@@ -77,14 +75,13 @@ async def realtime(websocket: WebSocket) -> None:
         state.release()
 
 
-async def healthz(request: Request) -> Response:
-    """Liveness: the process serves requests."""
-    return JSONResponse({"status": "ok"})
-
-
 async def metrics(request: Request) -> Response:
-    """Prometheus metrics."""
-    body, content_type = server_state(request).metrics.render()
+    """Prometheus metrics; the per-stage gauges are read from the pipeline first."""
+    state = server_state(request)
+    health = await pipeline_health(state)
+    if health is not None:
+        state.metrics.stages_seen(health)
+    body, content_type = state.metrics.render()
     return Response(body, media_type=content_type)
 
 
@@ -113,7 +110,9 @@ def create_app(settings: ServerSettings, pipeline: OmniPipeline | None = None) -
 
     routes = [
         WebSocketRoute("/v1/realtime", realtime),
+        Route("/v1/chat/completions", chat_completions, methods=["POST"]),
         Route("/healthz", healthz),
+        Route("/readyz", readyz),
         Route("/metrics", metrics),
         Route("/", index),
         Mount("/static", app=StaticFiles(directory=STATIC, check_dir=False), name="static"),

@@ -1,13 +1,18 @@
 """``ServerMetrics``: the server's Prometheus metrics, served at ``/metrics``.
 
 Each server has a registry of its own (not the process-wide default), so two servers in
-one process (tests, an app that embeds one) keep separate counts.
+one process (tests, an app that embeds one) keep separate counts. The per-stage gauges
+are read from ``OmniPipeline.health()`` each time ``/metrics`` is scraped
+(:meth:`ServerMetrics.stages_seen`): the stages report their state on request, not on
+every change.
 """
 
 from __future__ import annotations
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
+
+from omni_actors.protocols.control import PipelineHealth
 
 __all__ = ["ServerMetrics"]
 
@@ -46,6 +51,35 @@ class ServerMetrics:
             registry=r,
         )
 
+        self.chat_completions = Counter(
+            "omni_chat_completions",
+            "Chat completion requests answered, by outcome (completed, failed, or the "
+            "error code that refused them)",
+            ["status"],
+            registry=r,
+        )
+        self.stage_running = Gauge(
+            "omni_stage_running",
+            "1 while the stage actor runs, 0 while it is restarting or stopped",
+            ["stage"],
+            registry=r,
+        )
+        self.stage_restarts = Gauge(
+            "omni_stage_restarts",
+            "Failures the stage actor has been restarted after",
+            ["stage"],
+            registry=r,
+        )
+        self.stage_sessions = Gauge(
+            "omni_stage_sessions", "Live sessions on the stage actor", ["stage"], registry=r
+        )
+        self.stage_queued = Gauge(
+            "omni_stage_queued",
+            "Input chunks waiting for the stage's engine (its backlog)",
+            ["stage"],
+            registry=r,
+        )
+
     def session_opened(self) -> None:
         """A realtime session was admitted."""
         self.sessions.inc()
@@ -74,6 +108,22 @@ class ServerMetrics:
             self.ttft.observe(ttft_ms)
         if ttfa_ms is not None:
             self.ttfa.observe(ttfa_ms)
+
+    def chat_completion(self, status: str) -> None:
+        """A chat completion request was answered with ``status``."""
+        self.chat_completions.labels(status).inc()
+
+    def stages_seen(self, health: PipelineHealth) -> None:
+        """Set the per-stage gauges from the pipeline's health.
+
+        A backlog the stage did not report in time (``queued=None``) keeps its last value.
+        """
+        for name, stage in health.stages.items():
+            self.stage_running.labels(name).set(1 if stage.state == "running" else 0)
+            self.stage_restarts.labels(name).set(stage.restarts)
+            self.stage_sessions.labels(name).set(stage.sessions)
+            if stage.queued is not None:
+                self.stage_queued.labels(name).set(stage.queued)
 
     def render(self) -> tuple[bytes, str]:
         """The exposition text and its content type."""

@@ -6,6 +6,8 @@ import asyncio
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
+from starlette.requests import HTTPConnection
+
 from omni_actors.server.metrics import ServerMetrics
 from omni_actors.server.settings import ServerSettings
 from omni_actors.serving.omni_pipeline import OmniPipeline
@@ -13,7 +15,7 @@ from omni_actors.serving.omni_pipeline import OmniPipeline
 if TYPE_CHECKING:
     from omni_actors.server.realtime import RealtimeConnection
 
-__all__ = ["ServerState"]
+__all__ = ["ServerState", "server_state"]
 
 
 @dataclass(eq=False)
@@ -31,13 +33,15 @@ class ServerState:
     metrics: ServerMetrics = field(default_factory=ServerMetrics)
     connections: set[RealtimeConnection] = field(default_factory=set)
     active: int = 0
+    chats: int = 0
+    """Chat completions being answered (each holds one of the ``active`` slots)."""
     draining: bool = False
     response_ended: asyncio.Event = field(default_factory=asyncio.Event)
     """Set each time a response ends (a draining server waits on it)."""
 
     def responding(self) -> bool:
-        """True while a realtime connection has a response in flight."""
-        return any(c.replies.active is not None for c in self.connections)
+        """True while a chat completion or a realtime connection's response is in flight."""
+        return self.chats > 0 or any(c.replies.active is not None for c in self.connections)
 
     def admit(self) -> bool:
         """Take a session slot; False when the server is full or draining."""
@@ -49,3 +53,10 @@ class ServerState:
     def release(self) -> None:
         """Give a session slot back."""
         self.active -= 1
+
+
+def server_state(connection: HTTPConnection) -> ServerState:
+    """The state of the server a request (or websocket) came to."""
+    state = connection.app.state.server
+    assert isinstance(state, ServerState)
+    return state

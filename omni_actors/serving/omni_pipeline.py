@@ -15,10 +15,12 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import itertools
+import logging
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any, cast
 
+import msgspec
 import torch
 
 from omni_actors._actor import Actor
@@ -28,9 +30,11 @@ from omni_actors._system import ActorSystem
 from omni_actors.actors.stage import StageActor
 from omni_actors.clock import Clock
 from omni_actors.protocols.control import (
+    Health,
     Inspect,
     ListSessions,
     ListStages,
+    PipelineHealth,
     StageMessage,
     StageState,
 )
@@ -41,6 +45,8 @@ from omni_actors.serving.pipeline_spec import PipelineSpec, load_pipeline
 from omni_actors.serving.session import Modality, Session, SessionClosedError
 
 __all__ = ["Modality", "OmniPipeline", "Session", "SessionClosedError"]
+
+log = logging.getLogger(__name__)
 
 _names = itertools.count(1)
 
@@ -152,6 +158,35 @@ class OmniPipeline:
         refs = await self.stages()
         states = await asyncio.gather(*(r.ask(Inspect(), timeout=timeout) for r in refs.values()))
         return dict(zip(refs, states, strict=True))
+
+    async def health(self, timeout: float = 2.0) -> PipelineHealth:
+        """Every stage actor's state, restarts, sessions and backlog (``queued``).
+
+        The orchestrator reports states, restarts and sessions; each running stage is
+        asked for its backlog, ``timeout`` seconds at most, all at once. A stage that
+        does not answer in time (it failed meanwhile, or is too busy to answer) is
+        reported with ``queued=None`` rather than holding up a readiness probe.
+
+        Raises:
+            AskTimeoutError: the orchestrator did not answer within ``timeout``.
+        """
+        health = await self.orchestrator.ask(Health(), timeout=timeout)
+        addresses = await self.orchestrator.ask(ListStages(), timeout=timeout)
+        refs = cast("dict[str, ActorRef[StageMessage]]", addresses)  # local: see stages()
+        running = [name for name, s in health.stages.items() if s.state == "running"]
+        answers = await asyncio.gather(
+            *(refs[name].ask(Inspect(), timeout=timeout) for name in running),
+            return_exceptions=True,
+        )
+        stages = dict(health.stages)
+        for name, answer in zip(running, answers, strict=True):
+            if isinstance(answer, StageState):
+                stages[name] = msgspec.structs.replace(stages[name], queued=answer.queued)
+            elif not isinstance(answer, Exception):
+                raise answer  # cancelled: this call is
+            else:  # it failed meanwhile, or is too busy: its supervisor reports the rest
+                log.debug("stage %s did not report its backlog: %r", name, answer)
+        return PipelineHealth(stages=stages)
 
     def generate(
         self,

@@ -1,9 +1,11 @@
 """``Orchestrator``: the control plane of one pipeline.
 
 It spawns and supervises the stages, admits sessions (one :class:`SessionActor` each,
-with the plan of the stages on the request's path) and, when a stage fails, fails the
-sessions that were on it. It never carries a chunk: data flows stage to stage, and from
-the output stages straight to each session's actor.
+with the plan of the stages on the request's path), when a stage fails, fails the
+sessions that were on it, and reports each stage's health (``Health``): as the stages'
+supervisor, it knows which is running or restarting, and how often each has failed. It
+never carries a chunk: data flows stage to stage, and from the output stages straight to
+each session's actor.
 """
 
 from __future__ import annotations
@@ -17,14 +19,19 @@ from typing import Any
 from omni_actors._actor import Actor
 from omni_actors._props import Props
 from omni_actors._ref import ActorRef
+from omni_actors._state import CellState
 from omni_actors.actors.stage import StageActor
 from omni_actors.errors import OmniError
 from omni_actors.protocols.control import (
     Deadlines,
+    Health,
     ListSessions,
     ListStages,
+    PipelineHealth,
     SessionMessage,
+    StageCondition,
     StageFailed,
+    StageHealth,
     StageMessage,
     Target,
 )
@@ -88,8 +95,17 @@ class StartSession(Request[Admitted | OmniError]):
     channel: SessionChannel
 
 
-OrchestratorMessage = StartSession | ListSessions | ListStages | Terminated | ChildFailed
+OrchestratorMessage = StartSession | ListSessions | ListStages | Health | Terminated | ChildFailed
 """Every message the orchestrator accepts."""
+
+
+_CONDITIONS: dict[CellState, StageCondition] = {
+    CellState.STARTING: "starting",
+    CellState.RUNNING: "running",
+    CellState.SUSPENDED: "restarting",
+    CellState.STOPPING: "stopped",
+    CellState.STOPPED: "stopped",
+}
 
 
 def pipeline_strategy(spec: PipelineSpec) -> SupervisorStrategy:
@@ -130,6 +146,7 @@ class Orchestrator(Actor[OrchestratorMessage]):
         self.replicas: dict[str, list[str]] = {}
         self.stages: dict[str, ActorRef[StageMessage]] = {}  # by actor name
         self.load: dict[str, int] = {}  # live sessions by actor name
+        self.restarts: dict[str, int] = {}  # failures of each stage actor (each restarts it)
         self.edge_refs: dict[tuple[str, str], ActorRef[Chunk]] = {}
         # Live sessions by the caller's id: the session actor and the stage actors used.
         self.sessions: dict[str, tuple[ActorRef[SessionMessage], list[str]]] = {}
@@ -180,6 +197,7 @@ class Orchestrator(Actor[OrchestratorMessage]):
         for actor, spawned in spawns.items():
             self.stages[actor] = spawned.result()
             self.load[actor] = 0
+            self.restarts[actor] = 0
         edges = [(e.source, e.to) for e in self.spec.edges]
         for source, to in [(INPUT, self.spec.entry_stage), *edges]:
             key = f"{source}->{to}"
@@ -204,6 +222,8 @@ class Orchestrator(Actor[OrchestratorMessage]):
                 return found
             case ListStages():
                 return dict(self.stages)
+            case Health():
+                return self._health()
             case Terminated(ref=ref):
                 ended = self.by_ref.pop(ref, None)
                 if ended is not None:
@@ -213,6 +233,20 @@ class Orchestrator(Actor[OrchestratorMessage]):
             case ChildFailed(ref=ref, reason=reason):
                 await self._stage_failed(ref, reason)
         return None
+
+    def _health(self) -> PipelineHealth:
+        """Every stage actor's state as its supervisor sees it (no stage is asked)."""
+        return PipelineHealth(
+            stages={
+                actor: StageHealth(
+                    stage=actor,
+                    state=_CONDITIONS[self.context.child_state(ref)],
+                    restarts=self.restarts[actor],
+                    sessions=self.load[actor],
+                )
+                for actor, ref in self.stages.items()
+            }
+        )
 
     async def _start(self, request: StartSession) -> Admitted | OmniError:
         if request.session in self.sessions:
@@ -287,6 +321,9 @@ class Orchestrator(Actor[OrchestratorMessage]):
         actor = next((name for name, r in self.stages.items() if r == ref), None)
         if actor is None:
             return  # a session actor: its on_stop ends its session
+        # Counted here, not by the supervisor: every failure of a stage is reported to
+        # this parent (``ChildFailed``) whatever the supervisor then decides.
+        self.restarts[actor] += 1
         stage = next(s for s, actors in self.replicas.items() if actor in actors)
         hit = [sref for sref, path in self.sessions.values() if actor in path]
         log.warning("stage %s failed (%r); failing %d session(s) on it", actor, reason, len(hit))

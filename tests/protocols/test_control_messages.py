@@ -17,14 +17,17 @@ from omni_actors.protocols.control import (
     Cancel,
     CancelResponse,
     Deadlines,
+    Health,
     Inspect,
     ListSessions,
     ListStages,
     OpenSession,
+    PipelineHealth,
     Prewarm,
     Refused,
     SessionMessage,
     StageFailed,
+    StageHealth,
     StageMessage,
     StageState,
     StreamCredit,
@@ -53,6 +56,8 @@ def _examples(owner: ActorRef[Any], downstream: ActorRef[Any]) -> list[msgspec.S
         window=(4, 6, 3),
         accumulate={"hidden": "concat", "speaker": "replace"},
     )
+    health = StageHealth(stage="talker", state="restarting", restarts=2, sessions=1)
+    running = StageHealth(stage="thinker", state="running", restarts=0, sessions=1, queued=4)
     return [
         DEADLINES,
         target,
@@ -73,12 +78,15 @@ def _examples(owner: ActorRef[Any], downstream: ActorRef[Any]) -> list[msgspec.S
         TruncateResponse(audio_ms=1250.0),
         Refused(reason="cannot truncate"),
         Inspect(),
-        StageState(stage="talker", keys=[KEY]),
+        StageState(stage="talker", keys=[KEY], queued=3),
         OpenSession(),
         AbortSession(reason="disconnected"),
         StageFailed(stage="talker", error="WorkerDiedError: killed"),
         ListSessions(),
         ListStages(),
+        Health(),
+        health,
+        PipelineHealth(stages={"talker": health, "thinker": running}),
         StreamCredit(key=KEY, source="code2wav", receiver="client", n=32),
         Chunk(key=KEY, source="thinker", seq=2, tensors={"hidden": torch.ones(2, 3)}),
         StageReport(

@@ -1,0 +1,311 @@
+"""``ChatPlan``: a chat completion request checked and turned into session operations.
+
+Everything a request can get wrong is found here, before the request takes a session
+slot: the JSON and its types (msgspec, with the path of the offending field), the
+audio (base64, WAV or PCM16), the options (``max_completion_tokens``, ``temperature``,
+``voice``), and what a pipeline cannot do yet (replay an earlier assistant reply, call
+tools, stream WAV). Each refusal is a :class:`ChatRequestError` with the HTTP status,
+OpenAI's ``param`` and ``code``, and a message that says what to send instead.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import logging
+import re
+from dataclasses import dataclass
+from typing import Final, Literal
+
+import msgspec
+import torch
+
+from omni_actors.errors import InvalidRequestError
+from omni_actors.protocols.chat_completions import (
+    AssistantMessage,
+    ChatCompletionRequest,
+    DeveloperMessage,
+    InputAudioPart,
+    SystemMessage,
+    TextPart,
+    ToolMessage,
+    UserMessage,
+    VoiceRef,
+)
+from omni_actors.protocols.stage import ResponseOptions
+from omni_actors.server.audio_format import AudioPayloadError, decode_audio, format_rate
+from omni_actors.server.input_stream import INSTRUCTIONS_FIELD
+from omni_actors.serving.pipeline_spec import PipelineSpec
+from omni_actors.serving.response import checked_options
+from omni_actors.serving.session import Modality
+from omni_actors.wav import AudioFormatError, decode_wav
+
+__all__ = ["ChatPlan", "ChatRequestError", "TurnPart", "plan_request"]
+
+log = logging.getLogger(__name__)
+
+OUTPUT_RATE: Final = format_rate("audio/pcm")
+"""The rate of the audio a reply carries (OpenAI's 24 kHz PCM16)."""
+
+_decoder = msgspec.json.Decoder(ChatCompletionRequest)
+_AT = re.compile(r"- at `\$\.(.+)`$")
+
+
+class ChatRequestError(InvalidRequestError):
+    """A request the server refuses; nothing was started.
+
+    Attributes:
+        status: the HTTP status (400, 401, 413, 503, ...).
+        param: the offending field, if one (``messages[1].content[0].input_audio``).
+        error_code: OpenAI's ``error.code`` (``invalid_value``, ``busy``, ...).
+    """
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        status: int = 400,
+        param: str | None = None,
+        error_code: str = "invalid_request",
+    ) -> None:
+        super().__init__(message)
+        self.status = status
+        self.param = param
+        self.error_code = error_code
+
+
+@dataclass(frozen=True, slots=True)
+class TurnPart:
+    """One piece of a user turn, sent with ``Session.send``: text, or audio samples at
+    ``sample_rate``."""
+
+    text: str | None = None
+    audio: torch.Tensor | None = None
+    sample_rate: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class ChatPlan:
+    """What to do with a request.
+
+    Attributes:
+        model: the name the reply carries.
+        modalities: the session's outputs (``("text", "audio")`` when audio is wanted).
+        audio_format: ``wav`` or ``pcm16`` when audio is wanted, else None.
+        instructions: the system/developer messages, joined (sent as the entry
+            stage's ``instructions`` field; "" when none or the engine takes none).
+        turns: each user message's parts, in order (each is a committed turn).
+        options: the checked response options (``max_tokens``, ``temperature``, ``voice``).
+        stream: reply as server-sent events.
+        include_usage: end the stream with a usage chunk.
+    """
+
+    model: str
+    modalities: tuple[Modality, ...]
+    audio_format: Literal["wav", "pcm16"] | None
+    instructions: str
+    turns: list[list[TurnPart]]
+    options: ResponseOptions
+    stream: bool
+    include_usage: bool = False
+
+
+def plan_request(body: bytes, spec: PipelineSpec, *, model: str, max_bytes: int) -> ChatPlan:
+    """Decode and check a request body for a pipeline.
+
+    Args:
+        body: the request's JSON.
+        spec: the served pipeline (its entry stage decides whether instructions apply).
+        model: the model name to report when the request names none.
+        max_bytes: the most decoded bytes one audio part may hold.
+
+    Raises:
+        ChatRequestError: the request cannot be served as sent.
+    """
+    try:
+        request = _decoder.decode(body)
+    except msgspec.ValidationError as exc:
+        # msgspec names the field as "... - at `$.messages[0].role`".
+        where = _AT.search(str(exc))
+        raise ChatRequestError(
+            f"invalid request: {exc}",
+            param=where.group(1) if where else None,
+            error_code="invalid_value",
+        ) from None
+    except msgspec.DecodeError as exc:
+        raise ChatRequestError(
+            f"the body is not valid JSON ({exc}); send a JSON object", error_code="invalid_json"
+        ) from None
+    if request.n not in (None, 1):
+        raise ChatRequestError(
+            f"n={request.n}: one reply per request is served; send n=1 (or none)",
+            param="n",
+            error_code="invalid_value",
+        )
+    audio_format, voice = _audio_output(request)
+    stream = bool(request.stream)
+    if stream and audio_format == "wav":
+        raise ChatRequestError(
+            'audio.format "wav" cannot be streamed; use "pcm16" with stream: true '
+            "(24 kHz mono PCM16), as OpenAI does",
+            param="audio.format",
+            error_code="unsupported_value",
+        )
+    max_tokens = (
+        request.max_completion_tokens
+        if request.max_completion_tokens is not None
+        else request.max_tokens
+    )
+    try:
+        options = checked_options(max_tokens, request.temperature, voice)
+    except InvalidRequestError as exc:
+        name = "temperature" if "temperature" in str(exc) else "max_completion_tokens"
+        raise ChatRequestError(str(exc), param=name, error_code="invalid_value") from None
+    instructions, turns = _messages(request, spec, max_bytes)
+    return ChatPlan(
+        model=request.model or model,
+        modalities=("text", "audio") if audio_format is not None else ("text",),
+        audio_format=audio_format,
+        instructions=instructions,
+        turns=turns,
+        options=options,
+        stream=stream,
+        include_usage=stream
+        and request.stream_options is not None
+        and request.stream_options.include_usage,
+    )
+
+
+def _audio_output(
+    request: ChatCompletionRequest,
+) -> tuple[Literal["wav", "pcm16"] | None, str | None]:
+    """The reply's audio format and voice; (None, None) for a text reply."""
+    modalities = request.modalities or ["text"]
+    if "audio" not in modalities:
+        return None, None
+    audio = request.audio
+    if audio is None:
+        raise ChatRequestError(
+            'the "audio" modality needs audio: {"voice": ..., "format": "wav" | "pcm16"}',
+            param="audio",
+            error_code="missing_required_parameter",
+        )
+    if audio.format not in ("wav", "pcm16"):
+        raise ChatRequestError(
+            f'audio.format "{audio.format}" is not supported; use "wav" or "pcm16"',
+            param="audio.format",
+            error_code="unsupported_value",
+        )
+    voice = audio.voice.id if isinstance(audio.voice, VoiceRef) else audio.voice
+    return audio.format, voice or None
+
+
+def _messages(
+    request: ChatCompletionRequest, spec: PipelineSpec, max_bytes: int
+) -> tuple[str, list[list[TurnPart]]]:
+    """The joined instructions and the user turns."""
+    texts: list[str] = []
+    turns: list[list[TurnPart]] = []
+    for i, message in enumerate(request.messages):
+        where = f"messages[{i}]"
+        match message:
+            case SystemMessage(content=content) | DeveloperMessage(content=content):
+                texts.append(content if isinstance(content, str) else _joined(content))
+            case UserMessage(content=content):
+                turns.append(_user_turn(content, where, max_bytes))
+            case AssistantMessage():
+                raise ChatRequestError(
+                    f"{where}: assistant messages cannot be replayed into the pipeline yet "
+                    "(it keeps the replies it produced itself, not text given back to it); "
+                    "send the system and user messages only, or hold the conversation "
+                    "over /v1/realtime",
+                    param=where,
+                    error_code="unsupported_message",
+                )
+            case ToolMessage():
+                raise ChatRequestError(
+                    f"{where}: tool messages are not supported: this server offers no tools",
+                    param=where,
+                    error_code="unsupported_message",
+                )
+    if not turns:
+        raise ChatRequestError(
+            "the request has no user message: send at least one",
+            param="messages",
+            error_code="missing_required_parameter",
+        )
+    instructions = "\n".join(t for t in texts if t)
+    if instructions and INSTRUCTIONS_FIELD not in spec.ports(spec.entry_stage).inputs:
+        log.info(
+            "chat completion: the pipeline's entry stage %s takes no instructions; the "
+            "system messages are ignored",
+            spec.entry_stage,
+        )
+        instructions = ""
+    return instructions, turns
+
+
+def _joined(parts: list[TextPart]) -> str:
+    return "".join(p.text for p in parts)
+
+
+def _user_turn(
+    content: str | list[TextPart | InputAudioPart], where: str, max_bytes: int
+) -> list[TurnPart]:
+    if isinstance(content, str):
+        return [TurnPart(text=content)]
+    turn: list[TurnPart] = []
+    for j, part in enumerate(content):
+        if isinstance(part, TextPart):
+            turn.append(TurnPart(text=part.text))
+            continue
+        param = f"{where}.content[{j}].input_audio"
+        audio, rate = _input_audio(part, param, max_bytes)
+        turn.append(TurnPart(audio=audio, sample_rate=rate))
+    if not turn:
+        raise ChatRequestError(
+            f"{where}: the message has no content; send text or input_audio parts",
+            param=f"{where}.content",
+            error_code="invalid_value",
+        )
+    return turn
+
+
+def _input_audio(part: InputAudioPart, param: str, max_bytes: int) -> tuple[torch.Tensor, int]:
+    """An audio part's samples and rate."""
+    payload = part.input_audio
+    if payload.format == "pcm16":
+        try:
+            return decode_audio(payload.data, "audio/pcm", max_bytes=max_bytes), OUTPUT_RATE
+        except AudioPayloadError as exc:
+            raise ChatRequestError(str(exc), param=f"{param}.data", error_code=exc.reason) from None
+    if payload.format != "wav":
+        raise ChatRequestError(
+            f'input_audio.format "{payload.format}" is not supported; send "wav" (any PCM '
+            'WAV) or "pcm16" (24 kHz mono PCM16)',
+            param=f"{param}.format",
+            error_code="unsupported_value",
+        )
+    try:
+        raw = base64.b64decode(payload.data, validate=True)
+    except (binascii.Error, ValueError) as exc:
+        raise ChatRequestError(
+            f"input_audio.data is not valid base64 ({exc}): encode the WAV file's bytes "
+            "with standard base64",
+            param=f"{param}.data",
+            error_code="invalid_base64",
+        ) from None
+    if len(raw) > max_bytes:
+        raise ChatRequestError(
+            f"input_audio.data is {len(raw)} bytes, over the limit of {max_bytes} bytes "
+            "per audio part (max_append_bytes): send shorter audio",
+            status=413,
+            param=f"{param}.data",
+            error_code="too_large",
+        )
+    try:
+        return decode_wav(raw)
+    except AudioFormatError as exc:
+        raise ChatRequestError(
+            str(exc), param=f"{param}.data", error_code="invalid_audio"
+        ) from None

@@ -1,0 +1,296 @@
+"""OpenAI's chat completions API as ``POST /v1/chat/completions`` serves it: the request,
+the reply (``chat.completion``), the streamed chunks (``chat.completion.chunk``) and the
+error body.
+
+Only what an omni pipeline can honour is declared; a request's other fields (``top_p``,
+``seed``, ``user``, ...) are ignored, as OpenAI-compatible servers do, so a client's
+defaults never fail a request. Messages are a tagged union on ``role`` and content parts
+on ``type``, so a request decodes in one pass into exactly one shape per message, and a
+malformed one is refused with the path of the offending field.
+
+Audio output follows OpenAI's: ``modalities: ["text", "audio"]`` with ``audio: {voice,
+format}``; the reply's ``message.audio`` (or, streamed, ``delta.audio`` pieces) carries
+base64 audio and its transcript, and ``message.content`` is null.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+import msgspec
+
+__all__ = [
+    "AssistantMessage",
+    "AssistantReply",
+    "AudioOutput",
+    "ChatAudio",
+    "ChatCompletion",
+    "ChatCompletionChunk",
+    "ChatCompletionRequest",
+    "Choice",
+    "ChunkChoice",
+    "ContentPart",
+    "DeveloperMessage",
+    "Delta",
+    "DeltaAudio",
+    "ErrorBody",
+    "ErrorDetail",
+    "FinishReason",
+    "InputAudio",
+    "InputAudioPart",
+    "Message",
+    "OutputAudioFormat",
+    "StreamOptions",
+    "SystemMessage",
+    "TextPart",
+    "ToolMessage",
+    "Usage",
+    "UserMessage",
+    "VoiceRef",
+]
+
+# -- request -----------------------------------------------------------------------------
+
+
+class TextPart(msgspec.Struct, tag_field="type", tag="text", frozen=True, kw_only=True):
+    """A text content part."""
+
+    text: str
+
+
+class InputAudio(msgspec.Struct, frozen=True, kw_only=True):
+    """Audio the user sent: base64 ``data`` in ``format`` (``wav``, or ``pcm16``: 24 kHz
+    mono little-endian PCM16 without a header)."""
+
+    data: str
+    format: str
+
+
+class InputAudioPart(
+    msgspec.Struct, tag_field="type", tag="input_audio", frozen=True, kw_only=True
+):
+    """An audio content part."""
+
+    input_audio: InputAudio
+
+
+ContentPart = TextPart | InputAudioPart
+"""A user message's content part, by ``type``."""
+
+
+class SystemMessage(msgspec.Struct, tag_field="role", tag="system", frozen=True, kw_only=True):
+    """Instructions for the model (the entry stage's ``instructions`` input)."""
+
+    content: str | list[TextPart]
+
+
+class DeveloperMessage(
+    msgspec.Struct, tag_field="role", tag="developer", frozen=True, kw_only=True
+):
+    """Instructions for the model; the newer name of a system message."""
+
+    content: str | list[TextPart]
+
+
+class UserMessage(msgspec.Struct, tag_field="role", tag="user", frozen=True, kw_only=True):
+    """A user turn: text, or parts of text and audio in order."""
+
+    content: str | list[ContentPart]
+
+
+class AssistantMessage(
+    msgspec.Struct, tag_field="role", tag="assistant", frozen=True, kw_only=True
+):
+    """An earlier reply of the model (declared so that it is refused by name: a pipeline
+    cannot yet be given a reply it did not produce)."""
+
+    content: str | list[TextPart] | None = None
+
+
+class ToolMessage(msgspec.Struct, tag_field="role", tag="tool", frozen=True, kw_only=True):
+    """A tool's result (declared so that it is refused by name: no tools here)."""
+
+    content: str | list[TextPart] | None = None
+
+
+Message = SystemMessage | DeveloperMessage | UserMessage | AssistantMessage | ToolMessage
+"""One message of a request, by ``role``."""
+
+OutputAudioFormat = Literal["wav", "aac", "mp3", "flac", "opus", "pcm16"]
+"""The formats OpenAI names; this server writes ``wav`` and ``pcm16`` (24 kHz PCM16)."""
+
+
+class VoiceRef(msgspec.Struct, frozen=True, kw_only=True):
+    """A voice given by id (``{"id": "voice_1234"}``)."""
+
+    id: str
+
+
+class AudioOutput(msgspec.Struct, frozen=True, kw_only=True):
+    """``audio``: how to voice the reply (needed with the ``audio`` modality)."""
+
+    voice: str | VoiceRef
+    format: OutputAudioFormat
+
+
+class StreamOptions(msgspec.Struct, frozen=True, kw_only=True):
+    """``stream_options``: with ``include_usage``, a last chunk carries the usage."""
+
+    include_usage: bool = False
+
+
+class ChatCompletionRequest(msgspec.Struct, frozen=True, kw_only=True):
+    """The body of ``POST /v1/chat/completions``.
+
+    Attributes:
+        messages: the conversation: system/developer messages, then user turns.
+        model: any name; echoed in the reply.
+        modalities: ``["text"]`` (default) or ``["text", "audio"]``.
+        audio: the voice and format of the reply's audio (with ``audio``).
+        stream: reply as server-sent events, chunk by chunk.
+        stream_options: what the stream ends with.
+        max_completion_tokens: the reply's most text tokens (``max_tokens``: its
+            deprecated name, used if this is absent).
+        temperature: sampling temperature (0: greedy).
+        n: replies per request; only 1 is served.
+    """
+
+    messages: list[Message]
+    model: str = ""
+    modalities: list[Literal["text", "audio"]] | None = None
+    audio: AudioOutput | None = None
+    stream: bool | None = False
+    stream_options: StreamOptions | None = None
+    max_tokens: int | None = None
+    max_completion_tokens: int | None = None
+    temperature: float | None = None
+    n: int | None = 1
+
+
+# -- reply -------------------------------------------------------------------------------
+
+FinishReason = Literal["stop", "length"]
+"""Why a reply ended: its natural end, or ``max_completion_tokens``."""
+
+
+class Usage(msgspec.Struct, frozen=True, kw_only=True):
+    """Token counts: completion tokens are the text tokens of the reply (the audio's
+    codec frames are not counted); prompt tokens are not known to the server (0)."""
+
+    prompt_tokens: int
+    completion_tokens: int
+    total_tokens: int
+
+
+class ChatAudio(msgspec.Struct, frozen=True, kw_only=True):
+    """``message.audio``: the whole reply's audio and transcript.
+
+    ``expires_at`` is the reply's own time: the server keeps no audio for later turns.
+    """
+
+    id: str
+    data: str
+    expires_at: int
+    transcript: str
+
+
+class AssistantReply(msgspec.Struct, frozen=True, kw_only=True):
+    """``message``: the reply; ``content`` is null when it is voiced (see ``audio``)."""
+
+    role: Literal["assistant"] = "assistant"
+    content: str | None
+    audio: ChatAudio | None = None
+    refusal: str | None = None
+
+
+class Choice(msgspec.Struct, frozen=True, kw_only=True):
+    """The one reply of a ``chat.completion``."""
+
+    index: int = 0
+    message: AssistantReply
+    finish_reason: FinishReason
+    logprobs: None = None
+
+
+class ChatCompletion(msgspec.Struct, frozen=True, kw_only=True):
+    """The reply to a request without ``stream``."""
+
+    id: str
+    object: Literal["chat.completion"] = "chat.completion"
+    created: int
+    model: str
+    choices: list[Choice]
+    usage: Usage
+
+
+# -- streamed reply ----------------------------------------------------------------------
+
+
+class DeltaAudio(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
+    """``delta.audio``: a piece of the reply's audio (``data``: base64 PCM16 at 24 kHz)
+    or transcript; the last piece carries ``expires_at`` only (and ``id``)."""
+
+    id: str
+    data: str | None = None
+    transcript: str | None = None
+    expires_at: int | None = None
+
+
+class Delta(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
+    """``delta``: what a chunk adds to the reply (absent fields add nothing)."""
+
+    role: Literal["assistant"] | None = None
+    content: str | None = None
+    audio: DeltaAudio | None = None
+
+
+class ChunkChoice(msgspec.Struct, frozen=True, kw_only=True):
+    """The one choice of a ``chat.completion.chunk``."""
+
+    index: int = 0
+    delta: Delta
+    finish_reason: FinishReason | None = None
+    logprobs: None = None
+
+
+class ChatCompletionChunk(msgspec.Struct, frozen=True, kw_only=True):
+    """One server-sent event of a streamed reply (``data: {chunk}``).
+
+    The stream: a chunk with ``delta.role``, the reply's pieces, a chunk with
+    ``finish_reason``, with ``stream_options.include_usage`` a chunk with no choices
+    and the ``usage``, then ``data: [DONE]``.
+    """
+
+    id: str
+    object: Literal["chat.completion.chunk"] = "chat.completion.chunk"
+    created: int
+    model: str
+    choices: list[ChunkChoice]
+    usage: Usage | None = None
+
+
+# -- errors ------------------------------------------------------------------------------
+
+
+class ErrorDetail(msgspec.Struct, frozen=True, kw_only=True):
+    """What went wrong, as OpenAI reports it.
+
+    Attributes:
+        message: what happened and what to do.
+        type: ``invalid_request_error`` (4xx: the request is at fault) or
+            ``server_error`` (5xx).
+        param: the offending field, if one.
+        code: for programs (e.g. ``busy``, ``invalid_api_key``, or the pipeline's error
+            code when a reply failed).
+    """
+
+    message: str
+    type: str
+    param: str | None = None
+    code: str | None = None
+
+
+class ErrorBody(msgspec.Struct, frozen=True, kw_only=True):
+    """An error reply's body (also a stream's last event when a reply fails midway)."""
+
+    error: ErrorDetail

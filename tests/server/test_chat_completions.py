@@ -1,0 +1,335 @@
+"""``POST /v1/chat/completions`` on the scripted pipeline: the official ``openai``
+client (text and audio, streamed and not), bad input, auth, a full server, a failing
+reply, and a client that goes away mid-stream."""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import io
+import json
+import logging
+import wave
+from collections.abc import AsyncIterator
+from typing import Any
+
+import numpy as np
+import openai
+import pytest
+import pytest_asyncio
+from http_client import get, post, raw_post
+from openai import AsyncOpenAI
+from prometheus_client.parser import text_string_to_metric_families
+from realtime_client import connect
+
+from omni_actors.protocols.events import AudioDelta
+from omni_actors.server.runner import RunningServer, run_server
+from omni_actors.server.settings import ServerSettings
+from omni_actors.serving.pipeline_spec import PipelineSpec, load_pipeline
+from omni_actors.testing import eventually
+
+TEXT = "".join(f"t{k} " for k in range(32))  # the scripted thinker's 32 outputs
+HELLO = [{"role": "user", "content": "hello"}]
+AUDIO = {"modalities": ["text", "audio"], "audio": {"voice": "alloy", "format": "pcm16"}}
+FAST = ServerSettings(preset="scripted-omni", port=0)
+
+
+def client_of(server: RunningServer, key: str = "unused") -> AsyncOpenAI:
+    return AsyncOpenAI(base_url=server.url + "/v1", api_key=key, max_retries=0, timeout=20)
+
+
+def scripted(**thinker: Any) -> PipelineSpec:
+    """scripted-omni with its thinker's arguments overridden."""
+    data: dict[str, Any] = load_pipeline("scripted-omni").model_dump(by_alias=True)
+    data["stages"][0]["engine"]["args"].update(thinker)
+    return PipelineSpec.model_validate(data)
+
+
+async def pipeline_audio(server: RunningServer) -> np.ndarray:
+    """The audio the pipeline makes for "hello", as PCM16 (the reply must carry it)."""
+    events = [e async for e in server.state.pipeline.generate(text="hello")]
+    samples = np.concatenate([e.audio.numpy() for e in events if isinstance(e, AudioDelta)])
+    assert server.state.pipeline.spec.outputs.sample_rate == 24_000  # no resampling
+    return np.rint(np.clip(samples * 32768, -32768, 32767)).astype(np.int16)
+
+
+async def nothing_held(server: RunningServer) -> None:
+    """No session slot taken, no session left on any stage."""
+
+    async def released() -> None:
+        assert server.state.active == 0
+        live = await server.state.pipeline.live_sessions()
+        assert not any(live.values()), live
+
+    await eventually(released)
+
+
+async def chat(server: RunningServer, body: Any, **headers: str) -> tuple[int, Any]:
+    return await post(server.url + "/v1/chat/completions", body, headers)
+
+
+# -- replies ---------------------------------------------------------------------------
+
+
+async def test_a_text_reply(server: RunningServer) -> None:
+    completion = await client_of(server).chat.completions.create(model="my-model", messages=HELLO)
+    assert completion.id.startswith("chatcmpl-")
+    assert completion.object == "chat.completion"
+    assert completion.model == "my-model"
+    [choice] = completion.choices
+    assert (choice.message.role, choice.message.content) == ("assistant", TEXT)
+    assert choice.message.audio is None
+    assert choice.finish_reason == "stop"
+    assert completion.usage is not None
+    assert completion.usage.completion_tokens == 32
+    await nothing_held(server)
+
+
+async def test_a_streamed_text_reply(server: RunningServer) -> None:
+    stream = await client_of(server).chat.completions.create(
+        model="m",
+        messages=HELLO,
+        stream=True,
+        stream_options={"include_usage": True},
+    )
+    chunks = [chunk async for chunk in stream]
+    assert {c.id for c in chunks} == {chunks[0].id}
+    assert chunks[0].choices[0].delta.role == "assistant"
+    *pieces, finish, usage = chunks
+    assert "".join(c.choices[0].delta.content or "" for c in pieces) == TEXT
+    assert all(c.choices[0].finish_reason is None for c in pieces)
+    assert finish.choices[0].finish_reason == "stop"
+    assert usage.choices == []
+    assert usage.usage is not None
+    assert usage.usage.completion_tokens == 32
+    await nothing_held(server)
+
+
+async def test_an_audio_reply_is_one_wav_file(server: RunningServer) -> None:
+    completion = await client_of(server).chat.completions.create(
+        model="m",
+        messages=HELLO,
+        modalities=["text", "audio"],
+        audio={"voice": "alloy", "format": "wav"},
+    )
+    message = completion.choices[0].message
+    assert message.content is None
+    assert message.audio is not None
+    assert message.audio.id.startswith("audio_")
+    assert message.audio.transcript == TEXT
+    with wave.open(io.BytesIO(base64.b64decode(message.audio.data))) as wav:
+        assert (wav.getnchannels(), wav.getsampwidth(), wav.getframerate()) == (1, 2, 24_000)
+        pcm = np.frombuffer(wav.readframes(wav.getnframes()), "<i2")
+    np.testing.assert_array_equal(pcm, await pipeline_audio(server))
+    await nothing_held(server)
+
+
+async def test_an_audio_reply_as_pcm16(server: RunningServer) -> None:
+    status, body = await chat(server, {"messages": HELLO, **AUDIO})
+    assert status == 200, body
+    data = base64.b64decode(body["choices"][0]["message"]["audio"]["data"])
+    assert len(data) % 2 == 0
+    np.testing.assert_array_equal(np.frombuffer(data, "<i2"), await pipeline_audio(server))
+
+
+async def test_a_streamed_audio_reply_carries_pcm16_and_its_transcript(
+    server: RunningServer,
+) -> None:
+    stream = await client_of(server).chat.completions.create(
+        model="m",
+        messages=HELLO,
+        modalities=["text", "audio"],
+        audio={"voice": "alloy", "format": "pcm16"},
+        stream=True,
+    )
+    chunks = [chunk async for chunk in stream]
+    assert chunks[0].choices[0].delta.role == "assistant"
+    assert [c.choices[0].finish_reason for c in chunks][-2:] == [None, "stop"]
+    pieces = [c.choices[0].delta.audio for c in chunks[1:-1]]
+    assert all(p is not None for p in pieces)
+    audio = [p for p in pieces if p is not None]
+    assert {p.id for p in audio} == {audio[0].id}
+    assert all(c.choices[0].delta.content is None for c in chunks)
+    data = [base64.b64decode(p.data) for p in audio if p.data]
+    assert all(len(d) % 2 == 0 for d in data)
+    pcm = np.frombuffer(b"".join(data), "<i2")
+    np.testing.assert_array_equal(pcm, await pipeline_audio(server))
+    assert "".join(p.transcript for p in audio if p.transcript) == TEXT
+    last = audio[-1]
+    assert (last.data, last.transcript) == (None, None)
+    assert last.expires_at is not None
+    await nothing_held(server)
+
+
+async def test_unknown_fields_are_ignored(server: RunningServer) -> None:
+    body = {"messages": HELLO, "model": "m", "top_p": 0.5, "seed": 3, "user": "u", "n": 1}
+    status, reply = await chat(server, body)
+    assert status == 200, reply
+    assert reply["choices"][0]["message"]["content"] == TEXT
+
+
+async def test_system_messages_are_ignored_by_an_entry_stage_without_instructions(
+    server: RunningServer, caplog: pytest.LogCaptureFixture
+) -> None:
+    messages = [{"role": "system", "content": "Be brief."}, *HELLO]
+    with caplog.at_level(logging.INFO, logger="omni_actors.server.chat_request"):
+        status, reply = await chat(server, {"messages": messages})
+    assert status == 200, reply
+    assert reply["choices"][0]["message"]["content"] == TEXT
+    assert "takes no instructions" in caplog.text
+
+
+# -- bad input -------------------------------------------------------------------------
+
+WAV_GARBAGE = base64.b64encode(b"RIFF not really a wave file").decode()
+BAD: list[tuple[str, bytes | dict[str, Any], str | None, str]] = [
+    ("not JSON", b'{"messages": [', None, "invalid_json"),
+    ("a wrong type", {"messages": 3}, "messages", "invalid_value"),
+    ("no messages", {"model": "m"}, None, "invalid_value"),
+    ("an unknown role", {"messages": [{"role": "bot", "content": "x"}]}, "messages[0].role",
+     "invalid_value"),
+    ("an unknown part", {"messages": [{"role": "user", "content": [{"type": "image_url"}]}]},
+     "messages[0].content[0].type", "invalid_value"),
+    ("no user message", {"messages": [{"role": "system", "content": "x"}]}, "messages",
+     "missing_required_parameter"),
+    ("an assistant message", {"messages": [*HELLO, {"role": "assistant", "content": "x"}]},
+     "messages[1]", "unsupported_message"),
+    ("a tool message", {"messages": [*HELLO, {"role": "tool", "content": "x"}]},
+     "messages[1]", "unsupported_message"),
+    ("bad base64 audio", {"messages": [{"role": "user", "content": [
+        {"type": "input_audio", "input_audio": {"data": "%%%", "format": "wav"}}]}]},
+     "messages[0].content[0].input_audio.data", "invalid_base64"),
+    ("audio that is not WAV", {"messages": [{"role": "user", "content": [
+        {"type": "input_audio", "input_audio": {"data": WAV_GARBAGE, "format": "wav"}}]}]},
+     "messages[0].content[0].input_audio.data", "invalid_audio"),
+    ("odd PCM16 bytes", {"messages": [{"role": "user", "content": [
+        {"type": "input_audio", "input_audio": {"data": "AAAA", "format": "pcm16"}}]}]},
+     "messages[0].content[0].input_audio.data", "odd_length"),
+    ("mp3 input", {"messages": [{"role": "user", "content": [
+        {"type": "input_audio", "input_audio": {"data": "AAAA", "format": "mp3"}}]}]},
+     "messages[0].content[0].input_audio.format", "unsupported_value"),
+    ("mp3 output", {"messages": HELLO, "modalities": ["text", "audio"],
+                    "audio": {"voice": "alloy", "format": "mp3"}},
+     "audio.format", "unsupported_value"),
+    ("streamed WAV", {"messages": HELLO, "stream": True, "modalities": ["text", "audio"],
+                      "audio": {"voice": "alloy", "format": "wav"}},
+     "audio.format", "unsupported_value"),
+    ("audio without its settings", {"messages": HELLO, "modalities": ["text", "audio"]},
+     "audio", "missing_required_parameter"),
+    ("a negative temperature", {"messages": HELLO, "temperature": -1}, "temperature",
+     "invalid_value"),
+    ("zero tokens", {"messages": HELLO, "max_completion_tokens": 0}, "max_completion_tokens",
+     "invalid_value"),
+    ("two replies", {"messages": HELLO, "n": 2}, "n", "invalid_value"),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(("body", "param", "code"), [b[1:] for b in BAD], ids=[b[0] for b in BAD])
+async def test_bad_input_is_refused_with_openais_error_shape(
+    server: RunningServer, body: bytes | dict[str, Any], param: str | None, code: str
+) -> None:
+    status, reply = await chat(server, body)
+    assert status == 400, reply
+    assert reply["error"]["type"] == "invalid_request_error"
+    assert (reply["error"]["param"], reply["error"]["code"]) == (param, code)
+    assert reply["error"]["message"]
+    await nothing_held(server)
+
+
+# -- auth, a full server, a failing reply ----------------------------------------------
+
+
+async def test_an_api_key_is_required_when_one_is_set() -> None:
+    async with run_server(ServerSettings(preset="scripted-omni", port=0, api_key="s3cret")) as s:
+        status, reply = await chat(s, {"messages": HELLO})
+        assert status == 401
+        assert reply["error"]["code"] == "invalid_api_key"
+        with pytest.raises(openai.AuthenticationError):
+            await client_of(s, key="wrong").chat.completions.create(model="m", messages=HELLO)
+        completion = await client_of(s, key="s3cret").chat.completions.create(
+            model="m", messages=HELLO
+        )
+        assert completion.choices[0].message.content == TEXT
+
+
+async def test_a_full_or_draining_server_answers_busy() -> None:
+    settings = ServerSettings(preset="scripted-omni", port=0, max_sessions=1)
+    async with run_server(settings) as server:
+        async with connect(server.ws_url):  # holds the only slot
+            status, reply = await chat(server, {"messages": HELLO})
+            assert status == 503, reply
+            assert (reply["error"]["type"], reply["error"]["code"]) == ("server_error", "busy")
+            assert server.state.active == 1
+        await eventually(lambda: server.state.active == 0)
+        status, reply = await chat(server, {"messages": HELLO})
+        assert status == 200, reply
+        server.state.draining = True
+        status, reply = await chat(server, {"messages": HELLO})
+        assert status == 503, reply
+        assert "shutting down" in reply["error"]["message"]
+        server.state.draining = False
+        await nothing_held(server)
+
+
+async def test_a_failed_reply_is_a_500_with_the_pipelines_error_code() -> None:
+    async with run_server(FAST, pipeline=scripted(fail_after=3)) as server:
+        status, reply = await chat(server, {"messages": HELLO})
+        assert status == 500, reply
+        assert (reply["error"]["type"], reply["error"]["code"]) == ("server_error", "engine_error")
+        stream = await client_of(server).chat.completions.create(
+            model="m",
+            messages=HELLO,
+            stream=True,
+        )
+        received: list[Any] = []
+
+        async def read() -> None:
+            async for chunk in stream:
+                received.append(chunk)
+
+        with pytest.raises(openai.APIError, match="fail"):
+            await read()
+        assert "".join(c.choices[0].delta.content or "" for c in received) == "t0 t1 t2 "
+        await nothing_held(server)
+
+
+# -- a client that goes away -----------------------------------------------------------
+
+
+@pytest_asyncio.fixture
+async def slow() -> AsyncIterator[RunningServer]:
+    """A thinker that takes 50 ms per output: a reply of 32 lasts 1.6 s."""
+    async with run_server(FAST, pipeline=scripted(per_output_s=0.05)) as running:
+        yield running
+
+
+async def test_a_client_leaving_mid_stream_aborts_its_session(slow: RunningServer) -> None:
+    body = {"messages": HELLO, "stream": True}
+    async with raw_post(slow.url + "/v1/chat/completions", body) as reply:
+        assert await reply.line() == "HTTP/1.1 200 OK"
+        await reply.until('data: {"id"')  # the role chunk
+        first = json.loads((await reply.until("data: "))[len("data: ") :])
+        assert first["choices"][0]["delta"]["content"] == "t0 "
+        live = await slow.state.pipeline.live_sessions()
+        assert live["thinker"] == [first["id"]]
+    # The socket is closed mid-reply.
+    await nothing_held(slow)
+    _, text = await get(slow.url + "/metrics")
+    samples = {
+        (s.name, s.labels.get("status")): s.value
+        for family in text_string_to_metric_families(text)
+        for s in family.samples
+    }
+    assert samples[("omni_chat_completions_total", "cancelled")] == 1
+    assert ("omni_responses_total", "completed") not in samples  # it never completed
+
+
+async def test_a_draining_server_lets_a_reply_in_flight_finish() -> None:
+    async with run_server(FAST, pipeline=scripted(per_output_s=0.05)) as server:
+        request = asyncio.create_task(chat(server, {"messages": HELLO}))
+        await eventually(lambda: server.state.chats == 1)
+        assert server.state.responding()  # what the drain waits on, grace_s at most
+        await server.shutdown()
+        status, reply = await request
+        assert status == 200, reply
+        assert reply["choices"][0]["message"]["content"] == TEXT

@@ -1,0 +1,129 @@
+"""What a chat completion's messages become in the pipeline: instructions, one turn per
+user message, audio parts, and the token limit (``chat_engines.Echo`` shows it all)."""
+
+from __future__ import annotations
+
+import base64
+import io
+import re
+import wave
+from collections.abc import AsyncIterator
+from typing import Any
+
+import numpy as np
+import pytest_asyncio
+from chat_engines import SAMPLES_PER_CHAR
+from http_client import post
+
+from omni_actors.server.runner import RunningServer, run_server
+from omni_actors.server.settings import ServerSettings
+from omni_actors.serving.pipeline_spec import PipelineSpec
+
+ECHO = PipelineSpec.model_validate(
+    {
+        "name": "echo",
+        "stages": [
+            {"name": "echo", "engine": {"kind": "chat_engines:Echo"}},
+            {"name": "voice", "engine": {"kind": "chat_engines:Voice"}},
+        ],
+        "edges": [{"from": "echo", "to": "voice"}],
+        "outputs": {"text": "echo", "audio": "voice", "sample_rate": 24_000},
+        "deadlines": {"idle_s": 30.0, "inter_chunk_s": 10.0},
+    }
+)
+
+
+@pytest_asyncio.fixture
+async def echo() -> AsyncIterator[RunningServer]:
+    async with run_server(ServerSettings(port=0), pipeline=ECHO) as running:
+        yield running
+
+
+def user(*parts: dict[str, Any]) -> dict[str, Any]:
+    return {"role": "user", "content": list(parts)}
+
+
+def text(value: str) -> dict[str, Any]:
+    return {"type": "text", "text": value}
+
+
+def audio(data: bytes, fmt: str) -> dict[str, Any]:
+    payload = base64.b64encode(data).decode()
+    return {"type": "input_audio", "input_audio": {"data": payload, "format": fmt}}
+
+
+def wav_file(samples: int, rate: int) -> bytes:
+    out = io.BytesIO()
+    with wave.open(out, "wb") as wav:
+        wav.setnchannels(1)
+        wav.setsampwidth(2)
+        wav.setframerate(rate)
+        wav.writeframes(np.full(samples, 1000, "<i2").tobytes())
+    return out.getvalue()
+
+
+async def reply(server: RunningServer, **body: Any) -> tuple[str | None, dict[str, Any]]:
+    status, answer = await post(server.url + "/v1/chat/completions", body)
+    assert status == 200, answer
+    choice: dict[str, Any] = answer["choices"][0]
+    return choice["message"]["content"], choice
+
+
+async def test_system_and_developer_messages_are_the_instructions(echo: RunningServer) -> None:
+    messages = [
+        {"role": "system", "content": "Be brief."},
+        {"role": "developer", "content": [text("Be kind.")]},
+        {"role": "user", "content": "hello"},
+    ]
+    content, _ = await reply(echo, messages=messages)
+    assert content == "[Be brief.\nBe kind.]hello"
+
+
+async def test_each_user_message_is_a_turn_of_its_parts(echo: RunningServer) -> None:
+    messages = [
+        user(text("one")),
+        {"role": "user", "content": "two"},
+        user(text("th"), text("ree")),
+    ]
+    content, _ = await reply(echo, messages=messages)
+    assert content == "one|two|three"
+
+
+async def test_audio_parts_reach_the_entry_stage(echo: RunningServer) -> None:
+    input_rate = ECHO.inputs.sample_rate  # a WAV at this rate is sent as is
+    messages = [
+        user(text("say "), audio(wav_file(1600, input_rate), "wav")),
+        user(audio(np.full(2400, 1000, "<i2").tobytes(), "pcm16")),  # 100 ms at 24 kHz
+    ]
+    content, _ = await reply(echo, messages=messages)
+    assert content is not None
+    first, second = content.split("|")
+    assert first == "say <audio:1600>"
+    # Resampled to the input rate as one stream: its tail comes with the commit.
+    pieces = re.fullmatch(r"(<audio:\d+>)+", second)
+    assert pieces is not None, second
+    heard = sum(int(n) for n in re.findall(r"\d+", second))
+    assert abs(heard - input_rate // 10) <= 2
+
+
+async def test_a_reply_cut_by_the_token_limit_ends_with_length(echo: RunningServer) -> None:
+    messages = [{"role": "user", "content": "abcdef"}]
+    content, choice = await reply(echo, messages=messages, max_completion_tokens=3)
+    assert (content, choice["finish_reason"]) == ("abc", "length")
+    content, choice = await reply(echo, messages=messages, max_tokens=10)  # the old name
+    assert (content, choice["finish_reason"]) == ("abcdef", "stop")
+
+
+async def test_an_audio_reply_voices_the_whole_reply_in_the_voice_asked_for(
+    echo: RunningServer,
+) -> None:
+    body = {
+        "messages": [{"role": "user", "content": "hello"}],
+        "modalities": ["text", "audio"],
+        "audio": {"voice": "alloy", "format": "pcm16"},
+    }
+    content, choice = await reply(echo, **body)
+    assert content is None
+    voiced = choice["message"]["audio"]
+    assert voiced["transcript"] == "hello(alloy)"  # the voice reached the pipeline
+    assert len(base64.b64decode(voiced["data"])) == 2 * len("hello(alloy)") * SAMPLES_PER_CHAR
