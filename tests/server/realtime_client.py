@@ -88,6 +88,12 @@ class RealtimeClient:
         )
         await self.expect("session.updated")
 
+    async def ask(self, seconds: float = 0.2, **response: Any) -> None:
+        """Turn detection off, ``seconds`` of speech, then ``response.create``."""
+        await self.no_vad()
+        await self.say(speech(seconds))
+        await self.send("response.create", **({"response": response} if response else {}))
+
     async def say(self, audio: bytes, frame_s: float = 0.1) -> None:
         """Append ``audio`` in frames."""
         step = int(frame_s * RATE) * 2

@@ -94,9 +94,7 @@ async def test_the_input_buffer_is_capped_and_an_append_past_it_is_refused() -> 
 
 async def test_a_client_that_vanishes_mid_response_leaves_nothing(server: RunningServer) -> None:
     async with connect(server.ws_url) as client:
-        await client.no_vad()
-        await client.say(speech(0.2))
-        await client.send("response.create")
+        await client.ask(0.2)
         await client.until("response.output_audio.delta")
     pipeline = server.state.pipeline
 
@@ -112,9 +110,7 @@ async def test_a_client_that_vanishes_mid_response_leaves_nothing(server: Runnin
 
 async def test_shutdown_lets_the_response_finish_then_closes_with_a_final_event() -> None:
     async with run_server(_settings(grace_s=10)) as server, connect(server.ws_url) as client:
-        await client.no_vad()
-        await client.say(speech(0.2))
-        await client.send("response.create")
+        await client.ask(0.2)
         await client.until("response.output_audio.delta")
         stopping = asyncio.create_task(server.shutdown())
         try:

@@ -87,9 +87,7 @@ async def test_cancel_ends_the_response_and_no_audio_of_it_follows(
     server: RunningServer,
 ) -> None:
     async with connect(server.ws_url) as client:
-        await client.no_vad()
-        await client.say(speech(0.2))
-        await client.send("response.create")
+        await client.ask(0.2)
         before = await client.until("response.output_audio.delta")
         response_id = _created(before)
         await client.send("response.cancel", event_id="x1")
@@ -117,9 +115,7 @@ async def test_a_second_response_while_one_is_in_flight_is_refused(
     server: RunningServer,
 ) -> None:
     async with connect(server.ws_url) as client:
-        await client.no_vad()
-        await client.say(speech(0.1))
-        await client.send("response.create")  # commits the buffer first
+        await client.ask(0.1)  # commits the buffer first
         await client.until("response.created")
         await client.send("response.create", event_id="again")
         events = await client.until("error")
@@ -176,9 +172,7 @@ async def test_truncate_cuts_the_last_reply_and_checks_its_arguments(
     server: RunningServer,
 ) -> None:
     async with connect(server.ws_url) as client:
-        await client.no_vad()
-        await client.say(speech(0.2))
-        await client.send("response.create")
+        await client.ask(0.2)
         events = await client.until("response.done")
         item_id = events[-1]["response"]["output"][0]["id"]
         await client.send(
@@ -255,9 +249,7 @@ async def test_a_beta_client_gets_beta_event_names(server: RunningServer) -> Non
 
 async def test_text_only_responses_carry_text_events(server: RunningServer) -> None:
     async with connect(server.ws_url) as client:
-        await client.no_vad()
-        await client.say(speech(0.1))
-        await client.send("response.create", response={"output_modalities": ["text"]})
+        await client.ask(0.1, output_modalities=["text"])
         events = await client.until("response.done")
     types = [e["type"] for e in events]
     assert "response.output_text.delta" in types
@@ -272,9 +264,7 @@ async def test_truncating_the_reply_in_flight_cancels_it_then_cuts_it(
 ) -> None:
     """What a client does on barge-in: truncate as soon as the user speaks."""
     async with connect(server.ws_url) as client:
-        await client.no_vad()
-        await client.say(speech(0.2))
-        await client.send("response.create")
+        await client.ask(0.2)
         events = await client.until("response.output_audio.delta")
         item_id = events[-1]["item_id"]
         await client.send(
