@@ -273,7 +273,8 @@ async def run_realtime_bench(
         cancel latency and statuses, late audio deltas, errors by code, the server's
         CPU per session-second, wall time, load), ``input_length`` (per length: TTFA
         median, and the longest/shortest ratio; absent without lengths), ``targets``,
-        ``machine``, ``parameters`` and ``wall_s``.
+        ``warmup_errors_by_code`` (the unmeasured first turn's), ``machine``,
+        ``parameters`` and ``wall_s``.
 
     Raises:
         ValueError: a bad count or length (before anything starts).
@@ -289,7 +290,7 @@ async def run_realtime_bench(
     if cache_dir is not None:
         args += ["--cache-dir", str(cache_dir)]
     async with server_process(args, ready_timeout_s=ready_timeout_s) as server:
-        await run_client(
+        warmup = await run_client(
             server.ws_url, [_clip(_WARMUP_S, seed + 1)], cancel_last=False, timeout_s=timeout_s
         )
         levels = {
@@ -300,7 +301,10 @@ async def run_realtime_bench(
             if lengths
             else None
         )
-    report: dict[str, Any] = {"levels": levels}
+    report: dict[str, Any] = {
+        "levels": levels,
+        "warmup_errors_by_code": dict(sorted(warmup.errors.items())),
+    }
     if input_length is not None:
         report["input_length"] = input_length
     return report | {

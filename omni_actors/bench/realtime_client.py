@@ -162,7 +162,10 @@ class _Connection:
             raise _ClientError("client.timeout", "no server event before the deadline") from None
         except websockets.ConnectionClosed as exc:
             raise _ClientError("client.connection_closed", str(exc)) from None
-        event = _decoder.decode(raw)
+        try:
+            event = _decoder.decode(raw)
+        except msgspec.DecodeError as exc:
+            raise _ClientError("client.bad_event", f"not a server event: {exc}") from None
         if event.type == "response.output_audio.delta" and event.response_id in self.done_ids:
             self.report.late_audio_deltas += 1
         elif event.type == "error":
@@ -201,7 +204,8 @@ async def _turn(
     await conn.send(ResponseCreate())
     deadline = asyncio.get_running_loop().time() + timeout_s
     created = await conn.until("response.created", deadline)
-    assert created.response is not None
+    if created.response is None:
+        raise _ClientError("client.bad_event", "response.created without its response")
     rid = created.response.id
     first: float | None = None
     last = committed

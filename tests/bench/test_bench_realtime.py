@@ -20,6 +20,7 @@ from typing import Any
 import pytest
 import torch
 
+from omni_actors.bench.realtime import realtime_table
 from omni_actors.bench.realtime_client import (
     ClientReport,
     _Connection,
@@ -72,6 +73,7 @@ def test_the_json_report_of_two_sessions_on_scripted_omni(
 
     assert set(result) == {
         "levels",
+        "warmup_errors_by_code",
         "input_length",
         "targets",
         "machine",
@@ -103,6 +105,7 @@ def test_the_json_report_of_two_sessions_on_scripted_omni(
     assert result["targets"]["zero_errors"] == {"sessions": 2, "measured": 0, "met": True}
     assert result["targets"]["no_audio_after_response_done"]["met"] is True
     assert result["parameters"]["sessions"] == [2]
+    assert result["warmup_errors_by_code"] == {}
 
 
 @pytest.mark.parametrize(
@@ -328,3 +331,47 @@ async def test_a_server_that_exits_before_it_is_ready_is_reported_with_its_log(
 
     with pytest.raises(ServerStartError, match=r"exited with code 2(.|\n)*--max-sessions"):
         await bench()
+
+
+def test_the_table_shows_each_level_the_input_lengths_and_the_targets() -> None:
+    cpu = {"cpu_s_per_session_s": 0.25, "cpu_s_per_session_s_with_workers": 0.5}
+    level = {
+        "ttfa_ms_p50": 120.0,
+        "ttfa_ms_p99": 180.5,
+        "rtf_p50": None,  # every turn cancelled
+        "cancel_ms_p50": 11.0,
+        "cancel_ms_p99": 12.0,
+        "errors": 0,
+        "late_audio_deltas": 0,
+        "server_cpu": cpu,
+    }
+    result = {
+        "levels": {"1": level, "16": level | {"errors": 3}},
+        "input_length": {
+            "repeats": 2,
+            "lengths": {
+                "5": {"ttfa_ms_median": 100.0, "errors": 0},
+                "60": {"ttfa_ms_median": 110.0, "errors": 0},
+            },
+            "ttfa_ratio": 1.1,
+        },
+        "targets": {"zero_errors": {"sessions": 16, "measured": 3, "met": False}},
+    }
+
+    rows = realtime_table(result)
+
+    assert rows[2].split() == [
+        "1",
+        "120.0",
+        "180.5",
+        "-",
+        "11.0",
+        "12.0",
+        "0",
+        "0",
+        "0.250",
+        "0.500",
+    ]
+    assert rows[3].split()[:7] == ["16", "120.0", "180.5", "-", "11.0", "12.0", "3"]
+    assert "TTFA 60 s / 5 s: 1.10 (target <= 1.2)" in rows
+    assert rows[-1] == "target zero_errors: measured 3, met False"
