@@ -103,25 +103,32 @@ def _summarise(reports: list[ClientReport], turns: int) -> dict[str, Any]:
 
 
 def _server_cpu(
-    start: CpuSnapshot | None, end: CpuSnapshot | None, session_s: float
+    start: CpuSnapshot | None, end: CpuSnapshot | None, session_s: float, audio_s: float
 ) -> dict[str, float | None]:
-    """The server's CPU seconds over a level, alone and with its workers, and per
-    session-second (None where ``/proc`` could not tell)."""
+    """The server's CPU seconds over a level, alone and with its workers, per
+    session-second, and with its workers per second of audio sent (None where
+    ``/proc`` could not tell).
+
+    Per session-second is what a deployment is sized by while the server keeps up;
+    once it falls behind real time, sessions last longer and that figure falls, while
+    the CPU per second of audio does not."""
     if start is None or end is None:
         own: float | None = None
         with_workers: float | None = None
     else:
         own, with_workers = end.since(start)
 
-    def per_session_s(cpu: float | None) -> float | None:
-        return None if cpu is None or not session_s else round(cpu / session_s, 4)
+    def per(cpu: float | None, seconds: float) -> float | None:
+        return None if cpu is None or not seconds else round(cpu / seconds, 4)
 
     return {
         "cpu_s": _round(own, 2),
         "cpu_s_with_workers": _round(with_workers, 2),
         "session_s": round(session_s, 2),
-        "cpu_s_per_session_s": per_session_s(own),
-        "cpu_s_per_session_s_with_workers": per_session_s(with_workers),
+        "audio_s": round(audio_s, 2),
+        "cpu_s_per_session_s": per(own, session_s),
+        "cpu_s_per_session_s_with_workers": per(with_workers, session_s),
+        "cpu_s_per_audio_s_with_workers": per(with_workers, audio_s),
     }
 
 
@@ -149,20 +156,8 @@ async def _level(
     reports = [task.result() for task in tasks]
     level = _summarise(reports, turns)
     session_s = sum(r.connected_s for r in reports)
-    own = with_workers = None
-    if cpu_start is not None and cpu_end is not None:
-        own, with_workers = cpu_end.since(cpu_start)
-    level["server_cpu"] = {
-        "cpu_s": _round(own, 2),
-        "cpu_s_with_workers": _round(with_workers, 2),
-        "session_s": round(session_s, 2),
-        "cpu_s_per_session_s": _round(
-            own / session_s if own is not None and session_s else None, 4
-        ),
-        "cpu_s_per_session_s_with_workers": _round(
-            with_workers / session_s if with_workers is not None and session_s else None, 4
-        ),
-    }
+    audio_s = sum(t.audio_s for r in reports for t in r.turns)
+    level["server_cpu"] = _server_cpu(cpu_start, cpu_end, session_s, audio_s)
     level["wall_s"] = round(wall_s, 2)
     level["load_1m"] = {"start": load_start, "end": _load()}
     return level

@@ -180,8 +180,9 @@ class _Connection:
                 return event
 
 
-async def _paced(conn: _Connection, frames: list[str]) -> tuple[float, float]:
-    """Send ``frames`` at real-time pace; returns (end of speech, worst lateness in s)."""
+async def _paced(conn: _Connection, frames: list[str]) -> float:
+    """Send ``frames`` at real-time pace and return at the end of speech (when the last
+    frame has played); the worst lateness of a frame, in seconds."""
     loop = asyncio.get_running_loop()
     start = loop.time()
     lag = 0.0
@@ -191,14 +192,14 @@ async def _paced(conn: _Connection, frames: list[str]) -> tuple[float, float]:
         lag = max(lag, loop.time() - due)
         await conn.ws.send(frame)
     await asyncio.sleep(max(0.0, start + len(frames) * FRAME_S - loop.time()))
-    return loop.time(), lag
+    return lag
 
 
 async def _turn(
     conn: _Connection, frames: list[str], *, cancel: bool, timeout_s: float
 ) -> TurnResult:
     """One spoken turn and its response (see the module docstring)."""
-    _, lag = await _paced(conn, frames)
+    lag = await _paced(conn, frames)
     committed = time.perf_counter()
     await conn.send(InputAudioBufferCommit())
     await conn.send(ResponseCreate())
@@ -280,9 +281,9 @@ async def run_client(
     loop = asyncio.get_running_loop()
     opened = time.perf_counter()
     try:
-        async with websockets.connect(
-            ws_url, open_timeout=timeout_s, max_size=None, compression=None
-        ) as ws:
+        # The library's defaults otherwise (permessage-deflate included), as the
+        # ``openai`` client and browsers negotiate it: the server's CPU is what theirs is.
+        async with websockets.connect(ws_url, open_timeout=timeout_s, max_size=None) as ws:
             opened = time.perf_counter()
             conn = _Connection(ws, report)
             try:
