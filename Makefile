@@ -4,8 +4,10 @@ PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
+# apt needs root: sudo when we are not root (and it is there).
+SUDO := $(shell [ "$$(id -u)" = 0 ] || command -v sudo)
 
-.PHONY: venv test check lint serve bench clean
+.PHONY: venv browser test check lint serve bench clean
 
 $(STAMP): pyproject.toml constraints.txt
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -20,11 +22,17 @@ check: $(STAMP)
 	$(BIN)/ruff format --check .
 	$(BIN)/mypy
 
-test: check
+# The demo page's test (tests/server/test_demo_page.py) drives Debian's chromium: only
+# distribution packages are reachable in CI, so it comes from apt, never a download.
+browser:
+	command -v chromium >/dev/null || ( $(SUDO) apt-get update -qq && \
+		$(SUDO) env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium )
+
+test: check browser
 	$(BIN)/pytest -q
 
 serve: $(STAMP)
-	$(BIN)/python examples/voice_agent.py
+	$(BIN)/omni-actors serve --preset tiny-omni
 
 bench: $(STAMP)
 	$(BIN)/omni-actors bench actors --json

@@ -422,12 +422,29 @@ def _run(ns: argparse.Namespace) -> int:
     return run_command(ns)
 
 
+def _add_serve_arguments(parser: argparse.ArgumentParser) -> None:
+    from omni_actors.cli.serve import add_serve_arguments
+
+    add_serve_arguments(parser)
+
+
+def _serve(ns: argparse.Namespace) -> int:
+    from omni_actors.cli.serve import serve_command
+
+    return serve_command(ns)
+
+
 COMMANDS: dict[str, Command] = {
     "bench": Command("run a benchmark and print its numbers", _add_bench_arguments, _bench),
     "prepare": Command(
         "build a model family's weights (seeded, no download) into the cache",
         _add_prepare_arguments,
         _prepare,
+    ),
+    "serve": Command(
+        "the realtime server (OpenAI Realtime websocket, chat completions, demo page)",
+        _add_serve_arguments,
+        _serve,
     ),
     "run": Command(
         "run one request offline: stream the text, write the audio to a WAV",

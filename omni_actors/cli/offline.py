@@ -13,9 +13,8 @@ from pathlib import Path
 
 import torch
 
-from omni_actors.cli.progress import ProgressBar
+from omni_actors.cli.prepare import NotPreparedError, prepared_spec
 from omni_actors.errors import OmniError
-from omni_actors.model_cache import is_prepared, prepare
 from omni_actors.serving.pipeline_spec import PipelineSpec, load_pipeline
 
 __all__ = ["add_run_arguments", "run_command"]
@@ -69,23 +68,10 @@ def _read_audio(path: Path) -> torch.Tensor:
 
 def _prepared(spec: PipelineSpec, ns: argparse.Namespace) -> PipelineSpec:
     """Point model-family stages at the cache and seed; prepare their weights if missing."""
-    families = spec.model_families()
-    for model, family in sorted(families.items()):
-        if is_prepared(family, cache_dir=ns.cache_dir, seed=ns.seed):
-            continue
-        if ns.no_prepare:
-            flags = f" --seed {ns.seed}" if ns.seed else ""
-            flags += f" --cache-dir {ns.cache_dir}" if ns.cache_dir else ""
-            raise _UsageError(
-                f"{model} weights are not prepared; run: omni-actors prepare {model}{flags}"
-            )
-        prepare(
-            family,
-            cache_dir=ns.cache_dir,
-            seed=ns.seed,
-            progress=ProgressBar(f"preparing {model}", stream=sys.stderr),
-        )
-    return spec.with_weights(cache_dir=ns.cache_dir, seed=ns.seed) if families else spec
+    try:
+        return prepared_spec(spec, cache_dir=ns.cache_dir, seed=ns.seed, prepare=not ns.no_prepare)
+    except NotPreparedError as exc:
+        raise _UsageError(str(exc)) from None
 
 
 async def _request(

@@ -9,9 +9,11 @@ from pathlib import Path
 from omni_actors.cli.progress import ProgressBar
 from omni_actors.errors import OmniError
 from omni_actors.model_cache import default_cache_dir, is_prepared, prepare
+from omni_actors.model_cache import prepare as _prepare
 from omni_actors.model_family import model_families
+from omni_actors.serving.pipeline_spec import PipelineSpec, load_pipeline
 
-__all__ = ["add_prepare_arguments", "prepare_command"]
+__all__ = ["NotPreparedError", "add_prepare_arguments", "prepare_command", "prepared_spec"]
 
 
 def add_prepare_arguments(parser: argparse.ArgumentParser) -> None:
@@ -46,3 +48,42 @@ def prepare_command(ns: argparse.Namespace) -> int:
         return 2
     print(f"{ns.model} (seed {ns.seed}) prepared in {where}")
     return 0
+
+
+class NotPreparedError(OmniError):
+    """A pipeline's weights are missing and preparing them was not allowed."""
+
+
+def prepared_spec(
+    pipeline: PipelineSpec | str | Path,
+    *,
+    cache_dir: Path | None = None,
+    seed: int = 0,
+    prepare: bool = True,
+) -> PipelineSpec:
+    """The pipeline with its model-family stages pointed at the cache and seed, their
+    weights prepared first (with a progress bar on stderr) if missing.
+
+    Raises:
+        NotPreparedError: weights are missing and ``prepare`` is False (the message
+            gives the command to run).
+        OmniError: the pipeline cannot be loaded.
+    """
+    spec = pipeline if isinstance(pipeline, PipelineSpec) else load_pipeline(pipeline)
+    families = spec.model_families()
+    for model, family in sorted(families.items()):
+        if is_prepared(family, cache_dir=cache_dir, seed=seed):
+            continue
+        if not prepare:
+            flags = f" --seed {seed}" if seed else ""
+            flags += f" --cache-dir {cache_dir}" if cache_dir else ""
+            raise NotPreparedError(
+                f"{model} weights are not prepared; run: omni-actors prepare {model}{flags}"
+            )
+        _prepare(
+            family,
+            cache_dir=cache_dir,
+            seed=seed,
+            progress=ProgressBar(f"preparing {model}", stream=sys.stderr),
+        )
+    return spec.with_weights(cache_dir=cache_dir, seed=seed) if families else spec

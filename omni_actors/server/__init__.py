@@ -7,6 +7,7 @@ onto the session (append -> ``send``, commit -> ``commit``, ``response.create`` 
 ``respond``, ``response.cancel`` -> ``Response.cancel``, truncate -> ``truncate``).
 """
 
+from omni_actors.server.runner import RunningServer, run_server
 from omni_actors.server.settings import ServerSettings
 
-__all__ = ["ServerSettings"]
+__all__ = ["RunningServer", "ServerSettings", "run_server"]

@@ -23,7 +23,7 @@ from __future__ import annotations
 import base64
 import binascii
 import math
-from typing import Final, Literal, get_args
+from typing import Final, Literal
 
 import numpy as np
 import numpy.typing as npt
@@ -78,8 +78,15 @@ class AudioPayloadError(InvalidRequestError):
 
 
 def format_rate(name: AudioFormatName) -> int:
-    """The sample rate (Hz) of format ``name``: 24000 for PCM16, 8000 for G.711."""
-    return _RATES[name]
+    """The sample rate (Hz) of format ``name``: 24000 for PCM16, 8000 for G.711.
+
+    Raises:
+        ValueError: ``name`` is no GA format name (map beta names with ``BETA_FORMATS``).
+    """
+    try:
+        return _RATES[name]
+    except KeyError:
+        raise ValueError(f"unknown audio format {name!r}: use one of {', '.join(_RATES)}") from None
 
 
 # --- G.711 (ITU-T G.711, as its reference implementation computes it) -----------------
@@ -111,7 +118,8 @@ def _ulaw_encode_table() -> _UInt8:
 def _ulaw_decode_table() -> _Int16:
     code = ~np.arange(256, dtype=np.int32) & 0xFF
     t = (((code & 0x0F) << 3) + 0x84) << ((code & 0x70) >> 4)
-    return np.where(code & 0x80, 0x84 - t, t - 0x84).astype(np.int16)
+    table: _Int16 = np.where(code & 0x80, 0x84 - t, t - 0x84).astype(np.int16)
+    return table
 
 
 def _alaw_encode_table() -> _UInt8:
@@ -133,7 +141,8 @@ def _alaw_decode_table() -> _Int16:
     segment = (code & 0x70) >> 4
     t = ((code & 0x0F) << 4) + np.where(segment == 0, 8, 0x108)
     t = t << np.maximum(segment - 1, 0)
-    return np.where(code & 0x80, t, -t).astype(np.int16)  # type: ignore[no-any-return]
+    table: _Int16 = np.where(code & 0x80, t, -t).astype(np.int16)
+    return table
 
 
 _ENCODE: Final[dict[AudioFormatName, _UInt8]] = {
@@ -164,6 +173,7 @@ def decode_audio(data: str, name: AudioFormatName, *, max_bytes: int) -> torch.T
         AudioPayloadError: the payload is empty, not strict base64, larger than
             ``max_bytes``, or (PCM16) an odd number of bytes.
     """
+    format_rate(name)  # a programming error (an unknown name) is no client's fault
     if not data:
         raise AudioPayloadError(
             "the audio payload is empty: send base64 audio of at least one sample",
@@ -219,7 +229,8 @@ def _to_int16(samples: torch.Tensor) -> _Int16:
     # x * 32768 is the inverse of the int16 -> float scaling the session uses
     # (int16 / 32768), so int16 audio survives a round trip through float exactly.
     x = np.nan_to_num(flat.to(torch.float32).numpy(), nan=0.0) * np.float32(32768.0)
-    return np.rint(np.clip(x, -32768.0, 32767.0)).astype(np.int16)  # type: ignore[no-any-return]
+    pcm: _Int16 = np.rint(np.clip(x, -32768.0, 32767.0)).astype(np.int16)
+    return pcm
 
 
 def encode_audio(samples: torch.Tensor, name: AudioFormatName) -> str:
@@ -228,6 +239,7 @@ def encode_audio(samples: torch.Tensor, name: AudioFormatName) -> str:
     The samples must already be at ``format_rate(name)``; :class:`OutputAudio`
     resamples a stream for you.
     """
+    format_rate(name)
     pcm = _to_int16(samples)
     if name == "audio/pcm":
         payload = pcm.astype("<i2", copy=False).tobytes()
@@ -250,10 +262,6 @@ class OutputAudio:
     """
 
     def __init__(self, source_rate: int, name: AudioFormatName) -> None:
-        if name not in get_args(AudioFormatName):
-            raise ValueError(
-                f"unknown audio format {name!r}; use one of {get_args(AudioFormatName)}"
-            )
         self.name: AudioFormatName = name
         self.rate = format_rate(name)
         self._resampler = (

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 
 import torch
 
-from omni_actors.errors import OmniError
+from omni_actors.errors import InvalidRequestError, OmniError
 from omni_actors.server.response_stream import ResponseStream
 from omni_actors.serving.session import Session, SessionClosedError
 
@@ -28,6 +28,7 @@ __all__ = ["InputStream", "Op"]
 
 log = logging.getLogger(__name__)
 
+_RESPONSE_END_S = 30.0  # a cancelled response ends within the stages' abort timeout
 INSTRUCTIONS_FIELD = "instructions"  # the entry engine's system-prompt input field
 
 
@@ -112,6 +113,15 @@ class InputStream:
         elif op.kind == "clear":
             await session.clear()
         elif op.kind == "truncate":
+            if op.stream is not None:  # a response cut while in flight: wait for its end
+                try:
+                    async with asyncio.timeout(_RESPONSE_END_S):
+                        await op.stream.finished.wait()
+                except TimeoutError:
+                    raise InvalidRequestError(
+                        f"response {op.stream.id} did not end within {_RESPONSE_END_S:g}s of "
+                        "its cancel; the conversation was not truncated"
+                    ) from None
             await session.truncate(op.audio_ms)
         elif op.kind == "respond":
             stream = op.stream

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from omni_actors.errors import InvalidRequestError
 
-__all__ = ["RequestError"]
+__all__ = ["RequestError", "described"]
 
 
 class RequestError(InvalidRequestError):
@@ -23,3 +23,14 @@ class RequestError(InvalidRequestError):
         super().__init__(message)
         self.realtime_code = realtime_code
         self.param = param
+
+
+def described(error: InvalidRequestError) -> tuple[str, str]:
+    """The Realtime ``error.code`` and message of a refused client event."""
+    from omni_actors.server.audio_format import AudioPayloadError
+
+    if isinstance(error, RequestError):
+        return error.realtime_code, str(error)
+    if isinstance(error, AudioPayloadError):
+        return "invalid_audio", str(error)
+    return error.code, str(error)

@@ -10,6 +10,7 @@ response follows the cancel by more than what was already sent.
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Callable
 from typing import Literal, TypedDict
 
@@ -95,6 +96,7 @@ class ResponseStream:
         self.response: Response | None = None  # once the pipeline has started it
         self.cancel_reason: CancelReason | None = None
         self.ended = False
+        self.finished = asyncio.Event()  # set once its response.done went out
 
     @property
     def audio_ms(self) -> float:

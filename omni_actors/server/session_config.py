@@ -11,12 +11,13 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, replace
-from typing import Literal
+from typing import Literal, TypeVar
 
 import msgspec
 
 from omni_actors.protocols.realtime_client import (
     AudioFormat,
+    AudioInputConfig,
     AudioOutputConfig,
     ResponseParams,
     SessionConfig,
@@ -35,6 +36,7 @@ __all__ = ["ResponseSettings", "SessionSettings", "SettingError", "VadSettings"]
 
 Modality = Literal["text", "audio"]
 _SESSION_LIFETIME_S = 30 * 60
+T = TypeVar("T")
 
 
 class SettingError(RequestError):
@@ -90,24 +92,18 @@ class SessionSettings:
             SettingError: a value the server does not support (the settings are unchanged).
         """
         new = self
-        modalities = config.output_modalities or config.modalities
+        modalities = _first(config.output_modalities, config.modalities)
         if modalities is not None:
             new = replace(new, modalities=_modalities(modalities, "session.output_modalities"))
         if config.instructions is not None:
             new = replace(new, instructions=config.instructions)
         audio_in = config.audio.input if config.audio is not None else None
         audio_out = config.audio.output if config.audio is not None else None
-        if audio_in is not None and audio_in.format is not None:
-            fmt = _format(audio_in.format, "session.audio.input.format")
+        fmt = _either_format(audio_in, config.input_audio_format, "input")
+        if fmt is not None:
             new = replace(new, input_format=fmt)
-        elif config.input_audio_format is not None:
-            fmt = _beta_format(config.input_audio_format, "session.input_audio_format")
-            new = replace(new, input_format=fmt)
-        if audio_out is not None and audio_out.format is not None:
-            fmt = _format(audio_out.format, "session.audio.output.format")
-            new = replace(new, output_format=fmt)
-        elif config.output_audio_format is not None:
-            fmt = _beta_format(config.output_audio_format, "session.output_audio_format")
+        fmt = _either_format(audio_out, config.output_audio_format, "output")
+        if fmt is not None:
             new = replace(new, output_format=fmt)
         voice = audio_out.voice if audio_out is not None else None
         voice = voice or config.voice
@@ -118,7 +114,9 @@ class SessionSettings:
             turn_detection = audio_in.turn_detection
         if turn_detection is not msgspec.UNSET:
             new = replace(new, vad=_vad(turn_detection, new.vad))
-        limit = config.max_output_tokens or config.max_response_output_tokens
+        limit: int | Literal["inf"] | None = _first(
+            config.max_output_tokens, config.max_response_output_tokens
+        )
         if limit is not None:
             new = replace(new, max_tokens=_max_tokens(limit, "session.max_output_tokens"))
         if config.temperature is not None:
@@ -141,12 +139,14 @@ class SessionSettings:
         )
         if params is None:
             return base
-        modalities = params.output_modalities or params.modalities
+        modalities = _first(params.output_modalities, params.modalities)
         if modalities is not None:
             base = replace(base, modalities=_modalities(modalities, "response.output_modalities"))
         if params.instructions is not None:
             base = replace(base, instructions=params.instructions)
-        limit = params.max_output_tokens or params.max_response_output_tokens
+        limit: int | Literal["inf"] | None = _first(
+            params.max_output_tokens, params.max_response_output_tokens
+        )
         if limit is not None:
             base = replace(base, max_tokens=_max_tokens(limit, "response.max_output_tokens"))
         output: AudioOutputConfig | None = params.audio.output if params.audio else None
@@ -191,6 +191,11 @@ class SessionSettings:
         )
 
 
+def _first(ga: T | None, beta: T | None) -> T | None:
+    """The GA field if given, else its beta alias (0 and [] count as given)."""
+    return ga if ga is not None else beta
+
+
 def describe_format(name: AudioFormatName) -> AudioFormat:
     """The GA description of an audio format."""
     return AudioFormat(type=name, rate=format_rate(name) if name == "audio/pcm" else None)
@@ -209,6 +214,18 @@ def _format(fmt: AudioFormat, param: str) -> AudioFormatName:
             param + ".rate",
         )
     return name  # type: ignore[return-value]
+
+
+def _either_format(
+    ga: AudioInputConfig | AudioOutputConfig | None, beta: str | None, side: str
+) -> AudioFormatName | None:
+    """The format a ``session.update`` sets for one side: the GA nested form, else the
+    beta flat name, else None."""
+    if ga is not None and ga.format is not None:
+        return _format(ga.format, f"session.audio.{side}.format")
+    if beta is not None:
+        return _beta_format(beta, f"session.{side}_audio_format")
+    return None
 
 
 def _beta_format(name: str, param: str) -> AudioFormatName:

@@ -37,7 +37,7 @@ class ServerState:
 
     def responding(self) -> bool:
         """True while a realtime connection has a response in flight."""
-        return any(c.active is not None for c in self.connections)
+        return any(c.replies.active is not None for c in self.connections)
 
     def admit(self) -> bool:
         """Take a session slot; False when the server is full or draining."""

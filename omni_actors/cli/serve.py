@@ -1,0 +1,139 @@
+"""``omni-actors serve``: the realtime server on a pipeline, until SIGINT or SIGTERM.
+
+Missing weights are prepared first (with a progress bar). The first SIGINT/SIGTERM
+drains: new sessions are refused, responses in flight get ``--grace-s`` to finish, then
+open sessions get a final event and a close frame and the workers stop; a second
+signal stops at once.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import signal
+import sys
+from pathlib import Path
+
+from omni_actors.cli.prepare import prepared_spec
+from omni_actors.errors import OmniError
+from omni_actors.server.runner import run_server
+from omni_actors.server.settings import ServerSettings
+from omni_actors.serving.pipeline_spec import PipelineSpec
+
+__all__ = ["add_serve_arguments", "serve_command"]
+
+_DEFAULTS = ServerSettings()
+
+
+def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
+    """Arguments of ``serve``."""
+    add = parser.add_argument
+    add("--preset", default="tiny-omni", help="a preset name or a pipeline YAML (tiny-omni)")
+    add("--host", default=_DEFAULTS.host, help="interface to listen on (127.0.0.1)")
+    add("--port", type=int, default=_DEFAULTS.port, help="TCP port (8000; 0 picks a free one)")
+    add("--api-key", default=None, help="require this key (Bearer header or subprotocol)")
+    add(
+        "--allowed-origin",
+        action="append",
+        default=[],
+        metavar="ORIGIN",
+        help="a browser origin allowed besides the server's own (repeatable; * for any)",
+    )
+    add("--max-sessions", type=int, default=_DEFAULTS.max_sessions, help="sessions at once")
+    add(
+        "--idle-timeout-s",
+        type=float,
+        default=_DEFAULTS.idle_timeout_s,
+        help="close a session with no client event for this long",
+    )
+    add(
+        "--max-input-buffer-s",
+        type=float,
+        default=_DEFAULTS.max_input_buffer_s,
+        help="seconds of audio a session may hold uncommitted",
+    )
+    add(
+        "--grace-s",
+        type=float,
+        default=_DEFAULTS.grace_s,
+        help="on SIGINT/SIGTERM, how long responses in flight may take to finish",
+    )
+    add("--cache-dir", type=Path, default=None, help="weights cache")
+    add("--seed", type=int, default=0, help="seed of the prepared weights")
+    add("--ready-file", default=None, help="write the server's URL here once it listens")
+    add("--log-level", default="info", choices=["debug", "info", "warning", "error"])
+
+
+def serve_command(ns: argparse.Namespace) -> int:
+    """Serve until a signal; 0 after a clean shutdown, 2 for bad arguments."""
+    logging.basicConfig(
+        level=ns.log_level.upper(),
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+        stream=sys.stderr,
+    )
+    try:
+        settings = ServerSettings(
+            preset=ns.preset,
+            host=ns.host,
+            port=ns.port,
+            api_key=ns.api_key,
+            allowed_origins=tuple(ns.allowed_origin),
+            max_sessions=ns.max_sessions,
+            idle_timeout_s=ns.idle_timeout_s,
+            max_input_buffer_s=ns.max_input_buffer_s,
+            grace_s=ns.grace_s,
+        )
+        spec = prepared_spec(ns.preset, cache_dir=ns.cache_dir, seed=ns.seed)
+    except (OmniError, ValueError) as exc:
+        print(f"omni-actors serve: {exc}", file=sys.stderr)
+        return 2
+    import torch
+
+    # The server's own tensor work (decoding, resampling, encoding audio) is many small
+    # ops per frame per session: torch's intra-op pool only adds contention to them,
+    # and the engines in this process want one thread each too (torch_engine.py).
+    torch.set_num_threads(1)
+    from omni_actors import run
+
+    return run(_serve(settings, spec, ns.ready_file))
+
+
+async def _serve(settings: ServerSettings, spec: PipelineSpec, ready_file: str | None) -> int:
+    loop = asyncio.get_running_loop()
+    stop = asyncio.Event()
+    signals = 0
+    main = asyncio.current_task()
+    assert main is not None
+
+    def on_signal() -> None:
+        nonlocal signals
+        signals += 1
+        if signals == 1:
+            print("omni-actors serve: draining (signal again to stop now)", file=sys.stderr)
+            stop.set()
+        else:
+            main.cancel()
+
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, on_signal)
+    try:
+        async with run_server(settings, pipeline=spec) as server:
+            print(f"omni-actors serving {spec.name}: open {server.url}/ (demo page)", flush=True)
+            print(f"  realtime websocket: {server.ws_url}", flush=True)
+            print(f"  chat completions:   {server.url}/v1/chat/completions", flush=True)
+            if ready_file is not None:
+                _write(ready_file, server.url)
+            await stop.wait()
+    except OSError as exc:
+        print(f"omni-actors serve: cannot listen on {settings.host}:{settings.port}: {exc}")
+        return 2
+    finally:
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            loop.remove_signal_handler(sig)
+    print("omni-actors serve: stopped", file=sys.stderr)
+    return 0
+
+
+def _write(path: str, text: str) -> None:
+    Path(path).write_text(text)

@@ -1,0 +1,347 @@
+// The demo page's client: one OpenAI Realtime session over /v1/realtime.
+//
+// Microphone -> capture worklet (24 kHz PCM16, 20 ms frames) -> input_audio_buffer.append;
+// the server's VAD ends each turn and answers; response.output_audio.delta is played
+// gaplessly by scheduling one AudioBufferSourceNode per delta back to back on the
+// AudioContext's timeline. Speech during a reply (barge-in) or the Stop button flushes
+// what is scheduled at once and truncates the reply to what was heard. window.omniDemo
+// mirrors what the page shows, for tests.
+
+const RATE = 24000; // PCM16 mono, both ways (session.update below asks for it)
+const LEAD_S = 0.05; // first delta of a burst starts this far ahead: room for jitter
+
+const SESSION = {
+  type: "realtime",
+  output_modalities: ["audio"],
+  audio: {
+    input: {
+      format: { type: "audio/pcm", rate: RATE },
+      turn_detection: {
+        type: "server_vad",
+        threshold: 0.5,
+        prefix_padding_ms: 300,
+        silence_duration_ms: 500,
+        create_response: true,
+        interrupt_response: true,
+      },
+    },
+    output: { format: { type: "audio/pcm", rate: RATE }, voice: "chelsie" },
+  },
+};
+
+// What the page shows, kept as plain data so a test can poll JSON.stringify(omniDemo).
+const demo = {
+  state: "disconnected", // disconnected | connecting | connected | ready | closed
+  turns: [], // {responseId, itemId, ttfaMs, audioDeltas, samplesReceived, samplesPlayed, heardMs, truncatedMs, status}
+  audioDeltasPlayed: 0, // deltas whose audio reached the output (fully or until a flush)
+  samplesScheduled: 0,
+  transcript: [], // {responseId, text}
+  errors: [], // error.message of each `error` event, and connection failures
+};
+window.omniDemo = demo;
+
+const $ = (id) => document.getElementById(id);
+
+let ws = null;
+let audio = null; // {context, stream, worklet}
+let speechStoppedAt = null; // performance.now() of the last speech_stopped
+let inFlight = null; // the turn whose response.done has not come yet
+const turnStart = new Map(); // responseId -> performance.now() its TTFA counts from
+const dropped = new Set(); // responses flushed here: their late deltas are not played
+
+// ---- playback ------------------------------------------------------------------------
+
+let playhead = 0; // context time where the next delta starts
+const scheduled = new Set(); // {source, start, samples, turn}
+
+function play(turn, base64) {
+  const samples = decodePcm16(base64);
+  if (samples.length === 0) return;
+  const context = audio.context;
+  const buffer = context.createBuffer(1, samples.length, RATE);
+  buffer.copyToChannel(samples, 0);
+  const source = context.createBufferSource();
+  source.buffer = buffer;
+  source.connect(context.destination);
+  // Back to back: a delta starts where the previous one ends, unless playback ran dry.
+  playhead = Math.max(playhead, context.currentTime + LEAD_S);
+  const entry = { source, start: playhead, samples: samples.length, turn };
+  source.onended = () => finished(entry, samples.length);
+  source.start(playhead);
+  playhead += buffer.duration;
+  scheduled.add(entry);
+  demo.samplesScheduled += samples.length;
+  turn.samplesReceived += samples.length;
+}
+
+function finished(entry, played) {
+  if (!scheduled.delete(entry)) return;
+  if (played > 0) {
+    demo.audioDeltasPlayed += 1;
+    entry.turn.samplesPlayed += played;
+  }
+}
+
+// Stop everything scheduled now; a delta cut midway counts what was heard of it.
+// Returns the turns whose audio was cut short.
+function flushPlayback() {
+  const cut = new Set();
+  if (!audio) return cut;
+  const now = audio.context.currentTime;
+  for (const entry of [...scheduled]) {
+    entry.source.onended = null;
+    entry.source.stop();
+    const heard = Math.max(0, Math.min(entry.samples, Math.round((now - entry.start) * RATE)));
+    finished(entry, heard);
+    if (heard < entry.samples) cut.add(entry.turn);
+  }
+  playhead = 0;
+  return cut;
+}
+
+// Barge-in or Stop: the server cannot know how much of the reply the user heard, so the
+// page tells it (conversation.item.truncate), and the conversation keeps only that. An
+// item can be truncated once its response is done: until then the truncate waits.
+function cutPlayback() {
+  for (const turn of flushPlayback()) {
+    turn.heardMs = Math.floor((turn.samplesPlayed * 1000) / RATE);
+    if (turn.status !== "in_progress") truncate(turn);
+  }
+}
+
+function truncate(turn) {
+  send({ type: "conversation.item.truncate", item_id: turn.itemId, content_index: 0, audio_end_ms: turn.heardMs });
+}
+
+function decodePcm16(base64) {
+  const bytes = Uint8Array.from(atob(base64), (c) => c.charCodeAt(0));
+  const view = new DataView(bytes.buffer);
+  const out = new Float32Array(bytes.length >> 1);
+  for (let i = 0; i < out.length; i++) out[i] = view.getInt16(2 * i, true) / 32768;
+  return out;
+}
+
+function encodeBase64(buffer) {
+  const bytes = new Uint8Array(buffer);
+  let text = "";
+  for (let i = 0; i < bytes.length; i++) text += String.fromCharCode(bytes[i]);
+  return btoa(text);
+}
+
+// ---- microphone ----------------------------------------------------------------------
+
+async function startAudio() {
+  const stream = await navigator.mediaDevices.getUserMedia({
+    audio: { echoCancellation: true, noiseSuppression: true, channelCount: 1 },
+  });
+  const context = new AudioContext();
+  await context.audioWorklet.addModule("/static/capture-worklet.js");
+  const worklet = new AudioWorkletNode(context, "capture-worklet");
+  worklet.port.onmessage = (message) => {
+    if (demo.state === "ready") send({ type: "input_audio_buffer.append", audio: encodeBase64(message.data) });
+  };
+  context.createMediaStreamSource(stream).connect(worklet);
+  await context.resume();
+  audio = { context, stream, worklet };
+}
+
+function stopAudio() {
+  if (!audio) return;
+  flushPlayback();
+  for (const track of audio.stream.getTracks()) track.stop();
+  audio.worklet.port.onmessage = null;
+  audio.context.close();
+  audio = null;
+}
+
+// ---- the session ---------------------------------------------------------------------
+
+function send(event) {
+  if (ws && ws.readyState === WebSocket.OPEN) ws.send(JSON.stringify(event));
+}
+
+async function connect() {
+  setState("connecting");
+  try {
+    await startAudio();
+  } catch (err) {
+    showError(`microphone: ${err.message}`);
+    setState("disconnected");
+    return;
+  }
+  const protocols = ["realtime"];
+  const key = $("api-key").value.trim();
+  if (key) protocols.push(`openai-insecure-api-key.${key}`);
+  const scheme = location.protocol === "https:" ? "wss" : "ws";
+  try {
+    ws = new WebSocket(`${scheme}://${location.host}/v1/realtime`, protocols);
+  } catch (err) {
+    showError(`cannot connect: ${err.message} (an API key is letters, digits and -_.)`);
+    stopAudio();
+    setState("disconnected");
+    return;
+  }
+  ws.onopen = () => send({ type: "session.update", session: SESSION });
+  ws.onmessage = (message) => onEvent(JSON.parse(message.data));
+  ws.onerror = () => showError("websocket error (is the server up? is the API key right?)");
+  ws.onclose = (close) => {
+    if (close.code !== 1000 && close.code !== 1005) showError(`closed: ${close.code} ${close.reason}`);
+    ws = null;
+    stopAudio();
+    setState("closed");
+  };
+}
+
+function disconnect() {
+  if (ws) ws.close(1000);
+  else stopAudio();
+}
+
+function stop() {
+  if (inFlight) {
+    send({ type: "response.cancel", event_id: `stop_${inFlight.responseId}`, response_id: inFlight.responseId });
+    dropped.add(inFlight.responseId);
+  }
+  cutPlayback();
+}
+
+function onEvent(event) {
+  switch (event.type) {
+    case "session.created":
+      setState("connected");
+      break;
+    case "session.updated":
+      setState("ready");
+      break;
+    case "input_audio_buffer.speech_started":
+      // Barge-in: the server cancels its reply; what is already here must not play on.
+      if (inFlight) dropped.add(inFlight.responseId);
+      cutPlayback();
+      setSpeaking(true);
+      break;
+    case "input_audio_buffer.speech_stopped":
+      speechStoppedAt = performance.now();
+      setSpeaking(false);
+      break;
+    case "response.created":
+      inFlight = {
+        responseId: event.response.id,
+        ttfaMs: null,
+        itemId: null,
+        audioDeltas: 0,
+        samplesReceived: 0,
+        samplesPlayed: 0,
+        heardMs: null, // set when its playback was cut short
+        truncatedMs: null, // the server's conversation.item.truncated
+        status: "in_progress",
+      };
+      turnStart.set(inFlight.responseId, speechStoppedAt ?? performance.now());
+      speechStoppedAt = null;
+      demo.turns.push(inFlight);
+      renderTurns();
+      break;
+    case "response.output_audio.delta": {
+      const turn = demo.turns.find((t) => t.responseId === event.response_id);
+      if (!turn || dropped.has(turn.responseId) || !audio) break;
+      if (turn.ttfaMs === null) {
+        turn.ttfaMs = Math.round(performance.now() - turnStart.get(turn.responseId));
+        renderTurns();
+      }
+      turn.itemId = event.item_id;
+      turn.audioDeltas += 1;
+      play(turn, event.delta);
+      break;
+    }
+    case "response.output_audio_transcript.delta":
+    case "response.output_text.delta":
+      transcriptLine(event.response_id).text += event.delta;
+      renderTranscript();
+      break;
+    case "response.output_audio_transcript.done":
+      transcriptLine(event.response_id).text = event.transcript;
+      renderTranscript();
+      break;
+    case "response.done": {
+      const turn = demo.turns.find((t) => t.responseId === event.response.id);
+      if (inFlight && inFlight.responseId === event.response.id) inFlight = null;
+      if (turn) {
+        turn.status = event.response.status;
+        if (turn.heardMs !== null) truncate(turn);
+      }
+      renderTurns();
+      break;
+    }
+    case "conversation.item.truncated": {
+      const turn = demo.turns.find((t) => t.itemId === event.item_id);
+      if (turn) turn.truncatedMs = event.audio_end_ms;
+      renderTurns();
+      break;
+    }
+    case "error":
+      // A Stop that crossed its response's end on the wire: nothing was left to cancel.
+      if (event.error.code === "response_cancel_not_active" && event.error.event_id?.startsWith("stop_")) break;
+      showError(event.error.message);
+      break;
+  }
+}
+
+// ---- the view ------------------------------------------------------------------------
+
+function setState(state) {
+  demo.state = state;
+  $("state").textContent = state;
+  $("connect").textContent = ["connecting", "connected", "ready"].includes(state) ? "Disconnect" : "Connect";
+}
+
+function setSpeaking(speaking) {
+  $("speaking").textContent = speaking ? "speaking" : "";
+}
+
+function showError(message) {
+  demo.errors.push(message);
+  const item = document.createElement("li");
+  item.textContent = message;
+  $("errors").append(item);
+}
+
+function transcriptLine(responseId) {
+  let line = demo.transcript.find((l) => l.responseId === responseId);
+  if (!line) {
+    line = { responseId, text: "" };
+    demo.transcript.push(line);
+  }
+  return line;
+}
+
+function renderTranscript() {
+  $("transcript").replaceChildren(
+    ...demo.transcript.map((line) => {
+      const p = document.createElement("p");
+      p.textContent = line.text;
+      return p;
+    }),
+  );
+}
+
+function renderTurns() {
+  $("turns").replaceChildren(
+    ...demo.turns.map((turn) => {
+      const row = document.createElement("tr");
+      const ttfa = turn.ttfaMs === null ? "-" : `${turn.ttfaMs} ms`;
+      const cut = turn.truncatedMs === null ? "" : ` (heard ${turn.truncatedMs} ms)`;
+      for (const cell of [turn.responseId, ttfa, turn.status + cut]) {
+        const td = document.createElement("td");
+        td.textContent = cell;
+        row.append(td);
+      }
+      return row;
+    }),
+  );
+}
+
+$("connect").onclick = () => {
+  if (ws) disconnect();
+  else if (demo.state !== "connecting") connect(); // a second click waits for the microphone
+};
+$("stop").onclick = stop;
+setState("disconnected");

@@ -1,0 +1,90 @@
+"""The realtime server on tiny-omni: what a client hears over the websocket is what the
+library's ``Session`` makes of the same audio, and barge-in cancels a real reply."""
+
+from __future__ import annotations
+
+import base64
+
+import numpy as np
+import pytest
+
+pytest.importorskip("transformers")
+
+import torch
+from realtime_client import b64, connect, silence, speech
+
+from omni_actors.model_cache import prepare
+from omni_actors.protocols.events import AudioDelta, ResponseDone, TextDelta
+from omni_actors.server.runner import run_server
+from omni_actors.server.settings import ServerSettings
+from omni_actors.serving.omni_pipeline import OmniPipeline
+from omni_actors.serving.pipeline_spec import PipelineSpec, load_pipeline
+
+pytestmark = pytest.mark.integration
+
+FRAME = 480  # 20 ms at 24 kHz
+
+
+@pytest.fixture(scope="module")
+def spec(tmp_path_factory: pytest.TempPathFactory) -> PipelineSpec:
+    root = tmp_path_factory.mktemp("weights")
+    prepare("tiny-omni", cache_dir=root)
+    return load_pipeline("tiny-omni").with_weights(cache_dir=root)
+
+
+async def _library_reply(spec: PipelineSpec, pcm: bytes) -> tuple[str, torch.Tensor]:
+    samples = torch.from_numpy(np.frombuffer(pcm, dtype="<i2").copy())
+    async with OmniPipeline(spec) as omni, omni.session() as session:
+        for i in range(0, samples.numel(), FRAME):
+            await session.send(audio=samples[i : i + FRAME], sample_rate=24_000)
+        await session.commit()
+        response = await session.respond()
+        events = [e async for e in response.events()]
+    assert isinstance(events[-1], ResponseDone)
+    assert events[-1].status == "completed"
+    text = "".join(e.text for e in events if isinstance(e, TextDelta))
+    audio = torch.cat([e.audio for e in events if isinstance(e, AudioDelta)])
+    return text, audio
+
+
+async def test_the_server_says_what_the_library_says_and_barge_in_cancels(
+    spec: PipelineSpec,
+) -> None:
+    pcm = speech(1.0, seed=3)
+    serving = run_server(ServerSettings(port=0), pipeline=spec)
+    async with serving as server, connect(server.ws_url) as client:
+        await client.no_vad()
+        for i in range(0, len(pcm), 2 * FRAME):  # 20 ms frames, as a microphone sends
+            await client.send("input_audio_buffer.append", audio=b64(pcm[i : i + 2 * FRAME]))
+        await client.send("input_audio_buffer.commit")
+        await client.send("response.create")
+        events = await client.until("response.done", timeout=120)
+        assert events[-1]["response"]["status"] == "completed"
+        heard = b"".join(
+            base64.b64decode(e["delta"])
+            for e in events
+            if e["type"] == "response.output_audio.delta"
+        )
+        transcript = next(
+            e["transcript"] for e in events if e["type"] == "response.output_audio_transcript.done"
+        )
+
+        # Barge-in on a real reply: server VAD back on, the user speaks over it.
+        await client.send(
+            "session.update",
+            session={"type": "realtime", "audio": {"input": {"turn_detection": {}}}},
+        )
+        await client.expect("session.updated")
+        await client.say(speech(0.6, seed=4) + silence(0.7), frame_s=0.02)
+        await client.until("response.output_audio.delta", timeout=120)
+        await client.say(speech(0.4, seed=5), frame_s=0.02)
+        done = await client.until("response.done", timeout=120)
+        assert done[-1]["response"]["status"] == "cancelled"
+        assert done[-1]["response"]["status_details"]["reason"] == "turn_detected"
+
+    text, audio = await _library_reply(spec, pcm)
+    assert transcript == text
+    ours = torch.from_numpy(np.frombuffer(heard, dtype="<i2").astype(np.int32))
+    expected = (audio.clamp(-1, 1) * 32768).round().clamp(-32768, 32767).to(torch.int32)
+    assert ours.numel() == expected.numel()
+    assert (ours - expected).abs().max() <= 1  # PCM16 quantisation only
