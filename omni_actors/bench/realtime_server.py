@@ -6,9 +6,10 @@ prepares the preset's weights if missing, serves it with :func:`run_server`, wri
 SIGTERM or SIGINT. The bench runs it in a process apart from its clients so that the
 server's CPU time, read from ``/proc``, is the server's alone.
 
-Every reply is fixed at ``--reply-tokens`` text tokens (as ``bench pipeline`` does),
-so a reply's length, and with it its audio, does not follow the random weights' stop
-token from one turn to the next.
+The server runs as ``omni-actors serve`` does (one torch thread, uvloop, the same
+``run_server``). Every reply is fixed at ``--reply-tokens`` text tokens (as ``bench
+pipeline`` does), so a reply's length, and with it its audio, does not follow the random
+weights' stop token from one turn to the next.
 """
 
 from __future__ import annotations
@@ -26,10 +27,10 @@ from pathlib import Path
 
 from omni_actors import run
 from omni_actors.bench.models import fixed_replies
-from omni_actors.model_cache import prepare
+from omni_actors.cli.prepare import prepared_spec
 from omni_actors.server.runner import run_server
 from omni_actors.server.settings import ServerSettings
-from omni_actors.serving.pipeline_spec import PipelineSpec, load_pipeline
+from omni_actors.serving.pipeline_spec import PipelineSpec
 
 __all__ = ["bench_pipeline", "main"]
 
@@ -41,12 +42,9 @@ _PR_SET_PDEATHSIG = 1
 def bench_pipeline(
     preset: str | Path, *, cache_dir: Path | None, seed: int, reply_tokens: int
 ) -> PipelineSpec:
-    """``preset`` as the bench serves it: its weights prepared (built if missing) in
-    ``cache_dir`` with ``seed``, and every reply ``reply_tokens`` tokens long."""
-    spec = load_pipeline(preset)
-    for family in spec.model_families().values():
-        prepare(family, cache_dir=cache_dir, seed=seed)
-    return fixed_replies(spec.with_weights(cache_dir=cache_dir, seed=seed), reply_tokens)
+    """``preset`` as ``omni-actors serve`` serves it (its weights prepared in
+    ``cache_dir`` with ``seed``, built if missing), every reply ``reply_tokens`` long."""
+    return fixed_replies(prepared_spec(preset, cache_dir=cache_dir, seed=seed), reply_tokens)
 
 
 def _die_with_parent() -> None:
@@ -117,6 +115,9 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(
         level=logging.WARNING, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
+    import torch
+
+    torch.set_num_threads(1)  # as ``omni-actors serve`` runs (see cli/serve.py for why)
     run(_serve(ns))
     return 0
 
