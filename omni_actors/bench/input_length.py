@@ -89,15 +89,17 @@ def length_key(seconds: float) -> str:
     return f"{seconds:g}"
 
 
-def synthetic_speech(seconds: float, seed: int = 0) -> torch.Tensor:
-    """``seconds`` of deterministic speech-like audio, 16 kHz mono float32.
+def synthetic_speech(
+    seconds: float, seed: int = 0, sample_rate: int = INPUT_SAMPLE_RATE
+) -> torch.Tensor:
+    """``seconds`` of deterministic speech-like audio, mono float32 (16 kHz by default).
 
     Syllable-rate (4 Hz) bursts of a few harmonics over a 140 Hz pitch, plus seeded
     noise: not speech, but it has speech's level and its energy in the band an audio
     encoder listens to, and the same ``seed`` always gives the same samples.
     """
-    n = round(seconds * INPUT_SAMPLE_RATE)
-    t = torch.arange(n, dtype=torch.float64) / INPUT_SAMPLE_RATE
+    n = round(seconds * sample_rate)
+    t = torch.arange(n, dtype=torch.float64) / sample_rate
     voiced = sum(torch.sin(2 * math.pi * 140 * h * t) / h for h in (1, 2, 3, 5))
     envelope = 0.5 * (1 - torch.cos(2 * math.pi * 4 * t))
     noise = torch.randn(n, generator=torch.Generator().manual_seed(seed), dtype=torch.float64)

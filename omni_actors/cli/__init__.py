@@ -248,6 +248,96 @@ def _pipeline_summary(result: dict[str, Any]) -> list[str]:
     return input_length_table(section) if section is not None else []
 
 
+# -- bench realtime ----------------------------------------------------------------
+
+
+def _add_realtime_options(parser: argparse.ArgumentParser) -> None:
+    from omni_actors.bench.realtime import DEFAULT_INPUT_REPEATS, DEFAULT_SESSIONS
+
+    parser.add_argument("--preset", default="tiny-omni", help="preset name or YAML path")
+    parser.add_argument(
+        "--sessions",
+        type=_positive_int,
+        nargs="+",
+        default=list(DEFAULT_SESSIONS),
+        help="concurrent sessions, one level each (default 1 4 16)",
+    )
+    parser.add_argument(
+        "--turns",
+        type=_positive_int,
+        default=3,
+        help="spoken turns per session; the last one's response is cancelled (default 3)",
+    )
+    parser.add_argument(
+        "--speech-s",
+        type=_input_seconds,
+        default=3.0,
+        metavar="SECONDS",
+        help="seconds of speech per turn, paced in 20 ms frames (default 3)",
+    )
+    lengths = parser.add_mutually_exclusive_group()
+    lengths.add_argument(
+        "--input-audio-s",
+        type=_input_seconds,
+        nargs="+",
+        default=None,
+        metavar="SECONDS",
+        help="TTFA after the end of speech per input length, one session at a time "
+        "(default 5 60: about 2.5 min with 2 repeats)",
+    )
+    lengths.add_argument(
+        "--no-input-length", action="store_true", help="skip the TTFA-vs-input-length figure"
+    )
+    parser.add_argument(
+        "--input-repeats",
+        type=_positive_int,
+        default=DEFAULT_INPUT_REPEATS,
+        help="sessions per input length; the median is reported (default 2)",
+    )
+    parser.add_argument("--cache-dir", type=Path, default=None, help="weights cache")
+    parser.add_argument("--seed", type=int, default=0, help="seed of the weights and the speech")
+    parser.add_argument(
+        "--reply-tokens",
+        type=_positive_int,
+        default=48,
+        help="every reply is exactly this many text tokens (default 48)",
+    )
+    parser.add_argument(
+        "--timeout-s",
+        type=float,
+        default=120.0,
+        help="a client's deadline for each step, e.g. a response from commit to done (default 120)",
+    )
+
+
+def _bench_realtime(ns: argparse.Namespace) -> dict[str, Any]:
+    from omni_actors.bench.realtime import run_realtime_bench
+
+    try:
+        return run(
+            run_realtime_bench(
+                ns.preset,
+                ns.sessions,
+                turns=ns.turns,
+                speech_s=ns.speech_s,
+                input_audio_s=_input_lengths(ns),
+                input_repeats=ns.input_repeats,
+                cache_dir=ns.cache_dir,
+                seed=ns.seed,
+                reply_tokens=ns.reply_tokens,
+                timeout_s=ns.timeout_s,
+            )
+        )
+    except (OmniError, ValueError) as exc:  # a bad option, preset, or a server that failed
+        raise SystemExit(f"omni-actors bench realtime: {exc}") from None
+
+
+def _realtime_summary(result: dict[str, Any]) -> list[str]:
+    from omni_actors.bench.realtime import realtime_table
+
+    return realtime_table(result)
+
+
 BENCH_TARGETS: dict[str, BenchTarget] = {
     "actors": BenchTarget(
         "tell throughput vs a bare asyncio.Queue hop, and ask latency",
@@ -265,6 +355,13 @@ BENCH_TARGETS: dict[str, BenchTarget] = {
         _add_pipeline_options,
         _bench_pipeline,
         _pipeline_summary,
+    ),
+    "realtime": BenchTarget(
+        "the realtime server (a process of its own) under N concurrent websocket sessions "
+        "of paced speech: TTFA, cancel latency, RTF, errors, server CPU per session-second",
+        _add_realtime_options,
+        _bench_realtime,
+        _realtime_summary,
     ),
 }
 

@@ -136,4 +136,8 @@ async def _serve(settings: ServerSettings, spec: PipelineSpec, ready_file: str |
 
 
 def _write(path: str, text: str) -> None:
-    Path(path).write_text(text)
+    """Write in one step (a temporary file, then a rename): a reader never sees half."""
+    target = Path(path)
+    partial = target.with_name(target.name + ".partial")
+    partial.write_text(text)
+    partial.replace(target)

@@ -1,0 +1,380 @@
+"""``omni-actors bench realtime``: its report, its client's bookkeeping, its server process.
+
+The bench is run for real on the ``scripted-omni`` preset at tiny sizes (its shape, and
+that its numbers were measured, never how large they are); the client's reading of a
+response (TTFA, cancel, late audio, failures) against a scripted websocket stand-in;
+the server process's stop paths, and the CPU arithmetic, on their own. Benchmarks are
+never timed assertions: nothing here bounds a latency.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import json
+import os
+import signal
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+import torch
+
+from omni_actors.bench.realtime import realtime_table
+from omni_actors.bench.realtime_client import (
+    ClientReport,
+    _Connection,
+    _turn,
+    encode_frames,
+)
+from omni_actors.bench.server_process import (
+    CpuSnapshot,
+    ServerStartError,
+    cpu_snapshot,
+    server_process,
+)
+from omni_actors.cli import main
+from omni_actors.protocols.realtime_client import InputAudioBufferClear
+
+SERVER_MODULE = "omni_actors.bench.realtime_server"
+
+
+def _server_pids() -> set[int]:
+    """Every process running the bench's server module, anywhere on the machine."""
+    found = set()
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/cmdline", "rb") as f:
+                if SERVER_MODULE.encode() in f.read():
+                    found.add(int(entry))
+        except OSError:
+            continue
+    return found
+
+
+@pytest.fixture
+def no_server_left() -> Iterator[None]:
+    before = _server_pids()
+    yield
+    assert _server_pids() - before == set(), "a bench server outlived its bench"
+
+
+def test_the_json_report_of_two_sessions_on_scripted_omni(
+    capsys: pytest.CaptureFixture[str], no_server_left: None
+) -> None:
+    argv = ["bench", "realtime", "--preset", "scripted-omni", "--sessions", "2"]
+    argv += ["--turns", "2", "--speech-s", "0.2", "--input-audio-s", "0.2", "0.4"]
+    argv += ["--input-repeats", "1", "--json"]
+
+    assert main(argv) == 0
+    result: dict[str, Any] = json.loads(capsys.readouterr().out)
+
+    assert set(result) == {
+        "levels",
+        "warmup_errors_by_code",
+        "input_length",
+        "targets",
+        "machine",
+        "parameters",
+        "wall_s",
+    }
+    level = result["levels"]["2"]
+    assert level["sessions"] == 2
+    assert level["turns"] == level["turns_expected"] == 4
+    assert level["completed_turns"] == 2  # the first turn of each; the last is cancelled
+    assert level["errors"] == 0, level["errors_by_code"]
+    assert level["late_audio_deltas"] == 0
+    assert level["cancel_status"] == {"cancelled": 2}
+    assert 0 < level["ttfa_ms_p50"] <= level["ttfa_ms_p99"]
+    assert 0 < level["cancel_ms_p50"] <= level["cancel_ms_p99"]
+    assert level["rtf_p50"] > 0
+    assert level["audio_s_per_turn_p50"] > 0
+    cpu = level["server_cpu"]
+    assert cpu["session_s"] > 0
+    assert 0 < cpu["cpu_s"] <= cpu["cpu_s_with_workers"]
+    per_session_s = cpu["cpu_s"] / cpu["session_s"]  # of rounded figures
+    assert cpu["cpu_s_per_session_s"] == pytest.approx(per_session_s, rel=0.05, abs=0.01)
+    assert cpu["audio_s"] > 0
+    assert cpu["cpu_s_per_audio_s_with_workers"] > 0
+    lengths = result["input_length"]["lengths"]
+    assert list(lengths) == ["0.2", "0.4"]
+    for entry in lengths.values():
+        assert entry["errors"] == 0
+        assert len(entry["ttfa_ms"]) == 1
+        assert entry["ttfa_ms_median"] > 0
+    assert result["input_length"]["ttfa_ratio"] > 0
+    assert result["targets"]["zero_errors"] == {"sessions": 2, "measured": 0, "met": True}
+    assert result["targets"]["no_audio_after_response_done"]["met"] is True
+    assert result["parameters"]["sessions"] == [2]
+    assert result["warmup_errors_by_code"] == {}
+
+
+@pytest.mark.parametrize(
+    ("options", "reason"),
+    [
+        (["--sessions", "0"], "must be >= 1"),
+        (["--turns", "0"], "must be >= 1"),
+        (["--speech-s", "0.03"], "0.03s is not a positive whole number"),
+        (["--input-audio-s", "5", "--no-input-length"], "not allowed with argument"),
+    ],
+)
+def test_bad_options_are_usage_errors_that_say_why(
+    options: list[str], reason: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    with pytest.raises(SystemExit) as info:
+        main(["bench", "realtime", *options])
+
+    assert info.value.code == 2
+    assert reason in capsys.readouterr().err
+
+
+def test_an_unknown_preset_fails_before_a_server_starts(no_server_left: None) -> None:
+    with pytest.raises(SystemExit, match="no preset named 'nope'"):
+        main(["bench", "realtime", "--preset", "nope", "--no-input-length"])
+
+
+# -- the client's reading of a response ------------------------------------------------
+
+_DELTA = base64.b64encode(bytes(960)).decode()  # 20 ms of PCM16 at 24 kHz
+
+
+class ScriptedSocket:
+    """A websocket stand-in with a scripted server behind it.
+
+    ``response.create`` gets ``response.created`` and ``deltas`` audio deltas, then
+    ``response.done`` (``status``) unless ``wait_for_cancel``; ``response.cancel`` gets
+    ``response.done`` cancelled, followed by ``late`` more audio deltas of the same
+    response (a server that breaks the ordering); ``input_audio_buffer.clear`` gets
+    ``input_audio_buffer.cleared``.
+    """
+
+    def __init__(
+        self,
+        *,
+        deltas: int = 3,
+        status: str = "completed",
+        wait_for_cancel: bool = False,
+        late: int = 0,
+    ) -> None:
+        self.deltas, self.status, self.wait_for_cancel, self.late = (
+            deltas,
+            status,
+            wait_for_cancel,
+            late,
+        )
+        self.received: list[str] = []
+        self._out: asyncio.Queue[str] = asyncio.Queue()
+
+    def _push(self, **event: Any) -> None:
+        self._out.put_nowait(json.dumps(event))
+
+    def _done(self, status: str) -> None:
+        details: dict[str, Any] = {"type": status}
+        if status == "failed":
+            details["error"] = {"type": "server_error", "code": "stage_crashed"}
+        self._push(
+            type="response.done",
+            response={"id": "resp_1", "status": status, "status_details": details},
+        )
+
+    async def send(self, text: str) -> None:
+        kind = json.loads(text)["type"]
+        self.received.append(kind)
+        if kind == "response.create":
+            self._push(type="response.created", response={"id": "resp_1", "status": "in_progress"})
+            for _ in range(self.deltas):
+                self._push(type="response.output_audio.delta", response_id="resp_1", delta=_DELTA)
+            if not self.wait_for_cancel:
+                self._done(self.status)
+        elif kind == "response.cancel":
+            self._done("cancelled")
+            for _ in range(self.late):
+                self._push(type="response.output_audio.delta", response_id="resp_1", delta=_DELTA)
+        elif kind == "input_audio_buffer.clear":
+            self._push(type="input_audio_buffer.cleared")
+
+    async def recv(self) -> str:
+        return await self._out.get()
+
+
+async def _speak(socket: ScriptedSocket, *, cancel: bool) -> tuple[Any, ClientReport]:
+    report = ClientReport()
+    conn = _Connection(socket, report)  # type: ignore[arg-type]
+    frames = encode_frames(torch.zeros(960))  # two 20 ms frames
+    turn = await _turn(conn, frames, cancel=cancel, timeout_s=10)
+    await conn.send(InputAudioBufferClear())
+    await conn.until("input_audio_buffer.cleared", asyncio.get_running_loop().time() + 10)
+    return turn, report
+
+
+async def test_a_completed_turn_reports_its_ttfa_audio_and_rtf() -> None:
+    socket = ScriptedSocket(deltas=3)
+
+    turn, report = await _speak(socket, cancel=False)
+
+    assert turn.status == "completed"
+    assert turn.ttfa_ms is not None
+    assert turn.ttfa_ms >= 0
+    assert turn.audio_s == pytest.approx(0.06)  # 3 deltas of 20 ms
+    assert turn.rtf is not None
+    assert turn.rtf > 0
+    assert turn.cancel_ms is None
+    assert report.errors == {}
+    assert report.late_audio_deltas == 0
+    assert socket.received == [
+        "input_audio_buffer.append",
+        "input_audio_buffer.append",
+        "input_audio_buffer.commit",
+        "response.create",
+        "input_audio_buffer.clear",
+    ]
+
+
+async def test_a_cancelled_turn_sends_the_cancel_on_the_first_audio_delta() -> None:
+    socket = ScriptedSocket(deltas=1, wait_for_cancel=True)
+
+    turn, report = await _speak(socket, cancel=True)
+
+    assert socket.received.count("response.cancel") == 1
+    assert turn.status == "cancelled"
+    assert turn.cancel_ms is not None
+    assert turn.cancel_ms >= 0
+    assert turn.rtf is None  # a cancelled reply has no real-time factor
+    assert report.late_audio_deltas == 0
+    assert report.errors == {}
+
+
+async def test_audio_of_a_response_after_its_response_done_is_counted_late() -> None:
+    socket = ScriptedSocket(deltas=1, wait_for_cancel=True, late=2)
+
+    turn, report = await _speak(socket, cancel=True)
+
+    assert turn.status == "cancelled"
+    assert report.late_audio_deltas == 2
+
+
+async def test_a_failed_response_is_an_error_by_its_code() -> None:
+    socket = ScriptedSocket(deltas=0, status="failed")
+
+    turn, report = await _speak(socket, cancel=False)
+
+    assert turn.status == "failed"
+    assert turn.ttfa_ms is None
+    assert turn.rtf is None
+    assert report.errors == {"response_failed.stage_crashed": 1}
+
+
+def test_frames_are_20_ms_pcm16_appends() -> None:
+    frames = encode_frames(torch.full((1200,), 0.5))  # 50 ms at 24 kHz: 20 + 20 + 10
+
+    events = [json.loads(f) for f in frames]
+    assert [e["type"] for e in events] == ["input_audio_buffer.append"] * 3
+    sizes = [len(base64.b64decode(e["audio"])) for e in events]
+    assert sizes == [960, 960, 480]
+    first = base64.b64decode(events[0]["audio"])
+    assert int.from_bytes(first[:2], "little", signed=True) == round(0.5 * 32767)
+
+
+# -- the server process ------------------------------------------------------------------
+
+
+def test_cpu_since_counts_new_workers_from_zero_and_ended_ones_through_the_server() -> None:
+    earlier = CpuSnapshot(own=10.0, reaped=1.0, workers={101: 4.0, 102: 2.0})
+    # 101 went on (+3 s), 102 ended and was reaped (its whole 2.5 s moved to reaped),
+    # 103 started (1.5 s); the server itself spent 2 s.
+    later = CpuSnapshot(own=12.0, reaped=3.5, workers={101: 7.0, 103: 1.5})
+
+    own, with_workers = later.since(earlier)
+
+    assert own == pytest.approx(2.0)
+    assert with_workers == pytest.approx(2.0 + 3.0 + 0.5 + 1.5)
+
+
+def test_cpu_snapshot_reads_this_process_and_nothing_for_a_missing_one() -> None:
+    before = cpu_snapshot(os.getpid())
+    assert before is not None
+    total = sum(i * i for i in range(2_000_000))  # spend some CPU
+    after = cpu_snapshot(os.getpid())
+    assert after is not None
+    assert total > 0
+
+    own, _ = after.since(before)
+    assert own > 0
+    assert cpu_snapshot(2**22 + 12345) is None  # above the kernel's pid range
+
+
+async def test_a_server_that_ignores_sigterm_is_killed_with_its_group(
+    no_server_left: None,
+) -> None:
+    args = ["--preset", "scripted-omni", "--port", "0"]
+    pids: list[int] = []
+
+    async def bench() -> None:
+        async with server_process(args, stop_timeout_s=1.0) as server:
+            os.kill(server.pid, signal.SIGSTOP)  # a stopped process cannot drain
+            pids.append(server.pid)
+            raise RuntimeError("the bench failed")
+
+    with pytest.raises(RuntimeError, match="the bench failed"):
+        await bench()
+    (pid,) = pids
+
+    with pytest.raises(ProcessLookupError):
+        os.killpg(pid, 0)
+
+
+async def test_a_server_that_exits_before_it_is_ready_is_reported_with_its_log(
+    no_server_left: None,
+) -> None:
+    async def bench() -> None:
+        async with server_process(["--max-sessions", "many"]):
+            pytest.fail("the block must not run")
+
+    with pytest.raises(ServerStartError, match=r"exited with code 2(.|\n)*--max-sessions"):
+        await bench()
+
+
+def test_the_table_shows_each_level_the_input_lengths_and_the_targets() -> None:
+    cpu = {"cpu_s_per_session_s": 0.25, "cpu_s_per_session_s_with_workers": 0.5}
+    level = {
+        "ttfa_ms_p50": 120.0,
+        "ttfa_ms_p99": 180.5,
+        "rtf_p50": None,  # every turn cancelled
+        "cancel_ms_p50": 11.0,
+        "cancel_ms_p99": 12.0,
+        "errors": 0,
+        "late_audio_deltas": 0,
+        "server_cpu": cpu,
+    }
+    result = {
+        "levels": {"1": level, "16": level | {"errors": 3}},
+        "input_length": {
+            "repeats": 2,
+            "lengths": {
+                "5": {"ttfa_ms_median": 100.0, "errors": 0},
+                "60": {"ttfa_ms_median": 110.0, "errors": 0},
+            },
+            "ttfa_ratio": 1.1,
+        },
+        "targets": {"zero_errors": {"sessions": 16, "measured": 3, "met": False}},
+    }
+
+    rows = realtime_table(result)
+
+    assert rows[2].split() == [
+        "1",
+        "120.0",
+        "180.5",
+        "-",
+        "11.0",
+        "12.0",
+        "0",
+        "0",
+        "0.250",
+        "0.500",
+    ]
+    assert rows[3].split()[:7] == ["16", "120.0", "180.5", "-", "11.0", "12.0", "3"]
+    assert "TTFA 60 s / 5 s: 1.10 (target <= 1.2)" in rows
+    assert rows[-1] == "target zero_errors: measured 3, met False"
