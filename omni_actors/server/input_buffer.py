@@ -62,6 +62,12 @@ class InputBuffer:
         self.turns = None if vad is None else TurnDetector(vad, self.conn.input_rate)
 
     async def append(self, event: InputAudioBufferAppend) -> None:
+        """``input_audio_buffer.append``: decode, check the cap, run VAD, queue speech.
+
+        Raises:
+            AudioPayloadError: the audio is not valid base64 of the input format.
+            RequestError: the input buffer would pass ``max_input_buffer_s``.
+        """
         limits = self.conn.state.settings
         samples = decode_audio(
             event.audio, self.conn.settings.input_format, max_bytes=limits.max_append_bytes
@@ -122,6 +128,11 @@ class InputBuffer:
             self.conn.input.put(Op("audio", samples=samples))
 
     async def commit(self, event_id: str | None) -> None:
+        """Make the buffer a user item (``committed``, ``item.added``/``done``).
+
+        Raises:
+            RequestError: the buffer is empty (``input_audio_buffer_commit_empty``).
+        """
         if not self.buffered:
             raise RequestError(
                 "the input audio buffer is empty: append audio before committing",
@@ -154,6 +165,7 @@ class InputBuffer:
         )
 
     def clear(self) -> None:
+        """``input_audio_buffer.clear``: drop the buffer here, in VAD and on every stage."""
         assert self.conn.input is not None
         self.buffered = 0
         self.pending_item = None
@@ -162,6 +174,13 @@ class InputBuffer:
         self.conn.input.put(Op("clear"))
 
     async def create_item(self, event: ConversationItemCreate) -> None:
+        """``conversation.item.create``: a user item becomes a committed turn; a system
+        item sets the instructions.
+
+        Raises:
+            RequestError: another item type or role, an empty item, or audio still in
+                the buffer.
+        """
         item = event.item
         if item.type != "message":
             raise RequestError(f"items of type {item.type!r} are not supported; send message items")
@@ -218,6 +237,12 @@ class InputBuffer:
         )
 
     async def truncate(self, event: ConversationItemTruncate) -> None:
+        """``conversation.item.truncate``: cut the last reply to ``audio_end_ms``.
+
+        Raises:
+            RequestError: not the last assistant item, or ``audio_end_ms`` outside its
+                audio.
+        """
         reply = self.conn.replies.last
         if reply is None or reply.item_id != event.item_id:
             raise RequestError(

@@ -149,6 +149,7 @@ class RealtimeConnection:
 
     @property
     def input_rate(self) -> int:
+        """The sample rate of the session's input audio format."""
         return format_rate(self.settings.input_format)
 
     async def shut_down(self, message: str) -> None:
@@ -183,6 +184,7 @@ class RealtimeConnection:
         self.state.metrics.sent(name)
 
     async def send_all(self, events: list[ServerEvent]) -> None:
+        """Send ``events`` in order."""
         for event in events:
             await self.send(event)
 
@@ -290,6 +292,7 @@ class RealtimeConnection:
         await self.send(SessionUpdated(event_id=new_id("event"), session=new.describe()))
 
     def queue_instructions(self, text: str) -> None:
+        """Send new instructions to the entry stage (if it takes them), in input order."""
         if text == self.sent_instructions:
             return
         if not self._takes_instructions:

@@ -51,6 +51,12 @@ class Replies:
         self.streams: dict[str, ResponseStream] = {}
 
     async def create(self, event: ResponseCreate) -> None:
+        """``response.create``.
+
+        Raises:
+            RequestError: a response is in flight
+                (``conversation_already_has_active_response``).
+        """
         if self.active is not None:
             raise RequestError(
                 f"response {self.active.id} is in flight; cancel it or wait for its response.done",
@@ -59,6 +65,8 @@ class Replies:
         await self.start(event, event.event_id)
 
     async def start(self, event: ResponseCreate | None, event_id: str | None) -> None:
+        """Start a response (from ``response.create``, or from server VAD with no event):
+        commit the buffer, queue it on the input stream, send its opening events."""
         params = event.response if event is not None else None
         settings = self.conn.settings.for_response(params)
         if settings.instructions != self.conn.sent_instructions:
@@ -83,6 +91,11 @@ class Replies:
         await self.conn.send_all(stream.opening())
 
     async def cancel_requested(self, event: ResponseCancel) -> None:
+        """``response.cancel``.
+
+        Raises:
+            RequestError: no response (or not the one named) is in flight.
+        """
         active = self.active
         if active is None or (event.response_id and event.response_id != active.id):
             raise RequestError(
@@ -94,6 +107,7 @@ class Replies:
         await self.cancel(active, "client_cancelled")
 
     async def cancel(self, stream: ResponseStream, reason: CancelReason) -> None:
+        """Cancel ``stream`` for ``reason``: drop its late deltas, stop it on every stage."""
         if stream.cancel_reason is not None:
             return
         stream.cancel_reason = reason  # its late deltas are dropped from now on
@@ -105,6 +119,7 @@ class Replies:
         # Not started yet: the input stream finishes it when it reaches it.
 
     async def refused(self, error: OmniError, op: Op) -> None:
+        """The session refused a queued operation: a response fails; else an ``error``."""
         if op.kind == "respond" and op.stream is not None:
             code, message = (
                 described(error)
@@ -123,6 +138,7 @@ class Replies:
     async def finish(
         self, stream: ResponseStream, done: PipelineResponseDone | None, error: ErrorDetail | None
     ) -> None:
+        """Send ``stream``'s closing events (from ``done``, or a failure with ``error``)."""
         await self.conn.send_all(stream.done(done, error))
         self.conn.state.metrics.response_done(
             "cancelled" if stream.cancel_reason else (done.status if done else "failed"),
@@ -136,6 +152,7 @@ class Replies:
         self.conn.state.response_ended.set()
 
     async def on_event(self, event: Event) -> None:
+        """One event of the session, from the event pump."""
         match event:
             case TextDelta(response=rid, text=text):
                 stream = self.streams.get(rid)
