@@ -151,10 +151,15 @@ class ActorCell:
         self.children[name] = child
         self.system._register(child)
         child.task = self.system._create_task(child._run(), name=f"actor {child.path}")
+        deadline = asyncio.timeout(props.start_timeout)
         try:
-            async with asyncio.timeout(props.start_timeout):
+            async with deadline:
                 await asyncio.shield(child.started)
         except TimeoutError:
+            if not deadline.expired():
+                # on_start itself raised a TimeoutError (a grandchild's start timed
+                # out): that error is the one to report, not this child's deadline.
+                raise
             # Queued first: if on_start swallows the cancellation and completes anyway,
             # the actor stops at once instead of running unannounced.
             child.mailbox.push_system(sm.Stop())

@@ -49,6 +49,7 @@ __all__ = ["Modality", "OmniPipeline", "Session", "SessionClosedError"]
 log = logging.getLogger(__name__)
 
 _names = itertools.count(1)
+_START_MARGIN_S = 10.0  # a stage's own start_s (and its stop) comes first, with its own error
 
 
 class OmniPipeline:
@@ -110,7 +111,11 @@ class OmniPipeline:
                 self._stage_classes,
                 self._interposers,
                 name=f"{self.spec.name}-{next(_names)}",
-                props=Props(strategy=pipeline_strategy(self.spec)),
+                # Its start is every stage's: each within start_s, in parallel.
+                props=Props(
+                    strategy=pipeline_strategy(self.spec),
+                    start_timeout=self.spec.deadlines.start_s + _START_MARGIN_S,
+                ),
             )
         except BaseException:
             if self._own_system:

@@ -117,6 +117,7 @@ def pipeline_strategy(spec: PipelineSpec) -> SupervisorStrategy:
         max_restarts=sup.max_restarts,
         period=sup.period_s,
         backoff=Backoff(min_s=sup.backoff_min_s, max_s=sup.backoff_max_s),
+        restart_timeout=spec.deadlines.start_s,
     )
 
 
@@ -184,7 +185,11 @@ class Orchestrator(Actor[OrchestratorMessage]):
                                 stage.engine.kind,
                                 dict(stage.engine.args),
                                 name=actor,
-                                props=Props(restart=stage.restart, process=stage.process),
+                                props=Props(
+                                    restart=stage.restart,
+                                    process=stage.process,
+                                    start_timeout=self.spec.deadlines.start_s,
+                                ),
                             ),
                             name=f"spawn stage {actor}",
                         )

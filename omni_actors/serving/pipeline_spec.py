@@ -153,7 +153,9 @@ class DeadlinesSpec(_Spec):
     ``first_chunk_s`` a stage's wait for a segment's first input (one-shot sessions);
     ``inter_chunk_s`` the wait between two inputs, and a sender's wait for a credit
     (:class:`FlowSpec`); ``idle_s`` a resumable session's wait
-    for its caller's next segment; ``total_s`` the session's whole life.
+    for its caller's next segment; ``total_s`` the session's whole life. ``start_s``
+    is not a session's: it bounds a stage's start (its engine loading its model, a
+    worker process importing torch) and a restarted stage's; a busy machine needs more.
     """
 
     admission_s: float = Field(5.0, gt=0)
@@ -161,6 +163,7 @@ class DeadlinesSpec(_Spec):
     inter_chunk_s: float = Field(10.0, gt=0)
     idle_s: float = Field(300.0, gt=0)
     total_s: float = Field(600.0, gt=0)
+    start_s: float = Field(120.0, gt=0)
 
 
 class FlowSpec(_Spec):

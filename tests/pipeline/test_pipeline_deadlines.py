@@ -167,3 +167,20 @@ async def test_the_caller_gets_a_timeout_even_if_no_stage_ends_the_session(
         assert error.code == "timeout"
         assert "did not end it" in error.message
         await assert_nothing_held(omni)
+
+
+class NeverStarts(StageActor):
+    """A stage whose start never ends (an engine stuck loading its model)."""
+
+    async def on_start(self) -> None:
+        await asyncio.Event().wait()
+
+
+async def test_a_stage_that_does_not_start_within_start_s_fails_the_pipeline_start() -> None:
+    from omni_actors.errors import StartTimeoutError
+
+    spec = make_spec(deadlines={"start_s": 0.2})
+    pipeline = OmniPipeline(spec, stage_classes={"talker": NeverStarts})
+    with pytest.raises(StartTimeoutError, match=r"talker.*0\.2s"):
+        await pipeline.start()
+    await pipeline.close()
