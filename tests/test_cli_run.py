@@ -63,15 +63,15 @@ def test_a_garbage_wav_is_rejected(tmp_path: Path, capsys: pytest.CaptureFixture
 
 def test_the_run_command_does_not_shadow_the_loop_runner(tmp_path: Path) -> None:
     import omni_actors
-    from omni_actors import cli
+    from omni_actors.cli import bench
 
     assert (
         main(["run", "--preset", "scripted-omni", "--text", "x", "--out", str(tmp_path / "o.wav")])
         == 0
     )
     # A submodule named like an attribute of its package replaces it on import: the
-    # bench commands, which call ``cli.run``, broke after a ``run`` command once.
-    assert cli.run is omni_actors.run
+    # bench commands, which call ``run``, broke after a ``run`` command once.
+    assert bench.run is omni_actors.run
 
 
 def test_prepare_offers_the_installed_model_families(capsys: pytest.CaptureFixture[str]) -> None:

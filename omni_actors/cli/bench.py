@@ -1,0 +1,391 @@
+"""``omni-actors bench TARGET``: each target is one entry in :data:`BENCH_TARGETS`.
+
+A target says how to parse its options and how to run (returning a JSON-ready dict);
+``--json`` prints that dict, otherwise it is printed as a table with the target's
+summary lines under it. Adding a benchmark means adding an entry, nothing else.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from omni_actors import run
+from omni_actors.errors import OmniError
+
+__all__ = ["BENCH_TARGETS", "BenchTarget", "add_bench_arguments", "bench_command"]
+
+
+@dataclass(frozen=True, slots=True)
+class BenchTarget:
+    """A benchmark behind ``omni-actors bench <target>``; ``run`` returns a JSON-ready dict.
+
+    ``summary`` (optional) renders the lines of a short table printed under the text
+    report, for a figure the nested key/value listing does not show at a glance.
+    """
+
+    help: str
+    add_options: Callable[[argparse.ArgumentParser], None]
+    run: Callable[[argparse.Namespace], dict[str, Any]]
+    summary: Callable[[dict[str, Any]], list[str]] | None = None
+
+
+def _positive_int(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be >= 1, got {value}")
+    return value
+
+
+# -- bench actors ------------------------------------------------------------------
+
+
+def _add_actor_options(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--messages", type=_positive_int, default=200_000, help="tells per run (default 200000)"
+    )
+    parser.add_argument(
+        "--asks", type=_positive_int, default=20_000, help="sequential asks per run (default 20000)"
+    )
+    parser.add_argument(
+        "--repeat", type=_positive_int, default=3, help="runs; the median is reported (default 3)"
+    )
+
+
+def _bench_actors(ns: argparse.Namespace) -> dict[str, Any]:
+    from omni_actors.bench.actors import run_actor_bench
+
+    return run(run_actor_bench(ns.messages, ns.asks, ns.repeat))
+
+
+# -- bench transport ---------------------------------------------------------------
+
+
+def _add_transport_options(parser: argparse.ArgumentParser) -> None:
+    from omni_actors.bench.transport import SIZES
+
+    parser.add_argument(
+        "--sizes", nargs="+", choices=list(SIZES), default=list(SIZES), help="payload sizes"
+    )
+    parser.add_argument(
+        "--scale", type=float, default=1.0, help="multiply the iteration counts by this"
+    )
+    parser.add_argument(
+        "--iterations",
+        type=_positive_int,
+        default=None,
+        help="measured round trips per size (default: 400 up to 64KiB, 100 at 1MiB, 30 above)",
+    )
+    baseline = parser.add_mutually_exclusive_group()
+    baseline.add_argument(
+        "--baseline",
+        type=Path,
+        default=None,
+        help="the pickle baseline script (default: benchmarks/vllm_omni_baseline.py of "
+        "the checkout this package runs from)",
+    )
+    baseline.add_argument(
+        "--no-baseline", action="store_true", help="measure without the pickle baseline"
+    )
+
+
+def _bench_transport(ns: argparse.Namespace) -> dict[str, Any]:
+    from omni_actors.bench.transport import BaselineMissingError, find_baseline, run_transport_bench
+
+    try:
+        script = None if ns.no_baseline else find_baseline(ns.baseline)
+    except BaselineMissingError as exc:
+        raise SystemExit(f"omni-actors bench transport: {exc}") from None
+    return run(run_transport_bench(ns.sizes, ns.scale, ns.iterations, script))
+
+
+# -- bench pipeline ----------------------------------------------------------------
+
+
+_SCRIPTED_LEVELS = [1, 8, 64]
+
+
+def _add_pipeline_options(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--concurrency",
+        type=_positive_int,
+        nargs="+",
+        default=_SCRIPTED_LEVELS,
+        help="requests in flight at once, one run per level (default 1 8 64; "
+        "1 4 16 for a model preset)",
+    )
+    parser.add_argument(
+        "--requests",
+        type=_positive_int,
+        default=None,
+        help="measured requests per level (default: max(3 x concurrency, 20))",
+    )
+    parser.add_argument(
+        "--preset",
+        default=None,
+        help="a preset name or YAML path to measure instead of the built-in scripted "
+        "pipelines; a model preset (tiny-omni) is measured against its full-edge variant",
+    )
+    parser.add_argument(
+        "--placement",
+        choices=("local", "process", "both"),
+        default="local",
+        help="scripted pipelines: every stage in this process (local, the default), each "
+        "in a worker process so the wire is in the figure (process), or one run of each "
+        "(both: about 2.5 min on 2 cores at the default levels, vs 40 s for local)",
+    )
+    parser.add_argument("--cache-dir", type=Path, default=None, help="weights cache")
+    parser.add_argument("--seed", type=int, default=0, help="seed of the prepared weights")
+    parser.add_argument(
+        "--reply-tokens",
+        type=_positive_int,
+        default=48,
+        help="model presets: every reply is exactly this many text tokens (default 48)",
+    )
+    lengths = parser.add_mutually_exclusive_group()
+    lengths.add_argument(
+        "--input-audio-s",
+        type=_input_seconds,
+        nargs="+",
+        default=None,
+        metavar="SECONDS",
+        help="model presets: seconds of audio fed in paced 20 ms frames, one point each "
+        "of the TTFA-after-input figure (default 5 60: about 3.5 min with 3 repeats)",
+    )
+    lengths.add_argument(
+        "--no-input-length",
+        action="store_true",
+        help="model presets: skip the TTFA-vs-input-length figure",
+    )
+    parser.add_argument(
+        "--input-repeats",
+        type=_positive_int,
+        default=3,
+        help="model presets: sessions per input length; the p50 is reported (default 3)",
+    )
+
+
+def _input_seconds(text: str) -> float:
+    from omni_actors.bench.input_length import InputLengthError, check_input_lengths
+
+    try:
+        return check_input_lengths([float(text)])[0]
+    except ValueError as exc:  # InputLengthError is one too
+        reason = str(exc) if isinstance(exc, InputLengthError) else f"not a number: {text!r}"
+        raise argparse.ArgumentTypeError(reason) from None
+
+
+def _input_lengths(ns: argparse.Namespace) -> tuple[float, ...]:
+    from omni_actors.bench.input_length import DEFAULT_INPUT_AUDIO_S
+
+    if ns.no_input_length:
+        return ()
+    return DEFAULT_INPUT_AUDIO_S if ns.input_audio_s is None else tuple(ns.input_audio_s)
+
+
+def _bench_pipeline(ns: argparse.Namespace) -> dict[str, Any]:
+    from omni_actors.bench.ideal import IdealUnavailableError, ideal_times
+    from omni_actors.bench.input_length import InputLengthError, check_input_lengths
+    from omni_actors.bench.pipeline import PLACEMENTS, bench_specs, run_pipeline_bench
+    from omni_actors.serving.pipeline_spec import PipelineConfigError
+
+    try:  # fail before anything runs, with the reason rather than a traceback
+        lengths = _input_lengths(ns)
+        if lengths:
+            check_input_lengths(lengths)
+        specs = bench_specs(ns.preset)
+        if ns.preset is not None:
+            from omni_actors.bench.models import is_model_pipeline, run_model_bench
+
+            if any(is_model_pipeline(spec) for spec in specs.values()):
+                # Real models: streaming against full edges (no ideal to compare with).
+                levels = None if ns.concurrency == _SCRIPTED_LEVELS else ns.concurrency
+                try:
+                    return run(
+                        run_model_bench(
+                            ns.preset,
+                            levels,
+                            ns.requests,
+                            cache_dir=ns.cache_dir,
+                            seed=ns.seed,
+                            reply_tokens=ns.reply_tokens,
+                            input_audio_s=lengths,
+                            input_repeats=ns.input_repeats,
+                        )
+                    )
+                except OmniError as exc:  # e.g. engine arguments the engine rejects
+                    raise SystemExit(f"omni-actors bench pipeline: {exc}") from None
+        if ns.input_audio_s is not None:
+            raise SystemExit(
+                "omni-actors bench pipeline: --input-audio-s measures a model preset's "
+                "audio input; add --preset tiny-omni (scripted pipelines take no audio)"
+            )
+        for spec in specs.values():
+            ideal_times(spec)
+    except (PipelineConfigError, IdealUnavailableError, InputLengthError) as exc:
+        raise SystemExit(f"omni-actors bench pipeline: {exc}") from None
+    placements = PLACEMENTS if ns.placement == "both" else (ns.placement,)
+    return run(run_pipeline_bench(ns.concurrency, ns.requests, ns.preset, placements))
+
+
+def _pipeline_summary(result: dict[str, Any]) -> list[str]:
+    from omni_actors.bench.input_length import input_length_table
+
+    section = result.get("input_length")
+    return input_length_table(section) if section is not None else []
+
+
+# -- bench realtime ----------------------------------------------------------------
+
+
+def _add_realtime_options(parser: argparse.ArgumentParser) -> None:
+    from omni_actors.bench.realtime import DEFAULT_INPUT_REPEATS, DEFAULT_SESSIONS
+
+    parser.add_argument("--preset", default="tiny-omni", help="preset name or YAML path")
+    parser.add_argument(
+        "--sessions",
+        type=_positive_int,
+        nargs="+",
+        default=list(DEFAULT_SESSIONS),
+        help="concurrent sessions, one level each (default 1 4 16)",
+    )
+    parser.add_argument(
+        "--turns",
+        type=_positive_int,
+        default=3,
+        help="spoken turns per session; the last one's response is cancelled (default 3)",
+    )
+    parser.add_argument(
+        "--speech-s",
+        type=_input_seconds,
+        default=3.0,
+        metavar="SECONDS",
+        help="seconds of speech per turn, paced in 20 ms frames (default 3)",
+    )
+    lengths = parser.add_mutually_exclusive_group()
+    lengths.add_argument(
+        "--input-audio-s",
+        type=_input_seconds,
+        nargs="+",
+        default=None,
+        metavar="SECONDS",
+        help="TTFA after the end of speech per input length, one session at a time "
+        "(default 5 60: about 2.5 min with 2 repeats)",
+    )
+    lengths.add_argument(
+        "--no-input-length", action="store_true", help="skip the TTFA-vs-input-length figure"
+    )
+    parser.add_argument(
+        "--input-repeats",
+        type=_positive_int,
+        default=DEFAULT_INPUT_REPEATS,
+        help="sessions per input length; the median is reported (default 2)",
+    )
+    parser.add_argument("--cache-dir", type=Path, default=None, help="weights cache")
+    parser.add_argument("--seed", type=int, default=0, help="seed of the weights and the speech")
+    parser.add_argument(
+        "--reply-tokens",
+        type=_positive_int,
+        default=48,
+        help="every reply is exactly this many text tokens (default 48)",
+    )
+    parser.add_argument(
+        "--timeout-s",
+        type=float,
+        default=120.0,
+        help="a client's deadline for each step, e.g. a response from commit to done (default 120)",
+    )
+
+
+def _bench_realtime(ns: argparse.Namespace) -> dict[str, Any]:
+    from omni_actors.bench.realtime import run_realtime_bench
+
+    try:
+        return run(
+            run_realtime_bench(
+                ns.preset,
+                ns.sessions,
+                turns=ns.turns,
+                speech_s=ns.speech_s,
+                input_audio_s=_input_lengths(ns),
+                input_repeats=ns.input_repeats,
+                cache_dir=ns.cache_dir,
+                seed=ns.seed,
+                reply_tokens=ns.reply_tokens,
+                timeout_s=ns.timeout_s,
+            )
+        )
+    except (OmniError, ValueError) as exc:  # a bad option, preset, or a server that failed
+        raise SystemExit(f"omni-actors bench realtime: {exc}") from None
+
+
+def _realtime_summary(result: dict[str, Any]) -> list[str]:
+    from omni_actors.bench.realtime import realtime_table
+
+    return realtime_table(result)
+
+
+BENCH_TARGETS: dict[str, BenchTarget] = {
+    "actors": BenchTarget(
+        "tell throughput vs a bare asyncio.Queue hop, and ask latency",
+        _add_actor_options,
+        _bench_actors,
+    ),
+    "transport": BenchTarget(
+        "payload ping-pong between processes vs a pickle+shm baseline, raw ZeroMQ, memcpy",
+        _add_transport_options,
+        _bench_transport,
+    ),
+    "pipeline": BenchTarget(
+        "time to first audio of scripted omni pipelines (stream vs full edges) vs the "
+        "ideal from declared latencies, per concurrency level",
+        _add_pipeline_options,
+        _bench_pipeline,
+        _pipeline_summary,
+    ),
+    "realtime": BenchTarget(
+        "the realtime server (a process of its own) under N concurrent websocket sessions "
+        "of paced speech: TTFA, cancel latency, RTF, errors, server CPU per session-second",
+        _add_realtime_options,
+        _bench_realtime,
+        _realtime_summary,
+    ),
+}
+
+
+# -- bench -------------------------------------------------------------------------
+
+
+def add_bench_arguments(parser: argparse.ArgumentParser) -> None:
+    """One subcommand per target, each with ``--json`` and its own options."""
+    targets = parser.add_subparsers(dest="target", metavar="TARGET", required=True)
+    for name, target in BENCH_TARGETS.items():
+        sub = targets.add_parser(name, help=target.help, description=target.help)
+        sub.add_argument("--json", action="store_true", help="print one JSON object")
+        target.add_options(sub)
+
+
+def _print_table(result: dict[str, Any], indent: str = "") -> None:
+    for key, value in result.items():
+        if isinstance(value, dict):
+            print(f"{indent}{key}:")
+            _print_table(value, indent + "  ")
+        else:
+            print(f"{indent}{key:<28} {value}")
+
+
+def bench_command(ns: argparse.Namespace) -> int:
+    """Run the target ``ns.target`` and print its numbers."""
+    target = BENCH_TARGETS[ns.target]
+    result = target.run(ns)
+    if ns.json:
+        print(json.dumps(result))
+    else:
+        _print_table(result)
+        for line in target.summary(result) if target.summary is not None else []:
+            print(line)
+    return 0
