@@ -146,6 +146,21 @@ def _add_pipeline_options(parser: argparse.ArgumentParser) -> None:
         default=48,
         help="model presets: every reply is exactly this many text tokens (default 48)",
     )
+    _add_input_length_options(
+        parser,
+        prefix="model presets: ",
+        points="seconds of audio fed in paced 20 ms frames, one point each of the "
+        "TTFA-after-input figure (default 5 60: about 3.5 min with 3 repeats)",
+        repeats=3,
+        statistic="the p50",
+    )
+
+
+def _add_input_length_options(
+    parser: argparse.ArgumentParser, *, prefix: str, points: str, repeats: int, statistic: str
+) -> None:
+    """``--input-audio-s`` / ``--no-input-length`` and ``--input-repeats``: the
+    TTFA-by-input-length figure of ``bench pipeline`` and ``bench realtime``."""
     lengths = parser.add_mutually_exclusive_group()
     lengths.add_argument(
         "--input-audio-s",
@@ -153,19 +168,18 @@ def _add_pipeline_options(parser: argparse.ArgumentParser) -> None:
         nargs="+",
         default=None,
         metavar="SECONDS",
-        help="model presets: seconds of audio fed in paced 20 ms frames, one point each "
-        "of the TTFA-after-input figure (default 5 60: about 3.5 min with 3 repeats)",
+        help=prefix + points,
     )
     lengths.add_argument(
         "--no-input-length",
         action="store_true",
-        help="model presets: skip the TTFA-vs-input-length figure",
+        help=prefix + "skip the TTFA-vs-input-length figure",
     )
     parser.add_argument(
         "--input-repeats",
         type=_positive_int,
-        default=3,
-        help="model presets: sessions per input length; the p50 is reported (default 3)",
+        default=repeats,
+        help=f"{prefix}sessions per input length; {statistic} is reported (default {repeats})",
     )
 
 
@@ -266,24 +280,13 @@ def _add_realtime_options(parser: argparse.ArgumentParser) -> None:
         metavar="SECONDS",
         help="seconds of speech per turn, paced in 20 ms frames (default 3)",
     )
-    lengths = parser.add_mutually_exclusive_group()
-    lengths.add_argument(
-        "--input-audio-s",
-        type=_input_seconds,
-        nargs="+",
-        default=None,
-        metavar="SECONDS",
-        help="TTFA after the end of speech per input length, one session at a time "
+    _add_input_length_options(
+        parser,
+        prefix="",
+        points="TTFA after the end of speech per input length, one session at a time "
         "(default 5 60: about 2.5 min with 2 repeats)",
-    )
-    lengths.add_argument(
-        "--no-input-length", action="store_true", help="skip the TTFA-vs-input-length figure"
-    )
-    parser.add_argument(
-        "--input-repeats",
-        type=_positive_int,
-        default=DEFAULT_INPUT_REPEATS,
-        help="sessions per input length; the median is reported (default 2)",
+        repeats=DEFAULT_INPUT_REPEATS,
+        statistic="the median",
     )
     parser.add_argument("--cache-dir", type=Path, default=None, help="weights cache")
     parser.add_argument("--seed", type=int, default=0, help="seed of the weights and the speech")

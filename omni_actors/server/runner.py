@@ -3,7 +3,7 @@
 ::
 
     async with run_server(ServerSettings(preset="tiny-omni", port=0)) as server:
-        print(server.url)  # http://127.0.0.1:PORT — the demo page; ws at server.ws_url
+        log.info("serving at %s", server.url)  # the demo page; websocket: server.ws_url
         await stop.wait()
     # drained, sessions closed, workers stopped
 
