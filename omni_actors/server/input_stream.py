@@ -101,7 +101,9 @@ class InputStream:
             pieces = [op.samples]
             while self._ops and self._ops[0].kind == "audio":
                 pieces.append(self._ops.popleft().samples)
-            audio = torch.cat([p for p in pieces if p is not None])
+            frames = [p for p in pieces if p is not None]
+            # The common case is one frame: send it as it is, without a copy.
+            audio = frames[0] if len(frames) == 1 else torch.cat(frames)
             self.queued_samples -= audio.numel()
             await session.send(audio=audio, sample_rate=self.rate)
         elif op.kind == "text":
