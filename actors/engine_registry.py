@@ -43,11 +43,6 @@ __all__ = [
 
 ENGINE_ENTRY_POINTS = "omni_actors.engines"
 
-_NOT_YET = {
-    "vllm": "engine kind 'vllm' is not available in this version of omni-actors; use "
-    "'scripted', a model family's engines (tiny-omni.thinker, ...) or your own class",
-}
-
 
 class EngineUnavailableError(OmniError):
     """A pipeline names an engine kind this installation cannot run: unknown, not
@@ -149,8 +144,6 @@ def engine_type(kind: str) -> EngineType:
         EngineUnavailableError: unknown kind (the message lists the known ones), a kind
             not available yet, a class that cannot be imported or declares itself wrongly.
     """
-    if kind in _NOT_YET:
-        raise EngineUnavailableError(_NOT_YET[kind])
     path = engine_kinds().get(kind)
     if path is None:
         if ":" not in kind:

@@ -19,10 +19,12 @@ session's outlets send more; one for a session no longer here is ignored.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from collections import OrderedDict
 from typing import Any
 
+from omni_actors import remoting
 from omni_actors._actor import Actor
 from omni_actors._mailbox import MailboxConfig
 from omni_actors.actors.engine import TURN_FIELD, Engine
@@ -76,8 +78,18 @@ class StageActor(Actor[StageMessage]):
         engine = build_engine(self.kind, self.args, where=f"stages[{self.name}].engine")
         await engine.start()
         self.engine = engine
+        died = getattr(engine, "died", None)
+        if isinstance(died, asyncio.Future):
+            # An engine whose model runs in processes of its own (vLLM) resolves this
+            # when they die: the stage fails, and its supervisor restarts it.
+            self.context.tasks.create_task(self._fail_when(died), name=f"stage {self.name} engine")
         found = engine_type(self.kind)
         self.takes_marks = TURN_FIELD in found.ports(found.args(self.args)).inputs
+
+    async def _fail_when(self, died: asyncio.Future[BaseException]) -> None:
+        error = await died
+        log.error("stage %s: its engine died: %s", self.name, error)
+        remoting.fail(self.context.self_ref, error)
 
     async def on_stop(self) -> None:
         """Abort every session still here, then stop the engine.

@@ -93,6 +93,9 @@ class StageSession:
             the caller's turn marks; otherwise they are dropped here).
     """
 
+    _first_output_at: float | None
+    _last_output_at: float | None
+
     def __init__(
         self,
         stage: str,
@@ -342,6 +345,9 @@ class StageSession:
                     return exc
                 self._compute += time.monotonic() - before - (self._blocked - blocked)
                 self._outputs += 1
+                self._last_output_at = time.time()
+                if self._first_output_at is None:
+                    self._first_output_at = self._last_output_at
                 for outlet in self.outlets:
                     await outlet.push(output)
                 if segment in cancelled:
@@ -365,6 +371,8 @@ class StageSession:
             outputs=self._outputs,
             hops={o.name: o.metrics() for o in self.outlets},
             queued_max=self._queued_max,
+            first_output_at=self._first_output_at,
+            last_output_at=self._last_output_at,
         )
         self._reset_metrics()
         report = StageReport(
@@ -394,6 +402,7 @@ class StageSession:
         self._chunks_in = 0
         self._duplicates = 0
         self._outputs = 0
+        self._first_output_at = self._last_output_at = None
         self._queued_max = len(self._queue)
         for outlet in getattr(self, "outlets", ()):
             outlet.reset_metrics()

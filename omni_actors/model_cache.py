@@ -30,7 +30,7 @@ __all__ = [
 ]
 
 _MANIFEST = "prepared.json"
-_FORMAT = 2  # bumped when the layout of a prepared directory changes
+_FORMAT = 3  # bumped when the layout of a prepared directory changes
 
 
 class ModelNotPreparedError(OmniError):

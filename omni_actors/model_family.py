@@ -31,6 +31,7 @@ __all__ = [
     "Progress",
     "UnknownModelError",
     "WeightsArgs",
+    "family_of_engine",
     "family_of_kind",
     "model_families",
     "model_family",
@@ -70,11 +71,15 @@ class ModelFamily:
             uses that kind (a family's engines may import heavy model code).
         prepare: ``prepare(out_dir, seed, progress)`` writes the weights into
             ``out_dir``; the cache calls it once per seed, under a lock.
+        checkpoint: the subdirectory of ``out_dir`` that holds the whole model as one
+            Hugging Face checkpoint (what an engine that loads a model by path, such as
+            the ``vllm`` kind, is pointed at by ``model: <family name>``); None if none.
     """
 
     name: str
     engines: Mapping[str, str]
     prepare: Callable[[Path, int, Progress | None], None]
+    checkpoint: str | None = None
 
 
 @functools.cache
@@ -116,4 +121,18 @@ def family_of_kind(kind: str) -> ModelFamily | None:
     for family in model_families().values():
         if kind in family.engines:
             return family
+    return None
+
+
+def family_of_engine(kind: str, args: Mapping[str, object]) -> ModelFamily | None:
+    """The family whose prepared weights an engine loads: the one providing its kind,
+    or the one its ``model`` argument names (an engine that loads a checkpoint by path,
+    pointed at a family's ``checkpoint`` directory)."""
+    family = family_of_kind(kind)
+    if family is None:
+        model = args.get("model")
+        found = model_families().get(model) if isinstance(model, str) else None
+        if found is not None and found.checkpoint is not None:
+            family = found
+    return family
     return None

@@ -175,6 +175,10 @@ class StageMetrics(msgspec.Struct, frozen=True, kw_only=True):
         hops: per receiver (a stage name, or ``client``): chunks and bytes sent.
         queued_max: the most input chunks waiting for the engine at once (bounded by
             the pipeline's ``flow.window`` per source).
+        first_output_at: when the engine yielded its first output of the segment
+            (``time.time()``: comparable across the stages of one host), None if none.
+        last_output_at: when it yielded its last one: with the other stages' times, the
+            segment's timeline (did the talker start before the thinker finished?).
     """
 
     queue_wait_ms: float = 0.0
@@ -184,6 +188,8 @@ class StageMetrics(msgspec.Struct, frozen=True, kw_only=True):
     outputs: int = 0
     hops: dict[str, HopMetrics] = {}
     queued_max: int = 0
+    first_output_at: float | None = None
+    last_output_at: float | None = None
 
 
 class StageReport(msgspec.Struct, tag="stage-report", frozen=True, kw_only=True):

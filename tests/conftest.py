@@ -49,7 +49,16 @@ def _no_orphan_processes() -> Iterator[None]:
     before = set(_children(os.getpid()))
     yield
     leaked = set(_children(os.getpid())) - before
+    names = {pid: _cmdline(pid) for pid in leaked}
     for pid in leaked:
         with contextlib.suppress(ProcessLookupError):
             os.kill(pid, signal.SIGKILL)
-    assert not leaked, f"test left child processes running: {sorted(leaked)}"
+    assert not leaked, f"test left child processes running: {names}"
+
+
+def _cmdline(pid: int) -> str:
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            return f.read().replace(b"\0", b" ").decode(errors="replace").strip()[:200]
+    except OSError:
+        return "?"

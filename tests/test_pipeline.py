@@ -78,7 +78,7 @@ def test_text_only_requests_skip_audio_stages() -> None:
         ),
         (
             lambda d: d["stages"][1]["engine"].update(kind="vllm"),
-            r"stages\[talker\]\.engine\.kind: engine kind 'vllm' is not available",
+            r"stages\[talker\]\.engine\.args\.model: Field required",
         ),
         (
             lambda d: d["stages"][1]["engine"]["args"].update(outputs_per_input=0, colour=1),

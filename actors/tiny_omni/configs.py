@@ -63,6 +63,8 @@ TEXT_VOCAB_SIZE: Final = 288
 """256 byte ids, 16 special tokens, 16 reserved ids."""
 HIDDEN: Final = 64
 """Width shared by every tiny stage, so thinker states feed the talker without resizing."""
+THINKER_HEAD_DIM: Final = 32
+"""The thinker's attention head size: the smallest vLLM's CPU attention accepts."""
 
 
 class Tokens:
@@ -174,12 +176,13 @@ def _undeclared(seed: int, **fields: Any) -> dict[str, Any]:
     return {"tiny_omni_seed": seed, **fields}
 
 
-def _mrope(theta: float) -> dict[str, object]:
-    # head_dim 16 -> 8 rotary frequencies split over (t, h, w) like the real [24, 20, 20].
+def _mrope(theta: float, head_dim: int) -> dict[str, object]:
+    # head_dim / 2 rotary frequencies split over (t, h, w) like the real [24, 20, 20].
+    quarter = head_dim // 8
     return {
         "rope_type": "default",
         "rope_theta": theta,
-        "mrope_section": [4, 2, 2],
+        "mrope_section": [2 * quarter, quarter, quarter],
         "interleaved": True,
         "mrope_interleaved": True,
     }
@@ -193,12 +196,14 @@ def _thinker(seed: int) -> Qwen3OmniMoeThinkerConfig:
         "num_hidden_layers": 2,
         "num_attention_heads": 4,
         "num_key_value_heads": 2,
-        "head_dim": 16,
+        # 32, not 16: vLLM's CPU attention takes head sizes of 32 and up, and the same
+        # weights serve the torch thinker and the vLLM one.
+        "head_dim": THINKER_HEAD_DIM,
         "moe_intermediate_size": 64,
         "num_experts": 4,
         "num_experts_per_tok": 2,
         "max_position_embeddings": 32768,
-        "rope_parameters": _mrope(1_000_000.0),
+        "rope_parameters": _mrope(1_000_000.0, THINKER_HEAD_DIM),
         "pad_token_id": Tokens.END_OF_TEXT,
         "eos_token_id": Tokens.IM_END,
     }
@@ -252,7 +257,7 @@ def _talker(seed: int, num_code_groups: int) -> Qwen3OmniMoeTalkerConfig:
         "num_experts": 4,
         "num_experts_per_tok": 2,
         "max_position_embeddings": 32768,
-        "rope_parameters": _mrope(1_000_000.0),
+        "rope_parameters": _mrope(1_000_000.0, HIDDEN // 4),  # head_dim: hidden / heads
     }
     code_predictor = {
         "vocab_size": CODEBOOK_SIZE,

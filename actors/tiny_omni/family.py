@@ -28,5 +28,6 @@ TINY_OMNI = ModelFamily(
         "tiny-omni.code2wav": "omni_actors.actors.tiny_omni.code2wav_engine:Code2WavEngine",
     },
     prepare=_prepare,
+    checkpoint="checkpoint",  # weights.CHECKPOINT: what `vllm` stages load (model: tiny-omni)
 )
 """Qwen3-Omni's architecture at toy size, with seeded random weights (no download)."""

@@ -27,9 +27,9 @@ tokens one to one, capped at the reply's ``N``.
 
 Codec EOS is suppressed by default, so a reply is exactly ``frames_per_token * N``
 frames long (the length the pipeline plans for); the random weights *do* pick EOS now
-and then (e.g. at frame 44 of 96 for "Hello there!"). Every frame HF would produce is the same
-either way; with ``stop_at_codec_eos`` the reply ends at EOS, as HF and a real
-checkpoint do.
+and then (e.g. at frame 243 of 256 for "Hello there!" answered in 128 tokens). Every
+frame HF would produce is the same either way; with ``stop_at_codec_eos`` the reply
+ends at EOS, as HF and a real checkpoint do.
 """
 
 from __future__ import annotations

@@ -35,13 +35,17 @@ from omni_actors.actors.tiny_omni.hf import (
 )
 from omni_actors.model_cache import ModelNotPreparedError
 
+from .checkpoint import write_checkpoint
 from .configs import DEFAULT_NUM_CODE_GROUPS, quiet_transformers, tiny_configs
 from .tokenizer import write_tokenizer
 
-__all__ = ["STAGES", "Progress", "build", "is_built", "load"]
+__all__ = ["CHECKPOINT", "STAGES", "Progress", "build", "is_built", "load"]
 
 STAGES: Final = ("thinker", "talker", "code2wav")
 """Stage directory names, in pipeline order."""
+
+CHECKPOINT: Final = "checkpoint"
+"""The directory of the whole model as one HF checkpoint (:mod:`.checkpoint`)."""
 
 Progress = Callable[[str, int, int], None]
 """``progress(stage, done, total)``: called once a stage's files are written."""
@@ -138,6 +142,7 @@ def build(
             progress(stage, done, len(STAGES))
     composite.to_json_file(out_dir / "config.json")
     write_tokenizer(out_dir)
+    write_checkpoint(out_dir, out_dir / CHECKPOINT)
 
 
 def is_built(out_dir: Path) -> bool:
@@ -146,6 +151,7 @@ def is_built(out_dir: Path) -> bool:
     return (
         (out_dir / "config.json").is_file()
         and (out_dir / "thinker" / "tokenizer.json").is_file()
+        and (out_dir / CHECKPOINT / "model.safetensors").is_file()
         and all(
             (out_dir / s / "config.json").is_file()
             and (out_dir / s / "model.safetensors").is_file()

@@ -112,7 +112,8 @@ def _ulaw_encode_table() -> _UInt8:
     mantissa = (magnitude >> (segment + 1)) & 0x0F
     code = np.where(segment >= 8, 0x7F, (segment << 4) | mantissa)
     code = code ^ np.where(negative, 0x7F, 0xFF)
-    return code.astype(np.uint8)
+    table: _UInt8 = code.astype(np.uint8)  # numpy releases type the shifts differently
+    return table
 
 
 def _ulaw_decode_table() -> _Int16:
@@ -133,7 +134,8 @@ def _alaw_encode_table() -> _UInt8:
     mantissa = (magnitude >> np.maximum(segment, 1)) & 0x0F
     code = (segment << 4) | mantissa
     code = code ^ np.where(negative, 0x55, 0xD5)
-    return code.astype(np.uint8)
+    table: _UInt8 = code.astype(np.uint8)
+    return table
 
 
 def _alaw_decode_table() -> _Int16:

@@ -23,7 +23,7 @@ from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError,
 
 from omni_actors.actors.engine import Ports, Rule
 from omni_actors.errors import OmniError
-from omni_actors.model_family import ModelFamily, family_of_kind
+from omni_actors.model_family import ModelFamily, family_of_engine
 from omni_actors.protocols.control import DEFAULT_WINDOW, EdgeMode
 from omni_actors.serving.wiring import Wiring, wire
 from omni_actors.supervision import RestartType
@@ -269,7 +269,7 @@ class PipelineSpec(_Spec):
 
     def model_families(self) -> dict[str, ModelFamily]:
         """The model families whose engines this pipeline runs, by name."""
-        found = (family_of_kind(stage.engine.kind) for stage in self.stages)
+        found = (family_of_engine(stage.engine.kind, stage.engine.args) for stage in self.stages)
         return {family.name: family for family in found if family is not None}
 
     def with_weights(self, *, cache_dir: Path | None = None, seed: int = 0) -> PipelineSpec:
@@ -280,8 +280,9 @@ class PipelineSpec(_Spec):
             weights["cache_dir"] = str(cache_dir)  # a string: args cross to worker processes
         data = self.model_dump(by_alias=True)
         for stage in data["stages"]:
-            if family_of_kind(stage["engine"]["kind"]) is not None:
-                stage["engine"]["args"] = {**stage["engine"]["args"], **weights}
+            engine = stage["engine"]
+            if family_of_engine(engine["kind"], engine["args"]) is not None:
+                engine["args"] = {**engine["args"], **weights}
         return PipelineSpec.model_validate(data)
 
     def with_full_edges(self) -> PipelineSpec:

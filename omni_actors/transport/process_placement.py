@@ -17,6 +17,7 @@ import contextlib
 import itertools
 import logging
 import os
+import signal
 import sys
 from typing import TYPE_CHECKING, Any
 
@@ -87,9 +88,14 @@ class Workers:
     every worker and removes both.
     """
 
-    def __init__(self, system: ActorSystem, *, start_timeout: float = 60.0) -> None:
+    def __init__(
+        self, system: ActorSystem, *, start_timeout: float = 60.0, actor_timeout: float = 900.0
+    ) -> None:
         self.system = system
         self.start_timeout = start_timeout
+        # An actor's on_start may load a model for minutes (vLLM): its spawner's own start
+        # deadline (a pipeline's deadlines.start_s) bounds it; this only backs it up.
+        self.actor_timeout = actor_timeout
         self.rundir = RuntimeDir()
         self.node = Node(system, 0, self.rundir.endpoint(0))
         self.node.control = self._on_control
@@ -125,6 +131,10 @@ class Workers:
             logging.getLevelName(logging.getLogger("omni_actors").getEffectiveLevel()),
             stdin=asyncio.subprocess.PIPE,
             env=env,
+            # The worker leads a process group of its own: whatever it starts (vLLM's
+            # EngineCore and its workers) is in it, and `_reap` ends the group however
+            # the worker ended. A SIGKILLed worker cannot stop its children itself.
+            start_new_session=True,
         )
         self._procs[node_id] = proc
         try:
@@ -172,7 +182,7 @@ class Workers:
                 stash_capacity=config.stash_capacity,
             )
             worker.link.send(request)
-            async with asyncio.timeout(self.start_timeout):
+            async with asyncio.timeout(self.actor_timeout):
                 return await started
         finally:
             self._started.pop(worker.node_id, None)
@@ -200,6 +210,7 @@ class Workers:
             except TimeoutError:
                 proc.kill()
                 await proc.wait()
+        _kill_group(proc.pid)
         self.node.disconnect(node_id, ActorStoppedError(f"worker {proc.pid}", "it exited"))
         # Other workers may hold direct links to it: tell them it is gone.
         self.node.broadcast(wire.NodeDown(node_id, f"worker {proc.pid} exited"), exclude=node_id)
@@ -234,6 +245,16 @@ class Workers:
             await self._reap(node_id, proc)
         await self.node.close()
         self.rundir.cleanup()
+
+
+def _kill_group(pgid: int) -> None:
+    """SIGKILL what is left of a worker's process group (the worker has exited).
+
+    A pid is not handed out again while a group of that id has members, so this
+    reaches the processes the worker started (and nothing, once they are gone).
+    """
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(pgid, signal.SIGKILL)
 
 
 class ProcessHost(Actor[object]):

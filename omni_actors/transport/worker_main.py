@@ -30,6 +30,11 @@ __all__ = ["WIRE_VERSION_ENV", "actor_spec", "load_actor", "main"]
 
 log = logging.getLogger(__name__)
 
+_START_BACKSTOP_S = 900.0
+"""The worker's own bound on an actor's ``on_start``. The spawner's start deadline (the
+process actor's ``Props.start_timeout``, a pipeline's ``deadlines.start_s``) is the one
+that applies; it covers the launch too. This only ends a start nobody waits for."""
+
 WIRE_VERSION_ENV = "OMNI_ACTORS_WORKER_WIRE_VERSION"
 """Environment variable overriding the wire version a worker announces (for tests)."""
 
@@ -103,7 +108,7 @@ class _Worker:
                 actor_cls,
                 *bound.args,
                 name=request.name,
-                props=Props(mailbox=mailbox),
+                props=Props(mailbox=mailbox, start_timeout=_START_BACKSTOP_S),
                 **bound.kwargs,
             )
         except Exception as exc:

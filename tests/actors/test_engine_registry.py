@@ -90,8 +90,16 @@ def test_an_unknown_kind_lists_the_known_ones() -> None:
     assert "scripted" in str(info.value)
     assert "tiny-omni.talker" in str(info.value)
     assert "package.module:Class" in str(info.value)
-    with pytest.raises(EngineUnavailableError, match="'vllm' is not available"):
-        engine_type("vllm")
+    assert "vllm" in str(info.value)
+
+
+def test_the_vllm_kind_is_registered_and_imports_no_vllm_until_it_runs() -> None:
+    import sys
+
+    found = engine_type("vllm")
+    assert found.cls.__name__ == "VllmThinkerEngine"
+    assert found.ports(found.args({"model": "tiny-omni"})).streams_input
+    assert "vllm" not in sys.modules  # the server's process never loads vLLM itself
 
 
 def test_a_class_named_by_import_path_is_an_engine(write_module: WriteModule) -> None:

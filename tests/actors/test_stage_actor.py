@@ -112,7 +112,7 @@ async def test_a_bad_engine_fails_the_spawn_with_a_clear_error() -> None:
     from omni_actors.actors.engine_registry import EngineArgsError, EngineUnavailableError
 
     async with ActorTestKit() as kit:
-        with pytest.raises(EngineUnavailableError, match="not available"):
+        with pytest.raises(EngineArgsError, match=r"engine\.args\.model: Field required"):
             await kit.spawn(StageActor, "thinker", "vllm", {})
         with pytest.raises(EngineUnavailableError, match="unknown engine kind 'onnx'"):
             await kit.spawn(StageActor, "thinker", "onnx", {})

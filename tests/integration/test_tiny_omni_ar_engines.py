@@ -390,8 +390,10 @@ async def test_talker_without_tokens_says_nothing(cache_dir: Path) -> None:
 
 
 async def test_talker_codec_eos_is_masked_unless_asked_to_stop(cache_dir: Path) -> None:
-    # With seed 0 the talker picks codec EOS at frame 44 of this answer's 96.
-    said = await _thinker_output(cache_dir, [{"text": "Hello there!"}])
+    # With seed 0 the talker picks codec EOS at frame 243 of this answer's 256.
+    said = await _thinker_output(
+        cache_dir, [{"text": "Hello there!"}], max_new_tokens=128, min_new_tokens=128
+    )
     async with talker(cache_dir) as engine:
         masked = codes(await run(engine, "s", feed(full_edge(said))))
     async with talker(cache_dir, stop_at_codec_eos=True) as engine:

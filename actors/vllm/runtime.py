@@ -1,0 +1,115 @@
+"""``VllmRuntime``: vLLM's ``AsyncLLM`` in this process, and the processes it starts.
+
+``AsyncLLM`` always runs its EngineCore (and that a worker) in processes of its own,
+children of the stage's worker process. They are in the worker's process group, which
+the pipeline kills when the worker ends (``transport.process_placement``), so none
+outlives a crashed or killed worker. While the stage runs, the runtime watches their
+sentinels on the event loop (no polling): an exit resolves :attr:`VllmRuntime.died`,
+and the stage fails and is restarted by its supervisor.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import multiprocessing
+from multiprocessing.process import BaseProcess
+from pathlib import Path
+from typing import Any
+
+from omni_actors.errors import EngineError, OmniError
+from omni_actors.model_cache import require
+from omni_actors.model_family import model_families
+
+__all__ = ["EngineDiedError", "VllmRuntime", "resolve_checkpoint"]
+
+log = logging.getLogger(__name__)
+
+
+class EngineDiedError(OmniError):
+    """vLLM's EngineCore process exited: the stage fails and its supervisor restarts it."""
+
+    code = "stage_failed"
+
+
+def resolve_checkpoint(model: str, cache_dir: Path | None, seed: int) -> Path:
+    """The checkpoint directory ``model`` names: a directory, or a prepared model family
+    (its ``checkpoint`` directory at ``seed`` in ``cache_dir``).
+
+    Raises:
+        EngineError: neither, or a family with no single checkpoint.
+        ModelNotPreparedError: the family's weights are not prepared.
+    """
+    family = model_families().get(model)
+    if family is None:
+        path = Path(model).expanduser()
+        if not path.is_dir():
+            known = ", ".join(sorted(model_families())) or "none installed"
+            raise EngineError(
+                f"model {model!r} is neither a directory nor a model family ({known})"
+            )
+        return path
+    if family.checkpoint is None:
+        raise EngineError(f"model family {model!r} has no single-checkpoint directory")
+    return require(family, cache_dir=cache_dir, seed=seed) / family.checkpoint
+
+
+class VllmRuntime:
+    """A started ``AsyncLLM`` and the watch on its processes; see the module docstring.
+
+    Attributes:
+        llm: the ``AsyncLLM``.
+        died: resolves with an :class:`EngineDiedError` when one of its processes exits
+            before :meth:`stop`.
+    """
+
+    def __init__(self, llm: Any, children: list[BaseProcess]) -> None:
+        self.llm = llm
+        loop = asyncio.get_running_loop()
+        self.died: asyncio.Future[BaseException] = loop.create_future()
+        self._stopping = False
+        self._children = children
+        for proc in children:
+            loop.add_reader(proc.sentinel, self._exited, proc)
+
+    @classmethod
+    async def start(cls, model: Path, engine_args: dict[str, Any]) -> VllmRuntime:
+        """Start vLLM on ``model`` with these ``AsyncEngineArgs`` fields (tens of seconds).
+
+        It blocks this process's event loop while vLLM starts: ``AsyncLLM`` binds its
+        sockets to the loop it is built on, and a stage worker has nothing else to do
+        until its engine is up.
+        """
+        from vllm.engine.arg_utils import AsyncEngineArgs
+        from vllm.v1.engine.async_llm import AsyncLLM
+
+        args = AsyncEngineArgs(model=str(model), **engine_args)
+        before = set(multiprocessing.active_children())
+        llm = AsyncLLM.from_engine_args(args)
+        return cls(llm, list(set(multiprocessing.active_children()) - before))
+
+    def _exited(self, proc: BaseProcess) -> None:
+        with contextlib.suppress(Exception):
+            asyncio.get_running_loop().remove_reader(proc.sentinel)
+        if self._stopping or self.died.done():
+            return
+        proc.join(0)
+        error = EngineDiedError(
+            f"vLLM engine process {proc.name} (pid {proc.pid}) exited with code {proc.exitcode}"
+        )
+        log.error("%s", error)
+        self.died.set_result(error)
+
+    def unfinished_requests(self) -> int:
+        """Requests vLLM itself still tracks."""
+        count: int = self.llm.output_processor.get_num_unfinished_requests()
+        return count
+
+    async def stop(self) -> None:
+        """Shut vLLM down: its processes exit (that is no failure)."""
+        self._stopping = True
+        loop = asyncio.get_running_loop()
+        for proc in self._children:
+            loop.remove_reader(proc.sentinel)
+        await asyncio.to_thread(self.llm.shutdown)

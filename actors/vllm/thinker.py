@@ -1,0 +1,444 @@
+"""``VllmThinkerEngine``: a conversation's thinker on vLLM, prefilling as input arrives.
+
+The ``vllm`` engine kind. It serves the thinker stage of an omni pipeline with vLLM's
+``AsyncLLM`` inside the stage's own worker process (vLLM starts its EngineCore as a
+child of that process, in the worker's process group, which the pipeline reaps whatever
+way the worker ends). It takes and yields the fields of tiny-omni's torch thinker, so
+the same talker follows either: text tokens with their input embeddings, the committed
+user turns' rows, and per reply the assistant opening and the TTS embeddings.
+
+**One open request per conversation.** A session's conversation is a token list
+(:class:`~.conversation.History`) and one vLLM request that holds its prefix
+(:class:`~.request.OpenRequest`, vLLM's streaming input). Input is appended and
+prefilled as it arrives (a chunk generating one token, dropped); a response appends the
+assistant opening and generates the reply under the response's limits, and the request
+stays open for the next turn. A reply that stopped at its token limit leaves its last
+token unfed (vLLM drops a chunk's last sampled token), so it is fed with the turn's end.
+
+**Rollbacks reopen.** vLLM's streaming input only appends; ``clear``, ``truncate``, a
+cancelled reply (barge-in: the request is still decoding) and a failed response cut the
+token list, end the request, and the next chunk opens a new request with the whole
+conversation as its prompt, which vLLM's prefix cache serves without recomputing the
+blocks it still holds.
+
+**Text in, rows out.** Text is tokenized with the model's tokenizer and turns are framed
+by its chat template (:class:`~.turns.TurnTemplate`). The talker's inputs for text
+positions and generated tokens are rows of the thinker's input-embedding table, read
+once from the checkpoint (:mod:`.embedding`): no hidden state crosses out of vLLM.
+Audio input needs the thinker's hidden states at the audio positions, which this engine
+does not extract yet: it refuses audio with :class:`VllmInputError`.
+
+A pipeline names the checkpoint by path (``model: /models/Qwen3-Omni-30B-A3B-Instruct``)
+or by a prepared model family (``model: tiny-omni``: its ``checkpoint`` directory in the
+cache, at the stage's ``seed`` and ``cache_dir``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import importlib.util
+import itertools
+import json
+import logging
+from collections.abc import AsyncIterator
+from typing import Any, ClassVar
+
+import torch
+
+from omni_actors.actors.engine import (
+    INSTRUCTIONS_FIELD,
+    TURN_FIELD,
+    Fields,
+    ResponseOptions,
+    Rule,
+    response_options,
+)
+from omni_actors.actors.torch_engine import AbortSignal
+from omni_actors.actors.vllm.args import VllmThinkerArgs
+from omni_actors.actors.vllm.conversation import History, Mark, VllmInputError, kept_of
+from omni_actors.actors.vllm.embedding import load_input_embeddings
+from omni_actors.actors.vllm.reply_text import ReplyText
+from omni_actors.actors.vllm.request import OpenRequest, RequestEndedError
+from omni_actors.actors.vllm.runtime import EngineDiedError, VllmRuntime, resolve_checkpoint
+from omni_actors.actors.vllm.turns import TurnTemplate
+from omni_actors.errors import EngineError, MissingExtraError
+
+__all__ = ["EngineDiedError", "VllmInputError", "VllmThinkerArgs", "VllmThinkerEngine"]
+
+log = logging.getLogger(__name__)
+
+if importlib.util.find_spec("vllm") is None:  # vLLM itself is imported where it runs
+    raise MissingExtraError("the vllm engine", "vllm", ModuleNotFoundError(name="vllm"))
+
+
+class _Session:
+    """One conversation: its token list, its open request and the response running."""
+
+    def __init__(self) -> None:
+        self.history = History()
+        self.request: OpenRequest | None = None
+        self.fed = 0
+        """Tokens of ``history`` the open request holds (0 with none open)."""
+        self.signal: AbortSignal | None = None
+
+
+class VllmThinkerEngine:
+    """A thinker on vLLM with streaming prefill (see the module docstring).
+
+    Inputs per chunk: ``text`` (str), ``instructions`` (str), or a turn mark. Outputs,
+    as tiny-omni's torch thinker: per token ``token_ids`` [1] int64, ``text`` (what the
+    token adds to the reply's text) and ``embed`` [1, H]; with the first token
+    ``opening`` [3, H] and ``tts`` [3, H]; per committed user turn ``user`` [n, H] and
+    ``user_mask`` [n] bool (all False: text only).
+    """
+
+    kind: ClassVar[str] = "vllm"
+    Args: ClassVar[type[VllmThinkerArgs]] = VllmThinkerArgs
+    inputs: ClassVar[dict[str, Rule]] = {
+        "text": "concat",
+        "audio": "concat",
+        TURN_FIELD: "concat",
+        INSTRUCTIONS_FIELD: "concat",
+    }
+    outputs: ClassVar[dict[str, Rule]] = {
+        "token_ids": "concat",
+        "text": "concat",
+        "embed": "concat",
+        "user": "concat",
+        "user_mask": "concat",
+        "opening": "replace",
+        "tts": "replace",
+    }
+    streams_input: ClassVar[bool] = True
+
+    def __init__(self, args: VllmThinkerArgs) -> None:
+        self.args = args
+        self.max_new_tokens = args.max_new_tokens
+        self.min_new_tokens = min(args.min_new_tokens, args.max_new_tokens)
+        self._sessions: dict[str, _Session] = {}
+        self._ids = itertools.count()
+        self._llm: Any = None
+        self.runtime: VllmRuntime | None = None
+        self._closing: set[asyncio.Task[None]] = set()
+        self.died: asyncio.Future[BaseException] | None = None
+        """Resolves with the error when vLLM's engine process exits (the stage fails)."""
+
+    # -- life cycle ------------------------------------------------------------------------
+
+    async def start(self) -> None:
+        """Load the tokenizer and embedding table, then start vLLM (tens of seconds)."""
+        from transformers import AutoTokenizer
+
+        path = resolve_checkpoint(self.args.model, self.args.cache_dir, self.args.seed)
+        tokenizer = await asyncio.to_thread(AutoTokenizer.from_pretrained, str(path))
+        self.tokenizer = tokenizer
+        self.turns = TurnTemplate.of(tokenizer)
+        config = json.loads((path / "config.json").read_text())
+        tts = [config[f"tts_{name}_token_id"] for name in ("bos", "eos", "pad")]
+        self.embeddings = await asyncio.to_thread(load_input_embeddings, path)
+        self.opening = self.embeddings[list(self.turns.opening)]
+        self.tts = self.embeddings[tts]
+        eos = tokenizer.eos_token_id
+        self.stop_ids = {self.turns.assistant.suffix[0], *([eos] if eos is not None else [])}
+        ranges = self.args.allowed_token_ranges
+        self.allowed: list[int] | None = None
+        if ranges is not None:
+            allowed = {i for start, stop in ranges for i in range(start, stop)}
+            self.allowed = sorted(allowed | self.stop_ids)
+        self.runtime = await VllmRuntime.start(
+            path,
+            {
+                "dtype": self.args.dtype,
+                "max_model_len": self.args.max_model_len,
+                "max_num_seqs": self.args.max_num_seqs,
+                "enable_prefix_caching": True,
+                "seed": self.args.seed,
+                **self.args.engine_args,
+            },
+        )
+        self._llm = self.runtime.llm
+        self.died = self.runtime.died
+
+    async def stop(self) -> None:
+        """End every request and shut vLLM down (its processes exit)."""
+        for session in list(self._sessions):
+            await self.abort(session)
+        runtime, self.runtime, self._llm = self.runtime, None, None
+        if runtime is not None:
+            await runtime.stop()
+
+    async def abort(self, session: str) -> None:
+        """Drop ``session``: its request is aborted in vLLM, its ``generate`` ends."""
+        state = self._sessions.pop(session, None)
+        if state is None:
+            return
+        if state.signal is not None:
+            state.signal.abort()
+        await self._end_request(state, abort=True)
+
+    async def release(self, session: str) -> None:
+        """``session`` is over: close its request."""
+        state = self._sessions.pop(session, None)
+        if state is not None:
+            await self._end_request(state, abort=False)
+
+    # -- introspection ---------------------------------------------------------------------
+
+    def running_requests(self) -> set[str]:
+        """Request ids the engine holds open in vLLM (for tests and ``inspect``)."""
+        return {s.request.request_id for s in self._sessions.values() if s.request is not None}
+
+    def unfinished_requests(self) -> int:
+        """Requests vLLM itself still tracks (0 once every session ended or aborted)."""
+        return 0 if self.runtime is None else self.runtime.unfinished_requests()
+
+    # -- the engine protocol ---------------------------------------------------------------
+
+    async def generate(self, session: str, inputs: AsyncIterator[Fields]) -> AsyncIterator[Fields]:
+        """One response: prefill its input as it arrives, then stream the reply's tokens.
+
+        Raises:
+            VllmInputError: audio, a malformed mark or instruction, or a truncation
+                with no reply to cut.
+            EngineError: vLLM failed the request (the response fails; the session stays).
+        """
+        state = self._sessions.get(session)
+        if state is None:
+            state = self._sessions[session] = _Session()
+        if state.signal is not None:
+            raise VllmInputError(f"session {session!r} is already generating")
+        signal = state.signal = AbortSignal()
+        history = state.history
+        start = committed = history.checkpoint()
+        outcome = "dropped"
+        try:
+            while (fields := await signal.next_input(inputs)) is not None:
+                mark = fields.get(TURN_FIELD)
+                if mark == "commit":
+                    rows = history.commit(self.turns)
+                    committed = history.checkpoint()
+                    if rows is not None:
+                        yield self._rows(rows)
+                elif mark == "clear":
+                    if history.clear(committed):
+                        committed = history.checkpoint()
+                    self._resync(state)
+                elif mark == "truncate":
+                    try:
+                        history.truncate(kept_of(fields), self.turns)
+                    except ValueError as exc:
+                        raise VllmInputError(str(exc)) from None
+                    self._resync(state)
+                    # The cut part is gone: a failure after it comes back to here.
+                    start = committed = history.checkpoint()
+                elif mark is not None:
+                    raise VllmInputError(f"unknown turn mark {mark!r}: commit, clear or truncate")
+                else:
+                    if "audio" in fields:
+                        raise VllmInputError(
+                            "the vllm thinker takes text only for now: audio input needs the "
+                            "thinker's hidden states at audio positions, not extracted yet"
+                        )
+                    if INSTRUCTIONS_FIELD in fields and history.instruct(self._system_turn(fields)):
+                        committed = history.checkpoint()
+                    text = fields.get("text")
+                    if isinstance(text, str):
+                        history.say(self._encode(text), self.turns)
+                if signal.aborted:
+                    return
+                await self._prefill(session, state)
+            if signal.aborted:
+                return
+            options = response_options(inputs)
+            rows = history.commit(self.turns)
+            if rows is not None:
+                yield self._rows(rows)
+            history.open_reply(self.turns)
+            first = True
+            reply_text = ReplyText(self.tokenizer)
+            async for token, last in self._reply(session, state, options):
+                out: dict[str, torch.Tensor | str] = {
+                    "token_ids": torch.tensor([token]),
+                    "text": reply_text.add(token),
+                    "embed": self.embeddings[token][None],
+                }
+                if first:
+                    out["opening"] = self.opening
+                    out["tts"] = self.tts
+                    first = False
+                history.reply_token(token)
+                if last:
+                    history.end_reply(self.turns)
+                yield out
+            if signal.aborted:
+                return
+            history.end_reply(self.turns)  # a reply of no token
+            outcome = "done"
+        except GeneratorExit:
+            outcome = "cancelled"
+            raise
+        except Exception:
+            outcome = "failed"
+            raise
+        finally:
+            state.signal = None
+            await self._settle(session, state, outcome, start)
+
+    async def _settle(self, session: str, state: _Session, outcome: str, start: Mark) -> None:
+        """Leave the conversation as the response's outcome says (module docstring)."""
+        if outcome == "dropped" or self._sessions.get(session) is not state:
+            return
+        history = state.history
+        if history.replying:
+            # Closed or failed while vLLM still decodes: stop the request; the
+            # conversation keeps the tokens yielded, and the next chunk reopens it.
+            history.end_reply(self.turns)
+            await self._end_request(state, abort=True)
+        if outcome == "failed":
+            history.restore(start)
+            self._resync(state)
+
+    # -- helpers ---------------------------------------------------------------------------
+
+    def _encode(self, text: str) -> list[int]:
+        # Text is the user's words: a special token's spelling typed in it stays text.
+        ids: list[int] = self.tokenizer.encode(
+            text, add_special_tokens=False, split_special_tokens=True
+        )
+        return ids
+
+    def _system_turn(self, fields: Fields) -> tuple[int, ...]:
+        text = fields[INSTRUCTIONS_FIELD]
+        if not isinstance(text, str):
+            raise VllmInputError(f"{INSTRUCTIONS_FIELD!r} must be text (a str), got a tensor")
+        if not text:
+            return ()
+        system = self.turns.system
+        return (*system.prefix, *self._encode(text), *system.suffix)
+
+    def _rows(self, tokens: list[int]) -> dict[str, torch.Tensor | str]:
+        return {
+            "user": self.embeddings[tokens],
+            "user_mask": torch.zeros(len(tokens), dtype=torch.bool),
+        }
+
+    def _resync(self, state: _Session) -> None:
+        """After a cut: a request holding tokens the list no longer has is ended; the
+        next chunk opens a new one with the whole conversation."""
+        if state.history.low_water < state.fed:
+            request, state.request, state.fed = state.request, None, 0
+            if request is not None:
+                self._closing.add(asyncio.get_running_loop().create_task(request.abort()))
+                self._closing = {t for t in self._closing if not t.done()}
+        state.history.synced()
+
+    def _sampling(self, max_tokens: int, **fields: Any) -> Any:
+        from vllm import SamplingParams
+        from vllm.sampling_params import RequestOutputKind
+
+        return SamplingParams(
+            max_tokens=max_tokens,
+            output_kind=RequestOutputKind.DELTA,
+            stop_token_ids=sorted(self.stop_ids),
+            # Text is decoded here (ReplyText): vLLM's detokenizer would also see the
+            # tokens of prefill chunks, which are dropped.
+            detokenize=False,
+            **fields,
+        )
+
+    def _send(self, session: str, state: _Session, sampling: Any) -> OpenRequest:
+        """Send what the open request lacks of the token list (opening one if needed)."""
+        self._resync(state)
+        pending = state.history.tokens[state.fed :]
+        if state.request is None:
+            request_id = f"{session}-{next(self._ids)}"
+            state.request = OpenRequest(self._llm, request_id, (pending, sampling))
+        else:
+            state.request.send(pending, sampling)
+        state.fed = len(state.history.tokens)
+        return state.request
+
+    async def _prefill(self, session: str, state: _Session) -> None:
+        """Prefill what is new in the token list now (one token of output, dropped)."""
+        if state.fed == len(state.history.tokens):
+            return
+        request = self._send(session, state, self._sampling(1, temperature=0.0))
+        while (out := await self._output(state, request)) is not None:
+            if out.outputs[0].token_ids:
+                return
+
+    async def _output(self, state: _Session, request: OpenRequest) -> Any:
+        """The request's next output; None once the session was aborted."""
+        signal = state.signal
+        read = asyncio.ensure_future(request.output())
+        waits: list[asyncio.Future[Any]] = [read]
+        if self.died is not None:
+            waits.append(self.died)
+        try:
+            await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            if not read.done():
+                read.cancel()
+        if self.died is not None and self.died.done() and not read.done():
+            raise self.died.result()
+        try:
+            return read.result()
+        except RequestEndedError as exc:
+            state.request, state.fed = None, 0
+            if signal is not None and signal.aborted:
+                return None
+            raise EngineError(f"vLLM ended the request: {exc.__cause__ or exc}") from exc
+
+    async def _reply(
+        self, session: str, state: _Session, options: ResponseOptions
+    ) -> AsyncIterator[tuple[int, bool]]:
+        """The reply's tokens as vLLM generates them: ``(token, is_last)``."""
+        max_tokens = options.max_tokens or self.max_new_tokens
+        temperature = options.temperature or 0.0
+        fields: dict[str, Any] = {
+            "temperature": temperature,
+            "min_tokens": min(self.min_new_tokens, max_tokens),
+        }
+        if self.allowed is not None:
+            fields["allowed_token_ids"] = self.allowed
+        if temperature > 0:
+            from omni_actors.actors.tiny_omni.sampling import session_seed
+
+            fields["seed"] = session_seed(self.args.seed, session) & 0x7FFFFFFF
+        request = self._send(session, state, self._sampling(max_tokens, **fields))
+        produced = 0
+        while True:
+            out = await self._output(state, request)
+            if out is None:
+                return
+            completion = out.outputs[0]
+            tokens = list(completion.token_ids)
+            stop = next((i for i, t in enumerate(tokens) if t in self.stop_ids), None)
+            if stop is not None:
+                tokens = tokens[:stop]
+            tokens = tokens[: max_tokens - produced]
+            ended = (
+                stop is not None
+                or completion.finish_reason is not None
+                or produced + len(tokens) >= max_tokens
+            )
+            if ended:
+                # vLLM drops a chunk's last sampled token from the request: the end of
+                # turn when it stopped there, else the reply's last token (the next
+                # chunk feeds it, ahead of the turn's end).
+                state.fed += produced + len(tokens) - (0 if stop is not None else 1)
+            for i, token in enumerate(tokens):
+                last = ended and i == len(tokens) - 1
+                yield token, last
+            produced += len(tokens)
+            if ended:
+                return
+
+    async def _end_request(self, state: _Session, *, abort: bool) -> None:
+        request, state.request, state.fed = state.request, None, 0
+        if request is None:
+            return
+        if abort:
+            await request.abort()
+        else:
+            await request.close(self.args.request_timeout_s)

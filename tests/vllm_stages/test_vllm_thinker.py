@@ -1,0 +1,195 @@
+"""The vLLM thinker driven directly, against tiny-omni's torch thinker on the same weights.
+
+Every comparison runs one session at a time (greedy, float32): tokens, the talker's rows
+and embeddings must equal the torch thinker's exactly, through turns, instructions, a
+clear, a truncation and a cancelled reply (each rollback reopens the vLLM request).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Iterable
+from pathlib import Path
+from typing import Any
+
+import pytest
+import pytest_asyncio
+import torch
+
+from omni_actors.actors.engine import (
+    INSTRUCTIONS_FIELD,
+    KEPT_FIELD,
+    NO_OPTIONS,
+    TURN_FIELD,
+    Fields,
+    ResponseOptions,
+)
+from omni_actors.actors.tiny_omni.thinker_engine import ThinkerArgs, ThinkerEngine
+from omni_actors.testing import eventually
+
+from .conftest import CPU_ENGINE_ARGS
+
+COMMIT: Fields = {TURN_FIELD: "commit"}
+CLEAR: Fields = {TURN_FIELD: "clear"}
+LIMITS = {"max_new_tokens": 10, "min_new_tokens": 4}
+
+
+def truncate(kept: int) -> Fields:
+    return {TURN_FIELD: "truncate", KEPT_FIELD: torch.tensor(kept)}
+
+
+class Inputs:
+    """A response's input as a stage hands it over: the items, then ``options``."""
+
+    def __init__(self, items: Iterable[Fields], options: ResponseOptions = NO_OPTIONS) -> None:
+        self.items = list(items)
+        self.options = options
+
+    def __aiter__(self) -> AsyncIterator[Fields]:
+        return self
+
+    async def __anext__(self) -> Fields:
+        if not self.items:
+            raise StopAsyncIteration
+        return self.items.pop(0)
+
+
+pytestmark = pytest.mark.asyncio(loop_scope="module")  # one vLLM for the module
+
+
+@pytest_asyncio.fixture(scope="module", loop_scope="module")
+async def engines(cache_dir: Path) -> AsyncIterator[tuple[Any, ThinkerEngine]]:
+    from omni_actors.actors.vllm.thinker import VllmThinkerArgs, VllmThinkerEngine
+
+    vllm = VllmThinkerEngine(
+        VllmThinkerArgs(
+            model="tiny-omni",
+            cache_dir=cache_dir,
+            dtype="float32",
+            max_model_len=1024,
+            max_num_seqs=4,
+            allowed_token_ranges=[(32, 127)],
+            engine_args=CPU_ENGINE_ARGS,
+            **LIMITS,
+        )
+    )
+    torch_thinker = ThinkerEngine(ThinkerArgs(cache_dir=cache_dir, **LIMITS))
+    await vllm.start()
+    await torch_thinker.start()
+    try:
+        yield vllm, torch_thinker
+    finally:
+        await torch_thinker.stop()
+        await vllm.stop()
+
+
+def merged(outputs: list[Fields]) -> dict[str, Any]:
+    """A response's outputs by field: tokens as a list, tensors concatenated."""
+    tokens = [int(o["token_ids"][0]) for o in outputs if "token_ids" in o]  # type: ignore[index]
+    rows = [o[f] for o in outputs for f in ("user",) if f in o]
+    embeds = [o["embed"] for o in outputs if "embed" in o]
+    first = next((o for o in outputs if "opening" in o), {})
+    return {
+        "tokens": tokens,
+        "text": "".join(str(o["text"]) for o in outputs if "text" in o),
+        "user": torch.cat(rows) if rows else None,  # type: ignore[arg-type]
+        "embed": torch.cat(embeds) if embeds else None,  # type: ignore[arg-type]
+        "opening": first.get("opening"),
+        "tts": first.get("tts"),
+    }
+
+
+async def respond(
+    engine: Any, session: str, items: Iterable[Fields], **options: Any
+) -> dict[str, Any]:
+    inputs = Inputs(items, ResponseOptions(**options))
+    return merged([out async for out in engine.generate(session, inputs)])
+
+
+async def both(
+    engines: tuple[Any, ThinkerEngine], session: str, items: list[Fields], **options: Any
+) -> dict[str, Any]:
+    vllm, torch_thinker = engines
+    got = await respond(vllm, session, list(items), **options)
+    want = await respond(torch_thinker, session, list(items), **options)
+    assert got["tokens"] == want["tokens"]
+    assert got["text"] == want["text"]  # printable bytes: the torch thinker's text too
+    for field in ("user", "embed", "opening", "tts"):
+        if want[field] is None:
+            assert got[field] is None, field
+        else:
+            assert torch.equal(got[field], want[field]), field
+    return got
+
+
+async def test_a_conversation_of_four_responses_equals_the_torch_thinker(engines: Any) -> None:
+    vllm, torch_thinker = engines
+    first = await both(engines, "three", [{"text": "Hello there!"}])
+    assert len(first["tokens"]) >= LIMITS["min_new_tokens"]
+    assert first["user"] is not None
+    request = vllm.running_requests()
+    await both(engines, "three", [{"text": "How are you?"}, COMMIT, {"text": "And you?"}])
+    await both(engines, "three", [{INSTRUCTIONS_FIELD: "Be brief."}, {"text": "Bye"}], max_tokens=3)
+    # That reply stopped at its limit: vLLM holds all but its last token, which the
+    # next turn feeds first.
+    await both(engines, "three", [{"text": "Really?"}])
+    # No rollback happened: one vLLM request held the whole conversation.
+    assert vllm.running_requests() == request
+    await vllm.release("three")
+    await torch_thinker.release("three")
+
+
+async def test_clear_and_truncate_reopen_the_request_and_still_match(engines: Any) -> None:
+    vllm, torch_thinker = engines
+    await both(engines, "cut", [{"text": "Hi"}])
+    before = vllm.running_requests()
+    await both(engines, "cut", [{"text": "never mind"}, CLEAR, {"text": "Tell me more"}])
+    after_clear = vllm.running_requests()
+    assert after_clear != before  # the cleared turn had been prefilled: reopened
+    await both(engines, "cut", [truncate(2), {"text": "What?"}])
+    assert vllm.running_requests() != after_clear
+    await vllm.release("cut")
+    await torch_thinker.release("cut")
+
+
+async def test_a_cancelled_reply_keeps_what_was_yielded(engines: Any) -> None:
+    vllm, torch_thinker = engines
+    for engine in (vllm, torch_thinker):
+        replies = engine.generate("barge", Inputs([{"text": "Say a lot"}]))
+        taken = [await anext(replies) for _ in range(3)]
+        await replies.aclose()
+        assert len([o for o in taken if "token_ids" in o]) >= 2
+    await both(engines, "barge", [{"text": "Go on"}])
+    for engine in (vllm, torch_thinker):
+        await engine.release("barge")
+
+
+async def test_abort_mid_reply_leaves_no_request_in_vllm(engines: Any) -> None:
+    vllm, _ = engines
+    replies = vllm.generate("gone", Inputs([{"text": "Talk"}], ResponseOptions(max_tokens=10)))
+    got = await anext(replies)
+    assert "user" in got
+    await anext(replies)  # a token: vLLM is decoding
+    await vllm.abort("gone")
+    rest = [out async for out in replies]
+    assert all("token_ids" in out for out in rest)  # it ends, with nothing else
+    assert vllm.running_requests() == set()
+
+    async def vllm_forgot() -> None:
+        assert vllm.unfinished_requests() == 0
+
+    await eventually(vllm_forgot, timeout=10)
+
+
+async def test_audio_and_bad_marks_are_refused_and_the_session_goes_on(engines: Any) -> None:
+    from omni_actors.actors.vllm.thinker import VllmInputError
+
+    vllm, torch_thinker = engines
+    with pytest.raises(VllmInputError, match="text only"):
+        await respond(vllm, "bad", [{"audio": torch.zeros(1600)}])
+    with pytest.raises(VllmInputError, match="unknown turn mark"):
+        await respond(vllm, "bad", [{TURN_FIELD: "undo"}])
+    with pytest.raises(VllmInputError, match="no reply to truncate"):
+        await respond(vllm, "bad", [truncate(1)])
+    await both(engines, "bad", [{"text": "Fine?"}])
+    await asyncio.gather(vllm.release("bad"), torch_thinker.release("bad"))
