@@ -25,6 +25,19 @@ where it started; release and abort drop the session. Frame ``k`` is conditioned
 tokens ``0 .. min(k, N - 1)``, so :meth:`TalkerEngine.truncate` maps kept frames to kept
 tokens one to one, capped at the reply's ``N``.
 
+Batching. Frames after the first are steps of a
+:class:`~omni_actors.actors.step_batcher.StepBatcher`: the frames of every session that
+is waiting for one go into one talker forward (their KV caches left-padded to the
+longest, :mod:`.batched_step`) and one code-predictor loop, up to ``max_batch``
+sessions; a session whose frame is ready while a forward runs joins the next one.
+Prefills (user rows; the assistant prefix with frame 0) stay one session per forward. A
+session stepping alone runs exactly the single-session forwards, so the codes above
+equal HF's; in a batch of several, padding changes the shapes of the float sums, so a
+row's logits can differ from its solo run in the last bits (and a near-tied pick can
+flip: tests compare codes one session at a time, and batches by structure and by
+logits within a tolerance). A failed forward fails every session in it, each rolled
+back as above.
+
 Codec EOS is suppressed by default, so a reply is exactly ``frames_per_token * N``
 frames long (the length the pipeline plans for); the random weights *do* pick EOS now
 and then (e.g. at frame 243 of 256 for "Hello there!" answered in 128 tokens). Every
@@ -36,29 +49,22 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, ClassVar, Final, cast
+from typing import ClassVar
 
-import torch
 from pydantic import Field, field_validator
 
 from omni_actors.actors.engine import Fields, ResponseOptions, Rule, response_options
-from omni_actors.actors.tiny_omni import configs, stepping, weights
+from omni_actors.actors.step_batcher import StepBatcher
+from omni_actors.actors.tiny_omni import configs
 from omni_actors.actors.tiny_omni.family import TINY_OMNI
-from omni_actors.actors.tiny_omni.hf import (
-    DynamicCache,
-    PreTrainedConfig,
-    Qwen3OmniMoeTalkerForConditionalGeneration,
-)
+from omni_actors.actors.tiny_omni.hf import DynamicCache
 from omni_actors.actors.tiny_omni.talker_input import ReplyInput, TalkerInputError
+from omni_actors.actors.tiny_omni.talker_model import Frame, FrameStep, TalkerModel, Voice
 from omni_actors.actors.torch_engine import AbortSignal, TorchEngine, stage_dir
 from omni_actors.model_family import WeightsArgs
 
 __all__ = ["TalkerArgs", "TalkerEngine", "TalkerInputError"]
-
-PREFIX: Final = 9
-"""Positions of the assistant prefix (``stepping.talker_assistant_prefix``)."""
 
 
 class TalkerArgs(WeightsArgs):
@@ -70,11 +76,15 @@ class TalkerArgs(WeightsArgs):
             option overrides it.
         stop_at_codec_eos: end the reply when the talker picks codec EOS (default: EOS
             is masked, see the module docstring).
+        max_batch: the most sessions whose frames share one forward (see the module
+            docstring): bounds how long one step takes, so a session's frame waits at
+            most for the forwards ahead of it; 1 steps every session on its own.
     """
 
     frames_per_token: int = Field(2, ge=1)
     speaker: str = "chelsie"
     stop_at_codec_eos: bool = Field(False, strict=True)
+    max_batch: int = Field(16, ge=1)
 
     @field_validator("speaker")
     @classmethod
@@ -82,51 +92,6 @@ class TalkerArgs(WeightsArgs):
         if speaker.lower() not in configs.SPEAKERS:
             raise ValueError(f"unknown speaker {speaker!r}; known: {sorted(configs.SPEAKERS)}")
         return speaker.lower()
-
-
-Frame = tuple[torch.Tensor, torch.Tensor] | None
-"""``(codes [1, G], next_input [1, 1, Ht])`` of one frame, or None at codec EOS."""
-
-
-@dataclass
-class _Voice:
-    """One session's talker state, kept across responses until release or abort.
-
-    ``cache`` holds the conversation's user parts in its first ``user`` positions, then
-    possibly the last reply's assistant part, which the next model call crops away.
-    ``user`` is only changed in the model thread (a prefill still running there when its
-    response was cancelled keeps it in step with the cache), except by a failed
-    response's rollback, when nothing that changes it can still be running.
-    """
-
-    cache: DynamicCache
-    user: int = 0
-    reply: int | None = None
-    """Tokens of the last reply (what ``truncate`` caps at); None before the first."""
-    signal: AbortSignal | None = None
-    """Set while a response is generating."""
-
-    def crop(self) -> None:
-        """Model thread: drop whatever follows the user parts.
-
-        Layer by layer: a forward that failed part-way leaves its first layers longer.
-        A negative ``crop`` removes that many positions on every supported transformers
-        release (a positive one changed meaning across them).
-        """
-        # Typed differently across releases; each has get_seq_length and crop.
-        layers: list[Any] = list(self.cache.layers)
-        for layer in layers:
-            extra = int(layer.get_seq_length()) - self.user
-            if extra > 0:
-                layer.crop(-extra)
-
-
-@dataclass
-class _Speech:
-    """One reply's frame loop state: the next position to fill."""
-
-    cache: DynamicCache
-    position: int
 
 
 class TalkerEngine(TorchEngine):
@@ -164,18 +129,22 @@ class TalkerEngine(TorchEngine):
         self.stop_at_codec_eos = args.stop_at_codec_eos
         self.speaker = args.speaker
         super().__init__(stage_dir(TINY_OMNI.name, args, "talker"), "talker")
-        self._sessions: dict[str, _Voice] = {}
+        self._sessions: dict[str, Voice] = {}
+        self.steps: StepBatcher[FrameStep, Frame] = StepBatcher(
+            self._frames, max_batch=args.max_batch, name="talker frames"
+        )
+        """Every session's frame steps (its counters tell how many shared a forward)."""
 
     def _load(self, path: Path) -> None:
-        talker = weights.load(path)
-        assert isinstance(talker, Qwen3OmniMoeTalkerForConditionalGeneration)
-        self._talker = talker
-        cfg = talker.config
-        self._text_config = cast(PreTrainedConfig, cfg.text_config)
-        speakers = cfg.speaker_id or configs.SPEAKERS
-        self._speakers = {name.lower(): int(code) for name, code in speakers.items()}
-        self._vocab = int(self._text_config.vocab_size)
-        self._codec_eos = int(cfg.codec_eos_token_id)
+        self._model = TalkerModel(path, stop_at_codec_eos=self.stop_at_codec_eos)
+
+    async def start(self) -> None:
+        """Load the talker in the model thread, then start the frame batcher."""
+        await super().start()
+        self.steps.start()
+
+    async def _frames(self, steps: list[FrameStep]) -> list[Frame]:
+        return await self.call(self._model.frames, steps)
 
     # -- introspection -------------------------------------------------------------------
 
@@ -214,7 +183,7 @@ class TalkerEngine(TorchEngine):
         """
         voice = self._sessions.get(session)
         if voice is None:
-            voice = self._sessions[session] = _Voice(DynamicCache(config=self._text_config))
+            voice = self._sessions[session] = Voice(DynamicCache(config=self._model.text_config))
         if voice.signal is not None:
             raise ValueError(f"session {session!r} is already generating")
         signal = voice.signal = AbortSignal()
@@ -233,7 +202,7 @@ class TalkerEngine(TorchEngine):
                 )
             rows, mask = got.take_user()
             speech, frame = await self.call(
-                self._open, voice, rows, mask, got.opening, got.tts, got.embeds[0], speaker
+                self._model.open, voice, rows, mask, got.opening, got.tts, got.embeds[0], speaker
             )
             produced = 0
             while frame is not None and not signal.aborted:
@@ -241,18 +210,14 @@ class TalkerEngine(TorchEngine):
                 produced += 1
                 if got.known(produced) and not self._done(got, produced):
                     # Start the next frame before handing this one out (see the thinker).
-                    step = asyncio.ensure_future(
-                        self.call(self._frame, speech, carry, got.text(produced))
-                    )
+                    step = self.steps.submit(FrameStep(speech, carry, got.text(produced)))
                 yield {"codes": codes}
                 if step is None:
                     if not await self._wait_for(signal, inputs, got, produced):
                         return
                     if self._done(got, produced):
                         return
-                    step = asyncio.ensure_future(
-                        self.call(self._frame, speech, carry, got.text(produced))
-                    )
+                    step = self.steps.submit(FrameStep(speech, carry, got.text(produced)))
                 frame = await step
                 step = None
         except Exception:
@@ -270,7 +235,7 @@ class TalkerEngine(TorchEngine):
                     voice.reply = len(got.embeds)
 
     async def _listen(
-        self, voice: _Voice, signal: AbortSignal, inputs: AsyncIterator[Fields], got: ReplyInput
+        self, voice: Voice, signal: AbortSignal, inputs: AsyncIterator[Fields], got: ReplyInput
     ) -> bool:
         """Read input until the first token (or the end), prefilling user rows as they
         come; False if aborted meanwhile."""
@@ -279,16 +244,15 @@ class TalkerEngine(TorchEngine):
                 return False
             if got.user and not got.embeds:
                 rows, mask = got.take_user()
-                await self.call(self._prefill_user, voice, rows, mask)
+                await self.call(self._model.prefill_user, voice, rows, mask)
         return not signal.aborted
 
     def _speaker_id(self, options: ResponseOptions) -> int:
         name = (options.voice or self.speaker).lower()
-        if name not in self._speakers:
-            raise TalkerInputError(
-                f"unknown voice {options.voice!r}; known: {sorted(self._speakers)}"
-            )
-        return self._speakers[name]
+        speakers = self._model.speakers
+        if name not in speakers:
+            raise TalkerInputError(f"unknown voice {options.voice!r}; known: {sorted(speakers)}")
+        return speakers[name]
 
     def _done(self, got: ReplyInput, produced: int) -> bool:
         return got.ended and produced >= self.frames_per_token * len(got.embeds)
@@ -343,61 +307,9 @@ class TalkerEngine(TorchEngine):
         await self.abort(session)
 
     async def stop(self) -> None:
-        """Abort every session, then end the model thread."""
+        """Abort every session, run the frame steps already queued (their sessions end
+        there), then end the model thread."""
         for session in list(self._sessions):
             await self.abort(session)
+        await self.steps.stop()
         await super().stop()
-
-    # -- model thread -------------------------------------------------------------------
-
-    def _user_part(self, rows: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-        return stepping.talker_user_part(self._talker, rows[None], rows[None], mask[None])
-
-    @torch.no_grad()
-    def _prefill_user(self, voice: _Voice, rows: torch.Tensor, mask: torch.Tensor) -> None:
-        """Append user rows to the session's user parts."""
-        voice.crop()
-        stepping.talker_forward(self._talker, self._user_part(rows, mask), voice.cache, voice.user)
-        voice.user += rows.shape[0]
-
-    @torch.no_grad()
-    def _open(
-        self,
-        voice: _Voice,
-        rows: torch.Tensor,
-        mask: torch.Tensor,
-        opening: torch.Tensor,
-        tts: torch.Tensor,
-        first: torch.Tensor,
-        speaker: int,
-    ) -> tuple[_Speech, Frame]:
-        """Prefill the user rows left + the assistant prefix (holding token 0); frame 0."""
-        voice.crop()
-        talker = self._talker
-        first_four = torch.cat((opening, first))[None]
-        bos_pad = (tts[None, 0:1], tts[None, 2:3])
-        inputs = stepping.talker_assistant_prefix(talker, first_four, bos_pad, speaker)
-        if rows.shape[0]:
-            inputs = torch.cat((self._user_part(rows, mask), inputs), dim=1)
-        hidden, logits = stepping.talker_forward(talker, inputs, voice.cache, voice.user)
-        voice.user += rows.shape[0]
-        return _Speech(voice.cache, voice.user + PREFIX), self._complete(hidden, logits)
-
-    @torch.no_grad()
-    def _frame(self, speech: _Speech, carry: torch.Tensor, text: torch.Tensor) -> Frame:
-        """One talker step: the previous frame's codes plus this frame's text, then codes."""
-        inputs = carry + self._talker.text_projection(text[None])
-        hidden, logits = stepping.talker_forward(
-            self._talker, inputs, speech.cache, speech.position
-        )
-        speech.position += 1
-        return self._complete(hidden, logits)
-
-    def _complete(self, hidden: torch.Tensor, logits: torch.Tensor) -> Frame:
-        masked = stepping.mask_codec_logits(logits, self._vocab, self._codec_eos)
-        if not self.stop_at_codec_eos:
-            masked[..., self._codec_eos] = float("-inf")
-        code0 = stepping.greedy(masked)
-        if int(code0) == self._codec_eos:
-            return None
-        return stepping.code_predictor_frame(self._talker, hidden, code0)

@@ -351,7 +351,7 @@ async def test_a_failed_response_rolls_back_to_its_start(
             assert engine.user_positions("s") == kept
             assert engine.generating == set()
         # A forward that fails part-way, its first layer's cache already extended.
-        last = engine._talker.model.layers[-1]
+        last = engine._model.talker.model.layers[-1]
         with pytest.MonkeyPatch.context() as patch:
             patch.setattr(last, "forward", broken_layer)
             with pytest.raises(RuntimeError, match="layer failed"):
