@@ -130,7 +130,7 @@ class StepBatcher(Generic[R, T]):
 
     async def _loop(self) -> None:
         """Run whatever is pending, one call per batch, until stopped."""
-        while not (self._closing and not self._queue):
+        while not self._closing:
             await self._wake.wait()
             self._wake.clear()
             while batch := self._take():

@@ -33,10 +33,11 @@ sessions; a session whose frame is ready while a forward runs joins the next one
 Prefills (user rows; the assistant prefix with frame 0) stay one session per forward. A
 session stepping alone runs exactly the single-session forwards, so the codes above
 equal HF's; in a batch of several, padding changes the shapes of the float sums, so a
-row's logits can differ from its solo run in the last bits (and a near-tied pick can
-flip: tests compare codes one session at a time, and batches by structure and by
-logits within a tolerance). A failed forward fails every session in it, each rolled
-back as above.
+row's logits can differ from its solo run in the last bits, and a near-tied pick could
+flip (``tests/integration/test_tiny_omni_talker_batching.py`` pins a padded batch's
+codes against solo runs with the model driven directly; through the engine, where
+timing decides the batches, tests assert structure). A failed forward fails every
+session in it, each rolled back as above.
 
 Codec EOS is suppressed by default, so a reply is exactly ``frames_per_token * N``
 frames long (the length the pipeline plans for); the random weights *do* pick EOS now

@@ -367,7 +367,9 @@ async def test_talker_abort_mid_segment_frees_it(cache_dir: Path) -> None:
 async def test_talker_interleaved_sessions_match_running_alone(cache_dir: Path) -> None:
     said_a = await _thinker_output(cache_dir, [{"text": TEXT}], max_new_tokens=10)
     said_b = await _thinker_output(cache_dir, [{"audio": sine(0.5)}], max_new_tokens=10)
-    async with talker(cache_dir) as engine:
+    # One session per forward: interleaving alone must not mix their state. (Batched
+    # forwards may differ in the last bits: test_tiny_omni_talker_batching covers them.)
+    async with talker(cache_dir, max_batch=1) as engine:
         alone_a = codes(await run(engine, "a", feed(full_edge(said_a))))
         alone_b = codes(await run(engine, "b", feed(full_edge(said_b))))
         # Fresh sessions: "a" and "b" now hold their first exchange.
