@@ -36,6 +36,13 @@ prefilled then), a truncation (fed again behind the cut reply) and a failed resp
 caller's setting, not the reply's. No row of a system turn goes to the talker.
 
 Tokens are greedy unless a response asks for a temperature (see ``sampling``).
+
+Decode steps of concurrent sessions share forwards (a
+:class:`~omni_actors.actors.step_batcher.StepBatcher`, up to ``max_batch`` sessions,
+caches left-padded by :mod:`.batched_step`); each session still picks with its own
+sampling and generator. Prefills stay one session per forward. A session decoding
+alone runs the single-session forward, token for token HF's; in a batch of several a
+row's logits may differ in the last bits (tests compare tokens one session at a time).
 """
 
 from __future__ import annotations
@@ -56,6 +63,7 @@ from omni_actors.actors.engine import (
     Rule,
     response_options,
 )
+from omni_actors.actors.step_batcher import StepBatcher
 from omni_actors.actors.tiny_omni import configs
 from omni_actors.actors.tiny_omni.configs import Tokens
 from omni_actors.actors.tiny_omni.conversation import (
@@ -69,7 +77,12 @@ from omni_actors.actors.tiny_omni.conversation import (
 from omni_actors.actors.tiny_omni.family import TINY_OMNI
 from omni_actors.actors.tiny_omni.hf import DynamicCache
 from omni_actors.actors.tiny_omni.sampling import sampling_for, session_seed
-from omni_actors.actors.tiny_omni.thinker_model import ASSISTANT_OPENING, ThinkerModel, Token
+from omni_actors.actors.tiny_omni.thinker_model import (
+    ASSISTANT_OPENING,
+    DecodeStep,
+    ThinkerModel,
+    Token,
+)
 from omni_actors.actors.tiny_omni.user_turn import UserTurn
 from omni_actors.actors.torch_engine import AbortSignal, TorchEngine, stage_dir
 from omni_actors.model_family import WeightsArgs
@@ -85,10 +98,13 @@ class ThinkerArgs(WeightsArgs):
         min_new_tokens: ``<|im_end|>`` is masked until that many tokens exist; capped
             at the reply's maximum (setting only a small maximum means "at most that
             many", not a conflict).
+        max_batch: the most sessions whose decode steps share one forward (module
+            docstring): bounds how long one step takes; 1 decodes every session alone.
     """
 
     max_new_tokens: int = Field(48, ge=1)
     min_new_tokens: int = Field(8, ge=0)
+    max_batch: int = Field(16, ge=1)
 
 
 _Outcome = Literal["done", "cancelled", "failed", "dropped"]
@@ -141,9 +157,21 @@ class ThinkerEngine(TorchEngine):
         self.seed = args.seed
         super().__init__(stage_dir(TINY_OMNI.name, args, "thinker"), "thinker")
         self._sessions: dict[str, Conversation] = {}
+        self.steps: StepBatcher[DecodeStep, Token] = StepBatcher(
+            self._decode, max_batch=args.max_batch, name="thinker decode"
+        )
+        """Every session's decode steps (its counters tell how many shared a forward)."""
 
     def _load(self, path: Path) -> None:
         self._model = ThinkerModel(path)
+
+    async def start(self) -> None:
+        """Load the thinker in the model thread, then start the decode batcher."""
+        await super().start()
+        self.steps.start()
+
+    async def _decode(self, steps: list[DecodeStep]) -> list[Token]:
+        return await self.call(self._model.decode_steps, steps)
 
     # -- introspection -------------------------------------------------------------------
 
@@ -258,9 +286,7 @@ class ThinkerEngine(TorchEngine):
                     # Start the next step before handing this token out: the model thread
                     # works while the stage routes the output.
                     allow_end = len(reply.tokens) >= sampling.min_tokens
-                    step = asyncio.ensure_future(
-                        self.call(self._model.decode, conversation, token, allow_end, sampling)
-                    )
+                    step = self.steps.submit(DecodeStep(conversation, token, allow_end, sampling))
                 yield out
                 if step is None:
                     break
@@ -342,9 +368,11 @@ class ThinkerEngine(TorchEngine):
         await self.abort(session)
 
     async def stop(self) -> None:
-        """Abort every session, then end the model thread."""
+        """Abort every session, run the decode steps already queued (their sessions end
+        there), then end the model thread."""
         for session in list(self._sessions):
             await self.abort(session)
+        await self.steps.stop()
         await super().stop()
 
     async def truncate(self, session: str, kept: int) -> int:

@@ -4,12 +4,14 @@ Everything here runs in the engine's model thread (``TorchEngine.call``), one ca
 time, on one session's :class:`~.conversation.Conversation` and the
 :class:`~.user_turn.UserTurn` it is receiving: the engine's event-loop side decides
 *what* to run, this runs it and keeps the cache position, the carry and the turn's rows
-in step with what the cache holds.
+in step with what the cache holds. Decode steps are the exception:
+:meth:`ThinkerModel.decode_steps` feeds the last token of several sessions in one forward.
 """
 
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Final, cast
 
@@ -17,6 +19,7 @@ import torch
 
 from omni_actors.actors.tiny_omni import configs, stepping, weights
 from omni_actors.actors.tiny_omni.audio_stream import AudioClip
+from omni_actors.actors.tiny_omni.batched_step import thinker_steps
 from omni_actors.actors.tiny_omni.configs import Tokens
 from omni_actors.actors.tiny_omni.conversation import CLOSE_TURN, NEWLINE, Conversation
 from omni_actors.actors.tiny_omni.hf import (
@@ -27,7 +30,7 @@ from omni_actors.actors.tiny_omni.log_mel import LogMel
 from omni_actors.actors.tiny_omni.sampling import Sampling, pick
 from omni_actors.actors.tiny_omni.user_turn import Feed, UserTurn
 
-__all__ = ["ASSISTANT_OPENING", "PRINTABLE", "ThinkerModel", "Token"]
+__all__ = ["ASSISTANT_OPENING", "PRINTABLE", "DecodeStep", "ThinkerModel", "Token"]
 
 PRINTABLE: Final = range(32, 127)
 """Byte ids the thinker may emit: random weights would otherwise emit control bytes and
@@ -36,6 +39,16 @@ ASSISTANT_OPENING: Final = (Tokens.IM_START, Tokens.ASSISTANT, NEWLINE)
 
 Token = tuple[int, torch.Tensor]
 """A picked token and its [1, H] input embedding."""
+
+
+@dataclass(frozen=True, slots=True)
+class DecodeStep:
+    """One session's next decode step: feed ``token``, pick the next one."""
+
+    conversation: Conversation
+    token: int
+    allow_end: bool
+    sampling: Sampling
 
 
 class ThinkerModel:
@@ -150,6 +163,28 @@ class ThinkerModel:
         """Feed ``token``, pick the next one."""
         step = self._forward(conversation, [token])
         return self._pick(step.logits[0, -1], allow_end, sampling)
+
+    @torch.no_grad()
+    def decode_steps(self, steps: list[DecodeStep]) -> list[Token]:
+        """:meth:`decode` for several sessions in one forward (their caches left-padded,
+        :mod:`.batched_step`); each picks with its own sampling and generator. One
+        session runs :meth:`decode` itself, so a session decoding alone is exact."""
+        if len(steps) == 1:
+            (one,) = steps
+            return [self.decode(one.conversation, one.token, one.allow_end, one.sampling)]
+        conversations = [step.conversation for step in steps]
+        logits = thinker_steps(
+            self._thinker,
+            torch.tensor([[step.token] for step in steps]),
+            [conversation.cache for conversation in conversations],
+            [conversation.position for conversation in conversations],
+        )
+        for conversation in conversations:
+            conversation.position += 1
+        return [
+            self._pick(row, step.allow_end, step.sampling)
+            for row, step in zip(logits, steps, strict=True)
+        ]
 
     def _encode(self, mel: torch.Tensor) -> torch.Tensor:
         return stepping.encode_audio(self._thinker, mel)
