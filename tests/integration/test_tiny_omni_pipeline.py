@@ -137,13 +137,14 @@ async def test_eight_concurrent_sessions(cache: Path) -> None:
     async with OmniPipeline(spec_of("tiny-omni", cache)) as omni:
         prompts = [f"request number {i}" for i in range(8)]
         results = await asyncio.gather(*(collect(omni, text=p) for p in prompts))
+        # Structure only: under load the thinker and talker batch sessions' steps, so
+        # float sums (and a near-tied greedy pick) may differ from a solo run; the
+        # batching tests pin exactness with the models driven directly.
         for events in results:
             done(events)
-            assert audio_of(events).numel() > 0
-        # the same prompt alone gives the same reply as under load (greedy decoding)
-        alone = await collect(omni, text=prompts[3])
-        assert text_of(alone) == text_of(results[3])
-        assert torch.allclose(audio_of(alone), audio_of(results[3]), atol=1e-4)
+            assert 8 <= len(text_of(events)) <= 48
+            # frames_per_token: 2 frames of 1920 samples per token.
+            assert audio_of(events).numel() == 2 * 1920 * len(text_of(events))
         await nothing_held(omni)
 
 
