@@ -116,6 +116,13 @@ class StepBatcher(Generic[R, T]):
         finally:
             self._task = None
             self._fail_queued()
+            log.debug(
+                "%s: %d steps in %d calls (largest %d)",
+                self.name,
+                self.steps,
+                self.calls,
+                self.largest,
+            )
 
     def submit(self, step: R) -> asyncio.Future[T]:
         """Queue ``step``; the future gets its result, or the call's error. Cancel the

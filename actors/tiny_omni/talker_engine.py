@@ -131,7 +131,7 @@ class TalkerEngine(TorchEngine):
         self.speaker = args.speaker
         super().__init__(stage_dir(TINY_OMNI.name, args, "talker"), "talker")
         self._sessions: dict[str, Voice] = {}
-        self.steps: StepBatcher[FrameStep, Frame] = StepBatcher(
+        self.batcher: StepBatcher[FrameStep, Frame] = StepBatcher(
             self._frames, max_batch=args.max_batch, name="talker frames"
         )
         """Every session's frame steps (its counters tell how many shared a forward)."""
@@ -142,7 +142,7 @@ class TalkerEngine(TorchEngine):
     async def start(self) -> None:
         """Load the talker in the model thread, then start the frame batcher."""
         await super().start()
-        self.steps.start()
+        self.batcher.start()
 
     async def _frames(self, steps: list[FrameStep]) -> list[Frame]:
         return await self.call(self._model.frames, steps)
@@ -211,14 +211,14 @@ class TalkerEngine(TorchEngine):
                 produced += 1
                 if got.known(produced) and not self._done(got, produced):
                     # Start the next frame before handing this one out (see the thinker).
-                    step = self.steps.submit(FrameStep(speech, carry, got.text(produced)))
+                    step = self.batcher.submit(FrameStep(speech, carry, got.text(produced)))
                 yield {"codes": codes}
                 if step is None:
                     if not await self._wait_for(signal, inputs, got, produced):
                         return
                     if self._done(got, produced):
                         return
-                    step = self.steps.submit(FrameStep(speech, carry, got.text(produced)))
+                    step = self.batcher.submit(FrameStep(speech, carry, got.text(produced)))
                 frame = await step
                 step = None
         except Exception:
@@ -312,5 +312,5 @@ class TalkerEngine(TorchEngine):
         there), then end the model thread."""
         for session in list(self._sessions):
             await self.abort(session)
-        await self.steps.stop()
+        await self.batcher.stop()
         await super().stop()

@@ -157,7 +157,7 @@ class ThinkerEngine(TorchEngine):
         self.seed = args.seed
         super().__init__(stage_dir(TINY_OMNI.name, args, "thinker"), "thinker")
         self._sessions: dict[str, Conversation] = {}
-        self.steps: StepBatcher[DecodeStep, Token] = StepBatcher(
+        self.batcher: StepBatcher[DecodeStep, Token] = StepBatcher(
             self._decode, max_batch=args.max_batch, name="thinker decode"
         )
         """Every session's decode steps (its counters tell how many shared a forward)."""
@@ -168,7 +168,7 @@ class ThinkerEngine(TorchEngine):
     async def start(self) -> None:
         """Load the thinker in the model thread, then start the decode batcher."""
         await super().start()
-        self.steps.start()
+        self.batcher.start()
 
     async def _decode(self, steps: list[DecodeStep]) -> list[Token]:
         return await self.call(self._model.decode_steps, steps)
@@ -286,7 +286,7 @@ class ThinkerEngine(TorchEngine):
                     # Start the next step before handing this token out: the model thread
                     # works while the stage routes the output.
                     allow_end = len(reply.tokens) >= sampling.min_tokens
-                    step = self.steps.submit(DecodeStep(conversation, token, allow_end, sampling))
+                    step = self.batcher.submit(DecodeStep(conversation, token, allow_end, sampling))
                 yield out
                 if step is None:
                     break
@@ -372,7 +372,7 @@ class ThinkerEngine(TorchEngine):
         there), then end the model thread."""
         for session in list(self._sessions):
             await self.abort(session)
-        await self.steps.stop()
+        await self.batcher.stop()
         await super().stop()
 
     async def truncate(self, session: str, kept: int) -> int:

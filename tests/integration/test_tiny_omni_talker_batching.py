@@ -188,15 +188,15 @@ async def test_concurrent_sessions_share_forwards_up_to_max_batch(
             asyncio.gather(*(frames(engine, f"s{i}", o) for i, o in enumerate(sessions))), 60.0
         )
         assert engine.generating == set()
-        steps = engine.steps
+        batcher = engine.batcher
     for outputs, codes in zip(sessions, replies, strict=True):
         assert codes.shape == (2 * tokens(outputs), configs.DEFAULT_NUM_CODE_GROUPS)
         assert int(codes.min()) >= 0
         assert int(codes.max()) < configs.CODEBOOK_SIZE
     # Frame 0 comes with each session's prefill; every later frame is a batcher step.
-    assert steps.steps == sum(len(codes) - 1 for codes in replies)
-    assert 1 < steps.largest <= max_batch
-    assert steps.calls < 0.75 * steps.steps  # most forwards were shared
+    assert batcher.steps == sum(len(codes) - 1 for codes in replies)
+    assert 1 < batcher.largest <= max_batch
+    assert batcher.calls < 0.75 * batcher.steps  # most forwards were shared
 
 
 def fail_when_batched(layer: torch.nn.Module) -> Any:
@@ -226,7 +226,7 @@ async def test_a_failed_batch_fails_its_sessions_alone_and_each_rolls_back(
                 ),
                 60.0,
             )
-            assert engine.steps.largest > 1
+            assert engine.batcher.largest > 1
             failed = [i for i, out in enumerate(outcomes) if isinstance(out, Exception)]
             assert failed, "no forward was shared"
             for index in failed:

@@ -119,13 +119,13 @@ async def test_concurrent_sessions_share_decode_forwards_up_to_max_batch(
             asyncio.gather(*(reply(engine, f"s{i}", t) for i, t in enumerate(texts))), 60.0
         )
         assert engine.generating == set()
-        steps = engine.steps
+        batcher = engine.batcher
     for ids in replies:
         assert 8 <= len(ids) <= 32
         assert Tokens.IM_END not in ids
         assert all(32 <= token < 127 for token in ids)
     # The first token comes from each reply's prefill; each later one, and the
     # <|im_end|> of a reply under the limit, from a decode step.
-    assert steps.steps == sum(len(ids) - (len(ids) == 32) for ids in replies)
-    assert 1 < steps.largest <= max_batch
-    assert steps.calls < 0.75 * steps.steps  # most forwards were shared
+    assert batcher.steps == sum(len(ids) - (len(ids) == 32) for ids in replies)
+    assert 1 < batcher.largest <= max_batch
+    assert batcher.calls < 0.75 * batcher.steps  # most forwards were shared
