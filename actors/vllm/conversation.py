@@ -6,6 +6,11 @@ prefilled as they come; everything else (a ``clear``, a truncation, a failed res
 is a cut back to a known length followed by appends, and :attr:`History.low_water`
 records the lowest position a cut touched, so the engine knows whether the request it
 holds open still matches (else it opens a new one; vLLM's prefix cache keeps that cheap).
+
+An audio clip sits in the list as vLLM expands it (``<|audio_start|>``, one placeholder
+per audio-encoder output, ``<|audio_end|>``); :attr:`History.clips` keeps its samples by
+the position of its first placeholder, so a request opened over the list sends the clip
+again (as one placeholder and the samples, the form vLLM expands).
 """
 
 from __future__ import annotations
@@ -13,13 +18,14 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 from typing import Final
 
+import numpy as np
 import torch
 
 from omni_actors.actors.engine import KEPT_FIELD, Fields
 from omni_actors.actors.vllm.turns import TurnTemplate
 from omni_actors.errors import EngineError
 
-__all__ = ["History", "Mark", "Reply", "VllmInputError", "kept_of"]
+__all__ = ["Clip", "History", "Mark", "Reply", "VllmInputError", "kept_of"]
 
 _NONE: Final = 1 << 62  # ``low_water`` when nothing was cut
 
@@ -50,6 +56,25 @@ class Reply:
     tokens: tuple[int, ...] = ()
 
 
+@dataclass(slots=True)
+class Clip:
+    """One audio clip of a user turn.
+
+    Attributes:
+        samples: float32 mono at the processor's rate.
+        count: its placeholders in the token list.
+        uuid: its identity for vLLM's caches: a clip said again is another clip (its
+            hidden states are needed again), a clip sent again after a reopen is not.
+        states: [count, H] the thinker's hidden states at its placeholders, once its
+            prefill ran.
+    """
+
+    samples: np.ndarray
+    count: int
+    uuid: str
+    states: torch.Tensor | None = None
+
+
 @dataclass(frozen=True, slots=True)
 class Mark:
     """A state to come back to (a checkpoint)."""
@@ -74,6 +99,8 @@ class History:
     turns_since_reply: int = 0
     system: tuple[int, ...] = ()
     """System turns fed since the last reply (a truncation puts them back after it)."""
+    clips: dict[int, Clip] = field(default_factory=dict)
+    """Audio clips by the position of their first placeholder."""
     low_water: int = _NONE
 
     def checkpoint(self) -> Mark:
@@ -110,6 +137,29 @@ class History:
             self.tokens.extend(turns.user.prefix)
         self.tokens.extend(ids)
 
+    def hear(self, clip: Clip, turns: TurnTemplate, audio: tuple[int, int, int]) -> None:
+        """Append an audio clip as user content: ``audio`` is (start, placeholder, end)."""
+        start, placeholder, end = audio
+        self.say([start], turns)
+        self.clips[len(self.tokens)] = clip
+        self.tokens.extend([placeholder] * clip.count)
+        self.tokens.append(end)
+
+    def sent_form(self, begin: int, placeholder: int) -> tuple[list[int], list[Clip]]:
+        """``tokens[begin:]`` as vLLM takes them: each clip's placeholders as one, and
+        the clips in order (none may start before ``begin`` and end after it)."""
+        ids: list[int] = []
+        clips: list[Clip] = []
+        at = begin
+        for start in sorted(s for s in self.clips if s >= begin):
+            clip = self.clips[start]
+            ids.extend(self.tokens[at:start])
+            ids.append(placeholder)
+            clips.append(clip)
+            at = start + clip.count
+        ids.extend(self.tokens[at:])
+        return ids, clips
+
     def instruct(self, system: tuple[int, ...]) -> bool:
         """Set the instructions: appended now with no turn open (returns True), else
         held until the open turn is committed (a later call replaces them)."""
@@ -120,12 +170,12 @@ class History:
         self.system = (*self.system, *system)
         return bool(system)
 
-    def commit(self, turns: TurnTemplate) -> list[int] | None:
-        """Close the open user turn; its tokens (the talker's rows), or None if none."""
+    def commit(self, turns: TurnTemplate) -> range | None:
+        """Close the open user turn; its positions (the talker's rows), or None if none."""
         if self.turn_start is None:
             return None
         self.tokens.extend(turns.user.suffix)
-        rows = self.tokens[self.turn_start :]
+        rows = range(self.turn_start, len(self.tokens))
         self.tokens.extend(self.waiting)
         self.system = (*self.system, *self.waiting)
         self.turn_start, self.waiting = None, ()
@@ -177,6 +227,8 @@ class History:
         if length < len(self.tokens):
             del self.tokens[length:]
             self.low_water = min(self.low_water, length)
+            for start in [s for s in self.clips if s >= length]:
+                del self.clips[start]
 
     def synced(self) -> None:
         """The engine's request matches the list again: forget past cuts."""

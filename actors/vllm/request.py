@@ -17,11 +17,31 @@ import asyncio
 import contextlib
 import logging
 from collections.abc import AsyncIterator
+from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["OpenRequest", "RequestEndedError"]
+import numpy as np
+
+__all__ = ["Chunk", "OpenRequest", "RequestEndedError"]
 
 log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True, slots=True)
+class Chunk:
+    """One chunk of a request's prompt.
+
+    Attributes:
+        token_ids: the ids to append, one placeholder per audio clip.
+        sampling: vLLM ``SamplingParams`` of what the chunk generates.
+        audio: the clips' ``(samples, uuid)``, in placeholder order.
+        rate: their sampling rate.
+    """
+
+    token_ids: list[int]
+    sampling: Any
+    audio: tuple[tuple[np.ndarray, str], ...] = ()
+    rate: int = 16_000
 
 
 class RequestEndedError(RuntimeError):
@@ -37,33 +57,38 @@ class OpenRequest:
         first: the first chunk's ``(token_ids, sampling_params)``.
     """
 
-    def __init__(self, llm: Any, request_id: str, first: tuple[list[int], Any]) -> None:
+    def __init__(self, llm: Any, request_id: str, first: Chunk) -> None:
         self.llm = llm
         self.request_id = request_id
         self._inputs: asyncio.Queue[Any] = asyncio.Queue()
         self._outputs: asyncio.Queue[Any] = asyncio.Queue()
         self._ended: BaseException | None = None
-        self._send(*first)
+        self._send(first)
         self._task = asyncio.get_running_loop().create_task(
-            self._run(first[1]), name=f"vllm request {request_id}"
+            self._run(first.sampling), name=f"vllm request {request_id}"
         )
 
-    def _send(self, token_ids: list[int], sampling: Any) -> None:
+    def _send(self, chunk: Chunk) -> None:
         from vllm.engine.protocol import StreamingInput
         from vllm.inputs import TokensPrompt
 
-        prompt: Any = TokensPrompt(prompt_token_ids=token_ids)  # vLLM processes it as input
-        self._inputs.put_nowait(StreamingInput(prompt, sampling))
+        prompt: Any = TokensPrompt(prompt_token_ids=chunk.token_ids)
+        if chunk.audio:
+            # vLLM expands each placeholder to the clip's encoder outputs; the uuids
+            # name the clips for its caches.
+            prompt["multi_modal_data"] = {"audio": [(a, chunk.rate) for a, _ in chunk.audio]}
+            prompt["multi_modal_uuids"] = {"audio": [u for _, u in chunk.audio]}
+        self._inputs.put_nowait(StreamingInput(prompt, chunk.sampling))
 
-    def send(self, token_ids: list[int], sampling: Any) -> None:
-        """Append ``token_ids`` and generate under ``sampling`` (after the last chunk ended).
+    def send(self, chunk: Chunk) -> None:
+        """Append ``chunk`` and generate under its sampling (after the last chunk ended).
 
         Raises:
             RequestEndedError: the request has ended.
         """
         if self._ended is not None or self._task.done():
             raise RequestEndedError(f"vLLM request {self.request_id} has ended") from self._ended
-        self._send(token_ids, sampling)
+        self._send(chunk)
 
     async def output(self) -> Any:
         """The next ``RequestOutput`` (delta) of the current chunk.

@@ -24,9 +24,13 @@ blocks it still holds.
 **Text in, rows out.** Text is tokenized with the model's tokenizer and turns are framed
 by its chat template (:class:`~.turns.TurnTemplate`). The talker's inputs for text
 positions and generated tokens are rows of the thinker's input-embedding table, read
-once from the checkpoint (:mod:`.embedding`): no hidden state crosses out of vLLM.
-Audio input needs the thinker's hidden states at the audio positions, which this engine
-does not extract yet: it refuses audio with :class:`VllmInputError`.
+once from the checkpoint (:mod:`.embedding`).
+
+**Audio in, hidden states out.** A clip is sent to vLLM as one placeholder and its
+samples (vLLM's audio encoder and the checkpoint's processor expand it) when it ends
+(:mod:`.audio_input`); the talker's rows at its placeholders are the thinker's hidden
+states there, which a worker extension keeps in vLLM's worker and the engine takes once
+the clip is prefilled (:mod:`.hidden_states`).
 
 A pipeline names the checkpoint by path (``model: /models/Qwen3-Omni-30B-A3B-Instruct``)
 or by a prepared model family (``model: tiny-omni``: its ``checkpoint`` directory in the
@@ -55,11 +59,14 @@ from omni_actors.actors.engine import (
 )
 from omni_actors.actors.torch_engine import AbortSignal
 from omni_actors.actors.vllm.args import VllmThinkerArgs
-from omni_actors.actors.vllm.conversation import History, Mark, VllmInputError, kept_of
+from omni_actors.actors.vllm.audio_input import AudioSpec, user_rows
+from omni_actors.actors.vllm.conversation import Mark, VllmInputError, kept_of
 from omni_actors.actors.vllm.embedding import load_input_embeddings
+from omni_actors.actors.vllm.hidden_states import TAP_EXTENSION
 from omni_actors.actors.vllm.reply_text import ReplyText
 from omni_actors.actors.vllm.request import OpenRequest, RequestEndedError
 from omni_actors.actors.vllm.runtime import EngineDiedError, VllmRuntime, resolve_checkpoint
+from omni_actors.actors.vllm.session import Session
 from omni_actors.actors.vllm.turns import TurnTemplate
 from omni_actors.errors import EngineError, MissingExtraError
 
@@ -71,17 +78,6 @@ if importlib.util.find_spec("vllm") is None:  # vLLM itself is imported where it
     raise MissingExtraError("the vllm engine", "vllm", ModuleNotFoundError(name="vllm"))
 
 
-class _Session:
-    """One conversation: its token list, its open request and the response running."""
-
-    def __init__(self) -> None:
-        self.history = History()
-        self.request: OpenRequest | None = None
-        self.fed = 0
-        """Tokens of ``history`` the open request holds (0 with none open)."""
-        self.signal: AbortSignal | None = None
-
-
 class VllmThinkerEngine:
     """A thinker on vLLM with streaming prefill (see the module docstring).
 
@@ -89,7 +85,8 @@ class VllmThinkerEngine:
     as tiny-omni's torch thinker: per token ``token_ids`` [1] int64, ``text`` (what the
     token adds to the reply's text) and ``embed`` [1, H]; with the first token
     ``opening`` [3, H] and ``tts`` [3, H]; per committed user turn ``user`` [n, H] and
-    ``user_mask`` [n] bool (all False: text only).
+    ``user_mask`` [n] bool (True at audio placeholders, whose rows are hidden states).
+    Input ``audio``: float mono samples at the checkpoint processor's rate (16 kHz).
     """
 
     kind: ClassVar[str] = "vllm"
@@ -115,7 +112,7 @@ class VllmThinkerEngine:
         self.args = args
         self.max_new_tokens = args.max_new_tokens
         self.min_new_tokens = min(args.min_new_tokens, args.max_new_tokens)
-        self._sessions: dict[str, _Session] = {}
+        self._sessions: dict[str, Session] = {}
         self._ids = itertools.count()
         self._llm: Any = None
         self.runtime: VllmRuntime | None = None
@@ -134,6 +131,8 @@ class VllmThinkerEngine:
         self.tokenizer = tokenizer
         self.turns = TurnTemplate.of(tokenizer)
         config = json.loads((path / "config.json").read_text())
+        processor = json.loads((path / "processor_config.json").read_text())
+        self.audio = AudioSpec.of(tokenizer, config, processor)
         tts = [config[f"tts_{name}_token_id"] for name in ("bos", "eos", "pad")]
         self.embeddings = await asyncio.to_thread(load_input_embeddings, path)
         self.opening = self.embeddings[list(self.turns.opening)]
@@ -145,6 +144,11 @@ class VllmThinkerEngine:
         if ranges is not None:
             allowed = {i for start, stop in ranges for i in range(start, stop)}
             self.allowed = sorted(allowed | self.stop_ids)
+        if self.args.engine_args.get("worker_extension_cls", TAP_EXTENSION) != TAP_EXTENSION:
+            raise EngineError(
+                "engine_args.worker_extension_cls is taken by the vllm thinker's hidden-state "
+                f"tap ({TAP_EXTENSION})"
+            )
         self.runtime = await VllmRuntime.start(
             path,
             {
@@ -154,10 +158,14 @@ class VllmThinkerEngine:
                 "enable_prefix_caching": True,
                 "seed": self.args.seed,
                 **self.args.engine_args,
+                "worker_extension_cls": TAP_EXTENSION,
             },
         )
         self._llm = self.runtime.llm
         self.died = self.runtime.died
+        await self._llm.collective_rpc(
+            "omni_tap_install", args=(self.audio.accept_layer, self.audio.ids[1])
+        )
 
     async def stop(self) -> None:
         """End every request and shut vLLM down (its processes exit)."""
@@ -174,13 +182,13 @@ class VllmThinkerEngine:
             return
         if state.signal is not None:
             state.signal.abort()
-        await self._end_request(state, abort=True)
+        await state.end_request(abort=True, timeout=self.args.request_timeout_s)
 
     async def release(self, session: str) -> None:
         """``session`` is over: close its request."""
         state = self._sessions.pop(session, None)
         if state is not None:
-            await self._end_request(state, abort=False)
+            await state.end_request(abort=False, timeout=self.args.request_timeout_s)
 
     # -- introspection ---------------------------------------------------------------------
 
@@ -198,13 +206,13 @@ class VllmThinkerEngine:
         """One response: prefill its input as it arrives, then stream the reply's tokens.
 
         Raises:
-            VllmInputError: audio, a malformed mark or instruction, or a truncation
+            VllmInputError: bad audio, a malformed mark or instruction, or a truncation
                 with no reply to cut.
             EngineError: vLLM failed the request (the response fails; the session stays).
         """
         state = self._sessions.get(session)
         if state is None:
-            state = self._sessions[session] = _Session()
+            state = self._sessions[session] = Session()
         if state.signal is not None:
             raise VllmInputError(f"session {session!r} is already generating")
         signal = state.signal = AbortSignal()
@@ -214,11 +222,19 @@ class VllmThinkerEngine:
         try:
             while (fields := await signal.next_input(inputs)) is not None:
                 mark = fields.get(TURN_FIELD)
+                if "audio" in fields:
+                    state.clip.push(fields["audio"])
+                    if len(fields) == 1:
+                        continue  # the clip goes on: sent when it ends
+                if mark == "clear":
+                    state.clip.drop()
+                else:
+                    await self._hear(session, state)
                 if mark == "commit":
                     rows = history.commit(self.turns)
                     committed = history.checkpoint()
                     if rows is not None:
-                        yield self._rows(rows)
+                        yield user_rows(history, rows, self.embeddings)
                 elif mark == "clear":
                     if history.clear(committed):
                         committed = history.checkpoint()
@@ -234,11 +250,6 @@ class VllmThinkerEngine:
                 elif mark is not None:
                     raise VllmInputError(f"unknown turn mark {mark!r}: commit, clear or truncate")
                 else:
-                    if "audio" in fields:
-                        raise VllmInputError(
-                            "the vllm thinker takes text only for now: audio input needs the "
-                            "thinker's hidden states at audio positions, not extracted yet"
-                        )
                     if INSTRUCTIONS_FIELD in fields and history.instruct(self._system_turn(fields)):
                         committed = history.checkpoint()
                     text = fields.get("text")
@@ -250,9 +261,10 @@ class VllmThinkerEngine:
             if signal.aborted:
                 return
             options = response_options(inputs)
+            await self._hear(session, state)
             rows = history.commit(self.turns)
             if rows is not None:
-                yield self._rows(rows)
+                yield user_rows(history, rows, self.embeddings)
             history.open_reply(self.turns)
             first = True
             reply_text = ReplyText(self.tokenizer)
@@ -282,9 +294,10 @@ class VllmThinkerEngine:
             raise
         finally:
             state.signal = None
+            state.clip.drop()  # a clip not heard by the end of the response is not heard
             await self._settle(session, state, outcome, start)
 
-    async def _settle(self, session: str, state: _Session, outcome: str, start: Mark) -> None:
+    async def _settle(self, session: str, state: Session, outcome: str, start: Mark) -> None:
         """Leave the conversation as the response's outcome says (module docstring)."""
         if outcome == "dropped" or self._sessions.get(session) is not state:
             return
@@ -293,7 +306,7 @@ class VllmThinkerEngine:
             # Closed or failed while vLLM still decodes: stop the request; the
             # conversation keeps the tokens yielded, and the next chunk reopens it.
             history.end_reply(self.turns)
-            await self._end_request(state, abort=True)
+            await state.end_request(abort=True, timeout=self.args.request_timeout_s)
         if outcome == "failed":
             history.restore(start)
             self._resync(state)
@@ -316,21 +329,19 @@ class VllmThinkerEngine:
         system = self.turns.system
         return (*system.prefix, *self._encode(text), *system.suffix)
 
-    def _rows(self, tokens: list[int]) -> dict[str, torch.Tensor | str]:
-        return {
-            "user": self.embeddings[tokens],
-            "user_mask": torch.zeros(len(tokens), dtype=torch.bool),
-        }
+    async def _hear(self, session: str, state: Session) -> None:
+        """End the clip being received: it joins the turn and is prefilled now."""
+        clip = state.clip.take(self.audio)
+        if clip is not None:
+            state.history.hear(clip, self.turns, self.audio.ids)
+            await self._prefill(session, state)
 
-    def _resync(self, state: _Session) -> None:
-        """After a cut: a request holding tokens the list no longer has is ended; the
-        next chunk opens a new one with the whole conversation."""
-        if state.history.low_water < state.fed:
-            request, state.request, state.fed = state.request, None, 0
-            if request is not None:
-                self._closing.add(asyncio.get_running_loop().create_task(request.abort()))
-                self._closing = {t for t in self._closing if not t.done()}
-        state.history.synced()
+    def _resync(self, state: Session) -> None:
+        """After a cut: a request holding tokens the list no longer has is aborted."""
+        stale = state.resync()
+        if stale is not None:
+            self._closing.add(asyncio.get_running_loop().create_task(stale.abort()))
+            self._closing = {t for t in self._closing if not t.done()}
 
     def _sampling(self, max_tokens: int, **fields: Any) -> Any:
         from vllm import SamplingParams
@@ -346,28 +357,24 @@ class VllmThinkerEngine:
             **fields,
         )
 
-    def _send(self, session: str, state: _Session, sampling: Any) -> OpenRequest:
+    def _send(self, session: str, state: Session, sampling: Any) -> OpenRequest:
         """Send what the open request lacks of the token list (opening one if needed)."""
         self._resync(state)
-        pending = state.history.tokens[state.fed :]
-        if state.request is None:
-            request_id = f"{session}-{next(self._ids)}"
-            state.request = OpenRequest(self._llm, request_id, (pending, sampling))
-        else:
-            state.request.send(pending, sampling)
-        state.fed = len(state.history.tokens)
-        return state.request
+        # The counter leads: no id is another's plus vLLM's suffix (hidden_states).
+        request_id = f"{next(self._ids)}-{session}"
+        return state.send(self._llm, request_id, self.audio, sampling)
 
-    async def _prefill(self, session: str, state: _Session) -> None:
+    async def _prefill(self, session: str, state: Session) -> None:
         """Prefill what is new in the token list now (one token of output, dropped)."""
         if state.fed == len(state.history.tokens):
             return
         request = self._send(session, state, self._sampling(1, temperature=0.0))
         while (out := await self._output(state, request)) is not None:
             if out.outputs[0].token_ids:
+                await state.take_states(self._llm, request)
                 return
 
-    async def _output(self, state: _Session, request: OpenRequest) -> Any:
+    async def _output(self, state: Session, request: OpenRequest) -> Any:
         """The request's next output; None once the session was aborted."""
         signal = state.signal
         read = asyncio.ensure_future(request.output())
@@ -390,7 +397,7 @@ class VllmThinkerEngine:
             raise EngineError(f"vLLM ended the request: {exc.__cause__ or exc}") from exc
 
     async def _reply(
-        self, session: str, state: _Session, options: ResponseOptions
+        self, session: str, state: Session, options: ResponseOptions
     ) -> AsyncIterator[tuple[int, bool]]:
         """The reply's tokens as vLLM generates them: ``(token, is_last)``."""
         max_tokens = options.max_tokens or self.max_new_tokens
@@ -411,6 +418,7 @@ class VllmThinkerEngine:
             out = await self._output(state, request)
             if out is None:
                 return
+            await state.take_states(self._llm, request)
             completion = out.outputs[0]
             tokens = list(completion.token_ids)
             stop = next((i for i, t in enumerate(tokens) if t in self.stop_ids), None)
@@ -433,12 +441,3 @@ class VllmThinkerEngine:
             produced += len(tokens)
             if ended:
                 return
-
-    async def _end_request(self, state: _Session, *, abort: bool) -> None:
-        request, state.request, state.fed = state.request, None, 0
-        if request is None:
-            return
-        if abort:
-            await request.abort()
-        else:
-            await request.close(self.args.request_timeout_s)

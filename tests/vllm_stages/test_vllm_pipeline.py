@@ -8,6 +8,7 @@ are ``test_vllm_thinker.py``'s, one session at a time.
 
 from __future__ import annotations
 
+import math
 import os
 import signal
 from collections.abc import AsyncIterator
@@ -15,6 +16,7 @@ from pathlib import Path
 
 import pytest
 import pytest_asyncio
+import torch
 
 from omni_actors.protocols.events import AudioDelta, Done, Event, ResponseDone, TextDelta
 from omni_actors.serving.omni_pipeline import OmniPipeline
@@ -70,6 +72,19 @@ async def test_text_in_text_and_audio_out_with_audio_before_the_thinker_ends(
     assert thinker_last is not None
     # The talker started on the thinker's first tokens: a codec frame before its last.
     assert talker_first < thinker_last
+
+
+async def test_speech_in_text_and_audio_out(omni: OmniPipeline) -> None:
+    tone = torch.sin(torch.arange(24_000) * 2 * math.pi * 220 / 16_000) * 0.3
+    async with omni.session() as session:
+        for piece in tone.split(1600):  # 100 ms microphone frames: one clip
+            await session.send(audio=piece)
+        response = await session.respond(max_tokens=12)
+        events = [e async for e in response.events()]
+    assert isinstance(events[-1], ResponseDone), events[-1]
+    assert events[-1].status == "completed"
+    assert "".join(e.text for e in events if isinstance(e, TextDelta))
+    assert any(isinstance(e, AudioDelta) for e in events)
 
 
 async def test_a_conversation_keeps_its_turns_across_responses(omni: OmniPipeline) -> None:

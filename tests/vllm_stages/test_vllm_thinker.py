@@ -86,13 +86,15 @@ async def engines(cache_dir: Path) -> AsyncIterator[tuple[Any, ThinkerEngine]]:
 def merged(outputs: list[Fields]) -> dict[str, Any]:
     """A response's outputs by field: tokens as a list, tensors concatenated."""
     tokens = [int(o["token_ids"][0]) for o in outputs if "token_ids" in o]  # type: ignore[index]
-    rows = [o[f] for o in outputs for f in ("user",) if f in o]
+    rows = [o["user"] for o in outputs if "user" in o]
+    masks = [o["user_mask"] for o in outputs if "user_mask" in o]
     embeds = [o["embed"] for o in outputs if "embed" in o]
     first = next((o for o in outputs if "opening" in o), {})
     return {
         "tokens": tokens,
         "text": "".join(str(o["text"]) for o in outputs if "text" in o),
         "user": torch.cat(rows) if rows else None,  # type: ignore[arg-type]
+        "user_mask": torch.cat(masks) if masks else None,  # type: ignore[arg-type]
         "embed": torch.cat(embeds) if embeds else None,  # type: ignore[arg-type]
         "opening": first.get("opening"),
         "tts": first.get("tts"),
@@ -107,16 +109,24 @@ async def respond(
 
 
 async def both(
-    engines: tuple[Any, ThinkerEngine], session: str, items: list[Fields], **options: Any
+    engines: tuple[Any, ThinkerEngine],
+    session: str,
+    items: list[Fields],
+    rows_atol: float = 0.0,
+    **options: Any,
 ) -> dict[str, Any]:
+    """Run ``items`` on both thinkers; equal outputs (the talker's rows within
+    ``rows_atol``: hidden states at audio positions come from two attention kernels)."""
     vllm, torch_thinker = engines
     got = await respond(vllm, session, list(items), **options)
     want = await respond(torch_thinker, session, list(items), **options)
     assert got["tokens"] == want["tokens"]
     assert got["text"] == want["text"]  # printable bytes: the torch thinker's text too
-    for field in ("user", "embed", "opening", "tts"):
+    for field in ("user", "user_mask", "embed", "opening", "tts"):
         if want[field] is None:
             assert got[field] is None, field
+        elif field == "user" and rows_atol:
+            torch.testing.assert_close(got[field], want[field], atol=rows_atol, rtol=0)
         else:
             assert torch.equal(got[field], want[field]), field
     return got
@@ -181,12 +191,42 @@ async def test_abort_mid_reply_leaves_no_request_in_vllm(engines: Any) -> None:
     await eventually(vllm_forgot, timeout=10)
 
 
-async def test_audio_and_bad_marks_are_refused_and_the_session_goes_on(engines: Any) -> None:
+def noise(seconds: float, seed: int) -> torch.Tensor:
+    """White noise: every log-mel frame peaks alike, so Whisper's clip-wide floor and
+    tiny-omni's running floor never bind (``audio_input``'s docstring)."""
+    generator = torch.Generator().manual_seed(seed)
+    return 0.1 * torch.randn(int(seconds * 16_000), generator=generator)
+
+
+ATOL = 1e-4
+
+
+async def test_audio_turns_give_the_torch_thinkers_rows_and_tokens(engines: Any) -> None:
+    vllm, torch_thinker = engines
+    clip = noise(9.0, 1)  # longer than one encoder window (8 s)
+    pieces = [{"audio": piece} for piece in clip.split(16_000 * 2)]
+    first = await both(
+        engines, "heard", [*pieces[:-1], {**pieces[-1], "text": "What was that?"}], ATOL
+    )
+    assert int(first["user_mask"].sum()) == 117  # 900 log-mel frames: 13 per second
+    await both(engines, "heard", [{"text": "Listen:"}, {"audio": noise(1.5, 2)}, COMMIT], ATOL)
+    # A clip in a cleared turn is gone; a truncation then reopens the request, which
+    # sends both clips left in the conversation again (their states are not taken again).
+    await both(engines, "heard", [{"audio": noise(1.0, 3)}, CLEAR, {"text": "no"}], ATOL)
+    before = vllm.running_requests()
+    await both(engines, "heard", [truncate(1), {"audio": noise(0.5, 4)}], ATOL)
+    assert vllm.running_requests() != before
+    await asyncio.gather(vllm.release("heard"), torch_thinker.release("heard"))
+
+
+async def test_bad_audio_and_bad_marks_are_refused_and_the_session_goes_on(engines: Any) -> None:
     from omni_actors.actors.vllm.thinker import VllmInputError
 
     vllm, torch_thinker = engines
-    with pytest.raises(VllmInputError, match="text only"):
-        await respond(vllm, "bad", [{"audio": torch.zeros(1600)}])
+    with pytest.raises(VllmInputError, match="floating-point"):
+        await respond(vllm, "bad", [{"audio": torch.zeros(1600, dtype=torch.int16)}])
+    with pytest.raises(VllmInputError, match="NaN"):
+        await respond(vllm, "bad", [{"audio": torch.full((1600,), float("nan"))}])
     with pytest.raises(VllmInputError, match="unknown turn mark"):
         await respond(vllm, "bad", [{TURN_FIELD: "undo"}])
     with pytest.raises(VllmInputError, match="no reply to truncate"):
