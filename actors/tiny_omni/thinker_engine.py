@@ -48,7 +48,7 @@ row's logits may differ in the last bits (tests compare tokens one session at a 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Mapping
 from pathlib import Path
 from typing import ClassVar, Literal
 
@@ -64,6 +64,7 @@ from omni_actors.actors.engine import (
     response_options,
 )
 from omni_actors.actors.step_batcher import StepBatcher
+from omni_actors.actors.thinker_ports import THINKER_INPUTS, THINKER_OUTPUTS
 from omni_actors.actors.tiny_omni import configs
 from omni_actors.actors.tiny_omni.configs import Tokens
 from omni_actors.actors.tiny_omni.conversation import (
@@ -113,15 +114,10 @@ _Outcome = Literal["done", "cancelled", "failed", "dropped"]
 class ThinkerEngine(TorchEngine):
     """Byte-level text replies with streaming prefill (see the module docstring).
 
-    Outputs, one per generated token: ``token_ids`` [1] int64, ``text`` (that byte as a
-    one-character str) and ``embed`` [1, H] float32 (the token's input embedding: the
-    talker's text input for it); the first token of a reply also carries ``opening``
-    [3, H] (the embeddings of ``<|im_start|> ASSISTANT \\n``) and ``tts`` [3, H] float32
-    (those of TTS_BOS, TTS_EOS, TTS_PAD). Each committed user turn comes, as soon as it
-    is committed, as an output without a token: ``user`` [n, H] float32, per position of
-    ``<|im_start|> USER \\n … <|im_end|> \\n`` the thinker's input embedding, or at audio
-    placeholders (where ``user_mask`` [n] bool is True) the hidden state at
-    ``accept_hidden_layer``: what ``stepping.talker_user_part`` selects from.
+    Its ports are the thinker stage's (:mod:`omni_actors.actors.thinker_ports`): a
+    token's ``text`` is its byte as a one-character str, and the ``user`` rows at audio
+    placeholders are the hidden states at ``accept_hidden_layer``, what
+    ``stepping.talker_user_part`` selects from.
 
     Args:
         args: see :class:`ThinkerArgs`.
@@ -132,23 +128,8 @@ class ThinkerEngine(TorchEngine):
 
     kind: ClassVar[str] = "tiny-omni.thinker"
     Args: ClassVar[type[ThinkerArgs]] = ThinkerArgs
-    inputs: ClassVar[dict[str, Rule]] = {
-        "text": "concat",
-        "audio": "concat",
-        TURN_FIELD: "concat",
-        INSTRUCTIONS_FIELD: "concat",
-    }
-    outputs: ClassVar[dict[str, Rule]] = {
-        "token_ids": "concat",
-        "text": "concat",
-        "embed": "concat",
-        # Rows of committed user turns, sent as each turn is committed.
-        "user": "concat",
-        "user_mask": "concat",
-        # Sent once per reply, with its first token.
-        "opening": "replace",
-        "tts": "replace",
-    }
+    inputs: ClassVar[Mapping[str, Rule]] = THINKER_INPUTS
+    outputs: ClassVar[Mapping[str, Rule]] = THINKER_OUTPUTS
     streams_input: ClassVar[bool] = True
 
     def __init__(self, args: ThinkerArgs) -> None:
