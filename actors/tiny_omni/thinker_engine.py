@@ -57,7 +57,6 @@ from pydantic import Field
 
 from omni_actors.actors.engine import (
     INSTRUCTIONS_FIELD,
-    KEPT_FIELD,
     TURN_FIELD,
     Fields,
     Rule,
@@ -86,6 +85,7 @@ from omni_actors.actors.tiny_omni.thinker_model import (
 )
 from omni_actors.actors.tiny_omni.user_turn import UserTurn
 from omni_actors.actors.torch_engine import AbortSignal, TorchEngine, stage_dir
+from omni_actors.actors.turn_marks import kept_of
 from omni_actors.model_family import WeightsArgs
 
 __all__ = ["ASSISTANT_OPENING", "NEWLINE", "ThinkerArgs", "ThinkerEngine"]
@@ -214,7 +214,7 @@ class ThinkerEngine(TorchEngine):
                         await self.call(self._model.instruct, conversation, waiting)
                         committed = conversation.checkpoint()
                 elif mark == "truncate":
-                    conversation.truncate(_kept(fields))
+                    conversation.truncate(kept_of(fields))
                     # The cut part of the cache is gone: a failure after it can only
                     # come back to here (what the user heard stays what they heard).
                     start = committed = conversation.checkpoint()
@@ -428,10 +428,3 @@ def _system_turn(fields: Fields) -> tuple[int, ...]:
     if not isinstance(text, str):
         raise ValueError(f"{INSTRUCTIONS_FIELD!r} must be text (a str), got a tensor")
     return system_turn(text)
-
-
-def _kept(fields: Fields) -> int:
-    kept = fields.get(KEPT_FIELD)
-    if not isinstance(kept, torch.Tensor) or kept.numel() != 1:
-        raise ValueError(f"a truncate mark needs {KEPT_FIELD!r}: a 0-d tensor of tokens to keep")
-    return int(kept)
