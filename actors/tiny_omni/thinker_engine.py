@@ -55,6 +55,7 @@ from typing import ClassVar, Literal
 import torch
 from pydantic import Field
 
+from omni_actors.actors.batched_engine import BatchedTorchEngine
 from omni_actors.actors.engine import (
     INSTRUCTIONS_FIELD,
     TURN_FIELD,
@@ -62,7 +63,6 @@ from omni_actors.actors.engine import (
     Rule,
     response_options,
 )
-from omni_actors.actors.step_batcher import StepBatcher
 from omni_actors.actors.thinker_ports import THINKER_INPUTS, THINKER_OUTPUTS
 from omni_actors.actors.tiny_omni import configs
 from omni_actors.actors.tiny_omni.configs import Tokens
@@ -84,7 +84,7 @@ from omni_actors.actors.tiny_omni.thinker_model import (
     Token,
 )
 from omni_actors.actors.tiny_omni.user_turn import UserTurn
-from omni_actors.actors.torch_engine import AbortSignal, TorchEngine, stage_dir
+from omni_actors.actors.torch_engine import AbortSignal, stage_dir
 from omni_actors.actors.turn_marks import kept_of
 from omni_actors.model_family import WeightsArgs
 
@@ -111,7 +111,7 @@ class ThinkerArgs(WeightsArgs):
 _Outcome = Literal["done", "cancelled", "failed", "dropped"]
 
 
-class ThinkerEngine(TorchEngine):
+class ThinkerEngine(BatchedTorchEngine[Conversation, DecodeStep, Token]):
     """Byte-level text replies with streaming prefill (see the module docstring).
 
     Its ports are the thinker stage's (:mod:`omni_actors.actors.thinker_ports`): a
@@ -136,35 +136,20 @@ class ThinkerEngine(TorchEngine):
         self.max_new_tokens = args.max_new_tokens
         self.min_new_tokens = min(args.min_new_tokens, args.max_new_tokens)
         self.seed = args.seed
-        super().__init__(stage_dir(TINY_OMNI.name, args, "thinker"), "thinker")
-        self._sessions: dict[str, Conversation] = {}
-        self.batcher: StepBatcher[DecodeStep, Token] = StepBatcher(
-            self._decode, max_batch=args.max_batch, name="thinker decode"
+        super().__init__(
+            stage_dir(TINY_OMNI.name, args, "thinker"),
+            "thinker",
+            max_batch=args.max_batch,
+            batcher_name="thinker decode",
         )
-        """Every session's decode steps (its counters tell how many shared a forward)."""
 
     def _load(self, path: Path) -> None:
         self._model = ThinkerModel(path)
 
-    async def start(self) -> None:
-        """Load the thinker in the model thread, then start the decode batcher."""
-        await super().start()
-        self.batcher.start()
-
-    async def _decode(self, steps: list[DecodeStep]) -> list[Token]:
-        return await self.call(self._model.decode_steps, steps)
+    def _run_steps(self, steps: list[DecodeStep]) -> list[Token]:
+        return self._model.decode_steps(steps)
 
     # -- introspection -------------------------------------------------------------------
-
-    @property
-    def active_sessions(self) -> set[str]:
-        """Sessions holding thinker state (generating, or between responses)."""
-        return set(self._sessions)
-
-    @property
-    def generating(self) -> set[str]:
-        """Sessions with a running ``generate``."""
-        return {s for s, c in self._sessions.items() if c.signal is not None}
 
     def cached_tokens(self, session: str) -> int:
         """Positions in ``session``'s KV cache (0 when it has no state)."""
@@ -337,24 +322,6 @@ class ThinkerEngine(TorchEngine):
             # Tokens yielded but not fed (the last one, at the token limit) close the
             # turn before whatever comes next, with <|im_end|> \n.
             conversation.carry = [*reply.tokens[reply.fed :], *CLOSE_TURN]
-
-    async def abort(self, session: str) -> None:
-        """Drop ``session``'s state; a running ``generate`` ends at its next step."""
-        conversation = self._sessions.pop(session, None)
-        if conversation is not None and conversation.signal is not None:
-            conversation.signal.abort()
-
-    async def release(self, session: str) -> None:
-        """The conversation is over: drop its KV cache."""
-        await self.abort(session)
-
-    async def stop(self) -> None:
-        """Abort every session, run the decode steps already queued (their sessions end
-        there), then end the model thread."""
-        for session in list(self._sessions):
-            await self.abort(session)
-        await self.batcher.stop()
-        await super().stop()
 
     async def truncate(self, session: str, kept: int) -> int:
         """Cut ``session``'s last reply to its first ``kept`` tokens (between responses).
