@@ -17,10 +17,10 @@ on ``finish``, ``abort``, a failed admission, a deadline or a stage crash.
 
 The handle sends input straight to the entry stage (as chunks numbered within the credit
 window the entry stage grants: :class:`~omni_actors.serving.session_input.SessionInput`),
-reads the events its session actor queues, and owns the session's admission slot and
-last-resort deadline. Both deadlines read the pipeline's system clock
-(``ActorSystem.clock``), so a pipeline in a system with a virtual clock runs them on
-virtual time.
+reads the events its session actor queues, and owns the session's admission
+(:class:`~omni_actors.serving.admission.Admission`, with its slot) and last-resort
+deadline. Both deadlines read the pipeline's system clock (``ActorSystem.clock``), so a
+pipeline in a system with a virtual clock runs them on virtual time.
 """
 
 from __future__ import annotations
@@ -36,12 +36,11 @@ from typing import TYPE_CHECKING, Literal
 import torch
 
 from omni_actors._ref import ActorRef
-from omni_actors.clock import TimerHandle, timeout_at
+from omni_actors.clock import TimerHandle
 from omni_actors.errors import InvalidRequestError, OmniError
 from omni_actors.protocols.control import (
     AbortSession,
     CancelResponse,
-    OpenSession,
     SessionMessage,
     TruncateResponse,
 )
@@ -52,6 +51,7 @@ from omni_actors.protocols.stage import (
     ResponseOptions,
     SessionKey,
 )
+from omni_actors.serving.admission import Admission
 from omni_actors.serving.orchestrator import StartSession
 from omni_actors.serving.response import Response, checked_options
 from omni_actors.serving.session_actor import SessionChannel
@@ -110,7 +110,7 @@ class Session:
             credit_wait_s=pipeline.spec.deadlines.inter_chunk_s,
             abort_stages=self._abort_stages,
         )
-        self._slot = False
+        self._admission: Admission | None = None
         self._drained = False  # the terminal event has been handed to the caller
         self._expiry: TimerHandle | None = None
         self._expiring: asyncio.Task[None] | None = None
@@ -137,52 +137,25 @@ class Session:
         clock = self.pipeline.clock
         self.channel.starts[0] = time.monotonic()
         start = clock.now()
-        admission_deadline = start + spec.deadlines.admission_s
         # The caller's last line of defence: the stages' own deadlines fire first.
         self._expiry = clock.call_at(start + spec.deadlines.total_s + _GRACE_S, self._expire)
-        try:
-            async with timeout_at(clock, admission_deadline):
-                await self.pipeline._slots.acquire()
-            self._slot = True
-            reply = await self.pipeline.orchestrator.ask(
-                StartSession(
-                    self.id,
-                    "text" in self.modalities,
-                    "audio" in self.modalities,
-                    self.resumable,
-                    admission_deadline,
-                    self.channel,
-                ),
-                timeout=max(0.001, admission_deadline - clock.now()),
-            )
-            if isinstance(reply, OmniError):
-                return self._closed(
-                    SessionError(session=self.id, code=reply.code, message=str(reply))
-                )
-            self._ref, self._key = reply.session, reply.key
-            self._input.connect(reply.entry, reply.key)
-            error = await reply.session.ask(
-                OpenSession(), timeout=max(0.001, admission_deadline - clock.now()) + _GRACE_S
-            )
-        except (OmniError, TimeoutError) as exc:
-            if not isinstance(exc, TimeoutError):  # the pipeline itself has stopped
-                return self._closed(SessionError(session=self.id, code=exc.code, message=str(exc)))
-            return self._closed(
-                SessionError(
-                    session=self.id,
-                    code="admission",
-                    message=(
-                        f"not admitted within {spec.deadlines.admission_s:g}s "
-                        f"({self.pipeline.max_sessions} sessions at most); retry later or "
-                        "raise deadlines.admission_s / max_sessions"
-                    ),
-                )
-            )
-        return error
-
-    def _closed(self, error: SessionError) -> SessionError:
-        self.channel.end(error)
-        return error
+        self._admission = Admission(
+            self.pipeline,
+            StartSession(
+                self.id,
+                "text" in self.modalities,
+                "audio" in self.modalities,
+                self.resumable,
+                start + spec.deadlines.admission_s,
+                self.channel,
+            ),
+        )
+        admitted = await self._admission.admit()
+        if isinstance(admitted, SessionError):
+            return admitted
+        self._ref, self._key = admitted.session, admitted.key
+        self._input.connect(admitted.entry, admitted.key)
+        return await self._admission.prewarm(admitted)
 
     async def send(
         self,
@@ -401,9 +374,8 @@ class Session:
         finally:
             if self._expiry is not None:
                 self._expiry.cancel()
-            if self._slot:
-                self._slot = False
-                self.pipeline._slots.release()
+            if self._admission is not None:
+                self._admission.release()
 
     def _expire(self) -> None:
         error = SessionError(
