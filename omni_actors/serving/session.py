@@ -55,7 +55,7 @@ from omni_actors.serving.admission import Admission
 from omni_actors.serving.orchestrator import StartSession
 from omni_actors.serving.response import Response, checked_options
 from omni_actors.serving.session_actor import SessionChannel
-from omni_actors.serving.session_input import SessionInput
+from omni_actors.serving.session_input import SessionClosedError, SessionInput
 
 if TYPE_CHECKING:
     from omni_actors.serving.omni_pipeline import OmniPipeline
@@ -66,10 +66,6 @@ Modality = Literal["text", "audio"]
 
 _GRACE_S = 5.0  # beyond total_s: the stages' own deadline fires first
 _ABORT_TIMEOUT_S = 10.0
-
-
-class SessionClosedError(OmniError):
-    """Input was sent to a session that has already ended."""
 
 
 class Session:
@@ -203,14 +199,14 @@ class Session:
         if end == "segment":
             self._check_open()
             self._start_response(uuid.uuid4().hex)
-            await self._send(payload, end=end, options=ResponseOptions())
+            await self._input.send(payload, end=end, options=ResponseOptions())
             return
         self._check_open()
         if end and (self.resumable or self._input.segment > 0):
             # A segment's latency counts from the end of its input; a one-shot request's
             # from the call (admission and prewarm included).
             self.channel.starts[self._input.segment] = time.monotonic()
-        await self._send(payload, end=end)
+        await self._input.send(payload, end=end)
 
     async def commit(self) -> None:
         """Make the input since the last commit a user turn; no reply is started.
@@ -252,7 +248,7 @@ class Session:
         options = checked_options(max_tokens, temperature, voice)
         self._check_respond()
         response = self._start_response(response_id or uuid.uuid4().hex)
-        await self._send({}, end="segment", options=options)
+        await self._input.send({}, end="segment", options=options)
         return response
 
     async def end_segment(self) -> Response:
@@ -284,7 +280,7 @@ class Session:
         if isinstance(kept, OmniError):
             raise kept
         assert isinstance(kept, int)
-        await self._send({}, mark="truncate", kept=kept)
+        await self._input.send({}, mark="truncate", kept=kept)
 
     async def _cancel(self, segment: int) -> bool:
         if self.ended or self._ref is None:
@@ -324,25 +320,13 @@ class Session:
             self._input.audio.drop()  # what it holds is dropped with the rest
         else:
             await self._flush_audio()
-        await self._send({}, mark=mark)
+        await self._input.send({}, mark=mark)
 
     async def _flush_audio(self) -> None:
         """Send the end of the resampled audio stream before a turn boundary."""
         tail = self._input.audio.flush()
         if tail.numel():
-            await self._send({"audio": tail})
-
-    async def _send(
-        self,
-        payload: Mapping[str, torch.Tensor | str],
-        *,
-        end: End = "",
-        mark: Mark = "",
-        kept: int = 0,
-        options: ResponseOptions | None = None,
-    ) -> None:
-        if not await self._input.send(payload, end=end, mark=mark, kept=kept, options=options):
-            raise SessionClosedError(f"session {self.id} has ended; open a new one")
+            await self._input.send({"audio": tail})
 
     async def finish(self) -> None:
         """End the last segment and the session."""

@@ -24,7 +24,7 @@ import torch
 from omni_actors._ref import ActorRef
 from omni_actors.actors.flow import BackpressureError, CreditWindow
 from omni_actors.clock import Clock
-from omni_actors.errors import qualified_name
+from omni_actors.errors import OmniError, qualified_name
 from omni_actors.protocols.events import SessionError
 from omni_actors.protocols.stage import (
     INPUT,
@@ -38,7 +38,11 @@ from omni_actors.protocols.stage import (
 from omni_actors.serving.resample import CallerAudio
 from omni_actors.serving.session_channel import SessionChannel
 
-__all__ = ["SessionInput"]
+__all__ = ["SessionClosedError", "SessionInput"]
+
+
+class SessionClosedError(OmniError):
+    """Input was sent to a session that has already ended."""
 
 
 class SessionInput:
@@ -99,20 +103,18 @@ class SessionInput:
         mark: Mark = "",
         kept: int = 0,
         options: ResponseOptions | None = None,
-    ) -> bool:
+    ) -> None:
         """Send one chunk, once the window has room for it.
 
-        Returns:
-            False if the session ended while this waited (nothing was sent).
-
         Raises:
+            SessionClosedError: the session ended while this waited (nothing was sent).
             BackpressureError: the entry stage took none of the chunks in flight within
                 ``deadlines.inter_chunk_s``; the session has ended with that error.
         """
         assert self._entry is not None, "send after connect"
         credits = self.channel.input
         if not credits.try_take() and not await self._wait_for_credit(credits):
-            return False
+            raise SessionClosedError(f"session {self.session} has ended; open a new one")
         tensors, texts = split_fields(payload)
         chunk = Chunk(
             key=self._key,
@@ -131,7 +133,6 @@ class SessionInput:
         await self._entry.tell(chunk)
         if end:
             self.segment += 1
-        return True
 
     async def _wait_for_credit(self, credits: CreditWindow) -> bool:
         limit = self.credit_wait_s
