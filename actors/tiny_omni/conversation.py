@@ -36,6 +36,7 @@ from omni_actors.actors.tiny_omni import configs
 from omni_actors.actors.tiny_omni.configs import Tokens
 from omni_actors.actors.tiny_omni.hf import DynamicCache
 from omni_actors.actors.torch_engine import AbortSignal
+from omni_actors.actors.turn_marks import check_truncatable
 
 __all__ = [
     "CLOSE_TURN",
@@ -161,19 +162,10 @@ class Conversation:
         """Cut the last reply to its first ``kept`` tokens (between user turns only).
 
         Raises:
-            ValueError: there is no reply, a user turn was committed after it, or
+            TurnMarkError: there is no reply, a user turn was committed after it, or
                 ``kept`` is negative.
         """
-        reply = self.reply
-        if reply is None:
-            raise ValueError("the session has no reply to truncate")
-        if self.turns_since_reply:
-            raise ValueError(
-                "a user turn was committed after the last reply: truncate the reply "
-                "before committing new input"
-            )
-        if kept < 0:
-            raise ValueError(f"kept must be >= 0, got {kept}")
+        reply = check_truncatable(self.reply, committed_after=self.turns_since_reply > 0, kept=kept)
         kept = min(kept, len(reply.tokens))
         fed = min(kept, reply.fed)
         self.crop(reply.start + fed)

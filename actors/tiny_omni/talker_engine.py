@@ -55,14 +55,14 @@ from typing import ClassVar
 
 from pydantic import Field, field_validator
 
+from omni_actors.actors.batched_engine import BatchedTorchEngine
 from omni_actors.actors.engine import Fields, ResponseOptions, Rule, response_options
-from omni_actors.actors.step_batcher import StepBatcher
 from omni_actors.actors.tiny_omni import configs
 from omni_actors.actors.tiny_omni.family import TINY_OMNI
 from omni_actors.actors.tiny_omni.hf import DynamicCache
 from omni_actors.actors.tiny_omni.talker_input import ReplyInput, TalkerInputError
 from omni_actors.actors.tiny_omni.talker_model import Frame, FrameStep, TalkerModel, Voice
-from omni_actors.actors.torch_engine import AbortSignal, TorchEngine, stage_dir
+from omni_actors.actors.torch_engine import AbortSignal, stage_dir
 from omni_actors.model_family import WeightsArgs
 
 __all__ = ["TalkerArgs", "TalkerEngine", "TalkerInputError"]
@@ -95,7 +95,7 @@ class TalkerArgs(WeightsArgs):
         return speaker.lower()
 
 
-class TalkerEngine(TorchEngine):
+class TalkerEngine(BatchedTorchEngine[Voice, FrameStep, Frame]):
     """Codec frames for the thinker's tokens, conditioned on the conversation's user turns.
 
     Inputs (any subset per chunk; see the module docstring): ``user`` [n, H] and
@@ -129,35 +129,20 @@ class TalkerEngine(TorchEngine):
         self.frames_per_token = args.frames_per_token
         self.stop_at_codec_eos = args.stop_at_codec_eos
         self.speaker = args.speaker
-        super().__init__(stage_dir(TINY_OMNI.name, args, "talker"), "talker")
-        self._sessions: dict[str, Voice] = {}
-        self.batcher: StepBatcher[FrameStep, Frame] = StepBatcher(
-            self._frames, max_batch=args.max_batch, name="talker frames"
+        super().__init__(
+            stage_dir(TINY_OMNI.name, args, "talker"),
+            "talker",
+            max_batch=args.max_batch,
+            batcher_name="talker frames",
         )
-        """Every session's frame steps (its counters tell how many shared a forward)."""
 
     def _load(self, path: Path) -> None:
         self._model = TalkerModel(path, stop_at_codec_eos=self.stop_at_codec_eos)
 
-    async def start(self) -> None:
-        """Load the talker in the model thread, then start the frame batcher."""
-        await super().start()
-        self.batcher.start()
-
-    async def _frames(self, steps: list[FrameStep]) -> list[Frame]:
-        return await self.call(self._model.frames, steps)
+    def _run_steps(self, steps: list[FrameStep]) -> list[Frame]:
+        return self._model.frames(steps)
 
     # -- introspection -------------------------------------------------------------------
-
-    @property
-    def active_sessions(self) -> set[str]:
-        """Sessions holding talker state (generating, or between responses)."""
-        return set(self._sessions)
-
-    @property
-    def generating(self) -> set[str]:
-        """Sessions with a running ``generate``."""
-        return {s for s, v in self._sessions.items() if v.signal is not None}
 
     def user_positions(self, session: str) -> int:
         """Positions of ``session``'s user parts in its KV cache (0 when it has no state)."""
@@ -296,21 +281,3 @@ class TalkerEngine(TorchEngine):
             raise ValueError(f"cannot keep {kept} frames; pass 0 or more")
         voice.reply = min(kept, voice.reply)
         return voice.reply
-
-    async def abort(self, session: str) -> None:
-        """Drop ``session``'s state; a running ``generate`` ends at its next step."""
-        voice = self._sessions.pop(session, None)
-        if voice is not None and voice.signal is not None:
-            voice.signal.abort()
-
-    async def release(self, session: str) -> None:
-        """The conversation is over: drop its KV cache."""
-        await self.abort(session)
-
-    async def stop(self) -> None:
-        """Abort every session, run the frame steps already queued (their sessions end
-        there), then end the model thread."""
-        for session in list(self._sessions):
-            await self.abort(session)
-        await self.batcher.stop()
-        await super().stop()

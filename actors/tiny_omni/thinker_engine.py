@@ -48,22 +48,22 @@ row's logits may differ in the last bits (tests compare tokens one session at a 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Mapping
 from pathlib import Path
 from typing import ClassVar, Literal
 
 import torch
 from pydantic import Field
 
+from omni_actors.actors.batched_engine import BatchedTorchEngine
 from omni_actors.actors.engine import (
     INSTRUCTIONS_FIELD,
-    KEPT_FIELD,
     TURN_FIELD,
     Fields,
     Rule,
     response_options,
 )
-from omni_actors.actors.step_batcher import StepBatcher
+from omni_actors.actors.thinker_ports import THINKER_INPUTS, THINKER_OUTPUTS
 from omni_actors.actors.tiny_omni import configs
 from omni_actors.actors.tiny_omni.configs import Tokens
 from omni_actors.actors.tiny_omni.conversation import (
@@ -84,7 +84,8 @@ from omni_actors.actors.tiny_omni.thinker_model import (
     Token,
 )
 from omni_actors.actors.tiny_omni.user_turn import UserTurn
-from omni_actors.actors.torch_engine import AbortSignal, TorchEngine, stage_dir
+from omni_actors.actors.torch_engine import AbortSignal, stage_dir
+from omni_actors.actors.turn_marks import kept_of
 from omni_actors.model_family import WeightsArgs
 
 __all__ = ["ASSISTANT_OPENING", "NEWLINE", "ThinkerArgs", "ThinkerEngine"]
@@ -110,18 +111,13 @@ class ThinkerArgs(WeightsArgs):
 _Outcome = Literal["done", "cancelled", "failed", "dropped"]
 
 
-class ThinkerEngine(TorchEngine):
+class ThinkerEngine(BatchedTorchEngine[Conversation, DecodeStep, Token]):
     """Byte-level text replies with streaming prefill (see the module docstring).
 
-    Outputs, one per generated token: ``token_ids`` [1] int64, ``text`` (that byte as a
-    one-character str) and ``embed`` [1, H] float32 (the token's input embedding: the
-    talker's text input for it); the first token of a reply also carries ``opening``
-    [3, H] (the embeddings of ``<|im_start|> ASSISTANT \\n``) and ``tts`` [3, H] float32
-    (those of TTS_BOS, TTS_EOS, TTS_PAD). Each committed user turn comes, as soon as it
-    is committed, as an output without a token: ``user`` [n, H] float32, per position of
-    ``<|im_start|> USER \\n … <|im_end|> \\n`` the thinker's input embedding, or at audio
-    placeholders (where ``user_mask`` [n] bool is True) the hidden state at
-    ``accept_hidden_layer``: what ``stepping.talker_user_part`` selects from.
+    Its ports are the thinker stage's (:mod:`omni_actors.actors.thinker_ports`): a
+    token's ``text`` is its byte as a one-character str, and the ``user`` rows at audio
+    placeholders are the hidden states at ``accept_hidden_layer``, what
+    ``stepping.talker_user_part`` selects from.
 
     Args:
         args: see :class:`ThinkerArgs`.
@@ -132,58 +128,28 @@ class ThinkerEngine(TorchEngine):
 
     kind: ClassVar[str] = "tiny-omni.thinker"
     Args: ClassVar[type[ThinkerArgs]] = ThinkerArgs
-    inputs: ClassVar[dict[str, Rule]] = {
-        "text": "concat",
-        "audio": "concat",
-        TURN_FIELD: "concat",
-        INSTRUCTIONS_FIELD: "concat",
-    }
-    outputs: ClassVar[dict[str, Rule]] = {
-        "token_ids": "concat",
-        "text": "concat",
-        "embed": "concat",
-        # Rows of committed user turns, sent as each turn is committed.
-        "user": "concat",
-        "user_mask": "concat",
-        # Sent once per reply, with its first token.
-        "opening": "replace",
-        "tts": "replace",
-    }
+    inputs: ClassVar[Mapping[str, Rule]] = THINKER_INPUTS
+    outputs: ClassVar[Mapping[str, Rule]] = THINKER_OUTPUTS
     streams_input: ClassVar[bool] = True
 
     def __init__(self, args: ThinkerArgs) -> None:
         self.max_new_tokens = args.max_new_tokens
         self.min_new_tokens = min(args.min_new_tokens, args.max_new_tokens)
         self.seed = args.seed
-        super().__init__(stage_dir(TINY_OMNI.name, args, "thinker"), "thinker")
-        self._sessions: dict[str, Conversation] = {}
-        self.batcher: StepBatcher[DecodeStep, Token] = StepBatcher(
-            self._decode, max_batch=args.max_batch, name="thinker decode"
+        super().__init__(
+            stage_dir(TINY_OMNI.name, args, "thinker"),
+            "thinker",
+            max_batch=args.max_batch,
+            batcher_name="thinker decode",
         )
-        """Every session's decode steps (its counters tell how many shared a forward)."""
 
     def _load(self, path: Path) -> None:
         self._model = ThinkerModel(path)
 
-    async def start(self) -> None:
-        """Load the thinker in the model thread, then start the decode batcher."""
-        await super().start()
-        self.batcher.start()
-
-    async def _decode(self, steps: list[DecodeStep]) -> list[Token]:
-        return await self.call(self._model.decode_steps, steps)
+    def _run_steps(self, steps: list[DecodeStep]) -> list[Token]:
+        return self._model.decode_steps(steps)
 
     # -- introspection -------------------------------------------------------------------
-
-    @property
-    def active_sessions(self) -> set[str]:
-        """Sessions holding thinker state (generating, or between responses)."""
-        return set(self._sessions)
-
-    @property
-    def generating(self) -> set[str]:
-        """Sessions with a running ``generate``."""
-        return {s for s, c in self._sessions.items() if c.signal is not None}
 
     def cached_tokens(self, session: str) -> int:
         """Positions in ``session``'s KV cache (0 when it has no state)."""
@@ -233,7 +199,7 @@ class ThinkerEngine(TorchEngine):
                         await self.call(self._model.instruct, conversation, waiting)
                         committed = conversation.checkpoint()
                 elif mark == "truncate":
-                    conversation.truncate(_kept(fields))
+                    conversation.truncate(kept_of(fields))
                     # The cut part of the cache is gone: a failure after it can only
                     # come back to here (what the user heard stays what they heard).
                     start = committed = conversation.checkpoint()
@@ -357,24 +323,6 @@ class ThinkerEngine(TorchEngine):
             # turn before whatever comes next, with <|im_end|> \n.
             conversation.carry = [*reply.tokens[reply.fed :], *CLOSE_TURN]
 
-    async def abort(self, session: str) -> None:
-        """Drop ``session``'s state; a running ``generate`` ends at its next step."""
-        conversation = self._sessions.pop(session, None)
-        if conversation is not None and conversation.signal is not None:
-            conversation.signal.abort()
-
-    async def release(self, session: str) -> None:
-        """The conversation is over: drop its KV cache."""
-        await self.abort(session)
-
-    async def stop(self) -> None:
-        """Abort every session, run the decode steps already queued (their sessions end
-        there), then end the model thread."""
-        for session in list(self._sessions):
-            await self.abort(session)
-        await self.batcher.stop()
-        await super().stop()
-
     async def truncate(self, session: str, kept: int) -> int:
         """Cut ``session``'s last reply to its first ``kept`` tokens (between responses).
 
@@ -447,10 +395,3 @@ def _system_turn(fields: Fields) -> tuple[int, ...]:
     if not isinstance(text, str):
         raise ValueError(f"{INSTRUCTIONS_FIELD!r} must be text (a str), got a tensor")
     return system_turn(text)
-
-
-def _kept(fields: Fields) -> int:
-    kept = fields.get(KEPT_FIELD)
-    if not isinstance(kept, torch.Tensor) or kept.numel() != 1:
-        raise ValueError(f"a truncate mark needs {KEPT_FIELD!r}: a 0-d tensor of tokens to keep")
-    return int(kept)

@@ -15,11 +15,12 @@ answers twice must decide which answer the user hears (cancel the first, or wait
 its ``ResponseDone``). A response's failure ends that response only; the session ends
 on ``finish``, ``abort``, a failed admission, a deadline or a stage crash.
 
-The handle sends input straight to the entry stage (within the credit window the entry
-stage grants: see ``flow`` in the pipeline), reads the events its session actor queues,
-and owns the session's admission slot and last-resort deadline. Both deadlines read the
-pipeline's system clock (``ActorSystem.clock``), so a pipeline in a system with a virtual
-clock runs them on virtual time.
+The handle sends input straight to the entry stage (as chunks numbered within the credit
+window the entry stage grants: :class:`~omni_actors.serving.session_input.SessionInput`),
+reads the events its session actor queues, and owns the session's admission
+(:class:`~omni_actors.serving.admission.Admission`, with its slot) and last-resort
+deadline. Both deadlines read the pipeline's system clock (``ActorSystem.clock``), so a
+pipeline in a system with a virtual clock runs them on virtual time.
 """
 
 from __future__ import annotations
@@ -35,30 +36,26 @@ from typing import TYPE_CHECKING, Literal
 import torch
 
 from omni_actors._ref import ActorRef
-from omni_actors.actors.flow import BackpressureError, CreditWindow
-from omni_actors.clock import TimerHandle, timeout_at
-from omni_actors.errors import InvalidRequestError, OmniError, qualified_name
+from omni_actors.clock import TimerHandle
+from omni_actors.errors import InvalidRequestError, OmniError
 from omni_actors.protocols.control import (
     AbortSession,
     CancelResponse,
-    OpenSession,
     SessionMessage,
     TruncateResponse,
 )
 from omni_actors.protocols.events import TERMINAL, Aborted, Event, ResponseDone, SessionError
 from omni_actors.protocols.stage import (
-    INPUT,
-    Chunk,
     End,
     Mark,
     ResponseOptions,
     SessionKey,
-    split_fields,
 )
+from omni_actors.serving.admission import Admission
 from omni_actors.serving.orchestrator import StartSession
-from omni_actors.serving.resample import CallerAudio
 from omni_actors.serving.response import Response, checked_options
 from omni_actors.serving.session_actor import SessionChannel
+from omni_actors.serving.session_input import SessionClosedError, SessionInput
 
 if TYPE_CHECKING:
     from omni_actors.serving.omni_pipeline import OmniPipeline
@@ -69,10 +66,6 @@ Modality = Literal["text", "audio"]
 
 _GRACE_S = 5.0  # beyond total_s: the stages' own deadline fires first
 _ABORT_TIMEOUT_S = 10.0
-
-
-class SessionClosedError(OmniError):
-    """Input was sent to a session that has already ended."""
 
 
 class Session:
@@ -104,15 +97,20 @@ class Session:
         )
         self._ref: ActorRef[SessionMessage] | None = None
         self._key = SessionKey("")  # the session's key on the stages, once admitted
-        self._entry: ActorRef[Chunk] | None = None
-        self._seq = 0
-        self._segment = 0
-        self._slot = False
+        self._input = SessionInput(
+            self.id,
+            self.channel,
+            sample_rate=pipeline.spec.inputs.sample_rate,
+            entry_stage=pipeline.spec.entry_stage,
+            clock=pipeline.clock,
+            credit_wait_s=pipeline.spec.deadlines.inter_chunk_s,
+            abort_stages=self._abort_stages,
+        )
+        self._admission: Admission | None = None
         self._drained = False  # the terminal event has been handed to the caller
         self._expiry: TimerHandle | None = None
         self._expiring: asyncio.Task[None] | None = None
         self.response: Response | None = None  # the last one started
-        self._audio = CallerAudio(pipeline.spec.inputs.sample_rate)
 
     async def __aenter__(self) -> Session:
         error = await self.open()
@@ -135,51 +133,25 @@ class Session:
         clock = self.pipeline.clock
         self.channel.starts[0] = time.monotonic()
         start = clock.now()
-        admission_deadline = start + spec.deadlines.admission_s
         # The caller's last line of defence: the stages' own deadlines fire first.
         self._expiry = clock.call_at(start + spec.deadlines.total_s + _GRACE_S, self._expire)
-        try:
-            async with timeout_at(clock, admission_deadline):
-                await self.pipeline._slots.acquire()
-            self._slot = True
-            reply = await self.pipeline.orchestrator.ask(
-                StartSession(
-                    self.id,
-                    "text" in self.modalities,
-                    "audio" in self.modalities,
-                    self.resumable,
-                    admission_deadline,
-                    self.channel,
-                ),
-                timeout=max(0.001, admission_deadline - clock.now()),
-            )
-            if isinstance(reply, OmniError):
-                return self._closed(
-                    SessionError(session=self.id, code=reply.code, message=str(reply))
-                )
-            self._ref, self._entry, self._key = reply.session, reply.entry, reply.key
-            error = await reply.session.ask(
-                OpenSession(), timeout=max(0.001, admission_deadline - clock.now()) + _GRACE_S
-            )
-        except (OmniError, TimeoutError) as exc:
-            if not isinstance(exc, TimeoutError):  # the pipeline itself has stopped
-                return self._closed(SessionError(session=self.id, code=exc.code, message=str(exc)))
-            return self._closed(
-                SessionError(
-                    session=self.id,
-                    code="admission",
-                    message=(
-                        f"not admitted within {spec.deadlines.admission_s:g}s "
-                        f"({self.pipeline.max_sessions} sessions at most); retry later or "
-                        "raise deadlines.admission_s / max_sessions"
-                    ),
-                )
-            )
-        return error
-
-    def _closed(self, error: SessionError) -> SessionError:
-        self.channel.end(error)
-        return error
+        self._admission = Admission(
+            self.pipeline,
+            StartSession(
+                self.id,
+                "text" in self.modalities,
+                "audio" in self.modalities,
+                self.resumable,
+                start + spec.deadlines.admission_s,
+                self.channel,
+            ),
+        )
+        admitted = await self._admission.admit()
+        if isinstance(admitted, SessionError):
+            return admitted
+        self._ref, self._key = admitted.session, admitted.key
+        self._input.connect(admitted.entry, admitted.key)
+        return await self._admission.prewarm(admitted)
 
     async def send(
         self,
@@ -217,7 +189,7 @@ class Session:
         if text is not None:
             payload["text"] = text
         if audio is not None:
-            samples = self._audio.take(audio, sample_rate)
+            samples = self._input.audio.take(audio, sample_rate)
             if samples.numel():
                 payload["audio"] = samples
         elif sample_rate is not None:
@@ -227,14 +199,14 @@ class Session:
         if end == "segment":
             self._check_open()
             self._start_response(uuid.uuid4().hex)
-            await self._send(payload, end=end, options=ResponseOptions())
+            await self._input.send(payload, end=end, options=ResponseOptions())
             return
         self._check_open()
-        if end and (self.resumable or self._segment > 0):
+        if end and (self.resumable or self._input.segment > 0):
             # A segment's latency counts from the end of its input; a one-shot request's
             # from the call (admission and prewarm included).
-            self.channel.starts[self._segment] = time.monotonic()
-        await self._send(payload, end=end)
+            self.channel.starts[self._input.segment] = time.monotonic()
+        await self._input.send(payload, end=end)
 
     async def commit(self) -> None:
         """Make the input since the last commit a user turn; no reply is started.
@@ -276,7 +248,7 @@ class Session:
         options = checked_options(max_tokens, temperature, voice)
         self._check_respond()
         response = self._start_response(response_id or uuid.uuid4().hex)
-        await self._send({}, end="segment", options=options)
+        await self._input.send({}, end="segment", options=options)
         return response
 
     async def end_segment(self) -> Response:
@@ -308,7 +280,7 @@ class Session:
         if isinstance(kept, OmniError):
             raise kept
         assert isinstance(kept, int)
-        await self._send({}, mark="truncate", kept=kept)
+        await self._input.send({}, mark="truncate", kept=kept)
 
     async def _cancel(self, segment: int) -> bool:
         if self.ended or self._ref is None:
@@ -318,11 +290,11 @@ class Session:
         return False
 
     def _check_open(self) -> None:
-        if self.ended or self._entry is None:
+        if self.ended or not self._input.connected:
             raise SessionClosedError(f"session {self.id} has ended; open a new one")
 
     def _in_flight(self) -> bool:
-        return self._segment > self.channel.completed
+        return self._input.segment > self.channel.completed
 
     def _check_respond(self) -> None:
         self._check_open()
@@ -336,7 +308,7 @@ class Session:
             )
 
     def _start_response(self, response_id: str) -> Response:
-        segment = self._segment
+        segment = self._input.segment
         self.channel.responses[segment] = response_id
         self.channel.starts[segment] = time.monotonic()  # latency counts from here
         self.response = Response(self, response_id, segment)
@@ -345,69 +317,16 @@ class Session:
     async def _mark(self, mark: Mark) -> None:
         self._check_open()
         if mark == "clear":
-            self._audio.drop()  # what it holds is dropped with the rest
+            self._input.audio.drop()  # what it holds is dropped with the rest
         else:
             await self._flush_audio()
-        await self._send({}, mark=mark)
+        await self._input.send({}, mark=mark)
 
     async def _flush_audio(self) -> None:
         """Send the end of the resampled audio stream before a turn boundary."""
-        tail = self._audio.flush()
+        tail = self._input.audio.flush()
         if tail.numel():
-            await self._send({"audio": tail})
-
-    async def _send(
-        self,
-        payload: Mapping[str, torch.Tensor | str],
-        *,
-        end: End = "",
-        mark: Mark = "",
-        kept: int = 0,
-        options: ResponseOptions | None = None,
-    ) -> None:
-        assert self._entry is not None
-        credits = self.channel.input
-        if not credits.try_take():
-            await self._wait_for_credit(credits)
-        tensors, texts = split_fields(payload)
-        chunk = Chunk(
-            key=self._key,
-            source=INPUT,
-            seq=self._seq,
-            tensors=tensors,
-            texts=texts,
-            end=end,
-            segment=self._segment,
-            sent_at=time.monotonic(),
-            mark=mark,
-            kept=kept,
-            options=options,
-        )
-        self._seq += 1
-        await self._entry.tell(chunk)
-        if end:
-            self._segment += 1
-
-    async def _wait_for_credit(self, credits: CreditWindow) -> None:
-        limit = self.pipeline.spec.deadlines.inter_chunk_s
-        try:
-            taken = await credits.take(self.pipeline.clock, limit)
-        except TimeoutError:
-            entry = f"stage {self.pipeline.spec.entry_stage}"
-            error = BackpressureError("the caller", entry, self._key, credits.size, limit)
-            if self.channel.end(
-                SessionError(
-                    session=self.id,
-                    code=error.code,
-                    message=str(error),
-                    stage=self.pipeline.spec.entry_stage,
-                    error_type=qualified_name(error),
-                )
-            ):
-                await self._abort_stages("backpressure")
-            raise error from None
-        if not taken:
-            raise SessionClosedError(f"session {self.id} has ended; open a new one")
+            await self._input.send({"audio": tail})
 
     async def finish(self) -> None:
         """End the last segment and the session."""
@@ -439,9 +358,8 @@ class Session:
         finally:
             if self._expiry is not None:
                 self._expiry.cancel()
-            if self._slot:
-                self._slot = False
-                self.pipeline._slots.release()
+            if self._admission is not None:
+                self._admission.release()
 
     def _expire(self) -> None:
         error = SessionError(

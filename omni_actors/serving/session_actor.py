@@ -24,7 +24,9 @@ In a conversation each segment is a response, named by the id its caller gave it
 and its late deltas are dropped) or ``failed`` (a stage's engine failed it: the other
 stages are told to stop it too). Either way the session stays open. A truncate walks
 the stages back from the audio: each keeps what the user heard of the last reply and
-answers what its source keeps, down to the entry stage's share.
+answers what its source keeps, down to the entry stage's share. What is asked of every
+stage at once (prewarm, cancel, truncate, abort) is the session's path's
+(:class:`~omni_actors.serving.session_path.SessionPath`).
 
 Flow control (``omni_actors.actors.flow``): this actor receives each output stage's
 stream, and the caller's reads of the channel grant it back, so the events queued for
@@ -37,32 +39,23 @@ for them.
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import time
-from dataclasses import dataclass
 from typing import Any
 
 from omni_actors._actor import Actor
 from omni_actors._mailbox import MailboxConfig
-from omni_actors._ref import ActorRef
 from omni_actors.actors.accumulate import ChunkGapError, ChunkSequence
 from omni_actors.actors.flow import Inflow, send_credit
 from omni_actors.errors import InvalidRequestError, OmniError, ProtocolError, qualified_name
 from omni_actors.protocols.control import (
-    Abort,
     AbortSession,
-    Cancel,
     CancelResponse,
     Deadlines,
     OpenSession,
-    Prewarm,
     SessionMessage,
     StageFailed,
-    StageMessage,
     StreamCredit,
-    Target,
-    Truncate,
     TruncateResponse,
 )
 from omni_actors.protocols.error_code import ErrorCode
@@ -79,22 +72,11 @@ from omni_actors.protocols.events import (
 from omni_actors.protocols.stage import INPUT, Chunk, SessionKey, StageReport
 from omni_actors.serving.reply import Reply
 from omni_actors.serving.session_channel import SessionChannel
+from omni_actors.serving.session_path import SessionPath, StagePlan
 
 __all__ = ["SessionActor", "SessionChannel", "StagePlan"]
 
 log = logging.getLogger(__name__)
-
-_ABORT_TIMEOUT = 5.0
-
-
-@dataclass(frozen=True, slots=True)
-class StagePlan:
-    """What one stage on a session's path needs at prewarm, and its ref."""
-
-    ref: ActorRef[StageMessage]
-    sources: tuple[str, ...]
-    targets: tuple[Target, ...]
-    emit: tuple[str, ...]
 
 
 class SessionActor(Actor[SessionMessage]):
@@ -125,6 +107,7 @@ class SessionActor(Actor[SessionMessage]):
         self.id = session
         self.key = key
         self.plan = plan
+        self.path = SessionPath(session, key, plan)
         self.deadlines = deadlines
         self.resumable = resumable
         self.admission_deadline = admission_deadline
@@ -178,41 +161,27 @@ class SessionActor(Actor[SessionMessage]):
     # -- prewarm --------------------------------------------------------------------
 
     async def _open(self) -> SessionError | None:
-        owner = self.context.self_ref
-        timeout = max(0.0, self.admission_deadline - self.context.clock.now())
-        asks = [
-            p.ref.ask(
-                Prewarm(
-                    key=self.key,
-                    owner=owner,
-                    sources=p.sources,
-                    targets=p.targets,
-                    emit=p.emit,
-                    resumable=self.resumable,
-                    deadlines=self.deadlines,
-                    window=self.channel.window,
-                ),
-                timeout=timeout,
-            )
-            for p in self.plan.values()
-        ]
-        results = await asyncio.gather(*asks, return_exceptions=True)
-        for stage, result in zip(self.plan, results, strict=True):
-            if result is False:
-                result = RuntimeError("the stage refused it (session aborted or already open)")
-            if isinstance(result, BaseException):
-                # The phase says what failed: the deadline of admission, or the stage.
-                code: ErrorCode = "admission" if isinstance(result, TimeoutError) else "prewarm"
-                error = SessionError(
-                    session=self.id,
-                    code=code,
-                    message=f"prewarm of stage {stage} failed: {result}",
-                    stage=stage,
-                    error_type=qualified_name(result),
-                )
-                await self._end(error)
-                return error
-        return None
+        failed = await self.path.prewarm(
+            self.context.self_ref,
+            resumable=self.resumable,
+            deadlines=self.deadlines,
+            window=self.channel.window,
+            timeout=max(0.0, self.admission_deadline - self.context.clock.now()),
+        )
+        if failed is None:
+            return None
+        stage, result = failed
+        # The phase says what failed: the deadline of admission, or the stage.
+        code: ErrorCode = "admission" if isinstance(result, TimeoutError) else "prewarm"
+        error = SessionError(
+            session=self.id,
+            code=code,
+            message=f"prewarm of stage {stage} failed: {result}",
+            stage=stage,
+            error_type=qualified_name(result),
+        )
+        await self._end(error)
+        return error
 
     # -- outputs and reports ----------------------------------------------------------
 
@@ -319,7 +288,7 @@ class SessionActor(Actor[SessionMessage]):
                 reply.message, reply.stage = report.error, report.stage
                 reply.error_type = report.error_type
                 await self._drop_held(reply)
-                await self._cancel_stages(report.segment)  # the reply is over everywhere
+                await self.path.cancel(report.segment)  # the reply is over everywhere
             return
         reply.reports[report.stage] = report.metrics
         reply.finished |= report.end == "finished"
@@ -393,12 +362,8 @@ class SessionActor(Actor[SessionMessage]):
         if reply.status == "completed":
             reply.status = "cancelled"
             await self._drop_held(reply)
-            await self._cancel_stages(segment)
+            await self.path.cancel(segment)
         return True
-
-    async def _cancel_stages(self, segment: int) -> None:
-        for p in self.plan.values():
-            await p.ref.tell(Cancel(key=self.key, segment=segment))
 
     async def _truncate(self, audio_ms: float) -> int | InvalidRequestError:
         """How many outputs the entry stage keeps once every later stage kept what the
@@ -408,23 +373,8 @@ class SessionActor(Actor[SessionMessage]):
             why = "a response is in flight" if self._pending else "no response has ended yet"
             return InvalidRequestError(f"session {self.id}: nothing to truncate ({why})")
         samples = max(0, min(round(audio_ms * self.channel.sample_rate / 1e3), last.audio_samples))
-        answers: dict[str, int] = {}  # per stage: what its sources keep
-        for name in reversed(self.plan):  # the plan is in topological order
-            plan = self.plan[name]
-            if "audio" in plan.emit:
-                kept = samples
-            else:
-                shares = [answers[t.stage] for t in plan.targets if t.stage in answers]
-                if not shares:
-                    continue  # not on the way to the audio
-                kept = min(shares)
-            if INPUT in plan.sources:
-                return kept
-            answer = await plan.ref.ask(Truncate(key=self.key, kept=kept), timeout=_ABORT_TIMEOUT)
-            if not isinstance(answer, int):
-                return InvalidRequestError(f"session {self.id}: {answer.reason}")
-            answers[name] = answer
-        return InvalidRequestError(f"session {self.id}: no audio reaches the caller to truncate")
+        kept = await self.path.truncate(samples)
+        return kept if isinstance(kept, int) else InvalidRequestError(f"session {self.id}: {kept}")
 
     # -- ending -----------------------------------------------------------------------
 
@@ -446,15 +396,6 @@ class SessionActor(Actor[SessionMessage]):
         self._ended = True
         self.channel.end(event)
         if abort:
-            reason = getattr(event, "reason", "") or getattr(event, "message", "")
-            asks = [
-                p.ref.ask(Abort(key=self.key, reason=reason), timeout=_ABORT_TIMEOUT)
-                for p in self.plan.values()
-            ]
-            for stage, result in zip(
-                self.plan, await asyncio.gather(*asks, return_exceptions=True), strict=True
-            ):
-                if isinstance(result, BaseException):
-                    log.warning("session %s: abort on %s failed: %r", self.id, stage, result)
+            await self.path.abort(getattr(event, "reason", "") or getattr(event, "message", ""))
         if stop:
             self.context.stop_self()

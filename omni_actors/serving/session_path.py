@@ -1,0 +1,136 @@
+"""``SessionPath``: the stages on one session's path, and what a session asks of them all.
+
+A :class:`~omni_actors.serving.session_actor.SessionActor` faces two ways: the caller,
+to whom it hands events in segment order, and the stages, which it drives together.
+This is the second: prewarm every stage by the admission deadline, stop a response on
+every stage, walk a truncation back from the audio to the entry stage, and free the
+session on every stage when it ends. The stages know the session by its ``SessionKey``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from dataclasses import dataclass
+
+from omni_actors._ref import ActorRef
+from omni_actors.protocols.control import (
+    Abort,
+    Cancel,
+    Deadlines,
+    Prewarm,
+    SessionMessage,
+    StageMessage,
+    Target,
+    Truncate,
+)
+from omni_actors.protocols.stage import INPUT, SessionKey
+
+__all__ = ["SessionPath", "StagePlan"]
+
+log = logging.getLogger(__name__)
+
+_ASK_TIMEOUT = 5.0  # an abort or a truncate: the stage answers from its own state
+
+
+@dataclass(frozen=True, slots=True)
+class StagePlan:
+    """What one stage on a session's path needs at prewarm, and its ref."""
+
+    ref: ActorRef[StageMessage]
+    sources: tuple[str, ...]
+    targets: tuple[Target, ...]
+    emit: tuple[str, ...]
+
+
+class SessionPath:
+    """The stages of one session (see the module docstring).
+
+    Args:
+        session: the session's id (in log lines).
+        key: the session's key on the stages.
+        plan: the stages on the path, in topological order, with their prewarm plans.
+    """
+
+    def __init__(self, session: str, key: SessionKey, plan: dict[str, StagePlan]) -> None:
+        self.session = session
+        self.key = key
+        self.plan = plan
+
+    async def prewarm(
+        self,
+        owner: ActorRef[SessionMessage],
+        *,
+        resumable: bool,
+        deadlines: Deadlines,
+        window: int,
+        timeout: float,
+    ) -> tuple[str, BaseException] | None:
+        """Prewarm every stage at once, within ``timeout``; the first stage (in path
+        order) that failed, with why, or None when all are ready."""
+        asks = [
+            p.ref.ask(
+                Prewarm(
+                    key=self.key,
+                    owner=owner,
+                    sources=p.sources,
+                    targets=p.targets,
+                    emit=p.emit,
+                    resumable=resumable,
+                    deadlines=deadlines,
+                    window=window,
+                ),
+                timeout=timeout,
+            )
+            for p in self.plan.values()
+        ]
+        results = await asyncio.gather(*asks, return_exceptions=True)
+        for stage, result in zip(self.plan, results, strict=True):
+            if result is False:
+                result = RuntimeError("the stage refused it (session aborted or already open)")
+            if isinstance(result, BaseException):
+                return stage, result
+        return None
+
+    async def cancel(self, segment: int) -> None:
+        """Tell every stage to stop response ``segment``."""
+        for p in self.plan.values():
+            await p.ref.tell(Cancel(key=self.key, segment=segment))
+
+    async def truncate(self, samples: int) -> int | str:
+        """Walk a truncation back from the audio: each stage keeps what the user heard of
+        the last reply (the audio stage ``samples``) and answers what its sources keep.
+
+        Returns:
+            What the entry stage keeps (its caller sends that in a truncate mark), or
+            why the truncation cannot be made.
+        """
+        answers: dict[str, int] = {}  # per stage: what its sources keep
+        for name in reversed(self.plan):  # the plan is in topological order
+            plan = self.plan[name]
+            if "audio" in plan.emit:
+                kept = samples
+            else:
+                shares = [answers[t.stage] for t in plan.targets if t.stage in answers]
+                if not shares:
+                    continue  # not on the way to the audio
+                kept = min(shares)
+            if INPUT in plan.sources:
+                return kept
+            answer = await plan.ref.ask(Truncate(key=self.key, kept=kept), timeout=_ASK_TIMEOUT)
+            if not isinstance(answer, int):
+                return answer.reason
+            answers[name] = answer
+        return "no audio reaches the caller to truncate"
+
+    async def abort(self, reason: str) -> None:
+        """Free the session on every stage; a stage that fails to answer is logged."""
+        asks = [
+            p.ref.ask(Abort(key=self.key, reason=reason), timeout=_ASK_TIMEOUT)
+            for p in self.plan.values()
+        ]
+        for stage, result in zip(
+            self.plan, await asyncio.gather(*asks, return_exceptions=True), strict=True
+        ):
+            if isinstance(result, BaseException):
+                log.warning("session %s: abort on %s failed: %r", self.session, stage, result)
