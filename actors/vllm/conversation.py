@@ -21,31 +21,17 @@ from typing import Final
 import numpy as np
 import torch
 
-from omni_actors.actors.engine import KEPT_FIELD, Fields
+from omni_actors.actors.turn_marks import check_truncatable
 from omni_actors.actors.vllm.turns import TurnTemplate
 from omni_actors.errors import EngineError
 
-__all__ = ["Clip", "History", "Mark", "Reply", "VllmInputError", "kept_of"]
+__all__ = ["Clip", "History", "Mark", "Reply", "VllmInputError"]
 
 _NONE: Final = 1 << 62  # ``low_water`` when nothing was cut
 
 
 class VllmInputError(EngineError, ValueError):
     """Input the vLLM thinker cannot take (audio, a malformed mark or instruction)."""
-
-
-def kept_of(fields: Fields) -> int:
-    """The ``kept`` count of a truncate mark.
-
-    Raises:
-        VllmInputError: the mark has none, or not a 0-d tensor.
-    """
-    kept = fields.get(KEPT_FIELD)
-    if not isinstance(kept, torch.Tensor) or kept.numel() != 1:
-        raise VllmInputError(
-            f"a truncate mark needs {KEPT_FIELD!r}: a 0-d tensor of tokens to keep"
-        )
-    return int(kept)
 
 
 @dataclass(frozen=True, slots=True)
@@ -205,18 +191,13 @@ class History:
         """Cut the last reply to its first ``kept`` tokens.
 
         Raises:
-            ValueError: no reply, a user turn committed after it, or ``kept`` < 0.
+            TurnMarkError: no reply, a user turn committed after it, or ``kept`` < 0.
         """
-        reply = self.reply
-        if reply is None or self.replying:
-            raise ValueError("the session has no reply to truncate")
-        if self.turns_since_reply or self.turn_start is not None:
-            raise ValueError(
-                "a user turn was committed after the last reply: truncate the reply "
-                "before committing new input"
-            )
-        if kept < 0:
-            raise ValueError(f"kept must be >= 0, got {kept}")
+        reply = check_truncatable(
+            None if self.replying else self.reply,
+            committed_after=bool(self.turns_since_reply) or self.turn_start is not None,
+            kept=kept,
+        )
         kept = min(kept, len(reply.tokens))
         self._cut(reply.start + kept)
         self.tokens.extend(turns.assistant.suffix)

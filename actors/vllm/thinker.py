@@ -44,7 +44,7 @@ import importlib.util
 import itertools
 import json
 import logging
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Mapping
 from typing import Any, ClassVar
 
 import torch
@@ -57,10 +57,12 @@ from omni_actors.actors.engine import (
     Rule,
     response_options,
 )
+from omni_actors.actors.thinker_ports import THINKER_INPUTS, THINKER_OUTPUTS
 from omni_actors.actors.torch_engine import AbortSignal
+from omni_actors.actors.turn_marks import TurnMarkError, kept_of
 from omni_actors.actors.vllm.args import VllmThinkerArgs
 from omni_actors.actors.vllm.audio_input import AudioSpec, user_rows
-from omni_actors.actors.vllm.conversation import Mark, VllmInputError, kept_of
+from omni_actors.actors.vllm.conversation import Mark, VllmInputError
 from omni_actors.actors.vllm.embedding import load_input_embeddings
 from omni_actors.actors.vllm.hidden_states import TAP_EXTENSION
 from omni_actors.actors.vllm.reply_text import ReplyText
@@ -91,21 +93,8 @@ class VllmThinkerEngine:
 
     kind: ClassVar[str] = "vllm"
     Args: ClassVar[type[VllmThinkerArgs]] = VllmThinkerArgs
-    inputs: ClassVar[dict[str, Rule]] = {
-        "text": "concat",
-        "audio": "concat",
-        TURN_FIELD: "concat",
-        INSTRUCTIONS_FIELD: "concat",
-    }
-    outputs: ClassVar[dict[str, Rule]] = {
-        "token_ids": "concat",
-        "text": "concat",
-        "embed": "concat",
-        "user": "concat",
-        "user_mask": "concat",
-        "opening": "replace",
-        "tts": "replace",
-    }
+    inputs: ClassVar[Mapping[str, Rule]] = THINKER_INPUTS
+    outputs: ClassVar[Mapping[str, Rule]] = THINKER_OUTPUTS
     streams_input: ClassVar[bool] = True
 
     def __init__(self, args: VllmThinkerArgs) -> None:
@@ -242,7 +231,7 @@ class VllmThinkerEngine:
                 elif mark == "truncate":
                     try:
                         history.truncate(kept_of(fields), self.turns)
-                    except ValueError as exc:
+                    except TurnMarkError as exc:
                         raise VllmInputError(str(exc)) from None
                     self._resync(state)
                     # The cut part is gone: a failure after it comes back to here.
