@@ -14,6 +14,7 @@ import asyncio
 import contextlib
 import logging
 import multiprocessing
+import os
 from multiprocessing.process import BaseProcess
 from pathlib import Path
 from typing import Any
@@ -81,6 +82,9 @@ class VllmRuntime:
         sockets to the loop it is built on, and a stage worker has nothing else to do
         until its engine is up.
         """
+        # vLLM logs to stdout unless told otherwise; stdout is the caller's (``bench
+        # --json``, a CLI's output). Its processes inherit the setting.
+        os.environ.setdefault("VLLM_LOGGING_STREAM", "ext://sys.stderr")
         from vllm.engine.arg_utils import AsyncEngineArgs
         from vllm.v1.engine.async_llm import AsyncLLM
 
