@@ -174,6 +174,19 @@ async def test_a_cancelled_reply_keeps_what_was_yielded(engines: Any) -> None:
         await engine.release("barge")
 
 
+async def test_a_request_right_after_a_closed_session_is_answered_as_the_first(
+    engines: Any,
+) -> None:
+    vllm, _ = engines
+    items = [{"text": "Same words twice"}]
+    first = await respond(vllm, "before", list(items))
+    await vllm.release("before")  # its streaming request is closed, not aborted
+    again = await respond(vllm, "after", list(items))
+    await vllm.release("after")
+    assert again["tokens"] == first["tokens"]
+    assert torch.equal(again["user"], first["user"])
+
+
 async def test_abort_mid_reply_leaves_no_request_in_vllm(engines: Any) -> None:
     vllm, _ = engines
     replies = vllm.generate("gone", Inputs([{"text": "Talk"}], ResponseOptions(max_tokens=10)))
