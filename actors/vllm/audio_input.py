@@ -18,20 +18,17 @@ from __future__ import annotations
 import uuid
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, Final
+from typing import Any
 
 import numpy as np
 import torch
 
+from omni_actors.actors.tiny_omni.audio_stream import MIN_SAMPLES
 from omni_actors.actors.tiny_omni.stepping import audio_token_count
 from omni_actors.actors.vllm.conversation import Clip, History, VllmInputError
 from omni_actors.errors import EngineError
 
-__all__ = ["MIN_SAMPLES", "AudioSpec", "ClipBuffer", "user_rows"]
-
-MIN_SAMPLES: Final = 400
-"""One 25 ms STFT window at 16 kHz: a shorter clip is dropped (nothing to hear), as the
-torch thinker does."""
+__all__ = ["AudioSpec", "ClipBuffer", "user_rows"]
 
 
 @dataclass(frozen=True, slots=True)

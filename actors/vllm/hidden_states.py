@@ -76,13 +76,16 @@ class HiddenStateTap:
             n = batch.num_reqs
             starts = runner.query_start_loc.cpu[: n + 1].tolist()
             ids = runner.input_ids.cpu[: starts[-1]]
+            if rows:
+                for request in [r for r in rows if r not in runner.requests]:
+                    del rows[request]  # ended with rows nobody took
+            if not bool((ids == token_id).any()):
+                return  # a step with no audio (every decode step): nothing to keep
             for i, request in enumerate(batch.req_ids[:n]):
                 at = ids[starts[i] : starts[i + 1]] == token_id
                 if bool(at.any()):
                     kept = state[starts[i] : starts[i + 1]][at.to(state.device)]
                     rows.setdefault(request, []).append(kept.detach().float().cpu())
-            for request in [r for r in rows if r not in runner.requests]:
-                del rows[request]  # ended with rows nobody took
 
         layers[layer - 1].register_forward_hook(keep)
 
