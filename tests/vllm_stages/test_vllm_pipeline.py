@@ -18,6 +18,7 @@ import pytest
 import pytest_asyncio
 import torch
 
+from omni_actors.bench.models import fixed_replies
 from omni_actors.protocols.events import AudioDelta, Done, Event, ResponseDone, TextDelta
 from omni_actors.serving.omni_pipeline import OmniPipeline
 from omni_actors.serving.pipeline_spec import load_pipeline
@@ -26,10 +27,17 @@ from omni_actors.testing.faults import kill_worker, worker_pid
 
 pytestmark = pytest.mark.asyncio(loop_scope="module")
 
+LONG_REPLY = 160
+
 
 @pytest_asyncio.fixture(scope="module", loop_scope="module")
 async def omni(cache_dir: Path) -> AsyncIterator[OmniPipeline]:
-    spec = load_pipeline("tiny-omni-vllm").with_weights(cache_dir=cache_dir)
+    # Replies run to their max_tokens: the thinker must still be decoding when the
+    # talker's first frame comes, however loaded the machine is (an early end of turn
+    # would make that a race). Tests ask for fewer tokens where they need less.
+    spec = fixed_replies(
+        load_pipeline("tiny-omni-vllm").with_weights(cache_dir=cache_dir), LONG_REPLY
+    )
     async with OmniPipeline(spec) as pipeline:
         # Warm: a stage's first request pays one-off costs (allocations, first forwards
         # in a fresh process) that say nothing about how the stages overlap.
@@ -58,7 +66,7 @@ async def test_text_in_text_and_audio_out_with_audio_before_the_thinker_ends(
 ) -> None:
     async with omni.session() as session:
         await session.send(text="Hello there!")
-        response = await session.respond(max_tokens=48)
+        response = await session.respond(max_tokens=LONG_REPLY)
         events: list[Event] = [e async for e in response.events()]
     assert isinstance(events[-1], ResponseDone), events[-1]
     assert events[-1].status == "completed"
