@@ -7,13 +7,14 @@ on can be reviewed in one screen against the supported range (see the README's s
 versions): public names only, never one starting with ``_``, which transformers may
 rename in any release.
 
-Four classes below are public by name but not in their module's ``__all__``:
+Some classes below are public by name but not in their module's ``__all__``:
 ``Qwen3OmniMoeCode2WavConfig`` (code2wav's own config: tiny-omni builds and loads that
-stage on its own), and three building blocks tiny-omni adjusts rather than only calls:
-``Qwen3OmniMoeTalkerTextExperts`` and ``Qwen3OmniMoeTalkerTextTopKRouter`` (initialized by
-``weights``) and ``Qwen3OmniMoeCausalTransConvNet`` (its tail trim turned off by
-``code2wav_model``). Both adjustments check the model afterwards (finite weights; the
-decoded prefix unchanged), so a release that changes them fails loudly, not silently.
+stage on its own), and building blocks tiny-omni adjusts or inspects rather than only
+calls: ``Qwen3OmniMoeTalkerTextExperts`` and ``Qwen3OmniMoeTalkerTextTopKRouter``
+(initialized by ``weights``), ``Qwen3OmniMoeCausalTransConvNet`` (its tail trim turned off
+by ``code2wav_model``), and the decoder layers ``code2wav_reach`` measures. Each use
+checks the model afterwards (finite weights; the decoded prefix unchanged; the emitted
+samples unchanged), so a release that changes them fails loudly, not silently.
 """
 
 from __future__ import annotations
@@ -34,8 +35,12 @@ try:
         Qwen3OmniMoeThinkerConfig,
     )
     from transformers.models.qwen3_omni_moe.modeling_qwen3_omni_moe import (
+        Qwen3OmniMoeCausalConvNet,
         Qwen3OmniMoeCausalTransConvNet,
         Qwen3OmniMoeCode2Wav,
+        Qwen3OmniMoeCode2WavDecoderBlock,
+        Qwen3OmniMoeCode2WavDecoderResidualUnit,
+        Qwen3OmniMoeSnakeBeta,
         Qwen3OmniMoeTalkerForConditionalGeneration,
         Qwen3OmniMoeTalkerTextExperts,
         Qwen3OmniMoeTalkerTextTopKRouter,
@@ -49,10 +54,14 @@ __all__ = [
     "DynamicCache",
     "PreTrainedConfig",
     "PreTrainedModel",
+    "Qwen3OmniMoeCausalConvNet",
     "Qwen3OmniMoeCausalTransConvNet",
     "Qwen3OmniMoeCode2Wav",
     "Qwen3OmniMoeCode2WavConfig",
+    "Qwen3OmniMoeCode2WavDecoderBlock",
+    "Qwen3OmniMoeCode2WavDecoderResidualUnit",
     "Qwen3OmniMoeConfig",
+    "Qwen3OmniMoeSnakeBeta",
     "Qwen3OmniMoeTalkerConfig",
     "Qwen3OmniMoeTalkerForConditionalGeneration",
     "Qwen3OmniMoeTalkerTextExperts",
