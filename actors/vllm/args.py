@@ -29,6 +29,10 @@ class VllmThinkerArgs(WeightsArgs):
         allowed_token_ranges: half-open ``[start, stop)`` id ranges a reply may use
             (the end of turn is always allowed); none: any. For a model whose random
             weights would pick unprintable ids (tiny-omni: printable bytes only).
+        cpu_threads: on a CPU platform, the threads vLLM computes with (its engine
+            process's ``OMP_NUM_THREADS``); 1, as every torch engine here, because the
+            other stages share the machine; none: vLLM's choice (every core). Ignored on
+            a GPU.
     """
 
     model: str
@@ -40,3 +44,4 @@ class VllmThinkerArgs(WeightsArgs):
     engine_args: dict[str, Any] = Field(default_factory=dict)
     request_timeout_s: float = Field(10.0, gt=0)
     allowed_token_ranges: list[tuple[int, int]] | None = None
+    cpu_threads: int | None = Field(1, ge=1)

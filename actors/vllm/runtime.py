@@ -1,11 +1,21 @@
 """``VllmRuntime``: vLLM's ``AsyncLLM`` in this process, and the processes it starts.
 
-``AsyncLLM`` always runs its EngineCore (and that a worker) in processes of its own,
-children of the stage's worker process. They are in the worker's process group, which
-the pipeline kills when the worker ends (``transport.process_placement``), so none
-outlives a crashed or killed worker. While the stage runs, the runtime watches their
-sentinels on the event loop (no polling): an exit resolves :attr:`VllmRuntime.died`,
-and the stage fails and is restarted by its supervisor.
+``AsyncLLM`` always runs its EngineCore (and, unless it runs the model itself, a worker)
+in processes of its own, children of the stage's worker process. They are in the
+worker's process group, which the pipeline kills when the worker ends
+(``transport.process_placement``), so none outlives a crashed or killed worker. While
+the stage runs, the runtime watches their sentinels on the event loop (no polling): an
+exit resolves :attr:`VllmRuntime.died`, and the stage fails and is restarted by its
+supervisor.
+
+**On a CPU** vLLM's defaults assume it has the machine to itself: the model runs in a
+worker process of its own, which waits for each step, and the EngineCore for its
+results, by spinning on shared memory (the worker for a full second after each burst),
+with every core's OpenMP thread. Beside a talker and code2wav on the same cores that
+spinning takes the CPU they need: on a 2-core machine the first audio of tiny-omni-vllm
+came after 533 ms, against 137 ms with the model inside the EngineCore (vLLM's ``uni``
+executor) on ``cpu_threads`` threads (1 by default), which :func:`cpu_engine_args` sets
+unless the pipeline chose otherwise.
 """
 
 from __future__ import annotations
@@ -23,7 +33,7 @@ from omni_actors.errors import EngineError, OmniError
 from omni_actors.model_cache import require
 from omni_actors.model_family import model_families
 
-__all__ = ["EngineDiedError", "VllmRuntime", "resolve_checkpoint"]
+__all__ = ["EngineDiedError", "VllmRuntime", "cpu_engine_args", "resolve_checkpoint"]
 
 log = logging.getLogger(__name__)
 
@@ -56,6 +66,29 @@ def resolve_checkpoint(model: str, cache_dir: Path | None, seed: int) -> Path:
     return require(family, cache_dir=cache_dir, seed=seed) / family.checkpoint
 
 
+def cpu_engine_args(engine_args: dict[str, Any], threads: int | None) -> dict[str, Any]:
+    """``engine_args`` for vLLM on a CPU sharing the machine (see the module docstring).
+
+    A single-process model (no tensor or pipeline parallelism) with no executor chosen
+    runs in the EngineCore (``uni``); vLLM's CPU platform takes that only with
+    ``VLLM_ENABLE_V1_MULTIPROCESSING=0`` in the environment, which this sets unless the
+    caller set it. ``threads`` becomes the engine process's ``OMP_NUM_THREADS``. The
+    environment is this worker process's, which serves this one engine; vLLM's
+    processes inherit it.
+    """
+    args = dict(engine_args)
+    single = all(args.get(name, 1) == 1 for name in _PARALLEL)
+    if single and args.get("distributed_executor_backend") is None:
+        args["distributed_executor_backend"] = "uni"
+        os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+    if threads is not None:
+        os.environ["OMP_NUM_THREADS"] = str(threads)
+    return args
+
+
+_PARALLEL = ("tensor_parallel_size", "pipeline_parallel_size", "data_parallel_size")
+
+
 class VllmRuntime:
     """A started ``AsyncLLM`` and the watch on its processes; see the module docstring.
 
@@ -75,8 +108,11 @@ class VllmRuntime:
             loop.add_reader(proc.sentinel, self._exited, proc)
 
     @classmethod
-    async def start(cls, model: Path, engine_args: dict[str, Any]) -> VllmRuntime:
-        """Start vLLM on ``model`` with these ``AsyncEngineArgs`` fields (tens of seconds).
+    async def start(
+        cls, model: Path, engine_args: dict[str, Any], *, cpu_threads: int | None = None
+    ) -> VllmRuntime:
+        """Start vLLM on ``model`` with these ``AsyncEngineArgs`` fields (tens of seconds);
+        on a CPU, adjusted by :func:`cpu_engine_args` with ``cpu_threads``.
 
         It blocks this process's event loop while vLLM starts: ``AsyncLLM`` binds its
         sockets to the loop it is built on, and a stage worker has nothing else to do
@@ -86,8 +122,11 @@ class VllmRuntime:
         # --json``, a CLI's output). Its processes inherit the setting.
         os.environ.setdefault("VLLM_LOGGING_STREAM", "ext://sys.stderr")
         from vllm.engine.arg_utils import AsyncEngineArgs
+        from vllm.platforms import current_platform
         from vllm.v1.engine.async_llm import AsyncLLM
 
+        if current_platform.is_cpu():
+            engine_args = cpu_engine_args(engine_args, cpu_threads)
         args = AsyncEngineArgs(model=str(model), **engine_args)
         before = set(multiprocessing.active_children())
         llm = AsyncLLM.from_engine_args(args)

@@ -149,6 +149,7 @@ class VllmThinkerEngine:
                 **self.args.engine_args,
                 "worker_extension_cls": TAP_EXTENSION,
             },
+            cpu_threads=self.args.cpu_threads,
         )
         self._llm = self.runtime.llm
         self.died = self.runtime.died

@@ -120,8 +120,8 @@ async def test_a_killed_vllm_worker_fails_its_session_leaves_no_process_and_rest
 async def _kill_and_restart(omni: OmniPipeline) -> None:
     thinker = (await omni.stages())["thinker"]
     first = worker_pid(thinker)
-    # vLLM's EngineCore and its worker run in the stage worker's process group.
-    assert len(group_members(first)) >= 3
+    # vLLM's EngineCore (which runs the model, on a CPU) is in the worker's process group.
+    assert len(group_members(first)) >= 2
     async with omni.session() as victim:
         await victim.send(text="Talk to me", end="finished")
         events: list[Event] = []
