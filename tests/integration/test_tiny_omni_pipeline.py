@@ -188,7 +188,8 @@ def test_model_bench_compares_stream_and_full(
         stream["ttfa_ms_p50"] / full["ttfa_ms_p50"], rel=1e-3
     )
     assert report["parameters"]["reply_tokens"] == 12
-    assert set(report["targets"]) == {"stream_vs_full_ttfa_c1", "rtf_c4"}
+    assert set(report["targets"]) == {"stream_vs_full_ttfa_c1", "rtf_c4", "rtf_c16"}
+    assert report["targets"]["rtf_c16"] == {"limit": 0.64, "measured": None, "met": None}
 
 
 async def test_stages_in_worker_processes_make_the_same_reply(cache: Path) -> None:
