@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import gc
 import logging
 import multiprocessing
 import os
@@ -130,7 +131,12 @@ class VllmRuntime:
         args = AsyncEngineArgs(model=str(model), **engine_args)
         before = set(multiprocessing.active_children())
         llm = AsyncLLM.from_engine_args(args)
-        return cls(llm, list(set(multiprocessing.active_children()) - before))
+        try:
+            return cls(llm, list(set(multiprocessing.active_children()) - before))
+        finally:
+            # A traceback vLLM's imports keep holds this frame: it must not hold the
+            # engine too, or :meth:`stop` could not let it go (see there).
+            del llm
 
     def _exited(self, proc: BaseProcess) -> None:
         with contextlib.suppress(Exception):
@@ -156,3 +162,7 @@ class VllmRuntime:
         for proc in self._children:
             loop.remove_reader(proc.sentinel)
         await asyncio.to_thread(self.llm.shutdown)
+        # Collected now, not at interpreter exit, where ``AsyncLLM.__del__`` shuts down
+        # again with its module's globals already cleared (a spurious error on stderr).
+        self.llm = None
+        gc.collect()
