@@ -9,7 +9,10 @@ carry their wheels and run, from the repository root::
 
 (``.whl`` holds msgspec, pyzmq, pydantic and pydantic-core, annotated-types,
 typing-inspection, websockets, starlette, uvicorn, httptools, anyio, h11, click,
-pytest, pytest-asyncio, pluggy and iniconfig, built for that machine's Python.)
+pytest, pytest-asyncio, pluggy and iniconfig, built for that machine's Python: on a
+machine with a registry, ``pip download --no-deps --only-binary=:all: --python-version
+3.12 --platform manylinux_2_28_x86_64 --platform manylinux2014_x86_64 --platform any
+-d .whl NAME==VERSION`` for each, at the versions ``pip list`` shows in the dev venv.)
 """
 
 from __future__ import annotations
