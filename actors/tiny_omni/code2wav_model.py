@@ -15,6 +15,7 @@ window of 25 context and 25 new frames costs about 29 frames of decoding there, 
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 
 import torch
@@ -96,13 +97,16 @@ class Code2WavModel:
         self.per_frame = int(model.total_upsample)
         self._model = model
         # Samples per frame where the decoder blocks start (after the pre-upsampling).
-        self._rate = int(torch.tensor(model.config.upsampling_ratios).prod())
+        self._rate = math.prod(model.config.upsampling_ratios)
         reach = decoder_reach(list(model.decoder.children())[1:])
         self.reach_frames = -(-reach // self._rate)
         probe = self._probe()
         with torch.no_grad():
             reference = model(probe)[:, 0]
         replace_snake_activations(model)
+        # The layers _forward runs, taken once the activations were replaced.
+        self._upsample = [b for blocks in model.upsample.children() for b in blocks.children()]
+        self._first, *self._blocks = model.decoder.children()
         self._check_forward(probe, reference)
 
     def decode(self, codes: torch.Tensor, starts: list[int]) -> list[Piece]:
@@ -125,12 +129,10 @@ class Code2WavModel:
             hidden = model.code_embedding(codes + model.code_offset).mean(1)
             hidden = model.pre_transformer(inputs_embeds=hidden).last_hidden_state
             hidden = hidden.permute(0, 2, 1)
-            for blocks in model.upsample.children():
-                for block in blocks.children():
-                    hidden = block(hidden)
-            first, *rest = model.decoder.children()
-            hidden = first(hidden)[..., skip * self._rate :]
-            for block in rest:
+            for block in self._upsample:
+                hidden = block(hidden)
+            hidden = self._first(hidden)[..., skip * self._rate :]
+            for block in self._blocks:
                 hidden = block(hidden)
             wav: torch.Tensor = hidden.clamp(min=-1, max=1)[:, 0]
             return wav
