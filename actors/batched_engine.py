@@ -48,8 +48,10 @@ class BatchedTorchEngine(TorchEngine, Generic[S, R, T]):
         batcher_name: the batcher task's name, for debugging and its log line.
     """
 
-    def __init__(self, path: Path, name: str, *, max_batch: int, batcher_name: str) -> None:
-        super().__init__(path, name)
+    def __init__(
+        self, path: Path, name: str, *, max_batch: int, batcher_name: str, device: str = "cpu"
+    ) -> None:
+        super().__init__(path, name, device)
         self._sessions: dict[str, S] = {}
         self.batcher: StepBatcher[R, T] = StepBatcher(
             self._batch, max_batch=max_batch, name=batcher_name

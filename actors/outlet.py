@@ -18,6 +18,8 @@ from collections.abc import Mapping
 
 import torch
 
+from omni_actors import remoting
+from omni_actors._ref import ActorRef
 from omni_actors.actors.accumulate import Accumulator
 from omni_actors.actors.chunk_policy import ChunkPolicy, FrameWindow
 from omni_actors.actors.engine import Fields
@@ -75,6 +77,8 @@ class Outlet:
         self.source = source
         self.name = name
         self.ref = ref
+        # A receiver in this process gets the objects themselves (device tensors too).
+        self.in_process = isinstance(ref, ActorRef) and remoting.in_process(ref)
         self.fields = frozenset(fields)
         self.ends = ends
         self.credits = credits

@@ -110,6 +110,8 @@ class SegmentInputs(AsyncIterator[Fields]):
                 continue
             if chunk.has_payload:
                 fields: dict[str, Any] = chunk.fields()
+                if s.transfers is not None:
+                    fields = s.transfers.load(fields)
                 if chunk.context:
                     fields[CONTEXT_FIELD] = torch.tensor(chunk.context)
                 return fields

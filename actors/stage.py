@@ -15,6 +15,11 @@ batch.
 
 A ``StreamCredit`` (a control message, so it overtakes queued chunks) lets one of a
 session's outlets send more; one for a session no longer here is ignored.
+
+An engine on a GPU (its ``device`` is CUDA) gets the stage's :class:`StageTransfers`:
+input tensors are copied to its device as its sessions read them, and outputs that
+leave the process are copied to the host first, on streams of the stage's own
+(``omni_actors.cuda``). Outputs for a stage in this process keep their device tensors.
 """
 
 from __future__ import annotations
@@ -24,12 +29,15 @@ import logging
 from collections import OrderedDict
 from typing import Any
 
+import torch
+
 from omni_actors import remoting
 from omni_actors._actor import Actor
 from omni_actors._mailbox import MailboxConfig
 from omni_actors.actors.engine import TURN_FIELD, Engine
 from omni_actors.actors.engine_registry import build_engine, engine_type
 from omni_actors.actors.stage_session import StageSession
+from omni_actors.cuda import StageTransfers
 from omni_actors.protocols.control import (
     Abort,
     Cancel,
@@ -57,16 +65,26 @@ class StageActor(Actor[StageMessage]):
         name: the stage's name in the pipeline.
         kind: engine kind (a registered name or ``package.module:Class``).
         args: the engine's arguments from the pipeline definition.
+        staging: how its GPU transfers copy (``StagingSpec`` fields: ``slots``,
+            ``slot_bytes``, ``copies``).
     """
 
     replies = StageState | bool | int | Refused | None
     mailbox = MailboxConfig(capacity=4096)
 
-    def __init__(self, name: str, kind: str, args: dict[str, Any]) -> None:
+    def __init__(
+        self,
+        name: str,
+        kind: str,
+        args: dict[str, Any],
+        staging: dict[str, Any] | None = None,
+    ) -> None:
         self.name = name
         self.kind = kind
         self.args = args
+        self.staging = staging or {}
         self.engine: Engine | None = None
+        self.transfers: StageTransfers | None = None
         self.takes_marks = False
         self.sessions: dict[SessionKey, StageSession] = {}
         # Aborted, their task still ending (the engine freeing them): still held.
@@ -78,6 +96,9 @@ class StageActor(Actor[StageMessage]):
         engine = build_engine(self.kind, self.args, where=f"stages[{self.name}].engine")
         await engine.start()
         self.engine = engine
+        device = getattr(engine, "device", None)
+        if isinstance(device, torch.device) and device.type == "cuda":
+            self.transfers = StageTransfers(device, **self.staging)
         died = getattr(engine, "died", None)
         if isinstance(died, asyncio.Future):
             # An engine whose model runs in processes of its own (vLLM) resolves this
@@ -103,6 +124,9 @@ class StageActor(Actor[StageMessage]):
         if self.engine is not None:
             await self.engine.stop()
             self.engine = None
+        if self.transfers is not None:
+            await self.transfers.close()
+            self.transfers = None
 
     async def receive(self, message: StageMessage) -> Any:
         """Route one message; see the module docstring."""
@@ -164,6 +188,7 @@ class StageActor(Actor[StageMessage]):
             context.clock,
             context.tasks,
             takes_marks=self.takes_marks,
+            transfers=self.transfers,
         )
         return True
 

@@ -34,13 +34,12 @@ from collections.abc import Callable
 
 from omni_actors._task_scope import TaskScope
 from omni_actors.actors.accumulate import ChunkGapError, ChunkSequence
-from omni_actors.actors.engine import (
-    Engine,
-)
+from omni_actors.actors.engine import Engine, Fields
 from omni_actors.actors.flow import CreditWindow, Inflow
 from omni_actors.actors.outlet import Outlet
 from omni_actors.actors.segment_inputs import SegmentInputs
 from omni_actors.clock import Clock, timeout_at
+from omni_actors.cuda import StageTransfers, on_device
 from omni_actors.errors import (
     ActorStoppedError,
     OmniError,
@@ -106,9 +105,11 @@ class StageSession:
         tasks: TaskScope,
         *,
         takes_marks: bool = False,
+        transfers: StageTransfers | None = None,
     ) -> None:
         self.stage = stage
         self.takes_marks = takes_marks
+        self.transfers = transfers
         self.engine = engine
         self.clock = clock
         self._call_at = clock.call_at
@@ -348,8 +349,7 @@ class StageSession:
                 self._last_output_at = time.time()
                 if self._first_output_at is None:
                     self._first_output_at = self._last_output_at
-                for outlet in self.outlets:
-                    await outlet.push(output)
+                await self._route(output)
                 if segment in cancelled:
                     break
         finally:
@@ -359,6 +359,19 @@ class StageSession:
                 # state as it stands after the last output it yielded.
                 await aclose()
         return None
+
+    async def _route(self, output: Fields) -> None:
+        """Push ``output`` through every outlet; device tensors reach outlets to other
+        processes (and the caller) as host copies, made once, off the compute stream."""
+        host: Fields | None = None
+        transfers = self.transfers
+        for outlet in self.outlets:
+            if transfers is None or outlet.in_process:
+                await outlet.push(output)
+                continue
+            if host is None:
+                host = await transfers.to_host(output) if on_device(output) else output
+            await outlet.push(host)
 
     async def _report(
         self, segment: int, end: ReportEnd, error: BaseException | None = None

@@ -5,6 +5,11 @@ takes milliseconds, and the loop must keep routing every other session's chunks 
 the other stages' when they share the process) meanwhile. One thread also serialises
 the engine's model calls, which is where cross-session batching happens: whatever is
 pending when the thread frees up goes into the next call.
+
+An engine computes on its ``device`` (:class:`DeviceArgs`). On a GPU, once the model is
+loaded, the thread's default device is set to it, so the tensors an engine makes for a
+step (positions, masks, token ids) are born there; the stage moves inputs in and
+outputs out on streams of its own (``omni_actors.cuda``).
 """
 
 from __future__ import annotations
@@ -17,11 +22,40 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, TypeVar
 
+import torch
+from pydantic import BaseModel, Field
+
 from omni_actors.actors.engine import Fields
+from omni_actors.cuda import cuda_device
 from omni_actors.model_cache import require
 from omni_actors.model_family import WeightsArgs
 
-__all__ = ["AbortSignal", "TorchEngine", "stage_dir"]
+__all__ = ["AbortSignal", "DeviceArgs", "TorchEngine", "resolve_device", "stage_dir"]
+
+
+class DeviceArgs(BaseModel):
+    """The argument of an engine that computes on a device of its choosing.
+
+    Attributes:
+        device: ``cpu``, ``cuda``, ``cuda:N``, or ``auto`` (the GPU if there is one).
+    """
+
+    device: str = Field("cpu", pattern=r"^(cpu|auto|cuda(:[0-9]{1,2})?)$")
+
+
+def resolve_device(name: str) -> torch.device:
+    """The device ``name`` means here; ``auto`` is the current GPU, else the CPU.
+
+    Raises:
+        RuntimeError: a CUDA device was asked for on a machine without CUDA.
+    """
+    if name == "auto":
+        name = "cuda" if torch.cuda.is_available() else "cpu"
+    device = torch.device(name)
+    if cuda_device(device) and device.index is None:
+        device = torch.device("cuda", torch.cuda.current_device())
+    return device
+
 
 T = TypeVar("T")
 
@@ -79,19 +113,27 @@ class TorchEngine:
     Args:
         path: the stage's prepared directory.
         name: the thread's name, for debugging.
+        device: where the model computes (see :func:`resolve_device`).
+
+    Attributes:
+        device: the resolved device; ``_load`` must put the model there.
     """
 
-    def __init__(self, path: Path, name: str) -> None:
+    def __init__(self, path: Path, name: str, device: str = "cpu") -> None:
         self.path = path
         self.name = name
+        self.device = resolve_device(device)
         self._executor: ThreadPoolExecutor | None = None
 
     async def start(self) -> None:
-        """Start the thread and load the model in it."""
+        """Start the thread and load the model in it (then make its device the thread's
+        default: loading itself runs on the CPU defaults)."""
         self._executor = ThreadPoolExecutor(
             1, thread_name_prefix=f"torch-{self.name}", initializer=_one_intra_op_thread
         )
         await self.call(self._load, self.path)
+        if self.device.type != "cpu":
+            await self.call(_compute_on, self.device)
 
     def _load(self, path: Path) -> None:
         raise NotImplementedError
@@ -114,6 +156,14 @@ class TorchEngine:
             await asyncio.get_running_loop().run_in_executor(None, executor.shutdown, True)
 
 
+def _compute_on(device: torch.device) -> None:
+    """Make ``device`` the calling thread's default for new tensors and its current GPU
+    (both settings are per thread: other engines in the process keep theirs)."""
+    if device.type == "cuda":
+        torch.cuda.set_device(device)
+    torch.set_default_device(device)
+
+
 def _one_intra_op_thread() -> None:
     """Each engine computes on one core.
 
@@ -122,6 +172,4 @@ def _one_intra_op_thread() -> None:
     alone went to 15-21 ms under load with the default, against ~3 ms with one thread.
     The setting is process-wide, which is what is wanted: every engine here wants it.
     """
-    import torch
-
     torch.set_num_threads(1)

@@ -49,6 +49,7 @@ __all__ = [
     "RemoteActor",
     "ReplySink",
     "fail",
+    "in_process",
     "inbox",
     "mailbox_of",
     "placement_factory",
@@ -200,6 +201,13 @@ def inbox(system: ActorSystem, path: str) -> Inbox | None:
 def mailbox_of(ref: ActorRef[Any]) -> Mailbox:
     """The mailbox behind ``ref`` (a placement's or a :class:`RemoteActor`'s, if remote)."""
     return ref._cell.mailbox
+
+
+def in_process(ref: ActorRef[Any]) -> bool:
+    """Whether ``ref``'s actor runs in this process: a message to it is handed over as
+    the object itself, never encoded (device tensors in it stay where they are)."""
+    cell = ref._cell
+    return not isinstance(cell, RemoteActor) and not cell.placed
 
 
 def terminated(ref: ActorRef[Any]) -> asyncio.Future[BaseException | None]:

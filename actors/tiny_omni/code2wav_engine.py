@@ -46,7 +46,7 @@ from omni_actors.actors.engine import CONTEXT_FIELD, Fields, Rule
 from omni_actors.actors.tiny_omni.code2wav_batcher import WindowBatcher
 from omni_actors.actors.tiny_omni.code2wav_model import Code2WavModel, Piece
 from omni_actors.actors.tiny_omni.family import TINY_OMNI
-from omni_actors.actors.torch_engine import TorchEngine, stage_dir
+from omni_actors.actors.torch_engine import DeviceArgs, TorchEngine, stage_dir
 from omni_actors.errors import EngineError
 from omni_actors.model_family import WeightsArgs
 
@@ -65,7 +65,7 @@ class EngineStoppedError(EngineError):
     """The engine is not started, or stopped while the session was still generating."""
 
 
-class Code2WavArgs(WeightsArgs):
+class Code2WavArgs(WeightsArgs, DeviceArgs):
     """code2wav's arguments: ``seed`` and ``cache_dir`` locate its weights.
 
     Attributes:
@@ -108,7 +108,7 @@ class Code2WavEngine(TorchEngine):
     streams_input: ClassVar[bool] = True
 
     def __init__(self, args: Code2WavArgs) -> None:
-        super().__init__(stage_dir(TINY_OMNI.name, args, "code2wav"), "code2wav")
+        super().__init__(stage_dir(TINY_OMNI.name, args, "code2wav"), "code2wav", args.device)
         self._model: Code2WavModel | None = None
         self._sessions: dict[str, _Session] = {}
         self._replies: dict[str, int] = {}
@@ -133,7 +133,7 @@ class Code2WavEngine(TorchEngine):
         self._batcher.start()
 
     def _load(self, path: Path) -> None:
-        self._model = Code2WavModel(path)
+        self._model = Code2WavModel(path, self.device)
 
     async def _decode(self, codes: torch.Tensor, starts: list[int]) -> list[Piece]:
         assert self._model is not None

@@ -51,7 +51,7 @@ def keep_pending_tail(model: Qwen3OmniMoeCode2Wav) -> int:
     """
     per_frame = int(model.total_upsample)
     probe = torch.arange(2 * model.config.num_quantizers).remainder(model.config.codebook_size)
-    probe = probe.view(1, model.config.num_quantizers, 2)
+    probe = probe.view(1, model.config.num_quantizers, 2).to(model.device)
     with torch.no_grad():
         trimmed = model(probe)[:, 0]
         for module in model.modules():
@@ -87,8 +87,8 @@ class Code2WavModel:
             from HF's (transformers changed).
     """
 
-    def __init__(self, path: Path) -> None:
-        model = weights.load(path)
+    def __init__(self, path: Path, device: torch.device | None = None) -> None:
+        model = weights.load(path, device=device)
         if not isinstance(model, Qwen3OmniMoeCode2Wav):
             raise TypeError(f"{path} holds a {type(model).__name__}, not a code2wav stage")
         self.pending = keep_pending_tail(model)
@@ -141,7 +141,8 @@ class Code2WavModel:
         """Random codes [1, Q, T] long enough to skip context in."""
         gen = torch.Generator().manual_seed(0)
         shape = (1, self.quantizers, 2 * self.reach_frames + 6)
-        return torch.randint(0, self.codebook, shape, generator=gen)
+        device = next(self._model.parameters()).device
+        return torch.randint(0, self.codebook, shape, generator=gen).to(device)
 
     def _check_forward(self, probe: torch.Tensor, reference: torch.Tensor) -> None:
         """The layer-by-layer forward gives HF's samples for ``probe`` (``reference``), and

@@ -26,6 +26,8 @@ from the end of input to the first token does not grow with the input's length.
 
 from __future__ import annotations
 
+import functools
+from collections.abc import Callable
 from typing import Any, Final
 
 import numpy as np
@@ -34,6 +36,19 @@ import torch
 from omni_actors.actors.tiny_omni.hf import WhisperFeatureExtractor
 
 __all__ = ["DYNAMIC_RANGE", "LogMel"]
+
+
+def _on_host(fn: Callable[..., torch.Tensor]) -> Callable[..., torch.Tensor]:
+    """Run ``fn`` with CPU factory defaults: log-mel is host math, even when it is
+    called from an engine thread whose default device is a GPU."""
+
+    @functools.wraps(fn)
+    def wrapper(*args: Any, **kwargs: Any) -> torch.Tensor:
+        with torch.device("cpu"):
+            return fn(*args, **kwargs)
+
+    return wrapper
+
 
 DYNAMIC_RANGE: Final = 8.0
 """Whisper's floor below the peak, in ``log10`` units (80 dB)."""
@@ -106,10 +121,12 @@ class LogMel:
         self._arrived.append(samples)
         self._received += len(samples)
 
+    @_on_host
     def take(self) -> torch.Tensor:
         """The frames that are final now, in whole blocks: [n_mels, k] float32 (k may be 0)."""
         return self._compute(self.ready())
 
+    @_on_host
     def finish(self) -> torch.Tensor:
         """Every frame not produced yet, the last ones reflect-padded past the clip's end.
 

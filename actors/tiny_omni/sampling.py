@@ -76,5 +76,6 @@ def pick(logits: torch.Tensor, allowed: torch.Tensor, sampling: Sampling) -> int
     masked = logits + allowed
     if sampling.temperature > 0:
         probs = torch.softmax(masked / sampling.temperature, dim=-1)
-        return int(torch.multinomial(probs, 1, generator=sampling.generator))
+        # The session's generator is a CPU one: the same draws on every device.
+        return int(torch.multinomial(probs.cpu(), 1, generator=sampling.generator))
     return int(masked.argmax())

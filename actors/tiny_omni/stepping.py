@@ -86,7 +86,8 @@ def encode_audio(
     The call HF's thinker forward makes for a clip (``get_audio_features``), so pieces
     encoded here and spliced with ``audio_embeds`` reproduce the one-shot forward.
     """
-    mask = torch.ones(1, mel.shape[1], dtype=torch.long)
+    mel = mel.to(thinker.device)  # computed on the host
+    mask = torch.ones(1, mel.shape[1], dtype=torch.long, device=mel.device)
     out = thinker.get_audio_features(mel[None], feature_attention_mask=mask)
     # A model output from 5.x on; a bare tensor in releases that returned one.
     hidden = out if isinstance(out, torch.Tensor) else out.last_hidden_state

@@ -62,13 +62,13 @@ from omni_actors.actors.tiny_omni.family import TINY_OMNI
 from omni_actors.actors.tiny_omni.hf import DynamicCache
 from omni_actors.actors.tiny_omni.talker_input import ReplyInput, TalkerInputError
 from omni_actors.actors.tiny_omni.talker_model import Frame, FrameStep, TalkerModel, Voice
-from omni_actors.actors.torch_engine import AbortSignal, stage_dir
+from omni_actors.actors.torch_engine import AbortSignal, DeviceArgs, stage_dir
 from omni_actors.model_family import WeightsArgs
 
 __all__ = ["TalkerArgs", "TalkerEngine", "TalkerInputError"]
 
 
-class TalkerArgs(WeightsArgs):
+class TalkerArgs(WeightsArgs, DeviceArgs):
     """The talker's arguments: ``seed`` and ``cache_dir`` locate its weights.
 
     Attributes:
@@ -134,10 +134,11 @@ class TalkerEngine(BatchedTorchEngine[Voice, FrameStep, Frame]):
             "talker",
             max_batch=args.max_batch,
             batcher_name="talker frames",
+            device=args.device,
         )
 
     def _load(self, path: Path) -> None:
-        self._model = TalkerModel(path, stop_at_codec_eos=self.stop_at_codec_eos)
+        self._model = TalkerModel(path, self.device, stop_at_codec_eos=self.stop_at_codec_eos)
 
     def _run_steps(self, steps: list[FrameStep]) -> list[Frame]:
         return self._model.frames(steps)

@@ -99,8 +99,10 @@ class TalkerModel:
         speakers: codec id per voice name (lower case).
     """
 
-    def __init__(self, path: Path, *, stop_at_codec_eos: bool) -> None:
-        talker = weights.load(path)
+    def __init__(
+        self, path: Path, device: torch.device | None = None, *, stop_at_codec_eos: bool
+    ) -> None:
+        talker = weights.load(path, device=device)
         assert isinstance(talker, Qwen3OmniMoeTalkerForConditionalGeneration)
         self._talker = talker
         self._stop_at_codec_eos = stop_at_codec_eos

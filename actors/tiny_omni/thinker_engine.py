@@ -84,14 +84,14 @@ from omni_actors.actors.tiny_omni.thinker_model import (
     Token,
 )
 from omni_actors.actors.tiny_omni.user_turn import UserTurn
-from omni_actors.actors.torch_engine import AbortSignal, stage_dir
+from omni_actors.actors.torch_engine import AbortSignal, DeviceArgs, stage_dir
 from omni_actors.actors.turn_marks import kept_of
 from omni_actors.model_family import WeightsArgs
 
 __all__ = ["ASSISTANT_OPENING", "NEWLINE", "ThinkerArgs", "ThinkerEngine"]
 
 
-class ThinkerArgs(WeightsArgs):
+class ThinkerArgs(WeightsArgs, DeviceArgs):
     """The thinker's arguments: ``seed`` and ``cache_dir`` locate its weights.
 
     Attributes:
@@ -141,10 +141,11 @@ class ThinkerEngine(BatchedTorchEngine[Conversation, DecodeStep, Token]):
             "thinker",
             max_batch=args.max_batch,
             batcher_name="thinker decode",
+            device=args.device,
         )
 
     def _load(self, path: Path) -> None:
-        self._model = ThinkerModel(path)
+        self._model = ThinkerModel(path, self.device)
 
     def _run_steps(self, steps: list[DecodeStep]) -> list[Token]:
         return self._model.decode_steps(steps)
@@ -361,7 +362,7 @@ class ThinkerEngine(BatchedTorchEngine[Conversation, DecodeStep, Token]):
         if isinstance(audio, torch.Tensor) and heard:
             if turn.clip is None:
                 turn.clip = self._model.clip()
-            turn.clip.push(audio.detach().to(torch.float32).reshape(-1).numpy())
+            turn.clip.push(audio.detach().to(torch.float32).reshape(-1).cpu().numpy())
         if isinstance(text, str) and said:
             ids = configs.encode_text(text)
             await self.call(self._model.prefill, conversation, turn, True, ids)

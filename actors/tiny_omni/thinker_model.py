@@ -63,8 +63,9 @@ class ThinkerModel:
         opening: [3, H] the embeddings of ``<|im_start|> ASSISTANT \\n``.
     """
 
-    def __init__(self, path: Path) -> None:
-        thinker = weights.load(path)
+    def __init__(self, path: Path, device: torch.device | None = None) -> None:
+        device = device or torch.device("cpu")
+        thinker = weights.load(path, device=device)
         assert isinstance(thinker, Qwen3OmniMoeThinkerForConditionalGeneration)
         self._thinker = thinker
         # The talker's conditioning layer is a talker setting; the thinker stage's own
@@ -79,13 +80,15 @@ class ThinkerModel:
         self._embedding = thinker.get_input_embeddings()  # type: ignore[no-untyped-call,unused-ignore]
         self._extractor = configs.audio_feature_extractor()
         vocab = self.text_config.vocab_size
-        self._allow_text = torch.full((vocab,), float("-inf"))
-        self._allow_text[list(PRINTABLE)] = 0.0
-        self._allow_end = self._allow_text.clone()
-        self._allow_end[Tokens.IM_END] = 0.0
-        # No graph: weights.load turned gradients off.
-        self.tts = self._embedding(torch.tensor([Tokens.TTS_BOS, Tokens.TTS_EOS, Tokens.TTS_PAD]))
-        self.opening = self._embedding(torch.tensor(ASSISTANT_OPENING))
+        with torch.device(device):
+            self._allow_text = torch.full((vocab,), float("-inf"))
+            self._allow_text[list(PRINTABLE)] = 0.0
+            self._allow_end = self._allow_text.clone()
+            self._allow_end[Tokens.IM_END] = 0.0
+            # No graph: weights.load turned gradients off.
+            ids = torch.tensor([Tokens.TTS_BOS, Tokens.TTS_EOS, Tokens.TTS_PAD])
+            self.tts = self._embedding(ids)
+            self.opening = self._embedding(torch.tensor(ASSISTANT_OPENING))
 
     def clip(self) -> AudioClip:
         """A new audio clip, windowed as this thinker's audio encoder attends."""

@@ -160,7 +160,9 @@ def is_built(out_dir: Path) -> bool:
     )
 
 
-def load(stage_dir: Path, *, dtype: torch.dtype = torch.float32) -> PreTrainedModel:
+def load(
+    stage_dir: Path, *, dtype: torch.dtype = torch.float32, device: torch.device | None = None
+) -> PreTrainedModel:
     """Load one stage saved by :func:`build`, from local files only, in eval mode.
 
     The class comes from ``architectures`` in the stage's ``config.json`` (written by
@@ -169,9 +171,10 @@ def load(stage_dir: Path, *, dtype: torch.dtype = torch.float32) -> PreTrainedMo
     Args:
         stage_dir: ``<out_dir>/thinker``, ``<out_dir>/talker`` or ``<out_dir>/code2wav``.
         dtype: Parameter dtype; float32 is what CPU runs fastest for these sizes.
+        device: where the model is moved once loaded (default: the CPU).
 
     Returns:
-        The model, on CPU, with gradients off for its parameters.
+        The model, on ``device``, with gradients off for its parameters.
 
     Raises:
         ValueError: ``stage_dir`` is not a tiny-omni stage.
@@ -202,4 +205,7 @@ def load(stage_dir: Path, *, dtype: torch.dtype = torch.float32) -> PreTrainedMo
         )
     model.train(False)
     model.requires_grad_(False)
+    if device is not None and torch.device(device).type != "cpu":
+        # transformers' decorator types ``to`` for dtype casts only; a device is valid.
+        model.to(device)  # type: ignore[arg-type]
     return model

@@ -33,6 +33,11 @@ def add_run_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--cache-dir", type=Path, default=None, help="weights cache")
     parser.add_argument("--seed", type=int, default=0, help="seed of the prepared weights")
     parser.add_argument(
+        "--device",
+        default=None,
+        help="where the model stages compute: cpu, cuda, cuda:N or auto (default: the preset's)",
+    )
+    parser.add_argument(
         "--no-prepare",
         action="store_true",
         help="fail (with the command to run) instead of preparing missing weights",
@@ -46,6 +51,8 @@ def run_command(ns: argparse.Namespace) -> int:
         if ns.text is None and ns.audio is None:
             raise _UsageError("give --text, --audio or both")
         audio = _read_audio(ns.audio) if ns.audio is not None else None
+        if ns.device is not None:
+            spec = spec.on_device(ns.device)
         spec = _prepared(spec, ns)
     except (OmniError, _UsageError) as exc:
         print(f"omni-actors run: {exc}", file=sys.stderr)

@@ -184,6 +184,7 @@ class Orchestrator(Actor[OrchestratorMessage]):
                                 name,
                                 stage.engine.kind,
                                 dict(stage.engine.args),
+                                staging=stage.staging.model_dump(),
                                 name=actor,
                                 props=Props(
                                     restart=stage.restart,

@@ -16,12 +16,13 @@ from __future__ import annotations
 import re
 from importlib import resources
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, model_validator
 
 from omni_actors.actors.engine import Ports, Rule
+from omni_actors.actors.engine_registry import engine_type
 from omni_actors.errors import OmniError
 from omni_actors.model_family import ModelFamily, family_of_engine
 from omni_actors.protocols.control import DEFAULT_WINDOW, EdgeMode
@@ -38,12 +39,14 @@ __all__ = [
     "PipelineConfigError",
     "PipelineSpec",
     "StageSpec",
+    "StagingSpec",
     "SupervisionSpec",
     "load_pipeline",
     "preset_names",
 ]
 
 _NAME = r"^[a-z][a-z0-9_-]{0,63}$"
+_DEVICE = r"^(cpu|auto|cuda(:[0-9]{1,2})?)$"
 
 
 class PipelineConfigError(OmniError, ValueError):
@@ -86,11 +89,29 @@ class SupervisionSpec(_Spec):
         return self
 
 
+class StagingSpec(_Spec):
+    """Host memory a GPU stage copies its tensors through (``omni_actors.cuda``).
+
+    Allocated once when the stage starts, page-locked: ``slots`` slots of
+    ``slot_bytes``. A tensor that finds no free slot, or is bigger than one, gets an
+    allocation of its own (slower, never blocked). ``copies: sync`` turns the streams
+    off (``.cpu()`` and ``.to(device)`` where the tensors cross), the baseline to
+    measure against.
+    """
+
+    slots: int = Field(8, ge=1, le=4096)
+    slot_bytes: int = Field(2 << 20, ge=4096, le=1 << 34)
+    copies: Literal["async", "sync"] = "async"
+
+
 class StageSpec(_Spec):
     """One stage: a ``StageActor`` hosting one engine.
 
     ``restart`` is its restart type: ``permanent`` (always restarted), ``transient``
     (restarted after a failure, not after a normal stop) or ``temporary`` (never).
+    ``device`` places the engine (``cpu``, ``cuda``, ``cuda:1``, or ``auto``: a GPU if
+    there is one); it becomes the engine's ``device`` argument, so only engines that
+    take one accept it. ``staging`` sizes the host memory of its GPU transfers.
     """
 
     name: str = Field(pattern=_NAME)
@@ -98,6 +119,22 @@ class StageSpec(_Spec):
     process: bool = False
     replicas: int = Field(1, ge=1, le=64)
     restart: RestartType = "permanent"
+    device: str | None = Field(None, pattern=_DEVICE)
+    staging: StagingSpec = StagingSpec()
+
+    @model_validator(mode="after")
+    def _place_engine(self) -> StageSpec:
+        # The device reaches the engine as its ``device`` argument: one value, one place.
+        if self.device is None:
+            return self
+        given = self.engine.args.get("device")
+        if given is not None and given != self.device:
+            raise ValueError(
+                f"device {self.device!r} contradicts engine.args.device {given!r}; keep one"
+            )
+        args = {**self.engine.args, "device": self.device}
+        object.__setattr__(self, "engine", self.engine.model_copy(update={"args": args}))
+        return self
 
 
 class ChunkPolicySpec(_Spec):
@@ -299,6 +336,29 @@ class PipelineSpec(_Spec):
         its stages."""
         stages = tuple(stage.model_copy(update={"process": process}) for stage in self.stages)
         return self.model_copy(update={"stages": stages})
+
+    def on_device(self, device: str) -> PipelineSpec:
+        """A copy whose every stage with an engine that takes a device computes on
+        ``device`` (``cpu``, ``cuda``, ``cuda:N``, ``auto``); the others are unchanged.
+
+        Raises:
+            PipelineConfigError: no stage's engine takes a device, or ``device`` is invalid.
+        """
+        if re.match(_DEVICE, device) is None:
+            raise PipelineConfigError(f"device {device!r}: expected cpu, cuda, cuda:N or auto")
+        data = self.model_dump(by_alias=True)
+        placed = 0
+        for stage in data["stages"]:
+            if "device" in engine_type(stage["engine"]["kind"]).args_model.model_fields:
+                stage["device"] = device
+                stage["engine"]["args"].pop("device", None)
+                placed += 1
+        if not placed:
+            raise PipelineConfigError(f"pipeline {self.name}: no stage's engine takes a device")
+        try:
+            return PipelineSpec.model_validate(data)
+        except ValidationError as exc:
+            raise PipelineConfigError(f"device {device!r}: {exc}") from None
 
     def stages_order(self) -> list[str]:
         """Every stage in topological order (entry first)."""

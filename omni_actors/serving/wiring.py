@@ -70,6 +70,12 @@ def wire(stages: Sequence[StageSpec], edges: Sequence[EdgeSpec]) -> Wiring:
         except EngineUnavailableError as exc:
             problems.append(f"{where}.kind: {exc}")
             continue
+        if stage.device is not None and "device" not in found.args_model.model_fields:
+            problems.append(
+                f"stages[{stage.name}].device: engine {stage.engine.kind!r} takes no device "
+                "(it places itself); remove the stage's device"
+            )
+            continue
         try:
             args = found.args(stage.engine.args)
         except ValidationError as exc:

@@ -1,0 +1,149 @@
+"""Host staging without CUDA: the synchronous copy path with the slot bookkeeping the GPU
+path uses — data exact for every dtype, slots lent once and returned when the last
+tensor over them goes, bursts beyond the pool served by their own allocation."""
+
+from __future__ import annotations
+
+import gc
+import threading
+
+import pytest
+import torch
+
+from omni_actors.cuda import DeviceInbound, HostStaging, SlotPool, cuda_device, on_device
+
+DTYPES = [
+    torch.float16,
+    torch.bfloat16,
+    torch.float32,
+    torch.float64,
+    torch.complex64,
+    torch.int8,
+    torch.int16,
+    torch.int32,
+    torch.int64,
+    torch.uint8,
+    torch.bool,
+]
+
+
+def sample(dtype: torch.dtype, shape: tuple[int, ...], seed: int) -> torch.Tensor:
+    """Random bytes seen as ``dtype`` (every bit pattern, NaNs included)."""
+    gen = torch.Generator().manual_seed(seed)
+    size = torch.Size(shape).numel() * torch.empty(0, dtype=dtype).element_size()
+    data = torch.randint(0, 256, (size,), dtype=torch.uint8, generator=gen)
+    if dtype is torch.bool:
+        return (data % 2).to(torch.bool).view(shape)
+    return data.view(dtype).view(shape)
+
+
+def same_bits(a: torch.Tensor, b: torch.Tensor) -> bool:
+    return (
+        a.dtype == b.dtype
+        and a.shape == b.shape
+        and bool(torch.equal(a.contiguous().view(torch.uint8), b.contiguous().view(torch.uint8)))
+    )
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+async def test_staged_tensors_are_bit_exact_copies_in_slots(dtype: torch.dtype) -> None:
+    staging = HostStaging("cpu", slots=2, slot_bytes=1 << 16)
+    source = sample(dtype, (3, 5, 7), seed=1)
+    out = await staging.to_host({"hidden": source, "text": "hi"})
+    assert out["text"] == "hi"
+    assert same_bits(out["hidden"], source)
+    assert out["hidden"].data_ptr() != source.data_ptr()  # a copy, in a slot
+    assert staging.pool.busy == 1
+    del out
+    gc.collect()
+    assert staging.pool.busy == 0
+    await staging.close()
+
+
+async def test_a_slot_stays_lent_while_any_view_of_its_tensor_lives() -> None:
+    staging = HostStaging("cpu", slots=1, slot_bytes=4096)
+    out = await staging.to_host({"x": torch.arange(64, dtype=torch.int32)})
+    row = out.pop("x")[10:20]  # the tensor goes, a view of it stays
+    gc.collect()
+    assert staging.pool.busy == 1
+    # The pool has no free slot: the next transfer gets its own memory, not this slot.
+    other = await staging.to_host({"x": torch.full((64,), -1, dtype=torch.int32)})
+    assert staging.pool.overflows == 1
+    assert row.tolist() == list(range(10, 20))
+    del row
+    gc.collect()
+    assert staging.pool.busy == 0
+    assert other["x"].eq(-1).all()
+    await staging.close()
+
+
+async def test_a_tensor_bigger_than_a_slot_is_copied_into_its_own_memory() -> None:
+    staging = HostStaging("cpu", slots=2, slot_bytes=4096)
+    big = torch.arange(4096, dtype=torch.float32)  # 16 KiB
+    out = await staging.to_host({"big": big})
+    assert torch.equal(out["big"], big)
+    assert staging.pool.busy == 0
+    assert staging.pool.overflows == 1
+    await staging.close()
+
+
+async def test_slots_are_reused_and_never_lent_twice() -> None:
+    pool = SlotPool(3, 1024, pinned=False)
+    held = [pool.take(100) for _ in range(3)]
+    assert all(h is not None for h in held)
+    addresses = {h.ctypes.data for h in held if h is not None}
+    assert len(addresses) == 3
+    assert pool.take(1) is None
+    held.pop()
+    gc.collect()
+    again = pool.take(1024)
+    assert again is not None
+    assert again.ctypes.data in addresses
+    assert pool.take(1025) is None
+    assert pool.overflows == 2
+
+
+def test_slots_come_back_from_other_threads() -> None:
+    pool = SlotPool(4, 256, pinned=False)
+    views = [pool.take(256) for _ in range(4)]
+    assert pool.busy == 4
+
+    def drop() -> None:
+        views.clear()
+        gc.collect()
+
+    thread = threading.Thread(target=drop)
+    thread.start()
+    thread.join(timeout=10)
+    assert pool.busy == 0
+
+
+def test_zero_sized_tensors_take_no_slot() -> None:
+    staging = HostStaging("cpu", slots=1, slot_bytes=4096)
+    transfer = staging.begin({"empty": torch.empty(0, 5)})
+    assert transfer.fields["empty"].shape == (0, 5)
+    assert staging.pool.busy == 0
+    assert staging.pool.overflows == 0
+
+
+def test_inbound_on_the_cpu_hands_tensors_over_as_they_are() -> None:
+    inbound = DeviceInbound("cpu")
+    x = torch.ones(3)
+    out = inbound.load({"x": x, "n": 3})
+    assert out["x"] is x
+    assert out["n"] == 3
+    assert inbound.inflight == 0
+
+
+def test_on_device_sees_only_tensors_outside_host_memory() -> None:
+    assert not on_device({"x": torch.ones(2), "t": "text"})
+    assert on_device({"x": torch.ones(2, device="meta")})
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="this machine has CUDA")
+def test_asking_for_cuda_without_it_is_a_clear_error() -> None:
+    assert cuda_device("cpu") is False
+    with pytest.raises(RuntimeError, match="no CUDA"):
+        HostStaging("cuda")
+    with pytest.raises(RuntimeError, match="no CUDA"):
+        DeviceInbound("cuda:0")

@@ -1,0 +1,103 @@
+"""Device placement in the pipeline YAML: a stage's ``device`` reaches its engine as the
+engine's ``device`` argument; engines that take none refuse it by name; the CLI's
+``--device`` places every stage that can be placed; the CPU path is what it was."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+import yaml
+
+from omni_actors.actors.stage import StageActor
+from omni_actors.actors.tiny_omni.code2wav_engine import Code2WavArgs
+from omni_actors.actors.torch_engine import resolve_device
+from omni_actors.serving.pipeline_spec import PipelineConfigError, load_pipeline
+
+
+def _tiny(**stage: Any) -> dict[str, Any]:
+    return {
+        "name": "p",
+        "stages": [{"name": "code2wav", "engine": {"kind": "tiny-omni.code2wav"}, **stage}],
+        "outputs": {"audio": "code2wav"},
+    }
+
+
+def _load(tmp_path: Path, data: dict[str, Any]) -> Any:
+    path = tmp_path / "pipeline.yaml"
+    path.write_text(yaml.safe_dump(data))
+    return load_pipeline(path)
+
+
+def test_a_stage_device_becomes_its_engine_device_argument(tmp_path: Path) -> None:
+    spec = _load(tmp_path, _tiny(device="cuda:1", staging={"slots": 4, "slot_bytes": 1 << 20}))
+    stage = spec.stage("code2wav")
+    assert stage.engine.args["device"] == "cuda:1"
+    assert Code2WavArgs.model_validate(stage.engine.args).device == "cuda:1"
+    assert (stage.staging.slots, stage.staging.slot_bytes) == (4, 1 << 20)
+
+
+def test_without_a_device_the_engine_keeps_its_default(tmp_path: Path) -> None:
+    spec = _load(tmp_path, _tiny())
+    assert "device" not in spec.stage("code2wav").engine.args
+    assert Code2WavArgs.model_validate({}).device == "cpu"
+
+
+@pytest.mark.parametrize(
+    ("stage", "message"),
+    [
+        ({"device": "gpu"}, r"stages\[code2wav\]\.device: String should match"),
+        ({"device": "cuda:x"}, r"stages\[code2wav\]\.device"),
+        (
+            {"device": "cpu", "engine": {"kind": "tiny-omni.code2wav", "args": {"device": "cuda"}}},
+            "contradicts engine.args.device",
+        ),
+        ({"staging": {"slots": 0}}, r"staging\.slots"),
+    ],
+)
+def test_bad_placements_are_named(tmp_path: Path, stage: dict[str, Any], message: str) -> None:
+    with pytest.raises(PipelineConfigError, match=message):
+        _load(tmp_path, _tiny(**stage))
+
+
+def test_an_engine_that_takes_no_device_refuses_one_by_name(tmp_path: Path) -> None:
+    data = {
+        "name": "p",
+        "stages": [{"name": "thinker", "engine": {"kind": "scripted"}, "device": "cuda"}],
+        "outputs": {"text": "thinker"},
+    }
+    with pytest.raises(PipelineConfigError, match=r"stages\[thinker\]\.device: engine 'scripted'"):
+        _load(tmp_path, data)
+
+
+def test_on_device_places_every_stage_that_takes_a_device() -> None:
+    spec = load_pipeline("tiny-omni").on_device("auto")
+    assert {s.name: s.device for s in spec.stages} == dict.fromkeys(
+        ("thinker", "talker", "code2wav"), "auto"
+    )
+    assert all(s.engine.args["device"] == "auto" for s in spec.stages)
+    with pytest.raises(PipelineConfigError, match="expected cpu, cuda, cuda:N or auto"):
+        load_pipeline("tiny-omni").on_device("tpu")
+    with pytest.raises(PipelineConfigError, match="no stage's engine takes a device"):
+        load_pipeline("scripted-omni").on_device("cuda")
+
+
+def test_auto_is_the_cpu_here_and_cuda_is_refused_without_it() -> None:
+    if torch.cuda.is_available():
+        pytest.skip("this machine has CUDA")
+    assert resolve_device("auto") == torch.device("cpu")
+    with pytest.raises(RuntimeError, match="no CUDA"):
+        resolve_device("cuda")
+
+
+async def test_a_cpu_stage_has_no_transfers() -> None:
+    from omni_actors import ActorSystem
+    from omni_actors.testing.inspection import actor_instance
+
+    async with ActorSystem() as system:
+        ref = await system.spawn(StageActor, "s", "scripted", {})
+        stage = actor_instance(ref)
+        assert isinstance(stage, StageActor)
+        assert stage.transfers is None
