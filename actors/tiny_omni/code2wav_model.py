@@ -51,7 +51,7 @@ def keep_pending_tail(model: Qwen3OmniMoeCode2Wav) -> int:
     """
     per_frame = int(model.total_upsample)
     probe = torch.arange(2 * model.config.num_quantizers).remainder(model.config.codebook_size)
-    probe = probe.view(1, model.config.num_quantizers, 2).to(model.device)
+    probe = probe.view(1, model.config.num_quantizers, 2)
     with torch.no_grad():
         trimmed = model(probe)[:, 0]
         for module in model.modules():
@@ -88,7 +88,9 @@ class Code2WavModel:
     """
 
     def __init__(self, path: Path, device: torch.device | None = None) -> None:
-        model = weights.load(path, device=device)
+        # Loaded and checked on the CPU, where its kernels are deterministic and exact:
+        # the checks are about the model's structure, which the device does not change.
+        model = weights.load(path)
         if not isinstance(model, Qwen3OmniMoeCode2Wav):
             raise TypeError(f"{path} holds a {type(model).__name__}, not a code2wav stage")
         self.pending = keep_pending_tail(model)
@@ -108,6 +110,8 @@ class Code2WavModel:
         self._upsample = [b for blocks in model.upsample.children() for b in blocks.children()]
         self._first, *self._blocks = model.decoder.children()
         self._check_forward(probe, reference)
+        if device is not None:
+            model.to(device)  # type: ignore[arg-type]  # transformers types dtype casts only
 
     def decode(self, codes: torch.Tensor, starts: list[int]) -> list[Piece]:
         """Decode ``codes`` [B, Q, T]; row ``i`` emits from sample ``starts[i]`` on and
@@ -141,8 +145,7 @@ class Code2WavModel:
         """Random codes [1, Q, T] long enough to skip context in."""
         gen = torch.Generator().manual_seed(0)
         shape = (1, self.quantizers, 2 * self.reach_frames + 6)
-        device = next(self._model.parameters()).device
-        return torch.randint(0, self.codebook, shape, generator=gen).to(device)
+        return torch.randint(0, self.codebook, shape, generator=gen)
 
     def _check_forward(self, probe: torch.Tensor, reference: torch.Tensor) -> None:
         """The layer-by-layer forward gives HF's samples for ``probe`` (``reference``), and
