@@ -55,6 +55,11 @@ class Outlet:
             receiver through :meth:`grant`.
         clock: the stage's clock, for the wait for a credit.
         credit_wait_s: the longest wait for a credit (``deadlines.inter_chunk_s``).
+        host: the receiver needs host memory even in this process (the caller does).
+
+    Attributes:
+        takes_device: whether outputs may reach the receiver with device tensors as they
+            are (it runs in this process and is a stage); else they are copied to the host.
     """
 
     def __init__(
@@ -72,13 +77,14 @@ class Outlet:
         credits: CreditWindow | None = None,
         clock: Clock | None = None,
         credit_wait_s: float = 0.0,
+        host: bool = False,
     ) -> None:
         self.key = key
         self.source = source
         self.name = name
         self.ref = ref
-        # A receiver in this process gets the objects themselves (device tensors too).
-        self.in_process = isinstance(ref, ActorRef) and remoting.in_process(ref)
+        # A stage in this process gets the objects themselves, device tensors too.
+        self.takes_device = not host and isinstance(ref, ActorRef) and remoting.in_process(ref)
         self.fields = frozenset(fields)
         self.ends = ends
         self.credits = credits

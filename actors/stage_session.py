@@ -154,6 +154,7 @@ class StageSession:
                     credits=CreditWindow(prewarm.window),
                     clock=clock,
                     credit_wait_s=wait_s,
+                    host=True,
                 )
             )
         self._queue: deque[Chunk] = deque()
@@ -366,7 +367,7 @@ class StageSession:
         host: Fields | None = None
         transfers = self.transfers
         for outlet in self.outlets:
-            if transfers is None or outlet.in_process:
+            if transfers is None or outlet.takes_device:
                 await outlet.push(output)
                 continue
             if host is None:

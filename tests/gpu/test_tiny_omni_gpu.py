@@ -1,0 +1,87 @@
+"""tiny-omni on a GPU: every stage placed on ``cuda`` through the pipeline's ``device``,
+with the talker and code2wav in worker processes (outputs staged to the host) and with
+every stage in one process (device tensors handed over as they are); text, audio, audio
+input, concurrent sessions, and the synchronous-copy baseline all work there."""
+
+from __future__ import annotations
+
+import asyncio
+import math
+from pathlib import Path
+
+import pytest
+import torch
+
+from omni_actors.actors.stage import StageActor
+from omni_actors.model_cache import prepare
+from omni_actors.protocols.events import AudioDelta, Done, Event, TextDelta
+from omni_actors.serving.omni_pipeline import OmniPipeline
+from omni_actors.serving.pipeline_spec import PipelineSpec, load_pipeline
+from omni_actors.testing.inspection import actor_instance
+
+
+@pytest.fixture(scope="module")
+def cache(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    root = tmp_path_factory.mktemp("weights")
+    prepare("tiny-omni", cache_dir=root)
+    return root
+
+
+def on_gpu(cache: Path, *, process: bool = True, copies: str = "async") -> PipelineSpec:
+    spec = load_pipeline("tiny-omni").with_weights(cache_dir=cache).on_device("cuda")
+    if not process:
+        spec = spec.with_process_stages(False)
+    data = spec.model_dump(by_alias=True)
+    for stage in data["stages"]:
+        stage["staging"]["copies"] = copies
+    return PipelineSpec.model_validate(data)
+
+
+async def reply(omni: OmniPipeline, **kw: object) -> tuple[str, torch.Tensor, Done]:
+    events: list[Event] = [e async for e in omni.generate(**kw)]  # type: ignore[arg-type]
+    last = events[-1]
+    assert isinstance(last, Done), f"expected Done, got {last}"
+    text = "".join(e.text for e in events if isinstance(e, TextDelta))
+    pieces = [e.audio for e in events if isinstance(e, AudioDelta)]
+    for piece in pieces:
+        assert isinstance(piece, torch.Tensor)
+        assert piece.device.type == "cpu"
+    audio = torch.cat(pieces) if pieces else torch.zeros(0)
+    return text, audio, last
+
+
+@pytest.mark.parametrize("process", [True, False], ids=["workers", "one-process"])
+async def test_text_and_audio_from_a_pipeline_on_the_gpu(cache: Path, process: bool) -> None:
+    async with OmniPipeline(on_gpu(cache, process=process)) as omni:
+        text, audio, done = await reply(omni, text="Hello, who are you?")
+        assert text
+        assert text.isprintable()
+        assert audio.numel() > 0
+        assert bool(torch.isfinite(audio).all())
+        assert done.metrics.ttfa_ms is not None
+        for name, ref in (await omni.stages()).items():
+            stage = actor_instance(ref)
+            if isinstance(stage, StageActor):  # in this process: its engine is on the GPU
+                assert stage.transfers is not None, name
+                assert getattr(stage.engine, "device", None) == torch.device("cuda", 0)
+
+
+async def test_concurrent_sessions_and_audio_input_on_the_gpu(cache: Path) -> None:
+    speech = torch.sin(torch.arange(16000 * 2) * (2 * math.pi * 220 / 16000)) * 0.3
+    async with OmniPipeline(on_gpu(cache)) as omni:
+        results = await asyncio.gather(
+            *(reply(omni, text=f"Question number {i}?") for i in range(4)),
+            reply(omni, audio=speech),
+        )
+    for text, audio, _ in results:
+        assert text
+        assert audio.numel() > 0
+
+
+async def test_the_synchronous_baseline_gives_the_same_reply(cache: Path) -> None:
+    async with OmniPipeline(on_gpu(cache)) as omni:
+        ours = await reply(omni, text="Same words, same answer.")
+    async with OmniPipeline(on_gpu(cache, copies="sync")) as omni:
+        baseline = await reply(omni, text="Same words, same answer.")
+    assert ours[0] == baseline[0]
+    assert torch.equal(ours[1], baseline[1])
