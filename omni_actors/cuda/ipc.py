@@ -1,0 +1,271 @@
+"""Device links: one stage's tensors into another process's GPU without the host.
+
+The sending side (:class:`DeviceLink`) owns a pool of device slots allocated once per
+receiver, an IPC event, and a copy stream. Putting a message's device tensors copies
+each into a free slot on the copy stream (after the compute stream's work so far) and
+records the event; the chunk then names the slots. The receiving side
+(:class:`DeviceLinkImport`) has mapped the pool once; it makes its own stream wait on
+the event, copies the slots out into tensors of its own (a peer copy when it computes on
+another GPU), and its compute stream waits for that copy. The slots go back to the
+sender once the copy has completed (``SlotsFree``).
+
+Nothing waits for a slot: a message whose tensors do not fit the free slots takes the
+host path instead, so a slow or dead receiver costs speed, never a hang.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import secrets
+import socket
+import threading
+from collections.abc import Mapping
+from typing import Any
+
+import torch
+
+from omni_actors.cuda.driver import (
+    DeviceBuffer,
+    IpcUnavailableError,
+    close_ipc,
+    mapped_tensor,
+    open_ipc,
+)
+from omni_actors.protocols.address import ActorAddress
+from omni_actors.protocols.device import DeviceLinkOffer, DeviceSlice, SlotsFree
+
+__all__ = ["DeviceLink", "DeviceLinkImport", "gpu_uuid", "host_identity"]
+
+_DTYPES: dict[str, torch.dtype] = {
+    str(dtype).removeprefix("torch."): dtype
+    for dtype in (
+        torch.float16,
+        torch.bfloat16,
+        torch.float32,
+        torch.float64,
+        torch.complex64,
+        torch.complex128,
+        torch.int8,
+        torch.int16,
+        torch.int32,
+        torch.int64,
+        torch.uint8,
+        torch.bool,
+    )
+}
+_NAMES = {dtype: name for name, dtype in _DTYPES.items()}
+
+
+@functools.cache
+def host_identity() -> str:
+    """This host, as IPC handles see it: its name and this boot."""
+    try:
+        with open("/proc/sys/kernel/random/boot_id") as f:
+            boot = f.read().strip()
+    except OSError:
+        boot = ""
+    return f"{socket.gethostname()}/{boot}"
+
+
+def gpu_uuid(device: torch.device) -> str:
+    """The GPU's UUID: the same physical GPU whatever index a process sees it under."""
+    return str(torch.cuda.get_device_properties(device).uuid)
+
+
+def _bytes_of(tensor: torch.Tensor) -> torch.Tensor:
+    flat = tensor.contiguous().view(-1)
+    return flat if flat.dtype is torch.uint8 else flat.view(torch.uint8)
+
+
+class DeviceLink:
+    """The sending side of a link: a pool of ``slots`` device slots of ``slot_bytes``.
+
+    Args:
+        device: the sending stage's GPU (the pool lives there).
+        slots: slots in the pool.
+        slot_bytes: the size of a slot.
+    """
+
+    def __init__(self, device: torch.device, *, slots: int, slot_bytes: int) -> None:
+        if slots < 1 or slot_bytes < 1:
+            raise ValueError("a device link needs at least one slot of at least one byte")
+        self.device = device
+        self.slots = slots
+        self.slot_bytes = -(-slot_bytes // 512) * 512  # aligned for any dtype and vector loads
+        self.id = secrets.randbits(62)
+        self.buffer = DeviceBuffer(device, self.slots * self.slot_bytes)
+        self.event = torch.cuda.Event(interprocess=True)  # type: ignore[no-untyped-call]
+        self.stream = torch.cuda.Stream(device)  # type: ignore[no-untyped-call]
+        self._lock = threading.Lock()
+        self._free = list(range(self.slots - 1, -1, -1))
+        self.sent = 0
+        self.fallbacks = 0
+        self.closed = False
+
+    def offer(self, source: str, sender: ActorAddress[SlotsFree]) -> DeviceLinkOffer:
+        """The offer that lets a receiver map this link."""
+        return DeviceLinkOffer(
+            link=self.id,
+            source=source,
+            sender=sender,
+            host=host_identity(),
+            gpu=gpu_uuid(self.device),
+            memory=self.buffer.handle(),
+            event=bytes(self.event.ipc_handle()),  # type: ignore[no-untyped-call]
+            slots=self.slots,
+            slot_bytes=self.slot_bytes,
+        )
+
+    @property
+    def busy(self) -> int:
+        """Slots the receiver still holds."""
+        with self._lock:
+            return self.slots - len(self._free)
+
+    def put(self, fields: Mapping[str, Any]) -> tuple[dict[str, DeviceSlice], dict[str, Any]]:
+        """Copy the device tensors of ``fields`` into free slots.
+
+        Returns:
+            The slices placed, and the fields left (host tensors, texts, and every device
+            tensor if they did not all fit: then nothing is placed, counted in
+            :attr:`fallbacks`, and they take the host path).
+        """
+        placed = {
+            k: v
+            for k, v in fields.items()
+            if isinstance(v, torch.Tensor) and v.device.type == "cuda" and v.dtype in _NAMES
+        }
+        rest = {k: v for k, v in fields.items() if k not in placed}
+        if not placed:
+            return {}, rest
+        sizes = {k: v.numel() * v.element_size() for k, v in placed.items()}
+        with self._lock:
+            fits = not self.closed and max(sizes.values()) <= self.slot_bytes
+            if not fits or len(self._free) < len(placed):
+                self.fallbacks += 1
+                return {}, dict(fields)
+            slots = [self._free.pop() for _ in placed]
+        compute = torch.cuda.current_stream(self.device)
+        self.stream.wait_stream(compute)
+        slices: dict[str, DeviceSlice] = {}
+        with torch.cuda.stream(self.stream):
+            for (name, tensor), slot in zip(placed.items(), slots, strict=True):
+                start = slot * self.slot_bytes
+                if sizes[name]:
+                    self.buffer.tensor[start : start + sizes[name]].copy_(_bytes_of(tensor))
+                tensor.record_stream(self.stream)
+                slices[name] = DeviceSlice(self.id, slot, _NAMES[tensor.dtype], tuple(tensor.shape))
+            self.event.record(self.stream)
+        self.sent += 1
+        return slices, rest
+
+    def release(self, slots: tuple[int, ...]) -> None:
+        """The receiver is done with ``slots`` (invalid numbers are ignored)."""
+        with self._lock:
+            for slot in slots:
+                if 0 <= slot < self.slots and slot not in self._free:
+                    self._free.append(slot)
+
+    def close(self) -> None:
+        """Free the pool once the copies into it are done. Receivers must have unmapped
+        it or be gone (a receiver that still reads it reads freed memory)."""
+        with self._lock:
+            if self.closed:
+                return
+            self.closed = True
+        self.stream.synchronize()
+        self.buffer.free()
+
+
+class DeviceLinkImport:
+    """The receiving side of a link, mapped from ``offer`` into ``device``'s context.
+
+    Raises:
+        IpcUnavailableError: the offer comes from another host, or the driver refuses
+            to map it (the caller answers the offer with the reason).
+    """
+
+    def __init__(self, offer: DeviceLinkOffer, device: torch.device) -> None:
+        if offer.host != host_identity():
+            raise IpcUnavailableError(f"the pool is on another host ({offer.host})")
+        if offer.slots < 1 or offer.slot_bytes < 1:
+            raise IpcUnavailableError("the offer has no slots")
+        self.offer = offer
+        self.device = device
+        self.peer = offer.gpu != gpu_uuid(device)
+        self.source_device = device if not self.peer else _device_of(offer.gpu)
+        self.pointer = open_ipc(device, offer.memory)
+        size = offer.slots * offer.slot_bytes
+        self.memory = mapped_tensor(device, self.pointer, size, self)
+        try:
+            self.event = torch.cuda.Event.from_ipc_handle(  # type: ignore[no-untyped-call]
+                self.source_device, offer.event
+            )
+        except RuntimeError as exc:
+            close_ipc(device, self.pointer)
+            raise IpcUnavailableError(f"cannot open the link's event: {exc}") from None
+        self.stream = torch.cuda.Stream(device)  # type: ignore[no-untyped-call]
+        self.closed = False
+
+    def take(self, slices: Mapping[str, DeviceSlice]) -> tuple[dict[str, torch.Tensor], Any]:
+        """Tensors of this stage's own, copied out of ``slices``; the current stream waits
+        for the copies on the device. Returns them and the event after which the slots
+        may be given back.
+
+        Raises:
+            ValueError: a slice names another link, a slot or size outside the pool, or
+                an unknown dtype (the chunk is rejected; its slots are still freed).
+        """
+        offer = self.offer
+        out: dict[str, torch.Tensor] = {}
+        plan = []
+        for name, piece in slices.items():
+            dtype = _DTYPES.get(piece.dtype)
+            if piece.link != offer.link or dtype is None or not 0 <= piece.slot < offer.slots:
+                raise ValueError(f"slice {name} does not fit link {offer.link}: {piece}")
+            if any(d < 0 for d in piece.shape):
+                raise ValueError(f"slice {name} has a negative dimension: {piece.shape}")
+            numel = 1
+            for d in piece.shape:
+                numel *= d
+            nbytes = numel * torch.empty(0, dtype=dtype).element_size()
+            if nbytes > offer.slot_bytes:
+                raise ValueError(f"slice {name} of {nbytes} bytes exceeds a slot")
+            plan.append((name, piece, dtype, nbytes))
+        compute = torch.cuda.current_stream(self.device)
+        self.stream.wait_event(self.event)
+        with torch.cuda.stream(self.stream):
+            for name, piece, dtype, nbytes in plan:
+                tensor = torch.empty(piece.shape, dtype=dtype, device=self.device)
+                if nbytes:
+                    start = piece.slot * offer.slot_bytes
+                    _bytes_of(tensor).copy_(self.memory[start : start + nbytes])
+                tensor.record_stream(compute)
+                out[name] = tensor
+            done = torch.cuda.Event()  # type: ignore[no-untyped-call]
+            done.record(self.stream)
+        compute.wait_event(done)
+        return out, done
+
+    def close(self) -> None:
+        """Unmap the pool once the copies out of it are done."""
+        if not self.closed:
+            self.closed = True
+            self.stream.synchronize()
+            del self.memory
+            close_ipc(self.device, self.pointer)
+
+
+def _device_of(uuid: str) -> torch.device:
+    """This process's index of the GPU with ``uuid``.
+
+    Raises:
+        IpcUnavailableError: this process does not see that GPU.
+    """
+    for index in range(torch.cuda.device_count()):
+        device = torch.device("cuda", index)
+        if gpu_uuid(device) == uuid:
+            return device
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES", "all")
+    raise IpcUnavailableError(f"GPU {uuid} is not visible here (CUDA_VISIBLE_DEVICES={visible})")
