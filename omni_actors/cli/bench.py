@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from omni_actors import run
+from omni_actors.bench.cuda_cli import add_cuda_options, bench_cuda, cuda_table
 from omni_actors.errors import OmniError
 
 __all__ = ["BENCH_TARGETS", "BenchTarget", "add_bench_arguments", "bench_command"]
@@ -399,6 +400,13 @@ BENCH_TARGETS: dict[str, BenchTarget] = {
         _add_realtime_options,
         _bench_realtime,
         _realtime_summary,
+    ),
+    "cuda": BenchTarget(
+        "a GPU stage's step time handing each step's hidden states to another process "
+        "(none, sync .cpu(), async staging), the hop, tiny-omni TTFA, a code-predictor graph",
+        add_cuda_options,
+        bench_cuda,
+        cuda_table,
     ),
 }
 

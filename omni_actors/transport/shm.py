@@ -76,6 +76,7 @@ class SlabWriter:
             mm, np.uint8, count=slots, offset=_STATE_OFFSET
         )
         self._data = _data_offset(slots)
+        self._bytes: np.ndarray[Any, np.dtype[np.uint8]] | None = np.frombuffer(mm, np.uint8)
         self._linked = True
         self._finalizer = weakref.finalize(self, _unlink_quietly, os.path.join(SHM_DIR, name))
 
@@ -107,8 +108,9 @@ class SlabWriter:
         """Copy ``data`` into a free slot; ``(slab_id, slot, offset)`` or None (never waits)."""
         state = self._state
         mm = self._mm
+        whole = self._bytes
         nbytes = data.nbytes
-        if state is None or mm is None or nbytes > self.slot_bytes:
+        if state is None or mm is None or whole is None or nbytes > self.slot_bytes:
             return None
         # The lowest free slot: reusing warm slots avoids faulting in fresh pages.
         found = mm.find(b"\x00", _STATE_OFFSET, _STATE_OFFSET + self.slots)
@@ -116,7 +118,9 @@ class SlabWriter:
             return None
         slot = found - _STATE_OFFSET
         start = self._data + slot * self.slot_bytes
-        mm[start : start + nbytes] = data if data.format == "B" else data.cast("B")  # one copy
+        # One copy, by numpy: it lets go of the GIL while it copies (an mmap slice
+        # assignment holds it), so a model thread launching kernels is not held up.
+        np.copyto(whole[start : start + nbytes], np.frombuffer(data, np.uint8))
         state[slot] = 1
         return self.slab_id, slot, 0
 
@@ -145,6 +149,7 @@ class SlabWriter:
         """Unlink and unmap."""
         self.unlink()
         self._state = None
+        self._bytes = None
         mm, self._mm = self._mm, None
         if mm is not None:
             with contextlib.suppress(BufferError):

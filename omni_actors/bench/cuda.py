@@ -1,0 +1,483 @@
+"""``omni-actors bench cuda``: what handing each forward step's output to another process
+costs a producing stage on a GPU, and two figures of the tiny-omni preset there.
+
+Hand-off. A producing stage runs its forwards in a model thread (as ``TorchEngine``
+does) and its event loop sends each step's hidden states to an actor in a worker process
+(:mod:`omni_actors.bench.cuda_sink`), while the next step already runs. Three modes of
+the same loop, per hand-off size (``decode``: a few hundred KiB; ``prefill``: 16 MiB):
+
+- ``none``: no hand-off, the baseline step time;
+- ``sync``: the model thread ends each step with ``hidden.cpu()``, the loop sends it;
+- ``ours``: the model thread starts :meth:`HostStaging.begin` (a copy on a side stream)
+  right after the forward, the loop awaits the copy's event and sends.
+
+Every step ends by reading a sampled token (``.item()``), so a step lasts as long as its
+GPU work, and a step's time is the interval between two step ends in the model thread:
+whatever the hand-off takes from the producer (a synchronous copy, the loop late to
+start the next step, the GIL) lands in it. The modes take turns in rounds (a GPU's clocks
+drift). Every hand-off must arrive: the sink's count is checked after every run.
+
+The hop is timed apart, from data ready on the producer's device to the sink having it
+on its device: ``hop_ms`` is the ``ask``'s round trip (the brief reply included);
+``hop_one_way_ms`` reads the sink's timestamp on ``CLOCK_MONOTONIC``, which every process
+of a host shares. ``async``: host staging, then ``DeviceInbound``; ``sync``: ``.cpu()``,
+then ``.to(device)``.
+
+tiny-omni: TTFA at concurrency 1 on the device with ``staging.copies`` ``async`` vs
+``sync``. Code predictor: a talker frame's residual codes, eager vs one CUDA graph.
+
+With ``--device cpu`` (CI) the same loop runs at toy sizes; copies are synchronous there.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import time
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal, TypeVar, get_args
+
+import torch
+
+from omni_actors import ActorRef, ActorSystem, Props
+from omni_actors.bench.cuda_cli import SIZES, TARGET_ASYNC_OVERHEAD_PCT
+from omni_actors.bench.cuda_links import measure_hops
+from omni_actors.bench.cuda_model import code_predictor_bench, quantile, tiny_omni_bench
+from omni_actors.bench.cuda_sink import Collect, Hidden, HiddenSink, Hop, SinkMessage
+from omni_actors.cuda import HostStaging, Transfer
+from omni_actors.errors import OmniError
+
+__all__ = [
+    "MODES",
+    "SIZES",
+    "TARGET_ASYNC_OVERHEAD_PCT",
+    "CudaBenchConfig",
+    "HandOffLostError",
+    "run_cuda_bench",
+]
+
+Mode = Literal["none", "sync", "ours"]
+MODES: tuple[Mode, ...] = get_args(Mode)
+_DEADLINE_S = 60.0  # any one wait: a step, a copy, a tell, an ask
+_HOPS = 50  # measured hops per size and path, after a few warm-up ones
+_ROUNDS = 5  # runs per mode and size, the modes taking turns (see _modes)
+_PREWARM_S = 1.0  # forwards before the first measured step, so the GPU clocks are up
+T = TypeVar("T")
+
+_GPU: dict[str, Any] = dict(
+    steps=200, warmup=5, sizes=SIZES, hidden=4096, layers=24, tokens_decode=32,
+    tokens_prefill=2048, pipeline=True, requests=8, graph=True,
+)  # fmt: skip
+_CPU: dict[str, Any] = dict(  # a smoke test: the same code paths at toy sizes
+    steps=20, warmup=3, sizes=SIZES, hidden=64, layers=2, tokens_decode=4,
+    tokens_prefill=64, pipeline=False, requests=3,
+)  # fmt: skip
+
+
+class HandOffLostError(OmniError):
+    """A hand-off did not arrive at the sink (or arrived out of order)."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class CudaBenchConfig:
+    """What ``bench cuda`` runs; :meth:`for_device` has the defaults of a device.
+
+    The producer is ``layers`` MLP blocks (``hidden`` -> 4 x ``hidden``, GELU, back), a
+    transformer layer's bulk, over ``tokens_decode`` or ``tokens_prefill`` tokens; in
+    bf16 on a GPU (24 blocks of 4096, 6.4 GB of weights: on an H100, 2.8 ms a decode
+    step of 32 tokens, 18 ms a prefill step of 2048), float32 on the CPU.
+    """
+
+    device: str
+    steps: int
+    warmup: int
+    sizes: tuple[str, ...]
+    hidden: int
+    layers: int
+    tokens_decode: int
+    tokens_prefill: int
+    pipeline: bool
+    requests: int
+    graph: bool = False
+    cache_dir: Path | None = None
+    seed: int = 0
+
+    @classmethod
+    def for_device(cls, device: str | None = None, **overrides: Any) -> CudaBenchConfig:
+        """The defaults for ``device`` (default: a GPU if there is one), then ``overrides``.
+
+        Raises:
+            ValueError: a CUDA device without CUDA, an unknown size, a count below 1.
+        """
+        from omni_actors.actors.torch_engine import resolve_device
+
+        gpu = torch.device(device or "cuda").type == "cuda" and torch.cuda.is_available()
+        if device is not None and torch.device(device).type == "cuda" and not gpu:
+            raise ValueError(f"--device {device}: this machine has no CUDA; pass --device cpu")
+        # With its index (cuda -> cuda:0): a thread or a worker sets it as its device.
+        device = str(resolve_device(device or "auto"))
+        config = cls(device=device, **((_GPU if gpu else _CPU) | overrides))
+        unknown = set(config.sizes) - set(SIZES)
+        if unknown or not config.sizes:
+            raise ValueError(f"sizes must be some of {', '.join(SIZES)}, got {config.sizes}")
+        counts = ("steps", "warmup", "hidden", "layers", "tokens_decode", "tokens_prefill")
+        for name in (*counts, "requests"):
+            if getattr(config, name) < 1:
+                raise ValueError(f"{name} must be >= 1, got {getattr(config, name)}")
+        return config
+
+    @property
+    def rounds(self) -> int:
+        """Runs of each mode per size, each of ``warmup`` steps then a share of ``steps``."""
+        return min(_ROUNDS, self.steps)
+
+    def tokens(self, size: str) -> int:
+        """Tokens per step of hand-off size ``size``."""
+        return self.tokens_decode if size == "decode" else self.tokens_prefill
+
+
+def _dtype(device: torch.device) -> torch.dtype:
+    return torch.bfloat16 if device.type == "cuda" else torch.float32
+
+
+@dataclass(frozen=True, slots=True)
+class _Step:
+    """One step as the model thread left it: when it ended and its output's way out."""
+
+    ended: float
+    transfer: Transfer | None  # ours: the copy in flight
+    host: torch.Tensor | None  # sync: the output, copied
+
+
+class _Producer:
+    """The producing stage's model, in one thread of its own (as ``TorchEngine``)."""
+
+    def __init__(self, config: CudaBenchConfig, *, graph: bool = False) -> None:
+        self.config = config
+        self.graph = graph
+        self._graphs: dict[str, tuple[torch.cuda.CUDAGraph, torch.Tensor]] = {}
+        self.device = torch.device(config.device)
+        self._executor = ThreadPoolExecutor(
+            1, thread_name_prefix="bench-cuda-model", initializer=_use, initargs=(self.device,)
+        )
+        self._model: torch.nn.Module | None = None
+        self._inputs: dict[str, torch.Tensor] = {}
+
+    def call(self, fn: Callable[..., T], *args: Any) -> asyncio.Future[T]:
+        """``fn(*args)`` in the model thread; a future, so the caller awaits it later."""
+        return asyncio.wrap_future(self._executor.submit(fn, *args))
+
+    async def start(self) -> None:
+        """Build the model and the per-size inputs in the thread, then warm the GPU up."""
+        async with asyncio.timeout(_DEADLINE_S * 5):
+            await self.call(self._build)
+            await self.call(self._prewarm)
+
+    async def stop(self) -> None:
+        """Wait for the running step, end the thread and free the weights."""
+        await asyncio.to_thread(self._executor.shutdown, True)
+        self._model, self._inputs = None, {}
+        if self.device.type == "cuda":
+            torch.cuda.empty_cache()
+
+    def _build(self) -> None:
+        c, dtype = self.config, _dtype(self.device)
+        torch.manual_seed(c.seed)
+        blocks: list[torch.nn.Module] = []
+        for _ in range(c.layers):
+            blocks += [
+                torch.nn.Linear(c.hidden, 4 * c.hidden, device=self.device, dtype=dtype),
+                torch.nn.GELU(),
+                torch.nn.Linear(4 * c.hidden, c.hidden, device=self.device, dtype=dtype),
+            ]
+        self._model = torch.nn.Sequential(*blocks).requires_grad_(False)
+        self._inputs = {
+            size: torch.randn(c.tokens(size), c.hidden, device=self.device, dtype=dtype)
+            for size in c.sizes
+        }
+
+    def _prewarm(self) -> None:
+        if self.device.type != "cuda":
+            return
+        until = time.perf_counter() + _PREWARM_S
+        while time.perf_counter() < until:
+            self.forward(self.config.sizes[0])
+        torch.cuda.synchronize(self.device)
+        if self.graph:
+            self._capture()
+
+    @torch.inference_mode()
+    def _capture(self) -> None:
+        """Each size's forward as one CUDA graph: a step is then one launch, as a GPU
+        engine's decode step is (its host side no longer competes with the event loop
+        for the interpreter at every kernel)."""
+        assert self._model is not None
+        side = torch.cuda.Stream(self.device)  # type: ignore[no-untyped-call]
+        side.wait_stream(torch.cuda.current_stream(self.device))
+        with torch.cuda.stream(side):
+            for size in self.config.sizes:
+                self._model(self._inputs[size])
+        torch.cuda.current_stream(self.device).wait_stream(side)
+        for size in self.config.sizes:
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph):
+                out = self._model(self._inputs[size])
+            self._graphs[size] = (graph, out)
+        torch.cuda.synchronize(self.device)
+
+    @torch.inference_mode()
+    def forward(self, size: str) -> torch.Tensor:
+        """One forward over ``size``'s tokens: the hidden states, on the device."""
+        if self._model is None:
+            raise RuntimeError("the producer is not started")
+        captured = self._graphs.get(size)
+        if captured is not None:
+            graph, out = captured
+            graph.replay()
+            return out.clone()  # the next replay overwrites ``out``; a step owns its output
+        hidden: torch.Tensor = self._model(self._inputs[size])
+        return hidden
+
+    def ready(self, size: str) -> torch.Tensor:
+        """A forward's hidden states, with the forward complete."""
+        hidden = self.forward(size)
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+        return hidden
+
+    @torch.inference_mode()
+    def step(self, size: str, mode: Mode, staging: HostStaging) -> _Step:
+        """One forward step of the producing stage, its output on its way out per ``mode``."""
+        hidden = self.forward(size)
+        # ours: the copy is queued behind the forward on a side stream before the token
+        # is read, so it overlaps that read and whatever the next step computes.
+        transfer = staging.begin({"hidden": hidden}) if mode == "ours" else None
+        hidden[-1].argmax().item()  # the sampled token: the step waits for its GPU work
+        host = hidden.cpu() if mode == "sync" else None
+        return _Step(time.perf_counter(), transfer, host)
+
+
+def _use(device: torch.device) -> None:
+    """The model thread computes on ``device`` (the current device is per thread)."""
+    if device.type == "cuda":
+        torch.cuda.set_device(device)
+
+
+async def _hand_off(
+    sink: ActorRef[SinkMessage], staging: HostStaging, seq: int, step: _Step
+) -> None:
+    """Send ``step``'s output to the sink, once its copy (if any) has completed."""
+    hidden = step.host
+    if step.transfer is not None:
+        async with asyncio.timeout(_DEADLINE_S):
+            hidden = (await step.transfer.wait(staging.waiter))["hidden"]
+    if hidden is not None:
+        await sink.tell(Hidden(seq, hidden), timeout=_DEADLINE_S)
+
+
+async def _run_mode(
+    producer: _Producer,
+    sink: ActorRef[SinkMessage],
+    staging: HostStaging,
+    size: str,
+    mode: Mode,
+    steps: int,
+) -> tuple[list[float], int]:
+    """``config.warmup`` then ``steps`` measured steps in ``mode``: the measured step
+    times in ms, and how many hand-offs the sink took.
+
+    Raises:
+        HandOffLostError: the sink did not get every step's output, in order.
+    """
+    c = producer.config
+    total = c.warmup + steps
+    ends: list[float] = []
+    pending = producer.call(producer.step, size, mode, staging)
+    try:
+        for seq in range(total):
+            async with asyncio.timeout(_DEADLINE_S):
+                step = await pending
+            # The next step starts before this one's output leaves: an engine's thread
+            # computes while its loop sends.
+            if seq + 1 < total:
+                pending = producer.call(producer.step, size, mode, staging)
+            ends.append(step.ended)
+            await _hand_off(sink, staging, seq, step)
+    finally:
+        pending.cancel()  # if still running, it finishes in the thread; stop() waits
+    # Asked after the tells, on the same link: answered once they have been taken.
+    tally = await sink.ask(Collect(), timeout=_DEADLINE_S)
+    sent = 0 if mode == "none" else total
+    nbytes = c.tokens(size) * c.hidden * _dtype(producer.device).itemsize
+    if (tally.count, tally.nbytes, tally.in_order) != (sent, sent * nbytes, True):
+        raise HandOffLostError(
+            f"{size}/{mode}: the sink took {tally.count} hand-offs ({tally.nbytes} bytes, "
+            f"in order: {tally.in_order}) of {sent} sent ({sent * nbytes} bytes)"
+        )
+    times = [(b - a) * 1e3 for a, b in zip(ends[c.warmup - 1 :], ends[c.warmup :], strict=False)]
+    return times, tally.count
+
+
+async def _modes(
+    producer: _Producer, sink: ActorRef[SinkMessage], staging: HostStaging, size: str
+) -> dict[str, dict[str, Any]]:
+    """Every mode's step times for ``size``, the modes taking turns.
+
+    A GPU's clocks drift as it warms up; run one mode after another and the last one
+    pays for it. So each mode's steps are split into ``config.rounds`` runs, and each
+    round runs every mode, in an order rotated by one each round.
+    """
+    steps, n = producer.config.steps, producer.config.rounds
+    times: dict[Mode, list[float]] = {mode: [] for mode in MODES}
+    taken = dict.fromkeys(MODES, 0)
+    for r in range(n):
+        share = steps // n + (r < steps % n)
+        for mode in MODES[r % len(MODES) :] + MODES[: r % len(MODES)]:
+            more, count = await _run_mode(producer, sink, staging, size, mode, share)
+            times[mode] += more
+            taken[mode] += count
+    return {
+        mode: {
+            "step_ms_p50": quantile(times[mode], 0.5),
+            "step_ms_p90": quantile(times[mode], 0.9),
+            "handed_off": taken[mode],
+        }
+        for mode in MODES
+    }
+
+
+async def _hop(
+    producer: _Producer,
+    sink: ActorRef[SinkMessage],
+    staging: HostStaging,
+    size: str,
+    seq: int,
+    copies: Literal["async", "sync"],
+) -> tuple[float, float]:
+    """One hop of fresh hidden states, from ready on the producer's device to loaded on
+    the sink's: the ``ask``'s round trip and the one-way time, in ms (``async``: host
+    staging then ``DeviceInbound``; ``sync``: ``.cpu()`` then ``.to(device)``)."""
+    async with asyncio.timeout(_DEADLINE_S):
+        hidden = await producer.call(producer.ready, size)
+    start = time.clock_gettime_ns(time.CLOCK_MONOTONIC)
+    if copies == "async":
+        async with asyncio.timeout(_DEADLINE_S):
+            hidden = (await staging.to_host({"hidden": hidden}))["hidden"]
+    else:
+        hidden = hidden.cpu()  # blocks the loop: that is the baseline
+    arrived = await sink.ask(Hop(seq, hidden, copies), timeout=_DEADLINE_S)
+    done = time.clock_gettime_ns(time.CLOCK_MONOTONIC)
+    return (done - start) / 1e6, (arrived.monotonic_ns - start) / 1e6
+
+
+async def _hops(
+    producer: _Producer, sink: ActorRef[SinkMessage], staging: HostStaging, size: str
+) -> dict[str, float]:
+    """Both hop paths for ``size``, taking turns; p50 (and the async path's p90), ms."""
+    count = min(producer.config.steps, _HOPS)
+    warmup = max(2, count // 10)
+    samples: dict[str, list[tuple[float, float]]] = {"async": [], "sync": []}
+    for seq in range(warmup + count):
+        for copies in ("async", "sync") if seq % 2 else ("sync", "async"):
+            sample = await _hop(producer, sink, staging, size, seq, copies)
+            if seq >= warmup:
+                samples[copies].append(sample)
+    rtt = {path: [s[0] for s in got] for path, got in samples.items()}
+    one_way = {path: [s[1] for s in got] for path, got in samples.items()}
+    return {
+        "hop_ms_p50": quantile(rtt["async"], 0.5),
+        "hop_ms_p90": quantile(rtt["async"], 0.9),
+        "hop_one_way_ms_p50": quantile(one_way["async"], 0.5),
+        "hop_sync_ms_p50": quantile(rtt["sync"], 0.5),
+        "hop_sync_one_way_ms_p50": quantile(one_way["sync"], 0.5),
+    }
+
+
+def _overhead(mode_p50: float, none_p50: float) -> float:
+    return round((mode_p50 / none_p50 - 1) * 100, 2)
+
+
+async def _hand_off_bench(
+    config: CudaBenchConfig, *, graph: bool = False
+) -> tuple[dict[str, Any], int]:
+    """Every size: the three modes and the two hop paths; the staging pool's overflows."""
+    producer = _Producer(config, graph=graph)
+    itemsize = _dtype(producer.device).itemsize
+    largest = max(config.tokens(size) * config.hidden * itemsize for size in config.sizes)
+    staging = HostStaging(producer.device, slots=4, slot_bytes=max(largest, 4096))
+    sizes: dict[str, Any] = {}
+    try:
+        await producer.start()
+        async with ActorSystem("bench-cuda") as system:
+            sink = await system.spawn(
+                HiddenSink, config.device, max(largest, 4096), props=Props(process=True)
+            )
+            for size in config.sizes:
+                modes = await _modes(producer, sink, staging, size)
+                none_p50 = modes["none"]["step_ms_p50"]
+                async_pct = _overhead(modes["ours"]["step_ms_p50"], none_p50)
+                sizes[size] = {
+                    "tokens": config.tokens(size),
+                    "bytes": config.tokens(size) * config.hidden * itemsize,
+                    "modes": modes,
+                    "sync_overhead_pct": _overhead(modes["sync"]["step_ms_p50"], none_p50),
+                    "async_overhead_pct": async_pct,
+                    "target_async_overhead_pct": TARGET_ASYNC_OVERHEAD_PCT,
+                    "met": async_pct <= TARGET_ASYNC_OVERHEAD_PCT,
+                } | await _hops(producer, sink, staging, size)
+    finally:
+        await staging.close()
+        await producer.stop()
+    return sizes, staging.pool.overflows
+
+
+async def run_cuda_bench(config: CudaBenchConfig) -> dict[str, Any]:
+    """Measure the hand-off modes, then (CUDA only) the code predictor eager vs in a CUDA
+    graph, then (``config.pipeline``) tiny-omni's TTFA with async vs sync copies.
+
+    Returns:
+        A JSON-ready dict: ``device``, ``torch``, ``cuda``, ``machine``, ``parameters``,
+        ``sizes`` (per size: ``modes``, each with ``step_ms_p50``/``p90`` and
+        ``handed_off``; ``sync_overhead_pct``, ``async_overhead_pct``,
+        ``target_async_overhead_pct``, ``met``; ``hop_ms_p50``/``p90`` and
+        ``hop_one_way_ms_p50``, and the same for the sync path), ``staging_overflows``,
+        ``code_predictor``, ``tiny_omni`` (``{"skipped": why}`` when not run), ``wall_s``.
+
+    Raises:
+        HandOffLostError: a hand-off did not arrive.
+    """
+    from omni_actors.bench.pipeline import _machine
+
+    started = time.perf_counter()
+    device = torch.device(config.device)
+    sizes, overflows = await _hand_off_bench(config)
+    graphed: dict[str, Any] = {"skipped": "eager steps only (--graph for CUDA graphs)"}
+    if config.graph and device.type == "cuda":
+        graphed, more = await _hand_off_bench(config, graph=True)
+        overflows += more
+    paths = await measure_hops()
+    predictor = await code_predictor_bench(config)
+    pipeline = await tiny_omni_bench(config) if config.pipeline else {"skipped": "no --pipeline"}
+    parameters = dataclasses.asdict(config) | {
+        "sizes": list(config.sizes),
+        "rounds": config.rounds,
+        "cache_dir": None if config.cache_dir is None else str(config.cache_dir),
+        "dtype": str(_dtype(device)).removeprefix("torch."),
+    }
+    return {
+        "device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
+        "torch": torch.__version__,
+        "cuda": torch.version.cuda,
+        "machine": _machine(),
+        "parameters": parameters,
+        "sizes": sizes,
+        "sizes_graphed_steps": graphed,
+        "hop_paths": paths,
+        "staging_overflows": overflows,
+        "code_predictor": predictor,
+        "tiny_omni": pipeline,
+        "wall_s": round(time.perf_counter() - started, 1),
+    }

@@ -1,0 +1,142 @@
+"""``omni-actors bench cuda``'s command line: options, the run, a short table.
+
+Kept apart from the benchmark (:mod:`omni_actors.bench.cuda`) so the CLI parser does
+not import torch until the benchmark runs.
+"""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from omni_actors.errors import OmniError
+
+if TYPE_CHECKING:
+    from omni_actors.bench.cuda import CudaBenchConfig
+
+__all__ = [
+    "SIZES",
+    "TARGET_ASYNC_OVERHEAD_PCT",
+    "add_cuda_options",
+    "bench_cuda",
+    "cuda_config",
+    "cuda_table",
+]
+
+SIZES = ("decode", "prefill")
+TARGET_ASYNC_OVERHEAD_PCT = 2.0
+
+
+def _count(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be >= 1, got {value}")
+    return value
+
+
+def _sizes(text: str) -> tuple[str, ...]:
+    sizes = tuple(s.strip() for s in text.split(",") if s.strip())
+    if not sizes or not set(sizes) <= set(SIZES):
+        raise argparse.ArgumentTypeError(f"a comma-separated list of {', '.join(SIZES)}")
+    return sizes
+
+
+def add_cuda_options(parser: argparse.ArgumentParser) -> None:
+    """``bench cuda``'s options; a count left out takes the device's default."""
+    parser.add_argument("--device", default=None, help="cuda, cuda:N or cpu (default: cuda if any)")
+    parser.add_argument(
+        "--steps", type=_count, default=None, help="measured steps per mode and size (200; cpu: 20)"
+    )
+    parser.add_argument(
+        "--warmup", type=_count, default=None, help="warm-up steps per run of a mode (5; cpu: 3)"
+    )
+    parser.add_argument("--sizes", type=_sizes, default=None, help="decode,prefill (both)")
+    parser.add_argument("--hidden", type=_count, default=None, help="model width (4096; cpu: 64)")
+    parser.add_argument("--layers", type=_count, default=None, help="MLP blocks (24; cpu: 2)")
+    parser.add_argument(
+        "--tokens-decode", type=_count, default=None, help="per decode step (32; cpu: 4)"
+    )
+    parser.add_argument(
+        "--tokens-prefill", type=_count, default=None, help="per prefill step (2048; cpu: 64)"
+    )
+    parser.add_argument(
+        "--pipeline",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="tiny-omni TTFA with async vs sync copies (default: on for cuda, off for cpu)",
+    )
+    parser.add_argument(
+        "--graph",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="also measure steps replayed from CUDA graphs (default: on for cuda)",
+    )
+    parser.add_argument("--requests", type=_count, default=None, help="tiny-omni requests (8)")
+    parser.add_argument("--cache-dir", type=Path, default=None, help="tiny-omni weights cache")
+    parser.add_argument("--seed", type=int, default=0, help="seed of the weights (0)")
+
+
+def cuda_config(ns: argparse.Namespace) -> CudaBenchConfig:
+    """The config the parsed options of :func:`add_cuda_options` ask for.
+
+    Raises:
+        ValueError: see :meth:`CudaBenchConfig.for_device`.
+    """
+    names = ("steps", "warmup", "sizes", "hidden", "layers", "tokens_decode", "tokens_prefill")
+    given = {
+        n: getattr(ns, n)
+        for n in (*names, "pipeline", "graph", "requests")
+        if getattr(ns, n) is not None
+    }
+    from omni_actors.bench.cuda import CudaBenchConfig
+
+    return CudaBenchConfig.for_device(ns.device, cache_dir=ns.cache_dir, seed=ns.seed, **given)
+
+
+def bench_cuda(ns: argparse.Namespace) -> dict[str, Any]:
+    """Run ``bench cuda`` for the CLI: a bad option or a lost hand-off exits with why."""
+    from omni_actors import run
+    from omni_actors.bench.cuda import run_cuda_bench
+
+    try:
+        return run(run_cuda_bench(cuda_config(ns)))
+    except (OmniError, ValueError) as exc:
+        raise SystemExit(f"omni-actors bench cuda: {exc}") from None
+
+
+def cuda_table(result: dict[str, Any]) -> list[str]:
+    """The run in a few lines: step time per mode and size, hops, tiny-omni, predictor."""
+    rows = [
+        f"hand-off per step on {result['device']} (step ms p50, overhead vs none; hop: the "
+        "ask's round trip ms p50, async and sync paths)",
+        f"{'size':<8} {'bytes':>10} {'none':>8} {'sync':>17} {'ours':>17} {'hop':>7} "
+        f"{'hop sync':>8}  met (ours <= {TARGET_ASYNC_OVERHEAD_PCT:g}%)",
+    ]
+    for size, row in result["sizes"].items():
+        m = row["modes"]
+        sync = f"{m['sync']['step_ms_p50']:.3f} ({row['sync_overhead_pct']:+.1f}%)"
+        ours = f"{m['ours']['step_ms_p50']:.3f} ({row['async_overhead_pct']:+.1f}%)"
+        rows.append(
+            f"{size:<8} {row['bytes']:>10} {m['none']['step_ms_p50']:>8.3f} {sync:>17} "
+            f"{ours:>17} {row['hop_ms_p50']:>7.3f} {row['hop_sync_ms_p50']:>8.3f}  {row['met']}"
+        )
+    tiny = result["tiny_omni"]
+    if "skipped" in tiny:
+        rows.append(f"tiny-omni: skipped ({tiny['skipped']})")
+    else:
+        a, s = tiny["async"], tiny["sync"]
+        rows.append(
+            f"tiny-omni TTFA p50 ms: async {a['ttfa_ms_p50']}, sync {s['ttfa_ms_p50']} "
+            f"(ratio {tiny['async_vs_sync_ttfa']}; errors {a['errors']}+{s['errors']})"
+        )
+    cp = result["code_predictor"]
+    if "skipped" in cp:
+        rows.append(f"code predictor: skipped ({cp['skipped']})")
+    else:
+        graph = cp["graph_frame_ms_p50"]
+        rows.append(
+            f"code predictor per frame ms p50: eager {cp['eager_frame_ms_p50']}, graph "
+            f"{graph if graph is not None else cp['graph']} (exact: {cp.get('exact')})"
+        )
+    return rows
