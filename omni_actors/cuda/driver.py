@@ -117,7 +117,8 @@ def ipc_handle(device: torch.device, pointer: int) -> bytes:
     _current(device)
     handle = _Handle()
     _check("cuIpcGetMemHandle", _driver().cuIpcGetMemHandle(ctypes.byref(handle), pointer))
-    return bytes(handle.reserved)
+    # ``bytes(handle)``: every byte; ``handle.reserved`` would stop at the first zero.
+    return bytes(handle)
 
 
 def open_ipc(device: torch.device, handle: bytes) -> int:
@@ -131,8 +132,7 @@ def open_ipc(device: torch.device, handle: bytes) -> int:
         raise IpcUnavailableError(f"an IPC handle has {IPC_HANDLE_BYTES} bytes, not {len(handle)}")
     _current(device)
     pointer = ctypes.c_uint64()
-    raw = _Handle()
-    raw.reserved = handle
+    raw = _Handle.from_buffer_copy(handle)
     result = _driver().cuIpcOpenMemHandle_v2(ctypes.byref(pointer), raw, _LAZY_PEER_ACCESS)
     _check("cuIpcOpenMemHandle", result)
     return pointer.value

@@ -88,34 +88,37 @@ async def test_slot_reuse_under_load_never_corrupts_data() -> None:
     across many later ones: each host tensor holds exactly its own step's data when it
     is finally read, and the slots (not fresh allocations) carried all of them."""
     staging = HostStaging(DEVICE, slots=8, slot_bytes=1 << 20)
-    rng = random.Random(0)
-    kept: list[tuple[int, torch.Tensor, int]] = []
     try:
-        for step in range(600):
-            # Written on the compute stream just before the copy is queued.
-            value = torch.full((64, 1024), step, dtype=torch.int32, device=DEVICE)
-            value += torch.arange(1024, dtype=torch.int32, device=DEVICE)
-            expected = int(value.sum())
-            transfers = [staging.begin({"x": value})]
-            if rng.random() < 0.3:  # a burst: two in flight at once
-                transfers.append(staging.begin({"x": value * 2}))
-            for i, transfer in enumerate(transfers):
-                out = await transfer.wait(staging.waiter)
-                if rng.random() < 0.1:
-                    kept.append((step, out["x"], expected * (i + 1)))
-                else:
-                    assert int(out["x"].sum()) == expected * (i + 1), step
-            if len(kept) > 4:
-                kept.pop(rng.randrange(len(kept)))
-        for step, tensor, checksum in kept:
-            assert int(tensor.sum()) == checksum, f"step {step} was overwritten"
+        await _transfer_under_load(staging)  # its locals, and the slots they hold, go
+        gc.collect()
         assert staging.pool.taken > 600
         assert staging.pool.overflows == 0  # slots were reused, never allocated anew
-        del kept[:], out, transfers
-        gc.collect()
         assert staging.pool.busy == 0
     finally:
         await staging.close()
+
+
+async def _transfer_under_load(staging: HostStaging) -> None:
+    rng = random.Random(0)
+    kept: list[tuple[int, torch.Tensor, int]] = []
+    for step in range(600):
+        # Written on the compute stream just before the copy is queued.
+        value = torch.full((64, 1024), step, dtype=torch.int32, device=DEVICE)
+        value += torch.arange(1024, dtype=torch.int32, device=DEVICE)
+        expected = int(value.sum())
+        transfers = [staging.begin({"x": value})]
+        if rng.random() < 0.3:  # a burst: two in flight at once
+            transfers.append(staging.begin({"x": value * 2}))
+        for i, transfer in enumerate(transfers):
+            out = await transfer.wait(staging.waiter)
+            if rng.random() < 0.1:
+                kept.append((step, out["x"], expected * (i + 1)))
+            else:
+                assert int(out["x"].sum()) == expected * (i + 1), step
+        if len(kept) > 4:
+            kept.pop(rng.randrange(len(kept)))
+    for step, tensor, checksum in kept:
+        assert int(tensor.sum()) == checksum, f"step {step} was overwritten"
 
 
 async def test_the_copy_waits_for_the_compute_stream() -> None:
