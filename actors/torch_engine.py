@@ -131,6 +131,8 @@ class TorchEngine:
         self._executor = ThreadPoolExecutor(
             1, thread_name_prefix=f"torch-{self.name}", initializer=_one_intra_op_thread
         )
+        if self.device.type == "cuda":  # loading may compute (checks, graph captures)
+            await self.call(torch.cuda.set_device, self.device)
         await self.call(self._load, self.path)
         if self.device.type != "cpu":
             await self.call(_compute_on, self.device)

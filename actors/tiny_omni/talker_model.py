@@ -11,6 +11,8 @@ session stepping alone gets exactly HF's codes.
 
 from __future__ import annotations
 
+import functools
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Final, cast
@@ -19,6 +21,7 @@ import torch
 
 from omni_actors.actors.tiny_omni import configs, stepping, weights
 from omni_actors.actors.tiny_omni.batched_step import talker_steps
+from omni_actors.actors.tiny_omni.code_predictor_graph import GraphedCodePredictor
 from omni_actors.actors.tiny_omni.hf import (
     DynamicCache,
     PreTrainedConfig,
@@ -104,6 +107,14 @@ class TalkerModel:
     ) -> None:
         talker = weights.load(path, device=device)
         assert isinstance(talker, Qwen3OmniMoeTalkerForConditionalGeneration)
+        # On a GPU the code predictor is launch-bound: replay it from CUDA graphs.
+        self._code_frame: Callable[[torch.Tensor, torch.Tensor], tuple[torch.Tensor, torch.Tensor]]
+        if device is not None and device.type == "cuda":
+            graphed = GraphedCodePredictor(talker)
+            graphed.warm(1)  # a lone session's first frame does not wait for a capture
+            self._code_frame = graphed
+        else:
+            self._code_frame = functools.partial(stepping.code_predictor_frame, talker)
         self._talker = talker
         self._stop_at_codec_eos = stop_at_codec_eos
         cfg = talker.config
@@ -185,7 +196,7 @@ class TalkerModel:
             return frames
         if len(rows) < len(frames):
             hidden, code0 = hidden[speaking], code0[speaking]
-        codes, carry = stepping.code_predictor_frame(self._talker, hidden, code0)
+        codes, carry = self._code_frame(hidden, code0)
         for index, row in enumerate(rows):
             frames[row] = (codes[index : index + 1], carry[index : index + 1])
         return frames

@@ -53,7 +53,7 @@ async def test_every_dtype_crosses_a_device_link_bit_exact() -> None:
     async with ActorTestKit() as kit:
         probe = await kit.create_probe()
         receiver = await kit.spawn(LinkReceiver, name="receiver", props=Props(process=True))
-        link = DeviceLink(DEVICE, slots=len(DTYPES), slot_bytes=2 << 20)
+        link = DeviceLink(DEVICE, slots=len(DTYPES) + 2, slot_bytes=2 << 20)
         try:
             answer = await receiver.ask(link.offer("talker", probe.ref), timeout=30)
             assert answer == DeviceLinkAnswer(accepted=True, peer=False)
