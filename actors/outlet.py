@@ -22,11 +22,14 @@ from omni_actors import remoting
 from omni_actors._ref import ActorRef
 from omni_actors.actors.accumulate import Accumulator
 from omni_actors.actors.chunk_policy import ChunkPolicy, FrameWindow
+from omni_actors.actors.device_links import Outgoing
 from omni_actors.actors.engine import Fields
 from omni_actors.actors.flow import BackpressureError, CreditWindow
 from omni_actors.clock import Clock
+from omni_actors.cuda import StageTransfers, on_device
 from omni_actors.protocols.address import ActorAddress
 from omni_actors.protocols.control import AccumulateRule, EdgeMode
+from omni_actors.protocols.device import DeviceChunk
 from omni_actors.protocols.stage import (
     Chunk,
     End,
@@ -94,6 +97,8 @@ class Outlet:
         self._window: FrameWindow | None = self._policy.window() if self._policy else None
         self._acc = Accumulator(accumulate) if mode == "full" else None
         self._seq = 0
+        self._link: Outgoing | None = None
+        self._transfers: StageTransfers | None = None
         self.segment = 0  # the segment being sent; each flush ends one
         self._options: ResponseOptions | None = None  # to pass on with the next chunk
         self.chunks = 0
@@ -169,6 +174,9 @@ class Outlet:
                 credits.credits -= 1
             else:  # before the chunk is made: the wait is the sender's, not queue wait
                 await self._wait_for_credit(credits)
+        device = None
+        if self._link is not None:
+            fields, device = await self._place(fields)
         tensors, texts = split_fields(fields)
         chunk = Chunk(
             key=self.key,
@@ -181,12 +189,37 @@ class Outlet:
             segment=self.segment,
             sent_at=time.monotonic(),
             options=self._options,
+            device=device,
         )
         self._options = None
         self._seq += 1
         self.chunks += 1
         self.bytes += chunk.nbytes
         await self.ref.tell(chunk)
+
+    def use_link(self, link: Outgoing, transfers: StageTransfers) -> None:
+        """Send device tensors through ``link`` once the receiver has accepted it; until
+        then, and whenever its slots are all taken, through host memory."""
+        self._link = link
+        self._transfers = transfers
+        self.takes_device = True  # device tensors reach :meth:`_send`, which places them
+
+    async def _place(self, fields: Fields) -> tuple[Fields, DeviceChunk | None]:
+        """``fields`` with their device tensors in the link's slots (returned apart) or,
+        failing that, copied to the host."""
+        if not on_device(fields):
+            return fields, None
+        assert self._transfers is not None
+        assert self._link is not None
+        device = None
+        link = self._link.link
+        if link is not None and not self._link.closed:
+            slices, fields = link.put(fields)
+            if slices:
+                device = DeviceChunk(link.id, self._link.sender, slices)
+        if on_device(fields):
+            fields = await self._transfers.to_host(fields)
+        return fields, device
 
     async def _wait_for_credit(self, credits: CreditWindow) -> None:
         assert self._clock is not None

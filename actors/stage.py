@@ -34,6 +34,7 @@ import torch
 from omni_actors import remoting
 from omni_actors._actor import Actor
 from omni_actors._mailbox import MailboxConfig
+from omni_actors.actors.device_links import DeviceLinkLostError, DeviceLinks
 from omni_actors.actors.engine import TURN_FIELD, Engine
 from omni_actors.actors.engine_registry import build_engine, engine_type
 from omni_actors.actors.stage_session import StageSession
@@ -48,6 +49,13 @@ from omni_actors.protocols.control import (
     StageState,
     StreamCredit,
     Truncate,
+)
+from omni_actors.protocols.device import (
+    DeviceChunk,
+    DeviceLinkAnswer,
+    DeviceLinkLost,
+    DeviceLinkOffer,
+    SlotsFree,
 )
 from omni_actors.protocols.stage import Chunk, SessionKey
 
@@ -69,7 +77,7 @@ class StageActor(Actor[StageMessage]):
             ``slot_bytes``, ``copies``).
     """
 
-    replies = StageState | bool | int | Refused | None
+    replies = StageState | bool | int | Refused | DeviceLinkAnswer | None
     mailbox = MailboxConfig(capacity=4096)
 
     def __init__(
@@ -85,6 +93,7 @@ class StageActor(Actor[StageMessage]):
         self.staging = staging or {}
         self.engine: Engine | None = None
         self.transfers: StageTransfers | None = None
+        self.device_links: DeviceLinks | None = None
         self.takes_marks = False
         self.sessions: dict[SessionKey, StageSession] = {}
         # Aborted, their task still ending (the engine freeing them): still held.
@@ -99,6 +108,15 @@ class StageActor(Actor[StageMessage]):
         device = getattr(engine, "device", None)
         if isinstance(device, torch.device) and device.type == "cuda":
             self.transfers = StageTransfers(device, **self.staging)
+            self.device_links = DeviceLinks(
+                self.name,
+                device,
+                self.context.self_ref,
+                self.context.tasks,
+                self.transfers.outbound.waiter,
+                slots=self.transfers.outbound.pool.slots,
+                slot_bytes=self.transfers.outbound.pool.slot_bytes,
+            )
         died = getattr(engine, "died", None)
         if isinstance(died, asyncio.Future):
             # An engine whose model runs in processes of its own (vLLM) resolves this
@@ -124,6 +142,9 @@ class StageActor(Actor[StageMessage]):
         if self.engine is not None:
             await self.engine.stop()
             self.engine = None
+        if self.device_links is not None:
+            self.device_links.close()
+            self.device_links = None
         if self.transfers is not None:
             await self.transfers.close()
             self.transfers = None
@@ -133,10 +154,31 @@ class StageActor(Actor[StageMessage]):
         match message:
             case Chunk():
                 session = self.sessions.get(message.key)
-                if session is not None:
-                    session.deliver(message)
-                else:  # aborted or timed out meanwhile: its chunks are moot
+                if session is None:  # aborted or timed out meanwhile: its chunks are moot
                     log.debug("%s: chunk for unknown session %s dropped", self.name, message.key)
+                    if message.device is not None and self.device_links is not None:
+                        self.device_links.drop(message.device)
+                    return None
+                if message.device is not None:
+                    try:
+                        message = self._device_part(message, message.device)
+                    except DeviceLinkLostError as exc:
+                        session.fail(exc)
+                        return None
+                session.deliver(message)
+                return None
+            case DeviceLinkOffer():
+                if self.device_links is None:
+                    reason = f"stage {self.name} does not compute on a GPU"
+                    return DeviceLinkAnswer(accepted=False, reason=reason)
+                return self.device_links.accept(message)
+            case SlotsFree():
+                if self.device_links is not None:
+                    self.device_links.slots_free(message)
+                return None
+            case DeviceLinkLost():
+                if self.device_links is not None:
+                    self.device_links.lost(message)
                 return None
             case Prewarm():
                 return self._prewarm(message)
@@ -173,6 +215,11 @@ class StageActor(Actor[StageMessage]):
                 return None
         raise AssertionError(f"unhandled {message!r}")  # pragma: no cover - typed union
 
+    def _device_part(self, chunk: Chunk, device: DeviceChunk) -> Chunk:
+        if self.device_links is None:
+            raise DeviceLinkLostError(f"stage {self.name} got device slices but has no GPU")
+        return self.device_links.take(chunk, device)
+
     def _prewarm(self, message: Prewarm) -> bool:
         if message.key in self.aborted or message.key in self.sessions:
             # Aborted before it arrived, or a duplicate: allocate nothing. Refused, not
@@ -189,6 +236,7 @@ class StageActor(Actor[StageMessage]):
             context.tasks,
             takes_marks=self.takes_marks,
             transfers=self.transfers,
+            device_links=self.device_links,
         )
         return True
 

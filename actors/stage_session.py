@@ -34,6 +34,7 @@ from collections.abc import Callable
 
 from omni_actors._task_scope import TaskScope
 from omni_actors.actors.accumulate import ChunkGapError, ChunkSequence
+from omni_actors.actors.device_links import DeviceLinks
 from omni_actors.actors.engine import Engine, Fields
 from omni_actors.actors.flow import CreditWindow, Inflow
 from omni_actors.actors.outlet import Outlet
@@ -106,6 +107,7 @@ class StageSession:
         *,
         takes_marks: bool = False,
         transfers: StageTransfers | None = None,
+        device_links: DeviceLinks | None = None,
     ) -> None:
         self.stage = stage
         self.takes_marks = takes_marks
@@ -142,6 +144,10 @@ class StageSession:
             )
             for t in prewarm.targets
         ]
+        if transfers is not None and device_links is not None:
+            for outlet, target in zip(self.outlets, prewarm.targets, strict=True):
+                if target.device_link and not outlet.takes_device:
+                    outlet.use_link(device_links.outgoing(target.stage, target.ref), transfers)
         if prewarm.emit:
             self.outlets.append(
                 Outlet(
@@ -215,6 +221,10 @@ class StageSession:
         log.debug(
             "%s: credit from %r, not a receiver of session %s", self.stage, receiver, self.key
         )
+
+    def fail(self, error: BaseException) -> None:
+        """End the session with ``error`` (an input that cannot be read)."""
+        self._fail(error)
 
     def _fail(self, error: BaseException) -> None:
         if self._error is None:

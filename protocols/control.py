@@ -52,6 +52,7 @@ from typing import Literal
 import msgspec
 
 from omni_actors.protocols.address import ActorAddress
+from omni_actors.protocols.device import DeviceLinkLost, DeviceLinkOffer, SlotsFree
 from omni_actors.protocols.events import SessionError
 from omni_actors.protocols.message import ControlMessage, Request
 from omni_actors.protocols.stage import Chunk, SessionKey, StageReport
@@ -152,6 +153,8 @@ class Target(msgspec.Struct, frozen=True, kw_only=True):
         window: ``(initial_frames, frames, left_context)`` when the edge windows codec
             frames through a ``ChunkPolicy`` (stream edges with one tensor field).
         accumulate: the receiver's per-field rules, for ``full`` edges.
+        device_link: the edge takes the ``device`` path: tensors stay on the GPU, in a
+            device link's slots (``omni_actors.protocols.device``), when both stages can.
     """
 
     stage: str
@@ -160,6 +163,7 @@ class Target(msgspec.Struct, frozen=True, kw_only=True):
     fields: tuple[str, ...]
     window: tuple[int, int, int] | None = None
     accumulate: dict[str, AccumulateRule] = {}
+    device_link: bool = False
 
 
 class Prewarm(msgspec.Struct, Request[bool], tag="prewarm", frozen=True, kw_only=True):
@@ -250,7 +254,18 @@ class Inspect(msgspec.Struct, Request[StageState], tag="inspect", frozen=True, k
     """Anyone → stage: what do you hold? (leak checks, health)."""
 
 
-StageMessage = Prewarm | Chunk | Abort | Cancel | Truncate | Inspect | StreamCredit
+StageMessage = (
+    Prewarm
+    | Chunk
+    | Abort
+    | Cancel
+    | Truncate
+    | Inspect
+    | StreamCredit
+    | DeviceLinkOffer
+    | SlotsFree
+    | DeviceLinkLost
+)
 """Every message a stage accepts."""
 
 

@@ -17,7 +17,14 @@ import msgspec
 from omni_actors.protocols.address import ActorAddress
 from omni_actors.protocols.message import ControlMessage, Request
 
-__all__ = ["DeviceLinkAnswer", "DeviceLinkOffer", "DeviceSlice", "SlotsFree"]
+__all__ = [
+    "DeviceChunk",
+    "DeviceLinkAnswer",
+    "DeviceLinkLost",
+    "DeviceLinkOffer",
+    "DeviceSlice",
+    "SlotsFree",
+]
 
 
 class DeviceSlice(msgspec.Struct, frozen=True, array_like=True):
@@ -41,6 +48,30 @@ class SlotsFree(msgspec.Struct, ControlMessage, tag="slots-free", frozen=True, k
 
     link: int
     slots: tuple[int, ...]
+
+
+class DeviceLinkLost(
+    msgspec.Struct, ControlMessage, tag="device-link-lost", frozen=True, kw_only=True
+):
+    """Receiver → sending stage: a chunk named a link the receiver has not mapped (it
+    restarted since the offer, say); the sender closes the link and offers a new one."""
+
+    link: int
+    reason: str = ""
+
+
+class DeviceChunk(msgspec.Struct, frozen=True, array_like=True):
+    """The device part of a chunk: tensors in slots of link ``link`` of ``sender``.
+
+    Attributes:
+        link: the link's id.
+        sender: the sending stage, which gets the slots back (or hears the link is lost).
+        slices: the tensors, by field name.
+    """
+
+    link: int
+    sender: ActorAddress[SlotsFree | DeviceLinkLost]
+    slices: dict[str, DeviceSlice]
 
 
 class DeviceLinkAnswer(msgspec.Struct, tag="device-link-answer", frozen=True, kw_only=True):
@@ -71,7 +102,7 @@ class DeviceLinkOffer(
 
     link: int
     source: str
-    sender: ActorAddress[SlotsFree]
+    sender: ActorAddress[SlotsFree | DeviceLinkLost]
     host: str
     gpu: str
     memory: bytes

@@ -20,6 +20,7 @@ from typing import Literal, NewType
 import msgspec
 import torch
 
+from omni_actors.protocols.device import DeviceChunk
 from omni_actors.protocols.error_code import ErrorCode
 
 __all__ = [
@@ -103,6 +104,8 @@ class Chunk(msgspec.Struct, tag="chunk", frozen=True, kw_only=True):
         kept: with ``mark="truncate"``, how many outputs of the last reply to keep.
         options: the response's overrides, on the chunk that starts a response and on
             the first chunk of each segment a stage sends on.
+        device: tensor fields left on the GPU, in slots of a device link (see
+            ``omni_actors.protocols.device``); the receiving stage copies them out.
     """
 
     key: SessionKey
@@ -117,11 +120,12 @@ class Chunk(msgspec.Struct, tag="chunk", frozen=True, kw_only=True):
     mark: Mark = ""
     kept: int = 0
     options: ResponseOptions | None = None
+    device: DeviceChunk | None = None
 
     @property
     def has_payload(self) -> bool:
         """True if the chunk carries any field (an end marker may carry none)."""
-        return bool(self.tensors) or bool(self.texts)
+        return bool(self.tensors) or bool(self.texts) or self.device is not None
 
     def fields(self) -> dict[str, torch.Tensor | str]:
         """Every payload field by name."""

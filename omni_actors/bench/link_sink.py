@@ -12,7 +12,13 @@ from omni_actors import Actor
 from omni_actors.cuda import DeviceInbound
 from omni_actors.cuda.driver import IpcUnavailableError
 from omni_actors.cuda.ipc import DeviceLinkImport
-from omni_actors.protocols.device import DeviceLinkAnswer, DeviceLinkOffer, DeviceSlice, SlotsFree
+from omni_actors.protocols.device import (
+    DeviceLinkAnswer,
+    DeviceLinkLost,
+    DeviceLinkOffer,
+    DeviceSlice,
+    SlotsFree,
+)
 
 __all__ = ["HopSink", "HostHop", "LinkHop", "SlotReturns"]
 
@@ -29,14 +35,15 @@ class LinkHop(msgspec.Struct, tag=True, frozen=True):
     slices: dict[str, DeviceSlice]
 
 
-class SlotReturns(Actor[SlotsFree]):
+class SlotReturns(Actor[SlotsFree | DeviceLinkLost]):
     """The sender's end of a link: slots the receiver gave back are free again."""
 
     def __init__(self, release: Callable[[tuple[int, ...]], None]) -> None:
         self.release = release
 
-    async def receive(self, message: SlotsFree) -> None:
-        self.release(message.slots)
+    async def receive(self, message: SlotsFree | DeviceLinkLost) -> None:
+        if isinstance(message, SlotsFree):
+            self.release(message.slots)
 
 
 class HopSink(Actor[DeviceLinkOffer | HostHop | LinkHop]):

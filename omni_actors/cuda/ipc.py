@@ -33,7 +33,7 @@ from omni_actors.cuda.driver import (
     open_ipc,
 )
 from omni_actors.protocols.address import ActorAddress
-from omni_actors.protocols.device import DeviceLinkOffer, DeviceSlice, SlotsFree
+from omni_actors.protocols.device import DeviceLinkLost, DeviceLinkOffer, DeviceSlice, SlotsFree
 
 __all__ = ["DeviceLink", "DeviceLinkImport", "gpu_uuid", "host_identity"]
 
@@ -103,7 +103,9 @@ class DeviceLink:
         self.fallbacks = 0
         self.closed = False
 
-    def offer(self, source: str, sender: ActorAddress[SlotsFree]) -> DeviceLinkOffer:
+    def offer(
+        self, source: str, sender: ActorAddress[SlotsFree | DeviceLinkLost]
+    ) -> DeviceLinkOffer:
         """The offer that lets a receiver map this link."""
         return DeviceLinkOffer(
             link=self.id,

@@ -37,6 +37,7 @@ from omni_actors.protocols.control import (
 )
 from omni_actors.protocols.message import Request
 from omni_actors.protocols.stage import INPUT, Chunk, SessionKey
+from omni_actors.serving.edge_paths import edge_paths
 from omni_actors.serving.pipeline_spec import PipelineSpec
 from omni_actors.serving.session_actor import SessionActor, SessionChannel, StagePlan
 from omni_actors.signals import ChildFailed, Terminated
@@ -140,6 +141,7 @@ class Orchestrator(Actor[OrchestratorMessage]):
         interposers: dict[str, tuple[type[Actor[Chunk]], tuple[Any, ...]]] | None = None,
     ) -> None:
         self.spec = spec
+        self.paths = edge_paths(spec)
         self.stage_classes = stage_classes or {}
         self.interposers = interposers or {}
         # Replica actors by stage; a replica's actor name is the stage name, suffixed
@@ -165,6 +167,8 @@ class Orchestrator(Actor[OrchestratorMessage]):
         """Spawn every stage's replicas (at once: worker processes start in parallel),
         then the harness's interposers."""
         ctx = self.context
+        for (source, to), (path, why) in self.paths.items():
+            log.info("pipeline %s, edge %s -> %s: %s (%s)", self.spec.name, source, to, path, why)
         spawns: dict[str, asyncio.Task[ActorRef[StageMessage]]] = {}
         try:
             async with asyncio.TaskGroup() as group:  # one failure cancels the other spawns
@@ -311,6 +315,7 @@ class Orchestrator(Actor[OrchestratorMessage]):
                         )
                     ),
                     accumulate=spec.accumulate(e.to),
+                    device_link=self.paths[(e.source, e.to)][0] == "device",
                 )
                 for e in spec.edges
                 if e.source == name and e.to in chosen

@@ -149,7 +149,8 @@ class EdgeSpec(_Spec):
     """Data flowing from one stage to another.
 
     ``fields`` (default: every field the source yields and the receiver takes) narrows
-    what travels on the edge.
+    what travels on the edge. ``path`` (``auto``: chosen from the two stages' placement;
+    ``host``; ``device``) is how its tensors travel (``omni_actors.serving.edge_paths``).
     """
 
     source: str = Field(alias="from")
@@ -157,6 +158,7 @@ class EdgeSpec(_Spec):
     mode: EdgeMode = "stream"
     fields: tuple[str, ...] | None = Field(None, min_length=1)
     chunk_policy: ChunkPolicySpec | None = None
+    path: Literal["auto", "host", "device"] = "auto"
 
     @model_validator(mode="after")
     def _check_window(self) -> EdgeSpec:
@@ -271,6 +273,9 @@ class PipelineSpec(_Spec):
         if self.outputs.text is None and self.outputs.audio is None:
             raise ValueError("outputs: name the stage that yields text, audio, or both")
         self._wiring = wire(self.stages, self.edges)
+        from omni_actors.serving.edge_paths import edge_paths  # it reads these specs
+
+        edge_paths(self)  # an edge that insists on a path it cannot have is refused here
         return self
 
     def _topological(self, names: list[str]) -> list[str]:

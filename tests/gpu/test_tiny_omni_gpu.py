@@ -27,13 +27,17 @@ def cache(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return root
 
 
-def on_gpu(cache: Path, *, process: bool = True, copies: str = "async") -> PipelineSpec:
+def on_gpu(
+    cache: Path, *, process: bool = True, copies: str = "async", path: str = "auto"
+) -> PipelineSpec:
     spec = load_pipeline("tiny-omni").with_weights(cache_dir=cache).on_device("cuda")
     if not process:
         spec = spec.with_process_stages(False)
     data = spec.model_dump(by_alias=True)
     for stage in data["stages"]:
         stage["staging"]["copies"] = copies
+    for edge in data["edges"]:
+        edge["path"] = path
     return PipelineSpec.model_validate(data)
 
 
@@ -64,6 +68,14 @@ async def test_text_and_audio_from_a_pipeline_on_the_gpu(cache: Path, process: b
             if isinstance(stage, StageActor):  # in this process: its engine is on the GPU
                 assert stage.transfers is not None, name
                 assert getattr(stage.engine, "device", None) == torch.device("cuda", 0)
+        thinker = actor_instance((await omni.stages())["thinker"])
+        assert isinstance(thinker, StageActor)
+        assert thinker.device_links is not None
+        links = list(thinker.device_links._out.values())
+        if process:  # thinker -> talker crossed processes on a device link
+            assert [out.link is not None and out.link.sent > 0 for out in links] == [True]
+        else:
+            assert links == []
 
 
 async def test_concurrent_sessions_and_audio_input_on_the_gpu(cache: Path) -> None:
@@ -85,3 +97,12 @@ async def test_the_synchronous_baseline_gives_the_same_reply(cache: Path) -> Non
         baseline = await reply(omni, text="Same words, same answer.")
     assert ours[0] == baseline[0]
     assert torch.equal(ours[1], baseline[1])
+
+
+async def test_the_device_link_and_the_host_path_give_the_same_reply(cache: Path) -> None:
+    async with OmniPipeline(on_gpu(cache)) as omni:
+        linked = await reply(omni, text="One path or the other.")
+    async with OmniPipeline(on_gpu(cache, path="host")) as omni:
+        hosted = await reply(omni, text="One path or the other.")
+    assert linked[0] == hosted[0]
+    assert torch.equal(linked[1], hosted[1])

@@ -1,0 +1,241 @@
+"""``DeviceLinks``: a GPU stage's device links, both as a sender and as a receiver.
+
+As a sender it keeps one :class:`~omni_actors.cuda.ipc.DeviceLink` per receiving stage
+whose edge takes the ``device`` path, created when a session first sends there: the
+offer goes out in a task, and until the receiver accepts it that edge's chunks take the
+host path. A refused offer is logged with its reason, and the edge stays on the host. A
+receiver that no longer knows the link (it restarted) says so (``DeviceLinkLost``): the
+link is closed, and the next session offers a new one.
+
+As a receiver it maps the links offered to it, copies a chunk's slices out as the chunk
+arrives, and gives the slots back once that copy has completed on the device.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+from typing import Any
+
+import msgspec
+import torch
+
+from omni_actors._task_scope import TaskScope
+from omni_actors.cuda import EventWaiter
+from omni_actors.cuda.driver import IpcUnavailableError
+from omni_actors.cuda.ipc import DeviceLink, DeviceLinkImport
+from omni_actors.errors import OmniError
+from omni_actors.protocols.address import ActorAddress
+from omni_actors.protocols.device import (
+    DeviceChunk,
+    DeviceLinkAnswer,
+    DeviceLinkLost,
+    DeviceLinkOffer,
+    SlotsFree,
+)
+from omni_actors.protocols.stage import Chunk
+
+__all__ = ["DeviceLinkLostError", "DeviceLinks", "Outgoing"]
+
+log = logging.getLogger(__name__)
+
+_OFFER_S = 30.0  # the receiver maps the pool: milliseconds, unless it is still starting
+
+
+class DeviceLinkLostError(OmniError):
+    """A chunk named a device link this stage has not mapped; the session fails."""
+
+    code = "stage_failed"
+
+
+@dataclass(eq=False)
+class Outgoing:
+    """The sender's link to one receiver; ``link`` is set once the receiver accepted."""
+
+    receiver: str
+    sender: ActorAddress[SlotsFree | DeviceLinkLost]
+    link: DeviceLink | None = None
+    closed: bool = False
+    pending: DeviceLink | None = field(default=None, repr=False)
+
+
+class DeviceLinks:
+    """See the module docstring.
+
+    Args:
+        stage: this stage's name (in logs and offers).
+        device: its GPU.
+        me: its own ref (where slots come back).
+        tasks: its task scope (offers and slot returns run there).
+        waiter: completes the copies' events.
+        slots: slots per outgoing link.
+        slot_bytes: their size.
+    """
+
+    def __init__(
+        self,
+        stage: str,
+        device: torch.device,
+        me: ActorAddress[SlotsFree | DeviceLinkLost],
+        tasks: TaskScope,
+        waiter: EventWaiter,
+        *,
+        slots: int,
+        slot_bytes: int,
+    ) -> None:
+        self.stage = stage
+        self.device = device
+        self.me = me
+        self.tasks = tasks
+        self.waiter = waiter
+        self.slots = slots
+        self.slot_bytes = slot_bytes
+        self._out: dict[str, Outgoing] = {}  # by the receiver's path
+        self._by_id: dict[int, DeviceLink] = {}
+        self._in: dict[int, DeviceLinkImport] = {}
+
+    # -- sending ----------------------------------------------------------------------
+
+    def outgoing(self, receiver: str, ref: ActorAddress[Any]) -> Outgoing:
+        """The link to ``ref`` (named ``receiver`` in logs), offered now if it is new."""
+        out = self._out.get(ref.path)
+        if out is None or out.closed:
+            out = self._out[ref.path] = Outgoing(receiver, self.me)
+            self.tasks.create_task(self._offer(out, ref), name=f"{self.stage} device link offer")
+        return out
+
+    async def _offer(self, out: Outgoing, ref: ActorAddress[Any]) -> None:
+        try:
+            link = DeviceLink(self.device, slots=self.slots, slot_bytes=self.slot_bytes)
+        except (IpcUnavailableError, RuntimeError) as exc:
+            log.warning(
+                "%s -> %s: no device link (%s); the host path serves", self.stage, out.receiver, exc
+            )
+            return
+        out.pending = link
+        try:
+            answer = await ref.ask(link.offer(self.stage, self.me), timeout=_OFFER_S)
+        except Exception as exc:  # the receiver is gone or slow: host path until the next offer
+            answer = DeviceLinkAnswer(accepted=False, reason=f"{type(exc).__name__}: {exc}")
+        out.pending = None
+        if out.closed or not isinstance(answer, DeviceLinkAnswer) or not answer.accepted:
+            reason = answer.reason if isinstance(answer, DeviceLinkAnswer) else repr(answer)
+            if not out.closed:
+                log.warning(
+                    "%s -> %s: device link refused (%s); the host path serves",
+                    self.stage,
+                    out.receiver,
+                    reason,
+                )
+            link.close()
+            return
+        self._by_id[link.id] = link
+        out.link = link
+        log.info(
+            "%s -> %s: device link %d (%s, %d slots of %d bytes)",
+            self.stage,
+            out.receiver,
+            link.id,
+            "peer copy to another GPU" if answer.peer else "same GPU",
+            link.slots,
+            link.slot_bytes,
+        )
+
+    def slots_free(self, message: SlotsFree) -> None:
+        """The receiver gave slots back."""
+        link = self._by_id.get(message.link)
+        if link is not None:
+            link.release(message.slots)
+
+    def lost(self, message: DeviceLinkLost) -> None:
+        """The receiver does not know ``message.link``: close it; the next session offers
+        a new one."""
+        link = self._by_id.pop(message.link, None)
+        if link is None:
+            return
+        for path, out in list(self._out.items()):
+            if out.link is link:
+                out.closed = True
+                del self._out[path]
+                log.warning(
+                    "%s -> %s: device link lost (%s)", self.stage, out.receiver, message.reason
+                )
+        link.close()
+
+    # -- receiving --------------------------------------------------------------------
+
+    def accept(self, offer: DeviceLinkOffer) -> DeviceLinkAnswer:
+        """Map the offered link (a newer one from the same sender replaces the older)."""
+        try:
+            imported = DeviceLinkImport(offer, self.device)
+        except IpcUnavailableError as exc:
+            return DeviceLinkAnswer(accepted=False, reason=str(exc))
+        for link, old in list(self._in.items()):
+            if old.offer.sender.path == offer.sender.path:
+                del self._in[link]
+                old.close()
+        self._in[offer.link] = imported
+        return DeviceLinkAnswer(accepted=True, peer=imported.peer)
+
+    def take(self, chunk: Chunk, device: DeviceChunk) -> Chunk:
+        """``chunk`` with its device slices copied out into its tensors; the slots go back
+        once the copy is done.
+
+        Raises:
+            DeviceLinkLostError: the link is not mapped here, or a slice is malformed
+                (the sender hears of it and stops using the link).
+        """
+        imported = self._in.get(device.link)
+        if imported is None:
+            reason = f"stage {self.stage} has no device link {device.link} (restarted?)"
+            lost = DeviceLinkLost(link=device.link, reason=reason)
+            self.tasks.create_task(_tell(device.sender, lost), name=f"{self.stage} link lost")
+            raise DeviceLinkLostError(reason)
+        try:
+            tensors, done = imported.take(device.slices)
+        except ValueError as exc:
+            self.drop(device)  # nothing was copied: the slots are free at once
+            raise DeviceLinkLostError(f"stage {self.stage}: {exc}") from None
+        slots = tuple(piece.slot for piece in device.slices.values())
+        self.tasks.create_task(
+            self._give_back(imported.offer.sender, device.link, slots, done),
+            name=f"{self.stage} slots back",
+        )
+        return msgspec.structs.replace(chunk, tensors={**chunk.tensors, **tensors}, device=None)
+
+    def drop(self, device: DeviceChunk) -> None:
+        """Give back the slots of a chunk that will not be read (its session is gone)."""
+        slots = tuple(piece.slot for piece in device.slices.values())
+        free = SlotsFree(link=device.link, slots=slots)
+        self.tasks.create_task(_tell(device.sender, free), name=f"{self.stage} slots back")
+
+    async def _give_back(
+        self,
+        sender: ActorAddress[SlotsFree | DeviceLinkLost],
+        link: int,
+        slots: tuple[int, ...],
+        done: Any,
+    ) -> None:
+        await self.waiter.wait(done)
+        await _tell(sender, SlotsFree(link=link, slots=slots))
+
+    def close(self) -> None:
+        """Unmap every link offered to this stage and free every link it offered."""
+        for imported in self._in.values():
+            imported.close()
+        self._in.clear()
+        for out in self._out.values():
+            out.closed = True
+            if out.pending is not None:
+                out.pending.close()
+        self._out.clear()
+        for link in self._by_id.values():
+            link.close()
+        self._by_id.clear()
+
+
+async def _tell(ref: ActorAddress[Any], message: object) -> None:
+    try:
+        await ref.tell(message, timeout=_OFFER_S)
+    except Exception as exc:  # the peer is gone: nothing is owed to it any more
+        log.debug("%s not delivered to %s: %s", type(message).__name__, ref.path, exc)
