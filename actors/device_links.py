@@ -114,18 +114,19 @@ class DeviceLinks:
             return
         out.pending = link
         try:
-            answer = await ref.ask(link.offer(self.stage, self.me), timeout=_OFFER_S)
+            reply = await ref.ask(link.offer(self.stage, self.me), timeout=_OFFER_S)
+            # A receiver known only by a decoded ref answers untyped (its fields).
+            answer = msgspec.convert(reply, DeviceLinkAnswer)
         except Exception as exc:  # the receiver is gone or slow: host path until the next offer
             answer = DeviceLinkAnswer(accepted=False, reason=f"{type(exc).__name__}: {exc}")
         out.pending = None
-        if out.closed or not isinstance(answer, DeviceLinkAnswer) or not answer.accepted:
-            reason = answer.reason if isinstance(answer, DeviceLinkAnswer) else repr(answer)
+        if out.closed or not answer.accepted:
             if not out.closed:
                 log.warning(
                     "%s -> %s: device link refused (%s); the host path serves",
                     self.stage,
                     out.receiver,
-                    reason,
+                    answer.reason,
                 )
             link.close()
             return

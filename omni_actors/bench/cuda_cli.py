@@ -125,10 +125,11 @@ def cuda_table(result: dict[str, Any]) -> list[str]:
     if "skipped" in tiny:
         rows.append(f"tiny-omni: skipped ({tiny['skipped']})")
     else:
-        a, s = tiny["async"], tiny["sync"]
+        a, h, s = tiny["async"], tiny["async_host"], tiny["sync"]
         rows.append(
-            f"tiny-omni TTFA p50 ms: async {a['ttfa_ms_p50']}, sync {s['ttfa_ms_p50']} "
-            f"(ratio {tiny['async_vs_sync_ttfa']}; errors {a['errors']}+{s['errors']})"
+            f"tiny-omni TTFA p50 ms: device links {a['ttfa_ms_p50']}, host async "
+            f"{h['ttfa_ms_p50']}, host sync {s['ttfa_ms_p50']} (links/sync "
+            f"{tiny['async_vs_sync_ttfa']}; errors {a['errors']}+{h['errors']}+{s['errors']})"
         )
     cp = result["code_predictor"]
     if "skipped" in cp:

@@ -32,11 +32,13 @@ _PREDICTOR_FRAMES = 200
 
 
 async def tiny_omni_bench(config: CudaBenchConfig) -> dict[str, Any]:
-    """tiny-omni's TTFA p50 at concurrency 1 on ``config.device``, with ``staging.copies``
-    ``async`` (the preset) and ``sync`` on every stage.
+    """tiny-omni's TTFA p50 at concurrency 1 on ``config.device``, three ways: ``async``
+    (the preset placed on the device: device links between its GPU stages, async
+    staging), ``async_host`` (every edge on the host path, async staging) and ``sync``
+    (the host path with ``.cpu()``/``.to()`` copies: the baseline).
 
-    Both pipelines run at once and take turns, one request at a time, so a drift of the
-    machine (clocks, another tenant) weighs on both alike.
+    The pipelines run at once and take turns, one request at a time, so a drift of the
+    machine (clocks, another tenant) weighs on all alike.
     """
     from omni_actors.bench.models import fixed_replies
     from omni_actors.bench.pipeline import _drive, _Sample
@@ -53,7 +55,12 @@ async def tiny_omni_bench(config: CudaBenchConfig) -> dict[str, Any]:
         stage.model_copy(update={"staging": stage.staging.model_copy(update={"copies": "sync"})})
         for stage in spec.stages
     )
-    variants = {"async": spec, "sync": spec.model_copy(update={"stages": sync})}
+    host = tuple(edge.model_copy(update={"path": "host"}) for edge in spec.edges)
+    variants = {
+        "async": spec,  # device links between GPU stages, async staging to the caller
+        "async_host": spec.model_copy(update={"edges": host}),
+        "sync": spec.model_copy(update={"stages": sync, "edges": host}),
+    }
     results: dict[str, list[_Sample | str]] = {label: [] for label in variants}
     async with contextlib.AsyncExitStack() as stack:
         omni = {
@@ -64,7 +71,8 @@ async def tiny_omni_bench(config: CudaBenchConfig) -> dict[str, Any]:
             for pipeline in omni.values():
                 await _drive(pipeline, _TINY_WARMUP, 1)
             for i in range(config.requests):
-                for label in list(omni)[i % 2 :] + list(omni)[: i % 2]:
+                turn = i % len(omni)
+                for label in list(omni)[turn:] + list(omni)[:turn]:
                     results[label] += await _drive(omni[label], 1, 1)
     report: dict[str, Any] = {"requests": config.requests, "warmup_requests": _TINY_WARMUP}
     for label, got in results.items():
@@ -78,6 +86,8 @@ async def tiny_omni_bench(config: CudaBenchConfig) -> dict[str, Any]:
             report[label]["first_error"] = errors[0]
     a, s = report["async"]["ttfa_ms_p50"], report["sync"]["ttfa_ms_p50"]
     report["async_vs_sync_ttfa"] = None if a is None or s is None else round(a / s, 4)
+    h = report["async_host"]["ttfa_ms_p50"]
+    report["async_host_vs_sync_ttfa"] = None if h is None or s is None else round(h / s, 4)
     return report
 
 
