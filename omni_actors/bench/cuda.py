@@ -34,11 +34,9 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import time
-from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal, TypeVar, get_args
+from typing import Any, Literal, get_args
 
 import torch
 
@@ -46,8 +44,9 @@ from omni_actors import ActorRef, ActorSystem, Props
 from omni_actors.bench.cuda_cli import SIZES, TARGET_ASYNC_OVERHEAD_PCT
 from omni_actors.bench.cuda_links import measure_hops
 from omni_actors.bench.cuda_model import code_predictor_bench, quantile, tiny_omni_bench
+from omni_actors.bench.cuda_producer import Mode, Producer, Step, dtype_of
 from omni_actors.bench.cuda_sink import Collect, Hidden, HiddenSink, Hop, SinkMessage
-from omni_actors.cuda import HostStaging, Transfer
+from omni_actors.cuda import HostStaging
 from omni_actors.errors import OmniError
 
 __all__ = [
@@ -59,13 +58,10 @@ __all__ = [
     "run_cuda_bench",
 ]
 
-Mode = Literal["none", "sync", "ours"]
 MODES: tuple[Mode, ...] = get_args(Mode)
 _DEADLINE_S = 60.0  # any one wait: a step, a copy, a tell, an ask
 _HOPS = 50  # measured hops per size and path, after a few warm-up ones
 _ROUNDS = 5  # runs per mode and size, the modes taking turns (see _modes)
-_PREWARM_S = 1.0  # forwards before the first measured step, so the GPU clocks are up
-T = TypeVar("T")
 
 _GPU: dict[str, Any] = dict(
     steps=200, warmup=5, sizes=SIZES, hidden=4096, layers=24, tokens_decode=32,
@@ -139,135 +135,8 @@ class CudaBenchConfig:
         return self.tokens_decode if size == "decode" else self.tokens_prefill
 
 
-def _dtype(device: torch.device) -> torch.dtype:
-    return torch.bfloat16 if device.type == "cuda" else torch.float32
-
-
-@dataclass(frozen=True, slots=True)
-class _Step:
-    """One step as the model thread left it: when it ended and its output's way out."""
-
-    ended: float
-    transfer: Transfer | None  # ours: the copy in flight
-    host: torch.Tensor | None  # sync: the output, copied
-
-
-class _Producer:
-    """The producing stage's model, in one thread of its own (as ``TorchEngine``)."""
-
-    def __init__(self, config: CudaBenchConfig, *, graph: bool = False) -> None:
-        self.config = config
-        self.graph = graph
-        self._graphs: dict[str, tuple[torch.cuda.CUDAGraph, torch.Tensor]] = {}
-        self.device = torch.device(config.device)
-        self._executor = ThreadPoolExecutor(
-            1, thread_name_prefix="bench-cuda-model", initializer=_use, initargs=(self.device,)
-        )
-        self._model: torch.nn.Module | None = None
-        self._inputs: dict[str, torch.Tensor] = {}
-
-    def call(self, fn: Callable[..., T], *args: Any) -> asyncio.Future[T]:
-        """``fn(*args)`` in the model thread; a future, so the caller awaits it later."""
-        return asyncio.wrap_future(self._executor.submit(fn, *args))
-
-    async def start(self) -> None:
-        """Build the model and the per-size inputs in the thread, then warm the GPU up."""
-        async with asyncio.timeout(_DEADLINE_S * 5):
-            await self.call(self._build)
-            await self.call(self._prewarm)
-
-    async def stop(self) -> None:
-        """Wait for the running step, end the thread and free the weights."""
-        await asyncio.to_thread(self._executor.shutdown, True)
-        self._model, self._inputs = None, {}
-        if self.device.type == "cuda":
-            torch.cuda.empty_cache()
-
-    def _build(self) -> None:
-        c, dtype = self.config, _dtype(self.device)
-        torch.manual_seed(c.seed)
-        blocks: list[torch.nn.Module] = []
-        for _ in range(c.layers):
-            blocks += [
-                torch.nn.Linear(c.hidden, 4 * c.hidden, device=self.device, dtype=dtype),
-                torch.nn.GELU(),
-                torch.nn.Linear(4 * c.hidden, c.hidden, device=self.device, dtype=dtype),
-            ]
-        self._model = torch.nn.Sequential(*blocks).requires_grad_(False)
-        self._inputs = {
-            size: torch.randn(c.tokens(size), c.hidden, device=self.device, dtype=dtype)
-            for size in c.sizes
-        }
-
-    def _prewarm(self) -> None:
-        if self.device.type != "cuda":
-            return
-        until = time.perf_counter() + _PREWARM_S
-        while time.perf_counter() < until:
-            self.forward(self.config.sizes[0])
-        torch.cuda.synchronize(self.device)
-        if self.graph:
-            self._capture()
-
-    @torch.inference_mode()
-    def _capture(self) -> None:
-        """Each size's forward as one CUDA graph: a step is then one launch, as a GPU
-        engine's decode step is (its host side no longer competes with the event loop
-        for the interpreter at every kernel)."""
-        assert self._model is not None
-        side = torch.cuda.Stream(self.device)  # type: ignore[no-untyped-call]
-        side.wait_stream(torch.cuda.current_stream(self.device))
-        with torch.cuda.stream(side):
-            for size in self.config.sizes:
-                self._model(self._inputs[size])
-        torch.cuda.current_stream(self.device).wait_stream(side)
-        for size in self.config.sizes:
-            graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(graph):
-                out = self._model(self._inputs[size])
-            self._graphs[size] = (graph, out)
-        torch.cuda.synchronize(self.device)
-
-    @torch.inference_mode()
-    def forward(self, size: str) -> torch.Tensor:
-        """One forward over ``size``'s tokens: the hidden states, on the device."""
-        if self._model is None:
-            raise RuntimeError("the producer is not started")
-        captured = self._graphs.get(size)
-        if captured is not None:
-            graph, out = captured
-            graph.replay()
-            return out.clone()  # the next replay overwrites ``out``; a step owns its output
-        hidden: torch.Tensor = self._model(self._inputs[size])
-        return hidden
-
-    def ready(self, size: str) -> torch.Tensor:
-        """A forward's hidden states, with the forward complete."""
-        hidden = self.forward(size)
-        if self.device.type == "cuda":
-            torch.cuda.synchronize(self.device)
-        return hidden
-
-    @torch.inference_mode()
-    def step(self, size: str, mode: Mode, staging: HostStaging) -> _Step:
-        """One forward step of the producing stage, its output on its way out per ``mode``."""
-        hidden = self.forward(size)
-        # ours: the copy is queued behind the forward on a side stream before the token
-        # is read, so it overlaps that read and whatever the next step computes.
-        transfer = staging.begin({"hidden": hidden}) if mode == "ours" else None
-        hidden[-1].argmax().item()  # the sampled token: the step waits for its GPU work
-        host = hidden.cpu() if mode == "sync" else None
-        return _Step(time.perf_counter(), transfer, host)
-
-
-def _use(device: torch.device) -> None:
-    """The model thread computes on ``device`` (the current device is per thread)."""
-    if device.type == "cuda":
-        torch.cuda.set_device(device)
-
-
 async def _hand_off(
-    sink: ActorRef[SinkMessage], staging: HostStaging, seq: int, step: _Step
+    sink: ActorRef[SinkMessage], staging: HostStaging, seq: int, step: Step
 ) -> None:
     """Send ``step``'s output to the sink, once its copy (if any) has completed."""
     hidden = step.host
@@ -279,7 +148,7 @@ async def _hand_off(
 
 
 async def _run_mode(
-    producer: _Producer,
+    producer: Producer,
     sink: ActorRef[SinkMessage],
     staging: HostStaging,
     size: str,
@@ -311,7 +180,7 @@ async def _run_mode(
     # Asked after the tells, on the same link: answered once they have been taken.
     tally = await sink.ask(Collect(), timeout=_DEADLINE_S)
     sent = 0 if mode == "none" else total
-    nbytes = c.tokens(size) * c.hidden * _dtype(producer.device).itemsize
+    nbytes = c.tokens(size) * c.hidden * dtype_of(producer.device).itemsize
     if (tally.count, tally.nbytes, tally.in_order) != (sent, sent * nbytes, True):
         raise HandOffLostError(
             f"{size}/{mode}: the sink took {tally.count} hand-offs ({tally.nbytes} bytes, "
@@ -322,7 +191,7 @@ async def _run_mode(
 
 
 async def _modes(
-    producer: _Producer, sink: ActorRef[SinkMessage], staging: HostStaging, size: str
+    producer: Producer, sink: ActorRef[SinkMessage], staging: HostStaging, size: str
 ) -> dict[str, dict[str, Any]]:
     """Every mode's step times for ``size``, the modes taking turns.
 
@@ -350,7 +219,7 @@ async def _modes(
 
 
 async def _hop(
-    producer: _Producer,
+    producer: Producer,
     sink: ActorRef[SinkMessage],
     staging: HostStaging,
     size: str,
@@ -374,7 +243,7 @@ async def _hop(
 
 
 async def _hops(
-    producer: _Producer, sink: ActorRef[SinkMessage], staging: HostStaging, size: str
+    producer: Producer, sink: ActorRef[SinkMessage], staging: HostStaging, size: str
 ) -> dict[str, float]:
     """Both hop paths for ``size``, taking turns; p50 (and the async path's p90), ms."""
     count = min(producer.config.steps, _HOPS)
@@ -404,8 +273,8 @@ async def _hand_off_bench(
     config: CudaBenchConfig, *, graph: bool = False
 ) -> tuple[dict[str, Any], int]:
     """Every size: the three modes and the two hop paths; the staging pool's overflows."""
-    producer = _Producer(config, graph=graph)
-    itemsize = _dtype(producer.device).itemsize
+    producer = Producer(config, graph=graph)
+    itemsize = dtype_of(producer.device).itemsize
     largest = max(config.tokens(size) * config.hidden * itemsize for size in config.sizes)
     staging = HostStaging(producer.device, slots=4, slot_bytes=max(largest, 4096))
     sizes: dict[str, Any] = {}
@@ -465,7 +334,7 @@ async def run_cuda_bench(config: CudaBenchConfig) -> dict[str, Any]:
         "sizes": list(config.sizes),
         "rounds": config.rounds,
         "cache_dir": None if config.cache_dir is None else str(config.cache_dir),
-        "dtype": str(_dtype(device)).removeprefix("torch."),
+        "dtype": str(dtype_of(device)).removeprefix("torch."),
     }
     return {
         "device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",

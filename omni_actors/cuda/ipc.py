@@ -34,27 +34,12 @@ from omni_actors.cuda.driver import (
 )
 from omni_actors.protocols.address import ActorAddress
 from omni_actors.protocols.device import DeviceLinkLost, DeviceLinkOffer, DeviceSlice, SlotsFree
+from omni_actors.transport.codec import TORCH_DTYPES, TORCH_NAMES
 
 __all__ = ["DeviceLink", "DeviceLinkImport", "gpu_uuid", "host_identity"]
 
-_DTYPES: dict[str, torch.dtype] = {
-    str(dtype).removeprefix("torch."): dtype
-    for dtype in (
-        torch.float16,
-        torch.bfloat16,
-        torch.float32,
-        torch.float64,
-        torch.complex64,
-        torch.complex128,
-        torch.int8,
-        torch.int16,
-        torch.int32,
-        torch.int64,
-        torch.uint8,
-        torch.bool,
-    )
-}
-_NAMES = {dtype: name for name, dtype in _DTYPES.items()}
+_DTYPES = TORCH_DTYPES
+_NAMES = TORCH_NAMES
 
 
 @functools.cache

@@ -19,15 +19,22 @@ from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, model_validator
+from pydantic import Field, PrivateAttr, ValidationError, model_validator
 
 from omni_actors.actors.engine import Ports, Rule
 from omni_actors.actors.engine_registry import engine_type
 from omni_actors.errors import OmniError
 from omni_actors.model_family import ModelFamily, family_of_engine
 from omni_actors.protocols.control import DEFAULT_WINDOW, EdgeMode
+from omni_actors.serving.stage_spec import (
+    DEVICE_PATTERN,
+    NAME_PATTERN,
+    EngineSpec,
+    Spec,
+    StageSpec,
+    StagingSpec,
+)
 from omni_actors.serving.wiring import Wiring, wire
-from omni_actors.supervision import RestartType
 
 __all__ = [
     "ChunkPolicySpec",
@@ -45,30 +52,12 @@ __all__ = [
     "preset_names",
 ]
 
-_NAME = r"^[a-z][a-z0-9_-]{0,63}$"
-_DEVICE = r"^(cpu|auto|cuda(:[0-9]{1,2})?)$"
-
 
 class PipelineConfigError(OmniError, ValueError):
     """A pipeline definition is invalid; the message lists every problem found."""
 
 
-class _Spec(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True)
-
-
-class EngineSpec(_Spec):
-    """Which engine a stage hosts and its arguments (validated by the engine's ``Args``).
-
-    ``kind`` is a registered engine (``scripted``, a model family's ``tiny-omni.talker``,
-    a third party's entry point) or an importable class, ``package.module:Class``.
-    """
-
-    kind: str = Field(min_length=1)
-    args: dict[str, Any] = Field(default_factory=dict)
-
-
-class SupervisionSpec(_Spec):
+class SupervisionSpec(Spec):
     """How the pipeline restarts failed stages: one restart intensity for all of them.
 
     Intensity belongs to the supervisor (as in OTP, where it is a supervisor flag and a
@@ -89,55 +78,7 @@ class SupervisionSpec(_Spec):
         return self
 
 
-class StagingSpec(_Spec):
-    """Host memory a GPU stage copies its tensors through (``omni_actors.cuda``).
-
-    Allocated once when the stage starts, page-locked: ``slots`` slots of
-    ``slot_bytes``. A tensor that finds no free slot, or is bigger than one, gets an
-    allocation of its own (slower, never blocked). ``copies: sync`` turns the streams
-    off (``.cpu()`` and ``.to(device)`` where the tensors cross), the baseline to
-    measure against.
-    """
-
-    slots: int = Field(8, ge=1, le=4096)
-    slot_bytes: int = Field(2 << 20, ge=4096, le=1 << 34)
-    copies: Literal["async", "sync"] = "async"
-
-
-class StageSpec(_Spec):
-    """One stage: a ``StageActor`` hosting one engine.
-
-    ``restart`` is its restart type: ``permanent`` (always restarted), ``transient``
-    (restarted after a failure, not after a normal stop) or ``temporary`` (never).
-    ``device`` places the engine (``cpu``, ``cuda``, ``cuda:1``, or ``auto``: a GPU if
-    there is one); it becomes the engine's ``device`` argument, so only engines that
-    take one accept it. ``staging`` sizes the host memory of its GPU transfers.
-    """
-
-    name: str = Field(pattern=_NAME)
-    engine: EngineSpec
-    process: bool = False
-    replicas: int = Field(1, ge=1, le=64)
-    restart: RestartType = "permanent"
-    device: str | None = Field(None, pattern=_DEVICE)
-    staging: StagingSpec = StagingSpec()
-
-    @model_validator(mode="after")
-    def _place_engine(self) -> StageSpec:
-        # The device reaches the engine as its ``device`` argument: one value, one place.
-        if self.device is None:
-            return self
-        given = self.engine.args.get("device")
-        if given is not None and given != self.device:
-            raise ValueError(
-                f"device {self.device!r} contradicts engine.args.device {given!r}; keep one"
-            )
-        args = {**self.engine.args, "device": self.device}
-        object.__setattr__(self, "engine", self.engine.model_copy(update={"args": args}))
-        return self
-
-
-class ChunkPolicySpec(_Spec):
+class ChunkPolicySpec(Spec):
     """Codec-frame windowing on an edge (see ``omni_actors.actors.chunk_policy``)."""
 
     initial_frames: int = Field(4, ge=1)
@@ -145,7 +86,7 @@ class ChunkPolicySpec(_Spec):
     left_context: int = Field(25, ge=0)
 
 
-class EdgeSpec(_Spec):
+class EdgeSpec(Spec):
     """Data flowing from one stage to another.
 
     ``fields`` (default: every field the source yields and the receiver takes) narrows
@@ -167,7 +108,7 @@ class EdgeSpec(_Spec):
         return self
 
 
-class InputsSpec(_Spec):
+class InputsSpec(Spec):
     """What the entry stage takes from the caller.
 
     ``sample_rate``: the audio rate it takes; audio sent at another rate
@@ -177,7 +118,7 @@ class InputsSpec(_Spec):
     sample_rate: int = Field(16000, gt=0)
 
 
-class OutputsSpec(_Spec):
+class OutputsSpec(Spec):
     """Which stage's output the caller receives as text, and which as audio."""
 
     text: str | None = None
@@ -185,7 +126,7 @@ class OutputsSpec(_Spec):
     sample_rate: int = Field(24000, gt=0)
 
 
-class DeadlinesSpec(_Spec):
+class DeadlinesSpec(Spec):
     """Seconds each wait may last before the session ends with a timeout error.
 
     ``admission_s`` covers waiting for a free session slot plus prewarm of every stage;
@@ -205,7 +146,7 @@ class DeadlinesSpec(_Spec):
     start_s: float = Field(120.0, gt=0)
 
 
-class FlowSpec(_Spec):
+class FlowSpec(Spec):
     """Flow control: how many chunks each (session, edge) stream has in flight.
 
     Every stream of a session — the caller's input into the entry stage, each edge, each
@@ -226,11 +167,11 @@ class FlowSpec(_Spec):
     window: int = Field(DEFAULT_WINDOW, ge=1, le=65536)
 
 
-class PipelineSpec(_Spec):
+class PipelineSpec(Spec):
     """A validated pipeline: stages form a DAG reachable from ``entry``, and every edge
     fits the declarations of the engines at its two ends."""
 
-    name: str = Field(pattern=_NAME)
+    name: str = Field(pattern=NAME_PATTERN)
     entry: str | None = None
     stages: tuple[StageSpec, ...] = Field(min_length=1)
     edges: tuple[EdgeSpec, ...] = ()
@@ -349,7 +290,7 @@ class PipelineSpec(_Spec):
         Raises:
             PipelineConfigError: no stage's engine takes a device, or ``device`` is invalid.
         """
-        if re.match(_DEVICE, device) is None:
+        if re.match(DEVICE_PATTERN, device) is None:
             raise PipelineConfigError(f"device {device!r}: expected cpu, cuda, cuda:N or auto")
         data = self.model_dump(by_alias=True)
         placed = 0
@@ -427,7 +368,7 @@ def load_pipeline(source: str | Path) -> PipelineSpec:
             message names the file and each offending field.
     """
     path = Path(source)
-    if isinstance(source, str) and re.fullmatch(_NAME, source) and not path.exists():
+    if isinstance(source, str) and re.fullmatch(NAME_PATTERN, source) and not path.exists():
         preset = resources.files("omni_actors").joinpath("presets", f"{source}.yaml")
         if not preset.is_file():
             raise PipelineConfigError(

@@ -28,11 +28,19 @@ from omni_actors.protocols.address import ActorAddress
 from omni_actors.protocols.tensors import LIB_NUMPY, LIB_TORCH, TensorDesc
 from omni_actors.protocols.wire import RefDesc
 
-__all__ = ["Decoder", "Encoder", "SlabReader", "SlabWriter", "slab_slots"]
+__all__ = [
+    "TORCH_DTYPES",
+    "TORCH_NAMES",
+    "Decoder",
+    "Encoder",
+    "SlabReader",
+    "SlabWriter",
+    "slab_slots",
+]
 
 T = TypeVar("T")
 
-_TORCH_DTYPES: dict[str, torch.dtype] = {
+TORCH_DTYPES: dict[str, torch.dtype] = {  # every dtype a tensor may be sent as, by name
     "float16": torch.float16,
     "bfloat16": torch.bfloat16,
     "float32": torch.float32,
@@ -46,9 +54,9 @@ _TORCH_DTYPES: dict[str, torch.dtype] = {
     "uint8": torch.uint8,
     "bool": torch.bool,
 }
-_TORCH_NAMES = {dtype: name for name, dtype in _TORCH_DTYPES.items()}
+TORCH_NAMES = {dtype: name for name, dtype in TORCH_DTYPES.items()}
 _NUMPY_OF_TORCH: dict[torch.dtype, np.dtype[Any]] = {
-    dtype: np.dtype(name) for name, dtype in _TORCH_DTYPES.items() if name != "bfloat16"
+    dtype: np.dtype(name) for name, dtype in TORCH_DTYPES.items() if name != "bfloat16"
 }
 _NUMPY_DTYPES: dict[str, np.dtype[Any]] = {
     name: np.dtype(name)
@@ -162,7 +170,7 @@ class Encoder:
 
     def _enc_hook(self, obj: Any) -> Any:
         if isinstance(obj, torch.Tensor):
-            dtype = _TORCH_NAMES.get(obj.dtype)
+            dtype = TORCH_NAMES.get(obj.dtype)
             if dtype is None:
                 raise TypeError(f"tensor dtype {obj.dtype} cannot be sent")
             return self._place(LIB_TORCH, dtype, tuple(obj.shape), _torch_bytes(obj))
@@ -290,7 +298,7 @@ class Decoder(Generic[T]):
     def _tensor(self, desc: TensorDesc, want: int) -> Any:
         if desc.lib != want:
             raise ProtocolError("tensor library does not match the field type")
-        table: dict[str, Any] = _TORCH_DTYPES if want == LIB_TORCH else _NUMPY_DTYPES
+        table: dict[str, Any] = TORCH_DTYPES if want == LIB_TORCH else _NUMPY_DTYPES
         dtype = table.get(desc.dtype)
         if dtype is None:
             raise ProtocolError(f"unknown dtype {desc.dtype!r}")

@@ -11,44 +11,15 @@ import pytest
 import torch
 
 from omni_actors.cuda import DeviceInbound, HostStaging, SlotPool, cuda_device, on_device
+from omni_actors.testing.tensors import SENDABLE_DTYPES, random_bits, same_bits
 
-DTYPES = [
-    torch.float16,
-    torch.bfloat16,
-    torch.float32,
-    torch.float64,
-    torch.complex64,
-    torch.int8,
-    torch.int16,
-    torch.int32,
-    torch.int64,
-    torch.uint8,
-    torch.bool,
-]
-
-
-def sample(dtype: torch.dtype, shape: tuple[int, ...], seed: int) -> torch.Tensor:
-    """Random bytes seen as ``dtype`` (every bit pattern, NaNs included)."""
-    gen = torch.Generator().manual_seed(seed)
-    size = torch.Size(shape).numel() * torch.empty(0, dtype=dtype).element_size()
-    data = torch.randint(0, 256, (size,), dtype=torch.uint8, generator=gen)
-    if dtype is torch.bool:
-        return (data % 2).to(torch.bool).view(shape)
-    return data.view(dtype).view(shape)
-
-
-def same_bits(a: torch.Tensor, b: torch.Tensor) -> bool:
-    return (
-        a.dtype == b.dtype
-        and a.shape == b.shape
-        and bool(torch.equal(a.contiguous().view(torch.uint8), b.contiguous().view(torch.uint8)))
-    )
+DTYPES = SENDABLE_DTYPES
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
 async def test_staged_tensors_are_bit_exact_copies_in_slots(dtype: torch.dtype) -> None:
     staging = HostStaging("cpu", slots=2, slot_bytes=1 << 16)
-    source = sample(dtype, (3, 5, 7), seed=1)
+    source = random_bits(dtype, (3, 5, 7), seed=1)
     out = await staging.to_host({"hidden": source, "text": "hi"})
     assert out["text"] == "hi"
     assert same_bits(out["hidden"], source)

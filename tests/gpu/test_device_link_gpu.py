@@ -14,39 +14,10 @@ from omni_actors import Props
 from omni_actors.cuda.ipc import DeviceLink
 from omni_actors.protocols.device import DeviceLinkAnswer
 from omni_actors.testing import ActorTestKit
+from omni_actors.testing.tensors import SENDABLE_DTYPES, random_bits, same_bits
 
 DEVICE = torch.device("cuda", 0)
-DTYPES = [
-    torch.float16,
-    torch.bfloat16,
-    torch.float32,
-    torch.float64,
-    torch.complex64,
-    torch.int8,
-    torch.int16,
-    torch.int32,
-    torch.int64,
-    torch.uint8,
-    torch.bool,
-]
-
-
-def random_bits(dtype: torch.dtype, shape: tuple[int, ...], seed: int) -> torch.Tensor:
-    gen = torch.Generator(device=DEVICE).manual_seed(seed)
-    size = torch.Size(shape).numel() * torch.empty(0, dtype=dtype).element_size()
-    data = torch.randint(0, 256, (size,), dtype=torch.uint8, device=DEVICE, generator=gen)
-    if dtype is torch.bool:
-        return (data % 2).to(torch.bool).view(shape)
-    return data.view(dtype).view(shape)
-
-
-def same_bits(a: torch.Tensor, b: torch.Tensor) -> bool:
-    def raw(t: torch.Tensor) -> torch.Tensor:
-        return (
-            t.contiguous().view(-1).view(torch.uint8) if t.dtype is not torch.bool else t.view(-1)
-        )
-
-    return a.dtype == b.dtype and a.shape == b.shape and bool(torch.equal(raw(a), raw(b)))
+DTYPES = SENDABLE_DTYPES
 
 
 async def test_every_dtype_crosses_a_device_link_bit_exact() -> None:
@@ -58,10 +29,13 @@ async def test_every_dtype_crosses_a_device_link_bit_exact() -> None:
             answer = await receiver.ask(link.offer("talker", probe.ref), timeout=30)
             assert answer == DeviceLinkAnswer(accepted=True, peer=False)
             sources = {
-                str(dtype): random_bits(dtype, (123, 45), seed=i) for i, dtype in enumerate(DTYPES)
+                str(dtype): random_bits(dtype, (123, 45), seed=i, device=DEVICE)
+                for i, dtype in enumerate(DTYPES)
             }
             sources["empty"] = torch.empty(0, 7, device=DEVICE)
-            sources["noncontiguous"] = random_bits(torch.float32, (64, 32), seed=99).t()
+            sources["noncontiguous"] = random_bits(
+                torch.float32, (64, 32), seed=99, device=DEVICE
+            ).t()
             slices, rest = link.put({**sources, "text": "kept"})
             assert rest == {"text": "kept"}
             carried = await receiver.ask(Carry(slices), timeout=30)

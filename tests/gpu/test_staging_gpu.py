@@ -14,45 +14,16 @@ import pytest
 import torch
 
 from omni_actors.cuda import DeviceInbound, HostStaging
+from omni_actors.testing.tensors import SENDABLE_DTYPES, random_bits, same_bits
 from omni_actors.transport.codec import Decoder, Encoder
 from omni_actors.transport.shm import SlabReader, SlabWriter
 
-DTYPES = [
-    torch.float16,
-    torch.bfloat16,
-    torch.float32,
-    torch.float64,
-    torch.complex64,
-    torch.int8,
-    torch.int16,
-    torch.int32,
-    torch.int64,
-    torch.uint8,
-    torch.bool,
-]
+DTYPES = SENDABLE_DTYPES
 DEVICE = torch.device("cuda", 0)
 
 
 class Carrier(msgspec.Struct):
     tensors: dict[str, torch.Tensor]
-
-
-def random_bits(dtype: torch.dtype, shape: tuple[int, ...], seed: int) -> torch.Tensor:
-    """Random bytes seen as ``dtype``, made on the GPU (every bit pattern, NaNs too)."""
-    gen = torch.Generator(device=DEVICE).manual_seed(seed)
-    size = torch.Size(shape).numel() * torch.empty(0, dtype=dtype).element_size()
-    data = torch.randint(0, 256, (size,), dtype=torch.uint8, device=DEVICE, generator=gen)
-    if dtype is torch.bool:
-        return (data % 2).to(torch.bool).view(shape)
-    return data.view(dtype).view(shape)
-
-
-def bits(t: torch.Tensor) -> torch.Tensor:
-    return t.contiguous().view(-1).view(torch.uint8) if t.dtype is not torch.bool else t.view(-1)
-
-
-def same_bits(a: torch.Tensor, b: torch.Tensor) -> bool:
-    return a.dtype == b.dtype and a.shape == b.shape and bool(torch.equal(bits(a), bits(b)))
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
@@ -66,7 +37,7 @@ async def test_every_dtype_crosses_device_host_wire_device_bit_exact(
     reader = SlabReader()
     reader.attach(writer.name, 1)
     try:
-        source = random_bits(dtype, (elements // 100, 100), seed=elements)
+        source = random_bits(dtype, (elements // 100, 100), seed=elements, device=DEVICE)
         host = await staging.to_host({"x": source})
         assert host["x"].device.type == "cpu"
         assert host["x"].is_pinned()

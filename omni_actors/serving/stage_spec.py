@@ -1,0 +1,82 @@
+"""One stage of a pipeline definition: its engine, placement and transfers.
+
+Part of :mod:`omni_actors.serving.pipeline_spec` (which exports these names too).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from omni_actors.supervision import RestartType
+
+__all__ = ["DEVICE_PATTERN", "NAME_PATTERN", "EngineSpec", "Spec", "StageSpec", "StagingSpec"]
+
+NAME_PATTERN = r"^[a-z][a-z0-9_-]{0,63}$"
+DEVICE_PATTERN = r"^(cpu|auto|cuda(:[0-9]{1,2})?)$"
+
+
+class Spec(BaseModel):
+    """The base of every part of a pipeline definition: strict, frozen."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True)
+
+
+class EngineSpec(Spec):
+    """Which engine a stage hosts and its arguments (validated by the engine's ``Args``).
+
+    ``kind`` is a registered engine (``scripted``, a model family's ``tiny-omni.talker``,
+    a third party's entry point) or an importable class, ``package.module:Class``.
+    """
+
+    kind: str = Field(min_length=1)
+    args: dict[str, Any] = Field(default_factory=dict)
+
+
+class StagingSpec(Spec):
+    """Host memory a GPU stage copies its tensors through (``omni_actors.cuda``).
+
+    Allocated once when the stage starts, page-locked: ``slots`` slots of
+    ``slot_bytes``. A tensor that finds no free slot, or is bigger than one, gets an
+    allocation of its own (slower, never blocked). ``copies: sync`` turns the streams
+    off (``.cpu()`` and ``.to(device)`` where the tensors cross), the baseline to
+    measure against.
+    """
+
+    slots: int = Field(8, ge=1, le=4096)
+    slot_bytes: int = Field(2 << 20, ge=4096, le=1 << 34)
+    copies: Literal["async", "sync"] = "async"
+
+
+class StageSpec(Spec):
+    """One stage: a ``StageActor`` hosting one engine.
+
+    ``restart`` is its restart type: ``permanent`` (always restarted), ``transient``
+    (restarted after a failure, not after a normal stop) or ``temporary`` (never).
+    ``device`` places the engine (``cpu``, ``cuda``, ``cuda:1``, or ``auto``: a GPU if
+    there is one); it becomes the engine's ``device`` argument, so only engines that
+    take one accept it. ``staging`` sizes the host memory of its GPU transfers.
+    """
+
+    name: str = Field(pattern=NAME_PATTERN)
+    engine: EngineSpec
+    process: bool = False
+    replicas: int = Field(1, ge=1, le=64)
+    restart: RestartType = "permanent"
+    device: str | None = Field(None, pattern=DEVICE_PATTERN)
+    staging: StagingSpec = StagingSpec()
+
+    @model_validator(mode="after")
+    def _place_engine(self) -> StageSpec:
+        # The device reaches the engine as its ``device`` argument: one value, one place.
+        if self.device is None:
+            return self
+        given = self.engine.args.get("device")
+        if given is not None and given != self.device:
+            raise ValueError(
+                f"device {self.device!r} contradicts engine.args.device {given!r}; keep one"
+            )
+        args = {**self.engine.args, "device": self.device}
+        object.__setattr__(self, "engine", self.engine.model_copy(update={"args": args}))
+        return self
