@@ -197,7 +197,7 @@ class DeviceLinks:
         except ValueError as exc:
             self.drop(device)  # nothing was copied: the slots are free at once
             raise DeviceLinkLostError(f"stage {self.stage}: {exc}") from None
-        slots = tuple(piece.slot for piece in device.slices.values())
+        slots = _slots(device)
         self.tasks.create_task(
             self._give_back(imported.offer.sender, device.link, slots, done),
             name=f"{self.stage} slots back",
@@ -206,8 +206,7 @@ class DeviceLinks:
 
     def drop(self, device: DeviceChunk) -> None:
         """Give back the slots of a chunk that will not be read (its session is gone)."""
-        slots = tuple(piece.slot for piece in device.slices.values())
-        free = SlotsFree(link=device.link, slots=slots)
+        free = SlotsFree(link=device.link, slots=_slots(device))
         self.tasks.create_task(_tell(device.sender, free), name=f"{self.stage} slots back")
 
     async def _give_back(
@@ -233,6 +232,10 @@ class DeviceLinks:
         for link in self._by_id.values():
             link.close()
         self._by_id.clear()
+
+
+def _slots(device: DeviceChunk) -> tuple[int, ...]:
+    return tuple(sorted({piece.slot for piece in device.slices.values()}))
 
 
 async def _tell(ref: ActorAddress[Any], message: object) -> None:

@@ -28,19 +28,22 @@ __all__ = [
 
 
 class DeviceSlice(msgspec.Struct, frozen=True, array_like=True):
-    """A tensor in a slot of a device link: ``nbytes`` at the slot's start.
+    """A tensor in a slot of a device link, ``offset`` bytes into the slot (a message's
+    tensors share one slot).
 
     Attributes:
         link: the link's id (see :class:`DeviceLinkOffer`).
         slot: the slot.
         dtype: the tensor's dtype name (``float32``, ``bfloat16``, ...).
         shape: its shape (the bytes are contiguous, in row-major order).
+        offset: where its bytes start in the slot.
     """
 
     link: int
     slot: int
     dtype: str
     shape: tuple[int, ...]
+    offset: int = 0
 
 
 class SlotsFree(msgspec.Struct, ControlMessage, tag="slots-free", frozen=True, kw_only=True):

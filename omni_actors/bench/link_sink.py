@@ -77,7 +77,7 @@ class HopSink(Actor[DeviceLinkOffer | HostHop | LinkHop]):
                 _, done = self.link.take(slices)
                 torch.cuda.current_stream(self.device).synchronize()
                 done.synchronize()
-                slots = tuple(s.slot for s in slices.values())
+                slots = tuple({s.slot for s in slices.values()})
                 await self.link.offer.sender.tell(SlotsFree(link=self.link.offer.link, slots=slots))
                 return None
         raise AssertionError(message)  # pragma: no cover - typed union

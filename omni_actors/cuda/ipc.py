@@ -38,6 +38,7 @@ from omni_actors.transport.codec import TORCH_DTYPES, TORCH_NAMES
 
 __all__ = ["DeviceLink", "DeviceLinkImport", "gpu_uuid", "host_identity"]
 
+_ALIGN = 512  # slots and the tensors in them: aligned for any dtype and vector loads
 _DTYPES = TORCH_DTYPES
 _NAMES = TORCH_NAMES
 
@@ -77,7 +78,7 @@ class DeviceLink:
             raise ValueError("a device link needs at least one slot of at least one byte")
         self.device = device
         self.slots = slots
-        self.slot_bytes = -(-slot_bytes // 512) * 512  # aligned for any dtype and vector loads
+        self.slot_bytes = -(-slot_bytes // _ALIGN) * _ALIGN
         self.id = secrets.randbits(62)
         self.buffer = DeviceBuffer(device, self.slots * self.slot_bytes)
         self.event = torch.cuda.Event(interprocess=True)  # type: ignore[no-untyped-call]
@@ -111,12 +112,12 @@ class DeviceLink:
             return self.slots - len(self._free)
 
     def put(self, fields: Mapping[str, Any]) -> tuple[dict[str, DeviceSlice], dict[str, Any]]:
-        """Copy the device tensors of ``fields`` into free slots.
+        """Copy the device tensors of ``fields`` into one free slot, one after another.
 
         Returns:
             The slices placed, and the fields left (host tensors, texts, and every device
-            tensor if they did not all fit: then nothing is placed, counted in
-            :attr:`fallbacks`, and they take the host path).
+            tensor if they do not fit a slot or none is free: then nothing is placed,
+            counted in :attr:`fallbacks`, and they take the host path).
         """
         placed = {
             k: v
@@ -127,22 +128,27 @@ class DeviceLink:
         if not placed:
             return {}, rest
         sizes = {k: v.numel() * v.element_size() for k, v in placed.items()}
+        offsets, end = {}, 0
+        for name, size in sizes.items():
+            offsets[name] = end
+            end += -(-size // _ALIGN) * _ALIGN
         with self._lock:
-            fits = not self.closed and max(sizes.values()) <= self.slot_bytes
-            if not fits or len(self._free) < len(placed):
+            if self.closed or end > self.slot_bytes or not self._free:
                 self.fallbacks += 1
                 return {}, dict(fields)
-            slots = [self._free.pop() for _ in placed]
+            slot = self._free.pop()
         compute = torch.cuda.current_stream(self.device)
         self.stream.wait_stream(compute)
         slices: dict[str, DeviceSlice] = {}
+        base = slot * self.slot_bytes
         with torch.cuda.stream(self.stream):
-            for (name, tensor), slot in zip(placed.items(), slots, strict=True):
-                start = slot * self.slot_bytes
+            for name, tensor in placed.items():
+                start = base + offsets[name]
                 if sizes[name]:
                     self.buffer.tensor[start : start + sizes[name]].copy_(_bytes_of(tensor))
                 tensor.record_stream(self.stream)
-                slices[name] = DeviceSlice(self.id, slot, _NAMES[tensor.dtype], tuple(tensor.shape))
+                dtype = _NAMES[tensor.dtype]
+                slices[name] = DeviceSlice(self.id, slot, dtype, tuple(tensor.shape), offsets[name])
             self.event.record(self.stream)
         self.sent += 1
         return slices, rest
@@ -217,8 +223,8 @@ class DeviceLinkImport:
             for d in piece.shape:
                 numel *= d
             nbytes = numel * torch.empty(0, dtype=dtype).element_size()
-            if nbytes > offer.slot_bytes:
-                raise ValueError(f"slice {name} of {nbytes} bytes exceeds a slot")
+            if piece.offset < 0 or piece.offset + nbytes > offer.slot_bytes:
+                raise ValueError(f"slice {name} of {nbytes} bytes at {piece.offset} exceeds a slot")
             plan.append((name, piece, dtype, nbytes))
         compute = torch.cuda.current_stream(self.device)
         self.stream.wait_event(self.event)
@@ -226,7 +232,7 @@ class DeviceLinkImport:
             for name, piece, dtype, nbytes in plan:
                 tensor = torch.empty(piece.shape, dtype=dtype, device=self.device)
                 if nbytes:
-                    start = piece.slot * offer.slot_bytes
+                    start = piece.slot * offer.slot_bytes + piece.offset
                     _bytes_of(tensor).copy_(self.memory[start : start + nbytes])
                 tensor.record_stream(compute)
                 out[name] = tensor

@@ -66,6 +66,8 @@ def test_without_cuda_a_link_cannot_be_made() -> None:
         DeviceSlice(7, 0, "float8", (4,)),  # unknown dtype
         DeviceSlice(7, 0, "float32", (-1,)),  # negative dimension
         DeviceSlice(7, 0, "float32", (2048,)),  # bigger than a slot
+        DeviceSlice(7, 1, "float32", (4,), 4090),  # past the slot's end
+        DeviceSlice(7, 1, "float32", (4,), -8),  # before the slot's start
     ],
 )
 async def test_a_malformed_slice_is_rejected_before_any_copy(piece: DeviceSlice) -> None:

@@ -46,7 +46,7 @@ class LinkReceiver(Actor[DeviceLinkOffer | Carry]):
                 tensors, done = self.link.take(slices)
                 host = {k: v.cpu() for k, v in tensors.items()}  # on the compute stream
                 done.synchronize()
-                return Carried(host, tuple(s.slot for s in slices.values()))
+                return Carried(host, tuple({s.slot for s in slices.values()}))
         raise AssertionError(message)
 
     async def on_stop(self) -> None:
