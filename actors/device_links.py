@@ -23,7 +23,7 @@ import torch
 from omni_actors._task_scope import TaskScope
 from omni_actors.cuda import EventWaiter
 from omni_actors.cuda.driver import IpcUnavailableError
-from omni_actors.cuda.ipc import DeviceLink, DeviceLinkImport
+from omni_actors.cuda.ipc import DeviceLink, DeviceLinkImport, map_offer
 from omni_actors.errors import OmniError
 from omni_actors.protocols.address import ActorAddress
 from omni_actors.protocols.device import (
@@ -167,16 +167,15 @@ class DeviceLinks:
 
     def accept(self, offer: DeviceLinkOffer) -> DeviceLinkAnswer:
         """Map the offered link (a newer one from the same sender replaces the older)."""
-        try:
-            imported = DeviceLinkImport(offer, self.device)
-        except IpcUnavailableError as exc:
-            return DeviceLinkAnswer(accepted=False, reason=str(exc))
+        imported, answer = map_offer(offer, self.device)
+        if imported is None:
+            return answer
         for link, old in list(self._in.items()):
             if old.offer.sender.path == offer.sender.path:
                 del self._in[link]
                 old.close()
         self._in[offer.link] = imported
-        return DeviceLinkAnswer(accepted=True, peer=imported.peer)
+        return answer
 
     def take(self, chunk: Chunk, device: DeviceChunk) -> Chunk:
         """``chunk`` with its device slices copied out into its tensors; the slots go back

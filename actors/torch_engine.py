@@ -30,7 +30,18 @@ from omni_actors.cuda import cuda_device
 from omni_actors.model_cache import require
 from omni_actors.model_family import WeightsArgs
 
-__all__ = ["AbortSignal", "DeviceArgs", "TorchEngine", "resolve_device", "stage_dir"]
+__all__ = [
+    "DEVICE_PATTERN",
+    "AbortSignal",
+    "DeviceArgs",
+    "TorchEngine",
+    "resolve_device",
+    "stage_dir",
+]
+
+
+DEVICE_PATTERN = r"^(cpu|auto|cuda(:[0-9]{1,2})?)$"
+"""What a device argument may say: ``cpu``, ``auto``, ``cuda`` or ``cuda:N``."""
 
 
 class DeviceArgs(BaseModel):
@@ -40,7 +51,7 @@ class DeviceArgs(BaseModel):
         device: ``cpu``, ``cuda``, ``cuda:N``, or ``auto`` (the GPU if there is one).
     """
 
-    device: str = Field("cpu", pattern=r"^(cpu|auto|cuda(:[0-9]{1,2})?)$")
+    device: str = Field("cpu", pattern=DEVICE_PATTERN)
 
 
 def resolve_device(name: str) -> torch.device:

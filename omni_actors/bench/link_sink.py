@@ -10,8 +10,7 @@ import torch
 
 from omni_actors import Actor
 from omni_actors.cuda import DeviceInbound
-from omni_actors.cuda.driver import IpcUnavailableError
-from omni_actors.cuda.ipc import DeviceLinkImport
+from omni_actors.cuda.ipc import DeviceLinkImport, map_offer
 from omni_actors.protocols.device import (
     DeviceLinkAnswer,
     DeviceLinkLost,
@@ -62,11 +61,8 @@ class HopSink(Actor[DeviceLinkOffer | HostHop | LinkHop]):
     ) -> DeviceLinkAnswer | None:
         match message:
             case DeviceLinkOffer():
-                try:
-                    self.link = DeviceLinkImport(message, self.device)
-                except IpcUnavailableError as exc:
-                    return DeviceLinkAnswer(accepted=False, reason=str(exc))
-                return DeviceLinkAnswer(accepted=True, peer=self.link.peer)
+                self.link, answer = map_offer(message, self.device)
+                return answer
             case HostHop(tensors=tensors):
                 self.inbound.load(tensors)
                 torch.cuda.current_stream(self.device).synchronize()

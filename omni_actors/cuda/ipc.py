@@ -33,10 +33,16 @@ from omni_actors.cuda.driver import (
     open_ipc,
 )
 from omni_actors.protocols.address import ActorAddress
-from omni_actors.protocols.device import DeviceLinkLost, DeviceLinkOffer, DeviceSlice, SlotsFree
+from omni_actors.protocols.device import (
+    DeviceLinkAnswer,
+    DeviceLinkLost,
+    DeviceLinkOffer,
+    DeviceSlice,
+    SlotsFree,
+)
 from omni_actors.transport.codec import TORCH_DTYPES, TORCH_NAMES
 
-__all__ = ["DeviceLink", "DeviceLinkImport", "gpu_uuid", "host_identity"]
+__all__ = ["DeviceLink", "DeviceLinkImport", "gpu_uuid", "host_identity", "map_offer"]
 
 _ALIGN = 512  # slots and the tensors in them: aligned for any dtype and vector loads
 _DTYPES = TORCH_DTYPES
@@ -248,6 +254,18 @@ class DeviceLinkImport:
             self.stream.synchronize()
             del self.memory
             close_ipc(self.device, self.pointer)
+
+
+def map_offer(
+    offer: DeviceLinkOffer, device: torch.device
+) -> tuple[DeviceLinkImport | None, DeviceLinkAnswer]:
+    """Map ``offer`` into ``device``'s context: the mapping (None if refused) and the
+    answer to send back, which says why when it is refused."""
+    try:
+        imported = DeviceLinkImport(offer, device)
+    except IpcUnavailableError as exc:
+        return None, DeviceLinkAnswer(accepted=False, reason=str(exc))
+    return imported, DeviceLinkAnswer(accepted=True, peer=imported.peer)
 
 
 def _device_of(uuid: str) -> torch.device:

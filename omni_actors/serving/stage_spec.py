@@ -9,12 +9,12 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from omni_actors.actors.torch_engine import DEVICE_PATTERN
 from omni_actors.supervision import RestartType
 
 __all__ = ["DEVICE_PATTERN", "NAME_PATTERN", "EngineSpec", "Spec", "StageSpec", "StagingSpec"]
 
 NAME_PATTERN = r"^[a-z][a-z0-9_-]{0,63}$"
-DEVICE_PATTERN = r"^(cpu|auto|cuda(:[0-9]{1,2})?)$"
 
 
 class Spec(BaseModel):

@@ -6,8 +6,7 @@ import msgspec
 import torch
 
 from omni_actors import Actor
-from omni_actors.cuda.driver import IpcUnavailableError
-from omni_actors.cuda.ipc import DeviceLinkImport
+from omni_actors.cuda.ipc import DeviceLinkImport, map_offer
 from omni_actors.protocols.device import DeviceLinkAnswer, DeviceLinkOffer, DeviceSlice
 
 
@@ -36,11 +35,8 @@ class LinkReceiver(Actor[DeviceLinkOffer | Carry]):
     async def receive(self, message: DeviceLinkOffer | Carry) -> DeviceLinkAnswer | Carried:
         match message:
             case DeviceLinkOffer():
-                try:
-                    self.link = DeviceLinkImport(message, self.device)
-                except IpcUnavailableError as exc:
-                    return DeviceLinkAnswer(accepted=False, reason=str(exc))
-                return DeviceLinkAnswer(accepted=True, peer=self.link.peer)
+                self.link, answer = map_offer(message, self.device)
+                return answer
             case Carry(slices=slices):
                 assert self.link is not None
                 tensors, done = self.link.take(slices)
