@@ -6,6 +6,12 @@ Waiting for that on the event loop would block it (``event.synchronize()``) or p
 the events in the order they were handed over and wakes the loop once per event with
 ``call_soon_threadsafe``: the loop does nothing until the copy is done.
 
+Done already. An event that has completed by the time it is handed over, with no
+earlier one still pending, resolves its future at once, without the thread: at decode
+sizes a copy is usually complete by the time the loop looks (it ran behind the forward,
+while the step waited for its sampled token), and the round trip through the thread
+would cost two interpreter hand-overs at the moment the next step is launching.
+
 Order. Events are waited for one after another, in submission order. A stage's copies
 run on one copy stream, so they complete in that order too and none waits behind a
 later one; events of several streams would wait in submission order.
@@ -36,6 +42,9 @@ class Completable(Protocol):
 
     def synchronize(self) -> None:
         """Block until the work recorded before it has completed."""
+
+    def query(self) -> bool:
+        """Whether that work has completed, without blocking."""
 
 
 class EventWaiterClosedError(OmniError):
@@ -74,6 +83,9 @@ class EventWaiter:
             raise EventWaiterClosedError("the event waiter is closed")
         loop = asyncio.get_running_loop()
         future: asyncio.Future[None] = loop.create_future()
+        if not self._pending and _completed(event):
+            future.set_result(None)  # nothing earlier to keep order with: no thread trip
+            return future
         self._pending.add(future)
         future.add_done_callback(self._pending.discard)
         if self._thread is None:
@@ -111,6 +123,15 @@ class EventWaiter:
                 error = exc
             with contextlib.suppress(RuntimeError):  # a closed loop: nobody waits any more
                 loop.call_soon_threadsafe(_settle, future, error)
+
+
+def _completed(event: Completable) -> bool:
+    """Whether ``event`` is known to be complete; an error is left to the thread's
+    ``synchronize``, which reports it on the event's own future."""
+    try:
+        return event.query()
+    except Exception:
+        return False
 
 
 def _settle(future: asyncio.Future[None], error: BaseException | None) -> None:

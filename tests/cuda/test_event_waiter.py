@@ -2,7 +2,7 @@
 event loop blocking; failures stay with their event; closing fails what is pending.
 
 The events here are stand-ins that complete when the test says so (a ``threading.Event``
-plays the device); ``torch.cuda.Event`` offers the same ``synchronize``.
+plays the device); ``torch.cuda.Event`` offers the same ``synchronize`` and ``query``.
 """
 
 from __future__ import annotations
@@ -27,6 +27,11 @@ class DeviceEvent:
 
     def complete(self) -> None:
         self._done.set()
+
+    def query(self) -> bool:
+        if self.error is not None and self._done.is_set():
+            raise self.error
+        return self._done.is_set()
 
     def synchronize(self) -> None:
         self.waited.set()
@@ -123,3 +128,41 @@ async def test_a_waiter_never_used_starts_no_thread() -> None:
     waiter = EventWaiter()
     await waiter.close()
     assert threading.active_count() == before
+
+
+async def test_an_event_complete_already_resolves_at_once_without_the_thread() -> None:
+    before = threading.active_count()
+    waiter = EventWaiter()
+    event = DeviceEvent()
+    event.complete()
+    future = waiter.wait(event)
+    assert future.done()
+    assert future.result() is None
+    assert not event.waited.is_set()  # never handed to the thread
+    assert threading.active_count() == before
+    await waiter.close()
+
+
+async def test_an_event_complete_already_still_waits_behind_an_earlier_pending_one() -> None:
+    waiter = EventWaiter()
+    earlier, later = DeviceEvent(), DeviceEvent()
+    first = waiter.wait(earlier)
+    later.complete()
+    second = waiter.wait(later)
+    assert not second.done()  # resolving it now would overtake ``first``
+    order: list[str] = []
+    first.add_done_callback(lambda _: order.append("earlier"))
+    second.add_done_callback(lambda _: order.append("later"))
+    earlier.complete()
+    await asyncio.wait_for(asyncio.gather(first, second), 5)
+    assert order == ["earlier", "later"]
+    await waiter.close()
+
+
+async def test_a_failed_event_complete_already_fails_through_the_thread() -> None:
+    waiter = EventWaiter()
+    bad = DeviceEvent(RuntimeError("CUDA error: an illegal memory access"))
+    bad.complete()
+    with pytest.raises(RuntimeError, match="illegal memory access"):
+        await asyncio.wait_for(waiter.wait(bad), 5)
+    await waiter.close()

@@ -1,12 +1,14 @@
-"""Device links between two processes on one GPU: every dtype arrives bit-exact through
-the slots, slots are reused under load without corrupting data, and an offer the
-driver refuses leaves the link closed with its reason (the host path then serves)."""
+"""Device links between two processes, on one GPU and (with two GPUs) across them: every
+dtype arrives bit-exact through the slots, slots are reused under load without
+corrupting data, and an offer the driver refuses leaves the link closed with its
+reason (the host path then serves)."""
 
 from __future__ import annotations
 
 import random
 
 import msgspec
+import pytest
 import torch
 from gpu_actors import Carried, Carry, LinkReceiver
 
@@ -20,14 +22,25 @@ DEVICE = torch.device("cuda", 0)
 DTYPES = SENDABLE_DTYPES
 
 
-async def test_every_dtype_crosses_a_device_link_bit_exact() -> None:
+TWO_GPUS = pytest.mark.skipif(torch.cuda.device_count() < 2, reason="the peer path needs two GPUs")
+
+
+@pytest.mark.parametrize(
+    ("receiver_device", "peer"),
+    [("cuda:0", False), pytest.param("cuda:1", True, marks=TWO_GPUS, id="peer")],
+)
+async def test_every_dtype_crosses_a_device_link_bit_exact(
+    receiver_device: str, peer: bool
+) -> None:
     async with ActorTestKit() as kit:
         probe = await kit.create_probe()
-        receiver = await kit.spawn(LinkReceiver, name="receiver", props=Props(process=True))
+        receiver = await kit.spawn(
+            LinkReceiver, receiver_device, name="receiver", props=Props(process=True)
+        )
         link = DeviceLink(DEVICE, slots=len(DTYPES) + 2, slot_bytes=2 << 20)
         try:
             answer = await receiver.ask(link.offer("talker", probe.ref), timeout=30)
-            assert answer == DeviceLinkAnswer(accepted=True, peer=False)
+            assert answer == DeviceLinkAnswer(accepted=True, peer=peer)
             sources = {
                 str(dtype): random_bits(dtype, (123, 45), seed=i, device=DEVICE)
                 for i, dtype in enumerate(DTYPES)
