@@ -113,9 +113,13 @@ class InputsSpec(Spec):
 
     ``sample_rate``: the audio rate it takes; audio sent at another rate
     (``Session.send(audio=..., sample_rate=...)``) is resampled to it.
+    ``max_send_bytes``: the most one ``send`` may carry (its tensors' bytes plus its
+    text's characters); more is refused before anything is queued, so one caller cannot
+    make the pipeline hold an unbounded chunk. Send a long input in pieces.
     """
 
     sample_rate: int = Field(16000, gt=0)
+    max_send_bytes: int = Field(64 << 20, gt=0)
 
 
 class OutputsSpec(Spec):

@@ -25,7 +25,12 @@ import torch
 
 from omni_actors.errors import InvalidRequestError
 
-__all__ = ["CallerAudio", "StreamResampler"]
+__all__ = ["CALLER_RATES", "CallerAudio", "StreamResampler"]
+
+CALLER_RATES = range(8_000, 192_001)
+"""The sample rates a caller's audio may come at (telephony's 8 kHz to studio 192 kHz):
+outside them the resampler's filters (one per output phase, as wide as the rate ratio)
+would grow without bound for a rate that no microphone produces."""
 
 
 class StreamResampler:
@@ -116,7 +121,8 @@ class CallerAudio:
         """``audio`` (float or int16, mono) as float32 samples at ``rate``: what is ready.
 
         Raises:
-            InvalidRequestError: not a 1-D float or int16 tensor, or a bad ``sample_rate``.
+            InvalidRequestError: not a 1-D float or int16 tensor, a sample that is NaN or
+                infinite, or a ``sample_rate`` outside :data:`CALLER_RATES`.
         """
         if not isinstance(audio, torch.Tensor) or (
             audio.dim() != 1 and audio.numel() != max(audio.shape, default=0)
@@ -127,10 +133,18 @@ class CallerAudio:
         elif not audio.is_floating_point():
             raise InvalidRequestError(f"audio must be float or int16 samples, not {audio.dtype}")
         audio = audio.reshape(-1).to(torch.float32)
+        # A NaN would spread through the resampler and every later frame of the stream.
+        if audio.numel() and not bool(torch.isfinite(audio).all()):
+            raise InvalidRequestError("audio has NaN or infinite samples")
         if sample_rate is None or sample_rate == self.rate:
             return audio
-        if isinstance(sample_rate, bool) or not isinstance(sample_rate, int) or sample_rate < 1:
-            raise InvalidRequestError(f"sample_rate must be a positive int, got {sample_rate!r}")
+        if isinstance(sample_rate, bool) or not isinstance(sample_rate, int):
+            raise InvalidRequestError(f"sample_rate must be an int, got {sample_rate!r}")
+        if sample_rate not in CALLER_RATES:
+            raise InvalidRequestError(
+                f"sample_rate {sample_rate} Hz is not one a session takes "
+                f"({CALLER_RATES.start} to {CALLER_RATES.stop - 1} Hz)"
+            )
         if self._resampler is None or self._resampler.source != sample_rate:
             self._resampler = StreamResampler(sample_rate, self.rate)
         return self._resampler.push(audio)

@@ -54,6 +54,7 @@ from omni_actors.protocols.stage import (
 from omni_actors.serving.admission import Admission
 from omni_actors.serving.orchestrator import StartSession
 from omni_actors.serving.response import Response, checked_options
+from omni_actors.serving.send_checks import check_send
 from omni_actors.serving.session_actor import SessionChannel
 from omni_actors.serving.session_input import SessionClosedError, SessionInput
 
@@ -106,6 +107,7 @@ class Session:
             credit_wait_s=pipeline.spec.deadlines.inter_chunk_s,
             abort_stages=self._abort_stages,
         )
+        self._takes = pipeline.spec.entry_inputs()
         self._admission: Admission | None = None
         self._drained = False  # the terminal event has been handed to the caller
         self._expiry: TimerHandle | None = None
@@ -180,12 +182,22 @@ class Session:
 
         Raises:
             SessionClosedError: the session has ended (its terminal event says why).
-            InvalidRequestError: ``audio`` is not a 1-D float or int16 tensor, or
-                ``sample_rate`` is not a positive int.
+            InvalidRequestError: the input is not one the entry stage takes (see
+                :func:`~omni_actors.serving.send_checks.check_send`), ``audio`` is not a
+                1-D float or int16 tensor or has a NaN or infinite sample, or
+                ``sample_rate`` is not one a session takes; nothing was sent.
             BackpressureError: the entry stage took none of the input in flight within
                 ``deadlines.inter_chunk_s``; the session has ended with that error.
         """
         payload: dict[str, torch.Tensor | str] = dict(fields or {})
+        check_send(
+            self.id,
+            text=text,
+            audio=audio,
+            fields=payload,
+            takes=self._takes,
+            limit=self.pipeline.spec.inputs.max_send_bytes,
+        )
         if text is not None:
             payload["text"] = text
         if audio is not None:

@@ -29,6 +29,7 @@ from omni_actors.protocols.tensors import LIB_NUMPY, LIB_TORCH, TensorDesc
 from omni_actors.protocols.wire import RefDesc
 
 __all__ = [
+    "MAX_DIMS",
     "TORCH_DTYPES",
     "TORCH_NAMES",
     "Decoder",
@@ -77,7 +78,7 @@ _NUMPY_DTYPES: dict[str, np.dtype[Any]] = {
         "bool",
     ]
 }
-_MAX_DIMS = 32
+MAX_DIMS = 32  # the most dimensions a tensor on the wire may have
 
 
 class SlabWriter(Protocol):
@@ -303,7 +304,7 @@ class Decoder(Generic[T]):
         if dtype is None:
             raise ProtocolError(f"unknown dtype {desc.dtype!r}")
         shape = desc.shape
-        if len(shape) > _MAX_DIMS or any(d < 0 for d in shape):
+        if len(shape) > MAX_DIMS or any(d < 0 for d in shape):
             raise ProtocolError(f"invalid shape {shape}")
         itemsize = dtype.itemsize
         nbytes = math.prod(shape) * itemsize
