@@ -16,6 +16,8 @@ from typing import Any
 
 from omni_actors import run
 from omni_actors.bench.cuda_cli import add_cuda_options, bench_cuda, cuda_table
+from omni_actors.bench.rollback_cli import add_rollback_options, bench_rollback
+from omni_actors.bench.soak_cli import add_soak_options, bench_soak, soak_table
 from omni_actors.errors import OmniError
 
 __all__ = ["BENCH_TARGETS", "BenchTarget", "add_bench_arguments", "bench_command"]
@@ -333,43 +335,6 @@ def _realtime_summary(result: dict[str, Any]) -> list[str]:
     return realtime_table(result)
 
 
-def _add_rollback_options(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--preset", default="tiny-omni-vllm", help="preset name or YAML path")
-    parser.add_argument(
-        "--turns", type=_positive_int, default=6, help="user turns before the measured one (6)"
-    )
-    parser.add_argument(
-        "--turn-chars", type=_positive_int, default=200, help="characters per user turn (200)"
-    )
-    parser.add_argument(
-        "--repeat", type=_positive_int, default=5, help="sessions per kind of rollback (5)"
-    )
-    parser.add_argument(
-        "--reply-tokens", type=_positive_int, default=8, help="every reply's tokens (8)"
-    )
-    parser.add_argument("--cache-dir", type=Path, default=None, help="the weights cache")
-    parser.add_argument("--seed", type=int, default=0, help="the weights' seed (0)")
-
-
-def _bench_rollback(ns: argparse.Namespace) -> dict[str, Any]:
-    from omni_actors.bench.rollback import run_rollback_bench
-
-    try:
-        return run(
-            run_rollback_bench(
-                ns.preset,
-                turns=ns.turns,
-                turn_chars=ns.turn_chars,
-                repeat=ns.repeat,
-                reply_tokens=ns.reply_tokens,
-                cache_dir=ns.cache_dir,
-                seed=ns.seed,
-            )
-        )
-    except (OmniError, ValueError) as exc:  # a bad option or preset, a failed reply
-        raise SystemExit(f"omni-actors bench rollback: {exc}") from None
-
-
 BENCH_TARGETS: dict[str, BenchTarget] = {
     "actors": BenchTarget(
         "tell throughput vs a bare asyncio.Queue hop, and ask latency",
@@ -391,8 +356,8 @@ BENCH_TARGETS: dict[str, BenchTarget] = {
     "rollback": BenchTarget(
         "time to the next reply's first text token after a clear or a truncate, beside a "
         "turn with no rollback (a model preset: tiny-omni-vllm, tiny-omni)",
-        _add_rollback_options,
-        _bench_rollback,
+        add_rollback_options,
+        bench_rollback,
     ),
     "realtime": BenchTarget(
         "the realtime server (a process of its own) under N concurrent websocket sessions "
@@ -407,6 +372,13 @@ BENCH_TARGETS: dict[str, BenchTarget] = {
         add_cuda_options,
         bench_cuda,
         cuda_table,
+    ),
+    "soak": BenchTarget(
+        "N conversations at once for M minutes: RSS of every process, FDs, /dev/shm, child "
+        "processes, tasks and live sessions sampled; growth and slopes after the warm-up",
+        add_soak_options,
+        bench_soak,
+        soak_table,
     ),
 }
 

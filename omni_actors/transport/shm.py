@@ -31,12 +31,12 @@ import numpy as np
 
 from omni_actors.errors import ProtocolError
 
-__all__ = ["SHM_DIR", "SlabReader", "SlabWriter", "sweep"]
+__all__ = ["SHM_DIR", "SHM_PREFIX", "SlabReader", "SlabWriter", "sweep"]
 
 log = logging.getLogger(__name__)
 
 SHM_DIR = "/dev/shm"
-_PREFIX = "omni-actors-"
+SHM_PREFIX = "omni-actors-"  # every slab's name starts with it (then the creator's pid)
 _MAGIC = b"OMNISLAB"
 _VERSION = 1
 _HEADER = struct.Struct("<8sIIQ")  # magic, version, slots, slot_bytes
@@ -53,7 +53,7 @@ def sweep(pid: int) -> int:
     removed = 0
     with contextlib.suppress(FileNotFoundError):
         for name in os.listdir(SHM_DIR):
-            if name.startswith(f"{_PREFIX}{pid}-"):
+            if name.startswith(f"{SHM_PREFIX}{pid}-"):
                 with contextlib.suppress(FileNotFoundError):
                     os.unlink(os.path.join(SHM_DIR, name))
                     removed += 1
@@ -89,7 +89,7 @@ class SlabWriter:
         if slots < 1 or slot_bytes < 1:
             raise ValueError("a slab needs at least one slot of at least one byte")
         slot_bytes = -(-slot_bytes // _PAGE) * _PAGE
-        name = f"{_PREFIX}{os.getpid()}-{secrets.token_hex(8)}"
+        name = f"{SHM_PREFIX}{os.getpid()}-{secrets.token_hex(8)}"
         path = os.path.join(SHM_DIR, name)
         size = _data_offset(slots) + slots * slot_bytes
         fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_RDWR, 0o600)
@@ -192,7 +192,7 @@ class SlabReader:
         Raises:
             ProtocolError: the name is not a slab of ours or its header is invalid.
         """
-        if not name.startswith(_PREFIX) or "/" in name:
+        if not name.startswith(SHM_PREFIX) or "/" in name:
             raise ProtocolError(f"{name!r} is not an omni-actors slab")
         try:
             fd = os.open(os.path.join(SHM_DIR, name), os.O_RDWR)
