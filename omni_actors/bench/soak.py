@@ -34,7 +34,15 @@ from omni_actors.protocols.events import ResponseDone, SessionError
 from omni_actors.serving.omni_pipeline import OmniPipeline
 from omni_actors.serving.pipeline_spec import PipelineSpec
 
-__all__ = ["TARGET_RSS_GROWTH_PCT", "Tally", "converse", "drive", "prepared", "run_soak_bench"]
+__all__ = [
+    "TARGET_RSS_GROWTH_PCT",
+    "Tally",
+    "converse",
+    "drive",
+    "prepared",
+    "run_soak_bench",
+    "settled",
+]
 
 TARGET_RSS_GROWTH_PCT = 5.0
 _TURNS = 3
@@ -143,15 +151,18 @@ def _sample(t: float, resources: Resources, live: int, done: int) -> dict[str, A
     }
 
 
-async def _settled(omni: OmniPipeline, start: dict[str, int] | None) -> dict[str, int]:
-    """The counts once no session is live and they are back to ``start``'s (None: once
-    two readings agree), or as they stand at the deadline."""
+async def settled(omni: OmniPipeline, start: dict[str, int] | None) -> dict[str, int]:
+    """The counts once every stage runs, no session is live and no count is above
+    ``start``'s (None: once two readings agree), or as they stand at the deadline."""
     deadline = time.monotonic() + _SETTLE_S
     last: dict[str, int] | None = None
     while True:
-        live = any((await omni.live_sessions()).values())
+        health = await omni.health()
+        restarting = any(stage.state != "running" for stage in health.stages.values())
+        live = restarting or any((await omni.live_sessions()).values())
         counts = snapshot().counts()
-        if not live and counts == (start if start is not None else last):
+        back = counts == last if start is None else all(counts[k] <= start[k] for k in start)
+        if not live and back:
             return counts
         if time.monotonic() > deadline:
             return counts
@@ -191,7 +202,7 @@ async def run_soak_bench(
         # One conversation per client first: what a pipeline sets up at its first use
         # (links, slabs, worker threads) is not a leak. The counts start after it.
         warmup = await drive(omni, sessions, conversations=sessions)
-        start_counts = await _settled(omni, None)
+        start_counts = await settled(omni, None)
         stop_at = time.monotonic() + minutes * 60
 
         def over() -> bool:
@@ -206,7 +217,7 @@ async def run_soak_bench(
             await asyncio.wait({clients}, timeout=interval_s)
         await clients
         outcomes = tally.outcomes + warmup.outcomes
-        end_counts = await _settled(omni, start_counts)
+        end_counts = await settled(omni, start_counts)
     after = [s for s in samples if s["t_s"] >= warmup_minutes * 60] or samples[-1:]
     slopes = {
         key: _slope_per_min([(s["t_s"], float(s[key])) for s in after])

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from omni_actors import run
+from omni_actors.bench.chaos_cli import add_chaos_options, bench_chaos, chaos_table
 from omni_actors.bench.cuda_cli import add_cuda_options, bench_cuda, cuda_table
 from omni_actors.bench.rollback_cli import add_rollback_options, bench_rollback
 from omni_actors.bench.soak_cli import add_soak_options, bench_soak, soak_table
@@ -379,6 +380,14 @@ BENCH_TARGETS: dict[str, BenchTarget] = {
         add_soak_options,
         bench_soak,
         soak_table,
+    ),
+    "chaos": BenchTarget(
+        "conversations while random stage workers are SIGKILLed, clients leave mid-reply "
+        "and chunks are dropped or duplicated: turns by outcome, conversations lost, hung "
+        "turns, recovery time, leaks",
+        add_chaos_options,
+        bench_chaos,
+        chaos_table,
     ),
 }
 

@@ -30,12 +30,17 @@ class ChunkFaults:
         duplicate: delivered twice (the receiver must drop the copy).
         swap: held back and delivered after the next chunk (out of order).
         delay_s: every chunk is delivered this much later (in order).
+        drop_every: every ``n``-th chunk through the edge, whatever its session, is
+            never delivered (0: none); a fault that strikes now and then.
+        duplicate_every: every ``n``-th chunk through the edge is delivered twice.
     """
 
     drop: frozenset[int] = frozenset()
     duplicate: frozenset[int] = frozenset()
     swap: frozenset[int] = frozenset()
     delay_s: float = 0.0
+    drop_every: int = 0
+    duplicate_every: int = 0
 
 
 class FaultyEdge(Actor[Chunk]):
@@ -45,23 +50,33 @@ class FaultyEdge(Actor[Chunk]):
         self.target = target
         self.faults = faults
         self.held: dict[SessionKey, Chunk] = {}
+        self.passed = 0  # chunks through this edge, for the ``*_every`` faults
+        self.dropped = 0
+        self.duplicated = 0
 
     async def receive(self, message: Chunk) -> None:
         """Forward ``message`` with the declared faults."""
         faults = self.faults
         if faults.delay_s:
             await asyncio.sleep(faults.delay_s)
-        if message.seq in faults.drop:
+        self.passed += 1
+        if message.seq in faults.drop or _every(faults.drop_every, self.passed):
+            self.dropped += 1
             return
         if message.seq in faults.swap and not message.end:
             self.held[message.key] = message
             return
         await self.target.tell(message)
-        if message.seq in faults.duplicate:
+        if message.seq in faults.duplicate or _every(faults.duplicate_every, self.passed):
+            self.duplicated += 1
             await self.target.tell(message)
         held = self.held.pop(message.key, None)
         if held is not None:
             await self.target.tell(held)
+
+
+def _every(n: int, count: int) -> bool:
+    return n > 0 and count % n == 0
 
 
 @dataclass(frozen=True, slots=True)

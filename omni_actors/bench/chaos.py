@@ -1,0 +1,244 @@
+"""``omni-actors bench chaos``: conversations while stages die, clients leave and chunks
+go astray; what each fault cost.
+
+The promise under test: a fault costs at most the turn in flight on the failed stage;
+it never costs a conversation, never hangs a caller, never leaks.
+
+``sessions`` clients each hold one conversation after another (text turns, each
+answered) for ``seconds``, against the preset with every stage in a worker process.
+Meanwhile:
+
+- every ``kill_every_s`` a random stage's worker is SIGKILLed (its supervisor restarts
+  it);
+- a client leaves in the middle of a reply with probability ``disconnect_p`` (it aborts
+  its session, as a closed websocket does);
+- with ``chunk_faults``, one chunk in ``drop_every`` on one random edge is lost, and one
+  in ``duplicate_every`` on another is delivered twice.
+
+Reported: turns started and how each ended (``completed``, ``cancelled``,
+``failed:<code>``, ``disconnected``, ``hung``: no terminal event within the deadline),
+conversations started and lost (ended by the pipeline rather than by their client;
+target 0), hung turns (target 0), the recovery time from each kill to the next turn
+started after it that completed (p50, max), and the process tree's counts before and
+after (:mod:`omni_actors.bench.resources`; target: equal).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import random
+import time
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import Any
+
+from omni_actors.bench.resources import snapshot
+from omni_actors.bench.soak import drive, settled
+from omni_actors.errors import OmniError
+from omni_actors.protocols.events import AudioDelta, ResponseDone, SessionError, TextDelta
+from omni_actors.serving.omni_pipeline import OmniPipeline
+from omni_actors.serving.pipeline_spec import PipelineSpec
+from omni_actors.testing.chunk_faults import ChunkFaults, PipelineFaults
+from omni_actors.testing.faults import kill_worker
+
+__all__ = ["ChaosConfig", "run_chaos_bench"]
+
+_TURNS = 3
+_REPLY_DEADLINE_S = 120.0
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ChaosConfig:
+    """What ``bench chaos`` runs (see the module docstring)."""
+
+    sessions: int = 16
+    seconds: float = 120.0
+    kill_every_s: float = 10.0
+    disconnect_p: float = 0.05
+    chunk_faults: bool = True
+    drop_every: int = 500
+    duplicate_every: int = 300
+    seed: int = 0
+
+    def check(self) -> None:
+        """Raises ValueError for a count or a time out of range."""
+        if self.sessions < 1 or self.seconds <= 0 or self.kill_every_s <= 0:
+            raise ValueError("sessions >= 1, seconds > 0 and kill_every_s > 0")
+        if not 0 <= self.disconnect_p <= 1:
+            raise ValueError(f"disconnect_p must be in [0, 1], got {self.disconnect_p}")
+        if self.drop_every < 1 or self.duplicate_every < 1:
+            raise ValueError("drop_every and duplicate_every must be >= 1")
+
+
+@dataclass
+class _Tally:
+    conversations: int = 0
+    lost: int = 0
+    turns: int = 0
+    outcomes: Counter[str] = field(default_factory=Counter)
+    completed: list[tuple[float, float]] = field(default_factory=list)  # (started, ended)
+
+
+async def _conversation(
+    omni: OmniPipeline, n: int, tally: _Tally, rng: random.Random, disconnect_p: float
+) -> None:
+    """One conversation under fire: ``_TURNS`` turns, each answered, or its end."""
+    tally.conversations += 1
+    session = omni.session()
+    try:
+        error = await session.open()
+        if error is not None:
+            tally.outcomes[f"not_admitted:{error.code}"] += 1
+            return
+        for turn in range(_TURNS):
+            await session.send(text=f"conversation {n}, turn {turn}: tell me more")
+            started = time.monotonic()
+            tally.turns += 1
+            await session.respond()
+            leave = rng.random() < disconnect_p
+            async with asyncio.timeout(_REPLY_DEADLINE_S):
+                async for event in session.events():
+                    if leave and isinstance(event, TextDelta | AudioDelta):
+                        await session.abort("the client left")
+                        tally.outcomes["disconnected"] += 1
+                        return
+                    if isinstance(event, ResponseDone):
+                        code = event.status if event.code is None else f"failed:{event.code}"
+                        tally.outcomes[code] += 1
+                        if event.status == "completed":
+                            tally.completed.append((started, time.monotonic()))
+                    elif isinstance(event, SessionError):
+                        tally.outcomes[f"failed:{event.code}"] += 1
+                        tally.lost += 1
+                        return
+        await session.finish()
+        async with asyncio.timeout(_REPLY_DEADLINE_S):
+            async for _ in session:
+                pass
+    except TimeoutError:
+        tally.outcomes["hung"] += 1
+    except OmniError as exc:  # a send into a session the pipeline ended
+        tally.outcomes[f"failed:{exc.code}"] += 1
+        tally.lost += 1
+    finally:
+        await session.close()
+
+
+def _in_workers(spec: PipelineSpec) -> PipelineSpec:
+    """``spec`` with every stage in a worker process of its own (a kill needs one)."""
+    stages = tuple(stage.model_copy(update={"process": True}) for stage in spec.stages)
+    return spec.model_copy(update={"stages": stages})
+
+
+def _faults(spec: PipelineSpec, config: ChaosConfig, rng: random.Random) -> PipelineFaults:
+    if not config.chunk_faults or not spec.edges:
+        return PipelineFaults()
+    names = [f"{edge.source}->{edge.to}" for edge in spec.edges]
+    dropped, duplicated = rng.choice(names), rng.choice(names)
+    edges: dict[str, ChunkFaults] = {dropped: ChunkFaults(drop_every=config.drop_every)}
+    dup = ChunkFaults(duplicate_every=config.duplicate_every)
+    edges[duplicated] = (
+        ChunkFaults(drop_every=config.drop_every, duplicate_every=config.duplicate_every)
+        if duplicated == dropped
+        else dup
+    )
+    return PipelineFaults(edges=edges)
+
+
+async def _killer(
+    omni: OmniPipeline, every_s: float, rng: random.Random, kills: list[dict[str, Any]]
+) -> None:
+    """SIGKILL a random stage's worker every ``every_s`` (a restarting one is skipped)."""
+    t0 = time.monotonic()
+    for k in itertools.count(1):
+        await asyncio.sleep(max(0.0, t0 + k * every_s - time.monotonic()))
+        stages = await omni.stages()
+        name = rng.choice(sorted(stages))
+        try:
+            pid = kill_worker(stages[name])
+        except ValueError:  # restarting after the last kill
+            continue
+        kills.append({"at": time.monotonic(), "stage": name, "pid": pid})
+
+
+def _recovery(kills: list[dict[str, Any]], completed: list[tuple[float, float]]) -> list[float]:
+    """Per kill, seconds to the end of the first turn started after it that completed."""
+    out = []
+    for kill in kills:
+        ends = [end for start, end in completed if start >= kill["at"]]
+        if ends:
+            out.append(round(min(ends) - kill["at"], 3))
+    return out
+
+
+async def run_chaos_bench(
+    spec: PipelineSpec, config: ChaosConfig, label: str = ""
+) -> dict[str, Any]:
+    """Run the chaos (see the module docstring) and report what it cost.
+
+    Raises:
+        ValueError: see :meth:`ChaosConfig.check`.
+    """
+    from omni_actors.bench.pipeline import _machine
+
+    config.check()
+    rng = random.Random(config.seed)
+    spec = _in_workers(spec)
+    faults = _faults(spec, config, rng)
+    started = time.perf_counter()
+    tally, kills = _Tally(), list[dict[str, Any]]()
+    async with OmniPipeline(spec, max_sessions=config.sessions, **faults.hooks()) as omni:
+        await drive(omni, config.sessions, conversations=config.sessions)  # first use
+        counts_start = await settled(omni, None)
+        stop_at = time.monotonic() + config.seconds
+        tickets = itertools.count()
+
+        async def client() -> None:
+            while time.monotonic() < stop_at:
+                await _conversation(omni, next(tickets), tally, rng, config.disconnect_p)
+
+        killer = asyncio.ensure_future(_killer(omni, config.kill_every_s, rng, kills))
+        try:
+            await asyncio.gather(*(client() for _ in range(config.sessions)))
+        finally:
+            killer.cancel()
+            await asyncio.gather(killer, return_exceptions=True)
+        counts_end = await settled(omni, counts_start)
+        restarts = {name: h.restarts for name, h in (await omni.health()).stages.items()}
+    recovery = sorted(_recovery(kills, tally.completed))
+    hung = tally.outcomes["hung"]
+    # Fewer is no leak: a restarted worker's links to its peers are made again on use.
+    leaked = {k: max(0, counts_end[k] - counts_start[k]) for k in counts_start}
+    return {
+        "preset": label,
+        "parameters": {
+            "sessions": config.sessions,
+            "seconds": config.seconds,
+            "kill_every_s": config.kill_every_s,
+            "disconnect_p": config.disconnect_p,
+            "chunk_faults": {edge: f.__repr__() for edge, f in faults.edges.items()},
+            "seed": config.seed,
+        },
+        "kills": [{"stage": k["stage"], "pid": k["pid"]} for k in kills],
+        "restarts": restarts,
+        "turns_started": tally.turns,
+        "turns": dict(tally.outcomes),
+        "conversations": tally.conversations,
+        "conversations_lost": tally.lost,
+        "hung": hung,
+        "recovery_s_p50": recovery[len(recovery) // 2] if recovery else None,
+        "recovery_s_max": recovery[-1] if recovery else None,
+        "kills_without_recovery": len(kills) - len(recovery),
+        "counts_start": counts_start,
+        "counts_end": counts_end,
+        "leaked": leaked,
+        "met": {
+            "hung": hung == 0,
+            "conversations_lost": tally.lost == 0,
+            "leaked": not any(leaked.values()),
+        },
+        "machine": _machine(),
+        "wall_s": round(time.perf_counter() - started, 1),
+        "final_snapshot_rss_mb": round(snapshot().rss_total / 2**20, 1),
+    }
