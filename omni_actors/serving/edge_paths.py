@@ -52,7 +52,8 @@ def edge_path(source: StageSpec, target: StageSpec, edge: EdgeSpec) -> tuple[Edg
 
 def edge_paths(spec: PipelineSpec) -> dict[tuple[str, str], tuple[EdgePath, str]]:
     """Every edge's path and why, by ``(source, to)``."""
+    stages = {stage.name: stage for stage in spec.stages}  # one look-up per end, not a scan
     return {
-        (edge.source, edge.to): edge_path(spec.stage(edge.source), spec.stage(edge.to), edge)
+        (edge.source, edge.to): edge_path(stages[edge.source], stages[edge.to], edge)
         for edge in spec.edges
     }

@@ -14,6 +14,7 @@ allowed. Presets ship inside the package and load by name.
 from __future__ import annotations
 
 import re
+from collections import Counter
 from importlib import resources
 from pathlib import Path
 from typing import Any, Literal
@@ -26,6 +27,8 @@ from omni_actors.actors.engine_registry import engine_type
 from omni_actors.errors import OmniError
 from omni_actors.model_family import ModelFamily, family_of_engine
 from omni_actors.protocols.control import DEFAULT_WINDOW, EdgeMode
+from omni_actors.serving.pipeline_yaml import YamlLimitError, parse_yaml, read_limited
+from omni_actors.serving.stage_graph import StageGraph, few
 from omni_actors.serving.stage_spec import (
     DEVICE_PATTERN,
     NAME_PATTERN,
@@ -189,13 +192,13 @@ class PipelineSpec(Spec):
     @model_validator(mode="after")
     def _check_graph(self) -> PipelineSpec:
         names = [s.name for s in self.stages]
-        duplicates = sorted({n for n in names if names.count(n) > 1})
+        duplicates = sorted(n for n, count in Counter(names).items() if count > 1)
         if duplicates:
-            raise ValueError(f"stage names must be unique; repeated: {duplicates}")
+            raise ValueError(f"stage names must be unique; repeated: {few(duplicates)}")
         known = set(names)
         entry = self.entry or names[0]
         if entry not in known:
-            raise ValueError(f"entry {entry!r} is not a stage; stages: {names}")
+            raise ValueError(f"entry {entry!r} is not a stage; stages: {few(names)}")
         seen_edges = set()
         for edge in self.edges:
             for end in (edge.source, edge.to):
@@ -206,15 +209,16 @@ class PipelineSpec(Spec):
             if (edge.source, edge.to) in seen_edges:
                 raise ValueError(f"edge {edge.source}->{edge.to} is declared twice")
             seen_edges.add((edge.source, edge.to))
-        order = self._topological(names)
-        reachable = self.downstream(entry) | {entry}
+        graph = self._graph()
+        order = graph.order()
+        reachable = graph.downstream(entry) | {entry}
         unreachable = [n for n in order if n not in reachable]
         if unreachable:
-            raise ValueError(f"stages not reachable from entry {entry!r}: {unreachable}")
+            raise ValueError(f"stages not reachable from entry {entry!r}: {few(unreachable)}")
         for kind in ("text", "audio"):
             stage = getattr(self.outputs, kind)
             if stage is not None and stage not in known:
-                raise ValueError(f"outputs.{kind}: no stage {stage!r}; stages: {names}")
+                raise ValueError(f"outputs.{kind}: no stage {stage!r}; stages: {few(names)}")
         if self.outputs.text is None and self.outputs.audio is None:
             raise ValueError("outputs: name the stage that yields text, audio, or both")
         self._wiring = wire(self.stages, self.edges)
@@ -223,24 +227,8 @@ class PipelineSpec(Spec):
         edge_paths(self)  # an edge that insists on a path it cannot have is refused here
         return self
 
-    def _topological(self, names: list[str]) -> list[str]:
-        incoming = {n: 0 for n in names}
-        for edge in self.edges:
-            incoming[edge.to] += 1
-        ready = [n for n in names if incoming[n] == 0]
-        order = []
-        while ready:
-            node = ready.pop(0)
-            order.append(node)
-            for edge in self.edges:
-                if edge.source == node:
-                    incoming[edge.to] -= 1
-                    if incoming[edge.to] == 0:
-                        ready.append(edge.to)
-        if len(order) != len(names):
-            cyclic = sorted(n for n in names if n not in order)
-            raise ValueError(f"the stages form a cycle through {cyclic}")
-        return order
+    def _graph(self) -> StageGraph:
+        return StageGraph([s.name for s in self.stages], ((e.source, e.to) for e in self.edges))
 
     def edge_fields(self, source: str, to: str) -> tuple[str, ...]:
         """The fields the edge ``source -> to`` carries (declared, or named in YAML)."""
@@ -312,7 +300,7 @@ class PipelineSpec(Spec):
 
     def stages_order(self) -> list[str]:
         """Every stage in topological order (entry first)."""
-        return self._topological([s.name for s in self.stages])
+        return self._graph().order()
 
     @property
     def entry_stage(self) -> str:
@@ -333,15 +321,7 @@ class PipelineSpec(Spec):
 
     def downstream(self, name: str) -> set[str]:
         """Every stage reachable from ``name`` (excluding it)."""
-        found: set[str] = set()
-        frontier = [name]
-        while frontier:
-            node = frontier.pop()
-            for edge in self.edges:
-                if edge.source == node and edge.to not in found:
-                    found.add(edge.to)
-                    frontier.append(edge.to)
-        return found
+        return self._graph().downstream(name)
 
     def stages_for(self, *, text: bool, audio: bool) -> list[str]:
         """Stages a request needs, in topological order: a text-only request skips audio."""
@@ -350,12 +330,9 @@ class PipelineSpec(Spec):
             for stage, wanted in ((self.outputs.text, text), (self.outputs.audio, audio))
             if wanted and stage is not None
         ]
-        needed = {self.entry_stage}
-        for name in [s.name for s in self.stages]:
-            if any(t == name or t in self.downstream(name) for t in targets):
-                needed.add(name)
-        order = self._topological([s.name for s in self.stages])
-        return [n for n in order if n in needed]
+        graph = self._graph()
+        needed = {self.entry_stage, *targets} | graph.upstream(targets)
+        return [n for n in graph.order() if n in needed]
 
 
 def preset_names() -> list[str]:
@@ -367,9 +344,12 @@ def preset_names() -> list[str]:
 def load_pipeline(source: str | Path) -> PipelineSpec:
     """Load a pipeline from a YAML file path or a preset name.
 
+    The file is read within the bounds of :mod:`omni_actors.serving.pipeline_yaml` (its
+    size, nesting, aliases and values), so a hostile file costs no more than they allow.
+
     Raises:
-        PipelineConfigError: unreadable file, bad YAML, or an invalid definition; the
-            message names the file and each offending field.
+        PipelineConfigError: unreadable file, bad YAML, a file past those bounds, or an
+            invalid definition; the message names the file and each offending field.
     """
     path = Path(source)
     if isinstance(source, str) and re.fullmatch(NAME_PATTERN, source) and not path.exists():
@@ -378,14 +358,15 @@ def load_pipeline(source: str | Path) -> PipelineSpec:
             raise PipelineConfigError(
                 f"no preset named {source!r}; presets: {', '.join(preset_names())}"
             )
-        label, text = f"preset {source}", preset.read_text()
+        label, read = f"preset {source}", preset.read_bytes
     else:
-        try:
-            label, text = str(path), path.read_text()
-        except OSError as exc:
-            raise PipelineConfigError(f"cannot read pipeline file {path}: {exc}") from None
+        label, read = str(path), lambda: read_limited(path)
     try:
-        data = yaml.safe_load(text)
+        data = parse_yaml(read())
+    except OSError as exc:
+        raise PipelineConfigError(f"cannot read pipeline file {path}: {exc}") from None
+    except YamlLimitError as exc:
+        raise PipelineConfigError(f"{label}: refused: {exc}") from None
     except yaml.YAMLError as exc:
         raise PipelineConfigError(f"{label}: not valid YAML: {exc}") from None
     if not isinstance(data, dict):
@@ -399,7 +380,13 @@ def load_pipeline(source: str | Path) -> PipelineSpec:
 def _describe(label: str, data: dict[str, Any], exc: ValidationError) -> str:
     """One line per problem: ``file: stages[talker].engine.kind: Input should be ...``."""
     lines: list[str] = []
-    for error in exc.errors():
+    errors = exc.errors()
+    # A tuple whose items failed also reports itself too short (it counts the failed ones
+    # out): that line is no problem of its own.
+    parents = {error["loc"][:i] for error in errors for i in range(1, len(error["loc"]))}
+    for error in errors:
+        if error["type"] == "too_short" and error["loc"] in parents:
+            continue
         if not error["loc"] and error["type"] == "value_error":
             # Whole-pipeline checks (graph, wiring) name their fields themselves.
             cause = error.get("ctx", {}).get("error")

@@ -18,9 +18,15 @@ NAME_PATTERN = r"^[a-z][a-z0-9_-]{0,63}$"
 
 
 class Spec(BaseModel):
-    """The base of every part of a pipeline definition: strict, frozen."""
+    """The base of every part of a pipeline definition: strict, frozen.
 
-    model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True)
+    Numbers are finite: YAML's ``.inf`` (or ``1e400``, read as infinity) is no deadline,
+    count or size, and ``.nan`` compares false with every bound.
+    """
+
+    model_config = ConfigDict(
+        extra="forbid", frozen=True, populate_by_name=True, allow_inf_nan=False
+    )
 
 
 class EngineSpec(Spec):
