@@ -9,6 +9,7 @@ session's caller receives when such an error ends a session.
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import ClassVar
 
 from omni_actors.protocols.error_code import ErrorCode
@@ -25,6 +26,7 @@ __all__ = [
     "MessageDroppedError",
     "MessageTypeError",
     "MissingExtraError",
+    "ModelFileError",
     "OmniError",
     "ProtocolError",
     "ProtocolVersionError",
@@ -217,6 +219,28 @@ class WorkerDiedError(OmniError):
         self.actor = actor
         self.pid = pid
         self.returncode = returncode
+
+
+class ModelFileError(OmniError, ValueError):
+    """A model file (weights, config, tokenizer) is missing, corrupt, or in a refused format.
+
+    Model files are input like any other: a truncated download, a full disk or a crafted
+    file must stop loading with the file named, not as a library's complaint about "the
+    header" of a file it does not name, and never load as some other model. A
+    ``ValueError`` too: what is wrong is the file's content.
+
+    Attributes:
+        path: the file (or directory) at fault.
+        problem: what is wrong with it.
+        remedy: what to do about it (how to rebuild or convert it); may be empty.
+    """
+
+    def __init__(self, path: Path | str, problem: str, remedy: str = "") -> None:
+        text = f"{path}: {problem}"
+        super().__init__(f"{text}; {remedy}" if remedy else text)
+        self.path = Path(path)
+        self.problem = problem
+        self.remedy = remedy
 
 
 class MissingExtraError(OmniError, ImportError):

@@ -6,6 +6,10 @@ cache; every later run loads them from there. Preparing is idempotent — a fini
 directory carries a ``prepared.json`` manifest written last, so an interrupted prepare
 is simply redone — and concurrent prepares of the same model wait for each other on a
 file lock instead of racing.
+
+A prepared directory is handed out (:func:`require`, :func:`prepare`) only once its
+family's ``verify`` passes: a file damaged since it was prepared is reported by name,
+with the command that rebuilds it, rather than loaded.
 """
 
 from __future__ import annotations
@@ -16,7 +20,7 @@ import os
 from pathlib import Path
 from typing import Any
 
-from omni_actors.errors import OmniError
+from omni_actors.errors import ModelFileError, OmniError
 from omni_actors.model_family import ModelFamily, Progress, UnknownModelError, model_family
 
 __all__ = [
@@ -61,7 +65,10 @@ def model_dir(family: str | ModelFamily, *, cache_dir: Path | None = None, seed:
 
 
 def is_prepared(family: str | ModelFamily, *, cache_dir: Path | None = None, seed: int = 0) -> bool:
-    """Whether ``prepare`` has finished for this family, seed and cache."""
+    """Whether ``prepare`` has finished for this family, seed and cache.
+
+    Reads the manifest only; :func:`require` checks the files too.
+    """
     manifest = model_dir(family, cache_dir=cache_dir, seed=seed) / _MANIFEST
     try:
         data: Any = json.loads(manifest.read_text())
@@ -70,17 +77,43 @@ def is_prepared(family: str | ModelFamily, *, cache_dir: Path | None = None, see
     return isinstance(data, dict) and data.get("format") == _FORMAT and data.get("seed") == seed
 
 
+def _prepare_command(name: str, cache_dir: Path | None, seed: int) -> str:
+    flags = f" --seed {seed}" if seed else ""
+    if cache_dir is not None:
+        flags += f" --cache-dir {cache_dir}"
+    return f"omni-actors prepare {name}{flags}"
+
+
+def _verify(family: ModelFamily, where: Path, cache_dir: Path | None, seed: int) -> None:
+    """Run the family's ``verify`` on its prepared ``where``; a damaged file's error
+    gets the command that rebuilds the directory."""
+    if family.verify is None:
+        return
+    try:
+        family.verify(where)
+    except ModelFileError as error:
+        command = _prepare_command(family.name, cache_dir, seed)
+        remedy = f"the prepared model is damaged; rebuild it: {command} --force (or delete {where})"
+        raise ModelFileError(error.path, error.problem, remedy) from error
+
+
 def require(family: str | ModelFamily, *, cache_dir: Path | None = None, seed: int = 0) -> Path:
-    """The prepared directory, or :class:`ModelNotPreparedError` naming the command."""
-    name = _family(family).name
-    where = model_dir(family, cache_dir=cache_dir, seed=seed)
-    if not is_prepared(family, cache_dir=cache_dir, seed=seed):
-        flags = f" --seed {seed}" if seed else ""
-        if cache_dir is not None:
-            flags += f" --cache-dir {cache_dir}"
+    """The prepared directory, its files checked by the family's ``verify``.
+
+    Raises:
+        ModelNotPreparedError: not prepared (the message names the command).
+        ModelFileError: a prepared file is missing or corrupt (the message names the
+            file and the command that rebuilds it).
+        UnknownModelError: no family by that name.
+    """
+    found = _family(family)
+    where = model_dir(found, cache_dir=cache_dir, seed=seed)
+    if not is_prepared(found, cache_dir=cache_dir, seed=seed):
         raise ModelNotPreparedError(
-            f"{name} weights are not prepared in {where}; run: omni-actors prepare {name}{flags}"
+            f"{found.name} weights are not prepared in {where}; "
+            f"run: {_prepare_command(found.name, cache_dir, seed)}"
         )
+    _verify(found, where, cache_dir, seed)
     return where
 
 
@@ -100,6 +133,10 @@ def prepare(
         seed: seeds the random weights.
         force: rebuild even if prepared.
         progress: ``progress(step, done, total)`` as each part is written.
+
+    Raises:
+        ModelFileError: already prepared (and not ``force``), but a file is missing or
+            corrupt; the message names it and says to rebuild with ``--force``.
     """
     found = _family(family)
     where = model_dir(found, cache_dir=cache_dir, seed=seed)
@@ -107,6 +144,9 @@ def prepare(
     with open(where.parent / f".seed-{seed}.lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)  # another prepare of the same model waits here
         if not force and is_prepared(found, cache_dir=cache_dir, seed=seed):
+            # Not rebuilt behind the caller's back: a damaged cache may be a disk failing
+            # or a file tampered with, which the user should hear of.
+            _verify(found, where, cache_dir, seed)
             return where
         (where / _MANIFEST).unlink(missing_ok=True)
         found.prepare(where, seed, progress)

@@ -74,12 +74,18 @@ class ModelFamily:
         checkpoint: the subdirectory of ``out_dir`` that holds the whole model as one
             Hugging Face checkpoint (what an engine that loads a model by path, such as
             the ``vllm`` kind, is pointed at by ``model: <family name>``); None if none.
+        verify: ``verify(out_dir)`` checks a prepared directory's files without loading
+            a model, raising :class:`~omni_actors.errors.ModelFileError` for the first
+            missing or corrupt one; the cache runs it before handing the directory out
+            (a cache on disk can be truncated or tampered with after it was prepared).
+            None: nothing is checked.
     """
 
     name: str
     engines: Mapping[str, str]
     prepare: Callable[[Path, int, Progress | None], None]
     checkpoint: str | None = None
+    verify: Callable[[Path], None] | None = None
 
 
 @functools.cache

@@ -1,12 +1,14 @@
-"""The model cache: idempotent prepare, seeds, interrupted builds, clear errors."""
+"""The model cache: idempotent prepare, seeds, interrupted builds, damaged files, clear errors."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
 
 from omni_actors import model_cache
+from omni_actors.errors import ModelFileError
 from omni_actors.model_cache import (
     ModelNotPreparedError,
     UnknownModelError,
@@ -16,6 +18,7 @@ from omni_actors.model_cache import (
     require,
 )
 from omni_actors.model_family import ModelFamily, Progress
+from omni_actors.model_files import read_json
 
 BUILDS: list[tuple[Path, int]] = []
 
@@ -34,6 +37,27 @@ def _build(out_dir: Path, seed: int, progress: Progress | None = None) -> None:
 def fake_family() -> ModelFamily:
     BUILDS.clear()
     return ModelFamily(name="fake", engines={}, prepare=_build)
+
+
+def _build_config(out_dir: Path, seed: int, progress: Progress | None = None) -> None:
+    _build(out_dir, seed, progress)
+    (out_dir / "config.json").write_text(json.dumps({"seed": seed}))
+
+
+def _verify_config(out_dir: Path) -> None:
+    read_json(out_dir / "config.json")
+
+
+@pytest.fixture
+def checked_family() -> ModelFamily:
+    """A family whose ``verify`` reads its one file, as a real family checks its files."""
+    BUILDS.clear()
+    return ModelFamily(
+        name="checked",
+        engines={},
+        prepare=_build_config,
+        verify=_verify_config,
+    )
 
 
 def test_prepare_builds_once_per_seed(tmp_path: Path, fake_family: ModelFamily) -> None:
@@ -82,3 +106,35 @@ def test_unknown_families_and_the_default_cache(monkeypatch: pytest.MonkeyPatch)
     monkeypatch.delenv("OMNI_ACTORS_CACHE")
     monkeypatch.setenv("XDG_CACHE_HOME", "/xdg")
     assert model_cache.default_cache_dir() == Path("/xdg/omni-actors")
+
+
+@pytest.mark.parametrize("damage", [b'{"seed": ', b"", b"\x00\xff junk"])
+def test_a_damaged_prepared_file_is_named_with_the_rebuild_command(
+    tmp_path: Path, checked_family: ModelFamily, damage: bytes
+) -> None:
+    where = prepare(checked_family, cache_dir=tmp_path, seed=3)
+    assert require(checked_family, cache_dir=tmp_path, seed=3) == where
+    (where / "config.json").write_bytes(damage)
+    assert is_prepared(checked_family, cache_dir=tmp_path, seed=3)  # the manifest is intact
+    rebuild = f"omni-actors prepare checked --seed 3 --cache-dir {tmp_path} --force"
+    with pytest.raises(ModelFileError) as info:
+        require(checked_family, cache_dir=tmp_path, seed=3)
+    assert info.value.path == where / "config.json"
+    assert str(where / "config.json") in str(info.value)
+    assert rebuild in str(info.value)
+    assert f"or delete {where}" in str(info.value)
+    # Preparing again does not hand the damaged directory out, nor rebuild it unasked.
+    with pytest.raises(ModelFileError, match="--force"):
+        prepare(checked_family, cache_dir=tmp_path, seed=3)
+    assert len(BUILDS) == 1
+    prepare(checked_family, cache_dir=tmp_path, seed=3, force=True)
+    assert require(checked_family, cache_dir=tmp_path, seed=3) == where
+    assert len(BUILDS) == 2
+
+
+def test_a_deleted_prepared_file_is_named(tmp_path: Path, checked_family: ModelFamily) -> None:
+    where = prepare(checked_family, cache_dir=tmp_path)
+    (where / "config.json").unlink()
+    with pytest.raises(ModelFileError, match="is missing") as info:
+        require(checked_family, cache_dir=tmp_path)
+    assert f"omni-actors prepare checked --cache-dir {tmp_path} --force" in str(info.value)

@@ -2,7 +2,8 @@
 
 Registered under the entry point group ``omni_actors.families`` (see ``pyproject.toml``).
 This module imports nothing heavy: an engine's module (which loads transformers) is
-imported only when a pipeline names its kind, and the weights code only to prepare.
+imported only when a pipeline names its kind, and the weights code only to prepare;
+checking a prepared directory (:func:`.layout.verify`) needs neither.
 """
 
 from __future__ import annotations
@@ -10,6 +11,8 @@ from __future__ import annotations
 from pathlib import Path
 
 from omni_actors.model_family import ModelFamily, Progress
+
+from .layout import verify
 
 __all__ = ["TINY_OMNI"]
 
@@ -28,6 +31,7 @@ TINY_OMNI = ModelFamily(
         "tiny-omni.code2wav": "omni_actors.actors.tiny_omni.code2wav_engine:Code2WavEngine",
     },
     prepare=_prepare,
-    checkpoint="checkpoint",  # weights.CHECKPOINT: what `vllm` stages load (model: tiny-omni)
+    checkpoint="checkpoint",  # layout.CHECKPOINT: what `vllm` stages load (model: tiny-omni)
+    verify=verify,
 )
 """Qwen3-Omni's architecture at toy size, with seeded random weights (no download)."""

@@ -10,14 +10,13 @@ in step with what the cache holds. Decode steps are the exception:
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Final, cast
 
 import torch
 
-from omni_actors.actors.tiny_omni import configs, stepping, weights
+from omni_actors.actors.tiny_omni import configs, layout, stepping, weights
 from omni_actors.actors.tiny_omni.audio_stream import AudioClip
 from omni_actors.actors.tiny_omni.batched_step import thinker_steps
 from omni_actors.actors.tiny_omni.configs import Tokens
@@ -57,6 +56,10 @@ class ThinkerModel:
     Args:
         path: the thinker stage's directory (``<prepared>/thinker``).
 
+    Raises:
+        ModelFileError: a file of the stage, or the composite ``config.json`` beside it,
+            is missing or corrupt (see :func:`.weights.load`).
+
     Attributes:
         text_config: the text model's config (what a session's ``DynamicCache`` needs).
         tts: [3, H] the embeddings of TTS_BOS, TTS_EOS, TTS_PAD.
@@ -68,10 +71,7 @@ class ThinkerModel:
         thinker = weights.load(path, device=device)
         assert isinstance(thinker, Qwen3OmniMoeThinkerForConditionalGeneration)
         self._thinker = thinker
-        # The talker's conditioning layer is a talker setting; the thinker stage's own
-        # config does not have it, the composite config one level up does.
-        composite = json.loads((path.parent / "config.json").read_text())
-        self._accept_layer = int(composite["talker_config"]["accept_hidden_layer"])
+        self._accept_layer = layout.accept_hidden_layer(path.parent)
         self.text_config = cast(PreTrainedConfig, thinker.config.text_config)
         audio = cast(PreTrainedConfig, thinker.config.audio_config)
         self._n_window, self._n_window_infer = int(audio.n_window), int(audio.n_window_infer)

@@ -9,11 +9,13 @@ it has no weights of its own.
 Weights are random but deterministic: every stage is drawn right after
 ``torch.manual_seed(seed)``, so a stage's weights do not depend on build order and the same
 seed always rebuilds the same files' tensors.
+
+Loading treats the files as hostile input (:mod:`omni_actors.model_files`): safetensors
+only, every file checked first, and a failure reported as a ``ModelFileError`` naming it.
 """
 
 from __future__ import annotations
 
-import json
 import shutil
 from collections.abc import Callable
 from pathlib import Path
@@ -33,19 +35,16 @@ from omni_actors.actors.tiny_omni.hf import (
     Qwen3OmniMoeThinkerConfig,
     Qwen3OmniMoeThinkerForConditionalGeneration,
 )
+from omni_actors.errors import ModelFileError
 from omni_actors.model_cache import ModelNotPreparedError
+from omni_actors.model_files import read_json, safetensors_weights
 
 from .checkpoint import write_checkpoint
 from .configs import DEFAULT_NUM_CODE_GROUPS, quiet_transformers, tiny_configs
+from .layout import CHECKPOINT, REBUILD, STAGES
 from .tokenizer import write_tokenizer
 
 __all__ = ["CHECKPOINT", "STAGES", "Progress", "build", "is_built", "load"]
-
-STAGES: Final = ("thinker", "talker", "code2wav")
-"""Stage directory names, in pipeline order."""
-
-CHECKPOINT: Final = "checkpoint"
-"""The directory of the whole model as one HF checkpoint (:mod:`.checkpoint`)."""
 
 Progress = Callable[[str, int, int], None]
 """``progress(stage, done, total)``: called once a stage's files are written."""
@@ -177,22 +176,42 @@ def load(
         The model, on ``device``, with gradients off for its parameters.
 
     Raises:
-        ValueError: ``stage_dir`` is not a tiny-omni stage.
+        ModelFileError: a file is missing, corrupt or not a tiny-omni stage's, or the
+            weights are only in a pickle-based format (never loaded); the message names
+            the file.
         ModelNotPreparedError: its tensors do not match the model (saved under a layout
             this transformers release does not read); the message has the command.
     """
     stage_dir = Path(stage_dir)
-    config = json.loads((stage_dir / "config.json").read_text())
-    names = config.get("architectures") or []
-    if len(names) != 1 or names[0] not in _BY_ARCHITECTURE:
-        raise ValueError(f"{stage_dir}: not a tiny-omni stage (architectures={names!r})")
-    stage = _BY_ARCHITECTURE[names[0]]
+    config_file = stage_dir / "config.json"
+    names = read_json(config_file, remedy=REBUILD).get("architectures")
+    name = names[0] if isinstance(names, list) and len(names) == 1 else None
+    stage = _BY_ARCHITECTURE.get(name) if isinstance(name, str) else None
+    if stage is None:
+        problem = f"not a tiny-omni stage (architectures={names!r})"
+        raise ModelFileError(config_file, problem, REBUILD)
+    # Checked here, not left to transformers: it names no file when one is corrupt.
+    safetensors_weights(stage_dir, remedy=REBUILD)
     with quiet_transformers():
-        config = _CONFIGS[stage].from_pretrained(stage_dir, local_files_only=True)
-        # With output_loading_info, a (model, info) pair, which the stubs do not describe.
-        loaded: Any = _CLASSES[stage].from_pretrained(
-            stage_dir, config=config, local_files_only=True, dtype=dtype, output_loading_info=True
-        )
+        try:
+            config = _CONFIGS[stage].from_pretrained(stage_dir, local_files_only=True)
+        except Exception as error:  # a field of the wrong type or value: the file's fault
+            problem = f"is no valid {_CONFIGS[stage].__name__} ({error})"
+            raise ModelFileError(config_file, problem, REBUILD) from error
+        try:
+            # use_safetensors: transformers would fall back to a pytorch_model.bin.
+            # With output_loading_info, a (model, info) pair, which the stubs do not describe.
+            loaded: Any = _CLASSES[stage].from_pretrained(
+                stage_dir,
+                config=config,
+                local_files_only=True,
+                use_safetensors=True,
+                dtype=dtype,
+                output_loading_info=True,
+            )
+        except Exception as error:  # the files are whole, but the config and tensors disagree
+            problem = f"its weights do not build the model its config.json describes ({error})"
+            raise ModelFileError(stage_dir, problem, REBUILD) from error
     model: PreTrainedModel = loaded[0]
     info: dict[str, Any] = loaded[1]
     # transformers fills missing weights with fresh random ones and only logs it: a stage
@@ -200,8 +219,8 @@ def load(
     mismatch = {k: info[k] for k in ("missing_keys", "unexpected_keys") if info.get(k)}
     if mismatch:
         raise ModelNotPreparedError(
-            f"{stage_dir} does not match {names[0]} of this transformers version "
-            f"({mismatch}); rebuild it: omni-actors prepare tiny-omni --force"
+            f"{stage_dir} does not match {name} of this transformers version "
+            f"({mismatch}); {REBUILD}"
         )
     model.train(False)
     model.requires_grad_(False)

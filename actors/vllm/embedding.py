@@ -3,13 +3,12 @@
 The talker's inputs for text positions and generated tokens are rows of this table
 (HF's Qwen3-Omni uses the thinker's ``embed_tokens`` for them), so a thinker running in
 vLLM need not hand any hidden state out for text: the engine keeps the table and looks
-rows up. It is one tensor of the checkpoint's safetensors, found through the shard index
-when the checkpoint is sharded.
+rows up. It is one tensor of the checkpoint's safetensors (the shards its index names,
+when it is sharded), every file checked first: see :mod:`omni_actors.model_files`.
 """
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Final
 
@@ -17,6 +16,7 @@ import torch
 from safetensors import safe_open
 
 from omni_actors.errors import EngineError
+from omni_actors.model_files import safetensors_weights
 
 __all__ = ["EMBEDDING_KEY", "load_input_embeddings"]
 
@@ -28,15 +28,11 @@ def load_input_embeddings(checkpoint: Path, key: str = EMBEDDING_KEY) -> torch.T
     """The ``[vocab, hidden]`` table named ``key`` in ``checkpoint``, as float32.
 
     Raises:
+        ModelFileError: the checkpoint's weights are missing, corrupt, or only in a
+            pickle-based format (never loaded).
         EngineError: the checkpoint has no such tensor.
     """
-    index = checkpoint / "model.safetensors.index.json"
-    if index.is_file():
-        shard = json.loads(index.read_text()).get("weight_map", {}).get(key)
-        files = [checkpoint / shard] if shard else []
-    else:
-        files = sorted(checkpoint.glob("*.safetensors"))
-    for file in files:
+    for file in safetensors_weights(checkpoint):
         with safe_open(str(file), framework="pt") as tensors:
             if key in tensors.keys():  # noqa: SIM118 - safe_open is no mapping
                 table: torch.Tensor = tensors.get_tensor(key)

@@ -28,13 +28,20 @@ import multiprocessing
 import os
 from multiprocessing.process import BaseProcess
 from pathlib import Path
-from typing import Any
+from typing import Any, Final
 
 from omni_actors.errors import EngineError, OmniError
 from omni_actors.model_cache import require
 from omni_actors.model_family import model_families
 
-__all__ = ["EngineDiedError", "VllmRuntime", "cpu_engine_args", "resolve_checkpoint"]
+__all__ = [
+    "SAFETENSORS_LOAD_FORMATS",
+    "EngineDiedError",
+    "VllmRuntime",
+    "cpu_engine_args",
+    "resolve_checkpoint",
+    "safetensors_engine_args",
+]
 
 log = logging.getLogger(__name__)
 
@@ -89,6 +96,31 @@ def cpu_engine_args(engine_args: dict[str, Any], threads: int | None) -> dict[st
 
 _PARALLEL = ("tensor_parallel_size", "pipeline_parallel_size", "data_parallel_size")
 
+SAFETENSORS_LOAD_FORMATS: Final = ("safetensors", "fastsafetensors", "runai_streamer", "dummy")
+"""vLLM ``load_format`` values that read no pickle-based weights file (``dummy`` reads
+no file at all)."""
+
+
+def safetensors_engine_args(engine_args: dict[str, Any]) -> dict[str, Any]:
+    """``engine_args`` with vLLM loading safetensors only (see :mod:`omni_actors.model_files`).
+
+    vLLM's default ``load_format``, ``auto``, falls back to ``*.bin`` and ``*.pt`` files
+    (pickles) when a checkpoint has no safetensors, and ``pt`` or ``npcache`` read only
+    those; this sets ``safetensors`` unless the pipeline chose one of
+    :data:`SAFETENSORS_LOAD_FORMATS`.
+
+    Raises:
+        EngineError: the pipeline chose another format.
+    """
+    args = dict(engine_args)
+    chosen = str(args.setdefault("load_format", "safetensors")).lower()
+    if chosen not in SAFETENSORS_LOAD_FORMATS:
+        raise EngineError(
+            f"engine_args.load_format {chosen!r} may load pickle-based weights, which can "
+            f"run code; use one of {', '.join(SAFETENSORS_LOAD_FORMATS)} (or leave it out)"
+        )
+    return args
+
 
 class VllmRuntime:
     """A started ``AsyncLLM`` and the watch on its processes; see the module docstring.
@@ -113,12 +145,14 @@ class VllmRuntime:
         cls, model: Path, engine_args: dict[str, Any], *, cpu_threads: int | None = None
     ) -> VllmRuntime:
         """Start vLLM on ``model`` with these ``AsyncEngineArgs`` fields (tens of seconds);
-        on a CPU, adjusted by :func:`cpu_engine_args` with ``cpu_threads``.
+        loading safetensors only (:func:`safetensors_engine_args`), and on a CPU adjusted
+        by :func:`cpu_engine_args` with ``cpu_threads``.
 
         It blocks this process's event loop while vLLM starts: ``AsyncLLM`` binds its
         sockets to the loop it is built on, and a stage worker has nothing else to do
         until its engine is up.
         """
+        engine_args = safetensors_engine_args(engine_args)
         # vLLM logs to stdout unless told otherwise; stdout is the caller's (``bench
         # --json``, a CLI's output). Its processes inherit the setting.
         os.environ.setdefault("VLLM_LOGGING_STREAM", "ext://sys.stderr")

@@ -42,7 +42,6 @@ from __future__ import annotations
 import asyncio
 import importlib.util
 import itertools
-import json
 import logging
 from collections.abc import AsyncIterator, Mapping
 from typing import Any, ClassVar
@@ -71,6 +70,7 @@ from omni_actors.actors.vllm.runtime import EngineDiedError, VllmRuntime, resolv
 from omni_actors.actors.vllm.session import Session
 from omni_actors.actors.vllm.turns import TurnTemplate
 from omni_actors.errors import EngineError, MissingExtraError
+from omni_actors.model_files import load_tokenizer, read_json
 
 __all__ = ["EngineDiedError", "VllmInputError", "VllmThinkerArgs", "VllmThinkerEngine"]
 
@@ -112,15 +112,15 @@ class VllmThinkerEngine:
     # -- life cycle ------------------------------------------------------------------------
 
     async def start(self) -> None:
-        """Load the tokenizer and embedding table, then start vLLM (tens of seconds)."""
-        from transformers import AutoTokenizer
+        """Load the tokenizer and embedding table, then start vLLM (tens of seconds).
 
+        Files are checked as read (``omni_actors.model_files``); vLLM reads safetensors only."""
         path = resolve_checkpoint(self.args.model, self.args.cache_dir, self.args.seed)
-        tokenizer = await asyncio.to_thread(AutoTokenizer.from_pretrained, str(path))
+        tokenizer = await asyncio.to_thread(load_tokenizer, path)
         self.tokenizer = tokenizer
         self.turns = TurnTemplate.of(tokenizer)
-        config = json.loads((path / "config.json").read_text())
-        processor = json.loads((path / "processor_config.json").read_text())
+        config = read_json(path / "config.json")
+        processor = read_json(path / "processor_config.json")
         self.audio = AudioSpec.of(tokenizer, config, processor)
         tts = [config[f"tts_{name}_token_id"] for name in ("bos", "eos", "pad")]
         self.embeddings = await asyncio.to_thread(load_input_embeddings, path)

@@ -31,11 +31,12 @@ def add_prepare_arguments(parser: argparse.ArgumentParser) -> None:
 
 def prepare_command(ns: argparse.Namespace) -> int:
     """Build the weights (with a progress bar) unless they are already there."""
-    if not ns.force and is_prepared(ns.model, cache_dir=ns.cache_dir, seed=ns.seed):
-        where = prepare(ns.model, cache_dir=ns.cache_dir, seed=ns.seed)
-        print(f"{ns.model} (seed {ns.seed}) is already prepared in {where}")
-        return 0
+    # A missing extra, or a prepared file found damaged: a step for the user, not a traceback.
     try:
+        if not ns.force and is_prepared(ns.model, cache_dir=ns.cache_dir, seed=ns.seed):
+            where = prepare(ns.model, cache_dir=ns.cache_dir, seed=ns.seed)
+            print(f"{ns.model} (seed {ns.seed}) is already prepared in {where}")
+            return 0
         where = prepare(
             ns.model,
             cache_dir=ns.cache_dir,
@@ -43,7 +44,7 @@ def prepare_command(ns: argparse.Namespace) -> int:
             force=ns.force,
             progress=ProgressBar(f"preparing {ns.model}", stream=sys.stderr),
         )
-    except OmniError as exc:  # e.g. a missing extra: a step for the user, not a traceback
+    except OmniError as exc:
         print(f"omni-actors prepare: {exc}", file=sys.stderr)
         return 2
     print(f"{ns.model} (seed {ns.seed}) prepared in {where}")

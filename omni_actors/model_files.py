@@ -1,0 +1,171 @@
+"""Model files are hostile input: read only formats that cannot run code, check before use.
+
+A model directory comes from a download, a cache on a shared disk or a user's path, and
+any file in it may be truncated, corrupt or crafted. Two rules follow.
+
+Weights load from safetensors only. A pickle-format file (``pytorch_model.bin``, ``*.pt``,
+``*.ckpt``) is a program for the unpickler; ``torch.load(weights_only=True)`` narrows what
+it may do but still runs a pickle machine over the file's bytes. So a directory whose
+weights are only in such files is refused, never loaded, and every Hugging Face
+``from_pretrained`` of a model here passes ``use_safetensors=True``: without it,
+transformers falls back to a ``pytorch_model.bin`` it finds.
+
+A file is checked before a library reads it, and a failure to read it becomes a
+:class:`~omni_actors.errors.ModelFileError` that names the file: safetensors says
+"header too small" without saying of which file, tokenizers raises a bare ``Exception``.
+Checking a safetensors file reads its header only (the data is memory-mapped, not read);
+safetensors verifies there that every tensor's dtype, shape and offsets agree and that the
+tensors cover the file exactly, which catches a truncated file and a tampered header. A
+flipped bit inside tensor data is beyond a check of structure.
+
+safetensors, tokenizers and transformers come with the model extras: each function
+imports what it needs when called.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any, Final
+
+from omni_actors.errors import ModelFileError
+
+__all__ = [
+    "PICKLE_SUFFIXES",
+    "check_safetensors",
+    "check_tokenizer",
+    "load_tokenizer",
+    "read_json",
+    "safetensors_weights",
+]
+
+PICKLE_SUFFIXES: Final = (".bin", ".pt", ".pth", ".ckpt", ".pkl", ".pickle")
+"""Suffixes of weights files in a pickle-based format, which are never loaded."""
+
+_INDEX: Final = "model.safetensors.index.json"
+_TOKENIZER_CONFIGS: Final = ("tokenizer_config.json", "special_tokens_map.json")
+
+
+def read_json(path: Path, *, remedy: str = "") -> dict[str, Any]:
+    """The JSON object in ``path``.
+
+    Raises:
+        ModelFileError: ``path`` is missing or unreadable, or holds no JSON object.
+    """
+    try:
+        data: Any = json.loads(path.read_bytes())
+    except FileNotFoundError:
+        raise ModelFileError(path, "is missing", remedy) from None
+    except (OSError, ValueError) as error:  # ValueError: bad JSON, or bytes that are no text
+        raise ModelFileError(path, f"is no valid JSON ({error})", remedy) from error
+    if not isinstance(data, dict):
+        raise ModelFileError(path, f"holds a JSON {type(data).__name__}, not an object", remedy)
+    return data
+
+
+def check_safetensors(path: Path, *, remedy: str = "") -> None:
+    """Check that ``path`` is a whole safetensors file whose header agrees with its data.
+
+    Raises:
+        ModelFileError: it is missing, truncated, or not safetensors.
+    """
+    from safetensors import SafetensorError, safe_open
+
+    if not path.is_file():
+        raise ModelFileError(path, "is missing", remedy)
+    try:
+        # Opening validates the whole header against the file; no tensor is read. numpy,
+        # not torch: the check is the same, and a CLI that only checks need not import torch.
+        with safe_open(str(path), framework="numpy"):
+            pass
+    except (SafetensorError, OSError, ValueError) as error:
+        problem = f"is no valid safetensors file, truncated or corrupt ({error})"
+        raise ModelFileError(path, problem, remedy) from error
+
+
+def safetensors_weights(directory: Path, *, remedy: str = "") -> list[Path]:
+    """The safetensors files of a Hugging Face model directory, each one checked.
+
+    With a shard index (``model.safetensors.index.json``), the shards it names; else every
+    ``*.safetensors`` file in ``directory``.
+
+    Raises:
+        ModelFileError: there is none (``model.safetensors is missing``, or, when there
+            are pickle-format weights instead, that they are never loaded), the index is
+            corrupt or names a file outside ``directory``, or a file fails
+            :func:`check_safetensors`.
+    """
+    if not directory.is_dir():
+        raise ModelFileError(directory, "is missing", remedy)
+    index = directory / _INDEX
+    if index.is_file():
+        shards = read_json(index, remedy=remedy).get("weight_map")
+        if not isinstance(shards, dict) or not all(isinstance(s, str) for s in shards.values()):
+            raise ModelFileError(index, "has no weight_map of tensor name to file", remedy)
+        # A shard is a file name beside the index: a path could point anywhere on disk.
+        names = sorted(set(shards.values()))
+        if any(Path(name).name != name or not name.endswith(".safetensors") for name in names):
+            raise ModelFileError(
+                index, f"names files other than safetensors beside it: {names}", remedy
+            )
+        files = [directory / name for name in names]
+    else:
+        files = sorted(directory.glob("*.safetensors"))
+    if not files:
+        pickled = sorted(p.name for p in directory.glob("*") if p.suffix in PICKLE_SUFFIXES)
+        if pickled:
+            raise ModelFileError(
+                directory,
+                f"has weights only in a pickle-based format ({', '.join(pickled)}), which is "
+                "never loaded: unpickling a file can run code",
+                remedy or "convert the weights to safetensors (model.safetensors)",
+            )
+        # Named as a single-file checkpoint names it: the file a reader will look for.
+        raise ModelFileError(directory / "model.safetensors", "is missing", remedy)
+    for file in files:
+        check_safetensors(file, remedy=remedy)
+    return files
+
+
+def check_tokenizer(directory: Path, *, remedy: str = "") -> None:
+    """Check the fast tokenizer in ``directory``: ``tokenizer.json`` and its JSON configs.
+
+    ``tokenizer.json`` is parsed by ``tokenizers`` itself, so a vocabulary or a model of
+    the wrong shape is found too, not only broken JSON.
+
+    Raises:
+        ModelFileError: ``tokenizer.json`` is missing or does not load, or a tokenizer
+            config present beside it is no JSON object.
+    """
+    from tokenizers import Tokenizer
+
+    file = directory / "tokenizer.json"
+    if not file.is_file():
+        raise ModelFileError(file, "is missing", remedy)
+    try:
+        Tokenizer.from_file(str(file))
+    except Exception as error:  # tokenizers raises a bare Exception for any bad file
+        raise ModelFileError(file, f"is no valid tokenizer ({error})", remedy) from error
+    for name in _TOKENIZER_CONFIGS:
+        if (directory / name).exists():
+            read_json(directory / name, remedy=remedy)
+
+
+def load_tokenizer(directory: Path, *, remedy: str = "") -> Any:
+    """``transformers.AutoTokenizer`` of ``directory``, its files checked first.
+
+    Local files only, and never code the directory ships (``trust_remote_code=False``).
+
+    Raises:
+        ModelFileError: see :func:`check_tokenizer`; or transformers cannot build a
+            tokenizer from the files.
+    """
+    from transformers import AutoTokenizer
+
+    check_tokenizer(directory, remedy=remedy)
+    try:
+        return AutoTokenizer.from_pretrained(
+            str(directory), local_files_only=True, trust_remote_code=False
+        )
+    except Exception as error:  # the files passed the checks, yet transformers refuses them
+        raise ModelFileError(directory, f"holds no usable tokenizer ({error})", remedy) from error
