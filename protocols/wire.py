@@ -32,25 +32,34 @@ __all__ = [
 ]
 
 
-VERSION = 2
+VERSION = 3
 """The wire protocol's version, announced in ``Hello``: bump it on any change to the
 structs below (or to how messages and tensors are encoded), so that two processes of
 different releases refuse each other at the handshake instead of misreading frames."""
 
 
 class Tell(msgspec.Struct, tag="tell", frozen=True, array_like=True):
-    """A one-way message to the actor ``target`` on the receiving node."""
+    """A one-way message to the actor ``target`` on the receiving node.
+
+    ``seq`` numbers the user messages (``Tell`` and ``Ask``) of one link from 1 up: the
+    receiver refuses one it has seen already, so a replayed frame is never handled twice.
+    """
 
     target: str
     sender: int
+    seq: int
     body: msgspec.Raw
 
 
 class Ask(msgspec.Struct, tag="ask", frozen=True, array_like=True):
-    """A request; the receiving node answers ``Reply`` or ``Failure`` with ``corr``."""
+    """A request; the receiving node answers ``Reply`` or ``Failure`` with ``corr``.
+
+    ``seq`` is numbered with the link's ``Tell`` frames (see there).
+    """
 
     target: str
     sender: int
+    seq: int
     corr: int
     body: msgspec.Raw
 
@@ -71,11 +80,16 @@ class Failure(msgspec.Struct, tag="failure", frozen=True, array_like=True):
 
 
 class Credit(msgspec.Struct, tag="credit", frozen=True, array_like=True):
-    """Receiver node ``node`` → sender: ``grant`` more messages fit in ``target``'s mailbox."""
+    """Receiver node ``node`` → sender: send up to ``limit`` messages to ``target`` in all.
+
+    ``limit`` counts from the start of the flow (the messages the receiver has handled
+    plus its window), as TCP acknowledges a position, not an amount: a replayed or
+    reordered grant can only repeat a limit already known, never add credits.
+    """
 
     node: int
     target: str
-    grant: int
+    limit: int
 
 
 class RefDesc(msgspec.Struct, tag="R", frozen=True, array_like=True):

@@ -16,7 +16,11 @@ Meanwhile:
   in ``duplicate_every`` on another is delivered twice.
 
 Reported: turns started and how each ended (``completed``, ``cancelled``,
-``failed:<code>``, ``disconnected``, ``hung``: no terminal event within the deadline),
+``response_failed:<code>``: the response failed and the conversation went on,
+``failed:<code>``: the pipeline ended the conversation, ``disconnected``, ``hung``: no
+terminal event within the deadline;
+``not_admitted:<code>`` counts sessions refused at open), conversations the pipeline
+ended between two turns (``ended_between_turns``),
 conversations started and lost (ended by the pipeline rather than by their client;
 target 0), hung turns (target 0), the recovery time from each kill to the next turn
 started after it that completed (p50, max), and the process tree's counts before and
@@ -76,7 +80,8 @@ class _Tally:
     conversations: int = 0
     lost: int = 0
     turns: int = 0
-    outcomes: Counter[str] = field(default_factory=Counter)
+    outcomes: Counter[str] = field(default_factory=Counter)  # of turns started
+    between: Counter[str] = field(default_factory=Counter)  # ends between turns
     completed: list[tuple[float, float]] = field(default_factory=list)  # (started, ended)
 
 
@@ -86,6 +91,7 @@ async def _conversation(
     """One conversation under fire: ``_TURNS`` turns, each answered, or its end."""
     tally.conversations += 1
     session = omni.session()
+    in_turn = False
     try:
         error = await session.open()
         if error is not None:
@@ -95,6 +101,7 @@ async def _conversation(
             await session.send(text=f"conversation {n}, turn {turn}: tell me more")
             started = time.monotonic()
             tally.turns += 1
+            in_turn = True
             await session.respond()
             leave = rng.random() < disconnect_p
             async with asyncio.timeout(_REPLY_DEADLINE_S):
@@ -104,10 +111,15 @@ async def _conversation(
                         tally.outcomes["disconnected"] += 1
                         return
                     if isinstance(event, ResponseDone):
-                        code = event.status if event.code is None else f"failed:{event.code}"
+                        code = (
+                            event.status
+                            if event.code is None
+                            else f"response_{event.status}:{event.code}"
+                        )
                         tally.outcomes[code] += 1
                         if event.status == "completed":
                             tally.completed.append((started, time.monotonic()))
+                        in_turn = False
                     elif isinstance(event, SessionError):
                         tally.outcomes[f"failed:{event.code}"] += 1
                         tally.lost += 1
@@ -117,9 +129,9 @@ async def _conversation(
             async for _ in session:
                 pass
     except TimeoutError:
-        tally.outcomes["hung"] += 1
-    except OmniError as exc:  # a send into a session the pipeline ended
-        tally.outcomes[f"failed:{exc.code}"] += 1
+        (tally.outcomes if in_turn else tally.between)["hung"] += 1
+    except OmniError as exc:  # a send into a session the pipeline ended meanwhile
+        (tally.outcomes if in_turn else tally.between)[f"failed:{exc.code}"] += 1
         tally.lost += 1
     finally:
         await session.close()
@@ -207,7 +219,7 @@ async def run_chaos_bench(
         counts_end = await settled(omni, counts_start)
         restarts = {name: h.restarts for name, h in (await omni.health()).stages.items()}
     recovery = sorted(_recovery(kills, tally.completed))
-    hung = tally.outcomes["hung"]
+    hung = tally.outcomes["hung"] + tally.between["hung"]
     # Fewer is no leak: a restarted worker's links to its peers are made again on use.
     leaked = {k: max(0, counts_end[k] - counts_start[k]) for k in counts_start}
     return {
@@ -224,6 +236,7 @@ async def run_chaos_bench(
         "restarts": restarts,
         "turns_started": tally.turns,
         "turns": dict(tally.outcomes),
+        "ended_between_turns": dict(tally.between),
         "conversations": tally.conversations,
         "conversations_lost": tally.lost,
         "hung": hung,

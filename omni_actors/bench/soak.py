@@ -140,6 +140,14 @@ def _slope_per_min(points: list[tuple[float, float]]) -> float | None:
     return round(cov / var * 60, 4)
 
 
+def _median(samples: list[dict[str, Any]], key: str) -> float:
+    """The median of ``key`` (a series, or a pid's RSS) over ``samples``."""
+    values = sorted(
+        float(s[key]) if key in s else float(s["rss_mb_by_pid"].get(key, 0.0)) for s in samples
+    )
+    return values[len(values) // 2] if values else 0.0
+
+
 def _sample(t: float, resources: Resources, live: int, done: int) -> dict[str, Any]:
     return {
         "t_s": round(t, 1),
@@ -184,7 +192,8 @@ async def run_soak_bench(
 
     Returns:
         ``samples``, the slopes per minute after the warm-up (``slope_per_min``),
-        ``rss_growth_pct`` (end of warm-up to the end) against the target (``met``),
+        ``rss_growth_pct`` (the median of the minute after the warm-up to that of the
+        last minute; per process too) against the target (``met``),
         ``outcomes`` (turns by outcome, the warm-up round's included),
         ``counts_start`` (after one conversation per client, settled), ``counts_end``
         (after the run, settled) and ``leaked`` (their difference).
@@ -223,8 +232,17 @@ async def run_soak_bench(
         key: _slope_per_min([(s["t_s"], float(s[key])) for s in after])
         for key in ("rss_mb", "fds", "shm", "children", "tasks", "live_sessions")
     }
-    first, last = after[0]["rss_mb"], after[-1]["rss_mb"]
+    # One sample is a moment: a burst of replies in flight, a collection just done. The
+    # RSS "at" the end of the warm-up and at the end is each a minute's median.
+    head = [s for s in after if s["t_s"] < after[0]["t_s"] + 60]
+    tail = [s for s in after if s["t_s"] > after[-1]["t_s"] - 60]
+    first, last = _median(head, "rss_mb"), _median(tail, "rss_mb")
     growth = round((last / first - 1) * 100, 2) if first else math.nan
+    by_pid = {
+        pid: round((_median(tail, pid) / _median(head, pid) - 1) * 100, 2)
+        for pid in after[0]["rss_mb_by_pid"]
+        if _median(head, pid) and all(pid in s["rss_mb_by_pid"] for s in tail)
+    }
     return {
         "preset": label,
         "sessions": sessions,
@@ -237,6 +255,7 @@ async def run_soak_bench(
         "rss_mb_after_warmup": first,
         "rss_mb_end": last,
         "rss_growth_pct": growth,
+        "rss_growth_pct_by_pid": by_pid,
         "target_rss_growth_pct": TARGET_RSS_GROWTH_PCT,
         "met": growth < TARGET_RSS_GROWTH_PCT,
         "slope_per_min": slopes,

@@ -29,6 +29,7 @@ class Link:
         self.endpoint = endpoint
         self.socket = socket
         self.slab: SlabWriter | None = None
+        self.seq = 0  # the last user message's number on this link (see ``wire.Tell``)
         self.encoder = Encoder(slab_threshold=node.shm_threshold, ref_hook=node.encode_ref)
 
     def use_slab(self, slab: SlabWriter) -> None:
@@ -66,10 +67,12 @@ class Link:
         buffers: list[Any] = []
         body = msgspec.Raw(self.encoder.encode_into(message, buffers))
         sender = self.node.node_id
+        # Numbered only once encoded: a message that failed to encode leaves no gap.
+        self.seq = seq = self.seq + 1
         envelope: wire.WireMessage = (
-            wire.Tell(target, sender, body)
+            wire.Tell(target, sender, seq, body)
             if corr is None
-            else wire.Ask(target, sender, corr, body)
+            else wire.Ask(target, sender, seq, corr, body)
         )
         self.send(envelope, buffers)
 

@@ -8,6 +8,11 @@ Sends are synchronous and never block: outgoing sockets have no high-water mark,
 what bounds their queues is credit-based flow control — a sender only sends a user
 message while it holds a credit granted by the receiving actor's mailbox, and every
 other frame (reply, credit, control) answers one of those.
+
+What reaches the inbox is hostile until shown otherwise: with a deployment token only
+processes holding it connect (``peer_auth``); malformed frames, user messages from no
+peer or replayed (``inbox_guard``), stale credits and second slab offers are refused —
+counted in ``refusals``, logged, never handed to an actor.
 """
 
 from __future__ import annotations
@@ -16,7 +21,6 @@ import asyncio
 import itertools
 import logging
 import typing
-from collections import defaultdict
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
@@ -27,8 +31,11 @@ from omni_actors import remoting
 from omni_actors.errors import ActorStoppedError, ProtocolError
 from omni_actors.protocols import wire
 from omni_actors.signals import ControlMessage
+from omni_actors.transport import peer_auth
 from omni_actors.transport.codec import Decoder, slab_slots
+from omni_actors.transport.credit_ledger import CreditLedger
 from omni_actors.transport.endpoints import CurveKeys
+from omni_actors.transport.inbox_guard import InboxGuard
 from omni_actors.transport.link import Link
 from omni_actors.transport.remote import (
     RemoteMailbox,
@@ -60,6 +67,9 @@ class Node:
         curve: CURVE keys; required for TCP across hosts.
         shm_threshold: tensors at least this big go through a shared-memory slab on
             same-host links.
+        token: the deployment token (see ``peer_auth``): an IPC inbox then admits only
+            connections presenting it, and links present it. None trusts every process
+            that can reach the inbox (this user's, for an IPC one).
     """
 
     def __init__(
@@ -70,6 +80,7 @@ class Node:
         *,
         curve: CurveKeys | None = None,
         shm_threshold: int = 1 << 20,
+        token: bytes | None = None,
     ) -> None:
         self.system = system
         self.node_id = node_id
@@ -77,6 +88,9 @@ class Node:
         self.curve = curve
         self.shm_threshold = shm_threshold
         self.control: ControlHandler | None = None
+        self.token = token
+        self.guard = InboxGuard(node_id)
+        self.refusals = self.guard.refusals
         self.slabs = SlabReader()
         self._ctx = zmq.Context()
         self._inbox = self._ctx.socket(zmq.PULL)
@@ -88,9 +102,9 @@ class Node:
         self._decoders: dict[Any, Decoder[Any]] = {}
         self._targets: dict[tuple[int, str], RemoteTarget] = {}
         self._dead: dict[int, BaseException] = {}
-        self._grants: defaultdict[tuple[int, str], int] = defaultdict(int)
+        self._credits = CreditLedger()
         self._reading = False
-        self._auth: Any = None
+        self._auth: Any = None  # whatever checks who connects: CURVE's or peer_auth's
 
     # -- lifecycle ------------------------------------------------------------------
 
@@ -99,6 +113,9 @@ class Node:
         if self.curve is not None:
             self.curve.apply_server(self._inbox)
             self._auth = self.curve.start_authenticator(self._ctx)
+        elif self.token is not None:
+            self._auth = peer_auth.PeerAuthenticator(self._ctx, self.token, self.refusals)
+            self._auth.start(self._inbox)
         self._inbox.bind(self.endpoint)
         self.endpoint = self._inbox.getsockopt_string(zmq.LAST_ENDPOINT)
         loop = asyncio.get_running_loop()
@@ -133,6 +150,8 @@ class Node:
             if self.curve is None or server_public is None:
                 raise ValueError("TCP links need CurveKeys and the server's public key")
             self.curve.apply_client(socket, server_public)
+        elif self.token is not None:
+            peer_auth.apply_client(socket, self.node_id, self.token)
         socket.connect(endpoint)
         link = Link(self, peer, endpoint, socket)
         self._links[peer] = link
@@ -145,6 +164,8 @@ class Node:
         link = self._links.pop(peer, None)
         if link is not None:
             link.close()
+        self.guard.forget_peer(peer)
+        self._credits.forget_peer(peer)
         self._fail_asks(lambda p: p == peer, error)
         for key in [k for k in self._flows if k[0] == peer]:
             self._flows.pop(key).link_lost(error)
@@ -195,12 +216,18 @@ class Node:
         return target.ref
 
     def _open_flow(self, request: wire.OpenFlow) -> None:
+        # Over CURVE the handshake has checked the peer's key: a host of the deployment.
+        known = request.sender in self._links or self.curve is not None
+        if not self.guard.admit_flow(request, known, self.endpoint):
+            return
         link = self.connect(request.sender, request.endpoint)
         inbox = remoting.inbox(self.system, request.target)
         if inbox is None:
+            self._credits.close(request.sender, request.target)
             link.send(wire.FlowClosed(self.node_id, request.target))
         else:
-            link.send(wire.Credit(self.node_id, request.target, max(1, inbox.room)))
+            limit = self._credits.open(request.sender, request.target, inbox.room)
+            link.send(wire.Credit(self.node_id, request.target, limit))
 
     # -- sending --------------------------------------------------------------------
 
@@ -235,22 +262,15 @@ class Node:
                 reply.set_exception(error)
 
     def grant(self, peer: int, target: str) -> None:
-        """Return one credit to ``peer`` for ``target``, in batches of a quarter window.
-
-        Holding back fewer than a quarter of the window never starves the sender (it
-        still holds the other three quarters) and saves a frame per message.
-        """
-        key = (peer, target)
-        count = self._grants[key] + 1
+        """``target`` handled a message from ``peer``: return its credit (batched, see
+        ``credit_ledger``)."""
         inbox = remoting.inbox(self.system, target)
-        window = inbox.capacity if inbox is not None else 1
-        if count < max(1, window // 4):
-            self._grants[key] = count
+        limit = self._credits.handled(peer, target, inbox.capacity if inbox is not None else 1)
+        if limit is None:
             return
-        self._grants[key] = 0
         link = self._links.get(peer)
         if link is not None:
-            link.send(wire.Credit(self.node_id, target, count))
+            link.send(wire.Credit(self.node_id, target, limit))
 
     def reply(self, peer: int, corr: int, value: object) -> None:
         """Send the answer to ``Ask`` number ``corr`` back to ``peer``."""
@@ -291,7 +311,7 @@ class Node:
             try:
                 envelope = decode(frames[0].buffer)
             except (msgspec.DecodeError, msgspec.ValidationError, RecursionError) as exc:
-                log.warning("node %d dropped a malformed frame: %s", self.node_id, exc)
+                self.refusals.refuse("malformed frame", exc)
                 continue
             buffers = [frame.buffer for frame in frames[1:]]
             try:
@@ -304,10 +324,10 @@ class Node:
         match envelope:
             case wire.Tell() | wire.Ask():
                 self._deliver(envelope, buffers)
-            case wire.Credit(node=peer, target=target, grant=grant):
+            case wire.Credit(node=peer, target=target, limit=limit):
                 flow = self._flows.get((peer, target))
-                if flow is not None:
-                    flow.add_credits(grant)
+                if flow is not None and not flow.raise_limit(limit):
+                    self.refusals.refuse("stale credit grant", envelope)
             case wire.OpenFlow():
                 self._open_flow(envelope)
             case wire.FlowClosed(node=peer, target=target):
@@ -331,6 +351,10 @@ class Node:
                 if entry is not None and not entry[0].done():
                     entry[0].set_exception(error_from_wire(error_type, message))
             case wire.SlabOffer(node=peer, slab_id=slab_id, name=name):
+                if self.slabs.attached(peer):
+                    # A link offers its slab once; another would remap slots in use.
+                    self.refusals.refuse("second slab offer", envelope)
+                    return
                 self.slabs.attach(name, slab_id=peer)
                 link = self._links.get(peer)
                 if link is not None:
@@ -346,6 +370,10 @@ class Node:
                     self.control(envelope)
 
     def _deliver(self, envelope: wire.Tell | wire.Ask, buffers: list[memoryview]) -> None:
+        if not self.guard.admit_message(envelope, envelope.sender in self._links):
+            # Its slots are not released: they are the replayed message's, or a
+            # stranger's guess at one in flight, which it must not free.
+            return
         corr = envelope.corr if isinstance(envelope, wire.Ask) else None
         inbox = remoting.inbox(self.system, envelope.target)
         if inbox is None:

@@ -28,7 +28,7 @@ from omni_actors import Actor, remoting
 from omni_actors.errors import ActorStoppedError, ProtocolVersionError, WorkerDiedError
 from omni_actors.protocols import wire
 from omni_actors.remoting import Hosting, PlacedActor
-from omni_actors.transport import shm
+from omni_actors.transport import peer_auth, shm
 from omni_actors.transport.endpoints import RuntimeDir
 from omni_actors.transport.link import Link
 from omni_actors.transport.node import Node
@@ -97,7 +97,9 @@ class Workers:
         # deadline (a pipeline's deadlines.start_s) bounds it; this only backs it up.
         self.actor_timeout = actor_timeout
         self.rundir = RuntimeDir()
-        self.node = Node(system, 0, self.rundir.endpoint(0))
+        # Only the workers launched here get it: nothing else can connect to a node.
+        self.token = peer_auth.new_token()
+        self.node = Node(system, 0, self.rundir.endpoint(0), token=self.token)
         self.node.control = self._on_control
         self._ids = itertools.count(1)
         self._hello: dict[int, asyncio.Future[wire.Hello]] = {}
@@ -117,6 +119,7 @@ class Workers:
         env = dict(os.environ)
         # The worker imports actor classes by name: give it the parent's import path.
         env["PYTHONPATH"] = os.pathsep.join(p for p in sys.path if p)
+        env[peer_auth.TOKEN_ENV] = self.token.decode()  # not argv: others can read that
         proc = await asyncio.create_subprocess_exec(
             sys.executable,
             "-m",

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import builtins
+import contextlib
 import sys
 from typing import TYPE_CHECKING, Any
 
@@ -128,6 +129,7 @@ class RemoteMailbox(Mailbox):
 
     __slots__ = (
         "_credit_waiters",
+        "_limit",
         "credits",
         "endpoint",
         "link",
@@ -146,6 +148,7 @@ class RemoteMailbox(Mailbox):
         self.peer = -1
         self.target = ""
         self.credits = 0
+        self._limit = 0  # messages this flow may send in all: credits + those sent
         self.reply_type = reply_type
         self.ref: ActorRef[Any] | None = None  # the local ref this mailbox serves, if any
         self._credit_waiters: list[asyncio.Future[None]] = []
@@ -155,6 +158,7 @@ class RemoteMailbox(Mailbox):
         self.node, self.link = node, link
         self.peer, self.target, self.endpoint = link.peer, target, link.endpoint
         self.credits = credits
+        self._limit = credits
         node.register_flow(self)
         self._wake_senders()
 
@@ -164,20 +168,28 @@ class RemoteMailbox(Mailbox):
             self.node.unregister_flow(self)
         self.link = None
         self.credits = 0
+        self._limit = 0
 
     def link_lost(self, error: BaseException) -> None:
         """The peer process died: unbind (asks are failed by the node)."""
         self.unbind()
 
-    def add_credits(self, grant: int) -> None:
-        """The receiver consumed ``grant`` messages."""
-        self.credits += grant
+    def raise_limit(self, limit: int) -> bool:
+        """The receiver allows ``limit`` messages in all; False if that is no news.
+
+        A limit at or below the one held is a replayed or reordered ``Credit``: it adds
+        nothing, so the sender never holds more than the receiver's room.
+        """
+        if limit <= self._limit:
+            return False
+        self.credits += limit - self._limit
+        self._limit = limit
         self._wake_senders()
+        return True
 
     @property
     def waiting_senders(self) -> int:
-        """Senders waiting for a credit or the link (one that gave up counts until the
-        next grant)."""
+        """Senders waiting for a credit or the link."""
         return len(self._credit_waiters)
 
     def _wake_senders(self) -> None:
@@ -203,7 +215,14 @@ class RemoteMailbox(Mailbox):
                         raise ActorStoppedError(self.owner)
                     waiter: asyncio.Future[None] = asyncio.get_running_loop().create_future()
                     self._credit_waiters.append(waiter)
-                    await waiter
+                    try:
+                        await waiter
+                    except BaseException:
+                        # Gone on its deadline or cancelled: else a peer that never
+                        # grants would keep one dead waiter per timed-out send.
+                        with contextlib.suppress(ValueError):
+                            self._credit_waiters.remove(waiter)
+                        raise
         if self.closed:
             raise ActorStoppedError(self.owner)
         link, node = self.link, self.node

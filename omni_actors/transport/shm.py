@@ -215,6 +215,11 @@ class SlabReader:
         self.forget(slab_id)
         self._slabs[slab_id] = _Mapping(name, mm, slots, slot_bytes)
 
+    def attached(self, slab_id: int) -> bool:
+        """Whether a slab is mapped under ``slab_id``."""
+        mapping = self._slabs.get(slab_id)
+        return mapping is not None and mapping.mm is not None
+
     def view(self, slab: int, slot: int, offset: int, nbytes: int) -> memoryview:
         """A writable view of a filled slot; the slot is released when it is collected.
 

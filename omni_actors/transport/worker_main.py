@@ -24,6 +24,7 @@ from omni_actors import Actor, ActorSystem, MailboxConfig, Props, remoting, run
 from omni_actors.protocols import wire
 from omni_actors.transport.link import Link
 from omni_actors.transport.node import Node
+from omni_actors.transport.peer_auth import take_token
 from omni_actors.transport.remote import error_to_wire
 
 __all__ = ["WIRE_VERSION_ENV", "actor_spec", "load_actor", "main"]
@@ -145,14 +146,20 @@ async def _watch_stdin(done: asyncio.Event) -> None:
 
 
 async def serve(
-    node_id: int, endpoint: str, parent_endpoint: str, *, version: int = wire.VERSION
+    node_id: int,
+    endpoint: str,
+    parent_endpoint: str,
+    *,
+    version: int = wire.VERSION,
+    token: bytes | None = None,
 ) -> None:
     """Run a worker until the parent says ``Shutdown`` or goes away.
 
-    ``version`` is the wire version announced in ``Hello`` (only a test claims another).
+    ``version`` is the wire version announced in ``Hello`` (only a test claims another);
+    ``token`` is the deployment's (see ``peer_auth``).
     """
     async with ActorSystem(f"worker-{node_id}") as system:
-        node = Node(system, node_id, endpoint)
+        node = Node(system, node_id, endpoint, token=token)
         await node.start()
         try:
             parent = node.connect(0, parent_endpoint)
@@ -184,7 +191,8 @@ def main(argv: list[str] | None = None) -> int:
     )
     # Lets a test start a worker of "another release" through the real launch path.
     version = int(os.environ.get(WIRE_VERSION_ENV, wire.VERSION))
-    run(serve(ns.node, ns.endpoint, ns.parent, version=version))
+    token = take_token()  # first: nothing this worker starts may inherit it
+    run(serve(ns.node, ns.endpoint, ns.parent, version=version, token=token))
     return 0
 
 

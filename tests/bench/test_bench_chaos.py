@@ -24,6 +24,9 @@ async def test_a_short_chaos_run_kills_restarts_and_accounts_for_every_turn() ->
         n for outcome, n in result["turns"].items() if outcome.startswith("not_admitted")
     )
     assert ended == result["turns_started"], result["turns"]
+    assert result["conversations_lost"] == sum(  # "response_failed:" keeps the conversation
+        n for o, n in result["turns"].items() if o.startswith("failed:")
+    ) + sum(n for o, n in result["ended_between_turns"].items() if o.startswith("failed:"))
     assert result["leaked"] == {"fds": 0, "shm": 0, "children": 0, "tasks": 0}
     assert result["counts_end"]["children"] == 3  # every killed worker was replaced
     assert set(result["parameters"]["chunk_faults"]) <= {"thinker->talker", "talker->code2wav"}

@@ -64,6 +64,9 @@ async def _remote_ref(
     sender: Node, receiver: Node, target: ActorRef[object], **connect: bytes
 ) -> RemoteMailbox:
     link = sender.connect(1, receiver.endpoint, **connect)
+    # The receiver links back, as it would on the sender's OpenFlow: a node only takes
+    # user messages from nodes it has a link to.
+    receiver.connect(sender.node_id, sender.endpoint)
     mailbox = RemoteMailbox("/remote", MailboxConfig(), object)  # the targets' default
     mailbox.bind(sender, link, target.path, credits=8)
     return mailbox
@@ -82,17 +85,21 @@ async def test_malformed_frames_are_dropped_and_the_inbox_keeps_working() -> Non
         probe = await kit.create_probe()
         relay = await kit.spawn(Relay, probe.ref)
         mailbox = await _remote_ref(sender, receiver, relay)
-        raw = sender.link(1).socket
+        link = sender.link(1)
+        raw = link.socket
+
+        def tell(target: str, body: bytes) -> bytes:
+            link.seq += 1  # numbered as the link numbers its own: not a replay
+            return msgspec.msgpack.encode(wire.Tell(target, 2, link.seq, msgspec.Raw(body)))
+
         raw.send(b"\xc1 not msgpack")
         raw.send_multipart([msgspec.msgpack.encode(["tell"]), b"extra"])
         body = msgspec.msgpack.encode({"lying": ["T", 0, "float32", [1000], None, 0]})
-        raw.send(msgspec.msgpack.encode(wire.Tell(relay.path, 2, msgspec.Raw(body))))
+        raw.send(tell(relay.path, body))
         # A descriptor for 1000 floats with a 3-byte buffer behind it.
         lying = Encoder(inline_threshold=0).encode_into(Payload(1, torch.zeros(1000)), [])
-        raw.send_multipart(
-            [msgspec.msgpack.encode(wire.Tell(relay.path, 2, msgspec.Raw(lying))), b"x" * 3]
-        )
-        raw.send(msgspec.msgpack.encode(wire.Tell("/nobody", 2, msgspec.Raw(b"\x01"))))
+        raw.send_multipart([tell(relay.path, lying), b"x" * 3])
+        raw.send(tell("/nobody", b"\x01"))
         await mailbox.push_user((Payload(2, torch.ones(3)), None))
         received = await probe.expect_message(Payload)
         assert received.seq == 2

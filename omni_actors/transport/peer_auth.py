@@ -1,0 +1,127 @@
+"""Who may connect to a node's inbox: the processes of one deployment, by token.
+
+The IPC inbox lies in a private (0700) directory, so only this user's processes can
+reach it — but every one of them can: a stale tool, a fuzzer, a process of another
+deployment. The parent therefore draws a random token per deployment and hands it to
+each worker at spawn (in the environment, which only this user can read, and which the
+worker clears before starting anything). Every link presents it in ZeroMQ's PLAIN
+handshake and the inbox admits a connection only if the token matches, so a process
+without it never gets a single frame to the node.
+
+The check runs once per connection, in a ZAP handler served on the node's own event
+loop (no thread): frames on an admitted connection cost nothing more. A process that
+connects without PLAIN at all fails ZeroMQ's handshake (mechanism mismatch) before any
+request reaches us, so it is not counted. Everything a peer holding the token sends is
+trusted as the deployment's own; the node's structural checks (malformed frames,
+replays, credit limits) still keep a buggy peer from hurting it.
+
+PLAIN sends the token in clear, which is fine over an IPC socket on one host; links
+between hosts use TCP with CURVE keys instead (``endpoints.CurveKeys``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hmac
+import os
+import secrets
+from typing import Any
+
+import zmq
+
+from omni_actors.transport.refusals import Refusals
+
+__all__ = ["TOKEN_ENV", "PeerAuthenticator", "apply_client", "new_token", "take_token"]
+
+TOKEN_ENV = "OMNI_ACTORS_DEPLOYMENT_TOKEN"
+"""Environment variable through which a worker receives its deployment's token."""
+
+_ZAP_ENDPOINT = "inproc://zeromq.zap.01"  # fixed by the ZAP specification (RFC 27)
+_DOMAIN = b"omni-actors"
+_POLLIN = int(zmq.POLLIN)
+
+
+def new_token() -> bytes:
+    """A fresh deployment token (128 random bits, hex: PLAIN wants printable bytes)."""
+    return secrets.token_hex(16).encode()
+
+
+def take_token() -> bytes | None:
+    """This worker's token, removed from the environment so children do not inherit it."""
+    token = os.environ.pop(TOKEN_ENV, None)
+    return token.encode() if token else None
+
+
+def apply_client(socket: zmq.Socket[Any], node_id: int, token: bytes) -> None:
+    """Make a link present ``token`` (and its node id, for the log) when it connects."""
+    socket.plain_username = str(node_id).encode()
+    socket.plain_password = token
+
+
+class PeerAuthenticator:
+    """Admits connections to one inbox only if they present the deployment token.
+
+    Args:
+        ctx: the node's ZeroMQ context (ZAP requests stay inside it).
+        token: the deployment token.
+        refusals: where refused connections are counted.
+    """
+
+    def __init__(self, ctx: zmq.Context[Any], token: bytes, refusals: Refusals) -> None:
+        self._token = token
+        self._refusals = refusals
+        self._zap: zmq.Socket[bytes] = ctx.socket(zmq.REP)
+        self._zap.setsockopt(zmq.LINGER, 0)
+        self._loop: asyncio.AbstractEventLoop | None = None
+
+    def start(self, inbox: zmq.Socket[Any]) -> None:
+        """Serve ZAP requests on the running loop; make ``inbox`` require PLAIN.
+
+        Call before ``inbox`` binds: a connection accepted earlier would not be checked.
+        """
+        self._zap.bind(_ZAP_ENDPOINT)
+        inbox.plain_server = True
+        inbox.zap_domain = _DOMAIN
+        self._loop = asyncio.get_running_loop()
+        self._loop.add_reader(self._zap.FD, self._on_readable)
+        self._loop.call_soon(self._on_readable)  # the FD is edge-triggered
+
+    def stop(self) -> None:
+        """Stop serving and close the ZAP socket."""
+        if self._loop is not None:
+            self._loop.remove_reader(self._zap.FD)
+            self._loop = None
+        self._zap.close(linger=0)
+
+    def _on_readable(self) -> None:
+        zap = self._zap
+        while True:
+            try:
+                if not int(zap.get(zmq.EVENTS)) & _POLLIN:
+                    return
+                request = zap.recv_multipart(zmq.NOBLOCK)
+            except zmq.ZMQError:
+                return  # closed under us during shutdown
+            try:
+                zap.send_multipart(self._answer(request))
+            except zmq.ZMQError:
+                return
+
+    def _answer(self, request: list[bytes]) -> list[bytes]:
+        # version, request id, domain, address, routing id, mechanism, credentials...
+        if len(request) < 6 or request[0] != b"1.0":
+            self._refusals.refuse("malformed authentication request", len(request))
+            request_id = request[1] if len(request) > 1 else b""
+            return [b"1.0", request_id, b"500", b"malformed request", b"", b""]
+        request_id, address, mechanism = request[1], request[3], request[5]
+        credentials = request[6:]
+        if mechanism == b"PLAIN" and len(credentials) == 2:
+            user, password = credentials
+            # Constant time: the comparison must not tell a guesser how much it got right.
+            if hmac.compare_digest(password, self._token):
+                return [b"1.0", request_id, b"200", b"OK", user, b""]
+        self._refusals.refuse(
+            "connection without the deployment token",
+            f"{mechanism.decode(errors='replace')} connection from {address!r} refused",
+        )
+        return [b"1.0", request_id, b"400", b"wrong deployment token", b"", b""]
