@@ -10,6 +10,7 @@ import argparse
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from omni_actors.bench.cli_args import positive_int
 from omni_actors.errors import OmniError
 
 if TYPE_CHECKING:
@@ -28,13 +29,6 @@ SIZES = ("decode", "prefill")
 TARGET_ASYNC_OVERHEAD_PCT = 2.0
 
 
-def _count(text: str) -> int:
-    value = int(text)
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be >= 1, got {value}")
-    return value
-
-
 def _sizes(text: str) -> tuple[str, ...]:
     sizes = tuple(s.strip() for s in text.split(",") if s.strip())
     if not sizes or not set(sizes) <= set(SIZES):
@@ -46,19 +40,27 @@ def add_cuda_options(parser: argparse.ArgumentParser) -> None:
     """``bench cuda``'s options; a count left out takes the device's default."""
     parser.add_argument("--device", default=None, help="cuda, cuda:N or cpu (default: cuda if any)")
     parser.add_argument(
-        "--steps", type=_count, default=None, help="measured steps per mode and size (200; cpu: 20)"
+        "--steps",
+        type=positive_int,
+        default=None,
+        help="measured steps per mode and size (200; cpu: 20)",
     )
     parser.add_argument(
-        "--warmup", type=_count, default=None, help="warm-up steps per run of a mode (5; cpu: 3)"
+        "--warmup",
+        type=positive_int,
+        default=None,
+        help="warm-up steps per run of a mode (5; cpu: 3)",
     )
     parser.add_argument("--sizes", type=_sizes, default=None, help="decode,prefill (both)")
-    parser.add_argument("--hidden", type=_count, default=None, help="model width (4096; cpu: 64)")
-    parser.add_argument("--layers", type=_count, default=None, help="MLP blocks (24; cpu: 2)")
     parser.add_argument(
-        "--tokens-decode", type=_count, default=None, help="per decode step (32; cpu: 4)"
+        "--hidden", type=positive_int, default=None, help="model width (4096; cpu: 64)"
+    )
+    parser.add_argument("--layers", type=positive_int, default=None, help="MLP blocks (24; cpu: 2)")
+    parser.add_argument(
+        "--tokens-decode", type=positive_int, default=None, help="per decode step (32; cpu: 4)"
     )
     parser.add_argument(
-        "--tokens-prefill", type=_count, default=None, help="per prefill step (2048; cpu: 64)"
+        "--tokens-prefill", type=positive_int, default=None, help="per prefill step (2048; cpu: 64)"
     )
     parser.add_argument(
         "--pipeline",
@@ -72,7 +74,9 @@ def add_cuda_options(parser: argparse.ArgumentParser) -> None:
         default=None,
         help="also measure steps replayed from CUDA graphs (default: on for cuda)",
     )
-    parser.add_argument("--requests", type=_count, default=None, help="tiny-omni requests (8)")
+    parser.add_argument(
+        "--requests", type=positive_int, default=None, help="tiny-omni requests (8)"
+    )
     parser.add_argument("--cache-dir", type=Path, default=None, help="tiny-omni weights cache")
     parser.add_argument("--seed", type=int, default=0, help="seed of the weights (0)")
 

@@ -6,32 +6,26 @@ import argparse
 from pathlib import Path
 from typing import Any
 
+from omni_actors.bench.cli_args import positive_int
 from omni_actors.errors import OmniError
 
 __all__ = ["add_rollback_options", "bench_rollback"]
-
-
-def _positive(text: str) -> int:
-    value = int(text)
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be >= 1, got {value}")
-    return value
 
 
 def add_rollback_options(parser: argparse.ArgumentParser) -> None:
     """``bench rollback``'s options."""
     parser.add_argument("--preset", default="tiny-omni-vllm", help="preset name or YAML path")
     parser.add_argument(
-        "--turns", type=_positive, default=6, help="user turns before the measured one (6)"
+        "--turns", type=positive_int, default=6, help="user turns before the measured one (6)"
     )
     parser.add_argument(
-        "--turn-chars", type=_positive, default=200, help="characters per user turn (200)"
+        "--turn-chars", type=positive_int, default=200, help="characters per user turn (200)"
     )
     parser.add_argument(
-        "--repeat", type=_positive, default=5, help="sessions per kind of rollback (5)"
+        "--repeat", type=positive_int, default=5, help="sessions per kind of rollback (5)"
     )
     parser.add_argument(
-        "--reply-tokens", type=_positive, default=8, help="every reply's tokens (8)"
+        "--reply-tokens", type=positive_int, default=8, help="every reply's tokens (8)"
     )
     parser.add_argument("--cache-dir", type=Path, default=None, help="the weights cache")
     parser.add_argument("--seed", type=int, default=0, help="the weights' seed (0)")

@@ -10,30 +10,21 @@ import argparse
 from pathlib import Path
 from typing import Any
 
+from omni_actors.bench.cli_args import positive_float, positive_int
 from omni_actors.errors import OmniError
 
 __all__ = ["add_soak_options", "bench_soak", "soak_table"]
-
-
-def _positive(kind: type[int] | type[float]) -> Any:
-    def parse(text: str) -> int | float:
-        value = kind(text)
-        if not value > 0:
-            raise argparse.ArgumentTypeError(f"must be > 0, got {text}")
-        return value
-
-    return parse
 
 
 def add_soak_options(parser: argparse.ArgumentParser) -> None:
     """``bench soak``'s options."""
     parser.add_argument("--preset", default="tiny-omni", help="a preset or a pipeline YAML")
     parser.add_argument(
-        "--sessions", type=_positive(int), default=16, help="conversations at once (16)"
+        "--sessions", type=positive_int, default=16, help="conversations at once (16)"
     )
-    parser.add_argument("--minutes", type=_positive(float), default=30.0, help="run time (30)")
+    parser.add_argument("--minutes", type=positive_float, default=30.0, help="run time (30)")
     parser.add_argument(
-        "--interval", type=_positive(float), default=10.0, help="seconds between samples (10)"
+        "--interval", type=positive_float, default=10.0, help="seconds between samples (10)"
     )
     parser.add_argument(
         "--warmup-minutes",

@@ -16,6 +16,7 @@ from typing import Any
 
 from omni_actors import run
 from omni_actors.bench.chaos_cli import add_chaos_options, bench_chaos, chaos_table
+from omni_actors.bench.cli_args import positive_int
 from omni_actors.bench.cuda_cli import add_cuda_options, bench_cuda, cuda_table
 from omni_actors.bench.rollback_cli import add_rollback_options, bench_rollback
 from omni_actors.bench.soak_cli import add_soak_options, bench_soak, soak_table
@@ -38,25 +39,18 @@ class BenchTarget:
     summary: Callable[[dict[str, Any]], list[str]] | None = None
 
 
-def _positive_int(text: str) -> int:
-    value = int(text)
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be >= 1, got {value}")
-    return value
-
-
 # -- bench actors ------------------------------------------------------------------
 
 
 def _add_actor_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
-        "--messages", type=_positive_int, default=200_000, help="tells per run (default 200000)"
+        "--messages", type=positive_int, default=200_000, help="tells per run (default 200000)"
     )
     parser.add_argument(
-        "--asks", type=_positive_int, default=20_000, help="sequential asks per run (default 20000)"
+        "--asks", type=positive_int, default=20_000, help="sequential asks per run (default 20000)"
     )
     parser.add_argument(
-        "--repeat", type=_positive_int, default=3, help="runs; the median is reported (default 3)"
+        "--repeat", type=positive_int, default=3, help="runs; the median is reported (default 3)"
     )
 
 
@@ -80,7 +74,7 @@ def _add_transport_options(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--iterations",
-        type=_positive_int,
+        type=positive_int,
         default=None,
         help="measured round trips per size (default: 400 up to 64KiB, 100 at 1MiB, 30 above)",
     )
@@ -116,7 +110,7 @@ _SCRIPTED_LEVELS = [1, 8, 64]
 def _add_pipeline_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--concurrency",
-        type=_positive_int,
+        type=positive_int,
         nargs="+",
         default=_SCRIPTED_LEVELS,
         help="requests in flight at once, one run per level (default 1 8 64; "
@@ -124,7 +118,7 @@ def _add_pipeline_options(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--requests",
-        type=_positive_int,
+        type=positive_int,
         default=None,
         help="measured requests per level (default: max(3 x concurrency, 20))",
     )
@@ -146,7 +140,7 @@ def _add_pipeline_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--seed", type=int, default=0, help="seed of the prepared weights")
     parser.add_argument(
         "--reply-tokens",
-        type=_positive_int,
+        type=positive_int,
         default=48,
         help="model presets: every reply is exactly this many text tokens (default 48)",
     )
@@ -181,7 +175,7 @@ def _add_input_length_options(
     )
     parser.add_argument(
         "--input-repeats",
-        type=_positive_int,
+        type=positive_int,
         default=repeats,
         help=f"{prefix}sessions per input length; {statistic} is reported (default {repeats})",
     )
@@ -266,14 +260,14 @@ def _add_realtime_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--preset", default="tiny-omni", help="preset name or YAML path")
     parser.add_argument(
         "--sessions",
-        type=_positive_int,
+        type=positive_int,
         nargs="+",
         default=list(DEFAULT_SESSIONS),
         help="concurrent sessions, one level each (default 1 4 16)",
     )
     parser.add_argument(
         "--turns",
-        type=_positive_int,
+        type=positive_int,
         default=3,
         help="spoken turns per session; the last one's response is cancelled (default 3)",
     )
@@ -296,7 +290,7 @@ def _add_realtime_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--seed", type=int, default=0, help="seed of the weights and the speech")
     parser.add_argument(
         "--reply-tokens",
-        type=_positive_int,
+        type=positive_int,
         default=48,
         help="every reply is exactly this many text tokens (default 48)",
     )
