@@ -166,6 +166,9 @@ class Node:
             link.close()
         self.guard.forget_peer(peer)
         self._credits.forget_peer(peer)
+        # Its slab goes too (its fd and mapping; a successor offers its own), once the
+        # views still alive over it are collected.
+        self.slabs.forget(peer)
         self._fail_asks(lambda p: p == peer, error)
         for key in [k for k in self._flows if k[0] == peer]:
             self._flows.pop(key).link_lost(error)
