@@ -30,6 +30,7 @@ after (:mod:`omni_actors.bench.resources`; target: equal).
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import itertools
 import random
 import time
@@ -148,12 +149,10 @@ def _faults(spec: PipelineSpec, config: ChaosConfig, rng: random.Random) -> Pipe
         return PipelineFaults()
     names = [f"{edge.source}->{edge.to}" for edge in spec.edges]
     dropped, duplicated = rng.choice(names), rng.choice(names)
-    edges: dict[str, ChunkFaults] = {dropped: ChunkFaults(drop_every=config.drop_every)}
-    dup = ChunkFaults(duplicate_every=config.duplicate_every)
-    edges[duplicated] = (
-        ChunkFaults(drop_every=config.drop_every, duplicate_every=config.duplicate_every)
-        if duplicated == dropped
-        else dup
+    edges = {dropped: ChunkFaults(drop_every=config.drop_every)}
+    # One edge may draw both faults: the duplicate adds to what it has.
+    edges[duplicated] = dataclasses.replace(
+        edges.get(duplicated, ChunkFaults()), duplicate_every=config.duplicate_every
     )
     return PipelineFaults(edges=edges)
 
