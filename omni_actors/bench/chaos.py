@@ -32,6 +32,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import itertools
+import math
 import random
 import time
 from collections import Counter
@@ -144,6 +145,20 @@ def _in_workers(spec: PipelineSpec) -> PipelineSpec:
     return spec.model_copy(update={"stages": stages})
 
 
+def _tolerant(spec: PipelineSpec, kill_every_s: float) -> PipelineSpec:
+    """``spec`` whose restart intensity admits the planned kill rate.
+
+    The kills are the experiment: more restarts than ``max_restarts`` within ``period_s``
+    would stop the whole pipeline (the supervisor escalates, as it should in production),
+    and the bench would measure that instead of recovery.
+    """
+    sup = spec.supervision
+    needed = math.ceil(sup.period_s / kill_every_s) + 1
+    if sup.max_restarts >= needed:
+        return spec
+    return spec.model_copy(update={"supervision": sup.model_copy(update={"max_restarts": needed})})
+
+
 def _faults(spec: PipelineSpec, config: ChaosConfig, rng: random.Random) -> PipelineFaults:
     if not config.chunk_faults or not spec.edges:
         return PipelineFaults()
@@ -158,12 +173,20 @@ def _faults(spec: PipelineSpec, config: ChaosConfig, rng: random.Random) -> Pipe
 
 
 async def _killer(
-    omni: OmniPipeline, every_s: float, rng: random.Random, kills: list[dict[str, Any]]
+    omni: OmniPipeline,
+    every_s: float,
+    stop_at: float,
+    rng: random.Random,
+    kills: list[dict[str, Any]],
 ) -> None:
-    """SIGKILL a random stage's worker every ``every_s`` (a restarting one is skipped)."""
+    """SIGKILL a random stage's worker every ``every_s`` until ``stop_at`` (a restarting
+    one is skipped); the clients' last conversations then run without kills."""
     t0 = time.monotonic()
     for k in itertools.count(1):
-        await asyncio.sleep(max(0.0, t0 + k * every_s - time.monotonic()))
+        at = t0 + k * every_s
+        if at >= stop_at:
+            return
+        await asyncio.sleep(max(0.0, at - time.monotonic()))
         stages = await omni.stages()
         name = rng.choice(sorted(stages))
         try:
@@ -195,7 +218,7 @@ async def run_chaos_bench(
 
     config.check()
     rng = random.Random(config.seed)
-    spec = _in_workers(spec)
+    spec = _tolerant(_in_workers(spec), config.kill_every_s)
     faults = _faults(spec, config, rng)
     started = time.perf_counter()
     tally, kills = _Tally(), list[dict[str, Any]]()
@@ -209,7 +232,7 @@ async def run_chaos_bench(
             while time.monotonic() < stop_at:
                 await _conversation(omni, next(tickets), tally, rng, config.disconnect_p)
 
-        killer = asyncio.ensure_future(_killer(omni, config.kill_every_s, rng, kills))
+        killer = asyncio.ensure_future(_killer(omni, config.kill_every_s, stop_at, rng, kills))
         try:
             await asyncio.gather(*(client() for _ in range(config.sessions)))
         finally:
@@ -230,6 +253,7 @@ async def run_chaos_bench(
             "disconnect_p": config.disconnect_p,
             "chunk_faults": {edge: f.__repr__() for edge, f in faults.edges.items()},
             "seed": config.seed,
+            "supervision": spec.supervision.model_dump(),
         },
         "kills": [{"stage": k["stage"], "pid": k["pid"]} for k in kills],
         "restarts": restarts,

@@ -42,3 +42,14 @@ def test_the_command_line_refuses_a_bad_probability() -> None:
     )
     assert proc.returncode == 1
     assert "disconnect_p must be in [0, 1]" in proc.stderr
+
+
+def test_the_restart_intensity_admits_the_planned_kill_rate() -> None:
+    """Kills every 1.5 s would exceed the default 3 restarts in 5 s and stop the pipeline:
+    the bench measures recovery, so it raises the intensity to fit (and only then)."""
+    from omni_actors.bench.chaos import _tolerant
+
+    spec = prepared("scripted-omni", None, 0)
+    assert spec.supervision.max_restarts == 3
+    assert _tolerant(spec, 1.5).supervision.max_restarts == 5
+    assert _tolerant(spec, 10.0) is spec
