@@ -64,6 +64,17 @@ An engine whose model runs in processes of its own (vLLM's EngineCore) may expos
 fails as a whole and its supervisor restarts it (a new engine), as when a stage's worker
 process dies.
 
+**Replay.** A session remembers its conversation (what the caller sent, and the replies
+as the entry engine generated them) so that when a stage on its path dies and restarts,
+the conversation is not lost: the session opens again on every stage and sends the
+whole history through the entry stage before the caller's next input, the caller's
+chunks and marks as they were sent, each reply as a ``reply`` mark (:data:`REPLY_FIELD`)
+after the ``commit`` that closed its user turn. The entry engine takes a reply mark into
+its conversation as the assistant's turn, exactly as if it had generated it (the cache
+ends as it did: a later ``truncate`` can cut it), and yields nothing for it; the stages
+after it rebuild their state from what the entry stage sends on, as they built it the
+first time. It implements :class:`Replayable` so that the session learns each reply.
+
 An engine after the entry stage that keeps state derived from a reply implements
 :class:`Truncatable`: after a reply was cut short where the user stopped listening, the
 session asks it to keep only the reply's first ``kept`` outputs, and it answers how many
@@ -92,11 +103,13 @@ __all__ = [
     "INSTRUCTIONS_FIELD",
     "KEPT_FIELD",
     "NO_OPTIONS",
+    "REPLY_FIELD",
     "RULES",
     "TURN_FIELD",
     "Engine",
     "Fields",
     "Ports",
+    "Replayable",
     "ResponseOptions",
     "Rule",
     "Truncatable",
@@ -124,6 +137,13 @@ docstring). Delivered only to an engine that declares it among its inputs (``con
 KEPT_FIELD = "kept"
 """With ``{TURN_FIELD: "truncate"}``: a 0-d int64 tensor, the outputs of the last reply
 to keep."""
+
+REPLY_FIELD = "reply"
+"""With ``{TURN_FIELD: "reply"}``: a 1-D int64 tensor, the token ids of an assistant
+turn as the engine generated it earlier, to take back into the conversation as that turn
+(nothing is generated). An entry engine that declares it among its inputs implements
+:class:`Replayable`: a session then replays its conversation onto the engine's stage when
+that stage restarts (module docstring)."""
 
 INSTRUCTIONS_FIELD = "instructions"
 """A text field setting the conversation's instructions (its system prompt) from now on;
@@ -176,6 +196,17 @@ class Engine(Protocol):
 
     async def stop(self) -> None:
         """Release everything (after every session has ended or been aborted)."""
+
+
+class Replayable(Protocol):
+    """An entry engine that can take a stored reply back (see the module docstring)."""
+
+    def last_reply(self, session: SessionKey) -> tuple[int, ...] | None:
+        """The token ids of the reply ``session``'s last ``generate`` produced.
+
+        A cancelled reply's as far as it was yielded; None when that call produced no
+        reply (cancelled before its first token, or only took reply marks) or failed.
+        """
 
 
 class Truncatable(Protocol):

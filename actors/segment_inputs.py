@@ -17,6 +17,7 @@ from omni_actors.actors.engine import (
     CONTEXT_FIELD,
     KEPT_FIELD,
     NO_OPTIONS,
+    REPLY_FIELD,
     TURN_FIELD,
     Fields,
     ResponseOptions,
@@ -106,6 +107,8 @@ class SegmentInputs(AsyncIterator[Fields]):
                     marked: dict[str, Any] = {TURN_FIELD: chunk.mark}
                     if chunk.mark == "truncate":
                         marked[KEPT_FIELD] = torch.tensor(chunk.kept)
+                    elif chunk.mark == "reply" and REPLY_FIELD in chunk.tensors:
+                        marked[REPLY_FIELD] = chunk.tensors[REPLY_FIELD]
                     return marked
                 continue
             if chunk.has_payload:

@@ -111,6 +111,9 @@ class StageSession:
     ) -> None:
         self.stage = stage
         self.takes_marks = takes_marks
+        # A Replayable engine tells the session each reply it generated (to replay).
+        last_reply = getattr(engine, "last_reply", None) if takes_marks else None
+        self._last_reply: Callable[[SessionKey], tuple[int, ...] | None] | None = last_reply
         self.transfers = transfers
         self.engine = engine
         self.clock = clock
@@ -163,11 +166,13 @@ class StageSession:
                     host=True,
                 )
             )
+        for outlet in self.outlets:  # chunks carry the session's segment numbers
+            outlet.segment = prewarm.segment
         self._queue: deque[Chunk] = deque()
         self._queued_max = 0  # the most chunks queued at once in this segment
         self._waiter: asyncio.Future[None] | None = None
         self._error: BaseException | None = None
-        self.segment = 0  # the segment (response) being served
+        self.segment = prewarm.segment  # the segment (response) being served
         self._cancelled: set[int] = set()  # segments to stop, this one or later
         self._on_end = on_end
         self._reset_metrics()
@@ -299,8 +304,10 @@ class StageSession:
                 start = started
                 while True:
                     segment = self.segment
-                    end = await self._segment(segment, start)
-                    await self._report(segment, "finished" if end == "finished" else "segment")
+                    end, reply = await self._segment(segment, start)
+                    await self._report(
+                        segment, "finished" if end == "finished" else "segment", reply=reply
+                    )
                     if end == "finished":
                         finished = True
                         break
@@ -323,12 +330,16 @@ class StageSession:
             else:
                 await self.engine.abort(self.key)
 
-    async def _segment(self, segment: int, start: float) -> End:
-        """Serve one segment. An engine failure in a conversation fails the response
-        only (see the module docstring); anything else that goes wrong ends the session."""
+    async def _segment(self, segment: int, start: float) -> tuple[End, tuple[int, ...] | None]:
+        """Serve one segment: how it ended, and the reply a ``Replayable`` engine
+        generated in it. An engine failure in a conversation fails the response only
+        (see the module docstring); anything else that goes wrong ends the session."""
         inputs = SegmentInputs(self, start)
+        reply = None
         if await inputs.has_payload():
             failure = await self._generate(segment, inputs)
+            if failure is None and self._last_reply is not None:
+                reply = self._last_reply(self.key)
             if failure is not None:
                 if not self.resumable:
                     raise failure  # a one-shot session has nothing left to serve
@@ -339,7 +350,7 @@ class StageSession:
             pass
         for outlet in self.outlets:
             await outlet.flush(inputs.end)
-        return inputs.end
+        return inputs.end, reply
 
     async def _generate(self, segment: int, inputs: SegmentInputs) -> Exception | None:
         """Run the engine over one segment's inputs, routing its outputs as they come,
@@ -385,7 +396,11 @@ class StageSession:
             await outlet.push(host)
 
     async def _report(
-        self, segment: int, end: ReportEnd, error: BaseException | None = None
+        self,
+        segment: int,
+        end: ReportEnd,
+        error: BaseException | None = None,
+        reply: tuple[int, ...] | None = None,
     ) -> None:
         metrics = StageMetrics(
             queue_wait_ms=self._queue_wait * 1e3,
@@ -410,6 +425,7 @@ class StageSession:
             code=error_code(error, default="engine_error") if error is not None else None,
             error_type=qualified_name(error) if error is not None else "",
             error=str(error) if error is not None else "",
+            reply=reply,
         )
         await self.owner.tell(report)
 

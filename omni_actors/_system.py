@@ -197,6 +197,16 @@ class ActorSystem:
             self._placements[kind] = placement
         return await placement.place(PlacedActor(path, actor_cls, args, kwargs, config))
 
+    def placement_counts(self) -> dict[str, int]:
+        """What the placements in use count (a placement with a ``counts()``: for the
+        ``process`` one, frames refused and messages lost with dead workers), summed."""
+        totals: dict[str, int] = {}
+        for placement in self._placements.values():
+            counts = getattr(placement, "counts", None)
+            for name, n in (counts() if counts is not None else {}).items():
+                totals[name] = totals.get(name, 0) + n
+        return totals
+
     def _register(self, cell: ActorCell) -> None:
         self._registry[cell.path] = cell
 

@@ -36,6 +36,7 @@ if TYPE_CHECKING:
     from omni_actors._actor import Actor
     from omni_actors._cell import ActorCell
     from omni_actors._system import ActorSystem
+    from omni_actors.protocols.address import ActorAddress
 
 __all__ = [
     "Envelope",
@@ -208,6 +209,22 @@ def in_process(ref: ActorRef[Any]) -> bool:
     the object itself, never encoded (device tensors in it stay where they are)."""
     cell = ref._cell
     return not isinstance(cell, RemoteActor) and not cell.placed
+
+
+async def sendable(ref: ActorAddress[Any]) -> None:
+    """Return once ``ref`` can travel inside a message to another process.
+
+    A process actor whose worker is restarting has no worker to name until the new one
+    is up; any other ref can be sent at once.
+
+    Raises:
+        ActorStoppedError: the actor stopped for good meanwhile.
+    """
+    if not isinstance(ref, ActorRef) or isinstance(ref._cell, RemoteActor):
+        return  # an address, or an actor of another node: it names where it lives
+    wait_linked = getattr(ref._cell.mailbox, "wait_linked", None)
+    if wait_linked is not None:
+        await wait_linked()
 
 
 def terminated(ref: ActorRef[Any]) -> asyncio.Future[BaseException | None]:

@@ -74,6 +74,7 @@ __all__ = [
     "PipelineHealth",
     "Prewarm",
     "Refused",
+    "ReopenSession",
     "SessionMessage",
     "StageCondition",
     "StageFailed",
@@ -184,6 +185,9 @@ class Prewarm(msgspec.Struct, Request[bool], tag="prewarm", frozen=True, kw_only
         deadlines: how long each wait may last.
         window: chunks in flight per stream, into and out of the stage (see
             :class:`StreamCredit`).
+        segment: the session's segment the stage serves first: 0, or, when the session
+            opens again on every stage after one of them restarted (it replays its
+            conversation), the segment it has come to.
     """
 
     key: SessionKey
@@ -194,6 +198,7 @@ class Prewarm(msgspec.Struct, Request[bool], tag="prewarm", frozen=True, kw_only
     resumable: bool = False
     deadlines: Deadlines
     window: int = DEFAULT_WINDOW
+    segment: int = 0
 
 
 class Abort(msgspec.Struct, ControlMessage, Request[bool], tag="abort", frozen=True, kw_only=True):
@@ -296,7 +301,9 @@ class AbortSession(
 class StageFailed(msgspec.Struct, ControlMessage, tag="stage-failed", frozen=True, kw_only=True):
     """Orchestrator → session actor: ``stage`` crashed, and the session's state there is lost.
 
-    The session fails with code ``stage_failed``; ``error`` says what the stage raised.
+    The responses in flight fail with code ``stage_failed``; ``error`` says what the stage
+    raised. A conversation that can be replayed stays open (:class:`ReopenSession`); any
+    other session fails with that code.
     """
 
     stage: str
@@ -324,12 +331,27 @@ class TruncateResponse(
     audio_ms: float
 
 
+class ReopenSession(
+    msgspec.Struct, Request[SessionKey | SessionError], tag="reopen-session", frozen=True
+):
+    """Caller → session actor: a stage on the path restarted; open the session again on
+    every stage, under a new key, from the segment it has come to.
+
+    The reply is the new key, once every stage holds it (the caller then replays the
+    conversation through the entry stage), or the ``SessionError`` that ended the
+    session because a stage could not take it within ``timeout_s``.
+    """
+
+    timeout_s: float
+
+
 SessionMessage = (
     Chunk
     | StageReport
     | OpenSession
     | AbortSession
     | StageFailed
+    | ReopenSession
     | CancelResponse
     | TruncateResponse
     | StreamCredit

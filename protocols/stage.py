@@ -57,11 +57,14 @@ session finished, or the session failed here (the stage dropped it). ``failed`` 
 notice sent as soon as the engine failed the response (the stage keeps the session and
 still reports the segment's end once its input has drained)."""
 
-Mark = Literal["", "commit", "clear", "truncate"]
+Mark = Literal["", "commit", "clear", "truncate", "reply"]
 """A turn mark in the caller's input (``Session.commit``, ``clear``, ``truncate``), ordered
 with the input around it: ``commit`` ends a user turn (what was prefilled of it stays),
 ``clear`` drops the input since the last commit (what was prefilled of it is rolled back),
-``truncate`` cuts the last assistant turn to its first ``Chunk.kept`` outputs."""
+``truncate`` cuts the last assistant turn to its first ``Chunk.kept`` outputs. ``reply``
+is the session's own, when it replays a conversation onto a restarted stage: it carries
+an assistant turn as it was generated (tensor ``reply``, the token ids), which the entry
+engine takes into the conversation without generating anything."""
 
 
 class ResponseOptions(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
@@ -211,6 +214,10 @@ class StageReport(msgspec.Struct, tag="stage-report", frozen=True, kw_only=True)
         code: on ``failed`` or ``error``, what kind of failure (the error's ``code``).
         error_type: on ``failed`` or ``error``, the exception's ``module:QualName``.
         error: on ``failed`` or ``error``, its message.
+        reply: from an engine that can take a stored reply back (``REPLY_FIELD`` among
+            its inputs), on a segment's end: the token ids of the reply it generated in
+            that segment (a cancelled reply's as far as it went; None when it generated
+            none, or failed). The session keeps them to replay the conversation.
     """
 
     key: SessionKey
@@ -221,3 +228,4 @@ class StageReport(msgspec.Struct, tag="stage-report", frozen=True, kw_only=True)
     code: ErrorCode | None = None
     error_type: str = ""
     error: str = ""
+    reply: tuple[int, ...] | None = None

@@ -107,6 +107,10 @@ class Conversation:
     back into the carry."""
     generator: torch.Generator | None = None
     """The session's sampling generator, made on its first sampled response."""
+    decoded: tuple[int, ...] | None = None
+    """The reply the session's last response decoded (as far as it was yielded); None
+    when it decoded none or failed. The session stores it to replay the conversation;
+    a reply taken back from a ``reply`` mark is not one."""
     signal: AbortSignal | None = None
     """Set while a response is being generated."""
 

@@ -9,9 +9,14 @@ the first token comes quickly, however long the user spoke.
 
 The input is user turns and turn marks (``omni_actors.actors.engine``): ``commit``
 closes the user turn and sends its rows to the talker; ``clear`` crops the cache back
-to the last commit; ``truncate`` cuts the last reply to what the user heard. The end of
-the input commits what is pending, then the reply opens (``<|im_start|> ASSISTANT \\n``)
-and decodes; with no input at all, it replies to the conversation so far.
+to the last commit; ``truncate`` cuts the last reply to what the user heard; ``reply``
+(a session replaying its conversation) commits the open turn if any and takes the
+mark's tokens back as the assistant's turn, leaving the cache, the carry and the
+:class:`~.conversation.Reply` as decoding them did, and yields nothing for it (the
+talker conditions on user turns only). The end of the input commits what is pending,
+then the reply opens (``<|im_start|> ASSISTANT \\n``) and decodes; with no input at
+all, it replies to the conversation so far. :meth:`ThinkerEngine.last_reply` tells the
+session the tokens of the reply the last response decoded, to replay it later.
 
 The end of input commits the open turn in two steps: the rows it prefilled go out at
 once (the talker prefills them meanwhile), then one forward over its tail,
@@ -22,8 +27,9 @@ A reply the stage closes (``aclose``, a barge-in) stays in the conversation as f
 it was yielded; closed before its first token, the committed turn stays without a
 reply (its first rows are the talker's already; the rows of its tail, computed on
 closing, are not sent). A response that fails is rolled back to where it started, or
-to its truncation if its input cut the last reply (the cut part of the cache is gone).
-An abort drops the session.
+to its truncation if its input cut a reply from before it (the cut part of the cache is
+gone; a reply taken back in the same input goes with the rollback, cut or not). An
+abort drops the session.
 
 Instructions (``INSTRUCTIONS_FIELD``, a system prompt) set the conversation's
 instructions from then on as a system turn (``conversation``): prefilled at once when
@@ -50,6 +56,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import AsyncIterator, Mapping
 from pathlib import Path
+from types import MappingProxyType
 from typing import ClassVar, Literal
 
 import torch
@@ -58,6 +65,7 @@ from pydantic import Field
 from omni_actors.actors.batched_engine import BatchedTorchEngine
 from omni_actors.actors.engine import (
     INSTRUCTIONS_FIELD,
+    REPLY_FIELD,
     TURN_FIELD,
     Fields,
     Rule,
@@ -85,7 +93,7 @@ from omni_actors.actors.tiny_omni.thinker_model import (
 )
 from omni_actors.actors.tiny_omni.user_turn import UserTurn
 from omni_actors.actors.torch_engine import AbortSignal, DeviceArgs, stage_dir
-from omni_actors.actors.turn_marks import kept_of
+from omni_actors.actors.turn_marks import kept_of, reply_of
 from omni_actors.model_family import WeightsArgs
 
 __all__ = ["ASSISTANT_OPENING", "NEWLINE", "ThinkerArgs", "ThinkerEngine"]
@@ -128,7 +136,11 @@ class ThinkerEngine(BatchedTorchEngine[Conversation, DecodeStep, Token]):
 
     kind: ClassVar[str] = "tiny-omni.thinker"
     Args: ClassVar[type[ThinkerArgs]] = ThinkerArgs
-    inputs: ClassVar[Mapping[str, Rule]] = THINKER_INPUTS
+    # The thinker contract's inputs, and reply marks: the vLLM thinker shares the
+    # contract but cannot take a reply back yet, so the field is this engine's own.
+    inputs: ClassVar[Mapping[str, Rule]] = MappingProxyType(
+        {**THINKER_INPUTS, REPLY_FIELD: "concat"}
+    )
     outputs: ClassVar[Mapping[str, Rule]] = THINKER_OUTPUTS
     streams_input: ClassVar[bool] = True
 
@@ -157,6 +169,18 @@ class ThinkerEngine(BatchedTorchEngine[Conversation, DecodeStep, Token]):
         conversation = self._sessions.get(session)
         return 0 if conversation is None else conversation.position
 
+    def last_reply(self, session: str) -> tuple[int, ...] | None:
+        """The token ids of the reply ``session``'s last ``generate`` decoded.
+
+        A cancelled reply's as far as it was yielded; ``()`` for one that ended at once
+        (``<|im_end|>`` first: the turn is in the conversation); None when that call
+        decoded no reply (cancelled before its first token, or still running), failed,
+        or the session is unknown. Replies taken from ``reply`` marks are not counted: the
+        caller has them already.
+        """
+        conversation = self._sessions.get(session)
+        return None if conversation is None else conversation.decoded
+
     # -- the engine protocol --------------------------------------------------------------
 
     async def generate(self, session: str, inputs: AsyncIterator[Fields]) -> AsyncIterator[Fields]:
@@ -164,12 +188,13 @@ class ThinkerEngine(BatchedTorchEngine[Conversation, DecodeStep, Token]):
 
         Input fields per chunk: ``text`` (str) and/or ``audio`` (float32 1-D, 16 kHz
         mono; in a chunk with both, the audio comes first), ``instructions`` (str; before
-        either), or a turn mark. Outputs: see the class docstring.
+        either), or a turn mark (a ``reply`` mark's ``REPLY_FIELD``: a 1-D integer tensor
+        of token ids). Outputs: see the class docstring.
 
         Raises:
-            ValueError: the session is already generating, a mark is malformed, a
-                truncation has no reply to cut, instructions are not text, or the
-                options are out of range.
+            ValueError: the session is already generating, a mark is malformed (a reply
+                mark's ids outside the vocabulary among it), a truncation has no reply to
+                cut, instructions are not text, or the options are out of range.
         """
         conversation = self._sessions.get(session)
         if conversation is None:
@@ -178,11 +203,13 @@ class ThinkerEngine(BatchedTorchEngine[Conversation, DecodeStep, Token]):
         if conversation.signal is not None:
             raise ValueError(f"session {session!r} is already generating")
         signal = conversation.signal = AbortSignal()
+        conversation.decoded = None
         start = committed = conversation.checkpoint()
         turn = UserTurn()
         step: asyncio.Future[Token] | None = None
         unclosed: UserTurn | None = None  # being committed by the end of input, rows sent
         instructed: tuple[int, ...] = ()  # instructions set since ``start``: a failure keeps them
+        decoding = False  # this response's reply is open
         outcome: _Outcome = "dropped"
         try:
             while (fields := await signal.next_input(inputs)) is not None:
@@ -200,14 +227,29 @@ class ThinkerEngine(BatchedTorchEngine[Conversation, DecodeStep, Token]):
                         await self.call(self._model.instruct, conversation, waiting)
                         committed = conversation.checkpoint()
                 elif mark == "truncate":
+                    earlier = conversation.reply is start.reply  # not one taken back since
                     conversation.truncate(kept_of(fields))
-                    # The cut part of the cache is gone: a failure after it can only
-                    # come back to here (what the user heard stays what they heard).
-                    start = committed = conversation.checkpoint()
-                    instructed = turn.system  # those fed already are in the carry, at start
+                    committed = conversation.checkpoint()
+                    if earlier:
+                        # The cut part of the cache is gone: a failure after it can only
+                        # come back to here (what the user heard stays what they heard).
+                        start = committed
+                        instructed = turn.system  # those fed already are in the carry
                     await self._replay(conversation, turn)
+                elif mark == "reply":
+                    tokens = reply_of(fields, self._model.text_config.vocab_size)
+                    rows = await self._commit(conversation, turn)
+                    turn, committed = UserTurn(), conversation.checkpoint()
+                    if rows is not None:
+                        yield rows
+                        if signal.aborted:
+                            return
+                    await self.call(self._model.take_reply, conversation, tokens)
+                    committed = conversation.checkpoint()
                 elif mark is not None:
-                    raise ValueError(f"unknown turn mark {mark!r}: commit, clear or truncate")
+                    raise ValueError(
+                        f"unknown turn mark {mark!r}: commit, clear, truncate or reply"
+                    )
                 else:
                     if INSTRUCTIONS_FIELD in fields:
                         instructed = _system_turn(fields)
@@ -237,6 +279,7 @@ class ThinkerEngine(BatchedTorchEngine[Conversation, DecodeStep, Token]):
             unclosed = None
             last_rows = None if closing is None else closing.take_rows()
             reply = conversation.reply = Reply(conversation.position, (), 0)
+            decoding = True
             conversation.turns_since_reply, conversation.system = 0, ()
             while token != Tokens.IM_END and not signal.aborted:
                 out: dict[str, torch.Tensor | str] = {
@@ -270,7 +313,9 @@ class ThinkerEngine(BatchedTorchEngine[Conversation, DecodeStep, Token]):
             outcome = "failed"
             raise
         finally:
-            await self._settle(session, conversation, outcome, step, start, unclosed, instructed)
+            await self._settle(
+                session, conversation, outcome, step, start, unclosed, instructed, decoding
+            )
 
     async def _settle(
         self,
@@ -281,6 +326,7 @@ class ThinkerEngine(BatchedTorchEngine[Conversation, DecodeStep, Token]):
         start: Checkpoint,
         unclosed: UserTurn | None,
         instructed: tuple[int, ...],
+        decoding: bool,
     ) -> None:
         """Leave the session's state as the response's outcome says (module docstring)."""
         conversation.signal = None
@@ -318,11 +364,13 @@ class ThinkerEngine(BatchedTorchEngine[Conversation, DecodeStep, Token]):
             conversation.restore(start)
             if instructed:
                 conversation.queue_system(instructed)
-        elif conversation.reply is not None and conversation.turns_since_reply == 0:
+        elif decoding:
             reply = conversation.reply
+            assert reply is not None, "a response's reply is the conversation's last"
             # Tokens yielded but not fed (the last one, at the token limit) close the
             # turn before whatever comes next, with <|im_end|> \n.
             conversation.carry = [*reply.tokens[reply.fed :], *CLOSE_TURN]
+            conversation.decoded = reply.tokens
 
     async def truncate(self, session: str, kept: int) -> int:
         """Cut ``session``'s last reply to its first ``kept`` tokens (between responses).

@@ -20,7 +20,7 @@ from omni_actors.actors.tiny_omni import configs, layout, stepping, weights
 from omni_actors.actors.tiny_omni.audio_stream import AudioClip
 from omni_actors.actors.tiny_omni.batched_step import thinker_steps
 from omni_actors.actors.tiny_omni.configs import Tokens
-from omni_actors.actors.tiny_omni.conversation import CLOSE_TURN, NEWLINE, Conversation
+from omni_actors.actors.tiny_omni.conversation import CLOSE_TURN, NEWLINE, Conversation, Reply
 from omni_actors.actors.tiny_omni.hf import (
     PreTrainedConfig,
     Qwen3OmniMoeThinkerForConditionalGeneration,
@@ -137,6 +137,24 @@ class ThinkerModel:
         self._forward(conversation, [*conversation.carry, *system])
         conversation.carry = []
         conversation.system = (*conversation.system, *system)
+
+    @torch.no_grad()
+    def take_reply(self, conversation: Conversation, tokens: tuple[int, ...]) -> None:
+        """Take ``tokens`` into the conversation as the assistant's turn, as if decoded.
+
+        One forward over the carry, ``<|im_start|> ASSISTANT \\n`` and the tokens; the turn
+        is then left as a completed reply leaves it (``<|im_end|> \\n`` in the carry, a
+        :class:`Reply` a truncation can cut, no user turn or system turn after it).
+
+        The cache holds the same positions as after decoding, but computed in one
+        forward of ``len(tokens) + 3`` rows instead of one per token: its keys and values
+        may differ from the decoded ones in the last bits (other matmul shapes, as in a
+        batched decode step), so a later greedy pick can only change on a near tie.
+        """
+        self._forward(conversation, [*conversation.carry, *ASSISTANT_OPENING, *tokens])
+        conversation.carry = [*CLOSE_TURN]
+        conversation.reply = Reply(conversation.position - len(tokens), tokens, len(tokens))
+        conversation.turns_since_reply, conversation.system = 0, ()
 
     @torch.no_grad()
     def open_reply(

@@ -81,6 +81,7 @@ async def metrics(request: Request) -> Response:
     health = await pipeline_health(state)
     if health is not None:
         state.metrics.stages_seen(health)
+    state.metrics.transport_seen(state.pipeline.transport_counts())
     body, content_type = state.metrics.render()
     return Response(body, media_type=content_type)
 

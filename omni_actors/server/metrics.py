@@ -80,6 +80,19 @@ class ServerMetrics:
             registry=r,
         )
 
+        self.transport = Gauge(
+            "omni_transport",
+            "The server process's transport counts: frames it refused (refused_frames) "
+            "and messages lost with stage workers that died (lost_messages)",
+            ["count"],
+            registry=r,
+        )
+
+    def transport_seen(self, counts: dict[str, int]) -> None:
+        """Set the transport gauges from ``OmniPipeline.transport_counts()``."""
+        for name in ("refused_frames", "lost_messages"):
+            self.transport.labels(name).set(counts.get(name, 0))
+
     def session_opened(self) -> None:
         """A realtime session was admitted."""
         self.sessions.inc()

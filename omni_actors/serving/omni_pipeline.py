@@ -141,6 +141,11 @@ class OmniPipeline:
             raise RuntimeError("the pipeline is not started; use 'async with OmniPipeline(...)'")
         return self._system.clock
 
+    def transport_counts(self) -> dict[str, int]:
+        """Frames this process refused and messages lost with dead stage workers
+        (``refused_frames``, ``lost_messages``; empty before any stage is in a worker)."""
+        return {} if self._system is None else self._system.placement_counts()
+
     @property
     def orchestrator(self) -> ActorRef[OrchestratorMessage]:
         """The orchestrator's ref (raises if the pipeline is not started)."""

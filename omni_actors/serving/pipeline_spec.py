@@ -119,10 +119,14 @@ class InputsSpec(Spec):
     ``max_send_bytes``: the most one ``send`` may carry (its tensors' bytes plus its
     text's characters); more is refused before anything is queued, so one caller cannot
     make the pipeline hold an unbounded chunk. Send a long input in pieces.
+    ``max_history_bytes``: the most of a conversation a session keeps to replay it onto
+    a stage that restarted (what the caller sent, and the replies' token ids); a
+    conversation past it is not replayed, and a stage failure ends it. 0 keeps nothing.
     """
 
     sample_rate: int = Field(16000, gt=0)
     max_send_bytes: int = Field(64 << 20, gt=0)
+    max_history_bytes: int = Field(64 << 20, ge=0)
 
 
 class OutputsSpec(Spec):

@@ -2,9 +2,17 @@
 
 from __future__ import annotations
 
+import time
+
 from omni_actors.protocols.error_code import ErrorCode
-from omni_actors.protocols.events import Event, ResponseStatus
-from omni_actors.protocols.stage import StageMetrics
+from omni_actors.protocols.events import (
+    AudioDelta,
+    Event,
+    ResponseStatus,
+    SessionMetrics,
+    TextDelta,
+)
+from omni_actors.protocols.stage import Chunk, StageMetrics
 
 __all__ = ["Reply"]
 
@@ -17,6 +25,7 @@ class Reply:
         "audio_samples",
         "code",
         "done_at",
+        "entry_reply",
         "error_type",
         "finished",
         "first_audio",
@@ -26,6 +35,7 @@ class Reply:
         "message",
         "reports",
         "response",
+        "rolled_back",
         "stage",
         "status",
     )
@@ -45,3 +55,63 @@ class Reply:
         self.finished = False  # the session's last segment
         self.done_at: float | None = None  # every stage has reported it
         self.held: list[tuple[Event, str]] = []  # with their sources (see _emit)
+        # What the entry engine kept of it, for the conversation's replay: the reply it
+        # generated, or that it failed the response and went back to where it started.
+        self.entry_reply: tuple[int, ...] | None = None
+        self.rolled_back = False
+
+    def metrics(self, start: float | None, sample_rate: int, stages: list[str]) -> SessionMetrics:
+        """The response's metrics, counted from ``start`` (when its input ended; the
+        time it was done if unknown), with the reports of ``stages`` in that order."""
+        end = self.done_at if self.done_at is not None else time.monotonic()
+        since_start = end if start is None else start
+        audio_s = self.audio_samples / sample_rate
+
+        def since(t: float | None) -> float | None:
+            return None if t is None else (t - since_start) * 1e3
+
+        rtf = None
+        if audio_s > 0 and self.last_audio is not None:
+            rtf = (self.last_audio - since_start) / audio_s
+        return SessionMetrics(
+            ttft_ms=since(self.first_text),
+            ttfa_ms=since(self.first_audio),
+            e2e_ms=(end - since_start) * 1e3,
+            audio_s=audio_s,
+            rtf=rtf,
+            stages={name: self.reports[name] for name in stages if name in self.reports},
+        )
+
+    def deltas(
+        self, chunk: Chunk, session: str, sample_rate: int
+    ) -> tuple[TextDelta | None, AudioDelta | None]:
+        """The caller's events for an output stage's ``chunk`` of this response (its
+        ``text`` and ``audio``, when not empty), counted in the response's latencies."""
+        # Latencies count when the output reaches the session, held or not.
+        now = time.monotonic()
+        text_delta = audio_delta = None
+        text = chunk.texts.get("text")
+        if text:
+            if self.first_text is None:
+                self.first_text = now
+            text_delta = TextDelta(session=session, text=text, response=self.response)
+        audio = chunk.tensors.get("audio")
+        if audio is not None and audio.numel():
+            if self.first_audio is None:
+                self.first_audio = now
+            self.last_audio = now
+            self.audio_samples += audio.numel()
+            audio_delta = AudioDelta(
+                session=session, audio=audio, sample_rate=sample_rate, response=self.response
+            )
+        return text_delta, audio_delta
+
+    def cut(self, code: ErrorCode, stage: str, message: str, now: float) -> None:
+        """The session's streams broke at ``stage`` under this response: it is done,
+        failed with ``code`` (unless cancelled), and its held events grant no credit."""
+        if self.status == "completed":
+            self.status, self.code = "failed", code
+            self.message, self.stage = message, stage
+            self.entry_reply = None  # a failed reply is not part of the conversation
+        self.held = [(event, "") for event, _ in self.held]
+        self.done_at = now

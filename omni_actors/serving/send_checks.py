@@ -15,10 +15,14 @@ from typing import Any
 
 import torch
 
+from omni_actors.actors.engine import KEPT_FIELD, REPLY_FIELD, TURN_FIELD
 from omni_actors.errors import InvalidRequestError
 from omni_actors.transport.codec import MAX_DIMS, TORCH_NAMES
 
 __all__ = ["check_send"]
+
+_SESSION_FIELDS = frozenset({TURN_FIELD, KEPT_FIELD, REPLY_FIELD})
+"""Turn marks and what they carry: the session sends them, never as a caller's field."""
 
 
 def check_send(
@@ -58,6 +62,10 @@ def check_send(
     for name, value in named.items():
         if not isinstance(name, str):
             raise InvalidRequestError(f"field names must be str, got {name!r}")
+        if name in _SESSION_FIELDS:
+            raise InvalidRequestError(
+                f"field {name!r} is the session's own: use commit, clear, truncate or respond"
+            )
         if name not in takes:
             raise InvalidRequestError(
                 f"the entry stage takes no field {name!r}; it takes: {', '.join(sorted(takes))}"

@@ -36,11 +36,13 @@ from typing import TYPE_CHECKING, Literal
 import torch
 
 from omni_actors._ref import ActorRef
+from omni_actors.actors.engine import REPLY_FIELD, TURN_FIELD
 from omni_actors.clock import TimerHandle
 from omni_actors.errors import InvalidRequestError, OmniError
 from omni_actors.protocols.control import (
     AbortSession,
     CancelResponse,
+    ReopenSession,
     SessionMessage,
     TruncateResponse,
 )
@@ -52,6 +54,7 @@ from omni_actors.protocols.stage import (
     SessionKey,
 )
 from omni_actors.serving.admission import Admission
+from omni_actors.serving.conversation_log import ConversationLog
 from omni_actors.serving.orchestrator import StartSession
 from omni_actors.serving.response import Response, checked_options
 from omni_actors.serving.send_checks import check_send
@@ -60,6 +63,7 @@ from omni_actors.serving.session_input import SessionClosedError, SessionInput
 
 if TYPE_CHECKING:
     from omni_actors.serving.omni_pipeline import OmniPipeline
+    from omni_actors.serving.pipeline_spec import PipelineSpec
 
 __all__ = ["Modality", "Session", "SessionClosedError"]
 
@@ -106,8 +110,10 @@ class Session:
             clock=pipeline.clock,
             credit_wait_s=pipeline.spec.deadlines.inter_chunk_s,
             abort_stages=self._abort_stages,
+            reopen=self._reopen,
         )
         self._takes = pipeline.spec.entry_inputs()
+        self.channel.history = _history(pipeline.spec, self._takes) if resumable else None
         self._admission: Admission | None = None
         self._drained = False  # the terminal event has been handed to the caller
         self._expiry: TimerHandle | None = None
@@ -354,6 +360,26 @@ class Session:
         if self.channel.end(Aborted(session=self.id, reason=reason)):
             await self._abort_stages(reason)
 
+    async def _reopen(self) -> SessionKey:
+        """Open the session again on every stage after one restarted: its new key."""
+        deadlines = self.pipeline.spec.deadlines
+        timeout = deadlines.start_s + deadlines.admission_s  # the restart, then a prewarm
+        assert self._ref is not None
+        try:
+            reopened = await self._ref.ask(
+                ReopenSession(timeout_s=timeout), timeout=timeout + _GRACE_S
+            )
+        except (OmniError, TimeoutError) as exc:
+            reopened = SessionError(
+                session=self.id, code="stage_failed", message=f"could not reopen: {exc!r}"
+            )
+            if self.channel.end(reopened):
+                await self._abort_stages("stage_failed")
+        if isinstance(reopened, SessionError):
+            raise SessionClosedError(f"session {self.id} has ended: {reopened.message}")
+        self._key = reopened
+        return reopened
+
     async def _abort_stages(self, reason: str) -> None:
         if self._ref is not None:
             # If the session actor is gone, so is the session.
@@ -406,3 +432,16 @@ class Session:
             event = await self.next_event()
             self._drained = isinstance(event, TERMINAL)
             yield event
+
+
+def _history(spec: PipelineSpec, takes: frozenset[str]) -> ConversationLog | None:
+    """What a conversation keeps to replay after a stage restart (``ConversationLog``):
+    everything, if the entry engine can take its replies back; nothing, if it keeps no
+    conversation; None (a restart ends the conversation) if it keeps one it cannot
+    rebuild."""
+    limit = spec.inputs.max_history_bytes
+    if REPLY_FIELD in takes:
+        return ConversationLog(limit)
+    if TURN_FIELD not in takes:
+        return ConversationLog(limit, records=False)
+    return None

@@ -28,6 +28,12 @@ answers what its source keeps, down to the entry stage's share. What is asked of
 stage at once (prewarm, cancel, truncate, abort) is the session's path's
 (:class:`~omni_actors.serving.session_path.SessionPath`).
 
+A stage that dies (``StageFailed``), or a stream that breaks (a chunk gap, a peer gone),
+fails the responses in flight (``stage_failed``, ``chunk_gap``); a conversation with a
+history to replay (``SessionChannel.history``) stays open, marked stale, and the
+caller's next input reopens it (``ReopenSession``: a new key on every stage, from the
+segment it has come to) and replays it; any other session ends.
+
 Flow control (``omni_actors.actors.flow``): this actor receives each output stage's
 stream, and the caller's reads of the channel grant it back, so the events queued for
 the caller (held ones included) stay within a window of chunks per output stage, and a
@@ -46,13 +52,14 @@ from typing import Any
 from omni_actors._actor import Actor
 from omni_actors._mailbox import MailboxConfig
 from omni_actors.actors.accumulate import ChunkGapError, ChunkSequence
-from omni_actors.actors.flow import Inflow, send_credit
+from omni_actors.actors.flow import CreditWindow, Inflow, send_credit
 from omni_actors.errors import InvalidRequestError, OmniError, ProtocolError, qualified_name
 from omni_actors.protocols.control import (
     AbortSession,
     CancelResponse,
     Deadlines,
     OpenSession,
+    ReopenSession,
     SessionMessage,
     StageFailed,
     StreamCredit,
@@ -61,13 +68,10 @@ from omni_actors.protocols.control import (
 from omni_actors.protocols.error_code import ErrorCode
 from omni_actors.protocols.events import (
     Aborted,
-    AudioDelta,
     Done,
     Event,
     ResponseDone,
     SessionError,
-    SessionMetrics,
-    TextDelta,
 )
 from omni_actors.protocols.stage import INPUT, Chunk, SessionKey, StageReport
 from omni_actors.serving.reply import Reply
@@ -75,6 +79,10 @@ from omni_actors.serving.session_channel import SessionChannel
 from omni_actors.serving.session_path import SessionPath, StagePlan
 
 __all__ = ["SessionActor", "SessionChannel", "StagePlan"]
+
+# A stage's error that says a peer it sent to is gone (the orchestrator's StageFailed
+# for that peer may come after it): the streams broke, the reporting stage did not.
+_PEER_GONE = (":ActorStoppedError", ":WorkerDiedError")
 
 log = logging.getLogger(__name__)
 
@@ -106,6 +114,10 @@ class SessionActor(Actor[SessionMessage]):
     ) -> None:
         self.id = session
         self.key = key
+        self._base_key = key
+        self._reopened = 0  # times the session was opened again after a stage restart
+        self._cut_by = ""  # what cost the stages their replies (see ``_cut``)
+        self.entry = next(name for name, p in plan.items() if INPUT in p.sources)
         self.plan = plan
         self.path = SessionPath(session, key, plan)
         self.deadlines = deadlines
@@ -125,9 +137,17 @@ class SessionActor(Actor[SessionMessage]):
     async def receive(self, message: SessionMessage) -> Any:
         """Handle one message; see the module docstring."""
         match message:
+            case Chunk() if message.key != self.key:
+                pass  # a stream cut by a stage's restart: its chunks are moot
+            case StageReport() | StreamCredit() if message.key != self.key:
+                pass  # from before the session was opened again: the stages dropped it
             case Chunk():
                 error = await self._output(message)
-                if error is not None:
+                if isinstance(error, ChunkGapError):
+                    await self._cut(
+                        error.code, str(error), message.source, error_type=qualified_name(error)
+                    )
+                elif error is not None:
                     await self._fail(error.code, str(error), message.source, qualified_name(error))
             case StageReport():
                 await self._report(message)
@@ -137,7 +157,9 @@ class SessionActor(Actor[SessionMessage]):
                 await self._end(Aborted(session=self.id, reason=reason))
                 return True
             case StageFailed(stage=stage, error=error):
-                await self._fail("stage_failed", f"stage {stage} failed: {error}", stage)
+                await self._cut("stage_failed", f"stage {stage} failed: {error}", stage, stage)
+            case ReopenSession(timeout_s=timeout_s):
+                return await self._reopen(timeout_s)
             case CancelResponse(segment=segment):
                 return await self._cancel(segment)
             case TruncateResponse(audio_ms=audio_ms):
@@ -161,22 +183,31 @@ class SessionActor(Actor[SessionMessage]):
     # -- prewarm --------------------------------------------------------------------
 
     async def _open(self) -> SessionError | None:
+        return await self._prewarm(max(0.0, self.admission_deadline - self.context.clock.now()))
+
+    async def _prewarm(self, timeout: float, *, again: bool = False) -> SessionError | None:
+        """Prewarm every stage from the current segment on; the error that ended the
+        session if one failed (``again``: when reopening after a stage restart)."""
         failed = await self.path.prewarm(
             self.context.self_ref,
             resumable=self.resumable,
             deadlines=self.deadlines,
             window=self.channel.window,
-            timeout=max(0.0, self.admission_deadline - self.context.clock.now()),
+            timeout=timeout,
+            segment=self.segment,
         )
         if failed is None:
             return None
         stage, result = failed
         # The phase says what failed: the deadline of admission, or the stage.
         code: ErrorCode = "admission" if isinstance(result, TimeoutError) else "prewarm"
+        what = f"prewarm of stage {stage} failed"
+        if again:
+            code, what = "stage_failed", f"the session could not be opened again on {stage}"
         error = SessionError(
             session=self.id,
             code=code,
-            message=f"prewarm of stage {stage} failed: {result}",
+            message=f"{what}: {result}",
             stage=stage,
             error_type=qualified_name(result),
         )
@@ -213,26 +244,7 @@ class SessionActor(Actor[SessionMessage]):
             # Done, or cancelled or failed: what it still says is moot (and taken now).
             await self._taken(chunk.source)
             return None
-        # Latencies count when the output reaches the session, held or not.
-        now = time.monotonic()
-        text_delta = audio_delta = None
-        text = chunk.texts.get("text")
-        if text:
-            if reply.first_text is None:
-                reply.first_text = now
-            text_delta = TextDelta(session=self.id, text=text, response=reply.response)
-        audio = chunk.tensors.get("audio")
-        if audio is not None and audio.numel():
-            if reply.first_audio is None:
-                reply.first_audio = now
-            reply.last_audio = now
-            reply.audio_samples += audio.numel()
-            audio_delta = AudioDelta(
-                session=self.id,
-                audio=audio,
-                sample_rate=self.channel.sample_rate,
-                response=reply.response,
-            )
+        text_delta, audio_delta = reply.deltas(chunk, self.id, self.channel.sample_rate)
         last = audio_delta if audio_delta is not None else text_delta
         if last is None:  # nothing for the caller to read: taken now
             await self._taken(chunk.source)
@@ -274,13 +286,22 @@ class SessionActor(Actor[SessionMessage]):
                 await self._taken(source)
 
     async def _report(self, report: StageReport) -> None:
+        if self.channel.stale:
+            return  # a stage died: every stream of this key is cut, its responses failed
         if report.end == "error":
             code = report.code if report.code is not None else "internal"
-            await self._fail(code, report.error, report.stage, report.error_type)
+            if code == "chunk_gap" or report.error_type.endswith(_PEER_GONE):
+                # The session's streams broke, not the stage: a conversation goes on.
+                await self._cut(code, report.error, report.stage, error_type=report.error_type)
+            else:
+                await self._fail(code, report.error, report.stage, report.error_type)
             return
         reply = self._reply(report.segment)
         if reply is None:
             return
+        if report.stage == self.entry:
+            reply.entry_reply = report.reply
+            reply.rolled_back |= report.end == "failed"
         if report.end == "failed":  # a notice: the stage's report of the end follows
             if reply.status == "completed":
                 reply.status = "failed"
@@ -301,7 +322,8 @@ class SessionActor(Actor[SessionMessage]):
         held for the segment that becomes current."""
         while (reply := self._pending.get(self.segment)) is not None and reply.done_at is not None:
             del self._pending[self.segment]
-            metrics = self._metrics(self.segment, reply)
+            start = self.channel.starts.get(self.segment, reply.done_at)
+            metrics = reply.metrics(start, self.channel.sample_rate, list(self.plan))
             if reply.finished:
                 if reply.status == "failed":  # the last reply failed: so did the session
                     assert reply.code is not None
@@ -321,6 +343,10 @@ class SessionActor(Actor[SessionMessage]):
                     stage=reply.stage,
                 )
             )
+            if self.channel.history is not None:
+                self.channel.history.answered(
+                    self.segment, reply=reply.entry_reply, rolled_back=reply.rolled_back
+                )
             self._last = reply
             self.segment += 1
             self.channel.completed = self.segment
@@ -329,26 +355,6 @@ class SessionActor(Actor[SessionMessage]):
                 for event, source in following.held:
                     self.channel.put(event, source)
                 following.held.clear()
-
-    def _metrics(self, segment: int, reply: Reply) -> SessionMetrics:
-        end = reply.done_at if reply.done_at is not None else time.monotonic()
-        start = self.channel.starts.get(segment, end)
-        audio_s = reply.audio_samples / self.channel.sample_rate
-
-        def since(t: float | None) -> float | None:
-            return None if t is None else (t - start) * 1e3
-
-        rtf = None
-        if audio_s > 0 and reply.last_audio is not None:
-            rtf = (reply.last_audio - start) / audio_s
-        return SessionMetrics(
-            ttft_ms=since(reply.first_text),
-            ttfa_ms=since(reply.first_audio),
-            e2e_ms=(end - start) * 1e3,
-            audio_s=audio_s,
-            rtf=rtf,
-            stages={name: reply.reports[name] for name in self.plan if name in reply.reports},
-        )
 
     # -- cancel and truncate -------------------------------------------------------------
 
@@ -371,21 +377,82 @@ class SessionActor(Actor[SessionMessage]):
         last = self._last
         if self._pending or last is None:
             why = "a response is in flight" if self._pending else "no response has ended yet"
+            if not self._pending and self._cut_by:
+                why = f"{self._cut_by} since the last reply"
             return InvalidRequestError(f"session {self.id}: nothing to truncate ({why})")
         samples = max(0, min(round(audio_ms * self.channel.sample_rate / 1e3), last.audio_samples))
         kept = await self.path.truncate(samples)
         return kept if isinstance(kept, int) else InvalidRequestError(f"session {self.id}: {kept}")
 
+    # -- a stage restarted --------------------------------------------------------------
+
+    async def _cut(
+        self, code: ErrorCode, message: str, stage: str, dead: str = "", *, error_type: str = ""
+    ) -> None:
+        """The session's streams broke at ``stage`` (it died: ``dead``; or chunks were
+        lost): fail the responses in flight with ``code`` and, if the conversation can be
+        replayed, keep the session (the caller's next input reopens it), else end it."""
+        history = self.channel.history
+        if not self.resumable or history is None or history.lost:
+            if history is not None and history.lost:
+                message += f" (the conversation cannot be replayed: {history.lost})"
+            await self._fail(code, message, stage, error_type, dead=dead)
+            return
+        self.channel.stale = message
+        self.channel.input.close()  # a send waiting for the dead stage's credit reopens
+        self.channel.forget_sources()
+        now = time.monotonic()
+        for segment in list(self._pending):
+            if segment >= self.channel.segments_sent:  # input still open: its streams are gone
+                await self._drop_held(self._pending.pop(segment))
+        for segment in range(self.segment, self.channel.segments_sent):
+            reply = self._reply(segment)
+            assert reply is not None
+            reply.cut(code, stage, message, now)
+        await self._advance()
+        self._last = None
+        self._cut_by = f"stage {stage} restarted" if dead else f"{code} at stage {stage}"
+        await self.path.abort(message, skip=dead)
+
+    async def _reopen(self, timeout_s: float) -> SessionKey | SessionError:
+        """Open the session again on every stage under a new key (see ``ReopenSession``)."""
+        if self.channel.terminal is not None:
+            terminal = self.channel.terminal
+            return SessionError(
+                session=self.id,
+                code=getattr(terminal, "code", "internal"),
+                message="the session has ended",
+            )
+        if not self.channel.stale:
+            return self.key
+        self._reopened += 1
+        self.key = key = SessionKey(f"{self._base_key}~{self._reopened}")
+        self.path = SessionPath(self.id, key, self.plan)
+        refs = {name: p.ref for name, p in self.plan.items() if p.emit}
+        self.channel.inflow = self.inflow = Inflow(key, "client", self.channel.window, refs)
+        self.sequences = {}
+        self.channel.input = CreditWindow(self.channel.window)
+        error = await self._prewarm(timeout_s, again=True)
+        if error is not None:
+            return error
+        self.channel.stale = ""
+        return key
+
     # -- ending -----------------------------------------------------------------------
 
-    async def _fail(self, code: ErrorCode, message: str, stage: str, error_type: str = "") -> None:
+    async def _fail(
+        self, code: ErrorCode, message: str, stage: str, error_type: str = "", *, dead: str = ""
+    ) -> None:
         await self._end(
             SessionError(
                 session=self.id, code=code, message=message, stage=stage, error_type=error_type
-            )
+            ),
+            dead=dead,
         )
 
-    async def _end(self, event: Event, *, abort: bool = True, stop: bool = True) -> None:
+    async def _end(
+        self, event: Event, *, abort: bool = True, stop: bool = True, dead: str = ""
+    ) -> None:
         """Emit the terminal event, free the session on every stage, stop this actor.
 
         The caller may have ended the channel already (an abort ends the caller's stream
@@ -396,6 +463,7 @@ class SessionActor(Actor[SessionMessage]):
         self._ended = True
         self.channel.end(event)
         if abort:
-            await self.path.abort(getattr(event, "reason", "") or getattr(event, "message", ""))
+            reason = getattr(event, "reason", "") or getattr(event, "message", "")
+            await self.path.abort(reason, skip=dead)  # a dead stage lost the session already
         if stop:
             self.context.stop_self()

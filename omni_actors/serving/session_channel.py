@@ -13,6 +13,7 @@ from collections import deque
 from omni_actors.actors.flow import CreditWindow, Inflow
 from omni_actors.protocols.control import DEFAULT_WINDOW
 from omni_actors.protocols.events import Event
+from omni_actors.serving.conversation_log import ConversationLog
 
 __all__ = ["SessionChannel"]
 
@@ -39,10 +40,13 @@ class SessionChannel:
         "_events",
         "_waiter",
         "completed",
+        "history",
         "inflow",
         "input",
         "responses",
         "sample_rate",
+        "segments_sent",
+        "stale",
         "starts",
         "terminal",
         "window",
@@ -54,6 +58,11 @@ class SessionChannel:
         self.starts: dict[int, float] = {}
         self.responses: dict[int, str] = {}  # response id by segment, set by the caller
         self.completed = 0  # segments whose ResponseDone (or the terminal event) is out
+        self.segments_sent = 0  # segments the caller has ended (its input's segment)
+        # The conversation to replay after a stage restart (None: it is not replayed),
+        # and why the stages must be reopened before the next input ("": they need not).
+        self.history: ConversationLog | None = None
+        self.stale = ""
         self.terminal: Event | None = None
         self.input = CreditWindow(window)
         self.inflow: Inflow | None = None
@@ -82,6 +91,11 @@ class SessionChannel:
         self.terminal = event
         self.input.close()
         return True
+
+    def forget_sources(self) -> None:
+        """The output stages' streams were cut (a stage died): reading the events queued
+        from them grants nothing (the streams that follow count afresh)."""
+        self._events = deque((event, "") for event, _ in self._events)
 
     @property
     def queued(self) -> int:

@@ -16,6 +16,7 @@ tail is sent before a turn boundary, dropped with a ``clear``.
 
 from __future__ import annotations
 
+import asyncio
 import time
 from collections.abc import Awaitable, Callable, Mapping
 
@@ -40,6 +41,8 @@ from omni_actors.serving.session_channel import SessionChannel
 
 __all__ = ["SessionClosedError", "SessionInput"]
 
+_REOPEN_TRIES = 3  # stages dying one after another while a conversation is replayed
+
 
 class SessionClosedError(OmniError):
     """Input was sent to a session that has already ended."""
@@ -57,6 +60,9 @@ class SessionInput:
         credit_wait_s: the longest wait for a credit (``deadlines.inter_chunk_s``).
         abort_stages: frees the session on every stage, given a reason; called when a
             stalled entry stage ended the session.
+        reopen: opens the session again on every stage after one restarted and returns
+            its new key (raising ``SessionClosedError`` if it could not); a
+            conversation with a ``channel.history`` needs it.
 
     Attributes:
         audio: the caller's audio, resampled as one stream.
@@ -73,6 +79,7 @@ class SessionInput:
         clock: Clock,
         credit_wait_s: float,
         abort_stages: Callable[[str], Awaitable[None]],
+        reopen: Callable[[], Awaitable[SessionKey]] | None = None,
     ) -> None:
         self.session = session
         self.channel = channel
@@ -80,6 +87,8 @@ class SessionInput:
         self.clock = clock
         self.credit_wait_s = credit_wait_s
         self._abort_stages = abort_stages
+        self._reopen = reopen
+        self._reopening = asyncio.Lock()
         self.audio = CallerAudio(sample_rate)
         self.segment = 0
         self._seq = 0
@@ -106,14 +115,70 @@ class SessionInput:
     ) -> None:
         """Send one chunk, once the window has room for it.
 
+        If a stage on the session's path restarted, the session is first opened again
+        on every stage and its conversation replayed (``channel.stale``; see
+        :mod:`~omni_actors.serving.conversation_log`).
+
         Raises:
-            SessionClosedError: the session ended while this waited (nothing was sent).
+            SessionClosedError: the session ended while this waited (nothing was sent),
+                or could not be opened again after a stage restarted.
             BackpressureError: the entry stage took none of the chunks in flight within
                 ``deadlines.inter_chunk_s``; the session has ended with that error.
         """
         assert self._entry is not None, "send after connect"
+        while True:
+            if self.channel.stale or self._reopening.locked():
+                async with self._reopening:  # one replay; other senders wait for it
+                    if self.channel.stale:
+                        await self._replay()
+            try:
+                await self._send(payload, end, mark, kept, options)
+            except _Reopen:
+                continue  # a stage died while this waited: reopen, then send it
+            break
+        history = self.channel.history
+        if history is not None:
+            history.sent(self.segment, payload, mark=mark, kept=kept, end=end)
+        if end:
+            self.segment += 1
+            self.channel.segments_sent = self.segment
+
+    async def _replay(self) -> None:
+        """Open the session again on every stage and send its conversation so far."""
+        history = self.channel.history
+        assert history is not None, "stale only when it can be replayed"
+        assert self._reopen is not None, "a replayed session reopens"
+        for _ in range(_REOPEN_TRIES):
+            self._key, self._seq = await self._reopen(), 0
+            try:
+                for chunk in history.replay():
+                    await self._send(chunk.payload, "", chunk.mark, chunk.kept, None)
+            except _Reopen:
+                continue  # another stage died meanwhile: from the start again
+            return
+        error = SessionError(
+            session=self.session,
+            code="stage_failed",
+            message=(
+                f"stages kept failing while the conversation was replayed ({_REOPEN_TRIES} tries)"
+            ),
+        )
+        if self.channel.end(error):
+            await self._abort_stages("stage_failed")
+        raise SessionClosedError(f"session {self.session} has ended: {error.message}")
+
+    async def _send(
+        self,
+        payload: Mapping[str, torch.Tensor | str],
+        end: End,
+        mark: Mark,
+        kept: int,
+        options: ResponseOptions | None,
+    ) -> None:
         credits = self.channel.input
         if not credits.try_take() and not await self._wait_for_credit(credits):
+            if self.channel.stale and self.channel.terminal is None:
+                raise _Reopen
             raise SessionClosedError(f"session {self.session} has ended; open a new one")
         tensors, texts = split_fields(payload)
         chunk = Chunk(
@@ -130,9 +195,8 @@ class SessionInput:
             options=options,
         )
         self._seq += 1
+        assert self._entry is not None
         await self._entry.tell(chunk)
-        if end:
-            self.segment += 1
 
     async def _wait_for_credit(self, credits: CreditWindow) -> bool:
         limit = self.credit_wait_s
@@ -152,3 +216,7 @@ class SessionInput:
             ):
                 await self._abort_stages("backpressure")
             raise error from None
+
+
+class _Reopen(Exception):
+    """A stage on the session's path died while a chunk waited for a credit."""

@@ -13,7 +13,9 @@ import asyncio
 import logging
 from dataclasses import dataclass
 
+from omni_actors import remoting
 from omni_actors._ref import ActorRef
+from omni_actors.errors import OmniError
 from omni_actors.protocols.control import (
     Abort,
     Cancel,
@@ -65,11 +67,18 @@ class SessionPath:
         deadlines: Deadlines,
         window: int,
         timeout: float,
+        segment: int = 0,
     ) -> tuple[str, BaseException] | None:
-        """Prewarm every stage at once, within ``timeout``; the first stage (in path
-        order) that failed, with why, or None when all are ready."""
-        asks = [
-            p.ref.ask(
+        """Prewarm every stage at once, within ``timeout``, to serve from ``segment`` on;
+        the first stage (in path order) that failed, with why, or None when all are
+        ready."""
+
+        async def prewarm(p: StagePlan) -> bool:
+            # The prewarm names the stage's targets: a target restarting has no worker to
+            # name until it is up again, so wait for it (the prewarm's time counts).
+            for target in p.targets:
+                await remoting.sendable(target.ref)
+            return await p.ref.ask(
                 Prewarm(
                     key=self.key,
                     owner=owner,
@@ -79,11 +88,12 @@ class SessionPath:
                     resumable=resumable,
                     deadlines=deadlines,
                     window=window,
+                    segment=segment,
                 ),
                 timeout=timeout,
             )
-            for p in self.plan.values()
-        ]
+
+        asks = [asyncio.wait_for(prewarm(p), timeout) for p in self.plan.values()]
         results = await asyncio.gather(*asks, return_exceptions=True)
         for stage, result in zip(self.plan, results, strict=True):
             if result is False:
@@ -117,20 +127,25 @@ class SessionPath:
                 kept = min(shares)
             if INPUT in plan.sources:
                 return kept
-            answer = await plan.ref.ask(Truncate(key=self.key, kept=kept), timeout=_ASK_TIMEOUT)
+            try:
+                answer = await plan.ref.ask(Truncate(key=self.key, kept=kept), timeout=_ASK_TIMEOUT)
+            except (OmniError, TimeoutError) as exc:  # the stage died, or is restarting
+                return f"stage {name} did not answer: {exc}"
             if not isinstance(answer, int):
                 return answer.reason
             answers[name] = answer
         return "no audio reaches the caller to truncate"
 
-    async def abort(self, reason: str) -> None:
-        """Free the session on every stage; a stage that fails to answer is logged."""
+    async def abort(self, reason: str, skip: str = "") -> None:
+        """Free the session on every stage (but ``skip``, one that lost it already); a
+        stage that fails to answer is logged."""
+        stages = [name for name in self.plan if name != skip]
         asks = [
-            p.ref.ask(Abort(key=self.key, reason=reason), timeout=_ASK_TIMEOUT)
-            for p in self.plan.values()
+            self.plan[name].ref.ask(Abort(key=self.key, reason=reason), timeout=_ASK_TIMEOUT)
+            for name in stages
         ]
         for stage, result in zip(
-            self.plan, await asyncio.gather(*asks, return_exceptions=True), strict=True
+            stages, await asyncio.gather(*asks, return_exceptions=True), strict=True
         ):
             if isinstance(result, BaseException):
                 log.warning("session %s: abort on %s failed: %r", self.session, stage, result)

@@ -102,6 +102,9 @@ class Node:
         self._decoders: dict[Any, Decoder[Any]] = {}
         self._targets: dict[tuple[int, str], RemoteTarget] = {}
         self._dead: dict[int, BaseException] = {}
+        # Messages sent to peers that died before saying they took them (see
+        # ``count_lost``): counted and logged, never dropped without a word.
+        self.lost = 0
         self._credits = CreditLedger()
         self._reading = False
         self._auth: Any = None  # whatever checks who connects: CURVE's or peer_auth's
@@ -159,8 +162,28 @@ class Node:
             link.use_slab(SlabWriter.create(slab_id=self.node_id))
         return link
 
+    def count_lost(self, peer: int, n: int) -> None:
+        """``n`` messages sent to ``peer``, which went down, were never confirmed taken."""
+        if n > 0:
+            self.lost += n
+            log.warning(
+                "node %d went down with %d message(s) from node %d it had not confirmed "
+                "taking: they are lost (%d in all)",
+                peer,
+                n,
+                self.node_id,
+                self.lost,
+            )
+
     def disconnect(self, peer: int, error: BaseException) -> None:
         """Forget ``peer`` (it died or left): close its link and fail flows to it."""
+        flows = [k for k in self._flows if k[0] == peer]
+        targets = [k for k in self._targets if k[0] == peer]
+        self.count_lost(
+            peer,
+            sum(self._flows[k].unconfirmed for k in flows)
+            + sum(self._targets[k].remote.unconfirmed for k in targets),
+        )
         link = self._links.pop(peer, None)
         if link is not None:
             link.close()
@@ -170,9 +193,9 @@ class Node:
         # views still alive over it are collected.
         self.slabs.forget(peer)
         self._fail_asks(lambda p: p == peer, error)
-        for key in [k for k in self._flows if k[0] == peer]:
+        for key in flows:
             self._flows.pop(key).link_lost(error)
-        for key in [k for k in self._targets if k[0] == peer]:
+        for key in targets:
             self._targets.pop(key).close(error)
 
     def broadcast(self, message: wire.WireMessage, *, exclude: int) -> None:

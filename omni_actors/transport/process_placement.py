@@ -67,6 +67,11 @@ class ProcessPlacement:
             lambda: ProcessHost(workers, actor.actor_cls, actor.args, actor.kwargs, mailbox),
         )
 
+    def counts(self) -> dict[str, int]:
+        """This process's node: frames it refused, and messages lost with dead workers."""
+        node = self.workers.node
+        return {"refused_frames": node.refusals.total, "lost_messages": node.lost}
+
     async def close(self) -> None:
         """Stop every worker and release the node and runtime directory."""
         await self.workers.close()
@@ -301,6 +306,8 @@ class ProcessHost(Actor[object]):
         returncode = await worker.proc.wait()
         error = WorkerDiedError(self.context.path, worker.proc.pid, returncode)
         log.warning("%s", error)
+        # What it had not taken yet is lost with it: counted (unbinding forgets it).
+        self.workers.node.count_lost(worker.node_id, self.remote.unconfirmed)
         # Fail waiting asks now, not after the supervisor's backoff.
         self.remote.unbind()
         self.workers.node.disconnect(worker.node_id, error)

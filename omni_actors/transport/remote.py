@@ -16,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import builtins
 import contextlib
+import functools
 import sys
 from typing import TYPE_CHECKING, Any
 
@@ -128,8 +129,12 @@ class RemoteMailbox(Mailbox):
     """
 
     __slots__ = (
+        "_answered",
+        "_bound",
         "_credit_waiters",
+        "_first_limit",
         "_limit",
+        "_sent",
         "credits",
         "endpoint",
         "link",
@@ -149,6 +154,10 @@ class RemoteMailbox(Mailbox):
         self.target = ""
         self.credits = 0
         self._limit = 0  # messages this flow may send in all: credits + those sent
+        self._sent = 0  # user messages sent since ``bind``
+        self._answered = 0  # the last of them, by number, whose ask was answered
+        self._bound = 0  # binds so far: an answer from before the last one is moot
+        self._first_limit: int | None = None  # the receiver's room before it took any
         self.reply_type = reply_type
         self.ref: ActorRef[Any] | None = None  # the local ref this mailbox serves, if any
         self._credit_waiters: list[asyncio.Future[None]] = []
@@ -159,6 +168,9 @@ class RemoteMailbox(Mailbox):
         self.peer, self.target, self.endpoint = link.peer, target, link.endpoint
         self.credits = credits
         self._limit = credits
+        self._sent = self._answered = 0
+        self._bound += 1
+        self._first_limit = credits if credits > 0 else None
         node.register_flow(self)
         self._wake_senders()
 
@@ -170,6 +182,42 @@ class RemoteMailbox(Mailbox):
         self.credits = 0
         self._limit = 0
 
+    async def wait_linked(self) -> None:
+        """Return once the remote actor is up (a restarting worker is bound again).
+
+        A message that carries this mailbox's ref can be sent only then: the ref names
+        the worker the actor lives in.
+
+        Raises:
+            ActorStoppedError: the actor stopped for good meanwhile.
+        """
+        while self.link is None:
+            if self.closed:
+                raise ActorStoppedError(self.owner)
+            waiter: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+            self._credit_waiters.append(waiter)
+            try:
+                await waiter
+            except BaseException:
+                with contextlib.suppress(ValueError):
+                    self._credit_waiters.remove(waiter)
+                raise
+
+    @property
+    def unconfirmed(self) -> int:
+        """User messages sent that the receiver has not said it took: what is lost with
+        it if it dies now, at most.
+
+        It takes them in order, and says so by its grants (in batches of a quarter of
+        its mailbox) and by answering an ask (every message before it was taken too).
+        """
+        taken = 0 if self._first_limit is None else self._limit - self._first_limit
+        return max(0, self._sent - max(taken, self._answered))
+
+    def _answer(self, bound: int, number: int, reply: asyncio.Future[Any]) -> None:
+        if bound == self._bound and not reply.cancelled() and reply.exception() is None:
+            self._answered = max(self._answered, number)
+
     def link_lost(self, error: BaseException) -> None:
         """The peer process died: unbind (asks are failed by the node)."""
         self.unbind()
@@ -180,6 +228,8 @@ class RemoteMailbox(Mailbox):
         A limit at or below the one held is a replayed or reordered ``Credit``: it adds
         nothing, so the sender never holds more than the receiver's room.
         """
+        if self._first_limit is None:
+            self._first_limit = limit
         if limit <= self._limit:
             return False
         self.credits += limit - self._limit
@@ -237,6 +287,10 @@ class RemoteMailbox(Mailbox):
         self.credits -= spent
         try:
             link.send_message(self.target, message, corr)
+            self._sent += spent
+            if reply is not None and spent:
+                number = self._sent
+                reply.add_done_callback(functools.partial(self._answer, self._bound, number))
         except BaseException:
             self.credits += spent
             if reply is not None:
@@ -263,3 +317,4 @@ class RemoteTarget(RemoteActor):
         super().__init__(path, mailbox)
         mailbox.bind(node, link, path, credits=0)
         mailbox.ref = self.ref
+        self.remote = mailbox

@@ -30,7 +30,7 @@ from omni_actors.protocols.events import AudioDelta, Event, ResponseDone, TextDe
 from omni_actors.serving.omni_pipeline import OmniPipeline
 from omni_actors.serving.pipeline_spec import PipelineSpec, load_pipeline
 from omni_actors.serving.session import Session
-from omni_actors.testing import eventually
+from omni_actors.testing import eventually, kill_worker, worker_pid
 from omni_actors.testing.inspection import actor_instance
 
 pytestmark = pytest.mark.integration
@@ -187,3 +187,47 @@ async def test_cleared_input_is_as_if_never_sent(cache: Path) -> None:
             plain = await reply(session, TURNS[0])
     assert cleared[0] == plain[0]
     assert torch.equal(cleared[1], plain[1])
+
+
+@pytest.mark.parametrize("victim", ["thinker", "talker"])
+async def test_a_stage_killed_during_a_reply_costs_that_reply_not_the_conversation(
+    cache: Path, reference: Any, victim: str
+) -> None:
+    """SIGKILL a stage's worker during turn 2's reply: that reply fails with
+    ``stage_failed``, the session stays open, and responding again (its user turn stays
+    committed) gives the reply HF gives to the conversation as if nothing had happened,
+    and so does turn 3: the conversation was replayed onto the restarted stages."""
+    raw = spec(cache).model_dump(by_alias=True)
+    for stage in raw["stages"]:
+        stage["process"] = True  # a kill needs a worker
+    conversation: list[int] = []
+    async with (
+        OmniPipeline(PipelineSpec.model_validate(raw)) as omni,
+        omni.session() as session,
+    ):
+        said, audio, _ = await reply(session, TURNS[0])
+        conversation += hf_user_turn({"text": TURNS[0]}, 1)[0]
+        assert_like_reference(reference, conversation, said, audio)
+        conversation += assistant_turn([ord(c) for c in said])
+
+        await session.send(text=TURNS[1])
+        response = await session.respond(voice="ethan")
+        killed = 0
+        async for event in response.events():
+            if isinstance(event, TextDelta) and not killed:
+                killed = kill_worker((await omni.stages())[victim])
+        failed = response.done
+        assert isinstance(failed, ResponseDone), failed
+        assert (failed.status, failed.code, failed.stage) == ("failed", "stage_failed", victim)
+        assert not session.ended
+
+        said, audio, done = await answer(session)  # respond again
+        assert done.status == "completed", done
+        conversation += hf_user_turn({"text": TURNS[1]}, 1)[0]
+        assert_like_reference(reference, conversation, said, audio)
+        conversation += assistant_turn([ord(c) for c in said])
+
+        said, audio, done = await reply(session, TURNS[2])
+        conversation += hf_user_turn({"text": TURNS[2]}, 1)[0]
+        assert_like_reference(reference, conversation, said, audio)
+        assert worker_pid((await omni.stages())[victim]) != killed

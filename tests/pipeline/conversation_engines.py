@@ -6,6 +6,9 @@ by ``|``. Input ``?`` makes it reply with its whole history instead (user turns 
 replies as it keeps them, after cancels and truncates), so a test can read the state it
 holds. Input ``FAIL`` makes the reply fail after two outputs. ``Speaker`` voices each
 character as 100 samples and maps kept samples back to characters on truncate.
+``ReplayEcho`` is a ``TurnEcho`` that takes its replies back (``REPLY_FIELD``; each
+character is a token id, its code point), so a session can replay its conversation
+onto it after a restart.
 """
 
 from __future__ import annotations
@@ -18,7 +21,14 @@ from typing import ClassVar
 
 import torch
 
-from omni_actors.actors.engine import KEPT_FIELD, TURN_FIELD, Fields, response_options
+from omni_actors.actors.engine import (
+    KEPT_FIELD,
+    REPLY_FIELD,
+    TURN_FIELD,
+    Fields,
+    ResponseOptions,
+    response_options,
+)
 from omni_actors.errors import EngineError
 
 SAMPLES_PER_CHAR = 100
@@ -96,6 +106,60 @@ class TurnEcho:
         except EngineError:
             c.history, c.unanswered, c.pending = start  # the response never happened
             raise
+
+
+class ReplayEcho(TurnEcho):
+    inputs: ClassVar[dict[str, str]] = {**TurnEcho.inputs, REPLY_FIELD: "concat"}
+
+    def __init__(self, args: object) -> None:
+        super().__init__(args)
+        self.replies: dict[str, tuple[int, ...] | None] = {}  # by the last generate
+        self.replayed: dict[str, int] = {}  # reply marks taken, per session
+
+    def last_reply(self, session: str) -> tuple[int, ...] | None:
+        return self.replies.get(session)
+
+    async def generate(self, session: str, inputs: AsyncIterator[Fields]) -> AsyncIterator[Fields]:
+        self.replies[session] = None
+        c = self.sessions.setdefault(session, _Conversation())
+        said: list[int] = []
+        try:
+            async for out in super().generate(session, _Replies(self, session, c, inputs)):
+                said.append(ord(str(out["text"])))
+                self.replies[session] = tuple(said)  # a cancelled reply: as far as it went
+                yield out
+        except Exception:
+            self.replies[session] = None  # rolled back: no reply
+            raise
+        self.replies[session] = tuple(said)
+
+
+class _Replies:
+    """``inputs`` with the reply marks taken into the conversation on the way."""
+
+    def __init__(
+        self, engine: ReplayEcho, session: str, c: _Conversation, inputs: AsyncIterator[Fields]
+    ) -> None:
+        self.engine, self.session, self.c, self.inputs = engine, session, c, inputs
+
+    @property
+    def options(self) -> ResponseOptions:
+        return response_options(self.inputs)
+
+    def __aiter__(self) -> _Replies:
+        return self
+
+    async def __anext__(self) -> Fields:
+        while True:
+            fields = await self.inputs.__anext__()
+            if fields.get(TURN_FIELD) != "reply":
+                return fields
+            ids = fields[REPLY_FIELD]
+            assert isinstance(ids, torch.Tensor)
+            self.engine._commit(self.c)
+            self.c.history.append("a:" + "".join(chr(int(i)) for i in ids))
+            self.c.unanswered = []
+            self.engine.replayed[self.session] = self.engine.replayed.get(self.session, 0) + 1
 
 
 class Speaker:

@@ -25,6 +25,7 @@ from omni_actors.protocols.control import (
     PipelineHealth,
     Prewarm,
     Refused,
+    ReopenSession,
     SessionMessage,
     StageFailed,
     StageHealth,
@@ -70,6 +71,7 @@ def _examples(owner: ActorRef[Any], downstream: ActorRef[Any]) -> list[msgspec.S
             resumable=True,
             deadlines=DEADLINES,
             window=8,
+            segment=3,
         ),
         Abort(key=KEY, reason="barge-in"),
         Cancel(key=KEY, segment=2),
@@ -82,6 +84,7 @@ def _examples(owner: ActorRef[Any], downstream: ActorRef[Any]) -> list[msgspec.S
         OpenSession(),
         AbortSession(reason="disconnected"),
         StageFailed(stage="talker", error="WorkerDiedError: killed"),
+        ReopenSession(timeout_s=30.0),
         ListSessions(),
         ListStages(),
         Health(),
@@ -98,6 +101,7 @@ def _examples(owner: ActorRef[Any], downstream: ActorRef[Any]) -> list[msgspec.S
             code="chunk_gap",
             error_type="omni_actors.actors.accumulate:ChunkGapError",
             error="chunks were lost",
+            reply=(72, 105),
         ),
     ]
 

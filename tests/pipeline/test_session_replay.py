@@ -1,0 +1,199 @@
+"""A conversation outlives a stage restart: the response in flight fails with
+``stage_failed``, the session stays open, and the next input replays the conversation
+onto the restarted stages (``omni_actors.serving.conversation_log``).
+
+Driven through ``ReplayEcho`` (``conversation_engines``), which replies with the user
+turns since its last reply and, asked ``?``, with the whole history it holds: after a
+restart, that history must be the one a run without the failure holds.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+
+import pytest
+from conversation_engines import SAMPLES_PER_CHAR, ReplayEcho
+
+from omni_actors.actors.stage import StageActor
+from omni_actors.errors import InvalidRequestError
+from omni_actors.protocols.events import AudioDelta, ResponseDone, SessionError, TextDelta
+from omni_actors.serving.omni_pipeline import OmniPipeline
+from omni_actors.serving.pipeline_spec import PipelineSpec
+from omni_actors.serving.session import Session, SessionClosedError
+from omni_actors.testing import eventually, kill_worker, worker_pid
+from omni_actors.testing.chunk_faults import ChunkFaults, PipelineFaults
+from omni_actors.testing.inspection import actor_instance
+
+SECOND = "a long second turn"
+
+
+def spec(
+    *, kind: str = "ReplayEcho", history_bytes: int | None = None, process: bool = True
+) -> PipelineSpec:
+    inputs = {} if history_bytes is None else {"max_history_bytes": history_bytes}
+    return PipelineSpec.model_validate(
+        {
+            "name": "replay",
+            "stages": [
+                {
+                    "name": "echo",
+                    "process": process,
+                    "engine": {"kind": f"conversation_engines:{kind}"},
+                },
+                {
+                    "name": "speaker",
+                    "process": process,
+                    "engine": {"kind": "conversation_engines:Speaker"},
+                },
+            ],
+            "edges": [{"from": "echo", "to": "speaker"}],
+            "inputs": inputs,
+            "outputs": {"text": "echo", "audio": "speaker", "sample_rate": 1000},
+            "deadlines": {"idle_s": 60.0, "inter_chunk_s": 30.0},
+        }
+    )
+
+
+@asynccontextmanager
+async def conversation(s: PipelineSpec) -> AsyncIterator[tuple[OmniPipeline, Session]]:
+    async with OmniPipeline(s) as omni, omni.session() as session:
+        yield omni, session
+
+
+async def reply(
+    session: Session,
+    kill: str = "",
+    omni: OmniPipeline | None = None,
+    max_tokens: int | None = None,
+) -> tuple[str, int, ResponseDone]:
+    """Respond; with ``kill``, SIGKILL that stage's worker at the reply's first text."""
+    response = await session.respond(max_tokens=max_tokens)
+    text, samples = "", 0
+    async for event in response.events():
+        if isinstance(event, TextDelta):
+            if kill and not text:
+                assert omni is not None
+                kill_worker((await omni.stages())[kill])
+            text += event.text
+        elif isinstance(event, AudioDelta):
+            samples += event.audio.numel()
+    assert isinstance(response.done, ResponseDone)
+    return text, samples, response.done
+
+
+async def history(session: Session) -> str:
+    await session.send(text="?")
+    text, _, done = await reply(session)
+    assert done.status == "completed", done
+    return text
+
+
+async def two_turns(omni: OmniPipeline, session: Session, kill: str = "") -> str:
+    """Turn 1, then turn 2 (its first reply killed by ``kill``, then answered again)."""
+    await session.send(text="hello")
+    assert (await reply(session))[0] == "HELLO"
+    await session.send(text=SECOND)
+    if kill:
+        before = worker_pid((await omni.stages())[kill])
+        _, _, failed = await reply(session, kill, omni)
+        assert failed.status == "failed", failed
+        assert (failed.code, failed.stage) == ("stage_failed", kill), failed
+        assert "WorkerDiedError" in failed.message
+        assert not session.ended
+        text, samples, done = await reply(session)  # respond again: the turn is committed
+        assert worker_pid((await omni.stages())[kill]) != before
+    else:
+        text, samples, done = await reply(session)
+    assert done.status == "completed", done
+    assert text == SECOND.upper()
+    assert samples == len(SECOND) * SAMPLES_PER_CHAR
+    return await history(session)
+
+
+async def test_without_a_failure() -> None:
+    async with conversation(spec()) as (omni, session):
+        assert await two_turns(omni, session) == f"u:hello a:HELLO u:{SECOND} a:{SECOND.upper()}"
+
+
+@pytest.mark.parametrize("kill", ["echo", "speaker"])
+async def test_a_killed_stage_costs_the_turn_in_flight_not_the_conversation(kill: str) -> None:
+    async with conversation(spec()) as (omni, session):
+        expected = f"u:hello a:HELLO u:{SECOND} a:{SECOND.upper()}"
+        assert await two_turns(omni, session, kill) == expected
+        await session.send(text="third")  # and it goes on
+        assert (await reply(session))[0] == "THIRD"
+
+
+async def test_a_conversation_past_its_history_bound_ends_with_the_stage() -> None:
+    async with conversation(spec(history_bytes=8)) as (omni, session):
+        await session.send(text="more than eight bytes")
+        assert (await reply(session))[2].status == "completed"
+        await session.send(text=SECOND)
+        response = await session.respond()
+        async for event in response.events():
+            if isinstance(event, TextDelta) and not session.ended:
+                kill_worker((await omni.stages())["echo"])
+        error = response.done
+        assert isinstance(error, SessionError), error
+        assert (error.code, error.stage) == ("stage_failed", "echo")
+        assert "max_history_bytes" in error.message
+        with pytest.raises(SessionClosedError):
+            await session.send(text="again")
+
+
+async def test_truncating_a_reply_from_before_the_restart_is_refused_clearly() -> None:
+    async with conversation(spec()) as (omni, session):
+        await session.send(text="hello")
+        assert (await reply(session))[0] == "HELLO"
+        kill_worker((await omni.stages())["speaker"])
+
+        async def told() -> None:
+            assert session.channel.stale  # the session heard of the restart
+
+        await eventually(told)
+        with pytest.raises(InvalidRequestError, match="restarted since the last reply"):
+            await session.truncate(audio_ms=100)
+        await session.send(text="x")  # reopens once the speaker is back
+        assert (await reply(session))[0] == "X"
+
+
+async def test_a_truncate_racing_a_stage_death_is_refused_not_fatal() -> None:
+    async with conversation(spec()) as (omni, session):
+        await session.send(text="hello")
+        assert (await reply(session))[0] == "HELLO"
+        kill_worker((await omni.stages())["speaker"])
+        with pytest.raises(InvalidRequestError):  # whichever it heard of first
+            await session.truncate(audio_ms=100)
+        await session.send(text="x")
+        text, _, done = await reply(session)
+        if done.status == "failed":  # sent before the session heard of the death
+            assert done.code == "stage_failed", done
+            text, _, done = await reply(session)
+        assert (text, done.status) == ("X", "completed"), done
+
+
+async def test_a_chunk_gap_costs_the_response_not_the_conversation() -> None:
+    # The speaker's input stream loses its seq 4: turn 1 is seqs 0-2 ("H", "I", the
+    # end), turn 2's "B" is seq 4.
+    faults = PipelineFaults(edges={"echo->speaker": ChunkFaults(drop=frozenset({4}))})
+    async with (
+        OmniPipeline(spec(process=False), **faults.hooks()) as omni,
+        omni.session() as session,
+    ):
+        await session.send(text="hi")
+        assert (await reply(session))[0] == "HI"
+        await session.send(text="abcdef")
+        _, _, failed = await reply(session)
+        assert (failed.status, failed.code, failed.stage) == ("failed", "chunk_gap", "speaker")
+        assert not session.ended
+        # The reopened streams count from 0 again: 3 characters and the end stay clear
+        # of seq 4.
+        text, samples, done = await reply(session, max_tokens=3)
+        assert (text, samples, done.status) == ("ABC", 3 * SAMPLES_PER_CHAR, "completed")
+        echo = actor_instance((await omni.stages())["echo"])
+        assert isinstance(echo, StageActor)
+        assert isinstance(echo.engine, ReplayEcho)
+        held = echo.engine.sessions[session._key].history
+        assert held == ["u:hi", "a:HI", "u:abcdef", "a:ABC"]
+        assert echo.engine.replayed[session._key] == 1  # "HI" came back as a reply mark
