@@ -130,11 +130,12 @@ async def _conversation(
         async with asyncio.timeout(_REPLY_DEADLINE_S):
             async for _ in session:
                 pass
-    except TimeoutError:
-        (tally.outcomes if in_turn else tally.between)["hung"] += 1
-    except OmniError as exc:  # a send into a session the pipeline ended meanwhile
+    except OmniError as exc:  # the pipeline ended the session under a call (before
+        # TimeoutError: a deadline of ours, such as backpressure, is one too)
         (tally.outcomes if in_turn else tally.between)[f"failed:{exc.code}"] += 1
         tally.lost += 1
+    except TimeoutError:
+        (tally.outcomes if in_turn else tally.between)["hung"] += 1
     finally:
         await session.close()
 

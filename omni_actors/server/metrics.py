@@ -83,7 +83,8 @@ class ServerMetrics:
         self.transport = Gauge(
             "omni_transport",
             "The server process's transport counts: frames it refused (refused_frames) "
-            "and messages lost with stage workers that died (lost_messages)",
+            "and messages sent to stage workers that died before confirming them "
+            "(lost_messages: an upper bound of those lost)",
             ["count"],
             registry=r,
         )

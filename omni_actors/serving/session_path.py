@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 from omni_actors import remoting
 from omni_actors._ref import ActorRef
-from omni_actors.errors import OmniError
+from omni_actors.errors import OmniError, WorkerDiedError
 from omni_actors.protocols.control import (
     Abort,
     Cancel,
@@ -74,10 +74,17 @@ class SessionPath:
         ready."""
 
         async def prewarm(p: StagePlan) -> bool:
-            # The prewarm names the stage's targets: a target restarting has no worker to
-            # name until it is up again, so wait for it (the prewarm's time counts).
-            for target in p.targets:
-                await remoting.sendable(target.ref)
+            while True:
+                # The prewarm names the stage's targets: a target restarting has no worker
+                # to name until it is up again, so wait for it (the prewarm's time counts).
+                for target in p.targets:
+                    await remoting.sendable(target.ref)
+                try:
+                    return await ask(p)
+                except WorkerDiedError:
+                    continue  # it died with the prewarm: its restart takes the next one
+
+        async def ask(p: StagePlan) -> bool:
             return await p.ref.ask(
                 Prewarm(
                     key=self.key,

@@ -102,8 +102,8 @@ class Node:
         self._decoders: dict[Any, Decoder[Any]] = {}
         self._targets: dict[tuple[int, str], RemoteTarget] = {}
         self._dead: dict[int, BaseException] = {}
-        # Messages sent to peers that died before saying they took them (see
-        # ``count_lost``): counted and logged, never dropped without a word.
+        # Messages sent to peers that died before saying they took them (an upper bound
+        # of those lost, see ``count_lost``): counted and logged, never without a word.
         self.lost = 0
         self._credits = CreditLedger()
         self._reading = False
@@ -163,12 +163,16 @@ class Node:
         return link
 
     def count_lost(self, peer: int, n: int) -> None:
-        """``n`` messages sent to ``peer``, which went down, were never confirmed taken."""
+        """``n`` messages sent to ``peer``, which went down, were never confirmed taken.
+
+        An upper bound of what was lost: a receiver confirms in batches (its credit
+        grants, a quarter of its mailbox at a time) and by answering asks.
+        """
         if n > 0:
             self.lost += n
             log.warning(
-                "node %d went down with %d message(s) from node %d it had not confirmed "
-                "taking: they are lost (%d in all)",
+                "node %d went down before confirming %d message(s) from node %d: at most "
+                "that many were lost (%d in all)",
                 peer,
                 n,
                 self.node_id,
