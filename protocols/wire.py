@@ -13,6 +13,8 @@ import msgspec
 __all__ = [
     "VERSION",
     "ActorExited",
+    "ActorGone",
+    "ActorMoved",
     "ActorStarted",
     "Ask",
     "Credit",
@@ -32,7 +34,7 @@ __all__ = [
 ]
 
 
-VERSION = 3
+VERSION = 4
 """The wire protocol's version, announced in ``Hello``: bump it on any change to the
 structs below (or to how messages and tensors are encoded), so that two processes of
 different releases refuse each other at the handshake instead of misreading frames."""
@@ -116,9 +118,34 @@ class FlowClosed(msgspec.Struct, tag="closed", frozen=True, array_like=True):
 
 
 class NodeDown(msgspec.Struct, tag="down", frozen=True, array_like=True):
-    """Parent → workers: node ``node`` died; fail everything addressed to it."""
+    """Parent → workers: node ``node`` died; fail everything addressed to it.
+
+    Except refs to ``actor``, the process actor it hosted (empty: none), which its
+    supervisor may restart in another worker: they hold their senders until an
+    ``ActorMoved`` or ``ActorGone`` for it, ``wait_s`` at most.
+    """
 
     node: int
+    reason: str
+    actor: str = ""
+    wait_s: float = 0.0
+
+
+class ActorMoved(msgspec.Struct, tag="moved", frozen=True, array_like=True):
+    """Parent → workers: the process actor ``path`` of dead node ``node`` was restarted
+    and now lives at ``to``: refs to its old place follow it."""
+
+    node: int
+    path: str
+    to: RefDesc
+
+
+class ActorGone(msgspec.Struct, tag="gone", frozen=True, array_like=True):
+    """Parent → workers: the process actor ``path``, last on node ``node``, stopped for
+    good (``reason`` says why): refs to it fail."""
+
+    node: int
+    path: str
     reason: str
 
 
@@ -193,6 +220,8 @@ WireMessage = (
     | OpenFlow
     | FlowClosed
     | NodeDown
+    | ActorMoved
+    | ActorGone
     | Hello
     | SpawnActor
     | ActorStarted

@@ -40,10 +40,10 @@ from omni_actors.transport.link import Link
 from omni_actors.transport.remote import (
     RemoteMailbox,
     RemoteReply,
-    RemoteTarget,
     error_from_wire,
     error_to_wire,
 )
+from omni_actors.transport.remote_refs import RemoteRefs
 from omni_actors.transport.shm import SlabReader, SlabWriter
 
 if TYPE_CHECKING:
@@ -100,8 +100,7 @@ class Node:
         self._corr = itertools.count(1)
         self._flows: dict[tuple[int, str], RemoteMailbox] = {}
         self._decoders: dict[Any, Decoder[Any]] = {}
-        self._targets: dict[tuple[int, str], RemoteTarget] = {}
-        self._dead: dict[int, BaseException] = {}
+        self.refs = RemoteRefs(self)
         # Messages sent to peers that died before saying they took them (an upper bound
         # of those lost, see ``count_lost``): counted and logged, never without a word.
         self.lost = 0
@@ -134,7 +133,9 @@ class Node:
         for link in self._links.values():
             link.close()
         self._links.clear()
-        self._fail_asks(lambda _: True, ActorStoppedError(f"node {self.node_id}", "closed"))
+        closed = ActorStoppedError(f"node {self.node_id}", "closed")
+        self._fail_asks(lambda _: True, closed)
+        self.refs.close(closed)
         self._inbox.close(linger=0)
         if self._auth is not None:
             self._auth.stop()
@@ -182,12 +183,8 @@ class Node:
     def disconnect(self, peer: int, error: BaseException) -> None:
         """Forget ``peer`` (it died or left): close its link and fail flows to it."""
         flows = [k for k in self._flows if k[0] == peer]
-        targets = [k for k in self._targets if k[0] == peer]
-        self.count_lost(
-            peer,
-            sum(self._flows[k].unconfirmed for k in flows)
-            + sum(self._targets[k].remote.unconfirmed for k in targets),
-        )
+        # A ref's target is one of these flows: counted here, and only here.
+        self.count_lost(peer, sum(self._flows[k].unconfirmed for k in flows))
         link = self._links.pop(peer, None)
         if link is not None:
             link.close()
@@ -199,8 +196,7 @@ class Node:
         self._fail_asks(lambda p: p == peer, error)
         for key in flows:
             self._flows.pop(key).link_lost(error)
-        for key in targets:
-            self._targets.pop(key).close(error)
+        self.refs.forget_node(peer, error)
 
     def broadcast(self, message: wire.WireMessage, *, exclude: int) -> None:
         """Send ``message`` to every linked peer but ``exclude``."""
@@ -214,7 +210,11 @@ class Node:
         """Where ``ref``'s actor lives, for a peer: its node, endpoint and path there."""
         mailbox = remoting.mailbox_of(ref)
         if isinstance(mailbox, RemoteMailbox):
-            if mailbox.link is None and not (mailbox.closed and mailbox.endpoint):
+            while mailbox.moved_to is not None:
+                mailbox = mailbox.moved_to
+            unbound = mailbox.link is None and not (mailbox.closed and mailbox.endpoint)
+            # A held ref names where its actor was: the receiver follows it as we do.
+            if unbound and not self.refs.holds(mailbox):
                 raise ActorStoppedError(ref.path, "it is restarting; its ref cannot be sent now")
             # A dead actor's ref still names where it lived; the receiver finds it dead.
             return wire.RefDesc(mailbox.peer, mailbox.endpoint, mailbox.target)
@@ -222,28 +222,15 @@ class Node:
 
     def decode_ref(self, desc: wire.RefDesc) -> ActorRef[Any]:
         """A usable ref from a descriptor: local, already known, or a new remote target."""
-        key = (desc.node, desc.path)
         if desc.node == self.node_id:
             inbox = remoting.inbox(self.system, desc.path)
-            if inbox is not None:
-                return inbox.ref
-        else:
-            known = self._flows.get(key)
-            if known is not None and known.ref is not None and not known.closed:
-                return known.ref
-        target = self._targets.get(key)
-        if target is None or target.closed:
-            if desc.node == self.node_id:
+            if inbox is None:
                 raise ProtocolError(f"a ref to {desc.path}, which is not running here")
-            link = self.connect(desc.node, desc.endpoint)
-            target = RemoteTarget(self, link, desc.path)
-            dead = self._dead.get(desc.node)
-            if dead is not None:
-                target.close(dead)
-                return target.ref
-            self._targets[key] = target
-            link.send(wire.OpenFlow(self.node_id, self.endpoint, desc.path))
-        return target.ref
+            return inbox.ref
+        known = self._flows.get((desc.node, desc.path))
+        if known is not None and known.ref is not None and not known.closed:
+            return known.ref
+        return self.refs.decode(desc)
 
     def _open_flow(self, request: wire.OpenFlow) -> None:
         # Over CURVE the handshake has checked the peer's key: a host of the deployment.
@@ -361,13 +348,15 @@ class Node:
             case wire.OpenFlow():
                 self._open_flow(envelope)
             case wire.FlowClosed(node=peer, target=target):
-                closed = self._targets.pop((peer, target), None)
-                if closed is not None:
-                    closed.close(ActorStoppedError(f"{target} on node {peer}"))
+                self.refs.flow_closed(peer, target)
             case wire.NodeDown(node=peer, reason=reason):
                 error = ActorStoppedError(f"node {peer}", reason)
-                self._dead[peer] = error  # refs to it that arrive later are dead on arrival
+                self.refs.node_down(envelope, error)  # first: it holds a restarting actor's
                 self.disconnect(peer, error)
+            case wire.ActorMoved():
+                self.refs.moved(envelope)
+            case wire.ActorGone():
+                self.refs.gone(envelope)
             case wire.Reply(corr=corr, body=body):
                 entry = self._asks.get(corr)
                 if entry is not None and not entry[0].done():

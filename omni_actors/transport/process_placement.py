@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import itertools
 import logging
 import os
@@ -38,9 +39,13 @@ from omni_actors.transport.worker_main import actor_spec
 __all__ = ["ProcessHost", "ProcessPlacement", "Workers", "actor_spec"]
 
 if TYPE_CHECKING:
-    from omni_actors import ActorSystem
+    from omni_actors import ActorRef, ActorSystem
 
 log = logging.getLogger(__name__)
+
+_BACKOFF_ALLOWANCE_S = 60.0
+"""Slack for a supervisor's backoff before it restarts a process actor (``Backoff``'s
+default caps it at 5 s), in how long refs to the actor wait for it (``restart_wait``)."""
 
 
 class ProcessPlacement:
@@ -101,6 +106,11 @@ class Workers:
         # An actor's on_start may load a model for minutes (vLLM): its spawner's own start
         # deadline (a pipeline's deadlines.start_s) bounds it; this only backs it up.
         self.actor_timeout = actor_timeout
+        # How long other workers' refs to a process actor whose worker died wait for it
+        # to come back (see ``remote_refs``): a restart launches a worker and starts the
+        # actor, each under its deadline above, after the supervisor's backoff. The
+        # parent's ``ActorMoved`` or ``ActorGone`` normally ends the wait long before.
+        self.restart_wait = start_timeout + actor_timeout + _BACKOFF_ALLOWANCE_S
         self.rundir = RuntimeDir()
         # Only the workers launched here get it: nothing else can connect to a node.
         self.token = peer_auth.new_token()
@@ -111,6 +121,8 @@ class Workers:
         self._started: dict[int, asyncio.Future[wire.ActorStarted]] = {}
         self._hosts: dict[int, ProcessHost] = {}
         self._procs: dict[int, asyncio.subprocess.Process] = {}
+        self._actors: dict[int, str] = {}  # node id → the path of the actor it hosts
+        self._down: set[int] = set()  # workers whose death the others have been told
 
     async def start(self) -> None:
         """Bind the parent's node."""
@@ -191,9 +203,49 @@ class Workers:
             )
             worker.link.send(request)
             async with asyncio.timeout(self.actor_timeout):
-                return await started
+                reply = await started
+            self._actors[worker.node_id] = reply.name
+            return reply
         finally:
             self._started.pop(worker.node_id, None)
+
+    def announce_start(
+        self, ref: ActorRef[Any], mailbox: RemoteMailbox, before: tuple[int, str]
+    ) -> None:
+        """``mailbox``'s actor was started: if it ran on node ``before[0]`` until now
+        (a restart), tell the other workers where it is now, so their refs follow it."""
+        node_id, path = before
+        if node_id < 0:
+            # Its first start: its stop for good, whenever it comes, is announced too.
+            terminated = remoting.terminated(ref)
+            terminated.add_done_callback(functools.partial(self._announce_gone, mailbox))
+            return
+        here = wire.RefDesc(mailbox.peer, mailbox.endpoint, mailbox.target)
+        self.node.broadcast(wire.ActorMoved(node_id, path, here), exclude=mailbox.peer)
+
+    def _announce_gone(
+        self, mailbox: RemoteMailbox, ended: asyncio.Future[BaseException | None]
+    ) -> None:
+        reason = None if ended.cancelled() else ended.result()
+        text = "it stopped" if reason is None else f"it stopped: {reason}"
+        gone = wire.ActorGone(mailbox.peer, mailbox.target, text)
+        self.node.broadcast(gone, exclude=self.node.node_id)  # a no-op once it is closed
+
+    def worker_died(self, worker: WorkerProcess, error: BaseException) -> None:
+        """``worker`` died: forget it, and tell the other workers now rather than once it
+        is reaped (after the supervisor's backoff), so their refs to its actor hold from
+        now on instead of sending into the void."""
+        self.node.disconnect(worker.node_id, error)
+        self._announce_down(worker.node_id, str(error))
+
+    def _announce_down(self, node_id: int, reason: str) -> None:
+        if node_id in self._down:
+            return
+        self._down.add(node_id)
+        actor = self._actors.get(node_id, "")
+        down = wire.NodeDown(node_id, reason, actor, self.restart_wait if actor else 0.0)
+        # Other workers may hold direct links to it and refs to its actor.
+        self.node.broadcast(down, exclude=node_id)
 
     def attach(self, worker: WorkerProcess, host: ProcessHost) -> None:
         """Route ``ActorExited`` from ``worker`` to ``host``."""
@@ -220,10 +272,11 @@ class Workers:
                 await proc.wait()
         _kill_group(proc.pid)
         self.node.disconnect(node_id, ActorStoppedError(f"worker {proc.pid}", "it exited"))
-        # Other workers may hold direct links to it: tell them it is gone.
-        self.node.broadcast(wire.NodeDown(node_id, f"worker {proc.pid} exited"), exclude=node_id)
+        self._announce_down(node_id, f"worker {proc.pid} exited")
         shm.sweep(proc.pid)  # slabs a killed worker created but could not unlink
         self._procs.pop(node_id, None)
+        self._actors.pop(node_id, None)
+        self._down.discard(node_id)
 
     def _on_control(self, message: wire.WireMessage) -> None:
         match message:
@@ -287,6 +340,7 @@ class ProcessHost(Actor[object]):
     async def on_start(self) -> None:
         """Launch the worker, start the actor in it, bind the mailbox, watch the process."""
         context = self.context
+        before = (self.remote.peer, self.remote.target)  # where it ran until now, if it did
         self.worker = worker = await self.workers.launch()
         try:
             started = await self.workers.spawn_actor(
@@ -298,6 +352,7 @@ class ProcessHost(Actor[object]):
         self.workers.attach(worker, self)
         self.remote.ref = self.context.self_ref
         self.remote.bind(self.workers.node, worker.link, started.name, started.credits)
+        self.workers.announce_start(context.self_ref, self.remote, before)
         self._watch = asyncio.get_running_loop().create_task(
             self._watch_process(worker), name=f"watch worker of {context.path}"
         )
@@ -310,7 +365,7 @@ class ProcessHost(Actor[object]):
         self.workers.node.count_lost(worker.node_id, self.remote.unconfirmed)
         # Fail waiting asks now, not after the supervisor's backoff.
         self.remote.unbind()
-        self.workers.node.disconnect(worker.node_id, error)
+        self.workers.worker_died(worker, error)
         remoting.fail(self.context.self_ref, error)
 
     def remote_exited(self, error: BaseException | None) -> None:

@@ -138,6 +138,7 @@ class RemoteMailbox(Mailbox):
         "credits",
         "endpoint",
         "link",
+        "moved_to",
         "node",
         "peer",
         "ref",
@@ -161,6 +162,8 @@ class RemoteMailbox(Mailbox):
         self.reply_type = reply_type
         self.ref: ActorRef[Any] | None = None  # the local ref this mailbox serves, if any
         self._credit_waiters: list[asyncio.Future[None]] = []
+        # Another mailbox that now serves this one's target (see ``forward``).
+        self.moved_to: RemoteMailbox | None = None
 
     def bind(self, node: Node, link: Link, target: str, credits: int) -> None:
         """Start forwarding to ``target`` on ``link``'s peer with ``credits`` in hand."""
@@ -202,6 +205,17 @@ class RemoteMailbox(Mailbox):
                 with contextlib.suppress(ValueError):
                     self._credit_waiters.remove(waiter)
                 raise
+
+    def forward(self, to: RemoteMailbox) -> None:
+        """Hand every send, waiting or to come, to ``to``: a mailbox for the same actor.
+
+        Two refs to one actor of one node cannot both hold a flow (the receiver keeps
+        one per sender node and target), so a held ref whose actor came back where
+        this node already sends to it defers to that ref's mailbox.
+        """
+        self.unbind()
+        self.moved_to = to
+        self._wake_senders()
 
     @property
     def unconfirmed(self) -> int:
@@ -263,6 +277,9 @@ class RemoteMailbox(Mailbox):
                 while self._blocked(control):
                     if self.closed:
                         raise ActorStoppedError(self.owner)
+                    if self.moved_to is not None:
+                        await self.moved_to.push_user(envelope)  # under this deadline
+                        return
                     waiter: asyncio.Future[None] = asyncio.get_running_loop().create_future()
                     self._credit_waiters.append(waiter)
                     try:
@@ -308,13 +325,22 @@ class RemoteMailbox(Mailbox):
 class RemoteTarget(RemoteActor):
     """An actor on another node, known from a ref that arrived inside a message.
 
-    Its flow starts with no credits: the first send waits until the target node grants
-    its mailbox room.
+    It starts unbound; once bound (``bind``, by ``RemoteRefs``) it holds no credits, so
+    the first send waits until the target node grants its mailbox room. While a process
+    actor restarts, refs to it are unbound again until bound to its new place (see
+    ``remote_refs``): meanwhile their senders wait.
     """
 
-    def __init__(self, node: Node, link: Link, path: str) -> None:
-        mailbox = RemoteMailbox(f"{path} on node {link.peer}", MailboxConfig(), Any)
+    def __init__(self, node: Node, peer: int, endpoint: str, path: str) -> None:
+        mailbox = RemoteMailbox(f"{path} on node {peer}", MailboxConfig(), Any)
         super().__init__(path, mailbox)
-        mailbox.bind(node, link, path, credits=0)
+        mailbox.node, mailbox.peer, mailbox.endpoint, mailbox.target = node, peer, endpoint, path
         mailbox.ref = self.ref
         self.remote = mailbox
+
+    def bind(self, link: Link, path: str) -> None:
+        """Send to ``path`` on ``link``'s peer, with no credits until it grants some."""
+        node = self.remote.node
+        assert node is not None
+        self.remote.owner = f"{path} on node {link.peer}"  # errors name where it is now
+        self.remote.bind(node, link, path, credits=0)
