@@ -11,8 +11,11 @@ Inputs, any of them per chunk:
 - ``text``: str, appended to the open user turn.
 - ``audio``: float32 1-D, 16 kHz mono, appended to the open user turn (in a chunk with
   text, before it). An engine that cannot hear refuses it with an error that says so.
-- ``turn``: a turn mark (``commit``, ``clear``, ``truncate`` with ``kept``; see
-  :mod:`omni_actors.actors.engine`).
+- ``turn``: a turn mark (``commit``, ``clear``, ``truncate`` with ``kept``, ``reply``
+  with ``reply``; see :mod:`omni_actors.actors.engine`).
+- ``reply``: with a ``reply`` mark, the token ids of an earlier reply to take back as
+  the assistant's turn (a session replaying its conversation): every thinker is
+  ``Replayable``.
 - ``instructions``: str, the conversation's system prompt from then on (in a chunk with
   text or audio, before them).
 
@@ -36,7 +39,7 @@ from collections.abc import Mapping
 from types import MappingProxyType
 from typing import Final
 
-from omni_actors.actors.engine import INSTRUCTIONS_FIELD, TURN_FIELD, Rule
+from omni_actors.actors.engine import INSTRUCTIONS_FIELD, REPLY_FIELD, TURN_FIELD, Rule
 
 __all__ = ["THINKER_INPUTS", "THINKER_OUTPUTS"]
 
@@ -45,6 +48,7 @@ THINKER_INPUTS: Final[Mapping[str, Rule]] = MappingProxyType(
         "text": "concat",
         "audio": "concat",
         TURN_FIELD: "concat",
+        REPLY_FIELD: "concat",
         INSTRUCTIONS_FIELD: "concat",
     }
 )

@@ -122,13 +122,16 @@ class NodeDown(msgspec.Struct, tag="down", frozen=True, array_like=True):
 
     Except refs to ``actor``, the process actor it hosted (empty: none), which its
     supervisor may restart in another worker: they hold their senders until an
-    ``ActorMoved`` or ``ActorGone`` for it, ``wait_s`` at most.
+    ``ActorMoved`` or ``ActorGone`` for it, ``wait_s`` at most. ``stopped``: it was
+    stopped on purpose (a shutdown): what it had not taken was dropped by design, not
+    lost, and is not counted.
     """
 
     node: int
     reason: str
     actor: str = ""
     wait_s: float = 0.0
+    stopped: bool = False
 
 
 class ActorMoved(msgspec.Struct, tag="moved", frozen=True, array_like=True):

@@ -56,7 +56,6 @@ from __future__ import annotations
 import asyncio
 from collections.abc import AsyncIterator, Mapping
 from pathlib import Path
-from types import MappingProxyType
 from typing import ClassVar, Literal
 
 import torch
@@ -65,7 +64,6 @@ from pydantic import Field
 from omni_actors.actors.batched_engine import BatchedTorchEngine
 from omni_actors.actors.engine import (
     INSTRUCTIONS_FIELD,
-    REPLY_FIELD,
     TURN_FIELD,
     Fields,
     Rule,
@@ -136,11 +134,7 @@ class ThinkerEngine(BatchedTorchEngine[Conversation, DecodeStep, Token]):
 
     kind: ClassVar[str] = "tiny-omni.thinker"
     Args: ClassVar[type[ThinkerArgs]] = ThinkerArgs
-    # The thinker contract's inputs, and reply marks: the vLLM thinker shares the
-    # contract but cannot take a reply back yet, so the field is this engine's own.
-    inputs: ClassVar[Mapping[str, Rule]] = MappingProxyType(
-        {**THINKER_INPUTS, REPLY_FIELD: "concat"}
-    )
+    inputs: ClassVar[Mapping[str, Rule]] = THINKER_INPUTS
     outputs: ClassVar[Mapping[str, Rule]] = THINKER_OUTPUTS
     streams_input: ClassVar[bool] = True
 

@@ -175,6 +175,16 @@ class History:
         self.replying = True
         self.turns_since_reply, self.system = 0, ()
 
+    def take_reply(self, tokens: tuple[int, ...], turns: TurnTemplate) -> None:
+        """Append an assistant turn generated earlier (a ``reply`` mark), as a decoded
+        reply leaves the list: opening, ``tokens``, the assistant turn's suffix. It is
+        then the last reply, which a truncation can cut. Commit the open turn first."""
+        assert self.turn_start is None, "the engine commits the open turn first"
+        self.open_reply(turns)
+        self.reply = Reply(len(self.tokens), tokens)
+        self.tokens.extend(tokens)
+        self.end_reply(turns)
+
     def reply_token(self, token: int) -> None:
         """Append a token of the reply being generated."""
         assert self.reply is not None

@@ -8,13 +8,14 @@ the whole list when a cut left the open one holding tokens the list no longer ha
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any
 
 from omni_actors.actors.torch_engine import AbortSignal
 from omni_actors.actors.vllm.audio_input import AudioSpec, ClipBuffer
 from omni_actors.actors.vllm.conversation import Clip, History
 from omni_actors.actors.vllm.hidden_states import take_states
-from omni_actors.actors.vllm.request import Chunk, OpenRequest
+from omni_actors.actors.vllm.request import Chunk, OpenRequest, RequestEndedError
 from omni_actors.errors import EngineError
 
 __all__ = ["Session"]
@@ -30,6 +31,9 @@ class Session:
         """Tokens of ``history`` the open request holds (0 with none open)."""
         self.signal: AbortSignal | None = None
         """The running response's, if one runs."""
+        self.decoded: tuple[int, ...] | None = None
+        """The reply the last response decoded, as far as it was yielded; None when it
+        decoded none, failed or still runs (``VllmThinkerEngine.last_reply``)."""
         self.clip = ClipBuffer()
         self.sent: list[Clip] = []
         """Clips of the chunk in flight: their states are taken once it was prefilled."""
@@ -56,6 +60,37 @@ class Session:
         self.fed = len(self.history.tokens)
         self.sent = clips
         return self.request
+
+    async def output(self, request: OpenRequest, died: asyncio.Future[BaseException] | None) -> Any:
+        """``request``'s next output; None once the session was aborted.
+
+        Args:
+            request: the session's open request.
+            died: resolves when vLLM's engine process exits (the runtime's).
+
+        Raises:
+            EngineDiedError: vLLM's engine process exited (what ``died`` holds).
+            EngineError: vLLM ended the request otherwise.
+        """
+        signal = self.signal
+        read = asyncio.ensure_future(request.output())
+        waits: list[asyncio.Future[Any]] = [read]
+        if died is not None:
+            waits.append(died)
+        try:
+            await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            if not read.done():
+                read.cancel()
+        if died is not None and died.done() and not read.done():
+            raise died.result()
+        try:
+            return read.result()
+        except RequestEndedError as exc:
+            self.request, self.fed = None, 0
+            if signal is not None and signal.aborted:
+                return None
+            raise EngineError(f"vLLM ended the request: {exc.__cause__ or exc}") from exc
 
     async def take_states(self, llm: Any, request: OpenRequest) -> None:
         """After a chunk with clips was prefilled: the new clips' hidden states.

@@ -21,6 +21,12 @@ token list, end the request, and the next chunk opens a new request with the who
 conversation as its prompt, which vLLM's prefix cache serves without recomputing the
 blocks it still holds.
 
+**Replay.** A ``reply`` mark (a session replaying its conversation) commits the open
+turn and appends a reply generated earlier as a decoded one leaves the list; nothing is
+yielded for it, and it is prefilled with what follows, so a ``truncate`` replayed after
+it cuts tokens vLLM never held (no reopen). :meth:`VllmThinkerEngine.last_reply` tells
+the session each reply decoded, to replay it later.
+
 **Text in, rows out.** Text is tokenized with the model's tokenizer and turns are framed
 by its chat template (:class:`~.turns.TurnTemplate`). The talker's inputs for text
 positions and generated tokens are rows of the thinker's input-embedding table, read
@@ -58,14 +64,14 @@ from omni_actors.actors.engine import (
 )
 from omni_actors.actors.thinker_ports import THINKER_INPUTS, THINKER_OUTPUTS
 from omni_actors.actors.torch_engine import AbortSignal
-from omni_actors.actors.turn_marks import TurnMarkError, kept_of
+from omni_actors.actors.turn_marks import TurnMarkError, kept_of, reply_of
 from omni_actors.actors.vllm.args import VllmThinkerArgs
 from omni_actors.actors.vllm.audio_input import AudioSpec, user_rows
 from omni_actors.actors.vllm.conversation import Mark, VllmInputError
 from omni_actors.actors.vllm.embedding import load_input_embeddings
 from omni_actors.actors.vllm.hidden_states import TAP_EXTENSION
 from omni_actors.actors.vllm.reply_text import ReplyText
-from omni_actors.actors.vllm.request import OpenRequest, RequestEndedError
+from omni_actors.actors.vllm.request import OpenRequest
 from omni_actors.actors.vllm.runtime import EngineDiedError, VllmRuntime, resolve_checkpoint
 from omni_actors.actors.vllm.session import Session
 from omni_actors.actors.vllm.turns import TurnTemplate
@@ -83,9 +89,10 @@ if importlib.util.find_spec("vllm") is None:  # vLLM itself is imported where it
 class VllmThinkerEngine:
     """A thinker on vLLM with streaming prefill (see the module docstring).
 
-    Inputs per chunk: ``text`` (str), ``instructions`` (str), or a turn mark. Outputs,
-    as tiny-omni's torch thinker: per token ``token_ids`` [1] int64, ``text`` (what the
-    token adds to the reply's text) and ``embed`` [1, H]; with the first token
+    Inputs per chunk: ``text`` (str), ``instructions`` (str), or a turn mark (a
+    ``reply`` mark's ``reply``: a 1-D integer tensor of token ids). Outputs, as
+    tiny-omni's torch thinker: per token ``token_ids`` [1] int64, ``text`` (what the token
+    adds to the reply's text) and ``embed`` [1, H]; with the first token
     ``opening`` [3, H] and ``tts`` [3, H]; per committed user turn ``user`` [n, H] and
     ``user_mask`` [n] bool (True at audio placeholders, whose rows are hidden states).
     Input ``audio``: float mono samples at the checkpoint processor's rate (16 kHz).
@@ -190,6 +197,17 @@ class VllmThinkerEngine:
         """Requests vLLM itself still tracks (0 once every session ended or aborted)."""
         return 0 if self.runtime is None else self.runtime.unfinished_requests()
 
+    def last_reply(self, session: str) -> tuple[int, ...] | None:
+        """The token ids of the reply ``session``'s last ``generate`` decoded.
+
+        A cancelled reply's as far as it was yielded, ``()`` for an empty one (its turn
+        is in the conversation); None when that call decoded none (replies taken from
+        ``reply`` marks are not counted: the caller has them), failed, still runs, or
+        the session is unknown.
+        """
+        state = self._sessions.get(session)
+        return None if state is None else state.decoded
+
     # -- the engine protocol ---------------------------------------------------------------
 
     async def generate(self, session: str, inputs: AsyncIterator[Fields]) -> AsyncIterator[Fields]:
@@ -206,9 +224,10 @@ class VllmThinkerEngine:
         if state.signal is not None:
             raise VllmInputError(f"session {session!r} is already generating")
         signal = state.signal = AbortSignal()
+        state.decoded = None
         history = state.history
         start = committed = history.checkpoint()
-        outcome = "dropped"
+        outcome, decoding = "dropped", False  # decoding: this response's reply is open
         try:
             while (fields := await signal.next_input(inputs)) is not None:
                 mark = fields.get(TURN_FIELD)
@@ -230,15 +249,29 @@ class VllmThinkerEngine:
                         committed = history.checkpoint()
                     self._resync(state)
                 elif mark == "truncate":
+                    earlier = history.reply is start.reply  # not one taken back since
                     try:
                         history.truncate(kept_of(fields), self.turns)
                     except TurnMarkError as exc:
                         raise VllmInputError(str(exc)) from None
                     self._resync(state)
-                    # The cut part is gone: a failure after it comes back to here.
-                    start = committed = history.checkpoint()
+                    committed = history.checkpoint()
+                    if earlier:  # the cut part is gone: a failure after it comes back here
+                        start = committed
+                elif mark == "reply":
+                    try:
+                        tokens = reply_of(fields, len(self.embeddings))
+                    except TurnMarkError as exc:
+                        raise VllmInputError(str(exc)) from None
+                    rows = history.commit(self.turns)
+                    if rows is not None:
+                        yield user_rows(history, rows, self.embeddings)
+                    history.take_reply(tokens, self.turns)
+                    committed = history.checkpoint()
                 elif mark is not None:
-                    raise VllmInputError(f"unknown turn mark {mark!r}: commit, clear or truncate")
+                    raise VllmInputError(
+                        f"unknown turn mark {mark!r}: commit, clear, truncate or reply"
+                    )
                 else:
                     if INSTRUCTIONS_FIELD in fields and history.instruct(self._system_turn(fields)):
                         committed = history.checkpoint()
@@ -247,7 +280,8 @@ class VllmThinkerEngine:
                         history.say(self._encode(text), self.turns)
                 if signal.aborted:
                     return
-                await self._prefill(session, state)
+                if mark != "reply":  # a reply is prefilled with what follows it
+                    await self._prefill(session, state)
             if signal.aborted:
                 return
             options = response_options(inputs)
@@ -256,7 +290,7 @@ class VllmThinkerEngine:
             if rows is not None:
                 yield user_rows(history, rows, self.embeddings)
             history.open_reply(self.turns)
-            first = True
+            decoding, first = True, True
             reply_text = ReplyText(self.tokenizer)
             async for token, last in self._reply(session, state, options):
                 out: dict[str, torch.Tensor | str] = {
@@ -285,9 +319,11 @@ class VllmThinkerEngine:
         finally:
             state.signal = None
             state.clip.drop()  # a clip not heard by the end of the response is not heard
-            await self._settle(session, state, outcome, start)
+            await self._settle(session, state, outcome, start, decoding)
 
-    async def _settle(self, session: str, state: Session, outcome: str, start: Mark) -> None:
+    async def _settle(
+        self, session: str, state: Session, outcome: str, start: Mark, decoding: bool
+    ) -> None:
         """Leave the conversation as the response's outcome says (module docstring)."""
         if outcome == "dropped" or self._sessions.get(session) is not state:
             return
@@ -300,6 +336,8 @@ class VllmThinkerEngine:
         if outcome == "failed":
             history.restore(start)
             self._resync(state)
+        elif decoding and history.reply is not None:
+            state.decoded = history.reply.tokens
 
     # -- helpers ---------------------------------------------------------------------------
 
@@ -359,32 +397,10 @@ class VllmThinkerEngine:
         if state.fed == len(state.history.tokens):
             return
         request = self._send(session, state, self._sampling(1, temperature=0.0))
-        while (out := await self._output(state, request)) is not None:
+        while (out := await state.output(request, self.died)) is not None:
             if out.outputs[0].token_ids:
                 await state.take_states(self._llm, request)
                 return
-
-    async def _output(self, state: Session, request: OpenRequest) -> Any:
-        """The request's next output; None once the session was aborted."""
-        signal = state.signal
-        read = asyncio.ensure_future(request.output())
-        waits: list[asyncio.Future[Any]] = [read]
-        if self.died is not None:
-            waits.append(self.died)
-        try:
-            await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
-        finally:
-            if not read.done():
-                read.cancel()
-        if self.died is not None and self.died.done() and not read.done():
-            raise self.died.result()
-        try:
-            return read.result()
-        except RequestEndedError as exc:
-            state.request, state.fed = None, 0
-            if signal is not None and signal.aborted:
-                return None
-            raise EngineError(f"vLLM ended the request: {exc.__cause__ or exc}") from exc
 
     async def _reply(
         self, session: str, state: Session, options: ResponseOptions
@@ -405,7 +421,7 @@ class VllmThinkerEngine:
         request = self._send(session, state, self._sampling(max_tokens, **fields))
         produced = 0
         while True:
-            out = await self._output(state, request)
+            out = await state.output(request, self.died)
             if out is None:
                 return
             await state.take_states(self._llm, request)

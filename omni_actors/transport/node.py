@@ -180,11 +180,15 @@ class Node:
                 self.lost,
             )
 
-    def disconnect(self, peer: int, error: BaseException) -> None:
-        """Forget ``peer`` (it died or left): close its link and fail flows to it."""
+    def disconnect(self, peer: int, error: BaseException, *, count: bool = True) -> None:
+        """Forget ``peer`` (it died or left): close its link and fail flows to it.
+
+        ``count``: what it had not confirmed taking was lost (it died), not dropped by
+        a planned stop.
+        """
         flows = [k for k in self._flows if k[0] == peer]
-        # A ref's target is one of these flows: counted here, and only here.
-        self.count_lost(peer, sum(self._flows[k].unconfirmed for k in flows))
+        if count:  # a ref's target is one of these flows: counted here, and only here
+            self.count_lost(peer, sum(self._flows[k].unconfirmed for k in flows))
         link = self._links.pop(peer, None)
         if link is not None:
             link.close()
@@ -349,10 +353,10 @@ class Node:
                 self._open_flow(envelope)
             case wire.FlowClosed(node=peer, target=target):
                 self.refs.flow_closed(peer, target)
-            case wire.NodeDown(node=peer, reason=reason):
+            case wire.NodeDown(node=peer, reason=reason, stopped=stopped):
                 error = ActorStoppedError(f"node {peer}", reason)
                 self.refs.node_down(envelope, error)  # first: it holds a restarting actor's
-                self.disconnect(peer, error)
+                self.disconnect(peer, error, count=not stopped)
             case wire.ActorMoved():
                 self.refs.moved(envelope)
             case wire.ActorGone():

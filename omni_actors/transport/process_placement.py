@@ -123,6 +123,7 @@ class Workers:
         self._procs: dict[int, asyncio.subprocess.Process] = {}
         self._actors: dict[int, str] = {}  # node id → the path of the actor it hosts
         self._down: set[int] = set()  # workers whose death the others have been told
+        self._stopping: set[int] = set()  # workers asked to exit (see ``NodeDown.stopped``)
 
     async def start(self) -> None:
         """Bind the parent's node."""
@@ -238,12 +239,13 @@ class Workers:
         self.node.disconnect(worker.node_id, error)
         self._announce_down(worker.node_id, str(error))
 
-    def _announce_down(self, node_id: int, reason: str) -> None:
+    def _announce_down(self, node_id: int, reason: str, *, stopped: bool = False) -> None:
         if node_id in self._down:
             return
         self._down.add(node_id)
         actor = self._actors.get(node_id, "")
-        down = wire.NodeDown(node_id, reason, actor, self.restart_wait if actor else 0.0)
+        wait_s = self.restart_wait if actor else 0.0  # a stopped actor may be restarted
+        down = wire.NodeDown(node_id, reason, actor, wait_s, stopped)
         # Other workers may hold direct links to it and refs to its actor.
         self.node.broadcast(down, exclude=node_id)
 
@@ -254,6 +256,7 @@ class Workers:
     async def stop(self, worker: WorkerProcess, timeout: float) -> None:
         """Ask ``worker`` to exit; kill it if it has not within ``timeout``."""
         self._hosts.pop(worker.node_id, None)
+        self._stopping.add(worker.node_id)  # its end is no loss: see ``NodeDown.stopped``
         with contextlib.suppress(zmq.ZMQError):
             worker.link.send(wire.Shutdown())
         await self._reap(worker.node_id, worker.proc, timeout)
@@ -271,8 +274,11 @@ class Workers:
                 proc.kill()
                 await proc.wait()
         _kill_group(proc.pid)
-        self.node.disconnect(node_id, ActorStoppedError(f"worker {proc.pid}", "it exited"))
-        self._announce_down(node_id, f"worker {proc.pid} exited")
+        stopped = node_id in self._stopping
+        self._stopping.discard(node_id)
+        error = ActorStoppedError(f"worker {proc.pid}", "it exited")
+        self.node.disconnect(node_id, error, count=not stopped)
+        self._announce_down(node_id, f"worker {proc.pid} exited", stopped=stopped)
         shm.sweep(proc.pid)  # slabs a killed worker created but could not unlink
         self._procs.pop(node_id, None)
         self._actors.pop(node_id, None)

@@ -197,14 +197,20 @@ class RemoteMailbox(Mailbox):
         while self.link is None:
             if self.closed:
                 raise ActorStoppedError(self.owner)
-            waiter: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-            self._credit_waiters.append(waiter)
-            try:
-                await waiter
-            except BaseException:
-                with contextlib.suppress(ValueError):
-                    self._credit_waiters.remove(waiter)
-                raise
+            await self._woken()
+
+    async def _woken(self) -> None:
+        """Wait for the next bind, credit or close."""
+        waiter: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._credit_waiters.append(waiter)
+        try:
+            await waiter
+        except BaseException:
+            # Gone on its deadline or cancelled: else a peer that never grants would
+            # keep one dead waiter per timed-out send.
+            with contextlib.suppress(ValueError):
+                self._credit_waiters.remove(waiter)
+            raise
 
     def forward(self, to: RemoteMailbox) -> None:
         """Hand every send, waiting or to come, to ``to``: a mailbox for the same actor.
@@ -280,16 +286,7 @@ class RemoteMailbox(Mailbox):
                     if self.moved_to is not None:
                         await self.moved_to.push_user(envelope)  # under this deadline
                         return
-                    waiter: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-                    self._credit_waiters.append(waiter)
-                    try:
-                        await waiter
-                    except BaseException:
-                        # Gone on its deadline or cancelled: else a peer that never
-                        # grants would keep one dead waiter per timed-out send.
-                        with contextlib.suppress(ValueError):
-                            self._credit_waiters.remove(waiter)
-                        raise
+                    await self._woken()
         if self.closed:
             raise ActorStoppedError(self.owner)
         link, node = self.link, self.node

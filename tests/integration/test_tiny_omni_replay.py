@@ -11,7 +11,6 @@ and give the talker the same user rows.
 from __future__ import annotations
 
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Sequence
-from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from pathlib import Path
 from typing import Any
 
@@ -20,20 +19,19 @@ import pytest
 pytest.importorskip("transformers")
 
 import torch
+from thinker_driving import prepared_cache, thinker, thinker_model, truncate
 from transformers import DynamicCache
 
-from omni_actors import model_cache
 from omni_actors.actors.engine import (
     INSTRUCTIONS_FIELD,
-    KEPT_FIELD,
     REPLY_FIELD,
     TURN_FIELD,
     Fields,
 )
 from omni_actors.actors.thinker_ports import THINKER_INPUTS
-from omni_actors.actors.tiny_omni import configs, stepping, weights
+from omni_actors.actors.tiny_omni import configs, stepping
 from omni_actors.actors.tiny_omni.configs import Tokens
-from omni_actors.actors.tiny_omni.thinker_engine import ThinkerArgs, ThinkerEngine
+from omni_actors.actors.tiny_omni.thinker_engine import ThinkerEngine
 from omni_actors.actors.tiny_omni.thinker_model import PRINTABLE
 from omni_actors.actors.turn_marks import TurnMarkError
 
@@ -44,10 +42,6 @@ HI: Fields = {"text": "Hi"}
 AND: Fields = {"text": "And?"}
 
 
-def truncate(kept: int) -> Fields:
-    return {TURN_FIELD: "truncate", KEPT_FIELD: torch.tensor(kept)}
-
-
 def reply(tokens: Sequence[int]) -> Fields:
     """A reply mark as ``SegmentInputs`` hands it to the engine."""
     return {TURN_FIELD: "reply", REPLY_FIELD: torch.tensor(list(tokens), dtype=torch.int64)}
@@ -55,28 +49,12 @@ def reply(tokens: Sequence[int]) -> Fields:
 
 @pytest.fixture(scope="module")
 def cache_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    cache = tmp_path_factory.mktemp("model-cache")
-    model_cache.prepare("tiny-omni", cache_dir=cache)
-    return cache
+    return prepared_cache(tmp_path_factory)
 
 
 @pytest.fixture(scope="module")
 def model(cache_dir: Path) -> Any:
-    return weights.load(cache_dir / "tiny-omni" / "seed-0" / "thinker")
-
-
-@asynccontextmanager
-async def _started(engine: ThinkerEngine) -> AsyncIterator[ThinkerEngine]:
-    await engine.start()
-    try:
-        yield engine
-    finally:
-        await engine.stop()
-
-
-def thinker(cache_dir: Path, **extra: Any) -> AbstractAsyncContextManager[ThinkerEngine]:
-    args = {"seed": 0, "cache_dir": str(cache_dir), "min_new_tokens": 6, "max_new_tokens": 6}
-    return _started(ThinkerEngine(ThinkerArgs(**{**args, **extra})))
+    return thinker_model(cache_dir)
 
 
 Step = Fields | Callable[[], Awaitable[None]]
@@ -146,7 +124,7 @@ def reference(model: Any, conversation: list[int], count: int = 6) -> list[int]:
 
 async def test_a_replayed_conversation_answers_as_the_original(cache_dir: Path, model: Any) -> None:
     assert REPLY_FIELD in ThinkerEngine.inputs
-    assert REPLY_FIELD not in THINKER_INPUTS  # the vLLM thinker's contract is unchanged
+    assert REPLY_FIELD in THINKER_INPUTS  # every thinker takes replies back
     async with thinker(cache_dir) as engine:
         first = await respond(engine, "a", HI)
         r1 = ids(first)

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
-from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from pathlib import Path
 from typing import Any
 
@@ -20,13 +19,13 @@ import pytest
 pytest.importorskip("transformers")
 
 import torch
+from thinker_driving import prepared_cache, thinker, thinker_model, truncate
 from transformers import DynamicCache
 
-from omni_actors import model_cache
-from omni_actors.actors.engine import KEPT_FIELD, TURN_FIELD, Fields, ResponseOptions
-from omni_actors.actors.tiny_omni import configs, stepping, weights
+from omni_actors.actors.engine import TURN_FIELD, Fields, ResponseOptions
+from omni_actors.actors.tiny_omni import configs, stepping
 from omni_actors.actors.tiny_omni.configs import Tokens
-from omni_actors.actors.tiny_omni.thinker_engine import ThinkerArgs, ThinkerEngine
+from omni_actors.actors.tiny_omni.thinker_engine import ThinkerEngine
 from omni_actors.actors.tiny_omni.thinker_model import PRINTABLE
 from omni_actors.testing import eventually
 
@@ -37,34 +36,14 @@ CLEAR: Fields = {TURN_FIELD: "clear"}
 ACCEPT_LAYER = 1  # tiny-omni's talker_config.accept_hidden_layer
 
 
-def truncate(kept: int) -> Fields:
-    return {TURN_FIELD: "truncate", KEPT_FIELD: torch.tensor(kept)}
-
-
 @pytest.fixture(scope="module")
 def cache_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    cache = tmp_path_factory.mktemp("model-cache")
-    model_cache.prepare("tiny-omni", cache_dir=cache)
-    return cache
+    return prepared_cache(tmp_path_factory)
 
 
 @pytest.fixture(scope="module")
 def model(cache_dir: Path) -> Any:
-    return weights.load(cache_dir / "tiny-omni" / "seed-0" / "thinker")
-
-
-@asynccontextmanager
-async def _started(engine: ThinkerEngine) -> AsyncIterator[ThinkerEngine]:
-    await engine.start()
-    try:
-        yield engine
-    finally:
-        await engine.stop()
-
-
-def thinker(cache_dir: Path, **extra: Any) -> AbstractAsyncContextManager[ThinkerEngine]:
-    args = {"seed": 0, "cache_dir": str(cache_dir), "min_new_tokens": 6, "max_new_tokens": 6}
-    return _started(ThinkerEngine(ThinkerArgs(**{**args, **extra})))
+    return thinker_model(cache_dir)
 
 
 Step = Fields | Callable[[], Awaitable[None]]

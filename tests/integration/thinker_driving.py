@@ -1,0 +1,49 @@
+"""Driving tiny-omni's thinker engine directly, for the tests that hold a conversation
+with it: a started engine, the tiny-omni weights it loads, and turn marks."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from contextlib import AbstractAsyncContextManager, asynccontextmanager
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+from omni_actors import model_cache
+from omni_actors.actors.engine import KEPT_FIELD, TURN_FIELD, Fields
+from omni_actors.actors.tiny_omni import weights
+from omni_actors.actors.tiny_omni.thinker_engine import ThinkerArgs, ThinkerEngine
+
+
+def truncate(kept: int) -> Fields:
+    """A truncate mark as ``SegmentInputs`` hands it to the engine."""
+    return {TURN_FIELD: "truncate", KEPT_FIELD: torch.tensor(kept)}
+
+
+def prepared_cache(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A fresh model cache holding the tiny-omni weights."""
+    cache = tmp_path_factory.mktemp("model-cache")
+    model_cache.prepare("tiny-omni", cache_dir=cache)
+    return cache
+
+
+def thinker_model(cache_dir: Path) -> Any:
+    """The thinker's HF model, for a reference decode."""
+    return weights.load(cache_dir / "tiny-omni" / "seed-0" / "thinker")
+
+
+@asynccontextmanager
+async def _started(engine: ThinkerEngine) -> AsyncIterator[ThinkerEngine]:
+    await engine.start()
+    try:
+        yield engine
+    finally:
+        await engine.stop()
+
+
+def thinker(cache_dir: Path, **extra: Any) -> AbstractAsyncContextManager[ThinkerEngine]:
+    """A started engine (greedy, 6 tokens a reply unless ``extra`` says otherwise)."""
+    args = {"seed": 0, "cache_dir": str(cache_dir), "min_new_tokens": 6, "max_new_tokens": 6}
+    return _started(ThinkerEngine(ThinkerArgs(**{**args, **extra})))
