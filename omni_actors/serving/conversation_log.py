@@ -49,7 +49,6 @@ class LoggedChunk:
 class _Segment:
     chunks: list[LoggedChunk] = field(default_factory=list)
     ended: bool = False  # the caller ended it: its input is a committed user turn
-    answered: bool = False  # its response is done (the entry stage's outcome is known)
     reply: tuple[int, ...] | None = None
 
 
@@ -109,7 +108,6 @@ class ConversationLog:
         if self.lost or not self.records:
             return
         entry = self._segments.setdefault(segment, _Segment(ended=True))
-        entry.answered = True
         if rolled_back:
             kept = _survivors(entry.chunks)
             self._grow(-sum(_size(c.payload) for c in entry.chunks) + _size_all(kept))

@@ -392,6 +392,8 @@ class SessionActor(Actor[SessionMessage]):
         """The session's streams broke at ``stage`` (it died: ``dead``; or chunks were
         lost): fail the responses in flight with ``code`` and, if the conversation can be
         replayed, keep the session (the caller's next input reopens it), else end it."""
+        if self._ended:
+            return
         history = self.channel.history
         if not self.resumable or history is None or history.lost:
             if history is not None and history.lost:
