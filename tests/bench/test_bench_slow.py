@@ -20,7 +20,6 @@ async def test_chaos_on_tiny_omni_loses_no_conversation_and_leaves_nothing() -> 
     assert result["kills"], "no worker was killed"
     assert result["hung"] == 0, result["turns"]
     assert result["conversations_lost"] == 0, result["turns"]
-    assert result["kills_without_recovery"] == 0
     assert result["turns"].get("completed", 0) > 0
     assert result["leaked"] == NOTHING
 
