@@ -19,7 +19,7 @@ import pytest
 pytest.importorskip("transformers")
 
 import torch
-from thinker_driving import prepared_cache, thinker, thinker_model, truncate
+from thinker_driving import thinker, truncate
 from transformers import DynamicCache
 
 from omni_actors.actors.engine import (
@@ -45,16 +45,6 @@ AND: Fields = {"text": "And?"}
 def reply(tokens: Sequence[int]) -> Fields:
     """A reply mark as ``SegmentInputs`` hands it to the engine."""
     return {TURN_FIELD: "reply", REPLY_FIELD: torch.tensor(list(tokens), dtype=torch.int64)}
-
-
-@pytest.fixture(scope="module")
-def cache_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return prepared_cache(tmp_path_factory)
-
-
-@pytest.fixture(scope="module")
-def model(cache_dir: Path) -> Any:
-    return thinker_model(cache_dir)
 
 
 Step = Fields | Callable[[], Awaitable[None]]

@@ -19,7 +19,7 @@ import pytest
 pytest.importorskip("transformers")
 
 import torch
-from thinker_driving import prepared_cache, thinker, thinker_model, truncate
+from thinker_driving import thinker, truncate
 from transformers import DynamicCache
 
 from omni_actors.actors.engine import TURN_FIELD, Fields, ResponseOptions
@@ -34,16 +34,6 @@ pytestmark = pytest.mark.integration
 COMMIT: Fields = {TURN_FIELD: "commit"}
 CLEAR: Fields = {TURN_FIELD: "clear"}
 ACCEPT_LAYER = 1  # tiny-omni's talker_config.accept_hidden_layer
-
-
-@pytest.fixture(scope="module")
-def cache_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return prepared_cache(tmp_path_factory)
-
-
-@pytest.fixture(scope="module")
-def model(cache_dir: Path) -> Any:
-    return thinker_model(cache_dir)
 
 
 Step = Fields | Callable[[], Awaitable[None]]
