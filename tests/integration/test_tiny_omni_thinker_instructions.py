@@ -21,10 +21,8 @@ from test_tiny_omni_thinker_turns import (
     COMMIT,
     Inputs,
     assistant,
-    cache_dir,
     cached_at,
     ids,
-    model,
     reference,
     respond,
     tensor,
@@ -40,8 +38,6 @@ from omni_actors.actors.tiny_omni.conversation import system_turn
 from omni_actors.serving.pipeline_spec import load_pipeline
 
 pytestmark = pytest.mark.integration
-
-__all__ = ["cache_dir", "model"]  # the fixtures, shared with the turn tests
 
 TERSE, CHATTY = "Answer in one word.", "Talk a lot, please."
 
