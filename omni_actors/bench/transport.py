@@ -19,6 +19,7 @@ Four ways to move the same float32 payload, measured in one run:
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import platform
@@ -37,6 +38,7 @@ import torch
 import zmq
 
 from omni_actors import Actor, ActorSystem, Props
+from omni_actors.bench.profiling import Profiler
 from omni_actors.errors import OmniError
 
 __all__ = [
@@ -108,7 +110,11 @@ def _iterations(size: int, scale: float, iterations: int | None) -> tuple[int, i
 
 
 async def _ours(
-    system: ActorSystem, sizes: dict[str, int], scale: float, iterations: int | None
+    system: ActorSystem,
+    sizes: dict[str, int],
+    scale: float,
+    iterations: int | None,
+    profiler: Profiler | None,
 ) -> dict[str, list[float]]:
     """Round trips to one worker-process actor; one worker serves every size."""
     ref = await system.spawn(BenchEcho, name="bench-echo", props=Props(process=True))
@@ -117,10 +123,12 @@ async def _ours(
         data = torch.from_numpy(np.random.default_rng(1).random(size // 4, dtype=np.float32))
         count, warmup = _iterations(size, scale, iterations)
         samples = []
-        for i in range(warmup + count):
-            start = time.perf_counter()
+        for i in range(warmup):
             await ref.ask(BenchPayload(i, data), timeout=30)
-            if i >= warmup:
+        with profiler.section() if profiler is not None else contextlib.nullcontext():
+            for i in range(warmup, warmup + count):
+                start = time.perf_counter()
+                await ref.ask(BenchPayload(i, data), timeout=30)
                 samples.append((time.perf_counter() - start) * 1e6)
         results[label] = samples
     await system.stop(ref)
@@ -207,18 +215,21 @@ async def run_transport_bench(
     scale: float = 1.0,
     iterations: int | None = None,
     baseline: Path | None = BASELINE_SCRIPT,
+    profiler: Profiler | None = None,
 ) -> dict[str, Any]:
     """Measure every variant for each size label in ``sizes``.
 
     ``iterations`` fixes the measured round trips per size; without it each size gets
     a default count (fewer for large payloads) multiplied by ``scale``. ``baseline`` is
     the pickle baseline script (see :func:`find_baseline`); None skips that variant.
+    ``profiler`` profiles this process's side of the measured ``ours`` round trips;
+    the report then has ``profile``.
     """
     if baseline is not None:
         baseline = find_baseline(baseline)  # fail before measuring anything
     chosen = {label: SIZES[label] for label in sizes}
     async with ActorSystem("bench") as system:
-        ours = await _ours(system, chosen, scale, iterations)
+        ours = await _ours(system, chosen, scale, iterations, profiler)
     table: dict[str, Any] = {}
     for label, size in chosen.items():
         count, warmup = _iterations(size, scale, iterations)
@@ -243,7 +254,7 @@ async def run_transport_bench(
         row["overhead_vs_raw_zmq_evented"] = round(ours_p50 / row["raw_zmq_evented_us_p50"], 2)
         row["ratio_vs_memcpy"] = round(ours_p50 / row["memcpy_us_p50"], 2)
         table[label] = row
-    return {
+    report: dict[str, Any] = {
         "machine": {
             "platform": platform.platform(),
             "cpus": os.cpu_count(),
@@ -254,3 +265,6 @@ async def run_transport_bench(
         "baseline": "skipped" if baseline is None else str(baseline),
         "sizes": table,
     }
+    if profiler is not None:
+        report["profile"] = profiler.report()
+    return report

@@ -16,7 +16,7 @@ from typing import Any
 
 from omni_actors import run
 from omni_actors.bench.chaos_cli import add_chaos_options, bench_chaos, chaos_table
-from omni_actors.bench.cli_args import positive_int
+from omni_actors.bench.cli_args import add_profile_option, positive_int
 from omni_actors.bench.cuda_cli import add_cuda_options, bench_cuda, cuda_table
 from omni_actors.bench.rollback_cli import add_rollback_options, bench_rollback
 from omni_actors.bench.soak_cli import add_soak_options, bench_soak, soak_table
@@ -89,16 +89,19 @@ def _add_transport_options(parser: argparse.ArgumentParser) -> None:
     baseline.add_argument(
         "--no-baseline", action="store_true", help="measure without the pickle baseline"
     )
+    add_profile_option(parser)
 
 
 def _bench_transport(ns: argparse.Namespace) -> dict[str, Any]:
+    from omni_actors.bench.profiling import Profiler
     from omni_actors.bench.transport import BaselineMissingError, find_baseline, run_transport_bench
 
     try:
         script = None if ns.no_baseline else find_baseline(ns.baseline)
     except BaselineMissingError as exc:
         raise SystemExit(f"omni-actors bench transport: {exc}") from None
-    return run(run_transport_bench(ns.sizes, ns.scale, ns.iterations, script))
+    profiler = None if ns.profile is None else Profiler(ns.profile)
+    return run(run_transport_bench(ns.sizes, ns.scale, ns.iterations, script, profiler))
 
 
 # -- bench pipeline ----------------------------------------------------------------
@@ -128,6 +131,7 @@ def _add_pipeline_options(parser: argparse.ArgumentParser) -> None:
         help="a preset name or YAML path to measure instead of the built-in scripted "
         "pipelines; a model preset (tiny-omni) is measured against its full-edge variant",
     )
+    add_profile_option(parser)
     parser.add_argument(
         "--placement",
         choices=("local", "process", "both"),
@@ -203,6 +207,7 @@ def _bench_pipeline(ns: argparse.Namespace) -> dict[str, Any]:
     from omni_actors.bench.ideal import IdealUnavailableError, ideal_times
     from omni_actors.bench.input_length import InputLengthError, check_input_lengths
     from omni_actors.bench.pipeline import PLACEMENTS, bench_specs, run_pipeline_bench
+    from omni_actors.bench.profiling import Profiler
     from omni_actors.serving.pipeline_spec import PipelineConfigError
 
     try:  # fail before anything runs, with the reason rather than a traceback
@@ -214,6 +219,11 @@ def _bench_pipeline(ns: argparse.Namespace) -> dict[str, Any]:
             from omni_actors.bench.models import is_model_pipeline, run_model_bench
 
             if any(is_model_pipeline(spec) for spec in specs.values()):
+                if ns.profile is not None:
+                    raise SystemExit(
+                        "omni-actors bench pipeline: --profile profiles the scripted "
+                        "pipelines; a model preset's CPU is its engines' (use py-spy)"
+                    )
                 # Real models: streaming against full edges (no ideal to compare with).
                 levels = None if ns.concurrency == _SCRIPTED_LEVELS else ns.concurrency
                 try:
@@ -241,7 +251,8 @@ def _bench_pipeline(ns: argparse.Namespace) -> dict[str, Any]:
     except (PipelineConfigError, IdealUnavailableError, InputLengthError) as exc:
         raise SystemExit(f"omni-actors bench pipeline: {exc}") from None
     placements = PLACEMENTS if ns.placement == "both" else (ns.placement,)
-    return run(run_pipeline_bench(ns.concurrency, ns.requests, ns.preset, placements))
+    profiler = None if ns.profile is None else Profiler(ns.profile)
+    return run(run_pipeline_bench(ns.concurrency, ns.requests, ns.preset, placements, profiler))
 
 
 def _pipeline_summary(result: dict[str, Any]) -> list[str]:

@@ -17,6 +17,7 @@ from pathlib import Path
 
 from omni_actors.cli.prepare import prepared_spec
 from omni_actors.errors import OmniError
+from omni_actors.heap import freeze_heap
 from omni_actors.server.runner import run_server
 from omni_actors.server.settings import ServerSettings
 from omni_actors.serving.pipeline_spec import PipelineSpec
@@ -119,6 +120,7 @@ async def _serve(settings: ServerSettings, spec: PipelineSpec, ready_file: str |
         loop.add_signal_handler(sig, on_signal)
     try:
         async with run_server(settings, pipeline=spec) as server:
+            freeze_heap()  # started: full collections need not walk what it loaded
             print(f"omni-actors serving {spec.name}: open {server.url}/ (demo page)", flush=True)
             print(f"  realtime websocket: {server.ws_url}", flush=True)
             print(f"  chat completions:   {server.url}/v1/chat/completions", flush=True)

@@ -21,6 +21,7 @@ from typing import Any
 import msgspec
 
 from omni_actors import Actor, ActorSystem, MailboxConfig, Props, remoting, run
+from omni_actors.heap import freeze_heap
 from omni_actors.protocols import wire
 from omni_actors.transport.link import Link
 from omni_actors.transport.node import Node
@@ -122,6 +123,9 @@ class _Worker:
             self.parent.send(wire.ActorExited(node_id, request.name, error_type, text))
 
         remoting.terminated(ref).add_done_callback(exited)
+        # Started: what the worker holds now (torch, the engine, its weights' objects)
+        # stays, so full collections need not walk it (see ``omni_actors.heap``).
+        freeze_heap()
         self.parent.send(wire.ActorStarted(node_id, ref.path, request.capacity))
 
     async def cancel_spawns(self) -> None:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import math
+import pstats
 from pathlib import Path
 from typing import Any, ClassVar
 
@@ -33,6 +34,12 @@ LEVEL_KEYS = (
     "errors",
     "requests",
 )
+
+# Chunks one request's stages send, each counted once per hop it crosses. stream: the
+# thinker's 32 outputs to the talker (and an end marker) and to the caller, the talker's
+# 64 codec frames to code2wav in 4 windows (4, 25, 25, 10), code2wav's 64 audio outputs
+# to the caller. full: one payload per stage-to-stage edge instead.
+CHUNK_HOPS = {"stream": 32 + 1 + 32 + 4 + 64, "full": 1 + 32 + 1 + 64}
 
 
 def _spec(
@@ -205,8 +212,20 @@ def _check_variants(run: dict[str, Any]) -> None:
             assert level["e2e_ms_p50"] >= 0.95 * level["ideal_e2e_ms"]
             assert level["ttfa_vs_ideal"] >= 0.95
             assert 0 < level["rtf_p50"] < 1
+            _check_cpu(level, CHUNK_HOPS[variant])
     for c in ("1", "2"):
         assert 0 < _number(run["stream_vs_full_ttfa"][c]) < 1  # streaming pays off
+
+
+def _check_cpu(level: dict[str, Any], chunk_hops: int) -> None:
+    """What the measured requests cost: the chunks a request moves through its hops, and
+    CPU per chunk-hop consistent with CPU per request."""
+    assert level["chunk_hops_per_request"] == chunk_hops
+    per_chunk = _number(level["framework_cpu_us_per_chunk_hop"])
+    per_request = _number(level["cpu_ms_per_request"])
+    assert per_chunk > 0
+    assert per_chunk * chunk_hops / 1e3 == pytest.approx(per_request, rel=0.01)
+    assert _number(level["cpu_cores"]) > 0
 
 
 def _check_targets(targets: dict[str, Any]) -> None:
@@ -327,3 +346,28 @@ def test_bad_arguments_are_usage_errors(argv: list[str]) -> None:
     with pytest.raises(SystemExit) as info:
         main(argv)
     assert info.value.code == 2
+
+
+def test_profile_writes_the_statistics_and_names_the_top_functions(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    stats = tmp_path / "nested" / "pipeline.pstats"
+    argv = ["bench", "pipeline", "--json", "--concurrency", "1", "--requests", "2"]
+
+    assert main([*argv, "--profile", str(stats)]) == 0
+
+    profile = json.loads(capsys.readouterr().out)["profile"]
+    assert profile["file"] == str(stats)
+    assert pstats.Stats(str(stats)).total_calls > 0  # type: ignore[attr-defined]
+    functions = [row["function"] for row in profile["top"]]
+    assert len(functions) == 25
+    # Only the measured requests are in it: the stages' per-chunk code, not set-up.
+    assert any("actors/outlet.py" in f for f in functions), functions
+    shares = [row["own_share"] for row in profile["top"]]
+    assert shares == sorted(shares, reverse=True)
+    assert 0 < sum(shares) <= 1
+
+
+def test_profile_is_refused_for_a_model_preset() -> None:
+    with pytest.raises(SystemExit, match="--profile profiles the scripted pipelines"):
+        main(["bench", "pipeline", "--preset", "tiny-omni", "--profile", "x.pstats"])

@@ -99,3 +99,19 @@ def test_transport_bench_runs_without_the_baseline_when_asked(
     assert row["baseline_us_p50"] is None
     assert row["speedup_vs_baseline"] is None
     assert row["ours_us_p50"] > 0
+
+
+def test_transport_bench_profiles_our_round_trips(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    stats = tmp_path / "transport.pstats"
+    argv = ["bench", "transport", "--json", "--sizes", "1KiB", "--iterations", "5"]
+
+    assert main([*argv, "--no-baseline", "--profile", str(stats)]) == 0
+
+    profile = json.loads(capsys.readouterr().out)["profile"]
+    assert stats.is_file()
+    functions = [row["function"] for row in profile["top"]]
+    # The measured asks: our send and receive paths, not the worker's start-up.
+    assert any("transport/link.py" in f for f in functions), functions
+    assert any("transport/node.py" in f for f in functions), functions

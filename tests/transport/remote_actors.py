@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import gc
 import os
 from typing import Any
 
@@ -35,7 +36,11 @@ class Count(msgspec.Struct, tag=True, frozen=True):
     pass
 
 
-class Echo(Actor[Payload | Crash | Block | Pid | Count]):
+class Frozen(msgspec.Struct, tag=True, frozen=True):
+    """Asks how many objects the worker froze out of the collector's reach."""
+
+
+class Echo(Actor[Payload | Crash | Block | Pid | Count | Frozen]):
     """Replies with what it gets; counts messages; can crash or block on request."""
 
     replies = Payload | int
@@ -44,7 +49,9 @@ class Echo(Actor[Payload | Crash | Block | Pid | Count]):
         self.scale = scale
         self.count = 0
 
-    async def receive(self, message: Payload | Crash | Block | Pid | Count) -> Payload | int | None:
+    async def receive(
+        self, message: Payload | Crash | Block | Pid | Count | Frozen
+    ) -> Payload | int | None:
         self.count += 1
         match message:
             case Payload(seq=seq, data=data):
@@ -57,6 +64,8 @@ class Echo(Actor[Payload | Crash | Block | Pid | Count]):
                 return os.getpid()
             case Count():
                 return self.count
+            case Frozen():
+                return gc.get_freeze_count()
         return None
 
 
