@@ -14,7 +14,7 @@ grants more.
 from __future__ import annotations
 
 import time
-from collections.abc import Mapping
+from collections.abc import Awaitable, Mapping
 
 import torch
 
@@ -122,20 +122,37 @@ class Outlet:
         """The segment's response started with ``options``: the next chunk carries them."""
         self._options = options
 
-    async def push(self, output: Fields) -> None:
-        """Route one engine output to this receiver."""
-        picked = {k: v for k, v in output.items() if k in self.fields}
+    def push(self, output: Fields) -> Awaitable[None] | None:
+        """Route one engine output to this receiver; what is left to await, if anything.
+
+        Most outputs go out at once: a credit in hand and room in the receiver's mailbox
+        (or the receiver taking the chunk there and then) need no wait, so the caller
+        awaits only what returns here: the rest of the send when one must wait.
+        """
+        fields = self.fields
+        if output.keys() <= fields:
+            picked = output  # never changed: a chunk is made of copies of its dicts
+        else:
+            picked = {k: v for k, v in output.items() if k in fields}
         if not picked:
-            return
+            return None
         if self._acc is not None:
             self._acc.add(picked)
-            return
+            return None
         if self._window is not None:
-            name, frames = _one_tensor(picked)
-            for chunk in self._window.push(frames):
-                await self._send({name: chunk.frames}, context=chunk.context)
-            return
-        await self._send(picked)
+            return self._push_frames(picked)
+        credits = self.credits
+        if self._link is not None or (credits is not None and credits.credits <= 0):
+            return self._send(picked)
+        if credits is not None:
+            credits.credits -= 1  # CreditWindow.try_take, inlined: once per chunk
+        chunk = self._chunk(picked, 0, "", None)
+        return None if self.ref.try_tell(chunk) else self.ref.tell(chunk)
+
+    async def _push_frames(self, picked: Fields) -> None:
+        name, frames = _one_tensor(picked)
+        for chunk in self._window.push(frames) if self._window is not None else ():
+            await self._send({name: chunk.frames}, context=chunk.context)
 
     async def flush(self, end: End) -> None:
         """The segment ended: send what is pending, marked with ``end``.
@@ -177,7 +194,11 @@ class Outlet:
         device = None
         if self._link is not None:
             fields, device = await self._place(fields)
-        tensors, texts = split_fields(fields)
+        await self.ref.tell(self._chunk(fields, context, end, device))
+
+    def _chunk(self, fields: Fields, context: int, end: End, device: DeviceChunk | None) -> Chunk:
+        """The next chunk of the stream (numbered and counted: it is sent next)."""
+        tensors, texts, nbytes = split_fields(fields)
         chunk = Chunk(
             key=self.key,
             source=self.source,
@@ -194,8 +215,8 @@ class Outlet:
         self._options = None
         self._seq += 1
         self.chunks += 1
-        self.bytes += chunk.nbytes
-        await self.ref.tell(chunk)
+        self.bytes += nbytes
+        return chunk
 
     def use_link(self, link: Outgoing, transfers: StageTransfers) -> None:
         """Send device tensors through ``link`` once the receiver has accepted it; until
@@ -231,7 +252,7 @@ class Outlet:
             ) from None
 
 
-def _one_tensor(fields: dict[str, torch.Tensor | str]) -> tuple[str, torch.Tensor]:
+def _one_tensor(fields: Mapping[str, torch.Tensor | str]) -> tuple[str, torch.Tensor]:
     """The single tensor field of a windowed edge (the pipeline checks there is one)."""
     for name, value in fields.items():
         if isinstance(value, torch.Tensor):

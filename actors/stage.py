@@ -79,6 +79,7 @@ class StageActor(Actor[StageMessage]):
 
     replies = StageState | bool | int | Refused | DeviceLinkAnswer | None
     mailbox = MailboxConfig(capacity=4096)
+    receives_now = frozenset({Chunk})  # the sessions' input streams (see ``receive_now``)
 
     def __init__(
         self,
@@ -149,23 +150,32 @@ class StageActor(Actor[StageMessage]):
             await self.transfers.close()
             self.transfers = None
 
+    def receive_now(self, message: StageMessage) -> None:
+        """A chunk, handed over at once while the stage is idle (see ``Actor``)."""
+        assert isinstance(message, Chunk)  # the one type in ``receives_now``
+        self._chunk(message)
+
+    def _chunk(self, message: Chunk) -> None:
+        """Queue a chunk on its session (it never awaits: see ``receive_now``)."""
+        session = self.sessions.get(message.key)
+        if session is None:  # aborted or timed out meanwhile: its chunks are moot
+            log.debug("%s: chunk for unknown session %s dropped", self.name, message.key)
+            if message.device is not None and self.device_links is not None:
+                self.device_links.drop(message.device)
+            return
+        if message.device is not None:
+            try:
+                message = self._device_part(message, message.device)
+            except DeviceLinkLostError as exc:
+                session.fail(exc)
+                return
+        session.deliver(message)
+
     async def receive(self, message: StageMessage) -> Any:
         """Route one message; see the module docstring."""
         match message:
             case Chunk():
-                session = self.sessions.get(message.key)
-                if session is None:  # aborted or timed out meanwhile: its chunks are moot
-                    log.debug("%s: chunk for unknown session %s dropped", self.name, message.key)
-                    if message.device is not None and self.device_links is not None:
-                        self.device_links.drop(message.device)
-                    return None
-                if message.device is not None:
-                    try:
-                        message = self._device_part(message, message.device)
-                    except DeviceLinkLostError as exc:
-                        session.fail(exc)
-                        return None
-                session.deliver(message)
+                self._chunk(message)
                 return None
             case DeviceLinkOffer():
                 if self.device_links is None:

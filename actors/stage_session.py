@@ -389,11 +389,13 @@ class StageSession:
         transfers = self.transfers
         for outlet in self.outlets:
             if transfers is None or outlet.takes_device:
-                await outlet.push(output)
-                continue
-            if host is None:
-                host = await transfers.to_host(output) if on_device(output) else output
-            await outlet.push(host)
+                pending = outlet.push(output)
+            else:
+                if host is None:
+                    host = await transfers.to_host(output) if on_device(output) else output
+                pending = outlet.push(host)
+            if pending is not None:  # a send that must wait (see ``Outlet.push``)
+                await pending
 
     async def _report(
         self,

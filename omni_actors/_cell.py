@@ -19,6 +19,7 @@ from omni_actors._actor import Actor
 from omni_actors._context import ActorContext
 from omni_actors._mailbox import Envelope, Mailbox, MailboxConfig, ReplySink
 from omni_actors._props import Props, check_spawn_kwargs
+from omni_actors._receive_now import Rest, take_now
 from omni_actors._ref import ActorRef
 from omni_actors._state import CellState
 from omni_actors._supervisor import Supervisor
@@ -78,6 +79,7 @@ class ActorCell:
         # An actor placed elsewhere (a worker process) is hosted by a local stand-in
         # behind the placement's forwarding mailbox; everything else here is unchanged.
         self.placed = hosting is not None
+        self.receives_now = actor_cls.receives_now if hosting is None else frozenset()
         self.mailbox = Mailbox(self.path, mailbox) if hosting is None else hosting.mailbox
         self.instance_factory: Callable[[], Actor[Any]] = (
             (lambda: actor_cls(*args, **kwargs)) if hosting is None else hosting.host
@@ -274,6 +276,11 @@ class ActorCell:
                 await self._terminate()
                 return exit_.reason
 
+    def receive_now(self, message: object, reply: ReplySink | None) -> bool:
+        """Hand ``message`` to the idle actor's ``receive_now``; False if it must take
+        the mailbox (see :func:`omni_actors._receive_now.take_now`)."""
+        return take_now(self, message, reply)
+
     async def _process(self, envelope: Envelope) -> _Exit | None:
         message, reply = envelope
         instance = self.instance
@@ -282,7 +289,12 @@ class ActorCell:
         # _finalize answers it. Cleared on every other way out.
         self._current_reply = reply
         try:
-            result = await instance.receive(message)
+            if type(message) is Rest:
+                result = None
+                if message.instance is instance:  # not a predecessor's, after a restart
+                    await message.rest()
+            else:
+                result = await instance.receive(message)
         except asyncio.CancelledError as exc:
             task = asyncio.current_task()
             if task is not None and task.cancelling():

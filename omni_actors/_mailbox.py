@@ -94,6 +94,13 @@ class Mailbox:
         return self.config.capacity - len(self.user)
 
     @property
+    def idle(self) -> bool:
+        """The owner's task waits for any message, and none has come since: both lanes
+        are empty (each push wakes the waiter)."""
+        waiter = self._waiter
+        return waiter is not None and not self._waiter_system_only and not waiter.done()
+
+    @property
     def waiting_senders(self) -> int:
         """Senders waiting for room (a timed-out or cancelled one leaves no trace)."""
         return len(self._putters)
@@ -120,21 +127,29 @@ class Mailbox:
         self.user.append(envelope)
         self._wake(False)
 
+    def try_push_user(self, envelope: Envelope) -> bool:
+        """Queue a user message if that needs no wait; False if it would wait for room
+        (then :meth:`push_user` waits, in turn). Raises as :meth:`push_user` does."""
+        if self.closed:
+            raise ActorStoppedError(self.owner)
+        if isinstance(envelope[0], ControlMessage):
+            self.push_system(sm.Control(envelope))
+            return True
+        user = self.user
+        if len(user) < self.config.capacity and not self._putters:
+            user.append(envelope)
+            self._wake(False)
+            return True
+        return False
+
     async def push_user(self, envelope: Envelope, timeout: float | None = None) -> None:
         """Queue a user message, applying the overflow policy when full.
 
         A ``ControlMessage`` goes to the system lane instead: never refused, never waits.
         """
-        if self.closed:
-            raise ActorStoppedError(self.owner)
-        if isinstance(envelope[0], ControlMessage):
-            self.push_system(sm.Control(envelope))
+        if self.try_push_user(envelope):
             return
         user = self.user
-        if len(user) < self.config.capacity and not self._putters:
-            user.append(envelope)
-            self._wake(False)
-            return
         policy = self.config.overflow
         if policy == "fail":
             raise MailboxFullError(self.owner, self.config.capacity)

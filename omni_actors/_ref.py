@@ -70,11 +70,29 @@ class ActorRef(ActorAddress[M]):
             SendTimeoutError: no room within ``timeout``.
         """
         self._check(message)
+        cell = self._cell
+        if cell.receives_now and cell.receive_now(message, None):
+            return
         try:
-            await self._cell.mailbox.push_user((message, None), timeout)
+            await cell.mailbox.push_user((message, None), timeout)
         except TimeoutError:
             assert timeout is not None
             raise SendTimeoutError(self._cell.path, timeout) from None
+
+    def try_tell(self, message: M) -> bool:
+        """Queue ``message`` if that needs no wait (or the idle actor takes it at once,
+        see ``Actor.receive_now``); False if it would wait for room, and nothing was sent
+        (then ``await tell(message)``). A sender that moves a stream chunk by chunk
+        calls this first: most chunks go out without a coroutine of their own.
+
+        Raises:
+            MessageTypeError, ActorStoppedError, MailboxFullError: as :meth:`tell`.
+        """
+        self._check(message)
+        cell = self._cell
+        if cell.receives_now and cell.receive_now(message, None):
+            return True
+        return cell.mailbox.try_push_user((message, None))
 
     @overload
     async def ask(self, message: Request[R], *, timeout: float = ...) -> R: ...

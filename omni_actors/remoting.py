@@ -183,7 +183,9 @@ class Inbox:
             return False
         if isinstance(message, ControlMessage):
             return mailbox.push_system(sm.Control((message, reply)))
-        mailbox.push_remote((message, reply))
+        cell = self._cell
+        if not (cell.receives_now and cell.receive_now(message, reply)):
+            mailbox.push_remote((message, reply))
         return True
 
 
@@ -255,6 +257,7 @@ class RemoteActor:
     """
 
     parent = None  # not supervised from here: ``ActorContext.stop`` refuses it
+    receives_now: frozenset[type] = frozenset()  # every message goes through the wire
 
     def __init__(self, path: str, mailbox: Mailbox) -> None:
         self.path = path

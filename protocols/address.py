@@ -41,6 +41,10 @@ class ActorAddress(Generic[M]):
         """Queue ``message`` for the actor (backpressure: waits for room)."""
         raise NotImplementedError
 
+    def try_tell(self, message: M) -> bool:
+        """Queue ``message`` if that needs no wait; False (nothing sent) if it would."""
+        raise NotImplementedError
+
     @overload
     async def ask(self, message: Request[R], *, timeout: float = ...) -> R: ...
 

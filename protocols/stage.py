@@ -149,16 +149,20 @@ class Chunk(msgspec.Struct, tag="chunk", frozen=True, kw_only=True):
 
 def split_fields(
     fields: Mapping[str, torch.Tensor | str],
-) -> tuple[dict[str, torch.Tensor], dict[str, str]]:
-    """Tensor fields and text fields of a payload, as :class:`Chunk` stores them."""
+) -> tuple[dict[str, torch.Tensor], dict[str, str], int]:
+    """Tensor fields and text fields of a payload, as :class:`Chunk` stores them, and
+    their payload bytes (:attr:`Chunk.nbytes`, counted in the same pass)."""
     tensors: dict[str, torch.Tensor] = {}
     texts: dict[str, str] = {}
+    size = 0
     for name, value in fields.items():
         if isinstance(value, str):
             texts[name] = value
+            size += len(value) if value.isascii() else len(value.encode())
         else:
             tensors[name] = value
-    return tensors, texts
+            size += value.nbytes
+    return tensors, texts, size
 
 
 class HopMetrics(msgspec.Struct, frozen=True, kw_only=True):

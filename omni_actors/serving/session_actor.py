@@ -45,8 +45,10 @@ for them.
 
 from __future__ import annotations
 
+import functools
 import logging
 import time
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 from omni_actors._actor import Actor
@@ -100,6 +102,8 @@ class SessionActor(Actor[SessionMessage]):
         channel: where events go.
     """
 
+    receives_now = frozenset({Chunk})  # the output stages' stream (see ``receive_now``)
+
     mailbox = MailboxConfig(capacity=4096)
 
     def __init__(
@@ -142,13 +146,9 @@ class SessionActor(Actor[SessionMessage]):
             case StageReport() | StreamCredit() if message.key != self.key:
                 pass  # from before the session was opened again: the stages dropped it
             case Chunk():
-                error = await self._output(message)
-                if isinstance(error, ChunkGapError):
-                    await self._cut(
-                        error.code, str(error), message.source, error_type=qualified_name(error)
-                    )
-                elif error is not None:
-                    await self._fail(error.code, str(error), message.source, qualified_name(error))
+                rest = self._chunk(message)
+                if rest is not None:
+                    await rest()
             case StageReport():
                 await self._report(message)
             case OpenSession():
@@ -226,13 +226,34 @@ class SessionActor(Actor[SessionMessage]):
             reply = self._pending[segment] = Reply(self.channel.responses.get(segment, ""))
         return reply
 
-    async def _output(self, chunk: Chunk) -> OmniError | None:
+    def receive_now(self, message: SessionMessage) -> Callable[[], Awaitable[None]] | None:
+        """A chunk, handed over at once while the session is idle (see ``Actor``)."""
+        assert isinstance(message, Chunk)  # the one type in ``receives_now``
+        return self._chunk(message)
+
+    def _chunk(self, chunk: Chunk) -> Callable[[], Awaitable[None]] | None:
+        """Turn an output stage's chunk into the caller's events; what is left to do
+        that awaits (a credit back, a broken stream), if anything."""
+        if chunk.key != self.key:
+            return None  # a stream cut by a stage's restart: its chunks are moot
+        outcome = self._output(chunk)
+        if isinstance(outcome, OmniError):
+            end = self._cut if isinstance(outcome, ChunkGapError) else self._fail
+            what = qualified_name(outcome)
+            return functools.partial(end, outcome.code, str(outcome), chunk.source, error_type=what)
+        if outcome:  # credits due to the sender
+            return functools.partial(self.inflow.grant, chunk.source, outcome)
+        return None
+
+    def _output(self, chunk: Chunk) -> OmniError | int:
+        """Emit ``chunk``'s events: the error that broke its stream, or the credits now
+        due to its sender (a chunk the caller will not read counts as taken at once)."""
         sequence = self.sequences.get(chunk.source)
         if sequence is None:
             sequence = self.sequences[chunk.source] = ChunkSequence(f"{chunk.source} -> client")
         try:
             if not sequence.accept(chunk.seq):
-                return None
+                return 0
         except ChunkGapError as exc:
             return exc
         try:
@@ -242,18 +263,16 @@ class SessionActor(Actor[SessionMessage]):
         reply = self._reply(chunk.segment)
         if reply is None or reply.status != "completed":
             # Done, or cancelled or failed: what it still says is moot (and taken now).
-            await self._taken(chunk.source)
-            return None
+            return self.inflow.taken(chunk.source)
         text_delta, audio_delta = reply.deltas(chunk, self.id, self.channel.sample_rate)
         last = audio_delta if audio_delta is not None else text_delta
         if last is None:  # nothing for the caller to read: taken now
-            await self._taken(chunk.source)
-            return None
+            return self.inflow.taken(chunk.source)
         if text_delta is not None and audio_delta is not None:
             self._emit(chunk.segment, reply, text_delta)
         # The chunk is taken once the caller reads its last event.
         self._emit(chunk.segment, reply, last, chunk.source)
-        return None
+        return 0
 
     def _emit(self, segment: int, reply: Reply, event: Event, source: str = "") -> None:
         """To the caller now if ``segment`` is the current one, else held for later.

@@ -180,7 +180,7 @@ class SessionInput:
             if self.channel.stale and self.channel.terminal is None:
                 raise _Reopen
             raise SessionClosedError(f"session {self.session} has ended; open a new one")
-        tensors, texts = split_fields(payload)
+        tensors, texts, _ = split_fields(payload)
         chunk = Chunk(
             key=self._key,
             source=INPUT,

@@ -38,14 +38,21 @@ def crash_after(
     class Faulty(actor_cls):  # type: ignore[valid-type,misc]
         _handled = 0
 
-        async def receive(self, message: Any) -> Any:
+        def _count(self) -> None:
             nonlocal crashes
             if self._handled >= messages and (times is None or crashes < times):
                 crashes += 1
                 self._handled = 0
                 raise error(f"injected fault in {type(self).__qualname__} after {messages}")
             self._handled += 1
+
+        async def receive(self, message: Any) -> Any:
+            self._count()
             return await super().receive(message)
+
+        def receive_now(self, message: Any) -> Any:
+            self._count()  # a message taken at once counts as one through receive
+            return super().receive_now(message)
 
     Faulty.__name__ = Faulty.__qualname__ = f"Faulty{actor_cls.__name__}"
     return Faulty

@@ -271,6 +271,16 @@ class RemoteMailbox(Mailbox):
     def _blocked(self, control: bool) -> bool:
         return self.link is None or (not control and self.credits <= 0)
 
+    def try_push_user(self, envelope: Envelope) -> bool:
+        """Send now if a credit (for a control message: a link) is up; else False."""
+        if self.closed:
+            raise ActorStoppedError(self.owner)
+        control = isinstance(envelope[0], ControlMessage)
+        if self._blocked(control):
+            return False
+        self._send(envelope, control)
+        return True
+
     async def push_user(self, envelope: Envelope, timeout: float | None = None) -> None:
         """Send to the remote actor once a credit (for a control message: a link) is up."""
         if self.closed:
@@ -289,6 +299,9 @@ class RemoteMailbox(Mailbox):
                     await self._woken()
         if self.closed:
             raise ActorStoppedError(self.owner)
+        self._send(envelope, control)
+
+    def _send(self, envelope: Envelope, control: bool) -> None:
         link, node = self.link, self.node
         assert link is not None
         assert node is not None
