@@ -180,40 +180,41 @@ class ScriptedEngine:
         """See the class docstring."""
         if session in self._sessions:
             raise ValueError(f"session {session!r} is already generating")
-        pacer = self._sessions[session] = _Pacer()
+        pacer = self._sessions[session] = _Pacer(asyncio.get_running_loop())
         produced = 0
-        self._replies[session] = 0
+        replies = self._replies
+        replies[session] = 0
+        args = self.args
         try:
-            if self.args.outputs_per_input is None:
+            if args.outputs_per_input is None:
                 async for _ in inputs:
                     if pacer.aborted:
                         return
                 pacer.input_taken()
-                for _ in range(self.args.outputs):
-                    if await self._next(pacer, produced):
+                for _ in range(args.outputs):
+                    if await pacer.wait(self._delay(produced)):
                         return
                     produced += 1
-                    self._replies[session] = produced  # counted once handed out
+                    replies[session] = produced  # counted once handed out
                     yield self.output(produced - 1)
             else:
                 async for item in inputs:
                     pacer.input_taken()
-                    for _ in range(self.args.outputs_per_input * input_rows(item)):
-                        if await self._next(pacer, produced):
+                    for _ in range(args.outputs_per_input * input_rows(item)):
+                        if await pacer.wait(self._delay(produced)):
                             return
                         produced += 1
-                        self._replies[session] = produced
+                        replies[session] = produced
                         yield self.output(produced - 1)
         finally:
             del self._sessions[session]
 
-    async def _next(self, pacer: _Pacer, produced: int) -> bool:
-        """Wait until output ``produced`` is due; True if the session was aborted."""
-        if self.args.fail_after is not None and produced >= self.args.fail_after:
+    def _delay(self, produced: int) -> float:
+        """How long after the previous one output ``produced`` is due."""
+        args = self.args
+        if args.fail_after is not None and produced >= args.fail_after:
             raise ScriptedEngineError(f"scripted failure after {produced} outputs")
-        return await pacer.wait(
-            self.args.first_output_s if produced == 0 else self.args.per_output_s
-        )
+        return args.first_output_s if produced == 0 else args.per_output_s
 
 
 _CACHED = 4096  # outputs kept per engine
@@ -228,20 +229,21 @@ class _Pacer:
     ideal latency assumes), and abort wakes it at once.
     """
 
-    __slots__ = ("_due", "_waiter", "aborted")
+    __slots__ = ("_due", "_loop", "_waiter", "aborted")
 
-    def __init__(self) -> None:
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        self._loop = loop  # the session's generate runs on it: looked up once, not per step
         self._due = 0.0
         self._waiter: asyncio.Future[None] | None = None
         self.aborted = False
 
     def input_taken(self) -> None:
-        self._due = max(self._due, asyncio.get_running_loop().time())
+        self._due = max(self._due, self._loop.time())
 
     async def wait(self, delay: float) -> bool:
         if self.aborted:
             return True
-        loop = asyncio.get_running_loop()
+        loop = self._loop
         self._due += delay
         if self._due > loop.time():
             waiter = self._waiter = loop.create_future()

@@ -94,7 +94,7 @@ class StageSession:
     """
 
     _first_output_at: float | None
-    _last_output_at: float | None
+    _last_output_mono: float | None
 
     def __init__(
         self,
@@ -357,21 +357,31 @@ class StageSession:
         until they end or the segment is cancelled; the engine's failure is returned."""
         outputs = self.engine.generate(self.key, inputs)
         cancelled = self._cancelled
+        monotonic = time.monotonic
+        # With no device transfers (a CPU stage), route here: no coroutine per output.
+        outlets = self.outlets if self.transfers is None else None
         try:
             while True:
-                before, blocked = time.monotonic(), self._blocked
+                before, blocked = monotonic(), self._blocked
                 try:
-                    output = await anext(outputs)
+                    output = await outputs.__anext__()
                 except StopAsyncIteration:
                     break
                 except Exception as exc:
                     return exc
-                self._compute += time.monotonic() - before - (self._blocked - blocked)
+                now = monotonic()
+                self._compute += now - before - (self._blocked - blocked)
                 self._outputs += 1
-                self._last_output_at = time.time()
+                self._last_output_mono = now
                 if self._first_output_at is None:
-                    self._first_output_at = self._last_output_at
-                await self._route(output)
+                    self._first_output_at = _wall(now)
+                if outlets is None:
+                    await self._route(output)
+                else:
+                    for outlet in outlets:
+                        pending = outlet.push(output)
+                        if pending is not None:  # a send that must wait
+                            await pending
                 if segment in cancelled:
                     break
         finally:
@@ -404,6 +414,7 @@ class StageSession:
         error: BaseException | None = None,
         reply: tuple[int, ...] | None = None,
     ) -> None:
+        last = self._last_output_mono
         metrics = StageMetrics(
             queue_wait_ms=self._queue_wait * 1e3,
             compute_ms=self._compute * 1e3,
@@ -413,7 +424,7 @@ class StageSession:
             hops={o.name: o.metrics() for o in self.outlets},
             queued_max=self._queued_max,
             first_output_at=self._first_output_at,
-            last_output_at=self._last_output_at,
+            last_output_at=None if last is None else _wall(last),
         )
         self._reset_metrics()
         report = StageReport(
@@ -444,10 +455,17 @@ class StageSession:
         self._chunks_in = 0
         self._duplicates = 0
         self._outputs = 0
-        self._first_output_at = self._last_output_at = None
+        self._first_output_at = None
+        self._last_output_mono = None
         self._queued_max = len(self._queue)
         for outlet in getattr(self, "outlets", ()):
             outlet.reset_metrics()
+
+
+def _wall(monotonic: float) -> float:
+    """The ``time.time()`` of a ``time.monotonic()`` reading: one clock read per output,
+    the wall time made only for the report."""
+    return time.time() - (time.monotonic() - monotonic)
 
 
 def _expire(waiter: asyncio.Future[None]) -> None:

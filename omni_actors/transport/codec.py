@@ -99,6 +99,16 @@ class SlabReader(Protocol):
 
 
 def _torch_bytes(tensor: torch.Tensor) -> memoryview:
+    try:
+        # The common tensor (CPU, no grad, no conj/neg bit, a numpy dtype) converts as
+        # is: one call. numpy() refuses every other kind, which the checks below handle.
+        array = tensor.numpy()
+    except (TypeError, RuntimeError):
+        return _torch_bytes_converted(tensor)
+    return array.reshape(-1).view(np.uint8).data  # reshape copies a strided one, once
+
+
+def _torch_bytes_converted(tensor: torch.Tensor) -> memoryview:
     if tensor.device.type != "cpu":
         raise TypeError(
             f"cannot send a tensor on {tensor.device}: move it to the CPU first "
@@ -174,6 +184,15 @@ class Encoder:
             dtype = TORCH_NAMES.get(obj.dtype)
             if dtype is None:
                 raise TypeError(f"tensor dtype {obj.dtype} cannot be sent")
+            if obj.nbytes < self.inline_threshold:
+                # Most tensors of a stream (token ids, a hidden row, a codec frame) are
+                # small: their bytes go inline, in two calls where the general path
+                # takes five.
+                try:
+                    data = obj.numpy().tobytes()
+                except (TypeError, RuntimeError):  # see _torch_bytes
+                    data = _torch_bytes(obj).tobytes()
+                return TensorDesc(LIB_TORCH, dtype, tuple(obj.shape), data=data)
             return self._place(LIB_TORCH, dtype, tuple(obj.shape), _torch_bytes(obj))
         if isinstance(obj, np.ndarray):
             if obj.dtype.name not in _NUMPY_DTYPES or obj.dtype.byteorder == ">":

@@ -85,6 +85,30 @@ def test_nested_optional_and_non_contiguous_tensors() -> None:
     assert out.hidden.is_contiguous()
 
 
+def _views() -> dict[str, torch.Tensor]:
+    """Tensors ``numpy()`` refuses or strides, each as the values it holds."""
+    complex_ = torch.randn(6, 5, dtype=torch.complex64)
+    return {
+        "grad": torch.randn(6, 5, requires_grad=True),
+        "conj": complex_.conj(),
+        "neg": complex_.conj().imag,
+        "strided": torch.randn(5, 6).t(),
+        "bfloat16": torch.randn(6, 5).to(torch.bfloat16).t(),
+    }
+
+
+@pytest.mark.parametrize("name", list(_views()))
+@pytest.mark.parametrize("inline", [True, False], ids=["inline", "buffer"])
+def test_views_grads_and_conjugates_send_their_values(name: str, inline: bool) -> None:
+    tensor = _views()[name]
+    encoder = Encoder(inline_threshold=1 << 20 if inline else 1)
+    frames = encoder.encode(Chunk(1, tensor))
+    assert len(frames) == (1 if inline else 2)
+    out = Decoder(Chunk).decode(frames[0], frames[1:]).hidden
+    assert out.dtype == tensor.dtype
+    assert torch.equal(out, tensor.detach().resolve_conj().resolve_neg())
+
+
 def test_tagged_union_decodes_each_member() -> None:
     decoder: Decoder[Chunk | Other] = Decoder(Chunk | Other)
     assert _round_trip(Other("hi"), decoder) == Other("hi")
