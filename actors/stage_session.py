@@ -39,6 +39,7 @@ from omni_actors.actors.engine import Engine, Fields
 from omni_actors.actors.flow import CreditWindow, Inflow
 from omni_actors.actors.outlet import Outlet
 from omni_actors.actors.segment_inputs import SegmentInputs
+from omni_actors.actors.segment_metrics import SegmentMetrics
 from omni_actors.clock import Clock, timeout_at
 from omni_actors.cuda import StageTransfers, on_device
 from omni_actors.errors import (
@@ -54,7 +55,6 @@ from omni_actors.protocols.stage import (
     End,
     ReportEnd,
     SessionKey,
-    StageMetrics,
     StageReport,
 )
 
@@ -92,9 +92,6 @@ class StageSession:
         takes_marks: the engine declares :data:`TURN_FIELD` among its inputs (it gets
             the caller's turn marks; otherwise they are dropped here).
     """
-
-    _first_output_at: float | None
-    _last_output_mono: float | None
 
     def __init__(
         self,
@@ -169,13 +166,12 @@ class StageSession:
         for outlet in self.outlets:  # chunks carry the session's segment numbers
             outlet.segment = prewarm.segment
         self._queue: deque[Chunk] = deque()
-        self._queued_max = 0  # the most chunks queued at once in this segment
         self._waiter: asyncio.Future[None] | None = None
         self._error: BaseException | None = None
         self.segment = prewarm.segment  # the segment (response) being served
         self._cancelled: set[int] = set()  # segments to stop, this one or later
         self._on_end = on_end
-        self._reset_metrics()
+        self.metrics = SegmentMetrics()
         self.task = tasks.create_task(self._run(clock.now()), name=f"{stage} session {self.key}")
         self.task.add_done_callback(self._task_ended)
 
@@ -198,7 +194,7 @@ class StageSession:
             self._fail(exc)
             return
         if not fresh:
-            self._duplicates += 1
+            self.metrics.duplicates += 1
             return
         try:
             self.inflow.received(chunk.source)
@@ -208,8 +204,9 @@ class StageSession:
         queue = self._queue
         queue.append(chunk)
         queued = len(queue)
-        if queued > self._queued_max:
-            self._queued_max = queued
+        metrics = self.metrics
+        if queued > metrics.queued_max:
+            metrics.queued_max = queued
         self._wake()
 
     @property
@@ -262,12 +259,13 @@ class StageSession:
             finally:
                 timer.cancel()
                 self._waiter = None
-                self._blocked += time.monotonic() - started
+                self.metrics.blocked += time.monotonic() - started
         if self._error is not None:
             raise self._error
         chunk = self._queue.popleft()
-        self._queue_wait += max(0.0, time.monotonic() - chunk.sent_at)
-        self._chunks_in += 1
+        metrics = self.metrics
+        metrics.queue_wait += max(0.0, time.monotonic() - chunk.sent_at)
+        metrics.chunks_in += 1
         due = self.inflow.taken(chunk.source)
         if due:
             await self.inflow.grant(chunk.source, due)
@@ -362,7 +360,8 @@ class StageSession:
         outlets = self.outlets if self.transfers is None else None
         try:
             while True:
-                before, blocked = monotonic(), self._blocked
+                metrics = self.metrics  # a new segment's after a report
+                before, blocked = monotonic(), metrics.blocked
                 try:
                     output = await outputs.__anext__()
                 except StopAsyncIteration:
@@ -370,11 +369,8 @@ class StageSession:
                 except Exception as exc:
                     return exc
                 now = monotonic()
-                self._compute += now - before - (self._blocked - blocked)
-                self._outputs += 1
-                self._last_output_mono = now
-                if self._first_output_at is None:
-                    self._first_output_at = _wall(now)
+                metrics.compute += now - before - (metrics.blocked - blocked)
+                metrics.output(now)
                 if outlets is None:
                     await self._route(output)
                 else:
@@ -414,19 +410,10 @@ class StageSession:
         error: BaseException | None = None,
         reply: tuple[int, ...] | None = None,
     ) -> None:
-        last = self._last_output_mono
-        metrics = StageMetrics(
-            queue_wait_ms=self._queue_wait * 1e3,
-            compute_ms=self._compute * 1e3,
-            chunks_in=self._chunks_in,
-            duplicates=self._duplicates,
-            outputs=self._outputs,
-            hops={o.name: o.metrics() for o in self.outlets},
-            queued_max=self._queued_max,
-            first_output_at=self._first_output_at,
-            last_output_at=None if last is None else _wall(last),
-        )
-        self._reset_metrics()
+        metrics = self.metrics.report({o.name: o.metrics() for o in self.outlets})
+        self.metrics = SegmentMetrics(len(self._queue))
+        for outlet in self.outlets:
+            outlet.reset_metrics()
         report = StageReport(
             key=self.key,
             stage=self.stage,
@@ -447,25 +434,6 @@ class StageSession:
         # If the owner is gone, nobody is waiting for this session any more.
         with contextlib.suppress(ActorStoppedError):
             await self._report(segment, "error", error)
-
-    def _reset_metrics(self) -> None:
-        self._queue_wait = 0.0
-        self._compute = 0.0
-        self._blocked = 0.0
-        self._chunks_in = 0
-        self._duplicates = 0
-        self._outputs = 0
-        self._first_output_at = None
-        self._last_output_mono = None
-        self._queued_max = len(self._queue)
-        for outlet in getattr(self, "outlets", ()):
-            outlet.reset_metrics()
-
-
-def _wall(monotonic: float) -> float:
-    """The ``time.time()`` of a ``time.monotonic()`` reading: one clock read per output,
-    the wall time made only for the report."""
-    return time.time() - (time.monotonic() - monotonic)
 
 
 def _expire(waiter: asyncio.Future[None]) -> None:

@@ -34,13 +34,10 @@ history to replay (``SessionChannel.history``) stays open, marked stale, and the
 caller's next input reopens it (``ReopenSession``: a new key on every stage, from the
 segment it has come to) and replays it; any other session ends.
 
-Flow control (``omni_actors.actors.flow``): this actor receives each output stage's
-stream, and the caller's reads of the channel grant it back, so the events queued for
-the caller (held ones included) stay within a window of chunks per output stage, and a
-caller that stops reading makes the output stages wait. A chunk whose events are dropped
-(a cancelled or failed response) counts as taken at once. The entry stage's credits for
-the caller's input arrive here too, and go to the channel, where ``Session.send`` waits
-for them.
+Flow control: the output stages' streams to the caller are a
+:class:`~omni_actors.serving.client_streams.ClientStreams`; the entry stage's credits
+for the caller's input arrive here too, and go to the channel, where ``Session.send``
+waits for them.
 """
 
 from __future__ import annotations
@@ -53,9 +50,9 @@ from typing import Any
 
 from omni_actors._actor import Actor
 from omni_actors._mailbox import MailboxConfig
-from omni_actors.actors.accumulate import ChunkGapError, ChunkSequence
-from omni_actors.actors.flow import CreditWindow, Inflow, send_credit
-from omni_actors.errors import InvalidRequestError, OmniError, ProtocolError, qualified_name
+from omni_actors.actors.accumulate import ChunkGapError
+from omni_actors.actors.flow import CreditWindow, send_credit
+from omni_actors.errors import InvalidRequestError, OmniError, qualified_name
 from omni_actors.protocols.control import (
     AbortSession,
     CancelResponse,
@@ -76,6 +73,7 @@ from omni_actors.protocols.events import (
     SessionError,
 )
 from omni_actors.protocols.stage import INPUT, Chunk, SessionKey, StageReport
+from omni_actors.serving.client_streams import ClientStreams
 from omni_actors.serving.reply import Reply
 from omni_actors.serving.session_channel import SessionChannel
 from omni_actors.serving.session_path import SessionPath, StagePlan
@@ -128,11 +126,7 @@ class SessionActor(Actor[SessionMessage]):
         self.resumable = resumable
         self.admission_deadline = admission_deadline
         self.channel = channel
-        # The output stages' streams end here: their credits come from the caller's reads.
-        channel.inflow = self.inflow = Inflow(
-            key, "client", channel.window, {name: p.ref for name, p in plan.items() if p.emit}
-        )
-        self.sequences: dict[str, ChunkSequence] = {}
+        self.streams = self._streams()
         self.segment = 0  # the segment whose events go to the caller now
         self._pending: dict[int, Reply] = {}  # segments not yet done, by number
         self._last: Reply | None = None  # the last response done
@@ -236,53 +230,20 @@ class SessionActor(Actor[SessionMessage]):
         that awaits (a credit back, a broken stream), if anything."""
         if chunk.key != self.key:
             return None  # a stream cut by a stage's restart: its chunks are moot
-        outcome = self._output(chunk)
+        streams = self.streams
+        outcome = streams.take(chunk, self._reply, self.segment)
         if isinstance(outcome, OmniError):
             end = self._cut if isinstance(outcome, ChunkGapError) else self._fail
             what = qualified_name(outcome)
             return functools.partial(end, outcome.code, str(outcome), chunk.source, error_type=what)
         if outcome:  # credits due to the sender
-            return functools.partial(self.inflow.grant, chunk.source, outcome)
+            return functools.partial(streams.inflow.grant, chunk.source, outcome)
         return None
 
-    def _output(self, chunk: Chunk) -> OmniError | int:
-        """Emit ``chunk``'s events: the error that broke its stream, or the credits now
-        due to its sender (a chunk the caller will not read counts as taken at once)."""
-        sequence = self.sequences.get(chunk.source)
-        if sequence is None:
-            sequence = self.sequences[chunk.source] = ChunkSequence(f"{chunk.source} -> client")
-        try:
-            if not sequence.accept(chunk.seq):
-                return 0
-        except ChunkGapError as exc:
-            return exc
-        try:
-            self.inflow.received(chunk.source)
-        except ProtocolError as exc:  # past its window: refused, never queued
-            return exc
-        reply = self._reply(chunk.segment)
-        if reply is None or reply.status != "completed":
-            # Done, or cancelled or failed: what it still says is moot (and taken now).
-            return self.inflow.taken(chunk.source)
-        text_delta, audio_delta = reply.deltas(chunk, self.id, self.channel.sample_rate)
-        last = audio_delta if audio_delta is not None else text_delta
-        if last is None:  # nothing for the caller to read: taken now
-            return self.inflow.taken(chunk.source)
-        if text_delta is not None and audio_delta is not None:
-            self._emit(chunk.segment, reply, text_delta)
-        # The chunk is taken once the caller reads its last event.
-        self._emit(chunk.segment, reply, last, chunk.source)
-        return 0
-
-    def _emit(self, segment: int, reply: Reply, event: Event, source: str = "") -> None:
-        """To the caller now if ``segment`` is the current one, else held for later.
-
-        ``source``: the output stage whose chunk ``event`` ends (see ``SessionChannel``).
-        """
-        if segment == self.segment:
-            self.channel.put(event, source)
-        else:
-            reply.held.append((event, source))
+    def _streams(self) -> ClientStreams:
+        """The output stages' streams of the current key (see ``ClientStreams``)."""
+        senders = {name: p.ref for name, p in self.plan.items() if p.emit}
+        return ClientStreams(self.id, self.key, self.channel, senders)
 
     async def _pass_credit(self, source: str, credit: StreamCredit) -> None:
         """A stage took chunks from ``source``: pass the credit on to that sender."""
@@ -290,19 +251,6 @@ class SessionActor(Actor[SessionMessage]):
             self.channel.input.grant(credit.n)  # Session.send may go on
         elif source in self.plan:
             await send_credit(self.plan[source].ref, credit)
-
-    async def _taken(self, source: str) -> None:
-        """A chunk from ``source`` that the caller will not read counts as taken."""
-        due = self.inflow.taken(source)
-        if due:
-            await self.inflow.grant(source, due)
-
-    async def _drop_held(self, reply: Reply) -> None:
-        """Drop the events held for ``reply``; their chunks count as taken."""
-        held, reply.held = reply.held, []
-        for _, source in held:
-            if source:
-                await self._taken(source)
 
     async def _report(self, report: StageReport) -> None:
         if self.channel.stale:
@@ -327,7 +275,7 @@ class SessionActor(Actor[SessionMessage]):
                 reply.code = report.code if report.code is not None else "engine_error"
                 reply.message, reply.stage = report.error, report.stage
                 reply.error_type = report.error_type
-                await self._drop_held(reply)
+                await self.streams.drop_held(reply)
                 await self.path.cancel(report.segment)  # the reply is over everywhere
             return
         reply.reports[report.stage] = report.metrics
@@ -386,7 +334,7 @@ class SessionActor(Actor[SessionMessage]):
             return False
         if reply.status == "completed":
             reply.status = "cancelled"
-            await self._drop_held(reply)
+            await self.streams.drop_held(reply)
             await self.path.cancel(segment)
         return True
 
@@ -425,7 +373,7 @@ class SessionActor(Actor[SessionMessage]):
         now = time.monotonic()
         for segment in list(self._pending):
             if segment >= self.channel.segments_sent:  # input still open: its streams are gone
-                await self._drop_held(self._pending.pop(segment))
+                await self.streams.drop_held(self._pending.pop(segment))
         for segment in range(self.segment, self.channel.segments_sent):
             reply = self._reply(segment)
             assert reply is not None
@@ -449,9 +397,7 @@ class SessionActor(Actor[SessionMessage]):
         self._reopened += 1
         self.key = key = SessionKey(f"{self._base_key}~{self._reopened}")
         self.path = SessionPath(self.id, key, self.plan)
-        refs = {name: p.ref for name, p in self.plan.items() if p.emit}
-        self.channel.inflow = self.inflow = Inflow(key, "client", self.channel.window, refs)
-        self.sequences = {}
+        self.streams = self._streams()
         self.channel.input = CreditWindow(self.channel.window)
         error = await self._prewarm(timeout_s, again=True)
         if error is not None:

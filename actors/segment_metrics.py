@@ -1,0 +1,78 @@
+"""``SegmentMetrics``: what one stage session measures of the segment it serves.
+
+Counted on the per-chunk path, so they are plain attributes of one object; the stage
+session's report turns them into a :class:`~omni_actors.protocols.stage.StageMetrics`
+at the segment's end and starts counting afresh.
+"""
+
+from __future__ import annotations
+
+import time
+
+from omni_actors.protocols.stage import HopMetrics, StageMetrics
+
+__all__ = ["SegmentMetrics"]
+
+
+class SegmentMetrics:
+    """One segment's counts (see ``StageMetrics`` for what each means).
+
+    Attributes:
+        queue_wait: seconds input chunks waited between their sender and the engine.
+        compute: seconds the engine spent producing outputs, its waits for input out.
+        blocked: seconds the engine waited for input (subtracted from ``compute``).
+        chunks_in, duplicates, outputs, queued_max: as ``StageMetrics``.
+        first_output_at: ``time.time()`` of the first output, None before it.
+        last_output: ``time.monotonic()`` of the last output (the wall time is made
+            only for the report: one clock read per output), None before it.
+    """
+
+    __slots__ = (
+        "blocked",
+        "chunks_in",
+        "compute",
+        "duplicates",
+        "first_output_at",
+        "last_output",
+        "outputs",
+        "queue_wait",
+        "queued_max",
+    )
+
+    def __init__(self, queued: int = 0) -> None:
+        self.queue_wait = 0.0
+        self.compute = 0.0
+        self.blocked = 0.0
+        self.chunks_in = 0
+        self.duplicates = 0
+        self.outputs = 0
+        self.first_output_at: float | None = None
+        self.last_output: float | None = None
+        self.queued_max = queued  # chunks already queued count for the new segment
+
+    def output(self, now: float) -> None:
+        """The engine yielded an output at ``time.monotonic()`` reading ``now``."""
+        self.outputs += 1
+        self.last_output = now
+        if self.first_output_at is None:
+            self.first_output_at = _wall(now)
+
+    def report(self, hops: dict[str, HopMetrics]) -> StageMetrics:
+        """The segment's metrics, with what was sent to each receiver."""
+        last = self.last_output
+        return StageMetrics(
+            queue_wait_ms=self.queue_wait * 1e3,
+            compute_ms=self.compute * 1e3,
+            chunks_in=self.chunks_in,
+            duplicates=self.duplicates,
+            outputs=self.outputs,
+            hops=hops,
+            queued_max=self.queued_max,
+            first_output_at=self.first_output_at,
+            last_output_at=None if last is None else _wall(last),
+        )
+
+
+def _wall(monotonic: float) -> float:
+    """The ``time.time()`` of a ``time.monotonic()`` reading."""
+    return time.time() - (time.monotonic() - monotonic)
