@@ -428,8 +428,9 @@ class Session:
                 return
 
     async def __aiter__(self) -> AsyncIterator[Event]:
+        get = self.channel.get  # next_event's own read: one call less per event
         while not self._drained:
-            event = await self.next_event()
+            event = await get()
             self._drained = isinstance(event, TERMINAL)
             yield event
 
