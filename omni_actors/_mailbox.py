@@ -147,9 +147,17 @@ class Mailbox:
 
         A ``ControlMessage`` goes to the system lane instead: never refused, never waits.
         """
-        if self.try_push_user(envelope):
+        # try_push_user, inlined: a call less on the path of every tell.
+        if self.closed:
+            raise ActorStoppedError(self.owner)
+        if isinstance(envelope[0], ControlMessage):
+            self.push_system(sm.Control(envelope))
             return
         user = self.user
+        if len(user) < self.config.capacity and not self._putters:
+            user.append(envelope)
+            self._wake(False)
+            return
         policy = self.config.overflow
         if policy == "fail":
             raise MailboxFullError(self.owner, self.config.capacity)

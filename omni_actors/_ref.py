@@ -114,7 +114,18 @@ class ActorRef(ActorAddress[M]):
             Exception: whatever ``receive`` raised, re-raised as is.
         """
         self._check(message)
-        reply: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
+        loop = asyncio.get_running_loop()
+        reply: asyncio.Future[Any] = loop.create_future()
+        if self._cell.mailbox.try_push_user((message, reply)):
+            # Sent at once: only the reply is waited for, under a timer on it (a timeout
+            # scope around the wait costs several microseconds per ask).
+            timer = loop.call_later(timeout, _expire, reply)
+            try:
+                return await reply
+            except _Expired:
+                raise AskTimeoutError(self._cell.path, message, timeout) from None
+            finally:
+                timer.cancel()
         deadline = asyncio.timeout(timeout)
         try:
             async with deadline:
@@ -134,3 +145,12 @@ class ActorRef(ActorAddress[M]):
 
     def __hash__(self) -> int:
         return hash(self._cell)
+
+
+class _Expired(Exception):
+    """An ask's reply did not come in time (raised as ``AskTimeoutError``)."""
+
+
+def _expire(reply: asyncio.Future[Any]) -> None:
+    if not reply.done():
+        reply.set_exception(_Expired())
