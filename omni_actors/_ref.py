@@ -56,7 +56,8 @@ class ActorRef(ActorAddress[M]):
         """Queue ``message``; with the backpressure policy, wait for mailbox room.
 
         A :class:`~omni_actors.signals.ControlMessage` never waits: it goes ahead of the
-        queued messages.
+        queued messages. A type the actor lists in ``receives_now`` is handled at once,
+        inside this call, if the actor is idle (see ``Actor.receive_now``).
 
         Args:
             message: an instance of one of the actor's declared message types.
@@ -86,7 +87,8 @@ class ActorRef(ActorAddress[M]):
         calls this first: most chunks go out without a coroutine of their own.
 
         Raises:
-            MessageTypeError, ActorStoppedError, MailboxFullError: as :meth:`tell`.
+            MessageTypeError: the actor does not accept this type.
+            ActorStoppedError: the actor is stopped.
         """
         self._check(message)
         cell = self._cell
