@@ -52,6 +52,8 @@ class Recorder(Actor[Now | Item | Hold | Crash]):
 
     def __init__(self, log: list[str], starts: list[int]) -> None:
         self.log = log
+        self.open = asyncio.Event()
+        self.open.set()
         starts.append(len(starts))
 
     def receive_now(self, message: Now | Item | Hold | Crash) -> Rest | None:
@@ -62,7 +64,7 @@ class Recorder(Actor[Now | Item | Hold | Crash]):
         return functools.partial(self._rest, message.n) if message.rest else None
 
     async def _rest(self, n: int) -> None:
-        await asyncio.sleep(0)  # the rest may await: it runs in the actor's own task
+        await self.open.wait()  # the rest may await: it runs in the actor's own task
         self.log.append(f"rest {n}")
 
     async def receive(self, message: Now | Item | Hold | Crash) -> None:
