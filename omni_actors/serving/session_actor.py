@@ -135,8 +135,6 @@ class SessionActor(Actor[SessionMessage]):
     async def receive(self, message: SessionMessage) -> Any:
         """Handle one message; see the module docstring."""
         match message:
-            case Chunk() if message.key != self.key:
-                pass  # a stream cut by a stage's restart: its chunks are moot
             case StageReport() | StreamCredit() if message.key != self.key:
                 pass  # from before the session was opened again: the stages dropped it
             case Chunk():

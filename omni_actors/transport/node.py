@@ -54,9 +54,7 @@ __all__ = ["Node"]
 log = logging.getLogger(__name__)
 
 ControlHandler = Callable[[wire.WireMessage], None]
-_POLLIN = int(zmq.POLLIN)
-_EVENTS = int(zmq.EVENTS)
-_NOBLOCK = int(zmq.NOBLOCK)
+_POLLIN, _EVENTS, _NOBLOCK = int(zmq.POLLIN), int(zmq.EVENTS), int(zmq.NOBLOCK)  # no enums
 
 
 class Node:

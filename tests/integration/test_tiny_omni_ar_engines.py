@@ -12,7 +12,7 @@ from __future__ import annotations
 import asyncio
 import math
 from collections.abc import AsyncIterator, Iterable
-from contextlib import AbstractAsyncContextManager, asynccontextmanager
+from contextlib import AbstractAsyncContextManager
 from pathlib import Path
 from typing import Any
 
@@ -21,9 +21,9 @@ import pytest
 pytest.importorskip("transformers")
 
 import torch
+from thinker_driving import started
 from transformers import DynamicCache
 
-from omni_actors import model_cache
 from omni_actors.actors.accumulate import Accumulator
 from omni_actors.actors.engine import Fields
 from omni_actors.actors.engine_registry import EngineArgsError, build_engine
@@ -39,32 +39,16 @@ TEXT = "Hello there, how are you today?"
 TALKER_FIELDS = tuple(TalkerEngine.inputs)  # what the talker declares it takes
 
 
-@pytest.fixture(scope="module")
-def cache_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    cache = tmp_path_factory.mktemp("model-cache")
-    model_cache.prepare("tiny-omni", cache_dir=cache)
-    return cache
-
-
 def _args(cache_dir: Path, **extra: Any) -> dict[str, Any]:
     return {"seed": 0, "cache_dir": str(cache_dir), **extra}
 
 
-@asynccontextmanager
-async def _started(engine: Any) -> AsyncIterator[Any]:
-    await engine.start()
-    try:
-        yield engine
-    finally:
-        await engine.stop()
-
-
 def thinker(cache_dir: Path, **extra: Any) -> AbstractAsyncContextManager[ThinkerEngine]:
-    return _started(ThinkerEngine(ThinkerArgs(**_args(cache_dir, **extra))))
+    return started(ThinkerEngine(ThinkerArgs(**_args(cache_dir, **extra))))
 
 
 def talker(cache_dir: Path, **extra: Any) -> AbstractAsyncContextManager[TalkerEngine]:
-    return _started(TalkerEngine(TalkerArgs(**_args(cache_dir, **extra))))
+    return started(TalkerEngine(TalkerArgs(**_args(cache_dir, **extra))))
 
 
 async def feed(items: Iterable[Fields], pause: float = 0.0) -> AsyncIterator[Fields]:

@@ -8,7 +8,6 @@ the work left when the input ends must not grow with the input's length.
 from __future__ import annotations
 
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
-from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from pathlib import Path
 from typing import Any
 
@@ -18,15 +17,15 @@ import pytest
 pytest.importorskip("transformers")
 
 import torch
+from thinker_driving import thinker
 from transformers import DynamicCache
 
-from omni_actors import model_cache
 from omni_actors.actors.engine import Fields
-from omni_actors.actors.tiny_omni import configs, stepping, weights
+from omni_actors.actors.tiny_omni import configs, stepping
 from omni_actors.actors.tiny_omni.audio_stream import AudioClip
 from omni_actors.actors.tiny_omni.configs import Tokens
 from omni_actors.actors.tiny_omni.log_mel import LogMel
-from omni_actors.actors.tiny_omni.thinker_engine import ThinkerArgs, ThinkerEngine
+from omni_actors.actors.tiny_omni.thinker_engine import ThinkerEngine
 from omni_actors.actors.tiny_omni.thinker_model import PRINTABLE
 
 pytestmark = pytest.mark.integration
@@ -34,32 +33,6 @@ pytestmark = pytest.mark.integration
 RATE = configs.AUDIO_SAMPLE_RATE
 FRAME = RATE // 50  # 20 ms
 WINDOW_TOKENS = stepping.audio_token_count(800, 50)  # one 8 s attention window: 104
-
-
-@pytest.fixture(scope="module")
-def cache_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    cache = tmp_path_factory.mktemp("model-cache")
-    model_cache.prepare("tiny-omni", cache_dir=cache)
-    return cache
-
-
-@pytest.fixture(scope="module")
-def model(cache_dir: Path) -> Any:
-    return weights.load(cache_dir / "tiny-omni" / "seed-0" / "thinker")
-
-
-@asynccontextmanager
-async def _started(engine: ThinkerEngine) -> AsyncIterator[ThinkerEngine]:
-    await engine.start()
-    try:
-        yield engine
-    finally:
-        await engine.stop()
-
-
-def thinker(cache_dir: Path) -> AbstractAsyncContextManager[ThinkerEngine]:
-    args = {"seed": 0, "cache_dir": str(cache_dir), "min_new_tokens": 6, "max_new_tokens": 6}
-    return _started(ThinkerEngine(ThinkerArgs(**args)))
 
 
 def speech(seconds: float, seed: int = 0) -> np.ndarray:

@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections.abc import AsyncIterator
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol, TypeVar
 
 import pytest
 import torch
@@ -15,6 +15,14 @@ from omni_actors import model_cache
 from omni_actors.actors.engine import KEPT_FIELD, TURN_FIELD, Fields
 from omni_actors.actors.tiny_omni import weights
 from omni_actors.actors.tiny_omni.thinker_engine import ThinkerArgs, ThinkerEngine
+
+
+class _Engine(Protocol):
+    async def start(self) -> None: ...
+    async def stop(self) -> None: ...
+
+
+E = TypeVar("E", bound=_Engine)
 
 
 def truncate(kept: int) -> Fields:
@@ -35,7 +43,8 @@ def thinker_model(cache_dir: Path) -> Any:
 
 
 @asynccontextmanager
-async def _started(engine: ThinkerEngine) -> AsyncIterator[ThinkerEngine]:
+async def started(engine: E) -> AsyncIterator[E]:
+    """``engine`` started for the block, stopped after it."""
     await engine.start()
     try:
         yield engine
@@ -46,4 +55,4 @@ async def _started(engine: ThinkerEngine) -> AsyncIterator[ThinkerEngine]:
 def thinker(cache_dir: Path, **extra: Any) -> AbstractAsyncContextManager[ThinkerEngine]:
     """A started engine (greedy, 6 tokens a reply unless ``extra`` says otherwise)."""
     args = {"seed": 0, "cache_dir": str(cache_dir), "min_new_tokens": 6, "max_new_tokens": 6}
-    return _started(ThinkerEngine(ThinkerArgs(**{**args, **extra})))
+    return started(ThinkerEngine(ThinkerArgs(**{**args, **extra})))
