@@ -298,6 +298,10 @@ class Decoder(Generic[T]):
         return self.decode(first, frames[1:])
 
     def _dec_hook(self, type_: Any, obj: Any) -> Any:
+        if type_ is torch.Tensor:
+            tensor = _inline_tensor(obj)
+            if tensor is not None:
+                return tensor
         if type_ is torch.Tensor or type_ is np.ndarray:
             try:
                 desc = msgspec.convert(obj, TensorDesc)
@@ -368,6 +372,50 @@ class Decoder(Generic[T]):
 
 _DESC_FIELDS = len(TensorDesc.__struct_fields__) + 1  # array-like, led by its tag
 _DESC_SLAB = 1 + TensorDesc.__struct_fields__.index("slab")
+_INLINE_NUMPY = {name: np.dtype(name) for name in TORCH_DTYPES if name != "bfloat16"}
+
+
+def _inline_tensor(obj: Any) -> torch.Tensor | None:
+    """The torch tensor of a well-formed, non-empty inline descriptor; None for any
+    other, which then takes the general path and its checks and errors.
+
+    Most tensors of a stream are small and inline, and ``msgspec.convert`` plus the
+    general checks cost about as much as building the tensor: this reads the
+    descriptor's fields in place and accepts only exactly what the general path would
+    accept for them (exact types, one placement, the byte count its shape needs).
+    """
+    if type(obj) is not list or len(obj) != _DESC_FIELDS:
+        return None
+    tag, lib, name, shape, data, buffer, slab, slot, offset, nbytes = obj
+    if (
+        tag != "T"
+        or type(lib) is not int
+        or lib != LIB_TORCH
+        or type(data) is not bytes
+        or type(name) is not str
+        or type(shape) is not list
+        or len(shape) > MAX_DIMS
+        or type(buffer) is not int
+        or buffer >= 0
+        or type(slab) is not int
+        or slab >= 0
+        or type(slot) is not int
+        or type(offset) is not int
+        or type(nbytes) is not int
+    ):
+        return None
+    dtype = _INLINE_NUMPY.get(name)
+    if dtype is None:
+        return None
+    count = 1
+    for d in shape:
+        if type(d) is not int or d < 0:
+            return None
+        count *= d
+    if count == 0 or count * dtype.itemsize != len(data):
+        return None
+    # A private, writable copy of the header's bytes, as the general path makes.
+    return torch.from_numpy(np.frombuffer(bytearray(data), dtype).reshape(shape))
 
 
 def slab_slots(header: Any) -> list[tuple[int, int]]:

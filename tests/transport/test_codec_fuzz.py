@@ -5,13 +5,14 @@ from __future__ import annotations
 import contextlib
 
 import msgspec
+import pytest
 import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from omni_actors.errors import ProtocolError
-from omni_actors.protocols.tensors import TensorDesc
-from omni_actors.transport.codec import Decoder, Encoder
+from omni_actors.protocols.tensors import LIB_TORCH, TensorDesc
+from omni_actors.transport.codec import TORCH_DTYPES, Decoder, Encoder, _inline_tensor
 
 
 class Chunk(msgspec.Struct, tag=True, frozen=True):
@@ -82,3 +83,92 @@ def test_lying_descriptors(
     desc = TensorDesc(lib, dtype, tuple(shape), data=data, buffer=buffer, slab=slab)
     header = msgspec.msgpack.encode({"type": "Chunk", "seq": 1, "hidden": desc})
     _decodes_or_protocol_error(header, buffers)
+
+
+_NEAR_MISSES = st.one_of(
+    st.integers(-2, 9),
+    st.booleans(),
+    st.sampled_from([1.0, -1.0, "T", "float32", "bfloat16", "nope", b"", bytearray(4), None]),
+    st.lists(st.one_of(st.integers(-2, 9), st.booleans(), st.just(2.0)), max_size=3),
+    st.binary(max_size=40),
+)
+
+
+@FUZZ
+@given(
+    dtype=st.sampled_from(["float32", "float16", "bfloat16", "int64", "uint8", "bool"]),
+    shape=st.lists(st.integers(0, 4), max_size=3),
+    mutations=st.lists(st.tuples(st.integers(0, 10), _NEAR_MISSES), max_size=2),
+)
+def test_the_inline_fast_path_decodes_exactly_what_the_general_path_does(
+    dtype: str, shape: list[int], mutations: list[tuple[int, object]]
+) -> None:
+    # A valid inline descriptor as msgpack hands it to the decoder's hook (a plain
+    # list), then near misses: a field of the wrong type or value, or one too many.
+    tensor = torch.zeros(shape, dtype=TORCH_DTYPES[dtype])
+    raw = msgspec.msgpack.decode(Encoder().encode(Chunk(1, tensor))[0])["hidden"]
+    extra = False
+    for index, value in mutations:
+        extra = extra or index >= len(raw)
+        if index < len(raw):
+            raw[index] = value
+        else:
+            raw.append(value)
+    fast = _inline_tensor(raw)
+    try:
+        desc = msgspec.convert(raw, TensorDesc)
+        general = DECODER._tensor(desc, want=LIB_TORCH)
+    except (msgspec.ValidationError, ProtocolError):
+        general = None
+    if fast is not None:  # only what the general path accepts, with the same tensor
+        assert general is not None
+        assert fast.dtype == general.dtype
+        assert fast.shape == general.shape
+        assert torch.equal(fast, general)
+        assert fast.numpy().flags.writeable  # a private copy, as the general path's
+    elif general is not None and desc.data is not None and general.numel() and not extra:
+        # The fast path leaves only bfloat16 (numpy has no such type) and descriptors
+        # with trailing extras (which msgspec ignores) to the general one.
+        assert general.dtype == torch.bfloat16, f"fast path refused a valid {raw!r}"
+
+
+def test_the_inline_fast_path_takes_well_formed_stream_tensors() -> None:
+    for tensor in (torch.tensor([7]), torch.zeros(1, 8), torch.full((1, 4), 3), torch.ones(1920)):
+        header = Encoder().encode(Chunk(1, tensor))[0]
+        raw = msgspec.msgpack.decode(header)["hidden"]
+        fast = _inline_tensor(raw)
+        assert fast is not None
+        assert torch.equal(fast, tensor)
+        assert fast.dtype == tensor.dtype
+
+
+@pytest.mark.parametrize(
+    ("index", "value"),
+    [
+        (0, "R"),  # another struct's tag
+        (1, False),  # a bool is not an int to msgspec
+        (1, 1),  # numpy's library
+        (2, "bfloat16"),  # numpy has no such type
+        (2, 5),
+        (3, [1, True]),
+        (3, [2, 2.0]),
+        (3, [-1, -4]),
+        (3, [2]),  # too few bytes for the shape
+        (3, [1] * 38 + [2, 2]),  # more dimensions than allowed
+        (4, bytearray(16)),
+        (4, None),
+        (5, 0),  # two placements
+        (5, True),
+        (6, 0),
+        (7, 1.0),
+        (8, False),
+        (9, "0"),
+    ],
+)
+def test_the_inline_fast_path_leaves_every_near_miss_to_the_general_path(
+    index: int, value: object
+) -> None:
+    raw = msgspec.msgpack.decode(Encoder().encode(Chunk(1, torch.zeros(2, 2)))[0])["hidden"]
+    assert _inline_tensor(raw) is not None
+    raw[index] = value
+    assert _inline_tensor(raw) is None
