@@ -38,6 +38,7 @@ from typing import Any, Literal, get_args
 import torch
 
 from omni_actors.actors.scripted import ScriptedArgs, ScriptedEngine
+from omni_actors.bench.engine_cpu import engine_cpu_ms_per_request
 from omni_actors.bench.ideal import IdealTimes, ideal_times
 from omni_actors.bench.pipeline_targets import targets, wire_ms_per_hop
 from omni_actors.bench.profiling import Profiler
@@ -180,10 +181,12 @@ async def _timer_overshoot_ms() -> float:
 
 @dataclass(frozen=True, slots=True)
 class _Cost:
-    """What one level's measured requests cost: CPU of the process tree, and wall time."""
+    """What one level's measured requests cost: CPU of the process tree, and wall time;
+    and what its engines cost by themselves per request (None: unknown)."""
 
     cpu_s: float
     wall_s: float
+    engine_ms_per_request: float | None
 
 
 def _level(
@@ -218,11 +221,16 @@ def _level(
             "ttfa_vs_ideal": round(p50 / ideal_ttfa_ms, 4),
         }
     chunks = sum(s.chunks for s in samples)
+    engine_ms = cost.engine_ms_per_request
+    framework_s = None if engine_ms is None else cost.cpu_s - engine_ms * len(results) / 1e3
     level |= {
-        # Scripted engines compute nothing (their latency is a sleep), so the engine
-        # compute to subtract is zero and all of the tree's CPU is the framework's:
-        # caller, sessions, stages, the wire, and the scripted engines' own steps.
-        "framework_cpu_us_per_chunk_hop": round(cost.cpu_s / chunks * 1e6, 2) if chunks else None,
+        # The tree's CPU less the engines' own (``engine_cpu``): caller, sessions,
+        # stages and the wire.
+        "framework_cpu_us_per_chunk_hop": (
+            round(framework_s / chunks * 1e6, 2) if chunks and framework_s is not None else None
+        ),
+        "cpu_us_per_chunk_hop": round(cost.cpu_s / chunks * 1e6, 2) if chunks else None,
+        "engine_cpu_ms_per_request": None if engine_ms is None else round(engine_ms, 3),
         "cpu_ms_per_request": round(cost.cpu_s / max(1, len(results)) * 1e3, 3),
         "cpu_cores": round(cost.cpu_s / cost.wall_s, 3) if cost.wall_s > 0 else None,
         "chunk_hops_per_request": round(chunks / len(samples), 1) if samples else None,
@@ -238,12 +246,14 @@ async def _run_variant(
     concurrency: list[int],
     requests: int | None,
     overshoot_ms: float,
+    engine_ms: dict[int, float | None],
     profiler: Profiler | None,
 ) -> dict[str, dict[str, Any]]:
-    """Every concurrency level of one pipeline, each on a fresh, warmed-up pipeline."""
+    """Every concurrency level of one pipeline, each on a fresh, warmed-up pipeline
+    (``engine_ms``: its engines' own CPU per request at each level)."""
     levels: dict[str, dict[str, Any]] = {}
     for c in concurrency:
-        count = requests if requests is not None else default_requests(c)
+        count = _count(requests, c)
         async with OmniPipeline(spec, max_sessions=c) as omni:
             await _drive(omni, _WARMUP_REQUESTS, min(c, _WARMUP_REQUESTS))
             # As a server does once ready (and each stage worker does): the heap loaded so
@@ -252,9 +262,25 @@ async def _run_variant(
             cpu, wall = tree_cpu_s(), time.perf_counter()
             with profiler.section() if profiler is not None else contextlib.nullcontext():
                 results = await _drive(omni, count, c)
-            cost = _Cost(tree_cpu_s() - cpu, time.perf_counter() - wall)
+            cost = _Cost(tree_cpu_s() - cpu, time.perf_counter() - wall, engine_ms[c])
             levels[str(c)] = _level(results, ideal, overshoot_ms, cost)
     return levels
+
+
+def _count(requests: int | None, concurrency: int) -> int:
+    return requests if requests is not None else default_requests(concurrency)
+
+
+async def _engine_cpu(
+    spec: PipelineSpec, concurrency: list[int], requests: int | None
+) -> dict[int, float | None]:
+    """The engines' own CPU per request at each level (``engine_cpu``): as many requests
+    as the level measures, at most two waves (eight at least), which is enough to
+    average over and keeps ``c=1`` short."""
+    return {
+        c: await engine_cpu_ms_per_request(spec, c, min(_count(requests, c), max(2 * c, 8)))
+        for c in concurrency
+    }
 
 
 def _is_streaming(spec: PipelineSpec) -> bool:
@@ -287,6 +313,7 @@ async def _run_placement(
     concurrency: list[int],
     requests: int | None,
     overshoot_ms: float,
+    engine_ms: dict[str, dict[int, float | None]],
     builtin: bool,
     profiler: Profiler | None,
 ) -> dict[str, Any]:
@@ -294,7 +321,13 @@ async def _run_placement(
     pair, the stream/full TTFA ratio per level."""
     variants = {
         name: await _run_variant(
-            placed(spec, placement), ideals[name], concurrency, requests, overshoot_ms, profiler
+            placed(spec, placement),
+            ideals[name],
+            concurrency,
+            requests,
+            overshoot_ms,
+            engine_ms[name],
+            profiler,
         )
         for name, spec in specs.items()
     }
@@ -344,10 +377,13 @@ async def run_pipeline_bench(
         ``hops``, ``overhead_ms_per_hop_p50`` = (TTFA p50 - ideal) / hops, the same net
         of ``ttfa_sleeps`` timer overshoots, ``ttfa_vs_ideal``, ``errors``,
         ``requests``, and what the measured requests cost the process tree (this
-        process and its workers): ``framework_cpu_us_per_chunk_hop`` (CPU time divided
-        by the chunks the stages sent, each counted once per hop; scripted engines
-        compute nothing, so none is subtracted), ``cpu_ms_per_request``,
-        ``cpu_cores`` (CPU / wall time) and ``chunk_hops_per_request``;
+        process and its workers): ``cpu_us_per_chunk_hop`` (CPU time divided by the
+        chunks the stages sent, each counted once per hop),
+        ``framework_cpu_us_per_chunk_hop`` (the same less the engines' own compute,
+        ``engine_cpu_ms_per_request`` per request, measured by
+        :mod:`~omni_actors.bench.engine_cpu`; None where it cannot be),
+        ``cpu_ms_per_request``, ``cpu_cores`` (CPU / wall time) and
+        ``chunk_hops_per_request``;
         ``stream_vs_full_ttfa``: per level, stream TTFA p50 / full TTFA p50 (built-in
         pipelines only).
 
@@ -366,9 +402,21 @@ async def run_pipeline_bench(
     specs = bench_specs(preset)
     ideals = {name: ideal_times(spec) for name, spec in specs.items()}
     overshoot_ms = await _timer_overshoot_ms()
+    # Measured once, with no pipeline running: the engines cost the same in any placement.
+    engine_ms = {
+        name: await _engine_cpu(spec, concurrency, requests) for name, spec in specs.items()
+    }
     runs: dict[str, dict[str, Any]] = {
         placement: await _run_placement(
-            specs, ideals, placement, concurrency, requests, overshoot_ms, preset is None, profiler
+            specs,
+            ideals,
+            placement,
+            concurrency,
+            requests,
+            overshoot_ms,
+            engine_ms,
+            preset is None,
+            profiler,
         )
         for placement in dict.fromkeys(placements)  # each once, in the order given
     }

@@ -221,10 +221,14 @@ def _check_cpu(level: dict[str, Any], chunk_hops: int) -> None:
     """What the measured requests cost: the chunks a request moves through its hops, and
     CPU per chunk-hop consistent with CPU per request."""
     assert level["chunk_hops_per_request"] == chunk_hops
-    per_chunk = _number(level["framework_cpu_us_per_chunk_hop"])
+    per_chunk = _number(level["cpu_us_per_chunk_hop"])
     per_request = _number(level["cpu_ms_per_request"])
+    engines = _number(level["engine_cpu_ms_per_request"])
+    framework = _number(level["framework_cpu_us_per_chunk_hop"])
     assert per_chunk > 0
+    assert engines > 0
     assert per_chunk * chunk_hops / 1e3 == pytest.approx(per_request, rel=0.01)
+    assert framework * chunk_hops / 1e3 == pytest.approx(per_request - engines, abs=0.01)
     assert _number(level["cpu_cores"]) > 0
 
 
