@@ -1,9 +1,11 @@
 """Envelopes exchanged between nodes (processes) — the runtime's own wire protocol.
 
 A frame on the wire is ``[header, *buffers]``: ``header`` is one of the structs below,
-msgpack-encoded; ``buffers`` carry tensor bytes out of band. A user message travels
-pre-encoded inside ``Tell.body`` / ``Ask.body`` so the receiving node can decode it
-against the *target actor's* declared message union, not a global one.
+msgpack-encoded; ``buffers`` carry tensor bytes out of band. A ``Batch`` frame carries
+several envelopes without buffers that one link sent within one turn of its event loop.
+A user message travels pre-encoded inside ``Tell.body`` / ``Ask.body`` so the receiving
+node can decode it against the *target actor's* declared message union, not a global
+one.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ __all__ = [
     "ActorMoved",
     "ActorStarted",
     "Ask",
+    "Batch",
     "Credit",
     "FlowClosed",
     "NodeDown",
@@ -26,6 +29,7 @@ __all__ = [
     "Hello",
     "Reply",
     "Shutdown",
+    "Single",
     "SlabAttached",
     "SlabOffer",
     "SpawnActor",
@@ -34,7 +38,7 @@ __all__ = [
 ]
 
 
-VERSION = 4
+VERSION = 5
 """The wire protocol's version, announced in ``Hello``: bump it on any change to the
 structs below (or to how messages and tensors are encoded), so that two processes of
 different releases refuse each other at the handshake instead of misreading frames."""
@@ -214,7 +218,8 @@ class Shutdown(msgspec.Struct, tag="shutdown", frozen=True, array_like=True):
     """Parent → worker: stop every actor and exit."""
 
 
-WireMessage = (
+# Every envelope but a batch: what a batch holds.
+Single = (
     Tell
     | Ask
     | Reply
@@ -233,3 +238,15 @@ WireMessage = (
     | SlabAttached
     | Shutdown
 )
+
+
+class Batch(msgspec.Struct, tag="batch", frozen=True, array_like=True):
+    """Envelopes one link sent within one turn of the event loop, in order, in one frame:
+    a send and a receive per turn instead of one per envelope. Only envelopes without
+    out-of-band buffers go in one; a batch never holds a batch."""
+
+    messages: list[Single]
+
+
+WireMessage = Single | Batch
+"""What a frame's header decodes to: one envelope, or a batch of them."""

@@ -341,14 +341,20 @@ class Node:
             except (msgspec.DecodeError, msgspec.ValidationError, RecursionError) as exc:
                 self.refusals.refuse("malformed frame", exc)
                 continue
-            buffers = [frame.buffer for frame in frames[1:]]
-            try:
-                self._dispatch(envelope, buffers)
-            except Exception:
-                # One bad frame must never stop the inbox.
-                log.exception("node %d failed to handle %s", self.node_id, type(envelope))
+            if type(envelope) is wire.Batch:
+                for message in envelope.messages:
+                    self._dispatch_one(message, [])
+            else:
+                self._dispatch_one(envelope, [frame.buffer for frame in frames[1:]])
 
-    def _dispatch(self, envelope: wire.WireMessage, buffers: list[memoryview]) -> None:
+    def _dispatch_one(self, envelope: wire.Single, buffers: list[memoryview]) -> None:
+        try:
+            self._dispatch(envelope, buffers)
+        except Exception:
+            # One bad frame must never stop the inbox.
+            log.exception("node %d failed to handle %s", self.node_id, type(envelope))
+
+    def _dispatch(self, envelope: wire.Single, buffers: list[memoryview]) -> None:
         match envelope:
             case wire.Tell() | wire.Ask():
                 self._deliver(envelope, buffers)
