@@ -21,7 +21,7 @@ import torch
 from omni_actors import remoting
 from omni_actors._ref import ActorRef
 from omni_actors.actors.accumulate import Accumulator
-from omni_actors.actors.chunk_policy import ChunkPolicy, FrameWindow
+from omni_actors.actors.chunk_policy import ChunkPolicy, FrameChunk, FrameWindow
 from omni_actors.actors.device_links import Outgoing
 from omni_actors.actors.engine import Fields
 from omni_actors.actors.flow import BackpressureError, CreditWindow
@@ -140,7 +140,10 @@ class Outlet:
             self._acc.add(picked)
             return None
         if self._window is not None:
-            return self._push_frames(picked)
+            name, frames = _one_tensor(picked)
+            chunks = self._window.push(frames)
+            # Most codec frames only fill the window: no send, and no coroutine to await.
+            return self._send_window(name, chunks) if chunks else None
         credits = self.credits
         if self._link is not None or (credits is not None and credits.credits <= 0):
             return self._send(picked)
@@ -149,9 +152,8 @@ class Outlet:
         chunk = self._chunk(picked, 0, "", None)
         return None if self.ref.try_tell(chunk) else self.ref.tell(chunk)
 
-    async def _push_frames(self, picked: Fields) -> None:
-        name, frames = _one_tensor(picked)
-        for chunk in self._window.push(frames) if self._window is not None else ():
+    async def _send_window(self, name: str, chunks: list[FrameChunk]) -> None:
+        for chunk in chunks:
             await self._send({name: chunk.frames}, context=chunk.context)
 
     async def flush(self, end: End) -> None:

@@ -38,7 +38,7 @@ from omni_actors.protocols.control import (
     StageMessage,
     StageState,
 )
-from omni_actors.protocols.events import Event
+from omni_actors.protocols.events import TERMINAL, Event
 from omni_actors.protocols.stage import Chunk
 from omni_actors.serving.orchestrator import Orchestrator, OrchestratorMessage, pipeline_strategy
 from omni_actors.serving.pipeline_spec import PipelineSpec, load_pipeline
@@ -229,8 +229,14 @@ class OmniPipeline:
             # It may end meanwhile (a deadline): its terminal event then says why.
             with contextlib.suppress(SessionClosedError):
                 await session.send(text=text, audio=audio, end="finished")
-            async for event in session:
+            # The session's channel read here, not through its own iterator: one async
+            # generator per event, not two (this runs once per event of every request).
+            get = session.channel.get
+            while True:
+                event = await get()
                 yield event
+                if isinstance(event, TERMINAL):
+                    return
         finally:
             await session.close()
 
