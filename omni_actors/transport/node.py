@@ -37,12 +37,7 @@ from omni_actors.transport.credit_ledger import CreditLedger
 from omni_actors.transport.endpoints import CurveKeys
 from omni_actors.transport.inbox_guard import InboxGuard
 from omni_actors.transport.link import Link
-from omni_actors.transport.remote import (
-    RemoteMailbox,
-    RemoteReply,
-    error_from_wire,
-    error_to_wire,
-)
+from omni_actors.transport.remote import RemoteMailbox, RemoteReply, error_from_wire, error_to_wire
 from omni_actors.transport.remote_refs import RemoteRefs
 from omni_actors.transport.shm import SlabReader, SlabWriter
 
@@ -172,14 +167,8 @@ class Node:
         """
         if n > 0:
             self.lost += n
-            log.warning(
-                "node %d went down before confirming %d message(s) from node %d: at most "
-                "that many were lost (%d in all)",
-                peer,
-                n,
-                self.node_id,
-                self.lost,
-            )
+            what = "node %d went down before confirming %d message(s) from node %d: at most"
+            log.warning(what + " that many were lost (%d in all)", peer, n, self.node_id, self.lost)
 
     def disconnect(self, peer: int, error: BaseException, *, count: bool = True) -> None:
         """Forget ``peer`` (it died or left): close its link and fail flows to it.
@@ -283,11 +272,13 @@ class Node:
             if not reply.done():
                 reply.set_exception(error)
 
-    def grant(self, peer: int, target: str) -> None:
-        """``target`` handled a message from ``peer``: return its credit (batched, see
-        ``credit_ledger``)."""
-        inbox = remoting.inbox(self.system, target)
-        limit = self._credits.handled(peer, target, inbox.capacity if inbox is not None else 1)
+    def grant(self, peer: int, target: str, capacity: int | None = None) -> None:
+        """``target`` (its mailbox ``capacity``, if known: else looked up) handled a
+        message from ``peer``: return its credit (batched, see ``credit_ledger``)."""
+        if capacity is None:
+            inbox = remoting.inbox(self.system, target)
+            capacity = inbox.capacity if inbox is not None else 1
+        limit = self._credits.handled(peer, target, capacity)
         if limit is None:
             return
         link = self._links.get(peer)
@@ -318,11 +309,9 @@ class Node:
     def _on_readable(self) -> None:
         """Drain the inbox; called by the loop when its (edge-triggered) FD fires.
 
-        Reading synchronously in the FD callback costs no task switch per frame; the
-        loop must drain until ``Again``, or a frame could wait for the next edge. It
-        reads until ``recv`` says so rather than asking ``EVENTS`` before each frame:
-        that option polls the socket's command pipe, a syscall per frame (~6 us here),
-        where the one ``Again`` per wake-up costs about as much as one of them.
+        Reading synchronously in the FD callback costs no task switch per frame. It
+        drains until ``recv`` raises ``Again`` (else a frame could wait for the next
+        edge), never asking ``EVENTS`` per frame: a syscall each (~6 us here).
         """
         recv = self._inbox.recv
         decode = self._wire_decoder.decode
@@ -342,17 +331,15 @@ class Node:
                 self.refusals.refuse("malformed frame", exc)
                 continue
             if type(envelope) is wire.Batch:
-                for message in envelope.messages:
-                    self._dispatch_one(message, [])
+                messages, buffers = envelope.messages, []  # a batch carries no buffers
             else:
-                self._dispatch_one(envelope, [frame.buffer for frame in frames[1:]])
-
-    def _dispatch_one(self, envelope: wire.Single, buffers: list[memoryview]) -> None:
-        try:
-            self._dispatch(envelope, buffers)
-        except Exception:
-            # One bad frame must never stop the inbox.
-            log.exception("node %d failed to handle %s", self.node_id, type(envelope))
+                messages, buffers = [envelope], [frame.buffer for frame in frames[1:]]
+            for message in messages:
+                try:
+                    self._dispatch(message, buffers)
+                except Exception:
+                    # One bad frame must never stop the inbox.
+                    log.exception("node %d failed to handle %s", self.node_id, type(message))
 
     def _dispatch(self, envelope: wire.Single, buffers: list[memoryview]) -> None:
         match envelope:
@@ -431,7 +418,9 @@ class Node:
             self._release_slots(envelope.body)  # untyped: no tensor was built over a slot
         # A control message was sent without a credit (to overtake): none goes back.
         grant = not isinstance(message, ControlMessage)
-        reply = RemoteReply(self, envelope.sender, envelope.target, corr, grant=grant)
+        reply = RemoteReply(
+            self, envelope.sender, envelope.target, corr, grant=grant, capacity=inbox.capacity
+        )
         if not inbox.deliver(message, reply):
             reply.set_exception(ActorStoppedError(inbox.path))
 

@@ -81,16 +81,24 @@ def error_from_wire(error_type: str, message: str) -> BaseException:
 class RemoteReply:
     """Completes a message that arrived from another node (duck-types a reply future)."""
 
-    __slots__ = ("_done", "corr", "grant", "node", "peer", "target")
+    __slots__ = ("_done", "capacity", "corr", "grant", "node", "peer", "target")
 
     def __init__(
-        self, node: Node, peer: int, target: str, corr: int | None, *, grant: bool = True
+        self,
+        node: Node,
+        peer: int,
+        target: str,
+        corr: int | None,
+        *,
+        grant: bool = True,
+        capacity: int | None = None,
     ) -> None:
         self.node = node
         self.peer = peer
         self.target = target
         self.corr = corr
         self.grant = grant  # False for a control message: the sender spent no credit
+        self.capacity = capacity  # the target's mailbox capacity, if known already
         self._done = False
 
     def done(self) -> bool:
@@ -107,7 +115,7 @@ class RemoteReply:
         if self.corr is not None:
             self.node.reply(self.peer, self.corr, value)
         if self.grant:
-            self.node.grant(self.peer, self.target)
+            self.node.grant(self.peer, self.target, self.capacity)
 
     def set_exception(self, error: BaseException) -> None:
         """Send the failure (for an ask) and return the sender's credit."""
@@ -115,7 +123,7 @@ class RemoteReply:
         if self.corr is not None:
             self.node.reply_error(self.peer, self.corr, error)
         if self.grant:
-            self.node.grant(self.peer, self.target)
+            self.node.grant(self.peer, self.target, self.capacity)
 
 
 class RemoteMailbox(Mailbox):
