@@ -18,6 +18,17 @@ class Payload(msgspec.Struct, tag=True, frozen=True):
     data: torch.Tensor
 
 
+class Relay(Actor[Payload]):
+    """Decodes ``Payload`` off the wire and forwards it to a probe (which keeps its
+    tensor, and so its slab slot)."""
+
+    def __init__(self, probe: ActorRef[object]) -> None:
+        self.probe = probe
+
+    async def receive(self, message: Payload) -> None:
+        await self.probe.tell(message)
+
+
 class Crash(msgspec.Struct, tag=True, frozen=True):
     reason: str
 

@@ -15,12 +15,11 @@ import msgspec
 import pytest
 import torch
 import zmq
-from remote_actors import Block, Count, Echo, Payload, Pid
+from node_pair import node_pair
+from remote_actors import Block, Count, Echo, Payload, Pid, Relay
 
 from omni_actors import (
-    Actor,
     ActorRef,
-    ActorSystem,
     AskTimeoutError,
     MailboxConfig,
     Props,
@@ -29,22 +28,11 @@ from omni_actors import (
 from omni_actors.protocols import wire
 from omni_actors.testing import ActorTestKit, eventually
 from omni_actors.transport.codec import Encoder
-from omni_actors.transport.endpoints import RuntimeDir
 from omni_actors.transport.node import Node
 from omni_actors.transport.process_placement import ProcessPlacement
 from omni_actors.transport.remote import RemoteMailbox
 
 TOKEN = b"0123456789abcdef0123456789abcdef"
-
-
-class Relay(Actor[Payload]):
-    """Forwards each payload to a probe (the probe keeps its tensor, and so its slot)."""
-
-    def __init__(self, probe: ActorRef[object]) -> None:
-        self.probe = probe
-
-    async def receive(self, message: Payload) -> None:
-        await self.probe.tell(message)
 
 
 class Pair:
@@ -68,22 +56,9 @@ class Pair:
 
 @asynccontextmanager
 async def _pair(token: bytes | None) -> AsyncIterator[Pair]:
-    rundir = RuntimeDir()
-    try:
-        async with ActorTestKit() as kit:
-            receiver = Node(kit.system, 1, rundir.endpoint(1), token=token)
-            async with ActorSystem() as other:
-                sender = Node(other, 2, rundir.endpoint(2), token=token)
-                await receiver.start()
-                await sender.start()
-                try:
-                    sender.connect(1, receiver.endpoint)
-                    yield Pair(kit, receiver, sender)
-                finally:
-                    await sender.close()
-                    await receiver.close()
-    finally:
-        rundir.cleanup()
+    async with node_pair(token) as (kit, receiver, sender):
+        sender.connect(1, receiver.endpoint)
+        yield Pair(kit, receiver, sender)
 
 
 @contextmanager

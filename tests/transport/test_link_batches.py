@@ -11,25 +11,15 @@ from typing import Any
 
 import msgspec
 import torch
-from remote_actors import Payload
+from node_pair import node_pair
+from remote_actors import Payload, Relay
 
-from omni_actors import Actor, ActorRef, ActorSystem, MailboxConfig
+from omni_actors import MailboxConfig
 from omni_actors.protocols import wire
 from omni_actors.testing import ActorTestKit, TestProbe, eventually
-from omni_actors.transport.endpoints import RuntimeDir
 from omni_actors.transport.link import Link
 from omni_actors.transport.node import Node
 from omni_actors.transport.remote import RemoteMailbox
-
-
-class Relay(Actor[Payload]):
-    """Decodes ``Payload`` off the wire and forwards it to a probe."""
-
-    def __init__(self, probe: ActorRef[object]) -> None:
-        self.probe = probe
-
-    async def receive(self, message: Payload) -> None:
-        await self.probe.tell(message)
 
 
 class Counting:
@@ -70,20 +60,8 @@ class Wired:
 
 @asynccontextmanager
 async def _wired() -> AsyncIterator[Wired]:
-    rundir = RuntimeDir()
-    try:
-        async with ActorTestKit() as kit, ActorSystem() as other:
-            receiver = Node(kit.system, 1, rundir.endpoint(1))
-            sender = Node(other, 2, rundir.endpoint(2))
-            await receiver.start()
-            await sender.start()
-            try:
-                yield Wired(kit, receiver, sender)
-            finally:
-                await sender.close()
-                await receiver.close()
-    finally:
-        rundir.cleanup()
+    async with node_pair() as nodes:
+        yield Wired(*nodes)
 
 
 async def test_the_envelopes_of_one_turn_leave_in_two_frames_in_order() -> None:

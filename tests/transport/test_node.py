@@ -10,25 +10,15 @@ import msgspec
 import pytest
 import torch
 import zmq
-from remote_actors import Payload
+from remote_actors import Payload, Relay
 
-from omni_actors import Actor, ActorRef, ActorSystem, MailboxConfig
+from omni_actors import ActorRef, ActorSystem, MailboxConfig
 from omni_actors.protocols import wire
 from omni_actors.testing import ActorTestKit, eventually
 from omni_actors.transport.codec import Encoder
 from omni_actors.transport.endpoints import CurveKeys, RuntimeDir
 from omni_actors.transport.node import Node
 from omni_actors.transport.remote import RemoteMailbox
-
-
-class Relay(Actor[Payload]):
-    """Typed receiver: decodes Payload off the wire, forwards it to a probe."""
-
-    def __init__(self, probe: ActorRef[object]) -> None:
-        self.probe = probe
-
-    async def receive(self, message: Payload) -> None:
-        await self.probe.tell(message)
 
 
 @asynccontextmanager
