@@ -24,7 +24,7 @@ from collections.abc import AsyncIterator
 import torch
 
 from omni_actors.actors.engine import Fields
-from omni_actors.actors.scripted import ScriptedArgs, ScriptedEngine
+from omni_actors.actors.scripted import ScriptedArgs, ScriptedEngine, ScriptedEngineError
 from omni_actors.serving.pipeline_spec import PipelineSpec
 
 __all__ = ["engine_cpu_ms_per_request"]
@@ -37,24 +37,28 @@ async def engine_cpu_ms_per_request(
     ``concurrency`` of ``requests`` requests in flight (see the module docstring).
 
     None when it cannot be measured this way: a stage on the path of a text-and-audio
-    request is not scripted, or one takes more than one upstream stage.
+    request is not scripted, one takes more than one upstream stage, or an engine is
+    declared to fail (``fail_after``) within a request.
     """
     chain = _chain(spec)
     if chain is None:
         return None
     engines = [(ScriptedEngine(args), fields) for args, fields in chain]
     tickets = itertools.count()
+    failed: list[ScriptedEngineError] = []
 
     async def worker() -> None:
-        while (n := next(tickets)) < requests:
-            await _request(engines, f"engine-cpu-{n}")
+        while not failed and (n := next(tickets)) < requests:
+            await _request(engines, f"engine-cpu-{n}", failed)
 
     # As the pipeline's engines are by its warm-up: outputs made once, code paths run.
-    await _request(engines, "engine-cpu-warm-up")
+    await _request(engines, "engine-cpu-warm-up", failed)
     started = time.process_time()
     async with asyncio.TaskGroup() as group:
         for _ in range(min(concurrency, requests)):
             group.create_task(worker())
+    if failed:
+        return None
     return (time.process_time() - started) / requests * 1e3
 
 
@@ -80,18 +84,25 @@ def _chain(spec: PipelineSpec) -> list[tuple[ScriptedArgs, tuple[str, ...] | Non
 
 
 async def _request(
-    engines: list[tuple[ScriptedEngine, tuple[str, ...] | None]], session: str
+    engines: list[tuple[ScriptedEngine, tuple[str, ...] | None]],
+    session: str,
+    failed: list[ScriptedEngineError],
 ) -> None:
-    """One text request through the chained engines, read to its end."""
+    """One text request through the chained engines, read to its end (an engine's
+    declared failure is added to ``failed``)."""
     stream: AsyncIterator[Fields] = _text()
     for engine, fields in engines:
         if fields is not None:
             stream = _narrowed(stream, fields)
         stream = engine.generate(session, stream)
-    async for _ in stream:
-        pass
-    for engine, _ in engines:
-        await engine.release(session)
+    try:
+        async for _ in stream:
+            pass
+    except ScriptedEngineError as exc:
+        failed.append(exc)
+    finally:
+        for engine, _ in engines:
+            await engine.release(session)
 
 
 async def _text() -> AsyncIterator[Fields]:

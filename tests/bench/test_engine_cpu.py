@@ -64,3 +64,16 @@ async def test_a_stage_fed_by_two_stages_cannot_be_measured() -> None:
     )
 
     assert await engine_cpu_ms_per_request(spec, concurrency=1, requests=1) is None
+
+
+async def test_an_engine_declared_to_fail_cannot_be_measured() -> None:
+    spec = _spec(
+        [
+            _scripted("a", outputs=4),
+            _scripted("b", outputs_per_input=1, fields=["audio"], fail_after=2),
+        ],
+        [{"from": "a", "to": "b"}],
+        audio="b",
+    )
+
+    assert await engine_cpu_ms_per_request(spec, concurrency=2, requests=4) is None
