@@ -10,7 +10,7 @@ and give the talker the same user rows.
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -20,6 +20,7 @@ pytest.importorskip("transformers")
 
 import torch
 from thinker_driving import thinker, truncate
+from thinker_steps import AND, COMMIT, HI, broken, ids, items, reply, respond, tensor, user_rows
 from transformers import DynamicCache
 
 from omni_actors.actors.engine import (
@@ -36,50 +37,6 @@ from omni_actors.actors.tiny_omni.thinker_model import PRINTABLE
 from omni_actors.actors.turn_marks import TurnMarkError
 
 pytestmark = pytest.mark.integration
-
-COMMIT: Fields = {TURN_FIELD: "commit"}
-HI: Fields = {"text": "Hi"}
-AND: Fields = {"text": "And?"}
-
-
-def reply(tokens: Sequence[int]) -> Fields:
-    """A reply mark as ``SegmentInputs`` hands it to the engine."""
-    return {TURN_FIELD: "reply", REPLY_FIELD: torch.tensor(list(tokens), dtype=torch.int64)}
-
-
-Step = Fields | Callable[[], Awaitable[None]]
-"""An input item, or something to run (and maybe fail) before the next one."""
-
-
-async def _items(steps: Iterable[Step]) -> AsyncIterator[Fields]:
-    for step in steps:
-        if callable(step):
-            await step()
-        else:
-            yield step
-
-
-async def respond(engine: ThinkerEngine, session: str, *steps: Step) -> list[Fields]:
-    return [out async for out in engine.generate(session, _items(steps))]
-
-
-async def broken() -> None:
-    raise RuntimeError("input broke")
-
-
-def ids(outputs: list[Fields]) -> list[int]:
-    return [int(tensor(o, "token_ids")) for o in outputs if "token_ids" in o]
-
-
-def tensor(fields: Fields, name: str) -> torch.Tensor:
-    value = fields[name]
-    assert isinstance(value, torch.Tensor), name
-    return value
-
-
-def user_rows(outputs: list[Fields]) -> torch.Tensor:
-    """Every ``user`` row the talker got, in order."""
-    return torch.cat([tensor(o, "user") for o in outputs if "user" in o])
 
 
 def user(text: str) -> list[int]:
@@ -184,7 +141,7 @@ async def test_last_reply_is_the_decoded_reply_never_a_replayed_one(cache_dir: P
         assert engine.last_reply("b") == tuple(decoded)
         assert decoded != r1
         # A replay whose response is closed before its first token reports none.
-        outputs = engine.generate("c", _items([HI, COMMIT, reply(r1)]))
+        outputs = engine.generate("c", items([HI, COMMIT, reply(r1)]))
         assert "user" in await anext(outputs)
         await outputs.aclose()
         assert engine.last_reply("c") is None
@@ -204,14 +161,14 @@ async def test_closing_a_replay_keeps_what_it_took(cache_dir: Path) -> None:
         r1 = ids(await respond(engine, "a", HI))
         r2 = ids(await respond(engine, "a", AND))
         # Closed at the rows of the turn the reply mark commits: the mark is not taken.
-        outputs = engine.generate("b", _items([HI, reply(r1), AND]))
+        outputs = engine.generate("b", items([HI, reply(r1), AND]))
         await anext(outputs)
         await outputs.aclose()
         assert engine.cached_tokens("b") == len(user("Hi"))
         assert engine.last_reply("b") is None
         # Closed at the last turn's rows, sent as the input ended: the reply stays, the
         # turn stays committed, and the next response answers it.
-        outputs = engine.generate("c", _items([HI, reply(r1), AND]))
+        outputs = engine.generate("c", items([HI, reply(r1), AND]))
         assert [sorted(await anext(outputs)) for _ in range(2)] == [["user", "user_mask"]] * 2
         await outputs.aclose()
         assert engine.cached_tokens("c") == len(user("Hi")) + 3 + len(r1) + 2 + len(user("And?"))
@@ -219,7 +176,7 @@ async def test_closing_a_replay_keeps_what_it_took(cache_dir: Path) -> None:
         answer = ids(await respond(engine, "c"))
         assert engine.last_reply("c") == tuple(answer)
         # Closed in the reply decoded after a replay: it is reported as far as yielded.
-        outputs = engine.generate("d", _items([HI, COMMIT, reply(r1), AND]))
+        outputs = engine.generate("d", items([HI, COMMIT, reply(r1), AND]))
         got = [await anext(outputs) for _ in range(4)]  # two turns' rows, two tokens
         await outputs.aclose()
         assert engine.last_reply("d") == tuple(ids(got)) == tuple(r2[:2])

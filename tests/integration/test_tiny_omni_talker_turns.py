@@ -25,6 +25,7 @@ import pytest
 pytest.importorskip("transformers")
 
 import torch
+from thinker_steps import tensor
 from tiny_omni_reference import (
     assistant_turn,
     audio_clip,
@@ -123,12 +124,6 @@ async def failing_after(items: Iterable[Fields]) -> AsyncIterator[Fields]:
     for item in items:
         yield item
     raise RuntimeError("upstream failed")
-
-
-def tensor(fields: Fields, name: str) -> torch.Tensor:
-    value = fields[name]
-    assert isinstance(value, torch.Tensor), name
-    return value
 
 
 def edge(outputs: Sequence[Fields]) -> list[Fields]:

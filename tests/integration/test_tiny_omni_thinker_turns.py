@@ -20,6 +20,7 @@ pytest.importorskip("transformers")
 
 import torch
 from thinker_driving import thinker, truncate
+from thinker_steps import ids, tensor
 from transformers import DynamicCache
 
 from omni_actors.actors.engine import TURN_FIELD, Fields, ResponseOptions
@@ -71,16 +72,6 @@ async def respond(
 ) -> list[Fields]:
     inputs = Inputs(steps, ResponseOptions(**options) if options else None)
     return [out async for out in engine.generate(session, inputs)]
-
-
-def tensor(fields: Fields, name: str) -> torch.Tensor:
-    value = fields[name]
-    assert isinstance(value, torch.Tensor), name
-    return value
-
-
-def ids(outputs: list[Fields]) -> list[int]:
-    return [int(tensor(o, "token_ids")) for o in outputs if "token_ids" in o]
 
 
 def user_outputs(outputs: list[Fields]) -> list[torch.Tensor]:

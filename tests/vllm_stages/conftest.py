@@ -4,10 +4,14 @@ tens of seconds each time, so every module shares what it starts."""
 from __future__ import annotations
 
 import importlib.util
+from collections.abc import AsyncIterator, Mapping
+from contextlib import asynccontextmanager
 from pathlib import Path
+from typing import Any
 
 import pytest
 
+from omni_actors.actors.tiny_omni.thinker_engine import ThinkerArgs, ThinkerEngine
 from omni_actors.model_cache import prepare
 
 
@@ -35,3 +39,33 @@ CPU_ENGINE_ARGS = {
     "gpu_memory_utilization": 0.05,
 }
 """vLLM on a CPU: a small fixed KV cache in host memory, no vision inputs."""
+
+
+@asynccontextmanager
+async def thinkers(
+    cache_dir: Path, limits: Mapping[str, int]
+) -> AsyncIterator[tuple[Any, ThinkerEngine]]:
+    """tiny-omni's thinker on vLLM (greedy, float32, on the CPU) and on torch, both
+    started with the same token ``limits``: the vLLM one is measured against the other."""
+    from omni_actors.actors.vllm.thinker import VllmThinkerArgs, VllmThinkerEngine
+
+    vllm = VllmThinkerEngine(
+        VllmThinkerArgs(
+            model="tiny-omni",
+            cache_dir=cache_dir,
+            dtype="float32",
+            max_model_len=1024,
+            max_num_seqs=4,
+            allowed_token_ranges=[(32, 127)],
+            engine_args=CPU_ENGINE_ARGS,
+            **limits,
+        )
+    )
+    torch_thinker = ThinkerEngine(ThinkerArgs(cache_dir=cache_dir, **limits))
+    await vllm.start()
+    await torch_thinker.start()
+    try:
+        yield vllm, torch_thinker
+    finally:
+        await torch_thinker.stop()
+        await vllm.stop()

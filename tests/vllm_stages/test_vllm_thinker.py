@@ -24,10 +24,10 @@ from omni_actors.actors.engine import (
     Fields,
     ResponseOptions,
 )
-from omni_actors.actors.tiny_omni.thinker_engine import ThinkerArgs, ThinkerEngine
+from omni_actors.actors.tiny_omni.thinker_engine import ThinkerEngine
 from omni_actors.testing import eventually
 
-from .conftest import CPU_ENGINE_ARGS
+from .conftest import thinkers
 
 COMMIT: Fields = {TURN_FIELD: "commit"}
 CLEAR: Fields = {TURN_FIELD: "clear"}
@@ -59,28 +59,8 @@ pytestmark = pytest.mark.asyncio(loop_scope="module")  # one vLLM for the module
 
 @pytest_asyncio.fixture(scope="module", loop_scope="module")
 async def engines(cache_dir: Path) -> AsyncIterator[tuple[Any, ThinkerEngine]]:
-    from omni_actors.actors.vllm.thinker import VllmThinkerArgs, VllmThinkerEngine
-
-    vllm = VllmThinkerEngine(
-        VllmThinkerArgs(
-            model="tiny-omni",
-            cache_dir=cache_dir,
-            dtype="float32",
-            max_model_len=1024,
-            max_num_seqs=4,
-            allowed_token_ranges=[(32, 127)],
-            engine_args=CPU_ENGINE_ARGS,
-            **LIMITS,
-        )
-    )
-    torch_thinker = ThinkerEngine(ThinkerArgs(cache_dir=cache_dir, **LIMITS))
-    await vllm.start()
-    await torch_thinker.start()
-    try:
-        yield vllm, torch_thinker
-    finally:
-        await torch_thinker.stop()
-        await vllm.stop()
+    async with thinkers(cache_dir, LIMITS) as pair:
+        yield pair
 
 
 def merged(outputs: list[Fields]) -> dict[str, Any]:

@@ -10,39 +10,39 @@ does, truncations included, and give the talker the same user rows.
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Sequence
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 import pytest_asyncio
 import torch
+from thinker_steps import (
+    AND,
+    COMMIT,
+    HI,
+    broken,
+    ids,
+    items,
+    reply,
+    respond,
+    tensor,
+    truncate,
+    user_rows,
+)
 
 from omni_actors.actors.engine import (
     INSTRUCTIONS_FIELD,
-    KEPT_FIELD,
     REPLY_FIELD,
     TURN_FIELD,
     Fields,
 )
 from omni_actors.actors.thinker_ports import THINKER_INPUTS
-from omni_actors.actors.tiny_omni.thinker_engine import ThinkerArgs, ThinkerEngine
+from omni_actors.actors.tiny_omni.thinker_engine import ThinkerEngine
 
-from .conftest import CPU_ENGINE_ARGS
+from .conftest import thinkers
 
-COMMIT: Fields = {TURN_FIELD: "commit"}
-HI: Fields = {"text": "Hi"}
-AND: Fields = {"text": "And?"}
 LIMITS = {"max_new_tokens": 10, "min_new_tokens": 4}
-
-
-def truncate(kept: int) -> Fields:
-    return {TURN_FIELD: "truncate", KEPT_FIELD: torch.tensor(kept)}
-
-
-def reply(tokens: Sequence[int]) -> Fields:
-    """A reply mark as ``SegmentInputs`` hands it to the engine."""
-    return {TURN_FIELD: "reply", REPLY_FIELD: torch.tensor(list(tokens), dtype=torch.int64)}
 
 
 pytestmark = pytest.mark.asyncio(loop_scope="module")  # one vLLM for the module
@@ -50,28 +50,8 @@ pytestmark = pytest.mark.asyncio(loop_scope="module")  # one vLLM for the module
 
 @pytest_asyncio.fixture(scope="module", loop_scope="module")
 async def engines(cache_dir: Path) -> AsyncIterator[tuple[Any, ThinkerEngine]]:
-    from omni_actors.actors.vllm.thinker import VllmThinkerArgs, VllmThinkerEngine
-
-    vllm = VllmThinkerEngine(
-        VllmThinkerArgs(
-            model="tiny-omni",
-            cache_dir=cache_dir,
-            dtype="float32",
-            max_model_len=1024,
-            max_num_seqs=4,
-            allowed_token_ranges=[(32, 127)],
-            engine_args=CPU_ENGINE_ARGS,
-            **LIMITS,
-        )
-    )
-    torch_thinker = ThinkerEngine(ThinkerArgs(cache_dir=cache_dir, **LIMITS))
-    await vllm.start()
-    await torch_thinker.start()
-    try:
-        yield vllm, torch_thinker
-    finally:
-        await torch_thinker.stop()
-        await vllm.stop()
+    async with thinkers(cache_dir, LIMITS) as pair:
+        yield pair
 
 
 @pytest_asyncio.fixture(autouse=True, loop_scope="module")
@@ -84,41 +64,6 @@ async def no_session_left(engines: tuple[Any, ThinkerEngine]) -> AsyncIterator[N
         await vllm.abort(session)
     for session in list(torch_thinker.active_sessions):
         await torch_thinker.abort(session)
-
-
-Step = Fields | Callable[[], Awaitable[None]]
-"""An input item, or something to run (and maybe fail) before the next one."""
-
-
-async def _items(steps: Iterable[Step]) -> AsyncIterator[Fields]:
-    for step in steps:
-        if callable(step):
-            await step()
-        else:
-            yield step
-
-
-async def respond(engine: Any, session: str, *steps: Step) -> list[Fields]:
-    return [out async for out in engine.generate(session, _items(steps))]
-
-
-async def broken() -> None:
-    raise RuntimeError("input broke")
-
-
-def ids(outputs: list[Fields]) -> list[int]:
-    return [int(tensor(o, "token_ids")) for o in outputs if "token_ids" in o]
-
-
-def tensor(fields: Fields, name: str) -> torch.Tensor:
-    value = fields[name]
-    assert isinstance(value, torch.Tensor), name
-    return value
-
-
-def user_rows(outputs: list[Fields]) -> torch.Tensor:
-    """Every ``user`` row the talker got, in order."""
-    return torch.cat([tensor(o, "user") for o in outputs if "user" in o])
 
 
 def token_list(vllm: Any, session: str) -> list[int]:
@@ -221,12 +166,12 @@ async def test_last_reply_is_the_decoded_reply_as_far_as_it_was_yielded(engines:
     assert vllm.last_reply("b") == tuple(decoded)
     assert decoded != r1
     # A replay closed at the rows of its turn, before any token, reports none.
-    outputs = vllm.generate("c", _items([HI, COMMIT, reply(r1)]))
+    outputs = vllm.generate("c", items([HI, COMMIT, reply(r1)]))
     assert "user" in await anext(outputs)
     await outputs.aclose()
     assert vllm.last_reply("c") is None
     # A reply closed after two tokens is reported as far as it was yielded.
-    outputs = vllm.generate("d", _items([HI]))
+    outputs = vllm.generate("d", items([HI]))
     got = [await anext(outputs) for _ in range(3)]  # the turn's rows, two tokens
     await outputs.aclose()
     assert vllm.last_reply("d") == tuple(ids(got)) == tuple(r1[:2])

@@ -1,0 +1,64 @@
+"""Driving a thinker engine through a conversation by hand, as a stage session would:
+input items and turn marks, and what its outputs say. Shared by the tiny-omni and the
+vLLM thinkers' tests, which drive their engines through the same conversations."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Sequence
+from typing import Any
+
+import torch
+
+from omni_actors.actors.engine import KEPT_FIELD, REPLY_FIELD, TURN_FIELD, Fields
+
+COMMIT: Fields = {TURN_FIELD: "commit"}
+HI: Fields = {"text": "Hi"}
+AND: Fields = {"text": "And?"}
+
+Step = Fields | Callable[[], Awaitable[None]]
+"""An input item, or something to run (and maybe fail) before the next one."""
+
+
+def truncate(kept: int) -> Fields:
+    """A truncate mark as ``SegmentInputs`` hands it to the engine."""
+    return {TURN_FIELD: "truncate", KEPT_FIELD: torch.tensor(kept)}
+
+
+def reply(tokens: Sequence[int]) -> Fields:
+    """A reply mark as ``SegmentInputs`` hands it to the engine."""
+    return {TURN_FIELD: "reply", REPLY_FIELD: torch.tensor(list(tokens), dtype=torch.int64)}
+
+
+async def items(steps: Iterable[Step]) -> AsyncIterator[Fields]:
+    """The input stream of ``steps``: their items, running the callables between."""
+    for step in steps:
+        if callable(step):
+            await step()
+        else:
+            yield step
+
+
+async def respond(engine: Any, session: str, *steps: Step) -> list[Fields]:
+    """Every output of one ``generate`` of ``session`` over ``steps``."""
+    return [out async for out in engine.generate(session, items(steps))]
+
+
+async def broken() -> None:
+    """A step that breaks the input stream."""
+    raise RuntimeError("input broke")
+
+
+def tensor(fields: Fields, name: str) -> torch.Tensor:
+    value = fields[name]
+    assert isinstance(value, torch.Tensor), name
+    return value
+
+
+def ids(outputs: list[Fields]) -> list[int]:
+    """The token ids a response yielded, in order."""
+    return [int(tensor(o, "token_ids")) for o in outputs if "token_ids" in o]
+
+
+def user_rows(outputs: list[Fields]) -> torch.Tensor:
+    """Every ``user`` row the talker got, in order."""
+    return torch.cat([tensor(o, "user") for o in outputs if "user" in o])
