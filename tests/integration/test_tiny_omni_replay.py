@@ -19,8 +19,20 @@ import pytest
 pytest.importorskip("transformers")
 
 import torch
-from thinker_driving import thinker, truncate
-from thinker_steps import AND, COMMIT, HI, broken, ids, items, reply, respond, tensor, user_rows
+from thinker_driving import thinker
+from thinker_steps import (
+    AND,
+    COMMIT,
+    HI,
+    broken,
+    ids,
+    items,
+    reply,
+    respond,
+    tensor,
+    truncate,
+    user_rows,
+)
 from transformers import DynamicCache
 
 from omni_actors.actors.engine import (

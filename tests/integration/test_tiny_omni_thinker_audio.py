@@ -7,7 +7,6 @@ the work left when the input ends must not grow with the input's length.
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
 from pathlib import Path
 from typing import Any
 
@@ -18,6 +17,7 @@ pytest.importorskip("transformers")
 
 import torch
 from thinker_driving import thinker
+from thinker_steps import ids, respond
 from transformers import DynamicCache
 
 from omni_actors.actors.engine import Fields
@@ -25,7 +25,6 @@ from omni_actors.actors.tiny_omni import configs, stepping
 from omni_actors.actors.tiny_omni.audio_stream import AudioClip
 from omni_actors.actors.tiny_omni.configs import Tokens
 from omni_actors.actors.tiny_omni.log_mel import LogMel
-from omni_actors.actors.tiny_omni.thinker_engine import ThinkerEngine
 from omni_actors.actors.tiny_omni.thinker_model import PRINTABLE
 
 pytestmark = pytest.mark.integration
@@ -56,25 +55,6 @@ def whole_mel(samples: np.ndarray) -> torch.Tensor:
     mel = LogMel(configs.audio_feature_extractor(), block=100)
     mel.push(samples)
     return torch.cat((mel.take(), mel.finish()), dim=1)
-
-
-Step = Fields | Callable[[], Awaitable[None]]
-
-
-async def steps(items: Iterable[Step]) -> AsyncIterator[Fields]:
-    for item in items:
-        if callable(item):
-            await item()
-        else:
-            yield item
-
-
-async def respond(engine: ThinkerEngine, session: str, items: Iterable[Step]) -> list[Fields]:
-    return [out async for out in engine.generate(session, steps(items))]
-
-
-def ids(outputs: list[Fields]) -> list[int]:
-    return [int(o["token_ids"]) for o in outputs if "token_ids" in o]  # type: ignore[call-overload]
 
 
 def user_rows(outputs: list[Fields]) -> tuple[torch.Tensor, torch.Tensor]:
@@ -114,9 +94,9 @@ def test_streamed_windows_equal_the_one_shot_encoder(model: Any, seconds: float)
 async def test_streamed_audio_turn_equals_the_one_shot_forward(cache_dir: Path, model: Any) -> None:
     samples = speech(8.5)
     async with thinker(cache_dir) as engine:
-        streamed = await respond(engine, "streamed", [*frames(samples), {"text": "?"}])
+        streamed = await respond(engine, "streamed", *frames(samples), {"text": "?"})
         at_once = await respond(
-            engine, "at-once", [{"audio": torch.from_numpy(samples)}, {"text": "?"}]
+            engine, "at-once", {"audio": torch.from_numpy(samples)}, {"text": "?"}
         )
     rows, mask = user_rows(streamed)
     assert torch.equal(rows, user_rows(at_once)[0])
@@ -169,7 +149,7 @@ async def test_work_left_at_the_end_of_input_does_not_grow_with_its_length(
                 nonlocal prefilled
                 prefilled = engine.cached_tokens(session)  # every chunk has been taken
 
-            outputs = await respond(engine, session, [*frames(speech(seconds)), input_ended])
+            outputs = await respond(engine, session, *frames(speech(seconds)), input_ended)
             turn = user_rows(outputs)[0].shape[0]
             left[seconds] = turn - prefilled
     # What is left: the last partial window (4 s: 52 positions), <|audio_end|>,

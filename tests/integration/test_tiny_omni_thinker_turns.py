@@ -19,8 +19,8 @@ import pytest
 pytest.importorskip("transformers")
 
 import torch
-from thinker_driving import thinker, truncate
-from thinker_steps import ids, tensor
+from thinker_driving import thinker
+from thinker_steps import ids, tensor, truncate
 from transformers import DynamicCache
 
 from omni_actors.actors.engine import TURN_FIELD, Fields, ResponseOptions

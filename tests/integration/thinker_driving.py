@@ -9,10 +9,8 @@ from pathlib import Path
 from typing import Any, Protocol, TypeVar
 
 import pytest
-import torch
 
 from omni_actors import model_cache
-from omni_actors.actors.engine import KEPT_FIELD, TURN_FIELD, Fields
 from omni_actors.actors.tiny_omni import weights
 from omni_actors.actors.tiny_omni.thinker_engine import ThinkerArgs, ThinkerEngine
 
@@ -23,11 +21,6 @@ class _Engine(Protocol):
 
 
 E = TypeVar("E", bound=_Engine)
-
-
-def truncate(kept: int) -> Fields:
-    """A truncate mark as ``SegmentInputs`` hands it to the engine."""
-    return {TURN_FIELD: "truncate", KEPT_FIELD: torch.tensor(kept)}
 
 
 def prepared_cache(tmp_path_factory: pytest.TempPathFactory) -> Path:
