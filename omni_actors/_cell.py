@@ -25,6 +25,7 @@ from omni_actors._state import CellState
 from omni_actors._supervisor import Supervisor
 from omni_actors._task_scope import TaskScope
 from omni_actors.errors import ActorNameTakenError, ActorStoppedError, StartTimeoutError
+from omni_actors.remoting import PlacedActor
 from omni_actors.signals import ChildFailed, ControlMessage, Terminated
 from omni_actors.supervision import RestartType, SupervisorStrategy
 
@@ -135,9 +136,8 @@ class ActorCell:
         config = props.mailbox or actor_cls.mailbox
         hosting: Hosting | None = None
         if props.placement is not None:
-            hosting = await self.system._place(
-                props.placement, self.child_path(name), actor_cls, args, kwargs, config
-            )
+            placed = PlacedActor(self.child_path(name), actor_cls, args, kwargs, config, props.host)
+            hosting = await self.system._place(props.placement, placed)
         child = ActorCell(
             self.system,
             self,

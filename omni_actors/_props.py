@@ -45,6 +45,9 @@ class Props:
             may change them as soon as ``tell`` returns.
         start_timeout: deadline in seconds for ``on_start`` (for a process actor: for
             the worker to start and the actor's ``on_start`` in it).
+        host: with ``process``, where the worker runs: a ``WorkerHost`` of
+            ``omni_actors.transport.worker_hosts`` (a cluster's, from
+            ``omni_actors.cluster``); None: a child process on this machine.
     """
 
     mailbox: MailboxConfig | None = None
@@ -52,8 +55,11 @@ class Props:
     restart: RestartType = "temporary"
     process: bool = False
     start_timeout: float = 30.0
+    host: Any = None
 
     def __post_init__(self) -> None:
+        if self.host is not None and not self.process:
+            raise ValueError("Props.host says where a worker process runs: it needs process=True")
         if self.mailbox is not None and not isinstance(self.mailbox, MailboxConfig):
             raise TypeError(f"Props.mailbox must be a MailboxConfig, got {self.mailbox!r}")
         if self.strategy is not None and not isinstance(self.strategy, SupervisorStrategy):

@@ -181,21 +181,13 @@ class ActorSystem:
         task.add_done_callback(self._tasks.discard)
         return task
 
-    async def _place(
-        self,
-        kind: str,
-        path: str,
-        actor_cls: type[Actor[Any]],
-        args: tuple[Any, ...],
-        kwargs: dict[str, Any],
-        config: MailboxConfig,
-    ) -> Hosting:
-        """How placement ``kind`` hosts the actor at ``path`` (built on first use)."""
+    async def _place(self, kind: str, actor: PlacedActor) -> Hosting:
+        """How placement ``kind`` hosts ``actor`` (the placement is built on first use)."""
         placement = self._placements.get(kind)
         if placement is None:
             placement = placement_factory(kind)(self)
             self._placements[kind] = placement
-        return await placement.place(PlacedActor(path, actor_cls, args, kwargs, config))
+        return await placement.place(actor)
 
     def placement_counts(self) -> dict[str, int]:
         """What the placements in use count (a placement with a ``counts()``: for the

@@ -69,6 +69,7 @@ class PlacedActor:
         args: positional constructor arguments.
         kwargs: keyword constructor arguments.
         mailbox: its mailbox settings (``Props.mailbox`` or the class's).
+        host: ``Props.host``: where the placement should run it (its own type).
     """
 
     path: str
@@ -76,6 +77,7 @@ class PlacedActor:
     args: tuple[Any, ...]
     kwargs: dict[str, Any]
     mailbox: MailboxConfig
+    host: Any = None
 
 
 @dataclass(frozen=True, slots=True)

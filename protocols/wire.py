@@ -24,6 +24,7 @@ __all__ = [
     "FlowClosed",
     "NodeDown",
     "OpenFlow",
+    "PeerKeys",
     "RefDesc",
     "Failure",
     "Hello",
@@ -38,7 +39,7 @@ __all__ = [
 ]
 
 
-VERSION = 5
+VERSION = 6
 """The wire protocol's version, announced in ``Hello``: bump it on any change to the
 structs below (or to how messages and tensors are encoded), so that two processes of
 different releases refuse each other at the handshake instead of misreading frames."""
@@ -218,6 +219,16 @@ class Shutdown(msgspec.Struct, tag="shutdown", frozen=True, array_like=True):
     """Parent → worker: stop every actor and exit."""
 
 
+class PeerKeys(msgspec.Struct, tag="keys", frozen=True, array_like=True):
+    """Parent → workers over TCP: the CURVE public keys (Z85) of nodes, by node id.
+
+    A node links to and admits only nodes whose key it holds. A new worker gets every
+    key; the others get the new worker's, before any ref to its actor exists.
+    """
+
+    keys: dict[int, str]
+
+
 # Every envelope but a batch: what a batch holds.
 Single = (
     Tell
@@ -237,6 +248,7 @@ Single = (
     | SlabOffer
     | SlabAttached
     | Shutdown
+    | PeerKeys
 )
 
 

@@ -41,8 +41,8 @@ class CurveKeys:
     Attributes:
         public: this node's public key.
         secret: this node's secret key.
-        peers: public keys of nodes allowed to connect (empty: any client holding our
-            public key; set it to authenticate clients too).
+        peers: public keys of nodes allowed to connect from the start; a node admits
+            these and the keys it learns later (``Node.add_peer_key``), no others.
     """
 
     public: bytes
@@ -68,24 +68,3 @@ class CurveKeys:
         socket.curve_secretkey = self.secret
         socket.curve_publickey = self.public
         socket.curve_serverkey = server_public
-
-    def start_authenticator(self, ctx: zmq.Context[Any]) -> Any:
-        """Admit only clients whose public key is in ``peers`` (ZAP, in a thread).
-
-        Returns the authenticator to ``stop()`` on close, or None when ``peers`` is
-        empty (then any client that knows our public key may connect).
-        """
-        if not self.peers:
-            return None
-        from zmq.auth.thread import ThreadAuthenticator
-
-        allowed = set(self.peers)
-
-        class _Keys:
-            def callback(self, domain: str, key: bytes) -> bool:
-                return key in allowed
-
-        auth = ThreadAuthenticator(ctx)
-        auth.start()
-        auth.configure_curve_callback("*", credentials_provider=_Keys())
-        return auth

@@ -102,7 +102,10 @@ class Node:
         self.lost = 0
         self._credits = CreditLedger()
         self._reading = False
-        self._auth: Any = None  # whatever checks who connects: CURVE's or peer_auth's
+        self._auth: peer_auth.PeerAuthenticator | None = None
+        # Over TCP: the CURVE public key of each node this one may link to and admit.
+        self.peer_keys: dict[int, bytes] = {}
+        self._admitted: set[bytes] = set(curve.peers) if curve is not None else set()
 
     # -- lifecycle ------------------------------------------------------------------
 
@@ -110,10 +113,12 @@ class Node:
         """Bind the inbox and start receiving."""
         if self.curve is not None:
             self.curve.apply_server(self._inbox)
-            self._auth = self.curve.start_authenticator(self._ctx)
+            auth = peer_auth.PeerAuthenticator(self._ctx, self.refusals, keys=self._admitted)
         elif self.token is not None:
-            self._auth = peer_auth.PeerAuthenticator(self._ctx, self.token, self.refusals)
-            self._auth.start(self._inbox)
+            auth = peer_auth.PeerAuthenticator(self._ctx, self.refusals, token=self.token)
+        if self.curve is not None or self.token is not None:
+            auth.start(self._inbox)
+            self._auth = auth
         self._inbox.bind(self.endpoint)
         self.endpoint = self._inbox.getsockopt_string(zmq.LAST_ENDPOINT)
         loop = asyncio.get_running_loop()
@@ -138,8 +143,17 @@ class Node:
         self.slabs.close()
         self._ctx.term()
 
+    def add_peer_key(self, peer: int, public: bytes) -> None:
+        """Admit node ``peer``'s CURVE key, and use it to link to ``peer`` over TCP."""
+        old = self.peer_keys.get(peer)
+        if old is not None:
+            self._admitted.discard(old)
+        self.peer_keys[peer] = public
+        self._admitted.add(public)
+
     def connect(self, peer: int, endpoint: str, *, server_public: bytes | None = None) -> Link:
-        """Open (or return) the link to ``peer`` listening at ``endpoint``."""
+        """Open (or return) the link to ``peer`` listening at ``endpoint`` (over TCP:
+        with ``server_public`` or, if not given, the key ``add_peer_key`` gave)."""
         link = self._links.get(peer)
         if link is not None:
             return link
@@ -147,7 +161,9 @@ class Node:
         socket.setsockopt(zmq.SNDHWM, 0)  # bounded by credits instead: see module doc
         socket.setsockopt(zmq.LINGER, 0)
         if endpoint.startswith("tcp://"):
+            server_public = server_public or self.peer_keys.get(peer)
             if self.curve is None or server_public is None:
+                socket.close()
                 raise ValueError("TCP links need CurveKeys and the server's public key")
             self.curve.apply_client(socket, server_public)
         elif self.token is not None:
@@ -182,6 +198,9 @@ class Node:
         link = self._links.pop(peer, None)
         if link is not None:
             link.close()
+        public = self.peer_keys.pop(peer, None)
+        if public is not None:  # a node that left may not connect again
+            self._admitted.discard(public)
         self.guard.forget_peer(peer)
         self._credits.forget_peer(peer)
         # Its slab goes too (its fd and mapping; a successor offers its own), once the
@@ -361,6 +380,11 @@ class Node:
                 self.refs.moved(envelope)
             case wire.ActorGone():
                 self.refs.gone(envelope)
+            case wire.PeerKeys(keys=keys) if self.curve is not None:
+                for peer, key in keys.items():
+                    self.add_peer_key(peer, key.encode())
+                if self.control is not None:
+                    self.control(envelope)  # a new worker waits for its keys
             case wire.Reply(corr=corr, body=body):
                 entry = self._asks.get(corr)
                 if entry is not None and not entry[0].done():

@@ -16,7 +16,10 @@ trusted as the deployment's own; the node's structural checks (malformed frames,
 replays, credit limits) still keep a buggy peer from hurting it.
 
 PLAIN sends the token in clear, which is fine over an IPC socket on one host; links
-between hosts use TCP with CURVE keys instead (``endpoints.CurveKeys``).
+between hosts use TCP with CURVE keys instead (``endpoints.CurveKeys``). There the same
+handler admits a connection only if its client key is one of the deployment's nodes'
+(the set the node keeps as it learns them): the key pair proves who connects, and each
+node's secret key never leaves the process that generated it.
 """
 
 from __future__ import annotations
@@ -28,6 +31,7 @@ import secrets
 from typing import Any
 
 import zmq
+import zmq.utils.z85
 
 from omni_actors.transport.refusals import Refusals
 
@@ -59,28 +63,42 @@ def apply_client(socket: zmq.Socket[Any], node_id: int, token: bytes) -> None:
 
 
 class PeerAuthenticator:
-    """Admits connections to one inbox only if they present the deployment token.
+    """Admits connections to one inbox only from the deployment's processes.
 
     Args:
         ctx: the node's ZeroMQ context (ZAP requests stay inside it).
-        token: the deployment token.
         refusals: where refused connections are counted.
+        token: the deployment token (PLAIN, on an IPC inbox).
+        keys: the CURVE public keys (Z85) admitted (on a TCP inbox); the caller keeps
+            adding and removing keys as nodes join and leave.
     """
 
-    def __init__(self, ctx: zmq.Context[Any], token: bytes, refusals: Refusals) -> None:
+    def __init__(
+        self,
+        ctx: zmq.Context[Any],
+        refusals: Refusals,
+        *,
+        token: bytes | None = None,
+        keys: set[bytes] | None = None,
+    ) -> None:
+        if (token is None) == (keys is None):
+            raise ValueError("a PeerAuthenticator checks a token or CURVE keys: give one")
         self._token = token
+        self._keys = keys
         self._refusals = refusals
         self._zap: zmq.Socket[bytes] = ctx.socket(zmq.REP)
         self._zap.setsockopt(zmq.LINGER, 0)
         self._loop: asyncio.AbstractEventLoop | None = None
 
     def start(self, inbox: zmq.Socket[Any]) -> None:
-        """Serve ZAP requests on the running loop; make ``inbox`` require PLAIN.
+        """Serve ZAP requests on the running loop; make ``inbox`` require PLAIN (with a
+        token; with keys, the caller has made it a CURVE server).
 
         Call before ``inbox`` binds: a connection accepted earlier would not be checked.
         """
         self._zap.bind(_ZAP_ENDPOINT)
-        inbox.plain_server = True
+        if self._token is not None:
+            inbox.plain_server = True
         inbox.zap_domain = _DOMAIN
         self._loop = asyncio.get_running_loop()
         self._loop.add_reader(self._zap.FD, self._on_readable)
@@ -115,13 +133,20 @@ class PeerAuthenticator:
             return [b"1.0", request_id, b"500", b"malformed request", b"", b""]
         request_id, address, mechanism = request[1], request[3], request[5]
         credentials = request[6:]
-        if mechanism == b"PLAIN" and len(credentials) == 2:
+        token, keys = self._token, self._keys
+        if token is not None and mechanism == b"PLAIN" and len(credentials) == 2:
             user, password = credentials
             # Constant time: the comparison must not tell a guesser how much it got right.
-            if hmac.compare_digest(password, self._token):
+            if hmac.compare_digest(password, token):
                 return [b"1.0", request_id, b"200", b"OK", user, b""]
+        if keys is not None and mechanism == b"CURVE" and len(credentials) == 1:
+            # A public key is no secret: a set lookup tells a guesser nothing.
+            key = zmq.utils.z85.encode(credentials[0])
+            if key in keys:
+                return [b"1.0", request_id, b"200", b"OK", key, b""]
+        what = "deployment token" if token is not None else "key of a deployment node"
         self._refusals.refuse(
-            "connection without the deployment token",
+            f"connection without the {what}",
             f"{mechanism.decode(errors='replace')} connection from {address!r} refused",
         )
-        return [b"1.0", request_id, b"400", b"wrong deployment token", b"", b""]
+        return [b"1.0", request_id, b"400", f"no {what}".encode(), b"", b""]

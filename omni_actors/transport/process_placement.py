@@ -5,9 +5,10 @@
 :class:`ProcessHost` and whose mailbox is a
 :class:`~omni_actors.transport.remote.RemoteMailbox`: refs, ``watch`` and supervision
 work exactly as for a local actor, while messages go straight to the worker. The host
-launches the worker (``spawn`` start method: a fresh interpreter, nothing inherited),
-waits on the process itself — so a death is noticed the moment it happens, with no
-polling — and turns that death into a failure its supervisor handles.
+launches the worker (``spawn`` start method: a fresh interpreter, nothing inherited)
+on its ``WorkerHost`` (``Props.host``: this machine unless told otherwise), waits on the
+process itself — so a death is noticed the moment it happens, with no polling — and
+turns that death into a failure its supervisor handles.
 """
 
 from __future__ import annotations
@@ -17,9 +18,6 @@ import contextlib
 import functools
 import itertools
 import logging
-import os
-import signal
-import sys
 from typing import TYPE_CHECKING, Any
 
 import msgspec
@@ -29,12 +27,20 @@ from omni_actors import Actor, remoting
 from omni_actors.errors import ActorStoppedError, ProtocolVersionError, WorkerDiedError
 from omni_actors.protocols import wire
 from omni_actors.remoting import Hosting, PlacedActor
-from omni_actors.transport import peer_auth, shm
-from omni_actors.transport.endpoints import RuntimeDir
+from omni_actors.transport import peer_auth
+from omni_actors.transport.endpoints import CurveKeys, RuntimeDir
 from omni_actors.transport.link import Link
 from omni_actors.transport.node import Node
 from omni_actors.transport.remote import RemoteMailbox, error_from_wire
-from omni_actors.transport.worker_main import actor_spec
+from omni_actors.transport.worker_hosts import (
+    IPC,
+    LOCAL,
+    TcpNetwork,
+    WorkerHandle,
+    WorkerHost,
+    WorkerLaunch,
+)
+from omni_actors.transport.worker_main import ANNOUNCE, actor_spec
 
 __all__ = ["ProcessHost", "ProcessPlacement", "Workers", "actor_spec"]
 
@@ -56,52 +62,74 @@ class ProcessPlacement:
     """
 
     def __init__(self, system: ActorSystem) -> None:
-        self.workers = Workers(system)
-        self._started = False
+        self.system = system
+        self._networks: dict[TcpNetwork | None, Workers] = {}
+
+    @property
+    def workers(self) -> Workers:
+        """The workers on this host's IPC network."""
+        return self.workers_of(IPC)
+
+    def workers_of(self, network: TcpNetwork | None) -> Workers:
+        workers = self._networks.get(network)
+        if workers is None:
+            workers = self._networks[network] = Workers(self.system, network=network)
+        return workers
 
     async def place(self, actor: PlacedActor) -> Hosting:
-        """A forwarding mailbox and a :class:`ProcessHost` that runs ``actor`` in a worker."""
+        """A forwarding mailbox and a :class:`ProcessHost` that runs ``actor`` in a worker
+        on ``actor.host`` (a ``WorkerHost``; None: this machine, over IPC)."""
         actor_spec(actor.actor_cls)  # fail fast if a worker could not import the class
-        if not self._started:
-            await self.workers.start()
-            self._started = True
-        workers = self.workers
+        host: WorkerHost = LOCAL if actor.host is None else actor.host
+        workers = self.workers_of(host.network)
+        await workers.start()
         mailbox = RemoteMailbox(actor.path, actor.mailbox, actor.actor_cls.replies)
         return Hosting(
             mailbox,
-            lambda: ProcessHost(workers, actor.actor_cls, actor.args, actor.kwargs, mailbox),
+            lambda: ProcessHost(workers, host, actor.actor_cls, actor.args, actor.kwargs, mailbox),
         )
 
     def counts(self) -> dict[str, int]:
-        """This process's node: frames it refused, and messages lost with dead workers."""
-        node = self.workers.node
-        return {"refused_frames": node.refusals.total, "lost_messages": node.lost}
+        """This process's nodes: frames they refused, and messages lost with dead workers."""
+        nodes = [workers.node for workers in self._networks.values()]
+        return {
+            "refused_frames": sum(node.refusals.total for node in nodes),
+            "lost_messages": sum(node.lost for node in nodes),
+        }
 
     async def close(self) -> None:
-        """Stop every worker and release the node and runtime directory."""
-        await self.workers.close()
+        """Stop every worker and release the nodes and runtime directory."""
+        for workers in self._networks.values():
+            await workers.close()
 
 
 class WorkerProcess:
     """One running worker: its process, node id and the link to it."""
 
-    def __init__(self, node_id: int, proc: asyncio.subprocess.Process, link: Link) -> None:
+    def __init__(self, node_id: int, proc: WorkerHandle, link: Link) -> None:
         self.node_id = node_id
         self.proc = proc
         self.link = link
 
 
 class Workers:
-    """Launches and tracks the worker processes of one :class:`ActorSystem`.
+    """Launches and tracks the worker processes of one :class:`ActorSystem` on one
+    network (``network``: :data:`IPC` on this host, or a :class:`TcpNetwork`).
 
     Owns the parent's node (id 0) and the private runtime directory; ``close`` stops
     every worker and removes both.
     """
 
     def __init__(
-        self, system: ActorSystem, *, start_timeout: float = 60.0, actor_timeout: float = 900.0
+        self,
+        system: ActorSystem,
+        *,
+        network: TcpNetwork | None = IPC,
+        start_timeout: float = 60.0,
+        actor_timeout: float = 900.0,
     ) -> None:
         self.system = system
+        self.network = network
         self.start_timeout = start_timeout
         # An actor's on_start may load a model for minutes (vLLM): its spawner's own start
         # deadline (a pipeline's deadlines.start_s) bounds it; this only backs it up.
@@ -112,54 +140,52 @@ class Workers:
         # parent's ``ActorMoved`` or ``ActorGone`` normally ends the wait long before.
         self.restart_wait = start_timeout + actor_timeout + _BACKOFF_ALLOWANCE_S
         self.rundir = RuntimeDir()
-        # Only the workers launched here get it: nothing else can connect to a node.
-        self.token = peer_auth.new_token()
-        self.node = Node(system, 0, self.rundir.endpoint(0), token=self.token)
+        if network is IPC:
+            # Only the workers launched here get it: nothing else can connect to a node.
+            self.token: bytes | None = peer_auth.new_token()
+            self.node = Node(system, 0, self.rundir.endpoint(0), token=self.token)
+        else:
+            # Each node its own key pair; a node admits the keys the parent gives it.
+            self.token = None
+            self.curve = CurveKeys.generate()
+            self.node = Node(system, 0, f"tcp://{network.bind}:*", curve=self.curve)
         self.node.control = self._on_control
+        self._started_node = False
         self._ids = itertools.count(1)
         self._hello: dict[int, asyncio.Future[wire.Hello]] = {}
         self._started: dict[int, asyncio.Future[wire.ActorStarted]] = {}
         self._hosts: dict[int, ProcessHost] = {}
-        self._procs: dict[int, asyncio.subprocess.Process] = {}
+        self._procs: dict[int, WorkerHandle] = {}
         self._actors: dict[int, str] = {}  # node id → the path of the actor it hosts
         self._down: set[int] = set()  # workers whose death the others have been told
         self._stopping: set[int] = set()  # workers asked to exit (see ``NodeDown.stopped``)
 
     async def start(self) -> None:
-        """Bind the parent's node."""
-        await self.node.start()
+        """Bind the parent's node (once)."""
+        if not self._started_node:
+            self._started_node = True
+            await self.node.start()
 
-    async def launch(self) -> WorkerProcess:
-        """Start a worker process and wait for its ``Hello``."""
+    async def launch(self, host: WorkerHost = LOCAL) -> WorkerProcess:
+        """Start a worker process on ``host`` and wait for its ``Hello``."""
         node_id = next(self._ids)
         hello: asyncio.Future[wire.Hello] = asyncio.get_running_loop().create_future()
         self._hello[node_id] = hello
-        env = dict(os.environ)
-        # The worker imports actor classes by name: give it the parent's import path.
-        env["PYTHONPATH"] = os.pathsep.join(p for p in sys.path if p)
-        env[peer_auth.TOKEN_ENV] = self.token.decode()  # not argv: others can read that
-        proc = await asyncio.create_subprocess_exec(
-            sys.executable,
-            "-m",
-            "omni_actors.transport.worker_main",
-            "--node",
-            str(node_id),
-            "--endpoint",
-            self.rundir.endpoint(node_id),
-            "--parent",
-            self.node.endpoint,
-            "--log-level",
-            logging.getLevelName(logging.getLogger("omni_actors").getEffectiveLevel()),
-            stdin=asyncio.subprocess.PIPE,
-            env=env,
-            # The worker leads a process group of its own: whatever it starts (vLLM's
-            # EngineCore and its workers) is in it, and `_reap` ends the group however
-            # the worker ended. A SIGKILLed worker cannot stop its children itself.
-            start_new_session=True,
-        )
-        self._procs[node_id] = proc
+        level = logging.getLevelName(logging.getLogger("omni_actors").getEffectiveLevel())
+        if self.token is not None:
+            env = {peer_auth.TOKEN_ENV: self.token.decode()}
+            launch = WorkerLaunch(
+                node_id, self.node.endpoint, self.rundir.endpoint(node_id), None, level, env
+            )
+        else:
+            launch = WorkerLaunch(node_id, self.node.endpoint, None, self.curve.public, level)
+        proc: WorkerHandle | None = None
         try:
             async with asyncio.timeout(self.start_timeout):
+                proc = await host.start(launch)
+                self._procs[node_id] = proc
+                if self.token is None:
+                    await self._welcome(node_id, proc)
                 exited = asyncio.ensure_future(proc.wait())
                 either: list[asyncio.Future[Any]] = [hello, exited]
                 try:
@@ -173,11 +199,28 @@ class Workers:
                 raise ProtocolVersionError(f"worker {proc.pid}", wire.VERSION, greeting.version)
             link = self.node.connect(node_id, greeting.endpoint)
         except BaseException:
-            await self._reap(node_id, proc)
+            if proc is not None:
+                await self._reap(node_id, proc)
             raise
         finally:
             self._hello.pop(node_id, None)
         return WorkerProcess(node_id, proc, link)
+
+    async def _welcome(self, node_id: int, proc: WorkerHandle) -> None:
+        """A TCP worker announced its endpoint and key: admit it, give it every node's
+        key, and give the others its key (before any ref to its actor exists)."""
+        line = await proc.announcement()
+        words = line.split()
+        if len(words) != 4 or words[0] != ANNOUNCE or not words[1].isdigit():
+            raise WorkerDiedError(f"a new worker (it announced {line[:200]!r})", proc.pid, None)
+        version = int(words[1])
+        if version != wire.VERSION:
+            raise ProtocolVersionError(f"worker {proc.pid}", wire.VERSION, version)
+        endpoint, public = words[2], words[3].encode()
+        keys = {peer: key.decode() for peer, key in self.node.peer_keys.items()}
+        self.node.add_peer_key(node_id, public)
+        self.node.broadcast(wire.PeerKeys({node_id: public.decode()}), exclude=node_id)
+        self.node.connect(node_id, endpoint).send(wire.PeerKeys(keys))
 
     async def spawn_actor(
         self,
@@ -261,11 +304,8 @@ class Workers:
             worker.link.send(wire.Shutdown())
         await self._reap(worker.node_id, worker.proc, timeout)
 
-    async def _reap(
-        self, node_id: int, proc: asyncio.subprocess.Process, timeout: float = 0.0
-    ) -> None:
-        if proc.stdin is not None:
-            proc.stdin.close()  # the worker exits on EOF even if our Shutdown was lost
+    async def _reap(self, node_id: int, proc: WorkerHandle, timeout: float = 0.0) -> None:
+        proc.release()  # the worker exits on EOF even if our Shutdown was lost
         if proc.returncode is None:
             try:
                 async with asyncio.timeout(timeout):
@@ -273,13 +313,12 @@ class Workers:
             except TimeoutError:
                 proc.kill()
                 await proc.wait()
-        _kill_group(proc.pid)
+        await proc.cleanup()  # its process group, the slabs it could not unlink
         stopped = node_id in self._stopping
         self._stopping.discard(node_id)
         error = ActorStoppedError(f"worker {proc.pid}", "it exited")
         self.node.disconnect(node_id, error, count=not stopped)
         self._announce_down(node_id, f"worker {proc.pid} exited", stopped=stopped)
-        shm.sweep(proc.pid)  # slabs a killed worker created but could not unlink
         self._procs.pop(node_id, None)
         self._actors.pop(node_id, None)
         self._down.discard(node_id)
@@ -314,28 +353,20 @@ class Workers:
         self.rundir.cleanup()
 
 
-def _kill_group(pgid: int) -> None:
-    """SIGKILL what is left of a worker's process group (the worker has exited).
-
-    A pid is not handed out again while a group of that id has members, so this
-    reaches the processes the worker started (and nothing, once they are gone).
-    """
-    with contextlib.suppress(ProcessLookupError, PermissionError):
-        os.killpg(pgid, signal.SIGKILL)
-
-
 class ProcessHost(Actor[object]):
     """Hosts a process actor: keeps its worker alive and bound to the ref's mailbox."""
 
     def __init__(
         self,
         workers: Workers,
+        host: WorkerHost,
         actor_cls: type[Actor[Any]],
         args: tuple[Any, ...],
         kwargs: dict[str, Any],
         mailbox: RemoteMailbox,
     ) -> None:
         self.workers = workers
+        self.host = host
         self.actor_cls = actor_cls
         self.args = args
         self.kwargs = kwargs
@@ -347,7 +378,7 @@ class ProcessHost(Actor[object]):
         """Launch the worker, start the actor in it, bind the mailbox, watch the process."""
         context = self.context
         before = (self.remote.peer, self.remote.target)  # where it ran until now, if it did
-        self.worker = worker = await self.workers.launch()
+        self.worker = worker = await self.workers.launch(self.host)
         try:
             started = await self.workers.spawn_actor(
                 worker, self.actor_cls, context.self_ref.name, self.args, self.kwargs, self.remote

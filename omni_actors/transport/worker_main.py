@@ -4,6 +4,12 @@ A worker hosts a small actor system and one node. It says ``Hello`` to its paren
 spawns the actors the parent asks for, reports when they exit, and exits itself on
 ``Shutdown`` — or as soon as its stdin closes, which is how it learns that the parent
 died, so a worker is never orphaned.
+
+Over TCP (``--parent-key``, a worker on another host) the worker first generates its
+CURVE key pair, binds, and announces itself on stdout (:data:`ANNOUNCE`: version,
+endpoint, public key) to whoever launched it; that reaches the parent, which admits the
+key, links to the worker and sends the deployment's keys (``PeerKeys``). Only then does
+the worker connect to the parent and say ``Hello``. Its secret key never leaves it.
 """
 
 from __future__ import annotations
@@ -23,12 +29,13 @@ import msgspec
 from omni_actors import Actor, ActorSystem, MailboxConfig, Props, remoting, run
 from omni_actors.heap import freeze_heap
 from omni_actors.protocols import wire
+from omni_actors.transport.endpoints import CurveKeys
 from omni_actors.transport.link import Link
 from omni_actors.transport.node import Node
 from omni_actors.transport.peer_auth import take_token
 from omni_actors.transport.remote import error_to_wire
 
-__all__ = ["WIRE_VERSION_ENV", "actor_spec", "load_actor", "main"]
+__all__ = ["ANNOUNCE", "WIRE_VERSION_ENV", "actor_spec", "load_actor", "main"]
 
 log = logging.getLogger(__name__)
 
@@ -36,6 +43,10 @@ _START_BACKSTOP_S = 900.0
 """The worker's own bound on an actor's ``on_start``. The spawner's start deadline (the
 process actor's ``Props.start_timeout``, a pipeline's ``deadlines.start_s``) is the one
 that applies; it covers the launch too. This only ends a start nobody waits for."""
+
+ANNOUNCE = "omni-actors-worker"
+"""The first word of a TCP worker's line on stdout: ``omni-actors-worker VERSION
+ENDPOINT PUBLIC_KEY``."""
 
 WIRE_VERSION_ENV = "OMNI_ACTORS_WORKER_WIRE_VERSION"
 """Environment variable overriding the wire version a worker announces (for tests)."""
@@ -76,11 +87,12 @@ def _constructor_args(
 
 
 class _Worker:
-    def __init__(self, system: ActorSystem, node: Node, parent: Link) -> None:
+    def __init__(self, system: ActorSystem, node: Node, parent: Link | None) -> None:
         self.system = system
         self.node = node
         self.parent = parent
         self.done = asyncio.Event()
+        self.welcomed = asyncio.Event()  # over TCP: the parent sent the deployment's keys
         self._spawns: set[asyncio.Task[None]] = set()
 
     def on_control(self, message: wire.WireMessage) -> None:
@@ -91,6 +103,8 @@ class _Worker:
                 task.add_done_callback(self._spawns.discard)
             case wire.Shutdown():
                 self.done.set()
+            case wire.PeerKeys():
+                self.welcomed.set()  # the node has taken the keys already
             case _:
                 log.warning("worker %d ignored %r", self.node.node_id, message)
 
@@ -114,24 +128,48 @@ class _Worker:
                 **bound.kwargs,
             )
         except Exception as exc:
-            self.parent.send(wire.ActorExited(node_id, request.name, *error_to_wire(exc)))
+            self._to_parent(wire.ActorExited(node_id, request.name, *error_to_wire(exc)))
             return
 
         def exited(done: asyncio.Future[BaseException | None]) -> None:
             reason = done.result()
             error_type, text = ("", "") if reason is None else error_to_wire(reason)
-            self.parent.send(wire.ActorExited(node_id, request.name, error_type, text))
+            self._to_parent(wire.ActorExited(node_id, request.name, error_type, text))
 
         remoting.terminated(ref).add_done_callback(exited)
         # Started: what the worker holds now (torch, the engine, its weights' objects)
         # stays, so full collections need not walk it (see ``omni_actors.heap``).
         freeze_heap()
-        self.parent.send(wire.ActorStarted(node_id, ref.path, request.capacity))
+        self._to_parent(wire.ActorStarted(node_id, ref.path, request.capacity))
+
+    def _to_parent(self, message: wire.WireMessage) -> None:
+        # A spawn request comes from the parent, so the link to it is up by then.
+        if self.parent is not None:
+            self.parent.send(message)
 
     async def cancel_spawns(self) -> None:
         for task in list(self._spawns):
             task.cancel()
         await asyncio.gather(*self._spawns, return_exceptions=True)
+
+
+def _announce(version: int, endpoint: str, public: bytes) -> None:
+    """Tell the launcher where this worker listens and its key; then send whatever else
+    writes to stdout to stderr, so the launcher need not drain the pipe."""
+    sys.stdout.write(f"{ANNOUNCE} {version} {endpoint} {public.decode()}\n")
+    sys.stdout.flush()
+    os.dup2(sys.stderr.fileno(), sys.stdout.fileno())
+
+
+async def _first(wanted: asyncio.Event, stop: asyncio.Event) -> bool:
+    """Wait for ``wanted`` or ``stop`` (the parent left): whether ``wanted`` came."""
+    waits = [asyncio.ensure_future(wanted.wait()), asyncio.ensure_future(stop.wait())]
+    try:
+        await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        for wait in waits:
+            wait.cancel()
+    return wanted.is_set()
 
 
 async def _watch_stdin(done: asyncio.Event) -> None:
@@ -156,22 +194,31 @@ async def serve(
     *,
     version: int = wire.VERSION,
     token: bytes | None = None,
+    parent_key: bytes | None = None,
 ) -> None:
     """Run a worker until the parent says ``Shutdown`` or goes away.
 
     ``version`` is the wire version announced in ``Hello`` (only a test claims another);
-    ``token`` is the deployment's (see ``peer_auth``).
+    ``token`` is the deployment's (see ``peer_auth``); ``parent_key``, the parent's
+    CURVE public key, makes this a TCP worker (see the module's doc).
     """
     async with ActorSystem(f"worker-{node_id}") as system:
-        node = Node(system, node_id, endpoint, token=token)
+        curve = None if parent_key is None else CurveKeys.generate()
+        node = Node(system, node_id, endpoint, token=token, curve=curve)
+        if parent_key is not None:
+            node.add_peer_key(0, parent_key)
         await node.start()
         try:
-            parent = node.connect(0, parent_endpoint)
-            worker = _Worker(system, node, parent)
+            worker = _Worker(system, node, None)
             node.control = worker.on_control
             stdin_task = asyncio.get_running_loop().create_task(_watch_stdin(worker.done))
-            parent.send(wire.Hello(version, node_id, os.getpid(), node.endpoint))
             try:
+                if curve is not None:
+                    _announce(version, node.endpoint, curve.public)
+                    if not await _first(worker.welcomed, worker.done):
+                        return
+                worker.parent = node.connect(0, parent_endpoint)
+                worker.parent.send(wire.Hello(version, node_id, os.getpid(), node.endpoint))
                 await worker.done.wait()
             finally:
                 stdin_task.cancel()
@@ -189,6 +236,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--endpoint", required=True)
     parser.add_argument("--parent", required=True)
     parser.add_argument("--log-level", default="WARNING")
+    parser.add_argument("--parent-key", help="the parent's CURVE public key: a TCP worker")
     ns = parser.parse_args(argv)
     logging.basicConfig(
         level=ns.log_level, format=f"[worker {ns.node}] %(levelname)s %(name)s: %(message)s"
@@ -196,7 +244,8 @@ def main(argv: list[str] | None = None) -> int:
     # Lets a test start a worker of "another release" through the real launch path.
     version = int(os.environ.get(WIRE_VERSION_ENV, wire.VERSION))
     token = take_token()  # first: nothing this worker starts may inherit it
-    run(serve(ns.node, ns.endpoint, ns.parent, version=version, token=token))
+    parent_key = ns.parent_key.encode() if ns.parent_key else None
+    run(serve(ns.node, ns.endpoint, ns.parent, version=version, token=token, parent_key=parent_key))
     return 0
 
 

@@ -97,8 +97,8 @@ async def test_malformed_frames_are_dropped_and_the_inbox_keeps_working() -> Non
 
 
 async def test_tcp_with_curve_delivers_tensors() -> None:
-    server = CurveKeys.generate()
     client = CurveKeys.generate()
+    server = CurveKeys.generate(peers=(client.public,))
     async with _nodes("tcp://127.0.0.1:*", receiver_keys=server, sender_keys=client) as (
         kit,
         receiver,
@@ -125,7 +125,26 @@ async def test_curve_rejects_unknown_clients() -> None:
         probe = await kit.create_probe()
         mailbox = await _remote_ref(sender, receiver, probe.ref, server_public=server.public)
         await mailbox.push_user(("let me in", None))
-        await probe.expect_no_message(0.5)
+        refused = receiver.refusals.counts
+        await eventually(lambda: refused["connection without the key of a deployment node"])
+        await probe.expect_no_message(0.2)
+
+
+async def test_curve_admits_a_key_learned_later_and_forgets_it_with_its_node() -> None:
+    server = CurveKeys.generate()
+    client = CurveKeys.generate()
+    async with _nodes("tcp://127.0.0.1:*", receiver_keys=server, sender_keys=client) as (
+        kit,
+        receiver,
+        sender,
+    ):
+        receiver.add_peer_key(sender.node_id, client.public)
+        probe = await kit.create_probe()
+        mailbox = await _remote_ref(sender, receiver, probe.ref, server_public=server.public)
+        await mailbox.push_user(("known", None))
+        assert await probe.expect_message(str, timeout=5) == "known"
+        receiver.disconnect(sender.node_id, ConnectionError("it left"))
+        assert client.public not in receiver.peer_keys.values()
 
 
 def test_tcp_link_without_keys_is_refused() -> None:
