@@ -104,5 +104,5 @@ def test_readme_states_the_declared_ranges() -> None:
         for m in re.finditer(r"^\| (\w[\w-]*) \| `([^`]+)` \|", section, re.M)
     }
     assert stated.get("Python") == SpecifierSet(_project()["requires-python"])
-    for name in ("torch", "transformers"):
+    for name in ("torch", "transformers", "ray"):
         assert stated.get(name) == declared(name), f"README's range for {name}"

@@ -18,7 +18,7 @@ import itertools
 import logging
 from collections.abc import AsyncIterator
 from pathlib import Path
-from typing import Any, cast
+from typing import TYPE_CHECKING, Any, cast
 
 import msgspec
 import torch
@@ -44,6 +44,10 @@ from omni_actors.serving.orchestrator import Orchestrator, OrchestratorMessage, 
 from omni_actors.serving.pipeline_spec import PipelineSpec, load_pipeline
 from omni_actors.serving.session import Modality, Session, SessionClosedError
 
+if TYPE_CHECKING:
+    from omni_actors.cluster.pipeline_hosts import PipelineCluster
+    from omni_actors.transport.worker_hosts import WorkerHost
+
 __all__ = ["Modality", "OmniPipeline", "Session", "SessionClosedError"]
 
 log = logging.getLogger(__name__)
@@ -68,6 +72,8 @@ class OmniPipeline:
             ``StageActor`` (see ``omni_actors.testing.PipelineFaults``).
         interposers: harness hook: per edge ``"from->to"``, an actor class (and extra
             arguments) put between the two stages.
+        cluster: a Ray cluster's address (``auto``, ``ray://host:port``): the pipeline's
+            placed stages run there, as if its YAML said ``cluster: {ray: {address}}``.
     """
 
     def __init__(
@@ -78,10 +84,14 @@ class OmniPipeline:
         system: ActorSystem | None = None,
         stage_classes: dict[str, type[StageActor]] | None = None,
         interposers: dict[str, tuple[type[Actor[Chunk]], tuple[Any, ...]]] | None = None,
+        cluster: str | None = None,
     ) -> None:
         if max_sessions < 1:
             raise ValueError(f"max_sessions must be >= 1, got {max_sessions}")
         self.spec = pipeline if isinstance(pipeline, PipelineSpec) else load_pipeline(pipeline)
+        if cluster is not None:
+            self.spec = self.spec.on_cluster(cluster)
+        self._cluster: PipelineCluster | None = None
         self.max_sessions = max_sessions
         self._system = system
         self._own_system = system is None
@@ -105,11 +115,18 @@ class OmniPipeline:
         if self._own_system:
             await system.start()
         try:
+            hosts: dict[str, WorkerHost] = {}
+            if self.spec.cluster is not None:
+                from omni_actors.cluster.pipeline_hosts import start_cluster  # Ray, lazily
+
+                self._cluster = await start_cluster(self.spec)
+                hosts = {} if self._cluster is None else dict(self._cluster.hosts)
             self._orchestrator = await system.spawn(
                 Orchestrator,
                 self.spec,
                 self._stage_classes,
                 self._interposers,
+                hosts,
                 name=f"{self.spec.name}-{next(_names)}",
                 # Its start is every stage's: each within start_s, in parallel.
                 props=Props(
@@ -120,6 +137,7 @@ class OmniPipeline:
         except BaseException:
             if self._own_system:
                 await system.shutdown()
+            await self._close_cluster()
             raise
 
     async def close(self) -> None:
@@ -128,11 +146,19 @@ class OmniPipeline:
         self._orchestrator = None
         if system is None:
             return
-        if orchestrator is not None:
-            await system.stop(orchestrator)
-        if self._own_system:
-            await system.shutdown()
-            self._system = None
+        try:
+            if orchestrator is not None:
+                await system.stop(orchestrator)
+            if self._own_system:
+                await system.shutdown()
+                self._system = None
+        finally:
+            await self._close_cluster()  # after the stages: their keepers are gone by now
+
+    async def _close_cluster(self) -> None:
+        cluster, self._cluster = self._cluster, None
+        if cluster is not None:
+            await cluster.close()
 
     @property
     def clock(self) -> Clock:

@@ -14,7 +14,7 @@ import asyncio
 import itertools
 import logging
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from omni_actors._actor import Actor
 from omni_actors._props import Props
@@ -42,6 +42,9 @@ from omni_actors.serving.pipeline_spec import PipelineSpec
 from omni_actors.serving.session_actor import SessionActor, SessionChannel, StagePlan
 from omni_actors.signals import ChildFailed, Terminated
 from omni_actors.supervision import Backoff, SupervisorStrategy
+
+if TYPE_CHECKING:
+    from omni_actors.transport.worker_hosts import WorkerHost
 
 __all__ = [
     "Admitted",
@@ -132,6 +135,8 @@ class Orchestrator(Actor[OrchestratorMessage]):
         interposers: per edge ``"from->to"`` (``"input-><entry>"`` for the caller's
             input), an actor class spawned locally between the two ends, given the
             downstream ref and the extra arguments (harness chunk faults).
+        hosts: per stage actor (a replica's name), the ``WorkerHost`` its worker starts
+            on: a cluster's (``omni_actors.cluster.pipeline_hosts``).
     """
 
     def __init__(
@@ -139,8 +144,10 @@ class Orchestrator(Actor[OrchestratorMessage]):
         spec: PipelineSpec,
         stage_classes: dict[str, type[StageActor]] | None = None,
         interposers: dict[str, tuple[type[Actor[Chunk]], tuple[Any, ...]]] | None = None,
+        hosts: dict[str, WorkerHost] | None = None,
     ) -> None:
         self.spec = spec
+        self.hosts = hosts or {}  # where placed stage actors' workers start, by actor name
         self.paths = edge_paths(spec)
         self.stage_classes = stage_classes or {}
         self.interposers = interposers or {}
@@ -175,11 +182,7 @@ class Orchestrator(Actor[OrchestratorMessage]):
                 for name in self.spec.stages_order():
                     stage = self.spec.stage(name)
                     cls = self.stage_classes.get(name, StageActor)
-                    names = (
-                        [name]
-                        if stage.replicas == 1
-                        else [f"{name}-{i}" for i in range(stage.replicas)]
-                    )
+                    names = stage.replica_names()
                     self.replicas[name] = names
                     for actor in names:
                         spawns[actor] = group.create_task(
@@ -192,8 +195,9 @@ class Orchestrator(Actor[OrchestratorMessage]):
                                 name=actor,
                                 props=Props(
                                     restart=stage.restart,
-                                    process=stage.process,
+                                    process=stage.process or actor in self.hosts,
                                     start_timeout=self.spec.deadlines.start_s,
+                                    host=self.hosts.get(actor),
                                 ),
                             ),
                             name=f"spawn stage {actor}",

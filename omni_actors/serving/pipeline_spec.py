@@ -27,6 +27,12 @@ from omni_actors.actors.engine_registry import engine_type
 from omni_actors.errors import OmniError
 from omni_actors.model_family import ModelFamily, family_of_engine
 from omni_actors.protocols.control import DEFAULT_WINDOW, EdgeMode
+from omni_actors.serving.cluster_spec import (
+    ClusterSpec,
+    PlacementSpec,
+    RayClusterSpec,
+    RayPlacementSpec,
+)
 from omni_actors.serving.pipeline_yaml import YamlLimitError, parse_yaml, read_limited
 from omni_actors.serving.stage_graph import StageGraph, few
 from omni_actors.serving.stage_spec import (
@@ -41,6 +47,7 @@ from omni_actors.serving.wiring import Wiring, wire
 
 __all__ = [
     "ChunkPolicySpec",
+    "ClusterSpec",
     "DeadlinesSpec",
     "EdgeSpec",
     "EngineSpec",
@@ -48,6 +55,9 @@ __all__ = [
     "OutputsSpec",
     "PipelineConfigError",
     "PipelineSpec",
+    "PlacementSpec",
+    "RayClusterSpec",
+    "RayPlacementSpec",
     "StageSpec",
     "StagingSpec",
     "SupervisionSpec",
@@ -191,6 +201,7 @@ class PipelineSpec(Spec):
     supervision: SupervisionSpec = SupervisionSpec()
     deadlines: DeadlinesSpec = DeadlinesSpec()
     flow: FlowSpec = FlowSpec()
+    cluster: ClusterSpec | None = None
     _wiring: Wiring = PrivateAttr()
 
     @model_validator(mode="after")
@@ -225,6 +236,9 @@ class PipelineSpec(Spec):
                 raise ValueError(f"outputs.{kind}: no stage {stage!r}; stages: {few(names)}")
         if self.outputs.text is None and self.outputs.audio is None:
             raise ValueError("outputs: name the stage that yields text, audio, or both")
+        placed = [s.name for s in self.stages if s.placement is not None]
+        if placed and self.cluster is None:
+            raise ValueError(f"stages {few(placed)} have a placement: declare the cluster")
         self._wiring = wire(self.stages, self.edges)
         from omni_actors.serving.edge_paths import edge_paths  # it reads these specs
 
@@ -278,6 +292,13 @@ class PipelineSpec(Spec):
         its stages."""
         stages = tuple(stage.model_copy(update={"process": process}) for stage in self.stages)
         return self.model_copy(update={"stages": stages})
+
+    def on_cluster(self, address: str) -> PipelineSpec:
+        """A copy whose cluster is the Ray cluster at ``address`` (its other cluster
+        settings kept); placed stages go there (``serve --cluster``)."""
+        cluster = self.cluster or ClusterSpec()
+        ray = RayClusterSpec.model_validate({**cluster.ray.model_dump(), "address": address})
+        return self.model_copy(update={"cluster": ClusterSpec(ray=ray)})
 
     def on_device(self, device: str) -> PipelineSpec:
         """A copy whose every stage with an engine that takes a device computes on

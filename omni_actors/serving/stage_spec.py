@@ -7,26 +7,16 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import Field, model_validator
 
 from omni_actors.actors.torch_engine import DEVICE_PATTERN
+from omni_actors.serving.cluster_spec import PlacementSpec
+from omni_actors.serving.spec_base import Spec
 from omni_actors.supervision import RestartType
 
 __all__ = ["DEVICE_PATTERN", "NAME_PATTERN", "EngineSpec", "Spec", "StageSpec", "StagingSpec"]
 
 NAME_PATTERN = r"^[a-z][a-z0-9_-]{0,63}$"
-
-
-class Spec(BaseModel):
-    """The base of every part of a pipeline definition: strict, frozen.
-
-    Numbers are finite: YAML's ``.inf`` (or ``1e400``, read as infinity) is no deadline,
-    count or size, and ``.nan`` compares false with every bound.
-    """
-
-    model_config = ConfigDict(
-        extra="forbid", frozen=True, populate_by_name=True, allow_inf_nan=False
-    )
 
 
 class EngineSpec(Spec):
@@ -63,6 +53,8 @@ class StageSpec(Spec):
     ``device`` places the engine (``cpu``, ``cuda``, ``cuda:1``, or ``auto``: a GPU if
     there is one); it becomes the engine's ``device`` argument, so only engines that
     take one accept it. ``staging`` sizes the host memory of its GPU transfers.
+    ``placement`` puts its workers on the pipeline's cluster (``cluster_spec``); they
+    are worker processes there, whatever ``process`` says.
     """
 
     name: str = Field(pattern=NAME_PATTERN)
@@ -72,9 +64,20 @@ class StageSpec(Spec):
     restart: RestartType = "permanent"
     device: str | None = Field(None, pattern=DEVICE_PATTERN)
     staging: StagingSpec = StagingSpec()
+    placement: PlacementSpec | None = None
+
+    def replica_names(self) -> list[str]:
+        """The actor name of each replica: the stage's, suffixed with its index when
+        there are several."""
+        if self.replicas == 1:
+            return [self.name]
+        return [f"{self.name}-{i}" for i in range(self.replicas)]
 
     @model_validator(mode="after")
     def _place_engine(self) -> StageSpec:
+        if self.placement is not None:
+            # Placed on a cluster: its workers are processes there, whatever ``process``.
+            object.__setattr__(self, "process", True)
         # The device reaches the engine as its ``device`` argument: one value, one place.
         if self.device is None:
             return self

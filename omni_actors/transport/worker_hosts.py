@@ -73,10 +73,13 @@ class WorkerLaunch:
     log_level: str
     env: dict[str, str] = field(default_factory=dict)
 
-    def argv(self, endpoint: str, python: str = sys.executable) -> list[str]:
-        """The worker's command line, listening at ``endpoint``."""
-        argv = [python, "-m", "omni_actors.transport.worker_main", "--node", str(self.node_id)]
-        argv += ["--endpoint", endpoint, "--parent", self.parent, "--log-level", self.log_level]
+    def argv(self, endpoint: str | None) -> list[str]:
+        """The worker's arguments after the interpreter, listening at ``endpoint`` (None:
+        the host adds ``--endpoint`` itself)."""
+        argv = ["-m", "omni_actors.transport.worker_main", "--node", str(self.node_id)]
+        argv += ["--parent", self.parent, "--log-level", self.log_level]
+        if endpoint is not None:
+            argv += ["--endpoint", endpoint]
         if self.parent_key is not None:
             argv += ["--parent-key", self.parent_key.decode()]  # public: argv is fine
         return argv
@@ -146,6 +149,7 @@ class LocalHost:
         bind = self.network.bind if self.network is not None else "127.0.0.1"
         endpoint = f"tcp://{bind}:*" if launch.endpoint is None else launch.endpoint
         proc = await asyncio.create_subprocess_exec(
+            sys.executable,
             *launch.argv(endpoint),
             stdin=asyncio.subprocess.PIPE,
             stdout=asyncio.subprocess.PIPE if tcp else None,

@@ -1,0 +1,185 @@
+"""Pipelines whose stages Ray places on the nodes of a (local, two-node) cluster.
+
+The thinker is pinned to node A and the talker and code2wav to node B by custom
+resources; the stage workers link to each other and to this process over TCP with
+CURVE, and Ray only starts them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+import zmq
+from conftest import LocalCluster
+
+from omni_actors.cluster.ray_hosts import RayWorker
+from omni_actors.protocols.events import AudioDelta, Done, Event, SessionError, TextDelta
+from omni_actors.serving.omni_pipeline import OmniPipeline
+from omni_actors.serving.pipeline_spec import PipelineSpec, load_pipeline
+from omni_actors.testing import eventually, kill_worker, worker_pid
+from omni_actors.transport.endpoints import CurveKeys
+from omni_actors.transport.process_placement import ProcessHost
+
+pytestmark = [pytest.mark.ray, pytest.mark.integration]
+
+PINNED = {"thinker": "node_a", "talker": "node_b", "code2wav": "node_b"}
+
+
+def placed(spec: PipelineSpec, address: str, **cluster: Any) -> PipelineSpec:
+    """``spec`` with each stage pinned by ``PINNED`` on the cluster at ``address``."""
+    data = spec.model_dump(by_alias=True, exclude_none=True)
+    for stage in data["stages"]:
+        stage["placement"] = {"ray": {"resources": {PINNED[stage["name"]]: 1}}}
+    data["cluster"] = {"ray": {"address": address, "log_to_driver": False, **cluster}}
+    return PipelineSpec.model_validate(data)
+
+
+def host_of(ref: Any) -> ProcessHost:
+    host = ref._cell.instance
+    assert isinstance(host, ProcessHost)
+    assert host.worker is not None
+    return host
+
+
+def node_of(ref: Any) -> str:
+    worker = host_of(ref).worker
+    assert worker is not None
+    assert isinstance(worker.proc, RayWorker)
+    return worker.proc.node_id
+
+
+async def collect(omni: OmniPipeline, **kw: Any) -> list[Event]:
+    return [e async for e in omni.generate(**kw)]
+
+
+def text_of(events: list[Event]) -> str:
+    return "".join(e.text for e in events if isinstance(e, TextDelta))
+
+
+def audio_of(events: list[Event]) -> torch.Tensor:
+    pieces = [e.audio for e in events if isinstance(e, AudioDelta)]
+    return torch.cat(pieces) if pieces else torch.zeros(0)
+
+
+def ours_alive() -> list[Any]:
+    """Our keepers still alive on the cluster, and our placement groups not removed."""
+    from ray._private import state  # the public state API needs Ray's dashboard
+    from ray.util import placement_group_table
+
+    actors = [
+        a
+        for a in state.actors().values()
+        if a["ActorClassName"].endswith("WorkerKeeper") and a["State"] != "DEAD"
+    ]
+    groups = [
+        g
+        for g in placement_group_table().values()
+        if g["name"].startswith("omni-actors-") and g["state"] != "REMOVED"
+    ]
+    return [*actors, *groups]
+
+
+async def test_tiny_omni_across_two_nodes_makes_the_local_reply(
+    local_ray: LocalCluster, cache: Path
+) -> None:
+    spec = load_pipeline("tiny-omni").with_weights(cache_dir=cache)
+    async with OmniPipeline(placed(spec, local_ray.address)) as omni:
+        stages = await omni.stages()
+        nodes = {name: node_of(ref) for name, ref in stages.items()}
+        endpoints = {name: host_of(ref).remote.endpoint for name, ref in stages.items()}
+        remote = await collect(omni, text="across nodes")
+        assert ours_alive()
+    assert nodes == {
+        "thinker": local_ray.node_a,
+        "talker": local_ray.node_b,
+        "code2wav": local_ray.node_b,
+    }
+    assert all(e.startswith("tcp://") for e in endpoints.values()), endpoints
+    async with OmniPipeline(spec) as omni:
+        local = await collect(omni, text="across nodes")
+    assert isinstance(remote[-1], Done), remote[-3:]
+    assert text_of(remote) == text_of(local)
+    assert audio_of(remote).numel() > 0
+    assert torch.allclose(audio_of(remote), audio_of(local), atol=1e-4)
+    # Shutdown leaves no keeper and no placement group behind.
+    await eventually(lambda: not ours_alive(), timeout=30)
+
+
+async def test_a_stage_worker_admits_no_client_without_a_key(local_ray: LocalCluster) -> None:
+    async with OmniPipeline(placed(load_pipeline("scripted-omni"), local_ray.address)) as omni:
+        talker = (await omni.stages())["talker"]
+        host = host_of(talker)
+        node = host.workers.node
+        ctx = zmq.Context()
+        socket = ctx.socket(zmq.PUSH)
+        CurveKeys.generate().apply_client(socket, node.peer_keys[host.remote.peer])
+        monitor = socket.get_monitor_socket(zmq.EVENT_HANDSHAKE_FAILED_AUTH)
+        try:
+            socket.connect(host.remote.endpoint)
+            socket.send(b"let me in", zmq.NOBLOCK)
+            refused = await asyncio.to_thread(monitor.poll, 10_000)
+        finally:
+            socket.disable_monitor()
+            monitor.close(linger=0)
+            socket.close(linger=0)
+            ctx.term()
+        assert refused, "a client with an unknown key got through"
+        events = await collect(omni, text="still serving")
+        assert isinstance(events[-1], Done), events[-3:]
+
+
+async def test_a_killed_worker_on_node_b_fails_its_session_and_comes_back(
+    local_ray: LocalCluster,
+) -> None:
+    spec = load_pipeline("scripted-omni").model_dump(by_alias=True, exclude_none=True)
+    spec["stages"][0]["engine"]["args"]["per_output_s"] = 0.05  # ~1.6 s of thinking
+    spec["deadlines"]["admission_s"] = 60
+    async with OmniPipeline(placed(PipelineSpec.model_validate(spec), local_ray.address)) as omni:
+        stages = await omni.stages()
+        talker, thinker = stages["talker"], stages["thinker"]
+        first, thinker_pid = worker_pid(talker), worker_pid(thinker)
+        async with omni.session() as victim, omni.session(modalities=("text",)) as bystander:
+            for session in (victim, bystander):
+                await session.send(text="x", end="finished")
+            events: list[Event] = []
+            killed = False
+            async for event in victim:
+                events.append(event)
+                if isinstance(event, AudioDelta) and not killed:
+                    # The first audio is out: the session is mid-stream on the talker.
+                    assert kill_worker(talker) == first
+                    killed = True
+            text_events = [e async for e in bystander]
+        error = events[-1]
+        assert isinstance(error, SessionError), events[-3:]
+        assert (error.code, error.stage) == ("stage_failed", "talker"), error
+        assert isinstance(text_events[-1], Done), text_events[-3:]  # thinker on A went on
+        # The talker comes back, in its bundle: on node B, the one node that fits it.
+        await omni.inspect(timeout=60)
+        assert worker_pid(talker) != first
+        assert node_of(talker) == local_ray.node_b
+        assert worker_pid(thinker) == thinker_pid
+        after = await collect(omni, text="again")
+        assert isinstance(after[-1], Done), after[-3:]
+        assert audio_of(after).numel() > 0
+    assert not os.path.exists(f"/proc/{first}")
+    await eventually(lambda: not ours_alive(), timeout=30)
+
+
+async def test_a_pipeline_that_does_not_fit_fails_to_start_and_leaves_nothing(
+    local_ray: LocalCluster,
+) -> None:
+    data = placed(load_pipeline("scripted-omni"), local_ray.address).model_dump(
+        by_alias=True, exclude_none=True
+    )
+    data["stages"][1]["placement"]["ray"]["resources"] = {"node_c": 1}  # no such node
+    data["deadlines"]["start_s"] = 3
+    with pytest.raises(TimeoutError, match="no room"):
+        async with OmniPipeline(PipelineSpec.model_validate(data)):
+            pass
+    await eventually(lambda: not ours_alive(), timeout=30)
