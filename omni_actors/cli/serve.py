@@ -60,6 +60,12 @@ def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
         default=_DEFAULTS.grace_s,
         help="on SIGINT/SIGTERM, how long responses in flight may take to finish",
     )
+    add(
+        "--cluster",
+        default=None,
+        metavar="ADDRESS",
+        help="run the pipeline's placed stages on this Ray cluster (auto, ray://host:port)",
+    )
     add("--cache-dir", type=Path, default=None, help="weights cache")
     add("--seed", type=int, default=0, help="seed of the prepared weights")
     add("--ready-file", default=None, help="write the server's URL here once it listens")
@@ -86,6 +92,8 @@ def serve_command(ns: argparse.Namespace) -> int:
             grace_s=ns.grace_s,
         )
         spec = prepared_spec(ns.preset, cache_dir=ns.cache_dir, seed=ns.seed)
+        if ns.cluster is not None:
+            spec = on_cluster(spec, ns.cluster)
     except (OmniError, ValueError) as exc:
         print(f"omni-actors serve: {exc}", file=sys.stderr)
         return 2
@@ -98,6 +106,20 @@ def serve_command(ns: argparse.Namespace) -> int:
     from omni_actors import run
 
     return run(_serve(settings, spec, ns.ready_file))
+
+
+def on_cluster(spec: PipelineSpec, address: str) -> PipelineSpec:
+    """``spec`` with its placed stages on the Ray cluster at ``address``.
+
+    Raises:
+        ValueError: no stage of ``spec`` has a placement (the cluster would go unused).
+    """
+    if not any(stage.placement is not None for stage in spec.stages):
+        raise ValueError(
+            f"--cluster: pipeline {spec.name} places no stage; give the stages to run on "
+            "the cluster a 'placement: {ray: ...}' (README, \"Scaling out\")"
+        )
+    return spec.on_cluster(address)
 
 
 async def _serve(settings: ServerSettings, spec: PipelineSpec, ready_file: str | None) -> int:

@@ -81,3 +81,15 @@ def test_a_worker_host_needs_a_worker_process() -> None:
     with pytest.raises(ValueError, match="process=True"):
         Props(host=LOCAL)
     assert Props(process=True, host=LOCAL).host is LOCAL
+
+
+def test_serve_on_a_cluster_needs_a_placed_stage(capsys: pytest.CaptureFixture[str]) -> None:
+    from omni_actors.cli import main
+    from omni_actors.cli.serve import on_cluster
+
+    assert main(["serve", "--preset", "scripted-omni", "--cluster", "auto"]) == 2
+    assert "places no stage" in capsys.readouterr().err
+    placed = PipelineSpec.model_validate(_with({"ray": {}}, {"ray": {}}))
+    moved = on_cluster(placed, "ray://head:10001")
+    assert moved.cluster is not None
+    assert moved.cluster.ray.address == "ray://head:10001"
