@@ -140,6 +140,15 @@ def _add_pipeline_options(parser: argparse.ArgumentParser) -> None:
         "in a worker process so the wire is in the figure (process), or one run of each "
         "(both: about 2.5 min on 2 cores at the default levels, vs 40 s for local)",
     )
+    parser.add_argument(
+        "--cluster",
+        default=None,
+        metavar="ADDRESS",
+        help="measure a cross-node hop: the preset's stages on a Ray cluster against them "
+        "in local workers, requests alternating at concurrency 1; local-ray starts two "
+        "Ray nodes here (entry stage on one, the rest on the other), an address uses "
+        "the preset's own placements (needs the ray extra)",
+    )
     parser.add_argument("--cache-dir", type=Path, default=None, help="weights cache")
     parser.add_argument("--seed", type=int, default=0, help="seed of the prepared weights")
     parser.add_argument(
@@ -203,6 +212,24 @@ def _input_lengths(ns: argparse.Namespace) -> tuple[float, ...]:
     return DEFAULT_INPUT_AUDIO_S if ns.input_audio_s is None else tuple(ns.input_audio_s)
 
 
+def _bench_cluster(ns: argparse.Namespace) -> dict[str, Any]:
+    from omni_actors.bench.cluster import run_cluster_bench
+
+    try:
+        return run(
+            run_cluster_bench(
+                ns.preset or "scripted-omni",
+                ns.cluster,
+                ns.requests,
+                cache_dir=ns.cache_dir,
+                seed=ns.seed,
+                reply_tokens=ns.reply_tokens,
+            )
+        )
+    except (OmniError, ValueError, ImportError, TimeoutError) as exc:
+        raise SystemExit(f"omni-actors bench pipeline: {exc}") from None
+
+
 def _bench_pipeline(ns: argparse.Namespace) -> dict[str, Any]:
     from omni_actors.bench.ideal import IdealUnavailableError, ideal_times
     from omni_actors.bench.input_length import InputLengthError, check_input_lengths
@@ -210,6 +237,8 @@ def _bench_pipeline(ns: argparse.Namespace) -> dict[str, Any]:
     from omni_actors.bench.profiling import Profiler
     from omni_actors.serving.pipeline_spec import PipelineConfigError
 
+    if ns.cluster is not None:
+        return _bench_cluster(ns)
     try:  # fail before anything runs, with the reason rather than a traceback
         lengths = _input_lengths(ns)
         if lengths:

@@ -93,7 +93,7 @@ def serve_command(ns: argparse.Namespace) -> int:
         )
         spec = prepared_spec(ns.preset, cache_dir=ns.cache_dir, seed=ns.seed)
         if ns.cluster is not None:
-            spec = on_cluster(spec, ns.cluster)
+            spec = spec.on_cluster(ns.cluster)
     except (OmniError, ValueError) as exc:
         print(f"omni-actors serve: {exc}", file=sys.stderr)
         return 2
@@ -106,20 +106,6 @@ def serve_command(ns: argparse.Namespace) -> int:
     from omni_actors import run
 
     return run(_serve(settings, spec, ns.ready_file))
-
-
-def on_cluster(spec: PipelineSpec, address: str) -> PipelineSpec:
-    """``spec`` with its placed stages on the Ray cluster at ``address``.
-
-    Raises:
-        ValueError: no stage of ``spec`` has a placement (the cluster would go unused).
-    """
-    if not any(stage.placement is not None for stage in spec.stages):
-        raise ValueError(
-            f"--cluster: pipeline {spec.name} places no stage; give the stages to run on "
-            "the cluster a 'placement: {ray: ...}' (README, \"Scaling out\")"
-        )
-    return spec.on_cluster(address)
 
 
 async def _serve(settings: ServerSettings, spec: PipelineSpec, ready_file: str | None) -> int:

@@ -295,10 +295,25 @@ class PipelineSpec(Spec):
 
     def on_cluster(self, address: str) -> PipelineSpec:
         """A copy whose cluster is the Ray cluster at ``address`` (its other cluster
-        settings kept); placed stages go there (``serve --cluster``)."""
+        settings kept); placed stages go there (``serve --cluster``).
+
+        Raises:
+            PipelineConfigError: no stage has a placement (the cluster would go unused).
+        """
+        if not any(stage.placement is not None for stage in self.stages):
+            raise PipelineConfigError(
+                f"pipeline {self.name} places no stage on a cluster; give the stages to "
+                "run there a 'placement: {ray: ...}' (README, \"Scaling out\")"
+            )
         cluster = self.cluster or ClusterSpec()
         ray = RayClusterSpec.model_validate({**cluster.ray.model_dump(), "address": address})
         return self.model_copy(update={"cluster": ClusterSpec(ray=ray)})
+
+    def off_cluster(self) -> PipelineSpec:
+        """A copy with no cluster: its placed stages in worker processes on this machine
+        (the same processes, linked over IPC instead)."""
+        stages = tuple(stage.model_copy(update={"placement": None}) for stage in self.stages)
+        return self.model_copy(update={"stages": stages, "cluster": None})
 
     def on_device(self, device: str) -> PipelineSpec:
         """A copy whose every stage with an engine that takes a device computes on

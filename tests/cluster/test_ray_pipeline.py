@@ -14,9 +14,10 @@ from typing import Any
 
 import pytest
 import torch
+import yaml
 import zmq
-from conftest import LocalCluster
 
+from omni_actors.cluster.local_ray import LocalRay, pin
 from omni_actors.cluster.ray_hosts import RayWorker
 from omni_actors.protocols.events import AudioDelta, Done, Event, SessionError, TextDelta
 from omni_actors.serving.omni_pipeline import OmniPipeline
@@ -27,16 +28,10 @@ from omni_actors.transport.process_placement import ProcessHost
 
 pytestmark = [pytest.mark.ray, pytest.mark.integration]
 
-PINNED = {"thinker": "node_a", "talker": "node_b", "code2wav": "node_b"}
 
-
-def placed(spec: PipelineSpec, address: str, **cluster: Any) -> PipelineSpec:
-    """``spec`` with each stage pinned by ``PINNED`` on the cluster at ``address``."""
-    data = spec.model_dump(by_alias=True, exclude_none=True)
-    for stage in data["stages"]:
-        stage["placement"] = {"ray": {"resources": {PINNED[stage["name"]]: 1}}}
-    data["cluster"] = {"ray": {"address": address, "log_to_driver": False, **cluster}}
-    return PipelineSpec.model_validate(data)
+def placed(spec: PipelineSpec, address: str) -> PipelineSpec:
+    """``spec`` with the thinker on node A, the talker and code2wav on node B."""
+    return pin(spec, address, {"thinker": "node_a", "talker": "node_b", "code2wav": "node_b"})
 
 
 def host_of(ref: Any) -> ProcessHost:
@@ -85,7 +80,7 @@ def ours_alive() -> list[Any]:
 
 
 async def test_tiny_omni_across_two_nodes_makes_the_local_reply(
-    local_ray: LocalCluster, cache: Path
+    local_ray: LocalRay, cache: Path
 ) -> None:
     spec = load_pipeline("tiny-omni").with_weights(cache_dir=cache)
     async with OmniPipeline(placed(spec, local_ray.address)) as omni:
@@ -110,7 +105,7 @@ async def test_tiny_omni_across_two_nodes_makes_the_local_reply(
     await eventually(lambda: not ours_alive(), timeout=30)
 
 
-async def test_a_stage_worker_admits_no_client_without_a_key(local_ray: LocalCluster) -> None:
+async def test_a_stage_worker_admits_no_client_without_a_key(local_ray: LocalRay) -> None:
     async with OmniPipeline(placed(load_pipeline("scripted-omni"), local_ray.address)) as omni:
         talker = (await omni.stages())["talker"]
         host = host_of(talker)
@@ -134,7 +129,7 @@ async def test_a_stage_worker_admits_no_client_without_a_key(local_ray: LocalClu
 
 
 async def test_a_killed_worker_on_node_b_fails_its_session_and_comes_back(
-    local_ray: LocalCluster,
+    local_ray: LocalRay,
 ) -> None:
     spec = load_pipeline("scripted-omni").model_dump(by_alias=True, exclude_none=True)
     spec["stages"][0]["engine"]["args"]["per_output_s"] = 0.05  # ~1.6 s of thinking
@@ -172,7 +167,7 @@ async def test_a_killed_worker_on_node_b_fails_its_session_and_comes_back(
 
 
 async def test_a_pipeline_that_does_not_fit_fails_to_start_and_leaves_nothing(
-    local_ray: LocalCluster,
+    local_ray: LocalRay,
 ) -> None:
     data = placed(load_pipeline("scripted-omni"), local_ray.address).model_dump(
         by_alias=True, exclude_none=True
@@ -182,4 +177,29 @@ async def test_a_pipeline_that_does_not_fit_fails_to_start_and_leaves_nothing(
     with pytest.raises(TimeoutError, match="no room"):
         async with OmniPipeline(PipelineSpec.model_validate(data)):
             pass
+    await eventually(lambda: not ours_alive(), timeout=30)
+
+
+async def test_the_cross_node_bench_measures_both_placements(
+    local_ray: LocalRay, tmp_path: Path
+) -> None:
+    from omni_actors.bench.cluster import run_cluster_bench
+
+    preset = tmp_path / "placed.yaml"
+    spec = placed(load_pipeline("scripted-omni"), "auto")
+    data = spec.model_dump(mode="json", by_alias=True, exclude_none=True)
+    preset.write_text(yaml.safe_dump(data))
+    report = await run_cluster_bench(preset, local_ray.address, requests=2)
+    for placement in ("process", "cluster"):
+        level = report["placements"][placement]
+        assert (level["requests"], level["errors"]) == (2, 0), level
+        assert level["ttfa_ms_p50"] > 0
+    assert report["hops"] == 4  # input, thinker -> talker -> code2wav, and to the caller
+    measured = report["targets"]["cross_node_ms_per_hop_p50"]["measured"]
+    assert measured == report["cross_node_ms_per_hop_p50"]
+    expected = (
+        report["placements"]["cluster"]["ttfa_ms_p50"]
+        - report["placements"]["process"]["ttfa_ms_p50"]
+    ) / 4
+    assert measured == pytest.approx(expected, abs=1e-3)
     await eventually(lambda: not ours_alive(), timeout=30)

@@ -62,9 +62,17 @@ def test_on_cluster_sets_the_address_and_keeps_the_rest() -> None:
     assert moved.cluster is not None
     assert moved.cluster.ray.address == "ray://head:10001"
     assert (moved.cluster.ray.strategy, moved.cluster.ray.namespace) == ("STRICT_SPREAD", "voice")
-    assert load_pipeline("scripted-omni").on_cluster("auto").cluster is not None
+    with pytest.raises(PipelineConfigError, match="places no stage"):
+        load_pipeline("scripted-omni").on_cluster("auto")
     with pytest.raises(ValueError, match="address"):
         spec.on_cluster("")
+
+
+def test_off_cluster_keeps_placed_stages_in_local_workers() -> None:
+    spec = PipelineSpec.model_validate(_with({"ray": {}}, {"ray": {}})).off_cluster()
+    assert spec.cluster is None
+    assert all(stage.placement is None for stage in spec.stages)
+    assert spec.stage("talker").process
 
 
 def test_without_ray_a_cluster_pipeline_says_what_to_install(
@@ -85,11 +93,6 @@ def test_a_worker_host_needs_a_worker_process() -> None:
 
 def test_serve_on_a_cluster_needs_a_placed_stage(capsys: pytest.CaptureFixture[str]) -> None:
     from omni_actors.cli import main
-    from omni_actors.cli.serve import on_cluster
 
     assert main(["serve", "--preset", "scripted-omni", "--cluster", "auto"]) == 2
     assert "places no stage" in capsys.readouterr().err
-    placed = PipelineSpec.model_validate(_with({"ray": {}}, {"ray": {}}))
-    moved = on_cluster(placed, "ray://head:10001")
-    assert moved.cluster is not None
-    assert moved.cluster.ray.address == "ray://head:10001"
