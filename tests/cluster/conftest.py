@@ -19,7 +19,7 @@ pytest.importorskip("ray", reason="the ray extra is not installed")
 from omni_actors.cluster.local_ray import LocalRay, start_local_ray
 
 
-@pytest.fixture(scope="package")
+@pytest.fixture(scope="module")
 def local_ray() -> Iterator[LocalRay]:
     cluster = start_local_ray()
     try:
@@ -28,7 +28,7 @@ def local_ray() -> Iterator[LocalRay]:
         cluster.shutdown()
 
 
-@pytest.fixture(scope="package")
+@pytest.fixture(scope="module")
 def cache(tmp_path_factory: pytest.TempPathFactory) -> Path:
     root = tmp_path_factory.mktemp("weights")
     prepare("tiny-omni", cache_dir=root)
