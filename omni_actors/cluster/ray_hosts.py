@@ -225,6 +225,7 @@ class RayWorker:
         self._pid = pid
         self._line = line
         self._exit: asyncio.Future[int] | None = None
+        self._abandon: asyncio.TimerHandle | None = None
 
     @property
     def pid(self) -> int:
@@ -262,8 +263,16 @@ class RayWorker:
         self._keeper.release.remote()
 
     def kill(self) -> None:
-        """Have the keeper SIGKILL it."""
+        """Have the keeper SIGKILL it; if the keeper has not answered within a few
+        seconds (its node unreachable), kill the keeper through Ray, which ends
+        :meth:`wait` too: the parent never waits on a node that cannot answer."""
         self._keeper.kill.remote()
+        if self._abandon is None:
+            loop = asyncio.get_running_loop()
+            self._abandon = loop.call_later(_CLEANUP_S, self._kill_keeper)
+
+    def _kill_keeper(self) -> None:
+        import_ray().kill(self._keeper, no_restart=True)
 
     async def cleanup(self) -> None:
         """Have the keeper end its group and sweep its slabs; then kill the keeper."""
@@ -274,6 +283,8 @@ class RayWorker:
         except (TimeoutError, ray.exceptions.RayActorError):
             pass  # lost with its node: nothing left there to clean
         finally:
+            if self._abandon is not None:
+                self._abandon.cancel()
             ray.kill(self._keeper, no_restart=True)
             self._cluster.forget(self._keeper)
             if self._exit is not None and not self._exit.done():

@@ -1,0 +1,136 @@
+"""Failures on a cluster: a replica's worker dies, a whole node goes away.
+
+A cluster of its own (node A, and two nodes B and C that both offer ``node_b``), since
+the last test removes a node.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+from omni_actors.cluster.local_ray import LocalRay, pin, start_local_ray
+from omni_actors.cluster.ray_hosts import RayWorker
+from omni_actors.protocols.events import AudioDelta, Done, Event, SessionError
+from omni_actors.serving.omni_pipeline import OmniPipeline
+from omni_actors.serving.pipeline_spec import PipelineSpec, load_pipeline
+from omni_actors.testing import eventually, kill_worker, worker_pid
+from omni_actors.transport.process_placement import ProcessHost
+
+pytestmark = [pytest.mark.ray, pytest.mark.integration]
+
+
+@pytest.fixture(scope="module")
+def three_nodes() -> Iterator[tuple[LocalRay, Any]]:
+    local = start_local_ray()
+    try:
+        node_c = local.cluster.add_node(num_cpus=2, resources={"node_b": 16})
+        local.cluster.wait_for_nodes()
+        yield local, node_c
+    finally:
+        local.shutdown()
+
+
+def _spec(address: str, **talker: Any) -> PipelineSpec:
+    data = load_pipeline("scripted-omni").model_dump(by_alias=True, exclude_none=True)
+    data["stages"][0]["engine"]["args"]["per_output_s"] = 0.05  # ~1.6 s of thinking
+    data["stages"][1].update(talker)
+    data["deadlines"] |= {"admission_s": 60, "start_s": 90}
+    return pin(PipelineSpec.model_validate(data), address)
+
+
+def _node(ref: Any) -> str:
+    host = ref._cell.instance
+    assert isinstance(host, ProcessHost)
+    assert host.worker is not None
+    assert isinstance(host.worker.proc, RayWorker)
+    return host.worker.proc.node_id
+
+
+async def _events(session: Any, on_audio: Any = None) -> list[Event]:
+    events: list[Event] = []
+    async for event in session:
+        events.append(event)
+        if on_audio is not None and isinstance(event, AudioDelta):
+            on_audio()
+            on_audio = None
+    return events
+
+
+async def test_a_dead_replica_fails_only_its_own_sessions(
+    three_nodes: tuple[LocalRay, Any],
+) -> None:
+    local, _ = three_nodes
+    async with OmniPipeline(_spec(local.address, replicas=2)) as omni:
+        stages = await omni.stages()
+        doomed = stages["talker-0"]
+        first = worker_pid(doomed)
+        async with omni.session() as one, omni.session() as two:
+            for session in (one, two):
+                await session.send(text="x", end="finished")
+            # Least loaded: the two sessions are on different replicas.
+            live = await omni.live_sessions()
+            assert len(live["talker-0"]) == len(live["talker-1"]) == 1
+            ends = await asyncio.gather(_events(one, lambda: kill_worker(doomed)), _events(two))
+        failed = [e for e in ends if isinstance(e[-1], SessionError)]
+        served = [e for e in ends if isinstance(e[-1], Done)]
+        assert len(failed) == len(served) == 1, [e[-1] for e in ends]
+        error = failed[0][-1]
+        assert isinstance(error, SessionError)
+        assert (error.code, error.stage) == ("stage_failed", "talker"), error
+        await omni.inspect(timeout=60)
+        assert worker_pid(doomed) != first
+
+
+async def test_closing_never_waits_on_a_keeper_that_cannot_answer(
+    three_nodes: tuple[LocalRay, Any],
+) -> None:
+    from ray._private import state
+
+    local, _ = three_nodes
+    omni = OmniPipeline(_spec(local.address))
+    await omni.start()
+    try:
+        host = (await omni.stages())["talker"]._cell.instance
+        assert isinstance(host, ProcessHost)
+        assert host.worker is not None
+        keeper = host.worker.proc._keeper  # type: ignore[attr-defined]
+        actor = state.actors()[keeper._actor_id.hex()]
+        os.kill(actor["Pid"], signal.SIGSTOP)  # as if its node stopped answering
+    finally:
+        async with asyncio.timeout(60):  # stop_timeout, then the keeper is given up
+            await omni.close()
+    assert state.actors()[keeper._actor_id.hex()]["State"] == "DEAD"
+
+
+async def test_a_lost_node_s_stages_come_back_on_a_node_that_fits(
+    three_nodes: tuple[LocalRay, Any],
+) -> None:
+    local, node_c = three_nodes
+    async with OmniPipeline(_spec(local.address)) as omni:
+        stages = await omni.stages()
+        talker, code2wav, thinker = stages["talker"], stages["code2wav"], stages["thinker"]
+        where = _node(talker)
+        assert where in (local.node_b, node_c.node_id)
+        assert _node(thinker) == local.node_a
+        lost = local.cluster.list_all_nodes()
+        (gone,) = [n for n in lost if n.node_id == where]
+        local.cluster.remove_node(gone)
+
+        async def back() -> bool:
+            try:
+                await omni.inspect(timeout=60)
+                return _node(talker) != where and _node(code2wav) != where
+            except Exception:  # restarting: no worker yet, or asks failing
+                return False
+
+        await eventually(back, timeout=120)
+        other = node_c.node_id if where == local.node_b else local.node_b
+        assert _node(talker) == _node(code2wav) == other
+        events = [e async for e in omni.generate(text="after the loss")]
+        assert isinstance(events[-1], Done), events[-3:]
