@@ -42,7 +42,7 @@ class CurveKeys:
         public: this node's public key.
         secret: this node's secret key.
         peers: public keys of nodes allowed to connect from the start; a node admits
-            these and the keys it learns later (``Node.add_peer_key``), no others.
+            these and the keys it learns later (``Node.peer_keys``), no others.
     """
 
     public: bytes

@@ -104,8 +104,7 @@ class Node:
         self._reading = False
         self._auth: peer_auth.PeerAuthenticator | None = None
         # Over TCP: the CURVE public key of each node this one may link to and admit.
-        self.peer_keys: dict[int, bytes] = {}
-        self._admitted: set[bytes] = set(curve.peers) if curve is not None else set()
+        self.peer_keys = peer_auth.KeyRing(curve.peers if curve is not None else ())
 
     # -- lifecycle ------------------------------------------------------------------
 
@@ -113,7 +112,8 @@ class Node:
         """Bind the inbox and start receiving."""
         if self.curve is not None:
             self.curve.apply_server(self._inbox)
-            auth = peer_auth.PeerAuthenticator(self._ctx, self.refusals, keys=self._admitted)
+            admitted = self.peer_keys.admitted
+            auth = peer_auth.PeerAuthenticator(self._ctx, self.refusals, keys=admitted)
         elif self.token is not None:
             auth = peer_auth.PeerAuthenticator(self._ctx, self.refusals, token=self.token)
         if self.curve is not None or self.token is not None:
@@ -143,17 +143,9 @@ class Node:
         self.slabs.close()
         self._ctx.term()
 
-    def add_peer_key(self, peer: int, public: bytes) -> None:
-        """Admit node ``peer``'s CURVE key, and use it to link to ``peer`` over TCP."""
-        old = self.peer_keys.get(peer)
-        if old is not None:
-            self._admitted.discard(old)
-        self.peer_keys[peer] = public
-        self._admitted.add(public)
-
     def connect(self, peer: int, endpoint: str, *, server_public: bytes | None = None) -> Link:
         """Open (or return) the link to ``peer`` listening at ``endpoint`` (over TCP:
-        with ``server_public`` or, if not given, the key ``add_peer_key`` gave)."""
+        with ``server_public`` or, if not given, the key in ``peer_keys``)."""
         link = self._links.get(peer)
         if link is not None:
             return link
@@ -198,9 +190,7 @@ class Node:
         link = self._links.pop(peer, None)
         if link is not None:
             link.close()
-        public = self.peer_keys.pop(peer, None)
-        if public is not None:  # a node that left may not connect again
-            self._admitted.discard(public)
+        self.peer_keys.forget(peer)  # a node that left may not connect again
         self.guard.forget_peer(peer)
         self._credits.forget_peer(peer)
         # Its slab goes too (its fd and mapping; a successor offers its own), once the
@@ -380,9 +370,9 @@ class Node:
                 self.refs.moved(envelope)
             case wire.ActorGone():
                 self.refs.gone(envelope)
-            case wire.PeerKeys(keys=keys) if self.curve is not None:
-                for peer, key in keys.items():
-                    self.add_peer_key(peer, key.encode())
+            case wire.PeerKeys(keys=keys) if self.curve is not None and self.node_id != 0:
+                for peer, key in keys.items():  # from the parent: it hands keys out
+                    self.peer_keys.add(peer, key.encode())
                 if self.control is not None:
                     self.control(envelope)  # a new worker waits for its keys
             case wire.Reply(corr=corr, body=body):

@@ -28,6 +28,7 @@ import asyncio
 import hmac
 import os
 import secrets
+from collections.abc import Iterable, Iterator, Mapping
 from typing import Any
 
 import zmq
@@ -35,7 +36,14 @@ import zmq.utils.z85
 
 from omni_actors.transport.refusals import Refusals
 
-__all__ = ["TOKEN_ENV", "PeerAuthenticator", "apply_client", "new_token", "take_token"]
+__all__ = [
+    "TOKEN_ENV",
+    "KeyRing",
+    "PeerAuthenticator",
+    "apply_client",
+    "new_token",
+    "take_token",
+]
 
 TOKEN_ENV = "OMNI_ACTORS_DEPLOYMENT_TOKEN"
 """Environment variable through which a worker receives its deployment's token."""
@@ -60,6 +68,39 @@ def apply_client(socket: zmq.Socket[Any], node_id: int, token: bytes) -> None:
     """Make a link present ``token`` (and its node id, for the log) when it connects."""
     socket.plain_username = str(node_id).encode()
     socket.plain_password = token
+
+
+class KeyRing(Mapping[int, bytes]):
+    """The CURVE public keys (Z85) of the nodes a TCP node links to and admits, by node.
+
+    ``admitted`` is what the authenticator checks a client's key against: these keys,
+    and any given at the start (``CurveKeys.peers``).
+    """
+
+    def __init__(self, initial: Iterable[bytes] = ()) -> None:
+        self._by_node: dict[int, bytes] = {}
+        self.admitted: set[bytes] = set(initial)
+
+    def add(self, node: int, public: bytes) -> None:
+        """Admit ``node``'s key (replacing the one it had)."""
+        self.forget(node)
+        self._by_node[node] = public
+        self.admitted.add(public)
+
+    def forget(self, node: int) -> None:
+        """``node`` left: it may not connect again."""
+        public = self._by_node.pop(node, None)
+        if public is not None:
+            self.admitted.discard(public)
+
+    def __getitem__(self, node: int) -> bytes:
+        return self._by_node[node]
+
+    def __iter__(self) -> Iterator[int]:
+        return iter(self._by_node)
+
+    def __len__(self) -> int:
+        return len(self._by_node)
 
 
 class PeerAuthenticator:

@@ -71,6 +71,7 @@ class ProcessPlacement:
         return self.workers_of(IPC)
 
     def workers_of(self, network: TcpNetwork | None) -> Workers:
+        """The workers on ``network`` (created on first use: a node of its own)."""
         workers = self._networks.get(network)
         if workers is None:
             workers = self._networks[network] = Workers(self.system, network=network)
@@ -140,13 +141,14 @@ class Workers:
         # parent's ``ActorMoved`` or ``ActorGone`` normally ends the wait long before.
         self.restart_wait = start_timeout + actor_timeout + _BACKOFF_ALLOWANCE_S
         self.rundir = RuntimeDir()
+        self.token: bytes | None = None
+        self.curve: CurveKeys | None = None
         if network is IPC:
             # Only the workers launched here get it: nothing else can connect to a node.
-            self.token: bytes | None = peer_auth.new_token()
+            self.token = peer_auth.new_token()
             self.node = Node(system, 0, self.rundir.endpoint(0), token=self.token)
         else:
             # Each node its own key pair; a node admits the keys the parent gives it.
-            self.token = None
             self.curve = CurveKeys.generate()
             self.node = Node(system, 0, f"tcp://{network.bind}:*", curve=self.curve)
         self.node.control = self._on_control
@@ -172,7 +174,8 @@ class Workers:
         hello: asyncio.Future[wire.Hello] = asyncio.get_running_loop().create_future()
         self._hello[node_id] = hello
         level = logging.getLevelName(logging.getLogger("omni_actors").getEffectiveLevel())
-        if self.token is not None:
+        if self.curve is None:
+            assert self.token is not None
             env = {peer_auth.TOKEN_ENV: self.token.decode()}
             launch = WorkerLaunch(
                 node_id, self.node.endpoint, self.rundir.endpoint(node_id), None, level, env
@@ -184,7 +187,7 @@ class Workers:
             async with asyncio.timeout(self.start_timeout):
                 proc = await host.start(launch)
                 self._procs[node_id] = proc
-                if self.token is None:
+                if self.curve is not None:
                     await self._welcome(node_id, proc)
                 exited = asyncio.ensure_future(proc.wait())
                 either: list[asyncio.Future[Any]] = [hello, exited]
@@ -218,7 +221,7 @@ class Workers:
             raise ProtocolVersionError(f"worker {proc.pid}", wire.VERSION, version)
         endpoint, public = words[2], words[3].encode()
         keys = {peer: key.decode() for peer, key in self.node.peer_keys.items()}
-        self.node.add_peer_key(node_id, public)
+        self.node.peer_keys.add(node_id, public)
         self.node.broadcast(wire.PeerKeys({node_id: public.decode()}), exclude=node_id)
         self.node.connect(node_id, endpoint).send(wire.PeerKeys(keys))
 

@@ -81,7 +81,8 @@ class WorkerLaunch:
         if endpoint is not None:
             argv += ["--endpoint", endpoint]
         if self.parent_key is not None:
-            argv += ["--parent-key", self.parent_key.decode()]  # public: argv is fine
+            # Public: argv is fine. One word: a Z85 key may start with "-".
+            argv.append(f"--parent-key={self.parent_key.decode()}")
         return argv
 
 

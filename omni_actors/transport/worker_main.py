@@ -35,7 +35,7 @@ from omni_actors.transport.node import Node
 from omni_actors.transport.peer_auth import take_token
 from omni_actors.transport.remote import error_to_wire
 
-__all__ = ["ANNOUNCE", "WIRE_VERSION_ENV", "actor_spec", "load_actor", "main"]
+__all__ = ["ANNOUNCE", "WIRE_VERSION_ENV", "actor_spec", "load_actor", "main", "parse_args"]
 
 log = logging.getLogger(__name__)
 
@@ -206,7 +206,7 @@ async def serve(
         curve = None if parent_key is None else CurveKeys.generate()
         node = Node(system, node_id, endpoint, token=token, curve=curve)
         if parent_key is not None:
-            node.add_peer_key(0, parent_key)
+            node.peer_keys.add(0, parent_key)
         await node.start()
         try:
             worker = _Worker(system, node, None)
@@ -229,15 +229,20 @@ async def serve(
             await node.close()
 
 
-def main(argv: list[str] | None = None) -> int:
-    """Parse the command line the parent built and serve."""
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    """The command line the parent built (``WorkerLaunch.argv``)."""
     parser = argparse.ArgumentParser(prog="omni_actors.transport.worker_main")
     parser.add_argument("--node", type=int, required=True)
     parser.add_argument("--endpoint", required=True)
     parser.add_argument("--parent", required=True)
     parser.add_argument("--log-level", default="WARNING")
     parser.add_argument("--parent-key", help="the parent's CURVE public key: a TCP worker")
-    ns = parser.parse_args(argv)
+    return parser.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Parse the command line the parent built and serve."""
+    ns = parse_args(argv)
     logging.basicConfig(
         level=ns.log_level, format=f"[worker {ns.node}] %(levelname)s %(name)s: %(message)s"
     )

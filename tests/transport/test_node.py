@@ -138,7 +138,7 @@ async def test_curve_admits_a_key_learned_later_and_forgets_it_with_its_node() -
         receiver,
         sender,
     ):
-        receiver.add_peer_key(sender.node_id, client.public)
+        receiver.peer_keys.add(sender.node_id, client.public)
         probe = await kit.create_probe()
         mailbox = await _remote_ref(sender, receiver, probe.ref, server_public=server.public)
         await mailbox.push_user(("known", None))

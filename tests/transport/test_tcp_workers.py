@@ -20,7 +20,7 @@ from omni_actors import Backoff, Props, SupervisorStrategy, WorkerDiedError
 from omni_actors.remoting import mailbox_of
 from omni_actors.testing import ActorTestKit, eventually
 from omni_actors.transport.endpoints import CurveKeys
-from omni_actors.transport.process_placement import ProcessPlacement
+from omni_actors.transport.process_placement import ProcessPlacement, Workers
 from omni_actors.transport.remote import RemoteMailbox
 from omni_actors.transport.worker_hosts import LocalHost, TcpNetwork
 
@@ -32,6 +32,11 @@ def _endpoint(ref: object) -> str:
     mailbox = mailbox_of(ref)  # type: ignore[arg-type]
     assert isinstance(mailbox, RemoteMailbox)
     return mailbox.endpoint
+
+
+def _public(workers: Workers) -> bytes:
+    assert workers.curve is not None
+    return workers.curve.public
 
 
 def _placement(kit: ActorTestKit) -> ProcessPlacement:
@@ -70,7 +75,7 @@ async def test_a_client_without_a_deployment_key_is_refused() -> None:
         stranger = CurveKeys.generate()
         ctx = zmq.Context()
         for target, key in (
-            (workers.node.endpoint, workers.curve.public),  # the parent
+            (workers.node.endpoint, _public(workers)),  # the parent
             (_endpoint(echo), server_key),  # the worker
         ):
             socket = ctx.socket(zmq.PUSH)
@@ -113,3 +118,12 @@ async def test_a_killed_tcp_worker_restarts_and_its_key_is_forgotten() -> None:
         assert old_node not in workers.node.peer_keys
         assert old_key not in workers.node.peer_keys.values()
         assert len(workers.node.peer_keys) == 1
+
+
+def test_a_parent_key_that_starts_with_a_dash_reaches_the_worker() -> None:
+    from omni_actors.transport.worker_hosts import WorkerLaunch
+    from omni_actors.transport.worker_main import parse_args
+
+    key = b"-" + b"x" * 39  # Z85 keys may start with "-"
+    argv = WorkerLaunch(1, "tcp://127.0.0.1:1", None, key, "INFO").argv("tcp://127.0.0.1:*")
+    assert parse_args(argv[2:]).parent_key == key.decode()
