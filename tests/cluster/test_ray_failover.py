@@ -13,14 +13,13 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
+from cluster_helpers import events_of, host_of, node_of
 
 from omni_actors.cluster.local_ray import LocalRay, pin, start_local_ray
-from omni_actors.cluster.ray_hosts import RayWorker
-from omni_actors.protocols.events import AudioDelta, Done, Event, SessionError
+from omni_actors.protocols.events import Done, SessionError
 from omni_actors.serving.omni_pipeline import OmniPipeline
 from omni_actors.serving.pipeline_spec import PipelineSpec, load_pipeline
 from omni_actors.testing import eventually, kill_worker, worker_pid
-from omni_actors.transport.process_placement import ProcessHost
 
 pytestmark = [pytest.mark.ray, pytest.mark.integration]
 
@@ -44,24 +43,6 @@ def _spec(address: str, **talker: Any) -> PipelineSpec:
     return pin(PipelineSpec.model_validate(data), address)
 
 
-def _node(ref: Any) -> str:
-    host = ref._cell.instance
-    assert isinstance(host, ProcessHost)
-    assert host.worker is not None
-    assert isinstance(host.worker.proc, RayWorker)
-    return host.worker.proc.node_id
-
-
-async def _events(session: Any, on_audio: Any = None) -> list[Event]:
-    events: list[Event] = []
-    async for event in session:
-        events.append(event)
-        if on_audio is not None and isinstance(event, AudioDelta):
-            on_audio()
-            on_audio = None
-    return events
-
-
 async def test_a_dead_replica_fails_only_its_own_sessions(
     three_nodes: tuple[LocalRay, Any],
 ) -> None:
@@ -76,7 +57,7 @@ async def test_a_dead_replica_fails_only_its_own_sessions(
             # Least loaded: the two sessions are on different replicas.
             live = await omni.live_sessions()
             assert len(live["talker-0"]) == len(live["talker-1"]) == 1
-            ends = await asyncio.gather(_events(one, lambda: kill_worker(doomed)), _events(two))
+            ends = await asyncio.gather(events_of(one, lambda: kill_worker(doomed)), events_of(two))
         failed = [e for e in ends if isinstance(e[-1], SessionError)]
         served = [e for e in ends if isinstance(e[-1], Done)]
         assert len(failed) == len(served) == 1, [e[-1] for e in ends]
@@ -96,10 +77,9 @@ async def test_closing_never_waits_on_a_keeper_that_cannot_answer(
     omni = OmniPipeline(_spec(local.address))
     await omni.start()
     try:
-        host = (await omni.stages())["talker"]._cell.instance
-        assert isinstance(host, ProcessHost)
-        assert host.worker is not None
-        keeper = host.worker.proc._keeper  # type: ignore[attr-defined]
+        worker = host_of((await omni.stages())["talker"]).worker
+        assert worker is not None
+        keeper = worker.proc._keeper  # type: ignore[attr-defined]
         actor = state.actors()[keeper._actor_id.hex()]
         os.kill(actor["Pid"], signal.SIGSTOP)  # as if its node stopped answering
     finally:
@@ -115,9 +95,9 @@ async def test_a_lost_node_s_stages_come_back_on_a_node_that_fits(
     async with OmniPipeline(_spec(local.address)) as omni:
         stages = await omni.stages()
         talker, code2wav, thinker = stages["talker"], stages["code2wav"], stages["thinker"]
-        where = _node(talker)
+        where = node_of(talker)
         assert where in (local.node_b, node_c.node_id)
-        assert _node(thinker) == local.node_a
+        assert node_of(thinker) == local.node_a
         lost = local.cluster.list_all_nodes()
         (gone,) = [n for n in lost if n.node_id == where]
         local.cluster.remove_node(gone)
@@ -125,12 +105,12 @@ async def test_a_lost_node_s_stages_come_back_on_a_node_that_fits(
         async def back() -> bool:
             try:
                 await omni.inspect(timeout=60)
-                return _node(talker) != where and _node(code2wav) != where
+                return node_of(talker) != where and node_of(code2wav) != where
             except Exception:  # restarting: no worker yet, or asks failing
                 return False
 
         await eventually(back, timeout=120)
         other = node_c.node_id if where == local.node_b else local.node_b
-        assert _node(talker) == _node(code2wav) == other
+        assert node_of(talker) == node_of(code2wav) == other
         events = [e async for e in omni.generate(text="after the loss")]
         assert isinstance(events[-1], Done), events[-3:]

@@ -16,15 +16,14 @@ import pytest
 import torch
 import yaml
 import zmq
+from cluster_helpers import events_of, host_of, node_of, ours_alive
 
 from omni_actors.cluster.local_ray import LocalRay, pin
-from omni_actors.cluster.ray_hosts import RayWorker
 from omni_actors.protocols.events import AudioDelta, Done, Event, SessionError, TextDelta
 from omni_actors.serving.omni_pipeline import OmniPipeline
 from omni_actors.serving.pipeline_spec import PipelineSpec, load_pipeline
 from omni_actors.testing import eventually, kill_worker, worker_pid
 from omni_actors.transport.endpoints import CurveKeys
-from omni_actors.transport.process_placement import ProcessHost
 
 pytestmark = [pytest.mark.ray, pytest.mark.integration]
 
@@ -32,20 +31,6 @@ pytestmark = [pytest.mark.ray, pytest.mark.integration]
 def placed(spec: PipelineSpec, address: str) -> PipelineSpec:
     """``spec`` with the thinker on node A, the talker and code2wav on node B."""
     return pin(spec, address, {"thinker": "node_a", "talker": "node_b", "code2wav": "node_b"})
-
-
-def host_of(ref: Any) -> ProcessHost:
-    host = ref._cell.instance
-    assert isinstance(host, ProcessHost)
-    assert host.worker is not None
-    return host
-
-
-def node_of(ref: Any) -> str:
-    worker = host_of(ref).worker
-    assert worker is not None
-    assert isinstance(worker.proc, RayWorker)
-    return worker.proc.node_id
 
 
 async def collect(omni: OmniPipeline, **kw: Any) -> list[Event]:
@@ -59,24 +44,6 @@ def text_of(events: list[Event]) -> str:
 def audio_of(events: list[Event]) -> torch.Tensor:
     pieces = [e.audio for e in events if isinstance(e, AudioDelta)]
     return torch.cat(pieces) if pieces else torch.zeros(0)
-
-
-def ours_alive() -> list[Any]:
-    """Our keepers still alive on the cluster, and our placement groups not removed."""
-    from ray._private import state  # the public state API needs Ray's dashboard
-    from ray.util import placement_group_table
-
-    actors = [
-        a
-        for a in state.actors().values()
-        if a["ActorClassName"].endswith("WorkerKeeper") and a["State"] != "DEAD"
-    ]
-    groups = [
-        g
-        for g in placement_group_table().values()
-        if g["name"].startswith("omni-actors-") and g["state"] != "REMOVED"
-    ]
-    return [*actors, *groups]
 
 
 async def test_tiny_omni_across_two_nodes_makes_the_local_reply(
@@ -141,14 +108,7 @@ async def test_a_killed_worker_on_node_b_fails_its_session_and_comes_back(
         async with omni.session() as victim, omni.session(modalities=("text",)) as bystander:
             for session in (victim, bystander):
                 await session.send(text="x", end="finished")
-            events: list[Event] = []
-            killed = False
-            async for event in victim:
-                events.append(event)
-                if isinstance(event, AudioDelta) and not killed:
-                    # The first audio is out: the session is mid-stream on the talker.
-                    assert kill_worker(talker) == first
-                    killed = True
+            events = await events_of(victim, lambda: kill_worker(talker))
             text_events = [e async for e in bystander]
         error = events[-1]
         assert isinstance(error, SessionError), events[-3:]
