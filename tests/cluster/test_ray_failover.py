@@ -35,8 +35,9 @@ def three_nodes() -> Iterator[tuple[LocalRay, Any]]:
         local.shutdown()
 
 
-def _spec(address: str, **talker: Any) -> PipelineSpec:
+def _spec(address: str, strategy: str = "PACK", **talker: Any) -> PipelineSpec:
     data = load_pipeline("scripted-omni").model_dump(by_alias=True, exclude_none=True)
+    data["cluster"] = {"ray": {"strategy": strategy}}
     data["stages"][0]["engine"]["args"]["per_output_s"] = 0.05  # ~1.6 s of thinking
     data["stages"][1].update(talker)
     data["deadlines"] |= {"admission_s": 60, "start_s": 90}
@@ -47,8 +48,10 @@ async def test_a_dead_replica_fails_only_its_own_sessions(
     three_nodes: tuple[LocalRay, Any],
 ) -> None:
     local, _ = three_nodes
-    async with OmniPipeline(_spec(local.address, replicas=2)) as omni:
+    async with OmniPipeline(_spec(local.address, "SPREAD", replicas=2)) as omni:
         stages = await omni.stages()
+        # SPREAD: the two replicas' bundles went to the two nodes that offer node_b.
+        assert node_of(stages["talker-0"]) != node_of(stages["talker-1"])
         doomed = stages["talker-0"]
         first = worker_pid(doomed)
         async with omni.session() as one, omni.session() as two:
