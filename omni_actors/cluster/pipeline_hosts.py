@@ -51,7 +51,9 @@ async def start_cluster(spec: PipelineSpec) -> PipelineCluster | None:
         ask = stage.placement.ray
         for name in stage.replica_names():
             names.append(name)
-            bundles.append(RayBundle(ask.num_cpus, ask.num_gpus, dict(ask.resources)))
+            bundles.append(
+                RayBundle(ask.num_cpus, ask.num_gpus, dict(ask.resources), dict(ask.node_labels))
+            )
     if not bundles:
         return None
     ray = spec.cluster.ray

@@ -54,6 +54,7 @@ class RayBundle:
     num_cpus: float = 1.0
     num_gpus: float = 0.0
     resources: Mapping[str, float] = field(default_factory=dict)
+    node_labels: Mapping[str, str] = field(default_factory=dict)
 
     def bundle(self) -> dict[str, float]:
         """The placement-group bundle."""
@@ -123,10 +124,12 @@ class RayCluster:
         from ray.util.placement_group import placement_group
 
         self.network = TcpNetwork(self._bind or str(ray.util.get_node_ip_address()))
+        labels = [dict(b.node_labels) for b in self.bundles]
         self.group = placement_group(
             [b.bundle() for b in self.bundles],
             strategy=self.strategy,
             name=f"omni-actors-{next(_names)}",
+            bundle_label_selector=labels if any(labels) else None,
         )
         try:
             async with asyncio.timeout(timeout):
@@ -134,7 +137,8 @@ class RayCluster:
         except TimeoutError:
             raise TimeoutError(
                 f"the Ray cluster found no room for {len(self.bundles)} stage worker(s) "
-                f"({[b.bundle() for b in self.bundles]}, {self.strategy}) within {timeout}s"
+                f"({[b.bundle() for b in self.bundles]}, labels {labels}, {self.strategy}) "
+                f"within {timeout}s"
             ) from None
 
     def host(self, index: int) -> RayHost:

@@ -25,12 +25,14 @@ class RayPlacementSpec(Spec):
 
     ``num_gpus`` is Ray's to assign: a stage with ``device: cuda`` computes on the GPU
     Ray gave its worker (its ``CUDA_VISIBLE_DEVICES``). ``resources`` are custom Ray
-    resources, the way to pin a stage to the nodes that declare them.
+    resources, and ``node_labels`` the labels a node must carry (``ray start --labels``):
+    two ways to pin a stage to the nodes meant for it.
     """
 
     num_cpus: float = Field(1.0, ge=0, le=1024)
     num_gpus: float = Field(0.0, ge=0, le=64)
     resources: dict[str, float] = Field(default_factory=dict)
+    node_labels: dict[str, str] = Field(default_factory=dict)
 
     @model_validator(mode="after")
     def _check_amounts(self) -> RayPlacementSpec:

@@ -28,7 +28,7 @@ pytestmark = [pytest.mark.ray, pytest.mark.integration]
 def three_nodes() -> Iterator[tuple[LocalRay, Any]]:
     local = start_local_ray()
     try:
-        node_c = local.cluster.add_node(num_cpus=2, resources={"node_b": 16})
+        node_c = local.cluster.add_node(num_cpus=2, resources={"node_b": 16}, labels={"zone": "c"})
         local.cluster.wait_for_nodes()
         yield local, node_c
     finally:
@@ -42,6 +42,17 @@ def _spec(address: str, strategy: str = "PACK", **talker: Any) -> PipelineSpec:
     data["stages"][1].update(talker)
     data["deadlines"] |= {"admission_s": 60, "start_s": 90}
     return pin(PipelineSpec.model_validate(data), address)
+
+
+async def test_node_labels_pick_the_node(three_nodes: tuple[LocalRay, Any]) -> None:
+    local, node_c = three_nodes
+    spec = _spec(local.address).model_dump(by_alias=True, exclude_none=True)
+    spec["stages"][1]["placement"]["ray"]["node_labels"] = {"zone": "c"}
+    async with OmniPipeline(PipelineSpec.model_validate(spec)) as omni:
+        stages = await omni.stages()
+        assert node_of(stages["talker"]) == node_c.node_id  # node B has node_b, not zone c
+        events = [e async for e in omni.generate(text="labelled")]
+        assert isinstance(events[-1], Done), events[-3:]
 
 
 async def test_a_dead_replica_fails_only_its_own_sessions(
