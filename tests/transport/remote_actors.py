@@ -162,3 +162,18 @@ class Smallest(Actor[Payload | Count]):
             case Count():
                 return self.seen
         return None
+
+
+class EnvVar(msgspec.Struct, tag=True, frozen=True):
+    """Asks for the worker's environment variable ``name`` ("" if unset)."""
+
+    name: str
+
+
+class Environ(Actor[EnvVar]):
+    """Answers what its worker's environment says (as a stage's engine would read it)."""
+
+    replies = str
+
+    async def receive(self, message: EnvVar) -> str:
+        return os.environ.get(message.name, "")
