@@ -129,6 +129,26 @@ def test_stages_import_no_orchestration() -> None:
     assert _violations(paths, lambda m: _under(m, ORCHESTRATION)) == []
 
 
+def test_the_cluster_adapter_imports_no_orchestration() -> None:
+    # omni_actors.cluster sits on the transport (it hosts workers); serving uses it.
+    paths = sorted((PACKAGE / "cluster").rglob("*.py"))
+    assert paths
+    upper = (*ORCHESTRATION, "omni_actors.bench", "omni_actors.cli", "omni_actors.server")
+    assert _violations(paths, lambda m: _under(m, upper)) == []
+
+
+def test_only_the_cluster_adapter_imports_ray() -> None:
+    # Ray pickles its own calls: that stays inside omni_actors/cluster.
+    adapter = PACKAGE / "cluster"
+    paths = sorted(
+        path
+        for top in ("omni_actors", "actors", "protocols")
+        for path in (ROOT / top).rglob("*.py")
+        if not path.is_relative_to(adapter)
+    )
+    assert _violations(paths, lambda m: _under(m, ("ray",))) == []
+
+
 def _private_reaches(path: Path) -> Iterator[str]:
     """Private attributes read on anything but ``self``/``cls`` (dunders are public)."""
     tree = ast.parse(path.read_text(), str(path))

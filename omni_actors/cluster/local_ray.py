@@ -1,7 +1,8 @@
 """A two-node Ray cluster on this machine, to try scale-out without a second machine.
 
 Node A (the head) offers the custom resource ``node_a``, node B offers ``node_b``: a
-stage whose placement asks for one of them runs on that node (:func:`pin`). Both nodes
+stage whose placement asks for one of them runs on that node
+(``omni_actors.serving.cluster_hosts.pin``). Both nodes
 are Ray processes on this host, so the stages still talk over TCP with CURVE, as across
 machines, only over loopback. ``bench pipeline --cluster local-ray`` and the scale-out
 tests use it.
@@ -14,9 +15,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from omni_actors.cluster.ray_hosts import import_ray
-from omni_actors.serving.pipeline_spec import PipelineSpec
 
-__all__ = ["LOCAL_RAY", "LocalRay", "pin", "start_local_ray"]
+__all__ = ["LOCAL_RAY", "LocalRay", "start_local_ray"]
 
 LOCAL_RAY = "local-ray"
 """The ``--cluster`` value that starts a :class:`LocalRay` for the run."""
@@ -63,18 +63,3 @@ def start_local_ray(cpus_per_node: int = 2) -> LocalRay:
         cluster.shutdown()
         raise
     return LocalRay(cluster, cluster.address, cluster.head_node.node_id, node_b.node_id)
-
-
-def pin(spec: PipelineSpec, address: str, nodes: dict[str, str] | None = None) -> PipelineSpec:
-    """``spec`` with every stage placed on the cluster at ``address``: by ``nodes``
-    (stage name → ``node_a`` or ``node_b``), else its entry stage on node A and every
-    other stage on node B."""
-    data = spec.model_dump(by_alias=True, exclude_none=True)
-    entry = spec.entry_stage
-    for stage in data["stages"]:
-        default = "node_a" if stage["name"] == entry else "node_b"
-        node = (nodes or {}).get(stage["name"], default)
-        stage["placement"] = {"ray": {"resources": {node: 1}}}
-    cluster = data.get("cluster", {}).get("ray", {})
-    data["cluster"] = {"ray": {**cluster, "address": address, "log_to_driver": False}}
-    return PipelineSpec.model_validate(data)

@@ -45,7 +45,7 @@ from omni_actors.serving.pipeline_spec import PipelineSpec, load_pipeline
 from omni_actors.serving.session import Modality, Session, SessionClosedError
 
 if TYPE_CHECKING:
-    from omni_actors.cluster.pipeline_hosts import PipelineCluster
+    from omni_actors.serving.cluster_hosts import PipelineCluster
     from omni_actors.transport.worker_hosts import WorkerHost
 
 __all__ = ["Modality", "OmniPipeline", "Session", "SessionClosedError"]
@@ -117,7 +117,7 @@ class OmniPipeline:
         try:
             hosts: dict[str, WorkerHost] = {}
             if self.spec.cluster is not None:
-                from omni_actors.cluster.pipeline_hosts import start_cluster  # Ray, lazily
+                from omni_actors.serving.cluster_hosts import start_cluster  # Ray, lazily
 
                 self._cluster = await start_cluster(self.spec)
                 hosts = {} if self._cluster is None else dict(self._cluster.hosts)

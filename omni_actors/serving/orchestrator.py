@@ -136,7 +136,7 @@ class Orchestrator(Actor[OrchestratorMessage]):
             input), an actor class spawned locally between the two ends, given the
             downstream ref and the extra arguments (harness chunk faults).
         hosts: per stage actor (a replica's name), the ``WorkerHost`` its worker starts
-            on: a cluster's (``omni_actors.cluster.pipeline_hosts``).
+            on: a cluster's (``omni_actors.serving.cluster_hosts``).
     """
 
     def __init__(

@@ -1,6 +1,7 @@
 """A pipeline's placed stages on its cluster: one bundle, and one host, per stage worker.
 
-``OmniPipeline`` calls :func:`start_cluster` before it spawns the orchestrator: the
+``OmniPipeline`` calls :func:`start_cluster` before it spawns the orchestrator (only
+for a pipeline with a ``cluster``: this module is where serving meets Ray): the
 placement group is reserved (or the start fails, naming what did not fit) before any
 stage starts, and every placed stage actor (each replica) gets the ``WorkerHost`` of
 its own bundle. ``close`` gives everything back after the stages stopped.
@@ -14,7 +15,7 @@ from omni_actors.cluster.ray_hosts import RayBundle, RayCluster
 from omni_actors.serving.pipeline_spec import PipelineSpec
 from omni_actors.transport.worker_hosts import WorkerHost
 
-__all__ = ["PipelineCluster", "start_cluster"]
+__all__ = ["PipelineCluster", "pin", "start_cluster"]
 
 
 @dataclass(slots=True)
@@ -72,3 +73,18 @@ async def start_cluster(spec: PipelineSpec) -> PipelineCluster | None:
         raise
     hosts: dict[str, WorkerHost] = {name: cluster.host(i) for i, name in enumerate(names)}
     return PipelineCluster(cluster, hosts)
+
+
+def pin(spec: PipelineSpec, address: str, nodes: dict[str, str] | None = None) -> PipelineSpec:
+    """``spec`` with every stage placed on a ``LocalRay`` (``omni_actors.cluster.local_ray``)
+    at ``address``: by ``nodes`` (stage name → ``node_a`` or ``node_b``), else its entry
+    stage on node A and every other stage on node B."""
+    data = spec.model_dump(by_alias=True, exclude_none=True)
+    entry = spec.entry_stage
+    for stage in data["stages"]:
+        default = "node_a" if stage["name"] == entry else "node_b"
+        node = (nodes or {}).get(stage["name"], default)
+        stage["placement"] = {"ray": {"resources": {node: 1}}}
+    cluster = data.get("cluster", {}).get("ray", {})
+    data["cluster"] = {"ray": {**cluster, "address": address, "log_to_driver": False}}
+    return PipelineSpec.model_validate(data)
