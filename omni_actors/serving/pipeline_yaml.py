@@ -117,19 +117,33 @@ class _Open:
     values: int = 1  # itself, then each value inside as it ends
 
 
+_TOO_DEEP = (
+    f"collections nest deeper than {MAX_DEPTH} levels (MAX_DEPTH); a pipeline needs a handful"
+)
+
+
 def _check_events(text: bytes | str) -> None:
     """Walk ``text``'s events, refusing it at the first limit it passes."""
+    try:
+        _walk_events(text)
+    except YamlLimitError:
+        raise
+    except yaml.MarkedYAMLError as exc:
+        # libyaml 0.2.6 (PyYAML 6.0.4's) stops at 1,000 levels while scanning ahead,
+        # before the first event reaches the walk: the same limit, said our way.
+        if "maximum nesting depth" not in str(exc.problem):
+            raise
+        raise YamlLimitError(problem=_TOO_DEEP, problem_mark=exc.problem_mark) from None
+
+
+def _walk_events(text: bytes | str) -> None:
     anchors: dict[str, int] = {}  # each anchor's values, aliases inside it expanded
     open_: list[_Open] = []
     aliases = 0
     for event in yaml.parse(text, Loader=_PARSER):
         if isinstance(event, yaml.CollectionStartEvent):
             if len(open_) == MAX_DEPTH:
-                raise _refused(
-                    f"collections nest deeper than {MAX_DEPTH} levels (MAX_DEPTH); "
-                    "a pipeline needs a handful",
-                    event,
-                )
+                raise _refused(_TOO_DEEP, event)
             open_.append(_Open(event.anchor))
             continue
         if isinstance(event, yaml.CollectionEndEvent):
