@@ -212,24 +212,6 @@ def _input_lengths(ns: argparse.Namespace) -> tuple[float, ...]:
     return DEFAULT_INPUT_AUDIO_S if ns.input_audio_s is None else tuple(ns.input_audio_s)
 
 
-def _bench_cluster(ns: argparse.Namespace) -> dict[str, Any]:
-    from omni_actors.bench.cluster import run_cluster_bench
-
-    try:
-        return run(
-            run_cluster_bench(
-                ns.preset or "scripted-omni",
-                ns.cluster,
-                ns.requests,
-                cache_dir=ns.cache_dir,
-                seed=ns.seed,
-                reply_tokens=ns.reply_tokens,
-            )
-        )
-    except (OmniError, ValueError, ImportError, TimeoutError) as exc:
-        raise SystemExit(f"omni-actors bench pipeline: {exc}") from None
-
-
 def _bench_pipeline(ns: argparse.Namespace) -> dict[str, Any]:
     from omni_actors.bench.ideal import IdealUnavailableError, ideal_times
     from omni_actors.bench.input_length import InputLengthError, check_input_lengths
@@ -238,7 +220,9 @@ def _bench_pipeline(ns: argparse.Namespace) -> dict[str, Any]:
     from omni_actors.serving.pipeline_spec import PipelineConfigError
 
     if ns.cluster is not None:
-        return _bench_cluster(ns)
+        from omni_actors.bench.cluster_cli import bench_cluster
+
+        return bench_cluster(ns)
     try:  # fail before anything runs, with the reason rather than a traceback
         lengths = _input_lengths(ns)
         if lengths:

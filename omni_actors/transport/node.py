@@ -110,15 +110,9 @@ class Node:
 
     async def start(self) -> None:
         """Bind the inbox and start receiving."""
-        if self.curve is not None:
-            self.curve.apply_server(self._inbox)
-            admitted = self.peer_keys.admitted
-            auth = peer_auth.PeerAuthenticator(self._ctx, self.refusals, keys=admitted)
-        elif self.token is not None:
-            auth = peer_auth.PeerAuthenticator(self._ctx, self.refusals, token=self.token)
-        if self.curve is not None or self.token is not None:
-            auth.start(self._inbox)
-            self._auth = auth
+        self._auth = peer_auth.guard_inbox(
+            self._ctx, self._inbox, self.refusals, self.curve, self.token, self.peer_keys
+        )
         self._inbox.bind(self.endpoint)
         self.endpoint = self._inbox.getsockopt_string(zmq.LAST_ENDPOINT)
         loop = asyncio.get_running_loop()

@@ -29,18 +29,22 @@ import hmac
 import os
 import secrets
 from collections.abc import Iterable, Iterator, Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import zmq
 import zmq.utils.z85
 
 from omni_actors.transport.refusals import Refusals
 
+if TYPE_CHECKING:
+    from omni_actors.transport.endpoints import CurveKeys
+
 __all__ = [
     "TOKEN_ENV",
     "KeyRing",
     "PeerAuthenticator",
     "apply_client",
+    "guard_inbox",
     "new_token",
     "take_token",
 ]
@@ -68,6 +72,28 @@ def apply_client(socket: zmq.Socket[Any], node_id: int, token: bytes) -> None:
     """Make a link present ``token`` (and its node id, for the log) when it connects."""
     socket.plain_username = str(node_id).encode()
     socket.plain_password = token
+
+
+def guard_inbox(
+    ctx: zmq.Context[Any],
+    inbox: zmq.Socket[Any],
+    refusals: Refusals,
+    curve: CurveKeys | None,
+    token: bytes | None,
+    keys: KeyRing,
+) -> PeerAuthenticator | None:
+    """Make ``inbox`` (not bound yet) admit only the deployment's processes: by CURVE
+    key in ``keys`` over TCP, else by ``token``; None: neither, it admits anyone who
+    can reach it (this user's processes, for an IPC inbox)."""
+    if curve is not None:
+        curve.apply_server(inbox)
+        auth = PeerAuthenticator(ctx, refusals, keys=keys.admitted)
+    elif token is not None:
+        auth = PeerAuthenticator(ctx, refusals, token=token)
+    else:
+        return None
+    auth.start(inbox)
+    return auth
 
 
 class KeyRing(Mapping[int, bytes]):
