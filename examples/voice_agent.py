@@ -17,8 +17,8 @@ import sys
 import torch
 
 from omni_actors import AudioDelta, OmniPipeline, ResponseDone, TextDelta, run
-from omni_actors.model_cache import prepare
-from omni_actors.serving.pipeline_spec import load_pipeline
+from omni_actors.models.cache import prepare
+from omni_actors.pipeline.spec.pipeline import load_pipeline
 
 FRAME = 1600  # 100 ms of 16 kHz microphone audio
 

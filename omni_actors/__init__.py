@@ -48,6 +48,9 @@ from omni_actors.supervision import (
 )
 
 if TYPE_CHECKING:
+    from omni_actors.pipeline.omni_pipeline import OmniPipeline
+    from omni_actors.pipeline.response import Response
+    from omni_actors.pipeline.session import Session, SessionClosedError
     from omni_actors.protocols.events import (
         Aborted,
         AudioDelta,
@@ -58,15 +61,12 @@ if TYPE_CHECKING:
         SessionMetrics,
         TextDelta,
     )
-    from omni_actors.serving.omni_pipeline import OmniPipeline
-    from omni_actors.serving.response import Response
-    from omni_actors.serving.session import Session, SessionClosedError
 
 _LAZY = {
-    "OmniPipeline": "omni_actors.serving.omni_pipeline",
-    "Session": "omni_actors.serving.session",
-    "Response": "omni_actors.serving.response",
-    "SessionClosedError": "omni_actors.serving.session",
+    "OmniPipeline": "omni_actors.pipeline.omni_pipeline",
+    "Session": "omni_actors.pipeline.session",
+    "Response": "omni_actors.pipeline.response",
+    "SessionClosedError": "omni_actors.pipeline.session",
     "Aborted": "omni_actors.protocols.events",
     "AudioDelta": "omni_actors.protocols.events",
     "Done": "omni_actors.protocols.events",

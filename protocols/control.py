@@ -8,7 +8,7 @@ the ``StageActor`` of each stage (possibly in worker processes). A session's lif
    stages on the request's path (text only: no audio stage), spawns the session actor
    and replies with it, the entry stage and the session's :data:`SessionKey`.
    ``StartSession`` carries the caller's event channel, a process-local object, so it
-   lives beside the orchestrator (``omni_actors.serving.orchestrator``), not here.
+   lives beside the orchestrator (``omni_actors.pipeline.orchestrator``), not here.
 2. **Prewarm** — the caller asks its session actor to :class:`OpenSession`; the session
    actor asks every stage on the path to :class:`Prewarm` (where to send outputs:
    :class:`Target`; how long each wait may last: :class:`Deadlines`). Once every stage
@@ -36,7 +36,7 @@ the ``StageActor`` of each stage (possibly in worker processes). A session's lif
 
 Flow control is per (session, edge) stream: a sender has ``Prewarm.window`` chunks in
 flight at most, and its receiver grants them back with :class:`StreamCredit` as they are
-taken (``omni_actors.actors.flow``), through the session's actor, which knows every
+taken (``omni_actors.actors.stage.flow``), through the session's actor, which knows every
 sender.
 
 :class:`Inspect`, :class:`ListSessions` and :class:`ListStages` ask what is held where

@@ -72,7 +72,7 @@ class ResponseOptions(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=T
 
     They travel with the chunk that starts the response and, from stage to stage, on the
     first chunk of each segment an outlet sends; an engine reads them with
-    ``omni_actors.actors.engine.response_options``.
+    ``omni_actors.actors.engines.contract.response_options``.
 
     Attributes:
         max_tokens: the reply's most text tokens (the thinker's bound on a session's

@@ -8,12 +8,63 @@ Exactly one placement is used: ``data`` (small tensors, inline in the header),
 
 from __future__ import annotations
 
-import msgspec
+from typing import Any
 
-__all__ = ["LIB_NUMPY", "LIB_TORCH", "TensorDesc"]
+import msgspec
+import numpy as np
+import torch
+
+__all__ = [
+    "LIB_NUMPY",
+    "LIB_TORCH",
+    "MAX_DIMS",
+    "NUMPY_DTYPES",
+    "TORCH_DTYPES",
+    "TORCH_NAMES",
+    "TensorDesc",
+]
 
 LIB_TORCH = 0
 LIB_NUMPY = 1
+
+# The dtypes a tensor may travel as, by the name a ``TensorDesc`` carries. Every path
+# that moves tensors (the codec, CUDA IPC slots, the caller's send checks) reads them
+# here, so a dtype is sendable everywhere or nowhere.
+TORCH_DTYPES: dict[str, torch.dtype] = {  # every dtype a tensor may be sent as, by name
+    "float16": torch.float16,
+    "bfloat16": torch.bfloat16,
+    "float32": torch.float32,
+    "float64": torch.float64,
+    "complex64": torch.complex64,
+    "complex128": torch.complex128,
+    "int8": torch.int8,
+    "int16": torch.int16,
+    "int32": torch.int32,
+    "int64": torch.int64,
+    "uint8": torch.uint8,
+    "bool": torch.bool,
+}
+TORCH_NAMES = {dtype: name for name, dtype in TORCH_DTYPES.items()}
+NUMPY_DTYPES: dict[str, np.dtype[Any]] = {
+    name: np.dtype(name)
+    for name in [
+        "float16",
+        "float32",
+        "float64",
+        "complex64",
+        "complex128",
+        "int8",
+        "int16",
+        "int32",
+        "int64",
+        "uint8",
+        "uint16",
+        "uint32",
+        "uint64",
+        "bool",
+    ]
+}
+MAX_DIMS = 32  # the most dimensions a tensor on the wire may have
 
 
 class TensorDesc(msgspec.Struct, tag="T", frozen=True, array_like=True):

@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 import torch
 
+from omni_actors.audio.wav import write_wav
 from omni_actors.cli import main
-from omni_actors.wav import write_wav
 
 
 def test_run_streams_text_writes_a_wav_and_prints_metrics(

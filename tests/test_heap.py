@@ -11,7 +11,7 @@ import pytest
 from transport.remote_actors import Echo, Frozen
 
 from omni_actors import Props
-from omni_actors.heap import freeze_heap
+from omni_actors.models.heap import freeze_heap
 from omni_actors.testing import ActorTestKit
 
 

@@ -1,4 +1,4 @@
-"""The layers import one way: protocols <- kernel <- transport, stages <- serving.
+"""The layers import one way, lowest first, as the README's map of the code draws them.
 
 Read from the source with ``ast`` (nothing is imported), so a type-only import or an
 import inside a function counts as much as one at the top of a module.
@@ -27,16 +27,26 @@ KERNEL = sorted(
     ]
 )
 KERNEL_MODULES = {f"omni_actors.{path.stem}" for path in KERNEL}
-ORCHESTRATION = (
-    "omni_actors.serving",
-    "omni_actors.orchestrator",
-    "omni_actors.session",
-    "omni_actors.omni",
-    "omni_actors.caller",
-    "omni_actors.pipeline",
+
+# Every package of the tree, in layers, lowest first: a module imports only from its own
+# layer and the layers below it. ``omni_actors/__init__`` (where the layers are put
+# together for the public API) stands above them all.
+LAYERS: tuple[tuple[str, ...], ...] = (
+    ("omni_actors.protocols",),  # messages: msgspec structs, nothing of ours
+    ("kernel",),  # actors, refs, mailboxes, supervision: the root modules
+    ("omni_actors.audio", "omni_actors.models", "omni_actors.cuda"),  # files, devices
+    ("omni_actors.transport",),  # processes, ZeroMQ, shared memory
+    ("omni_actors.cluster",),  # Ray: where a worker starts
+    ("omni_actors.actors.engines",),  # the models a stage hosts
+    ("omni_actors.actors.stage",),  # the stage runtime
+    ("omni_actors.pipeline.spec",),  # a pipeline's definition
+    ("omni_actors.pipeline",),  # orchestration, sessions, the caller's API
+    ("omni_actors.server", "omni_actors.testing"),  # the HTTP API; the test harness
+    ("omni_actors.bench", "omni_actors.cli"),  # programs
 )
-
-
+ORCHESTRATION = ("omni_actors.pipeline",)
+# Packages that only hold others (their ``__init__`` is a docstring): in no layer.
+CONTAINERS = ("omni_actors", "omni_actors.actors")
 def _rel(path: Path) -> str:
     return str(path.relative_to(ROOT)) if path.is_relative_to(ROOT) else str(path)
 
@@ -96,6 +106,81 @@ def _violations(paths: list[Path], forbidden: object) -> list[str]:
             if forbidden(module):
                 found.append(f"{_rel(path)}:{line} imports {module}")
     return found
+
+
+def _layer_of(module: str) -> int | None:
+    """The index in ``LAYERS`` of ``module``'s package; ``None`` outside ours."""
+    if _under(module, KERNEL_MODULES) or module == "omni_actors.run":
+        return LAYERS.index(("kernel",))
+    best: tuple[int, int] | None = None  # (length of the matched name, layer)
+    for index, layer in enumerate(LAYERS):
+        for name in layer:
+            if _under(module, (name,)) and (best is None or len(name) > best[0]):
+                best = (len(name), index)
+    return None if best is None else best[1]
+
+
+def _public_api() -> dict[str, str]:
+    """``omni_actors.X`` -> the module ``omni_actors/__init__`` imports ``X`` from."""
+    names = {}
+    for _, module in imports(PACKAGE / "__init__.py"):
+        if not _under(module, ("omni_actors",)) or "." not in module:
+            continue
+        names[f"omni_actors.{module.rsplit('.', 1)[1]}"] = module
+    return names
+
+
+PUBLIC_API = _public_api()
+
+
+def _package_modules() -> Iterator[Path]:
+    for top in ("omni_actors", "actors", "protocols"):
+        for path in sorted((ROOT / top).rglob("*.py")):
+            # omni_actors/actors and omni_actors/protocols link to the top-level folders
+            if top == "omni_actors" and path.relative_to(PACKAGE).parts[0] in (
+                "actors",
+                "protocols",
+            ):
+                continue
+            yield path
+
+
+def test_every_package_is_in_a_layer_and_every_layer_exists() -> None:
+    unplaced = []
+    for path in _package_modules():
+        name = _module_name(path)
+        if name in CONTAINERS:
+            continue
+        if _layer_of(name) is None:
+            unplaced.append(name)
+    assert unplaced == [], "modules in no layer: add their package to LAYERS"
+    for layer in LAYERS:
+        for name in layer:
+            if name == "kernel":
+                continue
+            folder = PACKAGE.joinpath(*name.split(".")[1:])
+            assert (folder / "__init__.py").is_file(), f"LAYERS names {name}, which does not exist"
+
+
+def test_every_import_points_down_the_layers() -> None:
+    upward = []
+    for path in _package_modules():
+        name = _module_name(path)
+        if name in CONTAINERS:
+            continue  # omni_actors/__init__ puts the layers together for the public API
+        own = _layer_of(name)
+        assert own is not None, name
+        for line, module in imports(path):
+            if module == "omni_actors" or module.startswith("omni_actors.__"):
+                continue
+            # ``from omni_actors import X`` reaches wherever the public API took X from
+            module = PUBLIC_API.get(module, module)
+            target = _layer_of(module)
+            if target is None:
+                continue  # not ours
+            if target > own:
+                upward.append(f"{_rel(path)}:{line} imports {module} ({LAYERS[target]})")
+    assert upward == []
 
 
 def test_the_kernel_imports_only_itself_and_protocols() -> None:

@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from omni_actors import model_cache
 from omni_actors.errors import ModelFileError
-from omni_actors.model_cache import (
+from omni_actors.models import cache as model_cache
+from omni_actors.models.cache import (
     ModelNotPreparedError,
     UnknownModelError,
     is_prepared,
@@ -17,8 +17,8 @@ from omni_actors.model_cache import (
     prepare,
     require,
 )
-from omni_actors.model_family import ModelFamily, Progress
-from omni_actors.model_files import read_json
+from omni_actors.models.family import ModelFamily, Progress
+from omni_actors.models.files import read_json
 
 BUILDS: list[tuple[Path, int]] = []
 

@@ -22,11 +22,11 @@ pytest.importorskip("safetensors")
 import torch
 from safetensors.torch import save_file
 
-from omni_actors.actors.tiny_omni.tokenizer import write_tokenizer
-from omni_actors.actors.vllm.embedding import load_input_embeddings
-from omni_actors.actors.vllm.runtime import safetensors_engine_args
+from omni_actors.actors.engines.tiny_omni.tokenizer import write_tokenizer
+from omni_actors.actors.engines.vllm.embedding import load_input_embeddings
+from omni_actors.actors.engines.vllm.runtime import safetensors_engine_args
 from omni_actors.errors import EngineError, ModelFileError
-from omni_actors.model_files import (
+from omni_actors.models.files import (
     check_safetensors,
     check_tokenizer,
     load_tokenizer,

@@ -1,7 +1,7 @@
 """No pickle anywhere: not on the wire, not in the files a model is loaded from.
 
 The wire is msgspec only, so no pickle-family module may be imported by the package. Model
-weights load from safetensors only (``omni_actors.model_files``), so no pickle-based
+weights load from safetensors only (``omni_actors.models.files``), so no pickle-based
 loader may be called (``torch.load``, ``numpy.load``), and every Hugging Face
 ``from_pretrained`` of a model must pass ``use_safetensors=True``, without which
 transformers falls back to a ``pytorch_model.bin`` it finds. Configs and tokenizers are

@@ -8,8 +8,8 @@ from typing import Any
 import pytest
 import yaml
 
-from omni_actors.actors.engine import INSTRUCTIONS_FIELD
-from omni_actors.serving.pipeline_spec import (
+from omni_actors.actors.engines.contract import INSTRUCTIONS_FIELD
+from omni_actors.pipeline.spec.pipeline import (
     PipelineConfigError,
     PipelineSpec,
     load_pipeline,
@@ -260,7 +260,7 @@ def test_a_stream_edge_into_an_engine_that_needs_the_whole_input(
 
 
 def test_restart_intensity_is_the_pipelines_and_restart_type_each_stages(tmp_path: Path) -> None:
-    from omni_actors.serving.orchestrator import pipeline_strategy
+    from omni_actors.pipeline.orchestrator import pipeline_strategy
 
     data = _base()
     data["supervision"] = {

@@ -7,7 +7,7 @@ import math
 import pytest
 import torch
 
-from omni_actors.serving.resample import StreamResampler
+from omni_actors.audio.resample import StreamResampler
 
 
 def tone(hz: float, rate: int, seconds: float = 1.0) -> torch.Tensor:

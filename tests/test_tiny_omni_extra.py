@@ -29,12 +29,12 @@ from omni_actors.errors import MissingExtraError
 for module in ("configs", "stepping", "weights", "thinker_engine", "talker_engine",
                "code2wav_engine", "code2wav_model"):
     try:
-        importlib.import_module(f"omni_actors.actors.tiny_omni.{module}")
+        importlib.import_module(f"omni_actors.actors.engines.tiny_omni.{module}")
         seen[module] = "imported"
     except MissingExtraError as exc:
         seen[module] = str(exc)
 
-from omni_actors.actors.engine_registry import build_engine
+from omni_actors.actors.engines.registry import build_engine
 try:
     build_engine("tiny-omni.thinker", {"cache_dir": cache})
 except Exception as exc:

@@ -9,7 +9,14 @@ import numpy as np
 import pytest
 import torch
 
-from omni_actors.wav import AudioFormatError, decode_wav, encode_wav, read_wav, resample, write_wav
+from omni_actors.audio.wav import (
+    AudioFormatError,
+    decode_wav,
+    encode_wav,
+    read_wav,
+    resample,
+    write_wav,
+)
 
 
 def _write_raw(path: Path, data: bytes, *, channels: int, width: int, rate: int) -> None:

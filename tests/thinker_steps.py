@@ -9,7 +9,7 @@ from typing import Any
 
 import torch
 
-from omni_actors.actors.engine import KEPT_FIELD, REPLY_FIELD, TURN_FIELD, Fields
+from omni_actors.actors.engines.contract import KEPT_FIELD, REPLY_FIELD, TURN_FIELD, Fields
 
 COMMIT: Fields = {TURN_FIELD: "commit"}
 HI: Fields = {"text": "Hi"}

@@ -42,9 +42,9 @@ from typing import Any
 from omni_actors.bench.resources import snapshot
 from omni_actors.bench.soak import drive, settled
 from omni_actors.errors import OmniError
+from omni_actors.pipeline.omni_pipeline import OmniPipeline
+from omni_actors.pipeline.spec.pipeline import PipelineSpec
 from omni_actors.protocols.events import AudioDelta, ResponseDone, SessionError, TextDelta
-from omni_actors.serving.omni_pipeline import OmniPipeline
-from omni_actors.serving.pipeline_spec import PipelineSpec
 from omni_actors.testing.chunk_faults import ChunkFaults, PipelineFaults
 from omni_actors.testing.faults import kill_worker
 

@@ -22,10 +22,10 @@ from typing import Any
 from omni_actors.bench.models import _level, fixed_replies
 from omni_actors.bench.pipeline import _drive, _machine, _request
 from omni_actors.cluster.local_ray import LOCAL_RAY, start_local_ray
-from omni_actors.model_cache import prepare
-from omni_actors.serving.cluster_hosts import pin
-from omni_actors.serving.omni_pipeline import OmniPipeline
-from omni_actors.serving.pipeline_spec import PipelineSpec, load_pipeline
+from omni_actors.models.cache import prepare
+from omni_actors.pipeline.cluster_hosts import pin
+from omni_actors.pipeline.omni_pipeline import OmniPipeline
+from omni_actors.pipeline.spec.pipeline import PipelineSpec, load_pipeline
 
 __all__ = ["HOP_LIMIT_MS", "run_cluster_bench"]
 

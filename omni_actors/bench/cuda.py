@@ -108,7 +108,7 @@ class CudaBenchConfig:
         Raises:
             ValueError: a CUDA device without CUDA, an unknown size, a count below 1.
         """
-        from omni_actors.actors.torch_engine import resolve_device
+        from omni_actors.actors.engines.torch_engine import resolve_device
 
         gpu = torch.device(device or "cuda").type == "cuda" and torch.cuda.is_available()
         if device is not None and torch.device(device).type == "cuda" and not gpu:

@@ -42,9 +42,9 @@ async def tiny_omni_bench(config: CudaBenchConfig) -> dict[str, Any]:
     """
     from omni_actors.bench.models import fixed_replies
     from omni_actors.bench.pipeline import _drive, _Sample
-    from omni_actors.model_cache import prepare
-    from omni_actors.serving.omni_pipeline import OmniPipeline
-    from omni_actors.serving.pipeline_spec import load_pipeline
+    from omni_actors.models.cache import prepare
+    from omni_actors.pipeline.omni_pipeline import OmniPipeline
+    from omni_actors.pipeline.spec.pipeline import load_pipeline
 
     spec = load_pipeline("tiny-omni").on_device(config.device)
     for family in spec.model_families().values():
@@ -111,8 +111,8 @@ def _code_predictor(config: CudaBenchConfig) -> dict[str, Any]:
     ``DynamicCache`` is allocated in the graph's memory pool, so replays reuse it.
     Runs in a thread of its own; the event loop is not blocked.
     """
-    from omni_actors.actors.tiny_omni import configs, stepping, weights
-    from omni_actors.model_cache import prepare
+    from omni_actors.actors.engines.tiny_omni import configs, stepping, weights
+    from omni_actors.models.cache import prepare
 
     device = torch.device(config.device)
     torch.cuda.set_device(device)

@@ -14,7 +14,7 @@ import msgspec
 import torch
 
 from omni_actors import Actor
-from omni_actors.actors.torch_engine import resolve_device
+from omni_actors.actors.engines.torch_engine import resolve_device
 from omni_actors.cuda import DeviceInbound
 from omni_actors.protocols.message import Request
 

@@ -23,9 +23,9 @@ from collections.abc import AsyncIterator
 
 import torch
 
-from omni_actors.actors.engine import Fields
-from omni_actors.actors.scripted import ScriptedArgs, ScriptedEngine, ScriptedEngineError
-from omni_actors.serving.pipeline_spec import PipelineSpec
+from omni_actors.actors.engines.contract import Fields
+from omni_actors.actors.engines.scripted import ScriptedArgs, ScriptedEngine, ScriptedEngineError
+from omni_actors.pipeline.spec.pipeline import PipelineSpec
 
 __all__ = ["engine_cpu_ms_per_request"]
 

@@ -1,6 +1,6 @@
 """The ideal latency of a scripted pipeline, from its declared numbers alone.
 
-A pipeline of :class:`~omni_actors.actors.scripted.ScriptedEngine` stages declares how
+A pipeline of :class:`~omni_actors.actors.engines.scripted.ScriptedEngine` stages declares how
 long each engine computes; everything the framework adds (messages, tasks, windows,
 accounting) comes on top. Simulating the engines and the edges with zero-cost hops gives
 the floor a measurement is compared against, so ``bench pipeline`` can report overhead
@@ -34,9 +34,9 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from omni_actors.actors.scripted import ScriptedArgs
+from omni_actors.actors.engines.scripted import ScriptedArgs
 from omni_actors.errors import OmniError
-from omni_actors.serving.pipeline_spec import EdgeSpec, PipelineSpec
+from omni_actors.pipeline.spec.pipeline import EdgeSpec, PipelineSpec
 
 __all__ = ["IdealTimes", "IdealUnavailableError", "ideal_times", "path_hops"]
 

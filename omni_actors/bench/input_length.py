@@ -31,8 +31,8 @@ import torch
 from omni_actors.bench.pipeline import _percentile
 from omni_actors.clock import Clock
 from omni_actors.errors import OmniError
+from omni_actors.pipeline.omni_pipeline import OmniPipeline
 from omni_actors.protocols.events import TERMINAL, AudioDelta, ResponseDone, TextDelta
-from omni_actors.serving.omni_pipeline import OmniPipeline
 
 __all__ = [
     "DEFAULT_INPUT_AUDIO_S",

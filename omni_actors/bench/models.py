@@ -25,9 +25,9 @@ from omni_actors.bench.input_length import (
     measure_input_length,
 )
 from omni_actors.bench.pipeline import _drive, _machine, _ms, _percentile, _Sample
-from omni_actors.model_cache import prepare
-from omni_actors.serving.omni_pipeline import OmniPipeline
-from omni_actors.serving.pipeline_spec import PipelineConfigError, PipelineSpec, load_pipeline
+from omni_actors.models.cache import prepare
+from omni_actors.pipeline.omni_pipeline import OmniPipeline
+from omni_actors.pipeline.spec.pipeline import PipelineConfigError, PipelineSpec, load_pipeline
 
 __all__ = ["MODEL_CONCURRENCY", "full_variant", "is_model_pipeline", "run_model_bench"]
 

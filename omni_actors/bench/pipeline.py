@@ -37,17 +37,17 @@ from typing import Any, Literal, get_args
 
 import torch
 
-from omni_actors.actors.scripted import ScriptedArgs, ScriptedEngine
+from omni_actors.actors.engines.scripted import ScriptedArgs, ScriptedEngine
 from omni_actors.bench.engine_cpu import engine_cpu_ms_per_request
 from omni_actors.bench.ideal import IdealTimes, ideal_times
 from omni_actors.bench.pipeline_targets import targets, wire_ms_per_hop
 from omni_actors.bench.profiling import Profiler
 from omni_actors.bench.resources import tree_cpu_s
-from omni_actors.heap import freeze_heap
+from omni_actors.models.heap import freeze_heap
+from omni_actors.pipeline.omni_pipeline import OmniPipeline
+from omni_actors.pipeline.spec.pipeline import DeadlinesSpec, PipelineSpec, load_pipeline
 from omni_actors.protocols.control import EdgeMode
 from omni_actors.protocols.events import Aborted, AudioDelta, Done, SessionError
-from omni_actors.serving.omni_pipeline import OmniPipeline
-from omni_actors.serving.pipeline_spec import DeadlinesSpec, PipelineSpec, load_pipeline
 
 __all__ = [
     "DEFAULT_CONCURRENCY",

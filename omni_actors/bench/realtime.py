@@ -40,7 +40,7 @@ from omni_actors.bench.input_length import (
 from omni_actors.bench.pipeline import _machine, _percentile
 from omni_actors.bench.realtime_client import CLIENT_RATE, ClientReport, encode_frames, run_client
 from omni_actors.bench.server_process import CpuSnapshot, ServerProcess, server_process
-from omni_actors.serving.pipeline_spec import load_pipeline
+from omni_actors.pipeline.spec.pipeline import load_pipeline
 
 __all__ = [
     "DEFAULT_INPUT_REPEATS",

@@ -28,9 +28,9 @@ from pathlib import Path
 from omni_actors import run
 from omni_actors.bench.models import fixed_replies
 from omni_actors.cli.prepare import prepared_spec
+from omni_actors.pipeline.spec.pipeline import PipelineSpec
 from omni_actors.server.runner import run_server
 from omni_actors.server.settings import ServerSettings
-from omni_actors.serving.pipeline_spec import PipelineSpec
 
 __all__ = ["bench_pipeline", "main"]
 

@@ -24,12 +24,12 @@ from typing import Any
 
 from omni_actors.bench.models import fixed_replies
 from omni_actors.bench.pipeline import _machine, _percentile
-from omni_actors.model_cache import prepare
+from omni_actors.models.cache import prepare
+from omni_actors.pipeline.omni_pipeline import OmniPipeline
+from omni_actors.pipeline.response import Response
+from omni_actors.pipeline.session import Session
+from omni_actors.pipeline.spec.pipeline import load_pipeline
 from omni_actors.protocols.events import ResponseDone, TextDelta
-from omni_actors.serving.omni_pipeline import OmniPipeline
-from omni_actors.serving.pipeline_spec import load_pipeline
-from omni_actors.serving.response import Response
-from omni_actors.serving.session import Session
 
 __all__ = ["KINDS", "run_rollback_bench"]
 

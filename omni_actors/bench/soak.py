@@ -30,9 +30,9 @@ import torch
 
 from omni_actors.bench.resources import Resources, snapshot
 from omni_actors.errors import OmniError
+from omni_actors.pipeline.omni_pipeline import OmniPipeline
+from omni_actors.pipeline.spec.pipeline import PipelineSpec
 from omni_actors.protocols.events import ResponseDone, SessionError
-from omni_actors.serving.omni_pipeline import OmniPipeline
-from omni_actors.serving.pipeline_spec import PipelineSpec
 
 __all__ = [
     "TARGET_RSS_GROWTH_PCT",
@@ -270,8 +270,8 @@ async def run_soak_bench(
 
 def prepared(preset: str | Path, cache_dir: Path | None, seed: int) -> PipelineSpec:
     """``preset`` with its model families prepared (weights generated once) and named."""
-    from omni_actors.model_cache import prepare
-    from omni_actors.serving.pipeline_spec import load_pipeline
+    from omni_actors.models.cache import prepare
+    from omni_actors.pipeline.spec.pipeline import load_pipeline
 
     spec = load_pipeline(preset)
     for family in spec.model_families().values():

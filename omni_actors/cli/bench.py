@@ -217,7 +217,7 @@ def _bench_pipeline(ns: argparse.Namespace) -> dict[str, Any]:
     from omni_actors.bench.input_length import InputLengthError, check_input_lengths
     from omni_actors.bench.pipeline import PLACEMENTS, bench_specs, run_pipeline_bench
     from omni_actors.bench.profiling import Profiler
-    from omni_actors.serving.pipeline_spec import PipelineConfigError
+    from omni_actors.pipeline.spec.pipeline import PipelineConfigError
 
     if ns.cluster is not None:
         from omni_actors.bench.cluster_cli import bench_cluster

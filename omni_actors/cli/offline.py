@@ -15,7 +15,7 @@ import torch
 
 from omni_actors.cli.prepare import NotPreparedError, prepared_spec
 from omni_actors.errors import OmniError
-from omni_actors.serving.pipeline_spec import PipelineSpec, load_pipeline
+from omni_actors.pipeline.spec.pipeline import PipelineSpec, load_pipeline
 
 __all__ = ["add_run_arguments", "run_command"]
 
@@ -67,7 +67,7 @@ class _UsageError(Exception):
 
 
 def _read_audio(path: Path) -> torch.Tensor:
-    from omni_actors.wav import read_wav
+    from omni_actors.audio.wav import read_wav
 
     audio, _ = read_wav(path, rate=INPUT_RATE)
     return audio
@@ -84,9 +84,9 @@ def _prepared(spec: PipelineSpec, ns: argparse.Namespace) -> PipelineSpec:
 async def _request(
     spec: PipelineSpec, text: str | None, audio: torch.Tensor | None, out: Path
 ) -> int:
+    from omni_actors.audio.wav import write_wav
+    from omni_actors.pipeline.omni_pipeline import OmniPipeline
     from omni_actors.protocols.events import AudioDelta, Done, SessionError, TextDelta
-    from omni_actors.serving.omni_pipeline import OmniPipeline
-    from omni_actors.wav import write_wav
 
     pieces: list[torch.Tensor] = []
     rate = spec.outputs.sample_rate

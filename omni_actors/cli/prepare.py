@@ -8,10 +8,10 @@ from pathlib import Path
 
 from omni_actors.cli.progress import ProgressBar
 from omni_actors.errors import OmniError
-from omni_actors.model_cache import default_cache_dir, is_prepared, prepare
-from omni_actors.model_cache import prepare as _prepare
-from omni_actors.model_family import model_families
-from omni_actors.serving.pipeline_spec import PipelineSpec, load_pipeline
+from omni_actors.models.cache import default_cache_dir, is_prepared, prepare
+from omni_actors.models.cache import prepare as _prepare
+from omni_actors.models.family import model_families
+from omni_actors.pipeline.spec.pipeline import PipelineSpec, load_pipeline
 
 __all__ = ["NotPreparedError", "add_prepare_arguments", "prepare_command", "prepared_spec"]
 

@@ -17,10 +17,10 @@ from pathlib import Path
 
 from omni_actors.cli.prepare import prepared_spec
 from omni_actors.errors import OmniError
-from omni_actors.heap import freeze_heap
+from omni_actors.models.heap import freeze_heap
+from omni_actors.pipeline.spec.pipeline import PipelineSpec
 from omni_actors.server.runner import run_server
 from omni_actors.server.settings import ServerSettings
-from omni_actors.serving.pipeline_spec import PipelineSpec
 
 __all__ = ["add_serve_arguments", "serve_command"]
 

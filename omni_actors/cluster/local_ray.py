@@ -2,7 +2,7 @@
 
 Node A (the head) offers the custom resource ``node_a``, node B offers ``node_b``: a
 stage whose placement asks for one of them runs on that node
-(``omni_actors.serving.cluster_hosts.pin``). Both nodes
+(``omni_actors.pipeline.cluster_hosts.pin``). Both nodes
 are Ray processes on this host, so the stages still talk over TCP with CURVE, as across
 machines, only over loopback. ``bench pipeline --cluster local-ray`` and the scale-out
 tests use it.

@@ -40,7 +40,7 @@ from omni_actors.protocols.device import (
     DeviceSlice,
     SlotsFree,
 )
-from omni_actors.transport.codec import TORCH_DTYPES, TORCH_NAMES
+from omni_actors.protocols.tensors import TORCH_DTYPES, TORCH_NAMES
 
 __all__ = ["DeviceLink", "DeviceLinkImport", "gpu_uuid", "host_identity", "map_offer"]
 

@@ -27,13 +27,13 @@ from starlette.routing import Mount, Route, WebSocketRoute
 from starlette.staticfiles import StaticFiles
 from starlette.websockets import WebSocket
 
+from omni_actors.pipeline.omni_pipeline import OmniPipeline
 from omni_actors.server.auth import authorized, origin_allowed, pick_subprotocol
 from omni_actors.server.chat_completions import chat_completions
 from omni_actors.server.health import healthz, pipeline_health, readyz
 from omni_actors.server.realtime import RealtimeConnection
 from omni_actors.server.settings import ServerSettings
 from omni_actors.server.state import ServerState, server_state
-from omni_actors.serving.omni_pipeline import OmniPipeline
 
 __all__ = ["STATIC", "create_app", "server_state"]
 

@@ -29,8 +29,8 @@ import numpy as np
 import numpy.typing as npt
 import torch
 
+from omni_actors.audio.resample import StreamResampler
 from omni_actors.errors import InvalidRequestError
-from omni_actors.serving.resample import StreamResampler
 
 __all__ = [
     "BETA_FORMATS",

@@ -1,7 +1,7 @@
 """``POST /v1/chat/completions``: OpenAI's chat completions over a conversation session.
 
 A request is checked first (``chat_request.py``: nothing is started for a bad one),
-then served by one resumable :class:`~omni_actors.serving.session.Session`: the system
+then served by one resumable :class:`~omni_actors.pipeline.session.Session`: the system
 messages go to the entry stage's ``instructions`` field, each user message is sent and
 committed as a turn, and ``respond`` starts the reply, whose events become the
 completion — one ``chat.completion`` JSON body, or with ``stream: true`` server-sent
@@ -27,7 +27,10 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.types import Receive, Scope, Send
 
+from omni_actors.audio.wav import encode_wav
 from omni_actors.errors import OmniError
+from omni_actors.pipeline.response import Response as PipelineResponse
+from omni_actors.pipeline.session import Session, SessionClosedError
 from omni_actors.protocols.chat_completions import (
     AssistantReply,
     ChatAudio,
@@ -55,9 +58,6 @@ from omni_actors.server.auth import authorized
 from omni_actors.server.chat_request import OUTPUT_RATE, ChatPlan, ChatRequestError, plan_request
 from omni_actors.server.input_stream import INSTRUCTIONS_FIELD
 from omni_actors.server.state import ServerState, server_state
-from omni_actors.serving.response import Response as PipelineResponse
-from omni_actors.serving.session import Session, SessionClosedError
-from omni_actors.wav import encode_wav
 
 __all__ = ["ChatCompletionReply", "ReplyFailedError", "chat_completions"]
 

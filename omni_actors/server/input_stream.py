@@ -20,10 +20,10 @@ from dataclasses import dataclass
 
 import torch
 
-from omni_actors.actors.engine import INSTRUCTIONS_FIELD
+from omni_actors.actors.engines.contract import INSTRUCTIONS_FIELD
 from omni_actors.errors import InvalidRequestError, OmniError
+from omni_actors.pipeline.session import Session, SessionClosedError
 from omni_actors.server.response_stream import ResponseStream
-from omni_actors.serving.session import Session, SessionClosedError
 
 __all__ = ["INSTRUCTIONS_FIELD", "InputStream", "Op"]
 

@@ -24,6 +24,7 @@ import msgspec
 from starlette.websockets import WebSocket, WebSocketDisconnect, WebSocketState
 
 from omni_actors.errors import InvalidRequestError
+from omni_actors.pipeline.session import Session
 from omni_actors.protocols.events import (
     TERMINAL,
 )
@@ -57,7 +58,6 @@ from omni_actors.server.replies import Replies
 from omni_actors.server.request_error import described
 from omni_actors.server.session_config import SessionSettings, SettingError
 from omni_actors.server.state import ServerState
-from omni_actors.serving.session import Session
 
 __all__ = ["RealtimeConnection"]
 

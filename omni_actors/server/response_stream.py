@@ -16,6 +16,7 @@ from typing import Literal, TypedDict
 
 import torch
 
+from omni_actors.pipeline.response import Response
 from omni_actors.protocols.events import ResponseDone as PipelineResponseDone
 from omni_actors.protocols.realtime_server import (
     ConversationItem,
@@ -42,7 +43,6 @@ from omni_actors.protocols.realtime_server import (
 )
 from omni_actors.server.audio_format import OutputAudio, format_rate
 from omni_actors.server.session_config import ResponseSettings, describe_format
-from omni_actors.serving.response import Response
 
 __all__ = ["CancelReason", "ResponseStream"]
 

@@ -25,11 +25,11 @@ from dataclasses import dataclass
 
 import uvicorn
 
+from omni_actors.pipeline.omni_pipeline import OmniPipeline
+from omni_actors.pipeline.spec.pipeline import PipelineSpec
 from omni_actors.server.app import create_app
 from omni_actors.server.settings import ServerSettings
 from omni_actors.server.state import ServerState
-from omni_actors.serving.omni_pipeline import OmniPipeline
-from omni_actors.serving.pipeline_spec import PipelineSpec
 
 __all__ = ["RunningServer", "run_server"]
 

@@ -8,9 +8,9 @@ from typing import TYPE_CHECKING
 
 from starlette.requests import HTTPConnection
 
+from omni_actors.pipeline.omni_pipeline import OmniPipeline
 from omni_actors.server.metrics import ServerMetrics
 from omni_actors.server.settings import ServerSettings
-from omni_actors.serving.omni_pipeline import OmniPipeline
 
 if TYPE_CHECKING:
     from omni_actors.server.realtime import RealtimeConnection

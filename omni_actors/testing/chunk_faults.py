@@ -14,7 +14,7 @@ from typing import Any
 
 from omni_actors._actor import Actor
 from omni_actors._ref import ActorRef
-from omni_actors.actors.stage import StageActor
+from omni_actors.actors.stage.actor import StageActor
 from omni_actors.protocols.stage import Chunk, SessionKey
 from omni_actors.testing.faults import crash_after
 

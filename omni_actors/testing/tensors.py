@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import torch
 
-from omni_actors.transport.codec import TORCH_DTYPES
+from omni_actors.protocols.tensors import TORCH_DTYPES
 
 __all__ = ["SENDABLE_DTYPES", "random_bits", "same_bits"]
 

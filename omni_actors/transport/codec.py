@@ -25,13 +25,18 @@ import torch
 from omni_actors import ActorRef
 from omni_actors.errors import ProtocolError
 from omni_actors.protocols.address import ActorAddress
-from omni_actors.protocols.tensors import LIB_NUMPY, LIB_TORCH, TensorDesc
+from omni_actors.protocols.tensors import (
+    LIB_NUMPY,
+    LIB_TORCH,
+    MAX_DIMS,
+    NUMPY_DTYPES,
+    TORCH_DTYPES,
+    TORCH_NAMES,
+    TensorDesc,
+)
 from omni_actors.protocols.wire import RefDesc
 
 __all__ = [
-    "MAX_DIMS",
-    "TORCH_DTYPES",
-    "TORCH_NAMES",
     "Decoder",
     "Encoder",
     "SlabReader",
@@ -41,44 +46,9 @@ __all__ = [
 
 T = TypeVar("T")
 
-TORCH_DTYPES: dict[str, torch.dtype] = {  # every dtype a tensor may be sent as, by name
-    "float16": torch.float16,
-    "bfloat16": torch.bfloat16,
-    "float32": torch.float32,
-    "float64": torch.float64,
-    "complex64": torch.complex64,
-    "complex128": torch.complex128,
-    "int8": torch.int8,
-    "int16": torch.int16,
-    "int32": torch.int32,
-    "int64": torch.int64,
-    "uint8": torch.uint8,
-    "bool": torch.bool,
-}
-TORCH_NAMES = {dtype: name for name, dtype in TORCH_DTYPES.items()}
 _NUMPY_OF_TORCH: dict[torch.dtype, np.dtype[Any]] = {
     dtype: np.dtype(name) for name, dtype in TORCH_DTYPES.items() if name != "bfloat16"
 }
-_NUMPY_DTYPES: dict[str, np.dtype[Any]] = {
-    name: np.dtype(name)
-    for name in [
-        "float16",
-        "float32",
-        "float64",
-        "complex64",
-        "complex128",
-        "int8",
-        "int16",
-        "int32",
-        "int64",
-        "uint8",
-        "uint16",
-        "uint32",
-        "uint64",
-        "bool",
-    ]
-}
-MAX_DIMS = 32  # the most dimensions a tensor on the wire may have
 
 
 class SlabWriter(Protocol):
@@ -195,7 +165,7 @@ class Encoder:
                 return TensorDesc(LIB_TORCH, dtype, tuple(obj.shape), data=data)
             return self._place(LIB_TORCH, dtype, tuple(obj.shape), _torch_bytes(obj))
         if isinstance(obj, np.ndarray):
-            if obj.dtype.name not in _NUMPY_DTYPES or obj.dtype.byteorder == ">":
+            if obj.dtype.name not in NUMPY_DTYPES or obj.dtype.byteorder == ">":
                 raise TypeError(f"numpy dtype {obj.dtype} cannot be sent")
             array = np.ascontiguousarray(obj)
             return self._place(
@@ -322,7 +292,7 @@ class Decoder(Generic[T]):
     def _tensor(self, desc: TensorDesc, want: int) -> Any:
         if desc.lib != want:
             raise ProtocolError("tensor library does not match the field type")
-        table: dict[str, Any] = TORCH_DTYPES if want == LIB_TORCH else _NUMPY_DTYPES
+        table: dict[str, Any] = TORCH_DTYPES if want == LIB_TORCH else NUMPY_DTYPES
         dtype = table.get(desc.dtype)
         if dtype is None:
             raise ProtocolError(f"unknown dtype {desc.dtype!r}")

@@ -27,7 +27,7 @@ from typing import Any
 import msgspec
 
 from omni_actors import Actor, ActorSystem, MailboxConfig, Props, remoting, run
-from omni_actors.heap import freeze_heap
+from omni_actors.models.heap import freeze_heap
 from omni_actors.protocols import wire
 from omni_actors.transport.endpoints import CurveKeys
 from omni_actors.transport.link import Link
@@ -138,7 +138,7 @@ class _Worker:
 
         remoting.terminated(ref).add_done_callback(exited)
         # Started: what the worker holds now (torch, the engine, its weights' objects)
-        # stays, so full collections need not walk it (see ``omni_actors.heap``).
+        # stays, so full collections need not walk it (see ``omni_actors.models.heap``).
         freeze_heap()
         self._to_parent(wire.ActorStarted(node_id, ref.path, request.capacity))
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from omni_actors.actors.accumulate import Accumulator, ChunkGapError, ChunkSequence
+from omni_actors.actors.stage.accumulate import Accumulator, ChunkGapError, ChunkSequence
 
 
 def test_concat_is_the_default_and_replace_keeps_the_latest() -> None:

@@ -7,7 +7,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from omni_actors.actors.chunk_policy import ChunkPolicy, FrameChunk
+from omni_actors.actors.stage.chunk_policy import ChunkPolicy, FrameChunk
 
 
 def _run(

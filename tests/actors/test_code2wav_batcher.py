@@ -9,7 +9,7 @@ from collections.abc import AsyncIterator
 import pytest
 import torch
 
-from omni_actors.actors.tiny_omni.code2wav_batcher import WindowBatcher
+from omni_actors.actors.engines.tiny_omni.code2wav_batcher import WindowBatcher
 
 QUANTIZERS = 4
 

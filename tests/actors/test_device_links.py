@@ -11,8 +11,8 @@ import pytest
 import torch
 
 from omni_actors._task_scope import TaskScope
-from omni_actors.actors.device_links import DeviceLinkLostError, DeviceLinks
-from omni_actors.actors.stage import StageActor
+from omni_actors.actors.stage.actor import StageActor
+from omni_actors.actors.stage.device_links import DeviceLinkLostError, DeviceLinks
 from omni_actors.cuda import EventWaiter
 from omni_actors.protocols.device import (
     DeviceChunk,

@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from omni_actors.actors.engine import Ports
-from omni_actors.actors.engine_registry import (
+from omni_actors.actors.engines.contract import Ports
+from omni_actors.actors.engines.registry import (
     ENGINE_ENTRY_POINTS,
     EngineArgsError,
     EngineUnavailableError,
@@ -19,8 +19,8 @@ from omni_actors.actors.engine_registry import (
     engine_kinds,
     engine_type,
 )
-from omni_actors.actors.scripted import ScriptedEngine
-from omni_actors.model_family import FAMILY_ENTRY_POINTS, model_family
+from omni_actors.actors.engines.scripted import ScriptedEngine
+from omni_actors.models.family import FAMILY_ENTRY_POINTS, model_family
 
 WriteModule = Callable[[str], str]
 
@@ -72,9 +72,9 @@ class Echo:
 
 def test_builtin_kinds_come_from_this_packages_entry_points() -> None:
     engines = {p.name: p.value for p in entry_points(group=ENGINE_ENTRY_POINTS)}
-    assert engines["scripted"] == "omni_actors.actors.scripted:ScriptedEngine"
+    assert engines["scripted"] == "omni_actors.actors.engines.scripted:ScriptedEngine"
     families = {p.name: p.value for p in entry_points(group=FAMILY_ENTRY_POINTS)}
-    assert families["tiny-omni"] == "omni_actors.actors.tiny_omni.family:TINY_OMNI"
+    assert families["tiny-omni"] == "omni_actors.actors.engines.tiny_omni.family:TINY_OMNI"
     # a family's engines are kinds too, imported only when a pipeline names one
     kinds = engine_kinds()
     assert kinds["scripted"] == engines["scripted"]

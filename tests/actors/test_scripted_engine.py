@@ -8,8 +8,8 @@ from collections.abc import AsyncIterator
 import pytest
 import torch
 
-from omni_actors.actors.engine import Engine, Fields
-from omni_actors.actors.scripted import ScriptedArgs, ScriptedEngine
+from omni_actors.actors.engines.contract import Engine, Fields
+from omni_actors.actors.engines.scripted import ScriptedArgs, ScriptedEngine
 
 
 async def _inputs(n: int) -> AsyncIterator[Fields]:
@@ -114,8 +114,8 @@ def test_its_ports_follow_its_arguments() -> None:
 
 
 def test_scripted_preset_stages_build_engines() -> None:
-    from omni_actors.actors.engine_registry import build_engine
-    from omni_actors.serving.pipeline_spec import load_pipeline
+    from omni_actors.actors.engines.registry import build_engine
+    from omni_actors.pipeline.spec.pipeline import load_pipeline
 
     spec = load_pipeline("scripted-omni")
     engines = {s.name: build_engine(s.engine.kind, s.engine.args) for s in spec.stages}

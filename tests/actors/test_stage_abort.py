@@ -10,8 +10,8 @@ from typing import Any
 import pytest
 import torch
 
-from omni_actors.actors.scripted import ScriptedArgs, ScriptedEngine
-from omni_actors.actors.stage import StageActor
+from omni_actors.actors.engines.scripted import ScriptedArgs, ScriptedEngine
+from omni_actors.actors.stage.actor import StageActor
 from omni_actors.protocols.control import Abort, Deadlines, Inspect, Prewarm
 from omni_actors.protocols.stage import INPUT, Chunk, SessionKey, StageReport
 from omni_actors.testing import ActorTestKit, TestProbe

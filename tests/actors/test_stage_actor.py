@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from omni_actors.actors.stage import StageActor
+from omni_actors.actors.stage.actor import StageActor
 from omni_actors.protocols.control import Abort, Deadlines, Inspect, Prewarm, StageState, Target
 from omni_actors.protocols.stage import INPUT, Chunk, SessionKey, StageReport
 from omni_actors.testing import ActorTestKit, TestProbe
@@ -109,7 +109,7 @@ async def test_a_chunk_from_a_stream_off_the_path_fails_the_session() -> None:
 async def test_a_bad_engine_fails_the_spawn_with_a_clear_error() -> None:
     import pytest
 
-    from omni_actors.actors.engine_registry import EngineArgsError, EngineUnavailableError
+    from omni_actors.actors.engines.registry import EngineArgsError, EngineUnavailableError
 
     async with ActorTestKit() as kit:
         with pytest.raises(EngineArgsError, match=r"engine\.args\.model: Field required"):

@@ -8,7 +8,7 @@ from collections.abc import AsyncIterator
 
 import pytest
 
-from omni_actors.actors.step_batcher import BatcherStoppedError, StepBatcher
+from omni_actors.actors.engines.step_batcher import BatcherStoppedError, StepBatcher
 from omni_actors.testing import eventually
 
 

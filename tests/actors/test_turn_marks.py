@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from omni_actors.actors.engine import KEPT_FIELD, TURN_FIELD
-from omni_actors.actors.turn_marks import TurnMarkError, check_truncatable, kept_of
+from omni_actors.actors.engines.contract import KEPT_FIELD, TURN_FIELD
+from omni_actors.actors.engines.turn_marks import TurnMarkError, check_truncatable, kept_of
 from omni_actors.errors import EngineError
 
 

@@ -7,7 +7,7 @@ import os
 
 import pytest
 
-from omni_actors.actors.vllm.runtime import cpu_engine_args
+from omni_actors.actors.engines.vllm.runtime import cpu_engine_args
 
 MULTIPROCESSING = "VLLM_ENABLE_V1_MULTIPROCESSING"
 

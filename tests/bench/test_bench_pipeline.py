@@ -20,7 +20,7 @@ from omni_actors.bench import pipeline as pipeline_bench
 from omni_actors.bench.ideal import IdealUnavailableError, ideal_times, path_hops
 from omni_actors.bench.pipeline import bench_spec, placed, run_pipeline_bench
 from omni_actors.cli import main
-from omni_actors.serving.pipeline_spec import PipelineSpec, load_pipeline
+from omni_actors.pipeline.spec.pipeline import PipelineSpec, load_pipeline
 
 LEVEL_KEYS = (
     "ttfa_ms_p50",
@@ -366,7 +366,7 @@ def test_profile_writes_the_statistics_and_names_the_top_functions(
     functions = [row["function"] for row in profile["top"]]
     assert len(functions) == 25
     # Only the measured requests are in it: the stages' per-chunk code, not set-up.
-    assert any("actors/outlet.py" in f for f in functions), functions
+    assert any("actors/stage/outlet.py" in f for f in functions), functions
     shares = [row["own_share"] for row in profile["top"]]
     assert shares == sorted(shares, reverse=True)
     assert 0 < sum(shares) <= 1

@@ -6,10 +6,10 @@ from typing import Any
 
 import pytest
 
-from omni_actors.actors.scripted import ScriptedEngine
+from omni_actors.actors.engines.scripted import ScriptedEngine
 from omni_actors.bench.engine_cpu import engine_cpu_ms_per_request
 from omni_actors.bench.pipeline import bench_spec
-from omni_actors.serving.pipeline_spec import PipelineSpec
+from omni_actors.pipeline.spec.pipeline import PipelineSpec
 
 
 def _spec(stages: list[dict[str, Any]], edges: list[dict[str, Any]], audio: str) -> PipelineSpec:

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from omni_actors.model_cache import prepare
+from omni_actors.models.cache import prepare
 
 pytest.importorskip("ray", reason="the ray extra is not installed")
 

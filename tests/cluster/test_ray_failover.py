@@ -16,10 +16,10 @@ import pytest
 from cluster_helpers import events_of, host_of, node_of
 
 from omni_actors.cluster.local_ray import LocalRay, start_local_ray
+from omni_actors.pipeline.cluster_hosts import pin
+from omni_actors.pipeline.omni_pipeline import OmniPipeline
+from omni_actors.pipeline.spec.pipeline import PipelineSpec, load_pipeline
 from omni_actors.protocols.events import Done, SessionError
-from omni_actors.serving.cluster_hosts import pin
-from omni_actors.serving.omni_pipeline import OmniPipeline
-from omni_actors.serving.pipeline_spec import PipelineSpec, load_pipeline
 from omni_actors.testing import eventually, kill_worker, worker_pid
 
 pytestmark = [pytest.mark.ray, pytest.mark.integration]

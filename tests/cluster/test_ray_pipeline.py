@@ -19,10 +19,10 @@ import zmq
 from cluster_helpers import events_of, host_of, node_of, ours_alive
 
 from omni_actors.cluster.local_ray import LocalRay
+from omni_actors.pipeline.cluster_hosts import pin
+from omni_actors.pipeline.omni_pipeline import OmniPipeline
+from omni_actors.pipeline.spec.pipeline import PipelineSpec, load_pipeline
 from omni_actors.protocols.events import AudioDelta, Done, Event, SessionError, TextDelta
-from omni_actors.serving.cluster_hosts import pin
-from omni_actors.serving.omni_pipeline import OmniPipeline
-from omni_actors.serving.pipeline_spec import PipelineSpec, load_pipeline
 from omni_actors.testing import eventually, kill_worker, worker_pid
 from omni_actors.transport.endpoints import CurveKeys
 

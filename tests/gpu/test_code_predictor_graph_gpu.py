@@ -8,10 +8,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from omni_actors.actors.tiny_omni import configs, stepping, weights
-from omni_actors.actors.tiny_omni.code_predictor_graph import GraphedCodePredictor
-from omni_actors.actors.tiny_omni.talker_model import TalkerModel
-from omni_actors.model_cache import prepare
+from omni_actors.actors.engines.tiny_omni import configs, stepping, weights
+from omni_actors.actors.engines.tiny_omni.code_predictor_graph import GraphedCodePredictor
+from omni_actors.actors.engines.tiny_omni.talker_model import TalkerModel
+from omni_actors.models.cache import prepare
 
 DEVICE = torch.device("cuda", 0)
 

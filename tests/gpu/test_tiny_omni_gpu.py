@@ -12,11 +12,11 @@ from pathlib import Path
 import pytest
 import torch
 
-from omni_actors.actors.stage import StageActor
-from omni_actors.model_cache import prepare
+from omni_actors.actors.stage.actor import StageActor
+from omni_actors.models.cache import prepare
+from omni_actors.pipeline.omni_pipeline import OmniPipeline
+from omni_actors.pipeline.spec.pipeline import PipelineSpec, load_pipeline
 from omni_actors.protocols.events import AudioDelta, Done, Event, TextDelta
-from omni_actors.serving.omni_pipeline import OmniPipeline
-from omni_actors.serving.pipeline_spec import PipelineSpec, load_pipeline
 from omni_actors.testing.inspection import actor_instance
 
 

@@ -24,13 +24,13 @@ import torch
 from thinker_driving import started
 from transformers import DynamicCache
 
-from omni_actors.actors.accumulate import Accumulator
-from omni_actors.actors.engine import Fields
-from omni_actors.actors.engine_registry import EngineArgsError, build_engine
-from omni_actors.actors.tiny_omni import configs, stepping, weights
-from omni_actors.actors.tiny_omni.configs import Tokens
-from omni_actors.actors.tiny_omni.talker_engine import TalkerArgs, TalkerEngine
-from omni_actors.actors.tiny_omni.thinker_engine import ThinkerArgs, ThinkerEngine
+from omni_actors.actors.engines.contract import Fields
+from omni_actors.actors.engines.registry import EngineArgsError, build_engine
+from omni_actors.actors.engines.tiny_omni import configs, stepping, weights
+from omni_actors.actors.engines.tiny_omni.configs import Tokens
+from omni_actors.actors.engines.tiny_omni.talker_engine import TalkerArgs, TalkerEngine
+from omni_actors.actors.engines.tiny_omni.thinker_engine import ThinkerArgs, ThinkerEngine
+from omni_actors.actors.stage.accumulate import Accumulator
 from omni_actors.testing import consistently, eventually
 
 pytestmark = pytest.mark.integration

@@ -22,18 +22,18 @@ pytest.importorskip("transformers")
 
 import torch
 
-from omni_actors.actors.chunk_policy import ChunkPolicy
-from omni_actors.actors.engine import CONTEXT_FIELD, Fields
-from omni_actors.actors.engine_registry import EngineArgsError, build_engine
-from omni_actors.actors.tiny_omni import configs, stepping, weights
-from omni_actors.actors.tiny_omni.code2wav_engine import (
+from omni_actors.actors.engines.contract import CONTEXT_FIELD, Fields
+from omni_actors.actors.engines.registry import EngineArgsError, build_engine
+from omni_actors.actors.engines.tiny_omni import configs, stepping, weights
+from omni_actors.actors.engines.tiny_omni.code2wav_engine import (
     Code2WavArgs,
     Code2WavEngine,
     Code2WavInputError,
     EngineStoppedError,
 )
-from omni_actors.actors.tiny_omni.code2wav_model import Code2WavModel, Piece
-from omni_actors.model_cache import prepare
+from omni_actors.actors.engines.tiny_omni.code2wav_model import Code2WavModel, Piece
+from omni_actors.actors.stage.chunk_policy import ChunkPolicy
+from omni_actors.models.cache import prepare
 from omni_actors.testing import eventually
 
 PER_FRAME = configs.SAMPLES_PER_FRAME

@@ -12,12 +12,15 @@ pytest.importorskip("transformers")
 
 import torch
 
-from omni_actors.actors.tiny_omni import weights
-from omni_actors.actors.tiny_omni.code2wav_model import Code2WavModel
-from omni_actors.actors.tiny_omni.code2wav_reach import decoder_reach
-from omni_actors.actors.tiny_omni.code2wav_snake import InPlaceSnakeBeta, replace_snake_activations
-from omni_actors.actors.tiny_omni.hf import Qwen3OmniMoeSnakeBeta
-from omni_actors.model_cache import prepare
+from omni_actors.actors.engines.tiny_omni import weights
+from omni_actors.actors.engines.tiny_omni.code2wav_model import Code2WavModel
+from omni_actors.actors.engines.tiny_omni.code2wav_reach import decoder_reach
+from omni_actors.actors.engines.tiny_omni.code2wav_snake import (
+    InPlaceSnakeBeta,
+    replace_snake_activations,
+)
+from omni_actors.actors.engines.tiny_omni.hf import Qwen3OmniMoeSnakeBeta
+from omni_actors.models.cache import prepare
 
 
 @pytest.fixture(scope="module")

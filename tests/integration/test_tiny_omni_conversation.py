@@ -21,15 +21,15 @@ pytest.importorskip("transformers")
 import torch
 from tiny_omni_reference import assistant_turn, hf_reply, hf_user_turn, reference_model
 
-from omni_actors.actors.engine import INSTRUCTIONS_FIELD
-from omni_actors.actors.tiny_omni import configs
-from omni_actors.actors.tiny_omni.conversation import system_turn
-from omni_actors.actors.tiny_omni.thinker_engine import ThinkerEngine
-from omni_actors.model_cache import prepare
+from omni_actors.actors.engines.contract import INSTRUCTIONS_FIELD
+from omni_actors.actors.engines.tiny_omni import configs
+from omni_actors.actors.engines.tiny_omni.conversation import system_turn
+from omni_actors.actors.engines.tiny_omni.thinker_engine import ThinkerEngine
+from omni_actors.models.cache import prepare
+from omni_actors.pipeline.omni_pipeline import OmniPipeline
+from omni_actors.pipeline.session import Session
+from omni_actors.pipeline.spec.pipeline import PipelineSpec, load_pipeline
 from omni_actors.protocols.events import AudioDelta, Event, ResponseDone, TextDelta
-from omni_actors.serving.omni_pipeline import OmniPipeline
-from omni_actors.serving.pipeline_spec import PipelineSpec, load_pipeline
-from omni_actors.serving.session import Session
 from omni_actors.testing import eventually, kill_worker, worker_pid
 from omni_actors.testing.inspection import actor_instance
 

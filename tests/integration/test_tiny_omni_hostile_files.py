@@ -22,11 +22,11 @@ pytest.importorskip("transformers")
 import torch
 from safetensors.torch import load_file
 
-from omni_actors.actors.tiny_omni import layout, weights
-from omni_actors.actors.tiny_omni.thinker_model import ThinkerModel
+from omni_actors.actors.engines.tiny_omni import layout, weights
+from omni_actors.actors.engines.tiny_omni.thinker_model import ThinkerModel
 from omni_actors.cli import main
 from omni_actors.errors import ModelFileError
-from omni_actors.model_cache import model_dir, prepare, require
+from omni_actors.models.cache import model_dir, prepare, require
 
 pytestmark = pytest.mark.integration
 

@@ -23,9 +23,9 @@ from transformers.models.qwen3_omni_moe.modeling_qwen3_omni_moe import (
     Qwen3OmniMoeForConditionalGeneration,
 )
 
-from omni_actors.actors.tiny_omni import configs, stepping, weights
-from omni_actors.actors.tiny_omni.configs import Tokens
-from omni_actors.model_cache import ModelNotPreparedError
+from omni_actors.actors.engines.tiny_omni import configs, stepping, weights
+from omni_actors.actors.engines.tiny_omni.configs import Tokens
+from omni_actors.models.cache import ModelNotPreparedError
 
 Models = tuple[Any, Any, Any]
 

@@ -35,18 +35,18 @@ from thinker_steps import (
 )
 from transformers import DynamicCache
 
-from omni_actors.actors.engine import (
+from omni_actors.actors.engines.contract import (
     INSTRUCTIONS_FIELD,
     REPLY_FIELD,
     TURN_FIELD,
     Fields,
 )
-from omni_actors.actors.thinker_ports import THINKER_INPUTS
-from omni_actors.actors.tiny_omni import configs, stepping
-from omni_actors.actors.tiny_omni.configs import Tokens
-from omni_actors.actors.tiny_omni.thinker_engine import ThinkerEngine
-from omni_actors.actors.tiny_omni.thinker_model import PRINTABLE
-from omni_actors.actors.turn_marks import TurnMarkError
+from omni_actors.actors.engines.thinker_ports import THINKER_INPUTS
+from omni_actors.actors.engines.tiny_omni import configs, stepping
+from omni_actors.actors.engines.tiny_omni.configs import Tokens
+from omni_actors.actors.engines.tiny_omni.thinker_engine import ThinkerEngine
+from omni_actors.actors.engines.tiny_omni.thinker_model import PRINTABLE
+from omni_actors.actors.engines.turn_marks import TurnMarkError
 
 pytestmark = pytest.mark.integration
 

@@ -23,14 +23,20 @@ pytest.importorskip("transformers")
 
 import torch
 
-from omni_actors import model_cache
-from omni_actors.actors.engine import Fields
-from omni_actors.actors.tiny_omni import configs
-from omni_actors.actors.tiny_omni.hf import DynamicCache
-from omni_actors.actors.tiny_omni.talker_engine import TalkerArgs, TalkerEngine
-from omni_actors.actors.tiny_omni.talker_input import ReplyInput
-from omni_actors.actors.tiny_omni.talker_model import Frame, FrameStep, Speech, TalkerModel, Voice
-from omni_actors.actors.tiny_omni.thinker_engine import ThinkerArgs, ThinkerEngine
+from omni_actors.actors.engines.contract import Fields
+from omni_actors.actors.engines.tiny_omni import configs
+from omni_actors.actors.engines.tiny_omni.hf import DynamicCache
+from omni_actors.actors.engines.tiny_omni.talker_engine import TalkerArgs, TalkerEngine
+from omni_actors.actors.engines.tiny_omni.talker_input import ReplyInput
+from omni_actors.actors.engines.tiny_omni.talker_model import (
+    Frame,
+    FrameStep,
+    Speech,
+    TalkerModel,
+    Voice,
+)
+from omni_actors.actors.engines.tiny_omni.thinker_engine import ThinkerArgs, ThinkerEngine
+from omni_actors.models import cache as model_cache
 
 pytestmark = pytest.mark.integration
 

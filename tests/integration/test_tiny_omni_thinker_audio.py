@@ -20,12 +20,12 @@ from thinker_driving import thinker
 from thinker_steps import ids, respond
 from transformers import DynamicCache
 
-from omni_actors.actors.engine import Fields
-from omni_actors.actors.tiny_omni import configs, stepping
-from omni_actors.actors.tiny_omni.audio_stream import AudioClip
-from omni_actors.actors.tiny_omni.configs import Tokens
-from omni_actors.actors.tiny_omni.log_mel import LogMel
-from omni_actors.actors.tiny_omni.thinker_model import PRINTABLE
+from omni_actors.actors.engines.contract import Fields
+from omni_actors.actors.engines.tiny_omni import configs, stepping
+from omni_actors.actors.engines.tiny_omni.audio_stream import AudioClip
+from omni_actors.actors.engines.tiny_omni.configs import Tokens
+from omni_actors.actors.engines.tiny_omni.log_mel import LogMel
+from omni_actors.actors.engines.tiny_omni.thinker_model import PRINTABLE
 
 pytestmark = pytest.mark.integration
 

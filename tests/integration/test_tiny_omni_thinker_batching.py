@@ -20,14 +20,14 @@ pytest.importorskip("transformers")
 
 import torch
 
-from omni_actors import model_cache
-from omni_actors.actors.engine import Fields
-from omni_actors.actors.tiny_omni.configs import Tokens
-from omni_actors.actors.tiny_omni.conversation import Conversation, system_turn
-from omni_actors.actors.tiny_omni.hf import DynamicCache
-from omni_actors.actors.tiny_omni.sampling import Sampling
-from omni_actors.actors.tiny_omni.thinker_engine import ThinkerArgs, ThinkerEngine
-from omni_actors.actors.tiny_omni.thinker_model import DecodeStep, ThinkerModel
+from omni_actors.actors.engines.contract import Fields
+from omni_actors.actors.engines.tiny_omni.configs import Tokens
+from omni_actors.actors.engines.tiny_omni.conversation import Conversation, system_turn
+from omni_actors.actors.engines.tiny_omni.hf import DynamicCache
+from omni_actors.actors.engines.tiny_omni.sampling import Sampling
+from omni_actors.actors.engines.tiny_omni.thinker_engine import ThinkerArgs, ThinkerEngine
+from omni_actors.actors.engines.tiny_omni.thinker_model import DecodeStep, ThinkerModel
+from omni_actors.models import cache as model_cache
 
 pytestmark = pytest.mark.integration
 

@@ -32,10 +32,10 @@ from test_tiny_omni_thinker_turns import (
     user_outputs,
 )
 
-from omni_actors.actors.engine import INSTRUCTIONS_FIELD, Fields
-from omni_actors.actors.tiny_omni.configs import Tokens
-from omni_actors.actors.tiny_omni.conversation import system_turn
-from omni_actors.serving.pipeline_spec import load_pipeline
+from omni_actors.actors.engines.contract import INSTRUCTIONS_FIELD, Fields
+from omni_actors.actors.engines.tiny_omni.configs import Tokens
+from omni_actors.actors.engines.tiny_omni.conversation import system_turn
+from omni_actors.pipeline.spec.pipeline import load_pipeline
 
 pytestmark = pytest.mark.integration
 

@@ -10,9 +10,9 @@ from typing import Any, Protocol, TypeVar
 
 import pytest
 
-from omni_actors import model_cache
-from omni_actors.actors.tiny_omni import weights
-from omni_actors.actors.tiny_omni.thinker_engine import ThinkerArgs, ThinkerEngine
+from omni_actors.actors.engines.tiny_omni import weights
+from omni_actors.actors.engines.tiny_omni.thinker_engine import ThinkerArgs, ThinkerEngine
+from omni_actors.models import cache as model_cache
 
 
 class _Engine(Protocol):

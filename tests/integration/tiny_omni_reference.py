@@ -18,10 +18,10 @@ from transformers.models.qwen3_omni_moe.modeling_qwen3_omni_moe import (
     Qwen3OmniMoeForConditionalGeneration,
 )
 
-from omni_actors.actors.engine import Fields
-from omni_actors.actors.tiny_omni import configs, stepping, weights
-from omni_actors.actors.tiny_omni.configs import Tokens
-from omni_actors.actors.tiny_omni.thinker_model import PRINTABLE
+from omni_actors.actors.engines.contract import Fields
+from omni_actors.actors.engines.tiny_omni import configs, stepping, weights
+from omni_actors.actors.engines.tiny_omni.configs import Tokens
+from omni_actors.actors.engines.tiny_omni.thinker_model import PRINTABLE
 
 
 def reference_model(cache_dir: Path) -> Any:

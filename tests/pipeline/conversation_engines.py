@@ -21,7 +21,7 @@ from typing import ClassVar
 
 import torch
 
-from omni_actors.actors.engine import (
+from omni_actors.actors.engines.contract import (
     KEPT_FIELD,
     REPLY_FIELD,
     TURN_FIELD,

@@ -5,10 +5,10 @@ from __future__ import annotations
 from collections.abc import AsyncIterator
 from typing import Any
 
-from omni_actors.actors.stage import StageActor
+from omni_actors.actors.stage.actor import StageActor
+from omni_actors.pipeline.omni_pipeline import OmniPipeline
+from omni_actors.pipeline.spec.pipeline import PipelineSpec
 from omni_actors.protocols.events import AudioDelta, Done, Event, TextDelta
-from omni_actors.serving.omni_pipeline import OmniPipeline
-from omni_actors.serving.pipeline_spec import PipelineSpec
 from omni_actors.testing import ActorTestKit, eventually
 from omni_actors.testing.inspection import actor_instance
 

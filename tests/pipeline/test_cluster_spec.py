@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 
 from omni_actors import Props
-from omni_actors.serving.pipeline_spec import PipelineConfigError, PipelineSpec, load_pipeline
+from omni_actors.pipeline.spec.pipeline import PipelineConfigError, PipelineSpec, load_pipeline
 from omni_actors.transport.worker_hosts import LOCAL
 
 

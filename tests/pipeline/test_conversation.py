@@ -17,15 +17,15 @@ import torch
 from conversation_engines import TurnEcho
 
 from omni_actors.errors import InvalidRequestError
+from omni_actors.pipeline.omni_pipeline import OmniPipeline
+from omni_actors.pipeline.session import Session
+from omni_actors.pipeline.spec.pipeline import PipelineSpec
 from omni_actors.protocols.events import (
     AudioDelta,
     Event,
     ResponseDone,
     TextDelta,
 )
-from omni_actors.serving.omni_pipeline import OmniPipeline
-from omni_actors.serving.pipeline_spec import PipelineSpec
-from omni_actors.serving.session import Session
 from omni_actors.testing.inspection import actor_instance
 
 SAMPLE_RATE = 1000  # 100 samples per character: 100 ms each

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import torch
 
-from omni_actors.actors.engine import INSTRUCTIONS_FIELD, REPLY_FIELD
-from omni_actors.serving.conversation_log import ConversationLog
+from omni_actors.actors.engines.contract import INSTRUCTIONS_FIELD, REPLY_FIELD
+from omni_actors.pipeline.conversation_log import ConversationLog
 
 
 def replayed(log: ConversationLog) -> list[tuple[str, object]]:

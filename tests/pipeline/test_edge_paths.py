@@ -11,8 +11,8 @@ from typing import Any
 import pytest
 import yaml
 
-from omni_actors.serving.edge_paths import edge_paths
-from omni_actors.serving.pipeline_spec import PipelineConfigError, load_pipeline
+from omni_actors.pipeline.spec.edge_paths import edge_paths
+from omni_actors.pipeline.spec.pipeline import PipelineConfigError, load_pipeline
 
 
 def spec(tmp_path: Path, talker: dict[str, Any], code2wav: dict[str, Any], **edge: Any) -> Any:

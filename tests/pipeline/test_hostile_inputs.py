@@ -12,12 +12,12 @@ import pytest
 import torch
 from pipeline_helpers import assert_nothing_held, collect, done, make_spec, text_of
 
-from omni_actors.actors.flow import BackpressureError
+from omni_actors.actors.stage.flow import BackpressureError
 from omni_actors.errors import InvalidRequestError
+from omni_actors.pipeline.omni_pipeline import OmniPipeline
+from omni_actors.pipeline.session import Session
+from omni_actors.pipeline.session_input import SessionClosedError
 from omni_actors.protocols.events import Aborted, Event, ResponseDone, SessionError
-from omni_actors.serving.omni_pipeline import OmniPipeline
-from omni_actors.serving.session import Session
-from omni_actors.serving.session_input import SessionClosedError
 
 RATE = 16000
 PROCESS = [pytest.param((), id="in-process"), pytest.param(("thinker",), id="worker")]

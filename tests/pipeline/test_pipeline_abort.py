@@ -12,8 +12,8 @@ import contextlib
 
 from pipeline_helpers import armed, assert_nothing_held, collect, done, make_spec
 
+from omni_actors.pipeline.omni_pipeline import OmniPipeline
 from omni_actors.protocols.events import Aborted, AudioDelta, Event, TextDelta
-from omni_actors.serving.omni_pipeline import OmniPipeline
 from omni_actors.testing import ActorTestKit, eventually
 
 SLOW_PREFILL = {"first_output_s": 3600.0}

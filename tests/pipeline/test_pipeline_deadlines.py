@@ -17,12 +17,12 @@ import pytest
 import pytest_asyncio
 from pipeline_helpers import armed, assert_nothing_held, collect, make_spec
 
-from omni_actors.actors.scripted import ScriptedEngine
-from omni_actors.actors.stage import StageActor
+from omni_actors.actors.engines.scripted import ScriptedEngine
+from omni_actors.actors.stage.actor import StageActor
+from omni_actors.pipeline.omni_pipeline import OmniPipeline, SessionClosedError
+from omni_actors.pipeline.session import _GRACE_S
 from omni_actors.protocols.control import Prewarm
 from omni_actors.protocols.events import Event, SessionError
-from omni_actors.serving.omni_pipeline import OmniPipeline, SessionClosedError
-from omni_actors.serving.session import _GRACE_S
 from omni_actors.testing import ActorTestKit
 from omni_actors.testing.inspection import actor_instance
 

@@ -11,10 +11,10 @@ import pytest
 import torch
 import yaml
 
-from omni_actors.actors.stage import StageActor
-from omni_actors.actors.tiny_omni.code2wav_engine import Code2WavArgs
-from omni_actors.actors.torch_engine import resolve_device
-from omni_actors.serving.pipeline_spec import PipelineConfigError, load_pipeline
+from omni_actors.actors.engines.tiny_omni.code2wav_engine import Code2WavArgs
+from omni_actors.actors.engines.torch_engine import resolve_device
+from omni_actors.actors.stage.actor import StageActor
+from omni_actors.pipeline.spec.pipeline import PipelineConfigError, load_pipeline
 
 
 def _tiny(**stage: Any) -> dict[str, Any]:

@@ -7,12 +7,12 @@ from collections.abc import AsyncIterator
 import pytest
 from pipeline_helpers import make_spec
 
-from omni_actors.actors.engine import Fields
-from omni_actors.actors.stage import StageActor
+from omni_actors.actors.engines.contract import Fields
+from omni_actors.actors.stage.actor import StageActor
 from omni_actors.errors import EngineError, OmniError
+from omni_actors.pipeline.omni_pipeline import OmniPipeline
 from omni_actors.protocols.events import SessionError
 from omni_actors.protocols.stage import SessionKey
-from omni_actors.serving.omni_pipeline import OmniPipeline
 
 
 class UpstreamTimeoutError(OmniError):

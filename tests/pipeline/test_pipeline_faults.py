@@ -18,10 +18,10 @@ import pytest
 import torch
 from pipeline_helpers import assert_nothing_held, collect, done, make_spec, samples_of, text_of
 
-from omni_actors.actors.stage import StageActor
+from omni_actors.actors.stage.actor import StageActor
+from omni_actors.pipeline.omni_pipeline import Modality, OmniPipeline, Session
+from omni_actors.pipeline.spec.pipeline import PipelineSpec
 from omni_actors.protocols.events import AudioDelta, Event, SessionError
-from omni_actors.serving.omni_pipeline import Modality, OmniPipeline, Session
-from omni_actors.serving.pipeline_spec import PipelineSpec
 from omni_actors.testing import ActorTestKit, kill_worker, worker_pid
 from omni_actors.testing.chunk_faults import ChunkFaults, PipelineFaults
 from omni_actors.testing.inspection import actor_instance

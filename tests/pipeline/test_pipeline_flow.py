@@ -17,8 +17,11 @@ import pytest_asyncio
 import torch
 from pipeline_helpers import armed, assert_nothing_held, done, samples_of, text_of
 
-from omni_actors.actors.flow import BackpressureError
-from omni_actors.actors.stage import StageActor
+from omni_actors.actors.stage.actor import StageActor
+from omni_actors.actors.stage.flow import BackpressureError
+from omni_actors.pipeline.omni_pipeline import OmniPipeline, SessionClosedError
+from omni_actors.pipeline.session_actor import SessionActor, SessionChannel, StagePlan
+from omni_actors.pipeline.spec.pipeline import PipelineSpec
 from omni_actors.protocols.control import (
     Cancel,
     CancelResponse,
@@ -30,9 +33,6 @@ from omni_actors.protocols.control import (
 )
 from omni_actors.protocols.events import Done, Event, SessionError
 from omni_actors.protocols.stage import INPUT, Chunk, SessionKey, StageReport
-from omni_actors.serving.omni_pipeline import OmniPipeline, SessionClosedError
-from omni_actors.serving.pipeline_spec import PipelineSpec
-from omni_actors.serving.session_actor import SessionActor, SessionChannel, StagePlan
 from omni_actors.testing import ActorTestKit, TestProbe, eventually
 from omni_actors.testing.inspection import mailbox_depth
 

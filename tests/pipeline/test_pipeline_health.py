@@ -11,9 +11,9 @@ from typing import Any
 
 from pipeline_helpers import collect, done, make_spec
 
+from omni_actors.pipeline.omni_pipeline import OmniPipeline
+from omni_actors.pipeline.spec.pipeline import PipelineSpec
 from omni_actors.protocols.control import PipelineHealth, StageHealth
-from omni_actors.serving.omni_pipeline import OmniPipeline
-from omni_actors.serving.pipeline_spec import PipelineSpec
 from omni_actors.testing import eventually
 from omni_actors.testing.chunk_faults import PipelineFaults
 

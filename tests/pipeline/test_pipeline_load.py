@@ -7,8 +7,8 @@ import contextlib
 
 from pipeline_helpers import assert_nothing_held, collect, done, make_spec, samples_of
 
+from omni_actors.pipeline.omni_pipeline import OmniPipeline
 from omni_actors.protocols.events import AudioDelta, Event
-from omni_actors.serving.omni_pipeline import OmniPipeline
 from omni_actors.testing import ActorTestKit
 
 

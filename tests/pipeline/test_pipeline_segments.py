@@ -9,9 +9,9 @@ import asyncio
 
 from pipeline_helpers import assert_nothing_held, make_spec, samples_of, text_of
 
+from omni_actors.pipeline.omni_pipeline import OmniPipeline
+from omni_actors.pipeline.session import Session
 from omni_actors.protocols.events import AudioDelta, Done, Event, ResponseDone, TextDelta
-from omni_actors.serving.omni_pipeline import OmniPipeline
-from omni_actors.serving.session import Session
 
 # code2wav takes 16 x 50 ms for a segment's audio; the thinker answers in ~15 ms.
 SLOW_CODE2WAV = {"first_output_s": 0.05, "per_output_s": 0.05}

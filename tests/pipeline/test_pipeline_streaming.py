@@ -10,11 +10,11 @@ import pytest
 import torch
 from pipeline_helpers import assert_nothing_held, collect, done, make_spec, samples_of, text_of
 
-from omni_actors.actors.stage import StageActor
+from omni_actors.actors.stage.actor import StageActor
+from omni_actors.pipeline.omni_pipeline import OmniPipeline, SessionClosedError
 from omni_actors.protocols.control import Prewarm
 from omni_actors.protocols.events import AudioDelta, Done, ResponseDone, TextDelta
 from omni_actors.protocols.stage import Chunk
-from omni_actors.serving.omni_pipeline import OmniPipeline, SessionClosedError
 from omni_actors.testing import ActorTestKit
 
 PREWARMS: dict[str, int] = {}
@@ -238,7 +238,7 @@ async def test_a_stopped_pipeline_answers_new_sessions_with_an_error() -> None:
 
 
 async def test_a_stage_that_cannot_start_fails_the_pipeline_start_cleanly() -> None:
-    from omni_actors.actors.engine_registry import EngineArgsError
+    from omni_actors.actors.engines.registry import EngineArgsError
 
     spec = make_spec()
     # Validation refuses such args when the spec is made; the stage checks them again

@@ -1,6 +1,6 @@
 """Hostile pipeline files: each ends in a ``PipelineConfigError`` that says what is wrong
 and where, or loads, and none costs more than the limits of
-``omni_actors.serving.pipeline_yaml`` allow. Alias bombs, deep nesting, huge numbers,
+``omni_actors.pipeline.spec.yaml_reader`` allow. Alias bombs, deep nesting, huge numbers,
 unknown keys, graphs of a thousand stages, files of many megabytes."""
 
 from __future__ import annotations
@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from omni_actors.serving.pipeline_spec import PipelineConfigError, load_pipeline
-from omni_actors.serving.pipeline_yaml import (
+from omni_actors.pipeline.spec.pipeline import PipelineConfigError, load_pipeline
+from omni_actors.pipeline.spec.yaml_reader import (
     MAX_ALIASES,
     MAX_DEPTH,
     MAX_NODES,

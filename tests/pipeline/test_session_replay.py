@@ -1,6 +1,6 @@
 """A conversation outlives a stage restart: the response in flight fails with
 ``stage_failed``, the session stays open, and the next input replays the conversation
-onto the restarted stages (``omni_actors.serving.conversation_log``).
+onto the restarted stages (``omni_actors.pipeline.conversation_log``).
 
 Driven through ``ReplayEcho`` (``conversation_engines``), which replies with the user
 turns since its last reply and, asked ``?``, with the whole history it holds: after a
@@ -15,12 +15,12 @@ from contextlib import asynccontextmanager
 import pytest
 from conversation_engines import SAMPLES_PER_CHAR, ReplayEcho
 
-from omni_actors.actors.stage import StageActor
+from omni_actors.actors.stage.actor import StageActor
 from omni_actors.errors import InvalidRequestError
+from omni_actors.pipeline.omni_pipeline import OmniPipeline
+from omni_actors.pipeline.session import Session, SessionClosedError
+from omni_actors.pipeline.spec.pipeline import PipelineSpec
 from omni_actors.protocols.events import AudioDelta, ResponseDone, SessionError, TextDelta
-from omni_actors.serving.omni_pipeline import OmniPipeline
-from omni_actors.serving.pipeline_spec import PipelineSpec
-from omni_actors.serving.session import Session, SessionClosedError
 from omni_actors.testing import eventually, kill_worker, worker_pid
 from omni_actors.testing.chunk_faults import ChunkFaults, PipelineFaults
 from omni_actors.testing.inspection import actor_instance

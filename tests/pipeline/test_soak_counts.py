@@ -8,7 +8,7 @@ from pipeline_helpers import assert_nothing_held, make_spec
 
 from omni_actors.bench.resources import snapshot
 from omni_actors.bench.soak import drive
-from omni_actors.serving.omni_pipeline import OmniPipeline
+from omni_actors.pipeline.omni_pipeline import OmniPipeline
 from omni_actors.testing import eventually
 
 SESSIONS = 8

@@ -15,8 +15,8 @@ from pathlib import Path
 import pytest
 from pipeline_helpers import collect, done, text_of
 
-from omni_actors.serving.omni_pipeline import OmniPipeline
-from omni_actors.serving.pipeline_spec import PipelineSpec
+from omni_actors.pipeline.omni_pipeline import OmniPipeline
+from omni_actors.pipeline.spec.pipeline import PipelineSpec
 
 SHOUT = '''
 """A user's stage: shouts whatever text the stage before it says."""

@@ -99,7 +99,7 @@ def _examples(owner: ActorRef[Any], downstream: ActorRef[Any]) -> list[msgspec.S
             end="error",
             metrics=StageMetrics(outputs=3),
             code="chunk_gap",
-            error_type="omni_actors.actors.accumulate:ChunkGapError",
+            error_type="omni_actors.actors.stage.accumulate:ChunkGapError",
             error="chunks were lost",
             reply=(72, 105),
         ),

@@ -15,7 +15,7 @@ from typing import ClassVar
 
 import torch
 
-from omni_actors.actors.engine import TURN_FIELD, Fields, response_options
+from omni_actors.actors.engines.contract import TURN_FIELD, Fields, response_options
 
 SAMPLES_PER_CHAR = 240  # 10 ms at 24 kHz
 STEP_S = 0.002

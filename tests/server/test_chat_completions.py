@@ -22,10 +22,10 @@ from openai import AsyncOpenAI
 from prometheus_client.parser import text_string_to_metric_families
 from realtime_client import connect
 
+from omni_actors.pipeline.spec.pipeline import PipelineSpec, load_pipeline
 from omni_actors.protocols.events import AudioDelta
 from omni_actors.server.runner import RunningServer, run_server
 from omni_actors.server.settings import ServerSettings
-from omni_actors.serving.pipeline_spec import PipelineSpec, load_pipeline
 from omni_actors.testing import eventually
 
 TEXT = "".join(f"t{k} " for k in range(32))  # the scripted thinker's 32 outputs

@@ -15,9 +15,9 @@ import pytest_asyncio
 from chat_engines import SAMPLES_PER_CHAR
 from http_client import post
 
+from omni_actors.pipeline.spec.pipeline import PipelineSpec
 from omni_actors.server.runner import RunningServer, run_server
 from omni_actors.server.settings import ServerSettings
-from omni_actors.serving.pipeline_spec import PipelineSpec
 
 ECHO = PipelineSpec.model_validate(
     {

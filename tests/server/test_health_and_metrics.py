@@ -10,9 +10,9 @@ from http_client import get, post
 from prometheus_client.parser import text_string_to_metric_families
 from realtime_client import connect
 
+from omni_actors.pipeline.spec.pipeline import PipelineSpec, load_pipeline
 from omni_actors.server.runner import RunningServer, run_server
 from omni_actors.server.settings import ServerSettings
-from omni_actors.serving.pipeline_spec import PipelineSpec, load_pipeline
 from omni_actors.testing import eventually, kill_worker
 
 STAGES = ("thinker", "talker", "code2wav")

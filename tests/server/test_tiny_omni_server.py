@@ -14,13 +14,13 @@ pytest.importorskip("transformers")
 import torch
 from realtime_client import b64, connect, silence, speech
 
-from omni_actors.actors.engine import INSTRUCTIONS_FIELD
-from omni_actors.model_cache import prepare
+from omni_actors.actors.engines.contract import INSTRUCTIONS_FIELD
+from omni_actors.models.cache import prepare
+from omni_actors.pipeline.omni_pipeline import OmniPipeline
+from omni_actors.pipeline.spec.pipeline import PipelineSpec, load_pipeline
 from omni_actors.protocols.events import AudioDelta, ResponseDone, TextDelta
 from omni_actors.server.runner import run_server
 from omni_actors.server.settings import ServerSettings
-from omni_actors.serving.omni_pipeline import OmniPipeline
-from omni_actors.serving.pipeline_spec import PipelineSpec, load_pipeline
 
 pytestmark = pytest.mark.integration
 

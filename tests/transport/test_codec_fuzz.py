@@ -11,8 +11,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from omni_actors.errors import ProtocolError
-from omni_actors.protocols.tensors import LIB_TORCH, TensorDesc
-from omni_actors.transport.codec import TORCH_DTYPES, Decoder, Encoder, _inline_tensor
+from omni_actors.protocols.tensors import LIB_TORCH, TORCH_DTYPES, TensorDesc
+from omni_actors.transport.codec import Decoder, Encoder, _inline_tensor
 
 
 class Chunk(msgspec.Struct, tag=True, frozen=True):

@@ -7,7 +7,7 @@ from __future__ import annotations
 from remote_actors import Echo
 
 from omni_actors import Props
-from omni_actors.actors.outlet import Outlet
+from omni_actors.actors.stage.outlet import Outlet
 from omni_actors.protocols.stage import SessionKey
 from omni_actors.testing import ActorTestKit
 

@@ -11,8 +11,8 @@ from typing import Any
 
 import pytest
 
-from omni_actors.actors.tiny_omni.thinker_engine import ThinkerArgs, ThinkerEngine
-from omni_actors.model_cache import prepare
+from omni_actors.actors.engines.tiny_omni.thinker_engine import ThinkerArgs, ThinkerEngine
+from omni_actors.models.cache import prepare
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
@@ -47,7 +47,7 @@ async def thinkers(
 ) -> AsyncIterator[tuple[Any, ThinkerEngine]]:
     """tiny-omni's thinker on vLLM (greedy, float32, on the CPU) and on torch, both
     started with the same token ``limits``: the vLLM one is measured against the other."""
-    from omni_actors.actors.vllm.thinker import VllmThinkerArgs, VllmThinkerEngine
+    from omni_actors.actors.engines.vllm.thinker import VllmThinkerArgs, VllmThinkerEngine
 
     vllm = VllmThinkerEngine(
         VllmThinkerArgs(

@@ -19,9 +19,9 @@ import pytest_asyncio
 import torch
 
 from omni_actors.bench.models import fixed_replies
+from omni_actors.pipeline.omni_pipeline import OmniPipeline
+from omni_actors.pipeline.spec.pipeline import load_pipeline
 from omni_actors.protocols.events import AudioDelta, Done, Event, ResponseDone, TextDelta
-from omni_actors.serving.omni_pipeline import OmniPipeline
-from omni_actors.serving.pipeline_spec import load_pipeline
 from omni_actors.testing import eventually
 from omni_actors.testing.faults import kill_worker, worker_pid
 

@@ -16,7 +16,7 @@ import pytest
 import pytest_asyncio
 import torch
 
-from omni_actors.actors.engine import (
+from omni_actors.actors.engines.contract import (
     INSTRUCTIONS_FIELD,
     KEPT_FIELD,
     NO_OPTIONS,
@@ -24,7 +24,7 @@ from omni_actors.actors.engine import (
     Fields,
     ResponseOptions,
 )
-from omni_actors.actors.tiny_omni.thinker_engine import ThinkerEngine
+from omni_actors.actors.engines.tiny_omni.thinker_engine import ThinkerEngine
 from omni_actors.testing import eventually
 
 from .conftest import thinkers
@@ -213,7 +213,7 @@ async def test_audio_turns_give_the_torch_thinkers_rows_and_tokens(engines: Any)
 
 
 async def test_bad_audio_and_bad_marks_are_refused_and_the_session_goes_on(engines: Any) -> None:
-    from omni_actors.actors.vllm.thinker import VllmInputError
+    from omni_actors.actors.engines.vllm.thinker import VllmInputError
 
     vllm, torch_thinker = engines
     with pytest.raises(VllmInputError, match="floating-point"):

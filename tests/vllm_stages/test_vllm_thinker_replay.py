@@ -31,14 +31,14 @@ from thinker_steps import (
     user_rows,
 )
 
-from omni_actors.actors.engine import (
+from omni_actors.actors.engines.contract import (
     INSTRUCTIONS_FIELD,
     REPLY_FIELD,
     TURN_FIELD,
     Fields,
 )
-from omni_actors.actors.thinker_ports import THINKER_INPUTS
-from omni_actors.actors.tiny_omni.thinker_engine import ThinkerEngine
+from omni_actors.actors.engines.thinker_ports import THINKER_INPUTS
+from omni_actors.actors.engines.tiny_omni.thinker_engine import ThinkerEngine
 
 from .conftest import thinkers
 
@@ -206,7 +206,7 @@ async def test_a_failed_replay_rolls_back_to_where_it_started(engines: Any) -> N
 
 
 async def test_a_malformed_reply_mark_is_refused_and_the_session_goes_on(engines: Any) -> None:
-    from omni_actors.actors.vllm.thinker import VllmInputError
+    from omni_actors.actors.engines.vllm.thinker import VllmInputError
 
     vllm, _ = engines
     r1 = ids(await respond(vllm, "a", HI))

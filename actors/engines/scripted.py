@@ -1,0 +1,266 @@
+"""``ScriptedEngine``: declared latencies and deterministic outputs, no model.
+
+The test harness's engine: a pipeline of scripted stages behaves like a real one in
+timing shape (time to first output, time per output), so streaming, deadlines, aborts
+and failures can be tested — and benchmarked against the ideal latency computed from
+the declared numbers — without weights.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+from collections.abc import AsyncIterator
+from typing import ClassVar, Final, Literal, get_args
+
+import torch
+from pydantic import BaseModel, ConfigDict, Field
+
+from omni_actors.actors.engines.contract import CONTEXT_FIELD, Fields, Ports, Rule
+from omni_actors.errors import EngineError
+
+__all__ = ["ScriptedArgs", "ScriptedEngine", "ScriptedEngineError"]
+
+
+class ScriptedEngineError(EngineError):
+    """The failure a ``ScriptedEngine`` declared with ``fail_after`` raises."""
+
+
+def input_rows(fields: Fields) -> int:
+    """New rows an input carries: dim 0 of its tensors minus the left context (text: 1)."""
+    context_value = fields.get(CONTEXT_FIELD)
+    context = int(context_value) if isinstance(context_value, torch.Tensor) else 0
+    rows = [
+        v.shape[0] if v.dim() else 1
+        for k, v in fields.items()
+        if isinstance(v, torch.Tensor) and k != CONTEXT_FIELD
+    ]
+    return max(rows) - context if rows else 1
+
+
+ScriptedField = Literal["token_ids", "hidden", "codes", "text", "audio"]
+_FIELDS: Final[tuple[ScriptedField, ...]] = get_args(ScriptedField)
+
+
+class ScriptedArgs(BaseModel):
+    """A scripted stage's declaration (see :class:`ScriptedEngine`)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    first_output_s: float = Field(0.0, ge=0)
+    per_output_s: float = Field(0.0, ge=0)
+    outputs: int = Field(8, ge=0)
+    outputs_per_input: int | None = Field(None, ge=1)
+    fields: tuple[ScriptedField, ...] = ("token_ids", "hidden", "text")
+    """The fields each output carries (its declared outputs)."""
+    inputs: tuple[ScriptedField, ...] = _FIELDS
+    """The fields it takes (its declared inputs): any of them, by default."""
+    replace: tuple[str, ...] = ()
+    """Fields accumulated by ``replace`` rather than ``concat``, as inputs and outputs."""
+    hidden_dim: int = Field(8, ge=1)
+    codebooks: int = Field(4, ge=1)
+    audio_samples: int = Field(1920, ge=1)  # one 12.5 Hz codec frame of 24 kHz audio
+    fail_after: int | None = Field(None, ge=0)
+
+
+class ScriptedEngine:
+    """Produces output ``k`` of a session as ``token_ids=[k]``, ``hidden`` rows of ``k``,
+    ``codes`` rows of ``k % 2048``, ``text="t{k} "`` and ``audio`` (``audio_samples``
+    samples of ``k / 1000``), keeping only the fields named in ``fields``.
+
+    Two modes:
+        - ``outputs_per_input`` set (a streaming stage such as a talker): every input
+          chunk yields that many outputs per new row (dim 0 of its tensors, minus the
+          left context a windowed edge adds) as soon as it arrives, so a stage fed one
+          whole payload (a ``full`` edge) produces as much as one fed row by row.
+        - otherwise (an entry stage such as a thinker): once the input stream ends, it
+          yields ``outputs`` outputs.
+
+    The first output of a session comes ``first_output_s`` after the session's first
+    input (or, for entry stages, after its last); each further output ``per_output_s``
+    after the previous one. With ``fail_after`` set, a session's generate raises
+    :class:`ScriptedEngineError` after that many outputs (an engine failure).
+
+    It stands in for any engine, so its ports are declared by its arguments: it yields
+    ``fields`` and takes ``inputs``, each ``concat`` unless named in ``replace``.
+
+    It is ``Truncatable``: asked to keep ``kept`` outputs of a session's last reply (in
+    samples when it yields ``audio``), it answers the input rows those came from.
+    """
+
+    kind: ClassVar[str] = "scripted"
+    Args: ClassVar[type[ScriptedArgs]] = ScriptedArgs
+
+    @classmethod
+    def ports(cls, args: ScriptedArgs) -> Ports:
+        """Its declaration, from its arguments (see the class docstring)."""
+
+        def rules(names: tuple[str, ...]) -> dict[str, Rule]:
+            return {n: "replace" if n in args.replace else "concat" for n in names}
+
+        return Ports(inputs=rules(args.inputs), outputs=rules(args.fields))
+
+    def __init__(self, args: ScriptedArgs | None = None) -> None:
+        self.args = args or ScriptedArgs()
+        self._sessions: dict[str, _Pacer] = {}
+        self._replies: dict[str, int] = {}  # outputs of each session's last reply
+        self._made: dict[int, dict[str, torch.Tensor | str]] = {}
+        self.started = False
+
+    @property
+    def active_sessions(self) -> set[str]:
+        """Sessions with a running ``generate``."""
+        return set(self._sessions)
+
+    async def start(self) -> None:
+        """Nothing to load."""
+        self.started = True
+
+    async def stop(self) -> None:
+        """Abort whatever is still running."""
+        for pacer in self._sessions.values():
+            pacer.abort()
+        self.started = False
+
+    async def release(self, session: str) -> None:
+        """Forget the session's last reply (nothing else is kept between segments)."""
+        self._replies.pop(session, None)
+
+    async def abort(self, session: str) -> None:
+        """End ``session``'s ``generate`` at its next step."""
+        self._replies.pop(session, None)
+        pacer = self._sessions.get(session)
+        if pacer is not None:
+            pacer.abort()
+
+    async def truncate(self, session: str, kept: int) -> int:
+        """Input rows that the first ``kept`` outputs (samples, for audio) came from.
+
+        Raises:
+            ValueError: the session has no reply.
+        """
+        made = self._replies.get(session)
+        if made is None:
+            raise ValueError(f"session {session!r} has no reply to truncate")
+        audio = "audio" in self.args.fields
+        outputs = min(made, math.ceil(kept / self.args.audio_samples) if audio else kept)
+        self._replies[session] = outputs
+        per = self.args.outputs_per_input
+        return outputs if per is None else math.ceil(outputs / per)
+
+    def output(self, k: int) -> dict[str, torch.Tensor | str]:
+        """Output number ``k`` of any session (deterministic).
+
+        Made once and shared by every session: like any sent payload, never mutated, and
+        building tensors per step would make the test engine dearer than what it tests.
+        """
+        made = self._made.get(k)
+        if made is None:
+            made = self._make(k)
+            if len(self._made) < _CACHED:
+                self._made[k] = made
+        return dict(made)
+
+    def _make(self, k: int) -> dict[str, torch.Tensor | str]:
+        made: dict[str, torch.Tensor | str] = {}
+        for name in self.args.fields:
+            if name == "token_ids":
+                made[name] = torch.tensor([k])
+            elif name == "hidden":
+                made[name] = torch.full((1, self.args.hidden_dim), float(k))
+            elif name == "codes":
+                made[name] = torch.full((1, self.args.codebooks), k % 2048)
+            elif name == "text":
+                made[name] = f"t{k} "
+            else:
+                made[name] = torch.full((self.args.audio_samples,), k / 1000)
+        return made
+
+    async def generate(self, session: str, inputs: AsyncIterator[Fields]) -> AsyncIterator[Fields]:
+        """See the class docstring."""
+        if session in self._sessions:
+            raise ValueError(f"session {session!r} is already generating")
+        pacer = self._sessions[session] = _Pacer(asyncio.get_running_loop())
+        produced = 0
+        replies = self._replies
+        replies[session] = 0
+        args = self.args
+        try:
+            if args.outputs_per_input is None:
+                async for _ in inputs:
+                    if pacer.aborted:
+                        return
+                pacer.input_taken()
+                for _ in range(args.outputs):
+                    if await pacer.wait(self._delay(produced)):
+                        return
+                    produced += 1
+                    replies[session] = produced  # counted once handed out
+                    yield self.output(produced - 1)
+            else:
+                async for item in inputs:
+                    pacer.input_taken()
+                    for _ in range(args.outputs_per_input * input_rows(item)):
+                        if await pacer.wait(self._delay(produced)):
+                            return
+                        produced += 1
+                        replies[session] = produced
+                        yield self.output(produced - 1)
+        finally:
+            del self._sessions[session]
+
+    def _delay(self, produced: int) -> float:
+        """How long after the previous one output ``produced`` is due."""
+        args = self.args
+        if args.fail_after is not None and produced >= args.fail_after:
+            raise ScriptedEngineError(f"scripted failure after {produced} outputs")
+        return args.first_output_s if produced == 0 else args.per_output_s
+
+
+_CACHED = 4096  # outputs kept per engine
+
+
+class _Pacer:
+    """One session's schedule: each output is due ``delay`` after the previous one was
+    due, or after the input it answers was taken if that came later.
+
+    Due times are absolute, so a late wake-up does not push every later output back:
+    the engine keeps exactly the timing its declaration promises (what the benchmark's
+    ideal latency assumes), and abort wakes it at once.
+    """
+
+    __slots__ = ("_due", "_loop", "_waiter", "aborted")
+
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        self._loop = loop  # the session's generate runs on it: looked up once, not per step
+        self._due = 0.0
+        self._waiter: asyncio.Future[None] | None = None
+        self.aborted = False
+
+    def input_taken(self) -> None:
+        self._due = max(self._due, self._loop.time())
+
+    async def wait(self, delay: float) -> bool:
+        if self.aborted:
+            return True
+        loop = self._loop
+        self._due += delay
+        if self._due > loop.time():
+            waiter = self._waiter = loop.create_future()
+            timer = loop.call_at(self._due, _resolve, waiter)
+            try:
+                await waiter
+            finally:
+                timer.cancel()
+                self._waiter = None
+        return self.aborted
+
+    def abort(self) -> None:
+        self.aborted = True
+        if self._waiter is not None:
+            _resolve(self._waiter)
+
+
+def _resolve(waiter: asyncio.Future[None]) -> None:
+    if not waiter.done():
+        waiter.set_result(None)

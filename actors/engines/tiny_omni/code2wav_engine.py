@@ -1,0 +1,287 @@
+"""``Code2WavEngine``: tiny-omni's code2wav as a streaming torch engine that batches sessions.
+
+Input: windows of codec frames as the talker -> code2wav edge cuts them (``ChunkPolicy``):
+``codes`` [context + new, num_quantizers] integers and ``left_context`` (0-d, absent when
+0). Output: ``audio``, float32 1-D at 24 kHz, exactly the samples each chunk adds.
+
+Audio length. The decoder keeps the 555 samples HF trims from each window's end
+(:mod:`~omni_actors.actors.engines.tiny_omni.code2wav_model`); they need the next frame to be
+exact, so each chunk holds them back. Per segment (one ``generate`` call) it yields:
+
+- per chunk with ``left_context`` c > 0: from sample ``1920 * c - 555`` of the window on,
+  i.e. the previous chunk's 555 held-back samples (now exact) and ``1920 * new - 555``
+  new ones: ``1920 * new`` samples;
+- per chunk with no context: the previous chunk's held-back samples if any (only a policy
+  without left context has such chunks after the first), then ``1920 * new - 555``;
+- once the input ends: the last chunk's 555 held-back samples, as the utterance's end.
+
+So a segment of ``F`` frames is exactly ``1920 * F`` samples (80 ms per frame) in
+``chunks + 1`` outputs, however it is chunked: a ``full`` edge (one chunk) and a streamed
+one have the same length, and the same samples when each chunk's context covers the
+receptive field (20 frames for tiny-omni; ``ChunkPolicy``'s 25 do) or every earlier frame.
+The first ``1920 * F - 555`` samples are HF's one-shot decode of the whole sequence.
+
+Truncation. code2wav keeps no conversation state: each reply is an utterance of its own.
+It only remembers, per session until release or abort, how many frames its last reply
+had, so that :meth:`Code2WavEngine.truncate` can tell the talker which frames the samples
+the user heard depend on.
+
+Batching. Every session's windows go through one
+:class:`~omni_actors.actors.engines.tiny_omni.code2wav_batcher.WindowBatcher`, so sessions
+speaking at once share forwards.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Awaitable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import ClassVar, Final, TypeVar
+
+import torch
+from pydantic import Field
+
+from omni_actors.actors.engines.contract import CONTEXT_FIELD, Fields, Rule
+from omni_actors.actors.engines.tiny_omni.code2wav_batcher import WindowBatcher
+from omni_actors.actors.engines.tiny_omni.code2wav_model import Code2WavModel, Piece
+from omni_actors.actors.engines.tiny_omni.family import TINY_OMNI
+from omni_actors.actors.engines.torch_engine import DeviceArgs, TorchEngine, stage_dir
+from omni_actors.errors import EngineError
+from omni_actors.models.family import WeightsArgs
+
+__all__ = ["Code2WavArgs", "Code2WavEngine", "Code2WavInputError", "EngineStoppedError"]
+
+T = TypeVar("T")
+
+_INTEGER: Final = frozenset({torch.int64, torch.int32, torch.int16, torch.int8, torch.uint8})
+
+
+class Code2WavInputError(EngineError, ValueError):
+    """An input chunk is not a window of codec frames this decoder can take."""
+
+
+class EngineStoppedError(EngineError):
+    """The engine is not started, or stopped while the session was still generating."""
+
+
+class Code2WavArgs(WeightsArgs, DeviceArgs):
+    """code2wav's arguments: ``seed`` and ``cache_dir`` locate its weights.
+
+    Attributes:
+        max_batch: the most windows per forward.
+        batch_wait_ms: how long an idle batcher waits for more sessions.
+    """
+
+    max_batch: int = Field(16, ge=1)
+    batch_wait_ms: float = Field(0.0, ge=0)
+
+
+@dataclass(eq=False, slots=True)
+class _Session:
+    """A running ``generate``; ``ended`` gets the reason (aborted, stopped) to end it."""
+
+    ended: asyncio.Future[str]
+    request: asyncio.Future[Piece] | None = None
+
+    def end(self, reason: str) -> None:
+        if not self.ended.done():
+            self.ended.set_result(reason)
+        if self.request is not None:
+            self.request.cancel()  # the batcher skips it; a running forward's row is dropped
+
+
+class Code2WavEngine(TorchEngine):
+    """Streams codec-frame windows to 24 kHz audio; see the module docstring.
+
+    Args:
+        args: see :class:`Code2WavArgs`.
+
+    Raises:
+        ModelNotPreparedError: the weights are not prepared.
+    """
+
+    kind: ClassVar[str] = "tiny-omni.code2wav"
+    Args: ClassVar[type[Code2WavArgs]] = Code2WavArgs
+    inputs: ClassVar[dict[str, Rule]] = {"codes": "concat"}
+    outputs: ClassVar[dict[str, Rule]] = {"audio": "concat"}
+    streams_input: ClassVar[bool] = True
+
+    def __init__(self, args: Code2WavArgs) -> None:
+        super().__init__(stage_dir(TINY_OMNI.name, args, "code2wav"), "code2wav", args.device)
+        self._model: Code2WavModel | None = None
+        self._sessions: dict[str, _Session] = {}
+        self._replies: dict[str, int] = {}
+        """Frames of each session's last reply (see :meth:`truncate`)."""
+        self._batcher: WindowBatcher[Piece] = WindowBatcher(
+            self._decode, max_batch=args.max_batch, wait_s=args.batch_wait_ms / 1e3
+        )
+
+    @property
+    def active_sessions(self) -> set[str]:
+        """Sessions holding state: generating, or remembering their last reply."""
+        return set(self._sessions) | set(self._replies)
+
+    @property
+    def generating(self) -> set[str]:
+        """Sessions with a running ``generate`` (an aborted one leaves at once)."""
+        return set(self._sessions)
+
+    async def start(self) -> None:
+        """Load the decoder in the model thread, then start the batcher."""
+        await super().start()
+        self._batcher.start()
+
+    def _load(self, path: Path) -> None:
+        self._model = Code2WavModel(path, self.device)
+
+    async def _decode(self, codes: torch.Tensor, starts: list[int]) -> list[Piece]:
+        assert self._model is not None
+        return await self.call(self._model.decode, codes, starts)
+
+    async def stop(self) -> None:
+        """Fail sessions still generating, end the batcher, then end the model thread."""
+        for session in self._sessions.values():
+            session.end("stopped")
+        self._sessions.clear()
+        self._replies.clear()
+        await self._batcher.stop()
+        await super().stop()
+
+    async def abort(self, session: str) -> None:
+        """End ``session``'s ``generate`` now (its queued chunk is never decoded); forget
+        its last reply."""
+        self._replies.pop(session, None)
+        state = self._sessions.pop(session, None)
+        if state is not None:
+            state.end("aborted")
+
+    async def release(self, session: str) -> None:
+        """Forget the session's last reply (the only thing kept between responses)."""
+        self._replies.pop(session, None)
+
+    async def truncate(self, session: str, kept: int) -> int:
+        """The user heard the first ``kept`` samples of the last reply: the frames they
+        depend on, which is what the talker keeps.
+
+        Frame ``n`` changes only samples from ``per_frame * n - pending`` on (each
+        window holds its last ``pending`` samples back until the next frame is known;
+        the first window emits ``per_frame * new - pending`` samples). So ``kept > 0``
+        samples depend on the first ``ceil((kept + pending) / per_frame)`` frames
+        (1920 and 555 for tiny-omni), capped at the reply's; none on none.
+
+        Raises:
+            ValueError: the session has no reply to truncate, or ``kept`` is negative.
+        """
+        frames = self._replies.get(session)
+        if frames is None or self._model is None:
+            raise ValueError(f"code2wav session {session!r} has no reply to truncate")
+        if kept < 0:
+            raise ValueError(f"cannot keep {kept} samples; pass 0 or more")
+        model = self._model
+        needed = -(-(kept + model.pending) // model.per_frame) if kept else 0
+        self._replies[session] = min(needed, frames)
+        return self._replies[session]
+
+    async def generate(self, session: str, inputs: AsyncIterator[Fields]) -> AsyncIterator[Fields]:
+        """``{"audio": ...}`` per input chunk, then the held-back tail; see the module docstring.
+
+        A reply that completes or is cancelled (closed at a ``yield``) becomes the one
+        :meth:`truncate` cuts; a failed one leaves the previous in place.
+
+        Raises:
+            Code2WavInputError: a chunk is not ``[frames, num_quantizers]`` codes in range.
+            EngineStoppedError: the engine is not running, or stopped meanwhile.
+            ValueError: ``session`` is already generating.
+        """
+        if not self._batcher.running or self._model is None:
+            raise EngineStoppedError("code2wav engine is not started")
+        if session in self._sessions:
+            raise ValueError(f"session {session!r} is already generating")
+        model = self._model
+        state = self._sessions[session] = _Session(asyncio.get_running_loop().create_future())
+        tail: torch.Tensor | None = None
+        frames = 0
+        failed = False
+        try:
+            while (fields := await self._until_ended(state, _read(inputs))) is not None:
+                window = _window(model, fields)
+                if window is None:
+                    continue
+                codes, start, new = window
+                frames += new
+                state.request = self._batcher.submit(codes, start)
+                decoded = await self._until_ended(state, state.request)
+                state.request = None
+                if decoded is None:
+                    return
+                if start == 0 and tail is not None:  # a chunk without context
+                    decoded = (torch.cat((tail, decoded[0])), decoded[1])
+                audio, tail = decoded
+                yield {"audio": audio}
+            if tail is not None and not state.ended.done():
+                yield {"audio": tail}
+        except Exception:
+            failed = True
+            raise
+        finally:
+            if not failed and not state.ended.done():  # not aborted or stopped
+                self._replies[session] = frames
+            state.end("finished")
+            if self._sessions.get(session) is state:
+                del self._sessions[session]
+
+    async def _until_ended(self, state: _Session, awaitable: Awaitable[T]) -> T | None:
+        """``awaitable``'s result, or None at once if the session is aborted meanwhile
+        (it may wait for input that never comes, or behind other sessions' forwards).
+
+        Raises:
+            EngineStoppedError: the engine stopped meanwhile.
+        """
+        waited = asyncio.ensure_future(awaitable)
+        try:
+            await asyncio.wait((waited, state.ended), return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            if not waited.done():
+                waited.cancel()
+                await asyncio.wait((waited,))
+        if not state.ended.done():
+            return waited.result()
+        if not waited.cancelled():
+            waited.exception()  # whatever came with the abort is dropped, not logged
+        if state.ended.result() == "stopped":
+            raise EngineStoppedError("code2wav engine stopped while the session was generating")
+        return None
+
+
+async def _read(inputs: AsyncIterator[Fields]) -> Fields | None:
+    try:
+        return await anext(inputs)
+    except StopAsyncIteration:
+        return None
+
+
+def _window(model: Code2WavModel, fields: Fields) -> tuple[torch.Tensor, int, int] | None:
+    """``(codes [Q, T] int64, first sample to emit, new frames)``, None if the input adds
+    nothing.
+
+    Checked here so a bad chunk fails its own session, not a batch of sessions.
+    """
+    codes = fields.get("codes")
+    if not isinstance(codes, torch.Tensor):
+        raise Code2WavInputError(f"code2wav needs a 'codes' tensor, got {type(codes).__name__}")
+    if codes.dim() != 2 or codes.shape[1] != model.quantizers or codes.dtype not in _INTEGER:
+        raise Code2WavInputError(
+            f"code2wav needs integer codes [frames, {model.quantizers}], "
+            f"got {codes.dtype} {tuple(codes.shape)}"
+        )
+    raw = fields.get(CONTEXT_FIELD)
+    context = int(raw) if isinstance(raw, torch.Tensor) else 0
+    if not 0 <= context <= codes.shape[0]:
+        raise Code2WavInputError(f"left_context {context} outside [0, {codes.shape[0]}]")
+    if context == codes.shape[0]:
+        return None
+    if int(codes.min()) < 0 or int(codes.max()) >= model.codebook:
+        raise Code2WavInputError(f"codes must lie in [0, {model.codebook})")
+    start = context * model.per_frame - model.pending if context else 0
+    return codes.to(torch.long).T.contiguous(), start, codes.shape[0] - context

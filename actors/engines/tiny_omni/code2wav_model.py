@@ -1,0 +1,163 @@
+"""tiny-omni's code2wav decoder with its pending tail kept: the model surgery.
+
+code2wav's transposed convolutions trim their last step, so HF's forward turns ``n``
+frames into ``1920 * n - 555`` samples: a window's last 555 samples need the frame after
+it. :func:`keep_pending_tail` turns that trim off, so a forward returns ``1920 * n``
+samples: HF's, then 555 decoded as if nothing followed. :class:`Code2WavModel` decodes a
+batch of windows that way and cuts each row into the audio to emit now and the samples
+to hold back until the next window (or the segment's end) makes them exact.
+
+It runs HF's forward layer group by layer group, so that before the upsampling decoder
+blocks (nearly all of the cost) it can drop the part of the windows' left context those
+blocks do not read (:mod:`~omni_actors.actors.engines.tiny_omni.code2wav_reach`): a streamed
+window of 25 context and 25 new frames costs about 29 frames of decoding there, not 50.
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import torch
+
+from omni_actors.actors.engines.tiny_omni import weights
+from omni_actors.actors.engines.tiny_omni.code2wav_reach import decoder_reach
+from omni_actors.actors.engines.tiny_omni.code2wav_snake import replace_snake_activations
+from omni_actors.actors.engines.tiny_omni.hf import (
+    Qwen3OmniMoeCausalTransConvNet,
+    Qwen3OmniMoeCode2Wav,
+)
+
+__all__ = ["Code2WavModel", "Piece", "keep_pending_tail"]
+
+Piece = tuple[torch.Tensor, torch.Tensor]
+"""One decoded window: (audio to emit now, samples held back)."""
+
+
+def keep_pending_tail(model: Qwen3OmniMoeCode2Wav) -> int:
+    """Make ``model`` return ``1920 * n`` samples for ``n`` frames instead of ``1920 * n - 555``.
+
+    Each upsampling transposed convolution trims ``kernel - stride`` steps at both ends;
+    the right trim drops the steps still missing the next input's overlap-add. Keeping
+    them changes no earlier sample (later layers are causal, and a transposed convolution
+    reads one step ahead at most). Checked on a probe, so a change in transformers fails
+    loading instead of corrupting audio.
+
+    Returns:
+        The number of pending samples per window (555 for tiny-omni and Qwen3-Omni).
+
+    Raises:
+        RuntimeError: the model does not behave as described.
+    """
+    per_frame = int(model.total_upsample)
+    probe = torch.arange(2 * model.config.num_quantizers).remainder(model.config.codebook_size)
+    probe = probe.view(1, model.config.num_quantizers, 2)
+    with torch.no_grad():
+        trimmed = model(probe)[:, 0]
+        for module in model.modules():
+            if isinstance(module, Qwen3OmniMoeCausalTransConvNet):
+                module.right_pad = 0
+        kept = model(probe)[:, 0]
+    pending = int(kept.shape[-1]) - int(trimmed.shape[-1])
+    same = torch.allclose(kept[:, : trimmed.shape[-1]], trimmed, atol=1e-6, rtol=0.0)
+    if kept.shape[-1] != 2 * per_frame or not 0 < pending < per_frame or not same:
+        raise RuntimeError(
+            f"code2wav with its tail kept gave {kept.shape[-1]} samples for 2 frames "
+            f"(expected {2 * per_frame}, prefix unchanged: {same}); "
+            "transformers' Qwen3OmniMoeCausalTransConvNet changed"
+        )
+    return pending
+
+
+class Code2WavModel:
+    """The prepared decoder of ``path``, tail kept; every method runs in the model thread.
+
+    Attributes:
+        quantizers: codes per frame.
+        codebook: codes lie in ``[0, codebook)``.
+        per_frame: samples per frame (1920).
+        pending: samples each window holds back (555).
+        reach_frames: frames of left context the decoder blocks read (4 for tiny-omni);
+            context beyond that is dropped before them.
+
+    Raises:
+        TypeError: ``path`` holds another stage.
+        RuntimeError: see :func:`keep_pending_tail`; or the layer-by-layer forward (with
+            :mod:`~omni_actors.actors.engines.tiny_omni.code2wav_snake`'s activations) differs
+            from HF's (transformers changed).
+    """
+
+    def __init__(self, path: Path, device: torch.device | None = None) -> None:
+        # Loaded and checked on the CPU, where its kernels are deterministic and exact:
+        # the checks are about the model's structure, which the device does not change.
+        model = weights.load(path)
+        if not isinstance(model, Qwen3OmniMoeCode2Wav):
+            raise TypeError(f"{path} holds a {type(model).__name__}, not a code2wav stage")
+        self.pending = keep_pending_tail(model)
+        self.quantizers = int(model.config.num_quantizers)
+        self.codebook = int(model.config.codebook_size)
+        self.per_frame = int(model.total_upsample)
+        self._model = model
+        # Samples per frame where the decoder blocks start (after the pre-upsampling).
+        self._rate = math.prod(model.config.upsampling_ratios)
+        reach = decoder_reach(list(model.decoder.children())[1:])
+        self.reach_frames = -(-reach // self._rate)
+        probe = self._probe()
+        with torch.no_grad():
+            reference = model(probe)[:, 0]
+        replace_snake_activations(model)
+        # The layers _forward runs, taken once the activations were replaced.
+        self._upsample = [b for blocks in model.upsample.children() for b in blocks.children()]
+        self._first, *self._blocks = model.decoder.children()
+        self._check_forward(probe, reference)
+        if device is not None:
+            model.to(device)  # type: ignore[arg-type]  # transformers types dtype casts only
+
+    def decode(self, codes: torch.Tensor, starts: list[int]) -> list[Piece]:
+        """Decode ``codes`` [B, Q, T]; row ``i`` emits from sample ``starts[i]`` on and
+        holds back the last ``pending`` samples."""
+        skip = max(0, min(starts) // self.per_frame - self.reach_frames)
+        wav = self._forward(codes, skip)
+        cut = wav.shape[-1] - self.pending
+        offset = skip * self.per_frame
+        # Copies, so an output does not keep the whole batch's waveform alive.
+        return [
+            (wav[i, s - offset : cut].clone(), wav[i, cut:].clone()) for i, s in enumerate(starts)
+        ]
+
+    def _forward(self, codes: torch.Tensor, skip: int) -> torch.Tensor:
+        """HF's ``Qwen3OmniMoeCode2Wav.forward`` for ``codes`` [B, Q, T] -> [B, samples],
+        with the first ``skip`` frames left out of the decoder blocks (and the output)."""
+        model = self._model
+        with torch.no_grad():
+            hidden = model.code_embedding(codes + model.code_offset).mean(1)
+            hidden = model.pre_transformer(inputs_embeds=hidden).last_hidden_state
+            hidden = hidden.permute(0, 2, 1)
+            for block in self._upsample:
+                hidden = block(hidden)
+            hidden = self._first(hidden)[..., skip * self._rate :]
+            for block in self._blocks:
+                hidden = block(hidden)
+            wav: torch.Tensor = hidden.clamp(min=-1, max=1)[:, 0]
+            return wav
+
+    def _probe(self) -> torch.Tensor:
+        """Random codes [1, Q, T] long enough to skip context in."""
+        gen = torch.Generator().manual_seed(0)
+        shape = (1, self.quantizers, 2 * self.reach_frames + 6)
+        return torch.randint(0, self.codebook, shape, generator=gen)
+
+    def _check_forward(self, probe: torch.Tensor, reference: torch.Tensor) -> None:
+        """The layer-by-layer forward gives HF's samples for ``probe`` (``reference``), and
+        skipping context up to the reach leaves the emitted ones as they were."""
+        same = torch.equal(self._forward(probe, 0), reference)
+        skip = probe.shape[-1] - self.reach_frames - 2
+        exact = self.reach_frames * self.per_frame  # the first sample a window may emit
+        cut = self._forward(probe, skip)[:, exact:]
+        kept = torch.allclose(cut, reference[:, skip * self.per_frame + exact :], atol=1e-6, rtol=0)
+        if not (same and kept):
+            raise RuntimeError(
+                f"code2wav decoded layer by layer differs from its forward (equal: {same}; "
+                f"with {skip} frames of context skipped: {kept}); "
+                "transformers' Qwen3OmniMoeCode2Wav changed"
+            )

@@ -1,0 +1,284 @@
+"""``TalkerEngine``: tiny-omni's talker, one codec frame per output, across a conversation.
+
+The talker turns the thinker's answer into codec frames, conditioned as HF's reference
+``Qwen3OmniMoeForConditionalGeneration.generate`` conditions it: on *every user turn of
+the conversation so far* (the user-role positions, gathered contiguously), then the
+9-position assistant prefix of the reply (which already holds its first text token);
+earlier assistant turns are not part of its input. So a session keeps, across responses
+until release or abort, a KV cache of the user parts only. Per response it crops the
+cache back to the end of the user parts (dropping the previous reply's positions),
+prefills each committed user turn as the thinker sends it (while the thinker still
+prefills and decodes: the talker's ``generate`` runs during the user's turn), then, when
+the first token comes, the user rows left plus the assistant prefix in one forward, then
+steps one frame at a time: frame ``k``'s text input is token ``k``'s embedding while
+``k < N``, then TTS_EOS once, then TTS_PAD — HF's schedule, so the codes equal HF's for
+the same conversation (``tests/integration/test_tiny_omni_talker_turns.py``).
+
+It never guesses ahead: when frame ``k`` needs token ``k`` and that has not arrived, it
+waits for the next input chunk. The total ``N`` is only known once the input ended, so
+the output does not depend on how the thinker's output was chunked (one output per
+chunk on a ``stream`` edge, one chunk with everything on a ``full`` edge).
+
+State across responses: a response that completes, or is cancelled (its ``generate``
+closed at a ``yield``), keeps the user turns it prefilled; one that fails rolls back to
+where it started; release and abort drop the session. Frame ``k`` is conditioned on
+tokens ``0 .. min(k, N - 1)``, so :meth:`TalkerEngine.truncate` maps kept frames to kept
+tokens one to one, capped at the reply's ``N``.
+
+Batching. Frames after the first are steps of a
+:class:`~omni_actors.actors.engines.step_batcher.StepBatcher`: the frames of every session that
+is waiting for one go into one talker forward (their KV caches left-padded to the
+longest, :mod:`.batched_step`) and one code-predictor loop, up to ``max_batch``
+sessions; a session whose frame is ready while a forward runs joins the next one.
+Prefills (user rows; the assistant prefix with frame 0) stay one session per forward. A
+session stepping alone runs exactly the single-session forwards, so the codes above
+equal HF's; in a batch of several, padding changes the shapes of the float sums, so a
+row's logits can differ from its solo run in the last bits, and a near-tied pick could
+flip (``tests/integration/test_tiny_omni_talker_batching.py`` pins a padded batch's
+codes against solo runs with the model driven directly; through the engine, where
+timing decides the batches, tests assert structure). A failed forward fails every
+session in it, each rolled back as above.
+
+Codec EOS is suppressed by default, so a reply is exactly ``frames_per_token * N``
+frames long (the length the pipeline plans for); the random weights *do* pick EOS now
+and then (e.g. at frame 243 of 256 for "Hello there!" answered in 128 tokens). Every
+frame HF would produce is the same either way; with ``stop_at_codec_eos`` the reply
+ends at EOS, as HF and a real checkpoint do.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import ClassVar
+
+from pydantic import Field, field_validator
+
+from omni_actors.actors.engines.batched_engine import BatchedTorchEngine
+from omni_actors.actors.engines.contract import Fields, ResponseOptions, Rule, response_options
+from omni_actors.actors.engines.tiny_omni import configs
+from omni_actors.actors.engines.tiny_omni.family import TINY_OMNI
+from omni_actors.actors.engines.tiny_omni.hf import DynamicCache
+from omni_actors.actors.engines.tiny_omni.talker_input import ReplyInput, TalkerInputError
+from omni_actors.actors.engines.tiny_omni.talker_model import Frame, FrameStep, TalkerModel, Voice
+from omni_actors.actors.engines.torch_engine import AbortSignal, DeviceArgs, stage_dir
+from omni_actors.models.family import WeightsArgs
+
+__all__ = ["TalkerArgs", "TalkerEngine", "TalkerInputError"]
+
+
+class TalkerArgs(WeightsArgs, DeviceArgs):
+    """The talker's arguments: ``seed`` and ``cache_dir`` locate its weights.
+
+    Attributes:
+        frames_per_token: a reply is that many codec frames per thinker token.
+        speaker: the voice (``chelsie``, ``ethan``, ``aiden``); a response's ``voice``
+            option overrides it.
+        stop_at_codec_eos: end the reply when the talker picks codec EOS (default: EOS
+            is masked, see the module docstring).
+        max_batch: the most sessions whose frames share one forward (see the module
+            docstring): bounds how long one step takes, so a session's frame waits at
+            most for the forwards ahead of it; 1 steps every session on its own.
+    """
+
+    frames_per_token: int = Field(2, ge=1)
+    speaker: str = "chelsie"
+    stop_at_codec_eos: bool = Field(False, strict=True)
+    max_batch: int = Field(16, ge=1)
+
+    @field_validator("speaker")
+    @classmethod
+    def _known_speaker(cls, speaker: str) -> str:
+        if speaker.lower() not in configs.SPEAKERS:
+            raise ValueError(f"unknown speaker {speaker!r}; known: {sorted(configs.SPEAKERS)}")
+        return speaker.lower()
+
+
+class TalkerEngine(BatchedTorchEngine[Voice, FrameStep, Frame]):
+    """Codec frames for the thinker's tokens, conditioned on the conversation's user turns.
+
+    Inputs (any subset per chunk; see the module docstring): ``user`` [n, H] and
+    ``user_mask`` [n] bool, rows of committed user turns (at placeholder positions, where
+    the mask is True, the thinker's ``accept_hidden_layer`` state, elsewhere its input
+    embedding), sent before or with the first token; ``opening`` [3, H] (embeddings of
+    ``<|im_start|> assistant \\n``) and ``tts`` [3, H] (TTS_BOS, TTS_EOS, TTS_PAD) with
+    the first token; ``embed`` [n, H], one row per token. Outputs: ``codes`` [1, G]
+    int64, one frame each, every code in ``[0, codebook_size)``.
+
+    Args:
+        args: see :class:`TalkerArgs`.
+
+    Raises:
+        ModelNotPreparedError: the weights are not prepared.
+    """
+
+    kind: ClassVar[str] = "tiny-omni.talker"
+    Args: ClassVar[type[TalkerArgs]] = TalkerArgs
+    inputs: ClassVar[dict[str, Rule]] = {
+        "user": "concat",
+        "user_mask": "concat",
+        "opening": "replace",
+        "tts": "replace",
+        "embed": "concat",
+    }
+    outputs: ClassVar[dict[str, Rule]] = {"codes": "concat"}
+    streams_input: ClassVar[bool] = True
+
+    def __init__(self, args: TalkerArgs) -> None:
+        self.frames_per_token = args.frames_per_token
+        self.stop_at_codec_eos = args.stop_at_codec_eos
+        self.speaker = args.speaker
+        super().__init__(
+            stage_dir(TINY_OMNI.name, args, "talker"),
+            "talker",
+            max_batch=args.max_batch,
+            batcher_name="talker frames",
+            device=args.device,
+        )
+
+    def _load(self, path: Path) -> None:
+        self._model = TalkerModel(path, self.device, stop_at_codec_eos=self.stop_at_codec_eos)
+
+    def _run_steps(self, steps: list[FrameStep]) -> list[Frame]:
+        return self._model.frames(steps)
+
+    # -- introspection -------------------------------------------------------------------
+
+    def user_positions(self, session: str) -> int:
+        """Positions of ``session``'s user parts in its KV cache (0 when it has no state)."""
+        voice = self._sessions.get(session)
+        return 0 if voice is None else voice.user
+
+    # -- the engine protocol --------------------------------------------------------------
+
+    async def generate(self, session: str, inputs: AsyncIterator[Fields]) -> AsyncIterator[Fields]:
+        """Prefill the response's user rows as they come, then ``frames_per_token * N``
+        frames for its ``N`` tokens.
+
+        Fewer only with ``stop_at_codec_eos`` when the talker picks codec EOS (as the
+        real model ends its speech): the reply then ends at once, its remaining input
+        left unread for the stage to drain. The voice is the response's ``voice`` option,
+        else ``speaker``, read when the first token comes (the thinker's input, which
+        the option comes with, has ended by then).
+
+        Raises:
+            ValueError: the session is already generating.
+            TalkerInputError: tokens came without ``opening``/``tts``, user rows without
+                their mask or after the first token, or the voice is unknown. The
+                response fails alone: the session's state goes back to its start.
+        """
+        voice = self._sessions.get(session)
+        if voice is None:
+            voice = self._sessions[session] = Voice(DynamicCache(config=self._model.text_config))
+        if voice.signal is not None:
+            raise ValueError(f"session {session!r} is already generating")
+        signal = voice.signal = AbortSignal()
+        start, last_reply = voice.user, voice.reply
+        got = ReplyInput()
+        step: asyncio.Future[Frame] | None = None
+        failed = False
+        try:
+            if not await self._listen(voice, signal, inputs, got) or not got.embeds:
+                return  # aborted, or the thinker said nothing: no speech
+            speaker = self._speaker_id(response_options(inputs))
+            if got.opening is None or got.tts is None:
+                raise TalkerInputError(
+                    "talker input lacks opening or tts: the thinker -> talker edge must "
+                    "carry them with the first embed"
+                )
+            rows, mask = got.take_user()
+            speech, frame = await self.call(
+                self._model.open, voice, rows, mask, got.opening, got.tts, got.embeds[0], speaker
+            )
+            produced = 0
+            while frame is not None and not signal.aborted:
+                codes, carry = frame
+                produced += 1
+                if got.known(produced) and not self._done(got, produced):
+                    # Start the next frame before handing this one out (see the thinker).
+                    step = self.batcher.submit(FrameStep(speech, carry, got.text(produced)))
+                yield {"codes": codes}
+                if step is None:
+                    if not await self._wait_for(signal, inputs, got, produced):
+                        return
+                    if self._done(got, produced):
+                        return
+                    step = self.batcher.submit(FrameStep(speech, carry, got.text(produced)))
+                frame = await step
+                step = None
+        except Exception:
+            failed = True
+            raise
+        finally:
+            if step is not None and not step.done():
+                step.cancel()  # its forward only extends the reply's part of the cache
+            voice.signal = None
+            if self._sessions.get(session) is voice:
+                if failed:
+                    # Nothing that moves ``user`` runs now: prefills are awaited in turn.
+                    voice.user, voice.reply = start, last_reply
+                else:
+                    voice.reply = len(got.embeds)
+
+    async def _listen(
+        self, voice: Voice, signal: AbortSignal, inputs: AsyncIterator[Fields], got: ReplyInput
+    ) -> bool:
+        """Read input until the first token (or the end), prefilling user rows as they
+        come; False if aborted meanwhile."""
+        while not got.embeds and not got.ended:
+            if not await self._read(signal, inputs, got):
+                return False
+            if got.user and not got.embeds:
+                rows, mask = got.take_user()
+                await self.call(self._model.prefill_user, voice, rows, mask)
+        return not signal.aborted
+
+    def _speaker_id(self, options: ResponseOptions) -> int:
+        name = (options.voice or self.speaker).lower()
+        speakers = self._model.speakers
+        if name not in speakers:
+            raise TalkerInputError(f"unknown voice {options.voice!r}; known: {sorted(speakers)}")
+        return speakers[name]
+
+    def _done(self, got: ReplyInput, produced: int) -> bool:
+        return got.ended and produced >= self.frames_per_token * len(got.embeds)
+
+    async def _wait_for(
+        self, signal: AbortSignal, inputs: AsyncIterator[Fields], got: ReplyInput, frame: int
+    ) -> bool:
+        """Read input until frame ``frame``'s text is known; False if aborted meanwhile."""
+        while not got.known(frame):
+            if not await self._read(signal, inputs, got):
+                return False
+        return not signal.aborted
+
+    @staticmethod
+    async def _read(signal: AbortSignal, inputs: AsyncIterator[Fields], got: ReplyInput) -> bool:
+        """Take the next input (or the input's end) into ``got``; False if aborted."""
+        fields = await signal.next_input(inputs)
+        if signal.aborted:
+            return False
+        if fields is None:
+            got.ended = True
+        else:
+            got.take(fields)
+        return True
+
+    async def truncate(self, session: str, kept: int) -> int:
+        """Keep the first ``kept`` frames of the last reply: the tokens they depend on.
+
+        Frame ``k`` is conditioned on tokens ``0 .. k`` (capped at the reply's last), so
+        ``kept`` frames depend on ``min(kept, N)`` tokens. The talker's own state holds
+        no reply (only user turns), so only what later truncations cap at changes.
+
+        Raises:
+            ValueError: the session has no reply to truncate, or ``kept`` is negative.
+        """
+        voice = self._sessions.get(session)
+        if voice is None or voice.reply is None:
+            raise ValueError(f"talker session {session!r} has no reply to truncate")
+        if kept < 0:
+            raise ValueError(f"cannot keep {kept} frames; pass 0 or more")
+        voice.reply = min(kept, voice.reply)
+        return voice.reply

@@ -1,0 +1,235 @@
+"""``ThinkerModel``: the loaded thinker and every forward the thinker engine runs.
+
+Everything here runs in the engine's model thread (``TorchEngine.call``), one call at a
+time, on one session's :class:`~.conversation.Conversation` and the
+:class:`~.user_turn.UserTurn` it is receiving: the engine's event-loop side decides
+*what* to run, this runs it and keeps the cache position, the carry and the turn's rows
+in step with what the cache holds. Decode steps are the exception:
+:meth:`ThinkerModel.decode_steps` feeds the last token of several sessions in one forward.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Final, cast
+
+import torch
+
+from omni_actors.actors.engines.tiny_omni import configs, layout, stepping, weights
+from omni_actors.actors.engines.tiny_omni.audio_stream import AudioClip
+from omni_actors.actors.engines.tiny_omni.batched_step import thinker_steps
+from omni_actors.actors.engines.tiny_omni.configs import Tokens
+from omni_actors.actors.engines.tiny_omni.conversation import (
+    CLOSE_TURN,
+    NEWLINE,
+    Conversation,
+    Reply,
+)
+from omni_actors.actors.engines.tiny_omni.hf import (
+    PreTrainedConfig,
+    Qwen3OmniMoeThinkerForConditionalGeneration,
+)
+from omni_actors.actors.engines.tiny_omni.log_mel import LogMel
+from omni_actors.actors.engines.tiny_omni.sampling import Sampling, pick
+from omni_actors.actors.engines.tiny_omni.user_turn import Feed, UserTurn
+
+__all__ = ["ASSISTANT_OPENING", "PRINTABLE", "DecodeStep", "ThinkerModel", "Token"]
+
+PRINTABLE: Final = range(32, 127)
+"""Byte ids the thinker may emit: random weights would otherwise emit control bytes and
+special tokens, which no text consumer downstream could show."""
+ASSISTANT_OPENING: Final = (Tokens.IM_START, Tokens.ASSISTANT, NEWLINE)
+
+Token = tuple[int, torch.Tensor]
+"""A picked token and its [1, H] input embedding."""
+
+
+@dataclass(frozen=True, slots=True)
+class DecodeStep:
+    """One session's next decode step: feed ``token``, pick the next one."""
+
+    conversation: Conversation
+    token: int
+    allow_end: bool
+    sampling: Sampling
+
+
+class ThinkerModel:
+    """The thinker of a prepared tiny-omni directory, loaded (in the model thread).
+
+    Args:
+        path: the thinker stage's directory (``<prepared>/thinker``).
+
+    Raises:
+        ModelFileError: a file of the stage, or the composite ``config.json`` beside it,
+            is missing or corrupt (see :func:`.weights.load`).
+
+    Attributes:
+        text_config: the text model's config (what a session's ``DynamicCache`` needs).
+        tts: [3, H] the embeddings of TTS_BOS, TTS_EOS, TTS_PAD.
+        opening: [3, H] the embeddings of ``<|im_start|> ASSISTANT \\n``.
+    """
+
+    def __init__(self, path: Path, device: torch.device | None = None) -> None:
+        device = device or torch.device("cpu")
+        thinker = weights.load(path, device=device)
+        assert isinstance(thinker, Qwen3OmniMoeThinkerForConditionalGeneration)
+        self._thinker = thinker
+        self._accept_layer = layout.accept_hidden_layer(path.parent)
+        self.text_config = cast(PreTrainedConfig, thinker.config.text_config)
+        audio = cast(PreTrainedConfig, thinker.config.audio_config)
+        self._n_window, self._n_window_infer = int(audio.n_window), int(audio.n_window_infer)
+        # Annotated from transformers 5.23 on, untyped before: the ignore serves the
+        # older releases of the supported range and is unused on newer ones.
+        self._embedding = thinker.get_input_embeddings()  # type: ignore[no-untyped-call,unused-ignore]
+        self._extractor = configs.audio_feature_extractor()
+        vocab = self.text_config.vocab_size
+        with torch.device(device):
+            self._allow_text = torch.full((vocab,), float("-inf"))
+            self._allow_text[list(PRINTABLE)] = 0.0
+            self._allow_end = self._allow_text.clone()
+            self._allow_end[Tokens.IM_END] = 0.0
+            # No graph: weights.load turned gradients off.
+            ids = torch.tensor([Tokens.TTS_BOS, Tokens.TTS_EOS, Tokens.TTS_PAD])
+            self.tts = self._embedding(ids)
+            self.opening = self._embedding(torch.tensor(ASSISTANT_OPENING))
+
+    def clip(self) -> AudioClip:
+        """A new audio clip, windowed as this thinker's audio encoder attends."""
+        mel = LogMel(self._extractor, block=2 * self._n_window)
+        return AudioClip(mel, self._n_window, self._n_window_infer)
+
+    def prefill(
+        self,
+        conversation: Conversation,
+        turn: UserTurn,
+        end_clip: bool,
+        then: list[int],
+        tail: int = 0,
+    ) -> None:
+        """Prefill the turn's pending ids, its clip's new windows (all of the clip if
+        ``end_clip``), then ``then``, whose last ``tail`` ids are not the user's."""
+        embeds = None
+        if turn.clip is not None:
+            clip, encode = turn.clip, self._encode
+            embeds = clip.finish(encode) if end_clip else clip.windows(encode)
+        if embeds is None and not end_clip and not then:
+            return  # the clip's log-mel advanced, no window is whole yet
+        feed = turn.next_feed(embeds, end_clip, then, tail)
+        if feed.ids:
+            self.feed(conversation, turn, feed)
+
+    @torch.no_grad()
+    def feed(self, conversation: Conversation, turn: UserTurn, feed: Feed) -> stepping.ThinkerStep:
+        """One forward over ``feed``; its talker rows go to the turn.
+
+        Rows: the input embedding per position, the ``accept_hidden_layer`` state at
+        AUDIO_PAD positions (``stepping.talker_user_part`` selects between the two by the
+        placeholder mask, so one tensor carries what it needs).
+        """
+        step = self._forward(conversation, feed.ids, feed.audio)
+        if feed.skip:
+            conversation.carry = []
+        placeholders = torch.tensor(feed.ids) == Tokens.AUDIO_PAD
+        rows = torch.where(placeholders[:, None], step.accept_hidden[0], step.embeds[0])
+        turn.keep(feed, rows, placeholders)
+        return step
+
+    @torch.no_grad()
+    def instruct(self, conversation: Conversation, system: tuple[int, ...]) -> None:
+        """Feed the system turn ``system`` behind the carry (no user turn is open)."""
+        self._forward(conversation, [*conversation.carry, *system])
+        conversation.carry = []
+        conversation.system = (*conversation.system, *system)
+
+    @torch.no_grad()
+    def take_reply(self, conversation: Conversation, tokens: tuple[int, ...]) -> None:
+        """Take ``tokens`` into the conversation as the assistant's turn, as if decoded.
+
+        One forward over the carry, ``<|im_start|> ASSISTANT \\n`` and the tokens; the turn
+        is then left as a completed reply leaves it (``<|im_end|> \\n`` in the carry, a
+        :class:`Reply` a truncation can cut, no user turn or system turn after it).
+
+        The cache holds the same positions as after decoding, but computed in one
+        forward of ``len(tokens) + 3`` rows instead of one per token: its keys and values
+        may differ from the decoded ones in the last bits (other matmul shapes, as in a
+        batched decode step), so a later greedy pick can only change on a near tie.
+        """
+        self._forward(conversation, [*conversation.carry, *ASSISTANT_OPENING, *tokens])
+        conversation.carry = [*CLOSE_TURN]
+        conversation.reply = Reply(conversation.position - len(tokens), tokens, len(tokens))
+        conversation.turns_since_reply, conversation.system = 0, ()
+
+    @torch.no_grad()
+    def open_reply(
+        self, conversation: Conversation, turn: UserTurn | None, sampling: Sampling
+    ) -> Token:
+        """Close ``turn`` if one is open, open the reply, pick its first token.
+
+        One forward over what the turn still has pending (its clip's last window among
+        it), ``<|im_end|> \\n``, the system turn set while it was open if any, then
+        ``<|im_start|> ASSISTANT \\n``: the only work left between the end of the input
+        and the first token. Without a turn it feeds the carry and the opening.
+        """
+        if turn is None:
+            step = self._forward(conversation, [*conversation.carry, *ASSISTANT_OPENING])
+            conversation.carry = []
+        else:
+            embeds = None if turn.clip is None else turn.clip.finish(self._encode)
+            then = [*CLOSE_TURN, *turn.system, *ASSISTANT_OPENING]
+            tail = len(turn.system) + len(ASSISTANT_OPENING)
+            step = self.feed(conversation, turn, turn.next_feed(embeds, True, then, tail))
+        return self._pick(step.logits[0, -1], sampling.min_tokens == 0, sampling)
+
+    @torch.no_grad()
+    def decode(
+        self, conversation: Conversation, token: int, allow_end: bool, sampling: Sampling
+    ) -> Token:
+        """Feed ``token``, pick the next one."""
+        step = self._forward(conversation, [token])
+        return self._pick(step.logits[0, -1], allow_end, sampling)
+
+    @torch.no_grad()
+    def decode_steps(self, steps: list[DecodeStep]) -> list[Token]:
+        """:meth:`decode` for several sessions in one forward (their caches left-padded,
+        :mod:`.batched_step`); each picks with its own sampling and generator. One
+        session runs :meth:`decode` itself, so a session decoding alone is exact."""
+        if len(steps) == 1:
+            (one,) = steps
+            return [self.decode(one.conversation, one.token, one.allow_end, one.sampling)]
+        conversations = [step.conversation for step in steps]
+        logits = thinker_steps(
+            self._thinker,
+            torch.tensor([[step.token] for step in steps]),
+            [conversation.cache for conversation in conversations],
+            [conversation.position for conversation in conversations],
+        )
+        for conversation in conversations:
+            conversation.position += 1
+        return [
+            self._pick(row, step.allow_end, step.sampling)
+            for row, step in zip(logits, steps, strict=True)
+        ]
+
+    def _encode(self, mel: torch.Tensor) -> torch.Tensor:
+        return stepping.encode_audio(self._thinker, mel)
+
+    def _forward(
+        self, conversation: Conversation, ids: list[int], audio: torch.Tensor | None = None
+    ) -> stepping.ThinkerStep:
+        step = stepping.thinker_forward(
+            self._thinker,
+            torch.tensor([ids]),
+            conversation.cache,
+            conversation.position,
+            accept_layer=self._accept_layer,
+            audio_embeds=audio,
+        )
+        conversation.position += len(ids)
+        return step
+
+    def _pick(self, logits: torch.Tensor, allow_end: bool, sampling: Sampling) -> Token:
+        """A printable token (or im_end) and its [1, H] embedding."""
+        token = pick(logits, self._allow_end if allow_end else self._allow_text, sampling)
+        return token, self._embedding(torch.tensor([token]))

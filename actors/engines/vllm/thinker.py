@@ -1,0 +1,449 @@
+"""``VllmThinkerEngine``: a conversation's thinker on vLLM, prefilling as input arrives.
+
+The ``vllm`` engine kind. It serves the thinker stage of an omni pipeline with vLLM's
+``AsyncLLM`` inside the stage's own worker process (vLLM starts its EngineCore as a
+child of that process, in the worker's process group, which the pipeline reaps whatever
+way the worker ends). It takes and yields the fields of tiny-omni's torch thinker, so
+the same talker follows either: text tokens with their input embeddings, the committed
+user turns' rows, and per reply the assistant opening and the TTS embeddings.
+
+**One open request per conversation.** A session's conversation is a token list
+(:class:`~.conversation.History`) and one vLLM request that holds its prefix
+(:class:`~.request.OpenRequest`, vLLM's streaming input). Input is appended and
+prefilled as it arrives (a chunk generating one token, dropped); a response appends the
+assistant opening and generates the reply under the response's limits, and the request
+stays open for the next turn. A reply that stopped at its token limit leaves its last
+token unfed (vLLM drops a chunk's last sampled token), so it is fed with the turn's end.
+
+**Rollbacks reopen.** vLLM's streaming input only appends; ``clear``, ``truncate``, a
+cancelled reply (barge-in: the request is still decoding) and a failed response cut the
+token list, end the request, and the next chunk opens a new request with the whole
+conversation as its prompt, which vLLM's prefix cache serves without recomputing the
+blocks it still holds.
+
+**Replay.** A ``reply`` mark (a session replaying its conversation) commits the open
+turn and appends a reply generated earlier as a decoded one leaves the list; nothing is
+yielded for it, and it is prefilled with what follows, so a ``truncate`` replayed after
+it cuts tokens vLLM never held (no reopen). :meth:`VllmThinkerEngine.last_reply` tells
+the session each reply decoded, to replay it later.
+
+**Text in, rows out.** Text is tokenized with the model's tokenizer and turns are framed
+by its chat template (:class:`~.turns.TurnTemplate`). The talker's inputs for text
+positions and generated tokens are rows of the thinker's input-embedding table, read
+once from the checkpoint (:mod:`.embedding`).
+
+**Audio in, hidden states out.** A clip is sent to vLLM as one placeholder and its
+samples (vLLM's audio encoder and the checkpoint's processor expand it) when it ends
+(:mod:`.audio_input`); the talker's rows at its placeholders are the thinker's hidden
+states there, which a worker extension keeps in vLLM's worker and the engine takes once
+the clip is prefilled (:mod:`.hidden_states`).
+
+A pipeline names the checkpoint by path (``model: /models/Qwen3-Omni-30B-A3B-Instruct``)
+or by a prepared model family (``model: tiny-omni``: its ``checkpoint`` directory in the
+cache, at the stage's ``seed`` and ``cache_dir``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import importlib.util
+import itertools
+import logging
+from collections.abc import AsyncIterator, Mapping
+from typing import Any, ClassVar
+
+import torch
+
+from omni_actors.actors.engines.contract import (
+    INSTRUCTIONS_FIELD,
+    TURN_FIELD,
+    Fields,
+    ResponseOptions,
+    Rule,
+    response_options,
+)
+from omni_actors.actors.engines.thinker_ports import THINKER_INPUTS, THINKER_OUTPUTS
+from omni_actors.actors.engines.torch_engine import AbortSignal
+from omni_actors.actors.engines.turn_marks import TurnMarkError, kept_of, reply_of
+from omni_actors.actors.engines.vllm.args import VllmThinkerArgs
+from omni_actors.actors.engines.vllm.audio_input import AudioSpec, user_rows
+from omni_actors.actors.engines.vllm.conversation import Mark, VllmInputError
+from omni_actors.actors.engines.vllm.embedding import load_input_embeddings
+from omni_actors.actors.engines.vllm.hidden_states import TAP_EXTENSION
+from omni_actors.actors.engines.vllm.reply_text import ReplyText
+from omni_actors.actors.engines.vllm.request import OpenRequest
+from omni_actors.actors.engines.vllm.runtime import EngineDiedError, VllmRuntime, resolve_checkpoint
+from omni_actors.actors.engines.vllm.session import Session
+from omni_actors.actors.engines.vllm.turns import TurnTemplate
+from omni_actors.errors import EngineError, MissingExtraError
+from omni_actors.models.files import load_tokenizer, read_json
+
+__all__ = ["EngineDiedError", "VllmInputError", "VllmThinkerArgs", "VllmThinkerEngine"]
+
+log = logging.getLogger(__name__)
+
+if importlib.util.find_spec("vllm") is None:  # vLLM itself is imported where it runs
+    raise MissingExtraError("the vllm engine", "vllm", ModuleNotFoundError(name="vllm"))
+
+
+class VllmThinkerEngine:
+    """A thinker on vLLM with streaming prefill (see the module docstring).
+
+    Inputs per chunk: ``text`` (str), ``instructions`` (str), or a turn mark (a
+    ``reply`` mark's ``reply``: a 1-D integer tensor of token ids). Outputs, as
+    tiny-omni's torch thinker: per token ``token_ids`` [1] int64, ``text`` (what the token
+    adds to the reply's text) and ``embed`` [1, H]; with the first token
+    ``opening`` [3, H] and ``tts`` [3, H]; per committed user turn ``user`` [n, H] and
+    ``user_mask`` [n] bool (True at audio placeholders, whose rows are hidden states).
+    Input ``audio``: float mono samples at the checkpoint processor's rate (16 kHz).
+    """
+
+    kind: ClassVar[str] = "vllm"
+    Args: ClassVar[type[VllmThinkerArgs]] = VllmThinkerArgs
+    inputs: ClassVar[Mapping[str, Rule]] = THINKER_INPUTS
+    outputs: ClassVar[Mapping[str, Rule]] = THINKER_OUTPUTS
+    streams_input: ClassVar[bool] = True
+
+    def __init__(self, args: VllmThinkerArgs) -> None:
+        self.args = args
+        self.max_new_tokens = args.max_new_tokens
+        self.min_new_tokens = min(args.min_new_tokens, args.max_new_tokens)
+        self._sessions: dict[str, Session] = {}
+        self._ids = itertools.count()
+        self._llm: Any = None
+        self.runtime: VllmRuntime | None = None
+        self._closing: set[asyncio.Task[None]] = set()
+        self.died: asyncio.Future[BaseException] | None = None
+        """Resolves with the error when vLLM's engine process exits (the stage fails)."""
+
+    # -- life cycle ------------------------------------------------------------------------
+
+    async def start(self) -> None:
+        """Load the tokenizer and embedding table, then start vLLM (tens of seconds).
+
+        Files are checked as read (``omni_actors.models.files``); vLLM reads safetensors only."""
+        path = resolve_checkpoint(self.args.model, self.args.cache_dir, self.args.seed)
+        tokenizer = await asyncio.to_thread(load_tokenizer, path)
+        self.tokenizer = tokenizer
+        self.turns = TurnTemplate.of(tokenizer)
+        config = read_json(path / "config.json")
+        processor = read_json(path / "processor_config.json")
+        self.audio = AudioSpec.of(tokenizer, config, processor)
+        tts = [config[f"tts_{name}_token_id"] for name in ("bos", "eos", "pad")]
+        self.embeddings = await asyncio.to_thread(load_input_embeddings, path)
+        self.opening = self.embeddings[list(self.turns.opening)]
+        self.tts = self.embeddings[tts]
+        eos = tokenizer.eos_token_id
+        self.stop_ids = {self.turns.assistant.suffix[0], *([eos] if eos is not None else [])}
+        ranges = self.args.allowed_token_ranges
+        self.allowed: list[int] | None = None
+        if ranges is not None:
+            allowed = {i for start, stop in ranges for i in range(start, stop)}
+            self.allowed = sorted(allowed | self.stop_ids)
+        if self.args.engine_args.get("worker_extension_cls", TAP_EXTENSION) != TAP_EXTENSION:
+            raise EngineError(
+                "engine_args.worker_extension_cls is taken by the vllm thinker's hidden-state "
+                f"tap ({TAP_EXTENSION})"
+            )
+        self.runtime = await VllmRuntime.start(
+            path,
+            {
+                "dtype": self.args.dtype,
+                "max_model_len": self.args.max_model_len,
+                "max_num_seqs": self.args.max_num_seqs,
+                "enable_prefix_caching": True,
+                "seed": self.args.seed,
+                **self.args.engine_args,
+                "worker_extension_cls": TAP_EXTENSION,
+            },
+            cpu_threads=self.args.cpu_threads,
+        )
+        self._llm = self.runtime.llm
+        self.died = self.runtime.died
+        await self._llm.collective_rpc(
+            "omni_tap_install", args=(self.audio.accept_layer, self.audio.ids[1])
+        )
+
+    async def stop(self) -> None:
+        """End every request and shut vLLM down (its processes exit)."""
+        for session in list(self._sessions):
+            await self.abort(session)
+        runtime, self.runtime, self._llm = self.runtime, None, None
+        if runtime is not None:
+            await runtime.stop()
+
+    async def abort(self, session: str) -> None:
+        """Drop ``session``: its request is aborted in vLLM, its ``generate`` ends."""
+        state = self._sessions.pop(session, None)
+        if state is None:
+            return
+        if state.signal is not None:
+            state.signal.abort()
+        await state.end_request(abort=True, timeout=self.args.request_timeout_s)
+
+    async def release(self, session: str) -> None:
+        """``session`` is over: close its request."""
+        state = self._sessions.pop(session, None)
+        if state is not None:
+            await state.end_request(abort=False, timeout=self.args.request_timeout_s)
+
+    # -- introspection ---------------------------------------------------------------------
+
+    def running_requests(self) -> set[str]:
+        """Request ids the engine holds open in vLLM (for tests and ``inspect``)."""
+        return {s.request.request_id for s in self._sessions.values() if s.request is not None}
+
+    def unfinished_requests(self) -> int:
+        """Requests vLLM itself still tracks (0 once every session ended or aborted)."""
+        return 0 if self.runtime is None else self.runtime.unfinished_requests()
+
+    def last_reply(self, session: str) -> tuple[int, ...] | None:
+        """The token ids of the reply ``session``'s last ``generate`` decoded.
+
+        A cancelled reply's as far as it was yielded, ``()`` for an empty one (its turn
+        is in the conversation); None when that call decoded none (replies taken from
+        ``reply`` marks are not counted: the caller has them), failed, still runs, or
+        the session is unknown.
+        """
+        state = self._sessions.get(session)
+        return None if state is None else state.decoded
+
+    # -- the engine protocol ---------------------------------------------------------------
+
+    async def generate(self, session: str, inputs: AsyncIterator[Fields]) -> AsyncIterator[Fields]:
+        """One response: prefill its input as it arrives, then stream the reply's tokens.
+
+        Raises:
+            VllmInputError: bad audio, a malformed mark or instruction, or a truncation
+                with no reply to cut.
+            EngineError: vLLM failed the request (the response fails; the session stays).
+        """
+        state = self._sessions.get(session)
+        if state is None:
+            state = self._sessions[session] = Session()
+        if state.signal is not None:
+            raise VllmInputError(f"session {session!r} is already generating")
+        signal = state.signal = AbortSignal()
+        state.decoded = None
+        history = state.history
+        start = committed = history.checkpoint()
+        outcome, decoding = "dropped", False  # decoding: this response's reply is open
+        try:
+            while (fields := await signal.next_input(inputs)) is not None:
+                mark = fields.get(TURN_FIELD)
+                if "audio" in fields:
+                    state.clip.push(fields["audio"])
+                    if len(fields) == 1:
+                        continue  # the clip goes on: sent when it ends
+                if mark == "clear":
+                    state.clip.drop()
+                else:
+                    await self._hear(session, state)
+                if mark == "commit":
+                    rows = history.commit(self.turns)
+                    committed = history.checkpoint()
+                    if rows is not None:
+                        yield user_rows(history, rows, self.embeddings)
+                elif mark == "clear":
+                    if history.clear(committed):
+                        committed = history.checkpoint()
+                    self._resync(state)
+                elif mark == "truncate":
+                    earlier = history.reply is start.reply  # not one taken back since
+                    try:
+                        history.truncate(kept_of(fields), self.turns)
+                    except TurnMarkError as exc:
+                        raise VllmInputError(str(exc)) from None
+                    self._resync(state)
+                    committed = history.checkpoint()
+                    if earlier:  # the cut part is gone: a failure after it comes back here
+                        start = committed
+                elif mark == "reply":
+                    try:
+                        tokens = reply_of(fields, len(self.embeddings))
+                    except TurnMarkError as exc:
+                        raise VllmInputError(str(exc)) from None
+                    rows = history.commit(self.turns)
+                    if rows is not None:
+                        yield user_rows(history, rows, self.embeddings)
+                    history.take_reply(tokens, self.turns)
+                    committed = history.checkpoint()
+                elif mark is not None:
+                    raise VllmInputError(
+                        f"unknown turn mark {mark!r}: commit, clear, truncate or reply"
+                    )
+                else:
+                    if INSTRUCTIONS_FIELD in fields and history.instruct(self._system_turn(fields)):
+                        committed = history.checkpoint()
+                    text = fields.get("text")
+                    if isinstance(text, str):
+                        history.say(self._encode(text), self.turns)
+                if signal.aborted:
+                    return
+                if mark != "reply":  # a reply is prefilled with what follows it
+                    await self._prefill(session, state)
+            if signal.aborted:
+                return
+            options = response_options(inputs)
+            await self._hear(session, state)
+            rows = history.commit(self.turns)
+            if rows is not None:
+                yield user_rows(history, rows, self.embeddings)
+            history.open_reply(self.turns)
+            decoding, first = True, True
+            reply_text = ReplyText(self.tokenizer)
+            async for token, last in self._reply(session, state, options):
+                out: dict[str, torch.Tensor | str] = {
+                    "token_ids": torch.tensor([token]),
+                    "text": reply_text.add(token),
+                    "embed": self.embeddings[token][None],
+                }
+                if first:
+                    out["opening"] = self.opening
+                    out["tts"] = self.tts
+                    first = False
+                history.reply_token(token)
+                if last:
+                    history.end_reply(self.turns)
+                yield out
+            if signal.aborted:
+                return
+            history.end_reply(self.turns)  # a reply of no token
+            outcome = "done"
+        except GeneratorExit:
+            outcome = "cancelled"
+            raise
+        except Exception:
+            outcome = "failed"
+            raise
+        finally:
+            state.signal = None
+            state.clip.drop()  # a clip not heard by the end of the response is not heard
+            await self._settle(session, state, outcome, start, decoding)
+
+    async def _settle(
+        self, session: str, state: Session, outcome: str, start: Mark, decoding: bool
+    ) -> None:
+        """Leave the conversation as the response's outcome says (module docstring)."""
+        if outcome == "dropped" or self._sessions.get(session) is not state:
+            return
+        history = state.history
+        if history.replying:
+            # Closed or failed while vLLM still decodes: stop the request; the
+            # conversation keeps the tokens yielded, and the next chunk reopens it.
+            history.end_reply(self.turns)
+            await state.end_request(abort=True, timeout=self.args.request_timeout_s)
+        if outcome == "failed":
+            history.restore(start)
+            self._resync(state)
+        elif decoding and history.reply is not None:
+            state.decoded = history.reply.tokens
+
+    # -- helpers ---------------------------------------------------------------------------
+
+    def _encode(self, text: str) -> list[int]:
+        # Text is the user's words: a special token's spelling typed in it stays text.
+        ids: list[int] = self.tokenizer.encode(
+            text, add_special_tokens=False, split_special_tokens=True
+        )
+        return ids
+
+    def _system_turn(self, fields: Fields) -> tuple[int, ...]:
+        text = fields[INSTRUCTIONS_FIELD]
+        if not isinstance(text, str):
+            raise VllmInputError(f"{INSTRUCTIONS_FIELD!r} must be text (a str), got a tensor")
+        if not text:
+            return ()
+        system = self.turns.system
+        return (*system.prefix, *self._encode(text), *system.suffix)
+
+    async def _hear(self, session: str, state: Session) -> None:
+        """End the clip being received: it joins the turn and is prefilled now."""
+        clip = state.clip.take(self.audio)
+        if clip is not None:
+            state.history.hear(clip, self.turns, self.audio.ids)
+            await self._prefill(session, state)
+
+    def _resync(self, state: Session) -> None:
+        """After a cut: a request holding tokens the list no longer has is aborted."""
+        stale = state.resync()
+        if stale is not None:
+            self._closing.add(asyncio.get_running_loop().create_task(stale.abort()))
+            self._closing = {t for t in self._closing if not t.done()}
+
+    def _sampling(self, max_tokens: int, **fields: Any) -> Any:
+        from vllm import SamplingParams
+        from vllm.sampling_params import RequestOutputKind
+
+        return SamplingParams(
+            max_tokens=max_tokens,
+            output_kind=RequestOutputKind.DELTA,
+            stop_token_ids=sorted(self.stop_ids),
+            # Text is decoded here (ReplyText): vLLM's detokenizer would also see the
+            # tokens of prefill chunks, which are dropped.
+            detokenize=False,
+            **fields,
+        )
+
+    def _send(self, session: str, state: Session, sampling: Any) -> OpenRequest:
+        """Send what the open request lacks of the token list (opening one if needed)."""
+        self._resync(state)
+        # The counter leads: no id is another's plus vLLM's suffix (hidden_states).
+        request_id = f"{next(self._ids)}-{session}"
+        return state.send(self._llm, request_id, self.audio, sampling)
+
+    async def _prefill(self, session: str, state: Session) -> None:
+        """Prefill what is new in the token list now (one token of output, dropped)."""
+        if state.fed == len(state.history.tokens):
+            return
+        request = self._send(session, state, self._sampling(1, temperature=0.0))
+        while (out := await state.output(request, self.died)) is not None:
+            if out.outputs[0].token_ids:
+                await state.take_states(self._llm, request)
+                return
+
+    async def _reply(
+        self, session: str, state: Session, options: ResponseOptions
+    ) -> AsyncIterator[tuple[int, bool]]:
+        """The reply's tokens as vLLM generates them: ``(token, is_last)``."""
+        max_tokens = options.max_tokens or self.max_new_tokens
+        temperature = options.temperature or 0.0
+        fields: dict[str, Any] = {
+            "temperature": temperature,
+            "min_tokens": min(self.min_new_tokens, max_tokens),
+        }
+        if self.allowed is not None:
+            fields["allowed_token_ids"] = self.allowed
+        if temperature > 0:
+            from omni_actors.actors.engines.tiny_omni.sampling import session_seed
+
+            fields["seed"] = session_seed(self.args.seed, session) & 0x7FFFFFFF
+        request = self._send(session, state, self._sampling(max_tokens, **fields))
+        produced = 0
+        while True:
+            out = await state.output(request, self.died)
+            if out is None:
+                return
+            await state.take_states(self._llm, request)
+            completion = out.outputs[0]
+            tokens = list(completion.token_ids)
+            stop = next((i for i, t in enumerate(tokens) if t in self.stop_ids), None)
+            if stop is not None:
+                tokens = tokens[:stop]
+            tokens = tokens[: max_tokens - produced]
+            ended = (
+                stop is not None
+                or completion.finish_reason is not None
+                or produced + len(tokens) >= max_tokens
+            )
+            if ended:
+                # vLLM drops a chunk's last sampled token from the request: the end of
+                # turn when it stopped there, else the reply's last token (the next
+                # chunk feeds it, ahead of the turn's end).
+                state.fed += produced + len(tokens) - (0 if stop is not None else 1)
+            for i, token in enumerate(tokens):
+                last = ended and i == len(tokens) - 1
+                yield token, last
+            produced += len(tokens)
+            if ended:
+                return

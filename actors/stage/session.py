@@ -1,0 +1,441 @@
+"""``StageSession``: one session's life on one stage.
+
+A stage hosts many sessions at once; each has one of these. It owns the session's input
+queue (fed by the stage's ``receive``), calls the engine once per segment with an input
+iterator over that queue, routes every output through the session's outlets, and
+reports each segment's end to the session's owner.
+
+In a conversation each segment is a response. A cancelled response stops at the
+engine's next output (the stage closes ``generate``; the input still drains to the
+segment's end, so the engine keeps consistent state and later stages end the segment
+too). An engine that raises fails its response only: the stage reports ``failed``,
+drains the segment's input, ends the segment on every outlet and serves the next one;
+failures that break the session itself (a broken input stream, a deadline, a failure
+in the session's last segment) end it here with an ``error`` report. Every wait for input has a
+deadline on the stage's system clock (virtual under ``ActorTestKit(virtual_time=True)``;
+in a worker process, that process's real clock). The task that drives it all belongs to
+the stage's task scope: an abort cancels it, and the task itself frees the session on
+the engine, once, however it ends.
+
+Each stream in and out has a credit window (``omni_actors.actors.stage.flow``): the queue
+holds at most a window of chunks per source, granted back as the engine takes them, and
+each outlet waits for its receiver's credits, so a slow receiver slows this session's
+engine and nothing else.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections import deque
+from collections.abc import Callable
+
+from omni_actors._task_scope import TaskScope
+from omni_actors.actors.engines.contract import Engine, Fields
+from omni_actors.actors.stage.accumulate import ChunkGapError, ChunkSequence
+from omni_actors.actors.stage.device_links import DeviceLinks
+from omni_actors.actors.stage.flow import CreditWindow, Inflow
+from omni_actors.actors.stage.outlet import Outlet
+from omni_actors.actors.stage.segment_inputs import SegmentInputs
+from omni_actors.actors.stage.segment_metrics import SegmentMetrics
+from omni_actors.clock import Clock, timeout_at
+from omni_actors.cuda import StageTransfers, on_device
+from omni_actors.errors import (
+    ActorStoppedError,
+    OmniError,
+    ProtocolError,
+    error_code,
+    qualified_name,
+)
+from omni_actors.protocols.control import Prewarm
+from omni_actors.protocols.stage import (
+    Chunk,
+    End,
+    ReportEnd,
+    SessionKey,
+    StageReport,
+)
+
+__all__ = ["DeadlineExceededError", "StageSession"]
+
+log = logging.getLogger(__name__)
+
+
+class DeadlineExceededError(OmniError, TimeoutError):
+    """A stage waited longer than a session deadline allows."""
+
+    code = "timeout"
+
+    def __init__(self, stage: str, key: SessionKey, waiting_for: str, limit: float, setting: str):
+        super().__init__(
+            f"stage {stage}, session {key}: no {waiting_for} within {limit:g}s; "
+            f"raise deadlines.{setting} in the pipeline if that wait is expected"
+        )
+        self.stage = stage
+        self.setting = setting
+        self.limit = limit
+
+
+class StageSession:
+    """State and task of session ``prewarm.key`` on stage ``stage``; see the module docstring.
+
+    Args:
+        stage: the stage's name.
+        engine: the stage's engine (shared by all its sessions).
+        prewarm: the session's route, owner and deadlines.
+        on_end: called with this session once the task has ended, however it ended
+            (cancelled before it ever ran included).
+        clock: the stage's system clock; every deadline reads it.
+        tasks: the stage's task scope, which owns the session's task.
+        takes_marks: the engine declares :data:`TURN_FIELD` among its inputs (it gets
+            the caller's turn marks; otherwise they are dropped here).
+    """
+
+    def __init__(
+        self,
+        stage: str,
+        engine: Engine,
+        prewarm: Prewarm,
+        on_end: Callable[[StageSession], None],
+        clock: Clock,
+        tasks: TaskScope,
+        *,
+        takes_marks: bool = False,
+        transfers: StageTransfers | None = None,
+        device_links: DeviceLinks | None = None,
+    ) -> None:
+        self.stage = stage
+        self.takes_marks = takes_marks
+        # A Replayable engine tells the session each reply it generated (to replay).
+        last_reply = getattr(engine, "last_reply", None) if takes_marks else None
+        self._last_reply: Callable[[SessionKey], tuple[int, ...] | None] | None = last_reply
+        self.transfers = transfers
+        self.engine = engine
+        self.clock = clock
+        self._call_at = clock.call_at
+        self.key = prewarm.key
+        self.owner = prewarm.owner
+        self.resumable = prewarm.resumable
+        self.deadlines = prewarm.deadlines
+        self.sources = prewarm.sources
+        self.sequences = {s: ChunkSequence(f"{s} -> {stage}") for s in self.sources}
+        self.inflow = Inflow(
+            self.key,
+            stage,
+            prewarm.window,
+            {s: prewarm.owner for s in self.sources},  # it passes them on
+        )
+        wait_s = prewarm.deadlines.inter_chunk_s  # for a credit, as for a chunk
+        self.outlets = [
+            Outlet(
+                self.key,
+                stage,
+                t.stage,
+                t.ref,
+                t.fields,
+                mode=t.mode,
+                window=t.window,
+                accumulate=t.accumulate,
+                credits=CreditWindow(prewarm.window),
+                clock=clock,
+                credit_wait_s=wait_s,
+            )
+            for t in prewarm.targets
+        ]
+        if transfers is not None and device_links is not None:
+            for outlet, target in zip(self.outlets, prewarm.targets, strict=True):
+                if target.device_link and not outlet.takes_device:
+                    outlet.use_link(device_links.outgoing(target.stage, target.ref), transfers)
+        if prewarm.emit:
+            self.outlets.append(
+                Outlet(
+                    self.key,
+                    stage,
+                    "client",
+                    prewarm.owner,
+                    prewarm.emit,
+                    ends=False,
+                    credits=CreditWindow(prewarm.window),
+                    clock=clock,
+                    credit_wait_s=wait_s,
+                    host=True,
+                )
+            )
+        for outlet in self.outlets:  # chunks carry the session's segment numbers
+            outlet.segment = prewarm.segment
+        self._queue: deque[Chunk] = deque()
+        self._waiter: asyncio.Future[None] | None = None
+        self._error: BaseException | None = None
+        self.segment = prewarm.segment  # the segment (response) being served
+        self._cancelled: set[int] = set()  # segments to stop, this one or later
+        self._on_end = on_end
+        self.metrics = SegmentMetrics()
+        self.task = tasks.create_task(self._run(clock.now()), name=f"{stage} session {self.key}")
+        self.task.add_done_callback(self._task_ended)
+
+    # -- input side (called from the stage's receive) ---------------------------------
+
+    def deliver(self, chunk: Chunk) -> None:
+        """Queue an input chunk: duplicates are dropped, a gap fails the session."""
+        sequence = self.sequences.get(chunk.source)
+        if sequence is None:
+            self._fail(
+                ProtocolError(
+                    f"stage {self.stage}, session {self.key}: chunk from {chunk.source!r}, "
+                    f"which is not on this session's path (expected {list(self.sources)})"
+                )
+            )
+            return
+        try:
+            fresh = sequence.accept(chunk.seq)
+        except ChunkGapError as exc:
+            self._fail(exc)
+            return
+        if not fresh:
+            self.metrics.duplicates += 1
+            return
+        try:
+            self.inflow.received(chunk.source)
+        except ProtocolError as exc:  # past its window: refused, never queued
+            self._fail(exc)
+            return
+        queue = self._queue
+        queue.append(chunk)
+        queued = len(queue)
+        metrics = self.metrics
+        if queued > metrics.queued_max:
+            metrics.queued_max = queued
+        self._wake()
+
+    @property
+    def queued(self) -> int:
+        """Input chunks waiting for the engine (at most a window per source)."""
+        return len(self._queue)
+
+    def credit(self, receiver: str, n: int) -> None:
+        """``receiver`` has taken ``n`` more of this session's chunks (a ``StreamCredit``)."""
+        for outlet in self.outlets:
+            if outlet.name == receiver:
+                outlet.grant(n)
+                return
+        log.debug(
+            "%s: credit from %r, not a receiver of session %s", self.stage, receiver, self.key
+        )
+
+    def fail(self, error: BaseException) -> None:
+        """End the session with ``error`` (an input that cannot be read)."""
+        self._fail(error)
+
+    def _fail(self, error: BaseException) -> None:
+        if self._error is None:
+            self._error = error
+        self._wake()
+
+    def _wake(self) -> None:
+        waiter = self._waiter
+        if waiter is not None and not waiter.done():
+            waiter.set_result(None)
+
+    async def next_chunk(
+        self, deadline: float, waiting_for: str, limit: float, setting: str
+    ) -> Chunk:
+        """The next input chunk, waiting until the clock time ``deadline`` at most."""
+        while not self._queue:
+            if self._error is not None:
+                raise self._error
+            waiter: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+            self._waiter = waiter
+            started = time.monotonic()
+            # A timer on the waiter, not asyncio.timeout: this runs once per chunk.
+            timer = self._call_at(deadline, _expire, waiter)
+            try:
+                await waiter
+            except TimeoutError:
+                raise DeadlineExceededError(
+                    self.stage, self.key, waiting_for, limit, setting
+                ) from None
+            finally:
+                timer.cancel()
+                self._waiter = None
+                self.metrics.blocked += time.monotonic() - started
+        if self._error is not None:
+            raise self._error
+        chunk = self._queue.popleft()
+        metrics = self.metrics
+        metrics.queue_wait += max(0.0, time.monotonic() - chunk.sent_at)
+        metrics.chunks_in += 1
+        due = self.inflow.taken(chunk.source)
+        if due:
+            await self.inflow.grant(chunk.source, due)
+        return chunk
+
+    # -- the session's task ------------------------------------------------------------
+
+    def abort(self) -> None:
+        """Cancel the session's task; it frees the session on the engine as it ends.
+
+        Returns at once: the engine's ``abort`` runs in the session's own task, so a slow
+        one holds up no other session on the stage.
+        """
+        self.task.cancel()
+
+    def cancel(self, segment: int) -> None:
+        """Stop the reply of ``segment`` at the engine's next output; keep the session.
+
+        A segment not started yet is stopped as it starts (after its first output: an
+        engine's first output may carry state later stages need, such as the talker's
+        user turn).
+        """
+        if segment >= self.segment:
+            self._cancelled.add(segment)
+
+    def _task_ended(self, task: asyncio.Task[None]) -> None:
+        self._on_end(self)
+
+    async def _run(self, started: float) -> None:
+        total = timeout_at(self.clock, started + self.deadlines.total_s)
+        finished = False
+        try:
+            async with total:
+                start = started
+                while True:
+                    segment = self.segment
+                    end, reply = await self._segment(segment, start)
+                    await self._report(
+                        segment, "finished" if end == "finished" else "segment", reply=reply
+                    )
+                    if end == "finished":
+                        finished = True
+                        break
+                    self._cancelled.discard(segment)
+                    self.segment = segment + 1
+                    start = self.clock.now()
+        except Exception as exc:
+            error = exc
+            if total.expired():
+                error = DeadlineExceededError(
+                    self.stage, self.key, "end of the session", self.deadlines.total_s, "total_s"
+                )
+            await self._report_error(self.segment, error)
+        finally:
+            # Runs on abort (cancellation) too: nothing of the session stays allocated.
+            # The one place the engine frees the session: each session is released or
+            # aborted exactly once.
+            if finished:
+                await self.engine.release(self.key)
+            else:
+                await self.engine.abort(self.key)
+
+    async def _segment(self, segment: int, start: float) -> tuple[End, tuple[int, ...] | None]:
+        """Serve one segment: how it ended, and the reply a ``Replayable`` engine
+        generated in it. An engine failure in a conversation fails the response only
+        (see the module docstring); anything else that goes wrong ends the session."""
+        inputs = SegmentInputs(self, start)
+        reply = None
+        if await inputs.has_payload():
+            failure = await self._generate(segment, inputs)
+            if failure is None and self._last_reply is not None:
+                reply = self._last_reply(self.key)
+            if failure is not None:
+                if not self.resumable:
+                    raise failure  # a one-shot session has nothing left to serve
+                # Told at once, so the owner stops the response on every stage; the
+                # segment's end is reported as usual once its input has drained.
+                await self._report(segment, "failed", failure)
+        async for _ in inputs.drain():  # the engine may stop reading early
+            pass
+        for outlet in self.outlets:
+            await outlet.flush(inputs.end)
+        return inputs.end, reply
+
+    async def _generate(self, segment: int, inputs: SegmentInputs) -> Exception | None:
+        """Run the engine over one segment's inputs, routing its outputs as they come,
+        until they end or the segment is cancelled; the engine's failure is returned."""
+        outputs = self.engine.generate(self.key, inputs)
+        cancelled = self._cancelled
+        monotonic = time.monotonic
+        # With no device transfers (a CPU stage), route here: no coroutine per output.
+        outlets = self.outlets if self.transfers is None else None
+        try:
+            while True:
+                metrics = self.metrics  # a new segment's after a report
+                before, blocked = monotonic(), metrics.blocked
+                try:
+                    output = await outputs.__anext__()
+                except StopAsyncIteration:
+                    break
+                except Exception as exc:
+                    return exc
+                now = monotonic()
+                metrics.compute += now - before - (metrics.blocked - blocked)
+                metrics.output(now)
+                if outlets is None:
+                    await self._route(output)
+                else:
+                    for outlet in outlets:
+                        pending = outlet.push(output)
+                        if pending is not None:  # a send that must wait
+                            await pending
+                if segment in cancelled:
+                    break
+        finally:
+            aclose = getattr(outputs, "aclose", None)
+            if aclose is not None:
+                # Closing at a yield is how a reply is cancelled: the engine keeps its
+                # state as it stands after the last output it yielded.
+                await aclose()
+        return None
+
+    async def _route(self, output: Fields) -> None:
+        """Push ``output`` through every outlet; device tensors reach outlets to other
+        processes (and the caller) as host copies, made once, off the compute stream."""
+        host: Fields | None = None
+        transfers = self.transfers
+        for outlet in self.outlets:
+            if transfers is None or outlet.takes_device:
+                pending = outlet.push(output)
+            else:
+                if host is None:
+                    host = await transfers.to_host(output) if on_device(output) else output
+                pending = outlet.push(host)
+            if pending is not None:  # a send that must wait (see ``Outlet.push``)
+                await pending
+
+    async def _report(
+        self,
+        segment: int,
+        end: ReportEnd,
+        error: BaseException | None = None,
+        reply: tuple[int, ...] | None = None,
+    ) -> None:
+        metrics = self.metrics.report({o.name: o.metrics() for o in self.outlets})
+        self.metrics = SegmentMetrics(len(self._queue))
+        for outlet in self.outlets:
+            outlet.reset_metrics()
+        report = StageReport(
+            key=self.key,
+            stage=self.stage,
+            segment=segment,
+            end=end,
+            metrics=metrics,
+            # Our own failures are OmniErrors with their code: anything else came out of
+            # the engine (or the outputs it produced).
+            code=error_code(error, default="engine_error") if error is not None else None,
+            error_type=qualified_name(error) if error is not None else "",
+            error=str(error) if error is not None else "",
+            reply=reply,
+        )
+        await self.owner.tell(report)
+
+    async def _report_error(self, segment: int, error: BaseException) -> None:
+        log.debug("session %s failed on %s: %r", self.key, self.stage, error)
+        # If the owner is gone, nobody is waiting for this session any more.
+        with contextlib.suppress(ActorStoppedError):
+            await self._report(segment, "error", error)
+
+
+def _expire(waiter: asyncio.Future[None]) -> None:
+    if not waiter.done():
+        waiter.set_exception(TimeoutError())

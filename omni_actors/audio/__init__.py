@@ -1,0 +1,1 @@
+"""Audio as callers hand it over: WAV files and streams resampled as one."""

@@ -1,0 +1,155 @@
+"""Where prepared model weights live, and preparing them once.
+
+``omni-actors prepare tiny-omni`` has the ``tiny-omni`` family (see
+:mod:`omni_actors.models.family`) draw its weights (seeded, deterministic) into the
+cache; every later run loads them from there. Preparing is idempotent — a finished
+directory carries a ``prepared.json`` manifest written last, so an interrupted prepare
+is simply redone — and concurrent prepares of the same model wait for each other on a
+file lock instead of racing.
+
+A prepared directory is handed out (:func:`require`, :func:`prepare`) only once its
+family's ``verify`` passes: a file damaged since it was prepared is reported by name,
+with the command that rebuilds it, rather than loaded.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+from omni_actors.errors import ModelFileError, OmniError
+from omni_actors.models.family import ModelFamily, Progress, UnknownModelError, model_family
+
+__all__ = [
+    "ModelNotPreparedError",
+    "UnknownModelError",
+    "default_cache_dir",
+    "is_prepared",
+    "model_dir",
+    "prepare",
+    "require",
+]
+
+_MANIFEST = "prepared.json"
+_FORMAT = 3  # bumped when the layout of a prepared directory changes
+
+
+class ModelNotPreparedError(OmniError):
+    """The weights a pipeline needs are not in the cache; the message gives the command."""
+
+
+def default_cache_dir() -> Path:
+    """``$OMNI_ACTORS_CACHE``, else ``$XDG_CACHE_HOME/omni-actors``, else ``~/.cache/...``."""
+    explicit = os.environ.get("OMNI_ACTORS_CACHE")
+    if explicit:
+        return Path(explicit).expanduser()
+    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return Path(base).expanduser() / "omni-actors"
+
+
+def _family(family: str | ModelFamily) -> ModelFamily:
+    return family if isinstance(family, ModelFamily) else model_family(family)
+
+
+def model_dir(family: str | ModelFamily, *, cache_dir: Path | None = None, seed: int = 0) -> Path:
+    """The directory of ``family``'s weights drawn with ``seed``.
+
+    Raises:
+        UnknownModelError: no family by that name.
+    """
+    name = _family(family).name
+    return (cache_dir or default_cache_dir()) / name / f"seed-{seed}"
+
+
+def is_prepared(family: str | ModelFamily, *, cache_dir: Path | None = None, seed: int = 0) -> bool:
+    """Whether ``prepare`` has finished for this family, seed and cache.
+
+    Reads the manifest only; :func:`require` checks the files too.
+    """
+    manifest = model_dir(family, cache_dir=cache_dir, seed=seed) / _MANIFEST
+    try:
+        data: Any = json.loads(manifest.read_text())
+    except (OSError, ValueError):
+        return False
+    return isinstance(data, dict) and data.get("format") == _FORMAT and data.get("seed") == seed
+
+
+def _prepare_command(name: str, cache_dir: Path | None, seed: int) -> str:
+    flags = f" --seed {seed}" if seed else ""
+    if cache_dir is not None:
+        flags += f" --cache-dir {cache_dir}"
+    return f"omni-actors prepare {name}{flags}"
+
+
+def _verify(family: ModelFamily, where: Path, cache_dir: Path | None, seed: int) -> None:
+    """Run the family's ``verify`` on its prepared ``where``; a damaged file's error
+    gets the command that rebuilds the directory."""
+    if family.verify is None:
+        return
+    try:
+        family.verify(where)
+    except ModelFileError as error:
+        command = _prepare_command(family.name, cache_dir, seed)
+        remedy = f"the prepared model is damaged; rebuild it: {command} --force (or delete {where})"
+        raise ModelFileError(error.path, error.problem, remedy) from error
+
+
+def require(family: str | ModelFamily, *, cache_dir: Path | None = None, seed: int = 0) -> Path:
+    """The prepared directory, its files checked by the family's ``verify``.
+
+    Raises:
+        ModelNotPreparedError: not prepared (the message names the command).
+        ModelFileError: a prepared file is missing or corrupt (the message names the
+            file and the command that rebuilds it).
+        UnknownModelError: no family by that name.
+    """
+    found = _family(family)
+    where = model_dir(found, cache_dir=cache_dir, seed=seed)
+    if not is_prepared(found, cache_dir=cache_dir, seed=seed):
+        raise ModelNotPreparedError(
+            f"{found.name} weights are not prepared in {where}; "
+            f"run: {_prepare_command(found.name, cache_dir, seed)}"
+        )
+    _verify(found, where, cache_dir, seed)
+    return where
+
+
+def prepare(
+    family: str | ModelFamily,
+    *,
+    cache_dir: Path | None = None,
+    seed: int = 0,
+    force: bool = False,
+    progress: Progress | None = None,
+) -> Path:
+    """Build ``family``'s weights into the cache unless they are there; return the directory.
+
+    Args:
+        family: a model family, or its name (see :func:`omni_actors.models.family.model_families`).
+        cache_dir: the cache root (default :func:`default_cache_dir`).
+        seed: seeds the random weights.
+        force: rebuild even if prepared.
+        progress: ``progress(step, done, total)`` as each part is written.
+
+    Raises:
+        ModelFileError: already prepared (and not ``force``), but a file is missing or
+            corrupt; the message names it and says to rebuild with ``--force``.
+    """
+    found = _family(family)
+    where = model_dir(found, cache_dir=cache_dir, seed=seed)
+    where.parent.mkdir(parents=True, exist_ok=True)
+    with open(where.parent / f".seed-{seed}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # another prepare of the same model waits here
+        if not force and is_prepared(found, cache_dir=cache_dir, seed=seed):
+            # Not rebuilt behind the caller's back: a damaged cache may be a disk failing
+            # or a file tampered with, which the user should hear of.
+            _verify(found, where, cache_dir, seed)
+            return where
+        (where / _MANIFEST).unlink(missing_ok=True)
+        found.prepare(where, seed, progress)
+        manifest = {"format": _FORMAT, "name": found.name, "seed": seed}
+        (where / _MANIFEST).write_text(json.dumps(manifest) + "\n")
+    return where

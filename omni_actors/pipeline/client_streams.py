@@ -1,0 +1,110 @@
+"""``ClientStreams``: the output stages' streams on their way to the caller.
+
+A session's output stages (the thinker's text, code2wav's audio) stream their chunks to
+the session's actor, which turns them into the caller's events. Each stream is checked
+as a stage's input is: its chunks are numbered (a duplicate is dropped, a gap breaks the
+stream) and stay within a window of chunks the caller has not read yet.
+
+Flow control (``omni_actors.actors.stage.flow``): the caller's reads of the channel grant the
+window back, so the events queued for the caller (held ones included) stay within a
+window of chunks per output stage, and a caller that stops reading makes the output
+stages wait. A chunk whose events are dropped (a cancelled or failed response), or that
+carries nothing for the caller, counts as taken at once.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+
+from omni_actors.actors.stage.accumulate import ChunkGapError, ChunkSequence
+from omni_actors.actors.stage.flow import Inflow
+from omni_actors.errors import OmniError, ProtocolError
+from omni_actors.pipeline.reply import Reply
+from omni_actors.pipeline.session_channel import SessionChannel
+from omni_actors.protocols.address import ActorAddress
+from omni_actors.protocols.control import StreamCredit
+from omni_actors.protocols.events import Event
+from omni_actors.protocols.stage import Chunk, SessionKey
+
+__all__ = ["ClientStreams"]
+
+
+class ClientStreams:
+    """The output stages' streams of one session key, into ``channel``.
+
+    Args:
+        session: the session's id (in every event).
+        key: the session's key on the stages (a reopened session gets new streams).
+        channel: where the caller reads the events.
+        senders: the output stages, by name: where their credits go.
+    """
+
+    def __init__(
+        self,
+        session: str,
+        key: SessionKey,
+        channel: SessionChannel,
+        senders: Mapping[str, ActorAddress[StreamCredit] | None],
+    ) -> None:
+        self.session = session
+        self.channel = channel
+        # The streams end here: their credits come from the caller's reads.
+        channel.inflow = self.inflow = Inflow(key, "client", channel.window, senders)
+        self._sequences: dict[str, ChunkSequence] = {}
+
+    def take(
+        self, chunk: Chunk, reply_of: Callable[[int], Reply | None], current: int
+    ) -> OmniError | int:
+        """Emit ``chunk``'s events (``reply_of`` its segment; ``current``: the segment
+        whose events go to the caller now): the error that broke its stream, or the
+        credits now due to its sender (see the module docstring)."""
+        source = chunk.source
+        sequence = self._sequences.get(source)
+        if sequence is None:
+            sequence = self._sequences[source] = ChunkSequence(f"{source} -> client")
+        try:
+            if not sequence.accept(chunk.seq):
+                return 0
+        except ChunkGapError as exc:
+            return exc
+        inflow = self.inflow
+        try:
+            inflow.received(source)
+        except ProtocolError as exc:  # past its window: refused, never queued
+            return exc
+        reply = reply_of(chunk.segment)
+        if reply is None or reply.status != "completed":
+            # Done, or cancelled or failed: what it still says is moot (and taken now).
+            return inflow.taken(source)
+        text_delta, audio_delta = reply.deltas(chunk, self.session, self.channel.sample_rate)
+        last = audio_delta if audio_delta is not None else text_delta
+        if last is None:  # nothing for the caller to read: taken now
+            return inflow.taken(source)
+        if text_delta is not None and audio_delta is not None:
+            self.emit(chunk.segment == current, reply, text_delta)
+        # The chunk is taken once the caller reads its last event.
+        self.emit(chunk.segment == current, reply, last, source)
+        return 0
+
+    def emit(self, now: bool, reply: Reply, event: Event, source: str = "") -> None:
+        """To the caller ``now`` (its segment is the current one), else held for later.
+
+        ``source``: the output stage whose chunk ``event`` ends (see ``SessionChannel``).
+        """
+        if now:
+            self.channel.put(event, source)
+        else:
+            reply.held.append((event, source))
+
+    async def taken(self, source: str) -> None:
+        """A chunk from ``source`` that the caller will not read counts as taken."""
+        due = self.inflow.taken(source)
+        if due:
+            await self.inflow.grant(source, due)
+
+    async def drop_held(self, reply: Reply) -> None:
+        """Drop the events held for ``reply``; their chunks count as taken."""
+        held, reply.held = reply.held, []
+        for _, source in held:
+            if source:
+                await self.taken(source)

@@ -1,0 +1,448 @@
+"""``Session``: the caller's handle on one session of an :class:`OmniPipeline`.
+
+``OmniPipeline.session()`` returns one for a conversation; ``generate`` drives one for a
+one-shot request.
+
+A conversation, as a voice agent holds it: :meth:`Session.send` appends input (the
+entry stage prefills it as it arrives), :meth:`Session.commit` makes the uncommitted
+input a user turn, :meth:`Session.clear` drops it (every stage rolls back what it
+prefilled), :meth:`Session.respond` starts a reply to the conversation so far and
+returns its :class:`~omni_actors.pipeline.response.Response`, which can be cancelled
+(barge-in); :meth:`Session.truncate` cuts the last reply to what the user heard. One
+response is in flight at a time: ``respond`` while one is raises
+``InvalidRequestError`` rather than queueing the reply, because a voice agent that
+answers twice must decide which answer the user hears (cancel the first, or wait for
+its ``ResponseDone``). A response's failure ends that response only; the session ends
+on ``finish``, ``abort``, a failed admission, a deadline or a stage crash.
+
+The handle sends input straight to the entry stage (as chunks numbered within the credit
+window the entry stage grants: :class:`~omni_actors.pipeline.session_input.SessionInput`),
+reads the events its session actor queues, and owns the session's admission
+(:class:`~omni_actors.pipeline.admission.Admission`, with its slot) and last-resort
+deadline. Both deadlines read the pipeline's system clock (``ActorSystem.clock``), so a
+pipeline in a system with a virtual clock runs them on virtual time.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import math
+import time
+import uuid
+from collections.abc import AsyncIterator, Mapping
+from typing import TYPE_CHECKING, Literal
+
+import torch
+
+from omni_actors._ref import ActorRef
+from omni_actors.actors.engines.contract import REPLY_FIELD, TURN_FIELD
+from omni_actors.clock import TimerHandle
+from omni_actors.errors import InvalidRequestError, OmniError
+from omni_actors.pipeline.admission import Admission
+from omni_actors.pipeline.conversation_log import ConversationLog
+from omni_actors.pipeline.orchestrator import StartSession
+from omni_actors.pipeline.response import Response, checked_options
+from omni_actors.pipeline.send_checks import check_send
+from omni_actors.pipeline.session_actor import SessionChannel
+from omni_actors.pipeline.session_input import SessionClosedError, SessionInput
+from omni_actors.protocols.control import (
+    AbortSession,
+    CancelResponse,
+    ReopenSession,
+    SessionMessage,
+    TruncateResponse,
+)
+from omni_actors.protocols.events import TERMINAL, Aborted, Event, ResponseDone, SessionError
+from omni_actors.protocols.stage import (
+    End,
+    Mark,
+    ResponseOptions,
+    SessionKey,
+)
+
+if TYPE_CHECKING:
+    from omni_actors.pipeline.omni_pipeline import OmniPipeline
+    from omni_actors.pipeline.spec.pipeline import PipelineSpec
+
+__all__ = ["Modality", "Session", "SessionClosedError"]
+
+Modality = Literal["text", "audio"]
+
+_GRACE_S = 5.0  # beyond total_s: the stages' own deadline fires first
+_ABORT_TIMEOUT_S = 10.0
+
+
+class Session:
+    """The caller's handle on one session (``OmniPipeline.session()`` or ``generate``).
+
+    Send input with :meth:`send`; end a segment with :meth:`end_segment` (the pipeline
+    replies, then waits for the next segment with the session's state kept) or the
+    session with :meth:`finish`. Iterate :meth:`events` for one segment's events, or
+    the session itself for all of them up to the terminal event.
+    """
+
+    def __init__(
+        self,
+        pipeline: OmniPipeline,
+        *,
+        modalities: tuple[Modality, ...],
+        session_id: str | None,
+        resumable: bool,
+    ) -> None:
+        unknown = set(modalities) - {"text", "audio"}
+        if unknown or not modalities:
+            raise ValueError(f"modalities must be 'text' and/or 'audio', got {modalities!r}")
+        self.pipeline = pipeline
+        self.id = session_id or uuid.uuid4().hex
+        self.modalities = modalities
+        self.resumable = resumable
+        self.channel = SessionChannel(
+            sample_rate=pipeline.spec.outputs.sample_rate, window=pipeline.spec.flow.window
+        )
+        self._ref: ActorRef[SessionMessage] | None = None
+        self._key = SessionKey("")  # the session's key on the stages, once admitted
+        self._input = SessionInput(
+            self.id,
+            self.channel,
+            sample_rate=pipeline.spec.inputs.sample_rate,
+            entry_stage=pipeline.spec.entry_stage,
+            clock=pipeline.clock,
+            credit_wait_s=pipeline.spec.deadlines.inter_chunk_s,
+            abort_stages=self._abort_stages,
+            reopen=self._reopen,
+        )
+        self._takes = pipeline.spec.entry_inputs()
+        self.channel.history = _history(pipeline.spec, self._takes) if resumable else None
+        self._admission: Admission | None = None
+        self._drained = False  # the terminal event has been handed to the caller
+        self._expiry: TimerHandle | None = None
+        self._expiring: asyncio.Task[None] | None = None
+        self.response: Response | None = None  # the last one started
+
+    async def __aenter__(self) -> Session:
+        error = await self.open()
+        if error is not None:
+            await self.close()
+            raise SessionClosedError(f"session {self.id} could not open: {error.message}")
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        await self.close()
+
+    @property
+    def ended(self) -> bool:
+        """True once the terminal event has been emitted."""
+        return self.channel.terminal is not None
+
+    async def open(self) -> SessionError | None:
+        """Admission and prewarm, within ``deadlines.admission_s``; an error is returned."""
+        spec = self.pipeline.spec
+        clock = self.pipeline.clock
+        self.channel.starts[0] = time.monotonic()
+        start = clock.now()
+        # The caller's last line of defence: the stages' own deadlines fire first.
+        self._expiry = clock.call_at(start + spec.deadlines.total_s + _GRACE_S, self._expire)
+        self._admission = Admission(
+            self.pipeline,
+            StartSession(
+                self.id,
+                "text" in self.modalities,
+                "audio" in self.modalities,
+                self.resumable,
+                start + spec.deadlines.admission_s,
+                self.channel,
+            ),
+        )
+        admitted = await self._admission.admit()
+        if isinstance(admitted, SessionError):
+            return admitted
+        self._ref, self._key = admitted.session, admitted.key
+        self._input.connect(admitted.entry, admitted.key)
+        return await self._admission.prewarm(admitted)
+
+    async def send(
+        self,
+        *,
+        text: str | None = None,
+        audio: torch.Tensor | None = None,
+        sample_rate: int | None = None,
+        fields: Mapping[str, torch.Tensor | str] | None = None,
+        end: End = "",
+    ) -> None:
+        """Append input (``text``, ``audio`` samples, or named ``fields``) to the turn.
+
+        ``audio`` is mono: float samples in [-1, 1], or int16 PCM. At a ``sample_rate``
+        other than the pipeline's (``inputs.sample_rate``) it is resampled as one
+        stream: pieces join without clicks, and the last samples of a turn are sent
+        when it is committed or answered.
+
+        ``end`` ends the current segment (``segment``: the pipeline answers it, as
+        :meth:`respond` does, but segments may overlap: one may end while the reply to
+        the previous one is still being voiced, and the replies come in order) or the
+        session (``finished``: the last input is answered, then the session ends).
+
+        Once a window of input chunks (``flow.window``) is in flight, this waits until the
+        entry stage takes some, ``deadlines.inter_chunk_s`` at most (so do ``commit``,
+        ``clear``, ``respond`` and ``truncate``, which send a chunk each).
+
+        Raises:
+            SessionClosedError: the session has ended (its terminal event says why).
+            InvalidRequestError: the input is not one the entry stage takes (see
+                :func:`~omni_actors.pipeline.send_checks.check_send`), ``audio`` is not a
+                1-D float or int16 tensor or has a NaN or infinite sample, or
+                ``sample_rate`` is not one a session takes; nothing was sent.
+            BackpressureError: the entry stage took none of the input in flight within
+                ``deadlines.inter_chunk_s``; the session has ended with that error.
+        """
+        payload: dict[str, torch.Tensor | str] = dict(fields or {})
+        check_send(
+            self.id,
+            text=text,
+            audio=audio,
+            fields=payload,
+            takes=self._takes,
+            limit=self.pipeline.spec.inputs.max_send_bytes,
+        )
+        if text is not None:
+            payload["text"] = text
+        if audio is not None:
+            samples = self._input.audio.take(audio, sample_rate)
+            if samples.numel():
+                payload["audio"] = samples
+        elif sample_rate is not None:
+            raise InvalidRequestError("sample_rate describes audio; none was sent")
+        if end:
+            await self._flush_audio()
+        if end == "segment":
+            self._check_open()
+            self._start_response(uuid.uuid4().hex)
+            await self._input.send(payload, end=end, options=ResponseOptions())
+            return
+        self._check_open()
+        if end and (self.resumable or self._input.segment > 0):
+            # A segment's latency counts from the end of its input; a one-shot request's
+            # from the call (admission and prewarm included).
+            self.channel.starts[self._input.segment] = time.monotonic()
+        await self._input.send(payload, end=end)
+
+    async def commit(self) -> None:
+        """Make the input since the last commit a user turn; no reply is started.
+
+        Raises:
+            SessionClosedError: the session has ended.
+        """
+        await self._mark("commit")
+
+    async def clear(self) -> None:
+        """Drop the input since the last commit; every stage rolls back what it prefilled.
+
+        Raises:
+            SessionClosedError: the session has ended.
+        """
+        await self._mark("clear")
+
+    async def respond(
+        self,
+        *,
+        max_tokens: int | None = None,
+        temperature: float | None = None,
+        voice: str | None = None,
+        response_id: str | None = None,
+    ) -> Response:
+        """Start a reply to the conversation so far (any uncommitted input is committed).
+
+        Args:
+            max_tokens: the reply's most text tokens (default: the thinker's setting).
+            temperature: sampling temperature, 0 for greedy (default: the engine's).
+            voice: the speaker (default: the talker's setting).
+            response_id: the response's id (default: a new one).
+
+        Raises:
+            SessionClosedError: the session has ended.
+            InvalidRequestError: a response is in flight, an override is out of range,
+                or the session is a one-shot request.
+        """
+        options = checked_options(max_tokens, temperature, voice)
+        self._check_respond()
+        response = self._start_response(response_id or uuid.uuid4().hex)
+        await self._input.send({}, end="segment", options=options)
+        return response
+
+    async def end_segment(self) -> Response:
+        """Commit the input and respond to it: :meth:`respond` with no overrides."""
+        return await self.respond()
+
+    async def truncate(self, audio_ms: float) -> None:
+        """Cut the last reply to its first ``audio_ms`` of audio (what the user heard).
+
+        Every stage rolls its state back past that point (the thinker keeps only the
+        text that was spoken), so the next reply follows the conversation as heard.
+
+        Raises:
+            SessionClosedError: the session has ended.
+            InvalidRequestError: a response is in flight (cancel it first), no response
+                has ended yet, ``audio_ms`` is negative, or a stage cannot truncate.
+        """
+        if not (isinstance(audio_ms, int | float) and math.isfinite(audio_ms) and audio_ms >= 0):
+            raise InvalidRequestError(f"audio_ms must be a number >= 0, got {audio_ms!r}")
+        self._check_open()
+        if self._in_flight():
+            raise InvalidRequestError(
+                f"session {self.id}: a response is in flight; cancel it before truncating"
+            )
+        assert self._ref is not None
+        kept: object = await self._ref.ask(
+            TruncateResponse(audio_ms=float(audio_ms)), timeout=_ABORT_TIMEOUT_S
+        )
+        if isinstance(kept, OmniError):
+            raise kept
+        assert isinstance(kept, int)
+        await self._input.send({}, mark="truncate", kept=kept)
+
+    async def _cancel(self, segment: int) -> bool:
+        if self.ended or self._ref is None:
+            return False
+        with contextlib.suppress(OmniError):  # the session actor is gone: so is the reply
+            return await self._ref.ask(CancelResponse(segment=segment), timeout=_ABORT_TIMEOUT_S)
+        return False
+
+    def _check_open(self) -> None:
+        if self.ended or not self._input.connected:
+            raise SessionClosedError(f"session {self.id} has ended; open a new one")
+
+    def _in_flight(self) -> bool:
+        return self._input.segment > self.channel.completed
+
+    def _check_respond(self) -> None:
+        self._check_open()
+        if not self.resumable:
+            raise InvalidRequestError("a one-shot request has one reply; open a session")
+        if self._in_flight():
+            current = self.response.id if self.response is not None else "?"
+            raise InvalidRequestError(
+                f"session {self.id}: response {current} is in flight; cancel it or wait "
+                "for its ResponseDone"
+            )
+
+    def _start_response(self, response_id: str) -> Response:
+        segment = self._input.segment
+        self.channel.responses[segment] = response_id
+        self.channel.starts[segment] = time.monotonic()  # latency counts from here
+        self.response = Response(self, response_id, segment)
+        return self.response
+
+    async def _mark(self, mark: Mark) -> None:
+        self._check_open()
+        if mark == "clear":
+            self._input.audio.drop()  # what it holds is dropped with the rest
+        else:
+            await self._flush_audio()
+        await self._input.send({}, mark=mark)
+
+    async def _flush_audio(self) -> None:
+        """Send the end of the resampled audio stream before a turn boundary."""
+        tail = self._input.audio.flush()
+        if tail.numel():
+            await self._input.send({"audio": tail})
+
+    async def finish(self) -> None:
+        """End the last segment and the session."""
+        await self.send(end="finished")
+
+    async def abort(self, reason: str = "aborted by the caller") -> None:
+        """End the session now on every stage; the event stream ends with ``Aborted``.
+
+        The caller's stream ends at once; this returns once every stage has dropped the
+        session (or its session actor is gone). Each stage's engine frees its state in
+        the background, in the session's own task: a slow engine abort holds up nobody.
+        """
+        if self.channel.end(Aborted(session=self.id, reason=reason)):
+            await self._abort_stages(reason)
+
+    async def _reopen(self) -> SessionKey:
+        """Open the session again on every stage after one restarted: its new key."""
+        deadlines = self.pipeline.spec.deadlines
+        timeout = deadlines.start_s + deadlines.admission_s  # the restart, then a prewarm
+        assert self._ref is not None
+        try:
+            reopened = await self._ref.ask(
+                ReopenSession(timeout_s=timeout), timeout=timeout + _GRACE_S
+            )
+        except (OmniError, TimeoutError) as exc:
+            reopened = SessionError(
+                session=self.id, code="stage_failed", message=f"could not reopen: {exc!r}"
+            )
+            if self.channel.end(reopened):
+                await self._abort_stages("stage_failed")
+        if isinstance(reopened, SessionError):
+            raise SessionClosedError(f"session {self.id} has ended: {reopened.message}")
+        self._key = reopened
+        return reopened
+
+    async def _abort_stages(self, reason: str) -> None:
+        if self._ref is not None:
+            # If the session actor is gone, so is the session.
+            with contextlib.suppress(OmniError):
+                await self._ref.ask(AbortSession(reason=reason), timeout=_ABORT_TIMEOUT_S)
+
+    async def close(self) -> None:
+        """Abort if not ended; give the admission slot back."""
+        try:
+            if not self.ended:
+                await self.abort("closed before it ended")
+            if self._expiring is not None:
+                await self._expiring
+        finally:
+            if self._expiry is not None:
+                self._expiry.cancel()
+            if self._admission is not None:
+                self._admission.release()
+
+    def _expire(self) -> None:
+        error = SessionError(
+            session=self.id,
+            code="timeout",
+            message=(
+                "the session outlived deadlines.total_s "
+                f"({self.pipeline.spec.deadlines.total_s:g}s) and its stages did not end it"
+            ),
+        )
+        if self.channel.end(error):
+            # Owned by this session: ``close`` waits for it.
+            self._expiring = asyncio.get_running_loop().create_task(
+                self._abort_stages("deadline"), name=f"expire session {self.id}"
+            )
+
+    async def next_event(self) -> Event:
+        """The next event (a ``SessionError`` once the session outlives its deadline)."""
+        return await self.channel.get()
+
+    async def events(self) -> AsyncIterator[Event]:
+        """The current response's events, through ``ResponseDone`` or the terminal event."""
+        while not self._drained:
+            event = await self.next_event()
+            self._drained = isinstance(event, TERMINAL)
+            yield event
+            if isinstance(event, ResponseDone):
+                return
+
+    async def __aiter__(self) -> AsyncIterator[Event]:
+        get = self.channel.get  # next_event's own read: one call less per event
+        while not self._drained:
+            event = await get()
+            self._drained = isinstance(event, TERMINAL)
+            yield event
+
+
+def _history(spec: PipelineSpec, takes: frozenset[str]) -> ConversationLog | None:
+    """What a conversation keeps to replay after a stage restart (``ConversationLog``):
+    everything, if the entry engine can take its replies back; nothing, if it keeps no
+    conversation; None (a restart ends the conversation) if it keeps one it cannot
+    rebuild."""
+    limit = spec.inputs.max_history_bytes
+    if REPLY_FIELD in takes:
+        return ConversationLog(limit)
+    if TURN_FIELD not in takes:
+        return ConversationLog(limit, records=False)
+    return None

@@ -1,0 +1,131 @@
+"""``SessionChannel``: where a session's events wait for its caller.
+
+Shared, in the caller's process, by the caller's ``Session`` handle (which reads events
+and spends credits of its input's window) and the session's actor (which puts events
+and grants the output stages' credits as the caller reads them).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections import deque
+
+from omni_actors.actors.stage.flow import CreditWindow, Inflow
+from omni_actors.pipeline.conversation_log import ConversationLog
+from omni_actors.protocols.control import DEFAULT_WINDOW
+from omni_actors.protocols.events import Event
+
+__all__ = ["SessionChannel"]
+
+
+class SessionChannel:
+    """Where a session's events go, and when each segment started (``time.monotonic``,
+    finer than the loop's clock, which may tick in milliseconds).
+
+    Shared between the caller's handle and the session actor, in one process. A deque
+    and one waiter rather than an ``asyncio.Queue``: every text and audio delta passes
+    here, and there is exactly one reader.
+
+    It is also where the caller's side of flow control meets the session actor:
+    ``input`` is the credit window of the caller's input (``Session.send`` spends it,
+    the entry stage's credits refill it), and ``inflow`` — set by the session actor —
+    counts the output stages' chunks, granted back as the caller reads their events.
+
+    Args:
+        sample_rate: of the session's audio.
+        window: chunks in flight per stream (the pipeline's ``flow.window``).
+    """
+
+    __slots__ = (
+        "_events",
+        "_waiter",
+        "completed",
+        "history",
+        "inflow",
+        "input",
+        "responses",
+        "sample_rate",
+        "segments_sent",
+        "stale",
+        "starts",
+        "terminal",
+        "window",
+    )
+
+    def __init__(self, sample_rate: int, window: int = DEFAULT_WINDOW) -> None:
+        self.sample_rate = sample_rate
+        self.window = window
+        self.starts: dict[int, float] = {}
+        self.responses: dict[int, str] = {}  # response id by segment, set by the caller
+        self.completed = 0  # segments whose ResponseDone (or the terminal event) is out
+        self.segments_sent = 0  # segments the caller has ended (its input's segment)
+        # The conversation to replay after a stage restart (None: it is not replayed),
+        # and why the stages must be reopened before the next input ("": they need not).
+        self.history: ConversationLog | None = None
+        self.stale = ""
+        self.terminal: Event | None = None
+        self.input = CreditWindow(window)
+        self.inflow: Inflow | None = None
+        # Each event with the output stage whose chunk it ends ("" for the others): its
+        # read is that chunk taken.
+        self._events: deque[tuple[Event, str]] = deque()
+        self._waiter: asyncio.Future[None] | None = None
+
+    def put(self, event: Event, source: str = "") -> None:
+        """Queue an event; after a terminal one, nothing more is queued.
+
+        ``source``: the output stage whose chunk this event ends, granted a credit once
+        the caller has read it.
+        """
+        if self.terminal is None:
+            self._push(event, source)
+
+    def end(self, event: Event) -> bool:
+        """Queue the terminal event; False if the session had already ended.
+
+        No more input is taken: a ``send`` waiting for a credit returns at once.
+        """
+        if self.terminal is not None:
+            return False
+        self._push(event, "")
+        self.terminal = event
+        self.input.close()
+        return True
+
+    def forget_sources(self) -> None:
+        """The output stages' streams were cut (a stage died): reading the events queued
+        from them grants nothing (the streams that follow count afresh)."""
+        self._events = deque((event, "") for event, _ in self._events)
+
+    @property
+    def queued(self) -> int:
+        """Events waiting for the caller."""
+        return len(self._events)
+
+    def _push(self, event: Event, source: str) -> None:
+        self._events.append((event, source))
+        waiter = self._waiter
+        if waiter is not None and not waiter.done():
+            waiter.set_result(None)
+
+    async def get(self) -> Event:
+        """The next event, waiting for one if none is queued."""
+        while not self._events:
+            waiter = self._waiter = asyncio.get_running_loop().create_future()
+            try:
+                await waiter
+            finally:
+                self._waiter = None
+        event, source = self._events.popleft()
+        inflow = self.inflow
+        if source and inflow is not None and self.terminal is None:
+            due = inflow.taken(source)
+            if due:
+                try:
+                    await inflow.grant(source, due)
+                except BaseException:
+                    # Cancelled before the credit went out: the event stays unread.
+                    inflow.untake(source, due)
+                    self._events.appendleft((event, source))
+                    raise
+        return event

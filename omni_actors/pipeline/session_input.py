@@ -1,0 +1,222 @@
+"""``SessionInput``: a session's input on its way to the entry stage.
+
+The caller's :class:`~omni_actors.pipeline.session.Session` decides what to send (text,
+audio, turn marks, segment ends, a response's options); this turns it into the chunks
+the entry stage takes. Each chunk is numbered (the stage drops a duplicate and fails a
+gap) and carries its segment; a segment end moves on to the next segment. Each chunk
+spends a credit of the window the entry stage grants (``omni_actors.actors.stage.flow``):
+once a window of chunks is in flight, a send waits for the stage to take some,
+``deadlines.inter_chunk_s`` at most, and a stage that takes none in that time fails the
+session with :class:`~omni_actors.actors.stage.flow.BackpressureError` rather than letting the
+caller's input queue up anywhere.
+
+Audio is resampled to the entry stage's rate as one stream (:class:`CallerAudio`): its
+tail is sent before a turn boundary, dropped with a ``clear``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Awaitable, Callable, Mapping
+
+import torch
+
+from omni_actors._ref import ActorRef
+from omni_actors.actors.stage.flow import BackpressureError, CreditWindow
+from omni_actors.audio.resample import CallerAudio
+from omni_actors.clock import Clock
+from omni_actors.errors import OmniError, qualified_name
+from omni_actors.pipeline.session_channel import SessionChannel
+from omni_actors.protocols.events import SessionError
+from omni_actors.protocols.stage import (
+    INPUT,
+    Chunk,
+    End,
+    Mark,
+    ResponseOptions,
+    SessionKey,
+    split_fields,
+)
+
+__all__ = ["SessionClosedError", "SessionInput"]
+
+_REOPEN_TRIES = 3  # stages dying one after another while a conversation is replayed
+
+
+class SessionClosedError(OmniError):
+    """Input was sent to a session that has already ended."""
+
+
+class SessionInput:
+    """The chunks of one session's input (see the module docstring).
+
+    Args:
+        session: the session's id (in the error a stalled entry stage ends it with).
+        channel: the session's channel: its ``input`` window, and where that error goes.
+        sample_rate: the rate the entry stage takes audio at (``inputs.sample_rate``).
+        entry_stage: the entry stage's name, for that error.
+        clock: the pipeline's clock, for the wait for a credit.
+        credit_wait_s: the longest wait for a credit (``deadlines.inter_chunk_s``).
+        abort_stages: frees the session on every stage, given a reason; called when a
+            stalled entry stage ended the session.
+        reopen: opens the session again on every stage after one restarted and returns
+            its new key (raising ``SessionClosedError`` if it could not); a
+            conversation with a ``channel.history`` needs it.
+
+    Attributes:
+        audio: the caller's audio, resampled as one stream.
+        segment: the segment the next chunk belongs to (segments ended so far).
+    """
+
+    def __init__(
+        self,
+        session: str,
+        channel: SessionChannel,
+        *,
+        sample_rate: int,
+        entry_stage: str,
+        clock: Clock,
+        credit_wait_s: float,
+        abort_stages: Callable[[str], Awaitable[None]],
+        reopen: Callable[[], Awaitable[SessionKey]] | None = None,
+    ) -> None:
+        self.session = session
+        self.channel = channel
+        self.entry_stage = entry_stage
+        self.clock = clock
+        self.credit_wait_s = credit_wait_s
+        self._abort_stages = abort_stages
+        self._reopen = reopen
+        self._reopening = asyncio.Lock()
+        self.audio = CallerAudio(sample_rate)
+        self.segment = 0
+        self._seq = 0
+        self._entry: ActorRef[Chunk] | None = None
+        self._key = SessionKey("")
+
+    def connect(self, entry: ActorRef[Chunk], key: SessionKey) -> None:
+        """The session was admitted: its input goes to ``entry``, for session ``key``."""
+        self._entry, self._key = entry, key
+
+    @property
+    def connected(self) -> bool:
+        """Whether :meth:`connect` was called (the session was admitted)."""
+        return self._entry is not None
+
+    async def send(
+        self,
+        payload: Mapping[str, torch.Tensor | str],
+        *,
+        end: End = "",
+        mark: Mark = "",
+        kept: int = 0,
+        options: ResponseOptions | None = None,
+    ) -> None:
+        """Send one chunk, once the window has room for it.
+
+        If a stage on the session's path restarted, the session is first opened again
+        on every stage and its conversation replayed (``channel.stale``; see
+        :mod:`~omni_actors.pipeline.conversation_log`).
+
+        Raises:
+            SessionClosedError: the session ended while this waited (nothing was sent),
+                or could not be opened again after a stage restarted.
+            BackpressureError: the entry stage took none of the chunks in flight within
+                ``deadlines.inter_chunk_s``; the session has ended with that error.
+        """
+        assert self._entry is not None, "send after connect"
+        while True:
+            if self.channel.stale or self._reopening.locked():
+                async with self._reopening:  # one replay; other senders wait for it
+                    if self.channel.stale:
+                        await self._replay()
+            try:
+                await self._send(payload, end, mark, kept, options)
+            except _Reopen:
+                continue  # a stage died while this waited: reopen, then send it
+            break
+        history = self.channel.history
+        if history is not None:
+            history.sent(self.segment, payload, mark=mark, kept=kept, end=end)
+        if end:
+            self.segment += 1
+            self.channel.segments_sent = self.segment
+
+    async def _replay(self) -> None:
+        """Open the session again on every stage and send its conversation so far."""
+        history = self.channel.history
+        assert history is not None, "stale only when it can be replayed"
+        assert self._reopen is not None, "a replayed session reopens"
+        for _ in range(_REOPEN_TRIES):
+            self._key, self._seq = await self._reopen(), 0
+            try:
+                for chunk in history.replay():
+                    await self._send(chunk.payload, "", chunk.mark, chunk.kept, None)
+            except _Reopen:
+                continue  # another stage died meanwhile: from the start again
+            return
+        error = SessionError(
+            session=self.session,
+            code="stage_failed",
+            message=(
+                f"stages kept failing while the conversation was replayed ({_REOPEN_TRIES} tries)"
+            ),
+        )
+        if self.channel.end(error):
+            await self._abort_stages("stage_failed")
+        raise SessionClosedError(f"session {self.session} has ended: {error.message}")
+
+    async def _send(
+        self,
+        payload: Mapping[str, torch.Tensor | str],
+        end: End,
+        mark: Mark,
+        kept: int,
+        options: ResponseOptions | None,
+    ) -> None:
+        credits = self.channel.input
+        if not credits.try_take() and not await self._wait_for_credit(credits):
+            if self.channel.stale and self.channel.terminal is None:
+                raise _Reopen
+            raise SessionClosedError(f"session {self.session} has ended; open a new one")
+        tensors, texts, _ = split_fields(payload)
+        chunk = Chunk(
+            key=self._key,
+            source=INPUT,
+            seq=self._seq,
+            tensors=tensors,
+            texts=texts,
+            end=end,
+            segment=self.segment,
+            sent_at=time.monotonic(),
+            mark=mark,
+            kept=kept,
+            options=options,
+        )
+        self._seq += 1
+        assert self._entry is not None
+        await self._entry.tell(chunk)
+
+    async def _wait_for_credit(self, credits: CreditWindow) -> bool:
+        limit = self.credit_wait_s
+        try:
+            return await credits.take(self.clock, limit)
+        except TimeoutError:
+            entry = f"stage {self.entry_stage}"
+            error = BackpressureError("the caller", entry, self._key, credits.size, limit)
+            if self.channel.end(
+                SessionError(
+                    session=self.session,
+                    code=error.code,
+                    message=str(error),
+                    stage=self.entry_stage,
+                    error_type=qualified_name(error),
+                )
+            ):
+                await self._abort_stages("backpressure")
+            raise error from None
+
+
+class _Reopen(Exception):
+    """A stage on the session's path died while a chunk waited for a credit."""

@@ -1,0 +1,158 @@
+"""``SessionPath``: the stages on one session's path, and what a session asks of them all.
+
+A :class:`~omni_actors.pipeline.session_actor.SessionActor` faces two ways: the caller,
+to whom it hands events in segment order, and the stages, which it drives together.
+This is the second: prewarm every stage by the admission deadline, stop a response on
+every stage, walk a truncation back from the audio to the entry stage, and free the
+session on every stage when it ends. The stages know the session by its ``SessionKey``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from dataclasses import dataclass
+
+from omni_actors import remoting
+from omni_actors._ref import ActorRef
+from omni_actors.errors import OmniError, WorkerDiedError
+from omni_actors.protocols.control import (
+    Abort,
+    Cancel,
+    Deadlines,
+    Prewarm,
+    SessionMessage,
+    StageMessage,
+    Target,
+    Truncate,
+)
+from omni_actors.protocols.stage import INPUT, SessionKey
+
+__all__ = ["SessionPath", "StagePlan"]
+
+log = logging.getLogger(__name__)
+
+_ASK_TIMEOUT = 5.0  # an abort or a truncate: the stage answers from its own state
+
+
+@dataclass(frozen=True, slots=True)
+class StagePlan:
+    """What one stage on a session's path needs at prewarm, and its ref."""
+
+    ref: ActorRef[StageMessage]
+    sources: tuple[str, ...]
+    targets: tuple[Target, ...]
+    emit: tuple[str, ...]
+
+
+class SessionPath:
+    """The stages of one session (see the module docstring).
+
+    Args:
+        session: the session's id (in log lines).
+        key: the session's key on the stages.
+        plan: the stages on the path, in topological order, with their prewarm plans.
+    """
+
+    def __init__(self, session: str, key: SessionKey, plan: dict[str, StagePlan]) -> None:
+        self.session = session
+        self.key = key
+        self.plan = plan
+
+    async def prewarm(
+        self,
+        owner: ActorRef[SessionMessage],
+        *,
+        resumable: bool,
+        deadlines: Deadlines,
+        window: int,
+        timeout: float,
+        segment: int = 0,
+    ) -> tuple[str, BaseException] | None:
+        """Prewarm every stage at once, within ``timeout``, to serve from ``segment`` on;
+        the first stage (in path order) that failed, with why, or None when all are
+        ready."""
+
+        async def prewarm(p: StagePlan) -> bool:
+            while True:
+                # The prewarm names the stage's targets: a target restarting has no worker
+                # to name until it is up again, so wait for it (the prewarm's time counts).
+                for target in p.targets:
+                    await remoting.sendable(target.ref)
+                try:
+                    return await ask(p)
+                except WorkerDiedError:
+                    continue  # it died with the prewarm: its restart takes the next one
+
+        async def ask(p: StagePlan) -> bool:
+            return await p.ref.ask(
+                Prewarm(
+                    key=self.key,
+                    owner=owner,
+                    sources=p.sources,
+                    targets=p.targets,
+                    emit=p.emit,
+                    resumable=resumable,
+                    deadlines=deadlines,
+                    window=window,
+                    segment=segment,
+                ),
+                timeout=timeout,
+            )
+
+        asks = [asyncio.wait_for(prewarm(p), timeout) for p in self.plan.values()]
+        results = await asyncio.gather(*asks, return_exceptions=True)
+        for stage, result in zip(self.plan, results, strict=True):
+            if result is False:
+                result = RuntimeError("the stage refused it (session aborted or already open)")
+            if isinstance(result, BaseException):
+                return stage, result
+        return None
+
+    async def cancel(self, segment: int) -> None:
+        """Tell every stage to stop response ``segment``."""
+        for p in self.plan.values():
+            await p.ref.tell(Cancel(key=self.key, segment=segment))
+
+    async def truncate(self, samples: int) -> int | str:
+        """Walk a truncation back from the audio: each stage keeps what the user heard of
+        the last reply (the audio stage ``samples``) and answers what its sources keep.
+
+        Returns:
+            What the entry stage keeps (its caller sends that in a truncate mark), or
+            why the truncation cannot be made.
+        """
+        answers: dict[str, int] = {}  # per stage: what its sources keep
+        for name in reversed(self.plan):  # the plan is in topological order
+            plan = self.plan[name]
+            if "audio" in plan.emit:
+                kept = samples
+            else:
+                shares = [answers[t.stage] for t in plan.targets if t.stage in answers]
+                if not shares:
+                    continue  # not on the way to the audio
+                kept = min(shares)
+            if INPUT in plan.sources:
+                return kept
+            try:
+                answer = await plan.ref.ask(Truncate(key=self.key, kept=kept), timeout=_ASK_TIMEOUT)
+            except (OmniError, TimeoutError) as exc:  # the stage died, or is restarting
+                return f"stage {name} did not answer: {exc}"
+            if not isinstance(answer, int):
+                return answer.reason
+            answers[name] = answer
+        return "no audio reaches the caller to truncate"
+
+    async def abort(self, reason: str, skip: str = "") -> None:
+        """Free the session on every stage (but ``skip``, one that lost it already); a
+        stage that fails to answer is logged."""
+        stages = [name for name in self.plan if name != skip]
+        asks = [
+            self.plan[name].ref.ask(Abort(key=self.key, reason=reason), timeout=_ASK_TIMEOUT)
+            for name in stages
+        ]
+        for stage, result in zip(
+            stages, await asyncio.gather(*asks, return_exceptions=True), strict=True
+        ):
+            if isinstance(result, BaseException):
+                log.warning("session %s: abort on %s failed: %r", self.session, stage, result)
