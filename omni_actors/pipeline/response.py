@@ -49,7 +49,6 @@ class Response:
             event = await self.session.next_event()
             if isinstance(event, TERMINAL):
                 self.done = event
-                self.session._drained = True
             elif getattr(event, "response", None) != self.id:
                 continue  # left over from an earlier response
             elif isinstance(event, ResponseDone):
@@ -66,10 +65,12 @@ class Response:
     async def cancel(self) -> bool:
         """Stop the reply on every stage (barge-in); the session stays open.
 
-        The response's stream ends with ``ResponseDone(status="cancelled")``, its late
-        deltas dropped. Returns False if the response had already ended.
+        Once this returns, :meth:`events` yields none of the response's text or audio
+        deltas, only its ``ResponseDone(status="cancelled")``, and the session takes the
+        next ``respond`` or ``truncate`` at once. Returns False if the response had
+        already ended.
         """
-        return await self.session._cancel(self.segment)
+        return await self.session.cancel_response(self)
 
 
 def checked_options(

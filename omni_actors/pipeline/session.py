@@ -38,7 +38,7 @@ import torch
 from omni_actors._ref import ActorRef
 from omni_actors.actors.engines.contract import REPLY_FIELD, TURN_FIELD
 from omni_actors.clock import TimerHandle
-from omni_actors.errors import InvalidRequestError, OmniError
+from omni_actors.errors import AskTimeoutError, InvalidRequestError, OmniError
 from omni_actors.pipeline.admission import Admission
 from omni_actors.pipeline.conversation_log import ConversationLog
 from omni_actors.pipeline.orchestrator import StartSession
@@ -53,7 +53,15 @@ from omni_actors.protocols.control import (
     SessionMessage,
     TruncateResponse,
 )
-from omni_actors.protocols.events import TERMINAL, Aborted, Event, ResponseDone, SessionError
+from omni_actors.protocols.events import (
+    TERMINAL,
+    Aborted,
+    AudioDelta,
+    Event,
+    ResponseDone,
+    SessionError,
+    TextDelta,
+)
 from omni_actors.protocols.stage import (
     End,
     Mark,
@@ -116,6 +124,7 @@ class Session:
         self.channel.history = _history(pipeline.spec, self._takes) if resumable else None
         self._admission: Admission | None = None
         self._drained = False  # the terminal event has been handed to the caller
+        self._cancelled = ""  # the response whose deltas the caller is no longer handed
         self._expiry: TimerHandle | None = None
         self._expiring: asyncio.Task[None] | None = None
         self.response: Response | None = None  # the last one started
@@ -300,12 +309,41 @@ class Session:
         assert isinstance(kept, int)
         await self._input.send({}, mark="truncate", kept=kept)
 
-    async def _cancel(self, segment: int) -> bool:
-        if self.ended or self._ref is None:
+    async def cancel_response(self, response: Response) -> bool:
+        """Stop ``response`` on every stage (``Response.cancel``); False if it had ended.
+
+        From the call on, the caller is handed none of its text or audio deltas: those
+        already queued are dropped (their chunks count as read), later ones are dropped
+        on their way. It returns once the response's ``ResponseDone`` is queued, so the
+        next ``respond`` or ``truncate`` works at once, whether or not the caller has
+        read that far.
+
+        Raises:
+            AskTimeoutError: the stages did not end the response within the abort
+                deadline (a stage is stuck; the session's deadlines end it).
+        """
+        if self.ended or self._ref is None or response.segment < self.channel.completed:
             return False
-        with contextlib.suppress(OmniError):  # the session actor is gone: so is the reply
-            return await self._ref.ask(CancelResponse(segment=segment), timeout=_ABORT_TIMEOUT_S)
-        return False
+        # Set before the first await: a reader in another task drops its deltas from now.
+        self._cancelled = response.id
+        try:
+            cancelled = await self._ref.ask(
+                CancelResponse(segment=response.segment), timeout=_ABORT_TIMEOUT_S
+            )
+        except OmniError:  # the session actor is gone: so is the reply
+            return False
+        if not cancelled:
+            return False
+        await self.channel.drop_deltas(response.id)
+        try:
+            async with asyncio.timeout(_ABORT_TIMEOUT_S):
+                await self.channel.wait_completed(response.segment)
+        except TimeoutError:
+            raise AskTimeoutError(
+                f"session {self.id}: response {response.id} was cancelled on every stage "
+                f"but not ended within {_ABORT_TIMEOUT_S:g} s"
+            ) from None
+        return True
 
     def _check_open(self) -> None:
         if self.ended or not self._input.connected:
@@ -415,24 +453,34 @@ class Session:
             )
 
     async def next_event(self) -> Event:
-        """The next event (a ``SessionError`` once the session outlives its deadline)."""
-        return await self.channel.get()
+        """The next event for the caller (a ``SessionError`` once the session outlives
+        its deadline); deltas of a cancelled response are never handed out."""
+        get = self.channel.get
+        while True:
+            event = await get()
+            if isinstance(event, TextDelta | AudioDelta):
+                if event.response and event.response == self._cancelled:
+                    continue  # on its way when the cancel came
+            elif isinstance(event, TERMINAL):
+                self._drained = True
+            return event
+
+    @property
+    def drained(self) -> bool:
+        """True once the terminal event has been handed to the caller."""
+        return self._drained
 
     async def events(self) -> AsyncIterator[Event]:
         """The current response's events, through ``ResponseDone`` or the terminal event."""
         while not self._drained:
             event = await self.next_event()
-            self._drained = isinstance(event, TERMINAL)
             yield event
             if isinstance(event, ResponseDone):
                 return
 
     async def __aiter__(self) -> AsyncIterator[Event]:
-        get = self.channel.get  # next_event's own read: one call less per event
         while not self._drained:
-            event = await get()
-            self._drained = isinstance(event, TERMINAL)
-            yield event
+            yield await self.next_event()
 
 
 def _history(spec: PipelineSpec, takes: frozenset[str]) -> ConversationLog | None:

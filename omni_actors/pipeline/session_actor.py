@@ -314,7 +314,7 @@ class SessionActor(Actor[SessionMessage]):
                 )
             self._last = reply
             self.segment += 1
-            self.channel.completed = self.segment
+            self.channel.complete(self.segment)
             following = self._pending.get(self.segment)
             if following is not None:
                 for event, source in following.held:

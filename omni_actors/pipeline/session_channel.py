@@ -13,7 +13,7 @@ from collections import deque
 from omni_actors.actors.stage.flow import CreditWindow, Inflow
 from omni_actors.pipeline.conversation_log import ConversationLog
 from omni_actors.protocols.control import DEFAULT_WINDOW
-from omni_actors.protocols.events import Event
+from omni_actors.protocols.events import AudioDelta, Event, TextDelta
 
 __all__ = ["SessionChannel"]
 
@@ -37,6 +37,7 @@ class SessionChannel:
     """
 
     __slots__ = (
+        "_completion",
         "_events",
         "_waiter",
         "completed",
@@ -70,6 +71,7 @@ class SessionChannel:
         # read is that chunk taken.
         self._events: deque[tuple[Event, str]] = deque()
         self._waiter: asyncio.Future[None] | None = None
+        self._completion: asyncio.Future[None] | None = None  # see ``wait_completed``
 
     def put(self, event: Event, source: str = "") -> None:
         """Queue an event; after a terminal one, nothing more is queued.
@@ -90,7 +92,51 @@ class SessionChannel:
         self._push(event, "")
         self.terminal = event
         self.input.close()
+        self._wake_completion()
         return True
+
+    def complete(self, segments: int) -> None:
+        """The first ``segments`` segments have their ``ResponseDone`` queued."""
+        self.completed = segments
+        self._wake_completion()
+
+    async def wait_completed(self, segment: int) -> None:
+        """Until ``segment``'s ``ResponseDone`` (or the terminal event) is queued.
+
+        The caller's deadline bounds it (``asyncio.timeout``).
+        """
+        while self.completed <= segment and self.terminal is None:
+            if self._completion is None:
+                self._completion = asyncio.get_running_loop().create_future()
+            await asyncio.shield(self._completion)
+
+    def _wake_completion(self) -> None:
+        completion, self._completion = self._completion, None
+        if completion is not None and not completion.done():
+            completion.set_result(None)
+
+    async def drop_deltas(self, response: str) -> int:
+        """Drop the queued text and audio deltas of ``response``; how many were dropped.
+
+        A dropped event is read as far as flow control goes: its chunk counts as taken,
+        and the credits that makes due go back to its output stage.
+        """
+        kept: deque[tuple[Event, str]] = deque()
+        dropped: list[str] = []
+        for event, source in self._events:
+            if isinstance(event, TextDelta | AudioDelta) and event.response == response:
+                dropped.append(source)
+            else:
+                kept.append((event, source))
+        if not dropped:
+            return 0
+        self._events = kept
+        inflow = self.inflow
+        if inflow is not None and self.terminal is None:
+            for source in dropped:
+                if source and (due := inflow.taken(source)):
+                    await inflow.grant(source, due)
+        return len(dropped)
 
     def forget_sources(self) -> None:
         """The output stages' streams were cut (a stage died): reading the events queued

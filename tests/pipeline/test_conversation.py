@@ -8,6 +8,7 @@ what every stage kept.
 
 from __future__ import annotations
 
+import asyncio
 import math
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -26,6 +27,7 @@ from omni_actors.protocols.events import (
     ResponseDone,
     TextDelta,
 )
+from omni_actors.testing import eventually
 from omni_actors.testing.inspection import actor_instance
 
 SAMPLE_RATE = 1000  # 100 samples per character: 100 ms each
@@ -129,6 +131,67 @@ async def test_a_cancelled_response_stops_and_the_conversation_keeps_what_was_sa
         assert len(kept) <= len(seen) + 2, kept
         await session.send(text="next")
         assert (await reply(session))[0] == "NEXT"
+
+
+async def test_after_cancel_returns_the_response_yields_no_delta() -> None:
+    async with conversation() as session:
+        await session.send(text="a long answer to cut")
+        response = await session.respond()
+        # Deltas pile up unread, as they do for a caller busy playing audio.
+        await eventually(lambda: session.channel.queued >= 4, what="deltas queued")
+        assert await response.cancel()
+        rest = [event async for event in response.events()]
+        assert [type(event) for event in rest] == [ResponseDone], rest
+        assert isinstance(rest[0], ResponseDone)
+        assert rest[0].status == "cancelled"
+
+
+async def test_a_reader_in_another_task_gets_no_delta_once_cancel_is_called() -> None:
+    async with conversation() as session:
+        await session.send(text="a long answer to cut")
+        response = await session.respond()
+        cancelling = False
+        read: list[tuple[Event, bool]] = []
+        gate = asyncio.Event()
+
+        async def reader() -> None:  # as a server's sender task: busy after two deltas
+            async for event in session:
+                read.append((event, cancelling))
+                if len(read) == 2:
+                    await gate.wait()
+                if isinstance(event, ResponseDone):
+                    return
+
+        loop = asyncio.get_running_loop()
+        task = loop.create_task(reader())
+        try:
+            await eventually(lambda: len(read) == 2 and session.channel.queued >= 4)
+            cancelling = True
+            # The cancel's first step runs before the reader wakes (callbacks run in
+            # the order they were scheduled): the reader reads on while it is under way.
+            cancel = loop.create_task(response.cancel())
+            gate.set()
+            assert await asyncio.wait_for(cancel, 10)
+            await asyncio.wait_for(task, 10)
+        finally:
+            task.cancel()
+        late = [e for e, after in read if after and isinstance(e, TextDelta | AudioDelta)]
+        assert late == []
+        assert isinstance(read[-1][0], ResponseDone)
+
+
+async def test_the_session_takes_the_next_call_as_soon_as_cancel_returns() -> None:
+    async with conversation() as session:
+        await session.send(text="a long answer to cut")
+        response = await session.respond()
+        await eventually(lambda: session.channel.queued >= 1, what="a delta queued")
+        assert await response.cancel()
+        # Nothing read since: the cancelled response's ResponseDone is still queued.
+        await session.truncate(audio_ms=0)
+        await session.send(text="next")
+        text, _, done = await reply(session)
+        assert (text, done.status) == ("NEXT", "completed")
+        assert not await response.cancel()  # over
 
 
 async def test_a_failed_response_keeps_the_session_and_rolls_back() -> None:
