@@ -47,6 +47,8 @@ LAYERS: tuple[tuple[str, ...], ...] = (
 ORCHESTRATION = ("omni_actors.pipeline",)
 # Packages that only hold others (their ``__init__`` is a docstring): in no layer.
 CONTAINERS = ("omni_actors", "omni_actors.actors")
+
+
 def _rel(path: Path) -> str:
     return str(path.relative_to(ROOT)) if path.is_relative_to(ROOT) else str(path)
 

@@ -21,15 +21,13 @@ from dataclasses import dataclass
 import torch
 
 from omni_actors.actors.engines.contract import INSTRUCTIONS_FIELD
-from omni_actors.errors import InvalidRequestError, OmniError
+from omni_actors.errors import OmniError
 from omni_actors.pipeline.session import Session, SessionClosedError
 from omni_actors.server.response_stream import ResponseStream
 
 __all__ = ["INSTRUCTIONS_FIELD", "InputStream", "Op"]
 
 log = logging.getLogger(__name__)
-
-_RESPONSE_END_S = 30.0  # a cancelled response ends within the stages' abort timeout
 
 
 @dataclass(frozen=True, slots=True)
@@ -115,15 +113,8 @@ class InputStream:
         elif op.kind == "clear":
             await session.clear()
         elif op.kind == "truncate":
-            if op.stream is not None:  # a response cut while in flight: wait for its end
-                try:
-                    async with asyncio.timeout(_RESPONSE_END_S):
-                        await op.stream.finished.wait()
-                except TimeoutError:
-                    raise InvalidRequestError(
-                        f"response {op.stream.id} did not end within {_RESPONSE_END_S:g}s of "
-                        "its cancel; the conversation was not truncated"
-                    ) from None
+            # A response cut while in flight was cancelled first: once ``cancel``
+            # returned, the session takes the truncate.
             await session.truncate(op.audio_ms)
         elif op.kind == "respond":
             stream = op.stream

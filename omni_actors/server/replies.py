@@ -3,7 +3,8 @@
 One response is in flight at a time (``active``); each is a :class:`ResponseStream` that
 turns the pipeline's events into the Realtime API's. The event pump hands every session
 event to :meth:`Replies.on_event`; a cancel (``response.cancel`` or barge-in) marks the
-stream first, so its late deltas are dropped, then cancels it on every stage.
+stream first, then cancels it on every stage (from that call on the session hands out
+none of its deltas).
 """
 
 from __future__ import annotations
@@ -107,10 +108,10 @@ class Replies:
         await self.cancel(active, "client_cancelled")
 
     async def cancel(self, stream: ResponseStream, reason: CancelReason) -> None:
-        """Cancel ``stream`` for ``reason``: drop its late deltas, stop it on every stage."""
+        """Cancel ``stream`` for ``reason``: stop it on every stage (no delta follows)."""
         if stream.cancel_reason is not None:
             return
-        stream.cancel_reason = reason  # its late deltas are dropped from now on
+        stream.cancel_reason = reason
         self.conn.log.info(
             "session %s response %s cancelled (%s)", self.conn.settings.id, stream.id, reason
         )
@@ -148,7 +149,6 @@ class Replies:
         self.streams.pop(stream.id, None)
         if self.active is stream:
             self.active = None
-        stream.finished.set()
         self.conn.state.response_ended.set()
 
     async def on_event(self, event: Event) -> None:

@@ -3,14 +3,13 @@
 It turns the pipeline's events for one response (``TextDelta``, ``AudioDelta``,
 ``ResponseDone``) into the Realtime API's events (see
 ``omni_actors.protocols.realtime_server`` for their order), keeping the response's and
-its item's ids, the transcript so far and the audio sent. Once a cancel is asked for,
-deltas that were already on their way are dropped here, so no audio of a cancelled
-response follows the cancel by more than what was already sent.
+its item's ids, the transcript so far and the audio sent. A cancelled response's
+deltas never reach it: once ``Response.cancel`` is called, the session hands out none
+(the one filter, in ``Session.next_event``).
 """
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import Callable
 from typing import Literal, TypedDict
 
@@ -96,7 +95,6 @@ class ResponseStream:
         self.response: Response | None = None  # once the pipeline has started it
         self.cancel_reason: CancelReason | None = None
         self.ended = False
-        self.finished = asyncio.Event()  # set once its response.done went out
 
     @property
     def audio_ms(self) -> float:
@@ -182,8 +180,8 @@ class ResponseStream:
         return _Where(response_id=self.id, item_id=self.item_id, output_index=0, content_index=0)
 
     def on_text(self, text: str) -> list[ServerEvent]:
-        """A text delta (dropped once a cancel was asked for)."""
-        if self.cancel_reason is not None or self.ended or not text:
+        """A text delta."""
+        if self.ended or not text:
             return []
         self.text.append(text)
         if self.audio_out:
@@ -195,8 +193,8 @@ class ResponseStream:
         return [ResponseOutputTextDelta(event_id=self._event_id(), delta=text, **self._where())]
 
     def on_audio(self, samples: torch.Tensor) -> list[ServerEvent]:
-        """An audio delta (dropped in text-only responses and once a cancel was asked)."""
-        if self._encoder is None or self.cancel_reason is not None or self.ended:
+        """An audio delta (dropped in text-only responses)."""
+        if self._encoder is None or self.ended:
             return []
         return self._audio_delta(self._encoder.encode(samples))
 

@@ -271,10 +271,10 @@ async def test_truncating_the_reply_in_flight_cancels_it_then_cuts_it(
             "conversation.item.truncate", event_id="cut", item_id=item_id, audio_end_ms=0
         )
         events = await client.until("response.done")
-        types = [e["type"] for e in events]
-        assert "conversation.item.truncated" in types
-        assert "error" not in types
         assert events[-1]["response"]["status"] == "cancelled"
+        # The cut is confirmed once the response has ended on every stage.
+        events += await client.until("conversation.item.truncated")
+        assert "error" not in [e["type"] for e in events]
         await client.send("response.create")  # the conversation goes on, cut
         events = await client.until("response.done")
         assert "error" not in [e["type"] for e in events]
