@@ -38,7 +38,7 @@ import torch
 from omni_actors._ref import ActorRef
 from omni_actors.actors.engines.contract import REPLY_FIELD, TURN_FIELD
 from omni_actors.clock import TimerHandle
-from omni_actors.errors import AskTimeoutError, InvalidRequestError, OmniError
+from omni_actors.errors import InvalidRequestError, OmniError
 from omni_actors.pipeline.admission import Admission
 from omni_actors.pipeline.conversation_log import ConversationLog
 from omni_actors.pipeline.orchestrator import StartSession
@@ -73,12 +73,18 @@ if TYPE_CHECKING:
     from omni_actors.pipeline.omni_pipeline import OmniPipeline
     from omni_actors.pipeline.spec.pipeline import PipelineSpec
 
-__all__ = ["Modality", "Session", "SessionClosedError"]
+__all__ = ["CancelTimeoutError", "Modality", "Session", "SessionClosedError"]
 
 Modality = Literal["text", "audio"]
 
 _GRACE_S = 5.0  # beyond total_s: the stages' own deadline fires first
 _ABORT_TIMEOUT_S = 10.0
+
+
+class CancelTimeoutError(OmniError, TimeoutError):
+    """A cancelled response was not ended by every stage within the abort deadline."""
+
+    code = "timeout"
 
 
 class Session:
@@ -319,7 +325,7 @@ class Session:
         read that far.
 
         Raises:
-            AskTimeoutError: the stages did not end the response within the abort
+            CancelTimeoutError: the stages did not end the response within the abort
                 deadline (a stage is stuck; the session's deadlines end it).
         """
         if self.ended or self._ref is None or response.segment < self.channel.completed:
@@ -339,7 +345,7 @@ class Session:
             async with asyncio.timeout(_ABORT_TIMEOUT_S):
                 await self.channel.wait_completed(response.segment)
         except TimeoutError:
-            raise AskTimeoutError(
+            raise CancelTimeoutError(
                 f"session {self.id}: response {response.id} was cancelled on every stage "
                 f"but not ended within {_ABORT_TIMEOUT_S:g} s"
             ) from None

@@ -2,15 +2,27 @@
 
 The connection owns three tasks and waits for the first to end: the reader (client
 events, acted on at once and never blocked by the pipeline), the input stream (queued
-input handed to the session in order, ``input_stream.py``) and the event pump (the
-session's events turned into Realtime events). The reader hands input events to the
-:class:`InputBuffer` (``input_buffer.py``: appended audio, server VAD, items, truncate)
-and response events to :class:`Replies` (``replies.py``: one
-:class:`ResponseStream` per response); the event pump hands session events to
-:class:`Replies` too. When one ends —
+input handed to the session in order: :class:`~omni_actors.server.input_stream.InputStream`)
+and the event pump (the session's events turned into Realtime events). When one ends —
 the client went away, the session ended, the server is shutting down — the others are
 cancelled and the session is aborted on every stage: a connection leaves nothing
 behind.
+
+What the reader acts on is the connection's own state, kept in one object:
+
+- the input audio buffer (what the Realtime API calls it: audio appended since the last
+  commit or clear), run through server VAD (:class:`~omni_actors.server.turns.TurnDetector`),
+  and the items a client adds; what the pipeline must hear is queued on the input
+  stream, in order, answered with ``speech_started``/``speech_stopped``, ``committed``,
+  ``cleared``, ``conversation.item.added``/``done`` and ``conversation.item.truncated``;
+- the responses: one in flight at a time (``active``), each a
+  :class:`~omni_actors.server.response_stream.ResponseStream` that turns the pipeline's
+  events for it into the Realtime API's. A cancel (``response.cancel``, barge-in, a
+  truncate of the reply in flight) cancels it on every stage; from that call on the
+  session hands out none of its deltas.
+
+The collaborators it hands work to are small and tested alone: the input stream, the
+turn detector, the response stream, the session settings and the audio formats.
 """
 
 from __future__ import annotations
@@ -19,15 +31,24 @@ import asyncio
 import contextlib
 import logging
 import time
+from dataclasses import replace
 
 import msgspec
+import torch
 from starlette.websockets import WebSocket, WebSocketDisconnect, WebSocketState
 
-from omni_actors.errors import InvalidRequestError
+from omni_actors.errors import InvalidRequestError, OmniError
 from omni_actors.pipeline.session import Session
 from omni_actors.protocols.events import (
     TERMINAL,
+    Aborted,
+    AudioDelta,
+    Done,
+    Event,
+    SessionError,
+    TextDelta,
 )
+from omni_actors.protocols.events import ResponseDone as PipelineResponseDone
 from omni_actors.protocols.realtime_client import (
     ClientEvent,
     ClientEventError,
@@ -43,21 +64,29 @@ from omni_actors.protocols.realtime_client import (
 )
 from omni_actors.protocols.realtime_server import (
     BETA_NAMES,
+    ConversationItem,
+    ConversationItemAdded,
+    ConversationItemDone,
+    ConversationItemTruncated,
     ErrorDetail,
     ErrorEvent,
     InputAudioBufferCleared,
+    InputAudioBufferCommitted,
+    InputAudioBufferSpeechStarted,
+    InputAudioBufferSpeechStopped,
+    ItemContent,
     ServerEvent,
     SessionCreated,
     SessionUpdated,
 )
-from omni_actors.server.audio_format import format_rate
+from omni_actors.server.audio_format import decode_audio, format_rate
 from omni_actors.server.ids import new_id
-from omni_actors.server.input_buffer import InputBuffer
 from omni_actors.server.input_stream import INSTRUCTIONS_FIELD, InputStream, Op
-from omni_actors.server.replies import Replies
-from omni_actors.server.request_error import described
+from omni_actors.server.request_error import RequestError, described
+from omni_actors.server.response_stream import CancelReason, ResponseStream
 from omni_actors.server.session_config import SessionSettings, SettingError
 from omni_actors.server.state import ServerState
+from omni_actors.server.turns import Forward, Started, Stopped, TurnDetector
 
 __all__ = ["RealtimeConnection"]
 
@@ -96,10 +125,18 @@ class RealtimeConnection:
         self._takes_instructions = INSTRUCTIONS_FIELD in spec.entry_inputs()
         self.sent_instructions = ""
         self.last_item: str | None = None  # the conversation's last item
-        self.input_buffer = InputBuffer(self)
-        self.replies = Replies(self)
         self.conversation_id = new_id("conv")
         self.closing = False
+        # The input audio buffer: samples appended since the last commit or clear, the
+        # user item being spoken, and server VAD (None with ``turn_detection: null``).
+        self.buffered = 0
+        self.pending_item: str | None = None
+        self.turns: TurnDetector | None = None
+        # Responses: the one in flight, the last one started (its item is the one a
+        # truncate may cut), and those not done yet, by id.
+        self.active: ResponseStream | None = None
+        self.last_response: ResponseStream | None = None
+        self.streams: dict[str, ResponseStream] = {}
 
     # -- lifecycle ---------------------------------------------------------------------
 
@@ -115,8 +152,8 @@ class RealtimeConnection:
             if error is not None:
                 await self.fail(error.code, error.message, close_code=_CLOSE_TRY_LATER)
                 return
-            self.input = InputStream(session, self.input_rate, self.replies.refused)
-            self.input_buffer.apply_vad()
+            self.input = InputStream(session, self.input_rate, self._refused)
+            self._apply_vad()
             await self.send(
                 SessionCreated(event_id=new_id("event"), session=self.settings.describe())
             )
@@ -254,28 +291,28 @@ class RealtimeConnection:
     async def _handle(self, event: ClientEvent) -> None:
         match event:
             case InputAudioBufferAppend():
-                await self.input_buffer.append(event)
+                await self._append(event)
             case InputAudioBufferCommit():
-                await self.input_buffer.commit(event.event_id)
+                await self._commit_buffer(event.event_id)
             case InputAudioBufferClear():
-                self.input_buffer.clear()
+                self._clear_buffer()
                 await self.send(InputAudioBufferCleared(event_id=new_id("event")))
             case ResponseCreate():
-                await self.replies.create(event)
+                await self._create_response(event)
             case ResponseCancel():
-                await self.replies.cancel_requested(event)
+                await self._cancel_requested(event)
             case SessionUpdate():
                 await self._update(event)
             case ConversationItemCreate():
-                await self.input_buffer.create_item(event)
+                await self._create_item(event)
             case ConversationItemTruncate():
-                await self.input_buffer.truncate(event)
+                await self._truncate_item(event)
 
     # -- session settings ----------------------------------------------------------------
 
     async def _update(self, event: SessionUpdate) -> None:
         new = self.settings.updated(event.session)
-        if new.input_format != self.settings.input_format and self.input_buffer.buffered:
+        if new.input_format != self.settings.input_format and self.buffered:
             raise SettingError(
                 "the input format cannot change while the input buffer holds audio; "
                 "commit or clear it first",
@@ -286,7 +323,7 @@ class RealtimeConnection:
         if new.input_format != old.input_format and self.input is not None:
             self.input.rate = self.input_rate
         if new.vad != old.vad or new.input_format != old.input_format:
-            self.input_buffer.apply_vad()
+            self._apply_vad()
         if new.instructions != old.instructions:
             self.queue_instructions(new.instructions)
         await self.send(SessionUpdated(event_id=new_id("event"), session=new.describe()))
@@ -305,11 +342,350 @@ class RealtimeConnection:
         self.sent_instructions = text
         self.input.put(Op("instructions", text=text))
 
+    # -- the input audio buffer and items ------------------------------------------------
+
+    def _apply_vad(self) -> None:
+        """Start turn detection anew with the session's settings (or turn it off)."""
+        vad = self.settings.vad
+        self.turns = None if vad is None else TurnDetector(vad, self.input_rate)
+
+    async def _append(self, event: InputAudioBufferAppend) -> None:
+        """``input_audio_buffer.append``: decode, check the cap, run VAD, queue speech.
+
+        Raises:
+            AudioPayloadError: the audio is not valid base64 of the input format.
+            RequestError: the input buffer would pass ``max_input_buffer_s``.
+        """
+        limits = self.state.settings
+        samples = decode_audio(
+            event.audio, self.settings.input_format, max_bytes=limits.max_append_bytes
+        )
+        assert self.input is not None
+        held = self.buffered + self.input.queued_samples + samples.numel()
+        if held > limits.max_input_buffer_s * self.input_rate:
+            raise RequestError(
+                f"the input buffer would hold more than {limits.max_input_buffer_s:g}s of "
+                "audio (max_input_buffer_s); commit or clear it",
+                realtime_code="input_audio_buffer_full",
+            )
+        if self.turns is None:
+            self._forward(samples)
+            return
+        for action in self.turns.feed(samples):
+            match action:
+                case Forward(samples=piece):
+                    self._forward(piece)
+                case Started(audio_start_ms=start_ms):
+                    self.pending_item = new_id("item")
+                    await self.send(
+                        InputAudioBufferSpeechStarted(
+                            event_id=new_id("event"),
+                            audio_start_ms=start_ms,
+                            item_id=self.pending_item,
+                        )
+                    )
+                    vad = self.settings.vad
+                    if self.active is not None and vad is not None and vad.interrupt_response:
+                        await self._cancel_response(self.active, "turn_detected")
+                case Stopped(audio_end_ms=end_ms):
+                    item = self.pending_item or new_id("item")
+                    self.pending_item = item
+                    await self.send(
+                        InputAudioBufferSpeechStopped(
+                            event_id=new_id("event"), audio_end_ms=end_ms, item_id=item
+                        )
+                    )
+                    if self.buffered:
+                        await self._commit_buffer(None)
+                        vad = self.settings.vad
+                        if vad is not None and vad.create_response and self.active is None:
+                            await self._start_response(None, None)
+
+    def _forward(self, samples: torch.Tensor) -> None:
+        assert self.input is not None
+        if samples.numel():
+            self.buffered += samples.numel()
+            self.input.put(Op("audio", samples=samples))
+
+    async def _commit_buffer(self, event_id: str | None) -> None:
+        """Make the buffer a user item (``committed``, ``item.added``/``done``).
+
+        Raises:
+            RequestError: the buffer is empty (``input_audio_buffer_commit_empty``).
+        """
+        if not self.buffered:
+            raise RequestError(
+                "the input audio buffer is empty: append audio before committing",
+                realtime_code="input_audio_buffer_commit_empty",
+            )
+        assert self.input is not None
+        item_id = self.pending_item or new_id("item")
+        self.pending_item = None
+        self.buffered = 0
+        self.input.put(Op("commit", event_id=event_id))
+        previous, self.last_item = self.last_item, item_id
+        item = ConversationItem(
+            id=item_id,
+            role="user",
+            status="completed",
+            content=[ItemContent(type="input_audio", transcript=None)],
+        )
+        await self.send_all(
+            [
+                InputAudioBufferCommitted(
+                    event_id=new_id("event"), item_id=item_id, previous_item_id=previous
+                ),
+                ConversationItemAdded(
+                    event_id=new_id("event"), item=item, previous_item_id=previous
+                ),
+                ConversationItemDone(
+                    event_id=new_id("event"), item=item, previous_item_id=previous
+                ),
+            ]
+        )
+
+    def _clear_buffer(self) -> None:
+        """``input_audio_buffer.clear``: drop the buffer here, in VAD and on every stage."""
+        assert self.input is not None
+        self.buffered = 0
+        self.pending_item = None
+        if self.turns is not None:
+            self.turns.clear()
+        self.input.put(Op("clear"))
+
+    async def _create_item(self, event: ConversationItemCreate) -> None:
+        """``conversation.item.create``: a user item becomes a committed turn; a system
+        item sets the instructions.
+
+        Raises:
+            RequestError: another item type or role, an empty item, or audio still in
+                the buffer.
+        """
+        item = event.item
+        if item.type != "message":
+            raise RequestError(f"items of type {item.type!r} are not supported; send message items")
+        texts = [p.text for p in item.content if p.type in ("input_text", "text") and p.text]
+        audios = [p.audio for p in item.content if p.type == "input_audio" and p.audio]
+        if item.role == "system":
+            if audios or not texts:
+                raise RequestError("a system item holds input_text content only")
+            self.settings = replace(self.settings, instructions="\n".join(texts))
+            self.queue_instructions(self.settings.instructions)
+        elif item.role == "user":
+            if self.buffered:
+                raise RequestError(
+                    "the input audio buffer holds uncommitted audio; commit or clear it "
+                    "before adding an item"
+                )
+            if not texts and not audios:
+                raise RequestError("a user item needs input_text or input_audio content")
+            limit = self.state.settings.max_append_bytes
+            decoded = [decode_audio(a, self.settings.input_format, max_bytes=limit) for a in audios]
+            assert self.input is not None
+            for text in texts:
+                self.input.put(Op("text", event_id=event.event_id, text=text))
+            for samples in decoded:
+                self.input.put(Op("audio", event_id=event.event_id, samples=samples))
+            self.input.put(Op("commit", event_id=event.event_id))
+        else:
+            raise RequestError(
+                f"items with role {item.role!r} cannot be added: the pipeline generates "
+                "assistant turns itself; add user or system items"
+            )
+        item_id = item.id or new_id("item")
+        previous, self.last_item = self.last_item, item_id
+        content = [
+            ItemContent(type=p.type, text=p.text, transcript=p.transcript) for p in item.content
+        ]
+        added = ConversationItem(
+            id=item_id,
+            role="system" if item.role == "system" else "user",
+            status="completed",
+            content=content,
+        )
+        await self.send_all(
+            [
+                ConversationItemAdded(
+                    event_id=new_id("event"), item=added, previous_item_id=previous
+                ),
+                ConversationItemDone(
+                    event_id=new_id("event"), item=added, previous_item_id=previous
+                ),
+            ]
+        )
+
+    async def _truncate_item(self, event: ConversationItemTruncate) -> None:
+        """``conversation.item.truncate``: cut the last reply to ``audio_end_ms``.
+
+        Raises:
+            RequestError: not the last assistant item, or ``audio_end_ms`` outside its
+                audio.
+        """
+        reply = self.last_response
+        if reply is None or reply.item_id != event.item_id:
+            raise RequestError(
+                f"item {event.item_id!r} is not the last assistant item; only it can be truncated",
+                realtime_code="item_truncate_invalid_item_id",
+            )
+        if event.audio_end_ms < 0 or event.audio_end_ms > reply.audio_ms + 1:
+            raise RequestError(
+                f"audio_end_ms must be in [0, {reply.audio_ms:.0f}] (the item's audio), "
+                f"got {event.audio_end_ms}",
+                realtime_code="invalid_value",
+            )
+        if reply is self.active:
+            # The user stopped listening while it was still being generated (a client
+            # truncates as soon as it hears the user speak): it ends here, and the cut
+            # applies once every stage has let it go.
+            await self._cancel_response(reply, "client_cancelled")
+        assert self.input is not None
+        self.input.put(
+            Op("truncate", event_id=event.event_id, audio_ms=event.audio_end_ms, stream=reply)
+        )
+        await self.send(
+            ConversationItemTruncated(
+                event_id=new_id("event"),
+                item_id=event.item_id,
+                content_index=event.content_index,
+                audio_end_ms=event.audio_end_ms,
+            )
+        )
+
+    # -- responses -------------------------------------------------------------------------
+
+    async def _create_response(self, event: ResponseCreate) -> None:
+        """``response.create``.
+
+        Raises:
+            RequestError: a response is in flight
+                (``conversation_already_has_active_response``).
+        """
+        if self.active is not None:
+            raise RequestError(
+                f"response {self.active.id} is in flight; cancel it or wait for its response.done",
+                realtime_code="conversation_already_has_active_response",
+            )
+        await self._start_response(event, event.event_id)
+
+    async def _start_response(self, event: ResponseCreate | None, event_id: str | None) -> None:
+        """Start a response (from ``response.create``, or from server VAD with no event):
+        commit the buffer, queue it on the input stream, send its opening events."""
+        params = event.response if event is not None else None
+        settings = self.settings.for_response(params)
+        if settings.instructions != self.sent_instructions:
+            self.queue_instructions(settings.instructions)
+        if self.buffered:
+            await self._commit_buffer(None)
+        stream = ResponseStream(
+            new_id("resp"),
+            new_id("item"),
+            settings,
+            source_rate=self.source_rate,
+            event_id=lambda: new_id("event"),
+            conversation_id=self.conversation_id,
+            metadata=params.metadata if params is not None else None,
+        )
+        self.active = self.last_response = stream
+        self.streams[stream.id] = stream
+        self.last_item = stream.item_id
+        assert self.input is not None
+        self.input.put(Op("respond", event_id=event_id, stream=stream))
+        self.log.info("session %s response %s created", self.settings.id, stream.id)
+        await self.send_all(stream.opening())
+
+    async def _cancel_requested(self, event: ResponseCancel) -> None:
+        """``response.cancel``.
+
+        Raises:
+            RequestError: no response (or not the one named) is in flight.
+        """
+        active = self.active
+        if active is None or (event.response_id and event.response_id != active.id):
+            raise RequestError(
+                "no response is in flight"
+                if active is None
+                else f"response {event.response_id!r} is not in flight ({active.id} is)",
+                realtime_code="response_cancel_not_active",
+            )
+        await self._cancel_response(active, "client_cancelled")
+
+    async def _cancel_response(self, stream: ResponseStream, reason: CancelReason) -> None:
+        """Cancel ``stream`` for ``reason``: stop it on every stage (no delta follows)."""
+        if stream.cancel_reason is not None:
+            return
+        stream.cancel_reason = reason
+        self.log.info("session %s response %s cancelled (%s)", self.settings.id, stream.id, reason)
+        if stream.response is not None:
+            await stream.response.cancel()
+        # Not started yet: the input stream finishes it when it reaches it.
+
+    async def _refused(self, error: OmniError, op: Op) -> None:
+        """The session refused a queued operation: a response fails; else an ``error``."""
+        if op.kind == "respond" and op.stream is not None:
+            code, message = (
+                described(error)
+                if isinstance(error, InvalidRequestError)
+                else (error.code, str(error))
+            )
+            await self._finish(
+                op.stream, None, ErrorDetail(type="server_error", code=code, message=message)
+            )
+            return
+        if isinstance(error, InvalidRequestError):
+            await self.client_error(*described(error), op.event_id)
+        else:
+            await self.client_error(error.code, str(error), op.event_id)
+
+    async def _finish(
+        self, stream: ResponseStream, done: PipelineResponseDone | None, error: ErrorDetail | None
+    ) -> None:
+        """Send ``stream``'s closing events (from ``done``, or a failure with ``error``)."""
+        await self.send_all(stream.done(done, error))
+        self.state.metrics.response_done(
+            "cancelled" if stream.cancel_reason else (done.status if done else "failed"),
+            done.metrics.ttft_ms if done else None,
+            done.metrics.ttfa_ms if done else None,
+        )
+        self.streams.pop(stream.id, None)
+        if self.active is stream:
+            self.active = None
+        self.state.response_ended.set()
+
+    async def _on_event(self, event: Event) -> None:
+        """One event of the session, from the event pump."""
+        match event:
+            case TextDelta(response=rid, text=text):
+                stream = self.streams.get(rid)
+                if stream is not None:
+                    await self.send_all(stream.on_text(text))
+            case AudioDelta(response=rid, audio=audio):
+                stream = self.streams.get(rid)
+                if stream is not None:
+                    await self.send_all(stream.on_audio(audio))
+            case PipelineResponseDone(response=rid):
+                stream = self.streams.get(rid)
+                if stream is not None:
+                    await self._finish(stream, event, None)
+            case SessionError(code=code, message=message):
+                await self._session_ended(code, message)
+            case Aborted(reason=reason):
+                await self._session_ended("aborted", reason)
+            case Done():
+                await self._session_ended("internal", "the session finished")
+
+    async def _session_ended(self, code: str, message: str) -> None:
+        """The session ended: what was in flight failed with it; the client is told."""
+        detail = ErrorDetail(type="server_error", code=code, message=message)
+        for stream in list(self.streams.values()):
+            await self._finish(stream, None, detail)
+        if not self.closing:
+            await self.fail(code, f"the session ended: {message}", close_code=_CLOSE_INTERNAL)
+
     # -- the event pump ----------------------------------------------------------------------
 
     async def _pump(self) -> None:
         assert self.session is not None
         async for event in self.session:
-            await self.replies.on_event(event)
+            await self._on_event(event)
             if isinstance(event, TERMINAL):
                 return

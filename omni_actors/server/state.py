@@ -41,7 +41,7 @@ class ServerState:
 
     def responding(self) -> bool:
         """True while a chat completion or a realtime connection's response is in flight."""
-        return self.chats > 0 or any(c.replies.active is not None for c in self.connections)
+        return self.chats > 0 or any(c.active is not None for c in self.connections)
 
     def admit(self) -> bool:
         """Take a session slot; False when the server is full or draining."""
