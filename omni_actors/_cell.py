@@ -11,7 +11,7 @@ import asyncio
 import itertools
 import logging
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any
 
 from omni_actors import _system_messages as sm
@@ -19,7 +19,6 @@ from omni_actors._actor import Actor
 from omni_actors._context import ActorContext
 from omni_actors._mailbox import Envelope, Mailbox, MailboxConfig, ReplySink
 from omni_actors._props import Props, check_spawn_kwargs
-from omni_actors._receive_now import Rest, take_now
 from omni_actors._ref import ActorRef
 from omni_actors._state import CellState
 from omni_actors._supervisor import Supervisor
@@ -50,6 +49,18 @@ class _Exit:
 
     def __init__(self, reason: BaseException | None) -> None:
         self.reason = reason
+
+
+class Rest:
+    """The rest of a message an idle actor took at once (``ActorCell.receive_now``),
+    queued for its own task; it belongs to the instance that took the message (a
+    restarted one skips it)."""
+
+    __slots__ = ("instance", "rest")
+
+    def __init__(self, instance: Actor[Any], rest: Callable[[], Awaitable[None]]) -> None:
+        self.instance = instance
+        self.rest = rest
 
 
 class ActorCell:
@@ -277,9 +288,46 @@ class ActorCell:
                 return exit_.reason
 
     def receive_now(self, message: object, reply: ReplySink | None) -> bool:
-        """Hand ``message`` to the idle actor's ``receive_now``; False if it must take
-        the mailbox (see :func:`omni_actors._receive_now.take_now`)."""
-        return take_now(self, message, reply)
+        """Hand ``message`` to the idle actor's ``Actor.receive_now``, inside the
+        sender's ``tell``; False if it must take the mailbox: not one of its
+        ``receives_now`` types, or the actor is busy, has messages waiting, is restarting
+        or stopping.
+
+        Why: a stage's chunk wakes the receiving actor's task, which then hands the
+        chunk on and parks again; on a loop moving thousands of chunks a second, those
+        wake-ups are a large part of the CPU per chunk. An *idle* actor (its task parked
+        on an empty mailbox, nothing stashed, not restarting or stopping) takes the
+        message in the sender's task instead, because it would have been the next one
+        handled anyway: the order of messages stays the mailbox's.
+
+        What ``receive_now`` raises fails the actor through the system lane, as a failure
+        of ``receive`` does (and ``reply``, if any, gets the exception); the rest it
+        returns is queued first in the (empty) mailbox, so it runs before any later
+        message.
+        """
+        mailbox = self.mailbox
+        if (
+            type(message) not in self.receives_now
+            or self.state is not _RUNNING
+            or self.stop_requested
+            or self.stash
+            or not mailbox.idle
+        ):
+            return False
+        instance = self.instance
+        assert instance is not None
+        try:
+            rest = instance.receive_now(message)
+        except Exception as exc:
+            if reply is not None and not reply.done():
+                reply.set_exception(exc)
+            mailbox.push_system(sm.Fail(exc))  # handled next, as receive's failure is
+            return True
+        if rest is not None:
+            mailbox.push_remote((Rest(instance, rest), reply))  # the mailbox was empty
+        elif reply is not None and not reply.done():
+            reply.set_result(None)
+        return True
 
     async def _process(self, envelope: Envelope) -> _Exit | None:
         message, reply = envelope
