@@ -268,6 +268,17 @@ def test_the_transport_reads_no_private_attribute_of_another_object() -> None:
     assert [reach for path in TRANSPORT for reach in _private_reaches(path)] == []
 
 
+@pytest.mark.parametrize("package", ["pipeline", "server"])
+def test_the_pipeline_and_server_read_no_private_attribute_of_another_object(
+    package: str,
+) -> None:
+    # A session's response, admission and channel go through each other's public
+    # methods: no helper object writes another's private state.
+    paths = sorted((PACKAGE / package).rglob("*.py"))
+    assert paths
+    assert [reach for path in paths for reach in _private_reaches(path)] == []
+
+
 @pytest.mark.parametrize(
     ("source", "caught"),
     [

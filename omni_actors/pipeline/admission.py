@@ -49,7 +49,7 @@ class Admission:
         deadline = self.start.admission_deadline
         try:
             async with timeout_at(clock, deadline):
-                await self.pipeline._slots.acquire()
+                await self.pipeline.session_slots.acquire()
             self._slot = True
             reply = await self.pipeline.orchestrator.ask(
                 self.start, timeout=max(0.001, deadline - clock.now())
@@ -76,7 +76,7 @@ class Admission:
         """Give the slot back (once; nothing if none was taken)."""
         if self._slot:
             self._slot = False
-            self.pipeline._slots.release()
+            self.pipeline.session_slots.release()
 
     def _refused(self, exc: OmniError | TimeoutError) -> SessionError:
         session = self.start.session

@@ -98,7 +98,8 @@ class OmniPipeline:
         self._stage_classes = stage_classes
         self._interposers = interposers
         self._orchestrator: ActorRef[OrchestratorMessage] | None = None
-        self._slots = asyncio.Semaphore(max_sessions)
+        # One per session admitted and not yet closed: a session waits for one (Admission).
+        self.session_slots = asyncio.Semaphore(max_sessions)
 
     async def __aenter__(self) -> OmniPipeline:
         await self.start()
