@@ -50,7 +50,8 @@ from omni_actors.supervision import (
 if TYPE_CHECKING:
     from omni_actors.pipeline.omni_pipeline import OmniPipeline
     from omni_actors.pipeline.response import Response
-    from omni_actors.pipeline.session import Session, SessionClosedError
+    from omni_actors.pipeline.session import Session
+    from omni_actors.pipeline.session_input import SessionClosedError
     from omni_actors.protocols.events import (
         Aborted,
         AudioDelta,

@@ -30,7 +30,8 @@ from omni_actors._system import ActorSystem
 from omni_actors.actors.stage.actor import StageActor
 from omni_actors.clock import Clock
 from omni_actors.pipeline.orchestrator import Orchestrator, OrchestratorMessage, pipeline_strategy
-from omni_actors.pipeline.session import Modality, Session, SessionClosedError
+from omni_actors.pipeline.session import Modality, Session
+from omni_actors.pipeline.session_input import SessionClosedError
 from omni_actors.pipeline.spec.pipeline import PipelineSpec, load_pipeline
 from omni_actors.protocols.control import (
     Health,
@@ -48,7 +49,7 @@ if TYPE_CHECKING:
     from omni_actors.pipeline.cluster_hosts import PipelineCluster
     from omni_actors.transport.worker_hosts import WorkerHost
 
-__all__ = ["Modality", "OmniPipeline", "Session", "SessionClosedError"]
+__all__ = ["OmniPipeline"]
 
 log = logging.getLogger(__name__)
 

@@ -22,7 +22,9 @@ from omni_actors._ref import ActorRef
 from omni_actors._state import CellState
 from omni_actors.actors.stage.actor import StageActor
 from omni_actors.errors import OmniError
-from omni_actors.pipeline.session_actor import SessionActor, SessionChannel, StagePlan
+from omni_actors.pipeline.session_actor import SessionActor
+from omni_actors.pipeline.session_channel import SessionChannel
+from omni_actors.pipeline.session_path import StagePlan
 from omni_actors.pipeline.spec.edge_paths import edge_paths
 from omni_actors.pipeline.spec.pipeline import PipelineSpec
 from omni_actors.protocols.control import (

@@ -44,7 +44,7 @@ from omni_actors.pipeline.conversation_log import ConversationLog
 from omni_actors.pipeline.orchestrator import StartSession
 from omni_actors.pipeline.response import Response, checked_options
 from omni_actors.pipeline.send_checks import check_send
-from omni_actors.pipeline.session_actor import SessionChannel
+from omni_actors.pipeline.session_channel import SessionChannel
 from omni_actors.pipeline.session_input import SessionClosedError, SessionInput
 from omni_actors.protocols.control import (
     AbortSession,
@@ -73,7 +73,7 @@ if TYPE_CHECKING:
     from omni_actors.pipeline.omni_pipeline import OmniPipeline
     from omni_actors.pipeline.spec.pipeline import PipelineSpec
 
-__all__ = ["CancelTimeoutError", "Modality", "Session", "SessionClosedError"]
+__all__ = ["CancelTimeoutError", "Modality", "Session"]
 
 Modality = Literal["text", "audio"]
 

@@ -78,7 +78,7 @@ from omni_actors.protocols.events import (
 )
 from omni_actors.protocols.stage import INPUT, Chunk, SessionKey, StageReport
 
-__all__ = ["SessionActor", "SessionChannel", "StagePlan"]
+__all__ = ["SessionActor"]
 
 # A stage's error that says a peer it sent to is gone (the orchestrator's StageFailed
 # for that peer may come after it): the streams broke, the reporting stage did not.

@@ -30,7 +30,8 @@ from starlette.types import Receive, Scope, Send
 from omni_actors.audio.wav import encode_wav
 from omni_actors.errors import OmniError
 from omni_actors.pipeline.response import Response as PipelineResponse
-from omni_actors.pipeline.session import Session, SessionClosedError
+from omni_actors.pipeline.session import Session
+from omni_actors.pipeline.session_input import SessionClosedError
 from omni_actors.protocols.chat_completions import (
     AssistantReply,
     ChatAudio,

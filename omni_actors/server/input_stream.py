@@ -22,7 +22,8 @@ import torch
 
 from omni_actors.actors.engines.contract import INSTRUCTIONS_FIELD
 from omni_actors.errors import OmniError
-from omni_actors.pipeline.session import Session, SessionClosedError
+from omni_actors.pipeline.session import Session
+from omni_actors.pipeline.session_input import SessionClosedError
 from omni_actors.server.response_stream import ResponseStream
 
 __all__ = ["INSTRUCTIONS_FIELD", "InputStream", "Op"]

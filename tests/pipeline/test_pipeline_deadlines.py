@@ -19,8 +19,9 @@ from pipeline_helpers import armed, assert_nothing_held, collect, make_spec
 
 from omni_actors.actors.engines.scripted import ScriptedEngine
 from omni_actors.actors.stage.actor import StageActor
-from omni_actors.pipeline.omni_pipeline import OmniPipeline, SessionClosedError
+from omni_actors.pipeline.omni_pipeline import OmniPipeline
 from omni_actors.pipeline.session import _GRACE_S
+from omni_actors.pipeline.session_input import SessionClosedError
 from omni_actors.protocols.control import Prewarm
 from omni_actors.protocols.events import Event, SessionError
 from omni_actors.testing import ActorTestKit

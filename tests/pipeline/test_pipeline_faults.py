@@ -19,7 +19,8 @@ import torch
 from pipeline_helpers import assert_nothing_held, collect, done, make_spec, samples_of, text_of
 
 from omni_actors.actors.stage.actor import StageActor
-from omni_actors.pipeline.omni_pipeline import Modality, OmniPipeline, Session
+from omni_actors.pipeline.omni_pipeline import OmniPipeline
+from omni_actors.pipeline.session import Modality, Session
 from omni_actors.pipeline.spec.pipeline import PipelineSpec
 from omni_actors.protocols.events import AudioDelta, Event, SessionError
 from omni_actors.testing import ActorTestKit, kill_worker, worker_pid

@@ -19,8 +19,11 @@ from pipeline_helpers import armed, assert_nothing_held, done, samples_of, text_
 
 from omni_actors.actors.stage.actor import StageActor
 from omni_actors.actors.stage.flow import BackpressureError
-from omni_actors.pipeline.omni_pipeline import OmniPipeline, SessionClosedError
-from omni_actors.pipeline.session_actor import SessionActor, SessionChannel, StagePlan
+from omni_actors.pipeline.omni_pipeline import OmniPipeline
+from omni_actors.pipeline.session_actor import SessionActor
+from omni_actors.pipeline.session_channel import SessionChannel
+from omni_actors.pipeline.session_input import SessionClosedError
+from omni_actors.pipeline.session_path import StagePlan
 from omni_actors.pipeline.spec.pipeline import PipelineSpec
 from omni_actors.protocols.control import (
     Cancel,

@@ -11,7 +11,8 @@ import torch
 from pipeline_helpers import assert_nothing_held, collect, done, make_spec, samples_of, text_of
 
 from omni_actors.actors.stage.actor import StageActor
-from omni_actors.pipeline.omni_pipeline import OmniPipeline, SessionClosedError
+from omni_actors.pipeline.omni_pipeline import OmniPipeline
+from omni_actors.pipeline.session_input import SessionClosedError
 from omni_actors.protocols.control import Prewarm
 from omni_actors.protocols.events import AudioDelta, Done, ResponseDone, TextDelta
 from omni_actors.protocols.stage import Chunk

@@ -18,7 +18,8 @@ from conversation_engines import SAMPLES_PER_CHAR, ReplayEcho
 from omni_actors.actors.stage.actor import StageActor
 from omni_actors.errors import InvalidRequestError
 from omni_actors.pipeline.omni_pipeline import OmniPipeline
-from omni_actors.pipeline.session import Session, SessionClosedError
+from omni_actors.pipeline.session import Session
+from omni_actors.pipeline.session_input import SessionClosedError
 from omni_actors.pipeline.spec.pipeline import PipelineSpec
 from omni_actors.protocols.events import AudioDelta, ResponseDone, SessionError, TextDelta
 from omni_actors.testing import eventually, kill_worker, worker_pid

@@ -17,12 +17,8 @@ from __future__ import annotations
 
 from typing import Literal
 
-from omni_actors.pipeline.spec.pipeline import (
-    EdgeSpec,
-    PipelineConfigError,
-    PipelineSpec,
-    StageSpec,
-)
+from omni_actors.pipeline.spec.pipeline import EdgeSpec, PipelineConfigError, PipelineSpec
+from omni_actors.pipeline.spec.stage import StageSpec
 
 __all__ = ["EdgePath", "edge_path", "edge_paths"]
 

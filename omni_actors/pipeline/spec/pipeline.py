@@ -24,42 +24,28 @@ from pydantic import Field, PrivateAttr, ValidationError, model_validator
 
 from omni_actors.actors.engines.contract import Ports, Rule
 from omni_actors.actors.engines.registry import engine_type
+from omni_actors.actors.engines.torch_engine import DEVICE_PATTERN
 from omni_actors.errors import OmniError
 from omni_actors.models.family import ModelFamily, family_of_engine
+from omni_actors.pipeline.spec.base import Spec
 from omni_actors.pipeline.spec.cluster import (
     ClusterSpec,
-    PlacementSpec,
     RayClusterSpec,
-    RayPlacementSpec,
 )
 from omni_actors.pipeline.spec.graph import StageGraph, few
-from omni_actors.pipeline.spec.stage import (
-    DEVICE_PATTERN,
-    NAME_PATTERN,
-    EngineSpec,
-    Spec,
-    StageSpec,
-    StagingSpec,
-)
+from omni_actors.pipeline.spec.stage import NAME_PATTERN, StageSpec
 from omni_actors.pipeline.spec.wiring import Wiring, wire
 from omni_actors.pipeline.spec.yaml_reader import YamlLimitError, parse_yaml, read_limited
 from omni_actors.protocols.control import DEFAULT_WINDOW, EdgeMode
 
 __all__ = [
     "ChunkPolicySpec",
-    "ClusterSpec",
     "DeadlinesSpec",
     "EdgeSpec",
-    "EngineSpec",
     "FlowSpec",
     "OutputsSpec",
     "PipelineConfigError",
     "PipelineSpec",
-    "PlacementSpec",
-    "RayClusterSpec",
-    "RayPlacementSpec",
-    "StageSpec",
-    "StagingSpec",
     "SupervisionSpec",
     "load_pipeline",
     "preset_names",

@@ -14,7 +14,7 @@ from omni_actors.pipeline.spec.base import Spec
 from omni_actors.pipeline.spec.cluster import PlacementSpec
 from omni_actors.supervision import RestartType
 
-__all__ = ["DEVICE_PATTERN", "NAME_PATTERN", "EngineSpec", "Spec", "StageSpec", "StagingSpec"]
+__all__ = ["NAME_PATTERN", "EngineSpec", "StageSpec", "StagingSpec"]
 
 NAME_PATTERN = r"^[a-z][a-z0-9_-]{0,63}$"
 

@@ -24,7 +24,8 @@ from omni_actors.actors.engines.registry import (
 )
 
 if TYPE_CHECKING:
-    from omni_actors.pipeline.spec.pipeline import EdgeSpec, StageSpec
+    from omni_actors.pipeline.spec.pipeline import EdgeSpec
+    from omni_actors.pipeline.spec.stage import StageSpec
 
 __all__ = ["Wiring", "WiringError", "wire"]
 
