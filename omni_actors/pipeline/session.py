@@ -252,6 +252,9 @@ class Session:
     ) -> Response:
         """Start a reply to the conversation so far (any uncommitted input is committed).
 
+        Audio sent at another rate than the pipeline's is resampled as one stream; its
+        last samples are sent first, with the turn they end (as :meth:`commit` does).
+
         Args:
             max_tokens: the reply's most text tokens (default: the thinker's setting).
             temperature: sampling temperature, 0 for greedy (default: the engine's).
@@ -265,6 +268,8 @@ class Session:
         """
         options = checked_options(max_tokens, temperature, voice)
         self._check_respond()
+        # The resampler's last samples belong to this turn, not to the next one.
+        await self._flush_audio()
         response = self._start_response(response_id or uuid.uuid4().hex)
         await self._input.send({}, end="segment", options=options)
         return response
