@@ -51,8 +51,7 @@ def audio_tensor(audio: object) -> torch.Tensor:
     if isinstance(audio, bytes | bytearray | memoryview):
         return pcm16_tensor(audio)
     raise InvalidRequestError(
-        "audio must be a torch.Tensor, a numpy array or PCM16 bytes, "
-        f"not {type(audio).__name__}"
+        f"audio must be a torch.Tensor, a numpy array or PCM16 bytes, not {type(audio).__name__}"
     )
 
 

@@ -118,7 +118,8 @@ def _chunks(data: bytes, path: str | Path) -> tuple[_Format, bytes]:
     fmt: _Format | None = None
     offset = 12
     while offset + 8 <= len(data):
-        kind, size = data[offset : offset + 4], int.from_bytes(data[offset + 4 : offset + 8], "little")
+        kind = data[offset : offset + 4]
+        size = int.from_bytes(data[offset + 4 : offset + 8], "little")
         body = data[offset + 8 : offset + 8 + size]
         if kind == b"fmt ":
             fmt = _format(body, path)
