@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import importlib.metadata
+import struct
 import wave
 from pathlib import Path
 
@@ -52,6 +54,55 @@ def test_bad_input_is_one_line_and_exit_2(
     assert message in err
     assert "Traceback" not in err
     assert len(err.strip().splitlines()) == 1
+
+
+def _wav_header(tag: int, channels: int, rate: int, bits: int, frames: int) -> bytes:
+    """A WAVE_FORMAT_EXTENSIBLE header (sub-format ``tag``) for ``frames`` frames."""
+    block = channels * bits // 8
+    guid = struct.pack("<H", tag) + bytes.fromhex("000000001000800000aa00389b71")
+    fmt = struct.pack("<HHIIHHHHI", 0xFFFE, channels, rate, rate * block, block, bits, 22, bits, 3)
+    fmt += guid
+    data = frames * block
+    return (
+        b"RIFF"
+        + struct.pack("<I", 4 + 8 + len(fmt) + 8 + data)
+        + b"WAVE"
+        + b"fmt "
+        + struct.pack("<I", len(fmt))
+        + fmt
+        + b"data"
+        + struct.pack("<I", data)
+    )
+
+
+def test_run_takes_float_and_extensible_wavs(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    stereo = torch.sin(torch.arange(2 * 48000) / 20.0).numpy().astype("<f4") * 0.5
+    wav = tmp_path / "float.wav"
+    wav.write_bytes(_wav_header(3, 2, 48000, 32, 48000) + stereo.tobytes())
+    out = tmp_path / "reply.wav"
+    argv = ["run", "--preset", "scripted-omni", "--audio", str(wav), "--out", str(out)]
+    assert main(argv) == 0, capsys.readouterr().err
+    assert out.stat().st_size > 44
+    capsys.readouterr()
+    alaw = tmp_path / "alaw.wav"
+    alaw.write_bytes(_wav_header(6, 1, 8000, 8, 800) + bytes(800))
+    argv = ["run", "--preset", "scripted-omni", "--audio", str(alaw), "--out", str(out)]
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert "A-law audio is not supported" in err
+    assert len(err.strip().splitlines()) == 1
+
+
+def test_version_prints_the_installed_distributions_version(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    with pytest.raises(SystemExit) as info:
+        main(["--version"])
+    assert info.value.code == 0
+    version = importlib.metadata.version("omni-actors")
+    assert capsys.readouterr().out == f"omni-actors {version}\n"
 
 
 def test_a_garbage_wav_is_rejected(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

@@ -120,6 +120,9 @@ class CallerAudio:
     def take(self, audio: torch.Tensor, sample_rate: int | None) -> torch.Tensor:
         """``audio`` (float or int16, mono) as float32 samples at ``rate``: what is ready.
 
+        Numpy arrays and PCM16 bytes are made tensors before this
+        (:func:`~omni_actors.audio.samples.audio_tensor`).
+
         Raises:
             InvalidRequestError: not a 1-D float or int16 tensor, a sample that is NaN or
                 infinite, or a ``sample_rate`` outside :data:`CALLER_RATES`.
@@ -127,7 +130,8 @@ class CallerAudio:
         if not isinstance(audio, torch.Tensor) or (
             audio.dim() != 1 and audio.numel() != max(audio.shape, default=0)
         ):
-            raise InvalidRequestError("audio must be a 1-D tensor of mono samples")
+            shape = tuple(audio.shape) if isinstance(audio, torch.Tensor) else None
+            raise InvalidRequestError(f"audio must be 1-D (mono samples), got shape {shape}")
         if audio.dtype == torch.int16:
             audio = audio.to(torch.float32) / 32768.0
         elif not audio.is_floating_point():

@@ -41,6 +41,7 @@ from typing import Any
 
 from omni_actors.bench.resources import snapshot
 from omni_actors.bench.soak import drive, settled
+from omni_actors.bench.steps import Progress, Steps
 from omni_actors.errors import OmniError
 from omni_actors.pipeline.omni_pipeline import OmniPipeline
 from omni_actors.pipeline.spec.pipeline import PipelineSpec
@@ -179,6 +180,7 @@ async def _killer(
     stop_at: float,
     rng: random.Random,
     kills: list[dict[str, Any]],
+    steps: Steps,
 ) -> None:
     """SIGKILL a random stage's worker every ``every_s`` until ``stop_at`` (a restarting
     one is skipped); the clients' last conversations then run without kills."""
@@ -195,6 +197,10 @@ async def _killer(
         except ValueError:  # restarting after the last kill
             continue
         kills.append({"at": time.monotonic(), "stage": name, "pid": pid})
+        steps.update(
+            f"faults: killed {name}'s worker at {time.monotonic() - t0:.0f} of "
+            f"{stop_at - t0:.0f} s ({len(kills)} kills)"
+        )
 
 
 def _recovery(kills: list[dict[str, Any]], completed: list[tuple[float, float]]) -> list[float]:
@@ -208,9 +214,12 @@ def _recovery(kills: list[dict[str, Any]], completed: list[tuple[float, float]])
 
 
 async def run_chaos_bench(
-    spec: PipelineSpec, config: ChaosConfig, label: str = ""
+    spec: PipelineSpec, config: ChaosConfig, label: str = "", progress: Progress | None = None
 ) -> dict[str, Any]:
     """Run the chaos (see the module docstring) and report what it cost.
+
+    ``progress`` is told as each step starts (the pipeline, the warm-up round, the
+    faults at each kill, the settling; see :mod:`~omni_actors.bench.steps`).
 
     Raises:
         ValueError: see :meth:`ChaosConfig.check`.
@@ -223,22 +232,32 @@ async def run_chaos_bench(
     faults = _faults(spec, config, rng)
     started = time.perf_counter()
     tally, kills = _Tally(), list[dict[str, Any]]()
+    steps = Steps(progress, 4)
+    steps.start(f"starting {label or spec.name}, every stage in a worker")
     async with OmniPipeline(spec, max_sessions=config.sessions, **faults.hooks()) as omni:
+        steps.start(f"warm-up: a conversation for each of {config.sessions} clients")
         await drive(omni, config.sessions, conversations=config.sessions)  # first use
         counts_start = await settled(omni, None)
         stop_at = time.monotonic() + config.seconds
+        steps.start(
+            f"faults: {config.sessions} conversations at once for {config.seconds:g} s, "
+            f"a worker killed every {config.kill_every_s:g} s"
+        )
         tickets = itertools.count()
 
         async def client() -> None:
             while time.monotonic() < stop_at:
                 await _conversation(omni, next(tickets), tally, rng, config.disconnect_p)
 
-        killer = asyncio.ensure_future(_killer(omni, config.kill_every_s, stop_at, rng, kills))
+        killer = asyncio.ensure_future(
+            _killer(omni, config.kill_every_s, stop_at, rng, kills, steps)
+        )
         try:
             await asyncio.gather(*(client() for _ in range(config.sessions)))
         finally:
             killer.cancel()
             await asyncio.gather(killer, return_exceptions=True)
+        steps.start("settling: counting what is left")
         counts_end = await settled(omni, counts_start)
         restarts = {name: h.restarts for name, h in (await omni.health()).stages.items()}
     recovery = sorted(_recovery(kills, tally.completed))

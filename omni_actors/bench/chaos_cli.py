@@ -61,7 +61,7 @@ def bench_chaos(ns: argparse.Namespace) -> dict[str, Any]:
     try:
         config.check()
         spec = prepared(ns.preset, ns.cache_dir, ns.seed)
-        return run(run_chaos_bench(spec, config, label=str(ns.preset)))
+        return run(run_chaos_bench(spec, config, label=str(ns.preset), progress=ns.progress))
     except (OmniError, ValueError) as exc:
         raise SystemExit(f"omni-actors bench chaos: {exc}") from None
 

@@ -29,6 +29,7 @@ from typing import Any, Protocol
 import torch
 
 from omni_actors.bench.pipeline import _percentile
+from omni_actors.bench.steps import Steps
 from omni_actors.clock import Clock
 from omni_actors.errors import OmniError
 from omni_actors.pipeline.omni_pipeline import OmniPipeline
@@ -42,6 +43,7 @@ __all__ = [
     "InputLengthError",
     "check_input_lengths",
     "input_length_table",
+    "input_steps",
     "length_key",
     "measure_input_length",
     "send_paced",
@@ -61,6 +63,11 @@ _WARMUP_S = 1.0  # one paced clip before measuring: first forwards, allocator, c
 
 class InputLengthError(OmniError, ValueError):
     """An input length the figure cannot be measured at (not a whole number of frames)."""
+
+
+def input_steps(lengths_s: Sequence[float], repeats: int) -> int:
+    """The steps :func:`measure_input_length` takes: a warm-up, then each session."""
+    return 1 + len(lengths_s) * repeats if lengths_s else 0
 
 
 def check_input_lengths(lengths_s: Sequence[float]) -> tuple[float, ...]:
@@ -219,7 +226,12 @@ def _load() -> float | None:
 
 
 async def measure_input_length(
-    omni: OmniPipeline, lengths_s: Sequence[float], repeats: int, *, seed: int = 0
+    omni: OmniPipeline,
+    lengths_s: Sequence[float],
+    repeats: int,
+    *,
+    seed: int = 0,
+    steps: Steps | None = None,
 ) -> dict[str, Any]:
     """TTFA and TTFT after the end of paced audio input, per input length.
 
@@ -229,6 +241,8 @@ async def measure_input_length(
         lengths_s: seconds of input audio, each a whole number of 20 ms frames.
         repeats: sessions per length (fresh ones; the p50 is reported).
         seed: the synthetic audio's seed (every session of a length hears the same clip).
+        steps: the run's steps, this taking ``input_steps(lengths_s, repeats)`` of them
+            (the warm-up session, then each session).
 
     Returns:
         ``lengths`` (per length key, shortest first: TTFA/TTFT/E2E p50 after the end
@@ -244,12 +258,15 @@ async def measure_input_length(
     lengths = tuple(sorted(check_input_lengths(lengths_s)))
     if repeats < 1:
         raise ValueError(f"repeats must be >= 1, got {repeats}")
+    steps = steps or Steps(None, 0)
     load_start = _load()
+    steps.start("input length: warm-up session")
     await _session(omni, synthetic_speech(_WARMUP_S, seed + 1))
     clips = {length_key(s): synthetic_speech(s, seed) for s in lengths}
     results: dict[str, list[_Sample | str]] = {key: [] for key in clips}
-    for _ in range(repeats):
+    for repeat in range(1, repeats + 1):
         for key, clip in clips.items():
+            steps.start(f"input length {key}, session {repeat}/{repeats}")
             results[key].append(await _session(omni, clip))
     per_length = {key: _length(found) for key, found in results.items()}
     shortest, longest = length_key(min(lengths)), length_key(max(lengths))

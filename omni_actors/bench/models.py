@@ -22,9 +22,11 @@ from omni_actors.bench.input_length import (
     DEFAULT_INPUT_AUDIO_S,
     TTFA_RATIO_LIMIT,
     check_input_lengths,
+    input_steps,
     measure_input_length,
 )
 from omni_actors.bench.pipeline import _drive, _machine, _ms, _percentile, _Sample
+from omni_actors.bench.steps import Progress, Steps
 from omni_actors.models.cache import prepare
 from omni_actors.pipeline.omni_pipeline import OmniPipeline
 from omni_actors.pipeline.spec.pipeline import PipelineConfigError, PipelineSpec, load_pipeline
@@ -111,6 +113,7 @@ async def run_model_bench(
     reply_tokens: int = 48,
     input_audio_s: Sequence[float] = DEFAULT_INPUT_AUDIO_S,
     input_repeats: int = 3,
+    progress: Progress | None = None,
 ) -> dict[str, Any]:
     """Measure ``preset`` (streaming) against its full-edge variant.
 
@@ -125,6 +128,8 @@ async def run_model_bench(
         input_audio_s: seconds of paced input audio, one figure point each (default
             5 and 60: that run alone takes about 3.5 minutes); empty: no figure.
         input_repeats: sessions per input length.
+        progress: told as each step starts (preparing the weights, each pipeline and
+            level, each input-length session; see :mod:`~omni_actors.bench.steps`).
 
     Returns:
         ``variants`` (per pipeline, per level: TTFA p50/p99, RTF p50, E2E p50, errors),
@@ -145,6 +150,10 @@ async def run_model_bench(
     stream = load_pipeline(preset)
     specs = {stream.name: stream, "full": full_variant(stream)}
     families = {name: f for spec in specs.values() for name, f in spec.model_families().items()}
+    steps = Steps(
+        progress, 1 + len(specs) * len(levels) + input_steps(input_audio_s, input_repeats)
+    )
+    steps.start("preparing the weights")
     for family in families.values():
         prepare(family, cache_dir=cache_dir, seed=seed)
     variants: dict[str, dict[str, Any]] = {}
@@ -153,6 +162,7 @@ async def run_model_bench(
         variants[spec.name] = {}
         for c in levels:
             count = requests if requests is not None else max(2 * c, 8)
+            steps.start(f"{spec.name} c={c}")
             async with OmniPipeline(spec, max_sessions=c) as omni:
                 await _drive(omni, _WARMUP, min(c, _WARMUP))
                 gc.collect()
@@ -161,7 +171,9 @@ async def run_model_bench(
     input_length: dict[str, Any] | None = None
     if input_audio_s:
         async with OmniPipeline(specs[stream.name], max_sessions=1) as omni:
-            input_length = await measure_input_length(omni, input_audio_s, input_repeats, seed=seed)
+            input_length = await measure_input_length(
+                omni, input_audio_s, input_repeats, seed=seed, steps=steps
+            )
     stream_name, full_name = stream.name, specs["full"].name
     ratios: dict[str, float | None] = {}
     for level in map(str, levels):

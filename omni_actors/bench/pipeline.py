@@ -43,6 +43,7 @@ from omni_actors.bench.ideal import IdealTimes, ideal_times
 from omni_actors.bench.pipeline_targets import targets, wire_ms_per_hop
 from omni_actors.bench.profiling import Profiler
 from omni_actors.bench.resources import tree_cpu_s
+from omni_actors.bench.steps import Progress, Steps
 from omni_actors.models.heap import freeze_heap
 from omni_actors.pipeline.omni_pipeline import OmniPipeline
 from omni_actors.pipeline.spec.pipeline import DeadlinesSpec, PipelineSpec, load_pipeline
@@ -248,12 +249,15 @@ async def _run_variant(
     overshoot_ms: float,
     engine_ms: dict[int, float | None],
     profiler: Profiler | None,
+    steps: Steps,
+    label: str,
 ) -> dict[str, dict[str, Any]]:
     """Every concurrency level of one pipeline, each on a fresh, warmed-up pipeline
-    (``engine_ms``: its engines' own CPU per request at each level)."""
+    (``engine_ms``: its engines' own CPU per request at each level), a step each."""
     levels: dict[str, dict[str, Any]] = {}
     for c in concurrency:
         count = _count(requests, c)
+        steps.start(f"{label} c={c}")
         async with OmniPipeline(spec, max_sessions=c) as omni:
             await _drive(omni, _WARMUP_REQUESTS, min(c, _WARMUP_REQUESTS))
             # As a server does once ready (and each stage worker does): the heap loaded so
@@ -316,6 +320,7 @@ async def _run_placement(
     engine_ms: dict[str, dict[int, float | None]],
     builtin: bool,
     profiler: Profiler | None,
+    steps: Steps,
 ) -> dict[str, Any]:
     """Every pipeline of ``specs`` in one placement: its variants and, for the built-in
     pair, the stream/full TTFA ratio per level."""
@@ -328,6 +333,8 @@ async def _run_placement(
             overshoot_ms,
             engine_ms[name],
             profiler,
+            steps,
+            f"{placement} {name}",
         )
         for name, spec in specs.items()
     }
@@ -346,6 +353,7 @@ async def run_pipeline_bench(
     preset: str | Path | None,
     placements: Sequence[Placement] = ("local",),
     profiler: Profiler | None = None,
+    progress: Progress | None = None,
 ) -> dict[str, Any]:
     """Measure TTFA, E2E and RTF of scripted pipelines against their ideal.
 
@@ -365,6 +373,8 @@ async def run_pipeline_bench(
         profiler: profile the measured requests (not set-up or warm-up) of every
             level into it; the report then has ``profile``
             (:meth:`~omni_actors.bench.profiling.Profiler.report`).
+        progress: told as each step starts (the calibration, then each placement,
+            pipeline and level; see :mod:`~omni_actors.bench.steps`).
 
     Returns:
         A JSON-ready dict: ``placements`` (per placement: ``variants`` and
@@ -401,6 +411,9 @@ async def run_pipeline_bench(
     started = time.perf_counter()
     specs = bench_specs(preset)
     ideals = {name: ideal_times(spec) for name, spec in specs.items()}
+    order = tuple(dict.fromkeys(placements))  # each once, in the order given
+    steps = Steps(progress, 1 + len(order) * len(specs) * len(concurrency))
+    steps.start("calibrating: timer overshoot, the engines' own CPU")
     overshoot_ms = await _timer_overshoot_ms()
     # Measured once, with no pipeline running: the engines cost the same in any placement.
     engine_ms = {
@@ -417,8 +430,9 @@ async def run_pipeline_bench(
             engine_ms,
             preset is None,
             profiler,
+            steps,
         )
-        for placement in dict.fromkeys(placements)  # each once, in the order given
+        for placement in order
     }
     streaming = next((name for name, spec in specs.items() if _is_streaming(spec)), None)
     report = {

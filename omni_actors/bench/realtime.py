@@ -40,6 +40,7 @@ from omni_actors.bench.input_length import (
 from omni_actors.bench.pipeline import _machine, _percentile
 from omni_actors.bench.realtime_client import CLIENT_RATE, ClientReport, encode_frames, run_client
 from omni_actors.bench.server_process import CpuSnapshot, ServerProcess, server_process
+from omni_actors.bench.steps import Progress, Steps
 from omni_actors.pipeline.spec.pipeline import load_pipeline
 
 __all__ = [
@@ -164,15 +165,21 @@ async def _level(
 
 
 async def _input_length(
-    server: ServerProcess, lengths: tuple[float, ...], repeats: int, seed: int, timeout_s: float
+    server: ServerProcess,
+    lengths: tuple[float, ...],
+    repeats: int,
+    seed: int,
+    timeout_s: float,
+    steps: Steps,
 ) -> dict[str, Any]:
     """TTFA after the end of speech per input length, one session at a time."""
     clips = {length_key(s): _clip(s, seed) for s in lengths}
     ttfa: dict[str, list[float]] = {key: [] for key in clips}
     errors: dict[str, Counter[str]] = {key: Counter() for key in clips}
     load_start = _load()
-    for _ in range(repeats):
+    for repeat in range(1, repeats + 1):
         for key, frames in clips.items():
+            steps.start(f"input length {key}, session {repeat}/{repeats}")
             report = await run_client(
                 server.ws_url, [frames], cancel_last=False, timeout_s=timeout_s
             )
@@ -247,6 +254,7 @@ async def run_realtime_bench(
     reply_tokens: int = 48,
     timeout_s: float = 120.0,
     ready_timeout_s: float = 300.0,
+    progress: Progress | None = None,
 ) -> dict[str, Any]:
     """Measure the realtime server on ``preset`` (see the module docstring).
 
@@ -262,6 +270,8 @@ async def run_realtime_bench(
         reply_tokens: text tokens per reply (the server fixes every reply's length).
         timeout_s: each client step's deadline (a response from commit to done).
         ready_timeout_s: how long the server may take to start.
+        progress: told as each step starts (the server, the warm-up turn, each level,
+            each input-length session; see :mod:`~omni_actors.bench.steps`).
 
     Returns:
         ``levels`` (per session count: TTFA p50/p99 after the end of speech, RTF,
@@ -284,15 +294,19 @@ async def run_realtime_bench(
     args += ["--reply-tokens", str(reply_tokens), "--max-sessions", str(max(sessions))]
     if cache_dir is not None:
         args += ["--cache-dir", str(cache_dir)]
+    steps = Steps(progress, 2 + len(sessions) + len(lengths) * input_repeats)
+    steps.start(f"starting the server on {preset}")
     async with server_process(args, ready_timeout_s=ready_timeout_s) as server:
+        steps.start("warm-up turn")
         warmup = await run_client(
             server.ws_url, [_clip(_WARMUP_S, seed + 1)], cancel_last=False, timeout_s=timeout_s
         )
-        levels = {
-            str(n): await _level(server, n, turns, speech_s, seed, timeout_s) for n in sessions
-        }
+        levels: dict[str, dict[str, Any]] = {}
+        for n in sessions:
+            steps.start(f"{n} sessions x {turns} turns")
+            levels[str(n)] = await _level(server, n, turns, speech_s, seed, timeout_s)
         input_length = (
-            await _input_length(server, lengths, input_repeats, seed, timeout_s)
+            await _input_length(server, lengths, input_repeats, seed, timeout_s, steps)
             if lengths
             else None
         )

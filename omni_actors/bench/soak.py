@@ -29,6 +29,7 @@ from typing import Any
 import torch
 
 from omni_actors.bench.resources import Resources, snapshot
+from omni_actors.bench.steps import Progress, Steps
 from omni_actors.errors import OmniError
 from omni_actors.pipeline.omni_pipeline import OmniPipeline
 from omni_actors.pipeline.spec.pipeline import PipelineSpec
@@ -186,9 +187,12 @@ async def run_soak_bench(
     interval_s: float = 10.0,
     warmup_minutes: float = 2.0,
     label: str = "",
+    progress: Progress | None = None,
 ) -> dict[str, Any]:
     """Hold ``sessions`` conversations at once for ``minutes``, sampling each
-    ``interval_s``; see the module docstring.
+    ``interval_s``; see the module docstring. ``progress`` is told as each step starts
+    (the pipeline, the warm-up round, the run at each sample, the settling; see
+    :mod:`~omni_actors.bench.steps`).
 
     Returns:
         ``samples``, the slopes per minute after the warm-up (``slope_per_min``),
@@ -207,12 +211,16 @@ async def run_soak_bench(
 
     started = time.perf_counter()
     samples: list[dict[str, Any]] = []
+    steps = Steps(progress, 4)
+    steps.start(f"starting {label or spec.name}")
     async with OmniPipeline(spec, max_sessions=sessions) as omni:
         # One conversation per client first: what a pipeline sets up at its first use
         # (links, slabs, worker threads) is not a leak. The counts start after it.
+        steps.start(f"warm-up: a conversation for each of {sessions} clients")
         warmup = await drive(omni, sessions, conversations=sessions)
         start_counts = await settled(omni, None)
         stop_at = time.monotonic() + minutes * 60
+        steps.start(f"{sessions} conversations at once for {minutes:g} min")
 
         def over() -> bool:
             return time.monotonic() >= stop_at
@@ -223,9 +231,15 @@ async def run_soak_bench(
         while not clients.done():
             live = len(set().union(*(await omni.live_sessions()).values()))
             samples.append(_sample(time.monotonic() - t0, snapshot(), live, tally.conversations))
+            if len(samples) > 1:  # the first is the step's start, reported above
+                steps.update(
+                    f"{sessions} conversations at once, {(time.monotonic() - t0) / 60:.1f} of "
+                    f"{minutes:g} min, {tally.conversations} conversations done"
+                )
             await asyncio.wait({clients}, timeout=interval_s)
         await clients
         outcomes = tally.outcomes + warmup.outcomes
+        steps.start("settling: counting what is left")
         end_counts = await settled(omni, start_counts)
     after = [s for s in samples if s["t_s"] >= warmup_minutes * 60] or samples[-1:]
     slopes = {

@@ -51,6 +51,7 @@ def bench_soak(ns: argparse.Namespace) -> dict[str, Any]:
                 interval_s=ns.interval,
                 warmup_minutes=ns.warmup_minutes,
                 label=str(ns.preset),
+                progress=ns.progress,
             )
         )
     except (OmniError, ValueError) as exc:

@@ -9,6 +9,7 @@ only place that prints.
 from __future__ import annotations
 
 import argparse
+import importlib.metadata
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -86,12 +87,23 @@ def _build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="omni-actors", description="Serve multi-stage omni speech models as actors."
     )
+    parser.add_argument(
+        "--version", action="version", version=f"omni-actors {_version()}", help="print the version"
+    )
     commands = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
     for name, command in COMMANDS.items():
         sub = commands.add_parser(name, help=command.help, description=command.help)
         command.add_arguments(sub)
         sub.set_defaults(handler=command.handler)
     return parser
+
+
+def _version() -> str:
+    """The installed distribution's version (what ``pip`` shows)."""
+    try:
+        return importlib.metadata.version("omni-actors")
+    except importlib.metadata.PackageNotFoundError:  # a source tree that was never installed
+        return "unknown (not installed)"
 
 
 def main(argv: list[str] | None = None) -> int:

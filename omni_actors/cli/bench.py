@@ -20,6 +20,7 @@ from omni_actors.bench.cli_args import add_profile_option, positive_int
 from omni_actors.bench.cuda_cli import add_cuda_options, bench_cuda, cuda_table
 from omni_actors.bench.rollback_cli import add_rollback_options, bench_rollback
 from omni_actors.bench.soak_cli import add_soak_options, bench_soak, soak_table
+from omni_actors.cli.progress import StepLines
 from omni_actors.errors import OmniError
 
 __all__ = ["BENCH_TARGETS", "BenchTarget", "add_bench_arguments", "bench_command"]
@@ -250,6 +251,7 @@ def _bench_pipeline(ns: argparse.Namespace) -> dict[str, Any]:
                             reply_tokens=ns.reply_tokens,
                             input_audio_s=lengths,
                             input_repeats=ns.input_repeats,
+                            progress=ns.progress,
                         )
                     )
                 except OmniError as exc:  # e.g. engine arguments the engine rejects
@@ -265,7 +267,11 @@ def _bench_pipeline(ns: argparse.Namespace) -> dict[str, Any]:
         raise SystemExit(f"omni-actors bench pipeline: {exc}") from None
     placements = PLACEMENTS if ns.placement == "both" else (ns.placement,)
     profiler = None if ns.profile is None else Profiler(ns.profile)
-    return run(run_pipeline_bench(ns.concurrency, ns.requests, ns.preset, placements, profiler))
+    return run(
+        run_pipeline_bench(
+            ns.concurrency, ns.requests, ns.preset, placements, profiler, ns.progress
+        )
+    )
 
 
 def _pipeline_summary(result: dict[str, Any]) -> list[str]:
@@ -342,6 +348,7 @@ def _bench_realtime(ns: argparse.Namespace) -> dict[str, Any]:
                 seed=ns.seed,
                 reply_tokens=ns.reply_tokens,
                 timeout_s=ns.timeout_s,
+                progress=ns.progress,
             )
         )
     except (OmniError, ValueError) as exc:  # a bad option, preset, or a server that failed
@@ -419,6 +426,9 @@ def add_bench_arguments(parser: argparse.ArgumentParser) -> None:
     for name, target in BENCH_TARGETS.items():
         sub = targets.add_parser(name, help=target.help, description=target.help)
         sub.add_argument("--json", action="store_true", help="print one JSON object")
+        sub.add_argument(
+            "--quiet", action="store_true", help="no progress lines on stderr (slow benches)"
+        )
         target.add_options(sub)
 
 
@@ -434,6 +444,8 @@ def _print_table(result: dict[str, Any], indent: str = "") -> None:
 def bench_command(ns: argparse.Namespace) -> int:
     """Run the target ``ns.target`` and print its numbers."""
     target = BENCH_TARGETS[ns.target]
+    # Benches that run for minutes report each step here (stderr: stdout is the report).
+    ns.progress = None if ns.quiet else StepLines(f"bench {ns.target}")
     result = target.run(ns)
     if ns.json:
         print(json.dumps(result))

@@ -39,8 +39,8 @@ def check_send(
     Args:
         session: the session's id, for the message.
         text: ``send``'s ``text`` (None: none).
-        audio: ``send``'s ``audio`` (None: none; its shape and samples are the
-            resampler's to check).
+        audio: ``send``'s ``audio``, made a tensor (``audio_tensor``; None: none; its
+            shape and samples are the resampler's to check).
         fields: ``send``'s named ``fields``.
         takes: the fields the entry stage's engine declares.
         limit: ``inputs.max_send_bytes``.

@@ -37,6 +37,7 @@ import torch
 
 from omni_actors._ref import ActorRef
 from omni_actors.actors.engines.contract import REPLY_FIELD, TURN_FIELD
+from omni_actors.audio.samples import AudioInput, audio_tensor
 from omni_actors.clock import TimerHandle
 from omni_actors.errors import InvalidRequestError, OmniError
 from omni_actors.pipeline.admission import Admission
@@ -180,15 +181,23 @@ class Session:
         self,
         *,
         text: str | None = None,
-        audio: torch.Tensor | None = None,
+        audio: AudioInput | None = None,
         sample_rate: int | None = None,
         fields: Mapping[str, torch.Tensor | str] | None = None,
         end: End = "",
     ) -> None:
         """Append input (``text``, ``audio`` samples, or named ``fields``) to the turn.
 
-        ``audio`` is mono: float samples in [-1, 1], or int16 PCM. At a ``sample_rate``
-        other than the pipeline's (``inputs.sample_rate``) it is resampled as one
+        ``audio`` is mono, one of:
+
+        - a 1-D ``torch.Tensor`` of float samples in [-1, 1] or int16 PCM samples;
+        - a 1-D numpy array of float16/float32/float64 samples in [-1, 1] or int16;
+        - ``bytes``, ``bytearray`` or ``memoryview``: 16-bit little-endian PCM (what
+          microphones and websockets hand an app).
+
+        int16 samples are scaled to floats in [-1, 1) (divided by 32768). Arrays and bytes
+        are copied: their buffer may be reused once this returns. At a ``sample_rate``
+        other than the pipeline's (``inputs.sample_rate``) the audio is resampled as one
         stream: pieces join without clicks, and the last samples of a turn are sent
         when it is committed or answered.
 
@@ -204,27 +213,29 @@ class Session:
         Raises:
             SessionClosedError: the session has ended (its terminal event says why).
             InvalidRequestError: the input is not one the entry stage takes (see
-                :func:`~omni_actors.pipeline.send_checks.check_send`), ``audio`` is not a
-                1-D float or int16 tensor or has a NaN or infinite sample, or
-                ``sample_rate`` is not one a session takes; nothing was sent.
+                :func:`~omni_actors.pipeline.send_checks.check_send`), ``audio`` is not
+                one of the above (a type or dtype not listed, not 1-D, an odd number of
+                PCM16 bytes) or has a NaN or infinite sample, or ``sample_rate`` is not
+                one a session takes; nothing was sent.
             BackpressureError: the entry stage took none of the input in flight within
                 ``deadlines.inter_chunk_s``; the session has ended with that error.
         """
         payload: dict[str, torch.Tensor | str] = dict(fields or {})
+        samples = None if audio is None else audio_tensor(audio)  # arrays and bytes, once
         check_send(
             self.id,
             text=text,
-            audio=audio,
+            audio=samples,
             fields=payload,
             takes=self._takes,
             limit=self.pipeline.spec.inputs.max_send_bytes,
         )
         if text is not None:
             payload["text"] = text
-        if audio is not None:
-            samples = self._input.audio.take(audio, sample_rate)
-            if samples.numel():
-                payload["audio"] = samples
+        if samples is not None:
+            resampled = self._input.audio.take(samples, sample_rate)
+            if resampled.numel():
+                payload["audio"] = resampled
         elif sample_rate is not None:
             raise InvalidRequestError("sample_rate describes audio; none was sent")
         if end:
@@ -267,6 +278,9 @@ class Session:
     ) -> Response:
         """Start a reply to the conversation so far (any uncommitted input is committed).
 
+        Audio sent at another rate than the pipeline's is resampled as one stream; its
+        last samples are sent first, with the turn they end (as :meth:`commit` does).
+
         Args:
             max_tokens: the reply's most text tokens (default: the thinker's setting).
             temperature: sampling temperature, 0 for greedy (default: the engine's).
@@ -280,6 +294,8 @@ class Session:
         """
         options = checked_options(max_tokens, temperature, voice)
         self._check_respond()
+        # The resampler's last samples belong to this turn, not to the next one.
+        await self._flush_audio()
         response = self._start_response(response_id or uuid.uuid4().hex)
         await self._input.send({}, end="segment", options=options)
         return response

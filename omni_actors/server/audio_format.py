@@ -30,6 +30,7 @@ import numpy.typing as npt
 import torch
 
 from omni_actors.audio.resample import StreamResampler
+from omni_actors.audio.samples import pcm16_tensor
 from omni_actors.errors import InvalidRequestError
 
 __all__ = [
@@ -215,10 +216,8 @@ def decode_audio(data: str, name: AudioFormatName, *, max_bytes: int) -> torch.T
                 "sample: send whole samples (an even number of bytes)",
                 reason="odd_length",
             )
-        # astype copies into native byte order: a writable array torch can own.
-        samples: _Int16 = np.frombuffer(raw, dtype="<i2").astype(np.int16)
-    else:
-        samples = _DECODE[name][np.frombuffer(raw, dtype=np.uint8)]
+        return pcm16_tensor(raw)
+    samples: _Int16 = _DECODE[name][np.frombuffer(raw, dtype=np.uint8)]
     return torch.from_numpy(samples)
 
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import math
 import pstats
+import re
 from pathlib import Path
 from typing import Any, ClassVar
 
@@ -258,6 +259,30 @@ def test_json_reports_both_variants_at_each_level(capsys: pytest.CaptureFixture[
     assert result["wire_ms_per_hop"] == {}  # nothing to compare with
     assert result["machine"]["loop"] in ("uvloop", "asyncio")
     assert _number(result["timer_overshoot_ms_per_sleep"]) >= 0
+
+
+def test_progress_lines_go_to_stderr_and_stdout_stays_one_json_object(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    argv = ["bench", "pipeline", "--json", "--concurrency", "1", "--requests", "1"]
+    assert main(argv) == 0
+    captured = capsys.readouterr()
+    assert captured.out.count("\n") == 1
+    assert set(json.loads(captured.out)["placements"]["local"]["variants"]) == {"stream", "full"}
+    lines = captured.err.splitlines()
+    steps = [
+        re.fullmatch(r"bench pipeline: (.+) \((\d)/3\)\.\.\. \[\d+ s\]", line) for line in lines
+    ]
+    assert all(steps), lines
+    assert [(m[1], m[2]) for m in steps if m] == [
+        ("calibrating: timer overshoot, the engines' own CPU", "1"),
+        ("local stream c=1", "2"),
+        ("local full c=1", "3"),
+    ]
+    assert main([*argv, "--quiet"]) == 0
+    captured = capsys.readouterr()
+    assert captured.err == ""
+    json.loads(captured.out)
 
 
 async def test_process_placement_runs_every_stage_in_a_worker(

@@ -13,6 +13,7 @@ import math
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
+import numpy as np
 import pytest
 import torch
 from conversation_engines import TurnEcho
@@ -266,3 +267,41 @@ async def test_audio_at_the_callers_rate_is_resampled_as_one_stream() -> None:
             await session.send(audio=torch.zeros(2, 4))
         with pytest.raises(InvalidRequestError, match="sample_rate"):
             await session.send(audio=torch.zeros(4), sample_rate=0)
+
+
+async def test_audio_as_numpy_arrays_and_pcm16_bytes_reaches_the_entry_stage() -> None:
+    pcm = np.array([0, 16384, -16384, 32767, -32768], dtype=np.int16)
+    as_float = pcm.astype(np.float64) / 32768.0
+    sends: list[object] = [
+        as_float.astype(np.float32),
+        as_float,  # float64
+        pcm,
+        pcm.astype(">i2"),  # big-endian int16: the values, not the bytes
+        pcm.astype("<i2").tobytes(),
+        bytearray(pcm.astype("<i2").tobytes()),
+        memoryview(pcm.astype("<i2").tobytes()),
+    ]
+    async with OmniPipeline(spec()) as omni, omni.session() as session:
+        echo = actor_instance((await omni.stages())["echo"]).engine
+        assert isinstance(echo, TurnEcho)
+        for audio in sends:
+            await session.send(audio=audio)  # type: ignore[arg-type]
+        reused = as_float.astype(np.float32)
+        await session.send(audio=reused)
+        reused[:] = 0.0  # a microphone's buffer, refilled after the send
+        for bad, match in [
+            (b"\x00\x01\x02", "even number of bytes"),
+            (np.zeros(4, dtype=np.int32), "int32"),
+            (np.zeros((2, 4), dtype=np.float32), "1-D"),
+            (np.array([0.1, np.nan], dtype=np.float32), "NaN"),
+            ([0.0, 0.1], "numpy array or PCM16 bytes"),
+        ]:
+            with pytest.raises(InvalidRequestError, match=match):
+                await session.send(audio=bad)  # type: ignore[arg-type]
+        await session.send(text="hi")
+        assert (await reply(session))[0] == "HI"  # nothing lost: the session answers
+        heard = echo.audio[next(iter(echo.audio))]
+        assert len(heard) == len(sends) + 1
+        for piece in heard:
+            assert piece.dtype == torch.float32
+            np.testing.assert_array_equal(piece.numpy(), as_float.astype(np.float32))

@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import random
 
+import numpy as np
 import pytest
 import torch
 from pipeline_helpers import assert_nothing_held, collect, done, make_spec, text_of
@@ -40,6 +41,13 @@ HOSTILE_SENDS: dict[str, dict[str, object]] = {
     "stereo audio": {"audio": torch.zeros(2, 320)},
     "int32 audio": {"audio": torch.zeros(320, dtype=torch.int32)},
     "audio not a tensor": {"audio": [0.0, 0.1]},
+    "odd pcm16 bytes": {"audio": b"\x00\x01\x02"},
+    "an odd memoryview": {"audio": memoryview(bytearray(5))},
+    "a strided memoryview": {"audio": memoryview(bytes(8))[::2]},
+    "int32 numpy audio": {"audio": np.zeros(320, dtype=np.int32)},
+    "stereo numpy audio": {"audio": np.zeros((2, 320), dtype=np.float32)},
+    "nan numpy audio": {"audio": np.array([0.1, np.nan], dtype=np.float64)},
+    "object numpy audio": {"audio": np.array([0.1, None])},
     "bytes text": {"text": b"hello"},
     "an int field": {"fields": {"hidden": 5}},
     "a field the entry stage does not take": {"fields": {"nonsense": torch.zeros(3)}},

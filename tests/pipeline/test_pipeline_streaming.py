@@ -15,7 +15,7 @@ from omni_actors.pipeline.omni_pipeline import OmniPipeline
 from omni_actors.pipeline.session_input import SessionClosedError
 from omni_actors.protocols.control import Prewarm
 from omni_actors.protocols.events import AudioDelta, Done, ResponseDone, TextDelta
-from omni_actors.protocols.stage import Chunk
+from omni_actors.protocols.stage import INPUT, Chunk
 from omni_actors.testing import ActorTestKit
 
 PREWARMS: dict[str, int] = {}
@@ -37,6 +37,20 @@ def counting() -> dict[str, type[StageActor]]:
     PREWARMS.clear()
     CHUNKS.clear()
     return {name: CountingStage for name in ("thinker", "talker", "code2wav")}
+
+
+CALLER_AUDIO: dict[int, int] = {}  # audio samples the entry stage took from the caller, by segment
+
+
+class AudioCountingStage(StageActor):
+    """Counts the caller's audio samples the entry stage receives, per segment."""
+
+    async def receive(self, message: Any) -> Any:
+        if isinstance(message, Chunk) and message.source == INPUT:
+            audio = message.tensors.get("audio")
+            if audio is not None:
+                CALLER_AUDIO[message.segment] = CALLER_AUDIO.get(message.segment, 0) + audio.numel()
+        return await super().receive(message)
 
 
 async def test_text_and_audio_stream_then_done_with_metrics() -> None:
@@ -186,6 +200,24 @@ async def test_a_segment_with_no_input_yields_no_reply() -> None:
         assert samples_of(first) == 16 * 240
         assert isinstance(last[-1], Done)
         assert samples_of(last) == 0
+        assert not text_of(last)
+
+
+async def test_respond_sends_the_end_of_resampled_audio_with_its_segment() -> None:
+    CALLER_AUDIO.clear()
+    async with OmniPipeline(make_spec(), stage_classes={"thinker": AudioCountingStage}) as omni:
+        async with omni.session() as session:
+            tone = torch.sin(torch.arange(24000) / 10.0)  # 1 s at 24 kHz; the pipeline takes 16
+            for piece in torch.split(tone, 480):
+                await session.send(audio=piece, sample_rate=24000)
+            await session.respond()  # no commit: respond ends the caller's stream
+            first = [e async for e in session.events()]
+            await session.finish()  # nothing new: the session just ends
+            last = [e async for e in session.events()]
+        assert CALLER_AUDIO == {0: 16000}, "the whole second, in the segment it was sent in"
+        assert samples_of(first) == 16 * 240
+        assert isinstance(last[-1], Done)
+        assert samples_of(last) == 0, "finish answered the end of the last utterance again"
         assert not text_of(last)
 
 
