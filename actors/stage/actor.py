@@ -96,6 +96,7 @@ class StageActor(Actor[StageMessage]):
         self.transfers: StageTransfers | None = None
         self.device_links: DeviceLinks | None = None
         self.takes_marks = False
+        self.outputs: frozenset[str] = frozenset()
         self.sessions: dict[SessionKey, StageSession] = {}
         # Aborted, their task still ending (the engine freeing them): still held.
         self.closing: dict[SessionKey, StageSession] = {}
@@ -124,7 +125,9 @@ class StageActor(Actor[StageMessage]):
             # when they die: the stage fails, and its supervisor restarts it.
             self.context.tasks.create_task(self._fail_when(died), name=f"stage {self.name} engine")
         found = engine_type(self.kind)
-        self.takes_marks = TURN_FIELD in found.ports(found.args(self.args)).inputs
+        ports = found.ports(found.args(self.args))
+        self.takes_marks = TURN_FIELD in ports.inputs
+        self.outputs = frozenset(ports.outputs)  # what its outputs may carry
 
     async def _fail_when(self, died: asyncio.Future[BaseException]) -> None:
         error = await died
@@ -244,6 +247,7 @@ class StageActor(Actor[StageMessage]):
             self._session_ended,
             context.clock,
             context.tasks,
+            outputs=self.outputs,
             takes_marks=self.takes_marks,
             transfers=self.transfers,
             device_links=self.device_links,
