@@ -22,7 +22,9 @@ class EngineOutputError(EngineError, TypeError):
     docstring); it fails the reply it was part of, with code ``engine_error``."""
 
 
-def output_error(engine: object, output: object, declared: Collection[str]) -> EngineOutputError | None:
+def output_error(
+    engine: object, output: object, declared: Collection[str]
+) -> EngineOutputError | None:
     """What is wrong with ``output`` of ``engine``, which declares ``declared``; None if
     nothing is."""
     cls = type(engine)

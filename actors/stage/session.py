@@ -10,8 +10,10 @@ engine's next output (the stage closes ``generate``; the input still drains to t
 segment's end, so the engine keeps consistent state and later stages end the segment
 too). An engine that raises fails its response only: the stage reports ``failed``,
 drains the segment's input, ends the segment on every outlet and serves the next one;
-failures that break the session itself (a broken input stream, a deadline, a failure
-in the session's last segment) end it here with an ``error`` report. Every wait for input has a
+so does an output the engine may not yield (``engine_outputs``) and a first output that
+does not come within ``first_chunk_s`` of the engine's last input. Failures that break
+the session itself (a broken input stream, an input deadline, a failure in the
+session's last segment) end it here with an ``error`` report. Every wait for input has a
 deadline on the stage's system clock (virtual under ``ActorTestKit(virtual_time=True)``;
 in a worker process, that process's real clock). The task that drives it all belongs to
 the stage's task scope: an abort cancels it, and the task itself frees the session on
@@ -405,9 +407,7 @@ class StageSession:
                 await aclose()
         return None
 
-    async def _first_output(
-        self, outputs: AsyncIterator[Fields], inputs: SegmentInputs
-    ) -> Fields:
+    async def _first_output(self, outputs: AsyncIterator[Fields], inputs: SegmentInputs) -> Fields:
         """The engine's first output of the segment, due ``first_chunk_s`` after the last
         input it took (nothing is due while it waits for input).
 

@@ -18,9 +18,11 @@ from pipeline_helpers import collect, text_of
 from pydantic import ValidationError
 
 from omni_actors.actors.engines.contract import Fields
+from omni_actors.actors.stage.actor import StageActor
 from omni_actors.pipeline.omni_pipeline import OmniPipeline
 from omni_actors.pipeline.spec.pipeline import PipelineSpec
 from omni_actors.protocols.events import ResponseDone, SessionError, TextDelta
+from omni_actors.testing.inspection import actor_instance
 
 
 class _Engine:
@@ -37,14 +39,23 @@ class _Engine:
 
 
 class Undeclared(_Engine):
-    """Replies ``ok``; input ``extra`` makes it also yield ``spoken``, undeclared."""
+    """Replies ``ok``; input ``extra`` makes it also yield ``spoken``, undeclared. It
+    keeps how each reply ended for it."""
+
+    def __init__(self, args: object) -> None:
+        self.ended: list[str] = []
 
     async def generate(self, session: str, inputs: AsyncIterator[Fields]) -> AsyncIterator[Any]:
         said = "".join([str(fields["text"]) async for fields in inputs])
-        yield {"text": "ok "}
-        if said == "extra":
-            yield {"text": "and ", "spoken": "!"}
-            yield {"text": "more"}
+        try:
+            yield {"text": "ok "}
+            if said == "extra":
+                yield {"text": "and ", "spoken": "!"}
+                yield {"text": "more"}
+        except BaseException as exc:
+            self.ended.append(type(exc).__name__)
+            raise
+        self.ended.append("done")
 
 
 class Stringly(_Engine):
@@ -77,6 +88,10 @@ async def reply(omni: OmniPipeline, session: Any, text: str) -> tuple[str, Respo
 
 async def test_an_undeclared_output_field_fails_the_reply_and_names_the_declaration() -> None:
     async with OmniPipeline(spec("test_engine_mistakes:Undeclared")) as omni:
+        entry = actor_instance((await omni.stages())["entry"])
+        assert isinstance(entry, StageActor)
+        engine = entry.engine
+        assert isinstance(engine, Undeclared)
         async with omni.session() as session:
             text, done = await reply(omni, session, "extra")
             assert done.status == "failed"
@@ -86,8 +101,10 @@ async def test_an_undeclared_output_field_fails_the_reply_and_names_the_declarat
             assert "declares outputs ['text']" in done.message
             assert "declare it in outputs" in done.message
             assert "or stop yielding it" in done.message
-            # It failed at the first such output: nothing of it or after it went out.
+            # It failed at the first such output: nothing of it or after it went out,
+            # and the engine saw the failure there (to roll the reply back), not a cancel.
             assert text == "ok "
+            assert engine.ended == ["EngineOutputError"]
             # The session goes on.
             text, done = await reply(omni, session, "plain")
             assert (text, done.status) == ("ok ", "completed")
@@ -101,18 +118,18 @@ async def test_an_undeclared_output_field_fails_the_reply_and_names_the_declarat
 
 
 async def test_an_output_that_is_not_a_mapping_fails_the_reply_and_says_what_to_yield() -> None:
-    async with OmniPipeline(spec("test_engine_mistakes:Stringly")) as omni:
-        async with omni.session() as session:
-            text, done = await reply(omni, session, "a string")
-            assert done.status == "failed"
-            assert (done.code, done.stage) == ("engine_error", "entry")
-            assert "Stringly yielded a str" in done.message
-            assert "generate() must yield dicts of declared fields" in done.message
-            assert "{'text': ...}" in done.message
-            assert "has no attribute" not in done.message
-            assert text == ""
-            text, done = await reply(omni, session, "fine")
-            assert (text, done.status) == ("ok ", "completed")
+    kind = "test_engine_mistakes:Stringly"
+    async with OmniPipeline(spec(kind)) as omni, omni.session() as session:
+        text, done = await reply(omni, session, "a string")
+        assert done.status == "failed"
+        assert (done.code, done.stage) == ("engine_error", "entry")
+        assert "Stringly yielded a str" in done.message
+        assert "generate() must yield dicts of declared fields" in done.message
+        assert "{'text': ...}" in done.message
+        assert "has no attribute" not in done.message
+        assert text == ""
+        text, done = await reply(omni, session, "fine")
+        assert (text, done.status) == ("ok ", "completed")
 
 
 class Scripted(_Engine):

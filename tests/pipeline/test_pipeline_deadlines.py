@@ -23,8 +23,8 @@ from omni_actors.actors.engines.scripted import ScriptedEngine
 from omni_actors.actors.stage.actor import StageActor
 from omni_actors.pipeline.omni_pipeline import OmniPipeline, SessionClosedError
 from omni_actors.pipeline.session import _GRACE_S
-from omni_actors.protocols.control import Prewarm
 from omni_actors.pipeline.spec.pipeline import PipelineSpec
+from omni_actors.protocols.control import Prewarm
 from omni_actors.protocols.events import AudioDelta, Event, ResponseDone, SessionError, TextDelta
 from omni_actors.testing import ActorTestKit
 from omni_actors.testing.inspection import actor_instance
@@ -148,7 +148,7 @@ async def test_a_reply_without_a_first_output_in_first_chunk_s_fails_alone(
                 hung = await session.respond()
                 await armed(kit, 0.5)  # from the last input the engine took
                 kit.virtual_clock.advance(0.49)
-                await kit.consistently(lambda: hung.done is None, duration=0.05)  # not yet
+                await kit.consistently(lambda r=hung: r.done is None, duration=0.05)  # not yet
                 kit.virtual_clock.advance(0.01)
                 done = await hung.wait()
                 assert isinstance(done, ResponseDone), done
