@@ -69,7 +69,7 @@ class Timeout:
 
     __slots__ = ("_cancelling", "_clock", "_expired", "_task", "_timer", "when")
 
-    def __init__(self, clock: Clock, when: float) -> None:
+    def __init__(self, clock: Clock, when: float | None) -> None:
         self._clock = clock
         self.when = when
         self._task: asyncio.Task[Any] | None = None
@@ -81,13 +81,30 @@ class Timeout:
         """True if the deadline cancelled the block."""
         return self._expired
 
+    def reschedule(self, when: float | None) -> None:
+        """Move the deadline to clock time ``when``; None suspends it until the next call.
+
+        As ``asyncio.Timeout.reschedule``: for a wait whose deadline follows what the
+        block does (an engine's first output is due a while after each input it took,
+        and not due while it waits for input). A no-op outside the block or once expired.
+        """
+        self.when = when
+        if self._task is None or self._expired:
+            return
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+        if when is not None:
+            self._timer = self._clock.call_at(when, self._expire)
+
     async def __aenter__(self) -> Timeout:
         task = asyncio.current_task()
         if task is None:
             raise RuntimeError("timeout_at() must be used inside a task")
         self._task = task
         self._cancelling = task.cancelling()
-        self._timer = self._clock.call_at(self.when, self._expire)
+        if self.when is not None:
+            self._timer = self._clock.call_at(self.when, self._expire)
         return self
 
     def _expire(self) -> None:

@@ -127,10 +127,11 @@ class StreamCredit(msgspec.Struct, ControlMessage, tag="stream-credit", frozen=T
 
 
 class Deadlines(msgspec.Struct, frozen=True, kw_only=True):
-    """Seconds a stage may wait for a session's input before the session fails.
+    """Seconds a stage may wait for a session's input (or its engine's first output).
 
     Attributes:
-        first_chunk_s: for the first chunk of a segment of a one-shot session.
+        first_chunk_s: for the first chunk of a segment of a one-shot session; and, on
+            every segment, for the engine's first output after the last input it took.
         inter_chunk_s: between two chunks of a segment.
         idle_s: for the first chunk of a segment of a resumable session (its caller
             decides when to speak).

@@ -3,13 +3,17 @@
 from __future__ import annotations
 
 import importlib.metadata
+import os
 import struct
+import subprocess
+import sys
 import wave
 from pathlib import Path
 
 import pytest
 import torch
 
+import omni_actors
 from omni_actors.audio.wav import write_wav
 from omni_actors.cli import main
 
@@ -132,3 +136,61 @@ def test_prepare_offers_the_installed_model_families(capsys: pytest.CaptureFixtu
     err = capsys.readouterr().err
     assert "invalid choice: 'gpt-17'" in err
     assert "'tiny-omni'" in err  # registered under the omni_actors.families entry point
+
+
+MY_ENGINES = """
+from collections.abc import AsyncIterator
+
+
+class Shout:
+    inputs = {"text": "concat"}
+    outputs = {"text": "concat"}
+
+    def __init__(self, args: object) -> None: ...
+    async def start(self) -> None: ...
+    async def stop(self) -> None: ...
+    async def abort(self, session: str) -> None: ...
+    async def release(self, session: str) -> None: ...
+
+    async def generate(self, session: str, inputs: AsyncIterator) -> AsyncIterator:
+        async for chunk in inputs:
+            yield {"text": chunk["text"].upper()}
+        yield {"text": "!!"}
+"""
+
+MY_PIPELINE = """
+name: shouting
+stages:
+  - {name: thinker, engine: {kind: scripted, args: {outputs: 3}}}
+  - {name: shout, process: true, engine: {kind: "my_engines:Shout"}}
+edges:
+  - {from: thinker, to: shout}
+outputs: {text: shout}
+"""
+
+
+def test_run_finds_engines_in_the_current_directory_in_every_process(tmp_path: Path) -> None:
+    (tmp_path / "my_engines.py").write_text(MY_ENGINES)
+    (tmp_path / "my_pipeline.yaml").write_text(MY_PIPELINE)
+    # Only this package on the path, as an installed one would be: not the directory the
+    # command runs in. PYTHONSAFEPATH keeps every Python process (``-m`` included) from
+    # adding it on its own, as for the ``omni-actors`` script: the worker that runs the
+    # engine finds it only if the command passes its path on.
+    env = {
+        **os.environ,
+        "PYTHONPATH": str(Path(omni_actors.__file__).parents[1]),
+        "PYTHONSAFEPATH": "1",
+    }
+    argv = ["run", "--preset", "my_pipeline.yaml", "--text", "hi", "--out", "reply.wav"]
+    done = subprocess.run(
+        [sys.executable, "-m", "omni_actors.cli", *argv],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.startswith("T0 T1 T2 !!"), done.stdout
+    assert "1 in worker processes" in done.stderr
+    assert (tmp_path / "reply.wav").exists()

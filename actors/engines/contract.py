@@ -59,6 +59,14 @@ the conversation goes on. A ``generate`` that raises fails that response only: t
 engine rolls its session state back to where the response started, and the next
 response starts from there. Abort (the session is over) stays :meth:`Engine.abort`.
 
+The stage checks what ``generate`` yields: a mapping whose fields are all declared
+outputs. Anything else (a field not declared, a ``str``) fails the response with an
+``EngineOutputError`` (``engine_error``), raised in ``generate`` at that ``yield`` as if
+the engine had raised it there. A response whose first output does not come within
+``deadlines.first_chunk_s`` of the last input the engine took fails with code
+``timeout``: its ``generate`` is cancelled (``CancelledError``) where it waits, as an
+abort would be, and the session goes on with the next response.
+
 An engine whose model runs in processes of its own (vLLM's EngineCore) may expose
 ``died``, an ``asyncio.Future`` it resolves with an error when they exit: the stage then
 fails as a whole and its supervisor restarts it (a new engine), as when a stage's worker

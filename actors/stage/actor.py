@@ -25,6 +25,7 @@ leave the process are copied to the host first, on streams of the stage's own
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 from collections import OrderedDict
 from typing import Any
@@ -34,7 +35,7 @@ import torch
 from omni_actors import remoting
 from omni_actors._actor import Actor
 from omni_actors._mailbox import MailboxConfig
-from omni_actors.actors.engines.contract import TURN_FIELD, Engine
+from omni_actors.actors.engines.contract import TURN_FIELD, Engine, Ports
 from omni_actors.actors.engines.registry import build_engine, engine_type
 from omni_actors.actors.stage.device_links import DeviceLinkLostError, DeviceLinks
 from omni_actors.actors.stage.session import StageSession
@@ -123,8 +124,17 @@ class StageActor(Actor[StageMessage]):
             # An engine whose model runs in processes of its own (vLLM) resolves this
             # when they die: the stage fails, and its supervisor restarts it.
             self.context.tasks.create_task(self._fail_when(died), name=f"stage {self.name} engine")
+        self.takes_marks = TURN_FIELD in self._ports().inputs
+
+    def _ports(self) -> Ports:
+        """Its engine's declaration (the kind's, with the stage's arguments)."""
         found = engine_type(self.kind)
-        self.takes_marks = TURN_FIELD in found.ports(found.args(self.args)).inputs
+        return found.ports(found.args(self.args))
+
+    @functools.cached_property
+    def outputs(self) -> frozenset[str]:
+        """The fields its engine declares it yields: all an output may carry."""
+        return frozenset(self._ports().outputs)
 
     async def _fail_when(self, died: asyncio.Future[BaseException]) -> None:
         error = await died
@@ -244,6 +254,7 @@ class StageActor(Actor[StageMessage]):
             self._session_ended,
             context.clock,
             context.tasks,
+            outputs=self.outputs,
             takes_marks=self.takes_marks,
             transfers=self.transfers,
             device_links=self.device_links,

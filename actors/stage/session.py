@@ -10,8 +10,10 @@ engine's next output (the stage closes ``generate``; the input still drains to t
 segment's end, so the engine keeps consistent state and later stages end the segment
 too). An engine that raises fails its response only: the stage reports ``failed``,
 drains the segment's input, ends the segment on every outlet and serves the next one;
-failures that break the session itself (a broken input stream, a deadline, a failure
-in the session's last segment) end it here with an ``error`` report. Every wait for input has a
+so does an output the engine may not yield (``engine_outputs``) and a first output that
+does not come within ``first_chunk_s`` of the engine's last input. Failures that break
+the session itself (a broken input stream, an input deadline, a failure in the
+session's last segment) end it here with an ``error`` report. Every wait for input has a
 deadline on the stage's system clock (virtual under ``ActorTestKit(virtual_time=True)``;
 in a worker process, that process's real clock). The task that drives it all belongs to
 the stage's task scope: an abort cancels it, and the task itself frees the session on
@@ -30,12 +32,13 @@ import contextlib
 import logging
 import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable, Collection
 
 from omni_actors._task_scope import TaskScope
 from omni_actors.actors.engines.contract import Engine, Fields
 from omni_actors.actors.stage.accumulate import ChunkGapError, ChunkSequence
 from omni_actors.actors.stage.device_links import DeviceLinks
+from omni_actors.actors.stage.engine_outputs import EngineOutputError, output_error
 from omni_actors.actors.stage.flow import CreditWindow, Inflow
 from omni_actors.actors.stage.outlet import Outlet
 from omni_actors.actors.stage.segment_inputs import SegmentInputs
@@ -91,6 +94,8 @@ class StageSession:
         tasks: the stage's task scope, which owns the session's task.
         takes_marks: the engine declares :data:`TURN_FIELD` among its inputs (it gets
             the caller's turn marks; otherwise they are dropped here).
+        outputs: the fields the engine declares it yields; an output with another
+            field fails its reply (``engine_outputs``).
     """
 
     def __init__(
@@ -102,12 +107,14 @@ class StageSession:
         clock: Clock,
         tasks: TaskScope,
         *,
+        outputs: Collection[str],
         takes_marks: bool = False,
         transfers: StageTransfers | None = None,
         device_links: DeviceLinks | None = None,
     ) -> None:
         self.stage = stage
         self.takes_marks = takes_marks
+        self.outputs = frozenset(outputs)
         # A Replayable engine tells the session each reply it generated (to replay).
         last_reply = getattr(engine, "last_reply", None) if takes_marks else None
         self._last_reply: Callable[[SessionKey], tuple[int, ...] | None] | None = last_reply
@@ -352,22 +359,34 @@ class StageSession:
 
     async def _generate(self, segment: int, inputs: SegmentInputs) -> Exception | None:
         """Run the engine over one segment's inputs, routing its outputs as they come,
-        until they end or the segment is cancelled; the engine's failure is returned."""
+        until they end or the segment is cancelled; the engine's failure is returned
+        (an output it may not yield, or no first output in time, included)."""
         outputs = self.engine.generate(self.key, inputs)
         cancelled = self._cancelled
+        declared = self.outputs
         monotonic = time.monotonic
         # With no device transfers (a CPU stage), route here: no coroutine per output.
         outlets = self.outlets if self.transfers is None else None
+        first = True
         try:
             while True:
                 metrics = self.metrics  # a new segment's after a report
                 before, blocked = monotonic(), metrics.blocked
                 try:
-                    output = await outputs.__anext__()
+                    if first:
+                        output = await self._first_output(outputs, inputs)
+                        first = False
+                    else:
+                        output = await outputs.__anext__()
                 except StopAsyncIteration:
                     break
                 except Exception as exc:
                     return exc
+                if type(output) is not dict or not output.keys() <= declared:
+                    error = output_error(self.engine, output, declared)
+                    if error is not None:
+                        await _throw(outputs, error)
+                        return error
                 now = monotonic()
                 metrics.compute += now - before - (metrics.blocked - blocked)
                 metrics.output(now)
@@ -387,6 +406,38 @@ class StageSession:
                 # state as it stands after the last output it yielded.
                 await aclose()
         return None
+
+    async def _first_output(self, outputs: AsyncIterator[Fields], inputs: SegmentInputs) -> Fields:
+        """The engine's first output of the segment, due ``first_chunk_s`` after the last
+        input it took (nothing is due while it waits for input).
+
+        A hung engine fails its reply here, as one that raises does, and the session
+        goes on: its ``generate`` is cancelled at the await where it hangs.
+
+        Raises:
+            DeadlineExceededError: no output in time.
+            StopAsyncIteration: the engine ended the segment without output.
+        """
+        limit = self.deadlines.first_chunk_s
+        deadline = timeout_at(self.clock, self.clock.now() + limit)
+        inputs.first_output = deadline
+        try:
+            async with deadline:
+                return await outputs.__anext__()
+        except TimeoutError:
+            if not deadline.expired():
+                raise
+            cls = type(self.engine)
+            raise DeadlineExceededError(
+                self.stage,
+                self.key,
+                f"first output from engine {cls.__module__}:{cls.__qualname__} "
+                "since its last input",
+                limit,
+                "first_chunk_s",
+            ) from None
+        finally:
+            inputs.first_output = None
 
     async def _route(self, output: Fields) -> None:
         """Push ``output`` through every outlet; device tensors reach outlets to other
@@ -434,6 +485,20 @@ class StageSession:
         # If the owner is gone, nobody is waiting for this session any more.
         with contextlib.suppress(ActorStoppedError):
             await self._report(segment, "error", error)
+
+
+async def _throw(outputs: AsyncIterator[Fields], error: EngineOutputError) -> None:
+    """Raise ``error`` in the engine's ``generate`` at the ``yield`` it stopped at: the
+    reply failed there, so the engine rolls it back as after a failure of its own."""
+    athrow = getattr(outputs, "athrow", None)
+    if athrow is None:
+        return  # not a generator: closing it is all there is
+    try:
+        await athrow(error)
+    except (StopAsyncIteration, EngineOutputError):
+        pass
+    except Exception as exc:  # the reply failed already: this is only logged
+        log.debug("engine raised %r after its output was refused", exc)
 
 
 def _expire(waiter: asyncio.Future[None]) -> None:

@@ -4,12 +4,18 @@ Each subcommand is one entry in :data:`COMMANDS` (how to parse its arguments, wh
 run); each ``bench`` target one entry in :data:`BENCH_TARGETS` (``cli/bench.py``).
 Adding a subcommand or a target means adding an entry, nothing else. The CLI is the
 only place that prints.
+
+An engine named by its import path (``my_engines:MyEngine`` in a pipeline YAML) is found
+in the current directory, as ``python -m`` finds modules there: the command adds it to
+the import path, which its worker processes inherit.
 """
 
 from __future__ import annotations
 
 import argparse
 import importlib.metadata
+import os
+import sys
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -113,8 +119,21 @@ def main(argv: list[str] | None = None) -> int:
         argv: the arguments after the program name (default: ``sys.argv[1:]``).
     """
     ns = _build_parser().parse_args(argv)
+    _import_from_here()
     handler: Callable[[argparse.Namespace], int] = ns.handler
     try:
         return handler(ns)
     except KeyboardInterrupt:
         return 130
+
+
+def _import_from_here() -> None:
+    """Put the current directory on the import path (see the module docstring).
+
+    After what is there already: a file in it never shadows an installed module. Worker
+    processes get the parent's import path (``transport.worker_hosts``), so a stage with
+    ``process: true`` imports the engine from here too.
+    """
+    here = os.getcwd()
+    if here not in sys.path:
+        sys.path.append(here)

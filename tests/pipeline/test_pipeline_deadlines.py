@@ -12,23 +12,23 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator
+from typing import ClassVar
 
 import pytest
 import pytest_asyncio
 from pipeline_helpers import armed, assert_nothing_held, collect, make_spec
 
+from omni_actors.actors.engines.contract import Fields
 from omni_actors.actors.engines.scripted import ScriptedEngine
 from omni_actors.actors.stage.actor import StageActor
 from omni_actors.pipeline.omni_pipeline import OmniPipeline
 from omni_actors.pipeline.session import _GRACE_S
 from omni_actors.pipeline.session_input import SessionClosedError
+from omni_actors.pipeline.spec.pipeline import PipelineSpec
 from omni_actors.protocols.control import Prewarm
-from omni_actors.protocols.events import Event, SessionError
+from omni_actors.protocols.events import AudioDelta, Event, ResponseDone, SessionError, TextDelta
 from omni_actors.testing import ActorTestKit
 from omni_actors.testing.inspection import actor_instance
-
-# A stage whose engine never gets this far in a test: only an expiry ends its session.
-STALLED = {"first_output_s": 3600.0}
 
 
 @pytest_asyncio.fixture
@@ -77,7 +77,9 @@ async def test_a_session_handle_that_cannot_open_raises(kit: ActorTestKit) -> No
 
 
 async def test_first_chunk_deadline_on_a_full_edge(kit: ActorTestKit) -> None:
-    spec = make_spec(mode="full", thinker=STALLED, deadlines={"first_chunk_s": 0.2})
+    # The thinker's first output comes at once (its own deadline is met), its end never.
+    thinker = {"first_output_s": 0.0, "per_output_s": 3600.0, "outputs": 4}
+    spec = make_spec(mode="full", thinker=thinker, deadlines={"first_chunk_s": 0.2})
     async with OmniPipeline(spec, system=kit.system) as omni:
         request = asyncio.ensure_future(collect(omni.generate(text="x")))
         # The thinker has its input (its own first-chunk wait is over)...
@@ -94,6 +96,93 @@ async def test_first_chunk_deadline_on_a_full_edge(kit: ActorTestKit) -> None:
         assert error.stage in ("talker", "code2wav")
         assert "first_chunk_s" in error.message
         await assert_nothing_held(omni)
+
+
+class Hangs:
+    """Says its input back, upper-cased; input ``hang`` makes it wait forever instead."""
+
+    inputs: ClassVar[dict[str, str]] = {"text": "concat"}
+    outputs: ClassVar[dict[str, str]] = {"text": "concat"}
+
+    def __init__(self, args: object) -> None:
+        self.took: list[str] = []  # every input, as the engine took it
+
+    async def start(self) -> None: ...
+    async def stop(self) -> None: ...
+    async def abort(self, session: str) -> None: ...
+    async def release(self, session: str) -> None: ...
+
+    async def generate(self, session: str, inputs: AsyncIterator[Fields]) -> AsyncIterator[Fields]:
+        said = ""
+        async for fields in inputs:
+            said += str(fields["text"])
+            self.took.append(str(fields["text"]))
+        if said == "hang":
+            await asyncio.Event().wait()
+        yield {"text": said.upper()}
+
+
+def hanging_spec(first_chunk_s: float) -> PipelineSpec:
+    """A hanging entry stage, then a scripted one that voices its text."""
+    speaker = {"outputs_per_input": 1, "fields": ["audio"], "audio_samples": 240}
+    return PipelineSpec.model_validate(
+        {
+            "name": "hanging",
+            "stages": [
+                {"name": "entry", "engine": {"kind": "test_pipeline_deadlines:Hangs"}},
+                {"name": "speaker", "engine": {"kind": "scripted", "args": speaker}},
+            ],
+            "edges": [{"from": "entry", "to": "speaker"}],
+            "outputs": {"text": "entry", "audio": "speaker"},
+            "deadlines": {"first_chunk_s": first_chunk_s},
+        }
+    )
+
+
+async def test_a_reply_without_a_first_output_in_first_chunk_s_fails_alone(
+    kit: ActorTestKit,
+) -> None:
+    async with OmniPipeline(hanging_spec(0.5), system=kit.system) as omni:
+        async with omni.session() as session:
+            for _ in range(2):  # every reply has the deadline, not only the first
+                await session.send(text="hang")
+                hung = await session.respond()
+                await armed(kit, 0.5)  # from the last input the engine took
+                kit.virtual_clock.advance(0.49)
+                await kit.consistently(lambda r=hung: r.done is None, duration=0.05)  # not yet
+                kit.virtual_clock.advance(0.01)
+                done = await hung.wait()
+                assert isinstance(done, ResponseDone), done
+                assert (done.status, done.code, done.stage) == ("failed", "timeout", "entry")
+                assert "first_chunk_s" in done.message
+                assert "test_pipeline_deadlines:Hangs" in done.message
+                # The session stays open: the next reply goes through every stage.
+                await session.send(text="hi")
+                events = [e async for e in (await session.respond()).events()]
+                assert isinstance(events[-1], ResponseDone), events
+                assert events[-1].status == "completed"
+                assert "".join(e.text for e in events if isinstance(e, TextDelta)) == "HI"
+                assert any(isinstance(e, AudioDelta) for e in events)
+        await assert_nothing_held(omni)
+
+
+async def test_an_engine_waiting_for_input_owes_no_output(kit: ActorTestKit) -> None:
+    async with OmniPipeline(hanging_spec(0.5), system=kit.system) as omni:
+        entry = actor_instance((await omni.stages())["entry"])
+        assert isinstance(entry, StageActor)
+        engine = entry.engine
+        assert isinstance(engine, Hangs)
+        async with omni.session() as session:
+            await session.send(text="h")
+            await kit.eventually(lambda: engine.took == ["h"], what="the engine taking input")
+            # The user pauses mid-turn, far longer than first_chunk_s: the engine waits
+            # for its input meanwhile, and owes no output.
+            kit.virtual_clock.advance(5.0)
+            await session.send(text="i")
+            events = [e async for e in (await session.respond()).events()]
+            assert isinstance(events[-1], ResponseDone), events
+            assert events[-1].status == "completed", events[-1]
+            assert "".join(e.text for e in events if isinstance(e, TextDelta)) == "HI"
 
 
 async def test_inter_chunk_deadline_on_a_stream_edge(kit: ActorTestKit) -> None:

@@ -137,7 +137,9 @@ class DeadlinesSpec(Spec):
     """Seconds each wait may last before the session ends with a timeout error.
 
     ``admission_s`` covers waiting for a free session slot plus prewarm of every stage;
-    ``first_chunk_s`` a stage's wait for a segment's first input (one-shot sessions);
+    ``first_chunk_s`` a stage's wait for a segment's first input (one-shot sessions), and
+    for its engine's first output of each reply, from the last input the engine took (a
+    reply that misses it fails alone, code ``timeout``; a one-shot session ends);
     ``inter_chunk_s`` the wait between two inputs, and a sender's wait for a credit
     (:class:`FlowSpec`); ``idle_s`` a resumable session's wait
     for its caller's next segment; ``total_s`` the session's whole life. ``start_s``

@@ -5,6 +5,8 @@ arguments validated by the engine's ``Args``; every edge is checked against the 
 engines' ports: each field it carries must be one the source yields and the receiver
 takes, under the same accumulate rule, and a ``stream`` edge needs a receiver that takes
 streamed input. An edge that names no ``fields`` carries every field both ends declare.
+A stage in a worker process imports its engine class there by name, so the class must
+live in an importable module, not in the script being run (``__main__``).
 Problems are collected, not raised one by one, and each names the pipeline field to fix.
 """
 
@@ -70,6 +72,14 @@ def wire(stages: Sequence[StageSpec], edges: Sequence[EdgeSpec]) -> Wiring:
             found = engine_type(stage.engine.kind)
         except EngineUnavailableError as exc:
             problems.append(f"{where}.kind: {exc}")
+            continue
+        if stage.process and found.cls.__module__ == "__main__":
+            problems.append(
+                f"{where}.kind: engine class {found.cls.__qualname__} is defined in __main__ "
+                "(the script being run), and a worker process cannot import it from there; "
+                "move it into a module of its own (name it module:Class), or run the stage "
+                "in this process (process: false)"
+            )
             continue
         if stage.device is not None and "device" not in found.args_model.model_fields:
             problems.append(
