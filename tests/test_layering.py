@@ -1,4 +1,5 @@
-"""The layers import one way, lowest first, as the README's map of the code draws them.
+"""The layers import one way, lowest first, as the README's map of the code draws them
+(``tests/test_readme.py`` checks the drawing against ``LAYERS``).
 
 Read from the source with ``ast`` (nothing is imported), so a type-only import or an
 import inside a function counts as much as one at the top of a module.
@@ -47,6 +48,8 @@ LAYERS: tuple[tuple[str, ...], ...] = (
 ORCHESTRATION = ("omni_actors.pipeline",)
 # Packages that only hold others (their ``__init__`` is a docstring): in no layer.
 CONTAINERS = ("omni_actors", "omni_actors.actors")
+
+
 def _rel(path: Path) -> str:
     return str(path.relative_to(ROOT)) if path.is_relative_to(ROOT) else str(path)
 
