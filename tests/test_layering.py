@@ -1,4 +1,5 @@
-"""The layers import one way, lowest first, as the README's map of the code draws them.
+"""The layers import one way, lowest first, as the README's map of the code draws them
+(``tests/test_readme.py`` checks the drawing against ``LAYERS``).
 
 Read from the source with ``ast`` (nothing is imported), so a type-only import or an
 import inside a function counts as much as one at the top of a module.

@@ -1,9 +1,11 @@
-"""The supported-versions policy (README, "Supported versions"), checked against the files.
+"""The supported-versions policy (docs/installing.md, "Supported versions"), checked against
+the files.
 
 The package metadata declares ranges, never exact pins: an app that embeds omni-actors
 must stay free to choose its torch build and its transformers release. CI then tests
 what a fresh install resolves, so the installed versions must lie in those ranges, and
-the README and ``constraints.txt`` must say the same as ``pyproject.toml``.
+the table in ``docs/installing.md`` and ``constraints.txt`` must say the same as
+``pyproject.toml``.
 """
 
 from __future__ import annotations
@@ -96,13 +98,13 @@ def test_constraints_pick_versions_inside_the_declared_ranges() -> None:
         assert declared(pin.name).contains(version, prereleases=True), pin
 
 
-def test_readme_states_the_declared_ranges() -> None:
-    readme = (ROOT / "README.md").read_text()
-    section = readme.split("## Supported versions", 1)[1].split("\n## ", 1)[0]
+def test_the_installing_page_states_the_declared_ranges() -> None:
+    page = (ROOT / "docs" / "installing.md").read_text()
+    section = page.split("## Supported versions", 1)[1].split("\n## ", 1)[0]
     stated = {
         m.group(1): SpecifierSet(m.group(2))
         for m in re.finditer(r"^\| (\w[\w-]*) \| `([^`]+)` \|", section, re.M)
     }
     assert stated.get("Python") == SpecifierSet(_project()["requires-python"])
     for name in ("torch", "transformers", "ray"):
-        assert stated.get(name) == declared(name), f"README's range for {name}"
+        assert stated.get(name) == declared(name), f"docs/installing.md's range for {name}"

@@ -3,8 +3,8 @@
 One place for two reasons. A missing ``transformers`` (``pip install omni-actors``
 without the ``tiny-omni`` extra) fails here with a :class:`MissingExtraError` that names
 the extra, whichever tiny-omni module the caller reached first. And the surface we depend
-on can be reviewed in one screen against the supported range (see the README's supported
-versions): public names only, never one starting with ``_``, which transformers may
+on can be reviewed in one screen against the supported range (docs/installing.md,
+"Supported versions"): public names only, never one starting with ``_``, which transformers may
 rename in any release.
 
 Some classes below are public by name but not in their module's ``__all__``:

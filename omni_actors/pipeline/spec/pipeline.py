@@ -291,7 +291,7 @@ class PipelineSpec(Spec):
         if not any(stage.placement is not None for stage in self.stages):
             raise PipelineConfigError(
                 f"pipeline {self.name} places no stage on a cluster; give the stages to "
-                "run there a 'placement: {ray: ...}' (README, \"Scaling out\")"
+                "run there a 'placement: {ray: ...}' (docs/scaling-out.md)"
             )
         cluster = self.cluster or ClusterSpec()
         ray = RayClusterSpec.model_validate({**cluster.ray.model_dump(), "address": address})
