@@ -181,8 +181,13 @@ class Supervisor:
 
 
 def _count(window: deque[float], now: float, period: float) -> int:
-    """Record a restart at ``now`` and return how many fall within ``period``."""
+    """Record a restart at ``now`` and return how many fall within ``period``.
+
+    The window is closed at both ends, as OTP's (``supervisor:add_restart/3`` keeps the
+    restarts ``R >= Now - Period``): a restart exactly ``period`` ago still counts; only
+    older ones are dropped.
+    """
     window.append(now)
-    while window and window[0] <= now - period:
+    while window and window[0] < now - period:
         window.popleft()
     return len(window)
