@@ -13,7 +13,13 @@ from omni_actors._ref import ActorRef
 from omni_actors.actors.stage.actor import StageActor
 from omni_actors.pipeline.conversation_log import ConversationLog
 from omni_actors.pipeline.session_actor import SessionActor, SessionChannel, StagePlan
-from omni_actors.protocols.control import Deadlines, Inspect, OpenSession, SessionMessage
+from omni_actors.protocols.control import (
+    Deadlines,
+    Inspect,
+    OpenSession,
+    SessionMessage,
+    StageMessage,
+)
 from omni_actors.protocols.events import ResponseDone, SessionError
 from omni_actors.protocols.stage import (
     INPUT,
@@ -33,7 +39,7 @@ REMOTE = "omni_actors.transport.remote:RemoteError"
 
 async def conversation(
     kit: ActorTestKit,
-) -> tuple[ActorRef[SessionMessage], SessionChannel, ActorRef[object]]:
+) -> tuple[ActorRef[SessionMessage], SessionChannel, ActorRef[StageMessage]]:
     """A conversation's actor on one scripted stage, prewarmed, its first response in
     flight (the caller has ended its input's segment 0)."""
     stage = await kit.spawn(StageActor, "thinker", "scripted", {"fields": ["text"]})
@@ -46,7 +52,7 @@ async def conversation(
     assert await actor.ask(OpenSession()) is None
     assert (await stage.ask(Inspect())).keys == [KEY]
     channel.segments_sent = 1  # as ``Session`` does once the caller ends the segment
-    return actor, channel, stage  # type: ignore[return-value]
+    return actor, channel, stage
 
 
 def error(failure: FailureCause, code: str = "internal") -> StageReport:
