@@ -385,7 +385,7 @@ class ActorCell:
                 log.warning("actor %s stopped after a failure: %r", self.path, error)
             return _Exit(error)
         self.state = CellState.SUSPENDED
-        parent.supervisor.post(sm.ChildFailed(self, error))
+        parent.supervisor.post(sm.ChildExited(self, error))
         return None
 
     async def _on_system(self, message: object) -> _Exit | None:

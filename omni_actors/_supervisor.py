@@ -38,14 +38,14 @@ class Supervisor:
         self._child_restarts: dict[ActorCell, deque[float]] = {}
         self._pending: set[ActorCell] = set()
         self._timers: set[TimerHandle] = set()
-        self._inbox: deque[sm.ChildFailed | sm.RestartGroup] = deque()
+        self._inbox: deque[sm.ChildExited | sm.RestartGroup] = deque()
         self._task: asyncio.Task[None] | None = None
 
-    def post(self, message: sm.ChildFailed | sm.RestartGroup) -> None:
+    def post(self, message: sm.ChildExited | sm.RestartGroup) -> None:
         """Queue supervisor work; runs in this supervisor's task, not the cell's loop."""
         cell = self.cell
         if cell.state.ending:
-            if isinstance(message, sm.ChildFailed):
+            if isinstance(message, sm.ChildExited):
                 message.child.mailbox.push_system(sm.Stop(message.error))
             return
         self._inbox.append(message)
@@ -55,8 +55,8 @@ class Supervisor:
     async def _run(self) -> None:
         while self._inbox:
             match self._inbox.popleft():
-                case sm.ChildFailed(child=child, error=error):
-                    await self.child_failed(child, error)
+                case sm.ChildExited(child=child, error=error):
+                    await self.child_exited(child, error)
                 case sm.RestartGroup(children=children, cause=cause):
                     await self.restart_group(children, cause)
 
@@ -88,8 +88,9 @@ class Supervisor:
             timer.cancel()
         self._timers.clear()
 
-    async def child_failed(self, child: ActorCell, error: BaseException | None) -> None:
-        """Apply the strategy to a failed child; may escalate by failing the parent."""
+    async def child_exited(self, child: ActorCell, error: BaseException | None) -> None:
+        """Apply the strategy to a child that exited (failed, or a permanent child that
+        stopped itself); may escalate by failing the parent."""
         cell = self.cell
         if cell.children.get(child.name) is not child or child in self._pending:
             return  # already stopped, or already part of a scheduled restart
@@ -180,8 +181,13 @@ class Supervisor:
 
 
 def _count(window: deque[float], now: float, period: float) -> int:
-    """Record a restart at ``now`` and return how many fall within ``period``."""
+    """Record a restart at ``now`` and return how many fall within ``period``.
+
+    The window is closed at both ends, as OTP's (``supervisor:add_restart/3`` keeps the
+    restarts ``R >= Now - Period``): a restart exactly ``period`` ago still counts; only
+    older ones are dropped.
+    """
     window.append(now)
-    while window and window[0] <= now - period:
+    while window and window[0] < now - period:
         window.popleft()
     return len(window)

@@ -60,9 +60,14 @@ class Restart:
 
 
 @dataclass(slots=True)
-class ChildFailed:
-    """To a parent's supervisor: a child failed, or (``error`` None) a permanent child
-    stopped itself."""
+class ChildExited:
+    """To a parent's supervisor: a child exited and its restart type wants it back; it
+    failed with ``error``, or (``error`` None) a permanent child stopped itself.
+
+    OTP's exit signal to a supervisor (``{'EXIT', Child, Reason}``), whose reason may be
+    normal. Not the public ``omni_actors.ChildFailed`` signal, which tells a parent of
+    failures only, whatever its supervisor decides.
+    """
 
     child: ActorCell
     error: BaseException | None

@@ -12,6 +12,8 @@ whether that child is restarted at all:
 When more than ``max_restarts`` restarts happen within ``period`` seconds the supervisor
 gives up: it stops all its children and fails itself with
 :class:`~omni_actors.errors.RestartIntensityExceededError`, escalating to its own parent.
+"Within" is OTP's window, closed at both ends: a restart exactly ``period`` seconds
+before the latest one still counts; only an older one no longer does.
 """
 
 from __future__ import annotations
@@ -77,7 +79,8 @@ class SupervisorStrategy:
             restarts every child; ``rest_for_one`` restarts the failed child and the
             children started after it.
         max_restarts: restart intensity: at most this many restarts ...
-        period: ... within this many seconds, else the supervisor escalates.
+        period: ... within this many seconds, else the supervisor escalates (a restart
+            exactly ``period`` seconds old still counts, as in OTP).
         backoff: delay before each restart.
         restart_timeout: deadline for a restarted child's ``on_start``.
     """

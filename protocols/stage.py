@@ -27,6 +27,7 @@ __all__ = [
     "INPUT",
     "Chunk",
     "End",
+    "FailureCause",
     "HopMetrics",
     "Mark",
     "ReportEnd",
@@ -56,6 +57,16 @@ ReportEnd = Literal["segment", "finished", "failed", "error"]
 session finished, or the session failed here (the stage dropped it). ``failed`` is a
 notice sent as soon as the engine failed the response (the stage keeps the session and
 still reports the segment's end once its input has drained)."""
+
+FailureCause = Literal["engine", "peer_gone", "chunk_gap", "timeout", "internal"]
+"""Where a stage's ``failed`` or ``error`` report came from, set by the stage, which
+knows: ``engine``: the engine raised. ``peer_gone``: an actor the session's streams
+connect the stage to (a stage, the session's owner) stopped, or its process died.
+``chunk_gap``: chunks of an input stream were lost. ``timeout``: a wait bounded by the
+session's deadlines expired (for input, for a receiver's credit, or the whole session).
+``internal``: anything else (a chunk off the session's path or past its window, a bug).
+The session's owner routes on it: a stream that broke (``peer_gone``, ``chunk_gap``)
+costs the responses in flight, not a conversation that can be replayed."""
 
 Mark = Literal["", "commit", "clear", "truncate", "reply"]
 """A turn mark in the caller's input (``Session.commit``, ``clear``, ``truncate``), ordered
@@ -216,6 +227,8 @@ class StageReport(msgspec.Struct, tag="stage-report", frozen=True, kw_only=True)
         end: see :data:`ReportEnd`.
         metrics: the stage's share of the segment.
         code: on ``failed`` or ``error``, what kind of failure (the error's ``code``).
+        failure: on ``failed`` or ``error``, where it came from (see
+            :data:`FailureCause`); None otherwise.
         error_type: on ``failed`` or ``error``, the exception's ``module:QualName``.
         error: on ``failed`` or ``error``, its message.
         reply: from an engine that can take a stored reply back (``REPLY_FIELD`` among
@@ -233,3 +246,4 @@ class StageReport(msgspec.Struct, tag="stage-report", frozen=True, kw_only=True)
     error_type: str = ""
     error: str = ""
     reply: tuple[int, ...] | None = None
+    failure: FailureCause | None = None

@@ -19,6 +19,8 @@ __all__ = [
     "ActorMoved",
     "ActorStarted",
     "Ask",
+    "AskFailure",
+    "AskReply",
     "Batch",
     "Credit",
     "FlowClosed",
@@ -26,9 +28,7 @@ __all__ = [
     "OpenFlow",
     "PeerKeys",
     "RefDesc",
-    "Failure",
     "Hello",
-    "Reply",
     "Shutdown",
     "Single",
     "SlabAttached",
@@ -59,7 +59,7 @@ class Tell(msgspec.Struct, tag="tell", frozen=True, array_like=True):
 
 
 class Ask(msgspec.Struct, tag="ask", frozen=True, array_like=True):
-    """A request; the receiving node answers ``Reply`` or ``Failure`` with ``corr``.
+    """A request; the receiving node answers ``AskReply`` or ``AskFailure`` with ``corr``.
 
     ``seq`` is numbered with the link's ``Tell`` frames (see there).
     """
@@ -71,14 +71,14 @@ class Ask(msgspec.Struct, tag="ask", frozen=True, array_like=True):
     body: msgspec.Raw
 
 
-class Reply(msgspec.Struct, tag="reply", frozen=True, array_like=True):
+class AskReply(msgspec.Struct, tag="reply", frozen=True, array_like=True):
     """The value an actor's ``receive`` returned for ``Ask`` number ``corr``."""
 
     corr: int
     body: msgspec.Raw
 
 
-class Failure(msgspec.Struct, tag="failure", frozen=True, array_like=True):
+class AskFailure(msgspec.Struct, tag="failure", frozen=True, array_like=True):
     """An exception raised for ``Ask`` number ``corr`` (type by qualified name)."""
 
     corr: int
@@ -233,8 +233,8 @@ class PeerKeys(msgspec.Struct, tag="keys", frozen=True, array_like=True):
 Single = (
     Tell
     | Ask
-    | Reply
-    | Failure
+    | AskReply
+    | AskFailure
     | Credit
     | OpenFlow
     | FlowClosed

@@ -13,7 +13,9 @@ drains the segment's input, ends the segment on every outlet and serves the next
 so does an output the engine may not yield (``engine_outputs``) and a first output that
 does not come within ``first_chunk_s`` of the engine's last input. Failures that break
 the session itself (a broken input stream, an input deadline, a failure in the
-session's last segment) end it here with an ``error`` report. Every wait for input has a
+session's last segment) end it here with an ``error`` report. Either report says where
+the failure came from (``StageReport.failure``: the engine, a peer gone, lost chunks, a
+deadline), which only the stage can tell. Every wait for input has a
 deadline on the stage's system clock (virtual under ``ActorTestKit(virtual_time=True)``;
 in a worker process, that process's real clock). The task that drives it all belongs to
 the stage's task scope: an abort cancels it, and the task itself frees the session on
@@ -39,7 +41,7 @@ from omni_actors.actors.engines.contract import Engine, Fields
 from omni_actors.actors.stage.accumulate import ChunkGapError, ChunkSequence
 from omni_actors.actors.stage.device_links import DeviceLinks
 from omni_actors.actors.stage.engine_outputs import EngineOutputError, output_error
-from omni_actors.actors.stage.flow import CreditWindow, Inflow
+from omni_actors.actors.stage.flow import BackpressureError, CreditWindow, Inflow
 from omni_actors.actors.stage.outlet import Outlet
 from omni_actors.actors.stage.segment_inputs import SegmentInputs
 from omni_actors.actors.stage.segment_metrics import SegmentMetrics
@@ -49,6 +51,7 @@ from omni_actors.errors import (
     ActorStoppedError,
     OmniError,
     ProtocolError,
+    WorkerDiedError,
     error_code,
     qualified_name,
 )
@@ -56,6 +59,7 @@ from omni_actors.protocols.control import Prewarm
 from omni_actors.protocols.stage import (
     Chunk,
     End,
+    FailureCause,
     ReportEnd,
     SessionKey,
     StageReport,
@@ -320,12 +324,13 @@ class StageSession:
                     self.segment = segment + 1
                     start = self.clock.now()
         except Exception as exc:
-            error = exc
+            engine = isinstance(exc, _EngineFailed)
+            error = exc.error if isinstance(exc, _EngineFailed) else exc
             if total.expired():
                 error = DeadlineExceededError(
                     self.stage, self.key, "end of the session", self.deadlines.total_s, "total_s"
                 )
-            await self._report_error(self.segment, error)
+            await self._report_error(self.segment, error, _cause(error, engine=engine))
         finally:
             # Runs on abort (cancellation) too: nothing of the session stays allocated.
             # The one place the engine frees the session: each session is released or
@@ -347,10 +352,10 @@ class StageSession:
                 reply = self._last_reply(self.key)
             if failure is not None:
                 if not self.resumable:
-                    raise failure  # a one-shot session has nothing left to serve
+                    raise _EngineFailed(failure)  # a one-shot session has nothing left
                 # Told at once, so the owner stops the response on every stage; the
                 # segment's end is reported as usual once its input has drained.
-                await self._report(segment, "failed", failure)
+                await self._report(segment, "failed", failure, _cause(failure, engine=True))
         async for _ in inputs.drain():  # the engine may stop reading early
             pass
         for outlet in self.outlets:
@@ -459,6 +464,7 @@ class StageSession:
         segment: int,
         end: ReportEnd,
         error: BaseException | None = None,
+        failure: FailureCause | None = None,
         reply: tuple[int, ...] | None = None,
     ) -> None:
         metrics = self.metrics.report({o.name: o.metrics() for o in self.outlets})
@@ -477,14 +483,46 @@ class StageSession:
             error_type=qualified_name(error) if error is not None else "",
             error=str(error) if error is not None else "",
             reply=reply,
+            failure=failure,
         )
         await self.owner.tell(report)
 
-    async def _report_error(self, segment: int, error: BaseException) -> None:
-        log.debug("session %s failed on %s: %r", self.key, self.stage, error)
+    async def _report_error(
+        self, segment: int, error: BaseException, failure: FailureCause
+    ) -> None:
+        log.debug("session %s failed on %s (%s): %r", self.key, self.stage, failure, error)
         # If the owner is gone, nobody is waiting for this session any more.
         with contextlib.suppress(ActorStoppedError):
-            await self._report(segment, "error", error)
+            await self._report(segment, "error", error, failure)
+
+
+class _EngineFailed(Exception):
+    """The engine's failure ending a one-shot session, on its way to ``_run``'s report
+    (which tells it from the stage's own failures by this wrapper)."""
+
+    def __init__(self, error: Exception) -> None:
+        super().__init__(error)
+        self.error = error
+
+
+def _cause(error: BaseException, *, engine: bool) -> FailureCause:
+    """Where ``error`` came from (see ``FailureCause``); ``engine``: out of the engine.
+
+    The stage's own errors of a session's streams are what they are wherever they
+    surface (an engine that reads a broken input stream raises the stream's error).
+    Outside the engine, a session's task sends only on the session's streams (chunks,
+    credits) and to its owner: an actor that stopped, or whose process died, is a peer
+    gone.
+    """
+    if isinstance(error, ChunkGapError):
+        return "chunk_gap"
+    if isinstance(error, DeadlineExceededError | BackpressureError):
+        return "timeout"
+    if engine:
+        return "engine"
+    if isinstance(error, ActorStoppedError | WorkerDiedError):
+        return "peer_gone"
+    return "internal"
 
 
 async def _throw(outputs: AsyncIterator[Fields], error: EngineOutputError) -> None:

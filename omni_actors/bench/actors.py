@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import asyncio
 import gc
-import math
 import os
 import platform
 import statistics
@@ -20,6 +19,7 @@ from typing import Any
 
 from omni_actors._actor import Actor
 from omni_actors._system import ActorSystem
+from omni_actors.bench.stats import percentile
 
 __all__ = ["run_actor_bench"]
 
@@ -109,13 +109,6 @@ async def _ask_latencies_us(system: ActorSystem, asks: int) -> list[float]:
     return samples
 
 
-def _percentile(samples: list[float], q: float) -> float:
-    """The ``q`` quantile of ``samples`` (nearest rank, no interpolation)."""
-    ordered = sorted(samples)
-    rank = max(1, math.ceil(q * len(ordered)))
-    return ordered[rank - 1]
-
-
 async def run_actor_bench(messages: int, asks: int, repeat: int) -> dict[str, Any]:
     """Measure tell throughput, the queue baseline and ask latency of the kernel.
 
@@ -156,8 +149,8 @@ async def run_actor_bench(messages: int, asks: int, repeat: int) -> dict[str, An
                     queues.append(await _queue_rate(messages, capacity))
             gc.collect()
             latencies = await _ask_latencies_us(system, asks)
-            p50s.append(_percentile(latencies, 0.50))
-            p99s.append(_percentile(latencies, 0.99))
+            p50s.append(percentile(latencies, 50))
+            p99s.append(percentile(latencies, 99))
     tell = statistics.median(tells)
     queue = statistics.median(queues)
     loop = type(asyncio.get_running_loop()).__module__.split(".")[0]

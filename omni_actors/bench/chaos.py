@@ -41,6 +41,7 @@ from typing import Any
 
 from omni_actors.bench.resources import snapshot
 from omni_actors.bench.soak import drive, settled
+from omni_actors.bench.stats import percentile
 from omni_actors.bench.steps import Progress, Steps
 from omni_actors.errors import OmniError
 from omni_actors.pipeline.omni_pipeline import OmniPipeline
@@ -283,7 +284,7 @@ async def run_chaos_bench(
         "conversations": tally.conversations,
         "conversations_lost": tally.lost,
         "hung": hung,
-        "recovery_s_p50": recovery[len(recovery) // 2] if recovery else None,
+        "recovery_s_p50": percentile(recovery, 50) if recovery else None,
         "recovery_s_max": recovery[-1] if recovery else None,
         "kills_without_recovery": len(kills) - len(recovery),
         "counts_start": counts_start,

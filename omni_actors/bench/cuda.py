@@ -43,9 +43,10 @@ import torch
 from omni_actors import ActorRef, ActorSystem, Props
 from omni_actors.bench.cuda_cli import SIZES, TARGET_ASYNC_OVERHEAD_PCT
 from omni_actors.bench.cuda_links import measure_hops
-from omni_actors.bench.cuda_model import code_predictor_bench, quantile, tiny_omni_bench
+from omni_actors.bench.cuda_model import code_predictor_bench, tiny_omni_bench
 from omni_actors.bench.cuda_producer import Mode, Producer, Step, dtype_of
 from omni_actors.bench.cuda_sink import Collect, Hidden, HiddenSink, Hop, SinkMessage
+from omni_actors.bench.stats import percentile
 from omni_actors.cuda import HostStaging
 from omni_actors.errors import OmniError
 
@@ -210,8 +211,8 @@ async def _modes(
             taken[mode] += count
     return {
         mode: {
-            "step_ms_p50": quantile(times[mode], 0.5),
-            "step_ms_p90": quantile(times[mode], 0.9),
+            "step_ms_p50": round(percentile(times[mode], 50), 4),
+            "step_ms_p90": round(percentile(times[mode], 90), 4),
             "handed_off": taken[mode],
         }
         for mode in MODES
@@ -257,11 +258,11 @@ async def _hops(
     rtt = {path: [s[0] for s in got] for path, got in samples.items()}
     one_way = {path: [s[1] for s in got] for path, got in samples.items()}
     return {
-        "hop_ms_p50": quantile(rtt["async"], 0.5),
-        "hop_ms_p90": quantile(rtt["async"], 0.9),
-        "hop_one_way_ms_p50": quantile(one_way["async"], 0.5),
-        "hop_sync_ms_p50": quantile(rtt["sync"], 0.5),
-        "hop_sync_one_way_ms_p50": quantile(one_way["sync"], 0.5),
+        "hop_ms_p50": round(percentile(rtt["async"], 50), 4),
+        "hop_ms_p90": round(percentile(rtt["async"], 90), 4),
+        "hop_one_way_ms_p50": round(percentile(one_way["async"], 50), 4),
+        "hop_sync_ms_p50": round(percentile(rtt["sync"], 50), 4),
+        "hop_sync_one_way_ms_p50": round(percentile(one_way["sync"], 50), 4),
     }
 
 

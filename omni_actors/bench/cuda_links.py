@@ -13,7 +13,6 @@ every path's time alike). Paths:
 
 from __future__ import annotations
 
-import statistics
 import time
 from typing import Any
 
@@ -21,6 +20,7 @@ import torch
 
 from omni_actors import ActorSystem, Props
 from omni_actors.bench.link_sink import HopSink, HostHop, LinkHop, SlotReturns
+from omni_actors.bench.stats import percentile
 from omni_actors.cuda import HostStaging
 from omni_actors.cuda.ipc import DeviceLink
 from omni_actors.protocols.device import DeviceLinkAnswer
@@ -86,10 +86,9 @@ async def _path(
                     await sink.ask(LinkHop(slices), timeout=_ASK_S)
                 if i >= warmup:
                     samples.append((time.perf_counter() - start) * 1e3)
-            ordered = sorted(samples)
             out[label] = {
-                "hop_ms_p50": round(statistics.median(ordered), 4),
-                "hop_ms_p90": round(ordered[int(0.9 * (len(ordered) - 1))], 4),
+                "hop_ms_p50": round(percentile(samples, 50), 4),
+                "hop_ms_p90": round(percentile(samples, 90), 4),
             }
     finally:
         await staging.close()

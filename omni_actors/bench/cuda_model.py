@@ -10,19 +10,14 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from omni_actors.bench.stats import percentile
+
 if TYPE_CHECKING:
     from omni_actors.bench.cuda import CudaBenchConfig
 
-__all__ = ["code_predictor_bench", "quantile", "tiny_omni_bench"]
+__all__ = ["code_predictor_bench", "tiny_omni_bench"]
 
 _PREDICTOR_DEADLINE_S = 300.0
-
-
-def quantile(samples: list[float], q: float) -> float:
-    """The ``q`` quantile of ``samples``, rounded for a report."""
-    from omni_actors.bench.pipeline import _percentile  # the serving stack, when it runs
-
-    return round(_percentile(samples, q), 4)
 
 
 _TINY_WARMUP = 2
@@ -79,7 +74,7 @@ async def tiny_omni_bench(config: CudaBenchConfig) -> dict[str, Any]:
         ttfa = [r.ttfa_ms for r in got if isinstance(r, _Sample)]
         errors = [r for r in got if isinstance(r, str)]
         report[label] = {
-            "ttfa_ms_p50": quantile(ttfa, 0.5) if ttfa else None,
+            "ttfa_ms_p50": round(percentile(ttfa, 50), 4) if ttfa else None,
             "errors": len(errors),
         }
         if errors:
@@ -135,7 +130,7 @@ def _code_predictor(config: CudaBenchConfig) -> dict[str, Any]:
     report: dict[str, Any] = {
         "forwards_per_frame": int(talker.config.num_code_groups) - 1,
         "frames": len(inputs),
-        "eager_frame_ms_p50": quantile(_frame_times(eager, inputs), 0.5),
+        "eager_frame_ms_p50": round(percentile(_frame_times(eager, inputs), 50), 4),
     }
     static_hidden, static_code0 = (t.clone() for t in inputs[0])
     try:
@@ -161,7 +156,7 @@ def _code_predictor(config: CudaBenchConfig) -> dict[str, Any]:
         codes, carry = eager(hidden, code0)
         replay(hidden, code0)
         exact &= bool(torch.equal(codes, static_codes) and torch.equal(carry, static_carry))
-    graph_ms = quantile(_frame_times(replay, inputs), 0.5)
+    graph_ms = round(percentile(_frame_times(replay, inputs), 50), 4)
     return report | {
         "graph_frame_ms_p50": graph_ms,
         "graph": "whole frame captured",

@@ -28,7 +28,7 @@ from typing import Any, Protocol
 
 import torch
 
-from omni_actors.bench.pipeline import _percentile
+from omni_actors.bench.stats import percentile
 from omni_actors.bench.steps import Steps
 from omni_actors.clock import Clock
 from omni_actors.errors import OmniError
@@ -197,7 +197,7 @@ async def _session(omni: OmniPipeline, clip: torch.Tensor) -> _Sample | str:
 
 
 def _p50(values: list[float]) -> float:
-    return round(_percentile(values, 0.50), 1)
+    return round(percentile(values, 50), 1)
 
 
 def _length(results: list[_Sample | str]) -> dict[str, Any]:

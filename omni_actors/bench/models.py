@@ -25,7 +25,8 @@ from omni_actors.bench.input_length import (
     input_steps,
     measure_input_length,
 )
-from omni_actors.bench.pipeline import _drive, _machine, _ms, _percentile, _Sample
+from omni_actors.bench.pipeline import _drive, _machine, _ms, _Sample
+from omni_actors.bench.stats import percentile
 from omni_actors.bench.steps import Progress, Steps
 from omni_actors.models.cache import prepare
 from omni_actors.pipeline.omni_pipeline import OmniPipeline
@@ -93,10 +94,10 @@ def _level(results: list[_Sample | str]) -> dict[str, Any]:
     if samples:
         ttfa = [s.ttfa_ms for s in samples]
         level |= {
-            "ttfa_ms_p50": _ms(_percentile(ttfa, 0.50)),
-            "ttfa_ms_p99": _ms(_percentile(ttfa, 0.99)),
-            "rtf_p50": round(_percentile([s.rtf for s in samples], 0.50), 4),
-            "e2e_ms_p50": _ms(_percentile([s.e2e_ms for s in samples], 0.50)),
+            "ttfa_ms_p50": _ms(percentile(ttfa, 50)),
+            "ttfa_ms_p99": _ms(percentile(ttfa, 99)),
+            "rtf_p50": round(percentile([s.rtf for s in samples], 50), 4),
+            "e2e_ms_p50": _ms(percentile([s.e2e_ms for s in samples], 50)),
         }
     if errors:
         level["first_error"] = errors[0]

@@ -25,7 +25,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import itertools
-import math
 import os
 import platform
 import sys
@@ -43,6 +42,7 @@ from omni_actors.bench.ideal import IdealTimes, ideal_times
 from omni_actors.bench.pipeline_targets import targets, wire_ms_per_hop
 from omni_actors.bench.profiling import Profiler
 from omni_actors.bench.resources import tree_cpu_s
+from omni_actors.bench.stats import percentile
 from omni_actors.bench.steps import Progress, Steps
 from omni_actors.models.heap import freeze_heap
 from omni_actors.pipeline.omni_pipeline import OmniPipeline
@@ -147,13 +147,6 @@ async def _drive(omni: OmniPipeline, requests: int, concurrency: int) -> list[_S
     return results
 
 
-def _percentile(samples: list[float], q: float) -> float:
-    """The ``q`` quantile of ``samples`` (nearest rank, no interpolation)."""
-    ordered = sorted(samples)
-    rank = max(1, math.ceil(q * len(ordered)))
-    return ordered[rank - 1]
-
-
 def _ms(value: float | None) -> float | None:
     return None if value is None else round(value, 3)
 
@@ -208,13 +201,13 @@ def _level(
     }
     if samples:
         ttfa = [s.ttfa_ms for s in samples]
-        p50 = _percentile(ttfa, 0.50)
+        p50 = percentile(ttfa, 50)
         level |= {
             "ttfa_ms_p50": _ms(p50),
-            "ttfa_ms_p99": _ms(_percentile(ttfa, 0.99)),
-            "client_ttfa_ms_p50": _ms(_percentile([s.client_ttfa_ms for s in samples], 0.50)),
-            "e2e_ms_p50": _ms(_percentile([s.e2e_ms for s in samples], 0.50)),
-            "rtf_p50": round(_percentile([s.rtf for s in samples], 0.50), 4),
+            "ttfa_ms_p99": _ms(percentile(ttfa, 99)),
+            "client_ttfa_ms_p50": _ms(percentile([s.client_ttfa_ms for s in samples], 50)),
+            "e2e_ms_p50": _ms(percentile([s.e2e_ms for s in samples], 50)),
+            "rtf_p50": round(percentile([s.rtf for s in samples], 50), 4),
             "overhead_ms_per_hop_p50": _ms((p50 - ideal_ttfa_ms) / ideal.hops),
             "overhead_ms_per_hop_net_of_timers_p50": _ms(
                 (p50 - ideal_ttfa_ms - ideal.ttfa_sleeps * overshoot_ms) / ideal.hops

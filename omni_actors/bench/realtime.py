@@ -37,9 +37,10 @@ from omni_actors.bench.input_length import (
     length_key,
     synthetic_speech,
 )
-from omni_actors.bench.pipeline import _machine, _percentile
+from omni_actors.bench.pipeline import _machine
 from omni_actors.bench.realtime_client import CLIENT_RATE, ClientReport, encode_frames, run_client
 from omni_actors.bench.server_process import CpuSnapshot, ServerProcess, server_process
+from omni_actors.bench.stats import percentile
 from omni_actors.bench.steps import Progress, Steps
 from omni_actors.pipeline.spec.pipeline import load_pipeline
 
@@ -70,8 +71,9 @@ def _round(value: float | None, digits: int = 1) -> float | None:
     return None if value is None else round(value, digits)
 
 
-def _p(values: list[float], q: float, digits: int = 1) -> float | None:
-    return round(_percentile(values, q), digits) if values else None
+def _p(values: list[float], p: float, digits: int = 1) -> float | None:
+    """The ``p``-th percentile of ``values``, rounded; None if there are none."""
+    return round(percentile(values, p), digits) if values else None
 
 
 def _summarise(reports: list[ClientReport], turns: int) -> dict[str, Any]:
@@ -88,13 +90,13 @@ def _summarise(reports: list[ClientReport], turns: int) -> dict[str, Any]:
         "turns": len(done),
         "turns_expected": len(reports) * turns,
         "completed_turns": sum(t.status == "completed" for t in done),
-        "ttfa_ms_p50": _p(ttfa, 0.50),
-        "ttfa_ms_p99": _p(ttfa, 0.99),
-        "rtf_p50": _p(rtf, 0.50, 4),
-        "rtf_p99": _p(rtf, 0.99, 4),
-        "audio_s_per_turn_p50": _p([t.audio_s for t in done if t.status == "completed"], 0.5, 3),
-        "cancel_ms_p50": _p(cancel, 0.50),
-        "cancel_ms_p99": _p(cancel, 0.99),
+        "ttfa_ms_p50": _p(ttfa, 50),
+        "ttfa_ms_p99": _p(ttfa, 99),
+        "rtf_p50": _p(rtf, 50, 4),
+        "rtf_p99": _p(rtf, 99, 4),
+        "audio_s_per_turn_p50": _p([t.audio_s for t in done if t.status == "completed"], 50, 3),
+        "cancel_ms_p50": _p(cancel, 50),
+        "cancel_ms_p99": _p(cancel, 99),
         "cancel_status": dict(Counter(t.status for t in done if t.cancel_ms is not None)),
         "late_audio_deltas": sum(r.late_audio_deltas for r in reports),
         "errors": sum(errors.values()),

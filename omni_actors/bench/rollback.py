@@ -23,7 +23,8 @@ from pathlib import Path
 from typing import Any
 
 from omni_actors.bench.models import fixed_replies
-from omni_actors.bench.pipeline import _machine, _percentile
+from omni_actors.bench.pipeline import _machine
+from omni_actors.bench.stats import percentile
 from omni_actors.models.cache import prepare
 from omni_actors.pipeline.omni_pipeline import OmniPipeline
 from omni_actors.pipeline.response import Response
@@ -50,7 +51,7 @@ def _turn_text(turn: int, chars: int) -> str:
 
 def _stats(ms: list[float]) -> dict[str, Any]:
     return {
-        "p50": round(_percentile(ms, 0.5), 3),
+        "p50": round(percentile(ms, 50), 3),
         "min": round(min(ms), 3),
         "max": round(max(ms), 3),
         "samples": [round(m, 3) for m in ms],

@@ -29,6 +29,7 @@ from typing import Any
 import torch
 
 from omni_actors.bench.resources import Resources, snapshot
+from omni_actors.bench.stats import percentile
 from omni_actors.bench.steps import Progress, Steps
 from omni_actors.errors import OmniError
 from omni_actors.pipeline.omni_pipeline import OmniPipeline
@@ -143,10 +144,10 @@ def _slope_per_min(points: list[tuple[float, float]]) -> float | None:
 
 def _median(samples: list[dict[str, Any]], key: str) -> float:
     """The median of ``key`` (a series, or a pid's RSS) over ``samples``."""
-    values = sorted(
+    values = [
         float(s[key]) if key in s else float(s["rss_mb_by_pid"].get(key, 0.0)) for s in samples
-    )
-    return values[len(values) // 2] if values else 0.0
+    ]
+    return percentile(values, 50) if values else 0.0
 
 
 def _sample(t: float, resources: Resources, live: int, done: int) -> dict[str, Any]:

@@ -24,7 +24,6 @@ import json
 import os
 import platform
 import shutil
-import statistics
 import subprocess
 import sys
 import tempfile
@@ -39,6 +38,7 @@ import zmq
 
 from omni_actors import Actor, ActorSystem, Props
 from omni_actors.bench.profiling import Profiler
+from omni_actors.bench.stats import percentile
 from omni_actors.errors import OmniError
 
 __all__ = [
@@ -91,12 +91,6 @@ class BenchEcho(Actor[BenchPayload]):
 
     async def receive(self, message: BenchPayload) -> int:
         return message.seq
-
-
-def _p(samples: list[float], q: float) -> float:
-    """The ``q`` quantile of ``samples`` (nearest rank, no interpolation)."""
-    ordered = sorted(samples)
-    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
 
 
 def _iterations(size: int, scale: float, iterations: int | None) -> tuple[int, int]:
@@ -237,14 +231,14 @@ async def run_transport_bench(
         raw_evented = await _raw_zmq(size, count, warmup, evented=True)
         base = _baseline(baseline, size, count, warmup)
         copy = _memcpy(size, count)
-        ours_p50 = statistics.median(ours[label])
+        ours_p50 = percentile(ours[label], 50)
         row: dict[str, Any] = {
             "ours_us_p50": round(ours_p50, 1),
-            "ours_us_p99": round(_p(ours[label], 0.99), 1),
-            "baseline_us_p50": None if base is None else round(statistics.median(base), 1),
-            "raw_zmq_us_p50": round(statistics.median(raw), 1),
-            "raw_zmq_evented_us_p50": round(statistics.median(raw_evented), 1),
-            "memcpy_us_p50": round(statistics.median(copy), 1),
+            "ours_us_p99": round(percentile(ours[label], 99), 1),
+            "baseline_us_p50": None if base is None else round(percentile(base, 50), 1),
+            "raw_zmq_us_p50": round(percentile(raw, 50), 1),
+            "raw_zmq_evented_us_p50": round(percentile(raw_evented, 50), 1),
+            "memcpy_us_p50": round(percentile(copy, 50), 1),
             "iterations": count,
         }
         row["speedup_vs_baseline"] = (

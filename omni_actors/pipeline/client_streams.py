@@ -19,7 +19,7 @@ from collections.abc import Callable, Mapping
 from omni_actors.actors.stage.accumulate import ChunkGapError, ChunkSequence
 from omni_actors.actors.stage.flow import Inflow
 from omni_actors.errors import OmniError, ProtocolError
-from omni_actors.pipeline.reply import Reply
+from omni_actors.pipeline.pending_response import PendingResponse
 from omni_actors.pipeline.session_channel import SessionChannel
 from omni_actors.protocols.address import ActorAddress
 from omni_actors.protocols.control import StreamCredit
@@ -53,9 +53,9 @@ class ClientStreams:
         self._sequences: dict[str, ChunkSequence] = {}
 
     def take(
-        self, chunk: Chunk, reply_of: Callable[[int], Reply | None], current: int
+        self, chunk: Chunk, response_of: Callable[[int], PendingResponse | None], current: int
     ) -> OmniError | int:
-        """Emit ``chunk``'s events (``reply_of`` its segment; ``current``: the segment
+        """Emit ``chunk``'s events (``response_of`` its segment; ``current``: the segment
         whose events go to the caller now): the error that broke its stream, or the
         credits now due to its sender (see the module docstring)."""
         source = chunk.source
@@ -72,21 +72,21 @@ class ClientStreams:
             inflow.received(source)
         except ProtocolError as exc:  # past its window: refused, never queued
             return exc
-        reply = reply_of(chunk.segment)
-        if reply is None or reply.status != "completed":
+        response = response_of(chunk.segment)
+        if response is None or response.status != "completed":
             # Done, or cancelled or failed: what it still says is moot (and taken now).
             return inflow.taken(source)
-        text_delta, audio_delta = reply.deltas(chunk, self.session, self.channel.sample_rate)
+        text_delta, audio_delta = response.deltas(chunk, self.session, self.channel.sample_rate)
         last = audio_delta if audio_delta is not None else text_delta
         if last is None:  # nothing for the caller to read: taken now
             return inflow.taken(source)
         if text_delta is not None and audio_delta is not None:
-            self.emit(chunk.segment == current, reply, text_delta)
+            self.emit(chunk.segment == current, response, text_delta)
         # The chunk is taken once the caller reads its last event.
-        self.emit(chunk.segment == current, reply, last, source)
+        self.emit(chunk.segment == current, response, last, source)
         return 0
 
-    def emit(self, now: bool, reply: Reply, event: Event, source: str = "") -> None:
+    def emit(self, now: bool, response: PendingResponse, event: Event, source: str = "") -> None:
         """To the caller ``now`` (its segment is the current one), else held for later.
 
         ``source``: the output stage whose chunk ``event`` ends (see ``SessionChannel``).
@@ -94,7 +94,7 @@ class ClientStreams:
         if now:
             self.channel.put(event, source)
         else:
-            reply.held.append((event, source))
+            response.held.append((event, source))
 
     async def taken(self, source: str) -> None:
         """A chunk from ``source`` that the caller will not read counts as taken."""
@@ -102,9 +102,9 @@ class ClientStreams:
         if due:
             await self.inflow.grant(source, due)
 
-    async def drop_held(self, reply: Reply) -> None:
-        """Drop the events held for ``reply``; their chunks count as taken."""
-        held, reply.held = reply.held, []
+    async def drop_held(self, response: PendingResponse) -> None:
+        """Drop the events held for ``response``; their chunks count as taken."""
+        held, response.held = response.held, []
         for _, source in held:
             if source:
                 await self.taken(source)

@@ -54,7 +54,7 @@ from omni_actors.actors.stage.accumulate import ChunkGapError
 from omni_actors.actors.stage.flow import CreditWindow, send_credit
 from omni_actors.errors import InvalidRequestError, OmniError, qualified_name
 from omni_actors.pipeline.client_streams import ClientStreams
-from omni_actors.pipeline.reply import Reply
+from omni_actors.pipeline.pending_response import PendingResponse
 from omni_actors.pipeline.session_channel import SessionChannel
 from omni_actors.pipeline.session_path import SessionPath, StagePlan
 from omni_actors.protocols.control import (
@@ -76,13 +76,13 @@ from omni_actors.protocols.events import (
     ResponseDone,
     SessionError,
 )
-from omni_actors.protocols.stage import INPUT, Chunk, SessionKey, StageReport
+from omni_actors.protocols.stage import INPUT, Chunk, FailureCause, SessionKey, StageReport
 
 __all__ = ["SessionActor"]
 
-# A stage's error that says a peer it sent to is gone (the orchestrator's StageFailed
-# for that peer may come after it): the streams broke, the reporting stage did not.
-_PEER_GONE = (":ActorStoppedError", ":WorkerDiedError")
+# A stage's failures that say the session's streams broke, not the reporting stage: a
+# peer gone (the orchestrator's StageFailed for that peer may come after it), lost chunks.
+_BROKEN_STREAM: frozenset[FailureCause | None] = frozenset({"peer_gone", "chunk_gap"})
 
 log = logging.getLogger(__name__)
 
@@ -128,8 +128,8 @@ class SessionActor(Actor[SessionMessage]):
         self.channel = channel
         self.streams = self._streams()
         self.segment = 0  # the segment whose events go to the caller now
-        self._pending: dict[int, Reply] = {}  # segments not yet done, by number
-        self._last: Reply | None = None  # the last response done
+        self._pending: dict[int, PendingResponse] = {}  # segments not yet done, by number
+        self._last: PendingResponse | None = None  # the last response done
         self._ended = False
 
     async def receive(self, message: SessionMessage) -> Any:
@@ -208,14 +208,16 @@ class SessionActor(Actor[SessionMessage]):
 
     # -- outputs and reports ----------------------------------------------------------
 
-    def _reply(self, segment: int) -> Reply | None:
+    def _reply(self, segment: int) -> PendingResponse | None:
         """The reply to ``segment``; None if that segment is already done (a bug)."""
         if segment < self.segment:
             log.warning("session %s: output or report for done segment %d", self.id, segment)
             return None
         reply = self._pending.get(segment)
         if reply is None:
-            reply = self._pending[segment] = Reply(self.channel.responses.get(segment, ""))
+            reply = self._pending[segment] = PendingResponse(
+                self.channel.responses.get(segment, "")
+            )
         return reply
 
     def receive_now(self, message: SessionMessage) -> Callable[[], Awaitable[None]] | None:
@@ -255,7 +257,7 @@ class SessionActor(Actor[SessionMessage]):
             return  # a stage died: every stream of this key is cut, its responses failed
         if report.end == "error":
             code = report.code if report.code is not None else "internal"
-            if code == "chunk_gap" or report.error_type.endswith(_PEER_GONE):
+            if report.failure in _BROKEN_STREAM:
                 # The session's streams broke, not the stage: a conversation goes on.
                 await self._cut(code, report.error, report.stage, error_type=report.error_type)
             else:

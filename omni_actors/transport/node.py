@@ -262,7 +262,7 @@ class Node:
             del self._flows[(mailbox.peer, mailbox.target)]
 
     def new_ask(self, reply: asyncio.Future[Any], reply_type: Any, peer: int) -> int:
-        """Register ``reply`` to be resolved by a ``Reply``/``Failure``; returns its id."""
+        """Register ``reply`` to be resolved by an ``AskReply``/``AskFailure``; returns its id."""
         corr = next(self._corr)
         self._asks[corr] = (reply, self._decoder(reply_type), peer)
         reply.add_done_callback(lambda _: self._asks.pop(corr, None))
@@ -297,15 +297,15 @@ class Node:
         try:
             body = msgspec.Raw(link.encoder.encode_into(value, buffers))
         except (TypeError, ValueError, msgspec.EncodeError) as exc:
-            link.send(wire.Failure(corr, *error_to_wire(exc)))
+            link.send(wire.AskFailure(corr, *error_to_wire(exc)))
             return
-        link.send(wire.Reply(corr, body), buffers)
+        link.send(wire.AskReply(corr, body), buffers)
 
     def reply_error(self, peer: int, corr: int, error: BaseException) -> None:
         """Send the exception raised for ``Ask`` number ``corr`` back to ``peer``."""
         link = self._links.get(peer)
         if link is not None:
-            link.send(wire.Failure(corr, *error_to_wire(error)))
+            link.send(wire.AskFailure(corr, *error_to_wire(error)))
 
     # -- receiving ------------------------------------------------------------------
 
@@ -369,7 +369,7 @@ class Node:
                     self.peer_keys.add(peer, key.encode())
                 if self.control is not None:
                     self.control(envelope)  # a new worker waits for its keys
-            case wire.Reply(corr=corr, body=body):
+            case wire.AskReply(corr=corr, body=body):
                 entry = self._asks.get(corr)
                 if entry is not None and not entry[0].done():
                     reply, reply_decoder, _ = entry
@@ -377,7 +377,7 @@ class Node:
                         reply.set_result(reply_decoder.decode(body, buffers))
                     except ProtocolError as exc:
                         reply.set_exception(exc)
-            case wire.Failure(corr=corr, error_type=error_type, message=message):
+            case wire.AskFailure(corr=corr, error_type=error_type, message=message):
                 entry = self._asks.get(corr)
                 if entry is not None and not entry[0].done():
                     entry[0].set_exception(error_from_wire(error_type, message))

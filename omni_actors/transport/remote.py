@@ -48,7 +48,7 @@ class RemoteError(OmniError):
 
 
 def error_to_wire(error: BaseException) -> tuple[str, str]:
-    """``(qualified type name, message)`` of an exception, for a ``Failure`` frame."""
+    """``(qualified type name, message)`` of an exception, for an ``AskFailure`` frame."""
     cls = type(error)
     return f"{cls.__module__}:{cls.__qualname__}", str(error)
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import msgspec
 import torch
 
 from omni_actors.actors.stage.actor import StageActor
@@ -104,6 +105,45 @@ async def test_a_chunk_from_a_stream_off_the_path_fails_the_session() -> None:
         assert "ProtocolError" in report.error_type
         assert report.code == "internal"
         assert (await stage.ask(Inspect())).keys == []
+
+
+async def test_a_report_says_where_its_failure_came_from() -> None:
+    """The stage tells its failures apart where it sees them (``StageReport.failure``):
+    the engine raised, a stage it streams to is gone, or chunks were lost."""
+    async with ActorTestKit() as kit:
+        owner, down = await kit.create_probe(), await kit.create_probe()
+        failing = await kit.spawn(StageActor, "talker", "scripted", {**TALKER, "fail_after": 1})
+        await failing.ask(prewarm(owner))
+        await failing.tell(chunk(0, end="finished"))
+        report = await owner.expect_message(StageReport)
+        assert (report.end, report.failure, report.code) == ("error", "engine", "engine_error")
+
+        stage = await kit.spawn(StageActor, "talker2", "scripted", TALKER)
+        target = Target(stage="code2wav", ref=down.ref, mode="stream", fields=("codes",))
+        await stage.ask(prewarm(owner, targets=(target,)))
+        await kit.system.stop(down.ref)
+        await stage.tell(chunk(0, end="finished"))
+        report = await owner.expect_message(StageReport)
+        assert (report.end, report.failure) == ("error", "peer_gone"), report
+        assert "ActorStoppedError" in report.error_type
+
+        await stage.ask(prewarm(owner, key=SessionKey("gap")))
+        await stage.tell(msgspec.structs.replace(chunk(0), key=SessionKey("gap")))
+        await stage.tell(msgspec.structs.replace(chunk(2), key=SessionKey("gap")))
+        report = await owner.expect_message(StageReport)
+        assert (report.end, report.failure, report.code) == ("error", "chunk_gap", "chunk_gap")
+
+
+async def test_an_engine_failure_in_a_conversation_fails_the_response_as_the_engines() -> None:
+    async with ActorTestKit() as kit:
+        owner = await kit.create_probe()
+        stage = await kit.spawn(StageActor, "talker", "scripted", {**TALKER, "fail_after": 1})
+        await stage.ask(prewarm(owner, resumable=True))
+        await stage.tell(chunk(0, end="segment"))
+        failed = await owner.expect_message(StageReport)
+        assert (failed.end, failed.failure, failed.code) == ("failed", "engine", "engine_error")
+        ended = await owner.expect_message(StageReport)
+        assert (ended.end, ended.failure) == ("segment", None)
 
 
 async def test_a_bad_engine_fails_the_spawn_with_a_clear_error() -> None:

@@ -197,7 +197,8 @@ def test_the_figure_is_measured_per_length_shortest_first(
         ttfa = entry["ttfa_after_input_ms"]
         assert len(ttfa) == 2, key
         assert all(math.isfinite(t) and t > 0 for t in ttfa), key
-        assert entry["ttfa_after_input_ms_p50"] == min(ttfa)  # nearest rank of two
+        # The p50 of two is their mean (``bench.stats.percentile``), within rounding.
+        assert entry["ttfa_after_input_ms_p50"] == pytest.approx(sum(ttfa) / 2, abs=0.1)
         assert entry["ttft_after_input_ms_p50"] > 0
         assert entry["e2e_after_input_ms_p50"] >= entry["ttfa_after_input_ms_p50"]
         assert entry["max_send_lag_ms"] >= 0

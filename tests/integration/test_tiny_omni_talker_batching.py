@@ -102,7 +102,7 @@ def reply_input(outputs: list[Fields]) -> ReplyInput:
 
 
 @dataclass
-class Reply:
+class SteppedReply:
     """One session's reply being stepped by the test."""
 
     got: ReplyInput
@@ -122,7 +122,7 @@ class Reply:
             self.codes.append(frame[0])
 
 
-def open_reply(model: TalkerModel, outputs: list[Fields]) -> Reply:
+def open_reply(model: TalkerModel, outputs: list[Fields]) -> SteppedReply:
     got = reply_input(outputs)
     rows, mask = got.take_user()
     assert got.opening is not None
@@ -130,12 +130,12 @@ def open_reply(model: TalkerModel, outputs: list[Fields]) -> Reply:
     voice = Voice(DynamicCache(config=model.text_config))
     speaker = model.speakers["chelsie"]
     speech, frame = model.open(voice, rows, mask, got.opening, got.tts, got.embeds[0], speaker)
-    reply = Reply(got, speech, None, [])
+    reply = SteppedReply(got, speech, None, [])
     reply.take(frame)
     return reply
 
 
-def speak(model: TalkerModel, replies: list[Reply]) -> None:
+def speak(model: TalkerModel, replies: list[SteppedReply]) -> None:
     """Step ``replies`` to their ends, every live one in each model call."""
     while live := [(reply, step) for reply in replies if (step := reply.step()) is not None]:
         frames = model.frames([step for _, step in live])

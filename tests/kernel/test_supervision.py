@@ -599,6 +599,39 @@ async def test_only_restarts_within_the_period_count_towards_intensity(
     await probe.expect_no_message(0.05)
 
 
+# Binary fractions: the clock's sums and the window's difference are exact.
+_EPSILON = 2.0**-10
+
+
+@pytest.mark.parametrize(
+    ("gap", "escalates"),
+    [(5.0 - _EPSILON, True), (5.0, True), (5.0 + _EPSILON, False)],
+    ids=["just-inside", "exactly-period-ago", "just-outside"],
+)
+async def test_a_restart_exactly_period_ago_still_counts(
+    virtual_testkit: ActorTestKit, gap: float, escalates: bool
+) -> None:
+    """OTP's window: a restart counts while it is at most ``period`` old (closed at
+    both ends, ``supervisor:add_restart/3`` keeps ``R >= Now - Period``)."""
+    clock = virtual_testkit.virtual_clock
+    probe = await virtual_testkit.create_probe()
+    strategy = SupervisorStrategy(max_restarts=1, period=5.0, backoff=NO_BACKOFF)
+    sup, kids = await spawn_sup(virtual_testkit, strategy, [Child("a")], [])
+    probe.watch(sup)
+    a = kids["a"]
+
+    await fail(a)  # restart 1, at 0.0: within the intensity
+    assert await a.ask(Get()) == 0
+    clock.advance(gap)
+    await fail(a)  # restart 2, ``gap`` later: with restart 1, one too many?
+    if escalates:
+        terminated = await probe.expect_terminated(sup)
+        assert isinstance(terminated.reason, RestartIntensityExceededError)
+    else:
+        assert await a.ask(Get()) == 0
+        assert sup.is_alive
+
+
 async def test_a_self_stop_of_a_permanent_child_counts_as_a_restart(
     virtual_testkit: ActorTestKit,
 ) -> None:

@@ -162,17 +162,17 @@ async def test_a_replayed_reply_resolves_no_other_ask() -> None:
         loop = asyncio.get_running_loop()
         first: asyncio.Future[Any] = loop.create_future()
         corr = pair.sender.new_ask(first, int, 1)
-        reply = wire.Reply(corr, msgspec.Raw(msgspec.msgpack.encode(1)))
+        reply = wire.AskReply(corr, msgspec.Raw(msgspec.msgpack.encode(1)))
         back.send(reply)
         assert await first == 1
         second: asyncio.Future[Any] = loop.create_future()
         pair.sender.new_ask(second, int, 1)
         back.send(reply)  # the first ask's reply, again
-        back.send(wire.Reply(-1, msgspec.Raw(msgspec.msgpack.encode(3))))
+        back.send(wire.AskReply(-1, msgspec.Raw(msgspec.msgpack.encode(3))))
         # Frames on one link arrive in order: this one is handled after both.
         probe_done: asyncio.Future[Any] = loop.create_future()
         marker = pair.sender.new_ask(probe_done, int, 1)
-        back.send(wire.Reply(marker, msgspec.Raw(msgspec.msgpack.encode(9))))
+        back.send(wire.AskReply(marker, msgspec.Raw(msgspec.msgpack.encode(9))))
         assert await probe_done == 9
         assert not second.done()
         second.cancel()

@@ -44,7 +44,7 @@ __all__ = [
     "SYSTEM_OPENING",
     "Checkpoint",
     "Conversation",
-    "Reply",
+    "ThinkerReply",
     "system_turn",
 ]
 
@@ -63,8 +63,8 @@ def system_turn(text: str) -> tuple[int, ...]:
 
 
 @dataclass(frozen=True)
-class Reply:
-    """The last assistant turn: what a truncation cuts.
+class ThinkerReply:
+    """The thinker's last reply (assistant turn) in its cache: what a truncation cuts.
 
     Attributes:
         start: cache position of its first token (after ``<|im_start|> ASSISTANT \\n``).
@@ -83,7 +83,7 @@ class Checkpoint:
 
     position: int
     carry: tuple[int, ...]
-    reply: Reply | None
+    reply: ThinkerReply | None
     turns_since_reply: int
     system: tuple[int, ...]
     rng: torch.Tensor | None
@@ -98,7 +98,7 @@ class Conversation:
     """Tokens in ``cache``: the next forward starts here."""
     carry: list[int] = field(default_factory=list)
     """Tokens that close the last reply, fed before whatever comes next."""
-    reply: Reply | None = None
+    reply: ThinkerReply | None = None
     turns_since_reply: int = 0
     """User turns committed since :attr:`reply` (a truncation must come before them)."""
     system: tuple[int, ...] = ()

@@ -12,7 +12,7 @@ closes the user turn and sends its rows to the talker; ``clear`` crops the cache
 to the last commit; ``truncate`` cuts the last reply to what the user heard; ``reply``
 (a session replaying its conversation) commits the open turn if any and takes the
 mark's tokens back as the assistant's turn, leaving the cache, the carry and the
-:class:`~.conversation.Reply` as decoding them did, and yields nothing for it (the
+:class:`~.conversation.ThinkerReply` as decoding them did, and yields nothing for it (the
 talker conditions on user turns only). The end of the input commits what is pending,
 then the reply opens (``<|im_start|> ASSISTANT \\n``) and decodes; with no input at
 all, it replies to the conversation so far. :meth:`ThinkerEngine.last_reply` tells the
@@ -77,7 +77,7 @@ from omni_actors.actors.engines.tiny_omni.conversation import (
     NEWLINE,
     Checkpoint,
     Conversation,
-    Reply,
+    ThinkerReply,
     system_turn,
 )
 from omni_actors.actors.engines.tiny_omni.family import TINY_OMNI
@@ -272,7 +272,7 @@ class ThinkerEngine(BatchedTorchEngine[Conversation, DecodeStep, Token]):
             token, embed = await self.call(self._model.open_reply, conversation, closing, sampling)
             unclosed = None
             last_rows = None if closing is None else closing.take_rows()
-            reply = conversation.reply = Reply(conversation.position, (), 0)
+            reply = conversation.reply = ThinkerReply(conversation.position, (), 0)
             decoding = True
             conversation.turns_since_reply, conversation.system = 0, ()
             while token != Tokens.IM_END and not signal.aborted:
@@ -285,7 +285,9 @@ class ThinkerEngine(BatchedTorchEngine[Conversation, DecodeStep, Token]):
                     out.update(last_rows or {})
                     out["opening"] = self._model.opening
                     out["tts"] = self._model.tts
-                reply = conversation.reply = Reply(reply.start, (*reply.tokens, token), reply.fed)
+                reply = conversation.reply = ThinkerReply(
+                    reply.start, (*reply.tokens, token), reply.fed
+                )
                 if len(reply.tokens) < sampling.max_tokens:
                     # Start the next step before handing this token out: the model thread
                     # works while the stage routes the output.
@@ -296,7 +298,7 @@ class ThinkerEngine(BatchedTorchEngine[Conversation, DecodeStep, Token]):
                     break
                 token, embed = await step
                 step = None
-                reply = conversation.reply = Reply(reply.start, reply.tokens, reply.fed + 1)
+                reply = conversation.reply = ThinkerReply(reply.start, reply.tokens, reply.fed + 1)
             if signal.aborted:
                 return
             outcome = "done"
@@ -353,7 +355,7 @@ class ThinkerEngine(BatchedTorchEngine[Conversation, DecodeStep, Token]):
             else:
                 reply = conversation.reply
                 assert reply is not None, "a decode step only runs in a reply"
-                conversation.reply = Reply(reply.start, reply.tokens, reply.fed + 1)
+                conversation.reply = ThinkerReply(reply.start, reply.tokens, reply.fed + 1)
         if outcome == "failed":
             conversation.restore(start)
             if instructed:

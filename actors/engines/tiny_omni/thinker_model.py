@@ -24,7 +24,7 @@ from omni_actors.actors.engines.tiny_omni.conversation import (
     CLOSE_TURN,
     NEWLINE,
     Conversation,
-    Reply,
+    ThinkerReply,
 )
 from omni_actors.actors.engines.tiny_omni.hf import (
     PreTrainedConfig,
@@ -149,7 +149,7 @@ class ThinkerModel:
 
         One forward over the carry, ``<|im_start|> ASSISTANT \\n`` and the tokens; the turn
         is then left as a completed reply leaves it (``<|im_end|> \\n`` in the carry, a
-        :class:`Reply` a truncation can cut, no user turn or system turn after it).
+        :class:`ThinkerReply` a truncation can cut, no user turn or system turn after it).
 
         The cache holds the same positions as after decoding, but computed in one
         forward of ``len(tokens) + 3`` rows instead of one per token: its keys and values
@@ -158,7 +158,7 @@ class ThinkerModel:
         """
         self._forward(conversation, [*conversation.carry, *ASSISTANT_OPENING, *tokens])
         conversation.carry = [*CLOSE_TURN]
-        conversation.reply = Reply(conversation.position - len(tokens), tokens, len(tokens))
+        conversation.reply = ThinkerReply(conversation.position - len(tokens), tokens, len(tokens))
         conversation.turns_since_reply, conversation.system = 0, ()
 
     @torch.no_grad()

@@ -25,7 +25,7 @@ from omni_actors.actors.engines.turn_marks import check_truncatable
 from omni_actors.actors.engines.vllm.turns import TurnTemplate
 from omni_actors.errors import EngineError
 
-__all__ = ["Clip", "History", "Mark", "Reply", "VllmInputError"]
+__all__ = ["Clip", "History", "Mark", "ReplyTokens", "VllmInputError"]
 
 _NONE: Final = 1 << 62  # ``low_water`` when nothing was cut
 
@@ -35,8 +35,8 @@ class VllmInputError(EngineError, ValueError):
 
 
 @dataclass(frozen=True, slots=True)
-class Reply:
-    """The last assistant turn: where it starts in the list, and its tokens."""
+class ReplyTokens:
+    """The last reply (assistant turn) in the token list: where it starts, and its tokens."""
 
     start: int
     tokens: tuple[int, ...] = ()
@@ -66,7 +66,7 @@ class Mark:
     """A state to come back to (a checkpoint)."""
 
     length: int
-    reply: Reply | None
+    reply: ReplyTokens | None
     turns_since_reply: int
     system: tuple[int, ...]
 
@@ -80,7 +80,7 @@ class History:
     """Where the open user turn starts (None: no turn is open)."""
     waiting: tuple[int, ...] = ()
     """A system turn set while a user turn was open: it follows that turn's commit."""
-    reply: Reply | None = None
+    reply: ReplyTokens | None = None
     replying: bool = False
     turns_since_reply: int = 0
     system: tuple[int, ...] = ()
@@ -171,7 +171,7 @@ class History:
     def open_reply(self, turns: TurnTemplate) -> None:
         """Append the assistant opening; the reply's tokens follow."""
         self.tokens.extend(turns.opening)
-        self.reply = Reply(len(self.tokens))
+        self.reply = ReplyTokens(len(self.tokens))
         self.replying = True
         self.turns_since_reply, self.system = 0, ()
 
@@ -181,7 +181,7 @@ class History:
         then the last reply, which a truncation can cut. Commit the open turn first."""
         assert self.turn_start is None, "the engine commits the open turn first"
         self.open_reply(turns)
-        self.reply = Reply(len(self.tokens), tokens)
+        self.reply = ReplyTokens(len(self.tokens), tokens)
         self.tokens.extend(tokens)
         self.end_reply(turns)
 

@@ -1,4 +1,8 @@
-"""``Reply``: what a session's actor has of one response (one segment) until it is done."""
+"""``PendingResponse``: what a session's actor has of one response until it is done.
+
+A response is the caller-facing answer to one segment of the session's input, with the
+id its caller gave it; the stages know it only as that segment (``Chunk.segment``).
+"""
 
 from __future__ import annotations
 
@@ -14,12 +18,16 @@ from omni_actors.protocols.events import (
 )
 from omni_actors.protocols.stage import Chunk, StageMetrics
 
-__all__ = ["Reply"]
+__all__ = ["PendingResponse"]
 
 
-class Reply:
-    """What the session has of one segment's reply: its reports, latencies and the events
-    held until the segments before it are done."""
+class PendingResponse:
+    """What the session has of one response: the stages' reports of its segment, its
+    latencies and the events held until the responses before it are done.
+
+    Args:
+        response: the response's id (in its events; "" for a session's one reply).
+    """
 
     __slots__ = (
         "audio_samples",
@@ -55,8 +63,9 @@ class Reply:
         self.finished = False  # the session's last segment
         self.done_at: float | None = None  # every stage has reported it
         self.held: list[tuple[Event, str]] = []  # with their sources (see _emit)
-        # What the entry engine kept of it, for the conversation's replay: the reply it
-        # generated, or that it failed the response and went back to where it started.
+        # What the entry engine kept of it, for the conversation's replay: the reply
+        # tokens it generated, or that it failed the response and went back to where it
+        # started.
         self.entry_reply: tuple[int, ...] | None = None
         self.rolled_back = False
 
@@ -85,8 +94,8 @@ class Reply:
     def deltas(
         self, chunk: Chunk, session: str, sample_rate: int
     ) -> tuple[TextDelta | None, AudioDelta | None]:
-        """The caller's events for an output stage's ``chunk`` of this response (its
-        ``text`` and ``audio``, when not empty), counted in the response's latencies."""
+        """The caller's events for an output stage's ``chunk`` of this response's segment
+        (its ``text`` and ``audio``, when not empty), counted in the response's latencies."""
         # Latencies count when the output reaches the session, held or not.
         now = time.monotonic()
         text_delta = audio_delta = None
@@ -112,6 +121,6 @@ class Reply:
         if self.status == "completed":
             self.status, self.code = "failed", code
             self.message, self.stage = message, stage
-            self.entry_reply = None  # a failed reply is not part of the conversation
+            self.entry_reply = None  # a failed response is not part of the conversation
         self.held = [(event, "") for event, _ in self.held]
         self.done_at = now
