@@ -20,12 +20,12 @@ Step = Fields | Callable[[], Awaitable[None]]
 
 
 def truncate(kept: int) -> Fields:
-    """A truncate mark as ``SegmentInputs`` hands it to the engine."""
+    """A truncate mark as a stage's ``SegmentInputs`` hands it to the engine."""
     return {TURN_FIELD: "truncate", KEPT_FIELD: torch.tensor(kept)}
 
 
 def reply(tokens: Sequence[int]) -> Fields:
-    """A reply mark as ``SegmentInputs`` hands it to the engine."""
+    """A reply mark as a stage's ``SegmentInputs`` hands it to the engine."""
     return {TURN_FIELD: "reply", REPLY_FIELD: torch.tensor(list(tokens), dtype=torch.int64)}
 
 

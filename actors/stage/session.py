@@ -3,7 +3,8 @@
 A stage hosts many sessions at once; each has one of these. It owns the session's input
 queue (fed by the stage's ``receive``), calls the engine once per segment with an input
 iterator over that queue, routes every output through the session's outlets, and
-reports each segment's end to the session's owner.
+reports each segment's end to the session's owner. What the engine reads of one segment
+is a :class:`SegmentInputs`, the session's queue seen as the engine's input iterator.
 
 In a conversation each segment is a response. A cancelled response stops at the
 engine's next output (the stage closes ``generate``; the input still drains to the
@@ -35,17 +36,28 @@ import logging
 import time
 from collections import deque
 from collections.abc import AsyncIterator, Callable, Collection
+from typing import Any
+
+import torch
 
 from omni_actors._task_scope import TaskScope
-from omni_actors.actors.engines.contract import Engine, Fields
+from omni_actors.actors.engines.contract import (
+    CONTEXT_FIELD,
+    KEPT_FIELD,
+    NO_OPTIONS,
+    REPLY_FIELD,
+    TURN_FIELD,
+    Engine,
+    Fields,
+    ResponseOptions,
+)
 from omni_actors.actors.stage.accumulate import ChunkGapError, ChunkSequence
 from omni_actors.actors.stage.device_links import DeviceLinks
 from omni_actors.actors.stage.engine_outputs import EngineOutputError, output_error
 from omni_actors.actors.stage.flow import BackpressureError, CreditWindow, Inflow
 from omni_actors.actors.stage.outlet import Outlet
-from omni_actors.actors.stage.segment_inputs import SegmentInputs
 from omni_actors.actors.stage.segment_metrics import SegmentMetrics
-from omni_actors.clock import Clock, timeout_at
+from omni_actors.clock import Clock, Timeout, timeout_at
 from omni_actors.cuda import StageTransfers, on_device
 from omni_actors.errors import (
     ActorStoppedError,
@@ -65,7 +77,7 @@ from omni_actors.protocols.stage import (
     StageReport,
 )
 
-__all__ = ["DeadlineExceededError", "StageSession"]
+__all__ = ["DeadlineExceededError", "SegmentInputs", "StageSession"]
 
 log = logging.getLogger(__name__)
 
@@ -494,6 +506,110 @@ class StageSession:
         # If the owner is gone, nobody is waiting for this session any more.
         with contextlib.suppress(ActorStoppedError):
             await self._report(segment, "error", error, failure)
+
+
+class SegmentInputs(AsyncIterator[Fields]):
+    """The engine's view of one segment's input: chunks until every source ends it.
+
+    ``options`` are the response's overrides, once the chunk that carries them arrived
+    (``omni_actors.actors.engines.contract.response_options``). Until then, in a resumable
+    session, the user is still speaking: every wait for input is bounded by
+    ``idle_s``; once the response started, by ``inter_chunk_s``.
+
+    ``first_output`` is the deadline of the engine's first output while the stage waits
+    for it: suspended while the engine waits for input, due ``first_chunk_s`` after the
+    last input it took.
+    """
+
+    def __init__(self, session: StageSession, start: float) -> None:
+        self.session = session
+        self.start = start
+        self.ended: set[str] = set()
+        self.end: End = ""
+        self.started = False
+        self.options: ResponseOptions = NO_OPTIONS
+        self.responding = False
+        self.last = start
+        self._first: Fields | None = None
+        self.first_output: Timeout | None = None
+
+    def __aiter__(self) -> SegmentInputs:
+        return self
+
+    async def has_payload(self) -> bool:
+        """Wait for the segment's first input; False if it ended without any.
+
+        A segment that carries nothing (a resumable session closed without new input)
+        never reaches the engine, so no reply is made up for it; but a response asked
+        for with nothing new said (its chunk carries options) does: it answers the
+        conversation so far.
+        """
+        try:
+            self._first = await self.__anext__()
+        except StopAsyncIteration:
+            return self.responding
+        return True
+
+    async def drain(self) -> AsyncIterator[Fields]:
+        """What is left of the segment's input, through its end (the engine's done)."""
+        self._first = None
+        async for fields in self:
+            yield fields
+
+    async def __anext__(self) -> Fields:
+        deadline = self.first_output
+        if deadline is not None:
+            deadline.reschedule(None)  # no output is due while the engine waits for input
+        try:
+            if self._first is not None:
+                first, self._first = self._first, None
+                return first
+            s = self.session
+            while len(self.ended) < len(s.sources):
+                d = s.deadlines
+                if not self.started:
+                    limit, setting = (
+                        (d.idle_s, "idle_s") if s.resumable else (d.first_chunk_s, "first_chunk_s")
+                    )
+                    what = "first input chunk of the segment"
+                elif s.resumable and not self.responding:
+                    limit, setting, what = d.idle_s, "idle_s", "next input chunk of the turn"
+                else:
+                    limit, setting, what = d.inter_chunk_s, "inter_chunk_s", "next input chunk"
+                base = self.last if self.started else self.start
+                chunk = await s.next_chunk(base + limit, what, limit, setting)
+                self.started = True
+                self.last = s.clock.now()
+                if chunk.options is not None:
+                    self.options = chunk.options
+                    self.responding = True
+                    for outlet in s.outlets:
+                        outlet.stamp(chunk.options)
+                if chunk.end:
+                    self.ended.add(chunk.source)
+                    if chunk.end == "finished" or self.end != "finished":
+                        self.end = chunk.end
+                if chunk.mark:
+                    if s.takes_marks:
+                        marked: dict[str, Any] = {TURN_FIELD: chunk.mark}
+                        if chunk.mark == "truncate":
+                            marked[KEPT_FIELD] = torch.tensor(chunk.kept)
+                        elif chunk.mark == "reply" and REPLY_FIELD in chunk.tensors:
+                            marked[REPLY_FIELD] = chunk.tensors[REPLY_FIELD]
+                        return marked
+                    continue
+                if chunk.has_payload:
+                    fields: dict[str, Any] = chunk.fields()
+                    if s.transfers is not None:
+                        fields = s.transfers.load(fields)
+                    if chunk.context:
+                        fields[CONTEXT_FIELD] = torch.tensor(chunk.context)
+                    return fields
+            raise StopAsyncIteration
+        finally:
+            if deadline is not None:
+                s = self.session
+                deadline.reschedule(s.clock.now() + s.deadlines.first_chunk_s)
 
 
 class _EngineFailed(Exception):
