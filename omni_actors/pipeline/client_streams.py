@@ -49,7 +49,8 @@ class ClientStreams:
         self.session = session
         self.channel = channel
         # The streams end here: their credits come from the caller's reads.
-        channel.inflow = self.inflow = Inflow(key, "client", channel.window, senders)
+        self.inflow = Inflow(key, "client", channel.window, senders)
+        channel.attach(self.inflow)
         self._sequences: dict[str, ChunkSequence] = {}
 
     def take(

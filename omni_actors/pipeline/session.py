@@ -28,7 +28,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import math
-import time
 import uuid
 from collections.abc import AsyncIterator, Mapping
 from typing import TYPE_CHECKING, Literal
@@ -112,8 +111,11 @@ class Session:
         self.id = session_id or uuid.uuid4().hex
         self.modalities = modalities
         self.resumable = resumable
+        self._takes = pipeline.spec.entry_inputs()
         self.channel = SessionChannel(
-            sample_rate=pipeline.spec.outputs.sample_rate, window=pipeline.spec.flow.window
+            sample_rate=pipeline.spec.outputs.sample_rate,
+            window=pipeline.spec.flow.window,
+            history=_history(pipeline.spec, self._takes) if resumable else None,
         )
         self._ref: ActorRef[SessionMessage] | None = None
         self._key = SessionKey("")  # the session's key on the stages, once admitted
@@ -127,8 +129,6 @@ class Session:
             abort_stages=self._abort_stages,
             reopen=self._reopen,
         )
-        self._takes = pipeline.spec.entry_inputs()
-        self.channel.history = _history(pipeline.spec, self._takes) if resumable else None
         self._admission: Admission | None = None
         self._drained = False  # the terminal event has been handed to the caller
         self._cancelled = ""  # the response whose deltas the caller is no longer handed
@@ -155,7 +155,7 @@ class Session:
         """Admission and prewarm, within ``deadlines.admission_s``; an error is returned."""
         spec = self.pipeline.spec
         clock = self.pipeline.clock
-        self.channel.starts[0] = time.monotonic()
+        self.channel.segment_started(0)
         start = clock.now()
         # The caller's last line of defence: the stages' own deadlines fire first.
         self._expiry = clock.call_at(start + spec.deadlines.total_s + _GRACE_S, self._expire)
@@ -249,7 +249,7 @@ class Session:
         if end and (self.resumable or self._input.segment > 0):
             # A segment's latency counts from the end of its input; a one-shot request's
             # from the call (admission and prewarm included).
-            self.channel.starts[self._input.segment] = time.monotonic()
+            self.channel.segment_started(self._input.segment)
         await self._input.send(payload, end=end)
 
     async def commit(self) -> None:
@@ -387,8 +387,7 @@ class Session:
 
     def _start_response(self, response_id: str) -> Response:
         segment = self._input.segment
-        self.channel.responses[segment] = response_id
-        self.channel.starts[segment] = time.monotonic()  # latency counts from here
+        self.channel.response_started(segment, response_id)  # latency counts from here
         self.response = Response(self, response_id, segment)
         return self.response
 

@@ -51,7 +51,7 @@ from typing import Any
 from omni_actors._actor import Actor
 from omni_actors._mailbox import MailboxConfig
 from omni_actors.actors.stage.accumulate import ChunkGapError
-from omni_actors.actors.stage.flow import CreditWindow, send_credit
+from omni_actors.actors.stage.flow import send_credit
 from omni_actors.errors import InvalidRequestError, OmniError, qualified_name
 from omni_actors.pipeline.client_streams import ClientStreams
 from omni_actors.pipeline.pending_response import PendingResponse
@@ -367,9 +367,7 @@ class SessionActor(Actor[SessionMessage]):
                 message += f" (the conversation cannot be replayed: {history.lost})"
             await self._fail(code, message, stage, error_type, dead=dead)
             return
-        self.channel.stale = message
-        self.channel.input.close()  # a send waiting for the dead stage's credit reopens
-        self.channel.forget_sources()
+        self.channel.cut(message)
         now = time.monotonic()
         for segment in list(self._pending):
             if segment >= self.channel.segments_sent:  # input still open: its streams are gone
@@ -398,11 +396,11 @@ class SessionActor(Actor[SessionMessage]):
         self.key = key = SessionKey(f"{self._base_key}~{self._reopened}")
         self.path = SessionPath(self.id, key, self.plan)
         self.streams = self._streams()
-        self.channel.input = CreditWindow(self.channel.window)
+        self.channel.reopening()
         error = await self._prewarm(timeout_s, again=True)
         if error is not None:
             return error
-        self.channel.stale = ""
+        self.channel.reopened()
         return key
 
     # -- ending -----------------------------------------------------------------------

@@ -1,13 +1,20 @@
-"""``SessionChannel``: where a session's events wait for its caller.
+"""``SessionChannel``: where a session's events wait for its caller, and the one owner of
+the session's state that both sides of it read.
 
-Shared, in the caller's process, by the caller's ``Session`` handle (which reads events
-and spends credits of its input's window) and the session's actor (which puts events
-and grants the output stages' credits as the caller reads them).
+Shared, in the caller's process, by the caller's side (``Session``, ``SessionInput``,
+``Response``: they read events, spend credits of the input's window, start responses
+and end segments) and the session's actor (``SessionActor``, ``ClientStreams``: they put
+events, grant the output stages' credits as the caller reads them, complete segments,
+cut and reopen the session's streams when a stage restarts). Each side changes that
+state only through the channel's methods, each named for the step of the session's
+life it is: no other module assigns a channel's attributes (a test reads the source to
+hold that), so what changes the state can be read in this one file.
 """
 
 from __future__ import annotations
 
 import asyncio
+import time
 from collections import deque
 
 from omni_actors.actors.stage.flow import CreditWindow, Inflow
@@ -53,7 +60,12 @@ class SessionChannel:
         "window",
     )
 
-    def __init__(self, sample_rate: int, window: int = DEFAULT_WINDOW) -> None:
+    def __init__(
+        self,
+        sample_rate: int,
+        window: int = DEFAULT_WINDOW,
+        history: ConversationLog | None = None,
+    ) -> None:
         self.sample_rate = sample_rate
         self.window = window
         self.starts: dict[int, float] = {}
@@ -62,7 +74,7 @@ class SessionChannel:
         self.segments_sent = 0  # segments the caller has ended (its input's segment)
         # The conversation to replay after a stage restart (None: it is not replayed),
         # and why the stages must be reopened before the next input ("": they need not).
-        self.history: ConversationLog | None = None
+        self.history = history
         self.stale = ""
         self.terminal: Event | None = None
         self.input = CreditWindow(window)
@@ -94,6 +106,45 @@ class SessionChannel:
         self.input.close()
         self._wake_completion()
         return True
+
+    # -- the caller's side ------------------------------------------------------------
+
+    def segment_started(self, segment: int) -> None:
+        """``segment``'s latency counts from now (``time.monotonic``)."""
+        self.starts[segment] = time.monotonic()
+
+    def response_started(self, segment: int, response: str) -> None:
+        """Response ``response`` answers ``segment``; its latency counts from now."""
+        self.responses[segment] = response
+        self.starts[segment] = time.monotonic()
+
+    def segment_sent(self, segments: int) -> None:
+        """The caller has ended its input's first ``segments`` segments."""
+        self.segments_sent = segments
+
+    # -- the session actor's side -------------------------------------------------------
+
+    def attach(self, inflow: Inflow) -> None:
+        """The output stages' streams of the session's current key count here; reading
+        their events grants their credits."""
+        self.inflow = inflow
+
+    def cut(self, why: str) -> None:
+        """A stage on the session's path died: the session must be opened again (and its
+        conversation replayed) before the next input. A send waiting for the dead
+        stage's credit wakes to reopen it; events queued from the cut streams grant
+        nothing when read."""
+        self.stale = why
+        self.input.close()
+        self.forget_sources()
+
+    def reopening(self) -> None:
+        """The session opens again under a new key: its input gets a fresh window."""
+        self.input = CreditWindow(self.window)
+
+    def reopened(self) -> None:
+        """Every stage has the session again: input may flow."""
+        self.stale = ""
 
     def complete(self, segments: int) -> None:
         """The first ``segments`` segments have their ``ResponseDone`` queued."""

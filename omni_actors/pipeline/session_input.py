@@ -141,7 +141,7 @@ class SessionInput:
             history.sent(self.segment, payload, mark=mark, kept=kept, end=end)
         if end:
             self.segment += 1
-            self.channel.segments_sent = self.segment
+            self.channel.segment_sent(self.segment)
 
     async def _replay(self) -> None:
         """Open the session again on every stage and send its conversation so far."""
