@@ -36,9 +36,9 @@ from omni_actors.errors import (
     StartTimeoutError,
     WorkerDiedError,
 )
-from omni_actors.protocols.message import Request
+from omni_actors.protocols.message import ControlMessage, Request
 from omni_actors.remoting import Placement, register_placement
-from omni_actors.signals import ChildFailed, ControlMessage, Terminated
+from omni_actors.signals import ChildFailed, Terminated
 from omni_actors.supervision import (
     Backoff,
     OverflowPolicy,

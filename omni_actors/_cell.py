@@ -24,15 +24,16 @@ from omni_actors._state import CellState
 from omni_actors._supervisor import Supervisor
 from omni_actors._task_scope import TaskScope
 from omni_actors.errors import ActorNameTakenError, ActorStoppedError, StartTimeoutError
+from omni_actors.protocols.message import ControlMessage
 from omni_actors.remoting import PlacedActor
-from omni_actors.signals import ChildFailed, ControlMessage, Terminated
+from omni_actors.signals import ChildFailed, Terminated
 from omni_actors.supervision import RestartType, SupervisorStrategy
 
 if TYPE_CHECKING:
     from omni_actors._system import ActorSystem
     from omni_actors.remoting import Hosting
 
-__all__ = ["ActorCell", "CellState"]
+__all__ = ["ActorCell"]
 
 log = logging.getLogger("omni_actors")
 

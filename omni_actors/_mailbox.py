@@ -10,7 +10,7 @@ from typing import Any, Protocol
 
 from omni_actors import _system_messages as sm
 from omni_actors.errors import ActorStoppedError, MailboxFullError, MessageDroppedError
-from omni_actors.signals import ControlMessage
+from omni_actors.protocols.message import ControlMessage
 from omni_actors.supervision import OverflowPolicy
 
 __all__ = ["Envelope", "Mailbox", "MailboxConfig", "ReplySink"]

@@ -30,7 +30,8 @@ from typing import TYPE_CHECKING, Any, Protocol, cast
 from omni_actors import _system_messages as sm
 from omni_actors._mailbox import Envelope, Mailbox, MailboxConfig, ReplySink
 from omni_actors._ref import ActorRef
-from omni_actors.signals import ControlMessage, Terminated
+from omni_actors.protocols.message import ControlMessage
+from omni_actors.signals import Terminated
 
 if TYPE_CHECKING:
     from omni_actors._actor import Actor

@@ -9,12 +9,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from omni_actors.protocols.message import ControlMessage
-
 if TYPE_CHECKING:
     from omni_actors._ref import ActorRef
 
-__all__ = ["ChildFailed", "ControlMessage", "Terminated"]
+__all__ = ["ChildFailed", "Terminated"]
 
 
 @dataclass(frozen=True, slots=True)

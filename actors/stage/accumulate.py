@@ -15,7 +15,7 @@ import torch
 from omni_actors.errors import OmniError
 from omni_actors.protocols.control import AccumulateRule
 
-__all__ = ["AccumulateRule", "Accumulator", "ChunkGapError", "ChunkSequence"]
+__all__ = ["Accumulator", "ChunkGapError", "ChunkSequence"]
 
 Value = torch.Tensor | str
 

@@ -50,14 +50,7 @@ from omni_actors.bench.stats import percentile
 from omni_actors.cuda import HostStaging
 from omni_actors.errors import OmniError
 
-__all__ = [
-    "MODES",
-    "SIZES",
-    "TARGET_ASYNC_OVERHEAD_PCT",
-    "CudaBenchConfig",
-    "HandOffLostError",
-    "run_cuda_bench",
-]
+__all__ = ["MODES", "CudaBenchConfig", "HandOffLostError", "run_cuda_bench"]
 
 MODES: tuple[Mode, ...] = get_args(Mode)
 _DEADLINE_S = 60.0  # any one wait: a step, a copy, a tell, an ask

@@ -21,11 +21,10 @@ from pathlib import Path
 from typing import Any
 
 from omni_actors.errors import ModelFileError, OmniError
-from omni_actors.models.family import ModelFamily, Progress, UnknownModelError, model_family
+from omni_actors.models.family import ModelFamily, Progress, model_family
 
 __all__ = [
     "ModelNotPreparedError",
-    "UnknownModelError",
     "default_cache_dir",
     "is_prepared",
     "model_dir",

@@ -35,7 +35,7 @@ from omni_actors.server.realtime import RealtimeConnection
 from omni_actors.server.settings import ServerSettings
 from omni_actors.server.state import ServerState, server_state
 
-__all__ = ["STATIC", "create_app", "server_state"]
+__all__ = ["STATIC", "create_app"]
 
 log = logging.getLogger(__name__)
 

@@ -27,6 +27,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.types import Receive, Scope, Send
 
+from omni_actors.actors.engines.contract import INSTRUCTIONS_FIELD
 from omni_actors.audio.wav import encode_wav
 from omni_actors.errors import OmniError
 from omni_actors.pipeline.response import Response as PipelineResponse
@@ -57,7 +58,6 @@ from omni_actors.protocols.events import (
 from omni_actors.server.audio_format import OutputAudio
 from omni_actors.server.auth import authorized
 from omni_actors.server.chat_request import OUTPUT_RATE, ChatPlan, ChatRequestError, plan_request
-from omni_actors.server.input_stream import INSTRUCTIONS_FIELD
 from omni_actors.server.state import ServerState, server_state
 
 __all__ = ["ChatCompletionReply", "ReplyFailedError", "chat_completions"]

@@ -20,6 +20,7 @@ from typing import Final, Literal
 import msgspec
 import torch
 
+from omni_actors.actors.engines.contract import INSTRUCTIONS_FIELD
 from omni_actors.audio.wav import AudioFormatError, decode_wav
 from omni_actors.errors import InvalidRequestError
 from omni_actors.pipeline.response import checked_options
@@ -38,7 +39,6 @@ from omni_actors.protocols.chat_completions import (
 )
 from omni_actors.protocols.stage import ResponseOptions
 from omni_actors.server.audio_format import AudioPayloadError, decode_audio, format_rate
-from omni_actors.server.input_stream import INSTRUCTIONS_FIELD
 
 __all__ = ["ChatPlan", "ChatRequestError", "TurnPart", "plan_request"]
 

@@ -26,7 +26,7 @@ from omni_actors.pipeline.session import Session
 from omni_actors.pipeline.session_input import SessionClosedError
 from omni_actors.server.response_stream import ResponseStream
 
-__all__ = ["INSTRUCTIONS_FIELD", "InputStream", "Op"]
+__all__ = ["InputStream", "Op"]
 
 log = logging.getLogger(__name__)
 

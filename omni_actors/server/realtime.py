@@ -37,6 +37,7 @@ import msgspec
 import torch
 from starlette.websockets import WebSocket, WebSocketDisconnect, WebSocketState
 
+from omni_actors.actors.engines.contract import INSTRUCTIONS_FIELD
 from omni_actors.errors import InvalidRequestError, OmniError
 from omni_actors.pipeline.session import Session
 from omni_actors.protocols.events import (
@@ -81,7 +82,7 @@ from omni_actors.protocols.realtime_server import (
 )
 from omni_actors.server.audio_format import decode_audio, format_rate
 from omni_actors.server.ids import new_id
-from omni_actors.server.input_stream import INSTRUCTIONS_FIELD, InputStream, Op
+from omni_actors.server.input_stream import InputStream, Op
 from omni_actors.server.request_error import RequestError, described
 from omni_actors.server.response_stream import CancelReason, ResponseStream
 from omni_actors.server.session_config import SessionSettings, SettingError

@@ -30,7 +30,7 @@ import zmq
 from omni_actors import remoting
 from omni_actors.errors import ActorStoppedError, ProtocolError
 from omni_actors.protocols import wire
-from omni_actors.signals import ControlMessage
+from omni_actors.protocols.message import ControlMessage
 from omni_actors.transport import peer_auth
 from omni_actors.transport.codec import Decoder, slab_slots
 from omni_actors.transport.credit_ledger import CreditLedger

@@ -42,7 +42,7 @@ from omni_actors.transport.worker_hosts import (
 )
 from omni_actors.transport.worker_main import ANNOUNCE, actor_spec
 
-__all__ = ["ProcessHost", "ProcessPlacement", "Workers", "actor_spec"]
+__all__ = ["ProcessHost", "ProcessPlacement", "Workers"]
 
 if TYPE_CHECKING:
     from omni_actors import ActorRef, ActorSystem

@@ -22,8 +22,8 @@ from typing import TYPE_CHECKING, Any
 
 from omni_actors import ActorRef
 from omni_actors.errors import ActorStoppedError, MailboxFullError, OmniError
+from omni_actors.protocols.message import ControlMessage
 from omni_actors.remoting import Envelope, Mailbox, MailboxConfig, RemoteActor
-from omni_actors.signals import ControlMessage
 
 if TYPE_CHECKING:
     from omni_actors.transport.link import Link

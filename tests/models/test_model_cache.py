@@ -9,15 +9,8 @@ import pytest
 
 from omni_actors.errors import ModelFileError
 from omni_actors.models import cache as model_cache
-from omni_actors.models.cache import (
-    ModelNotPreparedError,
-    UnknownModelError,
-    is_prepared,
-    model_dir,
-    prepare,
-    require,
-)
-from omni_actors.models.family import ModelFamily, Progress
+from omni_actors.models.cache import ModelNotPreparedError, is_prepared, model_dir, prepare, require
+from omni_actors.models.family import ModelFamily, Progress, UnknownModelError
 from omni_actors.models.files import read_json
 
 BUILDS: list[tuple[Path, int]] = []

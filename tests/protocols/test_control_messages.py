@@ -37,9 +37,9 @@ from omni_actors.protocols.control import (
     TruncateResponse,
 )
 from omni_actors.protocols.message import ControlMessage
+from omni_actors.protocols.message import ControlMessage as SignalsControlMessage
 from omni_actors.protocols.stage import Chunk, SessionKey, StageMetrics, StageReport
 from omni_actors.protocols.wire import RefDesc
-from omni_actors.signals import ControlMessage as SignalsControlMessage
 from omni_actors.testing import ActorTestKit
 from omni_actors.transport.codec import Decoder, Encoder
 
