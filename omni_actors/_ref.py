@@ -55,7 +55,7 @@ class ActorRef(ActorAddress[M]):
     async def tell(self, message: M, *, timeout: float | None = None) -> None:
         """Queue ``message``; with the backpressure policy, wait for mailbox room.
 
-        A :class:`~omni_actors.signals.ControlMessage` never waits: it goes ahead of the
+        A :class:`~omni_actors.protocols.message.ControlMessage` never waits: it goes ahead of the
         queued messages. A type the actor lists in ``receives_now`` is handled at once,
         inside this call, if the actor is idle (see ``Actor.receive_now``).
 
