@@ -77,7 +77,8 @@ class BatchedTorchEngine(TorchEngine, Generic[S, R, T]):
         """Every session's requests (its counters tell how many shared a forward)."""
 
     def _run_steps(self, steps: list[R]) -> list[T]:
-        """Model thread: one forward for ``steps``; one result per step, in order."""
+        """Model thread: one forward for a batch of requests (decode steps, windows);
+        one result per request, in order."""
         raise NotImplementedError
 
     async def _batch(self, steps: list[R]) -> list[T]:
@@ -110,8 +111,8 @@ class BatchedTorchEngine(TorchEngine, Generic[S, R, T]):
         await self.abort(session)
 
     async def stop(self) -> None:
-        """Abort every session, run the steps already queued (their sessions end there),
-        then end the model thread."""
+        """Abort every session, run the requests already queued (their sessions end
+        there), then end the model thread."""
         for session in list(self._sessions):
             await self.abort(session)
         await self.batcher.stop()
