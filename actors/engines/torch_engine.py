@@ -15,9 +15,8 @@ outputs out on streams of its own (``omni_actors.cuda``).
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import functools
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, TypeVar
@@ -81,10 +80,11 @@ def stage_dir(family: str, args: WeightsArgs, stage: str) -> Path:
 
 
 class AbortSignal:
-    """An abort that a running ``generate`` can wait on together with its next input.
+    """An abort that a running ``generate`` can wait on together with whatever it awaits.
 
     ``Engine.abort`` must end a ``generate`` promptly even while it waits for input that
-    may never come (the stage cancels its task too, but an engine must not rely on it).
+    may never come, or for a batched forward behind other sessions' (the stage cancels
+    its task too, but an engine must not rely on it).
     """
 
     def __init__(self) -> None:
@@ -96,23 +96,36 @@ class AbortSignal:
         return self._future.done()
 
     def abort(self) -> None:
-        """Wake whoever waits in :meth:`next_input`; idempotent."""
+        """Wake whoever waits in :meth:`until` or :meth:`next_input`; idempotent."""
         if not self._future.done():
             self._future.set_result(None)
+
+    async def until(self, awaitable: Awaitable[T]) -> T | None:
+        """``awaitable``'s result, or None at once if the session is (or gets) aborted.
+
+        On abort the awaitable is cancelled (a batcher's request is withdrawn: the
+        batcher skips it, or drops its row of a running call) and whatever it brought
+        is dropped, error included. If the caller is cancelled, so is the awaitable.
+        """
+        waited = asyncio.ensure_future(awaitable)
+        try:
+            if not self.aborted:
+                await asyncio.wait((waited, self._future), return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            if not waited.done():
+                waited.cancel()
+                await asyncio.wait((waited,))
+        if self.aborted:
+            if not waited.cancelled():
+                waited.exception()  # retrieved, so that it is dropped, not logged
+            return None
+        return waited.result()
 
     async def next_input(self, inputs: AsyncIterator[Fields]) -> Fields | None:
         """The next input chunk, or None once the input ended or the session was aborted."""
         if self.aborted:
             return None
-        read = asyncio.ensure_future(anext(inputs, None))
-        try:
-            await asyncio.wait((read, self._future), return_when=asyncio.FIRST_COMPLETED)
-        finally:
-            if not read.done():
-                read.cancel()
-                with contextlib.suppress(asyncio.CancelledError):
-                    await read
-        return None if read.cancelled() else read.result()
+        return await self.until(anext(inputs, None))
 
 
 class TorchEngine:

@@ -3,8 +3,9 @@
 The reference everywhere is HF's own forward over the whole code sequence at once; the
 engine must reproduce it from ``ChunkPolicy`` windows, add the 555-sample tail HF trims
 (so a segment of ``F`` frames is exactly ``1920 * F`` samples), share forwards between
-sessions without mixing their audio, end aborted or stopped sessions at once, and map
-the samples a user heard of the last reply back to the frames they depend on.
+sessions without mixing their audio, end aborted or stopped sessions at once (one in a
+forward loses its row, the others keep theirs), and map the samples a user heard of the
+last reply back to the frames they depend on.
 """
 
 from __future__ import annotations
@@ -224,6 +225,55 @@ async def test_abort_mid_stream_frees_session_and_others_continue(cache: Path) -
 
 
 @pytest.mark.integration
+async def test_abort_mid_window_drops_its_row_and_the_batch_decodes_on(
+    cache: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Abort ``b`` while its window is in a forward with ``a``'s and ``c``'s: ``b`` ends at
+    once (the forward still running), its state (its last reply) is gone, and ``a`` and
+    ``c`` decode their whole streams, as they do alone, in forwards without ``b``."""
+    batches: list[int] = []  # rows per forward, once armed
+    armed, held, free = threading.Event(), threading.Event(), threading.Event()
+    real = Code2WavModel.decode
+
+    def gated(model: Code2WavModel, codes: torch.Tensor, starts: list[int]) -> list[Piece]:
+        if armed.is_set():
+            batches.append(codes.shape[0])
+            if len(batches) == 1:  # the sessions' first windows, batched: hold it there
+                held.set()
+                free.wait()
+        return real(model, codes, starts)
+
+    monkeypatch.setattr(Code2WavModel, "decode", gated)
+    codes = {s: random_codes(60, seed=300 + i) for i, s in enumerate("abc")}
+    # An idle batcher gathers 200 ms, so the three first windows share the first forward.
+    async with running(cache, batch_wait_ms=200) as engine:
+        # Each session's reply alone first: the reference, and state that b must lose.
+        solo = {s: torch.cat(await decode(engine, s, feed(windows(c)))) for s, c in codes.items()}
+        assert engine.active_sessions == {"a", "b", "c"}
+        armed.set()
+        tasks = {
+            s: asyncio.create_task(decode(engine, s, feed(windows(c)))) for s, c in codes.items()
+        }
+        try:
+            await eventually(held.is_set)
+            assert batches == [3]
+            await engine.abort("b")
+            assert await asyncio.wait_for(tasks["b"], 5.0) == []  # while the forward runs
+            assert "b" not in engine.active_sessions
+            with pytest.raises(ValueError, match="no reply to truncate"):
+                await engine.truncate("b", 100)
+            assert not free.is_set()
+        finally:
+            free.set()
+        a, c = await asyncio.wait_for(asyncio.gather(tasks["a"], tasks["c"]), 30.0)
+        assert engine.generating == set()
+        assert engine.active_sessions == {"a", "c"}  # their replies, until release
+        assert max(batches[1:]) <= 2  # b's later windows never reached a forward
+    assert close(torch.cat(a), solo["a"])
+    assert close(torch.cat(c), solo["c"])
+
+
+@pytest.mark.integration
 async def test_bad_chunk_fails_only_its_session(cache: Path) -> None:
     good = random_codes(30, seed=3)
     async with running(cache) as engine:
@@ -246,9 +296,10 @@ async def test_stop_ends_generating_sessions_and_leaves_no_task(cache: Path) -> 
     session = asyncio.create_task(decode(engine, "s", feed(windows(random_codes(30, 4)), stalled)))
     await stalled.wait()
     await engine.stop()
-    with pytest.raises(EngineStoppedError):
-        await session
+    # Ended as an abort ends it (its input never ends): what it decoded, and no tail.
+    assert len(await asyncio.wait_for(session, 5.0)) == 2
     assert engine.generating == set()
+    assert engine.active_sessions == set()
     current = asyncio.current_task()
     assert [t for t in asyncio.all_tasks() if t is not current and not t.done()] == []
     with pytest.raises(EngineStoppedError):

@@ -209,9 +209,9 @@ async def test_concurrent_sessions_share_forwards_up_to_max_batch(
         assert int(codes.min()) >= 0
         assert int(codes.max()) < configs.CODEBOOK_SIZE
     # Frame 0 comes with each session's prefill; every later frame is a batcher step.
-    assert batcher.steps == sum(len(codes) - 1 for codes in replies)
+    assert batcher.requests == sum(len(codes) - 1 for codes in replies)
     assert 1 < batcher.largest <= max_batch
-    assert batcher.calls < 0.75 * batcher.steps  # most forwards were shared
+    assert batcher.calls < 0.75 * batcher.requests  # most forwards were shared
 
 
 def fail_when_batched(layer: torch.nn.Module) -> Any:

@@ -126,6 +126,6 @@ async def test_concurrent_sessions_share_decode_forwards_up_to_max_batch(
         assert all(32 <= token < 127 for token in ids)
     # The first token comes from each reply's prefill; each later one, and the
     # <|im_end|> of a reply under the limit, from a decode step.
-    assert batcher.steps == sum(len(ids) - (len(ids) == 32) for ids in replies)
+    assert batcher.requests == sum(len(ids) - (len(ids) == 32) for ids in replies)
     assert 1 < batcher.largest <= max_batch
-    assert batcher.calls < 0.75 * batcher.steps  # most forwards were shared
+    assert batcher.calls < 0.75 * batcher.requests  # most forwards were shared

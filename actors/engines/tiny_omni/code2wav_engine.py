@@ -26,33 +26,34 @@ It only remembers, per session until release or abort, how many frames its last 
 had, so that :meth:`Code2WavEngine.truncate` can tell the talker which frames the samples
 the user heard depend on.
 
-Batching. Every session's windows go through one
-:class:`~omni_actors.actors.engines.tiny_omni.code2wav_batcher.WindowBatcher`, so sessions
-speaking at once share forwards.
+Batching and abort. The engine is a
+:class:`~omni_actors.actors.engines.batched_engine.BatchedTorchEngine`: every session's
+windows go through its one :class:`~omni_actors.actors.engines.batcher.Batcher`, grouped
+by window length (the decoder takes equal lengths only), so sessions speaking at once
+share forwards; session state, abort, release and stop are the base's, as for the thinker
+and talker. An aborted session ends at once, even while its window waits behind other
+sessions' forwards or runs in one (its row is dropped; the others' are not).
 """
 
 from __future__ import annotations
 
-import asyncio
-from collections.abc import AsyncIterator, Awaitable
+from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import ClassVar, Final, TypeVar
+from typing import ClassVar, Final
 
 import torch
 from pydantic import Field
 
+from omni_actors.actors.engines.batched_engine import BatchedTorchEngine
 from omni_actors.actors.engines.contract import CONTEXT_FIELD, Fields, Rule
-from omni_actors.actors.engines.tiny_omni.code2wav_batcher import WindowBatcher
 from omni_actors.actors.engines.tiny_omni.code2wav_model import Code2WavModel, Piece
 from omni_actors.actors.engines.tiny_omni.family import TINY_OMNI
-from omni_actors.actors.engines.torch_engine import DeviceArgs, TorchEngine, stage_dir
+from omni_actors.actors.engines.torch_engine import AbortSignal, DeviceArgs, stage_dir
 from omni_actors.errors import EngineError
 from omni_actors.models.family import WeightsArgs
 
 __all__ = ["Code2WavArgs", "Code2WavEngine", "Code2WavInputError", "EngineStoppedError"]
-
-T = TypeVar("T")
 
 _INTEGER: Final = frozenset({torch.int64, torch.int32, torch.int16, torch.int8, torch.uint8})
 
@@ -62,7 +63,7 @@ class Code2WavInputError(EngineError, ValueError):
 
 
 class EngineStoppedError(EngineError):
-    """The engine is not started, or stopped while the session was still generating."""
+    """The engine is not started (or was stopped): start it before generating."""
 
 
 class Code2WavArgs(WeightsArgs, DeviceArgs):
@@ -79,19 +80,27 @@ class Code2WavArgs(WeightsArgs, DeviceArgs):
 
 @dataclass(eq=False, slots=True)
 class _Session:
-    """A running ``generate``; ``ended`` gets the reason (aborted, stopped) to end it."""
+    """What code2wav keeps of a session: its running ``generate``'s signal, and how many
+    frames its last reply had (None before one completed)."""
 
-    ended: asyncio.Future[str]
-    request: asyncio.Future[Piece] | None = None
-
-    def end(self, reason: str) -> None:
-        if not self.ended.done():
-            self.ended.set_result(reason)
-        if self.request is not None:
-            self.request.cancel()  # the batcher skips it; a running forward's row is dropped
+    signal: AbortSignal | None = None
+    reply: int | None = None
 
 
-class Code2WavEngine(TorchEngine):
+@dataclass(frozen=True, slots=True)
+class _Window:
+    """One batcher request: a window's ``codes`` [Q, T], emitted from sample ``start``."""
+
+    codes: torch.Tensor
+    start: int
+
+    @property
+    def length(self) -> int:
+        """Frames in the window: only windows of one length share a forward."""
+        return int(self.codes.shape[-1])
+
+
+class Code2WavEngine(BatchedTorchEngine[_Session, _Window, Piece]):
     """Streams codec-frame windows to 24 kHz audio; see the module docstring.
 
     Args:
@@ -108,57 +117,24 @@ class Code2WavEngine(TorchEngine):
     streams_input: ClassVar[bool] = True
 
     def __init__(self, args: Code2WavArgs) -> None:
-        super().__init__(stage_dir(TINY_OMNI.name, args, "code2wav"), "code2wav", args.device)
-        self._model: Code2WavModel | None = None
-        self._sessions: dict[str, _Session] = {}
-        self._replies: dict[str, int] = {}
-        """Frames of each session's last reply (see :meth:`truncate`)."""
-        self._batcher: WindowBatcher[Piece] = WindowBatcher(
-            self._decode, max_batch=args.max_batch, wait_s=args.batch_wait_ms / 1e3
+        super().__init__(
+            stage_dir(TINY_OMNI.name, args, "code2wav"),
+            "code2wav",
+            max_batch=args.max_batch,
+            batcher_name="code2wav windows",
+            group_by=lambda window: window.length,
+            wait_s=args.batch_wait_ms / 1e3,
+            device=args.device,
         )
-
-    @property
-    def active_sessions(self) -> set[str]:
-        """Sessions holding state: generating, or remembering their last reply."""
-        return set(self._sessions) | set(self._replies)
-
-    @property
-    def generating(self) -> set[str]:
-        """Sessions with a running ``generate`` (an aborted one leaves at once)."""
-        return set(self._sessions)
-
-    async def start(self) -> None:
-        """Load the decoder in the model thread, then start the batcher."""
-        await super().start()
-        self._batcher.start()
+        self._model: Code2WavModel | None = None
 
     def _load(self, path: Path) -> None:
         self._model = Code2WavModel(path, self.device)
 
-    async def _decode(self, codes: torch.Tensor, starts: list[int]) -> list[Piece]:
+    def _run_steps(self, steps: list[_Window]) -> list[Piece]:
         assert self._model is not None
-        return await self.call(self._model.decode, codes, starts)
-
-    async def stop(self) -> None:
-        """Fail sessions still generating, end the batcher, then end the model thread."""
-        for session in self._sessions.values():
-            session.end("stopped")
-        self._sessions.clear()
-        self._replies.clear()
-        await self._batcher.stop()
-        await super().stop()
-
-    async def abort(self, session: str) -> None:
-        """End ``session``'s ``generate`` now (its queued chunk is never decoded); forget
-        its last reply."""
-        self._replies.pop(session, None)
-        state = self._sessions.pop(session, None)
-        if state is not None:
-            state.end("aborted")
-
-    async def release(self, session: str) -> None:
-        """Forget the session's last reply (the only thing kept between responses)."""
-        self._replies.pop(session, None)
+        codes = torch.stack([window.codes for window in steps])
+        return self._model.decode(codes, [window.start for window in steps])
 
     async def truncate(self, session: str, kept: int) -> int:
         """The user heard the first ``kept`` samples of the last reply: the frames they
@@ -173,97 +149,70 @@ class Code2WavEngine(TorchEngine):
         Raises:
             ValueError: the session has no reply to truncate, or ``kept`` is negative.
         """
-        frames = self._replies.get(session)
-        if frames is None or self._model is None:
+        state = self._sessions.get(session)
+        if state is None or state.reply is None or self._model is None:
             raise ValueError(f"code2wav session {session!r} has no reply to truncate")
         if kept < 0:
             raise ValueError(f"cannot keep {kept} samples; pass 0 or more")
         model = self._model
         needed = -(-(kept + model.pending) // model.per_frame) if kept else 0
-        self._replies[session] = min(needed, frames)
-        return self._replies[session]
+        state.reply = min(needed, state.reply)
+        return state.reply
 
     async def generate(self, session: str, inputs: AsyncIterator[Fields]) -> AsyncIterator[Fields]:
         """``{"audio": ...}`` per input chunk, then the held-back tail; see the module docstring.
 
         A reply that completes or is cancelled (closed at a ``yield``) becomes the one
-        :meth:`truncate` cuts; a failed one leaves the previous in place.
+        :meth:`truncate` cuts; a failed one leaves the previous in place. An aborted one
+        (abort, release or stop meanwhile) ends at once, without its tail.
 
         Raises:
             Code2WavInputError: a chunk is not ``[frames, num_quantizers]`` codes in range.
-            EngineStoppedError: the engine is not running, or stopped meanwhile.
+            EngineStoppedError: the engine is not running.
             ValueError: ``session`` is already generating.
         """
-        if not self._batcher.running or self._model is None:
+        if not self.batcher.running or self._model is None:
             raise EngineStoppedError("code2wav engine is not started")
-        if session in self._sessions:
-            raise ValueError(f"session {session!r} is already generating")
         model = self._model
-        state = self._sessions[session] = _Session(asyncio.get_running_loop().create_future())
+        state = self._sessions.get(session)
+        if state is None:
+            state = self._sessions[session] = _Session()
+        if state.signal is not None:
+            raise ValueError(f"session {session!r} is already generating")
+        signal = state.signal = AbortSignal()
         tail: torch.Tensor | None = None
         frames = 0
         failed = False
         try:
-            while (fields := await self._until_ended(state, _read(inputs))) is not None:
-                window = _window(model, fields)
-                if window is None:
+            while (fields := await signal.next_input(inputs)) is not None:
+                taken = _window(model, fields)
+                if taken is None:
                     continue
-                codes, start, new = window
+                window, new = taken
                 frames += new
-                state.request = self._batcher.submit(codes, start)
-                decoded = await self._until_ended(state, state.request)
-                state.request = None
+                decoded = await signal.until(self.batcher.submit(window))
                 if decoded is None:
                     return
-                if start == 0 and tail is not None:  # a chunk without context
+                if window.start == 0 and tail is not None:  # a chunk without context
                     decoded = (torch.cat((tail, decoded[0])), decoded[1])
                 audio, tail = decoded
                 yield {"audio": audio}
-            if tail is not None and not state.ended.done():
+            if tail is not None and not signal.aborted:
                 yield {"audio": tail}
         except Exception:
             failed = True
             raise
         finally:
-            if not failed and not state.ended.done():  # not aborted or stopped
-                self._replies[session] = frames
-            state.end("finished")
-            if self._sessions.get(session) is state:
-                del self._sessions[session]
-
-    async def _until_ended(self, state: _Session, awaitable: Awaitable[T]) -> T | None:
-        """``awaitable``'s result, or None at once if the session is aborted meanwhile
-        (it may wait for input that never comes, or behind other sessions' forwards).
-
-        Raises:
-            EngineStoppedError: the engine stopped meanwhile.
-        """
-        waited = asyncio.ensure_future(awaitable)
-        try:
-            await asyncio.wait((waited, state.ended), return_when=asyncio.FIRST_COMPLETED)
-        finally:
-            if not waited.done():
-                waited.cancel()
-                await asyncio.wait((waited,))
-        if not state.ended.done():
-            return waited.result()
-        if not waited.cancelled():
-            waited.exception()  # whatever came with the abort is dropped, not logged
-        if state.ended.result() == "stopped":
-            raise EngineStoppedError("code2wav engine stopped while the session was generating")
-        return None
+            state.signal = None
+            if not failed and not signal.aborted:
+                state.reply = frames
+            if state.reply is None and self._sessions.get(session) is state:
+                del self._sessions[session]  # nothing to remember: no reply yet
 
 
-async def _read(inputs: AsyncIterator[Fields]) -> Fields | None:
-    try:
-        return await anext(inputs)
-    except StopAsyncIteration:
-        return None
-
-
-def _window(model: Code2WavModel, fields: Fields) -> tuple[torch.Tensor, int, int] | None:
-    """``(codes [Q, T] int64, first sample to emit, new frames)``, None if the input adds
-    nothing.
+def _window(model: Code2WavModel, fields: Fields) -> tuple[_Window, int] | None:
+    """``(window of codes [Q, T] int64 from its first sample to emit, new frames)``, None
+    if the input adds nothing.
 
     Checked here so a bad chunk fails its own session, not a batch of sessions.
     """
@@ -284,4 +233,4 @@ def _window(model: Code2WavModel, fields: Fields) -> tuple[torch.Tensor, int, in
     if int(codes.min()) < 0 or int(codes.max()) >= model.codebook:
         raise Code2WavInputError(f"codes must lie in [0, {model.codebook})")
     start = context * model.per_frame - model.pending if context else 0
-    return codes.to(torch.long).T.contiguous(), start, codes.shape[0] - context
+    return _Window(codes.to(torch.long).T.contiguous(), start), codes.shape[0] - context

@@ -26,10 +26,10 @@ tokens ``0 .. min(k, N - 1)``, so :meth:`TalkerEngine.truncate` maps kept frames
 tokens one to one, capped at the reply's ``N``.
 
 Batching. Frames after the first are steps of a
-:class:`~omni_actors.actors.engines.step_batcher.StepBatcher`: the frames of every session that
-is waiting for one go into one talker forward (their KV caches left-padded to the
-longest, :mod:`.batched_step`) and one code-predictor loop, up to ``max_batch``
-sessions; a session whose frame is ready while a forward runs joins the next one.
+:class:`~omni_actors.actors.engines.batcher.Batcher` (step batches): the frames of
+every session that is waiting for one go into one talker forward (their KV caches
+left-padded to the longest, :mod:`.batched_step`) and one code-predictor loop, up to
+``max_batch`` sessions; a session whose frame is ready while a forward runs joins the next one.
 Prefills (user rows; the assistant prefix with frame 0) stay one session per forward. A
 session stepping alone runs exactly the single-session forwards, so the codes above
 equal HF's; in a batch of several, padding changes the shapes of the float sums, so a

@@ -44,7 +44,7 @@ caller's setting, not the reply's. No row of a system turn goes to the talker.
 Tokens are greedy unless a response asks for a temperature (see ``sampling``).
 
 Decode steps of concurrent sessions share forwards (a
-:class:`~omni_actors.actors.engines.step_batcher.StepBatcher`, up to ``max_batch`` sessions,
+:class:`~omni_actors.actors.engines.batcher.Batcher` of steps, up to ``max_batch`` sessions,
 caches left-padded by :mod:`.batched_step`); each session still picks with its own
 sampling and generator. Prefills stay one session per forward. A session decoding
 alone runs the single-session forward, token for token HF's; in a batch of several a
