@@ -114,7 +114,12 @@ class Response(ABC, Generic[C]):
 
     @abstractmethod
     def checkpoint(self) -> C:
-        """The conversation now, between user turns (an open turn is not part of it)."""
+        """The conversation as it stands.
+
+        :func:`respond` keeps one only where the engine's state holds no open user turn:
+        at the start, after a mark (a truncation cut what an open turn had prefilled;
+        :meth:`after_input` may feed it again) and after instructions fed between turns.
+        """
 
     @abstractmethod
     async def roll_back(self, start: C) -> None:
@@ -124,7 +129,8 @@ class Response(ABC, Generic[C]):
     # -- input ---------------------------------------------------------------------------
 
     async def before_input(self, fields: Fields) -> None:
-        """Hook, before each chunk is dispatched (a mark's or plain input's)."""
+        """Hook, before each chunk is dispatched (a mark's or plain input's): where an
+        engine that buffers input (a clip sent whole) ends or drops it."""
 
     @abstractmethod
     async def instruct(self, instructions: torch.Tensor | str) -> bool:
@@ -143,7 +149,8 @@ class Response(ABC, Generic[C]):
         """Add a chunk's text and audio to the user turn, opening one if none is open."""
 
     async def after_input(self, fields: Fields) -> None:
-        """Hook, after each chunk was taken, unless the session was aborted meanwhile."""
+        """Hook, after each chunk was taken, unless the session was aborted meanwhile:
+        where an engine brings its model up to the conversation (a prefill)."""
 
     # -- marks ---------------------------------------------------------------------------
 
@@ -218,8 +225,10 @@ async def respond(
 ) -> AsyncGenerator[Fields, None]:
     """One response of a conversation: its input, then its reply (module docstring).
 
-    An engine's ``generate`` returns this generator: closing it (``aclose``) or raising
-    in it (``athrow``) at a ``yield`` cancels or fails the response itself.
+    An engine's ``generate`` returns this generator rather than iterating it in one of
+    its own, so that the caller's ``aclose`` or ``athrow`` at a ``yield`` reaches it
+    there: one around it would close it where the caller raised, cancelling a response
+    the caller failed.
 
     Args:
         begin: starts the response (run when its first output is asked for): the

@@ -302,7 +302,7 @@ async def test_a_mark_refused_fails_the_response_and_rolls_it_back() -> None:
     with pytest.raises(TurnMarkError, match=r"^unknown turn mark 'undo': commit, clear"):
         await engine.respond(say("hi"), COMMIT, {TURN_FIELD: "undo"})
     assert engine.chat.tokens == []
-    with pytest.raises(TurnMarkError, match="^the session has no reply to truncate$"):
+    with pytest.raises(TurnMarkError, match=r"^the session has no reply to truncate$"):
         await engine.respond(say("hi"), truncate(1))
     assert engine.chat.tokens == []
     with pytest.raises(TurnMarkError, match=r"^a reply mark's token ids must be in \[0, 100\)"):
@@ -312,9 +312,10 @@ async def test_a_mark_refused_fails_the_response_and_rolls_it_back() -> None:
 async def test_an_engine_retypes_a_refused_mark_with_the_same_message() -> None:
     engine = Words()
     engine.retype = True
-    with pytest.raises(WordError, match="^the session has no reply to truncate$") as caught:
+    with pytest.raises(WordError, match=r"^the session has no reply to truncate$") as caught:
         await engine.respond(truncate(1))
-    assert caught.value.__cause__ is None and caught.value.__suppress_context__
+    assert caught.value.__cause__ is None
+    assert caught.value.__suppress_context__
 
 
 async def test_done_keeps_the_reply() -> None:
