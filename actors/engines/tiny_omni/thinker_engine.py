@@ -7,29 +7,25 @@ Input is prefilled *while it arrives* (:class:`~.user_turn.UserTurn`: text per c
 audio per encoder window), so when the input ends only its tail is left to compute and
 the first token comes quickly, however long the user spoke.
 
-The input is user turns and turn marks (``omni_actors.actors.engines.contract``): ``commit``
-closes the user turn and sends its rows to the talker; ``clear`` crops the cache back
-to the last commit; ``truncate`` cuts the last reply to what the user heard; ``reply``
-(a session replaying its conversation) commits the open turn if any and takes the
-mark's tokens back as the assistant's turn, leaving the cache, the carry and the
-:class:`~.conversation.ThinkerReply` as decoding them did, and yields nothing for it (the
-talker conditions on user turns only). The end of the input commits what is pending,
-then the reply opens (``<|im_start|> ASSISTANT \\n``) and decodes; with no input at
-all, it replies to the conversation so far. :meth:`ThinkerEngine.last_reply` tells the
-session the tokens of the reply the last response decoded, to replay it later.
+The input (user turns and turn marks), the checkpoints a response keeps and how its
+outcome settles the conversation are the conversation engines' state machine
+(:func:`~omni_actors.actors.engines.conversation.respond`); here each is done to the KV
+cache: a ``clear`` and a failure crop it back to a checkpoint, a truncation into the
+reply, and a ``reply`` mark is one forward that leaves the cache, the carry and the
+:class:`~.conversation.ThinkerReply` as decoding the mark's tokens did (the talker
+conditions on user turns only: nothing is yielded for it). The end of the input commits
+what is pending, then the reply opens (``<|im_start|> ASSISTANT \\n``) and decodes; with
+no input at all, it replies to the conversation so far. :meth:`ThinkerEngine.last_reply`
+tells the session the tokens of the reply the last response decoded, to replay it later.
 
 The end of input commits the open turn in two steps: the rows it prefilled go out at
 once (the talker prefills them meanwhile), then one forward over its tail,
 ``<|im_end|> \\n`` and the reply's opening picks the first token, which carries the tail's
-rows. That forward is all the work between the end of the input and the first token.
-
-A reply the stage closes (``aclose``, a barge-in) stays in the conversation as far as
-it was yielded; closed before its first token, the committed turn stays without a
-reply (its first rows are the talker's already; the rows of its tail, computed on
-closing, are not sent). A response that fails is rolled back to where it started, or
-to its truncation if its input cut a reply from before it (the cut part of the cache is
-gone; a reply taken back in the same input goes with the rollback, cut or not). An
-abort drops the session.
+rows. That forward is all the work between the end of the input and the first token. A
+reply closed (``aclose``, a barge-in) between the two leaves the committed turn without
+a reply: its first rows are the talker's already (the rows of its tail, computed on
+closing, are not sent). A decode step in flight when the reply ends is waited for, so
+the cache holds exactly the tokens yielded.
 
 Instructions (``INSTRUCTIONS_FIELD``, a system prompt) set the conversation's
 instructions from then on as a system turn (``conversation``): prefilled at once when
@@ -54,9 +50,9 @@ row's logits may differ in the last bits (tests compare tokens one session at a 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncGenerator, AsyncIterator, Mapping
 from pathlib import Path
-from typing import ClassVar, Literal
+from typing import ClassVar
 
 import torch
 from pydantic import Field
@@ -66,9 +62,10 @@ from omni_actors.actors.engines.contract import (
     INSTRUCTIONS_FIELD,
     TURN_FIELD,
     Fields,
+    ResponseOptions,
     Rule,
-    response_options,
 )
+from omni_actors.actors.engines.conversation import Outcome, Response, respond
 from omni_actors.actors.engines.thinker_ports import THINKER_INPUTS, THINKER_OUTPUTS
 from omni_actors.actors.engines.tiny_omni import configs
 from omni_actors.actors.engines.tiny_omni.configs import Tokens
@@ -91,7 +88,6 @@ from omni_actors.actors.engines.tiny_omni.thinker_model import (
 )
 from omni_actors.actors.engines.tiny_omni.user_turn import UserTurn
 from omni_actors.actors.engines.torch_engine import AbortSignal, DeviceArgs, stage_dir
-from omni_actors.actors.engines.turn_marks import kept_of, reply_of
 from omni_actors.models.family import WeightsArgs
 
 __all__ = ["ASSISTANT_OPENING", "NEWLINE", "ThinkerArgs", "ThinkerEngine"]
@@ -112,9 +108,6 @@ class ThinkerArgs(WeightsArgs, DeviceArgs):
     max_new_tokens: int = Field(48, ge=1)
     min_new_tokens: int = Field(8, ge=0)
     max_batch: int = Field(16, ge=1)
-
-
-_Outcome = Literal["done", "cancelled", "failed", "dropped"]
 
 
 class ThinkerEngine(BatchedTorchEngine[Conversation, DecodeStep, Token]):
@@ -177,196 +170,33 @@ class ThinkerEngine(BatchedTorchEngine[Conversation, DecodeStep, Token]):
 
     # -- the engine protocol --------------------------------------------------------------
 
-    async def generate(self, session: str, inputs: AsyncIterator[Fields]) -> AsyncIterator[Fields]:
+    def generate(self, session: str, inputs: AsyncIterator[Fields]) -> AsyncIterator[Fields]:
         """One response: prefill its input as it arrives, then decode one token per output.
 
         Input fields per chunk: ``text`` (str) and/or ``audio`` (float32 1-D, 16 kHz
         mono; in a chunk with both, the audio comes first), ``instructions`` (str; before
         either), or a turn mark (a ``reply`` mark's ``REPLY_FIELD``: a 1-D integer tensor
-        of token ids). Outputs: see the class docstring.
+        of token ids). Outputs: see the class docstring. The marks and the outcome are
+        :func:`~omni_actors.actors.engines.conversation.respond`'s.
 
         Raises:
             ValueError: the session is already generating, a mark is malformed (a reply
                 mark's ids outside the vocabulary among it), a truncation has no reply to
                 cut, instructions are not text, or the options are out of range.
         """
+        return respond(lambda: self._respond(session), inputs)
+
+    def _respond(self, session: str) -> _Response:
+        """Start a response of ``session``: its conversation (made on its first)."""
         conversation = self._sessions.get(session)
         if conversation is None:
             cache = DynamicCache(config=self._model.text_config)
             conversation = self._sessions[session] = Conversation(cache)
         if conversation.signal is not None:
             raise ValueError(f"session {session!r} is already generating")
-        signal = conversation.signal = AbortSignal()
+        conversation.signal = AbortSignal()
         conversation.decoded = None
-        start = committed = conversation.checkpoint()
-        turn = UserTurn()
-        step: asyncio.Future[Token] | None = None
-        unclosed: UserTurn | None = None  # being committed by the end of input, rows sent
-        instructed: tuple[int, ...] = ()  # instructions set since ``start``: a failure keeps them
-        decoding = False  # this response's reply is open
-        outcome: _Outcome = "dropped"
-        try:
-            while (fields := await signal.next_input(inputs)) is not None:
-                mark = fields.get(TURN_FIELD)
-                if mark == "commit":
-                    rows = await self._commit(conversation, turn)
-                    turn, committed = UserTurn(), conversation.checkpoint()
-                    if rows is not None:
-                        yield rows
-                elif mark == "clear":
-                    waiting = turn.system
-                    conversation.restore(committed)
-                    turn = UserTurn()
-                    if waiting:  # no turn is open now for them to wait behind
-                        await self.call(self._model.instruct, conversation, waiting)
-                        committed = conversation.checkpoint()
-                elif mark == "truncate":
-                    earlier = conversation.reply is start.reply  # not one taken back since
-                    conversation.truncate(kept_of(fields))
-                    committed = conversation.checkpoint()
-                    if earlier:
-                        # The cut part of the cache is gone: a failure after it can only
-                        # come back to here (what the user heard stays what they heard).
-                        start = committed
-                        instructed = turn.system  # those fed already are in the carry
-                    await self._replay(conversation, turn)
-                elif mark == "reply":
-                    tokens = reply_of(fields, self._model.text_config.vocab_size)
-                    rows = await self._commit(conversation, turn)
-                    turn, committed = UserTurn(), conversation.checkpoint()
-                    if rows is not None:
-                        yield rows
-                        if signal.aborted:
-                            return
-                    await self.call(self._model.take_reply, conversation, tokens)
-                    committed = conversation.checkpoint()
-                elif mark is not None:
-                    raise ValueError(
-                        f"unknown turn mark {mark!r}: commit, clear, truncate or reply"
-                    )
-                else:
-                    if INSTRUCTIONS_FIELD in fields:
-                        instructed = _system_turn(fields)
-                        if turn.opened:
-                            turn.system = instructed
-                        elif instructed:
-                            await self.call(self._model.instruct, conversation, instructed)
-                            committed = conversation.checkpoint()  # a clear keeps them
-                    await self._take(conversation, turn, fields)
-                if signal.aborted:
-                    return
-            if signal.aborted:
-                return
-            sampling = sampling_for(
-                response_options(inputs),
-                max_new_tokens=self.max_new_tokens,
-                min_new_tokens=self.min_new_tokens,
-                generator=lambda: self._generator(session, conversation),
-            )
-            # The end of input commits the open turn: what it prefilled goes to the talker
-            # now, the rest comes with the first token, from the one forward left.
-            closing = turn if turn.opened else None
-            if closing is not None and (rows := closing.take_rows()) is not None:
-                unclosed = closing
-                yield rows
-            token, embed = await self.call(self._model.open_reply, conversation, closing, sampling)
-            unclosed = None
-            last_rows = None if closing is None else closing.take_rows()
-            reply = conversation.reply = ThinkerReply(conversation.position, (), 0)
-            decoding = True
-            conversation.turns_since_reply, conversation.system = 0, ()
-            while token != Tokens.IM_END and not signal.aborted:
-                out: dict[str, torch.Tensor | str] = {
-                    "token_ids": torch.tensor([token]),
-                    "text": chr(token),
-                    "embed": embed,
-                }
-                if not reply.tokens:
-                    out.update(last_rows or {})
-                    out["opening"] = self._model.opening
-                    out["tts"] = self._model.tts
-                reply = conversation.reply = ThinkerReply(
-                    reply.start, (*reply.tokens, token), reply.fed
-                )
-                if len(reply.tokens) < sampling.max_tokens:
-                    # Start the next step before handing this token out: the model thread
-                    # works while the stage routes the output.
-                    allow_end = len(reply.tokens) >= sampling.min_tokens
-                    step = self.batcher.submit(DecodeStep(conversation, token, allow_end, sampling))
-                yield out
-                if step is None:
-                    break
-                token, embed = await step
-                step = None
-                reply = conversation.reply = ThinkerReply(reply.start, reply.tokens, reply.fed + 1)
-            if signal.aborted:
-                return
-            outcome = "done"
-        except GeneratorExit:
-            outcome = "cancelled"
-            raise
-        except Exception:
-            outcome = "failed"
-            raise
-        finally:
-            await self._settle(
-                session, conversation, outcome, step, start, unclosed, instructed, decoding
-            )
-
-    async def _settle(
-        self,
-        session: str,
-        conversation: Conversation,
-        outcome: _Outcome,
-        step: asyncio.Future[Token] | None,
-        start: Checkpoint,
-        unclosed: UserTurn | None,
-        instructed: tuple[int, ...],
-        decoding: bool,
-    ) -> None:
-        """Leave the session's state as the response's outcome says (module docstring)."""
-        conversation.signal = None
-        if outcome == "dropped" or self._sessions.get(session) is not conversation:
-            if step is not None:
-                step.cancel()  # the thread finishes it; its cache goes with the session
-            if self._sessions.get(session) is conversation:
-                del self._sessions[session]
-            return
-        if unclosed is not None and outcome == "cancelled":
-            # Closed right after the turn's first rows went out: they are the talker's
-            # now, so the turn stays, committed without a reply.
-            try:
-                await self._commit(conversation, unclosed)
-            except Exception:
-                outcome = "failed"
-            except BaseException:
-                del self._sessions[session]
-                raise
-        if step is not None:
-            # A decode step runs in the model thread and writes the cache: wait for it,
-            # so the cache holds exactly the tokens yielded (it fed the last one).
-            try:
-                await step
-            except Exception:
-                outcome = "failed"
-            except BaseException:
-                del self._sessions[session]  # cancelled while waiting: an abort
-                raise
-            else:
-                reply = conversation.reply
-                assert reply is not None, "a decode step only runs in a reply"
-                conversation.reply = ThinkerReply(reply.start, reply.tokens, reply.fed + 1)
-        if outcome == "failed":
-            conversation.restore(start)
-            if instructed:
-                conversation.queue_system(instructed)
-        elif decoding:
-            reply = conversation.reply
-            assert reply is not None, "a response's reply is the conversation's last"
-            # Tokens yielded but not fed (the last one, at the token limit) close the
-            # turn before whatever comes next, with <|im_end|> \n.
-            conversation.carry = [*reply.tokens[reply.fed :], *CLOSE_TURN]
-            conversation.decoded = reply.tokens
+        return _Response(self, session, conversation, conversation.signal)
 
     async def truncate(self, session: str, kept: int) -> int:
         """Cut ``session``'s last reply to its first ``kept`` tokens (between responses).
@@ -392,10 +222,58 @@ class ThinkerEngine(BatchedTorchEngine[Conversation, DecodeStep, Token]):
         conversation.truncate(kept)
         return 0
 
+    def _generator(self, session: str, conversation: Conversation) -> torch.Generator:
+        if conversation.generator is None:
+            seed = session_seed(self.seed, session)
+            conversation.generator = torch.Generator().manual_seed(seed)
+        return conversation.generator
+
+
+class _Response(Response[Checkpoint]):
+    """One response of the thinker: the steps of ``respond`` on the session's
+    :class:`Conversation` and on the user turn being received (:class:`UserTurn`)."""
+
+    def __init__(
+        self, engine: ThinkerEngine, session: str, conversation: Conversation, signal: AbortSignal
+    ) -> None:
+        super().__init__(signal, engine._model.text_config.vocab_size)
+        self.engine = engine
+        self.model = engine._model
+        self.session = session
+        self.conversation = conversation
+        self.turn = UserTurn()
+        self.instructed: tuple[int, ...] = ()
+        """The last instructions set since ``start``: a failure keeps them."""
+        self.unclosed: UserTurn | None = None
+        """The turn the end of input is committing, once its first rows went out."""
+        self.step: asyncio.Future[Token] | None = None
+        """The decode step in flight in the model thread (it writes the cache)."""
+        self.decoding = False
+        """This response's reply is open."""
+
+    def checkpoint(self) -> Checkpoint:
+        return self.conversation.checkpoint()
+
+    async def roll_back(self, start: Checkpoint) -> None:
+        self.conversation.restore(start)
+        if self.instructed:
+            self.conversation.queue_system(self.instructed)
+
     # -- input ------------------------------------------------------------------------
 
-    async def _take(self, conversation: Conversation, turn: UserTurn, fields: Fields) -> None:
+    async def instruct(self, instructions: torch.Tensor | str) -> bool:
+        self.instructed = _system_turn(instructions)
+        if self.turn.opened:
+            self.turn.system = self.instructed  # prefilled behind the turn's end
+            return False
+        if not self.instructed:
+            return False
+        await self.engine.call(self.model.instruct, self.conversation, self.instructed)
+        return True
+
+    async def take(self, fields: Fields) -> None:
         """Add one input chunk to the user turn, prefilling what can be prefilled now."""
+        conversation, turn = self.conversation, self.turn
         audio = fields.get("audio")
         text = fields.get("text")
         heard = isinstance(audio, torch.Tensor) and audio.numel() > 0
@@ -405,38 +283,156 @@ class ThinkerEngine(BatchedTorchEngine[Conversation, DecodeStep, Token]):
         turn.open(conversation.carry)
         if isinstance(audio, torch.Tensor) and heard:
             if turn.clip is None:
-                turn.clip = self._model.clip()
+                turn.clip = self.model.clip()
             turn.clip.push(audio.detach().to(torch.float32).reshape(-1).cpu().numpy())
         if isinstance(text, str) and said:
             ids = configs.encode_text(text)
-            await self.call(self._model.prefill, conversation, turn, True, ids)
+            await self.engine.call(self.model.prefill, conversation, turn, True, ids)
         elif turn.clip is not None and turn.clip.ready():
-            await self.call(self._model.prefill, conversation, turn, False, [])
+            await self.engine.call(self.model.prefill, conversation, turn, False, [])
 
-    async def _commit(self, conversation: Conversation, turn: UserTurn) -> Fields | None:
-        """Close the user turn (nothing if none is open); its rows as an output."""
+    async def after_input(self, fields: Fields) -> None:
+        if fields.get(TURN_FIELD) == "truncate":
+            # The cut cropped the cache under what the open turn prefilled: feed that
+            # again behind the new carry (after ``committed`` was taken without it).
+            replay = self.turn.replay(self.conversation.carry)
+            if replay is not None:
+                await self.engine.call(self.model.feed, self.conversation, self.turn, replay)
+
+    # -- marks ------------------------------------------------------------------------
+
+    async def commit(self) -> Fields | None:
+        rows = await self._close(self.turn)
+        self.turn = UserTurn()
+        return rows
+
+    async def clear(self, committed: Checkpoint) -> None:
+        waiting = self.turn.system
+        self.conversation.restore(committed)
+        self.turn = UserTurn()
+        if waiting:  # no turn is open now for them to wait behind
+            await self.engine.call(self.model.instruct, self.conversation, waiting)
+
+    async def truncate(self, kept: int) -> None:
+        self.conversation.truncate(kept)
+
+    def moved_start(self) -> None:
+        self.instructed = self.turn.system  # those fed already are in the carry
+
+    async def take_reply(self, tokens: tuple[int, ...]) -> None:
+        await self.engine.call(self.model.take_reply, self.conversation, tokens)
+
+    async def _close(self, turn: UserTurn) -> Fields | None:
+        """Commit ``turn`` (nothing if it is not open); its rows as an output."""
         if not turn.opened:
             return None
         then, system = [*CLOSE_TURN, *turn.system], len(turn.system)
-        await self.call(self._model.prefill, conversation, turn, True, then, system)
-        conversation.turns_since_reply += 1
+        await self.engine.call(self.model.prefill, self.conversation, turn, True, then, system)
+        self.conversation.turns_since_reply += 1
         return turn.take_rows()
 
-    async def _replay(self, conversation: Conversation, turn: UserTurn) -> None:
-        """After a truncation, feed again what the open turn had prefilled after the reply."""
-        replay = turn.replay(conversation.carry)
-        if replay is not None:
-            await self.call(self._model.feed, conversation, turn, replay)
+    # -- the reply --------------------------------------------------------------------
 
-    def _generator(self, session: str, conversation: Conversation) -> torch.Generator:
-        if conversation.generator is None:
-            seed = session_seed(self.seed, session)
-            conversation.generator = torch.Generator().manual_seed(seed)
-        return conversation.generator
+    async def reply(self, options: ResponseOptions) -> AsyncGenerator[Fields, None]:
+        engine, conversation, signal = self.engine, self.conversation, self.signal
+        sampling = sampling_for(
+            options,
+            max_new_tokens=engine.max_new_tokens,
+            min_new_tokens=engine.min_new_tokens,
+            generator=lambda: engine._generator(self.session, conversation),
+        )
+        # The end of input commits the open turn: what it prefilled goes to the talker
+        # now, the rest comes with the first token, from the one forward left.
+        closing = self.turn if self.turn.opened else None
+        if closing is not None and (rows := closing.take_rows()) is not None:
+            self.unclosed = closing
+            yield rows
+        token, embed = await engine.call(self.model.open_reply, conversation, closing, sampling)
+        self.unclosed = None
+        last_rows = None if closing is None else closing.take_rows()
+        reply = conversation.reply = ThinkerReply(conversation.position, (), 0)
+        self.decoding = True
+        conversation.turns_since_reply, conversation.system = 0, ()
+        while token != Tokens.IM_END and not signal.aborted:
+            out: dict[str, torch.Tensor | str] = {
+                "token_ids": torch.tensor([token]),
+                "text": chr(token),
+                "embed": embed,
+            }
+            if not reply.tokens:
+                out.update(last_rows or {})
+                out["opening"] = self.model.opening
+                out["tts"] = self.model.tts
+            reply = conversation.reply = ThinkerReply(
+                reply.start, (*reply.tokens, token), reply.fed
+            )
+            if len(reply.tokens) < sampling.max_tokens:
+                # Start the next step before handing this token out: the model thread
+                # works while the stage routes the output.
+                allow_end = len(reply.tokens) >= sampling.min_tokens
+                self.step = engine.batcher.submit(
+                    DecodeStep(conversation, token, allow_end, sampling)
+                )
+            yield out
+            if self.step is None:
+                break
+            token, embed = await self.step
+            self.step = None
+            reply = conversation.reply = ThinkerReply(reply.start, reply.tokens, reply.fed + 1)
+
+    # -- settling ---------------------------------------------------------------------
+
+    def end(self) -> None:
+        self.conversation.signal = None
+
+    def held(self) -> bool:
+        return self.engine._sessions.get(self.session) is self.conversation
+
+    def forget(self) -> None:
+        if self.step is not None:
+            self.step.cancel()  # the thread finishes it; its cache goes with the session
+        if self.held():
+            del self.engine._sessions[self.session]
+
+    async def finish(self, outcome: Outcome) -> Outcome:
+        sessions, session = self.engine._sessions, self.session
+        if self.unclosed is not None and outcome == "cancelled":
+            # Closed right after the turn's first rows went out: they are the talker's
+            # now, so the turn stays, committed without a reply.
+            try:
+                await self._close(self.unclosed)
+            except Exception:
+                outcome = "failed"
+            except BaseException:
+                del sessions[session]
+                raise
+        if self.step is not None:
+            # A decode step runs in the model thread and writes the cache: wait for it,
+            # so the cache holds exactly the tokens yielded (it fed the last one).
+            try:
+                await self.step
+            except Exception:
+                outcome = "failed"
+            except BaseException:
+                del sessions[session]  # cancelled while waiting: an abort
+                raise
+            else:
+                reply = self.conversation.reply
+                assert reply is not None, "a decode step only runs in a reply"
+                self.conversation.reply = ThinkerReply(reply.start, reply.tokens, reply.fed + 1)
+        return outcome
+
+    def keep_reply(self) -> None:
+        if self.decoding:
+            reply = self.conversation.reply
+            assert reply is not None, "a response's reply is the conversation's last"
+            # Tokens yielded but not fed (the last one, at the token limit) close the
+            # turn before whatever comes next, with <|im_end|> \n.
+            self.conversation.carry = [*reply.tokens[reply.fed :], *CLOSE_TURN]
+            self.conversation.decoded = reply.tokens
 
 
-def _system_turn(fields: Fields) -> tuple[int, ...]:
-    text = fields[INSTRUCTIONS_FIELD]
+def _system_turn(text: torch.Tensor | str) -> tuple[int, ...]:
     if not isinstance(text, str):
         raise ValueError(f"{INSTRUCTIONS_FIELD!r} must be text (a str), got a tensor")
     return system_turn(text)

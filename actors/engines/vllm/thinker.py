@@ -5,7 +5,10 @@ The ``vllm`` engine kind. It serves the thinker stage of an omni pipeline with v
 child of that process, in the worker's process group, which the pipeline reaps whatever
 way the worker ends). It takes and yields the fields of tiny-omni's torch thinker, so
 the same talker follows either: text tokens with their input embeddings, the committed
-user turns' rows, and per reply the assistant opening and the TTS embeddings.
+user turns' rows, and per reply the assistant opening and the TTS embeddings. A
+response's input, turn marks, checkpoints and outcome are the conversation engines'
+state machine (:func:`~omni_actors.actors.engines.conversation.respond`); what they do
+to vLLM's state is below.
 
 **One open request per conversation.** A session's conversation is a token list
 (:class:`~.conversation.History`) and one vLLM request that holds its prefix
@@ -21,10 +24,9 @@ token list, end the request, and the next chunk opens a new request with the who
 conversation as its prompt, which vLLM's prefix cache serves without recomputing the
 blocks it still holds.
 
-**Replay.** A ``reply`` mark (a session replaying its conversation) commits the open
-turn and appends a reply generated earlier as a decoded one leaves the list; nothing is
-yielded for it, and it is prefilled with what follows, so a ``truncate`` replayed after
-it cuts tokens vLLM never held (no reopen). :meth:`VllmThinkerEngine.last_reply` tells
+**Replay.** A ``reply`` mark's tokens are appended as a decoded reply leaves the list,
+and prefilled with what follows, so a ``truncate`` replayed after it cuts tokens vLLM
+never held (no reopen). :meth:`VllmThinkerEngine.last_reply` tells
 the session each reply decoded, to replay it later.
 
 **Text in, rows out.** Text is tokenized with the model's tokenizer and turns are framed
@@ -49,7 +51,7 @@ import asyncio
 import importlib.util
 import itertools
 import logging
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncGenerator, AsyncIterator, Mapping
 from typing import Any, ClassVar
 
 import torch
@@ -60,11 +62,11 @@ from omni_actors.actors.engines.contract import (
     Fields,
     ResponseOptions,
     Rule,
-    response_options,
 )
+from omni_actors.actors.engines.conversation import Outcome, Response, respond
 from omni_actors.actors.engines.thinker_ports import THINKER_INPUTS, THINKER_OUTPUTS
 from omni_actors.actors.engines.torch_engine import AbortSignal
-from omni_actors.actors.engines.turn_marks import TurnMarkError, kept_of, reply_of
+from omni_actors.actors.engines.turn_marks import TurnMarkError
 from omni_actors.actors.engines.vllm.args import VllmThinkerArgs
 from omni_actors.actors.engines.vllm.audio_input import AudioSpec, user_rows
 from omni_actors.actors.engines.vllm.conversation import Mark, VllmInputError
@@ -210,134 +212,29 @@ class VllmThinkerEngine:
 
     # -- the engine protocol ---------------------------------------------------------------
 
-    async def generate(self, session: str, inputs: AsyncIterator[Fields]) -> AsyncIterator[Fields]:
+    def generate(self, session: str, inputs: AsyncIterator[Fields]) -> AsyncIterator[Fields]:
         """One response: prefill its input as it arrives, then stream the reply's tokens.
 
+        The marks and the outcome are
+        :func:`~omni_actors.actors.engines.conversation.respond`'s.
+
         Raises:
-            VllmInputError: bad audio, a malformed mark or instruction, or a truncation
-                with no reply to cut.
+            VllmInputError: the session is already generating, bad audio, a malformed
+                mark or instruction, or a truncation with no reply to cut.
             EngineError: vLLM failed the request (the response fails; the session stays).
         """
+        return respond(lambda: self._respond(session), inputs)
+
+    def _respond(self, session: str) -> _Response:
+        """Start a response of ``session``: its state (made on its first)."""
         state = self._sessions.get(session)
         if state is None:
             state = self._sessions[session] = Session()
         if state.signal is not None:
             raise VllmInputError(f"session {session!r} is already generating")
-        signal = state.signal = AbortSignal()
+        state.signal = AbortSignal()
         state.decoded = None
-        history = state.history
-        start = committed = history.checkpoint()
-        outcome, decoding = "dropped", False  # decoding: this response's reply is open
-        try:
-            while (fields := await signal.next_input(inputs)) is not None:
-                mark = fields.get(TURN_FIELD)
-                if "audio" in fields:
-                    state.clip.push(fields["audio"])
-                    if len(fields) == 1:
-                        continue  # the clip goes on: sent when it ends
-                if mark == "clear":
-                    state.clip.drop()
-                else:
-                    await self._hear(session, state)
-                if mark == "commit":
-                    rows = history.commit(self.turns)
-                    committed = history.checkpoint()
-                    if rows is not None:
-                        yield user_rows(history, rows, self.embeddings)
-                elif mark == "clear":
-                    if history.clear(committed):
-                        committed = history.checkpoint()
-                    self._resync(state)
-                elif mark == "truncate":
-                    earlier = history.reply is start.reply  # not one taken back since
-                    try:
-                        history.truncate(kept_of(fields), self.turns)
-                    except TurnMarkError as exc:
-                        raise VllmInputError(str(exc)) from None
-                    self._resync(state)
-                    committed = history.checkpoint()
-                    if earlier:  # the cut part is gone: a failure after it comes back here
-                        start = committed
-                elif mark == "reply":
-                    try:
-                        tokens = reply_of(fields, len(self.embeddings))
-                    except TurnMarkError as exc:
-                        raise VllmInputError(str(exc)) from None
-                    rows = history.commit(self.turns)
-                    if rows is not None:
-                        yield user_rows(history, rows, self.embeddings)
-                    history.take_reply(tokens, self.turns)
-                    committed = history.checkpoint()
-                elif mark is not None:
-                    raise VllmInputError(
-                        f"unknown turn mark {mark!r}: commit, clear, truncate or reply"
-                    )
-                else:
-                    if INSTRUCTIONS_FIELD in fields and history.instruct(self._system_turn(fields)):
-                        committed = history.checkpoint()
-                    text = fields.get("text")
-                    if isinstance(text, str):
-                        history.say(self._encode(text), self.turns)
-                if signal.aborted:
-                    return
-                if mark != "reply":  # a reply is prefilled with what follows it
-                    await self._prefill(session, state)
-            if signal.aborted:
-                return
-            options = response_options(inputs)
-            await self._hear(session, state)
-            rows = history.commit(self.turns)
-            if rows is not None:
-                yield user_rows(history, rows, self.embeddings)
-            history.open_reply(self.turns)
-            decoding, first = True, True
-            reply_text = ReplyText(self.tokenizer)
-            async for token, last in self._reply(session, state, options):
-                out: dict[str, torch.Tensor | str] = {
-                    "token_ids": torch.tensor([token]),
-                    "text": reply_text.add(token),
-                    "embed": self.embeddings[token][None],
-                }
-                if first:
-                    out["opening"] = self.opening
-                    out["tts"] = self.tts
-                    first = False
-                history.reply_token(token)
-                if last:
-                    history.end_reply(self.turns)
-                yield out
-            if signal.aborted:
-                return
-            history.end_reply(self.turns)  # a reply of no token
-            outcome = "done"
-        except GeneratorExit:
-            outcome = "cancelled"
-            raise
-        except Exception:
-            outcome = "failed"
-            raise
-        finally:
-            state.signal = None
-            state.clip.drop()  # a clip not heard by the end of the response is not heard
-            await self._settle(session, state, outcome, start, decoding)
-
-    async def _settle(
-        self, session: str, state: Session, outcome: str, start: Mark, decoding: bool
-    ) -> None:
-        """Leave the conversation as the response's outcome says (module docstring)."""
-        if outcome == "dropped" or self._sessions.get(session) is not state:
-            return
-        history = state.history
-        if history.replying:
-            # Closed or failed while vLLM still decodes: stop the request; the
-            # conversation keeps the tokens yielded, and the next chunk reopens it.
-            history.end_reply(self.turns)
-            await state.end_request(abort=True, timeout=self.args.request_timeout_s)
-        if outcome == "failed":
-            history.restore(start)
-            self._resync(state)
-        elif decoding and history.reply is not None:
-            state.decoded = history.reply.tokens
+        return _Response(self, session, state, state.signal)
 
     # -- helpers ---------------------------------------------------------------------------
 
@@ -348,8 +245,7 @@ class VllmThinkerEngine:
         )
         return ids
 
-    def _system_turn(self, fields: Fields) -> tuple[int, ...]:
-        text = fields[INSTRUCTIONS_FIELD]
+    def _system_turn(self, text: torch.Tensor | str) -> tuple[int, ...]:
         if not isinstance(text, str):
             raise VllmInputError(f"{INSTRUCTIONS_FIELD!r} must be text (a str), got a tensor")
         if not text:
@@ -447,3 +343,125 @@ class VllmThinkerEngine:
             produced += len(tokens)
             if ended:
                 return
+
+
+class _Response(Response[Mark]):
+    """One response of the vLLM thinker: the steps of ``respond`` on the session's token
+    list (:class:`~.conversation.History`), its clip being received and its request."""
+
+    def __init__(
+        self, engine: VllmThinkerEngine, session: str, state: Session, signal: AbortSignal
+    ) -> None:
+        super().__init__(signal, len(engine.embeddings))
+        self.engine = engine
+        self.turns = engine.turns
+        self.session = session
+        self.state = state
+        self.history = state.history
+        self.decoding = False
+        """This response's reply is open."""
+
+    def checkpoint(self) -> Mark:
+        return self.history.checkpoint()
+
+    async def roll_back(self, start: Mark) -> None:
+        self.history.restore(start)
+        self.engine._resync(self.state)
+
+    # -- input ------------------------------------------------------------------------
+
+    async def before_input(self, fields: Fields) -> None:
+        if "audio" in fields:
+            self.state.clip.push(fields["audio"])
+            if len(fields) == 1:
+                return  # the clip goes on: sent when it ends
+        if fields.get(TURN_FIELD) == "clear":
+            self.state.clip.drop()
+        else:  # anything else ends the clip: it joins the turn now
+            await self.engine._hear(self.session, self.state)
+
+    async def instruct(self, instructions: torch.Tensor | str) -> bool:
+        return self.history.instruct(self.engine._system_turn(instructions))
+
+    async def take(self, fields: Fields) -> None:
+        text = fields.get("text")
+        if isinstance(text, str):
+            self.history.say(self.engine._encode(text), self.turns)
+
+    async def after_input(self, fields: Fields) -> None:
+        # A reply is prefilled with what follows it; audio alone waits for its clip's end.
+        if fields.get(TURN_FIELD) != "reply" and fields.keys() != {"audio"}:
+            await self.engine._prefill(self.session, self.state)
+
+    # -- marks ------------------------------------------------------------------------
+
+    async def commit(self) -> Fields | None:
+        rows = self.history.commit(self.turns)
+        return None if rows is None else user_rows(self.history, rows, self.engine.embeddings)
+
+    async def clear(self, committed: Mark) -> None:
+        self.history.clear(committed)
+        self.engine._resync(self.state)
+
+    async def truncate(self, kept: int) -> None:
+        self.history.truncate(kept, self.turns)
+        self.engine._resync(self.state)
+
+    async def take_reply(self, tokens: tuple[int, ...]) -> None:
+        self.history.take_reply(tokens, self.turns)
+
+    def refused(self, error: TurnMarkError) -> Exception:
+        return VllmInputError(str(error))
+
+    # -- the reply --------------------------------------------------------------------
+
+    async def reply(self, options: ResponseOptions) -> AsyncGenerator[Fields, None]:
+        engine, history = self.engine, self.history
+        await engine._hear(self.session, self.state)
+        rows = await self.commit()
+        if rows is not None:
+            yield rows
+        history.open_reply(self.turns)
+        self.decoding, first = True, True
+        reply_text = ReplyText(engine.tokenizer)
+        async for token, last in engine._reply(self.session, self.state, options):
+            out: dict[str, torch.Tensor | str] = {
+                "token_ids": torch.tensor([token]),
+                "text": reply_text.add(token),
+                "embed": engine.embeddings[token][None],
+            }
+            if first:
+                out["opening"] = engine.opening
+                out["tts"] = engine.tts
+                first = False
+            history.reply_token(token)
+            if last:
+                history.end_reply(self.turns)
+            yield out
+        if self.signal.aborted:
+            return
+        history.end_reply(self.turns)  # a reply of no token
+
+    # -- settling ---------------------------------------------------------------------
+
+    def end(self) -> None:
+        self.state.signal = None
+        self.state.clip.drop()  # a clip not heard by the end of the response is not heard
+
+    def held(self) -> bool:
+        return self.engine._sessions.get(self.session) is self.state
+
+    def forget(self) -> None:
+        """Nothing to do: ``abort`` ends the session's request and frees it."""
+
+    async def finish(self, outcome: Outcome) -> Outcome:
+        if self.history.replying:
+            # Closed or failed while vLLM still decodes: stop the request; the
+            # conversation keeps the tokens yielded, and the next chunk reopens it.
+            self.history.end_reply(self.turns)
+            await self.state.end_request(abort=True, timeout=self.engine.args.request_timeout_s)
+        return outcome
+
+    def keep_reply(self) -> None:
+        if self.decoding and self.history.reply is not None:
+            self.state.decoded = self.history.reply.tokens

@@ -1,0 +1,315 @@
+"""``respond``: one response of a conversation engine, the state machine every one shares.
+
+An engine that keeps a conversation (tiny-omni's torch thinker, the ``vllm`` kind) serves
+each ``generate`` call as one response of it (:mod:`~omni_actors.actors.engines.contract`):
+it reads the response's input, turn marks among it, then replies. What that does to the
+conversation is the same whatever the engine and is written here once, by
+:func:`respond`; what it does to the engine's state (a KV cache and the user turn being
+prefilled, a token list and the vLLM request that holds it) is the engine's
+:class:`Response`, a small set of steps the state machine calls.
+
+**Input**, chunk by chunk, in order:
+
+- plain input: ``instructions`` (:data:`~.contract.INSTRUCTIONS_FIELD`, the
+  conversation's system prompt from then on), then text and audio, which join the open
+  user turn (the first of them opens one);
+- ``commit``: the open user turn is closed; its rows (what the talker conditions on)
+  are yielded;
+- ``clear``: what came since the last commit is dropped: the conversation comes back to
+  the ``committed`` checkpoint;
+- ``truncate``: the last reply is cut to its first ``kept`` outputs
+  (:func:`~.turn_marks.kept_of`; :func:`~.turn_marks.check_truncatable` says when);
+- ``reply``: an assistant turn generated earlier (a session replaying its conversation):
+  the open user turn is committed (its rows yielded), then the reply's tokens
+  (:func:`~.turn_marks.reply_of`) are taken as if decoded; nothing is yielded for them;
+- any other mark is refused (:class:`~.turn_marks.TurnMarkError`).
+
+**Two checkpoints.** ``start`` is where the response began: a failure comes back to it.
+``committed`` is the conversation as the last mark left it (or instructions fed between
+user turns: a clear keeps them): a ``clear`` comes back to it. Every mark moves
+``committed`` to where it left the conversation. A truncation that cuts a reply from
+before the response (not one a ``reply`` mark took back since ``start``) moves ``start``
+there too: the cut part is gone, so a failure can only come back to the cut (what the
+user heard stays what they heard); a reply taken back in the same input goes with a
+rollback, cut or not.
+
+**The reply.** When the input ends the reply opens, closing the open user turn if any
+(its rows go out first), and streams (:meth:`Response.reply`).
+
+**The outcome** settles the conversation:
+
+- ``done``: the reply ended; the conversation keeps it.
+- ``cancelled``: the caller closed the response at a ``yield`` (``aclose``, a
+  barge-in); the conversation keeps the reply as far as it was yielded.
+- ``failed``: the response raised, or the caller raised an error in it at a ``yield``
+  (``athrow``: an output it could not take); the conversation comes back to ``start``
+  and the session goes on.
+- ``dropped``: the session was aborted (:class:`~.torch_engine.AbortSignal`) or the
+  response's task cancelled: the session is forgotten.
+
+The engine ends the response first (:meth:`Response.end`: the session may take another),
+then settles it. A session whose state the engine no longer holds (aborted meanwhile,
+perhaps started again) is dropped whatever the outcome.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import AsyncGenerator, AsyncIterator, Callable
+from contextlib import aclosing
+from typing import Generic, Literal, Protocol, TypeVar
+
+import torch
+
+from omni_actors.actors.engines.contract import (
+    INSTRUCTIONS_FIELD,
+    TURN_FIELD,
+    Fields,
+    ResponseOptions,
+    response_options,
+)
+from omni_actors.actors.engines.torch_engine import AbortSignal
+from omni_actors.actors.engines.turn_marks import TurnMarkError, kept_of, reply_of
+
+__all__ = ["Checkpoint", "Outcome", "Response", "respond"]
+
+Outcome = Literal["done", "cancelled", "failed", "dropped"]
+"""How a response ended (module docstring)."""
+
+
+class Checkpoint(Protocol):
+    """What :func:`respond` reads of an engine's checkpoint: the last reply at the time.
+
+    Compared by identity: a reply that is cut or taken back is another object.
+    """
+
+    @property
+    def reply(self) -> object:
+        """The conversation's last reply when the checkpoint was taken (None: none)."""
+        ...
+
+
+C = TypeVar("C", bound=Checkpoint)
+
+
+class Response(ABC, Generic[C]):
+    """An engine's side of one response: the steps :func:`respond` takes on its state.
+
+    A subclass holds the session's state (kept by the engine across responses) and what
+    the response keeps while it runs. ``C`` is its checkpoint: the conversation's state
+    at a point, which :meth:`clear` and :meth:`roll_back` come back to (a position in
+    its caches, not a copy of them). The abstract steps are the state machine's; the
+    hooks with a body do nothing unless an engine needs them.
+
+    Args:
+        signal: the session's abort signal, set for this response.
+        vocab_size: the engine's vocabulary (a ``reply`` mark's ids must be below it).
+    """
+
+    def __init__(self, signal: AbortSignal, vocab_size: int) -> None:
+        self.signal = signal
+        self.vocab_size = vocab_size
+
+    # -- checkpoints ---------------------------------------------------------------------
+
+    @abstractmethod
+    def checkpoint(self) -> C:
+        """The conversation as it stands.
+
+        :func:`respond` keeps one only where the engine's state holds no open user turn:
+        at the start, after a mark (a truncation cut what an open turn had prefilled;
+        :meth:`after_input` may feed it again) and after instructions fed between turns.
+        """
+
+    @abstractmethod
+    async def roll_back(self, start: C) -> None:
+        """A failure: come back to ``start``, keeping what the caller set since
+        (instructions) and leaving the engine in step with the conversation."""
+
+    # -- input ---------------------------------------------------------------------------
+
+    async def before_input(self, fields: Fields) -> None:
+        """Hook, before each chunk is dispatched (a mark's or plain input's): where an
+        engine that buffers input (a clip sent whole) ends or drops it."""
+
+    @abstractmethod
+    async def instruct(self, instructions: torch.Tensor | str) -> bool:
+        """Set the conversation's instructions (the ``instructions`` field's value).
+
+        Returns:
+            Whether they were fed now, between user turns (``committed`` moves past
+            them); else they wait behind the open turn.
+
+        Raises:
+            ValueError: they are not text (the engine's own input error).
+        """
+
+    @abstractmethod
+    async def take(self, fields: Fields) -> None:
+        """Add a chunk's text and audio to the user turn, opening one if none is open."""
+
+    async def after_input(self, fields: Fields) -> None:
+        """Hook, after each chunk was taken, unless the session was aborted meanwhile:
+        where an engine brings its model up to the conversation (a prefill)."""
+
+    # -- marks ---------------------------------------------------------------------------
+
+    @abstractmethod
+    async def commit(self) -> Fields | None:
+        """Close the open user turn; its rows to yield (None when no turn is open)."""
+
+    @abstractmethod
+    async def clear(self, committed: C) -> None:
+        """Drop the open user turn: come back to ``committed``. Instructions that were
+        waiting behind the turn are fed then."""
+
+    @abstractmethod
+    async def truncate(self, kept: int) -> None:
+        """Cut the last reply to its first ``kept`` outputs.
+
+        Raises:
+            TurnMarkError: it cannot be cut now (:func:`~.turn_marks.check_truncatable`).
+        """
+
+    def moved_start(self) -> None:
+        """Hook: a truncation moved ``start`` to the conversation as it left it."""
+
+    @abstractmethod
+    async def take_reply(self, tokens: tuple[int, ...]) -> None:
+        """Take ``tokens`` into the conversation as the assistant's turn, as if decoded
+        (the user turn was committed first): it is then the last reply."""
+
+    def refused(self, error: TurnMarkError) -> Exception:
+        """The error to raise for a mark the session cannot take (an engine with an
+        input error of its own raises it, with the same message)."""
+        return error
+
+    # -- the reply -----------------------------------------------------------------------
+
+    @abstractmethod
+    def reply(self, options: ResponseOptions) -> AsyncGenerator[Fields, None]:
+        """Open the reply (committing the open user turn, its rows yielded first) and
+        stream it, under the response's ``options``. It returns early, and the
+        response is dropped, once the session is aborted."""
+
+    # -- settling ------------------------------------------------------------------------
+
+    @abstractmethod
+    def end(self) -> None:
+        """The response is over: the session may take another."""
+
+    @abstractmethod
+    def held(self) -> bool:
+        """Whether the engine still holds this response's session state (not aborted)."""
+
+    @abstractmethod
+    def forget(self) -> None:
+        """The response was dropped: let go of what it holds (the session's state too,
+        if the engine still holds it and its ``abort`` will not free it)."""
+
+    async def finish(self, outcome: Outcome) -> Outcome:
+        """Finish the work still in flight before the conversation is settled.
+
+        Returns:
+            The outcome, ``failed`` if that work failed.
+        """
+        return outcome
+
+    @abstractmethod
+    def keep_reply(self) -> None:
+        """A reply that ended or was cancelled stays, as far as it was yielded."""
+
+
+async def respond(
+    begin: Callable[[], Response[C]], inputs: AsyncIterator[Fields]
+) -> AsyncGenerator[Fields, None]:
+    """One response of a conversation: its input, then its reply (module docstring).
+
+    An engine's ``generate`` returns this generator rather than iterating it in one of
+    its own, so that the caller's ``aclose`` or ``athrow`` at a ``yield`` reaches it
+    there: one around it would close it where the caller raised, cancelling a response
+    the caller failed.
+
+    Args:
+        begin: starts the response (run when its first output is asked for): the
+            session's state, its signal set. It raises if the session cannot respond.
+        inputs: the response's input.
+
+    Raises:
+        TurnMarkError: a mark the session cannot take (or the engine's own error:
+            :meth:`Response.refused`).
+    """
+    response = begin()
+    signal = response.signal
+    start = committed = response.checkpoint()
+    outcome: Outcome = "dropped"
+    try:
+        while (fields := await signal.next_input(inputs)) is not None:
+            await response.before_input(fields)
+            mark = fields.get(TURN_FIELD)
+            if mark is None:
+                if INSTRUCTIONS_FIELD in fields and await response.instruct(
+                    fields[INSTRUCTIONS_FIELD]
+                ):
+                    committed = response.checkpoint()  # a clear keeps them
+                await response.take(fields)
+            elif mark == "commit":
+                rows = await response.commit()
+                committed = response.checkpoint()
+                if rows is not None:
+                    yield rows
+            elif mark == "clear":
+                await response.clear(committed)
+                committed = response.checkpoint()
+            elif mark == "truncate":
+                earlier = response.checkpoint().reply is start.reply  # not taken back since
+                await response.truncate(kept_of(fields))
+                committed = response.checkpoint()
+                if earlier:
+                    start = committed
+                    response.moved_start()
+            elif mark == "reply":
+                tokens = reply_of(fields, response.vocab_size)
+                rows = await response.commit()
+                if rows is not None:
+                    yield rows
+                    if signal.aborted:
+                        return
+                await response.take_reply(tokens)
+                committed = response.checkpoint()
+            else:
+                raise TurnMarkError(f"unknown turn mark {mark!r}: commit, clear, truncate or reply")
+            if signal.aborted:
+                return
+            await response.after_input(fields)
+        if signal.aborted:
+            return
+        async with aclosing(response.reply(response_options(inputs))) as reply:
+            async for output in reply:
+                yield output
+        if signal.aborted:
+            return
+        outcome = "done"
+    except GeneratorExit:
+        outcome = "cancelled"
+        raise
+    except Exception as exc:
+        outcome = "failed"
+        if isinstance(exc, TurnMarkError) and (refusal := response.refused(exc)) is not exc:
+            raise refusal from None
+        raise
+    finally:
+        await _settle(response, outcome, start)
+
+
+async def _settle(response: Response[C], outcome: Outcome, start: C) -> None:
+    """Leave the conversation as the response's outcome says (module docstring)."""
+    response.end()
+    if outcome == "dropped" or not response.held():
+        response.forget()
+        return
+    outcome = await response.finish(outcome)
+    if outcome == "failed":
+        await response.roll_back(start)
+    else:
+        response.keep_reply()

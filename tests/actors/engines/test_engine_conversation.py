@@ -1,0 +1,407 @@
+"""The conversation engines' state machine (``respond``) on a conversation of words.
+
+``Chat`` is an engine's session state at its simplest: the conversation as a list of
+tokens, its last reply and the user turn open in it. Each test drives one response
+through ``respond`` and reads the list it leaves: each mark, each checkpoint and how
+each outcome settles the conversation.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncGenerator, AsyncIterator, Iterable
+from dataclasses import dataclass, field
+
+import pytest
+import torch
+
+from omni_actors.actors.engines.contract import (
+    INSTRUCTIONS_FIELD,
+    KEPT_FIELD,
+    REPLY_FIELD,
+    TURN_FIELD,
+    Fields,
+    ResponseOptions,
+)
+from omni_actors.actors.engines.conversation import Response, respond
+from omni_actors.actors.engines.torch_engine import AbortSignal
+from omni_actors.actors.engines.turn_marks import TurnMarkError, check_truncatable
+from omni_actors.errors import EngineError
+from omni_actors.testing import eventually
+
+COMMIT: Fields = {TURN_FIELD: "commit"}
+CLEAR: Fields = {TURN_FIELD: "clear"}
+SESSION = "s"
+
+
+def say(text: str) -> Fields:
+    return {"text": text}
+
+
+def truncate(kept: int) -> Fields:
+    return {TURN_FIELD: "truncate", KEPT_FIELD: torch.tensor(kept)}
+
+
+def reply(*ids: int) -> Fields:
+    return {TURN_FIELD: "reply", REPLY_FIELD: torch.tensor(ids, dtype=torch.long)}
+
+
+@dataclass(frozen=True)
+class Said:
+    """The last reply: where its words start in the list, and its words."""
+
+    start: int
+    words: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class Mark:
+    length: int
+    reply: Said | None
+    turns_since_reply: int
+
+
+@dataclass
+class Chat:
+    """A session's conversation: a list of tokens and the bookkeeping around it."""
+
+    tokens: list[str] = field(default_factory=list)
+    reply: Said | None = None
+    turn_start: int | None = None
+    turns_since_reply: int = 0
+    signal: AbortSignal | None = None
+    decoded: tuple[str, ...] | None = None
+
+    def restore(self, mark: Mark) -> None:
+        del self.tokens[mark.length :]
+        self.reply, self.turns_since_reply, self.turn_start = (
+            mark.reply,
+            mark.turns_since_reply,
+            None,
+        )
+
+
+class WordError(EngineError, ValueError):
+    """The fake engine's own input error (``refused`` retypes a mark's as one)."""
+
+
+class Talk(Response[Mark]):
+    """A response on a ``Chat``: it answers with ``answer``'s words, failing at word
+    ``fail_at`` if set."""
+
+    def __init__(self, engine: Words, chat: Chat, signal: AbortSignal) -> None:
+        super().__init__(signal, vocab_size=100)
+        self.engine, self.chat = engine, chat
+        self.decoding = False
+
+    def checkpoint(self) -> Mark:
+        chat = self.chat
+        length = len(chat.tokens) if chat.turn_start is None else chat.turn_start
+        return Mark(length, chat.reply, chat.turns_since_reply)
+
+    async def roll_back(self, start: Mark) -> None:
+        self.chat.restore(start)
+
+    async def instruct(self, instructions: torch.Tensor | str) -> bool:
+        assert isinstance(instructions, str)
+        if self.chat.turn_start is not None:
+            return False  # the fake drops instructions said inside a turn
+        self.chat.tokens += ["<sys>", instructions, "</sys>"]
+        return True
+
+    async def take(self, fields: Fields) -> None:
+        text = fields.get("text")
+        if isinstance(text, str):
+            if self.chat.turn_start is None:
+                self.chat.turn_start = len(self.chat.tokens)
+                self.chat.tokens.append("<user>")
+            self.chat.tokens.append(text)
+
+    async def commit(self) -> Fields | None:
+        chat = self.chat
+        if chat.turn_start is None:
+            return None
+        chat.tokens.append("</user>")
+        rows = " ".join(chat.tokens[chat.turn_start :])
+        chat.turn_start = None
+        chat.turns_since_reply += 1
+        return {"user": rows}
+
+    async def clear(self, committed: Mark) -> None:
+        self.chat.restore(committed)
+
+    async def truncate(self, kept: int) -> None:
+        chat = self.chat
+        said = check_truncatable(
+            chat.reply,
+            committed_after=chat.turns_since_reply > 0 or chat.turn_start is not None,
+            kept=kept,
+        )
+        del chat.tokens[said.start + kept :]
+        chat.tokens.append("</a>")
+        chat.reply = Said(said.start, said.words[:kept])
+
+    async def take_reply(self, tokens: tuple[int, ...]) -> None:
+        words = tuple(str(t) for t in tokens)
+        self._open()
+        self.chat.tokens += [*words, "</a>"]
+        self.chat.reply = Said(len(self.chat.tokens) - len(words) - 1, words)
+
+    def refused(self, error: TurnMarkError) -> Exception:
+        return WordError(str(error)) if self.engine.retype else error
+
+    async def reply(self, options: ResponseOptions) -> AsyncGenerator[Fields, None]:
+        rows = await self.commit()
+        if rows is not None:
+            yield rows
+        self._open()
+        self.decoding = True
+        for i, word in enumerate(self.engine.answer):
+            if i == self.engine.fail_at:
+                raise RuntimeError("the model failed")
+            said = self.chat.reply
+            assert said is not None
+            self.chat.tokens.append(word)
+            self.chat.reply = Said(said.start, (*said.words, word))
+            yield {"text": word}
+
+    def _open(self) -> None:
+        self.chat.tokens.append("<a>")
+        self.chat.reply = Said(len(self.chat.tokens), ())
+        self.chat.turns_since_reply = 0
+
+    def end(self) -> None:
+        self.chat.signal = None
+
+    def held(self) -> bool:
+        return self.engine.sessions.get(SESSION) is self.chat
+
+    def forget(self) -> None:
+        if self.held():
+            del self.engine.sessions[SESSION]
+
+    def keep_reply(self) -> None:
+        if self.decoding and self.chat.reply is not None:
+            self.chat.tokens.append("</a>")
+            self.chat.decoded = self.chat.reply.words
+
+
+class Words:
+    """An engine of one session whose replies are ``answer``."""
+
+    def __init__(self, answer: Iterable[str] = ("fine", "thanks")) -> None:
+        self.answer = tuple(answer)
+        self.fail_at: int | None = None
+        self.retype = False
+        self.sessions: dict[str, Chat] = {SESSION: Chat()}
+
+    @property
+    def chat(self) -> Chat:
+        return self.sessions[SESSION]
+
+    def generate(self, inputs: AsyncIterator[Fields]) -> AsyncGenerator[Fields, None]:
+        return respond(self._begin, inputs)
+
+    def _begin(self) -> Talk:
+        chat = self.sessions.setdefault(SESSION, Chat())
+        chat.signal = AbortSignal()
+        chat.decoded = None
+        return Talk(self, chat, chat.signal)
+
+    def abort(self) -> None:
+        chat = self.sessions.pop(SESSION)
+        assert chat.signal is not None
+        chat.signal.abort()
+
+    async def respond(self, *items: Fields) -> list[Fields]:
+        return [out async for out in self.generate(Inputs(items))]
+
+
+class Inputs:
+    """A response's input: ``items``, then (if ``hold``) nothing until it is ended."""
+
+    def __init__(self, items: Iterable[Fields] = (), *, hold: bool = False) -> None:
+        self.queue: asyncio.Queue[Fields | None] = asyncio.Queue()
+        for item in items:
+            self.queue.put_nowait(item)
+        if not hold:
+            self.queue.put_nowait(None)
+
+    def __aiter__(self) -> AsyncIterator[Fields]:
+        return self
+
+    async def __anext__(self) -> Fields:
+        item = await self.queue.get()
+        if item is None:
+            raise StopAsyncIteration
+        return item
+
+
+def words(outputs: list[Fields]) -> list[str]:
+    return [str(o["text"]) for o in outputs if "text" in o]
+
+
+TURN = ["<user>", "hi", "</user>"]
+ANSWER = ["<a>", "fine", "thanks", "</a>"]
+
+
+async def test_commit_yields_the_turn_and_a_clear_comes_back_to_it() -> None:
+    engine = Words()
+    outputs = await engine.respond(say("hi"), COMMIT, say("no"), say("wait"), CLEAR)
+    assert outputs[0] == {"user": "<user> hi </user>"}
+    assert words(outputs) == ["fine", "thanks"]
+    assert engine.chat.tokens == [*TURN, *ANSWER]
+
+
+async def test_a_clear_keeps_instructions_fed_between_turns() -> None:
+    engine = Words()
+    await engine.respond({INSTRUCTIONS_FIELD: "be brief"}, say("no"), CLEAR, say("hi"))
+    assert engine.chat.tokens == ["<sys>", "be brief", "</sys>", *TURN, *ANSWER]
+
+
+async def test_a_reply_mark_commits_the_open_turn_and_takes_the_reply_back() -> None:
+    engine = Words()
+    outputs = await engine.respond(say("hi"), reply(5, 6), say("no"), CLEAR)
+    assert outputs[0] == {"user": "<user> hi </user>"}
+    # A clear after the mark keeps the reply: it moved ``committed``.
+    assert engine.chat.tokens == [*TURN, "<a>", "5", "6", "</a>", *ANSWER]
+    assert engine.chat.decoded == ("fine", "thanks")  # the decoded reply, not the mark's
+
+
+async def test_truncating_a_reply_from_before_the_response_moves_its_start() -> None:
+    engine = Words()
+    await engine.respond(say("hi"))
+    engine.fail_at = 1
+    with pytest.raises(RuntimeError, match="the model failed"):
+        await engine.respond(truncate(1), say("what"))
+    # The failure comes back to the cut, not to the reply as it was before it.
+    assert engine.chat.tokens == [*TURN, "<a>", "fine", "</a>"]
+    assert engine.chat.reply == Said(4, ("fine",))
+
+
+async def test_truncating_a_reply_taken_back_in_the_response_keeps_its_start() -> None:
+    engine = Words()
+    await engine.respond(say("hi"))
+    before = list(engine.chat.tokens)
+    engine.fail_at = 0
+    with pytest.raises(RuntimeError):
+        await engine.respond(say("and"), reply(7, 8), truncate(1), say("so"))
+    assert engine.chat.tokens == before  # the reply taken back goes with the rollback
+    assert engine.chat.reply == Said(4, ("fine", "thanks"))
+
+
+async def test_the_end_of_input_commits_the_open_turn_before_the_reply() -> None:
+    engine = Words()
+    outputs = await engine.respond(say("hi"))
+    assert outputs == [{"user": "<user> hi </user>"}, {"text": "fine"}, {"text": "thanks"}]
+    assert engine.chat.tokens == [*TURN, *ANSWER]
+
+
+async def test_a_mark_refused_fails_the_response_and_rolls_it_back() -> None:
+    engine = Words()
+    with pytest.raises(TurnMarkError, match=r"^unknown turn mark 'undo': commit, clear"):
+        await engine.respond(say("hi"), COMMIT, {TURN_FIELD: "undo"})
+    assert engine.chat.tokens == []
+    with pytest.raises(TurnMarkError, match=r"^the session has no reply to truncate$"):
+        await engine.respond(say("hi"), truncate(1))
+    assert engine.chat.tokens == []
+    with pytest.raises(TurnMarkError, match=r"^a reply mark's token ids must be in \[0, 100\)"):
+        await engine.respond(reply(100))
+
+
+async def test_an_engine_retypes_a_refused_mark_with_the_same_message() -> None:
+    engine = Words()
+    engine.retype = True
+    with pytest.raises(WordError, match=r"^the session has no reply to truncate$") as caught:
+        await engine.respond(truncate(1))
+    assert caught.value.__cause__ is None
+    assert caught.value.__suppress_context__
+
+
+async def test_done_keeps_the_reply() -> None:
+    engine = Words()
+    await engine.respond(say("hi"))
+    assert engine.chat.tokens == [*TURN, *ANSWER]
+    assert engine.chat.decoded == ("fine", "thanks")
+    assert engine.chat.signal is None
+
+
+async def test_cancelled_keeps_the_reply_as_far_as_it_was_yielded() -> None:
+    engine = Words(["one", "two", "three"])
+    outputs = engine.generate(Inputs([say("hi")]))
+    assert "user" in await anext(outputs)
+    assert await anext(outputs) == {"text": "one"}
+    await outputs.aclose()
+    assert engine.chat.tokens == [*TURN, "<a>", "one", "</a>"]
+    assert engine.chat.decoded == ("one",)
+    assert engine.chat.signal is None
+
+
+async def test_failed_comes_back_to_the_start_and_the_session_goes_on() -> None:
+    engine = Words()
+    await engine.respond(say("hi"))
+    engine.fail_at = 1
+    with pytest.raises(RuntimeError):
+        await engine.respond(say("again"), COMMIT, say("more"))
+    assert engine.chat.tokens == [*TURN, *ANSWER]
+    assert engine.chat.reply == Said(4, ("fine", "thanks"))
+    assert engine.chat.decoded is None
+    engine.fail_at = None
+    assert words(await engine.respond(say("hi"))) == ["fine", "thanks"]
+
+
+async def test_an_error_thrown_in_at_a_yield_fails_the_response() -> None:
+    engine = Words()
+    outputs = engine.generate(Inputs([say("hi")]))
+    await anext(outputs)
+    assert await anext(outputs) == {"text": "fine"}
+    with pytest.raises(EngineError, match="refused"):
+        await outputs.athrow(EngineError("output refused"))
+    assert engine.chat.tokens == []
+    assert engine.chat.decoded is None
+
+
+async def test_dropped_by_an_abort_ends_the_response_at_once() -> None:
+    engine = Words()
+    chat = engine.chat
+    inputs = Inputs([say("hi")], hold=True)
+    outputs: list[Fields] = []
+
+    async def run() -> None:
+        outputs.extend([out async for out in engine.generate(inputs)])
+
+    task = asyncio.create_task(run())
+    await eventually(lambda: inputs.queue.empty() and chat.signal is not None)
+    engine.abort()
+    await task  # no reply: the input never ended
+    assert outputs == []
+    assert chat.signal is None
+    assert SESSION not in engine.sessions
+
+
+async def test_dropped_by_a_cancelled_task_forgets_the_session() -> None:
+    engine = Words()
+    inputs = Inputs([say("hi")], hold=True)
+
+    async def run() -> None:
+        async for _ in engine.generate(inputs):
+            pass
+
+    task = asyncio.create_task(run())
+    await eventually(lambda: inputs.queue.empty() and engine.chat.signal is not None)
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    assert SESSION not in engine.sessions
+
+
+async def test_dropped_by_an_abort_mid_reply_keeps_nothing_of_it() -> None:
+    engine = Words()
+    chat = engine.chat
+    outputs = engine.generate(Inputs([say("hi")]))
+    await anext(outputs)
+    assert await anext(outputs) == {"text": "fine"}
+    engine.abort()
+    assert [out async for out in outputs] == [{"text": "thanks"}]  # the fake does not stop
+    assert chat.decoded is None  # not a reply that ended: the session is gone
+    assert chat.signal is None
