@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 from omni_actors import remoting
 from omni_actors._ref import ActorRef
-from omni_actors.errors import OmniError, WorkerDiedError
+from omni_actors.errors import ActorRestartingError, OmniError, WorkerDiedError
 from omni_actors.protocols.control import (
     Abort,
     Cancel,
@@ -83,6 +83,10 @@ class SessionPath:
                     return await ask(p)
                 except WorkerDiedError:
                     continue  # it died with the prewarm: its restart takes the next one
+                except ActorRestartingError:
+                    # A target died again while the prewarm waited for this stage (its
+                    # own restart): the prewarm goes once that target is back.
+                    continue
 
         async def ask(p: StagePlan) -> bool:
             return await p.ref.ask(

@@ -9,12 +9,14 @@ restart, that history must be the one a run without the failure holds.
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
 import pytest
 from conversation_engines import SAMPLES_PER_CHAR, ReplayEcho
 
+from omni_actors import remoting
 from omni_actors.actors.stage.actor import StageActor
 from omni_actors.errors import InvalidRequestError
 from omni_actors.pipeline.omni_pipeline import OmniPipeline
@@ -25,14 +27,20 @@ from omni_actors.protocols.events import AudioDelta, ResponseDone, SessionError,
 from omni_actors.testing import eventually, kill_worker, worker_pid
 from omni_actors.testing.chunk_faults import ChunkFaults, PipelineFaults
 from omni_actors.testing.inspection import actor_instance
+from omni_actors.transport.remote import RemoteMailbox
 
 SECOND = "a long second turn"
 
 
 def spec(
-    *, kind: str = "ReplayEcho", history_bytes: int | None = None, process: bool = True
+    *,
+    kind: str = "ReplayEcho",
+    history_bytes: int | None = None,
+    process: bool = True,
+    backoff_s: float | None = None,
 ) -> PipelineSpec:
     inputs = {} if history_bytes is None else {"max_history_bytes": history_bytes}
+    supervision = {} if backoff_s is None else {"backoff_min_s": backoff_s}
     return PipelineSpec.model_validate(
         {
             "name": "replay",
@@ -50,6 +58,7 @@ def spec(
             ],
             "edges": [{"from": "echo", "to": "speaker"}],
             "inputs": inputs,
+            "supervision": supervision,
             "outputs": {"text": "echo", "audio": "speaker", "sample_rate": 1000},
             "deadlines": {"idle_s": 60.0, "inter_chunk_s": 30.0},
         }
@@ -124,6 +133,41 @@ async def test_a_killed_stage_costs_the_turn_in_flight_not_the_conversation(kill
         assert await two_turns(omni, session, kill) == expected
         await session.send(text="third")  # and it goes on
         assert (await reply(session))[0] == "THIRD"
+
+
+async def test_a_target_dying_again_while_the_reopen_waits_for_its_stage_is_waited_for() -> None:
+    # Echo's prewarm names its target, the speaker: the reopen sees the speaker up, then
+    # waits for echo's restart (a backoff of seconds), and meanwhile the speaker dies
+    # too. Echo's prewarm cannot carry the speaker's ref until it is back: it waits.
+    async with conversation(spec(backoff_s=3.0)) as (omni, session):
+        await session.send(text="hello")
+        assert (await reply(session))[0] == "HELLO"
+        stages = await omni.stages()
+        kill_worker(stages["echo"])
+
+        async def told() -> None:
+            assert session.channel.stale
+
+        await eventually(told)
+        sending = asyncio.ensure_future(session.send(text="x"))
+        waiting = remoting.mailbox_of(stages["echo"])
+        assert isinstance(waiting, RemoteMailbox)
+        await eventually(lambda: waiting.waiting_senders)  # the reopen's prewarm of echo
+        kill_worker(stages["speaker"])
+
+        async def speaker_restarting() -> None:
+            health = (await omni.health()).stages
+            assert health["speaker"].state == "restarting"
+            assert health["echo"].state != "running"  # the race this test is about
+
+        await eventually(speaker_restarting, timeout=2.0)
+        await sending
+        text, _, done = await reply(session)
+        if done.status == "failed":  # the speaker's death came after the reopen
+            assert (done.code, done.stage) == ("stage_failed", "speaker"), done
+            text, _, done = await reply(session)
+        assert (text, done.status) == ("X", "completed"), done
+        assert await history(session) == "u:hello a:HELLO u:x a:X"
 
 
 async def test_a_conversation_past_its_history_bound_ends_with_the_stage() -> None:
