@@ -170,6 +170,48 @@ async def test_a_target_dying_again_while_the_reopen_waits_for_its_stage_is_wait
         assert await history(session) == "u:hello a:HELLO u:x a:X"
 
 
+async def test_a_stage_dying_as_the_session_reopens_reopens_it_again() -> None:
+    # The speaker dies while the session reopens (its prewarm waits for echo's restart):
+    # the session actor hears of it right after the reopen, before the caller's replay
+    # and input go out under the key it just lost. They go under the next one, and the
+    # response is answered; sent under the lost key, its ResponseDone never came.
+    async with conversation(spec(backoff_s=3.0)) as (omni, session):
+        await session.send(text="hello")
+        assert (await reply(session))[0] == "HELLO"
+        stages = await omni.stages()
+        kill_worker(stages["echo"])
+
+        async def told() -> None:
+            assert session.channel.stale
+
+        await eventually(told)
+        # The first input after the restart ends the turn: nothing sent after it could
+        # reopen the session.
+        sending = asyncio.ensure_future(session.send(text="x", end="segment"))
+        waiting = remoting.mailbox_of(stages["echo"])
+        assert isinstance(waiting, RemoteMailbox)
+        await eventually(lambda: waiting.waiting_senders)  # the reopen's prewarm of echo
+        kill_worker(stages["speaker"])
+
+        async def speaker_failed_first() -> None:
+            health = (await omni.health()).stages
+            assert health["speaker"].restarts == 1  # the session actor has been told
+            assert health["echo"].state != "running"  # so the reopen is still under way
+
+        await eventually(speaker_failed_first, timeout=2.0)
+        await sending
+        response = session.response
+        assert response is not None
+        text = ""
+        async with asyncio.timeout(60):
+            async for event in response.events():
+                if isinstance(event, TextDelta):
+                    text += event.text
+        assert isinstance(response.done, ResponseDone)
+        assert (text, response.done.status) == ("X", "completed"), response.done
+        assert await history(session) == "u:hello a:HELLO u:x a:X"
+
+
 async def test_a_conversation_past_its_history_bound_ends_with_the_stage() -> None:
     async with conversation(spec(history_bytes=8)) as (omni, session):
         await session.send(text="more than eight bytes")
