@@ -117,7 +117,8 @@ class SessionInput:
 
         If a stage on the session's path restarted, the session is first opened again
         on every stage and its conversation replayed (``channel.stale``; see
-        :mod:`~omni_actors.pipeline.conversation_log`).
+        :mod:`~omni_actors.pipeline.conversation_log`); so is it if one died while the
+        chunk waited for a credit or to be sent, and the chunk goes again after that.
 
         Raises:
             SessionClosedError: the session ended while this waited (nothing was sent),
@@ -197,6 +198,11 @@ class SessionInput:
         self._seq += 1
         assert self._entry is not None
         await self._entry.tell(chunk)
+        if credits.closed and self.channel.terminal is None:
+            # A stage died while the tell waited (for the entry stage's restart, or room
+            # in its mailbox): the chunk went out under the key every stage dropped
+            # (``SessionChannel.cut``). It goes again once the session is reopened.
+            raise _Reopen
 
     async def _wait_for_credit(self, credits: CreditWindow) -> bool:
         limit = self.credit_wait_s
@@ -219,4 +225,5 @@ class SessionInput:
 
 
 class _Reopen(Exception):
-    """A stage on the session's path died while a chunk waited for a credit."""
+    """A stage on the session's path died while a chunk waited for a credit or to be
+    sent: the chunk must go again, under the key the session is reopened with."""

@@ -10,13 +10,13 @@ restart, that history must be the one a run without the failure holds.
 from __future__ import annotations
 
 import asyncio
+import signal
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
 import pytest
 from conversation_engines import SAMPLES_PER_CHAR, ReplayEcho
 
-from omni_actors import remoting
 from omni_actors.actors.stage.actor import StageActor
 from omni_actors.errors import InvalidRequestError
 from omni_actors.pipeline.omni_pipeline import OmniPipeline
@@ -26,8 +26,7 @@ from omni_actors.pipeline.spec.pipeline import PipelineSpec
 from omni_actors.protocols.events import AudioDelta, ResponseDone, SessionError, TextDelta
 from omni_actors.testing import eventually, kill_worker, worker_pid
 from omni_actors.testing.chunk_faults import ChunkFaults, PipelineFaults
-from omni_actors.testing.inspection import actor_instance
-from omni_actors.transport.remote import RemoteMailbox
+from omni_actors.testing.inspection import actor_instance, blocked_senders, mailbox_room
 
 SECOND = "a long second turn"
 
@@ -150,9 +149,7 @@ async def test_a_target_dying_again_while_the_reopen_waits_for_its_stage_is_wait
 
         await eventually(told)
         sending = asyncio.ensure_future(session.send(text="x"))
-        waiting = remoting.mailbox_of(stages["echo"])
-        assert isinstance(waiting, RemoteMailbox)
-        await eventually(lambda: waiting.waiting_senders)  # the reopen's prewarm of echo
+        await eventually(lambda: blocked_senders(stages["echo"]))  # the reopen's prewarm
         kill_worker(stages["speaker"])
 
         async def speaker_restarting() -> None:
@@ -188,9 +185,7 @@ async def test_a_stage_dying_as_the_session_reopens_reopens_it_again() -> None:
         # The first input after the restart ends the turn: nothing sent after it could
         # reopen the session.
         sending = asyncio.ensure_future(session.send(text="x", end="segment"))
-        waiting = remoting.mailbox_of(stages["echo"])
-        assert isinstance(waiting, RemoteMailbox)
-        await eventually(lambda: waiting.waiting_senders)  # the reopen's prewarm of echo
+        await eventually(lambda: blocked_senders(stages["echo"]))  # the reopen's prewarm
         kill_worker(stages["speaker"])
 
         async def speaker_failed_first() -> None:
@@ -199,6 +194,49 @@ async def test_a_stage_dying_as_the_session_reopens_reopens_it_again() -> None:
             assert health["echo"].state != "running"  # so the reopen is still under way
 
         await eventually(speaker_failed_first, timeout=2.0)
+        await sending
+        response = session.response
+        assert response is not None
+        text = ""
+        async with asyncio.timeout(60):
+            async for event in response.events():
+                if isinstance(event, TextDelta):
+                    text += event.text
+        assert isinstance(response.done, ResponseDone)
+        assert (text, response.done.status) == ("X", "completed"), response.done
+        assert await history(session) == "u:hello a:HELLO u:x a:X"
+
+
+async def test_input_on_its_way_to_a_dead_entry_stage_goes_again_after_the_reopen() -> None:
+    # The caller's input waits for echo's restart (its worker died) before the session
+    # actor, busy with a truncate that a frozen speaker holds up, hears of the death:
+    # the cut comes while the input waits, so it goes out under the key the stages
+    # dropped. It must go again under the reopened session's key, or its response
+    # never ends.
+    async with conversation(spec(backoff_s=3.0)) as (omni, session):
+        await session.send(text="hello")
+        assert (await reply(session))[0] == "HELLO"
+        stages = await omni.stages()
+        speaker, echo = stages["speaker"], stages["echo"]
+        room = mailbox_room(speaker)
+        kill_worker(speaker, signal.SIGSTOP)
+        try:
+            truncating = asyncio.ensure_future(session.truncate(audio_ms=1e4))
+            # The session actor's Truncate is out to the frozen speaker (it spent a
+            # credit of the speaker's mailbox): it answers nothing else until then.
+            await eventually(lambda: mailbox_room(speaker) == room - 1)
+            kill_worker(echo)
+
+            async def echo_failed() -> None:
+                assert (await omni.health()).stages["echo"].restarts == 1
+
+            await eventually(echo_failed)  # the session actor has been told
+            sending = asyncio.ensure_future(session.send(text="x", end="segment"))
+            await eventually(lambda: blocked_senders(echo))  # waits for echo's worker
+            assert not session.channel.stale  # the session actor has not heard yet
+        finally:
+            kill_worker(speaker, signal.SIGCONT)
+        await truncating
         await sending
         response = session.response
         assert response is not None
