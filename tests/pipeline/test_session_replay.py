@@ -59,7 +59,7 @@ def spec(
             "inputs": inputs,
             "supervision": supervision,
             "outputs": {"text": "echo", "audio": "speaker", "sample_rate": 1000},
-            "deadlines": {"idle_s": 60.0, "inter_chunk_s": 30.0},
+            "deadlines": {"idle_s": 60.0, "inter_chunk_s": 30.0, "admission_s": 60.0},
         }
     )
 
@@ -248,6 +248,38 @@ async def test_input_on_its_way_to_a_dead_entry_stage_goes_again_after_the_reope
         assert isinstance(response.done, ResponseDone)
         assert (text, response.done.status) == ("X", "completed"), response.done
         assert await history(session) == "u:hello a:HELLO u:x a:X"
+
+
+async def test_a_session_opened_on_a_restarted_stage_is_not_cut_by_its_late_notice() -> None:
+    # The speaker dies while the session's prewarm is out to it: the prewarm goes again
+    # to its restarted instance, and the open ends after the orchestrator told the
+    # session of the death. The session holds its state on the new speaker: nothing of
+    # it was lost, so the notice must not cut it (and cost it a reopen).
+    async with OmniPipeline(spec(backoff_s=1.0)) as omni:
+        stages = await omni.stages()
+        speaker = stages["speaker"]
+        room = mailbox_room(speaker)
+        kill_worker(speaker, signal.SIGSTOP)
+        session = omni.session()
+        try:
+            opening = asyncio.ensure_future(session.open())
+            await eventually(lambda: mailbox_room(speaker) == room - 1)  # its prewarm
+        finally:
+            kill_worker(speaker)  # SIGKILL: stopped or not, it dies
+
+        async def speaker_failed() -> None:
+            assert (await omni.health()).stages["speaker"].restarts == 1
+
+        try:
+            await eventually(speaker_failed)  # the session actor has been told
+            assert not opening.done()  # while it opened
+            assert await opening is None
+            assert not session.channel.stale
+            await session.send(text="hello")
+            assert (await reply(session))[0] == "HELLO"
+            assert "~" not in session._key  # never reopened
+        finally:
+            await session.close()
 
 
 async def test_a_conversation_past_its_history_bound_ends_with_the_stage() -> None:
