@@ -23,6 +23,7 @@ from omni_actors.pipeline.omni_pipeline import OmniPipeline
 from omni_actors.pipeline.session import Session
 from omni_actors.pipeline.session_input import SessionClosedError
 from omni_actors.pipeline.spec.pipeline import PipelineSpec
+from omni_actors.protocols.control import Inspect, StageState
 from omni_actors.protocols.events import AudioDelta, ResponseDone, SessionError, TextDelta
 from omni_actors.testing import eventually, kill_worker, worker_pid
 from omni_actors.testing.chunk_faults import ChunkFaults, PipelineFaults
@@ -37,9 +38,14 @@ def spec(
     history_bytes: int | None = None,
     process: bool = True,
     backoff_s: float | None = None,
+    max_restarts: int | None = None,
 ) -> PipelineSpec:
     inputs = {} if history_bytes is None else {"max_history_bytes": history_bytes}
-    supervision = {} if backoff_s is None else {"backoff_min_s": backoff_s}
+    supervision: dict[str, float] = {}
+    if backoff_s is not None:
+        supervision["backoff_min_s"] = backoff_s
+    if max_restarts is not None:
+        supervision["max_restarts"] = max_restarts
     return PipelineSpec.model_validate(
         {
             "name": "replay",
@@ -280,6 +286,54 @@ async def test_a_session_opened_on_a_restarted_stage_is_not_cut_by_its_late_noti
             assert "~" not in session._key  # never reopened
         finally:
             await session.close()
+
+
+async def test_a_replay_goes_on_while_stages_keep_dying_under_it() -> None:
+    # Four reopens in a row are cut as they end: the speaker took the new key, then died
+    # while echo (frozen) held the reopen up. Each time the speaker comes back: the
+    # conversation goes on.
+    async with conversation(spec(backoff_s=1.0, max_restarts=10)) as (omni, session):
+        await session.send(text="hello")
+        assert (await reply(session))[0] == "HELLO"
+        base = session._key
+        stages = await omni.stages()
+        echo, speaker = stages["echo"], stages["speaker"]
+        kill_worker(speaker)
+
+        async def told() -> None:
+            assert session.channel.stale
+
+        await eventually(told)
+        sending: asyncio.Future[None] | None = None
+        for k in range(1, 5):
+            room = mailbox_room(echo)
+            kill_worker(echo, signal.SIGSTOP)  # before the reopen's prewarm reaches it
+            try:
+                if sending is None:
+                    sending = asyncio.ensure_future(session.send(text="x"))
+
+                async def speaker_took_it(k: int = k) -> None:
+                    assert session.channel.terminal is None, session.channel.terminal
+                    state = await speaker.ask(Inspect(), timeout=30)
+                    assert isinstance(state, StageState)
+                    assert f"{base}~{k}" in state.keys
+
+                await eventually(speaker_took_it, timeout=30)
+                await eventually(lambda room=room: mailbox_room(echo) < room)  # its prewarm
+                kill_worker(speaker)
+
+                async def speaker_failed(k: int = k) -> None:
+                    assert (await omni.health()).stages["speaker"].restarts == k + 1
+
+                await eventually(speaker_failed)  # the session actor has been told
+            finally:
+                kill_worker(echo, signal.SIGCONT)
+            await eventually(lambda k=k: session._key == f"{base}~{k}")  # then cut
+        assert sending is not None
+        await sending
+        text, _, done = await reply(session)
+        assert (text, done.status) == ("X", "completed"), done
+        assert await history(session) == "u:hello a:HELLO u:x a:X"
 
 
 async def test_a_conversation_past_its_history_bound_ends_with_the_stage() -> None:
