@@ -17,6 +17,7 @@ from omni_actors.protocols.error_code import ErrorCode
 __all__ = [
     "ActorNameTakenError",
     "ActorNotFoundError",
+    "ActorRestartingError",
     "ActorStoppedError",
     "AskTimeoutError",
     "EngineError",
@@ -99,6 +100,14 @@ class ActorStoppedError(OmniError):
         text = f"actor {actor} is stopped"
         super().__init__(f"{text}: {detail}" if detail else text)
         self.actor = actor
+
+
+class ActorRestartingError(ActorStoppedError):
+    """A message was to carry the ref of an actor whose worker is restarting: the ref
+    names no worker until the new one is up, so nothing was sent.
+
+    Send it again once the actor is back (``remoting.sendable`` waits for that).
+    """
 
 
 class AskTimeoutError(OmniError, TimeoutError):

@@ -305,10 +305,16 @@ class StageFailed(msgspec.Struct, ControlMessage, tag="stage-failed", frozen=Tru
     The responses in flight fail with code ``stage_failed``; ``error`` says what the stage
     raised. A conversation that can be replayed stays open (:class:`ReopenSession`); any
     other session fails with that code.
+
+    ``at`` is when the orchestrator heard of the failure (``time.monotonic`` of the
+    caller's process, where the orchestrator and the session actors run). A session
+    that opened on ``stage`` after that, as one reopened while the stage restarted did,
+    holds its state on the restarted stage: the notice is not about it.
     """
 
     stage: str
     error: str
+    at: float
 
 
 class CancelResponse(

@@ -93,8 +93,9 @@ class CreditWindow:
         self._waiter: asyncio.Future[None] | None = None
 
     def try_take(self) -> bool:
-        """Spend one credit if one is left."""
-        if self.credits > 0:
+        """Spend one credit if one is left; none is once the window is closed (the
+        stream ended: what would be sent is moot, as :meth:`take` says)."""
+        if self.credits > 0 and not self.closed:
             self.credits -= 1
             return True
         return False

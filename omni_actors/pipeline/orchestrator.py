@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 import logging
+import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -345,7 +346,9 @@ class Orchestrator(Actor[OrchestratorMessage]):
         hit = [sref for sref, path in self.sessions.values() if actor in path]
         log.warning("stage %s failed (%r); failing %d session(s) on it", actor, reason, len(hit))
         where = f"replica {actor}: " if actor != stage else ""
-        failed = StageFailed(stage=stage, error=f"{where}{type(reason).__name__}: {reason}")
+        failed = StageFailed(
+            stage=stage, error=f"{where}{type(reason).__name__}: {reason}", at=time.monotonic()
+        )
         results = await asyncio.gather(*(s.tell(failed) for s in hit), return_exceptions=True)
         for result in results:
             if isinstance(result, BaseException):

@@ -128,6 +128,7 @@ class Session:
             credit_wait_s=pipeline.spec.deadlines.inter_chunk_s,
             abort_stages=self._abort_stages,
             reopen=self._reopen,
+            replay_s=_reopen_s(pipeline.spec),
         )
         self._admission: Admission | None = None
         self._drained = False  # the terminal event has been handed to the caller
@@ -421,8 +422,7 @@ class Session:
 
     async def _reopen(self) -> SessionKey:
         """Open the session again on every stage after one restarted: its new key."""
-        deadlines = self.pipeline.spec.deadlines
-        timeout = deadlines.start_s + deadlines.admission_s  # the restart, then a prewarm
+        timeout = _reopen_s(self.pipeline.spec)
         assert self._ref is not None
         try:
             reopened = await self._ref.ask(
@@ -502,6 +502,12 @@ class Session:
     async def __aiter__(self) -> AsyncIterator[Event]:
         while not self._drained:
             yield await self.next_event()
+
+
+def _reopen_s(spec: PipelineSpec) -> float:
+    """How long reopening a session after a stage restart may take: the restart, then a
+    prewarm."""
+    return spec.deadlines.start_s + spec.deadlines.admission_s
 
 
 def _history(spec: PipelineSpec, takes: frozenset[str]) -> ConversationLog | None:

@@ -148,6 +148,9 @@ class SessionActor(Actor[SessionMessage]):
             case AbortSession(reason=reason):
                 await self._end(Aborted(session=self.id, reason=reason))
                 return True
+            case StageFailed(stage=stage, at=at) if self.path.opened_since(stage, at):
+                # Heard of late: the session opened again on the restarted stage since.
+                log.debug("session %s: %s failed before the session opened there", self.id, stage)
             case StageFailed(stage=stage, error=error):
                 await self._cut("stage_failed", f"stage {stage} failed: {error}", stage, stage)
             case ReopenSession(timeout_s=timeout_s):

@@ -41,8 +41,6 @@ from omni_actors.protocols.stage import (
 
 __all__ = ["SessionClosedError", "SessionInput"]
 
-_REOPEN_TRIES = 3  # stages dying one after another while a conversation is replayed
-
 
 class SessionClosedError(OmniError):
     """Input was sent to a session that has already ended."""
@@ -63,6 +61,9 @@ class SessionInput:
         reopen: opens the session again on every stage after one restarted and returns
             its new key (raising ``SessionClosedError`` if it could not); a
             conversation with a ``channel.history`` needs it.
+        replay_s: how long stages dying one after another under a replay may keep it
+            from going through, from its first try (one restart and a prewarm:
+            ``deadlines.start_s + admission_s``).
 
     Attributes:
         audio: the caller's audio, resampled as one stream.
@@ -80,6 +81,7 @@ class SessionInput:
         credit_wait_s: float,
         abort_stages: Callable[[str], Awaitable[None]],
         reopen: Callable[[], Awaitable[SessionKey]] | None = None,
+        replay_s: float = 0.0,
     ) -> None:
         self.session = session
         self.channel = channel
@@ -88,6 +90,7 @@ class SessionInput:
         self.credit_wait_s = credit_wait_s
         self._abort_stages = abort_stages
         self._reopen = reopen
+        self.replay_s = replay_s
         self._reopening = asyncio.Lock()
         self.audio = CallerAudio(sample_rate)
         self.segment = 0
@@ -117,7 +120,8 @@ class SessionInput:
 
         If a stage on the session's path restarted, the session is first opened again
         on every stage and its conversation replayed (``channel.stale``; see
-        :mod:`~omni_actors.pipeline.conversation_log`).
+        :mod:`~omni_actors.pipeline.conversation_log`); so is it if one died while the
+        chunk waited for a credit or to be sent, and the chunk goes again after that.
 
         Raises:
             SessionClosedError: the session ended while this waited (nothing was sent),
@@ -144,23 +148,32 @@ class SessionInput:
             self.channel.segment_sent(self.segment)
 
     async def _replay(self) -> None:
-        """Open the session again on every stage and send its conversation so far."""
+        """Open the session again on every stage and send its conversation so far.
+
+        A stage that died while the session reopened, or while the conversation went
+        out, cuts it again: it starts over, as long as ``replay_s`` allows. Stages that
+        keep dying are their supervisor's to give up on (its restart intensity), not a
+        count of the session's tries: under faults that come faster than restarts,
+        every try may be cut by another stage's death though each one comes back.
+        """
         history = self.channel.history
         assert history is not None, "stale only when it can be replayed"
         assert self._reopen is not None, "a replayed session reopens"
-        for _ in range(_REOPEN_TRIES):
+        deadline = self.clock.now() + self.replay_s
+        while True:
             self._key, self._seq = await self._reopen(), 0
             try:
                 for chunk in history.replay():
                     await self._send(chunk.payload, "", chunk.mark, chunk.kept, None)
+                return
             except _Reopen:
-                continue  # another stage died meanwhile: from the start again
-            return
+                if self.clock.now() >= deadline:
+                    break  # else another stage died meanwhile: from the start again
         error = SessionError(
             session=self.session,
             code="stage_failed",
             message=(
-                f"stages kept failing while the conversation was replayed ({_REOPEN_TRIES} tries)"
+                f"stages kept failing while the conversation was replayed (for {self.replay_s:g} s)"
             ),
         )
         if self.channel.end(error):
@@ -197,6 +210,11 @@ class SessionInput:
         self._seq += 1
         assert self._entry is not None
         await self._entry.tell(chunk)
+        if credits.closed and self.channel.terminal is None:
+            # A stage died while the tell waited (for the entry stage's restart, or room
+            # in its mailbox): the chunk went out under the key every stage dropped
+            # (``SessionChannel.cut``). It goes again once the session is reopened.
+            raise _Reopen
 
     async def _wait_for_credit(self, credits: CreditWindow) -> bool:
         limit = self.credit_wait_s
@@ -219,4 +237,5 @@ class SessionInput:
 
 
 class _Reopen(Exception):
-    """A stage on the session's path died while a chunk waited for a credit."""
+    """A stage on the session's path died while a chunk waited for a credit or to be
+    sent: the chunk must go again, under the key the session is reopened with."""

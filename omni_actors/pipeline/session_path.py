@@ -11,11 +11,12 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from dataclasses import dataclass
 
 from omni_actors import remoting
 from omni_actors._ref import ActorRef
-from omni_actors.errors import OmniError, WorkerDiedError
+from omni_actors.errors import ActorRestartingError, OmniError, WorkerDiedError
 from omni_actors.protocols.control import (
     Abort,
     Cancel,
@@ -58,6 +59,7 @@ class SessionPath:
         self.session = session
         self.key = key
         self.plan = plan
+        self._opened: dict[str, float] = {}  # when each stage took the key (monotonic)
 
     async def prewarm(
         self,
@@ -73,16 +75,23 @@ class SessionPath:
         the first stage (in path order) that failed, with why, or None when all are
         ready."""
 
-        async def prewarm(p: StagePlan) -> bool:
+        async def prewarm(stage: str, p: StagePlan) -> bool:
             while True:
                 # The prewarm names the stage's targets: a target restarting has no worker
                 # to name until it is up again, so wait for it (the prewarm's time counts).
                 for target in p.targets:
                     await remoting.sendable(target.ref)
                 try:
-                    return await ask(p)
+                    taken = await ask(p)
+                    if taken:
+                        self._opened[stage] = time.monotonic()
+                    return taken
                 except WorkerDiedError:
                     continue  # it died with the prewarm: its restart takes the next one
+                except ActorRestartingError:
+                    # A target died again while the prewarm waited for this stage (its
+                    # own restart): the prewarm goes once that target is back.
+                    continue
 
         async def ask(p: StagePlan) -> bool:
             return await p.ref.ask(
@@ -100,7 +109,7 @@ class SessionPath:
                 timeout=timeout,
             )
 
-        asks = [asyncio.wait_for(prewarm(p), timeout) for p in self.plan.values()]
+        asks = [asyncio.wait_for(prewarm(name, p), timeout) for name, p in self.plan.items()]
         results = await asyncio.gather(*asks, return_exceptions=True)
         for stage, result in zip(self.plan, results, strict=True):
             if result is False:
@@ -108,6 +117,17 @@ class SessionPath:
             if isinstance(result, BaseException):
                 return stage, result
         return None
+
+    def opened_since(self, stage: str, at: float) -> bool:
+        """Whether ``stage`` took the session's key after ``at`` (``time.monotonic``).
+
+        A failed stage answers nothing after its failure (an ask to a worker that died
+        fails as its death is noticed, before the orchestrator hears of it), so a stage
+        that took the key after its failure was heard of took it on its restarted
+        instance: the session lost nothing there.
+        """
+        opened = self._opened.get(stage)
+        return opened is not None and opened > at
 
     async def cancel(self, segment: int) -> None:
         """Tell every stage to stop response ``segment``."""

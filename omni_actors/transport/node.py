@@ -28,7 +28,7 @@ import msgspec
 import zmq
 
 from omni_actors import remoting
-from omni_actors.errors import ActorStoppedError, ProtocolError
+from omni_actors.errors import ActorRestartingError, ActorStoppedError, ProtocolError
 from omni_actors.protocols import wire
 from omni_actors.protocols.message import ControlMessage
 from omni_actors.transport import peer_auth
@@ -204,7 +204,11 @@ class Node:
     # -- refs inside messages ---------------------------------------------------------
 
     def encode_ref(self, ref: ActorRef[Any]) -> wire.RefDesc:
-        """Where ``ref``'s actor lives, for a peer: its node, endpoint and path there."""
+        """Where ``ref``'s actor lives, for a peer: its node, endpoint and path there.
+
+        Raises:
+            ActorRestartingError: its worker is restarting (the message is not sent).
+        """
         mailbox = remoting.mailbox_of(ref)
         if isinstance(mailbox, RemoteMailbox):
             while mailbox.moved_to is not None:
@@ -212,7 +216,7 @@ class Node:
             unbound = mailbox.link is None and not (mailbox.closed and mailbox.endpoint)
             # A held ref names where its actor was: the receiver follows it as we do.
             if unbound and not self.refs.holds(mailbox):
-                raise ActorStoppedError(ref.path, "it is restarting; its ref cannot be sent now")
+                raise ActorRestartingError(ref.path, "it is restarting; its ref cannot be sent now")
             # A dead actor's ref still names where it lived; the receiver finds it dead.
             return wire.RefDesc(mailbox.peer, mailbox.endpoint, mailbox.target)
         return wire.RefDesc(self.node_id, self.endpoint, ref.path)

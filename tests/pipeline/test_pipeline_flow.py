@@ -18,7 +18,8 @@ import torch
 from pipeline_helpers import armed, assert_nothing_held, done, samples_of, text_of
 
 from omni_actors.actors.stage.actor import StageActor
-from omni_actors.actors.stage.flow import BackpressureError
+from omni_actors.actors.stage.flow import BackpressureError, CreditWindow
+from omni_actors.clock import LoopClock
 from omni_actors.pipeline.omni_pipeline import OmniPipeline
 from omni_actors.pipeline.session_actor import SessionActor
 from omni_actors.pipeline.session_channel import SessionChannel
@@ -231,6 +232,16 @@ async def test_a_send_waiting_for_a_credit_ends_with_its_session() -> None:
                 async with asyncio.timeout(WAIT_S):
                     await sending
         await assert_nothing_held(omni)
+
+
+async def test_a_closed_window_gives_no_credit() -> None:
+    # Its stream ended (its session was cut or ended): what would be sent is moot, even
+    # with credits left in hand.
+    window = CreditWindow(WINDOW)
+    window.close()
+    assert not window.try_take()
+    assert not await window.take(LoopClock(), WAIT_S)
+    assert window.credits == WINDOW
 
 
 class GreedyStage(StageActor):

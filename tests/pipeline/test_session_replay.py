@@ -9,6 +9,8 @@ restart, that history must be the one a run without the failure holds.
 
 from __future__ import annotations
 
+import asyncio
+import signal
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
@@ -21,18 +23,29 @@ from omni_actors.pipeline.omni_pipeline import OmniPipeline
 from omni_actors.pipeline.session import Session
 from omni_actors.pipeline.session_input import SessionClosedError
 from omni_actors.pipeline.spec.pipeline import PipelineSpec
+from omni_actors.protocols.control import Inspect, StageState
 from omni_actors.protocols.events import AudioDelta, ResponseDone, SessionError, TextDelta
 from omni_actors.testing import eventually, kill_worker, worker_pid
 from omni_actors.testing.chunk_faults import ChunkFaults, PipelineFaults
-from omni_actors.testing.inspection import actor_instance
+from omni_actors.testing.inspection import actor_instance, blocked_senders, mailbox_room
 
 SECOND = "a long second turn"
 
 
 def spec(
-    *, kind: str = "ReplayEcho", history_bytes: int | None = None, process: bool = True
+    *,
+    kind: str = "ReplayEcho",
+    history_bytes: int | None = None,
+    process: bool = True,
+    backoff_s: float | None = None,
+    max_restarts: int | None = None,
 ) -> PipelineSpec:
     inputs = {} if history_bytes is None else {"max_history_bytes": history_bytes}
+    supervision: dict[str, float] = {}
+    if backoff_s is not None:
+        supervision["backoff_min_s"] = backoff_s
+    if max_restarts is not None:
+        supervision["max_restarts"] = max_restarts
     return PipelineSpec.model_validate(
         {
             "name": "replay",
@@ -50,8 +63,9 @@ def spec(
             ],
             "edges": [{"from": "echo", "to": "speaker"}],
             "inputs": inputs,
+            "supervision": supervision,
             "outputs": {"text": "echo", "audio": "speaker", "sample_rate": 1000},
-            "deadlines": {"idle_s": 60.0, "inter_chunk_s": 30.0},
+            "deadlines": {"idle_s": 60.0, "inter_chunk_s": 30.0, "admission_s": 60.0},
         }
     )
 
@@ -124,6 +138,202 @@ async def test_a_killed_stage_costs_the_turn_in_flight_not_the_conversation(kill
         assert await two_turns(omni, session, kill) == expected
         await session.send(text="third")  # and it goes on
         assert (await reply(session))[0] == "THIRD"
+
+
+async def test_a_target_dying_again_while_the_reopen_waits_for_its_stage_is_waited_for() -> None:
+    # Echo's prewarm names its target, the speaker: the reopen sees the speaker up, then
+    # waits for echo's restart (a backoff of seconds), and meanwhile the speaker dies
+    # too. Echo's prewarm cannot carry the speaker's ref until it is back: it waits.
+    async with conversation(spec(backoff_s=3.0)) as (omni, session):
+        await session.send(text="hello")
+        assert (await reply(session))[0] == "HELLO"
+        stages = await omni.stages()
+        kill_worker(stages["echo"])
+
+        async def told() -> None:
+            assert session.channel.stale
+
+        await eventually(told)
+        sending = asyncio.ensure_future(session.send(text="x"))
+        await eventually(lambda: blocked_senders(stages["echo"]))  # the reopen's prewarm
+        kill_worker(stages["speaker"])
+
+        async def speaker_restarting() -> None:
+            health = (await omni.health()).stages
+            assert health["speaker"].state == "restarting"
+            assert health["echo"].state != "running"  # the race this test is about
+
+        await eventually(speaker_restarting, timeout=2.0)
+        await sending
+        text, _, done = await reply(session)
+        if done.status == "failed":  # the speaker's death came after the reopen
+            assert (done.code, done.stage) == ("stage_failed", "speaker"), done
+            text, _, done = await reply(session)
+        assert (text, done.status) == ("X", "completed"), done
+        assert await history(session) == "u:hello a:HELLO u:x a:X"
+
+
+async def test_a_stage_dying_as_the_session_reopens_reopens_it_again() -> None:
+    # The speaker dies while the session reopens (its prewarm waits for echo's restart):
+    # the session actor hears of it right after the reopen, before the caller's replay
+    # and input go out under the key it just lost. They go under the next one, and the
+    # response is answered; sent under the lost key, its ResponseDone never came.
+    async with conversation(spec(backoff_s=3.0)) as (omni, session):
+        await session.send(text="hello")
+        assert (await reply(session))[0] == "HELLO"
+        stages = await omni.stages()
+        kill_worker(stages["echo"])
+
+        async def told() -> None:
+            assert session.channel.stale
+
+        await eventually(told)
+        # The first input after the restart ends the turn: nothing sent after it could
+        # reopen the session.
+        sending = asyncio.ensure_future(session.send(text="x", end="segment"))
+        await eventually(lambda: blocked_senders(stages["echo"]))  # the reopen's prewarm
+        kill_worker(stages["speaker"])
+
+        async def speaker_failed_first() -> None:
+            health = (await omni.health()).stages
+            assert health["speaker"].restarts == 1  # the session actor has been told
+            assert health["echo"].state != "running"  # so the reopen is still under way
+
+        await eventually(speaker_failed_first, timeout=2.0)
+        await sending
+        response = session.response
+        assert response is not None
+        text = ""
+        async with asyncio.timeout(60):
+            async for event in response.events():
+                if isinstance(event, TextDelta):
+                    text += event.text
+        assert isinstance(response.done, ResponseDone)
+        assert (text, response.done.status) == ("X", "completed"), response.done
+        assert await history(session) == "u:hello a:HELLO u:x a:X"
+
+
+async def test_input_on_its_way_to_a_dead_entry_stage_goes_again_after_the_reopen() -> None:
+    # The caller's input waits for echo's restart (its worker died) before the session
+    # actor, busy with a truncate that a frozen speaker holds up, hears of the death:
+    # the cut comes while the input waits, so it goes out under the key the stages
+    # dropped. It must go again under the reopened session's key, or its response
+    # never ends.
+    async with conversation(spec(backoff_s=3.0)) as (omni, session):
+        await session.send(text="hello")
+        assert (await reply(session))[0] == "HELLO"
+        stages = await omni.stages()
+        speaker, echo = stages["speaker"], stages["echo"]
+        room = mailbox_room(speaker)
+        kill_worker(speaker, signal.SIGSTOP)
+        try:
+            truncating = asyncio.ensure_future(session.truncate(audio_ms=1e4))
+            # The session actor's Truncate is out to the frozen speaker (it spent a
+            # credit of the speaker's mailbox): it answers nothing else until then.
+            await eventually(lambda: mailbox_room(speaker) == room - 1)
+            kill_worker(echo)
+
+            async def echo_failed() -> None:
+                assert (await omni.health()).stages["echo"].restarts == 1
+
+            await eventually(echo_failed)  # the session actor has been told
+            sending = asyncio.ensure_future(session.send(text="x", end="segment"))
+            await eventually(lambda: blocked_senders(echo))  # waits for echo's worker
+            assert not session.channel.stale  # the session actor has not heard yet
+        finally:
+            kill_worker(speaker, signal.SIGCONT)
+        await truncating
+        await sending
+        response = session.response
+        assert response is not None
+        text = ""
+        async with asyncio.timeout(60):
+            async for event in response.events():
+                if isinstance(event, TextDelta):
+                    text += event.text
+        assert isinstance(response.done, ResponseDone)
+        assert (text, response.done.status) == ("X", "completed"), response.done
+        assert await history(session) == "u:hello a:HELLO u:x a:X"
+
+
+async def test_a_session_opened_on_a_restarted_stage_is_not_cut_by_its_late_notice() -> None:
+    # The speaker dies while the session's prewarm is out to it: the prewarm goes again
+    # to its restarted instance, and the open ends after the orchestrator told the
+    # session of the death. The session holds its state on the new speaker: nothing of
+    # it was lost, so the notice must not cut it (and cost it a reopen).
+    async with OmniPipeline(spec(backoff_s=1.0)) as omni:
+        stages = await omni.stages()
+        speaker = stages["speaker"]
+        room = mailbox_room(speaker)
+        kill_worker(speaker, signal.SIGSTOP)
+        session = omni.session()
+        try:
+            opening = asyncio.ensure_future(session.open())
+            await eventually(lambda: mailbox_room(speaker) == room - 1)  # its prewarm
+        finally:
+            kill_worker(speaker)  # SIGKILL: stopped or not, it dies
+
+        async def speaker_failed() -> None:
+            assert (await omni.health()).stages["speaker"].restarts == 1
+
+        try:
+            await eventually(speaker_failed)  # the session actor has been told
+            assert not opening.done()  # while it opened
+            assert await opening is None
+            assert not session.channel.stale
+            await session.send(text="hello")
+            assert (await reply(session))[0] == "HELLO"
+            assert "~" not in session._key  # never reopened
+        finally:
+            await session.close()
+
+
+async def test_a_replay_goes_on_while_stages_keep_dying_under_it() -> None:
+    # Four reopens in a row are cut as they end: the speaker took the new key, then died
+    # while echo (frozen) held the reopen up. Each time the speaker comes back: the
+    # conversation goes on.
+    async with conversation(spec(backoff_s=1.0, max_restarts=10)) as (omni, session):
+        await session.send(text="hello")
+        assert (await reply(session))[0] == "HELLO"
+        base = session._key
+        stages = await omni.stages()
+        echo, speaker = stages["echo"], stages["speaker"]
+        kill_worker(speaker)
+
+        async def told() -> None:
+            assert session.channel.stale
+
+        await eventually(told)
+        sending: asyncio.Future[None] | None = None
+        for k in range(1, 5):
+            room = mailbox_room(echo)
+            kill_worker(echo, signal.SIGSTOP)  # before the reopen's prewarm reaches it
+            try:
+                if sending is None:
+                    sending = asyncio.ensure_future(session.send(text="x"))
+
+                async def speaker_took_it(k: int = k) -> None:
+                    assert session.channel.terminal is None, session.channel.terminal
+                    state = await speaker.ask(Inspect(), timeout=30)
+                    assert isinstance(state, StageState)
+                    assert f"{base}~{k}" in state.keys
+
+                await eventually(speaker_took_it, timeout=30)
+                await eventually(lambda room=room: mailbox_room(echo) < room)  # its prewarm
+                kill_worker(speaker)
+
+                async def speaker_failed(k: int = k) -> None:
+                    assert (await omni.health()).stages["speaker"].restarts == k + 1
+
+                await eventually(speaker_failed)  # the session actor has been told
+            finally:
+                kill_worker(echo, signal.SIGCONT)
+            await eventually(lambda k=k: session._key == f"{base}~{k}")  # then cut
+        assert sending is not None
+        await sending
+        text, _, done = await reply(session)
+        assert (text, done.status) == ("X", "completed"), done
+        assert await history(session) == "u:hello a:HELLO u:x a:X"
 
 
 async def test_a_conversation_past_its_history_bound_ends_with_the_stage() -> None:

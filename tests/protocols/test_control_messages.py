@@ -83,7 +83,7 @@ def _examples(owner: ActorRef[Any], downstream: ActorRef[Any]) -> list[msgspec.S
         StageState(stage="talker", keys=[KEY], queued=3),
         OpenSession(),
         AbortSession(reason="disconnected"),
-        StageFailed(stage="talker", error="WorkerDiedError: killed"),
+        StageFailed(stage="talker", error="WorkerDiedError: killed", at=12.5),
         ReopenSession(timeout_s=30.0),
         ListSessions(),
         ListStages(),
