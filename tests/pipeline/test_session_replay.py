@@ -13,6 +13,7 @@ import asyncio
 import signal
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
+from typing import Any
 
 import pytest
 from conversation_engines import SAMPLES_PER_CHAR, ReplayEcho
@@ -104,6 +105,21 @@ async def history(session: Session) -> str:
     return text
 
 
+async def restarted(omni: OmniPipeline, session: Session, stage: str) -> dict[str, Any]:
+    """A first turn answered, then ``stage``'s worker killed, until the session heard of
+    it (stale: its next input reopens it); the pipeline's stages."""
+    await session.send(text="hello")
+    assert (await reply(session))[0] == "HELLO"
+    stages = await omni.stages()
+    kill_worker(stages[stage])
+
+    async def told() -> None:
+        assert session.channel.stale
+
+    await eventually(told)
+    return stages
+
+
 async def two_turns(omni: OmniPipeline, session: Session, kill: str = "") -> str:
     """Turn 1, then turn 2 (its first reply killed by ``kill``, then answered again)."""
     await session.send(text="hello")
@@ -145,15 +161,7 @@ async def test_a_target_dying_again_while_the_reopen_waits_for_its_stage_is_wait
     # waits for echo's restart (a backoff of seconds), and meanwhile the speaker dies
     # too. Echo's prewarm cannot carry the speaker's ref until it is back: it waits.
     async with conversation(spec(backoff_s=3.0)) as (omni, session):
-        await session.send(text="hello")
-        assert (await reply(session))[0] == "HELLO"
-        stages = await omni.stages()
-        kill_worker(stages["echo"])
-
-        async def told() -> None:
-            assert session.channel.stale
-
-        await eventually(told)
+        stages = await restarted(omni, session, "echo")
         sending = asyncio.ensure_future(session.send(text="x"))
         await eventually(lambda: blocked_senders(stages["echo"]))  # the reopen's prewarm
         kill_worker(stages["speaker"])
@@ -179,15 +187,7 @@ async def test_a_stage_dying_as_the_session_reopens_reopens_it_again() -> None:
     # and input go out under the key it just lost. They go under the next one, and the
     # response is answered; sent under the lost key, its ResponseDone never came.
     async with conversation(spec(backoff_s=3.0)) as (omni, session):
-        await session.send(text="hello")
-        assert (await reply(session))[0] == "HELLO"
-        stages = await omni.stages()
-        kill_worker(stages["echo"])
-
-        async def told() -> None:
-            assert session.channel.stale
-
-        await eventually(told)
+        stages = await restarted(omni, session, "echo")
         # The first input after the restart ends the turn: nothing sent after it could
         # reopen the session.
         sending = asyncio.ensure_future(session.send(text="x", end="segment"))
@@ -358,14 +358,7 @@ async def test_a_conversation_past_its_history_bound_ends_with_the_stage() -> No
 
 async def test_truncating_a_reply_from_before_the_restart_is_refused_clearly() -> None:
     async with conversation(spec()) as (omni, session):
-        await session.send(text="hello")
-        assert (await reply(session))[0] == "HELLO"
-        kill_worker((await omni.stages())["speaker"])
-
-        async def told() -> None:
-            assert session.channel.stale  # the session heard of the restart
-
-        await eventually(told)
+        await restarted(omni, session, "speaker")
         with pytest.raises(InvalidRequestError, match="restarted since the last reply"):
             await session.truncate(audio_ms=100)
         await session.send(text="x")  # reopens once the speaker is back
