@@ -53,6 +53,12 @@ class Wired:
         # One round trip first: the set-up's own envelopes (the slab's offer) are out.
         await mailbox.push_user((Payload(-1, torch.ones(1)), None))
         assert (await probe.expect_message(Payload)).seq == -1
+        # The receiver's link offered its slab when it opened; the sender answers that
+        # offer with a frame of its own, which must be out before frames are counted.
+        receiver_id = self.receiver.node_id
+        await eventually(
+            lambda: self.sender.slabs.attached(receiver_id), what="the receiver's slab attached"
+        )
         counting = Counting(link.socket)
         link.socket = counting  # type: ignore[assignment]
         return probe, mailbox, link, counting
