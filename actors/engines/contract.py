@@ -64,8 +64,10 @@ outputs. Anything else (a field not declared, a ``str``) fails the response with
 ``EngineOutputError`` (``engine_error``), raised in ``generate`` at that ``yield`` as if
 the engine had raised it there. A response whose first output does not come within
 ``deadlines.first_chunk_s`` of the last input the engine took fails with code
-``timeout``: its ``generate`` is cancelled (``CancelledError``) where it waits, as an
-abort would be, and the session goes on with the next response.
+``timeout``: its ``generate`` is cancelled (``CancelledError``) where it waits, and the
+session goes on with the next response. The engine tells this cancel from its task's
+(the session is over) by :func:`output_overdue`, and fails the response as if it had
+raised: its session state comes back to where the response started.
 
 An engine whose model runs in processes of its own (vLLM's EngineCore) may expose
 ``died``, an ``asyncio.Future`` it resolves with an error when they exit: the stage then
@@ -121,6 +123,7 @@ __all__ = [
     "ResponseOptions",
     "Rule",
     "Truncatable",
+    "output_overdue",
     "response_options",
 ]
 
@@ -169,6 +172,17 @@ def response_options(inputs: AsyncIterator[Fields]) -> ResponseOptions:
     """
     options = getattr(inputs, "options", None)
     return options if isinstance(options, ResponseOptions) else NO_OPTIONS
+
+
+def output_overdue(inputs: AsyncIterator[Fields]) -> bool:
+    """Whether the stage cancelled the response whose input ``inputs`` is because its
+    first output did not come within ``first_chunk_s`` (read in the engine's handling of
+    that ``CancelledError``): the response failed, the session goes on.
+
+    A stage's input iterator carries it as ``output_overdue``; any other iterator never
+    is overdue.
+    """
+    return getattr(inputs, "output_overdue", False) is True
 
 
 @dataclass(frozen=True, slots=True)

@@ -45,7 +45,9 @@ rollback, cut or not.
   (``athrow``: an output it could not take); the conversation comes back to ``start``
   and the session goes on.
 - ``dropped``: the session was aborted (:class:`~.torch_engine.AbortSignal`) or the
-  response's task cancelled: the session is forgotten.
+  response's task cancelled: the session is forgotten. A cancel because the first
+  output was overdue (:func:`~.contract.output_overdue`) is ``failed`` instead: that
+  reply alone failed, as a crash would.
 
 The engine ends the response first (:meth:`Response.end`: the session may take another),
 then settles it. A session whose state the engine no longer holds (aborted meanwhile,
@@ -54,6 +56,7 @@ perhaps started again) is dropped whatever the outcome.
 
 from __future__ import annotations
 
+import asyncio
 from abc import ABC, abstractmethod
 from collections.abc import AsyncGenerator, AsyncIterator, Callable
 from contextlib import aclosing
@@ -66,6 +69,7 @@ from omni_actors.actors.engines.contract import (
     TURN_FIELD,
     Fields,
     ResponseOptions,
+    output_overdue,
     response_options,
 )
 from omni_actors.actors.engines.torch_engine import AbortSignal
@@ -292,6 +296,10 @@ async def respond(
         outcome = "done"
     except GeneratorExit:
         outcome = "cancelled"
+        raise
+    except asyncio.CancelledError:
+        if output_overdue(inputs) and not signal.aborted:
+            outcome = "failed"
         raise
     except Exception as exc:
         outcome = "failed"

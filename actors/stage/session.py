@@ -536,6 +536,13 @@ class SegmentInputs(AsyncIterator[Fields]):
     def __aiter__(self) -> SegmentInputs:
         return self
 
+    @property
+    def output_overdue(self) -> bool:
+        """Whether the engine's first output is overdue: the stage is cancelling its
+        ``generate`` (``omni_actors.actors.engines.contract.output_overdue``)."""
+        deadline = self.first_output
+        return deadline is not None and deadline.expired()
+
     async def has_payload(self) -> bool:
         """Wait for the segment's first input; False if it ended without any.
 

@@ -18,7 +18,7 @@ import pytest
 import pytest_asyncio
 from pipeline_helpers import armed, assert_nothing_held, collect, make_spec
 
-from omni_actors.actors.engines.contract import Fields
+from omni_actors.actors.engines.contract import Fields, output_overdue
 from omni_actors.actors.engines.scripted import ScriptedEngine
 from omni_actors.actors.stage.actor import StageActor
 from omni_actors.pipeline.omni_pipeline import OmniPipeline
@@ -106,6 +106,7 @@ class Hangs:
 
     def __init__(self, args: object) -> None:
         self.took: list[str] = []  # every input, as the engine took it
+        self.overdue: list[bool] = []  # output_overdue, at each cancel
 
     async def start(self) -> None: ...
     async def stop(self) -> None: ...
@@ -118,7 +119,11 @@ class Hangs:
             said += str(fields["text"])
             self.took.append(str(fields["text"]))
         if said == "hang":
-            await asyncio.Event().wait()
+            try:
+                await asyncio.Event().wait()
+            except asyncio.CancelledError:
+                self.overdue.append(output_overdue(inputs))
+                raise
         yield {"text": said.upper()}
 
 
@@ -163,6 +168,11 @@ async def test_a_reply_without_a_first_output_in_first_chunk_s_fails_alone(
                 assert events[-1].status == "completed"
                 assert "".join(e.text for e in events if isinstance(e, TextDelta)) == "HI"
                 assert any(isinstance(e, AudioDelta) for e in events)
+        # The engine could tell each cancel for what it was: a reply late, not the end.
+        entry = actor_instance((await omni.stages())["entry"])
+        assert isinstance(entry, StageActor)
+        assert isinstance(entry.engine, Hangs)
+        assert entry.engine.overdue == [True, True]
         await assert_nothing_held(omni)
 
 

@@ -222,6 +222,7 @@ class Inputs:
 
     def __init__(self, items: Iterable[Fields] = (), *, hold: bool = False) -> None:
         self.queue: asyncio.Queue[Fields | None] = asyncio.Queue()
+        self.output_overdue = False  # as a stage's input says when it cancels a reply
         for item in items:
             self.queue.put_nowait(item)
         if not hold:
@@ -393,6 +394,27 @@ async def test_dropped_by_a_cancelled_task_forgets_the_session() -> None:
     with pytest.raises(asyncio.CancelledError):
         await task
     assert SESSION not in engine.sessions
+
+
+async def test_a_cancel_for_an_overdue_first_output_fails_the_response_alone() -> None:
+    engine = Words()
+    await engine.respond(say("hi"))
+    inputs = Inputs([say("again")], hold=True)
+
+    async def run() -> None:
+        async for _ in engine.generate(inputs):
+            pass
+
+    task = asyncio.create_task(run())
+    await eventually(lambda: inputs.queue.empty() and engine.chat.signal is not None)
+    inputs.output_overdue = True  # the stage's deadline passed: it cancels the reply
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    # As a failure: back to where the response started, the conversation kept.
+    assert engine.chat.tokens == [*TURN, *ANSWER]
+    assert engine.chat.signal is None
+    assert words(await engine.respond(say("hi"))) == ["fine", "thanks"]
 
 
 async def test_dropped_by_an_abort_mid_reply_keeps_nothing_of_it() -> None:
