@@ -25,24 +25,31 @@ imports what it needs when called.
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Final
 
 from omni_actors.errors import ModelFileError
 
 __all__ = [
+    "INDEX",
     "PICKLE_SUFFIXES",
     "check_safetensors",
     "check_tokenizer",
     "load_tokenizer",
+    "missing_weights",
     "read_json",
+    "read_weight_map",
     "safetensors_weights",
+    "weight_map",
 ]
 
 PICKLE_SUFFIXES: Final = (".bin", ".pt", ".pth", ".ckpt", ".pkl", ".pickle")
 """Suffixes of weights files in a pickle-based format, which are never loaded."""
 
-_INDEX: Final = "model.safetensors.index.json"
+INDEX: Final = "model.safetensors.index.json"
+"""A sharded checkpoint's index: each tensor's name to the shard file that holds it."""
+
 _TOKENIZER_CONFIGS: Final = ("tokenizer_config.json", "special_tokens_map.json")
 
 
@@ -83,6 +90,61 @@ def check_safetensors(path: Path, *, remedy: str = "") -> None:
         raise ModelFileError(path, problem, remedy) from error
 
 
+def weight_map(index: Mapping[str, Any], source: Path, *, remedy: str = "") -> dict[str, str]:
+    """The ``weight_map`` of a parsed shard index: tensor name to the shard file holding it.
+
+    Each shard must be a plain file name ending in ``.safetensors``: the shard lies beside
+    the index, and a name with a path in it could point anywhere on disk (or, as a download
+    pattern, fetch files that are no shard of this model).
+
+    Args:
+        index: the index's JSON object.
+        source: the index file, named in errors.
+
+    Raises:
+        ModelFileError: ``index`` has no ``weight_map`` of string to string, or it names a
+            file other than a safetensors file beside ``source``.
+    """
+    shards = index.get("weight_map")
+    if not isinstance(shards, dict) or not all(
+        isinstance(name, str) and isinstance(file, str) for name, file in shards.items()
+    ):
+        raise ModelFileError(source, "has no weight_map of tensor name to file", remedy)
+    names = sorted(set(shards.values()))
+    if any(Path(name).name != name or not name.endswith(".safetensors") for name in names):
+        raise ModelFileError(
+            source, f"names files other than safetensors beside it: {names}", remedy
+        )
+    return dict(shards)
+
+
+def read_weight_map(index: Path, *, remedy: str = "") -> dict[str, str]:
+    """:func:`weight_map` of the shard index file ``index``.
+
+    Raises:
+        ModelFileError: see :func:`read_json` and :func:`weight_map`.
+    """
+    return weight_map(read_json(index, remedy=remedy), index, remedy=remedy)
+
+
+def missing_weights(directory: Path, *, remedy: str = "") -> ModelFileError:
+    """The error for ``directory`` holding no safetensors weights, for the caller to raise.
+
+    Pickle-format weights there are named as never loaded, so that the user converts them
+    rather than hunts for a file that was never downloaded.
+    """
+    pickled = sorted(p.name for p in directory.glob("*") if p.suffix in PICKLE_SUFFIXES)
+    if pickled:
+        return ModelFileError(
+            directory,
+            f"has weights only in a pickle-based format ({', '.join(pickled)}), which is "
+            "never loaded: unpickling a file can run code",
+            remedy or "convert the weights to safetensors (model.safetensors)",
+        )
+    # Named as a single-file checkpoint names it: the file a reader will look for.
+    return ModelFileError(directory / "model.safetensors", "is missing", remedy)
+
+
 def safetensors_weights(directory: Path, *, remedy: str = "") -> list[Path]:
     """The safetensors files of a Hugging Face model directory, each one checked.
 
@@ -97,31 +159,14 @@ def safetensors_weights(directory: Path, *, remedy: str = "") -> list[Path]:
     """
     if not directory.is_dir():
         raise ModelFileError(directory, "is missing", remedy)
-    index = directory / _INDEX
+    index = directory / INDEX
     if index.is_file():
-        shards = read_json(index, remedy=remedy).get("weight_map")
-        if not isinstance(shards, dict) or not all(isinstance(s, str) for s in shards.values()):
-            raise ModelFileError(index, "has no weight_map of tensor name to file", remedy)
-        # A shard is a file name beside the index: a path could point anywhere on disk.
-        names = sorted(set(shards.values()))
-        if any(Path(name).name != name or not name.endswith(".safetensors") for name in names):
-            raise ModelFileError(
-                index, f"names files other than safetensors beside it: {names}", remedy
-            )
+        names = sorted(set(read_weight_map(index, remedy=remedy).values()))
         files = [directory / name for name in names]
     else:
         files = sorted(directory.glob("*.safetensors"))
     if not files:
-        pickled = sorted(p.name for p in directory.glob("*") if p.suffix in PICKLE_SUFFIXES)
-        if pickled:
-            raise ModelFileError(
-                directory,
-                f"has weights only in a pickle-based format ({', '.join(pickled)}), which is "
-                "never loaded: unpickling a file can run code",
-                remedy or "convert the weights to safetensors (model.safetensors)",
-            )
-        # Named as a single-file checkpoint names it: the file a reader will look for.
-        raise ModelFileError(directory / "model.safetensors", "is missing", remedy)
+        raise missing_weights(directory, remedy=remedy)
     for file in files:
         check_safetensors(file, remedy=remedy)
     return files
