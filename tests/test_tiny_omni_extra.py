@@ -29,14 +29,14 @@ from omni_actors.errors import MissingExtraError
 for module in ("configs", "stepping", "weights", "thinker_engine", "talker_engine",
                "code2wav_engine", "code2wav_model"):
     try:
-        importlib.import_module(f"omni_actors.actors.engines.tiny_omni.{module}")
+        importlib.import_module(f"omni_actors.actors.engines.qwen3_omni.{module}")
         seen[module] = "imported"
     except MissingExtraError as exc:
         seen[module] = str(exc)
 
 from omni_actors.actors.engines.registry import build_engine
 try:
-    build_engine("tiny-omni.thinker", {"cache_dir": cache})
+    build_engine("qwen3-omni.thinker", {"cache_dir": cache})
 except Exception as exc:
     seen["engine"] = f"{type(exc).__name__}: {exc}"
 
@@ -95,7 +95,7 @@ def test_every_tiny_omni_model_module_names_the_extra(
 def test_a_tiny_omni_engine_is_unavailable_with_the_install_command(
     without_extra: dict[str, Any],
 ) -> None:
-    assert without_extra["engine"].startswith("EngineUnavailableError: engine 'tiny-omni.thinker'")
+    assert without_extra["engine"].startswith("EngineUnavailableError: engine 'qwen3-omni.thinker'")
     assert INSTALL in without_extra["engine"]
 
 

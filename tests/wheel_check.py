@@ -56,7 +56,9 @@ for part in ("actors.engines", "actors.stage", "pipeline.spec", "cuda", "cluster
     assert f"omni_actors.{part}" in names, f"omni_actors.{part} is not in the wheel"
 from importlib.resources import files
 presets = {p.name for p in files("omni_actors").joinpath("presets").iterdir()}
-assert "scripted-omni.yaml" in presets and "tiny-omni.yaml" in presets, presets
+assert {"scripted-omni.yaml", "tiny-omni.yaml", "qwen3-omni.yaml"} <= presets, presets
+release = files("omni_actors.actors.engines.qwen3_omni").joinpath("qwen3_omni_30b_a3b.json")
+assert release.is_file(), "the Qwen3-Omni release config is not in the wheel"
 assert files("omni_actors").joinpath("py.typed").is_file(), "py.typed is not in the wheel"
 static = files("omni_actors.server").joinpath("static")
 assert static.joinpath("index.html").is_file(), "the server's static files are not in the wheel"

@@ -5,7 +5,7 @@ A kind is found, in order, among:
 - engines registered under the entry point group ``omni_actors.engines`` (``scripted``
   is registered so by this package; a third-party package adds its own the same way);
 - the engines of the installed model families (``omni_actors.families``, see
-  :mod:`omni_actors.models.family`): ``tiny-omni.thinker``, …;
+  :mod:`omni_actors.models.family`): ``qwen3-omni.thinker``, …;
 - an import path, ``package.module:Class``: a voice-agent developer's own engine,
   used without registering anything.
 

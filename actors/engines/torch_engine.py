@@ -26,7 +26,7 @@ from pydantic import BaseModel, Field
 
 from omni_actors.actors.engines.contract import Fields
 from omni_actors.cuda import cuda_device
-from omni_actors.models.cache import require
+from omni_actors.models.cache import locate
 from omni_actors.models.family import WeightsArgs
 
 __all__ = [
@@ -35,7 +35,7 @@ __all__ = [
     "DeviceArgs",
     "TorchEngine",
     "resolve_device",
-    "stage_dir",
+    "release_dir",
 ]
 
 
@@ -70,13 +70,17 @@ def resolve_device(name: str) -> torch.device:
 T = TypeVar("T")
 
 
-def stage_dir(family: str, args: WeightsArgs, stage: str) -> Path:
-    """The prepared directory of ``stage`` of ``family``, from the engine's arguments.
+def release_dir(default_model: str, args: WeightsArgs, stage: str) -> Path:
+    """The release directory an engine of ``stage`` loads, from its arguments: ``model``
+    if given (a directory, a Hub repo id or a family), else ``default_model``'s prepared
+    release, at ``seed`` in ``cache_dir``.
 
     Raises:
         ModelNotPreparedError: the weights are not prepared (the message has the command).
+        ModelFileError: ``model`` names nothing usable (the message says why).
     """
-    return require(family, cache_dir=args.cache_dir, seed=args.seed) / stage
+    model = args.model or default_model
+    return locate(model, cache_dir=args.cache_dir, seed=args.seed, prefixes=(f"{stage}.",))
 
 
 class AbortSignal:

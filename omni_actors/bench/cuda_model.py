@@ -106,7 +106,7 @@ def _code_predictor(config: CudaBenchConfig) -> dict[str, Any]:
     ``DynamicCache`` is allocated in the graph's memory pool, so replays reuse it.
     Runs in a thread of its own; the event loop is not blocked.
     """
-    from omni_actors.actors.engines.tiny_omni import configs, stepping, weights
+    from omni_actors.actors.engines.qwen3_omni import configs, stepping, weights
     from omni_actors.models.cache import prepare
 
     device = torch.device(config.device)

@@ -361,6 +361,47 @@ def _realtime_summary(result: dict[str, Any]) -> list[str]:
     return realtime_table(result)
 
 
+# -- bench load ----------------------------------------------------------------------
+
+
+def _stage_device(text: str) -> tuple[str, str]:
+    stage, _, device = text.partition("=")
+    if stage not in ("thinker", "talker", "code2wav") or not device:
+        raise argparse.ArgumentTypeError(f"{text!r}: expected STAGE=DEVICE, e.g. thinker=cuda:0")
+    return stage, device
+
+
+def _add_load_options(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--model",
+        required=True,
+        help="a release directory, a Hugging Face repo id, or a prepared family (tiny-omni)",
+    )
+    parser.add_argument(
+        "--stage",
+        type=_stage_device,
+        action="append",
+        default=[],
+        metavar="STAGE=DEVICE",
+        help="load STAGE on DEVICE, in the order given (default: every stage on cpu)",
+    )
+    parser.add_argument("--cache-dir", type=Path, default=None, help="weights cache")
+    parser.add_argument("--seed", type=int, default=0, help="seed of a prepared family's weights")
+
+
+def _bench_load(ns: argparse.Namespace) -> dict[str, Any]:
+    from omni_actors.bench.load import run_load_bench
+    from omni_actors.models.cache import locate
+
+    devices = dict(ns.stage) or {"thinker": "cpu", "talker": "cpu", "code2wav": "cpu"}
+    try:
+        prefixes = tuple(f"{stage}." for stage in devices)
+        model = locate(ns.model, cache_dir=ns.cache_dir, seed=ns.seed, prefixes=prefixes)
+        return run_load_bench(model, devices)
+    except OmniError as exc:
+        raise SystemExit(f"omni-actors bench load: {exc}") from None
+
+
 BENCH_TARGETS: dict[str, BenchTarget] = {
     "actors": BenchTarget(
         "tell throughput vs a bare asyncio.Queue hop, and ask latency",
@@ -405,6 +446,12 @@ BENCH_TARGETS: dict[str, BenchTarget] = {
         add_soak_options,
         bench_soak,
         soak_table,
+    ),
+    "load": BenchTarget(
+        "each stage of a Qwen3-Omni release loaded onto its device as its engine loads it: "
+        "seconds, weights, shards opened, peak GPU memory, host memory at its peak",
+        _add_load_options,
+        _bench_load,
     ),
     "chaos": BenchTarget(
         "conversations while random stage workers are SIGKILLed, clients leave mid-reply "

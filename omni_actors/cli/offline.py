@@ -27,6 +27,12 @@ def add_run_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--preset", default="tiny-omni", help="a preset name or a pipeline YAML (default tiny-omni)"
     )
+    parser.add_argument(
+        "--model",
+        default=None,
+        help="the release every model stage loads: a directory, a Hugging Face repo id or "
+        "a prepared family (default: the preset's)",
+    )
     parser.add_argument("--text", default=None, help="the request's text")
     parser.add_argument("--audio", type=Path, default=None, help="the request's audio (a WAV)")
     parser.add_argument("--out", type=Path, required=True, help="where to write the reply WAV")
@@ -51,6 +57,8 @@ def run_command(ns: argparse.Namespace) -> int:
         if ns.text is None and ns.audio is None:
             raise _UsageError("give --text, --audio or both")
         audio = _read_audio(ns.audio) if ns.audio is not None else None
+        if ns.model is not None:
+            spec = spec.with_model(ns.model)
         if ns.device is not None:
             spec = spec.on_device(ns.device)
         spec = _prepared(spec, ns)

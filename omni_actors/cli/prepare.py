@@ -10,7 +10,7 @@ from omni_actors.cli.progress import ProgressBar
 from omni_actors.errors import OmniError
 from omni_actors.models.cache import default_cache_dir, is_prepared, prepare
 from omni_actors.models.cache import prepare as _prepare
-from omni_actors.models.family import model_families
+from omni_actors.models.family import model_families, model_family
 from omni_actors.pipeline.spec.pipeline import PipelineSpec, load_pipeline
 
 __all__ = ["NotPreparedError", "add_prepare_arguments", "prepare_command", "prepared_spec"]
@@ -18,7 +18,11 @@ __all__ = ["NotPreparedError", "add_prepare_arguments", "prepare_command", "prep
 
 def add_prepare_arguments(parser: argparse.ArgumentParser) -> None:
     """Arguments of ``prepare``."""
-    parser.add_argument("model", choices=sorted(model_families()), help="the model family to build")
+    parser.add_argument(
+        "model",
+        choices=sorted(name for name, family in model_families().items() if family.prepare),
+        help="the release to write",
+    )
     parser.add_argument(
         "--cache-dir",
         type=Path,
@@ -26,6 +30,13 @@ def add_prepare_arguments(parser: argparse.ArgumentParser) -> None:
         help=f"where weights live (default: {default_cache_dir()}; env OMNI_ACTORS_CACHE)",
     )
     parser.add_argument("--seed", type=int, default=0, help="seed of the random weights")
+    parser.add_argument(
+        "--out",
+        type=Path,
+        default=None,
+        help="write the release into this directory instead of the cache (replaced; name it "
+        "as model: DIR or --model DIR)",
+    )
     parser.add_argument("--force", action="store_true", help="rebuild even if prepared")
 
 
@@ -33,6 +44,8 @@ def prepare_command(ns: argparse.Namespace) -> int:
     """Build the weights (with a progress bar) unless they are already there."""
     # A missing extra, or a prepared file found damaged: a step for the user, not a traceback.
     try:
+        if ns.out is not None:
+            return _prepare_out(ns)
         if not ns.force and is_prepared(ns.model, cache_dir=ns.cache_dir, seed=ns.seed):
             where = prepare(ns.model, cache_dir=ns.cache_dir, seed=ns.seed)
             print(f"{ns.model} (seed {ns.seed}) is already prepared in {where}")
@@ -48,6 +61,17 @@ def prepare_command(ns: argparse.Namespace) -> int:
         print(f"omni-actors prepare: {exc}", file=sys.stderr)
         return 2
     print(f"{ns.model} (seed {ns.seed}) prepared in {where}")
+    return 0
+
+
+def _prepare_out(ns: argparse.Namespace) -> int:
+    """Write the release into ``--out``, then check it as the cache checks its own."""
+    family = model_family(ns.model)
+    assert family.prepare is not None  # the argument's choices
+    family.prepare(ns.out, ns.seed, ProgressBar(f"preparing {ns.model}", stream=sys.stderr))
+    if family.verify is not None:
+        family.verify(ns.out)
+    print(f"{ns.model} (seed {ns.seed}) written to {ns.out}")
     return 0
 
 

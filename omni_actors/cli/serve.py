@@ -18,7 +18,7 @@ from pathlib import Path
 from omni_actors.cli.prepare import prepared_spec
 from omni_actors.errors import OmniError
 from omni_actors.models.heap import freeze_heap
-from omni_actors.pipeline.spec.pipeline import PipelineSpec
+from omni_actors.pipeline.spec.pipeline import PipelineSpec, load_pipeline
 from omni_actors.server.runner import run_server
 from omni_actors.server.settings import ServerSettings
 
@@ -66,6 +66,17 @@ def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
         metavar="ADDRESS",
         help="run the pipeline's placed stages on this Ray cluster (auto, ray://host:port)",
     )
+    add(
+        "--model",
+        default=None,
+        help="the release every model stage loads: a directory, a Hugging Face repo id or a "
+        "prepared family (default: the preset's)",
+    )
+    add(
+        "--device",
+        default=None,
+        help="where the model stages compute: cpu, cuda, cuda:N or auto (default: the preset's)",
+    )
     add("--cache-dir", type=Path, default=None, help="weights cache")
     add("--seed", type=int, default=0, help="seed of the prepared weights")
     add("--ready-file", default=None, help="write the server's URL here once it listens")
@@ -91,7 +102,12 @@ def serve_command(ns: argparse.Namespace) -> int:
             max_input_buffer_s=ns.max_input_buffer_s,
             grace_s=ns.grace_s,
         )
-        spec = prepared_spec(ns.preset, cache_dir=ns.cache_dir, seed=ns.seed)
+        spec = load_pipeline(ns.preset)
+        if ns.model is not None:
+            spec = spec.with_model(ns.model)
+        if ns.device is not None:
+            spec = spec.on_device(ns.device)
+        spec = prepared_spec(spec, cache_dir=ns.cache_dir, seed=ns.seed)
         if ns.cluster is not None:
             spec = spec.on_cluster(ns.cluster)
     except (OmniError, ValueError) as exc:

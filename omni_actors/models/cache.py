@@ -21,19 +21,21 @@ from pathlib import Path
 from typing import Any
 
 from omni_actors.errors import ModelFileError, OmniError
-from omni_actors.models.family import ModelFamily, Progress, model_family
+from omni_actors.models.family import ModelFamily, Progress, model_families, model_family
+from omni_actors.models.release import resolve_model
 
 __all__ = [
     "ModelNotPreparedError",
     "default_cache_dir",
     "is_prepared",
+    "locate",
     "model_dir",
     "prepare",
     "require",
 ]
 
 _MANIFEST = "prepared.json"
-_FORMAT = 3  # bumped when the layout of a prepared directory changes
+_FORMAT = 4  # bumped when the layout of a prepared directory changes
 
 
 class ModelNotPreparedError(OmniError):
@@ -138,6 +140,12 @@ def prepare(
             corrupt; the message names it and says to rebuild with ``--force``.
     """
     found = _family(family)
+    if found.prepare is None:
+        raise ModelNotPreparedError(
+            f"{found.name} names engines, not weights to prepare: point its stages at a "
+            "release (model: a directory or a Hugging Face repo id), or prepare one of "
+            f"{', '.join(sorted(n for n, f in model_families().items() if f.prepare))}"
+        )
     where = model_dir(found, cache_dir=cache_dir, seed=seed)
     where.parent.mkdir(parents=True, exist_ok=True)
     with open(where.parent / f".seed-{seed}.lock", "w") as lock:
@@ -152,3 +160,34 @@ def prepare(
         manifest = {"format": _FORMAT, "name": found.name, "seed": seed}
         (where / _MANIFEST).write_text(json.dumps(manifest) + "\n")
     return where
+
+
+def locate(
+    model: str,
+    *,
+    cache_dir: Path | None = None,
+    seed: int = 0,
+    prefixes: tuple[str, ...] = (),
+) -> Path:
+    """The release directory an engine's ``model`` argument names.
+
+    ``model`` is a release directory, a Hugging Face repo id (fetched through the local
+    Hub cache first; only the shards holding ``prefixes`` are downloaded), or the name of
+    a model family, whose prepared release at ``seed`` in ``cache_dir`` it means.
+
+    Raises:
+        ModelNotPreparedError: the family's weights are not prepared.
+        ModelFileError: neither a directory, a repo id nor a family that prepares a
+            release; a download failed; or a prepared file is damaged.
+    """
+    named = model_families().get(model)
+    if named is None:
+        return resolve_model(model, prefixes=prefixes)
+    if named.checkpoint is None or named.prepare is None:
+        raise ModelFileError(
+            Path(model),
+            "is a model family of engines, not a release: name a release directory, a "
+            "Hugging Face repo id, or a family that prepares one (tiny-omni, "
+            "qwen3-omni-random)",
+        )
+    return require(named, cache_dir=cache_dir, seed=seed) / named.checkpoint

@@ -5,7 +5,7 @@ A family (``tiny-omni`` today; vLLM models and real Qwen3-Omni checkpoints later
 ``omni_actors.families``::
 
     [project.entry-points."omni_actors.families"]
-    tiny-omni = "omni_actors.actors.engines.tiny_omni.family:TINY_OMNI"
+    tiny-omni = "omni_actors.actors.engines.qwen3_omni.family:TINY_OMNI"
 
 It names its engine kinds (each an importable engine class, loaded only when a pipeline
 uses it) and how to prepare its weights into the cache. Its engines take the arguments
@@ -51,12 +51,15 @@ class WeightsArgs(BaseModel):
     """The arguments every engine of a family takes: which prepared weights it loads.
 
     Attributes:
+        model: a release directory, a Hugging Face repo id or a family's name; None: the
+            engine's own family, prepared with ``seed`` in ``cache_dir``.
         seed: the seed the weights were prepared with.
         cache_dir: the cache root (default: ``omni_actors.models.cache.default_cache_dir``).
     """
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
+    model: str | None = None
     seed: int = 0
     cache_dir: Path | None = None
 
@@ -70,7 +73,8 @@ class ModelFamily:
         engines: engine kind -> ``"package.module:Class"``, imported when a pipeline
             uses that kind (a family's engines may import heavy model code).
         prepare: ``prepare(out_dir, seed, progress)`` writes the weights into
-            ``out_dir``; the cache calls it once per seed, under a lock.
+            ``out_dir``; the cache calls it once per seed, under a lock. None: a family
+            of engines only, whose weights come from elsewhere (``model:``).
         checkpoint: the subdirectory of ``out_dir`` that holds the whole model as one
             Hugging Face checkpoint (what an engine that loads a model by path, such as
             the ``vllm`` kind, is pointed at by ``model: <family name>``); None if none.
@@ -79,13 +83,16 @@ class ModelFamily:
             missing or corrupt one; the cache runs it before handing the directory out
             (a cache on disk can be truncated or tampered with after it was prepared).
             None: nothing is checked.
+        default_model: the family whose prepared weights this family's engines load
+            when their ``model`` argument names none.
     """
 
     name: str
     engines: Mapping[str, str]
-    prepare: Callable[[Path, int, Progress | None], None]
+    prepare: Callable[[Path, int, Progress | None], None] | None = None
     checkpoint: str | None = None
     verify: Callable[[Path], None] | None = None
+    default_model: str | None = None
 
 
 @functools.cache
@@ -131,14 +138,12 @@ def family_of_kind(kind: str) -> ModelFamily | None:
 
 
 def family_of_engine(kind: str, args: Mapping[str, object]) -> ModelFamily | None:
-    """The family whose prepared weights an engine loads: the one providing its kind,
-    or the one its ``model`` argument names (an engine that loads a checkpoint by path,
-    pointed at a family's ``checkpoint`` directory)."""
-    family = family_of_kind(kind)
-    if family is None:
-        model = args.get("model")
-        found = model_families().get(model) if isinstance(model, str) else None
-        if found is not None and found.checkpoint is not None:
-            family = found
-    return family
-    return None
+    """The family whose prepared weights an engine loads, if it loads a family's: the
+    one its ``model`` argument names, or, without one, its kind's family's default
+    (None for a model named by path or repo id, which is not prepared here)."""
+    model = args.get("model")
+    if model is None:
+        family = family_of_kind(kind)
+        model = family.default_model if family is not None else None
+    found = model_families().get(model) if isinstance(model, str) else None
+    return found if found is not None and found.prepare is not None else None

@@ -47,7 +47,10 @@ async def test_every_engine_of_the_chain_makes_every_output(
 
 async def test_a_stage_that_is_not_scripted_cannot_be_measured() -> None:
     spec = _spec(
-        [_scripted("a", fields=["codes"]), {"name": "b", "engine": {"kind": "tiny-omni.code2wav"}}],
+        [
+            _scripted("a", fields=["codes"]),
+            {"name": "b", "engine": {"kind": "qwen3-omni.code2wav"}},
+        ],
         [{"from": "a", "to": "b"}],
         audio="b",
     )

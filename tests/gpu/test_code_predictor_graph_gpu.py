@@ -8,9 +8,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from omni_actors.actors.engines.tiny_omni import configs, stepping, weights
-from omni_actors.actors.engines.tiny_omni.code_predictor_graph import GraphedCodePredictor
-from omni_actors.actors.engines.tiny_omni.talker_model import TalkerModel
+from omni_actors.actors.engines.qwen3_omni import configs, stepping, weights
+from omni_actors.actors.engines.qwen3_omni.code_predictor_graph import GraphedCodePredictor
+from omni_actors.actors.engines.qwen3_omni.talker_model import TalkerModel
 from omni_actors.models.cache import prepare
 
 DEVICE = torch.device("cuda", 0)
@@ -18,12 +18,12 @@ DEVICE = torch.device("cuda", 0)
 
 @pytest.fixture(scope="module")
 def talker_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return prepare("tiny-omni", cache_dir=tmp_path_factory.mktemp("weights")) / "talker"
+    return prepare("tiny-omni", cache_dir=tmp_path_factory.mktemp("weights"))
 
 
 def test_graphed_frames_equal_eager_frames_for_every_batch(talker_dir: Path) -> None:
     torch.cuda.set_device(DEVICE)
-    talker = weights.load(talker_dir, device=DEVICE)
+    talker = weights.load(talker_dir, "talker", device=DEVICE)
     graphed = GraphedCodePredictor(talker)
     width = int(talker.config.text_config.hidden_size)
     gen = torch.Generator(device=DEVICE).manual_seed(0)

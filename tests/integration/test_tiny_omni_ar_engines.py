@@ -25,11 +25,11 @@ from thinker_driving import started
 from transformers import DynamicCache
 
 from omni_actors.actors.engines.contract import Fields
+from omni_actors.actors.engines.qwen3_omni import configs, stepping, weights
+from omni_actors.actors.engines.qwen3_omni.configs import Tokens
+from omni_actors.actors.engines.qwen3_omni.talker_engine import TalkerArgs, TalkerEngine
+from omni_actors.actors.engines.qwen3_omni.thinker_engine import ThinkerArgs, ThinkerEngine
 from omni_actors.actors.engines.registry import EngineArgsError, build_engine
-from omni_actors.actors.engines.tiny_omni import configs, stepping, weights
-from omni_actors.actors.engines.tiny_omni.configs import Tokens
-from omni_actors.actors.engines.tiny_omni.talker_engine import TalkerArgs, TalkerEngine
-from omni_actors.actors.engines.tiny_omni.thinker_engine import ThinkerArgs, ThinkerEngine
 from omni_actors.actors.stage.accumulate import Accumulator
 from omni_actors.testing import consistently, eventually
 
@@ -125,7 +125,7 @@ async def test_thinker_yields_tokens_and_the_talker_inputs_first(cache_dir: Path
     assert set(everything[0]) == {"user", "user_mask"}
     assert everything[1:] == outputs
     assert 8 <= len(outputs) <= 48
-    table = weights.load(cache_dir / "tiny-omni" / "seed-0" / "thinker").get_input_embeddings()
+    table = weights.load(cache_dir / "tiny-omni" / "seed-0", "thinker").get_input_embeddings()
     for k, out in enumerate(outputs):
         token = tensor(out, "token_ids")
         assert token.dtype == torch.int64
@@ -172,16 +172,16 @@ async def test_thinker_respects_min_and_max_new_tokens(
 
 def test_thinker_rejects_bad_args(cache_dir: Path) -> None:
     with pytest.raises(EngineArgsError, match=r"engine\.args\.min_new_tokens: Input should be"):
-        build_engine("tiny-omni.thinker", _args(cache_dir, min_new_tokens=-1))
-    small = build_engine("tiny-omni.thinker", _args(cache_dir, max_new_tokens=4))
+        build_engine("qwen3-omni.thinker", _args(cache_dir, min_new_tokens=-1))
+    small = build_engine("qwen3-omni.thinker", _args(cache_dir, max_new_tokens=4))
     assert isinstance(small, ThinkerEngine)
     assert small.min_new_tokens == 4
     with pytest.raises(EngineArgsError, match=r"engine\.args\.max_tokens: Extra inputs"):
-        build_engine("tiny-omni.thinker", _args(cache_dir, max_tokens=8))
+        build_engine("qwen3-omni.thinker", _args(cache_dir, max_tokens=8))
     with pytest.raises(EngineArgsError, match="unknown speaker 'nobody'"):
-        build_engine("tiny-omni.talker", _args(cache_dir, speaker="nobody"))
+        build_engine("qwen3-omni.talker", _args(cache_dir, speaker="nobody"))
     with pytest.raises(EngineArgsError, match="stop_at_codec_eos"):
-        build_engine("tiny-omni.talker", _args(cache_dir, stop_at_codec_eos="yes"))
+        build_engine("qwen3-omni.talker", _args(cache_dir, stop_at_codec_eos="yes"))
 
 
 async def test_thinker_text_in_chunks_equals_one_chunk(cache_dir: Path) -> None:
@@ -289,7 +289,7 @@ async def test_talker_follows_hf_schedule_with_audio_prompt(cache_dir: Path) -> 
     async with talker(cache_dir, frames_per_token=3, speaker="ethan") as engine:
         ours = codes(await run(engine, "s", feed(stream_edge(said))))
 
-    model: Any = weights.load(cache_dir / "tiny-omni" / "seed-0" / "talker")
+    model: Any = weights.load(cache_dir / "tiny-omni" / "seed-0", "talker")
     rows, mask = user_rows(said)
     opening, tts = (tensor(tokens(said)[0], k) for k in ("opening", "tts"))
     assert mask.any()

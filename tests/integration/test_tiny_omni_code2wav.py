@@ -24,15 +24,15 @@ pytest.importorskip("transformers")
 import torch
 
 from omni_actors.actors.engines.contract import CONTEXT_FIELD, Fields
-from omni_actors.actors.engines.registry import EngineArgsError, build_engine
-from omni_actors.actors.engines.tiny_omni import configs, stepping, weights
-from omni_actors.actors.engines.tiny_omni.code2wav_engine import (
+from omni_actors.actors.engines.qwen3_omni import configs, stepping, weights
+from omni_actors.actors.engines.qwen3_omni.code2wav_engine import (
     Code2WavArgs,
     Code2WavEngine,
     Code2WavInputError,
     EngineStoppedError,
 )
-from omni_actors.actors.engines.tiny_omni.code2wav_model import Code2WavModel, Piece
+from omni_actors.actors.engines.qwen3_omni.code2wav_model import Code2WavModel, Piece
+from omni_actors.actors.engines.registry import EngineArgsError, build_engine
 from omni_actors.actors.stage.chunk_policy import ChunkPolicy
 from omni_actors.models.cache import prepare
 from omni_actors.testing import eventually
@@ -53,7 +53,7 @@ def cache(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def reference(cache: Path) -> Any:
     """HF's code2wav as saved, untouched: the one-shot decode every stream must match."""
     root = cache / "tiny-omni" / "seed-0"
-    return weights.load(root / "code2wav")
+    return weights.load(root, "code2wav")
 
 
 @asynccontextmanager
@@ -309,9 +309,9 @@ async def test_stop_ends_generating_sessions_and_leaves_no_task(cache: Path) -> 
 @pytest.mark.integration
 def test_args_are_checked(cache: Path) -> None:
     with pytest.raises(EngineArgsError, match=r"args\.max_btach: Extra inputs"):
-        build_engine("tiny-omni.code2wav", {"cache_dir": str(cache), "max_btach": 4})
+        build_engine("qwen3-omni.code2wav", {"cache_dir": str(cache), "max_btach": 4})
     with pytest.raises(EngineArgsError, match=r"args\.max_batch: Input should be greater"):
-        build_engine("tiny-omni.code2wav", {"cache_dir": str(cache), "max_batch": 0})
+        build_engine("qwen3-omni.code2wav", {"cache_dir": str(cache), "max_batch": 0})
 
 
 @pytest.mark.integration

@@ -12,14 +12,14 @@ pytest.importorskip("transformers")
 
 import torch
 
-from omni_actors.actors.engines.tiny_omni import weights
-from omni_actors.actors.engines.tiny_omni.code2wav_model import Code2WavModel
-from omni_actors.actors.engines.tiny_omni.code2wav_reach import decoder_reach
-from omni_actors.actors.engines.tiny_omni.code2wav_snake import (
+from omni_actors.actors.engines.qwen3_omni import weights
+from omni_actors.actors.engines.qwen3_omni.code2wav_model import Code2WavModel
+from omni_actors.actors.engines.qwen3_omni.code2wav_reach import decoder_reach
+from omni_actors.actors.engines.qwen3_omni.code2wav_snake import (
     InPlaceSnakeBeta,
     replace_snake_activations,
 )
-from omni_actors.actors.engines.tiny_omni.hf import Qwen3OmniMoeSnakeBeta
+from omni_actors.actors.engines.qwen3_omni.hf import Qwen3OmniMoeSnakeBeta
 from omni_actors.models.cache import prepare
 
 
@@ -27,7 +27,7 @@ from omni_actors.models.cache import prepare
 def stage_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     cache_dir = tmp_path_factory.mktemp("code2wav-layers")
     prepare("tiny-omni", cache_dir=cache_dir)
-    return cache_dir / "tiny-omni" / "seed-0" / "code2wav"
+    return cache_dir / "tiny-omni" / "seed-0"
 
 
 def codes(model: Code2WavModel, frames: int, seed: int) -> torch.Tensor:
@@ -52,7 +52,7 @@ def test_context_beyond_the_reach_is_skipped_and_context_within_it_is_not(stage_
 
 @pytest.mark.integration
 def test_in_place_snake_is_bit_for_bit_hf(stage_dir: Path) -> None:
-    hf: Any = weights.load(stage_dir)
+    hf: Any = weights.load(stage_dir, "code2wav")
     snakes = [m for m in hf.modules() if isinstance(m, Qwen3OmniMoeSnakeBeta)]
     gen = torch.Generator().manual_seed(2)
     for snake in snakes:
@@ -67,7 +67,7 @@ def test_in_place_snake_is_bit_for_bit_hf(stage_dir: Path) -> None:
 
 @pytest.mark.integration
 def test_an_unknown_decoder_layer_is_refused(stage_dir: Path) -> None:
-    hf: Any = weights.load(stage_dir)
+    hf: Any = weights.load(stage_dir, "code2wav")
     assert decoder_reach(list(hf.decoder)[1:]) == 14
     with pytest.raises(RuntimeError, match="Identity is unknown"):
         decoder_reach([*list(hf.decoder)[1:], torch.nn.Identity()])

@@ -22,9 +22,9 @@ import torch
 from tiny_omni_reference import assistant_turn, hf_reply, hf_user_turn, reference_model
 
 from omni_actors.actors.engines.contract import INSTRUCTIONS_FIELD
-from omni_actors.actors.engines.tiny_omni import configs
-from omni_actors.actors.engines.tiny_omni.conversation import system_turn
-from omni_actors.actors.engines.tiny_omni.thinker_engine import ThinkerEngine
+from omni_actors.actors.engines.qwen3_omni import configs
+from omni_actors.actors.engines.qwen3_omni.conversation import system_turn
+from omni_actors.actors.engines.qwen3_omni.thinker_engine import ThinkerEngine
 from omni_actors.models.cache import prepare
 from omni_actors.pipeline.omni_pipeline import OmniPipeline
 from omni_actors.pipeline.session import Session

@@ -22,11 +22,12 @@ pytest.importorskip("transformers")
 import torch
 from safetensors.torch import load_file
 
-from omni_actors.actors.engines.tiny_omni import layout, weights
-from omni_actors.actors.engines.tiny_omni.thinker_model import ThinkerModel
+from omni_actors.actors.engines.qwen3_omni import layout, weights
+from omni_actors.actors.engines.qwen3_omni.thinker_model import ThinkerModel
 from omni_actors.cli import main
 from omni_actors.errors import ModelFileError
 from omni_actors.models.cache import model_dir, prepare, require
+from omni_actors.models.release import INDEX
 
 pytestmark = pytest.mark.integration
 
@@ -78,26 +79,42 @@ def _garble_vocab(path: Path) -> None:
     path.write_text(json.dumps(tokenizer))
 
 
-def _pickle_weights(path: Path) -> None:
-    """Swap ``model.safetensors`` for the same tensors as a torch pickle, which
+def _shards(where: Path) -> list[str]:
+    return sorted(set(json.loads((where / INDEX).read_text())["weight_map"].values()))
+
+
+def _pickle_release(where: Path) -> None:
+    """Swap every shard and the index for the same tensors as one torch pickle, which
     transformers would load by itself if it looked for one."""
-    torch.save(load_file(path), path.with_name("pytorch_model.bin"))
-    path.unlink()
+    tensors: dict[str, torch.Tensor] = {}
+    for name in _shards(where):
+        tensors.update(load_file(where / name))
+        (where / name).unlink()
+    (where / INDEX).unlink()
+    torch.save(tensors, where / "pytorch_model.bin")
 
 
 DAMAGES: list[tuple[str, Damage]] = [
-    ("thinker/model.safetensors", _cut),
-    ("talker/model.safetensors", _lying_header),
-    ("code2wav/model.safetensors", _noise),
-    ("checkpoint/model.safetensors", _empty),
-    ("code2wav/model.safetensors", Path.unlink),
+    ("shard 1", _cut),
+    ("shard 2", _lying_header),
+    ("shard -1", _noise),
+    ("shard 2", _empty),
+    ("shard -1", Path.unlink),
+    (INDEX, _cut),
     ("config.json", _cut),
-    ("talker/config.json", _noise),
-    ("thinker/generation_config.json", _empty),
+    ("generation_config.json", _empty),
+    ("preprocessor_config.json", _noise),
     ("tokenizer.json", _cut),
-    ("thinker/tokenizer.json", _garble_vocab),
-    ("checkpoint/tokenizer_config.json", _noise),
+    ("tokenizer.json", _garble_vocab),
+    ("tokenizer_config.json", _noise),
 ]
+
+
+def _file(where: Path, name: str) -> Path:
+    """``name``'s path in the release: ``shard N`` is its Nth shard (-1: the last)."""
+    if name.startswith("shard "):
+        return where / _shards(where)[int(name.split()[1]) - (int(name.split()[1]) > 0)]
+    return where / name
 
 
 def test_an_intact_copy_passes(cache: Path) -> None:
@@ -111,19 +128,20 @@ def test_a_damaged_cache_file_is_named_with_the_rebuild_command(
     cache: Path, name: str, damage: Damage
 ) -> None:
     where = model_dir("tiny-omni", cache_dir=cache)
-    damage(where / name)
+    path = _file(where, name)
+    damage(path)
     for use in (require, prepare):
         with pytest.raises(ModelFileError) as info:
             use("tiny-omni", cache_dir=cache)
-        assert info.value.path == where / name
-        assert str(where / name) in str(info.value)
+        assert info.value.path == path
+        assert str(path) in str(info.value)
         assert f"omni-actors prepare tiny-omni --cache-dir {cache} --force" in str(info.value)
 
 
 def test_the_prepare_command_reports_a_damaged_cache(
     cache: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    damaged = model_dir("tiny-omni", cache_dir=cache) / "thinker" / "model.safetensors"
+    damaged = _file(model_dir("tiny-omni", cache_dir=cache), "shard 1")
     _cut(damaged)
     assert main(["prepare", "tiny-omni", "--cache-dir", str(cache)]) == 2
     err = capsys.readouterr().err
@@ -132,31 +150,28 @@ def test_the_prepare_command_reports_a_damaged_cache(
     assert "Traceback" not in err
 
 
-def test_weights_only_in_a_pickle_format_are_never_loaded(
-    cache: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
+def test_weights_only_in_a_pickle_format_are_never_loaded(cache: Path) -> None:
     where = model_dir("tiny-omni", cache_dir=cache)
-    stage = where / "code2wav"
-    _pickle_weights(stage / "model.safetensors")
-    for refuse in (lambda: require("tiny-omni", cache_dir=cache), lambda: weights.load(stage)):
+    _pickle_release(where)
+    for refuse in (
+        lambda: require("tiny-omni", cache_dir=cache),
+        lambda: weights.load(where, "code2wav"),
+    ):
         with pytest.raises(ModelFileError, match=r"pytorch_model\.bin") as info:
             refuse()
-        assert info.value.path == stage
-    # Past the directory check, transformers itself is told safetensors only.
-    monkeypatch.setattr(weights, "safetensors_weights", lambda *args, **kwargs: [])
-    with pytest.raises(ModelFileError) as info:
-        weights.load(stage)
-    assert "model.safetensors" in str(info.value)
+        assert info.value.path == where
 
 
 @pytest.mark.parametrize("damage", [_cut, _empty, _noise, _lying_header])
-def test_a_damaged_stage_weights_file_is_named_when_loading(cache: Path, damage: Damage) -> None:
-    stage = model_dir("tiny-omni", cache_dir=cache) / "code2wav"
-    damage(stage / "model.safetensors")
+def test_a_damaged_shard_is_named_when_loading(cache: Path, damage: Damage) -> None:
+    where = model_dir("tiny-omni", cache_dir=cache)
+    last = _file(where, "shard -1")
+    damage(last)
     with pytest.raises(ModelFileError, match="no valid safetensors") as info:
-        weights.load(stage)
-    assert info.value.path == stage / "model.safetensors"
+        weights.load(where, "code2wav")
+    assert info.value.path == last
     assert layout.REBUILD in str(info.value)
+    weights.load(where, "thinker")  # the thinker never opens code2wav's shard
 
 
 def _config(**fields: object) -> Damage:
@@ -166,27 +181,33 @@ def _config(**fields: object) -> Damage:
     return damage
 
 
+def _code2wav_config(**fields: object) -> Damage:
+    def damage(path: Path) -> None:
+        config = json.loads(path.read_text())
+        config["code2wav_config"].update(fields)
+        path.write_text(json.dumps(config))
+
+    return damage
+
+
 @pytest.mark.parametrize(
-    ("damage", "blamed", "problem"),
+    ("damage", "problem"),
     [
-        (_cut, "config.json", "no valid JSON"),
-        (_noise, "config.json", "no valid JSON"),
-        (lambda path: path.write_text("[1, 2]"), "config.json", "JSON list"),
-        (_config(architectures=["SomethingElse"]), "config.json", "not a tiny-omni stage"),
-        (_config(architectures="Qwen3OmniMoeCode2Wav"), "config.json", "not a tiny-omni stage"),
-        (_config(hidden_size="wide"), "config.json", "no valid Qwen3OmniMoeCode2WavConfig"),
-        (_config(hidden_size=-4), "", "weights do not build the model"),
-        (_config(hidden_size=128), "", "weights do not build the model"),
+        (_cut, "no valid JSON"),
+        (_noise, "no valid JSON"),
+        (lambda path: path.write_text("[1, 2]"), "JSON list"),
+        (_config(code2wav_config=None), "has no code2wav_config"),
+        (_code2wav_config(hidden_size="wide"), "no valid Qwen3OmniMoeCode2WavConfig"),
+        (_code2wav_config(hidden_size=128), "of shape"),
+        (_code2wav_config(num_hidden_layers=1), "which the code2wav its config describes has not"),
     ],
 )
-def test_a_damaged_stage_config_is_named_when_loading(
-    cache: Path, damage: Damage, blamed: str, problem: str
-) -> None:
-    stage = model_dir("tiny-omni", cache_dir=cache) / "code2wav"
-    damage(stage / "config.json")
+def test_a_damaged_config_is_named_when_loading(cache: Path, damage: Damage, problem: str) -> None:
+    where = model_dir("tiny-omni", cache_dir=cache)
+    damage(where / "config.json")
     with pytest.raises(ModelFileError, match=problem) as info:
-        weights.load(stage)
-    assert info.value.path == stage / blamed
+        weights.load(where, "code2wav")
+    assert info.value.path in (where / "config.json", where / INDEX)
     assert layout.REBUILD in str(info.value)
 
 
@@ -197,5 +218,5 @@ def test_a_damaged_composite_config_is_named_by_the_thinker(cache: Path, damage:
     where = model_dir("tiny-omni", cache_dir=cache)
     damage(where / "config.json")
     with pytest.raises(ModelFileError) as info:
-        ThinkerModel(where / "thinker")
+        ThinkerModel(where)
     assert info.value.path == where / "config.json"

@@ -1,4 +1,4 @@
-"""tiny-omni: real Qwen3-Omni classes at toy size, saved and loaded per stage.
+"""tiny-omni: real Qwen3-Omni classes at toy size, written as a release, loaded per stage.
 
 These tests pin what the engines rely on: deterministic weights in the HF layout, KV-cached
 thinker decoding equal to a full forward, a streamed code2wav equal to the full decode, the
@@ -7,6 +7,7 @@ audio front end, and the step functions reproducing HF's own end-to-end ``genera
 
 from __future__ import annotations
 
+import json
 import shutil
 from pathlib import Path
 from typing import Any
@@ -23,9 +24,10 @@ from transformers.models.qwen3_omni_moe.modeling_qwen3_omni_moe import (
     Qwen3OmniMoeForConditionalGeneration,
 )
 
-from omni_actors.actors.engines.tiny_omni import configs, stepping, weights
-from omni_actors.actors.engines.tiny_omni.configs import Tokens
-from omni_actors.models.cache import ModelNotPreparedError
+from omni_actors.actors.engines.qwen3_omni import configs, stepping, weights
+from omni_actors.actors.engines.qwen3_omni.configs import Tokens
+from omni_actors.errors import ModelFileError
+from omni_actors.models.release import INDEX, Release
 
 Models = tuple[Any, Any, Any]
 
@@ -39,7 +41,7 @@ def built(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture(scope="module")
 def models(built: Path) -> Models:
-    thinker, talker, code2wav = (weights.load(built / stage) for stage in weights.STAGES)
+    thinker, talker, code2wav = (weights.load(built, stage) for stage in weights.STAGES)
     return thinker, talker, code2wav
 
 
@@ -61,11 +63,21 @@ def _one_second(seed: int = 0) -> dict[str, torch.Tensor]:
 
 
 @pytest.mark.integration
-def test_build_writes_one_hf_directory_per_stage(built: Path, models: Models) -> None:
-    assert weights.is_built(built)
+def test_build_writes_a_release_each_stage_loads_from(built: Path, models: Models) -> None:
+    index = json.loads((built / INDEX).read_text())["weight_map"]
+    shards = sorted(set(index.values()))
+    assert len(shards) > 2
+    assert shards == [
+        f"model-{i:05d}-of-{len(shards):05d}.safetensors" for i in range(1, len(shards) + 1)
+    ]
+    # code2wav alone in the last shard, as in Qwen3-Omni's release; experts one per key.
+    assert {n for n, f in index.items() if f == shards[-1]} == {
+        n for n in index if n.startswith("code2wav.")
+    }
+    assert "thinker.model.layers.0.mlp.experts.1.up_proj.weight" in index
+    assert "talker.model.layers.0.mlp.experts.0.down_proj.weight" in index
     for stage, model in zip(weights.STAGES, models, strict=True):
-        assert {"config.json", "model.safetensors"} <= {p.name for p in (built / stage).iterdir()}
-        assert type(model).__name__ == weights._CLASSES[stage].__name__
+        assert type(model).__name__ == weights.STAGE_CLASSES[stage].__name__
         assert not model.training
     composite = Qwen3OmniMoeConfig.from_pretrained(built)
     assert composite.tts_eos_token_id == Tokens.TTS_EOS
@@ -76,34 +88,90 @@ def test_build_writes_one_hf_directory_per_stage(built: Path, models: Models) ->
 
 
 @pytest.mark.integration
+def test_a_stage_opens_only_the_shards_that_hold_it(built: Path) -> None:
+    index = json.loads((built / INDEX).read_text())["weight_map"]
+    for stage in weights.STAGES:
+        release = Release.open(built)
+        weights.load(built, stage, release=release)
+        own = {built / f for n, f in index.items() if n.startswith(f"{stage}.")}
+        assert set(release.opened) == own, stage
+    assert len(own) == 1  # code2wav: the last shard alone
+
+
+@pytest.mark.integration
+def test_transformers_loads_the_release_as_the_stages_do(built: Path, models: Models) -> None:
+    # The per-expert keys, the prefixes and the config are what transformers' own
+    # loader of the whole model reads: both must build the same weights.
+    with configs.quiet_transformers():
+        whole: Any = Qwen3OmniMoeForConditionalGeneration.from_pretrained(
+            built, use_safetensors=True, local_files_only=True, dtype=torch.float32
+        )
+    for stage, model in zip(weights.STAGES, models, strict=True):
+        theirs, ours = getattr(whole, stage).state_dict(), model.state_dict()
+        assert theirs.keys() == ours.keys(), stage
+        assert all(torch.equal(theirs[k], ours[k]) for k in ours), stage
+
+
+@pytest.mark.integration
 def test_same_seed_same_weights(built: Path, tmp_path: Path) -> None:
     seen: list[tuple[str, int, int]] = []
     weights.build(tmp_path / "again", seed=0, progress=lambda s, d, t: seen.append((s, d, t)))
     weights.build(tmp_path / "other", seed=1)
     assert seen == [("thinker", 1, 3), ("talker", 2, 3), ("code2wav", 3, 3)]
     for stage in weights.STAGES:
-        first = weights.load(built / stage).state_dict()
-        again = weights.load(tmp_path / "again" / stage).state_dict()
-        other = weights.load(tmp_path / "other" / stage).state_dict()
+        first = weights.load(built, stage).state_dict()
+        again = weights.load(tmp_path / "again", stage).state_dict()
+        other = weights.load(tmp_path / "other", stage).state_dict()
         assert first.keys() == again.keys()
         assert all(torch.equal(first[k], again[k]) for k in first), stage
         assert any(not torch.equal(first[k], other[k]) for k in first), stage
         assert all(torch.isfinite(t).all() for t in first.values() if t.is_floating_point())
 
 
+def _code2wav_shard(release: Path) -> Path:
+    index = json.loads((release / INDEX).read_text())["weight_map"]
+    return release / next(f for n, f in index.items() if n.startswith("code2wav."))
+
+
+def _rename(release: Path, old: str, new: str) -> None:
+    """Rename one code2wav tensor in its shard and in the index, as a release of another
+    layout would name it."""
+    shard = _code2wav_shard(release)
+    tensors = load_file(shard)
+    tensors[new] = tensors.pop(old)
+    save_file(tensors, shard, metadata={"format": "pt"})
+    path = release / INDEX
+    index = json.loads(path.read_text())
+    index["weight_map"][new] = index["weight_map"].pop(old)
+    path.write_text(json.dumps(index))
+
+
 @pytest.mark.integration
-def test_load_refuses_a_stage_whose_weights_do_not_match(built: Path, tmp_path: Path) -> None:
+def test_load_refuses_a_release_whose_tensors_do_not_make_the_stage(
+    built: Path, tmp_path: Path
+) -> None:
     # transformers would fill a missing tensor with fresh random values and only log it;
-    # a stage saved in another layout must fail to load, with the command that rebuilds it.
-    stage = tmp_path / "code2wav"
-    shutil.copytree(built / "code2wav", stage)
-    tensors = load_file(stage / "model.safetensors")
-    tensors["extra.weight"] = tensors.pop("code_embedding.weight")
-    save_file(tensors, stage / "model.safetensors", metadata={"format": "pt"})
-    with pytest.raises(ModelNotPreparedError, match="prepare tiny-omni --force") as failure:
-        weights.load(stage)
-    assert "code_embedding.weight" in str(failure.value)
-    assert "extra.weight" in str(failure.value)
+    # a release of another layout must fail to load, naming what is wrong.
+    release = tmp_path / "release"
+    shutil.copytree(built, release)
+    _rename(release, "code2wav.code_embedding.weight", "code2wav.extra.weight")
+    with pytest.raises(ModelFileError, match="prepare tiny-omni --force") as failure:
+        weights.load(release, "code2wav")
+    assert "code2wav.extra.weight" in str(failure.value)
+    assert INDEX in str(failure.value)
+    _rename(release, "code2wav.extra.weight", "code2wav.code_embedding.weight")
+    weights.load(release, "code2wav")  # whole again
+    index = json.loads((release / INDEX).read_text())
+    del index["weight_map"]["code2wav.code_embedding.weight"]
+    shard = _code2wav_shard(release)
+    tensors = load_file(shard)
+    del tensors["code2wav.code_embedding.weight"]
+    save_file(tensors, shard, metadata={"format": "pt"})
+    (release / INDEX).write_text(json.dumps(index))
+    with pytest.raises(
+        ModelFileError, match=r"lacks tensors of the code2wav: code2wav\.code_embedding\.weight"
+    ):
+        weights.load(release, "code2wav")
 
 
 @pytest.mark.integration

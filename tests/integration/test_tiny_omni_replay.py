@@ -41,11 +41,11 @@ from omni_actors.actors.engines.contract import (
     TURN_FIELD,
     Fields,
 )
+from omni_actors.actors.engines.qwen3_omni import configs, stepping
+from omni_actors.actors.engines.qwen3_omni.configs import Tokens
+from omni_actors.actors.engines.qwen3_omni.thinker_engine import ThinkerEngine
+from omni_actors.actors.engines.qwen3_omni.thinker_model import PRINTABLE
 from omni_actors.actors.engines.thinker_ports import THINKER_INPUTS
-from omni_actors.actors.engines.tiny_omni import configs, stepping
-from omni_actors.actors.engines.tiny_omni.configs import Tokens
-from omni_actors.actors.engines.tiny_omni.thinker_engine import ThinkerEngine
-from omni_actors.actors.engines.tiny_omni.thinker_model import PRINTABLE
 from omni_actors.actors.engines.turn_marks import TurnMarkError
 
 pytestmark = pytest.mark.integration

@@ -24,18 +24,18 @@ pytest.importorskip("transformers")
 import torch
 
 from omni_actors.actors.engines.contract import Fields
-from omni_actors.actors.engines.tiny_omni import configs
-from omni_actors.actors.engines.tiny_omni.hf import DynamicCache
-from omni_actors.actors.engines.tiny_omni.talker_engine import TalkerArgs, TalkerEngine
-from omni_actors.actors.engines.tiny_omni.talker_input import ReplyInput
-from omni_actors.actors.engines.tiny_omni.talker_model import (
+from omni_actors.actors.engines.qwen3_omni import configs
+from omni_actors.actors.engines.qwen3_omni.hf import DynamicCache
+from omni_actors.actors.engines.qwen3_omni.talker_engine import TalkerArgs, TalkerEngine
+from omni_actors.actors.engines.qwen3_omni.talker_input import ReplyInput
+from omni_actors.actors.engines.qwen3_omni.talker_model import (
     Frame,
     FrameStep,
     Speech,
     TalkerModel,
     Voice,
 )
-from omni_actors.actors.engines.tiny_omni.thinker_engine import ThinkerArgs, ThinkerEngine
+from omni_actors.actors.engines.qwen3_omni.thinker_engine import ThinkerArgs, ThinkerEngine
 from omni_actors.models import cache as model_cache
 
 pytestmark = pytest.mark.integration
@@ -154,7 +154,7 @@ def test_a_padded_batch_gives_each_session_its_solo_codes(
     these replies is that close to a tie. Should another CPU's arithmetic flip one,
     compare the talker's logits within such a tolerance instead.
     """
-    model = TalkerModel(cache_dir / "tiny-omni" / "seed-0" / "talker", stop_at_codec_eos=True)
+    model = TalkerModel(cache_dir / "tiny-omni" / "seed-0", stop_at_codec_eos=True)
     alone = [open_reply(model, outputs) for outputs in said]
     for reply in alone:
         speak(model, [reply])

@@ -35,11 +35,11 @@ from tiny_omni_reference import (
 )
 
 from omni_actors.actors.engines.contract import KEPT_FIELD, TURN_FIELD, Fields, ResponseOptions
-from omni_actors.actors.engines.tiny_omni import configs
-from omni_actors.actors.engines.tiny_omni.configs import Tokens
-from omni_actors.actors.engines.tiny_omni.talker_engine import TalkerArgs, TalkerEngine
-from omni_actors.actors.engines.tiny_omni.talker_input import TalkerInputError
-from omni_actors.actors.engines.tiny_omni.thinker_engine import ThinkerArgs, ThinkerEngine
+from omni_actors.actors.engines.qwen3_omni import configs
+from omni_actors.actors.engines.qwen3_omni.configs import Tokens
+from omni_actors.actors.engines.qwen3_omni.talker_engine import TalkerArgs, TalkerEngine
+from omni_actors.actors.engines.qwen3_omni.talker_input import TalkerInputError
+from omni_actors.actors.engines.qwen3_omni.thinker_engine import ThinkerArgs, ThinkerEngine
 from omni_actors.models import cache as model_cache
 from omni_actors.testing import eventually
 

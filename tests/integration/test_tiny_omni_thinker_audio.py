@@ -21,11 +21,11 @@ from thinker_steps import ids, respond
 from transformers import DynamicCache
 
 from omni_actors.actors.engines.contract import Fields
-from omni_actors.actors.engines.tiny_omni import configs, stepping
-from omni_actors.actors.engines.tiny_omni.audio_stream import AudioClip
-from omni_actors.actors.engines.tiny_omni.configs import Tokens
-from omni_actors.actors.engines.tiny_omni.log_mel import LogMel
-from omni_actors.actors.engines.tiny_omni.thinker_model import PRINTABLE
+from omni_actors.actors.engines.qwen3_omni import configs, stepping
+from omni_actors.actors.engines.qwen3_omni.audio_stream import AudioClip
+from omni_actors.actors.engines.qwen3_omni.configs import Tokens
+from omni_actors.actors.engines.qwen3_omni.log_mel import LogMel
+from omni_actors.actors.engines.qwen3_omni.thinker_model import PRINTABLE
 
 pytestmark = pytest.mark.integration
 

@@ -21,12 +21,12 @@ pytest.importorskip("transformers")
 import torch
 
 from omni_actors.actors.engines.contract import Fields
-from omni_actors.actors.engines.tiny_omni.configs import Tokens
-from omni_actors.actors.engines.tiny_omni.conversation import Conversation, system_turn
-from omni_actors.actors.engines.tiny_omni.hf import DynamicCache
-from omni_actors.actors.engines.tiny_omni.sampling import Sampling
-from omni_actors.actors.engines.tiny_omni.thinker_engine import ThinkerArgs, ThinkerEngine
-from omni_actors.actors.engines.tiny_omni.thinker_model import DecodeStep, ThinkerModel
+from omni_actors.actors.engines.qwen3_omni.configs import Tokens
+from omni_actors.actors.engines.qwen3_omni.conversation import Conversation, system_turn
+from omni_actors.actors.engines.qwen3_omni.hf import DynamicCache
+from omni_actors.actors.engines.qwen3_omni.sampling import Sampling
+from omni_actors.actors.engines.qwen3_omni.thinker_engine import ThinkerArgs, ThinkerEngine
+from omni_actors.actors.engines.qwen3_omni.thinker_model import DecodeStep, ThinkerModel
 from omni_actors.models import cache as model_cache
 
 pytestmark = pytest.mark.integration
@@ -76,7 +76,7 @@ def test_a_padded_batch_decodes_each_session_as_alone(cache_dir: Path) -> None:
     drawing from their own generators. Exact tokens, though a batch changes float sums
     in the last bits: with the seed-0 weights no pick here is that close to a tie (on
     another CPU that flips one, compare the logits within ~1e-6 instead)."""
-    model = ThinkerModel(cache_dir / "tiny-omni" / "seed-0" / "thinker")
+    model = ThinkerModel(cache_dir / "tiny-omni" / "seed-0")
     alone = decode(model, [[0], [1], [2]])
     together = decode(model, [[0, 1, 2]])
     assert together == alone

@@ -33,8 +33,8 @@ from test_tiny_omni_thinker_turns import (
 )
 
 from omni_actors.actors.engines.contract import INSTRUCTIONS_FIELD, Fields
-from omni_actors.actors.engines.tiny_omni.configs import Tokens
-from omni_actors.actors.engines.tiny_omni.conversation import system_turn
+from omni_actors.actors.engines.qwen3_omni.configs import Tokens
+from omni_actors.actors.engines.qwen3_omni.conversation import system_turn
 from omni_actors.pipeline.spec.pipeline import load_pipeline
 
 pytestmark = pytest.mark.integration

@@ -2,7 +2,7 @@
 cancel and failure.
 
 The yardstick is a conversation written out token by token (the chat template of
-``actors/engines/tiny_omni/conversation.py``) and decoded greedily by plain forwards
+``actors/engines/qwen3_omni/conversation.py``) and decoded greedily by plain forwards
 (:func:`reference`): every rollback — a clear, a truncation, a cancelled reply, a failed
 response — must leave the engine answering exactly as that conversation does.
 """
@@ -24,10 +24,10 @@ from thinker_steps import ids, tensor, truncate
 from transformers import DynamicCache
 
 from omni_actors.actors.engines.contract import TURN_FIELD, Fields, ResponseOptions
-from omni_actors.actors.engines.tiny_omni import configs, stepping
-from omni_actors.actors.engines.tiny_omni.configs import Tokens
-from omni_actors.actors.engines.tiny_omni.thinker_engine import ThinkerEngine
-from omni_actors.actors.engines.tiny_omni.thinker_model import PRINTABLE
+from omni_actors.actors.engines.qwen3_omni import configs, stepping
+from omni_actors.actors.engines.qwen3_omni.configs import Tokens
+from omni_actors.actors.engines.qwen3_omni.thinker_engine import ThinkerEngine
+from omni_actors.actors.engines.qwen3_omni.thinker_model import PRINTABLE
 from omni_actors.testing import eventually
 
 pytestmark = pytest.mark.integration

@@ -18,9 +18,9 @@ pytest.importorskip("transformers")
 from jinja2 import TemplateError
 from transformers import AutoTokenizer
 
-from omni_actors.actors.engines.tiny_omni import configs
-from omni_actors.actors.engines.tiny_omni.configs import Tokens
-from omni_actors.actors.engines.tiny_omni.tokenizer import (
+from omni_actors.actors.engines.qwen3_omni import configs
+from omni_actors.actors.engines.qwen3_omni.configs import Tokens
+from omni_actors.actors.engines.qwen3_omni.tokenizer import (
     SPECIAL_TOKENS,
     byte_symbols,
     write_tokenizer,

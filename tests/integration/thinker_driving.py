@@ -10,8 +10,8 @@ from typing import Any, Protocol, TypeVar
 
 import pytest
 
-from omni_actors.actors.engines.tiny_omni import weights
-from omni_actors.actors.engines.tiny_omni.thinker_engine import ThinkerArgs, ThinkerEngine
+from omni_actors.actors.engines.qwen3_omni import weights
+from omni_actors.actors.engines.qwen3_omni.thinker_engine import ThinkerArgs, ThinkerEngine
 from omni_actors.models import cache as model_cache
 
 
@@ -32,7 +32,7 @@ def prepared_cache(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 def thinker_model(cache_dir: Path) -> Any:
     """The thinker's HF model, for a reference decode."""
-    return weights.load(cache_dir / "tiny-omni" / "seed-0" / "thinker")
+    return weights.load(cache_dir / "tiny-omni" / "seed-0", "thinker")
 
 
 @asynccontextmanager

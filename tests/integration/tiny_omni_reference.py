@@ -19,18 +19,20 @@ from transformers.models.qwen3_omni_moe.modeling_qwen3_omni_moe import (
 )
 
 from omni_actors.actors.engines.contract import Fields
-from omni_actors.actors.engines.tiny_omni import configs, stepping, weights
-from omni_actors.actors.engines.tiny_omni.configs import Tokens
-from omni_actors.actors.engines.tiny_omni.thinker_model import PRINTABLE
+from omni_actors.actors.engines.qwen3_omni import configs, stepping
+from omni_actors.actors.engines.qwen3_omni.configs import Tokens
+from omni_actors.actors.engines.qwen3_omni.thinker_model import PRINTABLE
 
 
 def reference_model(cache_dir: Path) -> Any:
     """HF's end-to-end model with the tiny weights; ``captured`` gets each reply's codes."""
     root = cache_dir / "tiny-omni" / "seed-0"
+    # transformers' own loader, on the release the engines load: the reference shares
+    # no loading code with them.
     with configs.quiet_transformers():
-        model: Any = Qwen3OmniMoeForConditionalGeneration(configs.tiny_configs(0)).eval()
-    for stage in ("thinker", "talker", "code2wav"):
-        getattr(model, stage).load_state_dict(weights.load(root / stage).state_dict())
+        model: Any = Qwen3OmniMoeForConditionalGeneration.from_pretrained(
+            root, use_safetensors=True, local_files_only=True, dtype=torch.float32
+        ).eval()
     # HF hands the talker's codes to code2wav only: record them there.
     captured: list[torch.Tensor] = []
     decode = model.code2wav.chunked_decode

@@ -22,7 +22,7 @@ pytest.importorskip("safetensors")
 import torch
 from safetensors.torch import save_file
 
-from omni_actors.actors.engines.tiny_omni.tokenizer import write_tokenizer
+from omni_actors.actors.engines.qwen3_omni.tokenizer import write_tokenizer
 from omni_actors.actors.engines.vllm.embedding import load_input_embeddings
 from omni_actors.actors.engines.vllm.runtime import safetensors_engine_args
 from omni_actors.errors import EngineError, ModelFileError

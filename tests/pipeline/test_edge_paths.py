@@ -19,8 +19,8 @@ def spec(tmp_path: Path, talker: dict[str, Any], code2wav: dict[str, Any], **edg
     data = {
         "name": "p",
         "stages": [
-            {"name": "talker", "engine": {"kind": "tiny-omni.talker"}, **talker},
-            {"name": "code2wav", "engine": {"kind": "tiny-omni.code2wav"}, **code2wav},
+            {"name": "talker", "engine": {"kind": "qwen3-omni.talker"}, **talker},
+            {"name": "code2wav", "engine": {"kind": "qwen3-omni.code2wav"}, **code2wav},
         ],
         "edges": [{"from": "talker", "to": "code2wav", **edge}],
         "outputs": {"audio": "code2wav"},

@@ -11,7 +11,7 @@ import pytest
 import torch
 import yaml
 
-from omni_actors.actors.engines.tiny_omni.code2wav_engine import Code2WavArgs
+from omni_actors.actors.engines.qwen3_omni.code2wav_engine import Code2WavArgs
 from omni_actors.actors.engines.torch_engine import resolve_device
 from omni_actors.actors.stage.actor import StageActor
 from omni_actors.pipeline.spec.pipeline import PipelineConfigError, load_pipeline
@@ -20,7 +20,7 @@ from omni_actors.pipeline.spec.pipeline import PipelineConfigError, load_pipelin
 def _tiny(**stage: Any) -> dict[str, Any]:
     return {
         "name": "p",
-        "stages": [{"name": "code2wav", "engine": {"kind": "tiny-omni.code2wav"}, **stage}],
+        "stages": [{"name": "code2wav", "engine": {"kind": "qwen3-omni.code2wav"}, **stage}],
         "outputs": {"audio": "code2wav"},
     }
 
@@ -51,7 +51,10 @@ def test_without_a_device_the_engine_keeps_its_default(tmp_path: Path) -> None:
         ({"device": "gpu"}, r"stages\[code2wav\]\.device: String should match"),
         ({"device": "cuda:x"}, r"stages\[code2wav\]\.device"),
         (
-            {"device": "cpu", "engine": {"kind": "tiny-omni.code2wav", "args": {"device": "cuda"}}},
+            {
+                "device": "cpu",
+                "engine": {"kind": "qwen3-omni.code2wav", "args": {"device": "cuda"}},
+            },
             "contradicts engine.args.device",
         ),
         ({"staging": {"slots": 0}}, r"staging\.slots"),

@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from omni_actors.actors.engines.tiny_omni.thinker_engine import ThinkerArgs, ThinkerEngine
+from omni_actors.actors.engines.qwen3_omni.thinker_engine import ThinkerArgs, ThinkerEngine
 from omni_actors.models.cache import prepare
 
 

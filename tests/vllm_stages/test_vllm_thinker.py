@@ -24,7 +24,7 @@ from omni_actors.actors.engines.contract import (
     Fields,
     ResponseOptions,
 )
-from omni_actors.actors.engines.tiny_omni.thinker_engine import ThinkerEngine
+from omni_actors.actors.engines.qwen3_omni.thinker_engine import ThinkerEngine
 from omni_actors.testing import eventually
 
 from .conftest import thinkers

@@ -37,8 +37,8 @@ from omni_actors.actors.engines.contract import (
     TURN_FIELD,
     Fields,
 )
+from omni_actors.actors.engines.qwen3_omni.thinker_engine import ThinkerEngine
 from omni_actors.actors.engines.thinker_ports import THINKER_INPUTS
-from omni_actors.actors.engines.tiny_omni.thinker_engine import ThinkerEngine
 
 from .conftest import thinkers
 

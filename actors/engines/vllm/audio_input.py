@@ -23,8 +23,8 @@ from typing import Any
 import numpy as np
 import torch
 
-from omni_actors.actors.engines.tiny_omni.audio_stream import MIN_SAMPLES
-from omni_actors.actors.engines.tiny_omni.stepping import audio_token_count
+from omni_actors.actors.engines.qwen3_omni.audio_stream import MIN_SAMPLES
+from omni_actors.actors.engines.qwen3_omni.stepping import audio_token_count
 from omni_actors.actors.engines.vllm.conversation import Clip, History, VllmInputError
 from omni_actors.errors import EngineError
 

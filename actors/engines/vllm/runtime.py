@@ -31,8 +31,7 @@ from pathlib import Path
 from typing import Any, Final
 
 from omni_actors.errors import EngineError, OmniError
-from omni_actors.models.cache import require
-from omni_actors.models.family import model_families
+from omni_actors.models.cache import locate
 
 __all__ = [
     "SAFETENSORS_LOAD_FORMATS",
@@ -53,25 +52,14 @@ class EngineDiedError(OmniError):
 
 
 def resolve_checkpoint(model: str, cache_dir: Path | None, seed: int) -> Path:
-    """The checkpoint directory ``model`` names: a directory, or a prepared model family
-    (its ``checkpoint`` directory at ``seed`` in ``cache_dir``).
+    """The release directory ``model`` names: a directory, a Hugging Face repo id, or a
+    prepared model family (its release at ``seed`` in ``cache_dir``).
 
     Raises:
-        EngineError: neither, or a family with no single checkpoint.
+        ModelFileError: none of these (the message says why).
         ModelNotPreparedError: the family's weights are not prepared.
     """
-    family = model_families().get(model)
-    if family is None:
-        path = Path(model).expanduser()
-        if not path.is_dir():
-            known = ", ".join(sorted(model_families())) or "none installed"
-            raise EngineError(
-                f"model {model!r} is neither a directory nor a model family ({known})"
-            )
-        return path
-    if family.checkpoint is None:
-        raise EngineError(f"model family {model!r} has no single-checkpoint directory")
-    return require(family, cache_dir=cache_dir, seed=seed) / family.checkpoint
+    return locate(model, cache_dir=cache_dir, seed=seed, prefixes=("thinker.",))
 
 
 def cpu_engine_args(engine_args: dict[str, Any], threads: int | None) -> dict[str, Any]:

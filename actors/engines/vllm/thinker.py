@@ -311,7 +311,7 @@ class VllmThinkerEngine:
         if self.allowed is not None:
             fields["allowed_token_ids"] = self.allowed
         if temperature > 0:
-            from omni_actors.actors.engines.tiny_omni.sampling import session_seed
+            from omni_actors.actors.engines.qwen3_omni.sampling import session_seed
 
             fields["seed"] = session_seed(self.args.seed, session) & 0x7FFFFFFF
         request = self._send(session, state, self._sampling(max_tokens, **fields))

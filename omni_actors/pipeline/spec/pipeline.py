@@ -303,6 +303,23 @@ class PipelineSpec(Spec):
         stages = tuple(stage.model_copy(update={"placement": None}) for stage in self.stages)
         return self.model_copy(update={"stages": stages, "cluster": None})
 
+    def with_model(self, model: str) -> PipelineSpec:
+        """A copy whose every stage with an engine that loads a model loads ``model``: a
+        release directory, a Hugging Face repo id, or a family that prepares a release.
+
+        Raises:
+            PipelineConfigError: no stage's engine loads a model.
+        """
+        data = self.model_dump(by_alias=True)
+        placed = 0
+        for stage in data["stages"]:
+            if "model" in engine_type(stage["engine"]["kind"]).args_model.model_fields:
+                stage["engine"]["args"] = {**stage["engine"]["args"], "model": model}
+                placed += 1
+        if not placed:
+            raise PipelineConfigError(f"pipeline {self.name}: no stage's engine loads a model")
+        return PipelineSpec.model_validate(data)
+
     def on_device(self, device: str) -> PipelineSpec:
         """A copy whose every stage with an engine that takes a device computes on
         ``device`` (``cpu``, ``cuda``, ``cuda:N``, ``auto``); the others are unchanged.

@@ -22,7 +22,7 @@ NAME_PATTERN = r"^[a-z][a-z0-9_-]{0,63}$"
 class EngineSpec(Spec):
     """Which engine a stage hosts and its arguments (validated by the engine's ``Args``).
 
-    ``kind`` is a registered engine (``scripted``, a model family's ``tiny-omni.talker``,
+    ``kind`` is a registered engine (``scripted``, a model family's ``qwen3-omni.talker``,
     a third party's entry point) or an importable class, ``package.module:Class``.
     """
 

@@ -74,13 +74,13 @@ def test_builtin_kinds_come_from_this_packages_entry_points() -> None:
     engines = {p.name: p.value for p in entry_points(group=ENGINE_ENTRY_POINTS)}
     assert engines["scripted"] == "omni_actors.actors.engines.scripted:ScriptedEngine"
     families = {p.name: p.value for p in entry_points(group=FAMILY_ENTRY_POINTS)}
-    assert families["tiny-omni"] == "omni_actors.actors.engines.tiny_omni.family:TINY_OMNI"
+    assert families["tiny-omni"] == "omni_actors.actors.engines.qwen3_omni.family:TINY_OMNI"
     # a family's engines are kinds too, imported only when a pipeline names one
     kinds = engine_kinds()
     assert kinds["scripted"] == engines["scripted"]
     for kind, path in model_family("tiny-omni").engines.items():
         assert kinds[kind] == path
-    assert set(kinds) >= {"tiny-omni.thinker", "tiny-omni.talker", "tiny-omni.code2wav"}
+    assert set(kinds) >= {"qwen3-omni.thinker", "qwen3-omni.talker", "qwen3-omni.code2wav"}
     assert engine_type("scripted").cls is ScriptedEngine
 
 
@@ -88,7 +88,7 @@ def test_an_unknown_kind_lists_the_known_ones() -> None:
     with pytest.raises(EngineUnavailableError, match="unknown engine kind 'onnx'") as info:
         engine_type("onnx")
     assert "scripted" in str(info.value)
-    assert "tiny-omni.talker" in str(info.value)
+    assert "qwen3-omni.talker" in str(info.value)
     assert "package.module:Class" in str(info.value)
     assert "vllm" in str(info.value)
 

@@ -1,6 +1,6 @@
 """tiny-omni's streaming log-mel front end: exact under any chunking, Whisper's otherwise.
 
-See ``actors/engines/tiny_omni/log_mel.py`` for its one deviation from Whisper (the floor
+See ``actors/engines/qwen3_omni/log_mel.py`` for its one deviation from Whisper (the floor
 follows the loudest frame *so far*); these pin both halves of that statement.
 """
 
@@ -13,8 +13,8 @@ pytest.importorskip("transformers")
 
 import torch
 
-from omni_actors.actors.engines.tiny_omni import configs
-from omni_actors.actors.engines.tiny_omni.log_mel import LogMel
+from omni_actors.actors.engines.qwen3_omni import configs
+from omni_actors.actors.engines.qwen3_omni.log_mel import LogMel
 
 RATE = configs.AUDIO_SAMPLE_RATE
 EXTRACTOR = configs.audio_feature_extractor()

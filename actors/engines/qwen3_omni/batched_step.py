@@ -24,7 +24,7 @@ from typing import Any, cast
 
 import torch
 
-from omni_actors.actors.engines.tiny_omni.hf import (
+from omni_actors.actors.engines.qwen3_omni.hf import (
     DynamicCache,
     PreTrainedConfig,
     Qwen3OmniMoeTalkerForConditionalGeneration,

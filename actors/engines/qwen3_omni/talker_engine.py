@@ -57,12 +57,12 @@ from pydantic import Field, field_validator
 
 from omni_actors.actors.engines.batched_engine import BatchedTorchEngine
 from omni_actors.actors.engines.contract import Fields, ResponseOptions, Rule, response_options
-from omni_actors.actors.engines.tiny_omni import configs
-from omni_actors.actors.engines.tiny_omni.family import TINY_OMNI
-from omni_actors.actors.engines.tiny_omni.hf import DynamicCache
-from omni_actors.actors.engines.tiny_omni.talker_input import ReplyInput, TalkerInputError
-from omni_actors.actors.engines.tiny_omni.talker_model import Frame, FrameStep, TalkerModel, Voice
-from omni_actors.actors.engines.torch_engine import AbortSignal, DeviceArgs, stage_dir
+from omni_actors.actors.engines.qwen3_omni import configs
+from omni_actors.actors.engines.qwen3_omni.family import DEFAULT_RELEASE
+from omni_actors.actors.engines.qwen3_omni.hf import DynamicCache
+from omni_actors.actors.engines.qwen3_omni.talker_input import ReplyInput, TalkerInputError
+from omni_actors.actors.engines.qwen3_omni.talker_model import Frame, FrameStep, TalkerModel, Voice
+from omni_actors.actors.engines.torch_engine import AbortSignal, DeviceArgs, release_dir
 from omni_actors.models.family import WeightsArgs
 
 __all__ = ["TalkerArgs", "TalkerEngine", "TalkerInputError"]
@@ -113,7 +113,7 @@ class TalkerEngine(BatchedTorchEngine[Voice, FrameStep, Frame]):
         ModelNotPreparedError: the weights are not prepared.
     """
 
-    kind: ClassVar[str] = "tiny-omni.talker"
+    kind: ClassVar[str] = "qwen3-omni.talker"
     Args: ClassVar[type[TalkerArgs]] = TalkerArgs
     inputs: ClassVar[dict[str, Rule]] = {
         "user": "concat",
@@ -130,7 +130,7 @@ class TalkerEngine(BatchedTorchEngine[Voice, FrameStep, Frame]):
         self.stop_at_codec_eos = args.stop_at_codec_eos
         self.speaker = args.speaker
         super().__init__(
-            stage_dir(TINY_OMNI.name, args, "talker"),
+            release_dir(DEFAULT_RELEASE, args, "talker"),
             "talker",
             max_batch=args.max_batch,
             batcher_name="talker frames",

@@ -5,7 +5,7 @@ Input: windows of codec frames as the talker -> code2wav edge cuts them (``Chunk
 0). Output: ``audio``, float32 1-D at 24 kHz, exactly the samples each chunk adds.
 
 Audio length. The decoder keeps the 555 samples HF trims from each window's end
-(:mod:`~omni_actors.actors.engines.tiny_omni.code2wav_model`); they need the next frame to be
+(:mod:`~omni_actors.actors.engines.qwen3_omni.code2wav_model`); they need the next frame to be
 exact, so each chunk holds them back. Per segment (one ``generate`` call) it yields:
 
 - per chunk with ``left_context`` c > 0: from sample ``1920 * c - 555`` of the window on,
@@ -47,9 +47,9 @@ from pydantic import Field
 
 from omni_actors.actors.engines.batched_engine import BatchedTorchEngine
 from omni_actors.actors.engines.contract import CONTEXT_FIELD, Fields, Rule
-from omni_actors.actors.engines.tiny_omni.code2wav_model import Code2WavModel, Piece
-from omni_actors.actors.engines.tiny_omni.family import TINY_OMNI
-from omni_actors.actors.engines.torch_engine import AbortSignal, DeviceArgs, stage_dir
+from omni_actors.actors.engines.qwen3_omni.code2wav_model import Code2WavModel, Piece
+from omni_actors.actors.engines.qwen3_omni.family import DEFAULT_RELEASE
+from omni_actors.actors.engines.torch_engine import AbortSignal, DeviceArgs, release_dir
 from omni_actors.errors import EngineError
 from omni_actors.models.family import WeightsArgs
 
@@ -110,7 +110,7 @@ class Code2WavEngine(BatchedTorchEngine[_Session, _Window, Piece]):
         ModelNotPreparedError: the weights are not prepared.
     """
 
-    kind: ClassVar[str] = "tiny-omni.code2wav"
+    kind: ClassVar[str] = "qwen3-omni.code2wav"
     Args: ClassVar[type[Code2WavArgs]] = Code2WavArgs
     inputs: ClassVar[dict[str, Rule]] = {"codes": "concat"}
     outputs: ClassVar[dict[str, Rule]] = {"audio": "concat"}
@@ -118,7 +118,7 @@ class Code2WavEngine(BatchedTorchEngine[_Session, _Window, Piece]):
 
     def __init__(self, args: Code2WavArgs) -> None:
         super().__init__(
-            stage_dir(TINY_OMNI.name, args, "code2wav"),
+            release_dir(DEFAULT_RELEASE, args, "code2wav"),
             "code2wav",
             max_batch=args.max_batch,
             batcher_name="code2wav windows",

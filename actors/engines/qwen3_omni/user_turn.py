@@ -22,9 +22,9 @@ from dataclasses import dataclass, field
 
 import torch
 
-from omni_actors.actors.engines.tiny_omni.audio_stream import AudioClip
-from omni_actors.actors.engines.tiny_omni.configs import Tokens
-from omni_actors.actors.engines.tiny_omni.conversation import NEWLINE
+from omni_actors.actors.engines.qwen3_omni.audio_stream import AudioClip
+from omni_actors.actors.engines.qwen3_omni.configs import Tokens
+from omni_actors.actors.engines.qwen3_omni.conversation import NEWLINE
 
 __all__ = ["Feed", "UserTurn"]
 

@@ -18,7 +18,7 @@ from typing import Any
 
 import torch
 
-from omni_actors.actors.engines.tiny_omni import stepping
+from omni_actors.actors.engines.qwen3_omni import stepping
 
 __all__ = ["GraphedCodePredictor"]
 

@@ -16,23 +16,24 @@ from typing import Final, cast
 
 import torch
 
-from omni_actors.actors.engines.tiny_omni import configs, layout, stepping, weights
-from omni_actors.actors.engines.tiny_omni.audio_stream import AudioClip
-from omni_actors.actors.engines.tiny_omni.batched_step import thinker_steps
-from omni_actors.actors.engines.tiny_omni.configs import Tokens
-from omni_actors.actors.engines.tiny_omni.conversation import (
+from omni_actors.actors.engines.qwen3_omni import configs, layout, stepping, weights
+from omni_actors.actors.engines.qwen3_omni.audio_stream import AudioClip
+from omni_actors.actors.engines.qwen3_omni.batched_step import thinker_steps
+from omni_actors.actors.engines.qwen3_omni.configs import Tokens
+from omni_actors.actors.engines.qwen3_omni.conversation import (
     CLOSE_TURN,
     NEWLINE,
     Conversation,
     ThinkerReply,
 )
-from omni_actors.actors.engines.tiny_omni.hf import (
+from omni_actors.actors.engines.qwen3_omni.hf import (
     PreTrainedConfig,
     Qwen3OmniMoeThinkerForConditionalGeneration,
 )
-from omni_actors.actors.engines.tiny_omni.log_mel import LogMel
-from omni_actors.actors.engines.tiny_omni.sampling import Sampling, pick
-from omni_actors.actors.engines.tiny_omni.user_turn import Feed, UserTurn
+from omni_actors.actors.engines.qwen3_omni.log_mel import LogMel
+from omni_actors.actors.engines.qwen3_omni.sampling import Sampling, pick
+from omni_actors.actors.engines.qwen3_omni.user_turn import Feed, UserTurn
+from omni_actors.models.release import Release
 
 __all__ = ["ASSISTANT_OPENING", "PRINTABLE", "DecodeStep", "ThinkerModel", "Token"]
 
@@ -59,7 +60,7 @@ class ThinkerModel:
     """The thinker of a prepared tiny-omni directory, loaded (in the model thread).
 
     Args:
-        path: the thinker stage's directory (``<prepared>/thinker``).
+        path: the release directory (:mod:`.weights`).
 
     Raises:
         ModelFileError: a file of the stage, or the composite ``config.json`` beside it,
@@ -73,10 +74,11 @@ class ThinkerModel:
 
     def __init__(self, path: Path, device: torch.device | None = None) -> None:
         device = device or torch.device("cpu")
-        thinker = weights.load(path, device=device)
+        release = Release.open(path, remedy=layout.REBUILD)
+        thinker = weights.load(path, "thinker", device=device, release=release)
         assert isinstance(thinker, Qwen3OmniMoeThinkerForConditionalGeneration)
         self._thinker = thinker
-        self._accept_layer = layout.accept_hidden_layer(path.parent)
+        self._accept_layer = layout.accept_hidden_layer(release.config, path / "config.json")
         self.text_config = cast(PreTrainedConfig, thinker.config.text_config)
         audio = cast(PreTrainedConfig, thinker.config.audio_config)
         self._n_window, self._n_window_infer = int(audio.n_window), int(audio.n_window_infer)

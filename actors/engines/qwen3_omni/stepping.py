@@ -18,7 +18,7 @@ from typing import NamedTuple
 
 import torch
 
-from omni_actors.actors.engines.tiny_omni.hf import (
+from omni_actors.actors.engines.qwen3_omni.hf import (
     DynamicCache,
     Qwen3OmniMoeCode2Wav,
     Qwen3OmniMoeTalkerForConditionalGeneration,

@@ -21,7 +21,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any, Final
 
-from omni_actors.actors.engines.tiny_omni.hf import (
+from omni_actors.actors.engines.qwen3_omni.hf import (
     Qwen3OmniMoeCode2WavConfig,
     Qwen3OmniMoeConfig,
     Qwen3OmniMoeTalkerConfig,
@@ -331,7 +331,7 @@ def tiny_configs(
     Args:
         seed: Recorded as ``tiny_omni_seed`` in each stage config so a saved directory
             says which weights it holds; the weights themselves are drawn by
-            :func:`omni_actors.actors.engines.tiny_omni.weights.build`.
+            :func:`omni_actors.actors.engines.qwen3_omni.weights.build`.
         num_code_groups: Codebooks per codec frame (talker groups == code2wav quantizers).
 
     Returns:

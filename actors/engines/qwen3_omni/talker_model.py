@@ -19,10 +19,10 @@ from typing import Any, Final, cast
 
 import torch
 
-from omni_actors.actors.engines.tiny_omni import configs, stepping, weights
-from omni_actors.actors.engines.tiny_omni.batched_step import talker_steps
-from omni_actors.actors.engines.tiny_omni.code_predictor_graph import GraphedCodePredictor
-from omni_actors.actors.engines.tiny_omni.hf import (
+from omni_actors.actors.engines.qwen3_omni import configs, stepping, weights
+from omni_actors.actors.engines.qwen3_omni.batched_step import talker_steps
+from omni_actors.actors.engines.qwen3_omni.code_predictor_graph import GraphedCodePredictor
+from omni_actors.actors.engines.qwen3_omni.hf import (
     DynamicCache,
     PreTrainedConfig,
     Qwen3OmniMoeTalkerForConditionalGeneration,
@@ -94,7 +94,7 @@ class TalkerModel:
     """The talker of a prepared tiny-omni directory, loaded (in the model thread).
 
     Args:
-        path: the talker stage's directory (``<prepared>/talker``).
+        path: the release directory (:mod:`.weights`).
         stop_at_codec_eos: let a frame end the reply at codec EOS (else EOS is masked).
 
     Attributes:
@@ -105,7 +105,7 @@ class TalkerModel:
     def __init__(
         self, path: Path, device: torch.device | None = None, *, stop_at_codec_eos: bool
     ) -> None:
-        talker = weights.load(path, device=device)
+        talker = weights.load(path, "talker", device=device)
         assert isinstance(talker, Qwen3OmniMoeTalkerForConditionalGeneration)
         # On a GPU the code predictor is launch-bound: replay it from CUDA graphs.
         self._code_frame: Callable[[torch.Tensor, torch.Tensor], tuple[torch.Tensor, torch.Tensor]]

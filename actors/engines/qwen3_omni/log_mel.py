@@ -33,7 +33,7 @@ from typing import Any, Final
 import numpy as np
 import torch
 
-from omni_actors.actors.engines.tiny_omni.hf import WhisperFeatureExtractor
+from omni_actors.actors.engines.qwen3_omni.hf import WhisperFeatureExtractor
 
 __all__ = ["DYNAMIC_RANGE", "LogMel"]
 

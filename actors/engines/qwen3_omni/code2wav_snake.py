@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import torch
 
-from omni_actors.actors.engines.tiny_omni.hf import Qwen3OmniMoeSnakeBeta
+from omni_actors.actors.engines.qwen3_omni.hf import Qwen3OmniMoeSnakeBeta
 
 __all__ = ["InPlaceSnakeBeta", "replace_snake_activations"]
 

@@ -6,7 +6,7 @@ pre-transformer and the first layers look that far back. The upsampling decoder 
 after them run at 32 to 1920 samples per frame and cost nearly all of a forward, yet
 their causal convolutions read only a few frames back. :func:`decoder_reach` walks those
 modules from the output backwards and returns how many input samples before an output
-sample it depends on; :class:`~omni_actors.actors.engines.tiny_omni.code2wav_model.Code2WavModel`
+sample it depends on; :class:`~omni_actors.actors.engines.qwen3_omni.code2wav_model.Code2WavModel`
 cuts the context to that many frames just before the decoder blocks. The samples it
 emits are unchanged (checked on a probe at load); the work on the context is not done.
 
@@ -21,7 +21,7 @@ from collections.abc import Iterable, Sequence
 
 import torch
 
-from omni_actors.actors.engines.tiny_omni.hf import (
+from omni_actors.actors.engines.qwen3_omni.hf import (
     Qwen3OmniMoeCausalConvNet,
     Qwen3OmniMoeCausalTransConvNet,
     Qwen3OmniMoeCode2WavDecoderBlock,

@@ -27,8 +27,8 @@ from typing import Final
 
 import torch
 
-from omni_actors.actors.engines.tiny_omni.log_mel import LogMel, Samples
-from omni_actors.actors.engines.tiny_omni.stepping import audio_token_count
+from omni_actors.actors.engines.qwen3_omni.log_mel import LogMel, Samples
+from omni_actors.actors.engines.qwen3_omni.stepping import audio_token_count
 
 __all__ = ["MIN_SAMPLES", "AudioClip", "Encode"]
 

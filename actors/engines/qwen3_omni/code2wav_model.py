@@ -9,7 +9,7 @@ to hold back until the next window (or the segment's end) makes them exact.
 
 It runs HF's forward layer group by layer group, so that before the upsampling decoder
 blocks (nearly all of the cost) it can drop the part of the windows' left context those
-blocks do not read (:mod:`~omni_actors.actors.engines.tiny_omni.code2wav_reach`): a streamed
+blocks do not read (:mod:`~omni_actors.actors.engines.qwen3_omni.code2wav_reach`): a streamed
 window of 25 context and 25 new frames costs about 29 frames of decoding there, not 50.
 """
 
@@ -20,10 +20,10 @@ from pathlib import Path
 
 import torch
 
-from omni_actors.actors.engines.tiny_omni import weights
-from omni_actors.actors.engines.tiny_omni.code2wav_reach import decoder_reach
-from omni_actors.actors.engines.tiny_omni.code2wav_snake import replace_snake_activations
-from omni_actors.actors.engines.tiny_omni.hf import (
+from omni_actors.actors.engines.qwen3_omni import weights
+from omni_actors.actors.engines.qwen3_omni.code2wav_reach import decoder_reach
+from omni_actors.actors.engines.qwen3_omni.code2wav_snake import replace_snake_activations
+from omni_actors.actors.engines.qwen3_omni.hf import (
     Qwen3OmniMoeCausalTransConvNet,
     Qwen3OmniMoeCode2Wav,
 )
@@ -83,14 +83,14 @@ class Code2WavModel:
     Raises:
         TypeError: ``path`` holds another stage.
         RuntimeError: see :func:`keep_pending_tail`; or the layer-by-layer forward (with
-            :mod:`~omni_actors.actors.engines.tiny_omni.code2wav_snake`'s activations) differs
+            :mod:`~omni_actors.actors.engines.qwen3_omni.code2wav_snake`'s activations) differs
             from HF's (transformers changed).
     """
 
     def __init__(self, path: Path, device: torch.device | None = None) -> None:
         # Loaded and checked on the CPU, where its kernels are deterministic and exact:
         # the checks are about the model's structure, which the device does not change.
-        model = weights.load(path)
+        model = weights.load(path, "code2wav")
         if not isinstance(model, Qwen3OmniMoeCode2Wav):
             raise TypeError(f"{path} holds a {type(model).__name__}, not a code2wav stage")
         self.pending = keep_pending_tail(model)

@@ -66,10 +66,9 @@ from omni_actors.actors.engines.contract import (
     Rule,
 )
 from omni_actors.actors.engines.conversation import Outcome, Response, respond
-from omni_actors.actors.engines.thinker_ports import THINKER_INPUTS, THINKER_OUTPUTS
-from omni_actors.actors.engines.tiny_omni import configs
-from omni_actors.actors.engines.tiny_omni.configs import Tokens
-from omni_actors.actors.engines.tiny_omni.conversation import (
+from omni_actors.actors.engines.qwen3_omni import configs
+from omni_actors.actors.engines.qwen3_omni.configs import Tokens
+from omni_actors.actors.engines.qwen3_omni.conversation import (
     CLOSE_TURN,
     NEWLINE,
     Checkpoint,
@@ -77,17 +76,18 @@ from omni_actors.actors.engines.tiny_omni.conversation import (
     ThinkerReply,
     system_turn,
 )
-from omni_actors.actors.engines.tiny_omni.family import TINY_OMNI
-from omni_actors.actors.engines.tiny_omni.hf import DynamicCache
-from omni_actors.actors.engines.tiny_omni.sampling import sampling_for, session_seed
-from omni_actors.actors.engines.tiny_omni.thinker_model import (
+from omni_actors.actors.engines.qwen3_omni.family import DEFAULT_RELEASE
+from omni_actors.actors.engines.qwen3_omni.hf import DynamicCache
+from omni_actors.actors.engines.qwen3_omni.sampling import sampling_for, session_seed
+from omni_actors.actors.engines.qwen3_omni.thinker_model import (
     ASSISTANT_OPENING,
     DecodeStep,
     ThinkerModel,
     Token,
 )
-from omni_actors.actors.engines.tiny_omni.user_turn import UserTurn
-from omni_actors.actors.engines.torch_engine import AbortSignal, DeviceArgs, stage_dir
+from omni_actors.actors.engines.qwen3_omni.user_turn import UserTurn
+from omni_actors.actors.engines.thinker_ports import THINKER_INPUTS, THINKER_OUTPUTS
+from omni_actors.actors.engines.torch_engine import AbortSignal, DeviceArgs, release_dir
 from omni_actors.models.family import WeightsArgs
 
 __all__ = ["ASSISTANT_OPENING", "NEWLINE", "ThinkerArgs", "ThinkerEngine"]
@@ -125,7 +125,7 @@ class ThinkerEngine(BatchedTorchEngine[Conversation, DecodeStep, Token]):
         ModelNotPreparedError: the weights are not prepared.
     """
 
-    kind: ClassVar[str] = "tiny-omni.thinker"
+    kind: ClassVar[str] = "qwen3-omni.thinker"
     Args: ClassVar[type[ThinkerArgs]] = ThinkerArgs
     inputs: ClassVar[Mapping[str, Rule]] = THINKER_INPUTS
     outputs: ClassVar[Mapping[str, Rule]] = THINKER_OUTPUTS
@@ -136,7 +136,7 @@ class ThinkerEngine(BatchedTorchEngine[Conversation, DecodeStep, Token]):
         self.min_new_tokens = min(args.min_new_tokens, args.max_new_tokens)
         self.seed = args.seed
         super().__init__(
-            stage_dir(TINY_OMNI.name, args, "thinker"),
+            release_dir(DEFAULT_RELEASE, args, "thinker"),
             "thinker",
             max_batch=args.max_batch,
             batcher_name="thinker decode",

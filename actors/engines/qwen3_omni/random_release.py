@@ -1,0 +1,114 @@
+"""Qwen3-Omni releases of seeded random weights at full size, written tensor by tensor.
+
+GPU tests and benches need the real release's shapes, key names and shard layout, not
+its numbers, and nothing can be downloaded where they run. :func:`write_random_release`
+writes that release from a composite ``config.json`` (:data:`QWEN3_OMNI_30B_A3B`:
+``Qwen/Qwen3-Omni-30B-A3B-Instruct``'s, as published) without ever building the model:
+each stage's module is built on the ``meta`` device for its tensor names and shapes, and
+each tensor is drawn alone (on the GPU when there is one), then written into shards of
+the release's size, code2wav alone in the last one. The host holds one shard at a time.
+
+A tensor's values depend only on the seed and its name, never on the order of writing:
+norm weights are ones, biases zeros, snake activations' ``alpha``/``beta`` zeros (their
+log-scale identity), layer scales 0.01, and every other tensor is drawn from a normal of
+standard deviation 0.02 (the config's ``initializer_range``).
+"""
+
+from __future__ import annotations
+
+import json
+import zlib
+from collections.abc import Mapping
+from importlib import resources
+from pathlib import Path
+from typing import Any, Final
+
+import torch
+
+from omni_actors.models.release import ReleaseWriter
+
+from .configs import quiet_transformers
+from .layout import STAGES
+from .weights import STAGE_CLASSES, Progress, front_end_configs, release_tensors, stage_config_of
+
+__all__ = ["QWEN3_OMNI_30B_A3B", "RELEASE_SHARD_BYTES", "real_config", "write_random_release"]
+
+QWEN3_OMNI_30B_A3B: Final = "qwen3_omni_30b_a3b.json"
+"""The composite ``config.json`` of ``Qwen/Qwen3-Omni-30B-A3B-Instruct`` (shipped beside
+this module): every size, special id and speaker as the release has them."""
+
+RELEASE_SHARD_BYTES: Final = 5_000_000_000
+"""The release's shard size: its 66 GiB in 14 shards, then code2wav's own."""
+
+_STD: Final = 0.02
+
+
+def real_config(name: str = QWEN3_OMNI_30B_A3B) -> dict[str, Any]:
+    """A shipped release ``config.json``, as a dict."""
+    text = resources.files(__package__).joinpath(name).read_text()
+    config: dict[str, Any] = json.loads(text)
+    return config
+
+
+def _draw(
+    name: str, shape: torch.Size, dtype: torch.dtype, device: torch.device, seed: int
+) -> torch.Tensor:
+    """Tensor ``name``'s random values (module docstring), the same for the same seed."""
+    leaf = name.rsplit(".", 2)
+    last = leaf[-1]
+    module = leaf[-2] if len(leaf) > 1 else ""
+    if last == "bias" or last in ("alpha", "beta"):
+        return torch.zeros(shape, dtype=dtype, device=device)
+    if ("norm" in module and last == "weight") or module in ("ln_q", "ln_post"):
+        return torch.ones(shape, dtype=dtype, device=device)
+    if last == "scale":
+        return torch.full(shape, 0.01, dtype=dtype, device=device)
+    generator = torch.Generator(device=device).manual_seed(
+        seed * 1_000_003 + zlib.crc32(name.encode())
+    )
+    values = torch.empty(shape, dtype=torch.float32, device=device)
+    return values.normal_(0.0, _STD, generator=generator).to(dtype)
+
+
+def write_random_release(
+    out: Path,
+    config: Mapping[str, Any],
+    *,
+    seed: int = 0,
+    device: torch.device | str | None = None,
+    dtype: torch.dtype = torch.bfloat16,
+    max_shard_bytes: int = RELEASE_SHARD_BYTES,
+    progress: Progress | None = None,
+) -> Path:
+    """Write a release of ``config``'s shapes with seeded random weights into ``out``.
+
+    Args:
+        out: replaced by the release (written beside it, moved into place whole).
+        config: the composite ``config.json``.
+        seed: the weights' seed.
+        device: where tensors are drawn (default: the GPU if there is one).
+        dtype: the stored dtype (the release's is bfloat16).
+        max_shard_bytes: the largest shard.
+        progress: ``progress(stage, done, total)`` as each stage's tensors are written.
+
+    Returns:
+        ``out``.
+    """
+    where = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
+    stored = {**config, "dtype": str(dtype).removeprefix("torch.")}
+    with ReleaseWriter(Path(out), max_shard_bytes=max_shard_bytes) as writer:
+        for done, stage in enumerate(STAGES, start=1):
+            part = stage_config_of(stored, stage, Path(out) / "config.json")
+            with quiet_transformers(), torch.device("meta"):
+                model = STAGE_CLASSES[stage]._from_config(part, dtype=dtype)
+            if stage == "code2wav":
+                writer.new_shard()
+            for name, meta in release_tensors(stage, model.state_dict()):
+                writer.add(name, _draw(name, meta.shape, dtype, where, seed).cpu())
+            if progress is not None:
+                progress(stage, done, len(STAGES))
+        writer.write_json("config.json", stored)
+        for name, data in front_end_configs().items():
+            writer.write_json(name, data)
+        writer.write_json("generation_config.json", {"do_sample": False})
+    return Path(out)
