@@ -111,8 +111,8 @@ def _code_predictor(config: CudaBenchConfig) -> dict[str, Any]:
 
     device = torch.device(config.device)
     torch.cuda.set_device(device)
-    path = prepare("tiny-omni", cache_dir=config.cache_dir, seed=config.seed) / "talker"
-    talker: Any = weights.load(path, device=device)
+    path = prepare("tiny-omni", cache_dir=config.cache_dir, seed=config.seed)
+    talker: Any = weights.load(path, "talker", device=device)
     width = int(talker.config.text_config.hidden_size)
     gen = torch.Generator(device=device).manual_seed(config.seed)
     inputs = [

@@ -31,6 +31,9 @@ DEFAULT_RELEASE = "tiny-omni"
 """The release the engines load when their ``model`` argument names none."""
 
 
+_ENGINES = "omni_actors.actors.engines.qwen3_omni"
+
+
 def _prepare_tiny(out_dir: Path, seed: int, progress: Progress | None) -> None:
     from omni_actors.actors.engines.qwen3_omni.weights import build
 
@@ -57,9 +60,8 @@ def _verify_weights(out_dir: Path) -> None:
 QWEN3_OMNI = ModelFamily(
     name="qwen3-omni",
     engines={
-        "qwen3-omni.thinker": "omni_actors.actors.engines.qwen3_omni.thinker_engine:ThinkerEngine",
-        "qwen3-omni.talker": "omni_actors.actors.engines.qwen3_omni.talker_engine:TalkerEngine",
-        "qwen3-omni.code2wav": "omni_actors.actors.engines.qwen3_omni.code2wav_engine:Code2WavEngine",
+        f"qwen3-omni.{stage}": f"{_ENGINES}.{stage}_engine:{name}Engine"
+        for stage, name in (("thinker", "Thinker"), ("talker", "Talker"), ("code2wav", "Code2Wav"))
     },
     default_model=DEFAULT_RELEASE,
 )

@@ -29,7 +29,7 @@ from omni_actors.models.release import ReleaseWriter
 
 from .configs import quiet_transformers
 from .layout import STAGES
-from .weights import STAGE_CLASSES, Progress, front_end_configs, release_tensors, stage_config_of
+from .weights import Progress, build_stage, front_end_configs, release_tensors, stage_config_of
 
 __all__ = ["QWEN3_OMNI_30B_A3B", "RELEASE_SHARD_BYTES", "real_config", "write_random_release"]
 
@@ -100,7 +100,7 @@ def write_random_release(
         for done, stage in enumerate(STAGES, start=1):
             part = stage_config_of(stored, stage, Path(out) / "config.json")
             with quiet_transformers(), torch.device("meta"):
-                model = STAGE_CLASSES[stage]._from_config(part, dtype=dtype)
+                model = build_stage(stage, part, dtype)
             if stage == "code2wav":
                 writer.new_shard()
             for name, meta in release_tensors(stage, model.state_dict()):

@@ -62,6 +62,7 @@ __all__ = [
     "STAGE_CLASSES",
     "Progress",
     "build",
+    "build_stage",
     "front_end_configs",
     "load",
     "release_config",
@@ -122,6 +123,14 @@ def stage_config_of(config: Mapping[str, Any], stage: str, path: Path) -> PreTra
     except Exception as error:  # a field of the wrong type or value: the file's fault
         problem = f"has a {stage}_config that is no valid {_CONFIGS[stage].__name__} ({error})"
         raise ModelFileError(path, problem, REBUILD) from error
+
+
+def build_stage(stage: str, config: PreTrainedConfig, dtype: torch.dtype) -> PreTrainedModel:
+    """``stage``'s module from its config, on the current default device (a ``with
+    torch.device(...)`` around the call: the stage's own, or ``meta`` for shapes only)."""
+    # transformers' ``_from_config`` is untyped; it builds the class it is called on.
+    build: Callable[..., PreTrainedModel] = STAGE_CLASSES[stage]._from_config
+    return build(config, dtype=dtype)
 
 
 def release_dtype(release: Release, stage: str) -> torch.dtype:
@@ -207,7 +216,7 @@ def load(
     device = torch.device(device or "cpu")
     with quiet_transformers(), torch.device(device):
         # Built where it runs: the host never holds the stage, whatever its size.
-        model = STAGE_CLASSES[stage]._from_config(config, dtype=dtype)
+        model = build_stage(stage, config, dtype)
     model.train(False)
     model.requires_grad_(False)
     state = model.state_dict(keep_vars=True)
