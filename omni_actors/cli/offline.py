@@ -67,7 +67,11 @@ def run_command(ns: argparse.Namespace) -> int:
         return 2
     from omni_actors import run
 
-    return run(_request(spec, ns.text, audio, ns.out))
+    try:
+        return run(_request(spec, ns.text, audio, ns.out))
+    except OmniError as exc:  # the pipeline did not start: a model it cannot load, say
+        print(f"omni-actors run: {exc}", file=sys.stderr)
+        return 2
 
 
 class _UsageError(Exception):

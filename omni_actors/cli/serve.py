@@ -121,7 +121,11 @@ def serve_command(ns: argparse.Namespace) -> int:
     torch.set_num_threads(1)
     from omni_actors import run
 
-    return run(_serve(settings, spec, ns.ready_file))
+    try:
+        return run(_serve(settings, spec, ns.ready_file))
+    except OmniError as exc:  # the pipeline did not start: a model it cannot load, say
+        print(f"omni-actors serve: {exc}", file=sys.stderr)
+        return 2
 
 
 async def _serve(settings: ServerSettings, spec: PipelineSpec, ready_file: str | None) -> int:
