@@ -1,0 +1,35 @@
+#!/usr/bin/env bash
+# The full-size random Qwen3-Omni release on a machine with two GPUs and no package
+# registry: set up (the wheels of tests/gpu/conftest.py in .whl/), write the release
+# (omni-actors prepare qwen3-omni-random), load each stage onto its GPU (bench load),
+# then run one request through the qwen3-omni preset. Run from the repository root:
+#   bash benchmarks/qwen3_omni_random_gpu.sh [setup] [prepare] [load] [run]
+# Results go to $OUT (default benchmarks/results); the release to $RELEASE (/tmp/q3).
+set -euo pipefail
+OUT=${OUT:-benchmarks/results}
+RELEASE=${RELEASE:-/tmp/q3}
+export PYTHONPATH=/tmp/site
+omni() { python3 -m omni_actors.cli "$@"; }
+steps=("$@")
+[ $# -gt 0 ] || steps=(setup prepare load run)
+for step in "${steps[@]}"; do
+  case $step in
+    setup)
+      python3 -m pip install -q --no-index --no-deps --target /tmp/site .whl/*.whl
+      python3 -m pip install -q --no-deps --no-build-isolation -e . 2>&1 | tail -1
+      nvidia-smi --query-gpu=name,memory.total --format=csv,noheader
+      df -h "$(dirname "$RELEASE")" | tail -1; free -g | head -2 ;;
+    prepare)
+      start=$(date +%s)
+      omni prepare qwen3-omni-random --out "$RELEASE" 2>&1 | tr '\r' '\n' | tail -2
+      echo "prepare_s=$(( $(date +%s) - start ))"
+      du -sh "$RELEASE"; ls "$RELEASE" | tr '\n' ' '; echo ;;
+    load)
+      omni bench load --model "$RELEASE" --stage thinker=cuda:0 --stage talker=cuda:1 \
+        --stage code2wav=cuda:1 --json --quiet > "$OUT/qwen3_omni_random_load.json"
+      cat "$OUT/qwen3_omni_random_load.json" ;;
+    run)
+      omni run --preset qwen3-omni --model "$RELEASE" --text "Hello, who are you?" \
+        --out "$OUT/qwen3_omni_random_reply.wav" 2>&1 | tail -20 ;;
+  esac
+done
