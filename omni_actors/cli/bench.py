@@ -402,6 +402,64 @@ def _bench_load(ns: argparse.Namespace) -> dict[str, Any]:
         raise SystemExit(f"omni-actors bench load: {exc}") from None
 
 
+# -- bench boundary ------------------------------------------------------------------
+
+
+def _add_boundary_options(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--model",
+        default="tiny-omni",
+        help="a release directory, a Hugging Face repo id, or a prepared family (tiny-omni)",
+    )
+    parser.add_argument(
+        "--left-context",
+        type=int,
+        nargs="+",
+        default=[0, 4, 12, 25, 50, 72],
+        help="left context frames to measure (default 0 4 12 25 50 72)",
+    )
+    parser.add_argument("--initial-frames", type=positive_int, default=4, help="first chunk")
+    parser.add_argument("--frames", type=positive_int, default=25, help="new frames per chunk")
+    parser.add_argument(
+        "--utterance-frames", type=positive_int, default=200, help="frames decoded (200: 16 s)"
+    )
+    parser.add_argument("--device", default="cpu", help="cpu, cuda, cuda:N")
+    parser.add_argument("--cache-dir", type=Path, default=None, help="weights cache")
+    parser.add_argument("--seed", type=int, default=0, help="seed of the codes and a family")
+
+
+def _bench_boundary(ns: argparse.Namespace) -> dict[str, Any]:
+    from omni_actors.bench.boundary import run_boundary_bench
+    from omni_actors.models.cache import locate
+
+    try:
+        model = locate(ns.model, cache_dir=ns.cache_dir, seed=ns.seed, prefixes=("code2wav.",))
+        return run(
+            run_boundary_bench(
+                model,
+                left_contexts=ns.left_context,
+                initial_frames=ns.initial_frames,
+                frames=ns.frames,
+                utterance_frames=ns.utterance_frames,
+                device=ns.device,
+                seed=ns.seed,
+            )
+        )
+    except (OmniError, ValueError) as exc:
+        raise SystemExit(f"omni-actors bench boundary: {exc}") from None
+
+
+def _boundary_summary(result: dict[str, Any]) -> list[str]:
+    lines = ["left_context  chunks  max_err    rms_err    boundary_max  boundary_rms  signal_rms"]
+    for context, row in result["left_context"].items():
+        lines.append(
+            f"{context:>12}  {row['chunks']:>6}  {row['max_error']:.3e}  {row['rms_error']:.3e}"
+            f"  {row['boundary_max_error']:.3e}     {row['boundary_rms_error']:.3e}"
+            f"     {row['signal_rms']:.3e}"
+        )
+    return lines
+
+
 BENCH_TARGETS: dict[str, BenchTarget] = {
     "actors": BenchTarget(
         "tell throughput vs a bare asyncio.Queue hop, and ask latency",
@@ -446,6 +504,13 @@ BENCH_TARGETS: dict[str, BenchTarget] = {
         add_soak_options,
         bench_soak,
         soak_table,
+    ),
+    "boundary": BenchTarget(
+        "code2wav streamed under a chunk policy vs decoded one-shot, per left context: max "
+        "and RMS sample error overall and right after each window boundary",
+        _add_boundary_options,
+        _bench_boundary,
+        _boundary_summary,
     ),
     "load": BenchTarget(
         "each stage of a Qwen3-Omni release loaded onto its device as its engine loads it: "

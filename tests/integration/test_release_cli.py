@@ -85,3 +85,18 @@ def test_bench_load_reports_each_stage_and_the_shards_it_opened(
         assert entry["seconds"] >= 0
         assert entry["weights_gib"] > 0
     assert len(report["stages"]["code2wav"]["shards_opened"]) == 1
+
+
+def test_bench_boundary_measures_what_a_left_context_costs(
+    release: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    argv = ["bench", "boundary", "--json", "--quiet", "--model", str(release)]
+    assert main([*argv, "--left-context", "0", "25", "--utterance-frames", "60"]) == 0
+    rows = json.loads(capsys.readouterr().out)["left_context"]
+    # tiny-omni's decoder sees 20 frames back: 25 frames of context decode every window
+    # as the one-shot decode does; none leaves an audible seam right after each boundary.
+    assert rows["25"]["max_error"] < 1e-5
+    assert rows["0"]["boundary_max_error"] > 1e-3
+    assert rows["0"]["boundary_max_error"] == rows["0"]["max_error"]
+    assert rows["0"]["chunks"] == rows["25"]["chunks"] == 4  # 4 + 25 + 25 + 6
+    assert rows["0"]["signal_rms"] > 1e-3

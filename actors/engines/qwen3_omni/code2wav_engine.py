@@ -131,6 +131,13 @@ class Code2WavEngine(BatchedTorchEngine[_Session, _Window, Piece]):
     def _load(self, path: Path) -> None:
         self._model = Code2WavModel(path, self.device)
 
+    @property
+    def model(self) -> Code2WavModel:
+        """The decoder (once started): its codebooks, codebook size and samples per frame."""
+        if self._model is None:
+            raise EngineStoppedError("code2wav is not started")
+        return self._model
+
     def _run_steps(self, steps: list[_Window]) -> list[Piece]:
         assert self._model is not None
         codes = torch.stack([window.codes for window in steps])
