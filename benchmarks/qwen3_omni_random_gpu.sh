@@ -3,7 +3,7 @@
 # registry: set up (the wheels of tests/gpu/conftest.py in .whl/), write the release
 # (omni-actors prepare qwen3-omni-random), load each stage onto its GPU (bench load),
 # then run one request through the qwen3-omni preset. Run from the repository root:
-#   bash benchmarks/qwen3_omni_random_gpu.sh [setup] [prepare] [load] [run]
+#   bash benchmarks/qwen3_omni_random_gpu.sh [setup] [prepare] [load] [boundary] [run]
 # Results go to $OUT (default benchmarks/results); the release to $RELEASE (/tmp/q3).
 set -euo pipefail
 OUT=${OUT:-benchmarks/results}
@@ -11,7 +11,7 @@ RELEASE=${RELEASE:-/tmp/q3}
 export PYTHONPATH=/tmp/site
 omni() { python3 -m omni_actors.cli "$@"; }
 steps=("$@")
-[ $# -gt 0 ] || steps=(setup prepare load run)
+[ $# -gt 0 ] || steps=(setup prepare load boundary run)
 for step in "${steps[@]}"; do
   case $step in
     setup)
@@ -28,6 +28,10 @@ for step in "${steps[@]}"; do
       omni bench load --model "$RELEASE" --stage thinker=cuda:0 --stage talker=cuda:1 \
         --stage code2wav=cuda:1 --json --quiet > "$OUT/qwen3_omni_random_load.json"
       cat "$OUT/qwen3_omni_random_load.json" ;;
+    boundary)
+      omni bench boundary --model "$RELEASE" --device cuda:1 --left-context 0 4 12 25 50 72 \
+        --json --quiet > "$OUT/qwen3_omni_random_boundary.json"
+      cat "$OUT/qwen3_omni_random_boundary.json" ;;
     run)
       omni run --preset qwen3-omni --model "$RELEASE" --text "Hello, who are you?" \
         --out "$OUT/qwen3_omni_random_reply.wav" 2>&1 | tail -20 ;;
