@@ -22,6 +22,9 @@ import pytest
 pytest.importorskip("transformers")
 
 import torch
+from tiny_omni_ids import (
+    PRINTABLE_RANGES,
+)
 
 from omni_actors.actors.engines.contract import Fields
 from omni_actors.actors.engines.qwen3_omni import configs
@@ -60,7 +63,11 @@ def cache_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 async def _reply(cache_dir: Path, text: str, min_tokens: int, max_tokens: int) -> list[Fields]:
     args = ThinkerArgs(
-        seed=0, cache_dir=str(cache_dir), min_new_tokens=min_tokens, max_new_tokens=max_tokens
+        seed=0,
+        cache_dir=str(cache_dir),
+        min_new_tokens=min_tokens,
+        max_new_tokens=max_tokens,
+        allowed_token_ranges=PRINTABLE_RANGES,
     )
     thinker = ThinkerEngine(args)
     await thinker.start()
