@@ -82,13 +82,15 @@ class ThinkerModel:
         allowed_token_ranges: list[tuple[int, int]] | None = None,
     ) -> None:
         device = device or torch.device("cpu")
-        self.vocabulary = vocabulary = Vocabulary.load(path)
-        ids = vocabulary.ids
         release = Release.open(path, remedy=layout.REBUILD)
         thinker = weights.load(path, "thinker", device=device, release=release)
         assert isinstance(thinker, Qwen3OmniMoeThinkerForConditionalGeneration)
         self._thinker = thinker
         self._accept_layer = layout.accept_hidden_layer(release.config, path / "config.json")
+        # After the config's own checks: AutoTokenizer reads config.json too, and would
+        # blame the directory for a config it cannot parse.
+        self.vocabulary = vocabulary = Vocabulary.load(path)
+        ids = vocabulary.ids
         self.text_config = cast(PreTrainedConfig, thinker.config.text_config)
         audio = cast(PreTrainedConfig, thinker.config.audio_config)
         self._n_window, self._n_window_infer = int(audio.n_window), int(audio.n_window_infer)

@@ -99,6 +99,7 @@ class Vocabulary:
         release_dir = Path(release_dir)
         config_path = release_dir / "config.json"
         config = read_json(config_path, remedy=_REMEDY)
+        _check_id_types(config, config_path)  # before AutoTokenizer, which parses the config
         tokenizer = load_tokenizer(release_dir, remedy=_REMEDY)
         template_file = _set_chat_template(tokenizer, release_dir)
         newline = tokenizer.encode("\n", add_special_tokens=False)
@@ -194,6 +195,20 @@ def _set_chat_template(tokenizer: Any, release_dir: Path) -> Path:
         if name == "chat_template.json":
             raise ModelFileError(path, "has no chat_template string", _REMEDY)
     raise ModelFileError(release_dir / "chat_template.json", "is missing", _REMEDY)
+
+
+def _check_id_types(config: Mapping[str, Any], path: Path) -> None:
+    """Every special id the config must hold is an int (ids checked against names later)."""
+    thinker = config.get("thinker_config")
+    parts = ((config, _TOP_LEVEL, ""), (thinker if isinstance(thinker, dict) else {}, _THINKER, "thinker_config."))
+    keys = [(part, key, where) for part, names, where in parts for key, _ in names.values()]
+    keys += [(config, f"{role}_token_id", "") for role in _ROLES]
+    for part, key, where in keys:
+        if key == "audio_end_token_id" and key not in part:
+            continue  # Qwen's config lacks it: the tokenizer's <|audio_end|>
+        value = part.get(key)
+        if not isinstance(value, int) or isinstance(value, bool):
+            raise ModelFileError(path, f"has no {where}{key} id (found {value!r})", _REMEDY)
 
 
 def _special_id(
