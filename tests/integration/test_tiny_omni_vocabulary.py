@@ -186,6 +186,15 @@ def _edit_json(path: Path, **changes: Any) -> None:
     path.write_text(json.dumps(data))
 
 
+def _no_template(path: Path) -> None:
+    """No chat template anywhere: neither its file nor ``tokenizer_config.json``'s key."""
+    path.unlink()
+    config = path.parent / "tokenizer_config.json"
+    data = json.loads(config.read_text())
+    del data["chat_template"]
+    config.write_text(json.dumps(data))
+
+
 @pytest.mark.parametrize(
     ("name", "damage", "problem"),
     [
@@ -193,7 +202,7 @@ def _edit_json(path: Path, **changes: Any) -> None:
         ("tokenizer.json", lambda p: p.write_bytes(p.read_bytes()[:500]), "no valid tokenizer"),
         ("vocab.json", lambda p: p.write_text('{"a": "b"}'), "something else than an id"),
         ("merges.txt", lambda p: p.write_text("#version: 0.2\nu s e\n"), "line 2"),
-        ("chat_template.json", lambda p: p.unlink(), "is missing"),
+        ("chat_template.json", lambda p: _no_template(p), "is missing"),
         ("chat_template.json", lambda p: p.write_text("{}"), "no chat_template"),
         (
             "config.json",

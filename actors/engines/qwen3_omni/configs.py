@@ -198,11 +198,14 @@ def _thinker(seed: int, vocab: TinyVocab) -> Qwen3OmniMoeThinkerConfig:
         vision_config=vision,
         audio_token_id=vocab.id("<|audio_pad|>"),
         audio_start_token_id=vocab.id("<|audio_start|>"),
-        audio_end_token_id=vocab.id("<|audio_end|>"),
         image_token_id=vocab.id("<|image_pad|>"),
         video_token_id=vocab.id("<|video_pad|>"),
         user_token_id=vocab.id("user"),
-        **_undeclared(seed, vision_start_token_id=vocab.id("<|vision_start|>")),
+        **_undeclared(
+            seed,
+            vision_start_token_id=vocab.id("<|vision_start|>"),
+            audio_end_token_id=vocab.id("<|audio_end|>"),
+        ),
     )
 
 

@@ -271,9 +271,7 @@ def _feature_extractor(path: Path) -> WhisperFeatureExtractor:
     read_json(file, remedy=layout.REBUILD)
     try:
         with configs.quiet_transformers():
-            extractor = WhisperFeatureExtractor.from_pretrained(  # type: ignore[no-untyped-call]
-                str(path), local_files_only=True
-            )
+            extractor = WhisperFeatureExtractor.from_pretrained(str(path), local_files_only=True)
     except Exception as error:  # the file parsed, yet is no Whisper extractor's config
         problem = f"is no WhisperFeatureExtractor config ({error})"
         raise ModelFileError(file, problem, layout.REBUILD) from error

@@ -19,7 +19,7 @@ other values than the defaults checks that nothing reads tiny-omni's ids by habi
 Files (:func:`write_tokenizer`): ``vocab.json`` and ``merges.txt`` (what
 ``Qwen2Tokenizer`` builds from), ``tokenizer.json`` (the same tokenizer for fast loaders:
 Qwen's NFC normalizer, its split regex, byte-level symbols), ``tokenizer_config.json``
-(``added_tokens_decoder`` with the special tokens, as Qwen's),
+(``added_tokens_decoder`` with the special tokens, as Qwen's; the chat template too),
 ``special_tokens_map.json`` and ``chat_template.json``.
 """
 
@@ -223,20 +223,21 @@ class TinyVocab:
 def _tokenizer(vocab: TinyVocab) -> Tokenizer:
     merges = [(left, right) for left, right in MERGES]
     tokenizer = Tokenizer(models.BPE(vocab=dict(vocab.vocab), merges=merges))
-    tokenizer.normalizer = normalizers.NFC()  # type: ignore[assignment]
-    tokenizer.pre_tokenizer = pre_tokenizers.Sequence(  # type: ignore[assignment]
+    tokenizer.normalizer = normalizers.NFC()
+    tokenizer.pre_tokenizer = pre_tokenizers.Sequence(
         [
             pre_tokenizers.Split(Regex(_QWEN_SPLIT), behavior="isolated", invert=False),
             pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
         ]
     )
-    tokenizer.decoder = decoders.ByteLevel()  # type: ignore[assignment]
+    tokenizer.decoder = decoders.ByteLevel()
     specials = vocab.specials
     # Added tokens take the next free ids in order: exactly their ids in ``specials``.
     tokenizer.add_special_tokens(
         [AddedToken(specials[i], special=True, normalized=False) for i in sorted(specials)]
     )
-    wrong = {t: tokenizer.token_to_id(t) for i, t in specials.items() if tokenizer.token_to_id(t) != i}
+    got = {t: tokenizer.token_to_id(t) for t in specials.values()}
+    wrong = {t: got[t] for i, t in specials.items() if got[t] != i}
     if wrong:
         raise RuntimeError(f"special tokens got other ids than the layout's: {wrong}")
     return tokenizer
@@ -292,6 +293,9 @@ def write_tokenizer(out_dir: Path, vocab: TinyVocab | None = None) -> None:
         "errors": "replace",
         "model_max_length": 32768,
         "split_special_tokens": False,
+        # Also here: AutoTokenizer reads a template from this file, not chat_template.json
+        # (which processors read), and a server such as vLLM loads the tokenizer alone.
+        "chat_template": CHAT_TEMPLATE,
     }
     special_map = {"eos_token": eos, "pad_token": pad, "additional_special_tokens": names}
     files = {

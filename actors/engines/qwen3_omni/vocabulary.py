@@ -104,9 +104,8 @@ class Vocabulary:
         template_file = _set_chat_template(tokenizer, release_dir)
         newline = tokenizer.encode("\n", add_special_tokens=False)
         if len(newline) != 1:
-            raise ModelFileError(
-                release_dir / "tokenizer.json", f'encodes "\\n" as {newline}, not one token', _REMEDY
-            )
+            problem = f'encodes "\\n" as {newline}, not one token'
+            raise ModelFileError(release_dir / "tokenizer.json", problem, _REMEDY)
         found: dict[str, int] = {"newline": newline[0]}
         thinker = config.get("thinker_config")
         thinker = thinker if isinstance(thinker, dict) else {}
@@ -200,7 +199,8 @@ def _set_chat_template(tokenizer: Any, release_dir: Path) -> Path:
 def _check_id_types(config: Mapping[str, Any], path: Path) -> None:
     """Every special id the config must hold is an int (ids checked against names later)."""
     thinker = config.get("thinker_config")
-    parts = ((config, _TOP_LEVEL, ""), (thinker if isinstance(thinker, dict) else {}, _THINKER, "thinker_config."))
+    thinker = thinker if isinstance(thinker, dict) else {}
+    parts = ((config, _TOP_LEVEL, ""), (thinker, _THINKER, "thinker_config."))
     keys = [(part, key, where) for part, names, where in parts for key, _ in names.values()]
     keys += [(config, f"{role}_token_id", "") for role in _ROLES]
     for part, key, where in keys:
@@ -216,7 +216,8 @@ def _special_id(
 ) -> int:
     """The id ``part[key]`` (from ``path``), checked against the tokenizer's ``token``."""
     known = tokenizer.convert_tokens_to_ids(token)
-    known = known if isinstance(known, int) and tokenizer.convert_ids_to_tokens(known) == token else None
+    if not isinstance(known, int) or tokenizer.convert_ids_to_tokens(known) != token:
+        known = None  # the tokenizer has no such token
     value = part.get(key, known if key == "audio_end_token_id" else None)
     if not isinstance(value, int) or isinstance(value, bool):
         raise ModelFileError(path, f"has no {where}{key} id (found {value!r})", _REMEDY)
