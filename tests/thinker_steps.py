@@ -13,7 +13,7 @@ from omni_actors.actors.engines.contract import KEPT_FIELD, REPLY_FIELD, TURN_FI
 
 COMMIT: Fields = {TURN_FIELD: "commit"}
 HI: Fields = {"text": "Hi"}
-AND: Fields = {"text": "And?"}
+AND: Fields = {"text": "And then?"}
 
 Step = Fields | Callable[[], Awaitable[None]]
 """An input item, or something to run (and maybe fail) before the next one."""

@@ -35,7 +35,7 @@ __all__ = [
 ]
 
 _MANIFEST = "prepared.json"
-_FORMAT = 4  # bumped when the layout of a prepared directory changes
+_FORMAT = 5  # bumped when the layout of a prepared directory changes
 
 
 class ModelNotPreparedError(OmniError):

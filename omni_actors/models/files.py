@@ -50,7 +50,12 @@ PICKLE_SUFFIXES: Final = (".bin", ".pt", ".pth", ".ckpt", ".pkl", ".pickle")
 INDEX: Final = "model.safetensors.index.json"
 """A sharded checkpoint's index: each tensor's name to the shard file that holds it."""
 
-_TOKENIZER_CONFIGS: Final = ("tokenizer_config.json", "special_tokens_map.json")
+_TOKENIZER_CONFIGS: Final = (
+    "tokenizer_config.json",
+    "special_tokens_map.json",
+    "chat_template.json",
+    "added_tokens.json",
+)
 
 
 def read_json(path: Path, *, remedy: str = "") -> dict[str, Any]:
@@ -173,14 +178,17 @@ def safetensors_weights(directory: Path, *, remedy: str = "") -> list[Path]:
 
 
 def check_tokenizer(directory: Path, *, remedy: str = "") -> None:
-    """Check the fast tokenizer in ``directory``: ``tokenizer.json`` and its JSON configs.
+    """Check the tokenizer in ``directory``: ``tokenizer.json``, the BPE files and the configs.
 
     ``tokenizer.json`` is parsed by ``tokenizers`` itself, so a vocabulary or a model of
-    the wrong shape is found too, not only broken JSON.
+    the wrong shape is found too, not only broken JSON. ``vocab.json`` and ``merges.txt``,
+    which a model-specific tokenizer class (``Qwen2Tokenizer``) builds from, are checked
+    when present: a vocabulary of token -> id, merges of two symbols a line.
 
     Raises:
-        ModelFileError: ``tokenizer.json`` is missing or does not load, or a tokenizer
-            config present beside it is no JSON object.
+        ModelFileError: ``tokenizer.json`` is missing or does not load, ``vocab.json`` or
+            ``merges.txt`` is malformed, or a tokenizer config present beside them is no
+            JSON object.
     """
     from tokenizers import Tokenizer
 
@@ -191,9 +199,30 @@ def check_tokenizer(directory: Path, *, remedy: str = "") -> None:
         Tokenizer.from_file(str(file))
     except Exception as error:  # tokenizers raises a bare Exception for any bad file
         raise ModelFileError(file, f"is no valid tokenizer ({error})", remedy) from error
+    vocab = directory / "vocab.json"
+    if vocab.exists():
+        entries = read_json(vocab, remedy=remedy)
+        if not all(isinstance(i, int) and not isinstance(i, bool) for i in entries.values()):
+            raise ModelFileError(vocab, "maps a token to something else than an id", remedy)
+    merges = directory / "merges.txt"
+    if merges.exists():
+        _check_merges(merges, remedy)
     for name in _TOKENIZER_CONFIGS:
         if (directory / name).exists():
             read_json(directory / name, remedy=remedy)
+
+
+def _check_merges(path: Path, remedy: str) -> None:
+    """``merges.txt``: UTF-8, a ``#version`` line or none, then two symbols a line."""
+    try:
+        lines = path.read_text(encoding="utf-8").splitlines()
+    except (OSError, UnicodeDecodeError) as error:
+        raise ModelFileError(path, f"is unreadable ({error})", remedy) from error
+    for number, line in enumerate(lines, start=1):
+        if (number == 1 and line.startswith("#version")) or not line:
+            continue
+        if len(line.split(" ")) != 2:
+            raise ModelFileError(path, f"line {number} is no merge of two symbols", remedy)
 
 
 def load_tokenizer(directory: Path, *, remedy: str = "") -> Any:

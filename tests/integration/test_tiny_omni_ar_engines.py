@@ -22,11 +22,11 @@ pytest.importorskip("transformers")
 
 import torch
 from thinker_driving import started
+from tiny_omni_ids import ASSISTANT_OPENING, PRINTABLE_RANGES, Tokens, user_turn
 from transformers import DynamicCache
 
 from omni_actors.actors.engines.contract import Fields
 from omni_actors.actors.engines.qwen3_omni import configs, stepping, weights
-from omni_actors.actors.engines.qwen3_omni.configs import Tokens
 from omni_actors.actors.engines.qwen3_omni.talker_engine import TalkerArgs, TalkerEngine
 from omni_actors.actors.engines.qwen3_omni.thinker_engine import ThinkerArgs, ThinkerEngine
 from omni_actors.actors.engines.registry import EngineArgsError, build_engine
@@ -44,6 +44,7 @@ def _args(cache_dir: Path, **extra: Any) -> dict[str, Any]:
 
 
 def thinker(cache_dir: Path, **extra: Any) -> AbstractAsyncContextManager[ThinkerEngine]:
+    extra = {"allowed_token_ranges": PRINTABLE_RANGES, **extra}
     return started(ThinkerEngine(ThinkerArgs(**_args(cache_dir, **extra))))
 
 
@@ -139,13 +140,13 @@ async def test_thinker_yields_tokens_and_the_talker_inputs_first(cache_dir: Path
         assert ("opening" in out) == ("tts" in out) == (k == 0)
     user, mask = user_rows(everything)
     opening, tts = (tensor(outputs[0], k) for k in ("opening", "tts"))
-    turn = [Tokens.IM_START, Tokens.USER, 10, *configs.encode_text(TEXT), Tokens.IM_END, 10]
+    turn = user_turn(TEXT)
     assert user.shape == (len(turn), 64)
     assert torch.equal(user, table(torch.tensor(turn)))  # text only: embeddings
     assert mask.dtype == torch.bool
     assert mask.shape == (len(turn),)
     assert not mask.any()
-    assert torch.equal(opening, table(torch.tensor([Tokens.IM_START, Tokens.ASSISTANT, 10])))
+    assert torch.equal(opening, table(torch.tensor(ASSISTANT_OPENING)))
     assert torch.equal(tts, table(torch.tensor([Tokens.TTS_BOS, Tokens.TTS_EOS, Tokens.TTS_PAD])))
 
 
@@ -170,6 +171,19 @@ async def test_thinker_respects_min_and_max_new_tokens(
     assert Tokens.IM_END not in ids(outputs)
 
 
+async def test_the_talker_refuses_a_speaker_the_checkpoint_lacks(cache_dir: Path) -> None:
+    """The voices are the checkpoint's ``talker_config.speaker_id``, known once it loads."""
+    engine = build_engine("qwen3-omni.talker", _args(cache_dir, speaker="Nobody"))
+    voices = "the checkpoint's voices are aiden, chelsie, ethan"
+    try:
+        with pytest.raises(ValueError, match=f"unknown speaker 'nobody': {voices}"):
+            await engine.start()
+    finally:
+        await engine.stop()
+    async with talker(cache_dir, speaker="Ethan") as engine:
+        assert engine.voices == ["aiden", "chelsie", "ethan"]
+
+
 def test_thinker_rejects_bad_args(cache_dir: Path) -> None:
     with pytest.raises(EngineArgsError, match=r"engine\.args\.min_new_tokens: Input should be"):
         build_engine("qwen3-omni.thinker", _args(cache_dir, min_new_tokens=-1))
@@ -178,8 +192,6 @@ def test_thinker_rejects_bad_args(cache_dir: Path) -> None:
     assert small.min_new_tokens == 4
     with pytest.raises(EngineArgsError, match=r"engine\.args\.max_tokens: Extra inputs"):
         build_engine("qwen3-omni.thinker", _args(cache_dir, max_tokens=8))
-    with pytest.raises(EngineArgsError, match="unknown speaker 'nobody'"):
-        build_engine("qwen3-omni.talker", _args(cache_dir, speaker="nobody"))
     with pytest.raises(EngineArgsError, match="stop_at_codec_eos"):
         build_engine("qwen3-omni.talker", _args(cache_dir, stop_at_codec_eos="yes"))
 
@@ -299,7 +311,7 @@ async def test_talker_follows_hf_schedule_with_audio_prompt(cache_dir: Path) -> 
         model,
         torch.cat((opening[None], embeds[0]), dim=1),
         (tts[None, 0:1], tts[None, 2:3]),
-        configs.SPEAKERS["ethan"],
+        model.config.speaker_id["ethan"],
     )
     texts = [*embeds[1:], tts[None, 1:2]]
     cache = DynamicCache(config=model.config.text_config)
@@ -376,9 +388,9 @@ async def test_talker_without_tokens_says_nothing(cache_dir: Path) -> None:
 
 
 async def test_talker_codec_eos_is_masked_unless_asked_to_stop(cache_dir: Path) -> None:
-    # With seed 0 the talker picks codec EOS at frame 243 of this answer's 256.
+    # With seed 0 the talker picks codec EOS at frame 91 of this answer's 256.
     said = await _thinker_output(
-        cache_dir, [{"text": "Hello there!"}], max_new_tokens=128, min_new_tokens=128
+        cache_dir, [{"text": "Tell me a story."}], max_new_tokens=128, min_new_tokens=128
     )
     async with talker(cache_dir) as engine:
         masked = codes(await run(engine, "s", feed(full_edge(said))))

@@ -19,11 +19,11 @@ import pytest
 pytest.importorskip("transformers")
 
 import torch
+from tiny_omni_ids import ASSISTANT_OPENING, Tokens, system_turn
 from tiny_omni_reference import assistant_turn, hf_reply, hf_user_turn, reference_model
 
 from omni_actors.actors.engines.contract import INSTRUCTIONS_FIELD
 from omni_actors.actors.engines.qwen3_omni import configs
-from omni_actors.actors.engines.qwen3_omni.conversation import system_turn
 from omni_actors.actors.engines.qwen3_omni.thinker_engine import ThinkerEngine
 from omni_actors.models.cache import prepare
 from omni_actors.pipeline.omni_pipeline import OmniPipeline
@@ -79,11 +79,11 @@ def assert_like_reference(
 ) -> None:
     """``said`` and ``audio`` == HF's reply to ``conversation`` (ending with a user turn, or
     a system turn behind one)."""
-    prompt = [*conversation, configs.Tokens.IM_START, configs.Tokens.ASSISTANT, 10]
+    prompt = [*conversation, *ASSISTANT_OPENING]
     ids = [ord(c) for c in said]  # byte-level tokens of printable text
     reference.captured.clear()
     sequences, wav = hf_reply(reference, prompt, len(ids), 2 * len(ids), MIN_TOKENS)
-    assert sequences[0, len(prompt) :].tolist() == [*ids, configs.Tokens.IM_END]
+    assert sequences[0, len(prompt) :].tolist() == [*ids, Tokens.IM_END]
     expected = wav.reshape(-1)
     # HF trims the decoder's last 555 samples (they wait for a next frame); the stream
     # ends the utterance with them.

@@ -19,13 +19,13 @@ pytest.importorskip("transformers")
 
 import torch
 from safetensors.torch import load_file, save_file
+from tiny_omni_ids import ASSISTANT_OPENING, Tokens, encode, feature_extractor, system_turn
 from transformers import DynamicCache, Qwen3OmniMoeConfig
 from transformers.models.qwen3_omni_moe.modeling_qwen3_omni_moe import (
     Qwen3OmniMoeForConditionalGeneration,
 )
 
 from omni_actors.actors.engines.qwen3_omni import configs, stepping, weights
-from omni_actors.actors.engines.qwen3_omni.configs import Tokens
 from omni_actors.errors import ModelFileError
 from omni_actors.models.release import INDEX, Release
 
@@ -47,8 +47,7 @@ def models(built: Path) -> Models:
 
 def _one_second(seed: int = 0) -> dict[str, torch.Tensor]:
     audio = np.random.default_rng(seed).standard_normal(16_000).astype(np.float32) * 0.1
-    extractor = configs.audio_feature_extractor()
-    features = extractor(
+    features = feature_extractor()(
         audio,
         sampling_rate=configs.AUDIO_SAMPLE_RATE,
         padding=True,
@@ -288,9 +287,10 @@ def test_code2wav_batches_equal_length_windows(models: Models) -> None:
 def test_codec_logit_mask_leaves_codebook_and_eos(models: Models) -> None:
     _, talker, _ = models
     vocab = talker.config.text_config.vocab_size
-    masked = stepping.mask_codec_logits(torch.zeros(2, vocab), vocab, Tokens.CODEC_EOS)
+    codec_eos = talker.config.codec_eos_token_id
+    masked = stepping.mask_codec_logits(torch.zeros(2, vocab), vocab, codec_eos)
     allowed = torch.isfinite(masked[0]).nonzero().flatten().tolist()
-    assert allowed == [*range(configs.CODEBOOK_SIZE), Tokens.CODEC_EOS]
+    assert allowed == [*range(configs.CODEBOOK_SIZE), codec_eos]
 
 
 @pytest.mark.integration
@@ -306,17 +306,10 @@ def test_step_functions_reproduce_hf_generate(models: Models) -> None:
     audio = _one_second(seed=1)
     n_window = thinker.config.audio_config.n_window
     n_audio = stepping.audio_token_count(int(audio["feature_attention_mask"].sum()), n_window)
-    system = [
-        Tokens.IM_START,
-        Tokens.SYSTEM,
-        10,
-        *configs.encode_text("Be brief."),
-        Tokens.IM_END,
-        10,
-    ]
+    system = system_turn("Be brief.")
     user = [Tokens.IM_START, Tokens.USER, 10, Tokens.AUDIO_START, *[Tokens.AUDIO_PAD] * n_audio]
-    user += [Tokens.AUDIO_END, *configs.encode_text("Hi!"), Tokens.IM_END, 10]
-    prompt = [*system, *user, Tokens.IM_START, Tokens.ASSISTANT, 10]
+    user += [Tokens.AUDIO_END, *encode("Hi!"), Tokens.IM_END, 10]
+    prompt = [*system, *user, *ASSISTANT_OPENING]
     ids = torch.tensor([prompt])
     n_text, n_codes = 8, 12
     sequences, wav = reference.generate(
@@ -358,7 +351,7 @@ def test_step_functions_reproduce_hf_generate(models: Models) -> None:
     bos, eos, pad = tts[:, 0:1], tts[:, 1:2], tts[:, 2:3]
     first_four = torch.cat((prefill.embeds[:, a0:], fed[0]), dim=1)
     prefix = stepping.talker_assistant_prefix(
-        talker, first_four, (bos, pad), configs.SPEAKERS["ethan"]
+        talker, first_four, (bos, pad), talker.config.speaker_id["ethan"]
     )
     text_inputs = [talker.text_projection(e) for e in [*fed[1:], eos]]
     pad_input = talker.text_projection(pad)

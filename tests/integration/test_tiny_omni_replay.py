@@ -33,6 +33,12 @@ from thinker_steps import (
     truncate,
     user_rows,
 )
+from tiny_omni_ids import (
+    ASSISTANT_OPENING,
+    PRINTABLE,
+    assistant_turn,
+    user_turn,
+)
 from transformers import DynamicCache
 
 from omni_actors.actors.engines.contract import (
@@ -41,10 +47,8 @@ from omni_actors.actors.engines.contract import (
     TURN_FIELD,
     Fields,
 )
-from omni_actors.actors.engines.qwen3_omni import configs, stepping
-from omni_actors.actors.engines.qwen3_omni.configs import Tokens
+from omni_actors.actors.engines.qwen3_omni import stepping
 from omni_actors.actors.engines.qwen3_omni.thinker_engine import ThinkerEngine
-from omni_actors.actors.engines.qwen3_omni.thinker_model import PRINTABLE
 from omni_actors.actors.engines.thinker_ports import THINKER_INPUTS
 from omni_actors.actors.engines.turn_marks import TurnMarkError
 
@@ -52,17 +56,17 @@ pytestmark = pytest.mark.integration
 
 
 def user(text: str) -> list[int]:
-    return [Tokens.IM_START, Tokens.USER, 10, *configs.encode_text(text), Tokens.IM_END, 10]
+    return user_turn(text)
 
 
 def assistant(tokens: Sequence[int]) -> list[int]:
-    return [Tokens.IM_START, Tokens.ASSISTANT, 10, *tokens, Tokens.IM_END, 10]
+    return assistant_turn(tokens)
 
 
 def reference(model: Any, conversation: list[int], count: int = 6) -> list[int]:
     """The greedy reply to ``conversation`` by plain forwards (the engine's token rules,
     ``<|im_end|>`` allowed from ``count`` tokens on)."""
-    prompt = [*conversation, Tokens.IM_START, Tokens.ASSISTANT, 10]
+    prompt = [*conversation, *ASSISTANT_OPENING]
     allowed = torch.full((model.config.text_config.vocab_size,), float("-inf"))
     allowed[list(PRINTABLE)] = 0.0
     cache = DynamicCache(config=model.config.text_config)
@@ -98,7 +102,7 @@ async def test_a_replayed_conversation_answers_as_the_original(cache_dir: Path, 
         after_a, after_b = [ids(await respond(engine, s, {"text": "Ok"})) for s in "ab"]
         assert engine.last_reply("unknown") is None
     assert ids(replayed) == r2
-    assert r2 == reference(model, [*user("Hi"), *assistant(r1), *user("And?")])
+    assert r2 == reference(model, [*user("Hi"), *assistant(r1), *user(str(AND["text"]))])
     # The talker gets the user turns' rows as the first time, and nothing for the reply.
     assert torch.equal(user_rows(replayed), user_rows(first + second))
     assert after_b == after_a
@@ -183,7 +187,9 @@ async def test_closing_a_replay_keeps_what_it_took(cache_dir: Path) -> None:
         outputs = engine.generate("c", items([HI, reply(r1), AND]))
         assert [sorted(await anext(outputs)) for _ in range(2)] == [["user", "user_mask"]] * 2
         await outputs.aclose()
-        assert engine.cached_tokens("c") == len(user("Hi")) + 3 + len(r1) + 2 + len(user("And?"))
+        assert engine.cached_tokens("c") == len(user("Hi")) + 3 + len(r1) + 2 + len(
+            user(str(AND["text"]))
+        )
         assert engine.last_reply("c") is None
         answer = ids(await respond(engine, "c"))
         assert engine.last_reply("c") == tuple(answer)

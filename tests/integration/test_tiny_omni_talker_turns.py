@@ -26,6 +26,11 @@ pytest.importorskip("transformers")
 
 import torch
 from thinker_steps import tensor
+from tiny_omni_ids import (
+    ASSISTANT_OPENING,
+    PRINTABLE_RANGES,
+    Tokens,
+)
 from tiny_omni_reference import (
     assistant_turn,
     audio_clip,
@@ -36,7 +41,6 @@ from tiny_omni_reference import (
 
 from omni_actors.actors.engines.contract import KEPT_FIELD, TURN_FIELD, Fields, ResponseOptions
 from omni_actors.actors.engines.qwen3_omni import configs
-from omni_actors.actors.engines.qwen3_omni.configs import Tokens
 from omni_actors.actors.engines.qwen3_omni.talker_engine import TalkerArgs, TalkerEngine
 from omni_actors.actors.engines.qwen3_omni.talker_input import TalkerInputError
 from omni_actors.actors.engines.qwen3_omni.thinker_engine import ThinkerArgs, ThinkerEngine
@@ -70,7 +74,11 @@ async def talker(cache_dir: Path, **extra: Any) -> AsyncIterator[TalkerEngine]:
 @asynccontextmanager
 async def thinker(cache_dir: Path) -> AsyncIterator[ThinkerEngine]:
     args = ThinkerArgs(
-        seed=0, cache_dir=str(cache_dir), min_new_tokens=MIN_TOKENS, max_new_tokens=MAX_TOKENS
+        seed=0,
+        cache_dir=str(cache_dir),
+        min_new_tokens=MIN_TOKENS,
+        max_new_tokens=MAX_TOKENS,
+        allowed_token_ranges=PRINTABLE_RANGES,
     )
     engine = ThinkerEngine(args)
     await engine.start()
@@ -185,7 +193,7 @@ def reference(cache_dir: Path) -> Any:
 def assert_reply_equal(reference: Any, conversation: list[int], turn: Turn, **audio: Any) -> None:
     """``turn``'s text and codes == HF's generate on ``conversation`` (the user turns and
     replies so far, ending with the user's), asked for a reply."""
-    prompt = [*conversation, Tokens.IM_START, Tokens.ASSISTANT, 10]
+    prompt = [*conversation, *ASSISTANT_OPENING]
     assert turn.codes.shape == (2 * len(turn.ids), configs.DEFAULT_NUM_CODE_GROUPS)
     reference.captured.clear()
     sequences, _ = hf_reply(
@@ -283,8 +291,8 @@ async def test_voice_option_overrides_the_speaker_for_one_response(
         # An unknown voice fails that response only; the session goes on from before it.
         kept = engine.user_positions("s")
         unknown = ResponseOptions(voice="nobody")
-        known = r"\['aiden', 'chelsie', 'ethan'\]"
-        with pytest.raises(TalkerInputError, match=rf"unknown voice 'nobody'; known: {known}"):
+        known = "the checkpoint's voices are aiden, chelsie, ethan"
+        with pytest.raises(TalkerInputError, match=rf"unknown voice 'nobody': {known}"):
             await speak(engine, "s", Inputs(edge(conversation[2].said), unknown))
         assert engine.user_positions("s") == kept
         third = await speak(engine, "s", Inputs(edge(conversation[2].said)))

@@ -18,14 +18,19 @@ pytest.importorskip("transformers")
 import torch
 from thinker_driving import thinker
 from thinker_steps import ids, respond
+from tiny_omni_ids import (
+    ASSISTANT_OPENING,
+    PRINTABLE,
+    Tokens,
+    encode,
+    feature_extractor,
+)
 from transformers import DynamicCache
 
 from omni_actors.actors.engines.contract import Fields
 from omni_actors.actors.engines.qwen3_omni import configs, stepping
 from omni_actors.actors.engines.qwen3_omni.audio_stream import AudioClip
-from omni_actors.actors.engines.qwen3_omni.configs import Tokens
 from omni_actors.actors.engines.qwen3_omni.log_mel import LogMel
-from omni_actors.actors.engines.qwen3_omni.thinker_model import PRINTABLE
 
 pytestmark = pytest.mark.integration
 
@@ -52,7 +57,7 @@ def frames(samples: np.ndarray) -> list[Fields]:
 
 
 def whole_mel(samples: np.ndarray) -> torch.Tensor:
-    mel = LogMel(configs.audio_feature_extractor(), block=100)
+    mel = LogMel(feature_extractor(), block=100)
     mel.push(samples)
     return torch.cat((mel.take(), mel.finish()), dim=1)
 
@@ -78,7 +83,7 @@ def test_streamed_windows_equal_the_one_shot_encoder(model: Any, seconds: float)
     def encode(piece: torch.Tensor) -> torch.Tensor:
         return stepping.encode_audio(model, piece)
 
-    clip = AudioClip(LogMel(configs.audio_feature_extractor(), block=100), 50, 800)
+    clip = AudioClip(LogMel(feature_extractor(), block=100), 50, 800)
     pieces = []
     for start in range(0, len(samples), FRAME):
         clip.push(samples[start : start + FRAME])
@@ -106,8 +111,8 @@ async def test_streamed_audio_turn_equals_the_one_shot_forward(cache_dir: Path, 
     mel = whole_mel(samples)
     n_audio = stepping.audio_token_count(mel.shape[1], 50)
     turn = [Tokens.IM_START, Tokens.USER, 10, Tokens.AUDIO_START, *[Tokens.AUDIO_PAD] * n_audio]
-    turn += [Tokens.AUDIO_END, *configs.encode_text("?"), Tokens.IM_END, 10]
-    prompt = torch.tensor([[*turn, Tokens.IM_START, Tokens.ASSISTANT, 10]])
+    turn += [Tokens.AUDIO_END, *encode("?"), Tokens.IM_END, 10]
+    prompt = torch.tensor([[*turn, *ASSISTANT_OPENING]])
     cache = DynamicCache(config=model.config.text_config)
     step = stepping.thinker_forward(
         model,

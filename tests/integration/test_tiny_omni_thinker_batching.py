@@ -19,10 +19,13 @@ import pytest
 pytest.importorskip("transformers")
 
 import torch
+from tiny_omni_ids import (
+    PRINTABLE_RANGES,
+    Tokens,
+)
 
 from omni_actors.actors.engines.contract import Fields
-from omni_actors.actors.engines.qwen3_omni.configs import Tokens
-from omni_actors.actors.engines.qwen3_omni.conversation import Conversation, system_turn
+from omni_actors.actors.engines.qwen3_omni.conversation import Conversation
 from omni_actors.actors.engines.qwen3_omni.hf import DynamicCache
 from omni_actors.actors.engines.qwen3_omni.sampling import Sampling
 from omni_actors.actors.engines.qwen3_omni.thinker_engine import ThinkerArgs, ThinkerEngine
@@ -55,7 +58,7 @@ def decode(model: ThinkerModel, batches: list[list[int]]) -> list[list[int]]:
     conversations, tokens = [], []
     for text, sampling in zip(INSTRUCTIONS, samplings(), strict=True):
         conversation = Conversation(DynamicCache(config=model.text_config))
-        model.instruct(conversation, system_turn(text))
+        model.instruct(conversation, model.vocabulary.system_turn(text))
         token, _ = model.open_reply(conversation, None, sampling)
         conversations.append((conversation, sampling))
         tokens.append([token])
@@ -76,7 +79,7 @@ def test_a_padded_batch_decodes_each_session_as_alone(cache_dir: Path) -> None:
     drawing from their own generators. Exact tokens, though a batch changes float sums
     in the last bits: with the seed-0 weights no pick here is that close to a tie (on
     another CPU that flips one, compare the logits within ~1e-6 instead)."""
-    model = ThinkerModel(cache_dir / "tiny-omni" / "seed-0")
+    model = ThinkerModel(cache_dir / "tiny-omni" / "seed-0", allowed_token_ranges=PRINTABLE_RANGES)
     alone = decode(model, [[0], [1], [2]])
     together = decode(model, [[0, 1, 2]])
     assert together == alone
@@ -88,7 +91,13 @@ def test_a_padded_batch_decodes_each_session_as_alone(cache_dir: Path) -> None:
 
 @asynccontextmanager
 async def thinker(cache_dir: Path, **extra: Any) -> AsyncIterator[ThinkerEngine]:
-    args = ThinkerArgs(seed=0, cache_dir=str(cache_dir), min_new_tokens=8, **extra)
+    args = ThinkerArgs(
+        seed=0,
+        cache_dir=str(cache_dir),
+        min_new_tokens=8,
+        allowed_token_ranges=PRINTABLE_RANGES,
+        **extra,
+    )
     engine = ThinkerEngine(args)
     await engine.start()
     try:

@@ -31,10 +31,12 @@ from test_tiny_omni_thinker_turns import (
     user,
     user_outputs,
 )
+from tiny_omni_ids import (
+    system_turn,
+)
 
 from omni_actors.actors.engines.contract import INSTRUCTIONS_FIELD, Fields
-from omni_actors.actors.engines.qwen3_omni.configs import Tokens
-from omni_actors.actors.engines.qwen3_omni.conversation import system_turn
+from omni_actors.actors.engines.qwen3_omni.vocabulary import Vocabulary
 from omni_actors.pipeline.spec.pipeline import load_pipeline
 
 pytestmark = pytest.mark.integration
@@ -48,13 +50,14 @@ def instruct(text: str) -> Fields:
 
 def system(text: str) -> list[int]:
     """A system turn of the chat template, written out."""
-    return [Tokens.IM_START, Tokens.SYSTEM, 10, *text.encode(), Tokens.IM_END, 10]
+    return system_turn(text)
 
 
-def test_the_tiny_omni_thinker_declares_instructions() -> None:
+def test_the_tiny_omni_thinker_declares_instructions(cache_dir: Path) -> None:
     assert INSTRUCTIONS_FIELD in load_pipeline("tiny-omni").entry_inputs()
-    assert list(system_turn(TERSE)) == system(TERSE)
-    assert system_turn("") == ()
+    vocabulary = Vocabulary.load(cache_dir / "tiny-omni" / "seed-0")
+    assert list(vocabulary.system_turn(TERSE)) == system(TERSE)
+    assert vocabulary.system_turn("") == ()
 
 
 async def test_instructions_come_as_a_system_turn_before_the_user_turn(

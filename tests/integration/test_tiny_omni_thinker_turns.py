@@ -21,13 +21,18 @@ pytest.importorskip("transformers")
 import torch
 from thinker_driving import thinker
 from thinker_steps import ids, tensor, truncate
+from tiny_omni_ids import (
+    ASSISTANT_OPENING,
+    PRINTABLE,
+    Tokens,
+    assistant_turn,
+    user_turn,
+)
 from transformers import DynamicCache
 
 from omni_actors.actors.engines.contract import TURN_FIELD, Fields, ResponseOptions
-from omni_actors.actors.engines.qwen3_omni import configs, stepping
-from omni_actors.actors.engines.qwen3_omni.configs import Tokens
+from omni_actors.actors.engines.qwen3_omni import stepping
 from omni_actors.actors.engines.qwen3_omni.thinker_engine import ThinkerEngine
-from omni_actors.actors.engines.qwen3_omni.thinker_model import PRINTABLE
 from omni_actors.testing import eventually
 
 pytestmark = pytest.mark.integration
@@ -81,19 +86,19 @@ def user_outputs(outputs: list[Fields]) -> list[torch.Tensor]:
 
 def user(text: str) -> list[int]:
     """A user turn of the chat template."""
-    return [Tokens.IM_START, Tokens.USER, 10, *configs.encode_text(text), Tokens.IM_END, 10]
+    return user_turn(text)
 
 
 def assistant(tokens: list[int]) -> list[int]:
     """A closed assistant turn."""
-    return [Tokens.IM_START, Tokens.ASSISTANT, 10, *tokens, Tokens.IM_END, 10]
+    return assistant_turn(tokens)
 
 
 def reference(model: Any, conversation: list[int], count: int, least: int = 6) -> list[int]:
     """The greedy reply to ``conversation`` (its assistant opening added), by plain
     forwards: one prefill, then one token at a time, with the engine's token rules
     (printable bytes; ``<|im_end|>`` from ``least`` tokens on)."""
-    prompt = [*conversation, Tokens.IM_START, Tokens.ASSISTANT, 10]
+    prompt = [*conversation, *ASSISTANT_OPENING]
     allowed = torch.full((model.config.text_config.vocab_size,), float("-inf"))
     allowed[list(PRINTABLE)] = 0.0
     cache = DynamicCache(config=model.config.text_config)
@@ -223,17 +228,17 @@ async def test_clear_after_a_reply_restores_its_carry(cache_dir: Path) -> None:
 async def test_truncate_cuts_the_reply_to_what_was_heard(cache_dir: Path, model: Any) -> None:
     async with thinker(cache_dir) as engine:
         first = ids(await respond(engine, "s", {"text": "Hi"}))
-        marked = await respond(engine, "s", truncate(2), {"text": "And?"})
+        marked = await respond(engine, "s", truncate(2), {"text": "And then?"})
         # The same cut with input already prefilled behind the reply: it is fed again.
         await respond(engine, "t", {"text": "Hi"})
-        late = await respond(engine, "t", {"text": "And"}, truncate(2), {"text": "?"})
+        late = await respond(engine, "t", {"text": "And"}, truncate(2), {"text": " then?"})
         # Between responses, as a stage after the entry one would be asked.
         await respond(engine, "u", {"text": "Hi"})
         assert await engine.truncate("u", 2) == 0
-        between = await respond(engine, "u", {"text": "And?"})
-    expected = reference(model, [*user("Hi"), *assistant(first[:2]), *user("And?")], 6)
+        between = await respond(engine, "u", {"text": "And then?"})
+    expected = reference(model, [*user("Hi"), *assistant(first[:2]), *user("And then?")], 6)
     assert ids(marked) == ids(late) == ids(between) == expected
-    unheard = reference(model, [*user("Hi"), *assistant(first), *user("And?")], 6)
+    unheard = reference(model, [*user("Hi"), *assistant(first), *user("And then?")], 6)
     assert expected != unheard  # the cut changed the context
 
 

@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any, Protocol, TypeVar
 
 import pytest
+from tiny_omni_ids import PRINTABLE_RANGES
 
 from omni_actors.actors.engines.qwen3_omni import weights
 from omni_actors.actors.engines.qwen3_omni.thinker_engine import ThinkerArgs, ThinkerEngine
@@ -46,6 +47,13 @@ async def started(engine: E) -> AsyncIterator[E]:
 
 
 def thinker(cache_dir: Path, **extra: Any) -> AbstractAsyncContextManager[ThinkerEngine]:
-    """A started engine (greedy, 6 tokens a reply unless ``extra`` says otherwise)."""
-    args = {"seed": 0, "cache_dir": str(cache_dir), "min_new_tokens": 6, "max_new_tokens": 6}
+    """A started engine (greedy, 6 printable tokens a reply unless ``extra`` says
+    otherwise)."""
+    args = {
+        "seed": 0,
+        "cache_dir": str(cache_dir),
+        "min_new_tokens": 6,
+        "max_new_tokens": 6,
+        "allowed_token_ranges": PRINTABLE_RANGES,
+    }
     return started(ThinkerEngine(ThinkerArgs(**{**args, **extra})))

@@ -14,14 +14,20 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from tiny_omni_ids import (
+    ASSISTANT_OPENING,
+    NEWLINE,
+    PRINTABLE,
+    Tokens,
+    encode,
+    feature_extractor,
+)
 from transformers.models.qwen3_omni_moe.modeling_qwen3_omni_moe import (
     Qwen3OmniMoeForConditionalGeneration,
 )
 
 from omni_actors.actors.engines.contract import Fields
 from omni_actors.actors.engines.qwen3_omni import configs, stepping
-from omni_actors.actors.engines.qwen3_omni.configs import Tokens
-from omni_actors.actors.engines.qwen3_omni.thinker_model import PRINTABLE
 
 
 def reference_model(cache_dir: Path) -> Any:
@@ -54,11 +60,11 @@ def audio_clip(seconds: float = 1.0) -> torch.Tensor:
 def hf_user_turn(user: Fields, n_window: int) -> tuple[list[int], dict[str, torch.Tensor]]:
     """The ids of ``user``'s turn in HF's prompt, and its audio features if it has audio
     (computed as the thinker engine computes them)."""
-    ids: list[int] = [Tokens.IM_START, Tokens.USER, 10]
+    ids: list[int] = [Tokens.IM_START, Tokens.USER, NEWLINE]
     features: dict[str, torch.Tensor] = {}
     audio = user.get("audio")
     if isinstance(audio, torch.Tensor):
-        extracted = configs.audio_feature_extractor()(
+        extracted = feature_extractor()(
             audio.numpy(),
             sampling_rate=configs.AUDIO_SAMPLE_RATE,
             padding="longest",
@@ -72,8 +78,8 @@ def hf_user_turn(user: Fields, n_window: int) -> tuple[list[int], dict[str, torc
         features = {"input_features": extracted["input_features"], "feature_attention_mask": mask}
     text = user.get("text")
     if isinstance(text, str):
-        ids += configs.encode_text(text)
-    return [*ids, Tokens.IM_END, 10], features
+        ids += encode(text)
+    return [*ids, Tokens.IM_END, NEWLINE], features
 
 
 def hf_reply(
@@ -108,4 +114,4 @@ def hf_reply(
 
 
 def assistant_turn(ids: Sequence[int]) -> list[int]:
-    return [Tokens.IM_START, Tokens.ASSISTANT, 10, *ids, Tokens.IM_END, 10]
+    return [*ASSISTANT_OPENING, *ids, Tokens.IM_END, NEWLINE]

@@ -61,7 +61,9 @@ async def thinkers(
             **limits,
         )
     )
-    torch_thinker = ThinkerEngine(ThinkerArgs(cache_dir=cache_dir, **limits))
+    torch_thinker = ThinkerEngine(
+        ThinkerArgs(cache_dir=cache_dir, allowed_token_ranges=[(32, 127)], **limits)
+    )
     await vllm.start()
     await torch_thinker.start()
     try:

@@ -8,9 +8,8 @@ codebooks per frame, and a code2wav decoder producing 1920 samples (80 ms at 24 
 codec frame. Only widths, depths and vocabularies shrink, so an engine written against
 tiny-omni runs the same calls as one serving the real checkpoint.
 
-The text vocabulary is byte-level (ids 0-255 are the UTF-8 bytes) followed by the special
-tokens the Qwen3-Omni chat template and the talker's prompt layout need; no tokenizer file
-is involved.
+The text vocabulary is a tiny byte-level BPE (:mod:`.tokenizer`); the special ids written
+here are its tokens' ids, which the engines read back from the release, never from here.
 """
 
 from __future__ import annotations
@@ -29,6 +28,7 @@ from omni_actors.actors.engines.qwen3_omni.hf import (
     WhisperFeatureExtractor,
     hf_logging,
 )
+from omni_actors.actors.engines.qwen3_omni.tokenizer import TinyVocab
 
 __all__ = [
     "AUDIO_SAMPLE_RATE",
@@ -37,11 +37,7 @@ __all__ = [
     "FRAME_RATE_HZ",
     "OUTPUT_SAMPLE_RATE",
     "SAMPLES_PER_FRAME",
-    "SPEAKERS",
-    "Tokens",
     "audio_feature_extractor",
-    "decode_text",
-    "encode_text",
     "quiet_transformers",
     "tiny_configs",
 ]
@@ -59,50 +55,26 @@ CODEBOOK_SIZE: Final = 128
 DEFAULT_NUM_CODE_GROUPS: Final = 4
 """Codebooks per frame. The real model has 16; each extra group costs one more sequential
 code-predictor forward (about 1 ms on CPU) per frame, so tiny-omni keeps 4 by default."""
-TEXT_VOCAB_SIZE: Final = 288
-"""256 byte ids, 16 special tokens, 16 reserved ids."""
 HIDDEN: Final = 64
 """Width shared by every tiny stage, so thinker states feed the talker without resizing."""
 THINKER_HEAD_DIM: Final = 32
 """The thinker's attention head size: the smallest vLLM's CPU attention accepts."""
 
 
-class Tokens:
-    """Thinker (text) token ids: 0-255 are bytes, then Qwen3-Omni's special tokens."""
-
-    IM_START: Final = 256
-    IM_END: Final = 257
-    END_OF_TEXT: Final = 258
-    AUDIO_START: Final = 259
-    AUDIO_END: Final = 260
-    AUDIO_PAD: Final = 261
-    """Placeholder replaced by one audio-encoder output each (``audio_token_id``)."""
-    TTS_PAD: Final = 262
-    TTS_BOS: Final = 263
-    TTS_EOS: Final = 264
-    SYSTEM: Final = 265
-    USER: Final = 266
-    ASSISTANT: Final = 267
-    VISION_START: Final = 268
-    VISION_END: Final = 269
-    IMAGE_PAD: Final = 270
-    VIDEO_PAD: Final = 271
-
-    CODEC_PAD: Final = CODEBOOK_SIZE
-    """Talker codec ids start after the codebook, as in the real talker vocabulary."""
-    CODEC_BOS: Final = CODEBOOK_SIZE + 1
-    CODEC_EOS: Final = CODEBOOK_SIZE + 2
-    CODEC_NOTHINK: Final = CODEBOOK_SIZE + 3
-    CODEC_THINK_BOS: Final = CODEBOOK_SIZE + 4
-    CODEC_THINK_EOS: Final = CODEBOOK_SIZE + 5
-
-
-SPEAKERS: Final = {
+_CODEC_PAD: Final = CODEBOOK_SIZE
+"""Talker codec ids start after the codebook, as in the real talker vocabulary."""
+_CODEC_BOS: Final = CODEBOOK_SIZE + 1
+_CODEC_EOS: Final = CODEBOOK_SIZE + 2
+_CODEC_NOTHINK: Final = CODEBOOK_SIZE + 3
+_CODEC_THINK_BOS: Final = CODEBOOK_SIZE + 4
+_CODEC_THINK_EOS: Final = CODEBOOK_SIZE + 5
+_SPEAKERS: Final = {
     "ethan": CODEBOOK_SIZE + 8,
     "chelsie": CODEBOOK_SIZE + 9,
     "aiden": CODEBOOK_SIZE + 10,
 }
-"""Speaker name -> codec id; the real names, so HF's default ``speaker="Ethan"`` works."""
+"""Speaker name -> codec id (``talker_config.speaker_id``); the real names, so HF's default
+``speaker="Ethan"`` works."""
 
 
 _quiet_lock = threading.Lock()
@@ -141,18 +113,9 @@ def quiet_transformers() -> Iterator[None]:
                     hf_logging.enable_progress_bar()  # type: ignore[no-untyped-call]
 
 
-def encode_text(text: str) -> list[int]:
-    """Byte-level tokenization: tiny-omni needs no tokenizer file or download."""
-    return list(text.encode("utf-8"))
-
-
-def decode_text(ids: list[int]) -> str:
-    """Inverse of :func:`encode_text`; special ids are dropped, broken UTF-8 is replaced."""
-    return bytes(i for i in ids if 0 <= i < 256).decode("utf-8", errors="replace")
-
-
 def audio_feature_extractor() -> WhisperFeatureExtractor:
-    """The thinker's mel front end, built from explicit parameters (no download).
+    """tiny-omni's mel front end (written to ``preprocessor_config.json``; the thinker
+    builds its own from that file).
 
     Qwen3-Omni uses a Whisper feature extractor with 128 mel bins at 16 kHz and a 10 ms hop;
     call it with ``padding=True, truncation=False, return_attention_mask=True`` as the real
@@ -188,9 +151,9 @@ def _mrope(theta: float, head_dim: int) -> dict[str, object]:
     }
 
 
-def _thinker(seed: int) -> Qwen3OmniMoeThinkerConfig:
+def _thinker(seed: int, vocab: TinyVocab) -> Qwen3OmniMoeThinkerConfig:
     text = {
-        "vocab_size": TEXT_VOCAB_SIZE,
+        "vocab_size": vocab.size,
         "hidden_size": HIDDEN,
         "intermediate_size": 128,
         "num_hidden_layers": 2,
@@ -204,8 +167,8 @@ def _thinker(seed: int) -> Qwen3OmniMoeThinkerConfig:
         "num_experts_per_tok": 2,
         "max_position_embeddings": 32768,
         "rope_parameters": _mrope(1_000_000.0, THINKER_HEAD_DIM),
-        "pad_token_id": Tokens.END_OF_TEXT,
-        "eos_token_id": Tokens.IM_END,
+        "pad_token_id": vocab.id("<|endoftext|>"),
+        "eos_token_id": vocab.id("<|im_end|>"),
     }
     audio = {
         "num_mel_bins": 128,  # must match the feature extractor
@@ -233,16 +196,20 @@ def _thinker(seed: int) -> Qwen3OmniMoeThinkerConfig:
         text_config=text,
         audio_config=audio,
         vision_config=vision,
-        audio_token_id=Tokens.AUDIO_PAD,
-        audio_start_token_id=Tokens.AUDIO_START,
-        image_token_id=Tokens.IMAGE_PAD,
-        video_token_id=Tokens.VIDEO_PAD,
-        user_token_id=Tokens.USER,
-        **_undeclared(seed, vision_start_token_id=Tokens.VISION_START),
+        audio_token_id=vocab.id("<|audio_pad|>"),
+        audio_start_token_id=vocab.id("<|audio_start|>"),
+        image_token_id=vocab.id("<|image_pad|>"),
+        video_token_id=vocab.id("<|video_pad|>"),
+        user_token_id=vocab.id("user"),
+        **_undeclared(
+            seed,
+            vision_start_token_id=vocab.id("<|vision_start|>"),
+            audio_end_token_id=vocab.id("<|audio_end|>"),
+        ),
     )
 
 
-def _talker(seed: int, num_code_groups: int) -> Qwen3OmniMoeTalkerConfig:
+def _talker(seed: int, num_code_groups: int, vocab: TinyVocab) -> Qwen3OmniMoeTalkerConfig:
     text = {
         # Codes [0, CODEBOOK_SIZE) then 1024 special ids, so HF's suppression of the top 1024
         # ids (all but codec EOS) leaves exactly the codebook, as in the real 2048 + 1024.
@@ -277,18 +244,18 @@ def _talker(seed: int, num_code_groups: int) -> Qwen3OmniMoeTalkerConfig:
         num_code_groups=num_code_groups,
         thinker_hidden_size=HIDDEN,
         accept_hidden_layer=1,  # hidden_states[1]: output of thinker layer 0 (real: 18 of 48)
-        codec_pad_id=Tokens.CODEC_PAD,
-        codec_bos_id=Tokens.CODEC_BOS,
-        codec_eos_token_id=Tokens.CODEC_EOS,
-        codec_nothink_id=Tokens.CODEC_NOTHINK,
-        codec_think_bos_id=Tokens.CODEC_THINK_BOS,
-        codec_think_eos_id=Tokens.CODEC_THINK_EOS,
-        speaker_id=dict(SPEAKERS),
-        audio_token_id=Tokens.AUDIO_PAD,
-        audio_start_token_id=Tokens.AUDIO_START,
-        image_token_id=Tokens.IMAGE_PAD,
-        video_token_id=Tokens.VIDEO_PAD,
-        vision_start_token_id=Tokens.VISION_START,
+        codec_pad_id=_CODEC_PAD,
+        codec_bos_id=_CODEC_BOS,
+        codec_eos_token_id=_CODEC_EOS,
+        codec_nothink_id=_CODEC_NOTHINK,
+        codec_think_bos_id=_CODEC_THINK_BOS,
+        codec_think_eos_id=_CODEC_THINK_EOS,
+        speaker_id=dict(_SPEAKERS),
+        audio_token_id=vocab.id("<|audio_pad|>"),
+        audio_start_token_id=vocab.id("<|audio_start|>"),
+        image_token_id=vocab.id("<|image_pad|>"),
+        video_token_id=vocab.id("<|video_pad|>"),
+        vision_start_token_id=vocab.id("<|vision_start|>"),
         **_undeclared(seed, spatial_merge_size=2),
     )
 
@@ -319,7 +286,10 @@ def _code2wav(seed: int, num_code_groups: int) -> Qwen3OmniMoeCode2WavConfig:
 
 
 def tiny_configs(
-    seed: int = 0, *, num_code_groups: int = DEFAULT_NUM_CODE_GROUPS
+    seed: int = 0,
+    *,
+    num_code_groups: int = DEFAULT_NUM_CODE_GROUPS,
+    vocab: TinyVocab | None = None,
 ) -> Qwen3OmniMoeConfig:
     """The tiny-omni configuration, as the real composite config type.
 
@@ -333,25 +303,28 @@ def tiny_configs(
             says which weights it holds; the weights themselves are drawn by
             :func:`omni_actors.actors.engines.qwen3_omni.weights.build`.
         num_code_groups: Codebooks per codec frame (talker groups == code2wav quantizers).
+        vocab: where the text tokens sit (default: tiny-omni's layout); the config's
+            special ids are those of its tokens.
 
     Returns:
         The composite configuration.
     """
     if num_code_groups < 2:
         raise ValueError("num_code_groups must be >= 2 (one talker code + the code predictor's)")
+    vocab = vocab or TinyVocab()
     with quiet_transformers():
-        talker = _talker(seed, num_code_groups)
+        talker = _talker(seed, num_code_groups, vocab)
     return Qwen3OmniMoeConfig(
-        thinker_config=_thinker(seed),
+        thinker_config=_thinker(seed, vocab),
         talker_config=talker,
         code2wav_config=_code2wav(seed, num_code_groups),
-        im_start_token_id=Tokens.IM_START,
-        im_end_token_id=Tokens.IM_END,
-        tts_pad_token_id=Tokens.TTS_PAD,
-        tts_bos_token_id=Tokens.TTS_BOS,
-        tts_eos_token_id=Tokens.TTS_EOS,
-        system_token_id=Tokens.SYSTEM,
-        user_token_id=Tokens.USER,
-        assistant_token_id=Tokens.ASSISTANT,
+        im_start_token_id=vocab.id("<|im_start|>"),
+        im_end_token_id=vocab.id("<|im_end|>"),
+        tts_pad_token_id=vocab.id("<tts_pad>"),
+        tts_bos_token_id=vocab.id("<tts_text_bos>"),
+        tts_eos_token_id=vocab.id("<tts_text_eod>"),
+        system_token_id=vocab.id("system"),
+        user_token_id=vocab.id("user"),
+        assistant_token_id=vocab.id("assistant"),
         **_undeclared(seed),
     )

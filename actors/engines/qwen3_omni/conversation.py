@@ -1,14 +1,14 @@
 """``Conversation``: one session's thinker state across responses, and its rollbacks.
 
-The KV cache holds the conversation so far, turn after turn (HF's chat template; roles
-are the ``SYSTEM``/``USER``/``ASSISTANT`` special ids, as HF's talker finds the turns it
-conditions on by them)::
+The KV cache holds the conversation so far, turn after turn (the release's chat
+template; the roles are the config's ``system``/``user``/``assistant`` ids, as HF's talker
+finds the turns it conditions on by them; :class:`~.vocabulary.Vocabulary`)::
 
-    [<|im_start|> SYSTEM \\n instructions <|im_end|> \\n]
-    <|im_start|> USER \\n (text | <|audio_start|> PAD*n <|audio_end|>)* <|im_end|> \\n
-    <|im_start|> ASSISTANT \\n  reply tokens  [<|im_end|> \\n]  <|im_start|> USER \\n ...
+    [<|im_start|> system \\n instructions <|im_end|> \\n]
+    <|im_start|> user \\n (text | <|audio_start|> PAD*n <|audio_end|>)* <|im_end|> \\n
+    <|im_start|> assistant \\n  reply tokens  [<|im_end|> \\n]  <|im_start|> user \\n ...
 
-A system turn (:func:`system_turn`) sets the conversation's instructions from where it
+A system turn (``Vocabulary.system_turn``) sets the conversation's instructions from where it
 stands on; it may come between any two turns. It is the thinker's alone: HF's talker
 conditions on user turns only (``generate`` skips system-role segments), so no row of
 it is sent on.
@@ -28,38 +28,15 @@ position with the conversation's other state at the time.
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
-from typing import Any, Final
+from typing import Any
 
 import torch
 
-from omni_actors.actors.engines.qwen3_omni import configs
-from omni_actors.actors.engines.qwen3_omni.configs import Tokens
 from omni_actors.actors.engines.qwen3_omni.hf import DynamicCache
 from omni_actors.actors.engines.torch_engine import AbortSignal
 from omni_actors.actors.engines.turn_marks import check_truncatable
 
-__all__ = [
-    "CLOSE_TURN",
-    "NEWLINE",
-    "SYSTEM_OPENING",
-    "Checkpoint",
-    "Conversation",
-    "ThinkerReply",
-    "system_turn",
-]
-
-NEWLINE: Final = 10
-CLOSE_TURN: Final = (Tokens.IM_END, NEWLINE)
-"""What ends every turn of the template."""
-SYSTEM_OPENING: Final = (Tokens.IM_START, Tokens.SYSTEM, NEWLINE)
-
-
-def system_turn(text: str) -> tuple[int, ...]:
-    """The ids of the system turn that sets ``text`` as the instructions; none for ``""``
-    (no instructions: nothing to prefill)."""
-    if not text:
-        return ()
-    return (*SYSTEM_OPENING, *configs.encode_text(text), *CLOSE_TURN)
+__all__ = ["Checkpoint", "Conversation", "ThinkerReply"]
 
 
 @dataclass(frozen=True)
@@ -67,7 +44,7 @@ class ThinkerReply:
     """The thinker's last reply (assistant turn) in its cache: what a truncation cuts.
 
     Attributes:
-        start: cache position of its first token (after ``<|im_start|> ASSISTANT \\n``).
+        start: cache position of its first token (after ``<|im_start|> assistant \\n``).
         tokens: the tokens the engine yielded, in order.
         fed: how many of ``tokens`` are in the cache (the rest are in the carry).
     """
@@ -162,8 +139,9 @@ class Conversation:
                 layer.crop(-excess)
         self.position = position
 
-    def truncate(self, kept: int) -> None:
-        """Cut the last reply to its first ``kept`` tokens (between user turns only).
+    def truncate(self, kept: int, close_turn: tuple[int, ...]) -> None:
+        """Cut the last reply to its first ``kept`` tokens (between user turns only), to
+        be closed by ``close_turn`` (``<|im_end|> \\n``).
 
         Raises:
             TurnMarkError: there is no reply, a user turn was committed after it, or
@@ -173,5 +151,5 @@ class Conversation:
         kept = min(kept, len(reply.tokens))
         fed = min(kept, reply.fed)
         self.crop(reply.start + fed)
-        self.carry = [*reply.tokens[fed:kept], *CLOSE_TURN, *self.system]
+        self.carry = [*reply.tokens[fed:kept], *close_turn, *self.system]
         self.reply = replace(reply, tokens=reply.tokens[:kept], fed=fed)

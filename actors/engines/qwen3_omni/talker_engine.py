@@ -41,7 +41,7 @@ session in it, each rolled back as above.
 
 Codec EOS is suppressed by default, so a reply is exactly ``frames_per_token * N``
 frames long (the length the pipeline plans for); the random weights *do* pick EOS now
-and then (e.g. at frame 243 of 256 for "Hello there!" answered in 128 tokens). Every
+and then (e.g. at frame 91 of 256 for "Tell me a story." answered in 128 tokens). Every
 frame HF would produce is the same either way; with ``stop_at_codec_eos`` the reply
 ends at EOS, as HF and a real checkpoint do.
 """
@@ -57,7 +57,6 @@ from pydantic import Field, field_validator
 
 from omni_actors.actors.engines.batched_engine import BatchedTorchEngine
 from omni_actors.actors.engines.contract import Fields, ResponseOptions, Rule, response_options
-from omni_actors.actors.engines.qwen3_omni import configs
 from omni_actors.actors.engines.qwen3_omni.family import DEFAULT_RELEASE
 from omni_actors.actors.engines.qwen3_omni.hf import DynamicCache
 from omni_actors.actors.engines.qwen3_omni.talker_input import ReplyInput, TalkerInputError
@@ -73,8 +72,9 @@ class TalkerArgs(WeightsArgs, DeviceArgs):
 
     Attributes:
         frames_per_token: a reply is that many codec frames per thinker token.
-        speaker: the voice (``chelsie``, ``ethan``, ``aiden``); a response's ``voice``
-            option overrides it.
+        speaker: the voice, one of the checkpoint's (``talker_config.speaker_id``;
+            Qwen3-Omni's are ``chelsie``, ``ethan`` and ``aiden``), checked when the model
+            loads; a response's ``voice`` option overrides it.
         stop_at_codec_eos: end the reply when the talker picks codec EOS (default: EOS
             is masked, see the module docstring).
         max_batch: the most sessions whose frames share one forward (see the module
@@ -89,9 +89,7 @@ class TalkerArgs(WeightsArgs, DeviceArgs):
 
     @field_validator("speaker")
     @classmethod
-    def _known_speaker(cls, speaker: str) -> str:
-        if speaker.lower() not in configs.SPEAKERS:
-            raise ValueError(f"unknown speaker {speaker!r}; known: {sorted(configs.SPEAKERS)}")
+    def _lower_case(cls, speaker: str) -> str:
         return speaker.lower()
 
 
@@ -138,7 +136,18 @@ class TalkerEngine(BatchedTorchEngine[Voice, FrameStep, Frame]):
         )
 
     def _load(self, path: Path) -> None:
-        self._model = TalkerModel(path, self.device, stop_at_codec_eos=self.stop_at_codec_eos)
+        model = TalkerModel(path, self.device, stop_at_codec_eos=self.stop_at_codec_eos)
+        if self.speaker not in model.speakers:
+            raise ValueError(
+                f"unknown speaker {self.speaker!r}: the checkpoint's voices are "
+                f"{', '.join(sorted(model.speakers))}; set engine.args.speaker to one of them"
+            )
+        self._model = model
+
+    @property
+    def voices(self) -> list[str]:
+        """The voices ``speaker`` and a response's ``voice`` may name (once started)."""
+        return sorted(self._model.speakers)
 
     def _run_steps(self, steps: list[FrameStep]) -> list[Frame]:
         return self._model.frames(steps)
@@ -238,7 +247,10 @@ class TalkerEngine(BatchedTorchEngine[Voice, FrameStep, Frame]):
         name = (options.voice or self.speaker).lower()
         speakers = self._model.speakers
         if name not in speakers:
-            raise TalkerInputError(f"unknown voice {options.voice!r}; known: {sorted(speakers)}")
+            raise TalkerInputError(
+                f"unknown voice {options.voice!r}: the checkpoint's voices are "
+                f"{', '.join(sorted(speakers))}"
+            )
         return speakers[name]
 
     def _done(self, got: ReplyInput, produced: int) -> bool:

@@ -19,7 +19,7 @@ from typing import Any, Final, cast
 
 import torch
 
-from omni_actors.actors.engines.qwen3_omni import configs, stepping, weights
+from omni_actors.actors.engines.qwen3_omni import layout, stepping, weights
 from omni_actors.actors.engines.qwen3_omni.batched_step import talker_steps
 from omni_actors.actors.engines.qwen3_omni.code_predictor_graph import GraphedCodePredictor
 from omni_actors.actors.engines.qwen3_omni.hf import (
@@ -28,6 +28,7 @@ from omni_actors.actors.engines.qwen3_omni.hf import (
     Qwen3OmniMoeTalkerForConditionalGeneration,
 )
 from omni_actors.actors.engines.torch_engine import AbortSignal
+from omni_actors.errors import ModelFileError
 
 __all__ = ["PREFIX", "Frame", "FrameStep", "Speech", "TalkerModel", "Voice"]
 
@@ -99,7 +100,8 @@ class TalkerModel:
 
     Attributes:
         text_config: the text model's config (what a session's ``DynamicCache`` needs).
-        speakers: codec id per voice name (lower case).
+        speakers: codec id per voice name (lower case): the checkpoint's
+            ``talker_config.speaker_id``.
     """
 
     def __init__(
@@ -119,8 +121,11 @@ class TalkerModel:
         self._stop_at_codec_eos = stop_at_codec_eos
         cfg = talker.config
         self.text_config = cast(PreTrainedConfig, cfg.text_config)
-        speakers = cfg.speaker_id or configs.SPEAKERS
-        self.speakers = {name.lower(): int(code) for name, code in speakers.items()}
+        speakers = cfg.speaker_id
+        if not isinstance(speakers, dict) or not speakers:
+            problem = f"has no talker_config.speaker_id voices (found {speakers!r})"
+            raise ModelFileError(path / "config.json", problem, layout.REBUILD)
+        self.speakers = {str(name).lower(): int(code) for name, code in speakers.items()}
         self._vocab = int(self.text_config.vocab_size)
         self._codec_eos = int(cfg.codec_eos_token_id)
 

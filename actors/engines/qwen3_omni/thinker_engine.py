@@ -1,4 +1,4 @@
-"""``ThinkerEngine``: tiny-omni's thinker as a conversation engine.
+"""``ThinkerEngine``: Qwen3-Omni's thinker as a conversation engine.
 
 The entry stage: it answers the user's text and audio with text tokens plus what the
 talker needs to speak them. Each ``generate`` call is one response of a conversation
@@ -14,7 +14,7 @@ cache: a ``clear`` and a failure crop it back to a checkpoint, a truncation into
 reply, and a ``reply`` mark is one forward that leaves the cache, the carry and the
 :class:`~.conversation.ThinkerReply` as decoding the mark's tokens did (the talker
 conditions on user turns only: nothing is yielded for it). The end of the input commits
-what is pending, then the reply opens (``<|im_start|> ASSISTANT \\n``) and decodes; with
+what is pending, then the reply opens (``<|im_start|> assistant \\n``) and decodes; with
 no input at all, it replies to the conversation so far. :meth:`ThinkerEngine.last_reply`
 tells the session the tokens of the reply the last response decoded, to replay it later.
 
@@ -66,31 +66,22 @@ from omni_actors.actors.engines.contract import (
     Rule,
 )
 from omni_actors.actors.engines.conversation import Outcome, Response, respond
-from omni_actors.actors.engines.qwen3_omni import configs
-from omni_actors.actors.engines.qwen3_omni.configs import Tokens
 from omni_actors.actors.engines.qwen3_omni.conversation import (
-    CLOSE_TURN,
-    NEWLINE,
     Checkpoint,
     Conversation,
     ThinkerReply,
-    system_turn,
 )
 from omni_actors.actors.engines.qwen3_omni.family import DEFAULT_RELEASE
 from omni_actors.actors.engines.qwen3_omni.hf import DynamicCache
 from omni_actors.actors.engines.qwen3_omni.sampling import sampling_for, session_seed
-from omni_actors.actors.engines.qwen3_omni.thinker_model import (
-    ASSISTANT_OPENING,
-    DecodeStep,
-    ThinkerModel,
-    Token,
-)
+from omni_actors.actors.engines.qwen3_omni.thinker_model import DecodeStep, ThinkerModel, Token
 from omni_actors.actors.engines.qwen3_omni.user_turn import UserTurn
+from omni_actors.actors.engines.qwen3_omni.vocabulary import Vocabulary
 from omni_actors.actors.engines.thinker_ports import THINKER_INPUTS, THINKER_OUTPUTS
 from omni_actors.actors.engines.torch_engine import AbortSignal, DeviceArgs, release_dir
 from omni_actors.models.family import WeightsArgs
 
-__all__ = ["ASSISTANT_OPENING", "NEWLINE", "ThinkerArgs", "ThinkerEngine"]
+__all__ = ["ThinkerArgs", "ThinkerEngine"]
 
 
 class ThinkerArgs(WeightsArgs, DeviceArgs):
@@ -103,18 +94,25 @@ class ThinkerArgs(WeightsArgs, DeviceArgs):
             many", not a conflict).
         max_batch: the most sessions whose decode steps share one forward (module
             docstring): bounds how long one step takes; 1 decodes every session alone.
+        allowed_token_ranges: half-open ``[start, stop)`` id ranges a reply may use
+            (``<|im_end|>`` is allowed once ``min_new_tokens`` are reached); none: any.
+            For a model whose random weights would pick unprintable ids (tiny-omni:
+            printable bytes only). The vLLM thinker's argument of the same name.
     """
 
     max_new_tokens: int = Field(48, ge=1)
     min_new_tokens: int = Field(8, ge=0)
     max_batch: int = Field(16, ge=1)
+    allowed_token_ranges: list[tuple[int, int]] | None = None
 
 
 class ThinkerEngine(BatchedTorchEngine[Conversation, DecodeStep, Token]):
-    """Byte-level text replies with streaming prefill (see the module docstring).
+    """Text replies with streaming prefill (see the module docstring).
 
     Its ports are the thinker stage's (:mod:`omni_actors.actors.engines.thinker_ports`): a
-    token's ``text`` is its byte as a one-character str, and the ``user`` rows at audio
+    token's ``text`` is what it adds to the reply's text (``""`` while it leaves a
+    character incomplete; what is held back at the reply's end comes as a last output
+    with ``text`` alone), and the ``user`` rows at audio
     placeholders are the hidden states at ``accept_hidden_layer``, what
     ``stepping.talker_user_part`` selects from.
 
@@ -135,6 +133,7 @@ class ThinkerEngine(BatchedTorchEngine[Conversation, DecodeStep, Token]):
         self.max_new_tokens = args.max_new_tokens
         self.min_new_tokens = min(args.min_new_tokens, args.max_new_tokens)
         self.seed = args.seed
+        self.allowed_token_ranges = args.allowed_token_ranges
         super().__init__(
             release_dir(DEFAULT_RELEASE, args, "thinker"),
             "thinker",
@@ -144,7 +143,14 @@ class ThinkerEngine(BatchedTorchEngine[Conversation, DecodeStep, Token]):
         )
 
     def _load(self, path: Path) -> None:
-        self._model = ThinkerModel(path, self.device)
+        self._model = ThinkerModel(
+            path, self.device, allowed_token_ranges=self.allowed_token_ranges
+        )
+
+    @property
+    def vocabulary(self) -> Vocabulary:
+        """The loaded release's tokenizer and special ids (once started)."""
+        return self._model.vocabulary
 
     def _run_steps(self, steps: list[DecodeStep]) -> list[Token]:
         return self._model.decode_steps(steps)
@@ -219,7 +225,7 @@ class ThinkerEngine(BatchedTorchEngine[Conversation, DecodeStep, Token]):
             raise ValueError(
                 f"session {session!r} is generating: send the truncate mark in its input"
             )
-        conversation.truncate(kept)
+        conversation.truncate(kept, self.vocabulary.close_turn)
         return 0
 
     def _generator(self, session: str, conversation: Conversation) -> torch.Generator:
@@ -241,7 +247,8 @@ class _Response(Response[Checkpoint]):
         self.model = engine._model
         self.session = session
         self.conversation = conversation
-        self.turn = UserTurn()
+        self.vocabulary = engine.vocabulary
+        self.turn = UserTurn(self.vocabulary)
         self.instructed: tuple[int, ...] = ()
         """The last instructions set since ``start``: a failure keeps them."""
         self.unclosed: UserTurn | None = None
@@ -262,7 +269,7 @@ class _Response(Response[Checkpoint]):
     # -- input ------------------------------------------------------------------------
 
     async def instruct(self, instructions: torch.Tensor | str) -> bool:
-        self.instructed = _system_turn(instructions)
+        self.instructed = _system_turn(self.vocabulary, instructions)
         if self.turn.opened:
             self.turn.system = self.instructed  # prefilled behind the turn's end
             return False
@@ -286,7 +293,7 @@ class _Response(Response[Checkpoint]):
                 turn.clip = self.model.clip()
             turn.clip.push(audio.detach().to(torch.float32).reshape(-1).cpu().numpy())
         if isinstance(text, str) and said:
-            ids = configs.encode_text(text)
+            ids = self.vocabulary.encode(text)
             await self.engine.call(self.model.prefill, conversation, turn, True, ids)
         elif turn.clip is not None and turn.clip.ready():
             await self.engine.call(self.model.prefill, conversation, turn, False, [])
@@ -303,18 +310,18 @@ class _Response(Response[Checkpoint]):
 
     async def commit(self) -> Fields | None:
         rows = await self._close(self.turn)
-        self.turn = UserTurn()
+        self.turn = UserTurn(self.vocabulary)
         return rows
 
     async def clear(self, committed: Checkpoint) -> None:
         waiting = self.turn.system
         self.conversation.restore(committed)
-        self.turn = UserTurn()
+        self.turn = UserTurn(self.vocabulary)
         if waiting:  # no turn is open now for them to wait behind
             await self.engine.call(self.model.instruct, self.conversation, waiting)
 
     async def truncate(self, kept: int) -> None:
-        self.conversation.truncate(kept)
+        self.conversation.truncate(kept, self.vocabulary.close_turn)
 
     def moved_start(self) -> None:
         self.instructed = self.turn.system  # those fed already are in the carry
@@ -326,7 +333,7 @@ class _Response(Response[Checkpoint]):
         """Commit ``turn`` (nothing if it is not open); its rows as an output."""
         if not turn.opened:
             return None
-        then, system = [*CLOSE_TURN, *turn.system], len(turn.system)
+        then, system = [*self.vocabulary.close_turn, *turn.system], len(turn.system)
         await self.engine.call(self.model.prefill, self.conversation, turn, True, then, system)
         self.conversation.turns_since_reply += 1
         return turn.take_rows()
@@ -353,10 +360,11 @@ class _Response(Response[Checkpoint]):
         reply = conversation.reply = ThinkerReply(conversation.position, (), 0)
         self.decoding = True
         conversation.turns_since_reply, conversation.system = 0, ()
-        while token != Tokens.IM_END and not signal.aborted:
+        im_end, text = self.vocabulary.ids.im_end, self.vocabulary.detokenizer()
+        while token != im_end and not signal.aborted:
             out: dict[str, torch.Tensor | str] = {
                 "token_ids": torch.tensor([token]),
-                "text": chr(token),
+                "text": text.add(token),
                 "embed": embed,
             }
             if not reply.tokens:
@@ -379,6 +387,8 @@ class _Response(Response[Checkpoint]):
             token, embed = await self.step
             self.step = None
             reply = conversation.reply = ThinkerReply(reply.start, reply.tokens, reply.fed + 1)
+        if (rest := text.flush()) and not signal.aborted:
+            yield {"text": rest}
 
     # -- settling ---------------------------------------------------------------------
 
@@ -428,11 +438,11 @@ class _Response(Response[Checkpoint]):
             assert reply is not None, "a response's reply is the conversation's last"
             # Tokens yielded but not fed (the last one, at the token limit) close the
             # turn before whatever comes next, with <|im_end|> \n.
-            self.conversation.carry = [*reply.tokens[reply.fed :], *CLOSE_TURN]
+            self.conversation.carry = [*reply.tokens[reply.fed :], *self.vocabulary.close_turn]
             self.conversation.decoded = reply.tokens
 
 
-def _system_turn(text: torch.Tensor | str) -> tuple[int, ...]:
+def _system_turn(vocabulary: Vocabulary, text: torch.Tensor | str) -> tuple[int, ...]:
     if not isinstance(text, str):
         raise ValueError(f"{INSTRUCTIONS_FIELD!r} must be text (a str), got a tensor")
-    return system_turn(text)
+    return vocabulary.system_turn(text)

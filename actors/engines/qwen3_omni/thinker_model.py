@@ -19,28 +19,23 @@ import torch
 from omni_actors.actors.engines.qwen3_omni import configs, layout, stepping, weights
 from omni_actors.actors.engines.qwen3_omni.audio_stream import AudioClip
 from omni_actors.actors.engines.qwen3_omni.batched_step import thinker_steps
-from omni_actors.actors.engines.qwen3_omni.configs import Tokens
-from omni_actors.actors.engines.qwen3_omni.conversation import (
-    CLOSE_TURN,
-    NEWLINE,
-    Conversation,
-    ThinkerReply,
-)
+from omni_actors.actors.engines.qwen3_omni.conversation import Conversation, ThinkerReply
 from omni_actors.actors.engines.qwen3_omni.hf import (
     PreTrainedConfig,
     Qwen3OmniMoeThinkerForConditionalGeneration,
+    WhisperFeatureExtractor,
 )
 from omni_actors.actors.engines.qwen3_omni.log_mel import LogMel
 from omni_actors.actors.engines.qwen3_omni.sampling import Sampling, pick
 from omni_actors.actors.engines.qwen3_omni.user_turn import Feed, UserTurn
+from omni_actors.actors.engines.qwen3_omni.vocabulary import Vocabulary
+from omni_actors.errors import ModelFileError
+from omni_actors.models.files import read_json
 from omni_actors.models.release import Release
 
-__all__ = ["ASSISTANT_OPENING", "PRINTABLE", "DecodeStep", "ThinkerModel", "Token"]
+__all__ = ["DecodeStep", "ThinkerModel", "Token"]
 
-PRINTABLE: Final = range(32, 127)
-"""Byte ids the thinker may emit: random weights would otherwise emit control bytes and
-special tokens, which no text consumer downstream could show."""
-ASSISTANT_OPENING: Final = (Tokens.IM_START, Tokens.ASSISTANT, NEWLINE)
+_PREPROCESSOR: Final = "preprocessor_config.json"
 
 Token = tuple[int, torch.Tensor]
 """A picked token and its [1, H] input embedding."""
@@ -57,45 +52,72 @@ class DecodeStep:
 
 
 class ThinkerModel:
-    """The thinker of a prepared tiny-omni directory, loaded (in the model thread).
+    """The thinker of a release, loaded (in the model thread).
 
     Args:
         path: the release directory (:mod:`.weights`).
+        allowed_token_ranges: half-open ``[start, stop)`` id ranges a reply may use
+            (``<|im_end|>`` is allowed once the reply's minimum is reached); None: any.
+            For random weights, which would otherwise pick ids no reader could show.
 
     Raises:
-        ModelFileError: a file of the stage, or the composite ``config.json`` beside it,
-            is missing or corrupt (see :func:`.weights.load`).
+        ModelFileError: a file of the stage, its tokenizer or front end, or the composite
+            ``config.json`` beside it, is missing or corrupt (see :func:`.weights.load`
+            and :meth:`.Vocabulary.load`).
+        ValueError: a range of ``allowed_token_ranges`` is empty or outside the
+            vocabulary.
 
     Attributes:
         text_config: the text model's config (what a session's ``DynamicCache`` needs).
+        vocabulary: the release's tokenizer and special ids.
         tts: [3, H] the embeddings of TTS_BOS, TTS_EOS, TTS_PAD.
-        opening: [3, H] the embeddings of ``<|im_start|> ASSISTANT \\n``.
+        opening: [3, H] the embeddings of ``<|im_start|> assistant \\n``.
     """
 
-    def __init__(self, path: Path, device: torch.device | None = None) -> None:
+    def __init__(
+        self,
+        path: Path,
+        device: torch.device | None = None,
+        *,
+        allowed_token_ranges: list[tuple[int, int]] | None = None,
+    ) -> None:
         device = device or torch.device("cpu")
         release = Release.open(path, remedy=layout.REBUILD)
         thinker = weights.load(path, "thinker", device=device, release=release)
         assert isinstance(thinker, Qwen3OmniMoeThinkerForConditionalGeneration)
         self._thinker = thinker
         self._accept_layer = layout.accept_hidden_layer(release.config, path / "config.json")
+        # After the config's own checks: AutoTokenizer reads config.json too, and would
+        # blame the directory for a config it cannot parse.
+        self.vocabulary = vocabulary = Vocabulary.load(path)
+        ids = vocabulary.ids
         self.text_config = cast(PreTrainedConfig, thinker.config.text_config)
         audio = cast(PreTrainedConfig, thinker.config.audio_config)
         self._n_window, self._n_window_infer = int(audio.n_window), int(audio.n_window_infer)
         # Annotated from transformers 5.23 on, untyped before: the ignore serves the
         # older releases of the supported range and is unused on newer ones.
         self._embedding = thinker.get_input_embeddings()  # type: ignore[no-untyped-call,unused-ignore]
-        self._extractor = configs.audio_feature_extractor()
-        vocab = self.text_config.vocab_size
+        self._extractor = _feature_extractor(path)
+        vocab = int(self.text_config.vocab_size)
         with torch.device(device):
-            self._allow_text = torch.full((vocab,), float("-inf"))
-            self._allow_text[list(PRINTABLE)] = 0.0
+            if allowed_token_ranges is None:
+                self._allow_text = torch.zeros(vocab)
+            else:
+                self._allow_text = torch.full((vocab,), float("-inf"))
+                for start, stop in allowed_token_ranges:
+                    if not 0 <= start < stop <= vocab:
+                        raise ValueError(
+                            f"allowed_token_ranges has [{start}, {stop}), which is empty or "
+                            f"outside the thinker's vocabulary [0, {vocab})"
+                        )
+                    self._allow_text[start:stop] = 0.0
             self._allow_end = self._allow_text.clone()
-            self._allow_end[Tokens.IM_END] = 0.0
+            self._allow_text[ids.im_end] = float("-inf")
+            self._allow_end[ids.im_end] = 0.0
             # No graph: weights.load turned gradients off.
-            ids = torch.tensor([Tokens.TTS_BOS, Tokens.TTS_EOS, Tokens.TTS_PAD])
-            self.tts = self._embedding(ids)
-            self.opening = self._embedding(torch.tensor(ASSISTANT_OPENING))
+            tts = torch.tensor([ids.tts_bos, ids.tts_eos, ids.tts_pad])
+            self.tts = self._embedding(tts)
+            self.opening = self._embedding(torch.tensor(vocabulary.assistant_opening))
 
     def clip(self) -> AudioClip:
         """A new audio clip, windowed as this thinker's audio encoder attends."""
@@ -133,7 +155,7 @@ class ThinkerModel:
         step = self._forward(conversation, feed.ids, feed.audio)
         if feed.skip:
             conversation.carry = []
-        placeholders = torch.tensor(feed.ids) == Tokens.AUDIO_PAD
+        placeholders = torch.tensor(feed.ids) == self.vocabulary.ids.audio_pad
         rows = torch.where(placeholders[:, None], step.accept_hidden[0], step.embeds[0])
         turn.keep(feed, rows, placeholders)
         return step
@@ -149,7 +171,7 @@ class ThinkerModel:
     def take_reply(self, conversation: Conversation, tokens: tuple[int, ...]) -> None:
         """Take ``tokens`` into the conversation as the assistant's turn, as if decoded.
 
-        One forward over the carry, ``<|im_start|> ASSISTANT \\n`` and the tokens; the turn
+        One forward over the carry, ``<|im_start|> assistant \\n`` and the tokens; the turn
         is then left as a completed reply leaves it (``<|im_end|> \\n`` in the carry, a
         :class:`ThinkerReply` a truncation can cut, no user turn or system turn after it).
 
@@ -158,8 +180,9 @@ class ThinkerModel:
         may differ from the decoded ones in the last bits (other matmul shapes, as in a
         batched decode step), so a later greedy pick can only change on a near tie.
         """
-        self._forward(conversation, [*conversation.carry, *ASSISTANT_OPENING, *tokens])
-        conversation.carry = [*CLOSE_TURN]
+        opening = self.vocabulary.assistant_opening
+        self._forward(conversation, [*conversation.carry, *opening, *tokens])
+        conversation.carry = [*self.vocabulary.close_turn]
         conversation.reply = ThinkerReply(conversation.position - len(tokens), tokens, len(tokens))
         conversation.turns_since_reply, conversation.system = 0, ()
 
@@ -171,16 +194,17 @@ class ThinkerModel:
 
         One forward over what the turn still has pending (its clip's last window among
         it), ``<|im_end|> \\n``, the system turn set while it was open if any, then
-        ``<|im_start|> ASSISTANT \\n``: the only work left between the end of the input
+        ``<|im_start|> assistant \\n``: the only work left between the end of the input
         and the first token. Without a turn it feeds the carry and the opening.
         """
+        opening = self.vocabulary.assistant_opening
         if turn is None:
-            step = self._forward(conversation, [*conversation.carry, *ASSISTANT_OPENING])
+            step = self._forward(conversation, [*conversation.carry, *opening])
             conversation.carry = []
         else:
             embeds = None if turn.clip is None else turn.clip.finish(self._encode)
-            then = [*CLOSE_TURN, *turn.system, *ASSISTANT_OPENING]
-            tail = len(turn.system) + len(ASSISTANT_OPENING)
+            then = [*self.vocabulary.close_turn, *turn.system, *opening]
+            tail = len(turn.system) + len(opening)
             step = self.feed(conversation, turn, turn.next_feed(embeds, True, then, tail))
         return self._pick(step.logits[0, -1], sampling.min_tokens == 0, sampling)
 
@@ -232,6 +256,24 @@ class ThinkerModel:
         return step
 
     def _pick(self, logits: torch.Tensor, allow_end: bool, sampling: Sampling) -> Token:
-        """A printable token (or im_end) and its [1, H] embedding."""
+        """An allowed token (or im_end) and its [1, H] embedding."""
         token = pick(logits, self._allow_end if allow_end else self._allow_text, sampling)
         return token, self._embedding(torch.tensor([token]))
+
+
+def _feature_extractor(path: Path) -> WhisperFeatureExtractor:
+    """The release's mel front end, from its ``preprocessor_config.json``.
+
+    Read and checked first: ``from_pretrained`` would report a broken file without
+    naming it, and a missing one by looking for it on the Hub.
+    """
+    file = path / _PREPROCESSOR
+    read_json(file, remedy=layout.REBUILD)
+    try:
+        with configs.quiet_transformers():
+            extractor = WhisperFeatureExtractor.from_pretrained(str(path), local_files_only=True)
+    except Exception as error:  # the file parsed, yet is no Whisper extractor's config
+        problem = f"is no WhisperFeatureExtractor config ({error})"
+        raise ModelFileError(file, problem, layout.REBUILD) from error
+    assert isinstance(extractor, WhisperFeatureExtractor)
+    return extractor

@@ -1,102 +1,153 @@
-"""Tokenizer files for tiny-omni's thinker, in the Hugging Face layout.
+"""tiny-omni's tokenizer, written in the files Qwen publishes its tokenizer in.
 
-tiny-omni's text vocabulary is byte-level (:func:`configs.encode_text`: ids 0-255 are
-the UTF-8 bytes) followed by the special tokens of :class:`configs.Tokens`. The engines
-need no tokenizer file, but a server that loads a model directory the standard way (vLLM,
-``transformers.AutoTokenizer``) does, so :func:`write_tokenizer` writes one that
-tokenizes exactly like :func:`configs.encode_text`:
+The engines read every id from a release's tokenizer and ``config.json``
+(:class:`~.vocabulary.Vocabulary`), so tiny-omni ships a tokenizer of the same kind as
+Qwen3-Omni's, only tiny: GPT-2 byte-level BPE.
 
-- ``tokenizer.json``: a ``tokenizers`` BPE model with no merges over the 256 byte
-  symbols of the GPT-2 byte-level alphabet (Qwen's own scheme), symbol of byte ``b`` ->
-  id ``b``. Without merges every byte stays one token, so any text encodes to its UTF-8
-  bytes; no normalizer (Qwen's NFC would change the bytes of non-NFC text). The special
-  tokens follow as added tokens at their ``Tokens`` ids, then reserved ones up to the
-  thinker's vocabulary size, so every id the thinker can emit decodes.
-- ``tokenizer_config.json``: the generic fast tokenizer class (model-specific classes
-  rebuild the pipeline from their own defaults), ``eos_token`` ``<|im_end|>``, no BOS,
-  pad ``<|endoftext|>``, the multimodal token attributes HF's Qwen3-Omni processor reads
-  (``audio_token`` ...), and a Qwen-style chat template.
-- ``special_tokens_map.json``: the same special tokens, for loaders that read only it.
+- Ids 0-255 are the 256 byte symbols (symbol of byte ``b`` -> id ``b``): without a
+  merge every byte stays one token, so the printable bytes are the id range 32-126.
+- A few merges make ``system``, ``user`` and ``assistant`` one token each, as in Qwen's
+  vocabulary, where the chat template's roles are those plain words (8948, 872, 77091).
+- Then Qwen3-Omni's special tokens, under their names (``<|im_start|>``, ``<tts_pad>``,
+  ``<|audio_pad|>``...), then reserved ones up to the thinker's vocabulary size, so every
+  id the thinker can emit decodes.
 
-The chat template renders ``<|im_start|><|user|>\\n ... <|im_end|>\\n``: the role is the
-special ``<|user|>`` token rather than Qwen's plain word ``user``, because tiny-omni's
-prompt layout (and HF's talker, which finds turns by ``user_token_id``) needs the role as
-one id, and a plain-word token would also swallow "user" inside ordinary text. Special
-token strings typed inside text map to their ids, as with any HF tokenizer; pass
-``split_special_tokens=True`` to get their bytes instead.
+:class:`TinyVocab` places them: ``shift`` puts that many filler tokens after the bytes,
+moving every other id up, and ``size`` sets the vocabulary size; a release built with
+other values than the defaults checks that nothing reads tiny-omni's ids by habit.
+
+Files (:func:`write_tokenizer`): ``vocab.json`` and ``merges.txt`` (what
+``Qwen2Tokenizer`` builds from), ``tokenizer.json`` (the same tokenizer for fast loaders:
+Qwen's NFC normalizer, its split regex, byte-level symbols), ``tokenizer_config.json``
+(``added_tokens_decoder`` with the special tokens, as Qwen's; the chat template too),
+``special_tokens_map.json`` and ``chat_template.json``.
 """
 
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass
+from functools import cached_property
 from pathlib import Path
 from typing import Any, Final
 
-from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers
+from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers
 
-from .configs import TEXT_VOCAB_SIZE, Tokens
+__all__ = [
+    "CHAT_TEMPLATE",
+    "MERGES",
+    "SPECIAL_NAMES",
+    "TEXT_VOCAB_SIZE",
+    "TinyVocab",
+    "byte_symbols",
+    "write_tokenizer",
+]
 
-__all__ = ["CHAT_TEMPLATE", "SPECIAL_TOKENS", "byte_symbols", "write_tokenizer"]
+TEXT_VOCAB_SIZE: Final = 288
+"""tiny-omni's thinker vocabulary: 256 bytes, 15 merges, 13 special tokens, 4 reserved."""
 
-SPECIAL_TOKENS: Final[dict[int, str]] = {
-    Tokens.IM_START: "<|im_start|>",
-    Tokens.IM_END: "<|im_end|>",
-    Tokens.END_OF_TEXT: "<|endoftext|>",
-    Tokens.AUDIO_START: "<|audio_start|>",
-    Tokens.AUDIO_END: "<|audio_end|>",
-    Tokens.AUDIO_PAD: "<|audio_pad|>",
-    Tokens.TTS_PAD: "<tts_pad>",
-    Tokens.TTS_BOS: "<tts_text_bos>",
-    Tokens.TTS_EOS: "<tts_text_eod>",
-    Tokens.SYSTEM: "<|system|>",
-    Tokens.USER: "<|user|>",
-    Tokens.ASSISTANT: "<|assistant|>",
-    Tokens.VISION_START: "<|vision_start|>",
-    Tokens.VISION_END: "<|vision_end|>",
-    Tokens.IMAGE_PAD: "<|image_pad|>",
-    Tokens.VIDEO_PAD: "<|video_pad|>",
-}
-"""Id -> text of each special token: Qwen3-Omni's names, plus one token per chat role."""
+MERGES: Final = (
+    ("u", "s"),
+    ("e", "r"),
+    ("us", "er"),
+    ("s", "y"),
+    ("s", "t"),
+    ("e", "m"),
+    ("sy", "st"),
+    ("syst", "em"),
+    ("a", "n"),
+    ("an", "t"),
+    ("st", "ant"),
+    ("s", "i"),
+    ("a", "s"),
+    ("as", "si"),
+    ("assi", "stant"),
+)
+"""BPE merges, by rank: just enough for the three role words to be one token each."""
+
+SPECIAL_NAMES: Final = (
+    "<|endoftext|>",
+    "<|im_start|>",
+    "<|im_end|>",
+    "<|vision_start|>",
+    "<|vision_end|>",
+    "<|image_pad|>",
+    "<|video_pad|>",
+    "<|audio_start|>",
+    "<|audio_end|>",
+    "<tts_pad>",
+    "<tts_text_bos>",
+    "<tts_text_eod>",
+    "<|audio_pad|>",
+)
+"""Qwen3-Omni's special tokens that tiny-omni keeps, in the release's order."""
+
+_QWEN_SPLIT: Final = (
+    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*"
+    r"|\s*[\r\n]+|\s+(?!\S)|\s+"
+)
+"""Qwen2's pre-tokenizer split (``Qwen2Tokenizer``): ``tokenizer.json`` must split as the
+class that builds from ``vocab.json`` and ``merges.txt`` does."""
 
 _MULTIMODAL: Final = {
-    "audio_token": SPECIAL_TOKENS[Tokens.AUDIO_PAD],
-    "audio_bos_token": SPECIAL_TOKENS[Tokens.AUDIO_START],
-    "audio_eos_token": SPECIAL_TOKENS[Tokens.AUDIO_END],
-    "image_token": SPECIAL_TOKENS[Tokens.IMAGE_PAD],
-    "video_token": SPECIAL_TOKENS[Tokens.VIDEO_PAD],
-    "vision_bos_token": SPECIAL_TOKENS[Tokens.VISION_START],
-    "vision_eos_token": SPECIAL_TOKENS[Tokens.VISION_END],
+    "audio_token": "<|audio_pad|>",
+    "audio_bos_token": "<|audio_start|>",
+    "audio_eos_token": "<|audio_end|>",
+    "image_token": "<|image_pad|>",
+    "video_token": "<|video_pad|>",
+    "vision_bos_token": "<|vision_start|>",
+    "vision_eos_token": "<|vision_end|>",
 }
 """Tokenizer attributes ``Qwen3OmniMoeProcessor`` reads to expand media placeholders."""
 
-CHAT_TEMPLATE: Final = r"""{%- for message in messages %}
-    {%- if message.role not in ['system', 'user', 'assistant'] %}
-        {{- raise_exception('tiny-omni chat roles are system, user and assistant') }}
-    {%- endif %}
-    {{- '<|im_start|><|' + message.role + '|>\n' }}
-    {%- if message.content is string %}
-        {{- message.content }}
+CHAT_TEMPLATE: Final = r"""{%- macro render_content(content) %}
+    {%- if content is string %}
+        {{- content }}
     {%- else %}
-        {%- for part in message.content %}
-            {%- if part.type == 'text' %}
-                {{- part.text }}
-            {%- elif part.type in ['audio', 'audio_url', 'input_audio'] %}
+        {%- for part in content %}
+            {%- if part.type in ['audio', 'audio_url', 'input_audio'] %}
                 {{- '<|audio_start|><|audio_pad|><|audio_end|>' }}
             {%- elif part.type in ['image', 'image_url'] %}
                 {{- '<|vision_start|><|image_pad|><|vision_end|>' }}
             {%- elif part.type in ['video', 'video_url'] %}
                 {{- '<|vision_start|><|video_pad|><|vision_end|>' }}
+            {%- elif part.type == 'text' %}
+                {{- part.text }}
             {%- endif %}
         {%- endfor %}
     {%- endif %}
-    {{- '<|im_end|>\n' }}
+{%- endmacro %}
+{%- for message in messages %}
+    {%- if message.role in ['system', 'user'] %}
+        {{- '<|im_start|>' + message.role + '\n' + render_content(message.content) }}
+        {{- '<|im_end|>\n' }}
+    {%- elif message.role == 'assistant' %}
+        {{- '<|im_start|>assistant\n' + render_content(message.content) }}
+        {%- for call in message.tool_calls or [] %}
+            {%- if call.function is defined %}{%- set call = call.function %}{%- endif %}
+            {{- '\n<tool_call>\n{"name": "' + call.name + '", "arguments": ' }}
+            {{- call.arguments if call.arguments is string else call.arguments | tojson }}
+            {{- '}\n</tool_call>' }}
+        {%- endfor %}
+        {{- '<|im_end|>\n' }}
+    {%- elif message.role == 'tool' %}
+        {%- if loop.first or messages[loop.index0 - 1].role != 'tool' %}
+            {{- '<|im_start|>user' }}
+        {%- endif %}
+        {{- '\n<tool_response>\n' + render_content(message.content) + '\n</tool_response>' }}
+        {%- if loop.last or messages[loop.index0 + 1].role != 'tool' %}
+            {{- '<|im_end|>\n' }}
+        {%- endif %}
+    {%- else %}
+        {{- raise_exception('chat roles are system, user, assistant and tool') }}
+    {%- endif %}
 {%- endfor %}
 {%- if add_generation_prompt %}
-    {{- '<|im_start|><|assistant|>\n' }}
+    {{- '<|im_start|>assistant\n' }}
 {%- endif %}
 """
-"""Qwen's im_start/im_end turns with tiny-omni's role tokens; one placeholder per media
-part, which the processor expands to the media's length."""
+"""Qwen's turns (``<|im_start|>role\\n ... <|im_end|>\\n``, tool results as a user turn);
+one placeholder per media part, which the processor expands to the media's length."""
 
 
 def byte_symbols() -> list[str]:
@@ -116,33 +167,79 @@ def byte_symbols() -> list[str]:
     return [symbols[b] for b in range(256)]
 
 
-def _special_tokens() -> dict[int, str]:
-    """Every id past the bytes: the named specials, then reserved ones to the vocab size."""
-    reserved = {
-        i: f"<|reserved_special_token_{i - 256 - len(SPECIAL_TOKENS)}|>"
-        for i in range(256 + len(SPECIAL_TOKENS), TEXT_VOCAB_SIZE)
-    }
-    return {**SPECIAL_TOKENS, **reserved}
+@dataclass(frozen=True)
+class TinyVocab:
+    """Where tiny-omni's tokens sit (see the module docstring).
+
+    Attributes:
+        shift: filler tokens between the bytes and the merges (never produced by
+            encoding): every id past the bytes moves up by it.
+        size: the thinker's vocabulary size; the ids past the special tokens are
+            reserved special tokens.
+    """
+
+    shift: int = 0
+    size: int = TEXT_VOCAB_SIZE
+
+    def __post_init__(self) -> None:
+        if self.shift < 0:
+            raise ValueError(f"shift must be >= 0, got {self.shift}")
+        if self.size < self.first_special + len(SPECIAL_NAMES):
+            need = self.first_special + len(SPECIAL_NAMES)
+            raise ValueError(f"a vocabulary shifted by {self.shift} needs size >= {need}")
+
+    @property
+    def first_special(self) -> int:
+        """The id of the first special token."""
+        return 256 + self.shift + len(MERGES)
+
+    @cached_property
+    def vocab(self) -> dict[str, int]:
+        """The BPE vocabulary (``vocab.json``): bytes, fillers, merged tokens."""
+        vocab = {symbol: b for b, symbol in enumerate(byte_symbols())}
+        # Byte-level strings no merge produces: encoding never yields them, decoding does.
+        vocab.update({f"<fill{i}>": 256 + i for i in range(self.shift)})
+        for left, right in MERGES:
+            vocab[left + right] = len(vocab)
+        return vocab
+
+    @cached_property
+    def specials(self) -> dict[int, str]:
+        """Id -> text of every added (special) token: Qwen3-Omni's, then reserved ones."""
+        first = self.first_special
+        named = {first + i: name for i, name in enumerate(SPECIAL_NAMES)}
+        start = first + len(SPECIAL_NAMES)
+        reserved = {i: f"<|reserved_special_token_{i - start}|>" for i in range(start, self.size)}
+        return {**named, **reserved}
+
+    def id(self, token: str) -> int:
+        """The id of ``token``: a special token's name or a vocabulary entry."""
+        for i, name in self.specials.items():
+            if name == token:
+                return i
+        return self.vocab[token]
 
 
-def _tokenizer() -> Tokenizer:
-    symbols = byte_symbols()
-    tokenizer = Tokenizer(models.BPE(vocab={s: b for b, s in enumerate(symbols)}, merges=[]))
-    # No regex split: without merges it would not change a single id.
-    tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
+def _tokenizer(vocab: TinyVocab) -> Tokenizer:
+    merges = [(left, right) for left, right in MERGES]
+    tokenizer = Tokenizer(models.BPE(vocab=dict(vocab.vocab), merges=merges))
+    tokenizer.normalizer = normalizers.NFC()
+    tokenizer.pre_tokenizer = pre_tokenizers.Sequence(
+        [
+            pre_tokenizers.Split(Regex(_QWEN_SPLIT), behavior="isolated", invert=False),
+            pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
+        ]
+    )
     tokenizer.decoder = decoders.ByteLevel()
-    specials = _special_tokens()
-    if sorted(specials) != list(range(256, 256 + len(specials))):
-        raise ValueError("special token ids must follow the bytes without gaps")
-    # Added tokens take the next free ids in order, which are exactly their Tokens ids.
+    specials = vocab.specials
+    # Added tokens take the next free ids in order: exactly their ids in ``specials``.
     tokenizer.add_special_tokens(
         [AddedToken(specials[i], special=True, normalized=False) for i in sorted(specials)]
     )
-    wrong = {
-        t: tokenizer.token_to_id(t) for i, t in specials.items() if tokenizer.token_to_id(t) != i
-    }
+    got = {t: tokenizer.token_to_id(t) for t in specials.values()}
+    wrong = {t: got[t] for i, t in specials.items() if got[t] != i}
     if wrong:
-        raise RuntimeError(f"special tokens got ids other than tiny-omni's: {wrong}")
+        raise RuntimeError(f"special tokens got other ids than the layout's: {wrong}")
     return tokenizer
 
 
@@ -157,23 +254,28 @@ def _added_token(content: str) -> dict[str, Any]:
     }
 
 
-def write_tokenizer(out_dir: Path) -> None:
-    """Write ``tokenizer.json``, ``tokenizer_config.json`` and ``special_tokens_map.json``.
+def write_tokenizer(out_dir: Path, vocab: TinyVocab | None = None) -> None:
+    """Write tiny-omni's tokenizer files (module docstring) into ``out_dir``.
 
     Deterministic (same bytes on every call), so a prepared directory does not change
     when rebuilt. Load with ``AutoTokenizer.from_pretrained(out_dir)``.
 
     Args:
         out_dir: Created if missing; existing tokenizer files are replaced.
+        vocab: where the tokens sit (default: tiny-omni's own layout).
     """
+    vocab = vocab or TinyVocab()
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
-    _tokenizer().save(str(out_dir / "tokenizer.json"), pretty=True)
-    specials = _special_tokens()
+    _tokenizer(vocab).save(str(out_dir / "tokenizer.json"), pretty=True)
+    (out_dir / "vocab.json").write_text(json.dumps(vocab.vocab, ensure_ascii=False) + "\n")
+    header = "#version: 0.2\n"
+    (out_dir / "merges.txt").write_text(header + "".join(f"{a} {b}\n" for a, b in MERGES))
+    specials = vocab.specials
     names = [specials[i] for i in sorted(specials)]
-    eos, pad = SPECIAL_TOKENS[Tokens.IM_END], SPECIAL_TOKENS[Tokens.END_OF_TEXT]
+    eos, pad = "<|im_end|>", "<|endoftext|>"
     config = {
-        "tokenizer_class": "PreTrainedTokenizerFast",
+        "tokenizer_class": "Qwen2Tokenizer",
         "added_tokens_decoder": {str(i): _added_token(specials[i]) for i in sorted(specials)},
         "bos_token": None,
         "eos_token": eos,
@@ -191,8 +293,15 @@ def write_tokenizer(out_dir: Path) -> None:
         "errors": "replace",
         "model_max_length": 32768,
         "split_special_tokens": False,
+        # Also here: AutoTokenizer reads a template from this file, not chat_template.json
+        # (which processors read), and a server such as vLLM loads the tokenizer alone.
         "chat_template": CHAT_TEMPLATE,
     }
     special_map = {"eos_token": eos, "pad_token": pad, "additional_special_tokens": names}
-    for name, data in (("tokenizer_config.json", config), ("special_tokens_map.json", special_map)):
+    files = {
+        "tokenizer_config.json": config,
+        "special_tokens_map.json": special_map,
+        "chat_template.json": {"chat_template": CHAT_TEMPLATE},
+    }
+    for name, data in files.items():
         (out_dir / name).write_text(json.dumps(data, indent=2, ensure_ascii=False) + "\n")

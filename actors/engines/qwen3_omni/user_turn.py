@@ -1,6 +1,6 @@
 """``UserTurn``: the thinker's input since the last commit, prefilled as it arrives.
 
-A user turn opens with the first text or audio after a commit (``<|im_start|> USER
+A user turn opens with the first text or audio after a commit (``<|im_start|> user
 \\n``, behind the carry that closes the last reply) and is closed by the next commit
 (``<|im_end|> \\n``). Text is prefilled chunk by chunk; a run of consecutive audio
 chunks is one clip (``<|audio_start|> PAD*n <|audio_end|>``) whose encoder windows are
@@ -23,12 +23,9 @@ from dataclasses import dataclass, field
 import torch
 
 from omni_actors.actors.engines.qwen3_omni.audio_stream import AudioClip
-from omni_actors.actors.engines.qwen3_omni.configs import Tokens
-from omni_actors.actors.engines.qwen3_omni.conversation import NEWLINE
+from omni_actors.actors.engines.qwen3_omni.vocabulary import Vocabulary
 
 __all__ = ["Feed", "UserTurn"]
-
-USER_OPENING = (Tokens.IM_START, Tokens.USER, NEWLINE)
 
 
 @dataclass(frozen=True)
@@ -52,6 +49,8 @@ class Feed:
 class UserTurn:
     """The user turn being received (see the module docstring)."""
 
+    vocabulary: Vocabulary
+    """Where the turn's ids come from."""
     opened: bool = False
     pending: list[int] = field(default_factory=list)
     """Ids not prefilled yet."""
@@ -74,7 +73,7 @@ class UserTurn:
         """Start the turn behind ``carry`` unless it is open already."""
         if not self.opened:
             self.opened = True
-            self.pending = [*carry, *USER_OPENING]
+            self.pending = [*carry, *self.vocabulary.user_opening]
             self.skip = len(carry)
 
     def next_feed(
@@ -86,17 +85,17 @@ class UserTurn:
         (``<|audio_end|>``, if any of it was heard); the last ``tail`` ids of ``then``
         are not the user's. Pending state moves into the feed.
         """
-        ids = self.pending
+        ids, special = self.pending, self.vocabulary.ids
         if embeds is not None and embeds.shape[0]:
             if not self.clip_open:
-                ids.append(Tokens.AUDIO_START)
+                ids.append(special.audio_start)
                 self.clip_open = True
-            ids.extend([Tokens.AUDIO_PAD] * embeds.shape[0])
+            ids.extend([special.audio_pad] * embeds.shape[0])
         else:
             embeds = None
         if end_clip:
             if self.clip_open:
-                ids.append(Tokens.AUDIO_END)
+                ids.append(special.audio_end)
             self.clip, self.clip_open = None, False
         ids.extend(then)
         feed = Feed(ids, embeds, self.skip, tail)

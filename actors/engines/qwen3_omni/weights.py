@@ -55,7 +55,7 @@ from .configs import (
     tiny_configs,
 )
 from .layout import ARCHITECTURE, REBUILD, STAGES
-from .tokenizer import write_tokenizer
+from .tokenizer import TinyVocab, write_tokenizer
 
 __all__ = [
     "STAGES",
@@ -322,6 +322,7 @@ def build(
     *,
     num_code_groups: int = DEFAULT_NUM_CODE_GROUPS,
     max_shard_bytes: int = _TINY_SHARD_BYTES,
+    vocab: TinyVocab | None = None,
 ) -> None:
     """Draw the tiny-omni weights and write them as a release into ``out_dir``.
 
@@ -335,8 +336,10 @@ def build(
         progress: Optional ``progress(stage, done, total)`` callback.
         num_code_groups: Codebooks per codec frame (see :func:`tiny_configs`).
         max_shard_bytes: the largest shard (code2wav gets a last shard of its own).
+        vocab: where the text tokens sit (default: tiny-omni's own layout); another
+            layout makes a release whose every special id and vocabulary size differ.
     """
-    composite = tiny_configs(seed, num_code_groups=num_code_groups)
+    composite = tiny_configs(seed, num_code_groups=num_code_groups, vocab=vocab)
     configs = {
         stage: cast(PreTrainedConfig, getattr(composite, f"{stage}_config")) for stage in STAGES
     }
@@ -361,6 +364,6 @@ def build(
             writer.write_json(name, data)
         writer.write_json("generation_config.json", {"do_sample": False})
         with tempfile.TemporaryDirectory() as files:
-            write_tokenizer(Path(files))
+            write_tokenizer(Path(files), vocab)
             for path in sorted(Path(files).iterdir()):
                 writer.copy_file(path)

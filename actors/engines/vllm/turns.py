@@ -4,8 +4,8 @@ A streaming conversation engine never renders a whole conversation: it appends o
 at a time (the user's as it arrives, a system turn, the assistant's opening) to a request
 that stays open. So it needs each role's turn as *prefix + content + suffix* token ids.
 Rendering the tokenizer's own chat template around a sentinel content and splitting there
-gives them for any model that ships a template (tiny-omni's ``<|im_start|><|user|>\\n``,
-Qwen's ``<|im_start|>user\\n``), with no table of model-specific strings here.
+gives them for any model that ships a template (Qwen's ``<|im_start|>user\\n``), with no
+table of model-specific strings here.
 """
 
 from __future__ import annotations
