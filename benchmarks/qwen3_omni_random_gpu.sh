@@ -33,7 +33,7 @@ for step in "${steps[@]}"; do
         --json --quiet > "$OUT/qwen3_omni_random_boundary.json"
       cat "$OUT/qwen3_omni_random_boundary.json" ;;
     run)
-      omni run --preset qwen3-omni --model "$RELEASE" --text "Hello, who are you?" \
+      omni run --preset benchmarks/qwen3_omni_random.yaml --model "$RELEASE" --text "Hello, who are you?" \
         --out "$OUT/qwen3_omni_random_reply.wav" 2>&1 | tail -20 ;;
   esac
 done

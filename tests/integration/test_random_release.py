@@ -18,7 +18,13 @@ pytest.importorskip("transformers")
 import torch
 
 from omni_actors.actors.engines.qwen3_omni import configs, weights
-from omni_actors.actors.engines.qwen3_omni.random_release import real_config, write_random_release
+from omni_actors.actors.engines.qwen3_omni.random_release import (
+    real_config,
+    release_vocab,
+    write_random_release,
+)
+from omni_actors.actors.engines.qwen3_omni.tokenizer import write_tokenizer
+from omni_actors.actors.engines.qwen3_omni.vocabulary import Vocabulary
 from omni_actors.models.release import INDEX, Release
 
 pytestmark = pytest.mark.integration
@@ -84,3 +90,21 @@ def test_a_tensor_depends_on_its_seed_and_name_only(release: Path, tmp_path: Pat
     assert all(torch.equal(first[k], same[k]) for k in first)
     differ = dict(Release.open(other).tensors("talker.", strip=False))
     assert any(not torch.equal(first[k], differ[k]) for k in first)
+
+
+def test_the_full_size_release_tokenizer_has_qwen_ids(tmp_path: Path) -> None:
+    config = real_config()
+    write_tokenizer(tmp_path, release_vocab(config))
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    vocabulary = Vocabulary.load(tmp_path)  # cross-checks every id the config names
+    assert vocabulary.user_opening[:2] == (151644, 872)
+    assert vocabulary.assistant_opening[:2] == (151644, 77091)
+    assert vocabulary.close_turn[0] == 151645
+
+
+def test_a_random_release_of_tiny_omni_config_has_a_tokenizer_the_thinker_reads(
+    release: Path,
+) -> None:
+    vocabulary = Vocabulary.load(release)
+    tiny = configs.tiny_configs(0)
+    assert vocabulary.user_opening[:2] == (tiny.im_start_token_id, tiny.user_token_id)

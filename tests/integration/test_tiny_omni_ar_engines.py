@@ -22,7 +22,7 @@ pytest.importorskip("transformers")
 
 import torch
 from thinker_driving import started
-from tiny_omni_ids import ASSISTANT_OPENING, PRINTABLE_RANGES, Tokens, user_turn
+from tiny_omni_ids import ASSISTANT_OPENING, PRINTABLE_RANGES, TINY_TALKER, Tokens, user_turn
 from transformers import DynamicCache
 
 from omni_actors.actors.engines.contract import Fields
@@ -49,6 +49,7 @@ def thinker(cache_dir: Path, **extra: Any) -> AbstractAsyncContextManager[Thinke
 
 
 def talker(cache_dir: Path, **extra: Any) -> AbstractAsyncContextManager[TalkerEngine]:
+    extra = {**TINY_TALKER, **extra}
     return started(TalkerEngine(TalkerArgs(**_args(cache_dir, **extra))))
 
 
@@ -400,3 +401,25 @@ async def test_talker_codec_eos_is_masked_unless_asked_to_stop(cache_dir: Path) 
     assert masked.shape[0] == 2 * len(ids(said))
     assert 0 < stopped.shape[0] < masked.shape[0]
     assert torch.equal(stopped, masked[: stopped.shape[0]])  # the same frames up to EOS
+
+
+async def test_by_default_a_reply_ends_at_codec_eos_or_max_frames(cache_dir: Path) -> None:
+    said = await _thinker_output(
+        cache_dir, [{"text": "Tell me a story."}], max_new_tokens=16, min_new_tokens=16
+    )
+    assert TalkerArgs().frames_per_token is None
+    assert TalkerArgs().stop_at_codec_eos
+    plain = {"frames_per_token": None, "stop_at_codec_eos": True}  # TalkerArgs' defaults
+    async with talker(cache_dir, **plain, max_frames=300) as engine:
+        spoken = codes(await run(engine, "s", feed(stream_edge(said))))
+    async with talker(cache_dir) as engine:  # tiny-omni's presets: 2 frames per token
+        planned = codes(await run(engine, "s", feed(stream_edge(said))))
+    # No cap per token: the reply goes on past 2 frames per token, the same frames.
+    assert planned.shape[0] == 2 * len(ids(said))
+    assert planned.shape[0] < spoken.shape[0] <= 300
+    assert torch.equal(spoken[: planned.shape[0]], planned)
+    async with talker(cache_dir, **plain, max_frames=40) as engine:
+        short = codes(await run(engine, "s", feed(stream_edge(said))))
+    assert torch.equal(short, spoken[:40])
+    with pytest.raises(EngineArgsError, match="would end only at max_frames"):
+        build_engine("qwen3-omni.talker", _args(cache_dir, stop_at_codec_eos=False))

@@ -24,6 +24,7 @@ pytest.importorskip("transformers")
 import torch
 from tiny_omni_ids import (
     PRINTABLE_RANGES,
+    TINY_TALKER,
 )
 
 from omni_actors.actors.engines.contract import Fields
@@ -182,6 +183,7 @@ def test_a_padded_batch_gives_each_session_its_solo_codes(
 
 @asynccontextmanager
 async def talker(cache_dir: Path, **extra: Any) -> AsyncIterator[TalkerEngine]:
+    extra = {**TINY_TALKER, **extra}
     engine = TalkerEngine(TalkerArgs(seed=0, cache_dir=str(cache_dir), **extra))
     await engine.start()
     try:

@@ -29,6 +29,7 @@ from thinker_steps import tensor
 from tiny_omni_ids import (
     ASSISTANT_OPENING,
     PRINTABLE_RANGES,
+    TINY_TALKER,
     Tokens,
 )
 from tiny_omni_reference import (
@@ -63,6 +64,7 @@ def cache_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @asynccontextmanager
 async def talker(cache_dir: Path, **extra: Any) -> AsyncIterator[TalkerEngine]:
+    extra = {**TINY_TALKER, **extra}
     engine = TalkerEngine(TalkerArgs(seed=0, cache_dir=str(cache_dir), **extra))
     await engine.start()
     try:

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from tiny_omni_ids import TINY_TALKER
 
 pytest.importorskip("transformers")
 
@@ -133,7 +134,7 @@ async def test_a_conversation_runs_through_the_three_engines_on_the_releases_ids
         text = "".join(str(out["text"]) for out in outputs if "text" in out)
         assert text == tokenizer.decode(reply, skip_special_tokens=True)
 
-    talker = TalkerEngine(TalkerArgs(model=str(release), speaker="Aiden"))
+    talker = TalkerEngine(TalkerArgs(model=str(release), speaker="Aiden", **TINY_TALKER))
     await talker.start()
     try:
         assert talker.voices == ["aiden", "chelsie", "ethan"]

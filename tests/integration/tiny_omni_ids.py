@@ -23,6 +23,8 @@ VOCAB: Final = TinyVocab()
 PRINTABLE: Final = range(32, 127)
 """The printable byte ids, which the tests' thinkers are restricted to."""
 PRINTABLE_RANGES: Final = [(PRINTABLE.start, PRINTABLE.stop)]
+TINY_TALKER: Final = {"frames_per_token": 2, "stop_at_codec_eos": False}
+"""The talker as the tiny-omni presets run it: EOS masked, 2 frames per token."""
 """``allowed_token_ranges`` for them."""
 NEWLINE: Final = ord("\n")
 

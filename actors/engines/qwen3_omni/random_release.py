@@ -17,6 +17,7 @@ standard deviation 0.02 (the config's ``initializer_range``).
 from __future__ import annotations
 
 import json
+import tempfile
 import zlib
 from collections.abc import Mapping
 from importlib import resources
@@ -29,9 +30,16 @@ from omni_actors.models.release import ReleaseWriter
 
 from .configs import quiet_transformers
 from .layout import STAGES
+from .tokenizer import QWEN3_OMNI_SPECIALS, SPECIAL_NAMES, PlacedVocab, write_tokenizer
 from .weights import Progress, build_stage, front_end_configs, release_tensors, stage_config_of
 
-__all__ = ["QWEN3_OMNI_30B_A3B", "RELEASE_SHARD_BYTES", "real_config", "write_random_release"]
+__all__ = [
+    "QWEN3_OMNI_30B_A3B",
+    "RELEASE_SHARD_BYTES",
+    "real_config",
+    "release_vocab",
+    "write_random_release",
+]
 
 QWEN3_OMNI_30B_A3B: Final = "qwen3_omni_30b_a3b.json"
 """The composite ``config.json`` of ``Qwen/Qwen3-Omni-30B-A3B-Instruct`` (shipped beside
@@ -111,4 +119,32 @@ def write_random_release(
         for name, data in front_end_configs().items():
             writer.write_json(name, data)
         writer.write_json("generation_config.json", {"do_sample": False})
+        with tempfile.TemporaryDirectory() as files:
+            write_tokenizer(Path(files), release_vocab(stored))
+            for path in sorted(Path(files).iterdir()):
+                writer.copy_file(path)
     return Path(out)
+
+
+def release_vocab(config: Mapping[str, Any]) -> PlacedVocab:
+    """The tokenizer layout a release of ``config`` needs: its role words at the ids the
+    config names, then the added tokens in the order whose ids the config names —
+    Qwen3-Omni's (from ``<|endoftext|>`` at 151643) or tiny-omni's — up to the thinker's
+    vocabulary size.
+
+    Raises:
+        ValueError: the config's special ids follow neither order.
+    """
+    roles = (
+        ("system", int(config["system_token_id"])),
+        ("user", int(config["user_token_id"])),
+        ("assistant", int(config["assistant_token_id"])),
+    )
+    im_start = int(config["im_start_token_id"])
+    audio_pad = int(config["thinker_config"]["audio_token_id"])
+    size = int(config["thinker_config"]["text_config"]["vocab_size"])
+    for names in (QWEN3_OMNI_SPECIALS, SPECIAL_NAMES):
+        first = im_start - names.index("<|im_start|>")
+        if first + names.index("<|audio_pad|>") == audio_pad:
+            return PlacedVocab(roles, first, names, max(size, first + len(names)))
+    raise ValueError("the config's special ids follow neither Qwen3-Omni's order nor tiny-omni's")

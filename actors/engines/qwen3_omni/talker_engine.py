@@ -39,11 +39,12 @@ codes against solo runs with the model driven directly; through the engine, wher
 timing decides the batches, tests assert structure). A failed forward fails every
 session in it, each rolled back as above.
 
-Codec EOS is suppressed by default, so a reply is exactly ``frames_per_token * N``
-frames long (the length the pipeline plans for); the random weights *do* pick EOS now
-and then (e.g. at frame 91 of 256 for "Tell me a story." answered in 128 tokens). Every
-frame HF would produce is the same either way; with ``stop_at_codec_eos`` the reply
-ends at EOS, as HF and a real checkpoint do.
+A reply ends at codec EOS, as HF and a real checkpoint end their speech (or at
+``max_frames``). tiny-omni's presets instead mask EOS and cap the reply at
+``frames_per_token * N`` frames (``stop_at_codec_eos: false``), a length tests and
+benchmarks can plan for: its random weights pick EOS only now and then (e.g. at frame
+91 of 256 for "Tell me a story." answered in 128 tokens). Every frame HF would produce
+is the same either way.
 """
 
 from __future__ import annotations
@@ -53,7 +54,7 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import ClassVar
 
-from pydantic import Field, field_validator
+from pydantic import Field, field_validator, model_validator
 
 from omni_actors.actors.engines.batched_engine import BatchedTorchEngine
 from omni_actors.actors.engines.contract import Fields, ResponseOptions, Rule, response_options
@@ -71,21 +72,36 @@ class TalkerArgs(WeightsArgs, DeviceArgs):
     """The talker's arguments: ``seed`` and ``cache_dir`` locate its weights.
 
     Attributes:
-        frames_per_token: a reply is that many codec frames per thinker token.
+        frames_per_token: cap a reply at that many codec frames per thinker token (the
+            length a test or a benchmark plans for); None: no cap, the reply ends at
+            codec EOS, as a real checkpoint ends its speech.
         speaker: the voice, one of the checkpoint's (``talker_config.speaker_id``;
             Qwen3-Omni's are ``chelsie``, ``ethan`` and ``aiden``), checked when the model
             loads; a response's ``voice`` option overrides it.
-        stop_at_codec_eos: end the reply when the talker picks codec EOS (default: EOS
-            is masked, see the module docstring).
+        stop_at_codec_eos: end the reply when the talker picks codec EOS (the
+            default); False masks EOS, so a reply is exactly ``frames_per_token`` frames
+            per token (see the module docstring).
+        max_frames: the most frames of one reply (HF's ``talker_max_new_tokens``): a
+            reply whose EOS never comes ends there.
         max_batch: the most sessions whose frames share one forward (see the module
             docstring): bounds how long one step takes, so a session's frame waits at
             most for the forwards ahead of it; 1 steps every session on its own.
     """
 
-    frames_per_token: int = Field(2, ge=1)
+    frames_per_token: int | None = Field(None, ge=1)
     speaker: str = "chelsie"
-    stop_at_codec_eos: bool = Field(False, strict=True)
+    stop_at_codec_eos: bool = Field(True, strict=True)
+    max_frames: int = Field(4096, ge=1)
     max_batch: int = Field(16, ge=1)
+
+    @model_validator(mode="after")
+    def _ends(self) -> TalkerArgs:
+        if self.frames_per_token is None and not self.stop_at_codec_eos:
+            raise ValueError(
+                "a reply would end only at max_frames: set frames_per_token, or leave "
+                "stop_at_codec_eos on"
+            )
+        return self
 
     @field_validator("speaker")
     @classmethod
@@ -125,6 +141,7 @@ class TalkerEngine(BatchedTorchEngine[Voice, FrameStep, Frame]):
 
     def __init__(self, args: TalkerArgs) -> None:
         self.frames_per_token = args.frames_per_token
+        self.max_frames = args.max_frames
         self.stop_at_codec_eos = args.stop_at_codec_eos
         self.speaker = args.speaker
         super().__init__(
@@ -162,14 +179,12 @@ class TalkerEngine(BatchedTorchEngine[Voice, FrameStep, Frame]):
     # -- the engine protocol --------------------------------------------------------------
 
     async def generate(self, session: str, inputs: AsyncIterator[Fields]) -> AsyncIterator[Fields]:
-        """Prefill the response's user rows as they come, then ``frames_per_token * N``
-        frames for its ``N`` tokens.
-
-        Fewer only with ``stop_at_codec_eos`` when the talker picks codec EOS (as the
-        real model ends its speech): the reply then ends at once, its remaining input
-        left unread for the stage to drain. The voice is the response's ``voice`` option,
-        else ``speaker``, read when the first token comes (the thinker's input, which
-        the option comes with, has ended by then).
+        """Prefill the response's user rows as they come, then frames until codec EOS
+        (``stop_at_codec_eos``, as the real model ends its speech: the reply then ends
+        at once, its remaining input left unread for the stage to drain), the cap of
+        ``frames_per_token * N`` for its ``N`` tokens, or ``max_frames``. The voice is
+        the response's ``voice`` option, else ``speaker``, read when the first token
+        comes (the thinker's input, which the option comes with, has ended by then).
 
         Raises:
             ValueError: the session is already generating.
@@ -254,7 +269,10 @@ class TalkerEngine(BatchedTorchEngine[Voice, FrameStep, Frame]):
         return speakers[name]
 
     def _done(self, got: ReplyInput, produced: int) -> bool:
-        return got.ended and produced >= self.frames_per_token * len(got.embeds)
+        if produced >= self.max_frames:
+            return True
+        per_token = self.frames_per_token
+        return per_token is not None and got.ended and produced >= per_token * len(got.embeds)
 
     async def _wait_for(
         self, signal: AbortSignal, inputs: AsyncIterator[Fields], got: ReplyInput, frame: int

@@ -36,6 +36,8 @@ from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, normalize
 __all__ = [
     "CHAT_TEMPLATE",
     "MERGES",
+    "QWEN3_OMNI_SPECIALS",
+    "PlacedVocab",
     "SPECIAL_NAMES",
     "TEXT_VOCAB_SIZE",
     "TinyVocab",
@@ -220,7 +222,97 @@ class TinyVocab:
         return self.vocab[token]
 
 
-def _tokenizer(vocab: TinyVocab) -> Tokenizer:
+QWEN3_OMNI_SPECIALS: Final = (
+    "<|endoftext|>",
+    "<|im_start|>",
+    "<|im_end|>",
+    "<|object_ref_start|>",
+    "<|object_ref_end|>",
+    "<|box_start|>",
+    "<|box_end|>",
+    "<|quad_start|>",
+    "<|quad_end|>",
+    "<|vision_start|>",
+    "<|vision_end|>",
+    "<|vision_pad|>",
+    "<|image_pad|>",
+    "<|video_pad|>",
+    "<tool_call>",
+    "</tool_call>",
+    "<|fim_prefix|>",
+    "<|fim_middle|>",
+    "<|fim_suffix|>",
+    "<|fim_pad|>",
+    "<|repo_name|>",
+    "<|file_sep|>",
+    "<tool_response>",
+    "</tool_response>",
+    "<think>",
+    "</think>",
+    "<|audio_start|>",
+    "<|audio_end|>",
+    "<tts_pad>",
+    "<tts_text_bos>",
+    "<tts_text_eod>",
+    "<tts_text_bos_single>",
+    "<|audio_pad|>",
+)
+"""Qwen3-Omni's added tokens, in the order of their ids (from 151643 in its release)."""
+
+
+@dataclass(frozen=True)
+class PlacedVocab:
+    """A byte-level vocabulary whose role words and special tokens sit at given ids:
+    a full-size release's, whose ``config.json`` names Qwen's ids (``user`` 872,
+    ``<|im_start|>`` 151644...), with the same byte symbols and merges as tiny-omni's.
+
+    Every id below ``first_special`` that is no byte, merged token or role word is a
+    filler (never produced by encoding), so the vocabulary is as large as the release's.
+
+    Attributes:
+        roles: role word (``system``, ``user``, ``assistant``) -> its id.
+        first_special: the id of the first added token.
+        special_names: the added tokens, in the order of their ids.
+        size: the thinker's vocabulary size; the ids past the added tokens are reserved.
+    """
+
+    roles: tuple[tuple[str, int], ...]
+    first_special: int
+    special_names: tuple[str, ...] = QWEN3_OMNI_SPECIALS
+    size: int = 0
+
+    @cached_property
+    def vocab(self) -> dict[str, int]:
+        """The BPE vocabulary (``vocab.json``): bytes, merged tokens, role words, fillers."""
+        vocab = {symbol: b for b, symbol in enumerate(byte_symbols())}
+        placed = dict(self.roles)
+        taken = set(placed.values())
+        free = (i for i in range(256, self.first_special) if i not in taken)
+        for left, right in MERGES:
+            word = left + right
+            vocab[word] = placed[word] if word in placed else next(free)
+        used = set(vocab.values())
+        vocab.update({f"<fill{i}>": i for i in range(256, self.first_special) if i not in used})
+        return vocab
+
+    @cached_property
+    def specials(self) -> dict[int, str]:
+        """Id -> text of every added token: the named ones, then reserved ones."""
+        first = self.first_special
+        named = {first + i: name for i, name in enumerate(self.special_names)}
+        start = first + len(self.special_names)
+        reserved = {i: f"<|reserved_special_token_{i - start}|>" for i in range(start, self.size)}
+        return {**named, **reserved}
+
+    def id(self, token: str) -> int:
+        """The id of ``token``: an added token's name or a vocabulary entry."""
+        for i, name in self.specials.items():
+            if name == token:
+                return i
+        return self.vocab[token]
+
+
+def _tokenizer(vocab: TinyVocab | PlacedVocab) -> Tokenizer:
     merges = [(left, right) for left, right in MERGES]
     tokenizer = Tokenizer(models.BPE(vocab=dict(vocab.vocab), merges=merges))
     tokenizer.normalizer = normalizers.NFC()
@@ -254,7 +346,7 @@ def _added_token(content: str) -> dict[str, Any]:
     }
 
 
-def write_tokenizer(out_dir: Path, vocab: TinyVocab | None = None) -> None:
+def write_tokenizer(out_dir: Path, vocab: TinyVocab | PlacedVocab | None = None) -> None:
     """Write tiny-omni's tokenizer files (module docstring) into ``out_dir``.
 
     Deterministic (same bytes on every call), so a prepared directory does not change
