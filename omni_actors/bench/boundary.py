@@ -57,8 +57,11 @@ def boundary_errors(
 
 async def _decode(engine: Any, session: str, inputs: list[Fields]) -> torch.Tensor:
     async def feed() -> AsyncIterator[Fields]:
-        for item in inputs:
-            yield item
+        for item in inputs:  # onto the engine's device, as its stage hands them over
+            yield {
+                k: v.to(engine.device) if isinstance(v, torch.Tensor) else v
+                for k, v in item.items()
+            }
 
     pieces = [out["audio"] async for out in engine.generate(session, feed())]
     await engine.release(session)
