@@ -1,9 +1,11 @@
-"""tiny-omni: Qwen3-Omni's real architecture at toy size, the embedded default model family.
+"""Qwen3-Omni: its three engines on any release, and the releases generated here.
 
-``family`` registers the family (its three engines and its ``prepare`` step) and imports
-nothing heavy; ``configs`` defines the shapes and vocabularies, ``weights`` draws
-deterministic random weights and saves/loads them per stage in the Hugging Face layout;
-``thinker_engine``, ``talker_engine`` and ``code2wav_engine`` (with ``code2wav_model``)
+``family`` registers the families (``qwen3-omni``'s engines; ``tiny-omni`` and
+``qwen3-omni-random``, releases it writes) and imports nothing heavy. ``weights`` builds
+a stage from a release (only its shards, straight onto its device) and writes tiny-omni;
+``random_release`` writes the full-size one; ``vocabulary`` reads a release's tokenizer,
+special ids and chat turns; ``configs`` defines tiny-omni's shapes;
+``thinker_engine``, ``talker_engine`` and ``code2wav_engine`` (with their ``*_model``)
 serve the stages. Those modules need the ``tiny-omni`` extra (transformers,
 safetensors), imported through ``hf``, which names the extra when it is missing; the
 rest of ``omni_actors`` does not need it.

@@ -15,8 +15,8 @@ class VllmThinkerArgs(WeightsArgs):
     """The vLLM thinker's arguments.
 
     Attributes:
-        model: the checkpoint directory, or the name of a prepared model family (its
-            ``checkpoint`` directory at ``seed`` in ``cache_dir``).
+        model: the release: its directory, a Hugging Face repo id, or a generated
+            release's name (``tiny-omni``: prepared at ``seed`` in ``cache_dir``).
         dtype: the weights' dtype in vLLM (``auto``, ``float32``, ``bfloat16``...).
         max_model_len: the longest conversation, in tokens.
         max_num_seqs: the most requests (sessions) vLLM schedules at once.
