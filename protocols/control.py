@@ -249,11 +249,14 @@ class StageState(msgspec.Struct, tag="stage-state", frozen=True, kw_only=True):
         keys: the sessions it holds (those still being aborted included).
         queued: input chunks its sessions have received and their engine has not taken
             yet: the stage's backlog (its mailbox only routes, so chunks wait here).
+        voices: the voices its engine speaks with (a response's ``voice`` option takes
+            one of them); None for an engine that has none.
     """
 
     stage: str
     keys: list[SessionKey]
     queued: int = 0
+    voices: list[str] | None = None
 
 
 class Inspect(msgspec.Struct, Request[StageState], tag="inspect", frozen=True, kw_only=True):
@@ -400,6 +403,8 @@ class StageHealth(msgspec.Struct, frozen=True, kw_only=True):
         sessions: live sessions routed through it.
         queued: its backlog (:attr:`StageState.queued`); None when it did not answer
             in time (restarting, or too busy to answer).
+        voices: the voices its engine speaks with (:attr:`StageState.voices`); None
+            when it has none or did not answer in time.
     """
 
     stage: str
@@ -407,6 +412,7 @@ class StageHealth(msgspec.Struct, frozen=True, kw_only=True):
     restarts: int
     sessions: int
     queued: int | None = None
+    voices: list[str] | None = None
 
 
 class PipelineHealth(msgspec.Struct, tag="pipeline-health", frozen=True, kw_only=True):

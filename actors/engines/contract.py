@@ -69,6 +69,10 @@ session goes on with the next response. The engine tells this cancel from its ta
 (the session is over) by :func:`output_overdue`, and fails the response as if it had
 raised: its session state comes back to where the response started.
 
+An engine that speaks may expose ``voices``, the names a response's ``voice`` option
+takes (the talker: its checkpoint's speakers); the stage reports them in its state, and
+``OmniPipeline.health()`` lists them per stage (:func:`engine_voices`).
+
 An engine whose model runs in processes of its own (vLLM's EngineCore) may expose
 ``died``, an ``asyncio.Future`` it resolves with an error when they exit: the stage then
 fails as a whole and its supervisor restarts it (a new engine), as when a stage's worker
@@ -123,6 +127,7 @@ __all__ = [
     "ResponseOptions",
     "Rule",
     "Truncatable",
+    "engine_voices",
     "output_overdue",
     "response_options",
 ]
@@ -172,6 +177,19 @@ def response_options(inputs: AsyncIterator[Fields]) -> ResponseOptions:
     """
     options = getattr(inputs, "options", None)
     return options if isinstance(options, ResponseOptions) else NO_OPTIONS
+
+
+def engine_voices(engine: object) -> list[str] | None:
+    """The voices ``engine`` speaks with: its ``voices`` (a talker's speakers, which a
+    response's ``voice`` option names), sorted; None for an engine without them."""
+    voices = getattr(engine, "voices", None)
+    if voices is None or isinstance(voices, str):
+        return None
+    try:
+        names = sorted(voices)
+    except TypeError:
+        return None
+    return names if all(isinstance(name, str) for name in names) else None
 
 
 def output_overdue(inputs: AsyncIterator[Fields]) -> bool:

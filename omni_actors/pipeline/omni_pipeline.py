@@ -198,7 +198,8 @@ class OmniPipeline:
         return dict(zip(refs, states, strict=True))
 
     async def health(self, timeout: float = 2.0) -> PipelineHealth:
-        """Every stage actor's state, restarts, sessions and backlog (``queued``).
+        """Every stage actor's state, restarts, sessions, backlog (``queued``) and the
+        voices its engine speaks with (``voices``: a talker's, for a server to list).
 
         The orchestrator reports states, restarts and sessions; each running stage is
         asked for its backlog, ``timeout`` seconds at most, all at once. A stage that
@@ -219,7 +220,9 @@ class OmniPipeline:
         stages = dict(health.stages)
         for name, answer in zip(running, answers, strict=True):
             if isinstance(answer, StageState):
-                stages[name] = msgspec.structs.replace(stages[name], queued=answer.queued)
+                stages[name] = msgspec.structs.replace(
+                    stages[name], queued=answer.queued, voices=answer.voices
+                )
             elif not isinstance(answer, Exception):
                 raise answer  # cancelled: this call is
             else:  # it failed meanwhile, or is too busy: its supervisor reports the rest

@@ -88,6 +88,15 @@ async def test_text_in_text_and_audio_out(cache: Path) -> None:
         await nothing_held(omni)
 
 
+async def test_health_lists_the_voices_of_the_checkpoint(cache: Path) -> None:
+    # The talker runs in a worker process: its voices cross the wire in its state.
+    async with OmniPipeline(spec_of("tiny-omni", cache)) as omni:
+        stages = (await omni.health()).stages
+        assert stages["talker"].voices == ["aiden", "chelsie", "ethan"]
+        assert stages["thinker"].voices is None
+        assert stages["code2wav"].voices is None
+
+
 async def test_audio_in_text_and_audio_out(cache: Path) -> None:
     tone = torch.sin(torch.arange(16000) * 2 * math.pi * 220 / 16000) * 0.3
     async with OmniPipeline(spec_of("tiny-omni", cache)) as omni:

@@ -50,7 +50,14 @@ async def test_liveness_and_readiness_of_an_idle_server(server: RunningServer) -
         "ready": True,
         "draining": False,
         "stages": {
-            name: {"stage": name, "state": "running", "restarts": 0, "sessions": 0, "queued": 0}
+            name: {
+                "stage": name,
+                "state": "running",
+                "restarts": 0,
+                "sessions": 0,
+                "queued": 0,
+                "voices": None,
+            }
             for name in STAGES
         },
         "sessions": {"realtime": 0, "active": 0},
