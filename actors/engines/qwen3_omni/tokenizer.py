@@ -208,18 +208,11 @@ class TinyVocab:
     @cached_property
     def specials(self) -> dict[int, str]:
         """Id -> text of every added (special) token: Qwen3-Omni's, then reserved ones."""
-        first = self.first_special
-        named = {first + i: name for i, name in enumerate(SPECIAL_NAMES)}
-        start = first + len(SPECIAL_NAMES)
-        reserved = {i: f"<|reserved_special_token_{i - start}|>" for i in range(start, self.size)}
-        return {**named, **reserved}
+        return _added_tokens(self.first_special, SPECIAL_NAMES, self.size)
 
     def id(self, token: str) -> int:
         """The id of ``token``: a special token's name or a vocabulary entry."""
-        for i, name in self.specials.items():
-            if name == token:
-                return i
-        return self.vocab[token]
+        return _token_id(self.specials, self.vocab, token)
 
 
 QWEN3_OMNI_SPECIALS: Final = (
@@ -298,18 +291,27 @@ class PlacedVocab:
     @cached_property
     def specials(self) -> dict[int, str]:
         """Id -> text of every added token: the named ones, then reserved ones."""
-        first = self.first_special
-        named = {first + i: name for i, name in enumerate(self.special_names)}
-        start = first + len(self.special_names)
-        reserved = {i: f"<|reserved_special_token_{i - start}|>" for i in range(start, self.size)}
-        return {**named, **reserved}
+        return _added_tokens(self.first_special, self.special_names, self.size)
 
     def id(self, token: str) -> int:
         """The id of ``token``: an added token's name or a vocabulary entry."""
-        for i, name in self.specials.items():
-            if name == token:
-                return i
-        return self.vocab[token]
+        return _token_id(self.specials, self.vocab, token)
+
+
+def _added_tokens(first: int, names: tuple[str, ...], size: int) -> dict[int, str]:
+    """Id -> text of the added tokens: ``names`` from ``first`` on, then reserved ones up
+    to the vocabulary's ``size``, so every id the thinker can emit decodes."""
+    named = {first + i: name for i, name in enumerate(names)}
+    start = first + len(names)
+    reserved = {i: f"<|reserved_special_token_{i - start}|>" for i in range(start, size)}
+    return {**named, **reserved}
+
+
+def _token_id(specials: dict[int, str], vocab: dict[str, int], token: str) -> int:
+    for i, name in specials.items():
+        if name == token:
+            return i
+    return vocab[token]
 
 
 def _tokenizer(vocab: TinyVocab | PlacedVocab) -> Tokenizer:
