@@ -33,6 +33,7 @@ path would copy the cache eight times per layer at the thinker's sizes).
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -132,7 +133,11 @@ class StepCache:
     """
 
     def __init__(
-        self, keys: list[torch.Tensor], values: list[torch.Tensor], positions: torch.Tensor, span: int
+        self,
+        keys: list[torch.Tensor],
+        values: list[torch.Tensor],
+        positions: torch.Tensor,
+        span: int,
     ) -> None:
         batch = positions.shape[0]
         self._keys = [k[:batch] for k in keys]
@@ -227,7 +232,9 @@ class _Lease:
 class _Graph:
     """One (batch bucket, span) step captured: static inputs in, static outputs out."""
 
-    def __init__(self, run: Callable[[], tuple[torch.Tensor, ...]], device: torch.device, pool: Any) -> None:
+    def __init__(
+        self, run: Callable[[], tuple[torch.Tensor, ...]], device: torch.device, pool: Any
+    ) -> None:
         side = torch.cuda.Stream(device)  # type: ignore[no-untyped-call]
         side.wait_stream(torch.cuda.current_stream(device))
         with torch.cuda.stream(side):
@@ -280,7 +287,9 @@ class StaticDecoder:
         self.slots, self.max_len, self.device = slots, max_len, device
         layers = int(config.num_hidden_layers)
         heads = int(config.num_key_value_heads)
-        dim = int(getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads)
+        dim = int(
+            getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+        )
         # One column past max_len: a leased row that is not stepping writes at its next
         # position, which may be max_len.
         shape = (slots, heads, max_len + 1, dim)
@@ -298,6 +307,13 @@ class StaticDecoder:
         """Idle leases settled to free a slot for a stepping session."""
         self.fallbacks = 0
         """Times sessions did not fit (:meth:`fits` said no: too long or too many)."""
+        self.capture_s: dict[tuple[int, int], float] = {}
+        """Seconds each (batch bucket, span) took to capture and check."""
+
+    @property
+    def cache_bytes(self) -> int:
+        """Device memory the slot cache holds."""
+        return sum(t.numel() * t.element_size() for t in (*self._keys, *self._values))
 
     @property
     def graphed(self) -> list[tuple[int, int]]:
@@ -324,7 +340,11 @@ class StaticDecoder:
         if lease.length > lease.synced:
             span = slice(lease.synced, lease.length)
             for layer, (keys, values) in enumerate(zip(self._keys, self._values, strict=True)):
-                cache.update(keys[lease.slot : lease.slot + 1, :, span].clone(), values[lease.slot : lease.slot + 1, :, span].clone(), layer)
+                cache.update(
+                    keys[lease.slot : lease.slot + 1, :, span].clone(),
+                    values[lease.slot : lease.slot + 1, :, span].clone(),
+                    layer,
+                )
 
     def drop(self, cache: DynamicCache) -> None:
         """Free ``cache``'s slot without giving back what was decoded there."""
@@ -353,7 +373,7 @@ class StaticDecoder:
         rows = self._place(caches, lengths, bucket)
         span = span_bucket(max(lengths) + 1, self.max_len)
         positions = [0] * bucket
-        for cache, lease in self._leases.values():
+        for _, lease in self._leases.values():
             if lease.slot < bucket:
                 positions[lease.slot] = lease.length
         key = (bucket, span)
@@ -367,11 +387,16 @@ class StaticDecoder:
             self._leases[id(cache)][1].length = length + 1
         return tuple(out.index_select(0, order) for out in outputs)
 
-    def _static(self, key: tuple[int, int], inputs: Sequence[torch.Tensor], bucket: int) -> list[torch.Tensor]:
+    def _static(
+        self, key: tuple[int, int], inputs: Sequence[torch.Tensor], bucket: int
+    ) -> list[torch.Tensor]:
         static = self._inputs.get(key)
         if static is None:
             positions = torch.zeros(bucket, dtype=torch.long, device=self.device)
-            rows = [torch.zeros((bucket, *x.shape[1:]), dtype=x.dtype, device=self.device) for x in inputs]
+            rows = [
+                torch.zeros((bucket, *x.shape[1:]), dtype=x.dtype, device=self.device)
+                for x in inputs
+            ]
             static = self._inputs[key] = [positions, *rows]
         return static
 
@@ -385,7 +410,9 @@ class StaticDecoder:
         if not self._use_graphs:
             return self._eager(key, static)
         if key not in self._graphs:
+            started = time.perf_counter()
             self._graphs[key] = self._capture(key, static)
+            self.capture_s[key] = time.perf_counter() - started
         graph = self._graphs[key]
         if graph is None:
             return self._eager(key, static)
@@ -407,16 +434,24 @@ class StaticDecoder:
             return None
         return graph
 
-    def _place(self, caches: Sequence[DynamicCache], lengths: Sequence[int], bucket: int) -> list[int]:
+    def _place(
+        self, caches: Sequence[DynamicCache], lengths: Sequence[int], bucket: int
+    ) -> list[int]:
         """Lease every stepping session a slot below ``bucket``; their slots, in order."""
         stepping = {id(c) for c in caches}
-        taken = {lease.slot for cid, (_, lease) in self._leases.items() if cid in stepping and lease.slot < bucket}
+        taken = {
+            lease.slot
+            for cid, (_, lease) in self._leases.items()
+            if cid in stepping and lease.slot < bucket
+        }
         rows: list[int] = []
         for cache, length in zip(caches, lengths, strict=True):
             held = self._leases.get(id(cache))
             if held is not None and held[1].length != length:
                 # Its cache changed without a settle: the slot is stale.
-                raise RuntimeError(f"{self._name}: a session stepped at {length}, its slot holds {held[1].length}")
+                raise RuntimeError(
+                    f"{self._name}: a session stepped at {length}, its slot holds {held[1].length}"
+                )
             if held is not None and held[1].slot < bucket:
                 lease = held[1]
             else:
@@ -447,9 +482,13 @@ class StaticDecoder:
 
     def _load(self, cache: DynamicCache, slot: int, length: int) -> _Lease:
         layers: list[Any] = list(cache.layers)
-        if len(layers) != len(self._keys) or any(int(l.get_seq_length()) != length for l in layers):
+        if len(layers) != len(self._keys) or any(
+            int(layer.get_seq_length()) != length for layer in layers
+        ):
             raise RuntimeError(f"{self._name}: a session at {length} has a cache of another length")
-        for layer, (keys, values) in zip(layers, zip(self._keys, self._values, strict=True), strict=True):
+        for layer, (keys, values) in zip(
+            layers, zip(self._keys, self._values, strict=True), strict=True
+        ):
             keys[slot, :, :length] = layer.keys[0]
             values[slot, :, :length] = layer.values[0]
         lease = _Lease(slot, length, length, self._clock)

@@ -28,12 +28,12 @@ import torch
 from omni_actors.actors.engines.qwen3_omni import layout, stepping, weights
 from omni_actors.actors.engines.qwen3_omni.batched_step import talker_steps
 from omni_actors.actors.engines.qwen3_omni.code_predictor_graph import GraphedCodePredictor
-from omni_actors.actors.engines.qwen3_omni.static_decode import StaticDecoder, StaticPlan, StepCache
 from omni_actors.actors.engines.qwen3_omni.hf import (
     DynamicCache,
     PreTrainedConfig,
     Qwen3OmniMoeTalkerForConditionalGeneration,
 )
+from omni_actors.actors.engines.qwen3_omni.static_decode import StaticDecoder, StaticPlan, StepCache
 from omni_actors.actors.engines.torch_engine import AbortSignal
 from omni_actors.errors import ModelFileError
 
@@ -198,15 +198,16 @@ class TalkerModel:
         return Speech(voice.cache, voice.user + PREFIX), frame
 
     @torch.no_grad()
-    def frames(self, steps: list[FrameStep]) -> list[Frame]:
+    def frames(self, steps: list[FrameStep], *, eager: bool = False) -> list[Frame]:
         """One talker step per session (the previous frame's codes plus this frame's
-        text), all in one forward, then each row's codes."""
+        text), all in one forward, then each row's codes: over the static cache when
+        there is one and the sessions fit it, unless ``eager`` (a benchmark compares)."""
         talker = self._talker
         carry = torch.cat([step.carry for step in steps])
         text = torch.cat([step.text for step in steps])
         speeches = [step.speech for step in steps]
         positions = [speech.position for speech in speeches]
-        if self._static is not None and self._static.fits(positions):
+        if not eager and self._static is not None and self._static.fits(positions):
             caches = [speech.cache for speech in speeches]
             codes, carries = self._static.run(caches, positions, [carry, text])
             for speech in speeches:

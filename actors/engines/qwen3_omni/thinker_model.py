@@ -240,17 +240,18 @@ class ThinkerModel:
         return self._pick(step.logits[0, -1], allow_end, sampling)
 
     @torch.no_grad()
-    def decode_steps(self, steps: list[DecodeStep]) -> list[Token]:
+    def decode_steps(self, steps: list[DecodeStep], *, eager: bool = False) -> list[Token]:
         """:meth:`decode` for several sessions in one forward; each picks with its own
         sampling and generator.
 
         Over the static cache when there is one and the sessions fit it; else their
         caches left-padded (:mod:`.batched_step`), and one session runs :meth:`decode`
-        itself, so a session decoding alone is exact.
+        itself, so a session decoding alone is exact. ``eager`` takes the second way
+        even with a static cache (a benchmark compares the two).
         """
         conversations = [step.conversation for step in steps]
         lengths = [conversation.position for conversation in conversations]
-        if self._static is not None and self._static.fits(lengths):
+        if not eager and self._static is not None and self._static.fits(lengths):
             caches = [conversation.cache for conversation in conversations]
             ids = torch.tensor([[step.token] for step in steps])
             (logits,) = self._static.run(caches, lengths, [ids])
