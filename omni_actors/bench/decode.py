@@ -57,7 +57,8 @@ def _thinker(
         conversations = []
         for _ in range(batch):
             conversation = Conversation(DynamicCache(config=thinker.text_config))
-            ids = torch.randint(0, vocab, (context,), generator=generator).tolist()
+            ids = torch.randint(0, vocab, (context,), generator=generator, device="cpu")
+            ids = ids.tolist()
             thinker.instruct(conversation, tuple(ids))
             conversations.append(conversation)
         tokens = [0] * batch
@@ -93,7 +94,7 @@ def _talker(
     generator = torch.Generator().manual_seed(0)
 
     def rows_of(n: int) -> torch.Tensor:
-        return torch.randn(n, width, generator=generator).to(device, dtype)
+        return torch.randn(n, width, generator=generator, device="cpu").to(device, dtype)
 
     def measure(batch: int) -> dict[str, float]:
         frames: list[FrameStep] = []
@@ -155,7 +156,8 @@ def run_decode_bench(
     report: dict[str, Any] = {"model": str(model), "context": context, "steps": steps}
     for stage, name in stages.items():
         device = resolve_device(name)
-        with torch.no_grad():
+        # As an engine's model thread computes once loaded: on its device by default.
+        with torch.no_grad(), torch.device(device):
             plan = StaticPlan(max(batches), max_context, graphs=device.type == "cuda")
             measure = _thinker if stage == "thinker" else _talker
             report[stage] = {
