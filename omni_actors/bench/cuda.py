@@ -26,6 +26,14 @@ then ``.to(device)``.
 tiny-omni: TTFA at concurrency 1 on the device with ``staging.copies`` ``async`` vs
 ``sync``. Code predictor: a talker frame's residual codes, eager vs one CUDA graph.
 
+Hop paths (host, device link on one GPU, device link to another GPU), and how long a
+device link's copy waits after its step (``link_ready``): see
+:mod:`~omni_actors.bench.cuda_links` and :mod:`~omni_actors.bench.cuda_ready`.
+
+Each size, hop path and figure is a row of the report: one that fails (a lost hand-off,
+a worker that dies) is that row's error (:mod:`~omni_actors.bench.rows`), and the
+others still run and are reported.
+
 With ``--device cpu`` (CI) the same loop runs at toy sizes; copies are synchronous there.
 """
 

@@ -4,11 +4,11 @@ The sending side (:class:`DeviceLink`) owns a pool of device slots allocated onc
 receiver, an IPC event, and a copy stream. Putting a message's device tensors copies
 each into a free slot on the copy stream (after the step that made them, see
 :mod:`~omni_actors.cuda.step_ready`) and records the event; the chunk then names the
-slots. The receiving side
-(:class:`DeviceLinkImport`) has mapped the pool once, on the pool's GPU; it makes its
-own stream there wait on the event, copies the slots out into tensors of its own (a
-peer copy when it computes on another GPU), and its compute stream waits for that copy.
-The slots go back to the sender once the copy has completed (``SlotsFree``).
+slots. The receiving side (:class:`DeviceLinkImport`) has mapped the pool once, on the
+pool's GPU; it makes its own stream there wait on the event, copies the slots out into
+tensors of its own (a peer copy when it computes on another GPU), and its compute
+stream waits for that copy. The slots go back to the sender once the copy has
+completed (``SlotsFree``).
 
 Nothing waits for a slot: a message whose tensors do not fit the free slots takes the
 host path instead, so a slow or dead receiver costs speed, never a hang.
@@ -187,7 +187,9 @@ class DeviceLinkImport:
     it), whichever GPU the stage computes on, and the link's event is opened there too:
     the mapping, the event and the stream that waits on it are then on one device, as
     in the process that made them. A stage on another GPU copies each slice from there
-    into its own device (a peer copy), on a stream of its own on each side.
+    into its own device (a peer copy), on a stream of its own on each side. (A stream of
+    the stage's own GPU waiting on the event opened on the pool's GPU crashes the driver:
+    SIGSEGV in ``cudaStreamWaitEvent``, on two H100s with driver 580 and CUDA 13.)
 
     Raises:
         IpcUnavailableError: the offer comes from another host, names a GPU this
