@@ -642,4 +642,5 @@ def bench_command(ns: argparse.Namespace) -> int:
         _print_table(result)
         for line in target.summary(result) if target.summary is not None else []:
             print(line)
-    return 0
+    # A report that names rows that failed is printed whole, then exits 1.
+    return 1 if result.get("failed_rows") else 0
