@@ -77,7 +77,9 @@ def _thinker(
             thinker.settle(conversation)
         return {"eager_ms": eager_ms, "static_ms": static_ms}
 
-    rows = {str(batch): measure(batch) for batch in batches}
+    # As an engine's model thread computes once loaded: on its device by default.
+    with torch.device(device):
+        rows = {str(batch): measure(batch) for batch in batches}
     return _report(thinker.static, rows)
 
 
@@ -118,7 +120,9 @@ def _talker(
         static_ms = _timed(lambda: step(False), device, steps)
         return {"eager_ms": eager_ms, "static_ms": static_ms}
 
-    return _report(talker.static, {str(batch): measure(batch) for batch in batches})
+    with torch.device(device):
+        rows = {str(batch): measure(batch) for batch in batches}
+    return _report(talker.static, rows)
 
 
 def _report(static: Any, rows: dict[str, Any]) -> dict[str, Any]:
@@ -156,8 +160,7 @@ def run_decode_bench(
     report: dict[str, Any] = {"model": str(model), "context": context, "steps": steps}
     for stage, name in stages.items():
         device = resolve_device(name)
-        # As an engine's model thread computes once loaded: on its device by default.
-        with torch.no_grad(), torch.device(device):
+        with torch.no_grad():
             plan = StaticPlan(max(batches), max_context, graphs=device.type == "cuda")
             measure = _thinker if stage == "thinker" else _talker
             report[stage] = {
