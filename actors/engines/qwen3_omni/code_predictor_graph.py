@@ -70,8 +70,10 @@ class GraphedCodePredictor:
     def warm(self, batch: int = 1) -> None:
         """Capture ``batch``'s graph now (on zeros), so no frame waits for it later."""
         width = int(self._talker.config.text_config.hidden_size)
-        device = next(self._talker.parameters()).device
-        hidden = torch.zeros(batch, 1, width, device=device)
+        weight = next(self._talker.parameters())
+        # In the talker's dtype: a float32 hidden state would promote the code
+        # predictor's inputs past a bf16 checkpoint's weights.
+        hidden = torch.zeros(batch, 1, width, device=weight.device, dtype=weight.dtype)
         if batch not in self._graphs:
             code0 = torch.zeros(batch, 1, dtype=torch.long, device=device)
             self._graphs[batch] = self._capture(hidden, code0)
