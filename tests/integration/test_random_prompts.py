@@ -70,7 +70,8 @@ def test_text_ids_are_tokens_that_encode_back_to_themselves(shifted: Vocabulary)
     fillers = {SHIFTED.vocab[f"<fill{i}>"] for i in range(SHIFTED.shift)}
     specials = set(SHIFTED.specials)
 
-    assert ids and not (set(ids) & (fillers | specials))
+    assert ids
+    assert not (set(ids) & (fillers | specials))
     assert all(shifted.encode(shifted.decode([i])) == [i] for i in ids)
     assert SHIFTED.id("user") in ids  # a merged token is text
     assert ord("a") in ids
