@@ -73,6 +73,12 @@ An engine that speaks may expose ``voices``, the names a response's ``voice`` op
 takes (the talker: its checkpoint's speakers); the stage reports them in its state, and
 ``OmniPipeline.health()`` lists them per stage (:func:`engine_voices`).
 
+An engine that knows how long it has computed may expose ``busy_s``, the seconds it has
+spent in model calls since it started (torch engines: their model thread's time in
+calls); the stage reports it in its state and ``OmniPipeline.health()`` per stage
+(:func:`engine_busy_s`), so two readings give the fraction of a stretch of wall time
+the engine, and on a GPU its device, was busy.
+
 An engine whose model runs in processes of its own (vLLM's EngineCore) may expose
 ``died``, an ``asyncio.Future`` it resolves with an error when they exit: the stage then
 fails as a whole and its supervisor restarts it (a new engine), as when a stage's worker
@@ -127,6 +133,7 @@ __all__ = [
     "ResponseOptions",
     "Rule",
     "Truncatable",
+    "engine_busy_s",
     "engine_voices",
     "output_overdue",
     "response_options",
@@ -190,6 +197,16 @@ def engine_voices(engine: object) -> list[str] | None:
     except TypeError:
         return None
     return names if all(isinstance(name, str) for name in names) else None
+
+
+def engine_busy_s(engine: object) -> float | None:
+    """The seconds ``engine`` has spent in model calls since it started: its ``busy_s``;
+    None for an engine that does not tell (a scripted one, or one computing in a
+    process of its own)."""
+    busy = getattr(engine, "busy_s", None)
+    if isinstance(busy, bool) or not isinstance(busy, int | float):
+        return None
+    return float(busy)
 
 
 def output_overdue(inputs: AsyncIterator[Fields]) -> bool:

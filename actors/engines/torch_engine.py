@@ -6,6 +6,11 @@ the other stages' when they share the process) meanwhile. One thread also serial
 the engine's model calls, which is where cross-session batching happens: whatever is
 pending when the thread frees up goes into the next call.
 
+Because every model call goes through that one thread, the time the thread spends in
+calls is the engine's busy time (:attr:`TorchEngine.busy_s`): busy time over wall time
+is how loaded the engine's device is. On a GPU a call returns once its results are on
+hand (a token, a frame), so it covers the kernels and their launches alike.
+
 An engine computes on its ``device`` (:class:`DeviceArgs`). On a GPU, once the model is
 loaded, the thread's default device is set to it, so the tensors an engine makes for a
 step (positions, masks, token ids) are born there; the stage moves inputs in and
@@ -16,6 +21,8 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import threading
+import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -33,6 +40,7 @@ from omni_actors.models.family import WeightsArgs
 __all__ = [
     "DEVICE_PATTERN",
     "AbortSignal",
+    "BusyClock",
     "DeviceArgs",
     "TorchEngine",
     "resolve_device",
@@ -133,6 +141,36 @@ class AbortSignal:
         return await self.until(anext(inputs, None))
 
 
+class BusyClock:
+    """Seconds spent inside the calls run through :meth:`run`, readable from any thread
+    at any moment, a call under way counted as far as it got (so a reading taken at
+    the end of a measurement is not short by the call in flight)."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._total = 0.0
+        self._since: float | None = None
+
+    def run(self, fn: Callable[[], T]) -> T:
+        """``fn()``, its duration added to :attr:`seconds`; calls must not overlap."""
+        with self._lock:
+            self._since = time.perf_counter()
+        try:
+            return fn()
+        finally:
+            with self._lock:
+                assert self._since is not None, "BusyClock.run calls overlapped"
+                self._total += time.perf_counter() - self._since
+                self._since = None
+
+    @property
+    def seconds(self) -> float:
+        """The time spent in calls so far, the one under way included."""
+        with self._lock:
+            running = 0.0 if self._since is None else time.perf_counter() - self._since
+            return self._total + running
+
+
 class TorchEngine:
     """Loads a model in its own thread and runs every model call there.
 
@@ -153,6 +191,14 @@ class TorchEngine:
         self.name = name
         self.device = resolve_device(device)
         self._executor: ThreadPoolExecutor | None = None
+        self._busy: BusyClock | None = None  # set once started: loading is not serving
+
+    @property
+    def busy_s(self) -> float:
+        """Seconds the model thread has spent in model calls since the engine started
+        (loading excluded); 0 before. Read it twice: the difference over the wall time
+        between the readings is the fraction of that time the engine was busy."""
+        return 0.0 if self._busy is None else self._busy.seconds
 
     async def start(self) -> None:
         """Start the thread and load the model in it (then make its device the thread's
@@ -165,6 +211,7 @@ class TorchEngine:
         await self.call(self._load, self.path)
         if self.device.type != "cpu":
             await self.call(_compute_on, self.device)
+        self._busy = BusyClock()
 
     def _load(self, path: Path) -> None:
         raise NotImplementedError
@@ -183,6 +230,9 @@ class TorchEngine:
         work = functools.partial(fn, *args, **kwargs)
         if self.device.type == "cuda":
             work = functools.partial(_marked, work, self.device)
+        busy = self._busy
+        if busy is not None:
+            work = functools.partial(busy.run, work)
         return await loop.run_in_executor(self._executor, work)
 
     async def stop(self) -> None:

@@ -35,7 +35,13 @@ import torch
 from omni_actors import remoting
 from omni_actors._actor import Actor
 from omni_actors._mailbox import MailboxConfig
-from omni_actors.actors.engines.contract import TURN_FIELD, Engine, Ports, engine_voices
+from omni_actors.actors.engines.contract import (
+    TURN_FIELD,
+    Engine,
+    Ports,
+    engine_busy_s,
+    engine_voices,
+)
 from omni_actors.actors.engines.registry import build_engine, engine_type
 from omni_actors.actors.stage.device_links import DeviceLinkLostError, DeviceLinks
 from omni_actors.actors.stage.session import StageSession
@@ -227,6 +233,7 @@ class StageActor(Actor[StageMessage]):
                     keys=sorted({*self.sessions, *self.closing}),
                     queued=sum(s.queued for s in self.sessions.values()),
                     voices=engine_voices(self.engine),
+                    busy_s=engine_busy_s(self.engine),
                 )
             case StreamCredit(key=key, receiver=receiver, n=n):
                 session = self.sessions.get(key)

@@ -25,7 +25,7 @@ def bench_cluster(ns: argparse.Namespace) -> dict[str, Any]:
                 ns.requests,
                 cache_dir=ns.cache_dir,
                 seed=ns.seed,
-                reply_tokens=ns.reply_tokens,
+                reply_tokens=ns.output_tokens,
             )
         )
     except (OmniError, ValueError, ImportError, TimeoutError) as exc:

@@ -104,16 +104,18 @@ class _Sample:
     client_ttfa_ms: float
     chunks: int = 0
     """Chunks its stages sent, each counted once per hop (to a stage or to the caller)."""
+    ttft_ms: float | None = None
+    audio_s: float = 0.0
 
 
-async def _request(omni: OmniPipeline) -> _Sample | str:
-    """One ``generate``, read to its end; the sample, or why it failed."""
+async def _request(omni: OmniPipeline, text: str = "hello") -> _Sample | str:
+    """One ``generate`` of ``text``, read to its end; the sample, or why it failed."""
     started = time.perf_counter()
     client_ttfa_ms: float | None = None
     outcome: _Sample | str = "the stream ended without a terminal event"
     try:
         # Read to the end (no early return) so the generator closes its session here.
-        async for event in omni.generate(text="hello"):
+        async for event in omni.generate(text=text):
             if isinstance(event, AudioDelta) and client_ttfa_ms is None:
                 client_ttfa_ms = (time.perf_counter() - started) * 1e3
             elif isinstance(event, Done):
@@ -122,7 +124,9 @@ async def _request(omni: OmniPipeline) -> _Sample | str:
                     outcome = "the request finished without audio"
                 else:
                     chunks = sum(h.chunks for st in m.stages.values() for h in st.hops.values())
-                    outcome = _Sample(m.ttfa_ms, m.e2e_ms, m.rtf, client_ttfa_ms, chunks)
+                    outcome = _Sample(
+                        m.ttfa_ms, m.e2e_ms, m.rtf, client_ttfa_ms, chunks, m.ttft_ms, m.audio_s
+                    )
             elif isinstance(event, SessionError):
                 outcome = f"{event.code} at {event.stage or 'pipeline'}: {event.message}"
             elif isinstance(event, Aborted):
@@ -132,14 +136,17 @@ async def _request(omni: OmniPipeline) -> _Sample | str:
     return outcome
 
 
-async def _drive(omni: OmniPipeline, requests: int, concurrency: int) -> list[_Sample | str]:
-    """``requests`` requests, ``concurrency`` workers each taking the next one."""
+async def _drive(
+    omni: OmniPipeline, requests: int, concurrency: int, texts: Sequence[str] = ()
+) -> list[_Sample | str]:
+    """``requests`` requests, ``concurrency`` workers each taking the next one; request
+    ``n`` sends ``texts[n]`` (``"hello"`` when there are none)."""
     tickets = itertools.count()
     results: list[_Sample | str] = []
 
     async def worker() -> None:
-        while next(tickets) < requests:
-            results.append(await _request(omni))
+        while (n := next(tickets)) < requests:
+            results.append(await _request(omni, texts[n] if texts else "hello"))
 
     async with asyncio.TaskGroup() as group:
         for _ in range(min(concurrency, requests)):

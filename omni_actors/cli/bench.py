@@ -151,12 +151,46 @@ def _add_pipeline_options(parser: argparse.ArgumentParser) -> None:
         "the preset's own placements (needs the ray extra)",
     )
     parser.add_argument("--cache-dir", type=Path, default=None, help="weights cache")
-    parser.add_argument("--seed", type=int, default=0, help="seed of the prepared weights")
     parser.add_argument(
+        "--seed", type=int, default=0, help="seed of the prepared weights and the random prompts"
+    )
+    parser.add_argument(
+        "--model",
+        default=None,
+        help="model presets: the release every model stage loads (a directory, a Hugging "
+        "Face repo id or a prepared family; default: the preset's), as run --model",
+    )
+    parser.add_argument(
+        "--input-tokens",
+        type=positive_int,
+        default=None,
+        metavar="N",
+        help="model presets: every prompt is seeded random text of exactly N tokens of the "
+        "entry stage's tokenizer (default: the prompt 'hello')",
+    )
+    parser.add_argument(
+        "--output-tokens",
         "--reply-tokens",
+        dest="output_tokens",
         type=positive_int,
         default=48,
-        help="model presets: every reply is exactly this many text tokens (default 48)",
+        metavar="N",
+        help="model presets: every reply is exactly N text tokens, end of text ignored "
+        "(default 48)",
+    )
+    parser.add_argument(
+        "--frames-per-token",
+        type=positive_int,
+        default=None,
+        metavar="N",
+        help="model presets: every reply's audio is exactly N codec frames per text token, "
+        "codec EOS ignored (default: the preset's own ending; random weights may speak "
+        "until the talker's max_frames)",
+    )
+    parser.add_argument(
+        "--streaming-only",
+        action="store_true",
+        help="model presets: measure the preset as it is, without its full-edge variant",
     )
     _add_input_length_options(
         parser,
@@ -223,6 +257,12 @@ def _bench_pipeline(ns: argparse.Namespace) -> dict[str, Any]:
     if ns.cluster is not None:
         from omni_actors.bench.cluster_cli import bench_cluster
 
+        model_only = _model_options(ns)
+        if model_only:
+            raise SystemExit(
+                f"omni-actors bench pipeline: {model_only} measures a model preset on "
+                "local stages; --cluster measures the cross-node hop"
+            )
         return bench_cluster(ns)
     try:  # fail before anything runs, with the reason rather than a traceback
         lengths = _input_lengths(ns)
@@ -246,9 +286,13 @@ def _bench_pipeline(ns: argparse.Namespace) -> dict[str, Any]:
                             ns.preset,
                             levels,
                             ns.requests,
+                            model=ns.model,
                             cache_dir=ns.cache_dir,
                             seed=ns.seed,
-                            reply_tokens=ns.reply_tokens,
+                            output_tokens=ns.output_tokens,
+                            input_tokens=ns.input_tokens,
+                            frames_per_token=ns.frames_per_token,
+                            full_edges=not ns.streaming_only,
                             input_audio_s=lengths,
                             input_repeats=ns.input_repeats,
                             progress=ns.progress,
@@ -260,6 +304,13 @@ def _bench_pipeline(ns: argparse.Namespace) -> dict[str, Any]:
             raise SystemExit(
                 "omni-actors bench pipeline: --input-audio-s measures a model preset's "
                 "audio input; add --preset tiny-omni (scripted pipelines take no audio)"
+            )
+        model_only = _model_options(ns)
+        if model_only:
+            raise SystemExit(
+                f"omni-actors bench pipeline: {model_only} measures a model preset; add "
+                "--preset tiny-omni or --preset qwen3-omni (scripted pipelines have no "
+                "tokenizer, release or talker)"
             )
         for spec in specs.values():
             ideal_times(spec)
@@ -274,11 +325,25 @@ def _bench_pipeline(ns: argparse.Namespace) -> dict[str, Any]:
     )
 
 
+def _model_options(ns: argparse.Namespace) -> str:
+    """The options given that only a model preset takes, as the command line names them
+    ("" if none)."""
+    given = [
+        ("--model", ns.model is not None),
+        ("--input-tokens", ns.input_tokens is not None),
+        ("--frames-per-token", ns.frames_per_token is not None),
+        ("--streaming-only", ns.streaming_only),
+    ]
+    return ", ".join(option for option, on in given if on)
+
+
 def _pipeline_summary(result: dict[str, Any]) -> list[str]:
     from omni_actors.bench.input_length import input_length_table
+    from omni_actors.bench.models import model_table
 
+    lines = model_table(result) if "placements" not in result and "variants" in result else []
     section = result.get("input_length")
-    return input_length_table(section) if section is not None else []
+    return lines + (input_length_table(section) if section is not None else [])
 
 
 # -- bench realtime ----------------------------------------------------------------
@@ -543,7 +608,9 @@ BENCH_TARGETS: dict[str, BenchTarget] = {
     ),
     "pipeline": BenchTarget(
         "time to first audio of scripted omni pipelines (stream vs full edges) vs the "
-        "ideal from declared latencies, per concurrency level",
+        "ideal from declared latencies, per concurrency level; a model preset (--preset "
+        "qwen3-omni --model DIR): TTFT, first audio packet, RTF, text tokens/s, engine "
+        "busy and host CPU per audio second, on random prompts of --input-tokens",
         _add_pipeline_options,
         _bench_pipeline,
         _pipeline_summary,

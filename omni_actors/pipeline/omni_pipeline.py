@@ -198,8 +198,9 @@ class OmniPipeline:
         return dict(zip(refs, states, strict=True))
 
     async def health(self, timeout: float = 2.0) -> PipelineHealth:
-        """Every stage actor's state, restarts, sessions, backlog (``queued``) and the
-        voices its engine speaks with (``voices``: a talker's, for a server to list).
+        """Every stage actor's state, restarts, sessions, backlog (``queued``), the
+        voices its engine speaks with (``voices``: a talker's, for a server to list) and
+        the seconds its engine has computed (``busy_s``).
 
         The orchestrator reports states, restarts and sessions; each running stage is
         asked for its backlog, ``timeout`` seconds at most, all at once. A stage that
@@ -221,7 +222,7 @@ class OmniPipeline:
         for name, answer in zip(running, answers, strict=True):
             if isinstance(answer, StageState):
                 stages[name] = msgspec.structs.replace(
-                    stages[name], queued=answer.queued, voices=answer.voices
+                    stages[name], queued=answer.queued, voices=answer.voices, busy_s=answer.busy_s
                 )
             elif not isinstance(answer, Exception):
                 raise answer  # cancelled: this call is

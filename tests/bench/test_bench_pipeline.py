@@ -400,3 +400,102 @@ def test_profile_writes_the_statistics_and_names_the_top_functions(
 def test_profile_is_refused_for_a_model_preset() -> None:
     with pytest.raises(SystemExit, match="--profile profiles the scripted pipelines"):
         main(["bench", "pipeline", "--preset", "tiny-omni", "--profile", "x.pstats"])
+
+
+# -- model presets: options --------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "option", ["--input-tokens", "--output-tokens", "--reply-tokens", "--frames-per-token"]
+)
+@pytest.mark.parametrize("value", ["0", "-3", "many"])
+def test_token_counts_below_one_are_usage_errors(
+    option: str, value: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    with pytest.raises(SystemExit) as info:
+        main(["bench", "pipeline", "--preset", "tiny-omni", option, value])
+    assert info.value.code == 2
+    err = capsys.readouterr().err
+    assert option in err
+    assert "must be >= 1" in err or "invalid positive_int value" in err
+
+
+@pytest.mark.parametrize(
+    ("argv", "named"),
+    [
+        (["--input-tokens", "10"], "--input-tokens"),
+        (["--preset", "scripted-omni", "--input-tokens", "10"], "--input-tokens"),
+        (["--model", "/models/q3", "--frames-per-token", "2"], "--model, --frames-per-token"),
+        (["--streaming-only"], "--streaming-only"),
+    ],
+)
+def test_model_options_on_a_scripted_pipeline_are_refused(argv: list[str], named: str) -> None:
+    with pytest.raises(SystemExit, match=f"^omni-actors bench pipeline: {named} measures a model"):
+        main(["bench", "pipeline", *argv])
+
+
+def test_model_options_with_a_cluster_are_refused() -> None:
+    argv = ["bench", "pipeline", "--cluster", "local-ray", "--input-tokens", "8"]
+    with pytest.raises(SystemExit, match="--input-tokens measures a model preset on local"):
+        main(argv)
+
+
+def _recorded(monkeypatch: pytest.MonkeyPatch, error: Exception | None = None) -> dict[str, Any]:
+    """Stand in for ``run_model_bench``: what the command passed it (or raise ``error``)."""
+    from omni_actors.bench import models
+
+    passed: dict[str, Any] = {}
+
+    async def fake(preset: str, *args: Any, **kwargs: Any) -> dict[str, Any]:
+        passed.update(preset=preset, levels=args[0], requests=args[1], **kwargs)
+        if error is not None:
+            raise error
+        return {"variants": {}, "stream_vs_full_ttfa": {}}
+
+    monkeypatch.setattr(models, "run_model_bench", fake)
+    return passed
+
+
+def test_model_options_reach_the_model_bench(monkeypatch: pytest.MonkeyPatch) -> None:
+    # benchmarks/qwen3_omni_random_gpu.sh's pipeline step.
+    passed = _recorded(monkeypatch)
+    argv = ["bench", "pipeline", "--preset", "qwen3-omni", "--model", "/models/q3", "--json"]
+    argv += ["--input-tokens", "2500", "--output-tokens", "256", "--frames-per-token", "2"]
+    argv += ["--concurrency", "1", "4", "8", "16", "32", "--streaming-only", "--quiet"]
+
+    assert main([*argv, "--no-input-length"]) == 0
+
+    expected = {
+        "preset": "qwen3-omni",
+        "levels": [1, 4, 8, 16, 32],
+        "model": "/models/q3",
+        "input_tokens": 2500,
+        "output_tokens": 256,
+        "frames_per_token": 2,
+        "full_edges": False,
+        "input_audio_s": (),
+    }
+    assert {key: passed[key] for key in expected} == expected
+
+
+def test_reply_tokens_is_output_tokens_by_its_old_name(monkeypatch: pytest.MonkeyPatch) -> None:
+    passed = _recorded(monkeypatch)
+    argv = ["bench", "pipeline", "--preset", "tiny-omni", "--reply-tokens", "7", "--json"]
+
+    assert main([*argv, "--quiet", "--no-input-length"]) == 0
+
+    assert passed["output_tokens"] == 7
+    assert passed["input_tokens"] is None
+    assert passed["full_edges"] is True
+
+
+def test_a_prompt_the_model_bench_cannot_make_is_a_one_line_error(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from omni_actors.bench.random_prompts import PromptLengthError
+
+    _recorded(monkeypatch, PromptLengthError("the entry stage loads no model"))
+    argv = ["bench", "pipeline", "--preset", "tiny-omni", "--input-tokens", "9", "--quiet"]
+
+    with pytest.raises(SystemExit, match=r"^omni-actors bench pipeline: the entry stage loads"):
+        main(argv)

@@ -196,7 +196,7 @@ def test_model_bench_compares_stream_and_full(
     assert report["stream_vs_full_ttfa"]["1"] == pytest.approx(
         stream["ttfa_ms_p50"] / full["ttfa_ms_p50"], rel=1e-3
     )
-    assert report["parameters"]["reply_tokens"] == 12
+    assert report["parameters"]["output_tokens"] == 12  # --reply-tokens: its old name
     assert set(report["targets"]) == {"stream_vs_full_ttfa_c1", "rtf_c4", "rtf_c16"}
     assert report["targets"]["rtf_c16"] == {"limit": 0.64, "measured": None, "met": None}
 

@@ -86,6 +86,7 @@ class Vocabulary:
         self.tokenizer = tokenizer
         self.ids = ids
         self.size = len(tokenizer)
+        self._text_ids: tuple[int, ...] | None = None
 
     @classmethod
     def load(cls, release_dir: Path) -> Vocabulary:
@@ -167,6 +168,22 @@ class Vocabulary:
         """The text of ``ids``, special tokens skipped."""
         text: str = self.tokenizer.decode(ids, skip_special_tokens=True)
         return text
+
+    def text_ids(self) -> tuple[int, ...]:
+        """The ids that are text of their own: no added (special) token, and each one's
+        text encodes back to that id alone, so it is whole characters (not a byte of
+        one) that encoding does produce (not a filler no text encodes to). Random text
+        of a given length is drawn from these (``bench pipeline --input-tokens``).
+        Computed once, in one batch over the vocabulary."""
+        if self._text_ids is None:
+            added = set(self.tokenizer.added_tokens_decoder)
+            ids = [i for i in range(self.size) if i not in added]
+            texts = self.tokenizer.batch_decode([[i] for i in ids], skip_special_tokens=True)
+            encoded = self.tokenizer(texts, add_special_tokens=False, split_special_tokens=True)
+            self._text_ids = tuple(
+                i for i, back in zip(ids, encoded["input_ids"], strict=True) if back == [i]
+            )
+        return self._text_ids
 
     def detokenizer(self) -> Detokenizer:
         """A new reply's incremental decoding."""

@@ -1,0 +1,99 @@
+"""A model preset's ``bench pipeline`` report: the table beside vllm-omni's published
+figures, the qwen3-omni goals, and replies whose audio has a set length."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from omni_actors.bench.models import fixed_frames, model_table
+from omni_actors.bench.pipeline_targets import (
+    QWEN3_OMNI_TARGETS,
+    VLLM_OMNI_2XH100,
+    qwen3_omni_targets,
+)
+from omni_actors.pipeline.spec.pipeline import PipelineConfigError, load_pipeline
+
+
+def _level(ttft: float, rtf: float) -> dict[str, Any]:
+    return {
+        "requests": 8,
+        "errors": 1,
+        "ttft_ms_p50": ttft,
+        "ttfa_ms_p50": 230.4,
+        "ttfa_ms_p90": 251.0,
+        "rtf_mean": rtf,
+        "rtf_p50": rtf - 0.01,
+        "output_tokens_per_s": 812.34,
+        "engine_busy": {
+            "thinker": {"device": "cuda:0", "busy_fraction": 0.9312},
+            "talker": {"device": "cuda:1", "busy_fraction": None},
+            "code2wav": {"device": "cuda:1", "busy_fraction": 0.1},
+        },
+        "host_cpu_s_per_audio_s": 0.0213,
+    }
+
+
+def test_the_qwen3_omni_table_sets_vllm_omnis_figures_beside_each_level() -> None:
+    report = {
+        "variants": {"qwen3-omni": {"1": _level(90.2, 0.101), "32": _level(480.0, 0.55)}},
+        "reference": VLLM_OMNI_2XH100.report(),
+    }
+
+    table = model_table(report)
+
+    assert table[1] == "qwen3-omni (engines: thinker cuda:0, talker cuda:1, code2wav cuda:1)"
+    assert table[2].split() == [
+        "c", "ok/req", "TTFT", "p50", "vllm-omni", "1st", "audio", "p50/p90", "RTF",
+        "mean/p50", "vllm-omni", "text", "tok/s", "busy", "thinker/talker/code2wav", "CPU",
+        "s/audio", "s",
+    ]  # fmt: skip
+    assert table[3].split() == [
+        "1", "7/8", "90", "96", "230/251", "0.101/0.091", "0.118", "812.3", "0.93/-/0.10",
+        "0.021",
+    ]  # fmt: skip
+    assert table[4].split()[:4] == ["32", "7/8", "480", "508"]
+    assert table[4].split()[6] == "0.630"
+    assert table[5] == f"vllm-omni: {VLLM_OMNI_2XH100.source}"
+
+
+def test_other_presets_have_no_reference_column() -> None:
+    table = model_table({"variants": {"tiny-omni": {"1": _level(90.2, 0.101)}}})
+
+    assert "vllm-omni" not in "\n".join(table)
+    assert table[3].split()[:3] == ["1", "7/8", "90"]
+
+
+def test_qwen3_omni_goals_per_level() -> None:
+    levels = {"1": {"ttft_ms_p50": 95.0, "ttfa_ms_p50": 240.0, "rtf_p50": 0.09}}
+
+    goals = qwen3_omni_targets(levels)
+
+    assert set(goals) == {f"{k}_c{c}" for c, limits in QWEN3_OMNI_TARGETS.items() for k in limits}
+    assert goals["ttft_ms_p50_c1"] == {"limit": 96.0, "measured": 95.0, "met": True}
+    assert goals["ttfa_ms_p50_c1"] == {"limit": 234.0, "measured": 240.0, "met": False}
+    assert goals["rtf_p50_c1"]["met"] is True
+    assert goals["rtf_p50_c32"] == {"limit": 0.5, "measured": None, "met": None}  # not run
+
+
+def test_published_figures_are_keyed_by_level_as_the_report_is() -> None:
+    reference = VLLM_OMNI_2XH100.report()
+
+    assert VLLM_OMNI_2XH100.preset == load_pipeline("qwen3-omni").name
+    assert reference["ttft_ms"] == {"1": 96.0, "4": 141.0, "8": 272.0, "16": 362.0, "32": 508.0}
+    assert reference["rtf"] == {"1": 0.118, "4": 0.18, "8": 0.236, "16": 0.328, "32": 0.63}
+
+
+@pytest.mark.parametrize("preset", ["tiny-omni", "qwen3-omni"])
+def test_fixed_frames_makes_every_talker_speak_a_set_length(preset: str) -> None:
+    spec = fixed_frames(load_pipeline(preset), 3)
+
+    talker = spec.stage("talker").engine.args
+    assert (talker["frames_per_token"], talker["stop_at_codec_eos"]) == (3, False)
+    assert "frames_per_token" not in spec.stage("thinker").engine.args
+
+
+def test_fixed_frames_needs_a_talker() -> None:
+    with pytest.raises(PipelineConfigError, match="no stage's engine takes frames_per_token"):
+        fixed_frames(load_pipeline("scripted-omni"), 2)
