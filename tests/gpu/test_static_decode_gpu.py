@@ -4,10 +4,12 @@ same steps compute eagerly, for the thinker and the talker, batches joining and 
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
 
+from omni_actors.actors.engines.qwen3_omni import weights
 from omni_actors.actors.engines.qwen3_omni.conversation import Conversation
 from omni_actors.actors.engines.qwen3_omni.hf import DynamicCache
 from omni_actors.actors.engines.qwen3_omni.sampling import Sampling
@@ -24,8 +26,21 @@ ROUNDS = [[0], [0, 1, 2], [1, 2], [2], [0, 1, 2, 3, 4], [4], [3, 4], [0, 1, 2, 3
 
 
 @pytest.fixture(scope="module")
-def release(tmp_path_factory: pytest.TempPathFactory) -> Path:
+def prepared(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return prepare("tiny-omni", cache_dir=tmp_path_factory.mktemp("weights"))
+
+
+@pytest.fixture
+def release(prepared: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """The tiny release, loaded in bf16 as a real checkpoint is: the experts' grouped
+    matmuls (what a graph can capture; float32 experts loop on the host) need it."""
+    load = weights.load
+
+    def bf16(*args: Any, **kwargs: Any) -> Any:
+        return load(*args, **kwargs).to(torch.bfloat16)
+
+    monkeypatch.setattr(weights, "load", bf16)
+    return prepared
 
 
 def thinker_tokens(model: ThinkerModel) -> list[list[int]]:
@@ -62,7 +77,7 @@ def talker_codes(model: TalkerModel) -> list[list[torch.Tensor]]:
     width = int(model.talker.config.thinker_hidden_size)
 
     def rows(n: int) -> torch.Tensor:
-        return torch.randn(n, width, device=DEVICE, generator=gen)
+        return torch.randn(n, width, device=DEVICE, generator=gen).to(torch.bfloat16)
 
     speaker = next(iter(model.speakers.values()))
     steps, codes = [], []
