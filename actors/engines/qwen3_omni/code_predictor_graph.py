@@ -75,7 +75,7 @@ class GraphedCodePredictor:
         # predictor's inputs past a bf16 checkpoint's weights.
         hidden = torch.zeros(batch, 1, width, device=weight.device, dtype=weight.dtype)
         if batch not in self._graphs:
-            code0 = torch.zeros(batch, 1, dtype=torch.long, device=device)
+            code0 = torch.zeros(batch, 1, dtype=torch.long, device=weight.device)
             self._graphs[batch] = self._capture(hidden, code0)
 
     @property
