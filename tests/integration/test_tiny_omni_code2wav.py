@@ -168,9 +168,11 @@ async def test_concurrent_sessions_share_forwards(
     batches: list[int] = []  # rows per forward
     real = Code2WavModel.decode
 
-    def counted(model: Code2WavModel, codes: torch.Tensor, starts: list[int]) -> list[Piece]:
+    def counted(
+        model: Code2WavModel, codes: torch.Tensor, starts: list[int], *, common: bool = False
+    ) -> list[Piece]:
         batches.append(codes.shape[0])
-        return real(model, codes, starts)
+        return real(model, codes, starts, common=common)
 
     monkeypatch.setattr(Code2WavModel, "decode", counted)
     sessions = {f"s{i}": random_codes(60, seed=100 + i) for i in range(4)}
@@ -235,13 +237,15 @@ async def test_abort_mid_window_drops_its_row_and_the_batch_decodes_on(
     armed, held, free = threading.Event(), threading.Event(), threading.Event()
     real = Code2WavModel.decode
 
-    def gated(model: Code2WavModel, codes: torch.Tensor, starts: list[int]) -> list[Piece]:
+    def gated(
+        model: Code2WavModel, codes: torch.Tensor, starts: list[int], *, common: bool = False
+    ) -> list[Piece]:
         if armed.is_set():
             batches.append(codes.shape[0])
             if len(batches) == 1:  # the sessions' first windows, batched: hold it there
                 held.set()
                 free.wait()
-        return real(model, codes, starts)
+        return real(model, codes, starts, common=common)
 
     monkeypatch.setattr(Code2WavModel, "decode", gated)
     codes = {s: random_codes(60, seed=300 + i) for i, s in enumerate("abc")}
