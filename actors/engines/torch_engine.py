@@ -26,6 +26,7 @@ from pydantic import BaseModel, Field
 
 from omni_actors.actors.engines.contract import Fields
 from omni_actors.cuda import cuda_device
+from omni_actors.cuda.step_ready import mark_step
 from omni_actors.models.cache import locate
 from omni_actors.models.family import WeightsArgs
 
@@ -172,18 +173,30 @@ class TorchEngine:
         """Run ``fn(*args, **kwargs)`` in the model thread and wait for its result.
 
         If the caller is cancelled (an abort), the call still finishes in the thread;
-        its result is dropped.
+        its result is dropped. On a GPU, the tensors it returns on the engine's device
+        carry the mark of the step (:mod:`~omni_actors.cuda.step_ready`): copies of
+        them wait for this call's work, not for the next call queued behind it.
         """
         if self._executor is None:
             raise RuntimeError(f"engine {self.name} is not started")
         loop = asyncio.get_running_loop()
-        return await loop.run_in_executor(self._executor, functools.partial(fn, *args, **kwargs))
+        work = functools.partial(fn, *args, **kwargs)
+        if self.device.type == "cuda":
+            work = functools.partial(_marked, work, self.device)
+        return await loop.run_in_executor(self._executor, work)
 
     async def stop(self) -> None:
         """Wait for the running model call, then end the thread."""
         executor, self._executor = self._executor, None
         if executor is not None:
             await asyncio.get_running_loop().run_in_executor(None, executor.shutdown, True)
+
+
+def _marked(work: Callable[[], T], device: torch.device) -> T:
+    """Model thread: ``work()``, its tensors on ``device`` marked as this step's."""
+    result = work()
+    mark_step(result, device)
+    return result
 
 
 def _compute_on(device: torch.device) -> None:

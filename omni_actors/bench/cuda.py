@@ -26,6 +26,14 @@ then ``.to(device)``.
 tiny-omni: TTFA at concurrency 1 on the device with ``staging.copies`` ``async`` vs
 ``sync``. Code predictor: a talker frame's residual codes, eager vs one CUDA graph.
 
+Hop paths (host, device link on one GPU, device link to another GPU), and how long a
+device link's copy waits after its step (``link_ready``): see
+:mod:`~omni_actors.bench.cuda_links` and :mod:`~omni_actors.bench.cuda_ready`.
+
+Each size, hop path and figure is a row of the report: one that fails (a lost hand-off,
+a worker that dies) is that row's error (:mod:`~omni_actors.bench.rows`), and the
+others still run and are reported.
+
 With ``--device cpu`` (CI) the same loop runs at toy sizes; copies are synchronous there.
 """
 
@@ -45,7 +53,9 @@ from omni_actors.bench.cuda_cli import SIZES, TARGET_ASYNC_OVERHEAD_PCT
 from omni_actors.bench.cuda_links import measure_hops
 from omni_actors.bench.cuda_model import code_predictor_bench, tiny_omni_bench
 from omni_actors.bench.cuda_producer import Mode, Producer, Step, dtype_of
+from omni_actors.bench.cuda_ready import measure_link_ready
 from omni_actors.bench.cuda_sink import Collect, Hidden, HiddenSink, Hop, SinkMessage
+from omni_actors.bench.rows import failed_rows, row, row_error
 from omni_actors.bench.stats import percentile
 from omni_actors.cuda import HostStaging
 from omni_actors.errors import OmniError
@@ -266,35 +276,63 @@ def _overhead(mode_p50: float, none_p50: float) -> float:
 async def _hand_off_bench(
     config: CudaBenchConfig, *, graph: bool = False
 ) -> tuple[dict[str, Any], int]:
-    """Every size: the three modes and the two hop paths; the staging pool's overflows."""
-    producer = Producer(config, graph=graph)
-    itemsize = dtype_of(producer.device).itemsize
-    largest = max(config.tokens(size) * config.hidden * itemsize for size in config.sizes)
-    staging = HostStaging(producer.device, slots=4, slot_bytes=max(largest, 4096))
+    """Every size: the three modes and the two hop paths; the staging pool's overflows.
+
+    A size that fails (a lost hand-off, its sink's worker dying) is that size's
+    ``{"error": ...}``; the next size still runs, against a sink of its own.
+    """
     sizes: dict[str, Any] = {}
+    producer: Producer | None = None
+    staging: HostStaging | None = None
     try:
+        producer = Producer(config, graph=graph)
+        itemsize = dtype_of(producer.device).itemsize
+        largest = max(config.tokens(size) * config.hidden * itemsize for size in config.sizes)
+        slot_bytes = max(largest, 4096)
+        staging = HostStaging(producer.device, slots=4, slot_bytes=slot_bytes)
         await producer.start()
         async with ActorSystem("bench-cuda") as system:
-            sink = await system.spawn(
-                HiddenSink, config.device, max(largest, 4096), props=Props(process=True)
-            )
             for size in config.sizes:
-                modes = await _modes(producer, sink, staging, size)
-                none_p50 = modes["none"]["step_ms_p50"]
-                async_pct = _overhead(modes["ours"]["step_ms_p50"], none_p50)
-                sizes[size] = {
-                    "tokens": config.tokens(size),
-                    "bytes": config.tokens(size) * config.hidden * itemsize,
-                    "modes": modes,
-                    "sync_overhead_pct": _overhead(modes["sync"]["step_ms_p50"], none_p50),
-                    "async_overhead_pct": async_pct,
-                    "target_async_overhead_pct": TARGET_ASYNC_OVERHEAD_PCT,
-                    "met": async_pct <= TARGET_ASYNC_OVERHEAD_PCT,
-                } | await _hops(producer, sink, staging, size)
+                work = _size_row(system, producer, staging, size, slot_bytes)
+                sizes[size] = await row(f"bench cuda: hand-off {size}", work)
+    except Exception as exc:  # no producer or no actor system: every size left fails
+        error = row_error("bench cuda: hand-off", exc)
+        sizes |= {size: error for size in config.sizes if size not in sizes}
     finally:
-        await staging.close()
-        await producer.stop()
-    return sizes, staging.pool.overflows
+        if staging is not None:
+            await staging.close()
+        if producer is not None:
+            await producer.stop()
+    return sizes, 0 if staging is None else staging.pool.overflows
+
+
+async def _size_row(
+    system: ActorSystem, producer: Producer, staging: HostStaging, size: str, slot_bytes: int
+) -> dict[str, Any]:
+    """``size``'s row: every mode's step times, the overheads and the hops."""
+    config = producer.config
+    sink = await system.spawn(
+        HiddenSink,
+        config.device,
+        slot_bytes,
+        name=f"hand-off-{size}",
+        props=Props(process=True),
+    )
+    try:
+        modes = await _modes(producer, sink, staging, size)
+        none_p50 = modes["none"]["step_ms_p50"]
+        async_pct = _overhead(modes["ours"]["step_ms_p50"], none_p50)
+        return {
+            "tokens": config.tokens(size),
+            "bytes": config.tokens(size) * config.hidden * dtype_of(producer.device).itemsize,
+            "modes": modes,
+            "sync_overhead_pct": _overhead(modes["sync"]["step_ms_p50"], none_p50),
+            "async_overhead_pct": async_pct,
+            "target_async_overhead_pct": TARGET_ASYNC_OVERHEAD_PCT,
+            "met": async_pct <= TARGET_ASYNC_OVERHEAD_PCT,
+        } | await _hops(producer, sink, staging, size)
+    finally:
+        await system.stop(sink)
 
 
 async def run_cuda_bench(config: CudaBenchConfig) -> dict[str, Any]:
@@ -306,11 +344,16 @@ async def run_cuda_bench(config: CudaBenchConfig) -> dict[str, Any]:
         ``sizes`` (per size: ``modes``, each with ``step_ms_p50``/``p90`` and
         ``handed_off``; ``sync_overhead_pct``, ``async_overhead_pct``,
         ``target_async_overhead_pct``, ``met``; ``hop_ms_p50``/``p90`` and
-        ``hop_one_way_ms_p50``, and the same for the sync path), ``staging_overflows``,
-        ``code_predictor``, ``tiny_omni`` (``{"skipped": why}`` when not run), ``wall_s``.
+        ``hop_one_way_ms_p50``, and the same for the sync path), ``sizes_graphed_steps``
+        (the same with steps replayed from CUDA graphs), ``hop_paths`` (see
+        :func:`~omni_actors.bench.cuda_links.measure_hops`), ``link_ready`` (see
+        :func:`~omni_actors.bench.cuda_ready.measure_link_ready`), ``staging_overflows``,
+        ``code_predictor``, ``tiny_omni`` (``{"skipped": why}`` when not run),
+        ``wall_s``, and ``failed_rows``: the rows that failed.
 
-    Raises:
-        HandOffLostError: a hand-off did not arrive.
+    A row that fails (a lost hand-off, :class:`HandOffLostError`; a worker that died;
+    any error of its own) is reported as ``{"error": "<type>: <message>"}`` in its
+    place and named in ``failed_rows``; the rows after it still run.
     """
     from omni_actors.bench.pipeline import _machine
 
@@ -321,16 +364,20 @@ async def run_cuda_bench(config: CudaBenchConfig) -> dict[str, Any]:
     if config.graph and device.type == "cuda":
         graphed, more = await _hand_off_bench(config, graph=True)
         overflows += more
-    paths = await measure_hops()
-    predictor = await code_predictor_bench(config)
-    pipeline = await tiny_omni_bench(config) if config.pipeline else {"skipped": "no --pipeline"}
+    # Each of these is its row's error if it fails; the report keeps the rest.
+    paths = await row("bench cuda: hop paths", measure_hops())
+    ready = await row("bench cuda: link ready", measure_link_ready(config))
+    predictor = await row("bench cuda: code predictor", code_predictor_bench(config))
+    pipeline: dict[str, Any] = {"skipped": "no --pipeline"}
+    if config.pipeline:
+        pipeline = await row("bench cuda: tiny-omni", tiny_omni_bench(config))
     parameters = dataclasses.asdict(config) | {
         "sizes": list(config.sizes),
         "rounds": config.rounds,
         "cache_dir": None if config.cache_dir is None else str(config.cache_dir),
         "dtype": str(dtype_of(device)).removeprefix("torch."),
     }
-    return {
+    report: dict[str, Any] = {
         "device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
         "torch": torch.__version__,
         "cuda": torch.version.cuda,
@@ -339,8 +386,11 @@ async def run_cuda_bench(config: CudaBenchConfig) -> dict[str, Any]:
         "sizes": sizes,
         "sizes_graphed_steps": graphed,
         "hop_paths": paths,
+        "link_ready": ready,
         "staging_overflows": overflows,
         "code_predictor": predictor,
         "tiny_omni": pipeline,
         "wall_s": round(time.perf_counter() - started, 1),
     }
+    report["failed_rows"] = failed_rows(report)
+    return report

@@ -110,7 +110,8 @@ def bench_cuda(ns: argparse.Namespace) -> dict[str, Any]:
 
 
 def cuda_table(result: dict[str, Any]) -> list[str]:
-    """The run in a few lines: step time per mode and size, hops, tiny-omni, predictor."""
+    """The run in a few lines: step time per mode and size, hops, the link's wait for a
+    step, tiny-omni, the predictor; a failed row shows its error."""
     rows = [
         f"hand-off per step on {result['device']} (step ms p50, overhead vs none; hop: the "
         "ask's round trip ms p50, async and sync paths)",
@@ -118,6 +119,9 @@ def cuda_table(result: dict[str, Any]) -> list[str]:
         f"{'hop sync':>8}  met (ours <= {TARGET_ASYNC_OVERHEAD_PCT:g}%)",
     ]
     for size, row in result["sizes"].items():
+        if "error" in row:
+            rows.append(f"{size:<8} failed: {row['error']}")
+            continue
         m = row["modes"]
         sync = f"{m['sync']['step_ms_p50']:.3f} ({row['sync_overhead_pct']:+.1f}%)"
         ours = f"{m['ours']['step_ms_p50']:.3f} ({row['async_overhead_pct']:+.1f}%)"
@@ -125,9 +129,11 @@ def cuda_table(result: dict[str, Any]) -> list[str]:
             f"{size:<8} {row['bytes']:>10} {m['none']['step_ms_p50']:>8.3f} {sync:>17} "
             f"{ours:>17} {row['hop_ms_p50']:>7.3f} {row['hop_sync_ms_p50']:>8.3f}  {row['met']}"
         )
+    rows.append(f"hop paths (ms p50): {_hop_paths(result['hop_paths'])}")
+    rows.append(f"link copy after its step (ms p50): {_link_ready(result['link_ready'])}")
     tiny = result["tiny_omni"]
-    if "skipped" in tiny:
-        rows.append(f"tiny-omni: skipped ({tiny['skipped']})")
+    if "skipped" in tiny or "error" in tiny:
+        rows.append(f"tiny-omni: {_not_run(tiny)}")
     else:
         a, h, s = tiny["async"], tiny["async_host"], tiny["sync"]
         rows.append(
@@ -136,12 +142,46 @@ def cuda_table(result: dict[str, Any]) -> list[str]:
             f"{tiny['async_vs_sync_ttfa']}; errors {a['errors']}+{h['errors']}+{s['errors']})"
         )
     cp = result["code_predictor"]
-    if "skipped" in cp:
-        rows.append(f"code predictor: skipped ({cp['skipped']})")
+    if "skipped" in cp or "error" in cp:
+        rows.append(f"code predictor: {_not_run(cp)}")
     else:
         graph = cp["graph_frame_ms_p50"]
         rows.append(
             f"code predictor per frame ms p50: eager {cp['eager_frame_ms_p50']}, graph "
             f"{graph if graph is not None else cp['graph']} (exact: {cp.get('exact')})"
         )
+    if result.get("failed_rows"):
+        rows.append(f"failed rows: {', '.join(result['failed_rows'])}")
     return rows
+
+
+def _not_run(row: dict[str, Any]) -> str:
+    return f"failed ({row['error']})" if "error" in row else f"skipped ({row['skipped']})"
+
+
+def _hop_paths(paths: dict[str, Any]) -> str:
+    if "skipped" in paths or "error" in paths:
+        return _not_run(paths)
+    parts = []
+    for path, row in paths.items():
+        if "skipped" in row or "error" in row:
+            parts.append(f"{path} {_not_run(row)}")
+        elif "refused" in row:
+            parts.append(f"{path} refused ({row['refused']})")
+        else:
+            sizes = ", ".join(
+                f"{label} {value['hop_ms_p50']}"
+                for label, value in row.items()
+                if isinstance(value, dict)
+            )
+            parts.append(f"{path} {sizes}")
+    return "; ".join(parts)
+
+
+def _link_ready(row: dict[str, Any]) -> str:
+    if "skipped" in row or "error" in row:
+        return _not_run(row)
+    return (
+        f"waiting on the stream {row['stream']['copy_after_step_ms_p50']}, on the step's "
+        f"mark {row['step']['copy_after_step_ms_p50']} ({row['rows']} rows a step)"
+    )

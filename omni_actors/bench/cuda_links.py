@@ -20,6 +20,7 @@ import torch
 
 from omni_actors import ActorSystem, Props
 from omni_actors.bench.link_sink import HopSink, HostHop, LinkHop, SlotReturns
+from omni_actors.bench.rows import row
 from omni_actors.bench.stats import percentile
 from omni_actors.cuda import HostStaging
 from omni_actors.cuda.ipc import DeviceLink
@@ -32,7 +33,10 @@ _ASK_S = 30.0
 
 
 async def measure_hops(hops: int = 100, warmup: int = 10) -> dict[str, Any]:
-    """``hop_ms_p50``/``p90`` per path and size; needs CUDA (else a ``skipped`` reason)."""
+    """``hop_ms_p50``/``p90`` per path and size; needs CUDA (else a ``skipped`` reason).
+
+    A path that fails is reported as its ``{"error": ...}``; the other paths still run.
+    """
     if not torch.cuda.is_available():
         return {"skipped": "needs CUDA"}
     sender = torch.device("cuda", 0)
@@ -42,16 +46,27 @@ async def measure_hops(hops: int = 100, warmup: int = 10) -> dict[str, Any]:
     result: dict[str, Any] = {}
     async with ActorSystem("bench-cuda-hops") as system:
         for path, device in targets.items():
-            sink = await system.spawn(
-                HopSink, str(device), name=f"hop-{path}", props=Props(process=True)
-            )
-            try:
-                result[path] = await _path(system, sink, path, sender, hops, warmup)
-            finally:
-                await system.stop(sink)
+            # A path that fails (its sink's worker dying included) is its row's error.
+            work = _sink_path(system, path, sender, device, hops, warmup)
+            result[path] = await row(f"bench cuda: hop path {path}", work)
     if "peer" not in result:
         result["peer"] = {"skipped": "one GPU: a two-GPU machine measures the peer path"}
     return result
+
+
+async def _sink_path(
+    system: ActorSystem,
+    path: str,
+    sender: torch.device,
+    receiver: torch.device,
+    hops: int,
+    warmup: int,
+) -> dict[str, Any]:
+    sink = await system.spawn(HopSink, str(receiver), name=f"hop-{path}", props=Props(process=True))
+    try:
+        return await _path(system, sink, path, sender, hops, warmup)
+    finally:
+        await system.stop(sink)
 
 
 async def _path(
@@ -61,6 +76,7 @@ async def _path(
     staging = HostStaging(device, slots=4, slot_bytes=largest)
     link = DeviceLink(device, slots=4, slot_bytes=largest) if path != "host" else None
     out: dict[str, Any] = {}
+    returns = None
     try:
         if link is not None:
             returns = await system.spawn(SlotReturns, link.release, name=f"slots-{path}")
@@ -94,4 +110,6 @@ async def _path(
         await staging.close()
         if link is not None:
             link.close()
+        if returns is not None:
+            await system.stop(returns)
     return out

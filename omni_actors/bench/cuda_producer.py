@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any, Literal, TypeVar
 import torch
 
 from omni_actors.cuda import HostStaging, Transfer
+from omni_actors.cuda.step_ready import mark_step
 
 if TYPE_CHECKING:
     from omni_actors.bench.cuda import CudaBenchConfig
@@ -144,6 +145,26 @@ class Producer:
         hidden[-1].argmax().item()  # the sampled token: the step waits for its GPU work
         host = hidden.cpu() if mode == "sync" else None
         return Step(time.perf_counter(), transfer, host)
+
+    @torch.inference_mode()
+    def routed_step(
+        self, size: str, mark: bool, launched: Callable[[], None]
+    ) -> tuple[torch.Tensor, torch.cuda.Event]:
+        """One forward step whose output the event loop routes (as a stage's engine
+        step): the hidden states, and a timing event recorded right after the forward.
+
+        ``mark``: the output carries the step's mark, as a ``TorchEngine`` call's does
+        (:mod:`~omni_actors.cuda.step_ready`); else it carries none. ``launched`` is
+        called once the forward is queued on the device, before the step waits for it.
+        """
+        hidden = self.forward(size)
+        ended = torch.cuda.Event(enable_timing=True)  # type: ignore[no-untyped-call]
+        ended.record(torch.cuda.current_stream(self.device))
+        if mark:
+            mark_step(hidden, self.device, lambda: ended)
+        launched()
+        hidden[-1].argmax().item()  # the sampled token: the step waits for its GPU work
+        return hidden, ended
 
 
 def _use(device: torch.device) -> None:

@@ -402,6 +402,76 @@ def _bench_load(ns: argparse.Namespace) -> dict[str, Any]:
         raise SystemExit(f"omni-actors bench load: {exc}") from None
 
 
+# -- bench decode --------------------------------------------------------------------
+
+
+def _add_decode_options(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--model",
+        default="tiny-omni",
+        help="a release directory, a Hugging Face repo id, or a prepared family (tiny-omni)",
+    )
+    parser.add_argument(
+        "--stage",
+        type=_stage_device,
+        action="append",
+        default=[],
+        metavar="STAGE=DEVICE",
+        help="measure STAGE (thinker, talker) on DEVICE, in the order given (default: both on cpu)",
+    )
+    parser.add_argument(
+        "--batch",
+        type=positive_int,
+        nargs="+",
+        default=[1, 8, 32],
+        help="sessions per step (default 1 8 32)",
+    )
+    parser.add_argument(
+        "--context", type=positive_int, default=1024, help="positions per session (1024)"
+    )
+    parser.add_argument("--steps", type=positive_int, default=20, help="timed steps (20)")
+    parser.add_argument(
+        "--max-context",
+        type=positive_int,
+        default=2048,
+        help="positions per slot of the static cache (2048)",
+    )
+    parser.add_argument("--cache-dir", type=Path, default=None, help="weights cache")
+    parser.add_argument("--seed", type=int, default=0, help="seed of a prepared family's weights")
+
+
+def _bench_decode(ns: argparse.Namespace) -> dict[str, Any]:
+    from omni_actors.bench.decode import run_decode_bench
+    from omni_actors.models.cache import locate
+
+    stages = dict(ns.stage) or {"thinker": "cpu", "talker": "cpu"}
+    try:
+        prefixes = tuple(f"{stage}." for stage in stages)
+        model = locate(ns.model, cache_dir=ns.cache_dir, seed=ns.seed, prefixes=prefixes)
+        return run_decode_bench(
+            model,
+            stages=stages,
+            batches=ns.batch,
+            context=ns.context,
+            steps=ns.steps,
+            max_context=ns.max_context,
+        )
+    except (OmniError, ValueError) as exc:
+        raise SystemExit(f"omni-actors bench decode: {exc}") from None
+
+
+def _decode_summary(result: dict[str, Any]) -> list[str]:
+    lines = ["stage    device   batch  eager_ms  static_ms"]
+    for stage in ("thinker", "talker"):
+        if stage in result:
+            for batch, row in result[stage]["batches"].items():
+                lines.append(
+                    f"{stage:<8} {result[stage]['device']:<8} {batch:>5}  {row['eager_ms']:>8.2f}"
+                    f"  {row['static_ms']:>9.2f}"
+                )
+    return lines
+
+
 # -- bench boundary ------------------------------------------------------------------
 
 
@@ -518,6 +588,13 @@ BENCH_TARGETS: dict[str, BenchTarget] = {
         _add_load_options,
         _bench_load,
     ),
+    "decode": BenchTarget(
+        "the thinker's decode step and the talker's frame per batch size: eager over each "
+        "session's own cache against the static slot cache (CUDA graphs on a GPU)",
+        _add_decode_options,
+        _bench_decode,
+        _decode_summary,
+    ),
     "chaos": BenchTarget(
         "conversations while random stage workers are SIGKILLed, clients leave mid-reply "
         "and chunks are dropped or duplicated: turns by outcome, conversations lost, hung "
@@ -565,4 +642,5 @@ def bench_command(ns: argparse.Namespace) -> int:
         _print_table(result)
         for line in target.summary(result) if target.summary is not None else []:
             print(line)
-    return 0
+    # A report that names rows that failed is printed whole, then exits 1.
+    return 1 if result.get("failed_rows") else 0

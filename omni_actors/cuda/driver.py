@@ -98,7 +98,12 @@ class DeviceBuffer:
         self.pointer = pointer.value
         self.nbytes = nbytes
         self._freed = False
-        self.tensor = torch.as_tensor(_CudaArray(self.pointer, nbytes, self), device=device)
+        try:
+            self.tensor = _wrap(device, self.pointer, nbytes, self)
+        except IpcUnavailableError:
+            self._freed = True
+            _driver().cuMemFree_v2(self.pointer)
+            raise
 
     def handle(self) -> bytes:
         """The inter-process handle of this buffer (64 bytes)."""
@@ -145,5 +150,20 @@ def close_ipc(device: torch.device, pointer: int) -> None:
 
 
 def mapped_tensor(device: torch.device, pointer: int, nbytes: int, owner: object) -> torch.Tensor:
-    """A uint8 tensor over mapped memory; it keeps ``owner`` alive."""
-    return torch.as_tensor(_CudaArray(pointer, nbytes, owner), device=device)
+    """A uint8 tensor over mapped memory on ``device``; it keeps ``owner`` alive.
+
+    Raises:
+        IpcUnavailableError: torch would not place the memory itself on ``device`` (it
+            would copy it there instead: a snapshot, not the mapping).
+    """
+    return _wrap(device, pointer, nbytes, owner)
+
+
+def _wrap(device: torch.device, pointer: int, nbytes: int, owner: object) -> torch.Tensor:
+    if device.index is None:
+        device = torch.device("cuda", torch.cuda.current_device())
+    tensor = torch.as_tensor(_CudaArray(pointer, nbytes, owner), device=device)
+    if tensor.device != device or (nbytes and tensor.data_ptr() != pointer):
+        where = f"{tensor.device} at {tensor.data_ptr():#x}"
+        raise IpcUnavailableError(f"memory at {pointer:#x} on {device} came back as {where}")
+    return tensor

@@ -2,12 +2,13 @@
 
 The sending side (:class:`DeviceLink`) owns a pool of device slots allocated once per
 receiver, an IPC event, and a copy stream. Putting a message's device tensors copies
-each into a free slot on the copy stream (after the compute stream's work so far) and
-records the event; the chunk then names the slots. The receiving side
-(:class:`DeviceLinkImport`) has mapped the pool once; it makes its own stream wait on
-the event, copies the slots out into tensors of its own (a peer copy when it computes on
-another GPU), and its compute stream waits for that copy. The slots go back to the
-sender once the copy has completed (``SlotsFree``).
+each into a free slot on the copy stream (after the step that made them, see
+:mod:`~omni_actors.cuda.step_ready`) and records the event; the chunk then names the
+slots. The receiving side (:class:`DeviceLinkImport`) has mapped the pool once, on the
+pool's GPU; it makes its own stream there wait on the event, copies the slots out into
+tensors of its own (a peer copy when it computes on another GPU), and its compute
+stream waits for that copy. The slots go back to the sender once the copy has
+completed (``SlotsFree``).
 
 Nothing waits for a slot: a message whose tensors do not fit the free slots takes the
 host path instead, so a slow or dead receiver costs speed, never a hang.
@@ -32,6 +33,7 @@ from omni_actors.cuda.driver import (
     mapped_tensor,
     open_ipc,
 )
+from omni_actors.cuda.step_ready import wait_ready
 from omni_actors.protocols.address import ActorAddress
 from omni_actors.protocols.device import (
     DeviceLinkAnswer,
@@ -143,8 +145,9 @@ class DeviceLink:
                 self.fallbacks += 1
                 return {}, dict(fields)
             slot = self._free.pop()
-        compute = torch.cuda.current_stream(self.device)
-        self.stream.wait_stream(compute)
+        # After the step that made the tensors (their marks), else after all the caller
+        # has queued on the device so far.
+        wait_ready(self.stream, placed.values(), torch.cuda.current_stream(self.device))
         slices: dict[str, DeviceSlice] = {}
         base = slot * self.slot_bytes
         with torch.cuda.stream(self.stream):
@@ -178,11 +181,20 @@ class DeviceLink:
 
 
 class DeviceLinkImport:
-    """The receiving side of a link, mapped from ``offer`` into ``device``'s context.
+    """The receiving side of a link, for a stage that computes on ``device``.
+
+    The pool is mapped into the context of the GPU it lives on (as this process numbers
+    it), whichever GPU the stage computes on, and the link's event is opened there too:
+    the mapping, the event and the stream that waits on it are then on one device, as
+    in the process that made them. A stage on another GPU copies each slice from there
+    into its own device (a peer copy), on a stream of its own on each side. (A stream of
+    the stage's own GPU waiting on the event opened on the pool's GPU crashes the driver:
+    SIGSEGV in ``cudaStreamWaitEvent``, on two H100s with driver 580 and CUDA 13.)
 
     Raises:
-        IpcUnavailableError: the offer comes from another host, or the driver refuses
-            to map it (the caller answers the offer with the reason).
+        IpcUnavailableError: the offer comes from another host, names a GPU this
+            process does not see, or the driver refuses to map it (the caller answers
+            the offer with the reason).
     """
 
     def __init__(self, offer: DeviceLinkOffer, device: torch.device) -> None:
@@ -191,20 +203,33 @@ class DeviceLinkImport:
         if offer.slots < 1 or offer.slot_bytes < 1:
             raise IpcUnavailableError("the offer has no slots")
         self.offer = offer
-        self.device = device
-        self.peer = offer.gpu != gpu_uuid(device)
-        self.source_device = device if not self.peer else _device_of(offer.gpu)
-        self.pointer = open_ipc(device, offer.memory)
-        size = offer.slots * offer.slot_bytes
-        self.memory = mapped_tensor(device, self.pointer, size, self)
+        self.device = _indexed(device)
+        self.source_device = _device_of(offer.gpu)
+        self.peer = self.source_device != self.device
+        self.pointer = open_ipc(self.source_device, offer.memory)
         try:
-            self.event = torch.cuda.Event.from_ipc_handle(  # type: ignore[no-untyped-call]
-                self.source_device, offer.event
-            )
-        except RuntimeError as exc:
-            close_ipc(device, self.pointer)
-            raise IpcUnavailableError(f"cannot open the link's event: {exc}") from None
-        self.stream = torch.cuda.Stream(device)  # type: ignore[no-untyped-call]
+            size = offer.slots * offer.slot_bytes
+            self.memory = mapped_tensor(self.source_device, self.pointer, size, self)
+            try:
+                self.event = torch.cuda.Event.from_ipc_handle(  # type: ignore[no-untyped-call]
+                    self.source_device, offer.event
+                )
+            except RuntimeError as exc:
+                del self.memory
+                raise IpcUnavailableError(f"cannot open the link's event: {exc}") from None
+        except IpcUnavailableError:
+            close_ipc(self.source_device, self.pointer)
+            raise
+        finally:
+            torch.cuda.set_device(self.device)  # the driver calls made the pool's GPU current
+        # Waits on the sender's event and reads the slots: the copies' source side.
+        self.stream = torch.cuda.Stream(self.source_device)  # type: ignore[no-untyped-call]
+        # Takes the copies in: the stage's compute stream waits on it.
+        self.into = (
+            torch.cuda.Stream(self.device)  # type: ignore[no-untyped-call]
+            if self.peer
+            else self.stream
+        )
         self.closed = False
 
     def take(self, slices: Mapping[str, DeviceSlice]) -> tuple[dict[str, torch.Tensor], Any]:
@@ -234,16 +259,19 @@ class DeviceLinkImport:
             plan.append((name, piece, dtype, nbytes))
         compute = torch.cuda.current_stream(self.device)
         self.stream.wait_event(self.event)
-        with torch.cuda.stream(self.stream):
+        # Both devices' current streams are the link's own, so a peer copy (which torch
+        # runs on the source's current stream, fenced against the destination's) waits
+        # for neither side's compute; on one GPU both are the same stream.
+        with torch.cuda.stream(self.into), torch.cuda.stream(self.stream):
             for name, piece, dtype, nbytes in plan:
                 tensor = torch.empty(piece.shape, dtype=dtype, device=self.device)
                 if nbytes:
                     start = piece.slot * offer.slot_bytes + piece.offset
-                    _bytes_of(tensor).copy_(self.memory[start : start + nbytes])
+                    _bytes_of(tensor).copy_(self.memory[start : start + nbytes], non_blocking=True)
                 tensor.record_stream(compute)
                 out[name] = tensor
             done = torch.cuda.Event()  # type: ignore[no-untyped-call]
-            done.record(self.stream)
+            done.record(self.into)
         compute.wait_event(done)
         return out, done
 
@@ -252,8 +280,10 @@ class DeviceLinkImport:
         if not self.closed:
             self.closed = True
             self.stream.synchronize()
+            self.into.synchronize()
             del self.memory
-            close_ipc(self.device, self.pointer)
+            close_ipc(self.source_device, self.pointer)
+            torch.cuda.set_device(self.device)
 
 
 def map_offer(
@@ -266,6 +296,13 @@ def map_offer(
     except IpcUnavailableError as exc:
         return None, DeviceLinkAnswer(accepted=False, reason=str(exc))
     return imported, DeviceLinkAnswer(accepted=True, peer=imported.peer)
+
+
+def _indexed(device: torch.device) -> torch.device:
+    """``device`` with its index (``cuda`` is the current GPU)."""
+    if device.index is None:
+        return torch.device(device.type, torch.cuda.current_device())
+    return device
 
 
 def _device_of(uuid: str) -> torch.device:

@@ -1,10 +1,10 @@
 """Moving a stage's tensors between its device and host memory without stalling it.
 
 Out (:class:`HostStaging`): the tensors a GPU stage produced are copied into host slots
-on a copy stream of the stage's own, which first waits on an event recorded on the
-compute stream; the caller awaits the copy's completion event through an
-:class:`~omni_actors.cuda.EventWaiter`, so neither the next forward step nor the event
-loop waits for the copy.
+on a copy stream of the stage's own, which first waits for the step that made them
+(its mark, :mod:`~omni_actors.cuda.step_ready`; else the compute stream); the caller
+awaits the copy's completion event through an :class:`~omni_actors.cuda.EventWaiter`,
+so neither the next forward step nor the event loop waits for the copy.
 
 In (:class:`DeviceInbound`): host tensors that reach a GPU stage are copied to the
 device on the stage's own transfer stream, from page-locked memory (a host-to-device
@@ -25,6 +25,7 @@ import torch
 
 from omni_actors.cuda.event_waiter import EventWaiter
 from omni_actors.cuda.slots import SlotPool, host_tensor
+from omni_actors.cuda.step_ready import wait_ready
 
 __all__ = [
     "DeviceInbound",
@@ -104,16 +105,18 @@ class HostStaging:
     def begin(self, fields: Mapping[str, Any], stream: torch.cuda.Stream | None = None) -> Transfer:
         """Start copying every tensor of ``fields`` to host slots (others pass through).
 
-        Call it on the thread that queued the work producing the tensors, or later:
-        the copies wait for everything queued so far on ``stream`` (default: the
-        device's current stream). Without CUDA the copies are done on return.
+        The copies wait for the step that made the tensors when each carries its mark
+        (:mod:`~omni_actors.cuda.step_ready`); otherwise call it on the thread that
+        queued the work producing them, or later: they wait for everything queued so
+        far on ``stream`` (default: the device's current stream). Without CUDA the
+        copies are done on return.
         """
         copy_stream = self._stream
         if copy_stream is None:
             return Transfer({k: _copied(self.pool, v) for k, v in fields.items()}, None)
-        ready = _event()
-        ready.record(stream if stream is not None else torch.cuda.current_stream(self.device))
-        copy_stream.wait_event(ready)
+        produced = [v for v in fields.values() if isinstance(v, torch.Tensor) and v.is_cuda]
+        after = stream if stream is not None else torch.cuda.current_stream(self.device)
+        wait_ready(copy_stream, produced, after)
         out: dict[str, Any] = {}
         with torch.cuda.stream(copy_stream):
             for name, value in fields.items():
@@ -196,7 +199,8 @@ class DeviceInbound:
                         staged.copy_(value)
                         value = staged
                     elif value.device.type == "cuda":  # a peer copy: after its producer
-                        copy_stream.wait_stream(torch.cuda.current_stream(value.device))
+                        producer = torch.cuda.current_stream(value.device)
+                        wait_ready(copy_stream, (value,), producer)
                     sources.append(value)
                     value = value.to(self.device, non_blocking=True)
                     value.record_stream(compute)

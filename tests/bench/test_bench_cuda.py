@@ -1,4 +1,6 @@
-"""``omni-actors bench cuda`` on the CPU: every size and mode runs, every hand-off arrives.
+"""``omni-actors bench cuda`` on the CPU: every size and mode runs, every hand-off arrives,
+and a row that fails (a lost hand-off, a sink's worker dying) is that row's error while
+the rest of the report still runs and is printed.
 
 Only the shape and the hand-off count are checked: benchmarks are never timed assertions,
 and without CUDA the copies are synchronous, so the overheads mean nothing here.
@@ -13,9 +15,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from dying_sink import DECODE_TOKENS, DyingSink
 
 from omni_actors.bench import cuda as cuda_bench
-from omni_actors.bench.cuda import MODES, CudaBenchConfig, HandOffLostError, run_cuda_bench
+from omni_actors.bench.cuda import MODES, CudaBenchConfig, run_cuda_bench
 from omni_actors.bench.cuda_cli import SIZES, cuda_config, cuda_table
 from omni_actors.cli import main
 from omni_actors.cli.bench import add_bench_arguments
@@ -58,25 +61,60 @@ async def test_cpu_run_has_every_size_and_mode_and_every_hand_off_arrived() -> N
         assert row["target_async_overhead_pct"] == 2
         assert row["met"] is (row["async_overhead_pct"] <= 2)
     assert result["code_predictor"] == {"skipped": "needs CUDA"}
+    assert result["hop_paths"] == {"skipped": "needs CUDA"}
+    assert result["link_ready"] == {"skipped": "needs CUDA"}
     assert "skipped" in result["tiny_omni"]
+    assert result["failed_rows"] == []
     table = "\n".join(cuda_table(result))
     assert "decode" in table
     assert "prefill" in table
 
 
-async def test_a_hand_off_that_never_arrives_fails_the_run(monkeypatch: pytest.MonkeyPatch) -> None:
+async def test_a_hand_off_that_never_arrives_fails_its_row_only(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     send = cuda_bench._hand_off
+    dropped = False
 
     async def drop_the_third(sink: Any, staging: Any, seq: int, step: Any) -> None:
-        if seq != 2:
-            await send(sink, staging, seq, step)
+        nonlocal dropped
+        if seq == 2 and step.host is not None and not dropped:  # decode's first sync run
+            dropped = True
+            return
+        await send(sink, staging, seq, step)
 
     monkeypatch.setattr(cuda_bench, "_hand_off", drop_the_third)
 
-    with pytest.raises(
-        HandOffLostError, match=r"decode/sync: the sink took 2 hand-offs .* of 3 sent"
-    ):
-        await run_cuda_bench(_tiny(sizes=("decode",)))
+    result = await run_cuda_bench(_tiny())
+
+    json.dumps(result)
+    error = result["sizes"]["decode"]["error"]
+    assert error.startswith("HandOffLostError: decode/sync: the sink took 2 hand-offs"), error
+    assert "of 3 sent" in error
+    assert set(result["sizes"]["prefill"]["modes"]) == set(MODES)  # the next size still ran
+    assert result["failed_rows"] == ["sizes.decode"]
+    assert "decode   failed: HandOffLostError" in "\n".join(cuda_table(result))
+
+
+def test_a_dead_sink_worker_fails_its_row_and_the_report_is_still_printed(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setattr(cuda_bench, "HiddenSink", DyingSink)
+    argv = ["bench", "cuda", "--json", "--device", "cpu", "--steps", "4", "--warmup", "2"]
+    argv += ["--hidden", "16", "--layers", "1", "--tokens-prefill", "8", "--no-pipeline"]
+    argv += ["--tokens-decode", str(DECODE_TOKENS)]
+
+    code = main(argv)
+
+    assert code == 1  # printed whole, then exits 1: a row failed
+    result = json.loads(capsys.readouterr().out)
+    error = result["sizes"]["decode"]["error"]
+    assert error.startswith("WorkerDiedError: "), error
+    assert "killed by signal 11" in error
+    assert set(result["sizes"]["prefill"]["modes"]) == set(MODES)  # a fresh sink served it
+    assert result["failed_rows"] == ["sizes.decode"]
+    assert result["code_predictor"] == {"skipped": "needs CUDA"}
+    assert result["link_ready"] == {"skipped": "needs CUDA"}
 
 
 def test_the_command_line_options_make_the_config() -> None:

@@ -45,6 +45,13 @@ async def test_an_offer_without_slots_is_refused() -> None:
         DeviceLinkImport(await offer(slots=0), torch.device("cuda", 0))
 
 
+async def test_an_offer_of_a_gpu_this_process_does_not_see_is_refused_before_mapping() -> None:
+    # The pool is mapped on its own GPU, so the receiver must see it (as the sender's
+    # CUDA_VISIBLE_DEVICES may hide it), whichever GPU the receiver computes on.
+    with pytest.raises(IpcUnavailableError, match="GPU-no-such-gpu is not visible here"):
+        DeviceLinkImport(await offer(gpu="GPU-no-such-gpu"), torch.device("cuda", 0))
+
+
 def test_a_handle_of_the_wrong_size_is_refused() -> None:
     with pytest.raises(IpcUnavailableError, match="64 bytes"):
         open_ipc(torch.device("cuda", 0), b"short")

@@ -30,6 +30,7 @@ from tiny_omni_ids import (
 from omni_actors.actors.engines.contract import Fields
 from omni_actors.actors.engines.qwen3_omni import configs
 from omni_actors.actors.engines.qwen3_omni.hf import DynamicCache
+from omni_actors.actors.engines.qwen3_omni.static_decode import StaticPlan
 from omni_actors.actors.engines.qwen3_omni.talker_engine import TalkerArgs, TalkerEngine
 from omni_actors.actors.engines.qwen3_omni.talker_input import ReplyInput
 from omni_actors.actors.engines.qwen3_omni.talker_model import (
@@ -264,3 +265,61 @@ async def test_a_failed_batch_fails_its_sessions_alone_and_each_rolls_back(
         again = await asyncio.gather(*(frames(engine, f"s{i}", said[i]) for i in failed))
     for index, codes in zip(failed, again, strict=True):
         assert codes.shape[0] == 2 * tokens(said[index])
+
+
+def speak_in(model: TalkerModel, replies: list[SteppedReply], groups: list[list[int]]) -> None:
+    """Step the first ``STATIC_FRAMES`` frames of ``replies``, each round one model call
+    per group of reply indices."""
+    for _ in range(STATIC_FRAMES):
+        for group in groups:
+            live = [
+                (reply, step)
+                for reply in (replies[i] for i in group)
+                if len(reply.codes) < STATIC_FRAMES and (step := reply.step()) is not None
+            ]
+            if live:
+                frames = model.frames([step for _, step in live])
+                for (reply, _), frame in zip(live, frames, strict=True):
+                    reply.take(frame)
+
+
+STATIC_FRAMES = 16
+
+
+@pytest.fixture(scope="module")
+def solo(cache_dir: Path, said: list[list[Fields]]) -> list[SteppedReply]:
+    """Each session's first frames, stepped alone and eagerly."""
+    eager = TalkerModel(cache_dir / "tiny-omni" / "seed-0", stop_at_codec_eos=True)
+    replies = [open_reply(eager, outputs) for outputs in said]
+    speak_in(eager, replies, [[0], [1], [2]])
+    return replies
+
+
+@pytest.mark.parametrize("case", ["room", "evict", "outgrow"])
+def test_static_slot_frames_give_each_session_its_solo_codes(
+    cache_dir: Path, said: list[list[Fields]], solo: list[SteppedReply], case: str
+) -> None:
+    """Frames stepped over the static slot cache (eagerly on the CPU: the same steps a
+    GPU replays from graphs) equal each session's solo eager frames: all three sessions
+    in one step (``room``); two slots for three sessions, stepped two then one, so each
+    step settles an idle session's slot and takes it, and that session comes back from
+    its own cache (``evict``); a ``max_len`` the sessions outgrow mid-reply, after which
+    they step eagerly over their own caches (``outgrow``)."""
+    path = cache_dir / "tiny-omni" / "seed-0"
+    opened = min(reply.speech.position - len(reply.codes) + 1 for reply in solo)
+    slots, max_len = {"room": (4, 4096), "evict": (2, 4096), "outgrow": (4, opened + 8)}[case]
+    static = TalkerModel(
+        path, stop_at_codec_eos=True, static=StaticPlan(slots, max_len, graphs=False)
+    )
+    decoder = static.static
+    assert decoder is not None
+    together = [open_reply(static, outputs) for outputs in said]
+    groups = {"room": [[0, 1, 2]], "evict": [[0, 1], [2]], "outgrow": [[0], [1], [2]]}
+    speak_in(static, together, groups[case])
+    assert decoder.steps > 0
+    assert (decoder.fallbacks > 0) == (case == "outgrow")
+    if case != "outgrow":  # stepped alone, the outgrowing sessions share row 0
+        assert (decoder.evictions > 0) == (case == "evict")
+    for reply, alone in zip(together, solo, strict=True):
+        assert len(reply.codes) == len(alone.codes) > 1
+        assert torch.equal(torch.cat(reply.codes), torch.cat(alone.codes))

@@ -23,6 +23,7 @@ from omni_actors.errors import MissingExtraError
 
 try:
     from transformers import (
+        AttentionInterface,
         DynamicCache,
         PreTrainedConfig,
         PreTrainedModel,
@@ -51,6 +52,7 @@ except ImportError as exc:
     raise MissingExtraError("tiny-omni", "tiny-omni", exc) from exc
 
 __all__ = [
+    "AttentionInterface",
     "DynamicCache",
     "PreTrainedConfig",
     "PreTrainedModel",

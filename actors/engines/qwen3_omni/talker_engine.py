@@ -60,6 +60,7 @@ from omni_actors.actors.engines.batched_engine import BatchedTorchEngine
 from omni_actors.actors.engines.contract import Fields, ResponseOptions, Rule, response_options
 from omni_actors.actors.engines.qwen3_omni.family import DEFAULT_RELEASE
 from omni_actors.actors.engines.qwen3_omni.hf import DynamicCache
+from omni_actors.actors.engines.qwen3_omni.static_decode import StaticDecodeArgs, StaticPlan
 from omni_actors.actors.engines.qwen3_omni.talker_input import ReplyInput, TalkerInputError
 from omni_actors.actors.engines.qwen3_omni.talker_model import Frame, FrameStep, TalkerModel, Voice
 from omni_actors.actors.engines.torch_engine import AbortSignal, DeviceArgs, release_dir
@@ -68,7 +69,7 @@ from omni_actors.models.family import WeightsArgs
 __all__ = ["TalkerArgs", "TalkerEngine", "TalkerInputError"]
 
 
-class TalkerArgs(WeightsArgs, DeviceArgs):
+class TalkerArgs(WeightsArgs, DeviceArgs, StaticDecodeArgs):
     """The talker's arguments: ``seed`` and ``cache_dir`` locate its weights.
 
     Attributes:
@@ -144,6 +145,7 @@ class TalkerEngine(BatchedTorchEngine[Voice, FrameStep, Frame]):
         self.max_frames = args.max_frames
         self.stop_at_codec_eos = args.stop_at_codec_eos
         self.speaker = args.speaker
+        self._static_args = args
         super().__init__(
             release_dir(DEFAULT_RELEASE, args, "talker"),
             "talker",
@@ -153,7 +155,12 @@ class TalkerEngine(BatchedTorchEngine[Voice, FrameStep, Frame]):
         )
 
     def _load(self, path: Path) -> None:
-        model = TalkerModel(path, self.device, stop_at_codec_eos=self.stop_at_codec_eos)
+        model = TalkerModel(
+            path,
+            self.device,
+            stop_at_codec_eos=self.stop_at_codec_eos,
+            static=StaticPlan.of(self._static_args, self.device, self._static_args.max_batch),
+        )
         if self.speaker not in model.speakers:
             raise ValueError(
                 f"unknown speaker {self.speaker!r}: the checkpoint's voices are "

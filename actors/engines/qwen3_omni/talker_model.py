@@ -7,6 +7,12 @@ the replies of several sessions in one call: one talker forward over their cache
 once (its cache is fresh per frame and as long for every row, so it needs no padding).
 A call with one session runs the single-session forwards of :mod:`.stepping`, so a
 session stepping alone gets exactly HF's codes.
+
+With a static slot cache (:mod:`.static_decode`) a frame is instead one step over it:
+the talker step, its codec head, the first code and the code predictor's loop, all
+replayed as one CUDA graph per batch and span bucket on a GPU. A reply's frames then
+live in the session's slot only: the next prefill crops them away anyway, so it drops
+the slot rather than settling it.
 """
 
 from __future__ import annotations
@@ -27,6 +33,7 @@ from omni_actors.actors.engines.qwen3_omni.hf import (
     PreTrainedConfig,
     Qwen3OmniMoeTalkerForConditionalGeneration,
 )
+from omni_actors.actors.engines.qwen3_omni.static_decode import StaticDecoder, StaticPlan, StepCache
 from omni_actors.actors.engines.torch_engine import AbortSignal
 from omni_actors.errors import ModelFileError
 
@@ -97,6 +104,8 @@ class TalkerModel:
     Args:
         path: the release directory (:mod:`.weights`).
         stop_at_codec_eos: let a frame end the reply at codec EOS (else EOS is masked).
+        static: step frames over a static slot cache so built; None: eagerly over the
+            sessions' own caches.
 
     Attributes:
         text_config: the text model's config (what a session's ``DynamicCache`` needs).
@@ -105,7 +114,12 @@ class TalkerModel:
     """
 
     def __init__(
-        self, path: Path, device: torch.device | None = None, *, stop_at_codec_eos: bool
+        self,
+        path: Path,
+        device: torch.device | None = None,
+        *,
+        stop_at_codec_eos: bool,
+        static: StaticPlan | None = None,
     ) -> None:
         talker = weights.load(path, "talker", device=device)
         assert isinstance(talker, Qwen3OmniMoeTalkerForConditionalGeneration)
@@ -128,6 +142,19 @@ class TalkerModel:
         self.speakers = {str(name).lower(): int(code) for name, code in speakers.items()}
         self._vocab = int(self.text_config.vocab_size)
         self._codec_eos = int(cfg.codec_eos_token_id)
+        self._static: StaticDecoder | None = None
+        if static is not None:
+            self._static = StaticDecoder(
+                talker.model,
+                self.text_config,
+                self._static_frame,
+                slots=static.slots,
+                max_len=static.max_len,
+                device=device or torch.device("cpu"),
+                dtype=next(talker.parameters()).dtype,
+                graphs=static.graphs,
+                name="talker frame",
+            )
 
     @property
     def talker(self) -> Qwen3OmniMoeTalkerForConditionalGeneration:
@@ -140,6 +167,7 @@ class TalkerModel:
     @torch.no_grad()
     def prefill_user(self, voice: Voice, rows: torch.Tensor, mask: torch.Tensor) -> None:
         """Append user rows to the session's user parts."""
+        self._drop(voice)
         voice.crop()
         stepping.talker_forward(self._talker, self._user_part(rows, mask), voice.cache, voice.user)
         voice.user += rows.shape[0]
@@ -156,6 +184,7 @@ class TalkerModel:
         speaker: int,
     ) -> tuple[Speech, Frame]:
         """Prefill the user rows left + the assistant prefix (holding token 0); frame 0."""
+        self._drop(voice)
         voice.crop()
         talker = self._talker
         first_four = torch.cat((opening, first))[None]
@@ -169,13 +198,29 @@ class TalkerModel:
         return Speech(voice.cache, voice.user + PREFIX), frame
 
     @torch.no_grad()
-    def frames(self, steps: list[FrameStep]) -> list[Frame]:
+    def frames(self, steps: list[FrameStep], *, eager: bool = False) -> list[Frame]:
         """One talker step per session (the previous frame's codes plus this frame's
-        text), all in one forward, then each row's codes."""
+        text), all in one forward, then each row's codes: over the static cache when
+        there is one and the sessions fit it, unless ``eager`` (a benchmark compares)."""
         talker = self._talker
         carry = torch.cat([step.carry for step in steps])
-        inputs = carry + talker.text_projection(torch.cat([step.text for step in steps])[:, None])
+        text = torch.cat([step.text for step in steps])
         speeches = [step.speech for step in steps]
+        positions = [speech.position for speech in speeches]
+        if not eager and self._static is not None and self._static.fits(positions):
+            caches = [speech.cache for speech in speeches]
+            codes, carries = self._static.run(caches, positions, [carry, text])
+            for speech in speeches:
+                speech.position += 1
+            ends = (codes[:, 0] == self._codec_eos).tolist()
+            return [
+                None if end else (codes[row : row + 1], carries[row : row + 1])
+                for row, end in enumerate(ends)
+            ]
+        if self._static is not None:
+            for speech in speeches:
+                self._static.settle(speech.cache)
+        inputs = carry + talker.text_projection(text[:, None])
         if len(steps) == 1:
             (speech,) = speeches
             hidden, logits = stepping.talker_forward(talker, inputs, speech.cache, speech.position)
@@ -186,6 +231,38 @@ class TalkerModel:
         for speech in speeches:
             speech.position += 1
         return self._complete(hidden, logits)
+
+    @property
+    def static(self) -> StaticDecoder | None:
+        """The static slot cache decode steps run over, if any."""
+        return self._static
+
+    def _drop(self, voice: Voice) -> None:
+        """Forget the frames the last reply stepped in a static slot (cropped next)."""
+        if self._static is not None:
+            self._static.drop(voice.cache)
+
+    def _static_frame(
+        self, cache: StepCache, positions: torch.Tensor, carry: torch.Tensor, text: torch.Tensor
+    ) -> tuple[torch.Tensor, ...]:
+        """The static frame step: ``(codes [B, groups], next_input [B, 1, Ht])``, codes
+        of a row at codec EOS start with EOS (the caller ends that reply)."""
+        talker = self._talker
+        inputs = carry + talker.text_projection(text[:, None])
+        out = talker.model(
+            inputs_embeds=inputs,
+            attention_mask=cache.mask,
+            position_ids=positions[:, None],
+            past_key_values=cache,
+            use_cache=True,
+        )
+        hidden = out.last_hidden_state[:, -1:]
+        masked = stepping.mask_codec_logits(
+            talker.codec_head(hidden)[:, -1], self._vocab, self._codec_eos
+        )
+        if not self._stop_at_codec_eos:
+            masked[..., self._codec_eos] = float("-inf")
+        return stepping.code_predictor_frame(talker, hidden, stepping.greedy(masked))
 
     def _complete(self, hidden: torch.Tensor, logits: torch.Tensor) -> list[Frame]:
         """Each row's frame from its talker step's ``hidden`` [B, 1, Ht] and ``logits``:

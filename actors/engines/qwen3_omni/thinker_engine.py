@@ -74,6 +74,7 @@ from omni_actors.actors.engines.qwen3_omni.conversation import (
 from omni_actors.actors.engines.qwen3_omni.family import DEFAULT_RELEASE
 from omni_actors.actors.engines.qwen3_omni.hf import DynamicCache
 from omni_actors.actors.engines.qwen3_omni.sampling import sampling_for, session_seed
+from omni_actors.actors.engines.qwen3_omni.static_decode import StaticDecodeArgs, StaticPlan
 from omni_actors.actors.engines.qwen3_omni.thinker_model import DecodeStep, ThinkerModel, Token
 from omni_actors.actors.engines.qwen3_omni.user_turn import UserTurn
 from omni_actors.actors.engines.qwen3_omni.vocabulary import Vocabulary
@@ -84,7 +85,7 @@ from omni_actors.models.family import WeightsArgs
 __all__ = ["ThinkerArgs", "ThinkerEngine"]
 
 
-class ThinkerArgs(WeightsArgs, DeviceArgs):
+class ThinkerArgs(WeightsArgs, DeviceArgs, StaticDecodeArgs):
     """The thinker's arguments: ``seed`` and ``cache_dir`` locate its weights.
 
     Attributes:
@@ -134,6 +135,7 @@ class ThinkerEngine(BatchedTorchEngine[Conversation, DecodeStep, Token]):
         self.min_new_tokens = min(args.min_new_tokens, args.max_new_tokens)
         self.seed = args.seed
         self.allowed_token_ranges = args.allowed_token_ranges
+        self._static_args = args
         super().__init__(
             release_dir(DEFAULT_RELEASE, args, "thinker"),
             "thinker",
@@ -144,7 +146,10 @@ class ThinkerEngine(BatchedTorchEngine[Conversation, DecodeStep, Token]):
 
     def _load(self, path: Path) -> None:
         self._model = ThinkerModel(
-            path, self.device, allowed_token_ranges=self.allowed_token_ranges
+            path,
+            self.device,
+            allowed_token_ranges=self.allowed_token_ranges,
+            static=StaticPlan.of(self._static_args, self.device, self._static_args.max_batch),
         )
 
     @property
@@ -430,6 +435,16 @@ class _Response(Response[Checkpoint]):
                 reply = self.conversation.reply
                 assert reply is not None, "a decode step only runs in a reply"
                 self.conversation.reply = ThinkerReply(reply.start, reply.tokens, reply.fed + 1)
+        if self.decoding:
+            # What the reply decoded in a static slot goes into the conversation's own
+            # cache now, in the model thread, before a rollback or truncation crops it.
+            try:
+                await self.engine.call(self.model.settle, self.conversation)
+            except Exception:
+                outcome = "failed"
+            except BaseException:
+                del sessions[session]
+                raise
         return outcome
 
     def keep_reply(self) -> None:

@@ -5,7 +5,10 @@ time, on one session's :class:`~.conversation.Conversation` and the
 :class:`~.user_turn.UserTurn` it is receiving: the engine's event-loop side decides
 *what* to run, this runs it and keeps the cache position, the carry and the turn's rows
 in step with what the cache holds. Decode steps are the exception:
-:meth:`ThinkerModel.decode_steps` feeds the last token of several sessions in one forward.
+:meth:`ThinkerModel.decode_steps` feeds the last token of several sessions in one forward,
+over a static slot cache when the model has one (:mod:`.static_decode`): a session's
+newest positions may then be in its slot, and every other forward over its cache settles
+them into it first (:meth:`ThinkerModel.settle`).
 """
 
 from __future__ import annotations
@@ -27,6 +30,7 @@ from omni_actors.actors.engines.qwen3_omni.hf import (
 )
 from omni_actors.actors.engines.qwen3_omni.log_mel import LogMel
 from omni_actors.actors.engines.qwen3_omni.sampling import Sampling, pick
+from omni_actors.actors.engines.qwen3_omni.static_decode import StaticDecoder, StaticPlan, StepCache
 from omni_actors.actors.engines.qwen3_omni.user_turn import Feed, UserTurn
 from omni_actors.actors.engines.qwen3_omni.vocabulary import Vocabulary
 from omni_actors.errors import ModelFileError
@@ -59,6 +63,8 @@ class ThinkerModel:
         allowed_token_ranges: half-open ``[start, stop)`` id ranges a reply may use
             (``<|im_end|>`` is allowed once the reply's minimum is reached); None: any.
             For random weights, which would otherwise pick ids no reader could show.
+        static: decode over a static slot cache so built; None: every step eagerly
+            over the sessions' own caches.
 
     Raises:
         ModelFileError: a file of the stage, its tokenizer or front end, or the composite
@@ -80,6 +86,7 @@ class ThinkerModel:
         device: torch.device | None = None,
         *,
         allowed_token_ranges: list[tuple[int, int]] | None = None,
+        static: StaticPlan | None = None,
     ) -> None:
         device = device or torch.device("cpu")
         release = Release.open(path, remedy=layout.REBUILD)
@@ -114,10 +121,24 @@ class ThinkerModel:
             self._allow_end = self._allow_text.clone()
             self._allow_text[ids.im_end] = float("-inf")
             self._allow_end[ids.im_end] = 0.0
+            self._allow = torch.stack((self._allow_text, self._allow_end))
             # No graph: weights.load turned gradients off.
             tts = torch.tensor([ids.tts_bos, ids.tts_eos, ids.tts_pad])
             self.tts = self._embedding(tts)
             self.opening = self._embedding(torch.tensor(vocabulary.assistant_opening))
+        self._static: StaticDecoder | None = None
+        if static is not None:
+            self._static = StaticDecoder(
+                thinker.model,
+                self.text_config,
+                self._static_step,
+                slots=static.slots,
+                max_len=static.max_len,
+                device=device,
+                dtype=self.tts.dtype,
+                graphs=static.graphs,
+                name="thinker decode",
+            )
 
     def clip(self) -> AudioClip:
         """A new audio clip, windowed as this thinker's audio encoder attends."""
@@ -213,18 +234,36 @@ class ThinkerModel:
         self, conversation: Conversation, token: int, allow_end: bool, sampling: Sampling
     ) -> Token:
         """Feed ``token``, pick the next one."""
+        if self._static is not None:
+            return self.decode_steps([DecodeStep(conversation, token, allow_end, sampling)])[0]
         step = self._forward(conversation, [token])
         return self._pick(step.logits[0, -1], allow_end, sampling)
 
     @torch.no_grad()
-    def decode_steps(self, steps: list[DecodeStep]) -> list[Token]:
-        """:meth:`decode` for several sessions in one forward (their caches left-padded,
-        :mod:`.batched_step`); each picks with its own sampling and generator. One
-        session runs :meth:`decode` itself, so a session decoding alone is exact."""
+    def decode_steps(self, steps: list[DecodeStep], *, eager: bool = False) -> list[Token]:
+        """:meth:`decode` for several sessions in one forward; each picks with its own
+        sampling and generator.
+
+        Over the static cache when there is one and the sessions fit it; else their
+        caches left-padded (:mod:`.batched_step`), and one session runs :meth:`decode`
+        itself, so a session decoding alone is exact. ``eager`` takes the second way
+        even with a static cache (a benchmark compares the two).
+        """
+        conversations = [step.conversation for step in steps]
+        lengths = [conversation.position for conversation in conversations]
+        if not eager and self._static is not None and self._static.fits(lengths):
+            caches = [conversation.cache for conversation in conversations]
+            ids = torch.tensor([[step.token] for step in steps])
+            (logits,) = self._static.run(caches, lengths, [ids])
+            for conversation in conversations:
+                conversation.position += 1
+            return self._pick_rows(logits, steps)
+        for conversation in conversations:
+            self.settle(conversation)
         if len(steps) == 1:
             (one,) = steps
-            return [self.decode(one.conversation, one.token, one.allow_end, one.sampling)]
-        conversations = [step.conversation for step in steps]
+            step = self._forward(one.conversation, [one.token])
+            return [self._pick(step.logits[0, -1], one.allow_end, one.sampling)]
         logits = thinker_steps(
             self._thinker,
             torch.tensor([[step.token] for step in steps]),
@@ -238,12 +277,50 @@ class ThinkerModel:
             for row, step in zip(logits, steps, strict=True)
         ]
 
+    @property
+    def static(self) -> StaticDecoder | None:
+        """The static slot cache decode steps run over, if any."""
+        return self._static
+
+    def settle(self, conversation: Conversation) -> None:
+        """Move what ``conversation`` decoded in its static slot into its own cache (a
+        no-op without a static cache or a slot): before anything else reads or crops it."""
+        if self._static is not None:
+            self._static.settle(conversation.cache)
+
+    def _static_step(
+        self, cache: StepCache, positions: torch.Tensor, ids: torch.Tensor
+    ) -> tuple[torch.Tensor, ...]:
+        """The static decode step: logits [B, vocab] of each row's next token."""
+        out = self._thinker.model(
+            input_ids=ids,
+            attention_mask=cache.mask,
+            position_ids=positions[:, None],
+            past_key_values=cache,
+            use_cache=True,
+        )
+        return (self._thinker.lm_head(out.last_hidden_state[:, -1]),)
+
+    def _pick_rows(self, logits: torch.Tensor, steps: list[DecodeStep]) -> list[Token]:
+        """Each row's token and embedding: the greedy rows in one pass (one read back
+        to the host), the sampled ones each with its own generator."""
+        ends = torch.tensor([step.allow_end for step in steps], device=logits.device)
+        masked = logits.float() + self._allow[ends.long()]
+        tokens = masked.argmax(dim=-1).tolist()
+        for row, step in enumerate(steps):
+            if step.sampling.temperature > 0:
+                allowed = self._allow_end if step.allow_end else self._allow_text
+                tokens[row] = pick(logits[row], allowed, step.sampling)
+        embeds = self._embedding(torch.tensor(tokens, device=logits.device))
+        return [(token, embeds[row : row + 1]) for row, token in enumerate(tokens)]
+
     def _encode(self, mel: torch.Tensor) -> torch.Tensor:
         return stepping.encode_audio(self._thinker, mel)
 
     def _forward(
         self, conversation: Conversation, ids: list[int], audio: torch.Tensor | None = None
     ) -> stepping.ThinkerStep:
+        self.settle(conversation)
         step = stepping.thinker_forward(
             self._thinker,
             torch.tensor([ids]),

@@ -1,0 +1,173 @@
+"""``bench decode``: the thinker's decode step and the talker's frame, eager against the
+static slot cache, per batch size, on a release's real classes.
+
+Each stage loads from the release ``model`` names onto its device, as its engine loads
+it, with a static slot cache for the largest batch asked (replayed from CUDA graphs on a
+GPU). For each batch size it opens that many sessions, each with ``context`` positions
+(random prompt ids for the thinker; random thinker rows for the talker's user part),
+then times ``steps`` steps over the sessions' own caches (eager: what runs without a
+static cache) and ``steps`` over the slot cache, after one untimed step that leases the
+slots and captures the graph. A step's time is the wall time of a whole call, picks and
+read-backs included, with the device synchronised: what a session waits per token (the
+thinker's TPOT at that batch) or per codec frame (the talker, code predictor included;
+real time needs one frame per 80 ms).
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+
+__all__ = ["run_decode_bench"]
+
+
+def _timed(step: Callable[[], object], device: torch.device, steps: int) -> float:
+    """Median milliseconds of ``step`` over ``steps`` runs."""
+    times = []
+    for _ in range(steps):
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+        started = time.perf_counter()
+        step()
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+        times.append((time.perf_counter() - started) * 1e3)
+    return round(statistics.median(times), 3)
+
+
+def _thinker(
+    model: Path, device: torch.device, batches: Sequence[int], context: int, steps: int, plan: Any
+) -> dict[str, Any]:
+    from omni_actors.actors.engines.qwen3_omni.conversation import Conversation
+    from omni_actors.actors.engines.qwen3_omni.hf import DynamicCache
+    from omni_actors.actors.engines.qwen3_omni.sampling import Sampling
+    from omni_actors.actors.engines.qwen3_omni.thinker_model import DecodeStep, ThinkerModel
+
+    thinker = ThinkerModel(model, device, static=plan)
+    vocab = int(thinker.text_config.vocab_size)
+    greedy = Sampling(1 << 30, 0, 0.0, None)
+    generator = torch.Generator().manual_seed(0)
+
+    def measure(batch: int) -> dict[str, float]:
+        conversations = []
+        for _ in range(batch):
+            conversation = Conversation(DynamicCache(config=thinker.text_config))
+            ids = torch.randint(0, vocab, (context,), generator=generator, device="cpu")
+            ids = ids.tolist()
+            thinker.instruct(conversation, tuple(ids))
+            conversations.append(conversation)
+        tokens = [0] * batch
+
+        def step(eager: bool) -> None:
+            pairs = zip(conversations, tokens, strict=True)
+            picked = thinker.decode_steps(
+                [DecodeStep(c, t, True, greedy) for c, t in pairs], eager=eager
+            )
+            tokens[:] = [token for token, _ in picked]
+
+        eager_ms = _timed(lambda: step(True), device, steps)
+        step(False)  # leases the slots, captures the graph
+        static_ms = _timed(lambda: step(False), device, steps)
+        for conversation in conversations:
+            thinker.settle(conversation)
+        return {"eager_ms": eager_ms, "static_ms": static_ms}
+
+    # As an engine's model thread computes once loaded: on its device by default.
+    with torch.device(device):
+        rows = {str(batch): measure(batch) for batch in batches}
+    return _report(thinker.static, rows)
+
+
+def _talker(
+    model: Path, device: torch.device, batches: Sequence[int], context: int, steps: int, plan: Any
+) -> dict[str, Any]:
+    from omni_actors.actors.engines.qwen3_omni.hf import DynamicCache
+    from omni_actors.actors.engines.qwen3_omni.talker_model import FrameStep, TalkerModel, Voice
+
+    talker = TalkerModel(model, device, stop_at_codec_eos=False, static=plan)
+    width = int(talker.talker.config.thinker_hidden_size)
+    dtype = next(talker.talker.parameters()).dtype
+    speaker = next(iter(talker.speakers.values()))
+    generator = torch.Generator().manual_seed(0)
+
+    def rows_of(n: int) -> torch.Tensor:
+        return torch.randn(n, width, generator=generator, device="cpu").to(device, dtype)
+
+    def measure(batch: int) -> dict[str, float]:
+        frames: list[FrameStep] = []
+        for _ in range(batch):
+            voice = Voice(DynamicCache(config=talker.text_config))
+            mask = torch.zeros(context, dtype=torch.bool, device=device)
+            speech, frame = talker.open(
+                voice, rows_of(context), mask, rows_of(3), rows_of(3), rows_of(1), speaker
+            )
+            assert frame is not None, "codec EOS is masked"
+            frames.append(FrameStep(speech, frame[1], rows_of(1)))
+        text = rows_of(1)
+
+        def step(eager: bool) -> None:
+            for index, frame in enumerate(talker.frames(frames, eager=eager)):
+                assert frame is not None, "codec EOS is masked"
+                frames[index] = FrameStep(frames[index].speech, frame[1], text)
+
+        eager_ms = _timed(lambda: step(True), device, steps)
+        step(False)
+        static_ms = _timed(lambda: step(False), device, steps)
+        return {"eager_ms": eager_ms, "static_ms": static_ms}
+
+    with torch.device(device):
+        rows = {str(batch): measure(batch) for batch in batches}
+    return _report(talker.static, rows)
+
+
+def _report(static: Any, rows: dict[str, Any]) -> dict[str, Any]:
+    return {
+        "batches": rows,
+        "graphed": [list(key) for key in static.graphed],
+        "capture_s": {f"{b}x{s}": round(t, 3) for (b, s), t in static.capture_s.items()},
+        "slot_cache_gib": round(static.cache_bytes / 2**30, 3),
+        "evictions": static.evictions,
+        "fallbacks": static.fallbacks,
+    }
+
+
+def run_decode_bench(
+    model: Path,
+    *,
+    stages: dict[str, str],
+    batches: Sequence[int],
+    context: int,
+    steps: int,
+    max_context: int,
+) -> dict[str, Any]:
+    """Eager and static step times per batch size for each stage in ``stages`` (stage
+    name -> device: ``thinker``, ``talker``)."""
+    from omni_actors.actors.engines.qwen3_omni.static_decode import StaticPlan
+    from omni_actors.actors.engines.torch_engine import resolve_device
+
+    unknown = set(stages) - {"thinker", "talker"}
+    if unknown:
+        raise ValueError(f"bench decode measures the thinker and the talker, not {sorted(unknown)}")
+    if not batches or min(batches) < 1 or context < 1 or steps < 1:
+        raise ValueError("batches, context and steps must be positive")
+    if context + steps * 2 + 2 >= max_context:
+        raise ValueError(f"context {context} leaves no room for {steps} steps in {max_context}")
+    report: dict[str, Any] = {"model": str(model), "context": context, "steps": steps}
+    for stage, name in stages.items():
+        device = resolve_device(name)
+        with torch.no_grad():
+            plan = StaticPlan(max(batches), max_context, graphs=device.type == "cuda")
+            measure = _thinker if stage == "thinker" else _talker
+            report[stage] = {
+                "device": str(device),
+                **measure(model, device, batches, context, steps, plan),
+            }
+        if device.type == "cuda":
+            report[stage]["gpu"] = torch.cuda.get_device_name(device)
+            torch.cuda.empty_cache()
+    return report

@@ -1,0 +1,102 @@
+"""Step marks without CUDA: which tensors a step marks, which tensors carry the mark
+later (views, made in inference mode or not, but not copies), and what a copy stream is
+made to wait on (the marks when every tensor has one, else the producing stream)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from omni_actors.cuda.step_ready import mark_step, step_mark, wait_ready
+
+CPU = torch.device("cpu")
+
+
+class Recorder:
+    """A stream that notes what it was made to wait on."""
+
+    def __init__(self) -> None:
+        self.waits: list[tuple[str, Any]] = []
+
+    def wait_event(self, event: Any) -> None:
+        self.waits.append(("event", event))
+
+    def wait_stream(self, stream: Any) -> None:
+        self.waits.append(("stream", stream))
+
+
+def test_a_step_marks_every_tensor_of_its_result_on_its_device() -> None:
+    with torch.inference_mode():
+        token, embed, rows = torch.tensor([7]), torch.randn(2, 4), torch.randn(3, 4)
+    elsewhere = torch.empty(3, device="meta")
+    recorded: list[str] = []
+
+    def record() -> str:
+        recorded.append("E")
+        return "E"
+
+    result = [(token, {"embed": embed, "rows": [rows[0], rows[1]]}), elsewhere, "text", 3]
+    assert mark_step(result, CPU, record) == "E"
+
+    assert recorded == ["E"]  # one event for the whole step
+    for tensor in (token, embed, rows):
+        assert step_mark(tensor) == "E"
+    assert step_mark(elsewhere) is None  # another device: not this step's stream
+
+
+def test_nothing_to_mark_records_nothing() -> None:
+    def record() -> str:
+        raise AssertionError("no tensor on the device: no event")
+
+    assert mark_step(None, CPU, record) is None
+    assert mark_step({"text": "hi", "ids": [1, 2]}, CPU, record) is None
+    assert mark_step(torch.empty(2, device="meta"), CPU, record) is None
+
+
+def test_views_made_later_carry_the_mark_and_copies_do_not() -> None:
+    with torch.inference_mode():
+        batch = torch.randn(4, 8)
+    mark_step(batch, CPU, lambda: "E")
+
+    assert step_mark(batch[1]) == "E"  # a session's row, made on the loop
+    assert step_mark(batch[1:3].t()) == "E"
+    assert step_mark(batch.view(torch.int32)) == "E"
+    with torch.inference_mode():
+        assert step_mark(batch[2]) == "E"
+    assert step_mark(batch.clone()) is None  # new memory: made by whoever cloned it
+    assert step_mark(torch.randn(4, 8)) is None
+
+
+def test_a_later_step_that_returns_the_same_memory_marks_it_again() -> None:
+    static = torch.zeros(4)  # an output buffer a graph replays into
+    mark_step(static, CPU, lambda: "first")
+    mark_step(static[:2], CPU, lambda: "second")
+    assert step_mark(static) == "second"
+
+
+def test_marked_tensors_make_the_copy_wait_on_their_marks_only() -> None:
+    a, b, c = torch.randn(2), torch.randn(2), torch.randn(2)
+    mark_step((a, b), CPU, lambda: "step 1")
+    mark_step(c, CPU, lambda: "step 2")
+    stream = Recorder()
+
+    assert wait_ready(stream, [a, b[1:], c], fallback="compute")
+
+    assert stream.waits == [("event", "step 1"), ("event", "step 2")]
+
+
+def test_one_unmarked_tensor_makes_the_copy_wait_on_the_producing_stream() -> None:
+    marked, unmarked = torch.randn(2), torch.randn(2)
+    mark_step(marked, CPU, lambda: "step")
+    stream = Recorder()
+
+    assert not wait_ready(stream, [marked, unmarked], fallback="compute")
+
+    assert stream.waits == [("stream", "compute")]
+
+
+def test_no_tensors_no_wait() -> None:
+    stream = Recorder()
+    assert wait_ready(stream, [], fallback="compute")
+    assert stream.waits == []

@@ -1,0 +1,109 @@
+"""Decode steps over the static slot cache replay from CUDA graphs, bit for bit what the
+same steps compute eagerly, for the thinker and the talker, batches joining and leaving."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+from omni_actors.actors.engines.qwen3_omni.conversation import Conversation
+from omni_actors.actors.engines.qwen3_omni.hf import DynamicCache
+from omni_actors.actors.engines.qwen3_omni.sampling import Sampling
+from omni_actors.actors.engines.qwen3_omni.static_decode import StaticPlan
+from omni_actors.actors.engines.qwen3_omni.talker_model import FrameStep, TalkerModel, Voice
+from omni_actors.actors.engines.qwen3_omni.thinker_model import DecodeStep, ThinkerModel
+from omni_actors.models.cache import prepare
+
+DEVICE = torch.device("cuda", 0)
+GREEDY = Sampling(1 << 20, 0, 0.0, None)
+# Which sessions step together, round after round: batches grow, shrink and regroup,
+# so rows join, leave, move down and are evicted.
+ROUNDS = [[0], [0, 1, 2], [1, 2], [2], [0, 1, 2, 3, 4], [4], [3, 4], [0, 1, 2, 3, 4]] * 3
+
+
+@pytest.fixture(scope="module")
+def release(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return prepare("tiny-omni", cache_dir=tmp_path_factory.mktemp("weights"))
+
+
+def thinker_tokens(model: ThinkerModel) -> list[list[int]]:
+    conversations, tokens = [], []
+    for n in range(5):
+        conversation = Conversation(DynamicCache(config=model.text_config))
+        model.instruct(conversation, tuple(range(40, 40 + 7 * (n + 1))))
+        token, _ = model.open_reply(conversation, None, GREEDY)
+        conversations.append(conversation)
+        tokens.append([token])
+    for group in ROUNDS:
+        steps = [DecodeStep(conversations[i], tokens[i][-1], True, GREEDY) for i in group]
+        for i, (token, _) in zip(group, model.decode_steps(steps), strict=True):
+            tokens[i].append(token)
+    for i, conversation in enumerate(conversations):  # settled into its own cache
+        tokens[i].append(model.open_reply(conversation, None, GREEDY)[0])
+    return tokens
+
+
+def test_thinker_graphs_replay_the_eager_static_steps(release: Path) -> None:
+    torch.cuda.set_device(DEVICE)
+    graphed = ThinkerModel(release, DEVICE, static=StaticPlan(4, 512, graphs=True))
+    eager = ThinkerModel(release, DEVICE, static=StaticPlan(4, 512, graphs=False))
+    with torch.device(DEVICE):  # as the engine's model thread computes
+        assert thinker_tokens(graphed) == thinker_tokens(eager)
+    decoder = graphed.static
+    assert decoder is not None
+    assert {batch for batch, _ in decoder.graphed} == {1, 2, 4}
+    assert decoder.evictions > 0
+
+
+def talker_codes(model: TalkerModel) -> list[list[torch.Tensor]]:
+    gen = torch.Generator(device=DEVICE).manual_seed(0)
+    width = int(model.talker.config.thinker_hidden_size)
+
+    def rows(n: int) -> torch.Tensor:
+        return torch.randn(n, width, device=DEVICE, generator=gen)
+
+    speaker = next(iter(model.speakers.values()))
+    steps, codes = [], []
+    for n in range(5):
+        voice = Voice(DynamicCache(config=model.text_config))
+        mask = torch.zeros(3 * (n + 1), dtype=torch.bool, device=DEVICE)
+        speech, frame = model.open(
+            voice, rows(3 * (n + 1)), mask, rows(3), rows(3), rows(1), speaker
+        )
+        assert frame is not None
+        steps.append(FrameStep(speech, frame[1], rows(1)))
+        codes.append([frame[0]])
+    for group in ROUNDS:
+        frames = model.frames([steps[i] for i in group])
+        for i, frame in zip(group, frames, strict=True):
+            assert frame is not None
+            codes[i].append(frame[0])
+            steps[i] = FrameStep(steps[i].speech, frame[1], rows(1))
+    return codes
+
+
+def test_talker_graphs_replay_the_eager_static_frames(release: Path) -> None:
+    torch.cuda.set_device(DEVICE)
+    graphed = TalkerModel(
+        release, DEVICE, stop_at_codec_eos=False, static=StaticPlan(4, 512, graphs=True)
+    )
+    eager = TalkerModel(
+        release, DEVICE, stop_at_codec_eos=False, static=StaticPlan(4, 512, graphs=False)
+    )
+    with torch.device(DEVICE):
+        pairs = list(zip(talker_codes(graphed), talker_codes(eager), strict=True))
+    for got, want in pairs:
+        assert torch.equal(torch.cat(got), torch.cat(want))
+    decoder = graphed.static
+    assert decoder is not None
+    assert {batch for batch, _ in decoder.graphed} == {1, 2, 4}
+
+
+def test_engines_on_cuda_decode_over_graphed_slots_by_default(release: Path) -> None:
+    torch.cuda.set_device(DEVICE)
+    from omni_actors.actors.engines.qwen3_omni.static_decode import StaticDecodeArgs
+
+    plan = StaticPlan.of(StaticDecodeArgs(), DEVICE, 16)
+    assert plan == StaticPlan(16, 4096, graphs=True)
