@@ -29,6 +29,7 @@ smallest bucket that holds it, padded with copies of its last row.
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Final, Generic, Protocol, TypeVar, cast
@@ -161,6 +162,8 @@ class ShapeGraphs(Generic[K]):
         self.name = name
         self._capture: Capture = capture if capture is not None else CudaCapture()
         self._graphs: dict[K, _Captured | None] = {}  # None: that key stays eager
+        self.capture_s: dict[K, float] = {}
+        """Seconds each key took to capture and check (eager ones included)."""
 
     @property
     def graphed(self) -> list[K]:
@@ -207,6 +210,15 @@ class ShapeGraphs(Generic[K]):
         self, key: K, fn: Callable[..., Out], inputs: tuple[torch.Tensor, ...]
     ) -> tuple[Out, _Captured | None]:
         """The eager result on ``inputs``, and the graph if it gives the same, bit for bit."""
+        started = time.perf_counter()
+        try:
+            return self._check(key, fn, inputs)
+        finally:
+            self.capture_s[key] = time.perf_counter() - started
+
+    def _check(
+        self, key: K, fn: Callable[..., Out], inputs: tuple[torch.Tensor, ...]
+    ) -> tuple[Out, _Captured | None]:
         with torch.no_grad():
             eager = fn(*inputs)
             static = tuple(t.clone() for t in inputs)
