@@ -15,8 +15,10 @@ only slower.
 
 What a captured step must be: a function of its input tensors (same shapes, dtypes and
 device at every call with its key) that returns a tensor or a tuple of tensors, reads no
-device value from the host, and draws no random numbers. It may read other tensors it
-closes over (weights), which the graph reads where they are at capture.
+device value from the host, and draws no random numbers. It may use other tensors it
+closes over (weights, a static cache it writes), which the graph uses where they are at
+capture; as a capture runs the step several times on the same inputs (eager, warm-up,
+the check), what it writes there must be the same each time.
 
 Memory: the graphs of one :class:`ShapeGraphs` share one memory pool, so the
 intermediates of all its shapes take the room of the largest step's, not the sum. That
