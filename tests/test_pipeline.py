@@ -47,6 +47,25 @@ def test_presets_load_by_name() -> None:
     assert spec.edges[1].chunk_policy.initial_frames == 4
 
 
+@pytest.mark.parametrize("name", ["qwen3-omni", "qwen3-omni-1gpu", "qwen3-omni-vllm"])
+def test_code2wav_warms_the_windows_its_edge_cuts(name: str) -> None:
+    """The windows warmed at load are those the talker edge's chunk policy cuts, but the
+    last: a change to one without the other would only show as capture stalls."""
+    import torch
+
+    from omni_actors.actors.stage.chunk_policy import ChunkPolicy
+
+    spec = load_pipeline(name)
+    (edge,) = [e for e in spec.edges if e.to == "code2wav"]
+    (stage,) = [s for s in spec.stages if s.name == "code2wav"]
+    assert edge.chunk_policy is not None
+    policy = edge.chunk_policy
+    window = ChunkPolicy(policy.initial_frames, policy.frames, policy.left_context).window()
+    cut = {(c.frames.shape[0], c.context) for c in window.push(torch.zeros(1000, 1))}
+    warmed = {(w["frames"], w.get("left_context", 0)) for w in stage.engine.args["warm_windows"]}
+    assert warmed == cut
+
+
 def test_a_valid_file_loads(tmp_path: Path) -> None:
     spec = load_pipeline(_write(tmp_path, _base()))
     assert spec.entry_stage == "thinker"

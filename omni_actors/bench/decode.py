@@ -58,8 +58,7 @@ def _thinker(
         for _ in range(batch):
             conversation = Conversation(DynamicCache(config=thinker.text_config))
             ids = torch.randint(0, vocab, (context,), generator=generator, device="cpu")
-            ids = ids.tolist()
-            thinker.instruct(conversation, tuple(ids))
+            thinker.instruct(conversation, tuple(ids.tolist()))
             conversations.append(conversation)
         tokens = [0] * batch
 

@@ -168,9 +168,11 @@ async def test_concurrent_sessions_share_forwards(
     batches: list[int] = []  # rows per forward
     real = Code2WavModel.decode
 
-    def counted(model: Code2WavModel, codes: torch.Tensor, starts: list[int]) -> list[Piece]:
+    def counted(
+        model: Code2WavModel, codes: torch.Tensor, starts: list[int], *, common: bool = False
+    ) -> list[Piece]:
         batches.append(codes.shape[0])
-        return real(model, codes, starts)
+        return real(model, codes, starts, common=common)
 
     monkeypatch.setattr(Code2WavModel, "decode", counted)
     sessions = {f"s{i}": random_codes(60, seed=100 + i) for i in range(4)}
@@ -235,13 +237,15 @@ async def test_abort_mid_window_drops_its_row_and_the_batch_decodes_on(
     armed, held, free = threading.Event(), threading.Event(), threading.Event()
     real = Code2WavModel.decode
 
-    def gated(model: Code2WavModel, codes: torch.Tensor, starts: list[int]) -> list[Piece]:
+    def gated(
+        model: Code2WavModel, codes: torch.Tensor, starts: list[int], *, common: bool = False
+    ) -> list[Piece]:
         if armed.is_set():
             batches.append(codes.shape[0])
             if len(batches) == 1:  # the sessions' first windows, batched: hold it there
                 held.set()
                 free.wait()
-        return real(model, codes, starts)
+        return real(model, codes, starts, common=common)
 
     monkeypatch.setattr(Code2WavModel, "decode", gated)
     codes = {s: random_codes(60, seed=300 + i) for i, s in enumerate("abc")}
@@ -379,3 +383,83 @@ async def test_truncate_needs_a_reply_and_release_forgets_it(cache: Path) -> Non
         assert engine.active_sessions == set()
         with pytest.raises(ValueError, match="no reply to truncate"):
             await engine.truncate("t", 100)
+
+
+@pytest.mark.integration
+async def test_window_shapes_that_recur_are_marked_common(
+    cache: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A window shape is common (graphed on a GPU) once a window of that shape was followed
+    by another in its segment: a stream's last, short chunk never is, unless warmed."""
+    calls: list[tuple[int, bool]] = []  # (frames, common) per forward
+    real = Code2WavModel.decode
+
+    def seen(
+        model: Code2WavModel, codes: torch.Tensor, starts: list[int], *, common: bool = False
+    ) -> list[Piece]:
+        calls.append((codes.shape[-1], common))
+        return real(model, codes, starts, common=common)
+
+    monkeypatch.setattr(Code2WavModel, "decode", seen)
+    inputs = windows(random_codes(60, seed=20))  # (4, 0), (29, 4), (50, 25), last (31, 25)
+    async with running(cache) as engine:
+        first = await decode(engine, "a", feed(inputs))
+        assert calls == [(4, False), (29, False), (50, False), (31, False)]
+        calls.clear()
+        again = await decode(engine, "b", feed(inputs))
+        assert calls == [(4, True), (29, True), (50, True), (31, False)]
+        # A reply of one window (a full edge) teaches nothing.
+        calls.clear()
+        await decode(engine, "c", feed([{"codes": random_codes(31, seed=21)}]))
+        await decode(engine, "c", feed([{"codes": random_codes(31, seed=21)}]))
+        assert calls == [(31, False), (31, False)]
+    assert all(torch.equal(a, b) for a, b in zip(first, again, strict=True))
+
+    calls.clear()
+    warm = [{"frames": 31, "left_context": 25}, {"frames": 4}]
+    async with running(cache, warm_windows=warm) as engine:
+        await decode(engine, "a", feed(inputs))
+        assert calls == [(4, True), (29, False), (50, False), (31, True)]
+
+
+@pytest.mark.integration
+def test_warm_windows_are_checked(cache: Path) -> None:
+    with pytest.raises(EngineArgsError, match=r"left_context \(25\) must be below frames \(25\)"):
+        build_engine(
+            "qwen3-omni.code2wav",
+            {"cache_dir": str(cache), "warm_windows": [{"frames": 25, "left_context": 25}]},
+        )
+    with pytest.raises(
+        EngineArgsError, match=r"graph_batches\[0\]: Input should be greater than 0"
+    ):
+        build_engine("qwen3-omni.code2wav", {"cache_dir": str(cache), "graph_batches": [0]})
+
+
+@pytest.mark.integration
+async def test_a_forward_is_common_only_if_all_its_windows_are(
+    cache: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    calls: list[tuple[int, bool]] = []  # (rows, common) per forward
+    real = Code2WavModel.decode
+
+    def seen(
+        model: Code2WavModel, codes: torch.Tensor, starts: list[int], *, common: bool = False
+    ) -> list[Piece]:
+        calls.append((codes.shape[0], common))
+        return real(model, codes, starts, common=common)
+
+    monkeypatch.setattr(Code2WavModel, "decode", seen)
+    context = torch.tensor(4)
+    steady = [{"codes": random_codes(29, seed=22), CONTEXT_FIELD: context}]
+    # An idle batcher gathers 200 ms: windows submitted together share a forward.
+    async with running(cache, batch_wait_ms=200) as engine:
+        await decode(engine, "t", feed([*steady, {"codes": random_codes(5, seed=23)}]))
+        await decode(engine, "t", feed(steady))
+        assert calls[-1] == (1, True)  # (29 frames, 4 of context) was followed: common
+        calls.clear()
+        # The same length without context (a whole reply) is not: their forward is not.
+        await asyncio.gather(
+            decode(engine, "p", feed(steady)),
+            decode(engine, "q", feed([{"codes": random_codes(29, seed=24)}])),
+        )
+        assert calls == [(2, False)]

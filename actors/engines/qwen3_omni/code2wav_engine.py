@@ -33,6 +33,16 @@ by window length (the decoder takes equal lengths only), so sessions speaking at
 share forwards; session state, abort, release and stop are the base's, as for the thinker
 and talker. An aborted session ends at once, even while its window waits behind other
 sessions' forwards or runs in one (its row is dropped; the others' are not).
+
+CUDA graphs. On a GPU a window's forward is launch-bound at small batches, so windows of
+the shapes a streamed edge cuts over and over (its first chunk, its steady window, the
+few windows of growing context between them) replay from CUDA graphs per batch bucket
+(:class:`~omni_actors.actors.engines.qwen3_omni.code2wav_model.Code2WavModel`). The
+engine learns those shapes from the stream: a window shape (frames, left context) that
+another window of its segment followed is not a segment's last chunk, so it recurs, and
+later windows of that shape are graphed; last chunks, of any length, stay eager. A
+shape's graphs are captured the first time a batch of that bucket needs them, or at
+load for the shapes ``warm_windows`` names.
 """
 
 from __future__ import annotations
@@ -43,17 +53,24 @@ from pathlib import Path
 from typing import ClassVar, Final
 
 import torch
-from pydantic import Field
+from pydantic import BaseModel, ConfigDict, Field, PositiveInt, model_validator
 
 from omni_actors.actors.engines.batched_engine import BatchedTorchEngine
 from omni_actors.actors.engines.contract import CONTEXT_FIELD, Fields, Rule
 from omni_actors.actors.engines.qwen3_omni.code2wav_model import Code2WavModel, Piece
 from omni_actors.actors.engines.qwen3_omni.family import DEFAULT_RELEASE
+from omni_actors.actors.engines.qwen3_omni.graphs import DEFAULT_BUCKETS
 from omni_actors.actors.engines.torch_engine import AbortSignal, DeviceArgs, release_dir
 from omni_actors.errors import EngineError
 from omni_actors.models.family import WeightsArgs
 
-__all__ = ["Code2WavArgs", "Code2WavEngine", "Code2WavInputError", "EngineStoppedError"]
+__all__ = [
+    "Code2WavArgs",
+    "Code2WavEngine",
+    "Code2WavInputError",
+    "EngineStoppedError",
+    "WindowShape",
+]
 
 _INTEGER: Final = frozenset({torch.int64, torch.int32, torch.int16, torch.int8, torch.uint8})
 
@@ -66,16 +83,48 @@ class EngineStoppedError(EngineError):
     """The engine is not started (or was stopped): start it before generating."""
 
 
+class WindowShape(BaseModel):
+    """A window of ``frames`` codec frames, the first ``left_context`` of them context.
+
+    A chunk policy (``initial_frames`` i, ``frames`` n, ``left_context`` c) cuts a first
+    window (i, 0), windows (s + n, s) while the stream position s is below c, then
+    steady windows (c + n, c): the qwen3-omni presets' (4, 25, 72) cuts (4, 0), (29, 4),
+    (54, 29), (79, 54) and (97, 72).
+    """
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    frames: int = Field(ge=1)
+    left_context: int = Field(0, ge=0)
+
+    @model_validator(mode="after")
+    def _context_within(self) -> WindowShape:
+        if self.left_context >= self.frames:
+            raise ValueError(
+                f"left_context ({self.left_context}) must be below frames ({self.frames})"
+            )
+        return self
+
+
 class Code2WavArgs(WeightsArgs, DeviceArgs):
     """code2wav's arguments: ``seed`` and ``cache_dir`` locate its weights.
 
     Attributes:
         max_batch: the most windows per forward.
         batch_wait_ms: how long an idle batcher waits for more sessions.
+        cuda_graphs: on a GPU, replay windows of recurring shapes from CUDA graphs.
+        graph_batches: the batch buckets graphs are captured for (a batch runs as the
+            smallest that holds it; above the largest, eager).
+        warm_windows: window shapes whose graphs are captured at load on a GPU, for
+            every bucket up to ``max_batch``'s, so no window waits for a capture: the
+            shapes the talker edge's chunk policy cuts (see :class:`WindowShape`).
     """
 
     max_batch: int = Field(16, ge=1)
     batch_wait_ms: float = Field(0.0, ge=0)
+    cuda_graphs: bool = True
+    graph_batches: tuple[PositiveInt, ...] = Field(DEFAULT_BUCKETS, min_length=1)
+    warm_windows: tuple[WindowShape, ...] = ()
 
 
 @dataclass(eq=False, slots=True)
@@ -89,10 +138,12 @@ class _Session:
 
 @dataclass(frozen=True, slots=True)
 class _Window:
-    """One batcher request: a window's ``codes`` [Q, T], emitted from sample ``start``."""
+    """One batcher request: a window's ``codes`` [Q, T], emitted from sample ``start``;
+    ``common`` if its shape recurs (see the module docstring)."""
 
     codes: torch.Tensor
     start: int
+    common: bool
 
     @property
     def length(self) -> int:
@@ -126,10 +177,20 @@ class Code2WavEngine(BatchedTorchEngine[_Session, _Window, Piece]):
             wait_s=args.batch_wait_ms / 1e3,
             device=args.device,
         )
+        self._args = args
         self._model: Code2WavModel | None = None
+        # Window shapes (frames, left context) known to recur: filled at load (in the
+        # model thread, before the batcher starts), then on the event loop only.
+        self._common: set[tuple[int, int]] = set()
 
     def _load(self, path: Path) -> None:
-        self._model = Code2WavModel(path, self.device)
+        args = self._args
+        graphs = args.cuda_graphs and self.device.type == "cuda"
+        model = Code2WavModel(path, self.device, buckets=args.graph_batches if graphs else ())
+        for shape in args.warm_windows:
+            model.warm(shape.frames, shape.left_context, args.max_batch)
+            self._common.add((shape.frames, shape.left_context))
+        self._model = model
 
     @property
     def model(self) -> Code2WavModel:
@@ -141,7 +202,8 @@ class Code2WavEngine(BatchedTorchEngine[_Session, _Window, Piece]):
     def _run_steps(self, steps: list[_Window]) -> list[Piece]:
         assert self._model is not None
         codes = torch.stack([window.codes for window in steps])
-        return self._model.decode(codes, [window.start for window in steps])
+        common = all(window.common for window in steps)
+        return self._model.decode(codes, [window.start for window in steps], common=common)
 
     async def truncate(self, session: str, kept: int) -> int:
         """The user heard the first ``kept`` samples of the last reply: the frames they
@@ -190,12 +252,16 @@ class Code2WavEngine(BatchedTorchEngine[_Session, _Window, Piece]):
         tail: torch.Tensor | None = None
         frames = 0
         failed = False
+        shape: tuple[int, int] | None = None  # the segment's previous window's
         try:
             while (fields := await signal.next_input(inputs)) is not None:
-                taken = _window(model, fields)
+                taken = _window(model, fields, self._common)
                 if taken is None:
                     continue
                 window, new = taken
+                if shape is not None:  # followed by this one: not a segment's last
+                    self._common.add(shape)
+                shape = (window.length, window.length - new)
                 frames += new
                 decoded = await signal.until(self.batcher.submit(window))
                 if decoded is None:
@@ -217,9 +283,11 @@ class Code2WavEngine(BatchedTorchEngine[_Session, _Window, Piece]):
                 del self._sessions[session]  # nothing to remember: no reply yet
 
 
-def _window(model: Code2WavModel, fields: Fields) -> tuple[_Window, int] | None:
+def _window(
+    model: Code2WavModel, fields: Fields, common: set[tuple[int, int]]
+) -> tuple[_Window, int] | None:
     """``(window of codes [Q, T] int64 from its first sample to emit, new frames)``, None
-    if the input adds nothing.
+    if the input adds nothing; the window is ``common`` if its (frames, context) is.
 
     Checked here so a bad chunk fails its own session, not a batch of sessions.
     """
@@ -239,5 +307,9 @@ def _window(model: Code2WavModel, fields: Fields) -> tuple[_Window, int] | None:
         return None
     if int(codes.min()) < 0 or int(codes.max()) >= model.codebook:
         raise Code2WavInputError(f"codes must lie in [0, {model.codebook})")
-    start = context * model.per_frame - model.pending if context else 0
-    return _Window(codes.to(torch.long).T.contiguous(), start), codes.shape[0] - context
+    window = _Window(
+        codes.to(torch.long).T.contiguous(),
+        model.start(context),
+        common=(codes.shape[0], context) in common,
+    )
+    return window, codes.shape[0] - context

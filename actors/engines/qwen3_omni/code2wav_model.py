@@ -11,11 +11,22 @@ It runs HF's forward layer group by layer group, so that before the upsampling d
 blocks (nearly all of the cost) it can drop the part of the windows' left context those
 blocks do not read (:mod:`~omni_actors.actors.engines.qwen3_omni.code2wav_reach`): a streamed
 window of 25 context and 25 new frames costs about 29 frames of decoding there, not 50.
+
+On a GPU a window's forward is bound by kernel launches at small batches (17 ms for a
+window at one row, 41 ms at eight, on an H100 at full size). Windows a caller marks as
+being of a common shape (a streamed edge's first chunk, its steady window) replay from
+CUDA graphs, one per (batch bucket, frames, context skipped), each checked bit for bit
+against the eager forward when captured
+(:class:`~omni_actors.actors.engines.qwen3_omni.graphs.ShapeGraphs`); a batch runs as the
+smallest bucket that holds it, padded with copies of its last row, whose output is
+dropped. Other windows (an utterance's last, short chunk) run eager.
 """
 
 from __future__ import annotations
 
+import functools
 import math
+from collections.abc import Sequence
 from pathlib import Path
 
 import torch
@@ -23,15 +34,19 @@ import torch
 from omni_actors.actors.engines.qwen3_omni import weights
 from omni_actors.actors.engines.qwen3_omni.code2wav_reach import decoder_reach
 from omni_actors.actors.engines.qwen3_omni.code2wav_snake import replace_snake_activations
+from omni_actors.actors.engines.qwen3_omni.graphs import Capture, ShapeGraphs, bucket, pad_rows
 from omni_actors.actors.engines.qwen3_omni.hf import (
     Qwen3OmniMoeCausalTransConvNet,
     Qwen3OmniMoeCode2Wav,
 )
 
-__all__ = ["Code2WavModel", "Piece", "keep_pending_tail"]
+__all__ = ["Code2WavModel", "Piece", "WindowKey", "keep_pending_tail"]
 
 Piece = tuple[torch.Tensor, torch.Tensor]
 """One decoded window: (audio to emit now, samples held back)."""
+
+WindowKey = tuple[int, int, int]
+"""A window graph's exact shape: (batch bucket, frames, frames of context skipped)."""
 
 
 def keep_pending_tail(model: Qwen3OmniMoeCode2Wav) -> int:
@@ -72,6 +87,13 @@ def keep_pending_tail(model: Qwen3OmniMoeCode2Wav) -> int:
 class Code2WavModel:
     """The prepared decoder of ``path``, tail kept; every method runs in the model thread.
 
+    Args:
+        path: the release directory.
+        device: where it computes (default: the CPU).
+        buckets: batch sizes window graphs are captured for; none: every window runs
+            eager (on the CPU, or with graphs turned off).
+        capture: how graphs are captured (see :class:`ShapeGraphs`; default: on CUDA).
+
     Attributes:
         quantizers: codes per frame.
         codebook: codes lie in ``[0, codebook)``.
@@ -87,7 +109,14 @@ class Code2WavModel:
             from HF's (transformers changed).
     """
 
-    def __init__(self, path: Path, device: torch.device | None = None) -> None:
+    def __init__(
+        self,
+        path: Path,
+        device: torch.device | None = None,
+        *,
+        buckets: Sequence[int] = (),
+        capture: Capture | None = None,
+    ) -> None:
         # Loaded and checked on the CPU, where its kernels are deterministic and exact:
         # the checks are about the model's structure, which the device does not change.
         model = weights.load(path, "code2wav")
@@ -112,18 +141,69 @@ class Code2WavModel:
         self._check_forward(probe, reference)
         if device is not None:
             model.to(device)  # type: ignore[arg-type]  # transformers types dtype casts only
+        self._device = device or torch.device("cpu")
+        self._buckets = sorted(set(buckets))
+        self._graphs: ShapeGraphs[WindowKey] = ShapeGraphs("code2wav window", capture=capture)
 
-    def decode(self, codes: torch.Tensor, starts: list[int]) -> list[Piece]:
+    @property
+    def graphed(self) -> list[WindowKey]:
+        """The window shapes replayed from a graph, in the order they were captured."""
+        return self._graphs.graphed
+
+    def start(self, context: int) -> int:
+        """The first sample a window with ``context`` frames of left context emits: the
+        first of the samples the previous window held back (0 without context)."""
+        return context * self.per_frame - self.pending if context else 0
+
+    def decode(
+        self, codes: torch.Tensor, starts: list[int], *, common: bool = False
+    ) -> list[Piece]:
         """Decode ``codes`` [B, Q, T]; row ``i`` emits from sample ``starts[i]`` on and
-        holds back the last ``pending`` samples."""
-        skip = max(0, min(starts) // self.per_frame - self.reach_frames)
-        wav = self._forward(codes, skip)
+        holds back the last ``pending`` samples.
+
+        ``common``: the windows are of a shape that recurs (not an utterance's last
+        chunk), worth a graph: the batch replays from its bucket's graph, captured now
+        if it is the first of its shape. Otherwise, or above the largest bucket, eager.
+        """
+        skip = self._skip(min(starts))
+        size = bucket(codes.shape[0], self._buckets) if common and self._buckets else None
+        if size is None:
+            wav = self._forward(codes, skip)
+        else:
+            key = (size, codes.shape[-1], skip)
+            step = functools.partial(self._forward, skip=skip)
+            wav = self._graphs(key, step, pad_rows(codes, size))[: codes.shape[0]]
         cut = wav.shape[-1] - self.pending
         offset = skip * self.per_frame
         # Copies, so an output does not keep the whole batch's waveform alive.
         return [
             (wav[i, s - offset : cut].clone(), wav[i, cut:].clone()) for i, s in enumerate(starts)
         ]
+
+    def warm(self, frames: int, context: int, rows: int) -> None:
+        """Capture the graphs of windows of ``frames`` frames (``context`` of them left
+        context) for every bucket up to the one that holds ``rows`` (all of them above
+        the largest), so no such window waits for a capture later. Nothing without
+        buckets.
+
+        Raises:
+            ValueError: ``context`` is not below ``frames``, or ``rows`` is below 1.
+        """
+        if not 0 <= context < frames:
+            raise ValueError(f"left context must lie in [0, {frames}) frames, got {context}")
+        top = bucket(rows, self._buckets) or max(self._buckets, default=0)
+        skip = self._skip(self.start(context))
+        step = functools.partial(self._forward, skip=skip)
+        gen = torch.Generator().manual_seed(frames)
+        for size in (b for b in self._buckets if b <= top):
+            shape = (size, self.quantizers, frames)
+            codes = torch.randint(0, self.codebook, shape, generator=gen).to(self._device)
+            self._graphs.capture((size, frames, skip), step, codes)
+
+    def _skip(self, start: int) -> int:
+        """Frames of context the decoder blocks need not see when the first sample
+        emitted is ``start``."""
+        return max(0, start // self.per_frame - int(self.reach_frames))
 
     def _forward(self, codes: torch.Tensor, skip: int) -> torch.Tensor:
         """HF's ``Qwen3OmniMoeCode2Wav.forward`` for ``codes`` [B, Q, T] -> [B, samples],

@@ -15,8 +15,9 @@ write, no host sync) and attends its own positions ``0 .. position`` through a m
 computed in the step from the positions tensor. So the captured step depends only on
 the batch bucket and on how far attention reads (a *span* bucket), and each pair is
 captured once, on the first step that needs it, and checked against the same step run
-eagerly on the same inputs (bit for bit, else that pair stays eager, as
-:mod:`.code_predictor_graph` does).
+eagerly on the same inputs (bit for bit, else that pair stays eager:
+:class:`~omni_actors.actors.engines.qwen3_omni.graphs.ShapeGraphs`, as for the code
+predictor and code2wav).
 
 Rows of the bucket that no stepping session occupies compute on whatever they hold and
 are thrown away; a row a session leases but does not step this time writes at its next
@@ -32,8 +33,8 @@ path would copy the cache eight times per layer at the thinker's sizes).
 
 from __future__ import annotations
 
+import functools
 import logging
-import time
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -42,6 +43,7 @@ from typing import Any, Final
 import torch
 from pydantic import BaseModel, Field
 
+from omni_actors.actors.engines.qwen3_omni.graphs import ShapeGraphs
 from omni_actors.actors.engines.qwen3_omni.hf import (
     AttentionInterface,
     DynamicCache,
@@ -66,7 +68,6 @@ SPAN_FLOOR: Final = 256
 """The shortest span a step attends over (spans double from here up to ``max_len``)."""
 
 _ATTENTION: Final = "omni-actors-static-decode"
-_WARMUP: Final = 3  # eager runs on a side stream before a capture, as CUDA graphs want
 
 
 class StaticDecodeArgs(BaseModel):
@@ -229,24 +230,6 @@ class _Lease:
     """The step counter when it last stepped (the least recent is evicted first)."""
 
 
-class _Graph:
-    """One (batch bucket, span) step captured: static inputs in, static outputs out."""
-
-    def __init__(
-        self, run: Callable[[], tuple[torch.Tensor, ...]], device: torch.device, pool: Any
-    ) -> None:
-        side = torch.cuda.Stream(device)  # type: ignore[no-untyped-call]
-        side.wait_stream(torch.cuda.current_stream(device))
-        with torch.cuda.stream(side):
-            for _ in range(_WARMUP):
-                run()
-        torch.cuda.current_stream(device).wait_stream(side)
-        self.graph = torch.cuda.CUDAGraph()
-        # thread_local: the stage's other threads keep using the device meanwhile.
-        with torch.cuda.graph(self.graph, pool=pool, capture_error_mode="thread_local"):
-            self.outputs = run()
-
-
 class StaticDecoder:
     """Leases slots of one static cache to sessions and runs their decode steps there.
 
@@ -296,10 +279,10 @@ class StaticDecoder:
         self._keys = [torch.zeros(shape, device=device, dtype=dtype) for _ in range(layers)]
         self._values = [torch.zeros(shape, device=device, dtype=dtype) for _ in range(layers)]
         self._leases: dict[int, tuple[DynamicCache, _Lease]] = {}  # by id of the cache
-        self._graphs: dict[tuple[int, int], _Graph | None] = {}  # None: stays eager
+        self._graphs: ShapeGraphs[tuple[int, int]] | None = (
+            ShapeGraphs(f"{name} step", capture=None) if graphs else None
+        )
         self._inputs: dict[tuple[int, int], list[torch.Tensor]] = {}
-        self._pool = torch.cuda.graph_pool_handle() if graphs else None
-        self._use_graphs = graphs
         self._clock = 0
         self.steps = 0
         """Steps run here."""
@@ -307,8 +290,6 @@ class StaticDecoder:
         """Idle leases settled to free a slot for a stepping session."""
         self.fallbacks = 0
         """Times sessions did not fit (:meth:`fits` said no: too long or too many)."""
-        self.capture_s: dict[tuple[int, int], float] = {}
-        """Seconds each (batch bucket, span) took to capture and check."""
 
     @property
     def cache_bytes(self) -> int:
@@ -318,7 +299,12 @@ class StaticDecoder:
     @property
     def graphed(self) -> list[tuple[int, int]]:
         """(batch bucket, span) pairs replayed from a graph."""
-        return sorted(key for key, graph in self._graphs.items() if graph is not None)
+        return sorted(self._graphs.graphed) if self._graphs is not None else []
+
+    @property
+    def capture_s(self) -> dict[tuple[int, int], float]:
+        """Seconds each (batch bucket, span) took to capture and check."""
+        return dict(self._graphs.capture_s) if self._graphs is not None else {}
 
     def leased(self, cache: DynamicCache) -> bool:
         """Whether ``cache``'s session holds a slot (its newest positions are there)."""
@@ -400,39 +386,20 @@ class StaticDecoder:
             static = self._inputs[key] = [positions, *rows]
         return static
 
-    def _eager(self, key: tuple[int, int], static: list[torch.Tensor]) -> tuple[torch.Tensor, ...]:
-        positions, *inputs = static
+    def _eager(
+        self, key: tuple[int, int], positions: torch.Tensor, *inputs: torch.Tensor
+    ) -> tuple[torch.Tensor, ...]:
         cache = StepCache(self._keys, self._values, positions, key[1])
         with grouped_attention(self._configs):
             return self._step(cache, positions, *inputs)
 
     def _replay(self, key: tuple[int, int], static: list[torch.Tensor]) -> tuple[torch.Tensor, ...]:
-        if not self._use_graphs:
-            return self._eager(key, static)
-        if key not in self._graphs:
-            started = time.perf_counter()
-            self._graphs[key] = self._capture(key, static)
-            self.capture_s[key] = time.perf_counter() - started
-        graph = self._graphs[key]
-        if graph is None:
-            return self._eager(key, static)
-        graph.graph.replay()
-        return graph.outputs
-
-    def _capture(self, key: tuple[int, int], static: list[torch.Tensor]) -> _Graph | None:
+        if self._graphs is None:
+            return self._eager(key, *static)
         # Every run writes the same keys and values at the same positions (same inputs),
-        # so warming up and checking on the real step leaves the cache as one step does.
-        eager = [out.clone() for out in self._eager(key, static)]
-        try:
-            graph = _Graph(lambda: self._eager(key, static), self.device, self._pool)
-            graph.graph.replay()
-        except RuntimeError as exc:  # an op that cannot be captured: stay eager
-            log.warning("%s step %s: not captured (%s); eager", self._name, key, exc)
-            return None
-        if not all(torch.equal(a, b) for a, b in zip(eager, graph.outputs, strict=True)):
-            log.warning("%s step %s: the graph differs from eager; eager", self._name, key)
-            return None
-        return graph
+        # so the capture's warm-up and check on the real step leave the cache as one
+        # step does.
+        return self._graphs(key, functools.partial(self._eager, key), *static)
 
     def _place(
         self, caches: Sequence[DynamicCache], lengths: Sequence[int], bucket: int

@@ -1,0 +1,201 @@
+"""``ShapeGraphs`` around its graphs, on the CPU: a key is captured once and replayed,
+each call gets its own outputs, a capture that fails or a graph that differs from eager
+leaves its key eager (said in the log, never retried), and batches map onto buckets.
+
+CUDA graphs cannot run here; a stand-in capture plays the graph: its replay runs the step
+on the static inputs and writes the static outputs in place, as a graph does.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+import torch
+
+from omni_actors.actors.engines.qwen3_omni.graphs import (
+    CudaCapture,
+    ShapeGraphs,
+    bucket,
+    pad_rows,
+)
+
+
+class StandIn:
+    """A graph: ``replay`` recomputes ``fn(*inputs)`` into the outputs of the capture;
+    ``skew`` is added to every replay's outputs (a graph that differs from eager)."""
+
+    def __init__(
+        self, fn: Callable[..., Any], inputs: tuple[torch.Tensor, ...], skew: float = 0.0
+    ) -> None:
+        self.fn, self.inputs, self.skew = fn, inputs, skew
+        self.outputs = fn(*inputs)
+        self.replays = 0
+
+    def replay(self) -> None:
+        self.replays += 1
+        fresh = self.fn(*self.inputs)
+        pairs = [(self.outputs, fresh)] if isinstance(fresh, torch.Tensor) else []
+        if not pairs:
+            pairs = list(zip(self.outputs, fresh, strict=True))
+        for static, new in pairs:
+            static.copy_(new + self.skew if static.is_floating_point() else new)
+
+
+class Captures:
+    """The capture :class:`ShapeGraphs` is given: records its graphs; ``fail`` raises as
+    an uncapturable op does, ``skew`` makes graphs that differ from eager."""
+
+    def __init__(self, *, fail: bool = False, skew: float = 0.0) -> None:
+        self.fail, self.skew = fail, skew
+        self.graphs: list[StandIn] = []
+
+    def __call__(self, fn: Callable[..., Any], inputs: tuple[torch.Tensor, ...]) -> StandIn:
+        if self.fail:
+            raise RuntimeError("operation not permitted when stream is capturing")
+        self.graphs.append(StandIn(fn, inputs, self.skew))
+        return self.graphs[-1]
+
+
+def double(x: torch.Tensor) -> torch.Tensor:
+    return x * 2
+
+
+def test_a_key_is_captured_once_and_replayed_on_each_call_s_inputs() -> None:
+    captures = Captures()
+    graphs: ShapeGraphs[int] = ShapeGraphs("double", capture=captures)
+    x = torch.arange(4.0)
+    assert torch.equal(graphs(4, double, x), x * 2)
+    assert graphs.graphed == [4]
+    (graph,) = captures.graphs
+    assert graph.replays == 1  # the check against eager at capture
+    y = torch.tensor([5.0, -1.0, 0.5, 3.0])
+    first = graphs(4, double, y)
+    assert graph.replays == 2
+    assert torch.equal(first, y * 2)  # the replay read this call's inputs
+    assert torch.equal(graphs(4, double, x), x * 2)
+    assert torch.equal(first, y * 2)  # ... and each call's outputs are its own
+    assert first.data_ptr() != graph.outputs.data_ptr()
+    assert len(captures.graphs) == 1
+    # Another shape is another key, captured on its own.
+    assert torch.equal(graphs(2, double, x[:2]), x[:2] * 2)
+    assert graphs.graphed == [4, 2]
+    assert graphs.eager == []
+
+
+def test_tuple_outputs_are_compared_and_copied_one_by_one() -> None:
+    def split(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        return x + 1, x.long()
+
+    captures = Captures()
+    graphs: ShapeGraphs[str] = ShapeGraphs("split", capture=captures)
+    x = torch.tensor([1.5, 2.5])
+    graphs("k", split, x)
+    plus, whole = graphs("k", split, torch.tensor([3.0, 4.0]))
+    assert graphs.graphed == ["k"]
+    assert torch.equal(plus, torch.tensor([4.0, 5.0]))
+    assert torch.equal(whole, torch.tensor([3, 4]))
+    graphs("k", split, x)
+    assert torch.equal(plus, torch.tensor([4.0, 5.0]))
+
+
+def test_a_graph_holding_nan_where_eager_does_is_exact() -> None:
+    def log(x: torch.Tensor) -> torch.Tensor:
+        return x.log()
+
+    graphs: ShapeGraphs[int] = ShapeGraphs("log", capture=Captures())
+    out = graphs(1, log, torch.tensor([-1.0, 1.0]))
+    assert out.isnan()[0]
+    assert graphs.graphed == [1]
+
+
+def test_a_failed_capture_leaves_its_key_eager_and_is_not_retried(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    captures = Captures(fail=True)
+    graphs: ShapeGraphs[int] = ShapeGraphs("double", capture=captures)
+    x = torch.arange(3.0)
+    with caplog.at_level(logging.WARNING):
+        assert torch.equal(graphs(3, double, x), x * 2)
+    assert "double 3: not captured (operation not permitted" in caplog.text
+    assert graphs.eager == [3]
+    assert graphs.graphed == []
+    captures.fail = False  # a retry would now capture: there must be none
+    caplog.clear()
+    assert torch.equal(graphs(3, double, x + 1), (x + 1) * 2)
+    assert graphs.capture(3, double, x) is False
+    assert captures.graphs == []
+    assert caplog.text == ""  # said once
+
+
+def test_a_graph_that_differs_from_eager_is_dropped(caplog: pytest.LogCaptureFixture) -> None:
+    captures = Captures(skew=1e-6)  # a few ulps off: bit for bit or nothing
+    graphs: ShapeGraphs[int] = ShapeGraphs("double", capture=captures)
+    x = torch.arange(3.0) + 1
+    with caplog.at_level(logging.WARNING):
+        assert torch.equal(graphs(3, double, x), x * 2)
+    assert "double 3: the graph differs from eager; eager" in caplog.text
+    assert graphs.eager == [3]
+    (graph,) = captures.graphs
+    replays = graph.replays
+    assert torch.equal(graphs(3, double, x), x * 2)  # eager from now on
+    assert graph.replays == replays
+
+
+def test_capture_warms_a_key_once() -> None:
+    captures = Captures()
+    graphs: ShapeGraphs[int] = ShapeGraphs("double", capture=captures)
+    assert graphs.capture(2, double, torch.zeros(2)) is True
+    assert graphs.capture(2, double, torch.zeros(2)) is True
+    assert len(captures.graphs) == 1
+    assert torch.equal(graphs(2, double, torch.ones(2)), torch.full((2,), 2.0))
+    assert len(captures.graphs) == 1
+
+
+def test_inputs_unlike_the_captured_ones_are_refused() -> None:
+    graphs: ShapeGraphs[int] = ShapeGraphs("double", capture=Captures())
+    graphs(2, double, torch.zeros(2))
+    with pytest.raises(ValueError, match=r"double 2: captured for inputs \[\(\(2,\)"):
+        graphs(2, double, torch.zeros(3))
+    with pytest.raises(ValueError, match="captured for inputs"):
+        graphs(2, double, torch.zeros(2, dtype=torch.float64))
+
+
+def test_cuda_capture_refuses_host_tensors() -> None:
+    with pytest.raises(ValueError, match=r"need inputs on a CUDA device, got \['cpu'\]"):
+        CudaCapture()(double, (torch.zeros(2),))
+
+
+def test_a_batch_runs_as_the_smallest_bucket_that_holds_it() -> None:
+    buckets = (1, 2, 4, 8, 16, 32)
+    assert [bucket(n, buckets) for n in (1, 2, 3, 4, 5, 9, 16, 17, 32)] == [
+        1,
+        2,
+        4,
+        4,
+        8,
+        16,
+        16,
+        32,
+        32,
+    ]
+    assert bucket(33, buckets) is None
+    assert bucket(3, (8, 2)) == 8  # any order
+    assert bucket(1, ()) is None
+    with pytest.raises(ValueError, match="at least one row"):
+        bucket(0, buckets)
+
+
+def test_rows_are_padded_with_copies_of_the_last() -> None:
+    rows = torch.arange(6).view(2, 3)
+    padded = pad_rows(rows, 4)
+    assert torch.equal(padded[:2], rows)
+    assert torch.equal(padded[2:], rows[1:].expand(2, 3))
+    assert padded.is_contiguous()
+    assert pad_rows(rows, 2) is rows
+    with pytest.raises(ValueError, match="cannot pad 2 rows to 1"):
+        pad_rows(rows, 1)
+    with pytest.raises(ValueError, match="cannot pad 0 rows"):
+        pad_rows(rows[:0], 4)
