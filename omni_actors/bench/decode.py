@@ -159,6 +159,8 @@ def run_decode_bench(
     report: dict[str, Any] = {"model": str(model), "context": context, "steps": steps}
     for stage, name in stages.items():
         device = resolve_device(name)
+        if device.type == "cuda":  # as an engine's model thread does
+            torch.cuda.set_device(device)
         with torch.no_grad():
             plan = StaticPlan(max(batches), max_context, graphs=device.type == "cuda")
             measure = _thinker if stage == "thinker" else _talker

@@ -90,25 +90,31 @@ class _CudaGraph:
         inputs: tuple[torch.Tensor, ...],
         pool: _POOL_HANDLE,
     ) -> None:
-        device = inputs[0].device
-        side = torch.cuda.Stream(device)  # type: ignore[no-untyped-call]
-        side.wait_stream(torch.cuda.current_stream(device))
-        with torch.cuda.stream(side):
-            for _ in range(_WARMUP):
-                fn(*inputs)
-        torch.cuda.current_stream(device).wait_stream(side)
-        self._graph = torch.cuda.CUDAGraph()
-        # thread_local: the stage's other threads keep using the device meanwhile (its
-        # transfers query events and pointers), which a global capture would forbid.
-        with torch.cuda.graph(self._graph, pool=pool, capture_error_mode="thread_local"):
-            self._outputs: torch.Tensor | tuple[torch.Tensor, ...] = fn(*inputs)
+        self._device = device = inputs[0].device
+        # On the inputs' device whatever the thread's current one is: a capture follows
+        # the current device's stream, and would record nothing of kernels that run on
+        # another device's (then the replay would silently return stale outputs).
+        with torch.cuda.device(device):
+            side = torch.cuda.Stream(device)  # type: ignore[no-untyped-call]
+            side.wait_stream(torch.cuda.current_stream(device))
+            with torch.cuda.stream(side):
+                for _ in range(_WARMUP):
+                    fn(*inputs)
+            torch.cuda.current_stream(device).wait_stream(side)
+            self._graph = torch.cuda.CUDAGraph()
+            # thread_local: the stage's other threads keep using the device meanwhile
+            # (its transfers query events and pointers), which a global capture would
+            # forbid.
+            with torch.cuda.graph(self._graph, pool=pool, capture_error_mode="thread_local"):
+                self._outputs: torch.Tensor | tuple[torch.Tensor, ...] = fn(*inputs)
 
     @property
     def outputs(self) -> torch.Tensor | tuple[torch.Tensor, ...]:
         return self._outputs
 
     def replay(self) -> None:
-        self._graph.replay()
+        with torch.cuda.device(self._device):
+            self._graph.replay()
 
 
 class CudaCapture:

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import re
 import tempfile
+import threading
 from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import Any, Final, cast
@@ -125,12 +126,20 @@ def stage_config_of(config: Mapping[str, Any], stage: str, path: Path) -> PreTra
         raise ModelFileError(path, problem, REBUILD) from error
 
 
+_BUILDING = threading.Lock()
+"""One stage built at a time in a process: ``_from_config`` sets torch's default dtype,
+which is process-wide, for the time it builds. Engines load in threads of their own, so
+a stage built meanwhile (code2wav beside the thinker in one process) would get some of
+its tensors in the dtype another build just restored."""
+
+
 def build_stage(stage: str, config: PreTrainedConfig, dtype: torch.dtype) -> PreTrainedModel:
     """``stage``'s module from its config, on the current default device (a ``with
     torch.device(...)`` around the call: the stage's own, or ``meta`` for shapes only)."""
     # transformers' ``_from_config`` is untyped; it builds the class it is called on.
     build: Callable[..., PreTrainedModel] = STAGE_CLASSES[stage]._from_config
-    return build(config, dtype=dtype)
+    with _BUILDING:
+        return build(config, dtype=dtype)
 
 
 def release_dtype(release: Release, stage: str) -> torch.dtype:
