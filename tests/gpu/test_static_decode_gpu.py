@@ -121,4 +121,4 @@ def test_engines_on_cuda_decode_over_graphed_slots_by_default(release: Path) -> 
     from omni_actors.actors.engines.qwen3_omni.static_decode import StaticDecodeArgs
 
     plan = StaticPlan.of(StaticDecodeArgs(), DEVICE, 16)
-    assert plan == StaticPlan(16, 4096, graphs=True)
+    assert plan == StaticPlan(16, 4096, graphs=True, warm=True)

@@ -31,6 +31,7 @@ smallest bucket that holds it, padded with copies of its last row.
 from __future__ import annotations
 
 import logging
+import threading
 import time
 from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass
@@ -60,6 +61,15 @@ DEFAULT_BUCKETS: Final = (1, 2, 4, 8, 16, 32)
 """Batch sizes graphs are captured for: a batch runs as the smallest that holds it."""
 
 _WARMUP = 3  # eager runs on a side stream before capture, as CUDA graphs want
+
+SETUP: Final = threading.RLock()
+"""Held while a thread of this process sets up device state that another thread's
+device work must not overlap: a stage's build and load (transformers sets torch's
+process-wide default dtype while it builds) and every graph capture (another thread's
+work on the device's legacy default stream, such as a stage's weights copied in while
+it loads, invalidates a capture under way). Engines load in threads of their own, so
+two stages sharing a process take turns; graphs captured at load (``warm``) then never
+race another stage's loading."""
 
 
 class Graph(Protocol):
@@ -220,7 +230,8 @@ class ShapeGraphs(Generic[K]):
         """The eager result on ``inputs``, and the graph if it gives the same, bit for bit."""
         started = time.perf_counter()
         try:
-            return self._check(key, fn, inputs)
+            with SETUP:
+                return self._check(key, fn, inputs)
         finally:
             self.capture_s[key] = time.perf_counter() - started
 

@@ -43,7 +43,7 @@ from typing import Any, Final
 import torch
 from pydantic import BaseModel, Field
 
-from omni_actors.actors.engines.qwen3_omni.graphs import ShapeGraphs
+from omni_actors.actors.engines.qwen3_omni.graphs import Capture, ShapeGraphs
 from omni_actors.actors.engines.qwen3_omni.hf import (
     AttentionInterface,
     DynamicCache,
@@ -80,10 +80,15 @@ class StaticDecodeArgs(BaseModel):
         max_context: the most positions a session may hold in its slot; a session
             longer than that steps eagerly over its own cache (correct, not fast). The
             slot cache takes ``max_batch * (max_context + 1)`` positions of every layer.
+        warm_graphs: on a GPU, capture the graph of every batch bucket and span at
+            load (about a second each at full size: 25 with the defaults), so none is
+            captured while serving, where another thread's device work can spoil a
+            capture and leave that shape eager.
     """
 
     static_cache: bool | None = Field(None, strict=True)
     max_context: int = Field(4096, ge=2)
+    warm_graphs: bool = Field(True, strict=True)
 
 
 @dataclass(frozen=True, slots=True)
@@ -93,6 +98,8 @@ class StaticPlan:
     slots: int
     max_len: int
     graphs: bool
+    warm: bool = False
+    """Capture every graph when the decoder is built (:meth:`StaticDecoder.warm`)."""
 
     @staticmethod
     def of(args: StaticDecodeArgs, device: torch.device, slots: int) -> StaticPlan | None:
@@ -100,7 +107,8 @@ class StaticPlan:
         enabled = device.type == "cuda" if args.static_cache is None else args.static_cache
         if not enabled:
             return None
-        return StaticPlan(slots, args.max_context, graphs=device.type == "cuda")
+        graphs = device.type == "cuda"
+        return StaticPlan(slots, args.max_context, graphs=graphs, warm=graphs and args.warm_graphs)
 
 
 def batch_bucket(batch: int, slots: int) -> int:
@@ -246,6 +254,8 @@ class StaticDecoder:
             must step another way (:meth:`fits`).
         graphs: replay captured steps (CUDA only).
         name: for log lines.
+        capture: how a graph is captured (:class:`.graphs.ShapeGraphs`; tests pass a
+            fake one to check what :meth:`warm` captures on a machine without a GPU).
     """
 
     def __init__(
@@ -260,10 +270,11 @@ class StaticDecoder:
         dtype: torch.dtype,
         graphs: bool,
         name: str,
+        capture: Capture | None = None,
     ) -> None:
         if slots < 1 or max_len < 2:
             raise ValueError(f"need slots >= 1 and max_len >= 2, got {slots}, {max_len}")
-        if graphs and device.type != "cuda":
+        if graphs and device.type != "cuda" and capture is None:
             raise ValueError(f"graphs need a CUDA device, not {device}")
         self._configs = _attention_configs(model)
         self._step, self._name = step, name
@@ -280,7 +291,7 @@ class StaticDecoder:
         self._values = [torch.zeros(shape, device=device, dtype=dtype) for _ in range(layers)]
         self._leases: dict[int, tuple[DynamicCache, _Lease]] = {}  # by id of the cache
         self._graphs: ShapeGraphs[tuple[int, int]] | None = (
-            ShapeGraphs(f"{name} step", capture=None) if graphs else None
+            ShapeGraphs(f"{name} step", capture=capture) if graphs else None
         )
         self._inputs: dict[tuple[int, int], list[torch.Tensor]] = {}
         self._clock = 0
@@ -305,6 +316,41 @@ class StaticDecoder:
     def capture_s(self) -> dict[tuple[int, int], float]:
         """Seconds each (batch bucket, span) took to capture and check."""
         return dict(self._graphs.capture_s) if self._graphs is not None else {}
+
+    def keys(self) -> list[tuple[int, int]]:
+        """Every (batch bucket, span) a step may need, smallest first."""
+        buckets = sorted({batch_bucket(n, self.slots) for n in range(1, self.slots + 1)})
+        spans = sorted({span_bucket(n, self.max_len) for n in range(1, self.max_len + 1)})
+        return [(bucket, span) for bucket in buckets for span in spans]
+
+    @torch.no_grad()
+    def warm(self, rows: Sequence[tuple[tuple[int, ...], torch.dtype]]) -> list[tuple[int, int]]:
+        """Capture the graph of every (batch bucket, span) now, while nothing else runs
+        on the device (at load): a capture later, in the middle of serving, can be
+        invalidated by another thread's work on the device and then stays eager. Steps
+        on zeros at position 0 of rows no session leases (call it before any step).
+
+        Args:
+            rows: the shape past the batch dimension and the dtype of each step input.
+
+        Returns:
+            the keys replayed from a graph (the others stay eager; see the log).
+
+        Raises:
+            RuntimeError: a session holds a slot already.
+        """
+        if self._graphs is None:
+            return []
+        if self._leases:
+            raise RuntimeError(f"{self._name}: warm the graphs before any session steps")
+        for key in self.keys():
+            positions = torch.zeros(key[0], dtype=torch.long, device=self.device)
+            inputs = [
+                torch.zeros((key[0], *shape), dtype=dtype, device=self.device)
+                for shape, dtype in rows
+            ]
+            self._graphs.capture(key, functools.partial(self._eager, key), positions, *inputs)
+        return self.graphed
 
     def leased(self, cache: DynamicCache) -> bool:
         """Whether ``cache``'s session holds a slot (its newest positions are there)."""

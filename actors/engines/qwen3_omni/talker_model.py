@@ -155,6 +155,11 @@ class TalkerModel:
                 graphs=static.graphs,
                 name="talker frame",
             )
+            if static.warm:
+                dtype = next(talker.parameters()).dtype
+                width = int(self.text_config.hidden_size)
+                text = int(cfg.thinker_hidden_size)
+                self._static.warm([((1, width), dtype), ((text,), dtype)])
 
     @property
     def talker(self) -> Qwen3OmniMoeTalkerForConditionalGeneration:

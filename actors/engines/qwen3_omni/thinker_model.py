@@ -139,6 +139,8 @@ class ThinkerModel:
                 graphs=static.graphs,
                 name="thinker decode",
             )
+            if static.warm:
+                self._static.warm([((1,), torch.long)])
 
     def clip(self) -> AudioClip:
         """A new audio clip, windowed as this thinker's audio encoder attends."""

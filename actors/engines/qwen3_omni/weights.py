@@ -27,13 +27,13 @@ from __future__ import annotations
 
 import re
 import tempfile
-import threading
 from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import Any, Final, cast
 
 import torch
 
+from omni_actors.actors.engines.qwen3_omni.graphs import SETUP
 from omni_actors.actors.engines.qwen3_omni.hf import (
     PreTrainedConfig,
     PreTrainedModel,
@@ -126,19 +126,15 @@ def stage_config_of(config: Mapping[str, Any], stage: str, path: Path) -> PreTra
         raise ModelFileError(path, problem, REBUILD) from error
 
 
-_BUILDING = threading.Lock()
-"""One stage built at a time in a process: ``_from_config`` sets torch's default dtype,
-which is process-wide, for the time it builds. Engines load in threads of their own, so
-a stage built meanwhile (code2wav beside the thinker in one process) would get some of
-its tensors in the dtype another build just restored."""
-
-
 def build_stage(stage: str, config: PreTrainedConfig, dtype: torch.dtype) -> PreTrainedModel:
     """``stage``'s module from its config, on the current default device (a ``with
     torch.device(...)`` around the call: the stage's own, or ``meta`` for shapes only)."""
     # transformers' ``_from_config`` is untyped; it builds the class it is called on.
     build: Callable[..., PreTrainedModel] = STAGE_CLASSES[stage]._from_config
-    with _BUILDING:
+    # One stage built at a time in a process (graphs.SETUP): ``_from_config`` sets the
+    # process-wide default dtype while it builds, so a stage built meanwhile in another
+    # engine's thread would get some tensors in the dtype this build restores.
+    with SETUP:
         return build(config, dtype=dtype)
 
 
@@ -222,7 +218,16 @@ def load(
     release = release or Release.open(Path(release_dir), remedy=REBUILD)
     config = stage_config(release, stage)
     dtype = dtype or release_dtype(release, stage)
-    device = torch.device(device or "cpu")
+    # Built and filled while no other engine thread of this process builds, loads or
+    # captures a graph (graphs.SETUP): the copies onto the device run on its default
+    # stream, which would invalidate a capture under way there.
+    with SETUP:
+        return _build_and_fill(release, stage, config, dtype, torch.device(device or "cpu"))
+
+
+def _build_and_fill(
+    release: Release, stage: str, config: PreTrainedConfig, dtype: torch.dtype, device: torch.device
+) -> PreTrainedModel:
     with quiet_transformers(), torch.device(device):
         # Built where it runs: the host never holds the stage, whatever its size.
         model = build_stage(stage, config, dtype)

@@ -4,11 +4,14 @@ sessions join, leave, move down and are evicted."""
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 
 pytest.importorskip("transformers")
 
 import torch
+from test_graphs import Captures  # the stand-in graphs, beside this module
 from transformers import Qwen3Config, Qwen3Model
 
 from omni_actors.actors.engines.qwen3_omni.hf import DynamicCache
@@ -43,7 +46,9 @@ def test_span_buckets_double_from_the_floor_up_to_max_len() -> None:
 def test_a_plan_is_on_for_cuda_by_default_and_graphs_only_there() -> None:
     cpu, cuda = torch.device("cpu"), torch.device("cuda", 1)
     assert StaticPlan.of(StaticDecodeArgs(), cpu, 8) is None
-    assert StaticPlan.of(StaticDecodeArgs(), cuda, 8) == StaticPlan(8, 4096, graphs=True)
+    assert StaticPlan.of(StaticDecodeArgs(), cuda, 8) == StaticPlan(8, 4096, True, warm=True)
+    cold = StaticDecodeArgs(warm_graphs=False)
+    assert StaticPlan.of(cold, cuda, 8) == StaticPlan(8, 4096, graphs=True, warm=False)
     forced = StaticDecodeArgs(static_cache=True, max_context=64)
     assert StaticPlan.of(forced, cpu, 2) == StaticPlan(2, 64, graphs=False)
     assert StaticPlan.of(StaticDecodeArgs(static_cache=False), cuda, 8) is None
@@ -63,7 +68,7 @@ def small_model() -> Qwen3Model:
     return Qwen3Model(config).eval()
 
 
-def decoder(model: Qwen3Model, slots: int, max_len: int) -> StaticDecoder:
+def decoder(model: Qwen3Model, slots: int, max_len: int, capture: Any = None) -> StaticDecoder:
     def step(cache: StepCache, positions: torch.Tensor, ids: torch.Tensor) -> tuple[torch.Tensor]:
         out = model(
             input_ids=ids,
@@ -82,8 +87,9 @@ def decoder(model: Qwen3Model, slots: int, max_len: int) -> StaticDecoder:
         max_len=max_len,
         device=torch.device("cpu"),
         dtype=torch.float32,
-        graphs=False,
+        graphs=capture is not None,
         name="test",
+        capture=capture,
     )
 
 
@@ -150,3 +156,30 @@ def test_what_does_not_fit_is_refused_and_a_stale_slot_is_caught() -> None:
     static.drop(a.cache)
     assert not static.leased(a.cache)
     assert a.cache.get_seq_length() == 3  # dropped: what the slot decoded is gone
+
+
+@torch.no_grad()
+def test_warm_captures_every_bucket_and_span_before_any_step() -> None:
+    """At load every (batch bucket, span) is captured, so serving never captures; the
+    stand-in graphs (``test_graphs``) replay the steps, whose results stay exact."""
+    model = small_model()
+    captures = Captures()
+    static = decoder(model, slots=4, max_len=600, capture=captures)
+    assert static.keys() == [(b, s) for b in (1, 2, 4) for s in (256, 512, 600)]
+    assert static.warm([((1,), torch.long)]) == static.keys()
+    assert len(captures.graphs) == 9
+    sessions = [Session(model, [1, 2, 3, 4]), Session(model, [5, 6])]
+    ids = torch.tensor([[7], [8]])
+    (got,) = static.run([s.cache for s in sessions], [s.length for s in sessions], [ids])
+    assert len(captures.graphs) == 9  # replayed, not captured again
+    assert sum(graph.replays for graph in captures.graphs) == 10  # 9 checks + this step
+    for row, session in enumerate(sessions):
+        want = model(
+            input_ids=ids[row : row + 1],
+            past_key_values=session.alone,
+            position_ids=torch.tensor([[session.length]]),
+            use_cache=True,
+        ).last_hidden_state[:, -1]
+        torch.testing.assert_close(got[row : row + 1], want)
+    with pytest.raises(RuntimeError, match="before any session steps"):
+        static.warm([((1,), torch.long)])
