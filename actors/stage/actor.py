@@ -41,6 +41,7 @@ from omni_actors.actors.stage.device_links import DeviceLinkLostError, DeviceLin
 from omni_actors.actors.stage.session import StageSession
 from omni_actors.actors.stage.steps import StepRouter, unpack
 from omni_actors.cuda import StageTransfers
+from omni_actors.errors import ProtocolError
 from omni_actors.protocols.control import (
     Abort,
     Cancel,
@@ -59,7 +60,6 @@ from omni_actors.protocols.device import (
     DeviceLinkOffer,
     SlotsFree,
 )
-from omni_actors.errors import ProtocolError
 from omni_actors.protocols.stage import Chunk, SessionKey, StepChunks
 
 __all__ = ["StageActor"]

@@ -173,10 +173,14 @@ class StageSession:
             for t in prewarm.targets
         ]
         for outlet, target in zip(self.outlets, prewarm.targets, strict=True):
-            if transfers is not None and device_links is not None:
-                if target.device_link and not outlet.takes_device:
-                    outlet.use_link(device_links.outgoing(target.stage, target.ref), transfers)
-                    continue
+            if (
+                transfers is not None
+                and device_links is not None
+                and target.device_link
+                and not outlet.takes_device
+            ):
+                outlet.use_link(device_links.outgoing(target.stage, target.ref), transfers)
+                continue
             if router is not None and target.steps:
                 outlet.use_route(router.route(target.ref))
         if prewarm.emit:

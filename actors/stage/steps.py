@@ -356,4 +356,3 @@ class StepRouter:
         for route in self._routes.values():
             route.close()
         self._routes.clear()
-
