@@ -14,7 +14,9 @@ the ``StageActor`` of each stage (possibly in worker processes). A session's lif
    :class:`Target`; how long each wait may last: :class:`Deadlines`). Once every stage
    has answered, each holds the session's state and waits for its input.
 3. **Chunks** — the caller sends chunks (:class:`~omni_actors.protocols.stage.Chunk`) to
-   the entry stage; each stage streams its outputs to its targets, and the fields the caller
+   the entry stage; each stage streams its outputs to its targets (what its sessions
+   send one target within one turn of its loop, one engine step, as one
+   :class:`~omni_actors.protocols.stage.StepChunks`), and the fields the caller
    wants (``text``, ``audio``) to the session actor, which turns them into events
    (:mod:`omni_actors.protocols.events`). The data plane never passes through the
    orchestrator.
@@ -55,7 +57,7 @@ from omni_actors.protocols.address import ActorAddress
 from omni_actors.protocols.device import DeviceLinkLost, DeviceLinkOffer, SlotsFree
 from omni_actors.protocols.events import SessionError
 from omni_actors.protocols.message import ControlMessage, Request
-from omni_actors.protocols.stage import Chunk, SessionKey, StageReport
+from omni_actors.protocols.stage import Chunk, SessionKey, StageReport, StepChunks
 
 __all__ = [
     "Abort",
@@ -157,15 +159,18 @@ class Target(msgspec.Struct, frozen=True, kw_only=True):
         accumulate: the receiver's per-field rules, for ``full`` edges.
         device_link: the edge takes the ``device`` path: tensors stay on the GPU, in a
             device link's slots (``omni_actors.protocols.device``), when both stages can.
+        steps: the receiver takes :class:`StepChunks` (every stage does): the sender's
+            chunks of one turn, of all its sessions, go there as one message.
     """
 
     stage: str
-    ref: ActorAddress[Chunk]
+    ref: ActorAddress[Chunk | StepChunks]
     mode: EdgeMode
     fields: tuple[str, ...]
     window: tuple[int, int, int] | None = None
     accumulate: dict[str, AccumulateRule] = {}
     device_link: bool = False
+    steps: bool = False
 
 
 class Prewarm(msgspec.Struct, Request[bool], tag="prewarm", frozen=True, kw_only=True):
@@ -270,6 +275,7 @@ class Inspect(msgspec.Struct, Request[StageState], tag="inspect", frozen=True, k
 StageMessage = (
     Prewarm
     | Chunk
+    | StepChunks
     | Abort
     | Cancel
     | Truncate

@@ -8,6 +8,11 @@ also end a *segment* (the session stays open: resumable input) or the whole sess
 Every stage reports a :class:`StageReport` to the session's owner when a segment ends,
 whether it finished, failed or timed out, with the stage's :class:`StageMetrics`.
 
+A stage sends the chunks its sessions make within one turn of its event loop (one engine
+step of many sessions, as a batched engine makes them) to each receiving stage as one
+:class:`StepChunks`: one message, with each tensor field of the step in one buffer,
+while every chunk keeps its own session, sequence number and credit.
+
 On the stages a session is known by its :data:`SessionKey`, not by the id its caller
 chose: see there why.
 """
@@ -35,6 +40,7 @@ __all__ = [
     "SessionKey",
     "StageMetrics",
     "StageReport",
+    "StepChunks",
     "split_fields",
 ]
 
@@ -156,6 +162,30 @@ class Chunk(msgspec.Struct, tag="chunk", frozen=True, kw_only=True):
         for text in self.texts.values():
             size += len(text.encode())
         return size
+
+
+class StepChunks(msgspec.Struct, tag="step-chunks", frozen=True, kw_only=True):
+    """Stage → stage: the chunks one stage sent one receiving stage within one turn of its
+    event loop (an engine step of several sessions), as one message.
+
+    Each member is a whole :class:`Chunk` of its own stream (its session, sequence number
+    and credit, exactly as if sent alone), but for the tensor fields the step *packed*:
+    the members' rows of such a field travel concatenated along dim 0, in the members'
+    order, as one tensor, so the step's field crosses the process boundary (or the copy
+    from the device) once, not once per session; the receiver slices each member's rows
+    back out as views, without a copy (``omni_actors.actors.stage.steps``).
+
+    Attributes:
+        chunks: the members, in the order they were sent; a packed field is left out of
+            their ``tensors``.
+        packed: per packed field, the members' rows concatenated along dim 0.
+        rows: per packed field, each member's row count, in member order; -1 where the
+            member does not carry the field.
+    """
+
+    chunks: tuple[Chunk, ...]
+    packed: dict[str, torch.Tensor] = {}
+    rows: dict[str, tuple[int, ...]] = {}
 
 
 def split_fields(

@@ -45,7 +45,9 @@ from omni_actors.actors.engines.contract import (
 from omni_actors.actors.engines.registry import build_engine, engine_type
 from omni_actors.actors.stage.device_links import DeviceLinkLostError, DeviceLinks
 from omni_actors.actors.stage.session import StageSession
+from omni_actors.actors.stage.steps import StepRouter, unpack
 from omni_actors.cuda import StageTransfers
+from omni_actors.errors import ProtocolError
 from omni_actors.protocols.control import (
     Abort,
     Cancel,
@@ -64,7 +66,7 @@ from omni_actors.protocols.device import (
     DeviceLinkOffer,
     SlotsFree,
 )
-from omni_actors.protocols.stage import Chunk, SessionKey
+from omni_actors.protocols.stage import Chunk, SessionKey, StepChunks
 
 __all__ = ["StageActor"]
 
@@ -86,7 +88,8 @@ class StageActor(Actor[StageMessage]):
 
     replies = StageState | bool | int | Refused | DeviceLinkAnswer | None
     mailbox = MailboxConfig(capacity=4096)
-    receives_now = frozenset({Chunk})  # the sessions' input streams (see ``receive_now``)
+    # The sessions' input streams (see ``receive_now``).
+    receives_now = frozenset({Chunk, StepChunks})
 
     def __init__(
         self,
@@ -102,6 +105,7 @@ class StageActor(Actor[StageMessage]):
         self.engine: Engine | None = None
         self.transfers: StageTransfers | None = None
         self.device_links: DeviceLinks | None = None
+        self.router: StepRouter | None = None
         self.takes_marks = False
         self.sessions: dict[SessionKey, StageSession] = {}
         # Aborted, their task still ending (the engine freeing them): still held.
@@ -131,6 +135,7 @@ class StageActor(Actor[StageMessage]):
             # when they die: the stage fails, and its supervisor restarts it.
             self.context.tasks.create_task(self._fail_when(died), name=f"stage {self.name} engine")
         self.takes_marks = TURN_FIELD in self._ports().inputs
+        self.router = StepRouter(self.context.tasks, self.transfers)
 
     def _ports(self) -> Ports:
         """Its engine's declaration (the kind's, with the stage's arguments)."""
@@ -156,6 +161,9 @@ class StageActor(Actor[StageMessage]):
         """
         tasks = self.context.tasks
         await tasks.cancel(self.context.system.stop_timeout / 2, f"stage {self.name} stopping")
+        if self.router is not None:
+            self.router.close()
+            self.router = None
         if self.engine is not None:
             await self.engine.stop()
             self.engine = None
@@ -167,9 +175,26 @@ class StageActor(Actor[StageMessage]):
             self.transfers = None
 
     def receive_now(self, message: StageMessage) -> None:
-        """A chunk, handed over at once while the stage is idle (see ``Actor``)."""
-        assert isinstance(message, Chunk)  # the one type in ``receives_now``
-        self._chunk(message)
+        """A chunk, or a step's, handed over at once while the stage is idle (see
+        ``Actor``)."""
+        if isinstance(message, Chunk):
+            self._chunk(message)
+        else:
+            assert isinstance(message, StepChunks)  # the other type in ``receives_now``
+            self._step(message)
+
+    def _step(self, message: StepChunks) -> None:
+        """Queue each chunk of a step on its session, in order, as if each came alone."""
+        try:
+            chunks = unpack(message)
+        except ProtocolError as exc:  # nothing of it can be trusted: its sessions fail
+            for chunk in message.chunks:
+                session = self.sessions.get(chunk.key)
+                if session is not None:
+                    session.fail(exc)
+            return
+        for chunk in chunks:
+            self._chunk(chunk)
 
     def _chunk(self, message: Chunk) -> None:
         """Queue a chunk on its session (it never awaits: see ``receive_now``)."""
@@ -192,6 +217,9 @@ class StageActor(Actor[StageMessage]):
         match message:
             case Chunk():
                 self._chunk(message)
+                return None
+            case StepChunks():
+                self._step(message)
                 return None
             case DeviceLinkOffer():
                 if self.device_links is None:
@@ -266,6 +294,7 @@ class StageActor(Actor[StageMessage]):
             takes_marks=self.takes_marks,
             transfers=self.transfers,
             device_links=self.device_links,
+            router=self.router,
         )
         return True
 

@@ -8,7 +8,9 @@ passes a response's options on with the first chunk it sends after they reached 
 stage. It spends a credit of its stream's window on each chunk
 (``omni_actors.actors.stage.flow``): once the receiver has a window of them in flight, the
 outlet waits — and with it the stage's engine for this session — until the receiver
-grants more.
+grants more. An outlet to a stage hands its chunks to the stage's route to that receiver
+(``omni_actors.actors.stage.steps``), which sends what every session handed it in one turn
+of the event loop as one message.
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ from omni_actors.actors.stage.accumulate import Accumulator
 from omni_actors.actors.stage.chunk_policy import ChunkPolicy, FrameChunk, FrameWindow
 from omni_actors.actors.stage.device_links import Outgoing
 from omni_actors.actors.stage.flow import BackpressureError, CreditWindow
+from omni_actors.actors.stage.steps import Route
 from omni_actors.clock import Clock
 from omni_actors.cuda import StageTransfers, on_device
 from omni_actors.protocols.address import ActorAddress
@@ -63,6 +66,10 @@ class Outlet:
     Attributes:
         takes_device: whether outputs may reach the receiver with device tensors as they
             are (it runs in this process and is a stage); else they are copied to the host.
+        closed: the session was aborted: chunks it handed to a route and not yet sent
+            are dropped.
+        failed: a chunk it handed to a route could not be delivered; its next send, or
+            its segment's end, raises this.
     """
 
     def __init__(
@@ -99,6 +106,9 @@ class Outlet:
         self._seq = 0
         self._link: Outgoing | None = None
         self._transfers: StageTransfers | None = None
+        self._route: Route | None = None
+        self.closed = False
+        self.failed: BaseException | None = None
         self.segment = 0  # the segment being sent; each flush ends one
         self._options: ResponseOptions | None = None  # to pass on with the next chunk
         self.chunks = 0
@@ -118,6 +128,19 @@ class Outlet:
         if self.credits is not None:
             self.credits.grant(n)
 
+    def use_route(self, route: Route) -> None:
+        """Send through ``route`` (shared with the stage's other sessions' outlets to the
+        same receiver); it copies device tensors to the host itself, once per step."""
+        self._route = route
+        self.takes_device = True
+
+    def fail(self, error: BaseException) -> None:
+        """A chunk handed to the route was not delivered: the stream is broken."""
+        if self.failed is None:
+            self.failed = error
+        if self.credits is not None:
+            self.credits.close()  # a send waiting for a credit fails now, not at its deadline
+
     def stamp(self, options: ResponseOptions) -> None:
         """The segment's response started with ``options``: the next chunk carries them."""
         self._options = options
@@ -129,6 +152,8 @@ class Outlet:
         (or the receiver taking the chunk there and then) need no wait, so the caller
         awaits only what returns here: the rest of the send when one must wait.
         """
+        if self.failed is not None:
+            raise self.failed
         fields = self.fields
         if output.keys() <= fields:
             picked = output  # never changed: a chunk is made of copies of its dicts
@@ -150,6 +175,10 @@ class Outlet:
         if credits is not None:
             credits.credits -= 1  # CreditWindow.try_take, inlined: once per chunk
         chunk = self._chunk(picked, 0, "", None)
+        route = self._route
+        if route is not None:
+            route.add(self, chunk)
+            return None
         return None if self.ref.try_tell(chunk) else self.ref.tell(chunk)
 
     async def _send_window(self, name: str, chunks: list[FrameChunk]) -> None:
@@ -165,6 +194,13 @@ class Outlet:
         await self._flush(end)
         self._options = None
         self.segment += 1
+        route = self._route
+        if route is not None:  # the segment's chunks are with its receiver before it ends
+            delivered = route.settled()
+            if delivered is not None:
+                await delivered
+            if self.failed is not None:
+                raise self.failed
 
     async def _flush(self, end: End) -> None:
         if self._acc is not None:
@@ -193,10 +229,17 @@ class Outlet:
                 credits.credits -= 1
             else:  # before the chunk is made: the wait is the sender's, not queue wait
                 await self._wait_for_credit(credits)
+        if self.failed is not None:
+            raise self.failed
         device = None
         if self._link is not None:
             fields, device = await self._place(fields)
-        await self.ref.tell(self._chunk(fields, context, end, device))
+        chunk = self._chunk(fields, context, end, device)
+        route = self._route
+        if route is not None:
+            route.add(self, chunk)
+            return
+        await self.ref.tell(chunk)
 
     def _chunk(self, fields: Fields, context: int, end: End, device: DeviceChunk | None) -> Chunk:
         """The next chunk of the stream (numbered and counted: it is sent next)."""

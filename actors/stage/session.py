@@ -57,6 +57,7 @@ from omni_actors.actors.stage.engine_outputs import EngineOutputError, output_er
 from omni_actors.actors.stage.flow import BackpressureError, CreditWindow, Inflow
 from omni_actors.actors.stage.outlet import Outlet
 from omni_actors.actors.stage.segment_metrics import SegmentMetrics
+from omni_actors.actors.stage.steps import StepRouter
 from omni_actors.clock import Clock, Timeout, timeout_at
 from omni_actors.cuda import StageTransfers, on_device
 from omni_actors.errors import (
@@ -112,6 +113,9 @@ class StageSession:
             the caller's turn marks; otherwise they are dropped here).
         outputs: the fields the engine declares it yields; an output with another
             field fails its reply (``engine_outputs``).
+        router: the stage's routes to its receivers: a target that takes steps
+            (``Target.steps``) gets this session's chunks with the other sessions' of
+            the same turn (``omni_actors.actors.stage.steps``).
     """
 
     def __init__(
@@ -127,6 +131,7 @@ class StageSession:
         takes_marks: bool = False,
         transfers: StageTransfers | None = None,
         device_links: DeviceLinks | None = None,
+        router: StepRouter | None = None,
     ) -> None:
         self.stage = stage
         self.takes_marks = takes_marks
@@ -167,10 +172,17 @@ class StageSession:
             )
             for t in prewarm.targets
         ]
-        if transfers is not None and device_links is not None:
-            for outlet, target in zip(self.outlets, prewarm.targets, strict=True):
-                if target.device_link and not outlet.takes_device:
-                    outlet.use_link(device_links.outgoing(target.stage, target.ref), transfers)
+        for outlet, target in zip(self.outlets, prewarm.targets, strict=True):
+            if (
+                transfers is not None
+                and device_links is not None
+                and target.device_link
+                and not outlet.takes_device
+            ):
+                outlet.use_link(device_links.outgoing(target.stage, target.ref), transfers)
+                continue
+            if router is not None and target.steps:
+                outlet.use_route(router.route(target.ref))
         if prewarm.emit:
             self.outlets.append(
                 Outlet(
@@ -300,8 +312,10 @@ class StageSession:
         """Cancel the session's task; it frees the session on the engine as it ends.
 
         Returns at once: the engine's ``abort`` runs in the session's own task, so a slow
-        one holds up no other session on the stage.
+        one holds up no other session on the stage. Its chunks not sent yet are dropped.
         """
+        for outlet in self.outlets:
+            outlet.closed = True
         self.task.cancel()
 
     def cancel(self, segment: int) -> None:

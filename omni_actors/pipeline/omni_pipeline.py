@@ -43,7 +43,7 @@ from omni_actors.protocols.control import (
     StageState,
 )
 from omni_actors.protocols.events import TERMINAL, Event
-from omni_actors.protocols.stage import Chunk
+from omni_actors.protocols.stage import Chunk, StepChunks
 
 if TYPE_CHECKING:
     from omni_actors.pipeline.cluster_hosts import PipelineCluster
@@ -84,7 +84,8 @@ class OmniPipeline:
         max_sessions: int = 256,
         system: ActorSystem | None = None,
         stage_classes: dict[str, type[StageActor]] | None = None,
-        interposers: dict[str, tuple[type[Actor[Chunk]], tuple[Any, ...]]] | None = None,
+        interposers: dict[str, tuple[type[Actor[Chunk | StepChunks]], tuple[Any, ...]]]
+        | None = None,
         cluster: str | None = None,
     ) -> None:
         if max_sessions < 1:

@@ -42,7 +42,7 @@ from omni_actors.protocols.control import (
     Target,
 )
 from omni_actors.protocols.message import Request
-from omni_actors.protocols.stage import INPUT, Chunk, SessionKey
+from omni_actors.protocols.stage import INPUT, Chunk, SessionKey, StepChunks
 from omni_actors.signals import ChildFailed, Terminated
 from omni_actors.supervision import Backoff, SupervisorStrategy
 
@@ -146,7 +146,8 @@ class Orchestrator(Actor[OrchestratorMessage]):
         self,
         spec: PipelineSpec,
         stage_classes: dict[str, type[StageActor]] | None = None,
-        interposers: dict[str, tuple[type[Actor[Chunk]], tuple[Any, ...]]] | None = None,
+        interposers: dict[str, tuple[type[Actor[Chunk | StepChunks]], tuple[Any, ...]]]
+        | None = None,
         hosts: dict[str, WorkerHost] | None = None,
     ) -> None:
         self.spec = spec
@@ -160,7 +161,7 @@ class Orchestrator(Actor[OrchestratorMessage]):
         self.stages: dict[str, ActorRef[StageMessage]] = {}  # by actor name
         self.load: dict[str, int] = {}  # live sessions by actor name
         self.restarts: dict[str, int] = {}  # failures of each stage actor (each restarts it)
-        self.edge_refs: dict[tuple[str, str], ActorRef[Chunk]] = {}
+        self.edge_refs: dict[tuple[str, str], ActorRef[Chunk | StepChunks]] = {}
         # Live sessions by the caller's id: the session actor and the stage actors used.
         self.sessions: dict[str, tuple[ActorRef[SessionMessage], list[str]]] = {}
         self.by_ref: dict[ActorRef[SessionMessage], str] = {}
@@ -297,7 +298,7 @@ class Orchestrator(Actor[OrchestratorMessage]):
         entry = self.spec.entry_stage
         return Admitted(ref, self._ref(INPUT, entry, chosen[entry]), key)
 
-    def _ref(self, source: str, stage: str, actor: str) -> ActorRef[Chunk]:
+    def _ref(self, source: str, stage: str, actor: str) -> ActorRef[Chunk | StepChunks]:
         """Where ``source`` sends to ``stage``: its replica, or the harness's interposer."""
         return self.edge_refs.get((source, stage), self.stages[actor])
 
@@ -323,6 +324,7 @@ class Orchestrator(Actor[OrchestratorMessage]):
                     ),
                     accumulate=spec.accumulate(e.to),
                     device_link=self.paths[(e.source, e.to)][0] == "device",
+                    steps=True,
                 )
                 for e in spec.edges
                 if e.source == name and e.to in chosen

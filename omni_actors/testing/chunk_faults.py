@@ -15,7 +15,8 @@ from typing import Any
 from omni_actors._actor import Actor
 from omni_actors._ref import ActorRef
 from omni_actors.actors.stage.actor import StageActor
-from omni_actors.protocols.stage import Chunk, SessionKey
+from omni_actors.actors.stage.steps import unpack
+from omni_actors.protocols.stage import Chunk, SessionKey, StepChunks
 from omni_actors.testing.faults import crash_after
 
 __all__ = ["ChunkFaults", "FaultyEdge", "PipelineFaults"]
@@ -43,8 +44,9 @@ class ChunkFaults:
     duplicate_every: int = 0
 
 
-class FaultyEdge(Actor[Chunk]):
-    """Sits between two stages and applies :class:`ChunkFaults` to what passes."""
+class FaultyEdge(Actor[Chunk | StepChunks]):
+    """Sits between two stages and applies :class:`ChunkFaults` to what passes (the
+    chunks of a step one by one, each forwarded alone)."""
 
     def __init__(self, target: ActorRef[Chunk], faults: ChunkFaults) -> None:
         self.target = target
@@ -54,8 +56,15 @@ class FaultyEdge(Actor[Chunk]):
         self.dropped = 0
         self.duplicated = 0
 
-    async def receive(self, message: Chunk) -> None:
+    async def receive(self, message: Chunk | StepChunks) -> None:
         """Forward ``message`` with the declared faults."""
+        if isinstance(message, StepChunks):
+            for chunk in unpack(message):
+                await self._forward(chunk)
+        else:
+            await self._forward(message)
+
+    async def _forward(self, message: Chunk) -> None:
         faults = self.faults
         if faults.delay_s:
             await asyncio.sleep(faults.delay_s)

@@ -8,6 +8,7 @@ from typing import Any, TypeVar
 
 from omni_actors._actor import Actor
 from omni_actors._ref import ActorRef
+from omni_actors.protocols.stage import StepChunks
 
 __all__ = ["InjectedFault", "crash_after", "kill_worker", "worker_pid"]
 
@@ -27,6 +28,8 @@ def crash_after(
 ) -> type[A]:
     """A subclass of ``actor_cls`` whose instances raise on message ``messages + 1``.
 
+    A step's chunks (``StepChunks``) count as that many messages, as each was once
+    sent alone: the count does not depend on how a stage's sessions shared its turns.
     Each instance counts for itself, so a restarted actor handles ``messages`` more
     messages before it raises again. ``times`` caps how many crashes happen in total
     across restarts (``None``: no cap); afterwards the actor behaves normally.
@@ -38,20 +41,21 @@ def crash_after(
     class Faulty(actor_cls):  # type: ignore[valid-type,misc]
         _handled = 0
 
-        def _count(self) -> None:
+        def _count(self, message: Any) -> None:
             nonlocal crashes
-            if self._handled >= messages and (times is None or crashes < times):
+            weight = len(message.chunks) if isinstance(message, StepChunks) else 1
+            if self._handled + weight > messages and (times is None or crashes < times):
                 crashes += 1
                 self._handled = 0
                 raise error(f"injected fault in {type(self).__qualname__} after {messages}")
-            self._handled += 1
+            self._handled += weight
 
         async def receive(self, message: Any) -> Any:
-            self._count()
+            self._count(message)
             return await super().receive(message)
 
         def receive_now(self, message: Any) -> Any:
-            self._count()  # a message taken at once counts as one through receive
+            self._count(message)  # a message taken at once counts as one through receive
             return super().receive_now(message)
 
     Faulty.__name__ = Faulty.__qualname__ = f"Faulty{actor_cls.__name__}"

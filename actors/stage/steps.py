@@ -1,0 +1,358 @@
+"""One engine step of many sessions, routed to each receiving stage as one message.
+
+A batched engine (``Batcher``) answers the requests of ``B`` sessions in one call; each
+session's task then wakes in the same turn of the event loop and hands its output to its
+outlets. Sent one by one, that is ``B`` messages per receiving stage: ``B`` encodes,
+mailbox entries and dispatches, and on a GPU ``B`` device-to-host copies. The
+:class:`StepRouter` gathers instead what the outlets of a stage's sessions hand it
+within one turn, per receiver, and sends it when the turn ends as one
+:class:`~omni_actors.protocols.stage.StepChunks` (a lone chunk goes as itself). Nothing
+else changes for a chunk: its outlet numbered it and spent its stream's credit before
+handing it over, so sequence numbers (duplicates dropped, gaps refused) and back-pressure
+per (session, edge) are what they were; only the transport of a turn's chunks is shared.
+
+Packing. To a receiver in another process, the tensor fields the members have in common
+(one dtype, one device, one shape but for dim 0) are concatenated along dim 0
+(:func:`pack`): one buffer per field per step on the wire and, from a GPU stage, one
+device-to-host copy per field per step. The receiver slices each member's rows back out
+as views (:func:`unpack`): no copy. A view keeps the step's whole buffer alive, so a
+session that holds its input rows holds the step's (at most ``B`` times its own). To a
+stage in this process the chunks go as they are: nothing crosses a boundary.
+
+Order and waits. A receiver's messages leave in the order their chunks were handed
+over, so every stream's chunks arrive in sequence. A message goes at once if the
+receiver has room (``try_tell``); otherwise it and every later one for that receiver
+wait in order, sent by a task of the stage's scope. That backlog is bounded by the
+credits: each stream has at most its window of chunks in flight. An outlet never waits
+here for mailbox room, only for its own stream's credit, so a slow session holds up its
+own stream and nothing else.
+
+Failures. A message that cannot be delivered (its receiver stopped, or its process
+died) fails the outlets of its members: each raises the error at its next send, or at
+its segment's end (:meth:`Route.settled`), as a failed ``tell`` did. The chunks of a
+session aborted before its turn ended are not sent.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections import deque
+from collections.abc import Awaitable, Mapping, Sequence
+from typing import TYPE_CHECKING, Protocol
+
+import msgspec
+import torch
+
+from omni_actors import remoting
+from omni_actors._ref import ActorRef
+from omni_actors._task_scope import TaskScope
+from omni_actors.cuda import on_device
+from omni_actors.errors import ProtocolError
+from omni_actors.protocols.address import ActorAddress
+from omni_actors.protocols.stage import Chunk, StepChunks
+
+if TYPE_CHECKING:
+    from omni_actors.cuda import StageTransfers
+
+__all__ = ["Route", "Sender", "StepRouter", "pack", "unpack"]
+
+log = logging.getLogger(__name__)
+
+Routed = Chunk | StepChunks
+"""What a route sends its receiver."""
+
+
+class Sender(Protocol):
+    """What a route needs of the outlet that handed it a chunk."""
+
+    closed: bool
+    """The outlet's session was aborted: its chunks not sent yet are moot."""
+
+    def fail(self, error: BaseException) -> None:
+        """A message with one of its chunks could not be delivered."""
+
+
+def pack(chunks: Sequence[Chunk]) -> StepChunks:
+    """``chunks`` as one message, the tensor fields they share packed (module docstring).
+
+    A field is packed when at least two members carry it, each with at least one
+    dimension, all of one dtype and device and one shape but for dim 0; any other
+    field stays in its member's ``tensors``.
+    """
+    present: dict[str, list[tuple[int, torch.Tensor]]] = {}
+    for index, chunk in enumerate(chunks):
+        for name, tensor in chunk.tensors.items():
+            present.setdefault(name, []).append((index, tensor))
+    packed: dict[str, torch.Tensor] = {}
+    rows: dict[str, tuple[int, ...]] = {}
+    for name, members in present.items():
+        if len(members) < 2 or not _packable([tensor for _, tensor in members]):
+            continue
+        packed[name] = torch.cat([tensor for _, tensor in members])
+        counts = [-1] * len(chunks)
+        for index, tensor in members:
+            counts[index] = tensor.shape[0]
+        rows[name] = tuple(counts)
+    if not packed:
+        return StepChunks(chunks=tuple(chunks))
+    return StepChunks(chunks=tuple(_without(c, packed) for c in chunks), packed=packed, rows=rows)
+
+
+def _packable(tensors: list[torch.Tensor]) -> bool:
+    first = tensors[0]
+    if first.dim() == 0:
+        return False
+    tail, dtype, device = first.shape[1:], first.dtype, first.device
+    return all(
+        t.dim() > 0 and t.shape[1:] == tail and t.dtype == dtype and t.device == device
+        for t in tensors[1:]
+    )
+
+
+def _without(chunk: Chunk, packed: Mapping[str, torch.Tensor]) -> Chunk:
+    tensors = chunk.tensors
+    if tensors.keys().isdisjoint(packed):
+        return chunk
+    kept = {name: tensor for name, tensor in tensors.items() if name not in packed}
+    return msgspec.structs.replace(chunk, tensors=kept)
+
+
+def unpack(step: StepChunks) -> list[Chunk]:
+    """The members of ``step``, each with its rows of every packed field (views of the
+    packed tensors: no copy).
+
+    Raises:
+        ProtocolError: the packed fields and their row counts do not agree (a sender's
+            bug, or a forged message): nothing of the step can be trusted.
+    """
+    chunks = step.chunks
+    if not step.packed and not step.rows:
+        return list(chunks)
+    if step.packed.keys() != step.rows.keys():
+        raise ProtocolError(
+            f"step chunks pack {sorted(step.packed)} but count rows of {sorted(step.rows)}"
+        )
+    extra: list[dict[str, torch.Tensor]] = [{} for _ in chunks]
+    for name, counts in step.rows.items():
+        tensor = step.packed[name]
+        if len(counts) != len(chunks) or tensor.dim() == 0:
+            raise ProtocolError(
+                f"step chunks: field {name!r} counts {len(counts)} members' rows for "
+                f"{len(chunks)} members, over a tensor of shape {tuple(tensor.shape)}"
+            )
+        if any(n < -1 for n in counts) or sum(n for n in counts if n > 0) != tensor.shape[0]:
+            raise ProtocolError(
+                f"step chunks: field {name!r} has {tensor.shape[0]} rows, its members "
+                f"claim {list(counts)}"
+            )
+        offset = 0
+        for index, n in enumerate(counts):
+            if n >= 0:
+                extra[index][name] = tensor[offset : offset + n]
+                offset += n
+    return [
+        msgspec.structs.replace(chunk, tensors={**chunk.tensors, **more}) if more else chunk
+        for chunk, more in zip(chunks, extra, strict=True)
+    ]
+
+
+class Route:
+    """A stage's chunks to one receiver: this turn's, then those waiting for room.
+
+    Made by :meth:`StepRouter.route`; outlets :meth:`add` their chunks to it.
+    """
+
+    __slots__ = (
+        "_backlog",
+        "_router",
+        "_task",
+        "_turn",
+        "_waiters",
+        "host",
+        "messages",
+        "ref",
+    )
+
+    def __init__(self, router: StepRouter, ref: ActorAddress[Routed]) -> None:
+        self._router = router
+        self.ref = ref
+        # A receiver in another process gets packed steps, with host tensors only.
+        self.host = not (isinstance(ref, ActorRef) and remoting.in_process(ref))
+        self._turn: list[tuple[Sender, Chunk]] = []
+        # Messages waiting for room, in order; None: not built yet (host copies due).
+        self._backlog: deque[tuple[list[tuple[Sender, Chunk]], Routed | None]] = deque()
+        self._task: asyncio.Task[None] | None = None
+        self._waiters: list[asyncio.Future[None]] = []
+        self.messages = 0
+        """Messages sent to the receiver so far (a step's chunks count once)."""
+
+    def add(self, sender: Sender, chunk: Chunk) -> None:
+        """Send ``chunk`` (numbered, its credit spent) with the rest of this turn's."""
+        turn = self._turn
+        if not turn:
+            self._router._due(self)
+        turn.append((sender, chunk))
+
+    def settled(self) -> Awaitable[None] | None:
+        """What to await until every chunk handed over so far was delivered to the
+        receiver's mailbox (or failed its sender); None if that is so already."""
+        if not self._turn and not self._backlog and self._task is None:
+            return None
+        waiter = asyncio.get_running_loop().create_future()
+        self._waiters.append(waiter)
+        return waiter
+
+    def _flush(self) -> None:
+        """The turn ended: its chunks go, as one message, unless earlier ones wait."""
+        members = [(s, c) for s, c in self._turn if not s.closed]
+        self._turn = []
+        if members:
+            if self._backlog or self._task is not None:
+                self._backlog.append((members, None))
+            elif self.host and self._router.transfers is not None and _on_device(members):
+                self._backlog.append((members, None))  # to the host first, in the task
+                self._start()
+            else:
+                self._try_send(members)
+        self._maybe_settle()
+
+    def _try_send(self, members: list[tuple[Sender, Chunk]]) -> None:
+        try:
+            message = self._message(members)
+            sent = self.ref.try_tell(message)
+        except Exception as exc:  # the receiver is gone: its senders hear of it
+            _fail(members, exc)
+            return
+        if sent:
+            self.messages += 1
+        else:
+            self._backlog.append((members, message))
+            self._start()
+
+    def _message(self, members: list[tuple[Sender, Chunk]]) -> Routed:
+        if len(members) == 1:
+            return members[0][1]
+        chunks = [chunk for _, chunk in members]
+        return pack(chunks) if self.host else StepChunks(chunks=tuple(chunks))
+
+    def _start(self) -> None:
+        if self._task is None:
+            self._task = self._router.tasks.create_task(
+                self._send_backlog(), name=f"chunks to {self.ref.path}"
+            )
+
+    async def _send_backlog(self) -> None:
+        try:
+            while self._backlog:
+                members, message = self._backlog.popleft()
+                try:
+                    if message is None:
+                        members = [(s, c) for s, c in members if not s.closed]
+                        if not members:
+                            continue
+                        message = await self._on_host(self._message(members))
+                    await self.ref.tell(message)
+                    self.messages += 1
+                except Exception as exc:  # the receiver is gone: its senders hear of it
+                    _fail(members, exc)
+        finally:
+            self._task = None
+            self._maybe_settle()
+
+    async def _on_host(self, message: Routed) -> Routed:
+        """``message`` with its device tensors copied to the host: the packed ones with
+        one copy per field for the whole step."""
+        transfers = self._router.transfers
+        if transfers is None or not self.host:
+            return message
+        if isinstance(message, Chunk):
+            if not on_device(message.tensors):
+                return message
+            host = await transfers.to_host(message.tensors)
+            return msgspec.structs.replace(message, tensors=host)
+        packed = message.packed
+        if on_device(packed):
+            packed = await transfers.to_host(packed)
+        chunks = [
+            msgspec.structs.replace(c, tensors=await transfers.to_host(c.tensors))
+            if on_device(c.tensors)
+            else c
+            for c in message.chunks
+        ]
+        return msgspec.structs.replace(message, chunks=tuple(chunks), packed=packed)
+
+    def _maybe_settle(self) -> None:
+        if self._waiters and not self._turn and not self._backlog and self._task is None:
+            self._settle()
+
+    def _settle(self) -> None:
+        waiters, self._waiters = self._waiters, []
+        for waiter in waiters:
+            if not waiter.done():
+                waiter.set_result(None)
+
+    def close(self) -> None:
+        """The stage stops: nothing more is sent, and nobody waits for it."""
+        self._turn = []
+        self._backlog.clear()
+        self._settle()
+
+
+def _on_device(members: list[tuple[Sender, Chunk]]) -> bool:
+    return any(on_device(chunk.tensors) for _, chunk in members)
+
+
+def _fail(members: list[tuple[Sender, Chunk]], error: BaseException) -> None:
+    for sender, _ in members:
+        sender.fail(error)
+
+
+class StepRouter:
+    """A stage's routes, one per receiver: see the module docstring.
+
+    Args:
+        tasks: the stage's task scope (a receiver's backlog is sent by a task of it).
+        transfers: a GPU stage's transfers (device tensors to another process are
+            copied to the host per message); None on a CPU.
+    """
+
+    def __init__(self, tasks: TaskScope, transfers: StageTransfers | None = None) -> None:
+        self.tasks = tasks
+        self.transfers = transfers
+        self._routes: dict[ActorAddress[Routed], Route] = {}
+        self._due_routes: list[Route] = []
+        self._handle: asyncio.Handle | None = None
+
+    def route(self, ref: ActorAddress[Routed]) -> Route:
+        """The route to ``ref``, shared by every session sending there."""
+        route = self._routes.get(ref)
+        if route is None:
+            route = self._routes[ref] = Route(self, ref)
+        return route
+
+    def _due(self, route: Route) -> None:
+        """``route`` got its first chunk of this turn: flush it when the turn ends."""
+        self._due_routes.append(route)
+        if self._handle is None:
+            # After the callbacks ready in this turn: the sessions a step woke all ran.
+            self._handle = asyncio.get_running_loop().call_soon(self._flush)
+
+    def _flush(self) -> None:
+        self._handle = None
+        routes, self._due_routes = self._due_routes, []
+        for route in routes:
+            try:
+                route._flush()
+            except Exception:  # a bug here must not strand the other routes' chunks
+                log.exception("chunks to %s could not be routed", route.ref.path)
+
+    def close(self) -> None:
+        """The stage stops: drop what was not sent (its sessions are gone)."""
+        if self._handle is not None:
+            self._handle.cancel()
+            self._handle = None
+        self._due_routes = []
+        for route in self._routes.values():
+            route.close()
+        self._routes.clear()
