@@ -323,3 +323,28 @@ def test_static_slot_frames_give_each_session_its_solo_codes(
     for reply, alone in zip(together, solo, strict=True):
         assert len(reply.codes) == len(alone.codes) > 1
         assert torch.equal(torch.cat(reply.codes), torch.cat(alone.codes))
+
+
+async def test_an_engine_over_the_static_cache_speaks_as_without_it(
+    cache_dir: Path, said: list[list[Fields]]
+) -> None:
+    """Through the engine, with a static slot cache (forced on the CPU): three sessions'
+    replies, then a second reply of each on the same voice (its crop drops the first
+    reply's frames from the slot), give the codes they give without it."""
+
+    async def speak(**extra: Any) -> list[torch.Tensor]:
+        async with talker(cache_dir, max_batch=2, **extra) as engine:
+            got = []
+            for _ in range(2):
+                got += await asyncio.wait_for(
+                    asyncio.gather(*(frames(engine, f"s{i}", o) for i, o in enumerate(said))),
+                    120.0,
+                )
+            static = engine._model.static
+            if static is not None:
+                assert static.steps > 0
+        return got
+
+    eager = await speak(static_cache=False)
+    for got, want in zip(await speak(static_cache=True), eager, strict=True):
+        assert torch.equal(got, want)

@@ -138,3 +138,29 @@ async def test_concurrent_sessions_share_decode_forwards_up_to_max_batch(
     assert batcher.requests == sum(len(ids) - (len(ids) == 32) for ids in replies)
     assert 1 < batcher.largest <= max_batch
     assert batcher.calls < 0.75 * batcher.requests  # most forwards were shared
+
+
+async def test_an_engine_over_the_static_cache_replies_as_without_it(cache_dir: Path) -> None:
+    """Through the engine, with a static slot cache (forced on the CPU): two sessions'
+    two turns each come out as without it. Two slots of 64 positions: the second turns
+    outgrow them and go on over their own caches, after the first replies' decoded
+    positions were settled back into them."""
+    texts = ["Hi there", "What is new today?"]
+
+    async def turns(**extra: Any) -> list[list[int]]:
+        async with thinker(cache_dir, max_batch=2, max_new_tokens=24, **extra) as engine:
+            got = []
+            for turn in range(2):
+                got += await asyncio.wait_for(
+                    asyncio.gather(
+                        *(reply(engine, f"s{i}", f"{t} ({turn})") for i, t in enumerate(texts))
+                    ),
+                    60.0,
+                )
+            static = engine._model.static
+            if static is not None:
+                assert static.steps > 0
+                assert static.fallbacks > 0
+        return got
+
+    assert await turns(static_cache=True, max_context=64) == await turns(static_cache=False)
