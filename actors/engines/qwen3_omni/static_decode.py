@@ -349,6 +349,9 @@ class StaticDecoder:
                 torch.zeros((key[0], *shape), dtype=dtype, device=self.device)
                 for shape, dtype in rows
             ]
+            # The step's own buffers from now on: a step's rows are cast into them, so
+            # they always match what the graph was captured on.
+            self._inputs[key] = [positions, *inputs]
             self._graphs.capture(key, functools.partial(self._eager, key), positions, *inputs)
         return self.graphed
 
