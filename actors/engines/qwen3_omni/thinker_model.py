@@ -235,9 +235,9 @@ class ThinkerModel:
     def decode(
         self, conversation: Conversation, token: int, allow_end: bool, sampling: Sampling
     ) -> Token:
-        """Feed ``token``, pick the next one."""
-        if self._static is not None:
-            return self.decode_steps([DecodeStep(conversation, token, allow_end, sampling)])[0]
+        """Feed ``token``, pick the next one: one forward over the session's own cache
+        (what it decoded in a static slot settled into it first), exactly transformers'
+        one-session step."""
         step = self._forward(conversation, [token])
         return self._pick(step.logits[0, -1], allow_end, sampling)
 
@@ -264,8 +264,7 @@ class ThinkerModel:
             self.settle(conversation)
         if len(steps) == 1:
             (one,) = steps
-            step = self._forward(one.conversation, [one.token])
-            return [self._pick(step.logits[0, -1], one.allow_end, one.sampling)]
+            return [self.decode(one.conversation, one.token, one.allow_end, one.sampling)]
         logits = thinker_steps(
             self._thinker,
             torch.tensor([[step.token] for step in steps]),
