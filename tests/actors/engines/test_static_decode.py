@@ -103,6 +103,17 @@ class Session:
             model(input_ids=torch.tensor([prompt]), past_key_values=cache, use_cache=True)
         self.length = len(prompt)
 
+    def step_alone(self, model: Qwen3Model, token: torch.Tensor) -> torch.Tensor:
+        """HF's own step of ``token`` [1] at the session's length, on the reference
+        cache: the last hidden state [1, H]."""
+        out = model(
+            input_ids=token[None],
+            past_key_values=self.alone,
+            position_ids=torch.tensor([[self.length]]),
+            use_cache=True,
+        )
+        return out.last_hidden_state[:, -1]
+
 
 @torch.no_grad()
 def test_steps_equal_each_session_alone_as_batches_change() -> None:
@@ -117,13 +128,7 @@ def test_steps_equal_each_session_alone_as_batches_change() -> None:
         )
         for row, i in enumerate(group):
             session = sessions[i]
-            want = model(
-                input_ids=ids[row : row + 1],
-                past_key_values=session.alone,
-                position_ids=torch.tensor([[session.length]]),
-                use_cache=True,
-            ).last_hidden_state[:, -1]
-            torch.testing.assert_close(got[row : row + 1], want)
+            torch.testing.assert_close(got[row : row + 1], session.step_alone(model, ids[row]))
             session.length += 1
     assert static.evictions > 0  # row 0 changed hands
     # Settled, each session's own cache holds what it decoded, as stepped alone.
@@ -176,12 +181,6 @@ def test_warm_captures_every_bucket_and_span_before_any_step() -> None:
     assert len(captures.graphs) == 9  # replayed, not captured again
     assert sum(graph.replays for graph in captures.graphs) == 10  # 9 checks + this step
     for row, session in enumerate(sessions):
-        want = model(
-            input_ids=ids[row : row + 1],
-            past_key_values=session.alone,
-            position_ids=torch.tensor([[session.length]]),
-            use_cache=True,
-        ).last_hidden_state[:, -1]
-        torch.testing.assert_close(got[row : row + 1], want)
+        torch.testing.assert_close(got[row : row + 1], session.step_alone(model, ids[row]))
     with pytest.raises(RuntimeError, match="before any session steps"):
         static.warm([((1,), torch.long)])
