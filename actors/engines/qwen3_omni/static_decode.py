@@ -14,10 +14,12 @@ the slot cache: each row writes its new key and value at its own position (an in
 write, no host sync) and attends its own positions ``0 .. position`` through a mask
 computed in the step from the positions tensor. So the captured step depends only on
 the batch bucket and on how far attention reads (a *span* bucket), and each pair is
-captured once, on the first step that needs it, and checked against the same step run
-eagerly on the same inputs (bit for bit, else that pair stays eager:
+captured once, checked against the same step run eagerly on the same inputs (bit for
+bit, else that pair stays eager:
 :class:`~omni_actors.actors.engines.qwen3_omni.graphs.ShapeGraphs`, as for the code
-predictor and code2wav).
+predictor and code2wav). :meth:`StaticDecoder.warm` captures every pair at load; without
+it a pair is captured on the first step that needs it, where another thread's work on
+the device can spoil the capture (the pair then stays eager).
 
 Rows of the bucket that no stepping session occupies compute on whatever they hold and
 are thrown away; a row a session leases but does not step this time writes at its next
