@@ -5,8 +5,9 @@ may keep them on the device: it allocates a pool of device slots for that receiv
 once, and offers it (:class:`DeviceLinkOffer`: the pool's CUDA IPC handle and an IPC
 event handle, as plain bytes). The receiver maps the pool and says whether it could
 (:class:`DeviceLinkAnswer`); from then on a chunk names the slots its device tensors
-were copied into (``Chunk.device``, :class:`DeviceSlice`), the receiver waits on the
-event on its own stream, copies them out, and gives the slots back
+were copied into (``Chunk.device``, :class:`DeviceSlice`), or a step of many sessions
+the one slot its packed fields were copied into (``StepChunks.device``); the receiver
+waits on the event on its own stream, copies them out, and gives the slots back
 (:class:`SlotsFree`). When anything fails the link is closed and tensors take the host.
 """
 

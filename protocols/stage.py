@@ -181,11 +181,15 @@ class StepChunks(msgspec.Struct, tag="step-chunks", frozen=True, kw_only=True):
         packed: per packed field, the members' rows concatenated along dim 0.
         rows: per packed field, each member's row count, in member order; -1 where the
             member does not carry the field.
+        device: packed fields left on the GPU, in slots of a device link (one slot for
+            the whole step); their rows are in ``rows`` too, and the receiving stage
+            copies them out once for the step before slicing each member's rows.
     """
 
     chunks: tuple[Chunk, ...]
     packed: dict[str, torch.Tensor] = {}
     rows: dict[str, tuple[int, ...]] = {}
+    device: DeviceChunk | None = None
 
 
 def split_fields(

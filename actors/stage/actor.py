@@ -30,6 +30,7 @@ import logging
 from collections import OrderedDict
 from typing import Any
 
+import msgspec
 import torch
 
 from omni_actors import remoting
@@ -184,17 +185,51 @@ class StageActor(Actor[StageMessage]):
             self._step(message)
 
     def _step(self, message: StepChunks) -> None:
-        """Queue each chunk of a step on its session, in order, as if each came alone."""
+        """Queue each chunk of a step on its session, in order, as if each came alone.
+
+        A step's device part is copied out of the link once for the whole step, and its
+        slots go back once, whichever of its sessions are still here (none: nothing is
+        copied).
+        """
+        device = message.device
+        if device is not None:
+            if not any(chunk.key in self.sessions for chunk in message.chunks):
+                if self.device_links is not None:  # its sessions are gone: the rows are moot
+                    self.device_links.drop(device)
+                return
+            try:
+                fields = self._device_fields(message, device)
+            except (DeviceLinkLostError, ProtocolError) as exc:
+                self._fail_step(message, exc)
+                return
+            message = msgspec.structs.replace(
+                message, packed={**message.packed, **fields}, device=None
+            )
         try:
             chunks = unpack(message)
         except ProtocolError as exc:  # nothing of it can be trusted: its sessions fail
-            for chunk in message.chunks:
-                session = self.sessions.get(chunk.key)
-                if session is not None:
-                    session.fail(exc)
+            self._fail_step(message, exc)
             return
         for chunk in chunks:
             self._chunk(chunk)
+
+    def _device_fields(self, message: StepChunks, device: DeviceChunk) -> dict[str, torch.Tensor]:
+        if self.device_links is None:
+            raise DeviceLinkLostError(f"stage {self.name} got device slices but has no GPU")
+        if not message.packed.keys().isdisjoint(device.slices):
+            self.device_links.drop(device)
+            raise ProtocolError(
+                f"step chunks carry {sorted(device.slices.keys() & message.packed.keys())} "
+                "both packed and on the device"
+            )
+        return self.device_links.take_fields(device)
+
+    def _fail_step(self, message: StepChunks, error: Exception) -> None:
+        """Nothing of ``message`` can be trusted: the sessions of its chunks fail."""
+        for chunk in message.chunks:
+            session = self.sessions.get(chunk.key)
+            if session is not None:
+                session.fail(error)
 
     def _chunk(self, message: Chunk) -> None:
         """Queue a chunk on its session (it never awaits: see ``receive_now``)."""

@@ -8,12 +8,14 @@ receiver that no longer knows the link (it restarted) says so (``DeviceLinkLost`
 link is closed, and the next session offers a new one.
 
 As a receiver it maps the links offered to it, copies a chunk's slices out as the chunk
-arrives, and gives the slots back once that copy has completed on the device.
+arrives (a step's once for all its sessions: ``StepChunks.device``), and gives the slots
+back once that copy has completed on the device.
 """
 
 from __future__ import annotations
 
 import logging
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -57,6 +59,19 @@ class Outgoing:
     link: DeviceLink | None = None
     closed: bool = False
     pending: DeviceLink | None = field(default=None, repr=False)
+
+    def put(self, fields: Mapping[str, Any]) -> tuple[DeviceChunk | None, dict[str, Any]]:
+        """The device tensors of ``fields`` in one slot of the link (``DeviceLink.put``),
+        and the fields left; None placed while the link is not up (not accepted yet, or
+        lost) or when they do not fit a free slot: then every field is left, for the
+        host path."""
+        link = self.link
+        if link is None or self.closed:
+            return None, dict(fields)
+        slices, rest = link.put(fields)
+        if not slices:
+            return None, rest
+        return DeviceChunk(link.id, self.sender, slices), rest
 
 
 class DeviceLinks:
@@ -178,8 +193,19 @@ class DeviceLinks:
         return answer
 
     def take(self, chunk: Chunk, device: DeviceChunk) -> Chunk:
-        """``chunk`` with its device slices copied out into its tensors; the slots go back
-        once the copy is done.
+        """``chunk`` with its device slices copied out into its tensors (see
+        :meth:`take_fields`).
+
+        Raises:
+            DeviceLinkLostError: as :meth:`take_fields`.
+        """
+        tensors = self.take_fields(device)
+        return msgspec.structs.replace(chunk, tensors={**chunk.tensors, **tensors}, device=None)
+
+    def take_fields(self, device: DeviceChunk) -> dict[str, torch.Tensor]:
+        """The tensors of ``device``'s slices, copied out into this stage's own (the
+        current stream waits for the copies on the device); the slots go back once the
+        copy is done. A step's packed fields are copied out once for all its sessions.
 
         Raises:
             DeviceLinkLostError: the link is not mapped here, or a slice is malformed
@@ -201,10 +227,11 @@ class DeviceLinks:
             self._give_back(imported.offer.sender, device.link, slots, done),
             name=f"{self.stage} slots back",
         )
-        return msgspec.structs.replace(chunk, tensors={**chunk.tensors, **tensors}, device=None)
+        return tensors
 
     def drop(self, device: DeviceChunk) -> None:
-        """Give back the slots of a chunk that will not be read (its session is gone)."""
+        """Give back the slots of a chunk, or a step, that will not be read (its sessions
+        are gone)."""
         free = SlotsFree(link=device.link, slots=_slots(device))
         self.tasks.create_task(_tell(device.sender, free), name=f"{self.stage} slots back")
 

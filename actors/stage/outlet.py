@@ -130,7 +130,8 @@ class Outlet:
 
     def use_route(self, route: Route) -> None:
         """Send through ``route`` (shared with the stage's other sessions' outlets to the
-        same receiver); it copies device tensors to the host itself, once per step."""
+        same receiver); it places device tensors itself, once per step: in its device
+        link's slots, or copied to the host."""
         self._route = route
         self.takes_device = True
 
@@ -277,12 +278,7 @@ class Outlet:
             return fields, None
         assert self._transfers is not None
         assert self._link is not None
-        device = None
-        link = self._link.link
-        if link is not None and not self._link.closed:
-            slices, fields = link.put(fields)
-            if slices:
-                device = DeviceChunk(link.id, self._link.sender, slices)
+        device, fields = self._link.put(fields)
         if on_device(fields):
             fields = await self._transfers.to_host(fields)
         return fields, device

@@ -115,7 +115,8 @@ class StageSession:
             field fails its reply (``engine_outputs``).
         router: the stage's routes to its receivers: a target that takes steps
             (``Target.steps``) gets this session's chunks with the other sessions' of
-            the same turn (``omni_actors.actors.stage.steps``).
+            the same turn (``omni_actors.actors.stage.steps``), through the device
+            link to it when its edge takes the ``device`` path.
     """
 
     def __init__(
@@ -173,16 +174,19 @@ class StageSession:
             for t in prewarm.targets
         ]
         for outlet, target in zip(self.outlets, prewarm.targets, strict=True):
+            link = None
             if (
                 transfers is not None
                 and device_links is not None
                 and target.device_link
                 and not outlet.takes_device
             ):
-                outlet.use_link(device_links.outgoing(target.stage, target.ref), transfers)
-                continue
+                link = device_links.outgoing(target.stage, target.ref)
             if router is not None and target.steps:
-                outlet.use_route(router.route(target.ref))
+                outlet.use_route(router.route(target.ref, link))
+            elif link is not None:
+                assert transfers is not None  # a link is made for a GPU stage only
+                outlet.use_link(link, transfers)
         if prewarm.emit:
             self.outlets.append(
                 Outlet(

@@ -19,6 +19,16 @@ as views (:func:`unpack`): no copy. A view keeps the step's whole buffer alive, 
 session that holds its input rows holds the step's (at most ``B`` times its own). To a
 stage in this process the chunks go as they are: nothing crosses a boundary.
 
+From a GPU stage the packing runs on its copy stream once the steps that made the rows
+are done (their marks), and the packed tensor carries a mark of its own
+(``HostStaging.concat``): its copy waits for that, not for the next step the engine
+queued meanwhile. Over a device link (an edge on the ``device`` path, the link accepted)
+a step's device fields are packed (a field even one member carries) and put into one of
+the link's slots with one ``put`` (``StepChunks.device``); the receiver copies them out
+once for the step and slices each member's rows as views, and gives the slot back once,
+whichever of its sessions are gone by then. A step whose fields do not fit a free slot
+takes the host path, that step only; a lone chunk goes as a ``Chunk`` with its own slot.
+
 Order and waits. A receiver's messages leave in the order their chunks were handed
 over, so every stream's chunks arrive in sequence. A message goes at once if the
 receiver has room (``try_tell``); otherwise it and every later one for that receiver
@@ -38,7 +48,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections import deque
-from collections.abc import Awaitable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Protocol
 
 import msgspec
@@ -53,6 +63,7 @@ from omni_actors.protocols.address import ActorAddress
 from omni_actors.protocols.stage import Chunk, StepChunks
 
 if TYPE_CHECKING:
+    from omni_actors.actors.stage.device_links import Outgoing
     from omni_actors.cuda import StageTransfers
 
 __all__ = ["Route", "Sender", "StepRouter", "pack", "unpack"]
@@ -73,12 +84,19 @@ class Sender(Protocol):
         """A message with one of its chunks could not be delivered."""
 
 
-def pack(chunks: Sequence[Chunk]) -> StepChunks:
+def pack(
+    chunks: Sequence[Chunk],
+    *,
+    least: int = 2,
+    cat: Callable[[Sequence[torch.Tensor]], torch.Tensor] | None = None,
+) -> StepChunks:
     """``chunks`` as one message, the tensor fields they share packed (module docstring).
 
-    A field is packed when at least two members carry it, each with at least one
+    A field is packed when at least ``least`` members carry it, each with at least one
     dimension, all of one dtype and device and one shape but for dim 0; any other
-    field stays in its member's ``tensors``.
+    field stays in its member's ``tensors``. ``cat`` concatenates a field's rows
+    (default ``torch.cat``; a GPU stage's ``StageTransfers.concat``); a field only one
+    member carries is that member's tensor itself.
     """
     present: dict[str, list[tuple[int, torch.Tensor]]] = {}
     for index, chunk in enumerate(chunks):
@@ -87,9 +105,13 @@ def pack(chunks: Sequence[Chunk]) -> StepChunks:
     packed: dict[str, torch.Tensor] = {}
     rows: dict[str, tuple[int, ...]] = {}
     for name, members in present.items():
-        if len(members) < 2 or not _packable([tensor for _, tensor in members]):
+        if len(members) < least or not _packable([tensor for _, tensor in members]):
             continue
-        packed[name] = torch.cat([tensor for _, tensor in members])
+        parts = [tensor for _, tensor in members]
+        if len(parts) == 1:
+            packed[name] = parts[0]
+        else:
+            packed[name] = cat(parts) if cat is not None else torch.cat(parts)
         counts = [-1] * len(chunks)
         for index, tensor in members:
             counts[index] = tensor.shape[0]
@@ -124,8 +146,12 @@ def unpack(step: StepChunks) -> list[Chunk]:
 
     Raises:
         ProtocolError: the packed fields and their row counts do not agree (a sender's
-            bug, or a forged message): nothing of the step can be trusted.
+            bug, or a forged message), or the step still has a device part (the
+            receiving stage copies it into ``packed`` first): nothing of the step can
+            be trusted.
     """
+    if step.device is not None:
+        raise ProtocolError("step chunks with a device part must be taken off the device first")
     chunks = step.chunks
     if not step.packed and not step.rows:
         return list(chunks)
@@ -170,13 +196,18 @@ class Route:
         "_turn",
         "_waiters",
         "host",
+        "link",
         "messages",
         "ref",
     )
 
-    def __init__(self, router: StepRouter, ref: ActorAddress[Routed]) -> None:
+    def __init__(
+        self, router: StepRouter, ref: ActorAddress[Routed], link: Outgoing | None = None
+    ) -> None:
         self._router = router
         self.ref = ref
+        self.link = link
+        """The device link to the receiver (an edge on the ``device`` path), if any."""
         # A receiver in another process gets packed steps, with host tensors only.
         self.host = not (isinstance(ref, ActorRef) and remoting.in_process(ref))
         self._turn: list[tuple[Sender, Chunk]] = []
@@ -234,7 +265,32 @@ class Route:
         if len(members) == 1:
             return members[0][1]
         chunks = [chunk for _, chunk in members]
-        return pack(chunks) if self.host else StepChunks(chunks=tuple(chunks))
+        if not self.host:
+            return StepChunks(chunks=tuple(chunks))
+        transfers = self._router.transfers
+        return pack(chunks, cat=transfers.concat if transfers is not None else None)
+
+    def _placed(self, members: list[tuple[Sender, Chunk]]) -> Routed:
+        """The message of ``members`` with its device fields in one slot of the device
+        link, if the route has one that is up and they fit; else as :meth:`_message`
+        (then :meth:`_on_host` copies them to the host)."""
+        link = self.link
+        transfers = self._router.transfers
+        if link is None or link.link is None or link.closed or transfers is None:
+            return self._message(members)
+        if len(members) == 1:
+            chunk = members[0][1]
+            device, rest = link.put(chunk.tensors)
+            if device is None:
+                return chunk
+            return msgspec.structs.replace(chunk, tensors=rest, device=device)
+        # Every device field packed, even one only one member carries: what is left out
+        # of the slot would cross through the host.
+        step = pack([chunk for _, chunk in members], least=1, cat=transfers.concat)
+        device, rest = link.put(step.packed)
+        if device is None:  # no free slot, or too big for one: the host path, this step
+            return step
+        return msgspec.structs.replace(step, packed=rest, device=device)
 
     def _start(self) -> None:
         if self._task is None:
@@ -251,7 +307,7 @@ class Route:
                         members = [(s, c) for s, c in members if not s.closed]
                         if not members:
                             continue
-                        message = await self._on_host(self._message(members))
+                        message = await self._on_host(self._placed(members))
                     await self.ref.tell(message)
                     self.messages += 1
                 except Exception as exc:  # the receiver is gone: its senders hear of it
@@ -324,11 +380,14 @@ class StepRouter:
         self._due_routes: list[Route] = []
         self._handle: asyncio.Handle | None = None
 
-    def route(self, ref: ActorAddress[Routed]) -> Route:
-        """The route to ``ref``, shared by every session sending there."""
+    def route(self, ref: ActorAddress[Routed], link: Outgoing | None = None) -> Route:
+        """The route to ``ref``, shared by every session sending there; ``link``: the
+        stage's device link to ``ref`` (the newest, when a lost one was replaced)."""
         route = self._routes.get(ref)
         if route is None:
-            route = self._routes[ref] = Route(self, ref)
+            route = self._routes[ref] = Route(self, ref, link)
+        elif link is not None:
+            route.link = link
         return route
 
     def _due(self, route: Route) -> None:

@@ -18,14 +18,14 @@ tests them.
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any, Literal
 
 import torch
 
 from omni_actors.cuda.event_waiter import EventWaiter
 from omni_actors.cuda.slots import SlotPool, host_tensor
-from omni_actors.cuda.step_ready import wait_ready
+from omni_actors.cuda.step_ready import cat_ready, wait_ready
 
 __all__ = [
     "DeviceInbound",
@@ -131,6 +131,20 @@ class HostStaging:
             done = _event()
             done.record(copy_stream)
         return Transfer(out, done)
+
+    def concat(self, parts: Sequence[torch.Tensor]) -> torch.Tensor:
+        """``parts`` concatenated along dim 0 (a step's rows of many sessions, packed).
+
+        Device tensors are concatenated on the copy stream once the steps that made them
+        are done (their marks; else everything queued so far on the device's current
+        stream), and the result carries a mark of its own
+        (:func:`~omni_actors.cuda.step_ready.cat_ready`): a copy of it, to the host or
+        into a device link's slot, waits for that and for nothing queued after it.
+        """
+        copy_stream = self._stream
+        if copy_stream is None or not parts[0].is_cuda:
+            return torch.cat(list(parts))
+        return cat_ready(parts, copy_stream, torch.cuda.current_stream(parts[0].device))
 
     async def to_host(self, fields: Mapping[str, Any]) -> dict[str, Any]:
         """:meth:`begin` then :meth:`Transfer.wait`: ``fields`` with host tensors."""
@@ -253,6 +267,12 @@ class StageTransfers:
                 k: v.to(device) if isinstance(v, torch.Tensor) else v for k, v in fields.items()
             }
         return self.inbound.load(fields)
+
+    def concat(self, parts: Sequence[torch.Tensor]) -> torch.Tensor:
+        """``parts`` concatenated along dim 0, marked ready (see :meth:`HostStaging.concat`)."""
+        if self.copies == "sync":
+            return torch.cat(list(parts))
+        return self.outbound.concat(parts)
 
     async def to_host(self, fields: Mapping[str, Any]) -> dict[str, Any]:
         """``fields`` with their tensors in host memory (see :class:`HostStaging`)."""

@@ -12,6 +12,12 @@ on its stream right after each call and marks the tensors the call returned with
 made later (a session's row of a batch, made on the loop) carries it too, and memory
 the allocator hands out again comes with a new storage, unmarked.
 
+Tensors concatenated on the loop (a step's rows of many sessions, packed into one
+tensor) would be new memory, unmarked: :func:`cat_ready` concatenates them on a stream of
+the stage's own once their marks say they are ready, and marks the result with an event
+recorded right after the concatenation, so a copy of it waits for its parts' steps and
+the concatenation, not for the stream the loop finds.
+
 A tensor without a mark (made on the loop, or by code that marks nothing) makes the
 copy wait on the stream it is given, everything queued there so far, as before: slower
 under load, never early. A mark says the tensor is final when the event completes; a
@@ -20,12 +26,13 @@ tensor written again later is marked again by the call that writes it.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Mapping
+import contextlib
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any, Protocol
 
 import torch
 
-__all__ = ["Waits", "mark_step", "step_mark", "wait_ready"]
+__all__ = ["Waits", "cat_ready", "mark_step", "step_mark", "wait_ready"]
 
 _MARK = "_omni_step_ready"
 _DEPTH = 4  # containers nested this deep are searched for tensors: (rows, (token, embed))
@@ -106,3 +113,30 @@ def wait_ready(stream: Waits, tensors: Iterable[torch.Tensor], fallback: Any) ->
     for mark in marks:
         stream.wait_event(mark)
     return True
+
+
+def cat_ready(
+    parts: Sequence[torch.Tensor],
+    stream: Waits,
+    fallback: Any,
+    record: Callable[[], object] | None = None,
+) -> torch.Tensor:
+    """``parts`` concatenated along dim 0 by work queued on ``stream`` once they are
+    ready (:func:`wait_ready`: their marks, else everything queued on ``fallback``),
+    the result marked with an event recorded on ``stream`` right after (``record``
+    makes it; default: a new event on the current stream, which is ``stream`` then).
+
+    ``stream`` is a ``torch.cuda.Stream`` for device tensors (the concatenation runs on
+    it, and the allocator keeps each part until it has read them); anything else orders
+    only the waits, as in tests on the CPU.
+    """
+    wait_ready(stream, parts, fallback)
+    cuda = stream if isinstance(stream, torch.cuda.Stream) else None
+    with torch.cuda.stream(cuda) if cuda is not None else contextlib.nullcontext():
+        packed = torch.cat(list(parts))
+        event = record() if record is not None else _recorded(packed.device)
+    if cuda is not None:
+        for part in parts:
+            part.record_stream(cuda)
+    setattr(packed.untyped_storage(), _MARK, event)
+    return packed

@@ -1,6 +1,8 @@
 """Step marks without CUDA: which tensors a step marks, which tensors carry the mark
 later (views, made in inference mode or not, but not copies), and what a copy stream is
-made to wait on (the marks when every tensor has one, else the producing stream)."""
+made to wait on (the marks when every tensor has one, else the producing stream), and
+what a step's rows concatenated into one tensor carry (a mark of their own, recorded
+after the concatenation, which waited on the parts' marks)."""
 
 from __future__ import annotations
 
@@ -8,7 +10,7 @@ from typing import Any
 
 import torch
 
-from omni_actors.cuda.step_ready import mark_step, step_mark, wait_ready
+from omni_actors.cuda.step_ready import cat_ready, mark_step, step_mark, wait_ready
 
 CPU = torch.device("cpu")
 
@@ -100,3 +102,32 @@ def test_no_tensors_no_wait() -> None:
     stream = Recorder()
     assert wait_ready(stream, [], fallback="compute")
     assert stream.waits == []
+
+
+def test_a_concatenation_waits_on_its_parts_marks_and_carries_its_own() -> None:
+    rows = torch.arange(8.0).reshape(4, 2)
+    mark_step(rows, CPU, lambda: "step 1")
+    other = torch.ones(1, 2)
+    mark_step(other, CPU, lambda: "step 2")
+    stream = Recorder()
+
+    packed = cat_ready([rows[:1], other, rows[2:]], stream, "compute", lambda: "packed")
+
+    assert torch.equal(packed, torch.cat([rows[:1], other, rows[2:]]))
+    assert stream.waits == [("event", "step 1"), ("event", "step 2")]
+    assert step_mark(packed) == "packed"
+    assert step_mark(packed[1:]) == "packed"  # a copy of the packed rows waits on it only
+    later = Recorder()
+    assert wait_ready(later, [packed], fallback="compute")
+    assert later.waits == [("event", "packed")]
+
+
+def test_a_concatenation_of_an_unmarked_part_waits_on_the_producing_stream() -> None:
+    marked = torch.ones(1, 2)
+    mark_step(marked, CPU, lambda: "step")
+    stream = Recorder()
+
+    packed = cat_ready([marked, torch.zeros(1, 2)], stream, "compute", lambda: "packed")
+
+    assert stream.waits == [("stream", "compute")]
+    assert step_mark(packed) == "packed"

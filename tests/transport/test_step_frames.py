@@ -5,7 +5,7 @@ by one."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import torch
@@ -47,6 +47,11 @@ class HostCopies:
 
     def __init__(self) -> None:
         self.copies = 0
+        self.concats = 0
+
+    def concat(self, parts: Sequence[torch.Tensor]) -> torch.Tensor:
+        self.concats += 1  # on a GPU: on the copy stream, after the parts' step
+        return torch.cat(list(parts))
 
     async def to_host(self, fields: Mapping[str, Any]) -> dict[str, Any]:
         out: dict[str, Any] = {}
@@ -124,6 +129,7 @@ async def test_a_gpu_step_is_copied_to_the_host_once_per_field() -> None:
             route.add(Sender(), chunk)
         step = await probe.expect_message(StepChunks)
         assert copies.copies == 1
+        assert copies.concats == 1  # packed by the stage's transfers, once per field
         got = unpack(step)
         assert len(got) == B
         assert all(c.tensors["codes"].shape == (ROWS, 4) for c in got)
