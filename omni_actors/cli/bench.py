@@ -436,10 +436,15 @@ def _stage_device(text: str) -> tuple[str, str]:
     return stage, device
 
 
-def _add_load_options(parser: argparse.ArgumentParser) -> None:
+def _add_release_options(
+    parser: argparse.ArgumentParser, *, model_default: str | None, stage_help: str
+) -> None:
+    """``--model``, ``--stage STAGE=DEVICE`` (repeated), ``--cache-dir`` and ``--seed``:
+    what a bench on a release's stages takes."""
     parser.add_argument(
         "--model",
-        required=True,
+        required=model_default is None,
+        default=model_default,
         help="a release directory, a Hugging Face repo id, or a prepared family (tiny-omni)",
     )
     parser.add_argument(
@@ -448,10 +453,18 @@ def _add_load_options(parser: argparse.ArgumentParser) -> None:
         action="append",
         default=[],
         metavar="STAGE=DEVICE",
-        help="load STAGE on DEVICE, in the order given (default: every stage on cpu)",
+        help=stage_help,
     )
     parser.add_argument("--cache-dir", type=Path, default=None, help="weights cache")
     parser.add_argument("--seed", type=int, default=0, help="seed of a prepared family's weights")
+
+
+def _add_load_options(parser: argparse.ArgumentParser) -> None:
+    _add_release_options(
+        parser,
+        model_default=None,
+        stage_help="load STAGE on DEVICE, in the order given (default: every stage on cpu)",
+    )
 
 
 def _bench_load(ns: argparse.Namespace) -> dict[str, Any]:
@@ -471,18 +484,11 @@ def _bench_load(ns: argparse.Namespace) -> dict[str, Any]:
 
 
 def _add_decode_options(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument(
-        "--model",
-        default="tiny-omni",
-        help="a release directory, a Hugging Face repo id, or a prepared family (tiny-omni)",
-    )
-    parser.add_argument(
-        "--stage",
-        type=_stage_device,
-        action="append",
-        default=[],
-        metavar="STAGE=DEVICE",
-        help="measure STAGE (thinker, talker) on DEVICE, in the order given (default: both on cpu)",
+    _add_release_options(
+        parser,
+        model_default="tiny-omni",
+        stage_help="measure STAGE (thinker, talker) on DEVICE, in the order given (default: "
+        "both on cpu)",
     )
     parser.add_argument(
         "--batch",
@@ -501,8 +507,6 @@ def _add_decode_options(parser: argparse.ArgumentParser) -> None:
         default=2048,
         help="positions per slot of the static cache (2048)",
     )
-    parser.add_argument("--cache-dir", type=Path, default=None, help="weights cache")
-    parser.add_argument("--seed", type=int, default=0, help="seed of a prepared family's weights")
 
 
 def _bench_decode(ns: argparse.Namespace) -> dict[str, Any]:
