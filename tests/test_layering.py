@@ -13,6 +13,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from source_syntax import parse
 
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGE = ROOT / "omni_actors"
@@ -71,7 +72,7 @@ def imports(path: Path) -> Iterator[tuple[int, str]]:
     ``import_module("name")`` with a literal name counts too: a string must not hide
     an import the layering forbids.
     """
-    tree = ast.parse(path.read_text(), str(path))
+    tree = parse(path)
     for node in ast.walk(tree):
         if isinstance(node, ast.Import):
             for alias in node.names:
@@ -239,7 +240,7 @@ def test_only_the_cluster_adapter_imports_ray() -> None:
 
 def _private_reaches(path: Path) -> Iterator[str]:
     """Private attributes read on anything but ``self``/``cls`` (dunders are public)."""
-    tree = ast.parse(path.read_text(), str(path))
+    tree = parse(path)
     for node in ast.walk(tree):
         if not isinstance(node, ast.Attribute):
             continue

@@ -15,6 +15,7 @@ import re
 from pathlib import Path
 
 import pytest
+from source_syntax import parse
 
 ROOT = Path(__file__).resolve().parent.parent
 PACKAGE_DIRS = ("omni_actors", "actors", "protocols")
@@ -31,7 +32,7 @@ READS_NO_WEIGHTS = re.compile(r"config|tokenizer|processor|extractor", re.IGNORE
 
 
 def _imports(path: Path) -> set[str]:
-    tree = ast.parse(path.read_text(), filename=str(path))
+    tree = parse(path)
     found: set[str] = set()
     for node in ast.walk(tree):
         if isinstance(node, ast.Import):
@@ -77,7 +78,7 @@ def _safetensors_only(call: ast.Call) -> bool:
 
 def _pickle_loaders(path: Path) -> list[str]:
     """Every call (or reference) in ``path`` that could load weights from a pickle."""
-    tree = ast.parse(path.read_text(), filename=str(path))
+    tree = parse(path)
     calls = {id(node.func): node for node in ast.walk(tree) if isinstance(node, ast.Call)}
     found = []
     for node in ast.walk(tree):

@@ -5,7 +5,9 @@ character per output, with the user turns since its last reply, upper-cased and 
 by ``|``. Input ``?`` makes it reply with its whole history instead (user turns and its
 replies as it keeps them, after cancels and truncates), so a test can read the state it
 holds. Input ``FAIL`` makes the reply fail after two outputs. ``Speaker`` voices each
-character as 100 samples and maps kept samples back to characters on truncate.
+character as 100 samples and maps kept samples back to characters on truncate; given a
+``hold`` path, it does not start while that file exists, so a test decides when a
+restarted speaker comes back.
 ``ReplayEcho`` is a ``TurnEcho`` that takes its replies back (``REPLY_FIELD``; each
 character is a token id, its code point), so a session can replay its conversation
 onto it after a restart.
@@ -15,11 +17,13 @@ from __future__ import annotations
 
 import asyncio
 import math
+import pathlib
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import ClassVar
 
 import torch
+from pydantic import BaseModel
 
 from omni_actors.actors.engines.contract import (
     KEPT_FIELD,
@@ -162,14 +166,29 @@ class _Replies:
             self.engine.replayed[self.session] = self.engine.replayed.get(self.session, 0) + 1
 
 
+class SpeakerArgs(BaseModel):
+    hold: str | None = None  # a file: while it exists, the speaker does not start
+    hold_s: float = 120.0  # how long it waits for the file to go before it fails
+
+
 class Speaker:
+    Args = SpeakerArgs
     inputs: ClassVar[dict[str, str]] = {"text": "concat"}
     outputs: ClassVar[dict[str, str]] = {"audio": "concat"}
 
-    def __init__(self, args: object) -> None:
+    def __init__(self, args: SpeakerArgs) -> None:
         self.said: dict[str, int] = {}  # characters voiced in the last reply
+        self.args = args
 
-    async def start(self) -> None: ...
+    async def start(self) -> None:
+        if self.args.hold is None:
+            return
+        hold = pathlib.Path(self.args.hold)
+        async with asyncio.timeout(self.args.hold_s):
+            # A file in another process has no waiter to await: look again and again.
+            while hold.exists():  # noqa: ASYNC110
+                await asyncio.sleep(0.02)
+
     async def stop(self) -> None: ...
 
     async def abort(self, session: str) -> None:

@@ -11,6 +11,8 @@ from __future__ import annotations
 import ast
 from pathlib import Path
 
+from source_syntax import parse
+
 ROOT = Path(__file__).resolve().parents[2]
 OWNER = ROOT / "omni_actors" / "pipeline" / "session_channel.py"
 
@@ -18,7 +20,7 @@ OWNER = ROOT / "omni_actors" / "pipeline" / "session_channel.py"
 def _channel_writes(path: Path) -> list[str]:
     """``file:line`` of each assignment to ``<...>channel.<attr>`` or an item of it."""
     found = []
-    tree = ast.parse(path.read_text(), str(path))
+    tree = parse(path)
     for node in ast.walk(tree):
         targets: list[ast.expr] = []
         if isinstance(node, ast.Assign):

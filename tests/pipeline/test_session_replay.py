@@ -10,6 +10,7 @@ restart, that history must be the one a run without the failure holds.
 from __future__ import annotations
 
 import asyncio
+import pathlib
 import signal
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -40,6 +41,7 @@ def spec(
     process: bool = True,
     backoff_s: float | None = None,
     max_restarts: int | None = None,
+    speaker_hold: pathlib.Path | None = None,
 ) -> PipelineSpec:
     inputs = {} if history_bytes is None else {"max_history_bytes": history_bytes}
     supervision: dict[str, float] = {}
@@ -59,7 +61,10 @@ def spec(
                 {
                     "name": "speaker",
                     "process": process,
-                    "engine": {"kind": "conversation_engines:Speaker"},
+                    "engine": {
+                        "kind": "conversation_engines:Speaker",
+                        "args": {} if speaker_hold is None else {"hold": str(speaker_hold)},
+                    },
                 },
             ],
             "edges": [{"from": "echo", "to": "speaker"}],
@@ -288,55 +293,70 @@ async def test_a_session_opened_on_a_restarted_stage_is_not_cut_by_its_late_noti
             await session.close()
 
 
-async def test_a_replay_goes_on_while_stages_keep_dying_under_it() -> None:
+async def test_a_replay_goes_on_while_stages_keep_dying_under_it(
+    tmp_path: pathlib.Path,
+) -> None:
     # Four reopens in a row are cut as they end: the speaker took the new key, then died
     # while echo (frozen) held the reopen up. Each time the speaker comes back: the
-    # conversation goes on.
-    async with conversation(spec(backoff_s=1.0, max_restarts=10)) as (omni, session):
-        await session.send(text="hello")
-        assert (await reply(session))[0] == "HELLO"
-        base = session._key
-        stages = await omni.stages()
-        echo, speaker = stages["echo"], stages["speaker"]
-        kill_worker(speaker)
+    # conversation goes on. The speaker's restart is held (its hold file) until echo is
+    # frozen, so each reopen's prewarm reaches a frozen echo however slow the machine.
+    hold = tmp_path / "speaker-hold"
+    async with conversation(spec(backoff_s=1.0, max_restarts=10, speaker_hold=hold)) as (
+        omni,
+        session,
+    ):
+        try:
+            await session.send(text="hello")
+            assert (await reply(session))[0] == "HELLO"
+            base = session._key
+            stages = await omni.stages()
+            echo, speaker = stages["echo"], stages["speaker"]
+            hold.touch()
+            kill_worker(speaker)
 
-        async def told() -> None:
-            assert session.channel.stale
+            async def told() -> None:
+                assert session.channel.stale
 
-        await eventually(told)
-        sending: asyncio.Future[None] | None = None
-        for k in range(1, 5):
-            room = mailbox_room(echo)
-            kill_worker(echo, signal.SIGSTOP)  # before the reopen's prewarm reaches it
-            try:
-                if sending is None:
-                    sending = asyncio.ensure_future(session.send(text="x"))
+            await eventually(told)
+            sending: asyncio.Future[None] | None = None
+            for k in range(1, 5):
+                room = mailbox_room(echo)
+                kill_worker(echo, signal.SIGSTOP)  # before the reopen's prewarm reaches it
+                try:
+                    hold.unlink()  # the speaker comes back, and the reopen goes on
+                    if sending is None:
+                        sending = asyncio.ensure_future(session.send(text="x"))
 
-                async def speaker_took_it(k: int = k) -> None:
-                    assert session.channel.terminal is None, session.channel.terminal
-                    state = await speaker.ask(Inspect(), timeout=30)
-                    assert isinstance(state, StageState)
-                    assert f"{base}~{k}" in state.keys
+                    async def speaker_took_it(k: int = k) -> None:
+                        assert session.channel.terminal is None, session.channel.terminal
+                        state = await speaker.ask(Inspect(), timeout=30)
+                        assert isinstance(state, StageState)
+                        assert f"{base}~{k}" in state.keys
 
-                # Each reopen waits out an abort to the frozen echo (5 s) and a restart's
-                # backoff (up to 5 s) before the speaker takes the key: slow on 2 loaded
-                # cores, so the wait is generous; what is checked is the order.
-                await eventually(speaker_took_it, timeout=90)
-                await eventually(lambda room=room: mailbox_room(echo) < room)  # its prewarm
-                kill_worker(speaker)
+                    # A reopen may wait out an abort to the frozen echo (5 s) and a
+                    # restart's backoff (up to 5 s) before the speaker takes the key: slow
+                    # on 2 loaded cores, so the wait is generous; what is checked is the
+                    # order.
+                    await eventually(speaker_took_it, timeout=90)
+                    await eventually(lambda room=room: mailbox_room(echo) < room)  # prewarm
+                    hold.touch()
+                    kill_worker(speaker)
 
-                async def speaker_failed(k: int = k) -> None:
-                    assert (await omni.health()).stages["speaker"].restarts == k + 1
+                    async def speaker_failed(k: int = k) -> None:
+                        assert (await omni.health()).stages["speaker"].restarts == k + 1
 
-                await eventually(speaker_failed)  # the session actor has been told
-            finally:
-                kill_worker(echo, signal.SIGCONT)
-            await eventually(lambda k=k: session._key == f"{base}~{k}")  # then cut
-        assert sending is not None
-        await sending
-        text, _, done = await reply(session)
-        assert (text, done.status) == ("X", "completed"), done
-        assert await history(session) == "u:hello a:HELLO u:x a:X"
+                    await eventually(speaker_failed)  # the session actor has been told
+                finally:
+                    kill_worker(echo, signal.SIGCONT)
+                await eventually(lambda k=k: session._key == f"{base}~{k}")  # then cut
+            hold.unlink()
+            assert sending is not None
+            await sending
+            text, _, done = await reply(session)
+            assert (text, done.status) == ("X", "completed"), done
+            assert await history(session) == "u:hello a:HELLO u:x a:X"
+        finally:
+            hold.unlink(missing_ok=True)  # a failed test's speaker may still be held
 
 
 async def test_a_conversation_past_its_history_bound_ends_with_the_stage() -> None:

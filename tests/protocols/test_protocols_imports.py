@@ -7,6 +7,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+from source_syntax import parse
+
 import omni_actors.protocols
 
 ALLOWED = {"msgspec", "numpy", "torch", "__future__"}
@@ -15,7 +17,7 @@ PROTOCOLS = Path(next(iter(omni_actors.protocols.__path__)))
 
 def _imports(path: Path) -> set[str]:
     found: set[str] = set()
-    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+    for node in ast.walk(parse(path)):
         if isinstance(node, ast.Import):
             found.update(alias.name for alias in node.names)
         elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
