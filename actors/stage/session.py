@@ -302,9 +302,7 @@ class StageSession:
         if self._error is not None:
             raise self._error
         chunk = self._queue.popleft()
-        metrics = self.metrics
-        metrics.queue_wait += max(0.0, time.monotonic() - chunk.sent_at)
-        metrics.chunks_in += 1
+        self.metrics.took(max(0.0, time.monotonic() - chunk.sent_at))
         due = self.inflow.taken(chunk.source)
         if due:
             await self.inflow.grant(chunk.source, due)
@@ -478,13 +476,19 @@ class StageSession:
         """Push ``output`` through every outlet; device tensors reach outlets to other
         processes (and the caller) as host copies, made once, off the compute stream."""
         host: Fields | None = None
+        copy_wait = 0.0  # each outlet to the host waited for the one copy
         transfers = self.transfers
         for outlet in self.outlets:
             if transfers is None or outlet.takes_device:
                 pending = outlet.push(output)
             else:
                 if host is None:
-                    host = await transfers.to_host(output) if on_device(output) else output
+                    host = output
+                    if on_device(output):
+                        started = time.monotonic()
+                        host = await transfers.to_host(output)
+                        copy_wait = time.monotonic() - started
+                outlet.copy_wait += copy_wait
                 pending = outlet.push(host)
             if pending is not None:  # a send that must wait (see ``Outlet.push``)
                 await pending

@@ -644,8 +644,7 @@ class RealtimeConnection:
         await self.send_all(stream.done(done, error))
         self.state.metrics.response_done(
             "cancelled" if stream.cancel_reason else (done.status if done else "failed"),
-            done.metrics.ttft_ms if done else None,
-            done.metrics.ttfa_ms if done else None,
+            done.metrics if done else None,
         )
         self.streams.pop(stream.id, None)
         if self.active is stream:
