@@ -52,7 +52,7 @@ class Outlet:
         key: the session's key on the stages.
         fields: output fields this receiver gets (others are not sent).
         mode: ``stream`` or ``full``.
-        window: ``(initial_frames, frames, left_context)`` to window the edge's one
+        window: ``(initial_frames, frames, left_context, ramp)`` to window the edge's one
             tensor field into codec chunks.
         accumulate: merge rules for ``full`` mode.
         ends: whether segment ends are sent as end markers (a session's owner learns
@@ -81,7 +81,7 @@ class Outlet:
         fields: tuple[str, ...],
         *,
         mode: EdgeMode = "stream",
-        window: tuple[int, int, int] | None = None,
+        window: tuple[int, int, int, tuple[int, ...]] | None = None,
         accumulate: Mapping[str, AccumulateRule] | None = None,
         ends: bool = True,
         credits: CreditWindow | None = None,
