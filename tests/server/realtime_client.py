@@ -89,9 +89,11 @@ class RealtimeClient:
         await self.expect("session.updated")
 
     async def ask(self, seconds: float = 0.2, **response: Any) -> None:
-        """Turn detection off, ``seconds`` of speech, then ``response.create``."""
+        """Turn detection off, ``seconds`` of speech committed, then ``response.create``
+        (which leaves the input buffer alone)."""
         await self.no_vad()
         await self.say(speech(seconds))
+        await self.send("input_audio_buffer.commit")
         await self.send("response.create", **({"response": response} if response else {}))
 
     async def say(self, audio: bytes, frame_s: float = 0.1) -> None:
