@@ -15,11 +15,16 @@ What the reader acts on is the connection's own state, kept in one object:
   and the items a client adds; what the pipeline must hear is queued on the input
   stream, in order, answered with ``speech_started``/``speech_stopped``, ``committed``,
   ``cleared``, ``conversation.item.added``/``done`` and ``conversation.item.truncated``;
+- the conversation's items as the server holds them (``conversation.item.retrieve``
+  answers from them; ``conversation.item.delete`` takes one out there and, through the
+  session, on every stage);
 - the responses: one in flight at a time (``active``), each a
   :class:`~omni_actors.server.response_stream.ResponseStream` that turns the pipeline's
   events for it into the Realtime API's. A cancel (``response.cancel``, barge-in, a
   truncate of the reply in flight) cancels it on every stage; from that call on the
-  session hands out none of its deltas.
+  session hands out none of its deltas. An out-of-band response (``conversation:
+  "none"``) joins no conversation: once done, its reply is deleted as an item would be.
+  Each ``response.done`` is followed by ``rate_limits.updated``.
 
 The collaborators it hands work to are small and tested alone: the input stream, the
 turn detector, the response stream, the session settings and the audio formats.
@@ -483,11 +488,17 @@ class RealtimeConnection:
         item sets the instructions.
 
         Raises:
-            RequestError: another item type or role, an empty item, or audio still in
-                the buffer.
+            RequestError: another item type or role, an empty item, audio still in the
+                buffer, or an id already in the conversation.
         """
         item = event.item
         item_id = item.id or new_id("item")
+        if item_id in self.items:
+            raise RequestError(
+                f"item {item_id!r} is already in the conversation; give a new id",
+                realtime_code="invalid_value",
+                param="item.id",
+            )
         if item.type != "message":
             raise RequestError(f"items of type {item.type!r} are not supported; send message items")
         texts = [p.text for p in item.content if p.type in ("input_text", "text") and p.text]

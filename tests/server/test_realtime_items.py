@@ -130,6 +130,15 @@ async def test_delete_errors_lose_nothing(recall: RunningServer) -> None:
     async with connect(recall.ws_url) as client:
         await client.no_vad()
         await _say(client, "keep", "item_keep")
+        # A second item under its id.
+        await client.send(
+            "conversation.item.create",
+            event_id="twice",
+            item={"type": "message", "id": "item_keep", "role": "user",
+                  "content": [{"type": "input_text", "text": "again"}]},
+        )  # fmt: skip
+        error = await client.error()
+        assert (error["param"], error["event_id"]) == ("item.id", "twice")
         # Malformed: the item_id is missing, or not a string.
         await client.send("conversation.item.delete", event_id="bad")
         error = await client.error()
