@@ -612,9 +612,11 @@ class RealtimeConnection:
         item's instructions stop applying if they are still the session's.
 
         Raises:
-            RequestError: no such item, a response in flight (cancel it or wait for its
-                ``response.done``, as OpenAI's service asks), or a pipeline whose entry
-                stage cannot rebuild its conversation.
+            RequestError: no such item, a response in flight (the stages hold it as
+                part of the conversation: cancel it or wait for its ``response.done``;
+                the code is the one OpenAI's service gives a conflicting
+                ``response.create``), or a pipeline whose entry stage cannot rebuild its
+                conversation.
         """
         item_id = event.item_id
         item = self.items.get(item_id)

@@ -155,8 +155,8 @@ async def test_delete_errors_lose_nothing(recall: RunningServer) -> None:
         assert error["code"] == "item_delete_invalid_item_id"
         assert error["param"] == "item_id"
         assert error["event_id"] == "who"
-        # While a response is in flight (as OpenAI's service, the client cancels it or
-        # waits for its response.done).
+        # While a response is in flight: the client cancels it or waits for its
+        # response.done.
         await client.send("response.create")
         await client.until("response.created")
         await client.send("conversation.item.delete", event_id="busy", item_id="item_keep")
