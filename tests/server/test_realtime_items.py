@@ -94,6 +94,19 @@ async def test_a_deleted_item_is_out_of_every_later_response(recall: RunningServ
         assert error["event_id"] == "r1"
 
 
+async def test_an_item_deleted_before_any_response_is_never_answered(
+    recall: RunningServer,
+) -> None:
+    async with connect(recall.ws_url) as client:
+        await client.no_vad()
+        await _say(client, "early", "item_early")
+        await client.send("conversation.item.delete", item_id="item_early")
+        await client.expect("conversation.item.deleted")
+        await _say(client, "late", "item_late")
+        _, said = await _respond(client)
+        assert said == "LATE"
+
+
 async def test_retrieve_answers_the_items_as_the_server_holds_them(
     recall: RunningServer,
 ) -> None:
