@@ -8,7 +8,8 @@ entry stage prefills it as it arrives), :meth:`Session.commit` makes the uncommi
 input a user turn, :meth:`Session.clear` drops it (every stage rolls back what it
 prefilled), :meth:`Session.respond` starts a reply to the conversation so far and
 returns its :class:`~omni_actors.pipeline.response.Response`, which can be cancelled
-(barge-in); :meth:`Session.truncate` cuts the last reply to what the user heard. One
+(barge-in); :meth:`Session.truncate` cuts the last reply to what the user heard, and
+:meth:`Session.delete` takes a turn out of the conversation. One
 response is in flight at a time: ``respond`` while one is raises
 ``InvalidRequestError`` rather than queueing the reply, because a voice agent that
 answers twice must decide which answer the user hears (cancel the first, or wait for
@@ -49,6 +50,7 @@ from omni_actors.pipeline.session_input import SessionClosedError, SessionInput
 from omni_actors.protocols.control import (
     AbortSession,
     CancelResponse,
+    RebuildSession,
     ReopenSession,
     SessionMessage,
     TruncateResponse,
@@ -253,13 +255,16 @@ class Session:
             self.channel.segment_started(self._input.segment)
         await self._input.send(payload, end=end)
 
-    async def commit(self) -> None:
+    async def commit(self, *, turn: str = "") -> None:
         """Make the input since the last commit a user turn; no reply is started.
+
+        Args:
+            turn: the turn's id, by which :meth:`delete` can take it out later.
 
         Raises:
             SessionClosedError: the session has ended.
         """
-        await self._mark("commit")
+        await self._mark("commit", turn)
 
     async def clear(self) -> None:
         """Drop the input since the last commit; every stage rolls back what it prefilled.
@@ -332,6 +337,65 @@ class Session:
         assert isinstance(kept, int)
         await self._input.send({}, mark="truncate", kept=kept)
 
+    @property
+    def deletes_turns(self) -> bool:
+        """Whether :meth:`delete` can take turns out of the conversation: the entry
+        engine rebuilds its conversation from a replay (it takes its replies back), or
+        keeps none."""
+        history = self.channel.history
+        return history is not None and not history.lost
+
+    async def delete(self, turn: str) -> bool:
+        """Take a turn out of the conversation: no later reply sees it.
+
+        ``turn`` is a user turn's id (given to :meth:`commit`) or a response's id (its
+        reply goes, with the truncations of it). The session keeps its conversation to
+        replay onto restarted stages (:mod:`~omni_actors.pipeline.conversation_log`);
+        the turn is taken out of it, every stage lets the session go, and the session
+        opens again and replays the conversation as it now stands, as after a stage
+        restart: a middle turn costs a prefill of the whole conversation, and the last
+        reply can no longer be truncated.
+
+        Returns:
+            Whether a turn was taken out (False: the stages hold no such turn, or the
+            entry engine keeps no conversation).
+
+        Raises:
+            SessionClosedError: the session has ended.
+            InvalidRequestError: a response is in flight (cancel it first), or the
+                conversation cannot be replayed (:attr:`deletes_turns`).
+        """
+        self._check_open()
+        if self._in_flight():
+            raise InvalidRequestError(
+                f"session {self.id}: a response is in flight; cancel it or wait for its "
+                "ResponseDone before deleting a turn"
+            )
+        history = self.channel.history
+        if history is None:
+            raise InvalidRequestError(
+                f"session {self.id}: the entry engine keeps a conversation it cannot "
+                "rebuild (it takes no reply marks): turns cannot be deleted"
+            )
+        if history.lost:
+            raise InvalidRequestError(f"session {self.id}: turns cannot be deleted: {history.lost}")
+        if not history.records:
+            return False
+        segment = next((s for s, r in self.channel.responses.items() if r == turn), None)
+        deleted = (
+            history.delete_reply(segment) if segment is not None else history.delete_turn(turn)
+        )
+        if not deleted:
+            return False
+        assert self._ref is not None
+        rebuilt: object = await self._ref.ask(
+            RebuildSession(reason=f"turn {turn} was deleted"), timeout=_ABORT_TIMEOUT_S
+        )
+        if isinstance(rebuilt, OmniError):
+            raise rebuilt
+        await self._input.rebuild()
+        return True
+
     async def cancel_response(self, response: Response) -> bool:
         """Stop ``response`` on every stage (``Response.cancel``); False if it had ended.
 
@@ -392,13 +456,13 @@ class Session:
         self.response = Response(self, response_id, segment)
         return self.response
 
-    async def _mark(self, mark: Mark) -> None:
+    async def _mark(self, mark: Mark, turn: str = "") -> None:
         self._check_open()
         if mark == "clear":
             self._input.audio.drop()  # what it holds is dropped with the rest
         else:
             await self._flush_audio()
-        await self._input.send({}, mark=mark)
+        await self._input.send({}, mark=mark, turn=turn)
 
     async def _flush_audio(self) -> None:
         """Send the end of the resampled audio stream before a turn boundary."""

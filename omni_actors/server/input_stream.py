@@ -4,7 +4,7 @@ Client events arrive faster than a busy pipeline takes input: while the thinker
 replies, the entry stage takes no new input, and a client streaming 20 ms frames would
 fill the session's credit window in about a second. The connection therefore never
 waits on the pipeline while it reads: each operation (audio, text, commit, clear,
-respond, truncate, instructions) is queued here, and one task hands them to the
+respond, truncate, instructions, delete) is queued here, and one task hands them to the
 session in order. Audio queued back to back goes as one ``send``, so a backlog costs
 one chunk, not one per frame; the backlog is bounded by the connection (its
 ``max_input_buffer_s``).
@@ -33,14 +33,17 @@ log = logging.getLogger(__name__)
 
 @dataclass(frozen=True, slots=True)
 class Op:
-    """One queued operation; ``event_id`` is the client event it came from."""
+    """One queued operation; ``event_id`` is the client event it came from; ``turn``: the
+    item a ``commit`` makes a user turn, or the turn (an item, or a response's id) a
+    ``delete`` takes out."""
 
-    kind: str  # audio | text | commit | clear | respond | truncate | instructions
+    kind: str  # audio | text | commit | clear | respond | truncate | instructions | delete
     event_id: str | None = None
     samples: torch.Tensor | None = None
     text: str = ""
     audio_ms: int = 0
     stream: ResponseStream | None = None
+    turn: str = ""
 
 
 class InputStream:
@@ -110,13 +113,15 @@ class InputStream:
         elif op.kind == "instructions":
             await session.send(fields={INSTRUCTIONS_FIELD: op.text})
         elif op.kind == "commit":
-            await session.commit()
+            await session.commit(turn=op.turn)
         elif op.kind == "clear":
             await session.clear()
         elif op.kind == "truncate":
             # A response cut while in flight was cancelled first: once ``cancel``
             # returned, the session takes the truncate.
             await session.truncate(op.audio_ms)
+        elif op.kind == "delete":
+            await session.delete(op.turn)
         elif op.kind == "respond":
             stream = op.stream
             assert stream is not None

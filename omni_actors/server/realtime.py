@@ -15,11 +15,16 @@ What the reader acts on is the connection's own state, kept in one object:
   and the items a client adds; what the pipeline must hear is queued on the input
   stream, in order, answered with ``speech_started``/``speech_stopped``, ``committed``,
   ``cleared``, ``conversation.item.added``/``done`` and ``conversation.item.truncated``;
+- the conversation's items as the server holds them (``conversation.item.retrieve``
+  answers from them; ``conversation.item.delete`` takes one out there and, through the
+  session, on every stage);
 - the responses: one in flight at a time (``active``), each a
   :class:`~omni_actors.server.response_stream.ResponseStream` that turns the pipeline's
   events for it into the Realtime API's. A cancel (``response.cancel``, barge-in, a
   truncate of the reply in flight) cancels it on every stage; from that call on the
-  session hands out none of its deltas.
+  session hands out none of its deltas. An out-of-band response (``conversation:
+  "none"``) joins no conversation: once done, its reply is deleted as an item would be.
+  Each ``response.done`` is followed by ``rate_limits.updated``.
 
 The collaborators it hands work to are small and tested alone: the input stream, the
 turn detector, the response stream, the session settings and the audio formats.
@@ -54,12 +59,15 @@ from omni_actors.protocols.realtime_client import (
     ClientEvent,
     ClientEventError,
     ConversationItemCreate,
+    ConversationItemDelete,
+    ConversationItemRetrieve,
     ConversationItemTruncate,
     InputAudioBufferAppend,
     InputAudioBufferClear,
     InputAudioBufferCommit,
     ResponseCancel,
     ResponseCreate,
+    ResponseParams,
     SessionUpdate,
     decode_client_event,
 )
@@ -67,7 +75,9 @@ from omni_actors.protocols.realtime_server import (
     BETA_NAMES,
     ConversationItem,
     ConversationItemAdded,
+    ConversationItemDeleted,
     ConversationItemDone,
+    ConversationItemRetrieved,
     ConversationItemTruncated,
     ErrorDetail,
     ErrorEvent,
@@ -76,6 +86,10 @@ from omni_actors.protocols.realtime_server import (
     InputAudioBufferSpeechStarted,
     InputAudioBufferSpeechStopped,
     ItemContent,
+    RateLimit,
+    RateLimitsUpdated,
+    ResponseOutputItemAdded,
+    ResponseOutputItemDone,
     ServerEvent,
     SessionCreated,
     SessionUpdated,
@@ -126,18 +140,25 @@ class RealtimeConnection:
         self._takes_instructions = INSTRUCTIONS_FIELD in spec.entry_inputs()
         self.sent_instructions = ""
         self.last_item: str | None = None  # the conversation's last item
+        # The conversation's items as the server holds them, in order (what
+        # ``conversation.item.retrieve`` answers), and each assistant item's response.
+        self.items: dict[str, ConversationItem] = {}
+        self.replies: dict[str, str] = {}
         self.conversation_id = new_id("conv")
         self.closing = False
         # The input audio buffer: samples appended since the last commit or clear, the
         # user item being spoken, and server VAD (None with ``turn_detection: null``).
         self.buffered = 0
+        self.held: list[torch.Tensor] = []  # the buffer's samples, as sent on
         self.pending_item: str | None = None
         self.turns: TurnDetector | None = None
         # Responses: the one in flight, the last one started (its item is the one a
-        # truncate may cut), and those not done yet, by id.
+        # truncate may cut), those not done yet, by id, and the out-of-band ones among
+        # them (``conversation: "none"``).
         self.active: ResponseStream | None = None
         self.last_response: ResponseStream | None = None
         self.streams: dict[str, ResponseStream] = {}
+        self.out_of_band: set[str] = set()
 
     # -- lifecycle ---------------------------------------------------------------------
 
@@ -308,6 +329,10 @@ class RealtimeConnection:
                 await self._create_item(event)
             case ConversationItemTruncate():
                 await self._truncate_item(event)
+            case ConversationItemRetrieve():
+                await self._retrieve_item(event)
+            case ConversationItemDelete():
+                await self._delete_item(event)
 
     # -- session settings ----------------------------------------------------------------
 
@@ -406,6 +431,7 @@ class RealtimeConnection:
         assert self.input is not None
         if samples.numel():
             self.buffered += samples.numel()
+            self.held.append(samples)
             self.input.put(Op("audio", samples=samples))
 
     async def _commit_buffer(self, event_id: str | None) -> None:
@@ -423,7 +449,8 @@ class RealtimeConnection:
         item_id = self.pending_item or new_id("item")
         self.pending_item = None
         self.buffered = 0
-        self.input.put(Op("commit", event_id=event_id))
+        self.held = []
+        self.input.put(Op("commit", event_id=event_id, turn=item_id))
         previous, self.last_item = self.last_item, item_id
         item = ConversationItem(
             id=item_id,
@@ -431,6 +458,7 @@ class RealtimeConnection:
             status="completed",
             content=[ItemContent(type="input_audio", transcript=None)],
         )
+        self.items[item_id] = item
         await self.send_all(
             [
                 InputAudioBufferCommitted(
@@ -449,6 +477,7 @@ class RealtimeConnection:
         """``input_audio_buffer.clear``: drop the buffer here, in VAD and on every stage."""
         assert self.input is not None
         self.buffered = 0
+        self.held = []
         self.pending_item = None
         if self.turns is not None:
             self.turns.clear()
@@ -459,10 +488,17 @@ class RealtimeConnection:
         item sets the instructions.
 
         Raises:
-            RequestError: another item type or role, an empty item, or audio still in
-                the buffer.
+            RequestError: another item type or role, an empty item, audio still in the
+                buffer, or an id already in the conversation.
         """
         item = event.item
+        item_id = item.id or new_id("item")
+        if item_id in self.items:
+            raise RequestError(
+                f"item {item_id!r} is already in the conversation; give a new id",
+                realtime_code="invalid_value",
+                param="item.id",
+            )
         if item.type != "message":
             raise RequestError(f"items of type {item.type!r} are not supported; send message items")
         texts = [p.text for p in item.content if p.type in ("input_text", "text") and p.text]
@@ -487,13 +523,12 @@ class RealtimeConnection:
                 self.input.put(Op("text", event_id=event.event_id, text=text))
             for samples in decoded:
                 self.input.put(Op("audio", event_id=event.event_id, samples=samples))
-            self.input.put(Op("commit", event_id=event.event_id))
+            self.input.put(Op("commit", event_id=event.event_id, turn=item_id))
         else:
             raise RequestError(
                 f"items with role {item.role!r} cannot be added: the pipeline generates "
                 "assistant turns itself; add user or system items"
             )
-        item_id = item.id or new_id("item")
         previous, self.last_item = self.last_item, item_id
         content = [
             ItemContent(type=p.type, text=p.text, transcript=p.transcript) for p in item.content
@@ -504,6 +539,7 @@ class RealtimeConnection:
             status="completed",
             content=content,
         )
+        self.items[item_id] = added
         await self.send_all(
             [
                 ConversationItemAdded(
@@ -552,6 +588,75 @@ class RealtimeConnection:
             )
         )
 
+    async def _retrieve_item(self, event: ConversationItemRetrieve) -> None:
+        """``conversation.item.retrieve``: the item as the server holds it (audio is not
+        echoed back; an input audio item's transcript is null).
+
+        Raises:
+            RequestError: no such item in the conversation.
+        """
+        item = self.items.get(event.item_id)
+        if item is None:
+            raise RequestError(
+                f"item {event.item_id!r} is not in the conversation",
+                realtime_code="item_retrieve_invalid_item_id",
+                param="item_id",
+            )
+        await self.send(ConversationItemRetrieved(event_id=new_id("event"), item=item))
+
+    async def _delete_item(self, event: ConversationItemDelete) -> None:
+        """``conversation.item.delete``: no later response sees the item.
+
+        A user or assistant item is taken out of the conversation on every stage
+        (``Session.delete``: the stages replay the conversation without it). A system
+        item's instructions stop applying if they are still the session's.
+
+        Raises:
+            RequestError: no such item, a response in flight (the stages hold it as
+                part of the conversation: cancel it or wait for its ``response.done``;
+                the code is the one OpenAI's service gives a conflicting
+                ``response.create``), or a pipeline whose entry stage cannot rebuild its
+                conversation.
+        """
+        item_id = event.item_id
+        item = self.items.get(item_id)
+        if item is None:
+            raise RequestError(
+                f"item {item_id!r} is not in the conversation",
+                realtime_code="item_delete_invalid_item_id",
+                param="item_id",
+            )
+        if self.active is not None:
+            raise RequestError(
+                f"response {self.active.id} is in flight; cancel it or wait for its "
+                "response.done before deleting an item",
+                realtime_code="conversation_already_has_active_response",
+            )
+        assert self.session is not None
+        assert self.input is not None
+        if item.role == "system":
+            said = "\n".join(p.text for p in item.content if p.text)
+            if said == self.settings.instructions:
+                self.settings = replace(self.settings, instructions="")
+                self.queue_instructions("")
+        elif not self.session.deletes_turns:
+            raise RequestError(
+                "this pipeline's entry stage keeps a conversation it cannot rebuild, so "
+                "items cannot be taken out of it",
+                realtime_code="item_delete_unsupported",
+                param="item_id",
+            )
+        else:
+            self.input.put(
+                Op("delete", event_id=event.event_id, turn=self.replies.pop(item_id, item_id))
+            )
+        del self.items[item_id]
+        if self.last_item == item_id:
+            self.last_item = next(reversed(self.items), None)
+        if self.last_response is not None and self.last_response.item_id == item_id:
+            self.last_response = None
+        await self.send(ConversationItemDeleted(event_id=new_id("event"), item_id=item_id))
+
     # -- responses -------------------------------------------------------------------------
 
     async def _create_response(self, event: ResponseCreate) -> None:
@@ -570,29 +675,91 @@ class RealtimeConnection:
 
     async def _start_response(self, event: ResponseCreate | None, event_id: str | None) -> None:
         """Start a response (from ``response.create``, or from server VAD with no event):
-        commit the buffer, queue it on the input stream, send its opening events."""
+        queue it on the input stream, send its opening events.
+
+        The input audio buffer stays as it is, as with OpenAI's service: what of it the
+        stages have prefilled is cleared before the response and sent again after it,
+        still uncommitted.
+
+        Raises:
+            RequestError: ``response.conversation`` other than ``auto`` or ``none``,
+                ``none`` on a pipeline that cannot take its reply back out, or
+                ``response.input`` (a context of its own is not supported).
+        """
         params = event.response if event is not None else None
+        out_of_band = self._out_of_band(params)
         settings = self.settings.for_response(params)
+        assert self.input is not None
         if settings.instructions != self.sent_instructions:
             self.queue_instructions(settings.instructions)
-        if self.buffered:
-            await self._commit_buffer(None)
+        held = self.held if self.buffered else []
+        if held:
+            self.input.put(Op("clear"))
         stream = ResponseStream(
             new_id("resp"),
             new_id("item"),
             settings,
             source_rate=self.source_rate,
             event_id=lambda: new_id("event"),
-            conversation_id=self.conversation_id,
+            conversation_id=None if out_of_band else self.conversation_id,
             metadata=params.metadata if params is not None else None,
         )
-        self.active = self.last_response = stream
+        self.active = stream
         self.streams[stream.id] = stream
-        self.last_item = stream.item_id
-        assert self.input is not None
+        opening = stream.opening()
+        if out_of_band:
+            self.out_of_band.add(stream.id)
+        else:
+            self.last_response = stream
+            self.last_item = stream.item_id
+            self.replies[stream.item_id] = stream.id
+            self._hold_items(opening, ResponseOutputItemAdded)
         self.input.put(Op("respond", event_id=event_id, stream=stream))
+        for samples in held:
+            self.input.put(Op("audio", samples=samples))
         self.log.info("session %s response %s created", self.settings.id, stream.id)
-        await self.send_all(stream.opening())
+        await self.send_all(opening)
+
+    def _out_of_band(self, params: ResponseParams | None) -> bool:
+        """Whether ``response.create`` asks for a response outside the conversation.
+
+        Raises:
+            RequestError: see :meth:`_start_response`.
+        """
+        if params is None:
+            return False
+        if params.input is not None:
+            raise RequestError(
+                "response.input is not supported: a response answers the conversation "
+                "(delete items, or use conversation: none, to change what it sees)",
+                param="response.input",
+            )
+        if params.conversation in (None, "auto"):
+            return False
+        if params.conversation != "none":
+            raise RequestError(
+                f"response.conversation must be 'auto' or 'none', got {params.conversation!r}",
+                realtime_code="invalid_value",
+                param="response.conversation",
+            )
+        assert self.session is not None
+        if not self.session.deletes_turns:
+            raise RequestError(
+                "this pipeline's entry stage keeps a conversation it cannot rebuild, so a "
+                "response cannot be kept out of it",
+                param="response.conversation",
+            )
+        return True
+
+    def _hold_items(
+        self,
+        events: list[ServerEvent],
+        kind: type[ResponseOutputItemAdded] | type[ResponseOutputItemDone],
+    ) -> None:
+        """Keep the response's output items, as ``events`` show them, in the conversation."""
+        for event in events:
+            if isinstance(event, kind) and isinstance(event.item, ConversationItem):
+                self.items[event.item.id] = event.item
 
     async def _cancel_requested(self, event: ResponseCancel) -> None:
         """``response.cancel``.
@@ -640,8 +807,18 @@ class RealtimeConnection:
     async def _finish(
         self, stream: ResponseStream, done: PipelineResponseDone | None, error: ErrorDetail | None
     ) -> None:
-        """Send ``stream``'s closing events (from ``done``, or a failure with ``error``)."""
-        await self.send_all(stream.done(done, error))
+        """Send ``stream``'s closing events (from ``done``, or a failure with ``error``),
+        then ``rate_limits.updated``; an out-of-band response's reply is taken back out
+        of the conversation on the stages."""
+        closing = stream.done(done, error)
+        if stream.id in self.out_of_band:
+            self.out_of_band.discard(stream.id)
+            if done is not None and self.input is not None:
+                self.input.put(Op("delete", turn=stream.id))
+        elif stream.item_id in self.items:
+            self._hold_items(closing, ResponseOutputItemDone)
+        await self.send_all(closing)
+        await self.send(self._rate_limits())
         self.state.metrics.response_done(
             "cancelled" if stream.cancel_reason else (done.status if done else "failed"),
             done.metrics if done else None,
@@ -650,6 +827,16 @@ class RealtimeConnection:
         if self.active is stream:
             self.active = None
         self.state.response_ended.set()
+
+    def _rate_limits(self) -> RateLimitsUpdated:
+        """The server's limits as they stand: its session slots (see ``RateLimit``)."""
+        limit = self.state.settings.max_sessions
+        return RateLimitsUpdated(
+            event_id=new_id("event"),
+            rate_limits=[
+                RateLimit(name="requests", limit=limit, remaining=max(0, limit - self.state.active))
+            ],
+        )
 
     async def _on_event(self, event: Event) -> None:
         """One event of the session, from the event pump."""

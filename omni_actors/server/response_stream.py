@@ -66,7 +66,7 @@ class ResponseStream:
         settings: what the response was asked for.
         source_rate: the pipeline's output sample rate.
         event_id: makes a new ``event_id``.
-        conversation_id: the session's conversation.
+        conversation_id: the session's conversation (None: an out-of-band response).
         metadata: ``response.create``'s metadata, echoed back.
     """
 
@@ -78,7 +78,7 @@ class ResponseStream:
         *,
         source_rate: int,
         event_id: Callable[[], str],
-        conversation_id: str,
+        conversation_id: str | None,
         metadata: dict[str, str] | None = None,
     ) -> None:
         self.id = response_id

@@ -424,3 +424,37 @@ async def test_a_chunk_gap_costs_the_response_not_the_conversation() -> None:
         held = echo.engine.sessions[session._key].history
         assert held == ["u:hi", "a:HI", "u:abcdef", "a:ABC"]
         assert echo.engine.replayed[session._key] == 1  # "HI" came back as a reply mark
+
+
+async def test_a_deleted_turn_or_reply_leaves_every_stage() -> None:
+    async with conversation(spec(process=False)) as (_, session):
+        assert session.deletes_turns
+        await session.send(text="one")
+        await session.commit(turn="t1")
+        _, _, first = await reply(session)
+        await session.send(text="two")
+        await session.commit(turn="t2")
+        response = await session.respond()
+        with pytest.raises(InvalidRequestError, match="in flight"):
+            await session.delete("t1")
+        async for _ in response.events():
+            pass
+        assert await session.delete("t1")
+        assert await session.delete(first.response)
+        assert not await session.delete("nobody")
+        # The stages replayed the conversation without them: no audio is left to cut.
+        with pytest.raises(InvalidRequestError, match="deleted"):
+            await session.truncate(0)
+        assert await history(session) == "u:two a:TWO"
+        await session.send(text="three")
+        text, samples, _ = await reply(session)  # the speaker goes on as before
+        assert (text, samples) == ("THREE", len(text) * SAMPLES_PER_CHAR)
+
+
+async def test_an_engine_that_cannot_replay_cannot_have_turns_deleted() -> None:
+    async with conversation(spec(kind="TurnEcho", process=False)) as (_, session):
+        assert not session.deletes_turns
+        await session.send(text="one")
+        await session.commit(turn="t1")
+        with pytest.raises(InvalidRequestError, match="cannot be deleted"):
+            await session.delete("t1")
