@@ -19,8 +19,9 @@ prefilled, a token list and the vLLM request that holds it) is the engine's
   the ``committed`` checkpoint;
 - ``truncate``: the last reply is cut to its first ``kept`` outputs
   (:func:`~.turn_marks.kept_of`; :func:`~.turn_marks.check_truncatable` says when);
-- ``reply``: an assistant turn generated earlier (a session replaying its conversation):
-  the open user turn is committed (its rows yielded), then the reply's tokens
+- ``reply``: an assistant turn generated earlier (a session replaying its conversation),
+  or given by its text (:meth:`Response.encode`: a history the caller holds): the open
+  user turn is committed (its rows yielded), then the reply's tokens
   (:func:`~.turn_marks.reply_of`) are taken as if decoded; nothing is yielded for them;
 - any other mark is refused (:class:`~.turn_marks.TurnMarkError`).
 
@@ -58,7 +59,7 @@ from __future__ import annotations
 
 import asyncio
 from abc import ABC, abstractmethod
-from collections.abc import AsyncGenerator, AsyncIterator, Callable
+from collections.abc import AsyncGenerator, AsyncIterator, Callable, Sequence
 from contextlib import aclosing
 from typing import Generic, Literal, Protocol, TypeVar
 
@@ -183,6 +184,17 @@ class Response(ABC, Generic[C]):
         """Take ``tokens`` into the conversation as the assistant's turn, as if decoded
         (the user turn was committed first): it is then the last reply."""
 
+    def encode(self, text: str) -> Sequence[int]:
+        """The ids of ``text`` as the chat template renders it inside an assistant turn
+        (a ``reply`` mark given as text).
+
+        Raises:
+            TurnMarkError: the engine takes a reply's token ids only (the default).
+        """
+        raise TurnMarkError(
+            "this engine takes a reply mark's token ids only, not an assistant turn's text"
+        )
+
     def refused(self, error: TurnMarkError) -> Exception:
         """The error to raise for a mark the session cannot take (an engine with an
         input error of its own raises it, with the same message)."""
@@ -273,7 +285,7 @@ async def respond(
                     start = committed
                     response.moved_start()
             elif mark == "reply":
-                tokens = reply_of(fields, response.vocab_size)
+                tokens = reply_of(fields, response.vocab_size, response.encode)
                 rows = await response.commit()
                 if rows is not None:
                     yield rows

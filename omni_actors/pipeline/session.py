@@ -269,6 +269,40 @@ class Session:
         """
         await self._mark("clear")
 
+    async def add_reply(self, text: str) -> None:
+        """Add an assistant turn saying ``text`` to the conversation; nothing is generated.
+
+        For a history the caller holds (earlier replies of a chat, an assistant item):
+        the open user turn is committed, then the entry engine takes ``text`` into the
+        conversation as its chat template renders an assistant turn, exactly as if it
+        had said it (a later :meth:`truncate` can cut it; a conversation replayed after a
+        stage restart keeps it). The stages after the entry get what a generated reply
+        leaves them for later turns (Qwen3-Omni's talker conditions on user turns only).
+
+        Raises:
+            SessionClosedError: the session has ended.
+            InvalidRequestError: ``text`` is not a str or is over ``inputs.max_send_bytes``,
+                or the entry stage cannot take an assistant turn (its engine declares no
+                ``REPLY_FIELD``: it keeps no conversation, or cannot be given one).
+        """
+        if not isinstance(text, str):
+            raise InvalidRequestError(f"text must be a str, not {type(text).__name__}")
+        if REPLY_FIELD not in self._takes or "text" not in self._takes:
+            raise InvalidRequestError(
+                f"the entry stage {self.pipeline.spec.entry_stage} cannot take an assistant "
+                f"turn: its engine declares no {REPLY_FIELD!r} input (it keeps no "
+                "conversation, or cannot be given one)"
+            )
+        limit = self.pipeline.spec.inputs.max_send_bytes
+        if len(text) > limit:
+            raise InvalidRequestError(
+                f"session {self.id}: an assistant turn of {len(text)} characters is larger "
+                f"than inputs.max_send_bytes ({limit})"
+            )
+        self._check_open()
+        await self._flush_audio()  # the open turn's last samples, before the reply
+        await self._input.send({"text": text}, mark="reply")
+
     async def respond(
         self,
         *,

@@ -334,6 +334,9 @@ class _Response(Response[Checkpoint]):
     async def take_reply(self, tokens: tuple[int, ...]) -> None:
         await self.engine.call(self.model.take_reply, self.conversation, tokens)
 
+    def encode(self, text: str) -> list[int]:
+        return self.vocabulary.encode(text)
+
     async def _close(self, turn: UserTurn) -> Fields | None:
         """Commit ``turn`` (nothing if it is not open); its rows as an output."""
         if not turn.opened:

@@ -410,6 +410,9 @@ class _Response(Response[Mark]):
     async def take_reply(self, tokens: tuple[int, ...]) -> None:
         self.history.take_reply(tokens, self.turns)
 
+    def encode(self, text: str) -> list[int]:
+        return self.engine._encode(text)
+
     def refused(self, error: TurnMarkError) -> Exception:
         return VllmInputError(str(error))
 
