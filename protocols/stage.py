@@ -97,11 +97,15 @@ class ResponseOptions(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=T
             output, and so on the memory every later stage holds for it).
         temperature: sampling temperature (0: greedy).
         voice: the speaker's name, for a stage that speaks.
+        instructions: a system prompt for this reply alone, for an entry stage that
+            takes instructions: it follows them in this reply, and the conversation
+            keeps the reply but not them (the realtime API's ``response.instructions``).
     """
 
     max_tokens: int | None = None
     temperature: float | None = None
     voice: str | None = None
+    instructions: str | None = None
 
 
 class Chunk(msgspec.Struct, tag="chunk", frozen=True, kw_only=True):

@@ -37,6 +37,15 @@ rollback, cut or not.
 **The reply.** When the input ends the reply opens, closing the open user turn if any
 (its rows go out first), and streams (:meth:`Response.reply`).
 
+**A response's own instructions** (``ResponseOptions.instructions``) hold for its reply
+alone. The open user turn is committed (as a ``commit`` mark commits it), they are fed
+as a system turn (:meth:`Response.instruct_reply`), and the reply follows them. Once
+the reply is kept (``done`` or ``cancelled``), the conversation comes back to where
+they were fed and takes the reply in again as a ``reply`` mark takes one
+(:meth:`Response.drop_instructions`): it then holds the reply as if they had never been
+given, the state a replay of the conversation rebuilds. A failure rolls them back with
+the rest.
+
 **The outcome** settles the conversation:
 
 - ``done``: the reply ended; the conversation keeps it.
@@ -195,6 +204,24 @@ class Response(ABC, Generic[C]):
             "this engine takes a reply mark's token ids only, not an assistant turn's text"
         )
 
+    async def instruct_reply(self, instructions: str) -> None:
+        """Feed ``instructions`` as a system turn for this reply alone (no user turn is
+        open; the conversation's own instructions stay as they are).
+
+        Raises:
+            ValueError: the engine follows no instructions of a response's own (the
+                default).
+        """
+        raise ValueError("this engine follows no instructions of a response's own")
+
+    async def drop_instructions(self, before: C) -> None:
+        """The reply given under a response's own instructions was kept: come back to
+        ``before`` (where they were fed), then take the reply, as far as it was kept,
+        back into the conversation as :meth:`take_reply` does (none, if it has no
+        token yet: the user turn stays without one). The session's sampling state is
+        not rolled back, and the reply still counts as the one the response decoded."""
+        raise ValueError("this engine follows no instructions of a response's own")
+
     def refused(self, error: TurnMarkError) -> Exception:
         """The error to raise for a mark the session cannot take (an engine with an
         input error of its own raises it, with the same message)."""
@@ -258,6 +285,7 @@ async def respond(
     response = begin()
     signal = response.signal
     start = committed = response.checkpoint()
+    before: C | None = None  # where the response's own instructions were fed
     outcome: Outcome = "dropped"
     try:
         while (fields := await signal.next_input(inputs)) is not None:
@@ -300,7 +328,22 @@ async def respond(
             await response.after_input(fields)
         if signal.aborted:
             return
-        async with aclosing(response.reply(response_options(inputs))) as reply:
+        options = response_options(inputs)
+        if options.instructions:
+            # They follow the user turn: it is committed first, as a commit mark is.
+            commit: Fields = {TURN_FIELD: "commit"}
+            await response.before_input(commit)
+            rows = await response.commit()
+            if rows is not None:
+                yield rows
+            if signal.aborted:
+                return
+            await response.after_input(commit)
+            before = response.checkpoint()
+            await response.instruct_reply(options.instructions)
+            if signal.aborted:
+                return
+        async with aclosing(response.reply(options)) as reply:
             async for output in reply:
                 yield output
         if signal.aborted:
@@ -319,10 +362,10 @@ async def respond(
             raise refusal from None
         raise
     finally:
-        await _settle(response, outcome, start)
+        await _settle(response, outcome, start, before)
 
 
-async def _settle(response: Response[C], outcome: Outcome, start: C) -> None:
+async def _settle(response: Response[C], outcome: Outcome, start: C, before: C | None) -> None:
     """Leave the conversation as the response's outcome says (module docstring)."""
     response.end()
     if outcome == "dropped" or not response.held():
@@ -331,5 +374,11 @@ async def _settle(response: Response[C], outcome: Outcome, start: C) -> None:
     outcome = await response.finish(outcome)
     if outcome == "failed":
         await response.roll_back(start)
-    else:
-        response.keep_reply()
+        return
+    response.keep_reply()
+    if before is not None:
+        try:
+            await response.drop_instructions(before)
+        except Exception:
+            await response.roll_back(start)  # the response fails as a whole
+            raise

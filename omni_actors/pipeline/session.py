@@ -35,7 +35,7 @@ from typing import TYPE_CHECKING, Literal
 import torch
 
 from omni_actors._ref import ActorRef
-from omni_actors.actors.engines.contract import REPLY_FIELD, TURN_FIELD
+from omni_actors.actors.engines.contract import INSTRUCTIONS_FIELD, REPLY_FIELD, TURN_FIELD
 from omni_actors.audio.samples import AudioInput, audio_tensor
 from omni_actors.clock import TimerHandle
 from omni_actors.errors import InvalidRequestError, OmniError
@@ -310,6 +310,7 @@ class Session:
         temperature: float | None = None,
         voice: str | None = None,
         response_id: str | None = None,
+        instructions: str | None = None,
     ) -> Response:
         """Start a reply to the conversation so far (any uncommitted input is committed).
 
@@ -321,13 +322,24 @@ class Session:
             temperature: sampling temperature, 0 for greedy (default: the engine's).
             voice: the speaker (default: the talker's setting).
             response_id: the response's id (default: a new one).
+            instructions: a system prompt for this reply alone (the entry engine must
+                take instructions): the thinker follows them, placed right before the
+                reply, and the conversation keeps the reply without them, as if they
+                had never been given. The conversation's own instructions (sent as the
+                ``instructions`` field) stay. None or "": none.
 
         Raises:
             SessionClosedError: the session has ended.
             InvalidRequestError: a response is in flight, an override is out of range,
-                or the session is a one-shot request.
+                ``instructions`` are given to an entry stage that takes none, or the
+                session is a one-shot request.
         """
-        options = checked_options(max_tokens, temperature, voice)
+        options = checked_options(max_tokens, temperature, voice, instructions=instructions)
+        if options.instructions is not None and INSTRUCTIONS_FIELD not in self._takes:
+            raise InvalidRequestError(
+                f"the entry stage {self.pipeline.spec.entry_stage} takes no instructions: "
+                "a response cannot have instructions of its own"
+            )
         self._check_respond()
         # The resampler's last samples belong to this turn, not to the next one.
         await self._flush_audio()

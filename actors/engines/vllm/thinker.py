@@ -413,6 +413,16 @@ class _Response(Response[Mark]):
     def encode(self, text: str) -> list[int]:
         return self.engine._encode(text)
 
+    async def instruct_reply(self, instructions: str) -> None:
+        self.history.instruct(self.engine._system_turn(instructions))  # no turn is open
+
+    async def drop_instructions(self, before: Mark) -> None:
+        reply = self.history.reply if self.decoding else None
+        self.history.restore(before)
+        if reply is not None:
+            self.history.take_reply(reply.tokens, self.turns)
+        self.engine._resync(self.state)  # the request holding them ends
+
     def refused(self, error: TurnMarkError) -> Exception:
         return VllmInputError(str(error))
 
