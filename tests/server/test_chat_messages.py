@@ -166,6 +166,7 @@ async def test_a_multi_turn_history_with_assistant_messages_is_the_conversation(
         model="m",
         messages=[
             {"role": "system", "content": "Be brief."},
+            {"role": "assistant", "content": "Hello! Ask me anything."},  # before any user
             {"role": "user", "content": "hello"},
             {"role": "assistant", "content": "hi, how can I help?"},
             {"role": "user", "content": "a joke"},
@@ -174,7 +175,8 @@ async def test_a_multi_turn_history_with_assistant_messages_is_the_conversation(
         ],
     )
     said = completion.choices[0].message.content
-    assert said == "s:Be brief. u:hello a:hi, how can I help? u:a joke a:no u:please"
+    expected = "a:Hello! Ask me anything. u:hello a:hi, how can I help? u:a joke a:no u:please"
+    assert said == f"s:Be brief. {expected}"
 
 
 async def test_a_voiced_reply_appended_as_it_came_is_taken_by_its_transcript(
