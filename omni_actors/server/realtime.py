@@ -468,8 +468,6 @@ class RealtimeConnection:
         item = event.item
         if item.type != "message":
             raise RequestError(f"items of type {item.type!r} are not supported; send message items")
-        if item.role == "assistant":
-            said = self._reply_text(item)  # checked before anything is queued
         texts = [p.text for p in item.content if p.type in ("input_text", "text") and p.text]
         audios = [p.audio for p in item.content if p.type == "input_audio" and p.audio]
         if item.role == "system":
@@ -485,6 +483,7 @@ class RealtimeConnection:
                 )
             assert self.input is not None
             if item.role == "assistant":
+                said = self._reply_text(item)
                 self.input.put(Op("reply", event_id=event.event_id, text=said))
                 self.last_response = None  # a truncation can cut only the last reply
             else:
