@@ -8,7 +8,8 @@ entry stage prefills it as it arrives), :meth:`Session.commit` makes the uncommi
 input a user turn, :meth:`Session.clear` drops it (every stage rolls back what it
 prefilled), :meth:`Session.respond` starts a reply to the conversation so far and
 returns its :class:`~omni_actors.pipeline.response.Response`, which can be cancelled
-(barge-in); :meth:`Session.truncate` cuts the last reply to what the user heard. One
+(barge-in); :meth:`Session.truncate` cuts the last reply to what the user heard;
+:meth:`Session.add_reply` adds an assistant turn the caller holds (a chat's history). One
 response is in flight at a time: ``respond`` while one is raises
 ``InvalidRequestError`` rather than queueing the reply, because a voice agent that
 answers twice must decide which answer the user hears (cancel the first, or wait for
