@@ -122,3 +122,26 @@ async def test_a_responses_instructions_hold_for_it_alone(transcript: RunningSer
         await add(conn, "user", said("last"))
         # Neither the response's instructions nor the session's again: they stayed.
         assert await answer(conn) == "s:Be brief. u:hello a:#1 u:again a:#2 u:last"
+
+
+async def test_after_an_assistant_item_an_earlier_reply_is_no_longer_the_last(
+    transcript: RunningServer,
+) -> None:
+    async with connection(transcript) as conn:
+        await opened(conn, "")
+        await add(conn, "user", said("hello"))
+        await conn.response.create()
+        async for event in conn:
+            if event.type == "response.done":
+                replied = event.response.output[0].id
+                break
+        await add(conn, "assistant", {"type": "output_text", "text": "and more"})
+        # The thinker's last reply is the one added: the earlier one cannot be cut.
+        await conn.conversation.item.truncate(item_id=replied, content_index=0, audio_end_ms=0)
+        async for event in conn:
+            if event.type == "error":
+                assert event.error.code == "item_truncate_invalid_item_id"
+                break
+            assert event.type != "conversation.item.truncated", event
+        await add(conn, "user", said("so?"))
+        assert await answer(conn) == "u:hello a:#1 a:and more u:so?"
