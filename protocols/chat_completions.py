@@ -20,6 +20,7 @@ from typing import Literal
 import msgspec
 
 __all__ = [
+    "AssistantAudio",
     "AssistantMessage",
     "AssistantReply",
     "AudioOutput",
@@ -98,13 +99,28 @@ class UserMessage(msgspec.Struct, tag_field="role", tag="user", frozen=True, kw_
     content: str | list[ContentPart]
 
 
+class AssistantAudio(msgspec.Struct, frozen=True, kw_only=True):
+    """An assistant message's ``audio``: the earlier audio reply it refers to.
+
+    OpenAI sends back its ``id`` alone; the server keeps no audio to look one up, so
+    the turn's words must come with it: the message's ``content``, or ``transcript``
+    (which a reply's own ``message.audio`` carries, so a client that appends the reply
+    message it got to its history sends them). The audio itself is not the model's
+    input: its context holds the words it said.
+    """
+
+    id: str
+    transcript: str | None = None
+
+
 class AssistantMessage(
     msgspec.Struct, tag_field="role", tag="assistant", frozen=True, kw_only=True
 ):
-    """An earlier reply of the model (declared so that it is refused by name: a pipeline
-    cannot yet be given a reply it did not produce)."""
+    """An earlier reply of the model: an assistant turn of the conversation, taken by
+    its words (``content``, else ``audio.transcript``)."""
 
     content: str | list[TextPart] | None = None
+    audio: AssistantAudio | None = None
 
 
 class ToolMessage(msgspec.Struct, tag_field="role", tag="tool", frozen=True, kw_only=True):
@@ -143,7 +159,8 @@ class ChatCompletionRequest(msgspec.Struct, frozen=True, kw_only=True):
     """The body of ``POST /v1/chat/completions``.
 
     Attributes:
-        messages: the conversation: system/developer messages, then user turns.
+        messages: the conversation: system/developer messages, user turns and earlier
+            replies (assistant messages), in order.
         model: any name; echoed in the reply.
         modalities: ``["text"]`` (default) or ``["text", "audio"]``.
         audio: the voice and format of the reply's audio (with ``audio``).

@@ -95,6 +95,14 @@ ends as it did: a later ``truncate`` can cut it), and yields nothing for it; the
 after it rebuild their state from what the entry stage sends on, as they built it the
 first time. It implements :class:`Replayable` so that the session learns each reply.
 
+The caller adds an assistant turn of its own the same way (``Session.add_reply``: a
+history a chat client holds, an assistant item of the realtime API): a ``reply`` mark
+with ``text``, the turn's words, which the entry engine encodes as its chat template
+renders an assistant turn and then takes as it takes a stored reply. The stages after
+it see what a generated reply leaves them for later turns: Qwen3-Omni's talker, like
+the reference model, conditions on the user turns and the reply it voices, not on
+earlier assistant turns.
+
 An engine after the entry stage that keeps state derived from a reply implements
 :class:`Truncatable`: after a reply was cut short where the user stopped listening, the
 session asks it to keep only the reply's first ``kept`` outputs, and it answers how many
@@ -164,7 +172,8 @@ to keep."""
 REPLY_FIELD = "reply"
 """With ``{TURN_FIELD: "reply"}``: a 1-D int64 tensor, the token ids of an assistant
 turn as the engine generated it earlier, to take back into the conversation as that turn
-(nothing is generated). An entry engine that declares it among its inputs implements
+(nothing is generated). A reply mark may carry ``text`` instead (an assistant turn the
+caller gives by its words). An entry engine that declares it among its inputs implements
 :class:`Replayable`: a session then replays its conversation onto the engine's stage when
 that stage restarts (module docstring)."""
 

@@ -625,6 +625,8 @@ class SegmentInputs(AsyncIterator[Fields]):
                             marked[KEPT_FIELD] = torch.tensor(chunk.kept)
                         elif chunk.mark == "reply" and REPLY_FIELD in chunk.tensors:
                             marked[REPLY_FIELD] = chunk.tensors[REPLY_FIELD]
+                        elif chunk.mark == "reply" and "text" in chunk.texts:
+                            marked["text"] = chunk.texts["text"]  # a turn given by its words
                         return marked
                     continue
                 if chunk.has_payload:

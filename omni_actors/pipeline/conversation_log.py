@@ -3,12 +3,13 @@
 A stage that dies loses every session's state on it; the stages around it still hold
 theirs, but their streams to and from the dead instance are broken. A conversation is
 worth more than its turn in flight, so a session remembers the conversation as it
-stands — every chunk its caller sent to the entry stage (input and turn marks, as sent)
-and, per response, the reply the entry engine generated (its token ids, as the entry
-stage reported them: ``StageReport.reply``) — and after a restart opens again on every
-stage under a new key and sends it all through the entry stage before the caller's next
-input. The stages rebuild their state from it as they built it the first time; the
-replies are stored, not generated again, so the conversation is what the user heard.
+stands — every chunk its caller sent to the entry stage (input and turn marks, as sent,
+assistant turns the caller added among them) and, per response, the reply the entry
+engine generated (its token ids, as the entry stage reported them:
+``StageReport.reply``) — and after a restart opens again on every stage under a new key
+and sends it all through the entry stage before the caller's next input. The stages
+rebuild their state from it as they built it the first time; the replies are stored,
+not generated again, so the conversation is what the user heard.
 
 What a response's end did to the entry engine's state decides what is kept of it:
 

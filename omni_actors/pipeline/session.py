@@ -8,8 +8,9 @@ entry stage prefills it as it arrives), :meth:`Session.commit` makes the uncommi
 input a user turn, :meth:`Session.clear` drops it (every stage rolls back what it
 prefilled), :meth:`Session.respond` starts a reply to the conversation so far and
 returns its :class:`~omni_actors.pipeline.response.Response`, which can be cancelled
-(barge-in); :meth:`Session.truncate` cuts the last reply to what the user heard, and
-:meth:`Session.delete` takes a turn out of the conversation. One
+(barge-in); :meth:`Session.truncate` cuts the last reply to what the user heard,
+:meth:`Session.delete` takes a turn out of the conversation, and
+:meth:`Session.add_reply` adds an assistant turn the caller holds (a chat's history). One
 response is in flight at a time: ``respond`` while one is raises
 ``InvalidRequestError`` rather than queueing the reply, because a voice agent that
 answers twice must decide which answer the user hears (cancel the first, or wait for
@@ -36,7 +37,7 @@ from typing import TYPE_CHECKING, Literal
 import torch
 
 from omni_actors._ref import ActorRef
-from omni_actors.actors.engines.contract import REPLY_FIELD, TURN_FIELD
+from omni_actors.actors.engines.contract import INSTRUCTIONS_FIELD, REPLY_FIELD, TURN_FIELD
 from omni_actors.audio.samples import AudioInput, audio_tensor
 from omni_actors.clock import TimerHandle
 from omni_actors.errors import InvalidRequestError, OmniError
@@ -274,6 +275,40 @@ class Session:
         """
         await self._mark("clear")
 
+    async def add_reply(self, text: str) -> None:
+        """Add an assistant turn saying ``text`` to the conversation; nothing is generated.
+
+        For a history the caller holds (earlier replies of a chat, an assistant item):
+        the open user turn is committed, then the entry engine takes ``text`` into the
+        conversation as its chat template renders an assistant turn, exactly as if it
+        had said it (a later :meth:`truncate` can cut it; a conversation replayed after a
+        stage restart keeps it). The stages after the entry get what a generated reply
+        leaves them for later turns (Qwen3-Omni's talker conditions on user turns only).
+
+        Raises:
+            SessionClosedError: the session has ended.
+            InvalidRequestError: ``text`` is not a str or is over ``inputs.max_send_bytes``,
+                or the entry stage cannot take an assistant turn (its engine declares no
+                ``REPLY_FIELD``: it keeps no conversation, or cannot be given one).
+        """
+        if not isinstance(text, str):
+            raise InvalidRequestError(f"text must be a str, not {type(text).__name__}")
+        if REPLY_FIELD not in self._takes or "text" not in self._takes:
+            raise InvalidRequestError(
+                f"the entry stage {self.pipeline.spec.entry_stage} cannot take an assistant "
+                f"turn: its engine declares no {REPLY_FIELD!r} input (it keeps no "
+                "conversation, or cannot be given one)"
+            )
+        limit = self.pipeline.spec.inputs.max_send_bytes
+        if len(text) > limit:
+            raise InvalidRequestError(
+                f"session {self.id}: an assistant turn of {len(text)} characters is larger "
+                f"than inputs.max_send_bytes ({limit})"
+            )
+        self._check_open()
+        await self._flush_audio()  # the open turn's last samples, before the reply
+        await self._input.send({"text": text}, mark="reply")
+
     async def respond(
         self,
         *,
@@ -281,6 +316,7 @@ class Session:
         temperature: float | None = None,
         voice: str | None = None,
         response_id: str | None = None,
+        instructions: str | None = None,
     ) -> Response:
         """Start a reply to the conversation so far (any uncommitted input is committed).
 
@@ -292,13 +328,24 @@ class Session:
             temperature: sampling temperature, 0 for greedy (default: the engine's).
             voice: the speaker (default: the talker's setting).
             response_id: the response's id (default: a new one).
+            instructions: a system prompt for this reply alone (the entry engine must
+                take instructions): the thinker follows them, placed right before the
+                reply, and the conversation keeps the reply without them, as if they
+                had never been given. The conversation's own instructions (sent as the
+                ``instructions`` field) stay. None or "": none.
 
         Raises:
             SessionClosedError: the session has ended.
             InvalidRequestError: a response is in flight, an override is out of range,
-                or the session is a one-shot request.
+                ``instructions`` are given to an entry stage that takes none, or the
+                session is a one-shot request.
         """
-        options = checked_options(max_tokens, temperature, voice)
+        options = checked_options(max_tokens, temperature, voice, instructions=instructions)
+        if options.instructions is not None and INSTRUCTIONS_FIELD not in self._takes:
+            raise InvalidRequestError(
+                f"the entry stage {self.pipeline.spec.entry_stage} takes no instructions: "
+                "a response cannot have instructions of its own"
+            )
         self._check_respond()
         # The resampler's last samples belong to this turn, not to the next one.
         await self._flush_audio()

@@ -3,7 +3,8 @@
 A request is checked first (``chat_request.py``: nothing is started for a bad one),
 then served by one resumable :class:`~omni_actors.pipeline.session.Session`: the system
 messages go to the entry stage's ``instructions`` field, each user message is sent and
-committed as a turn, and ``respond`` starts the reply, whose events become the
+committed as a turn, each assistant message is added as an earlier reply
+(``Session.add_reply``), and ``respond`` starts the reply, whose events become the
 completion — one ``chat.completion`` JSON body, or with ``stream: true`` server-sent
 ``chat.completion.chunk`` events (text in ``delta.content``; with audio, base64 PCM16
 and the transcript in ``delta.audio`` pieces, as OpenAI streams them).
@@ -57,7 +58,13 @@ from omni_actors.protocols.events import (
 )
 from omni_actors.server.audio_format import OutputAudio
 from omni_actors.server.auth import authorized
-from omni_actors.server.chat_request import OUTPUT_RATE, ChatPlan, ChatRequestError, plan_request
+from omni_actors.server.chat_request import (
+    OUTPUT_RATE,
+    ChatPlan,
+    ChatRequestError,
+    ReplyTurn,
+    plan_request,
+)
 from omni_actors.server.state import ServerState, server_state
 
 __all__ = ["ChatCompletionReply", "ReplyFailedError", "chat_completions"]
@@ -229,12 +236,15 @@ class ChatCompletionReply(Response):
             await session.close()
 
     async def _start(self, session: Session) -> PipelineResponse:
-        """Send the instructions and the user turns; start the reply."""
+        """Send the instructions and the turns; start the reply."""
         plan = self.plan
         try:
             if plan.instructions:
                 await session.send(fields={INSTRUCTIONS_FIELD: plan.instructions})
             for turn in plan.turns:
+                if isinstance(turn, ReplyTurn):
+                    await session.add_reply(turn.text)
+                    continue
                 for part in turn:
                     await session.send(
                         text=part.text, audio=part.audio, sample_rate=part.sample_rate

@@ -3,9 +3,11 @@
 Everything a request can get wrong is found here, before the request takes a session
 slot: the JSON and its types (msgspec, with the path of the offending field), the
 audio (base64, WAV or PCM16), the options (``max_completion_tokens``, ``temperature``,
-``voice``), and what a pipeline cannot do yet (replay an earlier assistant reply, call
-tools, stream WAV). Each refusal is a :class:`ChatRequestError` with the HTTP status,
-OpenAI's ``param`` and ``code``, and a message that says what to send instead.
+``voice``), earlier replies that cannot be taken (an ``audio`` id with no words: the
+server keeps no audio; a pipeline whose entry stage keeps no conversation), and what a
+pipeline cannot do yet (call tools, stream WAV). Each refusal is a
+:class:`ChatRequestError` with the HTTP status, OpenAI's ``param`` and ``code``, and a
+message that says what to send instead.
 """
 
 from __future__ import annotations
@@ -20,13 +22,14 @@ from typing import Final, Literal
 import msgspec
 import torch
 
-from omni_actors.actors.engines.contract import INSTRUCTIONS_FIELD
+from omni_actors.actors.engines.contract import INSTRUCTIONS_FIELD, REPLY_FIELD
 from omni_actors.audio.wav import AudioFormatError, decode_wav
 from omni_actors.errors import InvalidRequestError
 from omni_actors.pipeline.response import checked_options
 from omni_actors.pipeline.session import Modality
 from omni_actors.pipeline.spec.pipeline import PipelineSpec
 from omni_actors.protocols.chat_completions import (
+    AssistantAudio,
     AssistantMessage,
     ChatCompletionRequest,
     DeveloperMessage,
@@ -40,7 +43,7 @@ from omni_actors.protocols.chat_completions import (
 from omni_actors.protocols.stage import ResponseOptions
 from omni_actors.server.audio_format import AudioPayloadError, decode_audio, format_rate
 
-__all__ = ["ChatPlan", "ChatRequestError", "TurnPart", "plan_request"]
+__all__ = ["ChatPlan", "ChatRequestError", "ReplyTurn", "TurnPart", "plan_request"]
 
 log = logging.getLogger(__name__)
 
@@ -85,6 +88,13 @@ class TurnPart:
 
 
 @dataclass(frozen=True, slots=True)
+class ReplyTurn:
+    """An earlier reply (an assistant message), sent with ``Session.add_reply``."""
+
+    text: str
+
+
+@dataclass(frozen=True, slots=True)
 class ChatPlan:
     """What to do with a request.
 
@@ -94,7 +104,8 @@ class ChatPlan:
         audio_format: ``wav`` or ``pcm16`` when audio is wanted, else None.
         instructions: the system/developer messages, joined (sent as the entry
             stage's ``instructions`` field; "" when none or the engine takes none).
-        turns: each user message's parts, in order (each is a committed turn).
+        turns: the conversation's turns, in order: each user message's parts (a
+            committed turn) and each earlier reply.
         options: the checked response options (``max_tokens``, ``temperature``, ``voice``).
         stream: reply as server-sent events.
         include_usage: end the stream with a usage chunk.
@@ -104,7 +115,7 @@ class ChatPlan:
     modalities: tuple[Modality, ...]
     audio_format: Literal["wav", "pcm16"] | None
     instructions: str
-    turns: list[list[TurnPart]]
+    turns: list[list[TurnPart] | ReplyTurn]
     options: ResponseOptions
     stream: bool
     include_usage: bool = False
@@ -202,10 +213,11 @@ def _audio_output(
 
 def _messages(
     request: ChatCompletionRequest, spec: PipelineSpec, max_bytes: int
-) -> tuple[str, list[list[TurnPart]]]:
-    """The joined instructions and the user turns."""
+) -> tuple[str, list[list[TurnPart] | ReplyTurn]]:
+    """The joined instructions and the turns."""
     texts: list[str] = []
-    turns: list[list[TurnPart]] = []
+    turns: list[list[TurnPart] | ReplyTurn] = []
+    has_user = False
     for i, message in enumerate(request.messages):
         where = f"messages[{i}]"
         match message:
@@ -213,22 +225,24 @@ def _messages(
                 texts.append(content if isinstance(content, str) else _joined(content))
             case UserMessage(content=content):
                 turns.append(_user_turn(content, where, max_bytes))
-            case AssistantMessage():
-                raise ChatRequestError(
-                    f"{where}: assistant messages cannot be replayed into the pipeline yet "
-                    "(it keeps the replies it produced itself, not text given back to it); "
-                    "send the system and user messages only, or hold the conversation "
-                    "over /v1/realtime",
-                    param=where,
-                    error_code="unsupported_message",
-                )
+                has_user = True
+            case AssistantMessage(content=content, audio=audio):
+                if REPLY_FIELD not in spec.entry_inputs():
+                    raise ChatRequestError(
+                        f"{where}: this pipeline's entry stage ({spec.entry_stage}) keeps no "
+                        "conversation it can be given an earlier reply in; send the system "
+                        "and user messages only",
+                        param=where,
+                        error_code="unsupported_message",
+                    )
+                turns.append(ReplyTurn(_reply_text(content, audio, where)))
             case ToolMessage():
                 raise ChatRequestError(
                     f"{where}: tool messages are not supported: this server offers no tools",
                     param=where,
                     error_code="unsupported_message",
                 )
-    if not turns:
+    if not has_user:
         raise ChatRequestError(
             "the request has no user message: send at least one",
             param="messages",
@@ -247,6 +261,32 @@ def _messages(
 
 def _joined(parts: list[TextPart]) -> str:
     return "".join(p.text for p in parts)
+
+
+def _reply_text(
+    content: str | list[TextPart] | None, audio: AssistantAudio | None, where: str
+) -> str:
+    """An assistant message's words: its content, else its audio's transcript."""
+    text = content if isinstance(content, str) else None if content is None else _joined(content)
+    if text:
+        return text
+    if audio is not None and audio.transcript is not None:
+        return audio.transcript
+    if audio is not None:
+        raise ChatRequestError(
+            f"{where}.audio: the audio reply {audio.id!r} cannot be looked up (this server "
+            "keeps no audio); send the reply's words with it: its transcript as content, "
+            "or the reply message as it came (its audio carries the transcript)",
+            param=f"{where}.audio",
+            error_code="unsupported_value",
+        )
+    if text is None:
+        raise ChatRequestError(
+            f"{where}: an assistant message needs content (the reply's words)",
+            param=f"{where}.content",
+            error_code="missing_required_parameter",
+        )
+    return text
 
 
 def _user_turn(

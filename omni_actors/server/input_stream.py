@@ -3,9 +3,9 @@
 Client events arrive faster than a busy pipeline takes input: while the thinker
 replies, the entry stage takes no new input, and a client streaming 20 ms frames would
 fill the session's credit window in about a second. The connection therefore never
-waits on the pipeline while it reads: each operation (audio, text, commit, clear,
-respond, truncate, instructions, delete) is queued here, and one task hands them to the
-session in order. Audio queued back to back goes as one ``send``, so a backlog costs
+waits on the pipeline while it reads: each operation (audio, text, an assistant turn,
+commit, clear, respond, truncate, instructions, delete) is queued here, and one task hands
+them to the session in order. Audio queued back to back goes as one ``send``, so a backlog costs
 one chunk, not one per frame; the backlog is bounded by the connection (its
 ``max_input_buffer_s``).
 """
@@ -37,7 +37,7 @@ class Op:
     item a ``commit`` makes a user turn, or the turn (an item, or a response's id) a
     ``delete`` takes out."""
 
-    kind: str  # audio | text | commit | clear | respond | truncate | instructions | delete
+    kind: str  # audio | text | reply | commit | clear | respond | truncate | instructions | delete
     event_id: str | None = None
     samples: torch.Tensor | None = None
     text: str = ""
@@ -110,6 +110,8 @@ class InputStream:
             await session.send(audio=audio, sample_rate=self.rate)
         elif op.kind == "text":
             await session.send(text=op.text)
+        elif op.kind == "reply":
+            await session.add_reply(op.text)
         elif op.kind == "instructions":
             await session.send(fields={INSTRUCTIONS_FIELD: op.text})
         elif op.kind == "commit":
@@ -135,6 +137,7 @@ class InputStream:
                 temperature=settings.temperature,
                 voice=settings.voice,
                 response_id=stream.id,
+                instructions=settings.instructions,
             )
             log.debug("session %s response %s started", session.id, stream.id)
         else:  # pragma: no cover - the connection builds the ops

@@ -37,12 +37,13 @@ import contextlib
 import logging
 import time
 from dataclasses import replace
+from typing import Literal
 
 import msgspec
 import torch
 from starlette.websockets import WebSocket, WebSocketDisconnect, WebSocketState
 
-from omni_actors.actors.engines.contract import INSTRUCTIONS_FIELD
+from omni_actors.actors.engines.contract import INSTRUCTIONS_FIELD, REPLY_FIELD
 from omni_actors.errors import InvalidRequestError, OmniError
 from omni_actors.pipeline.session import Session
 from omni_actors.protocols.events import (
@@ -65,6 +66,7 @@ from omni_actors.protocols.realtime_client import (
     InputAudioBufferAppend,
     InputAudioBufferClear,
     InputAudioBufferCommit,
+    ItemParam,
     ResponseCancel,
     ResponseCreate,
     ResponseParams,
@@ -484,12 +486,14 @@ class RealtimeConnection:
         self.input.put(Op("clear"))
 
     async def _create_item(self, event: ConversationItemCreate) -> None:
-        """``conversation.item.create``: a user item becomes a committed turn; a system
-        item sets the instructions.
+        """``conversation.item.create``: a user item becomes a committed turn, an
+        assistant item an earlier reply (``Session.add_reply``), a system item sets the
+        instructions.
 
         Raises:
-            RequestError: another item type or role, an empty item, audio still in the
-                buffer, or an id already in the conversation.
+            RequestError: another item type or role, an empty item, content the role
+                cannot hold, audio still in the buffer, or an id already in the
+                conversation.
         """
         item = event.item
         item_id = item.id or new_id("item")
@@ -508,34 +512,49 @@ class RealtimeConnection:
                 raise RequestError("a system item holds input_text content only")
             self.settings = replace(self.settings, instructions="\n".join(texts))
             self.queue_instructions(self.settings.instructions)
-        elif item.role == "user":
+        elif item.role in ("user", "assistant"):
             if self.buffered:
                 raise RequestError(
                     "the input audio buffer holds uncommitted audio; commit or clear it "
                     "before adding an item"
                 )
-            if not texts and not audios:
-                raise RequestError("a user item needs input_text or input_audio content")
-            limit = self.state.settings.max_append_bytes
-            decoded = [decode_audio(a, self.settings.input_format, max_bytes=limit) for a in audios]
             assert self.input is not None
-            for text in texts:
-                self.input.put(Op("text", event_id=event.event_id, text=text))
-            for samples in decoded:
-                self.input.put(Op("audio", event_id=event.event_id, samples=samples))
-            self.input.put(Op("commit", event_id=event.event_id, turn=item_id))
+            if item.role == "assistant":
+                said = self._reply_text(item)
+                self.input.put(Op("reply", event_id=event.event_id, text=said))
+                self.last_response = None  # a truncation can cut only the last reply
+            else:
+                if not texts and not audios:
+                    raise RequestError("a user item needs input_text or input_audio content")
+                limit = self.state.settings.max_append_bytes
+                decoded = [
+                    decode_audio(a, self.settings.input_format, max_bytes=limit) for a in audios
+                ]
+                for text in texts:
+                    self.input.put(Op("text", event_id=event.event_id, text=text))
+                for samples in decoded:
+                    self.input.put(Op("audio", event_id=event.event_id, samples=samples))
+                self.input.put(Op("commit", event_id=event.event_id, turn=item_id))
         else:
             raise RequestError(
-                f"items with role {item.role!r} cannot be added: the pipeline generates "
-                "assistant turns itself; add user or system items"
+                f"items with role {item.role!r} cannot be added; add user, assistant or "
+                "system items",
+                param="item.role",
             )
         previous, self.last_item = self.last_item, item_id
         content = [
             ItemContent(type=p.type, text=p.text, transcript=p.transcript) for p in item.content
         ]
+        role: Literal["user", "assistant", "system"] = (
+            "assistant"
+            if item.role == "assistant"
+            else "system"
+            if item.role == "system"
+            else "user"
+        )
         added = ConversationItem(
             id=item_id,
-            role="system" if item.role == "system" else "user",
+            role=role,
             status="completed",
             content=content,
         )
@@ -550,6 +569,46 @@ class RealtimeConnection:
                 ),
             ]
         )
+
+    def _reply_text(self, item: ItemParam) -> str:
+        """An assistant item's words: its text parts' and its audio parts' transcripts,
+        in order. The audio itself is not the model's input: its context holds the words
+        it said (a reply it generated is kept so too).
+
+        Raises:
+            RequestError: the pipeline keeps no conversation it can take a reply in, a
+                part is not an assistant's, or an audio part has no transcript.
+        """
+        if REPLY_FIELD not in self.state.pipeline.spec.entry_inputs():
+            raise RequestError(
+                "this pipeline's entry stage keeps no conversation it can be given an "
+                "assistant item in; add user or system items",
+                param="item.role",
+            )
+        words: list[str] = []
+        for j, part in enumerate(item.content):
+            if part.type in ("output_text", "text"):
+                words.append(part.text or "")
+            elif part.type in ("output_audio", "audio"):
+                if part.transcript is None:
+                    raise RequestError(
+                        "an assistant audio part needs its transcript: the model takes "
+                        "back the words it said, not audio",
+                        param=f"item.content[{j}].transcript",
+                    )
+                words.append(part.transcript)
+            else:
+                raise RequestError(
+                    f"an assistant item holds output_text or output_audio content, not "
+                    f"{part.type!r}",
+                    param=f"item.content[{j}].type",
+                )
+        if not words:
+            raise RequestError(
+                "an assistant item needs output_text or output_audio (with its transcript) content",
+                param="item.content",
+            )
+        return "".join(words)
 
     async def _truncate_item(self, event: ConversationItemTruncate) -> None:
         """``conversation.item.truncate``: cut the last reply to ``audio_end_ms``.
@@ -683,15 +742,20 @@ class RealtimeConnection:
 
         Raises:
             RequestError: ``response.conversation`` other than ``auto`` or ``none``,
-                ``none`` on a pipeline that cannot take its reply back out, or
-                ``response.input`` (a context of its own is not supported).
+                ``none`` on a pipeline that cannot take its reply back out,
+                ``response.input`` (a context of its own is not supported), or
+                ``response.instructions`` on a pipeline that takes none.
         """
         params = event.response if event is not None else None
         out_of_band = self._out_of_band(params)
         settings = self.settings.for_response(params)
+        if settings.instructions is not None and not self._takes_instructions:
+            raise RequestError(
+                "this pipeline's entry stage takes no instructions, so a response cannot "
+                "be given its own",
+                param="response.instructions",
+            )
         assert self.input is not None
-        if settings.instructions != self.sent_instructions:
-            self.queue_instructions(settings.instructions)
         held = self.held if self.buffered else []
         if held:
             self.input.put(Op("clear"))

@@ -66,7 +66,9 @@ class ResponseSettings:
     voice: str | None
     max_tokens: int | None
     temperature: float | None
-    instructions: str
+    instructions: str | None
+    """The response's own instructions (``response.instructions``), for its reply alone;
+    None: the session's hold."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -135,14 +137,14 @@ class SessionSettings:
             voice=self.voice,
             max_tokens=self.max_tokens,
             temperature=self.temperature,
-            instructions=self.instructions,
+            instructions=None,
         )
         if params is None:
             return base
         modalities = _first(params.output_modalities, params.modalities)
         if modalities is not None:
             base = replace(base, modalities=_modalities(modalities, "response.output_modalities"))
-        if params.instructions is not None:
+        if params.instructions and params.instructions != self.instructions:
             base = replace(base, instructions=params.instructions)
         limit: int | Literal["inf"] | None = _first(
             params.max_output_tokens, params.max_response_output_tokens

@@ -37,6 +37,11 @@ prefilled then), a truncation (fed again behind the cut reply) and a failed resp
 (the last instructions it set are fed again before whatever comes next): they are the
 caller's setting, not the reply's. No row of a system turn goes to the talker.
 
+A response's own instructions (``ResponseOptions.instructions``) are a system turn fed
+right before its reply; once the reply is kept, the cache is cropped back to where they
+were fed and the reply's tokens are fed again there, as a ``reply`` mark feeds them (one
+forward), so later turns see the reply and not them.
+
 Tokens are greedy unless a response asks for a temperature (see ``sampling``).
 
 Decode steps of concurrent sessions share forwards (a
@@ -333,6 +338,24 @@ class _Response(Response[Checkpoint]):
 
     async def take_reply(self, tokens: tuple[int, ...]) -> None:
         await self.engine.call(self.model.take_reply, self.conversation, tokens)
+
+    def encode(self, text: str) -> list[int]:
+        return self.vocabulary.encode(text)
+
+    async def instruct_reply(self, instructions: str) -> None:
+        system = _system_turn(self.vocabulary, instructions)
+        await self.engine.call(self.model.instruct, self.conversation, system)
+
+    async def drop_instructions(self, before: Checkpoint) -> None:
+        conversation = self.conversation
+        reply = conversation.reply if self.decoding else None
+        generator = conversation.generator
+        rng = None if generator is None else generator.get_state()
+        conversation.restore(before)
+        if generator is not None and rng is not None:
+            generator.set_state(rng)  # the next sampled reply goes on from this one
+        if reply is not None:
+            await self.engine.call(self.model.take_reply, conversation, reply.tokens)
 
     async def _close(self, turn: UserTurn) -> Fields | None:
         """Commit ``turn`` (nothing if it is not open); its rows as an output."""
