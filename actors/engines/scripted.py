@@ -16,7 +16,7 @@ from typing import ClassVar, Final, Literal, get_args
 import torch
 from pydantic import BaseModel, ConfigDict, Field
 
-from omni_actors.actors.engines.contract import CONTEXT_FIELD, Fields, Ports, Rule
+from omni_actors.actors.engines.contract import CONTEXT_FIELD, Fields, Ports, Rule, response_options
 from omni_actors.errors import EngineError
 
 __all__ = ["ScriptedArgs", "ScriptedEngine", "ScriptedEngineError"]
@@ -61,6 +61,9 @@ class ScriptedArgs(BaseModel):
     codebooks: int = Field(4, ge=1)
     audio_samples: int = Field(1920, ge=1)  # one 12.5 Hz codec frame of 24 kHz audio
     fail_after: int | None = Field(None, ge=0)
+    voices: tuple[str, ...] = ()
+    """The voices it speaks with, as a talker declares its speakers (none: it takes any
+    ``voice`` option); a response naming another fails as a real talker's would."""
 
 
 class ScriptedEngine:
@@ -79,7 +82,9 @@ class ScriptedEngine:
     The first output of a session comes ``first_output_s`` after the session's first
     input (or, for entry stages, after its last); each further output ``per_output_s``
     after the previous one. With ``fail_after`` set, a session's generate raises
-    :class:`ScriptedEngineError` after that many outputs (an engine failure).
+    :class:`ScriptedEngineError` after that many outputs (an engine failure). With
+    ``voices`` set, it reports them (``voices``) and a response whose ``voice`` option
+    is not one of them fails with :class:`ScriptedEngineError`.
 
     It stands in for any engine, so its ports are declared by its arguments: it yields
     ``fields`` and takes ``inputs``, each ``concat`` unless named in ``replace``.
@@ -106,6 +111,11 @@ class ScriptedEngine:
         self._replies: dict[str, int] = {}  # outputs of each session's last reply
         self._made: dict[int, dict[str, torch.Tensor | str]] = {}
         self.started = False
+
+    @property
+    def voices(self) -> list[str] | None:
+        """The voices a response's ``voice`` option may name; None when any will do."""
+        return list(self.args.voices) or None
 
     @property
     def active_sessions(self) -> set[str]:
@@ -200,6 +210,7 @@ class ScriptedEngine:
             else:
                 async for item in inputs:
                     pacer.input_taken()
+                    self._check_voice(inputs)
                     for _ in range(args.outputs_per_input * input_rows(item)):
                         if await pacer.wait(self._delay(produced)):
                             return
@@ -208,6 +219,13 @@ class ScriptedEngine:
                         yield self.output(produced - 1)
         finally:
             del self._sessions[session]
+
+    def _check_voice(self, inputs: AsyncIterator[Fields]) -> None:
+        voice = response_options(inputs).voice
+        if voice is not None and self.args.voices and voice not in self.args.voices:
+            raise ScriptedEngineError(
+                f"unknown voice {voice!r}: the voices are {', '.join(self.args.voices)}"
+            )
 
     def _delay(self, produced: int) -> float:
         """How long after the previous one output ``produced`` is due."""

@@ -107,6 +107,7 @@ def create_app(settings: ServerSettings, pipeline: OmniPipeline | None = None) -
             return
         async with OmniPipeline(settings.preset, max_sessions=settings.max_sessions) as own:
             app.state.server = ServerState(settings, own)
+            await app.state.server.voices()
             yield
 
     routes = [

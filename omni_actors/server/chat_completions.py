@@ -114,6 +114,7 @@ async def chat_completions(request: Request) -> Response:
             spec,
             model=settings.model or spec.name,
             max_bytes=settings.max_append_bytes,
+            voices=await state.voices(),
         )
     except ChatRequestError as exc:
         log.info("chat completion refused (%s): %s", exc.error_code, exc)

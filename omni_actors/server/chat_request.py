@@ -39,6 +39,7 @@ from omni_actors.protocols.chat_completions import (
 )
 from omni_actors.protocols.stage import ResponseOptions
 from omni_actors.server.audio_format import AudioPayloadError, decode_audio, format_rate
+from omni_actors.server.voices import ANY_VOICE, UnknownVoiceError, VoiceMap
 
 __all__ = ["ChatPlan", "ChatRequestError", "TurnPart", "plan_request"]
 
@@ -110,7 +111,14 @@ class ChatPlan:
     include_usage: bool = False
 
 
-def plan_request(body: bytes, spec: PipelineSpec, *, model: str, max_bytes: int) -> ChatPlan:
+def plan_request(
+    body: bytes,
+    spec: PipelineSpec,
+    *,
+    model: str,
+    max_bytes: int,
+    voices: VoiceMap = ANY_VOICE,
+) -> ChatPlan:
     """Decode and check a request body for a pipeline.
 
     Args:
@@ -118,6 +126,8 @@ def plan_request(body: bytes, spec: PipelineSpec, *, model: str, max_bytes: int)
         spec: the served pipeline (its entry stage decides whether instructions apply).
         model: the model name to report when the request names none.
         max_bytes: the most decoded bytes one audio part may hold.
+        voices: the voice names the server takes (``audio.voice`` must be one; the
+            plan asks for the speaker it names).
 
     Raises:
         ChatRequestError: the request cannot be served as sent.
@@ -143,6 +153,13 @@ def plan_request(body: bytes, spec: PipelineSpec, *, model: str, max_bytes: int)
             error_code="invalid_value",
         )
     audio_format, voice = _audio_output(request)
+    if voice is not None:
+        try:
+            voice = voices.speaker(voice)
+        except UnknownVoiceError as exc:
+            raise ChatRequestError(
+                str(exc), param="audio.voice", error_code="invalid_value"
+            ) from None
     stream = bool(request.stream)
     if stream and audio_format == "wav":
         raise ChatRequestError(

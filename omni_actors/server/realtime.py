@@ -88,6 +88,7 @@ from omni_actors.server.response_stream import CancelReason, ResponseStream
 from omni_actors.server.session_config import SessionSettings, SettingError
 from omni_actors.server.state import ServerState
 from omni_actors.server.turns import Forward, Started, Stopped, TurnDetector
+from omni_actors.server.voices import VoiceMap
 
 __all__ = ["RealtimeConnection"]
 
@@ -120,6 +121,7 @@ class RealtimeConnection:
             id=new_id("sess"), model=state.settings.model or spec.name, created_at=time.time()
         )
         self.log = logging.LoggerAdapter(log, {"session": self.settings.id})
+        self.voices = VoiceMap()  # the voice names it takes: the server's, once served
         self.session: Session | None = None
         self.input: InputStream | None = None
         self.source_rate = spec.outputs.sample_rate
@@ -153,6 +155,7 @@ class RealtimeConnection:
             if error is not None:
                 await self.fail(error.code, error.message, close_code=_CLOSE_TRY_LATER)
                 return
+            self.voices = await state.voices()
             self.input = InputStream(session, self.input_rate, self._refused)
             self._apply_vad()
             await self.send(
@@ -312,7 +315,7 @@ class RealtimeConnection:
     # -- session settings ----------------------------------------------------------------
 
     async def _update(self, event: SessionUpdate) -> None:
-        new = self.settings.updated(event.session)
+        new = self.settings.updated(event.session, self.voices)
         if new.input_format != self.settings.input_format and self.buffered:
             raise SettingError(
                 "the input format cannot change while the input buffer holds audio; "
@@ -572,7 +575,7 @@ class RealtimeConnection:
         """Start a response (from ``response.create``, or from server VAD with no event):
         commit the buffer, queue it on the input stream, send its opening events."""
         params = event.response if event is not None else None
-        settings = self.settings.for_response(params)
+        settings = self.settings.for_response(params, self.voices)
         if settings.instructions != self.sent_instructions:
             self.queue_instructions(settings.instructions)
         if self.buffered:

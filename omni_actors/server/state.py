@@ -11,6 +11,7 @@ from starlette.requests import HTTPConnection
 from omni_actors.pipeline.omni_pipeline import OmniPipeline
 from omni_actors.server.metrics import ServerMetrics
 from omni_actors.server.settings import ServerSettings
+from omni_actors.server.voices import VoiceMap, pipeline_voices
 
 if TYPE_CHECKING:
     from omni_actors.server.realtime import RealtimeConnection
@@ -38,10 +39,29 @@ class ServerState:
     draining: bool = False
     response_ended: asyncio.Event = field(default_factory=asyncio.Event)
     """Set each time a response ends (a draining server waits on it)."""
+    voice_map: VoiceMap | None = None
+    """The voice names clients may send, once learnt from the pipeline (:meth:`voices`)."""
 
     def responding(self) -> bool:
         """True while a chat completion or a realtime connection's response is in flight."""
         return self.chats > 0 or any(c.active is not None for c in self.connections)
+
+    async def voices(self) -> VoiceMap:
+        """The voice names clients may send: the pipeline's speakers, learnt from its
+        health once every stage has answered (until then, what those that answered
+        speak with), and the configured map.
+
+        Raises:
+            VoiceMapError: the configured map names a voice the model does not have.
+            AskTimeoutError: the pipeline did not answer.
+        """
+        if self.voice_map is not None:
+            return self.voice_map
+        speakers, complete = pipeline_voices(await self.pipeline.health())
+        found = VoiceMap.of(speakers, self.settings.voice_map if complete or speakers else None)
+        if complete:
+            self.voice_map = found
+        return found
 
     def admit(self) -> bool:
         """Take a session slot; False when the server is full or draining."""
