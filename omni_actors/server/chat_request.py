@@ -50,6 +50,8 @@ OUTPUT_RATE: Final = format_rate("audio/pcm")
 
 _decoder = msgspec.json.Decoder(ChatCompletionRequest)
 _AT = re.compile(r"- at `\$\.(.+)`$")
+_UNKNOWN = re.compile(r"unknown field `([^`]+)`")
+_MAX_STOPS = 4  # as OpenAI
 
 
 class ChatRequestError(InvalidRequestError):
@@ -99,6 +101,7 @@ class ChatPlan:
         options: the checked response options (``max_tokens``, ``temperature``, ``voice``).
         stream: reply as server-sent events.
         include_usage: end the stream with a usage chunk.
+        stop: the stop strings: the reply's text ends before the first it contains.
     """
 
     model: str
@@ -109,6 +112,7 @@ class ChatPlan:
     options: ResponseOptions
     stream: bool
     include_usage: bool = False
+    stop: tuple[str, ...] = ()
 
 
 def plan_request(
@@ -137,6 +141,15 @@ def plan_request(
     except msgspec.ValidationError as exc:
         # msgspec names the field as "... - at `$.messages[0].role`".
         where = _AT.search(str(exc))
+        unknown = _UNKNOWN.search(str(exc))
+        if unknown is not None:
+            name = (where.group(1) + "." if where else "") + unknown.group(1)
+            raise ChatRequestError(
+                f"unrecognized request parameter {name!r}: this server does not support "
+                "it; leave it out",
+                param=name,
+                error_code="unknown_parameter",
+            ) from None
         raise ChatRequestError(
             f"invalid request: {exc}",
             param=where.group(1) if where else None,
@@ -152,7 +165,9 @@ def plan_request(
             param="n",
             error_code="invalid_value",
         )
+    _check_parameters(request)
     audio_format, voice = _audio_output(request)
+    stops = _stops(request.stop, voiced=audio_format is not None)
     if voice is not None:
         try:
             voice = voices.speaker(voice)
@@ -190,7 +205,64 @@ def plan_request(
         include_usage=stream
         and request.stream_options is not None
         and request.stream_options.include_usage,
+        stop=stops,
     )
+
+
+def _check_parameters(request: ChatCompletionRequest) -> None:
+    """Refuse, by name, each parameter set to a value the server cannot honour."""
+    neutral: dict[str, tuple[object, ...]] = {
+        "top_p": (None, 1),
+        "frequency_penalty": (None, 0),
+        "presence_penalty": (None, 0),
+        "logprobs": (None, False),
+        "top_logprobs": (None,),
+        "logit_bias": (None, {}),
+        "seed": (None,),
+        "store": (None, False),
+        "metadata": (None, {}),
+        "service_tier": (None, "auto", "default"),
+    }
+    for name, allowed in neutral.items():
+        value = getattr(request, name)
+        if value not in allowed:  # msgspec typed each: no True passes for 1
+            raise ChatRequestError(
+                f"{name}={value!r} is not supported by this server; leave it out"
+                + (f" or send {allowed[1]!r}" if len(allowed) > 1 else ""),
+                param=name,
+                error_code="unsupported_parameter",
+            )
+    response_format = request.response_format
+    if response_format is not None and response_format.type != "text":
+        raise ChatRequestError(
+            f'response_format {{"type": "{response_format.type}"}} is not supported: nothing '
+            'constrains the reply to JSON here; send {"type": "text"} or leave it out and '
+            "ask for JSON in the instructions",
+            param="response_format",
+            error_code="unsupported_value",
+        )
+
+
+def _stops(stop: str | list[str] | None, *, voiced: bool) -> tuple[str, ...]:
+    """The stop strings of a request (checked)."""
+    stops = [stop] if isinstance(stop, str) else list(stop or [])
+    if not stops:
+        return ()
+    if voiced:
+        raise ChatRequestError(
+            "stop is served for text replies only: a voiced reply is spoken as its text "
+            "streams, before a stop string could be seen; leave stop out, or ask for "
+            'modalities ["text"]',
+            param="stop",
+            error_code="unsupported_parameter",
+        )
+    if len(stops) > _MAX_STOPS or not all(stops):
+        raise ChatRequestError(
+            f"stop takes 1 to {_MAX_STOPS} non-empty strings, got {stops!r}",
+            param="stop",
+            error_code="invalid_value",
+        )
+    return tuple(stops)
 
 
 def _audio_output(

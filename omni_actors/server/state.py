@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
@@ -39,6 +40,8 @@ class ServerState:
     draining: bool = False
     response_ended: asyncio.Event = field(default_factory=asyncio.Event)
     """Set each time a response ends (a draining server waits on it)."""
+    started_at: float = field(default_factory=time.time)
+    """When the server started serving (Unix seconds: the model's ``created``)."""
     voice_map: VoiceMap | None = None
     """The voice names clients may send, once learnt from the pipeline (:meth:`voices`)."""
 
