@@ -204,8 +204,9 @@ FinishReason = Literal["stop", "length"]
 
 
 class Usage(msgspec.Struct, frozen=True, kw_only=True):
-    """Token counts: completion tokens are the text tokens of the reply (the audio's
-    codec frames are not counted); prompt tokens are not known to the server (0)."""
+    """Token counts, as the entry engine counted them: prompt tokens are its context
+    (the conversation the reply was made from), completion tokens the text tokens it
+    generated (the audio's codec frames are not counted)."""
 
     prompt_tokens: int
     completion_tokens: int

@@ -89,6 +89,10 @@ class ScriptedEngine:
     It stands in for any engine, so its ports are declared by its arguments: it yields
     ``fields`` and takes ``inputs``, each ``concat`` unless named in ``replace``.
 
+    As an entry stage it counts a conversation as a thinker does: the rows of input it
+    took and the outputs it yielded in the session so far are the prompt of its next
+    reply (:meth:`prompt_tokens`).
+
     It is ``Truncatable``: asked to keep ``kept`` outputs of a session's last reply (in
     samples when it yields ``audio``), it answers the input rows those came from.
     """
@@ -109,6 +113,8 @@ class ScriptedEngine:
         self.args = args or ScriptedArgs()
         self._sessions: dict[str, _Pacer] = {}
         self._replies: dict[str, int] = {}  # outputs of each session's last reply
+        self._context: dict[str, int] = {}  # rows taken and outputs made, per session
+        self._prompts: dict[str, int] = {}  # the context each session's last reply saw
         self._made: dict[int, dict[str, torch.Tensor | str]] = {}
         self.started = False
 
@@ -133,12 +139,16 @@ class ScriptedEngine:
         self.started = False
 
     async def release(self, session: str) -> None:
-        """Forget the session's last reply (nothing else is kept between segments)."""
+        """Forget the session's last reply and its context."""
         self._replies.pop(session, None)
+        self._context.pop(session, None)
+        self._prompts.pop(session, None)
 
     async def abort(self, session: str) -> None:
         """End ``session``'s ``generate`` at its next step."""
         self._replies.pop(session, None)
+        self._context.pop(session, None)
+        self._prompts.pop(session, None)
         pacer = self._sessions.get(session)
         if pacer is not None:
             pacer.abort()
@@ -157,6 +167,11 @@ class ScriptedEngine:
         self._replies[session] = outputs
         per = self.args.outputs_per_input
         return outputs if per is None else math.ceil(outputs / per)
+
+    def prompt_tokens(self, session: str) -> int | None:
+        """The context ``session``'s last reply was made from (an entry stage's: the
+        rows it took and the outputs it made before it); None before any."""
+        return self._prompts.get(session)
 
     def output(self, k: int) -> dict[str, torch.Tensor | str]:
         """Output number ``k`` of any session (deterministic).
@@ -197,15 +212,18 @@ class ScriptedEngine:
         args = self.args
         try:
             if args.outputs_per_input is None:
-                async for _ in inputs:
+                async for item in inputs:
                     if pacer.aborted:
                         return
+                    self._context[session] = self._context.get(session, 0) + input_rows(item)
                 pacer.input_taken()
+                context = self._prompts[session] = self._context.get(session, 0)
                 for _ in range(args.outputs):
                     if await pacer.wait(self._delay(produced)):
                         return
                     produced += 1
                     replies[session] = produced  # counted once handed out
+                    self._context[session] = context + produced
                     yield self.output(produced - 1)
             else:
                 async for item in inputs:

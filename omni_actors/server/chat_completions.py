@@ -59,6 +59,7 @@ from omni_actors.server.chat_request import OUTPUT_RATE, ChatPlan, ChatRequestEr
 from omni_actors.server.http_error import error_body, error_response
 from omni_actors.server.state import ServerState, server_state
 from omni_actors.server.stop_text import StopText
+from omni_actors.server.usage import token_usage
 
 __all__ = ["AUDIO_LIFETIME_S", "ChatCompletionReply", "ReplyFailedError", "chat_completions"]
 
@@ -304,8 +305,14 @@ class ChatCompletionReply(Response):
         return "length" if self._tokens >= limit else "stop"
 
     def _usage(self) -> Usage:
-        tokens = self._tokens
-        return Usage(prompt_tokens=0, completion_tokens=tokens, total_tokens=tokens)
+        done = self._done
+        entry = self.state.pipeline.spec.entry_stage
+        usage = token_usage(done.metrics if done is not None else None, entry, self._tokens)
+        return Usage(
+            prompt_tokens=usage.prompt,
+            completion_tokens=usage.completion,
+            total_tokens=usage.total,
+        )
 
     async def _reply(self, response: PipelineResponse) -> None:
         """One ``chat.completion`` body."""

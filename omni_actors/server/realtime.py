@@ -588,6 +588,7 @@ class RealtimeConnection:
             event_id=lambda: new_id("event"),
             conversation_id=self.conversation_id,
             metadata=params.metadata if params is not None else None,
+            entry_stage=self.state.pipeline.spec.entry_stage,
         )
         self.active = self.last_response = stream
         self.streams[stream.id] = stream
