@@ -4,6 +4,7 @@ is set; a pipeline without voices takes any name as before."""
 
 from __future__ import annotations
 
+import argparse
 import base64
 import json
 from collections.abc import AsyncIterator
@@ -16,6 +17,7 @@ import pytest_asyncio
 from openai import AsyncOpenAI
 from realtime_client import speech
 
+from omni_actors.cli.serve import add_serve_arguments, serve_command
 from omni_actors.pipeline.spec.pipeline import PipelineSpec, load_pipeline
 from omni_actors.server.runner import RunningServer, run_server
 from omni_actors.server.settings import ServerSettings
@@ -208,3 +210,13 @@ async def test_a_pipeline_without_voices_takes_any_name(server: RunningServer) -
         audio={"voice": "anything", "format": "pcm16"},  # type: ignore[typeddict-item]
     )
     assert completion.choices[0].message.audio is not None
+
+
+def test_serve_refuses_a_malformed_voice_map(capsys: pytest.CaptureFixture[str]) -> None:
+    parser = argparse.ArgumentParser()
+    add_serve_arguments(parser)
+    ns = parser.parse_args(["--preset", "scripted-omni", "--voice-map", "alloy=", "--port", "0"])
+    assert serve_command(ns) == 2
+    assert "NAME=SPEAKER" in capsys.readouterr().err
+    ns = parser.parse_args(["--voice-map", "alloy=ethan", "--voice-map", "nova=chelsie"])
+    assert parse_voice_map(ns.voice_map) == {"alloy": "ethan", "nova": "chelsie"}
