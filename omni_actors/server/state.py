@@ -3,21 +3,25 @@
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from starlette.requests import HTTPConnection
 
+from omni_actors.errors import OmniError
 from omni_actors.pipeline.omni_pipeline import OmniPipeline
 from omni_actors.server.metrics import ServerMetrics
 from omni_actors.server.settings import ServerSettings
-from omni_actors.server.voices import VoiceMap, pipeline_voices
+from omni_actors.server.voices import ANY_VOICE, VoiceMap, pipeline_voices
 
 if TYPE_CHECKING:
     from omni_actors.server.realtime import RealtimeConnection
 
 __all__ = ["ServerState", "server_state"]
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(eq=False)
@@ -56,11 +60,15 @@ class ServerState:
 
         Raises:
             VoiceMapError: the configured map names a voice the model does not have.
-            AskTimeoutError: the pipeline did not answer.
         """
         if self.voice_map is not None:
             return self.voice_map
-        speakers, complete = pipeline_voices(await self.pipeline.health())
+        try:
+            health = await self.pipeline.health()
+        except (OmniError, RuntimeError) as exc:  # RuntimeError: the pipeline is closed
+            log.warning("the pipeline did not tell its voices (asked again later): %r", exc)
+            return ANY_VOICE
+        speakers, complete = pipeline_voices(health)
         found = VoiceMap.of(speakers, self.settings.voice_map if complete or speakers else None)
         if complete:
             self.voice_map = found

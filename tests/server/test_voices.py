@@ -11,6 +11,7 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
+import msgspec
 import openai
 import pytest
 import pytest_asyncio
@@ -19,6 +20,7 @@ from realtime_client import speech
 
 from omni_actors.cli.serve import add_serve_arguments, serve_command
 from omni_actors.pipeline.spec.pipeline import PipelineSpec, load_pipeline
+from omni_actors.protocols.control import PipelineHealth, StageHealth
 from omni_actors.server.runner import RunningServer, run_server
 from omni_actors.server.settings import ServerSettings
 from omni_actors.server.voices import (
@@ -27,6 +29,7 @@ from omni_actors.server.voices import (
     VoiceMap,
     VoiceMapError,
     parse_voice_map,
+    pipeline_voices,
 )
 
 SPEAKERS = ("chelsie", "ethan")
@@ -220,3 +223,18 @@ def test_serve_refuses_a_malformed_voice_map(capsys: pytest.CaptureFixture[str])
     assert "NAME=SPEAKER" in capsys.readouterr().err
     ns = parser.parse_args(["--voice-map", "alloy=ethan", "--voice-map", "nova=chelsie"])
     assert parse_voice_map(ns.voice_map) == {"alloy": "ethan", "nova": "chelsie"}
+
+
+def test_the_voices_are_learnt_only_from_a_whole_answer() -> None:
+    talker = StageHealth(stage="talker", state="running", restarts=0, sessions=0, queued=0)
+    spoken = msgspec.structs.replace(talker, voices=["ethan", "chelsie"])
+    thinker = StageHealth(stage="thinker", state="running", restarts=0, sessions=0, queued=0)
+    assert pipeline_voices(PipelineHealth(stages={"thinker": thinker, "talker": spoken})) == (
+        ["chelsie", "ethan"],
+        True,
+    )
+    restarting = msgspec.structs.replace(talker, state="restarting", queued=None)
+    assert pipeline_voices(PipelineHealth(stages={"thinker": thinker, "talker": restarting})) == (
+        [],
+        False,
+    )
