@@ -6,7 +6,9 @@ messages go to the entry stage's ``instructions`` field, each user message is se
 committed as a turn, and ``respond`` starts the reply, whose events become the
 completion — one ``chat.completion`` JSON body, or with ``stream: true`` server-sent
 ``chat.completion.chunk`` events (text in ``delta.content``; with audio, base64 PCM16
-and the transcript in ``delta.audio`` pieces, as OpenAI streams them).
+and the transcript in ``delta.audio`` pieces, as OpenAI streams them). A text reply
+that meets one of the request's ``stop`` strings ends before it: the text up to it is
+sent (``stop_text.py``) and the reply is cancelled on every stage.
 
 The session is closed on every way out, and a client that goes away mid-reply aborts
 it on every stage at once: the reply runs in a task of its own, beside one that waits
@@ -270,7 +272,7 @@ class ChatCompletionReply(Response):
                     await response.cancel()  # a stop string: no more of the reply
                 if text:
                     self._text.append(text)
-                    yield msgspec.structs.replace(event, text=text)
+                    yield event if text == event.text else msgspec.structs.replace(event, text=text)
             elif isinstance(event, AudioDelta):
                 data = audio.encode(event.audio) if audio is not None else ""
                 if data:

@@ -3,9 +3,12 @@
 Everything a request can get wrong is found here, before the request takes a session
 slot: the JSON and its types (msgspec, with the path of the offending field), the
 audio (base64, WAV or PCM16), the options (``max_completion_tokens``, ``temperature``,
-``voice``), and what a pipeline cannot do yet (replay an earlier assistant reply, call
-tools, stream WAV). Each refusal is a :class:`ChatRequestError` with the HTTP status,
-OpenAI's ``param`` and ``code``, and a message that says what to send instead.
+``voice`` — one the server takes, see ``voices.py`` — and ``stop``), the parameters
+the server cannot honour (an unknown field, ``logprobs``, a JSON ``response_format`` …:
+refused by name, never dropped), and what a pipeline cannot do yet (replay an earlier
+assistant reply, call tools, stream WAV). Each refusal is a :class:`ChatRequestError`
+with the HTTP status, OpenAI's ``param`` and ``code``, and a message that says what to
+send instead.
 """
 
 from __future__ import annotations
