@@ -162,9 +162,9 @@ class ResponseStatusDetails(msgspec.Struct, frozen=True, kw_only=True):
 
 
 class Usage(msgspec.Struct, frozen=True, kw_only=True):
-    """Token counts of a response: output tokens are the text tokens generated (the
-    audio codec frames are not counted); input tokens are not known to the server and
-    are reported as 0."""
+    """Token counts of a response, as the entry engine counted them: input tokens are
+    its context (the conversation so far), output tokens the text tokens it generated
+    (the audio codec frames are not counted)."""
 
     total_tokens: int
     input_tokens: int

@@ -250,6 +250,11 @@ class StageMetrics(msgspec.Struct, frozen=True, kw_only=True):
             (``time.time()``: comparable across the stages of one host), None if none.
         last_output_at: when it yielded its last one: with the other stages' times, the
             segment's timeline (did the talker start before the thinker finished?).
+        prompt_tokens: from an engine that tells (a thinker): the tokens of the context
+            its reply in the segment was generated from (the conversation so far: what
+            OpenAI's usage counts as the prompt); None otherwise, or with no reply.
+        completion_tokens: the token ids the engine yielded (rows of its ``token_ids``
+            outputs); None from an engine that yields none.
     """
 
     queue_wait_ms: float = 0.0
@@ -262,6 +267,8 @@ class StageMetrics(msgspec.Struct, frozen=True, kw_only=True):
     queued_max: int = 0
     first_output_at: float | None = None
     last_output_at: float | None = None
+    prompt_tokens: int | None = None
+    completion_tokens: int | None = None
 
 
 class StageReport(msgspec.Struct, tag="stage-report", frozen=True, kw_only=True):

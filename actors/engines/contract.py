@@ -73,6 +73,12 @@ An engine that speaks may expose ``voices``, the names a response's ``voice`` op
 takes (the talker: its checkpoint's speakers); the stage reports them in its state, and
 ``OmniPipeline.health()`` lists them per stage (:func:`engine_voices`).
 
+An engine that generates replies from a conversation (a thinker) may expose
+``prompt_tokens(session)``: the tokens of the context its last reply for the session
+was generated from, or None; the stage reports it at the segment's end
+(``StageMetrics.prompt_tokens``, :func:`engine_prompt_tokens`), beside the token ids
+the engine yielded, so a server's usage counts what the engine counted.
+
 An engine that knows how long it has computed may expose ``busy_s``, the seconds it has
 spent in model calls since it started (torch engines: their model thread's time in
 calls); the stage reports it in its state and ``OmniPipeline.health()`` per stage
@@ -117,7 +123,7 @@ both ends name the same rule for each field it carries.
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Callable, Mapping
 from dataclasses import dataclass
 from typing import Protocol, get_args
 
@@ -142,6 +148,7 @@ __all__ = [
     "Rule",
     "Truncatable",
     "engine_busy_s",
+    "engine_prompt_tokens",
     "engine_voices",
     "output_overdue",
     "response_options",
@@ -193,6 +200,13 @@ def response_options(inputs: AsyncIterator[Fields]) -> ResponseOptions:
     """
     options = getattr(inputs, "options", None)
     return options if isinstance(options, ResponseOptions) else NO_OPTIONS
+
+
+def engine_prompt_tokens(engine: object) -> Callable[[str], int | None] | None:
+    """``engine``'s ``prompt_tokens(session)`` (see the module docstring), or None for
+    an engine without it."""
+    counted = getattr(engine, "prompt_tokens", None)
+    return counted if callable(counted) else None
 
 
 def engine_voices(engine: object) -> list[str] | None:

@@ -50,6 +50,7 @@ from omni_actors.actors.engines.contract import (
     Engine,
     Fields,
     ResponseOptions,
+    engine_prompt_tokens,
 )
 from omni_actors.actors.stage.accumulate import ChunkGapError, ChunkSequence
 from omni_actors.actors.stage.device_links import DeviceLinks
@@ -140,6 +141,7 @@ class StageSession:
         # A Replayable engine tells the session each reply it generated (to replay).
         last_reply = getattr(engine, "last_reply", None) if takes_marks else None
         self._last_reply: Callable[[SessionKey], tuple[int, ...] | None] | None = last_reply
+        self._prompt_tokens = engine_prompt_tokens(engine)
         self.transfers = transfers
         self.engine = engine
         self.clock = clock
@@ -378,6 +380,8 @@ class StageSession:
             failure = await self._generate(segment, inputs)
             if failure is None and self._last_reply is not None:
                 reply = self._last_reply(self.key)
+            if failure is None and self._prompt_tokens is not None:
+                self.metrics.prompt_tokens = self._prompt_tokens(self.key)
             if failure is not None:
                 if not self.resumable:
                     raise _EngineFailed(failure)  # a one-shot session has nothing left
@@ -422,7 +426,7 @@ class StageSession:
                         return error
                 now = monotonic()
                 metrics.compute += now - before - (metrics.blocked - blocked)
-                metrics.output(now)
+                metrics.output(now, output.get("token_ids"))
                 if outlets is None:
                     await self._route(output)
                 else:

@@ -3,11 +3,13 @@
 Everything a request can get wrong is found here, before the request takes a session
 slot: the JSON and its types (msgspec, with the path of the offending field), the
 audio (base64, WAV or PCM16), the options (``max_completion_tokens``, ``temperature``,
-``voice``), earlier replies that cannot be taken (an ``audio`` id with no words: the
-server keeps no audio; a pipeline whose entry stage keeps no conversation), and what a
-pipeline cannot do yet (call tools, stream WAV). Each refusal is a
-:class:`ChatRequestError` with the HTTP status, OpenAI's ``param`` and ``code``, and a
-message that says what to send instead.
+``voice`` — one the server takes, see ``voices.py`` — and ``stop``), earlier replies
+that cannot be taken (an ``audio`` id with no words: the server keeps no audio; a
+pipeline whose entry stage keeps no conversation), the parameters the server cannot
+honour (an unknown field, ``logprobs``, a JSON ``response_format`` …: refused by name,
+never dropped), and what a pipeline cannot do yet (call tools, stream WAV). Each refusal
+is a :class:`ChatRequestError` with the HTTP status, OpenAI's ``param`` and ``code``, and
+a message that says what to send instead.
 """
 
 from __future__ import annotations
@@ -42,6 +44,7 @@ from omni_actors.protocols.chat_completions import (
 )
 from omni_actors.protocols.stage import ResponseOptions
 from omni_actors.server.audio_format import AudioPayloadError, decode_audio, format_rate
+from omni_actors.server.voices import ANY_VOICE, UnknownVoiceError, VoiceMap
 
 __all__ = ["ChatPlan", "ChatRequestError", "ReplyTurn", "TurnPart", "plan_request"]
 
@@ -52,6 +55,8 @@ OUTPUT_RATE: Final = format_rate("audio/pcm")
 
 _decoder = msgspec.json.Decoder(ChatCompletionRequest)
 _AT = re.compile(r"- at `\$\.(.+)`$")
+_UNKNOWN = re.compile(r"unknown field `([^`]+)`")
+_MAX_STOPS = 4  # as OpenAI
 
 
 class ChatRequestError(InvalidRequestError):
@@ -109,6 +114,7 @@ class ChatPlan:
         options: the checked response options (``max_tokens``, ``temperature``, ``voice``).
         stream: reply as server-sent events.
         include_usage: end the stream with a usage chunk.
+        stop: the stop strings: the reply's text ends before the first it contains.
     """
 
     model: str
@@ -119,9 +125,17 @@ class ChatPlan:
     options: ResponseOptions
     stream: bool
     include_usage: bool = False
+    stop: tuple[str, ...] = ()
 
 
-def plan_request(body: bytes, spec: PipelineSpec, *, model: str, max_bytes: int) -> ChatPlan:
+def plan_request(
+    body: bytes,
+    spec: PipelineSpec,
+    *,
+    model: str,
+    max_bytes: int,
+    voices: VoiceMap = ANY_VOICE,
+) -> ChatPlan:
     """Decode and check a request body for a pipeline.
 
     Args:
@@ -129,6 +143,8 @@ def plan_request(body: bytes, spec: PipelineSpec, *, model: str, max_bytes: int)
         spec: the served pipeline (its entry stage decides whether instructions apply).
         model: the model name to report when the request names none.
         max_bytes: the most decoded bytes one audio part may hold.
+        voices: the voice names the server takes (``audio.voice`` must be one; the
+            plan asks for the speaker it names).
 
     Raises:
         ChatRequestError: the request cannot be served as sent.
@@ -138,6 +154,15 @@ def plan_request(body: bytes, spec: PipelineSpec, *, model: str, max_bytes: int)
     except msgspec.ValidationError as exc:
         # msgspec names the field as "... - at `$.messages[0].role`".
         where = _AT.search(str(exc))
+        unknown = _UNKNOWN.search(str(exc))
+        if unknown is not None:
+            name = (where.group(1) + "." if where else "") + unknown.group(1)
+            raise ChatRequestError(
+                f"unrecognized request parameter {name!r}: this server does not support "
+                "it; leave it out",
+                param=name,
+                error_code="unknown_parameter",
+            ) from None
         raise ChatRequestError(
             f"invalid request: {exc}",
             param=where.group(1) if where else None,
@@ -153,7 +178,16 @@ def plan_request(body: bytes, spec: PipelineSpec, *, model: str, max_bytes: int)
             param="n",
             error_code="invalid_value",
         )
+    _check_parameters(request)
     audio_format, voice = _audio_output(request)
+    stops = _stops(request.stop, voiced=audio_format is not None)
+    if voice is not None:
+        try:
+            voice = voices.speaker(voice)
+        except UnknownVoiceError as exc:
+            raise ChatRequestError(
+                str(exc), param="audio.voice", error_code="invalid_value"
+            ) from None
     stream = bool(request.stream)
     if stream and audio_format == "wav":
         raise ChatRequestError(
@@ -184,7 +218,64 @@ def plan_request(body: bytes, spec: PipelineSpec, *, model: str, max_bytes: int)
         include_usage=stream
         and request.stream_options is not None
         and request.stream_options.include_usage,
+        stop=stops,
     )
+
+
+def _check_parameters(request: ChatCompletionRequest) -> None:
+    """Refuse, by name, each parameter set to a value the server cannot honour."""
+    neutral: dict[str, tuple[object, ...]] = {
+        "top_p": (None, 1),
+        "frequency_penalty": (None, 0),
+        "presence_penalty": (None, 0),
+        "logprobs": (None, False),
+        "top_logprobs": (None,),
+        "logit_bias": (None, {}),
+        "seed": (None,),
+        "store": (None, False),
+        "metadata": (None, {}),
+        "service_tier": (None, "auto", "default"),
+    }
+    for name, allowed in neutral.items():
+        value = getattr(request, name)
+        if value not in allowed:  # msgspec typed each: no True passes for 1
+            raise ChatRequestError(
+                f"{name}={value!r} is not supported by this server; leave it out"
+                + (f" or send {allowed[1]!r}" if len(allowed) > 1 else ""),
+                param=name,
+                error_code="unsupported_parameter",
+            )
+    response_format = request.response_format
+    if response_format is not None and response_format.type != "text":
+        raise ChatRequestError(
+            f'response_format {{"type": "{response_format.type}"}} is not supported: nothing '
+            'constrains the reply to JSON here; send {"type": "text"} or leave it out and '
+            "ask for JSON in the instructions",
+            param="response_format",
+            error_code="unsupported_value",
+        )
+
+
+def _stops(stop: str | list[str] | None, *, voiced: bool) -> tuple[str, ...]:
+    """The stop strings of a request (checked)."""
+    stops = [stop] if isinstance(stop, str) else list(stop or [])
+    if not stops:
+        return ()
+    if voiced:
+        raise ChatRequestError(
+            "stop is served for text replies only: a voiced reply is spoken as its text "
+            "streams, before a stop string could be seen; leave stop out, or ask for "
+            'modalities ["text"]',
+            param="stop",
+            error_code="unsupported_parameter",
+        )
+    if len(stops) > _MAX_STOPS or not all(stops):
+        raise ChatRequestError(
+            f"stop takes 1 to {_MAX_STOPS} non-empty strings, got {stops!r}",
+            param="stop",
+            error_code="invalid_value",
+        )
+    return tuple(stops)
 
 
 def _audio_output(

@@ -135,7 +135,7 @@ class InputStream:
             stream.response = await session.respond(
                 max_tokens=settings.max_tokens,
                 temperature=settings.temperature,
-                voice=settings.voice,
+                voice=settings.speaker,
                 response_id=stream.id,
                 instructions=settings.instructions,
             )

@@ -104,6 +104,7 @@ from omni_actors.server.response_stream import CancelReason, ResponseStream
 from omni_actors.server.session_config import SessionSettings, SettingError
 from omni_actors.server.state import ServerState
 from omni_actors.server.turns import Forward, Started, Stopped, TurnDetector
+from omni_actors.server.voices import VoiceMap
 
 __all__ = ["RealtimeConnection"]
 
@@ -136,6 +137,7 @@ class RealtimeConnection:
             id=new_id("sess"), model=state.settings.model or spec.name, created_at=time.time()
         )
         self.log = logging.LoggerAdapter(log, {"session": self.settings.id})
+        self.voices = VoiceMap()  # the voice names it takes: the server's, once served
         self.session: Session | None = None
         self.input: InputStream | None = None
         self.source_rate = spec.outputs.sample_rate
@@ -176,6 +178,7 @@ class RealtimeConnection:
             if error is not None:
                 await self.fail(error.code, error.message, close_code=_CLOSE_TRY_LATER)
                 return
+            self.voices = await state.voices()
             self.input = InputStream(session, self.input_rate, self._refused)
             self._apply_vad()
             await self.send(
@@ -339,7 +342,7 @@ class RealtimeConnection:
     # -- session settings ----------------------------------------------------------------
 
     async def _update(self, event: SessionUpdate) -> None:
-        new = self.settings.updated(event.session)
+        new = self.settings.updated(event.session, self.voices)
         if new.input_format != self.settings.input_format and self.buffered:
             raise SettingError(
                 "the input format cannot change while the input buffer holds audio; "
@@ -748,7 +751,7 @@ class RealtimeConnection:
         """
         params = event.response if event is not None else None
         out_of_band = self._out_of_band(params)
-        settings = self.settings.for_response(params)
+        settings = self.settings.for_response(params, self.voices)
         if settings.instructions is not None and not self._takes_instructions:
             raise RequestError(
                 "this pipeline's entry stage takes no instructions, so a response cannot "
@@ -767,6 +770,7 @@ class RealtimeConnection:
             event_id=lambda: new_id("event"),
             conversation_id=None if out_of_band else self.conversation_id,
             metadata=params.metadata if params is not None else None,
+            entry_stage=self.state.pipeline.spec.entry_stage,
         )
         self.active = stream
         self.streams[stream.id] = stream

@@ -42,6 +42,7 @@ from omni_actors.protocols.realtime_server import (
 )
 from omni_actors.server.audio_format import OutputAudio, format_rate
 from omni_actors.server.session_config import ResponseSettings, describe_format
+from omni_actors.server.usage import TokenUsage, token_usage
 
 __all__ = ["CancelReason", "ResponseStream"]
 
@@ -68,6 +69,7 @@ class ResponseStream:
         event_id: makes a new ``event_id``.
         conversation_id: the session's conversation (None: an out-of-band response).
         metadata: ``response.create``'s metadata, echoed back.
+        entry_stage: the pipeline's entry stage, whose report counts the tokens.
     """
 
     def __init__(
@@ -80,6 +82,7 @@ class ResponseStream:
         event_id: Callable[[], str],
         conversation_id: str | None,
         metadata: dict[str, str] | None = None,
+        entry_stage: str = "",
     ) -> None:
         self.id = response_id
         self.item_id = item_id
@@ -95,6 +98,8 @@ class ResponseStream:
         self.response: Response | None = None  # once the pipeline has started it
         self.cancel_reason: CancelReason | None = None
         self.ended = False
+        self._entry_stage = entry_stage
+        self._usage = TokenUsage(prompt=0, completion=0)
 
     @property
     def audio_ms(self) -> float:
@@ -145,7 +150,11 @@ class ResponseStream:
                 )
             ),
             conversation_id=self._conversation_id,
-            usage=Usage(total_tokens=len(self.text), input_tokens=0, output_tokens=len(self.text))
+            usage=Usage(
+                total_tokens=self._usage.total,
+                input_tokens=self._usage.prompt,
+                output_tokens=self._usage.completion,
+            )
             if final
             else None,
             metadata=self._metadata,
@@ -212,6 +221,8 @@ class ResponseStream:
         if self.ended:
             return []
         self.ended = True
+        metrics = event.metrics if event is not None else None
+        self._usage = token_usage(metrics, self._entry_stage, len(self.text))
         events: list[ServerEvent] = []
         if event is not None and event.status == "completed" and self.cancel_reason is None:
             status: Literal["completed", "cancelled", "failed"] = "completed"

@@ -31,6 +31,7 @@ from omni_actors.protocols.realtime_server import (
 )
 from omni_actors.server.audio_format import BETA_FORMATS, AudioFormatName, format_rate
 from omni_actors.server.request_error import RequestError
+from omni_actors.server.voices import ANY_VOICE, UnknownVoiceError, VoiceMap
 
 __all__ = ["ResponseSettings", "SessionSettings", "SettingError", "VadSettings"]
 
@@ -59,7 +60,11 @@ class VadSettings:
 
 @dataclass(frozen=True, slots=True)
 class ResponseSettings:
-    """What one response is asked for: the session's settings with its overrides."""
+    """What one response is asked for: the session's settings with its overrides.
+
+    ``voice`` is the name the client set (what events show); ``speaker`` the model's
+    speaker it names (what the pipeline is asked for).
+    """
 
     modalities: tuple[Modality, ...]
     output_format: AudioFormatName
@@ -69,6 +74,7 @@ class ResponseSettings:
     instructions: str | None
     """The response's own instructions (``response.instructions``), for its reply alone;
     None: the session's hold."""
+    speaker: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -87,8 +93,8 @@ class SessionSettings:
     temperature: float | None = None
     created_at: float = 0.0
 
-    def updated(self, config: SessionConfig) -> SessionSettings:
-        """These settings with ``config`` applied.
+    def updated(self, config: SessionConfig, voices: VoiceMap = ANY_VOICE) -> SessionSettings:
+        """These settings with ``config`` applied; a voice must be one of ``voices``.
 
         Raises:
             SettingError: a value the server does not support (the settings are unchanged).
@@ -110,7 +116,8 @@ class SessionSettings:
         voice = audio_out.voice if audio_out is not None else None
         voice = voice or config.voice
         if voice is not None:
-            new = replace(new, voice=_voice(voice, "session.audio.output.voice"))
+            _voice(voice, "session.audio.output.voice", voices)  # shown as the client sent it
+            new = replace(new, voice=voice)
         turn_detection = config.turn_detection
         if audio_in is not None and audio_in.turn_detection is not msgspec.UNSET:
             turn_detection = audio_in.turn_detection
@@ -125,8 +132,11 @@ class SessionSettings:
             new = replace(new, temperature=_temperature(config.temperature))
         return new
 
-    def for_response(self, params: ResponseParams | None) -> ResponseSettings:
-        """The settings of a response, with ``response.create``'s overrides.
+    def for_response(
+        self, params: ResponseParams | None, voices: VoiceMap = ANY_VOICE
+    ) -> ResponseSettings:
+        """The settings of a response, with ``response.create``'s overrides; a voice
+        must be one of ``voices``, and names the speaker it maps to there.
 
         Raises:
             SettingError: an override the server does not support.
@@ -138,6 +148,9 @@ class SessionSettings:
             max_tokens=self.max_tokens,
             temperature=self.temperature,
             instructions=None,
+            speaker=None
+            if self.voice is None
+            else _voice(self.voice, "session.audio.output.voice", voices),
         )
         if params is None:
             return base
@@ -154,7 +167,8 @@ class SessionSettings:
         output: AudioOutputConfig | None = params.audio.output if params.audio else None
         voice = (output.voice if output else None) or params.voice
         if voice is not None:
-            base = replace(base, voice=_voice(voice, "response.audio.output.voice"))
+            param = "response.audio.output.voice"
+            base = replace(base, voice=_voice(voice, param), speaker=_voice(voice, param, voices))
         if output is not None and output.format is not None:
             fmt = _format(output.format, "response.audio.output.format")
             base = replace(base, output_format=fmt)
@@ -245,10 +259,14 @@ def _modalities(modalities: list[Modality], param: str) -> tuple[Modality, ...]:
     return ("audio",) if "audio" in modalities else ("text",)
 
 
-def _voice(voice: str, param: str) -> str:
+def _voice(voice: str, param: str, voices: VoiceMap = ANY_VOICE) -> str:
+    """``voice`` checked, as the speaker it names in ``voices``."""
     if not voice:
         raise SettingError("voice must be a non-empty name", param)
-    return voice
+    try:
+        return voices.speaker(voice)
+    except UnknownVoiceError as exc:
+        raise SettingError(str(exc), param) from None
 
 
 def _max_tokens(limit: int | Literal["inf"], param: str) -> int | None:

@@ -184,6 +184,15 @@ class ThinkerEngine(BatchedTorchEngine[Conversation, DecodeStep, Token]):
         conversation = self._sessions.get(session)
         return None if conversation is None else conversation.decoded
 
+    def prompt_tokens(self, session: str) -> int | None:
+        """The tokens the reply of ``session``'s last ``generate`` was decoded after
+        (the conversation so far and the reply's opening: its prompt); None when
+        :meth:`last_reply` is None."""
+        conversation = self._sessions.get(session)
+        if conversation is None or conversation.decoded is None or conversation.reply is None:
+            return None
+        return conversation.reply.start
+
     # -- the engine protocol --------------------------------------------------------------
 
     def generate(self, session: str, inputs: AsyncIterator[Fields]) -> AsyncIterator[Fields]:

@@ -215,6 +215,15 @@ class VllmThinkerEngine:
         state = self._sessions.get(session)
         return None if state is None else state.decoded
 
+    def prompt_tokens(self, session: str) -> int | None:
+        """The tokens the reply of ``session``'s last ``generate`` was decoded after
+        (the token list so far, each clip as vLLM expands it: its prompt); None when
+        :meth:`last_reply` is None."""
+        state = self._sessions.get(session)
+        if state is None or state.decoded is None or state.history.reply is None:
+            return None
+        return state.history.reply.start
+
     # -- the engine protocol ---------------------------------------------------------------
 
     def generate(self, session: str, inputs: AsyncIterator[Fields]) -> AsyncIterator[Fields]:
