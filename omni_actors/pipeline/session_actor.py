@@ -275,12 +275,13 @@ class SessionActor(Actor[SessionMessage]):
         elif source in self.plan:
             await send_credit(self.plan[source].ref, credit)
 
-    def _transcription_failed(self, code: ErrorCode, message: str) -> None:
-        """The transcriber lost the session: the turns it had not transcribed fail, and
-        it is sent no more input (see the module docstring)."""
+    def _transcription_failed(self, code: ErrorCode, message: str, *, lost: bool = True) -> None:
+        """The turns the transcriber had not transcribed fail; if it ``lost`` the session
+        (rather than failing one segment), it is sent no more input."""
         if self.channel.transcriber_lost:
             return
-        self.channel.lose_transcriber(message)
+        if lost:
+            self.channel.lose_transcriber(message)
         self.channel.put(TranscriptFailed(session=self.id, item="", code=code, message=message))
 
     async def _report(self, report: StageReport) -> None:
@@ -289,8 +290,9 @@ class SessionActor(Actor[SessionMessage]):
         if report.stage == self.transcriber:
             if report.end in ("failed", "error"):
                 code = report.code if report.code is not None else "engine_error"
-                self._transcription_failed(code, report.error)
-                if report.end == "error":  # it dropped the session: free what is left
+                lost = report.end == "error"  # else it failed one segment and goes on
+                self._transcription_failed(code, report.error, lost=lost)
+                if lost:  # it dropped the session: free what is left
                     await self.path.abort(report.error, only=self.transcriber)
             return
         if report.end == "error":

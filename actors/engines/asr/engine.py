@@ -109,6 +109,9 @@ class AsrEngine(TorchEngine):
 
         self._processor = AutoProcessor.from_pretrained(path)  # type: ignore[no-untyped-call,unused-ignore]
         model = AutoModelForSpeechSeq2Seq.from_pretrained(path)
+        # The engine bounds a transcript by its own argument, not the checkpoint's.
+        model.generation_config.max_length = None
+        model.generation_config.max_new_tokens = self._args.max_new_tokens
         self._model = model.to(self.device).eval()
         extractor = getattr(self._processor, "feature_extractor", self._processor)
         self._rate = int(getattr(extractor, "sampling_rate", self._args.sample_rate))
@@ -122,7 +125,7 @@ class AsrEngine(TorchEngine):
         audio = audio[: int(self._args.max_turn_s * self._rate)]
         processor, model = self._processor, self._model
         features = processor(audio.numpy(), sampling_rate=self._rate, return_tensors="pt")
-        kwargs: dict[str, Any] = {"max_new_tokens": self._args.max_new_tokens}
+        kwargs: dict[str, Any] = {}
         if model.config.model_type == "whisper":
             if turn.settings.language:
                 kwargs["language"] = turn.settings.language
