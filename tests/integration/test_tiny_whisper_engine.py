@@ -77,8 +77,10 @@ async def test_a_turn_that_fails_fails_alone(cache: Path) -> None:
                 {"language": "", "item": "good", "audio": speech},
             ],
         )
-        assert outputs[0]["item"] == "bad" and "xx" in str(outputs[0]["transcript_error"])
-        assert outputs[1]["item"] == "good" and isinstance(outputs[1]["transcript"], str)
+        assert outputs[0]["item"] == "bad"
+        assert "xx" in str(outputs[0]["transcript_error"])
+        assert outputs[1]["item"] == "good"
+        assert isinstance(outputs[1]["transcript"], str)
     finally:
         await engine.abort(SessionKey("s#1"))
         await engine.stop()

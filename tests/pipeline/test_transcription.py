@@ -29,7 +29,6 @@ from omni_actors.protocols.events import (
     TranscriptDone,
     TranscriptFailed,
 )
-from omni_actors.testing import eventually
 from omni_actors.testing.inspection import actor_instance
 
 SAMPLE_RATE = 1000
@@ -53,9 +52,11 @@ def spec_data(**over: Any) -> dict[str, Any]:
 @asynccontextmanager
 async def transcribed(*, transcription: bool = True) -> AsyncIterator[tuple[OmniPipeline, Session]]:
     spec = PipelineSpec.model_validate(spec_data())
-    async with OmniPipeline(spec) as omni:
-        async with omni.session(modalities=("text",), transcription=transcription) as session:
-            yield omni, session
+    async with (
+        OmniPipeline(spec) as omni,
+        omni.session(modalities=("text",), transcription=transcription) as session,
+    ):
+        yield omni, session
 
 
 async def events_until(session: Session, done: int, transcripts: int) -> list[Event]:
@@ -112,7 +113,8 @@ async def test_the_reply_never_waits_for_the_transcriber() -> None:
             await session.commit(item="u1")
             response = await session.respond()
             events = [event async for event in response.events()]
-            assert isinstance(events[-1], ResponseDone) and events[-1].status == "completed"
+            assert isinstance(events[-1], ResponseDone)
+            assert events[-1].status == "completed"
             assert "".join(e.text for e in events if isinstance(e, TextDelta)) == ""
             assert not any(isinstance(e, TranscriptDone) for e in events)  # still held
             gate.set()
@@ -176,7 +178,8 @@ async def test_a_session_without_transcription_leaves_the_transcriber_alone() ->
         await session.respond()
         await events_until(session, done=1, transcripts=0)
         sessions = await omni.live_sessions()
-        assert sessions["asr"] == [] and sessions["echo"] == [session.id]
+        assert sessions["asr"] == []
+        assert sessions["echo"] == [session.id]
 
 
 async def test_a_pipeline_without_a_transcriber_refuses_transcription() -> None:
