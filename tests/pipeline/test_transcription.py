@@ -112,7 +112,8 @@ async def test_the_reply_never_waits_for_the_transcriber() -> None:
             await session.send(audio=speech(400))
             await session.commit(item="u1")
             response = await session.respond()
-            events = [event async for event in response.events()]
+            async with asyncio.timeout(10):  # the transcriber holds its transcript meanwhile
+                events = [event async for event in response.events()]
             assert isinstance(events[-1], ResponseDone)
             assert events[-1].status == "completed"
             assert "".join(e.text for e in events if isinstance(e, TextDelta)) == ""
@@ -120,6 +121,23 @@ async def test_the_reply_never_waits_for_the_transcriber() -> None:
             gate.set()
             (event,) = await events_until(session, done=0, transcripts=1)
             assert event == TranscriptDone(session=session.id, item="u1", transcript="400 samples")
+    finally:
+        del transcriber_engines.GATE["open"]
+
+
+async def test_cancelling_a_reply_keeps_its_turns_transcripts() -> None:
+    gate = transcriber_engines.GATE["open"] = asyncio.Event()
+    try:
+        async with transcribed() as (_, session):
+            await session.transcribe()
+            for item in ("u1", "u2"):
+                await session.send(text="hello", audio=speech(100))
+                await session.commit(item=item)
+            response = await session.respond()
+            assert await response.cancel()
+            gate.set()  # the transcripts come once the reply is cancelled
+            events = await events_until(session, done=1, transcripts=2)
+            assert [e.item for e in events if isinstance(e, TranscriptDone)] == ["u1", "u2"]
     finally:
         del transcriber_engines.GATE["open"]
 
