@@ -108,7 +108,7 @@ class AsrEngine(TorchEngine):
         from omni_actors.actors.engines.asr.hf import AutoModelForSpeechSeq2Seq, AutoProcessor
 
         self._processor = AutoProcessor.from_pretrained(path)  # type: ignore[no-untyped-call,unused-ignore]
-        model = AutoModelForSpeechSeq2Seq.from_pretrained(path)
+        model = AutoModelForSpeechSeq2Seq.from_pretrained(path, use_safetensors=True)
         # The engine bounds a transcript by its own argument, not the checkpoint's.
         model.generation_config.max_length = None
         model.generation_config.max_new_tokens = self._args.max_new_tokens
