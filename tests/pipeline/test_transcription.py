@@ -248,5 +248,9 @@ def test_tiny_omni_transcribes() -> None:
     spec = load_pipeline("tiny-omni")
     assert spec.outputs.transcript == "transcriber"
     assert spec.stage("transcriber").engine.kind == "transformers.asr"
+    # A release named for the pipeline is the reply stages': the transcriber keeps its own.
+    other = spec.with_model("/releases/qwen3-omni")
+    assert other.stage("thinker").engine.args["model"] == "/releases/qwen3-omni"
+    assert "model" not in other.stage("transcriber").engine.args
     with pytest.raises(PipelineConfigError):
         load_pipeline("no-such-preset")

@@ -320,6 +320,7 @@ class PipelineSpec(Spec):
     def with_model(self, model: str) -> PipelineSpec:
         """A copy whose every stage with an engine that loads a model loads ``model``: a
         release directory, a Hugging Face repo id, or a family that prepares a release.
+        The transcriber (``outputs.transcript``) keeps its own model.
 
         Raises:
             PipelineConfigError: no stage's engine loads a model.
@@ -327,6 +328,8 @@ class PipelineSpec(Spec):
         data = self.model_dump(by_alias=True)
         placed = 0
         for stage in data["stages"]:
+            if stage["name"] == self.outputs.transcript:
+                continue
             if "model" in engine_type(stage["engine"]["kind"]).args_model.model_fields:
                 stage["engine"]["args"] = {**stage["engine"]["args"], "model": model}
                 placed += 1
