@@ -298,9 +298,12 @@ class Session:
         self._check_open()
         was, self._input.transcribing = self._input.transcribing, enabled
         if enabled:
-            await self._input.to_transcriber(
-                {LANGUAGE_FIELD: language or "", PROMPT_FIELD: prompt or ""}
-            )
+            settings: dict[str, torch.Tensor | str] = {
+                LANGUAGE_FIELD: language or "",
+                PROMPT_FIELD: prompt or "",
+            }
+            self._input.transcriber_settings = settings
+            await self._input.to_transcriber(settings)
         elif was:
             await self._input.to_transcriber({}, mark="clear")  # the turn under way is not
 

@@ -112,6 +112,9 @@ class SessionInput:
         self._transcriber: ActorRef[Chunk] | None = None
         self._transcriber_seq = 0
         self.transcribing = False
+        # What the transcriber was told of the session (language, prompt): told again
+        # when the session reopens, since a reopened stage starts from nothing.
+        self.transcriber_settings: dict[str, torch.Tensor | str] = {}
 
     def connect(
         self, entry: ActorRef[Chunk], key: SessionKey, transcriber: ActorRef[Chunk] | None = None
@@ -187,6 +190,8 @@ class SessionInput:
             try:
                 for chunk in history.replay():
                     await self._send(chunk.payload, "", chunk.mark, chunk.kept, None)
+                if self.transcriber_settings:
+                    await self.to_transcriber(self.transcriber_settings)
                 return
             except _Reopen:
                 if self.clock.now() >= deadline:

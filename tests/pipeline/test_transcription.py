@@ -29,6 +29,7 @@ from omni_actors.protocols.events import (
     TranscriptDone,
     TranscriptFailed,
 )
+from omni_actors.testing import eventually, kill_worker
 from omni_actors.testing.inspection import actor_instance
 
 SAMPLE_RATE = 1000
@@ -162,12 +163,45 @@ async def test_a_failed_transcript_fails_alone() -> None:
         assert event == TranscriptDone(session=session.id, item="ok", transcript="50 samples")
 
 
-async def reply_and_transcripts(session: Session) -> tuple[str, list[Event], ResponseDone]:
+async def reply_and_transcripts(
+    session: Session, transcripts: int = 1
+) -> tuple[str, list[Event], ResponseDone]:
     await session.respond()
-    events = await events_until(session, done=1, transcripts=1)
+    events = await events_until(session, done=1, transcripts=transcripts)
     done = next(e for e in events if isinstance(e, ResponseDone))
     text = "".join(e.text for e in events if isinstance(e, TextDelta))
     return text, events, done
+
+
+async def test_a_reopened_session_keeps_transcribing_with_its_settings() -> None:
+    stages = spec_data()["stages"]
+    stages[0] = {
+        **stages[0],
+        "process": True,
+        "engine": {"kind": "conversation_engines:ReplayEcho"},
+    }
+    spec = PipelineSpec.model_validate(
+        spec_data(
+            stages=stages, deadlines={"idle_s": 60.0, "inter_chunk_s": 30.0, "admission_s": 60.0}
+        )
+    )
+    async with OmniPipeline(spec) as omni, omni.session(transcription=True) as session:
+        await session.transcribe(language="en")
+        await session.send(text="hello")
+        await reply_and_transcripts(session, transcripts=0)
+        kill_worker((await omni.stages())["echo"])
+
+        async def told() -> None:
+            assert session.channel.stale
+
+        await eventually(told)
+        # The next input reopens the session on every stage (the transcriber too).
+        await session.send(audio=speech(120))
+        await session.commit(item="after")
+        _, events, done = await reply_and_transcripts(session)
+        assert done.status == "completed"
+        (transcript,) = [e for e in events if isinstance(e, TranscriptDone)]
+        assert transcript.transcript == "120 samples en"  # its language told again
 
 
 async def test_audio_reaches_the_transcriber_only_while_transcribing() -> None:
