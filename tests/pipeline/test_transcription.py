@@ -204,6 +204,25 @@ async def test_a_reopened_session_keeps_transcribing_with_its_settings() -> None
         assert transcript.transcript == "120 samples en"  # its language told again
 
 
+async def test_a_transcriber_that_dies_fails_transcription_only() -> None:
+    stages = spec_data()["stages"]
+    stages[1] = {**stages[1], "process": True}
+    spec = PipelineSpec.model_validate(spec_data(stages=stages))
+    async with OmniPipeline(spec) as omni, omni.session(transcription=True) as session:
+        await session.transcribe()
+        await session.send(text="hi", audio=speech(100))
+        kill_worker((await omni.stages())["asr"])
+        (failed,) = await events_until(session, done=0, transcripts=1)
+        assert isinstance(failed, TranscriptFailed)
+        assert (failed.item, failed.code) == ("", "stage_failed")
+        # The conversation goes on; the transcriber gets nothing more of this session.
+        await session.commit(item="u1")
+        text, _, done = await reply_and_transcripts(session, transcripts=0)
+        assert done.status == "completed"
+        assert text == "HI"
+        assert not session.channel.stale
+
+
 async def test_audio_reaches_the_transcriber_only_while_transcribing() -> None:
     async with transcribed() as (omni, session):
         engine = actor_instance((await omni.stages())["asr"]).engine
