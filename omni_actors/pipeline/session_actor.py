@@ -253,6 +253,8 @@ class SessionActor(Actor[SessionMessage]):
             return None  # a stream cut by a stage's restart: its chunks are moot
         streams = self.streams
         outcome = streams.take(chunk, self._reply, self.segment)
+        if isinstance(outcome, OmniError) and chunk.source == self.transcriber:
+            return functools.partial(self._transcriber_broke, outcome)
         if isinstance(outcome, OmniError):
             end = self._cut if isinstance(outcome, ChunkGapError) else self._fail
             what = qualified_name(outcome)
@@ -283,6 +285,12 @@ class SessionActor(Actor[SessionMessage]):
         if lost:
             self.channel.lose_transcriber(message)
         self.channel.put(TranscriptFailed(session=self.id, item="", code=code, message=message))
+
+    async def _transcriber_broke(self, error: OmniError) -> None:
+        """The transcriber's stream to the caller broke: transcription fails, and the
+        transcriber frees the session (the replies' streams are whole)."""
+        self._transcription_failed(error.code, str(error))
+        await self.path.abort(str(error), only=self.transcriber)
 
     async def _report(self, report: StageReport) -> None:
         if self.channel.stale:
