@@ -37,7 +37,7 @@ async def _transcribe(engine: AsrEngine, session: str, fields: Sequence[Fields])
 
 async def test_one_transcript_per_turn_the_same_for_the_same_audio(cache: Path) -> None:
     assert not is_prepared("tiny-whisper", cache_dir=cache)
-    engine = AsrEngine(AsrArgs(cache_dir=cache, max_new_tokens=12))
+    engine = AsrEngine(AsrArgs(cache_dir=cache, max_transcript_tokens=12))
     assert is_prepared("tiny-whisper", cache_dir=cache)  # prepared on first use
     await engine.start()
     try:
@@ -64,7 +64,7 @@ async def test_one_transcript_per_turn_the_same_for_the_same_audio(cache: Path) 
 
 
 async def test_a_turn_that_fails_fails_alone(cache: Path) -> None:
-    engine = AsrEngine(AsrArgs(cache_dir=cache, max_new_tokens=4))
+    engine = AsrEngine(AsrArgs(cache_dir=cache, max_transcript_tokens=4))
     await engine.start()
     try:
         speech = _speech(3, 0.5)

@@ -32,7 +32,7 @@ def pipeline(tmp_path_factory: pytest.TempPathFactory) -> PipelineSpec:
             "name": "transcriber",
             "engine": {
                 "kind": "transformers.asr",
-                "args": {"cache_dir": str(cache), "max_new_tokens": 6},
+                "args": {"cache_dir": str(cache), "max_transcript_tokens": 6},
             },
         },
     ]

@@ -60,12 +60,12 @@ class AsrArgs(WeightsArgs, DeviceArgs):
     Attributes:
         sample_rate: the rate of the audio it is sent: the pipeline's
             ``inputs.sample_rate`` (resampled to the checkpoint's own rate if it differs).
-        max_new_tokens: a transcript's most tokens.
+        max_transcript_tokens: a transcript's most tokens.
         max_turn_s: the seconds of a turn that are transcribed (its start).
     """
 
     sample_rate: int = Field(16000, gt=0)
-    max_new_tokens: int = Field(128, ge=1, le=444)
+    max_transcript_tokens: int = Field(128, ge=1, le=444)
     max_turn_s: float = Field(30.0, gt=0, le=30.0)
 
 
@@ -111,7 +111,7 @@ class AsrEngine(TorchEngine):
         model = AutoModelForSpeechSeq2Seq.from_pretrained(path, use_safetensors=True)
         # The engine bounds a transcript by its own argument, not the checkpoint's.
         model.generation_config.max_length = None
-        model.generation_config.max_new_tokens = self._args.max_new_tokens
+        model.generation_config.max_new_tokens = self._args.max_transcript_tokens
         self._model = model.to(self.device).eval()
         extractor = getattr(self._processor, "feature_extractor", self._processor)
         self._rate = int(getattr(extractor, "sampling_rate", self._args.sample_rate))
