@@ -4,10 +4,10 @@ Client events arrive faster than a busy pipeline takes input: while the thinker
 replies, the entry stage takes no new input, and a client streaming 20 ms frames would
 fill the session's credit window in about a second. The connection therefore never
 waits on the pipeline while it reads: each operation (audio, text, an assistant turn,
-commit, clear, respond, truncate, instructions, delete) is queued here, and one task hands
-them to the session in order. Audio queued back to back goes as one ``send``, so a backlog costs
-one chunk, not one per frame; the backlog is bounded by the connection (its
-``max_input_buffer_s``).
+commit, clear, respond, truncate, instructions, delete, transcription on or off) is
+queued here, and one task hands them to the session in order. Audio queued back to back
+goes as one ``send``, so a backlog costs one chunk, not one per frame; the backlog is
+bounded by the connection (its ``max_input_buffer_s``).
 """
 
 from __future__ import annotations
@@ -25,6 +25,7 @@ from omni_actors.errors import OmniError
 from omni_actors.pipeline.session import Session
 from omni_actors.pipeline.session_input import SessionClosedError
 from omni_actors.server.response_stream import ResponseStream
+from omni_actors.server.session_config import TranscriptionSettings
 
 __all__ = ["InputStream", "Op"]
 
@@ -34,16 +35,19 @@ log = logging.getLogger(__name__)
 @dataclass(frozen=True, slots=True)
 class Op:
     """One queued operation; ``event_id`` is the client event it came from; ``turn``: the
-    item a ``commit`` makes a user turn, or the turn (an item, or a response's id) a
-    ``delete`` takes out."""
+    item a ``commit`` makes a user turn (its transcript names it too), or the turn (an
+    item, or a response's id) a ``delete`` takes out."""
 
-    kind: str  # audio | text | reply | commit | clear | respond | truncate | instructions | delete
+    # audio | text | reply | commit | clear | respond | truncate | instructions | delete
+    # | transcribe
+    kind: str
     event_id: str | None = None
     samples: torch.Tensor | None = None
     text: str = ""
     audio_ms: int = 0
     stream: ResponseStream | None = None
     turn: str = ""
+    transcription: TranscriptionSettings | None = None  # transcribe: None turns it off
 
 
 class InputStream:
@@ -116,6 +120,13 @@ class InputStream:
             await session.send(fields={INSTRUCTIONS_FIELD: op.text})
         elif op.kind == "commit":
             await session.commit(turn=op.turn)
+        elif op.kind == "transcribe":
+            wanted = op.transcription
+            await session.transcribe(
+                wanted is not None,
+                language=wanted.language if wanted is not None else None,
+                prompt=wanted.prompt if wanted is not None else None,
+            )
         elif op.kind == "clear":
             await session.clear()
         elif op.kind == "truncate":
