@@ -257,7 +257,9 @@ class SilentStage(StageActor):
 async def test_the_caller_gets_a_timeout_even_if_no_stage_ends_the_session(
     kit: ActorTestKit,
 ) -> None:
-    spec = make_spec(deadlines={"total_s": 0.2})
+    # Admission far beyond the caller's deadline: on a busy machine the prewarms may
+    # still be in flight when the clock jumps, and only the caller's deadline may fire.
+    spec = make_spec(deadlines={"total_s": 0.2, "admission_s": 60.0})
     stages = {"thinker": SilentStage}
     async with OmniPipeline(spec, stage_classes=stages, system=kit.system) as omni:
         request = asyncio.ensure_future(collect(omni.generate(text="x", modalities=("text",))))
