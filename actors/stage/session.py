@@ -57,6 +57,7 @@ from omni_actors.actors.stage.engine_outputs import EngineOutputError, output_er
 from omni_actors.actors.stage.flow import BackpressureError, CreditWindow, Inflow
 from omni_actors.actors.stage.outlet import Outlet
 from omni_actors.actors.stage.segment_metrics import SegmentMetrics
+from omni_actors.actors.stage.spoken import SpokenOutputs
 from omni_actors.actors.stage.steps import StepRouter
 from omni_actors.clock import Clock, Timeout, timeout_at
 from omni_actors.cuda import StageTransfers, on_device
@@ -113,6 +114,9 @@ class StageSession:
             the caller's turn marks; otherwise they are dropped here).
         outputs: the fields the engine declares it yields; an output with another
             field fails its reply (``engine_outputs``).
+        spoken: set for an entry engine that takes tools: the tool calls it writes go to
+            the caller only, and of their outputs only these fields (its ``replace``
+            outputs) reach the stages after it (:mod:`~omni_actors.actors.stage.spoken`).
         router: the stage's routes to its receivers: a target that takes steps
             (``Target.steps``) gets this session's chunks with the other sessions' of
             the same turn (``omni_actors.actors.stage.steps``), through the device
@@ -130,12 +134,14 @@ class StageSession:
         *,
         outputs: Collection[str],
         takes_marks: bool = False,
+        spoken: Collection[str] | None = None,
         transfers: StageTransfers | None = None,
         device_links: DeviceLinks | None = None,
         router: StepRouter | None = None,
     ) -> None:
         self.stage = stage
         self.takes_marks = takes_marks
+        self.spoken = None if spoken is None else frozenset(spoken)
         self.outputs = frozenset(outputs)
         # A Replayable engine tells the session each reply it generated (to replay).
         last_reply = getattr(engine, "last_reply", None) if takes_marks else None
@@ -187,21 +193,21 @@ class StageSession:
             elif link is not None:
                 assert transfers is not None  # a link is made for a GPU stage only
                 outlet.use_link(link, transfers)
+        self.client: Outlet | None = None  # the caller's, when this stage emits to it
         if prewarm.emit:
-            self.outlets.append(
-                Outlet(
-                    self.key,
-                    stage,
-                    "client",
-                    prewarm.owner,
-                    prewarm.emit,
-                    ends=False,
-                    credits=CreditWindow(prewarm.window),
-                    clock=clock,
-                    credit_wait_s=wait_s,
-                    host=True,
-                )
+            self.client = Outlet(
+                self.key,
+                stage,
+                "client",
+                prewarm.owner,
+                prewarm.emit,
+                ends=False,
+                credits=CreditWindow(prewarm.window),
+                clock=clock,
+                credit_wait_s=wait_s,
+                host=True,
             )
+            self.outlets.append(self.client)
         for outlet in self.outlets:  # chunks carry the session's segment numbers
             outlet.segment = prewarm.segment
         self._queue: deque[Chunk] = deque()
@@ -402,6 +408,9 @@ class StageSession:
         monotonic = time.monotonic
         # With no device transfers (a CPU stage), route here: no coroutine per output.
         outlets = self.outlets if self.transfers is None else None
+        spoken = None if self.spoken is None else SpokenOutputs(self.spoken)
+        if spoken is not None:
+            outlets = None  # routed by _route_spoken
         first = True
         try:
             while True:
@@ -425,7 +434,9 @@ class StageSession:
                 now = monotonic()
                 metrics.compute += now - before - (metrics.blocked - blocked)
                 metrics.output(now)
-                if outlets is None:
+                if spoken is not None:
+                    await self._route_spoken(output, spoken.feed(output))
+                elif outlets is None:
                     await self._route(output)
                 else:
                     for outlet in outlets:
@@ -434,6 +445,8 @@ class StageSession:
                             await pending
                 if segment in cancelled:
                     break
+            if spoken is not None:
+                await self._route_spoken(None, spoken.flush())
         finally:
             aclose = getattr(outputs, "aclose", None)
             if aclose is not None:
@@ -488,6 +501,25 @@ class StageSession:
                 pending = outlet.push(host)
             if pending is not None:  # a send that must wait (see ``Outlet.push``)
                 await pending
+
+    async def _route_spoken(self, output: Fields | None, voiced: list[Fields]) -> None:
+        """Push ``output`` to the caller and what ``SpokenOutputs`` lets go on of it (and
+        of outputs it held) to the stages after this one."""
+        for outlet in self.outlets:
+            if outlet is self.client:
+                if output is not None:
+                    await self._push(outlet, output)
+            else:
+                for out in voiced:
+                    await self._push(outlet, out)
+
+    async def _push(self, outlet: Outlet, output: Fields) -> None:
+        transfers = self.transfers
+        if transfers is not None and not outlet.takes_device and on_device(output):
+            output = await transfers.to_host(output)
+        pending = outlet.push(output)
+        if pending is not None:
+            await pending
 
     async def _report(
         self,
