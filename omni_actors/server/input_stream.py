@@ -4,7 +4,7 @@ Client events arrive faster than a busy pipeline takes input: while the thinker
 replies, the entry stage takes no new input, and a client streaming 20 ms frames would
 fill the session's credit window in about a second. The connection therefore never
 waits on the pipeline while it reads: each operation (audio, text, commit, clear,
-respond, truncate, instructions) is queued here, and one task hands them to the
+respond, truncate, instructions, tools, a tool's result) is queued here, and one task hands them to the
 session in order. Audio queued back to back goes as one ``send``, so a backlog costs
 one chunk, not one per frame; the backlog is bounded by the connection (its
 ``max_input_buffer_s``).
@@ -20,7 +20,7 @@ from dataclasses import dataclass
 
 import torch
 
-from omni_actors.actors.engines.contract import INSTRUCTIONS_FIELD
+from omni_actors.actors.engines.contract import INSTRUCTIONS_FIELD, TOOL_RESULT_FIELD, TOOLS_FIELD
 from omni_actors.errors import OmniError
 from omni_actors.pipeline.session import Session
 from omni_actors.pipeline.session_input import SessionClosedError
@@ -35,7 +35,8 @@ log = logging.getLogger(__name__)
 class Op:
     """One queued operation; ``event_id`` is the client event it came from."""
 
-    kind: str  # audio | text | commit | clear | respond | truncate | instructions
+    kind: str  # audio | text | commit | clear | respond | truncate | instructions | tools
+    # | tool_result
     event_id: str | None = None
     samples: torch.Tensor | None = None
     text: str = ""
@@ -109,6 +110,10 @@ class InputStream:
             await session.send(text=op.text)
         elif op.kind == "instructions":
             await session.send(fields={INSTRUCTIONS_FIELD: op.text})
+        elif op.kind == "tools":
+            await session.send(fields={TOOLS_FIELD: op.text})
+        elif op.kind == "tool_result":
+            await session.send(fields={TOOL_RESULT_FIELD: op.text})
         elif op.kind == "commit":
             await session.commit()
         elif op.kind == "clear":

@@ -37,7 +37,8 @@ import msgspec
 import torch
 from starlette.websockets import WebSocket, WebSocketDisconnect, WebSocketState
 
-from omni_actors.actors.engines.contract import INSTRUCTIONS_FIELD
+from omni_actors.actors.engines.contract import INSTRUCTIONS_FIELD, TOOLS_FIELD
+from omni_actors.actors.engines.tool_calls import MalformedToolCallError
 from omni_actors.errors import InvalidRequestError, OmniError
 from omni_actors.pipeline.session import Session
 from omni_actors.protocols.events import (
@@ -71,6 +72,7 @@ from omni_actors.protocols.realtime_server import (
     ConversationItemTruncated,
     ErrorDetail,
     ErrorEvent,
+    FunctionCallOutputItem,
     InputAudioBufferCleared,
     InputAudioBufferCommitted,
     InputAudioBufferSpeechStarted,
@@ -84,9 +86,10 @@ from omni_actors.server.audio_format import decode_audio, format_rate
 from omni_actors.server.ids import new_id
 from omni_actors.server.input_stream import InputStream, Op
 from omni_actors.server.request_error import RequestError, described
-from omni_actors.server.response_stream import CancelReason, ResponseStream
+from omni_actors.server.response_stream import CancelReason, ResponseStream, tool_call_error
 from omni_actors.server.session_config import SessionSettings, SettingError
 from omni_actors.server.state import ServerState
+from omni_actors.server.tools import OfferedTool, template_tools
 from omni_actors.server.turns import Forward, Started, Stopped, TurnDetector
 
 __all__ = ["RealtimeConnection"]
@@ -125,6 +128,9 @@ class RealtimeConnection:
         self.source_rate = spec.outputs.sample_rate
         self._takes_instructions = INSTRUCTIONS_FIELD in spec.entry_inputs()
         self.sent_instructions = ""
+        self._takes_tools = TOOLS_FIELD in spec.entry_inputs()
+        self.sent_tools = template_tools(())
+        self.calls: dict[str, str] = {}  # the model's tool calls: call id -> function name
         self.last_item: str | None = None  # the conversation's last item
         self.conversation_id = new_id("conv")
         self.closing = False
@@ -313,6 +319,13 @@ class RealtimeConnection:
 
     async def _update(self, event: SessionUpdate) -> None:
         new = self.settings.updated(event.session)
+        if new.offered_tools and not self._takes_tools:
+            raise SettingError(
+                "this pipeline's entry stage takes no tools (its engine does not declare "
+                f"{TOOLS_FIELD!r} among its inputs): send no tools, or serve a model that "
+                "calls them",
+                "session.tools",
+            )
         if new.input_format != self.settings.input_format and self.buffered:
             raise SettingError(
                 "the input format cannot change while the input buffer holds audio; "
@@ -327,6 +340,7 @@ class RealtimeConnection:
             self._apply_vad()
         if new.instructions != old.instructions:
             self.queue_instructions(new.instructions)
+        self.queue_tools()
         await self.send(SessionUpdated(event_id=new_id("event"), session=new.describe()))
 
     def queue_instructions(self, text: str) -> None:
@@ -342,6 +356,17 @@ class RealtimeConnection:
         assert self.input is not None
         self.sent_instructions = text
         self.input.put(Op("instructions", text=text))
+
+    def queue_tools(self) -> None:
+        """Send the tools offered now to the entry stage (if they changed), in input order."""
+        tools = template_tools(
+            OfferedTool(t.name, t.description, t.parameters) for t in self.settings.offered_tools
+        )
+        if tools == self.sent_tools or not self._takes_tools:
+            return
+        assert self.input is not None
+        self.sent_tools = tools
+        self.input.put(Op("tools", text=tools))
 
     # -- the input audio buffer and items ------------------------------------------------
 
@@ -463,8 +488,14 @@ class RealtimeConnection:
                 the buffer.
         """
         item = event.item
+        if item.type == "function_call_output":
+            await self._add_tool_result(event)
+            return
         if item.type != "message":
-            raise RequestError(f"items of type {item.type!r} are not supported; send message items")
+            raise RequestError(
+                f"items of type {item.type!r} are not supported; send message or "
+                "function_call_output items"
+            )
         texts = [p.text for p in item.content if p.type in ("input_text", "text") and p.text]
         audios = [p.audio for p in item.content if p.type == "input_audio" and p.audio]
         if item.role == "system":
@@ -504,6 +535,46 @@ class RealtimeConnection:
             status="completed",
             content=content,
         )
+        await self.send_all(
+            [
+                ConversationItemAdded(
+                    event_id=new_id("event"), item=added, previous_item_id=previous
+                ),
+                ConversationItemDone(
+                    event_id=new_id("event"), item=added, previous_item_id=previous
+                ),
+            ]
+        )
+
+    async def _add_tool_result(self, event: ConversationItemCreate) -> None:
+        """A ``function_call_output`` item: the result of one of the model's calls, a
+        user turn of the conversation (as the chat template renders a tool's result).
+
+        Raises:
+            RequestError: no ``call_id`` of a call the model made, no ``output``, or audio
+                still in the buffer.
+        """
+        item = event.item
+        if item.call_id is None or item.call_id not in self.calls:
+            raise RequestError(
+                f"call_id {item.call_id!r} is not a call the model made in this session; "
+                "answer a function_call item's call_id",
+                param="item.call_id",
+            )
+        if item.output is None:
+            raise RequestError("a function_call_output item needs its output", param="item.output")
+        if self.buffered:
+            raise RequestError(
+                "the input audio buffer holds uncommitted audio; commit or clear it "
+                "before adding an item"
+            )
+        assert self.input is not None
+        self.input.put(Op("tool_result", event_id=event.event_id, text=item.output))
+        self.input.put(Op("commit", event_id=event.event_id))
+        added = FunctionCallOutputItem(
+            id=item.id or new_id("item"), call_id=item.call_id, output=item.output
+        )
+        previous, self.last_item = self.last_item, added.id
         await self.send_all(
             [
                 ConversationItemAdded(
@@ -585,6 +656,8 @@ class RealtimeConnection:
             event_id=lambda: new_id("event"),
             conversation_id=self.conversation_id,
             metadata=params.metadata if params is not None else None,
+            tools=[t.name for t in self.settings.offered_tools] if self._takes_tools else None,
+            item_ids=lambda: new_id("item"),
         )
         self.active = self.last_response = stream
         self.streams[stream.id] = stream
@@ -658,7 +731,7 @@ class RealtimeConnection:
             case TextDelta(response=rid, text=text):
                 stream = self.streams.get(rid)
                 if stream is not None:
-                    await self.send_all(stream.on_text(text))
+                    await self._on_text(stream, text)
             case AudioDelta(response=rid, audio=audio):
                 stream = self.streams.get(rid)
                 if stream is not None:
@@ -673,6 +746,23 @@ class RealtimeConnection:
                 await self._session_ended("aborted", reason)
             case Done():
                 await self._session_ended("internal", "the session finished")
+
+    async def _on_text(self, stream: ResponseStream, text: str) -> None:
+        """A text delta of ``stream``; a malformed tool call in it fails the response
+        (closed: it is stopped on every stage, and nothing more of it is sent)."""
+        try:
+            events = stream.on_text(text)
+        except MalformedToolCallError as exc:
+            self.log.warning("session %s response %s: %s", self.settings.id, stream.id, exc)
+            stream.fail(tool_call_error(exc))
+            if stream.response is not None:
+                await stream.response.cancel()
+            return
+        for call in stream.calls:
+            self.calls.setdefault(call.call_id, call.name)
+        if stream.calls and self.last_response is stream:
+            self.last_item = stream.last_item_id
+        await self.send_all(events)
 
     async def _session_ended(self, code: str, message: str) -> None:
         """The session ended: what was in flight failed with it; the client is told."""
