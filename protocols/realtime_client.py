@@ -8,7 +8,8 @@ the wrong shape are told apart, and the ``error`` the server answers names the c
 
 Function tools (``session.tools``, ``tool_choice``) and their items
 (``function_call_output``) are read here; fields the server does not act on
-(transcription, noise reduction, tracing …) are accepted and ignored, so a client written for OpenAI's service connects unchanged.
+(transcription, noise reduction, tracing …) are accepted and ignored, so a client
+written for OpenAI's service connects unchanged.
 The beta API's flat ``session.update`` (``modalities``, ``input_audio_format``,
 ``voice``, ``turn_detection`` at the top level) is read by the same struct: its fields
 are aliases of the GA nested ones (see ``omni_actors.server.session_config``).

@@ -49,7 +49,10 @@ class SpokenOutputs:
             if self._held:  # behind held text: in order
                 self._held.append((output, 0, False, self._splitter.in_call))
                 return []
-            return [output] if not self._splitter.in_call else self._unspoken(output)
+            if not self._splitter.in_call:
+                return [output]
+            unspoken = self._unspoken(output)
+            return [unspoken] if unspoken else []
         self._held.append((output, len(text), False, False))
         self._read(self._splitter.feed(text))
         return self._release()

@@ -4,10 +4,10 @@ Client events arrive faster than a busy pipeline takes input: while the thinker
 replies, the entry stage takes no new input, and a client streaming 20 ms frames would
 fill the session's credit window in about a second. The connection therefore never
 waits on the pipeline while it reads: each operation (audio, text, commit, clear,
-respond, truncate, instructions, tools, a tool's result) is queued here, and one task hands them to the
-session in order. Audio queued back to back goes as one ``send``, so a backlog costs
-one chunk, not one per frame; the backlog is bounded by the connection (its
-``max_input_buffer_s``).
+respond, truncate, instructions, tools, a tool's result) is queued here, and one task
+hands them to the session in order. Audio queued back to back goes as one ``send``, so
+a backlog costs one chunk, not one per frame; the backlog is bounded by the connection
+(its ``max_input_buffer_s``).
 """
 
 from __future__ import annotations

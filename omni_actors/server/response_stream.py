@@ -21,16 +21,15 @@ from typing import Literal, TypedDict
 
 import torch
 
+from omni_actors.actors.engines.tool_calls import MalformedToolCallError, ToolCall
 from omni_actors.pipeline.response import Response
 from omni_actors.protocols.events import ResponseDone as PipelineResponseDone
-from omni_actors.actors.engines.tool_calls import MalformedToolCallError, ToolCall
 from omni_actors.protocols.realtime_server import (
     ConversationItem,
     ConversationItemAdded,
     ConversationItemDone,
     ErrorDetail,
     FunctionCallItem,
-    Item,
     ItemContent,
     RealtimeResponse,
     ResponseAudio,
@@ -69,6 +68,15 @@ class _Where(TypedDict):
     item_id: str
     output_index: int
     content_index: int
+
+
+class _CallPlace(TypedDict):
+    """The fields that place a function call's arguments event."""
+
+    response_id: str
+    item_id: str
+    output_index: int
+    call_id: str
 
 
 class ResponseStream:
@@ -247,12 +255,9 @@ class ResponseStream:
         )
         index = 1 + len(self.calls)  # after the message item
         self.calls.append(done)
-        place = {
-            "response_id": self.id,
-            "item_id": item.id,
-            "output_index": index,
-            "call_id": item.call_id,
-        }
+        place = _CallPlace(
+            response_id=self.id, item_id=item.id, output_index=index, call_id=item.call_id
+        )
         return [
             ResponseOutputItemAdded(
                 event_id=self._event_id(), response_id=self.id, output_index=index, item=item
