@@ -126,6 +126,7 @@ __all__ = [
     "REPLY_FIELD",
     "RULES",
     "TOOLS_FIELD",
+    "TOOL_CALLS_FIELD",
     "TOOL_RESULT_FIELD",
     "TURN_FIELD",
     "Engine",
@@ -188,6 +189,15 @@ TOOL_RESULT_FIELD = "tool_result"
 """A text field adding a tool's result (its output, as text) to the open user turn, as
 the release's chat template renders a ``tool`` message (Qwen: a ``<tool_response>``
 block in a user turn). Declared by an entry engine that declares :data:`TOOLS_FIELD`."""
+
+TOOL_CALLS_FIELD = "tool_calls"
+"""A text field giving back an earlier assistant turn that called tools (a caller holds
+the conversation, as a chat completion's ``assistant`` message with ``tool_calls``): a
+JSON object ``{"content": str | null, "tool_calls": [{"type": "function", "function":
+{"name": ..., "arguments": "<JSON text>"}}]}``. The entry engine closes the open user
+turn and takes the message into the conversation as the assistant's turn, as the
+release's chat template renders it (as a ``reply`` mark's tokens are taken: nothing is
+generated or yielded). Declared by an entry engine that declares :data:`TOOLS_FIELD`."""
 
 NO_OPTIONS = ResponseOptions()
 """The options of a response that overrides nothing."""

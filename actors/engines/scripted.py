@@ -20,6 +20,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 from omni_actors.actors.engines.contract import (
     CONTEXT_FIELD,
     INSTRUCTIONS_FIELD,
+    TOOL_CALLS_FIELD,
     TOOL_RESULT_FIELD,
     TOOLS_FIELD,
     Fields,
@@ -49,10 +50,12 @@ def input_rows(fields: Fields) -> int:
 
 ScriptedField = Literal["token_ids", "hidden", "codes", "text", "audio"]
 _FIELDS: Final[tuple[ScriptedField, ...]] = get_args(ScriptedField)
-ScriptedInput = Literal[ScriptedField, "instructions", "tools", "tool_result"]
+ScriptedInput = Literal[ScriptedField, "instructions", "tools", "tool_result", "tool_calls"]
 """What a scripted stage may declare it takes: its data fields, and the caller's
 conversation settings an entry engine can be declared to follow (taken, then ignored)."""
-assert {INSTRUCTIONS_FIELD, TOOLS_FIELD, TOOL_RESULT_FIELD} <= set(get_args(ScriptedInput))
+assert {INSTRUCTIONS_FIELD, TOOLS_FIELD, TOOL_RESULT_FIELD, TOOL_CALLS_FIELD} <= set(
+    get_args(ScriptedInput)
+)
 
 _PIECE = re.compile(r"\s*\S+|\s+")
 """One text delta of a scripted reply: a word with the whitespace before it (as a BPE

@@ -8,6 +8,13 @@ completion — one ``chat.completion`` JSON body, or with ``stream: true`` serve
 ``chat.completion.chunk`` events (text in ``delta.content``; with audio, base64 PCM16
 and the transcript in ``delta.audio`` pieces, as OpenAI streams them).
 
+With tools, the tools go to the entry stage's ``tools`` field, an assistant message's
+``tool_calls`` and ``tool`` messages as the entry stage takes them back, and the
+reply's text is read for calls (:class:`~omni_actors.server.tools.ToolCallReader`):
+each call the model makes is one of the reply's ``tool_calls`` (streamed as one
+``delta.tool_calls`` piece once it is closed and checked), and the reply ends with
+``finish_reason: "tool_calls"``. A malformed call fails the reply (``invalid_tool_call``).
+
 The session is closed on every way out, and a client that goes away mid-reply aborts
 it on every stage at once: the reply runs in a task of its own, beside one that waits
 for the client's disconnect, and whichever ends first cancels the other.
@@ -20,14 +27,16 @@ import base64
 import logging
 import time
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 
 import msgspec
 from starlette.requests import Request
 from starlette.responses import Response
 from starlette.types import Receive, Scope, Send
 
-from omni_actors.actors.engines.contract import INSTRUCTIONS_FIELD
+from omni_actors.actors.engines.contract import INSTRUCTIONS_FIELD, TOOLS_FIELD
+from omni_actors.actors.engines.tool_calls import MalformedToolCallError
+from omni_actors.actors.engines.tool_calls import ToolCall as CalledTool
 from omni_actors.audio.wav import encode_wav
 from omni_actors.errors import OmniError
 from omni_actors.pipeline.response import Response as PipelineResponse
@@ -45,6 +54,9 @@ from omni_actors.protocols.chat_completions import (
     ErrorBody,
     ErrorDetail,
     FinishReason,
+    FunctionCall,
+    ToolCall,
+    ToolCallDelta,
     Usage,
 )
 from omni_actors.protocols.events import (
@@ -59,6 +71,7 @@ from omni_actors.server.audio_format import OutputAudio
 from omni_actors.server.auth import authorized
 from omni_actors.server.chat_request import OUTPUT_RATE, ChatPlan, ChatRequestError, plan_request
 from omni_actors.server.state import ServerState, server_state
+from omni_actors.server.tools import ToolCallReader, new_call_id
 
 __all__ = ["ChatCompletionReply", "ReplyFailedError", "chat_completions"]
 
@@ -158,6 +171,8 @@ class ChatCompletionReply(Response):
         self._complete = False  # the last byte of the reply is out
         self._text: list[str] = []
         self._done: ResponseDone | None = None
+        self._said: list[str] = []  # the reply's text outside its tool calls
+        self._calls: list[ToolCall] = []
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         """Answer, unless the client goes away first (which aborts the session)."""
@@ -234,12 +249,18 @@ class ChatCompletionReply(Response):
         try:
             if plan.instructions:
                 await session.send(fields={INSTRUCTIONS_FIELD: plan.instructions})
+            if plan.tools is not None:
+                await session.send(fields={TOOLS_FIELD: plan.tools})
             for turn in plan.turns:
                 for part in turn:
                     await session.send(
-                        text=part.text, audio=part.audio, sample_rate=part.sample_rate
+                        text=part.text,
+                        audio=part.audio,
+                        sample_rate=part.sample_rate,
+                        fields=part.fields(),
                     )
-                await session.commit()
+                if turn[0].tool_calls is None:  # an assistant turn is not committed
+                    await session.commit()
             options = plan.options
             return await session.respond(
                 max_tokens=options.max_tokens,
@@ -251,7 +272,44 @@ class ChatCompletionReply(Response):
         except OmniError as exc:
             raise ReplyFailedError(str(exc), error_code=exc.code) from None
 
-    async def _pieces(self, response: PipelineResponse) -> AsyncIterator[TextDelta | str]:
+    async def _pieces(
+        self, response: PipelineResponse
+    ) -> AsyncIterator[TextDelta | str | ToolCall]:
+        """The reply's said text deltas, base64 PCM16 pieces (24 kHz) and tool calls,
+        until it completes.
+
+        Raises:
+            ReplyFailedError: the reply failed, or the session ended first.
+        """
+        names = self.plan.tool_names
+        reader = ToolCallReader(names) if names is not None else None
+        async for piece in self._events(response):
+            if reader is None or not isinstance(piece, TextDelta):
+                if isinstance(piece, TextDelta):
+                    self._said.append(piece.text)
+                yield piece
+                continue
+            for said in _read(reader.feed, piece.text):
+                yield self._said_or_called(said, piece)
+        if reader is not None:
+            for said in _read(reader.finish):
+                yield self._said_or_called(said, None)
+
+    def _said_or_called(
+        self, piece: str | CalledTool, delta: TextDelta | None
+    ) -> TextDelta | ToolCall:
+        if isinstance(piece, str):
+            self._said.append(piece)
+            if delta is None:
+                return TextDelta(session=self.id, text=piece)
+            return msgspec.structs.replace(delta, text=piece)
+        call = ToolCall(
+            id=new_call_id(), function=FunctionCall(name=piece.name, arguments=piece.arguments)
+        )
+        self._calls.append(call)
+        return call
+
+    async def _events(self, response: PipelineResponse) -> AsyncIterator[TextDelta | str]:
         """The reply's text deltas and base64 PCM16 pieces (24 kHz), until it completes.
 
         Raises:
@@ -289,8 +347,10 @@ class ChatCompletionReply(Response):
             )
 
     def _finish_reason(self) -> FinishReason:
-        """``length`` when the reply used every token it was allowed (one text delta is
-        one token), else ``stop``."""
+        """``tool_calls`` when the reply called a tool; ``length`` when it used every
+        token it was allowed (one text delta is one token), else ``stop``."""
+        if self._calls:
+            return "tool_calls"
         limit = self.plan.options.max_tokens
         return "length" if limit is not None and len(self._text) >= limit else "stop"
 
@@ -304,9 +364,10 @@ class ChatCompletionReply(Response):
         async for piece in self._pieces(response):
             if isinstance(piece, str):
                 pcm += base64.b64decode(piece)
-        transcript = "".join(self._text)
+        transcript = "".join(self._said)
+        calls = self._calls or None
         if self.plan.audio_format is None:
-            message = AssistantReply(content=transcript)
+            message = AssistantReply(content=transcript or None if calls else transcript)
         else:
             data = bytes(pcm)
             if self.plan.audio_format == "wav":
@@ -318,6 +379,8 @@ class ChatCompletionReply(Response):
                 transcript=transcript,
             )
             message = AssistantReply(content=None, audio=audio)
+        if calls:
+            message = msgspec.structs.replace(message, tool_calls=calls)
         completion = ChatCompletion(
             id=self.id,
             created=self.created,
@@ -336,7 +399,12 @@ class ChatCompletionReply(Response):
         await self._chunk(Delta(role="assistant"))
         voiced = self.plan.audio_format is not None
         async for piece in self._pieces(response):
-            if isinstance(piece, str):
+            if isinstance(piece, ToolCall):
+                call = ToolCallDelta(
+                    index=len(self._calls) - 1, id=piece.id, function=piece.function
+                )
+                await self._chunk(Delta(tool_calls=[call]))
+            elif isinstance(piece, str):
                 await self._chunk(Delta(audio=DeltaAudio(id=self.audio_id, data=piece)))
             elif voiced:
                 delta = DeltaAudio(id=self.audio_id, transcript=piece.text)
@@ -394,6 +462,14 @@ class ChatCompletionReply(Response):
             return
         await self._event(body)
         await self._last(b"data: [DONE]\n\n")
+
+
+def _read(step: Callable[..., list[str | CalledTool]], *args: str) -> list[str | CalledTool]:
+    """``step(*args)`` of a :class:`ToolCallReader`; a malformed call fails the reply."""
+    try:
+        return step(*args)
+    except MalformedToolCallError as exc:
+        raise ReplyFailedError(str(exc), error_code="invalid_tool_call") from None
 
 
 def _ended(event: Event | None) -> ReplyFailedError:

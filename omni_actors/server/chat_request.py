@@ -3,15 +3,18 @@
 Everything a request can get wrong is found here, before the request takes a session
 slot: the JSON and its types (msgspec, with the path of the offending field), the
 audio (base64, WAV or PCM16), the options (``max_completion_tokens``, ``temperature``,
-``voice``), and what a pipeline cannot do yet (replay an earlier assistant reply, call
-tools, stream WAV). Each refusal is a :class:`ChatRequestError` with the HTTP status,
-OpenAI's ``param`` and ``code``, and a message that says what to send instead.
+``voice``), the tools (``tools``, ``tool_choice``, assistant ``tool_calls`` and
+``tool`` messages, which the entry stage must take), and what a pipeline cannot do yet
+(replay an earlier assistant reply's text, stream WAV). Each refusal is a
+:class:`ChatRequestError` with the HTTP status, OpenAI's ``param`` and ``code``, and a
+message that says what to send instead.
 """
 
 from __future__ import annotations
 
 import base64
 import binascii
+import json
 import logging
 import re
 from dataclasses import dataclass
@@ -20,7 +23,12 @@ from typing import Final, Literal
 import msgspec
 import torch
 
-from omni_actors.actors.engines.contract import INSTRUCTIONS_FIELD
+from omni_actors.actors.engines.contract import (
+    INSTRUCTIONS_FIELD,
+    TOOL_CALLS_FIELD,
+    TOOL_RESULT_FIELD,
+    TOOLS_FIELD,
+)
 from omni_actors.audio.wav import AudioFormatError, decode_wav
 from omni_actors.errors import InvalidRequestError
 from omni_actors.pipeline.response import checked_options
@@ -31,14 +39,17 @@ from omni_actors.protocols.chat_completions import (
     ChatCompletionRequest,
     DeveloperMessage,
     InputAudioPart,
+    NamedToolChoice,
     SystemMessage,
     TextPart,
+    Tool,
     ToolMessage,
     UserMessage,
     VoiceRef,
 )
 from omni_actors.protocols.stage import ResponseOptions
 from omni_actors.server.audio_format import AudioPayloadError, decode_audio, format_rate
+from omni_actors.server.tools import OfferedTool, template_tools
 
 __all__ = ["ChatPlan", "ChatRequestError", "TurnPart", "plan_request"]
 
@@ -76,12 +87,24 @@ class ChatRequestError(InvalidRequestError):
 
 @dataclass(frozen=True, slots=True)
 class TurnPart:
-    """One piece of a user turn, sent with ``Session.send``: text, or audio samples at
-    ``sample_rate``."""
+    """One piece of a turn, sent with ``Session.send``: text, audio samples at
+    ``sample_rate``, or a tool's result (``tool_result``, in a user turn); or, alone in
+    its turn, an earlier assistant turn that called tools (``tool_calls``: the
+    entry stage's ``TOOL_CALLS_FIELD``, sent with no commit after it)."""
 
     text: str | None = None
     audio: torch.Tensor | None = None
     sample_rate: int | None = None
+    tool_result: str | None = None
+    tool_calls: str | None = None
+
+    def fields(self) -> dict[str, str]:
+        """The named fields it sends (a tool's result, or the calls)."""
+        if self.tool_result is not None:
+            return {TOOL_RESULT_FIELD: self.tool_result}
+        if self.tool_calls is not None:
+            return {TOOL_CALLS_FIELD: self.tool_calls}
+        return {}
 
 
 @dataclass(frozen=True, slots=True)
@@ -98,6 +121,10 @@ class ChatPlan:
         options: the checked response options (``max_tokens``, ``temperature``, ``voice``).
         stream: reply as server-sent events.
         include_usage: end the stream with a usage chunk.
+        tools: the tools to offer, as the entry stage's ``TOOLS_FIELD`` (None when the
+            entry stage takes no tools).
+        tool_names: the functions the reply may call: its text is read for calls (None
+            when the entry stage takes no tools).
     """
 
     model: str
@@ -108,6 +135,8 @@ class ChatPlan:
     options: ResponseOptions
     stream: bool
     include_usage: bool = False
+    tools: str | None = None
+    tool_names: frozenset[str] | None = None
 
 
 def plan_request(body: bytes, spec: PipelineSpec, *, model: str, max_bytes: int) -> ChatPlan:
@@ -161,7 +190,9 @@ def plan_request(body: bytes, spec: PipelineSpec, *, model: str, max_bytes: int)
     except InvalidRequestError as exc:
         name = "temperature" if "temperature" in str(exc) else "max_completion_tokens"
         raise ChatRequestError(str(exc), param=name, error_code="invalid_value") from None
+    offered = _tools(request, spec)
     instructions, turns = _messages(request, spec, max_bytes)
+    takes_tools = TOOLS_FIELD in spec.ports(spec.entry_stage).inputs
     return ChatPlan(
         model=request.model or model,
         modalities=("text", "audio") if audio_format is not None else ("text",),
@@ -173,7 +204,53 @@ def plan_request(body: bytes, spec: PipelineSpec, *, model: str, max_bytes: int)
         include_usage=stream
         and request.stream_options is not None
         and request.stream_options.include_usage,
+        tools=template_tools(offered) if takes_tools else None,
+        tool_names=frozenset(t.name for t in offered) if takes_tools else None,
     )
+
+
+def _tools(request: ChatCompletionRequest, spec: PipelineSpec) -> list[OfferedTool]:
+    """The tools offered to the model (none with ``tool_choice: "none"``)."""
+    choice = request.tool_choice
+    if isinstance(choice, NamedToolChoice) or choice not in (None, "auto", "none"):
+        named = f"a {choice.type} choice" if isinstance(choice, NamedToolChoice) else choice
+        raise ChatRequestError(
+            f"tool_choice {named!r} is not supported: the model decides whether to call a "
+            'tool; send "auto" (or "none" to offer none)',
+            param="tool_choice",
+            error_code="unsupported_value",
+        )
+    tools = request.tools or []
+    if tools and TOOLS_FIELD not in spec.ports(spec.entry_stage).inputs:
+        raise ChatRequestError(
+            f"this pipeline's entry stage {spec.entry_stage} takes no tools (its engine "
+            f"does not declare {TOOLS_FIELD!r} among its inputs): send no tools",
+            param="tools",
+            error_code="unsupported_parameter",
+        )
+    offered: list[OfferedTool] = []
+    for i, tool in enumerate(tools):
+        offered.append(_tool(tool, f"tools[{i}]", {t.name for t in offered}))
+    return [] if choice == "none" else offered
+
+
+def _tool(tool: Tool, where: str, taken: set[str]) -> OfferedTool:
+    if tool.type != "function" or tool.function is None:
+        raise ChatRequestError(
+            f'{where}: tools of type {tool.type!r} are not supported; send {{"type": '
+            '"function", "function": {"name": ..., "parameters": {...}}}',
+            param=f"{where}.type",
+            error_code="unsupported_value",
+        )
+    function = tool.function
+    if not function.name or function.name in taken:
+        problem = "has no name" if not function.name else f"is named {function.name!r} twice"
+        raise ChatRequestError(
+            f"{where}: the function {problem}; give each tool a name of its own",
+            param=f"{where}.function.name",
+            error_code="invalid_value",
+        )
+    return OfferedTool(function.name, function.description, function.parameters)
 
 
 def _audio_output(
@@ -206,25 +283,42 @@ def _messages(
     """The joined instructions and the user turns."""
     texts: list[str] = []
     turns: list[list[TurnPart]] = []
+    calls: set[str] = set()  # the ids of the tool calls of earlier assistant messages
+    results = False  # the last turn holds tool results: the next one joins it
     for i, message in enumerate(request.messages):
         where = f"messages[{i}]"
+        joins, results = results, False
         match message:
             case SystemMessage(content=content) | DeveloperMessage(content=content):
                 texts.append(content if isinstance(content, str) else _joined(content))
             case UserMessage(content=content):
                 turns.append(_user_turn(content, where, max_bytes))
+            case AssistantMessage(tool_calls=tool_calls) if tool_calls:
+                _check_takes(spec, TOOL_CALLS_FIELD, where)
+                turns.append([_tool_calls(message, where, calls)])
+            case ToolMessage(content=content, tool_call_id=call_id):
+                _check_takes(spec, TOOL_RESULT_FIELD, where)
+                if call_id not in calls:
+                    raise ChatRequestError(
+                        f"{where}: tool_call_id {call_id!r} is not the id of a tool call of "
+                        "an earlier assistant message; answer one of their tool_calls",
+                        param=f"{where}.tool_call_id",
+                        error_code="invalid_value",
+                    )
+                result = TurnPart(
+                    tool_result=content if isinstance(content, str) else _joined(content or [])
+                )
+                if joins:  # consecutive results are one turn, as chat templates render them
+                    turns[-1].append(result)
+                else:
+                    turns.append([result])
+                results = True
             case AssistantMessage():
                 raise ChatRequestError(
                     f"{where}: assistant messages cannot be replayed into the pipeline yet "
                     "(it keeps the replies it produced itself, not text given back to it); "
                     "send the system and user messages only, or hold the conversation "
                     "over /v1/realtime",
-                    param=where,
-                    error_code="unsupported_message",
-                )
-            case ToolMessage():
-                raise ChatRequestError(
-                    f"{where}: tool messages are not supported: this server offers no tools",
                     param=where,
                     error_code="unsupported_message",
                 )
@@ -243,6 +337,36 @@ def _messages(
         )
         instructions = ""
     return instructions, turns
+
+
+def _check_takes(spec: PipelineSpec, field: str, where: str) -> None:
+    if field not in spec.ports(spec.entry_stage).inputs:
+        raise ChatRequestError(
+            f"{where}: this pipeline's entry stage {spec.entry_stage} takes no tool calls or "
+            f"results (its engine does not declare {field!r} among its inputs)",
+            param=where,
+            error_code="unsupported_message",
+        )
+
+
+def _tool_calls(message: AssistantMessage, where: str, calls: set[str]) -> TurnPart:
+    """An assistant message with tool calls, as the entry stage takes it back."""
+    functions = []
+    for j, call in enumerate(message.tool_calls or []):
+        try:
+            json.loads(call.function.arguments)
+        except ValueError as exc:
+            raise ChatRequestError(
+                f"{where}: the arguments of tool call {call.id!r} are not JSON ({exc})",
+                param=f"{where}.tool_calls[{j}].function.arguments",
+                error_code="invalid_value",
+            ) from None
+        calls.add(call.id)
+        function = {"name": call.function.name, "arguments": call.function.arguments}
+        functions.append({"type": "function", "function": function})
+    content = message.content
+    text = content if isinstance(content, str) or content is None else _joined(content)
+    return TurnPart(tool_calls=json.dumps({"content": text or None, "tool_calls": functions}))
 
 
 def _joined(parts: list[TextPart]) -> str:

@@ -14,30 +14,11 @@ import pytest
 import pytest_asyncio
 from chat_engines import SAMPLES_PER_CHAR
 from openai import AsyncOpenAI
-from tool_engines import SAID
+from tool_engines import CALL, SAID, TOOL, WEATHER
 
 from omni_actors.pipeline.spec.pipeline import PipelineSpec
 from omni_actors.server.runner import RunningServer, run_server
 from omni_actors.server.settings import ServerSettings
-
-WEATHER = PipelineSpec.model_validate(
-    {
-        "name": "weather",
-        "stages": [
-            {"name": "weather", "engine": {"kind": "tool_engines:Weather"}},
-            {"name": "voice", "engine": {"kind": "chat_engines:Voice"}},
-        ],
-        "edges": [{"from": "weather", "to": "voice"}],
-        "outputs": {"text": "weather", "audio": "voice", "sample_rate": 24_000},
-        "deadlines": {"idle_s": 30.0, "inter_chunk_s": 10.0},
-    }
-)
-TOOL = {
-    "type": "function",
-    "name": "get_weather",
-    "description": "The weather in a city.",
-    "parameters": {"type": "object", "properties": {"city": {"type": "string"}}},
-}
 
 
 @pytest_asyncio.fixture
@@ -201,3 +182,55 @@ async def test_the_session_shows_its_tools(weather: RunningServer) -> None:
         await _ask(conn, "weather in Paris?")
         _, _, transcript = await _until_done(conn)
         assert transcript == "No tools."
+
+
+SCRIPTED_CALL = PipelineSpec.model_validate(
+    {
+        "name": "scripted-call",
+        "stages": [
+            {
+                "name": "thinker",
+                "engine": {
+                    "kind": "scripted",
+                    "args": {
+                        "reply_text": f"{SAID} {CALL}",
+                        "inputs": ["text", "audio", "tools", "tool_result"],
+                        "per_output_s": 0.001,
+                    },
+                },
+            },
+            {
+                "name": "talker",
+                "engine": {
+                    "kind": "scripted",
+                    "args": {"outputs_per_input": 1, "fields": ["audio"], "audio_samples": 240},
+                },
+            },
+        ],
+        "edges": [{"from": "thinker", "to": "talker", "fields": ["token_ids"]}],
+        "outputs": {"text": "thinker", "audio": "talker", "sample_rate": 24_000},
+    }
+)
+"""A scripted thinker that says "Checking." and calls get_weather; one frame per token."""
+
+
+async def test_a_scripted_reply_calls_the_tool_unspoken() -> None:
+    async with (
+        run_server(ServerSettings(port=0), pipeline=SCRIPTED_CALL) as server,
+        _client(server).realtime.connect(model="scripted") as conn,
+    ):
+        await _session(conn, tools=[TOOL])
+        await _ask(conn, "weather in Paris?")
+        events, audio, transcript = await _until_done(conn)
+        assert events[-1].response.status == "completed"
+        done = [e for e in events if e.type == "response.function_call_arguments.done"]
+        assert [(d.name, json.loads(d.arguments)) for d in done] == [
+            ("get_weather", {"city": "Paris"})
+        ]
+        assert transcript == SAID + " "
+        assert len(audio) // 2 == 240  # one token said: "Checking."
+        output = {"type": "function_call_output", "call_id": done[0].call_id, "output": "sunny"}
+        await conn.conversation.item.create(item=output)
+        await conn.response.create()
+        events, _, _ = await _until_done(conn)
+        assert events[-1].response.status == "completed"

@@ -19,11 +19,13 @@ from typing import ClassVar
 
 from omni_actors.actors.engines.contract import (
     INSTRUCTIONS_FIELD,
+    TOOL_CALLS_FIELD,
     TOOL_RESULT_FIELD,
     TOOLS_FIELD,
     TURN_FIELD,
     Fields,
 )
+from omni_actors.pipeline.spec.pipeline import PipelineSpec
 
 STEP_S = 0.001
 CALL = '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>'
@@ -41,6 +43,7 @@ class Weather:
         INSTRUCTIONS_FIELD: "concat",
         TOOLS_FIELD: "concat",
         TOOL_RESULT_FIELD: "concat",
+        TOOL_CALLS_FIELD: "concat",
         TURN_FIELD: "concat",
     }
     outputs: ClassVar[dict[str, str]] = {"text": "concat"}
@@ -48,6 +51,7 @@ class Weather:
     def __init__(self, args: object) -> None:
         self.tools: dict[str, list[str]] = {}
         self.results: dict[str, list[str]] = {}
+        self.calls: dict[str, list[str]] = {}  # assistant turns given back, as sent
 
     async def start(self) -> None: ...
     async def stop(self) -> None: ...
@@ -58,6 +62,7 @@ class Weather:
     async def release(self, session: str) -> None:
         self.tools.pop(session, None)
         self.results.pop(session, None)
+        self.calls.pop(session, None)
 
     async def generate(self, session: str, inputs: AsyncIterator[Fields]) -> AsyncIterator[Fields]:
         said = ""
@@ -66,6 +71,8 @@ class Weather:
             tools = fields.get(TOOLS_FIELD)
             if isinstance(tools, str):
                 self.tools[session] = [t["function"]["name"] for t in json.loads(tools)]
+            if isinstance(fields.get(TOOL_CALLS_FIELD), str):
+                self.calls.setdefault(session, []).append(str(fields[TOOL_CALLS_FIELD]))
             result = fields.get(TOOL_RESULT_FIELD)
             if isinstance(result, str):
                 results.append(result)
@@ -74,7 +81,10 @@ class Weather:
                 said += text
         self.results.setdefault(session, []).extend(results)
         if results:
-            reply = f"It is {' and '.join(results)}."
+            called = len(self.calls.get(session, []))
+            reply = f"It is {' and '.join(results)}." + (
+                f" ({called} call given back)" if called else ""
+            )
         elif said in REPLIES:
             reply = REPLIES[said]
         elif "get_weather" in self.tools.get(session, []):
@@ -84,3 +94,25 @@ class Weather:
         for char in reply:
             await asyncio.sleep(STEP_S)  # stands for a decode step
             yield {"text": char}
+
+
+WEATHER = PipelineSpec.model_validate(
+    {
+        "name": "weather",
+        "stages": [
+            {"name": "weather", "engine": {"kind": "tool_engines:Weather"}},
+            {"name": "voice", "engine": {"kind": "chat_engines:Voice"}},
+        ],
+        "edges": [{"from": "weather", "to": "voice"}],
+        "outputs": {"text": "weather", "audio": "voice", "sample_rate": 24_000},
+        "deadlines": {"idle_s": 30.0, "inter_chunk_s": 10.0},
+    }
+)
+"""``Weather``, voiced by ``chat_engines.Voice`` (every character said is heard)."""
+TOOL = {
+    "type": "function",
+    "name": "get_weather",
+    "description": "The weather in a city.",
+    "parameters": {"type": "object", "properties": {"city": {"type": "string"}}},
+}
+"""The tool, as a realtime session takes it."""
