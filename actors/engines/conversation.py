@@ -10,9 +10,11 @@ prefilled, a token list and the vLLM request that holds it) is the engine's
 
 **Input**, chunk by chunk, in order:
 
-- plain input: ``instructions`` (:data:`~.contract.INSTRUCTIONS_FIELD`, the
-  conversation's system prompt from then on), then text and audio, which join the open
-  user turn (the first of them opens one);
+- plain input: ``instructions`` and ``tools`` (:data:`~.contract.INSTRUCTIONS_FIELD`,
+  :data:`~.contract.TOOLS_FIELD`: the conversation's system turn from then on, each
+  kept until it is set again), then text, audio and tool results
+  (:data:`~.contract.TOOL_RESULT_FIELD`), which join the open user turn (the first of
+  them opens one);
 - ``commit``: the open user turn is closed; its rows (what the talker conditions on)
   are yielded;
 - ``clear``: what came since the last commit is dropped: the conversation comes back to
@@ -21,7 +23,10 @@ prefilled, a token list and the vLLM request that holds it) is the engine's
   (:func:`~.turn_marks.kept_of`; :func:`~.turn_marks.check_truncatable` says when);
 - ``reply``: an assistant turn generated earlier (a session replaying its conversation):
   the open user turn is committed (its rows yielded), then the reply's tokens
-  (:func:`~.turn_marks.reply_of`) are taken as if decoded; nothing is yielded for them;
+  (:func:`~.turn_marks.reply_of`) are taken as if decoded; nothing is yielded for them.
+  An assistant turn that called tools, given back by the caller
+  (:data:`~.contract.TOOL_CALLS_FIELD`), is taken so too, its tokens as the chat template
+  writes it (:meth:`Response.tool_calls_turn`);
 - any other mark is refused (:class:`~.turn_marks.TurnMarkError`).
 
 **Two checkpoints.** ``start`` is where the response began: a failure comes back to it.
@@ -66,6 +71,8 @@ import torch
 
 from omni_actors.actors.engines.contract import (
     INSTRUCTIONS_FIELD,
+    TOOL_CALLS_FIELD,
+    TOOLS_FIELD,
     TURN_FIELD,
     Fields,
     ResponseOptions,
@@ -137,16 +144,30 @@ class Response(ABC, Generic[C]):
         engine that buffers input (a clip sent whole) ends or drops it."""
 
     @abstractmethod
-    async def instruct(self, instructions: torch.Tensor | str) -> bool:
-        """Set the conversation's instructions (the ``instructions`` field's value).
+    async def instruct(
+        self, instructions: torch.Tensor | str | None, tools: torch.Tensor | str | None = None
+    ) -> bool:
+        """Set the conversation's instructions and tools (the ``instructions`` and
+        ``tools`` fields' values; None: the one set before stays).
 
         Returns:
             Whether they were fed now, between user turns (``committed`` moves past
             them); else they wait behind the open turn.
 
         Raises:
-            ValueError: they are not text (the engine's own input error).
+            ValueError: they are not text, or the tools cannot be rendered (the engine's
+                own input error).
         """
+
+    def tool_calls_turn(self, message: torch.Tensor | str) -> tuple[int, ...]:
+        """The tokens of an assistant turn that called tools (``TOOL_CALLS_FIELD``'s
+        value), as the chat template writes its content.
+
+        Raises:
+            TurnMarkError: the engine takes no tool calls (an engine that declares the
+                field overrides this).
+        """
+        raise TurnMarkError("this engine takes no assistant turns with tool calls")
 
     @abstractmethod
     async def take(self, fields: Fields) -> None:
@@ -251,9 +272,13 @@ async def respond(
         while (fields := await signal.next_input(inputs)) is not None:
             await response.before_input(fields)
             mark = fields.get(TURN_FIELD)
+            if mark is None and TOOL_CALLS_FIELD in fields:
+                mark = "reply"  # an assistant turn given back, as a replayed one
             if mark is None:
-                if INSTRUCTIONS_FIELD in fields and await response.instruct(
-                    fields[INSTRUCTIONS_FIELD]
+                if (
+                    INSTRUCTIONS_FIELD in fields or TOOLS_FIELD in fields
+                ) and await response.instruct(
+                    fields.get(INSTRUCTIONS_FIELD), fields.get(TOOLS_FIELD)
                 ):
                     committed = response.checkpoint()  # a clear keeps them
                 await response.take(fields)
@@ -273,7 +298,12 @@ async def respond(
                     start = committed
                     response.moved_start()
             elif mark == "reply":
-                tokens = reply_of(fields, response.vocab_size)
+                called = fields.get(TOOL_CALLS_FIELD)
+                tokens = (
+                    reply_of(fields, response.vocab_size)
+                    if called is None
+                    else response.tool_calls_turn(called)
+                )
                 rows = await response.commit()
                 if rows is not None:
                     yield rows
