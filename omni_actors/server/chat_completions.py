@@ -247,10 +247,13 @@ class ChatCompletionReply(Response):
         """Send the instructions and the user turns; start the reply."""
         plan = self.plan
         try:
+            setting: dict[str, str] = {}  # sent together: one system turn holds both
             if plan.instructions:
-                await session.send(fields={INSTRUCTIONS_FIELD: plan.instructions})
-            if plan.tools is not None:
-                await session.send(fields={TOOLS_FIELD: plan.tools})
+                setting[INSTRUCTIONS_FIELD] = plan.instructions
+            if plan.tools is not None and plan.tool_names:
+                setting[TOOLS_FIELD] = plan.tools
+            if setting:
+                await session.send(fields=setting)
             for turn in plan.turns:
                 for part in turn:
                     await session.send(

@@ -109,7 +109,11 @@ class InputStream:
         elif op.kind == "text":
             await session.send(text=op.text)
         elif op.kind == "instructions":
-            await session.send(fields={INSTRUCTIONS_FIELD: op.text})
+            fields = {INSTRUCTIONS_FIELD: op.text}
+            if self._ops and self._ops[0].kind == "tools":
+                # Set together (one session.update): one system turn holds both.
+                fields[TOOLS_FIELD] = self._ops.popleft().text
+            await session.send(fields=fields)
         elif op.kind == "tools":
             await session.send(fields={TOOLS_FIELD: op.text})
         elif op.kind == "tool_result":

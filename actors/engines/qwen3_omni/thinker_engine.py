@@ -301,6 +301,12 @@ class _Response(Response[Checkpoint]):
         self, instructions: torch.Tensor | str | None, tools: torch.Tensor | str | None = None
     ) -> bool:
         conversation = self.conversation
+        if (
+            instructions is None
+            and tools is not None
+            and _text(TOOLS_FIELD, tools) == (conversation.tools)
+        ):
+            return False  # the same tools again: the system turn stands
         if instructions is not None:
             conversation.instructions = _text(INSTRUCTIONS_FIELD, instructions)
         if tools is not None:

@@ -389,6 +389,12 @@ class _Response(Response[Mark]):
         self, instructions: torch.Tensor | str | None, tools: torch.Tensor | str | None = None
     ) -> bool:
         history, engine = self.history, self.engine
+        if (
+            instructions is None
+            and tools is not None
+            and _text(TOOLS_FIELD, tools) == (history.tools)
+        ):
+            return False  # the same tools again: the system turn stands
         if instructions is not None:
             history.instructions = _text(INSTRUCTIONS_FIELD, instructions)
         if tools is not None:

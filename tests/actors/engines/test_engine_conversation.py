@@ -19,6 +19,8 @@ from omni_actors.actors.engines.contract import (
     INSTRUCTIONS_FIELD,
     KEPT_FIELD,
     REPLY_FIELD,
+    TOOL_CALLS_FIELD,
+    TOOLS_FIELD,
     TURN_FIELD,
     Fields,
     ResponseOptions,
@@ -102,11 +104,17 @@ class Talk(Response[Mark]):
     async def roll_back(self, start: Mark) -> None:
         self.chat.restore(start)
 
-    async def instruct(self, instructions: torch.Tensor | str) -> bool:
-        assert isinstance(instructions, str)
+    async def instruct(
+        self, instructions: torch.Tensor | str | None, tools: torch.Tensor | str | None = None
+    ) -> bool:
         if self.chat.turn_start is not None:
             return False  # the fake drops instructions said inside a turn
-        self.chat.tokens += ["<sys>", instructions, "</sys>"]
+        if instructions is not None:
+            assert isinstance(instructions, str)
+            self.chat.tokens += ["<sys>", instructions, "</sys>"]
+        if tools is not None:
+            assert isinstance(tools, str)
+            self.chat.tokens += ["<tools>", tools, "</tools>"]
         return True
 
     async def take(self, fields: Fields) -> None:
@@ -146,6 +154,10 @@ class Talk(Response[Mark]):
         self._open()
         self.chat.tokens += [*words, "</a>"]
         self.chat.reply = Said(len(self.chat.tokens) - len(words) - 1, words)
+
+    def tool_calls_turn(self, message: torch.Tensor | str) -> tuple[int, ...]:
+        assert isinstance(message, str)
+        return (len(message),)  # the fake's "rendering": one token, the text's length
 
     def refused(self, error: TurnMarkError) -> Exception:
         return WordError(str(error)) if self.engine.retype else error
@@ -267,6 +279,19 @@ async def test_a_reply_mark_commits_the_open_turn_and_takes_the_reply_back() -> 
     # A clear after the mark keeps the reply: it moved ``committed``.
     assert engine.chat.tokens == [*TURN, "<a>", "5", "6", "</a>", *ANSWER]
     assert engine.chat.decoded == ("fine", "thanks")  # the decoded reply, not the mark's
+
+
+async def test_tools_are_set_as_instructions_are() -> None:
+    engine = Words()
+    await engine.respond({TOOLS_FIELD: "[t]"}, say("no"), CLEAR, say("hi"))
+    assert engine.chat.tokens == ["<tools>", "[t]", "</tools>", *TURN, *ANSWER]
+
+
+async def test_an_assistant_turn_with_calls_is_taken_as_a_reply_mark() -> None:
+    engine = Words()
+    outputs = await engine.respond(say("hi"), {TOOL_CALLS_FIELD: "call"}, say("no"), CLEAR)
+    assert outputs[0] == {"user": "<user> hi </user>"}
+    assert engine.chat.tokens == [*TURN, "<a>", "4", "</a>", *ANSWER]
 
 
 async def test_truncating_a_reply_from_before_the_response_moves_its_start() -> None:

@@ -102,7 +102,7 @@ def test_a_template_without_tools_is_refused_with_the_remedy(tokenizer: Any) -> 
     )
     try:
         template = ToolTemplate(tokenizer, _encode(tokenizer), remedy="rebuild it")
-        with pytest.raises(ToolTemplateError, match="does not render tools.*rebuild it"):
+        with pytest.raises(ToolTemplateError, match=r"does not render tools.*rebuild it"):
             template.system_turn("Be brief.", json.dumps(TOOLS))
     finally:
         tokenizer.chat_template = old
