@@ -504,22 +504,22 @@ class StageSession:
 
     async def _route_spoken(self, output: Fields | None, voiced: list[Fields]) -> None:
         """Push ``output`` to the caller and what ``SpokenOutputs`` lets go on of it (and
-        of outputs it held) to the stages after this one."""
-        for outlet in self.outlets:
-            if outlet is self.client:
-                if output is not None:
-                    await self._push(outlet, output)
-            else:
-                for out in voiced:
-                    await self._push(outlet, out)
-
-    async def _push(self, outlet: Outlet, output: Fields) -> None:
+        of outputs it held) to the stages after this one; device tensors reach outlets
+        to other processes as host copies, made once per output (as ``_route``)."""
         transfers = self.transfers
-        if transfers is not None and not outlet.takes_device and on_device(output):
-            output = await transfers.to_host(output)
-        pending = outlet.push(output)
-        if pending is not None:
-            await pending
+        hosts: dict[int, Fields] = {}
+        for outlet in self.outlets:
+            mine = [] if output is None else [output]
+            outs = mine if outlet is self.client else voiced
+            for out in outs:
+                if transfers is not None and not outlet.takes_device and on_device(out):
+                    host = hosts.get(id(out))
+                    if host is None:
+                        host = hosts[id(out)] = await transfers.to_host(out)
+                    out = host
+                pending = outlet.push(out)
+                if pending is not None:
+                    await pending
 
     async def _report(
         self,

@@ -20,7 +20,12 @@ from dataclasses import dataclass
 
 import torch
 
-from omni_actors.actors.engines.contract import INSTRUCTIONS_FIELD, TOOL_RESULT_FIELD, TOOLS_FIELD
+from omni_actors.actors.engines.contract import (
+    INSTRUCTIONS_FIELD,
+    TOOL_CALLS_FIELD,
+    TOOL_RESULT_FIELD,
+    TOOLS_FIELD,
+)
 from omni_actors.errors import OmniError
 from omni_actors.pipeline.session import Session
 from omni_actors.pipeline.session_input import SessionClosedError
@@ -36,7 +41,7 @@ class Op:
     """One queued operation; ``event_id`` is the client event it came from."""
 
     kind: str  # audio | text | commit | clear | respond | truncate | instructions | tools
-    # | tool_result
+    # | tool_result | tool_calls
     event_id: str | None = None
     samples: torch.Tensor | None = None
     text: str = ""
@@ -118,6 +123,8 @@ class InputStream:
             await session.send(fields={TOOLS_FIELD: op.text})
         elif op.kind == "tool_result":
             await session.send(fields={TOOL_RESULT_FIELD: op.text})
+        elif op.kind == "tool_calls":
+            await session.send(fields={TOOL_CALLS_FIELD: op.text})
         elif op.kind == "commit":
             await session.commit()
         elif op.kind == "clear":

@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import logging
 import time
 from dataclasses import replace
@@ -72,6 +73,7 @@ from omni_actors.protocols.realtime_server import (
     ConversationItemTruncated,
     ErrorDetail,
     ErrorEvent,
+    FunctionCallItem,
     FunctionCallOutputItem,
     InputAudioBufferCleared,
     InputAudioBufferCommitted,
@@ -89,7 +91,7 @@ from omni_actors.server.request_error import RequestError, described
 from omni_actors.server.response_stream import CancelReason, ResponseStream, tool_call_error
 from omni_actors.server.session_config import SessionSettings, SettingError
 from omni_actors.server.state import ServerState
-from omni_actors.server.tools import OfferedTool, template_tools
+from omni_actors.server.tools import OfferedTool, new_call_id, template_tools
 from omni_actors.server.turns import Forward, Started, Stopped, TurnDetector
 
 __all__ = ["RealtimeConnection"]
@@ -481,7 +483,8 @@ class RealtimeConnection:
 
     async def _create_item(self, event: ConversationItemCreate) -> None:
         """``conversation.item.create``: a user item becomes a committed turn; a system
-        item sets the instructions.
+        item sets the instructions; ``function_call`` and ``function_call_output`` items
+        give back a tool call and answer one.
 
         Raises:
             RequestError: another item type or role, an empty item, or audio still in
@@ -490,6 +493,9 @@ class RealtimeConnection:
         item = event.item
         if item.type == "function_call_output":
             await self._add_tool_result(event)
+            return
+        if item.type == "function_call":
+            await self._add_tool_call(event)
             return
         if item.type != "message":
             raise RequestError(
@@ -535,6 +541,59 @@ class RealtimeConnection:
             status="completed",
             content=content,
         )
+        await self.send_all(
+            [
+                ConversationItemAdded(
+                    event_id=new_id("event"), item=added, previous_item_id=previous
+                ),
+                ConversationItemDone(
+                    event_id=new_id("event"), item=added, previous_item_id=previous
+                ),
+            ]
+        )
+
+    async def _add_tool_call(self, event: ConversationItemCreate) -> None:
+        """A ``function_call`` item: an assistant turn that called a tool, given back (a
+        client restoring a conversation), taken as the chat template writes it.
+
+        Raises:
+            RequestError: the pipeline takes no tools, no ``name``, ``arguments`` that are
+                not JSON, or audio still in the buffer.
+        """
+        item = event.item
+        if not self._takes_tools:
+            raise RequestError(
+                "this pipeline's entry stage takes no tools: function_call items cannot be added",
+                param="item.type",
+            )
+        if not item.name:
+            raise RequestError("a function_call item needs the function's name", param="item.name")
+        arguments = item.arguments or "{}"
+        try:
+            json.loads(arguments)
+        except ValueError as exc:
+            raise RequestError(
+                f"a function_call item's arguments must be JSON ({exc})", param="item.arguments"
+            ) from None
+        if self.buffered:
+            raise RequestError(
+                "the input audio buffer holds uncommitted audio; commit or clear it "
+                "before adding an item"
+            )
+        call_id = item.call_id or new_call_id()
+        self.calls[call_id] = item.name
+        function = {"name": item.name, "arguments": arguments}
+        message = {"content": None, "tool_calls": [{"type": "function", "function": function}]}
+        assert self.input is not None
+        self.input.put(Op("tool_calls", event_id=event.event_id, text=json.dumps(message)))
+        added = FunctionCallItem(
+            id=item.id or new_id("item"),
+            call_id=call_id,
+            name=item.name,
+            arguments=arguments,
+            status="completed",
+        )
+        previous, self.last_item = self.last_item, added.id
         await self.send_all(
             [
                 ConversationItemAdded(
@@ -715,8 +774,13 @@ class RealtimeConnection:
     ) -> None:
         """Send ``stream``'s closing events (from ``done``, or a failure with ``error``)."""
         await self.send_all(stream.done(done, error))
+        status = done.status if done else "failed"
+        if stream.failure is not None:
+            status = "failed"  # a malformed tool call: stopped as a cancel, failed
+        elif stream.cancel_reason:
+            status = "cancelled"
         self.state.metrics.response_done(
-            "cancelled" if stream.cancel_reason else (done.status if done else "failed"),
+            status,
             done.metrics.ttft_ms if done else None,
             done.metrics.ttfa_ms if done else None,
         )

@@ -12,7 +12,7 @@ import pytest
 
 pytest.importorskip("transformers")
 
-from test_tiny_omni_thinker_turns import assistant, ids, reference, respond, thinker
+from test_tiny_omni_thinker_turns import assistant, ids, reference, respond, thinker, user
 
 from omni_actors.actors.engines.contract import (
     INSTRUCTIONS_FIELD,
@@ -92,3 +92,13 @@ async def test_an_assistant_turn_with_calls_is_taken_back_as_written(
             {TOOL_RESULT_FIELD: "warm"},
         )
     assert ids(answer) == reference(model, _rendered(cache_dir, messages, tools=TOOLS), 6)
+
+
+async def test_the_same_tools_again_feed_nothing(cache_dir: Path, model: Any) -> None:
+    tools = json.dumps(TOOLS)
+    async with thinker(cache_dir) as engine:
+        first = await respond(engine, "s", {TOOLS_FIELD: tools}, {"text": "weather?"})
+        second = await respond(engine, "s", {TOOLS_FIELD: tools}, {"text": "And?"})
+    asked = _rendered(cache_dir, [{"role": "user", "content": "weather?"}], tools=TOOLS)
+    expected = reference(model, [*asked, *assistant(ids(first)), *user("And?")], 6)
+    assert ids(second) == expected

@@ -234,3 +234,34 @@ async def test_a_scripted_reply_calls_the_tool_unspoken() -> None:
         await conn.response.create()
         events, _, _ = await _until_done(conn)
         assert events[-1].response.status == "completed"
+
+
+async def test_a_call_given_back_reaches_the_model_and_can_be_answered(
+    weather: RunningServer,
+) -> None:
+    async with _client(weather).realtime.connect(model="weather") as conn:
+        await _session(conn, tools=[TOOL])
+        call = {
+            "type": "function_call",
+            "call_id": "call_earlier",
+            "name": "get_weather",
+            "arguments": '{"city": "Paris"}',
+        }
+        await conn.conversation.item.create(item=call)
+        added = await conn.recv()
+        assert added.type == "conversation.item.added"
+        assert (added.item.type, added.item.call_id) == ("function_call", "call_earlier")
+        assert (await conn.recv()).type == "conversation.item.done"
+        output = {"type": "function_call_output", "call_id": "call_earlier", "output": "rainy"}
+        await conn.conversation.item.create(item=output)
+        assert (await conn.recv()).type == "conversation.item.added"
+        assert (await conn.recv()).type == "conversation.item.done"
+        await conn.response.create()
+        _, _, transcript = await _until_done(conn)
+        assert transcript == "It is rainy. (1 call given back)"
+
+        bad = {**call, "arguments": "{oops"}
+        await conn.conversation.item.create(item=bad)
+        error = await conn.recv()
+        assert error.type == "error"
+        assert error.error.param == "item.arguments"
