@@ -154,7 +154,7 @@ class Target(msgspec.Struct, frozen=True, kw_only=True):
         ref: the receiver.
         mode: see :data:`EdgeMode`.
         fields: which output fields travel on this edge.
-        window: ``(initial_frames, frames, left_context)`` when the edge windows codec
+        window: ``(initial_frames, frames, left_context, ramp)`` when the edge windows codec
             frames through a ``ChunkPolicy`` (stream edges with one tensor field).
         accumulate: the receiver's per-field rules, for ``full`` edges.
         device_link: the edge takes the ``device`` path: tensors stay on the GPU, in a
@@ -167,7 +167,7 @@ class Target(msgspec.Struct, frozen=True, kw_only=True):
     ref: ActorAddress[Chunk | StepChunks]
     mode: EdgeMode
     fields: tuple[str, ...]
-    window: tuple[int, int, int] | None = None
+    window: tuple[int, int, int, tuple[int, ...]] | None = None
     accumulate: dict[str, AccumulateRule] = {}
     device_link: bool = False
     steps: bool = False

@@ -20,6 +20,7 @@ from omni_actors.protocols.error_code import ErrorCode
 from omni_actors.protocols.stage import StageMetrics
 
 __all__ = [
+    "AudioPacing",
     "Aborted",
     "AudioDelta",
     "Done",
@@ -32,6 +33,26 @@ __all__ = [
     "TextDelta",
     "TERMINAL",
 ]
+
+
+class AudioPacing(msgspec.Struct, frozen=True, kw_only=True):
+    """How smoothly a response's audio reached the session's owner, as a player that
+    holds back ``jitter_buffer_ms`` and then plays at real time would have heard it (see
+    ``omni_actors.audio.playout``).
+
+    Attributes:
+        deltas: audio deltas received.
+        gap_max_ms: the longest wait between two deltas (None with fewer than two).
+        jitter_buffer_ms: the player's buffer the underruns are counted against.
+        underruns: times that player's buffer ran dry before the audio ended.
+        stall_ms: the silence those underruns cost.
+    """
+
+    deltas: int = 0
+    gap_max_ms: float | None = None
+    jitter_buffer_ms: float = 0.0
+    underruns: int = 0
+    stall_ms: float = 0.0
 
 
 class SessionMetrics(msgspec.Struct, frozen=True, kw_only=True):
@@ -48,6 +69,7 @@ class SessionMetrics(msgspec.Struct, frozen=True, kw_only=True):
         rtf: real-time factor, wall time from the start to the last audio delta divided
             by ``audio_s`` (below 1: faster than real time; None without audio).
         stages: per-stage metrics (queue wait, compute, chunks and bytes per hop).
+        pacing: how smoothly the audio came (None without audio).
     """
 
     ttft_ms: float | None = None
@@ -56,6 +78,7 @@ class SessionMetrics(msgspec.Struct, frozen=True, kw_only=True):
     audio_s: float = 0.0
     rtf: float | None = None
     stages: dict[str, StageMetrics] = {}
+    pacing: AudioPacing | None = None
 
 
 class TextDelta(msgspec.Struct, tag="text_delta", frozen=True, kw_only=True):

@@ -211,10 +211,18 @@ def split_fields(
 
 
 class HopMetrics(msgspec.Struct, frozen=True, kw_only=True):
-    """What one stage sent to one receiver (a stage, or the caller) for a session."""
+    """What one stage sent to one receiver (a stage, or the caller) for a session.
+
+    Attributes:
+        chunks: chunks sent.
+        bytes: their tensors' and texts' bytes.
+        copy_wait_ms: how long chunks waited for their device tensors to be copied to
+            host memory before they could be sent (0 on the host or over a device link).
+    """
 
     chunks: int = 0
     bytes: int = 0
+    copy_wait_ms: float = 0.0
 
 
 class StageMetrics(msgspec.Struct, frozen=True, kw_only=True):
@@ -223,6 +231,8 @@ class StageMetrics(msgspec.Struct, frozen=True, kw_only=True):
     Attributes:
         queue_wait_ms: summed time input chunks spent between their sender and the
             engine taking them (mailbox and session queue).
+        queue_wait_max_ms: the longest that one input chunk spent there: the hop's
+            worst latency per chunk.
         compute_ms: time the engine spent producing outputs, excluding time it waited
             for input.
         chunks_in: input chunks accepted (duplicates excluded).
@@ -238,6 +248,7 @@ class StageMetrics(msgspec.Struct, frozen=True, kw_only=True):
     """
 
     queue_wait_ms: float = 0.0
+    queue_wait_max_ms: float = 0.0
     compute_ms: float = 0.0
     chunks_in: int = 0
     duplicates: int = 0

@@ -53,17 +53,27 @@ def test_code2wav_warms_the_windows_its_edge_cuts(name: str) -> None:
     last: a change to one without the other would only show as capture stalls."""
     import torch
 
-    from omni_actors.actors.stage.chunk_policy import ChunkPolicy
-
     spec = load_pipeline(name)
     (edge,) = [e for e in spec.edges if e.to == "code2wav"]
     (stage,) = [s for s in spec.stages if s.name == "code2wav"]
     assert edge.chunk_policy is not None
-    policy = edge.chunk_policy
-    window = ChunkPolicy(policy.initial_frames, policy.frames, policy.left_context).window()
+    window = edge.chunk_policy.policy().window()
     cut = {(c.frames.shape[0], c.context) for c in window.push(torch.zeros(1000, 1))}
     warmed = {(w["frames"], w.get("left_context", 0)) for w in stage.engine.args["warm_windows"]}
     assert warmed == cut
+
+
+def test_a_chunk_ramp_reaches_the_stages_and_a_bad_one_is_named(tmp_path: Path) -> None:
+    spec = load_pipeline("tiny-omni")
+    (edge,) = [e for e in spec.edges if e.to == "code2wav"]
+    assert edge.chunk_policy is not None
+    assert edge.chunk_policy.ramp == (8, 16)
+    assert edge.chunk_policy.window() == (4, 25, 25, (8, 16))
+    data = _base()
+    data["edges"][1]["chunk_policy"] = {"ramp": [8, 0]}
+    where = r"edges\[1\]\.chunk_policy\.ramp\[1\]: Input should be greater"
+    with pytest.raises(PipelineConfigError, match=where):
+        load_pipeline(_write(tmp_path, data))
 
 
 def test_a_valid_file_loads(tmp_path: Path) -> None:

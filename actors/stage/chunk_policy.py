@@ -1,8 +1,13 @@
 """``ChunkPolicy``: the one implementation of codec-frame windowing for every model.
 
 A talker produces codec frames one step at a time; code2wav decodes them in chunks. The
-first chunk is small (``initial_frames``) so the first audio packet leaves early; later
-chunks hold ``frames`` new frames. Each chunk also carries up to ``left_context`` frames
+first chunk is small (``initial_frames``) so the first audio packet leaves early; the
+next ones may grow (``ramp``) before later chunks hold ``frames`` new frames. A ramp keeps
+the listener's player fed: the second packet has to arrive before the first has played
+out, and a second chunk of ``frames`` frames takes its talker ``frames`` steps, far longer
+than ``initial_frames`` frames of audio last unless the talker is many times faster than
+real time; chunks that grow (4, 8, 16, then 25) each take about as long to make as the
+audio before them lasts. Each chunk also carries up to ``left_context`` frames
 that precede its new ones, because a causal decoder needs them to continue the waveform
 seamlessly — those context frames are *not* new and must not be decoded into audio
 twice.
@@ -27,20 +32,37 @@ class ChunkPolicy:
     """Chunk sizes for one edge that carries codec frames.
 
     Defaults are the values vllm-omni uses for Qwen3-Omni's talker → code2wav edge.
+
+    Attributes:
+        initial_frames: new frames of the first chunk.
+        frames: new frames of every chunk after the ramp.
+        left_context: frames before a chunk's new ones that it carries as context.
+        ramp: new frames of the chunks between the first and the steady ones, in order
+            (empty: the second chunk already holds ``frames``).
     """
 
     initial_frames: int = 4
     frames: int = 25
     left_context: int = 25
+    ramp: tuple[int, ...] = ()
 
     def __post_init__(self) -> None:
-        if self.initial_frames < 1 or self.frames < 1:
+        if self.initial_frames < 1 or self.frames < 1 or any(n < 1 for n in self.ramp):
             raise ValueError(
                 f"chunk sizes must be >= 1, got initial_frames={self.initial_frames}, "
-                f"frames={self.frames}"
+                f"frames={self.frames}, ramp={list(self.ramp)}"
             )
         if self.left_context < 0:
             raise ValueError(f"left_context must be >= 0, got {self.left_context}")
+
+    def size(self, chunk: int) -> int:
+        """New frames of chunk number ``chunk`` (from 0) of a stream, unless it is the
+        stream's last (which holds what is left)."""
+        if chunk == 0:
+            return self.initial_frames
+        if chunk <= len(self.ramp):
+            return self.ramp[chunk - 1]
+        return self.frames
 
     def window(self) -> FrameWindow:
         """A fresh window for one session's frame stream."""
@@ -83,6 +105,7 @@ class FrameWindow:
         self._received = 0
         self._kept_start = 0  # stream index of self._kept[0]
         self._emitted = 0  # frames emitted as new so far
+        self._chunks = 0  # chunks emitted so far
         self._finished = False
 
     @property
@@ -106,7 +129,7 @@ class FrameWindow:
         self._received += frames.shape[0]
         chunks: list[FrameChunk] = []
         while True:
-            size = self.policy.initial_frames if self._emitted == 0 else self.policy.frames
+            size = self.policy.size(self._chunks)
             if self.pending < size:
                 return chunks
             chunks.append(self._emit(size, final=False))
@@ -136,6 +159,7 @@ class FrameWindow:
             final=final,
         )
         self._emitted += size
+        self._chunks += 1
         # Forget frames no future chunk can need as context.
         drop = max(0, self._emitted - self.policy.left_context) - offset
         if drop > 0:

@@ -52,7 +52,7 @@ class Outlet:
         key: the session's key on the stages.
         fields: output fields this receiver gets (others are not sent).
         mode: ``stream`` or ``full``.
-        window: ``(initial_frames, frames, left_context)`` to window the edge's one
+        window: ``(initial_frames, frames, left_context, ramp)`` to window the edge's one
             tensor field into codec chunks.
         accumulate: merge rules for ``full`` mode.
         ends: whether segment ends are sent as end markers (a session's owner learns
@@ -81,7 +81,7 @@ class Outlet:
         fields: tuple[str, ...],
         *,
         mode: EdgeMode = "stream",
-        window: tuple[int, int, int] | None = None,
+        window: tuple[int, int, int, tuple[int, ...]] | None = None,
         accumulate: Mapping[str, AccumulateRule] | None = None,
         ends: bool = True,
         credits: CreditWindow | None = None,
@@ -113,15 +113,17 @@ class Outlet:
         self._options: ResponseOptions | None = None  # to pass on with the next chunk
         self.chunks = 0
         self.bytes = 0
+        self.copy_wait = 0.0  # seconds chunks waited for their device-to-host copies
 
     def metrics(self) -> HopMetrics:
-        """Chunks and bytes sent since the last :meth:`reset_metrics`."""
-        return HopMetrics(chunks=self.chunks, bytes=self.bytes)
+        """Chunks, bytes and copy waits since the last :meth:`reset_metrics`."""
+        return HopMetrics(chunks=self.chunks, bytes=self.bytes, copy_wait_ms=self.copy_wait * 1e3)
 
     def reset_metrics(self) -> None:
         """Start counting a new segment."""
         self.chunks = 0
         self.bytes = 0
+        self.copy_wait = 0.0
 
     def grant(self, n: int) -> None:
         """The receiver has taken ``n`` more chunks (a ``StreamCredit``)."""
@@ -280,7 +282,9 @@ class Outlet:
         assert self._link is not None
         device, fields = self._link.put(fields)
         if on_device(fields):
+            started = time.monotonic()
             fields = await self._transfers.to_host(fields)
+            self.copy_wait += time.monotonic() - started
         return fields, device
 
     async def _wait_for_credit(self, credits: CreditWindow) -> None:

@@ -19,6 +19,7 @@ class SegmentMetrics:
 
     Attributes:
         queue_wait: seconds input chunks waited between their sender and the engine.
+        queue_wait_max: the longest that one of them waited.
         compute: seconds the engine spent producing outputs, its waits for input out.
         blocked: seconds the engine waited for input (subtracted from ``compute``).
         chunks_in, duplicates, outputs, queued_max: as ``StageMetrics``.
@@ -36,11 +37,13 @@ class SegmentMetrics:
         "last_output",
         "outputs",
         "queue_wait",
+        "queue_wait_max",
         "queued_max",
     )
 
     def __init__(self, queued: int = 0) -> None:
         self.queue_wait = 0.0
+        self.queue_wait_max = 0.0
         self.compute = 0.0
         self.blocked = 0.0
         self.chunks_in = 0
@@ -49,6 +52,13 @@ class SegmentMetrics:
         self.first_output_at: float | None = None
         self.last_output: float | None = None
         self.queued_max = queued  # chunks already queued count for the new segment
+
+    def took(self, waited: float) -> None:
+        """The engine took an input chunk that waited ``waited`` seconds since it was sent."""
+        self.queue_wait += waited
+        if waited > self.queue_wait_max:
+            self.queue_wait_max = waited
+        self.chunks_in += 1
 
     def output(self, now: float) -> None:
         """The engine yielded an output at ``time.monotonic()`` reading ``now``."""
@@ -62,6 +72,7 @@ class SegmentMetrics:
         last = self.last_output
         return StageMetrics(
             queue_wait_ms=self.queue_wait * 1e3,
+            queue_wait_max_ms=self.queue_wait_max * 1e3,
             compute_ms=self.compute * 1e3,
             chunks_in=self.chunks_in,
             duplicates=self.duplicates,

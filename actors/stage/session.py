@@ -35,7 +35,7 @@ import contextlib
 import logging
 import time
 from collections import deque
-from collections.abc import AsyncIterator, Callable, Collection
+from collections.abc import AsyncIterator, Callable, Collection, Iterable
 from typing import Any
 
 import torch
@@ -308,9 +308,7 @@ class StageSession:
         if self._error is not None:
             raise self._error
         chunk = self._queue.popleft()
-        metrics = self.metrics
-        metrics.queue_wait += max(0.0, time.monotonic() - chunk.sent_at)
-        metrics.chunks_in += 1
+        self.metrics.took(max(0.0, time.monotonic() - chunk.sent_at))
         due = self.inflow.taken(chunk.source)
         if due:
             await self.inflow.grant(chunk.source, due)
@@ -487,39 +485,41 @@ class StageSession:
         finally:
             inputs.first_output = None
 
-    async def _route(self, output: Fields) -> None:
-        """Push ``output`` through every outlet; device tensors reach outlets to other
-        processes (and the caller) as host copies, made once, off the compute stream."""
+    async def _route(self, output: Fields, outlets: Iterable[Outlet] | None = None) -> None:
+        """Push ``output`` through every outlet (or those of ``outlets``); device tensors
+        reach outlets to other processes (and the caller) as host copies, made once, off
+        the compute stream."""
         host: Fields | None = None
+        copy_wait = 0.0  # each outlet to the host waited for the one copy
         transfers = self.transfers
-        for outlet in self.outlets:
+        for outlet in self.outlets if outlets is None else outlets:
             if transfers is None or outlet.takes_device:
                 pending = outlet.push(output)
             else:
                 if host is None:
-                    host = await transfers.to_host(output) if on_device(output) else output
+                    host = output
+                    if on_device(output):
+                        started = time.monotonic()
+                        host = await transfers.to_host(output)
+                        copy_wait = time.monotonic() - started
+                outlet.copy_wait += copy_wait
                 pending = outlet.push(host)
             if pending is not None:  # a send that must wait (see ``Outlet.push``)
                 await pending
 
     async def _route_spoken(self, output: Fields | None, voiced: list[Fields]) -> None:
         """Push ``output`` to the caller and what ``SpokenOutputs`` lets go on of it (and
-        of outputs it held) to the stages after this one; device tensors reach outlets
-        to other processes as host copies, made once per output (as ``_route``)."""
-        transfers = self.transfers
-        hosts: dict[int, Fields] = {}
-        for outlet in self.outlets:
-            mine = [] if output is None else [output]
-            outs = mine if outlet is self.client else voiced
-            for out in outs:
-                if transfers is not None and not outlet.takes_device and on_device(out):
-                    host = hosts.get(id(out))
-                    if host is None:
-                        host = hosts[id(out)] = await transfers.to_host(out)
-                    out = host
-                pending = outlet.push(out)
-                if pending is not None:
-                    await pending
+        of outputs it held) to the stages after this one."""
+        if output is not None and len(voiced) == 1 and voiced[0] is output:
+            await self._route(output)  # said as it came: to every outlet
+            return
+        client = self.client
+        if output is not None and client is not None:
+            await self._route(output, (client,))
+        if voiced:
+            after = [outlet for outlet in self.outlets if outlet is not client]
+            for out in voiced:
+                await self._route(out, after)
 
     async def _report(
         self,

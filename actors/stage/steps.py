@@ -47,6 +47,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections import deque
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Protocol
@@ -79,6 +80,9 @@ class Sender(Protocol):
 
     closed: bool
     """The outlet's session was aborted: its chunks not sent yet are moot."""
+
+    copy_wait: float
+    """Seconds its chunks waited for their device-to-host copies (the route adds its own)."""
 
     def fail(self, error: BaseException) -> None:
         """A message with one of its chunks could not be delivered."""
@@ -307,7 +311,13 @@ class Route:
                         members = [(s, c) for s, c in members if not s.closed]
                         if not members:
                             continue
-                        message = await self._on_host(self._placed(members))
+                        placed = self._placed(members)
+                        started = time.monotonic()
+                        message = await self._on_host(placed)
+                        if message is not placed:  # copied: each member's chunk waited
+                            waited = time.monotonic() - started
+                            for outlet, _ in members:
+                                outlet.copy_wait += waited
                     await self.ref.tell(message)
                     self.messages += 1
                 except Exception as exc:  # the receiver is gone: its senders hear of it
@@ -328,6 +338,8 @@ class Route:
             host = await transfers.to_host(message.tensors)
             return msgspec.structs.replace(message, tensors=host)
         packed = message.packed
+        if not on_device(packed) and not any(on_device(c.tensors) for c in message.chunks):
+            return message
         if on_device(packed):
             packed = await transfers.to_host(packed)
         chunks = [

@@ -153,16 +153,17 @@ def _deliver(
             f"edge {edge.source}->{edge.to}: a chunk_policy windows tensor frames, not text"
         )
     arrivals: list[_Arrival] = []
-    pending, emitted = 0, 0
+    sizes = policy.policy()
+    pending, chunks = 0, 0
     for when in up.outputs:
         pending += rows
         while True:
-            size = policy.initial_frames if emitted == 0 else policy.frames
+            size = sizes.size(chunks)
             if pending < size:
                 break
             arrivals.append((when, size))
             pending -= size
-            emitted += size
+            chunks += 1
     if pending:
         arrivals.append((up.finish, pending))
     return arrivals

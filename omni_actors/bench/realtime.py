@@ -9,6 +9,11 @@ RTF, cancel latency, errors; no audio of a response after its ``response.done``)
 the server spends: its CPU seconds, alone and with its worker processes, per
 session-second (the sum over sessions of the time each was connected).
 
+Audio that arrives in bursts sounds broken even when its RTF is low, so each client
+also plays every completed response on paper: after a 200 ms jitter buffer, at real
+time (``omni_actors.audio.playout``). A level reports those players' underruns (stalls)
+per minute of audio, and the longest gap between two audio deltas; the target is none.
+
 Then one session at a time speaks each of ``input_audio_s`` (5 s and 60 s by default):
 the server hands appended audio to the pipeline as it arrives, so TTFA after the end
 of speech should not grow with the length of the input (target: the longest input's
@@ -30,6 +35,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from omni_actors.audio.playout import JITTER_BUFFER_S
 from omni_actors.bench.input_length import (
     DEFAULT_INPUT_AUDIO_S,
     TTFA_RATIO_LIMIT,
@@ -82,6 +88,10 @@ def _summarise(reports: list[ClientReport], turns: int) -> dict[str, Any]:
     ttfa = [t.ttfa_ms for t in done if t.ttfa_ms is not None]
     rtf = [t.rtf for t in done if t.rtf is not None]
     cancel = [t.cancel_ms for t in done if t.cancel_ms is not None]
+    completed = [t for t in done if t.status == "completed"]
+    underruns = sum(t.underruns for t in completed)
+    played_s = sum(t.audio_s for t in completed)
+    gaps = [t.gap_max_ms for t in completed if t.gap_max_ms is not None]
     errors: Counter[str] = Counter()
     for report in reports:
         errors.update(report.errors)
@@ -99,6 +109,11 @@ def _summarise(reports: list[ClientReport], turns: int) -> dict[str, Any]:
         "cancel_ms_p99": _p(cancel, 99),
         "cancel_status": dict(Counter(t.status for t in done if t.cancel_ms is not None)),
         "late_audio_deltas": sum(r.late_audio_deltas for r in reports),
+        "underruns": underruns,
+        "underruns_per_min": round(underruns * 60.0 / played_s, 3) if played_s else None,
+        "stall_ms": round(sum(t.stall_ms for t in completed), 1),
+        "audio_gap_max_ms_p50": _p(gaps, 50),
+        "audio_gap_max_ms_max": _round(max(gaps, default=None)),
         "errors": sum(errors.values()),
         "errors_by_code": dict(sorted(errors.items())),
         "max_send_lag_ms": _round(max((t.send_lag_ms for t in done), default=None)),
@@ -216,6 +231,11 @@ def _targets(
     targets: dict[str, Any] = {
         "zero_errors": {"sessions": int(top), "measured": errors, "met": errors == 0},
         "no_audio_after_response_done": {"measured": late, "met": late == 0},
+        "no_underruns": {
+            "sessions": int(top),
+            "measured": levels[top]["underruns"],
+            "met": levels[top]["underruns"] == 0,
+        },
     }
     if input_length is not None:
         ratio = input_length["ttfa_ratio"]
@@ -277,7 +297,8 @@ async def run_realtime_bench(
 
     Returns:
         ``levels`` (per session count: TTFA p50/p99 after the end of speech, RTF,
-        cancel latency and statuses, late audio deltas, errors by code, the server's
+        cancel latency and statuses, late audio deltas, underruns per minute of audio
+        after a 200 ms jitter buffer and the longest delta gaps, errors by code, the server's
         CPU per session-second, wall time, load), ``input_length`` (per length: TTFA
         median, and the longest/shortest ratio; absent without lengths), ``targets``,
         ``warmup_errors_by_code`` (the unmeasured first turn's), ``machine``,
@@ -328,6 +349,7 @@ async def run_realtime_bench(
             "speech_s": speech_s,
             "frame_ms": 20,
             "sample_rate": CLIENT_RATE,
+            "jitter_buffer_ms": JITTER_BUFFER_S * 1e3,
             "input_audio_s": list(lengths),
             "input_repeats": input_repeats,
             "reply_tokens": reply_tokens,
@@ -346,7 +368,8 @@ def realtime_table(result: dict[str, Any]) -> list[str]:
         "realtime sessions (TTFA and cancel in ms after the end of speech / the cancel; "
         "CPU in server seconds per session-second)",
         f"{'sessions':>8} {'ttfa_p50':>9} {'ttfa_p99':>9} {'rtf_p50':>8} {'cancel_p50':>10} "
-        f"{'cancel_p99':>10} {'errors':>6} {'late':>5} {'cpu/s':>7} {'+workers':>8}",
+        f"{'cancel_p99':>10} {'errors':>6} {'late':>5} {'underr/min':>10} {'gap_max':>8} "
+        f"{'cpu/s':>7} {'+workers':>8}",
     ]
 
     def cell(value: Any, width: int, fmt: str = ".1f") -> str:
@@ -358,7 +381,9 @@ def realtime_table(result: dict[str, Any]) -> list[str]:
             f"{n:>8} {cell(level['ttfa_ms_p50'], 9)} {cell(level['ttfa_ms_p99'], 9)} "
             f"{cell(level['rtf_p50'], 8, '.3f')} {cell(level['cancel_ms_p50'], 10)} "
             f"{cell(level['cancel_ms_p99'], 10)} {level['errors']:>6} "
-            f"{level['late_audio_deltas']:>5} {cell(cpu['cpu_s_per_session_s'], 7, '.3f')} "
+            f"{level['late_audio_deltas']:>5} {cell(level['underruns_per_min'], 10, '.2f')} "
+            f"{cell(level['audio_gap_max_ms_max'], 8)} "
+            f"{cell(cpu['cpu_s_per_session_s'], 7, '.3f')} "
             f"{cell(cpu['cpu_s_per_session_s_with_workers'], 8, '.3f')}"
         )
     section = result.get("input_length")

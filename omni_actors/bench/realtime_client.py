@@ -11,6 +11,9 @@ until that response's ``response.done``. What it measures, from the client's sid
 - RTF of a completed turn: (last audio delta - commit) / seconds of audio received.
 - Cancel latency (the turns asked to cancel): ``response.cancel`` is sent on the first
   audio delta; the time to that response's ``response.done``, and its status.
+- Underruns of a completed turn: a player that holds the first audio back 200 ms and
+  then plays at real time (``omni_actors.audio.playout``) runs dry before the response's
+  audio ends; and the silence that cost. The longest gap between two audio deltas.
 - Late audio: an audio delta of a response whose ``response.done`` was already read
   (counted over the whole connection; after the last turn an
   ``input_audio_buffer.clear`` is a barrier, so a delta the server sent after the last
@@ -31,6 +34,7 @@ import msgspec
 import torch
 import websockets
 
+from omni_actors.audio.playout import Playout
 from omni_actors.bench.input_length import FRAME_S
 from omni_actors.protocols.realtime_client import (
     AudioFormat,
@@ -95,6 +99,10 @@ class TurnResult:
         audio_s: seconds of audio received.
         cancel_ms: ``response.cancel`` to ``response.done`` (cancelled turns only).
         send_lag_ms: how late the most late frame of the turn left.
+        underruns: times the client's player would have run dry (completed turns; 0
+            for the others, whose audio stops on purpose).
+        stall_ms: the silence those underruns cost.
+        gap_max_ms: the longest wait between two audio deltas (None with fewer than two).
     """
 
     status: str
@@ -103,6 +111,9 @@ class TurnResult:
     audio_s: float
     cancel_ms: float | None
     send_lag_ms: float
+    underruns: int = 0
+    stall_ms: float = 0.0
+    gap_max_ms: float | None = None
 
 
 @dataclass(slots=True)
@@ -211,12 +222,15 @@ async def _turn(
     first: float | None = None
     last = committed
     samples = 0
+    playout = Playout()
     cancelled_at: float | None = None
     while True:
         event = await conn.next(deadline)
         now = time.perf_counter()
         if event.type == "response.output_audio.delta" and event.response_id == rid:
-            samples += _samples(event.delta or "")
+            got = _samples(event.delta or "")
+            samples += got
+            playout.add(now, got / CLIENT_RATE)
             last = now
             if first is None:
                 first = now
@@ -233,13 +247,18 @@ async def _turn(
         code = (details and details.error and details.error.code) or "unknown"
         conn.report.errors[f"response_failed.{code}"] += 1
     audio_s = samples / CLIENT_RATE
+    completed = status == "completed"
+    gap = playout.gap_max_s
     return TurnResult(
         status=status,
         ttfa_ms=None if first is None else (first - committed) * 1e3,
-        rtf=(last - committed) / audio_s if status == "completed" and audio_s else None,
+        rtf=(last - committed) / audio_s if completed and audio_s else None,
         audio_s=audio_s,
         cancel_ms=None if cancelled_at is None else (now - cancelled_at) * 1e3,
         send_lag_ms=lag * 1e3,
+        underruns=playout.underruns if completed else 0,
+        stall_ms=playout.stall_s * 1e3 if completed else 0.0,
+        gap_max_ms=None if gap is None else gap * 1e3,
     )
 
 

@@ -313,15 +313,7 @@ class Orchestrator(Actor[OrchestratorMessage]):
                     ref=self._ref(name, e.to, chosen[e.to]),
                     mode=e.mode,
                     fields=spec.edge_fields(e.source, e.to),
-                    window=(
-                        None
-                        if e.chunk_policy is None
-                        else (
-                            e.chunk_policy.initial_frames,
-                            e.chunk_policy.frames,
-                            e.chunk_policy.left_context,
-                        )
-                    ),
+                    window=None if e.chunk_policy is None else e.chunk_policy.window(),
                     accumulate=spec.accumulate(e.to),
                     device_link=self.paths[(e.source, e.to)][0] == "device",
                     steps=True,

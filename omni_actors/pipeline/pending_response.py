@@ -8,9 +8,11 @@ from __future__ import annotations
 
 import time
 
+from omni_actors.audio.playout import Playout
 from omni_actors.protocols.error_code import ErrorCode
 from omni_actors.protocols.events import (
     AudioDelta,
+    AudioPacing,
     Event,
     ResponseStatus,
     SessionMetrics,
@@ -41,6 +43,7 @@ class PendingResponse:
         "held",
         "last_audio",
         "message",
+        "playout",
         "reports",
         "response",
         "rolled_back",
@@ -59,6 +62,7 @@ class PendingResponse:
         self.first_audio: float | None = None
         self.last_audio: float | None = None
         self.audio_samples = 0
+        self.playout = Playout()  # how a listener would have heard the audio as it came
         self.reports: dict[str, StageMetrics] = {}
         self.finished = False  # the session's last segment
         self.done_at: float | None = None  # every stage has reported it
@@ -82,6 +86,17 @@ class PendingResponse:
         rtf = None
         if audio_s > 0 and self.last_audio is not None:
             rtf = (self.last_audio - since_start) / audio_s
+        playout = self.playout
+        pacing = None
+        if playout.packets:
+            gap = playout.gap_max_s
+            pacing = AudioPacing(
+                deltas=playout.packets,
+                gap_max_ms=None if gap is None else gap * 1e3,
+                jitter_buffer_ms=playout.buffer_s * 1e3,
+                underruns=playout.underruns,
+                stall_ms=playout.stall_s * 1e3,
+            )
         return SessionMetrics(
             ttft_ms=since(self.first_text),
             ttfa_ms=since(self.first_audio),
@@ -89,6 +104,7 @@ class PendingResponse:
             audio_s=audio_s,
             rtf=rtf,
             stages={name: self.reports[name] for name in stages if name in self.reports},
+            pacing=pacing,
         )
 
     def deltas(
@@ -110,6 +126,7 @@ class PendingResponse:
                 self.first_audio = now
             self.last_audio = now
             self.audio_samples += audio.numel()
+            self.playout.add(now, audio.numel() / sample_rate)
             audio_delta = AudioDelta(
                 session=session, audio=audio, sample_rate=sample_rate, response=self.response
             )

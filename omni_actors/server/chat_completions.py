@@ -342,7 +342,7 @@ class ChatCompletionReply(Response):
         """Record how the reply ended; raise unless it completed."""
         self._done = done
         metrics = self.state.metrics
-        metrics.response_done(done.status, done.metrics.ttft_ms, done.metrics.ttfa_ms)
+        metrics.response_done(done.status, done.metrics)
         if done.status != "completed":
             raise ReplyFailedError(
                 done.message or f"the reply ended {done.status}",

@@ -13,11 +13,14 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, gene
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
 from omni_actors.protocols.control import PipelineHealth
+from omni_actors.protocols.events import SessionMetrics
 
 __all__ = ["ServerMetrics"]
 
 # First text and first audio take tens of ms on a GPU and seconds on a busy CPU.
 _LATENCY_BUCKETS_MS = (10, 25, 50, 100, 150, 200, 300, 500, 750, 1000, 2000, 5000, 10000)
+# A chunk's hop and its copy take well under a millisecond when all is well.
+_WAIT_BUCKETS_MS = (0.1, 0.25, 0.5, 1, 2.5, 5, 10, 25, 50, 100, 250, 500, 1000)
 
 
 class ServerMetrics:
@@ -48,6 +51,38 @@ class ServerMetrics:
             "omni_ttfa_ms",
             "Time to first audio of a response (ms)",
             buckets=_LATENCY_BUCKETS_MS,
+            registry=r,
+        )
+        self.audio_gap = Histogram(
+            "omni_audio_gap_max_ms",
+            "The longest wait between two audio deltas of a response (ms)",
+            buckets=_LATENCY_BUCKETS_MS,
+            registry=r,
+        )
+        self.underruns = Counter(
+            "omni_audio_underruns",
+            "Times a player holding a response's first audio back by the jitter buffer "
+            "(200 ms) and playing at real time would have run dry",
+            registry=r,
+        )
+        self.stall = Counter(
+            "omni_audio_stall_ms",
+            "Silence those underruns would have cost (ms)",
+            registry=r,
+        )
+        self.chunk_wait = Histogram(
+            "omni_chunk_wait_max_ms",
+            "Per response and stage: the longest an input chunk waited between its sender "
+            "and the stage's engine (ms)",
+            ["stage"],
+            buckets=_WAIT_BUCKETS_MS,
+            registry=r,
+        )
+        self.copy_wait = Histogram(
+            "omni_copy_wait_ms",
+            "Per response and stage: how long its outputs waited for device-to-host copies (ms)",
+            ["stage"],
+            buckets=_WAIT_BUCKETS_MS,
             registry=r,
         )
 
@@ -115,13 +150,28 @@ class ServerMetrics:
         """An ``error`` event (or a failed response) with ``code``."""
         self.errors.labels(code).inc()
 
-    def response_done(self, status: str, ttft_ms: float | None, ttfa_ms: float | None) -> None:
-        """A response ended with ``status``; its latencies, where it had them."""
+    def response_done(self, status: str, metrics: SessionMetrics | None) -> None:
+        """A response ended with ``status``; its latencies, pacing and per-stage waits,
+        where it had them."""
         self.responses.labels(status).inc()
-        if ttft_ms is not None:
-            self.ttft.observe(ttft_ms)
-        if ttfa_ms is not None:
-            self.ttfa.observe(ttfa_ms)
+        if metrics is None:
+            return
+        if metrics.ttft_ms is not None:
+            self.ttft.observe(metrics.ttft_ms)
+        if metrics.ttfa_ms is not None:
+            self.ttfa.observe(metrics.ttfa_ms)
+        pacing = metrics.pacing
+        if pacing is not None:
+            if pacing.gap_max_ms is not None:
+                self.audio_gap.observe(pacing.gap_max_ms)
+            self.underruns.inc(pacing.underruns)
+            self.stall.inc(pacing.stall_ms)
+        for name, stage in metrics.stages.items():
+            if stage.chunks_in:
+                self.chunk_wait.labels(name).observe(stage.queue_wait_max_ms)
+            self.copy_wait.labels(name).observe(
+                sum(hop.copy_wait_ms for hop in stage.hops.values())
+            )
 
     def chat_completion(self, status: str) -> None:
         """A chat completion request was answered with ``status``."""

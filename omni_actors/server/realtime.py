@@ -781,8 +781,7 @@ class RealtimeConnection:
             status = "cancelled"
         self.state.metrics.response_done(
             status,
-            done.metrics.ttft_ms if done else None,
-            done.metrics.ttfa_ms if done else None,
+            done.metrics if done else None,
         )
         self.streams.pop(stream.id, None)
         if self.active is stream:

@@ -20,6 +20,7 @@ from typing import Any
 import pytest
 import torch
 
+from omni_actors.bench import realtime_client
 from omni_actors.bench.realtime import realtime_table
 from omni_actors.bench.realtime_client import (
     ClientReport,
@@ -107,6 +108,15 @@ def test_the_json_report_of_two_sessions_on_scripted_omni(
     assert result["input_length"]["ttfa_ratio"] > 0
     assert result["targets"]["zero_errors"] == {"sessions": 2, "measured": 0, "met": True}
     assert result["targets"]["no_audio_after_response_done"]["met"] is True
+    # Each completed turn was played on paper after a 200 ms jitter buffer.
+    assert isinstance(level["underruns"], int)
+    assert level["underruns_per_min"] >= 0
+    assert level["stall_ms"] >= 0
+    assert level["audio_gap_max_ms_p50"] <= level["audio_gap_max_ms_max"]
+    no_underruns = result["targets"]["no_underruns"]
+    assert no_underruns["sessions"] == 2
+    assert no_underruns["met"] is (level["underruns"] == 0)
+    assert result["parameters"]["jitter_buffer_ms"] == 200
     assert result["parameters"]["sessions"] == [2]
     assert result["warmup_errors_by_code"] == {}
 
@@ -221,6 +231,9 @@ async def test_a_completed_turn_reports_its_ttfa_audio_and_rtf() -> None:
     assert turn.rtf is not None
     assert turn.rtf > 0
     assert turn.cancel_ms is None
+    assert turn.underruns == 0  # all three came at once: well inside the jitter buffer
+    assert turn.gap_max_ms is not None
+    assert turn.gap_max_ms >= 0
     assert report.errors == {}
     assert report.late_audio_deltas == 0
     assert socket.received == [
@@ -230,6 +243,36 @@ async def test_a_completed_turn_reports_its_ttfa_audio_and_rtf() -> None:
         "response.create",
         "input_audio_buffer.clear",
     ]
+
+
+async def test_audio_that_stops_longer_than_the_jitter_buffer_is_an_underrun(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # The client's clock, advanced by the socket: the second delta comes 0.5 s after
+    # the first, 20 ms of audio later; a player 200 ms ahead runs dry for 0.48 s + the
+    # 200 ms it buffers again.
+    clock = [100.0]
+    socket = ScriptedSocket(deltas=3)
+    recv = socket.recv
+    deltas = 0
+
+    async def paced_recv() -> str:
+        nonlocal deltas
+        text = await recv()
+        if json.loads(text)["type"] == "response.output_audio.delta":
+            deltas += 1
+            clock[0] += 0.5 if deltas == 2 else 0.001
+        return text
+
+    socket.recv = paced_recv  # type: ignore[method-assign]
+    monkeypatch.setattr(realtime_client.time, "perf_counter", lambda: clock[0])
+
+    turn, _ = await _speak(socket, cancel=False)
+
+    assert turn.status == "completed"
+    assert turn.underruns == 1
+    assert turn.stall_ms == pytest.approx(500 - 20 - 200 + 200, abs=0.01)
+    assert turn.gap_max_ms == pytest.approx(500)
 
 
 async def test_a_cancelled_turn_sends_the_cancel_on_the_first_audio_delta() -> None:
@@ -346,6 +389,8 @@ def test_the_table_shows_each_level_the_input_lengths_and_the_targets() -> None:
         "cancel_ms_p99": 12.0,
         "errors": 0,
         "late_audio_deltas": 0,
+        "underruns_per_min": 0.0,
+        "audio_gap_max_ms_max": 85.0,
         "server_cpu": cpu,
     }
     result = {
@@ -372,6 +417,8 @@ def test_the_table_shows_each_level_the_input_lengths_and_the_targets() -> None:
         "12.0",
         "0",
         "0",
+        "0.00",
+        "85.0",
         "0.250",
         "0.500",
     ]

@@ -80,6 +80,23 @@ async def test_text_and_audio_stream_then_done_with_metrics() -> None:
         assert code2wav.hops["client"].bytes == 16 * 240 * 4
         assert thinker.compute_ms >= 5
         assert code2wav.compute_ms > 0
+        # Per hop: the worst wait of one chunk bounds the mean; host stages copy nothing.
+        for stage in (talker, code2wav):
+            assert stage.queue_wait_ms / stage.chunks_in <= stage.queue_wait_max_ms
+            assert stage.queue_wait_max_ms <= stage.queue_wait_ms
+        assert all(
+            hop.copy_wait_ms == 0 for s in metrics.stages.values() for hop in s.hops.values()
+        )
+        # How smoothly the audio came, as a player 200 ms behind would have heard it.
+        pacing = metrics.pacing
+        assert pacing is not None
+        audio_deltas = [e for e in events if isinstance(e, AudioDelta)]
+        assert pacing.deltas == len(audio_deltas) > 1
+        assert pacing.jitter_buffer_ms == 200
+        assert pacing.gap_max_ms is not None
+        assert 0 <= pacing.gap_max_ms <= metrics.e2e_ms
+        assert pacing.underruns >= 0
+        assert (pacing.stall_ms > 0) == (pacing.underruns > 0)
         await assert_nothing_held(omni)
 
 

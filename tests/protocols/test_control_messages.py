@@ -54,7 +54,7 @@ def _examples(owner: ActorRef[Any], downstream: ActorRef[Any]) -> list[msgspec.S
         ref=downstream,
         mode="full",
         fields=("hidden", "text"),
-        window=(4, 6, 3),
+        window=(4, 6, 3, (5,)),
         accumulate={"hidden": "concat", "speaker": "replace"},
     )
     health = StageHealth(stage="talker", state="restarting", restarts=2, sessions=1)

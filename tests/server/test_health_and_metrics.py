@@ -135,6 +135,13 @@ async def test_metrics_after_a_realtime_response_a_chat_completion_and_a_bad_req
     assert samples[("omni_ttft_ms_count", ())] == 2
     assert samples[("omni_ttfa_ms_count", ())] == 2
     assert samples[("omni_ttfa_ms_sum", ())] > 0
+    # Both responses had audio: how smoothly it came, and each stage's waits per hop.
+    assert samples[("omni_audio_gap_max_ms_count", ())] == 2
+    assert samples[("omni_audio_underruns_total", ())] >= 0
+    assert samples[("omni_audio_stall_ms_total", ())] >= 0
+    for name in STAGES:
+        assert samples[("omni_copy_wait_ms_count", stage(name))] == 2
+    assert samples[("omni_chunk_wait_max_ms_count", stage(STAGES[-1]))] == 2
     assert samples[("omni_chat_completions_total", (("status", "completed"),))] == 1
     assert samples[("omni_chat_completions_total", (("status", "invalid_json"),))] == 1
     assert samples[("omni_errors_total", (("code", "invalid_json"),))] == 1

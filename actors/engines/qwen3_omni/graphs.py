@@ -244,7 +244,12 @@ class ShapeGraphs(Generic[K]):
             try:
                 captured = _Captured(self._capture(fn, static), static)
             except RuntimeError as exc:  # an op that cannot be captured: stay eager
-                log.warning("%s %r: not captured (%s); eager", self.name, key, exc)
+                # An op that fails mid-capture is followed by the capture's own failure
+                # (the stream capture is invalidated) while its error is handled: the
+                # op's error is the one that says what to fix, so name it too.
+                first = exc.__context__
+                why = str(exc) if first is None else f"{exc}; first {type(first).__name__}: {first}"
+                log.warning("%s %r: not captured (%s); eager", self.name, key, why)
                 return eager, None
             if not _equal(captured.run(inputs), eager):
                 log.warning("%s %r: the graph differs from eager; eager", self.name, key)

@@ -17,7 +17,7 @@ import re
 from collections import Counter
 from importlib import resources
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 import yaml
 from pydantic import Field, PrivateAttr, ValidationError, model_validator
@@ -25,6 +25,7 @@ from pydantic import Field, PrivateAttr, ValidationError, model_validator
 from omni_actors.actors.engines.contract import Ports, Rule
 from omni_actors.actors.engines.registry import engine_type
 from omni_actors.actors.engines.torch_engine import DEVICE_PATTERN
+from omni_actors.actors.stage.chunk_policy import ChunkPolicy
 from omni_actors.errors import OmniError
 from omni_actors.models.family import ModelFamily, family_of_engine
 from omni_actors.pipeline.spec.base import Spec
@@ -78,11 +79,22 @@ class SupervisionSpec(Spec):
 
 
 class ChunkPolicySpec(Spec):
-    """Codec-frame windowing on an edge (see ``omni_actors.actors.stage.chunk_policy``)."""
+    """Codec-frame windowing on an edge (see ``omni_actors.actors.stage.chunk_policy``):
+    ``initial_frames`` new frames in the first chunk, then one chunk of each size in
+    ``ramp``, then ``frames`` per chunk; each carries ``left_context`` frames before it."""
 
     initial_frames: int = Field(4, ge=1)
     frames: int = Field(25, ge=1)
     left_context: int = Field(25, ge=0)
+    ramp: tuple[Annotated[int, Field(ge=1)], ...] = Field((), max_length=16)
+
+    def policy(self) -> ChunkPolicy:
+        """The policy itself."""
+        return ChunkPolicy(self.initial_frames, self.frames, self.left_context, self.ramp)
+
+    def window(self) -> tuple[int, int, int, tuple[int, ...]]:
+        """The policy as a stage target carries it (``Target.window``)."""
+        return (self.initial_frames, self.frames, self.left_context, self.ramp)
 
 
 class EdgeSpec(Spec):

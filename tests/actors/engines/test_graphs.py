@@ -101,6 +101,26 @@ def test_tuple_outputs_are_compared_and_copied_one_by_one() -> None:
     assert torch.equal(plus, torch.tensor([4.0, 5.0]))
 
 
+def test_a_capture_invalidated_by_an_op_names_the_op_s_error(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    def invalidated(fn: Callable[..., Any], inputs: tuple[torch.Tensor, ...]) -> StandIn:
+        try:
+            raise ValueError("an op synchronized the stream")
+        finally:  # as capture_end does on the way out of the failed capture
+            raise RuntimeError("operation failed due to a previous error during capture")
+
+    graphs: ShapeGraphs[int] = ShapeGraphs("double", capture=invalidated)
+    x = torch.arange(3.0)
+    with caplog.at_level(logging.WARNING):
+        assert torch.equal(graphs(3, double, x), x * 2)
+    assert (
+        "double 3: not captured (operation failed due to a previous error during capture; "
+        "first ValueError: an op synchronized the stream); eager"
+    ) in caplog.text
+    assert graphs.eager == [3]
+
+
 def test_a_graph_holding_nan_where_eager_does_is_exact() -> None:
     def log(x: torch.Tensor) -> torch.Tensor:
         return x.log()

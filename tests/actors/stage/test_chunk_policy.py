@@ -30,6 +30,7 @@ policies = st.builds(
     initial_frames=st.integers(1, 8),
     frames=st.integers(1, 30),
     left_context=st.integers(0, 30),
+    ramp=st.lists(st.integers(1, 12), max_size=3).map(tuple),
 )
 
 
@@ -53,7 +54,8 @@ def test_every_frame_exactly_once_with_the_right_context(
         )
         size = chunk.new.shape[0]
         if not chunk.final:
-            assert size == (policy.initial_frames if i == 0 else policy.frames)
+            ramp = (policy.initial_frames, *policy.ramp)
+            assert size == (ramp[i] if i < len(ramp) else policy.frames)
         position += size
     assert [c.final for c in chunks].count(True) <= 1
     assert not any(c.final for c in chunks[:-1])
@@ -76,6 +78,20 @@ def test_defaults_match_qwen3_omni_talker_edge() -> None:
     assert chunks[-1].final
 
 
+def test_a_ramp_grows_the_chunks_after_the_first_up_to_the_steady_size() -> None:
+    policy = ChunkPolicy(initial_frames=4, frames=25, left_context=25, ramp=(8, 16))
+    assert [policy.size(n) for n in range(5)] == [4, 8, 16, 25, 25]
+    _, chunks = _run(policy, [1] * 60)
+    assert [(c.context, c.new.shape[0]) for c in chunks] == [
+        (0, 4),
+        (4, 8),
+        (12, 16),
+        (25, 25),
+        (25, 7),
+    ]
+    assert chunks[-1].final
+
+
 def test_window_memory_stays_bounded() -> None:
     window = ChunkPolicy(initial_frames=2, frames=5, left_context=3).window()
     for _ in range(1000):
@@ -89,6 +105,8 @@ def test_bad_policies_and_misuse_are_errors() -> None:
         ChunkPolicy(initial_frames=0)
     with pytest.raises(ValueError, match="left_context"):
         ChunkPolicy(left_context=-1)
+    with pytest.raises(ValueError, match=r"ramp=\[8, 0\]"):
+        ChunkPolicy(ramp=(8, 0))
     window = ChunkPolicy().window()
     with pytest.raises(ValueError, match="time dimension"):
         window.push(torch.tensor(1.0))

@@ -61,7 +61,7 @@ async def test_a_windowed_target_gets_frames_with_left_context() -> None:
         owner, down = await kit.create_probe(), await kit.create_probe()
         stage = await kit.spawn(StageActor, "talker", "scripted", TALKER)
         target = Target(
-            stage="code2wav", ref=down.ref, mode="stream", fields=("codes",), window=(2, 3, 1)
+            stage="code2wav", ref=down.ref, mode="stream", fields=("codes",), window=(2, 3, 1, ())
         )
         await stage.ask(prewarm(owner, targets=(target,)))
         await stage.tell(chunk(0, rows=3, end="finished"))  # 6 frames: 2 + 3 + 1

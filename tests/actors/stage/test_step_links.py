@@ -111,6 +111,7 @@ class Sender:
 
     def __init__(self) -> None:
         self.closed = False
+        self.copy_wait = 0.0
         self.failed: BaseException | None = None
 
     def fail(self, error: BaseException) -> None:
@@ -229,10 +230,14 @@ async def test_a_step_that_does_not_fit_the_link_takes_the_host_path_alone() -> 
         assert big.packed["codes"].device.type == "cpu"
         assert big.rows == {"codes": (2, 2, 2, 2)}
         assert [c.seq for c in unpack(big)] == [0] * len(KEYS)
+        # Each session's outlet waited for the step's one copy (its hop's copy_wait_ms).
+        waited = [sender.copy_wait for sender in senders]
+        assert all(w > 0 for w in waited)
         step(1, 1)  # four rows fit the link's one slot
         fits = await down.expect_message(StepChunks)
         assert fits.device is not None
         assert len(link.puts) == 1
+        assert [sender.copy_wait for sender in senders] == waited  # no copy: no wait
         step(2, 1)  # the slot is still taken: the host path again, this step only
         held = await down.expect_message(StepChunks)
         assert held.device is None

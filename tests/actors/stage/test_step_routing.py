@@ -217,6 +217,7 @@ async def test_a_session_aborted_before_its_turn_ends_sends_nothing() -> None:
     class Sender:
         def __init__(self) -> None:
             self.closed = False
+            self.copy_wait = 0.0
             self.failed: BaseException | None = None
 
         def fail(self, error: BaseException) -> None:
