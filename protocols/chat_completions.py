@@ -2,11 +2,13 @@
 the reply (``chat.completion``), the streamed chunks (``chat.completion.chunk``) and the
 error body.
 
-Only what an omni pipeline can honour is declared; a request's other fields (``top_p``,
-``seed``, ``user``, ...) are ignored, as OpenAI-compatible servers do, so a client's
-defaults never fail a request. Messages are a tagged union on ``role`` and content parts
-on ``type``, so a request decodes in one pass into exactly one shape per message, and a
-malformed one is refused with the path of the offending field.
+No parameter is dropped silently: a request field not declared here is refused with its
+name, and a declared one the server cannot honour (``logprobs``, ``seed``, a JSON
+``response_format`` …) is refused by name unless it holds its neutral value (``top_p:
+1``, ``logprobs: false`` …, what a client's defaults send). Messages are a tagged union
+on ``role`` and content parts on ``type``, so a request decodes in one pass into exactly
+one shape per message, and a malformed one is refused with the path of the offending
+field.
 
 Audio output follows OpenAI's: ``modalities: ["text", "audio"]`` with ``audio: {voice,
 format}``; the reply's ``message.audio`` (or, streamed, ``delta.audio`` pieces) carries
@@ -15,11 +17,12 @@ base64 audio and its transcript, and ``message.content`` is null.
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Any, Literal
 
 import msgspec
 
 __all__ = [
+    "AssistantAudio",
     "AssistantMessage",
     "AssistantReply",
     "AudioOutput",
@@ -46,6 +49,7 @@ __all__ = [
     "InputAudioPart",
     "Message",
     "OutputAudioFormat",
+    "ResponseFormat",
     "StreamOptions",
     "SystemMessage",
     "TextPart",
@@ -119,12 +123,28 @@ class ToolCall(msgspec.Struct, frozen=True, kw_only=True):
     type: Literal["function"] = "function"
 
 
+class AssistantAudio(msgspec.Struct, frozen=True, kw_only=True):
+    """An assistant message's ``audio``: the earlier audio reply it refers to.
+
+    OpenAI sends back its ``id`` alone; the server keeps no audio to look one up, so
+    the turn's words must come with it: the message's ``content``, or ``transcript``
+    (which a reply's own ``message.audio`` carries, so a client that appends the reply
+    message it got to its history sends them). The audio itself is not the model's
+    input: its context holds the words it said.
+    """
+
+    id: str
+    transcript: str | None = None
+
+
 class AssistantMessage(
     msgspec.Struct, tag_field="role", tag="assistant", frozen=True, kw_only=True
 ):
-    """An earlier reply of the model: its text, and the tools it called."""
+    """An earlier reply of the model: an assistant turn of the conversation, taken by
+    its words (``content``, else ``audio.transcript``) and the tools it called."""
 
     content: str | list[TextPart] | None = None
+    audio: AssistantAudio | None = None
     tool_calls: list[ToolCall] | None = None
 
 
@@ -185,11 +205,20 @@ class NamedToolChoice(msgspec.Struct, frozen=True, kw_only=True):
     function: dict[str, str] | None = None
 
 
-class ChatCompletionRequest(msgspec.Struct, frozen=True, kw_only=True):
-    """The body of ``POST /v1/chat/completions``.
+class ResponseFormat(msgspec.Struct, frozen=True, kw_only=True):
+    """``response_format``: ``{"type": "text"}`` is served; ``json_object`` and
+    ``json_schema`` are refused (nothing constrains the reply to JSON)."""
+
+    type: str
+    json_schema: dict[str, Any] | None = None
+
+
+class ChatCompletionRequest(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    """The body of ``POST /v1/chat/completions``; any other field is refused.
 
     Attributes:
-        messages: the conversation: system/developer messages, then user turns.
+        messages: the conversation: system/developer messages, user turns and earlier
+            replies (assistant messages), in order.
         model: any name; echoed in the reply.
         modalities: ``["text"]`` (default) or ``["text", "audio"]``.
         audio: the voice and format of the reply's audio (with ``audio``).
@@ -202,6 +231,13 @@ class ChatCompletionRequest(msgspec.Struct, frozen=True, kw_only=True):
         tools: the functions the model may call.
         tool_choice: ``auto`` (the default with tools) or ``none``.
         parallel_tool_calls: accepted; a reply may make several calls either way.
+        stop: up to 4 strings; the reply's text ends before the first it contains
+            (text replies; a voiced reply is refused it).
+        response_format: ``{"type": "text"}`` only.
+        top_p, frequency_penalty, presence_penalty, logprobs, top_logprobs, logit_bias,
+            seed, store, metadata, service_tier: declared so that a value the server
+            cannot honour is refused by name; their neutral values (``1``, ``0``,
+            ``false``, ``{}``, ``"auto"``) are what the server does anyway.
     """
 
     messages: list[Message]
@@ -217,6 +253,18 @@ class ChatCompletionRequest(msgspec.Struct, frozen=True, kw_only=True):
     tools: list[Tool] | None = None
     tool_choice: str | NamedToolChoice | None = None
     parallel_tool_calls: bool | None = None
+    stop: str | list[str] | None = None
+    response_format: ResponseFormat | None = None
+    top_p: float | None = None
+    frequency_penalty: float | None = None
+    presence_penalty: float | None = None
+    logprobs: bool | None = None
+    top_logprobs: int | None = None
+    logit_bias: dict[str, float] | None = None
+    seed: int | None = None
+    store: bool | None = None
+    metadata: dict[str, str] | None = None
+    service_tier: str | None = None
 
 
 # -- reply -------------------------------------------------------------------------------
@@ -226,8 +274,9 @@ FinishReason = Literal["stop", "length", "tool_calls"]
 
 
 class Usage(msgspec.Struct, frozen=True, kw_only=True):
-    """Token counts: completion tokens are the text tokens of the reply (the audio's
-    codec frames are not counted); prompt tokens are not known to the server (0)."""
+    """Token counts, as the entry engine counted them: prompt tokens are its context
+    (the conversation the reply was made from), completion tokens the text tokens it
+    generated (the audio's codec frames are not counted)."""
 
     prompt_tokens: int
     completion_tokens: int
@@ -237,7 +286,7 @@ class Usage(msgspec.Struct, frozen=True, kw_only=True):
 class ChatAudio(msgspec.Struct, frozen=True, kw_only=True):
     """``message.audio``: the whole reply's audio and transcript.
 
-    ``expires_at`` is the reply's own time: the server keeps no audio for later turns.
+    ``expires_at`` is 24 hours after the reply's ``created``, as OpenAI's.
     """
 
     id: str

@@ -30,7 +30,9 @@ the ``StageActor`` of each stage (possibly in worker processes). A session's lif
    keeps the session. :class:`TruncateResponse` cuts the last reply to what the user
    heard: the session actor asks the stages after the entry one, last first, to
    :class:`Truncate` (each answers what its source keeps), and the caller sends the
-   entry stage's share as a ``truncate`` mark in its input.
+   entry stage's share as a ``truncate`` mark in its input. :class:`RebuildSession`
+   (a turn was taken out of the conversation) frees the session on every stage; its
+   next input opens it again and replays the conversation as it now stands.
 6. **Abort** — the caller sends :class:`AbortSession`, or something fails (a stage's
    error report, a deadline, the orchestrator's :class:`StageFailed` when a stage
    crashes): the session actor ends the caller's stream and asks every stage to
@@ -76,6 +78,7 @@ __all__ = [
     "PipelineHealth",
     "Prewarm",
     "Refused",
+    "RebuildSession",
     "ReopenSession",
     "SessionMessage",
     "StageCondition",
@@ -365,6 +368,18 @@ class ReopenSession(
     timeout_s: float
 
 
+class RebuildSession(msgspec.Struct, Request[bool], tag="rebuild-session", frozen=True):
+    """Caller → session actor: the caller took a turn out of the conversation it keeps
+    to replay (``Session.delete``); free the session on every stage, as a stage restart
+    does, so that it opens again under a new key and the conversation, as it now stands,
+    is replayed onto every stage.
+
+    The reply is True, or an ``InvalidRequestError`` when a response is in flight.
+    """
+
+    reason: str
+
+
 SessionMessage = (
     Chunk
     | StageReport
@@ -374,6 +389,7 @@ SessionMessage = (
     | ReopenSession
     | CancelResponse
     | TruncateResponse
+    | RebuildSession
     | StreamCredit
 )
 """Every message a session's actor accepts."""

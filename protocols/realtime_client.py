@@ -17,6 +17,7 @@ are aliases of the GA nested ones (see ``omni_actors.server.session_config``).
 
 from __future__ import annotations
 
+import re
 from typing import Literal
 
 import msgspec
@@ -32,6 +33,8 @@ __all__ = [
     "FunctionTool",
     "ToolChoiceFunction",
     "ConversationItemCreate",
+    "ConversationItemDelete",
+    "ConversationItemRetrieve",
     "ConversationItemTruncate",
     "InputAudioBufferAppend",
     "InputAudioBufferClear",
@@ -174,6 +177,7 @@ class ResponseParams(msgspec.Struct, frozen=True, kw_only=True):
     max_output_tokens: MaxTokens | None = None
     audio: ResponseAudioParams | None = None
     conversation: str | None = None
+    input: list[ItemParam] | None = None
     metadata: dict[str, str] | None = None
     tools: list[FunctionTool] | None = None
     tool_choice: ToolChoice | None = None
@@ -223,6 +227,18 @@ class ConversationItemTruncate(_Event, tag="conversation.item.truncate", frozen=
     audio_end_ms: int
 
 
+class ConversationItemRetrieve(_Event, tag="conversation.item.retrieve", frozen=True, kw_only=True):
+    """Ask for an item as the server holds it (``conversation.item.retrieved``)."""
+
+    item_id: str
+
+
+class ConversationItemDelete(_Event, tag="conversation.item.delete", frozen=True, kw_only=True):
+    """Take an item out of the conversation: no later response sees it."""
+
+    item_id: str
+
+
 class ResponseCreate(_Event, tag="response.create", frozen=True, kw_only=True):
     """Start a response to the conversation so far."""
 
@@ -242,6 +258,8 @@ ClientEvent = (
     | InputAudioBufferClear
     | ConversationItemCreate
     | ConversationItemTruncate
+    | ConversationItemRetrieve
+    | ConversationItemDelete
     | ResponseCreate
     | ResponseCancel
 )
@@ -256,6 +274,8 @@ CLIENT_EVENTS: dict[str, type[ClientEvent]] = {
         InputAudioBufferClear,
         ConversationItemCreate,
         ConversationItemTruncate,
+        ConversationItemRetrieve,
+        ConversationItemDelete,
         ResponseCreate,
         ResponseCancel,
     )
@@ -318,10 +338,19 @@ def decode_client_event(data: bytes | str) -> ClientEvent:
         return decoder.decode(data)
     except msgspec.ValidationError as exc:
         text = str(exc)
-        param = text.rpartition(" - at `")[2].rstrip("`") if " - at `" in text else None
         raise ClientEventError(
             "invalid_event",
             f"{envelope.type}: {text}",
             event_id=envelope.event_id,
-            param=param,
+            param=_param(text),
         ) from None
+
+
+def _param(message: str) -> str | None:
+    """The path of the field a msgspec validation ``message`` is about: the ``at`` path,
+    down to the missing field if one is (``$.item_id``)."""
+    where = message.rpartition(" - at `")[2].rstrip("`") if " - at `" in message else None
+    missing = re.search(r"missing required field `([^`]+)`", message)
+    if missing is None:
+        return where
+    return f"{where or '$'}.{missing.group(1)}"

@@ -14,6 +14,10 @@ response's events come in this order::
     response.content_part.done
     response.output_item.done
     response.done                     (completed | cancelled | incomplete | failed)
+    rate_limits.updated
+
+A response created with ``conversation: "none"`` (out of band) has the same events with
+``conversation_id`` null: its item never joins the conversation.
 
 A client of the beta API (handshake header ``OpenAI-Beta: realtime=v1``) gets the same
 events under their beta names (:data:`BETA_NAMES`).
@@ -37,7 +41,9 @@ __all__ = [
     "ResponseFunctionCallArgumentsDelta",
     "ResponseFunctionCallArgumentsDone",
     "ConversationItemAdded",
+    "ConversationItemDeleted",
     "ConversationItemDone",
+    "ConversationItemRetrieved",
     "ConversationItemTruncated",
     "ErrorDetail",
     "ErrorEvent",
@@ -46,6 +52,8 @@ __all__ = [
     "InputAudioBufferSpeechStarted",
     "InputAudioBufferSpeechStopped",
     "ItemContent",
+    "RateLimit",
+    "RateLimitsUpdated",
     "RealtimeResponse",
     "RealtimeSession",
     "ResponseContentPartAdded",
@@ -197,9 +205,9 @@ class ResponseStatusDetails(msgspec.Struct, frozen=True, kw_only=True):
 
 
 class Usage(msgspec.Struct, frozen=True, kw_only=True):
-    """Token counts of a response: output tokens are the text tokens generated (the
-    audio codec frames are not counted); input tokens are not known to the server and
-    are reported as 0."""
+    """Token counts of a response, as the entry engine counted them: input tokens are
+    its context (the conversation so far), output tokens the text tokens it generated
+    (the audio codec frames are not counted)."""
 
     total_tokens: int
     input_tokens: int
@@ -307,6 +315,37 @@ class ConversationItemTruncated(
     item_id: str
     content_index: int
     audio_end_ms: int
+
+
+class ConversationItemRetrieved(
+    _Event, tag="conversation.item.retrieved", frozen=True, kw_only=True
+):
+    """The answer to ``conversation.item.retrieve``: the item as the server holds it."""
+
+    item: Item
+
+
+class ConversationItemDeleted(_Event, tag="conversation.item.deleted", frozen=True, kw_only=True):
+    """The answer to ``conversation.item.delete``: no later response sees the item."""
+
+    item_id: str
+
+
+class RateLimit(msgspec.Struct, frozen=True, kw_only=True):
+    """One limit: ``requests`` (the server's sessions: ``limit`` is ``max_sessions``,
+    ``remaining`` the sessions it can still admit). The server counts no tokens against
+    a budget, so it reports no ``tokens`` limit."""
+
+    name: Literal["requests", "tokens"]
+    limit: int
+    remaining: int
+    reset_seconds: float = 0.0
+
+
+class RateLimitsUpdated(_Event, tag="rate_limits.updated", frozen=True, kw_only=True):
+    """The limits as they stand, sent after each ``response.done``."""
+
+    rate_limits: list[RateLimit]
 
 
 class ResponseCreated(_Event, tag="response.created", frozen=True, kw_only=True):
@@ -436,6 +475,9 @@ ServerEvent = (
     | ConversationItemAdded
     | ConversationItemDone
     | ConversationItemTruncated
+    | ConversationItemRetrieved
+    | ConversationItemDeleted
+    | RateLimitsUpdated
     | ResponseCreated
     | ResponseOutputItemAdded
     | ResponseOutputItemDone

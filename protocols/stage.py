@@ -79,9 +79,10 @@ Mark = Literal["", "commit", "clear", "truncate", "reply"]
 with the input around it: ``commit`` ends a user turn (what was prefilled of it stays),
 ``clear`` drops the input since the last commit (what was prefilled of it is rolled back),
 ``truncate`` cuts the last assistant turn to its first ``Chunk.kept`` outputs. ``reply``
-is the session's own, when it replays a conversation onto a restarted stage: it carries
-an assistant turn as it was generated (tensor ``reply``, the token ids), which the entry
-engine takes into the conversation without generating anything."""
+carries an assistant turn, which the entry engine takes into the conversation without
+generating anything: as it was generated (tensor ``reply``, the token ids), when the
+session replays a conversation onto a restarted stage, or by its words (text ``text``:
+``Session.add_reply``)."""
 
 
 class ResponseOptions(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
@@ -96,11 +97,15 @@ class ResponseOptions(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=T
             output, and so on the memory every later stage holds for it).
         temperature: sampling temperature (0: greedy).
         voice: the speaker's name, for a stage that speaks.
+        instructions: a system prompt for this reply alone, for an entry stage that
+            takes instructions: it follows them in this reply, and the conversation
+            keeps the reply but not them (the realtime API's ``response.instructions``).
     """
 
     max_tokens: int | None = None
     temperature: float | None = None
     voice: str | None = None
+    instructions: str | None = None
 
 
 class Chunk(msgspec.Struct, tag="chunk", frozen=True, kw_only=True):
@@ -120,7 +125,7 @@ class Chunk(msgspec.Struct, tag="chunk", frozen=True, kw_only=True):
             end segment 1 while a later stage still works on segment 0).
         sent_at: ``time.monotonic()`` at the sender, for queue-wait metrics.
         mark: a turn mark from the caller (see :data:`Mark`); a marked chunk carries
-            no payload.
+            no payload but a ``reply`` mark's turn.
         kept: with ``mark="truncate"``, how many outputs of the last reply to keep.
         options: the response's overrides, on the chunk that starts a response and on
             the first chunk of each segment a stage sends on.
@@ -245,6 +250,11 @@ class StageMetrics(msgspec.Struct, frozen=True, kw_only=True):
             (``time.time()``: comparable across the stages of one host), None if none.
         last_output_at: when it yielded its last one: with the other stages' times, the
             segment's timeline (did the talker start before the thinker finished?).
+        prompt_tokens: from an engine that tells (a thinker): the tokens of the context
+            its reply in the segment was generated from (the conversation so far: what
+            OpenAI's usage counts as the prompt); None otherwise, or with no reply.
+        completion_tokens: the token ids the engine yielded (rows of its ``token_ids``
+            outputs); None from an engine that yields none.
     """
 
     queue_wait_ms: float = 0.0
@@ -257,6 +267,8 @@ class StageMetrics(msgspec.Struct, frozen=True, kw_only=True):
     queued_max: int = 0
     first_output_at: float | None = None
     last_output_at: float | None = None
+    prompt_tokens: int | None = None
+    completion_tokens: int | None = None
 
 
 class StageReport(msgspec.Struct, tag="stage-report", frozen=True, kw_only=True):

@@ -73,6 +73,12 @@ An engine that speaks may expose ``voices``, the names a response's ``voice`` op
 takes (the talker: its checkpoint's speakers); the stage reports them in its state, and
 ``OmniPipeline.health()`` lists them per stage (:func:`engine_voices`).
 
+An engine that generates replies from a conversation (a thinker) may expose
+``prompt_tokens(session)``: the tokens of the context its last reply for the session
+was generated from, or None; the stage reports it at the segment's end
+(``StageMetrics.prompt_tokens``, :func:`engine_prompt_tokens`), beside the token ids
+the engine yielded, so a server's usage counts what the engine counted.
+
 An engine that knows how long it has computed may expose ``busy_s``, the seconds it has
 spent in model calls since it started (torch engines: their model thread's time in
 calls); the stage reports it in its state and ``OmniPipeline.health()`` per stage
@@ -95,6 +101,14 @@ ends as it did: a later ``truncate`` can cut it), and yields nothing for it; the
 after it rebuild their state from what the entry stage sends on, as they built it the
 first time. It implements :class:`Replayable` so that the session learns each reply.
 
+The caller adds an assistant turn of its own the same way (``Session.add_reply``: a
+history a chat client holds, an assistant item of the realtime API): a ``reply`` mark
+with ``text``, the turn's words, which the entry engine encodes as its chat template
+renders an assistant turn and then takes as it takes a stored reply. The stages after
+it see what a generated reply leaves them for later turns: Qwen3-Omni's talker, like
+the reference model, conditions on the user turns and the reply it voices, not on
+earlier assistant turns.
+
 An engine after the entry stage that keeps state derived from a reply implements
 :class:`Truncatable`: after a reply was cut short where the user stopped listening, the
 session asks it to keep only the reply's first ``kept`` outputs, and it answers how many
@@ -109,7 +123,7 @@ both ends name the same rule for each field it carries.
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Callable, Mapping
 from dataclasses import dataclass
 from typing import Protocol, get_args
 
@@ -137,6 +151,7 @@ __all__ = [
     "Rule",
     "Truncatable",
     "engine_busy_s",
+    "engine_prompt_tokens",
     "engine_voices",
     "output_overdue",
     "response_options",
@@ -167,7 +182,8 @@ to keep."""
 REPLY_FIELD = "reply"
 """With ``{TURN_FIELD: "reply"}``: a 1-D int64 tensor, the token ids of an assistant
 turn as the engine generated it earlier, to take back into the conversation as that turn
-(nothing is generated). An entry engine that declares it among its inputs implements
+(nothing is generated). A reply mark may carry ``text`` instead (an assistant turn the
+caller gives by its words). An entry engine that declares it among its inputs implements
 :class:`Replayable`: a session then replays its conversation onto the engine's stage when
 that stage restarts (module docstring)."""
 
@@ -191,13 +207,13 @@ the release's chat template renders a ``tool`` message (Qwen: a ``<tool_response
 block in a user turn). Declared by an entry engine that declares :data:`TOOLS_FIELD`."""
 
 TOOL_CALLS_FIELD = "tool_calls"
-"""A text field giving back an earlier assistant turn that called tools (a caller holds
-the conversation, as a chat completion's ``assistant`` message with ``tool_calls``): a
-JSON object ``{"content": str | null, "tool_calls": [{"type": "function", "function":
-{"name": ..., "arguments": "<JSON text>"}}]}``. The entry engine closes the open user
-turn and takes the message into the conversation as the assistant's turn, as the
-release's chat template renders it (as a ``reply`` mark's tokens are taken: nothing is
-generated or yielded). Declared by an entry engine that declares :data:`TOOLS_FIELD`."""
+"""A text field of a ``reply`` mark: the earlier assistant turn it gives back called tools
+(a caller holds the conversation, as a chat completion's ``assistant`` message with
+``tool_calls``), a JSON object ``{"content": str | null, "tool_calls": [{"type":
+"function", "function": {"name": ..., "arguments": "<JSON text>"}}]}``. The entry engine
+takes it, words and calls, as the release's chat template renders the assistant's turn
+(in place of the mark's ``reply`` ids or ``text``: nothing is generated or yielded).
+Declared by an entry engine that declares :data:`TOOLS_FIELD`."""
 
 NO_OPTIONS = ResponseOptions()
 """The options of a response that overrides nothing."""
@@ -211,6 +227,13 @@ def response_options(inputs: AsyncIterator[Fields]) -> ResponseOptions:
     """
     options = getattr(inputs, "options", None)
     return options if isinstance(options, ResponseOptions) else NO_OPTIONS
+
+
+def engine_prompt_tokens(engine: object) -> Callable[[str], int | None] | None:
+    """``engine``'s ``prompt_tokens(session)`` (see the module docstring), or None for
+    an engine without it."""
+    counted = getattr(engine, "prompt_tokens", None)
+    return counted if callable(counted) else None
 
 
 def engine_voices(engine: object) -> list[str] | None:

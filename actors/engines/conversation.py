@@ -21,12 +21,13 @@ prefilled, a token list and the vLLM request that holds it) is the engine's
   the ``committed`` checkpoint;
 - ``truncate``: the last reply is cut to its first ``kept`` outputs
   (:func:`~.turn_marks.kept_of`; :func:`~.turn_marks.check_truncatable` says when);
-- ``reply``: an assistant turn generated earlier (a session replaying its conversation):
-  the open user turn is committed (its rows yielded), then the reply's tokens
+- ``reply``: an assistant turn generated earlier (a session replaying its conversation),
+  or given by its text (:meth:`Response.encode`: a history the caller holds): the open
+  user turn is committed (its rows yielded), then the reply's tokens
   (:func:`~.turn_marks.reply_of`) are taken as if decoded; nothing is yielded for them.
-  An assistant turn that called tools, given back by the caller
-  (:data:`~.contract.TOOL_CALLS_FIELD`), is taken so too, its tokens as the chat template
-  writes it (:meth:`Response.tool_calls_turn`);
+  A given assistant turn that called tools carries them instead
+  (:data:`~.contract.TOOL_CALLS_FIELD`, with its words): its tokens are the turn as the
+  chat template writes it (:meth:`Response.tool_calls_turn`);
 - any other mark is refused (:class:`~.turn_marks.TurnMarkError`).
 
 **Two checkpoints.** ``start`` is where the response began: a failure comes back to it.
@@ -40,6 +41,15 @@ rollback, cut or not.
 
 **The reply.** When the input ends the reply opens, closing the open user turn if any
 (its rows go out first), and streams (:meth:`Response.reply`).
+
+**A response's own instructions** (``ResponseOptions.instructions``) hold for its reply
+alone. The open user turn is committed (as a ``commit`` mark commits it), they are fed
+as a system turn (:meth:`Response.instruct_reply`), and the reply follows them. Once
+the reply is kept (``done`` or ``cancelled``), the conversation comes back to where
+they were fed and takes the reply in again as a ``reply`` mark takes one
+(:meth:`Response.drop_instructions`): it then holds the reply as if they had never been
+given, the state a replay of the conversation rebuilds. A failure rolls them back with
+the rest.
 
 **The outcome** settles the conversation:
 
@@ -63,7 +73,7 @@ from __future__ import annotations
 
 import asyncio
 from abc import ABC, abstractmethod
-from collections.abc import AsyncGenerator, AsyncIterator, Callable
+from collections.abc import AsyncGenerator, AsyncIterator, Callable, Sequence
 from contextlib import aclosing
 from typing import Generic, Literal, Protocol, TypeVar
 
@@ -204,6 +214,35 @@ class Response(ABC, Generic[C]):
         """Take ``tokens`` into the conversation as the assistant's turn, as if decoded
         (the user turn was committed first): it is then the last reply."""
 
+    def encode(self, text: str) -> Sequence[int]:
+        """The ids of ``text`` as the chat template renders it inside an assistant turn
+        (a ``reply`` mark given as text).
+
+        Raises:
+            TurnMarkError: the engine takes a reply's token ids only (the default).
+        """
+        raise TurnMarkError(
+            "this engine takes a reply mark's token ids only, not an assistant turn's text"
+        )
+
+    async def instruct_reply(self, instructions: str) -> None:
+        """Feed ``instructions`` as a system turn for this reply alone (no user turn is
+        open; the conversation's own instructions stay as they are).
+
+        Raises:
+            ValueError: the engine follows no instructions of a response's own (the
+                default).
+        """
+        raise ValueError("this engine follows no instructions of a response's own")
+
+    async def drop_instructions(self, before: C) -> None:
+        """The reply given under a response's own instructions was kept: come back to
+        ``before`` (where they were fed), then take the reply, as far as it was kept,
+        back into the conversation as :meth:`take_reply` does (none, if it has no
+        token yet: the user turn stays without one). The session's sampling state is
+        not rolled back, and the reply still counts as the one the response decoded."""
+        raise ValueError("this engine follows no instructions of a response's own")
+
     def refused(self, error: TurnMarkError) -> Exception:
         """The error to raise for a mark the session cannot take (an engine with an
         input error of its own raises it, with the same message)."""
@@ -267,13 +306,12 @@ async def respond(
     response = begin()
     signal = response.signal
     start = committed = response.checkpoint()
+    before: C | None = None  # where the response's own instructions were fed
     outcome: Outcome = "dropped"
     try:
         while (fields := await signal.next_input(inputs)) is not None:
             await response.before_input(fields)
             mark = fields.get(TURN_FIELD)
-            if mark is None and TOOL_CALLS_FIELD in fields:
-                mark = "reply"  # an assistant turn given back, as a replayed one
             if mark is None:
                 if (
                     INSTRUCTIONS_FIELD in fields or TOOLS_FIELD in fields
@@ -300,7 +338,7 @@ async def respond(
             elif mark == "reply":
                 called = fields.get(TOOL_CALLS_FIELD)
                 tokens = (
-                    reply_of(fields, response.vocab_size)
+                    reply_of(fields, response.vocab_size, response.encode)
                     if called is None
                     else response.tool_calls_turn(called)
                 )
@@ -318,7 +356,22 @@ async def respond(
             await response.after_input(fields)
         if signal.aborted:
             return
-        async with aclosing(response.reply(response_options(inputs))) as reply:
+        options = response_options(inputs)
+        if options.instructions:
+            # They follow the user turn: it is committed first, as a commit mark is.
+            commit: Fields = {TURN_FIELD: "commit"}
+            await response.before_input(commit)
+            rows = await response.commit()
+            if rows is not None:
+                yield rows
+            if signal.aborted:
+                return
+            await response.after_input(commit)
+            before = response.checkpoint()
+            await response.instruct_reply(options.instructions)
+            if signal.aborted:
+                return
+        async with aclosing(response.reply(options)) as reply:
             async for output in reply:
                 yield output
         if signal.aborted:
@@ -337,10 +390,10 @@ async def respond(
             raise refusal from None
         raise
     finally:
-        await _settle(response, outcome, start)
+        await _settle(response, outcome, start, before)
 
 
-async def _settle(response: Response[C], outcome: Outcome, start: C) -> None:
+async def _settle(response: Response[C], outcome: Outcome, start: C, before: C | None) -> None:
     """Leave the conversation as the response's outcome says (module docstring)."""
     response.end()
     if outcome == "dropped" or not response.held():
@@ -349,5 +402,11 @@ async def _settle(response: Response[C], outcome: Outcome, start: C) -> None:
     outcome = await response.finish(outcome)
     if outcome == "failed":
         await response.roll_back(start)
-    else:
-        response.keep_reply()
+        return
+    response.keep_reply()
+    if before is not None:
+        try:
+            await response.drop_instructions(before)
+        except Exception:
+            await response.roll_back(start)  # the response fails as a whole
+            raise

@@ -26,6 +26,7 @@ from omni_actors.actors.engines.contract import (
     Fields,
     Ports,
     Rule,
+    response_options,
 )
 from omni_actors.errors import EngineError
 
@@ -86,6 +87,9 @@ class ScriptedArgs(BaseModel):
     codebooks: int = Field(4, ge=1)
     audio_samples: int = Field(1920, ge=1)  # one 12.5 Hz codec frame of 24 kHz audio
     fail_after: int | None = Field(None, ge=0)
+    voices: tuple[str, ...] = ()
+    """The voices it speaks with, as a talker declares its speakers (none: it takes any
+    ``voice`` option); a response naming another fails as a real talker's would."""
     reply_text: str | None = Field(None, min_length=1)
     """The reply an entry stage spells out: output ``k``'s ``text`` is its ``k``-th piece
     (:func:`reply_pieces`), and it yields one output per piece (``outputs`` follows). A
@@ -134,10 +138,16 @@ class ScriptedEngine:
     The first output of a session comes ``first_output_s`` after the session's first
     input (or, for entry stages, after its last); each further output ``per_output_s``
     after the previous one. With ``fail_after`` set, a session's generate raises
-    :class:`ScriptedEngineError` after that many outputs (an engine failure).
+    :class:`ScriptedEngineError` after that many outputs (an engine failure). With
+    ``voices`` set, it reports them (``voices``) and a response whose ``voice`` option
+    is not one of them fails with :class:`ScriptedEngineError`.
 
     It stands in for any engine, so its ports are declared by its arguments: it yields
     ``fields`` and takes ``inputs``, each ``concat`` unless named in ``replace``.
+
+    As an entry stage it counts a conversation as a thinker does: the rows of input it
+    took and the outputs it yielded in the session so far are the prompt of its next
+    reply (:meth:`prompt_tokens`).
 
     It is ``Truncatable``: asked to keep ``kept`` outputs of a session's last reply (in
     samples when it yields ``audio``), it answers the input rows those came from.
@@ -160,8 +170,15 @@ class ScriptedEngine:
         self._pieces = reply_pieces(self.args.reply_text) if self.args.reply_text else ()
         self._sessions: dict[str, _Pacer] = {}
         self._replies: dict[str, int] = {}  # outputs of each session's last reply
+        self._context: dict[str, int] = {}  # rows taken and outputs made, per session
+        self._prompts: dict[str, int] = {}  # the context each session's last reply saw
         self._made: dict[int, dict[str, torch.Tensor | str]] = {}
         self.started = False
+
+    @property
+    def voices(self) -> list[str] | None:
+        """The voices a response's ``voice`` option may name; None when any will do."""
+        return list(self.args.voices) or None
 
     @property
     def active_sessions(self) -> set[str]:
@@ -179,12 +196,16 @@ class ScriptedEngine:
         self.started = False
 
     async def release(self, session: str) -> None:
-        """Forget the session's last reply (nothing else is kept between segments)."""
+        """Forget the session's last reply and its context."""
         self._replies.pop(session, None)
+        self._context.pop(session, None)
+        self._prompts.pop(session, None)
 
     async def abort(self, session: str) -> None:
         """End ``session``'s ``generate`` at its next step."""
         self._replies.pop(session, None)
+        self._context.pop(session, None)
+        self._prompts.pop(session, None)
         pacer = self._sessions.get(session)
         if pacer is not None:
             pacer.abort()
@@ -203,6 +224,11 @@ class ScriptedEngine:
         self._replies[session] = outputs
         per = self.args.outputs_per_input
         return outputs if per is None else math.ceil(outputs / per)
+
+    def prompt_tokens(self, session: str) -> int | None:
+        """The context ``session``'s last reply was made from (an entry stage's: the
+        rows it took and the outputs it made before it); None before any."""
+        return self._prompts.get(session)
 
     def output(self, k: int) -> dict[str, torch.Tensor | str]:
         """Output number ``k`` of any session (deterministic).
@@ -244,19 +270,23 @@ class ScriptedEngine:
         args = self.args
         try:
             if args.outputs_per_input is None:
-                async for _ in inputs:
+                async for item in inputs:
                     if pacer.aborted:
                         return
+                    self._context[session] = self._context.get(session, 0) + input_rows(item)
                 pacer.input_taken()
+                context = self._prompts[session] = self._context.get(session, 0)
                 for _ in range(args.replies):
                     if await pacer.wait(self._delay(produced)):
                         return
                     produced += 1
                     replies[session] = produced  # counted once handed out
+                    self._context[session] = context + produced
                     yield self.output(produced - 1)
             else:
                 async for item in inputs:
                     pacer.input_taken()
+                    self._check_voice(inputs)
                     for _ in range(args.outputs_per_input * input_rows(item)):
                         if await pacer.wait(self._delay(produced)):
                             return
@@ -265,6 +295,13 @@ class ScriptedEngine:
                         yield self.output(produced - 1)
         finally:
             del self._sessions[session]
+
+    def _check_voice(self, inputs: AsyncIterator[Fields]) -> None:
+        voice = response_options(inputs).voice
+        if voice is not None and self.args.voices and voice not in self.args.voices:
+            raise ScriptedEngineError(
+                f"unknown voice {voice!r}: the voices are {', '.join(self.args.voices)}"
+            )
 
     def _delay(self, produced: int) -> float:
         """How long after the previous one output ``produced`` is due."""

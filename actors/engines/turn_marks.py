@@ -10,6 +10,7 @@ then does to an engine's state (crop a KV cache, cut a token list) stays the eng
 
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
 from typing import TypeVar
 
 import torch
@@ -45,24 +46,46 @@ def kept_of(fields: Fields) -> int:
     return int(kept)
 
 
-def reply_of(fields: Fields, vocab_size: int) -> tuple[int, ...]:
-    """The token ids of a reply mark: the assistant turn to take back, as it was generated.
+def reply_of(
+    fields: Fields,
+    vocab_size: int,
+    encode: Callable[[str], Sequence[int]] | None = None,
+) -> tuple[int, ...]:
+    """The token ids of a reply mark: the assistant turn to take into the conversation.
+
+    A mark carries the turn as it was generated (``REPLY_FIELD``: its token ids), or
+    as the caller gives it (``text``: the assistant's words, in a history the caller
+    holds), which ``encode`` turns into the ids the chat template renders in an
+    assistant turn.
 
     Args:
-        fields: the mark (``{TURN_FIELD: "reply", REPLY_FIELD: ids}``).
+        fields: the mark (``{TURN_FIELD: "reply", REPLY_FIELD: ids}`` or
+            ``{TURN_FIELD: "reply", "text": words}``).
         vocab_size: the engine's vocabulary: every id must be below it.
+        encode: the engine's text encoding (None: it takes token ids only).
 
     Raises:
-        TurnMarkError: the mark has no ``reply``, it is not a 1-D integer tensor, or an
+        TurnMarkError: the mark has neither a ``reply`` nor a ``text`` (or ``text`` for
+            an engine without ``encode``), ``reply`` is not a 1-D integer tensor, or an
             id is outside the vocabulary (a reply another model generated, or corrupt).
     """
     reply = fields.get(REPLY_FIELD)
+    text = fields.get("text")
+    if reply is None and isinstance(text, str):
+        if encode is None:
+            raise TurnMarkError(
+                "this engine takes a reply mark's token ids only, not an assistant turn's text"
+            )
+        return _in_vocabulary(tuple(int(i) for i in encode(text)), vocab_size)
     if not isinstance(reply, torch.Tensor) or reply.dim() != 1 or reply.dtype not in _TOKEN_DTYPES:
         raise TurnMarkError(
             f"a reply mark needs {REPLY_FIELD!r}: a 1-D integer tensor of token ids,"
             f" got {_described(reply)}"
         )
-    ids = tuple(int(i) for i in reply.tolist())
+    return _in_vocabulary(tuple(int(i) for i in reply.tolist()), vocab_size)
+
+
+def _in_vocabulary(ids: tuple[int, ...], vocab_size: int) -> tuple[int, ...]:
     outside = [i for i in ids if not 0 <= i < vocab_size]
     if outside:
         raise TurnMarkError(

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import time
 
+import torch
+
 from omni_actors.protocols.stage import HopMetrics, StageMetrics
 
 __all__ = ["SegmentMetrics"]
@@ -26,6 +28,8 @@ class SegmentMetrics:
         first_output_at: ``time.time()`` of the first output, None before it.
         last_output: ``time.monotonic()`` of the last output (the wall time is made
             only for the report: one clock read per output), None before it.
+        tokens: rows of ``token_ids`` outputs (``StageMetrics.completion_tokens``).
+        prompt_tokens: as ``StageMetrics``, once the engine told it.
     """
 
     __slots__ = (
@@ -36,9 +40,11 @@ class SegmentMetrics:
         "first_output_at",
         "last_output",
         "outputs",
+        "prompt_tokens",
         "queue_wait",
         "queue_wait_max",
         "queued_max",
+        "tokens",
     )
 
     def __init__(self, queued: int = 0) -> None:
@@ -52,6 +58,8 @@ class SegmentMetrics:
         self.first_output_at: float | None = None
         self.last_output: float | None = None
         self.queued_max = queued  # chunks already queued count for the new segment
+        self.tokens: int | None = None
+        self.prompt_tokens: int | None = None
 
     def took(self, waited: float) -> None:
         """The engine took an input chunk that waited ``waited`` seconds since it was sent."""
@@ -60,9 +68,12 @@ class SegmentMetrics:
             self.queue_wait_max = waited
         self.chunks_in += 1
 
-    def output(self, now: float) -> None:
-        """The engine yielded an output at ``time.monotonic()`` reading ``now``."""
+    def output(self, now: float, token_ids: object = None) -> None:
+        """The engine yielded an output at ``time.monotonic()`` reading ``now``, with
+        ``token_ids`` (its field of that name, if any)."""
         self.outputs += 1
+        if isinstance(token_ids, torch.Tensor):
+            self.tokens = (self.tokens or 0) + (token_ids.shape[0] if token_ids.dim() else 1)
         self.last_output = now
         if self.first_output_at is None:
             self.first_output_at = _wall(now)
@@ -81,6 +92,8 @@ class SegmentMetrics:
             queued_max=self.queued_max,
             first_output_at=self.first_output_at,
             last_output_at=None if last is None else _wall(last),
+            prompt_tokens=self.prompt_tokens,
+            completion_tokens=self.tokens,
         )
 
 

@@ -46,10 +46,12 @@ from omni_actors.actors.engines.contract import (
     KEPT_FIELD,
     NO_OPTIONS,
     REPLY_FIELD,
+    TOOL_CALLS_FIELD,
     TURN_FIELD,
     Engine,
     Fields,
     ResponseOptions,
+    engine_prompt_tokens,
 )
 from omni_actors.actors.stage.accumulate import ChunkGapError, ChunkSequence
 from omni_actors.actors.stage.device_links import DeviceLinks
@@ -146,6 +148,7 @@ class StageSession:
         # A Replayable engine tells the session each reply it generated (to replay).
         last_reply = getattr(engine, "last_reply", None) if takes_marks else None
         self._last_reply: Callable[[SessionKey], tuple[int, ...] | None] | None = last_reply
+        self._prompt_tokens = engine_prompt_tokens(engine)
         self.transfers = transfers
         self.engine = engine
         self.clock = clock
@@ -384,6 +387,8 @@ class StageSession:
             failure = await self._generate(segment, inputs)
             if failure is None and self._last_reply is not None:
                 reply = self._last_reply(self.key)
+            if failure is None and self._prompt_tokens is not None:
+                self.metrics.prompt_tokens = self._prompt_tokens(self.key)
             if failure is not None:
                 if not self.resumable:
                     raise _EngineFailed(failure)  # a one-shot session has nothing left
@@ -431,7 +436,7 @@ class StageSession:
                         return error
                 now = monotonic()
                 metrics.compute += now - before - (metrics.blocked - blocked)
-                metrics.output(now)
+                metrics.output(now, output.get("token_ids"))
                 if spoken is not None:
                     await self._route_spoken(output, spoken.feed(output))
                 elif outlets is None:
@@ -653,6 +658,11 @@ class SegmentInputs(AsyncIterator[Fields]):
                             marked[KEPT_FIELD] = torch.tensor(chunk.kept)
                         elif chunk.mark == "reply" and REPLY_FIELD in chunk.tensors:
                             marked[REPLY_FIELD] = chunk.tensors[REPLY_FIELD]
+                        elif chunk.mark == "reply" and "text" in chunk.texts:
+                            marked["text"] = chunk.texts["text"]  # a turn given by its words
+                        elif chunk.mark == "reply" and TOOL_CALLS_FIELD in chunk.texts:
+                            # a turn given by its words and the tools it called
+                            marked[TOOL_CALLS_FIELD] = chunk.texts[TOOL_CALLS_FIELD]
                         return marked
                     continue
                 if chunk.has_payload:

@@ -21,6 +21,7 @@ from omni_actors.models.heap import freeze_heap
 from omni_actors.pipeline.spec.pipeline import PipelineSpec, load_pipeline
 from omni_actors.server.runner import run_server
 from omni_actors.server.settings import ServerSettings
+from omni_actors.server.voices import parse_voice_map
 
 __all__ = ["add_serve_arguments", "serve_command"]
 
@@ -40,6 +41,15 @@ def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
         default=[],
         metavar="ORIGIN",
         help="a browser origin allowed besides the server's own (repeatable; * for any)",
+    )
+    add(
+        "--voice-map",
+        action="append",
+        default=[],
+        metavar="NAME=SPEAKER|FILE",
+        help="a voice name clients may send and the model speaker it means (alloy=ethan), "
+        "or a YAML/JSON file of such names (repeatable; every OpenAI voice name is mapped "
+        "by default)",
     )
     add("--max-sessions", type=int, default=_DEFAULTS.max_sessions, help="sessions at once")
     add(
@@ -101,6 +111,7 @@ def serve_command(ns: argparse.Namespace) -> int:
             idle_timeout_s=ns.idle_timeout_s,
             max_input_buffer_s=ns.max_input_buffer_s,
             grace_s=ns.grace_s,
+            voice_map=parse_voice_map(ns.voice_map),
         )
         spec = load_pipeline(ns.preset)
         if ns.model is not None:

@@ -3,12 +3,13 @@
 A stage that dies loses every session's state on it; the stages around it still hold
 theirs, but their streams to and from the dead instance are broken. A conversation is
 worth more than its turn in flight, so a session remembers the conversation as it
-stands — every chunk its caller sent to the entry stage (input and turn marks, as sent)
-and, per response, the reply the entry engine generated (its token ids, as the entry
-stage reported them: ``StageReport.reply``) — and after a restart opens again on every
-stage under a new key and sends it all through the entry stage before the caller's next
-input. The stages rebuild their state from it as they built it the first time; the
-replies are stored, not generated again, so the conversation is what the user heard.
+stands — every chunk its caller sent to the entry stage (input and turn marks, as sent,
+assistant turns the caller added among them) and, per response, the reply the entry
+engine generated (its token ids, as the entry stage reported them:
+``StageReport.reply``) — and after a restart opens again on every stage under a new key
+and sends it all through the entry stage before the caller's next input. The stages
+rebuild their state from it as they built it the first time; the replies are stored,
+not generated again, so the conversation is what the user heard.
 
 What a response's end did to the entry engine's state decides what is kept of it:
 
@@ -18,6 +19,11 @@ What a response's end did to the entry engine's state decides what is kept of it
   what outlives such a rollback stays — truncations, and instructions;
 - failed because a stage on the path died: its input stays, committed (the caller may
   ``respond`` again), without a reply.
+
+The caller may take a turn out of the conversation (``Session.delete``): a user turn,
+named by the id it gave the ``commit`` that closed it (its input goes, instructions
+sent amid it stay), or a response's reply (with the truncations that cut it). The
+stages then replay the conversation as it now stands, as after a restart.
 
 Bounded by ``inputs.max_history_bytes``: past it the log lets go of everything and says
 why (:attr:`ConversationLog.lost`), and the session can no longer be replayed.
@@ -38,11 +44,13 @@ __all__ = ["ConversationLog", "LoggedChunk"]
 
 @dataclass(frozen=True, slots=True)
 class LoggedChunk:
-    """One chunk to send again: its payload and turn mark (see ``SessionInput.send``)."""
+    """One chunk to send again: its payload and turn mark (see ``SessionInput.send``);
+    ``turn``: with a ``commit``, the id the caller gave the turn it closes."""
 
     payload: Mapping[str, torch.Tensor | str]
     mark: Mark = ""
     kept: int = 0
+    turn: str = ""
 
 
 @dataclass(slots=True)
@@ -80,8 +88,10 @@ class ConversationLog:
         mark: Mark = "",
         kept: int = 0,
         end: End = "",
+        turn: str = "",
     ) -> None:
-        """The caller sent this chunk in ``segment`` (an ``end`` ends the segment)."""
+        """The caller sent this chunk in ``segment`` (an ``end`` ends the segment;
+        ``turn`` names the user turn a ``commit`` closes)."""
         if self.lost:
             return
         if end == "finished":  # nothing follows to replay it for
@@ -91,7 +101,7 @@ class ConversationLog:
             return
         entry = self._segments.setdefault(segment, _Segment())
         if payload or mark:
-            entry.chunks.append(LoggedChunk(dict(payload), mark, kept))
+            entry.chunks.append(LoggedChunk(dict(payload), mark, kept, turn))
             self._grow(_size(payload))
         entry.ended |= bool(end)
 
@@ -115,6 +125,40 @@ class ConversationLog:
         elif reply is not None:
             entry.reply = reply
             self._grow(8 * len(reply))
+
+    def delete_turn(self, turn: str) -> bool:
+        """Take out the user turn whose ``commit`` was named ``turn``: its input since
+        the mark before it (instructions sent amid it stay). False if no such turn is
+        kept (never committed under that name, or gone with a failed response)."""
+        for entry in self._segments.values():
+            for end, chunk in enumerate(entry.chunks):
+                if chunk.mark != "commit" or chunk.turn != turn:
+                    continue
+                start = end
+                while start > 0 and not entry.chunks[start - 1].mark:
+                    start -= 1
+                span = entry.chunks[start : end + 1]
+                stays = [c for c in span if INSTRUCTIONS_FIELD in c.payload]
+                entry.chunks[start : end + 1] = stays
+                self._grow(_size_all(stays) - _size_all(span))
+                return True
+        return False
+
+    def delete_reply(self, segment: int) -> bool:
+        """Take out the reply of ``segment``'s response, and the truncations of it (every
+        ``truncate`` mark up to the next reply: each cut the last reply, this one).
+        False if none is kept (the response produced none, or failed)."""
+        entry = self._segments.get(segment)
+        if entry is None or entry.reply is None:
+            return False
+        self._grow(-8 * len(entry.reply))
+        entry.reply = None
+        for number in sorted(s for s in self._segments if s > segment):
+            later = self._segments[number]
+            later.chunks = [c for c in later.chunks if c.mark != "truncate"]
+            if later.reply is not None:
+                break
+        return True
 
     def replay(self) -> Iterator[LoggedChunk]:
         """The chunks that rebuild the conversation, in order."""

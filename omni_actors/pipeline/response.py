@@ -74,7 +74,11 @@ class Response:
 
 
 def checked_options(
-    max_tokens: int | None, temperature: float | None, voice: str | None
+    max_tokens: int | None,
+    temperature: float | None,
+    voice: str | None,
+    *,
+    instructions: str | None = None,
 ) -> ResponseOptions:
     """A response's overrides, checked (``Session.respond``).
 
@@ -94,8 +98,11 @@ def checked_options(
         raise InvalidRequestError(f"temperature must be a number >= 0, got {temperature!r}")
     if voice is not None and (not isinstance(voice, str) or not voice):
         raise InvalidRequestError(f"voice must be a non-empty name, got {voice!r}")
+    if instructions is not None and not isinstance(instructions, str):
+        raise InvalidRequestError(f"instructions must be a str, got {instructions!r}")
     return ResponseOptions(
         max_tokens=max_tokens,
         temperature=None if temperature is None else float(temperature),
         voice=voice,
+        instructions=instructions or None,
     )

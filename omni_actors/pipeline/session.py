@@ -8,7 +8,9 @@ entry stage prefills it as it arrives), :meth:`Session.commit` makes the uncommi
 input a user turn, :meth:`Session.clear` drops it (every stage rolls back what it
 prefilled), :meth:`Session.respond` starts a reply to the conversation so far and
 returns its :class:`~omni_actors.pipeline.response.Response`, which can be cancelled
-(barge-in); :meth:`Session.truncate` cuts the last reply to what the user heard. One
+(barge-in); :meth:`Session.truncate` cuts the last reply to what the user heard,
+:meth:`Session.delete` takes a turn out of the conversation, and
+:meth:`Session.add_reply` adds an assistant turn the caller holds (a chat's history). One
 response is in flight at a time: ``respond`` while one is raises
 ``InvalidRequestError`` rather than queueing the reply, because a voice agent that
 answers twice must decide which answer the user hears (cancel the first, or wait for
@@ -27,6 +29,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import math
 import uuid
 from collections.abc import AsyncIterator, Mapping
@@ -35,7 +38,12 @@ from typing import TYPE_CHECKING, Literal
 import torch
 
 from omni_actors._ref import ActorRef
-from omni_actors.actors.engines.contract import REPLY_FIELD, TURN_FIELD
+from omni_actors.actors.engines.contract import (
+    INSTRUCTIONS_FIELD,
+    REPLY_FIELD,
+    TOOL_CALLS_FIELD,
+    TURN_FIELD,
+)
 from omni_actors.audio.samples import AudioInput, audio_tensor
 from omni_actors.clock import TimerHandle
 from omni_actors.errors import InvalidRequestError, OmniError
@@ -49,6 +57,7 @@ from omni_actors.pipeline.session_input import SessionClosedError, SessionInput
 from omni_actors.protocols.control import (
     AbortSession,
     CancelResponse,
+    RebuildSession,
     ReopenSession,
     SessionMessage,
     TruncateResponse,
@@ -253,13 +262,16 @@ class Session:
             self.channel.segment_started(self._input.segment)
         await self._input.send(payload, end=end)
 
-    async def commit(self) -> None:
+    async def commit(self, *, turn: str = "") -> None:
         """Make the input since the last commit a user turn; no reply is started.
+
+        Args:
+            turn: the turn's id, by which :meth:`delete` can take it out later.
 
         Raises:
             SessionClosedError: the session has ended.
         """
-        await self._mark("commit")
+        await self._mark("commit", turn)
 
     async def clear(self) -> None:
         """Drop the input since the last commit; every stage rolls back what it prefilled.
@@ -269,6 +281,67 @@ class Session:
         """
         await self._mark("clear")
 
+    async def add_reply(self, text: str, *, tool_calls: str | None = None) -> None:
+        """Add an assistant turn saying ``text`` to the conversation; nothing is generated.
+
+        For a history the caller holds (earlier replies of a chat, an assistant item):
+        the open user turn is committed, then the entry engine takes ``text`` into the
+        conversation as its chat template renders an assistant turn, exactly as if it
+        had said it (a later :meth:`truncate` can cut it; a conversation replayed after a
+        stage restart keeps it). The stages after the entry get what a generated reply
+        leaves them for later turns (Qwen3-Omni's talker conditions on user turns only).
+
+        Args:
+            text: the turn's words ("" for a turn of tool calls alone).
+            tool_calls: the tools the turn called, a JSON array of ``{"type":
+                "function", "function": {"name": ..., "arguments": "<JSON text>"}}``
+                (None: it called none). The turn then goes as a ``reply`` mark's
+                ``TOOL_CALLS_FIELD``, which the entry engine renders, words and calls, as
+                its chat template writes such a turn.
+
+        Raises:
+            SessionClosedError: the session has ended.
+            InvalidRequestError: ``text`` is not a str or is over ``inputs.max_send_bytes``,
+                ``tool_calls`` is not a JSON array, or the entry stage cannot take the
+                turn (its engine declares no ``REPLY_FIELD``, or no ``TOOL_CALLS_FIELD``
+                for a turn with calls: it keeps no conversation, or takes no tools).
+        """
+        if not isinstance(text, str):
+            raise InvalidRequestError(f"text must be a str, not {type(text).__name__}")
+        payload: dict[str, str]
+        if tool_calls is None:
+            if REPLY_FIELD not in self._takes or "text" not in self._takes:
+                raise InvalidRequestError(
+                    f"the entry stage {self.pipeline.spec.entry_stage} cannot take an "
+                    f"assistant turn: its engine declares no {REPLY_FIELD!r} input (it keeps "
+                    "no conversation, or cannot be given one)"
+                )
+            payload = {"text": text}
+        else:
+            if TOOL_CALLS_FIELD not in self._takes:
+                raise InvalidRequestError(
+                    f"the entry stage {self.pipeline.spec.entry_stage} cannot take an "
+                    f"assistant turn that called tools: its engine declares no "
+                    f"{TOOL_CALLS_FIELD!r} input (it takes no tools)"
+                )
+            try:
+                calls = json.loads(tool_calls)
+            except (TypeError, ValueError) as exc:
+                raise InvalidRequestError(f"tool_calls must be a JSON array ({exc})") from None
+            if not isinstance(calls, list) or not calls:
+                raise InvalidRequestError("tool_calls must be a JSON array of one call or more")
+            payload = {TOOL_CALLS_FIELD: json.dumps({"content": text or None, "tool_calls": calls})}
+        limit = self.pipeline.spec.inputs.max_send_bytes
+        size = sum(len(v) for v in payload.values())
+        if size > limit:
+            raise InvalidRequestError(
+                f"session {self.id}: an assistant turn of {size} characters is larger "
+                f"than inputs.max_send_bytes ({limit})"
+            )
+        self._check_open()
+        await self._flush_audio()  # the open turn's last samples, before the reply
+        await self._input.send(payload, mark="reply")
+
     async def respond(
         self,
         *,
@@ -276,6 +349,7 @@ class Session:
         temperature: float | None = None,
         voice: str | None = None,
         response_id: str | None = None,
+        instructions: str | None = None,
     ) -> Response:
         """Start a reply to the conversation so far (any uncommitted input is committed).
 
@@ -287,13 +361,24 @@ class Session:
             temperature: sampling temperature, 0 for greedy (default: the engine's).
             voice: the speaker (default: the talker's setting).
             response_id: the response's id (default: a new one).
+            instructions: a system prompt for this reply alone (the entry engine must
+                take instructions): the thinker follows them, placed right before the
+                reply, and the conversation keeps the reply without them, as if they
+                had never been given. The conversation's own instructions (sent as the
+                ``instructions`` field) stay. None or "": none.
 
         Raises:
             SessionClosedError: the session has ended.
             InvalidRequestError: a response is in flight, an override is out of range,
-                or the session is a one-shot request.
+                ``instructions`` are given to an entry stage that takes none, or the
+                session is a one-shot request.
         """
-        options = checked_options(max_tokens, temperature, voice)
+        options = checked_options(max_tokens, temperature, voice, instructions=instructions)
+        if options.instructions is not None and INSTRUCTIONS_FIELD not in self._takes:
+            raise InvalidRequestError(
+                f"the entry stage {self.pipeline.spec.entry_stage} takes no instructions: "
+                "a response cannot have instructions of its own"
+            )
         self._check_respond()
         # The resampler's last samples belong to this turn, not to the next one.
         await self._flush_audio()
@@ -331,6 +416,65 @@ class Session:
             raise kept
         assert isinstance(kept, int)
         await self._input.send({}, mark="truncate", kept=kept)
+
+    @property
+    def deletes_turns(self) -> bool:
+        """Whether :meth:`delete` can take turns out of the conversation: the entry
+        engine rebuilds its conversation from a replay (it takes its replies back), or
+        keeps none."""
+        history = self.channel.history
+        return history is not None and not history.lost
+
+    async def delete(self, turn: str) -> bool:
+        """Take a turn out of the conversation: no later reply sees it.
+
+        ``turn`` is a user turn's id (given to :meth:`commit`) or a response's id (its
+        reply goes, with the truncations of it). The session keeps its conversation to
+        replay onto restarted stages (:mod:`~omni_actors.pipeline.conversation_log`);
+        the turn is taken out of it, every stage lets the session go, and the session
+        opens again and replays the conversation as it now stands, as after a stage
+        restart: a middle turn costs a prefill of the whole conversation, and the last
+        reply can no longer be truncated.
+
+        Returns:
+            Whether a turn was taken out (False: the stages hold no such turn, or the
+            entry engine keeps no conversation).
+
+        Raises:
+            SessionClosedError: the session has ended.
+            InvalidRequestError: a response is in flight (cancel it first), or the
+                conversation cannot be replayed (:attr:`deletes_turns`).
+        """
+        self._check_open()
+        if self._in_flight():
+            raise InvalidRequestError(
+                f"session {self.id}: a response is in flight; cancel it or wait for its "
+                "ResponseDone before deleting a turn"
+            )
+        history = self.channel.history
+        if history is None:
+            raise InvalidRequestError(
+                f"session {self.id}: the entry engine keeps a conversation it cannot "
+                "rebuild (it takes no reply marks): turns cannot be deleted"
+            )
+        if history.lost:
+            raise InvalidRequestError(f"session {self.id}: turns cannot be deleted: {history.lost}")
+        if not history.records:
+            return False
+        segment = next((s for s, r in self.channel.responses.items() if r == turn), None)
+        deleted = (
+            history.delete_reply(segment) if segment is not None else history.delete_turn(turn)
+        )
+        if not deleted:
+            return False
+        assert self._ref is not None
+        rebuilt: object = await self._ref.ask(
+            RebuildSession(reason=f"turn {turn} was deleted"), timeout=_ABORT_TIMEOUT_S
+        )
+        if isinstance(rebuilt, OmniError):
+            raise rebuilt
+        await self._input.rebuild()
+        return True
 
     async def cancel_response(self, response: Response) -> bool:
         """Stop ``response`` on every stage (``Response.cancel``); False if it had ended.
@@ -392,13 +536,13 @@ class Session:
         self.response = Response(self, response_id, segment)
         return self.response
 
-    async def _mark(self, mark: Mark) -> None:
+    async def _mark(self, mark: Mark, turn: str = "") -> None:
         self._check_open()
         if mark == "clear":
             self._input.audio.drop()  # what it holds is dropped with the rest
         else:
             await self._flush_audio()
-        await self._input.send({}, mark=mark)
+        await self._input.send({}, mark=mark, turn=turn)
 
     async def _flush_audio(self) -> None:
         """Send the end of the resampled audio stream before a turn boundary."""

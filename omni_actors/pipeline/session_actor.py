@@ -62,6 +62,7 @@ from omni_actors.protocols.control import (
     CancelResponse,
     Deadlines,
     OpenSession,
+    RebuildSession,
     ReopenSession,
     SessionMessage,
     StageFailed,
@@ -159,6 +160,8 @@ class SessionActor(Actor[SessionMessage]):
                 return await self._cancel(segment)
             case TruncateResponse(audio_ms=audio_ms):
                 return await self._truncate(audio_ms)
+            case RebuildSession(reason=reason):
+                return await self._rebuild(reason)
             case StreamCredit(source=source):
                 await self._pass_credit(source, message)
         return None
@@ -353,6 +356,22 @@ class SessionActor(Actor[SessionMessage]):
         samples = max(0, min(round(audio_ms * self.channel.sample_rate / 1e3), last.audio_samples))
         kept = await self.path.truncate(samples)
         return kept if isinstance(kept, int) else InvalidRequestError(f"session {self.id}: {kept}")
+
+    async def _rebuild(self, reason: str) -> bool | InvalidRequestError:
+        """Free the session on every stage so that it is reopened and replayed (see
+        ``RebuildSession``): the conversation the caller keeps changed."""
+        if self._ended or self.segment < self.channel.segments_sent:
+            why = "it has ended" if self._ended else "a response is in flight"
+            return InvalidRequestError(f"session {self.id}: cannot rebuild ({why})")
+        self.channel.cut(reason)
+        for segment in list(self._pending):  # input still open: its streams are gone
+            await self.streams.drop_held(self._pending.pop(segment))
+        # The stages replay the last reply as a turn of the conversation: there is no
+        # audio of it left on them to cut.
+        self._last = None
+        self._cut_by = reason
+        await self.path.abort(reason)
+        return True
 
     # -- a stage restarted --------------------------------------------------------------
 

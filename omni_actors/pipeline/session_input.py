@@ -115,8 +115,10 @@ class SessionInput:
         mark: Mark = "",
         kept: int = 0,
         options: ResponseOptions | None = None,
+        turn: str = "",
     ) -> None:
-        """Send one chunk, once the window has room for it.
+        """Send one chunk, once the window has room for it (``turn``: the id of the user
+        turn a ``commit`` closes, kept with it in the conversation's log).
 
         If a stage on the session's path restarted, the session is first opened again
         on every stage and its conversation replayed (``channel.stale``; see
@@ -142,10 +144,22 @@ class SessionInput:
             break
         history = self.channel.history
         if history is not None:
-            history.sent(self.segment, payload, mark=mark, kept=kept, end=end)
+            history.sent(self.segment, payload, mark=mark, kept=kept, end=end, turn=turn)
         if end:
             self.segment += 1
             self.channel.segment_sent(self.segment)
+
+    async def rebuild(self) -> None:
+        """Open the session again on every stage and replay its conversation now, if
+        the stages were freed (``channel.stale``): after the caller took a turn out of
+        it, the next input need not wait for the replay.
+
+        Raises:
+            SessionClosedError: as :meth:`send`.
+        """
+        async with self._reopening:
+            if self.channel.stale:
+                await self._replay()
 
     async def _replay(self) -> None:
         """Open the session again on every stage and send its conversation so far.

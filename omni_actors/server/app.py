@@ -3,6 +3,7 @@
 - ``/v1/realtime`` — the OpenAI Realtime websocket (``realtime.py``).
 - ``POST /v1/chat/completions`` — OpenAI's chat completions, text and audio output
   (``chat_completions.py``).
+- ``GET /v1/models``, ``GET /v1/models/{id}`` — the served model (``model_list.py``).
 - ``/healthz`` — liveness: the process answers; ``/readyz`` — readiness: every stage
   runs and the server is not draining (``health.py``).
 - ``/metrics`` — Prometheus text (``metrics.py``).
@@ -31,6 +32,8 @@ from omni_actors.pipeline.omni_pipeline import OmniPipeline
 from omni_actors.server.auth import authorized, origin_allowed, pick_subprotocol
 from omni_actors.server.chat_completions import chat_completions
 from omni_actors.server.health import healthz, pipeline_health, readyz
+from omni_actors.server.http_error import error_response
+from omni_actors.server.model_list import list_models, retrieve_model
 from omni_actors.server.realtime import RealtimeConnection
 from omni_actors.server.settings import ServerSettings
 from omni_actors.server.state import ServerState, server_state
@@ -51,11 +54,28 @@ async def realtime(websocket: WebSocket) -> None:
     offered = list(websocket.scope.get("subprotocols") or [])
     if not origin_allowed(state.settings, headers):
         log.warning("realtime: refused origin %s", headers.get("origin"))
-        await websocket.close(_POLICY_VIOLATION)  # before accept: an HTTP 403
+        origin = headers.get("origin")
+        await _deny(
+            websocket,
+            error_response(
+                f"the origin {origin!r} may not open a session: add it to the server's "
+                "allowed origins (--allowed-origin)",
+                403,
+                "origin_not_allowed",
+            ),
+        )
         return
     if not authorized(state.settings, headers, offered):
         log.warning("realtime: refused a client without the API key")
-        await websocket.close(_POLICY_VIOLATION)
+        await _deny(
+            websocket,
+            error_response(
+                "missing or wrong API key: send it as 'Authorization: Bearer KEY' (or, "
+                "from a browser, as the subprotocol openai-insecure-api-key.KEY)",
+                401,
+                "invalid_api_key",
+            ),
+        )
         return
     await websocket.accept(subprotocol=pick_subprotocol(offered))
     connection = RealtimeConnection(
@@ -73,6 +93,15 @@ async def realtime(websocket: WebSocket) -> None:
         await connection.serve()
     finally:
         state.release()
+
+
+async def _deny(websocket: WebSocket, response: Response) -> None:
+    """Refuse a handshake with ``response`` (its status and OpenAI's error body) where
+    the ASGI server can send one (uvicorn does); else with a bare HTTP 403."""
+    if "websocket.http.response" in websocket.scope.get("extensions", {}):
+        await websocket.send_denial_response(response)
+    else:
+        await websocket.close(_POLICY_VIOLATION)  # before accept: an HTTP 403
 
 
 async def metrics(request: Request) -> Response:
@@ -107,11 +136,14 @@ def create_app(settings: ServerSettings, pipeline: OmniPipeline | None = None) -
             return
         async with OmniPipeline(settings.preset, max_sessions=settings.max_sessions) as own:
             app.state.server = ServerState(settings, own)
+            await app.state.server.voices()
             yield
 
     routes = [
         WebSocketRoute("/v1/realtime", realtime),
         Route("/v1/chat/completions", chat_completions, methods=["POST"]),
+        Route("/v1/models", list_models),
+        Route("/v1/models/{model:path}", retrieve_model),
         Route("/healthz", healthz),
         Route("/readyz", readyz),
         Route("/metrics", metrics),

@@ -3,10 +3,13 @@
 A request is checked first (``chat_request.py``: nothing is started for a bad one),
 then served by one resumable :class:`~omni_actors.pipeline.session.Session`: the system
 messages go to the entry stage's ``instructions`` field, each user message is sent and
-committed as a turn, and ``respond`` starts the reply, whose events become the
+committed as a turn, each assistant message is added as an earlier reply
+(``Session.add_reply``), and ``respond`` starts the reply, whose events become the
 completion — one ``chat.completion`` JSON body, or with ``stream: true`` server-sent
 ``chat.completion.chunk`` events (text in ``delta.content``; with audio, base64 PCM16
-and the transcript in ``delta.audio`` pieces, as OpenAI streams them).
+and the transcript in ``delta.audio`` pieces, as OpenAI streams them). A text reply
+that meets one of the request's ``stop`` strings ends before it: the text up to it is
+sent (``stop_text.py``) and the reply is cancelled on every stage.
 
 With tools, the tools go to the entry stage's ``tools`` field, an assistant message's
 ``tool_calls`` and ``tool`` messages as the entry stage takes them back, and the
@@ -51,8 +54,6 @@ from omni_actors.protocols.chat_completions import (
     ChunkChoice,
     Delta,
     DeltaAudio,
-    ErrorBody,
-    ErrorDetail,
     FinishReason,
     FunctionCall,
     ToolCall,
@@ -69,15 +70,27 @@ from omni_actors.protocols.events import (
 )
 from omni_actors.server.audio_format import OutputAudio
 from omni_actors.server.auth import authorized
-from omni_actors.server.chat_request import OUTPUT_RATE, ChatPlan, ChatRequestError, plan_request
+from omni_actors.server.chat_request import (
+    OUTPUT_RATE,
+    ChatPlan,
+    ChatRequestError,
+    ReplyTurn,
+    plan_request,
+)
+from omni_actors.server.http_error import error_body, error_response
 from omni_actors.server.state import ServerState, server_state
+from omni_actors.server.stop_text import StopText
 from omni_actors.server.tools import ToolCallReader, new_call_id
+from omni_actors.server.usage import token_usage
 
-__all__ = ["ChatCompletionReply", "ReplyFailedError", "chat_completions"]
+__all__ = ["AUDIO_LIFETIME_S", "ChatCompletionReply", "ReplyFailedError", "chat_completions"]
 
 log = logging.getLogger(__name__)
 
 _encoder = msgspec.json.Encoder()
+
+AUDIO_LIFETIME_S = 24 * 3600
+"""A reply's audio ``expires_at`` is this long after its ``created``, as OpenAI's."""
 _JSON = [(b"content-type", b"application/json")]
 _SSE = [
     (b"content-type", b"text/event-stream; charset=utf-8"),
@@ -127,22 +140,14 @@ async def chat_completions(request: Request) -> Response:
             spec,
             model=settings.model or spec.name,
             max_bytes=settings.max_append_bytes,
+            voices=await state.voices(),
         )
     except ChatRequestError as exc:
         log.info("chat completion refused (%s): %s", exc.error_code, exc)
         state.metrics.error(exc.error_code)
         state.metrics.chat_completion(exc.error_code)
-        return Response(
-            _encoder.encode(_error_body(str(exc), exc.status, exc.error_code, exc.param)),
-            status_code=exc.status,
-            media_type="application/json",
-        )
+        return error_response(str(exc), exc.status, exc.error_code, exc.param)
     return ChatCompletionReply(state, plan)
-
-
-def _error_body(message: str, status: int, code: str, param: str | None = None) -> ErrorBody:
-    kind = "invalid_request_error" if status < 500 else "server_error"
-    return ErrorBody(error=ErrorDetail(message=message, type=kind, param=param, code=code))
 
 
 async def _disconnected(receive: Receive) -> None:
@@ -169,7 +174,9 @@ class ChatCompletionReply(Response):
         self._send: Send | None = None
         self._streaming = False  # the SSE headers are out: errors go in the stream
         self._complete = False  # the last byte of the reply is out
-        self._text: list[str] = []
+        self._text: list[str] = []  # the reply's text as handed out
+        self._tokens = 0  # its text deltas: one per token
+        self._stop = StopText(plan.stop)
         self._done: ResponseDone | None = None
         self._said: list[str] = []  # the reply's text outside its tool calls
         self._calls: list[ToolCall] = []
@@ -244,7 +251,7 @@ class ChatCompletionReply(Response):
             await session.close()
 
     async def _start(self, session: Session) -> PipelineResponse:
-        """Send the instructions and the user turns; start the reply."""
+        """Send the instructions and the turns; start the reply."""
         plan = self.plan
         try:
             setting: dict[str, str] = {}  # sent together: one system turn holds both
@@ -255,6 +262,9 @@ class ChatCompletionReply(Response):
             if setting:
                 await session.send(fields=setting)
             for turn in plan.turns:
+                if isinstance(turn, ReplyTurn):
+                    await session.add_reply(turn.text, tool_calls=turn.tool_calls)
+                    continue
                 for part in turn:
                     await session.send(
                         text=part.text,
@@ -262,8 +272,7 @@ class ChatCompletionReply(Response):
                         sample_rate=part.sample_rate,
                         fields=part.fields(),
                     )
-                if turn[0].tool_calls is None:  # an assistant turn is not committed
-                    await session.commit()
+                await session.commit()
             options = plan.options
             return await session.respond(
                 max_tokens=options.max_tokens,
@@ -325,8 +334,15 @@ class ChatCompletionReply(Response):
         )
         async for event in response.events():
             if isinstance(event, TextDelta):
-                self._text.append(event.text)
-                yield event
+                if self._stop.stopped:
+                    continue  # cancelled: the deltas already sent are all there is
+                self._tokens += 1
+                text = self._stop.feed(event.text)
+                if self._stop.stopped:
+                    await response.cancel()  # a stop string: no more of the reply
+                if text:
+                    self._text.append(text)
+                    yield event if text == event.text else msgspec.structs.replace(event, text=text)
             elif isinstance(event, AudioDelta):
                 data = audio.encode(event.audio) if audio is not None else ""
                 if data:
@@ -337,13 +353,16 @@ class ChatCompletionReply(Response):
                 raise _ended(event)
         if audio is not None and (tail := audio.flush()):
             yield tail
+        if held := self._stop.flush():
+            self._text.append(held)
+            yield TextDelta(session=response.session.id, text=held, response=response.id)
 
     def _ended_with(self, done: ResponseDone) -> None:
         """Record how the reply ended; raise unless it completed."""
         self._done = done
         metrics = self.state.metrics
         metrics.response_done(done.status, done.metrics)
-        if done.status != "completed":
+        if done.status != "completed" and not (self._stop.stopped and done.status == "cancelled"):
             raise ReplyFailedError(
                 done.message or f"the reply ended {done.status}",
                 error_code=done.code or "internal",
@@ -351,15 +370,24 @@ class ChatCompletionReply(Response):
 
     def _finish_reason(self) -> FinishReason:
         """``tool_calls`` when the reply called a tool; ``length`` when it used every
-        token it was allowed (one text delta is one token), else ``stop``."""
+        token it was allowed (one text delta is one token) and met no stop string, else
+        ``stop``."""
         if self._calls:
             return "tool_calls"
         limit = self.plan.options.max_tokens
-        return "length" if limit is not None and len(self._text) >= limit else "stop"
+        if self._stop.stopped or limit is None:
+            return "stop"
+        return "length" if self._tokens >= limit else "stop"
 
     def _usage(self) -> Usage:
-        tokens = len(self._text)
-        return Usage(prompt_tokens=0, completion_tokens=tokens, total_tokens=tokens)
+        done = self._done
+        entry = self.state.pipeline.spec.entry_stage
+        usage = token_usage(done.metrics if done is not None else None, entry, self._tokens)
+        return Usage(
+            prompt_tokens=usage.prompt,
+            completion_tokens=usage.completion,
+            total_tokens=usage.total,
+        )
 
     async def _reply(self, response: PipelineResponse) -> None:
         """One ``chat.completion`` body."""
@@ -378,7 +406,7 @@ class ChatCompletionReply(Response):
             audio = ChatAudio(
                 id=self.audio_id,
                 data=base64.b64encode(data).decode("ascii"),
-                expires_at=int(time.time()),
+                expires_at=self.created + AUDIO_LIFETIME_S,
                 transcript=transcript,
             )
             message = AssistantReply(content=None, audio=audio)
@@ -415,7 +443,7 @@ class ChatCompletionReply(Response):
             else:
                 await self._chunk(Delta(content=piece.text))
         if voiced:
-            expiry = DeltaAudio(id=self.audio_id, expires_at=int(time.time()))
+            expiry = DeltaAudio(id=self.audio_id, expires_at=self.created + AUDIO_LIFETIME_S)
             await self._chunk(Delta(audio=expiry))
         await self._chunk(Delta(), finish_reason=self._finish_reason())
         if self.plan.include_usage:
@@ -459,7 +487,7 @@ class ChatCompletionReply(Response):
         metrics = self.state.metrics
         metrics.error(error.error_code)
         metrics.chat_completion("failed" if error.error_code != "busy" else "busy")
-        body = _error_body(str(error), error.status, error.error_code)
+        body = error_body(str(error), error.status, error.error_code)
         if not self._streaming:
             await self._respond(error.status, _encoder.encode(body))
             return

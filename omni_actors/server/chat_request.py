@@ -3,11 +3,14 @@
 Everything a request can get wrong is found here, before the request takes a session
 slot: the JSON and its types (msgspec, with the path of the offending field), the
 audio (base64, WAV or PCM16), the options (``max_completion_tokens``, ``temperature``,
-``voice``), the tools (``tools``, ``tool_choice``, assistant ``tool_calls`` and
-``tool`` messages, which the entry stage must take), and what a pipeline cannot do yet
-(replay an earlier assistant reply's text, stream WAV). Each refusal is a
-:class:`ChatRequestError` with the HTTP status, OpenAI's ``param`` and ``code``, and a
-message that says what to send instead.
+``voice`` — one the server takes, see ``voices.py`` — and ``stop``), the tools
+(``tools``, ``tool_choice``, assistant ``tool_calls`` and ``tool`` messages, which the
+entry stage must take), earlier replies that cannot be taken (an ``audio`` id with no
+words: the server keeps no audio; a pipeline whose entry stage keeps no conversation),
+the parameters the server cannot honour (an unknown field, ``logprobs``, a JSON
+``response_format`` …: refused by name, never dropped), and what a pipeline cannot do
+yet (stream WAV). Each refusal is a :class:`ChatRequestError` with the HTTP status,
+OpenAI's ``param`` and ``code``, and a message that says what to send instead.
 """
 
 from __future__ import annotations
@@ -25,6 +28,7 @@ import torch
 
 from omni_actors.actors.engines.contract import (
     INSTRUCTIONS_FIELD,
+    REPLY_FIELD,
     TOOL_CALLS_FIELD,
     TOOL_RESULT_FIELD,
     TOOLS_FIELD,
@@ -35,6 +39,7 @@ from omni_actors.pipeline.response import checked_options
 from omni_actors.pipeline.session import Modality
 from omni_actors.pipeline.spec.pipeline import PipelineSpec
 from omni_actors.protocols.chat_completions import (
+    AssistantAudio,
     AssistantMessage,
     ChatCompletionRequest,
     DeveloperMessage,
@@ -50,8 +55,9 @@ from omni_actors.protocols.chat_completions import (
 from omni_actors.protocols.stage import ResponseOptions
 from omni_actors.server.audio_format import AudioPayloadError, decode_audio, format_rate
 from omni_actors.server.tools import OfferedTool, template_tools
+from omni_actors.server.voices import ANY_VOICE, UnknownVoiceError, VoiceMap
 
-__all__ = ["ChatPlan", "ChatRequestError", "TurnPart", "plan_request"]
+__all__ = ["ChatPlan", "ChatRequestError", "ReplyTurn", "TurnPart", "plan_request"]
 
 log = logging.getLogger(__name__)
 
@@ -60,6 +66,8 @@ OUTPUT_RATE: Final = format_rate("audio/pcm")
 
 _decoder = msgspec.json.Decoder(ChatCompletionRequest)
 _AT = re.compile(r"- at `\$\.(.+)`$")
+_UNKNOWN = re.compile(r"unknown field `([^`]+)`")
+_MAX_STOPS = 4  # as OpenAI
 
 
 class ChatRequestError(InvalidRequestError):
@@ -96,15 +104,21 @@ class TurnPart:
     audio: torch.Tensor | None = None
     sample_rate: int | None = None
     tool_result: str | None = None
-    tool_calls: str | None = None
 
     def fields(self) -> dict[str, str]:
-        """The named fields it sends (a tool's result, or the calls)."""
+        """The named fields it sends (a tool's result)."""
         if self.tool_result is not None:
             return {TOOL_RESULT_FIELD: self.tool_result}
-        if self.tool_calls is not None:
-            return {TOOL_CALLS_FIELD: self.tool_calls}
         return {}
+
+
+@dataclass(frozen=True, slots=True)
+class ReplyTurn:
+    """An earlier reply (an assistant message), sent with ``Session.add_reply``: its
+    words, and the tools it called (a JSON array of calls; None: it called none)."""
+
+    text: str
+    tool_calls: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -117,7 +131,8 @@ class ChatPlan:
         audio_format: ``wav`` or ``pcm16`` when audio is wanted, else None.
         instructions: the system/developer messages, joined (sent as the entry
             stage's ``instructions`` field; "" when none or the engine takes none).
-        turns: each user message's parts, in order (each is a committed turn).
+        turns: the conversation's turns, in order: each user message's parts (a
+            committed turn) and each earlier reply.
         options: the checked response options (``max_tokens``, ``temperature``, ``voice``).
         stream: reply as server-sent events.
         include_usage: end the stream with a usage chunk.
@@ -125,21 +140,30 @@ class ChatPlan:
             entry stage takes no tools).
         tool_names: the functions the reply may call: its text is read for calls (None
             when the entry stage takes no tools).
+        stop: the stop strings: the reply's text ends before the first it contains.
     """
 
     model: str
     modalities: tuple[Modality, ...]
     audio_format: Literal["wav", "pcm16"] | None
     instructions: str
-    turns: list[list[TurnPart]]
+    turns: list[list[TurnPart] | ReplyTurn]
     options: ResponseOptions
     stream: bool
     include_usage: bool = False
     tools: str | None = None
     tool_names: frozenset[str] | None = None
+    stop: tuple[str, ...] = ()
 
 
-def plan_request(body: bytes, spec: PipelineSpec, *, model: str, max_bytes: int) -> ChatPlan:
+def plan_request(
+    body: bytes,
+    spec: PipelineSpec,
+    *,
+    model: str,
+    max_bytes: int,
+    voices: VoiceMap = ANY_VOICE,
+) -> ChatPlan:
     """Decode and check a request body for a pipeline.
 
     Args:
@@ -147,6 +171,8 @@ def plan_request(body: bytes, spec: PipelineSpec, *, model: str, max_bytes: int)
         spec: the served pipeline (its entry stage decides whether instructions apply).
         model: the model name to report when the request names none.
         max_bytes: the most decoded bytes one audio part may hold.
+        voices: the voice names the server takes (``audio.voice`` must be one; the
+            plan asks for the speaker it names).
 
     Raises:
         ChatRequestError: the request cannot be served as sent.
@@ -156,6 +182,15 @@ def plan_request(body: bytes, spec: PipelineSpec, *, model: str, max_bytes: int)
     except msgspec.ValidationError as exc:
         # msgspec names the field as "... - at `$.messages[0].role`".
         where = _AT.search(str(exc))
+        unknown = _UNKNOWN.search(str(exc))
+        if unknown is not None:
+            name = (where.group(1) + "." if where else "") + unknown.group(1)
+            raise ChatRequestError(
+                f"unrecognized request parameter {name!r}: this server does not support "
+                "it; leave it out",
+                param=name,
+                error_code="unknown_parameter",
+            ) from None
         raise ChatRequestError(
             f"invalid request: {exc}",
             param=where.group(1) if where else None,
@@ -171,7 +206,16 @@ def plan_request(body: bytes, spec: PipelineSpec, *, model: str, max_bytes: int)
             param="n",
             error_code="invalid_value",
         )
+    _check_parameters(request)
     audio_format, voice = _audio_output(request)
+    stops = _stops(request.stop, voiced=audio_format is not None)
+    if voice is not None:
+        try:
+            voice = voices.speaker(voice)
+        except UnknownVoiceError as exc:
+            raise ChatRequestError(
+                str(exc), param="audio.voice", error_code="invalid_value"
+            ) from None
     stream = bool(request.stream)
     if stream and audio_format == "wav":
         raise ChatRequestError(
@@ -206,6 +250,7 @@ def plan_request(body: bytes, spec: PipelineSpec, *, model: str, max_bytes: int)
         and request.stream_options.include_usage,
         tools=template_tools(offered) if takes_tools else None,
         tool_names=frozenset(t.name for t in offered) if takes_tools else None,
+        stop=stops,
     )
 
 
@@ -253,6 +298,62 @@ def _tool(tool: Tool, where: str, taken: set[str]) -> OfferedTool:
     return OfferedTool(function.name, function.description, function.parameters)
 
 
+def _check_parameters(request: ChatCompletionRequest) -> None:
+    """Refuse, by name, each parameter set to a value the server cannot honour."""
+    neutral: dict[str, tuple[object, ...]] = {
+        "top_p": (None, 1),
+        "frequency_penalty": (None, 0),
+        "presence_penalty": (None, 0),
+        "logprobs": (None, False),
+        "top_logprobs": (None,),
+        "logit_bias": (None, {}),
+        "seed": (None,),
+        "store": (None, False),
+        "metadata": (None, {}),
+        "service_tier": (None, "auto", "default"),
+    }
+    for name, allowed in neutral.items():
+        value = getattr(request, name)
+        if value not in allowed:  # msgspec typed each: no True passes for 1
+            raise ChatRequestError(
+                f"{name}={value!r} is not supported by this server; leave it out"
+                + (f" or send {allowed[1]!r}" if len(allowed) > 1 else ""),
+                param=name,
+                error_code="unsupported_parameter",
+            )
+    response_format = request.response_format
+    if response_format is not None and response_format.type != "text":
+        raise ChatRequestError(
+            f'response_format {{"type": "{response_format.type}"}} is not supported: nothing '
+            'constrains the reply to JSON here; send {"type": "text"} or leave it out and '
+            "ask for JSON in the instructions",
+            param="response_format",
+            error_code="unsupported_value",
+        )
+
+
+def _stops(stop: str | list[str] | None, *, voiced: bool) -> tuple[str, ...]:
+    """The stop strings of a request (checked)."""
+    stops = [stop] if isinstance(stop, str) else list(stop or [])
+    if not stops:
+        return ()
+    if voiced:
+        raise ChatRequestError(
+            "stop is served for text replies only: a voiced reply is spoken as its text "
+            "streams, before a stop string could be seen; leave stop out, or ask for "
+            'modalities ["text"]',
+            param="stop",
+            error_code="unsupported_parameter",
+        )
+    if len(stops) > _MAX_STOPS or not all(stops):
+        raise ChatRequestError(
+            f"stop takes 1 to {_MAX_STOPS} non-empty strings, got {stops!r}",
+            param="stop",
+            error_code="invalid_value",
+        )
+    return tuple(stops)
+
+
 def _audio_output(
     request: ChatCompletionRequest,
 ) -> tuple[Literal["wav", "pcm16"] | None, str | None]:
@@ -279,10 +380,11 @@ def _audio_output(
 
 def _messages(
     request: ChatCompletionRequest, spec: PipelineSpec, max_bytes: int
-) -> tuple[str, list[list[TurnPart]]]:
-    """The joined instructions and the user turns."""
+) -> tuple[str, list[list[TurnPart] | ReplyTurn]]:
+    """The joined instructions and the turns."""
     texts: list[str] = []
-    turns: list[list[TurnPart]] = []
+    turns: list[list[TurnPart] | ReplyTurn] = []
+    has_user = False
     calls: set[str] = set()  # the ids of the tool calls of earlier assistant messages
     results = False  # the last turn holds tool results: the next one joins it
     for i, message in enumerate(request.messages):
@@ -293,9 +395,21 @@ def _messages(
                 texts.append(content if isinstance(content, str) else _joined(content))
             case UserMessage(content=content):
                 turns.append(_user_turn(content, where, max_bytes))
-            case AssistantMessage(tool_calls=tool_calls) if tool_calls:
-                _check_takes(spec, TOOL_CALLS_FIELD, where)
-                turns.append([_tool_calls(message, where, calls)])
+                has_user = True
+            case AssistantMessage(content=content, audio=audio, tool_calls=tool_calls):
+                if tool_calls:
+                    _check_takes(spec, TOOL_CALLS_FIELD, where)
+                    turns.append(_tool_calls(message, where, calls))
+                    continue
+                if REPLY_FIELD not in spec.entry_inputs():
+                    raise ChatRequestError(
+                        f"{where}: this pipeline's entry stage ({spec.entry_stage}) keeps no "
+                        "conversation it can be given an earlier reply in; send the system "
+                        "and user messages only",
+                        param=where,
+                        error_code="unsupported_message",
+                    )
+                turns.append(ReplyTurn(_reply_text(content, audio, where)))
             case ToolMessage(content=content, tool_call_id=call_id):
                 _check_takes(spec, TOOL_RESULT_FIELD, where)
                 if call_id not in calls:
@@ -308,21 +422,13 @@ def _messages(
                 result = TurnPart(
                     tool_result=content if isinstance(content, str) else _joined(content or [])
                 )
-                if joins:  # consecutive results are one turn, as chat templates render them
-                    turns[-1].append(result)
+                last = turns[-1] if joins else None
+                if isinstance(last, list):  # consecutive results are one turn, as templates
+                    last.append(result)  # render them
                 else:
                     turns.append([result])
                 results = True
-            case AssistantMessage():
-                raise ChatRequestError(
-                    f"{where}: assistant messages cannot be replayed into the pipeline yet "
-                    "(it keeps the replies it produced itself, not text given back to it); "
-                    "send the system and user messages only, or hold the conversation "
-                    "over /v1/realtime",
-                    param=where,
-                    error_code="unsupported_message",
-                )
-    if not turns:
+    if not has_user:
         raise ChatRequestError(
             "the request has no user message: send at least one",
             param="messages",
@@ -349,7 +455,7 @@ def _check_takes(spec: PipelineSpec, field: str, where: str) -> None:
         )
 
 
-def _tool_calls(message: AssistantMessage, where: str, calls: set[str]) -> TurnPart:
+def _tool_calls(message: AssistantMessage, where: str, calls: set[str]) -> ReplyTurn:
     """An assistant message with tool calls, as the entry stage takes it back."""
     functions = []
     for j, call in enumerate(message.tool_calls or []):
@@ -366,11 +472,37 @@ def _tool_calls(message: AssistantMessage, where: str, calls: set[str]) -> TurnP
         functions.append({"type": "function", "function": function})
     content = message.content
     text = content if isinstance(content, str) or content is None else _joined(content)
-    return TurnPart(tool_calls=json.dumps({"content": text or None, "tool_calls": functions}))
+    return ReplyTurn(text or "", json.dumps(functions))
 
 
 def _joined(parts: list[TextPart]) -> str:
     return "".join(p.text for p in parts)
+
+
+def _reply_text(
+    content: str | list[TextPart] | None, audio: AssistantAudio | None, where: str
+) -> str:
+    """An assistant message's words: its content, else its audio's transcript."""
+    text = content if isinstance(content, str) else None if content is None else _joined(content)
+    if text:
+        return text
+    if audio is not None and audio.transcript is not None:
+        return audio.transcript
+    if audio is not None:
+        raise ChatRequestError(
+            f"{where}.audio: the audio reply {audio.id!r} cannot be looked up (this server "
+            "keeps no audio); send the reply's words with it: its transcript as content, "
+            "or the reply message as it came (its audio carries the transcript)",
+            param=f"{where}.audio",
+            error_code="unsupported_value",
+        )
+    if text is None:
+        raise ChatRequestError(
+            f"{where}: an assistant message needs content (the reply's words)",
+            param=f"{where}.content",
+            error_code="missing_required_parameter",
+        )
+    return text
 
 
 def _user_turn(

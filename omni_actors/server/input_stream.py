@@ -3,11 +3,11 @@
 Client events arrive faster than a busy pipeline takes input: while the thinker
 replies, the entry stage takes no new input, and a client streaming 20 ms frames would
 fill the session's credit window in about a second. The connection therefore never
-waits on the pipeline while it reads: each operation (audio, text, commit, clear,
-respond, truncate, instructions, tools, a tool's result) is queued here, and one task
-hands them to the session in order. Audio queued back to back goes as one ``send``, so
-a backlog costs one chunk, not one per frame; the backlog is bounded by the connection
-(its ``max_input_buffer_s``).
+waits on the pipeline while it reads: each operation (audio, text, an assistant turn,
+commit, clear, respond, truncate, instructions, tools, a tool's result, delete) is
+queued here, and one task hands them to the session in order. Audio queued back to back
+goes as one ``send``, so a backlog costs one chunk, not one per frame; the backlog is
+bounded by the connection (its ``max_input_buffer_s``).
 """
 
 from __future__ import annotations
@@ -22,7 +22,6 @@ import torch
 
 from omni_actors.actors.engines.contract import (
     INSTRUCTIONS_FIELD,
-    TOOL_CALLS_FIELD,
     TOOL_RESULT_FIELD,
     TOOLS_FIELD,
 )
@@ -38,15 +37,19 @@ log = logging.getLogger(__name__)
 
 @dataclass(frozen=True, slots=True)
 class Op:
-    """One queued operation; ``event_id`` is the client event it came from."""
+    """One queued operation; ``event_id`` is the client event it came from; ``turn``: the
+    item a ``commit`` makes a user turn, or the turn (an item, or a response's id) a
+    ``delete`` takes out; ``calls``: the tools a ``reply`` called (a JSON array)."""
 
-    kind: str  # audio | text | commit | clear | respond | truncate | instructions | tools
-    # | tool_result | tool_calls
+    kind: str  # audio | text | reply | commit | clear | respond | truncate | instructions
+    # | tools | tool_result | delete
     event_id: str | None = None
     samples: torch.Tensor | None = None
     text: str = ""
     audio_ms: int = 0
     stream: ResponseStream | None = None
+    turn: str = ""
+    calls: str | None = None
 
 
 class InputStream:
@@ -113,6 +116,8 @@ class InputStream:
             await session.send(audio=audio, sample_rate=self.rate)
         elif op.kind == "text":
             await session.send(text=op.text)
+        elif op.kind == "reply":
+            await session.add_reply(op.text, tool_calls=op.calls)
         elif op.kind == "instructions":
             fields = {INSTRUCTIONS_FIELD: op.text}
             if self._ops and self._ops[0].kind == "tools":
@@ -123,16 +128,16 @@ class InputStream:
             await session.send(fields={TOOLS_FIELD: op.text})
         elif op.kind == "tool_result":
             await session.send(fields={TOOL_RESULT_FIELD: op.text})
-        elif op.kind == "tool_calls":
-            await session.send(fields={TOOL_CALLS_FIELD: op.text})
         elif op.kind == "commit":
-            await session.commit()
+            await session.commit(turn=op.turn)
         elif op.kind == "clear":
             await session.clear()
         elif op.kind == "truncate":
             # A response cut while in flight was cancelled first: once ``cancel``
             # returned, the session takes the truncate.
             await session.truncate(op.audio_ms)
+        elif op.kind == "delete":
+            await session.delete(op.turn)
         elif op.kind == "respond":
             stream = op.stream
             assert stream is not None
@@ -144,8 +149,9 @@ class InputStream:
             stream.response = await session.respond(
                 max_tokens=settings.max_tokens,
                 temperature=settings.temperature,
-                voice=settings.voice,
+                voice=settings.speaker,
                 response_id=stream.id,
+                instructions=settings.instructions,
             )
             log.debug("session %s response %s started", session.id, stream.id)
         else:  # pragma: no cover - the connection builds the ops

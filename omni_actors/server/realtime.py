@@ -15,11 +15,16 @@ What the reader acts on is the connection's own state, kept in one object:
   and the items a client adds; what the pipeline must hear is queued on the input
   stream, in order, answered with ``speech_started``/``speech_stopped``, ``committed``,
   ``cleared``, ``conversation.item.added``/``done`` and ``conversation.item.truncated``;
+- the conversation's items as the server holds them (``conversation.item.retrieve``
+  answers from them; ``conversation.item.delete`` takes one out there and, through the
+  session, on every stage);
 - the responses: one in flight at a time (``active``), each a
   :class:`~omni_actors.server.response_stream.ResponseStream` that turns the pipeline's
   events for it into the Realtime API's. A cancel (``response.cancel``, barge-in, a
   truncate of the reply in flight) cancels it on every stage; from that call on the
-  session hands out none of its deltas.
+  session hands out none of its deltas. An out-of-band response (``conversation:
+  "none"``) joins no conversation: once done, its reply is deleted as an item would be.
+  Each ``response.done`` is followed by ``rate_limits.updated``.
 
 The collaborators it hands work to are small and tested alone: the input stream, the
 turn detector, the response stream, the session settings and the audio formats.
@@ -33,12 +38,13 @@ import json
 import logging
 import time
 from dataclasses import replace
+from typing import Literal
 
 import msgspec
 import torch
 from starlette.websockets import WebSocket, WebSocketDisconnect, WebSocketState
 
-from omni_actors.actors.engines.contract import INSTRUCTIONS_FIELD, TOOLS_FIELD
+from omni_actors.actors.engines.contract import INSTRUCTIONS_FIELD, REPLY_FIELD, TOOLS_FIELD
 from omni_actors.actors.engines.tool_calls import MalformedToolCallError
 from omni_actors.errors import InvalidRequestError, OmniError
 from omni_actors.pipeline.session import Session
@@ -56,12 +62,16 @@ from omni_actors.protocols.realtime_client import (
     ClientEvent,
     ClientEventError,
     ConversationItemCreate,
+    ConversationItemDelete,
+    ConversationItemRetrieve,
     ConversationItemTruncate,
     InputAudioBufferAppend,
     InputAudioBufferClear,
     InputAudioBufferCommit,
+    ItemParam,
     ResponseCancel,
     ResponseCreate,
+    ResponseParams,
     SessionUpdate,
     decode_client_event,
 )
@@ -69,7 +79,9 @@ from omni_actors.protocols.realtime_server import (
     BETA_NAMES,
     ConversationItem,
     ConversationItemAdded,
+    ConversationItemDeleted,
     ConversationItemDone,
+    ConversationItemRetrieved,
     ConversationItemTruncated,
     ErrorDetail,
     ErrorEvent,
@@ -79,7 +91,12 @@ from omni_actors.protocols.realtime_server import (
     InputAudioBufferCommitted,
     InputAudioBufferSpeechStarted,
     InputAudioBufferSpeechStopped,
+    Item,
     ItemContent,
+    RateLimit,
+    RateLimitsUpdated,
+    ResponseOutputItemAdded,
+    ResponseOutputItemDone,
     ServerEvent,
     SessionCreated,
     SessionUpdated,
@@ -93,6 +110,7 @@ from omni_actors.server.session_config import SessionSettings, SettingError
 from omni_actors.server.state import ServerState
 from omni_actors.server.tools import OfferedTool, new_call_id, template_tools
 from omni_actors.server.turns import Forward, Started, Stopped, TurnDetector
+from omni_actors.server.voices import VoiceMap
 
 __all__ = ["RealtimeConnection"]
 
@@ -125,6 +143,7 @@ class RealtimeConnection:
             id=new_id("sess"), model=state.settings.model or spec.name, created_at=time.time()
         )
         self.log = logging.LoggerAdapter(log, {"session": self.settings.id})
+        self.voices = VoiceMap()  # the voice names it takes: the server's, once served
         self.session: Session | None = None
         self.input: InputStream | None = None
         self.source_rate = spec.outputs.sample_rate
@@ -134,18 +153,28 @@ class RealtimeConnection:
         self.sent_tools = template_tools(())
         self.calls: dict[str, str] = {}  # the model's tool calls: call id -> function name
         self.last_item: str | None = None  # the conversation's last item
+        # The conversation's items as the server holds them, in order (what
+        # ``conversation.item.retrieve`` answers), and each assistant item's response.
+        self.items: dict[str, Item] = {}
+        self.replies: dict[str, str] = {}
+        # The function calls a response made: call item id -> the response's message item
+        # (one reply holds both: a call goes out of the conversation with its message).
+        self.called: dict[str, str] = {}
         self.conversation_id = new_id("conv")
         self.closing = False
         # The input audio buffer: samples appended since the last commit or clear, the
         # user item being spoken, and server VAD (None with ``turn_detection: null``).
         self.buffered = 0
+        self.held: list[torch.Tensor] = []  # the buffer's samples, as sent on
         self.pending_item: str | None = None
         self.turns: TurnDetector | None = None
         # Responses: the one in flight, the last one started (its item is the one a
-        # truncate may cut), and those not done yet, by id.
+        # truncate may cut), those not done yet, by id, and the out-of-band ones among
+        # them (``conversation: "none"``).
         self.active: ResponseStream | None = None
         self.last_response: ResponseStream | None = None
         self.streams: dict[str, ResponseStream] = {}
+        self.out_of_band: set[str] = set()
 
     # -- lifecycle ---------------------------------------------------------------------
 
@@ -161,6 +190,7 @@ class RealtimeConnection:
             if error is not None:
                 await self.fail(error.code, error.message, close_code=_CLOSE_TRY_LATER)
                 return
+            self.voices = await state.voices()
             self.input = InputStream(session, self.input_rate, self._refused)
             self._apply_vad()
             await self.send(
@@ -316,11 +346,15 @@ class RealtimeConnection:
                 await self._create_item(event)
             case ConversationItemTruncate():
                 await self._truncate_item(event)
+            case ConversationItemRetrieve():
+                await self._retrieve_item(event)
+            case ConversationItemDelete():
+                await self._delete_item(event)
 
     # -- session settings ----------------------------------------------------------------
 
     async def _update(self, event: SessionUpdate) -> None:
-        new = self.settings.updated(event.session)
+        new = self.settings.updated(event.session, self.voices)
         if new.offered_tools and not self._takes_tools:
             raise SettingError(
                 "this pipeline's entry stage takes no tools (its engine does not declare "
@@ -433,6 +467,7 @@ class RealtimeConnection:
         assert self.input is not None
         if samples.numel():
             self.buffered += samples.numel()
+            self.held.append(samples)
             self.input.put(Op("audio", samples=samples))
 
     async def _commit_buffer(self, event_id: str | None) -> None:
@@ -450,7 +485,8 @@ class RealtimeConnection:
         item_id = self.pending_item or new_id("item")
         self.pending_item = None
         self.buffered = 0
-        self.input.put(Op("commit", event_id=event_id))
+        self.held = []
+        self.input.put(Op("commit", event_id=event_id, turn=item_id))
         previous, self.last_item = self.last_item, item_id
         item = ConversationItem(
             id=item_id,
@@ -458,6 +494,7 @@ class RealtimeConnection:
             status="completed",
             content=[ItemContent(type="input_audio", transcript=None)],
         )
+        self.items[item_id] = item
         await self.send_all(
             [
                 InputAudioBufferCommitted(
@@ -476,26 +513,36 @@ class RealtimeConnection:
         """``input_audio_buffer.clear``: drop the buffer here, in VAD and on every stage."""
         assert self.input is not None
         self.buffered = 0
+        self.held = []
         self.pending_item = None
         if self.turns is not None:
             self.turns.clear()
         self.input.put(Op("clear"))
 
     async def _create_item(self, event: ConversationItemCreate) -> None:
-        """``conversation.item.create``: a user item becomes a committed turn; a system
-        item sets the instructions; ``function_call`` and ``function_call_output`` items
-        give back a tool call and answer one.
+        """``conversation.item.create``: a user item becomes a committed turn, an
+        assistant item an earlier reply (``Session.add_reply``), a system item sets the
+        instructions; ``function_call`` and ``function_call_output`` items give back a
+        tool call (an earlier reply that called it) and answer one.
 
         Raises:
-            RequestError: another item type or role, an empty item, or audio still in
-                the buffer.
+            RequestError: another item type or role, an empty item, content the role
+                cannot hold, audio still in the buffer, or an id already in the
+                conversation.
         """
         item = event.item
+        item_id = item.id or new_id("item")
+        if item_id in self.items:
+            raise RequestError(
+                f"item {item_id!r} is already in the conversation; give a new id",
+                realtime_code="invalid_value",
+                param="item.id",
+            )
         if item.type == "function_call_output":
-            await self._add_tool_result(event)
+            await self._add_tool_result(event, item_id)
             return
         if item.type == "function_call":
-            await self._add_tool_call(event)
+            await self._add_tool_call(event, item_id)
             return
         if item.type != "message":
             raise RequestError(
@@ -509,38 +556,53 @@ class RealtimeConnection:
                 raise RequestError("a system item holds input_text content only")
             self.settings = replace(self.settings, instructions="\n".join(texts))
             self.queue_instructions(self.settings.instructions)
-        elif item.role == "user":
+        elif item.role in ("user", "assistant"):
             if self.buffered:
                 raise RequestError(
                     "the input audio buffer holds uncommitted audio; commit or clear it "
                     "before adding an item"
                 )
-            if not texts and not audios:
-                raise RequestError("a user item needs input_text or input_audio content")
-            limit = self.state.settings.max_append_bytes
-            decoded = [decode_audio(a, self.settings.input_format, max_bytes=limit) for a in audios]
             assert self.input is not None
-            for text in texts:
-                self.input.put(Op("text", event_id=event.event_id, text=text))
-            for samples in decoded:
-                self.input.put(Op("audio", event_id=event.event_id, samples=samples))
-            self.input.put(Op("commit", event_id=event.event_id))
+            if item.role == "assistant":
+                said = self._reply_text(item)
+                self.input.put(Op("reply", event_id=event.event_id, text=said))
+                self.last_response = None  # a truncation can cut only the last reply
+            else:
+                if not texts and not audios:
+                    raise RequestError("a user item needs input_text or input_audio content")
+                limit = self.state.settings.max_append_bytes
+                decoded = [
+                    decode_audio(a, self.settings.input_format, max_bytes=limit) for a in audios
+                ]
+                for text in texts:
+                    self.input.put(Op("text", event_id=event.event_id, text=text))
+                for samples in decoded:
+                    self.input.put(Op("audio", event_id=event.event_id, samples=samples))
+                self.input.put(Op("commit", event_id=event.event_id, turn=item_id))
         else:
             raise RequestError(
-                f"items with role {item.role!r} cannot be added: the pipeline generates "
-                "assistant turns itself; add user or system items"
+                f"items with role {item.role!r} cannot be added; add user, assistant or "
+                "system items",
+                param="item.role",
             )
-        item_id = item.id or new_id("item")
         previous, self.last_item = self.last_item, item_id
         content = [
             ItemContent(type=p.type, text=p.text, transcript=p.transcript) for p in item.content
         ]
+        role: Literal["user", "assistant", "system"] = (
+            "assistant"
+            if item.role == "assistant"
+            else "system"
+            if item.role == "system"
+            else "user"
+        )
         added = ConversationItem(
             id=item_id,
-            role="system" if item.role == "system" else "user",
+            role=role,
             status="completed",
             content=content,
         )
+        self.items[item_id] = added
         await self.send_all(
             [
                 ConversationItemAdded(
@@ -552,7 +614,7 @@ class RealtimeConnection:
             ]
         )
 
-    async def _add_tool_call(self, event: ConversationItemCreate) -> None:
+    async def _add_tool_call(self, event: ConversationItemCreate, item_id: str) -> None:
         """A ``function_call`` item: an assistant turn that called a tool, given back (a
         client restoring a conversation), taken as the chat template writes it.
 
@@ -583,17 +645,19 @@ class RealtimeConnection:
         call_id = item.call_id or new_call_id()
         self.calls[call_id] = item.name
         function = {"name": item.name, "arguments": arguments}
-        message = {"content": None, "tool_calls": [{"type": "function", "function": function}]}
+        calls = json.dumps([{"type": "function", "function": function}])
         assert self.input is not None
-        self.input.put(Op("tool_calls", event_id=event.event_id, text=json.dumps(message)))
+        self.input.put(Op("reply", event_id=event.event_id, calls=calls))
+        self.last_response = None  # a truncation can cut only the last reply
         added = FunctionCallItem(
-            id=item.id or new_id("item"),
+            id=item_id,
             call_id=call_id,
             name=item.name,
             arguments=arguments,
             status="completed",
         )
         previous, self.last_item = self.last_item, added.id
+        self.items[added.id] = added
         await self.send_all(
             [
                 ConversationItemAdded(
@@ -605,7 +669,7 @@ class RealtimeConnection:
             ]
         )
 
-    async def _add_tool_result(self, event: ConversationItemCreate) -> None:
+    async def _add_tool_result(self, event: ConversationItemCreate, item_id: str) -> None:
         """A ``function_call_output`` item: the result of one of the model's calls, a
         user turn of the conversation (as the chat template renders a tool's result).
 
@@ -629,11 +693,10 @@ class RealtimeConnection:
             )
         assert self.input is not None
         self.input.put(Op("tool_result", event_id=event.event_id, text=item.output))
-        self.input.put(Op("commit", event_id=event.event_id))
-        added = FunctionCallOutputItem(
-            id=item.id or new_id("item"), call_id=item.call_id, output=item.output
-        )
+        self.input.put(Op("commit", event_id=event.event_id, turn=item_id))
+        added = FunctionCallOutputItem(id=item_id, call_id=item.call_id, output=item.output)
         previous, self.last_item = self.last_item, added.id
+        self.items[added.id] = added
         await self.send_all(
             [
                 ConversationItemAdded(
@@ -644,6 +707,46 @@ class RealtimeConnection:
                 ),
             ]
         )
+
+    def _reply_text(self, item: ItemParam) -> str:
+        """An assistant item's words: its text parts' and its audio parts' transcripts,
+        in order. The audio itself is not the model's input: its context holds the words
+        it said (a reply it generated is kept so too).
+
+        Raises:
+            RequestError: the pipeline keeps no conversation it can take a reply in, a
+                part is not an assistant's, or an audio part has no transcript.
+        """
+        if REPLY_FIELD not in self.state.pipeline.spec.entry_inputs():
+            raise RequestError(
+                "this pipeline's entry stage keeps no conversation it can be given an "
+                "assistant item in; add user or system items",
+                param="item.role",
+            )
+        words: list[str] = []
+        for j, part in enumerate(item.content):
+            if part.type in ("output_text", "text"):
+                words.append(part.text or "")
+            elif part.type in ("output_audio", "audio"):
+                if part.transcript is None:
+                    raise RequestError(
+                        "an assistant audio part needs its transcript: the model takes "
+                        "back the words it said, not audio",
+                        param=f"item.content[{j}].transcript",
+                    )
+                words.append(part.transcript)
+            else:
+                raise RequestError(
+                    f"an assistant item holds output_text or output_audio content, not "
+                    f"{part.type!r}",
+                    param=f"item.content[{j}].type",
+                )
+        if not words:
+            raise RequestError(
+                "an assistant item needs output_text or output_audio (with its transcript) content",
+                param="item.content",
+            )
+        return "".join(words)
 
     async def _truncate_item(self, event: ConversationItemTruncate) -> None:
         """``conversation.item.truncate``: cut the last reply to ``audio_end_ms``.
@@ -682,6 +785,91 @@ class RealtimeConnection:
             )
         )
 
+    async def _retrieve_item(self, event: ConversationItemRetrieve) -> None:
+        """``conversation.item.retrieve``: the item as the server holds it (audio is not
+        echoed back; an input audio item's transcript is null).
+
+        Raises:
+            RequestError: no such item in the conversation.
+        """
+        item = self.items.get(event.item_id)
+        if item is None:
+            raise RequestError(
+                f"item {event.item_id!r} is not in the conversation",
+                realtime_code="item_retrieve_invalid_item_id",
+                param="item_id",
+            )
+        await self.send(ConversationItemRetrieved(event_id=new_id("event"), item=item))
+
+    async def _delete_item(self, event: ConversationItemDelete) -> None:
+        """``conversation.item.delete``: no later response sees the item.
+
+        A user or assistant item is taken out of the conversation on every stage
+        (``Session.delete``: the stages replay the conversation without it). A system
+        item's instructions stop applying if they are still the session's.
+
+        Raises:
+            RequestError: no such item, a response in flight (the stages hold it as
+                part of the conversation: cancel it or wait for its ``response.done``;
+                the code is the one OpenAI's service gives a conflicting
+                ``response.create``), or a pipeline whose entry stage cannot rebuild its
+                conversation.
+        """
+        item_id = event.item_id
+        item = self.items.get(item_id)
+        if item is None:
+            raise RequestError(
+                f"item {item_id!r} is not in the conversation",
+                realtime_code="item_delete_invalid_item_id",
+                param="item_id",
+            )
+        if self.active is not None:
+            raise RequestError(
+                f"response {self.active.id} is in flight; cancel it or wait for its "
+                "response.done before deleting an item",
+                realtime_code="conversation_already_has_active_response",
+            )
+        if item_id in self.called:
+            raise RequestError(
+                f"item {item_id!r} is a function call of the reply in item "
+                f"{self.called[item_id]!r}, one assistant turn with it: delete that item, "
+                "which takes the reply out with its calls",
+                realtime_code="item_delete_unsupported",
+                param="item_id",
+            )
+        assert self.session is not None
+        assert self.input is not None
+        if isinstance(item, ConversationItem) and item.role == "system":
+            said = "\n".join(p.text for p in item.content if p.text)
+            if said == self.settings.instructions:
+                self.settings = replace(self.settings, instructions="")
+                self.queue_instructions("")
+        elif not self.session.deletes_turns:
+            raise RequestError(
+                "this pipeline's entry stage keeps a conversation it cannot rebuild, so "
+                "items cannot be taken out of it",
+                realtime_code="item_delete_unsupported",
+                param="item_id",
+            )
+        else:
+            self.input.put(
+                Op("delete", event_id=event.event_id, turn=self.replies.pop(item_id, item_id))
+            )
+        del self.items[item_id]
+        gone = [item_id]
+        for call, message in list(self.called.items()):
+            if message == item_id:  # the reply's calls went with it
+                del self.called[call]
+                self.items.pop(call, None)
+                gone.append(call)
+        if self.last_item in gone:
+            self.last_item = next(reversed(self.items), None)
+        if self.last_response is not None and self.last_response.item_id == item_id:
+            self.last_response = None
+        await self.send_all(
+            [ConversationItemDeleted(event_id=new_id("event"), item_id=gone_id) for gone_id in gone]
+        )
+
     # -- responses -------------------------------------------------------------------------
 
     async def _create_response(self, event: ResponseCreate) -> None:
@@ -700,31 +888,99 @@ class RealtimeConnection:
 
     async def _start_response(self, event: ResponseCreate | None, event_id: str | None) -> None:
         """Start a response (from ``response.create``, or from server VAD with no event):
-        commit the buffer, queue it on the input stream, send its opening events."""
+        queue it on the input stream, send its opening events.
+
+        The input audio buffer stays as it is, as with OpenAI's service: what of it the
+        stages have prefilled is cleared before the response and sent again after it,
+        still uncommitted.
+
+        Raises:
+            RequestError: ``response.conversation`` other than ``auto`` or ``none``,
+                ``none`` on a pipeline that cannot take its reply back out,
+                ``response.input`` (a context of its own is not supported), or
+                ``response.instructions`` on a pipeline that takes none.
+        """
         params = event.response if event is not None else None
-        settings = self.settings.for_response(params)
-        if settings.instructions != self.sent_instructions:
-            self.queue_instructions(settings.instructions)
-        if self.buffered:
-            await self._commit_buffer(None)
+        out_of_band = self._out_of_band(params)
+        settings = self.settings.for_response(params, self.voices)
+        if settings.instructions is not None and not self._takes_instructions:
+            raise RequestError(
+                "this pipeline's entry stage takes no instructions, so a response cannot "
+                "be given its own",
+                param="response.instructions",
+            )
+        assert self.input is not None
+        held = self.held if self.buffered else []
+        if held:
+            self.input.put(Op("clear"))
         stream = ResponseStream(
             new_id("resp"),
             new_id("item"),
             settings,
             source_rate=self.source_rate,
             event_id=lambda: new_id("event"),
-            conversation_id=self.conversation_id,
+            conversation_id=None if out_of_band else self.conversation_id,
             metadata=params.metadata if params is not None else None,
             tools=[t.name for t in self.settings.offered_tools] if self._takes_tools else None,
             item_ids=lambda: new_id("item"),
+            entry_stage=self.state.pipeline.spec.entry_stage,
         )
-        self.active = self.last_response = stream
+        self.active = stream
         self.streams[stream.id] = stream
-        self.last_item = stream.item_id
-        assert self.input is not None
+        opening = stream.opening()
+        if out_of_band:
+            self.out_of_band.add(stream.id)
+        else:
+            self.last_response = stream
+            self.last_item = stream.item_id
+            self.replies[stream.item_id] = stream.id
+            self._hold_items(opening, ResponseOutputItemAdded)
         self.input.put(Op("respond", event_id=event_id, stream=stream))
+        for samples in held:
+            self.input.put(Op("audio", samples=samples))
         self.log.info("session %s response %s created", self.settings.id, stream.id)
-        await self.send_all(stream.opening())
+        await self.send_all(opening)
+
+    def _out_of_band(self, params: ResponseParams | None) -> bool:
+        """Whether ``response.create`` asks for a response outside the conversation.
+
+        Raises:
+            RequestError: see :meth:`_start_response`.
+        """
+        if params is None:
+            return False
+        if params.input is not None:
+            raise RequestError(
+                "response.input is not supported: a response answers the conversation "
+                "(delete items, or use conversation: none, to change what it sees)",
+                param="response.input",
+            )
+        if params.conversation in (None, "auto"):
+            return False
+        if params.conversation != "none":
+            raise RequestError(
+                f"response.conversation must be 'auto' or 'none', got {params.conversation!r}",
+                realtime_code="invalid_value",
+                param="response.conversation",
+            )
+        assert self.session is not None
+        if not self.session.deletes_turns:
+            raise RequestError(
+                "this pipeline's entry stage keeps a conversation it cannot rebuild, so a "
+                "response cannot be kept out of it",
+                param="response.conversation",
+            )
+        return True
+
+    def _hold_items(
+        self,
+        events: list[ServerEvent],
+        kind: type[ResponseOutputItemAdded] | type[ResponseOutputItemDone],
+    ) -> None:
+        """Keep the response's output items, as ``events`` show them, in the conversation."""
+        for event in events:
+            if isinstance(event, kind) and isinstance(event.item, ConversationItem):
+                self.items[event.item.id] = event.item
 
     async def _cancel_requested(self, event: ResponseCancel) -> None:
         """``response.cancel``.
@@ -772,21 +1028,42 @@ class RealtimeConnection:
     async def _finish(
         self, stream: ResponseStream, done: PipelineResponseDone | None, error: ErrorDetail | None
     ) -> None:
-        """Send ``stream``'s closing events (from ``done``, or a failure with ``error``)."""
-        await self.send_all(stream.done(done, error))
-        status = done.status if done else "failed"
+        """Send ``stream``'s closing events (from ``done``, or a failure with ``error``),
+        then ``rate_limits.updated``; an out-of-band response's reply is taken back out
+        of the conversation on the stages."""
+        closing = stream.done(done, error)
+        if stream.id in self.out_of_band:
+            self.out_of_band.discard(stream.id)
+            if done is not None and self.input is not None:
+                self.input.put(Op("delete", turn=stream.id))
+        elif stream.item_id in self.items:
+            self._hold_items(closing, ResponseOutputItemDone)
+            for call in stream.calls:  # the reply's function calls, after its message
+                self.items[call.id] = call
+                self.called[call.id] = stream.item_id
+        await self.send_all(closing)
+        await self.send(self._rate_limits())
         if stream.failure is not None:
             status = "failed"  # a malformed tool call: stopped as a cancel, failed
         elif stream.cancel_reason:
             status = "cancelled"
-        self.state.metrics.response_done(
-            status,
-            done.metrics if done else None,
-        )
+        else:
+            status = done.status if done else "failed"
+        self.state.metrics.response_done(status, done.metrics if done else None)
         self.streams.pop(stream.id, None)
         if self.active is stream:
             self.active = None
         self.state.response_ended.set()
+
+    def _rate_limits(self) -> RateLimitsUpdated:
+        """The server's limits as they stand: its session slots (see ``RateLimit``)."""
+        limit = self.state.settings.max_sessions
+        return RateLimitsUpdated(
+            event_id=new_id("event"),
+            rate_limits=[
+                RateLimit(name="requests", limit=limit, remaining=max(0, limit - self.state.active))
+            ],
+        )
 
     async def _on_event(self, event: Event) -> None:
         """One event of the session, from the event pump."""

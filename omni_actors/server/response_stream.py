@@ -55,6 +55,7 @@ from omni_actors.protocols.realtime_server import (
 from omni_actors.server.audio_format import OutputAudio, format_rate
 from omni_actors.server.session_config import ResponseSettings, describe_format
 from omni_actors.server.tools import ToolCallReader, new_call_id
+from omni_actors.server.usage import TokenUsage, token_usage
 
 __all__ = ["CancelReason", "ResponseStream", "tool_call_error"]
 
@@ -88,11 +89,12 @@ class ResponseStream:
         settings: what the response was asked for.
         source_rate: the pipeline's output sample rate.
         event_id: makes a new ``event_id``.
-        conversation_id: the session's conversation.
+        conversation_id: the session's conversation (None: an out-of-band response).
         metadata: ``response.create``'s metadata, echoed back.
         tools: the names of the tools offered, when the pipeline takes tools (its reply
             is then read for calls); None when it takes none.
         item_ids: makes a new item's id (for the function calls).
+        entry_stage: the pipeline's entry stage, whose report counts the tokens.
     """
 
     def __init__(
@@ -103,10 +105,11 @@ class ResponseStream:
         *,
         source_rate: int,
         event_id: Callable[[], str],
-        conversation_id: str,
+        conversation_id: str | None,
         metadata: dict[str, str] | None = None,
         tools: Iterable[str] | None = None,
         item_ids: Callable[[], str] | None = None,
+        entry_stage: str = "",
     ) -> None:
         self.id = response_id
         self.item_id = item_id
@@ -126,6 +129,9 @@ class ResponseStream:
         self._item_ids = item_ids or (lambda: f"item_{new_call_id()[5:]}")
         self.calls: list[FunctionCallItem] = []  # completed, in order
         self.failure: ErrorDetail | None = None  # set by ``fail``: it ends failed
+        self._entry_stage = entry_stage
+        self._usage = TokenUsage(prompt=0, completion=0)
+        self._tokens = 0  # the reply's text deltas, tool calls' included
 
     @property
     def audio_ms(self) -> float:
@@ -176,7 +182,11 @@ class ResponseStream:
                 )
             ),
             conversation_id=self._conversation_id,
-            usage=Usage(total_tokens=len(self.text), input_tokens=0, output_tokens=len(self.text))
+            usage=Usage(
+                total_tokens=self._usage.total,
+                input_tokens=self._usage.prompt,
+                output_tokens=self._usage.completion,
+            )
             if final
             else None,
             metadata=self._metadata,
@@ -218,6 +228,7 @@ class ResponseStream:
         """
         if self.ended or self.failure is not None or not text:
             return []
+        self._tokens += 1  # one text delta is one token
         if self.reader is None:
             return self._said(text)
         events: list[ServerEvent] = []
@@ -306,6 +317,8 @@ class ResponseStream:
         a failure with ``error`` (the session ended, or the pipeline refused it)."""
         if self.ended:
             return []
+        metrics = event.metrics if event is not None else None
+        self._usage = token_usage(metrics, self._entry_stage, self._tokens)
         events: list[ServerEvent] = []
         completed = event is not None and event.status == "completed"
         if completed and self.reader is not None and self.failure is None:

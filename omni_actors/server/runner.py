@@ -110,12 +110,16 @@ async def run_server(
 
     Raises:
         OSError: the address is taken (nothing was started).
+        VoiceMapError: ``settings.voice_map`` names a voice the model does not have.
     """
     sock = _listen(settings.host, settings.port)
     try:
         spec = pipeline if pipeline is not None else settings.preset
         async with OmniPipeline(spec, max_sessions=settings.max_sessions) as omni:
             app = create_app(settings, omni)
+            # Learnt before the first client: a voice map naming a speaker the model
+            # lacks fails the start rather than a session.
+            await app.state.server.voices()
             config = uvicorn.Config(
                 app,
                 loop="none",  # the caller's loop (uvloop under ``omni-actors serve``)

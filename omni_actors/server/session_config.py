@@ -34,6 +34,7 @@ from omni_actors.protocols.realtime_server import (
 )
 from omni_actors.server.audio_format import BETA_FORMATS, AudioFormatName, format_rate
 from omni_actors.server.request_error import RequestError
+from omni_actors.server.voices import ANY_VOICE, UnknownVoiceError, VoiceMap
 
 __all__ = ["ResponseSettings", "SessionSettings", "SettingError", "VadSettings"]
 
@@ -62,14 +63,21 @@ class VadSettings:
 
 @dataclass(frozen=True, slots=True)
 class ResponseSettings:
-    """What one response is asked for: the session's settings with its overrides."""
+    """What one response is asked for: the session's settings with its overrides.
+
+    ``voice`` is the name the client set (what events show); ``speaker`` the model's
+    speaker it names (what the pipeline is asked for).
+    """
 
     modalities: tuple[Modality, ...]
     output_format: AudioFormatName
     voice: str | None
     max_tokens: int | None
     temperature: float | None
-    instructions: str
+    instructions: str | None
+    """The response's own instructions (``response.instructions``), for its reply alone;
+    None: the session's hold."""
+    speaker: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -95,8 +103,8 @@ class SessionSettings:
         """The tools the model may call now (none with ``tool_choice: "none"``)."""
         return self.tools if self.tool_choice == "auto" else ()
 
-    def updated(self, config: SessionConfig) -> SessionSettings:
-        """These settings with ``config`` applied.
+    def updated(self, config: SessionConfig, voices: VoiceMap = ANY_VOICE) -> SessionSettings:
+        """These settings with ``config`` applied; a voice must be one of ``voices``.
 
         Raises:
             SettingError: a value the server does not support (the settings are unchanged).
@@ -118,7 +126,8 @@ class SessionSettings:
         voice = audio_out.voice if audio_out is not None else None
         voice = voice or config.voice
         if voice is not None:
-            new = replace(new, voice=_voice(voice, "session.audio.output.voice"))
+            _voice(voice, "session.audio.output.voice", voices)  # shown as the client sent it
+            new = replace(new, voice=voice)
         turn_detection = config.turn_detection
         if audio_in is not None and audio_in.turn_detection is not msgspec.UNSET:
             turn_detection = audio_in.turn_detection
@@ -137,8 +146,11 @@ class SessionSettings:
             new = replace(new, tool_choice=_tool_choice(config.tool_choice, "session.tool_choice"))
         return new
 
-    def for_response(self, params: ResponseParams | None) -> ResponseSettings:
-        """The settings of a response, with ``response.create``'s overrides.
+    def for_response(
+        self, params: ResponseParams | None, voices: VoiceMap = ANY_VOICE
+    ) -> ResponseSettings:
+        """The settings of a response, with ``response.create``'s overrides; a voice
+        must be one of ``voices``, and names the speaker it maps to there.
 
         Raises:
             SettingError: an override the server does not support.
@@ -149,7 +161,10 @@ class SessionSettings:
             voice=self.voice,
             max_tokens=self.max_tokens,
             temperature=self.temperature,
-            instructions=self.instructions,
+            instructions=None,
+            speaker=None
+            if self.voice is None
+            else _voice(self.voice, "session.audio.output.voice", voices),
         )
         if params is None:
             return base
@@ -163,7 +178,7 @@ class SessionSettings:
         modalities = _first(params.output_modalities, params.modalities)
         if modalities is not None:
             base = replace(base, modalities=_modalities(modalities, "response.output_modalities"))
-        if params.instructions is not None:
+        if params.instructions and params.instructions != self.instructions:
             base = replace(base, instructions=params.instructions)
         limit: int | Literal["inf"] | None = _first(
             params.max_output_tokens, params.max_response_output_tokens
@@ -173,7 +188,8 @@ class SessionSettings:
         output: AudioOutputConfig | None = params.audio.output if params.audio else None
         voice = (output.voice if output else None) or params.voice
         if voice is not None:
-            base = replace(base, voice=_voice(voice, "response.audio.output.voice"))
+            param = "response.audio.output.voice"
+            base = replace(base, voice=_voice(voice, param), speaker=_voice(voice, param, voices))
         if output is not None and output.format is not None:
             fmt = _format(output.format, "response.audio.output.format")
             base = replace(base, output_format=fmt)
@@ -298,10 +314,14 @@ def _modalities(modalities: list[Modality], param: str) -> tuple[Modality, ...]:
     return ("audio",) if "audio" in modalities else ("text",)
 
 
-def _voice(voice: str, param: str) -> str:
+def _voice(voice: str, param: str, voices: VoiceMap = ANY_VOICE) -> str:
+    """``voice`` checked, as the speaker it names in ``voices``."""
     if not voice:
         raise SettingError("voice must be a non-empty name", param)
-    return voice
+    try:
+        return voices.speaker(voice)
+    except UnknownVoiceError as exc:
+        raise SettingError(str(exc), param) from None
 
 
 def _max_tokens(limit: int | Literal["inf"], param: str) -> int | None:

@@ -6,7 +6,8 @@ Every limit has a default a voice agent can live with and a flag of the same nam
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 
 __all__ = ["ServerSettings"]
 
@@ -35,6 +36,9 @@ class ServerSettings:
         grace_s: on SIGINT/SIGTERM, how long responses in flight may take to finish
             before the sessions are closed.
         model: the model name reported in ``session.created`` and chat completions.
+        voice_map: voice names a client may send and the model speaker each one means
+            (``alloy: ethan``), besides the default that maps every OpenAI voice name
+            (``voices.py``); a name it maps to no speaker of the model fails the start.
     """
 
     preset: str = "tiny-omni"
@@ -49,6 +53,7 @@ class ServerSettings:
     idle_timeout_s: float = 600.0
     grace_s: float = 10.0
     model: str = ""
+    voice_map: Mapping[str, str] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         for name in ("max_sessions", "max_message_bytes", "max_append_bytes"):

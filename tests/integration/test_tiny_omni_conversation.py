@@ -5,7 +5,9 @@ Each reply — text and audio, at every turn — must equal HF's end-to-end
 request (``tiny_omni_reference``): the stages keep the conversation between turns
 (the thinker its KV cache, the talker every user turn), and a barge-in (cancel, then
 truncate to what was heard) leaves every stage where the reference conversation with
-the heard part of the reply stands.
+the heard part of the reply stands. An assistant turn the caller gives is an assistant
+message of the reference conversation, and a response's own instructions a system
+message of that response's alone.
 """
 
 from __future__ import annotations
@@ -132,6 +134,44 @@ async def test_instructions_through_the_pipeline_equal_hf_generate_with_a_system
                 conversation += assistant_turn([ord(c) for c in said])
                 replies.append(said)
     assert replies[0] != plain  # the instructions were read
+
+
+async def test_an_assistant_turn_given_as_history_equals_hf_generate_with_it(
+    cache: Path, reference: Any
+) -> None:
+    """HF's talker skips earlier assistant turns: so does ours, given or generated."""
+    given = "Sure, it is sunny."
+    async with OmniPipeline(spec(cache)) as omni, omni.session() as session:
+        await session.send(text=TURNS[0])
+        await session.add_reply(given)
+        said, audio, done = await reply(session, TURNS[1])
+    assert done.status == "completed"
+    conversation = [
+        *hf_user_turn({"text": TURNS[0]}, 1)[0],
+        *assistant_turn([ord(c) for c in given]),  # byte-level tokens of printable text
+        *hf_user_turn({"text": TURNS[1]}, 1)[0],
+    ]
+    assert_like_reference(reference, conversation, said, audio)
+
+
+async def test_a_responses_own_instructions_through_the_pipeline_hold_for_it_alone(
+    cache: Path, reference: Any
+) -> None:
+    own = "You answer briefly."
+    conversation: list[int] = []
+    async with OmniPipeline(spec(cache)) as omni, omni.session() as session:
+        await session.send(text=TURNS[0])
+        response = await session.respond(voice="ethan", instructions=own)
+        events: list[Event] = [e async for e in response.events()]
+        said = "".join(e.text for e in events if isinstance(e, TextDelta))
+        audio = torch.cat([e.audio for e in events if isinstance(e, AudioDelta)])
+        conversation += hf_user_turn({"text": TURNS[0]}, 1)[0]
+        assert_like_reference(reference, [*conversation, *system_turn(own)], said, audio)
+        conversation += assistant_turn([ord(c) for c in said])  # and no system turn
+        said, audio, done = await reply(session, TURNS[1])
+        assert done.status == "completed"
+        conversation += hf_user_turn({"text": TURNS[1]}, 1)[0]
+        assert_like_reference(reference, conversation, said, audio)
 
 
 async def test_barge_in_then_truncate_leaves_every_stage_where_the_user_stopped_listening(

@@ -146,6 +146,19 @@ async def test_an_empty_reply_is_an_assistant_turn(cache_dir: Path, model: Any) 
     assert ids(out) == reference(model, [*user("Hi"), *assistant([])])
 
 
+async def test_a_replay_with_a_deleted_turn_answers_the_conversation_without_it(
+    cache_dir: Path, model: Any
+) -> None:
+    """What a deleted item leaves to replay: a reply with no user turn before it (the
+    first turn deleted), or two user turns in a row (the reply between them deleted)."""
+    async with thinker(cache_dir) as engine:
+        r1 = ids(await respond(engine, "a", HI))
+        no_first_turn = ids(await respond(engine, "b", COMMIT, reply(r1), AND))
+        no_first_reply = ids(await respond(engine, "c", HI, COMMIT, COMMIT, AND))
+    assert no_first_turn == reference(model, [*assistant(r1), *user(str(AND["text"]))])
+    assert no_first_reply == reference(model, [*user("Hi"), *user(str(AND["text"]))])
+
+
 # -- last_reply -----------------------------------------------------------------------
 
 

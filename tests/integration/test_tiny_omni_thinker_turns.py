@@ -394,3 +394,18 @@ async def test_temperature_samples_reproducibly_per_session(cache_dir: Path) -> 
     assert hot == again  # the same seed and session key draw the same reply
     assert hot != other  # another session draws from its own stream
     assert all(32 <= t <= 126 for t in hot)
+
+
+# -- usage ----------------------------------------------------------------------------
+
+
+async def test_prompt_tokens_are_the_conversation_each_reply_was_made_from(
+    cache_dir: Path,
+) -> None:
+    async with thinker(cache_dir) as engine:
+        assert engine.prompt_tokens("s") is None  # no reply yet
+        first = ids(await respond(engine, "s", {"text": "Hi"}))
+        assert engine.prompt_tokens("s") == len(user("Hi")) + len(ASSISTANT_OPENING)
+        await respond(engine, "s", {"text": "there"})
+        conversation = [*user("Hi"), *assistant(first), *user("there")]
+        assert engine.prompt_tokens("s") == len(conversation) + len(ASSISTANT_OPENING)

@@ -10,7 +10,7 @@ character as 100 samples and maps kept samples back to characters on truncate; g
 restarted speaker comes back.
 ``ReplayEcho`` is a ``TurnEcho`` that takes its replies back (``REPLY_FIELD``; each
 character is a token id, its code point), so a session can replay its conversation
-onto it after a restart.
+onto it after a restart, and takes an assistant turn the caller gives by its text.
 """
 
 from __future__ import annotations
@@ -158,10 +158,13 @@ class _Replies:
             fields = await self.inputs.__anext__()
             if fields.get(TURN_FIELD) != "reply":
                 return fields
-            ids = fields[REPLY_FIELD]
-            assert isinstance(ids, torch.Tensor)
+            ids = fields.get(REPLY_FIELD)
+            if isinstance(ids, torch.Tensor):
+                said = "".join(chr(int(i)) for i in ids)
+            else:  # a turn the caller gave by its words
+                said = str(fields["text"])
             self.engine._commit(self.c)
-            self.c.history.append("a:" + "".join(chr(int(i)) for i in ids))
+            self.c.history.append("a:" + said)
             self.c.unanswered = []
             self.engine.replayed[self.session] = self.engine.replayed.get(self.session, 0) + 1
 

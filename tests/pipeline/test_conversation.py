@@ -224,9 +224,12 @@ async def test_options_reach_the_engine_and_bad_ones_are_refused() -> None:
     async with conversation() as session:
         await session.send(text="abcdef")
         assert (await reply(session, max_tokens=2))[0] == "AB"
-        for bad in ({"max_tokens": 0}, {"temperature": -1.0}, {"voice": ""}):
+        for bad in ({"max_tokens": 0}, {"temperature": -1.0}, {"voice": ""}, {"instructions": 3}):
             with pytest.raises(InvalidRequestError):
                 await session.respond(**bad)  # type: ignore[arg-type]
+        # TurnEcho takes no instructions: a response cannot have its own.
+        with pytest.raises(InvalidRequestError, match="takes no instructions"):
+            await session.respond(instructions="be brief")
         await session.send(text="x")
         assert (await reply(session))[0] == "X"
 

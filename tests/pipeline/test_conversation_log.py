@@ -79,3 +79,47 @@ def test_an_entry_engine_without_a_conversation_has_nothing_to_replay() -> None:
     log.answered(0, reply=(1,))
     assert not log.lost
     assert list(log.replay()) == []
+
+
+def test_a_deleted_user_turn_goes_with_its_input_and_keeps_the_instructions_amid_it() -> None:
+    log = ConversationLog(1 << 20)
+    log.sent(0, {"text": "one"})
+    log.sent(0, {}, mark="commit", turn="u1")
+    log.sent(0, {"text": "two"})
+    log.sent(0, {INSTRUCTIONS_FIELD: "be brief"})
+    log.sent(0, {"text": "more"})
+    log.sent(0, {}, mark="commit", turn="u2")
+    log.sent(0, {}, end="segment")
+    log.answered(0, reply=(7,))
+    assert not log.delete_turn("nobody")
+    assert log.delete_turn("u2")
+    assert replayed(log) == [
+        ("", {"text": "one"}),
+        ("commit", {}),
+        ("", {INSTRUCTIONS_FIELD: "be brief"}),
+        ("commit", {}),
+        ("reply", (7,)),
+    ]
+    assert log.nbytes == len("one") + len("be brief") + 8
+    assert log.delete_turn("u1")
+    assert replayed(log)[0] == ("", {INSTRUCTIONS_FIELD: "be brief"})
+
+
+def test_a_deleted_reply_goes_with_the_truncations_of_it() -> None:
+    log = ConversationLog(1 << 20)
+    log.sent(0, {"text": "hi"}, end="segment")
+    log.answered(0, reply=(7, 8))
+    log.sent(1, {}, mark="truncate", kept=1)
+    log.sent(1, {"text": "again"}, end="segment")
+    log.answered(1, reply=(9,))
+    log.sent(2, {}, mark="truncate", kept=0)  # cuts the reply of segment 1: it stays
+    assert log.delete_reply(0)
+    assert not log.delete_reply(0)
+    assert replayed(log) == [
+        ("", {"text": "hi"}),
+        ("commit", {}),
+        ("", {"text": "again"}),
+        ("commit", {}),
+        ("reply", (9,)),
+        ("truncate", 0),
+    ]

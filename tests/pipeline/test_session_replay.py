@@ -161,6 +161,35 @@ async def test_a_killed_stage_costs_the_turn_in_flight_not_the_conversation(kill
         assert (await reply(session))[0] == "THIRD"
 
 
+async def test_an_assistant_turn_the_caller_adds_is_history_and_outlives_a_restart() -> None:
+    async with conversation(spec()) as (omni, session):
+        await session.send(text="hello")
+        await session.add_reply("hi, I am a model")  # commits "hello" first
+        await session.send(text="next")
+        text, samples, done = await reply(session)
+        # The added turn is a reply: only what came after it is answered.
+        assert (text, done.status) == ("NEXT", "completed"), done
+        assert samples == len("NEXT") * SAMPLES_PER_CHAR  # nothing voiced for the added one
+        kill_worker((await omni.stages())["echo"])
+
+        async def told() -> None:
+            assert session.channel.stale
+
+        await eventually(told)
+        # Replayed onto the restarted stage, the added turn with it.
+        assert await history(session) == "u:hello a:hi, I am a model u:next a:NEXT"
+
+
+async def test_an_assistant_turn_is_refused_by_an_entry_stage_that_cannot_take_one() -> None:
+    async with conversation(spec(kind="TurnEcho", process=False)) as (_, session):
+        with pytest.raises(InvalidRequestError, match="cannot take an assistant turn"):
+            await session.add_reply("hi")
+        with pytest.raises(InvalidRequestError, match="must be a str"):
+            await session.add_reply(b"hi")  # type: ignore[arg-type]
+        await session.send(text="x")  # nothing was sent: the session goes on
+        assert (await reply(session))[0] == "X"
+
+
 async def test_a_target_dying_again_while_the_reopen_waits_for_its_stage_is_waited_for() -> None:
     # Echo's prewarm names its target, the speaker: the reopen sees the speaker up, then
     # waits for echo's restart (a backoff of seconds), and meanwhile the speaker dies
@@ -424,3 +453,37 @@ async def test_a_chunk_gap_costs_the_response_not_the_conversation() -> None:
         held = echo.engine.sessions[session._key].history
         assert held == ["u:hi", "a:HI", "u:abcdef", "a:ABC"]
         assert echo.engine.replayed[session._key] == 1  # "HI" came back as a reply mark
+
+
+async def test_a_deleted_turn_or_reply_leaves_every_stage() -> None:
+    async with conversation(spec(process=False)) as (_, session):
+        assert session.deletes_turns
+        await session.send(text="one")
+        await session.commit(turn="t1")
+        _, _, first = await reply(session)
+        await session.send(text="two")
+        await session.commit(turn="t2")
+        response = await session.respond()
+        with pytest.raises(InvalidRequestError, match="in flight"):
+            await session.delete("t1")
+        async for _ in response.events():
+            pass
+        assert await session.delete("t1")
+        assert await session.delete(first.response)
+        assert not await session.delete("nobody")
+        # The stages replayed the conversation without them: no audio is left to cut.
+        with pytest.raises(InvalidRequestError, match="deleted"):
+            await session.truncate(0)
+        assert await history(session) == "u:two a:TWO"
+        await session.send(text="three")
+        text, samples, _ = await reply(session)  # the speaker goes on as before
+        assert (text, samples) == ("THREE", len(text) * SAMPLES_PER_CHAR)
+
+
+async def test_an_engine_that_cannot_replay_cannot_have_turns_deleted() -> None:
+    async with conversation(spec(kind="TurnEcho", process=False)) as (_, session):
+        assert not session.deletes_turns
+        await session.send(text="one")
+        await session.commit(turn="t1")
+        with pytest.raises(InvalidRequestError, match="cannot be deleted"):
+            await session.delete("t1")

@@ -5,6 +5,11 @@ and the user turns since its last reply joined by ``|``, then the voice asked fo
 parentheses (if any); a turn's audio shows as ``<audio:N>`` (N samples, at the
 pipeline's input rate). It honours ``max_tokens`` by cutting the reply. ``Voice``
 speaks each character as ``SAMPLES_PER_CHAR`` samples.
+
+``Transcript`` keeps a conversation and replies with all of it as it holds it: ``s:``
+for instructions, ``u:`` for a user turn, ``a:`` for a reply (one given by the caller
+with its words, one it generated as ``#n``, its n-th), then ``r:`` and the response's own
+instructions, which it follows for that reply alone.
 """
 
 from __future__ import annotations
@@ -15,7 +20,13 @@ from typing import ClassVar
 
 import torch
 
-from omni_actors.actors.engines.contract import TURN_FIELD, Fields, response_options
+from omni_actors.actors.engines.contract import (
+    INSTRUCTIONS_FIELD,
+    REPLY_FIELD,
+    TURN_FIELD,
+    Fields,
+    response_options,
+)
 
 SAMPLES_PER_CHAR = 240  # 10 ms at 24 kHz
 STEP_S = 0.002
@@ -89,3 +100,60 @@ class Voice:
         async for fields in inputs:
             for _ in str(fields.get("text", "")):
                 yield {"audio": torch.full((SAMPLES_PER_CHAR,), 0.25)}
+
+
+class Transcript:
+    inputs: ClassVar[dict[str, str]] = {
+        "text": "concat",
+        INSTRUCTIONS_FIELD: "concat",
+        TURN_FIELD: "concat",
+        REPLY_FIELD: "concat",
+    }
+    outputs: ClassVar[dict[str, str]] = {"text": "concat"}
+
+    def __init__(self, args: object) -> None:
+        self.held: dict[str, list[str]] = {}
+        self.pending: dict[str, str] = {}
+        self.replies: dict[str, int] = {}
+
+    async def start(self) -> None: ...
+    async def stop(self) -> None: ...
+
+    async def abort(self, session: str) -> None:
+        await self.release(session)
+
+    async def release(self, session: str) -> None:
+        for held in (self.held, self.pending, self.replies):
+            held.pop(session, None)
+
+    def _commit(self, session: str) -> None:
+        pending = self.pending.pop(session, "")
+        if pending:
+            self.held.setdefault(session, []).append("u:" + pending)
+
+    async def generate(self, session: str, inputs: AsyncIterator[Fields]) -> AsyncIterator[Fields]:
+        held = self.held.setdefault(session, [])
+        async for fields in inputs:
+            mark = fields.get(TURN_FIELD)
+            if mark == "commit":
+                self._commit(session)
+            elif mark == "reply":
+                self._commit(session)
+                held.append(f"a:{fields['text']}")
+            elif mark is None:
+                instructions = fields.get(INSTRUCTIONS_FIELD)
+                if isinstance(instructions, str):
+                    held.append("s:" + instructions)
+                text = fields.get("text")
+                if isinstance(text, str):
+                    self.pending[session] = self.pending.get(session, "") + text
+        self._commit(session)
+        reply = " ".join(held)
+        own = response_options(inputs).instructions
+        if own:
+            reply += " r:" + own
+        self.replies[session] = self.replies.get(session, 0) + 1
+        held.append(f"a:#{self.replies[session]}")
+        for char in reply:
+            await asyncio.sleep(STEP_S)  # stands for a decode step
+            yield {"text": char}

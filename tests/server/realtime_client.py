@@ -40,11 +40,16 @@ def b64(data: bytes) -> str:
 
 
 class RealtimeClient:
-    """One connection: ``send`` events, read them with deadlines."""
+    """One connection: ``send`` events, read them with deadlines.
+
+    A ``rate_limits.updated`` (sent after every ``response.done``) is read on the way,
+    kept in ``limits``, unless it is the event asked for.
+    """
 
     def __init__(self, ws: ClientConnection) -> None:
         self.ws = ws
         self.seen: list[dict[str, Any]] = []
+        self.limits: list[dict[str, Any]] = []
 
     async def send(self, type_: str, **fields: Any) -> None:
         await self.ws.send(json.dumps({"type": type_, **fields}))
@@ -52,15 +57,19 @@ class RealtimeClient:
     async def send_raw(self, data: str | bytes) -> None:
         await self.ws.send(data)
 
-    async def recv(self, timeout: float = DEADLINE_S) -> dict[str, Any]:
+    async def recv(self, timeout: float = DEADLINE_S, *, limits: bool = False) -> dict[str, Any]:
+        """The next event (``limits``: a ``rate_limits.updated`` too)."""
         async with asyncio.timeout(timeout):
-            event: dict[str, Any] = json.loads(await self.ws.recv())
-        self.seen.append(event)
-        return event
+            while True:
+                event: dict[str, Any] = json.loads(await self.ws.recv())
+                self.seen.append(event)
+                if limits or event["type"] != "rate_limits.updated":
+                    return event
+                self.limits.append(event)
 
     async def expect(self, type_: str, timeout: float = DEADLINE_S) -> dict[str, Any]:
         """The next event, which must be of ``type_``."""
-        event = await self.recv(timeout)
+        event = await self.recv(timeout, limits=type_ == "rate_limits.updated")
         assert event["type"] == type_, f"expected {type_}, got {event}"
         return event
 
@@ -69,7 +78,7 @@ class RealtimeClient:
         events = []
         async with asyncio.timeout(timeout):
             while True:
-                event = await self.recv(timeout)
+                event = await self.recv(timeout, limits=type_ == "rate_limits.updated")
                 events.append(event)
                 if event["type"] == type_:
                     return events
@@ -89,9 +98,11 @@ class RealtimeClient:
         await self.expect("session.updated")
 
     async def ask(self, seconds: float = 0.2, **response: Any) -> None:
-        """Turn detection off, ``seconds`` of speech, then ``response.create``."""
+        """Turn detection off, ``seconds`` of speech committed, then ``response.create``
+        (which leaves the input buffer alone)."""
         await self.no_vad()
         await self.say(speech(seconds))
+        await self.send("input_audio_buffer.commit")
         await self.send("response.create", **({"response": response} if response else {}))
 
     async def say(self, audio: bytes, frame_s: float = 0.1) -> None:

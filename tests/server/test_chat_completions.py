@@ -128,6 +128,7 @@ async def test_an_audio_reply_as_pcm16(server: RunningServer) -> None:
     status, body = await chat(server, {"messages": HELLO, **AUDIO})
     assert status == 200, body
     data = base64.b64decode(body["choices"][0]["message"]["audio"]["data"])
+    assert body["choices"][0]["message"]["audio"]["expires_at"] == body["created"] + 24 * 3600
     assert len(data) % 2 == 0
     np.testing.assert_array_equal(np.frombuffer(data, "<i2"), await pipeline_audio(server))
 
@@ -157,15 +158,63 @@ async def test_a_streamed_audio_reply_carries_pcm16_and_its_transcript(
     assert "".join(p.transcript for p in audio if p.transcript) == TEXT
     last = audio[-1]
     assert (last.data, last.transcript) == (None, None)
-    assert last.expires_at is not None
+    assert last.expires_at == chunks[0].created + 24 * 3600
     await nothing_held(server)
 
 
-async def test_unknown_fields_are_ignored(server: RunningServer) -> None:
-    body = {"messages": HELLO, "model": "m", "top_p": 0.5, "seed": 3, "user": "u", "n": 1}
-    status, reply = await chat(server, body)
-    assert status == 200, reply
-    assert reply["choices"][0]["message"]["content"] == TEXT
+async def test_parameters_at_their_neutral_values_are_taken(server: RunningServer) -> None:
+    completion = await client_of(server).chat.completions.create(
+        model="m",
+        messages=HELLO,
+        n=1,
+        top_p=1,
+        frequency_penalty=0,
+        presence_penalty=0,
+        logprobs=False,
+        logit_bias={},
+        store=False,
+        service_tier="auto",
+        response_format={"type": "text"},
+    )
+    assert completion.choices[0].message.content == TEXT
+
+
+@pytest.mark.parametrize("stream", [False, True])
+async def test_a_stop_string_ends_the_text_before_it(server: RunningServer, stream: bool) -> None:
+    # "2 t" spans two tokens ("t2 ", "t3 "): what precedes it is all the reply.
+    kwargs: dict[str, Any] = {"model": "m", "messages": HELLO, "stop": ["zz", "2 t"]}
+    client = client_of(server)
+    if stream:
+        chunks = [
+            c
+            async for c in await client.chat.completions.create(
+                **kwargs, stream=True, stream_options={"include_usage": True}
+            )
+        ]
+        text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+        reasons = [c.choices[0].finish_reason for c in chunks if c.choices]
+        usage = chunks[-1].usage
+    else:
+        completion = await client.chat.completions.create(**kwargs)
+        text = completion.choices[0].message.content or ""
+        reasons = [completion.choices[0].finish_reason]
+        usage = completion.usage
+    assert text == "t0 t1 t"
+    assert reasons[-1] == "stop"
+    assert usage is not None
+    # The engine's count: t0..t3 (the stop string ended in the 4th), and what it made
+    # before the cancel reached it.
+    assert usage.completion_tokens >= 4
+    await nothing_held(server)
+
+
+async def test_a_stop_string_never_met_holds_nothing_back(server: RunningServer) -> None:
+    # The reply ends with "t31 ", the start of the stop string: held, then handed out.
+    completion = await client_of(server).chat.completions.create(
+        model="m", messages=HELLO, stop="t31 x"
+    )
+    assert completion.choices[0].message.content == TEXT
+    assert completion.choices[0].finish_reason == "stop"
 
 
 async def test_system_messages_are_ignored_by_an_entry_stage_without_instructions(
@@ -221,6 +270,24 @@ BAD: list[tuple[str, bytes | dict[str, Any], str | None, str]] = [
     ("zero tokens", {"messages": HELLO, "max_completion_tokens": 0}, "max_completion_tokens",
      "invalid_value"),
     ("two replies", {"messages": HELLO, "n": 2}, "n", "invalid_value"),
+    ("logprobs", {"messages": HELLO, "logprobs": True}, "logprobs", "unsupported_parameter"),
+    ("top_logprobs", {"messages": HELLO, "top_logprobs": 2}, "top_logprobs",
+     "unsupported_parameter"),
+    ("a seed", {"messages": HELLO, "seed": 3}, "seed", "unsupported_parameter"),
+    ("top_p", {"messages": HELLO, "top_p": 0.5}, "top_p", "unsupported_parameter"),
+    ("a penalty", {"messages": HELLO, "presence_penalty": 1}, "presence_penalty",
+     "unsupported_parameter"),
+    ("store", {"messages": HELLO, "store": True}, "store", "unsupported_parameter"),
+    ("JSON mode", {"messages": HELLO, "response_format": {"type": "json_object"}},
+     "response_format", "unsupported_value"),
+    ("a JSON schema", {"messages": HELLO, "response_format": {
+        "type": "json_schema", "json_schema": {"name": "x", "schema": {}}}},
+     "response_format", "unsupported_value"),
+    ("an unknown parameter", {"messages": HELLO, "user": "u"}, "user", "unknown_parameter"),
+    ("stop on a voiced reply", {"messages": HELLO, **AUDIO, "stop": "t3"}, "stop",
+     "unsupported_parameter"),
+    ("five stop strings", {"messages": HELLO, "stop": ["a", "b", "c", "d", "e"]}, "stop",
+     "invalid_value"),
 ]  # fmt: skip
 
 

@@ -1,5 +1,6 @@
 """What a chat completion's messages become in the pipeline: instructions, one turn per
-user message, audio parts, and the token limit (``chat_engines.Echo`` shows it all)."""
+user message, audio parts, and the token limit (``chat_engines.Echo`` shows it all), and
+earlier replies (``chat_engines.Transcript`` shows the conversation it holds)."""
 
 from __future__ import annotations
 
@@ -11,9 +12,11 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 import numpy as np
+import pytest
 import pytest_asyncio
 from chat_engines import SAMPLES_PER_CHAR
 from http_client import post
+from openai import AsyncOpenAI
 
 from omni_actors.pipeline.spec.pipeline import PipelineSpec
 from omni_actors.server.runner import RunningServer, run_server
@@ -127,3 +130,105 @@ async def test_an_audio_reply_voices_the_whole_reply_in_the_voice_asked_for(
     voiced = choice["message"]["audio"]
     assert voiced["transcript"] == "hello(alloy)"  # the voice reached the pipeline
     assert len(base64.b64decode(voiced["data"])) == 2 * len("hello(alloy)") * SAMPLES_PER_CHAR
+
+
+# -- earlier replies -------------------------------------------------------------------
+
+TRANSCRIPT = PipelineSpec.model_validate(
+    {
+        "name": "transcript",
+        "stages": [
+            {"name": "transcript", "engine": {"kind": "chat_engines:Transcript"}},
+            {"name": "voice", "engine": {"kind": "chat_engines:Voice"}},
+        ],
+        "edges": [{"from": "transcript", "to": "voice"}],
+        "outputs": {"text": "transcript", "audio": "voice", "sample_rate": 24_000},
+        "deadlines": {"idle_s": 30.0, "inter_chunk_s": 10.0},
+    }
+)
+
+
+@pytest_asyncio.fixture
+async def transcript() -> AsyncIterator[RunningServer]:
+    async with run_server(ServerSettings(port=0), pipeline=TRANSCRIPT) as running:
+        yield running
+
+
+def openai_client(server: RunningServer) -> AsyncOpenAI:
+    return AsyncOpenAI(base_url=server.url + "/v1", api_key="unused", max_retries=0, timeout=20)
+
+
+async def test_a_multi_turn_history_with_assistant_messages_is_the_conversation(
+    transcript: RunningServer,
+) -> None:
+    client = openai_client(transcript)
+    completion = await client.chat.completions.create(
+        model="m",
+        messages=[
+            {"role": "system", "content": "Be brief."},
+            {"role": "assistant", "content": "Hello! Ask me anything."},  # before any user
+            {"role": "user", "content": "hello"},
+            {"role": "assistant", "content": "hi, how can I help?"},
+            {"role": "user", "content": "a joke"},
+            {"role": "assistant", "content": [{"type": "text", "text": "no"}]},
+            {"role": "user", "content": "please"},
+        ],
+    )
+    said = completion.choices[0].message.content
+    expected = "a:Hello! Ask me anything. u:hello a:hi, how can I help? u:a joke a:no u:please"
+    assert said == f"s:Be brief. {expected}"
+
+
+async def test_a_voiced_reply_appended_as_it_came_is_taken_by_its_transcript(
+    transcript: RunningServer,
+) -> None:
+    client = openai_client(transcript)
+    messages: list[Any] = [{"role": "user", "content": "hello"}]
+    first = await client.chat.completions.create(
+        model="m", messages=messages, modalities=["text", "audio"],
+        audio={"voice": "alloy", "format": "pcm16"},
+    )  # fmt: skip
+    message = first.choices[0].message
+    assert message.content is None
+    assert message.audio is not None
+    heard = message.audio.transcript
+    assert heard == "u:hello"
+    # What clients do: the reply message as it came (audio id, data and transcript).
+    messages += [message.model_dump(exclude_none=True), {"role": "user", "content": "more"}]
+    second = await client.chat.completions.create(model="m", messages=messages)
+    assert second.choices[0].message.content == f"u:hello a:{heard} u:more"
+
+
+REFUSED: list[tuple[str, dict[str, Any], str, str]] = [
+    ("an audio id alone", {"role": "assistant", "audio": {"id": "audio_abc"}},
+     "messages[1].audio", "unsupported_value"),
+    ("no content", {"role": "assistant"}, "messages[1].content", "missing_required_parameter"),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("message", "param", "code"), [r[1:] for r in REFUSED], ids=[r[0] for r in REFUSED]
+)
+async def test_an_assistant_message_without_its_words_is_refused_by_name(
+    transcript: RunningServer, message: dict[str, Any], param: str, code: str
+) -> None:
+    body = {"messages": [{"role": "user", "content": "hello"}, message]}
+    status, answer = await post(transcript.url + "/v1/chat/completions", body)
+    assert status == 400, answer
+    assert (answer["error"]["param"], answer["error"]["code"]) == (param, code)
+    assert "content" in answer["error"]["message"]
+
+
+async def test_an_entry_stage_keeping_no_conversation_refuses_assistant_messages(
+    echo: RunningServer,
+) -> None:
+    body = {
+        "messages": [{"role": "user", "content": "hello"}, {"role": "assistant", "content": "x"}]
+    }
+    status, answer = await post(echo.url + "/v1/chat/completions", body)
+    assert status == 400, answer
+    assert (answer["error"]["param"], answer["error"]["code"]) == (
+        "messages[1]",
+        "unsupported_message",
+    )
+    assert "earlier reply" in answer["error"]["message"]

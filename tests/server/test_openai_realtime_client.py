@@ -52,6 +52,7 @@ async def test_the_openai_realtime_client_holds_a_conversation(server: RunningSe
 
         # A second turn, cancelled after its first audio.
         await conn.input_audio_buffer.append(audio=base64.b64encode(speech(0.2)).decode())
+        await conn.input_audio_buffer.commit()
         await conn.response.create()
         async for event in conn:
             if event.type == "response.output_audio.delta":

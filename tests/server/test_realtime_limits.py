@@ -4,6 +4,7 @@ timeout, the input buffer cap, a client that vanishes, and a graceful shutdown."
 from __future__ import annotations
 
 import asyncio
+import json
 
 import pytest
 import websockets
@@ -21,17 +22,38 @@ def _settings(**changes: object) -> ServerSettings:
     return ServerSettings(preset="scripted-omni", port=0, **changes)  # type: ignore[arg-type]
 
 
+def _error(refused: InvalidStatus) -> dict[str, object]:
+    """The OpenAI-shaped error body of a refused handshake."""
+    response = refused.response
+    assert response.headers["content-type"] == "application/json"
+    assert response.body is not None
+    body = json.loads(response.body)
+    assert set(body) == {"error"}
+    assert set(body["error"]) == {"message", "type", "code", "param"}
+    error: dict[str, object] = body["error"]
+    return error
+
+
 async def test_the_api_key_is_checked_at_the_handshake() -> None:
     async with run_server(_settings(api_key=KEY)) as server:
         with pytest.raises(InvalidStatus) as refused:
             async with websockets.connect(server.ws_url):
                 pass
-        assert refused.value.response.status_code == 403
-        with pytest.raises(InvalidStatus):
+        assert refused.value.response.status_code == 401
+        assert _error(refused.value)["code"] == "invalid_api_key"
+        with pytest.raises(InvalidStatus) as refused:
             async with websockets.connect(
                 server.ws_url, additional_headers={"Authorization": "Bearer wrong"}
             ):
                 pass
+        assert refused.value.response.status_code == 401
+        error = _error(refused.value)
+        assert (error["type"], error["code"], error["param"]) == (
+            "invalid_request_error",
+            "invalid_api_key",
+            None,
+        )
+        assert "API key" in error["message"]
         async with connect(
             server.ws_url, additional_headers={"Authorization": f"Bearer {KEY}"}
         ) as client:
@@ -54,6 +76,9 @@ async def test_only_allowed_origins_may_connect() -> None:
             async with websockets.connect(server.ws_url, origin="https://evil.example"):
                 pass
         assert refused.value.response.status_code == 403
+        error = _error(refused.value)
+        assert (error["type"], error["code"]) == ("invalid_request_error", "origin_not_allowed")
+        assert "https://evil.example" in error["message"]
 
 
 async def test_one_session_too_many_gets_busy_not_a_hang() -> None:

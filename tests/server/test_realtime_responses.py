@@ -115,7 +115,7 @@ async def test_a_second_response_while_one_is_in_flight_is_refused(
     server: RunningServer,
 ) -> None:
     async with connect(server.ws_url) as client:
-        await client.ask(0.1)  # commits the buffer first
+        await client.ask(0.1)
         await client.until("response.created")
         await client.send("response.create", event_id="again")
         events = await client.until("error")

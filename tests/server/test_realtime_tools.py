@@ -32,7 +32,8 @@ def _client(server: RunningServer) -> AsyncOpenAI:
 
 
 async def _until_done(conn: Any) -> tuple[list[Any], bytes, str]:
-    """The events of one response up to ``response.done``, its audio and transcript."""
+    """The events of one response up to ``response.done``, its audio and transcript
+    (the ``rate_limits.updated`` that follows ``response.done`` is read too)."""
     events: list[Any] = []
     audio = bytearray()
     transcript = ""
@@ -44,6 +45,7 @@ async def _until_done(conn: Any) -> tuple[list[Any], bytes, str]:
             transcript += event.delta
         elif event.type == "response.done":
             break
+    assert (await conn.recv()).type == "rate_limits.updated"
     return events, bytes(audio), transcript
 
 
@@ -265,3 +267,31 @@ async def test_a_call_given_back_reaches_the_model_and_can_be_answered(
         error = await conn.recv()
         assert error.type == "error"
         assert error.error.param == "item.arguments"
+
+
+async def test_function_call_items_are_held_as_items(weather: RunningServer) -> None:
+    async with _client(weather).realtime.connect(model="weather") as conn:
+        await _session(conn, tools=[TOOL])
+        await _ask(conn, "weather in Paris?")
+        events, _, _ = await _until_done(conn)
+        message, made = events[-1].response.output
+        await conn.send({"type": "conversation.item.retrieve", "item_id": made.id})
+        retrieved = await conn.recv()
+        assert retrieved.type == "conversation.item.retrieved", retrieved
+        assert (retrieved.item.type, retrieved.item.call_id) == ("function_call", made.call_id)
+        assert json.loads(retrieved.item.arguments) == {"city": "Paris"}
+        # The call is part of its reply's assistant turn: it goes with the message only.
+        await conn.send({"type": "conversation.item.delete", "item_id": made.id})
+        refused = await conn.recv()
+        assert refused.type == "error"
+        assert refused.error.code == "item_delete_unsupported"
+        assert message.id in refused.error.message
+
+        output = {"type": "function_call_output", "call_id": made.call_id, "output": "sunny"}
+        await conn.conversation.item.create(item=output)
+        added = await conn.recv()
+        assert (await conn.recv()).type == "conversation.item.done"
+        await conn.send({"type": "conversation.item.retrieve", "item_id": added.item.id})
+        retrieved = await conn.recv()
+        assert retrieved.type == "conversation.item.retrieved", retrieved
+        assert (retrieved.item.type, retrieved.item.output) == ("function_call_output", "sunny")

@@ -1,17 +1,20 @@
 """The realtime server on tiny-omni: what a client hears over the websocket is what the
-library's ``Session`` makes of the same instructions and audio, and barge-in cancels a
-real reply."""
+library's ``Session`` makes of the same instructions and audio, barge-in cancels a
+real reply, and an OpenAI voice name speaks as the speaker it maps to."""
 
 from __future__ import annotations
 
 import base64
+from typing import Any
 
 import numpy as np
+import openai
 import pytest
 
 pytest.importorskip("transformers")
 
 import torch
+from openai import AsyncOpenAI
 from realtime_client import b64, connect, silence, speech
 
 from omni_actors.actors.engines.contract import INSTRUCTIONS_FIELD
@@ -100,3 +103,41 @@ async def test_the_server_says_what_the_library_says_and_barge_in_cancels(
     expected = (audio.clamp(-1, 1) * 32768).round().clamp(-32768, 32767).to(torch.int32)
     assert ours.numel() == expected.numel()
     assert (ours - expected).abs().max() <= 1  # PCM16 quantisation only
+
+
+async def test_an_openai_voice_and_usage_on_tiny_omni(spec: PipelineSpec) -> None:
+    """The real talker's speakers are learnt from the pipeline: an OpenAI voice speaks
+    as the speaker it maps to, an unknown one is a 400, and usage is the thinker's."""
+    async with run_server(ServerSettings(port=0), pipeline=spec) as server:
+        voices = await server.state.voices()
+        assert voices.speakers == ("aiden", "chelsie", "ethan")  # the release's
+        client = AsyncOpenAI(
+            base_url=server.url + "/v1", api_key="unused", max_retries=0, timeout=120
+        )
+
+        async def ask(voice: str, messages: list[Any]) -> tuple[bytes, Any]:
+            completion = await client.chat.completions.create(
+                model="tiny-omni",
+                messages=messages,
+                modalities=["text", "audio"],
+                audio={"voice": voice, "format": "pcm16"},  # type: ignore[typeddict-item]
+            )
+            audio = completion.choices[0].message.audio
+            assert audio is not None
+            return base64.b64decode(audio.data), completion.usage
+
+        hello = [{"role": "user", "content": "hello"}]
+        alloy, usage = await ask("alloy", hello)
+        assert alloy
+        speaker, _ = await ask(voices.speaker("alloy"), hello)
+        assert alloy == speaker  # the same speaker, the same (greedy) speech
+        assert usage.prompt_tokens > 0
+        assert usage.completion_tokens > 0
+        assert usage.total_tokens == usage.prompt_tokens + usage.completion_tokens
+        _, instructed = await ask("alloy", [{"role": "system", "content": INSTRUCTIONS}, *hello])
+        assert instructed.prompt_tokens > usage.prompt_tokens  # the system turn counts
+
+        with pytest.raises(openai.BadRequestError) as refused:
+            await ask("bogus", hello)
+        assert isinstance(refused.value.body, dict)
+        assert refused.value.body["param"] == "audio.voice"

@@ -100,7 +100,8 @@ async def both(
     **options: Any,
 ) -> dict[str, Any]:
     """Run ``items`` on both thinkers; equal outputs (the talker's rows within
-    ``rows_atol``: hidden states at audio positions come from two attention kernels)."""
+    ``rows_atol``: hidden states at audio positions come from two attention kernels) and
+    prompt tokens."""
     vllm, torch_thinker = engines
     got = await respond(vllm, session, list(items), **options)
     want = await respond(torch_thinker, session, list(items), **options)
@@ -113,6 +114,8 @@ async def both(
             torch.testing.assert_close(got[field], want[field], atol=rows_atol, rtol=0)
         else:
             assert torch.equal(got[field], want[field]), field
+    # The context each reply came from, as each engine counts it (audio as expanded).
+    assert vllm.prompt_tokens(session) == torch_thinker.prompt_tokens(session)
     return got
 
 

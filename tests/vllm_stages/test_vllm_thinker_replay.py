@@ -36,6 +36,7 @@ from omni_actors.actors.engines.contract import (
     REPLY_FIELD,
     TURN_FIELD,
     Fields,
+    ResponseOptions,
 )
 from omni_actors.actors.engines.qwen3_omni.thinker_engine import ThinkerEngine
 from omni_actors.actors.engines.thinker_ports import THINKER_INPUTS
@@ -153,6 +154,49 @@ async def test_an_empty_reply_mark_is_an_assistant_turn_as_on_torch(engines: Any
     want = await respond(torch_thinker, "e", HI, COMMIT, reply([]))
     assert ids(got) == ids(want)
     assert torch.equal(user_rows(got), user_rows(want))
+
+
+async def test_an_assistant_turn_given_by_its_words_is_its_encoded_ids(engines: Any) -> None:
+    vllm, torch_thinker = engines
+    words = "Sure, here it is."
+    encoded = vllm.tokenizer.encode(words, add_special_tokens=False)
+    given = await respond(vllm, "w", HI, {TURN_FIELD: "reply", "text": words}, AND)
+    as_ids = await respond(vllm, "i", HI, COMMIT, reply(encoded), AND)
+    assert ids(given) == ids(as_ids)
+    assert token_list(vllm, "w") == token_list(vllm, "i")
+    assert torch.equal(user_rows(given), user_rows(as_ids))
+    on_torch = await respond(torch_thinker, "w", HI, {TURN_FIELD: "reply", "text": words}, AND)
+    assert ids(on_torch) == ids(given)
+
+
+class _Options:
+    """A response's input with its options, as a stage hands it to the engine."""
+
+    def __init__(self, steps: list[Fields], options: ResponseOptions) -> None:
+        self.options = options
+        self._items = items(steps)
+
+    def __aiter__(self) -> _Options:
+        return self
+
+    async def __anext__(self) -> Fields:
+        return await anext(self._items)
+
+
+async def test_a_responses_own_instructions_hold_for_its_reply_alone(engines: Any) -> None:
+    vllm, torch_thinker = engines
+    own = ResponseOptions(instructions="Answer in one word.")
+    first = [out async for out in vllm.generate("own", _Options([HI], own))]
+    r1 = ids(first)
+    assert vllm.last_reply("own") == tuple(r1)
+    second = await respond(vllm, "own", AND)
+    plain = await respond(vllm, "plain", HI, COMMIT, reply(r1), AND)
+    assert ids(second) == ids(plain)
+    assert token_list(vllm, "own") == token_list(vllm, "plain")  # no system turn left
+    assert torch.equal(user_rows(first + second), user_rows(plain))
+    # tiny-omni's torch thinker follows them to the same reply.
+    on_torch = [out async for out in torch_thinker.generate("own", _Options([HI], own))]
+    assert ids(on_torch) == r1
 
 
 # -- last_reply -----------------------------------------------------------------------

@@ -41,8 +41,13 @@ Tools (``TOOLS_FIELD``) are the instructions' companions: the system turn is ren
 from the last of each by the release's chat template (:class:`~..tool_template.ToolTemplate`,
 Qwen's ``# Tools`` block), and set as instructions are. A tool's result
 (``TOOL_RESULT_FIELD``) joins the open user turn as the template writes a ``tool``
-message there, and an assistant turn that called tools (``TOOL_CALLS_FIELD``) is taken
-as a ``reply`` mark's tokens are, written by the template.
+message there, and a ``reply`` mark giving back a turn that called tools
+(``TOOL_CALLS_FIELD``) is taken as the template writes that turn.
+
+A response's own instructions (``ResponseOptions.instructions``) are a system turn fed
+right before its reply; once the reply is kept, the cache is cropped back to where they
+were fed and the reply's tokens are fed again there, as a ``reply`` mark feeds them (one
+forward), so later turns see the reply and not them.
 
 Tokens are greedy unless a response asks for a temperature (see ``sampling``).
 
@@ -202,6 +207,15 @@ class ThinkerEngine(BatchedTorchEngine[Conversation, DecodeStep, Token]):
         """
         conversation = self._sessions.get(session)
         return None if conversation is None else conversation.decoded
+
+    def prompt_tokens(self, session: str) -> int | None:
+        """The tokens the reply of ``session``'s last ``generate`` was decoded after
+        (the conversation so far and the reply's opening: its prompt); None when
+        :meth:`last_reply` is None."""
+        conversation = self._sessions.get(session)
+        if conversation is None or conversation.decoded is None or conversation.reply is None:
+            return None
+        return conversation.reply.start
 
     # -- the engine protocol --------------------------------------------------------------
 
@@ -378,6 +392,24 @@ class _Response(Response[Checkpoint]):
 
     def tool_calls_turn(self, message: torch.Tensor | str) -> tuple[int, ...]:
         return self.engine.tools.tool_calls_turn(_text(TOOL_CALLS_FIELD, message))
+
+    def encode(self, text: str) -> list[int]:
+        return self.vocabulary.encode(text)
+
+    async def instruct_reply(self, instructions: str) -> None:
+        system = _system_turn(self.vocabulary, instructions)
+        await self.engine.call(self.model.instruct, self.conversation, system)
+
+    async def drop_instructions(self, before: Checkpoint) -> None:
+        conversation = self.conversation
+        reply = conversation.reply if self.decoding else None
+        generator = conversation.generator
+        rng = None if generator is None else generator.get_state()
+        conversation.restore(before)
+        if generator is not None and rng is not None:
+            generator.set_state(rng)  # the next sampled reply goes on from this one
+        if reply is not None:
+            await self.engine.call(self.model.take_reply, conversation, reply.tokens)
 
     async def _close(self, turn: UserTurn) -> Fields | None:
         """Commit ``turn`` (nothing if it is not open); its rows as an output."""

@@ -27,7 +27,12 @@ blocks it still holds.
 **Replay.** A ``reply`` mark's tokens are appended as a decoded reply leaves the list,
 and prefilled with what follows, so a ``truncate`` replayed after it cuts tokens vLLM
 never held (no reopen). :meth:`VllmThinkerEngine.last_reply` tells
-the session each reply decoded, to replay it later.
+the session each reply decoded, to replay it later. A mark that gives the turn by its
+words is tokenized first, as user text is.
+
+**A response's own instructions** are a system turn appended before its reply; once the
+reply is kept, the list is cut back to where they were appended and the reply appended
+again as a ``reply`` mark's, and the request holding them ends (a rollback).
 
 **Text in, rows out.** Text is tokenized with the model's tokenizer and turns are framed
 by its chat template (:class:`~.turns.TurnTemplate`). The talker's inputs for text
@@ -214,6 +219,15 @@ class VllmThinkerEngine:
         """
         state = self._sessions.get(session)
         return None if state is None else state.decoded
+
+    def prompt_tokens(self, session: str) -> int | None:
+        """The tokens the reply of ``session``'s last ``generate`` was decoded after
+        (the token list so far, each clip as vLLM expands it: its prompt); None when
+        :meth:`last_reply` is None."""
+        state = self._sessions.get(session)
+        if state is None or state.decoded is None or state.history.reply is None:
+            return None
+        return state.history.reply.start
 
     # -- the engine protocol ---------------------------------------------------------------
 
@@ -445,6 +459,19 @@ class _Response(Response[Mark]):
 
     async def take_reply(self, tokens: tuple[int, ...]) -> None:
         self.history.take_reply(tokens, self.turns)
+
+    def encode(self, text: str) -> list[int]:
+        return self.engine._encode(text)
+
+    async def instruct_reply(self, instructions: str) -> None:
+        self.history.instruct(self.engine._system_turn(instructions))  # no turn is open
+
+    async def drop_instructions(self, before: Mark) -> None:
+        reply = self.history.reply if self.decoding else None
+        self.history.restore(before)
+        if reply is not None:
+            self.history.take_reply(reply.tokens, self.turns)
+        self.engine._resync(self.state)  # the request holding them ends
 
     def refused(self, error: TurnMarkError) -> Exception:
         return VllmInputError(str(error))

@@ -159,6 +159,20 @@ class Talk(Response[Mark]):
         assert isinstance(message, str)
         return (len(message),)  # the fake's "rendering": one token, the text's length
 
+    def encode(self, text: str) -> list[int]:
+        return [int(word) for word in text.split()]  # this engine's words are numbers
+
+    async def instruct_reply(self, instructions: str) -> None:
+        self.chat.tokens += ["<sys>", instructions, "</sys>"]
+
+    async def drop_instructions(self, before: Mark) -> None:
+        said = self.chat.reply if self.decoding else None
+        self.chat.restore(before)
+        if said is not None:
+            self._open()
+            self.chat.tokens += [*said.words, "</a>"]
+            self.chat.reply = Said(len(self.chat.tokens) - len(said.words) - 1, said.words)
+
     def refused(self, error: TurnMarkError) -> Exception:
         return WordError(str(error)) if self.engine.retype else error
 
@@ -225,16 +239,24 @@ class Words:
         assert chat.signal is not None
         chat.signal.abort()
 
-    async def respond(self, *items: Fields) -> list[Fields]:
-        return [out async for out in self.generate(Inputs(items))]
+    async def respond(self, *items: Fields, options: ResponseOptions | None = None) -> list[Fields]:
+        return [out async for out in self.generate(Inputs(items, options=options))]
 
 
 class Inputs:
     """A response's input: ``items``, then (if ``hold``) nothing until it is ended."""
 
-    def __init__(self, items: Iterable[Fields] = (), *, hold: bool = False) -> None:
+    def __init__(
+        self,
+        items: Iterable[Fields] = (),
+        *,
+        hold: bool = False,
+        options: ResponseOptions | None = None,
+    ) -> None:
         self.queue: asyncio.Queue[Fields | None] = asyncio.Queue()
         self.output_overdue = False  # as a stage's input says when it cancels a reply
+        if options is not None:
+            self.options = options  # as a stage's input carries them
         for item in items:
             self.queue.put_nowait(item)
         if not hold:
@@ -287,11 +309,69 @@ async def test_tools_are_set_as_instructions_are() -> None:
     assert engine.chat.tokens == ["<tools>", "[t]", "</tools>", *TURN, *ANSWER]
 
 
-async def test_an_assistant_turn_with_calls_is_taken_as_a_reply_mark() -> None:
+async def test_a_reply_mark_may_give_a_turn_that_called_tools() -> None:
     engine = Words()
-    outputs = await engine.respond(say("hi"), {TOOL_CALLS_FIELD: "call"}, say("no"), CLEAR)
+    called: Fields = {TURN_FIELD: "reply", TOOL_CALLS_FIELD: "call"}
+    outputs = await engine.respond(say("hi"), called, say("no"), CLEAR)
     assert outputs[0] == {"user": "<user> hi </user>"}
     assert engine.chat.tokens == [*TURN, "<a>", "4", "</a>", *ANSWER]
+    # Without the mark, the field is plain input: no assistant turn is taken.
+    plain = Words()
+    await plain.respond(say("hi"), {TOOL_CALLS_FIELD: "call"})
+    assert plain.chat.tokens == [*TURN, *ANSWER]
+
+
+async def test_a_reply_mark_may_give_the_turn_by_its_text() -> None:
+    engine = Words()
+    await engine.respond(say("hi"), {TURN_FIELD: "reply", "text": "5 6"})
+    assert engine.chat.tokens == [*TURN, "<a>", "5", "6", "</a>", *ANSWER]
+    with pytest.raises(TurnMarkError, match=r"^a reply mark's token ids must be in \[0, 100\)"):
+        await engine.respond({TURN_FIELD: "reply", "text": "100"})
+
+
+OWN = ResponseOptions(instructions="be brief")
+
+
+async def test_a_responses_own_instructions_hold_for_its_reply_alone() -> None:
+    engine = Words()
+    seen: list[str] = []
+    outputs = []
+    async for out in engine.generate(Inputs([say("hi")], options=OWN)):
+        outputs.append(out)
+        if "text" in out and not seen:
+            seen = list(engine.chat.tokens)  # what the reply follows
+    assert outputs[0] == {"user": "<user> hi </user>"}
+    assert words(outputs) == ["fine", "thanks"]
+    assert seen == [*TURN, "<sys>", "be brief", "</sys>", "<a>", "fine"]
+    # Kept without them: as a conversation that never had them holds it.
+    assert engine.chat.tokens == [*TURN, *ANSWER]
+    assert engine.chat.reply == Said(4, ("fine", "thanks"))
+    assert engine.chat.decoded == ("fine", "thanks")  # the reply the session stores
+    await engine.respond(truncate(1))  # the reply is the conversation's last
+    assert engine.chat.tokens == [*TURN, "<a>", "fine", "</a>", *ANSWER]
+
+
+async def test_a_responses_own_instructions_leave_the_conversations_own() -> None:
+    engine = Words()
+    await engine.respond({INSTRUCTIONS_FIELD: "always"}, say("hi"), options=OWN)
+    assert engine.chat.tokens == ["<sys>", "always", "</sys>", *TURN, *ANSWER]
+
+
+async def test_a_cancelled_reply_under_its_own_instructions_keeps_what_was_said() -> None:
+    engine = Words(["one", "two", "three"])
+    outputs = engine.generate(Inputs([say("hi")], options=OWN))
+    assert "user" in await anext(outputs)
+    assert await anext(outputs) == {"text": "one"}
+    await outputs.aclose()
+    assert engine.chat.tokens == [*TURN, "<a>", "one", "</a>"]
+
+
+async def test_a_failed_reply_under_its_own_instructions_rolls_them_back() -> None:
+    engine = Words()
+    engine.fail_at = 1
+    with pytest.raises(RuntimeError):
+        await engine.respond(say("hi"), options=OWN)
+    assert engine.chat.tokens == []
 
 
 async def test_truncating_a_reply_from_before_the_response_moves_its_start() -> None:
