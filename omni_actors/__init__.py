@@ -61,6 +61,8 @@ if TYPE_CHECKING:
         SessionError,
         SessionMetrics,
         TextDelta,
+        TranscriptDone,
+        TranscriptFailed,
     )
 
 _LAZY = {
@@ -76,6 +78,8 @@ _LAZY = {
     "SessionError": "omni_actors.protocols.events",
     "SessionMetrics": "omni_actors.protocols.events",
     "TextDelta": "omni_actors.protocols.events",
+    "TranscriptDone": "omni_actors.protocols.events",
+    "TranscriptFailed": "omni_actors.protocols.events",
 }
 
 
@@ -111,6 +115,8 @@ __all__ = [
     "SessionError",
     "SessionMetrics",
     "TextDelta",
+    "TranscriptDone",
+    "TranscriptFailed",
     "Actor",
     "ActorContext",
     "ActorNameTakenError",

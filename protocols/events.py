@@ -7,6 +7,12 @@ exactly one :class:`ResponseDone`, whose ``status`` says whether the reply
 ``completed``, was ``cancelled`` (barge-in) or ``failed`` (the session stays open).
 Every event's ``session`` is the id the caller chose (or was given) for the session; the
 deltas and ``ResponseDone`` also name their ``response``.
+
+A session that transcribes what its caller says (``Session.transcribe``) also gets, per
+user turn, :class:`TranscriptDone` or :class:`TranscriptFailed`, naming the turn by the
+``item`` its caller gave it on ``commit``. They come from the transcriber, a stage off
+the reply's path, as soon as each turn is transcribed: they belong to no response, and
+a transcript that fails fails alone.
 """
 
 from __future__ import annotations
@@ -32,6 +38,8 @@ __all__ = [
     "SessionMetrics",
     "TextDelta",
     "TERMINAL",
+    "TranscriptDone",
+    "TranscriptFailed",
 ]
 
 
@@ -98,6 +106,29 @@ class AudioDelta(msgspec.Struct, tag="audio_delta", frozen=True, kw_only=True):
     response: str = ""
 
 
+class TranscriptDone(msgspec.Struct, tag="transcript_done", frozen=True, kw_only=True):
+    """The transcript of the user turn ``item`` (what the caller said in it)."""
+
+    session: str
+    item: str
+    transcript: str
+
+
+class TranscriptFailed(msgspec.Struct, tag="transcript_failed", frozen=True, kw_only=True):
+    """The user turn ``item`` could not be transcribed; ``item`` "" means every turn not
+    transcribed yet (the transcriber failed; the session and its replies go on).
+
+    Attributes:
+        code: what kind of failure (as in ``SessionError``).
+        message: what happened.
+    """
+
+    session: str
+    item: str
+    code: ErrorCode
+    message: str
+
+
 ResponseStatus = Literal["completed", "cancelled", "failed"]
 """How a response ended: it ran to its end, the caller cancelled it, or it failed."""
 
@@ -156,7 +187,16 @@ class Aborted(msgspec.Struct, tag="aborted", frozen=True, kw_only=True):
     reason: str
 
 
-Event = TextDelta | AudioDelta | ResponseDone | Done | SessionError | Aborted
+Event = (
+    TextDelta
+    | AudioDelta
+    | ResponseDone
+    | TranscriptDone
+    | TranscriptFailed
+    | Done
+    | SessionError
+    | Aborted
+)
 """Every event a session yields."""
 
 TERMINAL = (Done, SessionError, Aborted)

@@ -7,9 +7,9 @@ the wrong shape are told apart, and the ``error`` the server answers names the c
 ``event_id`` in both cases.
 
 Function tools (``session.tools``, ``tool_choice``) and their items
-(``function_call_output``) are read here; fields the server does not act on
-(transcription, noise reduction, tracing …) are accepted and ignored, so a client
-written for OpenAI's service connects unchanged.
+(``function_call_output``) are read here; fields the server does not act on (noise
+reduction, tracing …) are accepted and ignored, so a client written for OpenAI's
+service connects unchanged.
 The beta API's flat ``session.update`` (``modalities``, ``input_audio_format``,
 ``voice``, ``turn_detection`` at the top level) is read by the same struct: its fields
 are aliases of the GA nested ones (see ``omni_actors.server.session_config``).
@@ -46,6 +46,7 @@ __all__ = [
     "SessionAudioConfig",
     "SessionConfig",
     "SessionUpdate",
+    "TranscriptionConfig",
     "TurnDetection",
     "decode_client_event",
 ]
@@ -73,11 +74,22 @@ class TurnDetection(msgspec.Struct, frozen=True, kw_only=True):
     interrupt_response: bool | None = None
 
 
+class TranscriptionConfig(msgspec.Struct, frozen=True, kw_only=True):
+    """``session.audio.input.transcription`` (beta: ``input_audio_transcription``): the
+    transcription model of the user's audio, its ``language`` and a ``prompt``."""
+
+    model: str | None = None
+    language: str | None = None
+    prompt: str | None = None
+
+
 class AudioInputConfig(msgspec.Struct, frozen=True, kw_only=True):
-    """``session.audio.input``; ``turn_detection: null`` turns detection off."""
+    """``session.audio.input``; ``turn_detection: null`` turns detection off, and
+    ``transcription: null`` transcription."""
 
     format: AudioFormat | None = None
     turn_detection: TurnDetection | msgspec.UnsetType | None = msgspec.UNSET
+    transcription: TranscriptionConfig | msgspec.UnsetType | None = msgspec.UNSET
 
 
 class AudioOutputConfig(msgspec.Struct, frozen=True, kw_only=True):
@@ -135,6 +147,7 @@ class SessionConfig(msgspec.Struct, frozen=True, kw_only=True):
     output_audio_format: str | None = None
     voice: str | None = None
     turn_detection: TurnDetection | msgspec.UnsetType | None = msgspec.UNSET
+    input_audio_transcription: TranscriptionConfig | msgspec.UnsetType | None = msgspec.UNSET
     temperature: float | None = None
     max_response_output_tokens: MaxTokens | None = None
 

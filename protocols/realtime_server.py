@@ -44,6 +44,9 @@ __all__ = [
     "ConversationItemDeleted",
     "ConversationItemDone",
     "ConversationItemRetrieved",
+    "ConversationItemTranscriptionCompleted",
+    "ConversationItemTranscriptionDelta",
+    "ConversationItemTranscriptionFailed",
     "ConversationItemTruncated",
     "ErrorDetail",
     "ErrorEvent",
@@ -72,6 +75,8 @@ __all__ = [
     "ServerEvent",
     "SessionCreated",
     "SessionUpdated",
+    "TranscriptionState",
+    "TranscriptionUsage",
     "Usage",
 ]
 
@@ -83,12 +88,20 @@ ResponseStatus = Literal["completed", "cancelled", "failed", "incomplete", "in_p
 # -- objects -------------------------------------------------------------------------
 
 
+class TranscriptionState(msgspec.Struct, frozen=True, kw_only=True):
+    """``session.audio.input.transcription`` as it stands (null: off)."""
+
+    model: str
+    language: str | None = None
+    prompt: str | None = None
+
+
 class AudioInputState(msgspec.Struct, frozen=True, kw_only=True):
     """``session.audio.input`` as it stands."""
 
     format: AudioFormat
     turn_detection: TurnDetection | None
-    transcription: None = None
+    transcription: TranscriptionState | None = None
     noise_reduction: None = None
 
 
@@ -289,6 +302,45 @@ class InputAudioBufferCommitted(
     previous_item_id: str | None = None
 
 
+class TranscriptionUsage(msgspec.Struct, frozen=True, kw_only=True):
+    """What a transcription used: the seconds of audio it heard."""
+
+    seconds: float
+    type: Literal["duration"] = "duration"
+
+
+class ConversationItemTranscriptionDelta(
+    _Event, tag="conversation.item.input_audio_transcription.delta", frozen=True, kw_only=True
+):
+    """More of the transcript of user item ``item_id``'s audio (its part
+    ``content_index``)."""
+
+    item_id: str
+    content_index: int = 0
+    delta: str
+
+
+class ConversationItemTranscriptionCompleted(
+    _Event, tag="conversation.item.input_audio_transcription.completed", frozen=True, kw_only=True
+):
+    """The transcript of user item ``item_id``'s audio."""
+
+    item_id: str
+    content_index: int = 0
+    transcript: str
+    usage: TranscriptionUsage
+
+
+class ConversationItemTranscriptionFailed(
+    _Event, tag="conversation.item.input_audio_transcription.failed", frozen=True, kw_only=True
+):
+    """User item ``item_id``'s audio could not be transcribed (the conversation goes on)."""
+
+    item_id: str
+    content_index: int = 0
+    error: ErrorDetail
+
+
 class InputAudioBufferCleared(_Event, tag="input_audio_buffer.cleared", frozen=True, kw_only=True):
     """The input buffer was dropped."""
 
@@ -478,6 +530,9 @@ ServerEvent = (
     | ConversationItemRetrieved
     | ConversationItemDeleted
     | RateLimitsUpdated
+    | ConversationItemTranscriptionDelta
+    | ConversationItemTranscriptionCompleted
+    | ConversationItemTranscriptionFailed
     | ResponseCreated
     | ResponseOutputItemAdded
     | ResponseOutputItemDone

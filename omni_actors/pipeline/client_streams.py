@@ -10,12 +10,21 @@ window back, so the events queued for the caller (held ones included) stay withi
 window of chunks per output stage, and a caller that stops reading makes the output
 stages wait. A chunk whose events are dropped (a cancelled or failed response), or that
 carries nothing for the caller, counts as taken at once.
+
+The transcriber's stream (``outputs.transcript``) is about the caller's turns, not a
+response: each of its chunks becomes a ``TranscriptDone`` or ``TranscriptFailed`` event
+at once, never held behind a response.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 
+from omni_actors.actors.engines.transcriber_ports import (
+    ITEM_FIELD,
+    TRANSCRIPT_ERROR_FIELD,
+    TRANSCRIPT_FIELD,
+)
 from omni_actors.actors.stage.accumulate import ChunkGapError, ChunkSequence
 from omni_actors.actors.stage.flow import Inflow
 from omni_actors.errors import OmniError, ProtocolError
@@ -23,7 +32,7 @@ from omni_actors.pipeline.pending_response import PendingResponse
 from omni_actors.pipeline.session_channel import SessionChannel
 from omni_actors.protocols.address import ActorAddress
 from omni_actors.protocols.control import StreamCredit
-from omni_actors.protocols.events import Event
+from omni_actors.protocols.events import Event, TranscriptDone, TranscriptFailed
 from omni_actors.protocols.stage import Chunk, SessionKey
 
 __all__ = ["ClientStreams"]
@@ -37,6 +46,7 @@ class ClientStreams:
         key: the session's key on the stages (a reopened session gets new streams).
         channel: where the caller reads the events.
         senders: the output stages, by name: where their credits go.
+        transcriber: the output stage whose chunks are transcripts ("" if none).
     """
 
     def __init__(
@@ -45,8 +55,10 @@ class ClientStreams:
         key: SessionKey,
         channel: SessionChannel,
         senders: Mapping[str, ActorAddress[StreamCredit] | None],
+        transcriber: str = "",
     ) -> None:
         self.session = session
+        self.transcriber = transcriber
         self.channel = channel
         # The streams end here: their credits come from the caller's reads.
         self.inflow = Inflow(key, "client", channel.window, senders)
@@ -73,6 +85,12 @@ class ClientStreams:
             inflow.received(source)
         except ProtocolError as exc:  # past its window: refused, never queued
             return exc
+        if source == self.transcriber:
+            event = self._transcript(chunk)
+            if event is None:
+                return inflow.taken(source)
+            self.channel.put(event, source)
+            return 0
         response = response_of(chunk.segment)
         if response is None or response.status != "completed":
             # Done, or cancelled or failed: what it still says is moot (and taken now).
@@ -86,6 +104,20 @@ class ClientStreams:
         # The chunk is taken once the caller reads its last event.
         self.emit(chunk.segment == current, response, last, source)
         return 0
+
+    def _transcript(self, chunk: Chunk) -> TranscriptDone | TranscriptFailed | None:
+        """The caller's event for a chunk of the transcriber's (None: it says nothing)."""
+        texts = chunk.texts
+        item = texts.get(ITEM_FIELD, "")
+        error = texts.get(TRANSCRIPT_ERROR_FIELD)
+        if error is not None:
+            return TranscriptFailed(
+                session=self.session, item=item, code="engine_error", message=error
+            )
+        transcript = texts.get(TRANSCRIPT_FIELD)
+        if transcript is None:
+            return None
+        return TranscriptDone(session=self.session, item=item, transcript=transcript)
 
     def emit(self, now: bool, response: PendingResponse, event: Event, source: str = "") -> None:
         """To the caller ``now`` (its segment is the current one), else held for later.

@@ -274,7 +274,24 @@ class OmniPipeline:
             await session.close()
 
     def session(
-        self, *, modalities: tuple[Modality, ...] = ("text", "audio"), session_id: str | None = None
+        self,
+        *,
+        modalities: tuple[Modality, ...] = ("text", "audio"),
+        session_id: str | None = None,
+        transcription: bool = False,
     ) -> Session:
-        """A resumable session: ``async with omni.session() as s: ...``."""
-        return Session(self, modalities=modalities, session_id=session_id, resumable=True)
+        """A resumable session: ``async with omni.session() as s: ...``.
+
+        ``transcription``: the session may transcribe what its caller says
+        (``Session.transcribe``): the pipeline's transcriber joins its stages.
+
+        Raises:
+            InvalidRequestError: ``transcription`` on a pipeline without a transcriber.
+        """
+        return Session(
+            self,
+            modalities=modalities,
+            session_id=session_id,
+            resumable=True,
+            transcription=transcription,
+        )

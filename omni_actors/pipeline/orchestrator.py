@@ -69,11 +69,13 @@ class SessionExistsError(OmniError, ValueError):
 
 @dataclass(frozen=True, slots=True)
 class Admitted:
-    """Reply to :class:`StartSession`: the session's actor, its entry stage, its key."""
+    """Reply to :class:`StartSession`: the session's actor, its entry stage, its key, and
+    its transcriber (the stage its input fans out to; None if not on its path)."""
 
     session: ActorRef[SessionMessage]
     entry: ActorRef[Chunk]
     key: SessionKey
+    transcriber: ActorRef[Chunk] | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -92,6 +94,7 @@ class StartSession(Request[Admitted | OmniError]):
         resumable: input arrives in segments.
         admission_deadline: system clock time by which prewarm must be done.
         channel: where the session's events go.
+        transcript: the caller may ask for transcripts (the transcriber joins the path).
     """
 
     session: str
@@ -100,6 +103,7 @@ class StartSession(Request[Admitted | OmniError]):
     resumable: bool
     admission_deadline: float
     channel: SessionChannel
+    transcript: bool = False
 
 
 OrchestratorMessage = StartSession | ListSessions | ListStages | Health | Terminated | ChildFailed
@@ -217,7 +221,10 @@ class Orchestrator(Actor[OrchestratorMessage]):
             self.load[actor] = 0
             self.restarts[actor] = 0
         edges = [(e.source, e.to) for e in self.spec.edges]
-        for source, to in [(INPUT, self.spec.entry_stage), *edges]:
+        inputs = [(INPUT, self.spec.entry_stage)]
+        if self.spec.outputs.transcript is not None:
+            inputs.append((INPUT, self.spec.outputs.transcript))
+        for source, to in [*inputs, *edges]:
             key = f"{source}->{to}"
             if key in self.interposers:
                 if len(self.replicas[to]) > 1:
@@ -272,10 +279,15 @@ class Orchestrator(Actor[OrchestratorMessage]):
                 f"session id {request.session!r} is already in use; "
                 "pick another id, or wait for that session to end"
             )
-        path = self.spec.stages_for(text=request.text, audio=request.audio)
+        path = self.spec.stages_for(
+            text=request.text, audio=request.audio, transcript=request.transcript
+        )
         # Each stage's least loaded replica serves the session for its whole life.
         chosen = {name: min(self.replicas[name], key=self.load.__getitem__) for name in path}
         plan = self._plan(chosen, text=request.text, audio=request.audio)
+        transcriber = self.spec.outputs.transcript
+        if transcriber not in chosen:
+            transcriber = None
         n = next(self._keys)
         key = SessionKey(f"{request.session}#{n}")
         ref = await self.context.spawn(
@@ -287,6 +299,7 @@ class Orchestrator(Actor[OrchestratorMessage]):
             request.resumable,
             request.admission_deadline,
             request.channel,
+            transcriber or "",
             name=f"session-{n}",
         )
         self.context.watch(ref)
@@ -296,7 +309,8 @@ class Orchestrator(Actor[OrchestratorMessage]):
         self.sessions[request.session] = (ref, actors)
         self.by_ref[ref] = request.session
         entry = self.spec.entry_stage
-        return Admitted(ref, self._ref(INPUT, entry, chosen[entry]), key)
+        side = None if transcriber is None else self._ref(INPUT, transcriber, chosen[transcriber])
+        return Admitted(ref, self._ref(INPUT, entry, chosen[entry]), key, side)
 
     def _ref(self, source: str, stage: str, actor: str) -> ActorRef[Chunk | StepChunks]:
         """Where ``source`` sends to ``stage``: its replica, or the harness's interposer."""
@@ -326,6 +340,8 @@ class Orchestrator(Actor[OrchestratorMessage]):
                 for kind, wanted in (("text", text), ("audio", audio))
                 if wanted and getattr(spec.outputs, kind) == name
             )
+            if name == spec.outputs.transcript:
+                emit = tuple(spec.ports(name).outputs)  # the caller gets all it says
             plan[name] = StagePlan(self.stages[actor], sources or (INPUT,), targets, emit)
         return plan
 

@@ -44,6 +44,7 @@ from omni_actors.actors.engines.contract import (
     TOOL_CALLS_FIELD,
     TURN_FIELD,
 )
+from omni_actors.actors.engines.transcriber_ports import LANGUAGE_FIELD, PROMPT_FIELD
 from omni_actors.audio.samples import AudioInput, audio_tensor
 from omni_actors.clock import TimerHandle
 from omni_actors.errors import InvalidRequestError, OmniError
@@ -112,10 +113,17 @@ class Session:
         modalities: tuple[Modality, ...],
         session_id: str | None,
         resumable: bool,
+        transcription: bool = False,
     ) -> None:
         unknown = set(modalities) - {"text", "audio"}
         if unknown or not modalities:
             raise ValueError(f"modalities must be 'text' and/or 'audio', got {modalities!r}")
+        if transcription and pipeline.spec.outputs.transcript is None:
+            raise InvalidRequestError(
+                f"pipeline {pipeline.spec.name} has no transcriber (outputs.transcript); "
+                "open the session without transcription"
+            )
+        self.transcription = transcription
         self.pipeline = pipeline
         self.id = session_id or uuid.uuid4().hex
         self.modalities = modalities
@@ -178,13 +186,14 @@ class Session:
                 self.resumable,
                 start + spec.deadlines.admission_s,
                 self.channel,
+                self.transcription,
             ),
         )
         admitted = await self._admission.admit()
         if isinstance(admitted, SessionError):
             return admitted
         self._ref, self._key = admitted.session, admitted.key
-        self._input.connect(admitted.entry, admitted.key)
+        self._input.connect(admitted.entry, admitted.key, admitted.transcriber)
         return await self._admission.prewarm(admitted)
 
     async def send(
@@ -266,12 +275,48 @@ class Session:
         """Make the input since the last commit a user turn; no reply is started.
 
         Args:
-            turn: the turn's id, by which :meth:`delete` can take it out later.
+            turn: the caller's id for the turn: :meth:`delete` takes it out by it, and
+                its transcript event names it (``TranscriptDone.item``) while the session
+                transcribes (:meth:`transcribe`).
 
         Raises:
             SessionClosedError: the session has ended.
         """
         await self._mark("commit", turn)
+
+    async def transcribe(
+        self, enabled: bool = True, *, language: str | None = None, prompt: str | None = None
+    ) -> None:
+        """Transcribe what the caller says from now on (or, ``enabled=False``, no more).
+
+        The pipeline's transcriber (``outputs.transcript``) hears the audio sent from now
+        on, beside the entry stage; each committed user turn with audio gets one event,
+        :class:`~omni_actors.protocols.events.TranscriptDone` or ``TranscriptFailed``,
+        as soon as it is transcribed (the replies never wait for it). A turn under way
+        is transcribed from here on. ``language`` (an ISO-639-1 code) and ``prompt``
+        (text that guides the transcription) apply to the turns from now on.
+
+        Raises:
+            InvalidRequestError: the session was opened without transcription
+                (``OmniPipeline.session(transcription=True)``).
+            SessionClosedError: the session has ended.
+        """
+        if not self.transcription:
+            raise InvalidRequestError(
+                f"session {self.id} was opened without transcription; open it with "
+                "transcription=True"
+            )
+        self._check_open()
+        was, self._input.transcribing = self._input.transcribing, enabled
+        if enabled:
+            settings: dict[str, torch.Tensor | str] = {
+                LANGUAGE_FIELD: language or "",
+                PROMPT_FIELD: prompt or "",
+            }
+            self._input.transcriber_settings = settings
+            await self._input.to_transcriber(settings)
+        elif was:
+            await self._input.to_transcriber({}, mark="clear")  # the turn under way is not
 
     async def clear(self) -> None:
         """Drop the input since the last commit; every stage rolls back what it prefilled.

@@ -34,6 +34,13 @@ history to replay (``SessionChannel.history``) stays open, marked stale, and the
 caller's next input reopens it (``ReopenSession``: a new key on every stage, from the
 segment it has come to) and replays it; any other session ends.
 
+A session may have a transcriber (``outputs.transcript``), fed by the caller's input
+beside the entry stage: its outputs become ``TranscriptDone`` / ``TranscriptFailed``
+events at once (they belong to no response, so no segment holds them), its reports
+count for no response, and its failure — an engine error, a stream that broke, its
+death — fails transcription only (``TranscriptFailed`` with no item: the turns not
+transcribed yet), never a reply or the session.
+
 Flow control: the output stages' streams to the caller are a
 :class:`~omni_actors.pipeline.client_streams.ClientStreams`; the entry stage's credits
 for the caller's input arrive here too, and go to the channel, where ``Session.send``
@@ -76,6 +83,7 @@ from omni_actors.protocols.events import (
     Event,
     ResponseDone,
     SessionError,
+    TranscriptFailed,
 )
 from omni_actors.protocols.stage import INPUT, Chunk, FailureCause, SessionKey, StageReport
 
@@ -99,6 +107,8 @@ class SessionActor(Actor[SessionMessage]):
         resumable: the caller sends input in segments.
         admission_deadline: system clock time by which prewarm must be complete.
         channel: where events go.
+        transcriber: the stage of ``plan`` that transcribes the caller's input ("" if
+            none is on the path): see the module docstring.
     """
 
     receives_now = frozenset({Chunk})  # the output stages' stream (see ``receive_now``)
@@ -114,15 +124,21 @@ class SessionActor(Actor[SessionMessage]):
         resumable: bool,
         admission_deadline: float,
         channel: SessionChannel,
+        transcriber: str = "",
     ) -> None:
         self.id = session
+        self.transcriber = transcriber
+        # The stages whose reports end a response: all but the transcriber.
+        self.reply_stages = [name for name in plan if name != transcriber]
         self.key = key
         self._base_key = key
         self._reopened = 0  # times the session was opened again after a stage restart
         self._cut_by = ""  # what cost the stages their replies (see ``_cut``)
-        self.entry = next(name for name, p in plan.items() if INPUT in p.sources)
+        self.entry = next(
+            name for name, p in plan.items() if INPUT in p.sources and name != transcriber
+        )
         self.plan = plan
-        self.path = SessionPath(session, key, plan)
+        self.path = SessionPath(session, key, plan, transcriber)
         self.deadlines = deadlines
         self.resumable = resumable
         self.admission_deadline = admission_deadline
@@ -152,6 +168,8 @@ class SessionActor(Actor[SessionMessage]):
             case StageFailed(stage=stage, at=at) if self.path.opened_since(stage, at):
                 # Heard of late: the session opened again on the restarted stage since.
                 log.debug("session %s: %s failed before the session opened there", self.id, stage)
+            case StageFailed(stage=stage, error=error) if stage == self.transcriber:
+                self._transcription_failed("stage_failed", f"stage {stage} failed: {error}")
             case StageFailed(stage=stage, error=error):
                 await self._cut("stage_failed", f"stage {stage} failed: {error}", stage, stage)
             case ReopenSession(timeout_s=timeout_s):
@@ -238,6 +256,8 @@ class SessionActor(Actor[SessionMessage]):
             return None  # a stream cut by a stage's restart: its chunks are moot
         streams = self.streams
         outcome = streams.take(chunk, self._reply, self.segment)
+        if isinstance(outcome, OmniError) and chunk.source == self.transcriber:
+            return functools.partial(self._transcriber_broke, outcome)
         if isinstance(outcome, OmniError):
             end = self._cut if isinstance(outcome, ChunkGapError) else self._fail
             what = qualified_name(outcome)
@@ -249,18 +269,43 @@ class SessionActor(Actor[SessionMessage]):
     def _streams(self) -> ClientStreams:
         """The output stages' streams of the current key (see ``ClientStreams``)."""
         senders = {name: p.ref for name, p in self.plan.items() if p.emit}
-        return ClientStreams(self.id, self.key, self.channel, senders)
+        return ClientStreams(self.id, self.key, self.channel, senders, self.transcriber)
 
     async def _pass_credit(self, source: str, credit: StreamCredit) -> None:
         """A stage took chunks from ``source``: pass the credit on to that sender."""
-        if source == INPUT:
+        if source == INPUT and credit.receiver == self.transcriber:
+            self.channel.transcriber_input.grant(credit.n)
+        elif source == INPUT:
             self.channel.input.grant(credit.n)  # Session.send may go on
         elif source in self.plan:
             await send_credit(self.plan[source].ref, credit)
 
+    def _transcription_failed(self, code: ErrorCode, message: str, *, lost: bool = True) -> None:
+        """The turns the transcriber had not transcribed fail; if it ``lost`` the session
+        (rather than failing one segment), it is sent no more input."""
+        if self.channel.transcriber_lost:
+            return
+        if lost:
+            self.channel.lose_transcriber(message)
+        self.channel.put(TranscriptFailed(session=self.id, item="", code=code, message=message))
+
+    async def _transcriber_broke(self, error: OmniError) -> None:
+        """The transcriber's stream to the caller broke: transcription fails, and the
+        transcriber frees the session (the replies' streams are whole)."""
+        self._transcription_failed(error.code, str(error))
+        await self.path.abort(str(error), only=self.transcriber)
+
     async def _report(self, report: StageReport) -> None:
         if self.channel.stale:
             return  # a stage died: every stream of this key is cut, its responses failed
+        if report.stage == self.transcriber:
+            if report.end in ("failed", "error"):
+                code = report.code if report.code is not None else "engine_error"
+                lost = report.end == "error"  # else it failed one segment and goes on
+                self._transcription_failed(code, report.error, lost=lost)
+                if lost:  # it dropped the session: free what is left
+                    await self.path.abort(report.error, only=self.transcriber)
+            return
         if report.end == "error":
             code = report.code if report.code is not None else "internal"
             if report.failure in _BROKEN_STREAM:
@@ -286,7 +331,7 @@ class SessionActor(Actor[SessionMessage]):
             return
         reply.reports[report.stage] = report.metrics
         reply.finished |= report.end == "finished"
-        if len(reply.reports) == len(self.plan):
+        if len(reply.reports) == len(self.reply_stages):
             reply.done_at = time.monotonic()
             await self._advance()
 
@@ -296,7 +341,7 @@ class SessionActor(Actor[SessionMessage]):
         while (reply := self._pending.get(self.segment)) is not None and reply.done_at is not None:
             del self._pending[self.segment]
             start = self.channel.starts.get(self.segment, reply.done_at)
-            metrics = reply.metrics(start, self.channel.sample_rate, list(self.plan))
+            metrics = reply.metrics(start, self.channel.sample_rate, self.reply_stages)
             if reply.finished:
                 if reply.status == "failed":  # the last reply failed: so did the session
                     assert reply.code is not None
@@ -416,7 +461,7 @@ class SessionActor(Actor[SessionMessage]):
             return self.key
         self._reopened += 1
         self.key = key = SessionKey(f"{self._base_key}~{self._reopened}")
-        self.path = SessionPath(self.id, key, self.plan)
+        self.path = SessionPath(self.id, key, self.plan, self.transcriber)
         self.streams = self._streams()
         self.channel.reopening()
         error = await self._prewarm(timeout_s, again=True)

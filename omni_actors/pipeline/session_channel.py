@@ -35,8 +35,11 @@ class SessionChannel:
 
     It is also where the caller's side of flow control meets the session actor:
     ``input`` is the credit window of the caller's input (``Session.send`` spends it,
-    the entry stage's credits refill it), and ``inflow`` — set by the session actor —
-    counts the output stages' chunks, granted back as the caller reads their events.
+    the entry stage's credits refill it), ``transcriber_input`` that of the input the
+    caller's side fans out to the transcriber (its credits refill it), and ``inflow`` —
+    set by the session actor — counts the output stages' chunks, granted back as the
+    caller reads their events. ``transcriber_lost`` says why the transcriber no longer
+    has the session ("" while it has): its input is then no longer sent.
 
     Args:
         sample_rate: of the session's audio.
@@ -57,6 +60,8 @@ class SessionChannel:
         "stale",
         "starts",
         "terminal",
+        "transcriber_input",
+        "transcriber_lost",
         "window",
     )
 
@@ -78,6 +83,8 @@ class SessionChannel:
         self.stale = ""
         self.terminal: Event | None = None
         self.input = CreditWindow(window)
+        self.transcriber_input = CreditWindow(window)
+        self.transcriber_lost = ""
         self.inflow: Inflow | None = None
         # Each event with the output stage whose chunk it ends ("" for the others): its
         # read is that chunk taken.
@@ -104,6 +111,7 @@ class SessionChannel:
         self._push(event, "")
         self.terminal = event
         self.input.close()
+        self.transcriber_input.close()
         self._wake_completion()
         return True
 
@@ -136,15 +144,24 @@ class SessionChannel:
         nothing when read."""
         self.stale = why
         self.input.close()
+        self.transcriber_input.close()
         self.forget_sources()
+
+    def lose_transcriber(self, why: str) -> None:
+        """The transcriber dropped the session (it failed or died): no more input goes
+        to it (the reply's stages keep theirs) until the session opens again."""
+        self.transcriber_lost = why
+        self.transcriber_input.close()
 
     def reopening(self) -> None:
         """The session opens again under a new key: its input gets a fresh window."""
         self.input = CreditWindow(self.window)
+        self.transcriber_input = CreditWindow(self.window)
 
     def reopened(self) -> None:
         """Every stage has the session again: input may flow."""
         self.stale = ""
+        self.transcriber_lost = ""
 
     def complete(self, segments: int) -> None:
         """The first ``segments`` segments have their ``ResponseDone`` queued."""

@@ -12,6 +12,15 @@ caller's input queue up anywhere.
 
 Audio is resampled to the entry stage's rate as one stream (:class:`CallerAudio`): its
 tail is sent before a turn boundary, dropped with a ``clear``.
+
+A session with a transcriber (``outputs.transcript``) fans its input out: while
+``transcribing``, each chunk's audio goes to the transcriber too, as its own stream
+(numbered and credited apart from the entry stage's), with each turn's ``commit`` or
+``clear`` and the item the caller named it by; every segment's end goes there always,
+so both stages serve the same segments. The transcriber is sent to after the entry
+stage, and a transcriber that stops taking input loses its stream
+(``TranscriptFailed``), never the reply's input. A replayed conversation is not sent
+there again: its turns were transcribed once.
 """
 
 from __future__ import annotations
@@ -23,12 +32,14 @@ from collections.abc import Awaitable, Callable, Mapping
 import torch
 
 from omni_actors._ref import ActorRef
+from omni_actors.actors.engines.transcriber_ports import ITEM_FIELD
 from omni_actors.actors.stage.flow import BackpressureError, CreditWindow
 from omni_actors.audio.resample import CallerAudio
 from omni_actors.clock import Clock
 from omni_actors.errors import OmniError, qualified_name
 from omni_actors.pipeline.session_channel import SessionChannel
-from omni_actors.protocols.events import SessionError
+from omni_actors.protocols.error_code import ErrorCode
+from omni_actors.protocols.events import SessionError, TranscriptFailed
 from omni_actors.protocols.stage import (
     INPUT,
     Chunk,
@@ -68,6 +79,7 @@ class SessionInput:
     Attributes:
         audio: the caller's audio, resampled as one stream.
         segment: the segment the next chunk belongs to (segments ended so far).
+        transcribing: the caller's audio goes to the transcriber too.
     """
 
     def __init__(
@@ -97,10 +109,19 @@ class SessionInput:
         self._seq = 0
         self._entry: ActorRef[Chunk] | None = None
         self._key = SessionKey("")
+        self._transcriber: ActorRef[Chunk] | None = None
+        self._transcriber_seq = 0
+        self.transcribing = False
+        # What the transcriber was told of the session (language, prompt): told again
+        # when the session reopens, since a reopened stage starts from nothing.
+        self.transcriber_settings: dict[str, torch.Tensor | str] = {}
 
-    def connect(self, entry: ActorRef[Chunk], key: SessionKey) -> None:
-        """The session was admitted: its input goes to ``entry``, for session ``key``."""
-        self._entry, self._key = entry, key
+    def connect(
+        self, entry: ActorRef[Chunk], key: SessionKey, transcriber: ActorRef[Chunk] | None = None
+    ) -> None:
+        """The session was admitted: its input goes to ``entry`` (and fans out to
+        ``transcriber``, if it has one), for session ``key``."""
+        self._entry, self._key, self._transcriber = entry, key, transcriber
 
     @property
     def connected(self) -> bool:
@@ -117,8 +138,9 @@ class SessionInput:
         options: ResponseOptions | None = None,
         turn: str = "",
     ) -> None:
-        """Send one chunk, once the window has room for it (``turn``: the id of the user
-        turn a ``commit`` closes, kept with it in the conversation's log).
+        """Send one chunk, once the window has room for it (``turn``: the caller's id for
+        the user turn a ``commit`` closes, kept with it in the conversation's log and, to
+        the transcriber, the item its transcript names).
 
         If a stage on the session's path restarted, the session is first opened again
         on every stage and its conversation replayed (``channel.stale``; see
@@ -142,6 +164,7 @@ class SessionInput:
             except _Reopen:
                 continue  # a stage died while this waited: reopen, then send it
             break
+        await self._fan_out(payload, end, mark, turn)
         history = self.channel.history
         if history is not None:
             history.sent(self.segment, payload, mark=mark, kept=kept, end=end, turn=turn)
@@ -176,9 +199,12 @@ class SessionInput:
         deadline = self.clock.now() + self.replay_s
         while True:
             self._key, self._seq = await self._reopen(), 0
+            self._transcriber_seq = 0
             try:
                 for chunk in history.replay():
                     await self._send(chunk.payload, "", chunk.mark, chunk.kept, None)
+                if self.transcriber_settings:
+                    await self.to_transcriber(self.transcriber_settings)
                 return
             except _Reopen:
                 if self.clock.now() >= deadline:
@@ -229,6 +255,72 @@ class SessionInput:
             # in its mailbox): the chunk went out under the key every stage dropped
             # (``SessionChannel.cut``). It goes again once the session is reopened.
             raise _Reopen
+
+    async def _fan_out(
+        self, payload: Mapping[str, torch.Tensor | str], end: End, mark: Mark, item: str
+    ) -> None:
+        """What the transcriber takes of one chunk sent to the entry stage."""
+        if self._transcriber is None:
+            return
+        fields: dict[str, torch.Tensor | str] = {}
+        turn: Mark = ""
+        if self.transcribing:
+            audio = payload.get("audio")
+            if isinstance(audio, torch.Tensor) and audio.numel():
+                fields["audio"] = audio
+            if mark in ("commit", "clear"):
+                turn = mark
+            if mark == "commit" and item:
+                await self.to_transcriber({ITEM_FIELD: item})
+        if fields or turn or end:
+            await self.to_transcriber(fields, end=end, mark=turn)
+
+    async def to_transcriber(
+        self, fields: Mapping[str, torch.Tensor | str], *, end: End = "", mark: Mark = ""
+    ) -> None:
+        """Send one chunk to the transcriber alone (its settings, a turn mark), once its
+        window has room; dropped if it no longer has the session (see the module
+        docstring)."""
+        transcriber = self._transcriber
+        channel = self.channel
+        if transcriber is None or channel.transcriber_lost or channel.stale:
+            return
+        credits = channel.transcriber_input
+        if not credits.try_take():
+            try:
+                if not await credits.take(self.clock, self.credit_wait_s):
+                    return  # lost, or the session ended or must reopen: nothing to send
+            except TimeoutError:
+                self._lose_transcriber(
+                    "backpressure",
+                    f"the transcriber took none of the input in flight within "
+                    f"{self.credit_wait_s:g}s (deadlines.inter_chunk_s); transcription "
+                    "stopped for this session",
+                )
+                return
+        tensors, texts, _ = split_fields(fields)
+        chunk = Chunk(
+            key=self._key,
+            source=INPUT,
+            seq=self._transcriber_seq,
+            tensors=tensors,
+            texts=texts,
+            end=end,
+            segment=self.segment,
+            sent_at=time.monotonic(),
+            mark=mark,
+        )
+        self._transcriber_seq += 1
+        try:
+            await transcriber.tell(chunk)
+        except OmniError as exc:  # its actor is gone: the reply's input goes on
+            self._lose_transcriber("stage_failed", f"the transcriber is gone: {exc}")
+
+    def _lose_transcriber(self, code: ErrorCode, why: str) -> None:
+        if self.channel.transcriber_lost:
+            return
+        self.channel.lose_transcriber(why)
+        self.channel.put(TranscriptFailed(session=self.session, item="", code=code, message=why))
 
     async def _wait_for_credit(self, credits: CreditWindow) -> bool:
         limit = self.credit_wait_s

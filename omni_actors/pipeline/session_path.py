@@ -53,12 +53,18 @@ class SessionPath:
         session: the session's id (in log lines).
         key: the session's key on the stages.
         plan: the stages on the path, in topological order, with their prewarm plans.
+        transcriber: the stage of ``plan`` that transcribes the caller's input ("" if
+            none): a response's cancel does not reach it (its transcripts are of the
+            user's turns, which a cancelled reply does not take back).
     """
 
-    def __init__(self, session: str, key: SessionKey, plan: dict[str, StagePlan]) -> None:
+    def __init__(
+        self, session: str, key: SessionKey, plan: dict[str, StagePlan], transcriber: str = ""
+    ) -> None:
         self.session = session
         self.key = key
         self.plan = plan
+        self.transcriber = transcriber
         self._opened: dict[str, float] = {}  # when each stage took the key (monotonic)
 
     async def prewarm(
@@ -130,9 +136,10 @@ class SessionPath:
         return opened is not None and opened > at
 
     async def cancel(self, segment: int) -> None:
-        """Tell every stage to stop response ``segment``."""
-        for p in self.plan.values():
-            await p.ref.tell(Cancel(key=self.key, segment=segment))
+        """Tell every stage (but the transcriber) to stop response ``segment``."""
+        for name, p in self.plan.items():
+            if name != self.transcriber:
+                await p.ref.tell(Cancel(key=self.key, segment=segment))
 
     async def truncate(self, samples: int) -> int | str:
         """Walk a truncation back from the audio: each stage keeps what the user heard of
@@ -163,10 +170,10 @@ class SessionPath:
             answers[name] = answer
         return "no audio reaches the caller to truncate"
 
-    async def abort(self, reason: str, skip: str = "") -> None:
-        """Free the session on every stage (but ``skip``, one that lost it already); a
-        stage that fails to answer is logged."""
-        stages = [name for name in self.plan if name != skip]
+    async def abort(self, reason: str, skip: str = "", only: str = "") -> None:
+        """Free the session on every stage (but ``skip``, one that lost it already; or
+        on ``only``); a stage that fails to answer is logged."""
+        stages = [name for name in self.plan if name != skip and (not only or name == only)]
         asks = [
             self.plan[name].ref.ask(Abort(key=self.key, reason=reason), timeout=_ASK_TIMEOUT)
             for name in stages

@@ -18,6 +18,10 @@ What the reader acts on is the connection's own state, kept in one object:
 - the conversation's items as the server holds them (``conversation.item.retrieve``
   answers from them; ``conversation.item.delete`` takes one out there and, through the
   session, on every stage);
+- input transcription (``session.audio.input.transcription``): while it is on, each
+  user item made of audio gets ``conversation.item.input_audio_transcription.delta``
+  and ``.completed`` (or ``.failed``) from the pipeline's transcriber, a stage beside
+  the entry stage, whenever it is done: before or after the reply's events;
 - the responses: one in flight at a time (``active``), each a
   :class:`~omni_actors.server.response_stream.ResponseStream` that turns the pipeline's
   events for it into the Realtime API's. A cancel (``response.cancel``, barge-in, a
@@ -47,7 +51,9 @@ from starlette.websockets import WebSocket, WebSocketDisconnect, WebSocketState
 from omni_actors.actors.engines.contract import INSTRUCTIONS_FIELD, REPLY_FIELD, TOOLS_FIELD
 from omni_actors.actors.engines.tool_calls import MalformedToolCallError
 from omni_actors.errors import InvalidRequestError, OmniError
+from omni_actors.models.family import family_of_kind
 from omni_actors.pipeline.session import Session
+from omni_actors.pipeline.spec.pipeline import PipelineSpec
 from omni_actors.protocols.events import (
     TERMINAL,
     Aborted,
@@ -56,6 +62,8 @@ from omni_actors.protocols.events import (
     Event,
     SessionError,
     TextDelta,
+    TranscriptDone,
+    TranscriptFailed,
 )
 from omni_actors.protocols.events import ResponseDone as PipelineResponseDone
 from omni_actors.protocols.realtime_client import (
@@ -82,6 +90,9 @@ from omni_actors.protocols.realtime_server import (
     ConversationItemDeleted,
     ConversationItemDone,
     ConversationItemRetrieved,
+    ConversationItemTranscriptionCompleted,
+    ConversationItemTranscriptionDelta,
+    ConversationItemTranscriptionFailed,
     ConversationItemTruncated,
     ErrorDetail,
     ErrorEvent,
@@ -100,6 +111,7 @@ from omni_actors.protocols.realtime_server import (
     ServerEvent,
     SessionCreated,
     SessionUpdated,
+    TranscriptionUsage,
 )
 from omni_actors.server.audio_format import decode_audio, format_rate
 from omni_actors.server.ids import new_id
@@ -160,6 +172,10 @@ class RealtimeConnection:
         # The function calls a response made: call item id -> the response's message item
         # (one reply holds both: a call goes out of the conversation with its message).
         self.called: dict[str, str] = {}
+        # The transcription models served (the pipeline's transcriber's names), and the
+        # user items sent for transcription, not transcribed yet: their audio's seconds.
+        self.transcribers = _transcribers(spec)
+        self.transcribing: dict[str, float] = {}
         self.conversation_id = new_id("conv")
         self.closing = False
         # The input audio buffer: samples appended since the last commit or clear, the
@@ -181,7 +197,11 @@ class RealtimeConnection:
     async def serve(self) -> None:
         """Run the session until the client leaves, the session ends or the server stops."""
         state = self.state
-        session = state.pipeline.session(modalities=("text", "audio"), session_id=self.settings.id)
+        session = state.pipeline.session(
+            modalities=("text", "audio"),
+            session_id=self.settings.id,
+            transcription=bool(self.transcribers),
+        )
         self.session = session
         state.connections.add(self)
         state.metrics.session_opened()
@@ -354,7 +374,7 @@ class RealtimeConnection:
     # -- session settings ----------------------------------------------------------------
 
     async def _update(self, event: SessionUpdate) -> None:
-        new = self.settings.updated(event.session, self.voices)
+        new = self.settings.updated(event.session, self.voices, self.transcribers)
         if new.offered_tools and not self._takes_tools:
             raise SettingError(
                 "this pipeline's entry stage takes no tools (its engine does not declare "
@@ -377,6 +397,9 @@ class RealtimeConnection:
         if new.instructions != old.instructions:
             self.queue_instructions(new.instructions)
         self.queue_tools()
+        if new.transcription != old.transcription:
+            assert self.input is not None
+            self.input.put(Op("transcribe", transcription=new.transcription))
         await self.send(SessionUpdated(event_id=new_id("event"), session=new.describe()))
 
     def queue_instructions(self, text: str) -> None:
@@ -484,6 +507,7 @@ class RealtimeConnection:
         assert self.input is not None
         item_id = self.pending_item or new_id("item")
         self.pending_item = None
+        self._transcribe(item_id, self.buffered)
         self.buffered = 0
         self.held = []
         self.input.put(Op("commit", event_id=event_id, turn=item_id))
@@ -508,6 +532,41 @@ class RealtimeConnection:
                 ),
             ]
         )
+
+    def _transcribe(self, item_id: str, samples: int) -> None:
+        """User item ``item_id`` holds ``samples`` of audio: while transcription is on,
+        its transcript is due."""
+        if samples and self.settings.transcription is not None:
+            self.transcribing[item_id] = samples / self.input_rate
+
+    async def _transcript(self, event: TranscriptDone | TranscriptFailed) -> None:
+        """A user item's transcript (or its failure) from the pipeline's transcriber."""
+        if isinstance(event, TranscriptDone):
+            seconds = self.transcribing.pop(event.item, 0.0)
+            await self.send_all(
+                [
+                    ConversationItemTranscriptionDelta(
+                        event_id=new_id("event"), item_id=event.item, delta=event.transcript
+                    ),
+                    ConversationItemTranscriptionCompleted(
+                        event_id=new_id("event"),
+                        item_id=event.item,
+                        transcript=event.transcript,
+                        usage=TranscriptionUsage(seconds=seconds),
+                    ),
+                ]
+            )
+            return
+        # No item: the transcriber failed every item it had not transcribed yet.
+        items = [event.item] if event.item else list(self.transcribing)
+        error = ErrorDetail(type="server_error", code=event.code, message=event.message)
+        for item in items:
+            self.transcribing.pop(item, None)
+            await self.send(
+                ConversationItemTranscriptionFailed(
+                    event_id=new_id("event"), item_id=item, error=error
+                )
+            )
 
     def _clear_buffer(self) -> None:
         """``input_audio_buffer.clear``: drop the buffer here, in VAD and on every stage."""
@@ -578,6 +637,7 @@ class RealtimeConnection:
                     self.input.put(Op("text", event_id=event.event_id, text=text))
                 for samples in decoded:
                     self.input.put(Op("audio", event_id=event.event_id, samples=samples))
+                self._transcribe(item_id, sum(samples.numel() for samples in decoded))
                 self.input.put(Op("commit", event_id=event.event_id, turn=item_id))
         else:
             raise RequestError(
@@ -1080,6 +1140,8 @@ class RealtimeConnection:
                 stream = self.streams.get(rid)
                 if stream is not None:
                     await self._finish(stream, event, None)
+            case TranscriptDone() | TranscriptFailed():
+                await self._transcript(event)
             case SessionError(code=code, message=message):
                 await self._session_ended(code, message)
             case Aborted(reason=reason):
@@ -1120,3 +1182,18 @@ class RealtimeConnection:
             await self._on_event(event)
             if isinstance(event, TERMINAL):
                 return
+
+
+def _transcribers(spec: PipelineSpec) -> tuple[str, ...]:
+    """The transcription models the pipeline serves: its transcriber's model (what its
+    ``model`` argument names, or its engine's default) and its stage's name; none
+    without a transcriber."""
+    stage = spec.outputs.transcript
+    if stage is None:
+        return ()
+    engine = spec.stage(stage).engine
+    model = engine.args.get("model")
+    if not isinstance(model, str):
+        family = family_of_kind(engine.kind)
+        model = family.default_model if family is not None else None
+    return tuple(dict.fromkeys(name for name in (model, stage) if name))

@@ -23,6 +23,7 @@ from omni_actors.protocols.realtime_client import (
     ResponseParams,
     SessionConfig,
     ToolChoice,
+    TranscriptionConfig,
     TurnDetection,
 )
 from omni_actors.protocols.realtime_server import (
@@ -31,12 +32,20 @@ from omni_actors.protocols.realtime_server import (
     AudioState,
     FunctionToolState,
     RealtimeSession,
+    TranscriptionState,
 )
 from omni_actors.server.audio_format import BETA_FORMATS, AudioFormatName, format_rate
 from omni_actors.server.request_error import RequestError
 from omni_actors.server.voices import ANY_VOICE, UnknownVoiceError, VoiceMap
 
-__all__ = ["ResponseSettings", "SessionSettings", "SettingError", "VadSettings"]
+__all__ = [
+    "OPENAI_TRANSCRIPTION_MODELS",
+    "ResponseSettings",
+    "SessionSettings",
+    "SettingError",
+    "TranscriptionSettings",
+    "VadSettings",
+]
 
 Modality = Literal["text", "audio"]
 _SESSION_LIFETIME_S = 30 * 60
@@ -59,6 +68,28 @@ class VadSettings:
     silence_duration_ms: int = 500
     create_response: bool = True
     interrupt_response: bool = True
+
+
+OPENAI_TRANSCRIPTION_MODELS = (
+    "whisper-1",
+    "gpt-4o-transcribe",
+    "gpt-4o-mini-transcribe",
+    "gpt-4o-mini-transcribe-2025-12-15",
+    "gpt-transcribe",
+    "gpt-live-transcribe",
+    "gpt-realtime-whisper",
+)
+"""OpenAI's transcription models, each taken as a name of the pipeline's transcriber (as
+a client written for OpenAI names one of them); diarization is not among them."""
+
+
+@dataclass(frozen=True, slots=True)
+class TranscriptionSettings:
+    """Transcription of the user's audio: the model asked for, ``language``, ``prompt``."""
+
+    model: str
+    language: str | None = None
+    prompt: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -97,14 +128,23 @@ class SessionSettings:
     created_at: float = 0.0
     tools: tuple[FunctionToolState, ...] = ()
     tool_choice: Literal["auto", "none"] = "auto"
+    transcription: TranscriptionSettings | None = None
 
     @property
     def offered_tools(self) -> tuple[FunctionToolState, ...]:
         """The tools the model may call now (none with ``tool_choice: "none"``)."""
         return self.tools if self.tool_choice == "auto" else ()
 
-    def updated(self, config: SessionConfig, voices: VoiceMap = ANY_VOICE) -> SessionSettings:
+    def updated(
+        self,
+        config: SessionConfig,
+        voices: VoiceMap = ANY_VOICE,
+        transcribers: tuple[str, ...] = (),
+    ) -> SessionSettings:
         """These settings with ``config`` applied; a voice must be one of ``voices``.
+
+        ``transcribers``: the transcription models the server serves (the names of the
+        pipeline's transcriber; none: it has none); OpenAI's names are taken for it.
 
         Raises:
             SettingError: a value the server does not support (the settings are unchanged).
@@ -144,6 +184,15 @@ class SessionSettings:
             new = replace(new, tools=_tools(config.tools, "session.tools"))
         if config.tool_choice is not None:
             new = replace(new, tool_choice=_tool_choice(config.tool_choice, "session.tool_choice"))
+        param = "session.audio.input.transcription"
+        transcription = audio_in.transcription if audio_in is not None else msgspec.UNSET
+        if transcription is msgspec.UNSET:
+            param, transcription = (
+                "session.input_audio_transcription",
+                config.input_audio_transcription,
+            )
+        if transcription is not msgspec.UNSET:
+            new = replace(new, transcription=_transcription(transcription, transcribers, param))
         return new
 
     def for_response(
@@ -217,6 +266,13 @@ class SessionSettings:
                         silence_duration_ms=vad.silence_duration_ms,
                         create_response=vad.create_response,
                         interrupt_response=vad.interrupt_response,
+                    ),
+                    transcription=None
+                    if self.transcription is None
+                    else TranscriptionState(
+                        model=self.transcription.model,
+                        language=self.transcription.language,
+                        prompt=self.transcription.prompt,
                     ),
                 ),
                 output=AudioOutputState(
@@ -336,6 +392,35 @@ def _temperature(value: float) -> float:
     if not value >= 0:
         raise SettingError(f"temperature must be >= 0, got {value}", "session.temperature")
     return float(value)
+
+
+def _transcription(
+    config: TranscriptionConfig | None, served: tuple[str, ...], param: str
+) -> TranscriptionSettings | None:
+    """The transcription a ``session.update`` asks for (None: off), checked against the
+    models the server serves (``served``: the first is its own name)."""
+    if config is None:
+        return None
+    if not served:
+        raise SettingError(
+            "this server transcribes nothing: its pipeline has no transcriber "
+            "(outputs.transcript); set transcription to null",
+            param,
+        )
+    model = config.model or served[0]
+    if model not in served and model not in OPENAI_TRANSCRIPTION_MODELS:
+        names = ", ".join([*served, *OPENAI_TRANSCRIPTION_MODELS])
+        raise SettingError(
+            f"transcription model {model!r} is not served here; use one of: {names}",
+            param + ".model",
+        )
+    language = config.language or None
+    if language is not None and not (2 <= len(language) <= 3 and language.isalpha()):
+        raise SettingError(
+            f"language must be an ISO-639-1 code such as 'en', got {language!r}",
+            param + ".language",
+        )
+    return TranscriptionSettings(model=model, language=language, prompt=config.prompt or None)
 
 
 def _vad(detection: TurnDetection | None, current: VadSettings | None) -> VadSettings | None:

@@ -203,7 +203,7 @@ def test_model_bench_compares_stream_and_full(
 
 async def test_stages_in_worker_processes_make_the_same_reply(cache: Path) -> None:
     workers = spec_of("tiny-omni", cache)
-    assert [s.process for s in workers.stages] == [False, True, True]
+    assert [s.process for s in workers.stages] == [False, True, True, False]  # transcriber
     local = workers.model_copy(
         update={"stages": tuple(s.model_copy(update={"process": False}) for s in workers.stages)}
     )
@@ -246,6 +246,37 @@ async def test_a_resumable_voice_session_keeps_its_conversation(cache: Path) -> 
             await fresh.finish()
             alone = [e async for e in fresh.events()]
         assert text_of(alone) != text_of(second)
+        await nothing_held(omni)
+
+
+async def test_a_voice_session_gets_the_transcripts_of_its_turns(cache: Path) -> None:
+    from omni_actors.protocols.events import ResponseDone, TranscriptDone
+
+    tone = torch.sin(torch.arange(8000) * 2 * math.pi * 330 / 16000) * 0.3
+    async with OmniPipeline(spec_of("tiny-omni", cache)) as omni:
+        transcripts = []
+        for _ in range(2):
+            async with omni.session(transcription=True) as session:
+                await session.transcribe(language="en")
+                for piece in tone.split(1600):
+                    await session.send(audio=piece)
+                await session.commit(turn="turn-1")
+                await session.respond()
+                events: list[Event] = []
+                while not (
+                    any(isinstance(e, ResponseDone) for e in events)
+                    and any(isinstance(e, TranscriptDone) for e in events)
+                ):
+                    events.append(await session.next_event())
+                reply = next(e for e in events if isinstance(e, ResponseDone))
+                assert reply.status == "completed"
+                assert text_of(events)
+                (transcript,) = [e for e in events if isinstance(e, TranscriptDone)]
+                assert transcript.item == "turn-1"
+                transcripts.append(transcript.transcript)
+        # Random weights, seeded: random text, the same for the same audio.
+        assert transcripts[0]
+        assert transcripts[0] == transcripts[1]
         await nothing_held(omni)
 
 

@@ -138,10 +138,19 @@ class InputsSpec(Spec):
 
 
 class OutputsSpec(Spec):
-    """Which stage's output the caller receives as text, and which as audio."""
+    """Which stage's output the caller receives as text, which as audio, and which as
+    the transcript of what the caller said.
+
+    ``transcript`` names a stage fed by the caller's input beside the entry stage (a
+    fan-out: it has no edges, and the reply never waits for it), whose engine declares
+    the transcriber's ports (:mod:`omni_actors.actors.engines.transcriber_ports`). A
+    session that asks for transcripts (``Session.transcribe``) gets one event per user
+    turn from it.
+    """
 
     text: str | None = None
     audio: str | None = None
+    transcript: str | None = None
     sample_rate: int = Field(24000, gt=0)
 
 
@@ -224,9 +233,12 @@ class PipelineSpec(Spec):
             if (edge.source, edge.to) in seen_edges:
                 raise ValueError(f"edge {edge.source}->{edge.to} is declared twice")
             seen_edges.add((edge.source, edge.to))
+        transcriber = self.outputs.transcript
+        if transcriber is not None:
+            _check_transcriber(transcriber, entry, self.edges, names)
         graph = self._graph()
         order = graph.order()
-        reachable = graph.downstream(entry) | {entry}
+        reachable = graph.downstream(entry) | {entry, *([transcriber] if transcriber else [])}
         unreachable = [n for n in order if n not in reachable]
         if unreachable:
             raise ValueError(f"stages not reachable from entry {entry!r}: {few(unreachable)}")
@@ -240,6 +252,8 @@ class PipelineSpec(Spec):
         if placed and self.cluster is None:
             raise ValueError(f"stages {few(placed)} have a placement: declare the cluster")
         self._wiring = wire(self.stages, self.edges)
+        if transcriber is not None:
+            _check_transcriber_ports(transcriber, self._wiring.ports[transcriber], self.stages)
         from omni_actors.pipeline.spec.edge_paths import edge_paths  # it reads these specs
 
         edge_paths(self)  # an edge that insists on a path it cannot have is refused here
@@ -318,6 +332,7 @@ class PipelineSpec(Spec):
     def with_model(self, model: str) -> PipelineSpec:
         """A copy whose every stage with an engine that loads a model loads ``model``: a
         release directory, a Hugging Face repo id, or a family that prepares a release.
+        The transcriber (``outputs.transcript``) keeps its own model.
 
         Raises:
             PipelineConfigError: no stage's engine loads a model.
@@ -325,6 +340,8 @@ class PipelineSpec(Spec):
         data = self.model_dump(by_alias=True)
         placed = 0
         for stage in data["stages"]:
+            if stage["name"] == self.outputs.transcript:
+                continue
             if "model" in engine_type(stage["engine"]["kind"]).args_model.model_fields:
                 stage["engine"]["args"] = {**stage["engine"]["args"], "model": model}
                 placed += 1
@@ -380,8 +397,9 @@ class PipelineSpec(Spec):
         """Every stage reachable from ``name`` (excluding it)."""
         return self._graph().downstream(name)
 
-    def stages_for(self, *, text: bool, audio: bool) -> list[str]:
-        """Stages a request needs, in topological order: a text-only request skips audio."""
+    def stages_for(self, *, text: bool, audio: bool, transcript: bool = False) -> list[str]:
+        """Stages a request needs, in topological order: a text-only request skips audio,
+        and only a session that may ask for transcripts has the transcriber."""
         targets = [
             stage
             for stage, wanted in ((self.outputs.text, text), (self.outputs.audio, audio))
@@ -389,7 +407,57 @@ class PipelineSpec(Spec):
         ]
         graph = self._graph()
         needed = {self.entry_stage, *targets} | graph.upstream(targets)
+        if transcript and self.outputs.transcript is not None:
+            needed.add(self.outputs.transcript)
         return [n for n in graph.order() if n in needed]
+
+
+def _check_transcriber(
+    transcriber: str, entry: str, edges: tuple[EdgeSpec, ...], names: list[str]
+) -> None:
+    """``outputs.transcript`` names a stage the caller's input can fan out to."""
+    if transcriber not in names:
+        raise ValueError(f"outputs.transcript: no stage {transcriber!r}; stages: {few(names)}")
+    if transcriber == entry:
+        raise ValueError(
+            f"outputs.transcript: {transcriber!r} is the entry stage; the transcriber is a "
+            "stage of its own, fed by the caller's input beside the entry"
+        )
+    wired = [f"{e.source}->{e.to}" for e in edges if transcriber in (e.source, e.to)]
+    if wired:
+        raise ValueError(
+            f"outputs.transcript: stage {transcriber!r} takes the caller's input and "
+            f"gives the caller its transcript, so it has no edges; remove {few(wired)}"
+        )
+
+
+def _check_transcriber_ports(transcriber: str, ports: Ports, stages: tuple[StageSpec, ...]) -> None:
+    """The transcriber's engine declares the transcriber's ports."""
+    from omni_actors.actors.engines.transcriber_ports import (  # the contract it must meet
+        TRANSCRIBER_INPUTS,
+        TRANSCRIBER_OUTPUTS,
+    )
+
+    kind = next(s.engine.kind for s in stages if s.name == transcriber)
+    if not ports.streams_input:
+        raise ValueError(
+            f"outputs.transcript: stage {transcriber!r} ({kind}) cannot take streamed "
+            "input, and the caller's input streams into it"
+        )
+    for what, declared, contract in (
+        ("take", ports.inputs, TRANSCRIBER_INPUTS),
+        ("yield", ports.outputs, TRANSCRIBER_OUTPUTS),
+    ):
+        wrong = [
+            f"{name} ({rule})" for name, rule in contract.items() if declared.get(name) != rule
+        ]
+        if wrong:
+            raise ValueError(
+                f"outputs.transcript: stage {transcriber!r} ({kind}) must {what} "
+                f"{', '.join(wrong)} as a transcriber does "
+                "(omni_actors.actors.engines.transcriber_ports); use a transcriber engine "
+                "such as transformers.asr"
+            )
 
 
 def preset_names() -> list[str]:

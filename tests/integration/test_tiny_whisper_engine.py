@@ -1,0 +1,86 @@
+"""The ``transformers.asr`` engine on tiny-whisper: real (tiny, seeded) Whisper forwards."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Sequence
+from pathlib import Path
+
+import pytest
+import torch
+
+from omni_actors.actors.engines.asr.engine import AsrArgs, AsrEngine
+from omni_actors.actors.engines.contract import Fields
+from omni_actors.models.cache import is_prepared
+from omni_actors.protocols.stage import SessionKey
+
+pytestmark = pytest.mark.integration
+
+
+@pytest.fixture(scope="module")
+def cache(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tmp_path_factory.mktemp("weights")
+
+
+async def _inputs(fields: Sequence[Fields]) -> AsyncIterator[Fields]:
+    for item in fields:
+        yield item
+
+
+def _speech(seed: int, seconds: float = 1.0) -> torch.Tensor:
+    generator = torch.Generator().manual_seed(seed)
+    return torch.randn(int(16000 * seconds), generator=generator) * 0.1
+
+
+async def _transcribe(engine: AsrEngine, session: str, fields: Sequence[Fields]) -> list[Fields]:
+    return [out async for out in engine.generate(SessionKey(session), _inputs(fields))]
+
+
+async def test_one_transcript_per_turn_the_same_for_the_same_audio(cache: Path) -> None:
+    assert not is_prepared("tiny-whisper", cache_dir=cache)
+    engine = AsrEngine(AsrArgs(cache_dir=cache, max_transcript_tokens=12))
+    assert is_prepared("tiny-whisper", cache_dir=cache)  # prepared on first use
+    await engine.start()
+    try:
+        a, b = _speech(1), _speech(2)
+        turns = [
+            {"item": "first", "audio": a[:8000]},
+            {"audio": a[8000:]},
+            {"turn": "commit"},
+            {"audio": b},
+            {"turn": "clear"},  # dropped: no transcript
+            {"item": "second", "audio": b},
+        ]  # the segment's end commits the second turn
+        outputs = await _transcribe(engine, "s#1", turns)
+        assert [o["item"] for o in outputs] == ["first", "second"]
+        texts = [o["transcript"] for o in outputs]
+        assert all(isinstance(t, str) and t and t.isprintable() for t in texts)
+        # Random weights, seeded: the same audio gives the same text, in any session.
+        again = await _transcribe(engine, "s#2", [{"item": "x", "audio": a}])
+        assert again == [{"item": "x", "transcript": texts[0]}]
+        await engine.release(SessionKey("s#1"))
+        await engine.release(SessionKey("s#2"))
+    finally:
+        await engine.stop()
+
+
+async def test_a_turn_that_fails_fails_alone(cache: Path) -> None:
+    engine = AsrEngine(AsrArgs(cache_dir=cache, max_transcript_tokens=4))
+    await engine.start()
+    try:
+        speech = _speech(3, 0.5)
+        outputs = await _transcribe(
+            engine,
+            "s#1",
+            [
+                {"language": "xx", "item": "bad", "audio": speech},
+                {"turn": "commit"},
+                {"language": "", "item": "good", "audio": speech},
+            ],
+        )
+        assert outputs[0]["item"] == "bad"
+        assert "xx" in str(outputs[0]["transcript_error"])
+        assert outputs[1]["item"] == "good"
+        assert isinstance(outputs[1]["transcript"], str)
+    finally:
+        await engine.abort(SessionKey("s#1"))
+        await engine.stop()
