@@ -326,7 +326,9 @@ class Session:
         """
         await self._mark("clear")
 
-    async def add_reply(self, text: str, *, tool_calls: str | None = None) -> None:
+    async def add_reply(
+        self, text: str, *, tool_calls: str | None = None, turn: str = ""
+    ) -> None:
         """Add an assistant turn saying ``text`` to the conversation; nothing is generated.
 
         For a history the caller holds (earlier replies of a chat, an assistant item):
@@ -343,6 +345,7 @@ class Session:
                 (None: it called none). The turn then goes as a ``reply`` mark's
                 ``TOOL_CALLS_FIELD``, which the entry engine renders, words and calls, as
                 its chat template writes such a turn.
+            turn: the turn's id, by which :meth:`delete` can take it out later.
 
         Raises:
             SessionClosedError: the session has ended.
@@ -385,7 +388,7 @@ class Session:
             )
         self._check_open()
         await self._flush_audio()  # the open turn's last samples, before the reply
-        await self._input.send(payload, mark="reply")
+        await self._input.send(payload, mark="reply", turn=turn)
 
     async def respond(
         self,
@@ -473,8 +476,9 @@ class Session:
     async def delete(self, turn: str) -> bool:
         """Take a turn out of the conversation: no later reply sees it.
 
-        ``turn`` is a user turn's id (given to :meth:`commit`) or a response's id (its
-        reply goes, with the truncations of it). The session keeps its conversation to
+        ``turn`` is a user turn's id (given to :meth:`commit`), an assistant turn's (given
+        to :meth:`add_reply`) or a response's id (its reply goes, with the truncations
+        of it). The session keeps its conversation to
         replay onto restarted stages (:mod:`~omni_actors.pipeline.conversation_log`);
         the turn is taken out of it, every stage lets the session go, and the session
         opens again and replays the conversation as it now stands, as after a stage

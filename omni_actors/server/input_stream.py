@@ -39,8 +39,8 @@ log = logging.getLogger(__name__)
 @dataclass(frozen=True, slots=True)
 class Op:
     """One queued operation; ``event_id`` is the client event it came from; ``turn``: the
-    item a ``commit`` makes a user turn (its transcript names it too), or the turn (an
-    item, or a response's id) a ``delete`` takes out; ``calls``: the tools a ``reply``
+    item a ``commit`` makes a user turn (its transcript names it too) or a ``reply`` an
+    assistant turn, or the turn (an item, or a response's id) a ``delete`` takes out; ``calls``: the tools a ``reply``
     called (a JSON array)."""
 
     # audio | text | reply | commit | clear | respond | truncate | instructions | tools
@@ -121,7 +121,7 @@ class InputStream:
         elif op.kind == "text":
             await session.send(text=op.text)
         elif op.kind == "reply":
-            await session.add_reply(op.text, tool_calls=op.calls)
+            await session.add_reply(op.text, tool_calls=op.calls, turn=op.turn)
         elif op.kind == "instructions":
             fields = {INSTRUCTIONS_FIELD: op.text}
             if self._ops and self._ops[0].kind == "tools":

@@ -624,7 +624,7 @@ class RealtimeConnection:
             assert self.input is not None
             if item.role == "assistant":
                 said = self._reply_text(item)
-                self.input.put(Op("reply", event_id=event.event_id, text=said))
+                self.input.put(Op("reply", event_id=event.event_id, text=said, turn=item_id))
                 self.last_response = None  # a truncation can cut only the last reply
             else:
                 if not texts and not audios:
@@ -707,7 +707,7 @@ class RealtimeConnection:
         function = {"name": item.name, "arguments": arguments}
         calls = json.dumps([{"type": "function", "function": function}])
         assert self.input is not None
-        self.input.put(Op("reply", event_id=event.event_id, calls=calls))
+        self.input.put(Op("reply", event_id=event.event_id, calls=calls, turn=item_id))
         self.last_response = None  # a truncation can cut only the last reply
         added = FunctionCallItem(
             id=item_id,
