@@ -326,9 +326,7 @@ class Session:
         """
         await self._mark("clear")
 
-    async def add_reply(
-        self, text: str, *, tool_calls: str | None = None, turn: str = ""
-    ) -> None:
+    async def add_reply(self, text: str, *, tool_calls: str | None = None, turn: str = "") -> None:
         """Add an assistant turn saying ``text`` to the conversation; nothing is generated.
 
         For a history the caller holds (earlier replies of a chat, an assistant item):

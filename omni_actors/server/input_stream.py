@@ -40,8 +40,8 @@ log = logging.getLogger(__name__)
 class Op:
     """One queued operation; ``event_id`` is the client event it came from; ``turn``: the
     item a ``commit`` makes a user turn (its transcript names it too) or a ``reply`` an
-    assistant turn, or the turn (an item, or a response's id) a ``delete`` takes out; ``calls``: the tools a ``reply``
-    called (a JSON array)."""
+    assistant turn, or the turn (an item, or a response's id) a ``delete`` takes out;
+    ``calls``: the tools a ``reply`` called (a JSON array)."""
 
     # audio | text | reply | commit | clear | respond | truncate | instructions | tools
     # | tool_result | delete | transcribe
