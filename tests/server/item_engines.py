@@ -5,8 +5,8 @@
 ``text``), so a session can replay its conversation onto it. It replies, one character
 per output, with the user turns since its last reply, upper-cased and joined by ``|``
 (a turn's audio shows as ``<audio>``), or ``-`` when there is none. A last user turn
-``?`` makes it reply with the conversation it holds instead: its turns as ``u:…`` and ``a:…``, joined by spaces (the
-question is not kept).
+``?`` makes it reply with the conversation it holds instead: its turns as ``u:…`` and
+``a:…``, joined by spaces (the question is not kept).
 """
 
 from __future__ import annotations
