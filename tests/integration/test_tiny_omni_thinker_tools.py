@@ -19,6 +19,7 @@ from omni_actors.actors.engines.contract import (
     TOOL_CALLS_FIELD,
     TOOL_RESULT_FIELD,
     TOOLS_FIELD,
+    TURN_FIELD,
 )
 from omni_actors.actors.engines.qwen3_omni.vocabulary import Vocabulary
 from omni_actors.pipeline.spec.pipeline import load_pipeline
@@ -87,7 +88,7 @@ async def test_an_assistant_turn_with_calls_is_taken_back_as_written(
             engine,
             "s",
             {TOOLS_FIELD: json.dumps(TOOLS), "text": "weather?"},
-            {TOOL_CALLS_FIELD: call},
+            {TURN_FIELD: "reply", TOOL_CALLS_FIELD: call},
             {TOOL_RESULT_FIELD: "sunny"},
             {TOOL_RESULT_FIELD: "warm"},
         )

@@ -149,7 +149,7 @@ async def test_tools_results_and_calls_taken_back_equal_the_torch_thinker(engine
         "tools",
         [
             {"text": "Weather?"},
-            {TOOL_CALLS_FIELD: calls},
+            {TURN_FIELD: "reply", TOOL_CALLS_FIELD: calls},
             {TOOL_RESULT_FIELD: "sunny"},
             {TOOL_RESULT_FIELD: "warm"},
         ],
