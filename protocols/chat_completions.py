@@ -39,6 +39,12 @@ __all__ = [
     "ErrorBody",
     "ErrorDetail",
     "FinishReason",
+    "FunctionCall",
+    "FunctionDefinition",
+    "NamedToolChoice",
+    "Tool",
+    "ToolCall",
+    "ToolCallDelta",
     "InputAudio",
     "InputAudioPart",
     "Message",
@@ -102,6 +108,21 @@ class UserMessage(msgspec.Struct, tag_field="role", tag="user", frozen=True, kw_
     content: str | list[ContentPart]
 
 
+class FunctionCall(msgspec.Struct, frozen=True, kw_only=True):
+    """``function`` of a tool call: the function's name and its arguments (JSON text)."""
+
+    name: str
+    arguments: str
+
+
+class ToolCall(msgspec.Struct, frozen=True, kw_only=True):
+    """A call of a tool the model made (in a reply, or given back in an assistant message)."""
+
+    id: str
+    function: FunctionCall
+    type: Literal["function"] = "function"
+
+
 class AssistantAudio(msgspec.Struct, frozen=True, kw_only=True):
     """An assistant message's ``audio``: the earlier audio reply it refers to.
 
@@ -120,16 +141,18 @@ class AssistantMessage(
     msgspec.Struct, tag_field="role", tag="assistant", frozen=True, kw_only=True
 ):
     """An earlier reply of the model: an assistant turn of the conversation, taken by
-    its words (``content``, else ``audio.transcript``)."""
+    its words (``content``, else ``audio.transcript``) and the tools it called."""
 
     content: str | list[TextPart] | None = None
     audio: AssistantAudio | None = None
+    tool_calls: list[ToolCall] | None = None
 
 
 class ToolMessage(msgspec.Struct, tag_field="role", tag="tool", frozen=True, kw_only=True):
-    """A tool's result (declared so that it is refused by name: no tools here)."""
+    """A tool's result, for the call ``tool_call_id`` of an earlier assistant message."""
 
     content: str | list[TextPart] | None = None
+    tool_call_id: str | None = None
 
 
 Message = SystemMessage | DeveloperMessage | UserMessage | AssistantMessage | ToolMessage
@@ -158,6 +181,30 @@ class StreamOptions(msgspec.Struct, frozen=True, kw_only=True):
     include_usage: bool = False
 
 
+class FunctionDefinition(msgspec.Struct, frozen=True, kw_only=True):
+    """A function the model may call: its name, description and JSON Schema."""
+
+    name: str
+    description: str | None = None
+    parameters: dict[str, object] | None = None
+    strict: bool | None = None
+
+
+class Tool(msgspec.Struct, frozen=True, kw_only=True):
+    """One of ``tools``: ``{"type": "function", "function": {...}}`` (another type is
+    refused by name)."""
+
+    type: str
+    function: FunctionDefinition | None = None
+
+
+class NamedToolChoice(msgspec.Struct, frozen=True, kw_only=True):
+    """``tool_choice: {"type": "function", "function": {"name": ...}}``."""
+
+    type: str
+    function: dict[str, str] | None = None
+
+
 class ResponseFormat(msgspec.Struct, frozen=True, kw_only=True):
     """``response_format``: ``{"type": "text"}`` is served; ``json_object`` and
     ``json_schema`` are refused (nothing constrains the reply to JSON)."""
@@ -181,6 +228,9 @@ class ChatCompletionRequest(msgspec.Struct, frozen=True, kw_only=True, forbid_un
             deprecated name, used if this is absent).
         temperature: sampling temperature (0: greedy).
         n: replies per request; only 1 is served.
+        tools: the functions the model may call.
+        tool_choice: ``auto`` (the default with tools) or ``none``.
+        parallel_tool_calls: accepted; a reply may make several calls either way.
         stop: up to 4 strings; the reply's text ends before the first it contains
             (text replies; a voiced reply is refused it).
         response_format: ``{"type": "text"}`` only.
@@ -200,6 +250,9 @@ class ChatCompletionRequest(msgspec.Struct, frozen=True, kw_only=True, forbid_un
     max_completion_tokens: int | None = None
     temperature: float | None = None
     n: int | None = 1
+    tools: list[Tool] | None = None
+    tool_choice: str | NamedToolChoice | None = None
+    parallel_tool_calls: bool | None = None
     stop: str | list[str] | None = None
     response_format: ResponseFormat | None = None
     top_p: float | None = None
@@ -216,8 +269,8 @@ class ChatCompletionRequest(msgspec.Struct, frozen=True, kw_only=True, forbid_un
 
 # -- reply -------------------------------------------------------------------------------
 
-FinishReason = Literal["stop", "length"]
-"""Why a reply ended: its natural end, or ``max_completion_tokens``."""
+FinishReason = Literal["stop", "length", "tool_calls"]
+"""Why a reply ended: its natural end, ``max_completion_tokens``, or a call of a tool."""
 
 
 class Usage(msgspec.Struct, frozen=True, kw_only=True):
@@ -249,6 +302,7 @@ class AssistantReply(msgspec.Struct, frozen=True, kw_only=True):
     content: str | None
     audio: ChatAudio | None = None
     refusal: str | None = None
+    tool_calls: list[ToolCall] | None = None
 
 
 class Choice(msgspec.Struct, frozen=True, kw_only=True):
@@ -284,12 +338,22 @@ class DeltaAudio(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
     expires_at: int | None = None
 
 
+class ToolCallDelta(msgspec.Struct, frozen=True, kw_only=True):
+    """One of ``delta.tool_calls``: a whole call, ``index`` its place in the reply."""
+
+    index: int
+    id: str
+    function: FunctionCall
+    type: Literal["function"] = "function"
+
+
 class Delta(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
     """``delta``: what a chunk adds to the reply (absent fields add nothing)."""
 
     role: Literal["assistant"] | None = None
     content: str | None = None
     audio: DeltaAudio | None = None
+    tool_calls: list[ToolCallDelta] | None = None
 
 
 class ChunkChoice(msgspec.Struct, frozen=True, kw_only=True):

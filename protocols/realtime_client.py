@@ -6,8 +6,10 @@ A client speaks to ``/v1/realtime`` in JSON text frames, one event each, tagged 
 the wrong shape are told apart, and the ``error`` the server answers names the client's
 ``event_id`` in both cases.
 
-Fields the server does not act on (tools, noise reduction, tracing …)
-are accepted and ignored, so a client written for OpenAI's service connects unchanged.
+Function tools (``session.tools``, ``tool_choice``) and their items
+(``function_call_output``) are read here; fields the server does not act on (noise
+reduction, tracing …) are accepted and ignored, so a client written for OpenAI's
+service connects unchanged.
 The beta API's flat ``session.update`` (``modalities``, ``input_audio_format``,
 ``voice``, ``turn_detection`` at the top level) is read by the same struct: its fields
 are aliases of the GA nested ones (see ``omni_actors.server.session_config``).
@@ -28,6 +30,8 @@ __all__ = [
     "ClientEvent",
     "ClientEventError",
     "ContentPart",
+    "FunctionTool",
+    "ToolChoiceFunction",
     "ConversationItemCreate",
     "ConversationItemDelete",
     "ConversationItemRetrieve",
@@ -103,6 +107,26 @@ class SessionAudioConfig(msgspec.Struct, frozen=True, kw_only=True):
     output: AudioOutputConfig | None = None
 
 
+class FunctionTool(msgspec.Struct, frozen=True, kw_only=True):
+    """A tool of ``session.tools``: ``{"type": "function", "name", "description",
+    "parameters"}`` (JSON Schema). Another ``type`` (``mcp``) is refused by name."""
+
+    type: str = "function"
+    name: str | None = None
+    description: str | None = None
+    parameters: dict[str, object] | None = None
+
+
+class ToolChoiceFunction(msgspec.Struct, frozen=True, kw_only=True):
+    """``tool_choice: {"type": "function", "name": ...}`` (refused: the model chooses)."""
+
+    type: str
+    name: str | None = None
+
+
+ToolChoice = str | ToolChoiceFunction
+
+
 class SessionConfig(msgspec.Struct, frozen=True, kw_only=True):
     """The ``session`` of ``session.update``: GA nested fields, then beta flat aliases.
 
@@ -115,6 +139,8 @@ class SessionConfig(msgspec.Struct, frozen=True, kw_only=True):
     instructions: str | None = None
     audio: SessionAudioConfig | None = None
     max_output_tokens: MaxTokens | None = None
+    tools: list[FunctionTool] | None = None
+    tool_choice: ToolChoice | None = None
     # Beta (flat) names.
     modalities: list[Modality] | None = None
     input_audio_format: str | None = None
@@ -137,12 +163,17 @@ class ContentPart(msgspec.Struct, frozen=True, kw_only=True):
 
 
 class ItemParam(msgspec.Struct, frozen=True, kw_only=True):
-    """The ``item`` of ``conversation.item.create`` (``message`` items)."""
+    """The ``item`` of ``conversation.item.create``: a ``message`` (``role``,
+    ``content``) or a ``function_call_output`` (``call_id``, ``output``)."""
 
     type: str = "message"
     id: str | None = None
     role: str | None = None
     content: list[ContentPart] = []
+    call_id: str | None = None
+    output: str | None = None
+    name: str | None = None
+    arguments: str | None = None
 
 
 class ResponseAudioParams(msgspec.Struct, frozen=True, kw_only=True):
@@ -161,6 +192,8 @@ class ResponseParams(msgspec.Struct, frozen=True, kw_only=True):
     conversation: str | None = None
     input: list[ItemParam] | None = None
     metadata: dict[str, str] | None = None
+    tools: list[FunctionTool] | None = None
+    tool_choice: ToolChoice | None = None
     # Beta (flat) names.
     modalities: list[Modality] | None = None
     voice: str | None = None

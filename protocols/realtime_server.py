@@ -34,6 +34,12 @@ from omni_actors.protocols.realtime_client import AudioFormat, TurnDetection
 __all__ = [
     "BETA_NAMES",
     "ConversationItem",
+    "FunctionCallItem",
+    "FunctionCallOutputItem",
+    "FunctionToolState",
+    "Item",
+    "ResponseFunctionCallArgumentsDelta",
+    "ResponseFunctionCallArgumentsDone",
     "ConversationItemAdded",
     "ConversationItemDeleted",
     "ConversationItemDone",
@@ -114,6 +120,15 @@ class AudioState(msgspec.Struct, frozen=True, kw_only=True):
     output: AudioOutputState
 
 
+class FunctionToolState(msgspec.Struct, frozen=True, kw_only=True):
+    """A tool of ``session.tools``, as the session holds it."""
+
+    name: str
+    description: str | None = None
+    parameters: dict[str, object] | None = None
+    type: Literal["function"] = "function"
+
+
 class RealtimeSession(msgspec.Struct, frozen=True, kw_only=True):
     """The session's settings, as ``session.created`` and ``session.updated`` show them."""
 
@@ -126,7 +141,7 @@ class RealtimeSession(msgspec.Struct, frozen=True, kw_only=True):
     expires_at: int
     type: Literal["realtime"] = "realtime"
     object: Literal["realtime.session"] = "realtime.session"
-    tools: list[dict[str, str]] = []
+    tools: list[FunctionToolState] = []
     tool_choice: str = "auto"
     tracing: None = None
     truncation: str = "auto"
@@ -153,6 +168,34 @@ class ConversationItem(msgspec.Struct, frozen=True, kw_only=True):
     content: list[ItemContent]
     type: Literal["message"] = "message"
     object: Literal["realtime.item"] = "realtime.item"
+
+
+class FunctionCallItem(msgspec.Struct, frozen=True, kw_only=True):
+    """A call of one of the session's tools, as the model made it: ``arguments`` is
+    JSON text. The caller answers with a ``function_call_output`` item."""
+
+    id: str
+    call_id: str
+    name: str
+    arguments: str
+    status: ItemStatus
+    type: Literal["function_call"] = "function_call"
+    object: Literal["realtime.item"] = "realtime.item"
+
+
+class FunctionCallOutputItem(msgspec.Struct, frozen=True, kw_only=True):
+    """A tool's result, given back for the call ``call_id``."""
+
+    id: str
+    call_id: str
+    output: str
+    status: ItemStatus = "completed"
+    type: Literal["function_call_output"] = "function_call_output"
+    object: Literal["realtime.item"] = "realtime.item"
+
+
+Item = ConversationItem | FunctionCallItem | FunctionCallOutputItem
+"""Any item of the conversation."""
 
 
 class ErrorDetail(msgspec.Struct, frozen=True, kw_only=True):
@@ -202,7 +245,7 @@ class RealtimeResponse(msgspec.Struct, frozen=True, kw_only=True):
 
     id: str
     status: ResponseStatus
-    output: list[ConversationItem]
+    output: list[Item]
     output_modalities: list[Modality]
     max_output_tokens: int | Literal["inf"]
     audio: ResponseAudio
@@ -305,14 +348,14 @@ class InputAudioBufferCleared(_Event, tag="input_audio_buffer.cleared", frozen=T
 class ConversationItemAdded(_Event, tag="conversation.item.added", frozen=True, kw_only=True):
     """An item joined the conversation."""
 
-    item: ConversationItem
+    item: Item
     previous_item_id: str | None = None
 
 
 class ConversationItemDone(_Event, tag="conversation.item.done", frozen=True, kw_only=True):
     """An item is complete."""
 
-    item: ConversationItem
+    item: Item
     previous_item_id: str | None = None
 
 
@@ -331,7 +374,7 @@ class ConversationItemRetrieved(
 ):
     """The answer to ``conversation.item.retrieve``: the item as the server holds it."""
 
-    item: ConversationItem
+    item: Item
 
 
 class ConversationItemDeleted(_Event, tag="conversation.item.deleted", frozen=True, kw_only=True):
@@ -364,19 +407,19 @@ class ResponseCreated(_Event, tag="response.created", frozen=True, kw_only=True)
 
 
 class ResponseOutputItemAdded(_Event, tag="response.output_item.added", frozen=True, kw_only=True):
-    """The response's assistant item, in progress."""
+    """One of the response's items (its message, or a function call), in progress."""
 
     response_id: str
     output_index: int
-    item: ConversationItem
+    item: Item
 
 
 class ResponseOutputItemDone(_Event, tag="response.output_item.done", frozen=True, kw_only=True):
-    """The response's assistant item, complete (or incomplete if cut short)."""
+    """One of the response's items, complete (or incomplete if cut short)."""
 
     response_id: str
     output_index: int
-    item: ConversationItem
+    item: Item
 
 
 class _Part(_Event, frozen=True, kw_only=True):
@@ -436,6 +479,31 @@ class ResponseOutputTextDone(_Part, tag="response.output_text.done", frozen=True
     text: str
 
 
+class ResponseFunctionCallArgumentsDelta(
+    _Event, tag="response.function_call_arguments.delta", frozen=True, kw_only=True
+):
+    """More of a function call's arguments (JSON text)."""
+
+    response_id: str
+    item_id: str
+    output_index: int
+    call_id: str
+    delta: str
+
+
+class ResponseFunctionCallArgumentsDone(
+    _Event, tag="response.function_call_arguments.done", frozen=True, kw_only=True
+):
+    """A function call's whole arguments, and its name."""
+
+    response_id: str
+    item_id: str
+    output_index: int
+    call_id: str
+    name: str
+    arguments: str
+
+
 class ResponseDone(_Event, tag="response.done", frozen=True, kw_only=True):
     """The response ended: ``completed``, ``cancelled``, ``incomplete`` or ``failed``."""
 
@@ -476,6 +544,8 @@ ServerEvent = (
     | ResponseOutputAudioTranscriptDone
     | ResponseOutputTextDelta
     | ResponseOutputTextDone
+    | ResponseFunctionCallArgumentsDelta
+    | ResponseFunctionCallArgumentsDone
     | ResponseDone
     | ErrorEvent
 )

@@ -139,6 +139,9 @@ __all__ = [
     "NO_OPTIONS",
     "REPLY_FIELD",
     "RULES",
+    "TOOLS_FIELD",
+    "TOOL_CALLS_FIELD",
+    "TOOL_RESULT_FIELD",
     "TURN_FIELD",
     "Engine",
     "Fields",
@@ -187,6 +190,30 @@ that stage restarts (module docstring)."""
 INSTRUCTIONS_FIELD = "instructions"
 """A text field setting the conversation's instructions (its system prompt) from now on;
 an entry engine that declares it among its inputs follows them (module docstring)."""
+
+TOOLS_FIELD = "tools"
+"""A text field setting the tools the model may call from now on: a JSON array of
+function definitions, each ``{"type": "function", "function": {"name": ...,
+"description": ..., "parameters": {...}}}`` as chat templates take them (``"[]"``: none).
+An entry engine that declares it among its inputs gives them to the model through the
+release's chat template (with the instructions, in the system turn), and the entry stage
+keeps the tool calls the model writes (``<tool_call>...</tool_call>`` in its ``text``)
+from the stages after it: a tool call is never spoken
+(:mod:`omni_actors.actors.engines.tool_calls`)."""
+
+TOOL_RESULT_FIELD = "tool_result"
+"""A text field adding a tool's result (its output, as text) to the open user turn, as
+the release's chat template renders a ``tool`` message (Qwen: a ``<tool_response>``
+block in a user turn). Declared by an entry engine that declares :data:`TOOLS_FIELD`."""
+
+TOOL_CALLS_FIELD = "tool_calls"
+"""A text field of a ``reply`` mark: the earlier assistant turn it gives back called tools
+(a caller holds the conversation, as a chat completion's ``assistant`` message with
+``tool_calls``), a JSON object ``{"content": str | null, "tool_calls": [{"type":
+"function", "function": {"name": ..., "arguments": "<JSON text>"}}]}``. The entry engine
+takes it, words and calls, as the release's chat template renders the assistant's turn
+(in place of the mark's ``reply`` ids or ``text``: nothing is generated or yielded).
+Declared by an entry engine that declares :data:`TOOLS_FIELD`."""
 
 NO_OPTIONS = ResponseOptions()
 """The options of a response that overrides nothing."""

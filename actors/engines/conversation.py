@@ -10,9 +10,11 @@ prefilled, a token list and the vLLM request that holds it) is the engine's
 
 **Input**, chunk by chunk, in order:
 
-- plain input: ``instructions`` (:data:`~.contract.INSTRUCTIONS_FIELD`, the
-  conversation's system prompt from then on), then text and audio, which join the open
-  user turn (the first of them opens one);
+- plain input: ``instructions`` and ``tools`` (:data:`~.contract.INSTRUCTIONS_FIELD`,
+  :data:`~.contract.TOOLS_FIELD`: the conversation's system turn from then on, each
+  kept until it is set again), then text, audio and tool results
+  (:data:`~.contract.TOOL_RESULT_FIELD`), which join the open user turn (the first of
+  them opens one);
 - ``commit``: the open user turn is closed; its rows (what the talker conditions on)
   are yielded;
 - ``clear``: what came since the last commit is dropped: the conversation comes back to
@@ -22,7 +24,10 @@ prefilled, a token list and the vLLM request that holds it) is the engine's
 - ``reply``: an assistant turn generated earlier (a session replaying its conversation),
   or given by its text (:meth:`Response.encode`: a history the caller holds): the open
   user turn is committed (its rows yielded), then the reply's tokens
-  (:func:`~.turn_marks.reply_of`) are taken as if decoded; nothing is yielded for them;
+  (:func:`~.turn_marks.reply_of`) are taken as if decoded; nothing is yielded for them.
+  A given assistant turn that called tools carries them instead
+  (:data:`~.contract.TOOL_CALLS_FIELD`, with its words): its tokens are the turn as the
+  chat template writes it (:meth:`Response.tool_calls_turn`);
 - any other mark is refused (:class:`~.turn_marks.TurnMarkError`).
 
 **Two checkpoints.** ``start`` is where the response began: a failure comes back to it.
@@ -76,6 +81,8 @@ import torch
 
 from omni_actors.actors.engines.contract import (
     INSTRUCTIONS_FIELD,
+    TOOL_CALLS_FIELD,
+    TOOLS_FIELD,
     TURN_FIELD,
     Fields,
     ResponseOptions,
@@ -147,16 +154,30 @@ class Response(ABC, Generic[C]):
         engine that buffers input (a clip sent whole) ends or drops it."""
 
     @abstractmethod
-    async def instruct(self, instructions: torch.Tensor | str) -> bool:
-        """Set the conversation's instructions (the ``instructions`` field's value).
+    async def instruct(
+        self, instructions: torch.Tensor | str | None, tools: torch.Tensor | str | None = None
+    ) -> bool:
+        """Set the conversation's instructions and tools (the ``instructions`` and
+        ``tools`` fields' values; None: the one set before stays).
 
         Returns:
             Whether they were fed now, between user turns (``committed`` moves past
             them); else they wait behind the open turn.
 
         Raises:
-            ValueError: they are not text (the engine's own input error).
+            ValueError: they are not text, or the tools cannot be rendered (the engine's
+                own input error).
         """
+
+    def tool_calls_turn(self, message: torch.Tensor | str) -> tuple[int, ...]:
+        """The tokens of an assistant turn that called tools (``TOOL_CALLS_FIELD``'s
+        value), as the chat template writes its content.
+
+        Raises:
+            TurnMarkError: the engine takes no tool calls (an engine that declares the
+                field overrides this).
+        """
+        raise TurnMarkError("this engine takes no assistant turns with tool calls")
 
     @abstractmethod
     async def take(self, fields: Fields) -> None:
@@ -292,8 +313,10 @@ async def respond(
             await response.before_input(fields)
             mark = fields.get(TURN_FIELD)
             if mark is None:
-                if INSTRUCTIONS_FIELD in fields and await response.instruct(
-                    fields[INSTRUCTIONS_FIELD]
+                if (
+                    INSTRUCTIONS_FIELD in fields or TOOLS_FIELD in fields
+                ) and await response.instruct(
+                    fields.get(INSTRUCTIONS_FIELD), fields.get(TOOLS_FIELD)
                 ):
                     committed = response.checkpoint()  # a clear keeps them
                 await response.take(fields)
@@ -313,7 +336,12 @@ async def respond(
                     start = committed
                     response.moved_start()
             elif mark == "reply":
-                tokens = reply_of(fields, response.vocab_size, response.encode)
+                called = fields.get(TOOL_CALLS_FIELD)
+                tokens = (
+                    reply_of(fields, response.vocab_size, response.encode)
+                    if called is None
+                    else response.tool_calls_turn(called)
+                )
                 rows = await response.commit()
                 if rows is not None:
                     yield rows

@@ -10,16 +10,27 @@ from __future__ import annotations
 
 import asyncio
 import math
+import re
 from collections.abc import AsyncIterator
 from typing import ClassVar, Final, Literal, get_args
 
 import torch
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from omni_actors.actors.engines.contract import CONTEXT_FIELD, Fields, Ports, Rule, response_options
+from omni_actors.actors.engines.contract import (
+    CONTEXT_FIELD,
+    INSTRUCTIONS_FIELD,
+    TOOL_CALLS_FIELD,
+    TOOL_RESULT_FIELD,
+    TOOLS_FIELD,
+    Fields,
+    Ports,
+    Rule,
+    response_options,
+)
 from omni_actors.errors import EngineError
 
-__all__ = ["ScriptedArgs", "ScriptedEngine", "ScriptedEngineError"]
+__all__ = ["ScriptedArgs", "ScriptedEngine", "ScriptedEngineError", "reply_pieces"]
 
 
 class ScriptedEngineError(EngineError):
@@ -40,6 +51,21 @@ def input_rows(fields: Fields) -> int:
 
 ScriptedField = Literal["token_ids", "hidden", "codes", "text", "audio"]
 _FIELDS: Final[tuple[ScriptedField, ...]] = get_args(ScriptedField)
+ScriptedInput = Literal[ScriptedField, "instructions", "tools", "tool_result", "tool_calls"]
+"""What a scripted stage may declare it takes: its data fields, and the caller's
+conversation settings an entry engine can be declared to follow (taken, then ignored)."""
+assert {INSTRUCTIONS_FIELD, TOOLS_FIELD, TOOL_RESULT_FIELD, TOOL_CALLS_FIELD} <= set(
+    get_args(ScriptedInput)
+)
+
+_PIECE = re.compile(r"\s*\S+|\s+")
+"""One text delta of a scripted reply: a word with the whitespace before it (as a BPE
+token carries its leading space), or trailing whitespace."""
+
+
+def reply_pieces(text: str) -> tuple[str, ...]:
+    """The text deltas that spell ``text``, in order: they join back to ``text``."""
+    return tuple(_PIECE.findall(text))
 
 
 class ScriptedArgs(BaseModel):
@@ -53,8 +79,8 @@ class ScriptedArgs(BaseModel):
     outputs_per_input: int | None = Field(None, ge=1)
     fields: tuple[ScriptedField, ...] = ("token_ids", "hidden", "text")
     """The fields each output carries (its declared outputs)."""
-    inputs: tuple[ScriptedField, ...] = _FIELDS
-    """The fields it takes (its declared inputs): any of them, by default."""
+    inputs: tuple[ScriptedInput, ...] = _FIELDS
+    """The fields it takes (its declared inputs): any data field, by default."""
     replace: tuple[str, ...] = ()
     """Fields accumulated by ``replace`` rather than ``concat``, as inputs and outputs."""
     hidden_dim: int = Field(8, ge=1)
@@ -64,12 +90,42 @@ class ScriptedArgs(BaseModel):
     voices: tuple[str, ...] = ()
     """The voices it speaks with, as a talker declares its speakers (none: it takes any
     ``voice`` option); a response naming another fails as a real talker's would."""
+    reply_text: str | None = Field(None, min_length=1)
+    """The reply an entry stage spells out: output ``k``'s ``text`` is its ``k``-th piece
+    (:func:`reply_pieces`), and it yields one output per piece (``outputs`` follows). A
+    pipeline scripts a reply in a model's format with it, a tool call included."""
+
+    @model_validator(mode="after")
+    def _check_reply_text(self) -> ScriptedArgs:
+        if self.reply_text is None:
+            return self
+        if "text" not in self.fields:
+            raise ValueError("reply_text needs 'text' among fields: it is spelled out as text")
+        if self.outputs_per_input is not None:
+            raise ValueError(
+                "reply_text is an entry stage's reply: drop outputs_per_input, or reply_text"
+            )
+        pieces = len(reply_pieces(self.reply_text))
+        if "outputs" in self.model_fields_set and self.outputs != pieces:
+            raise ValueError(
+                f"reply_text spells {pieces} outputs but outputs is {self.outputs}: "
+                "leave outputs out (it follows reply_text)"
+            )
+        return self
+
+    @property
+    def replies(self) -> int:
+        """Outputs an entry stage yields per response."""
+        if self.reply_text is not None:
+            return len(reply_pieces(self.reply_text))
+        return self.outputs
 
 
 class ScriptedEngine:
     """Produces output ``k`` of a session as ``token_ids=[k]``, ``hidden`` rows of ``k``,
-    ``codes`` rows of ``k % 2048``, ``text="t{k} "`` and ``audio`` (``audio_samples``
-    samples of ``k / 1000``), keeping only the fields named in ``fields``.
+    ``codes`` rows of ``k % 2048``, ``text="t{k} "`` (with ``reply_text``, that text's
+    ``k``-th piece) and ``audio`` (``audio_samples`` samples of ``k / 1000``), keeping
+    only the fields named in ``fields``.
 
     Two modes:
         - ``outputs_per_input`` set (a streaming stage such as a talker): every input
@@ -77,7 +133,7 @@ class ScriptedEngine:
           left context a windowed edge adds) as soon as it arrives, so a stage fed one
           whole payload (a ``full`` edge) produces as much as one fed row by row.
         - otherwise (an entry stage such as a thinker): once the input stream ends, it
-          yields ``outputs`` outputs.
+          yields ``outputs`` outputs (with ``reply_text``, one per piece of it).
 
     The first output of a session comes ``first_output_s`` after the session's first
     input (or, for entry stages, after its last); each further output ``per_output_s``
@@ -111,6 +167,7 @@ class ScriptedEngine:
 
     def __init__(self, args: ScriptedArgs | None = None) -> None:
         self.args = args or ScriptedArgs()
+        self._pieces = reply_pieces(self.args.reply_text) if self.args.reply_text else ()
         self._sessions: dict[str, _Pacer] = {}
         self._replies: dict[str, int] = {}  # outputs of each session's last reply
         self._context: dict[str, int] = {}  # rows taken and outputs made, per session
@@ -196,7 +253,8 @@ class ScriptedEngine:
             elif name == "codes":
                 made[name] = torch.full((1, self.args.codebooks), k % 2048)
             elif name == "text":
-                made[name] = f"t{k} "
+                pieces = self._pieces
+                made[name] = pieces[k % len(pieces)] if pieces else f"t{k} "
             else:
                 made[name] = torch.full((self.args.audio_samples,), k / 1000)
         return made
@@ -218,7 +276,7 @@ class ScriptedEngine:
                     self._context[session] = self._context.get(session, 0) + input_rows(item)
                 pacer.input_taken()
                 context = self._prompts[session] = self._context.get(session, 0)
-                for _ in range(args.outputs):
+                for _ in range(args.replies):
                     if await pacer.wait(self._delay(produced)):
                         return
                     produced += 1

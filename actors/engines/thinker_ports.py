@@ -18,6 +18,11 @@ Inputs, any of them per chunk:
   ``Replayable``.
 - ``instructions``: str, the conversation's system prompt from then on (in a chunk with
   text or audio, before them).
+- ``tools``: str, the tools offered from then on (JSON), rendered with the
+  instructions into the system turn by the release's chat template; ``tool_result``:
+  str, a tool's result in the open user turn; ``tool_calls``: str, an earlier assistant
+  turn that called tools, taken back as the assistant's turn (see
+  :mod:`omni_actors.actors.engines.contract`).
 
 Outputs:
 
@@ -39,7 +44,15 @@ from collections.abc import Mapping
 from types import MappingProxyType
 from typing import Final
 
-from omni_actors.actors.engines.contract import INSTRUCTIONS_FIELD, REPLY_FIELD, TURN_FIELD, Rule
+from omni_actors.actors.engines.contract import (
+    INSTRUCTIONS_FIELD,
+    REPLY_FIELD,
+    TOOL_CALLS_FIELD,
+    TOOL_RESULT_FIELD,
+    TOOLS_FIELD,
+    TURN_FIELD,
+    Rule,
+)
 
 __all__ = ["THINKER_INPUTS", "THINKER_OUTPUTS"]
 
@@ -50,6 +63,9 @@ THINKER_INPUTS: Final[Mapping[str, Rule]] = MappingProxyType(
         TURN_FIELD: "concat",
         REPLY_FIELD: "concat",
         INSTRUCTIONS_FIELD: "concat",
+        TOOLS_FIELD: "concat",
+        TOOL_RESULT_FIELD: "concat",
+        TOOL_CALLS_FIELD: "concat",
     }
 )
 """What a thinker takes (module docstring), with each field's accumulate rule."""

@@ -37,6 +37,7 @@ from omni_actors import remoting
 from omni_actors._actor import Actor
 from omni_actors._mailbox import MailboxConfig
 from omni_actors.actors.engines.contract import (
+    TOOLS_FIELD,
     TURN_FIELD,
     Engine,
     Ports,
@@ -108,6 +109,7 @@ class StageActor(Actor[StageMessage]):
         self.device_links: DeviceLinks | None = None
         self.router: StepRouter | None = None
         self.takes_marks = False
+        self.voiced_apart: frozenset[str] | None = None  # see StageSession's ``spoken``
         self.sessions: dict[SessionKey, StageSession] = {}
         # Aborted, their task still ending (the engine freeing them): still held.
         self.closing: dict[SessionKey, StageSession] = {}
@@ -135,7 +137,10 @@ class StageActor(Actor[StageMessage]):
             # An engine whose model runs in processes of its own (vLLM) resolves this
             # when they die: the stage fails, and its supervisor restarts it.
             self.context.tasks.create_task(self._fail_when(died), name=f"stage {self.name} engine")
-        self.takes_marks = TURN_FIELD in self._ports().inputs
+        ports = self._ports()
+        self.takes_marks = TURN_FIELD in ports.inputs
+        if TOOLS_FIELD in ports.inputs:
+            self.voiced_apart = frozenset(k for k, r in ports.outputs.items() if r == "replace")
         self.router = StepRouter(self.context.tasks, self.transfers)
 
     def _ports(self) -> Ports:
@@ -327,6 +332,7 @@ class StageActor(Actor[StageMessage]):
             context.tasks,
             outputs=self.outputs,
             takes_marks=self.takes_marks,
+            spoken=self.voiced_apart,
             transfers=self.transfers,
             device_links=self.device_links,
             router=self.router,

@@ -35,7 +35,7 @@ import contextlib
 import logging
 import time
 from collections import deque
-from collections.abc import AsyncIterator, Callable, Collection
+from collections.abc import AsyncIterator, Callable, Collection, Iterable
 from typing import Any
 
 import torch
@@ -46,6 +46,7 @@ from omni_actors.actors.engines.contract import (
     KEPT_FIELD,
     NO_OPTIONS,
     REPLY_FIELD,
+    TOOL_CALLS_FIELD,
     TURN_FIELD,
     Engine,
     Fields,
@@ -58,6 +59,7 @@ from omni_actors.actors.stage.engine_outputs import EngineOutputError, output_er
 from omni_actors.actors.stage.flow import BackpressureError, CreditWindow, Inflow
 from omni_actors.actors.stage.outlet import Outlet
 from omni_actors.actors.stage.segment_metrics import SegmentMetrics
+from omni_actors.actors.stage.spoken import SpokenOutputs
 from omni_actors.actors.stage.steps import StepRouter
 from omni_actors.clock import Clock, Timeout, timeout_at
 from omni_actors.cuda import StageTransfers, on_device
@@ -114,6 +116,9 @@ class StageSession:
             the caller's turn marks; otherwise they are dropped here).
         outputs: the fields the engine declares it yields; an output with another
             field fails its reply (``engine_outputs``).
+        spoken: set for an entry engine that takes tools: the tool calls it writes go to
+            the caller only, and of their outputs only these fields (its ``replace``
+            outputs) reach the stages after it (:mod:`~omni_actors.actors.stage.spoken`).
         router: the stage's routes to its receivers: a target that takes steps
             (``Target.steps``) gets this session's chunks with the other sessions' of
             the same turn (``omni_actors.actors.stage.steps``), through the device
@@ -131,12 +136,14 @@ class StageSession:
         *,
         outputs: Collection[str],
         takes_marks: bool = False,
+        spoken: Collection[str] | None = None,
         transfers: StageTransfers | None = None,
         device_links: DeviceLinks | None = None,
         router: StepRouter | None = None,
     ) -> None:
         self.stage = stage
         self.takes_marks = takes_marks
+        self.spoken = None if spoken is None else frozenset(spoken)
         self.outputs = frozenset(outputs)
         # A Replayable engine tells the session each reply it generated (to replay).
         last_reply = getattr(engine, "last_reply", None) if takes_marks else None
@@ -189,21 +196,21 @@ class StageSession:
             elif link is not None:
                 assert transfers is not None  # a link is made for a GPU stage only
                 outlet.use_link(link, transfers)
+        self.client: Outlet | None = None  # the caller's, when this stage emits to it
         if prewarm.emit:
-            self.outlets.append(
-                Outlet(
-                    self.key,
-                    stage,
-                    "client",
-                    prewarm.owner,
-                    prewarm.emit,
-                    ends=False,
-                    credits=CreditWindow(prewarm.window),
-                    clock=clock,
-                    credit_wait_s=wait_s,
-                    host=True,
-                )
+            self.client = Outlet(
+                self.key,
+                stage,
+                "client",
+                prewarm.owner,
+                prewarm.emit,
+                ends=False,
+                credits=CreditWindow(prewarm.window),
+                clock=clock,
+                credit_wait_s=wait_s,
+                host=True,
             )
+            self.outlets.append(self.client)
         for outlet in self.outlets:  # chunks carry the session's segment numbers
             outlet.segment = prewarm.segment
         self._queue: deque[Chunk] = deque()
@@ -404,6 +411,9 @@ class StageSession:
         monotonic = time.monotonic
         # With no device transfers (a CPU stage), route here: no coroutine per output.
         outlets = self.outlets if self.transfers is None else None
+        spoken = None if self.spoken is None else SpokenOutputs(self.spoken)
+        if spoken is not None:
+            outlets = None  # routed by _route_spoken
         first = True
         try:
             while True:
@@ -427,7 +437,9 @@ class StageSession:
                 now = monotonic()
                 metrics.compute += now - before - (metrics.blocked - blocked)
                 metrics.output(now, output.get("token_ids"))
-                if outlets is None:
+                if spoken is not None:
+                    await self._route_spoken(output, spoken.feed(output))
+                elif outlets is None:
                     await self._route(output)
                 else:
                     for outlet in outlets:
@@ -436,6 +448,8 @@ class StageSession:
                             await pending
                 if segment in cancelled:
                     break
+            if spoken is not None:
+                await self._route_spoken(None, spoken.flush())
         finally:
             aclose = getattr(outputs, "aclose", None)
             if aclose is not None:
@@ -476,13 +490,14 @@ class StageSession:
         finally:
             inputs.first_output = None
 
-    async def _route(self, output: Fields) -> None:
-        """Push ``output`` through every outlet; device tensors reach outlets to other
-        processes (and the caller) as host copies, made once, off the compute stream."""
+    async def _route(self, output: Fields, outlets: Iterable[Outlet] | None = None) -> None:
+        """Push ``output`` through every outlet (or those of ``outlets``); device tensors
+        reach outlets to other processes (and the caller) as host copies, made once, off
+        the compute stream."""
         host: Fields | None = None
         copy_wait = 0.0  # each outlet to the host waited for the one copy
         transfers = self.transfers
-        for outlet in self.outlets:
+        for outlet in self.outlets if outlets is None else outlets:
             if transfers is None or outlet.takes_device:
                 pending = outlet.push(output)
             else:
@@ -496,6 +511,20 @@ class StageSession:
                 pending = outlet.push(host)
             if pending is not None:  # a send that must wait (see ``Outlet.push``)
                 await pending
+
+    async def _route_spoken(self, output: Fields | None, voiced: list[Fields]) -> None:
+        """Push ``output`` to the caller and what ``SpokenOutputs`` lets go on of it (and
+        of outputs it held) to the stages after this one."""
+        if output is not None and len(voiced) == 1 and voiced[0] is output:
+            await self._route(output)  # said as it came: to every outlet
+            return
+        client = self.client
+        if output is not None and client is not None:
+            await self._route(output, (client,))
+        if voiced:
+            after = [outlet for outlet in self.outlets if outlet is not client]
+            for out in voiced:
+                await self._route(out, after)
 
     async def _report(
         self,
@@ -631,6 +660,9 @@ class SegmentInputs(AsyncIterator[Fields]):
                             marked[REPLY_FIELD] = chunk.tensors[REPLY_FIELD]
                         elif chunk.mark == "reply" and "text" in chunk.texts:
                             marked["text"] = chunk.texts["text"]  # a turn given by its words
+                        elif chunk.mark == "reply" and TOOL_CALLS_FIELD in chunk.texts:
+                            # a turn given by its words and the tools it called
+                            marked[TOOL_CALLS_FIELD] = chunk.texts[TOOL_CALLS_FIELD]
                         return marked
                     continue
                 if chunk.has_payload:

@@ -10,12 +10,19 @@ file lock instead of racing.
 A prepared directory is handed out (:func:`require`, :func:`prepare`) only once its
 family's ``verify`` passes: a file damaged since it was prepared is reported by name,
 with the command that rebuilds it, rather than loaded.
+
+The manifest names the format of what was prepared (``_FORMAT``, bumped whenever what
+a prepare writes changes: the layout, or a file's content such as a chat template). A
+directory prepared by an older version is outdated, not damaged: :func:`require`
+prepares it again, as ``prepare`` would have, since its weights are drawn from the seed
+alone and come out the same.
 """
 
 from __future__ import annotations
 
 import fcntl
 import json
+import logging
 import os
 from pathlib import Path
 from typing import Any
@@ -34,8 +41,11 @@ __all__ = [
     "require",
 ]
 
+log = logging.getLogger(__name__)
+
 _MANIFEST = "prepared.json"
-_FORMAT = 5  # bumped when the layout of a prepared directory changes
+# Bumped when what a prepare writes changes (6: tiny-omni's chat template renders tools).
+_FORMAT = 6
 
 
 class ModelNotPreparedError(OmniError):
@@ -78,6 +88,18 @@ def is_prepared(family: str | ModelFamily, *, cache_dir: Path | None = None, see
     return isinstance(data, dict) and data.get("format") == _FORMAT and data.get("seed") == seed
 
 
+def _outdated(where: Path, seed: int) -> bool:
+    """Whether ``where`` holds a finished prepare of an older format."""
+    try:
+        data: Any = json.loads((where / _MANIFEST).read_text())
+    except (OSError, ValueError):
+        return False
+    if not isinstance(data, dict) or data.get("seed") != seed:
+        return False
+    found = data.get("format")
+    return isinstance(found, int) and found < _FORMAT
+
+
 def _prepare_command(name: str, cache_dir: Path | None, seed: int) -> str:
     flags = f" --seed {seed}" if seed else ""
     if cache_dir is not None:
@@ -99,7 +121,8 @@ def _verify(family: ModelFamily, where: Path, cache_dir: Path | None, seed: int)
 
 
 def require(family: str | ModelFamily, *, cache_dir: Path | None = None, seed: int = 0) -> Path:
-    """The prepared directory, its files checked by the family's ``verify``.
+    """The prepared directory, its files checked by the family's ``verify``; one an
+    older version prepared is prepared again first (module docstring).
 
     Raises:
         ModelNotPreparedError: not prepared (the message names the command).
@@ -109,6 +132,13 @@ def require(family: str | ModelFamily, *, cache_dir: Path | None = None, seed: i
     """
     found = _family(family)
     where = model_dir(found, cache_dir=cache_dir, seed=seed)
+    if (
+        not is_prepared(found, cache_dir=cache_dir, seed=seed)
+        and found.prepare is not None
+        and _outdated(where, seed)
+    ):
+        log.info("%s in %s was prepared by an older version: preparing it again", found.name, where)
+        return prepare(found, cache_dir=cache_dir, seed=seed)
     if not is_prepared(found, cache_dir=cache_dir, seed=seed):
         raise ModelNotPreparedError(
             f"{found.name} weights are not prepared in {where}; "

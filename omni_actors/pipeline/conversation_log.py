@@ -22,7 +22,8 @@ What a response's end did to the entry engine's state decides what is kept of it
 
 The caller may take a turn out of the conversation (``Session.delete``): a user turn,
 named by the id it gave the ``commit`` that closed it (its input goes, instructions
-sent amid it stay), or a response's reply (with the truncations that cut it). The
+sent amid it stay), an assistant turn it gave (a ``reply`` mark named by its id), or a
+response's reply (with the truncations that cut it). The
 stages then replay the conversation as it now stands, as after a restart.
 
 Bounded by ``inputs.max_history_bytes``: past it the log lets go of everything and says
@@ -91,7 +92,8 @@ class ConversationLog:
         turn: str = "",
     ) -> None:
         """The caller sent this chunk in ``segment`` (an ``end`` ends the segment;
-        ``turn`` names the user turn a ``commit`` closes)."""
+        ``turn`` names the user turn a ``commit`` closes, or the assistant turn a
+        ``reply`` mark gives)."""
         if self.lost:
             return
         if end == "finished":  # nothing follows to replay it for
@@ -128,10 +130,15 @@ class ConversationLog:
 
     def delete_turn(self, turn: str) -> bool:
         """Take out the user turn whose ``commit`` was named ``turn``: its input since
-        the mark before it (instructions sent amid it stay). False if no such turn is
-        kept (never committed under that name, or gone with a failed response)."""
+        the mark before it (instructions sent amid it stay); or the assistant turn a
+        ``reply`` mark so named gave (the mark alone). False if no such turn is kept
+        (never sent under that name, or gone with a failed response)."""
         for entry in self._segments.values():
             for end, chunk in enumerate(entry.chunks):
+                if chunk.mark == "reply" and turn and chunk.turn == turn:
+                    del entry.chunks[end]
+                    self._grow(-_size(chunk.payload))
+                    return True
                 if chunk.mark != "commit" or chunk.turn != turn:
                     continue
                 start = end

@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import math
 import uuid
 from collections.abc import AsyncIterator, Mapping
@@ -37,7 +38,12 @@ from typing import TYPE_CHECKING, Literal
 import torch
 
 from omni_actors._ref import ActorRef
-from omni_actors.actors.engines.contract import INSTRUCTIONS_FIELD, REPLY_FIELD, TURN_FIELD
+from omni_actors.actors.engines.contract import (
+    INSTRUCTIONS_FIELD,
+    REPLY_FIELD,
+    TOOL_CALLS_FIELD,
+    TURN_FIELD,
+)
 from omni_actors.actors.engines.transcriber_ports import LANGUAGE_FIELD, PROMPT_FIELD
 from omni_actors.audio.samples import AudioInput, audio_tensor
 from omni_actors.clock import TimerHandle
@@ -320,7 +326,7 @@ class Session:
         """
         await self._mark("clear")
 
-    async def add_reply(self, text: str) -> None:
+    async def add_reply(self, text: str, *, tool_calls: str | None = None, turn: str = "") -> None:
         """Add an assistant turn saying ``text`` to the conversation; nothing is generated.
 
         For a history the caller holds (earlier replies of a chat, an assistant item):
@@ -330,29 +336,57 @@ class Session:
         stage restart keeps it). The stages after the entry get what a generated reply
         leaves them for later turns (Qwen3-Omni's talker conditions on user turns only).
 
+        Args:
+            text: the turn's words ("" for a turn of tool calls alone).
+            tool_calls: the tools the turn called, a JSON array of ``{"type":
+                "function", "function": {"name": ..., "arguments": "<JSON text>"}}``
+                (None: it called none). The turn then goes as a ``reply`` mark's
+                ``TOOL_CALLS_FIELD``, which the entry engine renders, words and calls, as
+                its chat template writes such a turn.
+            turn: the turn's id, by which :meth:`delete` can take it out later.
+
         Raises:
             SessionClosedError: the session has ended.
             InvalidRequestError: ``text`` is not a str or is over ``inputs.max_send_bytes``,
-                or the entry stage cannot take an assistant turn (its engine declares no
-                ``REPLY_FIELD``: it keeps no conversation, or cannot be given one).
+                ``tool_calls`` is not a JSON array, or the entry stage cannot take the
+                turn (its engine declares no ``REPLY_FIELD``, or no ``TOOL_CALLS_FIELD``
+                for a turn with calls: it keeps no conversation, or takes no tools).
         """
         if not isinstance(text, str):
             raise InvalidRequestError(f"text must be a str, not {type(text).__name__}")
-        if REPLY_FIELD not in self._takes or "text" not in self._takes:
-            raise InvalidRequestError(
-                f"the entry stage {self.pipeline.spec.entry_stage} cannot take an assistant "
-                f"turn: its engine declares no {REPLY_FIELD!r} input (it keeps no "
-                "conversation, or cannot be given one)"
-            )
+        payload: dict[str, str]
+        if tool_calls is None:
+            if REPLY_FIELD not in self._takes or "text" not in self._takes:
+                raise InvalidRequestError(
+                    f"the entry stage {self.pipeline.spec.entry_stage} cannot take an "
+                    f"assistant turn: its engine declares no {REPLY_FIELD!r} input (it keeps "
+                    "no conversation, or cannot be given one)"
+                )
+            payload = {"text": text}
+        else:
+            if TOOL_CALLS_FIELD not in self._takes:
+                raise InvalidRequestError(
+                    f"the entry stage {self.pipeline.spec.entry_stage} cannot take an "
+                    f"assistant turn that called tools: its engine declares no "
+                    f"{TOOL_CALLS_FIELD!r} input (it takes no tools)"
+                )
+            try:
+                calls = json.loads(tool_calls)
+            except (TypeError, ValueError) as exc:
+                raise InvalidRequestError(f"tool_calls must be a JSON array ({exc})") from None
+            if not isinstance(calls, list) or not calls:
+                raise InvalidRequestError("tool_calls must be a JSON array of one call or more")
+            payload = {TOOL_CALLS_FIELD: json.dumps({"content": text or None, "tool_calls": calls})}
         limit = self.pipeline.spec.inputs.max_send_bytes
-        if len(text) > limit:
+        size = sum(len(v) for v in payload.values())
+        if size > limit:
             raise InvalidRequestError(
-                f"session {self.id}: an assistant turn of {len(text)} characters is larger "
+                f"session {self.id}: an assistant turn of {size} characters is larger "
                 f"than inputs.max_send_bytes ({limit})"
             )
         self._check_open()
         await self._flush_audio()  # the open turn's last samples, before the reply
-        await self._input.send({"text": text}, mark="reply")
+        await self._input.send(payload, mark="reply", turn=turn)
 
     async def respond(
         self,
@@ -440,8 +474,9 @@ class Session:
     async def delete(self, turn: str) -> bool:
         """Take a turn out of the conversation: no later reply sees it.
 
-        ``turn`` is a user turn's id (given to :meth:`commit`) or a response's id (its
-        reply goes, with the truncations of it). The session keeps its conversation to
+        ``turn`` is a user turn's id (given to :meth:`commit`), an assistant turn's (given
+        to :meth:`add_reply`) or a response's id (its reply goes, with the truncations
+        of it). The session keeps its conversation to
         replay onto restarted stages (:mod:`~omni_actors.pipeline.conversation_log`);
         the turn is taken out of it, every stage lets the session go, and the session
         opens again and replays the conversation as it now stands, as after a stage

@@ -11,6 +11,13 @@ and the transcript in ``delta.audio`` pieces, as OpenAI streams them). A text re
 that meets one of the request's ``stop`` strings ends before it: the text up to it is
 sent (``stop_text.py``) and the reply is cancelled on every stage.
 
+With tools, the tools go to the entry stage's ``tools`` field, an assistant message's
+``tool_calls`` and ``tool`` messages as the entry stage takes them back, and the
+reply's text is read for calls (:class:`~omni_actors.server.tools.ToolCallReader`):
+each call the model makes is one of the reply's ``tool_calls`` (streamed as one
+``delta.tool_calls`` piece once it is closed and checked), and the reply ends with
+``finish_reason: "tool_calls"``. A malformed call fails the reply (``invalid_tool_call``).
+
 The session is closed on every way out, and a client that goes away mid-reply aborts
 it on every stage at once: the reply runs in a task of its own, beside one that waits
 for the client's disconnect, and whichever ends first cancels the other.
@@ -23,14 +30,16 @@ import base64
 import logging
 import time
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 
 import msgspec
 from starlette.requests import Request
 from starlette.responses import Response
 from starlette.types import Receive, Scope, Send
 
-from omni_actors.actors.engines.contract import INSTRUCTIONS_FIELD
+from omni_actors.actors.engines.contract import INSTRUCTIONS_FIELD, TOOLS_FIELD
+from omni_actors.actors.engines.tool_calls import MalformedToolCallError
+from omni_actors.actors.engines.tool_calls import ToolCall as CalledTool
 from omni_actors.audio.wav import encode_wav
 from omni_actors.errors import OmniError
 from omni_actors.pipeline.response import Response as PipelineResponse
@@ -46,6 +55,9 @@ from omni_actors.protocols.chat_completions import (
     Delta,
     DeltaAudio,
     FinishReason,
+    FunctionCall,
+    ToolCall,
+    ToolCallDelta,
     Usage,
 )
 from omni_actors.protocols.events import (
@@ -68,6 +80,7 @@ from omni_actors.server.chat_request import (
 from omni_actors.server.http_error import error_body, error_response
 from omni_actors.server.state import ServerState, server_state
 from omni_actors.server.stop_text import StopText
+from omni_actors.server.tools import ToolCallReader, new_call_id
 from omni_actors.server.usage import token_usage
 
 __all__ = ["AUDIO_LIFETIME_S", "ChatCompletionReply", "ReplyFailedError", "chat_completions"]
@@ -165,6 +178,8 @@ class ChatCompletionReply(Response):
         self._tokens = 0  # its text deltas: one per token
         self._stop = StopText(plan.stop)
         self._done: ResponseDone | None = None
+        self._said: list[str] = []  # the reply's text outside its tool calls
+        self._calls: list[ToolCall] = []
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         """Answer, unless the client goes away first (which aborts the session)."""
@@ -239,15 +254,23 @@ class ChatCompletionReply(Response):
         """Send the instructions and the turns; start the reply."""
         plan = self.plan
         try:
+            setting: dict[str, str] = {}  # sent together: one system turn holds both
             if plan.instructions:
-                await session.send(fields={INSTRUCTIONS_FIELD: plan.instructions})
+                setting[INSTRUCTIONS_FIELD] = plan.instructions
+            if plan.tools is not None and plan.tool_names:
+                setting[TOOLS_FIELD] = plan.tools
+            if setting:
+                await session.send(fields=setting)
             for turn in plan.turns:
                 if isinstance(turn, ReplyTurn):
-                    await session.add_reply(turn.text)
+                    await session.add_reply(turn.text, tool_calls=turn.tool_calls)
                     continue
                 for part in turn:
                     await session.send(
-                        text=part.text, audio=part.audio, sample_rate=part.sample_rate
+                        text=part.text,
+                        audio=part.audio,
+                        sample_rate=part.sample_rate,
+                        fields=part.fields(),
                     )
                 await session.commit()
             options = plan.options
@@ -261,7 +284,44 @@ class ChatCompletionReply(Response):
         except OmniError as exc:
             raise ReplyFailedError(str(exc), error_code=exc.code) from None
 
-    async def _pieces(self, response: PipelineResponse) -> AsyncIterator[TextDelta | str]:
+    async def _pieces(
+        self, response: PipelineResponse
+    ) -> AsyncIterator[TextDelta | str | ToolCall]:
+        """The reply's said text deltas, base64 PCM16 pieces (24 kHz) and tool calls,
+        until it completes.
+
+        Raises:
+            ReplyFailedError: the reply failed, or the session ended first.
+        """
+        names = self.plan.tool_names
+        reader = ToolCallReader(names) if names is not None else None
+        async for piece in self._events(response):
+            if reader is None or not isinstance(piece, TextDelta):
+                if isinstance(piece, TextDelta):
+                    self._said.append(piece.text)
+                yield piece
+                continue
+            for said in _read(reader.feed, piece.text):
+                yield self._said_or_called(said, piece)
+        if reader is not None:
+            for said in _read(reader.finish):
+                yield self._said_or_called(said, None)
+
+    def _said_or_called(
+        self, piece: str | CalledTool, delta: TextDelta | None
+    ) -> TextDelta | ToolCall:
+        if isinstance(piece, str):
+            self._said.append(piece)
+            if delta is None:
+                return TextDelta(session=self.id, text=piece)
+            return msgspec.structs.replace(delta, text=piece)
+        call = ToolCall(
+            id=new_call_id(), function=FunctionCall(name=piece.name, arguments=piece.arguments)
+        )
+        self._calls.append(call)
+        return call
+
+    async def _events(self, response: PipelineResponse) -> AsyncIterator[TextDelta | str]:
         """The reply's text deltas and base64 PCM16 pieces (24 kHz), until it completes.
 
         Raises:
@@ -309,8 +369,11 @@ class ChatCompletionReply(Response):
             )
 
     def _finish_reason(self) -> FinishReason:
-        """``length`` when the reply used every token it was allowed (one text delta is
-        one token) and met no stop string, else ``stop``."""
+        """``tool_calls`` when the reply called a tool; ``length`` when it used every
+        token it was allowed (one text delta is one token) and met no stop string, else
+        ``stop``."""
+        if self._calls:
+            return "tool_calls"
         limit = self.plan.options.max_tokens
         if self._stop.stopped or limit is None:
             return "stop"
@@ -332,9 +395,10 @@ class ChatCompletionReply(Response):
         async for piece in self._pieces(response):
             if isinstance(piece, str):
                 pcm += base64.b64decode(piece)
-        transcript = "".join(self._text)
+        transcript = "".join(self._said)
+        calls = self._calls or None
         if self.plan.audio_format is None:
-            message = AssistantReply(content=transcript)
+            message = AssistantReply(content=transcript or None if calls else transcript)
         else:
             data = bytes(pcm)
             if self.plan.audio_format == "wav":
@@ -346,6 +410,8 @@ class ChatCompletionReply(Response):
                 transcript=transcript,
             )
             message = AssistantReply(content=None, audio=audio)
+        if calls:
+            message = msgspec.structs.replace(message, tool_calls=calls)
         completion = ChatCompletion(
             id=self.id,
             created=self.created,
@@ -364,7 +430,12 @@ class ChatCompletionReply(Response):
         await self._chunk(Delta(role="assistant"))
         voiced = self.plan.audio_format is not None
         async for piece in self._pieces(response):
-            if isinstance(piece, str):
+            if isinstance(piece, ToolCall):
+                call = ToolCallDelta(
+                    index=len(self._calls) - 1, id=piece.id, function=piece.function
+                )
+                await self._chunk(Delta(tool_calls=[call]))
+            elif isinstance(piece, str):
                 await self._chunk(Delta(audio=DeltaAudio(id=self.audio_id, data=piece)))
             elif voiced:
                 delta = DeltaAudio(id=self.audio_id, transcript=piece.text)
@@ -422,6 +493,14 @@ class ChatCompletionReply(Response):
             return
         await self._event(body)
         await self._last(b"data: [DONE]\n\n")
+
+
+def _read(step: Callable[..., list[str | CalledTool]], *args: str) -> list[str | CalledTool]:
+    """``step(*args)`` of a :class:`ToolCallReader`; a malformed call fails the reply."""
+    try:
+        return step(*args)
+    except MalformedToolCallError as exc:
+        raise ReplyFailedError(str(exc), error_code="invalid_tool_call") from None
 
 
 def _ended(event: Event | None) -> ReplyFailedError:

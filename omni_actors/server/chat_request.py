@@ -3,19 +3,21 @@
 Everything a request can get wrong is found here, before the request takes a session
 slot: the JSON and its types (msgspec, with the path of the offending field), the
 audio (base64, WAV or PCM16), the options (``max_completion_tokens``, ``temperature``,
-``voice`` — one the server takes, see ``voices.py`` — and ``stop``), earlier replies
-that cannot be taken (an ``audio`` id with no words: the server keeps no audio; a
-pipeline whose entry stage keeps no conversation), the parameters the server cannot
-honour (an unknown field, ``logprobs``, a JSON ``response_format`` …: refused by name,
-never dropped), and what a pipeline cannot do yet (call tools, stream WAV). Each refusal
-is a :class:`ChatRequestError` with the HTTP status, OpenAI's ``param`` and ``code``, and
-a message that says what to send instead.
+``voice`` — one the server takes, see ``voices.py`` — and ``stop``), the tools
+(``tools``, ``tool_choice``, assistant ``tool_calls`` and ``tool`` messages, which the
+entry stage must take), earlier replies that cannot be taken (an ``audio`` id with no
+words: the server keeps no audio; a pipeline whose entry stage keeps no conversation),
+the parameters the server cannot honour (an unknown field, ``logprobs``, a JSON
+``response_format`` …: refused by name, never dropped), and what a pipeline cannot do
+yet (stream WAV). Each refusal is a :class:`ChatRequestError` with the HTTP status,
+OpenAI's ``param`` and ``code``, and a message that says what to send instead.
 """
 
 from __future__ import annotations
 
 import base64
 import binascii
+import json
 import logging
 import re
 from dataclasses import dataclass
@@ -24,7 +26,13 @@ from typing import Final, Literal
 import msgspec
 import torch
 
-from omni_actors.actors.engines.contract import INSTRUCTIONS_FIELD, REPLY_FIELD
+from omni_actors.actors.engines.contract import (
+    INSTRUCTIONS_FIELD,
+    REPLY_FIELD,
+    TOOL_CALLS_FIELD,
+    TOOL_RESULT_FIELD,
+    TOOLS_FIELD,
+)
 from omni_actors.audio.wav import AudioFormatError, decode_wav
 from omni_actors.errors import InvalidRequestError
 from omni_actors.pipeline.response import checked_options
@@ -36,14 +44,17 @@ from omni_actors.protocols.chat_completions import (
     ChatCompletionRequest,
     DeveloperMessage,
     InputAudioPart,
+    NamedToolChoice,
     SystemMessage,
     TextPart,
+    Tool,
     ToolMessage,
     UserMessage,
     VoiceRef,
 )
 from omni_actors.protocols.stage import ResponseOptions
 from omni_actors.server.audio_format import AudioPayloadError, decode_audio, format_rate
+from omni_actors.server.tools import OfferedTool, template_tools
 from omni_actors.server.voices import ANY_VOICE, UnknownVoiceError, VoiceMap
 
 __all__ = ["ChatPlan", "ChatRequestError", "ReplyTurn", "TurnPart", "plan_request"]
@@ -84,19 +95,30 @@ class ChatRequestError(InvalidRequestError):
 
 @dataclass(frozen=True, slots=True)
 class TurnPart:
-    """One piece of a user turn, sent with ``Session.send``: text, or audio samples at
-    ``sample_rate``."""
+    """One piece of a turn, sent with ``Session.send``: text, audio samples at
+    ``sample_rate``, or a tool's result (``tool_result``, in a user turn); or, alone in
+    its turn, an earlier assistant turn that called tools (``tool_calls``: the
+    entry stage's ``TOOL_CALLS_FIELD``, sent with no commit after it)."""
 
     text: str | None = None
     audio: torch.Tensor | None = None
     sample_rate: int | None = None
+    tool_result: str | None = None
+
+    def fields(self) -> dict[str, str]:
+        """The named fields it sends (a tool's result)."""
+        if self.tool_result is not None:
+            return {TOOL_RESULT_FIELD: self.tool_result}
+        return {}
 
 
 @dataclass(frozen=True, slots=True)
 class ReplyTurn:
-    """An earlier reply (an assistant message), sent with ``Session.add_reply``."""
+    """An earlier reply (an assistant message), sent with ``Session.add_reply``: its
+    words, and the tools it called (a JSON array of calls; None: it called none)."""
 
     text: str
+    tool_calls: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -114,6 +136,10 @@ class ChatPlan:
         options: the checked response options (``max_tokens``, ``temperature``, ``voice``).
         stream: reply as server-sent events.
         include_usage: end the stream with a usage chunk.
+        tools: the tools to offer, as the entry stage's ``TOOLS_FIELD`` (None when the
+            entry stage takes no tools).
+        tool_names: the functions the reply may call: its text is read for calls (None
+            when the entry stage takes no tools).
         stop: the stop strings: the reply's text ends before the first it contains.
     """
 
@@ -125,6 +151,8 @@ class ChatPlan:
     options: ResponseOptions
     stream: bool
     include_usage: bool = False
+    tools: str | None = None
+    tool_names: frozenset[str] | None = None
     stop: tuple[str, ...] = ()
 
 
@@ -206,7 +234,9 @@ def plan_request(
     except InvalidRequestError as exc:
         name = "temperature" if "temperature" in str(exc) else "max_completion_tokens"
         raise ChatRequestError(str(exc), param=name, error_code="invalid_value") from None
+    offered = _tools(request, spec)
     instructions, turns = _messages(request, spec, max_bytes)
+    takes_tools = TOOLS_FIELD in spec.ports(spec.entry_stage).inputs
     return ChatPlan(
         model=request.model or model,
         modalities=("text", "audio") if audio_format is not None else ("text",),
@@ -218,8 +248,54 @@ def plan_request(
         include_usage=stream
         and request.stream_options is not None
         and request.stream_options.include_usage,
+        tools=template_tools(offered) if takes_tools else None,
+        tool_names=frozenset(t.name for t in offered) if takes_tools else None,
         stop=stops,
     )
+
+
+def _tools(request: ChatCompletionRequest, spec: PipelineSpec) -> list[OfferedTool]:
+    """The tools offered to the model (none with ``tool_choice: "none"``)."""
+    choice = request.tool_choice
+    if isinstance(choice, NamedToolChoice) or choice not in (None, "auto", "none"):
+        named = f"a {choice.type} choice" if isinstance(choice, NamedToolChoice) else choice
+        raise ChatRequestError(
+            f"tool_choice {named!r} is not supported: the model decides whether to call a "
+            'tool; send "auto" (or "none" to offer none)',
+            param="tool_choice",
+            error_code="unsupported_value",
+        )
+    tools = request.tools or []
+    if tools and TOOLS_FIELD not in spec.ports(spec.entry_stage).inputs:
+        raise ChatRequestError(
+            f"this pipeline's entry stage {spec.entry_stage} takes no tools (its engine "
+            f"does not declare {TOOLS_FIELD!r} among its inputs): send no tools",
+            param="tools",
+            error_code="unsupported_parameter",
+        )
+    offered: list[OfferedTool] = []
+    for i, tool in enumerate(tools):
+        offered.append(_tool(tool, f"tools[{i}]", {t.name for t in offered}))
+    return [] if choice == "none" else offered
+
+
+def _tool(tool: Tool, where: str, taken: set[str]) -> OfferedTool:
+    if tool.type != "function" or tool.function is None:
+        raise ChatRequestError(
+            f'{where}: tools of type {tool.type!r} are not supported; send {{"type": '
+            '"function", "function": {"name": ..., "parameters": {...}}}',
+            param=f"{where}.type",
+            error_code="unsupported_value",
+        )
+    function = tool.function
+    if not function.name or function.name in taken:
+        problem = "has no name" if not function.name else f"is named {function.name!r} twice"
+        raise ChatRequestError(
+            f"{where}: the function {problem}; give each tool a name of its own",
+            param=f"{where}.function.name",
+            error_code="invalid_value",
+        )
+    return OfferedTool(function.name, function.description, function.parameters)
 
 
 def _check_parameters(request: ChatCompletionRequest) -> None:
@@ -309,15 +385,22 @@ def _messages(
     texts: list[str] = []
     turns: list[list[TurnPart] | ReplyTurn] = []
     has_user = False
+    calls: set[str] = set()  # the ids of the tool calls of earlier assistant messages
+    results = False  # the last turn holds tool results: the next one joins it
     for i, message in enumerate(request.messages):
         where = f"messages[{i}]"
+        joins, results = results, False
         match message:
             case SystemMessage(content=content) | DeveloperMessage(content=content):
                 texts.append(content if isinstance(content, str) else _joined(content))
             case UserMessage(content=content):
                 turns.append(_user_turn(content, where, max_bytes))
                 has_user = True
-            case AssistantMessage(content=content, audio=audio):
+            case AssistantMessage(content=content, audio=audio, tool_calls=tool_calls):
+                if tool_calls:
+                    _check_takes(spec, TOOL_CALLS_FIELD, where)
+                    turns.append(_tool_calls(message, where, calls))
+                    continue
                 if REPLY_FIELD not in spec.entry_inputs():
                     raise ChatRequestError(
                         f"{where}: this pipeline's entry stage ({spec.entry_stage}) keeps no "
@@ -327,12 +410,24 @@ def _messages(
                         error_code="unsupported_message",
                     )
                 turns.append(ReplyTurn(_reply_text(content, audio, where)))
-            case ToolMessage():
-                raise ChatRequestError(
-                    f"{where}: tool messages are not supported: this server offers no tools",
-                    param=where,
-                    error_code="unsupported_message",
+            case ToolMessage(content=content, tool_call_id=call_id):
+                _check_takes(spec, TOOL_RESULT_FIELD, where)
+                if call_id not in calls:
+                    raise ChatRequestError(
+                        f"{where}: tool_call_id {call_id!r} is not the id of a tool call of "
+                        "an earlier assistant message; answer one of their tool_calls",
+                        param=f"{where}.tool_call_id",
+                        error_code="invalid_value",
+                    )
+                result = TurnPart(
+                    tool_result=content if isinstance(content, str) else _joined(content or [])
                 )
+                last = turns[-1] if joins else None
+                if isinstance(last, list):  # consecutive results are one turn, as templates
+                    last.append(result)  # render them
+                else:
+                    turns.append([result])
+                results = True
     if not has_user:
         raise ChatRequestError(
             "the request has no user message: send at least one",
@@ -348,6 +443,36 @@ def _messages(
         )
         instructions = ""
     return instructions, turns
+
+
+def _check_takes(spec: PipelineSpec, field: str, where: str) -> None:
+    if field not in spec.ports(spec.entry_stage).inputs:
+        raise ChatRequestError(
+            f"{where}: this pipeline's entry stage {spec.entry_stage} takes no tool calls or "
+            f"results (its engine does not declare {field!r} among its inputs)",
+            param=where,
+            error_code="unsupported_message",
+        )
+
+
+def _tool_calls(message: AssistantMessage, where: str, calls: set[str]) -> ReplyTurn:
+    """An assistant message with tool calls, as the entry stage takes it back."""
+    functions = []
+    for j, call in enumerate(message.tool_calls or []):
+        try:
+            json.loads(call.function.arguments)
+        except ValueError as exc:
+            raise ChatRequestError(
+                f"{where}: the arguments of tool call {call.id!r} are not JSON ({exc})",
+                param=f"{where}.tool_calls[{j}].function.arguments",
+                error_code="invalid_value",
+            ) from None
+        calls.add(call.id)
+        function = {"name": call.function.name, "arguments": call.function.arguments}
+        functions.append({"type": "function", "function": function})
+    content = message.content
+    text = content if isinstance(content, str) or content is None else _joined(content)
+    return ReplyTurn(text or "", json.dumps(functions))
 
 
 def _joined(parts: list[TextPart]) -> str:

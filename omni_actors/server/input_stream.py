@@ -4,10 +4,10 @@ Client events arrive faster than a busy pipeline takes input: while the thinker
 replies, the entry stage takes no new input, and a client streaming 20 ms frames would
 fill the session's credit window in about a second. The connection therefore never
 waits on the pipeline while it reads: each operation (audio, text, an assistant turn,
-commit, clear, respond, truncate, instructions, delete, transcription on or off) is
-queued here, and one task hands them to the session in order. Audio queued back to back
-goes as one ``send``, so a backlog costs one chunk, not one per frame; the backlog is
-bounded by the connection (its ``max_input_buffer_s``).
+commit, clear, respond, truncate, instructions, tools, a tool's result, delete,
+transcription on or off) is queued here, and one task hands them to the session in
+order. Audio queued back to back goes as one ``send``, so a backlog costs one chunk, not
+one per frame; the backlog is bounded by the connection (its ``max_input_buffer_s``).
 """
 
 from __future__ import annotations
@@ -20,7 +20,11 @@ from dataclasses import dataclass
 
 import torch
 
-from omni_actors.actors.engines.contract import INSTRUCTIONS_FIELD
+from omni_actors.actors.engines.contract import (
+    INSTRUCTIONS_FIELD,
+    TOOL_RESULT_FIELD,
+    TOOLS_FIELD,
+)
 from omni_actors.errors import OmniError
 from omni_actors.pipeline.session import Session
 from omni_actors.pipeline.session_input import SessionClosedError
@@ -35,11 +39,12 @@ log = logging.getLogger(__name__)
 @dataclass(frozen=True, slots=True)
 class Op:
     """One queued operation; ``event_id`` is the client event it came from; ``turn``: the
-    item a ``commit`` makes a user turn (its transcript names it too), or the turn (an
-    item, or a response's id) a ``delete`` takes out."""
+    item a ``commit`` makes a user turn (its transcript names it too) or a ``reply`` an
+    assistant turn, or the turn (an item, or a response's id) a ``delete`` takes out;
+    ``calls``: the tools a ``reply`` called (a JSON array)."""
 
-    # audio | text | reply | commit | clear | respond | truncate | instructions | delete
-    # | transcribe
+    # audio | text | reply | commit | clear | respond | truncate | instructions | tools
+    # | tool_result | delete | transcribe
     kind: str
     event_id: str | None = None
     samples: torch.Tensor | None = None
@@ -47,6 +52,7 @@ class Op:
     audio_ms: int = 0
     stream: ResponseStream | None = None
     turn: str = ""
+    calls: str | None = None
     transcription: TranscriptionSettings | None = None  # transcribe: None turns it off
 
 
@@ -115,9 +121,17 @@ class InputStream:
         elif op.kind == "text":
             await session.send(text=op.text)
         elif op.kind == "reply":
-            await session.add_reply(op.text)
+            await session.add_reply(op.text, tool_calls=op.calls, turn=op.turn)
         elif op.kind == "instructions":
-            await session.send(fields={INSTRUCTIONS_FIELD: op.text})
+            fields = {INSTRUCTIONS_FIELD: op.text}
+            if self._ops and self._ops[0].kind == "tools":
+                # Set together (one session.update): one system turn holds both.
+                fields[TOOLS_FIELD] = self._ops.popleft().text
+            await session.send(fields=fields)
+        elif op.kind == "tools":
+            await session.send(fields={TOOLS_FIELD: op.text})
+        elif op.kind == "tool_result":
+            await session.send(fields={TOOL_RESULT_FIELD: op.text})
         elif op.kind == "commit":
             await session.commit(turn=op.turn)
         elif op.kind == "transcribe":

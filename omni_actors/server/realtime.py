@@ -38,6 +38,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import logging
 import time
 from dataclasses import replace
@@ -47,7 +48,8 @@ import msgspec
 import torch
 from starlette.websockets import WebSocket, WebSocketDisconnect, WebSocketState
 
-from omni_actors.actors.engines.contract import INSTRUCTIONS_FIELD, REPLY_FIELD
+from omni_actors.actors.engines.contract import INSTRUCTIONS_FIELD, REPLY_FIELD, TOOLS_FIELD
+from omni_actors.actors.engines.tool_calls import MalformedToolCallError
 from omni_actors.errors import InvalidRequestError, OmniError
 from omni_actors.models.family import family_of_kind
 from omni_actors.pipeline.session import Session
@@ -94,10 +96,13 @@ from omni_actors.protocols.realtime_server import (
     ConversationItemTruncated,
     ErrorDetail,
     ErrorEvent,
+    FunctionCallItem,
+    FunctionCallOutputItem,
     InputAudioBufferCleared,
     InputAudioBufferCommitted,
     InputAudioBufferSpeechStarted,
     InputAudioBufferSpeechStopped,
+    Item,
     ItemContent,
     RateLimit,
     RateLimitsUpdated,
@@ -112,9 +117,10 @@ from omni_actors.server.audio_format import decode_audio, format_rate
 from omni_actors.server.ids import new_id
 from omni_actors.server.input_stream import InputStream, Op
 from omni_actors.server.request_error import RequestError, described
-from omni_actors.server.response_stream import CancelReason, ResponseStream
+from omni_actors.server.response_stream import CancelReason, ResponseStream, tool_call_error
 from omni_actors.server.session_config import SessionSettings, SettingError
 from omni_actors.server.state import ServerState
+from omni_actors.server.tools import OfferedTool, new_call_id, template_tools
 from omni_actors.server.turns import Forward, Started, Stopped, TurnDetector
 from omni_actors.server.voices import VoiceMap
 
@@ -155,11 +161,17 @@ class RealtimeConnection:
         self.source_rate = spec.outputs.sample_rate
         self._takes_instructions = INSTRUCTIONS_FIELD in spec.entry_inputs()
         self.sent_instructions = ""
+        self._takes_tools = TOOLS_FIELD in spec.entry_inputs()
+        self.sent_tools = template_tools(())
+        self.calls: dict[str, str] = {}  # the model's tool calls: call id -> function name
         self.last_item: str | None = None  # the conversation's last item
         # The conversation's items as the server holds them, in order (what
         # ``conversation.item.retrieve`` answers), and each assistant item's response.
-        self.items: dict[str, ConversationItem] = {}
+        self.items: dict[str, Item] = {}
         self.replies: dict[str, str] = {}
+        # The function calls a response made: call item id -> the response's message item
+        # (one reply holds both: a call goes out of the conversation with its message).
+        self.called: dict[str, str] = {}
         # The transcription models served (the pipeline's transcriber's names), and the
         # user items sent for transcription, not transcribed yet: their audio's seconds.
         self.transcribers = _transcribers(spec)
@@ -363,6 +375,13 @@ class RealtimeConnection:
 
     async def _update(self, event: SessionUpdate) -> None:
         new = self.settings.updated(event.session, self.voices, self.transcribers)
+        if new.offered_tools and not self._takes_tools:
+            raise SettingError(
+                "this pipeline's entry stage takes no tools (its engine does not declare "
+                f"{TOOLS_FIELD!r} among its inputs): send no tools, or serve a model that "
+                "calls them",
+                "session.tools",
+            )
         if new.input_format != self.settings.input_format and self.buffered:
             raise SettingError(
                 "the input format cannot change while the input buffer holds audio; "
@@ -377,6 +396,7 @@ class RealtimeConnection:
             self._apply_vad()
         if new.instructions != old.instructions:
             self.queue_instructions(new.instructions)
+        self.queue_tools()
         if new.transcription != old.transcription:
             assert self.input is not None
             self.input.put(Op("transcribe", transcription=new.transcription))
@@ -395,6 +415,17 @@ class RealtimeConnection:
         assert self.input is not None
         self.sent_instructions = text
         self.input.put(Op("instructions", text=text))
+
+    def queue_tools(self) -> None:
+        """Send the tools offered now to the entry stage (if they changed), in input order."""
+        tools = template_tools(
+            OfferedTool(t.name, t.description, t.parameters) for t in self.settings.offered_tools
+        )
+        if tools == self.sent_tools or not self._takes_tools:
+            return
+        assert self.input is not None
+        self.sent_tools = tools
+        self.input.put(Op("tools", text=tools))
 
     # -- the input audio buffer and items ------------------------------------------------
 
@@ -550,7 +581,8 @@ class RealtimeConnection:
     async def _create_item(self, event: ConversationItemCreate) -> None:
         """``conversation.item.create``: a user item becomes a committed turn, an
         assistant item an earlier reply (``Session.add_reply``), a system item sets the
-        instructions.
+        instructions; ``function_call`` and ``function_call_output`` items give back a
+        tool call (an earlier reply that called it) and answer one.
 
         Raises:
             RequestError: another item type or role, an empty item, content the role
@@ -565,8 +597,17 @@ class RealtimeConnection:
                 realtime_code="invalid_value",
                 param="item.id",
             )
+        if item.type == "function_call_output":
+            await self._add_tool_result(event, item_id)
+            return
+        if item.type == "function_call":
+            await self._add_tool_call(event, item_id)
+            return
         if item.type != "message":
-            raise RequestError(f"items of type {item.type!r} are not supported; send message items")
+            raise RequestError(
+                f"items of type {item.type!r} are not supported; send message or "
+                "function_call_output items"
+            )
         texts = [p.text for p in item.content if p.type in ("input_text", "text") and p.text]
         audios = [p.audio for p in item.content if p.type == "input_audio" and p.audio]
         if item.role == "system":
@@ -583,7 +624,7 @@ class RealtimeConnection:
             assert self.input is not None
             if item.role == "assistant":
                 said = self._reply_text(item)
-                self.input.put(Op("reply", event_id=event.event_id, text=said))
+                self.input.put(Op("reply", event_id=event.event_id, text=said, turn=item_id))
                 self.last_response = None  # a truncation can cut only the last reply
             else:
                 if not texts and not audios:
@@ -622,6 +663,100 @@ class RealtimeConnection:
             content=content,
         )
         self.items[item_id] = added
+        await self.send_all(
+            [
+                ConversationItemAdded(
+                    event_id=new_id("event"), item=added, previous_item_id=previous
+                ),
+                ConversationItemDone(
+                    event_id=new_id("event"), item=added, previous_item_id=previous
+                ),
+            ]
+        )
+
+    async def _add_tool_call(self, event: ConversationItemCreate, item_id: str) -> None:
+        """A ``function_call`` item: an assistant turn that called a tool, given back (a
+        client restoring a conversation), taken as the chat template writes it.
+
+        Raises:
+            RequestError: the pipeline takes no tools, no ``name``, ``arguments`` that are
+                not JSON, or audio still in the buffer.
+        """
+        item = event.item
+        if not self._takes_tools:
+            raise RequestError(
+                "this pipeline's entry stage takes no tools: function_call items cannot be added",
+                param="item.type",
+            )
+        if not item.name:
+            raise RequestError("a function_call item needs the function's name", param="item.name")
+        arguments = item.arguments or "{}"
+        try:
+            json.loads(arguments)
+        except ValueError as exc:
+            raise RequestError(
+                f"a function_call item's arguments must be JSON ({exc})", param="item.arguments"
+            ) from None
+        if self.buffered:
+            raise RequestError(
+                "the input audio buffer holds uncommitted audio; commit or clear it "
+                "before adding an item"
+            )
+        call_id = item.call_id or new_call_id()
+        self.calls[call_id] = item.name
+        function = {"name": item.name, "arguments": arguments}
+        calls = json.dumps([{"type": "function", "function": function}])
+        assert self.input is not None
+        self.input.put(Op("reply", event_id=event.event_id, calls=calls, turn=item_id))
+        self.last_response = None  # a truncation can cut only the last reply
+        added = FunctionCallItem(
+            id=item_id,
+            call_id=call_id,
+            name=item.name,
+            arguments=arguments,
+            status="completed",
+        )
+        previous, self.last_item = self.last_item, added.id
+        self.items[added.id] = added
+        await self.send_all(
+            [
+                ConversationItemAdded(
+                    event_id=new_id("event"), item=added, previous_item_id=previous
+                ),
+                ConversationItemDone(
+                    event_id=new_id("event"), item=added, previous_item_id=previous
+                ),
+            ]
+        )
+
+    async def _add_tool_result(self, event: ConversationItemCreate, item_id: str) -> None:
+        """A ``function_call_output`` item: the result of one of the model's calls, a
+        user turn of the conversation (as the chat template renders a tool's result).
+
+        Raises:
+            RequestError: no ``call_id`` of a call the model made, no ``output``, or audio
+                still in the buffer.
+        """
+        item = event.item
+        if item.call_id is None or item.call_id not in self.calls:
+            raise RequestError(
+                f"call_id {item.call_id!r} is not a call the model made in this session; "
+                "answer a function_call item's call_id",
+                param="item.call_id",
+            )
+        if item.output is None:
+            raise RequestError("a function_call_output item needs its output", param="item.output")
+        if self.buffered:
+            raise RequestError(
+                "the input audio buffer holds uncommitted audio; commit or clear it "
+                "before adding an item"
+            )
+        assert self.input is not None
+        self.input.put(Op("tool_result", event_id=event.event_id, text=item.output))
+        self.input.put(Op("commit", event_id=event.event_id, turn=item_id))
+        added = FunctionCallOutputItem(id=item_id, call_id=item.call_id, output=item.output)
+        previous, self.last_item = self.last_item, added.id
+        self.items[added.id] = added
         await self.send_all(
             [
                 ConversationItemAdded(
@@ -754,9 +889,17 @@ class RealtimeConnection:
                 "response.done before deleting an item",
                 realtime_code="conversation_already_has_active_response",
             )
+        if item_id in self.called:
+            raise RequestError(
+                f"item {item_id!r} is a function call of the reply in item "
+                f"{self.called[item_id]!r}, one assistant turn with it: delete that item, "
+                "which takes the reply out with its calls",
+                realtime_code="item_delete_unsupported",
+                param="item_id",
+            )
         assert self.session is not None
         assert self.input is not None
-        if item.role == "system":
+        if isinstance(item, ConversationItem) and item.role == "system":
             said = "\n".join(p.text for p in item.content if p.text)
             if said == self.settings.instructions:
                 self.settings = replace(self.settings, instructions="")
@@ -773,11 +916,19 @@ class RealtimeConnection:
                 Op("delete", event_id=event.event_id, turn=self.replies.pop(item_id, item_id))
             )
         del self.items[item_id]
-        if self.last_item == item_id:
+        gone = [item_id]
+        for call, message in list(self.called.items()):
+            if message == item_id:  # the reply's calls went with it
+                del self.called[call]
+                self.items.pop(call, None)
+                gone.append(call)
+        if self.last_item in gone:
             self.last_item = next(reversed(self.items), None)
         if self.last_response is not None and self.last_response.item_id == item_id:
             self.last_response = None
-        await self.send(ConversationItemDeleted(event_id=new_id("event"), item_id=item_id))
+        await self.send_all(
+            [ConversationItemDeleted(event_id=new_id("event"), item_id=gone_id) for gone_id in gone]
+        )
 
     # -- responses -------------------------------------------------------------------------
 
@@ -830,6 +981,8 @@ class RealtimeConnection:
             event_id=lambda: new_id("event"),
             conversation_id=None if out_of_band else self.conversation_id,
             metadata=params.metadata if params is not None else None,
+            tools=[t.name for t in self.settings.offered_tools] if self._takes_tools else None,
+            item_ids=lambda: new_id("item"),
             entry_stage=self.state.pipeline.spec.entry_stage,
         )
         self.active = stream
@@ -945,12 +1098,18 @@ class RealtimeConnection:
                 self.input.put(Op("delete", turn=stream.id))
         elif stream.item_id in self.items:
             self._hold_items(closing, ResponseOutputItemDone)
+            for call in stream.calls:  # the reply's function calls, after its message
+                self.items[call.id] = call
+                self.called[call.id] = stream.item_id
         await self.send_all(closing)
         await self.send(self._rate_limits())
-        self.state.metrics.response_done(
-            "cancelled" if stream.cancel_reason else (done.status if done else "failed"),
-            done.metrics if done else None,
-        )
+        if stream.failure is not None:
+            status = "failed"  # a malformed tool call: stopped as a cancel, failed
+        elif stream.cancel_reason:
+            status = "cancelled"
+        else:
+            status = done.status if done else "failed"
+        self.state.metrics.response_done(status, done.metrics if done else None)
         self.streams.pop(stream.id, None)
         if self.active is stream:
             self.active = None
@@ -972,7 +1131,7 @@ class RealtimeConnection:
             case TextDelta(response=rid, text=text):
                 stream = self.streams.get(rid)
                 if stream is not None:
-                    await self.send_all(stream.on_text(text))
+                    await self._on_text(stream, text)
             case AudioDelta(response=rid, audio=audio):
                 stream = self.streams.get(rid)
                 if stream is not None:
@@ -989,6 +1148,23 @@ class RealtimeConnection:
                 await self._session_ended("aborted", reason)
             case Done():
                 await self._session_ended("internal", "the session finished")
+
+    async def _on_text(self, stream: ResponseStream, text: str) -> None:
+        """A text delta of ``stream``; a malformed tool call in it fails the response
+        (closed: it is stopped on every stage, and nothing more of it is sent)."""
+        try:
+            events = stream.on_text(text)
+        except MalformedToolCallError as exc:
+            self.log.warning("session %s response %s: %s", self.settings.id, stream.id, exc)
+            stream.fail(tool_call_error(exc))
+            if stream.response is not None:
+                await stream.response.cancel()
+            return
+        for call in stream.calls:
+            self.calls.setdefault(call.call_id, call.name)
+        if stream.calls and self.last_response is stream:
+            self.last_item = stream.last_item_id
+        await self.send_all(events)
 
     async def _session_ended(self, code: str, message: str) -> None:
         """The session ended: what was in flight failed with it; the client is told."""

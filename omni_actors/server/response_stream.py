@@ -6,20 +6,30 @@ It turns the pipeline's events for one response (``TextDelta``, ``AudioDelta``,
 its item's ids, the transcript so far and the audio sent. A cancelled response's
 deltas never reach it: once ``Response.cancel`` is called, the session hands out none
 (the one filter, in ``Session.next_event``).
+
+With tools offered, the reply's text is read for tool calls
+(:class:`~omni_actors.server.tools.ToolCallReader`): the transcript is what it says,
+and each call it makes becomes a ``function_call`` item of the response, after its
+message item, with its arguments events. A malformed call raises from :meth:`on_text`;
+the connection then fails the response (:meth:`fail`), which sends nothing more.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import Literal, TypedDict
 
 import torch
 
+from omni_actors.actors.engines.tool_calls import MalformedToolCallError, ToolCall
 from omni_actors.pipeline.response import Response
 from omni_actors.protocols.events import ResponseDone as PipelineResponseDone
 from omni_actors.protocols.realtime_server import (
     ConversationItem,
+    ConversationItemAdded,
+    ConversationItemDone,
     ErrorDetail,
+    FunctionCallItem,
     ItemContent,
     RealtimeResponse,
     ResponseAudio,
@@ -28,6 +38,8 @@ from omni_actors.protocols.realtime_server import (
     ResponseContentPartDone,
     ResponseCreated,
     ResponseDone,
+    ResponseFunctionCallArgumentsDelta,
+    ResponseFunctionCallArgumentsDone,
     ResponseOutputAudioDelta,
     ResponseOutputAudioDone,
     ResponseOutputAudioTranscriptDelta,
@@ -42,9 +54,10 @@ from omni_actors.protocols.realtime_server import (
 )
 from omni_actors.server.audio_format import OutputAudio, format_rate
 from omni_actors.server.session_config import ResponseSettings, describe_format
+from omni_actors.server.tools import ToolCallReader, new_call_id
 from omni_actors.server.usage import TokenUsage, token_usage
 
-__all__ = ["CancelReason", "ResponseStream"]
+__all__ = ["CancelReason", "ResponseStream", "tool_call_error"]
 
 CancelReason = Literal["turn_detected", "client_cancelled"]
 
@@ -58,6 +71,15 @@ class _Where(TypedDict):
     content_index: int
 
 
+class _CallPlace(TypedDict):
+    """The fields that place a function call's arguments event."""
+
+    response_id: str
+    item_id: str
+    output_index: int
+    call_id: str
+
+
 class ResponseStream:
     """One response's Realtime events (see the module docstring).
 
@@ -69,6 +91,9 @@ class ResponseStream:
         event_id: makes a new ``event_id``.
         conversation_id: the session's conversation (None: an out-of-band response).
         metadata: ``response.create``'s metadata, echoed back.
+        tools: the names of the tools offered, when the pipeline takes tools (its reply
+            is then read for calls); None when it takes none.
+        item_ids: makes a new item's id (for the function calls).
         entry_stage: the pipeline's entry stage, whose report counts the tokens.
     """
 
@@ -82,6 +107,8 @@ class ResponseStream:
         event_id: Callable[[], str],
         conversation_id: str | None,
         metadata: dict[str, str] | None = None,
+        tools: Iterable[str] | None = None,
+        item_ids: Callable[[], str] | None = None,
         entry_stage: str = "",
     ) -> None:
         self.id = response_id
@@ -98,8 +125,13 @@ class ResponseStream:
         self.response: Response | None = None  # once the pipeline has started it
         self.cancel_reason: CancelReason | None = None
         self.ended = False
+        self.reader = ToolCallReader(tools) if tools is not None else None
+        self._item_ids = item_ids or (lambda: f"item_{new_call_id()[5:]}")
+        self.calls: list[FunctionCallItem] = []  # completed, in order
+        self.failure: ErrorDetail | None = None  # set by ``fail``: it ends failed
         self._entry_stage = entry_stage
         self._usage = TokenUsage(prompt=0, completion=0)
+        self._tokens = 0  # the reply's text deltas, tool calls' included
 
     @property
     def audio_ms(self) -> float:
@@ -136,7 +168,7 @@ class ResponseStream:
             id=self.id,
             status=status,
             status_details=details,
-            output=[self._item("completed" if status == "completed" else "incomplete")]
+            output=[self._item("completed" if status == "completed" else "incomplete"), *self.calls]
             if final
             else [],
             output_modalities=list(self.settings.modalities),
@@ -189,8 +221,73 @@ class ResponseStream:
         return _Where(response_id=self.id, item_id=self.item_id, output_index=0, content_index=0)
 
     def on_text(self, text: str) -> list[ServerEvent]:
-        """A text delta."""
-        if self.ended or not text:
+        """A text delta: what it says, and the tool calls it completes.
+
+        Raises:
+            MalformedToolCallError: it closed a tool call that cannot be made.
+        """
+        if self.ended or self.failure is not None or not text:
+            return []
+        self._tokens += 1  # one text delta is one token
+        if self.reader is None:
+            return self._said(text)
+        events: list[ServerEvent] = []
+        for piece in self.reader.feed(text):
+            events += self._said(piece) if isinstance(piece, str) else self._called(piece)
+        return events
+
+    def fail(self, error: ErrorDetail) -> None:
+        """Fail the response with ``error``: nothing more of it is sent, and it ends
+        ``failed`` (the caller stops it in the pipeline)."""
+        if self.failure is None:
+            self.failure = error
+
+    @property
+    def last_item_id(self) -> str:
+        """The id of the response's last item (its message, or its last call)."""
+        return self.calls[-1].id if self.calls else self.item_id
+
+    def _called(self, call: ToolCall) -> list[ServerEvent]:
+        """The events of a function call item: added, its arguments, done."""
+        previous = self.last_item_id
+        item = FunctionCallItem(
+            id=self._item_ids(),
+            call_id=new_call_id(),
+            name=call.name,
+            arguments="",
+            status="in_progress",
+        )
+        done = FunctionCallItem(
+            id=item.id,
+            call_id=item.call_id,
+            name=call.name,
+            arguments=call.arguments,
+            status="completed",
+        )
+        index = 1 + len(self.calls)  # after the message item
+        self.calls.append(done)
+        place = _CallPlace(
+            response_id=self.id, item_id=item.id, output_index=index, call_id=item.call_id
+        )
+        return [
+            ResponseOutputItemAdded(
+                event_id=self._event_id(), response_id=self.id, output_index=index, item=item
+            ),
+            ConversationItemAdded(event_id=self._event_id(), item=item, previous_item_id=previous),
+            ResponseFunctionCallArgumentsDelta(
+                event_id=self._event_id(), delta=call.arguments, **place
+            ),
+            ResponseFunctionCallArgumentsDone(
+                event_id=self._event_id(), name=call.name, arguments=call.arguments, **place
+            ),
+            ResponseOutputItemDone(
+                event_id=self._event_id(), response_id=self.id, output_index=index, item=done
+            ),
+            ConversationItemDone(event_id=self._event_id(), item=done, previous_item_id=previous),
+        ]
+
+    def _said(self, text: str) -> list[ServerEvent]:
+        if not text:
             return []
         self.text.append(text)
         if self.audio_out:
@@ -203,7 +300,7 @@ class ResponseStream:
 
     def on_audio(self, samples: torch.Tensor) -> list[ServerEvent]:
         """An audio delta (dropped in text-only responses)."""
-        if self._encoder is None or self.ended:
+        if self._encoder is None or self.ended or self.failure is not None:
             return []
         return self._audio_delta(self._encoder.encode(samples))
 
@@ -220,12 +317,25 @@ class ResponseStream:
         a failure with ``error`` (the session ended, or the pipeline refused it)."""
         if self.ended:
             return []
-        self.ended = True
         metrics = event.metrics if event is not None else None
-        self._usage = token_usage(metrics, self._entry_stage, len(self.text))
+        self._usage = token_usage(metrics, self._entry_stage, self._tokens)
         events: list[ServerEvent] = []
-        if event is not None and event.status == "completed" and self.cancel_reason is None:
-            status: Literal["completed", "cancelled", "failed"] = "completed"
+        completed = event is not None and event.status == "completed"
+        if completed and self.reader is not None and self.failure is None:
+            try:
+                for piece in self.reader.finish():
+                    events += self._said(piece) if isinstance(piece, str) else self._called(piece)
+            except MalformedToolCallError as exc:
+                self.fail(tool_call_error(exc))
+        self.ended = True
+        if self.failure is not None:
+            events = []
+            status: Literal["completed", "cancelled", "failed"] = "failed"
+            details: ResponseStatusDetails | None = ResponseStatusDetails(
+                type="failed", error=self.failure
+            )
+        elif completed and self.cancel_reason is None:
+            status = "completed"
             details = None
             if self._encoder is not None:
                 events += self._audio_delta(self._encoder.flush())
@@ -271,6 +381,11 @@ class ResponseStream:
             ResponseDone(event_id=self._event_id(), response=self._describe(status, details)),
         ]
         return events
+
+
+def tool_call_error(error: MalformedToolCallError) -> ErrorDetail:
+    """The error a response fails with when its model wrote a malformed tool call."""
+    return ErrorDetail(type="server_error", code="invalid_tool_call", message=str(error))
 
 
 def _samples_in(data: str, output_format: str) -> int:

@@ -19,8 +19,10 @@ from omni_actors.protocols.realtime_client import (
     AudioFormat,
     AudioInputConfig,
     AudioOutputConfig,
+    FunctionTool,
     ResponseParams,
     SessionConfig,
+    ToolChoice,
     TranscriptionConfig,
     TurnDetection,
 )
@@ -28,6 +30,7 @@ from omni_actors.protocols.realtime_server import (
     AudioInputState,
     AudioOutputState,
     AudioState,
+    FunctionToolState,
     RealtimeSession,
     TranscriptionState,
 )
@@ -123,7 +126,14 @@ class SessionSettings:
     max_tokens: int | None = None
     temperature: float | None = None
     created_at: float = 0.0
+    tools: tuple[FunctionToolState, ...] = ()
+    tool_choice: Literal["auto", "none"] = "auto"
     transcription: TranscriptionSettings | None = None
+
+    @property
+    def offered_tools(self) -> tuple[FunctionToolState, ...]:
+        """The tools the model may call now (none with ``tool_choice: "none"``)."""
+        return self.tools if self.tool_choice == "auto" else ()
 
     def updated(
         self,
@@ -170,6 +180,10 @@ class SessionSettings:
             new = replace(new, max_tokens=_max_tokens(limit, "session.max_output_tokens"))
         if config.temperature is not None:
             new = replace(new, temperature=_temperature(config.temperature))
+        if config.tools is not None:
+            new = replace(new, tools=_tools(config.tools, "session.tools"))
+        if config.tool_choice is not None:
+            new = replace(new, tool_choice=_tool_choice(config.tool_choice, "session.tool_choice"))
         param = "session.audio.input.transcription"
         transcription = audio_in.transcription if audio_in is not None else msgspec.UNSET
         if transcription is msgspec.UNSET:
@@ -203,6 +217,13 @@ class SessionSettings:
         )
         if params is None:
             return base
+        for name in ("tools", "tool_choice"):
+            if getattr(params, name) is not None:
+                raise SettingError(
+                    f"per-response {name} are not supported: set them for the session "
+                    "with session.update",
+                    f"response.{name}",
+                )
         modalities = _first(params.output_modalities, params.modalities)
         if modalities is not None:
             base = replace(base, modalities=_modalities(modalities, "response.output_modalities"))
@@ -260,7 +281,41 @@ class SessionSettings:
             ),
             max_output_tokens="inf" if self.max_tokens is None else self.max_tokens,
             expires_at=int((self.created_at or time.time()) + _SESSION_LIFETIME_S),
+            tools=list(self.tools),
+            tool_choice=self.tool_choice,
         )
+
+
+def _tools(tools: list[FunctionTool], param: str) -> tuple[FunctionToolState, ...]:
+    checked: list[FunctionToolState] = []
+    for i, tool in enumerate(tools):
+        where = f"{param}[{i}]"
+        if tool.type != "function":
+            raise SettingError(
+                f"tools of type {tool.type!r} are not supported; send function tools",
+                where + ".type",
+            )
+        if not tool.name:
+            raise SettingError("a function tool needs a name", where + ".name")
+        if any(t.name == tool.name for t in checked):
+            raise SettingError(f"two tools are named {tool.name!r}", where + ".name")
+        checked.append(
+            FunctionToolState(
+                name=tool.name, description=tool.description, parameters=tool.parameters
+            )
+        )
+    return tuple(checked)
+
+
+def _tool_choice(choice: ToolChoice, param: str) -> Literal["auto", "none"]:
+    if choice in ("auto", "none"):
+        return choice  # type: ignore[return-value]
+    named = choice if isinstance(choice, str) else f"a {choice.type} choice"
+    raise SettingError(
+        f"tool_choice {named!r} is not supported: the model decides whether to call a "
+        'tool; use "auto" (or "none" to offer none)',
+        param,
+    )
 
 
 def _first(ga: T | None, beta: T | None) -> T | None:

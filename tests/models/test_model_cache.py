@@ -131,3 +131,22 @@ def test_a_deleted_prepared_file_is_named(tmp_path: Path, checked_family: ModelF
     with pytest.raises(ModelFileError, match="is missing") as info:
         require(checked_family, cache_dir=tmp_path)
     assert f"omni-actors prepare checked --cache-dir {tmp_path} --force" in str(info.value)
+
+
+def test_a_cache_an_older_version_prepared_is_prepared_again(
+    tmp_path: Path, fake_family: ModelFamily
+) -> None:
+    where = prepare(fake_family, cache_dir=tmp_path)
+    manifest = where / "prepared.json"
+    older = {**json.loads(manifest.read_text()), "format": model_cache._FORMAT - 1}
+    manifest.write_text(json.dumps(older))
+    (where / "weights.bin").write_text("stale")
+    assert require(fake_family, cache_dir=tmp_path) == where  # no error, no command to run
+    assert (where / "weights.bin").read_text() == "0"
+    assert is_prepared(fake_family, cache_dir=tmp_path)
+    assert len(BUILDS) == 2
+    # A newer format is another version's: not rebuilt behind its back.
+    newer = {**older, "format": model_cache._FORMAT + 1}
+    manifest.write_text(json.dumps(newer))
+    with pytest.raises(ModelNotPreparedError):
+        require(fake_family, cache_dir=tmp_path)

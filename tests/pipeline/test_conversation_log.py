@@ -123,3 +123,21 @@ def test_a_deleted_reply_goes_with_the_truncations_of_it() -> None:
         ("reply", (9,)),
         ("truncate", 0),
     ]
+
+
+def test_a_deleted_assistant_turn_given_by_the_caller_goes_alone() -> None:
+    log = ConversationLog(1 << 20)
+    log.sent(0, {"text": "hi"})
+    log.sent(0, {}, mark="commit", turn="u1")
+    log.sent(0, {"text": "hello"}, mark="reply", turn="a1")
+    log.sent(0, {"tool_calls": "{}"}, mark="reply", turn="a2")
+    log.sent(0, {"text": "and?"})
+    assert log.delete_turn("a1")
+    assert not log.delete_turn("a1")
+    assert replayed(log) == [
+        ("", {"text": "hi"}),
+        ("commit", {}),
+        ("reply", {"tool_calls": "{}"}),
+        ("", {"text": "and?"}),
+    ]
+    assert log.nbytes == len("hi") + len("{}") + len("and?")

@@ -78,7 +78,7 @@ def test_an_engine_that_takes_no_device_refuses_one_by_name(tmp_path: Path) -> N
 def test_on_device_places_every_stage_that_takes_a_device() -> None:
     spec = load_pipeline("tiny-omni").on_device("auto")
     assert {s.name: s.device for s in spec.stages} == dict.fromkeys(
-        ("thinker", "talker", "code2wav"), "auto"
+        ("thinker", "talker", "code2wav", "transcriber"), "auto"
     )
     assert all(s.engine.args["device"] == "auto" for s in spec.stages)
     with pytest.raises(PipelineConfigError, match="expected cpu, cuda, cuda:N or auto"):

@@ -1,12 +1,12 @@
 """An entry engine that keeps a conversation and can show it, for the item tests.
 
 ``Recall`` takes text, audio and the caller's turn marks, and its replies back
-(``REPLY_FIELD``: each character is a token id, its code point), so a session can replay
-its conversation onto it. It replies, one character per output, with the user turns
-since its last reply, upper-cased and joined by ``|`` (a turn's audio shows as
-``<audio>``), or ``-`` when there is none. A last user turn ``?`` makes it reply with the
-conversation it holds instead: its turns as ``u:…`` and ``a:…``, joined by spaces (the
-question is not kept).
+(``REPLY_FIELD``: each character is a token id, its code point; or an assistant turn's
+``text``), so a session can replay its conversation onto it. It replies, one character
+per output, with the user turns since its last reply, upper-cased and joined by ``|``
+(a turn's audio shows as ``<audio>``), or ``-`` when there is none. A last user turn
+``?`` makes it reply with the conversation it holds instead: its turns as ``u:…`` and
+``a:…``, joined by spaces (the question is not kept).
 """
 
 from __future__ import annotations
@@ -82,11 +82,15 @@ class Recall:
                 last = max(i for i, t in enumerate(c.turns) if t.startswith("a:"))
                 c.turns[last] = c.turns[last][: 2 + kept]
             elif mark == "reply":
-                ids = fields[REPLY_FIELD]
-                assert isinstance(ids, torch.Tensor)
+                ids = fields.get(REPLY_FIELD)
+                given = fields.get("text")  # an assistant turn the caller gave by its words
+                said = given if isinstance(given, str) else ""
+                if isinstance(ids, torch.Tensor):
+                    said = "".join(chr(int(i)) for i in ids)
                 self._commit(c)
-                c.turns.append("a:" + "".join(chr(int(i)) for i in ids))
+                c.turns.append("a:" + said)
                 c.unanswered = []
+                continue
             text = fields.get("text")
             if isinstance(text, str):
                 c.pending += text

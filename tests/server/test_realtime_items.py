@@ -308,3 +308,28 @@ async def test_the_openai_client_retrieves_deletes_and_asks_out_of_band(
         assert deleted.item_id == reply_item
         said, _ = await said_to("?")
         assert said == "u:first"
+
+
+async def test_a_deleted_assistant_item_is_out_of_every_later_response(
+    recall: RunningServer,
+) -> None:
+    async with connect(recall.ws_url) as client:
+        await client.no_vad()
+        await _say(client, "one", "item_one")
+        await client.send(
+            "conversation.item.create",
+            item={"type": "message", "id": "item_said", "role": "assistant",
+                  "content": [{"type": "output_text", "text": "given"}]},
+        )  # fmt: skip
+        assert (await client.expect("conversation.item.added"))["item"]["id"] == "item_said"
+        await client.expect("conversation.item.done")
+        await _say(client, "?", "item_question")
+        _, said = await _respond(client)
+        assert said == "u:one a:given"
+
+        await client.send("conversation.item.delete", item_id="item_said")
+        assert (await client.expect("conversation.item.deleted"))["item_id"] == "item_said"
+        await _say(client, "?", "item_again")
+        _, said = await _respond(client)
+        # The first question and its answer stay; the given turn is gone from before them.
+        assert said == "u:one u:? a:u:one a:given"

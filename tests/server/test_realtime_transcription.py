@@ -127,6 +127,7 @@ async def test_a_failed_transcription_fails_only_its_item(transcribing: RunningS
             if event.type == "response.done":
                 assert event.response.status == "completed"
                 break
+        assert (await conn.recv()).type == "rate_limits.updated"  # after every response.done
         # Back to a language it knows: the next item is transcribed.
         assert (await update(conn, {"language": "en"})).type == "session.updated"
         item = await commit(conn, 0.3)

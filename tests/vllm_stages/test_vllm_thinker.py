@@ -8,6 +8,7 @@ clear, a truncation and a cancelled reply (each rollback reopens the vLLM reques
 from __future__ import annotations
 
 import asyncio
+import json
 from collections.abc import AsyncIterator, Iterable
 from pathlib import Path
 from typing import Any
@@ -20,6 +21,9 @@ from omni_actors.actors.engines.contract import (
     INSTRUCTIONS_FIELD,
     KEPT_FIELD,
     NO_OPTIONS,
+    TOOL_CALLS_FIELD,
+    TOOL_RESULT_FIELD,
+    TOOLS_FIELD,
     TURN_FIELD,
     Fields,
     ResponseOptions,
@@ -130,6 +134,28 @@ async def test_a_conversation_of_four_responses_equals_the_torch_thinker(engines
     assert vllm.running_requests() == request
     await vllm.release("three")
     await torch_thinker.release("three")
+
+
+async def test_tools_results_and_calls_taken_back_equal_the_torch_thinker(engines: Any) -> None:
+    function = {"name": "get_weather", "parameters": {"type": "object", "properties": {}}}
+    tools = json.dumps([{"type": "function", "function": function}])
+    call = {"type": "function", "function": {"name": "get_weather", "arguments": "{}"}}
+    calls = json.dumps({"content": "Let me see.", "tool_calls": [call]})
+    await both(
+        engines, "tools", [{INSTRUCTIONS_FIELD: "Be brief.", TOOLS_FIELD: tools}, {"text": "Hi"}]
+    )
+    await both(
+        engines,
+        "tools",
+        [
+            {"text": "Weather?"},
+            {TURN_FIELD: "reply", TOOL_CALLS_FIELD: calls},
+            {TOOL_RESULT_FIELD: "sunny"},
+            {TOOL_RESULT_FIELD: "warm"},
+        ],
+    )
+    for engine in engines:
+        await engine.release("tools")
 
 
 async def test_clear_and_truncate_reopen_the_request_and_still_match(engines: Any) -> None:

@@ -90,6 +90,11 @@ class Conversation:
     a reply taken back from a ``reply`` mark is not one."""
     signal: AbortSignal | None = None
     """Set while a response is being generated."""
+    instructions: str = ""
+    tools: str = "[]"
+    """The caller's last instructions and tools (each kept until set again): the system
+    turn is rendered from both when either changes. Not checkpointed: they are the
+    caller's setting, not the conversation's."""
 
     def checkpoint(self) -> Checkpoint:
         """The state to come back to (the cache is cropped, never copied)."""

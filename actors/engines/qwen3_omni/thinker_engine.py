@@ -37,6 +37,13 @@ prefilled then), a truncation (fed again behind the cut reply) and a failed resp
 (the last instructions it set are fed again before whatever comes next): they are the
 caller's setting, not the reply's. No row of a system turn goes to the talker.
 
+Tools (``TOOLS_FIELD``) are the instructions' companions: the system turn is rendered
+from the last of each by the release's chat template (:class:`~..tool_template.ToolTemplate`,
+Qwen's ``# Tools`` block), and set as instructions are. A tool's result
+(``TOOL_RESULT_FIELD``) joins the open user turn as the template writes a ``tool``
+message there, and a ``reply`` mark giving back a turn that called tools
+(``TOOL_CALLS_FIELD``) is taken as the template writes that turn.
+
 A response's own instructions (``ResponseOptions.instructions``) are a system turn fed
 right before its reply; once the reply is kept, the cache is cropped back to where they
 were fed and the reply's tokens are fed again there, as a ``reply`` mark feeds them (one
@@ -55,6 +62,7 @@ row's logits may differ in the last bits (tests compare tokens one session at a 
 from __future__ import annotations
 
 import asyncio
+import functools
 from collections.abc import AsyncGenerator, AsyncIterator, Mapping
 from pathlib import Path
 from typing import ClassVar
@@ -65,6 +73,9 @@ from pydantic import Field
 from omni_actors.actors.engines.batched_engine import BatchedTorchEngine
 from omni_actors.actors.engines.contract import (
     INSTRUCTIONS_FIELD,
+    TOOL_CALLS_FIELD,
+    TOOL_RESULT_FIELD,
+    TOOLS_FIELD,
     TURN_FIELD,
     Fields,
     ResponseOptions,
@@ -84,6 +95,7 @@ from omni_actors.actors.engines.qwen3_omni.thinker_model import DecodeStep, Thin
 from omni_actors.actors.engines.qwen3_omni.user_turn import UserTurn
 from omni_actors.actors.engines.qwen3_omni.vocabulary import Vocabulary
 from omni_actors.actors.engines.thinker_ports import THINKER_INPUTS, THINKER_OUTPUTS
+from omni_actors.actors.engines.tool_template import ToolTemplate
 from omni_actors.actors.engines.torch_engine import AbortSignal, DeviceArgs, release_dir
 from omni_actors.models.family import WeightsArgs
 
@@ -161,6 +173,18 @@ class ThinkerEngine(BatchedTorchEngine[Conversation, DecodeStep, Token]):
     def vocabulary(self) -> Vocabulary:
         """The loaded release's tokenizer and special ids (once started)."""
         return self._model.vocabulary
+
+    @functools.cached_property
+    def tools(self) -> ToolTemplate:
+        """The tool pieces of the release's chat template (once started)."""
+        vocabulary = self.vocabulary
+        return ToolTemplate(vocabulary.tokenizer, vocabulary.encode, remedy=_TOOLS_REMEDY)
+
+    def _system_turn(self, instructions: str, tools: str) -> tuple[int, ...]:
+        """The system turn of ``instructions`` with ``tools`` (none: as without)."""
+        return self.tools.system_turn(instructions, tools) or _system_turn(
+            self.vocabulary, instructions
+        )
 
     def _run_steps(self, steps: list[DecodeStep]) -> list[Token]:
         return self._model.decode_steps(steps)
@@ -287,8 +311,21 @@ class _Response(Response[Checkpoint]):
 
     # -- input ------------------------------------------------------------------------
 
-    async def instruct(self, instructions: torch.Tensor | str) -> bool:
-        self.instructed = _system_turn(self.vocabulary, instructions)
+    async def instruct(
+        self, instructions: torch.Tensor | str | None, tools: torch.Tensor | str | None = None
+    ) -> bool:
+        conversation = self.conversation
+        if (
+            instructions is None
+            and tools is not None
+            and _text(TOOLS_FIELD, tools) == (conversation.tools)
+        ):
+            return False  # the same tools again: the system turn stands
+        if instructions is not None:
+            conversation.instructions = _text(INSTRUCTIONS_FIELD, instructions)
+        if tools is not None:
+            conversation.tools = _text(TOOLS_FIELD, tools)
+        self.instructed = self.engine._system_turn(conversation.instructions, conversation.tools)
         if self.turn.opened:
             self.turn.system = self.instructed  # prefilled behind the turn's end
             return False
@@ -302,8 +339,14 @@ class _Response(Response[Checkpoint]):
         conversation, turn = self.conversation, self.turn
         audio = fields.get("audio")
         text = fields.get("text")
+        ids: list[int] = []
+        if TOOL_RESULT_FIELD in fields:  # in a chunk with text, before it
+            result = _text(TOOL_RESULT_FIELD, fields[TOOL_RESULT_FIELD])
+            ids += self.engine.tools.tool_result(result, first=not turn.opened)
+        if isinstance(text, str) and text:
+            ids += self.vocabulary.encode(text)
         heard = isinstance(audio, torch.Tensor) and audio.numel() > 0
-        said = isinstance(text, str) and text != ""
+        said = bool(ids)
         if not (heard or said):
             return
         turn.open(conversation.carry)
@@ -311,8 +354,7 @@ class _Response(Response[Checkpoint]):
             if turn.clip is None:
                 turn.clip = self.model.clip()
             turn.clip.push(audio.detach().to(torch.float32).reshape(-1).cpu().numpy())
-        if isinstance(text, str) and said:
-            ids = self.vocabulary.encode(text)
+        if said:
             await self.engine.call(self.model.prefill, conversation, turn, True, ids)
         elif turn.clip is not None and turn.clip.ready():
             await self.engine.call(self.model.prefill, conversation, turn, False, [])
@@ -347,6 +389,9 @@ class _Response(Response[Checkpoint]):
 
     async def take_reply(self, tokens: tuple[int, ...]) -> None:
         await self.engine.call(self.model.take_reply, self.conversation, tokens)
+
+    def tool_calls_turn(self, message: torch.Tensor | str) -> tuple[int, ...]:
+        return self.engine.tools.tool_calls_turn(_text(TOOL_CALLS_FIELD, message))
 
     def encode(self, text: str) -> list[int]:
         return self.vocabulary.encode(text)
@@ -487,6 +532,15 @@ class _Response(Response[Checkpoint]):
             # turn before whatever comes next, with <|im_end|> \n.
             self.conversation.carry = [*reply.tokens[reply.fed :], *self.vocabulary.close_turn]
             self.conversation.decoded = reply.tokens
+
+
+_TOOLS_REMEDY = "omni-actors prepare tiny-omni --force rebuilds tiny-omni with one"
+
+
+def _text(name: str, value: torch.Tensor | str) -> str:
+    if not isinstance(value, str):
+        raise ValueError(f"{name!r} must be text (a str), got a tensor")
+    return value
 
 
 def _system_turn(vocabulary: Vocabulary, text: torch.Tensor | str) -> tuple[int, ...]:

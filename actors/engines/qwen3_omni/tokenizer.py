@@ -119,8 +119,23 @@ CHAT_TEMPLATE: Final = r"""{%- macro render_content(content) %}
         {%- endfor %}
     {%- endif %}
 {%- endmacro %}
+{%- if tools %}
+    {{- '<|im_start|>system\n' }}
+    {%- if messages[0].role == 'system' %}
+        {{- render_content(messages[0].content) + '\n\n' }}
+    {%- endif %}
+    {{- '# Tools\n\nYou may call one or more functions to assist with the user query.\n\n' }}
+    {{- 'You are provided with function signatures within <tools></tools> XML tags:\n<tools>' }}
+    {%- for tool in tools %}
+        {{- '\n' + (tool | tojson) }}
+    {%- endfor %}
+    {{- '\n</tools>\n\nFor each function call, return a json object with function name and ' }}
+    {{- 'arguments within <tool_call></tool_call> XML tags:\n<tool_call>\n' }}
+    {{- '{"name": <function-name>, "arguments": <args-json-object>}\n</tool_call><|im_end|>\n' }}
+{%- endif %}
 {%- for message in messages %}
-    {%- if message.role in ['system', 'user'] %}
+    {%- if tools and loop.first and message.role == 'system' %}
+    {%- elif message.role in ['system', 'user'] %}
         {{- '<|im_start|>' + message.role + '\n' + render_content(message.content) }}
         {{- '<|im_end|>\n' }}
     {%- elif message.role == 'assistant' %}
@@ -148,8 +163,9 @@ CHAT_TEMPLATE: Final = r"""{%- macro render_content(content) %}
     {{- '<|im_start|>assistant\n' }}
 {%- endif %}
 """
-"""Qwen's turns (``<|im_start|>role\\n ... <|im_end|>\\n``, tool results as a user turn);
-one placeholder per media part, which the processor expands to the media's length."""
+"""Qwen's turns (``<|im_start|>role\\n ... <|im_end|>\\n``, tool results as a user turn,
+``tools`` as Qwen's ``# Tools`` system turn); one placeholder per media part, which the
+processor expands to the media's length."""
 
 
 def byte_symbols() -> list[str]:

@@ -88,6 +88,10 @@ class History:
     clips: dict[int, Clip] = field(default_factory=dict)
     """Audio clips by the position of their first placeholder."""
     low_water: int = _NONE
+    instructions: str = ""
+    tools: str = "[]"
+    """The caller's last instructions and tools: the system turn is rendered from both
+    when either changes (not checkpointed: the caller's setting)."""
 
     def checkpoint(self) -> Mark:
         """The state now, between turns (an open turn is not part of it)."""

@@ -63,6 +63,9 @@ import torch
 
 from omni_actors.actors.engines.contract import (
     INSTRUCTIONS_FIELD,
+    TOOL_CALLS_FIELD,
+    TOOL_RESULT_FIELD,
+    TOOLS_FIELD,
     TURN_FIELD,
     Fields,
     ResponseOptions,
@@ -70,6 +73,7 @@ from omni_actors.actors.engines.contract import (
 )
 from omni_actors.actors.engines.conversation import Outcome, Response, respond
 from omni_actors.actors.engines.thinker_ports import THINKER_INPUTS, THINKER_OUTPUTS
+from omni_actors.actors.engines.tool_template import ToolTemplate, ToolTemplateError
 from omni_actors.actors.engines.torch_engine import AbortSignal
 from omni_actors.actors.engines.turn_marks import TurnMarkError
 from omni_actors.actors.engines.vllm.args import VllmThinkerArgs
@@ -133,6 +137,7 @@ class VllmThinkerEngine:
         tokenizer = await asyncio.to_thread(load_tokenizer, path)
         self.tokenizer = tokenizer
         self.turns = TurnTemplate.of(tokenizer)
+        self.tools = ToolTemplate(tokenizer, self._encode)
         config = read_json(path / "config.json")
         processor = read_json(path / "processor_config.json")
         self.audio = AudioSpec.of(tokenizer, config, processor)
@@ -394,13 +399,44 @@ class _Response(Response[Mark]):
         else:  # anything else ends the clip: it joins the turn now
             await self.engine._hear(self.session, self.state)
 
-    async def instruct(self, instructions: torch.Tensor | str) -> bool:
-        return self.history.instruct(self.engine._system_turn(instructions))
+    async def instruct(
+        self, instructions: torch.Tensor | str | None, tools: torch.Tensor | str | None = None
+    ) -> bool:
+        history, engine = self.history, self.engine
+        if (
+            instructions is None
+            and tools is not None
+            and _text(TOOLS_FIELD, tools) == (history.tools)
+        ):
+            return False  # the same tools again: the system turn stands
+        if instructions is not None:
+            history.instructions = _text(INSTRUCTIONS_FIELD, instructions)
+        if tools is not None:
+            history.tools = _text(TOOLS_FIELD, tools)
+        try:
+            system = engine.tools.system_turn(history.instructions, history.tools)
+        except ToolTemplateError as exc:
+            raise VllmInputError(str(exc)) from None
+        return history.instruct(system or engine._system_turn(history.instructions))
 
     async def take(self, fields: Fields) -> None:
+        history = self.history
+        if TOOL_RESULT_FIELD in fields:  # in a chunk with text, before it
+            result = _text(TOOL_RESULT_FIELD, fields[TOOL_RESULT_FIELD])
+            try:
+                ids = self.engine.tools.tool_result(result, first=history.turn_start is None)
+            except ToolTemplateError as exc:
+                raise VllmInputError(str(exc)) from None
+            history.say(ids, self.turns)
         text = fields.get("text")
         if isinstance(text, str):
-            self.history.say(self.engine._encode(text), self.turns)
+            history.say(self.engine._encode(text), self.turns)
+
+    def tool_calls_turn(self, message: torch.Tensor | str) -> tuple[int, ...]:
+        try:
+            return self.engine.tools.tool_calls_turn(_text(TOOL_CALLS_FIELD, message))
+        except ToolTemplateError as exc:
+            raise VllmInputError(str(exc)) from None
 
     async def after_input(self, fields: Fields) -> None:
         # A reply is prefilled with what follows it; audio alone waits for its clip's end.
@@ -492,3 +528,9 @@ class _Response(Response[Mark]):
     def keep_reply(self) -> None:
         if self.decoding and self.history.reply is not None:
             self.state.decoded = self.history.reply.tokens
+
+
+def _text(name: str, value: torch.Tensor | str) -> str:
+    if not isinstance(value, str):
+        raise VllmInputError(f"{name!r} must be text (a str), got a tensor")
+    return value

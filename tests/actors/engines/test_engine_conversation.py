@@ -19,6 +19,8 @@ from omni_actors.actors.engines.contract import (
     INSTRUCTIONS_FIELD,
     KEPT_FIELD,
     REPLY_FIELD,
+    TOOL_CALLS_FIELD,
+    TOOLS_FIELD,
     TURN_FIELD,
     Fields,
     ResponseOptions,
@@ -102,11 +104,17 @@ class Talk(Response[Mark]):
     async def roll_back(self, start: Mark) -> None:
         self.chat.restore(start)
 
-    async def instruct(self, instructions: torch.Tensor | str) -> bool:
-        assert isinstance(instructions, str)
+    async def instruct(
+        self, instructions: torch.Tensor | str | None, tools: torch.Tensor | str | None = None
+    ) -> bool:
         if self.chat.turn_start is not None:
             return False  # the fake drops instructions said inside a turn
-        self.chat.tokens += ["<sys>", instructions, "</sys>"]
+        if instructions is not None:
+            assert isinstance(instructions, str)
+            self.chat.tokens += ["<sys>", instructions, "</sys>"]
+        if tools is not None:
+            assert isinstance(tools, str)
+            self.chat.tokens += ["<tools>", tools, "</tools>"]
         return True
 
     async def take(self, fields: Fields) -> None:
@@ -146,6 +154,10 @@ class Talk(Response[Mark]):
         self._open()
         self.chat.tokens += [*words, "</a>"]
         self.chat.reply = Said(len(self.chat.tokens) - len(words) - 1, words)
+
+    def tool_calls_turn(self, message: torch.Tensor | str) -> tuple[int, ...]:
+        assert isinstance(message, str)
+        return (len(message),)  # the fake's "rendering": one token, the text's length
 
     def encode(self, text: str) -> list[int]:
         return [int(word) for word in text.split()]  # this engine's words are numbers
@@ -289,6 +301,24 @@ async def test_a_reply_mark_commits_the_open_turn_and_takes_the_reply_back() -> 
     # A clear after the mark keeps the reply: it moved ``committed``.
     assert engine.chat.tokens == [*TURN, "<a>", "5", "6", "</a>", *ANSWER]
     assert engine.chat.decoded == ("fine", "thanks")  # the decoded reply, not the mark's
+
+
+async def test_tools_are_set_as_instructions_are() -> None:
+    engine = Words()
+    await engine.respond({TOOLS_FIELD: "[t]"}, say("no"), CLEAR, say("hi"))
+    assert engine.chat.tokens == ["<tools>", "[t]", "</tools>", *TURN, *ANSWER]
+
+
+async def test_a_reply_mark_may_give_a_turn_that_called_tools() -> None:
+    engine = Words()
+    called: Fields = {TURN_FIELD: "reply", TOOL_CALLS_FIELD: "call"}
+    outputs = await engine.respond(say("hi"), called, say("no"), CLEAR)
+    assert outputs[0] == {"user": "<user> hi </user>"}
+    assert engine.chat.tokens == [*TURN, "<a>", "4", "</a>", *ANSWER]
+    # Without the mark, the field is plain input: no assistant turn is taken.
+    plain = Words()
+    await plain.respond(say("hi"), {TOOL_CALLS_FIELD: "call"})
+    assert plain.chat.tokens == [*TURN, *ANSWER]
 
 
 async def test_a_reply_mark_may_give_the_turn_by_its_text() -> None:

@@ -7,9 +7,10 @@ from collections.abc import AsyncIterator
 
 import pytest
 import torch
+from pydantic import ValidationError
 
 from omni_actors.actors.engines.contract import Engine, Fields
-from omni_actors.actors.engines.scripted import ScriptedArgs, ScriptedEngine
+from omni_actors.actors.engines.scripted import ScriptedArgs, ScriptedEngine, reply_pieces
 
 
 async def _inputs(n: int) -> AsyncIterator[Fields]:
@@ -125,3 +126,34 @@ def test_scripted_preset_stages_build_engines() -> None:
     assert talker.args.fields == ("codes",)
     assert isinstance(code2wav, ScriptedEngine)
     assert code2wav.output(3)["audio"].shape == (1920,)  # type: ignore[union-attr]
+
+
+TOOL_CALL = '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>'
+
+
+async def test_reply_text_is_spelled_out_piece_by_piece() -> None:
+    engine = ScriptedEngine(ScriptedArgs(reply_text="Let me check. " + TOOL_CALL))
+    outs = await _collect(engine, "s", 1)
+    texts = [str(o["text"]) for o in outs]
+    assert "".join(texts) == "Let me check. " + TOOL_CALL
+    assert texts[:3] == ["Let", " me", " check."]
+    assert len(outs) == len(reply_pieces("Let me check. " + TOOL_CALL)) > 3
+    assert [int(o["token_ids"][0]) for o in outs] == list(range(len(outs)))  # type: ignore[index]
+
+
+@pytest.mark.parametrize(
+    ("args", "problem"),
+    [
+        ({"reply_text": ""}, "at least 1 character"),
+        ({"reply_text": "hi", "fields": ("token_ids",)}, "needs 'text' among fields"),
+        ({"reply_text": "hi", "outputs_per_input": 1}, "drop outputs_per_input"),
+        ({"reply_text": "hi there", "outputs": 5}, "spells 2 outputs but outputs is 5"),
+    ],
+)
+def test_reply_text_is_checked(args: dict[str, object], problem: str) -> None:
+    with pytest.raises(ValidationError, match=problem):
+        ScriptedArgs.model_validate(args)
+
+
+def test_reply_text_with_its_own_count_of_outputs_is_accepted() -> None:
+    assert ScriptedArgs(reply_text="hi there", outputs=2).replies == 2
