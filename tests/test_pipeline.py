@@ -67,8 +67,8 @@ def test_a_chunk_ramp_reaches_the_stages_and_a_bad_one_is_named(tmp_path: Path) 
     spec = load_pipeline("tiny-omni")
     (edge,) = [e for e in spec.edges if e.to == "code2wav"]
     assert edge.chunk_policy is not None
-    assert edge.chunk_policy.ramp == (8, 16)
-    assert edge.chunk_policy.window() == (4, 25, 25, (8, 16))
+    assert edge.chunk_policy.ramp == (4, 8, 16)
+    assert edge.chunk_policy.window() == (4, 25, 25, (4, 8, 16))
     data = _base()
     data["edges"][1]["chunk_policy"] = {"ramp": [8, 0]}
     where = r"edges\[1\]\.chunk_policy\.ramp\[1\]: Input should be greater"
