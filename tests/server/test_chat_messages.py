@@ -134,26 +134,6 @@ async def test_an_audio_reply_voices_the_whole_reply_in_the_voice_asked_for(
 
 # -- earlier replies -------------------------------------------------------------------
 
-TRANSCRIPT = PipelineSpec.model_validate(
-    {
-        "name": "transcript",
-        "stages": [
-            {"name": "transcript", "engine": {"kind": "chat_engines:Transcript"}},
-            {"name": "voice", "engine": {"kind": "chat_engines:Voice"}},
-        ],
-        "edges": [{"from": "transcript", "to": "voice"}],
-        "outputs": {"text": "transcript", "audio": "voice", "sample_rate": 24_000},
-        "deadlines": {"idle_s": 30.0, "inter_chunk_s": 10.0},
-    }
-)
-
-
-@pytest_asyncio.fixture
-async def transcript() -> AsyncIterator[RunningServer]:
-    async with run_server(ServerSettings(port=0), pipeline=TRANSCRIPT) as running:
-        yield running
-
-
 def openai_client(server: RunningServer) -> AsyncOpenAI:
     return AsyncOpenAI(base_url=server.url + "/v1", api_key="unused", max_retries=0, timeout=20)
 

@@ -4,35 +4,12 @@ alone (``chat_engines.Transcript`` replies with the conversation as it holds it)
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
 from typing import Any
 
-import pytest_asyncio
 from openai import AsyncOpenAI
 from openai.resources.realtime.realtime import AsyncRealtimeConnection
 
-from omni_actors.pipeline.spec.pipeline import PipelineSpec
-from omni_actors.server.runner import RunningServer, run_server
-from omni_actors.server.settings import ServerSettings
-
-TRANSCRIPT = PipelineSpec.model_validate(
-    {
-        "name": "transcript",
-        "stages": [
-            {"name": "transcript", "engine": {"kind": "chat_engines:Transcript"}},
-            {"name": "voice", "engine": {"kind": "chat_engines:Voice"}},
-        ],
-        "edges": [{"from": "transcript", "to": "voice"}],
-        "outputs": {"text": "transcript", "audio": "voice", "sample_rate": 24_000},
-        "deadlines": {"idle_s": 30.0, "inter_chunk_s": 10.0},
-    }
-)
-
-
-@pytest_asyncio.fixture
-async def transcript() -> AsyncIterator[RunningServer]:
-    async with run_server(ServerSettings(port=0), pipeline=TRANSCRIPT) as running:
-        yield running
+from omni_actors.server.runner import RunningServer
 
 
 def connection(server: RunningServer) -> Any:
