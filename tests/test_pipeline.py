@@ -63,6 +63,16 @@ def test_code2wav_warms_the_windows_its_edge_cuts(name: str) -> None:
     assert warmed == cut
 
 
+def test_a_pipeline_without_its_transcriber_serves_the_same_replies() -> None:
+    spec = load_pipeline("tiny-omni")
+    assert spec.outputs.transcript == "transcriber"
+    bare = spec.without_transcriber()
+    assert bare.outputs.transcript is None
+    assert [s.name for s in bare.stages] == [s.name for s in spec.stages if s.name != "transcriber"]
+    assert bare.edges == spec.edges
+    assert bare.without_transcriber() is bare  # none to drop
+
+
 def test_a_chunk_ramp_reaches_the_stages_and_a_bad_one_is_named(tmp_path: Path) -> None:
     spec = load_pipeline("tiny-omni")
     (edge,) = [e for e in spec.edges if e.to == "code2wav"]

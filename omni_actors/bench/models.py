@@ -321,7 +321,7 @@ async def run_model_bench(
     if input_audio_s:
         check_input_lengths(input_audio_s)
     started = time.perf_counter()
-    base = load_pipeline(preset)
+    base = load_pipeline(preset).without_transcriber()  # replies are what is measured
     specs = {base.name: base} | ({"full": full_variant(base)} if full_edges else {})
     if model is not None:
         specs = {label: spec.with_model(model) for label, spec in specs.items()}

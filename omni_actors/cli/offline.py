@@ -53,7 +53,7 @@ def add_run_arguments(parser: argparse.ArgumentParser) -> None:
 def run_command(ns: argparse.Namespace) -> int:
     """Run one request; 0 on success, 1 if the session failed, 2 for bad input."""
     try:
-        spec = load_pipeline(ns.preset)
+        spec = load_pipeline(ns.preset).without_transcriber()  # one reply: no transcript
         if ns.text is None and ns.audio is None:
             raise _UsageError("give --text, --audio or both")
         audio = _read_audio(ns.audio) if ns.audio is not None else None

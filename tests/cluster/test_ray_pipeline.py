@@ -50,7 +50,7 @@ def audio_of(events: list[Event]) -> torch.Tensor:
 async def test_tiny_omni_across_two_nodes_makes_the_local_reply(
     local_ray: LocalRay, cache: Path
 ) -> None:
-    spec = load_pipeline("tiny-omni").with_weights(cache_dir=cache)
+    spec = load_pipeline("tiny-omni").without_transcriber().with_weights(cache_dir=cache)
     async with OmniPipeline(placed(spec, local_ray.address)) as omni:
         stages = await omni.stages()
         nodes = {name: node_of(ref) for name, ref in stages.items()}

@@ -134,6 +134,7 @@ async def test_an_audio_reply_voices_the_whole_reply_in_the_voice_asked_for(
 
 # -- earlier replies -------------------------------------------------------------------
 
+
 def openai_client(server: RunningServer) -> AsyncOpenAI:
     return AsyncOpenAI(base_url=server.url + "/v1", api_key="unused", max_retries=0, timeout=20)
 

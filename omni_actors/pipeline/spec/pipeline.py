@@ -349,6 +349,18 @@ class PipelineSpec(Spec):
             raise PipelineConfigError(f"pipeline {self.name}: no stage's engine loads a model")
         return PipelineSpec.model_validate(data)
 
+    def without_transcriber(self) -> PipelineSpec:
+        """A copy without the transcriber (``outputs.transcript``): for a use that never
+        transcribes (one request at a time, a benchmark of replies), which then neither
+        prepares nor loads its model. The same pipeline if it has none."""
+        name = self.outputs.transcript
+        if name is None:
+            return self
+        data = self.model_dump(by_alias=True)
+        data["stages"] = [stage for stage in data["stages"] if stage["name"] != name]
+        data["outputs"]["transcript"] = None
+        return PipelineSpec.model_validate(data)
+
     def on_device(self, device: str) -> PipelineSpec:
         """A copy whose every stage with an engine that takes a device computes on
         ``device`` (``cpu``, ``cuda``, ``cuda:N``, ``auto``); the others are unchanged.
