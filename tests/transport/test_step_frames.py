@@ -35,6 +35,7 @@ class StageInbox(Actor[Chunk | StepChunks]):
 
 class Sender:
     closed = False
+    copy_wait = 0.0
     failed: BaseException | None = None
 
     def fail(self, error: BaseException) -> None:
