@@ -33,6 +33,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
+import traceback
 from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Final, Generic, Protocol, TypeVar, cast
@@ -61,6 +62,7 @@ DEFAULT_BUCKETS: Final = (1, 2, 4, 8, 16, 32)
 """Batch sizes graphs are captured for: a batch runs as the smallest that holds it."""
 
 _WARMUP = 3  # eager runs on a side stream before capture, as CUDA graphs want
+_FRAMES = 6  # frames of a failed capture's first error named in the log
 
 SETUP: Final = threading.RLock()
 """Held while a thread of this process sets up device state that another thread's
@@ -144,9 +146,34 @@ class CudaCapture:
         if not inputs or any(t.device.type != "cuda" for t in inputs):
             devices = sorted({str(t.device) for t in inputs})
             raise ValueError(f"CUDA graphs need inputs on a CUDA device, got {devices or 'none'}")
+        return self._in_pool(fn, inputs)
+
+    def _in_pool(self, fn: Callable[..., Any], inputs: tuple[torch.Tensor, ...]) -> Graph:
         if self._pool is None:
             self._pool = torch.cuda.graph_pool_handle()
-        return _CudaGraph(fn, inputs, self._pool)
+        try:
+            return _CudaGraph(fn, inputs, self._pool)
+        except RuntimeError:
+            # A capture that fails inside the step leaves its pool marked as being
+            # recorded to (``capture_end`` raises before it ends the allocation to the
+            # pool), and every later capture into that pool would fail with "already
+            # recording to mempool_id": end it if this torch can, and give the next
+            # capture a pool of its own either way.
+            self._pool, failed = None, self._pool
+            _end_recording(inputs[0].device, failed)
+            raise
+
+
+def _end_recording(device: torch.device, pool: _POOL_HANDLE) -> None:
+    """End a failed capture's allocation to ``pool`` (private torch API: where it is
+    missing or refuses, the pool is only abandoned)."""
+    end = getattr(torch._C, "_cuda_endAllocateToPool", None)
+    if end is None:
+        return
+    try:
+        end(device.index if device.index is not None else torch.cuda.current_device(), pool)
+    except RuntimeError:
+        log.debug("could not end a failed capture's pool", exc_info=True)
 
 
 @dataclass(eq=False, slots=True)
@@ -247,8 +274,9 @@ class ShapeGraphs(Generic[K]):
                 # An op that fails mid-capture is followed by the capture's own failure
                 # (the stream capture is invalidated) while its error is handled: the
                 # op's error is the one that says what to fix, so name it too.
-                first = exc.__context__
-                why = str(exc) if first is None else f"{exc}; first {type(first).__name__}: {first}"
+                first = exc.__context__ or exc
+                why = str(exc) if first is exc else f"{exc}; first {type(first).__name__}: {first}"
+                why = f"{why}; raised at {_where(first)}"
                 log.warning("%s %r: not captured (%s); eager", self.name, key, why)
                 return eager, None
             if not _equal(captured.run(inputs), eager):
@@ -256,6 +284,16 @@ class ShapeGraphs(Generic[K]):
                 return eager, None
         log.debug("%s %r: captured", self.name, key)
         return eager, captured
+
+
+def _where(error: BaseException) -> str:
+    """The innermost frames an error was raised through, innermost first: the op to fix
+    is among them (a library's file named from its package on)."""
+    frames = traceback.extract_tb(error.__traceback__)[-_FRAMES:]
+    return " <- ".join(
+        f"{frame.filename.rpartition('site-packages/')[2]}:{frame.lineno} {frame.name}"
+        for frame in reversed(frames)
+    )
 
 
 def bucket(rows: int, buckets: Sequence[int]) -> int | None:

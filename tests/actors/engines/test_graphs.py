@@ -9,12 +9,14 @@ on the static inputs and writes the static outputs in place, as a graph does.
 from __future__ import annotations
 
 import logging
+import re
 from collections.abc import Callable
 from typing import Any
 
 import pytest
 import torch
 
+from omni_actors.actors.engines.qwen3_omni import graphs as graphs_module
 from omni_actors.actors.engines.qwen3_omni.graphs import (
     CudaCapture,
     ShapeGraphs,
@@ -116,9 +118,43 @@ def test_a_capture_invalidated_by_an_op_names_the_op_s_error(
         assert torch.equal(graphs(3, double, x), x * 2)
     assert (
         "double 3: not captured (operation failed due to a previous error during capture; "
-        "first ValueError: an op synchronized the stream); eager"
+        "first ValueError: an op synchronized the stream; raised at "
     ) in caplog.text
+    # Where the op's error was raised, innermost frame first.
+    assert re.search(r"raised at [^ ]*test_graphs\.py:\d+ invalidated\); eager", caplog.text)
     assert graphs.eager == [3]
+
+
+def test_a_failed_cuda_capture_gives_the_next_capture_a_pool_of_its_own(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A capture failing inside the step leaves its pool marked as recorded to: the next
+    capture must not use it (it would fail with "already recording to mempool_id")."""
+    handles = iter([(0, 1), (0, 2)])
+    used: list[object] = []
+    ended: list[object] = []
+
+    class Fails:
+        def __init__(self, fn: Callable[..., Any], inputs: Any, pool: object) -> None:
+            used.append(pool)
+            if len(used) == 1:
+                raise RuntimeError("operation not permitted when stream is capturing")
+            self.outputs = fn(*inputs)
+
+        def replay(self) -> None:
+            pass
+
+    monkeypatch.setattr(torch.cuda, "graph_pool_handle", lambda: next(handles))
+    monkeypatch.setattr(graphs_module, "_CudaGraph", Fails)
+    monkeypatch.setattr(graphs_module, "_end_recording", lambda device, pool: ended.append(pool))
+    capture = CudaCapture()
+    x = torch.arange(3.0)
+    with pytest.raises(RuntimeError, match="not permitted"):
+        capture._in_pool(double, (x,))
+    assert ended == [(0, 1)]
+    capture._in_pool(double, (x,))
+    capture._in_pool(double, (x,))  # a capture that worked keeps its pool for the next
+    assert used == [(0, 1), (0, 2), (0, 2)]
 
 
 def test_a_graph_holding_nan_where_eager_does_is_exact() -> None:
