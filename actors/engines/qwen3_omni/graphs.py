@@ -114,10 +114,16 @@ class _CudaGraph:
                     fn(*inputs)
             torch.cuda.current_stream(device).wait_stream(side)
             self._graph = torch.cuda.CUDAGraph()
+            # Captured on that side stream, of the inputs' device: left to itself,
+            # torch.cuda.graph captures on one stream per process, made on whichever
+            # device was current at the first capture, so in a process whose stages
+            # sit on two GPUs every capture on the other one fails.
             # thread_local: the stage's other threads keep using the device meanwhile
             # (its transfers query events and pointers), which a global capture would
             # forbid.
-            with torch.cuda.graph(self._graph, pool=pool, capture_error_mode="thread_local"):
+            with torch.cuda.graph(
+                self._graph, pool=pool, stream=side, capture_error_mode="thread_local"
+            ):
                 self._outputs: torch.Tensor | tuple[torch.Tensor, ...] = fn(*inputs)
 
     @property

@@ -8,10 +8,11 @@ on the static inputs and writes the static outputs in place, as a graph does.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import re
 from collections.abc import Callable
-from typing import Any
+from typing import Any, cast
 
 import pytest
 import torch
@@ -155,6 +156,47 @@ def test_a_failed_cuda_capture_gives_the_next_capture_a_pool_of_its_own(
     capture._in_pool(double, (x,))
     capture._in_pool(double, (x,))  # a capture that worked keeps its pool for the next
     assert used == [(0, 1), (0, 2), (0, 2)]
+
+
+def test_a_capture_runs_on_a_stream_of_its_inputs_device(monkeypatch: pytest.MonkeyPatch) -> None:
+    """torch.cuda.graph left to itself captures on one stream per process, made on the
+    device current at the first capture: a process with stages on two GPUs then fails
+    every capture on the other. Each capture must name a stream of its inputs' device."""
+    made: list[int] = []
+    captured_on: list[int] = []
+
+    class Stream:
+        def __init__(self, device: torch.device | int | None = None) -> None:
+            self.device = torch.device("cuda", device) if isinstance(device, int) else device
+            made.append(self.device.index if self.device is not None else -1)
+
+        def wait_stream(self, other: object) -> None:
+            pass
+
+    class Capturing:
+        def __init__(self, graph: object, pool: object = None, stream: Any = None, **_: Any):
+            captured_on.append(-1 if stream is None else stream.device.index)
+
+        def __enter__(self) -> None:
+            pass
+
+        def __exit__(self, *_: object) -> None:
+            pass
+
+    monkeypatch.setattr(torch.cuda, "Stream", Stream)
+    monkeypatch.setattr(torch.cuda, "device", lambda device: contextlib.nullcontext())
+    monkeypatch.setattr(torch.cuda, "stream", lambda stream: contextlib.nullcontext())
+    monkeypatch.setattr(torch.cuda, "current_stream", lambda device=None: Stream(device))
+    monkeypatch.setattr(torch.cuda, "CUDAGraph", object)
+    monkeypatch.setattr(torch.cuda, "graph", Capturing)
+
+    class OnGpu:  # an input of the step, on a GPU
+        def __init__(self, index: int) -> None:
+            self.device = torch.device("cuda", index)
+
+    for index in (1, 0):  # a stage on cuda:1 captures first, then one on cuda:0
+        graphs_module._CudaGraph(lambda x: x, (cast(Any, OnGpu(index)),), (0, index))
+    assert captured_on == [1, 0]
 
 
 def test_a_graph_holding_nan_where_eager_does_is_exact() -> None:
