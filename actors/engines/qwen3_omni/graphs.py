@@ -155,18 +155,19 @@ class CudaCapture:
         return self._in_pool(fn, inputs)
 
     def _in_pool(self, fn: Callable[..., Any], inputs: tuple[torch.Tensor, ...]) -> Graph:
-        if self._pool is None:
-            self._pool = torch.cuda.graph_pool_handle()
+        pool = self._pool
+        if pool is None:
+            pool = self._pool = torch.cuda.graph_pool_handle()
         try:
-            return _CudaGraph(fn, inputs, self._pool)
+            return _CudaGraph(fn, inputs, pool)
         except RuntimeError:
             # A capture that fails inside the step leaves its pool marked as being
             # recorded to (``capture_end`` raises before it ends the allocation to the
             # pool), and every later capture into that pool would fail with "already
             # recording to mempool_id": end it if this torch can, and give the next
             # capture a pool of its own either way.
-            self._pool, failed = None, self._pool
-            _end_recording(inputs[0].device, failed)
+            self._pool = None
+            _end_recording(inputs[0].device, pool)
             raise
 
 

@@ -195,7 +195,7 @@ def test_a_capture_runs_on_a_stream_of_its_inputs_device(monkeypatch: pytest.Mon
             self.device = torch.device("cuda", index)
 
     for index in (1, 0):  # a stage on cuda:1 captures first, then one on cuda:0
-        graphs_module._CudaGraph(lambda x: x, (cast(Any, OnGpu(index)),), (0, index))
+        graphs_module._CudaGraph(lambda x: x, (cast(Any, OnGpu(index)),), cast(Any, (0, index)))
     assert captured_on == [1, 0]
 
 
