@@ -75,17 +75,30 @@ async def test_a_tool_call_round_trip(weather: RunningServer) -> None:
         call = calls[0]
         assert call.name == "get_weather"
         assert json.loads(call.arguments) == {"city": "Paris"}
-        types = [e.type for e in events]
-        at = types.index("response.function_call_arguments.delta")
-        assert types[at - 2 : at + 4] == [
+        # The call streams as the model writes it (one character per output): its item
+        # once the name is written, then its arguments piece by piece, then done.
+        told = [e for e in events if "audio" not in e.type]  # the speech may come between
+        types = [e.type for e in told]
+        at = types.index("response.output_item.added", types.index("response.content_part.added"))
+        deltas = [e for e in events if e.type == "response.function_call_arguments.delta"]
+        assert len(deltas) > 5
+        assert "".join(d.delta for d in deltas) == call.arguments
+        assert {(d.call_id, d.item_id, d.output_index) for d in deltas} == {
+            (call.call_id, call.item_id, 1)
+        }
+        after = at + 2 + len(deltas)
+        assert types[at:after] == [
             "response.output_item.added",
             "conversation.item.added",
-            "response.function_call_arguments.delta",
+            *["response.function_call_arguments.delta"] * len(deltas),
+        ]
+        assert types[after : after + 3] == [
             "response.function_call_arguments.done",
             "response.output_item.done",
             "conversation.item.done",
         ]
-        item = events[at + 2].item
+        assert (told[at].item.name, told[at].item.status) == ("get_weather", "in_progress")
+        item = told[after + 1].item
         assert (item.type, item.call_id, item.status) == (
             "function_call",
             call.call_id,
@@ -134,8 +147,31 @@ async def test_a_malformed_call_fails_the_response_unspoken(
         assert done.status == "failed"
         assert done.status_details.error.code == "invalid_tool_call"
         assert problem in done.status_details.error.message
-        assert not [e for e in events if "function_call" in e.type]
         assert (audio, transcript) == (b"", "")
+        told = [e.type for e in events if "function_call" in e.type]
+        assert "response.function_call_arguments.done" not in told
+        if said == "unknown":
+            # A function not offered is refused as soon as its name is written.
+            assert told == []
+            assert [o.type for o in done.output] == ["message"]
+        else:
+            # Broken JSON shows only at the end: the call had started and streamed.
+            assert told
+            assert set(told) == {"response.function_call_arguments.delta"}
+            started = [
+                e for e in events if e.type == "response.output_item.added" and e.output_index
+            ]
+            assert [(e.item.name, e.item.status) for e in started] == [
+                ("get_weather", "in_progress")
+            ]
+            ended = [e for e in events if e.type == "response.output_item.done" and e.output_index]
+            assert [(e.item.id, e.item.status) for e in ended] == [
+                (started[0].item.id, "incomplete")
+            ]
+            assert [(o.type, o.status) for o in done.output] == [
+                ("message", "incomplete"),
+                ("function_call", "incomplete"),
+            ]
         # The session goes on.
         await _ask(conn, "weather in Paris?")
         events, _, _ = await _until_done(conn)
