@@ -290,11 +290,13 @@ class Session:
         """Transcribe what the caller says from now on (or, ``enabled=False``, no more).
 
         The pipeline's transcriber (``outputs.transcript``) hears the audio sent from now
-        on, beside the entry stage; each committed user turn with audio gets one event,
-        :class:`~omni_actors.protocols.events.TranscriptDone` or ``TranscriptFailed``,
-        as soon as it is transcribed (the replies never wait for it). A turn under way
-        is transcribed from here on. ``language`` (an ISO-639-1 code) and ``prompt``
-        (text that guides the transcription) apply to the turns from now on.
+        on, beside the entry stage; each committed user turn with audio gets
+        ``TranscriptDelta`` pieces as it is transcribed (from a transcriber that
+        streams), then one :class:`~omni_actors.protocols.events.TranscriptDone` or
+        ``TranscriptFailed``, as soon as it is transcribed (the replies never wait for
+        it). A turn under way is transcribed from here on. ``language`` (an ISO-639-1
+        code) and ``prompt`` (text that guides the transcription) apply to the turns
+        from now on.
 
         Raises:
             InvalidRequestError: the session was opened without transcription

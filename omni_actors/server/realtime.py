@@ -20,8 +20,10 @@ What the reader acts on is the connection's own state, kept in one object:
   session, on every stage);
 - input transcription (``session.audio.input.transcription``): while it is on, each
   user item made of audio gets ``conversation.item.input_audio_transcription.delta``
-  and ``.completed`` (or ``.failed``) from the pipeline's transcriber, a stage beside
-  the entry stage, whenever it is done: before or after the reply's events;
+  events as the pipeline's transcriber (a stage beside the entry stage) writes its
+  text, one per piece (the whole text in one, from a transcriber that does not
+  stream), then ``.completed`` (or ``.failed``), whenever it is done: before, among or
+  after the reply's events;
 - the responses: one in flight at a time (``active``), each a
   :class:`~omni_actors.server.response_stream.ResponseStream` that turns the pipeline's
   events for it into the Realtime API's. A cancel (``response.cancel``, barge-in, a
@@ -62,6 +64,7 @@ from omni_actors.protocols.events import (
     Event,
     SessionError,
     TextDelta,
+    TranscriptDelta,
     TranscriptDone,
     TranscriptFailed,
 )
@@ -176,6 +179,7 @@ class RealtimeConnection:
         # user items sent for transcription, not transcribed yet: their audio's seconds.
         self.transcribers = _transcribers(spec)
         self.transcribing: dict[str, float] = {}
+        self.transcribed: dict[str, str] = {}  # their text told so far (deltas sent)
         self.conversation_id = new_id("conv")
         self.closing = False
         # The input audio buffer: samples appended since the last commit or clear, the
@@ -539,22 +543,33 @@ class RealtimeConnection:
         if samples and self.settings.transcription is not None:
             self.transcribing[item_id] = samples / self.input_rate
 
-    async def _transcript(self, event: TranscriptDone | TranscriptFailed) -> None:
-        """A user item's transcript (or its failure) from the pipeline's transcriber."""
+    async def _transcript(self, event: TranscriptDelta | TranscriptDone | TranscriptFailed) -> None:
+        """A piece of a user item's transcript, the whole of it, or its failure, from
+        the pipeline's transcriber."""
+        if isinstance(event, TranscriptDelta):
+            self.transcribed[event.item] = self.transcribed.get(event.item, "") + event.delta
+            await self.send(
+                ConversationItemTranscriptionDelta(
+                    event_id=new_id("event"), item_id=event.item, delta=event.delta
+                )
+            )
+            return
+        told = self.transcribed.pop(event.item, None)
         if isinstance(event, TranscriptDone):
             seconds = self.transcribing.pop(event.item, 0.0)
-            await self.send_all(
-                [
+            if told is None:  # a transcriber that does not stream: the whole, in one
+                await self.send(
                     ConversationItemTranscriptionDelta(
                         event_id=new_id("event"), item_id=event.item, delta=event.transcript
-                    ),
-                    ConversationItemTranscriptionCompleted(
-                        event_id=new_id("event"),
-                        item_id=event.item,
-                        transcript=event.transcript,
-                        usage=TranscriptionUsage(seconds=seconds),
-                    ),
-                ]
+                    )
+                )
+            await self.send(
+                ConversationItemTranscriptionCompleted(
+                    event_id=new_id("event"),
+                    item_id=event.item,
+                    transcript=event.transcript,
+                    usage=TranscriptionUsage(seconds=seconds),
+                )
             )
             return
         # No item: the transcriber failed every item it had not transcribed yet.
@@ -562,6 +577,7 @@ class RealtimeConnection:
         error = ErrorDetail(type="server_error", code=event.code, message=event.message)
         for item in items:
             self.transcribing.pop(item, None)
+            self.transcribed.pop(item, None)
             await self.send(
                 ConversationItemTranscriptionFailed(
                     event_id=new_id("event"), item_id=item, error=error
@@ -1140,7 +1156,7 @@ class RealtimeConnection:
                 stream = self.streams.get(rid)
                 if stream is not None:
                     await self._finish(stream, event, None)
-            case TranscriptDone() | TranscriptFailed():
+            case TranscriptDelta() | TranscriptDone() | TranscriptFailed():
                 await self._transcript(event)
             case SessionError(code=code, message=message):
                 await self._session_ended(code, message)
