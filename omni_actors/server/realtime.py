@@ -973,8 +973,9 @@ class RealtimeConnection:
         Raises:
             RequestError: ``response.conversation`` other than ``auto`` or ``none``,
                 ``none`` on a pipeline that cannot take its reply back out,
-                ``response.input`` (a context of its own is not supported), or
-                ``response.instructions`` on a pipeline that takes none.
+                ``response.input`` (a context of its own is not supported),
+                ``response.instructions`` or ``response.tools`` on a pipeline that
+                takes none, or tools it cannot offer (``SessionSettings.for_response``).
         """
         params = event.response if event is not None else None
         out_of_band = self._out_of_band(params)
@@ -985,6 +986,12 @@ class RealtimeConnection:
                 "be given its own",
                 param="response.instructions",
             )
+        if settings.tools is not None and not self._takes_tools:
+            raise RequestError(
+                "this pipeline's entry stage takes no tools, so a response cannot be given its own",
+                param="response.tools",
+            )
+        offered = self.settings.offered_tools if settings.tools is None else settings.tools
         assert self.input is not None
         held = self.held if self.buffered else []
         if held:
@@ -997,7 +1004,7 @@ class RealtimeConnection:
             event_id=lambda: new_id("event"),
             conversation_id=None if out_of_band else self.conversation_id,
             metadata=params.metadata if params is not None else None,
-            tools=[t.name for t in self.settings.offered_tools] if self._takes_tools else None,
+            tools=[t.name for t in offered] if self._takes_tools else None,
             item_ids=lambda: new_id("item"),
             entry_stage=self.state.pipeline.spec.entry_stage,
         )

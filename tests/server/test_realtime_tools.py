@@ -331,3 +331,57 @@ async def test_function_call_items_are_held_as_items(weather: RunningServer) -> 
         retrieved = await conn.recv()
         assert retrieved.type == "conversation.item.retrieved", retrieved
         assert (retrieved.item.type, retrieved.item.output) == ("function_call_output", "sunny")
+
+
+async def test_a_response_s_own_tools_hold_for_it_alone(weather: RunningServer) -> None:
+    async with _client(weather).realtime.connect(model="weather") as conn:
+        await _session(conn)  # the session offers no tools
+        await _ask(conn, "weather in Paris?")
+        _, _, transcript = await _until_done(conn)
+        assert transcript == "No tools."
+        item = {
+            "type": "message",
+            "role": "user",
+            "content": [{"type": "input_text", "text": "and now?"}],
+        }
+        await conn.conversation.item.create(item=item)
+        await conn.response.create(response={"tools": [TOOL], "tool_choice": "auto"})
+        events, _, _ = await _until_done(conn)
+        assert events[-1].response.status == "completed", events[-1].response.status_details
+        (call,) = [e for e in events if e.type == "response.function_call_arguments.done"]
+        assert (call.name, json.loads(call.arguments)) == ("get_weather", {"city": "Paris"})
+        # The next response is back to the session's tools: none.
+        await conn.response.create()
+        _, _, transcript = await _until_done(conn)
+        assert transcript == "No tools."
+
+
+@pytest.mark.parametrize(
+    ("response", "param"),
+    [
+        ({"tool_choice": "none"}, "response.tool_choice"),
+        ({"tools": []}, "response.tools"),
+        ({"tools": [{"type": "mcp", "server_label": "x"}]}, "response.tools[0].type"),
+        ({"tool_choice": "required"}, "response.tool_choice"),
+    ],
+)
+async def test_response_tools_it_cannot_offer_are_refused_by_name(
+    weather: RunningServer, response: dict[str, Any], param: str
+) -> None:
+    async with _client(weather).realtime.connect(model="weather") as conn:
+        await _session(conn, tools=[TOOL])
+        await conn.response.create(response=response)  # type: ignore[arg-type]
+        error = await conn.recv()
+        assert error.type == "error", error
+        assert error.error.param == param
+
+
+async def test_response_tools_on_a_pipeline_that_takes_none_are_refused(
+    server: RunningServer,
+) -> None:
+    async with _client(server).realtime.connect(model="scripted") as conn:
+        assert (await conn.recv()).type == "session.created"
+        await conn.response.create(response={"tools": [TOOL]})
+        error = await conn.recv()
+        assert error.type == "error"
+        assert error.error.param == "response.tools"
