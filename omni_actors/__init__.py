@@ -61,6 +61,7 @@ if TYPE_CHECKING:
         SessionError,
         SessionMetrics,
         TextDelta,
+        TranscriptDelta,
         TranscriptDone,
         TranscriptFailed,
     )
@@ -78,6 +79,7 @@ _LAZY = {
     "SessionError": "omni_actors.protocols.events",
     "SessionMetrics": "omni_actors.protocols.events",
     "TextDelta": "omni_actors.protocols.events",
+    "TranscriptDelta": "omni_actors.protocols.events",
     "TranscriptDone": "omni_actors.protocols.events",
     "TranscriptFailed": "omni_actors.protocols.events",
 }
@@ -115,6 +117,7 @@ __all__ = [
     "SessionError",
     "SessionMetrics",
     "TextDelta",
+    "TranscriptDelta",
     "TranscriptDone",
     "TranscriptFailed",
     "Actor",

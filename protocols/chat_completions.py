@@ -40,6 +40,7 @@ __all__ = [
     "ErrorDetail",
     "FinishReason",
     "FunctionCall",
+    "FunctionCallDelta",
     "FunctionDefinition",
     "NamedToolChoice",
     "Tool",
@@ -338,13 +339,23 @@ class DeltaAudio(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
     expires_at: int | None = None
 
 
-class ToolCallDelta(msgspec.Struct, frozen=True, kw_only=True):
-    """One of ``delta.tool_calls``: a whole call, ``index`` its place in the reply."""
+class FunctionCallDelta(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
+    """``function`` of a streamed call's piece: its ``name`` (first piece only) and the
+    next piece of its ``arguments`` text."""
+
+    name: str | None = None
+    arguments: str | None = None
+
+
+class ToolCallDelta(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
+    """One of ``delta.tool_calls``: a piece of the call at ``index`` (its place in the
+    reply), as OpenAI streams one: the first piece carries its ``id``, ``type`` and
+    function's name (with empty arguments), each later one a piece of its arguments."""
 
     index: int
-    id: str
-    function: FunctionCall
-    type: Literal["function"] = "function"
+    function: FunctionCallDelta
+    id: str | None = None
+    type: Literal["function"] | None = None
 
 
 class Delta(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):

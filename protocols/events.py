@@ -9,10 +9,11 @@ Every event's ``session`` is the id the caller chose (or was given) for the sess
 deltas and ``ResponseDone`` also name their ``response``.
 
 A session that transcribes what its caller says (``Session.transcribe``) also gets, per
-user turn, :class:`TranscriptDone` or :class:`TranscriptFailed`, naming the turn by the
-``item`` its caller gave it on ``commit``. They come from the transcriber, a stage off
-the reply's path, as soon as each turn is transcribed: they belong to no response, and
-a transcript that fails fails alone.
+user turn, :class:`TranscriptDelta` pieces as the transcriber writes them (none from
+one that does not stream), then :class:`TranscriptDone` or :class:`TranscriptFailed`,
+each naming the turn by the ``item`` its caller gave it on ``commit``. They come from
+the transcriber, a stage off the reply's path, as soon as each turn is transcribed:
+they belong to no response, and a transcript that fails fails alone.
 """
 
 from __future__ import annotations
@@ -38,6 +39,7 @@ __all__ = [
     "SessionMetrics",
     "TextDelta",
     "TERMINAL",
+    "TranscriptDelta",
     "TranscriptDone",
     "TranscriptFailed",
 ]
@@ -104,6 +106,15 @@ class AudioDelta(msgspec.Struct, tag="audio_delta", frozen=True, kw_only=True):
     audio: torch.Tensor
     sample_rate: int
     response: str = ""
+
+
+class TranscriptDelta(msgspec.Struct, tag="transcript_delta", frozen=True, kw_only=True):
+    """The next piece of the user turn ``item``'s transcript, as the transcriber wrote it
+    (the ``TranscriptDone`` that follows holds the whole)."""
+
+    session: str
+    item: str
+    delta: str
 
 
 class TranscriptDone(msgspec.Struct, tag="transcript_done", frozen=True, kw_only=True):
@@ -191,6 +202,7 @@ Event = (
     TextDelta
     | AudioDelta
     | ResponseDone
+    | TranscriptDelta
     | TranscriptDone
     | TranscriptFailed
     | Done

@@ -100,12 +100,17 @@ class ResponseOptions(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=T
         instructions: a system prompt for this reply alone, for an entry stage that
             takes instructions: it follows them in this reply, and the conversation
             keeps the reply but not them (the realtime API's ``response.instructions``).
+        tools: tools for this reply alone (a JSON array as the entry stage's ``tools``
+            field takes, not empty), for an entry stage that takes tools: offered with
+            the reply's own instructions in the system turn fed before it, and kept out
+            of the conversation as they are (the realtime API's ``response.tools``).
     """
 
     max_tokens: int | None = None
     temperature: float | None = None
     voice: str | None = None
     instructions: str | None = None
+    tools: str | None = None
 
 
 class Chunk(msgspec.Struct, tag="chunk", frozen=True, kw_only=True):

@@ -42,9 +42,10 @@ rollback, cut or not.
 **The reply.** When the input ends the reply opens, closing the open user turn if any
 (its rows go out first), and streams (:meth:`Response.reply`).
 
-**A response's own instructions** (``ResponseOptions.instructions``) hold for its reply
-alone. The open user turn is committed (as a ``commit`` mark commits it), they are fed
-as a system turn (:meth:`Response.instruct_reply`), and the reply follows them. Once
+**A response's own instructions** (``ResponseOptions.instructions``, and its own tools,
+``ResponseOptions.tools``) hold for its reply alone. The open user turn is committed (as
+a ``commit`` mark commits it), they are fed as a system turn
+(:meth:`Response.instruct_reply`), and the reply follows them. Once
 the reply is kept (``done`` or ``cancelled``), the conversation comes back to where
 they were fed and takes the reply in again as a ``reply`` mark takes one
 (:meth:`Response.drop_instructions`): it then holds the reply as if they had never been
@@ -225,9 +226,10 @@ class Response(ABC, Generic[C]):
             "this engine takes a reply mark's token ids only, not an assistant turn's text"
         )
 
-    async def instruct_reply(self, instructions: str) -> None:
-        """Feed ``instructions`` as a system turn for this reply alone (no user turn is
-        open; the conversation's own instructions stay as they are).
+    async def instruct_reply(self, instructions: str, tools: str | None = None) -> None:
+        """Feed ``instructions`` (and ``tools``, a JSON array, when given) as a system
+        turn for this reply alone (no user turn is open; the conversation's own
+        instructions and tools stay as they are).
 
         Raises:
             ValueError: the engine follows no instructions of a response's own (the
@@ -357,7 +359,7 @@ async def respond(
         if signal.aborted:
             return
         options = response_options(inputs)
-        if options.instructions:
+        if options.instructions or options.tools:
             # They follow the user turn: it is committed first, as a commit mark is.
             commit: Fields = {TURN_FIELD: "commit"}
             await response.before_input(commit)
@@ -368,7 +370,7 @@ async def respond(
                 return
             await response.after_input(commit)
             before = response.checkpoint()
-            await response.instruct_reply(options.instructions)
+            await response.instruct_reply(options.instructions or "", options.tools)
             if signal.aborted:
                 return
         async with aclosing(response.reply(options)) as reply:

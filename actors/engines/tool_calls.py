@@ -9,13 +9,16 @@ holding back only a tail that could still begin a marker.
 
 Two readers share it, so they agree on every span: the entry stage, which keeps a call's
 outputs from the stages after it (a tool call is never spoken), and the server, which
-turns a call into the API's function-call events once it is closed and checked
-(:func:`parse_tool_call`).
+turns a call into the API's function-call events. The server reads a call's body as it
+streams (:class:`CallBody`): its function's name as soon as the model has written it,
+then its arguments' text as the model writes it, and checks the whole call once it
+closes (:func:`parse_tool_call`).
 """
 
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import dataclass
 from typing import Final, Literal
 
@@ -24,6 +27,7 @@ from omni_actors.errors import EngineError
 __all__ = [
     "TOOL_CALL_CLOSE",
     "TOOL_CALL_OPEN",
+    "CallBody",
     "MalformedToolCallError",
     "Segment",
     "ToolCall",
@@ -148,11 +152,7 @@ def parse_tool_call(body: str, names: frozenset[str] | set[str]) -> ToolCall:
         raise MalformedToolCallError(
             f"the model wrote a tool call without a function name: {body.strip()!r}"
         )
-    if name not in names:
-        offered = ", ".join(sorted(names)) or "none"
-        raise MalformedToolCallError(
-            f"the model called {name!r}, which is not one of the tools offered ({offered})"
-        )
+    check_offered(name, names)
     arguments = call.get("arguments", {})
     if isinstance(arguments, str):
         try:
@@ -166,3 +166,142 @@ def parse_tool_call(body: str, names: frozenset[str] | set[str]) -> ToolCall:
             f"the model's call of {name!r} has arguments that are not a JSON object"
         )
     return ToolCall(name, json.dumps(arguments, ensure_ascii=False))
+
+
+def check_offered(name: str, names: frozenset[str] | set[str]) -> None:
+    """Refuse a call of ``name`` unless it is one of the functions offered, ``names``.
+
+    Raises:
+        MalformedToolCallError: it is not.
+    """
+    if name not in names:
+        offered = ", ".join(sorted(names)) or "none"
+        raise MalformedToolCallError(
+            f"the model called {name!r}, which is not one of the tools offered ({offered})"
+        )
+
+
+# The start of a body as Qwen writes it, up to its name: ``{"name": "get_weather"``.
+_NAME = re.compile(r'\s*\{\s*"name"\s*:\s*("(?:[^"\\]|\\.)*")')
+# What follows the name up to the arguments' value: ``, "arguments": ``.
+_ARGUMENTS = re.compile(r'\s*,\s*"arguments"\s*:\s*')
+
+
+class CallBody:
+    """One call's body as it streams: its name once written, then its arguments' text.
+
+    Qwen writes the name first and the arguments as a JSON object after it,
+    ``{"name": "get_weather", "arguments": {"city": "Paris"}}``: :meth:`feed` tells the
+    name as soon as its closing quote is read, then the arguments object's text as it
+    arrives, following its strings and brackets so that it stops where the object ends
+    (the ``}`` that closes the body is not part of it). A body in another shape (other
+    keys first, arguments written as JSON text) tells its name, or its arguments, only
+    at :meth:`close`. Nothing is checked while it streams: a call that ends malformed is
+    refused at :meth:`close`, after its name and part of its arguments were told.
+
+    Attributes:
+        name: the function's name, once the model has written it.
+        streamed: the arguments' text told so far.
+    """
+
+    __slots__ = ("_at", "_depth", "_end", "_escaped", "_in_string", "_text", "name", "streamed")
+
+    def __init__(self) -> None:
+        self._text = ""
+        self.name: str | None = None
+        self.streamed = ""
+        self._at: int | None = None  # where the arguments object begins in the body
+        self._end: int | None = None  # where it ended (once it has)
+        self._depth = 0
+        self._in_string = False
+        self._escaped = False
+
+    def feed(self, text: str) -> tuple[str | None, str]:
+        """Read ``text``, the next of the body: the name if it completes it (else None),
+        and the arguments' text it adds ("" for none)."""
+        start = len(self._text)
+        self._text += text
+        named: str | None = None
+        if self.name is None:
+            match = _NAME.match(self._text)
+            if match is None:
+                return None, ""
+            try:
+                name = json.loads(match.group(1))
+            except ValueError:
+                name = None
+            if not isinstance(name, str) or not name:
+                self.name = ""  # told at close, if the body turns out well formed
+                return None, ""
+            self.name = named = name
+            start = match.end()
+        if not self.name:
+            return None, ""
+        if self._at is None:
+            match = _ARGUMENTS.match(self._text, self._name_end())
+            if match is None or match.end() == len(self._text):
+                return named, ""
+            if self._text[match.end()] != "{":
+                self._at = -1  # not an object: told at close
+                return named, ""
+            self._at = start = match.end()
+        if self._at < 0 or self._end is not None:
+            return named, ""
+        added = self._scan(max(start, self._at))
+        self.streamed += added
+        return named, added
+
+    @property
+    def text(self) -> str:
+        """The body read so far."""
+        return self._text
+
+    def _name_end(self) -> int:
+        match = _NAME.match(self._text)
+        assert match is not None
+        return match.end()
+
+    def _scan(self, start: int) -> str:
+        """The arguments' text from ``start`` on, up to where the object ends."""
+        text = self._text
+        for i in range(start, len(text)):
+            char = text[i]
+            if self._in_string:
+                if self._escaped:
+                    self._escaped = False
+                elif char == "\\":
+                    self._escaped = True
+                elif char == '"':
+                    self._in_string = False
+            elif char == '"':
+                self._in_string = True
+            elif char in "{[":
+                self._depth += 1
+            elif char in "}]":
+                self._depth -= 1
+                if self._depth == 0:
+                    self._end = i + 1
+                    return text[start : i + 1]
+        return text[start:]
+
+    def close(self, names: frozenset[str] | set[str]) -> ToolCall:
+        """The body is whole: the call it makes. Its arguments are the text told
+        (:attr:`streamed`) when they streamed, else the arguments as JSON text.
+
+        Raises:
+            MalformedToolCallError: the call cannot be made (:func:`parse_tool_call`),
+                or the name or arguments told are not the ones it makes (the body
+                names them twice).
+        """
+        call = parse_tool_call(self._text, names)
+        streamed = self._end is not None
+        if (self.name and self.name != call.name) or (
+            streamed and json.loads(self.streamed) != json.loads(call.arguments)
+        ):
+            raise MalformedToolCallError(
+                f"the model's call of {call.name!r} names its function or its arguments "
+                f"more than once: {self._text.strip()!r}"
+            )
+        if not streamed:
+            return call
+        return ToolCall(call.name, self.streamed)

@@ -16,10 +16,12 @@ Inputs, any of them per chunk:
 - ``item``: str, the caller's name for the open turn (echoed in its transcript).
 - ``language``, ``prompt``: str, settings for the turns from now on ("" for none).
 
-Outputs, one per turn with audio:
+Outputs, per turn with audio, in order:
 
-- ``item`` and ``transcript`` (the turn's text), or ``item`` and ``transcript_error``
-  (why that turn could not be transcribed: the other turns go on).
+- any number of ``item`` and ``transcript_delta``: the next piece of the turn's text,
+  as the model writes it (a transcriber that does not stream yields none);
+- then ``item`` and ``transcript`` (the turn's whole text), or ``item`` and
+  ``transcript_error`` (why that turn could not be transcribed: the other turns go on).
 """
 
 from __future__ import annotations
@@ -36,12 +38,16 @@ __all__ = [
     "PROMPT_FIELD",
     "TRANSCRIBER_INPUTS",
     "TRANSCRIBER_OUTPUTS",
+    "TRANSCRIPT_DELTA_FIELD",
     "TRANSCRIPT_ERROR_FIELD",
     "TRANSCRIPT_FIELD",
 ]
 
 TRANSCRIPT_FIELD = "transcript"
 """A turn's transcript (str)."""
+
+TRANSCRIPT_DELTA_FIELD = "transcript_delta"
+"""The next piece of a turn's transcript, as the model writes it (str)."""
 
 TRANSCRIPT_ERROR_FIELD = "transcript_error"
 """Why a turn's transcript failed (str)."""
@@ -68,6 +74,11 @@ TRANSCRIBER_INPUTS: Final[Mapping[str, Rule]] = MappingProxyType(
 """What a transcriber takes (module docstring), with each field's accumulate rule."""
 
 TRANSCRIBER_OUTPUTS: Final[Mapping[str, Rule]] = MappingProxyType(
-    {TRANSCRIPT_FIELD: "concat", TRANSCRIPT_ERROR_FIELD: "concat", ITEM_FIELD: "replace"}
+    {
+        TRANSCRIPT_FIELD: "concat",
+        TRANSCRIPT_DELTA_FIELD: "concat",
+        TRANSCRIPT_ERROR_FIELD: "concat",
+        ITEM_FIELD: "replace",
+    }
 )
 """What a transcriber yields (module docstring), with each field's accumulate rule."""

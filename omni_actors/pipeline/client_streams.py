@@ -12,8 +12,8 @@ stages wait. A chunk whose events are dropped (a cancelled or failed response), 
 carries nothing for the caller, counts as taken at once.
 
 The transcriber's stream (``outputs.transcript``) is about the caller's turns, not a
-response: each of its chunks becomes a ``TranscriptDone`` or ``TranscriptFailed`` event
-at once, never held behind a response.
+response: each of its chunks becomes a ``TranscriptDelta``, ``TranscriptDone`` or
+``TranscriptFailed`` event at once, never held behind a response.
 """
 
 from __future__ import annotations
@@ -22,6 +22,7 @@ from collections.abc import Callable, Mapping
 
 from omni_actors.actors.engines.transcriber_ports import (
     ITEM_FIELD,
+    TRANSCRIPT_DELTA_FIELD,
     TRANSCRIPT_ERROR_FIELD,
     TRANSCRIPT_FIELD,
 )
@@ -32,7 +33,12 @@ from omni_actors.pipeline.pending_response import PendingResponse
 from omni_actors.pipeline.session_channel import SessionChannel
 from omni_actors.protocols.address import ActorAddress
 from omni_actors.protocols.control import StreamCredit
-from omni_actors.protocols.events import Event, TranscriptDone, TranscriptFailed
+from omni_actors.protocols.events import (
+    Event,
+    TranscriptDelta,
+    TranscriptDone,
+    TranscriptFailed,
+)
 from omni_actors.protocols.stage import Chunk, SessionKey
 
 __all__ = ["ClientStreams"]
@@ -105,7 +111,9 @@ class ClientStreams:
         self.emit(chunk.segment == current, response, last, source)
         return 0
 
-    def _transcript(self, chunk: Chunk) -> TranscriptDone | TranscriptFailed | None:
+    def _transcript(
+        self, chunk: Chunk
+    ) -> TranscriptDelta | TranscriptDone | TranscriptFailed | None:
         """The caller's event for a chunk of the transcriber's (None: it says nothing)."""
         texts = chunk.texts
         item = texts.get(ITEM_FIELD, "")
@@ -116,7 +124,8 @@ class ClientStreams:
             )
         transcript = texts.get(TRANSCRIPT_FIELD)
         if transcript is None:
-            return None
+            delta = texts.get(TRANSCRIPT_DELTA_FIELD)
+            return TranscriptDelta(session=self.session, item=item, delta=delta) if delta else None
         return TranscriptDone(session=self.session, item=item, transcript=transcript)
 
     def emit(self, now: bool, response: PendingResponse, event: Event, source: str = "") -> None:

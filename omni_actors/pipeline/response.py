@@ -79,6 +79,7 @@ def checked_options(
     voice: str | None,
     *,
     instructions: str | None = None,
+    tools: str | None = None,
 ) -> ResponseOptions:
     """A response's overrides, checked (``Session.respond``).
 
@@ -100,9 +101,12 @@ def checked_options(
         raise InvalidRequestError(f"voice must be a non-empty name, got {voice!r}")
     if instructions is not None and not isinstance(instructions, str):
         raise InvalidRequestError(f"instructions must be a str, got {instructions!r}")
+    if tools is not None and not isinstance(tools, str):
+        raise InvalidRequestError(f"tools must be a JSON array as text, got {tools!r}")
     return ResponseOptions(
         max_tokens=max_tokens,
         temperature=None if temperature is None else float(temperature),
         voice=voice,
         instructions=instructions or None,
+        tools=tools if tools and tools != "[]" else None,
     )

@@ -42,6 +42,7 @@ from omni_actors.actors.engines.contract import (
     INSTRUCTIONS_FIELD,
     REPLY_FIELD,
     TOOL_CALLS_FIELD,
+    TOOLS_FIELD,
     TURN_FIELD,
 )
 from omni_actors.actors.engines.transcriber_ports import LANGUAGE_FIELD, PROMPT_FIELD
@@ -290,11 +291,13 @@ class Session:
         """Transcribe what the caller says from now on (or, ``enabled=False``, no more).
 
         The pipeline's transcriber (``outputs.transcript``) hears the audio sent from now
-        on, beside the entry stage; each committed user turn with audio gets one event,
-        :class:`~omni_actors.protocols.events.TranscriptDone` or ``TranscriptFailed``,
-        as soon as it is transcribed (the replies never wait for it). A turn under way
-        is transcribed from here on. ``language`` (an ISO-639-1 code) and ``prompt``
-        (text that guides the transcription) apply to the turns from now on.
+        on, beside the entry stage; each committed user turn with audio gets
+        ``TranscriptDelta`` pieces as it is transcribed (from a transcriber that
+        streams), then one :class:`~omni_actors.protocols.events.TranscriptDone` or
+        ``TranscriptFailed``, as soon as it is transcribed (the replies never wait for
+        it). A turn under way is transcribed from here on. ``language`` (an ISO-639-1
+        code) and ``prompt`` (text that guides the transcription) apply to the turns
+        from now on.
 
         Raises:
             InvalidRequestError: the session was opened without transcription
@@ -396,6 +399,7 @@ class Session:
         voice: str | None = None,
         response_id: str | None = None,
         instructions: str | None = None,
+        tools: str | None = None,
     ) -> Response:
         """Start a reply to the conversation so far (any uncommitted input is committed).
 
@@ -412,14 +416,25 @@ class Session:
                 reply, and the conversation keeps the reply without them, as if they
                 had never been given. The conversation's own instructions (sent as the
                 ``instructions`` field) stay. None or "": none.
+            tools: tools for this reply alone (the entry engine must take tools), as the
+                ``tools`` field takes them: offered with ``instructions`` in the system
+                turn before the reply, and left out of the conversation as they are.
+                The conversation's own tools stay. None or "[]": none.
 
         Raises:
             SessionClosedError: the session has ended.
             InvalidRequestError: a response is in flight, an override is out of range,
-                ``instructions`` are given to an entry stage that takes none, or the
-                session is a one-shot request.
+                ``instructions`` or ``tools`` are given to an entry stage that takes
+                none, or the session is a one-shot request.
         """
-        options = checked_options(max_tokens, temperature, voice, instructions=instructions)
+        options = checked_options(
+            max_tokens, temperature, voice, instructions=instructions, tools=tools
+        )
+        if options.tools is not None and TOOLS_FIELD not in self._takes:
+            raise InvalidRequestError(
+                f"the entry stage {self.pipeline.spec.entry_stage} takes no tools: "
+                "a response cannot have tools of its own"
+            )
         if options.instructions is not None and INSTRUCTIONS_FIELD not in self._takes:
             raise InvalidRequestError(
                 f"the entry stage {self.pipeline.spec.entry_stage} takes no instructions: "

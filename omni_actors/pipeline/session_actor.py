@@ -35,11 +35,11 @@ caller's next input reopens it (``ReopenSession``: a new key on every stage, fro
 segment it has come to) and replays it; any other session ends.
 
 A session may have a transcriber (``outputs.transcript``), fed by the caller's input
-beside the entry stage: its outputs become ``TranscriptDone`` / ``TranscriptFailed``
-events at once (they belong to no response, so no segment holds them), its reports
-count for no response, and its failure — an engine error, a stream that broke, its
-death — fails transcription only (``TranscriptFailed`` with no item: the turns not
-transcribed yet), never a reply or the session.
+beside the entry stage: its outputs become ``TranscriptDelta`` / ``TranscriptDone`` /
+``TranscriptFailed`` events at once (they belong to no response, so no segment holds
+them), its reports count for no response, and its failure — an engine error, a stream
+that broke, its death — fails transcription only (``TranscriptFailed`` with no item:
+the turns not transcribed yet), never a reply or the session.
 
 Flow control: the output stages' streams to the caller are a
 :class:`~omni_actors.pipeline.client_streams.ClientStreams`; the entry stage's credits

@@ -14,9 +14,15 @@ sent (``stop_text.py``) and the reply is cancelled on every stage.
 With tools, the tools go to the entry stage's ``tools`` field, an assistant message's
 ``tool_calls`` and ``tool`` messages as the entry stage takes them back, and the
 reply's text is read for calls (:class:`~omni_actors.server.tools.ToolCallReader`):
-each call the model makes is one of the reply's ``tool_calls`` (streamed as one
-``delta.tool_calls`` piece once it is closed and checked), and the reply ends with
-``finish_reason: "tool_calls"``. A malformed call fails the reply (``invalid_tool_call``).
+each call the model makes is one of the reply's ``tool_calls``, and the reply ends with
+``finish_reason: "tool_calls"``. Streamed, a call goes out as the model writes it, as
+OpenAI streams one: a ``delta.tool_calls`` piece with its ``id``, ``type`` and name once
+the name is written, then pieces of its ``function.arguments`` text. A malformed call
+fails the reply (``invalid_tool_call``): before any byte of the body when the reply is
+not streamed; streamed, after whatever of the call had gone out (a function not offered
+is refused before anything of its call does; broken JSON, or a call never closed, only
+shows once its start and part of its arguments were sent), as the stream's last event,
+an error, before ``[DONE]``.
 
 The session is closed on every way out, and a client that goes away mid-reply aborts
 it on every stage at once: the reply runs in a task of its own, beside one that waits
@@ -39,7 +45,6 @@ from starlette.types import Receive, Scope, Send
 
 from omni_actors.actors.engines.contract import INSTRUCTIONS_FIELD, TOOLS_FIELD
 from omni_actors.actors.engines.tool_calls import MalformedToolCallError
-from omni_actors.actors.engines.tool_calls import ToolCall as CalledTool
 from omni_actors.audio.wav import encode_wav
 from omni_actors.errors import OmniError
 from omni_actors.pipeline.response import Response as PipelineResponse
@@ -56,6 +61,7 @@ from omni_actors.protocols.chat_completions import (
     DeltaAudio,
     FinishReason,
     FunctionCall,
+    FunctionCallDelta,
     ToolCall,
     ToolCallDelta,
     Usage,
@@ -80,7 +86,13 @@ from omni_actors.server.chat_request import (
 from omni_actors.server.http_error import error_body, error_response
 from omni_actors.server.state import ServerState, server_state
 from omni_actors.server.stop_text import StopText
-from omni_actors.server.tools import ToolCallReader, new_call_id
+from omni_actors.server.tools import (
+    CallArguments,
+    CallStarted,
+    ReplyPiece,
+    ToolCallReader,
+    new_call_id,
+)
 from omni_actors.server.usage import token_usage
 
 __all__ = ["AUDIO_LIFETIME_S", "ChatCompletionReply", "ReplyFailedError", "chat_completions"]
@@ -179,7 +191,8 @@ class ChatCompletionReply(Response):
         self._stop = StopText(plan.stop)
         self._done: ResponseDone | None = None
         self._said: list[str] = []  # the reply's text outside its tool calls
-        self._calls: list[ToolCall] = []
+        self._calls: list[ToolCall] = []  # the calls it made, once each is checked
+        self._call_ids: list[str] = []  # the calls it started, each call's id
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         """Answer, unless the client goes away first (which aborts the session)."""
@@ -286,9 +299,10 @@ class ChatCompletionReply(Response):
 
     async def _pieces(
         self, response: PipelineResponse
-    ) -> AsyncIterator[TextDelta | str | ToolCall]:
-        """The reply's said text deltas, base64 PCM16 pieces (24 kHz) and tool calls,
-        until it completes.
+    ) -> AsyncIterator[TextDelta | str | ToolCallDelta]:
+        """The reply's said text deltas, base64 PCM16 pieces (24 kHz) and pieces of its
+        tool calls as they stream, until it completes (the checked calls are then in
+        ``_calls``).
 
         Raises:
             ReplyFailedError: the reply failed, or the session ended first.
@@ -301,25 +315,41 @@ class ChatCompletionReply(Response):
                     self._said.append(piece.text)
                 yield piece
                 continue
-            for said in _read(reader.feed, piece.text):
-                yield self._said_or_called(said, piece)
+            for read in _read(reader.feed, piece.text):
+                if (told := self._told(read, piece)) is not None:
+                    yield told
         if reader is not None:
-            for said in _read(reader.finish):
-                yield self._said_or_called(said, None)
+            for read in _read(reader.finish):
+                if (told := self._told(read, None)) is not None:
+                    yield told
 
-    def _said_or_called(
-        self, piece: str | CalledTool, delta: TextDelta | None
-    ) -> TextDelta | ToolCall:
+    def _told(self, piece: ReplyPiece, delta: TextDelta | None) -> TextDelta | ToolCallDelta | None:
+        """What ``piece`` of the reply tells the client (None: a call's end, kept)."""
         if isinstance(piece, str):
             self._said.append(piece)
             if delta is None:
                 return TextDelta(session=self.id, text=piece)
             return msgspec.structs.replace(delta, text=piece)
-        call = ToolCall(
-            id=new_call_id(), function=FunctionCall(name=piece.name, arguments=piece.arguments)
+        if isinstance(piece, CallStarted):
+            self._call_ids.append(new_call_id())
+            return ToolCallDelta(
+                index=len(self._call_ids) - 1,
+                id=self._call_ids[-1],
+                type="function",
+                function=FunctionCallDelta(name=piece.name, arguments=""),
+            )
+        if isinstance(piece, CallArguments):
+            return ToolCallDelta(
+                index=len(self._call_ids) - 1,
+                function=FunctionCallDelta(arguments=piece.delta),
+            )
+        self._calls.append(
+            ToolCall(
+                id=self._call_ids[-1],
+                function=FunctionCall(name=piece.name, arguments=piece.arguments),
+            )
         )
-        self._calls.append(call)
-        return call
+        return None
 
     async def _events(self, response: PipelineResponse) -> AsyncIterator[TextDelta | str]:
         """The reply's text deltas and base64 PCM16 pieces (24 kHz), until it completes.
@@ -430,11 +460,8 @@ class ChatCompletionReply(Response):
         await self._chunk(Delta(role="assistant"))
         voiced = self.plan.audio_format is not None
         async for piece in self._pieces(response):
-            if isinstance(piece, ToolCall):
-                call = ToolCallDelta(
-                    index=len(self._calls) - 1, id=piece.id, function=piece.function
-                )
-                await self._chunk(Delta(tool_calls=[call]))
+            if isinstance(piece, ToolCallDelta):
+                await self._chunk(Delta(tool_calls=[piece]))
             elif isinstance(piece, str):
                 await self._chunk(Delta(audio=DeltaAudio(id=self.audio_id, data=piece)))
             elif voiced:
@@ -495,7 +522,7 @@ class ChatCompletionReply(Response):
         await self._last(b"data: [DONE]\n\n")
 
 
-def _read(step: Callable[..., list[str | CalledTool]], *args: str) -> list[str | CalledTool]:
+def _read(step: Callable[..., list[ReplyPiece]], *args: str) -> list[ReplyPiece]:
     """``step(*args)`` of a :class:`ToolCallReader`; a malformed call fails the reply."""
     try:
         return step(*args)

@@ -30,6 +30,7 @@ from omni_actors.pipeline.session import Session
 from omni_actors.pipeline.session_input import SessionClosedError
 from omni_actors.server.response_stream import ResponseStream
 from omni_actors.server.session_config import TranscriptionSettings
+from omni_actors.server.tools import OfferedTool, template_tools
 
 __all__ = ["InputStream", "Op"]
 
@@ -163,6 +164,11 @@ class InputStream:
                 voice=settings.speaker,
                 response_id=stream.id,
                 instructions=settings.instructions,
+                tools=None
+                if settings.tools is None
+                else template_tools(
+                    OfferedTool(t.name, t.description, t.parameters) for t in settings.tools
+                ),
             )
             log.debug("session %s response %s started", session.id, stream.id)
         else:  # pragma: no cover - the connection builds the ops

@@ -15,13 +15,16 @@ What the reader acts on is the connection's own state, kept in one object:
   and the items a client adds; what the pipeline must hear is queued on the input
   stream, in order, answered with ``speech_started``/``speech_stopped``, ``committed``,
   ``cleared``, ``conversation.item.added``/``done`` and ``conversation.item.truncated``;
-- the conversation's items as the server holds them (``conversation.item.retrieve``
-  answers from them; ``conversation.item.delete`` takes one out there and, through the
-  session, on every stage);
+- the conversation's items as the server holds them
+  (:class:`~omni_actors.server.conversation_items.ConversationItems`:
+  ``conversation.item.retrieve`` answers from them; ``conversation.item.delete`` takes
+  one out there and, through the session, on every stage);
 - input transcription (``session.audio.input.transcription``): while it is on, each
   user item made of audio gets ``conversation.item.input_audio_transcription.delta``
-  and ``.completed`` (or ``.failed``) from the pipeline's transcriber, a stage beside
-  the entry stage, whenever it is done: before or after the reply's events;
+  events as the pipeline's transcriber (a stage beside the entry stage) writes its
+  text, one per piece (the whole text in one, from a transcriber that does not
+  stream), then ``.completed`` (or ``.failed``), whenever it is done: before, among or
+  after the reply's events;
 - the responses: one in flight at a time (``active``), each a
   :class:`~omni_actors.server.response_stream.ResponseStream` that turns the pipeline's
   events for it into the Realtime API's. A cancel (``response.cancel``, barge-in, a
@@ -31,7 +34,8 @@ What the reader acts on is the connection's own state, kept in one object:
   Each ``response.done`` is followed by ``rate_limits.updated``.
 
 The collaborators it hands work to are small and tested alone: the input stream, the
-turn detector, the response stream, the session settings and the audio formats.
+turn detector, the response stream, the conversation's items, the session settings and
+the audio formats.
 """
 
 from __future__ import annotations
@@ -62,6 +66,7 @@ from omni_actors.protocols.events import (
     Event,
     SessionError,
     TextDelta,
+    TranscriptDelta,
     TranscriptDone,
     TranscriptFailed,
 )
@@ -86,9 +91,7 @@ from omni_actors.protocols.realtime_client import (
 from omni_actors.protocols.realtime_server import (
     BETA_NAMES,
     ConversationItem,
-    ConversationItemAdded,
     ConversationItemDeleted,
-    ConversationItemDone,
     ConversationItemRetrieved,
     ConversationItemTranscriptionCompleted,
     ConversationItemTranscriptionDelta,
@@ -102,18 +105,16 @@ from omni_actors.protocols.realtime_server import (
     InputAudioBufferCommitted,
     InputAudioBufferSpeechStarted,
     InputAudioBufferSpeechStopped,
-    Item,
     ItemContent,
     RateLimit,
     RateLimitsUpdated,
-    ResponseOutputItemAdded,
-    ResponseOutputItemDone,
     ServerEvent,
     SessionCreated,
     SessionUpdated,
     TranscriptionUsage,
 )
 from omni_actors.server.audio_format import decode_audio, format_rate
+from omni_actors.server.conversation_items import ConversationItems
 from omni_actors.server.ids import new_id
 from omni_actors.server.input_stream import InputStream, Op
 from omni_actors.server.request_error import RequestError, described
@@ -163,19 +164,12 @@ class RealtimeConnection:
         self.sent_instructions = ""
         self._takes_tools = TOOLS_FIELD in spec.entry_inputs()
         self.sent_tools = template_tools(())
-        self.calls: dict[str, str] = {}  # the model's tool calls: call id -> function name
-        self.last_item: str | None = None  # the conversation's last item
-        # The conversation's items as the server holds them, in order (what
-        # ``conversation.item.retrieve`` answers), and each assistant item's response.
-        self.items: dict[str, Item] = {}
-        self.replies: dict[str, str] = {}
-        # The function calls a response made: call item id -> the response's message item
-        # (one reply holds both: a call goes out of the conversation with its message).
-        self.called: dict[str, str] = {}
+        self.items = ConversationItems()  # the conversation's items, as the server holds them
         # The transcription models served (the pipeline's transcriber's names), and the
         # user items sent for transcription, not transcribed yet: their audio's seconds.
         self.transcribers = _transcribers(spec)
         self.transcribing: dict[str, float] = {}
+        self.transcribed: dict[str, str] = {}  # their text told so far (deltas sent)
         self.conversation_id = new_id("conv")
         self.closing = False
         # The input audio buffer: samples appended since the last commit or clear, the
@@ -511,27 +505,17 @@ class RealtimeConnection:
         self.buffered = 0
         self.held = []
         self.input.put(Op("commit", event_id=event_id, turn=item_id))
-        previous, self.last_item = self.last_item, item_id
         item = ConversationItem(
             id=item_id,
             role="user",
             status="completed",
             content=[ItemContent(type="input_audio", transcript=None)],
         )
-        self.items[item_id] = item
-        await self.send_all(
-            [
-                InputAudioBufferCommitted(
-                    event_id=new_id("event"), item_id=item_id, previous_item_id=previous
-                ),
-                ConversationItemAdded(
-                    event_id=new_id("event"), item=item, previous_item_id=previous
-                ),
-                ConversationItemDone(
-                    event_id=new_id("event"), item=item, previous_item_id=previous
-                ),
-            ]
+        previous, added = self.items.add(item)
+        committed = InputAudioBufferCommitted(
+            event_id=new_id("event"), item_id=item_id, previous_item_id=previous
         )
+        await self.send_all([committed, *added])
 
     def _transcribe(self, item_id: str, samples: int) -> None:
         """User item ``item_id`` holds ``samples`` of audio: while transcription is on,
@@ -539,22 +523,33 @@ class RealtimeConnection:
         if samples and self.settings.transcription is not None:
             self.transcribing[item_id] = samples / self.input_rate
 
-    async def _transcript(self, event: TranscriptDone | TranscriptFailed) -> None:
-        """A user item's transcript (or its failure) from the pipeline's transcriber."""
+    async def _transcript(self, event: TranscriptDelta | TranscriptDone | TranscriptFailed) -> None:
+        """A piece of a user item's transcript, the whole of it, or its failure, from
+        the pipeline's transcriber."""
+        if isinstance(event, TranscriptDelta):
+            self.transcribed[event.item] = self.transcribed.get(event.item, "") + event.delta
+            await self.send(
+                ConversationItemTranscriptionDelta(
+                    event_id=new_id("event"), item_id=event.item, delta=event.delta
+                )
+            )
+            return
+        told = self.transcribed.pop(event.item, None)
         if isinstance(event, TranscriptDone):
             seconds = self.transcribing.pop(event.item, 0.0)
-            await self.send_all(
-                [
+            if told is None:  # a transcriber that does not stream: the whole, in one
+                await self.send(
                     ConversationItemTranscriptionDelta(
                         event_id=new_id("event"), item_id=event.item, delta=event.transcript
-                    ),
-                    ConversationItemTranscriptionCompleted(
-                        event_id=new_id("event"),
-                        item_id=event.item,
-                        transcript=event.transcript,
-                        usage=TranscriptionUsage(seconds=seconds),
-                    ),
-                ]
+                    )
+                )
+            await self.send(
+                ConversationItemTranscriptionCompleted(
+                    event_id=new_id("event"),
+                    item_id=event.item,
+                    transcript=event.transcript,
+                    usage=TranscriptionUsage(seconds=seconds),
+                )
             )
             return
         # No item: the transcriber failed every item it had not transcribed yet.
@@ -562,6 +557,7 @@ class RealtimeConnection:
         error = ErrorDetail(type="server_error", code=event.code, message=event.message)
         for item in items:
             self.transcribing.pop(item, None)
+            self.transcribed.pop(item, None)
             await self.send(
                 ConversationItemTranscriptionFailed(
                     event_id=new_id("event"), item_id=item, error=error
@@ -645,7 +641,6 @@ class RealtimeConnection:
                 "system items",
                 param="item.role",
             )
-        previous, self.last_item = self.last_item, item_id
         content = [
             ItemContent(type=p.type, text=p.text, transcript=p.transcript) for p in item.content
         ]
@@ -656,23 +651,8 @@ class RealtimeConnection:
             if item.role == "system"
             else "user"
         )
-        added = ConversationItem(
-            id=item_id,
-            role=role,
-            status="completed",
-            content=content,
-        )
-        self.items[item_id] = added
-        await self.send_all(
-            [
-                ConversationItemAdded(
-                    event_id=new_id("event"), item=added, previous_item_id=previous
-                ),
-                ConversationItemDone(
-                    event_id=new_id("event"), item=added, previous_item_id=previous
-                ),
-            ]
-        )
+        added = ConversationItem(id=item_id, role=role, status="completed", content=content)
+        await self.send_all(self.items.add(added)[1])
 
     async def _add_tool_call(self, event: ConversationItemCreate, item_id: str) -> None:
         """A ``function_call`` item: an assistant turn that called a tool, given back (a
@@ -703,7 +683,7 @@ class RealtimeConnection:
                 "before adding an item"
             )
         call_id = item.call_id or new_call_id()
-        self.calls[call_id] = item.name
+        self.items.calls[call_id] = item.name
         function = {"name": item.name, "arguments": arguments}
         calls = json.dumps([{"type": "function", "function": function}])
         assert self.input is not None
@@ -716,18 +696,7 @@ class RealtimeConnection:
             arguments=arguments,
             status="completed",
         )
-        previous, self.last_item = self.last_item, added.id
-        self.items[added.id] = added
-        await self.send_all(
-            [
-                ConversationItemAdded(
-                    event_id=new_id("event"), item=added, previous_item_id=previous
-                ),
-                ConversationItemDone(
-                    event_id=new_id("event"), item=added, previous_item_id=previous
-                ),
-            ]
-        )
+        await self.send_all(self.items.add(added)[1])
 
     async def _add_tool_result(self, event: ConversationItemCreate, item_id: str) -> None:
         """A ``function_call_output`` item: the result of one of the model's calls, a
@@ -738,7 +707,7 @@ class RealtimeConnection:
                 still in the buffer.
         """
         item = event.item
-        if item.call_id is None or item.call_id not in self.calls:
+        if item.call_id is None or item.call_id not in self.items.calls:
             raise RequestError(
                 f"call_id {item.call_id!r} is not a call the model made in this session; "
                 "answer a function_call item's call_id",
@@ -755,18 +724,7 @@ class RealtimeConnection:
         self.input.put(Op("tool_result", event_id=event.event_id, text=item.output))
         self.input.put(Op("commit", event_id=event.event_id, turn=item_id))
         added = FunctionCallOutputItem(id=item_id, call_id=item.call_id, output=item.output)
-        previous, self.last_item = self.last_item, added.id
-        self.items[added.id] = added
-        await self.send_all(
-            [
-                ConversationItemAdded(
-                    event_id=new_id("event"), item=added, previous_item_id=previous
-                ),
-                ConversationItemDone(
-                    event_id=new_id("event"), item=added, previous_item_id=previous
-                ),
-            ]
-        )
+        await self.send_all(self.items.add(added)[1])
 
     def _reply_text(self, item: ItemParam) -> str:
         """An assistant item's words: its text parts' and its audio parts' transcripts,
@@ -889,10 +847,10 @@ class RealtimeConnection:
                 "response.done before deleting an item",
                 realtime_code="conversation_already_has_active_response",
             )
-        if item_id in self.called:
+        if (reply := self.items.reply_of_call(item_id)) is not None:
             raise RequestError(
                 f"item {item_id!r} is a function call of the reply in item "
-                f"{self.called[item_id]!r}, one assistant turn with it: delete that item, "
+                f"{reply!r}, one assistant turn with it: delete that item, "
                 "which takes the reply out with its calls",
                 realtime_code="item_delete_unsupported",
                 param="item_id",
@@ -912,18 +870,8 @@ class RealtimeConnection:
                 param="item_id",
             )
         else:
-            self.input.put(
-                Op("delete", event_id=event.event_id, turn=self.replies.pop(item_id, item_id))
-            )
-        del self.items[item_id]
-        gone = [item_id]
-        for call, message in list(self.called.items()):
-            if message == item_id:  # the reply's calls went with it
-                del self.called[call]
-                self.items.pop(call, None)
-                gone.append(call)
-        if self.last_item in gone:
-            self.last_item = next(reversed(self.items), None)
+            self.input.put(Op("delete", event_id=event.event_id, turn=self.items.turn_of(item_id)))
+        gone = self.items.remove(item_id)  # the reply's calls go with it
         if self.last_response is not None and self.last_response.item_id == item_id:
             self.last_response = None
         await self.send_all(
@@ -957,8 +905,9 @@ class RealtimeConnection:
         Raises:
             RequestError: ``response.conversation`` other than ``auto`` or ``none``,
                 ``none`` on a pipeline that cannot take its reply back out,
-                ``response.input`` (a context of its own is not supported), or
-                ``response.instructions`` on a pipeline that takes none.
+                ``response.input`` (a context of its own is not supported),
+                ``response.instructions`` or ``response.tools`` on a pipeline that
+                takes none, or tools it cannot offer (``SessionSettings.for_response``).
         """
         params = event.response if event is not None else None
         out_of_band = self._out_of_band(params)
@@ -969,6 +918,12 @@ class RealtimeConnection:
                 "be given its own",
                 param="response.instructions",
             )
+        if settings.tools is not None and not self._takes_tools:
+            raise RequestError(
+                "this pipeline's entry stage takes no tools, so a response cannot be given its own",
+                param="response.tools",
+            )
+        offered = self.settings.offered_tools if settings.tools is None else settings.tools
         assert self.input is not None
         held = self.held if self.buffered else []
         if held:
@@ -981,7 +936,7 @@ class RealtimeConnection:
             event_id=lambda: new_id("event"),
             conversation_id=None if out_of_band else self.conversation_id,
             metadata=params.metadata if params is not None else None,
-            tools=[t.name for t in self.settings.offered_tools] if self._takes_tools else None,
+            tools=[t.name for t in offered] if self._takes_tools else None,
             item_ids=lambda: new_id("item"),
             entry_stage=self.state.pipeline.spec.entry_stage,
         )
@@ -992,9 +947,7 @@ class RealtimeConnection:
             self.out_of_band.add(stream.id)
         else:
             self.last_response = stream
-            self.last_item = stream.item_id
-            self.replies[stream.item_id] = stream.id
-            self._hold_items(opening, ResponseOutputItemAdded)
+            self.items.reply_started(stream.item_id, stream.id, opening)
         self.input.put(Op("respond", event_id=event_id, stream=stream))
         for samples in held:
             self.input.put(Op("audio", samples=samples))
@@ -1031,16 +984,6 @@ class RealtimeConnection:
                 param="response.conversation",
             )
         return True
-
-    def _hold_items(
-        self,
-        events: list[ServerEvent],
-        kind: type[ResponseOutputItemAdded] | type[ResponseOutputItemDone],
-    ) -> None:
-        """Keep the response's output items, as ``events`` show them, in the conversation."""
-        for event in events:
-            if isinstance(event, kind) and isinstance(event.item, ConversationItem):
-                self.items[event.item.id] = event.item
 
     async def _cancel_requested(self, event: ResponseCancel) -> None:
         """``response.cancel``.
@@ -1096,11 +1039,8 @@ class RealtimeConnection:
             self.out_of_band.discard(stream.id)
             if done is not None and self.input is not None:
                 self.input.put(Op("delete", turn=stream.id))
-        elif stream.item_id in self.items:
-            self._hold_items(closing, ResponseOutputItemDone)
-            for call in stream.calls:  # the reply's function calls, after its message
-                self.items[call.id] = call
-                self.called[call.id] = stream.item_id
+        else:
+            self.items.reply_done(stream.item_id, closing, stream.calls)
         await self.send_all(closing)
         await self.send(self._rate_limits())
         if stream.failure is not None:
@@ -1140,7 +1080,7 @@ class RealtimeConnection:
                 stream = self.streams.get(rid)
                 if stream is not None:
                     await self._finish(stream, event, None)
-            case TranscriptDone() | TranscriptFailed():
+            case TranscriptDelta() | TranscriptDone() | TranscriptFailed():
                 await self._transcript(event)
             case SessionError(code=code, message=message):
                 await self._session_ended(code, message)
@@ -1160,10 +1100,8 @@ class RealtimeConnection:
             if stream.response is not None:
                 await stream.response.cancel()
             return
-        for call in stream.calls:
-            self.calls.setdefault(call.call_id, call.name)
-        if stream.calls and self.last_response is stream:
-            self.last_item = stream.last_item_id
+        last = stream.last_item_id if stream.calls and self.last_response is stream else None
+        self.items.calls_made(stream.calls, last)
         await self.send_all(events)
 
     async def _session_ended(self, code: str, message: str) -> None:

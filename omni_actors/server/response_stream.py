@@ -10,8 +10,17 @@ deltas never reach it: once ``Response.cancel`` is called, the session hands out
 With tools offered, the reply's text is read for tool calls
 (:class:`~omni_actors.server.tools.ToolCallReader`): the transcript is what it says,
 and each call it makes becomes a ``function_call`` item of the response, after its
-message item, with its arguments events. A malformed call raises from :meth:`on_text`;
-the connection then fails the response (:meth:`fail`), which sends nothing more.
+message item, streamed as the model writes it: ``response.output_item.added`` once its
+function's name is written, ``response.function_call_arguments.delta`` for each piece
+of its arguments, then ``.done`` with the whole arguments and the item's ``done``.
+
+A malformed call raises from :meth:`on_text` (or fails the response in :meth:`done`);
+the connection then fails the response (:meth:`fail`), which sends nothing more of it.
+A call of a function not offered fails before anything of it is sent. One that turns
+out malformed once it streamed (its JSON broken, or never closed) leaves the client
+with its ``output_item.added`` and ``conversation.item.added`` and the argument deltas
+sent so far, never their ``.done``: the call ends ``incomplete`` (its
+``output_item.done``, and in ``response.done``'s output), in a ``failed`` response.
 """
 
 from __future__ import annotations
@@ -54,7 +63,13 @@ from omni_actors.protocols.realtime_server import (
 )
 from omni_actors.server.audio_format import OutputAudio, format_rate
 from omni_actors.server.session_config import ResponseSettings, describe_format
-from omni_actors.server.tools import ToolCallReader, new_call_id
+from omni_actors.server.tools import (
+    CallArguments,
+    CallStarted,
+    ReplyPiece,
+    ToolCallReader,
+    new_call_id,
+)
 from omni_actors.server.usage import TokenUsage, token_usage
 
 __all__ = ["CancelReason", "ResponseStream", "tool_call_error"]
@@ -128,6 +143,8 @@ class ResponseStream:
         self.reader = ToolCallReader(tools) if tools is not None else None
         self._item_ids = item_ids or (lambda: f"item_{new_call_id()[5:]}")
         self.calls: list[FunctionCallItem] = []  # completed, in order
+        self._open: FunctionCallItem | None = None  # the call being written, if any
+        self._arguments: list[str] = []  # its arguments so far
         self.failure: ErrorDetail | None = None  # set by ``fail``: it ends failed
         self._entry_stage = entry_stage
         self._usage = TokenUsage(prompt=0, completion=0)
@@ -168,7 +185,11 @@ class ResponseStream:
             id=self.id,
             status=status,
             status_details=details,
-            output=[self._item("completed" if status == "completed" else "incomplete"), *self.calls]
+            output=[
+                self._item("completed" if status == "completed" else "incomplete"),
+                *self.calls,
+                *self._unfinished(),
+            ]
             if final
             else [],
             output_modalities=list(self.settings.modalities),
@@ -231,9 +252,19 @@ class ResponseStream:
         self._tokens += 1  # one text delta is one token
         if self.reader is None:
             return self._said(text)
+        return self._read(self.reader.feed(text))
+
+    def _read(self, pieces: Iterable[ReplyPiece]) -> list[ServerEvent]:
         events: list[ServerEvent] = []
-        for piece in self.reader.feed(text):
-            events += self._said(piece) if isinstance(piece, str) else self._called(piece)
+        for piece in pieces:
+            if isinstance(piece, str):
+                events += self._said(piece)
+            elif isinstance(piece, CallStarted):
+                events += self._call_started(piece.name)
+            elif isinstance(piece, CallArguments):
+                events.append(self._call_arguments(piece.delta))
+            else:
+                events += self._called(piece)
         return events
 
     def fail(self, error: ErrorDetail) -> None:
@@ -247,16 +278,48 @@ class ResponseStream:
         """The id of the response's last item (its message, or its last call)."""
         return self.calls[-1].id if self.calls else self.item_id
 
-    def _called(self, call: ToolCall) -> list[ServerEvent]:
-        """The events of a function call item: added, its arguments, done."""
-        previous = self.last_item_id
+    def _place(self, item: FunctionCallItem) -> _CallPlace:
+        return _CallPlace(
+            response_id=self.id,
+            item_id=item.id,
+            output_index=1 + len(self.calls),  # after the message item and earlier calls
+            call_id=item.call_id,
+        )
+
+    def _call_started(self, name: str) -> list[ServerEvent]:
+        """A function call item is added, its arguments to come."""
         item = FunctionCallItem(
             id=self._item_ids(),
             call_id=new_call_id(),
-            name=call.name,
+            name=name,
             arguments="",
             status="in_progress",
         )
+        self._open, self._arguments = item, []
+        index = self._place(item)["output_index"]
+        return [
+            ResponseOutputItemAdded(
+                event_id=self._event_id(), response_id=self.id, output_index=index, item=item
+            ),
+            ConversationItemAdded(
+                event_id=self._event_id(), item=item, previous_item_id=self.last_item_id
+            ),
+        ]
+
+    def _call_arguments(self, delta: str) -> ServerEvent:
+        """A piece of the open call's arguments."""
+        assert self._open is not None
+        self._arguments.append(delta)
+        return ResponseFunctionCallArgumentsDelta(
+            event_id=self._event_id(), delta=delta, **self._place(self._open)
+        )
+
+    def _called(self, call: ToolCall) -> list[ServerEvent]:
+        """The open call ended well: its arguments' ``done``, its item's ``done``."""
+        item = self._open
+        assert item is not None
+        previous = self.last_item_id
+        place = self._place(item)
         done = FunctionCallItem(
             id=item.id,
             call_id=item.call_id,
@@ -264,26 +327,34 @@ class ResponseStream:
             arguments=call.arguments,
             status="completed",
         )
-        index = 1 + len(self.calls)  # after the message item
+        self._open = None
         self.calls.append(done)
-        place = _CallPlace(
-            response_id=self.id, item_id=item.id, output_index=index, call_id=item.call_id
-        )
         return [
-            ResponseOutputItemAdded(
-                event_id=self._event_id(), response_id=self.id, output_index=index, item=item
-            ),
-            ConversationItemAdded(event_id=self._event_id(), item=item, previous_item_id=previous),
-            ResponseFunctionCallArgumentsDelta(
-                event_id=self._event_id(), delta=call.arguments, **place
-            ),
             ResponseFunctionCallArgumentsDone(
                 event_id=self._event_id(), name=call.name, arguments=call.arguments, **place
             ),
             ResponseOutputItemDone(
-                event_id=self._event_id(), response_id=self.id, output_index=index, item=done
+                event_id=self._event_id(),
+                response_id=self.id,
+                output_index=place["output_index"],
+                item=done,
             ),
             ConversationItemDone(event_id=self._event_id(), item=done, previous_item_id=previous),
+        ]
+
+    def _unfinished(self) -> list[FunctionCallItem]:
+        """The call left open when the response ended (``incomplete``), if any."""
+        item = self._open
+        if item is None:
+            return []
+        return [
+            FunctionCallItem(
+                id=item.id,
+                call_id=item.call_id,
+                name=item.name,
+                arguments="".join(self._arguments),
+                status="incomplete",
+            )
         ]
 
     def _said(self, text: str) -> list[ServerEvent]:
@@ -323,8 +394,7 @@ class ResponseStream:
         completed = event is not None and event.status == "completed"
         if completed and self.reader is not None and self.failure is None:
             try:
-                for piece in self.reader.finish():
-                    events += self._said(piece) if isinstance(piece, str) else self._called(piece)
+                events += self._read(self.reader.finish())
             except MalformedToolCallError as exc:
                 self.fail(tool_call_error(exc))
         self.ended = True
@@ -377,6 +447,15 @@ class ResponseStream:
                 response_id=self.id,
                 output_index=0,
                 item=self._item(item_status),
+            ),
+            *(
+                ResponseOutputItemDone(
+                    event_id=self._event_id(),
+                    response_id=self.id,
+                    output_index=1 + len(self.calls),
+                    item=call,
+                )
+                for call in self._unfinished()
             ),
             ResponseDone(event_id=self._event_id(), response=self._describe(status, details)),
         ]

@@ -109,6 +109,9 @@ class ResponseSettings:
     """The response's own instructions (``response.instructions``), for its reply alone;
     None: the session's hold."""
     speaker: str | None = None
+    tools: tuple[FunctionToolState, ...] | None = None
+    """The tools offered to this reply alone (``response.tools`` / ``tool_choice``);
+    None: the session's."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -202,7 +205,8 @@ class SessionSettings:
         must be one of ``voices``, and names the speaker it maps to there.
 
         Raises:
-            SettingError: an override the server does not support.
+            SettingError: an override the server does not support, or one that would
+                offer no tools while the session offers some (see :meth:`_own_tools`).
         """
         base = ResponseSettings(
             modalities=self.modalities,
@@ -217,13 +221,7 @@ class SessionSettings:
         )
         if params is None:
             return base
-        for name in ("tools", "tool_choice"):
-            if getattr(params, name) is not None:
-                raise SettingError(
-                    f"per-response {name} are not supported: set them for the session "
-                    "with session.update",
-                    f"response.{name}",
-                )
+        base = replace(base, tools=self._own_tools(params))
         modalities = _first(params.output_modalities, params.modalities)
         if modalities is not None:
             base = replace(base, modalities=_modalities(modalities, "response.output_modalities"))
@@ -245,6 +243,39 @@ class SessionSettings:
         if params.temperature is not None:
             base = replace(base, temperature=_temperature(params.temperature))
         return base
+
+    def _own_tools(self, params: ResponseParams) -> tuple[FunctionToolState, ...] | None:
+        """The tools a response offers of its own (``response.tools`` and
+        ``tool_choice`` over the session's); None when they are the session's.
+
+        A reply sees the conversation's system turn, which offers the session's tools:
+        its own are offered after it, for it alone, but the session's cannot be taken
+        back for one reply. A response that would offer none while the session offers
+        some is refused.
+
+        Raises:
+            SettingError: a tool or choice the server does not support, or no tools
+                while the session offers some.
+        """
+        if params.tools is None and params.tool_choice is None:
+            return None
+        tools = self.tools if params.tools is None else _tools(params.tools, "response.tools")
+        choice = (
+            self.tool_choice
+            if params.tool_choice is None
+            else _tool_choice(params.tool_choice, "response.tool_choice")
+        )
+        offered = tools if choice == "auto" else ()
+        if offered == self.offered_tools:
+            return None
+        if not offered:
+            raise SettingError(
+                "a response cannot offer no tools while the session offers some (the "
+                "conversation's system turn holds them): update the session's tools or "
+                'tool_choice ("none") instead',
+                "response.tool_choice" if choice == "none" else "response.tools",
+            )
+        return offered
 
     def describe(self) -> RealtimeSession:
         """The settings as ``session.created``/``session.updated`` show them."""

@@ -10,6 +10,7 @@ reply and in none after it.
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
 
@@ -126,3 +127,38 @@ async def test_a_cancelled_reply_under_its_own_instructions_keeps_what_was_said(
         after = ids(await respond(engine, "own", AND))
     conversation = [*user("Hi"), *assistant(kept), *user(str(AND["text"]))]
     assert after == reference(model, conversation, 6)
+
+
+WEATHER_TOOLS = [
+    {
+        "type": "function",
+        "function": {
+            "name": "get_weather",
+            "description": "The weather in a city.",
+            "parameters": {"type": "object", "properties": {"city": {"type": "string"}}},
+        },
+    }
+]
+
+
+def tools_turn() -> list[int]:
+    """The system turn the chat template writes to offer ``WEATHER_TOOLS`` (no system
+    message): what it writes before a user turn with them, less what it writes without."""
+    hi = [{"role": "user", "content": "Hi"}]
+    offered = tokenizer().apply_chat_template(hi, tools=WEATHER_TOOLS, tokenize=False)
+    plain = tokenizer().apply_chat_template(hi, tokenize=False)
+    assert offered.endswith(plain)
+    turn: list[int] = tokenizer().encode(offered[: len(offered) - len(plain)])
+    return turn
+
+
+async def test_a_responses_own_tools_hold_for_its_reply_alone(cache_dir: Path, model: Any) -> None:
+    async with thinker(cache_dir) as engine:
+        first = await respond(engine, "own", HI, tools=json.dumps(WEATHER_TOOLS))
+        r1 = ids(first)
+        second = await respond(engine, "own", AND)
+        plain = await respond(engine, "plain", HI, COMMIT, reply(r1), AND)
+        assert engine.cached_tokens("own") == engine.cached_tokens("plain")
+    assert r1 == reference(model, [*user("Hi"), *tools_turn()], 6)
+    assert ids(second) == ids(plain)
+    assert torch.equal(user_rows(first + second), user_rows(plain))

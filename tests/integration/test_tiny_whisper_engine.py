@@ -51,12 +51,26 @@ async def test_one_transcript_per_turn_the_same_for_the_same_audio(cache: Path) 
             {"item": "second", "audio": b},
         ]  # the segment's end commits the second turn
         outputs = await _transcribe(engine, "s#1", turns)
-        assert [o["item"] for o in outputs] == ["first", "second"]
-        texts = [o["transcript"] for o in outputs]
+        ends = [o for o in outputs if "transcript" in o]
+        assert [o["item"] for o in ends] == ["first", "second"]
+        texts = [o["transcript"] for o in ends]
         assert all(isinstance(t, str) and t and t.isprintable() for t in texts)
+        # Each turn's text streams token by token before it ends: the pieces join to it.
+        for item, text in zip(["first", "second"], texts, strict=True):
+            pieces = [
+                str(o["transcript_delta"])
+                for o in outputs
+                if o["item"] == item and "transcript_delta" in o
+            ]
+            assert len(pieces) > 1
+            assert "".join(pieces) == text
+        assert outputs.index(ends[0]) < next(
+            i for i, o in enumerate(outputs) if o["item"] == "second"
+        )
         # Random weights, seeded: the same audio gives the same text, in any session.
         again = await _transcribe(engine, "s#2", [{"item": "x", "audio": a}])
-        assert again == [{"item": "x", "transcript": texts[0]}]
+        assert again[-1] == {"item": "x", "transcript": texts[0]}
+        assert "".join(str(o["transcript_delta"]) for o in again[:-1]) == texts[0]
         await engine.release(SessionKey("s#1"))
         await engine.release(SessionKey("s#2"))
     finally:
@@ -79,8 +93,8 @@ async def test_a_turn_that_fails_fails_alone(cache: Path) -> None:
         )
         assert outputs[0]["item"] == "bad"
         assert "xx" in str(outputs[0]["transcript_error"])
-        assert outputs[1]["item"] == "good"
-        assert isinstance(outputs[1]["transcript"], str)
+        assert outputs[-1]["item"] == "good"
+        assert isinstance(outputs[-1]["transcript"], str)
     finally:
         await engine.abort(SessionKey("s#1"))
         await engine.stop()

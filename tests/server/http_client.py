@@ -43,6 +43,15 @@ async def post(
     return status, json.loads(reply)
 
 
+async def stream_events(url: str, body: dict[str, Any]) -> list[str]:
+    """POST ``body`` and read its whole server-sent stream: each event's ``data``."""
+    data = json.dumps(body).encode()
+    status, reply = await asyncio.to_thread(_call, url, data, {"content-type": "application/json"})
+    assert status == 200, reply
+    lines = reply.decode().split("\n")
+    return [line[len("data: ") :] for line in lines if line.startswith("data: ")]
+
+
 class RawStream:
     """One request on a raw socket; read the reply's lines, then close mid-reply."""
 

@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 import pytest_asyncio
 from chat_engines import SAMPLES_PER_CHAR
-from http_client import post
+from http_client import post, stream_events
 from openai import AsyncOpenAI, BadRequestError
 from tool_engines import SAID, TOOL, WEATHER
 
@@ -64,22 +64,58 @@ async def test_a_tool_call_round_trip(weather: RunningServer) -> None:
     assert second.choices[0].message.tool_calls is None
 
 
-async def test_a_streamed_call_is_one_tool_calls_delta(weather: RunningServer) -> None:
+async def test_a_streamed_call_streams_its_arguments(weather: RunningServer) -> None:
     stream = await _client(weather).chat.completions.create(
         model="weather", messages=[ASK], tools=TOOLS, stream=True
     )
     content = ""
-    calls: list[Any] = []
+    pieces: list[Any] = []
     finish = None
     async for chunk in stream:
         delta = chunk.choices[0].delta
         content += delta.content or ""
-        calls += delta.tool_calls or []
+        pieces += delta.tool_calls or []
         finish = chunk.choices[0].finish_reason or finish
     assert content == SAID + " "
     assert finish == "tool_calls"
-    assert [(c.index, c.function.name) for c in calls] == [(0, "get_weather")]
-    assert json.loads(calls[0].function.arguments or "") == {"city": "Paris"}
+    # As OpenAI streams a call: the first piece names it, the others add arguments.
+    first, *rest = pieces
+    assert (first.index, first.type, first.function.name, first.function.arguments) == (
+        0,
+        "function",
+        "get_weather",
+        "",
+    )
+    assert first.id.startswith("call_")
+    assert len(rest) > 5
+    assert {(p.index, p.id, p.type, p.function.name) for p in rest} == {(0, None, None, None)}
+    arguments = "".join(p.function.arguments for p in rest)
+    assert json.loads(arguments) == {"city": "Paris"}
+
+
+async def test_a_streamed_malformed_call_ends_the_stream_with_an_error(
+    weather: RunningServer,
+) -> None:
+    body = {
+        "model": "weather",
+        "messages": [{"role": "user", "content": "malformed"}],
+        "tools": TOOLS,
+        "stream": True,
+    }
+    events = await stream_events(weather.url + "/v1/chat/completions", body)
+    assert events[-1] == "[DONE]"
+    error = json.loads(events[-2])["error"]
+    assert error["code"] == "invalid_tool_call"
+    pieces = [
+        call
+        for event in events[:-2]
+        for choice in json.loads(event)["choices"]
+        for call in choice["delta"].get("tool_calls", [])
+    ]
+    # Its start and some of its arguments went out before the JSON broke.
+    assert pieces[0]["function"]["name"] == "get_weather"
+    assert len(pieces) > 1
+    assert not [e for e in events[:-2] if json.loads(e)["choices"][0]["finish_reason"]]
 
 
 async def test_a_voiced_reply_speaks_nothing_of_its_call(weather: RunningServer) -> None:

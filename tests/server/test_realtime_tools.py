@@ -75,17 +75,30 @@ async def test_a_tool_call_round_trip(weather: RunningServer) -> None:
         call = calls[0]
         assert call.name == "get_weather"
         assert json.loads(call.arguments) == {"city": "Paris"}
-        types = [e.type for e in events]
-        at = types.index("response.function_call_arguments.delta")
-        assert types[at - 2 : at + 4] == [
+        # The call streams as the model writes it (one character per output): its item
+        # once the name is written, then its arguments piece by piece, then done.
+        told = [e for e in events if "audio" not in e.type]  # the speech may come between
+        types = [e.type for e in told]
+        at = types.index("response.output_item.added", types.index("response.content_part.added"))
+        deltas = [e for e in events if e.type == "response.function_call_arguments.delta"]
+        assert len(deltas) > 5
+        assert "".join(d.delta for d in deltas) == call.arguments
+        assert {(d.call_id, d.item_id, d.output_index) for d in deltas} == {
+            (call.call_id, call.item_id, 1)
+        }
+        after = at + 2 + len(deltas)
+        assert types[at:after] == [
             "response.output_item.added",
             "conversation.item.added",
-            "response.function_call_arguments.delta",
+            *["response.function_call_arguments.delta"] * len(deltas),
+        ]
+        assert types[after : after + 3] == [
             "response.function_call_arguments.done",
             "response.output_item.done",
             "conversation.item.done",
         ]
-        item = events[at + 2].item
+        assert (told[at].item.name, told[at].item.status) == ("get_weather", "in_progress")
+        item = told[after + 1].item
         assert (item.type, item.call_id, item.status) == (
             "function_call",
             call.call_id,
@@ -134,8 +147,31 @@ async def test_a_malformed_call_fails_the_response_unspoken(
         assert done.status == "failed"
         assert done.status_details.error.code == "invalid_tool_call"
         assert problem in done.status_details.error.message
-        assert not [e for e in events if "function_call" in e.type]
         assert (audio, transcript) == (b"", "")
+        told = [e.type for e in events if "function_call" in e.type]
+        assert "response.function_call_arguments.done" not in told
+        if said == "unknown":
+            # A function not offered is refused as soon as its name is written.
+            assert told == []
+            assert [o.type for o in done.output] == ["message"]
+        else:
+            # Broken JSON shows only at the end: the call had started and streamed.
+            assert told
+            assert set(told) == {"response.function_call_arguments.delta"}
+            started = [
+                e for e in events if e.type == "response.output_item.added" and e.output_index
+            ]
+            assert [(e.item.name, e.item.status) for e in started] == [
+                ("get_weather", "in_progress")
+            ]
+            ended = [e for e in events if e.type == "response.output_item.done" and e.output_index]
+            assert [(e.item.id, e.item.status) for e in ended] == [
+                (started[0].item.id, "incomplete")
+            ]
+            assert [(o.type, o.status) for o in done.output] == [
+                ("message", "incomplete"),
+                ("function_call", "incomplete"),
+            ]
         # The session goes on.
         await _ask(conn, "weather in Paris?")
         events, _, _ = await _until_done(conn)
@@ -295,3 +331,57 @@ async def test_function_call_items_are_held_as_items(weather: RunningServer) -> 
         retrieved = await conn.recv()
         assert retrieved.type == "conversation.item.retrieved", retrieved
         assert (retrieved.item.type, retrieved.item.output) == ("function_call_output", "sunny")
+
+
+async def test_a_response_s_own_tools_hold_for_it_alone(weather: RunningServer) -> None:
+    async with _client(weather).realtime.connect(model="weather") as conn:
+        await _session(conn)  # the session offers no tools
+        await _ask(conn, "weather in Paris?")
+        _, _, transcript = await _until_done(conn)
+        assert transcript == "No tools."
+        item = {
+            "type": "message",
+            "role": "user",
+            "content": [{"type": "input_text", "text": "and now?"}],
+        }
+        await conn.conversation.item.create(item=item)
+        await conn.response.create(response={"tools": [TOOL], "tool_choice": "auto"})
+        events, _, _ = await _until_done(conn)
+        assert events[-1].response.status == "completed", events[-1].response.status_details
+        (call,) = [e for e in events if e.type == "response.function_call_arguments.done"]
+        assert (call.name, json.loads(call.arguments)) == ("get_weather", {"city": "Paris"})
+        # The next response is back to the session's tools: none.
+        await conn.response.create()
+        _, _, transcript = await _until_done(conn)
+        assert transcript == "No tools."
+
+
+@pytest.mark.parametrize(
+    ("response", "param"),
+    [
+        ({"tool_choice": "none"}, "response.tool_choice"),
+        ({"tools": []}, "response.tools"),
+        ({"tools": [{"type": "mcp", "server_label": "x"}]}, "response.tools[0].type"),
+        ({"tool_choice": "required"}, "response.tool_choice"),
+    ],
+)
+async def test_response_tools_it_cannot_offer_are_refused_by_name(
+    weather: RunningServer, response: dict[str, Any], param: str
+) -> None:
+    async with _client(weather).realtime.connect(model="weather") as conn:
+        await _session(conn, tools=[TOOL])
+        await conn.response.create(response=response)  # type: ignore[arg-type]
+        error = await conn.recv()
+        assert error.type == "error", error
+        assert error.error.param == param
+
+
+async def test_response_tools_on_a_pipeline_that_takes_none_are_refused(
+    server: RunningServer,
+) -> None:
+    async with _client(server).realtime.connect(model="scripted") as conn:
+        assert (await conn.recv()).type == "session.created"
+        await conn.response.create(response={"tools": [TOOL]})
+        error = await conn.recv()
+        assert error.type == "error"
+        assert error.error.param == "response.tools"

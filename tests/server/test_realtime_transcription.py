@@ -92,11 +92,13 @@ async def test_committed_audio_gets_its_transcript(transcribing: RunningServer) 
         assert (transcription.model, transcription.language) == ("whisper-1", "en")
 
         first = await commit(conn, 0.5)
-        delta, completed = await transcription_of(conn, first)
-        assert delta.type == "conversation.item.input_audio_transcription.delta"
+        *deltas, completed = await transcription_of(conn, first)
         assert completed.type == "conversation.item.input_audio_transcription.completed"
         assert completed.transcript  # random weights: random, printable text
-        assert delta.delta == completed.transcript
+        # The text streams as it is decoded: a delta per token that adds to it.
+        assert {d.type for d in deltas} == {"conversation.item.input_audio_transcription.delta"}
+        assert len(deltas) > 1
+        assert "".join(d.delta for d in deltas) == completed.transcript
         assert completed.usage.seconds == pytest.approx(0.5)
 
         # The same audio again: the same transcript (seeded weights, greedy decoding).

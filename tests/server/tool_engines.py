@@ -2,7 +2,8 @@
 
 ``Weather`` replies one character per output. With ``get_weather`` among its tools and
 no tool result in the response's input, it says "Checking." and calls
-``get_weather(city="Paris")`` in Qwen's format; given a tool result, it answers with
+``get_weather(city="Paris")`` in Qwen's format (the response's own tools, when it has
+some, stand in for the session's for that reply); given a tool result, it answers with
 it ("It is <result>."). A user turn that says ``malformed`` or ``unknown`` makes it
 write a call that is not JSON, or that names a function it was not offered. One
 character per output splits the markers over many outputs, as a tokenizer without them
@@ -24,6 +25,7 @@ from omni_actors.actors.engines.contract import (
     TOOLS_FIELD,
     TURN_FIELD,
     Fields,
+    response_options,
 )
 from omni_actors.pipeline.spec.pipeline import PipelineSpec
 
@@ -80,6 +82,12 @@ class Weather:
             if isinstance(text, str):
                 said += text
         self.results.setdefault(session, []).extend(results)
+        own = response_options(inputs).tools
+        offered = (
+            [t["function"]["name"] for t in json.loads(own)]
+            if own is not None
+            else self.tools.get(session, [])
+        )
         if results:
             called = len(self.calls.get(session, []))
             reply = f"It is {' and '.join(results)}." + (
@@ -87,7 +95,7 @@ class Weather:
             )
         elif said in REPLIES:
             reply = REPLIES[said]
-        elif "get_weather" in self.tools.get(session, []):
+        elif "get_weather" in offered:
             reply = f"{SAID} {CALL}"
         else:
             reply = "No tools."

@@ -4,7 +4,9 @@ speech-to-text checkpoint.
 It serves the transcriber stage (:mod:`omni_actors.actors.engines.transcriber_ports`):
 the caller's audio of each user turn is gathered as it arrives, and once the turn is
 committed the checkpoint transcribes it on the engine's model thread
-(:class:`~omni_actors.actors.engines.torch_engine.TorchEngine`), one output per turn.
+(:class:`~omni_actors.actors.engines.torch_engine.TorchEngine`). The text streams out
+as it is decoded: each decode step that adds to it yields the piece it adds
+(``transcript_delta``), then the turn ends with its whole ``transcript``.
 ``model:`` names the checkpoint: a directory or a Hub repo id holding what
 ``AutoProcessor`` and ``AutoModelForSpeechSeq2Seq`` load (Whisper, or any other
 sequence-to-sequence speech model), or ``tiny-whisper`` (the default: toy size, seeded
@@ -15,13 +17,19 @@ as they come (its credits never hold up the caller's input, which the entry stag
 shares) and the turns queue here, in order. A turn that fails (an unknown language, a
 model error) yields its error instead of a transcript; the next turn goes on. A turn is
 transcribed from its first ``max_turn_s`` seconds: Whisper's window is 30 s.
+
+The pieces are the transcript decoded so far, less what was yielded before: a piece is
+held while the text ends in a character still being spelled (a byte-level token's half
+of one) or in whitespace (the transcript is stripped), so the pieces join to the whole
+transcript. Should a tokenizer rewrite earlier text as later tokens come (it does not
+for Whisper's), no more pieces go out, and the transcript still holds the whole.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar
@@ -43,6 +51,7 @@ from omni_actors.actors.engines.transcriber_ports import (
     PROMPT_FIELD,
     TRANSCRIBER_INPUTS,
     TRANSCRIBER_OUTPUTS,
+    TRANSCRIPT_DELTA_FIELD,
     TRANSCRIPT_ERROR_FIELD,
     TRANSCRIPT_FIELD,
 )
@@ -116,8 +125,8 @@ class AsrEngine(TorchEngine):
         extractor = getattr(self._processor, "feature_extractor", self._processor)
         self._rate = int(getattr(extractor, "sampling_rate", self._args.sample_rate))
 
-    def _transcribe(self, turn: _Turn) -> str:
-        """Model thread: ``turn``'s transcript."""
+    def _transcribe(self, turn: _Turn, pieces: _Pieces) -> str:
+        """Model thread: ``turn``'s transcript; ``pieces`` is told each token decoded."""
         audio = turn.audio
         if self._rate != self._args.sample_rate:
             resampler = StreamResampler(self._args.sample_rate, self._rate)
@@ -140,7 +149,7 @@ class AsrEngine(TorchEngine):
             )
         inputs = features["input_features"].to(self.device, model.dtype)
         with torch.inference_mode():
-            ids = model.generate(inputs, **kwargs)
+            ids = model.generate(inputs, streamer=pieces, **kwargs)
         if "prompt_ids" in kwargs:  # Whisper returns the prompt ahead of the transcript
             ids = ids[:, kwargs["prompt_ids"].numel() :]
         text: str = processor.batch_decode(ids, skip_special_tokens=True)[0]
@@ -156,20 +165,48 @@ class AsrEngine(TorchEngine):
         reader = asyncio.create_task(_read(inputs, abort, settings, turns), name=f"asr {session}")
         try:
             while (turn := await abort.until(turns.get())) is not None:
-                try:
-                    text = await abort.until(self.call(self._transcribe, turn))
-                except Exception as exc:  # this turn fails; the others go on
-                    yield {ITEM_FIELD: turn.item, TRANSCRIPT_ERROR_FIELD: f"{exc}"}
-                    continue
-                if text is None:
-                    break  # aborted
-                yield {ITEM_FIELD: turn.item, TRANSCRIPT_FIELD: text}
+                async for output in self._turn(turn, abort):
+                    yield output
+                if abort.aborted:
+                    break
             if reader.done():
                 reader.result()  # a broken input stream fails the segment
         finally:
             reader.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await reader
+
+    async def _turn(self, turn: _Turn, abort: AbortSignal) -> AsyncIterator[Fields]:
+        """``turn``'s outputs: its pieces as they are decoded, then its transcript (or
+        its error: this turn fails, the others go on); nothing more once aborted."""
+        told: asyncio.Queue[str | None] = asyncio.Queue()
+        loop = asyncio.get_running_loop()
+        pieces = _Pieces(
+            self._decode, lambda piece: loop.call_soon_threadsafe(told.put_nowait, piece)
+        )
+        job = asyncio.ensure_future(self.call(self._transcribe, turn, pieces))
+        # Queued after the pieces the thread told: their callbacks were scheduled first.
+        job.add_done_callback(lambda _: told.put_nowait(None))
+        try:
+            while (piece := await abort.until(told.get())) is not None:
+                yield {ITEM_FIELD: turn.item, TRANSCRIPT_DELTA_FIELD: piece}
+            if abort.aborted:
+                return
+            text = await job
+        except Exception as exc:
+            yield {ITEM_FIELD: turn.item, TRANSCRIPT_ERROR_FIELD: f"{exc}"}
+            return
+        finally:
+            job.cancel()  # once aborted its result is dropped; the thread finishes the call
+        rest = text[len(pieces.said) :] if text.startswith(pieces.said) else ""
+        if rest:
+            yield {ITEM_FIELD: turn.item, TRANSCRIPT_DELTA_FIELD: rest}
+        yield {ITEM_FIELD: turn.item, TRANSCRIPT_FIELD: text}
+
+    def _decode(self, ids: list[int]) -> str:
+        """Model thread: the text of token ids (special tokens left out)."""
+        text: str = self._processor.batch_decode([ids], skip_special_tokens=True)[0]
+        return text
 
     async def abort(self, session: SessionKey) -> None:
         """Stop ``session``'s transcription now and forget its settings."""
@@ -182,6 +219,40 @@ class AsrEngine(TorchEngine):
         """``session`` ended: forget its settings."""
         self._aborts.pop(session, None)
         self._settings.pop(session, None)
+
+
+class _Pieces:
+    """A ``generate`` streamer (``put`` each step's tokens, then ``end``): tells each
+    piece the decoded transcript adds (see the module docstring). Runs in the model
+    thread; ``tell`` hands a piece to the event loop.
+
+    Attributes:
+        said: the pieces told so far, joined.
+    """
+
+    def __init__(self, decode: Callable[[list[int]], str], tell: Callable[[str], object]) -> None:
+        self._decode = decode
+        self._tell = tell
+        self._ids: list[int] = []
+        self._prompt = True  # the first ``put`` is the decoder's prompt, not the text
+        self.said = ""
+
+    def put(self, value: torch.Tensor) -> None:
+        """One decode step's token (the first call: the decoder's prompt)."""
+        if self._prompt:
+            self._prompt = False
+            return
+        self._ids += [int(t) for t in value.reshape(-1).tolist()]
+        text = self._decode(self._ids).lstrip()
+        if text.endswith("\ufffd"):
+            return  # a character split over tokens: wait for its end
+        text = text.rstrip()
+        if len(text) > len(self.said) and text.startswith(self.said):
+            piece, self.said = text[len(self.said) :], text
+            self._tell(piece)
+
+    def end(self) -> None:
+        """Decoding ended (the engine yields what is left with the transcript)."""
 
 
 def _checkpoint(args: AsrArgs) -> Path:

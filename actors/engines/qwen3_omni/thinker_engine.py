@@ -44,10 +44,11 @@ Qwen's ``# Tools`` block), and set as instructions are. A tool's result
 message there, and a ``reply`` mark giving back a turn that called tools
 (``TOOL_CALLS_FIELD``) is taken as the template writes that turn.
 
-A response's own instructions (``ResponseOptions.instructions``) are a system turn fed
-right before its reply; once the reply is kept, the cache is cropped back to where they
-were fed and the reply's tokens are fed again there, as a ``reply`` mark feeds them (one
-forward), so later turns see the reply and not them.
+A response's own instructions (``ResponseOptions.instructions``, with its own tools,
+``ResponseOptions.tools``) are a system turn fed right before its reply; once the reply
+is kept, the cache is cropped back to where they were fed and the reply's tokens are
+fed again there, as a ``reply`` mark feeds them (one forward), so later turns see the
+reply and not them.
 
 Tokens are greedy unless a response asks for a temperature (see ``sampling``).
 
@@ -396,8 +397,12 @@ class _Response(Response[Checkpoint]):
     def encode(self, text: str) -> list[int]:
         return self.vocabulary.encode(text)
 
-    async def instruct_reply(self, instructions: str) -> None:
-        system = _system_turn(self.vocabulary, instructions)
+    async def instruct_reply(self, instructions: str, tools: str | None = None) -> None:
+        system = (
+            self.engine._system_turn(instructions, tools)
+            if tools is not None
+            else _system_turn(self.vocabulary, instructions)
+        )
         await self.engine.call(self.model.instruct, self.conversation, system)
 
     async def drop_instructions(self, before: Checkpoint) -> None:

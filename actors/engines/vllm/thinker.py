@@ -30,9 +30,10 @@ never held (no reopen). :meth:`VllmThinkerEngine.last_reply` tells
 the session each reply decoded, to replay it later. A mark that gives the turn by its
 words is tokenized first, as user text is.
 
-**A response's own instructions** are a system turn appended before its reply; once the
-reply is kept, the list is cut back to where they were appended and the reply appended
-again as a ``reply`` mark's, and the request holding them ends (a rollback).
+**A response's own instructions** (and tools) are a system turn appended before its
+reply; once the reply is kept, the list is cut back to where they were appended and the
+reply appended again as a ``reply`` mark's, and the request holding them ends (a
+rollback).
 
 **Text in, rows out.** Text is tokenized with the model's tokenizer and turns are framed
 by its chat template (:class:`~.turns.TurnTemplate`). The talker's inputs for text
@@ -463,8 +464,13 @@ class _Response(Response[Mark]):
     def encode(self, text: str) -> list[int]:
         return self.engine._encode(text)
 
-    async def instruct_reply(self, instructions: str) -> None:
-        self.history.instruct(self.engine._system_turn(instructions))  # no turn is open
+    async def instruct_reply(self, instructions: str, tools: str | None = None) -> None:
+        engine = self.engine
+        try:
+            system = engine.tools.system_turn(instructions, tools) if tools else ()
+        except ToolTemplateError as exc:
+            raise VllmInputError(str(exc)) from None
+        self.history.instruct(system or engine._system_turn(instructions))  # no turn is open
 
     async def drop_instructions(self, before: Mark) -> None:
         reply = self.history.reply if self.decoding else None

@@ -162,8 +162,9 @@ class Talk(Response[Mark]):
     def encode(self, text: str) -> list[int]:
         return [int(word) for word in text.split()]  # this engine's words are numbers
 
-    async def instruct_reply(self, instructions: str) -> None:
-        self.chat.tokens += ["<sys>", instructions, "</sys>"]
+    async def instruct_reply(self, instructions: str, tools: str | None = None) -> None:
+        offered = ["<tools>", tools, "</tools>"] if tools is not None else []
+        self.chat.tokens += ["<sys>", instructions, *offered, "</sys>"]
 
     async def drop_instructions(self, before: Mark) -> None:
         said = self.chat.reply if self.decoding else None
@@ -355,6 +356,20 @@ async def test_a_responses_own_instructions_leave_the_conversations_own() -> Non
     engine = Words()
     await engine.respond({INSTRUCTIONS_FIELD: "always"}, say("hi"), options=OWN)
     assert engine.chat.tokens == ["<sys>", "always", "</sys>", *TURN, *ANSWER]
+
+
+async def test_a_responses_own_tools_hold_for_its_reply_alone() -> None:
+    engine = Words()
+    seen: list[str] = []
+    own = ResponseOptions(tools="[t]")
+    async for out in engine.generate(Inputs([{TOOLS_FIELD: "[s]"}, say("hi")], options=own)):
+        if "text" in out and not seen:
+            seen = list(engine.chat.tokens)  # what the reply follows
+    session_tools = ["<tools>", "[s]", "</tools>"]
+    own_turn = ["<sys>", "", "<tools>", "[t]", "</tools>", "</sys>"]
+    assert seen == [*session_tools, *TURN, *own_turn, "<a>", "fine"]
+    # Kept without them; the conversation's own tools stay.
+    assert engine.chat.tokens == [*session_tools, *TURN, *ANSWER]
 
 
 async def test_a_cancelled_reply_under_its_own_instructions_keeps_what_was_said() -> None:

@@ -10,6 +10,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from omni_actors.actors.engines.tool_calls import (
+    CallBody,
     MalformedToolCallError,
     Segment,
     ToolCallSplitter,
@@ -97,3 +98,56 @@ def test_a_well_formed_call_parses() -> None:
 def test_a_malformed_call_is_refused_with_what_is_wrong(body: str, problem: str) -> None:
     with pytest.raises(MalformedToolCallError, match=problem):
         parse_tool_call(body, {"get_weather"})
+
+
+def _stream(body: str, cuts: list[int]) -> tuple[list[str], list[str], CallBody]:
+    reader = CallBody()
+    points = sorted({c for c in cuts if 0 < c < len(body)})
+    names: list[str] = []
+    told: list[str] = []
+    for a, b in zip([0, *points], [*points, len(body)], strict=True):
+        name, arguments = reader.feed(body[a:b])
+        names += [name] if name is not None else []
+        told += [arguments] if arguments else []
+    return names, told, reader
+
+
+NESTED = '\n{"name": "f", "arguments": {"s": "a}\\"{[", "n": [1, {"b": 2}]}}\n'
+
+
+@given(st.lists(st.integers(min_value=1, max_value=len(NESTED)), max_size=30))
+def test_a_body_tells_its_name_then_streams_exactly_its_arguments(cuts: list[int]) -> None:
+    names, told, reader = _stream(NESTED, cuts)
+    assert names == ["f"]
+    call = reader.close({"f"})
+    # Brackets and quotes inside strings do not end the object; the body's own } is not told.
+    assert "".join(told) == call.arguments == '{"s": "a}\\"{[", "n": [1, {"b": 2}]}'
+    assert json.loads(call.arguments)["s"] == 'a}"{['
+
+
+def test_the_name_is_told_once_written_before_the_arguments() -> None:
+    reader = CallBody()
+    assert reader.feed('{"name": "get_wea') == (None, "")
+    assert reader.feed('ther", "argu') == ("get_weather", "")
+    assert reader.feed('ments": {"ci') == (None, '{"ci')
+    assert reader.feed('ty": "Paris"}}') == (None, 'ty": "Paris"}')
+
+
+@pytest.mark.parametrize(
+    "body",
+    [
+        '{"arguments": {"a": 1}, "name": "f"}',  # the name last: told at close
+        '{"name": "f", "arguments": "{\\"a\\": 1}"}',  # arguments as JSON text
+    ],
+)
+def test_a_body_of_another_shape_tells_its_arguments_at_close(body: str) -> None:
+    _, told, reader = _stream(body, list(range(len(body))))
+    assert told == []
+    assert json.loads(reader.close({"f"}).arguments) == {"a": 1}
+
+
+def test_a_body_that_names_its_function_twice_is_refused() -> None:
+    names, _, reader = _stream('{"name": "f", "arguments": {}, "name": "g"}', [5, 17])
+    assert names == ["f"]
+    with pytest.raises(MalformedToolCallError, match="more than once"):
+        reader.close({"f", "g"})
