@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import gc
 import itertools
 import logging
 from collections.abc import AsyncIterator
@@ -157,6 +158,7 @@ class OmniPipeline:
                 self._system = None
         finally:
             await self._close_cluster()  # after the stages: their keepers are gone by now
+            _free_models()
 
     async def _close_cluster(self) -> None:
         cluster, self._cluster = self._cluster, None
@@ -295,3 +297,18 @@ class OmniPipeline:
             resumable=True,
             transcription=transcription,
         )
+
+
+def _free_models() -> None:
+    """Give back the memory of the models the stopped stages held in this process.
+
+    A loaded model is its own reference cycle (its modules, and the step functions its
+    decoders and graphs keep, point back at it), so it outlives its stage until the
+    garbage collector next runs, which an allocation on a GPU never triggers: a model
+    loaded next in the process (another pipeline, a level of a benchmark) could then
+    find its GPU still holding the last one's weights. Collect now, and hand the freed
+    blocks back to the driver, for other processes too.
+    """
+    gc.collect()
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        torch.cuda.empty_cache()
