@@ -310,5 +310,5 @@ def _free_models() -> None:
     blocks back to the driver, for other processes too.
     """
     gc.collect()
-    if torch.cuda.is_available() and torch.cuda.is_initialized():
+    if torch.cuda.is_available() and torch.cuda.is_initialized():  # type: ignore[no-untyped-call]
         torch.cuda.empty_cache()
