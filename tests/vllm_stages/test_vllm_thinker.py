@@ -2,7 +2,9 @@
 
 Every comparison runs one session at a time (greedy, float32): tokens, the talker's rows
 and embeddings must equal the torch thinker's exactly, through turns, instructions, a
-clear, a truncation and a cancelled reply (each rollback reopens the vLLM request).
+clear, a truncation and a cancelled reply (each rollback reopens the vLLM request). A
+clip longer than one encoder window is the exception: vLLM frames each window on its own
+(``audio_input``), so it is compared where the two token lists agree.
 """
 
 from __future__ import annotations
@@ -214,23 +216,25 @@ async def test_abort_mid_reply_leaves_no_request_in_vllm(engines: Any) -> None:
 
 
 def noise(seconds: float, seed: int) -> torch.Tensor:
-    """White noise: every log-mel frame peaks alike, so Whisper's clip-wide floor and
-    tiny-omni's running floor never bind (``audio_input``'s docstring)."""
+    """White noise at a speaking level (both thinkers compute the same log-mel of it)."""
     generator = torch.Generator().manual_seed(seed)
     return 0.1 * torch.randn(int(seconds * 16_000), generator=generator)
 
 
 ATOL = 1e-4
+WINDOW = 104
+"""Encoder outputs of one whole encoder window (800 log-mel frames, 8 s)."""
 
 
 async def test_audio_turns_give_the_torch_thinkers_rows_and_tokens(engines: Any) -> None:
     vllm, torch_thinker = engines
-    clip = noise(9.0, 1)  # longer than one encoder window (8 s)
-    pieces = [{"audio": piece} for piece in clip.split(16_000 * 2)]
+    # Clips of one encoder window or less are framed as the torch thinker frames them.
+    clip = noise(3.0, 1)
+    pieces = [{"audio": piece} for piece in clip.split(16_000)]
     first = await both(
         engines, "heard", [*pieces[:-1], {**pieces[-1], "text": "What was that?"}], ATOL
     )
-    assert int(first["user_mask"].sum()) == 117  # 900 log-mel frames: 13 per second
+    assert int(first["user_mask"].sum()) == 39  # 300 log-mel frames: 13 per second
     await both(engines, "heard", [{"text": "Listen:"}, {"audio": noise(1.5, 2)}, COMMIT], ATOL)
     # A clip in a cleared turn is gone; a truncation then reopens the request, which
     # sends both clips left in the conversation again (their states are not taken again).
@@ -239,6 +243,81 @@ async def test_audio_turns_give_the_torch_thinkers_rows_and_tokens(engines: Any)
     await both(engines, "heard", [truncate(1), {"audio": noise(0.5, 4)}], ATOL)
     assert vllm.running_requests() != before
     await asyncio.gather(vllm.release("heard"), torch_thinker.release("heard"))
+
+
+class Watched:
+    """A response's input that runs ``check`` before each item after the first: the
+    engine took every item before it (it asks for the next once it has)."""
+
+    def __init__(self, items: list[Fields], check: Any) -> None:
+        self.items, self.check, self.taken = items, check, 0
+
+    def __aiter__(self) -> AsyncIterator[Fields]:
+        return self
+
+    async def __anext__(self) -> Fields:
+        if self.taken == len(self.items):
+            raise StopAsyncIteration
+        if self.taken:
+            self.check(self.taken)
+        self.taken += 1
+        return self.items[self.taken - 1]
+
+
+async def test_a_long_clip_is_prefilled_window_by_window_while_it_arrives(
+    engines: Any,
+) -> None:
+    vllm, torch_thinker = engines
+    second = 16_000
+    pieces = [{"audio": p} for p in noise(17.5, 5).split(second // 2)]
+    seen: list[tuple[int, int, int]] = []  # (pieces taken, windows vLLM holds, states)
+
+    def check(taken: int) -> None:
+        state = vllm._sessions["windows"]
+        held = [c for s, c in state.history.clips.items() if s < state.fed]
+        seen.append((taken, len(held), sum(c.states is not None for c in held)))
+
+    got = merged([o async for o in vllm.generate("windows", Watched(pieces, check))])
+    # vLLM holds a window, and its states were taken, as soon as its 8 s (and the
+    # 12.5 ms the STFT looks ahead) arrived: long before the clip ended.
+    assert [held for _, held, _ in seen] == [0] * 16 + [1] * 16 + [2] * 2
+    assert all(held == states for _, held, states in seen)
+    # The talker's rows: each window framed on its own, its placeholders hidden states.
+    mask = got["user_mask"]
+    assert int(mask.sum()) == 2 * WINDOW + 20  # 1750 log-mel frames
+    start = int(mask.int().argmax())
+    runs = mask[start:].int().diff().nonzero().flatten().tolist()
+    assert runs == [WINDOW - 1, WINDOW + 1, 2 * WINDOW + 1, 2 * WINDOW + 3, 2 * WINDOW + 23]
+    want = await respond(torch_thinker, "windows", [dict(p) for p in pieces])
+    # Up to the end of the first window the token lists are the same: so are the rows.
+    until = start + WINDOW
+    torch.testing.assert_close(got["user"][:until], want["user"][:until], atol=ATOL, rtol=0)
+    # The torch thinker frames the clip once: two tokens fewer per further window.
+    assert len(got["user"]) == len(want["user"]) + 4
+    assert int(want["user_mask"].sum()) == int(mask.sum())
+    assert vllm.prompt_tokens("windows") == torch_thinker.prompt_tokens("windows") + 4
+    # The rows away from audio are input embeddings there: the torch thinker's, less
+    # the <|audio_end|> <|audio_start|> pairs between windows.
+    between = [start + WINDOW, start + WINDOW + 1, start + 2 * WINDOW + 2, start + 2 * WINDOW + 3]
+    keep = torch.ones(len(mask), dtype=torch.bool)
+    keep[between] = False
+    text_rows = got["user"][keep][~mask[keep]]
+    assert torch.equal(text_rows, want["user"][~want["user_mask"]])
+    await asyncio.gather(vllm.release("windows"), torch_thinker.release("windows"))
+
+
+async def test_a_clear_after_windows_were_sent_rolls_them_back(engines: Any) -> None:
+    vllm, torch_thinker = engines
+    await both(engines, "unsaid", [{"text": "Hi"}])
+    before = vllm.running_requests()
+    spoken = [{"audio": p} for p in noise(9.0, 6).split(16_000)]
+    # The first window was prefilled before the clear: it goes with the cleared turn.
+    await both(engines, "unsaid", [*spoken, CLEAR, {"text": "Sorry, go on"}], ATOL)
+    assert vllm.running_requests() != before  # the request holding the window ended
+    state = vllm._sessions["unsaid"]
+    assert state.history.clips == {}
+    await both(engines, "unsaid", [{"text": "And?"}])
+    await asyncio.gather(vllm.release("unsaid"), torch_thinker.release("unsaid"))
 
 
 async def test_bad_audio_and_bad_marks_are_refused_and_the_session_goes_on(engines: Any) -> None:
@@ -255,3 +334,17 @@ async def test_bad_audio_and_bad_marks_are_refused_and_the_session_goes_on(engin
         await respond(vllm, "bad", [truncate(1)])
     await both(engines, "bad", [{"text": "Fine?"}])
     await asyncio.gather(vllm.release("bad"), torch_thinker.release("bad"))
+
+
+async def test_engine_args_may_not_turn_the_feature_input_off(cache_dir: Path) -> None:
+    from omni_actors.actors.engines.vllm.thinker import VllmThinkerArgs, VllmThinkerEngine
+    from omni_actors.errors import EngineError
+
+    engine = VllmThinkerEngine(
+        VllmThinkerArgs(
+            model="tiny-omni", cache_dir=cache_dir, engine_args={"enable_mm_embeds": False}
+        )
+    )
+    with pytest.raises(EngineError, match="enable_mm_embeds must stay on"):
+        await engine.start()
+    assert engine.runtime is None  # refused before vLLM started

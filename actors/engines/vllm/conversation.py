@@ -7,10 +7,11 @@ is a cut back to a known length followed by appends, and :attr:`History.low_wate
 records the lowest position a cut touched, so the engine knows whether the request it
 holds open still matches (else it opens a new one; vLLM's prefix cache keeps that cheap).
 
-An audio clip sits in the list as vLLM expands it (``<|audio_start|>``, one placeholder
-per audio-encoder output, ``<|audio_end|>``); :attr:`History.clips` keeps its samples by
-the position of its first placeholder, so a request opened over the list sends the clip
-again (as one placeholder and the samples, the form vLLM expands).
+An audio clip (one encoder window of what the user said, ``audio_input``) sits in the
+list as vLLM expands it (``<|audio_start|>``, one placeholder per audio-encoder output,
+``<|audio_end|>``); :attr:`History.clips` keeps its log-mel features by the position of
+its first placeholder, so a request opened over the list sends the clip again (as one
+placeholder and the features, the form vLLM expands).
 """
 
 from __future__ import annotations
@@ -18,7 +19,6 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 from typing import Final
 
-import numpy as np
 import torch
 
 from omni_actors.actors.engines.turn_marks import check_truncatable
@@ -44,10 +44,10 @@ class ReplyTokens:
 
 @dataclass(slots=True)
 class Clip:
-    """One audio clip of a user turn.
+    """One audio clip of a user turn: one encoder window of what the user said.
 
     Attributes:
-        samples: float32 mono at the processor's rate.
+        features: [n_mels, frames] float32, its log-mel.
         count: its placeholders in the token list.
         uuid: its identity for vLLM's caches: a clip said again is another clip (its
             hidden states are needed again), a clip sent again after a reopen is not.
@@ -55,7 +55,7 @@ class Clip:
             prefill ran.
     """
 
-    samples: np.ndarray
+    features: torch.Tensor
     count: int
     uuid: str
     states: torch.Tensor | None = None

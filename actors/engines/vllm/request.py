@@ -16,11 +16,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass
 from typing import Any
-
-import numpy as np
 
 __all__ = ["Chunk", "OpenRequest", "RequestEndedError"]
 
@@ -32,16 +30,17 @@ class Chunk:
     """One chunk of a request's prompt.
 
     Attributes:
-        token_ids: the ids to append, one placeholder per audio clip.
+        token_ids: the ids to append, one placeholder per audio item.
         sampling: vLLM ``SamplingParams`` of what the chunk generates.
-        audio: the clips' ``(samples, uuid)``, in placeholder order.
-        rate: their sampling rate.
+        audio: vLLM's audio items, in placeholder order (the multimodal data's
+            ``audio`` entry), or None.
+        uuids: the items' identities for vLLM's caches.
     """
 
     token_ids: list[int]
     sampling: Any
-    audio: tuple[tuple[np.ndarray, str], ...] = ()
-    rate: int = 16_000
+    audio: Mapping[str, Any] | None = None
+    uuids: tuple[str, ...] = ()
 
 
 class RequestEndedError(RuntimeError):
@@ -73,11 +72,11 @@ class OpenRequest:
         from vllm.inputs import TokensPrompt
 
         prompt: Any = TokensPrompt(prompt_token_ids=chunk.token_ids)
-        if chunk.audio:
-            # vLLM expands each placeholder to the clip's encoder outputs; the uuids
-            # name the clips for its caches.
-            prompt["multi_modal_data"] = {"audio": [(a, chunk.rate) for a, _ in chunk.audio]}
-            prompt["multi_modal_uuids"] = {"audio": [u for _, u in chunk.audio]}
+        if chunk.audio is not None:
+            # vLLM expands each placeholder to the item's encoder outputs; the uuids
+            # name the items for its caches.
+            prompt["multi_modal_data"] = {"audio": chunk.audio}
+            prompt["multi_modal_uuids"] = {"audio": list(chunk.uuids)}
         self._inputs.put_nowait(StreamingInput(prompt, chunk.sampling))
 
     def send(self, chunk: Chunk) -> None:

@@ -40,11 +40,13 @@ by its chat template (:class:`~.turns.TurnTemplate`). The talker's inputs for te
 positions and generated tokens are rows of the thinker's input-embedding table, read
 once from the checkpoint (:mod:`.embedding`).
 
-**Audio in, hidden states out.** A clip is sent to vLLM as one placeholder and its
-samples (vLLM's audio encoder and the checkpoint's processor expand it) when it ends
-(:mod:`.audio_input`); the talker's rows at its placeholders are the thinker's hidden
-states there, which a worker extension keeps in vLLM's worker and the engine takes once
-the clip is prefilled (:mod:`.hidden_states`).
+**Audio in, hidden states out.** A clip is heard as it arrives: each time a whole
+audio-encoder window (8 s) of it is in, the window is sent to vLLM as one placeholder
+and its log-mel features (vLLM's audio encoder expands it) and prefilled at once; when
+the clip ends only its last, partial window is left to send (:mod:`.audio_input`, which
+also says how the windows are framed). The talker's rows at the placeholders are the
+thinker's hidden states there, which a worker extension keeps in vLLM's worker and the
+engine takes once each window is prefilled (:mod:`.hidden_states`).
 
 A pipeline names the checkpoint by path (``model: /models/Qwen3-Omni-30B-A3B-Instruct``)
 or by a prepared model family (``model: tiny-omni``: its ``checkpoint`` directory in the
@@ -78,8 +80,8 @@ from omni_actors.actors.engines.tool_template import ToolTemplate, ToolTemplateE
 from omni_actors.actors.engines.torch_engine import AbortSignal
 from omni_actors.actors.engines.turn_marks import TurnMarkError
 from omni_actors.actors.engines.vllm.args import VllmThinkerArgs
-from omni_actors.actors.engines.vllm.audio_input import AudioSpec, user_rows
-from omni_actors.actors.engines.vllm.conversation import Mark, VllmInputError
+from omni_actors.actors.engines.vllm.audio_input import AudioSpec, ClipStream, user_rows
+from omni_actors.actors.engines.vllm.conversation import Clip, Mark, VllmInputError
 from omni_actors.actors.engines.vllm.embedding import load_input_embeddings
 from omni_actors.actors.engines.vllm.hidden_states import TAP_EXTENSION
 from omni_actors.actors.engines.vllm.reply_text import ReplyText
@@ -142,6 +144,7 @@ class VllmThinkerEngine:
         config = read_json(path / "config.json")
         processor = read_json(path / "processor_config.json")
         self.audio = AudioSpec.of(tokenizer, config, processor)
+        self.extractor = self.audio.extractor()
         tts = [config[f"tts_{name}_token_id"] for name in ("bos", "eos", "pad")]
         self.embeddings = await asyncio.to_thread(load_input_embeddings, path)
         self.opening = self.embeddings[list(self.turns.opening)]
@@ -158,6 +161,11 @@ class VllmThinkerEngine:
                 "engine_args.worker_extension_cls is taken by the vllm thinker's hidden-state "
                 f"tap ({TAP_EXTENSION})"
             )
+        if not self.args.engine_args.get("enable_mm_embeds", True):
+            raise EngineError(
+                "engine_args.enable_mm_embeds must stay on: the vllm thinker sends audio as "
+                "log-mel features"
+            )
         self.runtime = await VllmRuntime.start(
             path,
             {
@@ -168,6 +176,9 @@ class VllmThinkerEngine:
                 "seed": self.args.seed,
                 **self.args.engine_args,
                 "worker_extension_cls": TAP_EXTENSION,
+                # Audio goes in as log-mel features (audio_input), an input vLLM takes
+                # only with this on; prompts are built here, never by the caller.
+                "enable_mm_embeds": True,
             },
             cpu_threads=self.args.cpu_threads,
         )
@@ -249,7 +260,7 @@ class VllmThinkerEngine:
         """Start a response of ``session``: its state (made on its first)."""
         state = self._sessions.get(session)
         if state is None:
-            state = self._sessions[session] = Session()
+            state = self._sessions[session] = Session(ClipStream(self.audio, self.extractor))
         if state.signal is not None:
             raise VllmInputError(f"session {session!r} is already generating")
         state.signal = AbortSignal()
@@ -273,11 +284,11 @@ class VllmThinkerEngine:
         system = self.turns.system
         return (*system.prefix, *self._encode(text), *system.suffix)
 
-    async def _hear(self, session: str, state: Session) -> None:
-        """End the clip being received: it joins the turn and is prefilled now."""
-        clip = state.clip.take(self.audio)
-        if clip is not None:
+    async def _hear(self, session: str, state: Session, clips: list[Clip]) -> None:
+        """``clips`` (windows of the clip being received) join the turn, prefilled now."""
+        for clip in clips:
             state.history.hear(clip, self.turns, self.audio.ids)
+        if clips:
             await self._prefill(session, state)
 
     def _resync(self, state: Session) -> None:
@@ -391,14 +402,16 @@ class _Response(Response[Mark]):
     # -- input ------------------------------------------------------------------------
 
     async def before_input(self, fields: Fields) -> None:
+        engine, state = self.engine, self.state
         if "audio" in fields:
-            self.state.clip.push(fields["audio"])
+            # The windows this made whole are sent now, while the clip goes on.
+            await engine._hear(self.session, state, state.clip.push(fields["audio"]))
             if len(fields) == 1:
-                return  # the clip goes on: sent when it ends
+                return
         if fields.get(TURN_FIELD) == "clear":
-            self.state.clip.drop()
-        else:  # anything else ends the clip: it joins the turn now
-            await self.engine._hear(self.session, self.state)
+            state.clip.drop()  # windows sent already go with the cleared turn
+        else:  # anything else ends the clip: what is left of it joins the turn now
+            await engine._hear(self.session, state, state.clip.end())
 
     async def instruct(
         self, instructions: torch.Tensor | str | None, tools: torch.Tensor | str | None = None
@@ -440,7 +453,8 @@ class _Response(Response[Mark]):
             raise VllmInputError(str(exc)) from None
 
     async def after_input(self, fields: Fields) -> None:
-        # A reply is prefilled with what follows it; audio alone waits for its clip's end.
+        # A reply is prefilled with what follows it; audio alone was prefilled as far as
+        # its whole windows go.
         if fields.get(TURN_FIELD) != "reply" and fields.keys() != {"audio"}:
             await self.engine._prefill(self.session, self.state)
 
@@ -486,7 +500,7 @@ class _Response(Response[Mark]):
 
     async def reply(self, options: ResponseOptions) -> AsyncGenerator[Fields, None]:
         engine, history = self.engine, self.history
-        await engine._hear(self.session, self.state)
+        await engine._hear(self.session, self.state, self.state.clip.end())
         rows = await self.commit()
         if rows is not None:
             yield rows
@@ -515,7 +529,9 @@ class _Response(Response[Mark]):
 
     def end(self) -> None:
         self.state.signal = None
-        self.state.clip.drop()  # a clip not heard by the end of the response is not heard
+        # What is left of a clip not ended by the end of the response is not heard
+        # (its windows sent already are in the open turn).
+        self.state.clip.drop()
 
     def held(self) -> bool:
         return self.engine._sessions.get(self.session) is self.state
