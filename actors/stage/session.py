@@ -9,7 +9,9 @@ is a :class:`SegmentInputs`, the session's queue seen as the engine's input iter
 In a conversation each segment is a response. A cancelled response stops at the
 engine's next output (the stage closes ``generate``; the input still drains to the
 segment's end, so the engine keeps consistent state and later stages end the segment
-too). An engine that raises fails its response only: the stage reports ``failed``,
+too). An engine that takes turn marks reads a user turn as its input, and yields
+outputs while it reads (the turn's rows, sent ahead to the talker): it is stopped at
+its first output once its input has ended, so a cancel never cuts a user turn short. An engine that raises fails its response only: the stage reports ``failed``,
 drains the segment's input, ends the segment on every outlet and serves the next one;
 so does an output the engine may not yield (``engine_outputs``) and a first output that
 does not come within ``first_chunk_s`` of the engine's last input. Failures that break
@@ -334,7 +336,8 @@ class StageSession:
 
         A segment not started yet is stopped as it starts (after its first output: an
         engine's first output may carry state later stages need, such as the talker's
-        user turn).
+        user turn). An engine that takes turn marks is stopped only once it has read
+        the segment's whole input (module docstring).
         """
         if segment >= self.segment:
             self._cancelled.add(segment)
@@ -446,7 +449,7 @@ class StageSession:
                         pending = outlet.push(output)
                         if pending is not None:  # a send that must wait
                             await pending
-                if segment in cancelled:
+                if segment in cancelled and (inputs.all_read or not self.takes_marks):
                     break
             if spoken is not None:
                 await self._route_spoken(None, spoken.flush())
@@ -590,6 +593,11 @@ class SegmentInputs(AsyncIterator[Fields]):
 
     def __aiter__(self) -> SegmentInputs:
         return self
+
+    @property
+    def all_read(self) -> bool:
+        """Whether every source has ended the segment: the engine took its whole input."""
+        return len(self.ended) >= len(self.session.sources)
 
     @property
     def output_overdue(self) -> bool:

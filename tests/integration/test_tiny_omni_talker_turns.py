@@ -45,6 +45,7 @@ from omni_actors.actors.engines.qwen3_omni import configs
 from omni_actors.actors.engines.qwen3_omni.talker_engine import TalkerArgs, TalkerEngine
 from omni_actors.actors.engines.qwen3_omni.talker_input import TalkerInputError
 from omni_actors.actors.engines.qwen3_omni.thinker_engine import ThinkerArgs, ThinkerEngine
+from omni_actors.actors.engines.thinker_ports import USER_EDITS_FIELD
 from omni_actors.models import cache as model_cache
 from omni_actors.testing import eventually
 
@@ -250,7 +251,8 @@ def split_user_rows(said: list[Fields], pieces: int) -> tuple[list[Fields], list
     early: list[Fields] = [
         {"user": rows[a:b], "user_mask": mask[a:b]} for a, b in itertools.pairwise(cuts)
     ]
-    rest = [{k: v for k, v in o.items() if k not in ("user", "user_mask")} for o in edge(said)]
+    rows_fields = ("user", "user_mask", USER_EDITS_FIELD)  # rows without edits all join
+    rest = [{k: v for k, v in o.items() if k not in rows_fields} for o in edge(said)]
     return early, rest
 
 

@@ -5,7 +5,10 @@ talker needs to speak them. Each ``generate`` call is one response of a conversa
 whose KV cache the engine keeps per session (:class:`~.conversation.Conversation`).
 Input is prefilled *while it arrives* (:class:`~.user_turn.UserTurn`: text per chunk,
 audio per encoder window), so when the input ends only its tail is left to compute and
-the first token comes quickly, however long the user spoke.
+the first token comes quickly, however long the user spoke. The talker's rows of what
+was prefilled go out at once too (``Response.ahead``, with ``user_edits``): the talker
+prefills the turn while it is spoken; a ``clear`` takes them back, and a truncation
+that feeds the open turn again behind the cut reply sends its new rows in their place.
 
 The input (user turns and turn marks), the checkpoints a response keeps and how its
 outcome settles the conversation are the conversation engines' state machine
@@ -18,13 +21,13 @@ what is pending, then the reply opens (``<|im_start|> assistant \\n``) and decod
 no input at all, it replies to the conversation so far. :meth:`ThinkerEngine.last_reply`
 tells the session the tokens of the reply the last response decoded, to replay it later.
 
-The end of input commits the open turn in two steps: the rows it prefilled go out at
-once (the talker prefills them meanwhile), then one forward over its tail,
-``<|im_end|> \\n`` and the reply's opening picks the first token, which carries the tail's
-rows. That forward is all the work between the end of the input and the first token. A
-reply closed (``aclose``, a barge-in) between the two leaves the committed turn without
-a reply: its first rows are the talker's already (the rows of its tail, computed on
-closing, are not sent). A decode step in flight when the reply ends is waited for, so
+The end of input commits the open turn in two steps: the rows it prefilled and did not
+send yet go out at once (the talker prefills them meanwhile), then one forward over its
+tail, ``<|im_end|> \\n`` and the reply's opening picks the first token, which carries the
+tail's rows. That forward is all the work between the end of the input and the first
+token. A reply closed (``aclose``, a barge-in) between the two leaves the committed turn
+without a reply: its first rows are the talker's already (the rows of its tail, computed
+on closing, are not sent). A decode step in flight when the reply ends is waited for, so
 the cache holds exactly the tokens yielded.
 
 Instructions (``INSTRUCTIONS_FIELD``, a system prompt) set the conversation's
@@ -374,10 +377,14 @@ class _Response(Response[Checkpoint]):
         self.turn = UserTurn(self.vocabulary)
         return rows
 
+    def ahead(self) -> Fields | None:
+        return self.turn.take_rows()
+
     async def clear(self, committed: Checkpoint) -> None:
         waiting = self.turn.system
         self.conversation.restore(committed)
-        self.turn = UserTurn(self.vocabulary)
+        # The talker's rows of the dropped turn go with the next output (``ahead``).
+        self.turn = UserTurn(self.vocabulary, taken_back=self.turn.sent + self.turn.taken_back)
         if waiting:  # no turn is open now for them to wait behind
             await self.engine.call(self.model.instruct, self.conversation, waiting)
 
