@@ -23,12 +23,14 @@ tells the session the tokens of the reply the last response decoded, to replay i
 
 The end of input commits the open turn in two steps: the rows it prefilled and did not
 send yet go out at once (the talker prefills them meanwhile), then one forward over its
-tail, ``<|im_end|> \\n`` and the reply's opening picks the first token, which carries the
-tail's rows. That forward is all the work between the end of the input and the first
+tail, ``<|im_end|> \\n`` and the reply's opening picks the first token, which carries
+the tail's rows. That forward is all the work between the end of the input and the first
 token. A reply closed (``aclose``, a barge-in) between the two leaves the committed turn
 without a reply: its first rows are the talker's already (the rows of its tail, computed
-on closing, are not sent). A decode step in flight when the reply ends is waited for, so
-the cache holds exactly the tokens yielded.
+on closing, are not sent); so does one closed at the rows of a turn sent ahead while its
+input went on (a stage closes a response only once its input has ended). A decode step
+in flight when the reply ends is waited for, so the cache holds exactly the tokens
+yielded.
 
 Instructions (``INSTRUCTIONS_FIELD``, a system prompt) set the conversation's
 instructions from then on as a system turn (``conversation``): prefilled at once when
@@ -298,7 +300,8 @@ class _Response(Response[Checkpoint]):
         self.instructed: tuple[int, ...] = ()
         """The last instructions set since ``start``: a failure keeps them."""
         self.unclosed: UserTurn | None = None
-        """The turn the end of input is committing, once its first rows went out."""
+        """The turn the end of input is committing, once its first rows went out (a
+        turn whose input goes on is ``turn``, its rows sent ahead)."""
         self.step: asyncio.Future[Token] | None = None
         """The decode step in flight in the model thread (it writes the cache)."""
         self.decoding = False
@@ -495,11 +498,14 @@ class _Response(Response[Checkpoint]):
 
     async def finish(self, outcome: Outcome) -> Outcome:
         sessions, session = self.engine._sessions, self.session
-        if self.unclosed is not None and outcome == "cancelled":
-            # Closed right after the turn's first rows went out: they are the talker's
+        unclosed = self.unclosed
+        if unclosed is None and not self.decoding and self.turn.opened:
+            unclosed = self.turn  # closed at rows it sent ahead, while its input went on
+        if unclosed is not None and outcome == "cancelled":
+            # Closed right after rows of the open turn went out: they are the talker's
             # now, so the turn stays, committed without a reply.
             try:
-                await self._close(self.unclosed)
+                await self._close(unclosed)
             except Exception:
                 outcome = "failed"
             except BaseException:
