@@ -21,16 +21,15 @@ what is pending, then the reply opens (``<|im_start|> assistant \\n``) and decod
 no input at all, it replies to the conversation so far. :meth:`ThinkerEngine.last_reply`
 tells the session the tokens of the reply the last response decoded, to replay it later.
 
-The end of input commits the open turn in two steps: the rows it prefilled and did not
-send yet go out at once (the talker prefills them meanwhile), then one forward over its
-tail, ``<|im_end|> \\n`` and the reply's opening picks the first token, which carries
-the tail's rows. That forward is all the work between the end of the input and the first
-token. A reply closed (``aclose``, a barge-in) between the two leaves the committed turn
-without a reply: its first rows are the talker's already (the rows of its tail, computed
-on closing, are not sent); so does one closed at the rows of a turn sent ahead while its
-input went on (a stage closes a response only once its input has ended). A decode step
-in flight when the reply ends is waited for, so the cache holds exactly the tokens
-yielded.
+The end of input commits the open turn: its rows went to the talker as it was
+prefilled, so one forward over its tail, ``<|im_end|> \\n`` and the reply's opening
+picks the first token, which carries the tail's rows. That forward is all the work
+between the end of the input and the first token. A response closed (``aclose``) at
+rows of its open turn sent ahead while its input went on leaves the turn committed
+without a reply: its rows are the talker's already (the rows of its tail, computed on
+closing, are not sent); a stage closes a response only once its input has ended. A
+decode step in flight when the reply ends is waited for, so the cache holds exactly the
+tokens yielded.
 
 Instructions (``INSTRUCTIONS_FIELD``, a system prompt) set the conversation's
 instructions from then on as a system turn (``conversation``): prefilled at once when
@@ -299,9 +298,6 @@ class _Response(Response[Checkpoint]):
         self.turn = UserTurn(self.vocabulary)
         self.instructed: tuple[int, ...] = ()
         """The last instructions set since ``start``: a failure keeps them."""
-        self.unclosed: UserTurn | None = None
-        """The turn the end of input is committing, once its first rows went out (a
-        turn whose input goes on is ``turn``, its rows sent ahead)."""
         self.step: asyncio.Future[Token] | None = None
         """The decode step in flight in the model thread (it writes the cache)."""
         self.decoding = False
@@ -440,14 +436,11 @@ class _Response(Response[Checkpoint]):
             min_new_tokens=engine.min_new_tokens,
             generator=lambda: engine._generator(self.session, conversation),
         )
-        # The end of input commits the open turn: what it prefilled goes to the talker
-        # now, the rest comes with the first token, from the one forward left.
+        # The end of input commits the open turn: what it prefilled is the talker's
+        # already (``ahead``), the rest comes with the first token, from the one forward
+        # left.
         closing = self.turn if self.turn.opened else None
-        if closing is not None and (rows := closing.take_rows()) is not None:
-            self.unclosed = closing
-            yield rows
         token, embed = await engine.call(self.model.open_reply, conversation, closing, sampling)
-        self.unclosed = None
         last_rows = None if closing is None else closing.take_rows()
         reply = conversation.reply = ThinkerReply(conversation.position, (), 0)
         self.decoding = True
@@ -498,14 +491,11 @@ class _Response(Response[Checkpoint]):
 
     async def finish(self, outcome: Outcome) -> Outcome:
         sessions, session = self.engine._sessions, self.session
-        unclosed = self.unclosed
-        if unclosed is None and not self.decoding and self.turn.opened:
-            unclosed = self.turn  # closed at rows it sent ahead, while its input went on
-        if unclosed is not None and outcome == "cancelled":
-            # Closed right after rows of the open turn went out: they are the talker's
-            # now, so the turn stays, committed without a reply.
+        if outcome == "cancelled" and not self.decoding and self.turn.opened:
+            # Closed at rows of the open turn sent ahead: they are the talker's now, so
+            # the turn stays, committed without a reply.
             try:
-                await self._close(unclosed)
+                await self._close(self.turn)
             except Exception:
                 outcome = "failed"
             except BaseException:
