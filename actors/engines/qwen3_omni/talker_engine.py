@@ -12,10 +12,10 @@ prefills the turn, while the user still speaks: the talker's ``generate`` runs d
 the user's turn), drops the last rows it prefilled when the thinker takes them back (a
 ``clear`` of the open turn: its ``user`` positions come back to the last commit, as a
 failed response's come back to its start), then, when the first token comes, the user
-rows left plus the assistant prefix in one forward, then
-steps one frame at a time: frame ``k``'s text input is token ``k``'s embedding while
-``k < N``, then TTS_EOS once, then TTS_PAD — HF's schedule, so the codes equal HF's for
-the same conversation (``tests/integration/test_tiny_omni_talker_turns.py``).
+rows left plus the assistant prefix in one forward, then steps one frame at a time:
+frame ``k``'s text input is token ``k``'s embedding while ``k < N``, then TTS_EOS once,
+then TTS_PAD — HF's schedule, so the codes equal HF's for the same conversation
+(``tests/integration/test_tiny_omni_talker_turns.py``).
 
 It never guesses ahead: when frame ``k`` needs token ``k`` and that has not arrived, it
 waits for the next input chunk. The total ``N`` is only known once the input ended, so
@@ -118,14 +118,13 @@ class TalkerEngine(BatchedTorchEngine[Voice, FrameStep, Frame]):
     """Codec frames for the thinker's tokens, conditioned on the conversation's user turns.
 
     Inputs (any subset per chunk; see the module docstring): ``user`` [n, H] and
-    ``user_mask`` [n] bool, rows of user turns (at placeholder positions, where the mask
-    is True, the thinker's ``accept_hidden_layer`` state, elsewhere its input
-    embedding), sent before or with the first token, with ``user_edits`` [k] int64
-    (rows joining, and rows taken back: :mod:`~omni_actors.actors.engines.thinker_ports`);
-    ``opening`` [3, H] (embeddings of
-    ``<|im_start|> assistant \\n``) and ``tts`` [3, H] (TTS_BOS, TTS_EOS, TTS_PAD) with
-    the first token; ``embed`` [n, H], one row per token. Outputs: ``codes`` [1, G]
-    int64, one frame each, every code in ``[0, codebook_size)``.
+    ``user_mask`` [n] bool, rows of user turns (at placeholder positions, where the mask is
+    True, the thinker's ``accept_hidden_layer`` state, elsewhere its input embedding), sent
+    before or with the first token, with ``user_edits`` [k] int64 (rows joining, and rows
+    taken back: :mod:`~omni_actors.actors.engines.thinker_ports`); ``opening`` [3, H]
+    (embeddings of ``<|im_start|> assistant \\n``) and ``tts`` [3, H] (TTS_BOS, TTS_EOS,
+    TTS_PAD) with the first token; ``embed`` [n, H], one row per token. Outputs: ``codes``
+    [1, G] int64, one frame each, every code in ``[0, codebook_size)``.
 
     Args:
         args: see :class:`TalkerArgs`.
@@ -202,10 +201,9 @@ class TalkerEngine(BatchedTorchEngine[Voice, FrameStep, Frame]):
 
         Raises:
             ValueError: the session is already generating.
-            TalkerInputError: tokens came without ``opening``/``tts``, user rows without
-                their mask or after the first token, ``user_edits`` that do not count
-                the rows they came with or take back more than the response sent, or
-                the voice is unknown. The
+            TalkerInputError: tokens came without ``opening``/``tts``, user rows without their
+                mask or after the first token, ``user_edits`` that do not count the rows they
+                came with or take back more than the response sent, or the voice is unknown. The
                 response fails alone: the session's state goes back to its start.
         """
         voice = self._sessions.get(session)
