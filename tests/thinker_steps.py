@@ -10,6 +10,7 @@ from typing import Any
 import torch
 
 from omni_actors.actors.engines.contract import KEPT_FIELD, REPLY_FIELD, TURN_FIELD, Fields
+from omni_actors.actors.engines.thinker_ports import USER_EDITS_FIELD
 
 COMMIT: Fields = {TURN_FIELD: "commit"}
 HI: Fields = {"text": "Hi"}
@@ -62,3 +63,25 @@ def ids(outputs: list[Fields]) -> list[int]:
 def user_rows(outputs: list[Fields]) -> torch.Tensor:
     """Every ``user`` row the talker got, in order."""
     return torch.cat([tensor(o, "user") for o in outputs if "user" in o])
+
+
+def talker_rows(outputs: Iterable[Fields]) -> torch.Tensor:
+    """The ``user`` rows the talker keeps of ``outputs``: each output's ``user_edits``
+    applied in order (``+n`` rows join, ``-m`` the last ``m`` go; rows without edits all
+    join), row by row."""
+    kept: list[torch.Tensor] = []
+    for out in outputs:
+        rows = out.get("user")
+        edits = out.get(USER_EDITS_FIELD)
+        count = rows.shape[0] if isinstance(rows, torch.Tensor) else 0
+        at = 0
+        for n in [count] if not isinstance(edits, torch.Tensor) else edits.tolist():
+            if n > 0:
+                assert isinstance(rows, torch.Tensor)
+                kept.extend(rows[at : at + n])
+                at += n
+            elif n < 0:
+                assert len(kept) >= -n, "more rows taken back than were sent"
+                del kept[n:]
+        assert at == count, "every row sent is counted by the edits"
+    return torch.stack(kept) if kept else torch.zeros(0)

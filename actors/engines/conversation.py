@@ -16,7 +16,7 @@ prefilled, a token list and the vLLM request that holds it) is the engine's
   (:data:`~.contract.TOOL_RESULT_FIELD`), which join the open user turn (the first of
   them opens one);
 - ``commit``: the open user turn is closed; its rows (what the talker conditions on)
-  are yielded;
+  are yielded, those not sent ahead of it;
 - ``clear``: what came since the last commit is dropped: the conversation comes back to
   the ``committed`` checkpoint;
 - ``truncate``: the last reply is cut to its first ``kept`` outputs
@@ -29,6 +29,12 @@ prefilled, a token list and the vLLM request that holds it) is the engine's
   (:data:`~.contract.TOOL_CALLS_FIELD`, with its words): its tokens are the turn as the
   chat template writes it (:meth:`Response.tool_calls_turn`);
 - any other mark is refused (:class:`~.turn_marks.TurnMarkError`).
+
+After each chunk, what the engine sends ahead of the commit is yielded
+(:meth:`Response.ahead`): the open turn's rows as they become final, so the talker
+prefills the turn while it is spoken, and, once the turn was cleared (or fed again by
+a truncation), the output that takes back the rows it had sent
+(:data:`~.thinker_ports.USER_EDITS_FIELD`).
 
 **Two checkpoints.** ``start`` is where the response began: a failure comes back to it.
 ``committed`` is the conversation as the last mark left it (or instructions fed between
@@ -187,6 +193,14 @@ class Response(ABC, Generic[C]):
     async def after_input(self, fields: Fields) -> None:
         """Hook, after each chunk was taken, unless the session was aborted meanwhile:
         where an engine brings its model up to the conversation (a prefill)."""
+
+    def ahead(self) -> Fields | None:
+        """Hook, after each chunk (:meth:`after_input` included): what to yield now of
+        the open user turn, before its commit: its rows as they became final, and the
+        taking back of rows sent ahead that a ``clear`` dropped or a truncation made
+        stale (:data:`~.thinker_ports.USER_EDITS_FIELD`). None (the default): the turn's
+        rows go when it is committed."""
+        return None
 
     # -- marks ---------------------------------------------------------------------------
 
@@ -356,6 +370,10 @@ async def respond(
             if signal.aborted:
                 return
             await response.after_input(fields)
+            if (sent := response.ahead()) is not None:
+                yield sent
+                if signal.aborted:
+                    return
         if signal.aborted:
             return
         options = response_options(inputs)

@@ -29,10 +29,21 @@ Outputs:
 - ``token_ids`` [1] int64, ``text`` (what the token adds to the reply's text) and
   ``embed`` [1, H] float32 (the token's input embedding: the talker's text input for
   it), one of each per generated token.
-- ``user`` [n, H] float32 and ``user_mask`` [n] bool, as soon as a user turn is
-  committed: per position of the turn (``<|im_start|> user \\n … <|im_end|> \\n``) the
-  thinker's input embedding, or where the mask is True (audio placeholders) its hidden
-  state at the layer the talker reads.
+- ``user`` [n, H] float32 and ``user_mask`` [n] bool: per position of a user turn
+  (``<|im_start|> user \\n … <|im_end|> \\n``) the thinker's input embedding, or where
+  the mask is True (audio placeholders) its hidden state at the layer the talker reads.
+  A thinker sends them when the turn is committed at the latest; one that sends
+  ``user_edits`` sends them as they become final, while the turn is still being spoken
+  (text as it arrives, audio window by window as it is encoded), so the talker
+  prefills the turn before it ends.
+- ``user_edits`` [k] int64 (:data:`USER_EDITS_FIELD`), from a thinker that sends rows
+  before the commit, with each of its row outputs (or alone, to take rows back): how
+  the output changes the talker's user rows, in order. ``+n``: the next ``n`` rows
+  of ``user`` join them; ``-m``: the last ``m`` rows sent in this response go (the open
+  turn was cleared, or a truncation fed it again behind the cut reply, which changes
+  its rows at audio placeholders: they are sent again). Concatenated, as ``user`` is,
+  so a ``full`` edge's one chunk replays the edits in order. Without it, every row
+  sent joins the talker's (a thinker that sends a turn's rows once it is committed).
 - ``opening`` [3, H] (the embeddings of ``<|im_start|> assistant \\n``) and ``tts``
   [3, H] float32 (those of TTS_BOS, TTS_EOS, TTS_PAD), once per reply with its first
   token: ``replace``, as the talker takes them.
@@ -54,7 +65,11 @@ from omni_actors.actors.engines.contract import (
     Rule,
 )
 
-__all__ = ["THINKER_INPUTS", "THINKER_OUTPUTS"]
+__all__ = ["THINKER_INPUTS", "THINKER_OUTPUTS", "USER_EDITS_FIELD"]
+
+USER_EDITS_FIELD: Final = "user_edits"
+"""The thinker's output that says how its ``user`` rows change the talker's (module
+docstring)."""
 
 THINKER_INPUTS: Final[Mapping[str, Rule]] = MappingProxyType(
     {
@@ -75,9 +90,10 @@ THINKER_OUTPUTS: Final[Mapping[str, Rule]] = MappingProxyType(
         "token_ids": "concat",
         "text": "concat",
         "embed": "concat",
-        # Rows of committed user turns, sent as each turn is committed.
+        # Rows of user turns, sent as they become final (with edits) or on commit.
         "user": "concat",
         "user_mask": "concat",
+        USER_EDITS_FIELD: "concat",
         # Sent once per reply, with its first token.
         "opening": "replace",
         "tts": "replace",

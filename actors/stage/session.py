@@ -6,21 +6,23 @@ iterator over that queue, routes every output through the session's outlets, and
 reports each segment's end to the session's owner. What the engine reads of one segment
 is a :class:`SegmentInputs`, the session's queue seen as the engine's input iterator.
 
-In a conversation each segment is a response. A cancelled response stops at the
-engine's next output (the stage closes ``generate``; the input still drains to the
-segment's end, so the engine keeps consistent state and later stages end the segment
-too). An engine that raises fails its response only: the stage reports ``failed``,
-drains the segment's input, ends the segment on every outlet and serves the next one;
-so does an output the engine may not yield (``engine_outputs``) and a first output that
-does not come within ``first_chunk_s`` of the engine's last input. Failures that break
-the session itself (a broken input stream, an input deadline, a failure in the
-session's last segment) end it here with an ``error`` report. Either report says where
-the failure came from (``StageReport.failure``: the engine, a peer gone, lost chunks, a
-deadline), which only the stage can tell. Every wait for input has a
-deadline on the stage's system clock (virtual under ``ActorTestKit(virtual_time=True)``;
-in a worker process, that process's real clock). The task that drives it all belongs to
-the stage's task scope: an abort cancels it, and the task itself frees the session on
-the engine, once, however it ends.
+In a conversation each segment is a response. A cancelled response stops at the engine's
+next output (the stage closes ``generate``; the input still drains to the segment's end,
+so the engine keeps consistent state and later stages end the segment too). An engine
+that takes turn marks reads a user turn as its input, and yields outputs while it reads
+(the turn's rows, sent ahead to the talker): it is stopped at its first output once its
+input has ended, so a cancel never cuts a user turn short. An engine that raises fails
+its response only: the stage reports ``failed``, drains the segment's input, ends the
+segment on every outlet and serves the next one; so does an output the engine may not
+yield (``engine_outputs``) and a first output that does not come within
+``first_chunk_s`` of the engine's last input. Failures that break the session itself (a
+broken input stream, an input deadline, a failure in the session's last segment) end it
+here with an ``error`` report. Either report says where the failure came from
+(``StageReport.failure``: the engine, a peer gone, lost chunks, a deadline), which only
+the stage can tell. Every wait for input has a deadline on the stage's system clock
+(virtual under ``ActorTestKit(virtual_time=True)``; in a worker process, that process's
+real clock). The task that drives it all belongs to the stage's task scope: an abort
+cancels it, and the task itself frees the session on the engine, once, however it ends.
 
 Each stream in and out has a credit window (``omni_actors.actors.stage.flow``): the queue
 holds at most a window of chunks per source, granted back as the engine takes them, and
@@ -334,7 +336,8 @@ class StageSession:
 
         A segment not started yet is stopped as it starts (after its first output: an
         engine's first output may carry state later stages need, such as the talker's
-        user turn).
+        user turn). An engine that takes turn marks is stopped only once it has read
+        the segment's whole input (module docstring).
         """
         if segment >= self.segment:
             self._cancelled.add(segment)
@@ -446,7 +449,7 @@ class StageSession:
                         pending = outlet.push(output)
                         if pending is not None:  # a send that must wait
                             await pending
-                if segment in cancelled:
+                if segment in cancelled and (inputs.all_read or not self.takes_marks):
                     break
             if spoken is not None:
                 await self._route_spoken(None, spoken.flush())
@@ -590,6 +593,11 @@ class SegmentInputs(AsyncIterator[Fields]):
 
     def __aiter__(self) -> SegmentInputs:
         return self
+
+    @property
+    def all_read(self) -> bool:
+        """Whether every source has ended the segment: the engine took its whole input."""
+        return len(self.ended) >= len(self.session.sources)
 
     @property
     def output_overdue(self) -> bool:

@@ -30,6 +30,7 @@ from omni_actors.actors.engines.qwen3_omni import configs, stepping, weights
 from omni_actors.actors.engines.qwen3_omni.talker_engine import TalkerArgs, TalkerEngine
 from omni_actors.actors.engines.qwen3_omni.thinker_engine import ThinkerArgs, ThinkerEngine
 from omni_actors.actors.engines.registry import EngineArgsError, build_engine
+from omni_actors.actors.engines.thinker_ports import USER_EDITS_FIELD
 from omni_actors.actors.stage.accumulate import Accumulator
 from omni_actors.testing import consistently, eventually
 
@@ -123,8 +124,9 @@ async def test_thinker_yields_tokens_and_the_talker_inputs_first(cache_dir: Path
     async with thinker(cache_dir) as engine:
         everything = await run(engine, "s", feed([{"text": TEXT}]))
     outputs = tokens(everything)
-    # The committed user turn comes first, in an output of its own.
-    assert set(everything[0]) == {"user", "user_mask"}
+    # The user turn's rows come first, in an output of their own, as prefilled; its
+    # end comes with the first token.
+    assert set(everything[0]) == {"user", "user_mask", USER_EDITS_FIELD}
     assert everything[1:] == outputs
     assert 8 <= len(outputs) <= 48
     table = weights.load(cache_dir / "tiny-omni" / "seed-0", "thinker").get_input_embeddings()
@@ -265,7 +267,9 @@ async def test_thinker_abort_while_waiting_for_input(cache_dir: Path) -> None:
         task = asyncio.ensure_future(run_list(outputs))
         await eventually(lambda: engine.generating == {"s"})
         await engine.abort("s")
-        assert await asyncio.wait_for(task, 5.0) == []
+        outputs_then = await asyncio.wait_for(task, 5.0)
+        # The turn's rows, sent as prefilled before the input hung; no reply.
+        assert [set(out) for out in outputs_then] == [{"user", "user_mask", USER_EDITS_FIELD}]
         assert engine.active_sessions == set()
 
 

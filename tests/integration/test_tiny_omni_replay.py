@@ -29,7 +29,6 @@ from thinker_steps import (
     items,
     reply,
     respond,
-    tensor,
     truncate,
     user_rows,
 )
@@ -133,9 +132,10 @@ async def test_a_reply_mark_commits_the_open_turn_and_its_waiting_instructions(
         # No commit before the reply mark: it closes the turn (instructions behind it).
         replayed = await respond(engine, "b", HI, brief, reply(r1), AND)
     assert ids(replayed) == r2
-    # The turn's rows go out when the reply mark commits it, before anything else.
-    assert "user" in replayed[0]
-    assert torch.equal(tensor(replayed[0], "user"), user_rows(first))
+    # The turn's rows go out as prefilled, its end when the reply mark commits it,
+    # before anything else.
+    assert all("token_ids" not in out for out in replayed[:2])
+    assert torch.equal(user_rows(replayed[:2]), user_rows(first))
 
 
 async def test_an_empty_reply_is_an_assistant_turn(cache_dir: Path, model: Any) -> None:
@@ -189,16 +189,18 @@ async def test_closing_a_replay_keeps_what_it_took(cache_dir: Path) -> None:
     async with thinker(cache_dir) as engine:
         r1 = ids(await respond(engine, "a", HI))
         r2 = ids(await respond(engine, "a", AND))
-        # Closed at the rows of the turn the reply mark commits: the mark is not taken.
+        # Closed at the rows the turn sent ahead of the reply mark: the turn stays,
+        # committed; the mark is not taken.
         outputs = engine.generate("b", items([HI, reply(r1), AND]))
         await anext(outputs)
         await outputs.aclose()
         assert engine.cached_tokens("b") == len(user("Hi"))
         assert engine.last_reply("b") is None
-        # Closed at the last turn's rows, sent as the input ended: the reply stays, the
-        # turn stays committed, and the next response answers it.
+        # Closed at the last turn's rows, sent as prefilled: the reply stays, the turn
+        # stays committed, and the next response answers it.
         outputs = engine.generate("c", items([HI, reply(r1), AND]))
-        assert [sorted(await anext(outputs)) for _ in range(2)] == [["user", "user_mask"]] * 2
+        rows = ["user", "user_edits", "user_mask"]
+        assert [sorted(await anext(outputs)) for _ in range(3)] == [rows] * 3
         await outputs.aclose()
         assert engine.cached_tokens("c") == len(user("Hi")) + 3 + len(r1) + 2 + len(
             user(str(AND["text"]))
@@ -208,7 +210,7 @@ async def test_closing_a_replay_keeps_what_it_took(cache_dir: Path) -> None:
         assert engine.last_reply("c") == tuple(answer)
         # Closed in the reply decoded after a replay: it is reported as far as yielded.
         outputs = engine.generate("d", items([HI, COMMIT, reply(r1), AND]))
-        got = [await anext(outputs) for _ in range(4)]  # two turns' rows, two tokens
+        got = [await anext(outputs) for _ in range(5)]  # three rows, two tokens
         await outputs.aclose()
         assert engine.last_reply("d") == tuple(ids(got)) == tuple(r2[:2])
         assert engine.generating == set()

@@ -25,7 +25,7 @@ import pytest
 pytest.importorskip("transformers")
 
 import torch
-from thinker_steps import tensor
+from thinker_steps import talker_rows, tensor
 from tiny_omni_ids import (
     ASSISTANT_OPENING,
     PRINTABLE_RANGES,
@@ -40,11 +40,19 @@ from tiny_omni_reference import (
     reference_model,
 )
 
-from omni_actors.actors.engines.contract import KEPT_FIELD, TURN_FIELD, Fields, ResponseOptions
+from omni_actors.actors.engines.contract import (
+    KEPT_FIELD,
+    REPLY_FIELD,
+    TURN_FIELD,
+    Fields,
+    ResponseOptions,
+)
 from omni_actors.actors.engines.qwen3_omni import configs
 from omni_actors.actors.engines.qwen3_omni.talker_engine import TalkerArgs, TalkerEngine
 from omni_actors.actors.engines.qwen3_omni.talker_input import TalkerInputError
 from omni_actors.actors.engines.qwen3_omni.thinker_engine import ThinkerArgs, ThinkerEngine
+from omni_actors.actors.engines.thinker_ports import USER_EDITS_FIELD
+from omni_actors.actors.stage.accumulate import Accumulator
 from omni_actors.models import cache as model_cache
 from omni_actors.testing import eventually
 
@@ -250,7 +258,8 @@ def split_user_rows(said: list[Fields], pieces: int) -> tuple[list[Fields], list
     early: list[Fields] = [
         {"user": rows[a:b], "user_mask": mask[a:b]} for a, b in itertools.pairwise(cuts)
     ]
-    rest = [{k: v for k, v in o.items() if k not in ("user", "user_mask")} for o in edge(said)]
+    rows_fields = ("user", "user_mask", USER_EDITS_FIELD)  # rows without edits all join
+    rest = [{k: v for k, v in o.items() if k not in rows_fields} for o in edge(said)]
     return early, rest
 
 
@@ -433,3 +442,174 @@ async def test_commits_and_a_truncated_reply_equal_hf_generate(
     assert_reply_equal(reference, conversation, two)
     conversation += [*assistant_turn(two.ids[:kept]), *user(third, after)]
     assert_reply_equal(reference, conversation, three)
+
+
+# -- a user turn while it is spoken ------------------------------------------------------
+
+SPOKEN_S = 9.0
+"""Past one encoder window (8 s): its rows are final before the clip ends."""
+CLEAR: Fields = {TURN_FIELD: "clear"}
+
+
+def spoken(seconds: float = SPOKEN_S) -> list[Fields]:
+    """A clip as a microphone sends it: one chunk per second."""
+    return [{"audio": piece} for piece in audio_clip(seconds).split(configs.AUDIO_SAMPLE_RATE)]
+
+
+def heard(outputs: Sequence[Fields]) -> bool:
+    """Whether rows of audio placeholders are among ``outputs``."""
+    return any(bool(tensor(o, "user_mask").any()) for o in outputs if "user_mask" in o)
+
+
+class Live:
+    """One response with both engines running as a pipeline runs them: the caller's
+    input through a pipe, each thinker output on to the talker as it is yielded (a
+    ``stream`` edge), so the talker works while the input still arrives."""
+
+    def __init__(self, think: ThinkerEngine, talk: TalkerEngine) -> None:
+        self.input = Pipe(())
+        self.edge = Pipe(())
+        self.said: list[Fields] = []
+        self.thinking = asyncio.ensure_future(self._think(think))
+        self.speaking = asyncio.ensure_future(speak(talk, "s", self.edge))
+
+    async def _think(self, think: ThinkerEngine) -> None:
+        try:
+            async for out in think.generate("s", self.input):
+                self.said.append(out)
+                self.edge.send([chunk for chunk in edge([out]) if chunk], end=False)
+        finally:
+            self.edge.send((), end=True)
+
+    def send(self, *items: Fields) -> None:
+        self.input.send(items, end=False)
+
+    async def end(self, user: Fields) -> Turn:
+        """The input ends (the turn is committed, the reply follows): the response."""
+        self.input.send((), end=True)
+        await asyncio.wait_for(self.thinking, 60.0)
+        return Turn(user, self.said, await asyncio.wait_for(self.speaking, 60.0))
+
+    async def __aenter__(self) -> Live:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        for task in (self.thinking, self.speaking):
+            task.cancel()
+        await asyncio.gather(self.thinking, self.speaking, return_exceptions=True)
+
+
+async def test_the_talker_prefills_a_turn_while_it_is_spoken(
+    cache_dir: Path, reference: Any
+) -> None:
+    """The rows of a user turn reach the talker before the turn is committed: text as
+    it arrives, audio once a window of it is encoded; the reply is HF's all the same."""
+    user: Fields = {"audio": audio_clip(SPOKEN_S), "text": "Hi"}
+    async with thinker(cache_dir) as think, talker(cache_dir, speaker="ethan") as talk:
+        first = await respond(think, talk, [{"text": TURNS[0]}])
+        before = talk.user_positions("s")
+        async with Live(think, talk) as live:
+            live.send(*spoken())
+            # The clip goes on, the turn is open: its first window's rows are the talker's.
+            await eventually(lambda: heard(live.said))
+            sent = talker_rows(live.said).shape[0]
+            await eventually(lambda: talk.user_positions("s") == before + sent)
+            live.send({"text": "Hi"})
+            second = await live.end(user)
+        assert talk.user_positions("s") == before + talker_rows(second.said).shape[0]
+    assert_equal_to_hf_generate(reference, [first, second])
+
+
+async def spoken_then_cleared(
+    think: ThinkerEngine, talk: TalkerEngine, first: Turn, second: Turn
+) -> Turn:
+    """At session ``s``: ``first``'s response, then a turn spoken and cleared (its rows
+    the talker's by then, and taken back), then ``second``'s input, answered."""
+    await respond(think, talk, [first.user])
+    before = talk.user_positions("s")
+    async with Live(think, talk) as live:
+        live.send({"text": "Never mind"}, *spoken())
+        await eventually(lambda: heard(live.said))
+        await eventually(lambda: talk.user_positions("s") > before)
+        live.send(CLEAR)
+        await eventually(lambda: talk.user_positions("s") == before)
+        live.send(second.user)
+        return await live.end(second.user)
+
+
+async def test_a_clear_mid_turn_leaves_the_talker_as_before_the_turn(
+    cache_dir: Path, conversation: list[Turn]
+) -> None:
+    first, second = conversation[:2]
+    async with thinker(cache_dir) as think, talker(cache_dir) as talk:
+        cleared = await spoken_then_cleared(think, talk, first, second)
+        after = talk.user_positions("s")
+    # As if never spoken: the conversation's second reply, text and codes.
+    assert cleared.ids == second.ids
+    assert torch.equal(cleared.codes, second.codes)
+    # A full edge's one chunk (rows and edits concatenated) leaves the talker the same.
+    merged = Accumulator(TalkerEngine.inputs)
+    for chunk in edge(cleared.said):
+        merged.add(chunk)
+    async with talker(cache_dir) as talk:
+        await speak(talk, "s", Inputs(edge(first.said)))
+        full = await speak(talk, "s", Inputs([merged.snapshot()]))
+        assert talk.user_positions("s") == after
+    assert torch.equal(full, second.codes)
+
+
+async def test_a_replay_rebuilds_the_talkers_turns_as_they_were_spoken(
+    cache_dir: Path, conversation: list[Turn]
+) -> None:
+    """A restarted stage gets the conversation again as the caller sent it (a cleared
+    turn and its clear among it), all at once, through fresh engines: the talker ends
+    with the same user rows and speaks the next reply the same."""
+    first, second, third = conversation
+    async with thinker(cache_dir) as think, talker(cache_dir) as talk:
+        await spoken_then_cleared(think, talk, first, second)
+        spoke = await respond(think, talk, [third.user])
+        original = talk.user_positions("s")
+    history: list[Fields] = [
+        first.user,
+        {TURN_FIELD: "commit"},
+        {TURN_FIELD: "reply", REPLY_FIELD: torch.tensor(first.ids)},
+        {"text": "Never mind"},
+        *spoken(),
+        CLEAR,
+        second.user,
+        {TURN_FIELD: "commit"},
+        {TURN_FIELD: "reply", REPLY_FIELD: torch.tensor(second.ids)},
+    ]
+    async with thinker(cache_dir) as think, talker(cache_dir) as talk:
+        # The history, then the caller's next input: one response.
+        replayed = await respond(think, talk, [*history, third.user])
+        assert talk.user_positions("s") == original
+    assert replayed.ids == spoke.ids == third.ids
+    assert torch.equal(replayed.codes, spoke.codes)
+    assert torch.equal(replayed.codes, third.codes)
+
+
+async def test_a_truncation_under_a_spoken_turn_sends_its_rows_again(
+    cache_dir: Path, reference: Any
+) -> None:
+    """A barge-in: the user speaks over a reply and the caller cuts it to what was
+    heard. The rows the open turn sent were computed behind the whole reply: they are
+    taken back and sent again as computed behind the cut, so the reply to the turn is
+    HF's on the conversation with the cut reply."""
+    user: Fields = {"audio": audio_clip(SPOKEN_S), "text": "Hi"}
+    async with thinker(cache_dir) as think, talker(cache_dir, speaker="ethan") as talk:
+        first = await respond(think, talk, [{"text": TURNS[0]}])
+        async with Live(think, talk) as live:
+            live.send(*spoken())
+            await eventually(lambda: heard(live.said))
+            early = talker_rows(live.said)
+            kept = await talk.truncate("s", 5)
+            live.send({TURN_FIELD: "truncate", KEPT_FIELD: torch.tensor(kept)}, {"text": "Hi"})
+            second = await live.end(user)
+    assert kept == 5
+    again = talker_rows(second.said)[: early.shape[0]]
+    assert not torch.equal(again, early)  # the placeholders' rows changed with the cut
+    n_window = reference.config.thinker_config.audio_config.n_window
+    ids, audio = hf_user_turn(user, n_window)
+    conversation = [*hf_user_turn(first.user, n_window)[0], *assistant_turn(first.ids[:kept])]
+    assert_reply_equal(reference, [*conversation, *ids], second, **audio)

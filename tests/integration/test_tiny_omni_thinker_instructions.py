@@ -25,13 +25,14 @@ from test_tiny_omni_thinker_turns import (
     ids,
     reference,
     respond,
-    tensor,
     thinker,
     truncate,
     user,
     user_outputs,
 )
+from thinker_steps import talker_rows
 from tiny_omni_ids import (
+    encode,
     system_turn,
 )
 
@@ -120,10 +121,8 @@ async def test_instructions_during_a_user_turn_wait_for_its_commit(
         )
     conversation = [*user("Hello"), *system(CHATTY), *user("Hi"), *system(TERSE)]
     assert ids(committed) == reference(model, conversation, 6)
-    rows = user_outputs(committed)
-    table = model.get_input_embeddings()
-    assert torch.equal(rows[0], table(torch.tensor(user("Hello"))))
-    assert torch.equal(torch.cat(rows[1:]), table(torch.tensor(user("Hi"))))
+    table = model.get_input_embeddings()  # the user turns' rows, no system turn's
+    assert torch.equal(talker_rows(committed), table(torch.tensor([*user("Hello"), *user("Hi")])))
 
 
 async def test_empty_instructions_set_none(cache_dir: Path, model: Any) -> None:
@@ -212,14 +211,14 @@ async def test_a_reply_cancelled_before_its_first_token_keeps_waiting_instructio
     cache_dir: Path, model: Any
 ) -> None:
     async with thinker(cache_dir) as engine:
-        outputs = engine.generate("s", Inputs([{"text": "Hi"}, instruct(TERSE)]))
-        first = await anext(outputs)  # the turn's rows, sent as the input ended
-        assert "token_ids" not in first
+        inputs = Inputs([{"text": "Hi"}, instruct(TERSE), {"text": "!"}])
+        outputs = engine.generate("s", inputs)
+        sent = [await anext(outputs) for _ in range(2)]  # the turn's rows, as prefilled
+        assert all("token_ids" not in out for out in sent)
         await outputs.aclose()
         # The turn is committed, the instructions behind it; no reply.
-        assert engine.cached_tokens("s") == len(user("Hi")) + len(system(TERSE))
+        turn = [*user("Hi")[:-2], *encode("!"), *user("Hi")[-2:]]
+        assert engine.cached_tokens("s") == len(turn) + len(system(TERSE))
         answer = await respond(engine, "s")
-    assert torch.equal(
-        tensor(first, "user"), model.get_input_embeddings()(torch.tensor(user("Hi")[:-2]))
-    )
-    assert ids(answer) == reference(model, [*user("Hi"), *system(TERSE)], 6)
+    assert torch.equal(talker_rows(sent), model.get_input_embeddings()(torch.tensor(turn[:-2])))
+    assert ids(answer) == reference(model, [*turn, *system(TERSE)], 6)

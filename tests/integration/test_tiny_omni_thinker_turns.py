@@ -20,7 +20,7 @@ pytest.importorskip("transformers")
 
 import torch
 from thinker_driving import thinker
-from thinker_steps import ids, tensor, truncate
+from thinker_steps import ids, talker_rows, tensor, truncate
 from tiny_omni_ids import (
     ASSISTANT_OPENING,
     PRINTABLE,
@@ -33,6 +33,7 @@ from transformers import DynamicCache
 from omni_actors.actors.engines.contract import TURN_FIELD, Fields, ResponseOptions
 from omni_actors.actors.engines.qwen3_omni import stepping
 from omni_actors.actors.engines.qwen3_omni.thinker_engine import ThinkerEngine
+from omni_actors.actors.engines.thinker_ports import USER_EDITS_FIELD
 from omni_actors.testing import eventually
 
 pytestmark = pytest.mark.integration
@@ -80,7 +81,7 @@ async def respond(
 
 
 def user_outputs(outputs: list[Fields]) -> list[torch.Tensor]:
-    """The ``user`` rows of each output that has them (one per committed turn)."""
+    """The ``user`` rows of each output that has them."""
     return [tensor(o, "user") for o in outputs if "user" in o]
 
 
@@ -132,7 +133,9 @@ def cached_at(engine: ThinkerEngine, session: str, expected: int) -> Callable[[]
 # -- commit ---------------------------------------------------------------------------
 
 
-async def test_each_commit_sends_its_turns_rows_at_once(cache_dir: Path, model: Any) -> None:
+async def test_a_turns_rows_go_out_as_prefilled_and_its_commit_sends_its_end(
+    cache_dir: Path, model: Any
+) -> None:
     seen: list[Fields] = []
     async with thinker(cache_dir) as engine:
         outputs = engine.generate(
@@ -140,9 +143,10 @@ async def test_each_commit_sends_its_turns_rows_at_once(cache_dir: Path, model: 
             Inputs(
                 [
                     {"text": "Hi"},
+                    lambda: eventually(lambda: len(seen) == 1),  # before the commit
                     COMMIT,
                     COMMIT,  # nothing sent since the last commit: no empty turn
-                    lambda: eventually(lambda: len(seen) == 1),  # before the input goes on
+                    lambda: eventually(lambda: len(seen) == 2),  # before the input goes on
                     {"text": "there"},
                     COMMIT,
                     {"text": "!"},
@@ -152,19 +156,19 @@ async def test_each_commit_sends_its_turns_rows_at_once(cache_dir: Path, model: 
         async for out in outputs:
             seen.append(out)
         cached = engine.cached_tokens("s")
-    rows = user_outputs(seen)
     table = model.get_input_embeddings()
     turns = [user("Hi"), user("there"), user("!")]
-    # The last turn, committed by the end of input: what was prefilled of it at once,
-    # the rest (<|im_end|> \n, computed with the reply's opening) with the first token.
-    assert "token_ids" not in seen[2]
-    assert "token_ids" in seen[3]
-    assert torch.equal(tensor(seen[3], "user"), rows[3])
-    rows = [rows[0], rows[1], torch.cat(rows[2:])]
-    assert [r.shape[0] for r in rows] == [len(t) for t in turns]
-    for turn_rows, turn in zip(rows, turns, strict=True):
-        assert torch.equal(turn_rows, table(torch.tensor(turn)))
-    assert all("token_ids" not in o for o in seen[:3])  # rows come without a token
+    # Per turn: the rows prefilled, sent at once (<|im_start|> user \n and the text),
+    # then its end (<|im_end|> \n) with its commit; the last turn's end, computed with
+    # the reply's opening when the input ended, comes with the first token.
+    sent = [int(tensor(o, "user").shape[0]) for o in seen if "user" in o]
+    assert sent == [n for turn in turns for n in (len(turn) - 2, 2)]
+    assert all("token_ids" not in o for o in seen[:5])  # rows come without a token
+    assert "token_ids" in seen[5]
+    for out in seen[:6]:  # every one counts its rows: they all join the talker's
+        assert tensor(out, USER_EDITS_FIELD).tolist() == [tensor(out, "user").shape[0]]
+    rows = talker_rows(seen)
+    assert torch.equal(rows, table(torch.tensor([i for t in turns for i in t])))
     conversation = [i for t in turns for i in t]
     assert ids(seen) == reference(model, conversation, 6)
     # The 6th token waits, unfed, in the carry.
@@ -200,8 +204,11 @@ async def test_clear_rolls_back_to_the_last_commit(cache_dir: Path, model: Any) 
         )
         plain = await respond(engine, "t", {"text": "Hello"}, COMMIT, {"text": "world"})
     assert ids(cleared) == ids(plain) == reference(model, [*user("Hello"), *user("world")], 6)
-    rows = user_outputs(cleared)
-    assert [r.shape[0] for r in (rows[0], torch.cat(rows[1:]))] == [7 + 3, 5 + 5]
+    # The rows of "never mind" went ahead of the clear, which takes them back.
+    taken_back = next(tensor(o, USER_EDITS_FIELD).tolist() for o in cleared if "user" not in o)
+    assert taken_back == [-len(user("never mind")) + 2]  # sent: all but <|im_end|> \n
+    assert talker_rows(cleared).shape[0] == 7 + 3 + 5 + 5
+    assert torch.equal(talker_rows(cleared), talker_rows(plain))
 
 
 async def test_clear_after_a_reply_restores_its_carry(cache_dir: Path) -> None:
@@ -219,7 +226,7 @@ async def test_clear_after_a_reply_restores_its_carry(cache_dir: Path) -> None:
         )
         plain = await respond(engine, "t", {"text": "And?"})
     assert ids(cleared) == ids(plain)
-    assert torch.equal(torch.cat(user_outputs(cleared)), torch.cat(user_outputs(plain)))
+    assert torch.equal(talker_rows(cleared), talker_rows(plain))
 
 
 # -- truncate -------------------------------------------------------------------------
@@ -292,7 +299,7 @@ async def test_cancel_before_the_first_token_keeps_the_committed_turn(
 ) -> None:
     async with thinker(cache_dir) as engine:
         outputs = engine.generate("s", Inputs([{"text": "Hi"}]))
-        first = await anext(outputs)  # the turn's rows so far, sent as the input ended
+        first = await anext(outputs)  # the turn's rows so far, sent as prefilled
         assert "token_ids" not in first
         await outputs.aclose()
         # The talker has those rows: the turn stays, closed, with no reply after it.

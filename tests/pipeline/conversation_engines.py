@@ -8,6 +8,8 @@ holds. Input ``FAIL`` makes the reply fail after two outputs. ``Speaker`` voices
 character as 100 samples and maps kept samples back to characters on truncate; given a
 ``hold`` path, it does not start while that file exists, so a test decides when a
 restarted speaker comes back.
+``AheadEcho`` is a ``TurnEcho`` that yields an output per text chunk while it reads
+its input, as a thinker sends a user turn's rows ahead of its commit.
 ``ReplayEcho`` is a ``TurnEcho`` that takes its replies back (``REPLY_FIELD``; each
 character is a token id, its code point), so a session can replay its conversation
 onto it after a restart, and takes an assistant turn the caller gives by its text.
@@ -110,6 +112,40 @@ class TurnEcho:
         except EngineError:
             c.history, c.unanswered, c.pending = start  # the response never happened
             raise
+
+
+class AheadEcho(TurnEcho):
+    outputs: ClassVar[dict[str, str]] = {"text": "concat", "rows": "concat"}
+
+    async def generate(self, session: str, inputs: AsyncIterator[Fields]) -> AsyncIterator[Fields]:
+        taken: list[Fields] = []
+        async for fields in inputs:
+            taken.append(fields)
+            if isinstance(fields.get("text"), str):
+                await asyncio.sleep(STEP_S)  # stands for a prefill
+                yield {"rows": torch.zeros(1)}  # for a stage after it (none here takes it)
+        async for out in super().generate(session, _Taken(taken, inputs)):
+            yield out
+
+
+class _Taken:
+    """Input already read, with the response's options."""
+
+    def __init__(self, taken: list[Fields], inputs: AsyncIterator[Fields]) -> None:
+        self.taken, self.inputs = iter(taken), inputs
+
+    @property
+    def options(self) -> ResponseOptions:
+        return response_options(self.inputs)
+
+    def __aiter__(self) -> _Taken:
+        return self
+
+    async def __anext__(self) -> Fields:
+        try:
+            return next(self.taken)
+        except StopIteration:
+            raise StopAsyncIteration from None
 
 
 class ReplayEcho(TurnEcho):

@@ -34,12 +34,12 @@ from omni_actors.testing.inspection import actor_instance
 SAMPLE_RATE = 1000  # 100 samples per character: 100 ms each
 
 
-def spec(*, process: bool = False) -> PipelineSpec:
+def spec(*, process: bool = False, echo: str = "TurnEcho") -> PipelineSpec:
     return PipelineSpec.model_validate(
         {
             "name": "conversation",
             "stages": [
-                {"name": "echo", "engine": {"kind": "conversation_engines:TurnEcho"}},
+                {"name": "echo", "engine": {"kind": f"conversation_engines:{echo}"}},
                 {
                     "name": "speaker",
                     "process": process,
@@ -54,8 +54,8 @@ def spec(*, process: bool = False) -> PipelineSpec:
 
 
 @asynccontextmanager
-async def conversation(*, process: bool = False) -> AsyncIterator[Session]:
-    async with OmniPipeline(spec(process=process)) as omni, omni.session() as session:
+async def conversation(*, process: bool = False, echo: str = "TurnEcho") -> AsyncIterator[Session]:
+    async with OmniPipeline(spec(process=process, echo=echo)) as omni, omni.session() as session:
         yield session
 
 
@@ -132,6 +132,20 @@ async def test_a_cancelled_response_stops_and_the_conversation_keeps_what_was_sa
         assert len(kept) <= len(seen) + 2, kept
         await session.send(text="next")
         assert (await reply(session))[0] == "NEXT"
+
+
+async def test_a_cancel_never_cuts_the_user_turn_an_entry_engine_is_reading() -> None:
+    """An entry engine that yields while it reads its input (a thinker sending a turn's
+    rows ahead) is stopped only once it has read the whole input: the turn stays whole."""
+    async with conversation(echo="AheadEcho") as session:
+        for char in "abcdef":
+            await session.send(text=char)
+        response = await session.respond()
+        assert await response.cancel()  # lands while the engine still reads the turn
+        done = await response.wait()
+        assert isinstance(done, ResponseDone)
+        assert done.status == "cancelled"
+        assert (await history(session)).startswith("u:abcdef a:")
 
 
 async def test_after_cancel_returns_the_response_yields_no_delta() -> None:

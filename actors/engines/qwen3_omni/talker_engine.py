@@ -7,12 +7,15 @@ the conversation so far* (the user-role positions, gathered contiguously), then 
 earlier assistant turns are not part of its input. So a session keeps, across responses
 until release or abort, a KV cache of the user parts only. Per response it crops the
 cache back to the end of the user parts (dropping the previous reply's positions),
-prefills each committed user turn as the thinker sends it (while the thinker still
-prefills and decodes: the talker's ``generate`` runs during the user's turn), then, when
-the first token comes, the user rows left plus the assistant prefix in one forward, then
-steps one frame at a time: frame ``k``'s text input is token ``k``'s embedding while
-``k < N``, then TTS_EOS once, then TTS_PAD — HF's schedule, so the codes equal HF's for
-the same conversation (``tests/integration/test_tiny_omni_talker_turns.py``).
+prefills a user turn's rows as the thinker sends them (the thinker sends them as it
+prefills the turn, while the user still speaks: the talker's ``generate`` runs during
+the user's turn), drops the last rows it prefilled when the thinker takes them back (a
+``clear`` of the open turn: its ``user`` positions come back to the last commit, as a
+failed response's come back to its start), then, when the first token comes, the user
+rows left plus the assistant prefix in one forward, then steps one frame at a time:
+frame ``k``'s text input is token ``k``'s embedding while ``k < N``, then TTS_EOS once,
+then TTS_PAD — HF's schedule, so the codes equal HF's for the same conversation
+(``tests/integration/test_tiny_omni_talker_turns.py``).
 
 It never guesses ahead: when frame ``k`` needs token ``k`` and that has not arrived, it
 waits for the next input chunk. The total ``N`` is only known once the input ended, so
@@ -63,6 +66,7 @@ from omni_actors.actors.engines.qwen3_omni.hf import DynamicCache
 from omni_actors.actors.engines.qwen3_omni.static_decode import StaticDecodeArgs, StaticPlan
 from omni_actors.actors.engines.qwen3_omni.talker_input import ReplyInput, TalkerInputError
 from omni_actors.actors.engines.qwen3_omni.talker_model import Frame, FrameStep, TalkerModel, Voice
+from omni_actors.actors.engines.thinker_ports import USER_EDITS_FIELD
 from omni_actors.actors.engines.torch_engine import AbortSignal, DeviceArgs, release_dir
 from omni_actors.models.family import WeightsArgs
 
@@ -114,12 +118,13 @@ class TalkerEngine(BatchedTorchEngine[Voice, FrameStep, Frame]):
     """Codec frames for the thinker's tokens, conditioned on the conversation's user turns.
 
     Inputs (any subset per chunk; see the module docstring): ``user`` [n, H] and
-    ``user_mask`` [n] bool, rows of committed user turns (at placeholder positions, where
-    the mask is True, the thinker's ``accept_hidden_layer`` state, elsewhere its input
-    embedding), sent before or with the first token; ``opening`` [3, H] (embeddings of
-    ``<|im_start|> assistant \\n``) and ``tts`` [3, H] (TTS_BOS, TTS_EOS, TTS_PAD) with
-    the first token; ``embed`` [n, H], one row per token. Outputs: ``codes`` [1, G]
-    int64, one frame each, every code in ``[0, codebook_size)``.
+    ``user_mask`` [n] bool, rows of user turns (at placeholder positions, where the mask is
+    True, the thinker's ``accept_hidden_layer`` state, elsewhere its input embedding), sent
+    before or with the first token, with ``user_edits`` [k] int64 (rows joining, and rows
+    taken back: :mod:`~omni_actors.actors.engines.thinker_ports`); ``opening`` [3, H]
+    (embeddings of ``<|im_start|> assistant \\n``) and ``tts`` [3, H] (TTS_BOS, TTS_EOS,
+    TTS_PAD) with the first token; ``embed`` [n, H], one row per token. Outputs: ``codes``
+    [1, G] int64, one frame each, every code in ``[0, codebook_size)``.
 
     Args:
         args: see :class:`TalkerArgs`.
@@ -133,6 +138,7 @@ class TalkerEngine(BatchedTorchEngine[Voice, FrameStep, Frame]):
     inputs: ClassVar[dict[str, Rule]] = {
         "user": "concat",
         "user_mask": "concat",
+        USER_EDITS_FIELD: "concat",
         "opening": "replace",
         "tts": "replace",
         "embed": "concat",
@@ -195,8 +201,9 @@ class TalkerEngine(BatchedTorchEngine[Voice, FrameStep, Frame]):
 
         Raises:
             ValueError: the session is already generating.
-            TalkerInputError: tokens came without ``opening``/``tts``, user rows without
-                their mask or after the first token, or the voice is unknown. The
+            TalkerInputError: tokens came without ``opening``/``tts``, user rows without their
+                mask or after the first token, ``user_edits`` that do not count the rows they
+                came with or take back more than the response sent, or the voice is unknown. The
                 response fails alone: the session's state goes back to its start.
         """
         voice = self._sessions.get(session)
@@ -218,6 +225,8 @@ class TalkerEngine(BatchedTorchEngine[Voice, FrameStep, Frame]):
                     "talker input lacks opening or tts: the thinker -> talker edge must "
                     "carry them with the first embed"
                 )
+            if dropped := got.take_dropped():
+                await self.call(self._model.take_back, voice, dropped)
             rows, mask = got.take_user()
             speech, frame = await self.call(
                 self._model.open, voice, rows, mask, got.opening, got.tts, got.embeds[0], speaker
@@ -256,11 +265,15 @@ class TalkerEngine(BatchedTorchEngine[Voice, FrameStep, Frame]):
         self, voice: Voice, signal: AbortSignal, inputs: AsyncIterator[Fields], got: ReplyInput
     ) -> bool:
         """Read input until the first token (or the end), prefilling user rows as they
-        come; False if aborted meanwhile."""
+        come and dropping those the thinker takes back; False if aborted meanwhile."""
         while not got.embeds and not got.ended:
             if not await self._read(signal, inputs, got):
                 return False
-            if got.user and not got.embeds:
+            if got.embeds:
+                break  # what is left goes with the assistant prefix, in one forward
+            if dropped := got.take_dropped():
+                await self.call(self._model.take_back, voice, dropped)
+            if got.user:
                 rows, mask = got.take_user()
                 await self.call(self._model.prefill_user, voice, rows, mask)
         return not signal.aborted

@@ -177,6 +177,13 @@ class TalkerModel:
         stepping.talker_forward(self._talker, self._user_part(rows, mask), voice.cache, voice.user)
         voice.user += rows.shape[0]
 
+    def take_back(self, voice: Voice, count: int) -> None:
+        """The session's last ``count`` user positions go (the thinker took their rows
+        back): cropped now, as a rollback crops them."""
+        self._drop(voice)
+        voice.user -= count
+        voice.crop()
+
     @torch.no_grad()
     def open(
         self,

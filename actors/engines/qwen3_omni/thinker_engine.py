@@ -5,7 +5,10 @@ talker needs to speak them. Each ``generate`` call is one response of a conversa
 whose KV cache the engine keeps per session (:class:`~.conversation.Conversation`).
 Input is prefilled *while it arrives* (:class:`~.user_turn.UserTurn`: text per chunk,
 audio per encoder window), so when the input ends only its tail is left to compute and
-the first token comes quickly, however long the user spoke.
+the first token comes quickly, however long the user spoke. The talker's rows of what
+was prefilled go out at once too (``Response.ahead``, with ``user_edits``): the talker
+prefills the turn while it is spoken; a ``clear`` takes them back, and a truncation
+that feeds the open turn again behind the cut reply sends its new rows in their place.
 
 The input (user turns and turn marks), the checkpoints a response keeps and how its
 outcome settles the conversation are the conversation engines' state machine
@@ -18,14 +21,15 @@ what is pending, then the reply opens (``<|im_start|> assistant \\n``) and decod
 no input at all, it replies to the conversation so far. :meth:`ThinkerEngine.last_reply`
 tells the session the tokens of the reply the last response decoded, to replay it later.
 
-The end of input commits the open turn in two steps: the rows it prefilled go out at
-once (the talker prefills them meanwhile), then one forward over its tail,
-``<|im_end|> \\n`` and the reply's opening picks the first token, which carries the tail's
-rows. That forward is all the work between the end of the input and the first token. A
-reply closed (``aclose``, a barge-in) between the two leaves the committed turn without
-a reply: its first rows are the talker's already (the rows of its tail, computed on
-closing, are not sent). A decode step in flight when the reply ends is waited for, so
-the cache holds exactly the tokens yielded.
+The end of input commits the open turn: its rows went to the talker as it was
+prefilled, so one forward over its tail, ``<|im_end|> \\n`` and the reply's opening
+picks the first token, which carries the tail's rows. That forward is all the work
+between the end of the input and the first token. A response closed (``aclose``) at
+rows of its open turn sent ahead while its input went on leaves the turn committed
+without a reply: its rows are the talker's already (the rows of its tail, computed on
+closing, are not sent); a stage closes a response only once its input has ended. A
+decode step in flight when the reply ends is waited for, so the cache holds exactly the
+tokens yielded.
 
 Instructions (``INSTRUCTIONS_FIELD``, a system prompt) set the conversation's
 instructions from then on as a system turn (``conversation``): prefilled at once when
@@ -295,8 +299,6 @@ class _Response(Response[Checkpoint]):
         self.turn = UserTurn(self.vocabulary)
         self.instructed: tuple[int, ...] = ()
         """The last instructions set since ``start``: a failure keeps them."""
-        self.unclosed: UserTurn | None = None
-        """The turn the end of input is committing, once its first rows went out."""
         self.step: asyncio.Future[Token] | None = None
         """The decode step in flight in the model thread (it writes the cache)."""
         self.decoding = False
@@ -375,10 +377,14 @@ class _Response(Response[Checkpoint]):
         self.turn = UserTurn(self.vocabulary)
         return rows
 
+    def ahead(self) -> Fields | None:
+        return self.turn.take_rows()
+
     async def clear(self, committed: Checkpoint) -> None:
         waiting = self.turn.system
         self.conversation.restore(committed)
-        self.turn = UserTurn(self.vocabulary)
+        # The talker's rows of the dropped turn go with the next output (``ahead``).
+        self.turn = UserTurn(self.vocabulary, taken_back=self.turn.sent + self.turn.taken_back)
         if waiting:  # no turn is open now for them to wait behind
             await self.engine.call(self.model.instruct, self.conversation, waiting)
 
@@ -435,14 +441,11 @@ class _Response(Response[Checkpoint]):
             min_new_tokens=engine.min_new_tokens,
             generator=lambda: engine._generator(self.session, conversation),
         )
-        # The end of input commits the open turn: what it prefilled goes to the talker
-        # now, the rest comes with the first token, from the one forward left.
+        # The end of input commits the open turn: what it prefilled is the talker's
+        # already (``ahead``), the rest comes with the first token, from the one forward
+        # left.
         closing = self.turn if self.turn.opened else None
-        if closing is not None and (rows := closing.take_rows()) is not None:
-            self.unclosed = closing
-            yield rows
         token, embed = await engine.call(self.model.open_reply, conversation, closing, sampling)
-        self.unclosed = None
         last_rows = None if closing is None else closing.take_rows()
         reply = conversation.reply = ThinkerReply(conversation.position, (), 0)
         self.decoding = True
@@ -493,11 +496,11 @@ class _Response(Response[Checkpoint]):
 
     async def finish(self, outcome: Outcome) -> Outcome:
         sessions, session = self.engine._sessions, self.session
-        if self.unclosed is not None and outcome == "cancelled":
-            # Closed right after the turn's first rows went out: they are the talker's
-            # now, so the turn stays, committed without a reply.
+        if outcome == "cancelled" and not self.decoding and self.turn.opened:
+            # Closed at rows of the open turn sent ahead: they are the talker's now, so
+            # the turn stays, committed without a reply.
             try:
-                await self._close(self.unclosed)
+                await self._close(self.turn)
             except Exception:
                 outcome = "failed"
             except BaseException:

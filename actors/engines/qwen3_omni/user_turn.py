@@ -7,9 +7,12 @@ chunks is one clip (``<|audio_start|> PAD*n <|audio_end|>``) whose encoder windo
 prefilled as each completes (:class:`~.audio_stream.AudioClip`), so that when the input
 ends only the last window and the last text remain.
 
-The turn keeps the talker rows of what it prefilled (sent when it is committed: before
-that, a ``clear`` may still take it back) and what it fed the thinker, to feed it again
-behind a shorter carry when a truncation cuts the reply before it.
+The turn keeps the talker rows of what it prefilled until they are sent (the engine
+sends them as they are prefilled, before the commit: the talker prefills the turn while
+it is spoken) and counts the rows the talker holds, so that a ``clear`` can take them
+back; it keeps what it fed the thinker, to feed it again behind a shorter carry when a
+truncation cuts the reply before it (the rows of audio placeholders then change: those
+sent are taken back and the new ones sent in their place, :meth:`UserTurn.take_rows`).
 
 Instructions that arrive while the turn is open wait in :attr:`UserTurn.system` and are
 prefilled right behind its end, in the same forward (a system turn never splits a user
@@ -24,6 +27,7 @@ import torch
 
 from omni_actors.actors.engines.qwen3_omni.audio_stream import AudioClip
 from omni_actors.actors.engines.qwen3_omni.vocabulary import Vocabulary
+from omni_actors.actors.engines.thinker_ports import USER_EDITS_FIELD
 
 __all__ = ["Feed", "UserTurn"]
 
@@ -66,6 +70,10 @@ class UserTurn:
     """[n] bool, True at AUDIO_PAD rows."""
     fed: list[Feed] = field(default_factory=list)
     """What was prefilled of the turn (without the carry), to replay it."""
+    sent: int = 0
+    """Rows of the turn the talker holds (taken by :meth:`take_rows`)."""
+    taken_back: int = 0
+    """Rows the talker holds that are no longer the turn's: taken back with the next rows."""
     system: tuple[int, ...] = ()
     """The system turn of instructions set while the turn is open: prefilled behind it."""
 
@@ -122,19 +130,29 @@ class UserTurn:
         ids = [*carry, *(i for feed in self.fed for i in feed.ids)]
         audio = [feed.audio for feed in self.fed if feed.audio is not None]
         self.rows, self.masks, self.fed = [], [], []
+        # Fed behind another context, the rows of audio placeholders change: the talker's
+        # go, the replay's are sent instead.
+        self.taken_back, self.sent = self.taken_back + self.sent, 0
         return Feed(ids, torch.cat(audio) if audio else None, len(carry))
 
     def take_rows(self) -> dict[str, torch.Tensor | str] | None:
-        """The rows not taken yet, as an output (``user``, ``user_mask``); None if none.
+        """The rows not taken yet, as an output; None if there is nothing to send.
 
-        Only once the turn is committed (a ``clear`` would otherwise have to take back
-        rows the talker has), or while it is being committed by the end of the input.
+        ``user`` [n, H] and ``user_mask`` [n] with ``user_edits`` (see
+        :mod:`~omni_actors.actors.engines.thinker_ports`): ``-m`` first when ``m`` rows
+        the talker holds are to go (:attr:`taken_back`), then ``+n`` for the rows sent.
         """
-        if not self.rows:
+        edits = [-self.taken_back] if self.taken_back else []
+        out: dict[str, torch.Tensor | str] = {}
+        if self.rows:
+            user, mask = torch.cat(self.rows), torch.cat(self.masks)
+            self.rows, self.masks = [], []
+            if user.shape[0]:
+                out["user"], out["user_mask"] = user, mask
+                edits.append(user.shape[0])
+                self.sent += user.shape[0]
+        if not edits:
             return None
-        out: dict[str, torch.Tensor | str] = {
-            "user": torch.cat(self.rows),
-            "user_mask": torch.cat(self.masks),
-        }
-        self.rows, self.masks = [], []
+        out[USER_EDITS_FIELD] = torch.tensor(edits, dtype=torch.int64)
+        self.taken_back = 0
         return out
