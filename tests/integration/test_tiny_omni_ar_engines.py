@@ -263,13 +263,20 @@ async def test_thinker_abort_mid_decode_ends_promptly(cache_dir: Path) -> None:
 
 async def test_thinker_abort_while_waiting_for_input(cache_dir: Path) -> None:
     async with thinker(cache_dir) as engine:
-        outputs = engine.generate("s", hang_after([{"text": "Hi"}]))
-        task = asyncio.ensure_future(run_list(outputs))
-        await eventually(lambda: engine.generating == {"s"})
+        got: list[Fields] = []
+
+        async def collect() -> None:
+            async for out in engine.generate("s", hang_after([{"text": "Hi"}])):
+                got.append(out)
+
+        task = asyncio.ensure_future(collect())
+        # The turn's rows go as soon as they are prefilled; then the input hangs.
+        await eventually(lambda: len(got) == 1)
+        assert engine.generating == {"s"}
         await engine.abort("s")
-        outputs_then = await asyncio.wait_for(task, 5.0)
-        # The turn's rows, sent as prefilled before the input hung; no reply.
-        assert [set(out) for out in outputs_then] == [{"user", "user_mask", USER_EDITS_FIELD}]
+        await asyncio.wait_for(task, 5.0)
+        # No reply after the rows.
+        assert [set(out) for out in got] == [{"user", "user_mask", USER_EDITS_FIELD}]
         assert engine.active_sessions == set()
 
 
