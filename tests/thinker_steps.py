@@ -65,13 +65,13 @@ def user_rows(outputs: list[Fields]) -> torch.Tensor:
     return torch.cat([tensor(o, "user") for o in outputs if "user" in o])
 
 
-def talker_rows(outputs: Iterable[Fields]) -> torch.Tensor:
-    """The ``user`` rows the talker keeps of ``outputs``: each output's ``user_edits``
-    applied in order (``+n`` rows join, ``-m`` the last ``m`` go; rows without edits all
-    join), row by row."""
+def talker_rows(outputs: Iterable[Fields], field: str = "user") -> torch.Tensor:
+    """The ``user`` rows (or ``user_mask`` entries: ``field``) the talker keeps of
+    ``outputs``: each output's ``user_edits`` applied in order (``+n`` rows join, ``-m``
+    the last ``m`` go; rows without edits all join), row by row."""
     kept: list[torch.Tensor] = []
     for out in outputs:
-        rows = out.get("user")
+        rows = out.get(field)
         edits = out.get(USER_EDITS_FIELD)
         count = rows.shape[0] if isinstance(rows, torch.Tensor) else 0
         at = 0

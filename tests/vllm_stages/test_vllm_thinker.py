@@ -18,6 +18,7 @@ from typing import Any
 import pytest
 import pytest_asyncio
 import torch
+from thinker_steps import talker_rows, tensor
 
 from omni_actors.actors.engines.contract import (
     INSTRUCTIONS_FIELD,
@@ -31,6 +32,7 @@ from omni_actors.actors.engines.contract import (
     ResponseOptions,
 )
 from omni_actors.actors.engines.qwen3_omni.thinker_engine import ThinkerEngine
+from omni_actors.actors.engines.thinker_ports import USER_EDITS_FIELD
 from omni_actors.testing import eventually
 
 from .conftest import thinkers
@@ -70,17 +72,17 @@ async def engines(cache_dir: Path) -> AsyncIterator[tuple[Any, ThinkerEngine]]:
 
 
 def merged(outputs: list[Fields]) -> dict[str, Any]:
-    """A response's outputs by field: tokens as a list, tensors concatenated."""
+    """A response's outputs by field: tokens as a list, tensors concatenated, the
+    talker's rows as it keeps them (``user_edits`` applied)."""
     tokens = [int(o["token_ids"][0]) for o in outputs if "token_ids" in o]  # type: ignore[index]
-    rows = [o["user"] for o in outputs if "user" in o]
-    masks = [o["user_mask"] for o in outputs if "user_mask" in o]
+    sent = any("user" in o or USER_EDITS_FIELD in o for o in outputs)
     embeds = [o["embed"] for o in outputs if "embed" in o]
     first = next((o for o in outputs if "opening" in o), {})
     return {
         "tokens": tokens,
         "text": "".join(str(o["text"]) for o in outputs if "text" in o),
-        "user": torch.cat(rows) if rows else None,  # type: ignore[arg-type]
-        "user_mask": torch.cat(masks) if masks else None,  # type: ignore[arg-type]
+        "user": talker_rows(outputs) if sent else None,
+        "user_mask": talker_rows(outputs, "user_mask") if sent else None,
         "embed": torch.cat(embeds) if embeds else None,  # type: ignore[arg-type]
         "opening": first.get("opening"),
         "tts": first.get("tts"),
@@ -177,12 +179,25 @@ async def test_a_cancelled_reply_keeps_what_was_yielded(engines: Any) -> None:
     vllm, torch_thinker = engines
     for engine in (vllm, torch_thinker):
         replies = engine.generate("barge", Inputs([{"text": "Say a lot"}]))
-        taken = [await anext(replies) for _ in range(3)]
+        tokens = 0
+        while tokens < 2:  # the turn's rows may come on their own first
+            tokens += "token_ids" in await anext(replies)
         await replies.aclose()
-        assert len([o for o in taken if "token_ids" in o]) >= 2
     await both(engines, "barge", [{"text": "Go on"}])
     for engine in (vllm, torch_thinker):
         await engine.release("barge")
+
+
+async def test_a_response_closed_at_rows_sent_ahead_commits_its_turn(engines: Any) -> None:
+    vllm, torch_thinker = engines
+    for engine in (vllm, torch_thinker):
+        replies = engine.generate("closed", Inputs([{"text": "Hi"}, {"text": "there"}]))
+        assert "user" in await anext(replies)  # the open turn's rows, ahead of its commit
+        await replies.aclose()
+        assert engine.last_reply("closed") is None
+    # The talker holds the turn's rows: it stays, committed without a reply.
+    await both(engines, "closed", [{"text": "Go on"}])
+    await asyncio.gather(vllm.release("closed"), torch_thinker.release("closed"))
 
 
 async def test_a_request_right_after_a_closed_session_is_answered_as_the_first(
@@ -203,8 +218,9 @@ async def test_abort_mid_reply_leaves_no_request_in_vllm(engines: Any) -> None:
     replies = vllm.generate("gone", Inputs([{"text": "Talk"}], ResponseOptions(max_tokens=10)))
     got = await anext(replies)
     assert "user" in got
-    await anext(replies)  # a token: vLLM is decoding
-    await vllm.abort("gone")
+    while "token_ids" not in await anext(replies):  # the turn's end, then a token
+        pass
+    await vllm.abort("gone")  # vLLM is decoding
     rest = [out async for out in replies]
     assert all("token_ids" in out for out in rest)  # it ends, with nothing else
     assert vllm.running_requests() == set()
@@ -212,6 +228,14 @@ async def test_abort_mid_reply_leaves_no_request_in_vllm(engines: Any) -> None:
     async def vllm_forgot() -> None:
         assert vllm.unfinished_requests() == 0
 
+    await eventually(vllm_forgot, timeout=10)
+    # Aborted at the rows of the turn's end, before the reply: no request is sent.
+    replies = vllm.generate("gone", Inputs([{"text": "Talk"}]))
+    assert "user" in await anext(replies)  # ahead
+    assert "user" in await anext(replies)  # at the commit
+    await vllm.abort("gone")
+    assert [out async for out in replies] == []
+    assert vllm.running_requests() == set()
     await eventually(vllm_forgot, timeout=10)
 
 
@@ -318,6 +342,79 @@ async def test_a_clear_after_windows_were_sent_rolls_them_back(engines: Any) -> 
     assert state.history.clips == {}
     await both(engines, "unsaid", [{"text": "And?"}])
     await asyncio.gather(vllm.release("unsaid"), torch_thinker.release("unsaid"))
+    # The window's rows went to the talker as soon as it was prefilled; the clear takes
+    # them back at once, in an output of its own.
+    items = [*spoken, CLEAR, {"text": "Sorry, go on"}]
+    outputs: list[Fields] = []
+    split = Split(items, outputs)
+    async for out in vllm.generate("unsaid", split):
+        outputs.append(out)
+    sent = len(vllm.turns.user.prefix) + WINDOW + 2
+    assert [edits(o) for o in outputs[: split.before[-1]]] == [[sent], [-sent]]
+    assert "user" not in outputs[split.before[-1] - 1]
+    await vllm.release("unsaid")
+
+
+class Split:
+    """A response's input that notes how many outputs came before each item was taken
+    (the engine asks for the next item once it yielded what the last one gave)."""
+
+    def __init__(self, items: list[Fields], outputs: list[Fields]) -> None:
+        self.items, self.outputs, self.before = items, outputs, []
+
+    def __aiter__(self) -> AsyncIterator[Fields]:
+        return self
+
+    async def __anext__(self) -> Fields:
+        if len(self.before) == len(self.items):
+            raise StopAsyncIteration
+        self.before.append(len(self.outputs))
+        return self.items[len(self.before) - 1]
+
+
+def edits(output: Fields) -> list[int]:
+    value = output[USER_EDITS_FIELD]
+    assert isinstance(value, torch.Tensor)
+    return [int(n) for n in value.tolist()]
+
+
+async def test_a_turns_rows_reach_the_talker_while_it_is_spoken(engines: Any) -> None:
+    from omni_actors.actors.engines.vllm.audio_input import user_rows
+
+    vllm, torch_thinker = engines
+    items: list[Fields] = [
+        {"text": "Listen:"},
+        *({"audio": p} for p in noise(9.0, 7).split(16_000)),
+        {"text": "What was it?"},
+        COMMIT,
+    ]
+    outputs: list[Fields] = []
+    split = Split(items, outputs)
+    async for out in vllm.generate("ahead", split):
+        outputs.append(out)
+    early = outputs[: split.before[-1]]  # before the commit
+    # The text, then the first window once its 8 s were in (states taken), then the
+    # last window and the text after it: all before the commit, each in one output.
+    assert split.before == [0, *[1] * 9, 2, 3]  # the window went out with the 9th second
+    assert [edits(o) for o in early] == [[len(tensor(o, "user"))] for o in early]
+    assert [int(tensor(o, "user_mask").sum()) for o in early] == [0, WINDOW, 13]
+    assert len(tensor(early[1], "user")) == WINDOW + 2  # <|audio_start|> … <|audio_end|>
+    # The commit sends what is left: the turn's end.
+    assert [edits(o) for o in outputs[split.before[-1] :] if "user" in o] == [[2]]
+    # Applied, the rows are those the turn gives at once when committed.
+    history = vllm._sessions["ahead"].history
+    turn = range(history.reply.start - len(vllm.turns.opening))
+    whole = user_rows(history, turn, vllm.embeddings)
+    assert torch.equal(talker_rows(outputs), whole["user"])
+    assert torch.equal(talker_rows(outputs, "user_mask"), whole["user_mask"])
+    # ... and the torch thinker's, which also sent them ahead, as far as the two token
+    # lists agree (to the first window's end: vLLM frames the second on its own).
+    want = merged([o async for o in torch_thinker.generate("ahead", Inputs(items))])
+    until = int(whole["user_mask"].int().argmax()) + WINDOW
+    got = talker_rows(outputs)[:until]
+    torch.testing.assert_close(got, want["user"][:until], atol=ATOL, rtol=0)
+    assert vllm._sessions["ahead"].history.ahead.sent == 0  # the next turn counts afresh
+    await asyncio.gather(vllm.release("ahead"), torch_thinker.release("ahead"))
 
 
 async def test_bad_audio_and_bad_marks_are_refused_and_the_session_goes_on(engines: Any) -> None:

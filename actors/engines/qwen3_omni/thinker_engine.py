@@ -384,7 +384,7 @@ class _Response(Response[Checkpoint]):
         waiting = self.turn.system
         self.conversation.restore(committed)
         # The talker's rows of the dropped turn go with the next output (``ahead``).
-        self.turn = UserTurn(self.vocabulary, taken_back=self.turn.sent + self.turn.taken_back)
+        self.turn = UserTurn(self.vocabulary, ahead=self.turn.ahead.dropped())
         if waiting:  # no turn is open now for them to wait behind
             await self.engine.call(self.model.instruct, self.conversation, waiting)
 

@@ -27,7 +27,7 @@ import torch
 
 from omni_actors.actors.engines.qwen3_omni.audio_stream import AudioClip
 from omni_actors.actors.engines.qwen3_omni.vocabulary import Vocabulary
-from omni_actors.actors.engines.thinker_ports import USER_EDITS_FIELD
+from omni_actors.actors.engines.rows_ahead import RowsAhead
 
 __all__ = ["Feed", "UserTurn"]
 
@@ -70,10 +70,8 @@ class UserTurn:
     """[n] bool, True at AUDIO_PAD rows."""
     fed: list[Feed] = field(default_factory=list)
     """What was prefilled of the turn (without the carry), to replay it."""
-    sent: int = 0
-    """Rows of the turn the talker holds (taken by :meth:`take_rows`)."""
-    taken_back: int = 0
-    """Rows the talker holds that are no longer the turn's: taken back with the next rows."""
+    ahead: RowsAhead = field(default_factory=RowsAhead)
+    """The rows of the turn the talker holds (taken by :meth:`take_rows`)."""
     system: tuple[int, ...] = ()
     """The system turn of instructions set while the turn is open: prefilled behind it."""
 
@@ -132,27 +130,17 @@ class UserTurn:
         self.rows, self.masks, self.fed = [], [], []
         # Fed behind another context, the rows of audio placeholders change: the talker's
         # go, the replay's are sent instead.
-        self.taken_back, self.sent = self.taken_back + self.sent, 0
+        self.ahead.take_back()
         return Feed(ids, torch.cat(audio) if audio else None, len(carry))
 
     def take_rows(self) -> dict[str, torch.Tensor | str] | None:
         """The rows not taken yet, as an output; None if there is nothing to send.
 
-        ``user`` [n, H] and ``user_mask`` [n] with ``user_edits`` (see
-        :mod:`~omni_actors.actors.engines.thinker_ports`): ``-m`` first when ``m`` rows
-        the talker holds are to go (:attr:`taken_back`), then ``+n`` for the rows sent.
+        ``user`` [n, H] and ``user_mask`` [n] with ``user_edits``
+        (:meth:`~omni_actors.actors.engines.rows_ahead.RowsAhead.output`).
         """
-        edits = [-self.taken_back] if self.taken_back else []
-        out: dict[str, torch.Tensor | str] = {}
-        if self.rows:
-            user, mask = torch.cat(self.rows), torch.cat(self.masks)
-            self.rows, self.masks = [], []
-            if user.shape[0]:
-                out["user"], out["user_mask"] = user, mask
-                edits.append(user.shape[0])
-                self.sent += user.shape[0]
-        if not edits:
-            return None
-        out[USER_EDITS_FIELD] = torch.tensor(edits, dtype=torch.int64)
-        self.taken_back = 0
-        return out
+        if not self.rows:
+            return self.ahead.output(None, None)
+        user, mask = torch.cat(self.rows), torch.cat(self.masks)
+        self.rows, self.masks = [], []
+        return self.ahead.output(user, mask)

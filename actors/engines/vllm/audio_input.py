@@ -182,11 +182,10 @@ def audio_items(clips: Sequence[Clip]) -> dict[str, torch.Tensor]:
     }
 
 
-def user_rows(
-    history: History, turn: range, embeddings: torch.Tensor
-) -> dict[str, torch.Tensor | str]:
-    """The talker's rows of a committed user turn: input embeddings, and at each clip's
-    placeholders the thinker's hidden states there (``user_mask`` True).
+def user_rows(history: History, turn: range, embeddings: torch.Tensor) -> dict[str, torch.Tensor]:
+    """The talker's rows of a user turn's positions ``turn`` (all of a committed turn,
+    or part of an open one whose clips there have their states): input embeddings, and
+    at each clip's placeholders the thinker's hidden states there (``user_mask`` True).
 
     Raises:
         EngineError: a clip of the turn has no states (it was never prefilled).

@@ -12,6 +12,13 @@ list as vLLM expands it (``<|audio_start|>``, one placeholder per audio-encoder 
 ``<|audio_end|>``); :attr:`History.clips` keeps its log-mel features by the position of
 its first placeholder, so a request opened over the list sends the clip again (as one
 placeholder and the features, the form vLLM expands).
+
+The open turn's rows go to the talker as they become final, before its commit
+(:meth:`History.unsent`): its text positions once prefilled, each clip's once its hidden
+states are taken. :attr:`History.ahead` counts those the talker holds, so that the
+commit sends only the rest and a ``clear`` takes them back. No cut ever sits under an
+open turn (a truncation is refused while one is open; a clear or a failure drops it), so
+the rows sent are never recomputed behind another prefix.
 """
 
 from __future__ import annotations
@@ -21,6 +28,7 @@ from typing import Final
 
 import torch
 
+from omni_actors.actors.engines.rows_ahead import RowsAhead
 from omni_actors.actors.engines.turn_marks import check_truncatable
 from omni_actors.actors.engines.vllm.turns import TurnTemplate
 from omni_actors.errors import EngineError
@@ -92,6 +100,9 @@ class History:
     tools: str = "[]"
     """The caller's last instructions and tools: the system turn is rendered from both
     when either changes (not checkpointed: the caller's setting)."""
+    ahead: RowsAhead = field(default_factory=RowsAhead)
+    """Rows of the open turn the talker holds (sent ahead of its commit), and rows of a
+    cleared one it must let go."""
 
     def checkpoint(self) -> Mark:
         """The state now, between turns (an open turn is not part of it)."""
@@ -102,6 +113,8 @@ class History:
         """Come back to ``mark``: what came after it is forgotten (an open turn too)."""
         self._cut(mark.length)
         self.turn_start, self.waiting, self.replying = None, (), False
+        # Rows sent ahead of a turn dropped by a failure go with the failed response.
+        self.ahead = RowsAhead()
         self.reply, self.turns_since_reply, self.system = (
             mark.reply,
             mark.turns_since_reply,
@@ -110,9 +123,11 @@ class History:
 
     def clear(self, mark: Mark) -> bool:
         """Drop the open turn (back to ``mark``, the last commit). A system turn waiting
-        behind it is appended now. Returns whether one was (the checkpoint moves)."""
-        waiting = self.waiting
+        behind it is appended now. Returns whether one was (the checkpoint moves).
+        The rows of the turn sent ahead are to be taken back (:attr:`ahead`)."""
+        waiting, ahead = self.waiting, self.ahead.dropped()
         self.restore(mark)
+        self.ahead = ahead
         if waiting:
             self.tokens.extend(waiting)
             self.system = (*self.system, *waiting)
@@ -160,17 +175,35 @@ class History:
         self.system = (*self.system, *system)
         return bool(system)
 
-    def commit(self, turns: TurnTemplate) -> range | None:
-        """Close the open user turn; its positions (the talker's rows), or None if none."""
+    def unsent(self, prefilled: int) -> range:
+        """The open turn's positions whose rows are final and not sent yet: those among
+        the first ``prefilled`` tokens (sent to vLLM and prefilled), up to the first
+        clip whose hidden states were not taken. Empty with no turn open."""
+        if self.turn_start is None:
+            return range(0)
+        begin = self.turn_start + self.ahead.sent
+        end = min(prefilled, len(self.tokens))
+        for start in sorted(s for s in self.clips if begin <= s < end):
+            clip = self.clips[start]
+            if clip.states is None or start + clip.count > end:
+                end = start
+                break
+        return range(begin, max(begin, end))
+
+    def commit(self, turns: TurnTemplate) -> tuple[range, RowsAhead] | None:
+        """Close the open user turn: its positions the talker does not hold yet (its
+        rows to send) and the count of those it holds, to send them with (:attr:`ahead`
+        starts afresh); None if no turn is open."""
         if self.turn_start is None:
             return None
         self.tokens.extend(turns.user.suffix)
-        rows = range(self.turn_start, len(self.tokens))
+        rows = range(self.turn_start + self.ahead.sent, len(self.tokens))
+        ahead, self.ahead = self.ahead, RowsAhead()
         self.tokens.extend(self.waiting)
         self.system = (*self.system, *self.waiting)
         self.turn_start, self.waiting = None, ()
         self.turns_since_reply += 1
-        return rows
+        return rows, ahead
 
     def open_reply(self, turns: TurnTemplate) -> None:
         """Append the assistant opening; the reply's tokens follow."""

@@ -4,8 +4,8 @@ The ``vllm`` engine kind. It serves the thinker stage of an omni pipeline with v
 ``AsyncLLM`` inside the stage's own worker process (vLLM starts its EngineCore as a
 child of that process, in the worker's process group, which the pipeline reaps whatever
 way the worker ends). It takes and yields the fields of tiny-omni's torch thinker, so
-the same talker follows either: text tokens with their input embeddings, the committed
-user turns' rows, and per reply the assistant opening and the TTS embeddings. A
+the same talker follows either: text tokens with their input embeddings, the user
+turns' rows, and per reply the assistant opening and the TTS embeddings. A
 response's input, turn marks, checkpoints and outcome are the conversation engines'
 state machine (:func:`~omni_actors.actors.engines.conversation.respond`); what they do
 to vLLM's state is below.
@@ -48,6 +48,16 @@ also says how the windows are framed). The talker's rows at the placeholders are
 thinker's hidden states there, which a worker extension keeps in vLLM's worker and the
 engine takes once each window is prefilled (:mod:`.hidden_states`).
 
+**Rows ahead of the commit.** The talker's rows of the open user turn go as they become
+final, after each chunk (``Response.ahead``, with ``user_edits``): text positions once
+prefilled, a window's once its states are taken (:meth:`~.conversation.History.unsent`),
+so the talker prefills the turn while it is spoken and the commit sends only its end
+(``<|im_end|> \\n`` and what was not prefilled yet). A ``clear`` takes back the rows
+sent; a response closed at rows of its open turn sent ahead leaves the turn committed
+without a reply (its rows are the talker's). A truncation is refused while a turn is
+open and every other cut drops the open turn, so the rows sent are never recomputed
+behind another prefix.
+
 A pipeline names the checkpoint by path (``model: /models/Qwen3-Omni-30B-A3B-Instruct``)
 or by a prepared model family (``model: tiny-omni``: its ``checkpoint`` directory in the
 cache, at the stage's ``seed`` and ``cache_dir``).
@@ -75,6 +85,7 @@ from omni_actors.actors.engines.contract import (
     Rule,
 )
 from omni_actors.actors.engines.conversation import Outcome, Response, respond
+from omni_actors.actors.engines.rows_ahead import RowsAhead
 from omni_actors.actors.engines.thinker_ports import THINKER_INPUTS, THINKER_OUTPUTS
 from omni_actors.actors.engines.tool_template import ToolTemplate, ToolTemplateError
 from omni_actors.actors.engines.torch_engine import AbortSignal
@@ -107,8 +118,9 @@ class VllmThinkerEngine:
     ``reply`` mark's ``reply``: a 1-D integer tensor of token ids). Outputs, as
     tiny-omni's torch thinker: per token ``token_ids`` [1] int64, ``text`` (what the token
     adds to the reply's text) and ``embed`` [1, H]; with the first token
-    ``opening`` [3, H] and ``tts`` [3, H]; per committed user turn ``user`` [n, H] and
-    ``user_mask`` [n] bool (True at audio placeholders, whose rows are hidden states).
+    ``opening`` [3, H] and ``tts`` [3, H]; per user turn, as its positions are
+    prefilled, ``user`` [n, H] and ``user_mask`` [n] bool (True at audio placeholders,
+    whose rows are hidden states) with ``user_edits``.
     Input ``audio``: float mono samples at the checkpoint processor's rate (16 kHz).
     """
 
@@ -461,8 +473,23 @@ class _Response(Response[Mark]):
     # -- marks ------------------------------------------------------------------------
 
     async def commit(self) -> Fields | None:
-        rows = self.history.commit(self.turns)
-        return None if rows is None else user_rows(self.history, rows, self.engine.embeddings)
+        committed = self.history.commit(self.turns)
+        if committed is None:
+            return None
+        rows, ahead = committed
+        return self._send_rows(rows, ahead)
+
+    def ahead(self) -> Fields | None:
+        history = self.history
+        return self._send_rows(history.unsent(self.state.fed), history.ahead)
+
+    def _send_rows(self, rows: range, ahead: RowsAhead) -> Fields | None:
+        """The output sending the talker's rows at ``rows`` (none if empty), counted by
+        ``ahead`` (with what it takes back first)."""
+        if not rows:
+            return ahead.output(None, None)
+        out = user_rows(self.history, rows, self.engine.embeddings)
+        return ahead.output(out["user"], out["user_mask"])
 
     async def clear(self, committed: Mark) -> None:
         self.history.clear(committed)
@@ -504,6 +531,8 @@ class _Response(Response[Mark]):
         rows = await self.commit()
         if rows is not None:
             yield rows
+            if self.signal.aborted:
+                return  # no request is sent for a session gone meanwhile
         history.open_reply(self.turns)
         self.decoding, first = True, True
         reply_text = ReplyText(engine.tokenizer)
@@ -540,6 +569,10 @@ class _Response(Response[Mark]):
         """Nothing to do: ``abort`` ends the session's request and frees it."""
 
     async def finish(self, outcome: Outcome) -> Outcome:
+        if outcome == "cancelled" and not self.decoding and self.history.turn_start is not None:
+            # Closed at rows of the open turn sent ahead: they are the talker's now, so
+            # the turn stays, committed without a reply (the rows of its end not sent).
+            self.history.commit(self.turns)
         if self.history.replying:
             # Closed or failed while vLLM still decodes: stop the request; the
             # conversation keeps the tokens yielded, and the next chunk reopens it.

@@ -111,21 +111,25 @@ def test_audio_items_lay_the_windows_side_by_side() -> None:
     assert items["feature_attention_mask"].sum(dim=1).tolist() == [800, 3]
 
 
+TURNS = TurnTemplate(
+    system=Turn((1, 5), (3,)),
+    user=Turn((1, 2), (3,)),
+    assistant=Turn((1, 4), (3,)),
+    opening=(1, 4),
+)
+
+
 def test_a_clip_of_several_windows_gives_rows_framed_per_window() -> None:
-    turns = TurnTemplate(
-        system=Turn((1, 5), (3,)),
-        user=Turn((1, 2), (3,)),
-        assistant=Turn((1, 4), (3,)),
-        opening=(1, 4),
-    )
+    turns = TURNS
     history = History()
     stream = ClipStream(SPEC, SPEC.extractor())
     clips = [*stream.push(speech(9.0)), *stream.end()]
     for clip in clips:
         history.hear(clip, turns, SPEC.ids)
         clip.states = torch.full((clip.count, 4), 0.5)
-    turn = history.commit(turns)
-    assert turn is not None
+    committed = history.commit(turns)
+    assert committed is not None
+    turn, _ = committed
     embeddings = torch.arange(10.0)[:, None].expand(10, 4)
     rows = user_rows(history, turn, embeddings)
     mask = rows["user_mask"]
@@ -137,3 +141,43 @@ def test_a_clip_of_several_windows_gives_rows_framed_per_window() -> None:
     assert isinstance(user, torch.Tensor)
     assert torch.equal(user[mask], torch.full((117, 4), 0.5))
     assert user[~mask][:, 0].tolist() == [1, 2, START, END, START, END, 3]
+
+
+def test_the_open_turns_rows_go_ahead_as_they_become_final() -> None:
+    history = History()
+    history.say([5, 6], TURNS)
+    first = Clip(torch.zeros(128, 800), 4, "a")
+    history.hear(first, TURNS, SPEC.ids)
+    # Prefilled as far as the clip, whose states are not taken yet: the text before it.
+    assert history.unsent(len(history.tokens)) == range(5)
+    assert history.unsent(3) == range(3)  # only what vLLM holds
+    first.states = torch.ones(4, 4)
+    sent = history.unsent(len(history.tokens))
+    assert sent == range(len(history.tokens))
+    history.ahead.output(torch.zeros(len(sent), 4), torch.zeros(len(sent), dtype=torch.bool))
+    history.say([6], TURNS)
+    assert history.unsent(len(history.tokens)) == range(len(sent), len(sent) + 1)
+    committed = history.commit(TURNS)
+    assert committed is not None
+    rows, ahead = committed
+    # The commit sends the rest, counted with the rows sent ahead; the next turn is new.
+    assert rows == range(len(sent), len(history.tokens))
+    assert ahead.sent == len(sent)
+    assert history.ahead.sent == 0
+    assert history.unsent(len(history.tokens)) == range(0)
+
+
+def test_a_clear_takes_back_the_rows_sent_ahead_and_a_failure_forgets_them() -> None:
+    history = History()
+    mark = history.checkpoint()
+    history.say([5, 6], TURNS)
+    history.ahead.output(torch.zeros(4, 4), torch.zeros(4, dtype=torch.bool))
+    history.clear(mark)
+    out = history.ahead.output(None, None)
+    assert out is not None
+    assert out["user_edits"].tolist() == [-4]  # type: ignore[union-attr]
+    assert history.ahead.output(None, None) is None
+    history.say([5], TURNS)
+    history.ahead.output(torch.zeros(3, 4), torch.zeros(3, dtype=torch.bool))
+    history.restore(mark)  # a failed response: the talker's response failed with it
+    assert history.ahead.output(None, None) is None
