@@ -121,6 +121,9 @@ class _Sample:
     ttft_ms: float | None
     e2e_ms: float
     max_send_lag_ms: float
+    first_output_ms: dict[str, float]
+    """Per stage, its first output of the reply's segment after the end of input
+    (negative: before it, as a thinker that sends a turn's rows while it is spoken)."""
 
 
 class _AudioInput(Protocol):
@@ -173,7 +176,7 @@ async def _session(omni: OmniPipeline, clip: torch.Tensor) -> _Sample | str:
     try:
         async with omni.session() as session:
             lag = await send_paced(session, clip, omni.clock)
-            ended = time.perf_counter()
+            ended, ended_wall = time.perf_counter(), time.time()
             response = await session.end_segment()
             ttfa: float | None = None
             ttft: float | None = None
@@ -188,7 +191,12 @@ async def _session(omni: OmniPipeline, clip: torch.Tensor) -> _Sample | str:
                         return f"the reply ended {event.status}: {event.code} {event.message}"
                     if ttfa is None:
                         return "the reply finished without audio"
-                    return _Sample(ttfa, ttft, now, lag * 1e3)
+                    first = {
+                        stage: (metrics.first_output_at - ended_wall) * 1e3
+                        for stage, metrics in event.metrics.stages.items()
+                        if metrics.first_output_at is not None
+                    }
+                    return _Sample(ttfa, ttft, now, lag * 1e3, first)
                 elif isinstance(event, TERMINAL):
                     return f"the session ended before its reply finished: {event!r}"
             return "the reply's events ended without ResponseDone"
@@ -212,6 +220,14 @@ def _length(results: list[_Sample | str]) -> dict[str, Any]:
             "ttft_after_input_ms_p50": _p50(ttft) if ttft else None,
             "e2e_after_input_ms_p50": _p50([s.e2e_ms for s in samples]),
             "max_send_lag_ms": round(max(s.max_send_lag_ms for s in samples), 1),
+            # Where the wait after the input goes: each stage's first output, so a TTFA
+            # that grows with the input shows which stage it grows in.
+            "first_output_after_input_ms_p50": {
+                stage: _p50(
+                    [s.first_output_ms[stage] for s in samples if stage in s.first_output_ms]
+                )
+                for stage in sorted({stage for s in samples for stage in s.first_output_ms})
+            },
         }
     if errors:
         entry["first_error"] = errors[0]

@@ -202,6 +202,12 @@ def test_the_figure_is_measured_per_length_shortest_first(
         assert entry["ttft_after_input_ms_p50"] > 0
         assert entry["e2e_after_input_ms_p50"] >= entry["ttfa_after_input_ms_p50"]
         assert entry["max_send_lag_ms"] >= 0
+        # Each stage's first output after the input ended: the audio's last stage's is
+        # about when the first audio delta left (the client's TTFA, read later).
+        first = entry["first_output_after_input_ms_p50"]
+        assert set(first) == {"thinker", "talker", "code2wav"}, key
+        assert first["thinker"] <= first["talker"] <= first["code2wav"], first
+        assert first["code2wav"] <= entry["ttfa_after_input_ms_p50"] + 1.0, first
     p50 = {k: e["ttfa_after_input_ms_p50"] for k, e in section["lengths"].items()}
     assert section["ttfa_ratio"] == pytest.approx(p50["0.4"] / p50["0.2"], abs=1e-3)
     target = report["targets"]["input_length_ttfa_ratio"]
