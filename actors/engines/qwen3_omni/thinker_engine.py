@@ -109,7 +109,7 @@ from omni_actors.actors.engines.qwen3_omni.thinker_model import (
 )
 from omni_actors.actors.engines.qwen3_omni.user_turn import Feed, UserTurn
 from omni_actors.actors.engines.qwen3_omni.vocabulary import Vocabulary
-from omni_actors.actors.engines.step_loop import StepLoop
+from omni_actors.actors.engines.step_loop import RequestClosedError, StepLoop
 from omni_actors.actors.engines.thinker_ports import THINKER_INPUTS, THINKER_OUTPUTS
 from omni_actors.actors.engines.tool_template import ToolTemplate
 from omni_actors.actors.engines.torch_engine import (
@@ -408,7 +408,12 @@ class _Response(Response[Checkpoint]):
                     apply(done.result())
 
             future.add_done_callback(settle)
-        return await asyncio.shield(future)
+        try:
+            return await asyncio.shield(future)
+        except RequestClosedError:
+            if self.signal.aborted:
+                return []  # the session's request closed under it: the caller ends
+            raise
 
     async def _instruct(self, system: tuple[int, ...]) -> None:
         """Feed the system turn ``system`` behind the carry (no user turn is open)."""
@@ -434,8 +439,9 @@ class _Response(Response[Checkpoint]):
         if feed.ids:
             await self._feed_turn(turn, feed)
 
-    async def _feed_turn(self, turn: UserTurn, feed: Feed, pick: Pick | None = None) -> Fed:
-        """One feed of the turn; its talker rows go to the turn. The last chunk's output."""
+    async def _feed_turn(self, turn: UserTurn, feed: Feed, pick: Pick | None = None) -> Fed | None:
+        """One feed of the turn; its talker rows go to the turn. The last chunk's output
+        (None if the session was aborted meanwhile)."""
         conversation = self.conversation
         audio_pad = self.vocabulary.ids.audio_pad
 
@@ -447,7 +453,8 @@ class _Response(Response[Checkpoint]):
             turn.keep(feed, rows[0] if len(rows) == 1 else torch.cat(rows), placeholders)
 
         feeding = Feeding(feed.ids, feed.audio, rows=True, pick=pick)
-        return (await self._feed(feeding, then))[-1]
+        outputs = await self._feed(feeding, then)
+        return outputs[-1] if outputs else None
 
     async def _take_reply(self, tokens: tuple[int, ...]) -> None:
         """Take ``tokens`` into the conversation as the assistant's turn, as if decoded.
@@ -467,7 +474,7 @@ class _Response(Response[Checkpoint]):
         opening = vocabulary.assistant_opening
         await self._feed(Feeding([*conversation.carry, *opening, *tokens]), then)
 
-    async def _open_reply(self, turn: UserTurn | None, sampling: Sampling) -> Token:
+    async def _open_reply(self, turn: UserTurn | None, sampling: Sampling) -> Token | None:
         """Close ``turn`` if one is open, open the reply, pick its first token.
 
         One feed of what the turn still has pending (its clip's last window among it),
@@ -482,9 +489,8 @@ class _Response(Response[Checkpoint]):
             def then(_: list[Fed]) -> None:
                 conversation.carry = []
 
-            fed = (await self._feed(Feeding([*conversation.carry, *opening], pick=choice), then))[
-                -1
-            ]
+            outputs = await self._feed(Feeding([*conversation.carry, *opening], pick=choice), then)
+            fed = outputs[-1] if outputs else None
         else:
             embeds = None
             if turn.clip is not None:
@@ -492,6 +498,8 @@ class _Response(Response[Checkpoint]):
             then_ids = [*self.vocabulary.close_turn, *turn.system, *opening]
             tail = len(turn.system) + len(opening)
             fed = await self._feed_turn(turn, turn.next_feed(embeds, True, then_ids, tail), choice)
+        if fed is None:
+            return None
         assert fed.token is not None, "opening a reply picks its first token"
         return fed.token
 
@@ -628,7 +636,10 @@ class _Response(Response[Checkpoint]):
         # already (``ahead``), the rest comes with the first token, from the one forward
         # left.
         closing = self.turn if self.turn.opened else None
-        token, embed = await self._open_reply(closing, sampling)
+        opened = await self._open_reply(closing, sampling)
+        if opened is None:
+            return  # aborted
+        token, embed = opened
         last_rows = None if closing is None else closing.take_rows()
         reply = conversation.reply = ThinkerReply(conversation.position, (), 0)
         self.decoding = True
@@ -660,7 +671,12 @@ class _Response(Response[Checkpoint]):
             yield out
             if self.step is None:
                 break
-            (fed,) = await self.step
+            try:
+                (fed,) = await self.step
+            except RequestClosedError:
+                if signal.aborted:
+                    break
+                raise
             self.step = None
             assert fed.token is not None, "a decode step picks"
             token, embed = fed.token
