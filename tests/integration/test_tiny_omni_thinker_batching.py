@@ -220,7 +220,7 @@ async def test_decode_steps_replayed_from_graphs_pick_as_eager(cache_dir: Path) 
         path,
         allowed_token_ranges=PRINTABLE_RANGES,
         slots=4,
-        max_context=128,
+        max_context=512,
         max_rows=3,
         graphs=True,
         warm=True,
@@ -229,11 +229,11 @@ async def test_decode_steps_replayed_from_graphs_pick_as_eager(cache_dir: Path) 
     assert (
         graphed.graphed
         == graphed.decode_keys()
-        == [(rows, span) for rows in (1, 2, 3) for span in (64, 128)]
+        == [(rows, span) for rows in (1, 2, 3) for span in (256, 512)]
     )
     replays = sum(graph.replays for graph in captures.graphs)
-    eager = ThinkerModel(path, allowed_token_ranges=PRINTABLE_RANGES, slots=4, max_context=128)
-    prompts = [p[:40] for p in PROMPTS]
+    eager = ThinkerModel(path, allowed_token_ranges=PRINTABLE_RANGES, slots=4, max_context=512)
+    prompts = [(p * 6)[:250] for p in PROMPTS]  # decoded past 256: both spans replay
 
     async def run(model: ThinkerModel) -> list[list[int]]:
         loop = loop_over(model)

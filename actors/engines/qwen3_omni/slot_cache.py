@@ -158,9 +158,9 @@ class SlotCache:
 
 
 def span_for(needed: int, max_len: int) -> int:
-    """How many positions a step attends: a power of two from 64 (few shapes to
-    capture), at least ``needed``, at most ``max_len``."""
-    span = 64
+    """How many positions a step attends: a power of two from 256 (few shapes to
+    capture: each is a graph of a decode step), at least ``needed``, at most ``max_len``."""
+    span = 256
     while span < needed:
         span *= 2
     return min(span, max_len)
