@@ -21,7 +21,12 @@ TTFA at most 1.2 times the shortest's). Lengths are interleaved within each repe
 so drifting load on a shared machine weighs on them alike; the median is reported.
 
 One server serves the whole run, warmed up by one short turn before the first level;
-its CPU time is read around each level only.
+its CPU time is read around each level only. Each level, and each input-length
+session, starts once the server has freed the sessions before it: their clients have
+left by then, but the server frees a session after its client's close returns, and a
+server full of them would refuse the new ones (``busy``: the server is sized to the
+largest level). A client that gives up is counted under ``errors_by_code``, and the
+turns it did not speak make ``turns`` fall short of ``turns_expected``.
 """
 
 from __future__ import annotations
@@ -160,6 +165,7 @@ async def _level(
 ) -> dict[str, Any]:
     """``sessions`` concurrent clients, ``turns`` turns each; the last one cancelled."""
     clips = [[_clip(speech_s, seed + 1000 * i + t) for t in range(turns)] for i in range(sessions)]
+    await server.wait_idle(timeout_s)
     load_start, cpu_start = _load(), server.cpu()
     started = time.perf_counter()
     async with asyncio.TaskGroup() as group:
@@ -197,6 +203,7 @@ async def _input_length(
     for repeat in range(1, repeats + 1):
         for key, frames in clips.items():
             steps.start(f"input length {key}, session {repeat}/{repeats}")
+            await server.wait_idle(timeout_s)
             report = await run_client(
                 server.ws_url, [frames], cancel_last=False, timeout_s=timeout_s
             )
@@ -308,6 +315,7 @@ async def run_realtime_bench(
         ValueError: a bad count or length (before anything starts).
         PipelineConfigError: ``preset`` cannot be loaded.
         ServerStartError: the server did not start.
+        ServerBusyError: the server did not free a step's sessions within ``timeout_s``.
     """
     _check(sessions, turns, speech_s, input_repeats, timeout_s)
     lengths = tuple(sorted(check_input_lengths(input_audio_s))) if input_audio_s else ()
@@ -362,8 +370,9 @@ async def run_realtime_bench(
 
 
 def realtime_table(result: dict[str, Any]) -> list[str]:
-    """The run as a few lines of text: one row per session count, then the input-length
-    figure and the targets."""
+    """The run as a few lines of text: one row per session count, a line for each level
+    whose clients gave turns up (and why), then the input-length figure and the
+    targets."""
     rows = [
         "realtime sessions (TTFA and cancel in ms after the end of speech / the cancel; "
         "CPU in server seconds per session-second)",
@@ -386,6 +395,14 @@ def realtime_table(result: dict[str, Any]) -> list[str]:
             f"{cell(cpu['cpu_s_per_session_s'], 7, '.3f')} "
             f"{cell(cpu['cpu_s_per_session_s_with_workers'], 8, '.3f')}"
         )
+    for n, level in result["levels"].items():
+        # A client that gave up took its unspoken turns with it: say so, with why.
+        if missing := level["turns_expected"] - level["turns"]:
+            why = ", ".join(f"{code} x{count}" for code, count in level["errors_by_code"].items())
+            rows.append(
+                f"{n} sessions: {missing} of {level['turns_expected']} turns not spoken "
+                f"({why or 'no error recorded'})"
+            )
     section = result.get("input_length")
     if section is not None:
         rows.append(

@@ -6,6 +6,11 @@ reach every one of them, and its CPU time is the sum over the processes of that
 session, read from ``/proc/PID/stat`` (no psutil). Stopping is SIGTERM (the server
 drains and stops its workers), then, past a deadline, SIGKILL to the whole group, on
 every path out of :func:`server_process`, failures included: nothing is left behind.
+
+A client's close returns before the server has freed its session (the stages drop it,
+then its slot is given back), so a step that opens as many sessions as the server
+takes must first wait for the last step's to be freed: :meth:`ServerProcess.wait_idle`
+reads ``/readyz``'s session count until it is zero.
 """
 
 from __future__ import annotations
@@ -20,6 +25,8 @@ import subprocess
 import sys
 import tempfile
 import time
+import urllib.error
+import urllib.request
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -27,17 +34,29 @@ from typing import Any
 
 from omni_actors.errors import OmniError
 
-__all__ = ["CpuSnapshot", "ServerProcess", "ServerStartError", "cpu_snapshot", "server_process"]
+__all__ = [
+    "CpuSnapshot",
+    "ServerBusyError",
+    "ServerProcess",
+    "ServerStartError",
+    "cpu_snapshot",
+    "server_process",
+]
 
 log = logging.getLogger(__name__)
 
 _POLL_S = 0.05  # how often the ready file and the process's exit are looked for
 _LOG_TAIL = 2000
+_PROBE_TIMEOUT_S = 5.0  # one /readyz request (the server asks its stages within 2 s)
 
 
 class ServerStartError(OmniError):
     """The bench's server exited or did not become ready in time (the message carries
     the end of its log)."""
+
+
+class ServerBusyError(OmniError, TimeoutError):
+    """The bench's server still held sessions when a step needed it free of them."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -121,6 +140,45 @@ class ServerProcess:
     def cpu(self) -> CpuSnapshot | None:
         """The server's CPU time so far (None where ``/proc`` cannot tell)."""
         return cpu_snapshot(self.pid)
+
+    async def wait_idle(self, timeout_s: float) -> None:
+        """Until the server holds no session (``/readyz``: ``sessions.active`` is 0).
+
+        Sessions whose clients have left count until the server has freed them, and a
+        full server refuses a new one (``busy``): a step that opens as many sessions as
+        the server takes waits here first (see the module docstring).
+
+        Raises:
+            ServerBusyError: the server still held sessions after ``timeout_s``.
+        """
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout_s
+        while (held := await asyncio.to_thread(_sessions_held, self.url)) != 0:
+            if loop.time() >= deadline:
+                what = f"{held} held" if isinstance(held, int) else held
+                raise ServerBusyError(
+                    f"the bench server had not freed its sessions {timeout_s:g}s after "
+                    f"their clients left ({what}): a session that does not end, or a "
+                    "server too slow for --timeout-s"
+                )
+            await asyncio.sleep(_POLL_S)
+
+
+def _sessions_held(url: str) -> int | str:
+    """How many session slots the server at ``url`` holds (``/readyz``), or why that
+    could not be read. A 503 (a stage restarting) still tells."""
+    try:
+        with urllib.request.urlopen(f"{url}/readyz", timeout=_PROBE_TIMEOUT_S) as reply:
+            body = reply.read()
+    except urllib.error.HTTPError as exc:
+        body = exc.read()
+    except OSError as exc:  # refused, reset, timed out: the server is gone or stuck
+        return f"/readyz did not answer: {exc}"
+    try:
+        active = json.loads(body)["sessions"]["active"]
+    except (ValueError, KeyError, TypeError):
+        return f"/readyz answered {body[:200]!r}"
+    return active if isinstance(active, int) else f"/readyz answered {body[:200]!r}"
 
 
 def _log_tail(path: Path) -> str:

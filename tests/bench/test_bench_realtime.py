@@ -11,16 +11,18 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import contextlib
 import json
 import os
 import signal
-from collections.abc import Iterator
+from collections.abc import Awaitable, Callable, Iterator
 from typing import Any
 
 import pytest
 import torch
+import websockets
 
-from omni_actors.bench import realtime_client
+from omni_actors.bench import realtime, realtime_client
 from omni_actors.bench.realtime import realtime_table
 from omni_actors.bench.realtime_client import (
     ClientReport,
@@ -30,12 +32,16 @@ from omni_actors.bench.realtime_client import (
 )
 from omni_actors.bench.server_process import (
     CpuSnapshot,
+    ServerBusyError,
+    ServerProcess,
     ServerStartError,
     cpu_snapshot,
     server_process,
 )
+from omni_actors.bench.steps import Steps
 from omni_actors.cli import main
 from omni_actors.protocols.realtime_client import InputAudioBufferClear
+from omni_actors.testing import eventually
 
 SERVER_MODULE = "omni_actors.bench.realtime_server"
 
@@ -83,7 +89,7 @@ def test_the_json_report_of_two_sessions_on_scripted_omni(
     }
     level = result["levels"]["2"]
     assert level["sessions"] == 2
-    assert level["turns"] == level["turns_expected"] == 4
+    assert level["turns"] == level["turns_expected"] == 4, level["errors_by_code"]
     assert level["completed_turns"] == 2  # the first turn of each; the last is cancelled
     assert level["errors"] == 0, level["errors_by_code"]
     assert level["late_audio_deltas"] == 0
@@ -119,6 +125,83 @@ def test_the_json_report_of_two_sessions_on_scripted_omni(
     assert result["parameters"]["jitter_buffer_ms"] == 200
     assert result["parameters"]["sessions"] == [2]
     assert result["warmup_errors_by_code"] == {}
+
+
+async def _session_created(ws: websockets.ClientConnection) -> None:
+    event = json.loads(await ws.recv())
+    assert event["type"] == "session.created", event
+
+
+_Step = Callable[[ServerProcess], Awaitable[dict[str, Any]]]
+
+
+async def _a_level(server: ServerProcess) -> dict[str, Any]:
+    """A level of 2 sessions x 2 turns: all 4 spoken, none refused."""
+    level = await realtime._level(server, 2, 2, 0.2, seed=0, timeout_s=30.0)
+    assert level["turns"] == level["turns_expected"] == 4, level["errors_by_code"]
+    return level
+
+
+async def _an_input_length_session(server: ServerProcess) -> dict[str, Any]:
+    """One input-length session: its turn spoken, not refused."""
+    section = await realtime._input_length(server, (0.2,), 1, 0, 30.0, Steps(None, 1))
+    entry = section["lengths"]["0.2"]
+    assert len(entry["ttfa_ms"]) == 1, entry["errors_by_code"]
+    return entry
+
+
+@pytest.mark.parametrize(
+    ("step", "slots"), [(_a_level, 2), (_an_input_length_session, 1)], ids=["level", "input"]
+)
+async def test_a_step_opens_its_sessions_once_the_server_has_freed_those_before_it(
+    step: _Step, slots: int, monkeypatch: pytest.MonkeyPatch, no_server_left: None
+) -> None:
+    # The server frees a session after its client's close has returned, and it is
+    # sized to the step (--max-sessions): a step that connected at once found it full
+    # and lost the refused client's turns (``busy``). A session the test holds stands
+    # for the last step's, not freed yet.
+    connected: list[str] = []
+    waiting = asyncio.Event()
+    run_client, wait_idle = realtime.run_client, ServerProcess.wait_idle
+
+    async def recorded_run_client(ws_url: str, *args: Any, **kwargs: Any) -> ClientReport:
+        connected.append(ws_url)
+        return await run_client(ws_url, *args, **kwargs)
+
+    async def recorded_wait_idle(server: ServerProcess, timeout_s: float) -> None:
+        waiting.set()
+        await wait_idle(server, timeout_s)
+
+    monkeypatch.setattr(realtime, "run_client", recorded_run_client)
+    monkeypatch.setattr(ServerProcess, "wait_idle", recorded_wait_idle)
+    args = ["--preset", "scripted-omni", "--port", "0", "--max-sessions", str(slots)]
+    async with server_process(args) as server:
+        async with websockets.connect(server.ws_url) as earlier:
+            await _session_created(earlier)
+            task = asyncio.create_task(step(server))
+            try:
+                await eventually(lambda: waiting.is_set() or connected, what="the step began")
+                assert not connected, "a client connected while the server held a session"
+            except BaseException:
+                task.cancel()
+                with contextlib.suppress(BaseException):
+                    await task
+                raise
+        result = await task  # the earlier session is freed: the step goes on
+    assert result["errors"] == 0, result["errors_by_code"]
+
+
+async def test_waiting_for_an_idle_server_gives_up_on_a_session_that_stays(
+    no_server_left: None,
+) -> None:
+    args = ["--preset", "scripted-omni", "--port", "0", "--max-sessions", "2"]
+    async with server_process(args) as server:
+        await server.wait_idle(30.0)  # none yet
+        async with websockets.connect(server.ws_url) as held:
+            await _session_created(held)
+            with pytest.raises(ServerBusyError, match=r"0.2s after their clients left \(1 held\)"):
+                await server.wait_idle(0.2)
+        await server.wait_idle(30.0)  # freed once its client left
 
 
 @pytest.mark.parametrize(
@@ -392,9 +475,18 @@ def test_the_table_shows_each_level_the_input_lengths_and_the_targets() -> None:
         "underruns_per_min": 0.0,
         "audio_gap_max_ms_max": 85.0,
         "server_cpu": cpu,
+        "turns": 3,
+        "turns_expected": 3,
+        "errors_by_code": {},
     }
+    # At 16 sessions, one client was refused: its 3 turns were never spoken.
+    refused = {"busy": 1, "client.connection_closed": 1, "response_cancel_not_active": 1}
     result = {
-        "levels": {"1": level, "16": level | {"errors": 3}},
+        "levels": {
+            "1": level,
+            "16": level
+            | {"errors": 3, "turns": 45, "turns_expected": 48, "errors_by_code": refused},
+        },
         "input_length": {
             "repeats": 2,
             "lengths": {
@@ -423,5 +515,10 @@ def test_the_table_shows_each_level_the_input_lengths_and_the_targets() -> None:
         "0.500",
     ]
     assert rows[3].split()[:7] == ["16", "120.0", "180.5", "-", "11.0", "12.0", "3"]
+    assert rows[4] == (
+        "16 sessions: 3 of 48 turns not spoken "
+        "(busy x1, client.connection_closed x1, response_cancel_not_active x1)"
+    )
+    assert not any(row.startswith("1 sessions:") for row in rows)
     assert "TTFA 60 s / 5 s: 1.10 (target <= 1.2)" in rows
     assert rows[-1] == "target zero_errors: measured 3, met False"
