@@ -112,3 +112,26 @@ async def test_a_model_level_reports_means_p50s_and_underruns(slow_audio: Path) 
             level["underruns"] * 60 / audio_s, rel=1e-3
         )
         assert level["host_cpu_s_per_audio_s"] > 0
+
+
+@pytest.mark.parametrize(
+    ("option", "requests"),
+    [([], None), (["--requests", "5"], 5), (["--requests-per-level", "3"], 3)],
+)
+def test_a_cluster_run_is_one_level_at_concurrency_one(
+    option: list[str], requests: int | None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from omni_actors.bench import cluster
+
+    passed: list[int | None] = []
+
+    async def fake(
+        preset: str, address: str, count: int | None, **kwargs: object
+    ) -> dict[str, object]:
+        passed.append(count)
+        return {}
+
+    monkeypatch.setattr(cluster, "run_cluster_bench", fake)
+
+    assert main(["bench", "pipeline", "--cluster", "local-ray", *option, "--quiet"]) == 0
+    assert passed == [requests]
