@@ -630,8 +630,9 @@ BENCH_TARGETS: dict[str, BenchTarget] = {
     "pipeline": BenchTarget(
         "time to first audio of scripted omni pipelines (stream vs full edges) vs the "
         "ideal from declared latencies, per concurrency level; a model preset (--preset "
-        "qwen3-omni --model DIR): TTFT, first audio packet, RTF, text tokens/s, engine "
-        "busy and host CPU per audio second, on random prompts of --input-tokens",
+        "qwen3-omni --model DIR): TTFT, first audio packet and RTF (mean and p50), text "
+        "tokens/s, underruns, engine busy and host CPU per audio second, on random "
+        "prompts of --input-tokens",
         _add_pipeline_options,
         _bench_pipeline,
         _pipeline_summary,
