@@ -8,7 +8,8 @@
 # vllm-omni's published 2x H100 figures. Run from the repository root:
 #   bash benchmarks/qwen3_omni_random_gpu.sh [setup] [prepare] [load] [boundary] [decode] [run] [pipeline]
 # Results go to $OUT (default benchmarks/results); the release to $RELEASE (/tmp/q3).
-# pipeline: $LEVELS (default 1 4 8 16 32), $REQUESTS per level (default max(2c, 8)),
+# pipeline: $LEVELS (default 1 4 8 16 32), $REQUESTS_PER_LEVEL (default 4: each level
+# runs 4 x c requests, a closed loop as vllm-omni's CI runs it) or $REQUESTS per level,
 # $FRAMES_PER_TOKEN (default 2: random weights never pick codec EOS, so the audio of each
 # 256-token reply is set to 512 frames, 41 s, as benchmarks/qwen3_omni_random.yaml sets it).
 set -euo pipefail
@@ -16,6 +17,7 @@ OUT=${OUT:-benchmarks/results}
 RELEASE=${RELEASE:-/tmp/q3}
 LEVELS=${LEVELS:-1 4 8 16 32}
 FRAMES_PER_TOKEN=${FRAMES_PER_TOKEN:-2}
+REQUESTS_PER_LEVEL=${REQUESTS_PER_LEVEL:-4}
 export PYTHONPATH=/tmp/site
 omni() { python3 -m omni_actors.cli "$@"; }
 steps=("$@")
@@ -49,10 +51,13 @@ for step in "${steps[@]}"; do
       omni run --preset benchmarks/qwen3_omni_random.yaml --model "$RELEASE" --text "Hello, who are you?" \
         --out "$OUT/qwen3_omni_random_reply.wav" 2>&1 | tail -20 ;;
     pipeline)
-      # shellcheck disable=SC2086  # LEVELS and REQUESTS are lists of words on purpose
+      # $REQUESTS, when set, replaces the K x c requests of each level.
+      if [ -n "${REQUESTS:-}" ]; then counts=(--requests "$REQUESTS")
+      else counts=(--requests-per-level "$REQUESTS_PER_LEVEL"); fi
+      # shellcheck disable=SC2086  # LEVELS is a list of words on purpose
       omni bench pipeline --preset qwen3-omni --model "$RELEASE" --input-tokens 2500 \
         --output-tokens 256 --frames-per-token "$FRAMES_PER_TOKEN" --streaming-only \
-        --no-input-length --concurrency $LEVELS ${REQUESTS:+--requests $REQUESTS} --json \
+        --no-input-length --concurrency $LEVELS "${counts[@]}" --json \
         > "$OUT/qwen3_omni_random_pipeline.json"
       python3 -c 'import json, sys; from omni_actors.bench.models import model_table
 print("\n".join(model_table(json.load(open(sys.argv[1])))))' "$OUT/qwen3_omni_random_pipeline.json" ;;

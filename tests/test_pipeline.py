@@ -47,7 +47,18 @@ def test_presets_load_by_name() -> None:
     assert spec.edges[1].chunk_policy.initial_frames == 4
 
 
-@pytest.mark.parametrize("name", ["qwen3-omni", "qwen3-omni-1gpu", "qwen3-omni-vllm"])
+REPO = Path(__file__).resolve().parents[1]
+
+
+@pytest.mark.parametrize(
+    "name",
+    [
+        "qwen3-omni",
+        "qwen3-omni-1gpu",
+        "qwen3-omni-vllm",
+        str(REPO / "benchmarks" / "qwen3_omni_random.yaml"),
+    ],
+)
 def test_code2wav_warms_the_windows_its_edge_cuts(name: str) -> None:
     """The windows warmed at load are those the talker edge's chunk policy cuts, but the
     last: a change to one without the other would only show as capture stalls."""
@@ -61,6 +72,24 @@ def test_code2wav_warms_the_windows_its_edge_cuts(name: str) -> None:
     cut = {(c.frames.shape[0], c.context) for c in window.push(torch.zeros(1000, 1))}
     warmed = {(w["frames"], w.get("left_context", 0)) for w in stage.engine.args["warm_windows"]}
     assert warmed == cut
+
+
+@pytest.mark.parametrize("name", ["qwen3-omni", "qwen3-omni-1gpu", "qwen3-omni-vllm"])
+def test_qwen3_omni_presets_reply_at_length_and_ramp_as_tiny_omni(name: str) -> None:
+    """Replies end at the model's end of turn or transformers' 1024 tokens (not a shorter
+    cap), and the audio ramps up from the first packet as tiny-omni's does, over the
+    real decoder's 72 frames of context."""
+    spec = load_pipeline(name)
+    tiny = load_pipeline("tiny-omni")
+    (edge,) = [e for e in spec.edges if e.to == "code2wav"]
+    (tiny_edge,) = [e for e in tiny.edges if e.to == "code2wav"]
+    assert edge.chunk_policy is not None
+    assert tiny_edge.chunk_policy is not None
+
+    assert spec.stage("thinker").engine.args["max_new_tokens"] == 1024
+    assert edge.chunk_policy.ramp == tiny_edge.chunk_policy.ramp != ()
+    assert edge.chunk_policy.initial_frames == tiny_edge.chunk_policy.initial_frames
+    assert edge.chunk_policy.left_context == 72
 
 
 def test_a_pipeline_without_its_transcriber_serves_the_same_replies() -> None:

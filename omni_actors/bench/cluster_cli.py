@@ -22,7 +22,8 @@ def bench_cluster(ns: argparse.Namespace) -> dict[str, Any]:
             run_cluster_bench(
                 ns.preset or "scripted-omni",
                 ns.cluster,
-                ns.requests,
+                # One level, concurrency 1: K requests per level are K requests.
+                ns.requests if ns.requests_per_level is None else ns.requests_per_level,
                 cache_dir=ns.cache_dir,
                 seed=ns.seed,
                 reply_tokens=ns.output_tokens,

@@ -6,10 +6,14 @@ A model pipeline has no ideal latency to compare with. Each level is measured on
 warmed-up pipeline with at most that many requests in flight, the way serving benchmarks
 (vLLM's, vllm-omni's) measure a model: the time to the first text token and to the first
 audio packet, the audio's real-time factor per request (the time from the request to
-its last audio over the audio's length, vllm-omni's definition), text tokens per second
-over the level, how busy each stage's engine was (its model calls over the level's wall
-time: on a GPU, how busy the device was) and the host CPU the process tree spent per
-second of audio it made. Prompts can be random text of an exact length in tokens
+its last audio over the audio's length, vllm-omni's definition), each as a mean and a
+p50, the underruns a player 200 ms behind each reply would have heard, text tokens per
+second over the level, how busy each stage's engine was (its model calls over the
+level's wall time: on a GPU, how busy the device was) and the host CPU the process tree
+spent per second of audio it made. A level runs a set number of requests, or K x c of
+them (a closed loop of K waves, as vllm-omni's CI runs 4 x c).
+
+Prompts can be random text of an exact length in tokens
 (:mod:`~omni_actors.bench.random_prompts`) and replies of an exact length, end of text
 and codec EOS ignored, as vllm-omni's random-prompt runs are; for the ``qwen3-omni``
 preset the report puts vllm-omni's published figures beside its own
@@ -38,7 +42,14 @@ from omni_actors.bench.input_length import (
     input_steps,
     measure_input_length,
 )
-from omni_actors.bench.pipeline import _drive, _machine, _ms, _Sample
+from omni_actors.bench.pipeline import (
+    _drive,
+    _machine,
+    _ms,
+    _Sample,
+    level_requests,
+    requests_parameter,
+)
 from omni_actors.bench.pipeline_targets import VLLM_OMNI_2XH100, qwen3_omni_targets
 from omni_actors.bench.random_prompts import PromptLengthError, RandomPrompts, entry_vocabulary
 from omni_actors.bench.resources import tree_cpu_s
@@ -50,6 +61,7 @@ from omni_actors.pipeline.spec.pipeline import PipelineConfigError, PipelineSpec
 
 __all__ = [
     "MODEL_CONCURRENCY",
+    "default_requests",
     "fixed_frames",
     "fixed_replies",
     "full_variant",
@@ -65,6 +77,11 @@ _TTFA_RATIO_LIMIT = 0.35  # streaming TTFA / full TTFA at concurrency 1
 _RTF_LIMIT = 1.0  # at concurrency 4
 # At concurrency 16 on a 2-core CPU: half of tiny-omni's 1.28 before sessions were batched.
 _RTF_C16_LIMIT = 0.64
+
+
+def default_requests(concurrency: int) -> int:
+    """Measured requests per concurrency level when none are given: two waves, at least 8."""
+    return max(2 * concurrency, 8)
 
 
 def is_model_pipeline(spec: PipelineSpec) -> bool:
@@ -208,17 +225,24 @@ def _level(
         ttfa = [s.ttfa_ms for s in samples]
         ttft = [s.ttft_ms for s in samples if s.ttft_ms is not None]
         rtf = [s.rtf for s in samples]
+        audio_s = sum(s.audio_s for s in samples)
+        underruns = sum(s.underruns for s in samples)
         level |= {
             "ttft_ms_mean": _ms(sum(ttft) / len(ttft)) if ttft else None,
             "ttft_ms_p50": _ms(percentile(ttft, 50)) if ttft else None,
             "ttft_ms_p90": _ms(percentile(ttft, 90)) if ttft else None,
+            "ttfa_ms_mean": _ms(sum(ttfa) / len(ttfa)),
             "ttfa_ms_p50": _ms(percentile(ttfa, 50)),
             "ttfa_ms_p90": _ms(percentile(ttfa, 90)),
             "ttfa_ms_p99": _ms(percentile(ttfa, 99)),
             "rtf_mean": round(sum(rtf) / len(rtf), 4),
             "rtf_p50": round(percentile(rtf, 50), 4),
             "e2e_ms_p50": _ms(percentile([s.e2e_ms for s in samples], 50)),
-            "audio_s_mean": round(sum(s.audio_s for s in samples) / len(samples), 3),
+            "audio_s_mean": round(audio_s / len(samples), 3),
+            # As bench realtime counts them: a player 200 ms behind each reply.
+            "underruns": underruns,
+            "underruns_per_min": round(underruns * 60.0 / audio_s, 3) if audio_s else None,
+            "stall_ms": round(sum(s.stall_ms for s in samples), 1),
         }
     if cost is not None and spec is not None:
         audio_s = sum(s.audio_s for s in samples)
@@ -247,6 +271,7 @@ async def run_model_bench(
     concurrency: list[int] | None = None,
     requests: int | None = None,
     *,
+    requests_per_level: int | None = None,
     model: str | None = None,
     cache_dir: Path | None = None,
     seed: int = 0,
@@ -264,7 +289,11 @@ async def run_model_bench(
     Args:
         preset: a model preset name or YAML path (e.g. ``tiny-omni``, ``qwen3-omni``).
         concurrency: levels (default 1, 4, 16).
-        requests: measured requests per level (default ``max(2 * c, 8)``).
+        requests: measured requests per level (default: ``requests_per_level`` x c, or
+            :func:`default_requests`).
+        requests_per_level: each level ``c`` measures this many times ``c`` requests,
+            a closed loop of that many waves (vllm-omni's CI runs 4); not with
+            ``requests`` (:func:`~omni_actors.bench.pipeline.level_requests`).
         model: the release every model stage loads instead of the preset's (a
             directory, a Hub repo id or a prepared family; as ``run --model``).
         cache_dir: the weights cache (prepared first if missing).
@@ -286,7 +315,9 @@ async def run_model_bench(
 
     Returns:
         ``variants`` (per pipeline, per level: TTFT mean/p50/p90, TTFA (the first audio
-        packet) p50/p90/p99, RTF mean and p50, E2E p50, mean audio seconds,
+        packet) mean/p50/p90/p99, RTF mean and p50, E2E p50, mean audio seconds,
+        ``underruns`` of a player 200 ms behind each reply (``SessionMetrics.pacing``),
+        ``underruns_per_min`` of audio and their ``stall_ms``,
         ``output_tokens_per_s`` over the level, ``engine_busy`` per stage actor (its
         device and ``busy_fraction``, None where the engine does not tell),
         ``host_cpu_s_per_audio_s``, ``wall_s``, ``requests`` and ``errors``),
@@ -303,16 +334,16 @@ async def run_model_bench(
             frames (raised before anything runs).
         PipelineConfigError: ``model`` given to a pipeline that loads none, or
             ``frames_per_token`` to one without a talker.
-        ValueError: a level, ``requests``, ``input_repeats`` or ``frames_per_token``
-            below 1.
+        ValueError: a level, ``requests``, ``requests_per_level``, ``input_repeats`` or
+            ``frames_per_token`` below 1, or both ``requests`` and ``requests_per_level``.
     """
     levels = concurrency or MODEL_CONCURRENCY
     for name, value in (("output_tokens", output_tokens), ("input_tokens", input_tokens)):
         if value is not None and value < 1:
             raise PromptLengthError(f"{name} must be >= 1, got {value}")
+    counts = level_requests(levels, requests, requests_per_level, default_requests)
     for name, value in (
         ("concurrency", min(levels)),
-        ("requests", requests),
         ("input_repeats", input_repeats),
         ("frames_per_token", frames_per_token),
     ):
@@ -328,7 +359,6 @@ async def run_model_bench(
     if frames_per_token is not None:
         specs = {label: fixed_frames(spec, frames_per_token) for label, spec in specs.items()}
     families = {name: f for spec in specs.values() for name, f in spec.model_families().items()}
-    counts = {c: requests if requests is not None else max(2 * c, 8) for c in levels}
     steps = Steps(
         progress,
         1
@@ -395,7 +425,8 @@ async def run_model_bench(
             "preset": str(preset),
             "model": model,
             "concurrency": levels,
-            "requests": requests if requests is not None else "max(2*c, 8)",
+            "requests": requests_parameter(requests, requests_per_level, "max(2*c, 8)"),
+            "requests_per_level": requests_per_level,
             "warmup_requests": _WARMUP,
             "seed": seed,
             "input_tokens": input_tokens,
@@ -449,31 +480,41 @@ def model_table(result: dict[str, Any]) -> list[str]:
         where = ", ".join(f"{a} {first['engine_busy'][a]['device']}" for a in actors)
         lines += ["", f"{name}" + (f" (engines: {where})" if where else "")]
         shown = reference if name == VLLM_OMNI_2XH100.preset else None
-        header = f"{'c':>4}  {'ok/req':>7}  {'TTFT p50':>9}"
+        header = f"{'c':>4}  {'ok/req':>7}  {'TTFT mean/p50':>13}"
         header += f"  {'vllm-omni':>9}" if shown is not None else ""
-        header += f"  {'1st audio p50/p90':>17}  {'RTF mean/p50':>13}"
+        header += f"  {'1st audio mean/p50/p90':>22}  {'RTF mean/p50':>13}"
         header += f"  {'vllm-omni':>9}" if shown is not None else ""
-        header += f"  {'text tok/s':>10}  {'busy ' + '/'.join(actors):>14}  {'CPU s/audio s':>13}"
+        header += f"  {'text tok/s':>10}  {'underruns':>9}  {'busy ' + '/'.join(actors):>14}"
+        header += f"  {'CPU s/audio s':>13}"
         lines.append(header)
         for c, level in levels.items():
             done = f"{level['requests'] - level['errors']}/{level['requests']}"
-            row = f"{c:>4}  {done:>7}  {_cell(level.get('ttft_ms_p50')):>9}"
+            row = f"{c:>4}  {done:>7}  {_pair(level, 'ttft_ms_mean', 'ttft_ms_p50'):>13}"
             if shown is not None:
                 row += f"  {_cell(shown['ttft_ms'].get(c)):>9}"
-            packet = f"{_cell(level.get('ttfa_ms_p50'))}/{_cell(level.get('ttfa_ms_p90'))}"
-            rtf = f"{_cell(level.get('rtf_mean'), 3)}/{_cell(level.get('rtf_p50'), 3)}"
-            row += f"  {packet:>17}  {rtf:>13}"
+            packet = _pair(level, "ttfa_ms_mean", "ttfa_ms_p50", "ttfa_ms_p90")
+            rtf = _pair(level, "rtf_mean", "rtf_p50", digits=3)
+            row += f"  {packet:>22}  {rtf:>13}"
             if shown is not None:
                 row += f"  {_cell(shown['rtf'].get(c), 3):>9}"
             busy = level.get("engine_busy", {})
             fractions = "/".join(_cell(busy.get(a, {}).get("busy_fraction"), 2) for a in actors)
-            row += f"  {_cell(level.get('output_tokens_per_s'), 1):>10}  {fractions:>14}"
+            row += f"  {_cell(level.get('output_tokens_per_s'), 1):>10}"
+            row += f"  {_cell(level.get('underruns')):>9}  {fractions:>14}"
             row += f"  {_cell(level.get('host_cpu_s_per_audio_s'), 3):>13}"
             lines.append(row)
     if reference is not None:
         lines.append(f"vllm-omni: {reference['source']}")
-    lines.append("TTFT and first audio in ms; busy: each engine's model calls over wall time")
+    lines.append(
+        "TTFT and first audio in ms; underruns: of a player 200 ms behind each reply; "
+        "busy: each engine's model calls over wall time"
+    )
     return lines
+
+
+def _pair(level: dict[str, Any], *keys: str, digits: int = 0) -> str:
+    """The figures ``keys`` of ``level`` in one cell, joined by ``/`` (``-``: missing)."""
+    return "/".join(_cell(level.get(key), digits) for key in keys)
 
 
 def _cell(value: float | None, digits: int = 0) -> str:

@@ -29,7 +29,7 @@ import os
 import platform
 import sys
 import time
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal, get_args
@@ -48,7 +48,7 @@ from omni_actors.models.heap import freeze_heap
 from omni_actors.pipeline.omni_pipeline import OmniPipeline
 from omni_actors.pipeline.spec.pipeline import DeadlinesSpec, PipelineSpec, load_pipeline
 from omni_actors.protocols.control import EdgeMode
-from omni_actors.protocols.events import Aborted, AudioDelta, Done, SessionError
+from omni_actors.protocols.events import Aborted, AudioDelta, AudioPacing, Done, SessionError
 
 __all__ = [
     "DEFAULT_CONCURRENCY",
@@ -56,7 +56,9 @@ __all__ = [
     "Placement",
     "bench_spec",
     "default_requests",
+    "level_requests",
     "placed",
+    "requests_parameter",
     "run_pipeline_bench",
 ]
 
@@ -78,6 +80,44 @@ def placed(spec: PipelineSpec, placement: Placement) -> PipelineSpec:
 def default_requests(concurrency: int) -> int:
     """Requests per concurrency level when none is given: three waves, at least 20."""
     return max(3 * concurrency, 20)
+
+
+def level_requests(
+    concurrency: Sequence[int],
+    requests: int | None,
+    requests_per_level: int | None,
+    default: Callable[[int], int],
+) -> dict[int, int]:
+    """Measured requests at each concurrency level ``c``: ``requests`` at every level, or
+    ``requests_per_level`` x ``c`` (a closed loop of that many waves: vllm-omni's CI runs
+    4 x c, 4 at c=1 and 128 at c=32), or else ``default(c)``.
+
+    Raises:
+        ValueError: both counts given, or either below 1.
+    """
+    if requests is not None and requests_per_level is not None:
+        raise ValueError(
+            f"requests ({requests}) and requests_per_level ({requests_per_level}) both "
+            "set the requests of a level: give one"
+        )
+    for name, value in (("requests", requests), ("requests_per_level", requests_per_level)):
+        if value is not None and value < 1:
+            raise ValueError(f"{name} must be >= 1, got {value}")
+    if requests is not None:
+        return {c: requests for c in concurrency}
+    if requests_per_level is not None:
+        return {c: requests_per_level * c for c in concurrency}
+    return {c: default(c) for c in concurrency}
+
+
+def requests_parameter(
+    requests: int | None, requests_per_level: int | None, default: str
+) -> int | str:
+    """How a report's ``parameters`` name the requests of a level (see
+    :func:`level_requests`): the count, ``K*c``, or ``default``."""
+    if requests is not None:
+        return requests
+    return default if requests_per_level is None else f"{requests_per_level}*c"
 
 
 def bench_spec(mode: EdgeMode) -> PipelineSpec:
@@ -106,6 +146,10 @@ class _Sample:
     """Chunks its stages sent, each counted once per hop (to a stage or to the caller)."""
     ttft_ms: float | None = None
     audio_s: float = 0.0
+    underruns: int = 0
+    """Times a player 200 ms behind would have run dry (``SessionMetrics.pacing``)."""
+    stall_ms: float = 0.0
+    """The silence those underruns cost."""
 
 
 async def _request(omni: OmniPipeline, text: str = "hello") -> _Sample | str:
@@ -124,8 +168,17 @@ async def _request(omni: OmniPipeline, text: str = "hello") -> _Sample | str:
                     outcome = "the request finished without audio"
                 else:
                     chunks = sum(h.chunks for st in m.stages.values() for h in st.hops.values())
+                    pacing = m.pacing or AudioPacing()
                     outcome = _Sample(
-                        m.ttfa_ms, m.e2e_ms, m.rtf, client_ttfa_ms, chunks, m.ttft_ms, m.audio_s
+                        m.ttfa_ms,
+                        m.e2e_ms,
+                        m.rtf,
+                        client_ttfa_ms,
+                        chunks,
+                        m.ttft_ms,
+                        m.audio_s,
+                        pacing.underruns,
+                        pacing.stall_ms,
                     )
             elif isinstance(event, SessionError):
                 outcome = f"{event.code} at {event.stage or 'pipeline'}: {event.message}"
@@ -244,19 +297,18 @@ def _level(
 async def _run_variant(
     spec: PipelineSpec,
     ideal: IdealTimes,
-    concurrency: list[int],
-    requests: int | None,
+    counts: dict[int, int],
     overshoot_ms: float,
     engine_ms: dict[int, float | None],
     profiler: Profiler | None,
     steps: Steps,
     label: str,
 ) -> dict[str, dict[str, Any]]:
-    """Every concurrency level of one pipeline, each on a fresh, warmed-up pipeline
-    (``engine_ms``: its engines' own CPU per request at each level), a step each."""
+    """Every concurrency level of one pipeline (``counts``: measured requests by level),
+    each on a fresh, warmed-up pipeline (``engine_ms``: its engines' own CPU per request
+    at each level), a step each."""
     levels: dict[str, dict[str, Any]] = {}
-    for c in concurrency:
-        count = _count(requests, c)
+    for c, count in counts.items():
         steps.start(f"{label} c={c}")
         async with OmniPipeline(spec, max_sessions=c) as omni:
             await _drive(omni, _WARMUP_REQUESTS, min(c, _WARMUP_REQUESTS))
@@ -271,19 +323,13 @@ async def _run_variant(
     return levels
 
 
-def _count(requests: int | None, concurrency: int) -> int:
-    return requests if requests is not None else default_requests(concurrency)
-
-
-async def _engine_cpu(
-    spec: PipelineSpec, concurrency: list[int], requests: int | None
-) -> dict[int, float | None]:
+async def _engine_cpu(spec: PipelineSpec, counts: dict[int, int]) -> dict[int, float | None]:
     """The engines' own CPU per request at each level (``engine_cpu``): as many requests
     as the level measures, at most two waves (eight at least), which is enough to
     average over and keeps ``c=1`` short."""
     return {
-        c: await engine_cpu_ms_per_request(spec, c, min(_count(requests, c), max(2 * c, 8)))
-        for c in concurrency
+        c: await engine_cpu_ms_per_request(spec, c, min(count, max(2 * c, 8)))
+        for c, count in counts.items()
     }
 
 
@@ -314,8 +360,7 @@ async def _run_placement(
     specs: dict[str, PipelineSpec],
     ideals: dict[str, IdealTimes],
     placement: Placement,
-    concurrency: list[int],
-    requests: int | None,
+    counts: dict[int, int],
     overshoot_ms: float,
     engine_ms: dict[str, dict[int, float | None]],
     builtin: bool,
@@ -328,8 +373,7 @@ async def _run_placement(
         name: await _run_variant(
             placed(spec, placement),
             ideals[name],
-            concurrency,
-            requests,
+            counts,
             overshoot_ms,
             engine_ms[name],
             profiler,
@@ -340,7 +384,7 @@ async def _run_placement(
     }
     ratios: dict[str, float | None] = {}
     if "stream" in variants and "full" in variants and builtin:
-        for c in map(str, concurrency):
+        for c in map(str, counts):
             stream, full = variants["stream"][c], variants["full"][c]
             both = "ttfa_ms_p50" in stream and "ttfa_ms_p50" in full
             ratios[c] = round(stream["ttfa_ms_p50"] / full["ttfa_ms_p50"], 4) if both else None
@@ -354,6 +398,8 @@ async def run_pipeline_bench(
     placements: Sequence[Placement] = ("local",),
     profiler: Profiler | None = None,
     progress: Progress | None = None,
+    *,
+    requests_per_level: int | None = None,
 ) -> dict[str, Any]:
     """Measure TTFA, E2E and RTF of scripted pipelines against their ideal.
 
@@ -363,8 +409,8 @@ async def run_pipeline_bench(
 
     Args:
         concurrency: concurrency levels; at each, at most that many requests in flight.
-        requests: measured requests per level (None: :func:`default_requests`), after
-            a warm-up of a few.
+        requests: measured requests per level (None: ``requests_per_level`` x c, or
+            :func:`default_requests`), after a warm-up of a few.
         preset: a scripted preset name or YAML path to measure instead of the built-in
             stream and full pipelines.
         placements: where the stages run, each measured in turn: ``local`` (all in
@@ -375,6 +421,8 @@ async def run_pipeline_bench(
             (:meth:`~omni_actors.bench.profiling.Profiler.report`).
         progress: told as each step starts (the calibration, then each placement,
             pipeline and level; see :mod:`~omni_actors.bench.steps`).
+        requests_per_level: each level ``c`` measures this many times ``c`` requests
+            (see :func:`level_requests`); not with ``requests``.
 
     Returns:
         A JSON-ready dict: ``placements`` (per placement: ``variants`` and
@@ -398,34 +446,31 @@ async def run_pipeline_bench(
         pipelines only).
 
     Raises:
-        ValueError: a level or ``requests`` below 1, no or an unknown placement, or a
+        ValueError: a level, ``requests`` or ``requests_per_level`` below 1, both of
+            those given, no or an unknown placement, or a
             pipeline whose ideal cannot be computed
             (:class:`~omni_actors.bench.ideal.IdealUnavailableError`).
     """
     if not concurrency or min(concurrency) < 1:
         raise ValueError(f"concurrency levels must be >= 1, got {concurrency}")
-    if requests is not None and requests < 1:
-        raise ValueError(f"requests must be >= 1, got {requests}")
+    counts = level_requests(concurrency, requests, requests_per_level, default_requests)
     if not placements or not set(placements) <= set(PLACEMENTS):
         raise ValueError(f"placements must be some of {list(PLACEMENTS)}, got {placements}")
     started = time.perf_counter()
     specs = bench_specs(preset)
     ideals = {name: ideal_times(spec) for name, spec in specs.items()}
     order = tuple(dict.fromkeys(placements))  # each once, in the order given
-    steps = Steps(progress, 1 + len(order) * len(specs) * len(concurrency))
+    steps = Steps(progress, 1 + len(order) * len(specs) * len(counts))
     steps.start("calibrating: timer overshoot, the engines' own CPU")
     overshoot_ms = await _timer_overshoot_ms()
     # Measured once, with no pipeline running: the engines cost the same in any placement.
-    engine_ms = {
-        name: await _engine_cpu(spec, concurrency, requests) for name, spec in specs.items()
-    }
+    engine_ms = {name: await _engine_cpu(spec, counts) for name, spec in specs.items()}
     runs: dict[str, dict[str, Any]] = {
         placement: await _run_placement(
             specs,
             ideals,
             placement,
-            concurrency,
-            requests,
+            counts,
             overshoot_ms,
             engine_ms,
             preset is None,
@@ -445,7 +490,8 @@ async def run_pipeline_bench(
         "machine": _machine(),
         "parameters": {
             "concurrency": list(concurrency),
-            "requests": requests if requests is not None else "max(3*c, 20)",
+            "requests": requests_parameter(requests, requests_per_level, "max(3*c, 20)"),
+            "requests_per_level": requests_per_level,
             "warmup_requests": _WARMUP_REQUESTS,
             "preset": None if preset is None else str(preset),
             "placements": list(runs),

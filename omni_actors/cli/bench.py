@@ -120,11 +120,21 @@ def _add_pipeline_options(parser: argparse.ArgumentParser) -> None:
         help="requests in flight at once, one run per level (default 1 8 64; "
         "1 4 16 for a model preset)",
     )
-    parser.add_argument(
+    counts = parser.add_mutually_exclusive_group()
+    counts.add_argument(
         "--requests",
         type=positive_int,
         default=None,
-        help="measured requests per level (default: max(3 x concurrency, 20))",
+        help="measured requests per level (default: max(3 x concurrency, 20); "
+        "max(2 x concurrency, 8) for a model preset)",
+    )
+    counts.add_argument(
+        "--requests-per-level",
+        type=positive_int,
+        default=None,
+        metavar="K",
+        help="measured requests per level: K x concurrency, a closed loop of K waves "
+        "(vllm-omni's CI runs 4: 4 at c=1, 32 at c=8, 128 at c=32)",
     )
     parser.add_argument(
         "--preset",
@@ -286,6 +296,7 @@ def _bench_pipeline(ns: argparse.Namespace) -> dict[str, Any]:
                             ns.preset,
                             levels,
                             ns.requests,
+                            requests_per_level=ns.requests_per_level,
                             model=ns.model,
                             cache_dir=ns.cache_dir,
                             seed=ns.seed,
@@ -320,7 +331,13 @@ def _bench_pipeline(ns: argparse.Namespace) -> dict[str, Any]:
     profiler = None if ns.profile is None else Profiler(ns.profile)
     return run(
         run_pipeline_bench(
-            ns.concurrency, ns.requests, ns.preset, placements, profiler, ns.progress
+            ns.concurrency,
+            ns.requests,
+            ns.preset,
+            placements,
+            profiler,
+            ns.progress,
+            requests_per_level=ns.requests_per_level,
         )
     )
 
@@ -613,8 +630,9 @@ BENCH_TARGETS: dict[str, BenchTarget] = {
     "pipeline": BenchTarget(
         "time to first audio of scripted omni pipelines (stream vs full edges) vs the "
         "ideal from declared latencies, per concurrency level; a model preset (--preset "
-        "qwen3-omni --model DIR): TTFT, first audio packet, RTF, text tokens/s, engine "
-        "busy and host CPU per audio second, on random prompts of --input-tokens",
+        "qwen3-omni --model DIR): TTFT, first audio packet and RTF (mean and p50), text "
+        "tokens/s, underruns, engine busy and host CPU per audio second, on random "
+        "prompts of --input-tokens",
         _add_pipeline_options,
         _bench_pipeline,
         _pipeline_summary,

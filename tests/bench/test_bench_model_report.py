@@ -20,12 +20,15 @@ def _level(ttft: float, rtf: float) -> dict[str, Any]:
     return {
         "requests": 8,
         "errors": 1,
+        "ttft_ms_mean": ttft + 4,
         "ttft_ms_p50": ttft,
+        "ttfa_ms_mean": 236.0,
         "ttfa_ms_p50": 230.4,
         "ttfa_ms_p90": 251.0,
         "rtf_mean": rtf,
         "rtf_p50": rtf - 0.01,
         "output_tokens_per_s": 812.34,
+        "underruns": 3,
         "engine_busy": {
             "thinker": {"device": "cuda:0", "busy_fraction": 0.9312},
             "talker": {"device": "cuda:1", "busy_fraction": None},
@@ -45,15 +48,15 @@ def test_the_qwen3_omni_table_sets_vllm_omnis_figures_beside_each_level() -> Non
 
     assert table[1] == "qwen3-omni (engines: thinker cuda:0, talker cuda:1, code2wav cuda:1)"
     assert table[2].split() == [
-        "c", "ok/req", "TTFT", "p50", "vllm-omni", "1st", "audio", "p50/p90", "RTF",
-        "mean/p50", "vllm-omni", "text", "tok/s", "busy", "thinker/talker/code2wav", "CPU",
-        "s/audio", "s",
+        "c", "ok/req", "TTFT", "mean/p50", "vllm-omni", "1st", "audio", "mean/p50/p90", "RTF",
+        "mean/p50", "vllm-omni", "text", "tok/s", "underruns", "busy",
+        "thinker/talker/code2wav", "CPU", "s/audio", "s",
     ]  # fmt: skip
     assert table[3].split() == [
-        "1", "7/8", "90", "96", "230/251", "0.101/0.091", "0.118", "812.3", "0.93/-/0.10",
-        "0.021",
+        "1", "7/8", "94/90", "96", "236/230/251", "0.101/0.091", "0.118", "812.3", "3",
+        "0.93/-/0.10", "0.021",
     ]  # fmt: skip
-    assert table[4].split()[:4] == ["32", "7/8", "480", "508"]
+    assert table[4].split()[:4] == ["32", "7/8", "484/480", "508"]
     assert table[4].split()[6] == "0.630"
     assert table[5] == f"vllm-omni: {VLLM_OMNI_2XH100.source}"
 
@@ -62,7 +65,18 @@ def test_other_presets_have_no_reference_column() -> None:
     table = model_table({"variants": {"tiny-omni": {"1": _level(90.2, 0.101)}}})
 
     assert "vllm-omni" not in "\n".join(table)
-    assert table[3].split()[:3] == ["1", "7/8", "90"]
+    assert table[3].split()[:3] == ["1", "7/8", "94/90"]
+
+
+def test_a_report_without_the_new_figures_shows_dashes() -> None:
+    # A report written before means and underruns were measured still renders.
+    level = _level(90.2, 0.101)
+    del level["ttft_ms_mean"], level["ttfa_ms_mean"], level["underruns"]
+
+    row = model_table({"variants": {"tiny-omni": {"1": level}}})[3].split()
+
+    assert row[:4] == ["1", "7/8", "-/90", "-/230/251"]
+    assert row[6] == "-"
 
 
 def test_qwen3_omni_goals_per_level() -> None:

@@ -463,11 +463,13 @@ def test_model_options_reach_the_model_bench(monkeypatch: pytest.MonkeyPatch) ->
     argv += ["--input-tokens", "2500", "--output-tokens", "256", "--frames-per-token", "2"]
     argv += ["--concurrency", "1", "4", "8", "16", "32", "--streaming-only", "--quiet"]
 
-    assert main([*argv, "--no-input-length"]) == 0
+    assert main([*argv, "--requests-per-level", "4", "--no-input-length"]) == 0
 
     expected = {
         "preset": "qwen3-omni",
         "levels": [1, 4, 8, 16, 32],
+        "requests": None,
+        "requests_per_level": 4,
         "model": "/models/q3",
         "input_tokens": 2500,
         "output_tokens": 256,

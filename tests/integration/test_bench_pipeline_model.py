@@ -46,14 +46,15 @@ def test_random_prompts_set_replies_and_serving_figures(
     argv = ["bench", "pipeline", "--preset", "tiny-omni", "--model", str(release), "--json"]
     argv += ["--input-tokens", str(INPUT_TOKENS), "--output-tokens", str(OUTPUT_TOKENS)]
     argv += ["--frames-per-token", str(FRAMES_PER_TOKEN), "--concurrency", "1", "2"]
-    argv += ["--requests", "2", "--streaming-only", "--no-input-length", "--quiet"]
+    argv += ["--requests-per-level", "1", "--streaming-only", "--no-input-length", "--quiet"]
 
     assert main(argv) == 0
 
     report = json.loads(capsys.readouterr().out)
-    # Every request (warm-ups too) sent a prompt of exactly INPUT_TOKENS tokens.
+    # Every request (warm-ups too) sent a prompt of exactly INPUT_TOKENS tokens: two
+    # warm-ups per level, then one wave of c requests.
     vocabulary = Vocabulary.load(release)
-    assert len(sent) == 2 * (2 + 2)
+    assert len(sent) == (2 + 1) + (2 + 2)
     assert [len(vocabulary.encode(text)) for text in sent] == [INPUT_TOKENS] * len(sent)
     assert set(report["variants"]) == {"tiny-omni"}  # streaming only
     assert report["stream_vs_full_ttfa"] == {}
@@ -61,15 +62,18 @@ def test_random_prompts_set_replies_and_serving_figures(
     audio_s = OUTPUT_TOKENS * FRAMES_PER_TOKEN * SAMPLES_PER_FRAME / RATE
     for c, level in report["variants"]["tiny-omni"].items():
         assert level["errors"] == 0, level.get("first_error")
-        assert level["requests"] == 2
+        assert level["requests"] == int(c)
         assert 0 < level["ttft_ms_p50"] <= level["ttft_ms_p90"]
         assert level["ttft_ms_p50"] < level["ttfa_ms_p50"] <= level["ttfa_ms_p90"]
+        assert 0 < level["ttft_ms_mean"] < level["ttfa_ms_mean"]
         assert level["rtf_mean"] > 0
         assert level["rtf_p50"] > 0
         assert level["audio_s_mean"] == pytest.approx(audio_s)
         assert level["output_tokens_per_s"] == pytest.approx(
-            2 * OUTPUT_TOKENS / level["wall_s"], rel=0.01
+            int(c) * OUTPUT_TOKENS / level["wall_s"], rel=0.01
         ), c
+        assert level["underruns"] >= 0
+        assert (level["stall_ms"] > 0) == (level["underruns"] > 0)
         assert set(level["engine_busy"]) == {"thinker", "talker", "code2wav"}
         for stage, busy in level["engine_busy"].items():
             # The talker and code2wav report from their worker processes.
@@ -82,6 +86,8 @@ def test_random_prompts_set_replies_and_serving_figures(
         "output_tokens": OUTPUT_TOKENS,
         "frames_per_token": FRAMES_PER_TOKEN,
         "full_edges": False,
+        "requests": "1*c",
+        "requests_per_level": 1,
     }
     assert {key: report["parameters"][key] for key in expected} == expected
     table = model_table(report)
