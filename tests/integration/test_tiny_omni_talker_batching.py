@@ -11,6 +11,7 @@ tests assert structure only: frame counts, codes in range, forwards shared, boun
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections.abc import AsyncIterator, Iterable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
@@ -29,6 +30,10 @@ from tiny_omni_ids import (
 
 from omni_actors.actors.engines.contract import Fields
 from omni_actors.actors.engines.qwen3_omni import configs
+from omni_actors.actors.engines.qwen3_omni.frame_compile import (
+    CompiledCodePredictor,
+    FrameCompile,
+)
 from omni_actors.actors.engines.qwen3_omni.hf import DynamicCache
 from omni_actors.actors.engines.qwen3_omni.static_decode import StaticPlan
 from omni_actors.actors.engines.qwen3_omni.talker_engine import TalkerArgs, TalkerEngine
@@ -323,6 +328,73 @@ def test_static_slot_frames_give_each_session_its_solo_codes(
     for reply, alone in zip(together, solo, strict=True):
         assert len(reply.codes) == len(alone.codes) > 1
         assert torch.equal(torch.cat(reply.codes), torch.cat(alone.codes))
+
+
+class Backend:
+    """A ``torch.compile`` backend: ``aot_eager`` (no compiler needed, the same ops), noting
+    the input shapes of each graph it compiles; ``fail`` raises as a compile that fails."""
+
+    def __init__(self, *, fail: bool = False) -> None:
+        self.fail = fail
+        self.graphs: list[tuple[Any, ...]] = []
+
+    def __call__(self, graph: torch.fx.GraphModule, inputs: list[Any]) -> Any:
+        if self.fail:
+            raise RuntimeError("no C++ compiler found")
+        self.graphs.append(tuple(tuple(x.shape) if torch.is_tensor(x) else x for x in inputs))
+        return torch._dynamo.lookup_backend("aot_eager")(graph, inputs)
+
+
+def test_compiled_static_frames_give_the_uncompiled_codes(
+    cache_dir: Path, said: list[list[Fields]], solo: list[SteppedReply]
+) -> None:
+    """The static frame step with its backbone layers and code-predictor steps compiled
+    gives each session its solo codes, stepped two then one in two slots (so batch and
+    span change, and slots are evicted). Every backbone layer runs one shared compiled
+    graph: graphs are compiled per shape, never per layer."""
+    path = cache_dir / "tiny-omni" / "seed-0"
+    layers, predictor = Backend(), Backend()
+    static = TalkerModel(
+        path,
+        stop_at_codec_eos=True,
+        static=StaticPlan(2, 4096, graphs=False),
+        frame_compile=FrameCompile(layers, predictor=False),
+    )
+    static._predictor = CompiledCodePredictor(static.talker, predictor)
+    together = [open_reply(static, outputs) for outputs in said]
+    speak_in(static, together, [[0, 1], [2]])
+    for reply, alone in zip(together, solo, strict=True):
+        assert torch.equal(torch.cat(reply.codes), torch.cat(alone.codes))
+    assert static.compiled == {"layers": "compiled", "code_predictor": "compiled"}
+    assert 2 <= len(layers.graphs) == len(set(layers.graphs)) < 2 * len(static.talker.model.layers)
+    assert 2 <= len(predictor.graphs) == len(set(predictor.graphs))
+
+
+def test_a_compile_that_fails_logs_once_and_runs_uncompiled(
+    cache_dir: Path,
+    said: list[list[Fields]],
+    solo: list[SteppedReply],
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    path = cache_dir / "tiny-omni" / "seed-0"
+    static = TalkerModel(
+        path,
+        stop_at_codec_eos=True,
+        static=StaticPlan(4, 4096, graphs=False),
+        frame_compile=FrameCompile(Backend(fail=True)),
+    )
+    together = [open_reply(static, outputs) for outputs in said]
+    with caplog.at_level(logging.WARNING, "omni_actors.actors.engines.qwen3_omni.frame_compile"):
+        speak_in(static, together, [[0, 1, 2]])
+    for reply, alone in zip(together, solo, strict=True):
+        assert torch.equal(torch.cat(reply.codes), torch.cat(alone.codes))
+    failed = "failed: BackendCompilerFailed: RuntimeError: no C++ compiler found"
+    assert static.compiled == {"layers": failed, "code_predictor": failed}
+    logged = [r.getMessage() for r in caplog.records if r.name.endswith(".frame_compile")]
+    assert sorted(logged) == [
+        f"talker {region}: torch.compile failed ({failed[8:]}); runs uncompiled"
+        for region in ("code predictor", "layers")
+    ]
 
 
 async def test_an_engine_over_the_static_cache_speaks_as_without_it(

@@ -1,0 +1,276 @@
+"""``torch.compile`` for the talker's frame step, before its CUDA graphs are captured.
+
+A frame replayed from a graph is still bound by how many kernels it runs: at full size
+on one H200 the backbone step took 5.3 ms and the code predictor's 15 steps 12.8 ms at
+batch 1, thousands of small kernels. Inductor fuses the norms, rotary embeddings,
+activations and cache writes around each layer's matmuls. Compiling the whole frame as
+one graph took about two minutes per batch size (the predictor's steps unrolled, each of
+another shape), so the regions compiled here are small and shape-stable:
+
+- each backbone decoder layer by itself (:class:`CompiledLayers`): the layers share
+  their code, and each is called with its own part of the slot cache
+  (:meth:`~.static_decode.StepCache.layer`), so no layer index reaches the graph and one
+  compiled graph serves every layer;
+- one code-predictor step (:class:`CompiledCodePredictor`): the predictor writes its keys
+  and values into a buffer of one position per codebook group and attends through a
+  mask, one position per step, so every step has the same shapes and one compiled graph
+  serves all of them. It gives ``stepping.code_predictor_frame``'s codes (the same sums,
+  one position at a time).
+
+Sizes that change are made dynamic as they change (torch.compile's automatic dynamic
+shapes): batch 1 compiles once, a second batch size once more for every later one, the
+backbone's attention span likewise. Loading, which captures every (batch bucket, span),
+so compiles each region two or three times, not once per graph. Graphs are then captured
+as before, each checked against the compiled step run without a graph
+(:class:`~.graphs.ShapeGraphs`).
+
+A compile that fails (or a compiled step that raises outside a capture) logs one line and
+that region runs uncompiled from then on: the layers as transformers runs them, the code
+predictor as ``stepping.code_predictor_frame``.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+from collections.abc import Callable, Iterable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from pydantic import BaseModel, Field
+
+from omni_actors.actors.engines.qwen3_omni import stepping
+from omni_actors.actors.engines.qwen3_omni.static_decode import (
+    StepCache,
+    attention_configs,
+    grouped_attention,
+)
+
+__all__ = [
+    "CompileState",
+    "CompiledCodePredictor",
+    "CompiledLayers",
+    "FrameCompile",
+    "FrameCompileArgs",
+]
+
+log = logging.getLogger(__name__)
+
+Backend = str | Callable[..., Any]
+"""A ``torch.compile`` backend: a name (``inductor``, ``aot_eager``) or a callable."""
+
+
+class FrameCompileArgs(BaseModel):
+    """The arguments of an engine whose static frame step may be compiled.
+
+    Attributes:
+        compile_frame: ``torch.compile`` the frame step over the static slot cache (its
+            backbone layers and code-predictor step) before its graphs are captured;
+            None: on a GPU only. Frames stepped another way are not compiled.
+        compile_backend: the ``torch.compile`` backend (``inductor``; ``aot_eager``
+            needs no compiler, to check that a model traces).
+    """
+
+    compile_frame: bool | None = Field(None, strict=True)
+    compile_backend: str = Field("inductor", min_length=1)
+
+    def frame_compile(self, device: torch.device) -> FrameCompile | None:
+        """What these arguments compile on ``device`` (None: nothing)."""
+        enabled = device.type == "cuda" if self.compile_frame is None else self.compile_frame
+        return FrameCompile(self.compile_backend) if enabled else None
+
+
+@dataclass(frozen=True, slots=True)
+class FrameCompile:
+    """Which regions of the frame step are compiled, with which backend."""
+
+    backend: Backend = "inductor"
+    backbone: bool = True
+    """The backbone's decoder layers (:class:`CompiledLayers`)."""
+    predictor: bool = True
+    """The code predictor's step (:class:`CompiledCodePredictor`)."""
+
+
+class CompileState:
+    """Whether a compiled region still runs compiled; one log line when it stops.
+
+    Args:
+        name: the region, for the log line.
+    """
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+        self.failed: str | None = None
+        """Why the region runs uncompiled (None: it runs compiled)."""
+
+    def fall_back(self, error: Exception) -> None:
+        """After ``error`` from the compiled region: run it uncompiled from now on.
+
+        Raises:
+            Exception: ``error`` itself where running uncompiled would not help: the
+                device is out of memory, or a graph capture is under way (the capture
+                fails, and :class:`~.graphs.ShapeGraphs` leaves that shape eager).
+        """
+        if isinstance(error, torch.OutOfMemoryError) or _capturing():
+            raise error
+        self.failed = _reason(error)
+        log.warning("%s: torch.compile failed (%s); runs uncompiled", self.name, self.failed)
+
+
+def _capturing() -> bool:
+    return torch.cuda.is_available() and torch.cuda.is_current_stream_capturing()
+
+
+def _reason(error: BaseException, depth: int = 3) -> str:
+    """The error's type, then its cause's where it wraps one (dynamo wraps a backend's
+    error), down to the innermost's first line."""
+    inner = getattr(error, "inner_exception", None) or error.__cause__
+    if isinstance(inner, BaseException) and inner is not error and depth > 1:
+        return f"{type(error).__name__}: {_reason(inner, depth - 1)}"
+    lines = str(error).strip().splitlines()
+    return f"{type(error).__name__}: {lines[0] if lines else ''}".strip()
+
+
+def _layer_forward(layer: torch.nn.Module, *args: Any, **kwargs: Any) -> Any:
+    """A decoder layer's own forward (what :class:`CompiledLayers` compiles)."""
+    return type(layer).forward(layer, *args, **kwargs)
+
+
+class CompiledLayers:
+    """Decoder layers that run compiled while :meth:`active`, when called with a
+    :class:`~.static_decode.StepCache`; see the module docstring.
+
+    Args:
+        layers: the model's decoder layers, in order (a layer's index in its cache).
+        backend: the ``torch.compile`` backend.
+        name: the region, for the log.
+    """
+
+    def __init__(
+        self, layers: Iterable[torch.nn.Module], backend: Backend, name: str = "talker layers"
+    ) -> None:
+        self._layers = list(layers)
+        self._index = {id(layer): index for index, layer in enumerate(self._layers)}
+        self._compiled = torch.compile(_layer_forward, backend=backend, dynamic=None)
+        self.state = CompileState(name)
+
+    @contextmanager
+    def active(self) -> Iterator[None]:
+        """Meanwhile, a call of a layer runs its compiled forward.
+
+        Swaps each layer's ``forward`` (an instance attribute, which ``nn.Module``
+        calls in place of the class's); only Python reads it, so a graph captured
+        meanwhile keeps the kernels it recorded, and the model thread is the layers'
+        only user, so nothing else sees the swap (prefills keep transformers' forward).
+        """
+        if self.state.failed is not None:
+            yield
+            return
+        for layer in self._layers:
+            vars(layer)["forward"] = functools.partial(self._forward, layer)
+        try:
+            yield
+        finally:
+            for layer in self._layers:
+                vars(layer).pop("forward", None)
+
+    def _forward(
+        self, layer: torch.nn.Module, *args: Any, past_key_values: Any = None, **kwargs: Any
+    ) -> Any:
+        if self.state.failed is None and isinstance(past_key_values, StepCache):
+            part = past_key_values.layer(self._index[id(layer)])
+            try:
+                return self._compiled(layer, *args, past_key_values=part, **kwargs)
+            except Exception as error:
+                self.state.fall_back(error)
+        return _layer_forward(layer, *args, past_key_values=past_key_values, **kwargs)
+
+
+def _predictor_step(
+    model: torch.nn.Module,
+    head: torch.nn.Module,
+    table: torch.nn.Module,
+    inputs: torch.Tensor,
+    positions: torch.Tensor,
+    keys: list[torch.Tensor],
+    values: list[torch.Tensor],
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """One code-predictor position per row: ``inputs`` [B, 1, H] at ``positions`` [B],
+    its keys and values written into ``keys``/``values`` [B, kv_heads, groups, dim].
+
+    Returns:
+        the code ``head`` picks [B, 1], its embedding in ``table`` [B, 1, H], and the
+        next positions.
+    """
+    cache = StepCache(keys, values, positions, keys[0].shape[2])
+    hidden = model(
+        inputs_embeds=inputs,
+        attention_mask=cache.mask,
+        position_ids=positions[:, None],
+        past_key_values=cache,
+        use_cache=True,
+    ).last_hidden_state
+    code = stepping.greedy(head(hidden[:, -1]))
+    return code, table(code), positions + 1
+
+
+class CompiledCodePredictor:
+    """``stepping.code_predictor_frame(talker, hidden, code0)`` (greedy), its steps
+    compiled; see the module docstring.
+
+    Args:
+        talker: the HF talker.
+        backend: the ``torch.compile`` backend.
+    """
+
+    def __init__(self, talker: Any, backend: Backend) -> None:
+        self._talker = talker
+        self._predictor = talker.code_predictor
+        self._configs = attention_configs(self._predictor.model)
+        self._compiled = torch.compile(_predictor_step, backend=backend, dynamic=None)
+        self.state = CompileState("talker code predictor")
+
+    def __call__(
+        self, hidden: torch.Tensor, code0: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """``(codes [B, groups], carry [B, 1, Ht])`` for ``hidden`` [B, 1, Ht] and
+        ``code0`` [B, 1]."""
+        if self.state.failed is None:
+            try:
+                return self.frame(hidden, code0, self._compiled)
+            except Exception as error:
+                self.state.fall_back(error)
+        return stepping.code_predictor_frame(self._talker, hidden, code0)
+
+    def frame(
+        self, hidden: torch.Tensor, code0: torch.Tensor, step: Callable[..., Any] = _predictor_step
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """The frame with each step run by ``step`` (default: uncompiled)."""
+        predictor = self._predictor
+        config = predictor.config
+        groups = int(self._talker.config.num_code_groups)
+        dim = int(
+            getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+        )
+        shape = (hidden.shape[0], int(config.num_key_value_heads), groups, dim)
+        layers = int(config.num_hidden_layers)
+        keys = [hidden.new_zeros(shape) for _ in range(layers)]
+        values = [hidden.new_zeros(shape) for _ in range(layers)]
+        positions = torch.zeros(hidden.shape[0], dtype=torch.long, device=hidden.device)
+        embed = self._talker.model.codec_embedding(code0)
+        codes, embeds = [code0], [embed]
+        heads, tables = predictor.lm_head, predictor.model.codec_embedding
+        model = predictor.model
+        with grouped_attention(self._configs):
+            # Position 0 holds the talker's hidden state: what the step picks there is
+            # no code (the same head and table as the next step, so one graph serves).
+            _, _, positions = step(model, heads[0], tables[0], hidden, positions, keys, values)
+            for group in range(1, groups):
+                code, embed, positions = step(
+                    model, heads[group - 1], tables[group - 1], embed, positions, keys, values
+                )
+                codes.append(code)
+                embeds.append(embed)
+        return torch.cat(codes, dim=1), torch.cat(embeds, dim=1).sum(dim=1, keepdim=True)
