@@ -15,7 +15,9 @@ another shape), so the regions compiled here are small and shape-stable:
   and values into a buffer of one position per codebook group and attends through a
   mask, one position per step, so every step has the same shapes and one compiled graph
   serves all of them. It gives ``stepping.code_predictor_frame``'s codes (the same sums,
-  one position at a time).
+  one position at a time). Its step is 16 small forwards of 5 layers each, so its matmuls
+  are launch-bound: each layer's query, key and value projections run as one matmul, and
+  its gate and up projections as one (weights concatenated once, 0.15 GB at full size).
 
 Sizes that change are made dynamic as they change (torch.compile's automatic dynamic
 shapes): batch 1 compiles once, a second batch size once more for every later one, the
@@ -33,6 +35,7 @@ from __future__ import annotations
 
 import functools
 import logging
+import sys
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -46,6 +49,7 @@ from omni_actors.actors.engines.qwen3_omni.static_decode import (
     StepCache,
     attention_configs,
     grouped_attention,
+    grouped_decode_attention,
 )
 
 __all__ = [
@@ -91,6 +95,8 @@ class FrameCompile:
     """The backbone's decoder layers (:class:`CompiledLayers`)."""
     predictor: bool = True
     """The code predictor's step (:class:`CompiledCodePredictor`)."""
+    fused: bool = True
+    """The code predictor's projections fused (:class:`CompiledCodePredictor`)."""
 
 
 class CompileState:
@@ -216,6 +222,80 @@ def _predictor_step(
     return code, table(code), positions + 1
 
 
+class FusedPredictor(torch.nn.Module):
+    """The code predictor's step with each layer's query/key/value projections as one
+    matmul and its gate/up projections as one (their weights concatenated here); the
+    rest is the predictor's own modules. Only for its layers as transformers builds them
+    for Qwen3-Omni: projections without bias, one attention kind.
+
+    Raises:
+        ValueError: the predictor's layers are not of that shape.
+    """
+
+    def __init__(self, model: Any) -> None:
+        super().__init__()
+        self.model = model
+        self._rope = sys.modules[type(model.layers[0].self_attn).__module__].apply_rotary_pos_emb
+        for index, layer in enumerate(model.layers):
+            attn, mlp = layer.self_attn, layer.mlp
+            projections = (attn.q_proj, attn.k_proj, attn.v_proj, mlp.gate_proj, mlp.up_proj)
+            if any(p.bias is not None for p in projections) or attn.sliding_window is not None:
+                raise ValueError("the code predictor's layers are not Qwen3-Omni's")
+            qkv = torch.cat([p.weight for p in projections[:3]])
+            gate_up = torch.cat([mlp.gate_proj.weight, mlp.up_proj.weight])
+            self.register_buffer(f"qkv{index}", qkv, persistent=False)
+            self.register_buffer(f"gate_up{index}", gate_up, persistent=False)
+
+    def forward(
+        self,
+        head: torch.nn.Module,
+        table: torch.nn.Module,
+        inputs: torch.Tensor,
+        positions: torch.Tensor,
+        keys: list[torch.Tensor],
+        values: list[torch.Tensor],
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """As :func:`_predictor_step` (the model is this module's)."""
+        model = self.model
+        cache = StepCache(keys, values, positions, keys[0].shape[2])
+        cos, sin = model.rotary_emb(inputs, positions[:, None])
+        hidden = inputs
+        for index, layer in enumerate(model.layers):
+            hidden = self._layer(index, layer, hidden, cos, sin, cache.layer(index))
+        hidden = model.norm(hidden)
+        code = stepping.greedy(head(hidden[:, -1]))
+        return code, table(code), positions + 1
+
+    def _layer(
+        self,
+        index: int,
+        layer: Any,
+        hidden: torch.Tensor,
+        cos: torch.Tensor,
+        sin: torch.Tensor,
+        cache: StepCache,
+    ) -> torch.Tensor:
+        """The decoder layer's forward (transformers' sums, in its order), its
+        projections fused."""
+        attn, mlp = layer.self_attn, layer.mlp
+        batch, dim = hidden.shape[0], int(attn.head_dim)
+        linear = torch.nn.functional.linear
+        qkv = linear(layer.input_layernorm(hidden), getattr(self, f"qkv{index}"))
+        sizes = [attn.q_proj.out_features, attn.k_proj.out_features, attn.v_proj.out_features]
+        query, key, value = torch.split(qkv, sizes, dim=-1)
+        query = attn.q_norm(query.view(batch, 1, -1, dim)).transpose(1, 2)
+        key = attn.k_norm(key.view(batch, 1, -1, dim)).transpose(1, 2)
+        value = value.view(batch, 1, -1, dim).transpose(1, 2)
+        query, key = self._rope(query, key, cos, sin)
+        key, value = cache.update(key, value, 0)
+        heads, _ = grouped_decode_attention(attn, query, key, value, cache.mask, attn.scaling)
+        hidden = hidden + attn.o_proj(heads.reshape(batch, 1, -1))
+        gate_up = linear(layer.post_attention_layernorm(hidden), getattr(self, f"gate_up{index}"))
+        gate, up = gate_up.chunk(2, dim=-1)
+        out: torch.Tensor = hidden + mlp.down_proj(mlp.act_fn(gate) * up)
+        return out
+
+
 class CompiledCodePredictor:
     """``stepping.code_predictor_frame(talker, hidden, code0)`` (greedy), its steps
     compiled; see the module docstring.
@@ -223,14 +303,24 @@ class CompiledCodePredictor:
     Args:
         talker: the HF talker.
         backend: the ``torch.compile`` backend.
+        fused: fuse the step's projections (:class:`FusedPredictor`) where the
+            predictor's layers allow it.
     """
 
-    def __init__(self, talker: Any, backend: Backend) -> None:
+    def __init__(self, talker: Any, backend: Backend, *, fused: bool = True) -> None:
         self._talker = talker
         self._predictor = talker.code_predictor
         self._configs = attention_configs(self._predictor.model)
-        self._compiled = torch.compile(_predictor_step, backend=backend, dynamic=None)
         self.state = CompileState("talker code predictor")
+        step: Callable[..., Any] = functools.partial(_predictor_step, self._predictor.model)
+        if fused:
+            try:
+                step = FusedPredictor(self._predictor.model)
+            except ValueError as error:
+                log.warning("%s: %s; its projections stay apart", self.state.name, error)
+        self._step = step
+        """A step, uncompiled: ``(head, table, inputs, positions, keys, values)``."""
+        self._compiled = torch.compile(step, backend=backend, dynamic=None)
 
     def __call__(
         self, hidden: torch.Tensor, code0: torch.Tensor
@@ -245,9 +335,11 @@ class CompiledCodePredictor:
         return stepping.code_predictor_frame(self._talker, hidden, code0)
 
     def frame(
-        self, hidden: torch.Tensor, code0: torch.Tensor, step: Callable[..., Any] = _predictor_step
+        self, hidden: torch.Tensor, code0: torch.Tensor, step: Callable[..., Any] | None = None
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """The frame with each step run by ``step`` (default: uncompiled)."""
+        if step is None:  # not ``or``: a compiled module has no truth value
+            step = self._step
         predictor = self._predictor
         config = predictor.config
         groups = int(self._talker.config.num_code_groups)
@@ -262,14 +354,13 @@ class CompiledCodePredictor:
         embed = self._talker.model.codec_embedding(code0)
         codes, embeds = [code0], [embed]
         heads, tables = predictor.lm_head, predictor.model.codec_embedding
-        model = predictor.model
         with grouped_attention(self._configs):
             # Position 0 holds the talker's hidden state: what the step picks there is
             # no code (the same head and table as the next step, so one graph serves).
-            _, _, positions = step(model, heads[0], tables[0], hidden, positions, keys, values)
+            _, _, positions = step(heads[0], tables[0], hidden, positions, keys, values)
             for group in range(1, groups):
                 code, embed, positions = step(
-                    model, heads[group - 1], tables[group - 1], embed, positions, keys, values
+                    heads[group - 1], tables[group - 1], embed, positions, keys, values
                 )
                 codes.append(code)
                 embeds.append(embed)

@@ -63,6 +63,7 @@ __all__ = [
     "attention_configs",
     "batch_bucket",
     "grouped_attention",
+    "grouped_decode_attention",
     "span_bucket",
 ]
 
@@ -197,7 +198,7 @@ class _LayerPart(StepCache):
         return super().update(key, value, 0)
 
 
-def _grouped_decode_attention(
+def grouped_decode_attention(
     module: torch.nn.Module,
     query: torch.Tensor,
     key: torch.Tensor,
@@ -216,7 +217,7 @@ def _grouped_decode_attention(
     return out.reshape(batch, heads, length, dim).transpose(1, 2), None
 
 
-AttentionInterface.register(_ATTENTION, _grouped_decode_attention)
+AttentionInterface.register(_ATTENTION, grouped_decode_attention)
 
 
 def attention_configs(model: torch.nn.Module) -> list[Any]:

@@ -159,7 +159,9 @@ class TalkerModel:
             if frame_compile.backbone:
                 self._layers = CompiledLayers(talker.model.layers, frame_compile.backend)
             if frame_compile.predictor:
-                self._predictor = CompiledCodePredictor(talker, frame_compile.backend)
+                self._predictor = CompiledCodePredictor(
+                    talker, frame_compile.backend, fused=frame_compile.fused
+                )
         if static is not None:
             self._static = StaticDecoder(
                 talker.model,
