@@ -10,7 +10,7 @@
 # On a machine with one GPU (and a 64 GiB disk, too small for the 66 GiB release):
 #   bash benchmarks/qwen3_omni_random_gpu.sh setup prepare-talker decode-talker
 # writes the release's talker alone and times its frame, compiled as the engine compiles
-# it and not ($COMPILE, default "off all").
+# it, not, and with the code predictor's projections fused ($COMPILE, default "off all fused").
 # Results go to $OUT (default benchmarks/results); the release to $RELEASE (/tmp/q3).
 # pipeline: $LEVELS (default 1 4 8 16 32), $REQUESTS per level (default max(2c, 8)),
 # $FRAMES_PER_TOKEN (default 2: random weights never pick codec EOS, so the audio of each
@@ -19,7 +19,7 @@ set -euo pipefail
 OUT=${OUT:-benchmarks/results}
 RELEASE=${RELEASE:-/tmp/q3}
 LEVELS=${LEVELS:-1 4 8 16 32}
-COMPILE=${COMPILE:-off all}
+COMPILE=${COMPILE:-off all fused}
 FRAMES_PER_TOKEN=${FRAMES_PER_TOKEN:-2}
 export PYTHONPATH=/tmp/site
 omni() { python3 -m omni_actors.cli "$@"; }

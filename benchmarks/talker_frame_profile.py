@@ -1,7 +1,8 @@
 """Where a talker frame's GPU time goes: the kernels of its graph replay, per batch size.
 
 Loads the talker of a release (``RELEASE``, default ``/tmp/q3``) as ``bench decode`` does,
-compiled as its engine compiles it on a GPU (``COMPILE=off`` for the step as before),
+compiled as its engine compiles it on a GPU (``COMPILE=off``: the step as before;
+``COMPILE=fused``: the code predictor's projections fused too),
 opens ``B`` sessions of 1024 positions, steps two frames (leases, capture), then profiles
 10 frames and prints one JSON line per batch size: kernels per frame, GPU busy ms per
 frame, and the kernels that take the most time (name, calls per frame, ms per frame).
@@ -35,7 +36,8 @@ def main() -> None:
     release = Path(os.environ.get("RELEASE", "/tmp/q3"))
     batches = [int(b) for b in sys.argv[1:]] or [1, 32]
     backend = "aot_eager" if dry else "inductor"
-    compiled = None if os.environ.get("COMPILE") == "off" else FrameCompile(backend)
+    choice = os.environ.get("COMPILE", "all")
+    compiled = None if choice == "off" else FrameCompile(backend, fused=choice == "fused")
     plan = StaticPlan(max(batches), 2048, graphs=not dry)
     if not dry:
         torch.cuda.set_device(device)

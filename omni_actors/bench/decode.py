@@ -14,7 +14,8 @@ real time needs one frame per 80 ms).
 
 The talker's static frame step is compiled as its engine compiles it (``compile``
 ``default``: on a GPU), or as ``compile`` says (``off``, ``layers``, ``predictor``,
-``all``: :mod:`~omni_actors.actors.engines.qwen3_omni.frame_compile`); ``load_s`` is the
+``all``, ``fused``: ``all`` with the code predictor's projections fused;
+:mod:`~omni_actors.actors.engines.qwen3_omni.frame_compile`); ``load_s`` is the
 time to build the stage, which with ``warm`` includes capturing (and compiling) every
 graph at load, as the engine does.
 """
@@ -31,7 +32,7 @@ import torch
 
 __all__ = ["COMPILE_CHOICES", "run_decode_bench"]
 
-COMPILE_CHOICES: Final = ("default", "off", "layers", "predictor", "all")
+COMPILE_CHOICES: Final = ("default", "off", "layers", "predictor", "all", "fused")
 """What of the talker's static frame step to compile (module docstring)."""
 
 
@@ -101,7 +102,12 @@ def _frame_compile(choice: str, backend: str, device: torch.device) -> Any:
         return FrameCompileArgs(compile_backend=backend).frame_compile(device)
     if choice == "off":
         return None
-    return FrameCompile(backend, backbone=choice != "predictor", predictor=choice != "layers")
+    return FrameCompile(
+        backend,
+        backbone=choice != "predictor",
+        predictor=choice != "layers",
+        fused=choice == "fused",
+    )
 
 
 def _talker(

@@ -345,13 +345,15 @@ class Backend:
         return torch._dynamo.lookup_backend("aot_eager")(graph, inputs)
 
 
+@pytest.mark.parametrize("fused", [False, True], ids=["apart", "fused"])
 def test_compiled_static_frames_give_the_uncompiled_codes(
-    cache_dir: Path, said: list[list[Fields]], solo: list[SteppedReply]
+    cache_dir: Path, said: list[list[Fields]], solo: list[SteppedReply], fused: bool
 ) -> None:
     """The static frame step with its backbone layers and code-predictor steps compiled
-    gives each session its solo codes, stepped two then one in two slots (so batch and
-    span change, and slots are evicted). Every backbone layer runs one shared compiled
-    graph: graphs are compiled per shape, never per layer."""
+    (the predictor's projections apart or fused) gives each session its solo codes,
+    stepped two then one in two slots (so the batch changes, and slots are evicted).
+    Every backbone layer runs one shared compiled graph: graphs are compiled per shape,
+    never per layer."""
     path = cache_dir / "tiny-omni" / "seed-0"
     layers, predictor = Backend(), Backend()
     static = TalkerModel(
@@ -360,7 +362,7 @@ def test_compiled_static_frames_give_the_uncompiled_codes(
         static=StaticPlan(2, 4096, graphs=False),
         frame_compile=FrameCompile(layers, predictor=False),
     )
-    static._predictor = CompiledCodePredictor(static.talker, predictor)
+    static._predictor = CompiledCodePredictor(static.talker, predictor, fused=fused)
     together = [open_reply(static, outputs) for outputs in said]
     speak_in(static, together, [[0, 1], [2]])
     for reply, alone in zip(together, solo, strict=True):
@@ -419,4 +421,8 @@ async def test_an_engine_over_the_static_cache_speaks_as_without_it(
 
     eager = await speak(static_cache=False)
     for got, want in zip(await speak(static_cache=True), eager, strict=True):
+        assert torch.equal(got, want)
+    # Its frame step compiled (aot_eager: no compiler needed), as on a GPU by default.
+    compiled = await speak(static_cache=True, compile_frame=True, compile_backend="aot_eager")
+    for got, want in zip(compiled, eager, strict=True):
         assert torch.equal(got, want)

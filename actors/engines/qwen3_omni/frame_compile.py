@@ -16,8 +16,10 @@ another shape), so the regions compiled here are small and shape-stable:
   mask, one position per step, so every step has the same shapes and one compiled graph
   serves all of them. It gives ``stepping.code_predictor_frame``'s codes (the same sums,
   one position at a time). Its step is 16 small forwards of 5 layers each, so its matmuls
-  are launch-bound: each layer's query, key and value projections run as one matmul, and
-  its gate and up projections as one (weights concatenated once, 0.15 GB at full size).
+  are launch-bound; :class:`FusedPredictor` (``FrameCompile.fused``, not yet measured on a
+  GPU, so off by default) runs each layer's query, key and value projections as one
+  matmul and its gate and up projections as one (weights concatenated once, 0.15 GB at
+  full size).
 
 Sizes that change are made dynamic as they change (torch.compile's automatic dynamic
 shapes): batch 1 compiles once, a second batch size once more for every later one, the
@@ -95,8 +97,8 @@ class FrameCompile:
     """The backbone's decoder layers (:class:`CompiledLayers`)."""
     predictor: bool = True
     """The code predictor's step (:class:`CompiledCodePredictor`)."""
-    fused: bool = True
-    """The code predictor's projections fused (:class:`CompiledCodePredictor`)."""
+    fused: bool = False
+    """The code predictor's projections fused (:class:`FusedPredictor`)."""
 
 
 class CompileState:
@@ -307,7 +309,7 @@ class CompiledCodePredictor:
             predictor's layers allow it.
     """
 
-    def __init__(self, talker: Any, backend: Backend, *, fused: bool = True) -> None:
+    def __init__(self, talker: Any, backend: Backend, *, fused: bool = False) -> None:
         self._talker = talker
         self._predictor = talker.code_predictor
         self._configs = attention_configs(self._predictor.model)
