@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import AsyncIterator, Iterable
+from collections.abc import AsyncIterator, Iterable, Iterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -341,10 +341,20 @@ class Backend:
     def __call__(self, graph: torch.fx.GraphModule, inputs: list[Any]) -> Any:
         if self.fail:
             raise RuntimeError("no C++ compiler found")
-        self.graphs.append(tuple(tuple(x.shape) if torch.is_tensor(x) else x for x in inputs))
+        self.graphs.append(tuple(str(x.shape) if torch.is_tensor(x) else str(x) for x in inputs))
         return torch._dynamo.lookup_backend("aot_eager")(graph, inputs)
 
 
+@pytest.fixture
+def fresh_compiles() -> Iterator[None]:
+    """Compiled code and the sizes torch.compile saw made dynamic are process-wide: each
+    test compiles from scratch, and leaves nothing for the next."""
+    torch._dynamo.reset()
+    yield
+    torch._dynamo.reset()
+
+
+@pytest.mark.usefixtures("fresh_compiles")
 @pytest.mark.parametrize("fused", [False, True], ids=["apart", "fused"])
 def test_compiled_static_frames_give_the_uncompiled_codes(
     cache_dir: Path, said: list[list[Fields]], solo: list[SteppedReply], fused: bool
@@ -372,6 +382,7 @@ def test_compiled_static_frames_give_the_uncompiled_codes(
     assert 2 <= len(predictor.graphs) == len(set(predictor.graphs))
 
 
+@pytest.mark.usefixtures("fresh_compiles")
 def test_a_compile_that_fails_logs_once_and_runs_uncompiled(
     cache_dir: Path,
     said: list[list[Fields]],
@@ -399,6 +410,7 @@ def test_a_compile_that_fails_logs_once_and_runs_uncompiled(
     ]
 
 
+@pytest.mark.usefixtures("fresh_compiles")
 async def test_an_engine_over_the_static_cache_speaks_as_without_it(
     cache_dir: Path, said: list[list[Fields]]
 ) -> None:
@@ -417,6 +429,9 @@ async def test_an_engine_over_the_static_cache_speaks_as_without_it(
             static = engine._model.static
             if static is not None:
                 assert static.steps > 0
+            if extra.get("compile_frame"):
+                compiled = {"layers": "compiled", "code_predictor": "compiled"}
+                assert engine._model.compiled == compiled
         return got
 
     eager = await speak(static_cache=False)
