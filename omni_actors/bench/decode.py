@@ -53,43 +53,108 @@ def _timed(step: Callable[[], object], device: torch.device, steps: int) -> floa
 def _thinker(
     model: Path, device: torch.device, batches: Sequence[int], context: int, steps: int, plan: Any
 ) -> dict[str, Any]:
-    from omni_actors.actors.engines.qwen3_omni.conversation import Conversation
-    from omni_actors.actors.engines.qwen3_omni.hf import DynamicCache
+    import asyncio
+
     from omni_actors.actors.engines.qwen3_omni.sampling import Sampling
-    from omni_actors.actors.engines.qwen3_omni.thinker_model import DecodeStep, ThinkerModel
+    from omni_actors.actors.engines.qwen3_omni.thinker_model import (
+        Fed,
+        Feeding,
+        Pick,
+        ThinkerChunk,
+        ThinkerModel,
+    )
+    from omni_actors.actors.engines.step_loop import StepLoop
 
-    thinker = ThinkerModel(model, device, static=plan)
+    thinker = ThinkerModel(
+        model,
+        device,
+        slots=plan.slots,
+        max_context=plan.max_len,
+        graphs=plan.graphs,
+        warm=plan.graphs,
+    )
     vocab = int(thinker.text_config.vocab_size)
-    greedy = Sampling(1 << 30, 0, 0.0, None)
+    greedy = Pick(True, Sampling(1 << 30, 0, 0.0, None))
     generator = torch.Generator().manual_seed(0)
+    eager = [False]
 
-    def measure(batch: int) -> dict[str, float]:
-        conversations = []
-        for _ in range(batch):
-            conversation = Conversation(DynamicCache(config=thinker.text_config))
+    async def execute(chunks: list[ThinkerChunk]) -> list[Fed]:
+        return thinker.step(chunks, eager=eager[0])
+
+    async def measure(batch: int) -> dict[str, float]:
+        loop: StepLoop[Feeding, Fed] = StepLoop(
+            execute,
+            slots=plan.slots,
+            max_context=plan.max_len,
+            max_tokens_per_step=max(context, 1),
+            max_chunk=max(context, 1),
+            name="bench decode",
+        )
+        loop.start()
+        requests = [loop.open(f"s{i}") for i in range(batch)]
+        for request in requests:
             ids = torch.randint(0, vocab, (context,), generator=generator, device="cpu")
-            thinker.instruct(conversation, tuple(ids.tolist()))
-            conversations.append(conversation)
+            await loop.submit(request, Feeding(ids.tolist()), context)
         tokens = [0] * batch
+        starts = [request.computed for request in requests]
 
-        def step(eager: bool) -> None:
-            pairs = zip(conversations, tokens, strict=True)
-            picked = thinker.decode_steps(
-                [DecodeStep(c, t, True, greedy) for c, t in pairs], eager=eager
-            )
-            tokens[:] = [token for token, _ in picked]
+        async def step() -> None:
+            futures = [
+                loop.submit(r, Feeding([t], pick=greedy), 1, decode=True)
+                for r, t in zip(requests, tokens, strict=True)
+            ]
+            for index, future in enumerate(futures):
+                (fed,) = await future
+                assert fed.token is not None
+                tokens[index] = fed.token[0]
 
-        eager_ms = _timed(lambda: step(True), device, steps)
-        step(False)  # leases the slots, captures the graph
-        static_ms = _timed(lambda: step(False), device, steps)
-        for conversation in conversations:
-            thinker.settle(conversation)
+        eager_ms = await _timed_async(step, device, steps, eager, True, requests, starts)
+        await step()  # the graph of this shape (captured at load unless warm failed)
+        static_ms = await _timed_async(step, device, steps, eager, False, requests, starts)
+        await loop.stop()
         return {"eager_ms": eager_ms, "static_ms": static_ms}
+
+    async def run_all() -> dict[str, Any]:
+        return {str(batch): await measure(batch) for batch in batches}
 
     # As an engine's model thread computes once loaded: on its device by default.
     with torch.device(device):
-        rows = {str(batch): measure(batch) for batch in batches}
-    return _report(thinker.static, rows)
+        rows = asyncio.run(run_all())
+    graphs = thinker._graphs
+    return {
+        "batches": rows,
+        "graphed": [list(key) for key in thinker.graphed],
+        "capture_s": {}
+        if graphs is None
+        else {f"{b}x{s}": round(t, 3) for (b, s), t in graphs.capture_s.items()},
+        "slot_cache_gib": round(thinker.cache.nbytes / 2**30, 3),
+    }
+
+
+async def _timed_async(
+    step: Callable[[], Any],
+    device: torch.device,
+    steps: int,
+    eager: list[bool],
+    eager_steps: bool,
+    requests: Sequence[Any],
+    starts: Sequence[int],
+) -> float:
+    """Median milliseconds of ``await step()`` over ``steps`` runs, every run decoding
+    at the same positions (the slots' lengths are set back after each)."""
+    eager[0] = eager_steps
+    times = []
+    for _ in range(steps):
+        for request, start in zip(requests, starts, strict=True):
+            request.computed = start
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+        started = time.perf_counter()
+        await step()
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+        times.append((time.perf_counter() - started) * 1e3)
+    return round(statistics.median(times), 3)
 
 
 def _frame_compile(choice: str, backend: str, device: torch.device) -> Any:

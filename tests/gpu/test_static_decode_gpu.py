@@ -3,6 +3,7 @@ same steps compute eagerly, for the thinker and the talker, batches joining and 
 
 from __future__ import annotations
 
+import asyncio
 from pathlib import Path
 from typing import Any
 
@@ -10,12 +11,18 @@ import pytest
 import torch
 
 from omni_actors.actors.engines.qwen3_omni import weights
-from omni_actors.actors.engines.qwen3_omni.conversation import Conversation
 from omni_actors.actors.engines.qwen3_omni.hf import DynamicCache
 from omni_actors.actors.engines.qwen3_omni.sampling import Sampling
 from omni_actors.actors.engines.qwen3_omni.static_decode import StaticPlan
 from omni_actors.actors.engines.qwen3_omni.talker_model import FrameStep, TalkerModel, Voice
-from omni_actors.actors.engines.qwen3_omni.thinker_model import DecodeStep, ThinkerModel
+from omni_actors.actors.engines.qwen3_omni.thinker_model import (
+    Fed,
+    Feeding,
+    Pick,
+    ThinkerChunk,
+    ThinkerModel,
+)
+from omni_actors.actors.engines.step_loop import StepLoop
 from omni_actors.models.cache import prepare
 
 DEVICE = torch.device("cuda", 0)
@@ -44,32 +51,47 @@ def release(prepared: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
 
 
 def thinker_tokens(model: ThinkerModel) -> list[list[int]]:
-    conversations, tokens = [], []
-    for n in range(5):
-        conversation = Conversation(DynamicCache(config=model.text_config))
-        model.instruct(conversation, tuple(range(40, 40 + 7 * (n + 1))))
-        token, _ = model.open_reply(conversation, None, GREEDY)
-        conversations.append(conversation)
-        tokens.append([token])
-    for group in ROUNDS:
-        steps = [DecodeStep(conversations[i], tokens[i][-1], True, GREEDY) for i in group]
-        for i, (token, _) in zip(group, model.decode_steps(steps), strict=True):
-            tokens[i].append(token)
-    for i, conversation in enumerate(conversations):  # settled into its own cache
-        tokens[i].append(model.open_reply(conversation, None, GREEDY)[0])
-    return tokens
+    """Five sessions prefilled together, then decoded in ``ROUNDS`` (rows join, leave
+    and regroup), then each one more prefill: through a step loop, as the engine runs."""
+    pick = Pick(True, GREEDY)
+
+    async def execute(chunks: list[ThinkerChunk]) -> list[Fed]:
+        return model.step(chunks)
+
+    async def run() -> list[list[int]]:
+        loop: StepLoop[Feeding, Fed] = StepLoop(
+            execute, slots=5, max_context=512, max_tokens_per_step=512, max_chunk=64
+        )
+        loop.start()
+        requests = [loop.open(f"s{n}") for n in range(5)]
+        opened = [
+            loop.submit(r, Feeding(list(range(40, 40 + 7 * (n + 1))), pick=pick), 7 * (n + 1))
+            for n, r in enumerate(requests)
+        ]
+        tokens = [[(await f)[-1].token[0]] for f in opened]  # type: ignore[index]
+        for group in ROUNDS:
+            steps = [
+                loop.submit(requests[i], Feeding([tokens[i][-1]], pick=pick), 1, decode=True)
+                for i in group
+            ]
+            for i, step in zip(group, steps, strict=True):
+                tokens[i].append((await step)[0].token[0])  # type: ignore[index]
+        for i, request in enumerate(requests):
+            fed = await loop.submit(request, Feeding([40, 41, 42], pick=pick), 3)
+            tokens[i].append(fed[-1].token[0])  # type: ignore[index]
+        await loop.stop()
+        return tokens
+
+    return asyncio.run(run())
 
 
-def test_thinker_graphs_replay_the_eager_static_steps(release: Path) -> None:
+def test_thinker_graphs_replay_the_eager_steps(release: Path) -> None:
     torch.cuda.set_device(DEVICE)
-    graphed = ThinkerModel(release, DEVICE, static=StaticPlan(4, 512, graphs=True))
-    eager = ThinkerModel(release, DEVICE, static=StaticPlan(4, 512, graphs=False))
+    graphed = ThinkerModel(release, DEVICE, slots=5, max_context=512, max_rows=4, graphs=True)
+    eager = ThinkerModel(release, DEVICE, slots=5, max_context=512, max_rows=4)
     with torch.device(DEVICE):  # as the engine's model thread computes
         assert thinker_tokens(graphed) == thinker_tokens(eager)
-    decoder = graphed.static
-    assert decoder is not None
-    assert {batch for batch, _ in decoder.graphed} == {1, 2, 4}
-    assert decoder.evictions > 0
+    assert {rows for rows, _ in graphed.graphed} == {1, 2, 4}
 
 
 def talker_codes(model: TalkerModel) -> list[list[torch.Tensor]]:

@@ -1,9 +1,10 @@
-"""The thinker decodes the tokens of concurrent sessions in shared forwards.
+"""The thinker serves every session from one step loop over one slot cache.
 
-As for the talker (``test_tiny_omni_talker_batching``): exactness is pinned with the
-model driven directly (sessions of different cache lengths decoded in one padded batch
-give the tokens each gives alone, greedy or sampled with its own generator); through
-the engine, where timing decides the batches, tests assert structure only.
+Exactness is pinned with the model driven by a step loop directly (a prefill fed in
+chunks, sessions joining and leaving while others decode, a rolled-back slot: each
+session's tokens are the ones it gets alone, and the one-shot prefill's, which HF's own
+forward checks); through the engine, where timing decides the steps, tests assert
+structure and the typed refusals.
 """
 
 from __future__ import annotations
@@ -19,23 +20,33 @@ import pytest
 pytest.importorskip("transformers")
 
 import torch
-from tiny_omni_ids import (
-    PRINTABLE_RANGES,
-    Tokens,
-)
+from tiny_omni_ids import PRINTABLE_RANGES, Tokens
 
 from omni_actors.actors.engines.contract import Fields
-from omni_actors.actors.engines.qwen3_omni.conversation import Conversation
+from omni_actors.actors.engines.qwen3_omni import stepping
 from omni_actors.actors.engines.qwen3_omni.hf import DynamicCache
 from omni_actors.actors.engines.qwen3_omni.sampling import Sampling
 from omni_actors.actors.engines.qwen3_omni.thinker_engine import ThinkerArgs, ThinkerEngine
-from omni_actors.actors.engines.qwen3_omni.thinker_model import DecodeStep, ThinkerModel
+from omni_actors.actors.engines.qwen3_omni.thinker_model import (
+    Fed,
+    Feeding,
+    Pick,
+    ThinkerChunk,
+    ThinkerModel,
+)
+from omni_actors.actors.engines.step_loop import (
+    ContextLengthError,
+    Request,
+    SlotsExhaustedError,
+    StepLoop,
+)
 from omni_actors.models import cache as model_cache
+from omni_actors.testing import eventually
 
 pytestmark = pytest.mark.integration
 
-STEPS = 24
-INSTRUCTIONS = ["Be brief.", "You are a helpful assistant who answers in full sentences.", "Hi"]
+STEPS = 12
+PROMPTS = [list(range(40, 40 + 50)), list(range(60, 60 + 17)), list(range(33, 33 + 90))]
 
 
 @pytest.fixture(scope="module")
@@ -45,48 +56,201 @@ def cache_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return cache
 
 
-def samplings() -> list[Sampling]:
-    """Greedy, sampled with a session generator, greedy: one per conversation."""
+@pytest.fixture(scope="module")
+def model(cache_dir: Path) -> ThinkerModel:
+    path = cache_dir / "tiny-omni" / "seed-0"
+    return ThinkerModel(path, allowed_token_ranges=PRINTABLE_RANGES, slots=4, max_context=256)
+
+
+class StandIn:
+    """A graph: ``replay`` recomputes the captured step into its outputs, in place."""
+
+    def __init__(self, fn: Any, inputs: tuple[torch.Tensor, ...]) -> None:
+        self.fn, self.inputs, self.outputs, self.replays = fn, inputs, fn(*inputs), 0
+
+    def replay(self) -> None:
+        self.replays += 1
+        for static, new in zip(self.outputs, self.fn(*self.inputs), strict=True):
+            static.copy_(new)
+
+
+class Captures:
+    """The capture the model's graphs are given: records each graph."""
+
+    def __init__(self) -> None:
+        self.graphs: list[StandIn] = []
+
+    def __call__(self, fn: Any, inputs: tuple[torch.Tensor, ...]) -> StandIn:
+        self.graphs.append(StandIn(fn, inputs))
+        return self.graphs[-1]
+
+
+def picks() -> list[Pick]:
+    """Greedy, sampled with a session generator, greedy: one per session."""
     greedy = Sampling(STEPS, 0, 0.0, None)
     sampled = Sampling(STEPS, 0, 0.9, torch.Generator().manual_seed(7))
-    return [greedy, sampled, greedy]
+    return [Pick(True, greedy), Pick(True, sampled), Pick(True, greedy)]
 
 
-def decode(model: ThinkerModel, batches: list[list[int]]) -> list[list[int]]:
-    """Open a reply in each of three conversations of different lengths, then decode
-    ``STEPS`` tokens, the conversations grouped into model calls as ``batches`` says."""
-    conversations, tokens = [], []
-    for text, sampling in zip(INSTRUCTIONS, samplings(), strict=True):
-        conversation = Conversation(DynamicCache(config=model.text_config))
-        model.instruct(conversation, model.vocabulary.system_turn(text))
-        token, _ = model.open_reply(conversation, None, sampling)
-        conversations.append((conversation, sampling))
-        tokens.append([token])
+def loop_over(
+    model: ThinkerModel, *, max_chunk: int = 512, budget: int = 512
+) -> StepLoop[Feeding, Fed]:
+    async def execute(chunks: list[ThinkerChunk]) -> list[Fed]:
+        return model.step(chunks)
+
+    return StepLoop(
+        execute,
+        slots=model.cache.slots,
+        max_context=model.cache.max_len,
+        max_tokens_per_step=budget,
+        max_chunk=max_chunk,
+    )
+
+
+async def session(
+    loop: StepLoop[Feeding, Fed], name: str, prompt: list[int], pick: Pick
+) -> tuple[list[int], torch.Tensor]:
+    """Prefill ``prompt``, then decode ``STEPS`` tokens: the tokens and the prompt's rows."""
+    request = loop.open(name)
+    fed = await loop.submit(request, Feeding(prompt, rows=True, pick=pick), len(prompt))
+    rows = torch.cat([f.rows for f in fed if f.rows is not None])
+    assert fed[-1].token is not None
+    tokens = [fed[-1].token[0]]
     for _ in range(STEPS):
-        for batch in batches:
-            steps = [
-                DecodeStep(conversations[i][0], tokens[i][-1], True, conversations[i][1])
-                for i in batch
-            ]
-            for i, (token, _) in zip(batch, model.decode_steps(steps), strict=True):
-                tokens[i].append(token)
-    assert len({conversation.position for conversation, _ in conversations}) == 3
-    return tokens
+        (out,) = await loop.submit(request, Feeding([tokens[-1]], pick=pick), 1, decode=True)
+        assert out.token is not None
+        tokens.append(out.token[0])
+    loop.close(request)
+    return tokens, rows
 
 
-def test_a_padded_batch_decodes_each_session_as_alone(cache_dir: Path) -> None:
-    """The picks of sessions decoded in one forward == their solo picks, sampled ones
-    drawing from their own generators. Exact tokens, though a batch changes float sums
-    in the last bits: with the seed-0 weights no pick here is that close to a tie (on
-    another CPU that flips one, compare the logits within ~1e-6 instead)."""
-    model = ThinkerModel(cache_dir / "tiny-omni" / "seed-0", allowed_token_ranges=PRINTABLE_RANGES)
-    alone = decode(model, [[0], [1], [2]])
-    together = decode(model, [[0, 1, 2]])
-    assert together == alone
-    assert len(set(map(tuple, alone))) == 3  # three different replies
+async def alone(model: ThinkerModel, **loop_args: Any) -> list[tuple[list[int], torch.Tensor]]:
+    results = []
+    for i, (prompt, pick) in enumerate(zip(PROMPTS, picks(), strict=True)):
+        loop = loop_over(model, **loop_args)
+        loop.start()
+        results.append(await session(loop, f"s{i}", prompt, pick))
+        await loop.stop()
+    return results
 
 
-# -- through the engine: structure -------------------------------------------------------
+async def test_a_prefill_fed_in_chunks_computes_the_one_shot_prefill(model: ThinkerModel) -> None:
+    whole = await alone(model)
+    chunked = await alone(model, max_chunk=7, budget=9)
+    for (tokens, rows), (want_tokens, want_rows) in zip(chunked, whole, strict=True):
+        assert tokens == want_tokens
+        torch.testing.assert_close(rows, want_rows, rtol=1e-4, atol=1e-5)
+    # The one-shot prefill is HF's own forward over a DynamicCache.
+    cache = DynamicCache(config=model.text_config)
+    hf = stepping.thinker_forward(
+        model._thinker, torch.tensor([PROMPTS[0]]), cache, 0, accept_layer=model._accept_layer
+    )
+    torch.testing.assert_close(whole[0][1], hf.embeds[0], rtol=1e-4, atol=1e-5)
+
+
+async def test_sessions_joining_and_leaving_mid_decode_get_their_tokens_alone(
+    model: ThinkerModel,
+) -> None:
+    """Session 0 decodes; 1 joins with its prefill in chunks mixed into 0's decode
+    steps; 2 joins later; each leaves when done: every one's tokens are its own alone."""
+    want = [tokens for tokens, _ in await alone(model)]
+    loop = loop_over(model, max_chunk=8, budget=12)
+    loop.start()
+    samplers = picks()
+    first = asyncio.ensure_future(session(loop, "s0", PROMPTS[0], samplers[0]))
+    await asyncio.sleep(0)  # s0's prefill is queued first
+    second = asyncio.ensure_future(session(loop, "s1", PROMPTS[1], samplers[1]))
+    got0, _ = await first
+    got2, _ = await session(loop, "s2", PROMPTS[2], samplers[2])
+    got1, _ = await second
+    stats = loop.statistics()
+    await loop.stop()
+    assert [got0, got1, got2] == want
+    assert stats.mixed_steps > 0  # decode rows and prefill chunks shared forwards
+    assert stats.free_slots == model.cache.slots
+
+
+async def test_a_rewound_slot_decodes_again_as_the_first_time(model: ThinkerModel) -> None:
+    loop = loop_over(model)
+    loop.start()
+    request: Request[Feeding, Fed] = loop.open("s")
+    greedy = picks()[0]
+    await loop.submit(request, Feeding(PROMPTS[0]), len(PROMPTS[0]))
+    mark = request.computed
+
+    async def decode() -> list[int]:
+        fed = await loop.submit(request, Feeding([PROMPTS[0][-1]], pick=greedy), 1, decode=True)
+        tokens = []
+        for _ in range(6):
+            assert fed[0].token is not None
+            tokens.append(fed[0].token[0])
+            fed = await loop.submit(request, Feeding([tokens[-1]], pick=greedy), 1, decode=True)
+        return tokens
+
+    first = await decode()
+    # Something else written over the positions past the mark, then rolled back.
+    await loop.submit(request, Feeding(PROMPTS[2][:30]), 30)
+    loop.rewind(request, mark)
+    again = await decode()
+    await loop.stop()
+    assert again == first
+
+
+async def test_the_kv_budget_refuses_sessions_and_positions_that_do_not_fit(
+    model: ThinkerModel,
+) -> None:
+    loop = loop_over(model)
+    loop.start()
+    held = [loop.open(f"s{i}") for i in range(model.cache.slots)]
+    with pytest.raises(SlotsExhaustedError, match="max_sessions"):
+        loop.open("one too many")
+    with pytest.raises(ContextLengthError, match="max_context"):
+        loop.submit(held[0], Feeding([40] * 257), 257)
+    loop.close(held[0])
+    loop.open("fits now")
+    await loop.stop()
+
+
+async def test_decode_steps_replayed_from_graphs_pick_as_eager(cache_dir: Path) -> None:
+    """Decode-only steps through a graph per (row bucket, span), captured at load by a
+    stand-in capture: the tokens are eager's, and every shape was captured."""
+    path = cache_dir / "tiny-omni" / "seed-0"
+    captures = Captures()
+    graphed = ThinkerModel(
+        path,
+        allowed_token_ranges=PRINTABLE_RANGES,
+        slots=4,
+        max_context=512,
+        max_rows=3,
+        graphs=True,
+        warm=True,
+        capture=captures,
+    )
+    assert (
+        graphed.graphed
+        == graphed.decode_keys()
+        == [(rows, span) for rows in (1, 2, 3) for span in (256, 512)]
+    )
+    replays = sum(graph.replays for graph in captures.graphs)
+    eager = ThinkerModel(path, allowed_token_ranges=PRINTABLE_RANGES, slots=4, max_context=512)
+    prompts = [(p * 6)[:250] for p in PROMPTS]  # decoded past 256: both spans replay
+
+    async def run(model: ThinkerModel) -> list[list[int]]:
+        loop = loop_over(model)
+        loop.start()
+        pick = picks()[0]
+        results = []
+        for i, prompt in enumerate(prompts):
+            results.append(session(loop, f"s{i}", prompt, pick))
+        got = await asyncio.gather(*results)
+        await loop.stop()
+        return [tokens for tokens, _ in got]
+
+    assert await run(graphed) == await run(eager)
+    assert sum(graph.replays for graph in captures.graphs) > replays
+
+
+# -- through the engine: structure ---------------------------------------------------------
 
 
 @asynccontextmanager
@@ -118,49 +282,52 @@ async def reply(engine: ThinkerEngine, session: str, text: str) -> list[int]:
     return ids
 
 
-@pytest.mark.parametrize("max_batch", [16, 2])
-async def test_concurrent_sessions_share_decode_forwards_up_to_max_batch(
-    cache_dir: Path, max_batch: int
-) -> None:
+async def test_concurrent_sessions_share_steps(cache_dir: Path) -> None:
     texts = [f"request number {i}" for i in range(6)]
-    async with thinker(cache_dir, max_batch=max_batch, max_new_tokens=32) as engine:
+    async with thinker(cache_dir, max_new_tokens=32, max_prefill_chunk=8) as engine:
         replies = await asyncio.wait_for(
             asyncio.gather(*(reply(engine, f"s{i}", t) for i, t in enumerate(texts))), 60.0
         )
         assert engine.generating == set()
-        batcher = engine.batcher
+        stats = engine.loop.statistics()
     for ids in replies:
         assert 8 <= len(ids) <= 32
         assert Tokens.IM_END not in ids
         assert all(32 <= token < 127 for token in ids)
-    # The first token comes from each reply's prefill; each later one, and the
-    # <|im_end|> of a reply under the limit, from a decode step.
-    assert batcher.requests == sum(len(ids) - (len(ids) == 32) for ids in replies)
-    assert 1 < batcher.largest <= max_batch
-    assert batcher.calls < 0.75 * batcher.requests  # most forwards were shared
+    # Each later token, and the <|im_end|> of a reply under the limit, from a decode row.
+    assert stats.decode_rows == sum(len(ids) - 1 + (len(ids) < 32) for ids in replies)
+    assert stats.largest_step > 1
+    assert stats.steps < 0.75 * (stats.decode_rows + stats.prefill_chunks)
 
 
-async def test_an_engine_over_the_static_cache_replies_as_without_it(cache_dir: Path) -> None:
-    """Through the engine, with a static slot cache (forced on the CPU): two sessions'
-    two turns each come out as without it. Two slots of 64 positions: the second turns
-    outgrow them and go on over their own caches, after the first replies' decoded
-    positions were settled back into them."""
-    texts = ["Hi there", "What is new today?"]
+async def test_a_session_past_max_sessions_fails_alone_with_a_typed_error(
+    cache_dir: Path,
+) -> None:
+    async with thinker(cache_dir, max_sessions=2, max_new_tokens=8) as engine:
+        await reply(engine, "a", "Hi")
+        await reply(engine, "b", "Hello")
+        with pytest.raises(SlotsExhaustedError, match="max_sessions"):
+            await reply(engine, "c", "Hey")
+        assert engine.active_sessions == {"a", "b"}
+        await engine.release("a")
+        assert len(await reply(engine, "c", "Hey")) == 8
+        assert engine.loop.statistics().free_slots == 0
 
-    async def turns(**extra: Any) -> list[list[int]]:
-        async with thinker(cache_dir, max_batch=2, max_new_tokens=24, **extra) as engine:
-            got = []
-            for turn in range(2):
-                got += await asyncio.wait_for(
-                    asyncio.gather(
-                        *(reply(engine, f"s{i}", f"{t} ({turn})") for i, t in enumerate(texts))
-                    ),
-                    60.0,
-                )
-            static = engine._model.static
-            if static is not None:
-                assert static.steps > 0
-                assert static.fallbacks > 0
-        return got
 
-    assert await turns(static_cache=True, max_context=64) == await turns(static_cache=False)
+async def test_an_abort_in_the_middle_of_a_prefill_frees_the_slot(cache_dir: Path) -> None:
+    """A long prompt fed 4 positions a step is aborted while its chunks run: the slot
+    comes back, and the session's next conversation replies as a fresh one."""
+    async with thinker(cache_dir, max_new_tokens=8, max_prefill_chunk=4) as engine:
+        fresh = await reply(engine, "s", "Tell me about the sea")
+        await engine.release("s")
+        started = asyncio.ensure_future(reply(engine, "s", "word " * 60))
+        await_chunks = engine.loop.statistics().prefill_chunks
+
+        def prefilling() -> bool:
+            return engine.loop.statistics().prefill_chunks > await_chunks + 2
+
+        await eventually(prefilling, timeout=30.0)
+        await engine.abort("s")
+        await asyncio.wait_for(started, 30.0)  # ends where it waits, without a reply
+        await eventually(lambda: engine.loop.statistics().free_slots == 32, timeout=30.0)
+        assert await reply(engine, "s", "Tell me about the sea") == fresh

@@ -324,7 +324,7 @@ async def test_a_failed_response_rolls_back_to_where_it_started(
             await respond(engine, "s", {"text": "lost"}, COMMIT, {"text": "too"}, broken)
         assert engine.cached_tokens("s") == before
         # A model call failing mid-reply (a decode step in flight) rolls back the same way.
-        decode, calls = engine._model.decode, 0
+        decode, calls = engine._model.step, 0
 
         def failing(*args: Any) -> Any:
             nonlocal calls
@@ -334,7 +334,7 @@ async def test_a_failed_response_rolls_back_to_where_it_started(
             return decode(*args)
 
         with monkeypatch.context() as patch:
-            patch.setattr(engine._model, "decode", failing)
+            patch.setattr(engine._model, "step", failing)
             with pytest.raises(RuntimeError, match="decode broke"):
                 await respond(engine, "s", {"text": "lost"})
             assert calls == 3

@@ -22,7 +22,10 @@ reply before it (:attr:`Conversation.system`).
 Every change of plan is a crop of the cache back to a known position plus the tokens
 that then close the last reply: a ``clear`` back to the last commit, a failed response
 back to where it started, a truncation back into the reply. :class:`Checkpoint` is that
-position with the conversation's other state at the time.
+position with the conversation's other state at the time. The cache is the session's
+slot of the engine's :class:`~omni_actors.actors.engines.qwen3_omni.slot_cache.SlotCache`;
+its length is the step loop's count for the session's request, so a crop moves that
+count and copies nothing.
 """
 
 from __future__ import annotations
@@ -32,7 +35,7 @@ from typing import Any
 
 import torch
 
-from omni_actors.actors.engines.qwen3_omni.hf import DynamicCache
+from omni_actors.actors.engines.step_loop import Request, StepLoop
 from omni_actors.actors.engines.torch_engine import AbortSignal
 from omni_actors.actors.engines.turn_marks import check_truncatable
 
@@ -70,9 +73,9 @@ class Checkpoint:
 class Conversation:
     """One session's thinker state, kept across responses until release or abort."""
 
-    cache: DynamicCache
-    position: int = 0
-    """Tokens in ``cache``: the next forward starts here."""
+    request: Request[Any, Any]
+    """The session's request in the engine's step loop (its slot and length)."""
+    loop: StepLoop[Any, Any]
     carry: list[int] = field(default_factory=list)
     """Tokens that close the last reply, fed before whatever comes next."""
     reply: ThinkerReply | None = None
@@ -95,6 +98,11 @@ class Conversation:
     """The caller's last instructions and tools (each kept until set again): the system
     turn is rendered from both when either changes. Not checkpointed: they are the
     caller's setting, not the conversation's."""
+
+    @property
+    def position(self) -> int:
+        """Tokens in the cache: the next forward starts here."""
+        return self.request.computed
 
     def checkpoint(self) -> Checkpoint:
         """The state to come back to (the cache is cropped, never copied)."""
@@ -128,21 +136,10 @@ class Conversation:
         self.system = (*self.system, *system)
 
     def crop(self, position: int) -> None:
-        """Forget every cached position from ``position`` on.
-
-        Layer by layer: a forward that failed half-way leaves its first layers longer
-        than the rest. A negative ``crop`` removes that many tokens on every supported
-        transformers release (a positive one changed meaning across them).
-        """
+        """Forget every cached position from ``position`` on (between forwards)."""
         if position > self.position:
             raise ValueError(f"cannot crop {self.position} cached tokens to {position}")
-        # Typed differently across releases; each has get_seq_length and crop.
-        layers: list[Any] = list(self.cache.layers)
-        for layer in layers:
-            excess = int(layer.get_seq_length()) - position
-            if excess > 0:
-                layer.crop(-excess)
-        self.position = position
+        self.loop.rewind(self.request, position)
 
     def truncate(self, kept: int, close_turn: tuple[int, ...]) -> None:
         """Cut the last reply to its first ``kept`` tokens (between user turns only), to

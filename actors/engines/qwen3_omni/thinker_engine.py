@@ -56,26 +56,30 @@ reply and not them.
 
 Tokens are greedy unless a response asks for a temperature (see ``sampling``).
 
-Decode steps of concurrent sessions share forwards (a
-:class:`~omni_actors.actors.engines.batcher.Batcher` of steps, up to ``max_batch`` sessions,
-caches left-padded by :mod:`.batched_step`); each session still picks with its own
-sampling and generator. Prefills stay one session per forward. A session decoding
-alone runs the single-session forward, token for token HF's; in a batch of several a
-row's logits may differ in the last bits (tests compare tokens one session at a time).
+Every forward is work on the engine's :class:`~omni_actors.actors.engines.step_loop.StepLoop`:
+each step runs one decode row of every decoding session and prefill chunks of the
+sessions whose input is being prefilled, in one forward over the
+:class:`~.slot_cache.SlotCache`, the only KV cache (one slot per session, held from its
+first response to its release; a session that finds no free slot fails with
+:class:`~omni_actors.actors.engines.step_loop.SlotsExhaustedError`). Each session still
+picks with its own sampling and generator. A row's logits in a step of several may
+differ from the session's alone in the last bits (other matmul shapes): tests compare
+tokens. What a forward's result changes in the conversation (its carry, the turn's rows)
+is applied when the step's update resolves the work, also when the response that asked
+for it was cancelled meanwhile: the cache and the conversation never disagree.
 """
 
 from __future__ import annotations
 
 import asyncio
 import functools
-from collections.abc import AsyncGenerator, AsyncIterator, Mapping
+from collections.abc import AsyncGenerator, AsyncIterator, Callable, Mapping
 from pathlib import Path
 from typing import ClassVar
 
 import torch
 from pydantic import Field
 
-from omni_actors.actors.engines.batched_engine import BatchedTorchEngine
 from omni_actors.actors.engines.contract import (
     INSTRUCTIONS_FIELD,
     TOOL_CALLS_FIELD,
@@ -93,15 +97,27 @@ from omni_actors.actors.engines.qwen3_omni.conversation import (
     ThinkerReply,
 )
 from omni_actors.actors.engines.qwen3_omni.family import DEFAULT_RELEASE
-from omni_actors.actors.engines.qwen3_omni.hf import DynamicCache
-from omni_actors.actors.engines.qwen3_omni.sampling import sampling_for, session_seed
-from omni_actors.actors.engines.qwen3_omni.static_decode import StaticDecodeArgs, StaticPlan
-from omni_actors.actors.engines.qwen3_omni.thinker_model import DecodeStep, ThinkerModel, Token
-from omni_actors.actors.engines.qwen3_omni.user_turn import UserTurn
+from omni_actors.actors.engines.qwen3_omni.sampling import Sampling, sampling_for, session_seed
+from omni_actors.actors.engines.qwen3_omni.static_decode import StaticDecodeArgs
+from omni_actors.actors.engines.qwen3_omni.thinker_model import (
+    Fed,
+    Feeding,
+    Pick,
+    ThinkerChunk,
+    ThinkerModel,
+    Token,
+)
+from omni_actors.actors.engines.qwen3_omni.user_turn import Feed, UserTurn
 from omni_actors.actors.engines.qwen3_omni.vocabulary import Vocabulary
+from omni_actors.actors.engines.step_loop import RequestClosedError, StepLoop
 from omni_actors.actors.engines.thinker_ports import THINKER_INPUTS, THINKER_OUTPUTS
 from omni_actors.actors.engines.tool_template import ToolTemplate
-from omni_actors.actors.engines.torch_engine import AbortSignal, DeviceArgs, release_dir
+from omni_actors.actors.engines.torch_engine import (
+    AbortSignal,
+    DeviceArgs,
+    TorchEngine,
+    release_dir,
+)
 from omni_actors.models.family import WeightsArgs
 
 __all__ = ["ThinkerArgs", "ThinkerEngine"]
@@ -110,13 +126,22 @@ __all__ = ["ThinkerArgs", "ThinkerEngine"]
 class ThinkerArgs(WeightsArgs, DeviceArgs, StaticDecodeArgs):
     """The thinker's arguments: ``seed`` and ``cache_dir`` locate its weights.
 
+    The KV cache is planned at load: ``max_sessions`` slots of ``max_context``
+    positions. ``static_cache`` (None: on a GPU) replays decode-only steps from CUDA
+    graphs, captured at load with ``warm_graphs``.
+
     Attributes:
         max_new_tokens: a reply's most tokens (a response's ``max_tokens`` overrides it).
         min_new_tokens: ``<|im_end|>`` is masked until that many tokens exist; capped
             at the reply's maximum (setting only a small maximum means "at most that
             many", not a conflict).
-        max_batch: the most sessions whose decode steps share one forward (module
-            docstring): bounds how long one step takes; 1 decodes every session alone.
+        max_batch: the most decode rows one step runs (its largest CUDA graph).
+        max_sessions: sessions holding a KV slot at once (a new one past it fails with
+            ``SlotsExhaustedError``).
+        max_tokens_per_step: a step's token budget: decode rows (one each) and prefill
+            chunks together.
+        max_prefill_chunk: the most positions of one prefill in one step, so a long
+            prompt delays the decoding sessions by one chunk at a time.
         allowed_token_ranges: half-open ``[start, stop)`` id ranges a reply may use
             (``<|im_end|>`` is allowed once ``min_new_tokens`` are reached); none: any.
             For a model whose random weights would pick unprintable ids (tiny-omni:
@@ -125,11 +150,19 @@ class ThinkerArgs(WeightsArgs, DeviceArgs, StaticDecodeArgs):
 
     max_new_tokens: int = Field(48, ge=1)
     min_new_tokens: int = Field(8, ge=0)
-    max_batch: int = Field(16, ge=1)
+    max_batch: int = Field(32, ge=1)
+    max_sessions: int = Field(32, ge=1)
+    # A forward of the full-size thinker costs ~95 ms whatever its length up to ~2500
+    # tokens (launches and host syncs of transformers' experts; prefill_probe on an
+    # H200), so chunks of 512 made a 2500-token prompt's first token 2.5x later
+    # (804 against 325 ms at c=1, 2x H200): prompts go whole up to 4096 positions, and
+    # several share a step up to 8192 tokens.
+    max_tokens_per_step: int = Field(8192, ge=1)
+    max_prefill_chunk: int = Field(4096, ge=1)
     allowed_token_ranges: list[tuple[int, int]] | None = None
 
 
-class ThinkerEngine(BatchedTorchEngine[Conversation, DecodeStep, Token]):
+class ThinkerEngine(TorchEngine):
     """Text replies with streaming prefill (see the module docstring).
 
     Its ports are the thinker stage's (:mod:`omni_actors.actors.engines.thinker_ports`): a
@@ -157,22 +190,72 @@ class ThinkerEngine(BatchedTorchEngine[Conversation, DecodeStep, Token]):
         self.min_new_tokens = min(args.min_new_tokens, args.max_new_tokens)
         self.seed = args.seed
         self.allowed_token_ranges = args.allowed_token_ranges
-        self._static_args = args
-        super().__init__(
-            release_dir(DEFAULT_RELEASE, args, "thinker"),
-            "thinker",
-            max_batch=args.max_batch,
-            batcher_name="thinker decode",
-            device=args.device,
+        self._args = args
+        super().__init__(release_dir(DEFAULT_RELEASE, args, "thinker"), "thinker", args.device)
+        self._sessions: dict[str, Conversation] = {}
+        self.loop: StepLoop[Feeding, Fed] = StepLoop(
+            self._execute,
+            slots=args.max_sessions,
+            max_context=args.max_context,
+            max_tokens_per_step=args.max_tokens_per_step,
+            max_chunk=args.max_prefill_chunk,
+            max_rows=args.max_batch,
+            name="thinker steps",
         )
+        """Every session's forwards (its statistics tell how they shared steps)."""
 
     def _load(self, path: Path) -> None:
+        args = self._args
+        graphs = self.device.type == "cuda" and args.static_cache is not False
         self._model = ThinkerModel(
             path,
             self.device,
             allowed_token_ranges=self.allowed_token_ranges,
-            static=StaticPlan.of(self._static_args, self.device, self._static_args.max_batch),
+            slots=args.max_sessions,
+            max_context=args.max_context,
+            max_rows=args.max_batch,
+            graphs=graphs,
+            warm=graphs and args.warm_graphs,
         )
+
+    async def _execute(self, chunks: list[ThinkerChunk]) -> list[Fed]:
+        return await self.call(self._model.step, chunks)
+
+    async def start(self) -> None:
+        """Load the model in the model thread, then start the step loop."""
+        await super().start()
+        self.loop.start()
+
+    @property
+    def active_sessions(self) -> set[str]:
+        """Sessions holding state (generating, or between responses)."""
+        return set(self._sessions)
+
+    @property
+    def generating(self) -> set[str]:
+        """Sessions with a running ``generate``."""
+        return {s for s, state in self._sessions.items() if state.signal is not None}
+
+    async def abort(self, session: str) -> None:
+        """Drop ``session``'s state and free its slot; a running ``generate`` ends where
+        it waits (input, a step) or at its next step."""
+        conversation = self._sessions.pop(session, None)
+        if conversation is None:
+            return
+        self.loop.close(conversation.request)
+        if conversation.signal is not None:
+            conversation.signal.abort()
+
+    async def release(self, session: str) -> None:
+        """The conversation is over: drop its state and free its slot."""
+        await self.abort(session)
+
+    async def stop(self) -> None:
+        """Abort every session, let the running step end, then end the model thread."""
+        for session in list(self._sessions):
+            await self.abort(session)
+        await self.loop.stop()
+        await super().stop()
 
     @property
     def vocabulary(self) -> Vocabulary:
@@ -190,9 +273,6 @@ class ThinkerEngine(BatchedTorchEngine[Conversation, DecodeStep, Token]):
         return self.tools.system_turn(instructions, tools) or _system_turn(
             self.vocabulary, instructions
         )
-
-    def _run_steps(self, steps: list[DecodeStep]) -> list[Token]:
-        return self._model.decode_steps(steps)
 
     # -- introspection -------------------------------------------------------------------
 
@@ -244,8 +324,8 @@ class ThinkerEngine(BatchedTorchEngine[Conversation, DecodeStep, Token]):
         """Start a response of ``session``: its conversation (made on its first)."""
         conversation = self._sessions.get(session)
         if conversation is None:
-            cache = DynamicCache(config=self._model.text_config)
-            conversation = self._sessions[session] = Conversation(cache)
+            request = self.loop.open(session)
+            conversation = self._sessions[session] = Conversation(request, self.loop)
         if conversation.signal is not None:
             raise ValueError(f"session {session!r} is already generating")
         conversation.signal = AbortSignal()
@@ -299,7 +379,7 @@ class _Response(Response[Checkpoint]):
         self.turn = UserTurn(self.vocabulary)
         self.instructed: tuple[int, ...] = ()
         """The last instructions set since ``start``: a failure keeps them."""
-        self.step: asyncio.Future[Token] | None = None
+        self.step: asyncio.Future[list[Fed]] | None = None
         """The decode step in flight in the model thread (it writes the cache)."""
         self.decoding = False
         """This response's reply is open."""
@@ -311,6 +391,122 @@ class _Response(Response[Checkpoint]):
         self.conversation.restore(start)
         if self.instructed:
             self.conversation.queue_system(self.instructed)
+
+    # -- forwards: work on the engine's step loop ---------------------------------------
+
+    async def _feed(
+        self, feeding: Feeding, then: Callable[[list[Fed]], None] | None = None
+    ) -> list[Fed]:
+        """Feed ``feeding`` on the step loop; ``then(outputs)`` runs as the step's update
+        resolves it, before this returns, even if this response is cancelled meanwhile
+        (the work runs on: the cache and the conversation must agree)."""
+        if not feeding.ids:
+            if then is not None:
+                then([])
+            return []
+        future = self.engine.loop.submit(self.conversation.request, feeding, len(feeding.ids))
+        if then is not None:
+            apply = then
+
+            def settle(done: asyncio.Future[list[Fed]]) -> None:
+                if not done.cancelled() and done.exception() is None:
+                    apply(done.result())
+
+            future.add_done_callback(settle)
+        try:
+            return await asyncio.shield(future)
+        except RequestClosedError:
+            if self.signal.aborted:
+                return []  # the session's request closed under it: the caller ends
+            raise
+
+    async def _instruct(self, system: tuple[int, ...]) -> None:
+        """Feed the system turn ``system`` behind the carry (no user turn is open)."""
+        conversation = self.conversation
+
+        def then(_: list[Fed]) -> None:
+            conversation.carry = []
+            conversation.system = (*conversation.system, *system)
+
+        await self._feed(Feeding([*conversation.carry, *system]), then)
+
+    async def _prefill(
+        self, turn: UserTurn, end_clip: bool, then: list[int], tail: int = 0
+    ) -> None:
+        """Prefill the turn's pending ids, its clip's new windows (all of the clip if
+        ``end_clip``), then ``then``, whose last ``tail`` ids are not the user's."""
+        embeds = None
+        if turn.clip is not None:
+            embeds = await self.engine.call(self.model.audio, turn, end_clip)
+        if embeds is None and not end_clip and not then:
+            return  # the clip's log-mel advanced, no window is whole yet
+        feed = turn.next_feed(embeds, end_clip, then, tail)
+        if feed.ids:
+            await self._feed_turn(turn, feed)
+
+    async def _feed_turn(self, turn: UserTurn, feed: Feed, pick: Pick | None = None) -> Fed | None:
+        """One feed of the turn; its talker rows go to the turn. The last chunk's output
+        (None if the session was aborted meanwhile)."""
+        conversation = self.conversation
+        audio_pad = self.vocabulary.ids.audio_pad
+
+        def then(outputs: list[Fed]) -> None:
+            if feed.skip:
+                conversation.carry = []
+            rows = [fed.rows for fed in outputs if fed.rows is not None]
+            placeholders = torch.tensor(feed.ids) == audio_pad
+            turn.keep(feed, rows[0] if len(rows) == 1 else torch.cat(rows), placeholders)
+
+        feeding = Feeding(feed.ids, feed.audio, rows=True, pick=pick)
+        outputs = await self._feed(feeding, then)
+        return outputs[-1] if outputs else None
+
+    async def _take_reply(self, tokens: tuple[int, ...]) -> None:
+        """Take ``tokens`` into the conversation as the assistant's turn, as if decoded.
+
+        One feed of the carry, ``<|im_start|> assistant \\n`` and the tokens; the turn
+        is then left as a completed reply leaves it (``<|im_end|> \\n`` in the carry, a
+        :class:`ThinkerReply` a truncation can cut, no user turn or system turn after it).
+        """
+        conversation, vocabulary = self.conversation, self.vocabulary
+
+        def then(_: list[Fed]) -> None:
+            conversation.carry = [*vocabulary.close_turn]
+            start = conversation.position - len(tokens)
+            conversation.reply = ThinkerReply(start, tokens, len(tokens))
+            conversation.turns_since_reply, conversation.system = 0, ()
+
+        opening = vocabulary.assistant_opening
+        await self._feed(Feeding([*conversation.carry, *opening, *tokens]), then)
+
+    async def _open_reply(self, turn: UserTurn | None, sampling: Sampling) -> Token | None:
+        """Close ``turn`` if one is open, open the reply, pick its first token.
+
+        One feed of what the turn still has pending (its clip's last window among it),
+        ``<|im_end|> \\n``, the system turn set while it was open if any, then
+        ``<|im_start|> assistant \\n``: the only work left between the end of the input
+        and the first token. Without a turn it feeds the carry and the opening.
+        """
+        conversation, opening = self.conversation, self.vocabulary.assistant_opening
+        choice = Pick(sampling.min_tokens == 0, sampling)
+        if turn is None:
+
+            def then(_: list[Fed]) -> None:
+                conversation.carry = []
+
+            outputs = await self._feed(Feeding([*conversation.carry, *opening], pick=choice), then)
+            fed = outputs[-1] if outputs else None
+        else:
+            embeds = None
+            if turn.clip is not None:
+                embeds = await self.engine.call(self.model.audio, turn, True)
+            then_ids = [*self.vocabulary.close_turn, *turn.system, *opening]
+            tail = len(turn.system) + len(opening)
+            fed = await self._feed_turn(turn, turn.next_feed(embeds, True, then_ids, tail), choice)
+        if fed is None:
+            return None
+        assert fed.token is not None, "opening a reply picks its first token"
+        return fed.token
 
     # -- input ------------------------------------------------------------------------
 
@@ -334,7 +530,7 @@ class _Response(Response[Checkpoint]):
             return False
         if not self.instructed:
             return False
-        await self.engine.call(self.model.instruct, self.conversation, self.instructed)
+        await self._instruct(self.instructed)
         return True
 
     async def take(self, fields: Fields) -> None:
@@ -358,9 +554,9 @@ class _Response(Response[Checkpoint]):
                 turn.clip = self.model.clip()
             turn.clip.push(audio.detach().to(torch.float32).reshape(-1).cpu().numpy())
         if said:
-            await self.engine.call(self.model.prefill, conversation, turn, True, ids)
+            await self._prefill(turn, True, ids)
         elif turn.clip is not None and turn.clip.ready():
-            await self.engine.call(self.model.prefill, conversation, turn, False, [])
+            await self._prefill(turn, False, [])
 
     async def after_input(self, fields: Fields) -> None:
         if fields.get(TURN_FIELD) == "truncate":
@@ -368,7 +564,7 @@ class _Response(Response[Checkpoint]):
             # again behind the new carry (after ``committed`` was taken without it).
             replay = self.turn.replay(self.conversation.carry)
             if replay is not None:
-                await self.engine.call(self.model.feed, self.conversation, self.turn, replay)
+                await self._feed_turn(self.turn, replay)
 
     # -- marks ------------------------------------------------------------------------
 
@@ -386,7 +582,7 @@ class _Response(Response[Checkpoint]):
         # The talker's rows of the dropped turn go with the next output (``ahead``).
         self.turn = UserTurn(self.vocabulary, ahead=self.turn.ahead.dropped())
         if waiting:  # no turn is open now for them to wait behind
-            await self.engine.call(self.model.instruct, self.conversation, waiting)
+            await self._instruct(waiting)
 
     async def truncate(self, kept: int) -> None:
         self.conversation.truncate(kept, self.vocabulary.close_turn)
@@ -395,7 +591,7 @@ class _Response(Response[Checkpoint]):
         self.instructed = self.turn.system  # those fed already are in the carry
 
     async def take_reply(self, tokens: tuple[int, ...]) -> None:
-        await self.engine.call(self.model.take_reply, self.conversation, tokens)
+        await self._take_reply(tokens)
 
     def tool_calls_turn(self, message: torch.Tensor | str) -> tuple[int, ...]:
         return self.engine.tools.tool_calls_turn(_text(TOOL_CALLS_FIELD, message))
@@ -409,7 +605,7 @@ class _Response(Response[Checkpoint]):
             if tools is not None
             else _system_turn(self.vocabulary, instructions)
         )
-        await self.engine.call(self.model.instruct, self.conversation, system)
+        await self._instruct(system)
 
     async def drop_instructions(self, before: Checkpoint) -> None:
         conversation = self.conversation
@@ -420,14 +616,14 @@ class _Response(Response[Checkpoint]):
         if generator is not None and rng is not None:
             generator.set_state(rng)  # the next sampled reply goes on from this one
         if reply is not None:
-            await self.engine.call(self.model.take_reply, conversation, reply.tokens)
+            await self._take_reply(reply.tokens)
 
     async def _close(self, turn: UserTurn) -> Fields | None:
         """Commit ``turn`` (nothing if it is not open); its rows as an output."""
         if not turn.opened:
             return None
         then, system = [*self.vocabulary.close_turn, *turn.system], len(turn.system)
-        await self.engine.call(self.model.prefill, self.conversation, turn, True, then, system)
+        await self._prefill(turn, True, then, system)
         self.conversation.turns_since_reply += 1
         return turn.take_rows()
 
@@ -445,7 +641,10 @@ class _Response(Response[Checkpoint]):
         # already (``ahead``), the rest comes with the first token, from the one forward
         # left.
         closing = self.turn if self.turn.opened else None
-        token, embed = await engine.call(self.model.open_reply, conversation, closing, sampling)
+        opened = await self._open_reply(closing, sampling)
+        if opened is None:
+            return  # aborted
+        token, embed = opened
         last_rows = None if closing is None else closing.take_rows()
         reply = conversation.reply = ThinkerReply(conversation.position, (), 0)
         self.decoding = True
@@ -468,14 +667,24 @@ class _Response(Response[Checkpoint]):
                 # Start the next step before handing this token out: the model thread
                 # works while the stage routes the output.
                 allow_end = len(reply.tokens) >= sampling.min_tokens
-                self.step = engine.batcher.submit(
-                    DecodeStep(conversation, token, allow_end, sampling)
+                self.step = engine.loop.submit(
+                    conversation.request,
+                    Feeding([token], pick=Pick(allow_end, sampling)),
+                    1,
+                    decode=True,
                 )
             yield out
             if self.step is None:
                 break
-            token, embed = await self.step
+            try:
+                (fed,) = await self.step
+            except RequestClosedError:
+                if signal.aborted:
+                    break
+                raise
             self.step = None
+            assert fed.token is not None, "a decode step picks"
+            token, embed = fed.token
             reply = conversation.reply = ThinkerReply(reply.start, reply.tokens, reply.fed + 1)
         if (rest := text.flush()) and not signal.aborted:
             yield {"text": rest}
@@ -520,16 +729,6 @@ class _Response(Response[Checkpoint]):
                 reply = self.conversation.reply
                 assert reply is not None, "a decode step only runs in a reply"
                 self.conversation.reply = ThinkerReply(reply.start, reply.tokens, reply.fed + 1)
-        if self.decoding:
-            # What the reply decoded in a static slot goes into the conversation's own
-            # cache now, in the model thread, before a rollback or truncation crops it.
-            try:
-                await self.engine.call(self.model.settle, self.conversation)
-            except Exception:
-                outcome = "failed"
-            except BaseException:
-                del sessions[session]
-                raise
         return outcome
 
     def keep_reply(self) -> None:

@@ -1,18 +1,18 @@
-"""``ThinkerModel``: the loaded thinker and every forward the thinker engine runs.
+"""``ThinkerModel``: the loaded thinker and the one step its engine's loop runs.
 
-Everything here runs in the engine's model thread (``TorchEngine.call``), one call at a
-time, on one session's :class:`~.conversation.Conversation` and the
-:class:`~.user_turn.UserTurn` it is receiving: the engine's event-loop side decides
-*what* to run, this runs it and keeps the cache position, the carry and the turn's rows
-in step with what the cache holds. Decode steps are the exception:
-:meth:`ThinkerModel.decode_steps` feeds the last token of several sessions in one forward,
-over a static slot cache when the model has one (:mod:`.static_decode`): a session's
-newest positions may then be in its slot, and every other forward over its cache settles
-them into it first (:meth:`ThinkerModel.settle`).
+Everything here runs in the engine's model thread (``TorchEngine.call``). The engine's
+:class:`~omni_actors.actors.engines.step_loop.StepLoop` decides what each step feeds
+(decode rows of some sessions, prefill chunks of others); :meth:`ThinkerModel.step`
+computes that step in one forward over the :class:`~.slot_cache.SlotCache`, the
+thinker's only KV cache, and returns each chunk's output: the talker's rows of the
+positions it fed, and, where a chunk ends a work that asks for it, the next token
+picked from its last position. A step of decode rows alone replays a CUDA graph per
+(row bucket, span) on a GPU.
 """
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Final, cast
@@ -21,8 +21,7 @@ import torch
 
 from omni_actors.actors.engines.qwen3_omni import configs, layout, stepping, weights
 from omni_actors.actors.engines.qwen3_omni.audio_stream import AudioClip
-from omni_actors.actors.engines.qwen3_omni.batched_step import thinker_steps
-from omni_actors.actors.engines.qwen3_omni.conversation import Conversation, ThinkerReply
+from omni_actors.actors.engines.qwen3_omni.graphs import Capture, ShapeGraphs, bucket
 from omni_actors.actors.engines.qwen3_omni.hf import (
     PreTrainedConfig,
     Qwen3OmniMoeThinkerForConditionalGeneration,
@@ -30,14 +29,15 @@ from omni_actors.actors.engines.qwen3_omni.hf import (
 )
 from omni_actors.actors.engines.qwen3_omni.log_mel import LogMel
 from omni_actors.actors.engines.qwen3_omni.sampling import Sampling, pick
-from omni_actors.actors.engines.qwen3_omni.static_decode import StaticDecoder, StaticPlan, StepCache
-from omni_actors.actors.engines.qwen3_omni.user_turn import Feed, UserTurn
+from omni_actors.actors.engines.qwen3_omni.slot_cache import Segment, SlotCache, span_for
+from omni_actors.actors.engines.qwen3_omni.user_turn import UserTurn
 from omni_actors.actors.engines.qwen3_omni.vocabulary import Vocabulary
+from omni_actors.actors.engines.step_loop import Chunk
 from omni_actors.errors import ModelFileError
 from omni_actors.models.files import read_json
 from omni_actors.models.release import Release
 
-__all__ = ["DecodeStep", "ThinkerModel", "Token"]
+__all__ = ["Fed", "Feeding", "Pick", "ThinkerModel", "Token"]
 
 _PREPROCESSOR: Final = "preprocessor_config.json"
 
@@ -46,13 +46,38 @@ Token = tuple[int, torch.Tensor]
 
 
 @dataclass(frozen=True, slots=True)
-class DecodeStep:
-    """One session's next decode step: feed ``token``, pick the next one."""
+class Pick:
+    """Pick a token from a work's last position."""
 
-    conversation: Conversation
-    token: int
     allow_end: bool
     sampling: Sampling
+
+
+@dataclass(frozen=True, slots=True)
+class Feeding:
+    """A work's payload: the ids to feed, the audio embeddings of their AUDIO_PADs."""
+
+    ids: list[int]
+    audio: torch.Tensor | None = None
+    """[n, H] encoder output for the ``n`` AUDIO_PAD ids, in order."""
+    rows: bool = False
+    """Return the talker's rows of the positions fed."""
+    pick: Pick | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Fed:
+    """One chunk's output."""
+
+    rows: torch.Tensor | None
+    """[L, H]: the input embedding per position, the ``accept_hidden_layer`` state at
+    AUDIO_PAD positions (``stepping.talker_user_part`` selects between the two by the
+    placeholder mask, so one tensor carries what it needs)."""
+    token: Token | None
+    """The token picked at the chunk's last position (last chunk of a picking work)."""
+
+
+ThinkerChunk = Chunk[Feeding, Fed]
 
 
 class ThinkerModel:
@@ -63,8 +88,12 @@ class ThinkerModel:
         allowed_token_ranges: half-open ``[start, stop)`` id ranges a reply may use
             (``<|im_end|>`` is allowed once the reply's minimum is reached); None: any.
             For random weights, which would otherwise pick ids no reader could show.
-        static: decode over a static slot cache so built; None: every step eagerly
-            over the sessions' own caches.
+        slots: sessions the KV cache holds at once.
+        max_context: the most positions one session holds.
+        max_rows: the most decode rows one step runs (its largest graph).
+        graphs: replay decode-only steps from CUDA graphs (CUDA only).
+        warm: capture every decode graph at load.
+        capture: how graphs are captured (tests pass a stand-in on a machine without a GPU).
 
     Raises:
         ModelFileError: a file of the stage, its tokenizer or front end, or the composite
@@ -74,10 +103,11 @@ class ThinkerModel:
             vocabulary.
 
     Attributes:
-        text_config: the text model's config (what a session's ``DynamicCache`` needs).
+        text_config: the text model's config.
         vocabulary: the release's tokenizer and special ids.
         tts: [3, H] the embeddings of TTS_BOS, TTS_EOS, TTS_PAD.
         opening: [3, H] the embeddings of ``<|im_start|> assistant \\n``.
+        cache: the KV slots.
     """
 
     def __init__(
@@ -86,7 +116,12 @@ class ThinkerModel:
         device: torch.device | None = None,
         *,
         allowed_token_ranges: list[tuple[int, int]] | None = None,
-        static: StaticPlan | None = None,
+        slots: int = 4,
+        max_context: int = 4096,
+        max_rows: int | None = None,
+        graphs: bool = False,
+        warm: bool = False,
+        capture: Capture | None = None,
     ) -> None:
         device = device or torch.device("cpu")
         release = Release.open(path, remedy=layout.REBUILD)
@@ -126,217 +161,202 @@ class ThinkerModel:
             tts = torch.tensor([ids.tts_bos, ids.tts_eos, ids.tts_pad])
             self.tts = self._embedding(tts)
             self.opening = self._embedding(torch.tensor(vocabulary.assistant_opening))
-        self._static: StaticDecoder | None = None
-        if static is not None:
-            self._static = StaticDecoder(
-                thinker.model,
-                self.text_config,
-                self._static_step,
-                slots=static.slots,
-                max_len=static.max_len,
-                device=device,
-                dtype=self.tts.dtype,
-                graphs=static.graphs,
-                name="thinker decode",
-            )
-            if static.warm:
-                self._static.warm([((1,), torch.long)])
+        self.device = device
+        self.cache = SlotCache(
+            self.text_config, slots=slots, max_len=max_context, device=device, dtype=self.tts.dtype
+        )
+        self.max_rows = min(max_rows or slots, slots)
+        # The attention of every module of the text model reads the step's slots.
+        self._configs = list(
+            {
+                id(c): c
+                for m in thinker.model.modules()
+                if hasattr(c := getattr(m, "config", None), "_attn_implementation")
+            }.values()
+        )
+        if graphs and device.type != "cuda" and capture is None:
+            raise ValueError(f"graphs need a CUDA device, not {device}")
+        self._graphs: ShapeGraphs[tuple[int, int]] | None = (
+            ShapeGraphs("thinker decode", capture=capture) if graphs else None
+        )
+        self._decode_inputs: dict[tuple[int, int], list[torch.Tensor]] = {}
+        if self._graphs is not None and warm:
+            self.warm()
 
     def clip(self) -> AudioClip:
         """A new audio clip, windowed as this thinker's audio encoder attends."""
         mel = LogMel(self._extractor, block=2 * self._n_window)
         return AudioClip(mel, self._n_window, self._n_window_infer)
 
-    def prefill(
-        self,
-        conversation: Conversation,
-        turn: UserTurn,
-        end_clip: bool,
-        then: list[int],
-        tail: int = 0,
-    ) -> None:
-        """Prefill the turn's pending ids, its clip's new windows (all of the clip if
-        ``end_clip``), then ``then``, whose last ``tail`` ids are not the user's."""
-        embeds = None
-        if turn.clip is not None:
-            clip, encode = turn.clip, self._encode
-            embeds = clip.finish(encode) if end_clip else clip.windows(encode)
-        if embeds is None and not end_clip and not then:
-            return  # the clip's log-mel advanced, no window is whole yet
-        feed = turn.next_feed(embeds, end_clip, then, tail)
-        if feed.ids:
-            self.feed(conversation, turn, feed)
+    def audio(self, turn: UserTurn, end_clip: bool) -> torch.Tensor | None:
+        """The encoder's output for the turn's clip's new windows (all that is left of it
+        if ``end_clip``); None when no window is whole yet."""
+        if turn.clip is None:
+            return None
+        encode = self._encode
+        return turn.clip.finish(encode) if end_clip else turn.clip.windows(encode)
 
-    @torch.no_grad()
-    def feed(self, conversation: Conversation, turn: UserTurn, feed: Feed) -> stepping.ThinkerStep:
-        """One forward over ``feed``; its talker rows go to the turn.
+    # -- the step -----------------------------------------------------------------------
 
-        Rows: the input embedding per position, the ``accept_hidden_layer`` state at
-        AUDIO_PAD positions (``stepping.talker_user_part`` selects between the two by the
-        placeholder mask, so one tensor carries what it needs).
-        """
-        step = self._forward(conversation, feed.ids, feed.audio)
-        if feed.skip:
-            conversation.carry = []
-        placeholders = torch.tensor(feed.ids) == self.vocabulary.ids.audio_pad
-        rows = torch.where(placeholders[:, None], step.accept_hidden[0], step.embeds[0])
-        turn.keep(feed, rows, placeholders)
-        return step
-
-    @torch.no_grad()
-    def instruct(self, conversation: Conversation, system: tuple[int, ...]) -> None:
-        """Feed the system turn ``system`` behind the carry (no user turn is open)."""
-        self._forward(conversation, [*conversation.carry, *system])
-        conversation.carry = []
-        conversation.system = (*conversation.system, *system)
-
-    @torch.no_grad()
-    def take_reply(self, conversation: Conversation, tokens: tuple[int, ...]) -> None:
-        """Take ``tokens`` into the conversation as the assistant's turn, as if decoded.
-
-        One forward over the carry, ``<|im_start|> assistant \\n`` and the tokens; the turn
-        is then left as a completed reply leaves it (``<|im_end|> \\n`` in the carry, a
-        :class:`ThinkerReply` a truncation can cut, no user turn or system turn after it).
-
-        The cache holds the same positions as after decoding, but computed in one
-        forward of ``len(tokens) + 3`` rows instead of one per token: its keys and values
-        may differ from the decoded ones in the last bits (other matmul shapes, as in a
-        batched decode step), so a later greedy pick can only change on a near tie.
-        """
-        opening = self.vocabulary.assistant_opening
-        self._forward(conversation, [*conversation.carry, *opening, *tokens])
-        conversation.carry = [*self.vocabulary.close_turn]
-        conversation.reply = ThinkerReply(conversation.position - len(tokens), tokens, len(tokens))
-        conversation.turns_since_reply, conversation.system = 0, ()
-
-    @torch.no_grad()
-    def open_reply(
-        self, conversation: Conversation, turn: UserTurn | None, sampling: Sampling
-    ) -> Token:
-        """Close ``turn`` if one is open, open the reply, pick its first token.
-
-        One forward over what the turn still has pending (its clip's last window among
-        it), ``<|im_end|> \\n``, the system turn set while it was open if any, then
-        ``<|im_start|> assistant \\n``: the only work left between the end of the input
-        and the first token. Without a turn it feeds the carry and the opening.
-        """
-        opening = self.vocabulary.assistant_opening
-        if turn is None:
-            step = self._forward(conversation, [*conversation.carry, *opening])
-            conversation.carry = []
-        else:
-            embeds = None if turn.clip is None else turn.clip.finish(self._encode)
-            then = [*self.vocabulary.close_turn, *turn.system, *opening]
-            tail = len(turn.system) + len(opening)
-            step = self.feed(conversation, turn, turn.next_feed(embeds, True, then, tail))
-        return self._pick(step.logits[0, -1], sampling.min_tokens == 0, sampling)
-
-    @torch.no_grad()
-    def decode(
-        self, conversation: Conversation, token: int, allow_end: bool, sampling: Sampling
-    ) -> Token:
-        """Feed ``token``, pick the next one: one forward over the session's own cache
-        (what it decoded in a static slot settled into it first), exactly transformers'
-        one-session step."""
-        step = self._forward(conversation, [token])
-        return self._pick(step.logits[0, -1], allow_end, sampling)
-
-    @torch.no_grad()
-    def decode_steps(self, steps: list[DecodeStep], *, eager: bool = False) -> list[Token]:
-        """:meth:`decode` for several sessions in one forward; each picks with its own
-        sampling and generator.
-
-        Over the static cache when there is one and the sessions fit it; else their
-        caches left-padded (:mod:`.batched_step`), and one session runs :meth:`decode`
-        itself, so a session decoding alone is exact. ``eager`` takes the second way
-        even with a static cache (a benchmark compares the two).
-        """
-        conversations = [step.conversation for step in steps]
-        lengths = [conversation.position for conversation in conversations]
-        if not eager and self._static is not None and self._static.fits(lengths):
-            caches = [conversation.cache for conversation in conversations]
-            ids = torch.tensor([[step.token] for step in steps])
-            (logits,) = self._static.run(caches, lengths, [ids])
-            for conversation in conversations:
-                conversation.position += 1
-            return self._pick_rows(logits, steps)
-        for conversation in conversations:
-            self.settle(conversation)
-        if len(steps) == 1:
-            (one,) = steps
-            return [self.decode(one.conversation, one.token, one.allow_end, one.sampling)]
-        logits = thinker_steps(
-            self._thinker,
-            torch.tensor([[step.token] for step in steps]),
-            [conversation.cache for conversation in conversations],
-            [conversation.position for conversation in conversations],
-        )
-        for conversation in conversations:
-            conversation.position += 1
-        return [
-            self._pick(row, step.allow_end, step.sampling)
-            for row, step in zip(logits, steps, strict=True)
-        ]
+    def decode_keys(self) -> list[tuple[int, int]]:
+        """Every (row bucket, span) a decode-only step may need, smallest first."""
+        sizes = _buckets(self.max_rows)
+        rows = sorted({bucket(n, sizes) or n for n in range(1, self.max_rows + 1)})
+        spans = sorted({span_for(n, self.cache.max_len) for n in range(1, self.cache.max_len + 1)})
+        return [(row, span) for row in rows for span in spans]
 
     @property
-    def static(self) -> StaticDecoder | None:
-        """The static slot cache decode steps run over, if any."""
-        return self._static
+    def graphed(self) -> list[tuple[int, int]]:
+        """(row bucket, span) pairs replayed from a graph."""
+        return sorted(self._graphs.graphed) if self._graphs is not None else []
 
-    def settle(self, conversation: Conversation) -> None:
-        """Move what ``conversation`` decoded in its static slot into its own cache (a
-        no-op without a static cache or a slot): before anything else reads or crops it."""
-        if self._static is not None:
-            self._static.settle(conversation.cache)
+    @torch.no_grad()
+    def warm(self) -> list[tuple[int, int]]:
+        """Capture every decode graph now (at load, while nothing else runs on the
+        device): steps the scratch row only."""
+        if self._graphs is None:
+            return []
+        for key in self.decode_keys():
+            static = self._static_inputs(key)
+            self._graphs.capture(key, functools.partial(self._decode, key[1]), *static)
+        return self.graphed
 
-    def _static_step(
-        self, cache: StepCache, positions: torch.Tensor, ids: torch.Tensor
+    @torch.no_grad()
+    def step(self, chunks: list[ThinkerChunk], *, eager: bool = False) -> list[Fed]:
+        """One forward over every chunk (module docstring); one output per chunk.
+        ``eager`` runs a decode-only step without its graph (a benchmark compares)."""
+        if all(chunk.work.decode for chunk in chunks):
+            return self._decode_step(chunks, eager)
+        segments = [Segment(c.request.slot, c.start, c.length) for c in chunks]
+        ids = [i for c in chunks for i in c.work.payload.ids[c.offset : c.offset + c.length]]
+        device = self.device
+        embeds = self._embedding(torch.tensor(ids, device=device))
+        audio = self._audio_rows(chunks)
+        pads = torch.tensor(ids, device=device) == self.vocabulary.ids.audio_pad
+        if audio is not None:
+            embeds = embeds.masked_scatter(pads[:, None].expand_as(embeds), audio.to(embeds))
+        step = self.cache.step(segments)
+        want_rows = any(c.work.payload.rows for c in chunks)
+        with step.active(self._configs):
+            out = self._thinker.model(
+                inputs_embeds=embeds[None],
+                position_ids=step.positions[None],
+                attention_mask=step.mask,
+                past_key_values=step,
+                use_cache=True,
+                output_hidden_states=want_rows,
+            )
+        ends = torch.tensor([c.length for c in chunks]).cumsum(0) - 1
+        logits = self._thinker.lm_head(out.last_hidden_state[0, ends.to(device)])
+        accept = out.hidden_states[self._accept_layer][0] if want_rows else None
+        picks = self._picks(logits, chunks)
+        fed: list[Fed] = []
+        offset = 0
+        for chunk, token in zip(chunks, picks, strict=True):
+            rows = None
+            if accept is not None and chunk.work.payload.rows:
+                span = slice(offset, offset + chunk.length)
+                rows = torch.where(pads[span, None], accept[span], embeds[span])
+            fed.append(Fed(rows, token))
+            offset += chunk.length
+        return fed
+
+    def _decode_step(self, chunks: list[ThinkerChunk], eager: bool) -> list[Fed]:
+        """Decode rows alone: a graph per (row bucket, span) where there is one."""
+        count = len(chunks)
+        rows = bucket(count, _buckets(self.max_rows)) or count
+        span = span_for(max(c.start for c in chunks) + 1, self.cache.max_len)
+        key = (rows, span)
+        slots = [c.request.slot for c in chunks] + [self.cache.scratch] * (rows - count)
+        starts = [c.start for c in chunks] + [0] * (rows - count)
+        ids = [c.work.payload.ids[0] for c in chunks] + [0] * (rows - count)
+        given = [torch.tensor(v, device=self.device) for v in (slots, starts, ids)]
+        if eager or self._graphs is None or count > self.max_rows:
+            (logits,) = self._decode(span, *given)
+        else:
+            static = self._static_inputs(key)
+            for buffer, value in zip(static, given, strict=True):
+                buffer.copy_(value)
+            (logits,) = self._graphs(key, functools.partial(self._decode, span), *static)
+        return [Fed(None, token) for token in self._picks(logits[:count], chunks)]
+
+    def _static_inputs(self, key: tuple[int, int]) -> list[torch.Tensor]:
+        static = self._decode_inputs.get(key)
+        if static is None:
+            rows = key[0]
+            scratch = torch.full((rows,), self.cache.scratch, dtype=torch.long)
+            zeros = torch.zeros(rows, dtype=torch.long)
+            static = [t.to(self.device) for t in (scratch, zeros, zeros.clone())]
+            self._decode_inputs[key] = static
+        return static
+
+    def _decode(
+        self, span: int, slots: torch.Tensor, starts: torch.Tensor, ids: torch.Tensor
     ) -> tuple[torch.Tensor, ...]:
-        """The static decode step: logits [B, vocab] of each row's next token."""
-        out = self._thinker.model(
-            input_ids=ids,
-            attention_mask=cache.mask,
-            position_ids=positions[:, None],
-            past_key_values=cache,
-            use_cache=True,
-        )
-        return (self._thinker.lm_head(out.last_hidden_state[:, -1]),)
+        """The decode-only step: logits [B, vocab] of each row's next token (capturable:
+        a function of its input tensors, nothing read back to the host)."""
+        step = self.cache.decode_step(slots, starts, span)
+        with step.active(self._configs):
+            out = self._thinker.model(
+                input_ids=ids[None],
+                position_ids=starts[None],
+                attention_mask=step.mask,
+                past_key_values=step,
+                use_cache=True,
+            )
+        return (self._thinker.lm_head(out.last_hidden_state[0]),)
 
-    def _pick_rows(self, logits: torch.Tensor, steps: list[DecodeStep]) -> list[Token]:
-        """Each row's token and embedding: the greedy rows in one pass (one read back
-        to the host), the sampled ones each with its own generator."""
-        ends = torch.tensor([step.allow_end for step in steps], device=logits.device)
-        masked = logits.float() + self._allow[ends.long()]
-        tokens = masked.argmax(dim=-1).tolist()
-        for row, step in enumerate(steps):
-            if step.sampling.temperature > 0:
-                allowed = self._allow_end if step.allow_end else self._allow_text
-                tokens[row] = pick(logits[row], allowed, step.sampling)
+    def _audio_rows(self, chunks: list[ThinkerChunk]) -> torch.Tensor | None:
+        """The audio embeddings of the step's AUDIO_PADs, in token order."""
+        pad = self.vocabulary.ids.audio_pad
+        parts = []
+        for chunk in chunks:
+            feeding = chunk.work.payload
+            if feeding.audio is None:
+                continue
+            before = feeding.ids[: chunk.offset].count(pad)
+            inside = feeding.ids[chunk.offset : chunk.offset + chunk.length].count(pad)
+            parts.append(feeding.audio[before : before + inside])
+        return torch.cat(parts) if parts else None
+
+    def _picks(self, logits: torch.Tensor, chunks: list[ThinkerChunk]) -> list[Token | None]:
+        """The token of each chunk that ends a picking work: the greedy ones in one pass
+        (one read back to the host), the sampled ones each with its own generator."""
+        wanted = [row for row, c in enumerate(chunks) if c.last and c.work.payload.pick is not None]
+        picks: list[Token | None] = [None] * len(chunks)
+        if not wanted:
+            return picks
+        choices = [c.work.payload.pick for c in chunks]
+        index = torch.tensor(wanted, device=logits.device)
+        ends = torch.tensor(
+            [bool(choices[row] and choices[row].allow_end) for row in wanted],  # type: ignore[union-attr]
+            device=logits.device,
+        )
+        rows = logits.index_select(0, index).float()
+        tokens = (rows + self._allow[ends.long()]).argmax(dim=-1).tolist()
+        for n, row in enumerate(wanted):
+            choice = choices[row]
+            assert choice is not None
+            if choice.sampling.temperature > 0:
+                allowed = self._allow_end if choice.allow_end else self._allow_text
+                tokens[n] = pick(rows[n], allowed, choice.sampling)
         embeds = self._embedding(torch.tensor(tokens, device=logits.device))
-        return [(token, embeds[row : row + 1]) for row, token in enumerate(tokens)]
+        for n, row in enumerate(wanted):
+            picks[row] = (tokens[n], embeds[n : n + 1])
+        return picks
 
     def _encode(self, mel: torch.Tensor) -> torch.Tensor:
         return stepping.encode_audio(self._thinker, mel)
 
-    def _forward(
-        self, conversation: Conversation, ids: list[int], audio: torch.Tensor | None = None
-    ) -> stepping.ThinkerStep:
-        self.settle(conversation)
-        step = stepping.thinker_forward(
-            self._thinker,
-            torch.tensor([ids]),
-            conversation.cache,
-            conversation.position,
-            accept_layer=self._accept_layer,
-            audio_embeds=audio,
-        )
-        conversation.position += len(ids)
-        return step
 
-    def _pick(self, logits: torch.Tensor, allow_end: bool, sampling: Sampling) -> Token:
-        """An allowed token (or im_end) and its [1, H] embedding."""
-        token = pick(logits, self._allow_end if allow_end else self._allow_text, sampling)
-        return token, self._embedding(torch.tensor([token]))
+def _buckets(largest: int) -> tuple[int, ...]:
+    """Row buckets: powers of two below ``largest``, and ``largest``."""
+    sizes = []
+    size = 1
+    while size < largest:
+        sizes.append(size)
+        size *= 2
+    return (*sizes, largest)
 
 
 def _feature_extractor(path: Path) -> WhisperFeatureExtractor:

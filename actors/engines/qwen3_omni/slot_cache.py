@@ -1,0 +1,262 @@
+"""``SlotCache``: a stage's only KV cache, one slot per session, and the step over it.
+
+The cache is allocated once at load: ``[slots + 1, kv_heads, max_len, head_dim]`` per
+layer (row ``slots`` is scratch, where padding rows write). A session holds one slot
+for its whole life; what the slot holds is the session's positions ``0 .. computed -
+1`` (the step loop's count, :mod:`~omni_actors.actors.engines.step_loop`). Clearing,
+rolling back or truncating a conversation only moves that count: the positions past it
+are never read, and the next feed overwrites them. Nothing is copied per turn.
+
+One step feeds several sessions at once, each a *segment* (a decode row of one
+position, or a prefill chunk of many) at its own slot and start position. The model
+sees the step's tokens flattened, ``[1, T]``, so every token-wise layer (projections,
+norms, the experts) runs over all of them in one call; only attention needs the
+segments, and gets them from :class:`SlotStep`, the ``past_key_values`` of the forward:
+
+- ``update`` writes each token's key and value at (its segment's slot, its position),
+  one indexed write per layer, and returns the keys and values of the segments' slots
+  up to the step's span;
+- the attention (registered with transformers under :data:`ATTENTION`, swapped in for
+  the forward by :meth:`SlotStep.active`) lays the queries out as ``[segments,
+  longest]``, attends each segment's slot under a mask that lets token ``t`` of a
+  segment starting at ``p`` see positions ``0 .. p + t``, and flattens the result back.
+
+So a chunked prefill computes what the one-shot prefill computes (up to the float
+rounding of other matmul shapes), and a decode row is exactly one more position.
+
+A step of decode rows alone has one shape per (row bucket, span) and reads nothing from
+the host: it can be replayed from a CUDA graph. Its gathered keys are a copy of the
+rows' spans per layer; keeping decoding sessions in the low slots (a compaction) would
+let the graph read them in place.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Any, Final
+
+import torch
+
+from omni_actors.actors.engines.qwen3_omni.hf import AttentionInterface, PreTrainedConfig
+
+__all__ = ["ATTENTION", "Segment", "SlotCache", "SlotStep"]
+
+ATTENTION: Final = "omni-actors-slot-step"
+
+_current = threading.local()
+
+
+@dataclass(frozen=True, slots=True)
+class Segment:
+    """What one step feeds one session: ``length`` positions from ``start`` of ``slot``."""
+
+    slot: int
+    start: int
+    length: int
+
+
+class SlotCache:
+    """The per-layer key and value tensors of every session's slot.
+
+    Args:
+        config: the text model's config (layers, key/value heads, head dim).
+        slots: sessions the cache holds at once.
+        max_len: the most positions one slot holds.
+    """
+
+    def __init__(
+        self,
+        config: PreTrainedConfig,
+        *,
+        slots: int,
+        max_len: int,
+        device: torch.device,
+        dtype: torch.dtype,
+    ) -> None:
+        if slots < 1 or max_len < 1:
+            raise ValueError(f"need slots >= 1 and max_len >= 1, got {slots}, {max_len}")
+        self.slots, self.max_len, self.device = slots, max_len, device
+        layers = int(config.num_hidden_layers)
+        heads = int(config.num_key_value_heads)
+        dim = int(
+            getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+        )
+        shape = (slots + 1, heads, max_len, dim)
+        self.keys = [torch.zeros(shape, device=device, dtype=dtype) for _ in range(layers)]
+        self.values = [torch.zeros(shape, device=device, dtype=dtype) for _ in range(layers)]
+
+    @property
+    def scratch(self) -> int:
+        """The row padding segments write to."""
+        return self.slots
+
+    @property
+    def nbytes(self) -> int:
+        """Device memory the cache holds."""
+        return sum(t.numel() * t.element_size() for t in (*self.keys, *self.values))
+
+    @staticmethod
+    def bytes_per_slot(config: PreTrainedConfig, max_len: int, dtype: torch.dtype) -> int:
+        """What one slot of ``max_len`` positions costs (keys and values, every layer)."""
+        heads = int(config.num_key_value_heads)
+        dim = int(
+            getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+        )
+        size = torch.empty((), dtype=dtype).element_size()
+        return 2 * int(config.num_hidden_layers) * heads * max_len * dim * size
+
+    def step(self, segments: Sequence[Segment], *, rows: int | None = None) -> SlotStep:
+        """The ``past_key_values`` of one forward over ``segments`` (in token order),
+        padded to ``rows`` segments of one position each at the scratch row.
+
+        Raises:
+            ValueError: a segment runs past ``max_len`` or is empty.
+        """
+        padded = list(segments)
+        if rows is not None:
+            padded += [Segment(self.scratch, 0, 1)] * (rows - len(padded))
+        for seg in padded:
+            if seg.length < 1 or seg.start < 0 or seg.start + seg.length > self.max_len:
+                raise ValueError(
+                    f"a segment of {seg.length} positions from {seg.start} does not fit a "
+                    f"slot of {self.max_len}"
+                )
+        longest = max(seg.length for seg in padded)
+        ends = max(seg.start + seg.length for seg in padded)
+        token_row = [i for i, seg in enumerate(padded) for _ in range(seg.length)]
+        token_col = [t for seg in padded for t in range(seg.length)]
+        token_pos = [seg.start + t for seg in padded for t in range(seg.length)]
+        device = self.device
+        return SlotStep(
+            self,
+            slots=torch.tensor([seg.slot for seg in padded], device=device),
+            starts=torch.tensor([seg.start for seg in padded], device=device),
+            token_row=torch.tensor(token_row, device=device),
+            token_col=torch.tensor(token_col, device=device),
+            positions=torch.tensor(token_pos, device=device),
+            longest=longest,
+            span=span_for(ends, self.max_len),
+        )
+
+    def decode_step(self, slots: torch.Tensor, starts: torch.Tensor, span: int) -> SlotStep:
+        """The ``past_key_values`` of a step of one position per row: row ``i`` at
+        ``starts[i]`` of ``slots[i]`` (built from tensors only: capturable)."""
+        rows = torch.arange(slots.shape[0], device=slots.device)
+        return SlotStep(
+            self,
+            slots=slots,
+            starts=starts,
+            token_row=rows,
+            token_col=torch.zeros_like(rows),
+            positions=starts,
+            longest=1,
+            span=span,
+        )
+
+
+def span_for(needed: int, max_len: int) -> int:
+    """How many positions a step attends: a power of two from 256 (few shapes to
+    capture: each is a graph of a decode step), at least ``needed``, at most ``max_len``."""
+    span = 256
+    while span < needed:
+        span *= 2
+    return min(span, max_len)
+
+
+class SlotStep:
+    """One forward's view of the :class:`SlotCache` (module docstring).
+
+    Attributes:
+        positions: [T] each token's position in its slot (the rotary positions).
+        mask: [B, 1, longest, span] bool, True where a segment's token may attend.
+    """
+
+    is_compileable: Final = False
+
+    def __init__(
+        self,
+        cache: SlotCache,
+        *,
+        slots: torch.Tensor,
+        starts: torch.Tensor,
+        token_row: torch.Tensor,
+        token_col: torch.Tensor,
+        positions: torch.Tensor,
+        longest: int,
+        span: int,
+    ) -> None:
+        self._cache = cache
+        self.slots, self.starts = slots, starts
+        self.token_row, self.token_col, self.positions = token_row, token_col, positions
+        self.token_slot = slots.index_select(0, token_row)
+        self.longest, self.span = longest, span
+        self.decode_only = longest == 1
+        offsets = torch.arange(longest, device=starts.device)
+        seen = starts[:, None] + offsets[None, :]  # [B, longest] each query's position
+        keys = torch.arange(span, device=starts.device)
+        self.mask = (keys[None, None, :] <= seen[:, :, None])[:, None]
+
+    @contextmanager
+    def active(self, configs: Sequence[Any]) -> Iterator[None]:
+        """Route the attention of ``configs``' layers through this step meanwhile (the
+        model thread is the model's only user: nothing else sees the swap)."""
+        saved = [config._attn_implementation for config in configs]
+        for config in configs:
+            config._attn_implementation = ATTENTION
+        _current.step = self
+        try:
+            yield
+        finally:
+            _current.step = None
+            for config, was in zip(configs, saved, strict=True):
+                config._attn_implementation = was
+
+    def update(
+        self, key: torch.Tensor, value: torch.Tensor, layer_idx: int, *_: Any, **__: Any
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Store the step's keys and values [1, heads, T, dim]; the segments' slots."""
+        keys, values = self._cache.keys[layer_idx], self._cache.values[layer_idx]
+        keys[self.token_slot, :, self.positions] = key[0].transpose(0, 1).to(keys.dtype)
+        values[self.token_slot, :, self.positions] = value[0].transpose(0, 1).to(values.dtype)
+        return (
+            keys.index_select(0, self.slots)[:, :, : self.span],
+            values.index_select(0, self.slots)[:, :, : self.span],
+        )
+
+    def get_seq_length(self, layer_idx: int = 0) -> int:
+        """The span (transformers may ask; every position is passed explicitly)."""
+        return self.span
+
+
+def _slot_attention(
+    module: torch.nn.Module,
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    attention_mask: torch.Tensor | None,
+    scaling: float | None = None,
+    **_: Any,
+) -> tuple[torch.Tensor, None]:
+    """Attention of a :class:`SlotStep`'s segments over their slots (module docstring):
+    ``query`` [1, heads, T, dim], ``key``/``value`` [B, kv_heads, span, dim]."""
+    step: SlotStep = _current.step
+    batch = key.shape[0]
+    flat = query[0].transpose(0, 1)  # [T, heads, dim]
+    if step.decode_only:
+        laid = flat[:, :, None]  # [B, heads, 1, dim]
+    else:
+        grid = flat.new_zeros(batch, step.longest, *flat.shape[1:])
+        grid[step.token_row, step.token_col] = flat
+        laid = grid.transpose(1, 2)
+    out = torch.nn.functional.scaled_dot_product_attention(
+        laid, key, value, attn_mask=step.mask, scale=scaling, enable_gqa=True
+    )
+    out = out.transpose(1, 2)  # [B, longest, heads, dim]
+    tokens = out[:, 0] if step.decode_only else out[step.token_row, step.token_col]
+    return tokens[None], None
+
+
+AttentionInterface.register(ATTENTION, _slot_attention)

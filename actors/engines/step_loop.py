@@ -1,0 +1,398 @@
+"""``StepLoop``: the serving loop of an autoregressive torch stage.
+
+One loop per engine owns every session's request state as data (:class:`Request`: its
+KV slot, how many positions the slot holds, the work queued on it) and runs the model
+in steps shaped as vLLM v1's engine core runs them:
+
+1. *schedule*: one row from every request whose next work is a decode (a single
+   position), then prefill chunks of requests whose next work is a prefill, oldest
+   first, while the step's token budget lasts (``max_tokens_per_step``), each chunk at
+   most ``max_chunk`` positions, so a long prompt never holds the running sessions'
+   decode back for more than one chunk;
+2. *execute*: the whole step is one call of the model (one forward over every row and
+   chunk), in the engine's model thread;
+3. *update*: each request's computed length moves on by what the step fed it, each
+   chunk's output joins its work, and a work whose last chunk ran resolves its future
+   with the outputs of all its chunks.
+
+The model side (what a work's payload is, how a step is computed) is the engine's: the
+loop only counts positions. A request waits in the loop only while it has work; a
+session between responses holds its request (and so its slot) but costs no step.
+
+Work submitted while a step runs joins the next one. After each step the loop lets the
+event loop turn once, so that a session woken by the step's results can queue its next
+work before the next schedule (as :class:`~.batcher.Batcher` does, for the same
+reason). A request's computed length is only moved by the loop itself (the step's
+update) and by :meth:`StepLoop.rewind` between works (a clear, a rollback or a
+truncation), never by two owners.
+
+A closed request's queued work fails with :class:`RequestClosedError`; a chunk of it in
+the step that is running is computed and dropped. Its slot goes back to the free list
+only once no running step holds it. A failed step fails the works that had a chunk in
+it (their requests may hold partly written positions past ``computed``: nothing reads
+them, and the next work overwrites them), not the loop.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections import deque
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from typing import Generic, TypeVar
+
+from omni_actors.errors import EngineError
+
+__all__ = [
+    "Chunk",
+    "ContextLengthError",
+    "Request",
+    "RequestClosedError",
+    "SlotsExhaustedError",
+    "StepLoop",
+    "StepLoopStats",
+    "Work",
+]
+
+log = logging.getLogger(__name__)
+
+P = TypeVar("P")
+Out = TypeVar("Out")
+
+
+class SlotsExhaustedError(EngineError):
+    """Every KV slot of the stage is held by a session: raise the stage's
+    ``max_sessions`` (KV memory is planned from it at load) or admit fewer sessions."""
+
+
+class ContextLengthError(EngineError):
+    """A conversation outgrew its KV slot: raise the stage's ``max_context``, or start a
+    new conversation."""
+
+
+class RequestClosedError(EngineError):
+    """The request was closed (its session aborted or released) before its work ran."""
+
+
+@dataclass(eq=False, slots=True)
+class Work(Generic[P, Out]):
+    """Positions to feed one request, with the model's payload for them."""
+
+    payload: P
+    length: int
+    """Positions this work feeds (1 for a decode step)."""
+    decode: bool
+    future: asyncio.Future[list[Out]]
+    done: int = 0
+    """Positions fed so far (a prefill runs in chunks)."""
+    outputs: list[Out] = field(default_factory=list)
+
+
+@dataclass(eq=False, slots=True)
+class Request(Generic[P, Out]):
+    """One session's state in the loop: owned by the loop, read by the engine."""
+
+    id: str
+    slot: int
+    computed: int = 0
+    """Positions the slot holds: the next work is fed from here."""
+    queue: deque[Work[P, Out]] = field(default_factory=deque)
+    closed: bool = False
+    stepping: int = 0
+    """Chunks of this request in the step now running."""
+
+
+@dataclass(frozen=True, slots=True)
+class Chunk(Generic[P, Out]):
+    """What one step feeds one request: ``length`` positions of ``work`` from its
+    ``offset``, at positions ``start ..`` of ``request.slot``."""
+
+    request: Request[P, Out]
+    work: Work[P, Out]
+    offset: int
+    length: int
+    start: int
+
+    @property
+    def last(self) -> bool:
+        """Whether this chunk ends its work (its output completes the work)."""
+        return self.offset + self.length == self.work.length
+
+
+@dataclass(frozen=True, slots=True)
+class StepLoopStats:
+    """What the loop has done so far (one frozen reading)."""
+
+    steps: int
+    decode_rows: int
+    prefill_chunks: int
+    prefill_tokens: int
+    largest_step: int
+    """The most rows (decode rows plus prefill chunks) one step ran."""
+    mixed_steps: int
+    """Steps that ran decode rows and prefill chunks together."""
+    requests: int
+    free_slots: int
+
+
+class StepLoop(Generic[P, Out]):
+    """See the module docstring.
+
+    Args:
+        execute: ``execute(chunks)`` runs one step (awaiting the model thread) and
+            returns one output per chunk, in order.
+        slots: how many requests may be open at once (one KV slot each).
+        max_context: the most positions a slot holds.
+        max_tokens_per_step: the step's token budget (decode rows count one each).
+        max_chunk: the most positions of one prefill fed in one step.
+        max_rows: the most decode rows in one step (a graph's largest batch).
+        name: the loop task's name, for debugging.
+    """
+
+    def __init__(
+        self,
+        execute: Callable[[list[Chunk[P, Out]]], Awaitable[list[Out]]],
+        *,
+        slots: int,
+        max_context: int,
+        max_tokens_per_step: int,
+        max_chunk: int,
+        max_rows: int | None = None,
+        name: str = "step loop",
+    ) -> None:
+        if min(slots, max_context, max_tokens_per_step, max_chunk) < 1:
+            raise ValueError(
+                "slots, max_context, max_tokens_per_step and max_chunk must be >= 1, got "
+                f"{slots}, {max_context}, {max_tokens_per_step}, {max_chunk}"
+            )
+        self._execute = execute
+        self.slots, self.max_context, self.name = slots, max_context, name
+        self.max_tokens_per_step, self.max_chunk = max_tokens_per_step, max_chunk
+        self.max_rows = slots if max_rows is None else max_rows
+        self._free = list(range(slots - 1, -1, -1))  # pop() hands out the lowest first
+        self._requests: dict[str, Request[P, Out]] = {}
+        self._waiting: deque[Request[P, Out]] = deque()  # requests with work, oldest first
+        self._wake = asyncio.Event()
+        self._task: asyncio.Task[None] | None = None
+        self._closing = False
+        self._steps = self._decode_rows = self._chunks = self._tokens = 0
+        self._largest = self._mixed = 0
+
+    # -- requests -----------------------------------------------------------------------
+
+    def open(self, request_id: str) -> Request[P, Out]:
+        """A new request with a free slot of its own.
+
+        Raises:
+            SlotsExhaustedError: every slot is held.
+            ValueError: ``request_id`` is open already.
+        """
+        if request_id in self._requests:
+            raise ValueError(f"{self.name}: request {request_id!r} is open already")
+        if not self._free:
+            raise SlotsExhaustedError(
+                f"{self.name}: all {self.slots} KV slots are held by sessions: raise "
+                "max_sessions (KV memory is planned from it at load) or admit fewer sessions"
+            )
+        request: Request[P, Out] = Request(request_id, self._free.pop())
+        self._requests[request_id] = request
+        return request
+
+    def close(self, request: Request[P, Out]) -> None:
+        """End ``request``: its queued work fails, its slot is freed (once no running
+        step holds it)."""
+        if request.closed:
+            return
+        request.closed = True
+        self._requests.pop(request.id, None)
+        while request.queue:
+            _fail(request.queue.popleft().future, RequestClosedError(f"{request.id} closed"))
+        if request.stepping == 0:
+            self._free.append(request.slot)
+
+    def rewind(self, request: Request[P, Out], position: int) -> None:
+        """Forget ``request``'s positions from ``position`` on (a clear, a rollback, a
+        truncation): the slot keeps them, nothing reads them, the next work overwrites.
+
+        Raises:
+            ValueError: ``position`` is past what the slot holds, or work is queued or
+                running on the request (rewind between works only).
+        """
+        if not 0 <= position <= request.computed:
+            raise ValueError(f"cannot rewind {request.computed} positions to {position}")
+        if request.queue or request.stepping:
+            raise ValueError(f"{self.name}: {request.id} has work in flight; rewind after it")
+        request.computed = position
+
+    def submit(
+        self, request: Request[P, Out], payload: P, length: int, *, decode: bool = False
+    ) -> asyncio.Future[list[Out]]:
+        """Queue ``length`` positions of ``payload`` on ``request``; the future gets one
+        output per chunk it ran in (a decode: one), or the error of a failed step.
+        Cancel the future to withdraw work not started yet.
+
+        Raises:
+            ContextLengthError: the request's slot cannot hold the positions (checked
+                against the work already queued).
+            RequestClosedError: the request is closed, or the loop is not running.
+        """
+        future: asyncio.Future[list[Out]] = asyncio.get_running_loop().create_future()
+        if request.closed or not self.running:
+            raise RequestClosedError(f"{self.name}: {request.id} is closed or the loop stopped")
+        if length < 1 or (decode and length != 1):
+            raise ValueError(f"a work feeds >= 1 positions (a decode exactly 1), got {length}")
+        queued = request.computed + sum(w.length - w.done for w in request.queue) + length
+        if queued > self.max_context:
+            raise ContextLengthError(
+                f"{self.name}: {request.id} would hold {queued} positions, past its slot's "
+                f"max_context of {self.max_context}: raise max_context or start a new "
+                "conversation"
+            )
+        request.queue.append(Work(payload, length, decode, future))
+        self._waiting.append(request)  # schedule() drops repeats
+        self._wake.set()
+        return future
+
+    @property
+    def requests(self) -> dict[str, Request[P, Out]]:
+        """Open requests by id."""
+        return dict(self._requests)
+
+    def statistics(self) -> StepLoopStats:
+        """The loop's counters now."""
+        return StepLoopStats(
+            steps=self._steps,
+            decode_rows=self._decode_rows,
+            prefill_chunks=self._chunks,
+            prefill_tokens=self._tokens,
+            largest_step=self._largest,
+            mixed_steps=self._mixed,
+            requests=len(self._requests),
+            free_slots=len(self._free),
+        )
+
+    # -- the loop -----------------------------------------------------------------------
+
+    @property
+    def running(self) -> bool:
+        """Whether :meth:`start` was called and :meth:`stop` not yet."""
+        return self._task is not None and not self._closing
+
+    def start(self) -> None:
+        """Start the loop task (owned by this object; :meth:`stop` ends it)."""
+        if self._task is None:
+            self._closing = False
+            self._task = asyncio.get_running_loop().create_task(self._run(), name=self.name)
+
+    async def stop(self) -> None:
+        """Close every request (their work fails), let a running step end, end the task."""
+        task = self._task
+        if task is None:
+            return
+        self._closing = True
+        for request in list(self._requests.values()):
+            self.close(request)
+        self._wake.set()
+        try:
+            await asyncio.shield(task)
+        except asyncio.CancelledError:
+            task.cancel()
+            await asyncio.wait((task,))
+            raise
+        except Exception:
+            log.exception("%s had failed", self.name)
+        finally:
+            self._task = None
+
+    async def _run(self) -> None:
+        while not self._closing:
+            await self._wake.wait()
+            self._wake.clear()
+            while not self._closing and (chunks := self.schedule()):
+                await self._step(chunks)
+                await asyncio.sleep(0)  # sessions answered by the step queue their next
+
+    def schedule(self) -> list[Chunk[P, Out]]:
+        """The next step: a decode row of every request whose next work is a decode,
+        then prefill chunks, oldest first, within the budget (module docstring)."""
+        live: deque[Request[P, Out]] = deque()
+        seen: set[int] = set()
+        for request in self._waiting:
+            while request.queue and request.queue[0].future.done():  # withdrawn
+                request.queue.popleft()
+            if request.queue and not request.closed and id(request) not in seen:
+                seen.add(id(request))
+                live.append(request)
+        self._waiting = live
+        chunks: list[Chunk[P, Out]] = []
+        budget = self.max_tokens_per_step
+        for request in live:
+            work = request.queue[0]
+            if work.decode and len(chunks) < self.max_rows and budget > 0:
+                chunks.append(Chunk(request, work, 0, 1, request.computed))
+                budget -= 1
+        for request in live:
+            work = request.queue[0]
+            if work.decode or budget <= 0:
+                continue
+            length = min(work.length - work.done, self.max_chunk, budget)
+            chunks.append(Chunk(request, work, work.done, length, request.computed))
+            budget -= length
+        return chunks
+
+    async def _step(self, chunks: list[Chunk[P, Out]]) -> None:
+        for chunk in chunks:
+            chunk.request.stepping += 1
+        decodes = sum(chunk.work.decode for chunk in chunks)
+        self._steps += 1
+        self._decode_rows += decodes
+        self._chunks += len(chunks) - decodes
+        self._tokens += sum(c.length for c in chunks if not c.work.decode)
+        self._largest = max(self._largest, len(chunks))
+        self._mixed += 0 < decodes < len(chunks)
+        try:
+            outputs = await self._execute(chunks)
+            if len(outputs) != len(chunks):
+                raise RuntimeError(f"{self.name}: {len(chunks)} chunks gave {len(outputs)}")
+        except asyncio.CancelledError:
+            self._release(chunks)
+            for chunk in chunks:
+                _fail(chunk.work.future, RequestClosedError(f"{self.name} stopped mid-step"))
+            raise
+        except Exception as exc:  # a failed step fails its works, not the loop
+            self._release(chunks)
+            for chunk in chunks:
+                request, work = chunk.request, chunk.work
+                if request.queue and request.queue[0] is work:
+                    request.queue.popleft()
+                _fail(work.future, exc)
+            return
+        self._release(chunks)
+        for chunk, output in zip(chunks, outputs, strict=True):
+            self._update(chunk, output)
+
+    def _release(self, chunks: list[Chunk[P, Out]]) -> None:
+        for chunk in chunks:
+            request = chunk.request
+            request.stepping -= 1
+            if request.closed and request.stepping == 0:
+                self._free.append(request.slot)
+
+    def _update(self, chunk: Chunk[P, Out], output: Out) -> None:
+        request, work = chunk.request, chunk.work
+        if request.closed:
+            return
+        request.computed = chunk.start + chunk.length
+        work.done += chunk.length
+        work.outputs.append(output)
+        if work.done < work.length:
+            return
+        request.queue.popleft()
+        if not work.future.done():
+            work.future.set_result(work.outputs)
+
+
+def _fail(future: asyncio.Future[Out], exc: BaseException) -> None:
+    if not future.done():
+        future.set_exception(exc)

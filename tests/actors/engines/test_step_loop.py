@@ -1,0 +1,185 @@
+"""The step loop's schedule, update and ownership, with a model that records its steps."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
+
+import pytest
+
+from omni_actors.actors.engines.step_loop import (
+    Chunk,
+    ContextLengthError,
+    RequestClosedError,
+    SlotsExhaustedError,
+    StepLoop,
+)
+from omni_actors.testing import eventually
+
+Step = list[tuple[str, int, int, bool]]  # (request, start, length, decode) per chunk
+
+
+class Model:
+    """Records every step; ``hold`` keeps a step running until released; ``fail`` makes
+    the next step raise."""
+
+    def __init__(self) -> None:
+        self.steps: list[Step] = []
+        self.hold: asyncio.Event | None = None
+        self.fail = False
+
+    async def __call__(self, chunks: list[Chunk[str, str]]) -> list[str]:
+        self.steps.append([(c.request.id, c.start, c.length, c.work.decode) for c in chunks])
+        if self.hold is not None:
+            await self.hold.wait()
+        if self.fail:
+            self.fail = False
+            raise RuntimeError("step broke")
+        return [f"{c.work.payload}@{c.start}+{c.length}" for c in chunks]
+
+
+@asynccontextmanager
+async def running(
+    model: Model, *, slots: int = 4, budget: int = 8, chunk: int = 4, context: int = 64
+) -> AsyncIterator[StepLoop[str, str]]:
+    loop: StepLoop[str, str] = StepLoop(
+        model, slots=slots, max_context=context, max_tokens_per_step=budget, max_chunk=chunk
+    )
+    loop.start()
+    try:
+        yield loop
+    finally:
+        await loop.stop()
+
+
+async def test_a_step_runs_every_decode_row_then_prefill_chunks_oldest_first() -> None:
+    model = Model()
+    model.hold = asyncio.Event()
+    async with running(model, budget=8, chunk=4) as loop:
+        a, b, c, d = (loop.open(name) for name in "abcd")
+        first = loop.submit(a, "p", 2)  # a step to hold the loop while the rest queue
+        await eventually(lambda: model.steps)
+        later = [
+            loop.submit(b, "prompt", 10),
+            loop.submit(c, "token", 1, decode=True),
+            loop.submit(d, "prompt", 3),
+        ]
+        model.hold.set()
+        await first
+        outputs = await asyncio.gather(*later)
+    assert model.steps[1] == [("c", 0, 1, True), ("b", 0, 4, False), ("d", 0, 3, False)]
+    assert model.steps[2] == [("b", 4, 4, False)]
+    assert model.steps[3] == [("b", 8, 2, False)]
+    assert outputs[0] == ["prompt@0+4", "prompt@4+4", "prompt@8+2"]  # one per chunk
+    assert (b.computed, c.computed, d.computed) == (10, 1, 3)
+
+
+async def test_the_budget_caps_decode_rows_and_chunks_alike() -> None:
+    model = Model()
+    model.hold = asyncio.Event()
+    async with running(model, budget=3, chunk=8, slots=6) as loop:
+        held = loop.open("held")
+        first = loop.submit(held, "p", 1)
+        await eventually(lambda: model.steps)
+        rows = [loop.submit(loop.open(f"r{i}"), "t", 1, decode=True) for i in range(4)]
+        model.hold.set()
+        await first
+        await asyncio.gather(*rows)
+        stats = loop.statistics()
+    assert [len(step) for step in model.steps[1:]] == [3, 1]
+    assert stats.largest_step == 3
+    assert stats.decode_rows == 4
+
+
+async def test_a_failed_step_fails_its_works_and_the_loop_goes_on() -> None:
+    model = Model()
+    async with running(model) as loop:
+        a = loop.open("a")
+        model.fail = True
+        with pytest.raises(RuntimeError, match="step broke"):
+            await loop.submit(a, "x", 2)
+        assert await loop.submit(a, "y", 1) == ["y@0+1"]
+
+
+async def test_a_closed_request_fails_its_work_and_frees_its_slot_after_the_step() -> None:
+    model = Model()
+    model.hold = asyncio.Event()
+    async with running(model, slots=1) as loop:
+        a = loop.open("a")
+        running_work = loop.submit(a, "x", 2)
+        await eventually(lambda: model.steps)
+        queued = loop.submit(a, "y", 1)
+        loop.close(a)
+        for work in (running_work, queued):  # the running one's result will be dropped
+            with pytest.raises(RequestClosedError):
+                await work
+        with pytest.raises(SlotsExhaustedError, match="max_sessions"):
+            loop.open("b")  # the running step still writes a's slot
+        model.hold.set()
+        await eventually(lambda: loop.statistics().free_slots == 1)
+        b = loop.open("b")
+        assert b.slot == a.slot
+
+
+async def test_rewind_moves_the_length_between_works_only() -> None:
+    model = Model()
+    model.hold = asyncio.Event()
+    async with running(model) as loop:
+        a = loop.open("a")
+        work = loop.submit(a, "x", 3)
+        await eventually(lambda: model.steps)
+        with pytest.raises(ValueError, match="in flight"):
+            loop.rewind(a, 0)
+        model.hold.set()
+        await work
+        with pytest.raises(ValueError, match="cannot rewind"):
+            loop.rewind(a, 4)
+        loop.rewind(a, 1)
+        assert await loop.submit(a, "y", 1) == ["y@1+1"]
+
+
+async def test_work_past_max_context_is_refused_before_it_is_queued() -> None:
+    model = Model()
+    async with running(model, context=8) as loop:
+        a = loop.open("a")
+        await loop.submit(a, "x", 5)
+        queued = loop.submit(a, "y", 2)
+        with pytest.raises(ContextLengthError, match="max_context"):
+            loop.submit(a, "z", 2)  # 5 held + 2 queued + 2 > 8
+        await queued
+    assert model.steps[-1] == [("a", 5, 2, False)]
+
+
+async def test_stop_fails_queued_work_and_refuses_new_work() -> None:
+    model = Model()
+    model.hold = asyncio.Event()
+    loop: StepLoop[str, str] = StepLoop(
+        model, slots=2, max_context=8, max_tokens_per_step=4, max_chunk=4
+    )
+    loop.start()
+    a = loop.open("a")
+    first = loop.submit(a, "x", 1)
+    await eventually(lambda: model.steps)
+    queued = loop.submit(a, "y", 1)
+    stopping = asyncio.ensure_future(loop.stop())
+    await eventually(lambda: not loop.running)
+    model.hold.set()
+    await stopping
+    for future in (first, queued):
+        with pytest.raises(RequestClosedError):
+            await future
+    with pytest.raises(RequestClosedError):
+        loop.submit(a, "z", 1)
+
+
+@pytest.mark.parametrize(
+    "make",
+    [
+        lambda m: StepLoop(m, slots=0, max_context=8, max_tokens_per_step=4, max_chunk=4),
+        lambda m: StepLoop(m, slots=1, max_context=8, max_tokens_per_step=0, max_chunk=4),
+    ],
+)
+def test_a_loop_needs_room(make: Callable[[Model], object]) -> None:
+    with pytest.raises(ValueError, match=">= 1"):
+        make(Model())
