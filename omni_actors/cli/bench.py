@@ -521,8 +521,8 @@ def _add_decode_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--warm",
         action="store_true",
-        help="capture every batch bucket and span's graph at load, as an engine does "
-        "(load_s then counts it)",
+        help="the talker captures every batch bucket and span's graph at load, as its "
+        "engine does (its load_s then counts it; the thinker always does)",
     )
 
 
