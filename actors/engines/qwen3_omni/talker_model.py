@@ -10,13 +10,15 @@ session stepping alone gets exactly HF's codes.
 
 With a static slot cache (:mod:`.static_decode`) a frame is instead one step over it:
 the talker step, its codec head, the first code and the code predictor's loop, all
-replayed as one CUDA graph per batch and span bucket on a GPU. A reply's frames then
-live in the session's slot only: the next prefill crops them away anyway, so it drops
-the slot rather than settling it.
+replayed as one CUDA graph per batch and span bucket on a GPU, its backbone layers and
+code-predictor steps compiled first where asked (:mod:`.frame_compile`). A reply's
+frames then live in the session's slot only: the next prefill crops them away anyway,
+so it drops the slot rather than settling it.
 """
 
 from __future__ import annotations
 
+import contextlib
 import functools
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -28,6 +30,11 @@ import torch
 from omni_actors.actors.engines.qwen3_omni import layout, stepping, weights
 from omni_actors.actors.engines.qwen3_omni.batched_step import talker_steps
 from omni_actors.actors.engines.qwen3_omni.code_predictor_graph import GraphedCodePredictor
+from omni_actors.actors.engines.qwen3_omni.frame_compile import (
+    CompiledCodePredictor,
+    CompiledLayers,
+    FrameCompile,
+)
 from omni_actors.actors.engines.qwen3_omni.hf import (
     DynamicCache,
     PreTrainedConfig,
@@ -106,6 +113,8 @@ class TalkerModel:
         stop_at_codec_eos: let a frame end the reply at codec EOS (else EOS is masked).
         static: step frames over a static slot cache so built; None: eagerly over the
             sessions' own caches.
+        frame_compile: what of the static frame step to ``torch.compile`` (None:
+            nothing); without ``static``, nothing is.
 
     Attributes:
         text_config: the text model's config (what a session's ``DynamicCache`` needs).
@@ -120,6 +129,7 @@ class TalkerModel:
         *,
         stop_at_codec_eos: bool,
         static: StaticPlan | None = None,
+        frame_compile: FrameCompile | None = None,
     ) -> None:
         talker = weights.load(path, "talker", device=device)
         assert isinstance(talker, Qwen3OmniMoeTalkerForConditionalGeneration)
@@ -143,6 +153,15 @@ class TalkerModel:
         self._vocab = int(self.text_config.vocab_size)
         self._codec_eos = int(cfg.codec_eos_token_id)
         self._static: StaticDecoder | None = None
+        self._layers: CompiledLayers | None = None
+        self._predictor: CompiledCodePredictor | None = None
+        if static is not None and frame_compile is not None:
+            if frame_compile.backbone:
+                self._layers = CompiledLayers(talker.model.layers, frame_compile.backend)
+            if frame_compile.predictor:
+                self._predictor = CompiledCodePredictor(
+                    talker, frame_compile.backend, fused=frame_compile.fused
+                )
         if static is not None:
             self._static = StaticDecoder(
                 talker.model,
@@ -249,6 +268,20 @@ class TalkerModel:
         """The static slot cache decode steps run over, if any."""
         return self._static
 
+    @property
+    def compiled(self) -> dict[str, str]:
+        """Per region of the static frame step (``layers``, ``code_predictor``):
+        ``compiled``, ``off``, or why it runs uncompiled after its compile failed."""
+        regions = {"layers": self._layers, "code_predictor": self._predictor}
+        return {
+            name: "off"
+            if region is None
+            else "compiled"
+            if region.state.failed is None
+            else f"failed: {region.state.failed}"
+            for name, region in regions.items()
+        }
+
     def _drop(self, voice: Voice) -> None:
         """Forget the frames the last reply stepped in a static slot (cropped next)."""
         if self._static is not None:
@@ -261,20 +294,25 @@ class TalkerModel:
         of a row at codec EOS start with EOS (the caller ends that reply)."""
         talker = self._talker
         inputs = carry + talker.text_projection(text[:, None])
-        out = talker.model(
-            inputs_embeds=inputs,
-            attention_mask=cache.mask,
-            position_ids=positions[:, None],
-            past_key_values=cache,
-            use_cache=True,
-        )
+        layers = self._layers.active() if self._layers is not None else contextlib.nullcontext()
+        with layers:
+            out = talker.model(
+                inputs_embeds=inputs,
+                attention_mask=cache.mask,
+                position_ids=positions[:, None],
+                past_key_values=cache,
+                use_cache=True,
+            )
         hidden = out.last_hidden_state[:, -1:]
         masked = stepping.mask_codec_logits(
             talker.codec_head(hidden)[:, -1], self._vocab, self._codec_eos
         )
         if not self._stop_at_codec_eos:
             masked[..., self._codec_eos] = float("-inf")
-        return stepping.code_predictor_frame(talker, hidden, stepping.greedy(masked))
+        code0 = stepping.greedy(masked)
+        if self._predictor is not None:
+            return self._predictor(hidden, code0)
+        return stepping.code_predictor_frame(talker, hidden, code0)
 
     def _complete(self, hidden: torch.Tensor, logits: torch.Tensor) -> list[Frame]:
         """Each row's frame from its talker step's ``hidden`` [B, 1, Ht] and ``logits``:
