@@ -13,7 +13,6 @@ from omni_actors.protocols.error_code import ErrorCode
 from omni_actors.protocols.events import (
     AudioDelta,
     AudioPacing,
-    Event,
     ResponseStatus,
     SessionMetrics,
     TextDelta,
@@ -66,7 +65,7 @@ class PendingResponse:
         self.reports: dict[str, StageMetrics] = {}
         self.finished = False  # the session's last segment
         self.done_at: float | None = None  # every stage has reported it
-        self.held: list[tuple[Event, str]] = []  # with their sources (see _emit)
+        self.held: list[tuple[TextDelta | AudioDelta, str]] = []  # with their sources
         # What the entry engine kept of it, for the conversation's replay: the reply
         # tokens it generated, or that it failed the response and went back to where it
         # started.

@@ -242,6 +242,10 @@ class SessionActor(Actor[SessionMessage]):
             reply = self._pending[segment] = PendingResponse(
                 self.channel.responses.get(segment, "")
             )
+        elif not reply.response:
+            # Its first outputs may come before the caller names it: an entry engine
+            # that answers a turn as it arrives (``SessionChannel.put_delta``).
+            reply.response = self.channel.responses.get(segment, "")
         return reply
 
     def receive_now(self, message: SessionMessage) -> Callable[[], Awaitable[None]] | None:
@@ -269,7 +273,14 @@ class SessionActor(Actor[SessionMessage]):
     def _streams(self) -> ClientStreams:
         """The output stages' streams of the current key (see ``ClientStreams``)."""
         senders = {name: p.ref for name, p in self.plan.items() if p.emit}
-        return ClientStreams(self.id, self.key, self.channel, senders, self.transcriber)
+        return ClientStreams(
+            self.id,
+            self.key,
+            self.channel,
+            senders,
+            self.transcriber,
+            conversation=self.resumable,
+        )
 
     async def _pass_credit(self, source: str, credit: StreamCredit) -> None:
         """A stage took chunks from ``source``: pass the credit on to that sender."""
@@ -352,7 +363,7 @@ class SessionActor(Actor[SessionMessage]):
             self.channel.put(
                 ResponseDone(
                     session=self.id,
-                    response=reply.response,
+                    response=self.channel.responses.get(self.segment, reply.response),
                     segment=self.segment,
                     status=reply.status,
                     metrics=metrics,
@@ -371,7 +382,7 @@ class SessionActor(Actor[SessionMessage]):
             following = self._pending.get(self.segment)
             if following is not None:
                 for event, source in following.held:
-                    self.channel.put(event, source)
+                    self.streams.put(event, source, self.segment)
                 following.held.clear()
 
     # -- cancel and truncate -------------------------------------------------------------
