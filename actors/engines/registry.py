@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import functools
 import importlib
+import inspect
 from collections.abc import Mapping
 from dataclasses import dataclass
 from importlib.metadata import entry_points
@@ -39,6 +40,7 @@ __all__ = [
     "describe_args_error",
     "engine_kinds",
     "engine_type",
+    "protocol_problems",
 ]
 
 ENGINE_ENTRY_POINTS = "omni_actors.engines"
@@ -107,6 +109,16 @@ class EngineType:
             raise self._malformed("streams_input must be True or False")
         return ports
 
+    def check_protocol(self) -> None:
+        """Refuse a class that cannot serve as an engine (:func:`protocol_problems`).
+
+        Raises:
+            EngineUnavailableError: every method it lacks or that does not fit, named.
+        """
+        problems = protocol_problems(self.cls)
+        if problems:
+            raise self._malformed(f"not an engine: {'; '.join(problems)}")
+
     def build(self, args: BaseModel) -> Engine:
         """A new engine with these (validated) arguments."""
         engine: Engine = self.cls(args)
@@ -170,6 +182,52 @@ def engine_type(kind: str) -> EngineType:
     return EngineType(kind, cls, args_model)
 
 
+_LIFECYCLE = {
+    "start": "async def start(self) -> None",
+    "abort": "async def abort(self, session: str) -> None",
+    "release": "async def release(self, session: str) -> None",
+    "stop": "async def stop(self) -> None",
+}
+_GENERATE = (
+    "async def generate(self, session: str, inputs: AsyncIterator[Fields]) "
+    "-> AsyncIterator[Fields]"
+)
+
+
+def protocol_problems(cls: type[Any]) -> list[str]:
+    """What keeps ``cls`` from serving as an engine (``contract.Engine``): each method it
+    lacks, a ``generate`` that does not yield outputs as they come, a lifecycle method
+    the stage cannot await. Checked when a stage builds its engine, as the pipeline
+    starts: any of them would otherwise fail only once a session reaches it.
+    """
+    problems = []
+    generate = getattr(cls, "generate", None)
+    if not callable(generate):
+        problems.append(f"it has no generate() method: define {_GENERATE}, yielding outputs")
+    else:
+        plain = inspect.unwrap(generate)
+        if inspect.isgeneratorfunction(plain):
+            problems.append(
+                "generate() is a plain generator (def ... yield): the stage reads it "
+                f"while its input still arrives; make it {_GENERATE}"
+            )
+        elif inspect.iscoroutinefunction(plain):
+            problems.append(
+                "generate() is async but never yields: it returns one result, not "
+                "outputs as they come; yield each output (async def generate(...): "
+                "... yield {field: value})"
+            )
+    for name, signature in _LIFECYCLE.items():
+        method = getattr(cls, name, None)
+        if not callable(method):
+            problems.append(f"it has no {name}() method: define {signature}")
+            continue
+        plain = inspect.unwrap(method)
+        if inspect.isfunction(plain) and not inspect.iscoroutinefunction(plain):
+            problems.append(f"{name}() is not async: the stage awaits it; make it {signature}")
+    return problems
+
+
 def _import(kind: str, path: str) -> type[Any]:
     module_name, _, qualname = path.partition(":")
     try:
@@ -206,11 +264,14 @@ def build_engine(kind: str, args: Mapping[str, Any], *, where: str = "engine") -
         where: how errors name the stage (``stages[talker].engine``).
 
     Raises:
-        EngineUnavailableError: see :func:`engine_type`; or its ports are malformed.
+        EngineUnavailableError: see :func:`engine_type`; or the class lacks a method of
+            the engine protocol, or has one that does not fit it
+            (:meth:`EngineType.check_protocol`); or its ports are malformed.
         EngineArgsError: the engine's ``Args`` reject ``args`` (one line per field), or
             its ports do not accept them.
     """
     found = engine_type(kind)
+    found.check_protocol()  # at load: a missing method would fail only once a session ran
     try:
         validated = found.args(args)
     except ValidationError as exc:

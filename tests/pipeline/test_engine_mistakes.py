@@ -3,9 +3,10 @@
 An output field the engine does not declare, an output that is not a mapping of fields,
 or a value a stage cannot send (not a tensor or a str; audio that is not 1-D float32
 samples) fails that reply (``engine_error``) at the first such output, naming the engine
-and what to yield instead; the session goes on. An engine class defined in the script being
-run (``__main__``) is refused for a worker process when the pipeline loads: a worker
-cannot import it.
+and what to yield instead; the session goes on. A class without a method of the engine
+protocol fails the pipeline's start, naming the method. An engine class defined in the
+script being run (``__main__``) is refused for a worker process when the pipeline
+loads: a worker cannot import it.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from pipeline_helpers import collect, text_of
 from pydantic import ValidationError
 
 from omni_actors.actors.engines.contract import Fields
+from omni_actors.actors.engines.registry import EngineUnavailableError
 from omni_actors.actors.stage.actor import StageActor
 from omni_actors.pipeline.omni_pipeline import OmniPipeline
 from omni_actors.pipeline.spec.pipeline import PipelineSpec
@@ -191,6 +193,35 @@ async def test_an_output_value_a_stage_cannot_send_fails_the_reply_and_says_what
         # The session goes on.
         text, done = await reply(omni, session, "ok")
         assert (text, done.status) == ("ok ", "completed")
+
+
+class NoRelease:
+    """An engine that forgot ``release``: every session would fail to end on it."""
+
+    inputs: ClassVar[dict[str, str]] = {"text": "concat"}
+    outputs: ClassVar[dict[str, str]] = {"text": "concat"}
+
+    def __init__(self, args: object) -> None: ...
+    async def start(self) -> None: ...
+    async def stop(self) -> None: ...
+    async def abort(self, session: str) -> None: ...
+
+    async def generate(self, session: str, inputs: AsyncIterator[Fields]) -> AsyncIterator[Any]:
+        async for fields in inputs:
+            yield fields
+
+
+@pytest.mark.parametrize("process", [False, True])
+async def test_an_engine_without_a_method_of_the_protocol_fails_the_pipelines_start(
+    process: bool,
+) -> None:
+    with pytest.raises(EngineUnavailableError) as info:
+        async with OmniPipeline(spec("test_engine_mistakes:NoRelease", process=process)):
+            pass
+    message = str(info.value)
+    assert "test_engine_mistakes:NoRelease" in message
+    assert "it has no release() method" in message
+    assert "async def release(self, session: str) -> None" in message
 
 
 class Scripted(_Engine):
