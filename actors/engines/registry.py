@@ -189,8 +189,7 @@ _LIFECYCLE = {
     "stop": "async def stop(self) -> None",
 }
 _GENERATE = (
-    "async def generate(self, session: str, inputs: AsyncIterator[Fields]) "
-    "-> AsyncIterator[Fields]"
+    "async def generate(self, session: str, inputs: AsyncIterator[Fields]) -> AsyncIterator[Fields]"
 )
 
 
