@@ -179,7 +179,27 @@ def engine_type(kind: str) -> EngineType:
             f"engine {kind!r} ({path}): Args must be a pydantic BaseModel subclass, "
             f"got {args_model!r}"
         )
-    return EngineType(kind, cls, args_model)
+    return EngineType(kind, cls, _strict(args_model))
+
+
+def _strict(model: type[BaseModel]) -> type[BaseModel]:
+    """``model``, refusing keys it does not declare unless it says otherwise.
+
+    pydantic ignores unknown keys by default, so a typo in a stage's ``engine.args``
+    (``gian: 0.8``) would run with the default silently; the built-in engines forbid
+    extra keys, and a user's ``Args`` that leaves ``extra`` unset gets the same. The
+    engine gets an instance of a subclass of its model, named as it is.
+    """
+    if model.model_config.get("extra") is not None:
+        return model  # the engine chose (``allow`` takes free-form arguments)
+    namespace = {
+        "__module__": model.__module__,
+        "__qualname__": model.__qualname__,
+        "__doc__": model.__doc__,
+        "model_config": ConfigDict(extra="forbid"),
+    }
+    strict: type[BaseModel] = type(model.__name__, (model,), namespace)
+    return strict
 
 
 _LIFECYCLE = {
@@ -245,12 +265,19 @@ def _import(kind: str, path: str) -> type[Any]:
     return obj
 
 
-def describe_args_error(where: str, exc: ValidationError) -> list[str]:
-    """One line per rejected argument: ``stages[talker].engine.args.frames_per_token: ...``."""
+def describe_args_error(
+    where: str, exc: ValidationError, found: EngineType | None = None
+) -> list[str]:
+    """One line per rejected argument: ``stages[talker].engine.args.frames_per_token: ...``;
+    an unknown one says which ``found`` takes."""
     lines = []
     for error in exc.errors():
         loc = "".join(f"[{k}]" if isinstance(k, int) else f".{k}" for k in error["loc"])
-        lines.append(f"{where}.args{loc}: {error['msg']}")
+        line = f"{where}.args{loc}: {error['msg']}"
+        if found is not None and error["type"] == "extra_forbidden" and len(error["loc"]) == 1:
+            names = ", ".join(sorted(found.args_model.model_fields))
+            line += f" ({found.kind} takes {names or 'no arguments'})"
+        lines.append(line)
     return lines
 
 
@@ -274,7 +301,7 @@ def build_engine(kind: str, args: Mapping[str, Any], *, where: str = "engine") -
     try:
         validated = found.args(args)
     except ValidationError as exc:
-        raise EngineArgsError("; ".join(describe_args_error(where, exc))) from None
+        raise EngineArgsError("; ".join(describe_args_error(where, exc, found))) from None
     try:
         found.ports(validated)  # the declaration is checked where the engine runs, too
     except EngineUnavailableError:

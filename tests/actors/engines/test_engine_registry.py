@@ -221,3 +221,53 @@ def test_an_engine_without_args_takes_none(write_module: WriteModule) -> None:
     assert found.ports(found.args({})).streams_input
     with pytest.raises(EngineArgsError, match=r"engine\.args\.speed: Extra inputs"):
         build_engine(f"{module}:Plain", {"speed": 2})
+
+
+GAIN = f"""
+from pydantic import BaseModel, ConfigDict
+
+
+class GainArgs(BaseModel):
+    gain: float = 1.0
+    boost: bool = False
+
+
+class Gain:
+    Args = GainArgs
+    inputs = {{'audio': 'concat'}}
+    outputs = {{'audio': 'concat'}}
+
+    def __init__(self, args: GainArgs) -> None:
+        self.args = args
+{LIFECYCLE}
+
+class LooseArgs(BaseModel):
+    model_config = ConfigDict(extra="allow")
+    gain: float = 1.0
+
+
+class Loose(Gain):
+    Args = LooseArgs
+"""
+
+
+def test_a_users_args_refuse_an_unknown_key_as_the_builtin_engines_do(
+    write_module: WriteModule,
+) -> None:
+    module = write_module(GAIN)
+    with pytest.raises(EngineArgsError) as info:
+        build_engine(f"{module}:Gain", {"gian": 0.8}, where="stages[gain].engine")
+    message = str(info.value)
+    assert "stages[gain].engine.args.gian: Extra inputs are not permitted" in message
+    assert f"({module}:Gain takes boost, gain)" in message
+    engine = build_engine(f"{module}:Gain", {"gain": 0.8})
+    assert engine.args.gain == 0.8  # type: ignore[attr-defined]
+    assert type(engine.args).__name__ == "GainArgs"  # type: ignore[attr-defined]
+    with pytest.raises(EngineArgsError, match=r"args\.speed: Extra inputs.*\(scripted takes "):
+        build_engine("scripted", {"speed": 2})
+
+
+def test_a_users_args_that_allow_extra_keys_keep_them(write_module: WriteModule) -> None:
+    module = write_module(GAIN)
+    engine = build_engine(f"{module}:Loose", {"gain": 0.5, "colour": "red"})
+    assert engine.args.model_extra == {"colour": "red"}  # type: ignore[attr-defined]
