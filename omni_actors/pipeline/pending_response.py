@@ -79,12 +79,14 @@ class PendingResponse:
         since_start = end if start is None else start
         audio_s = self.audio_samples / sample_rate
 
+        # An output that came before ``start`` (an entry engine answering a turn while it
+        # still arrived) reached the caller when its response was asked for: at 0 ms.
         def since(t: float | None) -> float | None:
-            return None if t is None else (t - since_start) * 1e3
+            return None if t is None else max(0.0, t - since_start) * 1e3
 
         rtf = None
         if audio_s > 0 and self.last_audio is not None:
-            rtf = (self.last_audio - since_start) / audio_s
+            rtf = max(0.0, self.last_audio - since_start) / audio_s
         playout = self.playout
         pacing = None
         if playout.packets:

@@ -22,7 +22,11 @@ In a conversation each segment is a response, named by the id its caller gave it
 (``SessionChannel.responses``). A response ends with ``ResponseDone``: ``completed``,
 ``cancelled`` (the caller's :class:`CancelResponse`: every stage is told to stop it,
 and its late deltas are dropped) or ``failed`` (a stage's engine failed it: the other
-stages are told to stop it too). Either way the session stays open. A truncate walks
+stages are told to stop it too). Either way the session stays open. A response's deltas
+that come before its caller asks for it (an entry engine that answers a user turn while
+it still arrives) are its own all the same: they wait in the channel until it is asked
+for (``SessionChannel.put_delta``), and its ``ResponseDone`` names the id the caller gave
+it, whenever its first output came. A truncate walks
 the stages back from the audio: each keeps what the user heard of the last reply and
 answers what its source keeps, down to the entry stage's share. What is asked of every
 stage at once (prewarm, cancel, truncate, abort) is the session's path's

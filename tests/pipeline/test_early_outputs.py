@@ -87,6 +87,8 @@ async def test_outputs_before_respond_are_the_responses_deltas() -> None:
             assert (done.response, done.status) == (response.id, "completed")
             deltas = [e for e in events if isinstance(e, TextDelta)]
             assert [(d.text, d.response) for d in deltas] == [(turn.upper(), response.id)]
+            # The text came before the response was asked for: the caller had it at once.
+            assert done.metrics.ttft_ms == 0.0
 
 
 async def test_a_turn_answered_early_and_then_cancelled_takes_the_next_response() -> None:
