@@ -29,8 +29,9 @@ An engine whose fields depend on its arguments defines ``ports`` instead of ``in
 ``outputs`` and ``streams_input``: a classmethod that takes the validated ``Args`` and
 returns :class:`Ports`. ``Args`` may be left out (the engine then takes no arguments),
 and so may ``streams_input`` (True). A key of ``engine.args`` that ``Args`` does not
-declare is refused, unless ``Args`` sets pydantic's ``extra`` itself. ``kind`` names a registered engine; a class named
-by its import path (``package.module:Class`` in a pipeline) needs none.
+declare is refused, unless ``Args`` sets pydantic's ``extra`` itself. ``kind`` names a
+registered engine; a class named by its import path (``package.module:Class`` in a
+pipeline) needs none.
 
 **Conversations.** A resumable session is a conversation: its segments are responses.
 Each ``generate`` call serves one response: the input since the previous response (user
