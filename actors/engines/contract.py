@@ -28,8 +28,10 @@ before anything starts and no table elsewhere has to know about it::
 An engine whose fields depend on its arguments defines ``ports`` instead of ``inputs``,
 ``outputs`` and ``streams_input``: a classmethod that takes the validated ``Args`` and
 returns :class:`Ports`. ``Args`` may be left out (the engine then takes no arguments),
-and so may ``streams_input`` (True). ``kind`` names a registered engine; a class named
-by its import path (``package.module:Class`` in a pipeline) needs none.
+and so may ``streams_input`` (True). A key of ``engine.args`` that ``Args`` does not
+declare is refused, unless ``Args`` sets pydantic's ``extra`` itself. ``kind`` names a
+registered engine; a class named by its import path (``package.module:Class`` in a
+pipeline) needs none.
 
 **Conversations.** A resumable session is a conversation: its segments are responses.
 Each ``generate`` call serves one response: the input since the previous response (user
@@ -60,9 +62,18 @@ engine rolls its session state back to where the response started, and the next
 response starts from there. Abort (the session is over) stays :meth:`Engine.abort`.
 
 The stage checks what ``generate`` yields: a mapping whose fields are all declared
-outputs. Anything else (a field not declared, a ``str``) fails the response with an
-``EngineOutputError`` (``engine_error``), raised in ``generate`` at that ``yield`` as if
-the engine had raised it there. A response whose first output does not come within
+outputs, each value a tensor or a ``str``, and ``audio`` as a 1-D float32 tensor of mono
+samples. Anything else (a field not declared, a ``str`` output, a numpy array, a list,
+stereo or float64 audio) fails the response with an ``EngineOutputError``
+(``engine_error``), raised in ``generate`` at that ``yield`` as if the engine had raised
+it there. The class itself is checked when its stage builds it: every method of
+:class:`Engine` present, ``generate`` an async generator (or a function returning an
+async iterator), the others ``async def`` (``registry.protocol_problems``).
+
+In a conversation, what an entry engine yields while a user turn still arrives (it
+yields as its input streams in) is the reply to that turn: the caller gets it once it
+asks for that reply (``Session.respond``), under the response's id; until then it waits,
+within the output stream's window. A response whose first output does not come within
 ``deadlines.first_chunk_s`` of the last input the engine took fails with code
 ``timeout``: its ``generate`` is cancelled (``CancelledError``) where it waits, and the
 session goes on with the next response. The engine tells this cancel from its task's

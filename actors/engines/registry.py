@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import functools
 import importlib
+import inspect
 from collections.abc import Mapping
 from dataclasses import dataclass
 from importlib.metadata import entry_points
@@ -39,6 +40,7 @@ __all__ = [
     "describe_args_error",
     "engine_kinds",
     "engine_type",
+    "protocol_problems",
 ]
 
 ENGINE_ENTRY_POINTS = "omni_actors.engines"
@@ -107,6 +109,16 @@ class EngineType:
             raise self._malformed("streams_input must be True or False")
         return ports
 
+    def check_protocol(self) -> None:
+        """Refuse a class that cannot serve as an engine (:func:`protocol_problems`).
+
+        Raises:
+            EngineUnavailableError: every method it lacks or that does not fit, named.
+        """
+        problems = protocol_problems(self.cls)
+        if problems:
+            raise self._malformed(f"not an engine: {'; '.join(problems)}")
+
     def build(self, args: BaseModel) -> Engine:
         """A new engine with these (validated) arguments."""
         engine: Engine = self.cls(args)
@@ -167,7 +179,72 @@ def engine_type(kind: str) -> EngineType:
             f"engine {kind!r} ({path}): Args must be a pydantic BaseModel subclass, "
             f"got {args_model!r}"
         )
-    return EngineType(kind, cls, args_model)
+    return EngineType(kind, cls, _strict(args_model))
+
+
+def _strict(model: type[BaseModel]) -> type[BaseModel]:
+    """``model``, refusing keys it does not declare unless it says otherwise.
+
+    pydantic ignores unknown keys by default, so a typo in a stage's ``engine.args``
+    (``gian: 0.8``) would run with the default silently; the built-in engines forbid
+    extra keys, and a user's ``Args`` that leaves ``extra`` unset gets the same. The
+    engine gets an instance of a subclass of its model, named as it is.
+    """
+    if model.model_config.get("extra") is not None:
+        return model  # the engine chose (``allow`` takes free-form arguments)
+    namespace = {
+        "__module__": model.__module__,
+        "__qualname__": model.__qualname__,
+        "__doc__": model.__doc__,
+        "model_config": ConfigDict(extra="forbid"),
+    }
+    strict: type[BaseModel] = type(model.__name__, (model,), namespace)
+    return strict
+
+
+_LIFECYCLE = {
+    "start": "async def start(self) -> None",
+    "abort": "async def abort(self, session: str) -> None",
+    "release": "async def release(self, session: str) -> None",
+    "stop": "async def stop(self) -> None",
+}
+_GENERATE = (
+    "async def generate(self, session: str, inputs: AsyncIterator[Fields]) -> AsyncIterator[Fields]"
+)
+
+
+def protocol_problems(cls: type[Any]) -> list[str]:
+    """What keeps ``cls`` from serving as an engine (``contract.Engine``): each method it
+    lacks, a ``generate`` that does not yield outputs as they come, a lifecycle method
+    the stage cannot await. Checked when a stage builds its engine, as the pipeline
+    starts: any of them would otherwise fail only once a session reaches it.
+    """
+    problems = []
+    generate = getattr(cls, "generate", None)
+    if not callable(generate):
+        problems.append(f"it has no generate() method: define {_GENERATE}, yielding outputs")
+    else:
+        plain = inspect.unwrap(generate)
+        if inspect.isgeneratorfunction(plain):
+            problems.append(
+                "generate() is a plain generator (def ... yield): the stage reads it "
+                f"while its input still arrives; make it {_GENERATE}"
+            )
+        elif inspect.iscoroutinefunction(plain):
+            problems.append(
+                "generate() is async but never yields: it returns one result, not "
+                "outputs as they come; yield each output (async def generate(...): "
+                "... yield {field: value})"
+            )
+    for name, signature in _LIFECYCLE.items():
+        method = getattr(cls, name, None)
+        if not callable(method):
+            problems.append(f"it has no {name}() method: define {signature}")
+            continue
+        plain = inspect.unwrap(method)
+        if inspect.isfunction(plain) and not inspect.iscoroutinefunction(plain):
+            problems.append(f"{name}() is not async: the stage awaits it; make it {signature}")
+    return problems
 
 
 def _import(kind: str, path: str) -> type[Any]:
@@ -188,12 +265,19 @@ def _import(kind: str, path: str) -> type[Any]:
     return obj
 
 
-def describe_args_error(where: str, exc: ValidationError) -> list[str]:
-    """One line per rejected argument: ``stages[talker].engine.args.frames_per_token: ...``."""
+def describe_args_error(
+    where: str, exc: ValidationError, found: EngineType | None = None
+) -> list[str]:
+    """One line per rejected argument: ``stages[talker].engine.args.frames_per_token: ...``;
+    an unknown one says which ``found`` takes."""
     lines = []
     for error in exc.errors():
         loc = "".join(f"[{k}]" if isinstance(k, int) else f".{k}" for k in error["loc"])
-        lines.append(f"{where}.args{loc}: {error['msg']}")
+        line = f"{where}.args{loc}: {error['msg']}"
+        if found is not None and error["type"] == "extra_forbidden" and len(error["loc"]) == 1:
+            names = ", ".join(sorted(found.args_model.model_fields))
+            line += f" ({found.kind} takes {names or 'no arguments'})"
+        lines.append(line)
     return lines
 
 
@@ -206,15 +290,18 @@ def build_engine(kind: str, args: Mapping[str, Any], *, where: str = "engine") -
         where: how errors name the stage (``stages[talker].engine``).
 
     Raises:
-        EngineUnavailableError: see :func:`engine_type`; or its ports are malformed.
+        EngineUnavailableError: see :func:`engine_type`; or the class lacks a method of
+            the engine protocol, or has one that does not fit it
+            (:meth:`EngineType.check_protocol`); or its ports are malformed.
         EngineArgsError: the engine's ``Args`` reject ``args`` (one line per field), or
             its ports do not accept them.
     """
     found = engine_type(kind)
+    found.check_protocol()  # at load: a missing method would fail only once a session ran
     try:
         validated = found.args(args)
     except ValidationError as exc:
-        raise EngineArgsError("; ".join(describe_args_error(where, exc))) from None
+        raise EngineArgsError("; ".join(describe_args_error(where, exc, found))) from None
     try:
         found.ports(validated)  # the declaration is checked where the engine runs, too
     except EngineUnavailableError:

@@ -49,7 +49,9 @@ class BackpressureError(OmniError, TimeoutError):
         if receiver == "client":
             hint = (
                 "the caller is not reading the session's events: read them as they come, "
-                "or raise deadlines.inter_chunk_s (or flow.window) in the pipeline"
+                "or raise deadlines.inter_chunk_s (or flow.window) in the pipeline (in a "
+                "conversation, what an engine yields before the caller asks for the reply "
+                "waits for respond())"
             )
         else:
             hint = (

@@ -57,7 +57,11 @@ from omni_actors.actors.engines.contract import (
 )
 from omni_actors.actors.stage.accumulate import ChunkGapError, ChunkSequence
 from omni_actors.actors.stage.device_links import DeviceLinks
-from omni_actors.actors.stage.engine_outputs import EngineOutputError, output_error
+from omni_actors.actors.stage.engine_outputs import (
+    EngineOutputError,
+    output_error,
+    values_fit,
+)
 from omni_actors.actors.stage.flow import BackpressureError, CreditWindow, Inflow
 from omni_actors.actors.stage.outlet import Outlet
 from omni_actors.actors.stage.segment_metrics import SegmentMetrics
@@ -432,7 +436,11 @@ class StageSession:
                     break
                 except Exception as exc:
                     return exc
-                if type(output) is not dict or not output.keys() <= declared:
+                if (
+                    type(output) is not dict
+                    or not output.keys() <= declared
+                    or not values_fit(output)
+                ):
                     error = output_error(self.engine, output, declared)
                     if error is not None:
                         await _throw(outputs, error)

@@ -34,7 +34,8 @@ from omni_actors.pipeline.session_channel import SessionChannel
 from omni_actors.protocols.address import ActorAddress
 from omni_actors.protocols.control import StreamCredit
 from omni_actors.protocols.events import (
-    Event,
+    AudioDelta,
+    TextDelta,
     TranscriptDelta,
     TranscriptDone,
     TranscriptFailed,
@@ -53,6 +54,8 @@ class ClientStreams:
         channel: where the caller reads the events.
         senders: the output stages, by name: where their credits go.
         transcriber: the output stage whose chunks are transcripts ("" if none).
+        conversation: the session is a conversation (resumable): a reply's deltas wait
+            until the caller asks for it (``SessionChannel.put_delta``).
     """
 
     def __init__(
@@ -62,9 +65,12 @@ class ClientStreams:
         channel: SessionChannel,
         senders: Mapping[str, ActorAddress[StreamCredit] | None],
         transcriber: str = "",
+        *,
+        conversation: bool = False,
     ) -> None:
         self.session = session
         self.transcriber = transcriber
+        self.conversation = conversation
         self.channel = channel
         # The streams end here: their credits come from the caller's reads.
         self.inflow = Inflow(key, "client", channel.window, senders)
@@ -105,10 +111,11 @@ class ClientStreams:
         last = audio_delta if audio_delta is not None else text_delta
         if last is None:  # nothing for the caller to read: taken now
             return inflow.taken(source)
+        now = chunk.segment == current
         if text_delta is not None and audio_delta is not None:
-            self.emit(chunk.segment == current, response, text_delta)
+            self.emit(now, response, text_delta, segment=chunk.segment)
         # The chunk is taken once the caller reads its last event.
-        self.emit(chunk.segment == current, response, last, source)
+        self.emit(now, response, last, source, segment=chunk.segment)
         return 0
 
     def _transcript(
@@ -128,15 +135,32 @@ class ClientStreams:
             return TranscriptDelta(session=self.session, item=item, delta=delta) if delta else None
         return TranscriptDone(session=self.session, item=item, transcript=transcript)
 
-    def emit(self, now: bool, response: PendingResponse, event: Event, source: str = "") -> None:
-        """To the caller ``now`` (its segment is the current one), else held for later.
+    def emit(
+        self,
+        now: bool,
+        response: PendingResponse,
+        event: TextDelta | AudioDelta,
+        source: str = "",
+        *,
+        segment: int,
+    ) -> None:
+        """A delta of ``segment``'s reply: to the caller ``now`` (its segment is the
+        current one), else held for later.
 
         ``source``: the output stage whose chunk ``event`` ends (see ``SessionChannel``).
         """
         if now:
-            self.channel.put(event, source)
+            self.put(event, source, segment)
         else:
             response.held.append((event, source))
+
+    def put(self, event: TextDelta | AudioDelta, source: str, segment: int) -> None:
+        """Queue a delta of the current segment's reply for the caller: in a conversation,
+        under its response's id once the caller has asked for it (until then it waits)."""
+        if self.conversation:
+            self.channel.put_delta(event, source, segment)
+        else:
+            self.channel.put(event, source)
 
     async def taken(self, source: str) -> None:
         """A chunk from ``source`` that the caller will not read counts as taken."""

@@ -13,7 +13,6 @@ from omni_actors.protocols.error_code import ErrorCode
 from omni_actors.protocols.events import (
     AudioDelta,
     AudioPacing,
-    Event,
     ResponseStatus,
     SessionMetrics,
     TextDelta,
@@ -66,7 +65,7 @@ class PendingResponse:
         self.reports: dict[str, StageMetrics] = {}
         self.finished = False  # the session's last segment
         self.done_at: float | None = None  # every stage has reported it
-        self.held: list[tuple[Event, str]] = []  # with their sources (see _emit)
+        self.held: list[tuple[TextDelta | AudioDelta, str]] = []  # with their sources
         # What the entry engine kept of it, for the conversation's replay: the reply
         # tokens it generated, or that it failed the response and went back to where it
         # started.
@@ -80,12 +79,14 @@ class PendingResponse:
         since_start = end if start is None else start
         audio_s = self.audio_samples / sample_rate
 
+        # An output that came before ``start`` (an entry engine answering a turn while it
+        # still arrived) reached the caller when its response was asked for: at 0 ms.
         def since(t: float | None) -> float | None:
-            return None if t is None else (t - since_start) * 1e3
+            return None if t is None else max(0.0, t - since_start) * 1e3
 
         rtf = None
         if audio_s > 0 and self.last_audio is not None:
-            rtf = (self.last_audio - since_start) / audio_s
+            rtf = max(0.0, self.last_audio - since_start) / audio_s
         playout = self.playout
         pacing = None
         if playout.packets:

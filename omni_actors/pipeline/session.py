@@ -268,8 +268,9 @@ class Session:
         self._check_open()
         if end and (self.resumable or self._input.segment > 0):
             # A segment's latency counts from the end of its input; a one-shot request's
-            # from the call (admission and prewarm included).
-            self.channel.segment_started(self._input.segment)
+            # from the call (admission and prewarm included). The last reply is asked
+            # for: what the entry engine answered of it already goes out.
+            self.channel.response_started(self._input.segment)
         await self._input.send(payload, end=end)
 
     async def commit(self, *, turn: str = "") -> None:

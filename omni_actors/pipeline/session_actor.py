@@ -22,7 +22,11 @@ In a conversation each segment is a response, named by the id its caller gave it
 (``SessionChannel.responses``). A response ends with ``ResponseDone``: ``completed``,
 ``cancelled`` (the caller's :class:`CancelResponse`: every stage is told to stop it,
 and its late deltas are dropped) or ``failed`` (a stage's engine failed it: the other
-stages are told to stop it too). Either way the session stays open. A truncate walks
+stages are told to stop it too). Either way the session stays open. A response's deltas
+that come before its caller asks for it (an entry engine that answers a user turn while
+it still arrives) are its own all the same: they wait in the channel until it is asked
+for (``SessionChannel.put_delta``), and its ``ResponseDone`` names the id the caller gave
+it, whenever its first output came. A truncate walks
 the stages back from the audio: each keeps what the user heard of the last reply and
 answers what its source keeps, down to the entry stage's share. What is asked of every
 stage at once (prewarm, cancel, truncate, abort) is the session's path's
@@ -242,6 +246,10 @@ class SessionActor(Actor[SessionMessage]):
             reply = self._pending[segment] = PendingResponse(
                 self.channel.responses.get(segment, "")
             )
+        elif not reply.response:
+            # Its first outputs may come before the caller names it: an entry engine
+            # that answers a turn as it arrives (``SessionChannel.put_delta``).
+            reply.response = self.channel.responses.get(segment, "")
         return reply
 
     def receive_now(self, message: SessionMessage) -> Callable[[], Awaitable[None]] | None:
@@ -269,7 +277,14 @@ class SessionActor(Actor[SessionMessage]):
     def _streams(self) -> ClientStreams:
         """The output stages' streams of the current key (see ``ClientStreams``)."""
         senders = {name: p.ref for name, p in self.plan.items() if p.emit}
-        return ClientStreams(self.id, self.key, self.channel, senders, self.transcriber)
+        return ClientStreams(
+            self.id,
+            self.key,
+            self.channel,
+            senders,
+            self.transcriber,
+            conversation=self.resumable,
+        )
 
     async def _pass_credit(self, source: str, credit: StreamCredit) -> None:
         """A stage took chunks from ``source``: pass the credit on to that sender."""
@@ -352,7 +367,7 @@ class SessionActor(Actor[SessionMessage]):
             self.channel.put(
                 ResponseDone(
                     session=self.id,
-                    response=reply.response,
+                    response=self.channel.responses.get(self.segment, reply.response),
                     segment=self.segment,
                     status=reply.status,
                     metrics=metrics,
@@ -371,7 +386,7 @@ class SessionActor(Actor[SessionMessage]):
             following = self._pending.get(self.segment)
             if following is not None:
                 for event, source in following.held:
-                    self.channel.put(event, source)
+                    self.streams.put(event, source, self.segment)
                 following.held.clear()
 
     # -- cancel and truncate -------------------------------------------------------------

@@ -17,6 +17,8 @@ import asyncio
 import time
 from collections import deque
 
+import msgspec
+
 from omni_actors.actors.stage.flow import CreditWindow, Inflow
 from omni_actors.pipeline.conversation_log import ConversationLog
 from omni_actors.protocols.control import DEFAULT_WINDOW
@@ -48,8 +50,10 @@ class SessionChannel:
 
     __slots__ = (
         "_completion",
+        "_early",
         "_events",
         "_waiter",
+        "asked",
         "completed",
         "history",
         "inflow",
@@ -75,6 +79,7 @@ class SessionChannel:
         self.window = window
         self.starts: dict[int, float] = {}
         self.responses: dict[int, str] = {}  # response id by segment, set by the caller
+        self.asked = 0  # segments whose reply the caller has asked for (see ``put_delta``)
         self.completed = 0  # segments whose ResponseDone (or the terminal event) is out
         self.segments_sent = 0  # segments the caller has ended (its input's segment)
         # The conversation to replay after a stage restart (None: it is not replayed),
@@ -89,6 +94,9 @@ class SessionChannel:
         # Each event with the output stage whose chunk it ends ("" for the others): its
         # read is that chunk taken.
         self._events: deque[tuple[Event, str]] = deque()
+        # A conversation's deltas of the reply the caller has not asked for yet, with
+        # their sources and segments (see ``put_delta``).
+        self._early: list[tuple[TextDelta | AudioDelta, str, int]] = []
         self._waiter: asyncio.Future[None] | None = None
         self._completion: asyncio.Future[None] | None = None  # see ``wait_completed``
 
@@ -101,6 +109,40 @@ class SessionChannel:
         if self.terminal is None:
             self._push(event, source)
 
+    def put_delta(self, event: TextDelta | AudioDelta, source: str, segment: int) -> None:
+        """Queue a delta of a conversation's reply to ``segment``, named for its response.
+
+        In a conversation a segment's reply starts when the caller asks for it
+        (``respond``, or the segment's end), but an entry engine may answer the turn
+        while it still arrives (one that yields as its input streams in). Such deltas are
+        the reply's all the same: they are held here, unread (their chunks count against
+        the output stage's window), until the caller asks for that reply, then queued
+        under its response's id (:meth:`response_started`).
+        """
+        if self.terminal is not None:
+            return
+        if segment >= self.asked:
+            self._early.append((event, source, segment))
+            return
+        self._push(self._named(event, segment), source)
+
+    def _named(self, event: TextDelta | AudioDelta, segment: int) -> TextDelta | AudioDelta:
+        """``event`` under the id of ``segment``'s response, which it may predate."""
+        response = self.responses.get(segment, "")
+        if event.response == response:
+            return event
+        return msgspec.structs.replace(event, response=response)
+
+    def _ask(self, segment: int) -> None:
+        """The caller asked for ``segment``'s reply: the deltas held for it go out."""
+        if segment < self.asked:
+            return
+        self.asked = segment + 1
+        # Held deltas are the session actor's current segment's, never past the caller's.
+        early, self._early = self._early, []
+        for event, source, of in early:
+            self._push(self._named(event, of), source)
+
     def end(self, event: Event) -> bool:
         """Queue the terminal event; False if the session had already ended.
 
@@ -110,6 +152,7 @@ class SessionChannel:
             return False
         self._push(event, "")
         self.terminal = event
+        self._early.clear()  # a reply never asked for: nobody reads it
         self.input.close()
         self.transcriber_input.close()
         self._wake_completion()
@@ -121,14 +164,21 @@ class SessionChannel:
         """``segment``'s latency counts from now (``time.monotonic``)."""
         self.starts[segment] = time.monotonic()
 
-    def response_started(self, segment: int, response: str) -> None:
-        """Response ``response`` answers ``segment``; its latency counts from now."""
-        self.responses[segment] = response
+    def response_started(self, segment: int, response: str = "") -> None:
+        """Response ``response`` answers ``segment`` ("": the reply a session's last
+        segment gets, which has no id); its latency counts from now, and the deltas held
+        for it (``put_delta``) go out now."""
+        if response:
+            self.responses[segment] = response
         self.starts[segment] = time.monotonic()
+        self._ask(segment)
 
     def segment_sent(self, segments: int) -> None:
-        """The caller has ended its input's first ``segments`` segments."""
+        """The caller has ended its input's first ``segments`` segments (their replies
+        are asked for)."""
         self.segments_sent = segments
+        if segments:
+            self._ask(segments - 1)
 
     # -- the session actor's side -------------------------------------------------------
 
@@ -145,6 +195,7 @@ class SessionChannel:
         self.stale = why
         self.input.close()
         self.transcriber_input.close()
+        self._early.clear()  # the open segment's: its streams are gone, and replayed
         self.forget_sources()
 
     def lose_transcriber(self, why: str) -> None:

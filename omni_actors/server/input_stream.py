@@ -171,5 +171,9 @@ class InputStream:
                 ),
             )
             log.debug("session %s response %s started", session.id, stream.id)
+            if stream.cancel_reason is not None:
+                # Cancelled while ``respond`` waited (for the entry stage's credit): there
+                # was nothing to stop then, so it is stopped now (no delta of it follows).
+                await stream.response.cancel()
         else:  # pragma: no cover - the connection builds the ops
             raise AssertionError(op.kind)

@@ -56,7 +56,7 @@ from omni_actors.actors.engines.contract import INSTRUCTIONS_FIELD, REPLY_FIELD,
 from omni_actors.actors.engines.tool_calls import MalformedToolCallError
 from omni_actors.errors import InvalidRequestError, OmniError
 from omni_actors.models.family import family_of_kind
-from omni_actors.pipeline.session import Session
+from omni_actors.pipeline.session import CancelTimeoutError, Session
 from omni_actors.pipeline.spec.pipeline import PipelineSpec
 from omni_actors.protocols.events import (
     TERMINAL,
@@ -1008,8 +1008,25 @@ class RealtimeConnection:
         stream.cancel_reason = reason
         self.log.info("session %s response %s cancelled (%s)", self.settings.id, stream.id, reason)
         if stream.response is not None:
+            await self._stop(stream)
+        # Not started yet: the input stream finishes it when it reaches it, or stops it
+        # once it has started it.
+
+    async def _stop(self, stream: ResponseStream) -> None:
+        """Stop ``stream``'s response on every stage; its ``response.done`` follows.
+
+        It comes with the pipeline's ``ResponseDone``, unless the stages do not end the
+        response within the cancel's deadline (a stage is stuck, and the session's own
+        deadlines will end it): then it is sent now, so that a cancel is always answered.
+        """
+        assert stream.response is not None
+        try:
             await stream.response.cancel()
-        # Not started yet: the input stream finishes it when it reaches it.
+        except CancelTimeoutError as exc:
+            self.log.warning("session %s response %s: %s", self.settings.id, stream.id, exc)
+            if not stream.ended:
+                error = ErrorDetail(type="server_error", code=exc.code, message=str(exc))
+                await self._finish(stream, None, error)
 
     async def _refused(self, error: OmniError, op: Op) -> None:
         """The session refused a queued operation: a response fails; else an ``error``."""
@@ -1098,7 +1115,7 @@ class RealtimeConnection:
             self.log.warning("session %s response %s: %s", self.settings.id, stream.id, exc)
             stream.fail(tool_call_error(exc))
             if stream.response is not None:
-                await stream.response.cancel()
+                await self._stop(stream)
             return
         last = stream.last_item_id if stream.calls and self.last_response is stream else None
         self.items.calls_made(stream.calls, last)

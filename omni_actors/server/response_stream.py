@@ -4,8 +4,9 @@ It turns the pipeline's events for one response (``TextDelta``, ``AudioDelta``,
 ``ResponseDone``) into the Realtime API's events (see
 ``omni_actors.protocols.realtime_server`` for their order), keeping the response's and
 its item's ids, the transcript so far and the audio sent. A cancelled response's
-deltas never reach it: once ``Response.cancel`` is called, the session hands out none
-(the one filter, in ``Session.next_event``).
+deltas never reach the client: once ``Response.cancel`` is called, the session hands out
+none (``Session.next_event``), and once the client's cancel is taken (``cancel_reason``,
+set before the pipeline has started the response, too) this sends none.
 
 With tools offered, the reply's text is read for tool calls
 (:class:`~omni_actors.server.tools.ToolCallReader`): the transcript is what it says,
@@ -247,7 +248,7 @@ class ResponseStream:
         Raises:
             MalformedToolCallError: it closed a tool call that cannot be made.
         """
-        if self.ended or self.failure is not None or not text:
+        if self.ended or self.failure is not None or self.cancel_reason is not None or not text:
             return []
         self._tokens += 1  # one text delta is one token
         if self.reader is None:
@@ -371,7 +372,12 @@ class ResponseStream:
 
     def on_audio(self, samples: torch.Tensor) -> list[ServerEvent]:
         """An audio delta (dropped in text-only responses)."""
-        if self._encoder is None or self.ended or self.failure is not None:
+        if (
+            self._encoder is None
+            or self.ended
+            or self.failure is not None
+            or self.cancel_reason is not None
+        ):
             return []
         return self._audio_delta(self._encoder.encode(samples))
 

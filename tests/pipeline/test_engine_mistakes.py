@@ -1,10 +1,12 @@
 """Mistakes in a user's own engine surface early, with errors that say what to fix.
 
-An output field the engine does not declare, or an output that is not a mapping of
-fields, fails that reply (``engine_error``) at the first such output, naming the engine
-and what it declares; the session goes on. An engine class defined in the script being
-run (``__main__``) is refused for a worker process when the pipeline loads: a worker
-cannot import it.
+An output field the engine does not declare, an output that is not a mapping of fields,
+or a value a stage cannot send (not a tensor or a str; audio that is not 1-D float32
+samples) fails that reply (``engine_error``) at the first such output, naming the engine
+and what to yield instead; the session goes on. A class without a method of the engine
+protocol fails the pipeline's start, naming the method. An engine class defined in the
+script being run (``__main__``) is refused for a worker process when the pipeline
+loads: a worker cannot import it.
 """
 
 from __future__ import annotations
@@ -13,11 +15,14 @@ import sys
 from collections.abc import AsyncIterator
 from typing import Any, ClassVar
 
+import numpy as np
 import pytest
+import torch
 from pipeline_helpers import collect, text_of
 from pydantic import ValidationError
 
 from omni_actors.actors.engines.contract import Fields
+from omni_actors.actors.engines.registry import EngineUnavailableError
 from omni_actors.actors.stage.actor import StageActor
 from omni_actors.pipeline.omni_pipeline import OmniPipeline
 from omni_actors.pipeline.spec.pipeline import PipelineSpec
@@ -130,6 +135,93 @@ async def test_an_output_that_is_not_a_mapping_fails_the_reply_and_says_what_to_
         assert text == ""
         text, done = await reply(omni, session, "fine")
         assert (text, done.status) == ("ok ", "completed")
+
+
+class Valued(_Engine):
+    """Replies with one output whose value its input names (``ok``: a fine one)."""
+
+    outputs: ClassVar[dict[str, str]] = {"text": "concat", "codes": "concat", "audio": "concat"}
+
+    VALUES: ClassVar[dict[str, Any]] = {
+        "numpy": {"audio": np.zeros(240, dtype=np.float32)},
+        "list": {"codes": [1, 2, 3]},
+        "int": {"codes": 3},
+        "stereo": {"audio": torch.zeros(2, 240)},
+        "float64": {"audio": torch.zeros(240, dtype=torch.float64)},
+        "ok": {
+            "text": "ok ",
+            "codes": torch.zeros(3, dtype=torch.int64),
+            "audio": torch.zeros(240),
+        },
+    }
+
+    async def generate(self, session: str, inputs: AsyncIterator[Fields]) -> AsyncIterator[Any]:
+        said = "".join([str(fields["text"]) async for fields in inputs])
+        yield self.VALUES[said]
+
+
+VALUED = PipelineSpec.model_validate(
+    {
+        "name": "values",
+        "stages": [{"name": "entry", "engine": {"kind": "test_engine_mistakes:Valued"}}],
+        "outputs": {"text": "entry", "audio": "entry"},
+        "deadlines": {"idle_s": 30.0, "inter_chunk_s": 10.0},
+    }
+)
+
+
+@pytest.mark.parametrize(
+    ("value", "says"),
+    [
+        ("numpy", ["field 'audio'", "a numpy.ndarray", "torch.from_numpy("]),
+        ("list", ["field 'codes'", "a list", "torch.tensor("]),
+        ("int", ["field 'codes'", "an int", "torch.tensor("]),
+        ("stereo", ["field 'audio'", "2-D", "(2, 240)", "1-D", "one channel"]),
+        ("float64", ["field 'audio'", "torch.float64", "float32", ".to(torch.float32)"]),
+    ],
+)
+async def test_an_output_value_a_stage_cannot_send_fails_the_reply_and_says_what_to_yield(
+    value: str, says: list[str]
+) -> None:
+    async with OmniPipeline(VALUED) as omni, omni.session() as session:
+        _, done = await reply(omni, session, value)
+        assert (done.status, done.code, done.stage) == ("failed", "engine_error", "entry"), done
+        assert "test_engine_mistakes:Valued yielded" in done.message
+        for words in says:
+            assert words in done.message
+        assert "has no attribute" not in done.message
+        # The session goes on.
+        text, done = await reply(omni, session, "ok")
+        assert (text, done.status) == ("ok ", "completed")
+
+
+class NoRelease:
+    """An engine that forgot ``release``: every session would fail to end on it."""
+
+    inputs: ClassVar[dict[str, str]] = {"text": "concat"}
+    outputs: ClassVar[dict[str, str]] = {"text": "concat"}
+
+    def __init__(self, args: object) -> None: ...
+    async def start(self) -> None: ...
+    async def stop(self) -> None: ...
+    async def abort(self, session: str) -> None: ...
+
+    async def generate(self, session: str, inputs: AsyncIterator[Fields]) -> AsyncIterator[Any]:
+        async for fields in inputs:
+            yield fields
+
+
+@pytest.mark.parametrize("process", [False, True])
+async def test_an_engine_without_a_method_of_the_protocol_fails_the_pipelines_start(
+    process: bool,
+) -> None:
+    with pytest.raises(EngineUnavailableError) as info:
+        async with OmniPipeline(spec("test_engine_mistakes:NoRelease", process=process)):
+            pass
+    message = str(info.value)
+    assert "test_engine_mistakes:NoRelease" in message
+    assert "it has no release() method" in message
+    assert "async def release(self, session: str) -> None" in message
 
 
 class Scripted(_Engine):

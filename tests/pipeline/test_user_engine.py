@@ -3,6 +3,7 @@
 The engine lives in a throwaway module written into the test's tmp dir and is named by
 its import path, as a voice-agent developer names theirs: in the pipeline's process,
 and in a worker process (``process: true``), which imports it from the parent's path.
+Its arguments refuse a key they do not declare, as a built-in engine's do.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from pathlib import Path
 
 import pytest
 from pipeline_helpers import collect, done, text_of
+from pydantic import ValidationError
 
 from omni_actors.pipeline.omni_pipeline import OmniPipeline
 from omni_actors.pipeline.spec.pipeline import PipelineSpec
@@ -27,7 +29,6 @@ from pydantic import BaseModel
 
 
 class ShoutArgs(BaseModel):
-    model_config = {"extra": "forbid"}
     suffix: str = "!"
 
 
@@ -61,7 +62,7 @@ def user_module(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[str
     sys.modules.pop(name, None)
 
 
-def spec(module: str, *, process: bool) -> PipelineSpec:
+def spec(module: str, *, process: bool, args: dict[str, str] | None = None) -> PipelineSpec:
     return PipelineSpec.model_validate(
         {
             "name": "shouting",
@@ -70,7 +71,7 @@ def spec(module: str, *, process: bool) -> PipelineSpec:
                 {
                     "name": "shout",
                     "process": process,
-                    "engine": {"kind": f"{module}:Shout", "args": {"suffix": "!!"}},
+                    "engine": {"kind": f"{module}:Shout", "args": args or {"suffix": "!!"}},
                 },
             ],
             "edges": [{"from": "thinker", "to": "shout"}],
@@ -87,3 +88,14 @@ async def test_a_users_engine_runs_in_a_pipeline(user_module: str, process: bool
         events = await collect(omni.generate(text="hi", modalities=("text",)))
     done(events)
     assert text_of(events) == "T0 T1 T2 !!"
+
+
+def test_a_typo_in_a_users_engine_args_is_refused_when_the_pipeline_loads(
+    user_module: str,
+) -> None:
+    # ``ShoutArgs`` says nothing of extra keys, as the model in docs/engines.md does.
+    with pytest.raises(ValidationError) as info:
+        spec(user_module, process=False, args={"sufix": "!!"})
+    message = str(info.value)
+    assert "stages[shout].engine.args.sufix: Extra inputs are not permitted" in message
+    assert "takes suffix" in message

@@ -175,9 +175,14 @@ class Code2WavModel:
             wav = self._graphs(key, step, pad_rows(codes, size))[: codes.shape[0]]
         cut = wav.shape[-1] - self.pending
         offset = skip * self.per_frame
-        # Copies, so an output does not keep the whole batch's waveform alive.
+        # Copies, so an output does not keep the whole batch's waveform alive; in float32
+        # whatever the release's dtype, as a stage's audio is (``engine_outputs``).
         return [
-            (wav[i, s - offset : cut].clone(), wav[i, cut:].clone()) for i, s in enumerate(starts)
+            (
+                wav[i, s - offset : cut].to(torch.float32, copy=True),
+                wav[i, cut:].to(torch.float32, copy=True),
+            )
+            for i, s in enumerate(starts)
         ]
 
     def warm(self, frames: int, context: int, rows: int) -> None:

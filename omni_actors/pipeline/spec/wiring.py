@@ -90,7 +90,7 @@ def wire(stages: Sequence[StageSpec], edges: Sequence[EdgeSpec]) -> Wiring:
         try:
             args = found.args(stage.engine.args)
         except ValidationError as exc:
-            problems.extend(describe_args_error(where, exc))
+            problems.extend(describe_args_error(where, exc, found))
             continue
         try:
             ports[stage.name] = found.ports(args)

@@ -120,6 +120,17 @@ def test_an_import_path_that_does_not_import_is_a_clear_error(write_module: Writ
         engine_type(f"{module}:Missing")
 
 
+LIFECYCLE = """
+    async def start(self) -> None: ...
+    async def stop(self) -> None: ...
+    async def abort(self, session: str) -> None: ...
+    async def release(self, session: str) -> None: ...
+    async def generate(self, session, inputs):
+        async for chunk in inputs:
+            yield chunk
+"""
+
+
 @pytest.mark.parametrize(
     ("body", "message"),
     [
@@ -135,14 +146,128 @@ def test_an_import_path_that_does_not_import_is_a_clear_error(write_module: Writ
 def test_a_malformed_declaration_is_a_clear_error(
     write_module: WriteModule, body: str, message: str
 ) -> None:
-    module = write_module(f"class Bad:\n    {body}\n")
+    module = write_module(f"class Bad:\n    {body}\n{LIFECYCLE}")
     with pytest.raises(EngineUnavailableError, match=message):
         build_engine(f"{module}:Bad", {})
 
 
+def _without(method: str) -> str:
+    """``Echo`` without ``method``: its ``def`` line and body taken out."""
+    lines = ECHO.splitlines()
+    start = next(i for i, line in enumerate(lines) if f"def {method}(" in line)
+    end = start + 1
+    while end < len(lines) and lines[end].startswith("        "):
+        end += 1
+    return "\n".join(lines[:start] + lines[end:]) + "\n"
+
+
+@pytest.mark.parametrize("method", ["generate", "release", "start", "stop", "abort"])
+def test_an_engine_without_a_method_of_the_protocol_is_refused_naming_it(
+    write_module: WriteModule, method: str
+) -> None:
+    module = write_module(_without(method))
+    with pytest.raises(EngineUnavailableError) as info:
+        build_engine(f"{module}:Echo", {})
+    message = str(info.value)
+    assert f"{module}:Echo" in message
+    assert f"has no {method}()" in message
+    assert f"async def {method}(" in message
+
+
+@pytest.mark.parametrize(
+    ("source", "says"),
+    [
+        (
+            "    def generate(self, session, inputs):\n        yield {'text': 'x'}\n",
+            ["generate() is a plain generator", "async def generate("],
+        ),
+        (
+            "    async def generate(self, session, inputs):\n        return {'text': 'x'}\n",
+            ["generate() is async but never yields", "yield each output"],
+        ),
+        (
+            "    def release(self, session):\n        pass\n",
+            ["release() is not async", "async def release("],
+        ),
+    ],
+)
+def test_a_method_that_does_not_fit_the_protocol_is_refused_naming_it(
+    write_module: WriteModule, source: str, says: list[str]
+) -> None:
+    method = source.split("def ")[1].split("(")[0]
+    module = write_module(_without(method) + source)
+    with pytest.raises(EngineUnavailableError) as info:
+        build_engine(f"{module}:Echo", {})
+    for words in says:
+        assert words in str(info.value)
+
+
+def test_a_generate_that_returns_an_async_iterator_is_an_engine(write_module: WriteModule) -> None:
+    # As an engine that keeps a conversation does: it returns ``conversation.respond``.
+    source = (
+        "    def generate(self, session, inputs):\n        return self._reply(inputs)\n"
+        "    async def _reply(self, inputs):\n        async for chunk in inputs:\n"
+        "            yield chunk\n"
+    )
+    module = write_module(_without("generate") + source)
+    assert type(build_engine(f"{module}:Echo", {})).__name__ == "Echo"
+
+
 def test_an_engine_without_args_takes_none(write_module: WriteModule) -> None:
-    module = write_module("class Plain:\n    inputs = outputs = {'codes': 'concat'}\n")
+    module = write_module(
+        f"class Plain:\n    inputs = outputs = {{'codes': 'concat'}}\n{LIFECYCLE}"
+    )
     found = engine_type(f"{module}:Plain")
     assert found.ports(found.args({})).streams_input
     with pytest.raises(EngineArgsError, match=r"engine\.args\.speed: Extra inputs"):
         build_engine(f"{module}:Plain", {"speed": 2})
+
+
+GAIN = f"""
+from pydantic import BaseModel, ConfigDict
+
+
+class GainArgs(BaseModel):
+    gain: float = 1.0
+    boost: bool = False
+
+
+class Gain:
+    Args = GainArgs
+    inputs = {{'audio': 'concat'}}
+    outputs = {{'audio': 'concat'}}
+
+    def __init__(self, args: GainArgs) -> None:
+        self.args = args
+{LIFECYCLE}
+
+class LooseArgs(BaseModel):
+    model_config = ConfigDict(extra="allow")
+    gain: float = 1.0
+
+
+class Loose(Gain):
+    Args = LooseArgs
+"""
+
+
+def test_a_users_args_refuse_an_unknown_key_as_the_builtin_engines_do(
+    write_module: WriteModule,
+) -> None:
+    module = write_module(GAIN)
+    with pytest.raises(EngineArgsError) as info:
+        build_engine(f"{module}:Gain", {"gian": 0.8}, where="stages[gain].engine")
+    message = str(info.value)
+    assert "stages[gain].engine.args.gian: Extra inputs are not permitted" in message
+    assert f"({module}:Gain takes boost, gain)" in message
+    engine = build_engine(f"{module}:Gain", {"gain": 0.8})
+    assert engine.args.gain == 0.8  # type: ignore[attr-defined]
+    assert type(engine.args).__name__ == "GainArgs"  # type: ignore[attr-defined]
+    with pytest.raises(EngineArgsError, match=r"args\.speed: Extra inputs.*\(scripted takes "):
+        build_engine("scripted", {"speed": 2})
+
+
+def test_a_users_args_that_allow_extra_keys_keep_them(write_module: WriteModule) -> None:
+    module = write_module(GAIN)
+    engine = build_engine(f"{module}:Loose", {"gain": 0.5, "colour": "red"})
+    assert engine.args.model_extra == {"colour": "red"}  # type: ignore[attr-defined]
