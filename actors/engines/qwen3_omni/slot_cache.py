@@ -42,7 +42,7 @@ import torch
 
 from omni_actors.actors.engines.qwen3_omni.hf import AttentionInterface, PreTrainedConfig
 
-__all__ = ["ATTENTION", "Segment", "SlotCache", "SlotStep"]
+__all__ = ["ATTENTION", "Segment", "SlotCache", "SlotStep", "row_buckets", "span_for"]
 
 ATTENTION: Final = "omni-actors-slot-step"
 
@@ -155,6 +155,17 @@ class SlotCache:
             longest=1,
             span=span,
         )
+
+
+def row_buckets(largest: int) -> tuple[int, ...]:
+    """The row counts a step of single positions is captured for: powers of two below
+    ``largest``, and ``largest``."""
+    sizes = []
+    size = 1
+    while size < largest:
+        sizes.append(size)
+        size *= 2
+    return (*sizes, largest)
 
 
 def span_for(needed: int, max_len: int) -> int:
