@@ -7,6 +7,10 @@
 # qwen3-omni preset per concurrency level on random 2500-token prompts, beside
 # vllm-omni's published 2x H100 figures. Run from the repository root:
 #   bash benchmarks/qwen3_omni_random_gpu.sh [setup] [prepare] [load] [boundary] [decode] [run] [pipeline]
+# On a machine with one GPU (and a 64 GiB disk, too small for the 66 GiB release):
+#   bash benchmarks/qwen3_omni_random_gpu.sh setup prepare-talker decode-talker
+# writes the release's talker alone and times its frame, compiled as the engine compiles
+# it, not, and with the code predictor's projections fused ($COMPILE, default "off all fused").
 # Results go to $OUT (default benchmarks/results); the release to $RELEASE (/tmp/q3).
 # pipeline: $LEVELS (default 1 4 8 16 32), $REQUESTS_PER_LEVEL (default 4: each level
 # runs 4 x c requests, a closed loop as vllm-omni's CI runs it) or $REQUESTS per level,
@@ -16,6 +20,7 @@ set -euo pipefail
 OUT=${OUT:-benchmarks/results}
 RELEASE=${RELEASE:-/tmp/q3}
 LEVELS=${LEVELS:-1 4 8 16 32}
+COMPILE=${COMPILE:-off all fused}
 FRAMES_PER_TOKEN=${FRAMES_PER_TOKEN:-2}
 REQUESTS_PER_LEVEL=${REQUESTS_PER_LEVEL:-4}
 export PYTHONPATH=/tmp/site
@@ -34,6 +39,19 @@ for step in "${steps[@]}"; do
       omni prepare qwen3-omni-random --out "$RELEASE" 2>&1 | tr '\r' '\n' | tail -2
       echo "prepare_s=$(( $(date +%s) - start ))"
       du -sh "$RELEASE"; ls "$RELEASE" | tr '\n' ' '; echo ;;
+    prepare-talker)
+      start=$(date +%s)
+      python3 -c 'import sys; from pathlib import Path
+from omni_actors.actors.engines.qwen3_omni.random_release import real_config, write_random_release
+write_random_release(Path(sys.argv[1]), real_config(), stages=("talker",))' "$RELEASE"
+      echo "prepare_s=$(( $(date +%s) - start ))"; du -sh "$RELEASE" ;;
+    decode-talker)
+      for compile in $COMPILE; do
+        omni bench decode --model "$RELEASE" --stage talker=cuda:0 --batch 1 8 32 --context 1024 \
+          --steps 20 --max-context 2048 --talker-compile "$compile" --warm --json --quiet \
+          > "$OUT/qwen3_omni_random_decode_talker_$compile.json"
+        cat "$OUT/qwen3_omni_random_decode_talker_$compile.json"; echo
+      done ;;
     load)
       omni bench load --model "$RELEASE" --stage thinker=cuda:0 --stage talker=cuda:1 \
         --stage code2wav=cuda:1 --json --quiet > "$OUT/qwen3_omni_random_load.json"

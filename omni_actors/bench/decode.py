@@ -11,6 +11,13 @@ slots and captures the graph. A step's time is the wall time of a whole call, pi
 read-backs included, with the device synchronised: what a session waits per token (the
 thinker's TPOT at that batch) or per codec frame (the talker, code predictor included;
 real time needs one frame per 80 ms).
+
+The talker's static frame step is compiled as its engine compiles it (``compile``
+``default``: on a GPU), or as ``compile`` says (``off``, ``layers``, ``predictor``,
+``all``, ``fused``: ``all`` with the code predictor's projections fused;
+:mod:`~omni_actors.actors.engines.qwen3_omni.frame_compile`); ``load_s`` is the
+time to build the stage, which with ``warm`` includes capturing (and compiling) every
+graph at load, as the engine does.
 """
 
 from __future__ import annotations
@@ -19,11 +26,14 @@ import statistics
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, Final
 
 import torch
 
-__all__ = ["run_decode_bench"]
+__all__ = ["COMPILE_CHOICES", "run_decode_bench"]
+
+COMPILE_CHOICES: Final = ("default", "off", "layers", "predictor", "all", "fused")
+"""What of the talker's static frame step to compile (module docstring)."""
 
 
 def _timed(step: Callable[[], object], device: torch.device, steps: int) -> float:
@@ -61,7 +71,7 @@ def _thinker(
         slots=plan.slots,
         max_context=plan.max_len,
         graphs=plan.graphs,
-        warm=plan.graphs,
+        warm=plan.warm,
     )
     vocab = int(thinker.text_config.vocab_size)
     greedy = Pick(True, Sampling(1 << 30, 0, 0.0, None))
@@ -147,56 +157,120 @@ async def _timed_async(
     return round(statistics.median(times), 3)
 
 
-def _talker(
-    model: Path, device: torch.device, batches: Sequence[int], context: int, steps: int, plan: Any
-) -> dict[str, Any]:
-    from omni_actors.actors.engines.qwen3_omni.hf import DynamicCache
-    from omni_actors.actors.engines.qwen3_omni.talker_model import FrameStep, TalkerModel, Voice
+def _frame_compile(choice: str, backend: str, device: torch.device) -> Any:
+    from omni_actors.actors.engines.qwen3_omni.frame_compile import (
+        FrameCompile,
+        FrameCompileArgs,
+    )
 
-    talker = TalkerModel(model, device, stop_at_codec_eos=False, static=plan)
+    if choice == "default":
+        return FrameCompileArgs(compile_backend=backend).frame_compile(device)
+    if choice == "off":
+        return None
+    return FrameCompile(
+        backend,
+        backbone=choice != "predictor",
+        predictor=choice != "layers",
+        fused=choice == "fused",
+    )
+
+
+def _talker(
+    model: Path,
+    device: torch.device,
+    batches: Sequence[int],
+    context: int,
+    steps: int,
+    plan: Any,
+    frame_compile: Any = None,
+) -> dict[str, Any]:
+    import asyncio
+
+    from omni_actors.actors.engines.qwen3_omni.talker_model import (
+        Framed,
+        TalkerChunk,
+        TalkerFeed,
+        TalkerModel,
+    )
+    from omni_actors.actors.engines.step_loop import StepLoop
+
+    started = time.perf_counter()
+    talker = TalkerModel(
+        model,
+        device,
+        stop_at_codec_eos=False,
+        slots=plan.slots,
+        max_context=plan.max_len,
+        graphs=plan.graphs,
+        warm=plan.warm,
+        frame_compile=frame_compile,
+    )
+    load_s = round(time.perf_counter() - started, 1)
     width = int(talker.talker.config.thinker_hidden_size)
     dtype = next(talker.talker.parameters()).dtype
     speaker = next(iter(talker.speakers.values()))
     generator = torch.Generator().manual_seed(0)
+    eager = [False]
 
     def rows_of(n: int) -> torch.Tensor:
         return torch.randn(n, width, generator=generator, device="cpu").to(device, dtype)
 
-    def measure(batch: int) -> dict[str, float]:
-        frames: list[FrameStep] = []
-        for _ in range(batch):
-            voice = Voice(DynamicCache(config=talker.text_config))
+    async def execute(chunks: list[TalkerChunk]) -> list[Framed | None]:
+        return talker.step(chunks, eager=eager[0])
+
+    async def measure(batch: int) -> dict[str, float]:
+        loop: StepLoop[TalkerFeed, Framed | None] = StepLoop(
+            execute,
+            slots=plan.slots,
+            max_context=plan.max_len,
+            max_tokens_per_step=context + 9,
+            max_chunk=context + 9,
+            name="bench decode",
+        )
+        loop.start()
+        requests = [loop.open(f"s{i}") for i in range(batch)]
+        carries = []
+        for request in requests:
             mask = torch.zeros(context, dtype=torch.bool, device=device)
-            speech, frame = talker.open(
-                voice, rows_of(context), mask, rows_of(3), rows_of(3), rows_of(1), speaker
+            inputs = talker.opening_inputs(
+                rows_of(context), mask, rows_of(3), rows_of(3), rows_of(1), speaker
             )
-            assert frame is not None, "codec EOS is masked"
-            frames.append(FrameStep(speech, frame[1], rows_of(1)))
+            (*_, first) = await loop.submit(request, TalkerFeed(inputs, frame=True), len(inputs))
+            assert first is not None, "an opening makes a frame"
+            assert first.frame is not None, "codec EOS is masked"
+            carries.append(first.frame[1])
         text = rows_of(1)
 
-        def step(eager: bool) -> None:
-            for index, frame in enumerate(talker.frames(frames, eager=eager)):
-                assert frame is not None, "codec EOS is masked"
-                frames[index] = FrameStep(frames[index].speech, frame[1], text)
+        async def step() -> None:
+            futures = [
+                loop.submit(r, TalkerFeed(carry=c, text=text, frame=True), 1, decode=True)
+                for r, c in zip(requests, carries, strict=True)
+            ]
+            for index, future in enumerate(futures):
+                (framed,) = await future
+                assert framed is not None, "a frame step makes a frame"
+                assert framed.frame is not None, "codec EOS is masked"
+                carries[index] = framed.frame[1]
 
-        eager_ms = _timed(lambda: step(True), device, steps)
-        step(False)
-        static_ms = _timed(lambda: step(False), device, steps)
+        starts = [request.computed for request in requests]
+        eager_ms = await _timed_async(step, device, steps, eager, True, requests, starts)
+        await step()  # the graph of this shape (captured at load with warm)
+        static_ms = await _timed_async(step, device, steps, eager, False, requests, starts)
+        await loop.stop()
         return {"eager_ms": eager_ms, "static_ms": static_ms}
 
+    async def run_all() -> dict[str, Any]:
+        return {str(batch): await measure(batch) for batch in batches}
+
     with torch.device(device):
-        rows = {str(batch): measure(batch) for batch in batches}
-    return _report(talker.static, rows)
-
-
-def _report(static: Any, rows: dict[str, Any]) -> dict[str, Any]:
+        rows = asyncio.run(run_all())
     return {
+        "load_s": load_s,
+        "compiled": talker.compiled,
         "batches": rows,
-        "graphed": [list(key) for key in static.graphed],
-        "capture_s": {f"{b}x{s}": round(t, 3) for (b, s), t in static.capture_s.items()},
-        "slot_cache_gib": round(static.cache_bytes / 2**30, 3),
-        "evictions": static.evictions,
-        "fallbacks": static.fallbacks,
+        "graphed": [list(key) for key in talker.graphed],
+        "capture_s": {f"{b}x{s}": round(t, 3) for (b, s), t in talker.capture_s.items()},
+        "slot_cache_gib": round(talker.cache.nbytes / 2**30, 3),
     }
 
 
@@ -208,9 +282,14 @@ def run_decode_bench(
     context: int,
     steps: int,
     max_context: int,
+    talker_compile: str = "default",
+    compile_backend: str = "inductor",
+    warm: bool = False,
 ) -> dict[str, Any]:
     """Eager and static step times per batch size for each stage in ``stages`` (stage
-    name -> device: ``thinker``, ``talker``)."""
+    name -> device: ``thinker``, ``talker``); the talker's frame step compiled as
+    ``talker_compile`` (one of :data:`COMPILE_CHOICES`) says, with ``compile_backend``;
+    ``warm`` captures every graph when a stage loads."""
     from omni_actors.actors.engines.qwen3_omni.static_decode import StaticPlan
     from omni_actors.actors.engines.torch_engine import resolve_device
 
@@ -221,18 +300,23 @@ def run_decode_bench(
         raise ValueError("batches, context and steps must be positive")
     if context + steps * 2 + 2 >= max_context:
         raise ValueError(f"context {context} leaves no room for {steps} steps in {max_context}")
+    if talker_compile not in COMPILE_CHOICES:
+        raise ValueError(f"talker_compile is one of {', '.join(COMPILE_CHOICES)}")
     report: dict[str, Any] = {"model": str(model), "context": context, "steps": steps}
     for stage, name in stages.items():
         device = resolve_device(name)
         if device.type == "cuda":  # as an engine's model thread does
             torch.cuda.set_device(device)
         with torch.no_grad():
-            plan = StaticPlan(max(batches), max_context, graphs=device.type == "cuda")
-            measure = _thinker if stage == "thinker" else _talker
-            report[stage] = {
-                "device": str(device),
-                **measure(model, device, batches, context, steps, plan),
-            }
+            graphs = device.type == "cuda"
+            plan = StaticPlan(max(batches), max_context, graphs=graphs, warm=graphs and warm)
+            if stage == "thinker":
+                measured = _thinker(model, device, batches, context, steps, plan)
+            else:
+                compiled = _frame_compile(talker_compile, compile_backend, device)
+                measured = _talker(model, device, batches, context, steps, plan, compiled)
+                measured = {"compile": talker_compile, **measured}
+            report[stage] = {"device": str(device), **measured}
         if device.type == "cuda":
             report[stage]["gpu"] = torch.cuda.get_device_name(device)
             torch.cuda.empty_cache()

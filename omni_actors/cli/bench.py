@@ -524,6 +524,23 @@ def _add_decode_options(parser: argparse.ArgumentParser) -> None:
         default=2048,
         help="positions per slot of the static cache (2048)",
     )
+    parser.add_argument(
+        "--talker-compile",
+        choices=("default", "off", "layers", "predictor", "all", "fused"),  # as COMPILE_CHOICES
+        default="default",
+        help="what of the talker's static frame step to torch.compile: its decoder layers, "
+        "its code-predictor step, both, both with the predictor's projections fused, or as "
+        "its engine does (default: both on a GPU)",
+    )
+    parser.add_argument(
+        "--compile-backend", default="inductor", help="the torch.compile backend (inductor)"
+    )
+    parser.add_argument(
+        "--warm",
+        action="store_true",
+        help="the talker captures every batch bucket and span's graph at load, as its "
+        "engine does (its load_s then counts it; the thinker always does)",
+    )
 
 
 def _bench_decode(ns: argparse.Namespace) -> dict[str, Any]:
@@ -541,6 +558,9 @@ def _bench_decode(ns: argparse.Namespace) -> dict[str, Any]:
             context=ns.context,
             steps=ns.steps,
             max_context=ns.max_context,
+            talker_compile=ns.talker_compile,
+            compile_backend=ns.compile_backend,
+            warm=ns.warm,
         )
     except (OmniError, ValueError) as exc:
         raise SystemExit(f"omni-actors bench decode: {exc}") from None

@@ -24,6 +24,7 @@ import torch
 from omni_actors.actors.engines.qwen3_omni import configs, stepping, weights
 from omni_actors.actors.engines.qwen3_omni.code2wav_model import Code2WavModel, Piece
 from omni_actors.actors.engines.qwen3_omni.code_predictor_graph import GraphedCodePredictor
+from omni_actors.actors.engines.qwen3_omni.frame_compile import CompiledCodePredictor
 
 pytestmark = pytest.mark.integration
 
@@ -201,3 +202,20 @@ def test_the_code_predictor_replays_stepping_s_frames(stage_dir: Path) -> None:
     codes, _ = failing(hidden, code0)
     assert torch.equal(codes, expected[0])
     assert failing.graphed == []
+
+
+@pytest.mark.parametrize("fused", [False, True], ids=["apart", "fused"])
+def test_the_static_code_predictor_gives_stepping_s_frames(stage_dir: Path, fused: bool) -> None:
+    """The code predictor over its buffer of one position per group (what is compiled),
+    its projections apart or fused, gives ``code_predictor_frame``'s codes and carry."""
+    talker = weights.load(stage_dir, "talker")
+    predictor = CompiledCodePredictor(talker, "eager", fused=fused)
+    width = int(talker.config.text_config.hidden_size)
+    gen = torch.Generator().manual_seed(1)
+    for batch in (1, 3, 2, 4) * 3:
+        hidden = torch.randn(batch, 1, width, generator=gen)
+        code0 = torch.randint(0, configs.CODEBOOK_SIZE, (batch, 1), generator=gen)
+        codes, carry = predictor.frame(hidden, code0)
+        expected = stepping.code_predictor_frame(talker, hidden, code0)
+        assert torch.equal(codes, expected[0]), batch
+        assert torch.equal(carry, expected[1]), batch

@@ -11,7 +11,8 @@ tests assert structure only: frame counts, codes in range, forwards shared, boun
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Iterable
+import logging
+from collections.abc import AsyncIterator, Iterable, Iterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -29,6 +30,10 @@ from tiny_omni_ids import (
 
 from omni_actors.actors.engines.contract import Fields
 from omni_actors.actors.engines.qwen3_omni import configs
+from omni_actors.actors.engines.qwen3_omni.frame_compile import (
+    CompiledCodePredictor,
+    FrameCompile,
+)
 from omni_actors.actors.engines.qwen3_omni.hf import DynamicCache
 from omni_actors.actors.engines.qwen3_omni.static_decode import StaticPlan
 from omni_actors.actors.engines.qwen3_omni.talker_engine import TalkerArgs, TalkerEngine
@@ -325,6 +330,87 @@ def test_static_slot_frames_give_each_session_its_solo_codes(
         assert torch.equal(torch.cat(reply.codes), torch.cat(alone.codes))
 
 
+class Backend:
+    """A ``torch.compile`` backend: ``aot_eager`` (no compiler needed, the same ops), noting
+    the input shapes of each graph it compiles; ``fail`` raises as a compile that fails."""
+
+    def __init__(self, *, fail: bool = False) -> None:
+        self.fail = fail
+        self.graphs: list[tuple[Any, ...]] = []
+
+    def __call__(self, graph: torch.fx.GraphModule, inputs: list[Any]) -> Any:
+        if self.fail:
+            raise RuntimeError("no C++ compiler found")
+        self.graphs.append(tuple(str(x.shape) if torch.is_tensor(x) else str(x) for x in inputs))
+        return torch._dynamo.lookup_backend("aot_eager")(graph, inputs)
+
+
+@pytest.fixture
+def fresh_compiles() -> Iterator[None]:
+    """Compiled code and the sizes torch.compile saw made dynamic are process-wide: each
+    test compiles from scratch, and leaves nothing for the next."""
+    torch._dynamo.reset()
+    yield
+    torch._dynamo.reset()
+
+
+@pytest.mark.usefixtures("fresh_compiles")
+@pytest.mark.parametrize("fused", [False, True], ids=["apart", "fused"])
+def test_compiled_static_frames_give_the_uncompiled_codes(
+    cache_dir: Path, said: list[list[Fields]], solo: list[SteppedReply], fused: bool
+) -> None:
+    """The static frame step with its backbone layers and code-predictor steps compiled
+    (the predictor's projections apart or fused) gives each session its solo codes,
+    stepped two then one in two slots (so the batch changes, and slots are evicted).
+    Every backbone layer runs one shared compiled graph: graphs are compiled per shape,
+    never per layer."""
+    path = cache_dir / "tiny-omni" / "seed-0"
+    layers, predictor = Backend(), Backend()
+    static = TalkerModel(
+        path,
+        stop_at_codec_eos=True,
+        static=StaticPlan(2, 4096, graphs=False),
+        frame_compile=FrameCompile(layers, predictor=False),
+    )
+    static._predictor = CompiledCodePredictor(static.talker, predictor, fused=fused)
+    together = [open_reply(static, outputs) for outputs in said]
+    speak_in(static, together, [[0, 1], [2]])
+    for reply, alone in zip(together, solo, strict=True):
+        assert torch.equal(torch.cat(reply.codes), torch.cat(alone.codes))
+    assert static.compiled == {"layers": "compiled", "code_predictor": "compiled"}
+    assert 2 <= len(layers.graphs) == len(set(layers.graphs)) < 2 * len(static.talker.model.layers)
+    assert 2 <= len(predictor.graphs) == len(set(predictor.graphs))
+
+
+@pytest.mark.usefixtures("fresh_compiles")
+def test_a_compile_that_fails_logs_once_and_runs_uncompiled(
+    cache_dir: Path,
+    said: list[list[Fields]],
+    solo: list[SteppedReply],
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    path = cache_dir / "tiny-omni" / "seed-0"
+    static = TalkerModel(
+        path,
+        stop_at_codec_eos=True,
+        static=StaticPlan(4, 4096, graphs=False),
+        frame_compile=FrameCompile(Backend(fail=True)),
+    )
+    together = [open_reply(static, outputs) for outputs in said]
+    with caplog.at_level(logging.WARNING, "omni_actors.actors.engines.qwen3_omni.frame_compile"):
+        speak_in(static, together, [[0, 1, 2]])
+    for reply, alone in zip(together, solo, strict=True):
+        assert torch.equal(torch.cat(reply.codes), torch.cat(alone.codes))
+    failed = "failed: BackendCompilerFailed: RuntimeError: no C++ compiler found"
+    assert static.compiled == {"layers": failed, "code_predictor": failed}
+    logged = [r.getMessage() for r in caplog.records if r.name.endswith(".frame_compile")]
+    assert sorted(logged) == [
+        f"talker {region}: torch.compile failed ({failed[8:]}); runs uncompiled"
+        for region in ("code predictor", "layers")
+    ]
+
+
+@pytest.mark.usefixtures("fresh_compiles")
 async def test_an_engine_over_the_static_cache_speaks_as_without_it(
     cache_dir: Path, said: list[list[Fields]]
 ) -> None:
@@ -343,8 +429,15 @@ async def test_an_engine_over_the_static_cache_speaks_as_without_it(
             static = engine._model.static
             if static is not None:
                 assert static.steps > 0
+            if extra.get("compile_frame"):
+                compiled = {"layers": "compiled", "code_predictor": "compiled"}
+                assert engine._model.compiled == compiled
         return got
 
     eager = await speak(static_cache=False)
     for got, want in zip(await speak(static_cache=True), eager, strict=True):
+        assert torch.equal(got, want)
+    # Its frame step compiled (aot_eager: no compiler needed), as on a GPU by default.
+    compiled = await speak(static_cache=True, compile_frame=True, compile_backend="aot_eager")
+    for got, want in zip(compiled, eager, strict=True):
         assert torch.equal(got, want)

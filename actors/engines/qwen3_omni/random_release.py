@@ -19,7 +19,7 @@ from __future__ import annotations
 import json
 import tempfile
 import zlib
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from importlib import resources
 from pathlib import Path
 from typing import Any, Final
@@ -87,6 +87,7 @@ def write_random_release(
     dtype: torch.dtype = torch.bfloat16,
     max_shard_bytes: int = RELEASE_SHARD_BYTES,
     progress: Progress | None = None,
+    stages: Sequence[str] = STAGES,
 ) -> Path:
     """Write a release of ``config``'s shapes with seeded random weights into ``out``.
 
@@ -98,6 +99,8 @@ def write_random_release(
         dtype: the stored dtype (the release's is bfloat16).
         max_shard_bytes: the largest shard.
         progress: ``progress(stage, done, total)`` as each stage's tensors are written.
+        stages: the stages whose tensors are written (a machine whose disk holds no
+            whole release can time one stage); each has the values it has in the whole.
 
     Returns:
         ``out``.
@@ -105,7 +108,7 @@ def write_random_release(
     where = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
     stored = {**config, "dtype": str(dtype).removeprefix("torch.")}
     with ReleaseWriter(Path(out), max_shard_bytes=max_shard_bytes) as writer:
-        for done, stage in enumerate(STAGES, start=1):
+        for done, stage in enumerate(stages, start=1):
             part = stage_config_of(stored, stage, Path(out) / "config.json")
             with quiet_transformers(), torch.device("meta"):
                 model = build_stage(stage, part, dtype)
@@ -114,7 +117,7 @@ def write_random_release(
             for name, meta in release_tensors(stage, model.state_dict()):
                 writer.add(name, _draw(name, meta.shape, dtype, where, seed).cpu())
             if progress is not None:
-                progress(stage, done, len(STAGES))
+                progress(stage, done, len(stages))
         writer.write_json("config.json", stored)
         for name, data in front_end_configs().items():
             writer.write_json(name, data)

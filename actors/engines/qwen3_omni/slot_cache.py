@@ -241,6 +241,26 @@ class SlotStep:
         """The span (transformers may ask; every position is passed explicitly)."""
         return self.span
 
+    def layer(self, index: int) -> SlotStep:
+        """Layer ``index``'s part alone, for that layer called by itself: it ignores the
+        layer index transformers passes, so a compiled decoder layer reads no index and
+        one compiled graph serves every layer (:mod:`.frame_compile`)."""
+        return _SlotLayer(self, index)
+
+
+class _SlotLayer(SlotStep):
+    """One layer of a :class:`SlotStep` (:meth:`SlotStep.layer`)."""
+
+    def __init__(self, whole: SlotStep, index: int) -> None:
+        vars(self).update(vars(whole))
+        self._index = index
+
+    def update(
+        self, key: torch.Tensor, value: torch.Tensor, layer_idx: int, *_: Any, **__: Any
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Store the step's keys and values in this layer, whatever ``layer_idx``."""
+        return super().update(key, value, self._index)
+
 
 def _slot_attention(
     module: torch.nn.Module,
@@ -253,20 +273,23 @@ def _slot_attention(
 ) -> tuple[torch.Tensor, None]:
     """Attention of a :class:`SlotStep`'s segments over their slots (module docstring):
     ``query`` [1, heads, T, dim], ``key``/``value`` [B, kv_heads, span, dim]."""
-    step: SlotStep = _current.step
+    assert attention_mask is not None, "a slot step passes its mask"
     batch = key.shape[0]
     flat = query[0].transpose(0, 1)  # [T, heads, dim]
-    if step.decode_only:
-        laid = flat[:, :, None]  # [B, heads, 1, dim]
-    else:
-        grid = flat.new_zeros(batch, step.longest, *flat.shape[1:])
-        grid[step.token_row, step.token_col] = flat
-        laid = grid.transpose(1, 2)
+    if attention_mask.shape[2] == 1:
+        # One position per segment: the layout is the flat one (nothing read from the
+        # step but its mask, so a compiled layer sees tensors only).
+        out = torch.nn.functional.scaled_dot_product_attention(
+            flat[:, :, None], key, value, attn_mask=attention_mask, scale=scaling, enable_gqa=True
+        )
+        return out.transpose(1, 2)[:, 0][None], None
+    step: SlotStep = _current.step
+    grid = flat.new_zeros(batch, step.longest, *flat.shape[1:])
+    grid[step.token_row, step.token_col] = flat
     out = torch.nn.functional.scaled_dot_product_attention(
-        laid, key, value, attn_mask=step.mask, scale=scaling, enable_gqa=True
+        grid.transpose(1, 2), key, value, attn_mask=attention_mask, scale=scaling, enable_gqa=True
     )
-    out = out.transpose(1, 2)  # [B, longest, heads, dim]
-    tokens = out[:, 0] if step.decode_only else out[step.token_row, step.token_col]
+    tokens = out.transpose(1, 2)[step.token_row, step.token_col]  # [T, heads, dim]
     return tokens[None], None
 
 

@@ -60,7 +60,10 @@ __all__ = [
     "StaticPlan",
     "StepCache",
     "StepFn",
+    "attention_configs",
     "batch_bucket",
+    "grouped_attention",
+    "grouped_decode_attention",
     "span_bucket",
 ]
 
@@ -173,8 +176,29 @@ class StepCache:
         """The span (transformers asks when it derives positions; the step passes them)."""
         return self._span
 
+    def layer(self, index: int) -> StepCache:
+        """Layer ``index``'s part alone, the cache of that layer called by itself: it
+        ignores the layer index transformers passes, so a compiled decoder layer reads
+        no index and one compiled graph serves every layer (:mod:`.frame_compile`)."""
+        return _LayerPart(self, index)
 
-def _grouped_decode_attention(
+
+class _LayerPart(StepCache):
+    """One layer of a :class:`StepCache` (:meth:`StepCache.layer`)."""
+
+    def __init__(self, whole: StepCache, index: int) -> None:
+        self._keys, self._values = [whole._keys[index]], [whole._values[index]]
+        self._rows, self._positions, self._span = whole._rows, whole._positions, whole._span
+        self.mask = whole.mask
+
+    def update(
+        self, key: torch.Tensor, value: torch.Tensor, layer_idx: int, *_: Any, **__: Any
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Store the step's key and value in this layer's part, whatever ``layer_idx``."""
+        return super().update(key, value, 0)
+
+
+def grouped_decode_attention(
     module: torch.nn.Module,
     query: torch.Tensor,
     key: torch.Tensor,
@@ -193,10 +217,10 @@ def _grouped_decode_attention(
     return out.reshape(batch, heads, length, dim).transpose(1, 2), None
 
 
-AttentionInterface.register(_ATTENTION, _grouped_decode_attention)
+AttentionInterface.register(_ATTENTION, grouped_decode_attention)
 
 
-def _attention_configs(model: PreTrainedModel) -> list[Any]:
+def attention_configs(model: torch.nn.Module) -> list[Any]:
     """Every distinct config among ``model``'s modules that names an attention."""
     found: dict[int, Any] = {}
     for module in model.modules():
@@ -278,7 +302,7 @@ class StaticDecoder:
             raise ValueError(f"need slots >= 1 and max_len >= 2, got {slots}, {max_len}")
         if graphs and device.type != "cuda" and capture is None:
             raise ValueError(f"graphs need a CUDA device, not {device}")
-        self._configs = _attention_configs(model)
+        self._configs = attention_configs(model)
         self._step, self._name = step, name
         self.slots, self.max_len, self.device = slots, max_len, device
         layers = int(config.num_hidden_layers)

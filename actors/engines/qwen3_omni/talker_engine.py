@@ -62,6 +62,7 @@ from pydantic import Field, field_validator, model_validator
 
 from omni_actors.actors.engines.contract import Fields, ResponseOptions, Rule, response_options
 from omni_actors.actors.engines.qwen3_omni.family import DEFAULT_RELEASE
+from omni_actors.actors.engines.qwen3_omni.frame_compile import FrameCompileArgs
 from omni_actors.actors.engines.qwen3_omni.static_decode import StaticDecodeArgs
 from omni_actors.actors.engines.qwen3_omni.talker_input import ReplyInput, TalkerInputError
 from omni_actors.actors.engines.qwen3_omni.talker_model import (
@@ -84,8 +85,10 @@ from omni_actors.models.family import WeightsArgs
 __all__ = ["TalkerArgs", "TalkerEngine", "TalkerInputError"]
 
 
-class TalkerArgs(WeightsArgs, DeviceArgs, StaticDecodeArgs):
-    """The talker's arguments: ``seed`` and ``cache_dir`` locate its weights.
+class TalkerArgs(WeightsArgs, DeviceArgs, StaticDecodeArgs, FrameCompileArgs):
+    """The talker's arguments: ``seed`` and ``cache_dir`` locate its weights; the static
+    slot cache's (:class:`StaticDecodeArgs`) and its frame step's compile
+    (:class:`FrameCompileArgs`: on a GPU by default).
 
     Attributes:
         frames_per_token: cap a reply at that many codec frames per thinker token (the
@@ -196,6 +199,7 @@ class TalkerEngine(TorchEngine):
             max_rows=args.max_batch,
             graphs=graphs,
             warm=graphs and args.warm_graphs,
+            frame_compile=args.frame_compile(self.device),
         )
         if self.speaker not in model.speakers:
             raise ValueError(

@@ -14,6 +14,7 @@ code predictor's loop.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -24,6 +25,11 @@ import torch
 
 from omni_actors.actors.engines.qwen3_omni import layout, stepping, weights
 from omni_actors.actors.engines.qwen3_omni.code_predictor_graph import GraphedCodePredictor
+from omni_actors.actors.engines.qwen3_omni.frame_compile import (
+    CompiledCodePredictor,
+    CompiledLayers,
+    FrameCompile,
+)
 from omni_actors.actors.engines.qwen3_omni.graphs import Capture, ShapeGraphs, bucket
 from omni_actors.actors.engines.qwen3_omni.hf import (
     PreTrainedConfig,
@@ -109,6 +115,8 @@ class TalkerModel:
         graphs: replay frame-only steps from CUDA graphs (CUDA only).
         warm: capture every frame graph at load.
         capture: how graphs are captured (tests pass a stand-in on a machine without a GPU).
+        frame_compile: what of the frame-only step to ``torch.compile`` before its graphs
+            are captured (None: nothing; :mod:`.frame_compile`).
 
     Attributes:
         text_config: the text model's config.
@@ -129,10 +137,20 @@ class TalkerModel:
         graphs: bool = False,
         warm: bool = False,
         capture: Capture | None = None,
+        frame_compile: FrameCompile | None = None,
     ) -> None:
         device = device or torch.device("cpu")
         talker = weights.load(path, "talker", device=device)
         assert isinstance(talker, Qwen3OmniMoeTalkerForConditionalGeneration)
+        self._layers: CompiledLayers | None = None
+        self._predictor: CompiledCodePredictor | None = None
+        if frame_compile is not None:
+            if frame_compile.backbone:
+                self._layers = CompiledLayers(talker.model.layers, frame_compile.backend)
+            if frame_compile.predictor:
+                self._predictor = CompiledCodePredictor(
+                    talker, frame_compile.backend, fused=frame_compile.fused
+                )
         # Steps that mix prefills with frames run eagerly; their code predictor is
         # launch-bound on a GPU: replay it from CUDA graphs there.
         self._code_frame: Callable[[torch.Tensor, torch.Tensor], tuple[torch.Tensor, torch.Tensor]]
@@ -181,6 +199,20 @@ class TalkerModel:
     def talker(self) -> Qwen3OmniMoeTalkerForConditionalGeneration:
         """The HF talker (tests reach its layers to inject failures)."""
         return self._talker
+
+    @property
+    def compiled(self) -> dict[str, str]:
+        """Per region of the frame-only step (``layers``, ``code_predictor``):
+        ``compiled``, ``off``, or why it runs uncompiled after its compile failed."""
+        regions = {"layers": self._layers, "code_predictor": self._predictor}
+        return {
+            name: "off"
+            if region is None
+            else "compiled"
+            if region.state.failed is None
+            else f"failed: {region.state.failed}"
+            for name, region in regions.items()
+        }
 
     @torch.no_grad()
     def user_inputs(self, rows: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
@@ -339,7 +371,8 @@ class TalkerModel:
         talker = self._talker
         inputs = carry + talker.text_projection(text[:, None])
         step = self.cache.decode_step(slots, starts, span)
-        with step.active(self._configs):
+        layers = self._layers.active() if self._layers is not None else contextlib.nullcontext()
+        with step.active(self._configs), layers:
             out = talker.model(
                 inputs_embeds=inputs.transpose(0, 1),
                 position_ids=starts[None],
@@ -353,7 +386,10 @@ class TalkerModel:
         )
         if not self._stop_at_codec_eos:
             masked[..., self._codec_eos] = float("-inf")
-        return stepping.code_predictor_frame(talker, hidden, stepping.greedy(masked))
+        code0 = stepping.greedy(masked)
+        if self._predictor is not None:
+            return self._predictor(hidden, code0)
+        return stepping.code_predictor_frame(talker, hidden, code0)
 
     def _complete(self, hidden: torch.Tensor, logits: torch.Tensor) -> list[Frame]:
         """Each row's frame from its talker step's ``hidden`` [B, 1, Ht] and ``logits``:

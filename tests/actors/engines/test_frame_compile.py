@@ -1,0 +1,60 @@
+"""The talker's frame compile: what its arguments turn on where, and how a failed compile
+is told and let go (the compiled frames themselves: ``tests/integration``'s tiny-omni
+talker tests)."""
+
+from __future__ import annotations
+
+import logging
+
+import pytest
+
+pytest.importorskip("transformers")
+
+import torch
+
+from omni_actors.actors.engines.qwen3_omni.frame_compile import (
+    CompileState,
+    FrameCompile,
+    FrameCompileArgs,
+)
+from omni_actors.actors.engines.qwen3_omni.talker_engine import TalkerArgs
+
+
+def test_the_frame_compiles_on_cuda_by_default_and_where_asked() -> None:
+    cpu, cuda = torch.device("cpu"), torch.device("cuda", 1)
+    assert FrameCompileArgs().frame_compile(cuda) == FrameCompile("inductor")
+    assert FrameCompileArgs().frame_compile(cpu) is None
+    assert FrameCompileArgs(compile_frame=False).frame_compile(cuda) is None
+    forced = FrameCompileArgs(compile_frame=True, compile_backend="aot_eager")
+    assert forced.frame_compile(cpu) == FrameCompile("aot_eager")
+    args = TalkerArgs.model_validate({"compile_frame": False, "compile_backend": "eager"})
+    assert args.frame_compile(cuda) is None
+    assert TalkerArgs(compile_frame=True, compile_backend="eager").frame_compile(cpu) == (
+        FrameCompile("eager")
+    )
+    with pytest.raises(ValueError, match="compile_frame"):
+        TalkerArgs.model_validate({"compile_frame": "yes"})
+
+
+def test_a_failed_compile_is_told_once_with_its_cause(caplog: pytest.LogCaptureFixture) -> None:
+    state = CompileState("talker layers")
+    try:
+        try:
+            raise RuntimeError("no C++ compiler found\nlong details")
+        except RuntimeError as inner:
+            raise ValueError("backend='inductor' raised:") from inner
+    except ValueError as error:
+        with caplog.at_level(logging.WARNING):
+            state.fall_back(error)
+    assert state.failed == "ValueError: RuntimeError: no C++ compiler found"
+    assert [r.getMessage() for r in caplog.records] == [
+        "talker layers: torch.compile failed (ValueError: RuntimeError: no C++ compiler "
+        "found); runs uncompiled"
+    ]
+
+
+def test_out_of_memory_is_not_a_failed_compile() -> None:
+    state = CompileState("talker code predictor")
+    with pytest.raises(torch.OutOfMemoryError):
+        state.fall_back(torch.OutOfMemoryError("CUDA out of memory"))
+    assert state.failed is None
