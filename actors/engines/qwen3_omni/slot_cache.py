@@ -229,7 +229,11 @@ class SlotStep:
         self, key: torch.Tensor, value: torch.Tensor, layer_idx: int, *_: Any, **__: Any
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """Store the step's keys and values [1, heads, T, dim]; the segments' slots."""
-        keys, values = self._cache.keys[layer_idx], self._cache.values[layer_idx]
+        return self._write(self._cache.keys[layer_idx], self._cache.values[layer_idx], key, value)
+
+    def _write(
+        self, keys: torch.Tensor, values: torch.Tensor, key: torch.Tensor, value: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         keys[self.token_slot, :, self.positions] = key[0].transpose(0, 1).to(keys.dtype)
         values[self.token_slot, :, self.positions] = value[0].transpose(0, 1).to(values.dtype)
         return (
@@ -253,13 +257,15 @@ class _SlotLayer(SlotStep):
 
     def __init__(self, whole: SlotStep, index: int) -> None:
         vars(self).update(vars(whole))
-        self._index = index
+        # The layer's tensors, not its index: a compiled layer reading an index would
+        # be compiled again for every layer.
+        self._keys, self._values = whole._cache.keys[index], whole._cache.values[index]
 
     def update(
         self, key: torch.Tensor, value: torch.Tensor, layer_idx: int, *_: Any, **__: Any
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """Store the step's keys and values in this layer, whatever ``layer_idx``."""
-        return super().update(key, value, self._index)
+        return self._write(self._keys, self._values, key, value)
 
 
 def _slot_attention(
