@@ -50,6 +50,8 @@ async def running(
     try:
         yield loop
     finally:
+        if model.hold is not None:
+            model.hold.set()  # a test that failed holding a step lets it end
         await loop.stop()
 
 
