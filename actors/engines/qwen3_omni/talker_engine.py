@@ -53,7 +53,7 @@ is the same either way.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import ClassVar
 
@@ -72,20 +72,16 @@ from omni_actors.actors.engines.qwen3_omni.talker_model import (
     TalkerModel,
     Voice,
 )
-from omni_actors.actors.engines.step_loop import RequestClosedError, StepLoop
+from omni_actors.actors.engines.step_loop import RequestClosedError
+from omni_actors.actors.engines.stepped_engine import StepLoopArgs, SteppedTorchEngine
 from omni_actors.actors.engines.thinker_ports import USER_EDITS_FIELD
-from omni_actors.actors.engines.torch_engine import (
-    AbortSignal,
-    DeviceArgs,
-    TorchEngine,
-    release_dir,
-)
+from omni_actors.actors.engines.torch_engine import AbortSignal, DeviceArgs, release_dir
 from omni_actors.models.family import WeightsArgs
 
 __all__ = ["TalkerArgs", "TalkerEngine", "TalkerInputError"]
 
 
-class TalkerArgs(WeightsArgs, DeviceArgs, StaticDecodeArgs, FrameCompileArgs):
+class TalkerArgs(WeightsArgs, DeviceArgs, StaticDecodeArgs, FrameCompileArgs, StepLoopArgs):
     """The talker's arguments: ``seed`` and ``cache_dir`` locate its weights; the static
     slot cache's (:class:`StaticDecodeArgs`) and its frame step's compile
     (:class:`FrameCompileArgs`: on a GPU by default).
@@ -102,11 +98,6 @@ class TalkerArgs(WeightsArgs, DeviceArgs, StaticDecodeArgs, FrameCompileArgs):
             per token (see the module docstring).
         max_frames: the most frames of one reply (HF's ``talker_max_new_tokens``): a
             reply whose EOS never comes ends there.
-        max_batch: the most frame rows one step runs (its largest CUDA graph).
-        max_sessions: sessions holding a KV slot at once (a new one past it fails with
-            ``SlotsExhaustedError``).
-        max_tokens_per_step: a step's budget: frame rows (one each) and prefill chunks.
-        max_prefill_chunk: the most positions of one prefill in one step.
         max_context: the most positions a session holds: its user turns and a reply's
             frames (one position each, ``max_frames`` at most).
     """
@@ -115,10 +106,6 @@ class TalkerArgs(WeightsArgs, DeviceArgs, StaticDecodeArgs, FrameCompileArgs):
     speaker: str = "chelsie"
     stop_at_codec_eos: bool = Field(True, strict=True)
     max_frames: int = Field(4096, ge=1)
-    max_batch: int = Field(32, ge=1)
-    max_sessions: int = Field(32, ge=1)
-    max_tokens_per_step: int = Field(8192, ge=1)
-    max_prefill_chunk: int = Field(4096, ge=1)
     max_context: int = Field(8192, ge=2)
 
     @model_validator(mode="after")
@@ -136,7 +123,7 @@ class TalkerArgs(WeightsArgs, DeviceArgs, StaticDecodeArgs, FrameCompileArgs):
         return speaker.lower()
 
 
-class TalkerEngine(TorchEngine):
+class TalkerEngine(SteppedTorchEngine[Voice, TalkerFeed, Framed | None]):
     """Codec frames for the thinker's tokens, conditioned on the conversation's user turns.
 
     Inputs (any subset per chunk; see the module docstring): ``user`` [n, H] and
@@ -174,18 +161,13 @@ class TalkerEngine(TorchEngine):
         self.stop_at_codec_eos = args.stop_at_codec_eos
         self.speaker = args.speaker
         self._args = args
-        super().__init__(release_dir(DEFAULT_RELEASE, args, "talker"), "talker", args.device)
-        self._sessions: dict[str, Voice] = {}
-        self.loop: StepLoop[TalkerFeed, Framed | None] = StepLoop(
-            self._execute,
-            slots=args.max_sessions,
+        super().__init__(
+            release_dir(DEFAULT_RELEASE, args, "talker"),
+            "talker",
+            args.device,
+            args=args,
             max_context=args.max_context,
-            max_tokens_per_step=args.max_tokens_per_step,
-            max_chunk=args.max_prefill_chunk,
-            max_rows=args.max_batch,
-            name="talker steps",
         )
-        """Every session's forwards (its statistics tell how they shared steps)."""
 
     def _load(self, path: Path) -> None:
         args = self._args
@@ -213,59 +195,8 @@ class TalkerEngine(TorchEngine):
         """The voices ``speaker`` and a response's ``voice`` may name (once started)."""
         return sorted(self._model.speakers)
 
-    async def _execute(self, chunks: list[TalkerChunk]) -> list[Framed | None]:
-        return await self.call(self._model.step, chunks)
-
-    async def start(self) -> None:
-        """Load the model in the model thread, then start the step loop."""
-        await super().start()
-        self.loop.start()
-
-    @property
-    def active_sessions(self) -> set[str]:
-        """Sessions holding state (generating, or between responses)."""
-        return set(self._sessions)
-
-    @property
-    def generating(self) -> set[str]:
-        """Sessions with a running ``generate``."""
-        return {s for s, state in self._sessions.items() if state.signal is not None}
-
-    async def abort(self, session: str) -> None:
-        """Drop ``session``'s state and free its slot; a running ``generate`` ends where
-        it waits (input, a step)."""
-        voice = self._sessions.pop(session, None)
-        if voice is None:
-            return
-        self.loop.close(voice.request)
-        if voice.signal is not None:
-            voice.signal.abort()
-
-    async def release(self, session: str) -> None:
-        """The conversation is over: drop its state and free its slot."""
-        await self.abort(session)
-
-    async def stop(self) -> None:
-        """Abort every session, let the running step end, then end the model thread."""
-        for session in list(self._sessions):
-            await self.abort(session)
-        await self.loop.stop()
-        await super().stop()
-
-    async def _feed(
-        self, voice: Voice, feed: TalkerFeed, length: int, then: Callable[[], None]
-    ) -> list[Framed | None]:
-        """Feed ``length`` positions on the step loop; ``then()`` runs as the step's update
-        resolves them, even if the response is cancelled meanwhile (the slot and
-        ``voice.user`` must agree)."""
-        future = self.loop.submit(voice.request, feed, length)
-
-        def settle(done: asyncio.Future[list[Framed | None]]) -> None:
-            if not done.cancelled() and done.exception() is None:
-                then()
-
-        future.add_done_callback(settle)
-        return await asyncio.shield(future)
+    def _step(self, chunks: list[TalkerChunk]) -> list[Framed | None]:
+        return self._model.step(chunks)
 
     async def _prefill_user(self, voice: Voice, rows: torch.Tensor, mask: torch.Tensor) -> None:
         """Append user rows to the session's user parts."""
@@ -275,7 +206,7 @@ class TalkerEngine(TorchEngine):
         def then() -> None:
             voice.user += rows.shape[0]
 
-        await self._feed(voice, TalkerFeed(inputs=inputs), rows.shape[0], then)
+        await self.feed(voice, TalkerFeed(inputs=inputs), rows.shape[0], lambda _: then())
 
     @staticmethod
     def _take_back(voice: Voice, count: int) -> None:
@@ -339,7 +270,7 @@ class TalkerEngine(TorchEngine):
                 voice.user += rows.shape[0]
 
             feed = TalkerFeed(inputs=prefix, frame=True)
-            (*_, first) = await self._feed(voice, feed, prefix.shape[0], opened)
+            (*_, first) = await self.feed(voice, feed, prefix.shape[0], lambda _: opened())
             assert first is not None, "an opening makes frame 0"
             frame = first.frame
             produced = 0
