@@ -44,6 +44,9 @@ from omni_actors.actors.engines.qwen3_omni.hf import AttentionInterface, PreTrai
 
 __all__ = ["ATTENTION", "Segment", "SlotCache", "SlotStep", "row_buckets", "span_for"]
 
+GraphKey = tuple[int, int]
+"""(row bucket, span): the shape of a step of single positions, one graph each."""
+
 ATTENTION: Final = "omni-actors-slot-step"
 
 _current = threading.local()
@@ -140,6 +143,14 @@ class SlotCache:
             longest=longest,
             span=span_for(ends, self.max_len),
         )
+
+    def graph_keys(self, max_rows: int) -> list[GraphKey]:
+        """Every (row bucket, span) a step of at most ``max_rows`` single positions may
+        need, smallest first."""
+        sizes = row_buckets(max_rows)
+        rows = sorted({min(s for s in sizes if s >= n) for n in range(1, max_rows + 1)})
+        spans = sorted({span_for(n, self.max_len) for n in range(1, self.max_len + 1)})
+        return [(row, span) for row in rows for span in spans]
 
     def decode_step(self, slots: torch.Tensor, starts: torch.Tensor, span: int) -> SlotStep:
         """The ``past_key_values`` of a step of one position per row: row ``i`` at

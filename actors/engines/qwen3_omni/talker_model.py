@@ -41,6 +41,7 @@ from omni_actors.actors.engines.qwen3_omni.slot_cache import (
     row_buckets,
     span_for,
 )
+from omni_actors.actors.engines.qwen3_omni.static_decode import attention_configs
 from omni_actors.actors.engines.step_loop import Chunk, Request, StepLoop
 from omni_actors.actors.engines.torch_engine import AbortSignal
 from omni_actors.errors import ModelFileError
@@ -179,13 +180,7 @@ class TalkerModel:
         self.max_rows = min(max_rows or slots, slots)
         # The attention of the backbone reads the step's slots (not the code
         # predictor's, a model of its own with its own fresh cache per frame).
-        self._configs = list(
-            {
-                id(c): c
-                for m in talker.model.modules()
-                if hasattr(c := getattr(m, "config", None), "_attn_implementation")
-            }.values()
-        )
+        self._configs = attention_configs(talker.model)
         if graphs and device.type != "cuda" and capture is None:
             raise ValueError(f"graphs need a CUDA device, not {device}")
         self._graphs: ShapeGraphs[tuple[int, int]] | None = (
@@ -241,10 +236,7 @@ class TalkerModel:
 
     def frame_keys(self) -> list[tuple[int, int]]:
         """Every (row bucket, span) a frame-only step may need, smallest first."""
-        sizes = row_buckets(self.max_rows)
-        rows = sorted({bucket(n, sizes) or n for n in range(1, self.max_rows + 1)})
-        spans = sorted({span_for(n, self.cache.max_len) for n in range(1, self.cache.max_len + 1)})
-        return [(row, span) for row in rows for span in spans]
+        return self.cache.graph_keys(self.max_rows)
 
     @property
     def graphed(self) -> list[tuple[int, int]]:
