@@ -3,7 +3,7 @@
 Loads the talker of a release (``RELEASE``, default ``/tmp/q3``) as ``bench decode`` does,
 compiled as its engine compiles it on a GPU (``COMPILE=off``: the step as before;
 ``COMPILE=fused``: the code predictor's projections fused too),
-opens ``B`` sessions of 1024 positions, steps two frames (leases, capture), then profiles
+opens ``B`` sessions of 1024 positions, steps two frames (graph capture), then profiles
 10 frames and prints one JSON line per batch size: kernels per frame, GPU busy ms per
 frame, and the kernels that take the most time (name, calls per frame, ms per frame).
 ``DRY=1`` runs on the CPU (``RELEASE`` then a tiny-omni one: checks the script).
@@ -13,19 +13,25 @@ frame, and the kernels that take the most time (name, calls per frame, ms per fr
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import sys
 from collections import defaultdict
 from pathlib import Path
+from typing import Any
 
 import torch
 from torch.profiler import ProfilerActivity, profile
 
 from omni_actors.actors.engines.qwen3_omni.frame_compile import FrameCompile
-from omni_actors.actors.engines.qwen3_omni.hf import DynamicCache
-from omni_actors.actors.engines.qwen3_omni.static_decode import StaticPlan
-from omni_actors.actors.engines.qwen3_omni.talker_model import FrameStep, TalkerModel, Voice
+from omni_actors.actors.engines.qwen3_omni.talker_model import (
+    Framed,
+    TalkerChunk,
+    TalkerFeed,
+    TalkerModel,
+)
+from omni_actors.actors.engines.step_loop import StepLoop
 
 FRAMES = 10
 
@@ -38,11 +44,16 @@ def main() -> None:
     backend = "aot_eager" if dry else "inductor"
     choice = os.environ.get("COMPILE", "all")
     compiled = None if choice == "off" else FrameCompile(backend, fused=choice == "fused")
-    plan = StaticPlan(max(batches), 2048, graphs=not dry)
     if not dry:
         torch.cuda.set_device(device)
     talker = TalkerModel(
-        release, device, stop_at_codec_eos=False, static=plan, frame_compile=compiled
+        release,
+        device,
+        stop_at_codec_eos=False,
+        slots=max(batches),
+        max_context=2048,
+        graphs=not dry,
+        frame_compile=compiled,
     )
     width = int(talker.talker.config.thinker_hidden_size)
     dtype = next(talker.talker.parameters()).dtype
@@ -52,23 +63,47 @@ def main() -> None:
     def rows(n: int) -> torch.Tensor:
         return torch.randn(n, width).to(device, dtype)
 
+    async def execute(chunks: list[TalkerChunk]) -> list[Framed | None]:
+        return talker.step(chunks)
+
+    async def opened(batch: int) -> tuple[StepLoop[TalkerFeed, Framed | None], list[Any]]:
+        loop: StepLoop[TalkerFeed, Framed | None] = StepLoop(
+            execute, slots=batch, max_context=2048, max_tokens_per_step=4096, max_chunk=2048
+        )
+        loop.start()
+        requests, carries = [loop.open(f"s{i}") for i in range(batch)], []
+        for request in requests:
+            mask = torch.zeros(context, dtype=torch.bool)
+            inputs = talker.opening_inputs(rows(context), mask, rows(3), rows(3), rows(1), speaker)
+            (*_, first) = await loop.submit(request, TalkerFeed(inputs, frame=True), len(inputs))
+            assert first is not None
+            assert first.frame is not None
+            carries.append(first.frame[1])
+        return loop, [requests, carries]
+
+    async def frames(loop: StepLoop[TalkerFeed, Framed | None], state: list[Any]) -> None:
+        requests, carries = state
+        text = rows(1)
+        futures = [
+            loop.submit(r, TalkerFeed(carry=c, text=text, frame=True), 1, decode=True)
+            for r, c in zip(requests, carries, strict=True)
+        ]
+        for index, future in enumerate(futures):
+            (framed,) = await future
+            assert framed is not None
+            assert framed.frame is not None
+            carries[index] = framed.frame[1]
+
     with torch.no_grad(), torch.device(device):
         for batch in batches:
-            steps = []
-            for _ in range(batch):
-                voice = Voice(DynamicCache(config=talker.text_config))
-                mask = torch.zeros(context, dtype=torch.bool)
-                speech, frame = talker.open(
-                    voice, rows(context), mask, rows(3), rows(3), rows(1), speaker
-                )
-                assert frame is not None
-                steps.append(FrameStep(speech, frame[1], rows(1)))
+            runner = asyncio.Runner()
+            loop, state = runner.run(opened(batch))
             for _ in range(2):
-                talker.frames(steps)
+                runner.run(frames(loop, state))
             activities = [ProfilerActivity.CPU] if dry else [ProfilerActivity.CUDA]
             with profile(activities=activities) as prof:
                 for _ in range(FRAMES):
-                    talker.frames(steps)
+                    runner.run(frames(loop, state))
                 if not dry:
                     torch.cuda.synchronize(device)
             kernels: dict[str, list[float]] = defaultdict(list)
@@ -94,6 +129,8 @@ def main() -> None:
                 ),
                 flush=True,
             )
+            runner.run(loop.stop())
+            runner.close()
 
 
 if __name__ == "__main__":

@@ -23,8 +23,10 @@ Work submitted while a step runs joins the next one. After each step the loop le
 event loop turn once, so that a session woken by the step's results can queue its next
 work before the next schedule (as :class:`~.batcher.Batcher` does, for the same
 reason). A request's computed length is only moved by the loop itself (the step's
-update) and by :meth:`StepLoop.rewind` between works (a clear, a rollback or a
-truncation), never by two owners.
+update) and by :meth:`StepLoop.rewind` (a clear, a rollback or a truncation), which
+takes effect in the request's order: at once if nothing is queued or running on it,
+else after the work queued before it, so a session that moves on from a step it gave
+up (a cancelled frame still in the running step) needs no wait.
 
 A closed request's queued work fails with :class:`RequestClosedError`; a chunk of it in
 the step that is running is computed and dropped. Its slot goes back to the free list
@@ -40,7 +42,7 @@ import logging
 from collections import deque
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
-from typing import Generic, TypeVar
+from typing import Generic, TypeVar, cast
 
 from omni_actors.errors import EngineError
 
@@ -84,6 +86,8 @@ class Work(Generic[P, Out]):
     """Positions this work feeds (1 for a decode step)."""
     decode: bool
     future: asyncio.Future[list[Out]]
+    rewind: int | None = None
+    """A rewind queued behind earlier work: applied when reached (feeds nothing)."""
     done: int = 0
     """Positions fed so far (a prefill runs in chunks)."""
     outputs: list[Out] = field(default_factory=list)
@@ -214,15 +218,21 @@ class StepLoop(Generic[P, Out]):
     def rewind(self, request: Request[P, Out], position: int) -> None:
         """Forget ``request``'s positions from ``position`` on (a clear, a rollback, a
         truncation): the slot keeps them, nothing reads them, the next work overwrites.
+        With work queued or running on the request, it takes effect after that work
+        (module docstring), down to at most what the slot then holds.
 
         Raises:
-            ValueError: ``position`` is past what the slot holds, or work is queued or
-                running on the request (rewind between works only).
+            ValueError: ``position`` is negative, or past what the slot holds when
+                nothing is in flight.
         """
-        if not 0 <= position <= request.computed:
+        if position < 0 or (
+            not (request.queue or request.stepping) and position > request.computed
+        ):
             raise ValueError(f"cannot rewind {request.computed} positions to {position}")
         if request.queue or request.stepping:
-            raise ValueError(f"{self.name}: {request.id} has work in flight; rewind after it")
+            done: asyncio.Future[list[Out]] = asyncio.get_running_loop().create_future()
+            request.queue.append(Work(cast(P, None), 0, False, done, rewind=position))
+            return
         request.computed = position
 
     def submit(
@@ -319,8 +329,8 @@ class StepLoop(Generic[P, Out]):
         live: deque[Request[P, Out]] = deque()
         seen: set[int] = set()
         for request in self._waiting:
-            while request.queue and request.queue[0].future.done():  # withdrawn
-                request.queue.popleft()
+            while request.queue and (request.queue[0].future.done() or _rewinds(request)):
+                request.queue.popleft()  # withdrawn, or a rewind now applied
             if request.queue and not request.closed and id(request) not in seen:
                 seen.add(id(request))
                 live.append(request)
@@ -391,6 +401,16 @@ class StepLoop(Generic[P, Out]):
         request.queue.popleft()
         if not work.future.done():
             work.future.set_result(work.outputs)
+
+
+def _rewinds(request: Request[P, Out]) -> bool:
+    """Apply the rewind at the head of ``request``'s queue, if one is there."""
+    work = request.queue[0]
+    if work.rewind is None:
+        return False
+    request.computed = min(work.rewind, request.computed)
+    work.future.set_result([])
+    return True
 
 
 def _fail(future: asyncio.Future[Out], exc: BaseException) -> None:

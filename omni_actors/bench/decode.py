@@ -71,7 +71,7 @@ def _thinker(
         slots=plan.slots,
         max_context=plan.max_len,
         graphs=plan.graphs,
-        warm=plan.graphs,
+        warm=plan.warm,
     )
     vocab = int(thinker.text_config.vocab_size)
     greedy = Pick(True, Sampling(1 << 30, 0, 0.0, None))
@@ -184,57 +184,93 @@ def _talker(
     plan: Any,
     frame_compile: Any = None,
 ) -> dict[str, Any]:
-    from omni_actors.actors.engines.qwen3_omni.hf import DynamicCache
-    from omni_actors.actors.engines.qwen3_omni.talker_model import FrameStep, TalkerModel, Voice
+    import asyncio
+
+    from omni_actors.actors.engines.qwen3_omni.talker_model import (
+        Framed,
+        TalkerChunk,
+        TalkerFeed,
+        TalkerModel,
+    )
+    from omni_actors.actors.engines.step_loop import StepLoop
 
     started = time.perf_counter()
     talker = TalkerModel(
-        model, device, stop_at_codec_eos=False, static=plan, frame_compile=frame_compile
+        model,
+        device,
+        stop_at_codec_eos=False,
+        slots=plan.slots,
+        max_context=plan.max_len,
+        graphs=plan.graphs,
+        warm=plan.warm,
+        frame_compile=frame_compile,
     )
     load_s = round(time.perf_counter() - started, 1)
     width = int(talker.talker.config.thinker_hidden_size)
     dtype = next(talker.talker.parameters()).dtype
     speaker = next(iter(talker.speakers.values()))
     generator = torch.Generator().manual_seed(0)
+    eager = [False]
 
     def rows_of(n: int) -> torch.Tensor:
         return torch.randn(n, width, generator=generator, device="cpu").to(device, dtype)
 
-    def measure(batch: int) -> dict[str, float]:
-        frames: list[FrameStep] = []
-        for _ in range(batch):
-            voice = Voice(DynamicCache(config=talker.text_config))
+    async def execute(chunks: list[TalkerChunk]) -> list[Framed | None]:
+        return talker.step(chunks, eager=eager[0])
+
+    async def measure(batch: int) -> dict[str, float]:
+        loop: StepLoop[TalkerFeed, Framed | None] = StepLoop(
+            execute,
+            slots=plan.slots,
+            max_context=plan.max_len,
+            max_tokens_per_step=context + 9,
+            max_chunk=context + 9,
+            name="bench decode",
+        )
+        loop.start()
+        requests = [loop.open(f"s{i}") for i in range(batch)]
+        carries = []
+        for request in requests:
             mask = torch.zeros(context, dtype=torch.bool, device=device)
-            speech, frame = talker.open(
-                voice, rows_of(context), mask, rows_of(3), rows_of(3), rows_of(1), speaker
+            inputs = talker.opening_inputs(
+                rows_of(context), mask, rows_of(3), rows_of(3), rows_of(1), speaker
             )
-            assert frame is not None, "codec EOS is masked"
-            frames.append(FrameStep(speech, frame[1], rows_of(1)))
+            (*_, first) = await loop.submit(request, TalkerFeed(inputs, frame=True), len(inputs))
+            assert first is not None, "an opening makes a frame"
+            assert first.frame is not None, "codec EOS is masked"
+            carries.append(first.frame[1])
         text = rows_of(1)
 
-        def step(eager: bool) -> None:
-            for index, frame in enumerate(talker.frames(frames, eager=eager)):
-                assert frame is not None, "codec EOS is masked"
-                frames[index] = FrameStep(frames[index].speech, frame[1], text)
+        async def step() -> None:
+            futures = [
+                loop.submit(r, TalkerFeed(carry=c, text=text, frame=True), 1, decode=True)
+                for r, c in zip(requests, carries, strict=True)
+            ]
+            for index, future in enumerate(futures):
+                (framed,) = await future
+                assert framed is not None, "a frame step makes a frame"
+                assert framed.frame is not None, "codec EOS is masked"
+                carries[index] = framed.frame[1]
 
-        eager_ms = _timed(lambda: step(True), device, steps)
-        step(False)
-        static_ms = _timed(lambda: step(False), device, steps)
+        starts = [request.computed for request in requests]
+        eager_ms = await _timed_async(step, device, steps, eager, True, requests, starts)
+        await step()  # the graph of this shape (captured at load with warm)
+        static_ms = await _timed_async(step, device, steps, eager, False, requests, starts)
+        await loop.stop()
         return {"eager_ms": eager_ms, "static_ms": static_ms}
 
+    async def run_all() -> dict[str, Any]:
+        return {str(batch): await measure(batch) for batch in batches}
+
     with torch.device(device):
-        rows = {str(batch): measure(batch) for batch in batches}
-    return {"load_s": load_s, "compiled": talker.compiled, **_report(talker.static, rows)}
-
-
-def _report(static: Any, rows: dict[str, Any]) -> dict[str, Any]:
+        rows = asyncio.run(run_all())
     return {
+        "load_s": load_s,
+        "compiled": talker.compiled,
         "batches": rows,
-        "graphed": [list(key) for key in static.graphed],
-        "capture_s": {f"{b}x{s}": round(t, 3) for (b, s), t in static.capture_s.items()},
-        "slot_cache_gib": round(static.cache_bytes / 2**30, 3),
-        "evictions": static.evictions,
-        "fallbacks": static.fallbacks,
+        "graphed": [list(key) for key in talker.graphed],
+        "capture_s": {f"{b}x{s}": round(t, 3) for (b, s), t in talker.capture_s.items()},
+        "slot_cache_gib": round(talker.cache.nbytes / 2**30, 3),
     }
 
 

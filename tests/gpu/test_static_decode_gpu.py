@@ -11,10 +11,14 @@ import pytest
 import torch
 
 from omni_actors.actors.engines.qwen3_omni import weights
-from omni_actors.actors.engines.qwen3_omni.hf import DynamicCache
 from omni_actors.actors.engines.qwen3_omni.sampling import Sampling
 from omni_actors.actors.engines.qwen3_omni.static_decode import StaticPlan
-from omni_actors.actors.engines.qwen3_omni.talker_model import FrameStep, TalkerModel, Voice
+from omni_actors.actors.engines.qwen3_omni.talker_model import (
+    Framed,
+    TalkerChunk,
+    TalkerFeed,
+    TalkerModel,
+)
 from omni_actors.actors.engines.qwen3_omni.thinker_model import (
     Fed,
     Feeding,
@@ -95,47 +99,66 @@ def test_thinker_graphs_replay_the_eager_steps(release: Path) -> None:
 
 
 def talker_codes(model: TalkerModel) -> list[list[torch.Tensor]]:
+    """Five sessions opened, then frames in ``ROUNDS`` (rows join, leave and regroup)."""
     gen = torch.Generator(device=DEVICE).manual_seed(0)
     width = int(model.talker.config.thinker_hidden_size)
 
     def rows(n: int) -> torch.Tensor:
         return torch.randn(n, width, device=DEVICE, generator=gen).to(torch.bfloat16)
 
-    speaker = next(iter(model.speakers.values()))
-    steps, codes = [], []
-    for n in range(5):
-        voice = Voice(DynamicCache(config=model.text_config))
-        mask = torch.zeros(3 * (n + 1), dtype=torch.bool, device=DEVICE)
-        speech, frame = model.open(
-            voice, rows(3 * (n + 1)), mask, rows(3), rows(3), rows(1), speaker
+    async def execute(chunks: list[TalkerChunk]) -> list[Framed | None]:
+        return model.step(chunks)
+
+    async def run() -> list[list[torch.Tensor]]:
+        loop: StepLoop[TalkerFeed, Framed | None] = StepLoop(
+            execute, slots=5, max_context=512, max_tokens_per_step=512, max_chunk=64
         )
-        assert frame is not None
-        steps.append(FrameStep(speech, frame[1], rows(1)))
-        codes.append([frame[0]])
-    for group in ROUNDS:
-        frames = model.frames([steps[i] for i in group])
-        for i, frame in zip(group, frames, strict=True):
-            assert frame is not None
-            codes[i].append(frame[0])
-            steps[i] = FrameStep(steps[i].speech, frame[1], rows(1))
-    return codes
+        loop.start()
+        speaker = next(iter(model.speakers.values()))
+        requests, carries, codes = [], [], []
+        for n in range(5):
+            mask = torch.zeros(3 * (n + 1), dtype=torch.bool, device=DEVICE)
+            inputs = model.opening_inputs(
+                rows(3 * (n + 1)), mask, rows(3), rows(3), rows(1), speaker
+            )
+            request = loop.open(f"s{n}")
+            (*_, first) = await loop.submit(request, TalkerFeed(inputs, frame=True), len(inputs))
+            assert first is not None
+            assert first.frame is not None
+            requests.append(request)
+            carries.append(first.frame[1])
+            codes.append([first.frame[0]])
+        for group in ROUNDS:
+            text = rows(1)
+            steps = [
+                loop.submit(
+                    requests[i], TalkerFeed(carry=carries[i], text=text, frame=True), 1, decode=True
+                )
+                for i in group
+            ]
+            for i, step in zip(group, steps, strict=True):
+                (framed,) = await step
+                assert framed is not None
+                assert framed.frame is not None
+                codes[i].append(framed.frame[0])
+                carries[i] = framed.frame[1]
+        await loop.stop()
+        return codes
+
+    return asyncio.run(run())
 
 
-def test_talker_graphs_replay_the_eager_static_frames(release: Path) -> None:
+def test_talker_graphs_replay_the_eager_frames(release: Path) -> None:
     torch.cuda.set_device(DEVICE)
     graphed = TalkerModel(
-        release, DEVICE, stop_at_codec_eos=False, static=StaticPlan(4, 512, graphs=True)
+        release, DEVICE, stop_at_codec_eos=False, slots=5, max_context=512, max_rows=4, graphs=True
     )
-    eager = TalkerModel(
-        release, DEVICE, stop_at_codec_eos=False, static=StaticPlan(4, 512, graphs=False)
-    )
+    eager = TalkerModel(release, DEVICE, stop_at_codec_eos=False, slots=5, max_context=512)
     with torch.device(DEVICE):
         pairs = list(zip(talker_codes(graphed), talker_codes(eager), strict=True))
     for got, want in pairs:
         assert torch.equal(torch.cat(got), torch.cat(want))
-    decoder = graphed.static
-    assert decoder is not None
-    assert {batch for batch, _ in decoder.graphed} == {1, 2, 4}
+    assert {rows for rows, _ in graphed.graphed} == {1, 2, 4}
 
 
 def test_engines_on_cuda_decode_over_graphed_slots_by_default(release: Path) -> None:

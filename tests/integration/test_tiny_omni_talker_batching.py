@@ -1,11 +1,11 @@
-"""The talker steps the frames of concurrent sessions in shared forwards.
+"""The talker steps the frames of concurrent sessions in shared steps of its step loop.
 
-Two kinds of test, kept apart on purpose. Exactness is pinned where the batch is
-deterministic: :class:`TalkerModel` driven directly, three sessions of different cache
-lengths stepped in one padded batch, each frame compared with the same session stepped
-alone. Through the engine, which sessions share a forward depends on timing, so those
-tests assert structure only: frame counts, codes in range, forwards shared, bounded by
-``max_batch``, failures confined to the sessions of the failed forward.
+Two kinds of test, kept apart on purpose. Exactness is pinned where the steps are
+deterministic: :class:`TalkerModel` driven by a step loop directly, three sessions of
+different lengths stepped together (replayed from graphs, compiled or not), each frame
+compared with the same session stepped alone. Through the engine, which sessions share a
+step depends on timing, so those tests assert structure only: frame counts, codes in
+range, steps shared, failures confined to the sessions of the failed step.
 """
 
 from __future__ import annotations
@@ -23,6 +23,7 @@ import pytest
 pytest.importorskip("transformers")
 
 import torch
+from graph_standins import Captures
 from tiny_omni_ids import (
     PRINTABLE_RANGES,
     TINY_TALKER,
@@ -34,18 +35,17 @@ from omni_actors.actors.engines.qwen3_omni.frame_compile import (
     CompiledCodePredictor,
     FrameCompile,
 )
-from omni_actors.actors.engines.qwen3_omni.hf import DynamicCache
-from omni_actors.actors.engines.qwen3_omni.static_decode import StaticPlan
 from omni_actors.actors.engines.qwen3_omni.talker_engine import TalkerArgs, TalkerEngine
 from omni_actors.actors.engines.qwen3_omni.talker_input import ReplyInput
 from omni_actors.actors.engines.qwen3_omni.talker_model import (
     Frame,
-    FrameStep,
-    Speech,
+    Framed,
+    TalkerChunk,
+    TalkerFeed,
     TalkerModel,
-    Voice,
 )
 from omni_actors.actors.engines.qwen3_omni.thinker_engine import ThinkerArgs, ThinkerEngine
+from omni_actors.actors.engines.step_loop import Request, StepLoop
 from omni_actors.models import cache as model_cache
 
 pytestmark = pytest.mark.integration
@@ -112,7 +112,24 @@ def reply_input(outputs: list[Fields]) -> ReplyInput:
     return got
 
 
-# -- the padded batch, driven directly ---------------------------------------------------
+# -- sessions stepped together, driven directly ------------------------------------------
+
+Loop = StepLoop[TalkerFeed, Framed | None]
+
+
+def loop_over(model: TalkerModel) -> Loop:
+    async def execute(chunks: list[TalkerChunk]) -> list[Framed | None]:
+        return model.step(chunks)
+
+    loop: Loop = StepLoop(
+        execute,
+        slots=model.cache.slots,
+        max_context=model.cache.max_len,
+        max_tokens_per_step=8192,
+        max_chunk=4096,
+    )
+    loop.start()
+    return loop
 
 
 @dataclass
@@ -120,68 +137,96 @@ class SteppedReply:
     """One session's reply being stepped by the test."""
 
     got: ReplyInput
-    speech: Speech
+    request: Request[TalkerFeed, Framed | None]
     frame: Frame
     codes: list[torch.Tensor]
 
-    def step(self) -> FrameStep | None:
-        """The next frame's step, or None when the reply is over (EOS or all frames)."""
+    def feed(self) -> TalkerFeed | None:
+        """The next frame's work, or None when the reply is over (EOS or all frames)."""
         if self.frame is None or len(self.codes) >= 2 * len(self.got.embeds):
             return None
-        return FrameStep(self.speech, self.frame[1], self.got.text(len(self.codes)))
+        return TalkerFeed(carry=self.frame[1], text=self.got.text(len(self.codes)), frame=True)
 
-    def take(self, frame: Frame) -> None:
-        self.frame = frame
-        if frame is not None:
-            self.codes.append(frame[0])
-
-
-def open_reply(model: TalkerModel, outputs: list[Fields]) -> SteppedReply:
-    got = reply_input(outputs)
-    rows, mask = got.take_user()
-    assert got.opening is not None
-    assert got.tts is not None
-    voice = Voice(DynamicCache(config=model.text_config))
-    speaker = model.speakers["chelsie"]
-    speech, frame = model.open(voice, rows, mask, got.opening, got.tts, got.embeds[0], speaker)
-    reply = SteppedReply(got, speech, None, [])
-    reply.take(frame)
-    return reply
+    def take(self, framed: Framed | None) -> None:
+        assert framed is not None, "a frame step makes a frame"
+        self.frame = framed.frame
+        if self.frame is not None:
+            self.codes.append(self.frame[0])
 
 
-def speak(model: TalkerModel, replies: list[SteppedReply]) -> None:
-    """Step ``replies`` to their ends, every live one in each model call."""
-    while live := [(reply, step) for reply in replies if (step := reply.step()) is not None]:
-        frames = model.frames([step for _, step in live])
-        for (reply, _), frame in zip(live, frames, strict=True):
-            reply.take(frame)
+async def open_replies(
+    model: TalkerModel, loop: Loop, said: list[list[Fields]]
+) -> list[SteppedReply]:
+    """Each reply's user rows and assistant prefix, prefilled in one step; frame 0."""
+    replies, opened = [], []
+    for n, outputs in enumerate(said):
+        got = reply_input(outputs)
+        rows, mask = got.take_user()
+        assert got.opening is not None
+        assert got.tts is not None
+        speaker = model.speakers["chelsie"]
+        inputs = model.opening_inputs(rows, mask, got.opening, got.tts, got.embeds[0], speaker)
+        request = loop.open(f"s{n}")
+        opened.append(loop.submit(request, TalkerFeed(inputs, frame=True), len(inputs)))
+        replies.append(SteppedReply(got, request, None, []))
+    for reply, outputs in zip(replies, opened, strict=True):
+        reply.take((await outputs)[-1])
+    return replies
 
 
-def test_a_padded_batch_gives_each_session_its_solo_codes(
+async def step_together(loop: Loop, replies: list[SteppedReply]) -> bool:
+    """One frame of every live reply, queued together (so one step); False if none."""
+    live = [(reply, feed) for reply in replies if (feed := reply.feed()) is not None]
+    futures = [loop.submit(reply.request, feed, 1, decode=True) for reply, feed in live]
+    for (reply, _), future in zip(live, futures, strict=True):
+        (framed,) = await future
+        reply.take(framed)
+    return bool(live)
+
+
+async def speak(loop: Loop, replies: list[SteppedReply]) -> None:
+    """Step ``replies`` to their ends, every live one in each step."""
+    while await step_together(loop, replies):
+        pass
+
+
+async def solo_replies(model: TalkerModel, said: list[list[Fields]]) -> list[SteppedReply]:
+    replies = []
+    for outputs in said:
+        loop = loop_over(model)
+        (reply,) = await open_replies(model, loop, [outputs])
+        await speak(loop, [reply])
+        await loop.stop()
+        replies.append(reply)
+    return replies
+
+
+async def test_sessions_stepped_together_get_their_solo_codes(
     cache_dir: Path, said: list[list[Fields]]
 ) -> None:
-    """Sessions of different cache lengths (their user turns differ) stepped in one
-    forward get the frames each gets alone, EOS where it comes alone included.
+    """Sessions of different lengths (their user turns differ) stepped together get the
+    frames each gets alone, EOS where it comes alone included.
 
-    Exact codes, though the batch changes float sums in the last bits (the talker's
-    logits then differ from the solo run's by ~1e-7): with the seed-0 weights no pick on
-    these replies is that close to a tie. Should another CPU's arithmetic flip one,
-    compare the talker's logits within such a tolerance instead.
+    Exact codes, though a step of several changes float sums in the last bits (the
+    talker's logits then differ from the solo run's by ~1e-7): with the seed-0 weights no
+    pick on these replies is that close to a tie. Should another CPU's arithmetic flip
+    one, compare the talker's logits within such a tolerance instead.
     """
     model = TalkerModel(cache_dir / "tiny-omni" / "seed-0", stop_at_codec_eos=True)
-    alone = [open_reply(model, outputs) for outputs in said]
-    for reply in alone:
-        speak(model, [reply])
-    together = [open_reply(model, outputs) for outputs in said]
-    positions = {reply.speech.position for reply in together}
-    assert len(positions) == len(said)  # three cache lengths: padding in play
-    speak(model, together)
-    # The second row picks codec EOS and leaves the batch; the others go on to their ends.
+    alone = await solo_replies(model, said)
+    loop = loop_over(model)
+    together = await open_replies(model, loop, said)
+    assert len({reply.request.computed for reply in together}) == len(said)
+    await speak(loop, together)
+    stats = loop.statistics()
+    await loop.stop()
+    # The second row picks codec EOS and leaves the steps; the others go on to their ends.
     ended = [len(reply.codes) < 2 * len(reply.got.embeds) for reply in alone]
     assert ended == [False, True, False]
     assert len(alone[1].codes) < max(len(alone[0].codes), len(alone[2].codes))
     for solo, batched in zip(alone, together, strict=True):
         assert torch.equal(torch.cat(batched.codes), torch.cat(solo.codes))
+    assert stats.largest_step == len(said)
 
 
 # -- through the engine: structure -------------------------------------------------------
@@ -209,7 +254,7 @@ def tokens(outputs: list[Fields]) -> int:
 
 
 @pytest.mark.parametrize("max_batch", [16, 2])
-async def test_concurrent_sessions_share_forwards_up_to_max_batch(
+async def test_concurrent_sessions_share_steps(
     cache_dir: Path, said: list[list[Fields]], max_batch: int
 ) -> None:
     sessions = [said[i % len(said)] for i in range(6)]
@@ -218,24 +263,22 @@ async def test_concurrent_sessions_share_forwards_up_to_max_batch(
             asyncio.gather(*(frames(engine, f"s{i}", o) for i, o in enumerate(sessions))), 60.0
         )
         assert engine.generating == set()
-        batcher = engine.batcher
+        stats = engine.loop.statistics()
     for outputs, codes in zip(sessions, replies, strict=True):
         assert codes.shape == (2 * tokens(outputs), configs.DEFAULT_NUM_CODE_GROUPS)
         assert int(codes.min()) >= 0
         assert int(codes.max()) < configs.CODEBOOK_SIZE
-    # Frame 0 comes with each session's prefill; every later frame is a batcher step.
-    assert batcher.requests == sum(len(codes) - 1 for codes in replies)
-    assert 1 < batcher.largest <= max_batch
-    assert batcher.calls < 0.75 * batcher.requests  # most forwards were shared
+    # Frame 0 comes with each session's opening; every later frame is a frame row.
+    assert stats.decode_rows == sum(len(codes) - 1 for codes in replies)
+    assert stats.largest_step > 1
+    assert stats.steps < 0.75 * (stats.decode_rows + stats.prefill_chunks)  # mostly shared
 
 
-def fail_when_batched(layer: torch.nn.Module) -> Any:
-    forward = layer.forward
-
-    def failing(hidden: torch.Tensor, *args: Any, **kwargs: Any) -> Any:
-        if hidden.shape[0] > 1:
+def fail_when_shared(step: Any) -> Any:
+    def failing(chunks: list[TalkerChunk], **kwargs: Any) -> Any:
+        if len(chunks) > 1:
             raise RuntimeError("batched forward failed")
-        return forward(hidden, *args, **kwargs)
+        return step(chunks, **kwargs)
 
     return failing
 
@@ -243,12 +286,12 @@ def fail_when_batched(layer: torch.nn.Module) -> Any:
 async def test_a_failed_batch_fails_its_sessions_alone_and_each_rolls_back(
     cache_dir: Path, said: list[list[Fields]]
 ) -> None:
-    """Sessions in a failed forward fail (their user turns rolled back); the engine
-    serves the next responses, and a session stepping alone never failed."""
+    """Sessions in a failed step fail (their user turns rolled back); the engine serves
+    the next responses, and a session stepping alone never failed."""
     async with talker(cache_dir) as engine:
-        layer = engine._model.talker.model.layers[-1]
+        model = engine._model
         with pytest.MonkeyPatch.context() as patch:
-            patch.setattr(layer, "forward", fail_when_batched(layer))
+            patch.setattr(model, "step", fail_when_shared(model.step))
             outcomes = await asyncio.wait_for(
                 asyncio.gather(
                     *(frames(engine, f"s{i}", o) for i, o in enumerate(said)),
@@ -256,7 +299,7 @@ async def test_a_failed_batch_fails_its_sessions_alone_and_each_rolls_back(
                 ),
                 60.0,
             )
-            assert engine.batcher.largest > 1
+            assert engine.loop.statistics().largest_step > 1
             failed = [i for i, out in enumerate(outcomes) if isinstance(out, Exception)]
             assert failed, "no forward was shared"
             for index in failed:
@@ -272,20 +315,13 @@ async def test_a_failed_batch_fails_its_sessions_alone_and_each_rolls_back(
         assert codes.shape[0] == 2 * tokens(said[index])
 
 
-def speak_in(model: TalkerModel, replies: list[SteppedReply], groups: list[list[int]]) -> None:
-    """Step the first ``STATIC_FRAMES`` frames of ``replies``, each round one model call
-    per group of reply indices."""
+async def speak_in(loop: Loop, replies: list[SteppedReply], groups: list[list[int]]) -> None:
+    """Step the first ``STATIC_FRAMES`` frames of ``replies``, each round one step per
+    group of reply indices."""
     for _ in range(STATIC_FRAMES):
         for group in groups:
-            live = [
-                (reply, step)
-                for reply in (replies[i] for i in group)
-                if len(reply.codes) < STATIC_FRAMES and (step := reply.step()) is not None
-            ]
-            if live:
-                frames = model.frames([step for _, step in live])
-                for (reply, _), frame in zip(live, frames, strict=True):
-                    reply.take(frame)
+            live = [replies[i] for i in group if len(replies[i].codes) < STATIC_FRAMES]
+            await step_together(loop, live)
 
 
 STATIC_FRAMES = 16
@@ -295,36 +331,46 @@ STATIC_FRAMES = 16
 def solo(cache_dir: Path, said: list[list[Fields]]) -> list[SteppedReply]:
     """Each session's first frames, stepped alone and eagerly."""
     eager = TalkerModel(cache_dir / "tiny-omni" / "seed-0", stop_at_codec_eos=True)
-    replies = [open_reply(eager, outputs) for outputs in said]
-    speak_in(eager, replies, [[0], [1], [2]])
-    return replies
+
+    async def run() -> list[SteppedReply]:
+        replies = []
+        for outputs in said:
+            loop = loop_over(eager)
+            (reply,) = await open_replies(eager, loop, [outputs])
+            await speak_in(loop, [reply], [[0]])
+            await loop.stop()
+            replies.append(reply)
+        return replies
+
+    return asyncio.run(run())
 
 
-@pytest.mark.parametrize("case", ["room", "evict", "outgrow"])
-def test_static_slot_frames_give_each_session_its_solo_codes(
-    cache_dir: Path, said: list[list[Fields]], solo: list[SteppedReply], case: str
+@pytest.mark.parametrize("groups", [[[0, 1, 2]], [[0, 1], [2]]], ids=["three", "two-one"])
+async def test_frames_replayed_from_graphs_give_each_session_its_solo_codes(
+    cache_dir: Path, said: list[list[Fields]], solo: list[SteppedReply], groups: list[list[int]]
 ) -> None:
-    """Frames stepped over the static slot cache (eagerly on the CPU: the same steps a
-    GPU replays from graphs) equal each session's solo eager frames: all three sessions
-    in one step (``room``); two slots for three sessions, stepped two then one, so each
-    step settles an idle session's slot and takes it, and that session comes back from
-    its own cache (``evict``); a ``max_len`` the sessions outgrow mid-reply, after which
-    they step eagerly over their own caches (``outgrow``)."""
+    """Frame-only steps through a graph per (row bucket, span), captured at load by a
+    stand-in capture (the steps a GPU replays), equal each session's solo eager frames,
+    whichever sessions share a step."""
     path = cache_dir / "tiny-omni" / "seed-0"
-    opened = min(reply.speech.position - len(reply.codes) + 1 for reply in solo)
-    slots, max_len = {"room": (4, 4096), "evict": (2, 4096), "outgrow": (4, opened + 8)}[case]
-    static = TalkerModel(
-        path, stop_at_codec_eos=True, static=StaticPlan(slots, max_len, graphs=False)
+    captures = Captures()
+    graphed = TalkerModel(
+        path,
+        stop_at_codec_eos=True,
+        slots=4,
+        max_context=512,
+        max_rows=3,
+        graphs=True,
+        warm=True,
+        capture=captures,
     )
-    decoder = static.static
-    assert decoder is not None
-    together = [open_reply(static, outputs) for outputs in said]
-    groups = {"room": [[0, 1, 2]], "evict": [[0, 1], [2]], "outgrow": [[0], [1], [2]]}
-    speak_in(static, together, groups[case])
-    assert decoder.steps > 0
-    assert (decoder.fallbacks > 0) == (case == "outgrow")
-    if case != "outgrow":  # stepped alone, the outgrowing sessions share row 0
-        assert (decoder.evictions > 0) == (case == "evict")
+    assert graphed.graphed == [(rows, span) for rows in (1, 2, 3) for span in (256, 512)]
+    loop = loop_over(graphed)
+    together = await open_replies(graphed, loop, said)
+    before = captures.replays
+    await speak_in(loop, together, groups)
+    await loop.stop()
+    assert captures.replays > before
     for reply, alone in zip(together, solo, strict=True):
         assert len(reply.codes) == len(alone.codes) > 1
         assert torch.equal(torch.cat(reply.codes), torch.cat(alone.codes))
@@ -359,27 +405,35 @@ def fresh_compiles() -> Iterator[None]:
 def test_compiled_static_frames_give_the_uncompiled_codes(
     cache_dir: Path, said: list[list[Fields]], solo: list[SteppedReply], fused: bool
 ) -> None:
-    """The static frame step with its backbone layers and code-predictor steps compiled
+    """The frame-only step with its backbone layers and code-predictor steps compiled
     (the predictor's projections apart or fused) gives each session its solo codes,
-    stepped two then one in two slots (so the batch changes, and slots are evicted).
-    Every backbone layer runs one shared compiled graph: graphs are compiled per shape,
-    never per layer."""
+    stepped two then one (so the batch changes). Every backbone layer runs one shared
+    compiled graph: graphs are compiled per shape, never per layer."""
     path = cache_dir / "tiny-omni" / "seed-0"
     layers, predictor = Backend(), Backend()
     static = TalkerModel(
         path,
         stop_at_codec_eos=True,
-        static=StaticPlan(2, 4096, graphs=False),
+        slots=3,
         frame_compile=FrameCompile(layers, predictor=False),
     )
     static._predictor = CompiledCodePredictor(static.talker, predictor, fused=fused)
-    together = [open_reply(static, outputs) for outputs in said]
-    speak_in(static, together, [[0, 1], [2]])
+
+    async def run() -> list[SteppedReply]:
+        loop = loop_over(static)
+        replies = await open_replies(static, loop, said)
+        await speak_in(loop, replies, [[0, 1], [2]])
+        await loop.stop()
+        return replies
+
+    together = asyncio.run(run())
     for reply, alone in zip(together, solo, strict=True):
         assert torch.equal(torch.cat(reply.codes), torch.cat(alone.codes))
     assert static.compiled == {"layers": "compiled", "code_predictor": "compiled"}
     assert 2 <= len(layers.graphs) == len(set(layers.graphs)) < 2 * len(static.talker.model.layers)
-    assert 2 <= len(predictor.graphs) == len(set(predictor.graphs))
+    # The predictor's batch goes 2, 1, 2, ...: a size-1 batch is specialised apart from
+    # the dynamic one, so one shape may compile twice; never once per frame.
+    assert 2 <= len(set(predictor.graphs)) <= len(predictor.graphs) <= 3
 
 
 @pytest.mark.usefixtures("fresh_compiles")
@@ -391,14 +445,18 @@ def test_a_compile_that_fails_logs_once_and_runs_uncompiled(
 ) -> None:
     path = cache_dir / "tiny-omni" / "seed-0"
     static = TalkerModel(
-        path,
-        stop_at_codec_eos=True,
-        static=StaticPlan(4, 4096, graphs=False),
-        frame_compile=FrameCompile(Backend(fail=True)),
+        path, stop_at_codec_eos=True, slots=3, frame_compile=FrameCompile(Backend(fail=True))
     )
-    together = [open_reply(static, outputs) for outputs in said]
+
+    async def run() -> list[SteppedReply]:
+        loop = loop_over(static)
+        replies = await open_replies(static, loop, said)
+        await speak_in(loop, replies, [[0, 1, 2]])
+        await loop.stop()
+        return replies
+
     with caplog.at_level(logging.WARNING, "omni_actors.actors.engines.qwen3_omni.frame_compile"):
-        speak_in(static, together, [[0, 1, 2]])
+        together = asyncio.run(run())
     for reply, alone in zip(together, solo, strict=True):
         assert torch.equal(torch.cat(reply.codes), torch.cat(alone.codes))
     failed = "failed: BackendCompilerFailed: RuntimeError: no C++ compiler found"
@@ -411,12 +469,13 @@ def test_a_compile_that_fails_logs_once_and_runs_uncompiled(
 
 
 @pytest.mark.usefixtures("fresh_compiles")
-async def test_an_engine_over_the_static_cache_speaks_as_without_it(
+async def test_an_engine_speaks_as_each_session_alone_and_again_on_the_same_voice(
     cache_dir: Path, said: list[list[Fields]]
 ) -> None:
-    """Through the engine, with a static slot cache (forced on the CPU): three sessions'
-    replies, then a second reply of each on the same voice (its crop drops the first
-    reply's frames from the slot), give the codes they give without it."""
+    """Through the engine: three sessions' replies, then a second reply of each on the
+    same voice (its slot's length moved back to its user parts, dropping the first
+    reply's frames), give the codes each gives alone; so does the engine with its frame
+    step compiled."""
 
     async def speak(**extra: Any) -> list[torch.Tensor]:
         async with talker(cache_dir, max_batch=2, **extra) as engine:
@@ -426,18 +485,23 @@ async def test_an_engine_over_the_static_cache_speaks_as_without_it(
                     asyncio.gather(*(frames(engine, f"s{i}", o) for i, o in enumerate(said))),
                     120.0,
                 )
-            static = engine._model.static
-            if static is not None:
-                assert static.steps > 0
+            assert engine.loop.statistics().largest_step > 1
             if extra.get("compile_frame"):
                 compiled = {"layers": "compiled", "code_predictor": "compiled"}
                 assert engine._model.compiled == compiled
         return got
 
-    eager = await speak(static_cache=False)
-    for got, want in zip(await speak(static_cache=True), eager, strict=True):
+    async def alone() -> list[torch.Tensor]:
+        async with talker(cache_dir) as engine:
+            got = []
+            for _ in range(2):
+                got += [await frames(engine, f"s{i}", o) for i, o in enumerate(said)]
+        return got
+
+    eager = await alone()
+    for got, want in zip(await speak(), eager, strict=True):
         assert torch.equal(got, want)
     # Its frame step compiled (aot_eager: no compiler needed), as on a GPU by default.
-    compiled = await speak(static_cache=True, compile_frame=True, compile_backend="aot_eager")
+    compiled = await speak(compile_frame=True, compile_backend="aot_eager")
     for got, want in zip(compiled, eager, strict=True):
         assert torch.equal(got, want)

@@ -20,6 +20,7 @@ import pytest
 pytest.importorskip("transformers")
 
 import torch
+from graph_standins import Captures
 from tiny_omni_ids import PRINTABLE_RANGES, Tokens
 
 from omni_actors.actors.engines.contract import Fields
@@ -60,29 +61,6 @@ def cache_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def model(cache_dir: Path) -> ThinkerModel:
     path = cache_dir / "tiny-omni" / "seed-0"
     return ThinkerModel(path, allowed_token_ranges=PRINTABLE_RANGES, slots=4, max_context=256)
-
-
-class StandIn:
-    """A graph: ``replay`` recomputes the captured step into its outputs, in place."""
-
-    def __init__(self, fn: Any, inputs: tuple[torch.Tensor, ...]) -> None:
-        self.fn, self.inputs, self.outputs, self.replays = fn, inputs, fn(*inputs), 0
-
-    def replay(self) -> None:
-        self.replays += 1
-        for static, new in zip(self.outputs, self.fn(*self.inputs), strict=True):
-            static.copy_(new)
-
-
-class Captures:
-    """The capture the model's graphs are given: records each graph."""
-
-    def __init__(self) -> None:
-        self.graphs: list[StandIn] = []
-
-    def __call__(self, fn: Any, inputs: tuple[torch.Tensor, ...]) -> StandIn:
-        self.graphs.append(StandIn(fn, inputs))
-        return self.graphs[-1]
 
 
 def picks() -> list[Pick]:
@@ -231,7 +209,7 @@ async def test_decode_steps_replayed_from_graphs_pick_as_eager(cache_dir: Path) 
         == graphed.decode_keys()
         == [(rows, span) for rows in (1, 2, 3) for span in (256, 512)]
     )
-    replays = sum(graph.replays for graph in captures.graphs)
+    replays = captures.replays
     eager = ThinkerModel(path, allowed_token_ranges=PRINTABLE_RANGES, slots=4, max_context=512)
     prompts = [(p * 6)[:250] for p in PROMPTS]  # decoded past 256: both spans replay
 
@@ -247,7 +225,7 @@ async def test_decode_steps_replayed_from_graphs_pick_as_eager(cache_dir: Path) 
         return [tokens for tokens, _ in got]
 
     assert await run(graphed) == await run(eager)
-    assert sum(graph.replays for graph in captures.graphs) > replays
+    assert captures.replays > replays
 
 
 # -- through the engine: structure ---------------------------------------------------------

@@ -48,6 +48,7 @@ import torch
 from pydantic import BaseModel, Field
 
 from omni_actors.actors.engines.qwen3_omni import stepping
+from omni_actors.actors.engines.qwen3_omni.slot_cache import SlotStep
 from omni_actors.actors.engines.qwen3_omni.static_decode import (
     StepCache,
     attention_configs,
@@ -149,7 +150,8 @@ def _layer_forward(layer: torch.nn.Module, *args: Any, **kwargs: Any) -> Any:
 
 class CompiledLayers:
     """Decoder layers that run compiled while :meth:`active`, when called with a
-    :class:`~.static_decode.StepCache`; see the module docstring.
+    :class:`~.static_decode.StepCache` or a :class:`~.slot_cache.SlotStep`; see the module
+    docstring.
 
     Args:
         layers: the model's decoder layers, in order (a layer's index in its cache).
@@ -188,7 +190,7 @@ class CompiledLayers:
     def _forward(
         self, layer: torch.nn.Module, *args: Any, past_key_values: Any = None, **kwargs: Any
     ) -> Any:
-        if self.state.failed is None and isinstance(past_key_values, StepCache):
+        if self.state.failed is None and isinstance(past_key_values, (StepCache, SlotStep)):
             part = past_key_values.layer(self._index[id(layer)])
             try:
                 return self._compiled(layer, *args, past_key_values=part, **kwargs)

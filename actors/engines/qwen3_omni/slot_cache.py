@@ -42,7 +42,10 @@ import torch
 
 from omni_actors.actors.engines.qwen3_omni.hf import AttentionInterface, PreTrainedConfig
 
-__all__ = ["ATTENTION", "Segment", "SlotCache", "SlotStep"]
+__all__ = ["ATTENTION", "Segment", "SlotCache", "SlotStep", "row_buckets", "span_for"]
+
+GraphKey = tuple[int, int]
+"""(row bucket, span): the shape of a step of single positions, one graph each."""
 
 ATTENTION: Final = "omni-actors-slot-step"
 
@@ -141,6 +144,14 @@ class SlotCache:
             span=span_for(ends, self.max_len),
         )
 
+    def graph_keys(self, max_rows: int) -> list[GraphKey]:
+        """Every (row bucket, span) a step of at most ``max_rows`` single positions may
+        need, smallest first."""
+        sizes = row_buckets(max_rows)
+        rows = sorted({min(s for s in sizes if s >= n) for n in range(1, max_rows + 1)})
+        spans = sorted({span_for(n, self.max_len) for n in range(1, self.max_len + 1)})
+        return [(row, span) for row in rows for span in spans]
+
     def decode_step(self, slots: torch.Tensor, starts: torch.Tensor, span: int) -> SlotStep:
         """The ``past_key_values`` of a step of one position per row: row ``i`` at
         ``starts[i]`` of ``slots[i]`` (built from tensors only: capturable)."""
@@ -155,6 +166,17 @@ class SlotCache:
             longest=1,
             span=span,
         )
+
+
+def row_buckets(largest: int) -> tuple[int, ...]:
+    """The row counts a step of single positions is captured for: powers of two below
+    ``largest``, and ``largest``."""
+    sizes = []
+    size = 1
+    while size < largest:
+        sizes.append(size)
+        size *= 2
+    return (*sizes, largest)
 
 
 def span_for(needed: int, max_len: int) -> int:
@@ -218,7 +240,11 @@ class SlotStep:
         self, key: torch.Tensor, value: torch.Tensor, layer_idx: int, *_: Any, **__: Any
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """Store the step's keys and values [1, heads, T, dim]; the segments' slots."""
-        keys, values = self._cache.keys[layer_idx], self._cache.values[layer_idx]
+        return self._write(self._cache.keys[layer_idx], self._cache.values[layer_idx], key, value)
+
+    def _write(
+        self, keys: torch.Tensor, values: torch.Tensor, key: torch.Tensor, value: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         keys[self.token_slot, :, self.positions] = key[0].transpose(0, 1).to(keys.dtype)
         values[self.token_slot, :, self.positions] = value[0].transpose(0, 1).to(values.dtype)
         return (
@@ -229,6 +255,28 @@ class SlotStep:
     def get_seq_length(self, layer_idx: int = 0) -> int:
         """The span (transformers may ask; every position is passed explicitly)."""
         return self.span
+
+    def layer(self, index: int) -> SlotStep:
+        """Layer ``index``'s part alone, for that layer called by itself: it ignores the
+        layer index transformers passes, so a compiled decoder layer reads no index and
+        one compiled graph serves every layer (:mod:`.frame_compile`)."""
+        return _SlotLayer(self, index)
+
+
+class _SlotLayer(SlotStep):
+    """One layer of a :class:`SlotStep` (:meth:`SlotStep.layer`)."""
+
+    def __init__(self, whole: SlotStep, index: int) -> None:
+        vars(self).update(vars(whole))
+        # The layer's tensors, not its index: a compiled layer reading an index would
+        # be compiled again for every layer.
+        self._keys, self._values = whole._cache.keys[index], whole._cache.values[index]
+
+    def update(
+        self, key: torch.Tensor, value: torch.Tensor, layer_idx: int, *_: Any, **__: Any
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Store the step's keys and values in this layer, whatever ``layer_idx``."""
+        return self._write(self._keys, self._values, key, value)
 
 
 def _slot_attention(
@@ -242,20 +290,23 @@ def _slot_attention(
 ) -> tuple[torch.Tensor, None]:
     """Attention of a :class:`SlotStep`'s segments over their slots (module docstring):
     ``query`` [1, heads, T, dim], ``key``/``value`` [B, kv_heads, span, dim]."""
-    step: SlotStep = _current.step
+    assert attention_mask is not None, "a slot step passes its mask"
     batch = key.shape[0]
     flat = query[0].transpose(0, 1)  # [T, heads, dim]
-    if step.decode_only:
-        laid = flat[:, :, None]  # [B, heads, 1, dim]
-    else:
-        grid = flat.new_zeros(batch, step.longest, *flat.shape[1:])
-        grid[step.token_row, step.token_col] = flat
-        laid = grid.transpose(1, 2)
+    if attention_mask.shape[2] == 1:
+        # One position per segment: the layout is the flat one (nothing read from the
+        # step but its mask, so a compiled layer sees tensors only).
+        out = torch.nn.functional.scaled_dot_product_attention(
+            flat[:, :, None], key, value, attn_mask=attention_mask, scale=scaling, enable_gqa=True
+        )
+        return out.transpose(1, 2)[:, 0][None], None
+    step: SlotStep = _current.step
+    grid = flat.new_zeros(batch, step.longest, *flat.shape[1:])
+    grid[step.token_row, step.token_col] = flat
     out = torch.nn.functional.scaled_dot_product_attention(
-        laid, key, value, attn_mask=step.mask, scale=scaling, enable_gqa=True
+        grid.transpose(1, 2), key, value, attn_mask=attention_mask, scale=scaling, enable_gqa=True
     )
-    out = out.transpose(1, 2)  # [B, longest, heads, dim]
-    tokens = out[:, 0] if step.decode_only else out[step.token_row, step.token_col]
+    tokens = out.transpose(1, 2)[step.token_row, step.token_col]  # [T, heads, dim]
     return tokens[None], None
 
 

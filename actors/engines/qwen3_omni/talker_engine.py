@@ -28,19 +28,19 @@ where it started; release and abort drop the session. Frame ``k`` is conditioned
 tokens ``0 .. min(k, N - 1)``, so :meth:`TalkerEngine.truncate` maps kept frames to kept
 tokens one to one, capped at the reply's ``N``.
 
-Batching. Frames after the first are steps of a
-:class:`~omni_actors.actors.engines.batcher.Batcher` (step batches): the frames of
-every session that is waiting for one go into one talker forward (their KV caches
-left-padded to the longest, :mod:`.batched_step`) and one code-predictor loop, up to
-``max_batch`` sessions; a session whose frame is ready while a forward runs joins the next one.
-Prefills (user rows; the assistant prefix with frame 0) stay one session per forward. A
-session stepping alone runs exactly the single-session forwards, so the codes above
-equal HF's; in a batch of several, padding changes the shapes of the float sums, so a
-row's logits can differ from its solo run in the last bits, and a near-tied pick could
-flip (``tests/integration/test_tiny_omni_talker_batching.py`` pins a padded batch's
-codes against solo runs with the model driven directly; through the engine, where
-timing decides the batches, tests assert structure). A failed forward fails every
-session in it, each rolled back as above.
+Serving. Every forward is work on the engine's
+:class:`~omni_actors.actors.engines.step_loop.StepLoop`, as the thinker's: each step
+runs a frame row of every session whose next frame's text has come, and prefill chunks
+of user rows and of replies' openings, in one forward over the
+:class:`~.slot_cache.SlotCache` (one slot per session: the talker's only KV cache; a
+reply's frames are dropped by moving the session's length back to its user parts), then
+one code-predictor loop over every row that makes a frame. A frame whose token has not
+arrived is not asked for: the session waits for its input instead. A row's logits in a
+step of several can differ from its solo run in the last bits (other matmul shapes), so
+a near-tied pick could flip (``tests/integration/test_tiny_omni_talker_batching.py``
+pins the codes of sessions stepped together against solo runs with the model driven
+directly; through the engine, where timing decides the steps, tests assert structure).
+A failed step fails every session in it, each rolled back as above.
 
 A reply ends at codec EOS, as HF and a real checkpoint end their speech (or at
 ``max_frames``). tiny-omni's presets instead mask EOS and cap the reply at
@@ -57,16 +57,23 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import ClassVar
 
+import torch
 from pydantic import Field, field_validator, model_validator
 
-from omni_actors.actors.engines.batched_engine import BatchedTorchEngine
 from omni_actors.actors.engines.contract import Fields, ResponseOptions, Rule, response_options
 from omni_actors.actors.engines.qwen3_omni.family import DEFAULT_RELEASE
 from omni_actors.actors.engines.qwen3_omni.frame_compile import FrameCompileArgs
-from omni_actors.actors.engines.qwen3_omni.hf import DynamicCache
-from omni_actors.actors.engines.qwen3_omni.static_decode import StaticDecodeArgs, StaticPlan
+from omni_actors.actors.engines.qwen3_omni.static_decode import StaticDecodeArgs
 from omni_actors.actors.engines.qwen3_omni.talker_input import ReplyInput, TalkerInputError
-from omni_actors.actors.engines.qwen3_omni.talker_model import Frame, FrameStep, TalkerModel, Voice
+from omni_actors.actors.engines.qwen3_omni.talker_model import (
+    Framed,
+    TalkerChunk,
+    TalkerFeed,
+    TalkerModel,
+    Voice,
+)
+from omni_actors.actors.engines.step_loop import RequestClosedError
+from omni_actors.actors.engines.stepped_engine import StepLoopArgs, SteppedTorchEngine
 from omni_actors.actors.engines.thinker_ports import USER_EDITS_FIELD
 from omni_actors.actors.engines.torch_engine import AbortSignal, DeviceArgs, release_dir
 from omni_actors.models.family import WeightsArgs
@@ -74,7 +81,7 @@ from omni_actors.models.family import WeightsArgs
 __all__ = ["TalkerArgs", "TalkerEngine", "TalkerInputError"]
 
 
-class TalkerArgs(WeightsArgs, DeviceArgs, StaticDecodeArgs, FrameCompileArgs):
+class TalkerArgs(WeightsArgs, DeviceArgs, StaticDecodeArgs, FrameCompileArgs, StepLoopArgs):
     """The talker's arguments: ``seed`` and ``cache_dir`` locate its weights; the static
     slot cache's (:class:`StaticDecodeArgs`) and its frame step's compile
     (:class:`FrameCompileArgs`: on a GPU by default).
@@ -91,16 +98,15 @@ class TalkerArgs(WeightsArgs, DeviceArgs, StaticDecodeArgs, FrameCompileArgs):
             per token (see the module docstring).
         max_frames: the most frames of one reply (HF's ``talker_max_new_tokens``): a
             reply whose EOS never comes ends there.
-        max_batch: the most sessions whose frames share one forward (see the module
-            docstring): bounds how long one step takes, so a session's frame waits at
-            most for the forwards ahead of it; 1 steps every session on its own.
+        max_context: the most positions a session holds: its user turns and a reply's
+            frames (one position each, ``max_frames`` at most).
     """
 
     frames_per_token: int | None = Field(None, ge=1)
     speaker: str = "chelsie"
     stop_at_codec_eos: bool = Field(True, strict=True)
     max_frames: int = Field(4096, ge=1)
-    max_batch: int = Field(16, ge=1)
+    max_context: int = Field(8192, ge=2)
 
     @model_validator(mode="after")
     def _ends(self) -> TalkerArgs:
@@ -117,7 +123,7 @@ class TalkerArgs(WeightsArgs, DeviceArgs, StaticDecodeArgs, FrameCompileArgs):
         return speaker.lower()
 
 
-class TalkerEngine(BatchedTorchEngine[Voice, FrameStep, Frame]):
+class TalkerEngine(SteppedTorchEngine[Voice, TalkerFeed, Framed | None]):
     """Codec frames for the thinker's tokens, conditioned on the conversation's user turns.
 
     Inputs (any subset per chunk; see the module docstring): ``user`` [n, H] and
@@ -154,22 +160,28 @@ class TalkerEngine(BatchedTorchEngine[Voice, FrameStep, Frame]):
         self.max_frames = args.max_frames
         self.stop_at_codec_eos = args.stop_at_codec_eos
         self.speaker = args.speaker
-        self._static_args = args
+        self._args = args
         super().__init__(
             release_dir(DEFAULT_RELEASE, args, "talker"),
             "talker",
-            max_batch=args.max_batch,
-            batcher_name="talker frames",
-            device=args.device,
+            args.device,
+            args=args,
+            max_context=args.max_context,
         )
 
     def _load(self, path: Path) -> None:
+        args = self._args
+        graphs = self.device.type == "cuda" and args.static_cache is not False
         model = TalkerModel(
             path,
             self.device,
             stop_at_codec_eos=self.stop_at_codec_eos,
-            static=StaticPlan.of(self._static_args, self.device, self._static_args.max_batch),
-            frame_compile=self._static_args.frame_compile(self.device),
+            slots=args.max_sessions,
+            max_context=args.max_context,
+            max_rows=args.max_batch,
+            graphs=graphs,
+            warm=graphs and args.warm_graphs,
+            frame_compile=args.frame_compile(self.device),
         )
         if self.speaker not in model.speakers:
             raise ValueError(
@@ -183,8 +195,25 @@ class TalkerEngine(BatchedTorchEngine[Voice, FrameStep, Frame]):
         """The voices ``speaker`` and a response's ``voice`` may name (once started)."""
         return sorted(self._model.speakers)
 
-    def _run_steps(self, steps: list[FrameStep]) -> list[Frame]:
-        return self._model.frames(steps)
+    def _step(self, chunks: list[TalkerChunk]) -> list[Framed | None]:
+        return self._model.step(chunks)
+
+    async def _prefill_user(self, voice: Voice, rows: torch.Tensor, mask: torch.Tensor) -> None:
+        """Append user rows to the session's user parts."""
+        voice.crop()
+        inputs = await self.call(self._model.user_inputs, rows, mask)
+
+        def then() -> None:
+            voice.user += rows.shape[0]
+
+        await self.feed(voice, TalkerFeed(inputs=inputs), rows.shape[0], lambda _: then())
+
+    @staticmethod
+    def _take_back(voice: Voice, count: int) -> None:
+        """The session's last ``count`` user positions go (the thinker took their rows
+        back)."""
+        voice.user -= count
+        voice.crop()
 
     # -- introspection -------------------------------------------------------------------
 
@@ -212,13 +241,13 @@ class TalkerEngine(BatchedTorchEngine[Voice, FrameStep, Frame]):
         """
         voice = self._sessions.get(session)
         if voice is None:
-            voice = self._sessions[session] = Voice(DynamicCache(config=self._model.text_config))
+            voice = self._sessions[session] = Voice(self.loop.open(session), self.loop)
         if voice.signal is not None:
             raise ValueError(f"session {session!r} is already generating")
         signal = voice.signal = AbortSignal()
         start, last_reply = voice.user, voice.reply
         got = ReplyInput()
-        step: asyncio.Future[Frame] | None = None
+        step: asyncio.Future[list[Framed | None]] | None = None
         failed = False
         try:
             if not await self._listen(voice, signal, inputs, got) or not got.embeds:
@@ -230,33 +259,48 @@ class TalkerEngine(BatchedTorchEngine[Voice, FrameStep, Frame]):
                     "carry them with the first embed"
                 )
             if dropped := got.take_dropped():
-                await self.call(self._model.take_back, voice, dropped)
+                self._take_back(voice, dropped)
             rows, mask = got.take_user()
-            speech, frame = await self.call(
-                self._model.open, voice, rows, mask, got.opening, got.tts, got.embeds[0], speaker
+            voice.crop()
+            prefix = await self.call(
+                self._model.opening_inputs, rows, mask, got.opening, got.tts, got.embeds[0], speaker
             )
+
+            def opened() -> None:
+                voice.user += rows.shape[0]
+
+            feed = TalkerFeed(inputs=prefix, frame=True)
+            (*_, first) = await self.feed(voice, feed, prefix.shape[0], lambda _: opened())
+            assert first is not None, "an opening makes frame 0"
+            frame = first.frame
             produced = 0
             while frame is not None and not signal.aborted:
                 codes, carry = frame
                 produced += 1
                 if got.known(produced) and not self._done(got, produced):
                     # Start the next frame before handing this one out (see the thinker).
-                    step = self.batcher.submit(FrameStep(speech, carry, got.text(produced)))
+                    step = self._frame(voice, carry, got.text(produced))
                 yield {"codes": codes}
                 if step is None:
                     if not await self._wait_for(signal, inputs, got, produced):
                         return
                     if self._done(got, produced):
                         return
-                    step = self.batcher.submit(FrameStep(speech, carry, got.text(produced)))
-                frame = await step
+                    step = self._frame(voice, carry, got.text(produced))
+                (framed,) = await step
                 step = None
+                assert framed is not None, "a frame step makes a frame"
+                frame = framed.frame
+        except RequestClosedError:
+            if not signal.aborted:
+                failed = True
+                raise
         except Exception:
             failed = True
             raise
         finally:
             if step is not None and not step.done():
-                step.cancel()  # its forward only extends the reply's part of the cache
+                step.cancel()  # its forward only extends the reply's part of the slot
             voice.signal = None
             if self._sessions.get(session) is voice:
                 if failed:
@@ -276,11 +320,18 @@ class TalkerEngine(BatchedTorchEngine[Voice, FrameStep, Frame]):
             if got.embeds:
                 break  # what is left goes with the assistant prefix, in one forward
             if dropped := got.take_dropped():
-                await self.call(self._model.take_back, voice, dropped)
+                self._take_back(voice, dropped)
             if got.user:
                 rows, mask = got.take_user()
-                await self.call(self._model.prefill_user, voice, rows, mask)
+                await self._prefill_user(voice, rows, mask)
         return not signal.aborted
+
+    def _frame(
+        self, voice: Voice, carry: torch.Tensor, text: torch.Tensor
+    ) -> asyncio.Future[list[Framed | None]]:
+        """The session's next frame, as a frame row of a step."""
+        feed = TalkerFeed(carry=carry, text=text, frame=True)
+        return self.loop.submit(voice.request, feed, 1, decode=True)
 
     def _speaker_id(self, options: ResponseOptions) -> int:
         name = (options.voice or self.speaker).lower()

@@ -1,19 +1,15 @@
-"""``TalkerModel``: the loaded talker and every forward the talker engine runs.
+"""``TalkerModel``: the loaded talker and the one step its engine's loop runs.
 
-Everything here runs in the engine's model thread (``TorchEngine.call``), one call at a
-time. Prefills run per session, on its :class:`Voice`; :meth:`TalkerModel.frames` steps
-the replies of several sessions in one call: one talker forward over their caches
-(left-padded, :mod:`.batched_step`), then the code predictor's loop over every row at
-once (its cache is fresh per frame and as long for every row, so it needs no padding).
-A call with one session runs the single-session forwards of :mod:`.stepping`, so a
-session stepping alone gets exactly HF's codes.
-
-With a static slot cache (:mod:`.static_decode`) a frame is instead one step over it:
-the talker step, its codec head, the first code and the code predictor's loop, all
-replayed as one CUDA graph per batch and span bucket on a GPU, its backbone layers and
-code-predictor steps compiled first where asked (:mod:`.frame_compile`). A reply's
-frames then live in the session's slot only: the next prefill crops them away anyway,
-so it drops the slot rather than settling it.
+Everything here runs in the engine's model thread (``TorchEngine.call``). The engine's
+:class:`~omni_actors.actors.engines.step_loop.StepLoop` decides what each step feeds: a
+frame row of every session whose next frame's text has come, and prefill chunks of the
+sessions whose user rows (or a reply's opening: the user rows left and the 9-position
+assistant prefix) are waiting. :meth:`TalkerModel.step` runs the step as one talker
+forward over the :class:`~.slot_cache.SlotCache`, the talker's only KV cache, then the
+codec head and the code predictor over every row that makes a frame (batched: its cache
+is fresh per frame and as long for every row). A step of frames alone is one CUDA graph
+per (row bucket, span) on a GPU: the talker step, its codec head, the first code and the
+code predictor's loop.
 """
 
 from __future__ import annotations
@@ -28,23 +24,29 @@ from typing import Any, Final, cast
 import torch
 
 from omni_actors.actors.engines.qwen3_omni import layout, stepping, weights
-from omni_actors.actors.engines.qwen3_omni.batched_step import talker_steps
 from omni_actors.actors.engines.qwen3_omni.code_predictor_graph import GraphedCodePredictor
 from omni_actors.actors.engines.qwen3_omni.frame_compile import (
     CompiledCodePredictor,
     CompiledLayers,
     FrameCompile,
 )
+from omni_actors.actors.engines.qwen3_omni.graphs import Capture, ShapeGraphs, bucket
 from omni_actors.actors.engines.qwen3_omni.hf import (
-    DynamicCache,
     PreTrainedConfig,
     Qwen3OmniMoeTalkerForConditionalGeneration,
 )
-from omni_actors.actors.engines.qwen3_omni.static_decode import StaticDecoder, StaticPlan, StepCache
+from omni_actors.actors.engines.qwen3_omni.slot_cache import (
+    Segment,
+    SlotCache,
+    row_buckets,
+    span_for,
+)
+from omni_actors.actors.engines.qwen3_omni.static_decode import attention_configs
+from omni_actors.actors.engines.step_loop import Chunk, Request, StepLoop
 from omni_actors.actors.engines.torch_engine import AbortSignal
 from omni_actors.errors import ModelFileError
 
-__all__ = ["PREFIX", "Frame", "FrameStep", "Speech", "TalkerModel", "Voice"]
+__all__ = ["PREFIX", "Frame", "Framed", "TalkerChunk", "TalkerFeed", "TalkerModel", "Voice"]
 
 PREFIX: Final = 9
 """Positions of the assistant prefix (``stepping.talker_assistant_prefix``)."""
@@ -57,14 +59,16 @@ Frame = tuple[torch.Tensor, torch.Tensor] | None
 class Voice:
     """One session's talker state, kept across responses until release or abort.
 
-    ``cache`` holds the conversation's user parts in its first ``user`` positions, then
-    possibly the last reply's assistant part, which the next model call crops away.
-    ``user`` is only changed in the model thread (a prefill still running there when its
-    response was cancelled keeps it in step with the cache), except by a failed
-    response's rollback, when nothing that changes it can still be running.
+    Its slot holds the conversation's user parts in its first ``user`` positions, then
+    possibly the last reply's assistant part, which the next feed drops (:meth:`crop`).
+    ``user`` moves when a feed of user rows is done (also for a response cancelled
+    meanwhile: the slot and ``user`` never disagree), by ``take_back``, and by a failed
+    response's rollback.
     """
 
-    cache: DynamicCache
+    request: Request[Any, Any]
+    """The session's request in the engine's step loop (its slot and length)."""
+    loop: StepLoop[Any, Any]
     user: int = 0
     reply: int | None = None
     """Tokens of the last reply (what ``truncate`` caps at); None before the first."""
@@ -72,54 +76,54 @@ class Voice:
     """Set while a response is generating."""
 
     def crop(self) -> None:
-        """Model thread: drop whatever follows the user parts.
-
-        Layer by layer: a forward that failed part-way leaves its first layers longer.
-        A negative ``crop`` removes that many positions on every supported transformers
-        release (a positive one changed meaning across them).
-        """
-        # Typed differently across releases; each has get_seq_length and crop.
-        layers: list[Any] = list(self.cache.layers)
-        for layer in layers:
-            extra = int(layer.get_seq_length()) - self.user
-            if extra > 0:
-                layer.crop(-extra)
-
-
-@dataclass
-class Speech:
-    """One reply's frame loop state: the next position to fill."""
-
-    cache: DynamicCache
-    position: int
+        """Drop whatever follows the user parts (in order behind work in flight)."""
+        self.loop.rewind(self.request, self.user)
 
 
 @dataclass(frozen=True, slots=True)
-class FrameStep:
-    """One session's next frame: the previous frame's codes embedded, this frame's text."""
+class TalkerFeed:
+    """A work's payload: prefill ``inputs``, or one frame from ``carry`` and ``text``."""
 
-    speech: Speech
-    carry: torch.Tensor
-    """[1, 1, Ht] the previous frame's ``next_input``."""
-    text: torch.Tensor
+    inputs: torch.Tensor | None = None
+    """[L, Ht] the positions' input embeddings (a prefill)."""
+    carry: torch.Tensor | None = None
+    """[1, 1, Ht] the previous frame's ``next_input`` (a frame step)."""
+    text: torch.Tensor | None = None
     """[1, H] the frame's text input (``ReplyInput.text``)."""
+    frame: bool = False
+    """Make a frame at the work's last position."""
+
+
+@dataclass(frozen=True, slots=True)
+class Framed:
+    """A frame made at a chunk's last position."""
+
+    frame: Frame
+
+
+TalkerChunk = Chunk[TalkerFeed, Framed | None]
 
 
 class TalkerModel:
-    """The talker of a prepared tiny-omni directory, loaded (in the model thread).
+    """The talker of a release, loaded (in the model thread).
 
     Args:
         path: the release directory (:mod:`.weights`).
         stop_at_codec_eos: let a frame end the reply at codec EOS (else EOS is masked).
-        static: step frames over a static slot cache so built; None: eagerly over the
-            sessions' own caches.
-        frame_compile: what of the static frame step to ``torch.compile`` (None:
-            nothing); without ``static``, nothing is.
+        slots: sessions the KV cache holds at once.
+        max_context: the most positions one session holds.
+        max_rows: the most frame rows one step runs (its largest graph).
+        graphs: replay frame-only steps from CUDA graphs (CUDA only).
+        warm: capture every frame graph at load.
+        capture: how graphs are captured (tests pass a stand-in on a machine without a GPU).
+        frame_compile: what of the frame-only step to ``torch.compile`` before its graphs
+            are captured (None: nothing; :mod:`.frame_compile`).
 
     Attributes:
-        text_config: the text model's config (what a session's ``DynamicCache`` needs).
+        text_config: the text model's config.
         speakers: codec id per voice name (lower case): the checkpoint's
             ``talker_config.speaker_id``.
+        cache: the KV slots.
     """
 
     def __init__(
@@ -128,14 +132,30 @@ class TalkerModel:
         device: torch.device | None = None,
         *,
         stop_at_codec_eos: bool,
-        static: StaticPlan | None = None,
+        slots: int = 4,
+        max_context: int = 4096,
+        max_rows: int | None = None,
+        graphs: bool = False,
+        warm: bool = False,
+        capture: Capture | None = None,
         frame_compile: FrameCompile | None = None,
     ) -> None:
+        device = device or torch.device("cpu")
         talker = weights.load(path, "talker", device=device)
         assert isinstance(talker, Qwen3OmniMoeTalkerForConditionalGeneration)
-        # On a GPU the code predictor is launch-bound: replay it from CUDA graphs.
+        self._layers: CompiledLayers | None = None
+        self._predictor: CompiledCodePredictor | None = None
+        if frame_compile is not None:
+            if frame_compile.backbone:
+                self._layers = CompiledLayers(talker.model.layers, frame_compile.backend)
+            if frame_compile.predictor:
+                self._predictor = CompiledCodePredictor(
+                    talker, frame_compile.backend, fused=frame_compile.fused
+                )
+        # Steps that mix prefills with frames run eagerly; their code predictor is
+        # launch-bound on a GPU: replay it from CUDA graphs there.
         self._code_frame: Callable[[torch.Tensor, torch.Tensor], tuple[torch.Tensor, torch.Tensor]]
-        if device is not None and device.type == "cuda":
+        if device.type == "cuda":
             graphed = GraphedCodePredictor(talker)
             graphed.warm(1)  # a lone session's first frame does not wait for a capture
             self._code_frame = graphed
@@ -152,125 +172,32 @@ class TalkerModel:
         self.speakers = {str(name).lower(): int(code) for name, code in speakers.items()}
         self._vocab = int(self.text_config.vocab_size)
         self._codec_eos = int(cfg.codec_eos_token_id)
-        self._static: StaticDecoder | None = None
-        self._layers: CompiledLayers | None = None
-        self._predictor: CompiledCodePredictor | None = None
-        if static is not None and frame_compile is not None:
-            if frame_compile.backbone:
-                self._layers = CompiledLayers(talker.model.layers, frame_compile.backend)
-            if frame_compile.predictor:
-                self._predictor = CompiledCodePredictor(
-                    talker, frame_compile.backend, fused=frame_compile.fused
-                )
-        if static is not None:
-            self._static = StaticDecoder(
-                talker.model,
-                self.text_config,
-                self._static_frame,
-                slots=static.slots,
-                max_len=static.max_len,
-                device=device or torch.device("cpu"),
-                dtype=next(talker.parameters()).dtype,
-                graphs=static.graphs,
-                name="talker frame",
-            )
-            if static.warm:
-                dtype = next(talker.parameters()).dtype
-                width = int(self.text_config.hidden_size)
-                text = int(cfg.thinker_hidden_size)
-                self._static.warm([((1, width), dtype), ((text,), dtype)])
+        self.device = device
+        self._dtype = next(talker.parameters()).dtype
+        self.cache = SlotCache(
+            self.text_config, slots=slots, max_len=max_context, device=device, dtype=self._dtype
+        )
+        self.max_rows = min(max_rows or slots, slots)
+        # The attention of the backbone reads the step's slots (not the code
+        # predictor's, a model of its own with its own fresh cache per frame).
+        self._configs = attention_configs(talker.model)
+        if graphs and device.type != "cuda" and capture is None:
+            raise ValueError(f"graphs need a CUDA device, not {device}")
+        self._graphs: ShapeGraphs[tuple[int, int]] | None = (
+            ShapeGraphs("talker frame", capture=capture) if graphs else None
+        )
+        self._frame_inputs: dict[tuple[int, int], list[torch.Tensor]] = {}
+        if self._graphs is not None and warm:
+            self.warm()
 
     @property
     def talker(self) -> Qwen3OmniMoeTalkerForConditionalGeneration:
         """The HF talker (tests reach its layers to inject failures)."""
         return self._talker
 
-    def _user_part(self, rows: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-        return stepping.talker_user_part(self._talker, rows[None], rows[None], mask[None])
-
-    @torch.no_grad()
-    def prefill_user(self, voice: Voice, rows: torch.Tensor, mask: torch.Tensor) -> None:
-        """Append user rows to the session's user parts."""
-        self._drop(voice)
-        voice.crop()
-        stepping.talker_forward(self._talker, self._user_part(rows, mask), voice.cache, voice.user)
-        voice.user += rows.shape[0]
-
-    def take_back(self, voice: Voice, count: int) -> None:
-        """The session's last ``count`` user positions go (the thinker took their rows
-        back): cropped now, as a rollback crops them."""
-        self._drop(voice)
-        voice.user -= count
-        voice.crop()
-
-    @torch.no_grad()
-    def open(
-        self,
-        voice: Voice,
-        rows: torch.Tensor,
-        mask: torch.Tensor,
-        opening: torch.Tensor,
-        tts: torch.Tensor,
-        first: torch.Tensor,
-        speaker: int,
-    ) -> tuple[Speech, Frame]:
-        """Prefill the user rows left + the assistant prefix (holding token 0); frame 0."""
-        self._drop(voice)
-        voice.crop()
-        talker = self._talker
-        first_four = torch.cat((opening, first))[None]
-        bos_pad = (tts[None, 0:1], tts[None, 2:3])
-        inputs = stepping.talker_assistant_prefix(talker, first_four, bos_pad, speaker)
-        if rows.shape[0]:
-            inputs = torch.cat((self._user_part(rows, mask), inputs), dim=1)
-        hidden, logits = stepping.talker_forward(talker, inputs, voice.cache, voice.user)
-        voice.user += rows.shape[0]
-        (frame,) = self._complete(hidden, logits)
-        return Speech(voice.cache, voice.user + PREFIX), frame
-
-    @torch.no_grad()
-    def frames(self, steps: list[FrameStep], *, eager: bool = False) -> list[Frame]:
-        """One talker step per session (the previous frame's codes plus this frame's
-        text), all in one forward, then each row's codes: over the static cache when
-        there is one and the sessions fit it, unless ``eager`` (a benchmark compares)."""
-        talker = self._talker
-        carry = torch.cat([step.carry for step in steps])
-        text = torch.cat([step.text for step in steps])
-        speeches = [step.speech for step in steps]
-        positions = [speech.position for speech in speeches]
-        if not eager and self._static is not None and self._static.fits(positions):
-            caches = [speech.cache for speech in speeches]
-            codes, carries = self._static.run(caches, positions, [carry, text])
-            for speech in speeches:
-                speech.position += 1
-            ends = (codes[:, 0] == self._codec_eos).tolist()
-            return [
-                None if end else (codes[row : row + 1], carries[row : row + 1])
-                for row, end in enumerate(ends)
-            ]
-        if self._static is not None:
-            for speech in speeches:
-                self._static.settle(speech.cache)
-        inputs = carry + talker.text_projection(text[:, None])
-        if len(steps) == 1:
-            (speech,) = speeches
-            hidden, logits = stepping.talker_forward(talker, inputs, speech.cache, speech.position)
-        else:
-            caches = [speech.cache for speech in speeches]
-            positions = [speech.position for speech in speeches]
-            hidden, logits = talker_steps(talker, inputs, caches, positions)
-        for speech in speeches:
-            speech.position += 1
-        return self._complete(hidden, logits)
-
-    @property
-    def static(self) -> StaticDecoder | None:
-        """The static slot cache decode steps run over, if any."""
-        return self._static
-
     @property
     def compiled(self) -> dict[str, str]:
-        """Per region of the static frame step (``layers``, ``code_predictor``):
+        """Per region of the frame-only step (``layers``, ``code_predictor``):
         ``compiled``, ``off``, or why it runs uncompiled after its compile failed."""
         regions = {"layers": self._layers, "code_predictor": self._predictor}
         return {
@@ -282,28 +209,170 @@ class TalkerModel:
             for name, region in regions.items()
         }
 
-    def _drop(self, voice: Voice) -> None:
-        """Forget the frames the last reply stepped in a static slot (cropped next)."""
-        if self._static is not None:
-            self._static.drop(voice.cache)
+    @torch.no_grad()
+    def user_inputs(self, rows: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        """[n, Ht] the talker's inputs for user rows [n, H] (``stepping.talker_user_part``)."""
+        return stepping.talker_user_part(self._talker, rows[None], rows[None], mask[None])[0]
 
-    def _static_frame(
-        self, cache: StepCache, positions: torch.Tensor, carry: torch.Tensor, text: torch.Tensor
-    ) -> tuple[torch.Tensor, ...]:
-        """The static frame step: ``(codes [B, groups], next_input [B, 1, Ht])``, codes
-        of a row at codec EOS start with EOS (the caller ends that reply)."""
+    @torch.no_grad()
+    def opening_inputs(
+        self,
+        rows: torch.Tensor,
+        mask: torch.Tensor,
+        opening: torch.Tensor,
+        tts: torch.Tensor,
+        first: torch.Tensor,
+        speaker: int,
+    ) -> torch.Tensor:
+        """[n + 9, Ht] the user rows left and the assistant prefix (holding token 0)."""
+        first_four = torch.cat((opening, first))[None]
+        bos_pad = (tts[None, 0:1], tts[None, 2:3])
+        inputs = stepping.talker_assistant_prefix(self._talker, first_four, bos_pad, speaker)[0]
+        if rows.shape[0]:
+            inputs = torch.cat((self.user_inputs(rows, mask), inputs))
+        return inputs
+
+    # -- the step -----------------------------------------------------------------------
+
+    def frame_keys(self) -> list[tuple[int, int]]:
+        """Every (row bucket, span) a frame-only step may need, smallest first."""
+        return self.cache.graph_keys(self.max_rows)
+
+    @property
+    def graphed(self) -> list[tuple[int, int]]:
+        """(row bucket, span) pairs replayed from a graph."""
+        return sorted(self._graphs.graphed) if self._graphs is not None else []
+
+    @property
+    def capture_s(self) -> dict[tuple[int, int], float]:
+        """Seconds each (row bucket, span) took to capture and check."""
+        return dict(self._graphs.capture_s) if self._graphs is not None else {}
+
+    @torch.no_grad()
+    def warm(self) -> list[tuple[int, int]]:
+        """Capture every frame graph now (at load, while nothing else runs on the
+        device): steps the scratch row only."""
+        if self._graphs is None:
+            return []
+        for key in self.frame_keys():
+            static = self._static_inputs(key)
+            self._graphs.capture(key, functools.partial(self._frame_step, key[1]), *static)
+        return self.graphed
+
+    @torch.no_grad()
+    def step(self, chunks: list[TalkerChunk], *, eager: bool = False) -> list[Framed | None]:
+        """One forward over every chunk (module docstring); one output per chunk: the
+        frame where a chunk ends a work that makes one. ``eager`` runs a frame-only
+        step without its graph (a benchmark compares)."""
+        if all(chunk.work.decode for chunk in chunks):
+            return self._frames_step(chunks, eager)
         talker = self._talker
-        inputs = carry + talker.text_projection(text[:, None])
-        layers = self._layers.active() if self._layers is not None else contextlib.nullcontext()
-        with layers:
+        decodes = [c for c in chunks if c.work.decode]
+        stepped: dict[int, torch.Tensor] = {}
+        if decodes:
+            carry = torch.cat([_carry(c) for c in decodes])
+            text = torch.cat([_text(c) for c in decodes])
+            inputs = carry + talker.text_projection(text[:, None])
+            stepped = {id(c): inputs[n, 0:1] for n, c in enumerate(decodes)}
+        parts = []
+        for chunk in chunks:
+            if chunk.work.decode:
+                parts.append(stepped[id(chunk)])
+            else:
+                given = chunk.work.payload.inputs
+                assert given is not None, "a prefill feeds inputs"
+                parts.append(given[chunk.offset : chunk.offset + chunk.length])
+        embeds = torch.cat(parts).to(self._dtype)
+        step = self.cache.step([Segment(c.request.slot, c.start, c.length) for c in chunks])
+        with step.active(self._configs):
             out = talker.model(
-                inputs_embeds=inputs,
-                attention_mask=cache.mask,
-                position_ids=positions[:, None],
-                past_key_values=cache,
+                inputs_embeds=embeds[None],
+                position_ids=step.positions[None],
+                attention_mask=step.mask,
+                past_key_values=step,
                 use_cache=True,
             )
-        hidden = out.last_hidden_state[:, -1:]
+        wanted = [n for n, c in enumerate(chunks) if c.last and c.work.payload.frame]
+        results: list[Framed | None] = [None] * len(chunks)
+        if not wanted:
+            return results
+        ends = torch.tensor([c.length for c in chunks]).cumsum(0) - 1
+        index = ends[torch.tensor(wanted)].to(self.device)
+        hidden = out.last_hidden_state[0].index_select(0, index)[:, None]
+        frames = self._complete(hidden, talker.codec_head(hidden)[:, -1])
+        for n, frame in zip(wanted, frames, strict=True):
+            results[n] = Framed(frame)
+        return results
+
+    def _frames_step(self, chunks: list[TalkerChunk], eager: bool) -> list[Framed | None]:
+        """Frame rows alone: a graph per (row bucket, span) where there is one."""
+        count = len(chunks)
+        rows = bucket(count, row_buckets(self.max_rows)) or count
+        span = span_for(max(c.start for c in chunks) + 1, self.cache.max_len)
+        pad = rows - count
+        slots = [c.request.slot for c in chunks] + [self.cache.scratch] * pad
+        starts = [c.start for c in chunks] + [0] * pad
+        carry = torch.cat([_carry(c) for c in chunks]).to(self._dtype)
+        text = torch.cat([_text(c) for c in chunks]).to(self._dtype)
+        if pad:
+            carry = torch.cat((carry, carry[-1:].expand(pad, *carry.shape[1:])))
+            text = torch.cat((text, text[-1:].expand(pad, *text.shape[1:])))
+        given = [torch.tensor(v, device=self.device) for v in (slots, starts)] + [carry, text]
+        key = (rows, span)
+        if eager or self._graphs is None or count > self.max_rows:
+            codes, carries = self._frame_step(span, *given)
+        else:
+            static = self._static_inputs(key)
+            for buffer, value in zip(static, given, strict=True):
+                buffer.copy_(value)
+            graph = functools.partial(self._frame_step, span)
+            codes, carries = self._graphs(key, graph, *static)
+        ends = (codes[:count, 0] == self._codec_eos).tolist()
+        return [
+            Framed(None if end else (codes[row : row + 1], carries[row : row + 1]))
+            for row, end in enumerate(ends)
+        ]
+
+    def _static_inputs(self, key: tuple[int, int]) -> list[torch.Tensor]:
+        static = self._frame_inputs.get(key)
+        if static is None:
+            rows = key[0]
+            width = int(self.text_config.hidden_size)
+            text = int(self._talker.config.thinker_hidden_size)
+            with torch.device(self.device):
+                static = [
+                    torch.full((rows,), self.cache.scratch, dtype=torch.long),
+                    torch.zeros(rows, dtype=torch.long),
+                    torch.zeros(rows, 1, width, dtype=self._dtype),
+                    torch.zeros(rows, text, dtype=self._dtype),
+                ]
+            self._frame_inputs[key] = static
+        return static
+
+    def _frame_step(
+        self,
+        span: int,
+        slots: torch.Tensor,
+        starts: torch.Tensor,
+        carry: torch.Tensor,
+        text: torch.Tensor,
+    ) -> tuple[torch.Tensor, ...]:
+        """The frame-only step: ``(codes [B, groups], next_input [B, 1, Ht])``; codes of
+        a row at codec EOS start with EOS (the caller ends that reply). Capturable: a
+        function of its input tensors, nothing read back to the host."""
+        talker = self._talker
+        inputs = carry + talker.text_projection(text[:, None])
+        step = self.cache.decode_step(slots, starts, span)
+        layers = self._layers.active() if self._layers is not None else contextlib.nullcontext()
+        with step.active(self._configs), layers:
+            out = talker.model(
+                inputs_embeds=inputs.transpose(0, 1),
+                position_ids=starts[None],
+                attention_mask=step.mask,
+                past_key_values=step,
+                use_cache=True,
+            )
+        hidden = out.last_hidden_state.transpose(0, 1)  # [B, 1, Ht]
         masked = stepping.mask_codec_logits(
             talker.codec_head(hidden)[:, -1], self._vocab, self._codec_eos
         )
@@ -332,3 +401,15 @@ class TalkerModel:
         for index, row in enumerate(rows):
             frames[row] = (codes[index : index + 1], carry[index : index + 1])
         return frames
+
+
+def _carry(chunk: TalkerChunk) -> torch.Tensor:
+    carry = chunk.work.payload.carry
+    assert carry is not None, "a frame step carries the previous frame"
+    return carry
+
+
+def _text(chunk: TalkerChunk) -> torch.Tensor:
+    text = chunk.work.payload.text
+    assert text is not None, "a frame step has its text"
+    return text

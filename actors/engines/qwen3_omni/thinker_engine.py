@@ -109,39 +109,29 @@ from omni_actors.actors.engines.qwen3_omni.thinker_model import (
 )
 from omni_actors.actors.engines.qwen3_omni.user_turn import Feed, UserTurn
 from omni_actors.actors.engines.qwen3_omni.vocabulary import Vocabulary
-from omni_actors.actors.engines.step_loop import RequestClosedError, StepLoop
+from omni_actors.actors.engines.step_loop import RequestClosedError
+from omni_actors.actors.engines.stepped_engine import StepLoopArgs, SteppedTorchEngine
 from omni_actors.actors.engines.thinker_ports import THINKER_INPUTS, THINKER_OUTPUTS
 from omni_actors.actors.engines.tool_template import ToolTemplate
-from omni_actors.actors.engines.torch_engine import (
-    AbortSignal,
-    DeviceArgs,
-    TorchEngine,
-    release_dir,
-)
+from omni_actors.actors.engines.torch_engine import AbortSignal, DeviceArgs, release_dir
 from omni_actors.models.family import WeightsArgs
 
 __all__ = ["ThinkerArgs", "ThinkerEngine"]
 
 
-class ThinkerArgs(WeightsArgs, DeviceArgs, StaticDecodeArgs):
+class ThinkerArgs(WeightsArgs, DeviceArgs, StaticDecodeArgs, StepLoopArgs):
     """The thinker's arguments: ``seed`` and ``cache_dir`` locate its weights.
 
     The KV cache is planned at load: ``max_sessions`` slots of ``max_context``
-    positions. ``static_cache`` (None: on a GPU) replays decode-only steps from CUDA
-    graphs, captured at load with ``warm_graphs``.
+    positions; the steps' sizes are :class:`StepLoopArgs`'. ``static_cache`` (None: on a
+    GPU) replays decode-only steps from CUDA graphs, captured at load with
+    ``warm_graphs``.
 
     Attributes:
         max_new_tokens: a reply's most tokens (a response's ``max_tokens`` overrides it).
         min_new_tokens: ``<|im_end|>`` is masked until that many tokens exist; capped
             at the reply's maximum (setting only a small maximum means "at most that
             many", not a conflict).
-        max_batch: the most decode rows one step runs (its largest CUDA graph).
-        max_sessions: sessions holding a KV slot at once (a new one past it fails with
-            ``SlotsExhaustedError``).
-        max_tokens_per_step: a step's token budget: decode rows (one each) and prefill
-            chunks together.
-        max_prefill_chunk: the most positions of one prefill in one step, so a long
-            prompt delays the decoding sessions by one chunk at a time.
         allowed_token_ranges: half-open ``[start, stop)`` id ranges a reply may use
             (``<|im_end|>`` is allowed once ``min_new_tokens`` are reached); none: any.
             For a model whose random weights would pick unprintable ids (tiny-omni:
@@ -150,19 +140,10 @@ class ThinkerArgs(WeightsArgs, DeviceArgs, StaticDecodeArgs):
 
     max_new_tokens: int = Field(48, ge=1)
     min_new_tokens: int = Field(8, ge=0)
-    max_batch: int = Field(32, ge=1)
-    max_sessions: int = Field(32, ge=1)
-    # A forward of the full-size thinker costs ~95 ms whatever its length up to ~2500
-    # tokens (launches and host syncs of transformers' experts; prefill_probe on an
-    # H200), so chunks of 512 made a 2500-token prompt's first token 2.5x later
-    # (804 against 325 ms at c=1, 2x H200): prompts go whole up to 4096 positions, and
-    # several share a step up to 8192 tokens.
-    max_tokens_per_step: int = Field(8192, ge=1)
-    max_prefill_chunk: int = Field(4096, ge=1)
     allowed_token_ranges: list[tuple[int, int]] | None = None
 
 
-class ThinkerEngine(TorchEngine):
+class ThinkerEngine(SteppedTorchEngine[Conversation, Feeding, Fed]):
     """Text replies with streaming prefill (see the module docstring).
 
     Its ports are the thinker stage's (:mod:`omni_actors.actors.engines.thinker_ports`): a
@@ -191,18 +172,13 @@ class ThinkerEngine(TorchEngine):
         self.seed = args.seed
         self.allowed_token_ranges = args.allowed_token_ranges
         self._args = args
-        super().__init__(release_dir(DEFAULT_RELEASE, args, "thinker"), "thinker", args.device)
-        self._sessions: dict[str, Conversation] = {}
-        self.loop: StepLoop[Feeding, Fed] = StepLoop(
-            self._execute,
-            slots=args.max_sessions,
+        super().__init__(
+            release_dir(DEFAULT_RELEASE, args, "thinker"),
+            "thinker",
+            args.device,
+            args=args,
             max_context=args.max_context,
-            max_tokens_per_step=args.max_tokens_per_step,
-            max_chunk=args.max_prefill_chunk,
-            max_rows=args.max_batch,
-            name="thinker steps",
         )
-        """Every session's forwards (its statistics tell how they shared steps)."""
 
     def _load(self, path: Path) -> None:
         args = self._args
@@ -218,44 +194,8 @@ class ThinkerEngine(TorchEngine):
             warm=graphs and args.warm_graphs,
         )
 
-    async def _execute(self, chunks: list[ThinkerChunk]) -> list[Fed]:
-        return await self.call(self._model.step, chunks)
-
-    async def start(self) -> None:
-        """Load the model in the model thread, then start the step loop."""
-        await super().start()
-        self.loop.start()
-
-    @property
-    def active_sessions(self) -> set[str]:
-        """Sessions holding state (generating, or between responses)."""
-        return set(self._sessions)
-
-    @property
-    def generating(self) -> set[str]:
-        """Sessions with a running ``generate``."""
-        return {s for s, state in self._sessions.items() if state.signal is not None}
-
-    async def abort(self, session: str) -> None:
-        """Drop ``session``'s state and free its slot; a running ``generate`` ends where
-        it waits (input, a step) or at its next step."""
-        conversation = self._sessions.pop(session, None)
-        if conversation is None:
-            return
-        self.loop.close(conversation.request)
-        if conversation.signal is not None:
-            conversation.signal.abort()
-
-    async def release(self, session: str) -> None:
-        """The conversation is over: drop its state and free its slot."""
-        await self.abort(session)
-
-    async def stop(self) -> None:
-        """Abort every session, let the running step end, then end the model thread."""
-        for session in list(self._sessions):
-            await self.abort(session)
-        await self.loop.stop()
-        await super().stop()
+    def _step(self, chunks: list[ThinkerChunk]) -> list[Fed]:
+        return self._model.step(chunks)
 
     @property
     def vocabulary(self) -> Vocabulary:
@@ -397,24 +337,14 @@ class _Response(Response[Checkpoint]):
     async def _feed(
         self, feeding: Feeding, then: Callable[[list[Fed]], None] | None = None
     ) -> list[Fed]:
-        """Feed ``feeding`` on the step loop; ``then(outputs)`` runs as the step's update
-        resolves it, before this returns, even if this response is cancelled meanwhile
-        (the work runs on: the cache and the conversation must agree)."""
+        """Feed ``feeding`` on the step loop (:meth:`SteppedTorchEngine.feed`); no
+        outputs if the session is aborted meanwhile (the caller ends there)."""
         if not feeding.ids:
             if then is not None:
                 then([])
             return []
-        future = self.engine.loop.submit(self.conversation.request, feeding, len(feeding.ids))
-        if then is not None:
-            apply = then
-
-            def settle(done: asyncio.Future[list[Fed]]) -> None:
-                if not done.cancelled() and done.exception() is None:
-                    apply(done.result())
-
-            future.add_done_callback(settle)
         try:
-            return await asyncio.shield(future)
+            return await self.engine.feed(self.conversation, feeding, len(feeding.ids), then)
         except RequestClosedError:
             if self.signal.aborted:
                 return []  # the session's request closed under it: the caller ends

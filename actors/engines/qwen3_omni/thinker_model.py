@@ -29,7 +29,13 @@ from omni_actors.actors.engines.qwen3_omni.hf import (
 )
 from omni_actors.actors.engines.qwen3_omni.log_mel import LogMel
 from omni_actors.actors.engines.qwen3_omni.sampling import Sampling, pick
-from omni_actors.actors.engines.qwen3_omni.slot_cache import Segment, SlotCache, span_for
+from omni_actors.actors.engines.qwen3_omni.slot_cache import (
+    Segment,
+    SlotCache,
+    row_buckets,
+    span_for,
+)
+from omni_actors.actors.engines.qwen3_omni.static_decode import attention_configs
 from omni_actors.actors.engines.qwen3_omni.user_turn import UserTurn
 from omni_actors.actors.engines.qwen3_omni.vocabulary import Vocabulary
 from omni_actors.actors.engines.step_loop import Chunk
@@ -167,13 +173,7 @@ class ThinkerModel:
         )
         self.max_rows = min(max_rows or slots, slots)
         # The attention of every module of the text model reads the step's slots.
-        self._configs = list(
-            {
-                id(c): c
-                for m in thinker.model.modules()
-                if hasattr(c := getattr(m, "config", None), "_attn_implementation")
-            }.values()
-        )
+        self._configs = attention_configs(thinker.model)
         if graphs and device.type != "cuda" and capture is None:
             raise ValueError(f"graphs need a CUDA device, not {device}")
         self._graphs: ShapeGraphs[tuple[int, int]] | None = (
@@ -200,10 +200,7 @@ class ThinkerModel:
 
     def decode_keys(self) -> list[tuple[int, int]]:
         """Every (row bucket, span) a decode-only step may need, smallest first."""
-        sizes = _buckets(self.max_rows)
-        rows = sorted({bucket(n, sizes) or n for n in range(1, self.max_rows + 1)})
-        spans = sorted({span_for(n, self.cache.max_len) for n in range(1, self.cache.max_len + 1)})
-        return [(row, span) for row in rows for span in spans]
+        return self.cache.graph_keys(self.max_rows)
 
     @property
     def graphed(self) -> list[tuple[int, int]]:
@@ -264,7 +261,7 @@ class ThinkerModel:
     def _decode_step(self, chunks: list[ThinkerChunk], eager: bool) -> list[Fed]:
         """Decode rows alone: a graph per (row bucket, span) where there is one."""
         count = len(chunks)
-        rows = bucket(count, _buckets(self.max_rows)) or count
+        rows = bucket(count, row_buckets(self.max_rows)) or count
         span = span_for(max(c.start for c in chunks) + 1, self.cache.max_len)
         key = (rows, span)
         slots = [c.request.slot for c in chunks] + [self.cache.scratch] * (rows - count)
@@ -347,16 +344,6 @@ class ThinkerModel:
 
     def _encode(self, mel: torch.Tensor) -> torch.Tensor:
         return stepping.encode_audio(self._thinker, mel)
-
-
-def _buckets(largest: int) -> tuple[int, ...]:
-    """Row buckets: powers of two below ``largest``, and ``largest``."""
-    sizes = []
-    size = 1
-    while size < largest:
-        sizes.append(size)
-        size *= 2
-    return (*sizes, largest)
 
 
 def _feature_extractor(path: Path) -> WhisperFeatureExtractor:
