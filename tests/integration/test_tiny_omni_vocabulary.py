@@ -101,13 +101,14 @@ async def test_a_conversation_runs_through_the_three_engines_on_the_releases_ids
     await thinker.start()
     try:
         model = thinker._model
-        forward = model._forward
+        step = model.step
 
-        def recorded(conversation: Any, ids: list[int], audio: Any = None) -> Any:
-            fed.extend(ids)
-            return forward(conversation, ids, audio)
+        def recorded(chunks: list[Any], **kwargs: Any) -> Any:
+            for chunk in chunks:  # one session: the steps' chunks are its feed, in order
+                fed.extend(chunk.work.payload.ids[chunk.offset : chunk.offset + chunk.length])
+            return step(chunks, **kwargs)
 
-        model._forward = recorded  # type: ignore[method-assign]
+        model.step = recorded  # type: ignore[method-assign]
         first = await run(
             thinker,
             "s",
