@@ -37,8 +37,10 @@ def test_garbage_is_collected_before_the_rest_is_frozen() -> None:
 
     assert garbage() is None  # collected, not frozen forever
     assert alive() is kept
-    assert frozen == gc.get_freeze_count() > 0
-    assert gc.get_freeze_count() >= frozen  # and it stays frozen until unfreeze
+    # Frozen objects another thread frees leave the permanent generation (a thread an
+    # earlier test's library left running lowered the count by 2 between two reads): the
+    # count only goes down from what was frozen, and never to nothing until unfreeze.
+    assert 0 < gc.get_freeze_count() <= frozen
 
 
 async def test_a_stage_worker_freezes_its_heap_once_started() -> None:
