@@ -136,7 +136,7 @@ async def test_sessions_joining_and_leaving_mid_decode_get_their_tokens_alone(
     loop.start()
     samplers = picks()
     first = asyncio.ensure_future(session(loop, "s0", PROMPTS[0], samplers[0]))
-    await asyncio.sleep(0)  # s0's prefill is queued first
+    await eventually(lambda: "s0" in loop.requests)  # opened with its prefill queued
     second = asyncio.ensure_future(session(loop, "s1", PROMPTS[1], samplers[1]))
     got0, _ = await first
     got2, _ = await session(loop, "s2", PROMPTS[2], samplers[2])
