@@ -71,7 +71,10 @@ def _thinker(
         slots=plan.slots,
         max_context=plan.max_len,
         graphs=plan.graphs,
-        warm=plan.warm,
+        # Always warm: a graph captured lazily is checked on the step's own rows, and a
+        # full-size thinker's batched step replays a few bits off eager (cuBLAS picks its
+        # kernels per capture), so it would time eager; the engine warms at load too.
+        warm=plan.graphs,
     )
     vocab = int(thinker.text_config.vocab_size)
     greedy = Pick(True, Sampling(1 << 30, 0, 0.0, None))

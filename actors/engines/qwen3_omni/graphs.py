@@ -286,8 +286,14 @@ class ShapeGraphs(Generic[K]):
                 why = f"{why}; raised at {_where(first)}"
                 log.warning("%s %r: not captured (%s); eager", self.name, key, why)
                 return eager, None
-            if not _equal(captured.run(inputs), eager):
-                log.warning("%s %r: the graph differs from eager; eager", self.name, key)
+            replayed = captured.run(inputs)
+            if not _equal(replayed, eager):
+                log.warning(
+                    "%s %r: the graph differs from eager (%s); eager",
+                    self.name,
+                    key,
+                    _difference(replayed, eager),
+                )
                 return eager, None
         log.debug("%s %r: captured", self.name, key)
         return eager, captured
@@ -351,6 +357,29 @@ def _equal(
     return len(left) == len(right) and all(
         _same_bits(x, y) for x, y in zip(left, right, strict=True)
     )
+
+
+def _difference(
+    a: torch.Tensor | tuple[torch.Tensor, ...], b: torch.Tensor | tuple[torch.Tensor, ...]
+) -> str:
+    """How far apart two step outputs are, for the log: a real error and a rounding
+    difference (another kernel for the same sum) read differently."""
+    left = (a,) if isinstance(a, torch.Tensor) else a
+    right = (b,) if isinstance(b, torch.Tensor) else b
+    if len(left) != len(right):
+        return f"{len(left)} outputs, eager has {len(right)}"
+    parts = []
+    for n, (x, y) in enumerate(zip(left, right, strict=True)):
+        if x.shape != y.shape or x.dtype != y.dtype:
+            parts.append(f"output {n}: {x.dtype}{list(x.shape)}, eager {y.dtype}{list(y.shape)}")
+        elif not x.is_floating_point():
+            parts.append(f"output {n}: {int((x != y).sum())} of {x.numel()} values differ")
+        else:
+            diff = (x.double() - y.double()).abs().nan_to_num(nan=float("inf"))
+            worst = diff.max().item()
+            scale = y.double().abs().max().item() or 1.0
+            parts.append(f"output {n}: max |diff| {worst:.3g} ({worst / scale:.2g} of max |eager|)")
+    return "; ".join(parts)
 
 
 def _same_bits(x: torch.Tensor, y: torch.Tensor) -> bool:
