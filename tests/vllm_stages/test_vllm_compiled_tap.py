@@ -19,11 +19,15 @@ import pytest
 import pytest_asyncio
 
 from omni_actors.actors.engines.qwen3_omni.thinker_engine import ThinkerEngine
+from omni_actors.actors.engines.vllm.hidden_states import (
+    TAP_ARCHITECTURE,
+    TAP_CONFIG,
+    tap_engine_args,
+)
+from omni_actors.errors import EngineError
 
 from .conftest import CPU_ENGINE_ARGS, thinkers
 from .test_vllm_thinker import ATOL, COMMIT, both, noise
-
-pytestmark = pytest.mark.asyncio(loop_scope="module")  # one vLLM for the module
 
 COMPILED = {key: value for key, value in CPU_ENGINE_ARGS.items() if key != "enforce_eager"}
 """vLLM's default compilation (``-O``) on the CPU."""
@@ -39,6 +43,7 @@ async def engines(cache_dir: Path) -> AsyncIterator[tuple[Any, ThinkerEngine]]:
             yield pair
 
 
+@pytest.mark.asyncio(loop_scope="module")  # the module's one vLLM
 async def test_a_compiled_thinker_gives_the_hidden_states_at_audio_positions(
     engines: Any,
 ) -> None:
@@ -52,3 +57,26 @@ async def test_a_compiled_thinker_gives_the_hidden_states_at_audio_positions(
     # A second turn: the buffer is rewritten by every step; each clip's rows are its own.
     await both(engines, "heard", [{"audio": noise(1.0, 3)}, {"text": "And this?"}], ATOL)
     await asyncio.gather(vllm.release("heard"), torch_thinker.release("heard"))
+
+
+@pytest.mark.parametrize(
+    ("engine_args", "problem"),
+    [
+        ({"worker_extension_cls": "my.Extension"}, "worker_extension_cls is taken"),
+        ({"hf_overrides": {"architectures": ["Other"]}}, "without 'architectures'"),
+        ({"additional_config": {TAP_CONFIG: {"layer": 1}}}, f"without '{TAP_CONFIG}'"),
+    ],
+)
+def test_engine_args_may_not_take_the_taps_settings(
+    engine_args: dict[str, Any], problem: str
+) -> None:
+    with pytest.raises(EngineError, match=problem):
+        tap_engine_args(engine_args, 1)
+
+
+def test_engine_args_keep_their_own_overrides_beside_the_tap() -> None:
+    args = tap_engine_args(
+        {"hf_overrides": {"rope_theta": 1.0}, "additional_config": {"other": 2}}, 3
+    )
+    assert args["hf_overrides"] == {"rope_theta": 1.0, "architectures": [TAP_ARCHITECTURE]}
+    assert args["additional_config"] == {"other": 2, TAP_CONFIG: {"layer": 3}}
