@@ -183,30 +183,44 @@ def check_tokenizer(directory: Path, *, remedy: str = "") -> None:
     ``tokenizer.json`` is parsed by ``tokenizers`` itself, so a vocabulary or a model of
     the wrong shape is found too, not only broken JSON. ``vocab.json`` and ``merges.txt``,
     which a model-specific tokenizer class (``Qwen2Tokenizer``) builds from, are checked
-    when present: a vocabulary of token -> id, merges of two symbols a line.
+    when present: a vocabulary of token -> id, merges of two symbols a line. Without
+    ``tokenizer.json`` they are the tokenizer (transformers builds its fast tokenizer from
+    them, as it does for a release published without ``tokenizer.json``), so they must
+    then build a BPE model.
 
     Raises:
-        ModelFileError: ``tokenizer.json`` is missing or does not load, ``vocab.json`` or
-            ``merges.txt`` is malformed, or a tokenizer config present beside them is no
-            JSON object.
+        ModelFileError: ``tokenizer.json`` does not load, or is missing with no
+            ``vocab.json`` and ``merges.txt`` to build from; ``vocab.json`` or
+            ``merges.txt`` is malformed or the two build no BPE model; or a tokenizer
+            config present beside them is no JSON object.
     """
     from tokenizers import Tokenizer
+    from tokenizers.models import BPE
 
     file = directory / "tokenizer.json"
-    if not file.is_file():
-        raise ModelFileError(file, "is missing", remedy)
-    try:
-        Tokenizer.from_file(str(file))
-    except Exception as error:  # tokenizers raises a bare Exception for any bad file
-        raise ModelFileError(file, f"is no valid tokenizer ({error})", remedy) from error
     vocab = directory / "vocab.json"
+    merges = directory / "merges.txt"
+    from_bpe_files = not file.is_file()
+    if from_bpe_files and not (vocab.is_file() and merges.is_file()):
+        problem = "is missing, and there are no vocab.json and merges.txt to build it from"
+        raise ModelFileError(file, problem, remedy)
+    if not from_bpe_files:
+        try:
+            Tokenizer.from_file(str(file))
+        except Exception as error:  # tokenizers raises a bare Exception for any bad file
+            raise ModelFileError(file, f"is no valid tokenizer ({error})", remedy) from error
     if vocab.exists():
         entries = read_json(vocab, remedy=remedy)
         if not all(isinstance(i, int) and not isinstance(i, bool) for i in entries.values()):
             raise ModelFileError(vocab, "maps a token to something else than an id", remedy)
-    merges = directory / "merges.txt"
     if merges.exists():
         _check_merges(merges, remedy)
+    if from_bpe_files:
+        try:
+            BPE.from_file(str(vocab), str(merges))
+        except Exception as error:  # e.g. a merge of a symbol the vocabulary lacks
+            problem = f"builds no BPE model with vocab.json ({error})"
+            raise ModelFileError(merges, problem, remedy) from error
     for name in _TOKENIZER_CONFIGS:
         if (directory / name).exists():
             read_json(directory / name, remedy=remedy)

@@ -25,7 +25,7 @@ from tiny_omni_reference import audio_clip
 from transformers import AutoTokenizer
 
 from omni_actors.actors.engines.contract import INSTRUCTIONS_FIELD, Fields
-from omni_actors.actors.engines.qwen3_omni import configs, weights
+from omni_actors.actors.engines.qwen3_omni import configs, layout, weights
 from omni_actors.actors.engines.qwen3_omni.code2wav_engine import Code2WavArgs, Code2WavEngine
 from omni_actors.actors.engines.qwen3_omni.detokenizer import Detokenizer
 from omni_actors.actors.engines.qwen3_omni.talker_engine import TalkerArgs, TalkerEngine
@@ -188,6 +188,11 @@ def _edit_json(path: Path, **changes: Any) -> None:
     path.write_text(json.dumps(data))
 
 
+def _unlink(*paths: Path) -> None:
+    for path in paths:
+        path.unlink()
+
+
 def _no_template(path: Path) -> None:
     """No chat template anywhere: neither its file nor ``tokenizer_config.json``'s key."""
     path.unlink()
@@ -200,7 +205,7 @@ def _no_template(path: Path) -> None:
 @pytest.mark.parametrize(
     ("name", "damage", "problem"),
     [
-        ("tokenizer.json", lambda p: p.unlink(), "is missing"),
+        ("tokenizer.json", lambda p: _unlink(p, p.parent / "vocab.json"), "is missing"),
         ("tokenizer.json", lambda p: p.write_bytes(p.read_bytes()[:500]), "no valid tokenizer"),
         ("vocab.json", lambda p: p.write_text('{"a": "b"}'), "something else than an id"),
         ("merges.txt", lambda p: p.write_text("#version: 0.2\nu s e\n"), "line 2"),
@@ -223,6 +228,23 @@ def test_a_tokenizer_or_config_that_disagrees_is_named(
     with pytest.raises(ModelFileError, match=problem) as info:
         Vocabulary.load(copy)
     assert info.value.path == copy / name
+
+
+def test_a_release_without_tokenizer_json_builds_it_from_the_bpe_files(
+    release: Path, copy: Path
+) -> None:
+    """Qwen publishes ``vocab.json``, ``merges.txt`` and ``tokenizer_config.json``, which
+    transformers builds its tokenizer from; a release without ``tokenizer.json`` loads and
+    encodes as the same release with it."""
+    (copy / "tokenizer.json").unlink()
+    layout.verify(copy)  # the model cache's check before it hands a directory out
+    built, whole = Vocabulary.load(copy), Vocabulary.load(release)
+    assert built.ids == whole.ids
+    assert built.size == whole.size
+    for text in (SYSTEM, FIRST, "héllo 日本語 🎉\n\t<|im_end|> e\u0301"):
+        assert built.encode(text) == whole.encode(text)
+        assert built.decode(whole.encode(text)) == whole.decode(whole.encode(text))
+    assert built.text_ids() == whole.text_ids()
 
 
 def test_a_chat_template_that_renders_other_role_ids_is_named(copy: Path) -> None:

@@ -212,11 +212,33 @@ def test_a_corrupt_tokenizer_file_is_named(
     assert info.value.path == path
 
 
-def test_a_missing_tokenizer_is_named(tokenizer_dir: Path) -> None:
+@pytest.mark.parametrize("also", ["vocab.json", "merges.txt"])
+def test_a_missing_tokenizer_is_named(tokenizer_dir: Path, also: str) -> None:
+    """Without ``tokenizer.json`` and one of the BPE files it is built from."""
     (tokenizer_dir / "tokenizer.json").unlink()
+    (tokenizer_dir / also).unlink()
     with pytest.raises(ModelFileError, match="is missing") as info:
         check_tokenizer(tokenizer_dir)
     assert info.value.path == tokenizer_dir / "tokenizer.json"
+
+
+def test_without_tokenizer_json_the_bpe_files_are_the_tokenizer(tokenizer_dir: Path) -> None:
+    """As transformers does for a release published without ``tokenizer.json``."""
+    whole = load_tokenizer(tokenizer_dir)
+    (tokenizer_dir / "tokenizer.json").unlink()
+    built = load_tokenizer(tokenizer_dir)
+    for text in ("hi", "the user said: assistant", "héllo 日本 🎉\n<|im_end|>"):
+        assert built.encode(text) == whole.encode(text)
+
+
+def test_bpe_files_that_build_no_tokenizer_are_named(tokenizer_dir: Path) -> None:
+    """Each file well formed, but a merge joins a symbol the vocabulary lacks."""
+    (tokenizer_dir / "tokenizer.json").unlink()
+    merges = tokenizer_dir / "merges.txt"
+    merges.write_text(merges.read_text() + "not_a_symbol x\n")
+    with pytest.raises(ModelFileError, match="builds no BPE model") as info:
+        check_tokenizer(tokenizer_dir)
+    assert info.value.path == merges
 
 
 def test_a_whole_tokenizer_loads(tokenizer_dir: Path) -> None:

@@ -43,10 +43,11 @@ CPU_ENGINE_ARGS = {
 
 @asynccontextmanager
 async def thinkers(
-    cache_dir: Path, limits: Mapping[str, int]
+    cache_dir: Path, limits: Mapping[str, int], engine_args: Mapping[str, Any] = CPU_ENGINE_ARGS
 ) -> AsyncIterator[tuple[Any, ThinkerEngine]]:
-    """tiny-omni's thinker on vLLM (greedy, float32, on the CPU) and on torch, both
-    started with the same token ``limits``: the vLLM one is measured against the other."""
+    """tiny-omni's thinker on vLLM (greedy, float32, on the CPU, with ``engine_args``)
+    and on torch, both started with the same token ``limits``: the vLLM one is measured
+    against the other."""
     from omni_actors.actors.engines.vllm.thinker import VllmThinkerArgs, VllmThinkerEngine
 
     vllm = VllmThinkerEngine(
@@ -57,7 +58,7 @@ async def thinkers(
             max_model_len=1024,
             max_num_seqs=4,
             allowed_token_ranges=[(32, 127)],
-            engine_args=CPU_ENGINE_ARGS,
+            engine_args=dict(engine_args),
             **limits,
         )
     )

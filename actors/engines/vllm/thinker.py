@@ -94,7 +94,7 @@ from omni_actors.actors.engines.vllm.args import VllmThinkerArgs
 from omni_actors.actors.engines.vllm.audio_input import AudioSpec, ClipStream, user_rows
 from omni_actors.actors.engines.vllm.conversation import Clip, Mark, VllmInputError
 from omni_actors.actors.engines.vllm.embedding import load_input_embeddings
-from omni_actors.actors.engines.vllm.hidden_states import TAP_EXTENSION
+from omni_actors.actors.engines.vllm.hidden_states import tap_engine_args
 from omni_actors.actors.engines.vllm.reply_text import ReplyText
 from omni_actors.actors.engines.vllm.request import OpenRequest
 from omni_actors.actors.engines.vllm.runtime import EngineDiedError, VllmRuntime, resolve_checkpoint
@@ -168,11 +168,7 @@ class VllmThinkerEngine:
         if ranges is not None:
             allowed = {i for start, stop in ranges for i in range(start, stop)}
             self.allowed = sorted(allowed | self.stop_ids)
-        if self.args.engine_args.get("worker_extension_cls", TAP_EXTENSION) != TAP_EXTENSION:
-            raise EngineError(
-                "engine_args.worker_extension_cls is taken by the vllm thinker's hidden-state "
-                f"tap ({TAP_EXTENSION})"
-            )
+        tap = tap_engine_args(self.args.engine_args, self.audio.accept_layer)
         if not self.args.engine_args.get("enable_mm_embeds", True):
             raise EngineError(
                 "engine_args.enable_mm_embeds must stay on: the vllm thinker sends audio as "
@@ -187,7 +183,7 @@ class VllmThinkerEngine:
                 "enable_prefix_caching": True,
                 "seed": self.args.seed,
                 **self.args.engine_args,
-                "worker_extension_cls": TAP_EXTENSION,
+                **tap,
                 # Audio goes in as log-mel features (audio_input), an input vLLM takes
                 # only with this on; prompts are built here, never by the caller.
                 "enable_mm_embeds": True,
@@ -196,9 +192,7 @@ class VllmThinkerEngine:
         )
         self._llm = self.runtime.llm
         self.died = self.runtime.died
-        await self._llm.collective_rpc(
-            "omni_tap_install", args=(self.audio.accept_layer, self.audio.ids[1])
-        )
+        await self._llm.collective_rpc("omni_tap_install", args=(self.audio.ids[1],))
 
     async def stop(self) -> None:
         """End every request and shut vLLM down (its processes exit)."""
