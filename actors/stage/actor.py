@@ -122,7 +122,8 @@ class StageActor(Actor[StageMessage]):
             await engine.start()
         except OmniError:
             raise
-        except Exception as exc:  # the engine's own: name it, keep the cause for debugging
+        except Exception as exc:  # the engine's own: name it; its traceback for debugging
+            log.debug("stage %s: engine %s failed to start", self.name, self.kind, exc_info=True)
             raise EngineStartError(self.name, self.kind, exc) from exc
         self.engine = engine
         device = getattr(engine, "device", None)
