@@ -21,6 +21,7 @@ __all__ = [
     "ActorStoppedError",
     "AskTimeoutError",
     "EngineError",
+    "EngineStartError",
     "ErrorCode",
     "InvalidRequestError",
     "MailboxFullError",
@@ -59,6 +60,22 @@ class EngineError(OmniError):
     """
 
     code = "engine_error"
+
+
+class EngineStartError(EngineError):
+    """A stage's engine could not be built or started: its ``__init__`` or ``start``
+    raised an error of its own (not an ``OmniError``, which says what to do itself).
+
+    The message names the stage, the engine and the error; the original is its
+    ``__cause__``, for a traceback.
+    """
+
+    def __init__(self, stage: str, kind: str, error: BaseException) -> None:
+        super().__init__(
+            f"stage {stage!r}: engine {kind!r} failed to start: {type(error).__name__}: {error}"
+        )
+        self.stage = stage
+        self.kind = kind
 
 
 def error_code(error: BaseException, default: ErrorCode = "internal") -> ErrorCode:

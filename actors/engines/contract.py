@@ -22,13 +22,15 @@ before anything starts and no table elsewhere has to know about it::
         inputs = {"text": "concat"}  # fields it takes, with their accumulate rule
         outputs = {"text": "concat"}  # fields it yields, with their accumulate rule
         streams_input = True  # it can start on a segment's first chunk
+        audio_rate = 16000  # the rate of the audio it yields, if it yields audio
 
         def __init__(self, args: EchoArgs) -> None: ...
 
 An engine whose fields depend on its arguments defines ``ports`` instead of ``inputs``,
-``outputs`` and ``streams_input``: a classmethod that takes the validated ``Args`` and
-returns :class:`Ports`. ``Args`` may be left out (the engine then takes no arguments),
-and so may ``streams_input`` (True). A key of ``engine.args`` that ``Args`` does not
+``outputs``, ``streams_input`` and ``audio_rate``: a classmethod that takes the
+validated ``Args`` and returns :class:`Ports`. ``Args`` may be left out (the engine then
+takes no arguments), and so may ``streams_input`` (True) and ``audio_rate`` (None: the
+pipeline's ``outputs.sample_rate``). A key of ``engine.args`` that ``Args`` does not
 declare is refused, unless ``Args`` sets pydantic's ``extra`` itself. ``kind`` names a
 registered engine; a class named by its import path (``package.module:Class`` in a
 pipeline) needs none.
@@ -290,11 +292,16 @@ class Ports:
         outputs: the fields it yields, each with its accumulate rule.
         streams_input: it can work on a segment's chunks as they arrive; an engine that
             needs the whole payload first takes only ``full`` edges.
+        audio_rate: the sample rate of the ``audio`` it yields, when it knows it (None:
+            whatever the pipeline's ``outputs.sample_rate`` says). The stage that gives
+            the caller audio sets the pipeline's ``outputs.sample_rate`` by it, and one
+            that disagrees with it is refused when the pipeline loads.
     """
 
     inputs: Mapping[str, Rule]
     outputs: Mapping[str, Rule]
     streams_input: bool = True
+    audio_rate: int | None = None
 
 
 class Engine(Protocol):

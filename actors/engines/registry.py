@@ -100,6 +100,7 @@ class EngineType:
                 inputs=self._rules("inputs"),
                 outputs=self._rules("outputs"),
                 streams_input=getattr(self.cls, "streams_input", True),
+                audio_rate=getattr(self.cls, "audio_rate", None),
             )
         for side in (ports.inputs, ports.outputs):
             bad = {f: r for f, r in side.items() if r not in RULES or not isinstance(f, str)}
@@ -107,6 +108,9 @@ class EngineType:
                 raise self._malformed(f"fields {bad} need a rule of {' or '.join(RULES)}")
         if not isinstance(ports.streams_input, bool):
             raise self._malformed("streams_input must be True or False")
+        rate = ports.audio_rate
+        if rate is not None and (isinstance(rate, bool) or not isinstance(rate, int) or rate < 1):
+            raise self._malformed(f"audio_rate must be a positive int (Hz) or None, got {rate!r}")
         return ports
 
     def check_protocol(self) -> None:

@@ -49,7 +49,7 @@ from omni_actors.actors.stage.device_links import DeviceLinkLostError, DeviceLin
 from omni_actors.actors.stage.session import StageSession
 from omni_actors.actors.stage.steps import StepRouter, unpack
 from omni_actors.cuda import StageTransfers
-from omni_actors.errors import ProtocolError
+from omni_actors.errors import EngineStartError, OmniError, ProtocolError
 from omni_actors.protocols.control import (
     Abort,
     Cancel,
@@ -117,8 +117,14 @@ class StageActor(Actor[StageMessage]):
 
     async def on_start(self) -> None:
         """Build and start the engine (a failure here fails the spawn, with its reason)."""
-        engine = build_engine(self.kind, self.args, where=f"stages[{self.name}].engine")
-        await engine.start()
+        try:
+            engine = build_engine(self.kind, self.args, where=f"stages[{self.name}].engine")
+            await engine.start()
+        except OmniError:
+            raise
+        except Exception as exc:  # the engine's own: name it; its traceback for debugging
+            log.debug("stage %s: engine %s failed to start", self.name, self.kind, exc_info=True)
+            raise EngineStartError(self.name, self.kind, exc) from exc
         self.engine = engine
         device = getattr(engine, "device", None)
         if isinstance(device, torch.device) and device.type == "cuda":

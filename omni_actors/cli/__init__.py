@@ -14,14 +14,26 @@ from __future__ import annotations
 
 import argparse
 import importlib.metadata
+import logging
 import os
 import sys
+import traceback
 from collections.abc import Callable
 from dataclasses import dataclass
 
 from omni_actors.cli.bench import BENCH_TARGETS, BenchTarget, add_bench_arguments, bench_command
 
-__all__ = ["BENCH_TARGETS", "COMMANDS", "BenchTarget", "Command", "main"]
+__all__ = [
+    "BENCH_TARGETS",
+    "COMMANDS",
+    "BenchTarget",
+    "Command",
+    "add_log_level",
+    "configure_logging",
+    "device_problem",
+    "main",
+    "report",
+]
 
 
 @dataclass(frozen=True, slots=True)
@@ -89,7 +101,10 @@ COMMANDS: dict[str, Command] = {
 }
 
 
-def _build_parser() -> argparse.ArgumentParser:
+def _build_parser(argv: list[str]) -> argparse.ArgumentParser:
+    """The parser; only the named subcommand's arguments are added (some need torch
+    to describe themselves, and a usage error should not wait for it)."""
+    chosen = argv[0] if argv else None
     parser = argparse.ArgumentParser(
         prog="omni-actors", description="Serve multi-stage omni speech models as actors."
     )
@@ -99,7 +114,8 @@ def _build_parser() -> argparse.ArgumentParser:
     commands = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
     for name, command in COMMANDS.items():
         sub = commands.add_parser(name, help=command.help, description=command.help)
-        command.add_arguments(sub)
+        if name == chosen:
+            command.add_arguments(sub)
         sub.set_defaults(handler=command.handler)
     return parser
 
@@ -118,13 +134,59 @@ def main(argv: list[str] | None = None) -> int:
     Args:
         argv: the arguments after the program name (default: ``sys.argv[1:]``).
     """
-    ns = _build_parser().parse_args(argv)
+    args = sys.argv[1:] if argv is None else argv
+    ns = _build_parser(args).parse_args(args)
     _import_from_here()
     handler: Callable[[argparse.Namespace], int] = ns.handler
     try:
         return handler(ns)
     except KeyboardInterrupt:
         return 130
+
+
+def add_log_level(parser: argparse.ArgumentParser, default: str) -> None:
+    """``--log-level``: what the command logs, and whether a mistake shows its traceback."""
+    parser.add_argument(
+        "--log-level",
+        default=default,
+        choices=["debug", "info", "warning", "error"],
+        help=f"what to log ({default}); debug also prints the traceback of an error",
+    )
+
+
+def configure_logging(level: str) -> None:
+    """Log at ``level`` to stderr, as every command does."""
+    logging.basicConfig(
+        level=level.upper(),
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+        stream=sys.stderr,
+    )
+
+
+def report(command: str, error: BaseException, log_level: str) -> None:
+    """An expected mistake (a usage error, an ``OmniError``): one line on stderr, which
+    says what to do; its traceback before it only at ``--log-level debug``."""
+    if log_level == "debug":
+        traceback.print_exception(error, file=sys.stderr)
+    print(f"omni-actors {command}: {error}", file=sys.stderr)
+
+
+def device_problem(device: str | None) -> str | None:
+    """Why ``--device`` cannot be used on this machine (a CUDA device without CUDA),
+    found before any stage starts; None when it can."""
+    if device is None or not device.startswith("cuda"):
+        return None
+    import torch
+
+    if not torch.cuda.is_available():
+        return (
+            f"--device {device}: this machine has no CUDA device that torch can use "
+            "(torch.cuda.is_available() is False); use --device cpu"
+        )
+    index = int(device.partition(":")[2] or 0)
+    if index >= torch.cuda.device_count():
+        return f"--device {device}: this machine has {torch.cuda.device_count()} CUDA device(s)"
+    return None
 
 
 def _import_from_here() -> None:

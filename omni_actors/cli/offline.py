@@ -1,8 +1,11 @@
-"""``omni-actors run``: one request through a pipeline, offline, written to a WAV file.
+"""``omni-actors run``: one request through a pipeline, offline; its audio to a WAV file.
 
 Prints the text as it streams, then TTFT, TTFA, RTF and end-to-end latency. Missing
-weights are prepared first (with a progress bar) unless ``--no-prepare``; bad input
-(an unreadable WAV, an unknown preset) is a one-line message and a non-zero exit.
+weights are prepared first (with a progress bar) unless ``--no-prepare``. Expected
+mistakes (no input, an unreadable WAV, an unknown preset, a device this machine lacks,
+an engine that fails to start) are one line and a non-zero exit (the traceback too at
+``--log-level debug``); the arguments are checked before torch is imported, so a usage
+error comes at once.
 """
 
 from __future__ import annotations
@@ -10,12 +13,15 @@ from __future__ import annotations
 import argparse
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-import torch
-
-from omni_actors.cli.prepare import NotPreparedError, prepared_spec
+from omni_actors.cli import add_log_level, configure_logging, device_problem, report
 from omni_actors.errors import OmniError
-from omni_actors.pipeline.spec.pipeline import PipelineSpec, load_pipeline
+
+if TYPE_CHECKING:
+    import torch
+
+    from omni_actors.pipeline.spec.pipeline import PipelineSpec
 
 __all__ = ["add_run_arguments", "run_command"]
 
@@ -35,7 +41,12 @@ def add_run_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--text", default=None, help="the request's text")
     parser.add_argument("--audio", type=Path, default=None, help="the request's audio (a WAV)")
-    parser.add_argument("--out", type=Path, required=True, help="where to write the reply WAV")
+    parser.add_argument(
+        "--out",
+        type=Path,
+        default=None,
+        help="where to write the reply WAV (needed when the pipeline answers with audio)",
+    )
     parser.add_argument("--cache-dir", type=Path, default=None, help="weights cache")
     parser.add_argument("--seed", type=int, default=0, help="seed of the prepared weights")
     parser.add_argument(
@@ -48,14 +59,27 @@ def add_run_arguments(parser: argparse.ArgumentParser) -> None:
         action="store_true",
         help="fail (with the command to run) instead of preparing missing weights",
     )
+    add_log_level(parser, "warning")
 
 
 def run_command(ns: argparse.Namespace) -> int:
     """Run one request; 0 on success, 1 if the session failed, 2 for bad input."""
+    configure_logging(ns.log_level)
     try:
-        spec = load_pipeline(ns.preset).without_transcriber()  # one reply: no transcript
         if ns.text is None and ns.audio is None:
             raise _UsageError("give --text, --audio or both")
+        if ns.audio is not None and not ns.audio.is_file():
+            raise _UsageError(f"--audio {ns.audio}: no such file")
+        from omni_actors.pipeline.spec.pipeline import load_pipeline  # torch, from here on
+
+        spec = load_pipeline(ns.preset).without_transcriber()  # one reply: no transcript
+        if spec.outputs.audio is not None and ns.out is None:
+            raise _UsageError(
+                f"pipeline {spec.name} answers with audio: give --out FILE.wav to write it"
+            )
+        problem = device_problem(ns.device)
+        if problem is not None:
+            raise _UsageError(problem)
         audio = _read_audio(ns.audio) if ns.audio is not None else None
         if ns.model is not None:
             spec = spec.with_model(ns.model)
@@ -63,14 +87,14 @@ def run_command(ns: argparse.Namespace) -> int:
             spec = spec.on_device(ns.device)
         spec = _prepared(spec, ns)
     except (OmniError, _UsageError) as exc:
-        print(f"omni-actors run: {exc}", file=sys.stderr)
+        report("run", exc, ns.log_level)
         return 2
     from omni_actors import run
 
     try:
         return run(_request(spec, ns.text, audio, ns.out))
     except OmniError as exc:  # the pipeline did not start: a model it cannot load, say
-        print(f"omni-actors run: {exc}", file=sys.stderr)
+        report("run", exc, ns.log_level)
         return 2
 
 
@@ -87,6 +111,8 @@ def _read_audio(path: Path) -> torch.Tensor:
 
 def _prepared(spec: PipelineSpec, ns: argparse.Namespace) -> PipelineSpec:
     """Point model-family stages at the cache and seed; prepare their weights if missing."""
+    from omni_actors.cli.prepare import NotPreparedError, prepared_spec
+
     try:
         return prepared_spec(spec, cache_dir=ns.cache_dir, seed=ns.seed, prepare=not ns.no_prepare)
     except NotPreparedError as exc:
@@ -94,8 +120,10 @@ def _prepared(spec: PipelineSpec, ns: argparse.Namespace) -> PipelineSpec:
 
 
 async def _request(
-    spec: PipelineSpec, text: str | None, audio: torch.Tensor | None, out: Path
+    spec: PipelineSpec, text: str | None, audio: torch.Tensor | None, out: Path | None
 ) -> int:
+    import torch
+
     from omni_actors.audio.wav import write_wav
     from omni_actors.pipeline.omni_pipeline import OmniPipeline
     from omni_actors.protocols.events import AudioDelta, Done, SessionError, TextDelta
@@ -114,9 +142,11 @@ async def _request(
                     pieces.append(samples)
                 case Done(metrics=m):
                     print()
-                    audio_out = torch.cat(pieces) if pieces else torch.zeros(0)
-                    write_wav(out, audio_out, rate)
-                    print(f"wrote {out} ({audio_out.numel() / rate:.2f}s of {rate} Hz audio)")
+                    if out is not None:
+                        audio_out = torch.cat(pieces) if pieces else torch.zeros(0)
+                        write_wav(out, audio_out, rate)
+                        seconds = audio_out.numel() / rate
+                        print(f"wrote {out} ({seconds:.2f}s of {rate} Hz audio)")
                     print(f"TTFT {_ms(m.ttft_ms)}  TTFA {_ms(m.ttfa_ms)}  ", end="")
                     rtf = "-" if m.rtf is None else f"{m.rtf:.3f}"
                     print(f"RTF {rtf}  end-to-end {m.e2e_ms:.0f} ms")

@@ -10,18 +10,19 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import logging
+import dataclasses
 import signal
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from omni_actors.cli.prepare import prepared_spec
+from omni_actors.cli import add_log_level, configure_logging, device_problem, report
 from omni_actors.errors import OmniError
-from omni_actors.models.heap import freeze_heap
-from omni_actors.pipeline.spec.pipeline import PipelineSpec, load_pipeline
-from omni_actors.server.runner import run_server
 from omni_actors.server.settings import ServerSettings
-from omni_actors.server.voices import parse_voice_map
+
+if TYPE_CHECKING:
+    from omni_actors.pipeline.spec.pipeline import PipelineSpec
+    from omni_actors.server.runner import RunningServer
 
 __all__ = ["add_serve_arguments", "serve_command"]
 
@@ -89,17 +90,21 @@ def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
     )
     add("--cache-dir", type=Path, default=None, help="weights cache")
     add("--seed", type=int, default=0, help="seed of the prepared weights")
+    add(
+        "--ssl-certfile",
+        default=None,
+        metavar="PEM",
+        help="serve https and wss with this certificate (with --ssl-keyfile): a browser "
+        "on another machine gives the demo page its microphone only over https",
+    )
+    add("--ssl-keyfile", default=None, metavar="PEM", help="the certificate's private key")
     add("--ready-file", default=None, help="write the server's URL here once it listens")
-    add("--log-level", default="info", choices=["debug", "info", "warning", "error"])
+    add_log_level(parser, "info")
 
 
 def serve_command(ns: argparse.Namespace) -> int:
     """Serve until a signal; 0 after a clean shutdown, 2 for bad arguments."""
-    logging.basicConfig(
-        level=ns.log_level.upper(),
-        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-        stream=sys.stderr,
-    )
+    configure_logging(ns.log_level)
     try:
         settings = ServerSettings(
             preset=ns.preset,
@@ -111,8 +116,17 @@ def serve_command(ns: argparse.Namespace) -> int:
             idle_timeout_s=ns.idle_timeout_s,
             max_input_buffer_s=ns.max_input_buffer_s,
             grace_s=ns.grace_s,
-            voice_map=parse_voice_map(ns.voice_map),
+            ssl_certfile=ns.ssl_certfile,
+            ssl_keyfile=ns.ssl_keyfile,
         )
+        problem = device_problem(ns.device)
+        if problem is not None:
+            raise ValueError(problem)
+        from omni_actors.cli.prepare import prepared_spec  # torch, from here on
+        from omni_actors.pipeline.spec.pipeline import load_pipeline
+        from omni_actors.server.voices import parse_voice_map
+
+        settings = dataclasses.replace(settings, voice_map=parse_voice_map(ns.voice_map))
         spec = load_pipeline(ns.preset)
         if ns.model is not None:
             spec = spec.with_model(ns.model)
@@ -122,7 +136,7 @@ def serve_command(ns: argparse.Namespace) -> int:
         if ns.cluster is not None:
             spec = spec.on_cluster(ns.cluster)
     except (OmniError, ValueError) as exc:
-        print(f"omni-actors serve: {exc}", file=sys.stderr)
+        report("serve", exc, ns.log_level)
         return 2
     import torch
 
@@ -135,11 +149,14 @@ def serve_command(ns: argparse.Namespace) -> int:
     try:
         return run(_serve(settings, spec, ns.ready_file))
     except OmniError as exc:  # the pipeline did not start: a model it cannot load, say
-        print(f"omni-actors serve: {exc}", file=sys.stderr)
+        report("serve", exc, ns.log_level)
         return 2
 
 
 async def _serve(settings: ServerSettings, spec: PipelineSpec, ready_file: str | None) -> int:
+    from omni_actors.models.heap import freeze_heap
+    from omni_actors.server.runner import run_server
+
     loop = asyncio.get_running_loop()
     stop = asyncio.Event()
     signals = 0
@@ -160,9 +177,7 @@ async def _serve(settings: ServerSettings, spec: PipelineSpec, ready_file: str |
     try:
         async with run_server(settings, pipeline=spec) as server:
             freeze_heap()  # started: full collections need not walk what it loaded
-            print(f"omni-actors serving {spec.name}: open {server.url}/ (demo page)", flush=True)
-            print(f"  realtime websocket: {server.ws_url}", flush=True)
-            print(f"  chat completions:   {server.url}/v1/chat/completions", flush=True)
+            _announce(spec.name, server)
             if ready_file is not None:
                 _write(ready_file, server.url)
             await stop.wait()
@@ -174,6 +189,22 @@ async def _serve(settings: ServerSettings, spec: PipelineSpec, ready_file: str |
             loop.remove_signal_handler(sig)
     print("omni-actors serve: stopped", file=sys.stderr)
     return 0
+
+
+def _announce(name: str, server: RunningServer) -> None:
+    """Where to point a browser and a client; on every interface (``--host 0.0.0.0``),
+    this machine's own address and its name on the network besides."""
+    print(f"omni-actors serving {name}: open {server.url}/ (demo page)", flush=True)
+    if server.network_url is not None:
+        print(f"  from other machines: {server.network_url}/", flush=True)
+        if not server.url.startswith("https:"):
+            print(
+                "  (a browser there gives the demo page its microphone only over https: "
+                "serve with --ssl-certfile/--ssl-keyfile, or use an SSH tunnel)",
+                flush=True,
+            )
+    print(f"  realtime websocket: {server.ws_url}", flush=True)
+    print(f"  chat completions:   {server.url}/v1/chat/completions", flush=True)
 
 
 def _write(path: str, text: str) -> None:

@@ -17,7 +17,7 @@ import contextlib
 import gc
 import itertools
 import logging
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, cast
 
@@ -29,6 +29,7 @@ from omni_actors._props import Props
 from omni_actors._ref import ActorRef
 from omni_actors._system import ActorSystem
 from omni_actors.actors.stage.actor import StageActor
+from omni_actors.audio.samples import AudioInput
 from omni_actors.clock import Clock
 from omni_actors.pipeline.orchestrator import Orchestrator, OrchestratorMessage, pipeline_strategy
 from omni_actors.pipeline.session import Modality, Session
@@ -62,7 +63,8 @@ class OmniPipeline:
     """A running pipeline: its stages, orchestrator and admission control.
 
     Args:
-        pipeline: a :class:`PipelineSpec`, a preset name or a YAML path.
+        pipeline: a :class:`PipelineSpec`, a mapping of what its YAML would hold, a
+            preset name or a YAML path.
         max_sessions: sessions served at once; further requests wait for a slot, up to
             the pipeline's ``deadlines.admission_s``.
         system: run inside this actor system (default: a system of its own). Its clock
@@ -80,7 +82,7 @@ class OmniPipeline:
 
     def __init__(
         self,
-        pipeline: PipelineSpec | str | Path = "scripted-omni",
+        pipeline: PipelineSpec | Mapping[str, Any] | str | Path = "scripted-omni",
         *,
         max_sessions: int = 256,
         system: ActorSystem | None = None,
@@ -91,7 +93,7 @@ class OmniPipeline:
     ) -> None:
         if max_sessions < 1:
             raise ValueError(f"max_sessions must be >= 1, got {max_sessions}")
-        self.spec = pipeline if isinstance(pipeline, PipelineSpec) else load_pipeline(pipeline)
+        self.spec = load_pipeline(pipeline)
         if cluster is not None:
             self.spec = self.spec.on_cluster(cluster)
         self._cluster: PipelineCluster | None = None
@@ -236,22 +238,27 @@ class OmniPipeline:
     def generate(
         self,
         text: str | None = None,
-        audio: torch.Tensor | None = None,
+        audio: AudioInput | None = None,
         *,
+        sample_rate: int | None = None,
         modalities: tuple[Modality, ...] = ("text", "audio"),
         session_id: str | None = None,
     ) -> AsyncIterator[Event]:
         """One request: its events as they are produced, ending with a terminal event.
 
+        ``audio`` and ``sample_rate`` are taken as ``Session.send`` takes them (a tensor,
+        an array or PCM16 bytes; audio at another rate than the pipeline's
+        ``inputs.sample_rate`` is resampled to it).
         Stopping the iteration early (``break``, ``aclose``, cancelling the task) aborts
         the session on every stage.
         """
-        return self._generate(text, audio, modalities, session_id)
+        return self._generate(text, audio, sample_rate, modalities, session_id)
 
     async def _generate(
         self,
         text: str | None,
-        audio: torch.Tensor | None,
+        audio: AudioInput | None,
+        sample_rate: int | None,
         modalities: tuple[Modality, ...],
         session_id: str | None,
     ) -> AsyncIterator[Event]:
@@ -263,7 +270,7 @@ class OmniPipeline:
                 return
             # It may end meanwhile (a deadline): its terminal event then says why.
             with contextlib.suppress(SessionClosedError):
-                await session.send(text=text, audio=audio, end="finished")
+                await session.send(text=text, audio=audio, sample_rate=sample_rate, end="finished")
             # The session's channel read here, not through its own iterator: one async
             # generator per event, not two (this runs once per event of every request).
             get = session.channel.get

@@ -7,7 +7,24 @@ onto the session (append -> ``send``, commit -> ``commit``, ``response.create`` 
 ``respond``, ``response.cancel`` -> ``Response.cancel``, truncate -> ``truncate``).
 """
 
-from omni_actors.server.runner import RunningServer, run_server
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
 from omni_actors.server.settings import ServerSettings
 
+if TYPE_CHECKING:
+    from omni_actors.server.runner import RunningServer, run_server
+
 __all__ = ["RunningServer", "ServerSettings", "run_server"]
+
+# The runner loads torch and the app: ``omni-actors serve`` reads its settings (and
+# checks its arguments) first.
+_LAZY = ("RunningServer", "run_server")
+
+
+def __getattr__(name: str) -> Any:
+    if name not in _LAZY:
+        raise AttributeError(f"module 'omni_actors.server' has no attribute {name!r}")
+    return getattr(importlib.import_module("omni_actors.server.runner"), name)

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import ipaddress
 import logging
 import socket
 from collections.abc import AsyncIterator, Iterator
@@ -52,9 +53,12 @@ class RunningServer:
     """A server started by :func:`run_server`.
 
     Attributes:
-        url: the server's base URL (the demo page).
+        url: the server's base URL (the demo page), one this machine can open: on
+            every interface (``0.0.0.0``, ``::``) it names the loopback address.
         ws_url: the realtime websocket's URL.
         state: what its routes share (pipeline, metrics, connections).
+        network_url: on every interface, the URL by this machine's name, for a browser
+            elsewhere; None when the server listens on one address.
     """
 
     url: str
@@ -62,6 +66,7 @@ class RunningServer:
     state: ServerState
     _server: _Server
     _task: asyncio.Task[None]
+    network_url: str | None = None
 
     async def shutdown(self) -> None:
         """Drain and stop (see the module docstring); safe to call twice."""
@@ -102,6 +107,21 @@ def _listen(host: str, port: int) -> socket.socket:
     return sock
 
 
+def _openable(host: str) -> str:
+    """``host``, or the loopback address when it means every interface: a browser
+    cannot open ``http://0.0.0.0:8000``."""
+    if ipaddress.ip_address(host).is_unspecified:
+        return "::1" if ":" in host else "127.0.0.1"
+    return host
+
+
+def _urls(host: str, port: int, tls: bool) -> tuple[str, str]:
+    """The base URL and the realtime websocket's URL of ``host:port``."""
+    where = f"[{host}]" if ":" in host else host
+    http, ws = ("https", "wss") if tls else ("http", "ws")
+    return f"{http}://{where}:{port}", f"{ws}://{where}:{port}/v1/realtime"
+
+
 @contextlib.asynccontextmanager
 async def run_server(
     settings: ServerSettings, *, pipeline: PipelineSpec | str | None = None
@@ -129,17 +149,22 @@ async def run_server(
                 lifespan="off",  # ``omni`` is owned here
                 log_config=None,
                 timeout_graceful_shutdown=_UVICORN_GRACE_S,
+                ssl_certfile=settings.ssl_certfile,
+                ssl_keyfile=settings.ssl_keyfile,
             )
             server = _Server(config)
             task = asyncio.create_task(server.serve(sockets=[sock]), name="uvicorn")
             host, port = sock.getsockname()[:2]
-            where = f"[{host}]" if ":" in host else host
+            tls = settings.ssl_certfile is not None
+            url, ws_url = _urls(_openable(host), port, tls)
+            everywhere = ipaddress.ip_address(host).is_unspecified
             running = RunningServer(
-                url=f"http://{where}:{port}",
-                ws_url=f"ws://{where}:{port}/v1/realtime",
+                url=url,
+                ws_url=ws_url,
                 state=app.state.server,
                 _server=server,
                 _task=task,
+                network_url=_urls(socket.gethostname(), port, tls)[0] if everywhere else None,
             )
             try:
                 yield running

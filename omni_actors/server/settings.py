@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from pathlib import Path
 
 __all__ = ["ServerSettings"]
 
@@ -19,7 +20,12 @@ class ServerSettings:
     Attributes:
         preset: the pipeline (a preset name or a YAML path).
         host: the interface to listen on (loopback by default: put a reverse proxy
-            with TLS in front to serve beyond this machine).
+            with TLS in front to serve beyond this machine, or give the certificate
+            below).
+        ssl_certfile: serve https and wss with this PEM certificate (and
+            ``ssl_keyfile``): a browser gives a page its microphone only on https or
+            on localhost.
+        ssl_keyfile: the certificate's private key (PEM).
         port: the TCP port (0: any free port, as tests use).
         api_key: when set, a client must present it (``Authorization: Bearer KEY``, or
             the ``openai-insecure-api-key.KEY`` websocket subprotocol that browsers use).
@@ -44,6 +50,8 @@ class ServerSettings:
     preset: str = "tiny-omni"
     host: str = "127.0.0.1"
     port: int = 8000
+    ssl_certfile: str | None = None
+    ssl_keyfile: str | None = None
     api_key: str | None = None
     allowed_origins: tuple[str, ...] = ()
     max_sessions: int = 64
@@ -66,3 +74,9 @@ class ServerSettings:
             raise ValueError(f"grace_s must be >= 0, got {self.grace_s}")
         if not 0 <= self.port <= 65535:
             raise ValueError(f"port must be in 0..65535, got {self.port}")
+        if (self.ssl_certfile is None) != (self.ssl_keyfile is None):
+            raise ValueError("TLS needs both ssl_certfile and ssl_keyfile (a PEM each)")
+        for name in ("ssl_certfile", "ssl_keyfile"):
+            path = getattr(self, name)
+            if path is not None and not Path(path).is_file():
+                raise ValueError(f"{name} {path}: no such file")

@@ -20,15 +20,21 @@ from omni_actors.testing.waiting import consistently, eventually
 
 if TYPE_CHECKING:
     from omni_actors.testing.chunk_faults import ChunkFaults, FaultyEdge, PipelineFaults
+    from omni_actors.testing.one_engine import engine_pipeline
 
-# Pipeline faults load torch; the plain actor harness (and the pytest plugin) must not.
-_LAZY = ("ChunkFaults", "FaultyEdge", "PipelineFaults")
+# Pipelines load torch; the plain actor harness (and the pytest plugin) must not.
+_LAZY = {
+    "ChunkFaults": "chunk_faults",
+    "FaultyEdge": "chunk_faults",
+    "PipelineFaults": "chunk_faults",
+    "engine_pipeline": "one_engine",
+}
 
 
 def __getattr__(name: str) -> Any:
     if name not in _LAZY:
         raise AttributeError(f"module 'omni_actors.testing' has no attribute {name!r}")
-    return getattr(importlib.import_module("omni_actors.testing.chunk_faults"), name)
+    return getattr(importlib.import_module(f"omni_actors.testing.{_LAZY[name]}"), name)
 
 
 __all__ = [
@@ -41,6 +47,7 @@ __all__ = [
     "VirtualClock",
     "consistently",
     "crash_after",
+    "engine_pipeline",
     "eventually",
     "kill_worker",
     "worker_pid",

@@ -102,6 +102,33 @@ class ActorTestKit:
         :func:`omni_actors.testing.consistently`."""
         await consistently(condition, duration, what)
 
+    async def armed(self, delay: float, count: int = 1, timeout: float = 5.0) -> None:
+        """Wait until ``count`` deadlines are armed ``delay`` virtual seconds from now.
+
+        Virtual time moves only when the test says so, and a deadline armed after
+        :meth:`VirtualClock.advance` has run is not moved by it: a test that advances
+        past a deadline first waits until the wait it guards has begun (a response's
+        ``first_chunk_s`` is armed once the engine has taken its input, not when
+        ``respond()`` returns)::
+
+            response = await session.respond()
+            await kit.armed(6.0)  # deadlines.first_chunk_s
+            kit.virtual_clock.advance(6.0)
+
+        Raises:
+            AssertionError: they were not armed within ``timeout`` real seconds; the
+                message lists the deadlines that are.
+        """
+        clock = self.virtual_clock
+
+        def ready() -> bool:
+            pending = clock.pending()
+            armed = sum(1 for d in pending if abs(d - delay) < 1e-9)
+            assert armed >= count, f"armed now, seconds from now: {pending}"
+            return True
+
+        await self.eventually(ready, timeout, what=f"{count} deadline(s) {delay}s away")
+
     # -- what a test may read ----------------------------------------------------------
 
     def live_tasks(self) -> list[asyncio.Task[Any]]:

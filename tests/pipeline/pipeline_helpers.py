@@ -123,11 +123,5 @@ async def assert_nothing_held(omni: OmniPipeline, timeout: float = 5.0) -> None:
 
 
 async def armed(kit: ActorTestKit, delay: float, count: int = 1) -> None:
-    """Until ``count`` deadlines are armed ``delay`` seconds from now on the kit's
-    virtual clock: the waits they guard have begun."""
-    clock = kit.virtual_clock
-
-    def ready() -> bool:
-        return sum(1 for d in clock.pending() if abs(d - delay) < 1e-9) >= count
-
-    await kit.eventually(ready, what=f"{count} deadline(s) {delay}s away")
+    """``kit.armed``: until ``count`` deadlines are armed ``delay`` seconds from now."""
+    await kit.armed(delay, count)

@@ -75,9 +75,12 @@ class Chromium:
     Args:
         fake_mic_wav: what getUserMedia hears; Chromium loops it.
         log_path: the browser's stdout and stderr, for when a test fails.
+        extra_args: more command-line switches (``--host-resolver-rules=...``).
     """
 
-    def __init__(self, fake_mic_wav: Path, log_path: Path) -> None:
+    def __init__(
+        self, fake_mic_wav: Path, log_path: Path, extra_args: tuple[str, ...] = ()
+    ) -> None:
         executable = shutil.which("chromium")
         if executable is None:
             raise RuntimeError(
@@ -102,6 +105,7 @@ class Chromium:
             "--use-fake-device-for-media-stream",
             f"--use-file-for-fake-audio-capture={fake_mic_wav}",
             "--autoplay-policy=no-user-gesture-required",
+            *extra_args,
             "about:blank",
         ]
         try:

@@ -196,3 +196,43 @@ async def test_demo_page_presents_the_api_key_typed_in(chromium: Chromium, tmp_p
         _connected_demo(server, chromium, tmp_path, api_key="sk-demo-123") as demo,
     ):
         await demo.wait_for_state("ready")
+
+
+async def test_the_page_says_the_microphone_needs_https_when_it_is_not_a_secure_context(
+    tmp_path: Path,
+) -> None:
+    # A name other than localhost, served over plain http: what a browser on another
+    # machine gets. Chromium maps the name to this machine's loopback itself.
+    wav = tmp_path / "mic.wav"
+    write_speech_like_wav(wav)
+    rules = "--host-resolver-rules=MAP omni-demo.test 127.0.0.1"
+    with Chromium(wav, tmp_path / "chromium.log", (rules,)) as browser:
+        settings = ServerSettings(preset="scripted-omni", port=0)
+        async with run_server(settings) as server:
+            port = server.url.rsplit(":", 1)[1]
+            devtools = await DevTools.connect(browser.devtools_url())
+            try:
+                page = await devtools.open_page()
+                await page.navigate(f"http://omni-demo.test:{port}/")
+                await eventually(
+                    lambda: page.evaluate("document.readyState === 'complete'"),
+                    timeout=30,
+                    what="the demo page loaded",
+                )
+                assert await page.evaluate("window.isSecureContext") is False
+                notice = await page.evaluate("document.getElementById('notice').textContent")
+                assert "needs https or localhost" in notice
+                assert "--ssl-certfile" in notice
+                await page.evaluate("document.getElementById('connect').click()", user_gesture=True)
+
+                async def refused() -> list[str]:
+                    errors: list[str] = (await _demo_state(page))["errors"]
+                    assert errors
+                    return errors
+
+                errors = await eventually(refused, timeout=30, what="the connect refused")
+                assert all("getUserMedia" not in error for error in errors), errors
+                assert "needs https or localhost" in errors[0]
+                assert await page.evaluate("omniDemo.state") == "disconnected"
+            finally:
+                await devtools.close()

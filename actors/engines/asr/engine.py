@@ -115,9 +115,11 @@ class AsrEngine(TorchEngine):
 
     def _load(self, path: Path) -> None:
         from omni_actors.actors.engines.asr.hf import AutoModelForSpeechSeq2Seq, AutoProcessor
+        from omni_actors.actors.engines.qwen3_omni.configs import quiet_transformers
 
-        self._processor = AutoProcessor.from_pretrained(path)  # type: ignore[no-untyped-call,unused-ignore]
-        model = AutoModelForSpeechSeq2Seq.from_pretrained(path, use_safetensors=True)
+        with quiet_transformers():  # no weight-loading bar on every start
+            self._processor = AutoProcessor.from_pretrained(path)  # type: ignore[no-untyped-call,unused-ignore]
+            model = AutoModelForSpeechSeq2Seq.from_pretrained(path, use_safetensors=True)
         # The engine bounds a transcript by its own argument, not the checkpoint's.
         model.generation_config.max_length = None
         model.generation_config.max_new_tokens = self._args.max_transcript_tokens

@@ -19,6 +19,8 @@ samples unchanged), so a release that changes them fails loudly, not silently.
 
 from __future__ import annotations
 
+import logging
+
 from omni_actors.errors import MissingExtraError
 
 try:
@@ -50,6 +52,11 @@ try:
     from transformers.utils import logging as hf_logging
 except ImportError as exc:
     raise MissingExtraError("tiny-omni", "tiny-omni", exc) from exc
+
+# Qwen3-Omni's own config carries mrope keys that transformers' rope validation does not
+# list, so every release (the published one too) would warn on every start: the model's
+# configuration, not the user's, and nothing they can act on.
+logging.getLogger("transformers.modeling_rope_utils").setLevel(logging.ERROR)
 
 __all__ = [
     "AttentionInterface",

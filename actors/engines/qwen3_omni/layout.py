@@ -18,7 +18,15 @@ from omni_actors.errors import ModelFileError
 from omni_actors.models.files import check_tokenizer, read_json
 from omni_actors.models.release import Release
 
-__all__ = ["ARCHITECTURE", "REBUILD", "STAGES", "accept_hidden_layer", "verify"]
+__all__ = [
+    "ARCHITECTURE",
+    "NOT_A_RELEASE",
+    "REBUILD",
+    "STAGES",
+    "accept_hidden_layer",
+    "remedy",
+    "verify",
+]
 
 STAGES: Final = ("thinker", "talker", "code2wav")
 """The stages, in pipeline order; each one's tensors are under ``<stage>.``."""
@@ -27,8 +35,24 @@ ARCHITECTURE: Final = "Qwen3OmniMoeForConditionalGeneration"
 """The composite model class a release's ``config.json`` names."""
 
 REBUILD: Final = "rebuild it: omni-actors prepare tiny-omni --force"
-"""What to do about a bad file found while loading a stage (which knows no cache or seed;
-the cache's own check names both)."""
+"""What to do about a bad file of a release omni-actors generated, found while loading a
+stage (which knows no cache or seed; the cache's own check names both)."""
+
+NOT_A_RELEASE: Final = (
+    "is it a Qwen3-Omni release? --model (and an engine's model:) takes a directory in the "
+    "layout Qwen publishes (config.json, the safetensors shards and their index, the "
+    "tokenizer and preprocessor files) or a Hugging Face repo id"
+)
+"""What to do about a bad file of a directory the user named: omni-actors did not write
+it, so rebuilding is not the answer."""
+
+
+def remedy(path: Path) -> str:
+    """What a ``ModelFileError`` about ``path`` (a release directory or a file in one)
+    tells the user to do: rebuild a release omni-actors generated (it carries the
+    cache's ``prepared.json``), or check one of their own."""
+    release = path if path.is_dir() else path.parent
+    return REBUILD if (release / "prepared.json").is_file() else NOT_A_RELEASE
 
 
 def verify(out_dir: Path) -> None:
@@ -61,5 +85,5 @@ def accept_hidden_layer(config: Mapping[str, Any], path: Path) -> int:
     layer = talker.get("accept_hidden_layer") if isinstance(talker, dict) else None
     if not isinstance(layer, int) or isinstance(layer, bool):
         problem = f"has no talker_config.accept_hidden_layer layer number (found {layer!r})"
-        raise ModelFileError(path, problem, REBUILD)
+        raise ModelFileError(path, problem, remedy(path))
     return layer

@@ -168,7 +168,7 @@ class TalkerModel:
         speakers = cfg.speaker_id
         if not isinstance(speakers, dict) or not speakers:
             problem = f"has no talker_config.speaker_id voices (found {speakers!r})"
-            raise ModelFileError(path / "config.json", problem, layout.REBUILD)
+            raise ModelFileError(path / "config.json", problem, layout.remedy(path))
         self.speakers = {str(name).lower(): int(code) for name, code in speakers.items()}
         self._vocab = int(self.text_config.vocab_size)
         self._codec_eos = int(cfg.codec_eos_token_id)

@@ -130,7 +130,7 @@ class ThinkerModel:
         capture: Capture | None = None,
     ) -> None:
         device = device or torch.device("cpu")
-        release = Release.open(path, remedy=layout.REBUILD)
+        release = Release.open(path, remedy=layout.remedy(path))
         thinker = weights.load(path, "thinker", device=device, release=release)
         assert isinstance(thinker, Qwen3OmniMoeThinkerForConditionalGeneration)
         self._thinker = thinker
@@ -353,12 +353,12 @@ def _feature_extractor(path: Path) -> WhisperFeatureExtractor:
     naming it, and a missing one by looking for it on the Hub.
     """
     file = path / _PREPROCESSOR
-    read_json(file, remedy=layout.REBUILD)
+    read_json(file, remedy=layout.remedy(file))
     try:
         with configs.quiet_transformers():
             extractor = WhisperFeatureExtractor.from_pretrained(str(path), local_files_only=True)
     except Exception as error:  # the file parsed, yet is no Whisper extractor's config
         problem = f"is no WhisperFeatureExtractor config ({error})"
-        raise ModelFileError(file, problem, layout.REBUILD) from error
+        raise ModelFileError(file, problem, layout.remedy(file)) from error
     assert isinstance(extractor, WhisperFeatureExtractor)
     return extractor

@@ -55,7 +55,7 @@ from .configs import (
     quiet_transformers,
     tiny_configs,
 )
-from .layout import ARCHITECTURE, REBUILD, STAGES
+from .layout import ARCHITECTURE, STAGES, remedy
 from .tokenizer import TinyVocab, write_tokenizer
 
 __all__ = [
@@ -117,13 +117,13 @@ def stage_config_of(config: Mapping[str, Any], stage: str, path: Path) -> PreTra
     """
     part = config.get(f"{stage}_config")
     if not isinstance(part, dict):
-        raise ModelFileError(path, f"has no {stage}_config object", REBUILD)
+        raise ModelFileError(path, f"has no {stage}_config object", remedy(path))
     try:
         with quiet_transformers():
             return _CONFIGS[stage](**part)
     except Exception as error:  # a field of the wrong type or value: the file's fault
         problem = f"has a {stage}_config that is no valid {_CONFIGS[stage].__name__} ({error})"
-        raise ModelFileError(path, problem, REBUILD) from error
+        raise ModelFileError(path, problem, remedy(path)) from error
 
 
 def build_stage(stage: str, config: PreTrainedConfig, dtype: torch.dtype) -> PreTrainedModel:
@@ -215,7 +215,7 @@ def load(
     """
     if stage not in STAGE_CLASSES:
         raise ValueError(f"no stage {stage!r}; the stages are {', '.join(STAGES)}")
-    release = release or Release.open(Path(release_dir), remedy=REBUILD)
+    release = release or Release.open(Path(release_dir), remedy=remedy(Path(release_dir)))
     config = stage_config(release, stage)
     dtype = dtype or release_dtype(release, stage)
     # Built and filled while no other engine thread of this process builds, loads or
@@ -241,21 +241,21 @@ def _build_and_fill(
             found = _target(state, name)
             if found is None:
                 problem = f"holds {stage}.{name}, which the {stage} its config describes has not"
-                raise ModelFileError(index, problem, REBUILD)
+                raise ModelFileError(index, problem, remedy(index))
             key, target = found
             if tuple(target.shape) != tuple(tensor.shape):
                 problem = (
                     f"holds {stage}.{name} of shape {list(tensor.shape)}; "
                     f"the config makes it {list(target.shape)}"
                 )
-                raise ModelFileError(index, problem, REBUILD)
+                raise ModelFileError(index, problem, remedy(index))
             target.copy_(tensor)
             filled.add(key)
     missing = _missing(state, filled)
     if missing:
         shown = ", ".join(f"{stage}.{n}" for n in missing[:5])
         more = f" and {len(missing) - 5} more" if len(missing) > 5 else ""
-        raise ModelFileError(index, f"lacks tensors of the {stage}: {shown}{more}", REBUILD)
+        raise ModelFileError(index, f"lacks tensors of the {stage}: {shown}{more}", remedy(index))
     return model
 
 

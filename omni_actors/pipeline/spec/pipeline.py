@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import re
 from collections import Counter
+from collections.abc import Mapping
 from importlib import resources
 from pathlib import Path
 from typing import Annotated, Any, Literal
@@ -122,8 +123,9 @@ class EdgeSpec(Spec):
 class InputsSpec(Spec):
     """What the entry stage takes from the caller.
 
-    ``sample_rate``: the audio rate it takes; audio sent at another rate
-    (``Session.send(audio=..., sample_rate=...)``) is resampled to it.
+    ``sample_rate``: the audio rate it takes, 16000 by default (Qwen3-Omni's audio
+    encoder's); audio sent at another rate (``Session.send(audio=..., sample_rate=...)``,
+    ``OmniPipeline.generate(audio=..., sample_rate=...)``) is resampled to it.
     ``max_send_bytes``: the most one ``send`` may carry (its tensors' bytes plus its
     text's characters); more is refused before anything is queued, so one caller cannot
     make the pipeline hold an unbounded chunk. Send a long input in pieces.
@@ -146,6 +148,11 @@ class OutputsSpec(Spec):
     the transcriber's ports (:mod:`omni_actors.actors.engines.transcriber_ports`). A
     session that asks for transcripts (``Session.transcribe``) gets one event per user
     turn from it.
+
+    ``sample_rate``: the rate of the audio the caller receives (``AudioDelta.sample_rate``),
+    24000 by default, as Qwen3-Omni's code2wav writes it; when the engine of the
+    ``audio`` stage declares the rate it yields (``audio_rate``), that rate is the
+    default, and a different value here is refused.
     """
 
     text: str | None = None
@@ -254,10 +261,26 @@ class PipelineSpec(Spec):
         self._wiring = wire(self.stages, self.edges)
         if transcriber is not None:
             _check_transcriber_ports(transcriber, self._wiring.ports[transcriber], self.stages)
+        self._take_audio_rate()
         from omni_actors.pipeline.spec.edge_paths import edge_paths  # it reads these specs
 
         edge_paths(self)  # an edge that insists on a path it cannot have is refused here
         return self
+
+    def _take_audio_rate(self) -> None:
+        """``outputs.sample_rate`` from the audio stage's engine, when it declares one."""
+        stage = self.outputs.audio
+        rate = None if stage is None else self._wiring.ports[stage].audio_rate
+        if rate is None or rate == self.outputs.sample_rate:
+            return
+        if "sample_rate" in self.outputs.model_fields_set:
+            raise ValueError(
+                f"outputs.sample_rate is {self.outputs.sample_rate} but the engine of stage "
+                f"{stage!r} yields audio at {rate} Hz: remove outputs.sample_rate (it follows "
+                "the engine) or make the two agree"
+            )
+        # Frozen, and still being validated: the one place the default gives way.
+        object.__setattr__(self, "outputs", self.outputs.model_copy(update={"sample_rate": rate}))
 
     def _graph(self) -> StageGraph:
         return StageGraph([s.name for s in self.stages], ((e.source, e.to) for e in self.edges))
@@ -478,8 +501,9 @@ def preset_names() -> list[str]:
     return sorted(f.name.removesuffix(".yaml") for f in files if f.name.endswith(".yaml"))
 
 
-def load_pipeline(source: str | Path) -> PipelineSpec:
-    """Load a pipeline from a YAML file path or a preset name.
+def load_pipeline(source: str | Path | Mapping[str, Any] | PipelineSpec) -> PipelineSpec:
+    """Load a pipeline from a YAML file path, a preset name, or a mapping of what a
+    YAML file would hold (a :class:`PipelineSpec` is returned as it is).
 
     The file is read within the bounds of :mod:`omni_actors.pipeline.spec.yaml_reader` (its
     size, nesting, aliases and values), so a hostile file costs no more than they allow.
@@ -488,6 +512,10 @@ def load_pipeline(source: str | Path) -> PipelineSpec:
         PipelineConfigError: unreadable file, bad YAML, a file past those bounds, or an
             invalid definition; the message names the file and each offending field.
     """
+    if isinstance(source, PipelineSpec):
+        return source
+    if isinstance(source, Mapping):
+        return _validate("pipeline", dict(source))
     path = Path(source)
     if isinstance(source, str) and re.fullmatch(NAME_PATTERN, source) and not path.exists():
         preset = resources.files("omni_actors").joinpath("presets", f"{source}.yaml")
@@ -508,6 +536,10 @@ def load_pipeline(source: str | Path) -> PipelineSpec:
         raise PipelineConfigError(f"{label}: not valid YAML: {exc}") from None
     if not isinstance(data, dict):
         raise PipelineConfigError(f"{label}: expected a mapping at the top level")
+    return _validate(label, data)
+
+
+def _validate(label: str, data: dict[str, Any]) -> PipelineSpec:
     try:
         return PipelineSpec.model_validate(data)
     except ValidationError as exc:

@@ -37,6 +37,7 @@ const demo = {
   samplesScheduled: 0,
   transcript: [], // {responseId, text}
   errors: [], // error.message of each `error` event, and connection failures
+  notice: "", // why the page cannot work here (no microphone outside a secure context)
 };
 window.omniDemo = demo;
 
@@ -130,7 +131,20 @@ function encodeBase64(buffer) {
 
 // ---- microphone ----------------------------------------------------------------------
 
+// A browser offers the microphone (navigator.mediaDevices) only to a secure context:
+// https, or http://localhost / 127.0.0.1. Over plain http from another machine it is
+// undefined, and the page says why instead of failing on getUserMedia.
+const NO_MICROPHONE =
+  "the microphone needs https or localhost: this page was opened over plain http from " +
+  "another machine. Serve with --ssl-certfile/--ssl-keyfile, put a TLS proxy in front, " +
+  "or open an SSH tunnel (ssh -L 8000:localhost:8000 HOST) and browse http://localhost:8000/";
+
+function microphoneAvailable() {
+  return Boolean(navigator.mediaDevices && navigator.mediaDevices.getUserMedia);
+}
+
 async function startAudio() {
+  if (!microphoneAvailable()) throw new Error(NO_MICROPHONE);
   const stream = await navigator.mediaDevices.getUserMedia({
     audio: { echoCancellation: true, noiseSuppression: true, channelCount: 1 },
   });
@@ -345,3 +359,7 @@ $("connect").onclick = () => {
 };
 $("stop").onclick = stop;
 setState("disconnected");
+if (!microphoneAvailable()) {
+  $("notice").textContent = NO_MICROPHONE;
+  demo.notice = NO_MICROPHONE;
+}
