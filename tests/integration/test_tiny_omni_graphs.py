@@ -204,6 +204,27 @@ def test_the_code_predictor_replays_stepping_s_frames(stage_dir: Path) -> None:
     assert failing.graphed == []
 
 
+def test_the_code_predictor_runs_a_batch_as_its_bucket(stage_dir: Path) -> None:
+    """With buckets, each batch replays its bucket's graph, padded with copies of its last
+    row: the rows' own frames come back, and no batch size gets a graph of its own."""
+    talker = weights.load(stage_dir, "talker")
+    captures = Captures()
+    graphed = GraphedCodePredictor(talker, buckets=(1, 2, 4), capture=captures)
+    for rows in (1, 2, 4):
+        graphed.warm(rows)
+    width = int(talker.config.text_config.hidden_size)
+    gen = torch.Generator().manual_seed(2)
+    for batch in (3, 1, 4, 2, 3):
+        hidden = torch.randn(batch, 1, width, generator=gen)
+        code0 = torch.randint(0, configs.CODEBOOK_SIZE, (batch, 1), generator=gen)
+        codes, carry = graphed(hidden, code0)
+        expected = stepping.code_predictor_frame(talker, hidden, code0)
+        assert torch.equal(codes, expected[0]), batch
+        assert torch.equal(carry, expected[1]), batch
+    assert graphed.graphed == [1, 2, 4]
+    assert [shape[0] for shape in captures.shapes] == [1, 2, 4]
+
+
 @pytest.mark.parametrize("fused", [False, True], ids=["apart", "fused"])
 def test_the_static_code_predictor_gives_stepping_s_frames(stage_dir: Path, fused: bool) -> None:
     """The code predictor over its buffer of one position per group (what is compiled),

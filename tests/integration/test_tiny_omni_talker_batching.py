@@ -505,3 +505,30 @@ async def test_an_engine_speaks_as_each_session_alone_and_again_on_the_same_voic
     compiled = await speak(compile_frame=True, compile_backend="aot_eager")
     for got, want in zip(compiled, eager, strict=True):
         assert torch.equal(got, want)
+
+
+@pytest.mark.usefixtures("fresh_compiles")
+def test_every_frame_key_compiles_past_dynamo_s_default_limit(
+    cache_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Each (row bucket, span) of the frame-only step may compile its own graph of the
+    backbone layer: the region's own limit holds them all, where dynamo's (8 by default,
+    2 here) would run the later keys' layers uncompiled without failing."""
+    monkeypatch.setattr(torch._dynamo.config, "recompile_limit", 2)
+    path = cache_dir / "tiny-omni" / "seed-0"
+    layers = Backend()
+    model = TalkerModel(
+        path,
+        stop_at_codec_eos=True,
+        slots=9,
+        max_context=512,
+        frame_compile=FrameCompile(layers, predictor=False),
+    )
+    keys = model.frame_keys()
+    assert len({rows for rows, _ in keys}) > 2
+    assert len({span for _, span in keys}) > 1
+    with torch.no_grad():
+        for key in keys:
+            model._frame_step(key[1], *model._static_inputs(key))
+    assert len(layers.graphs) > 2
+    assert model.compiled["layers"] == "compiled"

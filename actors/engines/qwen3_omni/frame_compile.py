@@ -42,7 +42,7 @@ import sys
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Final
 
 import torch
 from pydantic import BaseModel, Field
@@ -143,6 +143,25 @@ def _reason(error: BaseException, depth: int = 3) -> str:
     return f"{type(error).__name__}: {lines[0] if lines else ''}".strip()
 
 
+RECOMPILE_LIMIT: Final = 64
+"""How many graphs one compiled region may compile. Each (row bucket, span) key of the
+frame can ask for its own before dynamo's automatic dynamic shapes generalise it (the
+span, the batch, whether a span is the whole slot); dynamo's default of 8 per region ran
+the later keys' layers uncompiled, inside their captured graphs, with one warning."""
+
+
+def _compile(fn: Callable[..., Any], backend: Backend) -> Callable[..., Any]:
+    """``torch.compile(fn)``, allowed :data:`RECOMPILE_LIMIT` graphs."""
+    compiled = torch.compile(fn, backend=backend, dynamic=None)
+
+    def limited(*args: Any, **kwargs: Any) -> Any:
+        # Scoped to the call: dynamo reads the limit when a call misses its graphs.
+        with torch._dynamo.config.patch(recompile_limit=RECOMPILE_LIMIT):
+            return compiled(*args, **kwargs)
+
+    return limited
+
+
 def _layer_forward(layer: torch.nn.Module, *args: Any, **kwargs: Any) -> Any:
     """A decoder layer's own forward (what :class:`CompiledLayers` compiles)."""
     return type(layer).forward(layer, *args, **kwargs)
@@ -164,7 +183,7 @@ class CompiledLayers:
     ) -> None:
         self._layers = list(layers)
         self._index = {id(layer): index for index, layer in enumerate(self._layers)}
-        self._compiled = torch.compile(_layer_forward, backend=backend, dynamic=None)
+        self._compiled = _compile(_layer_forward, backend)
         self.state = CompileState(name)
 
     @contextmanager
@@ -325,7 +344,7 @@ class CompiledCodePredictor:
                 log.warning("%s: %s; its projections stay apart", self.state.name, error)
         self._step = step
         """A step, uncompiled: ``(head, table, inputs, positions, keys, values)``."""
-        self._compiled = torch.compile(step, backend=backend, dynamic=None)
+        self._compiled = _compile(step, backend)
 
     def __call__(
         self, hidden: torch.Tensor, code0: torch.Tensor

@@ -152,11 +152,15 @@ class TalkerModel:
                 self._predictor = CompiledCodePredictor(
                     talker, frame_compile.backend, fused=frame_compile.fused
                 )
+        self.max_rows = min(max_rows or slots, slots)
         # Steps that mix prefills with frames run eagerly; their code predictor is
-        # launch-bound on a GPU: replay it from CUDA graphs there.
+        # launch-bound on a GPU: replay it from CUDA graphs there, per row bucket (as
+        # the frame-only steps), compiled as theirs is.
         self._code_frame: Callable[[torch.Tensor, torch.Tensor], tuple[torch.Tensor, torch.Tensor]]
         if device.type == "cuda":
-            graphed = GraphedCodePredictor(talker)
+            graphed = GraphedCodePredictor(
+                talker, buckets=row_buckets(self.max_rows), frame=self._predictor
+            )
             graphed.warm(1)  # a lone session's first frame does not wait for a capture
             self._code_frame = graphed
         else:
@@ -177,7 +181,6 @@ class TalkerModel:
         self.cache = SlotCache(
             self.text_config, slots=slots, max_len=max_context, device=device, dtype=self._dtype
         )
-        self.max_rows = min(max_rows or slots, slots)
         # The attention of the backbone reads the step's slots (not the code
         # predictor's, a model of its own with its own fresh cache per frame).
         self._configs = attention_configs(talker.model)
@@ -257,6 +260,9 @@ class TalkerModel:
         for key in self.frame_keys():
             static = self._static_inputs(key)
             self._graphs.capture(key, functools.partial(self._frame_step, key[1]), *static)
+        if isinstance(self._code_frame, GraphedCodePredictor):  # the mixed steps'
+            for rows in row_buckets(self.max_rows):
+                self._code_frame.warm(rows)
         return self.graphed
 
     @torch.no_grad()
@@ -366,7 +372,7 @@ class TalkerModel:
         layers = self._layers.active() if self._layers is not None else contextlib.nullcontext()
         with step.active(self._configs), layers:
             out = talker.model(
-                inputs_embeds=inputs.transpose(0, 1),
+                inputs_embeds=inputs.reshape(1, -1, inputs.shape[-1]),
                 position_ids=starts[None],
                 attention_mask=step.mask,
                 past_key_values=step,
