@@ -51,6 +51,13 @@ def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
         "or a YAML/JSON file of such names (repeatable; every OpenAI voice name is mapped "
         "by default)",
     )
+    add(
+        "--served-model-name",
+        default=None,
+        metavar="NAME",
+        help="the model name the API serves (default: the pipeline's name); a request "
+        "naming another model is refused with a 404",
+    )
     add("--max-sessions", type=int, default=_DEFAULTS.max_sessions, help="sessions at once")
     add(
         "--idle-timeout-s",
@@ -112,6 +119,7 @@ def serve_command(ns: argparse.Namespace) -> int:
             max_input_buffer_s=ns.max_input_buffer_s,
             grace_s=ns.grace_s,
             voice_map=parse_voice_map(ns.voice_map),
+            model=ns.served_model_name or "",
         )
         spec = load_pipeline(ns.preset)
         if ns.model is not None:

@@ -84,6 +84,7 @@ from omni_actors.server.chat_request import (
     plan_request,
 )
 from omni_actors.server.http_error import error_body, error_response
+from omni_actors.server.model_list import served_name
 from omni_actors.server.state import ServerState, server_state
 from omni_actors.server.stop_text import StopText
 from omni_actors.server.tools import (
@@ -150,7 +151,7 @@ async def chat_completions(request: Request) -> Response:
         plan = plan_request(
             bytes(body),
             spec,
-            model=settings.model or spec.name,
+            model=served_name(state),
             max_bytes=settings.max_append_bytes,
             voices=await state.voices(),
         )

@@ -54,6 +54,7 @@ from omni_actors.protocols.chat_completions import (
 )
 from omni_actors.protocols.stage import ResponseOptions
 from omni_actors.server.audio_format import AudioPayloadError, decode_audio, format_rate
+from omni_actors.server.model_list import MODEL_NOT_FOUND, unknown_model
 from omni_actors.server.tools import OfferedTool, template_tools
 from omni_actors.server.voices import ANY_VOICE, UnknownVoiceError, VoiceMap
 
@@ -169,7 +170,7 @@ def plan_request(
     Args:
         body: the request's JSON.
         spec: the served pipeline (its entry stage decides whether instructions apply).
-        model: the model name to report when the request names none.
+        model: the served model's name: a request naming another is refused (404).
         max_bytes: the most decoded bytes one audio part may hold.
         voices: the voice names the server takes (``audio.voice`` must be one; the
             plan asks for the speaker it names).
@@ -200,6 +201,9 @@ def plan_request(
         raise ChatRequestError(
             f"the body is not valid JSON ({exc}); send a JSON object", error_code="invalid_json"
         ) from None
+    refusal = unknown_model(request.model, model)
+    if refusal is not None:
+        raise ChatRequestError(refusal, status=404, param="model", error_code=MODEL_NOT_FOUND)
     if request.n not in (None, 1):
         raise ChatRequestError(
             f"n={request.n}: one reply per request is served; send n=1 (or none)",
@@ -238,7 +242,7 @@ def plan_request(
     instructions, turns = _messages(request, spec, max_bytes)
     takes_tools = TOOLS_FIELD in spec.ports(spec.entry_stage).inputs
     return ChatPlan(
-        model=request.model or model,
+        model=model,
         modalities=("text", "audio") if audio_format is not None else ("text",),
         audio_format=audio_format,
         instructions=instructions,

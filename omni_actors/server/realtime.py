@@ -117,6 +117,7 @@ from omni_actors.server.audio_format import decode_audio, format_rate
 from omni_actors.server.conversation_items import ConversationItems
 from omni_actors.server.ids import new_id
 from omni_actors.server.input_stream import InputStream, Op
+from omni_actors.server.model_list import served_name
 from omni_actors.server.request_error import RequestError, described
 from omni_actors.server.response_stream import CancelReason, ResponseStream, tool_call_error
 from omni_actors.server.session_config import SessionSettings, SettingError
@@ -153,7 +154,7 @@ class RealtimeConnection:
         self.beta = beta
         spec = state.pipeline.spec
         self.settings = SessionSettings(
-            id=new_id("sess"), model=state.settings.model or spec.name, created_at=time.time()
+            id=new_id("sess"), model=served_name(state), created_at=time.time()
         )
         self.log = logging.LoggerAdapter(log, {"session": self.settings.id})
         self.voices = VoiceMap()  # the voice names it takes: the server's, once served

@@ -35,6 +35,7 @@ from omni_actors.protocols.realtime_server import (
     TranscriptionState,
 )
 from omni_actors.server.audio_format import BETA_FORMATS, AudioFormatName, format_rate
+from omni_actors.server.model_list import MODEL_NOT_FOUND, unknown_model
 from omni_actors.server.request_error import RequestError
 from omni_actors.server.voices import ANY_VOICE, UnknownVoiceError, VoiceMap
 
@@ -153,6 +154,9 @@ class SessionSettings:
             SettingError: a value the server does not support (the settings are unchanged).
         """
         new = self
+        refusal = unknown_model(config.model, self.model)
+        if refusal is not None:
+            raise RequestError(refusal, realtime_code=MODEL_NOT_FOUND, param="session.model")
         modalities = _first(config.output_modalities, config.modalities)
         if modalities is not None:
             new = replace(new, modalities=_modalities(modalities, "session.output_modalities"))

@@ -72,10 +72,12 @@ async def chat(server: RunningServer, body: Any, **headers: str) -> tuple[int, A
 
 
 async def test_a_text_reply(server: RunningServer) -> None:
-    completion = await client_of(server).chat.completions.create(model="my-model", messages=HELLO)
+    completion = await client_of(server).chat.completions.create(
+        model="scripted-omni", messages=HELLO
+    )
     assert completion.id.startswith("chatcmpl-")
     assert completion.object == "chat.completion"
-    assert completion.model == "my-model"
+    assert completion.model == "scripted-omni"
     [choice] = completion.choices
     assert (choice.message.role, choice.message.content) == ("assistant", TEXT)
     assert choice.message.audio is None
@@ -87,7 +89,7 @@ async def test_a_text_reply(server: RunningServer) -> None:
 
 async def test_a_streamed_text_reply(server: RunningServer) -> None:
     stream = await client_of(server).chat.completions.create(
-        model="m",
+        model="scripted-omni",
         messages=HELLO,
         stream=True,
         stream_options={"include_usage": True},
@@ -107,7 +109,7 @@ async def test_a_streamed_text_reply(server: RunningServer) -> None:
 
 async def test_an_audio_reply_is_one_wav_file(server: RunningServer) -> None:
     completion = await client_of(server).chat.completions.create(
-        model="m",
+        model="scripted-omni",
         messages=HELLO,
         modalities=["text", "audio"],
         audio={"voice": "alloy", "format": "wav"},
@@ -137,7 +139,7 @@ async def test_a_streamed_audio_reply_carries_pcm16_and_its_transcript(
     server: RunningServer,
 ) -> None:
     stream = await client_of(server).chat.completions.create(
-        model="m",
+        model="scripted-omni",
         messages=HELLO,
         modalities=["text", "audio"],
         audio={"voice": "alloy", "format": "pcm16"},
@@ -164,7 +166,7 @@ async def test_a_streamed_audio_reply_carries_pcm16_and_its_transcript(
 
 async def test_parameters_at_their_neutral_values_are_taken(server: RunningServer) -> None:
     completion = await client_of(server).chat.completions.create(
-        model="m",
+        model="scripted-omni",
         messages=HELLO,
         n=1,
         top_p=1,
@@ -182,7 +184,7 @@ async def test_parameters_at_their_neutral_values_are_taken(server: RunningServe
 @pytest.mark.parametrize("stream", [False, True])
 async def test_a_stop_string_ends_the_text_before_it(server: RunningServer, stream: bool) -> None:
     # "2 t" spans two tokens ("t2 ", "t3 "): what precedes it is all the reply.
-    kwargs: dict[str, Any] = {"model": "m", "messages": HELLO, "stop": ["zz", "2 t"]}
+    kwargs: dict[str, Any] = {"model": "scripted-omni", "messages": HELLO, "stop": ["zz", "2 t"]}
     client = client_of(server)
     if stream:
         chunks = [
@@ -211,7 +213,7 @@ async def test_a_stop_string_ends_the_text_before_it(server: RunningServer, stre
 async def test_a_stop_string_never_met_holds_nothing_back(server: RunningServer) -> None:
     # The reply ends with "t31 ", the start of the stop string: held, then handed out.
     completion = await client_of(server).chat.completions.create(
-        model="m", messages=HELLO, stop="t31 x"
+        model="scripted-omni", messages=HELLO, stop="t31 x"
     )
     assert completion.choices[0].message.content == TEXT
     assert completion.choices[0].finish_reason == "stop"
@@ -234,7 +236,7 @@ WAV_GARBAGE = base64.b64encode(b"RIFF not really a wave file").decode()
 BAD: list[tuple[str, bytes | dict[str, Any], str | None, str]] = [
     ("not JSON", b'{"messages": [', None, "invalid_json"),
     ("a wrong type", {"messages": 3}, "messages", "invalid_value"),
-    ("no messages", {"model": "m"}, None, "invalid_value"),
+    ("no messages", {"model": "scripted-omni"}, None, "invalid_value"),
     ("an unknown role", {"messages": [{"role": "bot", "content": "x"}]}, "messages[0].role",
      "invalid_value"),
     ("an unknown part", {"messages": [{"role": "user", "content": [{"type": "image_url"}]}]},
@@ -312,9 +314,11 @@ async def test_an_api_key_is_required_when_one_is_set() -> None:
         assert status == 401
         assert reply["error"]["code"] == "invalid_api_key"
         with pytest.raises(openai.AuthenticationError):
-            await client_of(s, key="wrong").chat.completions.create(model="m", messages=HELLO)
+            await client_of(s, key="wrong").chat.completions.create(
+                model="scripted-omni", messages=HELLO
+            )
         completion = await client_of(s, key="s3cret").chat.completions.create(
-            model="m", messages=HELLO
+            model="scripted-omni", messages=HELLO
         )
         assert completion.choices[0].message.content == TEXT
 
@@ -344,7 +348,7 @@ async def test_a_failed_reply_is_a_500_with_the_pipelines_error_code() -> None:
         assert status == 500, reply
         assert (reply["error"]["type"], reply["error"]["code"]) == ("server_error", "engine_error")
         stream = await client_of(server).chat.completions.create(
-            model="m",
+            model="scripted-omni",
             messages=HELLO,
             stream=True,
         )

@@ -122,7 +122,7 @@ async def test_a_map_naming_no_speaker_fails_the_start() -> None:
 
 
 async def test_an_openai_voice_speaks_on_the_realtime_path(voiced_server: RunningServer) -> None:
-    async with clients(voiced_server).realtime.connect(model="tiny-omni") as conn:
+    async with clients(voiced_server).realtime.connect(model="scripted-omni") as conn:
         assert (await conn.recv()).type == "session.created"
         await conn.session.update(
             session={
@@ -153,7 +153,7 @@ async def test_an_openai_voice_speaks_on_the_realtime_path(voiced_server: Runnin
 async def test_an_unknown_voice_is_refused_by_session_update(
     voiced_server: RunningServer,
 ) -> None:
-    async with clients(voiced_server).realtime.connect(model="tiny-omni") as conn:
+    async with clients(voiced_server).realtime.connect(model="scripted-omni") as conn:
         assert (await conn.recv()).type == "session.created"
         await conn.session.update(
             session={"type": "realtime", "audio": {"output": {"voice": "bogus"}}}
@@ -177,7 +177,7 @@ async def test_an_openai_voice_speaks_on_the_chat_path(
     voiced_server: RunningServer, voice: str
 ) -> None:
     completion = await clients(voiced_server).chat.completions.create(
-        model="tiny-omni",
+        model="scripted-omni",
         messages=HELLO,  # type: ignore[arg-type]
         modalities=["text", "audio"],
         audio={"voice": voice, "format": "pcm16"},  # type: ignore[typeddict-item]
@@ -192,7 +192,7 @@ async def test_an_unknown_voice_is_a_400_before_any_streaming(
 ) -> None:
     with pytest.raises(openai.BadRequestError) as caught:
         await clients(voiced_server).chat.completions.create(
-            model="tiny-omni",
+            model="scripted-omni",
             messages=HELLO,  # type: ignore[arg-type]
             modalities=["text", "audio"],
             audio={"voice": "bogus", "format": "pcm16"},  # type: ignore[typeddict-item]
@@ -207,7 +207,7 @@ async def test_an_unknown_voice_is_a_400_before_any_streaming(
 
 async def test_a_pipeline_without_voices_takes_any_name(server: RunningServer) -> None:
     completion = await clients(server).chat.completions.create(
-        model="tiny-omni",
+        model="scripted-omni",
         messages=HELLO,  # type: ignore[arg-type]
         modalities=["text", "audio"],
         audio={"voice": "anything", "format": "pcm16"},  # type: ignore[typeddict-item]
