@@ -396,7 +396,16 @@ def _messages(
         joins, results = results, False
         match message:
             case SystemMessage(content=content) | DeveloperMessage(content=content):
-                texts.append(content if isinstance(content, str) else _joined(content))
+                text = content if isinstance(content, str) else _joined(content)
+                if text and INSTRUCTIONS_FIELD not in spec.entry_inputs():
+                    raise ChatRequestError(
+                        f"{where}: this pipeline's entry stage ({spec.entry_stage}) takes no "
+                        f"instructions (its engine does not declare {INSTRUCTIONS_FIELD!r} "
+                        "among its inputs): send the user messages only",
+                        param=where,
+                        error_code="unsupported_message",
+                    )
+                texts.append(text)
             case UserMessage(content=content):
                 turns.append(_user_turn(content, where, max_bytes))
                 has_user = True
@@ -438,15 +447,7 @@ def _messages(
             param="messages",
             error_code="missing_required_parameter",
         )
-    instructions = "\n".join(t for t in texts if t)
-    if instructions and INSTRUCTIONS_FIELD not in spec.ports(spec.entry_stage).inputs:
-        log.info(
-            "chat completion: the pipeline's entry stage %s takes no instructions; the "
-            "system messages are ignored",
-            spec.entry_stage,
-        )
-        instructions = ""
-    return instructions, turns
+    return "\n".join(t for t in texts if t), turns
 
 
 def _check_takes(spec: PipelineSpec, field: str, where: str) -> None:

@@ -370,6 +370,14 @@ class RealtimeConnection:
 
     async def _update(self, event: SessionUpdate) -> None:
         new = self.settings.updated(event.session, self.voices, self.transcribers)
+        changed = new.instructions and new.instructions != self.settings.instructions
+        if changed and not self._takes_instructions:
+            raise SettingError(
+                "this pipeline's entry stage takes no instructions (its engine does not "
+                f"declare {INSTRUCTIONS_FIELD!r} among its inputs): send none, or serve a "
+                "model that follows them",
+                "session.instructions",
+            )
         if new.offered_tools and not self._takes_tools:
             raise SettingError(
                 "this pipeline's entry stage takes no tools (its engine does not declare "
@@ -402,11 +410,7 @@ class RealtimeConnection:
         if text == self.sent_instructions:
             return
         if not self._takes_instructions:
-            self.log.warning(
-                "session %s: the pipeline's entry stage takes no instructions; ignored",
-                self.settings.id,
-            )
-            return
+            return  # none to send: an update or item setting some was refused
         assert self.input is not None
         self.sent_instructions = text
         self.input.put(Op("instructions", text=text))
@@ -610,6 +614,12 @@ class RealtimeConnection:
         if item.role == "system":
             if audios or not texts:
                 raise RequestError("a system item holds input_text content only")
+            if not self._takes_instructions:
+                raise RequestError(
+                    "this pipeline's entry stage takes no instructions, so a system item "
+                    "would be ignored: send user and assistant items only",
+                    param="item.role",
+                )
             self.settings = replace(self.settings, instructions="\n".join(texts))
             self.queue_instructions(self.settings.instructions)
         elif item.role in ("user", "assistant"):

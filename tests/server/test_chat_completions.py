@@ -219,15 +219,16 @@ async def test_a_stop_string_never_met_holds_nothing_back(server: RunningServer)
     assert completion.choices[0].finish_reason == "stop"
 
 
-async def test_system_messages_are_ignored_by_an_entry_stage_without_instructions(
-    server: RunningServer, caplog: pytest.LogCaptureFixture
+async def test_system_messages_are_refused_by_an_entry_stage_without_instructions(
+    server: RunningServer,
 ) -> None:
-    messages = [{"role": "system", "content": "Be brief."}, *HELLO]
-    with caplog.at_level(logging.INFO, logger="omni_actors.server.chat_request"):
-        status, reply = await chat(server, {"messages": messages})
-    assert status == 200, reply
-    assert reply["choices"][0]["message"]["content"] == TEXT
-    assert "takes no instructions" in caplog.text
+    # Never dropped without a word: refused by name, as unsupported formats are.
+    messages = [*HELLO, {"role": "system", "content": "Be brief."}]
+    status, reply = await chat(server, {"messages": messages})
+    assert status == 400, reply
+    assert reply["error"]["param"] == "messages[1]"
+    assert reply["error"]["code"] == "unsupported_message"
+    assert "takes no instructions" in reply["error"]["message"]
 
 
 # -- bad input -------------------------------------------------------------------------
@@ -241,7 +242,7 @@ BAD: list[tuple[str, bytes | dict[str, Any], str | None, str]] = [
      "invalid_value"),
     ("an unknown part", {"messages": [{"role": "user", "content": [{"type": "image_url"}]}]},
      "messages[0].content[0].type", "invalid_value"),
-    ("no user message", {"messages": [{"role": "system", "content": "x"}]}, "messages",
+    ("no user message", {"messages": [{"role": "system", "content": ""}]}, "messages",
      "missing_required_parameter"),
     ("an assistant message", {"messages": [*HELLO, {"role": "assistant", "content": "x"}]},
      "messages[1]", "unsupported_message"),
