@@ -259,6 +259,8 @@ class StageState(msgspec.Struct, tag="stage-state", frozen=True, kw_only=True):
             yet: the stage's backlog (its mailbox only routes, so chunks wait here).
         voices: the voices its engine speaks with (a response's ``voice`` option takes
             one of them); None for an engine that has none.
+        voice: the one its engine speaks with when a response names none; None when
+            it does not tell.
         busy_s: seconds its engine has spent in model calls since it started (the
             difference of two readings over the wall time between them: how busy the
             engine, and its device, was); None for an engine that does not tell.
@@ -268,6 +270,7 @@ class StageState(msgspec.Struct, tag="stage-state", frozen=True, kw_only=True):
     keys: list[SessionKey]
     queued: int = 0
     voices: list[str] | None = None
+    voice: str | None = None
     busy_s: float | None = None
 
 
@@ -431,6 +434,7 @@ class StageHealth(msgspec.Struct, frozen=True, kw_only=True):
             in time (restarting, or too busy to answer).
         voices: the voices its engine speaks with (:attr:`StageState.voices`); None
             when it has none or did not answer in time.
+        voice: the one it speaks with by default (:attr:`StageState.voice`).
         busy_s: seconds its engine has spent in model calls (:attr:`StageState.busy_s`;
             a restarted stage's new engine counts from 0); None when it does not tell
             or did not answer in time.
@@ -442,6 +446,7 @@ class StageHealth(msgspec.Struct, frozen=True, kw_only=True):
     sessions: int
     queued: int | None = None
     voices: list[str] | None = None
+    voice: str | None = None
     busy_s: float | None = None
 
 

@@ -81,8 +81,10 @@ session goes on with the next response. The engine tells this cancel from its ta
 raised: its session state comes back to where the response started.
 
 An engine that speaks may expose ``voices``, the names a response's ``voice`` option
-takes (the talker: its checkpoint's speakers); the stage reports them in its state, and
-``OmniPipeline.health()`` lists them per stage (:func:`engine_voices`).
+takes (the talker: its checkpoint's speakers), and ``voice``, the one it speaks with
+when a response names none; the stage reports them in its state, and
+``OmniPipeline.health()`` lists them per stage (:func:`engine_voices`,
+:func:`engine_voice`).
 
 An engine that generates replies from a conversation (a thinker) may expose
 ``prompt_tokens(session)``: the tokens of the context its last reply for the session
@@ -163,6 +165,7 @@ __all__ = [
     "Truncatable",
     "engine_busy_s",
     "engine_prompt_tokens",
+    "engine_voice",
     "engine_voices",
     "output_overdue",
     "response_options",
@@ -245,6 +248,13 @@ def engine_prompt_tokens(engine: object) -> Callable[[str], int | None] | None:
     an engine without it."""
     counted = getattr(engine, "prompt_tokens", None)
     return counted if callable(counted) else None
+
+
+def engine_voice(engine: object) -> str | None:
+    """The voice ``engine`` speaks with when a response names none: its ``voice``; None
+    for an engine without one."""
+    voice = getattr(engine, "voice", None)
+    return voice if isinstance(voice, str) and voice else None
 
 
 def engine_voices(engine: object) -> list[str] | None:

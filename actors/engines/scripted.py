@@ -181,6 +181,11 @@ class ScriptedEngine:
         return list(self.args.voices) or None
 
     @property
+    def voice(self) -> str | None:
+        """The voice a response naming none speaks with: the first of ``voices``."""
+        return self.args.voices[0] if self.args.voices else None
+
+    @property
     def active_sessions(self) -> set[str]:
         """Sessions with a running ``generate``."""
         return set(self._sessions)

@@ -206,6 +206,8 @@ class RealtimeConnection:
                 await self.fail(error.code, error.message, close_code=_CLOSE_TRY_LATER)
                 return
             self.voices = await state.voices()
+            # session.created names the voice a reply speaks with, not null.
+            self.settings = replace(self.settings, voice=self.voices.default)
             self.input = InputStream(session, self.input_rate, self._refused)
             self._apply_vad()
             await self.send(

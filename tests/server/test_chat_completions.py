@@ -8,7 +8,6 @@ import asyncio
 import base64
 import io
 import json
-import logging
 import wave
 from collections.abc import AsyncIterator
 from typing import Any
