@@ -90,7 +90,10 @@ An engine that generates replies from a conversation (a thinker) may expose
 ``prompt_tokens(session)``: the tokens of the context its last reply for the session
 was generated from, or None; the stage reports it at the segment's end
 (``StageMetrics.prompt_tokens``, :func:`engine_prompt_tokens`), beside the token ids
-the engine yielded, so a server's usage counts what the engine counted.
+the engine yielded, so a server's usage counts what the engine counted. One that caps a
+reply's tokens may expose ``max_new_tokens``, the cap when a response sets no
+``max_tokens`` (:func:`engine_max_new_tokens`): a reply that yielded that many token ids
+was cut there, and the stage reports it (``StageMetrics.finish_reason``: ``length``).
 
 An engine that knows how long it has computed may expose ``busy_s``, the seconds it has
 spent in model calls since it started (torch engines: their model thread's time in
@@ -164,6 +167,7 @@ __all__ = [
     "Rule",
     "Truncatable",
     "engine_busy_s",
+    "engine_max_new_tokens",
     "engine_prompt_tokens",
     "engine_voice",
     "engine_voices",
@@ -241,6 +245,15 @@ def response_options(inputs: AsyncIterator[Fields]) -> ResponseOptions:
     """
     options = getattr(inputs, "options", None)
     return options if isinstance(options, ResponseOptions) else NO_OPTIONS
+
+
+def engine_max_new_tokens(engine: object) -> int | None:
+    """``engine``'s ``max_new_tokens`` (see the module docstring): a reply's most tokens
+    when its response sets none; None for an engine that does not tell."""
+    limit = getattr(engine, "max_new_tokens", None)
+    if isinstance(limit, bool) or not isinstance(limit, int) or limit < 1:
+        return None
+    return limit
 
 
 def engine_prompt_tokens(engine: object) -> Callable[[str], int | None] | None:

@@ -28,6 +28,11 @@ from omni_actors.server.settings import ServerSettings
 from omni_actors.testing import eventually
 
 TEXT = "".join(f"t{k} " for k in range(32))  # the scripted thinker's 32 outputs
+USER_HELLO = {
+    "type": "message",
+    "role": "user",
+    "content": [{"type": "input_text", "text": "hello"}],
+}
 HELLO = [{"role": "user", "content": "hello"}]
 AUDIO = {"modalities": ["text", "audio"], "audio": {"voice": "alloy", "format": "pcm16"}}
 FAST = ServerSettings(preset="scripted-omni", port=0)
@@ -216,6 +221,33 @@ async def test_a_stop_string_never_met_holds_nothing_back(server: RunningServer)
     )
     assert completion.choices[0].message.content == TEXT
     assert completion.choices[0].finish_reason == "stop"
+
+
+@pytest.mark.parametrize(("cap", "reason"), [(4, "length"), (64, "stop")])
+async def test_a_reply_cut_by_the_engines_own_cap_ends_with_length(cap: int, reason: str) -> None:
+    # The request sets no max_tokens: the cap is the engine's (a preset's max_new_tokens).
+    async with run_server(FAST, pipeline=scripted(max_new_tokens=cap)) as server:
+        completion = await client_of(server).chat.completions.create(
+            model="scripted-omni", messages=HELLO
+        )
+        assert completion.choices[0].finish_reason == reason
+        assert completion.usage is not None
+        assert completion.usage.completion_tokens == min(cap, 32)
+        async with connect(server.ws_url) as client:  # realtime: OpenAI's incomplete
+            await client.no_vad()
+            await client.send("conversation.item.create", item=USER_HELLO)
+            await client.send("response.create")
+            done = (await client.until("response.done"))[-1]["response"]
+            if reason == "length":
+                assert done["status"] == "incomplete"
+                assert done["status_details"] == {
+                    "type": "incomplete",
+                    "reason": "max_output_tokens",
+                    "error": None,
+                }
+                assert done["output"][0]["status"] == "incomplete"
+            else:
+                assert done["status"] == "completed"
 
 
 async def test_system_messages_are_refused_by_an_entry_stage_without_instructions(
