@@ -89,6 +89,7 @@ __all__ = [
     "StreamCredit",
     "Target",
     "Truncate",
+    "Truncated",
     "TruncateResponse",
 ]
 
@@ -348,11 +349,24 @@ class CancelResponse(
     segment: int
 
 
+class Truncated(msgspec.Struct, frozen=True, kw_only=True):
+    """Session actor → caller: what a truncation keeps of the last reply.
+
+    Attributes:
+        kept: how many outputs the entry stage keeps.
+        text: the reply's text the user heard (the text of the outputs kept), when the
+            entry stage writes the reply's text; None when another stage does.
+    """
+
+    kept: int
+    text: str | None = None
+
+
 class TruncateResponse(
-    msgspec.Struct, Request[int], tag="truncate-response", frozen=True, kw_only=True
+    msgspec.Struct, Request[Truncated], tag="truncate-response", frozen=True, kw_only=True
 ):
     """Caller → session actor: the user heard ``audio_ms`` of the last reply; cut the
-    stages' state after it. The reply: how many outputs the entry stage keeps."""
+    stages' state after it. The reply: what is kept (:class:`Truncated`)."""
 
     audio_ms: float
 

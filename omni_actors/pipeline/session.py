@@ -63,6 +63,7 @@ from omni_actors.protocols.control import (
     RebuildSession,
     ReopenSession,
     SessionMessage,
+    Truncated,
     TruncateResponse,
 )
 from omni_actors.protocols.events import (
@@ -462,11 +463,15 @@ class Session:
         """Commit the input and respond to it: :meth:`respond` with no overrides."""
         return await self.respond()
 
-    async def truncate(self, audio_ms: float) -> None:
+    async def truncate(self, audio_ms: float) -> str | None:
         """Cut the last reply to its first ``audio_ms`` of audio (what the user heard).
 
         Every stage rolls its state back past that point (the thinker keeps only the
         text that was spoken), so the next reply follows the conversation as heard.
+
+        Returns:
+            The reply's text as heard: the text of what the entry stage keeps (None
+            when another stage writes the reply's text).
 
         Raises:
             SessionClosedError: the session has ended.
@@ -486,8 +491,9 @@ class Session:
         )
         if isinstance(kept, OmniError):
             raise kept
-        assert isinstance(kept, int)
-        await self._input.send({}, mark="truncate", kept=kept)
+        assert isinstance(kept, Truncated)
+        await self._input.send({}, mark="truncate", kept=kept.kept)
+        return kept.text
 
     @property
     def deletes_turns(self) -> bool:

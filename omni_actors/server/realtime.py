@@ -208,7 +208,7 @@ class RealtimeConnection:
             self.voices = await state.voices()
             # session.created names the voice a reply speaks with, not null.
             self.settings = replace(self.settings, voice=self.voices.default)
-            self.input = InputStream(session, self.input_rate, self._refused)
+            self.input = InputStream(session, self.input_rate, self._refused, self._truncated)
             self._apply_vad()
             await self.send(
                 SessionCreated(event_id=new_id("event"), session=self.settings.describe())
@@ -780,7 +780,9 @@ class RealtimeConnection:
         return "".join(words)
 
     async def _truncate_item(self, event: ConversationItemTruncate) -> None:
-        """``conversation.item.truncate``: cut the last reply to ``audio_end_ms``.
+        """``conversation.item.truncate``: cut the last reply to ``audio_end_ms``; once
+        every stage has taken it, the item holds what the user heard and
+        ``conversation.item.truncated`` says so (:meth:`_truncated`).
 
         Raises:
             RequestError: not the last assistant item, or ``audio_end_ms`` outside its
@@ -805,14 +807,27 @@ class RealtimeConnection:
             await self._cancel_response(reply, "client_cancelled")
         assert self.input is not None
         self.input.put(
-            Op("truncate", event_id=event.event_id, audio_ms=event.audio_end_ms, stream=reply)
+            Op(
+                "truncate",
+                event_id=event.event_id,
+                audio_ms=event.audio_end_ms,
+                stream=reply,
+                content_index=event.content_index,
+            )
         )
+
+    async def _truncated(self, op: Op, heard: str | None) -> None:
+        """A truncate was taken: the item's transcript becomes what the user heard, as
+        OpenAI's truncate leaves no text the user did not hear (none when the text
+        heard is not known); then ``conversation.item.truncated``."""
+        assert op.stream is not None
+        self.items.truncated(op.stream.item_id, heard or "")
         await self.send(
             ConversationItemTruncated(
                 event_id=new_id("event"),
-                item_id=event.item_id,
-                content_index=event.content_index,
-                audio_end_ms=event.audio_end_ms,
+                item_id=op.stream.item_id,
+                content_index=op.content_index,
+                audio_end_ms=op.audio_ms,
             )
         )
 

@@ -228,7 +228,8 @@ async def test_truncate_cuts_every_stage_to_what_was_heard() -> None:
             await session.truncate(audio_ms=100)
         await session.send(text="abcdef")
         assert (await reply(session))[0] == "ABCDEF"
-        await session.truncate(audio_ms=250)  # 2.5 characters heard: 3 kept
+        heard = await session.truncate(audio_ms=250)  # 2.5 characters heard: 3 kept
+        assert heard == "ABC"  # the reply's text as heard, as the stages keep it
         assert await history(session) == "u:abcdef a:ABC"
         with pytest.raises(InvalidRequestError, match="audio_ms"):
             await session.truncate(audio_ms=-1)
