@@ -90,6 +90,19 @@ async def test_a_bad_update_is_refused_whole_and_changes_nothing(
         assert after["audio"] == before["audio"]
 
 
+async def test_a_response_at_another_speed_is_refused_by_name(server: RunningServer) -> None:
+    async with connect(server.ws_url) as client:
+        await client.no_vad()
+        await client.send(
+            "response.create", event_id="fast", response={"audio": {"output": {"speed": 2.0}}}
+        )
+        error = await client.error()
+        assert (error["param"], error["event_id"]) == ("response.audio.output.speed", "fast")
+        # At 1 it is taken: the reply is spoken at the model's own pace anyway.
+        await client.send("response.create", response={"audio": {"output": {"speed": 1.0}}})
+        assert (await client.until("response.done"))[-1]["response"]["status"] == "completed"
+
+
 async def test_commit_clear_and_their_errors(server: RunningServer) -> None:
     async with connect(server.ws_url) as client:
         await client.no_vad()
