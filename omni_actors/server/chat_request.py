@@ -18,7 +18,6 @@ from __future__ import annotations
 import base64
 import binascii
 import json
-import logging
 import re
 from dataclasses import dataclass
 from typing import Final, Literal
@@ -60,7 +59,6 @@ from omni_actors.server.voices import ANY_VOICE, UnknownVoiceError, VoiceMap
 
 __all__ = ["ChatPlan", "ChatRequestError", "ReplyTurn", "TurnPart", "plan_request"]
 
-log = logging.getLogger(__name__)
 
 OUTPUT_RATE: Final = format_rate("audio/pcm")
 """The rate of the audio a reply carries (OpenAI's 24 kHz PCM16)."""

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import logging
 import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
@@ -19,8 +18,6 @@ if TYPE_CHECKING:
     from omni_actors.server.realtime import RealtimeConnection
 
 __all__ = ["ServerState", "server_state"]
-
-log = logging.getLogger(__name__)
 
 
 @dataclass(eq=False)
