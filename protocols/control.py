@@ -89,6 +89,7 @@ __all__ = [
     "StreamCredit",
     "Target",
     "Truncate",
+    "Truncated",
     "TruncateResponse",
 ]
 
@@ -259,6 +260,8 @@ class StageState(msgspec.Struct, tag="stage-state", frozen=True, kw_only=True):
             yet: the stage's backlog (its mailbox only routes, so chunks wait here).
         voices: the voices its engine speaks with (a response's ``voice`` option takes
             one of them); None for an engine that has none.
+        voice: the one its engine speaks with when a response names none; None when
+            it does not tell.
         busy_s: seconds its engine has spent in model calls since it started (the
             difference of two readings over the wall time between them: how busy the
             engine, and its device, was); None for an engine that does not tell.
@@ -268,6 +271,7 @@ class StageState(msgspec.Struct, tag="stage-state", frozen=True, kw_only=True):
     keys: list[SessionKey]
     queued: int = 0
     voices: list[str] | None = None
+    voice: str | None = None
     busy_s: float | None = None
 
 
@@ -345,11 +349,24 @@ class CancelResponse(
     segment: int
 
 
+class Truncated(msgspec.Struct, frozen=True, kw_only=True):
+    """Session actor → caller: what a truncation keeps of the last reply.
+
+    Attributes:
+        kept: how many outputs the entry stage keeps.
+        text: the reply's text the user heard (the text of the outputs kept), when the
+            entry stage writes the reply's text; None when another stage does.
+    """
+
+    kept: int
+    text: str | None = None
+
+
 class TruncateResponse(
-    msgspec.Struct, Request[int], tag="truncate-response", frozen=True, kw_only=True
+    msgspec.Struct, Request[Truncated], tag="truncate-response", frozen=True, kw_only=True
 ):
     """Caller → session actor: the user heard ``audio_ms`` of the last reply; cut the
-    stages' state after it. The reply: how many outputs the entry stage keeps."""
+    stages' state after it. The reply: what is kept (:class:`Truncated`)."""
 
     audio_ms: float
 
@@ -431,6 +448,7 @@ class StageHealth(msgspec.Struct, frozen=True, kw_only=True):
             in time (restarting, or too busy to answer).
         voices: the voices its engine speaks with (:attr:`StageState.voices`); None
             when it has none or did not answer in time.
+        voice: the one it speaks with by default (:attr:`StageState.voice`).
         busy_s: seconds its engine has spent in model calls (:attr:`StageState.busy_s`;
             a restarted stage's new engine counts from 0); None when it does not tell
             or did not answer in time.
@@ -442,6 +460,7 @@ class StageHealth(msgspec.Struct, frozen=True, kw_only=True):
     sessions: int
     queued: int | None = None
     voices: list[str] | None = None
+    voice: str | None = None
     busy_s: float | None = None
 
 

@@ -13,7 +13,8 @@ user turn, :class:`TranscriptDelta` pieces as the transcriber writes them (none 
 one that does not stream), then :class:`TranscriptDone` or :class:`TranscriptFailed`,
 each naming the turn by the ``item`` its caller gave it on ``commit``. They come from
 the transcriber, a stage off the reply's path, as soon as each turn is transcribed:
-they belong to no response, and a transcript that fails fails alone.
+they belong to no response (``Response.events()`` yields them as they come, among the
+reply's), and a transcript that fails fails alone.
 """
 
 from __future__ import annotations
@@ -39,6 +40,7 @@ __all__ = [
     "SessionMetrics",
     "TextDelta",
     "TERMINAL",
+    "TRANSCRIPT_EVENTS",
     "TranscriptDelta",
     "TranscriptDone",
     "TranscriptFailed",
@@ -213,3 +215,6 @@ Event = (
 
 TERMINAL = (Done, SessionError, Aborted)
 """The event types that end a session's stream."""
+
+TRANSCRIPT_EVENTS = (TranscriptDelta, TranscriptDone, TranscriptFailed)
+"""The event types of the caller's turns' transcripts: they belong to no response."""

@@ -64,7 +64,8 @@ class AudioFormat(msgspec.Struct, frozen=True, kw_only=True):
 
 
 class TurnDetection(msgspec.Struct, frozen=True, kw_only=True):
-    """``server_vad`` settings (``semantic_vad`` is read as ``server_vad``)."""
+    """``server_vad`` settings (another ``type``, ``semantic_vad`` included, is refused
+    by name)."""
 
     type: str = "server_vad"
     threshold: float | None = None
@@ -93,7 +94,8 @@ class AudioInputConfig(msgspec.Struct, frozen=True, kw_only=True):
 
 
 class AudioOutputConfig(msgspec.Struct, frozen=True, kw_only=True):
-    """``session.audio.output`` and ``response.audio.output``."""
+    """``session.audio.output`` and ``response.audio.output`` (a ``speed`` other than 1
+    is refused by name)."""
 
     format: AudioFormat | None = None
     voice: str | None = None
@@ -146,6 +148,7 @@ class SessionConfig(msgspec.Struct, frozen=True, kw_only=True):
     input_audio_format: str | None = None
     output_audio_format: str | None = None
     voice: str | None = None
+    speed: float | None = None
     turn_detection: TurnDetection | msgspec.UnsetType | None = msgspec.UNSET
     input_audio_transcription: TranscriptionConfig | msgspec.UnsetType | None = msgspec.UNSET
     temperature: float | None = None

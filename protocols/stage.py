@@ -33,6 +33,7 @@ __all__ = [
     "Chunk",
     "End",
     "FailureCause",
+    "FinishReason",
     "HopMetrics",
     "Mark",
     "ReportEnd",
@@ -235,6 +236,10 @@ class HopMetrics(msgspec.Struct, frozen=True, kw_only=True):
     copy_wait_ms: float = 0.0
 
 
+FinishReason = Literal["stop", "length"]
+"""How a reply ended: by itself (``stop``), or cut at its most tokens (``length``)."""
+
+
 class StageMetrics(msgspec.Struct, frozen=True, kw_only=True):
     """One stage's share of one session's segment.
 
@@ -260,6 +265,9 @@ class StageMetrics(msgspec.Struct, frozen=True, kw_only=True):
             OpenAI's usage counts as the prompt); None otherwise, or with no reply.
         completion_tokens: the token ids the engine yielded (rows of its ``token_ids``
             outputs); None from an engine that yields none.
+        finish_reason: from an engine that tells its cap on a reply's tokens
+            (``max_new_tokens``, or the response's ``max_tokens``): ``length`` when its
+            reply was cut there, ``stop`` when it ended by itself; None otherwise.
     """
 
     queue_wait_ms: float = 0.0
@@ -274,6 +282,7 @@ class StageMetrics(msgspec.Struct, frozen=True, kw_only=True):
     last_output_at: float | None = None
     prompt_tokens: int | None = None
     completion_tokens: int | None = None
+    finish_reason: FinishReason | None = None
 
 
 class StageReport(msgspec.Struct, tag="stage-report", frozen=True, kw_only=True):

@@ -39,7 +39,7 @@ __all__ = [
 ]
 
 
-VERSION = 9
+VERSION = 10
 """The wire protocol's version, announced in ``Hello``: bump it on any change to the
 structs below (or to how messages and tensors are encoded), so that two processes of
 different releases refuse each other at the handshake instead of misreading frames."""

@@ -165,7 +165,8 @@ def _ready(url_file: Path, server: subprocess.Popen[bytes]) -> str:
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
-    """``omni-actors serve --preset scripted-omni`` on a free port, with the examples' key."""
+    """``omni-actors serve --preset scripted-omni`` on a free port, with the examples' key,
+    under the model name the examples use (they speak of a tiny-omni server)."""
     directory = tmp_path_factory.mktemp("server")
     url_file = directory / "url"
     log = (directory / "log").open("wb")
@@ -173,6 +174,7 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
         [
             *(sys.executable, "-m", "omni_actors.cli", "serve", "--preset", "scripted-omni"),
             *("--port", "0", "--api-key", "KEY", "--ready-file", str(url_file)),
+            *("--served-model-name", "tiny-omni"),
             *("--cache-dir", str(directory / "cache"), "--log-level", "warning"),
         ],
         cwd=directory,

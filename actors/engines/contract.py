@@ -83,14 +83,19 @@ session goes on with the next response. The engine tells this cancel from its ta
 raised: its session state comes back to where the response started.
 
 An engine that speaks may expose ``voices``, the names a response's ``voice`` option
-takes (the talker: its checkpoint's speakers); the stage reports them in its state, and
-``OmniPipeline.health()`` lists them per stage (:func:`engine_voices`).
+takes (the talker: its checkpoint's speakers), and ``voice``, the one it speaks with
+when a response names none; the stage reports them in its state, and
+``OmniPipeline.health()`` lists them per stage (:func:`engine_voices`,
+:func:`engine_voice`).
 
 An engine that generates replies from a conversation (a thinker) may expose
 ``prompt_tokens(session)``: the tokens of the context its last reply for the session
 was generated from, or None; the stage reports it at the segment's end
 (``StageMetrics.prompt_tokens``, :func:`engine_prompt_tokens`), beside the token ids
-the engine yielded, so a server's usage counts what the engine counted.
+the engine yielded, so a server's usage counts what the engine counted. One that caps a
+reply's tokens may expose ``max_new_tokens``, the cap when a response sets no
+``max_tokens`` (:func:`engine_max_new_tokens`): a reply that yielded that many token ids
+was cut there, and the stage reports it (``StageMetrics.finish_reason``: ``length``).
 
 An engine that knows how long it has computed may expose ``busy_s``, the seconds it has
 spent in model calls since it started (torch engines: their model thread's time in
@@ -164,7 +169,9 @@ __all__ = [
     "Rule",
     "Truncatable",
     "engine_busy_s",
+    "engine_max_new_tokens",
     "engine_prompt_tokens",
+    "engine_voice",
     "engine_voices",
     "output_overdue",
     "response_options",
@@ -242,11 +249,27 @@ def response_options(inputs: AsyncIterator[Fields]) -> ResponseOptions:
     return options if isinstance(options, ResponseOptions) else NO_OPTIONS
 
 
+def engine_max_new_tokens(engine: object) -> int | None:
+    """``engine``'s ``max_new_tokens`` (see the module docstring): a reply's most tokens
+    when its response sets none; None for an engine that does not tell."""
+    limit = getattr(engine, "max_new_tokens", None)
+    if isinstance(limit, bool) or not isinstance(limit, int) or limit < 1:
+        return None
+    return limit
+
+
 def engine_prompt_tokens(engine: object) -> Callable[[str], int | None] | None:
     """``engine``'s ``prompt_tokens(session)`` (see the module docstring), or None for
     an engine without it."""
     counted = getattr(engine, "prompt_tokens", None)
     return counted if callable(counted) else None
+
+
+def engine_voice(engine: object) -> str | None:
+    """The voice ``engine`` speaks with when a response names none: its ``voice``; None
+    for an engine without one."""
+    voice = getattr(engine, "voice", None)
+    return voice if isinstance(voice, str) and voice else None
 
 
 def engine_voices(engine: object) -> list[str] | None:

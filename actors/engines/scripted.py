@@ -87,6 +87,10 @@ class ScriptedArgs(BaseModel):
     codebooks: int = Field(4, ge=1)
     audio_samples: int = Field(1920, ge=1)  # one 12.5 Hz codec frame of 24 kHz audio
     fail_after: int | None = Field(None, ge=0)
+    max_new_tokens: int | None = Field(None, ge=1)
+    """An entry stage's most outputs per reply, as a thinker's cap on its tokens (a
+    response's ``max_tokens`` overrides it): a longer reply is cut there, and the stage
+    reports ``finish_reason: length``. None: replies are never cut, and no cap is told."""
     voices: tuple[str, ...] = ()
     """The voices it speaks with, as a talker declares its speakers (none: it takes any
     ``voice`` option); a response naming another fails as a real talker's would."""
@@ -179,6 +183,11 @@ class ScriptedEngine:
     def voices(self) -> list[str] | None:
         """The voices a response's ``voice`` option may name; None when any will do."""
         return list(self.args.voices) or None
+
+    @property
+    def voice(self) -> str | None:
+        """The voice a response naming none speaks with: the first of ``voices``."""
+        return self.args.voices[0] if self.args.voices else None
 
     @property
     def active_sessions(self) -> set[str]:
@@ -276,7 +285,7 @@ class ScriptedEngine:
                     self._context[session] = self._context.get(session, 0) + input_rows(item)
                 pacer.input_taken()
                 context = self._prompts[session] = self._context.get(session, 0)
-                for _ in range(args.replies):
+                for _ in range(self._reply_length(inputs)):
                     if await pacer.wait(self._delay(produced)):
                         return
                     produced += 1
@@ -295,6 +304,18 @@ class ScriptedEngine:
                         yield self.output(produced - 1)
         finally:
             del self._sessions[session]
+
+    @property
+    def max_new_tokens(self) -> int | None:
+        """A reply's most outputs when its response sets none (``max_new_tokens``)."""
+        return self.args.max_new_tokens
+
+    def _reply_length(self, inputs: AsyncIterator[Fields]) -> int:
+        """The outputs of an entry stage's reply: ``replies``, cut at its cap if any."""
+        args = self.args
+        if args.max_new_tokens is None:
+            return args.replies
+        return min(args.replies, response_options(inputs).max_tokens or args.max_new_tokens)
 
     def _check_voice(self, inputs: AsyncIterator[Fields]) -> None:
         voice = response_options(inputs).voice

@@ -42,6 +42,7 @@ from omni_actors.actors.engines.contract import (
     Engine,
     Ports,
     engine_busy_s,
+    engine_voice,
     engine_voices,
 )
 from omni_actors.actors.engines.registry import build_engine, engine_type
@@ -307,6 +308,7 @@ class StageActor(Actor[StageMessage]):
                     keys=sorted({*self.sessions, *self.closing}),
                     queued=sum(s.queued for s in self.sessions.values()),
                     voices=engine_voices(self.engine),
+                    voice=engine_voice(self.engine),
                     busy_s=engine_busy_s(self.engine),
                 )
             case StreamCredit(key=key, receiver=receiver, n=n):

@@ -11,7 +11,7 @@ import time
 
 import torch
 
-from omni_actors.protocols.stage import HopMetrics, StageMetrics
+from omni_actors.protocols.stage import FinishReason, HopMetrics, StageMetrics
 
 __all__ = ["SegmentMetrics"]
 
@@ -30,6 +30,8 @@ class SegmentMetrics:
             only for the report: one clock read per output), None before it.
         tokens: rows of ``token_ids`` outputs (``StageMetrics.completion_tokens``).
         prompt_tokens: as ``StageMetrics``, once the engine told it.
+        limit: the most token ids the reply could have, from an engine that tells
+            (``StageMetrics.finish_reason``), else None.
     """
 
     __slots__ = (
@@ -39,6 +41,7 @@ class SegmentMetrics:
         "duplicates",
         "first_output_at",
         "last_output",
+        "limit",
         "outputs",
         "prompt_tokens",
         "queue_wait",
@@ -60,6 +63,7 @@ class SegmentMetrics:
         self.queued_max = queued  # chunks already queued count for the new segment
         self.tokens: int | None = None
         self.prompt_tokens: int | None = None
+        self.limit: int | None = None
 
     def took(self, waited: float) -> None:
         """The engine took an input chunk that waited ``waited`` seconds since it was sent."""
@@ -94,7 +98,14 @@ class SegmentMetrics:
             last_output_at=None if last is None else _wall(last),
             prompt_tokens=self.prompt_tokens,
             completion_tokens=self.tokens,
+            finish_reason=self._finish_reason(),
         )
+
+    def _finish_reason(self) -> FinishReason | None:
+        """``length`` when the reply yielded as many token ids as it could have."""
+        if self.limit is None or self.tokens is None:
+            return None
+        return "length" if self.tokens >= self.limit else "stop"
 
 
 def _wall(monotonic: float) -> float:

@@ -53,6 +53,7 @@ from omni_actors.actors.engines.contract import (
     Engine,
     Fields,
     ResponseOptions,
+    engine_max_new_tokens,
     engine_prompt_tokens,
 )
 from omni_actors.actors.stage.accumulate import ChunkGapError, ChunkSequence
@@ -155,6 +156,7 @@ class StageSession:
         last_reply = getattr(engine, "last_reply", None) if takes_marks else None
         self._last_reply: Callable[[SessionKey], tuple[int, ...] | None] | None = last_reply
         self._prompt_tokens = engine_prompt_tokens(engine)
+        self._max_new_tokens = engine_max_new_tokens(engine)
         self.transfers = transfers
         self.engine = engine
         self.clock = clock
@@ -396,6 +398,8 @@ class StageSession:
                 reply = self._last_reply(self.key)
             if failure is None and self._prompt_tokens is not None:
                 self.metrics.prompt_tokens = self._prompt_tokens(self.key)
+            if failure is None and self._max_new_tokens is not None:
+                self.metrics.limit = inputs.options.max_tokens or self._max_new_tokens
             if failure is not None:
                 if not self.resumable:
                     raise _EngineFailed(failure)  # a one-shot session has nothing left

@@ -242,6 +242,8 @@ async def _turn(
             break
     conn.done_ids.add(rid)
     status = done.status or "unknown"
+    if status == "incomplete":  # cut at its most tokens: a whole reply, all of it voiced
+        status = "completed"
     if status == "failed":
         details = done.status_details
         code = (details and details.error and details.error.code) or "unknown"

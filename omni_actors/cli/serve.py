@@ -52,6 +52,13 @@ def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
         "or a YAML/JSON file of such names (repeatable; every OpenAI voice name is mapped "
         "by default)",
     )
+    add(
+        "--served-model-name",
+        default=None,
+        metavar="NAME",
+        help="the model name the API serves (default: the pipeline's name); a request "
+        "naming another model is refused with a 404",
+    )
     add("--max-sessions", type=int, default=_DEFAULTS.max_sessions, help="sessions at once")
     add(
         "--idle-timeout-s",
@@ -118,6 +125,7 @@ def serve_command(ns: argparse.Namespace) -> int:
             grace_s=ns.grace_s,
             ssl_certfile=ns.ssl_certfile,
             ssl_keyfile=ns.ssl_keyfile,
+            model=ns.served_model_name or "",
         )
         problem = device_problem(ns.device)
         if problem is not None:

@@ -31,10 +31,12 @@ from omni_actors._system import ActorSystem
 from omni_actors.actors.stage.actor import StageActor
 from omni_actors.audio.samples import AudioInput
 from omni_actors.clock import Clock
+from omni_actors.errors import OmniError
 from omni_actors.pipeline.orchestrator import Orchestrator, OrchestratorMessage, pipeline_strategy
 from omni_actors.pipeline.session import Modality, Session
 from omni_actors.pipeline.session_input import SessionClosedError
 from omni_actors.pipeline.spec.pipeline import PipelineSpec, load_pipeline
+from omni_actors.pipeline.voices import ANY_VOICE, VoiceMap, pipeline_voices
 from omni_actors.protocols.control import (
     Health,
     Inspect,
@@ -78,6 +80,9 @@ class OmniPipeline:
             arguments) put between the two stages.
         cluster: a Ray cluster's address (``auto``, ``ray://host:port``): the pipeline's
             placed stages run there, as if its YAML said ``cluster: {ray: {address}}``.
+        voice_map: voice names a caller may send besides the model's speakers and
+            OpenAI's names, and the speaker each one means (``{"alloy": "ethan"}``; see
+            :meth:`voices`).
     """
 
     def __init__(
@@ -90,6 +95,7 @@ class OmniPipeline:
         interposers: dict[str, tuple[type[Actor[Chunk | StepChunks]], tuple[Any, ...]]]
         | None = None,
         cluster: str | None = None,
+        voice_map: Mapping[str, str] | None = None,
     ) -> None:
         if max_sessions < 1:
             raise ValueError(f"max_sessions must be >= 1, got {max_sessions}")
@@ -103,6 +109,8 @@ class OmniPipeline:
         self._stage_classes = stage_classes
         self._interposers = interposers
         self._orchestrator: ActorRef[OrchestratorMessage] | None = None
+        self.voice_map: dict[str, str] = dict(voice_map or {})
+        self._voices: VoiceMap | None = None  # once every stage has told its voices
         # One per session admitted and not yet closed: a session waits for one (Admission).
         self.session_slots = asyncio.Semaphore(max_sessions)
 
@@ -227,13 +235,40 @@ class OmniPipeline:
         for name, answer in zip(running, answers, strict=True):
             if isinstance(answer, StageState):
                 stages[name] = msgspec.structs.replace(
-                    stages[name], queued=answer.queued, voices=answer.voices, busy_s=answer.busy_s
+                    stages[name],
+                    queued=answer.queued,
+                    voices=answer.voices,
+                    voice=answer.voice,
+                    busy_s=answer.busy_s,
                 )
             elif not isinstance(answer, Exception):
                 raise answer  # cancelled: this call is
             else:  # it failed meanwhile, or is too busy: its supervisor reports the rest
                 log.debug("stage %s did not report its backlog: %r", name, answer)
         return PipelineHealth(stages=stages)
+
+    async def voices(self) -> VoiceMap:
+        """The voice names a caller may send (:mod:`~omni_actors.pipeline.voices`): the
+        speakers its stages report (learnt from :meth:`health` once every stage has
+        answered; until then, from those that did), OpenAI's voice names and
+        ``voice_map``. ``Session.respond`` and the server check voices here.
+
+        Raises:
+            VoiceMapError: ``voice_map`` names a voice the model does not have.
+        """
+        if self._voices is not None:
+            return self._voices
+        try:
+            health = await self.health()
+        except (OmniError, RuntimeError) as exc:  # RuntimeError: the pipeline is closed
+            log.warning("the pipeline did not tell its voices (asked again later): %r", exc)
+            return ANY_VOICE
+        speakers, default, complete = pipeline_voices(health)
+        configured = self.voice_map if complete or speakers else None
+        found = VoiceMap.of(speakers, configured, default)
+        if complete:
+            self._voices = found
+        return found
 
     def generate(
         self,

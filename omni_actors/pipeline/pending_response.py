@@ -48,6 +48,7 @@ class PendingResponse:
         "rolled_back",
         "stage",
         "status",
+        "texts",
     )
 
     def __init__(self, response: str) -> None:
@@ -71,6 +72,9 @@ class PendingResponse:
         # started.
         self.entry_reply: tuple[int, ...] | None = None
         self.rolled_back = False
+        # Each text chunk that reached the caller, as (its stage, its number, its text):
+        # what a truncation keeps of the reply's text (``heard``).
+        self.texts: list[tuple[str, int, str]] = []
 
     def metrics(self, start: float | None, sample_rate: int, stages: list[str]) -> SessionMetrics:
         """The response's metrics, counted from ``start`` (when its input ended; the
@@ -117,6 +121,8 @@ class PendingResponse:
         now = time.monotonic()
         text_delta = audio_delta = None
         text = chunk.texts.get("text")
+        if text is not None:
+            self.texts.append((chunk.source, chunk.seq, text))
         if text:
             if self.first_text is None:
                 self.first_text = now
@@ -132,6 +138,14 @@ class PendingResponse:
                 session=session, audio=audio, sample_rate=sample_rate, response=self.response
             )
         return text_delta, audio_delta
+
+    def heard(self, stage: str, kept: int) -> str:
+        """The reply's text of ``stage``'s first ``kept`` outputs (one chunk each)."""
+        pieces = [(seq, text) for source, seq, text in self.texts if source == stage]
+        if not pieces:
+            return ""
+        first = pieces[0][0]
+        return "".join(text for seq, text in pieces if seq - first < kept)
 
     def cut(self, code: ErrorCode, stage: str, message: str, now: float) -> None:
         """The session's streams broke at ``stage`` under this response: it is done,

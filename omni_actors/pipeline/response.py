@@ -4,7 +4,9 @@
 name it, then exactly one ``ResponseDone`` (``completed``, ``cancelled`` or ``failed``);
 if the session itself ends first (abort, deadline, a stage crash), the session's
 terminal event ends the response's stream instead. A session has one response in flight
-at a time, so its events never interleave with another's.
+at a time, so its events never interleave with another's. The session's events that
+belong to no response (the transcripts of the caller's turns) come among them as they
+arrive, so that reading a conversation through its responses misses nothing.
 """
 
 from __future__ import annotations
@@ -14,7 +16,7 @@ from collections.abc import AsyncIterator
 from typing import TYPE_CHECKING
 
 from omni_actors.errors import InvalidRequestError
-from omni_actors.protocols.events import TERMINAL, Event, ResponseDone
+from omni_actors.protocols.events import TERMINAL, TRANSCRIPT_EVENTS, Event, ResponseDone
 from omni_actors.protocols.stage import ResponseOptions
 
 if TYPE_CHECKING:
@@ -39,7 +41,9 @@ class Response:
         self.done: Event | None = None
 
     async def events(self) -> AsyncIterator[Event]:
-        """This response's deltas, then its ``ResponseDone`` (or the terminal event).
+        """This response's deltas, then its ``ResponseDone`` (or the terminal event),
+        with the session's transcript events (``TranscriptDelta``, ``TranscriptDone``,
+        ``TranscriptFailed``: they belong to no response) as they come.
 
         Events of earlier responses that nobody read are skipped. Read a conversation
         either through its responses or through ``Session.events()``, not both: they
@@ -49,7 +53,9 @@ class Response:
             event = await self.session.next_event()
             if isinstance(event, TERMINAL):
                 self.done = event
-            elif getattr(event, "response", None) != self.id:
+            elif isinstance(event, TRANSCRIPT_EVENTS):
+                pass  # the caller's turns: the session's, whichever response is read
+            elif event.response != self.id:
                 continue  # left over from an earlier response
             elif isinstance(event, ResponseDone):
                 self.done = event

@@ -35,6 +35,7 @@ import uuid
 from collections.abc import AsyncIterator, Mapping
 from typing import TYPE_CHECKING, Literal
 
+import msgspec
 import torch
 
 from omni_actors._ref import ActorRef
@@ -62,6 +63,7 @@ from omni_actors.protocols.control import (
     RebuildSession,
     ReopenSession,
     SessionMessage,
+    Truncated,
     TruncateResponse,
 )
 from omni_actors.protocols.events import (
@@ -410,7 +412,9 @@ class Session:
         Args:
             max_tokens: the reply's most text tokens (default: the thinker's setting).
             temperature: sampling temperature, 0 for greedy (default: the engine's).
-            voice: the speaker (default: the talker's setting).
+            voice: the speaker (default: the talker's setting): one of the model's
+                speakers, an OpenAI voice name or a name of the pipeline's
+                ``voice_map`` (``OmniPipeline.voices``), as the server takes them.
             response_id: the response's id (default: a new one).
             instructions: a system prompt for this reply alone (the entry engine must
                 take instructions): the thinker follows them, placed right before the
@@ -427,10 +431,17 @@ class Session:
             InvalidRequestError: a response is in flight, an override is out of range,
                 ``instructions`` or ``tools`` are given to an entry stage that takes
                 none, or the session is a one-shot request.
+            UnknownVoiceError: ``voice`` names none of the model's voices (nothing was
+                sent; the error lists the names taken).
         """
         options = checked_options(
             max_tokens, temperature, voice, instructions=instructions, tools=tools
         )
+        if options.voice is not None:
+            # Checked before anything is sent, as the server checks it: a voice the
+            # talker lacks would otherwise fail the reply late, after its text.
+            speaker = (await self.pipeline.voices()).speaker(options.voice)
+            options = msgspec.structs.replace(options, voice=speaker)
         if options.tools is not None and TOOLS_FIELD not in self._takes:
             raise InvalidRequestError(
                 f"the entry stage {self.pipeline.spec.entry_stage} takes no tools: "
@@ -452,11 +463,15 @@ class Session:
         """Commit the input and respond to it: :meth:`respond` with no overrides."""
         return await self.respond()
 
-    async def truncate(self, audio_ms: float) -> None:
+    async def truncate(self, audio_ms: float) -> str | None:
         """Cut the last reply to its first ``audio_ms`` of audio (what the user heard).
 
         Every stage rolls its state back past that point (the thinker keeps only the
         text that was spoken), so the next reply follows the conversation as heard.
+
+        Returns:
+            The reply's text as heard: the text of what the entry stage keeps (None
+            when another stage writes the reply's text).
 
         Raises:
             SessionClosedError: the session has ended.
@@ -476,8 +491,9 @@ class Session:
         )
         if isinstance(kept, OmniError):
             raise kept
-        assert isinstance(kept, int)
-        await self._input.send({}, mark="truncate", kept=kept)
+        assert isinstance(kept, Truncated)
+        await self._input.send({}, mark="truncate", kept=kept.kept)
+        return kept.text
 
     @property
     def deletes_turns(self) -> bool:

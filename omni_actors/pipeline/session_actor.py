@@ -78,6 +78,7 @@ from omni_actors.protocols.control import (
     SessionMessage,
     StageFailed,
     StreamCredit,
+    Truncated,
     TruncateResponse,
 )
 from omni_actors.protocols.error_code import ErrorCode
@@ -404,9 +405,9 @@ class SessionActor(Actor[SessionMessage]):
             await self.path.cancel(segment)
         return True
 
-    async def _truncate(self, audio_ms: float) -> int | InvalidRequestError:
+    async def _truncate(self, audio_ms: float) -> Truncated | InvalidRequestError:
         """How many outputs the entry stage keeps once every later stage kept what the
-        user heard of the last reply (see the module docstring)."""
+        user heard of the last reply (see the module docstring), and their text."""
         last = self._last
         if self._pending or last is None:
             why = "a response is in flight" if self._pending else "no response has ended yet"
@@ -415,7 +416,10 @@ class SessionActor(Actor[SessionMessage]):
             return InvalidRequestError(f"session {self.id}: nothing to truncate ({why})")
         samples = max(0, min(round(audio_ms * self.channel.sample_rate / 1e3), last.audio_samples))
         kept = await self.path.truncate(samples)
-        return kept if isinstance(kept, int) else InvalidRequestError(f"session {self.id}: {kept}")
+        if not isinstance(kept, int):
+            return InvalidRequestError(f"session {self.id}: {kept}")
+        writes_text = "text" in self.plan[self.entry].emit
+        return Truncated(kept=kept, text=last.heard(self.entry, kept) if writes_text else None)
 
     async def _rebuild(self, reason: str) -> bool | InvalidRequestError:
         """Free the session on every stage so that it is reopened and replayed (see

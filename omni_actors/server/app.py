@@ -33,7 +33,13 @@ from omni_actors.server.auth import authorized, origin_allowed, pick_subprotocol
 from omni_actors.server.chat_completions import chat_completions
 from omni_actors.server.health import healthz, pipeline_health, readyz
 from omni_actors.server.http_error import error_response
-from omni_actors.server.model_list import list_models, retrieve_model
+from omni_actors.server.model_list import (
+    MODEL_NOT_FOUND,
+    list_models,
+    retrieve_model,
+    served_name,
+    unknown_model,
+)
 from omni_actors.server.realtime import RealtimeConnection
 from omni_actors.server.settings import ServerSettings
 from omni_actors.server.state import ServerState, server_state
@@ -76,6 +82,10 @@ async def realtime(websocket: WebSocket) -> None:
                 "invalid_api_key",
             ),
         )
+        return
+    refusal = unknown_model(websocket.query_params.get("model"), served_name(state))
+    if refusal is not None:
+        await _deny(websocket, error_response(refusal, 404, MODEL_NOT_FOUND, "model"))
         return
     await websocket.accept(subprotocol=pick_subprotocol(offered))
     connection = RealtimeConnection(

@@ -84,6 +84,7 @@ from omni_actors.server.chat_request import (
     plan_request,
 )
 from omni_actors.server.http_error import error_body, error_response
+from omni_actors.server.model_list import served_name
 from omni_actors.server.state import ServerState, server_state
 from omni_actors.server.stop_text import StopText
 from omni_actors.server.tools import (
@@ -150,7 +151,7 @@ async def chat_completions(request: Request) -> Response:
         plan = plan_request(
             bytes(body),
             spec,
-            model=settings.model or spec.name,
+            model=served_name(state),
             max_bytes=settings.max_append_bytes,
             voices=await state.voices(),
         )
@@ -399,15 +400,25 @@ class ChatCompletionReply(Response):
             )
 
     def _finish_reason(self) -> FinishReason:
-        """``tool_calls`` when the reply called a tool; ``length`` when it used every
-        token it was allowed (one text delta is one token) and met no stop string, else
-        ``stop``."""
+        """``tool_calls`` when the reply called a tool; ``length`` when it was cut at
+        the most tokens it was allowed and met no stop string, else ``stop``.
+
+        The entry stage says whether its reply was cut (its report's
+        ``finish_reason``: the request's ``max_tokens`` or the engine's own cap, a
+        preset's ``max_new_tokens``); from an engine that does not tell, a reply with
+        as many text deltas (one per token) as the request allowed was cut."""
         if self._calls:
             return "tool_calls"
-        limit = self.plan.options.max_tokens
-        if self._stop.stopped or limit is None:
+        if self._stop.stopped:
             return "stop"
-        return "length" if self._tokens >= limit else "stop"
+        done = self._done
+        report = (
+            None if done is None else done.metrics.stages.get(self.state.pipeline.spec.entry_stage)
+        )
+        if report is not None and report.finish_reason is not None:
+            return report.finish_reason
+        limit = self.plan.options.max_tokens
+        return "length" if limit is not None and self._tokens >= limit else "stop"
 
     def _usage(self) -> Usage:
         done = self._done

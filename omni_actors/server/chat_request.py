@@ -18,7 +18,6 @@ from __future__ import annotations
 import base64
 import binascii
 import json
-import logging
 import re
 from dataclasses import dataclass
 from typing import Final, Literal
@@ -54,12 +53,12 @@ from omni_actors.protocols.chat_completions import (
 )
 from omni_actors.protocols.stage import ResponseOptions
 from omni_actors.server.audio_format import AudioPayloadError, decode_audio, format_rate
+from omni_actors.server.model_list import MODEL_NOT_FOUND, unknown_model
 from omni_actors.server.tools import OfferedTool, template_tools
 from omni_actors.server.voices import ANY_VOICE, UnknownVoiceError, VoiceMap
 
 __all__ = ["ChatPlan", "ChatRequestError", "ReplyTurn", "TurnPart", "plan_request"]
 
-log = logging.getLogger(__name__)
 
 OUTPUT_RATE: Final = format_rate("audio/pcm")
 """The rate of the audio a reply carries (OpenAI's 24 kHz PCM16)."""
@@ -169,7 +168,7 @@ def plan_request(
     Args:
         body: the request's JSON.
         spec: the served pipeline (its entry stage decides whether instructions apply).
-        model: the model name to report when the request names none.
+        model: the served model's name: a request naming another is refused (404).
         max_bytes: the most decoded bytes one audio part may hold.
         voices: the voice names the server takes (``audio.voice`` must be one; the
             plan asks for the speaker it names).
@@ -200,6 +199,9 @@ def plan_request(
         raise ChatRequestError(
             f"the body is not valid JSON ({exc}); send a JSON object", error_code="invalid_json"
         ) from None
+    refusal = unknown_model(request.model, model)
+    if refusal is not None:
+        raise ChatRequestError(refusal, status=404, param="model", error_code=MODEL_NOT_FOUND)
     if request.n not in (None, 1):
         raise ChatRequestError(
             f"n={request.n}: one reply per request is served; send n=1 (or none)",
@@ -238,7 +240,7 @@ def plan_request(
     instructions, turns = _messages(request, spec, max_bytes)
     takes_tools = TOOLS_FIELD in spec.ports(spec.entry_stage).inputs
     return ChatPlan(
-        model=request.model or model,
+        model=model,
         modalities=("text", "audio") if audio_format is not None else ("text",),
         audio_format=audio_format,
         instructions=instructions,
@@ -392,7 +394,16 @@ def _messages(
         joins, results = results, False
         match message:
             case SystemMessage(content=content) | DeveloperMessage(content=content):
-                texts.append(content if isinstance(content, str) else _joined(content))
+                text = content if isinstance(content, str) else _joined(content)
+                if text and INSTRUCTIONS_FIELD not in spec.entry_inputs():
+                    raise ChatRequestError(
+                        f"{where}: this pipeline's entry stage ({spec.entry_stage}) takes no "
+                        f"instructions (its engine does not declare {INSTRUCTIONS_FIELD!r} "
+                        "among its inputs): send the user messages only",
+                        param=where,
+                        error_code="unsupported_message",
+                    )
+                texts.append(text)
             case UserMessage(content=content):
                 turns.append(_user_turn(content, where, max_bytes))
                 has_user = True
@@ -434,15 +445,7 @@ def _messages(
             param="messages",
             error_code="missing_required_parameter",
         )
-    instructions = "\n".join(t for t in texts if t)
-    if instructions and INSTRUCTIONS_FIELD not in spec.ports(spec.entry_stage).inputs:
-        log.info(
-            "chat completion: the pipeline's entry stage %s takes no instructions; the "
-            "system messages are ignored",
-            spec.entry_stage,
-        )
-        instructions = ""
-    return instructions, turns
+    return "\n".join(t for t in texts if t), turns
 
 
 def _check_takes(spec: PipelineSpec, field: str, where: str) -> None:

@@ -19,6 +19,8 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
+import msgspec
+
 from omni_actors.protocols.realtime_server import (
     ConversationItem,
     ConversationItemAdded,
@@ -91,6 +93,21 @@ class ConversationItems:
         for call in calls:
             self._items[call.id] = call
             self._called[call.id] = item_id
+
+    def truncated(self, item_id: str, heard: str) -> None:
+        """The reply in ``item_id`` was cut: its text is ``heard`` from now on."""
+        item = self._items.get(item_id)
+        if not isinstance(item, ConversationItem):
+            return  # deleted meanwhile
+        content = [
+            msgspec.structs.replace(part, transcript=heard)
+            if part.transcript is not None
+            else msgspec.structs.replace(part, text=heard)
+            if part.text is not None
+            else part
+            for part in item.content
+        ]
+        self._items[item_id] = msgspec.structs.replace(item, content=content)
 
     def reply_of_call(self, item_id: str) -> str | None:
         """The message item of the reply whose function call ``item_id`` is, or None."""

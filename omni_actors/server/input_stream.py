@@ -55,6 +55,7 @@ class Op:
     turn: str = ""
     calls: str | None = None
     transcription: TranscriptionSettings | None = None  # transcribe: None turns it off
+    content_index: int = 0  # truncate: the content part the client named
 
 
 class InputStream:
@@ -65,6 +66,8 @@ class InputStream:
         sample_rate: the rate of the queued audio.
         on_error: told of an operation the session refused (with its client
             ``event_id``), and of a response it could not start.
+        on_truncated: told, once a truncate is taken, of it and the text the user heard
+            of the reply it cut (None: not known).
     """
 
     def __init__(
@@ -72,8 +75,10 @@ class InputStream:
         session: Session,
         sample_rate: int,
         on_error: Callable[[OmniError, Op], Awaitable[None]],
+        on_truncated: Callable[[Op, str | None], Awaitable[None]] | None = None,
     ) -> None:
         self.session = session
+        self._on_truncated = on_truncated
         self.rate = sample_rate
         self._on_error = on_error
         self._ops: deque[Op] = deque()
@@ -147,7 +152,9 @@ class InputStream:
         elif op.kind == "truncate":
             # A response cut while in flight was cancelled first: once ``cancel``
             # returned, the session takes the truncate.
-            await session.truncate(op.audio_ms)
+            heard = await session.truncate(op.audio_ms)
+            if self._on_truncated is not None:
+                await self._on_truncated(op, heard)
         elif op.kind == "delete":
             await session.delete(op.turn)
         elif op.kind == "respond":

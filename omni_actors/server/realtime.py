@@ -117,6 +117,7 @@ from omni_actors.server.audio_format import decode_audio, format_rate
 from omni_actors.server.conversation_items import ConversationItems
 from omni_actors.server.ids import new_id
 from omni_actors.server.input_stream import InputStream, Op
+from omni_actors.server.model_list import served_name
 from omni_actors.server.request_error import RequestError, described
 from omni_actors.server.response_stream import CancelReason, ResponseStream, tool_call_error
 from omni_actors.server.session_config import SessionSettings, SettingError
@@ -153,7 +154,7 @@ class RealtimeConnection:
         self.beta = beta
         spec = state.pipeline.spec
         self.settings = SessionSettings(
-            id=new_id("sess"), model=state.settings.model or spec.name, created_at=time.time()
+            id=new_id("sess"), model=served_name(state), created_at=time.time()
         )
         self.log = logging.LoggerAdapter(log, {"session": self.settings.id})
         self.voices = VoiceMap()  # the voice names it takes: the server's, once served
@@ -205,7 +206,9 @@ class RealtimeConnection:
                 await self.fail(error.code, error.message, close_code=_CLOSE_TRY_LATER)
                 return
             self.voices = await state.voices()
-            self.input = InputStream(session, self.input_rate, self._refused)
+            # session.created names the voice a reply speaks with, not null.
+            self.settings = replace(self.settings, voice=self.voices.default)
+            self.input = InputStream(session, self.input_rate, self._refused, self._truncated)
             self._apply_vad()
             await self.send(
                 SessionCreated(event_id=new_id("event"), session=self.settings.describe())
@@ -369,6 +372,14 @@ class RealtimeConnection:
 
     async def _update(self, event: SessionUpdate) -> None:
         new = self.settings.updated(event.session, self.voices, self.transcribers)
+        changed = new.instructions and new.instructions != self.settings.instructions
+        if changed and not self._takes_instructions:
+            raise SettingError(
+                "this pipeline's entry stage takes no instructions (its engine does not "
+                f"declare {INSTRUCTIONS_FIELD!r} among its inputs): send none, or serve a "
+                "model that follows them",
+                "session.instructions",
+            )
         if new.offered_tools and not self._takes_tools:
             raise SettingError(
                 "this pipeline's entry stage takes no tools (its engine does not declare "
@@ -401,11 +412,7 @@ class RealtimeConnection:
         if text == self.sent_instructions:
             return
         if not self._takes_instructions:
-            self.log.warning(
-                "session %s: the pipeline's entry stage takes no instructions; ignored",
-                self.settings.id,
-            )
-            return
+            return  # none to send: an update or item setting some was refused
         assert self.input is not None
         self.sent_instructions = text
         self.input.put(Op("instructions", text=text))
@@ -609,6 +616,12 @@ class RealtimeConnection:
         if item.role == "system":
             if audios or not texts:
                 raise RequestError("a system item holds input_text content only")
+            if not self._takes_instructions:
+                raise RequestError(
+                    "this pipeline's entry stage takes no instructions, so a system item "
+                    "would be ignored: send user and assistant items only",
+                    param="item.role",
+                )
             self.settings = replace(self.settings, instructions="\n".join(texts))
             self.queue_instructions(self.settings.instructions)
         elif item.role in ("user", "assistant"):
@@ -767,7 +780,9 @@ class RealtimeConnection:
         return "".join(words)
 
     async def _truncate_item(self, event: ConversationItemTruncate) -> None:
-        """``conversation.item.truncate``: cut the last reply to ``audio_end_ms``.
+        """``conversation.item.truncate``: cut the last reply to ``audio_end_ms``; once
+        every stage has taken it, the item holds what the user heard and
+        ``conversation.item.truncated`` says so (:meth:`_truncated`).
 
         Raises:
             RequestError: not the last assistant item, or ``audio_end_ms`` outside its
@@ -792,14 +807,27 @@ class RealtimeConnection:
             await self._cancel_response(reply, "client_cancelled")
         assert self.input is not None
         self.input.put(
-            Op("truncate", event_id=event.event_id, audio_ms=event.audio_end_ms, stream=reply)
+            Op(
+                "truncate",
+                event_id=event.event_id,
+                audio_ms=event.audio_end_ms,
+                stream=reply,
+                content_index=event.content_index,
+            )
         )
+
+    async def _truncated(self, op: Op, heard: str | None) -> None:
+        """A truncate was taken: the item's transcript becomes what the user heard, as
+        OpenAI's truncate leaves no text the user did not hear (none when the text
+        heard is not known); then ``conversation.item.truncated``."""
+        assert op.stream is not None
+        self.items.truncated(op.stream.item_id, heard or "")
         await self.send(
             ConversationItemTruncated(
                 event_id=new_id("event"),
-                item_id=event.item_id,
-                content_index=event.content_index,
-                audio_end_ms=event.audio_end_ms,
+                item_id=op.stream.item_id,
+                content_index=op.content_index,
+                audio_end_ms=op.audio_ms,
             )
         )
 

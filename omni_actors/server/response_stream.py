@@ -406,13 +406,17 @@ class ResponseStream:
         self.ended = True
         if self.failure is not None:
             events = []
-            status: Literal["completed", "cancelled", "failed"] = "failed"
+            status: Literal["completed", "incomplete", "cancelled", "failed"] = "failed"
             details: ResponseStatusDetails | None = ResponseStatusDetails(
                 type="failed", error=self.failure
             )
         elif completed and self.cancel_reason is None:
             status = "completed"
             details = None
+            if _cut_at_max_tokens(event, self._entry_stage):
+                # As OpenAI ends a reply cut at max_output_tokens.
+                status = "incomplete"
+                details = ResponseStatusDetails(type="incomplete", reason="max_output_tokens")
             if self._encoder is not None:
                 events += self._audio_delta(self._encoder.flush())
         elif (event is None or event.status == "failed") and self.cancel_reason is None:
@@ -466,6 +470,12 @@ class ResponseStream:
             ResponseDone(event_id=self._event_id(), response=self._describe(status, details)),
         ]
         return events
+
+
+def _cut_at_max_tokens(event: PipelineResponseDone | None, entry_stage: str) -> bool:
+    """Whether the entry stage reports the reply cut at its most tokens."""
+    report = None if event is None else event.metrics.stages.get(entry_stage)
+    return report is not None and report.finish_reason == "length"
 
 
 def tool_call_error(error: MalformedToolCallError) -> ErrorDetail:

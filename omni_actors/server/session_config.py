@@ -35,6 +35,7 @@ from omni_actors.protocols.realtime_server import (
     TranscriptionState,
 )
 from omni_actors.server.audio_format import BETA_FORMATS, AudioFormatName, format_rate
+from omni_actors.server.model_list import MODEL_NOT_FOUND, unknown_model
 from omni_actors.server.request_error import RequestError
 from omni_actors.server.voices import ANY_VOICE, UnknownVoiceError, VoiceMap
 
@@ -153,6 +154,9 @@ class SessionSettings:
             SettingError: a value the server does not support (the settings are unchanged).
         """
         new = self
+        refusal = unknown_model(config.model, self.model)
+        if refusal is not None:
+            raise RequestError(refusal, realtime_code=MODEL_NOT_FOUND, param="session.model")
         modalities = _first(config.output_modalities, config.modalities)
         if modalities is not None:
             new = replace(new, modalities=_modalities(modalities, "session.output_modalities"))
@@ -166,6 +170,8 @@ class SessionSettings:
         fmt = _either_format(audio_out, config.output_audio_format, "output")
         if fmt is not None:
             new = replace(new, output_format=fmt)
+        _speed(audio_out.speed if audio_out is not None else None, "session.audio.output.speed")
+        _speed(config.speed, "session.speed")
         voice = audio_out.voice if audio_out is not None else None
         voice = voice or config.voice
         if voice is not None:
@@ -233,6 +239,7 @@ class SessionSettings:
         if limit is not None:
             base = replace(base, max_tokens=_max_tokens(limit, "response.max_output_tokens"))
         output: AudioOutputConfig | None = params.audio.output if params.audio else None
+        _speed(output.speed if output else None, "response.audio.output.speed")
         voice = (output.voice if output else None) or params.voice
         if voice is not None:
             param = "response.audio.output.voice"
@@ -411,6 +418,16 @@ def _voice(voice: str, param: str, voices: VoiceMap = ANY_VOICE) -> str:
         raise SettingError(str(exc), param) from None
 
 
+def _speed(speed: float | None, param: str) -> None:
+    """Refuse a playback speed other than 1: the audio is the model's, at its pace."""
+    if speed is not None and speed != 1.0:
+        raise SettingError(
+            f"speed {speed:g} is not supported: replies are spoken at the model's own "
+            "pace; send 1.0 or leave it out",
+            param,
+        )
+
+
 def _max_tokens(limit: int | Literal["inf"], param: str) -> int | None:
     if limit == "inf":
         return None
@@ -457,9 +474,12 @@ def _transcription(
 def _vad(detection: TurnDetection | None, current: VadSettings | None) -> VadSettings | None:
     if detection is None:
         return None
-    if detection.type not in ("server_vad", "semantic_vad"):
+    if detection.type != "server_vad":
+        # semantic_vad judges the end of a turn by what was said: this server's VAD
+        # hears only levels, so it is refused rather than served as server_vad.
         raise SettingError(
-            f"unsupported turn_detection type {detection.type!r}: use server_vad or null",
+            f"unsupported turn_detection type {detection.type!r}: this server detects "
+            "turns by voice activity only; use server_vad or null",
             "session.audio.input.turn_detection.type",
         )
     base = current or VadSettings()

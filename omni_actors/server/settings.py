@@ -41,7 +41,9 @@ class ServerSettings:
         idle_timeout_s: a session with no client event for this long is closed.
         grace_s: on SIGINT/SIGTERM, how long responses in flight may take to finish
             before the sessions are closed.
-        model: the model name reported in ``session.created`` and chat completions.
+        model: the model name served (``--served-model-name``): reported in
+            ``session.created``, chat completions and ``/v1/models``; a request naming
+            another is refused. "": the pipeline's name.
         voice_map: voice names a client may send and the model speaker each one means
             (``alloy: ethan``), besides the default that maps every OpenAI voice name
             (``voices.py``); a name it maps to no speaker of the model fails the start.

@@ -3,25 +3,21 @@
 from __future__ import annotations
 
 import asyncio
-import logging
 import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from starlette.requests import HTTPConnection
 
-from omni_actors.errors import OmniError
 from omni_actors.pipeline.omni_pipeline import OmniPipeline
+from omni_actors.pipeline.voices import VoiceMap
 from omni_actors.server.metrics import ServerMetrics
 from omni_actors.server.settings import ServerSettings
-from omni_actors.server.voices import ANY_VOICE, VoiceMap, pipeline_voices
 
 if TYPE_CHECKING:
     from omni_actors.server.realtime import RealtimeConnection
 
 __all__ = ["ServerState", "server_state"]
-
-log = logging.getLogger(__name__)
 
 
 @dataclass(eq=False)
@@ -46,33 +42,23 @@ class ServerState:
     """Set each time a response ends (a draining server waits on it)."""
     started_at: float = field(default_factory=time.time)
     """When the server started serving (Unix seconds: the model's ``created``)."""
-    voice_map: VoiceMap | None = None
-    """The voice names clients may send, once learnt from the pipeline (:meth:`voices`)."""
 
     def responding(self) -> bool:
         """True while a chat completion or a realtime connection's response is in flight."""
         return self.chats > 0 or any(c.active is not None for c in self.connections)
 
+    def __post_init__(self) -> None:
+        # One map for the library and the server: the pipeline's, with the server's names.
+        self.pipeline.voice_map.update(self.settings.voice_map)
+
     async def voices(self) -> VoiceMap:
-        """The voice names clients may send: the pipeline's speakers, learnt from its
-        health once every stage has answered (until then, what those that answered
-        speak with), and the configured map.
+        """The voice names clients may send: the pipeline's map
+        (``OmniPipeline.voices``), the configured names included.
 
         Raises:
             VoiceMapError: the configured map names a voice the model does not have.
         """
-        if self.voice_map is not None:
-            return self.voice_map
-        try:
-            health = await self.pipeline.health()
-        except (OmniError, RuntimeError) as exc:  # RuntimeError: the pipeline is closed
-            log.warning("the pipeline did not tell its voices (asked again later): %r", exc)
-            return ANY_VOICE
-        speakers, complete = pipeline_voices(health)
-        found = VoiceMap.of(speakers, self.settings.voice_map if complete or speakers else None)
-        if complete:
-            self.voice_map = found
-        return found
+        return await self.pipeline.voices()
 
     def admit(self) -> bool:
         """Take a session slot; False when the server is full or draining."""

@@ -21,7 +21,7 @@ from conversation_engines import TurnEcho
 from omni_actors.errors import InvalidRequestError
 from omni_actors.pipeline.omni_pipeline import OmniPipeline
 from omni_actors.pipeline.session import Session
-from omni_actors.pipeline.spec.pipeline import PipelineSpec
+from omni_actors.pipeline.spec.pipeline import PipelineSpec, load_pipeline
 from omni_actors.protocols.events import (
     AudioDelta,
     Event,
@@ -228,7 +228,8 @@ async def test_truncate_cuts_every_stage_to_what_was_heard() -> None:
             await session.truncate(audio_ms=100)
         await session.send(text="abcdef")
         assert (await reply(session))[0] == "ABCDEF"
-        await session.truncate(audio_ms=250)  # 2.5 characters heard: 3 kept
+        heard = await session.truncate(audio_ms=250)  # 2.5 characters heard: 3 kept
+        assert heard == "ABC"  # the reply's text as heard, as the stages keep it
         assert await history(session) == "u:abcdef a:ABC"
         with pytest.raises(InvalidRequestError, match="audio_ms"):
             await session.truncate(audio_ms=-1)
@@ -322,3 +323,22 @@ async def test_audio_as_numpy_arrays_and_pcm16_bytes_reaches_the_entry_stage() -
         for piece in heard:
             assert piece.dtype == torch.float32
             np.testing.assert_array_equal(piece.numpy(), as_float.astype(np.float32))
+
+
+@pytest.mark.parametrize(
+    ("max_tokens", "tokens", "reason"), [(None, 5, "length"), (3, 3, "length"), (40, 32, "stop")]
+)
+async def test_a_reply_cut_at_its_most_tokens_says_length(
+    max_tokens: int | None, tokens: int, reason: str
+) -> None:
+    data = load_pipeline("scripted-omni").model_dump(by_alias=True)
+    data["stages"][0]["engine"]["args"]["max_new_tokens"] = 5  # the thinker's own cap
+    async with (
+        OmniPipeline(PipelineSpec.model_validate(data)) as omni,
+        omni.session(modalities=("text",)) as session,
+    ):
+        await session.send(text="hello")
+        done = await (await session.respond(max_tokens=max_tokens)).wait()
+        assert isinstance(done, ResponseDone)
+        thinker = done.metrics.stages["thinker"]
+        assert (thinker.completion_tokens, thinker.finish_reason) == (tokens, reason)

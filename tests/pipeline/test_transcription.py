@@ -126,6 +126,30 @@ async def test_the_reply_never_waits_for_the_transcriber() -> None:
         del transcriber_engines.GATE["open"]
 
 
+async def test_reading_through_responses_misses_no_transcript() -> None:
+    # The docs' promise: the session's events include the transcripts. A caller that
+    # reads the conversation through its responses gets them among the reply's events.
+    gate = transcriber_engines.GATE["open"] = asyncio.Event()
+    try:
+        async with transcribed() as (_, session):
+            await session.transcribe()
+            await session.send(audio=speech(400))
+            await session.commit(turn="u1")
+            first = await session.respond()
+            assert isinstance(await first.wait(), ResponseDone)  # the transcript is held
+            gate.set()
+            await eventually(lambda: session.channel.queued, what="the transcript is queued")
+            await session.send(text="hi")
+            second = await session.respond()
+            async with asyncio.timeout(10):
+                events = [event async for event in second.events()]
+            assert TranscriptDone(session=session.id, item="u1", transcript="400 samples") in events
+            assert isinstance(events[-1], ResponseDone)
+            assert events[-1].response == second.id
+    finally:
+        del transcriber_engines.GATE["open"]
+
+
 async def test_cancelling_a_reply_keeps_its_turns_transcripts() -> None:
     gate = transcriber_engines.GATE["open"] = asyncio.Event()
     try:

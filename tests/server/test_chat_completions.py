@@ -8,7 +8,6 @@ import asyncio
 import base64
 import io
 import json
-import logging
 import wave
 from collections.abc import AsyncIterator
 from typing import Any
@@ -29,6 +28,11 @@ from omni_actors.server.settings import ServerSettings
 from omni_actors.testing import eventually
 
 TEXT = "".join(f"t{k} " for k in range(32))  # the scripted thinker's 32 outputs
+USER_HELLO = {
+    "type": "message",
+    "role": "user",
+    "content": [{"type": "input_text", "text": "hello"}],
+}
 HELLO = [{"role": "user", "content": "hello"}]
 AUDIO = {"modalities": ["text", "audio"], "audio": {"voice": "alloy", "format": "pcm16"}}
 FAST = ServerSettings(preset="scripted-omni", port=0)
@@ -72,10 +76,12 @@ async def chat(server: RunningServer, body: Any, **headers: str) -> tuple[int, A
 
 
 async def test_a_text_reply(server: RunningServer) -> None:
-    completion = await client_of(server).chat.completions.create(model="my-model", messages=HELLO)
+    completion = await client_of(server).chat.completions.create(
+        model="scripted-omni", messages=HELLO
+    )
     assert completion.id.startswith("chatcmpl-")
     assert completion.object == "chat.completion"
-    assert completion.model == "my-model"
+    assert completion.model == "scripted-omni"
     [choice] = completion.choices
     assert (choice.message.role, choice.message.content) == ("assistant", TEXT)
     assert choice.message.audio is None
@@ -87,7 +93,7 @@ async def test_a_text_reply(server: RunningServer) -> None:
 
 async def test_a_streamed_text_reply(server: RunningServer) -> None:
     stream = await client_of(server).chat.completions.create(
-        model="m",
+        model="scripted-omni",
         messages=HELLO,
         stream=True,
         stream_options={"include_usage": True},
@@ -107,7 +113,7 @@ async def test_a_streamed_text_reply(server: RunningServer) -> None:
 
 async def test_an_audio_reply_is_one_wav_file(server: RunningServer) -> None:
     completion = await client_of(server).chat.completions.create(
-        model="m",
+        model="scripted-omni",
         messages=HELLO,
         modalities=["text", "audio"],
         audio={"voice": "alloy", "format": "wav"},
@@ -137,7 +143,7 @@ async def test_a_streamed_audio_reply_carries_pcm16_and_its_transcript(
     server: RunningServer,
 ) -> None:
     stream = await client_of(server).chat.completions.create(
-        model="m",
+        model="scripted-omni",
         messages=HELLO,
         modalities=["text", "audio"],
         audio={"voice": "alloy", "format": "pcm16"},
@@ -164,7 +170,7 @@ async def test_a_streamed_audio_reply_carries_pcm16_and_its_transcript(
 
 async def test_parameters_at_their_neutral_values_are_taken(server: RunningServer) -> None:
     completion = await client_of(server).chat.completions.create(
-        model="m",
+        model="scripted-omni",
         messages=HELLO,
         n=1,
         top_p=1,
@@ -182,7 +188,7 @@ async def test_parameters_at_their_neutral_values_are_taken(server: RunningServe
 @pytest.mark.parametrize("stream", [False, True])
 async def test_a_stop_string_ends_the_text_before_it(server: RunningServer, stream: bool) -> None:
     # "2 t" spans two tokens ("t2 ", "t3 "): what precedes it is all the reply.
-    kwargs: dict[str, Any] = {"model": "m", "messages": HELLO, "stop": ["zz", "2 t"]}
+    kwargs: dict[str, Any] = {"model": "scripted-omni", "messages": HELLO, "stop": ["zz", "2 t"]}
     client = client_of(server)
     if stream:
         chunks = [
@@ -211,21 +217,49 @@ async def test_a_stop_string_ends_the_text_before_it(server: RunningServer, stre
 async def test_a_stop_string_never_met_holds_nothing_back(server: RunningServer) -> None:
     # The reply ends with "t31 ", the start of the stop string: held, then handed out.
     completion = await client_of(server).chat.completions.create(
-        model="m", messages=HELLO, stop="t31 x"
+        model="scripted-omni", messages=HELLO, stop="t31 x"
     )
     assert completion.choices[0].message.content == TEXT
     assert completion.choices[0].finish_reason == "stop"
 
 
-async def test_system_messages_are_ignored_by_an_entry_stage_without_instructions(
-    server: RunningServer, caplog: pytest.LogCaptureFixture
+@pytest.mark.parametrize(("cap", "reason"), [(4, "length"), (64, "stop")])
+async def test_a_reply_cut_by_the_engines_own_cap_ends_with_length(cap: int, reason: str) -> None:
+    # The request sets no max_tokens: the cap is the engine's (a preset's max_new_tokens).
+    async with run_server(FAST, pipeline=scripted(max_new_tokens=cap)) as server:
+        completion = await client_of(server).chat.completions.create(
+            model="scripted-omni", messages=HELLO
+        )
+        assert completion.choices[0].finish_reason == reason
+        assert completion.usage is not None
+        assert completion.usage.completion_tokens == min(cap, 32)
+        async with connect(server.ws_url) as client:  # realtime: OpenAI's incomplete
+            await client.no_vad()
+            await client.send("conversation.item.create", item=USER_HELLO)
+            await client.send("response.create")
+            done = (await client.until("response.done"))[-1]["response"]
+            if reason == "length":
+                assert done["status"] == "incomplete"
+                assert done["status_details"] == {
+                    "type": "incomplete",
+                    "reason": "max_output_tokens",
+                    "error": None,
+                }
+                assert done["output"][0]["status"] == "incomplete"
+            else:
+                assert done["status"] == "completed"
+
+
+async def test_system_messages_are_refused_by_an_entry_stage_without_instructions(
+    server: RunningServer,
 ) -> None:
-    messages = [{"role": "system", "content": "Be brief."}, *HELLO]
-    with caplog.at_level(logging.INFO, logger="omni_actors.server.chat_request"):
-        status, reply = await chat(server, {"messages": messages})
-    assert status == 200, reply
-    assert reply["choices"][0]["message"]["content"] == TEXT
-    assert "takes no instructions" in caplog.text
+    # Never dropped without a word: refused by name, as unsupported formats are.
+    messages = [*HELLO, {"role": "system", "content": "Be brief."}]
+    status, reply = await chat(server, {"messages": messages})
+    assert status == 400, reply
+    assert reply["error"]["param"] == "messages[1]"
+    assert reply["error"]["code"] == "unsupported_message"
+    assert "takes no instructions" in reply["error"]["message"]
 
 
 # -- bad input -------------------------------------------------------------------------
@@ -234,12 +268,12 @@ WAV_GARBAGE = base64.b64encode(b"RIFF not really a wave file").decode()
 BAD: list[tuple[str, bytes | dict[str, Any], str | None, str]] = [
     ("not JSON", b'{"messages": [', None, "invalid_json"),
     ("a wrong type", {"messages": 3}, "messages", "invalid_value"),
-    ("no messages", {"model": "m"}, None, "invalid_value"),
+    ("no messages", {"model": "scripted-omni"}, None, "invalid_value"),
     ("an unknown role", {"messages": [{"role": "bot", "content": "x"}]}, "messages[0].role",
      "invalid_value"),
     ("an unknown part", {"messages": [{"role": "user", "content": [{"type": "image_url"}]}]},
      "messages[0].content[0].type", "invalid_value"),
-    ("no user message", {"messages": [{"role": "system", "content": "x"}]}, "messages",
+    ("no user message", {"messages": [{"role": "system", "content": ""}]}, "messages",
      "missing_required_parameter"),
     ("an assistant message", {"messages": [*HELLO, {"role": "assistant", "content": "x"}]},
      "messages[1]", "unsupported_message"),
@@ -312,9 +346,11 @@ async def test_an_api_key_is_required_when_one_is_set() -> None:
         assert status == 401
         assert reply["error"]["code"] == "invalid_api_key"
         with pytest.raises(openai.AuthenticationError):
-            await client_of(s, key="wrong").chat.completions.create(model="m", messages=HELLO)
+            await client_of(s, key="wrong").chat.completions.create(
+                model="scripted-omni", messages=HELLO
+            )
         completion = await client_of(s, key="s3cret").chat.completions.create(
-            model="m", messages=HELLO
+            model="scripted-omni", messages=HELLO
         )
         assert completion.choices[0].message.content == TEXT
 
@@ -344,7 +380,7 @@ async def test_a_failed_reply_is_a_500_with_the_pipelines_error_code() -> None:
         assert status == 500, reply
         assert (reply["error"]["type"], reply["error"]["code"]) == ("server_error", "engine_error")
         stream = await client_of(server).chat.completions.create(
-            model="m",
+            model="scripted-omni",
             messages=HELLO,
             stream=True,
         )

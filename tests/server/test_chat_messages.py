@@ -144,7 +144,7 @@ async def test_a_multi_turn_history_with_assistant_messages_is_the_conversation(
 ) -> None:
     client = openai_client(transcript)
     completion = await client.chat.completions.create(
-        model="m",
+        model="transcript",
         messages=[
             {"role": "system", "content": "Be brief."},
             {"role": "assistant", "content": "Hello! Ask me anything."},  # before any user
@@ -166,7 +166,7 @@ async def test_a_voiced_reply_appended_as_it_came_is_taken_by_its_transcript(
     client = openai_client(transcript)
     messages: list[Any] = [{"role": "user", "content": "hello"}]
     first = await client.chat.completions.create(
-        model="m", messages=messages, modalities=["text", "audio"],
+        model="transcript", messages=messages, modalities=["text", "audio"],
         audio={"voice": "alloy", "format": "pcm16"},
     )  # fmt: skip
     message = first.choices[0].message
@@ -176,7 +176,7 @@ async def test_a_voiced_reply_appended_as_it_came_is_taken_by_its_transcript(
     assert heard == "u:hello"
     # What clients do: the reply message as it came (audio id, data and transcript).
     messages += [message.model_dump(exclude_none=True), {"role": "user", "content": "more"}]
-    second = await client.chat.completions.create(model="m", messages=messages)
+    second = await client.chat.completions.create(model="transcript", messages=messages)
     assert second.choices[0].message.content == f"u:hello a:{heard} u:more"
 
 

@@ -198,6 +198,8 @@ async def test_tools_it_cannot_take_are_refused_by_name(
 
 async def test_tools_on_a_pipeline_that_takes_none_are_refused(server: RunningServer) -> None:
     with pytest.raises(BadRequestError) as refused:
-        await _client(server).chat.completions.create(model="scripted", messages=[ASK], tools=TOOLS)
+        await _client(server).chat.completions.create(
+            model="scripted-omni", messages=[ASK], tools=TOOLS
+        )
     assert refused.value.body["param"] == "tools"  # type: ignore[index]
     assert "takes no tools" in refused.value.body["message"]  # type: ignore[index]

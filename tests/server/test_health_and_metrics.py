@@ -57,6 +57,7 @@ async def test_liveness_and_readiness_of_an_idle_server(server: RunningServer) -
                 "sessions": 0,
                 "queued": 0,
                 "voices": None,
+                "voice": None,
                 "busy_s": None,  # scripted engines do not tell
             }
             for name in STAGES

@@ -16,7 +16,7 @@ async def test_the_openai_realtime_client_holds_a_conversation(server: RunningSe
     client = AsyncOpenAI(
         api_key="unused", websocket_base_url=server.ws_url.removesuffix("/realtime")
     )
-    async with client.realtime.connect(model="tiny-omni") as conn:
+    async with client.realtime.connect(model="scripted-omni") as conn:
         created = await conn.recv()
         assert created.type == "session.created"
         await conn.session.update(

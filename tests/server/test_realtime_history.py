@@ -8,6 +8,7 @@ from typing import Any
 
 from openai import AsyncOpenAI
 from openai.resources.realtime.realtime import AsyncRealtimeConnection
+from realtime_client import connect
 
 from omni_actors.server.runner import RunningServer
 
@@ -122,3 +123,27 @@ async def test_after_an_assistant_item_an_earlier_reply_is_no_longer_the_last(
             assert event.type != "conversation.item.truncated", event
         await add(conn, "user", said("so?"))
         assert await answer(conn) == "u:hello a:#1 a:and more u:so?"
+
+
+async def test_truncate_cuts_the_items_transcript_to_what_was_heard(
+    server: RunningServer,
+) -> None:
+    # scripted-omni: each thinker output ("t{k} ") is two codec frames of 80 ms.
+    async with connect(server.ws_url) as client:
+        await client.no_vad()
+        await client.send(
+            "conversation.item.create",
+            item={"type": "message", "role": "user", "content": [said("hello")]},
+        )
+        await client.send("response.create")
+        events = await client.until("response.done")
+        item = events[-1]["response"]["output"][0]
+        assert item["content"][0]["transcript"].startswith("t0 t1 t2 t3 ")
+        await client.send(
+            "conversation.item.truncate", item_id=item["id"], content_index=0, audio_end_ms=400
+        )
+        truncated = await client.expect("conversation.item.truncated")
+        assert (truncated["item_id"], truncated["audio_end_ms"]) == (item["id"], 400)
+        await client.send("conversation.item.retrieve", item_id=item["id"])
+        retrieved = (await client.expect("conversation.item.retrieved"))["item"]
+        assert retrieved["content"][0]["transcript"] == "t0 t1 t2 "  # 5 frames heard

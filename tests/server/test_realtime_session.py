@@ -33,7 +33,6 @@ async def test_session_created_then_updated_in_the_ga_form(server: RunningServer
             session={
                 "type": "realtime",
                 "output_modalities": ["text"],
-                "instructions": "Be brief.",
                 "max_output_tokens": 7,
                 "audio": {
                     "input": {"turn_detection": {"type": "server_vad", "silence_duration_ms": 300}},
@@ -44,7 +43,6 @@ async def test_session_created_then_updated_in_the_ga_form(server: RunningServer
         session = (await client.expect("session.updated"))["session"]
         assert session["id"] == created["id"]
         assert session["output_modalities"] == ["text"]
-        assert session["instructions"] == "Be brief."
         assert session["max_output_tokens"] == 7
         vad = session["audio"]["input"]["turn_detection"]
         assert vad["silence_duration_ms"] == 300
@@ -63,6 +61,15 @@ async def test_session_created_then_updated_in_the_ga_form(server: RunningServer
         ({"audio": {"input": {"turn_detection": {"threshold": 3}}}},
          "session.audio.input.turn_detection.threshold"),
         ({"max_output_tokens": 0}, "session.max_output_tokens"),
+        # Settings the server cannot honour are refused, never changed without a word.
+        ({"audio": {"input": {"turn_detection": {"type": "semantic_vad"}}}},
+         "session.audio.input.turn_detection.type"),
+        ({"turn_detection": {"type": "semantic_vad", "eagerness": "low"}},
+         "session.audio.input.turn_detection.type"),
+        ({"audio": {"output": {"speed": 1.5}}}, "session.audio.output.speed"),
+        ({"speed": 0.8}, "session.speed"),
+        # scripted-omni's thinker takes no instructions.
+        ({"instructions": "Be brief."}, "session.instructions"),
     ],
 )  # fmt: skip
 async def test_a_bad_update_is_refused_whole_and_changes_nothing(
@@ -81,6 +88,19 @@ async def test_a_bad_update_is_refused_whole_and_changes_nothing(
         after = (await client.expect("session.updated"))["session"]
         assert after["instructions"] == before["instructions"]
         assert after["audio"] == before["audio"]
+
+
+async def test_a_response_at_another_speed_is_refused_by_name(server: RunningServer) -> None:
+    async with connect(server.ws_url) as client:
+        await client.no_vad()
+        await client.send(
+            "response.create", event_id="fast", response={"audio": {"output": {"speed": 2.0}}}
+        )
+        error = await client.error()
+        assert (error["param"], error["event_id"]) == ("response.audio.output.speed", "fast")
+        # At 1 it is taken: the reply is spoken at the model's own pace anyway.
+        await client.send("response.create", response={"audio": {"output": {"speed": 1.0}}})
+        assert (await client.until("response.done"))[-1]["response"]["status"] == "completed"
 
 
 async def test_commit_clear_and_their_errors(server: RunningServer) -> None:
@@ -128,15 +148,10 @@ async def test_items_user_text_and_audio_system_and_refused_roles(server: Runnin
         second = await client.expect("conversation.item.added")
         assert second["previous_item_id"] == added["item"]["id"]
         await client.expect("conversation.item.done")
-        await client.send(
-            "conversation.item.create",
-            event_id="sys",
-            item={"type": "message", "role": "system",
-                  "content": [{"type": "input_text", "text": "Be brief."}]},
-        )  # fmt: skip
-        assert (await client.expect("conversation.item.added"))["item"]["role"] == "system"
-        await client.expect("conversation.item.done")
         for event_id, item in [
+            # scripted-omni's thinker takes no instructions: refused, not ignored.
+            ("sys", {"type": "message", "role": "system",
+                     "content": [{"type": "input_text", "text": "Be brief."}]}),
             ("asst", {"type": "message", "role": "assistant",
                       "content": [{"type": "output_text", "text": "hi"}]}),
             ("call", {"type": "function_call", "name": "f"}),

@@ -200,7 +200,7 @@ async def test_tools_it_cannot_offer_are_refused_by_name(
 
 
 async def test_tools_on_a_pipeline_that_takes_none_are_refused(server: RunningServer) -> None:
-    async with _client(server).realtime.connect(model="scripted") as conn:
+    async with _client(server).realtime.connect(model="scripted-omni") as conn:
         assert (await conn.recv()).type == "session.created"
         await conn.session.update(session={"type": "realtime", "tools": [TOOL]})
         error = await conn.recv()
@@ -255,7 +255,7 @@ SCRIPTED_CALL = PipelineSpec.model_validate(
 async def test_a_scripted_reply_calls_the_tool_unspoken() -> None:
     async with (
         run_server(ServerSettings(port=0), pipeline=SCRIPTED_CALL) as server,
-        _client(server).realtime.connect(model="scripted") as conn,
+        _client(server).realtime.connect(model="scripted-call") as conn,
     ):
         await _session(conn, tools=[TOOL])
         await _ask(conn, "weather in Paris?")
@@ -379,7 +379,7 @@ async def test_response_tools_it_cannot_offer_are_refused_by_name(
 async def test_response_tools_on_a_pipeline_that_takes_none_are_refused(
     server: RunningServer,
 ) -> None:
-    async with _client(server).realtime.connect(model="scripted") as conn:
+    async with _client(server).realtime.connect(model="scripted-omni") as conn:
         assert (await conn.recv()).type == "session.created"
         await conn.response.create(response={"tools": [TOOL]})
         error = await conn.recv()

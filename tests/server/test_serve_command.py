@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 import yaml
+from http_client import get
 from realtime_client import connect, speech
 from websockets.exceptions import ConnectionClosed
 
@@ -94,4 +95,27 @@ async def test_sigterm_drains_then_exits_cleanly(tmp_path: Path) -> None:
     finally:
         if proc.returncode is None:
             proc.kill()
+            await proc.wait()
+
+
+async def test_served_model_name_sets_the_name_served(tmp_path: Path) -> None:
+    ready = tmp_path / "ready"
+    log = tmp_path / "serve.log"
+    with log.open("w") as out:
+        proc = await asyncio.create_subprocess_exec(
+            sys.executable, "-m", "omni_actors.cli", "serve", "--preset", "scripted-omni",
+            "--port", "0", "--ready-file", str(ready), "--served-model-name", "my-omni",
+            stdout=out, stderr=out,
+        )  # fmt: skip
+    try:
+        await eventually(ready.exists, timeout=60, what="the server listens")
+        url = ready.read_text()
+        status, listed = await get(url + "/v1/models")
+        assert status == 200, log.read_text()
+        assert [m["id"] for m in listed["data"]] == ["my-omni"]
+        status, refused = await get(url + "/v1/models/scripted-omni")
+        assert (status, refused["error"]["code"]) == (404, "model_not_found")
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        async with asyncio.timeout(60):
             await proc.wait()

@@ -74,7 +74,11 @@ async def test_the_server_says_what_the_library_says_and_barge_in_cancels(
         await client.send("input_audio_buffer.commit")
         await client.send("response.create")
         events = await client.until("response.done", timeout=120)
-        assert events[-1]["response"]["status"] == "completed"
+        reply = events[-1]["response"]
+        # Random weights speak to the preset's max_new_tokens (48): cut there, the reply
+        # ends incomplete, as OpenAI's does at max_output_tokens.
+        cut = reply["usage"]["output_tokens"] == 48
+        assert reply["status"] == ("incomplete" if cut else "completed"), reply
         heard = b"".join(
             base64.b64decode(e["delta"])
             for e in events

@@ -22,7 +22,7 @@ def client_of(server: RunningServer) -> AsyncOpenAI:
 async def test_chat_usage_counts_the_prompt(server: RunningServer) -> None:
     client = client_of(server)
     one = await client.chat.completions.create(
-        model="m", messages=[{"role": "user", "content": "hello"}]
+        model="scripted-omni", messages=[{"role": "user", "content": "hello"}]
     )
     assert one.usage is not None
     assert (one.usage.prompt_tokens, one.usage.completion_tokens) == (1, 32)
@@ -32,7 +32,7 @@ async def test_chat_usage_counts_the_prompt(server: RunningServer) -> None:
         {"role": "user", "content": [{"type": "text", "text": "a"}, {"type": "text", "text": "b"}]},
     ]
     stream = await client.chat.completions.create(
-        model="m",
+        model="scripted-omni",
         messages=two_turns,  # type: ignore[arg-type]
         stream=True,
         stream_options={"include_usage": True},
@@ -44,7 +44,7 @@ async def test_chat_usage_counts_the_prompt(server: RunningServer) -> None:
 
 
 async def test_realtime_usage_grows_with_the_conversation(server: RunningServer) -> None:
-    async with client_of(server).realtime.connect(model="m") as conn:
+    async with client_of(server).realtime.connect(model="scripted-omni") as conn:
         assert (await conn.recv()).type == "session.created"
         usages = []
         for text in ("hello", "again"):

@@ -19,8 +19,10 @@ from openai import AsyncOpenAI
 from realtime_client import speech
 
 from omni_actors.cli.serve import add_serve_arguments, serve_command
+from omni_actors.pipeline.omni_pipeline import OmniPipeline
 from omni_actors.pipeline.spec.pipeline import PipelineSpec, load_pipeline
 from omni_actors.protocols.control import PipelineHealth, StageHealth
+from omni_actors.protocols.events import ResponseDone
 from omni_actors.server.runner import RunningServer, run_server
 from omni_actors.server.settings import ServerSettings
 from omni_actors.server.voices import (
@@ -122,7 +124,7 @@ async def test_a_map_naming_no_speaker_fails_the_start() -> None:
 
 
 async def test_an_openai_voice_speaks_on_the_realtime_path(voiced_server: RunningServer) -> None:
-    async with clients(voiced_server).realtime.connect(model="tiny-omni") as conn:
+    async with clients(voiced_server).realtime.connect(model="scripted-omni") as conn:
         assert (await conn.recv()).type == "session.created"
         await conn.session.update(
             session={
@@ -153,7 +155,7 @@ async def test_an_openai_voice_speaks_on_the_realtime_path(voiced_server: Runnin
 async def test_an_unknown_voice_is_refused_by_session_update(
     voiced_server: RunningServer,
 ) -> None:
-    async with clients(voiced_server).realtime.connect(model="tiny-omni") as conn:
+    async with clients(voiced_server).realtime.connect(model="scripted-omni") as conn:
         assert (await conn.recv()).type == "session.created"
         await conn.session.update(
             session={"type": "realtime", "audio": {"output": {"voice": "bogus"}}}
@@ -177,7 +179,7 @@ async def test_an_openai_voice_speaks_on_the_chat_path(
     voiced_server: RunningServer, voice: str
 ) -> None:
     completion = await clients(voiced_server).chat.completions.create(
-        model="tiny-omni",
+        model="scripted-omni",
         messages=HELLO,  # type: ignore[arg-type]
         modalities=["text", "audio"],
         audio={"voice": voice, "format": "pcm16"},  # type: ignore[typeddict-item]
@@ -192,7 +194,7 @@ async def test_an_unknown_voice_is_a_400_before_any_streaming(
 ) -> None:
     with pytest.raises(openai.BadRequestError) as caught:
         await clients(voiced_server).chat.completions.create(
-            model="tiny-omni",
+            model="scripted-omni",
             messages=HELLO,  # type: ignore[arg-type]
             modalities=["text", "audio"],
             audio={"voice": "bogus", "format": "pcm16"},  # type: ignore[typeddict-item]
@@ -207,7 +209,7 @@ async def test_an_unknown_voice_is_a_400_before_any_streaming(
 
 async def test_a_pipeline_without_voices_takes_any_name(server: RunningServer) -> None:
     completion = await clients(server).chat.completions.create(
-        model="tiny-omni",
+        model="scripted-omni",
         messages=HELLO,  # type: ignore[arg-type]
         modalities=["text", "audio"],
         audio={"voice": "anything", "format": "pcm16"},  # type: ignore[typeddict-item]
@@ -231,10 +233,43 @@ def test_the_voices_are_learnt_only_from_a_whole_answer() -> None:
     thinker = StageHealth(stage="thinker", state="running", restarts=0, sessions=0, queued=0)
     assert pipeline_voices(PipelineHealth(stages={"thinker": thinker, "talker": spoken})) == (
         ["chelsie", "ethan"],
+        None,
         True,
     )
     restarting = msgspec.structs.replace(talker, state="restarting", queued=None)
     assert pipeline_voices(PipelineHealth(stages={"thinker": thinker, "talker": restarting})) == (
         [],
+        None,
         False,
     )
+    told = msgspec.structs.replace(spoken, voice="ethan")
+    assert pipeline_voices(PipelineHealth(stages={"thinker": thinker, "talker": told}))[1] == (
+        "ethan"
+    )
+
+
+async def test_session_created_names_the_default_voice(voiced_server: RunningServer) -> None:
+    async with clients(voiced_server).realtime.connect(model="scripted-omni") as conn:
+        created = await conn.recv()
+        assert created.type == "session.created"
+        assert created.session.audio.output.voice == "chelsie"  # the talker's first
+
+
+async def test_the_library_checks_voices_as_the_server_does() -> None:
+    # One map: the library takes the names the server takes, and refuses the others
+    # before anything is sent (not late, in the talker, after the reply's text).
+    async with (
+        OmniPipeline(voiced(*SPEAKERS), voice_map={"custom": "Ethan"}) as omni,
+        omni.session(modalities=("text", "audio")) as session,
+    ):
+        for voice in ("nova", "custom", "ETHAN"):
+            await session.send(text="hi")
+            done = await (await session.respond(voice=voice)).wait()
+            assert isinstance(done, ResponseDone)
+            assert done.status == "completed", done.message
+        await session.send(text="hi")
+        with pytest.raises(UnknownVoiceError, match="unknown voice 'bogus'"):
+            await session.respond(voice="bogus")
+        done = await (await session.respond()).wait()  # nothing was sent: the turn waits
+        assert isinstance(done, ResponseDone)
+        assert done.status == "completed"

@@ -195,6 +195,11 @@ class TalkerEngine(SteppedTorchEngine[Voice, TalkerFeed, Framed | None]):
         """The voices ``speaker`` and a response's ``voice`` may name (once started)."""
         return sorted(self._model.speakers)
 
+    @property
+    def voice(self) -> str:
+        """The voice a response naming none speaks with (``speaker``)."""
+        return self.speaker
+
     def _step(self, chunks: list[TalkerChunk]) -> list[Framed | None]:
         return self._model.step(chunks)
 
