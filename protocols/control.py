@@ -265,6 +265,7 @@ class StageState(msgspec.Struct, tag="stage-state", frozen=True, kw_only=True):
         busy_s: seconds its engine has spent in model calls since it started (the
             difference of two readings over the wall time between them: how busy the
             engine, and its device, was); None for an engine that does not tell.
+        max_sessions: the most sessions its engine holds at once; None: no limit.
     """
 
     stage: str
@@ -273,6 +274,7 @@ class StageState(msgspec.Struct, tag="stage-state", frozen=True, kw_only=True):
     voices: list[str] | None = None
     voice: str | None = None
     busy_s: float | None = None
+    max_sessions: int | None = None
 
 
 class Inspect(msgspec.Struct, Request[StageState], tag="inspect", frozen=True, kw_only=True):
@@ -452,6 +454,8 @@ class StageHealth(msgspec.Struct, frozen=True, kw_only=True):
         busy_s: seconds its engine has spent in model calls (:attr:`StageState.busy_s`;
             a restarted stage's new engine counts from 0); None when it does not tell
             or did not answer in time.
+        max_sessions: the most sessions its engine holds at once
+            (:attr:`StageState.max_sessions`); None: no limit, or no answer in time.
     """
 
     stage: str
@@ -462,6 +466,7 @@ class StageHealth(msgspec.Struct, frozen=True, kw_only=True):
     voices: list[str] | None = None
     voice: str | None = None
     busy_s: float | None = None
+    max_sessions: int | None = None
 
 
 class PipelineHealth(msgspec.Struct, tag="pipeline-health", frozen=True, kw_only=True):

@@ -97,6 +97,11 @@ reply's tokens may expose ``max_new_tokens``, the cap when a response sets no
 ``max_tokens`` (:func:`engine_max_new_tokens`): a reply that yielded that many token ids
 was cut there, and the stage reports it (``StageMetrics.finish_reason``: ``length``).
 
+An engine that holds at most so many sessions at once (a KV slot each) exposes
+``max_sessions`` (:func:`engine_max_sessions`): the pipeline admits no more sessions
+than its stages hold, so one past it waits at admission, or is refused there, instead
+of failing inside the stage.
+
 An engine that knows how long it has computed may expose ``busy_s``, the seconds it has
 spent in model calls since it started (torch engines: their model thread's time in
 calls); the stage reports it in its state and ``OmniPipeline.health()`` per stage
@@ -170,6 +175,7 @@ __all__ = [
     "Truncatable",
     "engine_busy_s",
     "engine_max_new_tokens",
+    "engine_max_sessions",
     "engine_prompt_tokens",
     "engine_voice",
     "engine_voices",
@@ -253,6 +259,15 @@ def engine_max_new_tokens(engine: object) -> int | None:
     """``engine``'s ``max_new_tokens`` (see the module docstring): a reply's most tokens
     when its response sets none; None for an engine that does not tell."""
     limit = getattr(engine, "max_new_tokens", None)
+    if isinstance(limit, bool) or not isinstance(limit, int) or limit < 1:
+        return None
+    return limit
+
+
+def engine_max_sessions(engine: object) -> int | None:
+    """``engine``'s ``max_sessions`` (see the module docstring): the most sessions it
+    holds at once; None for an engine without a limit."""
+    limit = getattr(engine, "max_sessions", None)
     if isinstance(limit, bool) or not isinstance(limit, int) or limit < 1:
         return None
     return limit

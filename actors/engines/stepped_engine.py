@@ -89,6 +89,8 @@ class SteppedTorchEngine(TorchEngine, Generic[S, P, Out]):
     ) -> None:
         super().__init__(path, name, device)
         self._sessions: dict[str, S] = {}
+        self.max_sessions = args.max_sessions
+        """Sessions holding a slot at once (the pipeline admits no more)."""
         self.loop: StepLoop[P, Out] = StepLoop(
             self._execute,
             slots=args.max_sessions,

@@ -42,6 +42,7 @@ from omni_actors.actors.engines.contract import (
     Engine,
     Ports,
     engine_busy_s,
+    engine_max_sessions,
     engine_voice,
     engine_voices,
 )
@@ -310,6 +311,7 @@ class StageActor(Actor[StageMessage]):
                     voices=engine_voices(self.engine),
                     voice=engine_voice(self.engine),
                     busy_s=engine_busy_s(self.engine),
+                    max_sessions=engine_max_sessions(self.engine),
                 )
             case StreamCredit(key=key, receiver=receiver, n=n):
                 session = self.sessions.get(key)

@@ -68,7 +68,9 @@ class OmniPipeline:
         pipeline: a :class:`PipelineSpec`, a mapping of what its YAML would hold, a
             preset name or a YAML path.
         max_sessions: sessions served at once; further requests wait for a slot, up to
-            the pipeline's ``deadlines.admission_s``.
+            the pipeline's ``deadlines.admission_s``. Once started, no more than its
+            stages hold (the least ``max_sessions`` of their engines, summed over a
+            stage's replicas): :attr:`max_sessions` then says what is admitted.
         system: run inside this actor system (default: a system of its own). Its clock
             is the pipeline's: under ``ActorTestKit(virtual_time=True)``, every deadline
             enforced in this process (admission, the stages' waits, the caller's
@@ -148,11 +150,45 @@ class OmniPipeline:
                     start_timeout=self.spec.deadlines.start_s + _START_MARGIN_S,
                 ),
             )
+            await self._admit_what_stages_hold()
         except BaseException:
             if self._own_system:
                 await system.shutdown()
             await self._close_cluster()
             raise
+
+    async def _admit_what_stages_hold(self) -> None:
+        """Admit no more sessions at once than the stages hold: a stage whose engine has
+        a KV slot per session (``max_sessions``) would fail the one past it inside the
+        stage, mid-request; at admission it waits for a slot instead, as any session
+        past ``max_sessions`` does. Before any session: the slots are not in use yet."""
+        try:
+            health = await self.health()
+        except (OmniError, TimeoutError) as exc:
+            log.warning("the stages did not tell how many sessions they hold: %r", exc)
+            return
+        limits: dict[str, int] = {}
+        for stage in self.spec.stages:
+            held = [
+                health.stages[name].max_sessions
+                for name in stage.replica_names()
+                if name in health.stages
+            ]
+            if held and all(n is not None for n in held):
+                limits[stage.name] = sum(n for n in held if n is not None)
+        if not limits or min(limits.values()) >= self.max_sessions:
+            return
+        least = min(limits, key=limits.__getitem__)
+        log.info(
+            "%s admits %d sessions at once (stage %s holds %d; max_sessions was %d)",
+            self.spec.name,
+            limits[least],
+            least,
+            limits[least],
+            self.max_sessions,
+        )
+        self.max_sessions = limits[least]
+        self.session_slots = asyncio.Semaphore(self.max_sessions)
 
     async def close(self) -> None:
         """Stop every stage; sessions still open end with a ``SessionError``."""
@@ -240,6 +276,7 @@ class OmniPipeline:
                     voices=answer.voices,
                     voice=answer.voice,
                     busy_s=answer.busy_s,
+                    max_sessions=answer.max_sessions,
                 )
             elif not isinstance(answer, Exception):
                 raise answer  # cancelled: this call is

@@ -95,7 +95,7 @@ async def realtime(websocket: WebSocket) -> None:
         reason = "the server is shutting down" if state.draining else "the server is full"
         await connection.fail(
             "busy",
-            f"{reason} ({state.settings.max_sessions} sessions at most: max_sessions); retry later",
+            f"{reason} ({state.max_sessions} sessions at most: max_sessions); retry later",
             close_code=_TRY_AGAIN_LATER,
         )
         return

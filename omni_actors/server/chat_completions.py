@@ -228,8 +228,7 @@ class ChatCompletionReply(Response):
             reason = "the server is shutting down" if state.draining else "the server is full"
             await self._fail(
                 ReplyFailedError(
-                    f"{reason} ({state.settings.max_sessions} sessions at most: "
-                    "max_sessions); retry later",
+                    f"{reason} ({state.max_sessions} sessions at most: max_sessions); retry later",
                     status=503,
                     error_code="busy",
                 )

@@ -1102,7 +1102,7 @@ class RealtimeConnection:
 
     def _rate_limits(self) -> RateLimitsUpdated:
         """The server's limits as they stand: its session slots (see ``RateLimit``)."""
-        limit = self.state.settings.max_sessions
+        limit = self.state.max_sessions
         return RateLimitsUpdated(
             event_id=new_id("event"),
             rate_limits=[

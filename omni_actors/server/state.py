@@ -26,7 +26,7 @@ class ServerState:
 
     Attributes:
         active: sessions held now (realtime connections and chat requests); at
-            ``settings.max_sessions`` one more is refused as ``busy``.
+            :attr:`max_sessions` one more is refused as ``busy``.
         draining: the server is shutting down: new sessions are refused.
     """
 
@@ -60,9 +60,15 @@ class ServerState:
         """
         return await self.pipeline.voices()
 
+    @property
+    def max_sessions(self) -> int:
+        """Sessions served at once: ``settings.max_sessions``, or fewer where the
+        pipeline's stages hold fewer (``OmniPipeline.max_sessions``)."""
+        return min(self.settings.max_sessions, self.pipeline.max_sessions)
+
     def admit(self) -> bool:
         """Take a session slot; False when the server is full or draining."""
-        if self.draining or self.active >= self.settings.max_sessions:
+        if self.draining or self.active >= self.max_sessions:
             return False
         self.active += 1
         return True
