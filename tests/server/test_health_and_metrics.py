@@ -59,6 +59,7 @@ async def test_liveness_and_readiness_of_an_idle_server(server: RunningServer) -
                 "voices": None,
                 "voice": None,
                 "busy_s": None,  # scripted engines do not tell
+                "max_sessions": None,  # nor hold sessions in slots
             }
             for name in STAGES
         },
