@@ -73,7 +73,10 @@ class RunningServer:
         state = self.state
         if not state.draining:
             state.draining = True
-            for listener in self._server.servers:
+            # uvicorn makes its listeners in its task's first steps: a block left before
+            # then has none to close, and the should_exit below stops uvicorn as soon as
+            # it has started (it closes them itself), with no main loop run.
+            for listener in getattr(self._server, "servers", ()):
                 listener.close()  # stop accepting
             await self._drain(state.settings.grace_s)
             for connection in list(state.connections):

@@ -98,3 +98,29 @@ async def test_a_turn_that_fails_fails_alone(cache: Path) -> None:
     finally:
         await engine.abort(SessionKey("s#1"))
         await engine.stop()
+
+
+async def test_a_transcript_has_at_most_max_transcript_tokens_with_or_without_a_prompt(
+    cache: Path,
+) -> None:
+    engine = AsrEngine(AsrArgs(cache_dir=cache, max_transcript_tokens=7))
+    await engine.start()
+    try:
+        speech = _speech(4, 0.5)
+        outputs = await _transcribe(
+            engine,
+            "s#1",
+            [
+                {"item": "plain", "audio": speech},
+                {"turn": "commit"},
+                {"language": "en", "prompt": "a long prompt before it", "item": "prompted"},
+                {"audio": speech},
+            ],
+        )
+        texts = {o["item"]: str(o["transcript"]) for o in outputs if "transcript" in o}
+        # Byte-level tokens, one character each; random weights never pick the end, so
+        # each transcript runs to its bound, the prompt's tokens not counted.
+        assert {item: len(text) for item, text in texts.items()} == {"plain": 7, "prompted": 7}
+    finally:
+        await engine.release(SessionKey("s#1"))
+        await engine.stop()

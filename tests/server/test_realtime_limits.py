@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import socket
 
 import pytest
 import websockets
@@ -149,3 +150,19 @@ async def test_shutdown_lets_the_response_finish_then_closes_with_a_final_event(
             assert closed.value.rcvd.code == 1001
         finally:
             await stopping
+
+
+async def test_leaving_before_uvicorn_has_started_shuts_down_cleanly() -> None:
+    # The block is left before the uvicorn task has run a step: it has bound no listener
+    # yet, and the shutdown must neither fail on that nor leave it running.
+    async with run_server(_settings()) as server:
+        port = int(server.url.rsplit(":", 1)[1])
+        assert not server._server.started
+    assert server._task.done()
+    assert server._task.exception() is None
+    with socket.socket() as probe:  # the listening socket is closed: nothing answers
+        assert probe.connect_ex(("127.0.0.1", port)) != 0
+    # The next server starts and stops as usual (the autouse check: no task left).
+    async with run_server(_settings()) as server, connect(server.ws_url) as client:
+        await client.ask(0.2)
+        await client.until("response.done")

@@ -121,8 +121,15 @@ class AsrEngine(TorchEngine):
             self._processor = AutoProcessor.from_pretrained(path)  # type: ignore[no-untyped-call,unused-ignore]
             model = AutoModelForSpeechSeq2Seq.from_pretrained(path, use_safetensors=True)
         # The engine bounds a transcript by its own argument, not the checkpoint's.
-        model.generation_config.max_length = None
-        model.generation_config.max_new_tokens = self._args.max_transcript_tokens
+        bound = model.generation_config
+        if model.config.model_type == "whisper":
+            # Whisper's generate fills an unset max_length with transformers' default (20)
+            # and then warns on every transcript that max_new_tokens overrides it; its
+            # max_length counts from the end of the decoder's prompt (it adds the prompt's
+            # length), so it bounds the transcript's tokens alone, with nothing to warn of.
+            bound.max_new_tokens, bound.max_length = None, self._args.max_transcript_tokens
+        else:
+            bound.max_new_tokens, bound.max_length = self._args.max_transcript_tokens, None
         self._model = model.to(self.device).eval()
         extractor = getattr(self._processor, "feature_extractor", self._processor)
         self._rate = int(getattr(extractor, "sampling_rate", self._args.sample_rate))
@@ -152,8 +159,12 @@ class AsrEngine(TorchEngine):
         inputs = features["input_features"].to(self.device, model.dtype)
         with torch.inference_mode():
             ids = model.generate(inputs, streamer=pieces, **kwargs)
-        if "prompt_ids" in kwargs:  # Whisper returns the prompt ahead of the transcript
-            ids = ids[:, kwargs["prompt_ids"].numel() :]
+        prompt = kwargs.get("prompt_ids")
+        # Some transformers releases return the prompt ahead of the transcript, others
+        # the transcript alone; the prompt opens with <|startofprev|>, which no
+        # transcript decodes, so a leading prompt is told apart from the text.
+        if prompt is not None and torch.equal(ids[0, : prompt.numel()], prompt):
+            ids = ids[:, prompt.numel() :]
         text: str = processor.batch_decode(ids, skip_special_tokens=True)[0]
         return text.strip()
 

@@ -70,6 +70,7 @@ def write_tiny_whisper(out_dir: Path, seed: int, progress: Progress | None = Non
         WhisperProcessor,
         WhisperTokenizer,
     )
+    from omni_actors.actors.engines.qwen3_omni.configs import quiet_transformers
 
     out_dir.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=out_dir.parent, prefix=".tiny-whisper-") as staging:
@@ -127,7 +128,8 @@ def write_tiny_whisper(out_dir: Path, seed: int, progress: Progress | None = Non
             is_multilingual=True,
             suppress_tokens=unprintable,
         )
-        model.save_pretrained(where)
+        with quiet_transformers():  # the caller's ``progress`` reports the write
+            model.save_pretrained(where)
         extractor = WhisperFeatureExtractor(feature_size=80)  # type: ignore[no-untyped-call,unused-ignore]
         processor = WhisperProcessor(  # type: ignore[no-untyped-call,unused-ignore]
             feature_extractor=extractor, tokenizer=tokenizer
