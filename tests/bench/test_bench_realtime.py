@@ -15,6 +15,7 @@ import contextlib
 import json
 import os
 import signal
+import uuid
 from collections.abc import Awaitable, Callable, Iterator
 from typing import Any
 
@@ -46,15 +47,24 @@ from omni_actors.testing import eventually
 SERVER_MODULE = "omni_actors.bench.realtime_server"
 
 
-def _server_pids() -> set[int]:
-    """Every process running the bench's server module, anywhere on the machine."""
+_RUN = "OMNI_ACTORS_TEST_RUN"
+
+
+def _server_pids(run: str) -> set[int]:
+    """Every process running the bench's server module that this test started: its
+    environment carries the test's own mark (a server runs in a session of its own, and
+    other test runs on the machine start servers of theirs)."""
     found = set()
+    mark = f"{_RUN}={run}".encode()
     for entry in os.listdir("/proc"):
         if not entry.isdigit():
             continue
         try:
             with open(f"/proc/{entry}/cmdline", "rb") as f:
-                if SERVER_MODULE.encode() in f.read():
+                if SERVER_MODULE.encode() not in f.read():
+                    continue
+            with open(f"/proc/{entry}/environ", "rb") as f:
+                if mark in f.read().split(b"\0"):
                     found.add(int(entry))
         except OSError:
             continue
@@ -62,10 +72,11 @@ def _server_pids() -> set[int]:
 
 
 @pytest.fixture
-def no_server_left() -> Iterator[None]:
-    before = _server_pids()
+def no_server_left(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    run = uuid.uuid4().hex
+    monkeypatch.setenv(_RUN, run)
     yield
-    assert _server_pids() - before == set(), "a bench server outlived its bench"
+    assert _server_pids(run) == set(), "a bench server outlived its bench"
 
 
 def test_the_json_report_of_two_sessions_on_scripted_omni(
