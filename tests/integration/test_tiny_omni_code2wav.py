@@ -249,7 +249,7 @@ async def test_abort_mid_window_drops_its_row_and_the_batch_decodes_on(
 
     monkeypatch.setattr(Code2WavModel, "decode", gated)
     codes = {s: random_codes(60, seed=300 + i) for i, s in enumerate("abc")}
-    # An idle batcher gathers 200 ms, so the three first windows share the first forward.
+    # An idle step loop gathers 200 ms, so the three first windows share the first forward.
     async with running(cache, batch_wait_ms=200) as engine:
         # Each session's reply alone first: the reference, and state that b must lose.
         solo = {s: torch.cat(await decode(engine, s, feed(windows(c)))) for s, c in codes.items()}
@@ -451,7 +451,7 @@ async def test_a_forward_is_common_only_if_all_its_windows_are(
     monkeypatch.setattr(Code2WavModel, "decode", seen)
     context = torch.tensor(4)
     steady = [{"codes": random_codes(29, seed=22), CONTEXT_FIELD: context}]
-    # An idle batcher gathers 200 ms: windows submitted together share a forward.
+    # An idle step loop gathers 200 ms: windows submitted together share a forward.
     async with running(cache, batch_wait_ms=200) as engine:
         await decode(engine, "t", feed([*steady, {"codes": random_codes(5, seed=23)}]))
         await decode(engine, "t", feed(steady))
