@@ -229,15 +229,14 @@ class Code2WavEngine(SteppedTorchEngine[_Session, _Window, Piece]):
         rows: dict[int, list[int]] = {}  # window length -> its chunks' indices, in order
         for index, chunk in enumerate(chunks):
             rows.setdefault(chunk.work.payload.length, []).append(index)
-        pieces: list[Piece | None] = [None] * len(chunks)
+        pieces: dict[int, Piece] = {}
         for indices in rows.values():
             windows = [chunks[index].work.payload for index in indices]
             codes = torch.stack([window.codes for window in windows])
             common = all(window.common for window in windows)
             decoded = self._model.decode(codes, [w.start for w in windows], common=common)
-            for index, piece in zip(indices, decoded, strict=True):
-                pieces[index] = piece
-        return [piece for piece in pieces if piece is not None]
+            pieces.update(zip(indices, decoded, strict=True))
+        return [pieces[index] for index in range(len(chunks))]
 
     async def truncate(self, session: str, kept: int) -> int:
         """The user heard the first ``kept`` samples of the last reply: the frames they
