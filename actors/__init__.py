@@ -4,6 +4,6 @@
   stage actor, one session's life on it, its outlets and credit windows, input
   accumulation, codec windowing (``ChunkPolicy``) and device links between GPU stages.
 - :mod:`omni_actors.actors.engines`: the models: the engine contract a stage hosts, the
-  registry that finds engines by kind, the torch bases and batchers, the scripted
+  registry that finds engines by kind, the torch bases and the step loop, the scripted
   engines of the test harness, and the model families (``tiny_omni``, ``vllm``).
 """

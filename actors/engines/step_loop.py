@@ -21,8 +21,10 @@ session between responses holds its request (and so its slot) but costs no step.
 
 Work submitted while a step runs joins the next one. After each step the loop lets the
 event loop turn once, so that a session woken by the step's results can queue its next
-work before the next schedule (as :class:`~.batcher.Batcher` does, for the same
-reason). A request's computed length is only moved by the loop itself (the step's
+work before the next schedule: without that turn, sessions answered by one step and
+those that queued during it settle into two half steps that alternate. An idle loop
+that is woken may gather for ``wait_s`` before its first step, so sessions that start
+together share it. A request's computed length is only moved by the loop itself (the step's
 update) and by :meth:`StepLoop.rewind` (a clear, a rollback or a truncation), which
 takes effect in the request's order: at once if nothing is queued or running on it,
 else after the work queued before it, so a session that moves on from a step it gave
@@ -151,6 +153,7 @@ class StepLoop(Generic[P, Out]):
         max_tokens_per_step: the step's token budget (decode rows count one each).
         max_chunk: the most positions of one prefill fed in one step.
         max_rows: the most decode rows in one step (a graph's largest batch).
+        wait_s: how long an idle loop, once woken, gathers work before its first step.
         name: the loop task's name, for debugging.
     """
 
@@ -163,6 +166,7 @@ class StepLoop(Generic[P, Out]):
         max_tokens_per_step: int,
         max_chunk: int,
         max_rows: int | None = None,
+        wait_s: float = 0.0,
         name: str = "step loop",
     ) -> None:
         if min(slots, max_context, max_tokens_per_step, max_chunk) < 1:
@@ -170,6 +174,9 @@ class StepLoop(Generic[P, Out]):
                 "slots, max_context, max_tokens_per_step and max_chunk must be >= 1, got "
                 f"{slots}, {max_context}, {max_tokens_per_step}, {max_chunk}"
             )
+        if wait_s < 0:
+            raise ValueError(f"wait_s must be >= 0, got {wait_s}")
+        self.wait_s = wait_s
         self._execute = execute
         self.slots, self.max_context, self.name = slots, max_context, name
         self.max_tokens_per_step, self.max_chunk = max_tokens_per_step, max_chunk
@@ -319,6 +326,8 @@ class StepLoop(Generic[P, Out]):
         while not self._closing:
             await self._wake.wait()
             self._wake.clear()
+            if self.wait_s and not self._closing:
+                await asyncio.sleep(self.wait_s)  # sessions starting together share a step
             while not self._closing and (chunks := self.schedule()):
                 await self._step(chunks)
                 await asyncio.sleep(0)  # sessions answered by the step queue their next

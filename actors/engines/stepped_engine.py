@@ -1,6 +1,6 @@
 """``SteppedTorchEngine``: a torch engine whose sessions' forwards are work on one step loop.
 
-The thinker and the talker share this shape: each session keeps its state across
+The thinker, the talker and code2wav share this shape: each session keeps its state across
 responses (its request in the loop, with its KV slot), a running ``generate`` holds an
 :class:`~.torch_engine.AbortSignal`, and every forward is work queued on the engine's
 :class:`~.step_loop.StepLoop`, which runs the work of every session in steps (one call
@@ -82,10 +82,18 @@ class SteppedTorchEngine(TorchEngine, Generic[S, P, Out]):
         device: where the model computes.
         args: the loop's sizes.
         max_context: the most positions a session's slot holds.
+        wait_s: how long an idle loop gathers work before its first step.
     """
 
     def __init__(
-        self, path: Path, name: str, device: str, *, args: StepLoopArgs, max_context: int
+        self,
+        path: Path,
+        name: str,
+        device: str,
+        *,
+        args: StepLoopArgs,
+        max_context: int,
+        wait_s: float = 0.0,
     ) -> None:
         super().__init__(path, name, device)
         self._sessions: dict[str, S] = {}
@@ -98,6 +106,7 @@ class SteppedTorchEngine(TorchEngine, Generic[S, P, Out]):
             max_tokens_per_step=args.max_tokens_per_step,
             max_chunk=args.max_prefill_chunk,
             max_rows=args.max_batch,
+            wait_s=wait_s,
             name=f"{name} steps",
         )
         """Every session's forwards (its statistics tell how they shared steps)."""

@@ -116,8 +116,8 @@ class AbortSignal:
     async def until(self, awaitable: Awaitable[T]) -> T | None:
         """``awaitable``'s result, or None at once if the session is (or gets) aborted.
 
-        On abort the awaitable is cancelled (a batcher's request is withdrawn: the
-        batcher skips it, or drops its row of a running call) and whatever it brought
+        On abort the awaitable is cancelled (work on a step loop is withdrawn: the
+        loop skips it, or drops its row of a running step) and whatever it brought
         is dropped, error included. If the caller is cancelled, so is the awaitable.
         """
         waited = asyncio.ensure_future(awaitable)

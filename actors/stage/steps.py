@@ -1,6 +1,6 @@
 """One engine step of many sessions, routed to each receiving stage as one message.
 
-A batched engine (``Batcher``) answers the requests of ``B`` sessions in one call; each
+An engine on a step loop (``StepLoop``) answers the work of ``B`` sessions in one step; each
 session's task then wakes in the same turn of the event loop and hands its output to its
 outlets. Sent one by one, that is ``B`` messages per receiving stage: ``B`` encodes,
 mailbox entries and dispatches, and on a GPU ``B`` device-to-host copies. The

@@ -227,6 +227,94 @@ async def test_abort_mid_stream_frees_session_and_others_continue(cache: Path) -
 
 
 @pytest.mark.integration
+async def test_windows_of_several_sessions_share_one_step_one_forward_per_length(
+    cache: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Three sessions' windows, two of 29 frames (with and without context) and one of 5,
+    run in one step of the loop: one forward per window length."""
+    forwards: list[tuple[int, int]] = []  # (rows, frames) per forward
+    real = Code2WavModel.decode
+
+    def seen(
+        model: Code2WavModel, codes: torch.Tensor, starts: list[int], *, common: bool = False
+    ) -> list[Piece]:
+        forwards.append((codes.shape[0], codes.shape[-1]))
+        return real(model, codes, starts, common=common)
+
+    monkeypatch.setattr(Code2WavModel, "decode", seen)
+    replies: dict[str, list[Fields]] = {
+        "p": [{"codes": random_codes(29, seed=30), CONTEXT_FIELD: torch.tensor(4)}],
+        "q": [{"codes": random_codes(29, seed=31)}],
+        "r": [{"codes": random_codes(5, seed=32)}],
+    }
+    # An idle step loop gathers 200 ms: windows submitted together share its first step.
+    async with running(cache, batch_wait_ms=200) as engine:
+        solo = {s: torch.cat(await decode(engine, s, feed(i))) for s, i in replies.items()}
+        before = engine.loop.statistics()
+        forwards.clear()
+        together = await asyncio.gather(*(decode(engine, s, feed(i)) for s, i in replies.items()))
+        after = engine.loop.statistics()
+    assert after.steps - before.steps == 1
+    assert after.decode_rows - before.decode_rows == 3
+    assert after.largest_step == 3
+    assert sorted(forwards) == [(1, 5), (2, 29)]
+    for session, pieces in zip(replies, together, strict=True):
+        assert close(torch.cat(pieces), solo[session])
+
+
+@pytest.mark.integration
+async def test_abort_while_a_window_waits_for_a_step_drops_only_that_session(
+    cache: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``b``'s and ``c``'s first windows wait in the loop behind a step that holds ``a``'s:
+    aborting ``b`` ends it at once (the step still held), its window never reaches a
+    forward, and ``c``'s and ``a``'s streams decode whole, as they do alone."""
+    rows: list[int] = []  # rows per forward, once armed
+    armed, held, free = threading.Event(), threading.Event(), threading.Event()
+    real = Code2WavModel.decode
+
+    def gated(
+        model: Code2WavModel, codes: torch.Tensor, starts: list[int], *, common: bool = False
+    ) -> list[Piece]:
+        if armed.is_set():
+            rows.append(codes.shape[0])
+            if len(rows) == 1:  # a's first window: hold its step there
+                held.set()
+                free.wait()
+        return real(model, codes, starts, common=common)
+
+    monkeypatch.setattr(Code2WavModel, "decode", gated)
+    codes = {s: random_codes(60, seed=400 + i) for i, s in enumerate("abc")}
+    async with running(cache) as engine:
+        solo = {s: torch.cat(await decode(engine, s, feed(windows(codes[s])))) for s in "ac"}
+        armed.set()
+        tasks = {"a": asyncio.create_task(decode(engine, "a", feed(windows(codes["a"]))))}
+        try:
+            await eventually(held.is_set)
+            for s in "bc":
+                tasks[s] = asyncio.create_task(decode(engine, s, feed(windows(codes[s]))))
+
+            def waiting(session: str) -> bool:
+                request = engine.loop.requests.get(session)
+                return request is not None and bool(request.queue)
+
+            await eventually(lambda: waiting("b") and waiting("c"))
+            await engine.abort("b")
+            assert await asyncio.wait_for(tasks["b"], 5.0) == []  # a's step still held
+            assert "b" not in engine.active_sessions
+            assert "b" not in engine.loop.requests
+            assert waiting("c")
+            assert not free.is_set()
+        finally:
+            free.set()
+        a, c = await asyncio.wait_for(asyncio.gather(tasks["a"], tasks["c"]), 30.0)
+        assert engine.generating == set()
+    assert sum(rows) == 8  # a's 4 windows and c's 4: none of b's
+    assert close(torch.cat(a), solo["a"])
+    assert close(torch.cat(c), solo["c"])
+
+
+@pytest.mark.integration
 async def test_abort_mid_window_drops_its_row_and_the_batch_decodes_on(
     cache: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -249,7 +337,7 @@ async def test_abort_mid_window_drops_its_row_and_the_batch_decodes_on(
 
     monkeypatch.setattr(Code2WavModel, "decode", gated)
     codes = {s: random_codes(60, seed=300 + i) for i, s in enumerate("abc")}
-    # An idle batcher gathers 200 ms, so the three first windows share the first forward.
+    # An idle step loop gathers 200 ms, so the three first windows share the first forward.
     async with running(cache, batch_wait_ms=200) as engine:
         # Each session's reply alone first: the reference, and state that b must lose.
         solo = {s: torch.cat(await decode(engine, s, feed(windows(c)))) for s, c in codes.items()}
@@ -451,7 +539,7 @@ async def test_a_forward_is_common_only_if_all_its_windows_are(
     monkeypatch.setattr(Code2WavModel, "decode", seen)
     context = torch.tensor(4)
     steady = [{"codes": random_codes(29, seed=22), CONTEXT_FIELD: context}]
-    # An idle batcher gathers 200 ms: windows submitted together share a forward.
+    # An idle step loop gathers 200 ms: windows submitted together share a forward.
     async with running(cache, batch_wait_ms=200) as engine:
         await decode(engine, "t", feed([*steady, {"codes": random_codes(5, seed=23)}]))
         await decode(engine, "t", feed(steady))

@@ -26,13 +26,20 @@ It only remembers, per session until release or abort, how many frames its last 
 had, so that :meth:`Code2WavEngine.truncate` can tell the talker which frames the samples
 the user heard depend on.
 
-Batching and abort. The engine is a
-:class:`~omni_actors.actors.engines.batched_engine.BatchedTorchEngine`: every session's
-windows go through its one :class:`~omni_actors.actors.engines.batcher.Batcher`, grouped
-by window length (the decoder takes equal lengths only), so sessions speaking at once
-share forwards; session state, abort, release and stop are the base's, as for the thinker
-and talker. An aborted session ends at once, even while its window waits behind other
-sessions' forwards or runs in one (its row is dropped; the others' are not).
+Serving and abort. The engine is a
+:class:`~omni_actors.actors.engines.stepped_engine.SteppedTorchEngine`: every session's
+windows are work on its one :class:`~omni_actors.actors.engines.step_loop.StepLoop`, as
+the thinker's and talker's forwards are. A window is one row (a single-position work):
+each step takes the waiting window of every session that has one, up to ``max_batch``,
+and runs one forward per window length among them (the decoder has no mask, and
+right-padding, though harmless to a causal model's emitted samples, would change the
+held-back tail), so sessions speaking at once share forwards. code2wav keeps no KV
+cache: a session's request holds nothing on the device (its slot is only its place in
+the loop's table, ``max_sessions`` of them) and the loop's count of its positions is
+the windows it decoded, which nothing bounds. Session state, abort, release and stop
+are the base's. An aborted session ends at once, even while its window waits for a step
+or runs in one (its row is dropped; the others' are not). A failed step fails every
+session with a window in it.
 
 CUDA graphs. On a GPU a window's forward is launch-bound at small batches, so windows of
 the shapes a streamed edge cuts over and over (its first chunk, its steady window, the
@@ -47,6 +54,7 @@ load for the shapes ``warm_windows`` names.
 
 from __future__ import annotations
 
+import sys
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -55,11 +63,12 @@ from typing import ClassVar, Final
 import torch
 from pydantic import BaseModel, ConfigDict, Field, PositiveInt, model_validator
 
-from omni_actors.actors.engines.batched_engine import BatchedTorchEngine
 from omni_actors.actors.engines.contract import CONTEXT_FIELD, Fields, Rule
 from omni_actors.actors.engines.qwen3_omni.code2wav_model import Code2WavModel, Piece
 from omni_actors.actors.engines.qwen3_omni.family import DEFAULT_RELEASE
 from omni_actors.actors.engines.qwen3_omni.graphs import DEFAULT_BUCKETS
+from omni_actors.actors.engines.step_loop import Chunk, Request
+from omni_actors.actors.engines.stepped_engine import StepLoopArgs, SteppedTorchEngine
 from omni_actors.actors.engines.torch_engine import AbortSignal, DeviceArgs, release_dir
 from omni_actors.errors import EngineError
 from omni_actors.models.family import WeightsArgs
@@ -73,6 +82,8 @@ __all__ = [
 ]
 
 _INTEGER: Final = frozenset({torch.int64, torch.int32, torch.int16, torch.int8, torch.uint8})
+# A session's loop positions count its windows; no KV cache holds them, so none bound them.
+_UNBOUNDED: Final = sys.maxsize
 
 
 class Code2WavInputError(EngineError, ValueError):
@@ -110,8 +121,12 @@ class Code2WavArgs(WeightsArgs, DeviceArgs):
     """code2wav's arguments: ``seed`` and ``cache_dir`` locate its weights.
 
     Attributes:
-        max_batch: the most windows per forward.
-        batch_wait_ms: how long an idle batcher waits for more sessions.
+        max_batch: the most windows per step (so per forward).
+        max_sessions: sessions holding state at once (a running reply, or a last
+            reply's length until release); a new one past it fails with
+            ``SlotsExhaustedError``. Nothing is kept on the device per session.
+        batch_wait_ms: how long an idle step loop, once woken, gathers windows before
+            its first step.
         cuda_graphs: on a GPU, replay windows of recurring shapes from CUDA graphs.
         graph_batches: the batch buckets graphs are captured for (a batch runs as the
             smallest that holds it; above the largest, eager).
@@ -121,6 +136,7 @@ class Code2WavArgs(WeightsArgs, DeviceArgs):
     """
 
     max_batch: int = Field(16, ge=1)
+    max_sessions: int = Field(1024, ge=1)
     batch_wait_ms: float = Field(0.0, ge=0)
     cuda_graphs: bool = True
     graph_batches: tuple[PositiveInt, ...] = Field(DEFAULT_BUCKETS, min_length=1)
@@ -129,16 +145,18 @@ class Code2WavArgs(WeightsArgs, DeviceArgs):
 
 @dataclass(eq=False, slots=True)
 class _Session:
-    """What code2wav keeps of a session: its running ``generate``'s signal, and how many
-    frames its last reply had (None before one completed)."""
+    """What code2wav keeps of a session: its request in the step loop, its running
+    ``generate``'s signal, and how many frames its last reply had (None before one
+    completed)."""
 
+    request: Request[_Window, Piece]
     signal: AbortSignal | None = None
     reply: int | None = None
 
 
 @dataclass(frozen=True, slots=True)
 class _Window:
-    """One batcher request: a window's ``codes`` [Q, T], emitted from sample ``start``;
+    """One window, a row of a step: its ``codes`` [Q, T], emitted from sample ``start``;
     ``common`` if its shape recurs (see the module docstring)."""
 
     codes: torch.Tensor
@@ -151,7 +169,7 @@ class _Window:
         return int(self.codes.shape[-1])
 
 
-class Code2WavEngine(BatchedTorchEngine[_Session, _Window, Piece]):
+class Code2WavEngine(SteppedTorchEngine[_Session, _Window, Piece]):
     """Streams codec-frame windows to 24 kHz audio; see the module docstring.
 
     Args:
@@ -168,19 +186,25 @@ class Code2WavEngine(BatchedTorchEngine[_Session, _Window, Piece]):
     streams_input: ClassVar[bool] = True
 
     def __init__(self, args: Code2WavArgs) -> None:
+        # A window is one row: a step takes at most max_batch of them, and no prefill.
+        loop = StepLoopArgs(
+            max_batch=args.max_batch,
+            max_sessions=args.max_sessions,
+            max_tokens_per_step=args.max_batch,
+            max_prefill_chunk=1,
+        )
         super().__init__(
             release_dir(DEFAULT_RELEASE, args, "code2wav"),
             "code2wav",
-            max_batch=args.max_batch,
-            batcher_name="code2wav windows",
-            group_by=lambda window: window.length,
+            args.device,
+            args=loop,
+            max_context=_UNBOUNDED,
             wait_s=args.batch_wait_ms / 1e3,
-            device=args.device,
         )
         self._args = args
         self._model: Code2WavModel | None = None
         # Window shapes (frames, left context) known to recur: filled at load (in the
-        # model thread, before the batcher starts), then on the event loop only.
+        # model thread, before the loop starts), then on the event loop only.
         self._common: set[tuple[int, int]] = set()
 
     def _load(self, path: Path) -> None:
@@ -199,11 +223,20 @@ class Code2WavEngine(BatchedTorchEngine[_Session, _Window, Piece]):
             raise EngineStoppedError("code2wav is not started")
         return self._model
 
-    def _run_steps(self, steps: list[_Window]) -> list[Piece]:
+    def _step(self, chunks: list[Chunk[_Window, Piece]]) -> list[Piece]:
+        """Model thread: one forward per window length in the step (module docstring)."""
         assert self._model is not None
-        codes = torch.stack([window.codes for window in steps])
-        common = all(window.common for window in steps)
-        return self._model.decode(codes, [window.start for window in steps], common=common)
+        rows: dict[int, list[int]] = {}  # window length -> its chunks' indices, in order
+        for index, chunk in enumerate(chunks):
+            rows.setdefault(chunk.work.payload.length, []).append(index)
+        pieces: dict[int, Piece] = {}
+        for indices in rows.values():
+            windows = [chunks[index].work.payload for index in indices]
+            codes = torch.stack([window.codes for window in windows])
+            common = all(window.common for window in windows)
+            decoded = self._model.decode(codes, [w.start for w in windows], common=common)
+            pieces.update(zip(indices, decoded, strict=True))
+        return [pieces[index] for index in range(len(chunks))]
 
     async def truncate(self, session: str, kept: int) -> int:
         """The user heard the first ``kept`` samples of the last reply: the frames they
@@ -240,12 +273,12 @@ class Code2WavEngine(BatchedTorchEngine[_Session, _Window, Piece]):
             EngineStoppedError: the engine is not running.
             ValueError: ``session`` is already generating.
         """
-        if not self.batcher.running or self._model is None:
+        if not self.loop.running or self._model is None:
             raise EngineStoppedError("code2wav engine is not started")
         model = self._model
         state = self._sessions.get(session)
         if state is None:
-            state = self._sessions[session] = _Session()
+            state = self._sessions[session] = _Session(self.loop.open(session))
         if state.signal is not None:
             raise ValueError(f"session {session!r} is already generating")
         signal = state.signal = AbortSignal()
@@ -263,9 +296,11 @@ class Code2WavEngine(BatchedTorchEngine[_Session, _Window, Piece]):
                     self._common.add(shape)
                 shape = (window.length, window.length - new)
                 frames += new
-                decoded = await signal.until(self.batcher.submit(window))
-                if decoded is None:
+                row = self.loop.submit(state.request, window, 1, decode=True)
+                outputs = await signal.until(row)
+                if outputs is None:
                     return
+                (decoded,) = outputs
                 if window.start == 0 and tail is not None:  # a chunk without context
                     decoded = (torch.cat((tail, decoded[0])), decoded[1])
                 audio, tail = decoded
@@ -281,6 +316,7 @@ class Code2WavEngine(BatchedTorchEngine[_Session, _Window, Piece]):
                 state.reply = frames
             if state.reply is None and self._sessions.get(session) is state:
                 del self._sessions[session]  # nothing to remember: no reply yet
+                self.loop.close(state.request)
 
 
 def _window(

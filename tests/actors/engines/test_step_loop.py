@@ -15,7 +15,7 @@ from omni_actors.actors.engines.step_loop import (
     SlotsExhaustedError,
     StepLoop,
 )
-from omni_actors.testing import eventually
+from omni_actors.testing import consistently, eventually
 
 Step = list[tuple[str, int, int, bool]]  # (request, start, length, decode) per chunk
 
@@ -41,10 +41,21 @@ class Model:
 
 @asynccontextmanager
 async def running(
-    model: Model, *, slots: int = 4, budget: int = 8, chunk: int = 4, context: int = 64
+    model: Model,
+    *,
+    slots: int = 4,
+    budget: int = 8,
+    chunk: int = 4,
+    context: int = 64,
+    wait_s: float = 0.0,
 ) -> AsyncIterator[StepLoop[str, str]]:
     loop: StepLoop[str, str] = StepLoop(
-        model, slots=slots, max_context=context, max_tokens_per_step=budget, max_chunk=chunk
+        model,
+        slots=slots,
+        max_context=context,
+        max_tokens_per_step=budget,
+        max_chunk=chunk,
+        wait_s=wait_s,
     )
     loop.start()
     try:
@@ -75,6 +86,17 @@ async def test_a_step_runs_every_decode_row_then_prefill_chunks_oldest_first() -
     assert model.steps[3] == [("b", 8, 2, False)]
     assert outputs[0] == ["prompt@0+4", "prompt@4+4", "prompt@8+2"]  # one per chunk
     assert (b.computed, c.computed, d.computed) == (10, 1, 3)
+
+
+async def test_an_idle_loop_gathers_for_wait_s_before_its_first_step() -> None:
+    model = Model()
+    async with running(model, wait_s=0.5) as loop:
+        a, b = loop.open("a"), loop.open("b")
+        first = loop.submit(a, "x", 1, decode=True)
+        await consistently(lambda: model.steps == [], duration=0.05)
+        second = loop.submit(b, "y", 1, decode=True)
+        assert (await first, await second) == (["x@0+1"], ["y@0+1"])
+    assert model.steps == [[("a", 0, 1, True), ("b", 0, 1, True)]]
 
 
 async def test_the_budget_caps_decode_rows_and_chunks_alike() -> None:
@@ -186,8 +208,11 @@ async def test_stop_fails_queued_work_and_refuses_new_work() -> None:
     [
         lambda m: StepLoop(m, slots=0, max_context=8, max_tokens_per_step=4, max_chunk=4),
         lambda m: StepLoop(m, slots=1, max_context=8, max_tokens_per_step=0, max_chunk=4),
+        lambda m: StepLoop(
+            m, slots=1, max_context=8, max_tokens_per_step=4, max_chunk=4, wait_s=-1
+        ),
     ],
 )
 def test_a_loop_needs_room(make: Callable[[Model], object]) -> None:
-    with pytest.raises(ValueError, match=">= 1"):
+    with pytest.raises(ValueError, match=">= "):
         make(Model())

@@ -305,7 +305,7 @@ async def test_a_step_with_rows_that_disagree_fails_its_sessions_not_the_stage()
 
 
 async def test_the_session_tasks_of_one_step_wake_in_one_turn() -> None:
-    """What the routing relies on: futures a batcher resolves in one call wake their
+    """What the routing relies on: futures a step loop resolves in one step wake their
     tasks in one turn, before a callback scheduled from the first of them runs."""
     loop = asyncio.get_running_loop()
     order: list[str] = []
