@@ -85,6 +85,7 @@ from omni_actors.protocols.realtime_client import (
     ResponseCancel,
     ResponseCreate,
     ResponseParams,
+    SessionConfig,
     SessionUpdate,
     decode_client_event,
 )
@@ -126,7 +127,7 @@ from omni_actors.server.tools import OfferedTool, new_call_id, template_tools
 from omni_actors.server.turns import Forward, Started, Stopped, TurnDetector
 from omni_actors.server.voices import VoiceMap
 
-__all__ = ["RealtimeConnection"]
+__all__ = ["RealtimeConnection", "checked_update", "new_session_settings"]
 
 log = logging.getLogger(__name__)
 
@@ -134,6 +135,7 @@ _SEND_TIMEOUT_S = 30.0  # a client that reads nothing for this long is dropped
 _CLOSE_GOING_AWAY = 1001
 _CLOSE_INTERNAL = 1011
 _CLOSE_TRY_LATER = 1013
+_CLOSE_POLICY = 1008
 
 _encoder = msgspec.json.Encoder()
 
@@ -146,12 +148,22 @@ class RealtimeConnection:
         state: the server's shared state.
         beta: the client asked for the beta protocol (``OpenAI-Beta: realtime=v1``):
             events go out under their beta names.
+        config: the session config the client's ephemeral key is bound to: the session
+            starts from it (``client_secrets.py``).
     """
 
-    def __init__(self, websocket: WebSocket, state: ServerState, *, beta: bool = False) -> None:
+    def __init__(
+        self,
+        websocket: WebSocket,
+        state: ServerState,
+        *,
+        beta: bool = False,
+        config: SessionConfig | None = None,
+    ) -> None:
         self.ws = websocket
         self.state = state
         self.beta = beta
+        self.bound = config
         spec = state.pipeline.spec
         self.settings = SessionSettings(
             id=new_id("sess"), model=served_name(state), created_at=time.time()
@@ -208,6 +220,14 @@ class RealtimeConnection:
             self.voices = await state.voices()
             # session.created names the voice a reply speaks with, not null.
             self.settings = replace(self.settings, voice=self.voices.default)
+            if self.bound is not None:
+                try:
+                    self.settings = checked_update(
+                        self.settings, self.bound, state.pipeline.spec, self.voices
+                    )
+                except RequestError as exc:  # checked when the key was made: rare
+                    await self.fail(exc.realtime_code, str(exc), close_code=_CLOSE_POLICY)
+                    return
             self.input = InputStream(session, self.input_rate, self._refused, self._truncated)
             self._apply_vad()
             await self.send(
@@ -215,6 +235,9 @@ class RealtimeConnection:
             )
             if self.settings.instructions:
                 self.queue_instructions(self.settings.instructions)
+            self.queue_tools()
+            if self.settings.transcription is not None:
+                self.input.put(Op("transcribe", transcription=self.settings.transcription))
             tasks = [
                 asyncio.create_task(self._read(), name=f"realtime {self.settings.id} reader"),
                 asyncio.create_task(self.input.run(), name=f"realtime {self.settings.id} input"),
@@ -371,22 +394,7 @@ class RealtimeConnection:
     # -- session settings ----------------------------------------------------------------
 
     async def _update(self, event: SessionUpdate) -> None:
-        new = self.settings.updated(event.session, self.voices, self.transcribers)
-        changed = new.instructions and new.instructions != self.settings.instructions
-        if changed and not self._takes_instructions:
-            raise SettingError(
-                "this pipeline's entry stage takes no instructions (its engine does not "
-                f"declare {INSTRUCTIONS_FIELD!r} among its inputs): send none, or serve a "
-                "model that follows them",
-                "session.instructions",
-            )
-        if new.offered_tools and not self._takes_tools:
-            raise SettingError(
-                "this pipeline's entry stage takes no tools (its engine does not declare "
-                f"{TOOLS_FIELD!r} among its inputs): send no tools, or serve a model that "
-                "calls them",
-                "session.tools",
-            )
+        new = checked_update(self.settings, event.session, self.state.pipeline.spec, self.voices)
         if new.input_format != self.settings.input_format and self.buffered:
             raise SettingError(
                 "the input format cannot change while the input buffer holds audio; "
@@ -1165,6 +1173,48 @@ class RealtimeConnection:
             await self._on_event(event)
             if isinstance(event, TERMINAL):
                 return
+
+
+async def new_session_settings(state: ServerState, config: SessionConfig) -> SessionSettings:
+    """The settings a new session of ``state``'s server starts with: the defaults with
+    ``config`` applied, checked as a ``session.update`` is.
+
+    Raises:
+        RequestError: a setting the server does not serve (``param`` names it).
+    """
+    voices = await state.voices()
+    base = SessionSettings(
+        id=new_id("sess"), model=served_name(state), created_at=time.time(), voice=voices.default
+    )
+    return checked_update(base, config, state.pipeline.spec, voices)
+
+
+def checked_update(
+    current: SessionSettings, config: SessionConfig, spec: PipelineSpec, voices: VoiceMap
+) -> SessionSettings:
+    """``current`` with ``config`` applied, refused where ``spec``'s entry stage cannot
+    take what it sets (instructions, tools).
+
+    Raises:
+        RequestError: a setting the server does not serve (``param`` names it).
+    """
+    new = current.updated(config, voices, _transcribers(spec))
+    changed = new.instructions and new.instructions != current.instructions
+    if changed and INSTRUCTIONS_FIELD not in spec.entry_inputs():
+        raise SettingError(
+            "this pipeline's entry stage takes no instructions (its engine does not "
+            f"declare {INSTRUCTIONS_FIELD!r} among its inputs): send none, or serve a "
+            "model that follows them",
+            "session.instructions",
+        )
+    if new.offered_tools and TOOLS_FIELD not in spec.entry_inputs():
+        raise SettingError(
+            "this pipeline's entry stage takes no tools (its engine does not declare "
+            f"{TOOLS_FIELD!r} among its inputs): send no tools, or serve a model that "
+            "calls them",
+            "session.tools",
+        )
+    return new
 
 
 def _transcribers(spec: PipelineSpec) -> tuple[str, ...]:
