@@ -106,6 +106,7 @@ from omni_actors.protocols.realtime_server import (
     InputAudioBufferCommitted,
     InputAudioBufferSpeechStarted,
     InputAudioBufferSpeechStopped,
+    InputAudioBufferTimeoutTriggered,
     ItemContent,
     RateLimit,
     RateLimitsUpdated,
@@ -124,7 +125,7 @@ from omni_actors.server.response_stream import CancelReason, ResponseStream, too
 from omni_actors.server.session_config import SessionSettings, SettingError
 from omni_actors.server.state import ServerState
 from omni_actors.server.tools import OfferedTool, new_call_id, template_tools
-from omni_actors.server.turns import Forward, Started, Stopped, TurnDetector
+from omni_actors.server.turns import Forward, Started, Stopped, TimedOut, TurnDetector
 from omni_actors.server.voices import VoiceMap
 
 __all__ = ["RealtimeConnection", "checked_update", "new_session_settings"]
@@ -494,6 +495,22 @@ class RealtimeConnection:
                         vad = self.settings.vad
                         if vad is not None and vad.create_response and self.active is None:
                             await self._start_response(None, None)
+                case TimedOut(audio_start_ms=start_ms, audio_end_ms=end_ms):
+                    if self.active is not None:
+                        continue  # a reply asked for meanwhile: nobody is waiting
+                    item = self.pending_item or new_id("item")
+                    self.pending_item = item
+                    await self.send(
+                        InputAudioBufferTimeoutTriggered(
+                            event_id=new_id("event"),
+                            audio_start_ms=start_ms,
+                            audio_end_ms=end_ms,
+                            item_id=item,
+                        )
+                    )
+                    if self.buffered:
+                        await self._commit_buffer(None)
+                    await self._start_response(None, None)
 
     def _forward(self, samples: torch.Tensor) -> None:
         assert self.input is not None
@@ -1094,6 +1111,8 @@ class RealtimeConnection:
                 self.input.put(Op("delete", turn=stream.id))
         else:
             self.items.reply_done(stream.item_id, closing, stream.calls)
+            if self.turns is not None:
+                self.turns.reply_ended(stream.audio_ms)
         await self.send_all(closing)
         await self.send(self._rate_limits())
         if stream.failure is not None:

@@ -69,6 +69,9 @@ class VadSettings:
     silence_duration_ms: int = 500
     create_response: bool = True
     interrupt_response: bool = True
+    idle_timeout_ms: int | None = None
+    """No speech for this long after a reply has played: the silence is committed and a
+    reply follows (``input_audio_buffer.timeout_triggered``); None: never."""
 
 
 OPENAI_TRANSCRIPTION_MODELS = (
@@ -304,6 +307,7 @@ class SessionSettings:
                         silence_duration_ms=vad.silence_duration_ms,
                         create_response=vad.create_response,
                         interrupt_response=vad.interrupt_response,
+                        idle_timeout_ms=vad.idle_timeout_ms,
                     ),
                     transcription=None
                     if self.transcription is None
@@ -498,6 +502,9 @@ def _vad(detection: TurnDetection | None, current: VadSettings | None) -> VadSet
         interrupt_response=base.interrupt_response
         if detection.interrupt_response is None
         else detection.interrupt_response,
+        idle_timeout_ms=base.idle_timeout_ms
+        if detection.idle_timeout_ms is None
+        else detection.idle_timeout_ms,
     )
     param = "session.audio.input.turn_detection"
     if not 0.0 <= vad.threshold <= 1.0:
@@ -513,5 +520,10 @@ def _vad(detection: TurnDetection | None, current: VadSettings | None) -> VadSet
         raise SettingError(
             f"silence_duration_ms must be in [10, 10000], got {vad.silence_duration_ms}",
             param + ".silence_duration_ms",
+        )
+    if vad.idle_timeout_ms is not None and not 0 < vad.idle_timeout_ms <= 3_600_000:
+        raise SettingError(
+            f"idle_timeout_ms must be in [1, 3600000], got {vad.idle_timeout_ms}",
+            param + ".idle_timeout_ms",
         )
     return vad
