@@ -24,6 +24,7 @@ from omni_actors.protocols.realtime_client import (
     SessionConfig,
     ToolChoice,
     TranscriptionConfig,
+    Truncation,
     TurnDetection,
 )
 from omni_actors.protocols.realtime_server import (
@@ -192,6 +193,8 @@ class SessionSettings:
             new = replace(new, max_tokens=_max_tokens(limit, "session.max_output_tokens"))
         if config.temperature is not None:
             new = replace(new, temperature=_temperature(config.temperature))
+        if config.truncation is not None:
+            _truncation(config.truncation)
         if config.tools is not None:
             new = replace(new, tools=_tools(config.tools, "session.tools"))
         if config.tool_choice is not None:
@@ -325,7 +328,25 @@ class SessionSettings:
             expires_at=int((self.created_at or time.time()) + _SESSION_LIFETIME_S),
             tools=list(self.tools),
             tool_choice=self.tool_choice,
+            # What runs: the server drops no turns of a long conversation (_truncation).
+            truncation="disabled",
         )
+
+
+def _truncation(truncation: Truncation) -> None:
+    """Take ``"auto"`` or ``"disabled"`` (shown as ``"disabled"``, what runs); refuse a
+    retention ratio. Dropping the oldest turns past the context needs each turn's token
+    count and the model's context length, which the server is not told: it keeps the
+    whole conversation, and the model's own limit decides what happens past it."""
+    if truncation in ("auto", "disabled"):
+        return
+    named = truncation if isinstance(truncation, str) else f"a {truncation.type} truncation"
+    raise SettingError(
+        f"truncation {named!r} is not supported: this server keeps the whole conversation "
+        '(it is not told the model\'s context length); send "auto" or "disabled", or delete '
+        "old items (conversation.item.delete) to keep a long conversation short",
+        "session.truncation",
+    )
 
 
 def _tools(tools: list[FunctionTool], param: str) -> tuple[FunctionToolState, ...]:
