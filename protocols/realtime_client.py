@@ -28,6 +28,7 @@ __all__ = [
     "AudioInputConfig",
     "AudioOutputConfig",
     "ClientEvent",
+    "ClientSecretCreate",
     "ClientEventError",
     "ContentPart",
     "FunctionTool",
@@ -48,6 +49,10 @@ __all__ = [
     "SessionUpdate",
     "TranscriptionConfig",
     "TurnDetection",
+    "ExpiresAfter",
+    "RetentionRatio",
+    "TokenLimits",
+    "Truncation",
     "decode_client_event",
 ]
 
@@ -73,6 +78,7 @@ class TurnDetection(msgspec.Struct, frozen=True, kw_only=True):
     silence_duration_ms: int | None = None
     create_response: bool | None = None
     interrupt_response: bool | None = None
+    idle_timeout_ms: int | None = None
 
 
 class TranscriptionConfig(msgspec.Struct, frozen=True, kw_only=True):
@@ -129,6 +135,25 @@ class ToolChoiceFunction(msgspec.Struct, frozen=True, kw_only=True):
 ToolChoice = str | ToolChoiceFunction
 
 
+class TokenLimits(msgspec.Struct, frozen=True, kw_only=True):
+    """A retention-ratio truncation's own limit: conversation tokens after the
+    instructions."""
+
+    post_instructions: int | None = None
+
+
+class RetentionRatio(msgspec.Struct, frozen=True, kw_only=True):
+    """``truncation: {"type": "retention_ratio", "retention_ratio": r}``: past the
+    context, drop the oldest turns until ``r`` of the limit is used."""
+
+    type: str
+    retention_ratio: float
+    token_limits: TokenLimits | None = None
+
+
+Truncation = str | RetentionRatio
+
+
 class SessionConfig(msgspec.Struct, frozen=True, kw_only=True):
     """The ``session`` of ``session.update``: GA nested fields, then beta flat aliases.
 
@@ -143,6 +168,7 @@ class SessionConfig(msgspec.Struct, frozen=True, kw_only=True):
     max_output_tokens: MaxTokens | None = None
     tools: list[FunctionTool] | None = None
     tool_choice: ToolChoice | None = None
+    truncation: Truncation | None = None
     # Beta (flat) names.
     modalities: list[Modality] | None = None
     input_audio_format: str | None = None
@@ -153,6 +179,21 @@ class SessionConfig(msgspec.Struct, frozen=True, kw_only=True):
     input_audio_transcription: TranscriptionConfig | msgspec.UnsetType | None = msgspec.UNSET
     temperature: float | None = None
     max_response_output_tokens: MaxTokens | None = None
+
+
+class ExpiresAfter(msgspec.Struct, frozen=True, kw_only=True):
+    """When a client secret expires: ``seconds`` after its ``anchor``, its creation."""
+
+    anchor: str = "created_at"
+    seconds: int = 600
+
+
+class ClientSecretCreate(msgspec.Struct, frozen=True, kw_only=True):
+    """The body of ``POST /v1/realtime/client_secrets``: how long the key lives and the
+    session config it is bound to."""
+
+    expires_after: ExpiresAfter | None = None
+    session: SessionConfig | None = None
 
 
 class ContentPart(msgspec.Struct, frozen=True, kw_only=True):

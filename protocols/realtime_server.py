@@ -33,6 +33,9 @@ from omni_actors.protocols.realtime_client import AudioFormat, TurnDetection
 
 __all__ = [
     "BETA_NAMES",
+    "ClientSecretCreated",
+    "InputAudioBufferTimeoutTriggered",
+    "TruncationState",
     "ConversationItem",
     "FunctionCallItem",
     "FunctionCallOutputItem",
@@ -129,6 +132,14 @@ class FunctionToolState(msgspec.Struct, frozen=True, kw_only=True):
     type: Literal["function"] = "function"
 
 
+class TruncationState(msgspec.Struct, frozen=True, kw_only=True):
+    """``truncation`` as a retention ratio: past the context, the oldest turns are dropped
+    until this fraction of it is used."""
+
+    retention_ratio: float
+    type: Literal["retention_ratio"] = "retention_ratio"
+
+
 class RealtimeSession(msgspec.Struct, frozen=True, kw_only=True):
     """The session's settings, as ``session.created`` and ``session.updated`` show them."""
 
@@ -144,7 +155,7 @@ class RealtimeSession(msgspec.Struct, frozen=True, kw_only=True):
     tools: list[FunctionToolState] = []
     tool_choice: str = "auto"
     tracing: None = None
-    truncation: str = "auto"
+    truncation: str | TruncationState = "auto"
     prompt: None = None
     include: None = None
 
@@ -281,6 +292,17 @@ class InputAudioBufferSpeechStarted(
     """Server VAD heard speech begin (``audio_start_ms`` includes the prefix padding)."""
 
     audio_start_ms: int
+    item_id: str
+
+
+class InputAudioBufferTimeoutTriggered(
+    _Event, tag="input_audio_buffer.timeout_triggered", frozen=True, kw_only=True
+):
+    """No speech for ``idle_timeout_ms`` after a reply ended: the silence between is
+    committed and a response follows."""
+
+    audio_start_ms: int
+    audio_end_ms: int
     item_id: str
 
 
@@ -522,6 +544,7 @@ ServerEvent = (
     | SessionUpdated
     | InputAudioBufferSpeechStarted
     | InputAudioBufferSpeechStopped
+    | InputAudioBufferTimeoutTriggered
     | InputAudioBufferCommitted
     | InputAudioBufferCleared
     | ConversationItemAdded
@@ -561,3 +584,12 @@ BETA_NAMES: dict[str, str] = {
     "response.output_text.done": "response.text.done",
 }
 """GA event name -> the beta API's name for it (the others are the same in both)."""
+
+
+class ClientSecretCreated(msgspec.Struct, frozen=True, kw_only=True):
+    """The reply to ``POST /v1/realtime/client_secrets``: the ephemeral key, when it
+    expires (Unix seconds) and the session it opens."""
+
+    value: str
+    expires_at: int
+    session: RealtimeSession

@@ -1,6 +1,8 @@
 """The ASGI app: the routes of ``omni-actors serve``.
 
 - ``/v1/realtime`` — the OpenAI Realtime websocket (``realtime.py``).
+- ``POST /v1/realtime/client_secrets`` — an ephemeral key for a browser, bound to a
+  session config (``client_secrets.py``).
 - ``POST /v1/chat/completions`` — OpenAI's chat completions, text and audio output
   (``chat_completions.py``).
 - ``GET /v1/models``, ``GET /v1/models/{id}`` — the served model (``model_list.py``).
@@ -29,8 +31,9 @@ from starlette.staticfiles import StaticFiles
 from starlette.websockets import WebSocket
 
 from omni_actors.pipeline.omni_pipeline import OmniPipeline
-from omni_actors.server.auth import authorized, origin_allowed, pick_subprotocol
+from omni_actors.server.auth import key_matches, offered_keys, origin_allowed, pick_subprotocol
 from omni_actors.server.chat_completions import chat_completions
+from omni_actors.server.client_secrets import create_client_secret
 from omni_actors.server.health import healthz, pipeline_health, readyz
 from omni_actors.server.http_error import error_response
 from omni_actors.server.model_list import (
@@ -71,13 +74,21 @@ async def realtime(websocket: WebSocket) -> None:
             ),
         )
         return
-    if not authorized(state.settings, headers, offered):
+    keys = offered_keys(headers, offered)
+    # An ephemeral key opens the session with its config, until it expires; an expired
+    # or unknown one is refused as a wrong key is.
+    secret = next(
+        (found for key in keys if (found := state.client_secrets.find(key)) is not None), None
+    )
+    if secret is None and not key_matches(state.settings, keys):
         log.warning("realtime: refused a client without the API key")
         await _deny(
             websocket,
             error_response(
-                "missing or wrong API key: send it as 'Authorization: Bearer KEY' (or, "
-                "from a browser, as the subprotocol openai-insecure-api-key.KEY)",
+                "missing, wrong or expired API key: send it as 'Authorization: Bearer KEY' "
+                "(or, from a browser, as the subprotocol openai-insecure-api-key.KEY), "
+                "with the server's key or a live ephemeral key from "
+                "POST /v1/realtime/client_secrets",
                 401,
                 "invalid_api_key",
             ),
@@ -89,7 +100,10 @@ async def realtime(websocket: WebSocket) -> None:
         return
     await websocket.accept(subprotocol=pick_subprotocol(offered))
     connection = RealtimeConnection(
-        websocket, state, beta="realtime=v1" in headers.get("openai-beta", "")
+        websocket,
+        state,
+        beta="realtime=v1" in headers.get("openai-beta", ""),
+        config=None if secret is None else secret.session,
     )
     if not state.admit():
         reason = "the server is shutting down" if state.draining else "the server is full"
@@ -151,6 +165,7 @@ def create_app(settings: ServerSettings, pipeline: OmniPipeline | None = None) -
 
     routes = [
         WebSocketRoute("/v1/realtime", realtime),
+        Route("/v1/realtime/client_secrets", create_client_secret, methods=["POST"]),
         Route("/v1/chat/completions", chat_completions, methods=["POST"]),
         Route("/v1/models", list_models),
         Route("/v1/models/{model:path}", retrieve_model),

@@ -3,7 +3,8 @@
 Both run at the websocket handshake, before the connection is accepted, so a refused
 client costs no session. Browsers cannot set an ``Authorization`` header on a
 websocket, so they pass the key as a subprotocol, ``openai-insecure-api-key.KEY`` (the
-name says what it is: the key travels in clear unless TLS is in front).
+name says what it is: the key travels in clear unless TLS is in front). A page should
+carry an ephemeral key there, not the server's (``client_secrets.py``).
 """
 
 from __future__ import annotations
@@ -14,7 +15,14 @@ from urllib.parse import urlsplit
 
 from omni_actors.server.settings import ServerSettings
 
-__all__ = ["KEY_SUBPROTOCOL", "authorized", "origin_allowed", "pick_subprotocol"]
+__all__ = [
+    "KEY_SUBPROTOCOL",
+    "authorized",
+    "key_matches",
+    "offered_keys",
+    "origin_allowed",
+    "pick_subprotocol",
+]
 
 KEY_SUBPROTOCOL = "openai-insecure-api-key."
 
@@ -23,13 +31,23 @@ def authorized(
     settings: ServerSettings, headers: Mapping[str, str], subprotocols: Sequence[str]
 ) -> bool:
     """True if no key is configured, or the client presented it."""
-    if settings.api_key is None:
-        return True
-    expected = settings.api_key.encode()
+    return key_matches(settings, offered_keys(headers, subprotocols))
+
+
+def offered_keys(headers: Mapping[str, str], subprotocols: Sequence[str]) -> list[str]:
+    """The keys a client presented: as key subprotocols, then as its bearer token."""
     offered = [p[len(KEY_SUBPROTOCOL) :] for p in subprotocols if p.startswith(KEY_SUBPROTOCOL)]
     auth = headers.get("authorization", "")
     if auth.lower().startswith("bearer "):
         offered.append(auth[7:].strip())
+    return offered
+
+
+def key_matches(settings: ServerSettings, offered: Sequence[str]) -> bool:
+    """True if no key is configured, or ``offered`` holds it."""
+    if settings.api_key is None:
+        return True
+    expected = settings.api_key.encode()
     # Constant-time comparison: the key must not leak through response timing.
     return any(hmac.compare_digest(key.encode(), expected) for key in offered)
 

@@ -85,6 +85,7 @@ from omni_actors.protocols.realtime_client import (
     ResponseCancel,
     ResponseCreate,
     ResponseParams,
+    SessionConfig,
     SessionUpdate,
     decode_client_event,
 )
@@ -105,6 +106,7 @@ from omni_actors.protocols.realtime_server import (
     InputAudioBufferCommitted,
     InputAudioBufferSpeechStarted,
     InputAudioBufferSpeechStopped,
+    InputAudioBufferTimeoutTriggered,
     ItemContent,
     RateLimit,
     RateLimitsUpdated,
@@ -123,10 +125,10 @@ from omni_actors.server.response_stream import CancelReason, ResponseStream, too
 from omni_actors.server.session_config import SessionSettings, SettingError
 from omni_actors.server.state import ServerState
 from omni_actors.server.tools import OfferedTool, new_call_id, template_tools
-from omni_actors.server.turns import Forward, Started, Stopped, TurnDetector
+from omni_actors.server.turns import Forward, Started, Stopped, TimedOut, TurnDetector
 from omni_actors.server.voices import VoiceMap
 
-__all__ = ["RealtimeConnection"]
+__all__ = ["RealtimeConnection", "checked_update", "new_session_settings"]
 
 log = logging.getLogger(__name__)
 
@@ -134,6 +136,7 @@ _SEND_TIMEOUT_S = 30.0  # a client that reads nothing for this long is dropped
 _CLOSE_GOING_AWAY = 1001
 _CLOSE_INTERNAL = 1011
 _CLOSE_TRY_LATER = 1013
+_CLOSE_POLICY = 1008
 
 _encoder = msgspec.json.Encoder()
 
@@ -146,12 +149,22 @@ class RealtimeConnection:
         state: the server's shared state.
         beta: the client asked for the beta protocol (``OpenAI-Beta: realtime=v1``):
             events go out under their beta names.
+        config: the session config the client's ephemeral key is bound to: the session
+            starts from it (``client_secrets.py``).
     """
 
-    def __init__(self, websocket: WebSocket, state: ServerState, *, beta: bool = False) -> None:
+    def __init__(
+        self,
+        websocket: WebSocket,
+        state: ServerState,
+        *,
+        beta: bool = False,
+        config: SessionConfig | None = None,
+    ) -> None:
         self.ws = websocket
         self.state = state
         self.beta = beta
+        self.bound = config
         spec = state.pipeline.spec
         self.settings = SessionSettings(
             id=new_id("sess"), model=served_name(state), created_at=time.time()
@@ -208,6 +221,14 @@ class RealtimeConnection:
             self.voices = await state.voices()
             # session.created names the voice a reply speaks with, not null.
             self.settings = replace(self.settings, voice=self.voices.default)
+            if self.bound is not None:
+                try:
+                    self.settings = checked_update(
+                        self.settings, self.bound, state.pipeline.spec, self.voices
+                    )
+                except RequestError as exc:  # checked when the key was made: rare
+                    await self.fail(exc.realtime_code, str(exc), close_code=_CLOSE_POLICY)
+                    return
             self.input = InputStream(session, self.input_rate, self._refused, self._truncated)
             self._apply_vad()
             await self.send(
@@ -215,6 +236,9 @@ class RealtimeConnection:
             )
             if self.settings.instructions:
                 self.queue_instructions(self.settings.instructions)
+            self.queue_tools()
+            if self.settings.transcription is not None:
+                self.input.put(Op("transcribe", transcription=self.settings.transcription))
             tasks = [
                 asyncio.create_task(self._read(), name=f"realtime {self.settings.id} reader"),
                 asyncio.create_task(self.input.run(), name=f"realtime {self.settings.id} input"),
@@ -371,22 +395,7 @@ class RealtimeConnection:
     # -- session settings ----------------------------------------------------------------
 
     async def _update(self, event: SessionUpdate) -> None:
-        new = self.settings.updated(event.session, self.voices, self.transcribers)
-        changed = new.instructions and new.instructions != self.settings.instructions
-        if changed and not self._takes_instructions:
-            raise SettingError(
-                "this pipeline's entry stage takes no instructions (its engine does not "
-                f"declare {INSTRUCTIONS_FIELD!r} among its inputs): send none, or serve a "
-                "model that follows them",
-                "session.instructions",
-            )
-        if new.offered_tools and not self._takes_tools:
-            raise SettingError(
-                "this pipeline's entry stage takes no tools (its engine does not declare "
-                f"{TOOLS_FIELD!r} among its inputs): send no tools, or serve a model that "
-                "calls them",
-                "session.tools",
-            )
+        new = checked_update(self.settings, event.session, self.state.pipeline.spec, self.voices)
         if new.input_format != self.settings.input_format and self.buffered:
             raise SettingError(
                 "the input format cannot change while the input buffer holds audio; "
@@ -486,6 +495,22 @@ class RealtimeConnection:
                         vad = self.settings.vad
                         if vad is not None and vad.create_response and self.active is None:
                             await self._start_response(None, None)
+                case TimedOut(audio_start_ms=start_ms, audio_end_ms=end_ms):
+                    if self.active is not None:
+                        continue  # a reply asked for meanwhile: nobody is waiting
+                    item = self.pending_item or new_id("item")
+                    self.pending_item = item
+                    await self.send(
+                        InputAudioBufferTimeoutTriggered(
+                            event_id=new_id("event"),
+                            audio_start_ms=start_ms,
+                            audio_end_ms=end_ms,
+                            item_id=item,
+                        )
+                    )
+                    if self.buffered:
+                        await self._commit_buffer(None)
+                    await self._start_response(None, None)
 
     def _forward(self, samples: torch.Tensor) -> None:
         assert self.input is not None
@@ -1086,6 +1111,8 @@ class RealtimeConnection:
                 self.input.put(Op("delete", turn=stream.id))
         else:
             self.items.reply_done(stream.item_id, closing, stream.calls)
+            if self.turns is not None:
+                self.turns.reply_ended(stream.audio_ms)
         await self.send_all(closing)
         await self.send(self._rate_limits())
         if stream.failure is not None:
@@ -1165,6 +1192,48 @@ class RealtimeConnection:
             await self._on_event(event)
             if isinstance(event, TERMINAL):
                 return
+
+
+async def new_session_settings(state: ServerState, config: SessionConfig) -> SessionSettings:
+    """The settings a new session of ``state``'s server starts with: the defaults with
+    ``config`` applied, checked as a ``session.update`` is.
+
+    Raises:
+        RequestError: a setting the server does not serve (``param`` names it).
+    """
+    voices = await state.voices()
+    base = SessionSettings(
+        id=new_id("sess"), model=served_name(state), created_at=time.time(), voice=voices.default
+    )
+    return checked_update(base, config, state.pipeline.spec, voices)
+
+
+def checked_update(
+    current: SessionSettings, config: SessionConfig, spec: PipelineSpec, voices: VoiceMap
+) -> SessionSettings:
+    """``current`` with ``config`` applied, refused where ``spec``'s entry stage cannot
+    take what it sets (instructions, tools).
+
+    Raises:
+        RequestError: a setting the server does not serve (``param`` names it).
+    """
+    new = current.updated(config, voices, _transcribers(spec))
+    changed = new.instructions and new.instructions != current.instructions
+    if changed and INSTRUCTIONS_FIELD not in spec.entry_inputs():
+        raise SettingError(
+            "this pipeline's entry stage takes no instructions (its engine does not "
+            f"declare {INSTRUCTIONS_FIELD!r} among its inputs): send none, or serve a "
+            "model that follows them",
+            "session.instructions",
+        )
+    if new.offered_tools and TOOLS_FIELD not in spec.entry_inputs():
+        raise SettingError(
+            "this pipeline's entry stage takes no tools (its engine does not declare "
+            f"{TOOLS_FIELD!r} among its inputs): send no tools, or serve a model that "
+            "calls them",
+            "session.tools",
+        )
+    return new
 
 
 def _transcribers(spec: PipelineSpec) -> tuple[str, ...]:

@@ -24,6 +24,7 @@ from omni_actors.protocols.realtime_client import (
     SessionConfig,
     ToolChoice,
     TranscriptionConfig,
+    Truncation,
     TurnDetection,
 )
 from omni_actors.protocols.realtime_server import (
@@ -69,6 +70,9 @@ class VadSettings:
     silence_duration_ms: int = 500
     create_response: bool = True
     interrupt_response: bool = True
+    idle_timeout_ms: int | None = None
+    """No speech for this long after a reply has played: the silence is committed and a
+    reply follows (``input_audio_buffer.timeout_triggered``); None: never."""
 
 
 OPENAI_TRANSCRIPTION_MODELS = (
@@ -189,6 +193,8 @@ class SessionSettings:
             new = replace(new, max_tokens=_max_tokens(limit, "session.max_output_tokens"))
         if config.temperature is not None:
             new = replace(new, temperature=_temperature(config.temperature))
+        if config.truncation is not None:
+            _truncation(config.truncation)
         if config.tools is not None:
             new = replace(new, tools=_tools(config.tools, "session.tools"))
         if config.tool_choice is not None:
@@ -304,6 +310,7 @@ class SessionSettings:
                         silence_duration_ms=vad.silence_duration_ms,
                         create_response=vad.create_response,
                         interrupt_response=vad.interrupt_response,
+                        idle_timeout_ms=vad.idle_timeout_ms,
                     ),
                     transcription=None
                     if self.transcription is None
@@ -321,7 +328,25 @@ class SessionSettings:
             expires_at=int((self.created_at or time.time()) + _SESSION_LIFETIME_S),
             tools=list(self.tools),
             tool_choice=self.tool_choice,
+            # What runs: the server drops no turns of a long conversation (_truncation).
+            truncation="disabled",
         )
+
+
+def _truncation(truncation: Truncation) -> None:
+    """Take ``"auto"`` or ``"disabled"`` (shown as ``"disabled"``, what runs); refuse a
+    retention ratio. Dropping the oldest turns past the context needs each turn's token
+    count and the model's context length, which the server is not told: it keeps the
+    whole conversation, and the model's own limit decides what happens past it."""
+    if truncation in ("auto", "disabled"):
+        return
+    named = truncation if isinstance(truncation, str) else f"a {truncation.type} truncation"
+    raise SettingError(
+        f"truncation {named!r} is not supported: this server keeps the whole conversation "
+        '(it is not told the model\'s context length); send "auto" or "disabled", or delete '
+        "old items (conversation.item.delete) to keep a long conversation short",
+        "session.truncation",
+    )
 
 
 def _tools(tools: list[FunctionTool], param: str) -> tuple[FunctionToolState, ...]:
@@ -498,6 +523,9 @@ def _vad(detection: TurnDetection | None, current: VadSettings | None) -> VadSet
         interrupt_response=base.interrupt_response
         if detection.interrupt_response is None
         else detection.interrupt_response,
+        idle_timeout_ms=base.idle_timeout_ms
+        if detection.idle_timeout_ms is None
+        else detection.idle_timeout_ms,
     )
     param = "session.audio.input.turn_detection"
     if not 0.0 <= vad.threshold <= 1.0:
@@ -513,5 +541,10 @@ def _vad(detection: TurnDetection | None, current: VadSettings | None) -> VadSet
         raise SettingError(
             f"silence_duration_ms must be in [10, 10000], got {vad.silence_duration_ms}",
             param + ".silence_duration_ms",
+        )
+    if vad.idle_timeout_ms is not None and not 0 < vad.idle_timeout_ms <= 3_600_000:
+        raise SettingError(
+            f"idle_timeout_ms must be in [1, 3600000], got {vad.idle_timeout_ms}",
+            param + ".idle_timeout_ms",
         )
     return vad

@@ -5,6 +5,12 @@ With ``server_vad`` the pipeline hears only speech: audio before speech starts i
 items include it), audio while the user speaks goes on as it arrives — so the thinker
 prefills while the user is still talking — and speech stopping ends the turn. Silence
 between turns costs the pipeline nothing.
+
+With ``idle_timeout_ms``, a reply's end (plus the time its audio takes to play) starts
+a wait counted in input audio: that long with no speech, the silence heard last goes on
+as the turn (:class:`TimedOut`), so the model can prompt a user who fell quiet. Input
+audio, not the wall clock, measures it: a client streams its microphone in real time,
+and a test needs no clock to move.
 """
 
 from __future__ import annotations
@@ -16,7 +22,7 @@ import torch
 from omni_actors.server.session_config import VadSettings
 from omni_actors.server.vad import ServerVad, SpeechStarted, SpeechStopped
 
-__all__ = ["Forward", "Started", "Stopped", "TurnAction", "TurnDetector"]
+__all__ = ["Forward", "Started", "Stopped", "TimedOut", "TurnAction", "TurnDetector"]
 
 _HOLD_EXTRA_MS = 2000  # held beyond the prefix: a VAD may report a start late
 
@@ -42,7 +48,16 @@ class Stopped:
     audio_end_ms: int
 
 
-TurnAction = Forward | Started | Stopped
+@dataclass(frozen=True, slots=True)
+class TimedOut:
+    """No speech for ``idle_timeout_ms`` since the reply ended (``audio_start_ms``) up
+    to ``audio_end_ms``: the silence forwarded before it is the turn."""
+
+    audio_start_ms: int
+    audio_end_ms: int
+
+
+TurnAction = Forward | Started | Stopped | TimedOut
 
 
 class TurnDetector:
@@ -66,6 +81,18 @@ class TurnDetector:
         self._held_start = 0  # absolute index of the first held sample
         self._keep = (settings.prefix_padding_ms + _HOLD_EXTRA_MS) * sample_rate // 1000
         self.speaking = False
+        self._idle_from: int | None = None  # sample index the idle wait counts from
+
+    @property
+    def fed(self) -> int:
+        """Samples fed so far."""
+        return self._held_start + self._held.numel()
+
+    def reply_ended(self, playback_ms: float) -> None:
+        """A reply ended; its audio plays for ``playback_ms`` more: with
+        ``idle_timeout_ms``, the idle wait starts when it has played."""
+        if self.settings.idle_timeout_ms is not None:
+            self._idle_from = self.fed + int(playback_ms * self.rate / 1000)
 
     def feed(self, samples: torch.Tensor) -> list[TurnAction]:
         """What to do with ``samples`` (int16), in order."""
@@ -75,17 +102,32 @@ class TurnDetector:
             if isinstance(event, SpeechStarted):
                 self._drop_before(event.audio_start_ms * self.rate // 1000)
                 self.speaking = True
+                self._idle_from = None
                 actions.append(Started(event.audio_start_ms))
             elif isinstance(event, SpeechStopped):
                 end = event.audio_end_ms * self.rate // 1000
                 actions += self._forward(end - self._held_start)
                 self.speaking = False
+                self._idle_from = None
                 actions.append(Stopped(event.audio_end_ms))
         if self.speaking:
             actions += self._forward(self._held.numel())
+        elif self._timed_out():
+            assert self._idle_from is not None
+            start, end = self._idle_from, self.fed
+            self._idle_from = None
+            self._drop_before(start)
+            actions += self._forward(self._held.numel())
+            actions.append(TimedOut(start * 1000 // self.rate, end * 1000 // self.rate))
         else:
             self._drop_before(self._held_start + self._held.numel() - self._keep)
         return actions
+
+    def _timed_out(self) -> bool:
+        timeout = self.settings.idle_timeout_ms
+        if timeout is None or self._idle_from is None:
+            return False
+        return self.fed - self._idle_from >= timeout * self.rate // 1000
 
     def clear(self) -> None:
         """The input buffer was cleared: forget held audio and the speech in progress."""
