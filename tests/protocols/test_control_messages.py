@@ -35,6 +35,7 @@ from omni_actors.protocols.control import (
     StreamCredit,
     Target,
     Truncate,
+    Truncated,
     TruncateResponse,
 )
 from omni_actors.protocols.message import ControlMessage
@@ -79,6 +80,7 @@ def _examples(owner: ActorRef[Any], downstream: ActorRef[Any]) -> list[msgspec.S
         CancelResponse(segment=2),
         Truncate(key=KEY, kept=17),
         TruncateResponse(audio_ms=1250.0),
+        Truncated(kept=3, text="Hello, wor"),
         Refused(reason="cannot truncate"),
         Inspect(),
         StageState(stage="talker", keys=[KEY], queued=3),
