@@ -14,6 +14,7 @@ import base64
 import contextlib
 import json
 import os
+import re
 import signal
 from collections.abc import Awaitable, Callable, Iterator
 from typing import Any
@@ -174,7 +175,9 @@ async def test_bench_realtime_url_reports_the_figures_of_a_running_server(
 
 
 def test_bench_realtime_url_without_a_server_says_so(no_server_left: None) -> None:
-    with pytest.raises(SystemExit, match="no realtime server at ws://127.0.0.1:9/v1/realtime"):
+    with pytest.raises(
+        SystemExit, match=re.escape("no realtime server at ws://127.0.0.1:9/v1/realtime")
+    ):
         main(["bench", "realtime", "--url", "ws://127.0.0.1:9/v1/realtime", "--sessions", "1"])
     with pytest.raises(SystemExit, match="ws://HOST:PORT/v1/realtime"):
         main(["bench", "realtime", "--url", "http://127.0.0.1:9/", "--sessions", "1"])
@@ -492,6 +495,7 @@ async def test_a_server_that_ignores_sigterm_is_killed_with_its_group(
 
     async def bench() -> None:
         async with server_process(args, stop_timeout_s=1.0) as server:
+            assert server.pid is not None
             os.kill(server.pid, signal.SIGSTOP)  # a stopped process cannot drain
             pids.append(server.pid)
             raise RuntimeError("the bench failed")
