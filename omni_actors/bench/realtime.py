@@ -20,6 +20,11 @@ of speech should not grow with the length of the input (target: the longest inpu
 TTFA at most 1.2 times the shortest's). Lengths are interleaved within each repetition,
 so drifting load on a shared machine weighs on them alike; the median is reported.
 
+With ``url`` the bench drives a server already running there (``omni-actors serve``)
+instead of starting one: the same figures, but for the server's CPU time, which it can
+read only of a process it started (None), and replies as long as that server makes them
+(``reply_tokens`` is None).
+
 One server serves the whole run, warmed up by one short turn before the first level;
 its CPU time is read around each level only. Each level, and each input-length
 session, starts once the server has freed the sessions before it: their clients have
@@ -32,11 +37,12 @@ turns it did not speak make ``turns`` fall short of ``turns_expected``.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import statistics
 import time
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import AsyncIterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -50,7 +56,12 @@ from omni_actors.bench.input_length import (
 )
 from omni_actors.bench.pipeline import _machine
 from omni_actors.bench.realtime_client import CLIENT_RATE, ClientReport, encode_frames, run_client
-from omni_actors.bench.server_process import CpuSnapshot, ServerProcess, server_process
+from omni_actors.bench.server_process import (
+    CpuSnapshot,
+    ServerProcess,
+    running_server,
+    server_process,
+)
 from omni_actors.bench.stats import percentile
 from omni_actors.bench.steps import Progress, Steps
 from omni_actors.pipeline.spec.pipeline import load_pipeline
@@ -284,6 +295,7 @@ async def run_realtime_bench(
     timeout_s: float = 120.0,
     ready_timeout_s: float = 300.0,
     progress: Progress | None = None,
+    url: str | None = None,
 ) -> dict[str, Any]:
     """Measure the realtime server on ``preset`` (see the module docstring).
 
@@ -301,6 +313,9 @@ async def run_realtime_bench(
         ready_timeout_s: how long the server may take to start.
         progress: told as each step starts (the server, the warm-up turn, each level,
             each input-length session; see :mod:`~omni_actors.bench.steps`).
+        url: a running server's realtime websocket (``ws://HOST:PORT/v1/realtime``) to
+            drive instead of starting one on ``preset`` (then ``preset``, ``cache_dir``
+            and ``reply_tokens`` are not used; ``seed`` seeds the speech only).
 
     Returns:
         ``levels`` (per session count: TTFA p50/p99 after the end of speech, RTF,
@@ -314,20 +329,19 @@ async def run_realtime_bench(
     Raises:
         ValueError: a bad count or length (before anything starts).
         PipelineConfigError: ``preset`` cannot be loaded.
-        ServerStartError: the server did not start.
+        ServerStartError: the server did not start, or none answers at ``url``.
         ServerBusyError: the server did not free a step's sessions within ``timeout_s``.
     """
     _check(sessions, turns, speech_s, input_repeats, timeout_s)
     lengths = tuple(sorted(check_input_lengths(input_audio_s))) if input_audio_s else ()
-    load_pipeline(preset)  # a bad preset fails here, not in the server's log
+    if url is None:
+        load_pipeline(preset)  # a bad preset fails here, not in the server's log
     started = time.perf_counter()
-    args = ["--preset", str(preset), "--port", "0", "--seed", str(seed)]
-    args += ["--reply-tokens", str(reply_tokens), "--max-sessions", str(max(sessions))]
-    if cache_dir is not None:
-        args += ["--cache-dir", str(cache_dir)]
     steps = Steps(progress, 2 + len(sessions) + len(lengths) * input_repeats)
-    steps.start(f"starting the server on {preset}")
-    async with server_process(args, ready_timeout_s=ready_timeout_s) as server:
+    steps.start(f"starting the server on {preset}" if url is None else f"connecting to {url}")
+    async with _server(url, preset, sessions, cache_dir, seed, reply_tokens, ready_timeout_s) as (
+        server
+    ):
         steps.start("warm-up turn")
         warmup = await run_client(
             server.ws_url, [_clip(_WARMUP_S, seed + 1)], cancel_last=False, timeout_s=timeout_s
@@ -351,7 +365,8 @@ async def run_realtime_bench(
         "targets": _targets(levels, input_length),
         "machine": _machine(),
         "parameters": {
-            "preset": str(preset),
+            "preset": str(preset) if url is None else None,
+            "url": url,
             "sessions": list(sessions),
             "turns": turns,
             "speech_s": speech_s,
@@ -360,13 +375,36 @@ async def run_realtime_bench(
             "jitter_buffer_ms": JITTER_BUFFER_S * 1e3,
             "input_audio_s": list(lengths),
             "input_repeats": input_repeats,
-            "reply_tokens": reply_tokens,
+            "reply_tokens": reply_tokens if url is None else None,
             "seed": seed,
             "warmup_s": _WARMUP_S,
             "timeout_s": timeout_s,
         },
         "wall_s": round(time.perf_counter() - started, 1),
     }
+
+
+@contextlib.asynccontextmanager
+async def _server(
+    url: str | None,
+    preset: str | Path,
+    sessions: Sequence[int],
+    cache_dir: Path | None,
+    seed: int,
+    reply_tokens: int,
+    ready_timeout_s: float,
+) -> AsyncIterator[ServerProcess]:
+    """The server at ``url``, or one started on ``preset``, sized to the largest level
+    and stopped when the block ends."""
+    if url is not None:
+        yield await running_server(url)
+        return
+    args = ["--preset", str(preset), "--port", "0", "--seed", str(seed)]
+    args += ["--reply-tokens", str(reply_tokens), "--max-sessions", str(max(sessions))]
+    if cache_dir is not None:
+        args += ["--cache-dir", str(cache_dir)]
+    async with server_process(args, ready_timeout_s=ready_timeout_s) as server:
+        yield server
 
 
 def realtime_table(result: dict[str, Any]) -> list[str]:

@@ -40,6 +40,7 @@ __all__ = [
     "ServerProcess",
     "ServerStartError",
     "cpu_snapshot",
+    "running_server",
     "server_process",
 ]
 
@@ -130,16 +131,18 @@ class ServerProcess:
     Attributes:
         url: its base URL.
         ws_url: its realtime websocket URL.
-        pid: the server process (its session's leader).
+        pid: the server process (its session's leader); None for a server the bench
+            did not start (:func:`running_server`), whose CPU time it cannot read.
     """
 
     url: str
     ws_url: str
-    pid: int
+    pid: int | None
 
     def cpu(self) -> CpuSnapshot | None:
-        """The server's CPU time so far (None where ``/proc`` cannot tell)."""
-        return cpu_snapshot(self.pid)
+        """The server's CPU time so far (None where ``/proc`` cannot tell, or for a
+        server the bench did not start)."""
+        return None if self.pid is None else cpu_snapshot(self.pid)
 
     async def wait_idle(self, timeout_s: float) -> None:
         """Until the server holds no session (``/readyz``: ``sessions.active`` is 0).
@@ -179,6 +182,31 @@ def _sessions_held(url: str) -> int | str:
     except (ValueError, KeyError, TypeError):
         return f"/readyz answered {body[:200]!r}"
     return active if isinstance(active, int) else f"/readyz answered {body[:200]!r}"
+
+
+async def running_server(ws_url: str) -> ServerProcess:
+    """A server already running at ``ws_url`` (``ws://HOST:PORT/v1/realtime``), once its
+    ``/readyz`` answers with a session count.
+
+    Raises:
+        ValueError: ``ws_url`` is no ``ws://`` or ``wss://`` URL.
+        ServerStartError: nothing answers there as the realtime server does.
+    """
+    scheme, sep, rest = ws_url.partition("://")
+    if not sep or scheme not in ("ws", "wss") or not rest.split("/", 1)[0]:
+        raise ValueError(
+            f"--url {ws_url!r}: give the realtime websocket, ws://HOST:PORT/v1/realtime"
+        )
+    host, _, path = rest.partition("/")
+    if path.rstrip("/") != "v1/realtime":
+        raise ValueError(f"--url {ws_url!r}: the realtime websocket's path is /v1/realtime")
+    url = f"{'https' if scheme == 'wss' else 'http'}://{host}"
+    held = await asyncio.to_thread(_sessions_held, url)
+    if not isinstance(held, int):
+        raise ServerStartError(
+            f"no realtime server at {ws_url} ({held}); start one with `omni-actors serve`"
+        )
+    return ServerProcess(url=url, ws_url=ws_url, pid=None)
 
 
 def _log_tail(path: Path) -> str:

@@ -371,6 +371,13 @@ def _add_realtime_options(parser: argparse.ArgumentParser) -> None:
 
     parser.add_argument("--preset", default="tiny-omni", help="preset name or YAML path")
     parser.add_argument(
+        "--url",
+        default=None,
+        metavar="WS_URL",
+        help="drive the server running at ws://HOST:PORT/v1/realtime (omni-actors serve) "
+        "instead of starting one on --preset; its CPU time is not read",
+    )
+    parser.add_argument(
         "--sessions",
         type=positive_int,
         nargs="+",
@@ -431,6 +438,7 @@ def _bench_realtime(ns: argparse.Namespace) -> dict[str, Any]:
                 reply_tokens=ns.reply_tokens,
                 timeout_s=ns.timeout_s,
                 progress=ns.progress,
+                url=ns.url,
             )
         )
     except (OmniError, ValueError) as exc:  # a bad option, preset, or a server that failed

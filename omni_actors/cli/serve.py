@@ -32,7 +32,20 @@ _DEFAULTS = ServerSettings()
 def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
     """Arguments of ``serve``."""
     add = parser.add_argument
-    add("--preset", default="tiny-omni", help="a preset name or a pipeline YAML (tiny-omni)")
+    add(
+        "model_arg",
+        nargs="?",
+        default=None,
+        metavar="MODEL",
+        help="the release to serve: a Hugging Face repo id or a release directory; its "
+        "preset is picked by the GPUs seen (two or more: qwen3-omni, one: qwen3-omni-1gpu, "
+        "none: tiny-omni for a release small enough for a CPU), unless --preset names one",
+    )
+    add(
+        "--preset",
+        default=None,
+        help="a preset name or a pipeline YAML (default: picked for MODEL, else tiny-omni)",
+    )
     add("--host", default=_DEFAULTS.host, help="interface to listen on (127.0.0.1)")
     add("--port", type=int, default=_DEFAULTS.port, help="TCP port (8000; 0 picks a free one)")
     add("--api-key", default=None, help="require this key (Bearer header or subprotocol)")
@@ -113,8 +126,9 @@ def serve_command(ns: argparse.Namespace) -> int:
     """Serve until a signal; 0 after a clean shutdown, 2 for bad arguments."""
     configure_logging(ns.log_level)
     try:
+        preset, model = _preset_and_model(ns)
         settings = ServerSettings(
-            preset=ns.preset,
+            preset=preset,
             host=ns.host,
             port=ns.port,
             api_key=ns.api_key,
@@ -135,9 +149,9 @@ def serve_command(ns: argparse.Namespace) -> int:
         from omni_actors.server.voices import parse_voice_map
 
         settings = dataclasses.replace(settings, voice_map=parse_voice_map(ns.voice_map))
-        spec = load_pipeline(ns.preset)
-        if ns.model is not None:
-            spec = spec.with_model(ns.model)
+        spec = load_pipeline(preset)
+        if model is not None:
+            spec = spec.with_model(model)
         if ns.device is not None:
             spec = spec.on_device(ns.device)
         spec = prepared_spec(spec, cache_dir=ns.cache_dir, seed=ns.seed)
@@ -159,6 +173,30 @@ def serve_command(ns: argparse.Namespace) -> int:
     except OmniError as exc:  # the pipeline did not start: a model it cannot load, say
         report("serve", exc, ns.log_level)
         return 2
+
+
+def _preset_and_model(ns: argparse.Namespace) -> tuple[str, str | None]:
+    """The preset to serve and the release its stages load. With ``MODEL`` and no
+    ``--preset``, the preset is picked by the GPUs seen and one line says which and why.
+
+    Raises:
+        ValueError: ``MODEL`` and ``--model`` both; or no preset fits (no GPU for a
+            full-size release).
+    """
+    model: str | None = ns.model
+    if ns.model_arg is not None:
+        if model is not None:
+            raise ValueError(f"MODEL {ns.model_arg!r} and --model {model!r}: give the release once")
+        model = ns.model_arg
+    if ns.preset is not None:
+        return ns.preset, model
+    if model is None:
+        return "tiny-omni", None
+    from omni_actors.cli.serve_model import choose_preset, count_gpus
+
+    choice = choose_preset(model, count_gpus())
+    print(f"omni-actors serve: {model} on preset {choice.preset}: {choice.reason}", flush=True)
+    return choice.preset, model
 
 
 async def _serve(settings: ServerSettings, spec: PipelineSpec, ready_file: str | None) -> int:

@@ -14,6 +14,7 @@ import base64
 import contextlib
 import json
 import os
+import re
 import signal
 import uuid
 from collections.abc import Awaitable, Callable, Iterator
@@ -136,6 +137,61 @@ def test_the_json_report_of_two_sessions_on_scripted_omni(
     assert result["parameters"]["jitter_buffer_ms"] == 200
     assert result["parameters"]["sessions"] == [2]
     assert result["warmup_errors_by_code"] == {}
+
+
+def _shape(value: Any) -> Any:
+    """A report's keys, nested, with every figure reduced to whether it is there."""
+    if isinstance(value, dict):
+        return {key: _shape(item) for key, item in value.items()}
+    return value is not None
+
+
+async def test_bench_realtime_url_reports_the_figures_of_a_running_server(
+    capsys: pytest.CaptureFixture[str], no_server_left: None
+) -> None:
+    options = ["--sessions", "2", "--turns", "2", "--speech-s", "0.2"]
+    options += ["--input-audio-s", "0.2", "0.4", "--input-repeats", "1", "--json"]
+    own_argv = ["bench", "realtime", "--preset", "scripted-omni", *options]
+    assert await asyncio.to_thread(main, own_argv) == 0
+    own: dict[str, Any] = json.loads(capsys.readouterr().out)
+
+    args = ["--preset", "scripted-omni", "--port", "0", "--max-sessions", "2"]
+    async with server_process(args) as server:
+        url_argv = ["bench", "realtime", "--url", server.ws_url, *options]
+        assert await asyncio.to_thread(main, url_argv) == 0
+    driven: dict[str, Any] = json.loads(capsys.readouterr().out)
+
+    level = driven["levels"]["2"]
+    assert level["turns"] == level["turns_expected"] == 4, level["errors_by_code"]
+    assert level["errors"] == 0, level["errors_by_code"]
+    assert level["cancel_status"] == {"cancelled": 2}
+    assert 0 < level["ttfa_ms_p50"] <= level["ttfa_ms_p99"]
+    assert level["rtf_p50"] > 0
+    assert driven["targets"]["zero_errors"]["met"] is True
+    assert driven["parameters"]["url"] == server.ws_url
+    # The same figures as a run on a server of its own, but for what only a process the
+    # bench started can tell: its CPU time, and the reply length it fixed.
+    cpu = level["server_cpu"]
+    assert cpu["cpu_s"] is None
+    assert cpu["cpu_s_per_session_s"] is None
+    assert cpu["session_s"] > 0
+    expected = _shape(own)
+    for key in ("cpu_s", "cpu_s_with_workers", "cpu_s_per_session_s"):
+        expected["levels"]["2"]["server_cpu"][key] = False
+    expected["levels"]["2"]["server_cpu"]["cpu_s_per_session_s_with_workers"] = False
+    expected["levels"]["2"]["server_cpu"]["cpu_s_per_audio_s_with_workers"] = False
+    expected["parameters"] |= {"preset": False, "url": True, "reply_tokens": False}
+    assert _shape(driven) == expected
+    assert own["parameters"]["url"] is None
+
+
+def test_bench_realtime_url_without_a_server_says_so(no_server_left: None) -> None:
+    with pytest.raises(
+        SystemExit, match=re.escape("no realtime server at ws://127.0.0.1:9/v1/realtime")
+    ):
+        main(["bench", "realtime", "--url", "ws://127.0.0.1:9/v1/realtime", "--sessions", "1"])
+    with pytest.raises(SystemExit, match="ws://HOST:PORT/v1/realtime"):
+        main(["bench", "realtime", "--url", "http://127.0.0.1:9/", "--sessions", "1"])
 
 
 async def _session_created(ws: websockets.ClientConnection) -> None:
@@ -450,6 +506,7 @@ async def test_a_server_that_ignores_sigterm_is_killed_with_its_group(
 
     async def bench() -> None:
         async with server_process(args, stop_timeout_s=1.0) as server:
+            assert server.pid is not None
             os.kill(server.pid, signal.SIGSTOP)  # a stopped process cannot drain
             pids.append(server.pid)
             raise RuntimeError("the bench failed")
