@@ -1,16 +1,17 @@
-"""``bench decode``: the thinker's decode step and the talker's frame, eager against the
-static slot cache, per batch size, on a release's real classes.
+"""``bench decode``: the thinker's decode step and the talker's frame per batch size,
+through each stage's step loop, eager against replayed from CUDA graphs, on a release's
+real classes.
 
 Each stage loads from the release ``model`` names onto its device, as its engine loads
-it, with a static slot cache for the largest batch asked (replayed from CUDA graphs on a
-GPU). For each batch size it opens that many sessions, each with ``context`` positions
-(random prompt ids for the thinker; random thinker rows for the talker's user part),
-then times ``steps`` steps over the sessions' own caches (eager: what runs without a
-static cache) and ``steps`` over the slot cache, after one untimed step that leases the
-slots and captures the graph. A step's time is the wall time of a whole call, picks and
-read-backs included, with the device synchronised: what a session waits per token (the
-thinker's TPOT at that batch) or per codec frame (the talker, code predictor included;
-real time needs one frame per 80 ms).
+it, with a slot cache for the largest batch asked. For each batch size it opens that
+many sessions on a step loop, each prefilled to ``context`` positions (random prompt ids
+for the thinker; random thinker rows for the talker's user part), then times ``steps``
+decode-only steps run eagerly over the slot cache and ``steps`` replayed from the
+step's CUDA graph (on a GPU; without one both run eagerly), after one untimed step that
+captures the graph where it was not captured at load. A step's time is the wall time of
+a whole step, picks and read-backs included, with the device synchronised: what a
+session waits per token (the thinker's TPOT at that batch) or per codec frame (the
+talker, code predictor included; real time needs one frame per 80 ms).
 
 The talker's static frame step is compiled as its engine compiles it (``compile``
 ``default``: on a GPU), or as ``compile`` says (``off``, ``layers``, ``predictor``,

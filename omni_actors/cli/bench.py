@@ -706,8 +706,8 @@ BENCH_TARGETS: dict[str, BenchTarget] = {
         _bench_load,
     ),
     "decode": BenchTarget(
-        "the thinker's decode step and the talker's frame per batch size: eager over each "
-        "session's own cache against the static slot cache (CUDA graphs on a GPU)",
+        "the thinker's decode step and the talker's frame per batch size, through each "
+        "stage's step loop: eager against replayed from CUDA graphs (on a GPU)",
         _add_decode_options,
         _bench_decode,
         _decode_summary,
