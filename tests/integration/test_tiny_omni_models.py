@@ -151,13 +151,19 @@ def test_load_refuses_a_release_whose_tensors_do_not_make_the_stage(
 ) -> None:
     # transformers would fill a missing tensor with fresh random values and only log it;
     # a release of another layout must fail to load, naming what is wrong.
+    # A directory of the user's own (no cache's prepared.json) is told what a release
+    # holds; one that omni-actors generated, how to rebuild it.
     release = tmp_path / "release"
     shutil.copytree(built, release)
     _rename(release, "code2wav.code_embedding.weight", "code2wav.extra.weight")
-    with pytest.raises(ModelFileError, match="prepare tiny-omni --force") as failure:
+    with pytest.raises(ModelFileError, match="is it a Qwen3-Omni release") as failure:
         weights.load(release, "code2wav")
     assert "code2wav.extra.weight" in str(failure.value)
     assert INDEX in str(failure.value)
+    (release / "prepared.json").write_text("{}")
+    with pytest.raises(ModelFileError, match="prepare tiny-omni --force"):
+        weights.load(release, "code2wav")
+    (release / "prepared.json").unlink()
     _rename(release, "code2wav.extra.weight", "code2wav.code_embedding.weight")
     weights.load(release, "code2wav")  # whole again
     index = json.loads((release / INDEX).read_text())

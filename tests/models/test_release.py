@@ -369,7 +369,13 @@ def test_a_local_directory_is_the_model(
 @pytest.mark.parametrize(
     "model", ["no-such-model", "/no/such/dir", "a/b/c", "../x", "org/..", "org/a--b", ""]
 )
-def test_what_is_no_directory_and_no_repo_id_is_named(model: str) -> None:
+def test_what_is_no_directory_and_no_repo_id_is_named(
+    model: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Relative names resolve in an empty directory ("../x" is no sibling there), not in
+    # wherever the suite runs from, whose parent may hold anything.
+    (tmp_path / "here").mkdir()
+    monkeypatch.chdir(tmp_path / "here")
     with pytest.raises(ModelFileError, match="no model directory and no Hugging Face repo id"):
         resolve_model(model, prefixes=["code2wav."])
 
