@@ -180,21 +180,30 @@ def test_warm_captures_each_bucket_up_to_a_batch_size(stage_dir: Path) -> None:
     assert len(captures.shapes) == count
 
 
-def test_the_code_predictor_replays_stepping_s_frames(stage_dir: Path) -> None:
-    talker = weights.load(stage_dir, "talker")
-    captures = Captures()
-    graphed = GraphedCodePredictor(talker, capture=captures)
-    graphed.warm(2)
-    assert graphed.graphed == [2]
+def _gives_stepping_s_frames(
+    talker: Any, graphed: GraphedCodePredictor, batches: tuple[int, ...], *, seed: int
+) -> tuple[torch.Tensor, torch.Tensor, tuple[torch.Tensor, torch.Tensor]]:
+    """``graphed`` gives ``code_predictor_frame``'s codes and carry on random frames of
+    each batch size in turn; the last frame's inputs and expected outputs."""
     width = int(talker.config.text_config.hidden_size)
-    gen = torch.Generator().manual_seed(0)
-    for batch in (1, 3, 1, 2):
+    gen = torch.Generator().manual_seed(seed)
+    for batch in batches:
         hidden = torch.randn(batch, 1, width, generator=gen)
         code0 = torch.randint(0, configs.CODEBOOK_SIZE, (batch, 1), generator=gen)
         codes, carry = graphed(hidden, code0)
         expected = stepping.code_predictor_frame(talker, hidden, code0)
         assert torch.equal(codes, expected[0]), batch
         assert torch.equal(carry, expected[1]), batch
+    return hidden, code0, expected
+
+
+def test_the_code_predictor_replays_stepping_s_frames(stage_dir: Path) -> None:
+    talker = weights.load(stage_dir, "talker")
+    captures = Captures()
+    graphed = GraphedCodePredictor(talker, capture=captures)
+    graphed.warm(2)
+    assert graphed.graphed == [2]
+    hidden, code0, expected = _gives_stepping_s_frames(talker, graphed, (1, 3, 1, 2), seed=0)
     assert graphed.graphed == [1, 2, 3]
     assert [shape[0] for shape in captures.shapes] == [2, 1, 3]
 
@@ -212,15 +221,7 @@ def test_the_code_predictor_runs_a_batch_as_its_bucket(stage_dir: Path) -> None:
     graphed = GraphedCodePredictor(talker, buckets=(1, 2, 4), capture=captures)
     for rows in (1, 2, 4):
         graphed.warm(rows)
-    width = int(talker.config.text_config.hidden_size)
-    gen = torch.Generator().manual_seed(2)
-    for batch in (3, 1, 4, 2, 3):
-        hidden = torch.randn(batch, 1, width, generator=gen)
-        code0 = torch.randint(0, configs.CODEBOOK_SIZE, (batch, 1), generator=gen)
-        codes, carry = graphed(hidden, code0)
-        expected = stepping.code_predictor_frame(talker, hidden, code0)
-        assert torch.equal(codes, expected[0]), batch
-        assert torch.equal(carry, expected[1]), batch
+    _gives_stepping_s_frames(talker, graphed, (3, 1, 4, 2, 3), seed=2)
     assert graphed.graphed == [1, 2, 4]
     assert [shape[0] for shape in captures.shapes] == [1, 2, 4]
 
