@@ -10,7 +10,10 @@
 # On a machine with one GPU (and a 64 GiB disk, too small for the 66 GiB release):
 #   bash benchmarks/qwen3_omni_random_gpu.sh setup prepare-talker decode-talker
 # writes the release's talker alone and times its frame, compiled as the engine compiles
-# it, not, and with the code predictor's projections fused ($COMPILE, default "off all fused").
+# it, not, and with the code predictor's projections fused ($COMPILE, default "off all fused");
+#   bash benchmarks/qwen3_omni_random_gpu.sh setup prepare-short
+# writes every stage with an 8-layer thinker ($THINKER_LAYERS), for `bench pipeline
+# --preset qwen3-omni-1gpu` on one GPU.
 # Results go to $OUT (default benchmarks/results); the release to $RELEASE (/tmp/q3).
 # pipeline: $LEVELS (default 1 4 8 16 32), $REQUESTS_PER_LEVEL (default 4: each level
 # runs 4 x c requests, a closed loop as vllm-omni's CI runs it) or $REQUESTS per level,
@@ -44,6 +47,18 @@ for step in "${steps[@]}"; do
       python3 -c 'import sys; from pathlib import Path
 from omni_actors.actors.engines.qwen3_omni.random_release import real_config, write_random_release
 write_random_release(Path(sys.argv[1]), real_config(), stages=("talker",))' "$RELEASE"
+      echo "prepare_s=$(( $(date +%s) - start ))"; du -sh "$RELEASE" ;;
+    prepare-short)
+      # The whole release with a thinker of $THINKER_LAYERS layers (default 8; the talker
+      # reads the middle one): 20 GiB, so every stage fits one GPU machine's disk. Its
+      # step costs are not the full model's; what it measures is the pipeline around them.
+      start=$(date +%s)
+      python3 -c 'import sys; from pathlib import Path
+from omni_actors.actors.engines.qwen3_omni.random_release import real_config, write_random_release
+config = real_config(); layers = int(sys.argv[2])
+config["thinker_config"]["text_config"]["num_hidden_layers"] = layers
+config["talker_config"]["accept_hidden_layer"] = layers // 2
+write_random_release(Path(sys.argv[1]), config)' "$RELEASE" "${THINKER_LAYERS:-8}"
       echo "prepare_s=$(( $(date +%s) - start ))"; du -sh "$RELEASE" ;;
     decode-talker)
       for compile in $COMPILE; do

@@ -17,9 +17,16 @@ segments, and gets them from :class:`SlotStep`, the ``past_key_values`` of the f
   one indexed write per layer, and returns the keys and values of the segments' slots
   up to the step's span;
 - the attention (registered with transformers under :data:`ATTENTION`, swapped in for
-  the forward by :meth:`SlotStep.active`) lays the queries out as ``[segments,
-  longest]``, attends each segment's slot under a mask that lets token ``t`` of a
-  segment starting at ``p`` see positions ``0 .. p + t``, and flattens the result back.
+  the forward by :meth:`SlotStep.active`) lets token ``t`` of a segment starting at
+  ``p`` see positions ``0 .. p + t`` of its slot.
+
+A prefill chunk at the start of its slot (a conversation's first prompt) is a plain
+causal attention over its own positions, which PyTorch runs in the flash kernel; a masked
+attention there runs another kernel, 3.7x slower on an H200 for 2500 positions
+(benchmarks/results/slot_attention_h200.json). Each segment of a step attends its own
+slot alone: a prefill chunk beside decode rows costs what it costs by itself, not
+``rows x`` its length padded to a grid (6x less attention for 7 decode rows beside a
+2500-position prompt).
 
 So a chunked prefill computes what the one-shot prefill computes (up to the float
 rounding of other matmul shapes), and a decode row is exactly one more position.
@@ -142,6 +149,7 @@ class SlotCache:
             positions=torch.tensor(token_pos, device=device),
             longest=longest,
             span=span_for(ends, self.max_len),
+            segments=padded,
         )
 
     def graph_keys(self, max_rows: int) -> list[GraphKey]:
@@ -194,6 +202,7 @@ class SlotStep:
     Attributes:
         positions: [T] each token's position in its slot (the rotary positions).
         mask: [B, 1, longest, span] bool, True where a segment's token may attend.
+        segments: the segments, where the step was built from them (not a decode step).
     """
 
     is_compileable: Final = False
@@ -209,8 +218,28 @@ class SlotStep:
         positions: torch.Tensor,
         longest: int,
         span: int,
+        segments: Sequence[Segment] | None = None,
     ) -> None:
         self._cache = cache
+        # The host's view of the segments, for a step with prefill chunks (each attends
+        # by itself); a decode step is built from tensors alone and has none. Worked out
+        # once here, not in each layer's attention.
+        self.segments = tuple(segments) if segments is not None else None
+        self.chunks: list[tuple[int, slice, int]] = []  # (row, its tokens, start)
+        self.single_rows: torch.Tensor | None = None  # segments of one position
+        self.single_tokens: torch.Tensor | None = None  # and where their tokens are
+        if self.segments is not None:
+            rows, tokens, offset = [], [], 0
+            for row, seg in enumerate(self.segments):
+                if seg.length == 1:
+                    rows.append(row)
+                    tokens.append(offset)
+                else:
+                    self.chunks.append((row, slice(offset, offset + seg.length), seg.start))
+                offset += seg.length
+            if rows:
+                self.single_rows = torch.tensor(rows, device=starts.device)
+                self.single_tokens = torch.tensor(tokens, device=starts.device)
         self.slots, self.starts = slots, starts
         self.token_row, self.token_col, self.positions = token_row, token_col, positions
         self.token_slot = slots.index_select(0, token_row)
@@ -291,23 +320,62 @@ def _slot_attention(
     """Attention of a :class:`SlotStep`'s segments over their slots (module docstring):
     ``query`` [1, heads, T, dim], ``key``/``value`` [B, kv_heads, span, dim]."""
     assert attention_mask is not None, "a slot step passes its mask"
-    batch = key.shape[0]
     flat = query[0].transpose(0, 1)  # [T, heads, dim]
     if attention_mask.shape[2] == 1:
-        # One position per segment: the layout is the flat one (nothing read from the
-        # step but its mask, so a compiled layer sees tensors only).
-        out = torch.nn.functional.scaled_dot_product_attention(
-            flat[:, :, None], key, value, attn_mask=attention_mask, scale=scaling, enable_gqa=True
-        )
-        return out.transpose(1, 2)[:, 0][None], None
+        # One position per segment: nothing read from the step but its mask, so a
+        # compiled layer (and a captured graph) sees tensors only.
+        return _single_positions(flat, key, value, attention_mask, scaling)[None], None
     step: SlotStep = _current.step
-    grid = flat.new_zeros(batch, step.longest, *flat.shape[1:])
-    grid[step.token_row, step.token_col] = flat
+    assert step.segments is not None, "a step with prefill chunks is built from its segments"
+    out = torch.empty_like(flat)
+    for row, tokens, start in step.chunks:
+        out[tokens] = _chunk(flat[tokens], key[row], value[row], start, scaling)
+    if step.single_rows is not None and step.single_tokens is not None:
+        rows, at = step.single_rows, step.single_tokens
+        out[at] = _single_positions(
+            flat[at], key[rows], value[rows], attention_mask[rows][:, :, :1], scaling
+        )
+    return out[None], None
+
+
+def _single_positions(
+    flat: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    mask: torch.Tensor,
+    scaling: float | None,
+) -> torch.Tensor:
+    """Row ``i``'s one query [heads, dim] over its slot's ``key``/``value`` [kv_heads,
+    span, dim] under ``mask`` [rows, 1, 1, span]; [rows, heads, dim]."""
     out = torch.nn.functional.scaled_dot_product_attention(
-        grid.transpose(1, 2), key, value, attn_mask=attention_mask, scale=scaling, enable_gqa=True
+        flat[:, :, None], key, value, attn_mask=mask, scale=scaling, enable_gqa=True
     )
-    tokens = out.transpose(1, 2)[step.token_row, step.token_col]  # [T, heads, dim]
-    return tokens[None], None
+    return out[:, :, 0]
+
+
+def _chunk(
+    flat: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    start: int,
+    scaling: float | None,
+) -> torch.Tensor:
+    """A prefill chunk's queries [L, heads, dim] at positions ``start ..`` over its
+    slot's ``key``/``value`` [kv_heads, span, dim], causally; [L, heads, dim]."""
+    length = flat.shape[0]
+    end = start + length
+    query, key, value = flat.transpose(0, 1)[None], key[None, :, :end], value[None, :, :end]
+    if start == 0:
+        out = torch.nn.functional.scaled_dot_product_attention(
+            query, key, value, is_causal=True, scale=scaling, enable_gqa=True
+        )
+    else:
+        seen = torch.arange(start, end, device=flat.device)
+        mask = torch.arange(end, device=flat.device)[None, :] <= seen[:, None]  # [L, end]
+        out = torch.nn.functional.scaled_dot_product_attention(
+            query, key, value, attn_mask=mask[None, None], scale=scaling, enable_gqa=True
+        )
+    return out[0].transpose(0, 1)
 
 
 AttentionInterface.register(ATTENTION, _slot_attention)

@@ -1,0 +1,114 @@
+"""The slot cache's attention against attention written out by hand: every segment kind
+of a step (a prefill chunk at the start of its slot, a later chunk, decode rows beside
+them, padding rows) and a decode step, with grouped key/value heads."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from omni_actors.actors.engines.qwen3_omni.slot_cache import (  # noqa: E402
+    Segment,
+    SlotCache,
+    SlotStep,
+    _slot_attention,
+)
+
+HEADS, KV_HEADS, DIM, MAX_LEN = 8, 2, 16, 64
+
+
+def _cache(slots: int = 4) -> SlotCache:
+    config = SimpleNamespace(
+        num_hidden_layers=1,
+        num_key_value_heads=KV_HEADS,
+        head_dim=DIM,
+        hidden_size=HEADS * DIM,
+        num_attention_heads=HEADS,
+    )
+    cache = SlotCache(
+        config, slots=slots, max_len=MAX_LEN, device=torch.device("cpu"), dtype=torch.float64
+    )
+    generator = torch.Generator().manual_seed(1)
+    # What earlier steps left in the slots: a later chunk and a decode row read it.
+    cache.keys[0].copy_(torch.randn(cache.keys[0].shape, generator=generator, dtype=torch.float64))
+    cache.values[0].copy_(
+        torch.randn(cache.values[0].shape, generator=generator, dtype=torch.float64)
+    )
+    return cache
+
+
+def _by_hand(cache: SlotCache, segments: list[Segment], query: torch.Tensor) -> torch.Tensor:
+    """[T, heads, dim]: token t of a segment at ``start`` of ``slot`` attends that slot's
+    positions ``0 .. start + t``, query head h reading key/value head h // group."""
+    group = HEADS // KV_HEADS
+    rows = []
+    token = 0
+    for seg in segments:
+        for t in range(seg.length):
+            seen = seg.start + t + 1
+            keys = cache.keys[0][seg.slot, :, :seen]  # [kv_heads, seen, dim]
+            values = cache.values[0][seg.slot, :, :seen]
+            heads = []
+            for h in range(HEADS):
+                q = query[token, h]
+                scores = keys[h // group] @ q / DIM**0.5
+                heads.append(torch.softmax(scores, dim=0) @ values[h // group])
+            rows.append(torch.stack(heads))
+            token += 1
+    return torch.stack(rows)
+
+
+def _run(
+    step: SlotStep, query: torch.Tensor, new_kv: tuple[torch.Tensor, torch.Tensor]
+) -> torch.Tensor:
+    key, value = step.update(new_kv[0], new_kv[1], 0)
+    with step.active([]):
+        out, _ = _slot_attention(
+            torch.nn.Module(),
+            query.transpose(0, 1)[None],
+            key,
+            value,
+            step.mask,
+            scaling=DIM**-0.5,
+        )
+    return out[0]
+
+
+def _inputs(tokens: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    generator = torch.Generator().manual_seed(2)
+    draw = lambda *shape: torch.randn(shape, generator=generator, dtype=torch.float64)  # noqa: E731
+    return draw(tokens, HEADS, DIM), draw(1, KV_HEADS, tokens, DIM), draw(1, KV_HEADS, tokens, DIM)
+
+
+def test_each_segment_of_a_mixed_step_attends_its_own_slot_causally() -> None:
+    cache = _cache()
+    segments = [
+        Segment(slot=0, start=0, length=7),  # a prompt's first chunk
+        Segment(slot=1, start=20, length=1),  # a decode row
+        Segment(slot=2, start=9, length=5),  # a later chunk over the history
+        Segment(slot=3, start=40, length=1),  # another decode row
+    ]
+    tokens = sum(seg.length for seg in segments)
+    query, key, value = _inputs(tokens)
+    step = cache.step(segments, rows=6)  # two padding rows at the scratch slot
+    padded = tokens + 2
+    query = torch.cat([query, query[-1:].expand(2, -1, -1)])
+    key = torch.cat([key, key[:, :, -1:].expand(-1, -1, 2, -1)], dim=2)
+    value = torch.cat([value, value[:, :, -1:].expand(-1, -1, 2, -1)], dim=2)
+    out = _run(step, query, (key, value))
+    assert out.shape == (padded, HEADS, DIM)
+    expected = _by_hand(cache, segments, query[:tokens])
+    torch.testing.assert_close(out[:tokens], expected)
+
+
+def test_a_decode_step_built_from_tensors_attends_like_the_hand_written_one() -> None:
+    cache = _cache()
+    slots, starts = torch.tensor([2, 0, 3]), torch.tensor([5, 31, 12])
+    query, key, value = _inputs(3)
+    step = cache.decode_step(slots, starts, span=64)
+    out = _run(step, query, (key, value))
+    segments = [Segment(int(s), int(p), 1) for s, p in zip(slots, starts, strict=True)]
+    torch.testing.assert_close(out, _by_hand(cache, segments, query))
