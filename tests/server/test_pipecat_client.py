@@ -45,15 +45,17 @@ WAIT_S = 30.0
 
 
 class RecordingService(OpenAIRealtimeLLMService):
-    """pipecat's service, noting each ``response.done``'s status as it handles it (the
-    frames it pushes do not say whether a reply was completed or cancelled)."""
+    """pipecat's service, noting each ``response.done``'s status and its reason as it
+    handles it (the frames it pushes do not say whether a reply was completed or
+    cancelled, nor why)."""
 
     def __init__(self, **kwargs: Any) -> None:
         super().__init__(**kwargs)
-        self.statuses: list[str] = []
+        self.statuses: list[tuple[str, str | None]] = []
 
     async def _handle_evt_response_done(self, evt: Any) -> None:
-        self.statuses.append(evt.response.status)
+        reason = (evt.response.status_details or {}).get("reason")
+        self.statuses.append((evt.response.status, reason))
         await super()._handle_evt_response_done(evt)
 
 
@@ -151,15 +153,20 @@ async def test_a_pipecat_pipeline_talks_with_the_server_and_is_barged_in_on() ->
         async with _running(worker):
             # The user speaks; the server's VAD ends the turn and the reply comes back.
             await say(worker, replies, 0.6, seed=0)
-            await eventually(lambda: service.statuses == ["completed"], WAIT_S, "a reply")
+            await eventually(lambda: service.statuses == [("completed", None)], WAIT_S, "a reply")
             assert replies.audio == [REPLY_AUDIO_BYTES]
 
             # A second turn; the user speaks again over its first audio.
             await say(worker, replies, 0.6, seed=1)
             await eventually(lambda: len(replies.audio) == 2, WAIT_S, "the second reply")
             await say(worker, replies, 0.6, seed=2)
+            # The server cancels the reply as it hears the user (``turn_detected``); pipecat
+            # then truncates it to what was played.
             await eventually(
-                lambda: service.statuses == ["completed", "cancelled", "completed"],
+                lambda: (
+                    service.statuses
+                    == [("completed", None), ("cancelled", "turn_detected"), ("completed", None)]
+                ),
                 WAIT_S,
                 "the barged-in reply cancelled, then the new turn answered",
             )
