@@ -13,7 +13,6 @@ from __future__ import annotations
 import asyncio
 import base64
 import json
-import time
 from typing import Any
 
 import websockets
@@ -39,16 +38,14 @@ async def main() -> None:
         for i in range(0, len(audio), FRAME):
             chunk = base64.b64encode(audio[i : i + FRAME]).decode()
             await send("input_audio_buffer.append", audio=chunk)
-        sent = time.perf_counter()
 
-        reply, transcript, first = bytearray(), "", None
+        reply, transcript = bytearray(), ""
         async for message in ws:
             event = json.loads(message)
             match event["type"]:
                 case "error":
                     raise SystemExit(f"the server refused an event: {event['error']}")
                 case "response.output_audio.delta":
-                    first = first or time.perf_counter()
                     reply += base64.b64decode(event["delta"])
                 case "response.output_audio_transcript.delta":
                     transcript += event["delta"]
@@ -56,8 +53,7 @@ async def main() -> None:
                     status = event["response"]["status"]
                     break
     write_wav(args.out, bytes(reply))
-    ttfa = f"{(first - sent) * 1000:.0f} ms" if first else "-"
-    print(f"reply {status}: {len(reply) / 2 / RATE:.2f} s of audio -> {args.out}, TTFA {ttfa}")
+    print(f"reply {status}: {len(reply) / 2 / RATE:.2f} s of audio -> {args.out}")
     print(f"transcript: {transcript}")
 
 
