@@ -154,15 +154,18 @@ def test_realtime_client_takes_the_key_from_the_environment(
     assert stdout.startswith("reply completed: 5.12 s")
 
 
-@pytest.mark.parametrize("name", ["pipecat_agent.py", "livekit_agent.py"])
+@pytest.mark.parametrize(
+    ("name", "client"),
+    [
+        ("pipecat_agent.py", "pipecat.services.openai.realtime.llm"),
+        ("livekit_agent.py", "livekit.plugins.openai.realtime"),
+    ],
+)
 def test_a_framework_agent_gets_its_reply_from_the_server(
-    name: str, scripted_server: str, tmp_path: Path
+    name: str, client: str, scripted_server: str, tmp_path: Path
 ) -> None:
     pytest.importorskip(
-        "pipecat.services.openai.realtime.llm"
-        if name.startswith("pipecat")
-        else "livekit.plugins.openai.realtime",
-        reason="the integrations extra",
+        client, reason="needs the integrations extra: pip install omni-actors[integrations]"
     )
     out = tmp_path / "reply.wav"
     lines = run_example(

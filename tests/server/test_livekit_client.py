@@ -18,7 +18,10 @@ from typing import Any
 import numpy as np
 import pytest
 
-pytest.importorskip("livekit.plugins.openai.realtime", reason="the integrations extra")
+pytest.importorskip(
+    "livekit.plugins.openai.realtime",
+    reason="needs the integrations extra: pip install omni-actors[integrations]",
+)
 
 from integration_clients import KEY, MODEL, REPLY_AUDIO_BYTES, SLOW
 from livekit import rtc

@@ -17,7 +17,10 @@ from typing import Any
 
 import pytest
 
-pytest.importorskip("pipecat.services.openai.realtime.llm", reason="the integrations extra")
+pytest.importorskip(
+    "pipecat.services.openai.realtime.llm",
+    reason="needs the integrations extra: pip install omni-actors[integrations]",
+)
 
 from integration_clients import KEY, MODEL, REPLY_AUDIO_BYTES, SLOW
 from pipecat.frames.frames import (
