@@ -2,12 +2,24 @@
 
 from __future__ import annotations
 
+import asyncio
 import os
+import signal
 import subprocess
 import sys
+import urllib.request
+import wave
+from collections.abc import Iterator
 from pathlib import Path
 
+import numpy as np
+import pytest
+
+from omni_actors.testing import eventually
+
 EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
+KEY = "example-key"
+SERVER_READY_S = 120.0
 
 
 def run_example(name: str, *args: str, timeout: float = 60, **env: str) -> str:
@@ -50,3 +62,144 @@ def test_voice_agent_runs_on_tiny_omni(tmp_path: Path) -> None:
     assert lines[2].startswith("turn 3: cancelled after ")
     assert lines[3].startswith("turn 4: ")
     assert lines[-1] == "pipeline closed cleanly"
+
+
+# The realtime examples: clients of a server the test starts, on 127.0.0.1 only.
+
+
+def _ready(url_file: Path, server: subprocess.Popen[bytes]) -> str:
+    """The server's realtime URL once ``/readyz`` answers 200; "" (not yet) before."""
+    assert server.poll() is None, f"omni-actors serve exited {server.returncode}"
+    url = url_file.read_text().strip() if url_file.is_file() else ""
+    if not url:
+        return ""
+    try:
+        with urllib.request.urlopen(f"{url}/readyz", timeout=2) as response:
+            ready = response.status == 200
+    except OSError:
+        return ""
+    return url.replace("http", "ws", 1) + "/v1/realtime" if ready else ""
+
+
+def serve(directory: Path, preset: str, cwd: Path) -> Iterator[str]:
+    """``omni-actors serve --preset PRESET --api-key KEY`` on a free port of 127.0.0.1,
+    run in ``cwd``; its realtime URL, until the generator is closed."""
+    url_file = directory / "url"
+    with (directory / "log").open("wb") as log:
+        process = subprocess.Popen(
+            [
+                *(sys.executable, "-m", "omni_actors.cli", "serve", "--preset", preset),
+                *("--host", "127.0.0.1", "--port", "0", "--api-key", KEY),
+                *("--ready-file", str(url_file), "--cache-dir", str(directory / "cache")),
+                *("--log-level", "warning"),
+            ],
+            cwd=cwd,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+        )
+        try:
+            yield asyncio.run(
+                eventually(lambda: _ready(url_file, process), SERVER_READY_S, "the server")
+            )
+        finally:
+            process.send_signal(signal.SIGINT)
+            try:
+                process.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                process.kill()
+                process.wait()
+
+
+@pytest.fixture(scope="module")
+def scripted_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """The scripted-omni preset served: every reply is 32 text pieces and 5.12 s of audio."""
+    directory = tmp_path_factory.mktemp("scripted")
+    yield from serve(directory, "scripted-omni", directory)
+
+
+@pytest.fixture(scope="module")
+def parrot_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """``examples/parrot.yaml`` served from ``examples/``, as its docstring says to."""
+    yield from serve(tmp_path_factory.mktemp("parrot"), "parrot.yaml", EXAMPLES)
+
+
+def wav_seconds(path: Path) -> float:
+    with wave.open(str(path), "rb") as f:
+        assert (f.getnchannels(), f.getsampwidth(), f.getframerate()) == (1, 2, 24_000)
+        return f.getnframes() / 24_000
+
+
+SCRIPTED_TRANSCRIPT = "transcript: " + " ".join(f"t{i}" for i in range(32))
+
+
+def test_realtime_client_speaks_a_turn_and_writes_the_reply(
+    scripted_server: str, tmp_path: Path
+) -> None:
+    out = tmp_path / "reply.wav"
+    lines = run_example(
+        "realtime_client.py", scripted_server, "--api-key", KEY, "--out", str(out)
+    ).splitlines()
+    assert lines[0] == f"reply completed: 5.12 s of audio -> {out}"
+    assert lines[1].rstrip() == SCRIPTED_TRANSCRIPT
+    assert wav_seconds(out) == pytest.approx(5.12)
+
+
+def test_realtime_client_takes_the_key_from_the_environment(
+    scripted_server: str, tmp_path: Path
+) -> None:
+    out = tmp_path / "reply.wav"
+    stdout = run_example(
+        "realtime_client.py", scripted_server, "--out", str(out), OMNI_ACTORS_API_KEY=KEY
+    )
+    assert stdout.startswith("reply completed: 5.12 s")
+
+
+@pytest.mark.parametrize(
+    ("name", "client"),
+    [
+        ("pipecat_agent.py", "pipecat.services.openai.realtime.llm"),
+        ("livekit_agent.py", "livekit.plugins.openai.realtime"),
+    ],
+)
+def test_a_framework_agent_gets_its_reply_from_the_server(
+    name: str, client: str, scripted_server: str, tmp_path: Path
+) -> None:
+    pytest.importorskip(
+        client, reason="needs the integrations extra: pip install omni-actors[integrations]"
+    )
+    out = tmp_path / "reply.wav"
+    lines = run_example(
+        name, scripted_server, "--api-key", KEY, "--out", str(out), timeout=120
+    ).splitlines()
+    assert lines[-2] == f"reply: 5.12 s of audio -> {out}"
+    assert lines[-1].rstrip() == SCRIPTED_TRANSCRIPT
+    assert wav_seconds(out) == pytest.approx(5.12)
+
+
+def test_a_custom_engine_is_served_to_a_realtime_client(parrot_server: str, tmp_path: Path) -> None:
+    # A WAV at another rate, in stereo: the client makes 24 kHz mono of it.
+    said = tmp_path / "said.wav"
+    rate = 16_000
+    t = np.arange(int(0.8 * rate)) / rate
+    tone = (0.3 * np.sin(2 * np.pi * 220 * t) * 32767).astype("<i2")
+    with wave.open(str(said), "wb") as f:
+        f.setnchannels(2)
+        f.setsampwidth(2)
+        f.setframerate(rate)
+        f.writeframes(np.repeat(tone, 2).tobytes())
+    out = tmp_path / "reply.wav"
+    lines = run_example(
+        "realtime_client.py",
+        parrot_server,
+        "--api-key",
+        KEY,
+        "--wav",
+        str(said),
+        "--out",
+        str(out),
+    ).splitlines()
+    # The parrot plays back the turn the server's VAD gave it, and says how long it was.
+    assert lines[0].startswith("reply completed: ")
+    heard = float(lines[1].removeprefix("transcript: I heard ").split()[0])
+    assert heard >= 0.8
+    assert wav_seconds(out) == pytest.approx(heard, abs=0.05)

@@ -80,7 +80,13 @@ def test_this_python_is_supported() -> None:
 
 # A dev install must hold every distribution the policy names (the dev extra pulls in
 # tiny-omni), so a missing one fails here instead of skipping.
-@pytest.mark.parametrize("name", ["torch", "transformers", "safetensors", "numpy", "msgspec"])
+@pytest.mark.parametrize(
+    "name",
+    [
+        *("torch", "transformers", "safetensors", "numpy", "msgspec"),
+        *("pipecat-ai", "livekit-agents", "livekit-plugins-openai"),
+    ],
+)
 def test_installed_version_is_in_the_declared_range(name: str) -> None:
     installed = importlib.metadata.version(name)
     # Local labels (torch's "+cpu") name a build, not a release: ranges ignore them.
@@ -106,5 +112,5 @@ def test_the_installing_page_states_the_declared_ranges() -> None:
         for m in re.finditer(r"^\| (\w[\w-]*) \| `([^`]+)` \|", section, re.M)
     }
     assert stated.get("Python") == SpecifierSet(_project()["requires-python"])
-    for name in ("torch", "transformers", "ray"):
+    for name in ("torch", "transformers", "ray", "pipecat-ai", "livekit-agents"):
         assert stated.get(name) == declared(name), f"docs/installing.md's range for {name}"

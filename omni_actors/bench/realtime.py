@@ -182,7 +182,13 @@ async def _level(
     async with asyncio.TaskGroup() as group:
         tasks = [
             group.create_task(
-                run_client(server.ws_url, frames, cancel_last=True, timeout_s=timeout_s)
+                run_client(
+                    server.ws_url,
+                    frames,
+                    cancel_last=True,
+                    timeout_s=timeout_s,
+                    api_key=server.api_key,
+                )
             )
             for frames in clips
         ]
@@ -216,7 +222,11 @@ async def _input_length(
             steps.start(f"input length {key}, session {repeat}/{repeats}")
             await server.wait_idle(timeout_s)
             report = await run_client(
-                server.ws_url, [frames], cancel_last=False, timeout_s=timeout_s
+                server.ws_url,
+                [frames],
+                cancel_last=False,
+                timeout_s=timeout_s,
+                api_key=server.api_key,
             )
             errors[key].update(report.errors)
             ttfa[key] += [t.ttfa_ms for t in report.turns if t.ttfa_ms is not None]
@@ -296,6 +306,7 @@ async def run_realtime_bench(
     ready_timeout_s: float = 300.0,
     progress: Progress | None = None,
     url: str | None = None,
+    api_key: str | None = None,
 ) -> dict[str, Any]:
     """Measure the realtime server on ``preset`` (see the module docstring).
 
@@ -316,6 +327,8 @@ async def run_realtime_bench(
         url: a running server's realtime websocket (``ws://HOST:PORT/v1/realtime``) to
             drive instead of starting one on ``preset`` (then ``preset``, ``cache_dir``
             and ``reply_tokens`` are not used; ``seed`` seeds the speech only).
+        api_key: the key of the server at ``url``, sent by every client as
+            ``Authorization: Bearer`` (a server started here takes none).
 
     Returns:
         ``levels`` (per session count: TTFA p50/p99 after the end of speech, RTF,
@@ -329,7 +342,8 @@ async def run_realtime_bench(
     Raises:
         ValueError: a bad count or length (before anything starts).
         PipelineConfigError: ``preset`` cannot be loaded.
-        ServerStartError: the server did not start, or none answers at ``url``.
+        ServerStartError: the server did not start, none answers at ``url``, or it
+            refuses ``api_key``.
         ServerBusyError: the server did not free a step's sessions within ``timeout_s``.
     """
     _check(sessions, turns, speech_s, input_repeats, timeout_s)
@@ -339,12 +353,16 @@ async def run_realtime_bench(
     started = time.perf_counter()
     steps = Steps(progress, 2 + len(sessions) + len(lengths) * input_repeats)
     steps.start(f"starting the server on {preset}" if url is None else f"connecting to {url}")
-    async with _server(url, preset, sessions, cache_dir, seed, reply_tokens, ready_timeout_s) as (
-        server
-    ):
+    async with _server(
+        url, api_key, preset, sessions, cache_dir, seed, reply_tokens, ready_timeout_s
+    ) as server:
         steps.start("warm-up turn")
         warmup = await run_client(
-            server.ws_url, [_clip(_WARMUP_S, seed + 1)], cancel_last=False, timeout_s=timeout_s
+            server.ws_url,
+            [_clip(_WARMUP_S, seed + 1)],
+            cancel_last=False,
+            timeout_s=timeout_s,
+            api_key=server.api_key,
         )
         levels: dict[str, dict[str, Any]] = {}
         for n in sessions:
@@ -367,6 +385,7 @@ async def run_realtime_bench(
         "parameters": {
             "preset": str(preset) if url is None else None,
             "url": url,
+            "api_key": api_key is not None,  # whether one was sent, never the key
             "sessions": list(sessions),
             "turns": turns,
             "speech_s": speech_s,
@@ -387,6 +406,7 @@ async def run_realtime_bench(
 @contextlib.asynccontextmanager
 async def _server(
     url: str | None,
+    api_key: str | None,
     preset: str | Path,
     sessions: Sequence[int],
     cache_dir: Path | None,
@@ -397,7 +417,7 @@ async def _server(
     """The server at ``url``, or one started on ``preset``, sized to the largest level
     and stopped when the block ends."""
     if url is not None:
-        yield await running_server(url)
+        yield await running_server(url, api_key)
         return
     args = ["--preset", str(preset), "--port", "0", "--seed", str(seed)]
     args += ["--reply-tokens", str(reply_tokens), "--max-sessions", str(max(sessions))]

@@ -283,6 +283,7 @@ async def run_client(
     *,
     cancel_last: bool,
     timeout_s: float,
+    api_key: str | None = None,
 ) -> ClientReport:
     """Connect to ``ws_url``, speak ``turns`` (each a clip's append frames, from
     :func:`encode_frames`) one after the other, and report what was seen.
@@ -293,6 +294,7 @@ async def run_client(
         cancel_last: cancel the last turn's response on its first audio delta.
         timeout_s: the deadline of each step: connecting, a response from its commit
             to its ``response.done``, the closing barrier.
+        api_key: the server's key, sent as ``Authorization: Bearer`` (none: no header).
 
     Returns:
         The report; a client that gave up records why in ``errors`` (``client.*``)
@@ -304,7 +306,10 @@ async def run_client(
     try:
         # The library's defaults otherwise (permessage-deflate included), as the
         # ``openai`` client and browsers negotiate it: the server's CPU is what theirs is.
-        async with websockets.connect(ws_url, open_timeout=timeout_s, max_size=None) as ws:
+        headers = None if api_key is None else {"Authorization": f"Bearer {api_key}"}
+        async with websockets.connect(
+            ws_url, open_timeout=timeout_s, max_size=None, additional_headers=headers
+        ) as ws:
             opened = time.perf_counter()
             conn = _Connection(ws, report)
             try:

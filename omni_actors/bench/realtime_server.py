@@ -74,6 +74,7 @@ async def _serve(ns: argparse.Namespace) -> None:
         port=ns.port,
         max_sessions=ns.max_sessions,
         grace_s=ns.grace_s,
+        api_key=ns.api_key,
     )
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
@@ -102,6 +103,7 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--seed", type=int, default=0, help="seed of the prepared weights")
     parser.add_argument("--reply-tokens", type=int, default=48, help="text tokens per reply")
     parser.add_argument("--max-sessions", type=int, default=64, help="sessions at once")
+    parser.add_argument("--api-key", default=None, help="require this key, as serve does")
     parser.add_argument(
         "--grace-s", type=float, default=2.0, help="drain time for responses on SIGTERM"
     )

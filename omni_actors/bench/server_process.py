@@ -35,6 +35,7 @@ from typing import Any
 from omni_actors.errors import OmniError
 
 __all__ = [
+    "API_KEY_ENV",
     "CpuSnapshot",
     "ServerBusyError",
     "ServerProcess",
@@ -46,6 +47,8 @@ __all__ = [
 
 log = logging.getLogger(__name__)
 
+API_KEY_ENV = "OMNI_ACTORS_API_KEY"
+"""Where ``bench realtime --url`` finds the server's key when ``--api-key`` is not given."""
 _POLL_S = 0.05  # how often the ready file and the process's exit are looked for
 _LOG_TAIL = 2000
 _PROBE_TIMEOUT_S = 5.0  # one /readyz request (the server asks its stages within 2 s)
@@ -133,11 +136,13 @@ class ServerProcess:
         ws_url: its realtime websocket URL.
         pid: the server process (its session's leader); None for a server the bench
             did not start (:func:`running_server`), whose CPU time it cannot read.
+        api_key: the key its clients present (``Authorization: Bearer``), if it takes one.
     """
 
     url: str
     ws_url: str
     pid: int | None
+    api_key: str | None = None
 
     def cpu(self) -> CpuSnapshot | None:
         """The server's CPU time so far (None where ``/proc`` cannot tell, or for a
@@ -184,13 +189,34 @@ def _sessions_held(url: str) -> int | str:
     return active if isinstance(active, int) else f"/readyz answered {body[:200]!r}"
 
 
-async def running_server(ws_url: str) -> ServerProcess:
+def _key_refused(url: str, api_key: str | None) -> str | None:
+    """Why the server at ``url`` refuses ``api_key`` (``GET /v1/models`` checks it as
+    the websocket's handshake does), or None if it takes it."""
+    headers = {} if api_key is None else {"Authorization": f"Bearer {api_key}"}
+    request = urllib.request.Request(f"{url}/v1/models", headers=headers)
+    try:
+        with urllib.request.urlopen(request, timeout=_PROBE_TIMEOUT_S):
+            return None
+    except urllib.error.HTTPError as exc:
+        if exc.code != 401:
+            return None  # not the key: the sessions will say what is wrong
+        given = "no API key" if api_key is None else "the API key given"
+        return (
+            f"the server at {url} refused {given} (401): pass its key with --api-key "
+            f"or {API_KEY_ENV}"
+        )
+    except OSError:
+        return None  # it answered /readyz a moment ago: the sessions will say
+
+
+async def running_server(ws_url: str, api_key: str | None = None) -> ServerProcess:
     """A server already running at ``ws_url`` (``ws://HOST:PORT/v1/realtime``), once its
-    ``/readyz`` answers with a session count.
+    ``/readyz`` answers with a session count and it takes ``api_key``.
 
     Raises:
         ValueError: ``ws_url`` is no ``ws://`` or ``wss://`` URL.
-        ServerStartError: nothing answers there as the realtime server does.
+        ServerStartError: nothing answers there as the realtime server does, or it
+            refuses the key.
     """
     scheme, sep, rest = ws_url.partition("://")
     if not sep or scheme not in ("ws", "wss") or not rest.split("/", 1)[0]:
@@ -206,7 +232,10 @@ async def running_server(ws_url: str) -> ServerProcess:
         raise ServerStartError(
             f"no realtime server at {ws_url} ({held}); start one with `omni-actors serve`"
         )
-    return ServerProcess(url=url, ws_url=ws_url, pid=None)
+    refused = await asyncio.to_thread(_key_refused, url, api_key)
+    if refused is not None:
+        raise ServerStartError(refused)
+    return ServerProcess(url=url, ws_url=ws_url, pid=None, api_key=api_key)
 
 
 def _log_tail(path: Path) -> str:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -378,6 +379,13 @@ def _add_realtime_options(parser: argparse.ArgumentParser) -> None:
         "instead of starting one on --preset; its CPU time is not read",
     )
     parser.add_argument(
+        "--api-key",
+        default=None,
+        metavar="KEY",
+        help="the --url server's key (serve --api-key), sent as 'Authorization: Bearer'; "
+        "default $OMNI_ACTORS_API_KEY",
+    )
+    parser.add_argument(
         "--sessions",
         type=positive_int,
         nargs="+",
@@ -439,10 +447,23 @@ def _bench_realtime(ns: argparse.Namespace) -> dict[str, Any]:
                 timeout_s=ns.timeout_s,
                 progress=ns.progress,
                 url=ns.url,
+                api_key=_api_key(ns),
             )
         )
     except (OmniError, ValueError) as exc:  # a bad option, preset, or a server that failed
         raise SystemExit(f"omni-actors bench realtime: {exc}") from None
+
+
+def _api_key(ns: argparse.Namespace) -> str | None:
+    """``--api-key``, else ``$OMNI_ACTORS_API_KEY``: for a ``--url`` server only (the
+    bench's own server takes no key). Not ``$OPENAI_API_KEY``: a bench pointed at a
+    server must not hand it a key meant for another service."""
+    from omni_actors.bench.server_process import API_KEY_ENV
+
+    key: str | None = ns.api_key or os.environ.get(API_KEY_ENV) or None
+    if ns.api_key is not None and ns.url is None:
+        raise SystemExit("omni-actors bench realtime: --api-key is for a --url server")
+    return key if ns.url is not None else None
 
 
 def _realtime_summary(result: dict[str, Any]) -> list[str]:

@@ -46,6 +46,7 @@ from omni_actors.protocols.realtime_client import InputAudioBufferClear
 from omni_actors.testing import eventually
 
 SERVER_MODULE = "omni_actors.bench.realtime_server"
+KEY = "bench-key"
 
 
 _RUN = "OMNI_ACTORS_TEST_RUN"
@@ -156,8 +157,8 @@ async def test_bench_realtime_url_reports_the_figures_of_a_running_server(
     own: dict[str, Any] = json.loads(capsys.readouterr().out)
 
     args = ["--preset", "scripted-omni", "--port", "0", "--max-sessions", "2"]
-    async with server_process(args) as server:
-        url_argv = ["bench", "realtime", "--url", server.ws_url, *options]
+    async with server_process([*args, "--api-key", KEY]) as server:
+        url_argv = ["bench", "realtime", "--url", server.ws_url, "--api-key", KEY, *options]
         assert await asyncio.to_thread(main, url_argv) == 0
     driven: dict[str, Any] = json.loads(capsys.readouterr().out)
 
@@ -169,6 +170,8 @@ async def test_bench_realtime_url_reports_the_figures_of_a_running_server(
     assert level["rtf_p50"] > 0
     assert driven["targets"]["zero_errors"]["met"] is True
     assert driven["parameters"]["url"] == server.ws_url
+    assert driven["parameters"]["api_key"] is True  # that one was sent, never the key
+    assert KEY not in json.dumps(driven)
     # The same figures as a run on a server of its own, but for what only a process the
     # bench started can tell: its CPU time, and the reply length it fixed.
     cpu = level["server_cpu"]
@@ -183,6 +186,24 @@ async def test_bench_realtime_url_reports_the_figures_of_a_running_server(
     expected["parameters"] |= {"preset": False, "url": True, "reply_tokens": False}
     assert _shape(driven) == expected
     assert own["parameters"]["url"] is None
+    assert own["parameters"]["api_key"] is False
+
+
+async def test_bench_realtime_url_says_when_the_server_refuses_its_key(
+    monkeypatch: pytest.MonkeyPatch, no_server_left: None
+) -> None:
+    args = ["--preset", "scripted-omni", "--port", "0", "--api-key", KEY]
+    async with server_process(args) as server:
+        argv = ["bench", "realtime", "--url", server.ws_url, "--sessions", "1"]
+        monkeypatch.delenv("OMNI_ACTORS_API_KEY", raising=False)
+        with pytest.raises(SystemExit, match=r"refused no API key \(401\).*OMNI_ACTORS_API_KEY"):
+            await asyncio.to_thread(main, argv)
+        # The key comes from the environment when --api-key is not given.
+        monkeypatch.setenv("OMNI_ACTORS_API_KEY", "not-" + KEY)
+        with pytest.raises(SystemExit, match=r"refused the API key given \(401\)"):
+            await asyncio.to_thread(main, argv)
+    with pytest.raises(SystemExit, match="--api-key is for a --url server"):
+        main(["bench", "realtime", "--preset", "scripted-omni", "--api-key", KEY])
 
 
 def test_bench_realtime_url_without_a_server_says_so(no_server_left: None) -> None:
