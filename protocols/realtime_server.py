@@ -36,6 +36,7 @@ __all__ = [
     "ClientSecretCreated",
     "InputAudioBufferTimeoutTriggered",
     "TruncationState",
+    "TurnDetectionState",
     "ConversationItem",
     "FunctionCallItem",
     "FunctionCallOutputItem",
@@ -99,11 +100,19 @@ class TranscriptionState(msgspec.Struct, frozen=True, kw_only=True):
     prompt: str | None = None
 
 
+class TurnDetectionState(TurnDetection, frozen=True, kw_only=True):
+    """``turn_detection`` as it stands, and ``detector``, the model that runs it (not in
+    OpenAI's schema; clients read past it): ``silero-vad``, ``frame-energy`` (Silero VAD
+    not installed) or ``silero-vad+smart-turn-v3.2`` (``semantic_vad``)."""
+
+    detector: str = ""
+
+
 class AudioInputState(msgspec.Struct, frozen=True, kw_only=True):
     """``session.audio.input`` as it stands."""
 
     format: AudioFormat
-    turn_detection: TurnDetection | None
+    turn_detection: TurnDetectionState | None
     transcription: TranscriptionState | None = None
     noise_reduction: None = None
 

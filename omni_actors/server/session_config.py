@@ -34,14 +34,18 @@ from omni_actors.protocols.realtime_server import (
     FunctionToolState,
     RealtimeSession,
     TranscriptionState,
+    TurnDetectionState,
 )
 from omni_actors.server.audio_format import BETA_FORMATS, AudioFormatName, format_rate
 from omni_actors.server.model_list import MODEL_NOT_FOUND, unknown_model
 from omni_actors.server.request_error import RequestError
+from omni_actors.server.turn_models import SILERO_VAD, SMART_TURN, silero_model, smart_turn_model
 from omni_actors.server.voices import ANY_VOICE, UnknownVoiceError, VoiceMap
 
 __all__ = [
+    "ENERGY_VAD",
     "OPENAI_TRANSCRIPTION_MODELS",
+    "Eagerness",
     "ResponseSettings",
     "SessionSettings",
     "SettingError",
@@ -50,6 +54,9 @@ __all__ = [
 ]
 
 Modality = Literal["text", "audio"]
+Eagerness = Literal["low", "medium", "high", "auto"]
+ENERGY_VAD = "frame-energy"
+"""The name ``turn_detection.detector`` shows for the fallback VAD (``vad.py``)."""
 _SESSION_LIFETIME_S = 30 * 60
 T = TypeVar("T")
 
@@ -63,8 +70,11 @@ class SettingError(RequestError):
 
 @dataclass(frozen=True, slots=True)
 class VadSettings:
-    """``server_vad`` turn detection (OpenAI's defaults)."""
+    """Turn detection: ``server_vad`` or ``semantic_vad`` (OpenAI's defaults)."""
 
+    type: Literal["server_vad", "semantic_vad"] = "server_vad"
+    eagerness: Eagerness = "auto"
+    """``semantic_vad`` only (``turns.EAGERNESS``)."""
     threshold: float = 0.5
     prefix_padding_ms: int = 300
     silence_duration_ms: int = 500
@@ -301,17 +311,7 @@ class SessionSettings:
             audio=AudioState(
                 input=AudioInputState(
                     format=describe_format(self.input_format),
-                    turn_detection=None
-                    if vad is None
-                    else TurnDetection(
-                        type="server_vad",
-                        threshold=vad.threshold,
-                        prefix_padding_ms=vad.prefix_padding_ms,
-                        silence_duration_ms=vad.silence_duration_ms,
-                        create_response=vad.create_response,
-                        interrupt_response=vad.interrupt_response,
-                        idle_timeout_ms=vad.idle_timeout_ms,
-                    ),
+                    turn_detection=None if vad is None else _describe_vad(vad),
                     transcription=None
                     if self.transcription is None
                     else TranscriptionState(
@@ -331,6 +331,28 @@ class SessionSettings:
             # What runs: the server drops no turns of a long conversation (_truncation).
             truncation="disabled",
         )
+
+
+def _describe_vad(vad: VadSettings) -> TurnDetectionState:
+    if vad.type == "semantic_vad":
+        return TurnDetectionState(
+            type=vad.type,
+            eagerness=vad.eagerness,
+            create_response=vad.create_response,
+            interrupt_response=vad.interrupt_response,
+            detector=SMART_TURN,
+        )
+    return TurnDetectionState(
+        type=vad.type,
+        threshold=vad.threshold,
+        prefix_padding_ms=vad.prefix_padding_ms,
+        silence_duration_ms=vad.silence_duration_ms,
+        create_response=vad.create_response,
+        interrupt_response=vad.interrupt_response,
+        idle_timeout_ms=vad.idle_timeout_ms,
+        # What runs: Silero VAD when installed (extra "turns"), else the energy VAD.
+        detector=ENERGY_VAD if silero_model() is None else SILERO_VAD,
+    )
 
 
 def _truncation(truncation: Truncation) -> None:
@@ -499,15 +521,23 @@ def _transcription(
 def _vad(detection: TurnDetection | None, current: VadSettings | None) -> VadSettings | None:
     if detection is None:
         return None
-    if detection.type != "server_vad":
-        # semantic_vad judges the end of a turn by what was said: this server's VAD
-        # hears only levels, so it is refused rather than served as server_vad.
+    param = "session.audio.input.turn_detection"
+    if detection.type not in ("server_vad", "semantic_vad"):
         raise SettingError(
-            f"unsupported turn_detection type {detection.type!r}: this server detects "
-            "turns by voice activity only; use server_vad or null",
-            "session.audio.input.turn_detection.type",
+            f"unsupported turn_detection type {detection.type!r}: use server_vad, "
+            "semantic_vad or null",
+            param + ".type",
         )
-    base = current or VadSettings()
+    if detection.type == "semantic_vad":
+        return _semantic_vad(detection, current, param)
+    if detection.eagerness is not None:
+        raise SettingError(
+            "eagerness is a semantic_vad setting; server_vad takes threshold, "
+            "prefix_padding_ms and silence_duration_ms",
+            param + ".eagerness",
+        )
+    # An update of the type in force changes what it names; another type starts anew.
+    base = current if current is not None and current.type == "server_vad" else VadSettings()
     vad = replace(
         base,
         threshold=base.threshold if detection.threshold is None else detection.threshold,
@@ -523,11 +553,11 @@ def _vad(detection: TurnDetection | None, current: VadSettings | None) -> VadSet
         interrupt_response=base.interrupt_response
         if detection.interrupt_response is None
         else detection.interrupt_response,
+        # null turns the timeout off; left out, it stays as it was.
         idle_timeout_ms=base.idle_timeout_ms
-        if detection.idle_timeout_ms is None
+        if detection.idle_timeout_ms is msgspec.UNSET
         else detection.idle_timeout_ms,
     )
-    param = "session.audio.input.turn_detection"
     if not 0.0 <= vad.threshold <= 1.0:
         raise SettingError(
             f"threshold must be in [0, 1], got {vad.threshold}", param + ".threshold"
@@ -548,3 +578,42 @@ def _vad(detection: TurnDetection | None, current: VadSettings | None) -> VadSet
             param + ".idle_timeout_ms",
         )
     return vad
+
+
+def _semantic_vad(detection: TurnDetection, current: VadSettings | None, param: str) -> VadSettings:
+    """``semantic_vad``: Silero VAD hears speech, Smart Turn judges each pause; refused
+    when they are not installed, rather than served as something else."""
+    if silero_model() is None or smart_turn_model() is None:
+        raise SettingError(
+            "semantic_vad needs Silero VAD and Smart Turn, which are not installed here "
+            "(pip install 'omni-actors[semantic-vad]'); use server_vad or null",
+            param + ".type",
+        )
+    for name in ("threshold", "prefix_padding_ms", "silence_duration_ms", "idle_timeout_ms"):
+        if getattr(detection, name) not in (None, msgspec.UNSET):
+            raise SettingError(
+                f"{name} is a server_vad setting; semantic_vad takes eagerness "
+                "(low, medium, high or auto)",
+                f"{param}.{name}",
+            )
+    base = (
+        current
+        if current is not None and current.type == "semantic_vad"
+        else VadSettings(type="semantic_vad")
+    )
+    eagerness = base.eagerness if detection.eagerness is None else detection.eagerness
+    if eagerness not in ("low", "medium", "high", "auto"):
+        raise SettingError(
+            f"eagerness must be low, medium, high or auto, got {eagerness!r}",
+            param + ".eagerness",
+        )
+    return replace(
+        base,
+        eagerness=eagerness,  # type: ignore[arg-type]  # checked above
+        create_response=base.create_response
+        if detection.create_response is None
+        else detection.create_response,
+        interrupt_response=base.interrupt_response
+        if detection.interrupt_response is None
+        else detection.interrupt_response,
+    )
