@@ -29,7 +29,7 @@ from typing import Literal
 
 import msgspec
 
-from omni_actors.protocols.realtime_client import AudioFormat, TurnDetection
+from omni_actors.protocols.realtime_client import AudioFormat, TokenLimits, TurnDetection
 
 __all__ = [
     "BETA_NAMES",
@@ -142,11 +142,12 @@ class FunctionToolState(msgspec.Struct, frozen=True, kw_only=True):
 
 
 class TruncationState(msgspec.Struct, frozen=True, kw_only=True):
-    """``truncation`` as a retention ratio: past the context, the oldest turns are dropped
+    """``truncation`` as a retention ratio: past the limit, the oldest turns are dropped
     until this fraction of it is used."""
 
     retention_ratio: float
     type: Literal["retention_ratio"] = "retention_ratio"
+    token_limits: TokenLimits | None = None
 
 
 class RealtimeSession(msgspec.Struct, frozen=True, kw_only=True):

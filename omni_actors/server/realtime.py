@@ -117,6 +117,7 @@ from omni_actors.protocols.realtime_server import (
 )
 from omni_actors.server.audio_format import decode_audio, format_rate
 from omni_actors.server.conversation_items import ConversationItems
+from omni_actors.server.truncation import ConversationTokens
 from omni_actors.server.ids import new_id
 from omni_actors.server.input_stream import InputStream, Op
 from omni_actors.server.model_list import served_name
@@ -179,6 +180,7 @@ class RealtimeConnection:
         self._takes_tools = TOOLS_FIELD in spec.entry_inputs()
         self.sent_tools = template_tools(())
         self.items = ConversationItems()  # the conversation's items, as the server holds them
+        self.tokens = ConversationTokens()  # its size through each reply (truncation)
         # The transcription models served (the pipeline's transcriber's names), and the
         # user items sent for transcription, not transcribed yet: their audio's seconds.
         self.transcribers = _transcribers(spec)
@@ -401,6 +403,12 @@ class RealtimeConnection:
                 "the input format cannot change while the input buffer holds audio; "
                 "commit or clear it first",
                 "session.audio.input.format",
+            )
+        if new.truncation is not None and self.session and not self.session.deletes_turns:
+            raise SettingError(
+                "this pipeline's entry stage keeps a conversation it cannot rebuild, "
+                'so no turns can be dropped from it; send "disabled"',
+                "session.truncation",
             )
         old = self.settings
         self.settings = new
@@ -924,12 +932,36 @@ class RealtimeConnection:
             )
         else:
             self.input.put(Op("delete", event_id=event.event_id, turn=self.items.turn_of(item_id)))
+        await self.send_all(self._removed(item_id))
+
+    def _removed(self, item_id: str) -> list[ServerEvent]:
+        """Take ``item_id`` (with its reply's calls) out of what the server holds; the
+        ``conversation.item.deleted`` events saying so."""
         gone = self.items.remove(item_id)  # the reply's calls go with it
+        self.tokens.forget(set(gone))
         if self.last_response is not None and self.last_response.item_id == item_id:
             self.last_response = None
-        await self.send_all(
-            [ConversationItemDeleted(event_id=new_id("event"), item_id=gone_id) for gone_id in gone]
-        )
+        return [ConversationItemDeleted(event_id=new_id("event"), item_id=g) for g in gone]
+
+    async def _retain(self, stream: ResponseStream) -> None:
+        """After a reply: with a retention ratio, past its limit, take the oldest turns
+        out as ``conversation.item.delete`` does (``truncation.py``), told by
+        ``conversation.item.deleted``."""
+        self.tokens.measured(stream.item_id, stream.usage.total)
+        retention = self.settings.truncation
+        cut = None if retention is None else self.tokens.cut(retention)
+        if cut is None or self.active is not None or self.input is None:
+            return
+        assert self.session is not None
+        if not self.session.deletes_turns:  # refused by session.update; a key's config
+            self.log.warning("truncation: this pipeline cannot drop turns; none dropped")
+            return
+        events: list[ServerEvent] = []
+        for item_id in self.items.oldest_through(cut):
+            if item_id in self.items:
+                self.input.put(Op("delete", turn=self.items.turn_of(item_id)))
+                events += self._removed(item_id)
+        await self.send_all(events)
 
     # -- responses -------------------------------------------------------------------------
 
@@ -1105,6 +1137,7 @@ class RealtimeConnection:
         then ``rate_limits.updated``; an out-of-band response's reply is taken back out
         of the conversation on the stages."""
         closing = stream.done(done, error)
+        in_conversation = stream.id not in self.out_of_band
         if stream.id in self.out_of_band:
             self.out_of_band.discard(stream.id)
             if done is not None and self.input is not None:
@@ -1126,6 +1159,8 @@ class RealtimeConnection:
         if self.active is stream:
             self.active = None
         self.state.response_ended.set()
+        if in_conversation and status in ("completed", "incomplete"):
+            await self._retain(stream)
 
     def _rate_limits(self) -> RateLimitsUpdated:
         """The server's limits as they stand: its session slots (see ``RateLimit``)."""

@@ -22,6 +22,7 @@ from omni_actors.protocols.realtime_client import (
     FunctionTool,
     ResponseParams,
     SessionConfig,
+    TokenLimits,
     ToolChoice,
     TranscriptionConfig,
     Truncation,
@@ -34,11 +35,13 @@ from omni_actors.protocols.realtime_server import (
     FunctionToolState,
     RealtimeSession,
     TranscriptionState,
+    TruncationState,
     TurnDetectionState,
 )
 from omni_actors.server.audio_format import BETA_FORMATS, AudioFormatName, format_rate
 from omni_actors.server.model_list import MODEL_NOT_FOUND, unknown_model
 from omni_actors.server.request_error import RequestError
+from omni_actors.server.truncation import RetentionRatio
 from omni_actors.server.turn_models import SILERO_VAD, SMART_TURN, silero_model, smart_turn_model
 from omni_actors.server.voices import ANY_VOICE, UnknownVoiceError, VoiceMap
 
@@ -147,6 +150,8 @@ class SessionSettings:
     tools: tuple[FunctionToolState, ...] = ()
     tool_choice: Literal["auto", "none"] = "auto"
     transcription: TranscriptionSettings | None = None
+    truncation: RetentionRatio | None = None
+    """None: the whole conversation is kept (``"auto"``/``"disabled"``)."""
 
     @property
     def offered_tools(self) -> tuple[FunctionToolState, ...]:
@@ -204,7 +209,7 @@ class SessionSettings:
         if config.temperature is not None:
             new = replace(new, temperature=_temperature(config.temperature))
         if config.truncation is not None:
-            _truncation(config.truncation)
+            new = replace(new, truncation=_truncation(config.truncation))
         if config.tools is not None:
             new = replace(new, tools=_tools(config.tools, "session.tools"))
         if config.tool_choice is not None:
@@ -328,8 +333,13 @@ class SessionSettings:
             expires_at=int((self.created_at or time.time()) + _SESSION_LIFETIME_S),
             tools=list(self.tools),
             tool_choice=self.tool_choice,
-            # What runs: the server drops no turns of a long conversation (_truncation).
-            truncation="disabled",
+            # What runs: without a retention ratio the server drops no turns (_truncation).
+            truncation="disabled"
+            if self.truncation is None
+            else TruncationState(
+                retention_ratio=self.truncation.ratio,
+                token_limits=TokenLimits(post_instructions=self.truncation.post_instructions),
+            ),
         )
 
 
@@ -355,20 +365,40 @@ def _describe_vad(vad: VadSettings) -> TurnDetectionState:
     )
 
 
-def _truncation(truncation: Truncation) -> None:
-    """Take ``"auto"`` or ``"disabled"`` (shown as ``"disabled"``, what runs); refuse a
-    retention ratio. Dropping the oldest turns past the context needs each turn's token
-    count and the model's context length, which the server is not told: it keeps the
-    whole conversation, and the model's own limit decides what happens past it."""
+def _truncation(truncation: Truncation) -> RetentionRatio | None:
+    """``"auto"`` and ``"disabled"``: the whole conversation is kept (shown as
+    ``"disabled"``, what runs: the server is not told the model's context length, so
+    ``"auto"`` has no limit to act on); a retention ratio with its own limit."""
+    param = "session.truncation"
     if truncation in ("auto", "disabled"):
-        return
-    named = truncation if isinstance(truncation, str) else f"a {truncation.type} truncation"
-    raise SettingError(
-        f"truncation {named!r} is not supported: this server keeps the whole conversation "
-        '(it is not told the model\'s context length); send "auto" or "disabled", or delete '
-        "old items (conversation.item.delete) to keep a long conversation short",
-        "session.truncation",
-    )
+        return None
+    if isinstance(truncation, str) or truncation.type != "retention_ratio":
+        named = truncation if isinstance(truncation, str) else f"a {truncation.type} truncation"
+        raise SettingError(
+            f'truncation {named!r} is not supported: send "auto", "disabled" or '
+            '{"type": "retention_ratio", ...}',
+            param,
+        )
+    ratio = truncation.retention_ratio
+    if isinstance(ratio, bool) or not 0.0 <= ratio <= 1.0:
+        raise SettingError(
+            f"retention_ratio must be in [0, 1], got {ratio!r}", param + ".retention_ratio"
+        )
+    limits = truncation.token_limits
+    limit = limits.post_instructions if limits is not None else None
+    if limit is None:
+        raise SettingError(
+            "a retention_ratio truncation needs token_limits.post_instructions here: the "
+            "server is not told the model's context length, so it cannot tell when the "
+            "conversation passes it",
+            param + ".token_limits.post_instructions",
+        )
+    if isinstance(limit, bool) or limit < 1:
+        raise SettingError(
+            f"post_instructions must be >= 1, got {limit!r}",
+            param + ".token_limits.post_instructions",
+        )
+    return RetentionRatio(ratio=float(ratio), post_instructions=limit)
 
 
 def _tools(tools: list[FunctionTool], param: str) -> tuple[FunctionToolState, ...]:

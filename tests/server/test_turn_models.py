@@ -157,4 +157,3 @@ def test_speech_resuming_after_an_unfinished_pause_keeps_the_turn() -> None:
     )
     pause = EAGERNESS["auto"].pause_ms
     assert end_ms + pause - 50 <= stopped.audio_end_ms <= end_ms + pause + 200
-
