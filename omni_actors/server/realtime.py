@@ -117,7 +117,6 @@ from omni_actors.protocols.realtime_server import (
 )
 from omni_actors.server.audio_format import decode_audio, format_rate
 from omni_actors.server.conversation_items import ConversationItems
-from omni_actors.server.truncation import ConversationTokens
 from omni_actors.server.ids import new_id
 from omni_actors.server.input_stream import InputStream, Op
 from omni_actors.server.model_list import served_name
@@ -126,6 +125,7 @@ from omni_actors.server.response_stream import CancelReason, ResponseStream, too
 from omni_actors.server.session_config import SessionSettings, SettingError
 from omni_actors.server.state import ServerState
 from omni_actors.server.tools import OfferedTool, new_call_id, template_tools
+from omni_actors.server.truncation import ConversationTokens
 from omni_actors.server.turns import Forward, Started, Stopped, TimedOut, TurnDetector
 from omni_actors.server.voices import VoiceMap
 
