@@ -48,7 +48,7 @@ async def _kept(client: RealtimeClient) -> str:
 async def test_past_the_limit_the_oldest_turns_go_until_the_ratio_is_kept(
     recall: RunningServer,  # noqa: F811
 ) -> None:
-    limit, ratio = 60, 0.5
+    limit, ratio = 60, 0.8
     async with connect(recall.ws_url) as client:
         await client.no_vad()
         await client.send(
