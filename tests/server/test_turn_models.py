@@ -6,6 +6,7 @@ microphone; every time is in audio, not on the clock. Silence is digital zeros.
 
 from __future__ import annotations
 
+import subprocess
 import sys
 
 import pytest
@@ -157,3 +158,17 @@ def test_speech_resuming_after_an_unfinished_pause_keeps_the_turn() -> None:
     )
     pause = EAGERNESS["auto"].pause_ms
     assert end_ms + pause - 50 <= stopped.audio_end_ms <= end_ms + pause + 200
+
+
+def test_the_models_load_from_their_wheels_without_running_the_packages() -> None:
+    """The ONNX files are read where the wheels put them: silero_vad's and pipecat's
+    code (torch.hub, downloads, loguru) never runs."""
+    code = (
+        "import sys\n"
+        "from omni_actors.server.session_config import VadSettings\n"
+        "from omni_actors.server.turns import server_vad\n"
+        "server_vad(VadSettings(type='semantic_vad'), 16000)\n"
+        "ran = sorted(m for m in sys.modules if m.split('.')[0] in ('silero_vad', 'pipecat'))\n"
+        "assert not ran, ran\n"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True, timeout=120)
