@@ -474,7 +474,14 @@ class RealtimeConnection:
         if self.turns is None:
             self._forward(samples)
             return
-        for action in self.turns.feed(samples):
+        turns = self.turns
+        # semantic_vad's end-of-turn model takes a tenth of a second or more of CPU at a
+        # pause: it runs off the event loop, which serves every session.
+        if turns.judges_pauses:
+            actions = await asyncio.to_thread(turns.feed, samples)
+        else:
+            actions = turns.feed(samples)
+        for action in actions:
             match action:
                 case Forward(samples=piece):
                     self._forward(piece)

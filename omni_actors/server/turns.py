@@ -17,6 +17,7 @@ and a test needs no clock to move.
 
 from __future__ import annotations
 
+import threading
 from dataclasses import dataclass
 
 import torch
@@ -141,6 +142,9 @@ class TurnDetector:
         self.settings = settings
         self.rate = sample_rate
         self.vad = server_vad(settings, sample_rate)
+        # With semantic_vad, feed runs in a worker thread (judges_pauses); the lock keeps
+        # the loop's calls (reply_ended, clear) from landing in the middle of it.
+        self._lock = threading.Lock()
         self._held: torch.Tensor = torch.zeros(0, dtype=torch.int16)
         self._held_start = 0  # absolute index of the first held sample
         self._keep = (self.vad.prefix_padding_ms + _HOLD_EXTRA_MS) * sample_rate // 1000
@@ -152,14 +156,25 @@ class TurnDetector:
         """Samples fed so far."""
         return self._held_start + self._held.numel()
 
+    @property
+    def judges_pauses(self) -> bool:
+        """Whether a model judges each pause (``semantic_vad``): :meth:`feed` may then
+        take a tenth of a second or more, and is safe to run in a worker thread."""
+        return self.vad.end_of_turn is not None
+
     def reply_ended(self, playback_ms: float) -> None:
         """A reply ended; its audio plays for ``playback_ms`` more: with
         ``idle_timeout_ms``, the idle wait starts when it has played."""
         if self.settings.idle_timeout_ms is not None:
-            self._idle_from = self.fed + int(playback_ms * self.rate / 1000)
+            with self._lock:
+                self._idle_from = self.fed + int(playback_ms * self.rate / 1000)
 
     def feed(self, samples: torch.Tensor) -> list[TurnAction]:
         """What to do with ``samples`` (int16), in order."""
+        with self._lock:
+            return self._feed(samples)
+
+    def _feed(self, samples: torch.Tensor) -> list[TurnAction]:
         self._held = torch.cat([self._held, samples]) if self._held.numel() else samples
         actions: list[TurnAction] = []
         for event in self.vad.feed(samples):
@@ -195,9 +210,10 @@ class TurnDetector:
 
     def clear(self) -> None:
         """The input buffer was cleared: forget held audio and the speech in progress."""
-        self._drop_before(self._held_start + self._held.numel())
-        self.vad.reset()
-        self.speaking = False
+        with self._lock:
+            self._drop_before(self._held_start + self._held.numel())
+            self.vad.reset()
+            self.speaking = False
 
     def _forward(self, count: int) -> list[TurnAction]:
         count = max(0, min(count, self._held.numel()))

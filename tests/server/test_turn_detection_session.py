@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import sys
+import threading
 from typing import Any
 
 import pytest
@@ -132,10 +133,19 @@ def _pcm(audio: torch.Tensor) -> bytes:
 
 @pytest.mark.real_speech
 async def test_semantic_vad_ends_a_spoken_turn_and_the_openai_client_reads_it(
-    server: RunningServer,
+    server: RunningServer, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     _need_models()
     need_espeak()
+    # Smart Turn takes a tenth of a second or more: it must not hold the event loop.
+    judged_on: list[threading.Thread] = []
+    complete = turn_models.SmartTurn.complete
+
+    def recorded(self: turn_models.SmartTurn, start: int, end: int) -> bool:
+        judged_on.append(threading.current_thread())
+        return complete(self, start, end)
+
+    monkeypatch.setattr(turn_models.SmartTurn, "complete", recorded)
     sentence = say(SENTENCE, RATE)
     end_ms = 1000 + sentence.numel() * 1000 // RATE
     audio = _pcm(torch.cat([silence(1000, RATE), sentence, silence(2000, RATE)]))
@@ -178,6 +188,8 @@ async def test_semantic_vad_ends_a_spoken_turn_and_the_openai_client_reads_it(
                     break
         assert started is not None
         assert 700 <= started <= 850
+        assert judged_on
+        assert threading.main_thread() not in judged_on
         pause = EAGERNESS["medium"].pause_ms
         assert stopped is not None
         assert end_ms + pause - 50 <= stopped <= end_ms + pause + 200
