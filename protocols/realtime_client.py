@@ -69,8 +69,10 @@ class AudioFormat(msgspec.Struct, frozen=True, kw_only=True):
 
 
 class TurnDetection(msgspec.Struct, frozen=True, kw_only=True):
-    """``server_vad`` settings (another ``type``, ``semantic_vad`` included, is refused
-    by name)."""
+    """``turn_detection``: ``server_vad`` (``threshold``, ``prefix_padding_ms``,
+    ``silence_duration_ms``, ``idle_timeout_ms``) or ``semantic_vad`` (``eagerness``);
+    both take ``create_response`` and ``interrupt_response``. ``idle_timeout_ms: null``
+    turns the idle timeout off (left out: unchanged)."""
 
     type: str = "server_vad"
     threshold: float | None = None
@@ -78,7 +80,8 @@ class TurnDetection(msgspec.Struct, frozen=True, kw_only=True):
     silence_duration_ms: int | None = None
     create_response: bool | None = None
     interrupt_response: bool | None = None
-    idle_timeout_ms: int | None = None
+    idle_timeout_ms: int | msgspec.UnsetType | None = msgspec.UNSET
+    eagerness: str | None = None
 
 
 class TranscriptionConfig(msgspec.Struct, frozen=True, kw_only=True):

@@ -29,13 +29,14 @@ from typing import Literal
 
 import msgspec
 
-from omni_actors.protocols.realtime_client import AudioFormat, TurnDetection
+from omni_actors.protocols.realtime_client import AudioFormat, TokenLimits, TurnDetection
 
 __all__ = [
     "BETA_NAMES",
     "ClientSecretCreated",
     "InputAudioBufferTimeoutTriggered",
     "TruncationState",
+    "TurnDetectionState",
     "ConversationItem",
     "FunctionCallItem",
     "FunctionCallOutputItem",
@@ -99,11 +100,19 @@ class TranscriptionState(msgspec.Struct, frozen=True, kw_only=True):
     prompt: str | None = None
 
 
+class TurnDetectionState(TurnDetection, frozen=True, kw_only=True):
+    """``turn_detection`` as it stands, and ``detector``, the model that runs it (not in
+    OpenAI's schema; clients read past it): ``silero-vad``, ``frame-energy`` (Silero VAD
+    not installed) or ``silero-vad+smart-turn-v3.2`` (``semantic_vad``)."""
+
+    detector: str = ""
+
+
 class AudioInputState(msgspec.Struct, frozen=True, kw_only=True):
     """``session.audio.input`` as it stands."""
 
     format: AudioFormat
-    turn_detection: TurnDetection | None
+    turn_detection: TurnDetectionState | None
     transcription: TranscriptionState | None = None
     noise_reduction: None = None
 
@@ -133,11 +142,12 @@ class FunctionToolState(msgspec.Struct, frozen=True, kw_only=True):
 
 
 class TruncationState(msgspec.Struct, frozen=True, kw_only=True):
-    """``truncation`` as a retention ratio: past the context, the oldest turns are dropped
+    """``truncation`` as a retention ratio: past the limit, the oldest turns are dropped
     until this fraction of it is used."""
 
     retention_ratio: float
     type: Literal["retention_ratio"] = "retention_ratio"
+    token_limits: TokenLimits | None = None
 
 
 class RealtimeSession(msgspec.Struct, frozen=True, kw_only=True):

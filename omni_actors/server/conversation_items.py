@@ -117,6 +117,18 @@ class ConversationItems:
         """The stages' name for item ``item_id``'s turn: its response for a reply."""
         return self._replies.get(item_id, item_id)
 
+    def oldest_through(self, item_id: str) -> list[str]:
+        """The items from the first through ``item_id`` that can go: system items (they
+        hold instructions) stay, and a reply's calls go with it, not alone."""
+        ids: list[str] = []
+        for held, item in self._items.items():
+            system = isinstance(item, ConversationItem) and item.role == "system"
+            if not system and held not in self._called:
+                ids.append(held)
+            if held == item_id:
+                return ids
+        return []
+
     def remove(self, item_id: str) -> list[str]:
         """Take ``item_id`` out, with the function calls of its reply: the ids gone."""
         del self._items[item_id]

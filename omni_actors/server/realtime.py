@@ -125,6 +125,7 @@ from omni_actors.server.response_stream import CancelReason, ResponseStream, too
 from omni_actors.server.session_config import SessionSettings, SettingError
 from omni_actors.server.state import ServerState
 from omni_actors.server.tools import OfferedTool, new_call_id, template_tools
+from omni_actors.server.truncation import ConversationTokens
 from omni_actors.server.turns import Forward, Started, Stopped, TimedOut, TurnDetector
 from omni_actors.server.voices import VoiceMap
 
@@ -179,6 +180,7 @@ class RealtimeConnection:
         self._takes_tools = TOOLS_FIELD in spec.entry_inputs()
         self.sent_tools = template_tools(())
         self.items = ConversationItems()  # the conversation's items, as the server holds them
+        self.tokens = ConversationTokens()  # its size through each reply (truncation)
         # The transcription models served (the pipeline's transcriber's names), and the
         # user items sent for transcription, not transcribed yet: their audio's seconds.
         self.transcribers = _transcribers(spec)
@@ -402,6 +404,12 @@ class RealtimeConnection:
                 "commit or clear it first",
                 "session.audio.input.format",
             )
+        if new.truncation is not None and self.session and not self.session.deletes_turns:
+            raise SettingError(
+                "this pipeline's entry stage keeps a conversation it cannot rebuild, "
+                'so no turns can be dropped from it; send "disabled"',
+                "session.truncation",
+            )
         old = self.settings
         self.settings = new
         if new.input_format != old.input_format and self.input is not None:
@@ -466,7 +474,14 @@ class RealtimeConnection:
         if self.turns is None:
             self._forward(samples)
             return
-        for action in self.turns.feed(samples):
+        turns = self.turns
+        # semantic_vad's end-of-turn model takes a tenth of a second or more of CPU at a
+        # pause: it runs off the event loop, which serves every session.
+        if turns.judges_pauses:
+            actions = await asyncio.to_thread(turns.feed, samples)
+        else:
+            actions = turns.feed(samples)
+        for action in actions:
             match action:
                 case Forward(samples=piece):
                     self._forward(piece)
@@ -924,12 +939,36 @@ class RealtimeConnection:
             )
         else:
             self.input.put(Op("delete", event_id=event.event_id, turn=self.items.turn_of(item_id)))
+        await self.send_all(self._removed(item_id))
+
+    def _removed(self, item_id: str) -> list[ServerEvent]:
+        """Take ``item_id`` (with its reply's calls) out of what the server holds; the
+        ``conversation.item.deleted`` events saying so."""
         gone = self.items.remove(item_id)  # the reply's calls go with it
+        self.tokens.forget(set(gone))
         if self.last_response is not None and self.last_response.item_id == item_id:
             self.last_response = None
-        await self.send_all(
-            [ConversationItemDeleted(event_id=new_id("event"), item_id=gone_id) for gone_id in gone]
-        )
+        return [ConversationItemDeleted(event_id=new_id("event"), item_id=g) for g in gone]
+
+    async def _retain(self, stream: ResponseStream) -> None:
+        """After a reply: with a retention ratio, past its limit, take the oldest turns
+        out as ``conversation.item.delete`` does (``truncation.py``), told by
+        ``conversation.item.deleted``."""
+        self.tokens.measured(stream.item_id, stream.usage.total)
+        retention = self.settings.truncation
+        cut = None if retention is None else self.tokens.cut(retention)
+        if cut is None or self.active is not None or self.input is None:
+            return
+        assert self.session is not None
+        if not self.session.deletes_turns:  # refused by session.update; a key's config
+            self.log.warning("truncation: this pipeline cannot drop turns; none dropped")
+            return
+        events: list[ServerEvent] = []
+        for item_id in self.items.oldest_through(cut):
+            if item_id in self.items:
+                self.input.put(Op("delete", turn=self.items.turn_of(item_id)))
+                events += self._removed(item_id)
+        await self.send_all(events)
 
     # -- responses -------------------------------------------------------------------------
 
@@ -1105,6 +1144,7 @@ class RealtimeConnection:
         then ``rate_limits.updated``; an out-of-band response's reply is taken back out
         of the conversation on the stages."""
         closing = stream.done(done, error)
+        in_conversation = stream.id not in self.out_of_band
         if stream.id in self.out_of_band:
             self.out_of_band.discard(stream.id)
             if done is not None and self.input is not None:
@@ -1126,6 +1166,8 @@ class RealtimeConnection:
         if self.active is stream:
             self.active = None
         self.state.response_ended.set()
+        if in_conversation and status in ("completed", "incomplete"):
+            await self._retain(stream)
 
     def _rate_limits(self) -> RateLimitsUpdated:
         """The server's limits as they stand: its session slots (see ``RateLimit``)."""

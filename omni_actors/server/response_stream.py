@@ -162,6 +162,11 @@ class ResponseStream:
             return ItemContent(type="audio", transcript=text)
         return ItemContent(type="text", text=text)
 
+    @property
+    def usage(self) -> TokenUsage:
+        """The response's tokens, as its entry engine counted them (zero until done)."""
+        return self._usage
+
     def _item(self, status: Literal["completed", "incomplete", "in_progress"]) -> ConversationItem:
         text = "".join(self.text)
         content = (

@@ -22,6 +22,7 @@ from omni_actors.protocols.realtime_client import (
     FunctionTool,
     ResponseParams,
     SessionConfig,
+    TokenLimits,
     ToolChoice,
     TranscriptionConfig,
     Truncation,
@@ -34,14 +35,20 @@ from omni_actors.protocols.realtime_server import (
     FunctionToolState,
     RealtimeSession,
     TranscriptionState,
+    TruncationState,
+    TurnDetectionState,
 )
 from omni_actors.server.audio_format import BETA_FORMATS, AudioFormatName, format_rate
 from omni_actors.server.model_list import MODEL_NOT_FOUND, unknown_model
 from omni_actors.server.request_error import RequestError
+from omni_actors.server.truncation import RetentionRatio
+from omni_actors.server.turn_models import SILERO_VAD, SMART_TURN, silero_model, smart_turn_model
 from omni_actors.server.voices import ANY_VOICE, UnknownVoiceError, VoiceMap
 
 __all__ = [
+    "ENERGY_VAD",
     "OPENAI_TRANSCRIPTION_MODELS",
+    "Eagerness",
     "ResponseSettings",
     "SessionSettings",
     "SettingError",
@@ -50,6 +57,9 @@ __all__ = [
 ]
 
 Modality = Literal["text", "audio"]
+Eagerness = Literal["low", "medium", "high", "auto"]
+ENERGY_VAD = "frame-energy"
+"""The name ``turn_detection.detector`` shows for the fallback VAD (``vad.py``)."""
 _SESSION_LIFETIME_S = 30 * 60
 T = TypeVar("T")
 
@@ -63,8 +73,11 @@ class SettingError(RequestError):
 
 @dataclass(frozen=True, slots=True)
 class VadSettings:
-    """``server_vad`` turn detection (OpenAI's defaults)."""
+    """Turn detection: ``server_vad`` or ``semantic_vad`` (OpenAI's defaults)."""
 
+    type: Literal["server_vad", "semantic_vad"] = "server_vad"
+    eagerness: Eagerness = "auto"
+    """``semantic_vad`` only (``turns.EAGERNESS``)."""
     threshold: float = 0.5
     prefix_padding_ms: int = 300
     silence_duration_ms: int = 500
@@ -137,6 +150,8 @@ class SessionSettings:
     tools: tuple[FunctionToolState, ...] = ()
     tool_choice: Literal["auto", "none"] = "auto"
     transcription: TranscriptionSettings | None = None
+    truncation: RetentionRatio | None = None
+    """None: the whole conversation is kept (``"auto"``/``"disabled"``)."""
 
     @property
     def offered_tools(self) -> tuple[FunctionToolState, ...]:
@@ -194,7 +209,7 @@ class SessionSettings:
         if config.temperature is not None:
             new = replace(new, temperature=_temperature(config.temperature))
         if config.truncation is not None:
-            _truncation(config.truncation)
+            new = replace(new, truncation=_truncation(config.truncation))
         if config.tools is not None:
             new = replace(new, tools=_tools(config.tools, "session.tools"))
         if config.tool_choice is not None:
@@ -301,17 +316,7 @@ class SessionSettings:
             audio=AudioState(
                 input=AudioInputState(
                     format=describe_format(self.input_format),
-                    turn_detection=None
-                    if vad is None
-                    else TurnDetection(
-                        type="server_vad",
-                        threshold=vad.threshold,
-                        prefix_padding_ms=vad.prefix_padding_ms,
-                        silence_duration_ms=vad.silence_duration_ms,
-                        create_response=vad.create_response,
-                        interrupt_response=vad.interrupt_response,
-                        idle_timeout_ms=vad.idle_timeout_ms,
-                    ),
+                    turn_detection=None if vad is None else _describe_vad(vad),
                     transcription=None
                     if self.transcription is None
                     else TranscriptionState(
@@ -328,25 +333,72 @@ class SessionSettings:
             expires_at=int((self.created_at or time.time()) + _SESSION_LIFETIME_S),
             tools=list(self.tools),
             tool_choice=self.tool_choice,
-            # What runs: the server drops no turns of a long conversation (_truncation).
-            truncation="disabled",
+            # What runs: without a retention ratio the server drops no turns (_truncation).
+            truncation="disabled"
+            if self.truncation is None
+            else TruncationState(
+                retention_ratio=self.truncation.ratio,
+                token_limits=TokenLimits(post_instructions=self.truncation.post_instructions),
+            ),
         )
 
 
-def _truncation(truncation: Truncation) -> None:
-    """Take ``"auto"`` or ``"disabled"`` (shown as ``"disabled"``, what runs); refuse a
-    retention ratio. Dropping the oldest turns past the context needs each turn's token
-    count and the model's context length, which the server is not told: it keeps the
-    whole conversation, and the model's own limit decides what happens past it."""
-    if truncation in ("auto", "disabled"):
-        return
-    named = truncation if isinstance(truncation, str) else f"a {truncation.type} truncation"
-    raise SettingError(
-        f"truncation {named!r} is not supported: this server keeps the whole conversation "
-        '(it is not told the model\'s context length); send "auto" or "disabled", or delete '
-        "old items (conversation.item.delete) to keep a long conversation short",
-        "session.truncation",
+def _describe_vad(vad: VadSettings) -> TurnDetectionState:
+    if vad.type == "semantic_vad":
+        return TurnDetectionState(
+            type=vad.type,
+            eagerness=vad.eagerness,
+            create_response=vad.create_response,
+            interrupt_response=vad.interrupt_response,
+            detector=SMART_TURN,
+        )
+    return TurnDetectionState(
+        type=vad.type,
+        threshold=vad.threshold,
+        prefix_padding_ms=vad.prefix_padding_ms,
+        silence_duration_ms=vad.silence_duration_ms,
+        create_response=vad.create_response,
+        interrupt_response=vad.interrupt_response,
+        idle_timeout_ms=vad.idle_timeout_ms,
+        # What runs: Silero VAD when installed (extra "turns"), else the energy VAD.
+        detector=ENERGY_VAD if silero_model() is None else SILERO_VAD,
     )
+
+
+def _truncation(truncation: Truncation) -> RetentionRatio | None:
+    """``"auto"`` and ``"disabled"``: the whole conversation is kept (shown as
+    ``"disabled"``, what runs: the server is not told the model's context length, so
+    ``"auto"`` has no limit to act on); a retention ratio with its own limit."""
+    param = "session.truncation"
+    if truncation in ("auto", "disabled"):
+        return None
+    if isinstance(truncation, str) or truncation.type != "retention_ratio":
+        named = truncation if isinstance(truncation, str) else f"a {truncation.type} truncation"
+        raise SettingError(
+            f'truncation {named!r} is not supported: send "auto", "disabled" or '
+            '{"type": "retention_ratio", ...}',
+            param,
+        )
+    ratio = truncation.retention_ratio
+    if isinstance(ratio, bool) or not 0.0 <= ratio <= 1.0:
+        raise SettingError(
+            f"retention_ratio must be in [0, 1], got {ratio!r}", param + ".retention_ratio"
+        )
+    limits = truncation.token_limits
+    limit = limits.post_instructions if limits is not None else None
+    if limit is None:
+        raise SettingError(
+            "a retention_ratio truncation needs token_limits.post_instructions here: the "
+            "server is not told the model's context length, so it cannot tell when the "
+            "conversation passes it",
+            param + ".token_limits.post_instructions",
+        )
+    if isinstance(limit, bool) or limit < 1:
+        raise SettingError(
+            f"post_instructions must be >= 1, got {limit!r}",
+            param + ".token_limits.post_instructions",
+        )
+    return RetentionRatio(ratio=float(ratio), post_instructions=limit)
 
 
 def _tools(tools: list[FunctionTool], param: str) -> tuple[FunctionToolState, ...]:
@@ -499,15 +551,23 @@ def _transcription(
 def _vad(detection: TurnDetection | None, current: VadSettings | None) -> VadSettings | None:
     if detection is None:
         return None
-    if detection.type != "server_vad":
-        # semantic_vad judges the end of a turn by what was said: this server's VAD
-        # hears only levels, so it is refused rather than served as server_vad.
+    param = "session.audio.input.turn_detection"
+    if detection.type not in ("server_vad", "semantic_vad"):
         raise SettingError(
-            f"unsupported turn_detection type {detection.type!r}: this server detects "
-            "turns by voice activity only; use server_vad or null",
-            "session.audio.input.turn_detection.type",
+            f"unsupported turn_detection type {detection.type!r}: use server_vad, "
+            "semantic_vad or null",
+            param + ".type",
         )
-    base = current or VadSettings()
+    if detection.type == "semantic_vad":
+        return _semantic_vad(detection, current, param)
+    if detection.eagerness is not None:
+        raise SettingError(
+            "eagerness is a semantic_vad setting; server_vad takes threshold, "
+            "prefix_padding_ms and silence_duration_ms",
+            param + ".eagerness",
+        )
+    # An update of the type in force changes what it names; another type starts anew.
+    base = current if current is not None and current.type == "server_vad" else VadSettings()
     vad = replace(
         base,
         threshold=base.threshold if detection.threshold is None else detection.threshold,
@@ -523,11 +583,11 @@ def _vad(detection: TurnDetection | None, current: VadSettings | None) -> VadSet
         interrupt_response=base.interrupt_response
         if detection.interrupt_response is None
         else detection.interrupt_response,
+        # null turns the timeout off; left out, it stays as it was.
         idle_timeout_ms=base.idle_timeout_ms
-        if detection.idle_timeout_ms is None
+        if detection.idle_timeout_ms is msgspec.UNSET
         else detection.idle_timeout_ms,
     )
-    param = "session.audio.input.turn_detection"
     if not 0.0 <= vad.threshold <= 1.0:
         raise SettingError(
             f"threshold must be in [0, 1], got {vad.threshold}", param + ".threshold"
@@ -548,3 +608,42 @@ def _vad(detection: TurnDetection | None, current: VadSettings | None) -> VadSet
             param + ".idle_timeout_ms",
         )
     return vad
+
+
+def _semantic_vad(detection: TurnDetection, current: VadSettings | None, param: str) -> VadSettings:
+    """``semantic_vad``: Silero VAD hears speech, Smart Turn judges each pause; refused
+    when they are not installed, rather than served as something else."""
+    if silero_model() is None or smart_turn_model() is None:
+        raise SettingError(
+            "semantic_vad needs Silero VAD and Smart Turn, which are not installed here "
+            "(pip install 'omni-actors[semantic-vad]'); use server_vad or null",
+            param + ".type",
+        )
+    for name in ("threshold", "prefix_padding_ms", "silence_duration_ms", "idle_timeout_ms"):
+        if getattr(detection, name) not in (None, msgspec.UNSET):
+            raise SettingError(
+                f"{name} is a server_vad setting; semantic_vad takes eagerness "
+                "(low, medium, high or auto)",
+                f"{param}.{name}",
+            )
+    base = (
+        current
+        if current is not None and current.type == "semantic_vad"
+        else VadSettings(type="semantic_vad")
+    )
+    eagerness = base.eagerness if detection.eagerness is None else detection.eagerness
+    if eagerness not in ("low", "medium", "high", "auto"):
+        raise SettingError(
+            f"eagerness must be low, medium, high or auto, got {eagerness!r}",
+            param + ".eagerness",
+        )
+    return replace(
+        base,
+        eagerness=eagerness,  # type: ignore[arg-type]  # checked above
+        create_response=base.create_response
+        if detection.create_response is None
+        else detection.create_response,
+        interrupt_response=base.interrupt_response
+        if detection.interrupt_response is None
+        else detection.interrupt_response,
+    )

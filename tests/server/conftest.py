@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import sys
 from collections.abc import AsyncIterator
 
+import pytest
 import pytest_asyncio
 
 from omni_actors.pipeline.spec.pipeline import PipelineSpec
@@ -25,6 +27,16 @@ TRANSCRIPT = PipelineSpec.model_validate(
         "deadlines": {"idle_s": 30.0, "inter_chunk_s": 10.0},
     }
 )
+
+
+@pytest.fixture(autouse=True)
+def energy_vad(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The server tests speak synthetic "speech" (tones under noise, Chromium's fake
+    microphone): Silero VAD rightly hears none in it, so they run the frame-energy VAD,
+    as a server without the ``turns`` extra does. Tests marked ``real_speech`` (spoken by
+    espeak-ng) run Silero VAD and Smart Turn."""
+    if request.node.get_closest_marker("real_speech") is None:
+        monkeypatch.setitem(sys.modules, "silero_vad", None)
 
 
 @pytest_asyncio.fixture

@@ -48,6 +48,7 @@ class Recall:
     def __init__(self, args: object) -> None:
         self.sessions: dict[str, _Conversation] = {}
         self.replies: dict[str, tuple[int, ...] | None] = {}
+        self.prompts: dict[str, int] = {}
 
     async def start(self) -> None: ...
     async def stop(self) -> None: ...
@@ -60,6 +61,10 @@ class Recall:
 
     def last_reply(self, session: str) -> tuple[int, ...] | None:
         return self.replies.get(session)
+
+    def prompt_tokens(self, session: str) -> int | None:
+        """A token per character of the conversation the last reply came from."""
+        return self.prompts.get(session)
 
     @staticmethod
     def _commit(c: _Conversation) -> None:
@@ -103,6 +108,7 @@ class Recall:
         else:
             reply = "|".join(c.unanswered).upper() or "-"
         c.unanswered = []
+        self.prompts[session] = len(" ".join(c.turns))
         reply = reply[: response_options(inputs).max_tokens]
         c.turns.append("a:")
         said: list[int] = []

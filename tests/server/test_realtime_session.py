@@ -61,7 +61,8 @@ async def test_session_created_then_updated_in_the_ga_form(server: RunningServer
         ({"audio": {"input": {"turn_detection": {"threshold": 3}}}},
          "session.audio.input.turn_detection.threshold"),
         ({"max_output_tokens": 0}, "session.max_output_tokens"),
-        # Settings the server cannot honour are refused, never changed without a word.
+        # Settings the server cannot honour are refused, never changed without a word:
+        # semantic_vad without Silero VAD (conftest.py makes it absent here).
         ({"audio": {"input": {"turn_detection": {"type": "semantic_vad"}}}},
          "session.audio.input.turn_detection.type"),
         ({"turn_detection": {"type": "semantic_vad", "eagerness": "low"}},

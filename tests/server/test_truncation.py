@@ -1,5 +1,7 @@
 """``session.truncation``: "auto" and "disabled" are taken and shown as what runs (the
-server keeps the whole conversation); a retention ratio is refused by ``param``."""
+server keeps the whole conversation); a retention ratio needs its own token limit
+(``test_truncation_retention.py`` drives it); what the server cannot serve is refused
+by ``param``."""
 
 from __future__ import annotations
 
@@ -19,14 +21,26 @@ async def test_truncation_is_shown_as_what_runs(server: RunningServer) -> None:
 
 
 @pytest.mark.parametrize(
-    "truncation",
-    [{"type": "retention_ratio", "retention_ratio": 0.8}, "drop_everything"],
-)
+    ("truncation", "param"),
+    [
+        # The server is not told the model's context length: the limit must be given.
+        ({"type": "retention_ratio", "retention_ratio": 0.8}, ".token_limits.post_instructions"),
+        ({"type": "retention_ratio", "retention_ratio": 0.8, "token_limits": {}},
+         ".token_limits.post_instructions"),
+        ({"type": "retention_ratio", "retention_ratio": 0.8,
+          "token_limits": {"post_instructions": 0}}, ".token_limits.post_instructions"),
+        ({"type": "retention_ratio", "retention_ratio": 1.5,
+          "token_limits": {"post_instructions": 100}}, ".retention_ratio"),
+        ({"type": "summary", "retention_ratio": 0.5}, ""),
+        ("drop_everything", ""),
+    ],
+)  # fmt: skip
 async def test_truncation_not_served_is_refused_by_param(
-    server: RunningServer, truncation: object
+    server: RunningServer, truncation: object, param: str
 ) -> None:
     async with connect(server.ws_url) as client:
         await client.send("session.update", session={"truncation": truncation})
         error = await client.error()
-        assert error["param"] == "session.truncation"
-        assert "auto" in error["message"]
+        assert error["param"] == "session.truncation" + param
+        await client.send("session.update", session={})
+        assert (await client.expect("session.updated"))["session"]["truncation"] == "disabled"
