@@ -44,6 +44,7 @@ from omni_actors.server.model_list import (
     unknown_model,
 )
 from omni_actors.server.realtime import RealtimeConnection
+from omni_actors.server.realtime_transport import WebSocketTransport
 from omni_actors.server.settings import ServerSettings
 from omni_actors.server.state import ServerState, server_state
 
@@ -100,7 +101,7 @@ async def realtime(websocket: WebSocket) -> None:
         return
     await websocket.accept(subprotocol=pick_subprotocol(offered))
     connection = RealtimeConnection(
-        websocket,
+        WebSocketTransport(websocket),
         state,
         beta="realtime=v1" in headers.get("openai-beta", ""),
         config=None if secret is None else secret.session,
