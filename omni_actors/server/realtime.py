@@ -52,6 +52,7 @@ import contextlib
 import json
 import logging
 import time
+from collections.abc import Sequence
 from dataclasses import replace
 from typing import Literal
 
@@ -159,8 +160,8 @@ class RealtimeConnection:
         state: the server's shared state.
         beta: the client asked for the beta protocol (``OpenAI-Beta: realtime=v1``):
             events go out under their beta names.
-        config: the session config the client's ephemeral key is bound to: the session
-            starts from it (``client_secrets.py``).
+        configs: the session configs the session starts from, in order: the one the
+            client's ephemeral key is bound to (``client_secrets.py``), a call's own.
         audio: a call's media tracks: the audio goes there, not in events.
     """
 
@@ -170,14 +171,14 @@ class RealtimeConnection:
         state: ServerState,
         *,
         beta: bool = False,
-        config: SessionConfig | None = None,
+        configs: Sequence[SessionConfig] = (),
         audio: CallAudio | None = None,
     ) -> None:
         self.transport = transport
         self.audio = audio
         self.state = state
         self.beta = beta
-        self.bound = config
+        self.bound = tuple(configs)
         spec = state.pipeline.spec
         self.settings = SessionSettings(
             id=new_id("sess"), model=served_name(state), created_at=time.time()
@@ -240,10 +241,10 @@ class RealtimeConnection:
             self.voices = await state.voices()
             # session.created names the voice a reply speaks with, not null.
             self.settings = replace(self.settings, voice=self.voices.default)
-            if self.bound is not None:
+            for config in self.bound:
                 try:
                     self.settings = checked_update(
-                        self.settings, self.bound, state.pipeline.spec, self.voices
+                        self.settings, config, state.pipeline.spec, self.voices
                     )
                 except RequestError as exc:  # checked when the key was made: rare
                     await self.fail(exc.realtime_code, str(exc), close_code=_CLOSE_POLICY)
@@ -1133,9 +1134,9 @@ class RealtimeConnection:
         if self.audio is not None:
             # Stopped first: while the stages let the reply go, the caller hears no more.
             if self.active is not None and self.active is not reply:
-                self.audio.stop(self.active.id)  # out of band: nothing to cut
+                self.audio.cut(self.active.id)  # out of band: nothing to cut
             if reply is not None:
-                heard = self.audio.stop(reply.id)
+                heard = self.audio.cut(reply.id)
         if self.active is not None:
             await self._cancel_response(self.active, reason)
         if heard is None or reply is None or reply.response is None:

@@ -62,7 +62,7 @@ class CallAudio(Protocol):
         """The reply's audio is all queued."""
         ...
 
-    def stop(self, response_id: str) -> float | None:
+    def cut(self, response_id: str) -> float | None:
         """Stop playing the reply now: its milliseconds played, or None if none of it
         is queued or playing (it played to its end, or never began)."""
         ...
