@@ -13,13 +13,14 @@ from __future__ import annotations
 import math
 from collections.abc import AsyncIterator
 
+import pytest
 import pytest_asyncio
 from webrtc_client import call, speech
 from webrtc_engines import tone_pipeline
 
 from omni_actors.server.runner import RunningServer, run_server
 from omni_actors.server.settings import ServerSettings
-from omni_actors.testing.waiting import eventually
+from omni_actors.testing.waiting import consistently, eventually
 
 KEY = "sk-webrtc-test"
 MS_PER_OUTPUT = 160  # one text output: two 80 ms codec frames
@@ -58,3 +59,50 @@ async def test_a_call_hears_the_caller_and_plays_the_reply(tone: RunningServer) 
         assert "response.output_audio_transcript.delta" in types
         # The whole reply (5.12 s) plays on the track, at real time.
         await eventually(lambda: caller.heard_ms > 4500, timeout=20, what="the reply heard")
+
+
+@pytest.mark.parametrize(
+    ("how", "per_output_s", "status"),
+    [
+        ("barge_in", 0.3, "cancelled"),  # while the reply is generated
+        ("barge_in", 0.01, "completed"),  # generated, still playing
+        ("response_cancel", 0.3, "cancelled"),
+    ],
+)
+async def test_a_cut_reply_is_truncated_at_what_the_caller_heard(
+    how: str, per_output_s: float, status: str
+) -> None:
+    settings = ServerSettings(port=0, api_key=KEY)
+    async with (
+        run_server(settings, pipeline=tone_pipeline(per_output_s)) as server,
+        call(server.url, key=KEY) as caller,
+    ):
+        await caller.expect("session.created")
+        caller.mic.say(speech(1.0))
+        await caller.until("response.created")
+        await eventually(lambda: caller.heard_ms > 1200, timeout=20, what="the reply playing")
+        if how == "barge_in":
+            caller.mic.say(speech(1.0))
+        else:
+            await caller.send("response.cancel")
+        events = await caller.until("conversation.item.truncated")
+        heard_ms = caller.heard_ms
+        types = [e["type"] for e in events]
+        if how == "barge_in":
+            assert "input_audio_buffer.speech_started" in types
+        done = next(e for e in caller.seen if e["type"] == "response.done")["response"]
+        assert done["status"] == status, done
+        reply = done["output"][0]
+        truncated = events[-1]
+        assert truncated["item_id"] == reply["id"]
+        cut_ms = truncated["audio_end_ms"]
+        # Cut where the caller was: what it had heard, and the frames on their way.
+        assert 1200 <= cut_ms < 32 * MS_PER_OUTPUT
+        assert heard_ms - 60 <= cut_ms <= heard_ms + 200, (cut_ms, heard_ms)
+        await caller.send("conversation.item.retrieve", item_id=reply["id"])
+        retrieved = await caller.expect("conversation.item.retrieved")
+        assert retrieved["item"]["content"][0]["transcript"] == heard_text(cut_ms)
+        # The caller hears the frames in flight, then nothing more of it: all it heard
+        # is what the item keeps, to a frame or two (20 ms each, Opus's edges).
+        await eventually(lambda: caller.heard_ms >= cut_ms - 60, what="the frames in flight")
+        await consistently(lambda: caller.heard_ms <= cut_ms + 60, 0.5, what="the reply stopped")
