@@ -10,14 +10,18 @@ output ``t{k} `` is two 80 ms codec frames of it.
 
 from __future__ import annotations
 
+import asyncio
 import math
+import sys
 from collections.abc import AsyncIterator
 
+import httpx
 import pytest
 import pytest_asyncio
 from webrtc_client import call, speech
 from webrtc_engines import tone_pipeline
 
+import omni_actors.server
 from omni_actors.server.runner import RunningServer, run_server
 from omni_actors.server.settings import ServerSettings
 from omni_actors.testing.waiting import consistently, eventually
@@ -106,3 +110,121 @@ async def test_a_cut_reply_is_truncated_at_what_the_caller_heard(
         # is what the item keeps, to a frame or two (20 ms each, Opus's edges).
         await eventually(lambda: caller.heard_ms >= cut_ms - 60, what="the frames in flight")
         await consistently(lambda: caller.heard_ms <= cut_ms + 60, 0.5, what="the reply stopped")
+
+
+async def test_an_ephemeral_key_opens_a_call_with_its_config_and_the_calls_own(
+    tone: RunningServer,
+) -> None:
+    async with httpx.AsyncClient(base_url=tone.url, timeout=20) as http:
+        minted = await http.post(
+            "/v1/realtime/client_secrets",
+            json={"session": {"type": "realtime", "max_output_tokens": 7}},
+            headers={"Authorization": f"Bearer {KEY}"},
+        )
+    assert minted.status_code == 200, minted.text
+    ephemeral = minted.json()["value"]
+    own = {"type": "realtime", "audio": {"input": {"turn_detection": None}}}
+    async with call(tone.url, key=ephemeral, session=own) as caller:
+        session = (await caller.expect("session.created"))["session"]
+        assert session["max_output_tokens"] == 7  # the key's
+        assert session["audio"]["input"]["turn_detection"] is None  # the call's
+
+
+@pytest.mark.parametrize(
+    ("headers", "body", "status", "code"),
+    [
+        ({}, b"v=0", 401, "invalid_api_key"),
+        ({"Authorization": "Bearer ek_expired"}, b"v=0", 401, "invalid_api_key"),
+        ({"Authorization": f"Bearer {KEY}"}, b"", 400, "invalid_request"),
+        ({"Authorization": f"Bearer {KEY}"}, b"not sdp", 400, "invalid_offer"),
+        (
+            {"Authorization": f"Bearer {KEY}", "Content-Type": "application/json"},
+            b"{}",
+            400,
+            "invalid_request",
+        ),
+    ],
+)
+async def test_a_call_without_the_key_or_an_offer_is_refused(
+    tone: RunningServer, headers: dict[str, str], body: bytes, status: int, code: str
+) -> None:
+    headers = {"Content-Type": "application/sdp", **headers}
+    async with httpx.AsyncClient(base_url=tone.url, timeout=20) as http:
+        reply = await http.post("/v1/realtime/calls", content=body, headers=headers)
+    assert reply.status_code == status, reply.text
+    assert reply.json()["error"]["code"] == code
+    assert len(tone.state.calls) == 0
+    assert tone.state.active == 0
+
+
+async def test_without_aiortc_a_call_is_told_what_to_install(
+    tone: RunningServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # What a server without the webrtc extra meets: aiortc does not import.
+    monkeypatch.setitem(sys.modules, "aiortc", None)
+    monkeypatch.delitem(sys.modules, "omni_actors.server.webrtc_call", raising=False)
+    monkeypatch.delattr(omni_actors.server, "webrtc_call", raising=False)
+    async with httpx.AsyncClient(base_url=tone.url, timeout=20) as http:
+        reply = await http.post(
+            "/v1/realtime/calls",
+            content=b"v=0\r\n",
+            headers={"Authorization": f"Bearer {KEY}", "Content-Type": "application/sdp"},
+        )
+    assert reply.status_code == 501, reply.text
+    error = reply.json()["error"]
+    assert error["code"] == "webrtc_not_installed"
+    assert "pip install 'omni-actors[webrtc]'" in error["message"]
+    assert tone.state.active == 0
+
+
+def _nothing_left(server: RunningServer) -> None:
+    state = server.state
+    assert len(state.calls) == 0
+    assert not state.connections
+    assert state.active == 0
+
+
+async def test_a_hang_up_ends_the_call_and_its_session(tone: RunningServer) -> None:
+    async with call(tone.url, key=KEY) as caller:
+        await caller.expect("session.created")
+        assert len(tone.state.calls) == 1
+        async with httpx.AsyncClient(base_url=tone.url, timeout=20) as http:
+            hung = await http.post(
+                caller.location + "/hangup", headers={"Authorization": f"Bearer {KEY}"}
+            )
+            assert hung.status_code == 200, hung.text
+            _nothing_left(tone)  # the hang-up returns once the call is closed
+            again = await http.post(
+                caller.location + "/hangup", headers={"Authorization": f"Bearer {KEY}"}
+            )
+            assert again.status_code == 404
+        async with asyncio.timeout(20):
+            await caller.closed.wait()
+
+
+async def test_the_caller_closing_its_data_channel_ends_the_call(tone: RunningServer) -> None:
+    async with call(tone.url, key=KEY) as caller:
+        await caller.expect("session.created")
+        caller.channel.close()
+        await eventually(lambda: _nothing_left(tone), timeout=20, what="the call ended")
+
+
+async def test_the_caller_leaving_ends_the_call(tone: RunningServer) -> None:
+    async with call(tone.url, key=KEY) as caller:
+        await caller.expect("session.created")
+    await eventually(lambda: _nothing_left(tone), timeout=30, what="the call ended")
+
+
+async def test_a_server_stopping_ends_its_calls() -> None:
+    settings = ServerSettings(port=0, api_key=KEY)
+    async with (
+        run_server(settings, pipeline=tone_pipeline()) as server,
+        call(server.url, key=KEY) as caller,
+    ):
+        await caller.expect("session.created")
+        await server.shutdown()
+        _nothing_left(server)
+        error = await caller.expect("error")
+        assert error["error"]["code"] == "server_shutting_down"
+        async with asyncio.timeout(20):
+            await caller.closed.wait()
