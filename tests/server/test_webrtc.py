@@ -13,15 +13,19 @@ from __future__ import annotations
 import asyncio
 import math
 import sys
+import time
 from collections.abc import AsyncIterator
+from typing import Any
 
 import httpx
 import pytest
 import pytest_asyncio
+from aiortc import RTCPeerConnection
 from webrtc_client import call, speech
 from webrtc_engines import tone_pipeline
 
 import omni_actors.server
+from omni_actors.server import webrtc_call
 from omni_actors.server.runner import RunningServer, run_server
 from omni_actors.server.settings import ServerSettings
 from omni_actors.testing.waiting import consistently, eventually
@@ -61,16 +65,20 @@ async def test_a_call_hears_the_caller_and_plays_the_reply(tone: RunningServer) 
         assert transcript == heard_text(32 * MS_PER_OUTPUT)
         assert "response.output_audio.delta" not in types  # the audio is on the track
         assert "response.output_audio_transcript.delta" in types
-        # The whole reply (5.12 s) plays on the track, at real time.
+        # The whole reply (5.12 s) plays on the track, at real time: though it was all
+        # generated in about 2 s, it takes as long to arrive as to play.
         await eventually(lambda: caller.heard_ms > 4500, timeout=20, what="the reply heard")
+        assert caller.first_loud_at is not None
+        took_s = time.monotonic() - caller.first_loud_at
+        assert took_s >= 0.9 * caller.heard_ms / 1000, (took_s, caller.heard_ms)
 
 
 @pytest.mark.parametrize(
     ("how", "per_output_s", "status"),
     [
-        ("barge_in", 0.3, "cancelled"),  # while the reply is generated
+        ("barge_in", 0.5, "cancelled"),  # while the reply is generated
         ("barge_in", 0.01, "completed"),  # generated, still playing
-        ("response_cancel", 0.3, "cancelled"),
+        ("response_cancel", 0.5, "cancelled"),
     ],
 )
 async def test_a_cut_reply_is_truncated_at_what_the_caller_heard(
@@ -177,14 +185,32 @@ async def test_without_aiortc_a_call_is_told_what_to_install(
     assert tone.state.active == 0
 
 
-def _nothing_left(server: RunningServer) -> None:
+@pytest.fixture
+def peer_connections(monkeypatch: pytest.MonkeyPatch) -> list[RTCPeerConnection]:
+    """The server's peer connections, as it makes them."""
+    made: list[RTCPeerConnection] = []
+
+    class Recorded(RTCPeerConnection):
+        def __init__(self, *args: Any, **kwargs: Any) -> None:
+            super().__init__(*args, **kwargs)
+            made.append(self)
+
+    monkeypatch.setattr(webrtc_call, "RTCPeerConnection", Recorded)
+    return made
+
+
+def _nothing_left(server: RunningServer, peer_connections: list[RTCPeerConnection]) -> None:
     state = server.state
     assert len(state.calls) == 0
     assert not state.connections
     assert state.active == 0
+    assert peer_connections
+    assert all(pc.connectionState == "closed" for pc in peer_connections)
 
 
-async def test_a_hang_up_ends_the_call_and_its_session(tone: RunningServer) -> None:
+async def test_a_hang_up_ends_the_call_and_its_session(
+    tone: RunningServer, peer_connections: list[RTCPeerConnection]
+) -> None:
     async with call(tone.url, key=KEY) as caller:
         await caller.expect("session.created")
         assert len(tone.state.calls) == 1
@@ -193,7 +219,7 @@ async def test_a_hang_up_ends_the_call_and_its_session(tone: RunningServer) -> N
                 caller.location + "/hangup", headers={"Authorization": f"Bearer {KEY}"}
             )
             assert hung.status_code == 200, hung.text
-            _nothing_left(tone)  # the hang-up returns once the call is closed
+            _nothing_left(tone, peer_connections)  # the hang-up returns once the call is closed
             again = await http.post(
                 caller.location + "/hangup", headers={"Authorization": f"Bearer {KEY}"}
             )
@@ -202,20 +228,30 @@ async def test_a_hang_up_ends_the_call_and_its_session(tone: RunningServer) -> N
             await caller.closed.wait()
 
 
-async def test_the_caller_closing_its_data_channel_ends_the_call(tone: RunningServer) -> None:
+async def test_the_caller_closing_its_data_channel_ends_the_call(
+    tone: RunningServer, peer_connections: list[RTCPeerConnection]
+) -> None:
     async with call(tone.url, key=KEY) as caller:
         await caller.expect("session.created")
         caller.channel.close()
-        await eventually(lambda: _nothing_left(tone), timeout=20, what="the call ended")
+        await eventually(
+            lambda: _nothing_left(tone, peer_connections), timeout=20, what="the call ended"
+        )
 
 
-async def test_the_caller_leaving_ends_the_call(tone: RunningServer) -> None:
+async def test_the_caller_leaving_ends_the_call(
+    tone: RunningServer, peer_connections: list[RTCPeerConnection]
+) -> None:
     async with call(tone.url, key=KEY) as caller:
         await caller.expect("session.created")
-    await eventually(lambda: _nothing_left(tone), timeout=30, what="the call ended")
+    await eventually(
+        lambda: _nothing_left(tone, peer_connections), timeout=30, what="the call ended"
+    )
 
 
-async def test_a_server_stopping_ends_its_calls() -> None:
+async def test_a_server_stopping_ends_its_calls(
+    peer_connections: list[RTCPeerConnection],
+) -> None:
     settings = ServerSettings(port=0, api_key=KEY)
     async with (
         run_server(settings, pipeline=tone_pipeline()) as server,
@@ -223,7 +259,7 @@ async def test_a_server_stopping_ends_its_calls() -> None:
     ):
         await caller.expect("session.created")
         await server.shutdown()
-        _nothing_left(server)
+        _nothing_left(server, peer_connections)
         error = await caller.expect("error")
         assert error["error"]["code"] == "server_shutting_down"
         async with asyncio.timeout(20):

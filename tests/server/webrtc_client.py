@@ -101,6 +101,7 @@ class Caller:
         self.seen: list[dict[str, Any]] = []
         self.loud_samples = 0  # samples of the reply track with the tone in them
         self.frames = 0  # frames received on the reply track
+        self.first_loud_at: float | None = None  # when the first of them came (monotonic)
         self.closed = asyncio.Event()  # the data channel closed
         self.location = ""
 
@@ -118,6 +119,8 @@ class Caller:
             self.frames += 1
             rms, samples = _rms(frame)
             if rms > LOUD_RMS:
+                if self.first_loud_at is None:
+                    self.first_loud_at = time.monotonic()
                 self.loud_samples += samples
 
     async def send(self, type_: str, **fields: Any) -> None:
