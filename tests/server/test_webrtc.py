@@ -94,7 +94,7 @@ async def test_a_cut_reply_is_truncated_at_what_the_caller_heard(
         await caller.until("response.created")
         await eventually(lambda: caller.heard_ms > 1200, timeout=20, what="the reply playing")
         if how == "barge_in":
-            caller.mic.say(speech(1.0))
+            caller.mic.say(speech(2.0))  # its own reply comes well after the checks below
         else:
             await caller.send("response.cancel")
         events = await caller.until("conversation.item.truncated")
