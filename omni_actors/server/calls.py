@@ -28,6 +28,9 @@ class Calls:
 
     def start(self, call_id: str, run: Coroutine[Any, Any, None]) -> None:
         """Run a call (``run`` closes everything of it, whatever ends it)."""
+        # A task cancelled before its first step never enters ``run``'s ``finally``; none
+        # is: a hang-up or a shutdown reaches this task only in a later turn of the loop,
+        # after its first step (tasks start in the order they were made).
         task = asyncio.create_task(run, name=f"call {call_id}")
         self._tasks[call_id] = task
         task.add_done_callback(lambda done: self._ended(call_id, done))
