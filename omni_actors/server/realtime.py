@@ -1110,12 +1110,23 @@ class RealtimeConnection:
         return True
 
     async def _cancel_requested(self, event: ResponseCancel) -> None:
-        """``response.cancel``.
+        """``response.cancel``; in a call, also of a reply generated but still playing
+        (it stops, cut to what was heard).
 
         Raises:
-            RequestError: no response (or not the one named) is in flight.
+            RequestError: no response (or not the one named) is in flight, or playing.
         """
         active = self.active
+        reply = self.last_response
+        if (
+            active is None
+            and reply is not None
+            and self.audio is not None
+            and event.response_id in (None, "", reply.id)
+            and self.audio.playing(reply.id)
+        ):
+            await self._interrupt("client_cancelled")
+            return
         if active is None or (event.response_id and event.response_id != active.id):
             raise RequestError(
                 "no response is in flight"

@@ -62,6 +62,10 @@ class CallAudio(Protocol):
         """The reply's audio is all queued."""
         ...
 
+    def playing(self, response_id: str) -> bool:
+        """Whether some of the reply is queued or playing still."""
+        ...
+
     def cut(self, response_id: str) -> float | None:
         """Stop playing the reply now: its milliseconds played, or None if none of it
         is queued or playing (it played to its end, or never began)."""

@@ -152,6 +152,10 @@ class ReplyPlayer(MediaStreamTrack):
             self._queue_samples(response_id, resampler.flush())
             self._retire_if_done(response_id)
 
+    def playing(self, response_id: str) -> bool:
+        """Whether some of the reply is queued or playing still."""
+        return response_id in self._played
+
     def cut(self, response_id: str) -> float | None:
         """Stop the reply now: its milliseconds played, or None if it played to its end
         or never began."""
@@ -253,6 +257,10 @@ class CallMedia:
     def end(self, response_id: str) -> None:
         """See :meth:`ReplyPlayer.end`."""
         self.player.end(response_id)
+
+    def playing(self, response_id: str) -> bool:
+        """See :meth:`ReplyPlayer.playing`."""
+        return self.player.playing(response_id)
 
     def cut(self, response_id: str) -> float | None:
         """See :meth:`ReplyPlayer.cut`."""

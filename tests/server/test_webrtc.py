@@ -79,6 +79,7 @@ async def test_a_call_hears_the_caller_and_plays_the_reply(tone: RunningServer) 
         ("barge_in", 0.5, "cancelled"),  # while the reply is generated
         ("barge_in", 0.01, "completed"),  # generated, still playing
         ("response_cancel", 0.5, "cancelled"),
+        ("response_cancel", 0.01, "completed"),  # generated, still playing
     ],
 )
 async def test_a_cut_reply_is_truncated_at_what_the_caller_heard(
@@ -91,13 +92,15 @@ async def test_a_cut_reply_is_truncated_at_what_the_caller_heard(
     ):
         await caller.expect("session.created")
         caller.mic.say(speech(1.0))
-        await caller.until("response.created")
-        await eventually(lambda: caller.heard_ms > 1200, timeout=20, what="the reply playing")
+        await caller.until("response.created", timeout=40)
+        # Deadlines for a loaded machine: there the server's track may run slower than
+        # real time (aiortc encodes each frame in Python), and what it sent is what counts.
+        await eventually(lambda: caller.heard_ms > 1200, timeout=40, what="the reply playing")
         if how == "barge_in":
             caller.mic.say(speech(2.0))  # its own reply comes well after the checks below
         else:
             await caller.send("response.cancel")
-        events = await caller.until("conversation.item.truncated")
+        events = await caller.until("conversation.item.truncated", timeout=40)
         heard_ms = caller.heard_ms
         types = [e["type"] for e in events]
         if how == "barge_in":
