@@ -21,7 +21,7 @@ from urllib.parse import urljoin
 import numpy as np
 import pytest
 from chromium_cdp import Chromium, DevTools, Page
-from webrtc_engines import tone_pipeline
+from webrtc_engines import one_torch_thread, tone_pipeline
 
 from omni_actors.server.runner import RunningServer, run_server
 from omni_actors.server.settings import ServerSettings
@@ -253,7 +253,8 @@ def barging_chromium(tmp_path: Path) -> Iterator[Chromium]:
     browser = Chromium(wav, tmp_path / "chromium.log")
     try:
         browser.devtools_url()
-        yield browser
+        with one_torch_thread():  # the server runs as `serve` runs it
+            yield browser
     finally:
         browser.close()
 

@@ -14,7 +14,7 @@ import asyncio
 import math
 import sys
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
 from typing import Any
 
 import httpx
@@ -22,7 +22,7 @@ import pytest
 import pytest_asyncio
 from aiortc import RTCPeerConnection
 from webrtc_client import call, speech
-from webrtc_engines import tone_pipeline
+from webrtc_engines import one_torch_thread, tone_pipeline
 
 import omni_actors.server
 from omni_actors.server import webrtc_call
@@ -32,6 +32,12 @@ from omni_actors.testing.waiting import consistently, eventually
 
 KEY = "sk-webrtc-test"
 MS_PER_OUTPUT = 160  # one text output: two 80 ms codec frames
+
+
+@pytest.fixture(autouse=True)
+def _as_served() -> Iterator[None]:
+    with one_torch_thread():
+        yield
 
 
 @pytest_asyncio.fixture

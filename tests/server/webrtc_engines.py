@@ -9,6 +9,8 @@ frames per text output, truncation) is scripted-omni's.
 from __future__ import annotations
 
 import math
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 import torch
 
@@ -88,3 +90,16 @@ def tone_pipeline(per_output_s: float = 0.06) -> PipelineSpec:
             },
         }
     )
+
+
+@contextmanager
+def one_torch_thread() -> Iterator[None]:
+    """Torch on one thread, as ``omni-actors serve`` runs it (``cli/serve.py``): with its
+    intra-op pool, resampling a call's 20 ms frame takes milliseconds on a busy machine,
+    and the server's track falls behind real time."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(threads)
