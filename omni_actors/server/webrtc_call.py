@@ -298,6 +298,10 @@ class Call:
         self.media = CallMedia(self.player)
         self.events = DataChannelTransport()
         self.connection: RealtimeConnection | None = None
+        self.lost = asyncio.Event()  # the peer connection failed or closed
+        # An offer without audio (a data channel alone) gets its audio in events, as on
+        # the websocket.
+        self.carries_audio = False
 
         @self.pc.on("track")
         def _track(track: MediaStreamTrack) -> None:
@@ -312,6 +316,7 @@ class Call:
         @self.pc.on("connectionstatechange")
         def _state() -> None:
             if self.pc.connectionState in ("failed", "closed"):
+                self.lost.set()
                 self.events.end()
 
     async def answer(self, offer: str) -> str:
@@ -326,27 +331,40 @@ class Call:
             if transceiver.kind == "audio":
                 transceiver.sender.replaceTrack(self.player)
                 transceiver.direction = "sendrecv"
+                self.carries_audio = True
                 break
-        else:
-            self.pc.addTrack(self.player)  # an offer without audio: one for the replies
         await self.pc.setLocalDescription(await self.pc.createAnswer())
         answer: str = self.pc.localDescription.sdp
         return answer
+
+    async def _opened(self) -> bool:
+        """Wait for the data channel, until the connection is lost or ``_OPEN_S`` pass."""
+        waits = [
+            asyncio.create_task(self.events.opened.wait(), name=f"call {self.id} opened"),
+            asyncio.create_task(self.lost.wait(), name=f"call {self.id} lost"),
+        ]
+        try:
+            await asyncio.wait(waits, timeout=_OPEN_S, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            for wait in waits:
+                wait.cancel()
+            await asyncio.gather(*waits, return_exceptions=True)
+        return self.events.opened.is_set() and not self.lost.is_set()
 
     async def run(self) -> None:
         """Serve the session once the data channel opens; close the peer connection
         whatever ends the call (the caller, the session, a hang-up, the server)."""
         try:
-            try:
-                async with asyncio.timeout(_OPEN_S):
-                    await self.events.opened.wait()
-            except TimeoutError:
+            if not await self._opened():
                 log.warning(
                     "call %s: no %s data channel within %gs", self.id, EVENTS_CHANNEL, _OPEN_S
                 )
                 return
             self.connection = RealtimeConnection(
-                self.events, self.state, configs=self.configs, audio=self.media
+                self.events,
+                self.state,
+                configs=self.configs,
+                audio=self.media if self.carries_audio else None,
             )
             await self.connection.serve()
         finally:

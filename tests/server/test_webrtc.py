@@ -20,8 +20,8 @@ from typing import Any
 import httpx
 import pytest
 import pytest_asyncio
-from aiortc import RTCPeerConnection
-from webrtc_client import call, speech
+from aiortc import RTCConfiguration, RTCPeerConnection
+from webrtc_client import call, post_offer, speech
 from webrtc_engines import one_torch_thread, tone_pipeline
 
 import omni_actors.server
@@ -274,3 +274,42 @@ async def test_a_server_stopping_ends_its_calls(
         assert error["error"]["code"] == "server_shutting_down"
         async with asyncio.timeout(20):
             await caller.closed.wait()
+
+
+async def test_a_call_hung_up_before_its_caller_connects_is_closed(
+    tone: RunningServer, peer_connections: list[RTCPeerConnection]
+) -> None:
+    # The caller posts its offer, then closes before the connection is made.
+    pc = RTCPeerConnection(RTCConfiguration(iceServers=[]))
+    try:
+        pc.createDataChannel("oai-events")
+        await pc.setLocalDescription(await pc.createOffer())
+        reply = await post_offer(tone.url, pc.localDescription.sdp, key=KEY)
+        assert reply.status_code == 201, reply.text
+        assert len(tone.state.calls) == 1
+    finally:
+        await pc.close()
+    async with httpx.AsyncClient(base_url=tone.url, timeout=20) as http:
+        hung = await http.post(
+            reply.headers["location"] + "/hangup", headers={"Authorization": f"Bearer {KEY}"}
+        )
+    assert hung.status_code == 200
+    _nothing_left(tone, peer_connections)
+
+
+async def test_a_call_without_audio_gets_its_audio_in_events(tone: RunningServer) -> None:
+    # A data channel alone: the session's audio travels as on the websocket.
+    async with call(tone.url, key=KEY, microphone=False) as caller:
+        await caller.expect("session.created")
+        await caller.send(
+            "conversation.item.create",
+            item={
+                "type": "message",
+                "role": "user",
+                "content": [{"type": "input_text", "text": "hi"}],
+            },
+        )
+        await caller.send("response.create")
+        events = await caller.until("response.done")
+        assert "response.output_audio.delta" in [e["type"] for e in events]
+        assert events[-1]["response"]["status"] == "completed"

@@ -171,9 +171,14 @@ async def post_offer(
 
 @contextlib.asynccontextmanager
 async def call(
-    base_url: str, *, key: str | None = None, session: dict[str, Any] | None = None
+    base_url: str,
+    *,
+    key: str | None = None,
+    session: dict[str, Any] | None = None,
+    microphone: bool = True,
 ) -> AsyncIterator[Caller]:
-    """A call to the server at ``base_url``, its data channel open; hung up on the way out."""
+    """A call to the server at ``base_url``, its data channel open (and a microphone
+    track, unless ``microphone`` is False); hung up on the way out."""
     pc = RTCPeerConnection(RTCConfiguration(iceServers=[]))
     mic = Microphone()
     caller = Caller(pc, mic)
@@ -185,7 +190,8 @@ async def call(
         channel.on("open", opened.set)
         channel.on("message", lambda data: caller.events.put_nowait(json.loads(data)))
         channel.on("close", caller.closed.set)
-        pc.addTrack(mic)
+        if microphone:
+            pc.addTrack(mic)
 
         @pc.on("track")
         def _track(track: MediaStreamTrack) -> None:
