@@ -116,6 +116,9 @@ from omni_actors.protocols.realtime_server import (
     InputAudioBufferSpeechStopped,
     InputAudioBufferTimeoutTriggered,
     ItemContent,
+    OutputAudioBufferCleared,
+    OutputAudioBufferStarted,
+    OutputAudioBufferStopped,
     RateLimit,
     RateLimitsUpdated,
     ResponseOutputAudioDelta,
@@ -271,6 +274,11 @@ class RealtimeConnection:
                         name=f"realtime {self.settings.id} caller audio",
                     )
                 )
+                tasks.append(
+                    asyncio.create_task(
+                        self._playout(self.audio), name=f"realtime {self.settings.id} playout"
+                    )
+                )
             try:
                 _done, _ = await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
             finally:
@@ -402,6 +410,19 @@ class RealtimeConnection:
                 await self.client_error(
                     *described(exc), event.event_id, getattr(exc, "param", None)
                 )
+
+    async def _playout(self, audio: CallAudio) -> None:
+        """Tell a call's client when a reply starts playing, ends, or is cut."""
+        while True:
+            kind, response_id = await audio.playout()
+            event_id = new_id("event")
+            await self.send(
+                OutputAudioBufferStarted(event_id=event_id, response_id=response_id)
+                if kind == "started"
+                else OutputAudioBufferStopped(event_id=event_id, response_id=response_id)
+                if kind == "stopped"
+                else OutputAudioBufferCleared(event_id=event_id, response_id=response_id)
+            )
 
     def _idle_left(self) -> float:
         """Seconds until the session is idle for ``idle_timeout_s``."""

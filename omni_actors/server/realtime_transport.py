@@ -10,12 +10,16 @@ its media tracks (:class:`CallAudio`), so its events carry none.
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
-from typing import Protocol
+from typing import Literal, Protocol
 
 import torch
 from starlette.websockets import WebSocket, WebSocketDisconnect, WebSocketState
 
-__all__ = ["CallAudio", "ClientGone", "EventTransport", "WebSocketTransport"]
+__all__ = ["CallAudio", "ClientGone", "EventTransport", "Playout", "WebSocketTransport"]
+
+Playout = Literal["started", "stopped", "cleared"]
+"""What became of a reply on a call's track: it began playing, played to its end, or was
+cut (OpenAI's ``output_audio_buffer.*`` events)."""
 
 
 class ClientGone(Exception):
@@ -64,6 +68,10 @@ class CallAudio(Protocol):
 
     def playing(self, response_id: str) -> bool:
         """Whether some of the reply is queued or playing still."""
+        ...
+
+    async def playout(self) -> tuple[Playout, str]:
+        """The next change of a reply's playout, and the reply's id."""
         ...
 
     def cut(self, response_id: str) -> float | None:

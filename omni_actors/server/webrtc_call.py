@@ -41,7 +41,7 @@ from aiortc.mediastreams import MediaStreamError
 from omni_actors.audio.resample import StreamResampler
 from omni_actors.protocols.realtime_client import SessionConfig
 from omni_actors.server.realtime import RealtimeConnection
-from omni_actors.server.realtime_transport import ClientGone
+from omni_actors.server.realtime_transport import ClientGone, Playout
 from omni_actors.server.state import ServerState
 
 __all__ = ["EVENTS_CHANNEL", "RATE", "Call", "DataChannelTransport", "ReplyPlayer", "answer_call"]
@@ -132,6 +132,7 @@ class ReplyPlayer(MediaStreamTrack):
         self._finished: deque[str] = deque(maxlen=_KEPT)  # played to their end
         self._start: float | None = None
         self._pts = 0
+        self.changes: asyncio.Queue[tuple[Playout, str]] = asyncio.Queue()
 
     # -- what the session plays ------------------------------------------------------------
 
@@ -165,6 +166,8 @@ class ReplyPlayer(MediaStreamTrack):
         self._resamplers.pop(response_id, None)
         played = self._played.pop(response_id)
         self._finished.append(response_id)
+        if played:
+            self.changes.put_nowait(("cleared", response_id))
         return 1000.0 * played / RATE
 
     def played_ms(self, response_id: str) -> float:
@@ -180,8 +183,11 @@ class ReplyPlayer(MediaStreamTrack):
         """A reply whose audio is all sent and none is coming is done playing."""
         if response_id in self._resamplers or any(p[0] == response_id for p in self._queue):
             return
-        if self._played.pop(response_id, None) is not None:
+        played = self._played.pop(response_id, None)
+        if played is not None:
             self._finished.append(response_id)
+            if played:
+                self.changes.put_nowait(("stopped", response_id))
 
     # -- what aiortc sends ---------------------------------------------------------------
 
@@ -193,6 +199,8 @@ class ReplyPlayer(MediaStreamTrack):
             take = min(_FRAME - filled, piece.size)
             frame[filled : filled + take] = piece[:take]
             filled += take
+            if not self._played.get(reply):
+                self.changes.put_nowait(("started", reply))
             self._played[reply] = self._played.get(reply, 0) + take
             if take == piece.size:
                 self._queue.popleft()
@@ -262,6 +270,10 @@ class CallMedia:
         """See :meth:`ReplyPlayer.playing`."""
         return self.player.playing(response_id)
 
+    async def playout(self) -> tuple[Playout, str]:
+        """The next change of a reply's playout (see ``CallAudio.playout``)."""
+        return await self.player.changes.get()
+
     def cut(self, response_id: str) -> float | None:
         """See :meth:`ReplyPlayer.cut`."""
         return self.player.cut(response_id)
@@ -327,6 +339,8 @@ class Call:
             ValueError: the offer is not SDP aiortc can answer.
         """
         await self.pc.setRemoteDescription(RTCSessionDescription(sdp=offer, type="offer"))
+        if self.pc.sctp is None:
+            raise ValueError(f"the offer opens no data channel (the {EVENTS_CHANNEL} events')")
         for transceiver in self.pc.getTransceivers():
             if transceiver.kind == "audio":
                 transceiver.sender.replaceTrack(self.player)

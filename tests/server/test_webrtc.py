@@ -77,6 +77,11 @@ async def test_a_call_hears_the_caller_and_plays_the_reply(tone: RunningServer) 
         assert caller.first_loud_at is not None
         took_s = time.monotonic() - caller.first_loud_at
         assert took_s >= 0.9 * caller.heard_ms / 1000, (took_s, caller.heard_ms)
+        # The playout's start and end are told, as OpenAI tells a WebRTC client.
+        started = next(e for e in caller.seen if e["type"] == "output_audio_buffer.started")
+        assert started["response_id"] == done["id"]
+        stopped = (await caller.until("output_audio_buffer.stopped"))[-1]
+        assert stopped["response_id"] == done["id"]
 
 
 @pytest.mark.parametrize(
@@ -121,6 +126,10 @@ async def test_a_cut_reply_is_truncated_at_what_the_caller_heard(
         assert 1200 <= cut_ms < 32 * MS_PER_OUTPUT
         assert heard_ms - 60 <= cut_ms <= heard_ms + 200, (cut_ms, heard_ms)
         await caller.send("conversation.item.retrieve", item_id=reply["id"])
+        if not any(e["type"] == "output_audio_buffer.cleared" for e in caller.seen):
+            await caller.until("output_audio_buffer.cleared")
+        cleared = next(e for e in caller.seen if e["type"] == "output_audio_buffer.cleared")
+        assert cleared["response_id"] == done["id"]
         # (A barge-in's speech gets its own reply meanwhile: its events come on the way.)
         retrieved = (await caller.until("conversation.item.retrieved"))[-1]
         assert retrieved["item"]["content"][0]["transcript"] == heard_text(cut_ms)

@@ -50,6 +50,8 @@ async def test_a_cut_says_what_was_played_and_the_rest_is_never_played() -> None
         assert all(rms > 0.1 for rms in played[1:])  # the tone, after the resampler's ramp
         assert player.cut("resp_1") == 200.0  # ten frames of it went out
         assert player.cut("resp_1") is None  # cut already
+        told = [player.changes.get_nowait() for _ in range(player.changes.qsize())]
+        assert told == [("started", "resp_1"), ("cleared", "resp_1")]
         player.play("resp_1", tone(0.5), 24_000)  # what still comes of it is dropped
         assert max(await frames(player, 5)) == 0.0
     finally:
@@ -63,6 +65,8 @@ async def test_a_reply_played_to_its_end_is_not_cut() -> None:
         player.end("resp_1")
         await frames(player, 8)  # 100 ms of it and the resampler's tail, then silence
         assert player.cut("resp_1") is None
+        told = [player.changes.get_nowait() for _ in range(player.changes.qsize())]
+        assert told == [("started", "resp_1"), ("stopped", "resp_1")]
         assert player.cut("resp_never") is None
     finally:
         player.stop()
