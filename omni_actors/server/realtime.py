@@ -10,7 +10,8 @@ the reply where the caller stopped hearing it, as a ``conversation.item.truncate
 The connection owns three tasks and waits for the first to end: the reader (client
 events, acted on at once and never blocked by the pipeline), the input stream (queued
 input handed to the session in order: :class:`~omni_actors.server.input_stream.InputStream`)
-and the event pump (the session's events turned into Realtime events). When one ends —
+and the event pump (the session's events turned into Realtime events); in a call, two
+more: the caller's audio and the playout's news (``output_audio_buffer.*``). When one ends —
 the client went away, the session ended, the server is shutting down — the others are
 cancelled and the session is aborted on every stage: a connection leaves nothing
 behind.
