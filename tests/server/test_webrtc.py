@@ -322,3 +322,32 @@ async def test_a_call_without_audio_gets_its_audio_in_events(tone: RunningServer
         events = await caller.until("response.done")
         assert "response.output_audio.delta" in [e["type"] for e in events]
         assert events[-1]["response"]["status"] == "completed"
+
+
+async def test_a_session_ending_ends_its_call(peer_connections: list[RTCPeerConnection]) -> None:
+    # No microphone and no event for idle_timeout_s: the session ends, and the call too.
+    settings = ServerSettings(port=0, api_key=KEY, idle_timeout_s=1.0)
+    async with (
+        run_server(settings, pipeline=tone_pipeline()) as server,
+        call(server.url, key=KEY, microphone=False) as caller,
+    ):
+        await caller.expect("session.created")
+        error = await caller.expect("error")
+        assert error["error"]["code"] == "idle_timeout"
+        async with asyncio.timeout(20):
+            await caller.closed.wait()
+        await eventually(
+            lambda: _nothing_left(server, peer_connections), timeout=20, what="the call ended"
+        )
+
+
+async def test_a_callers_audio_keeps_its_session_from_idling() -> None:
+    # A caller who only speaks sends no event: its microphone is what the client did.
+    settings = ServerSettings(port=0, api_key=KEY, idle_timeout_s=1.0)
+    async with (
+        run_server(settings, pipeline=tone_pipeline()) as server,
+        call(server.url, key=KEY) as caller,
+    ):
+        await caller.expect("session.created")
+        await consistently(lambda: not caller.closed.is_set(), 2.5, what="the call stays")
+        assert len(server.state.calls) == 1
