@@ -35,6 +35,9 @@ __all__ = [
     "BETA_NAMES",
     "ClientSecretCreated",
     "InputAudioBufferTimeoutTriggered",
+    "OutputAudioBufferCleared",
+    "OutputAudioBufferStarted",
+    "OutputAudioBufferStopped",
     "TruncationState",
     "TurnDetectionState",
     "ConversationItem",
@@ -426,6 +429,31 @@ class RateLimit(msgspec.Struct, frozen=True, kw_only=True):
     reset_seconds: float = 0.0
 
 
+class OutputAudioBufferStarted(
+    _Event, tag="output_audio_buffer.started", frozen=True, kw_only=True
+):
+    """A call's reply began playing on its audio track (WebRTC calls only)."""
+
+    response_id: str
+
+
+class OutputAudioBufferStopped(
+    _Event, tag="output_audio_buffer.stopped", frozen=True, kw_only=True
+):
+    """A call's reply played to its end on its audio track (WebRTC calls only)."""
+
+    response_id: str
+
+
+class OutputAudioBufferCleared(
+    _Event, tag="output_audio_buffer.cleared", frozen=True, kw_only=True
+):
+    """A call's reply stopped playing before its end: a barge-in or a cancel cut it
+    (WebRTC calls only)."""
+
+    response_id: str
+
+
 class RateLimitsUpdated(_Event, tag="rate_limits.updated", frozen=True, kw_only=True):
     """The limits as they stand, sent after each ``response.done``."""
 
@@ -580,6 +608,9 @@ ServerEvent = (
     | ResponseFunctionCallArgumentsDelta
     | ResponseFunctionCallArgumentsDone
     | ResponseDone
+    | OutputAudioBufferStarted
+    | OutputAudioBufferStopped
+    | OutputAudioBufferCleared
     | ErrorEvent
 )
 """Every event the server sends."""

@@ -1,6 +1,8 @@
 """The ASGI app: the routes of ``omni-actors serve``.
 
 - ``/v1/realtime`` — the OpenAI Realtime websocket (``realtime.py``).
+- ``POST /v1/realtime/calls`` — the same session over WebRTC, as OpenAI's browser path
+  (``webrtc.py``; aiortc, the ``webrtc`` extra), and ``.../{call_id}/hangup``.
 - ``POST /v1/realtime/client_secrets`` — an ephemeral key for a browser, bound to a
   session config (``client_secrets.py``).
 - ``POST /v1/chat/completions`` — OpenAI's chat completions, text and audio output
@@ -44,8 +46,10 @@ from omni_actors.server.model_list import (
     unknown_model,
 )
 from omni_actors.server.realtime import RealtimeConnection
+from omni_actors.server.realtime_transport import WebSocketTransport
 from omni_actors.server.settings import ServerSettings
 from omni_actors.server.state import ServerState, server_state
+from omni_actors.server.webrtc import CALLS_PATH, create_call, hang_up_call
 
 __all__ = ["STATIC", "create_app"]
 
@@ -100,10 +104,10 @@ async def realtime(websocket: WebSocket) -> None:
         return
     await websocket.accept(subprotocol=pick_subprotocol(offered))
     connection = RealtimeConnection(
-        websocket,
+        WebSocketTransport(websocket),
         state,
         beta="realtime=v1" in headers.get("openai-beta", ""),
-        config=None if secret is None else secret.session,
+        configs=() if secret is None else (secret.session,),
     )
     if not state.admit():
         reason = "the server is shutting down" if state.draining else "the server is full"
@@ -161,10 +165,15 @@ def create_app(settings: ServerSettings, pipeline: OmniPipeline | None = None) -
         async with OmniPipeline(settings.preset, max_sessions=settings.max_sessions) as own:
             app.state.server = ServerState(settings, own)
             await app.state.server.voices()
-            yield
+            try:
+                yield
+            finally:
+                await app.state.server.calls.close()
 
     routes = [
         WebSocketRoute("/v1/realtime", realtime),
+        Route(CALLS_PATH, create_call, methods=["POST"]),
+        Route(CALLS_PATH + "/{call_id}/hangup", hang_up_call, methods=["POST"]),
         Route("/v1/realtime/client_secrets", create_client_secret, methods=["POST"]),
         Route("/v1/chat/completions", chat_completions, methods=["POST"]),
         Route("/v1/models", list_models),

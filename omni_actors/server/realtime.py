@@ -1,9 +1,17 @@
-"""``RealtimeConnection``: one websocket on ``/v1/realtime``, one conversation session.
+"""``RealtimeConnection``: one realtime client, one conversation session.
+
+The client is on a websocket (``/v1/realtime``) or in a WebRTC call (``/v1/realtime/calls``):
+the session is the same, its transport (``realtime_transport.py``) moves the events. In a
+call the audio travels on the call's media tracks (:class:`CallAudio`), not in events:
+the caller's microphone feeds the input audio buffer as ``input_audio_buffer.append``
+would, the reply is played out in real time, and a barge-in or ``response.cancel`` cuts
+the reply where the caller stopped hearing it, as a ``conversation.item.truncate`` would.
 
 The connection owns three tasks and waits for the first to end: the reader (client
 events, acted on at once and never blocked by the pipeline), the input stream (queued
 input handed to the session in order: :class:`~omni_actors.server.input_stream.InputStream`)
-and the event pump (the session's events turned into Realtime events). When one ends —
+and the event pump (the session's events turned into Realtime events); in a call, two
+more: the caller's audio and the playout's news (``output_audio_buffer.*``). When one ends —
 the client went away, the session ended, the server is shutting down — the others are
 cancelled and the session is aborted on every stage: a connection leaves nothing
 behind.
@@ -45,15 +53,16 @@ import contextlib
 import json
 import logging
 import time
+from collections.abc import Sequence
 from dataclasses import replace
 from typing import Literal
 
 import msgspec
 import torch
-from starlette.websockets import WebSocket, WebSocketDisconnect, WebSocketState
 
 from omni_actors.actors.engines.contract import INSTRUCTIONS_FIELD, REPLY_FIELD, TOOLS_FIELD
 from omni_actors.actors.engines.tool_calls import MalformedToolCallError
+from omni_actors.audio.resample import StreamResampler
 from omni_actors.errors import InvalidRequestError, OmniError
 from omni_actors.models.family import family_of_kind
 from omni_actors.pipeline.session import CancelTimeoutError, Session
@@ -108,8 +117,12 @@ from omni_actors.protocols.realtime_server import (
     InputAudioBufferSpeechStopped,
     InputAudioBufferTimeoutTriggered,
     ItemContent,
+    OutputAudioBufferCleared,
+    OutputAudioBufferStarted,
+    OutputAudioBufferStopped,
     RateLimit,
     RateLimitsUpdated,
+    ResponseOutputAudioDelta,
     ServerEvent,
     SessionCreated,
     SessionUpdated,
@@ -120,6 +133,7 @@ from omni_actors.server.conversation_items import ConversationItems
 from omni_actors.server.ids import new_id
 from omni_actors.server.input_stream import InputStream, Op
 from omni_actors.server.model_list import served_name
+from omni_actors.server.realtime_transport import CallAudio, ClientGone, EventTransport
 from omni_actors.server.request_error import RequestError, described
 from omni_actors.server.response_stream import CancelReason, ResponseStream, tool_call_error
 from omni_actors.server.session_config import SessionSettings, SettingError
@@ -143,29 +157,33 @@ _encoder = msgspec.json.Encoder()
 
 
 class RealtimeConnection:
-    """One realtime session over an accepted websocket (see the module docstring).
+    """One realtime session over a client's transport (see the module docstring).
 
     Args:
-        websocket: the accepted connection.
+        transport: the client's events, both ways (an accepted websocket, a call's
+            data channel).
         state: the server's shared state.
         beta: the client asked for the beta protocol (``OpenAI-Beta: realtime=v1``):
             events go out under their beta names.
-        config: the session config the client's ephemeral key is bound to: the session
-            starts from it (``client_secrets.py``).
+        configs: the session configs the session starts from, in order: the one the
+            client's ephemeral key is bound to (``client_secrets.py``), a call's own.
+        audio: a call's media tracks: the audio goes there, not in events.
     """
 
     def __init__(
         self,
-        websocket: WebSocket,
+        transport: EventTransport,
         state: ServerState,
         *,
         beta: bool = False,
-        config: SessionConfig | None = None,
+        configs: Sequence[SessionConfig] = (),
+        audio: CallAudio | None = None,
     ) -> None:
-        self.ws = websocket
+        self.transport = transport
+        self.audio = audio
         self.state = state
         self.beta = beta
-        self.bound = config
+        self.bound = tuple(configs)
         spec = state.pipeline.spec
         self.settings = SessionSettings(
             id=new_id("sess"), model=served_name(state), created_at=time.time()
@@ -201,6 +219,12 @@ class RealtimeConnection:
         self.last_response: ResponseStream | None = None
         self.streams: dict[str, ResponseStream] = {}
         self.out_of_band: set[str] = set()
+        # What the client did last (an event, or a call's audio), for the idle timeout;
+        # the lock keeps a call's audio and its events from interleaving their work.
+        self.heard_at = time.monotonic()
+        self._acting = asyncio.Lock()
+        self._caller: StreamResampler | None = None  # a call's audio -> the input rate
+        self._overflowing = False  # a call's audio overflowed the buffer: told once
 
     # -- lifecycle ---------------------------------------------------------------------
 
@@ -223,10 +247,10 @@ class RealtimeConnection:
             self.voices = await state.voices()
             # session.created names the voice a reply speaks with, not null.
             self.settings = replace(self.settings, voice=self.voices.default)
-            if self.bound is not None:
+            for config in self.bound:
                 try:
                     self.settings = checked_update(
-                        self.settings, self.bound, state.pipeline.spec, self.voices
+                        self.settings, config, state.pipeline.spec, self.voices
                     )
                 except RequestError as exc:  # checked when the key was made: rare
                     await self.fail(exc.realtime_code, str(exc), close_code=_CLOSE_POLICY)
@@ -246,6 +270,18 @@ class RealtimeConnection:
                 asyncio.create_task(self.input.run(), name=f"realtime {self.settings.id} input"),
                 asyncio.create_task(self._pump(), name=f"realtime {self.settings.id} events"),
             ]
+            if self.audio is not None:
+                tasks.append(
+                    asyncio.create_task(
+                        self.audio.listen(self._caller_audio),
+                        name=f"realtime {self.settings.id} caller audio",
+                    )
+                )
+                tasks.append(
+                    asyncio.create_task(
+                        self._playout(self.audio), name=f"realtime {self.settings.id} playout"
+                    )
+                )
             try:
                 _done, _ = await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
             finally:
@@ -253,7 +289,7 @@ class RealtimeConnection:
                     task.cancel()
                 results = await asyncio.gather(*tasks, return_exceptions=True)
             for result in results:
-                if isinstance(result, Exception) and not isinstance(result, WebSocketDisconnect):
+                if isinstance(result, Exception) and not isinstance(result, ClientGone):
                     self.log.error(
                         "session %s failed: %r", self.settings.id, result, exc_info=result
                     )
@@ -261,9 +297,9 @@ class RealtimeConnection:
             await session.close()
             state.connections.discard(self)
             state.metrics.session_closed()
-            if self.ws.application_state == WebSocketState.CONNECTED:
-                with contextlib.suppress(Exception):
-                    await self.ws.close(_CLOSE_INTERNAL if not self.closing else _CLOSE_GOING_AWAY)
+            with contextlib.suppress(Exception):
+                code = _CLOSE_INTERNAL if not self.closing else _CLOSE_GOING_AWAY
+                await self.transport.close(code, "")
             self.log.info("session %s closed", self.settings.id)
 
     @property
@@ -286,12 +322,17 @@ class RealtimeConnection:
                     error=ErrorDetail(type="server_error", code=code, message=message),
                 )
             )
-            await self.ws.close(close_code, reason=message[:120])
+            await self.transport.close(close_code, message[:120])
 
     # -- sending -----------------------------------------------------------------------
 
     async def send(self, event: ServerEvent) -> None:
-        """Send one event (under its beta name for a beta client), within a deadline."""
+        """Send one event (under its beta name for a beta client), within a deadline.
+
+        In a call, the reply's audio is played on the call's track, not sent as deltas.
+        """
+        if self.audio is not None and isinstance(event, ResponseOutputAudioDelta):
+            return
         data = _encoder.encode(event)
         name = event.__struct_config__.tag
         assert isinstance(name, str)
@@ -299,7 +340,7 @@ class RealtimeConnection:
             # msgspec writes the tag first: swap the name without decoding the event.
             data = b'{"type":"%s"' % BETA_NAMES[name].encode() + data[len(name) + 10 :]
         async with asyncio.timeout(_SEND_TIMEOUT_S):
-            await self.ws.send_text(data.decode())
+            await self.transport.send(data.decode())
         self.state.metrics.sent(name)
 
     async def send_all(self, events: list[ServerEvent]) -> None:
@@ -332,19 +373,21 @@ class RealtimeConnection:
         limits = self.state.settings
         while True:
             try:
-                async with asyncio.timeout(limits.idle_timeout_s):
-                    message = await self.ws.receive()
+                async with asyncio.timeout(self._idle_left()):
+                    data = await self.transport.receive()
             except TimeoutError:
+                if self._idle_left() > 0:
+                    continue  # a call's audio came meanwhile: the client is there
                 await self.fail(
                     "idle_timeout",
                     f"no client event for {limits.idle_timeout_s:g}s (idle_timeout_s)",
                     close_code=1000,
                 )
                 return
-            if message["type"] == "websocket.disconnect":
-                return
-            data = message.get("text")
             if data is None:
+                return
+            self.heard_at = time.monotonic()
+            if isinstance(data, bytes):
                 await self.client_error(
                     "invalid_event", "events are JSON text frames, not binary ones", None
                 )
@@ -364,11 +407,29 @@ class RealtimeConnection:
                 continue
             self.state.metrics.received(event.__struct_config__.tag)  # type: ignore[arg-type]
             try:
-                await self._handle(event)
+                async with self._acting:
+                    await self._handle(event)
             except InvalidRequestError as exc:
                 await self.client_error(
                     *described(exc), event.event_id, getattr(exc, "param", None)
                 )
+
+    async def _playout(self, audio: CallAudio) -> None:
+        """Tell a call's client when a reply starts playing, ends, or is cut."""
+        while True:
+            kind, response_id = await audio.playout()
+            event_id = new_id("event")
+            await self.send(
+                OutputAudioBufferStarted(event_id=event_id, response_id=response_id)
+                if kind == "started"
+                else OutputAudioBufferStopped(event_id=event_id, response_id=response_id)
+                if kind == "stopped"
+                else OutputAudioBufferCleared(event_id=event_id, response_id=response_id)
+            )
+
+    def _idle_left(self) -> float:
+        """Seconds until the session is idle for ``idle_timeout_s``."""
+        return self.heard_at + self.state.settings.idle_timeout_s - time.monotonic()
 
     async def _handle(self, event: ClientEvent) -> None:
         match event:
@@ -463,6 +524,38 @@ class RealtimeConnection:
         samples = decode_audio(
             event.audio, self.settings.input_format, max_bytes=limits.max_append_bytes
         )
+        await self._take(samples)
+
+    async def _caller_audio(self, samples: torch.Tensor, rate: int) -> None:
+        """A piece of a call's audio (int16 at ``rate``): into the input audio buffer,
+        at the input format's rate, as ``input_audio_buffer.append`` would put it."""
+        self.heard_at = time.monotonic()
+        target = self.input_rate
+        if rate != target:
+            caller = self._caller
+            if caller is None or (caller.source, caller.target) != (rate, target):
+                caller = self._caller = StreamResampler(rate, target)
+            floats = caller.push(samples.to(torch.float32) / 32768.0)
+            samples = (floats * 32768.0).round().clamp(-32768, 32767).to(torch.int16)
+        if not samples.numel():
+            return
+        async with self._acting:
+            try:
+                await self._take(samples)
+            except RequestError as exc:
+                if not self._overflowing:  # once, not every 20 ms
+                    self._overflowing = True
+                    await self.client_error(exc.realtime_code, str(exc), None)
+                return
+        self._overflowing = False
+
+    async def _take(self, samples: torch.Tensor) -> None:
+        """Audio for the input buffer: check the cap, run VAD, queue speech.
+
+        Raises:
+            RequestError: the input buffer would pass ``max_input_buffer_s``.
+        """
+        limits = self.state.settings
         assert self.input is not None
         held = self.buffered + self.input.queued_samples + samples.numel()
         if held > limits.max_input_buffer_s * self.input_rate:
@@ -495,8 +588,8 @@ class RealtimeConnection:
                         )
                     )
                     vad = self.settings.vad
-                    if self.active is not None and vad is not None and vad.interrupt_response:
-                        await self._cancel_response(self.active, "turn_detected")
+                    if vad is not None and vad.interrupt_response:
+                        await self._interrupt("turn_detected")
                 case Stopped(audio_end_ms=end_ms):
                     item = self.pending_item or new_id("item")
                     self.pending_item = item
@@ -1078,12 +1171,23 @@ class RealtimeConnection:
         return True
 
     async def _cancel_requested(self, event: ResponseCancel) -> None:
-        """``response.cancel``.
+        """``response.cancel``; in a call, also of a reply generated but still playing
+        (it stops, cut to what was heard).
 
         Raises:
-            RequestError: no response (or not the one named) is in flight.
+            RequestError: no response (or not the one named) is in flight, or playing.
         """
         active = self.active
+        reply = self.last_response
+        if (
+            active is None
+            and reply is not None
+            and self.audio is not None
+            and event.response_id in (None, "", reply.id)
+            and self.audio.playing(reply.id)
+        ):
+            await self._interrupt("client_cancelled")
+            return
         if active is None or (event.response_id and event.response_id != active.id):
             raise RequestError(
                 "no response is in flight"
@@ -1091,7 +1195,30 @@ class RealtimeConnection:
                 else f"response {event.response_id!r} is not in flight ({active.id} is)",
                 realtime_code="response_cancel_not_active",
             )
-        await self._cancel_response(active, "client_cancelled")
+        await self._interrupt("client_cancelled")
+
+    async def _interrupt(self, reason: CancelReason) -> None:
+        """Cancel the response in flight (a barge-in, ``response.cancel``); in a call,
+        stop the reply playing too, and cut its item to what the caller heard of it,
+        as the client's ``conversation.item.truncate`` would (:meth:`_truncated`)."""
+        reply = self.last_response
+        heard: float | None = None
+        if self.audio is not None:
+            # Stopped first: while the stages let the reply go, the caller hears no more.
+            if self.active is not None and self.active is not reply:
+                self.audio.cut(self.active.id)  # out of band: nothing to cut
+            if reply is not None:
+                heard = self.audio.cut(reply.id)
+        if self.active is not None:
+            await self._cancel_response(self.active, reason)
+        if heard is None or reply is None or reply.response is None:
+            return  # nothing playing, or a reply that never started: nothing to cut
+        assert self.input is not None
+        heard_ms = min(int(heard), int(reply.audio_ms))
+        self.log.info(
+            "session %s response %s cut at %d ms heard", self.settings.id, reply.id, heard_ms
+        )
+        self.input.put(Op("truncate", audio_ms=heard_ms, stream=reply))
 
     async def _cancel_response(self, stream: ResponseStream, reason: CancelReason) -> None:
         """Cancel ``stream`` for ``reason``: stop it on every stage (no delta follows)."""
@@ -1145,6 +1272,8 @@ class RealtimeConnection:
         of the conversation on the stages."""
         closing = stream.done(done, error)
         in_conversation = stream.id not in self.out_of_band
+        if self.audio is not None:
+            self.audio.end(stream.id)
         if stream.id in self.out_of_band:
             self.out_of_band.discard(stream.id)
             if done is not None and self.input is not None:
@@ -1189,6 +1318,8 @@ class RealtimeConnection:
             case AudioDelta(response=rid, audio=audio):
                 stream = self.streams.get(rid)
                 if stream is not None:
+                    if self.audio is not None and stream.speaking:
+                        self.audio.play(stream.id, audio, self.source_rate)
                     await self.send_all(stream.on_audio(audio))
             case PipelineResponseDone(response=rid):
                 stream = self.streams.get(rid)

@@ -375,14 +375,20 @@ class ResponseStream:
             ]
         return [ResponseOutputTextDelta(event_id=self._event_id(), delta=text, **self._where())]
 
-    def on_audio(self, samples: torch.Tensor) -> list[ServerEvent]:
-        """An audio delta (dropped in text-only responses)."""
-        if (
+    @property
+    def speaking(self) -> bool:
+        """Whether its audio reaches the client: an audio response, not ended, failed
+        or cancelled."""
+        return not (
             self._encoder is None
             or self.ended
             or self.failure is not None
             or self.cancel_reason is not None
-        ):
+        )
+
+    def on_audio(self, samples: torch.Tensor) -> list[ServerEvent]:
+        """An audio delta (dropped in text-only responses)."""
+        if self._encoder is None or not self.speaking:
             return []
         return self._audio_delta(self._encoder.encode(samples))
 

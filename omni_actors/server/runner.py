@@ -83,6 +83,7 @@ class RunningServer:
                 await connection.shut_down(
                     "the server is shutting down; reconnect to another instance"
                 )
+            await state.calls.close()  # their connections are closed: their calls end
         self._server.should_exit = True
         await self._task
 

@@ -11,6 +11,7 @@ from starlette.requests import HTTPConnection
 
 from omni_actors.pipeline.omni_pipeline import OmniPipeline
 from omni_actors.pipeline.voices import VoiceMap
+from omni_actors.server.calls import Calls
 from omni_actors.server.ephemeral_keys import ClientSecrets
 from omni_actors.server.metrics import ServerMetrics
 from omni_actors.server.settings import ServerSettings
@@ -37,6 +38,8 @@ class ServerState:
     connections: set[RealtimeConnection] = field(default_factory=set)
     client_secrets: ClientSecrets = field(default_factory=ClientSecrets)
     """The ephemeral keys handed out and alive (``POST /v1/realtime/client_secrets``)."""
+    calls: Calls = field(default_factory=Calls)
+    """The WebRTC calls answered and not ended (``POST /v1/realtime/calls``)."""
     active: int = 0
     chats: int = 0
     """Chat completions being answered (each holds one of the ``active`` slots)."""

@@ -21,6 +21,7 @@ from urllib.parse import urljoin
 import numpy as np
 import pytest
 from chromium_cdp import Chromium, DevTools, Page
+from webrtc_engines import one_torch_thread, tone_pipeline
 
 from omni_actors.server.runner import RunningServer, run_server
 from omni_actors.server.settings import ServerSettings
@@ -70,15 +71,20 @@ async def _demo_state(page: Page) -> dict[str, Any]:
 
 @contextlib.asynccontextmanager
 async def _connected_demo(
-    server: RunningServer, chromium: Chromium, tmp_path: Path, api_key: str = ""
+    server: RunningServer,
+    chromium: Chromium,
+    tmp_path: Path,
+    api_key: str = "",
+    path: str = "/?transport=websocket",
 ) -> AsyncIterator[DemoPage]:
-    """The demo page of ``server``, ``api_key`` typed in, Connect clicked; on the way out
-    its screenshot and ``omniDemo`` state are saved under ``tmp_path`` (pass or fail), and
-    it disconnects (the server would wait for its responses when it stops)."""
+    """The demo page of ``server`` at ``path`` (by default on the websocket, though the
+    browser has WebRTC), ``api_key`` typed in, Connect clicked; on the way out its
+    screenshot and ``omniDemo`` state are saved under ``tmp_path`` (pass or fail), and it
+    disconnects (the server would wait for its responses when it stops)."""
     devtools = await DevTools.connect(chromium.devtools_url())
     try:
         page = await devtools.open_page()
-        await page.navigate(urljoin(server.url, "/"))
+        await page.navigate(urljoin(server.url, path))
         await eventually(
             lambda: page.evaluate("document.readyState === 'complete'"),
             timeout=30,
@@ -236,3 +242,55 @@ async def test_the_page_says_the_microphone_needs_https_when_it_is_not_a_secure_
                 assert await page.evaluate("omniDemo.state") == "disconnected"
             finally:
                 await devtools.close()
+
+
+@pytest.fixture
+def barging_chromium(tmp_path: Path) -> Iterator[Chromium]:
+    """A browser whose microphone speaks again 3 s after it stops: over a reply longer
+    than that (``webrtc_engines``' 5.12 s tone), a barge-in."""
+    wav = tmp_path / "mic.wav"
+    write_speech_like_wav(wav, silence_s=3.0)
+    browser = Chromium(wav, tmp_path / "chromium.log")
+    try:
+        browser.devtools_url()
+        with one_torch_thread():  # the server runs as `serve` runs it
+            yield browser
+    finally:
+        browser.close()
+
+
+async def test_the_page_calls_over_webrtc_with_an_ephemeral_key_and_speech_cuts_the_reply(
+    barging_chromium: Chromium, tmp_path: Path
+) -> None:
+    # The server needs a key: the page buys an ephemeral one with the key typed in, and
+    # the call opens with that. The reply is a tone (scripted-omni's audio is a constant
+    # per frame, which Opus takes out), played on the server's track.
+    settings = ServerSettings(port=0, api_key="sk-demo-123")
+    async with (
+        run_server(settings, pipeline=tone_pipeline()) as server,
+        _connected_demo(server, barging_chromium, tmp_path, "sk-demo-123", "/") as demo,
+    ):
+        await demo.wait_for_state("ready")
+        state = await demo.state()
+        assert (state["transport"], state["ephemeralKey"]) == ("webrtc", True)
+        assert len(server.state.client_secrets) == 1
+        assert len(server.state.calls) == 1
+
+        async def heard() -> dict[str, Any]:
+            state = await demo.state()
+            rtc = state["rtc"]
+            assert rtc, f"{state}"
+            assert rtc["totalAudioEnergy"] > 0.001, f"{state}"  # silence's is 0
+            assert state["transcript"], f"{state}"
+            assert state["transcript"][0]["text"].startswith("t0 t1 ")
+            return state
+
+        await eventually(heard, timeout=60, what="the reply heard from the server's track")
+        # The microphone speaks again over the reply: the server cuts it where it was
+        # heard, with no truncate from the page (a call's page sends none).
+        turn, _ = await demo.wait_for_turn(
+            lambda t: t["truncatedMs"] is not None, "the server cut the reply"
+        )
+        assert 0 < turn["truncatedMs"] < 32 * 160
+        assert turn["heardMs"] is None  # the page measured nothing: the server did
+    assert len(server.state.calls) == 0

@@ -1,11 +1,19 @@
-// The demo page's client: one OpenAI Realtime session over /v1/realtime.
+// The demo page's client: one OpenAI Realtime session, over WebRTC where the browser has
+// it (RTCPeerConnection), else over the /v1/realtime websocket (?transport=websocket
+// forces it). Either way the page holds no API key past the connect: the key typed in
+// buys an ephemeral one from /v1/realtime/client_secrets, and the session opens with that.
 //
-// Microphone -> capture worklet (24 kHz PCM16, 20 ms frames) -> input_audio_buffer.append;
-// the server's VAD ends each turn and answers; response.output_audio.delta is played
-// gaplessly by scheduling one AudioBufferSourceNode per delta back to back on the
-// AudioContext's timeline. Speech during a reply (barge-in) or the Stop button flushes
-// what is scheduled at once and truncates the reply to what was heard. window.omniDemo
-// mirrors what the page shows, for tests.
+// WebRTC (POST /v1/realtime/calls, as OpenAI's browser path): the microphone is the
+// call's audio track, the reply plays from the server's track in an <audio> element, and
+// the events travel on the "oai-events" data channel. The server knows what it played,
+// so a barge-in or Stop cuts the reply where it was heard with no truncate from here.
+//
+// Websocket: microphone -> capture worklet (24 kHz PCM16, 20 ms frames) ->
+// input_audio_buffer.append; the server's VAD ends each turn and answers;
+// response.output_audio.delta is played gaplessly by scheduling one AudioBufferSourceNode
+// per delta back to back on the AudioContext's timeline. Speech during a reply (barge-in)
+// or the Stop button flushes what is scheduled at once and truncates the reply to what
+// was heard. window.omniDemo mirrors what the page shows, for tests.
 
 const RATE = 24000; // PCM16 mono, both ways (session.update below asks for it)
 const LEAD_S = 0.05; // first delta of a burst starts this far ahead: room for jitter
@@ -38,12 +46,16 @@ const demo = {
   transcript: [], // {responseId, text}
   errors: [], // error.message of each `error` event, and connection failures
   notice: "", // why the page cannot work here (no microphone outside a secure context)
+  transport: null, // "webrtc" | "websocket", once connecting
+  ephemeralKey: false, // the session opened with a key from /v1/realtime/client_secrets
+  rtc: null, // WebRTC: the reply track's inbound-rtp stats {packetsReceived, totalAudioEnergy, ...}
 };
 window.omniDemo = demo;
 
 const $ = (id) => document.getElementById(id);
 
 let ws = null;
+let call = null; // WebRTC: {pc, channel, player, statsTimer}
 let audio = null; // {context, stream, worklet}
 let speechStoppedAt = null; // performance.now() of the last speech_stopped
 let inFlight = null; // the turn whose response.done has not come yet
@@ -87,7 +99,7 @@ function finished(entry, played) {
 // Returns the turns whose audio was cut short.
 function flushPlayback() {
   const cut = new Set();
-  if (!audio) return cut;
+  if (!audio || !audio.context) return cut; // a call: the server stops its own track
   const now = audio.context.currentTime;
   for (const entry of [...scheduled]) {
     entry.source.onended = null;
@@ -143,11 +155,15 @@ function microphoneAvailable() {
   return Boolean(navigator.mediaDevices && navigator.mediaDevices.getUserMedia);
 }
 
-async function startAudio() {
+async function startAudio(viaWebRTC) {
   if (!microphoneAvailable()) throw new Error(NO_MICROPHONE);
   const stream = await navigator.mediaDevices.getUserMedia({
     audio: { echoCancellation: true, noiseSuppression: true, channelCount: 1 },
   });
+  if (viaWebRTC) {
+    audio = { context: null, stream, worklet: null }; // the call carries it: no worklet
+    return;
+  }
   const context = new AudioContext();
   await context.audioWorklet.addModule("/static/capture-worklet.js");
   const worklet = new AudioWorkletNode(context, "capture-worklet");
@@ -163,29 +179,70 @@ function stopAudio() {
   if (!audio) return;
   flushPlayback();
   for (const track of audio.stream.getTracks()) track.stop();
-  audio.worklet.port.onmessage = null;
-  audio.context.close();
+  if (audio.worklet) audio.worklet.port.onmessage = null;
+  if (audio.context) audio.context.close();
   audio = null;
 }
 
 // ---- the session ---------------------------------------------------------------------
 
 function send(event) {
-  if (ws && ws.readyState === WebSocket.OPEN) ws.send(JSON.stringify(event));
+  if (call && call.channel.readyState === "open") call.channel.send(JSON.stringify(event));
+  else if (ws && ws.readyState === WebSocket.OPEN) ws.send(JSON.stringify(event));
+}
+
+function webrtcAvailable() {
+  const asked = new URLSearchParams(location.search).get("transport");
+  return asked !== "websocket" && typeof RTCPeerConnection === "function";
+}
+
+// The key typed in (the server's, or none when it needs none) buys an ephemeral key bound
+// to the session's config; only that one opens the session.
+async function ephemeralKey() {
+  const key = $("api-key").value.trim();
+  const headers = { "Content-Type": "application/json" };
+  if (key) headers.Authorization = `Bearer ${key}`;
+  const reply = await fetch("/v1/realtime/client_secrets", {
+    method: "POST",
+    headers,
+    body: JSON.stringify({ session: SESSION }),
+  });
+  const body = await reply.json();
+  if (!reply.ok) throw new Error(body.error?.message ?? `HTTP ${reply.status}`);
+  demo.ephemeralKey = true;
+  return body.value;
 }
 
 async function connect() {
   setState("connecting");
+  const viaWebRTC = webrtcAvailable();
+  demo.transport = viaWebRTC ? "webrtc" : "websocket";
   try {
-    await startAudio();
+    await startAudio(viaWebRTC);
   } catch (err) {
     showError(`microphone: ${err.message}`);
     setState("disconnected");
     return;
   }
-  const protocols = ["realtime"];
-  const key = $("api-key").value.trim();
-  if (key) protocols.push(`openai-insecure-api-key.${key}`);
+  let key;
+  try {
+    key = await ephemeralKey();
+  } catch (err) {
+    showError(`no session key: ${err.message} (is the API key right?)`);
+    stopAudio();
+    setState("disconnected");
+    return;
+  }
+  if (viaWebRTC) {
+    try {
+      await startCall(key);
+    } catch (err) {
+      showError(`call failed: ${err.message}`);
+      hangUp();
+    }
+    return;
+  }
+  const protocols = ["realtime", `openai-insecure-api-key.${key}`];
   const scheme = location.protocol === "https:" ? "wss" : "ws";
   try {
     ws = new WebSocket(`${scheme}://${location.host}/v1/realtime`, protocols);
@@ -206,8 +263,79 @@ async function connect() {
   };
 }
 
+// WebRTC: offer the microphone and the events' data channel, post the offer with the
+// ephemeral key, take the answer. The reply plays from the server's track.
+async function startCall(key) {
+  const pc = new RTCPeerConnection();
+  const player = document.createElement("audio");
+  player.autoplay = true;
+  document.body.append(player);
+  call = { pc, channel: null, player, statsTimer: null };
+  pc.ontrack = (event) => {
+    player.srcObject = event.streams[0] ?? new MediaStream([event.track]);
+  };
+  for (const track of audio.stream.getAudioTracks()) pc.addTrack(track, audio.stream);
+  const channel = pc.createDataChannel("oai-events");
+  call.channel = channel;
+  channel.onopen = () => send({ type: "session.update", session: SESSION });
+  channel.onmessage = (message) => onEvent(JSON.parse(message.data));
+  channel.onclose = () => hangUp();
+  pc.onconnectionstatechange = () => {
+    if (pc.connectionState === "failed") {
+      showError("the call's connection failed");
+      hangUp();
+    }
+  };
+  await pc.setLocalDescription(await pc.createOffer());
+  const reply = await fetch("/v1/realtime/calls", {
+    method: "POST",
+    headers: { Authorization: `Bearer ${key}`, "Content-Type": "application/sdp" },
+    body: pc.localDescription.sdp,
+  });
+  const answer = await reply.text();
+  if (reply.status !== 201) {
+    let message = `HTTP ${reply.status}`;
+    try {
+      message = JSON.parse(answer).error.message;
+    } catch {}
+    throw new Error(message);
+  }
+  await pc.setRemoteDescription({ type: "answer", sdp: answer });
+  call.statsTimer = setInterval(() => readStats(pc), 250);
+}
+
+// What arrived on the reply track, for the page's state (and the tests).
+async function readStats(pc) {
+  const stats = await pc.getStats();
+  stats.forEach((report) => {
+    if (report.type === "inbound-rtp" && report.kind === "audio") {
+      demo.rtc = {
+        packetsReceived: report.packetsReceived ?? 0,
+        totalSamplesReceived: report.totalSamplesReceived ?? 0,
+        totalAudioEnergy: report.totalAudioEnergy ?? 0,
+        audioLevel: report.audioLevel ?? 0,
+      };
+    }
+  });
+}
+
+function hangUp() {
+  if (!call) return;
+  const { pc, channel, player, statsTimer } = call;
+  call = null;
+  clearInterval(statsTimer);
+  channel.onclose = null;
+  channel.close();
+  pc.close();
+  player.srcObject = null;
+  player.remove();
+  stopAudio();
+  setState("closed");
+}
+
 function disconnect() {
-  if (ws) ws.close(1000);
+  if (call) hangUp();
+  else if (ws) ws.close(1000);
   else stopAudio();
 }
 
@@ -267,10 +395,13 @@ function onEvent(event) {
       break;
     }
     case "response.output_audio_transcript.delta":
-    case "response.output_text.delta":
+    case "response.output_text.delta": {
+      const turn = demo.turns.find((t) => t.responseId === event.response_id);
+      if (turn) turn.itemId = event.item_id; // a call's turn has no audio deltas
       transcriptLine(event.response_id).text += event.delta;
       renderTranscript();
       break;
+    }
     case "response.output_audio_transcript.done":
       transcriptLine(event.response_id).text = event.transcript;
       renderTranscript();
@@ -354,7 +485,7 @@ function renderTurns() {
 }
 
 $("connect").onclick = () => {
-  if (ws) disconnect();
+  if (ws || call) disconnect();
   else if (demo.state !== "connecting") connect(); // a second click waits for the microphone
 };
 $("stop").onclick = stop;
