@@ -1,0 +1,40 @@
+"""Every ``transformers`` name the cascade's engines use, imported in one place.
+
+A missing ``transformers`` fails here with a :class:`MissingExtraError` naming the
+extra, whichever module reached it first.
+"""
+
+from __future__ import annotations
+
+from omni_actors.errors import MissingExtraError
+
+try:
+    from transformers import (
+        AutoModelForCausalLM,
+        AutoTokenizer,
+        CsmConfig,
+        CsmDepthDecoderConfig,
+        CsmForConditionalGeneration,
+        DynamicCache,
+        GenerationConfig,
+        MimiConfig,
+        MimiModel,
+        Qwen3Config,
+        Qwen3ForCausalLM,
+    )
+except ImportError as exc:
+    raise MissingExtraError("the speech cascade", "tiny-omni", exc) from exc
+
+__all__ = [
+    "AutoModelForCausalLM",
+    "AutoTokenizer",
+    "CsmConfig",
+    "CsmDepthDecoderConfig",
+    "CsmForConditionalGeneration",
+    "DynamicCache",
+    "GenerationConfig",
+    "MimiConfig",
+    "MimiModel",
+    "Qwen3Config",
+    "Qwen3ForCausalLM",
+]

@@ -1,0 +1,210 @@
+"""``tiny-cascade``: a recognizer, an LLM and a synthesizer at toy size, seeded random
+weights, each in its published layout.
+
+The prepared directory holds one checkpoint per stage, each as its release on the Hub
+is laid out, so the cascade's engines load them as they load the real ones:
+
+- ``asr/``: a Whisper checkpoint (:mod:`~omni_actors.actors.engines.asr.tiny_whisper`);
+- ``llm/``: a Qwen3 causal LM (``config.json``, ``model.safetensors``, Qwen's tokenizer
+  files with its chat template), as ``Qwen/Qwen3-8B``;
+- ``tts/``: a Sesame CSM (``CsmForConditionalGeneration``: backbone, depth decoder and
+  its Mimi codec), as ``sesame/csm-1b``, with the same byte-level tokenizer;
+- ``mimi/``: the CSM's own codec alone (``MimiModel``), as ``kyutai/mimi``: what the
+  decoder stage loads.
+
+The synthesizer's codebooks are exactly the codec's (its ``vocab_size`` is the codec's
+``codebook_size``), so every frame random weights write decodes. Nothing is downloaded.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import tempfile
+from pathlib import Path
+from typing import Final
+
+from omni_actors.errors import ModelFileError
+from omni_actors.models.family import Progress
+
+__all__ = ["CODEBOOKS", "STAGES", "TTS_SPECIALS", "verify", "write_tiny_cascade"]
+
+STAGES: Final = ("asr", "llm", "tts", "mimi")
+"""The subdirectories of a prepared tiny-cascade, one checkpoint each."""
+
+CODEBOOKS: Final = 4
+"""Codebooks per frame of the tiny synthesizer and codec (CSM-1B has 32)."""
+
+TTS_SPECIALS: Final = {"bos": "<|endoftext|>", "eos": "<|im_end|>"}
+"""The tokens the tiny synthesizer's text prompt opens and ends with."""
+
+_FILES: Final = {
+    "asr": ("config.json", "model.safetensors", "tokenizer_config.json"),
+    "llm": ("config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json"),
+    "tts": ("config.json", "model.safetensors", "tokenizer.json", "generation_config.json"),
+    "mimi": ("config.json", "model.safetensors"),
+}
+
+
+def write_tiny_cascade(out_dir: Path, seed: int, progress: Progress | None = None) -> None:
+    """Write the tiny cascade drawn with ``seed`` into ``out_dir`` (module docstring).
+
+    Written into a staging directory beside ``out_dir`` and moved in, so an interrupted
+    write leaves nothing that looks like a checkpoint.
+    """
+    from omni_actors.actors.engines.asr.tiny_whisper import write_tiny_whisper
+
+    out_dir.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(dir=out_dir.parent, prefix=".tiny-cascade-") as staging:
+        where = Path(staging)
+        write_tiny_whisper(where / "asr", seed)
+        _report(progress, "asr")
+        _write_llm(where / "llm", seed)
+        _report(progress, "llm")
+        _write_tts(where / "tts", where / "mimi", seed)
+        _report(progress, "tts")
+        _report(progress, "mimi")
+        for item in where.iterdir():
+            target = out_dir / item.name
+            if target.is_dir():
+                shutil.rmtree(target)
+            item.replace(target)
+
+
+def _report(progress: Progress | None, stage: str) -> None:
+    if progress is not None:
+        progress(stage, STAGES.index(stage) + 1, len(STAGES))
+
+
+def _write_llm(out: Path, seed: int) -> None:
+    import torch
+
+    from omni_actors.actors.engines.cascade.hf import (
+        AutoTokenizer,
+        GenerationConfig,
+        Qwen3Config,
+        Qwen3ForCausalLM,
+    )
+    from omni_actors.actors.engines.qwen3_omni.configs import quiet_transformers
+    from omni_actors.actors.engines.qwen3_omni.tokenizer import write_tokenizer
+
+    write_tokenizer(out)
+    tokenizer = AutoTokenizer.from_pretrained(out)
+    end = tokenizer.convert_tokens_to_ids("<|im_end|>")
+    pad = tokenizer.convert_tokens_to_ids("<|endoftext|>")
+    config = Qwen3Config(
+        vocab_size=len(tokenizer),
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=8,
+        max_position_embeddings=4096,
+        tie_word_embeddings=True,
+        bos_token_id=pad,
+        eos_token_id=end,
+        pad_token_id=pad,
+    )
+    with torch.random.fork_rng(devices=[]), quiet_transformers():
+        torch.manual_seed(seed)
+        model = Qwen3ForCausalLM(config)
+        model.generation_config = GenerationConfig(  # type: ignore[no-untyped-call,unused-ignore]
+            do_sample=False, eos_token_id=end, pad_token_id=pad, bos_token_id=pad
+        )
+        model.save_pretrained(out)
+
+
+def _write_tts(out: Path, mimi_out: Path, seed: int) -> None:
+    import torch
+
+    from omni_actors.actors.engines.cascade.hf import (
+        AutoTokenizer,
+        CsmConfig,
+        CsmDepthDecoderConfig,
+        CsmForConditionalGeneration,
+        GenerationConfig,
+        MimiConfig,
+    )
+    from omni_actors.actors.engines.qwen3_omni.configs import quiet_transformers
+    from omni_actors.actors.engines.qwen3_omni.tokenizer import write_tokenizer
+
+    write_tokenizer(out)
+    tokenizer = AutoTokenizer.from_pretrained(out)
+    bos = tokenizer.convert_tokens_to_ids(TTS_SPECIALS["bos"])
+    eos = tokenizer.convert_tokens_to_ids(TTS_SPECIALS["eos"])
+    codebook = 64
+    codec = MimiConfig(
+        hidden_size=16,
+        num_filters=4,
+        codebook_size=codebook,
+        codebook_dim=8,
+        vector_quantization_hidden_dimension=8,
+        num_quantizers=CODEBOOKS,
+        upsample_groups=16,
+        num_hidden_layers=1,
+        intermediate_size=32,
+        num_attention_heads=2,
+        num_key_value_heads=2,
+        head_dim=8,
+    )
+    depth = CsmDepthDecoderConfig(
+        num_codebooks=CODEBOOKS,
+        backbone_hidden_size=32,
+        vocab_size=codebook,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=1,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=8,
+        max_position_embeddings=CODEBOOKS,
+    )
+    config = CsmConfig(
+        num_codebooks=CODEBOOKS,
+        vocab_size=codebook,
+        text_vocab_size=len(tokenizer),
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=8,
+        max_position_embeddings=4096,
+        codebook_pad_token_id=codebook - 1,
+        codebook_eos_token_id=0,
+        bos_token_id=bos,
+        pad_token_id=tokenizer.convert_tokens_to_ids("<|endoftext|>"),
+        audio_token_id=tokenizer.convert_tokens_to_ids("<|audio_pad|>"),
+        audio_eos_token_id=tokenizer.convert_tokens_to_ids("<|audio_end|>"),
+        depth_decoder_config=depth.to_dict(),
+        codec_config=codec.to_dict(),
+    )
+    with torch.random.fork_rng(devices=[]), quiet_transformers():
+        torch.manual_seed(seed)
+        model = CsmForConditionalGeneration(config)
+        model.eval()  # type: ignore[no-untyped-call,unused-ignore]
+        model.generation_config = GenerationConfig(  # type: ignore[no-untyped-call,unused-ignore]
+            do_sample=False, max_new_tokens=64
+        )
+        model.depth_decoder.generation_config = GenerationConfig(  # type: ignore[no-untyped-call,unused-ignore]
+            do_sample=False
+        )
+        model.save_pretrained(out)
+        model.codec_model.save_pretrained(mimi_out)
+    special = {"bos": bos, "eos": eos}
+    (out / "omni_actors_tts.json").write_text(json.dumps(special, indent=2) + "\n")
+
+
+def verify(out_dir: Path) -> None:
+    """Check that ``out_dir`` holds a whole tiny-cascade (each stage's files exist and
+    are not empty), without loading it.
+
+    Raises:
+        ModelFileError: the first missing or empty file.
+    """
+    for stage, names in _FILES.items():
+        for name in names:
+            path = out_dir / stage / name
+            if not path.is_file() or path.stat().st_size == 0:
+                raise ModelFileError(path, "is missing or empty")
