@@ -1,0 +1,76 @@
+"""The cascade's LLM (``cascade.llm``) on tiny-cascade: its tokens are HF ``generate``'s."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Sequence
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+from omni_actors.actors.engines.cascade.llm_engine import LlmArgs, LlmEngine
+from omni_actors.actors.engines.contract import Fields
+from omni_actors.models.cache import prepare
+
+pytestmark = pytest.mark.integration
+
+
+@pytest.fixture(scope="module")
+def cache(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    where = tmp_path_factory.mktemp("weights")
+    prepare("tiny-cascade", cache_dir=where, seed=0)
+    return where
+
+
+@pytest.fixture(scope="module")
+def hf(cache: Path) -> tuple[Any, Any]:
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    path = prepare("tiny-cascade", cache_dir=cache, seed=0) / "llm"
+    return AutoModelForCausalLM.from_pretrained(path).eval(), AutoTokenizer.from_pretrained(path)
+
+
+async def _inputs(fields: Sequence[Fields]) -> AsyncIterator[Fields]:
+    for item in fields:
+        yield item
+
+
+def _reference(hf: tuple[Any, Any], messages: list[dict[str, str]], new: int) -> list[int]:
+    model, tokenizer = hf
+    ids = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+    prompt = torch.tensor([tokenizer.encode(ids, add_special_tokens=False)])
+    out = model.generate(prompt, max_new_tokens=new, do_sample=False, min_new_tokens=new)
+    return [int(t) for t in out[0, prompt.shape[1] :]]
+
+
+async def _reply(engine: LlmEngine, session: str, fields: Sequence[Fields]) -> list[int]:
+    outputs = [o async for o in engine.generate(session, _inputs(fields))]
+    return [int(o["token_ids"]) for o in outputs if "token_ids" in o]
+
+
+async def test_replies_are_hf_generate_turn_after_turn(cache: Path, hf: tuple[Any, Any]) -> None:
+    new = 8
+    engine = LlmEngine(LlmArgs(cache_dir=cache, max_new_tokens=new, min_new_tokens=new))
+    await engine.start()
+    try:
+        first = await _reply(
+            engine,
+            "s#1",
+            [{"instructions": "Be brief."}, {"text": "Hello "}, {"text": "there"}],
+        )
+        messages = [
+            {"role": "system", "content": "Be brief."},
+            {"role": "user", "content": "Hello there"},
+        ]
+        assert first == _reference(hf, messages, new)
+        # The next turn sees the first reply in the cache, as HF sees it in the prompt.
+        second = await _reply(engine, "s#1", [{"text": "And now?"}, {"turn": "commit"}])
+        reply = hf[1].decode(first, skip_special_tokens=False)
+        messages += [
+            {"role": "assistant", "content": reply},
+            {"role": "user", "content": "And now?"},
+        ]
+        assert second == _reference(hf, messages, new)
+    finally:
+        await engine.stop()
