@@ -10,6 +10,7 @@ from omni_actors.errors import MissingExtraError
 
 try:
     from transformers import (
+        AutoConfig,
         AutoModelForCausalLM,
         AutoTokenizer,
         CsmConfig,
@@ -26,6 +27,7 @@ except ImportError as exc:
     raise MissingExtraError("the speech cascade", "tiny-omni", exc) from exc
 
 __all__ = [
+    "AutoConfig",
     "AutoModelForCausalLM",
     "AutoTokenizer",
     "CsmConfig",

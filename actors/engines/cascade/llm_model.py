@@ -68,8 +68,9 @@ class TextModel:
     ) -> None:
         from omni_actors.actors.engines.cascade.hf import AutoModelForCausalLM, AutoTokenizer
         from omni_actors.actors.engines.qwen3_omni.configs import quiet_transformers
+        from omni_actors.actors.engines.torch_engine import PRETRAINED_LOCK
 
-        with quiet_transformers():
+        with PRETRAINED_LOCK, quiet_transformers():
             self.tokenizer: Any = AutoTokenizer.from_pretrained(path)
             model = AutoModelForCausalLM.from_pretrained(path, use_safetensors=True)
         self._model: Any = model.to(device).eval()
