@@ -101,7 +101,10 @@ def _write_llm(out: Path, seed: int) -> None:
         num_key_value_heads=2,
         head_dim=8,
         max_position_embeddings=4096,
-        tie_word_embeddings=True,
+        # Untied and drawn wide, as Qwen3-8B's head is its own: a tiny tied model's
+        # greedy reply repeats one byte; this one writes varied words.
+        tie_word_embeddings=False,
+        initializer_range=1.0,
         bos_token_id=pad,
         eos_token_id=end,
         pad_token_id=pad,
