@@ -36,12 +36,18 @@ async def _inputs(fields: Sequence[Fields]) -> AsyncIterator[Fields]:
         yield item
 
 
-def _reference(hf: tuple[Any, Any], messages: list[dict[str, str]], new: int) -> list[int]:
-    model, tokenizer = hf
-    ids = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
-    prompt = torch.tensor([tokenizer.encode(ids, add_special_tokens=False)])
-    out = model.generate(prompt, max_new_tokens=new, do_sample=False, min_new_tokens=new)
-    return [int(t) for t in out[0, prompt.shape[1] :]]
+def _prompt(hf: tuple[Any, Any], messages: list[dict[str, str]]) -> list[int]:
+    """The ids of ``messages`` as the release's chat template renders them."""
+    tokenizer = hf[1]
+    text = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+    return list(tokenizer.encode(text, add_special_tokens=False))
+
+
+def _reference(hf: tuple[Any, Any], prompt: list[int], new: int) -> list[int]:
+    out = hf[0].generate(
+        torch.tensor([prompt]), max_new_tokens=new, do_sample=False, min_new_tokens=new
+    )
+    return [int(t) for t in out[0, len(prompt) :]]
 
 
 async def _reply(engine: LlmEngine, session: str, fields: Sequence[Fields]) -> list[int]:
@@ -63,14 +69,15 @@ async def test_replies_are_hf_generate_turn_after_turn(cache: Path, hf: tuple[An
             {"role": "system", "content": "Be brief."},
             {"role": "user", "content": "Hello there"},
         ]
-        assert first == _reference(hf, messages, new)
-        # The next turn sees the first reply in the cache, as HF sees it in the prompt.
+        prompt = _prompt(hf, messages)
+        assert first == _reference(hf, prompt, new)
+        # The next turn sees the first reply in the cache, as HF sees it in the prompt
+        # (its ids as decoded: random bytes need not survive a decode and encode).
         second = await _reply(engine, "s#1", [{"text": "And now?"}, {"turn": "commit"}])
-        reply = hf[1].decode(first, skip_special_tokens=False)
-        messages += [
-            {"role": "assistant", "content": reply},
-            {"role": "user", "content": "And now?"},
-        ]
-        assert second == _reference(hf, messages, new)
+        after = hf[1].encode(
+            "<|im_end|>\n<|im_start|>user\nAnd now?<|im_end|>\n<|im_start|>assistant\n",
+            add_special_tokens=False,
+        )
+        assert second == _reference(hf, [*prompt, *first, *after], new)
     finally:
         await engine.stop()
