@@ -6,6 +6,9 @@ at a clause mark or after ``first_words`` words, so the first audio starts while
 LLM still writes; every later phrase is a sentence (or ``max_words`` words, whichever
 comes first), which a synthesizer speaks with better prosody than a fragment.
 
+A mark or a word ends a phrase only once whitespace follows it: streamed text may go
+on right after it ("3." of "3.50", "two" of "twofold").
+
 Guarantees: the phrases, joined, are the text (whitespace between phrases aside); no
 phrase is empty; :meth:`PhrasePolicy.flush` gives what is left once the text ends.
 """
@@ -18,8 +21,8 @@ from typing import Final
 
 __all__ = ["PhrasePolicy"]
 
-_SENTENCE: Final = re.compile(r"[.!?\u3002\uff01\uff1f]+[\"')\]]*(?=\s|$)")
-_CLAUSE: Final = re.compile(r"[,;:\u2014\u3001\uff0c]+(?=\s|$)")
+_SENTENCE: Final = re.compile(r"[.!?\u3002\uff01\uff1f]+[\"')\]]*(?=\s)")
+_CLAUSE: Final = re.compile(r"[,;:\u2014\u3001\uff0c]+(?=\s)")
 
 
 @dataclass
