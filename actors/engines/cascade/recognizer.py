@@ -79,17 +79,19 @@ class RecognizerEngine(AsrEngine):
             audio = fields.get("audio")
             if isinstance(audio, torch.Tensor) and audio.numel():
                 parts.append(audio)
-            text = fields.get("text")
-            if isinstance(text, str) and text:
-                yield {"text": text}
             mark = fields.get(TURN_FIELD)
-            if mark == "commit":
+            text = fields.get("text")
+            if isinstance(text, str) and text and mark != "reply":
+                yield {"text": text}  # the user's: a reply mark's text is the assistant's
+            if mark in ("commit", "reply"):  # a reply mark commits the open turn first
                 async for out in self._said(parts, item, settings, abort):
                     yield out
                 parts, item = [], ""
             elif mark == "clear":
                 parts, item = [], ""
             passed = {name: fields[name] for name in _PASSED if name in fields}
+            if mark == "reply" and "text" in fields:
+                passed["text"] = fields["text"]
             if passed:
                 yield passed
             if abort.aborted:
