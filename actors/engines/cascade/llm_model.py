@@ -72,7 +72,7 @@ class TextModel:
 
         with PRETRAINED_LOCK, quiet_transformers():
             self.tokenizer: Any = AutoTokenizer.from_pretrained(path)
-            model = AutoModelForCausalLM.from_pretrained(path, use_safetensors=True)
+            model: Any = AutoModelForCausalLM.from_pretrained(path, use_safetensors=True)
         self._model: Any = model.to(device).eval()
         self.device = device
         config = model.config

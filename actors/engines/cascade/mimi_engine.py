@@ -61,7 +61,9 @@ class MimiEngine(TorchEngine):
             if AutoConfig.from_pretrained(path).model_type == "csm":
                 from omni_actors.actors.engines.cascade.hf import CsmForConditionalGeneration
 
-                csm = CsmForConditionalGeneration.from_pretrained(path, use_safetensors=True)
+                csm = CsmForConditionalGeneration.from_pretrained(  # type: ignore[no-untyped-call,unused-ignore]
+                    path, use_safetensors=True
+                )
                 model: Any = csm.codec_model
             else:
                 model = MimiModel.from_pretrained(path, use_safetensors=True)
@@ -78,7 +80,7 @@ class MimiEngine(TorchEngine):
     def _decode(self, codes: torch.Tensor, context: int) -> torch.Tensor:
         """Model thread: the new frames' samples of one window."""
         window = codes.to(self.device, torch.long).T[None]  # [1, codebooks, frames]
-        audio = self._model.decode(window).audio_values[0, 0]
+        audio: torch.Tensor = self._model.decode(window).audio_values[0, 0]
         return audio[context * self.samples_per_frame :].float().cpu().contiguous()
 
     async def generate(self, session: str, inputs: AsyncIterator[Fields]) -> AsyncIterator[Fields]:

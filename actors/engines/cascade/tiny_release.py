@@ -22,7 +22,7 @@ import json
 import shutil
 import tempfile
 from pathlib import Path
-from typing import Final
+from typing import Any, Final
 
 from omni_actors.errors import ModelFileError
 from omni_actors.models.family import Progress
@@ -76,6 +76,13 @@ def _report(progress: Progress | None, stage: str) -> None:
         progress(stage, STAGES.index(stage) + 1, len(STAGES))
 
 
+def _id(tokenizer: Any, token: str) -> int:
+    """``token``'s id in ``tokenizer`` (one of the specials the files declare)."""
+    found = tokenizer.convert_tokens_to_ids(token)
+    assert isinstance(found, int), f"{token} is one token"
+    return found
+
+
 def _write_llm(out: Path, seed: int) -> None:
     import torch
 
@@ -90,8 +97,8 @@ def _write_llm(out: Path, seed: int) -> None:
 
     write_tokenizer(out)
     tokenizer = AutoTokenizer.from_pretrained(out)
-    end = tokenizer.convert_tokens_to_ids("<|im_end|>")
-    pad = tokenizer.convert_tokens_to_ids("<|endoftext|>")
+    end = _id(tokenizer, "<|im_end|>")
+    pad = _id(tokenizer, "<|endoftext|>")
     config = Qwen3Config(
         vocab_size=len(tokenizer),
         hidden_size=32,
@@ -111,7 +118,7 @@ def _write_llm(out: Path, seed: int) -> None:
     )
     with torch.random.fork_rng(devices=[]), quiet_transformers():
         torch.manual_seed(seed)
-        model = Qwen3ForCausalLM(config)
+        model = Qwen3ForCausalLM(config)  # type: ignore[no-untyped-call,unused-ignore]
         model.generation_config = GenerationConfig(  # type: ignore[no-untyped-call,unused-ignore]
             do_sample=False, eos_token_id=end, pad_token_id=pad, bos_token_id=pad
         )
@@ -134,8 +141,8 @@ def _write_tts(out: Path, mimi_out: Path, seed: int) -> None:
 
     write_tokenizer(out)
     tokenizer = AutoTokenizer.from_pretrained(out)
-    bos = tokenizer.convert_tokens_to_ids(TTS_SPECIALS["bos"])
-    eos = tokenizer.convert_tokens_to_ids(TTS_SPECIALS["eos"])
+    bos = _id(tokenizer, TTS_SPECIALS["bos"])
+    eos = _id(tokenizer, TTS_SPECIALS["eos"])
     codebook = 64
     codec = MimiConfig(
         hidden_size=16,
@@ -177,15 +184,15 @@ def _write_tts(out: Path, mimi_out: Path, seed: int) -> None:
         codebook_pad_token_id=codebook - 1,
         codebook_eos_token_id=0,
         bos_token_id=bos,
-        pad_token_id=tokenizer.convert_tokens_to_ids("<|endoftext|>"),
-        audio_token_id=tokenizer.convert_tokens_to_ids("<|audio_pad|>"),
-        audio_eos_token_id=tokenizer.convert_tokens_to_ids("<|audio_end|>"),
+        pad_token_id=_id(tokenizer, "<|endoftext|>"),
+        audio_token_id=_id(tokenizer, "<|audio_pad|>"),
+        audio_eos_token_id=_id(tokenizer, "<|audio_end|>"),
         depth_decoder_config=depth.to_dict(),
         codec_config=codec.to_dict(),
     )
     with torch.random.fork_rng(devices=[]), quiet_transformers():
         torch.manual_seed(seed)
-        model = CsmForConditionalGeneration(config)
+        model = CsmForConditionalGeneration(config)  # type: ignore[no-untyped-call,unused-ignore]
         model.eval()  # type: ignore[no-untyped-call,unused-ignore]
         model.generation_config = GenerationConfig(  # type: ignore[no-untyped-call,unused-ignore]
             do_sample=False, max_new_tokens=64
@@ -193,7 +200,7 @@ def _write_tts(out: Path, mimi_out: Path, seed: int) -> None:
         model.depth_decoder.generation_config = GenerationConfig(  # type: ignore[no-untyped-call,unused-ignore]
             do_sample=False
         )
-        model.save_pretrained(out)
+        model.save_pretrained(out)  # type: ignore[no-untyped-call,unused-ignore]
         model.codec_model.save_pretrained(mimi_out)
     special = {"bos": bos, "eos": eos}
     (out / "omni_actors_tts.json").write_text(json.dumps(special, indent=2) + "\n")

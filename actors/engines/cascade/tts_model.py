@@ -71,7 +71,9 @@ class SpeechModel:
 
         with PRETRAINED_LOCK, quiet_transformers():
             self.tokenizer: Any = AutoTokenizer.from_pretrained(path)
-            model = CsmForConditionalGeneration.from_pretrained(path, use_safetensors=True)
+            model = CsmForConditionalGeneration.from_pretrained(  # type: ignore[no-untyped-call,unused-ignore]
+                path, use_safetensors=True
+            )
         self._model: Any = model.to(device).eval()
         self._cache_type = DynamicCache
         self.device = device
