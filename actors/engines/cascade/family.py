@@ -50,9 +50,11 @@ def stage_checkpoint(args: WeightsArgs, stage: str) -> Path:
         ModelNotPreparedError: the weights are not prepared (the message has the command).
         ModelFileError: ``model`` names nothing usable (the message says why).
     """
-    from omni_actors.actors.engines.torch_engine import release_dir
+    from omni_actors.models.cache import locate
 
-    path = release_dir(DEFAULT_RELEASE, args, stage)
+    # Every shard: a stage's checkpoint is a whole model, not a part of a composite
+    # release (whose shards a prefix picks out).
+    path = locate(args.model or DEFAULT_RELEASE, cache_dir=args.cache_dir, seed=args.seed)
     inner = path / stage
     return inner if (inner / "config.json").is_file() else path
 
