@@ -9,14 +9,13 @@ from pathlib import Path
 
 import pytest
 import torch
+from test_tiny_omni_pipeline import audio_of, collect, done, nothing_held, text_of
 
 from omni_actors.cli import main
 from omni_actors.models.cache import prepare
 from omni_actors.pipeline.omni_pipeline import OmniPipeline
 from omni_actors.pipeline.spec.pipeline import PipelineSpec, load_pipeline
 from omni_actors.protocols.events import AudioDelta, ResponseDone
-
-from test_tiny_omni_pipeline import audio_of, collect, done, nothing_held, text_of
 
 pytestmark = pytest.mark.integration
 
@@ -110,5 +109,3 @@ def test_bench_pipeline_compares_stream_and_full_edges(
     assert report["stream_vs_full_ttfa"]["1"] == pytest.approx(
         stream["ttfa_ms_p50"] / full["ttfa_ms_p50"], rel=1e-3
     )
-
-

@@ -31,7 +31,6 @@ except ImportError as exc:
     raise MissingExtraError("the speech cascade", "tiny-omni", exc) from exc
 
 
-
 class _CsmTextIds(logging.Filter):
     """Drops transformers' warning that CSM's text token ids lie outside its vocabulary:
     ``CsmConfig`` checks its text ids (``bos``, ``pad``, ``audio`` and ``audio_eos``,
