@@ -81,3 +81,51 @@ async def test_replies_are_hf_generate_turn_after_turn(cache: Path, hf: tuple[An
         assert second == _reference(hf, [*prompt, *first, *after], new)
     finally:
         await engine.stop()
+
+
+async def test_truncate_clear_and_replay_leave_the_cache_as_hf_sees_the_history(
+    cache: Path, hf: tuple[Any, Any]
+) -> None:
+    new = 6
+    engine = LlmEngine(LlmArgs(cache_dir=cache, max_new_tokens=new, min_new_tokens=new))
+    await engine.start()
+    try:
+        first = await _reply(engine, "s#1", [{"text": "Hi"}])
+        prompt = _prompt(hf, [{"role": "user", "content": "Hi"}])
+        # The user heard two tokens of the reply; a turn spoken and cleared leaves nothing.
+        second = await _reply(
+            engine,
+            "s#1",
+            [
+                {"turn": "truncate", "kept": torch.tensor(2)},
+                {"text": "never mind"},
+                {"turn": "clear"},
+                {"text": "Go on"},
+            ],
+        )
+        after = hf[1].encode(
+            "<|im_end|>\n<|im_start|>user\nGo on<|im_end|>\n<|im_start|>assistant\n",
+            add_special_tokens=False,
+        )
+        history = [*prompt, *first[:2], *after]
+        assert second == _reference(hf, history, new)
+        # A session replaying that conversation (its replies as reply marks) is in the
+        # same place: its next reply is the same.
+        replayed = await _reply(
+            engine,
+            "s#2",
+            [
+                {"text": "Hi"},
+                {"turn": "reply", "reply": torch.tensor(first[:2])},
+                {"text": "Go on"},
+                {"turn": "reply", "reply": torch.tensor(second)},
+                {"text": "More"},
+            ],
+        )
+        more = hf[1].encode(
+            "<|im_end|>\n<|im_start|>user\nMore<|im_end|>\n<|im_start|>assistant\n",
+            add_special_tokens=False,
+        )
+        assert replayed == _reference(hf, [*history, *second, *more], new)
+    finally:
+        await engine.stop()
