@@ -130,3 +130,39 @@ async def test_recognizer_text_is_whisper_generate_and_marks_pass(release: Path)
         ]
     finally:
         await engine.stop()
+
+
+def test_cascade_random_has_the_real_releases_sizes(tmp_path: Path) -> None:
+    """``prepare cascade-random`` draws each model at its release's size: checked on the
+    meta device (nothing drawn), with the tokenizers the writer pairs them with."""
+    from transformers import (
+        AutoTokenizer,
+        CsmConfig,
+        CsmForConditionalGeneration,
+        Qwen3Config,
+        Qwen3ForCausalLM,
+        WhisperConfig,
+        WhisperForConditionalGeneration,
+    )
+
+    from omni_actors.actors.engines.cascade.tiny_release import QWEN3_8B, WHISPER_TURBO
+    from omni_actors.actors.engines.qwen3_omni.tokenizer import write_tokenizer
+
+    write_tokenizer(tmp_path)
+    assert len(AutoTokenizer.from_pretrained(tmp_path)) < QWEN3_8B["vocab_size"]
+
+    def billions(model: torch.nn.Module) -> float:
+        return sum(p.numel() for p in model.parameters()) / 1e9
+
+    with torch.device("meta"):
+        llm = Qwen3ForCausalLM(Qwen3Config(**QWEN3_8B))
+        asr = WhisperForConditionalGeneration(WhisperConfig(**WHISPER_TURBO))
+        tts = CsmForConditionalGeneration(CsmConfig())
+    assert billions(llm) == pytest.approx(8.19, abs=0.01)  # Qwen3-8B: 8.2B
+    assert billions(asr) == pytest.approx(0.809, abs=0.001)  # whisper-large-v3-turbo
+    assert tts.config.num_codebooks == 32
+    assert tts.codec_model.config.num_quantizers == 32
+    # CsmConfig's defaults are sesame/csm-1b's (its docstring says so): a Llama-1B
+    # backbone, a 4-layer depth decoder.
+    assert (tts.config.hidden_size, tts.config.num_hidden_layers) == (2048, 16)
+    assert tts.config.depth_decoder_config.num_hidden_layers == 4

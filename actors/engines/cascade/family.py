@@ -11,6 +11,8 @@ Registered under the entry point group ``omni_actors.families`` (see ``pyproject
   ``tiny-cascade``.
 - ``tiny-cascade``: the four at toy size, seeded random weights, each in its published
   layout, written here (``omni-actors prepare tiny-cascade``).
+- ``cascade-random``: the same at the real releases' sizes (``omni-actors prepare
+  cascade-random``; ``--model cascade-random`` points every stage at it).
 
 This module imports nothing heavy.
 """
@@ -21,7 +23,13 @@ from pathlib import Path
 
 from omni_actors.models.family import ModelFamily, Progress, WeightsArgs
 
-__all__ = ["CASCADE", "DEFAULT_RELEASE", "TINY_CASCADE", "stage_checkpoint"]
+__all__ = [
+    "CASCADE",
+    "CASCADE_RANDOM",
+    "DEFAULT_RELEASE",
+    "TINY_CASCADE",
+    "stage_checkpoint",
+]
 
 DEFAULT_RELEASE = "tiny-cascade"
 """The release the engines load when their ``model`` argument names none."""
@@ -33,6 +41,12 @@ def _prepare_tiny(out_dir: Path, seed: int, progress: Progress | None) -> None:
     from omni_actors.actors.engines.cascade.tiny_release import write_tiny_cascade
 
     write_tiny_cascade(out_dir, seed, progress)
+
+
+def _prepare_random(out_dir: Path, seed: int, progress: Progress | None) -> None:
+    from omni_actors.actors.engines.cascade.tiny_release import write_tiny_cascade
+
+    write_tiny_cascade(out_dir, seed, progress, full_size=True)
 
 
 def _verify(out_dir: Path) -> None:
@@ -79,3 +93,13 @@ TINY_CASCADE = ModelFamily(
     verify=_verify,
 )
 """The cascade at toy size, with seeded random weights (no download)."""
+
+CASCADE_RANDOM = ModelFamily(
+    name="cascade-random",
+    engines={},
+    prepare=_prepare_random,
+    checkpoint=".",
+    verify=_verify,
+)
+"""The cascade at its real releases' sizes (Whisper large-v3-turbo, Qwen3-8B, CSM-1B),
+with seeded random weights and tiny-cascade's tokenizers: GPU benches, no download."""

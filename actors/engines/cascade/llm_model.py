@@ -91,6 +91,9 @@ class TextModel:
                             f"outside the LLM's vocabulary [0, {vocab})"
                         )
                     allow[start:stop] = 0.0
+            # Rows past the tokenizer pad the embedding (Qwen3's 151936 against its
+            # tokenizer's 151669): no text has them, so no reply may pick them.
+            allow[len(self.tokenizer) :] = float("-inf")
             with_end = allow.clone()
             with_end[self.end] = 0.0
             allow[self.end] = float("-inf")

@@ -18,16 +18,25 @@ The synthesizer's codebooks are exactly the codec's (its ``vocab_size`` is the c
 
 from __future__ import annotations
 
-import json
 import shutil
 import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Final
 
 from omni_actors.errors import ModelFileError
 from omni_actors.models.family import Progress
 
-__all__ = ["CODEBOOKS", "STAGES", "TTS_SPECIALS", "verify", "write_tiny_cascade"]
+__all__ = [
+    "CODEBOOKS",
+    "QWEN3_8B",
+    "STAGES",
+    "TTS_SPECIALS",
+    "WHISPER_TURBO",
+    "verify",
+    "write_tiny_cascade",
+]
 
 STAGES: Final = ("asr", "llm", "tts", "mimi")
 """The subdirectories of a prepared tiny-cascade, one checkpoint each."""
@@ -38,6 +47,49 @@ CODEBOOKS: Final = 4
 TTS_SPECIALS: Final = {"bos": "<|endoftext|>", "eos": "<|im_end|>"}
 """The tokens the tiny synthesizer's text prompt opens and ends with."""
 
+WHISPER_TURBO: Final = {
+    "d_model": 1280,
+    "encoder_layers": 32,
+    "decoder_layers": 4,
+    "encoder_attention_heads": 20,
+    "decoder_attention_heads": 20,
+    "encoder_ffn_dim": 5120,
+    "decoder_ffn_dim": 5120,
+    "num_mel_bins": 128,
+    "vocab_size": 51866,
+}
+"""``openai/whisper-large-v3-turbo``'s sizes."""
+
+QWEN3_8B: Final = {
+    "vocab_size": 151936,
+    "hidden_size": 4096,
+    "intermediate_size": 12288,
+    "num_hidden_layers": 36,
+    "num_attention_heads": 32,
+    "num_key_value_heads": 8,
+    "head_dim": 128,
+    "max_position_embeddings": 40960,
+    "rope_theta": 1000000.0,
+    "rms_norm_eps": 1e-6,
+    "tie_word_embeddings": False,
+}
+"""``Qwen/Qwen3-8B``'s sizes."""
+
+_TINY_LLM: Final = {
+    "vocab_size": 288,  # tiny-omni's tokenizer
+    "hidden_size": 32,
+    "intermediate_size": 64,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "head_dim": 8,
+    "max_position_embeddings": 4096,
+    # Untied and drawn wide, as Qwen3-8B's head is its own: a tiny tied model's greedy
+    # reply repeats one byte; this one writes varied words.
+    "tie_word_embeddings": False,
+    "initializer_range": 1.0,
+}
+
 _FILES: Final = {
     "asr": ("config.json", "model.safetensors", "tokenizer_config.json"),
     "llm": ("config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json"),
@@ -46,8 +98,14 @@ _FILES: Final = {
 }
 
 
-def write_tiny_cascade(out_dir: Path, seed: int, progress: Progress | None = None) -> None:
+def write_tiny_cascade(
+    out_dir: Path, seed: int, progress: Progress | None = None, *, full_size: bool = False
+) -> None:
     """Write the tiny cascade drawn with ``seed`` into ``out_dir`` (module docstring).
+
+    ``full_size``: each model at its real release's size instead (Whisper
+    large-v3-turbo, Qwen3-8B, CSM-1B with its 32-codebook Mimi; about 21 GB in bf16,
+    drawn on the GPU when there is one), with the same tokenizers: ``cascade-random``.
 
     Written into a staging directory beside ``out_dir`` and moved in, so an interrupted
     write leaves nothing that looks like a checkpoint.
@@ -57,11 +115,11 @@ def write_tiny_cascade(out_dir: Path, seed: int, progress: Progress | None = Non
     out_dir.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=out_dir.parent, prefix=".tiny-cascade-") as staging:
         where = Path(staging)
-        write_tiny_whisper(where / "asr", seed)
+        write_tiny_whisper(where / "asr", seed, sizes=WHISPER_TURBO if full_size else None)
         _report(progress, "asr")
-        _write_llm(where / "llm", seed)
+        _write_llm(where / "llm", seed, full_size)
         _report(progress, "llm")
-        _write_tts(where / "tts", where / "mimi", seed)
+        _write_tts(where / "tts", where / "mimi", seed, full_size)
         _report(progress, "tts")
         _report(progress, "mimi")
         for item in where.iterdir():
@@ -69,6 +127,29 @@ def write_tiny_cascade(out_dir: Path, seed: int, progress: Progress | None = Non
             if target.is_dir():
                 shutil.rmtree(target)
             item.replace(target)
+
+
+@contextmanager
+def _drawing(seed: int, full_size: bool) -> Iterator[None]:
+    """Where a model is drawn: seeded, quiet, and at full size in bf16 on the GPU when
+    there is one (Qwen3-8B in float32 on a CPU would take 33 GB)."""
+    import torch
+
+    from omni_actors.actors.engines.qwen3_omni.configs import quiet_transformers
+
+    with torch.random.fork_rng(devices=[]), quiet_transformers():
+        torch.manual_seed(seed)
+        if not full_size:
+            yield
+            return
+        dtype = torch.get_default_dtype()
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+        torch.set_default_dtype(torch.bfloat16)
+        try:
+            with torch.device(device):
+                yield
+        finally:
+            torch.set_default_dtype(dtype)
 
 
 def _report(progress: Progress | None, stage: str) -> None:
@@ -83,8 +164,7 @@ def _id(tokenizer: Any, token: str) -> int:
     return found
 
 
-def _write_llm(out: Path, seed: int) -> None:
-    import torch
+def _write_llm(out: Path, seed: int, full_size: bool) -> None:
 
     from omni_actors.actors.engines.cascade.hf import (
         AutoTokenizer,
@@ -92,7 +172,6 @@ def _write_llm(out: Path, seed: int) -> None:
         Qwen3Config,
         Qwen3ForCausalLM,
     )
-    from omni_actors.actors.engines.qwen3_omni.configs import quiet_transformers
     from omni_actors.actors.engines.qwen3_omni.tokenizer import write_tokenizer
 
     write_tokenizer(out)
@@ -100,24 +179,12 @@ def _write_llm(out: Path, seed: int) -> None:
     end = _id(tokenizer, "<|im_end|>")
     pad = _id(tokenizer, "<|endoftext|>")
     config = Qwen3Config(
-        vocab_size=len(tokenizer),
-        hidden_size=32,
-        intermediate_size=64,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        head_dim=8,
-        max_position_embeddings=4096,
-        # Untied and drawn wide, as Qwen3-8B's head is its own: a tiny tied model's
-        # greedy reply repeats one byte; this one writes varied words.
-        tie_word_embeddings=False,
-        initializer_range=1.0,
+        **(QWEN3_8B if full_size else _TINY_LLM),
         bos_token_id=pad,
         eos_token_id=end,
         pad_token_id=pad,
     )
-    with torch.random.fork_rng(devices=[]), quiet_transformers():
-        torch.manual_seed(seed)
+    with _drawing(seed, full_size):
         model = Qwen3ForCausalLM(config)  # type: ignore[no-untyped-call,unused-ignore]
         model.generation_config = GenerationConfig(  # type: ignore[no-untyped-call,unused-ignore]
             do_sample=False, eos_token_id=end, pad_token_id=pad, bos_token_id=pad
@@ -125,24 +192,43 @@ def _write_llm(out: Path, seed: int) -> None:
         model.save_pretrained(out)
 
 
-def _write_tts(out: Path, mimi_out: Path, seed: int) -> None:
-    import torch
-
+def _write_tts(out: Path, mimi_out: Path, seed: int, full_size: bool) -> None:
     from omni_actors.actors.engines.cascade.hf import (
         AutoTokenizer,
         CsmConfig,
-        CsmDepthDecoderConfig,
         CsmForConditionalGeneration,
         GenerationConfig,
-        MimiConfig,
     )
-    from omni_actors.actors.engines.qwen3_omni.configs import quiet_transformers
     from omni_actors.actors.engines.qwen3_omni.tokenizer import write_tokenizer
 
     write_tokenizer(out)
     tokenizer = AutoTokenizer.from_pretrained(out)
     bos = _id(tokenizer, TTS_SPECIALS["bos"])
-    eos = _id(tokenizer, TTS_SPECIALS["eos"])
+    ids = {
+        "bos_token_id": bos,
+        "pad_token_id": _id(tokenizer, "<|endoftext|>"),
+        "audio_token_id": _id(tokenizer, "<|audio_pad|>"),
+        "audio_eos_token_id": _id(tokenizer, "<|audio_end|>"),
+    }
+    # CsmConfig's defaults are CSM-1B's, its codec's are Mimi's.
+    config = CsmConfig(**ids) if full_size else _tiny_csm(len(tokenizer), ids)
+    with _drawing(seed, full_size):
+        model = CsmForConditionalGeneration(config)  # type: ignore[no-untyped-call,unused-ignore]
+        model.eval()  # type: ignore[no-untyped-call,unused-ignore]
+        model.generation_config = GenerationConfig(  # type: ignore[no-untyped-call,unused-ignore]
+            do_sample=False, max_new_tokens=64
+        )
+        model.depth_decoder.generation_config = GenerationConfig(  # type: ignore[no-untyped-call,unused-ignore]
+            do_sample=False
+        )
+        model.save_pretrained(out)  # type: ignore[no-untyped-call,unused-ignore]
+        model.codec_model.save_pretrained(mimi_out)
+
+
+def _tiny_csm(text_vocab: int, ids: dict[str, int]) -> Any:
+    """tiny-cascade's CSM config: its codebooks are exactly its codec's."""
+    from omni_actors.actors.engines.cascade.hf import CsmConfig, CsmDepthDecoderConfig, MimiConfig
+
     codebook = 64
     codec = MimiConfig(
         hidden_size=16,
@@ -170,10 +256,10 @@ def _write_tts(out: Path, mimi_out: Path, seed: int) -> None:
         head_dim=8,
         max_position_embeddings=CODEBOOKS,
     )
-    config = CsmConfig(
+    return CsmConfig(
         num_codebooks=CODEBOOKS,
         vocab_size=codebook,
-        text_vocab_size=len(tokenizer),
+        text_vocab_size=text_vocab,
         hidden_size=32,
         intermediate_size=64,
         num_hidden_layers=2,
@@ -183,27 +269,10 @@ def _write_tts(out: Path, mimi_out: Path, seed: int) -> None:
         max_position_embeddings=4096,
         codebook_pad_token_id=codebook - 1,
         codebook_eos_token_id=0,
-        bos_token_id=bos,
-        pad_token_id=_id(tokenizer, "<|endoftext|>"),
-        audio_token_id=_id(tokenizer, "<|audio_pad|>"),
-        audio_eos_token_id=_id(tokenizer, "<|audio_end|>"),
+        **ids,
         depth_decoder_config=depth.to_dict(),
         codec_config=codec.to_dict(),
     )
-    with torch.random.fork_rng(devices=[]), quiet_transformers():
-        torch.manual_seed(seed)
-        model = CsmForConditionalGeneration(config)  # type: ignore[no-untyped-call,unused-ignore]
-        model.eval()  # type: ignore[no-untyped-call,unused-ignore]
-        model.generation_config = GenerationConfig(  # type: ignore[no-untyped-call,unused-ignore]
-            do_sample=False, max_new_tokens=64
-        )
-        model.depth_decoder.generation_config = GenerationConfig(  # type: ignore[no-untyped-call,unused-ignore]
-            do_sample=False
-        )
-        model.save_pretrained(out)  # type: ignore[no-untyped-call,unused-ignore]
-        model.codec_model.save_pretrained(mimi_out)
-    special = {"bos": bos, "eos": eos}
-    (out / "omni_actors_tts.json").write_text(json.dumps(special, indent=2) + "\n")
 
 
 def verify(out_dir: Path) -> None:

@@ -81,6 +81,10 @@ class SpeechModel:
         self.codebooks = int(config.num_codebooks)
         self.eos = int(config.codebook_eos_token_id)
         self.bos = int(config.bos_token_id)
+        # CSM's vocabulary has ids past the codec's codebooks (2051 against Mimi's 2048);
+        # a frame holding one could not be decoded, so they are never picked (a trained
+        # model does not pick them; random weights would).
+        self._codes = int(config.codec_config.codebook_size)
         dtype = next(model.parameters()).dtype
         self.cache = SlotCache(config, slots=slots, max_len=max_context, device=device, dtype=dtype)
         self._configs = attention_configs(model.backbone_model)
@@ -131,11 +135,15 @@ class SpeechModel:
             return frames
         ends = torch.tensor([c.length for c in chunks]).cumsum(0) - 1
         hidden = out.last_hidden_state[0, ends[wanted].to(self.device)]
-        first = model.lm_head(hidden).float().argmax(dim=-1)
+        first = self._pick(model.lm_head(hidden))
         codes = self._depth(hidden, first).cpu()
         for row, n in enumerate(wanted):
             frames[n] = codes[row]
         return frames
+
+    def _pick(self, logits: torch.Tensor) -> torch.Tensor:
+        """The greedy code of each row of ``logits`` [B, vocab], among the codec's."""
+        return logits[:, : self._codes].float().argmax(dim=-1)
 
     def _depth(self, hidden: torch.Tensor, first: torch.Tensor) -> torch.Tensor:
         """The depth decoder's greedy codes after codebook 0, batched: [B, codebooks]."""
@@ -151,7 +159,7 @@ class SpeechModel:
             logits_to_keep=1,
         )
         for _ in range(self.codebooks - 1):
-            code = out.logits[:, -1].float().argmax(dim=-1)
+            code = self._pick(out.logits[:, -1])
             codes.append(code)
             if len(codes) == self.codebooks:
                 break
