@@ -16,6 +16,7 @@ import shutil
 import tempfile
 from collections.abc import Mapping
 from pathlib import Path
+from typing import Any
 
 from omni_actors.errors import ModelFileError
 from omni_actors.models.family import Progress
@@ -104,7 +105,7 @@ def write_tiny_whisper(
             found = tokenizer.convert_tokens_to_ids(token)
             assert isinstance(found, int)
             ids[token] = found
-        shape = {
+        shape: dict[str, Any] = {
             "vocab_size": len(tokenizer),
             "num_mel_bins": 80,
             "encoder_layers": 1,

@@ -47,7 +47,7 @@ CODEBOOKS: Final = 4
 TTS_SPECIALS: Final = {"bos": "<|endoftext|>", "eos": "<|im_end|>"}
 """The tokens the tiny synthesizer's text prompt opens and ends with."""
 
-WHISPER_TURBO: Final = {
+WHISPER_TURBO: Final[dict[str, Any]] = {
     "d_model": 1280,
     "encoder_layers": 32,
     "decoder_layers": 4,
@@ -60,7 +60,7 @@ WHISPER_TURBO: Final = {
 }
 """``openai/whisper-large-v3-turbo``'s sizes."""
 
-QWEN3_8B: Final = {
+QWEN3_8B: Final[dict[str, Any]] = {
     "vocab_size": 151936,
     "hidden_size": 4096,
     "intermediate_size": 12288,
@@ -75,7 +75,7 @@ QWEN3_8B: Final = {
 }
 """``Qwen/Qwen3-8B``'s sizes."""
 
-_TINY_LLM: Final = {
+_TINY_LLM: Final[dict[str, Any]] = {
     "vocab_size": 288,  # tiny-omni's tokenizer
     "hidden_size": 32,
     "intermediate_size": 64,
@@ -204,7 +204,7 @@ def _write_tts(out: Path, mimi_out: Path, seed: int, full_size: bool) -> None:
     write_tokenizer(out)
     tokenizer = AutoTokenizer.from_pretrained(out)
     bos = _id(tokenizer, TTS_SPECIALS["bos"])
-    ids = {
+    ids: dict[str, Any] = {
         "bos_token_id": bos,
         "pad_token_id": _id(tokenizer, "<|endoftext|>"),
         "audio_token_id": _id(tokenizer, "<|audio_pad|>"),
@@ -225,7 +225,7 @@ def _write_tts(out: Path, mimi_out: Path, seed: int, full_size: bool) -> None:
         model.codec_model.save_pretrained(mimi_out)
 
 
-def _tiny_csm(text_vocab: int, ids: dict[str, int]) -> Any:
+def _tiny_csm(text_vocab: int, ids: dict[str, Any]) -> Any:
     """tiny-cascade's CSM config: its codebooks are exactly its codec's."""
     from omni_actors.actors.engines.cascade.hf import CsmConfig, CsmDepthDecoderConfig, MimiConfig
 
