@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import json
 import math
+from importlib import resources
 from pathlib import Path
 
 import pytest
@@ -27,8 +28,11 @@ def cache(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return root
 
 
-def spec_of(cache: Path) -> PipelineSpec:
-    return load_pipeline("tiny-cascade").with_weights(cache_dir=cache)
+def spec_of(cache: Path, *, workers: bool = False) -> PipelineSpec:
+    """The preset on ``cache``'s weights; its worker stages in this process unless
+    ``workers`` (a worker's start imports torch again: seconds per stage)."""
+    spec = load_pipeline("tiny-cascade").with_weights(cache_dir=cache)
+    return spec if workers else spec.with_process_stages(False)
 
 
 def _tone(seconds: float = 0.5) -> torch.Tensor:
@@ -53,7 +57,7 @@ async def test_text_in_text_and_audio_out_and_full_edges_say_the_same(cache: Pat
 
 
 async def test_a_voice_conversation_with_barge_in(cache: Path) -> None:
-    async with OmniPipeline(spec_of(cache)) as omni:
+    async with OmniPipeline(spec_of(cache, workers=True)) as omni:
         async with omni.session() as session:
             for piece in _tone().split(1600):  # 100 ms microphone frames
                 await session.send(audio=piece)
@@ -93,9 +97,13 @@ async def test_abort_mid_stream_frees_every_stage(cache: Path) -> None:
 
 
 def test_bench_pipeline_compares_stream_and_full_edges(
-    cache: Path, capsys: pytest.CaptureFixture[str]
+    cache: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    argv = ["bench", "pipeline", "--preset", "tiny-cascade", "--json", "--cache-dir", str(cache)]
+    # The preset with every stage in this process (workers cost a start each).
+    preset = resources.files("omni_actors").joinpath("presets", "tiny-cascade.yaml")
+    local = tmp_path / "tiny-cascade.yaml"
+    local.write_text(preset.read_text().replace("process: true", "process: false"))
+    argv = ["bench", "pipeline", "--preset", str(local), "--json", "--cache-dir", str(cache)]
     quick = ["--concurrency", "1", "--requests", "2", "--reply-tokens", "24", "--no-input-length"]
     assert main([*argv, *quick]) == 0
     report = json.loads(capsys.readouterr().out)
