@@ -12,6 +12,7 @@ import torch
 from omni_actors.actors.engines.cascade.llm_engine import LlmArgs, LlmEngine
 from omni_actors.actors.engines.contract import Fields
 from omni_actors.models.cache import prepare
+from omni_actors.protocols.stage import ResponseOptions
 
 pytestmark = pytest.mark.integration
 
@@ -127,5 +128,44 @@ async def test_truncate_clear_and_replay_leave_the_cache_as_hf_sees_the_history(
             add_special_tokens=False,
         )
         assert replayed == _reference(hf, [*history, *second, *more], new)
+    finally:
+        await engine.stop()
+
+
+class _WithOptions:
+    """A response's input as a stage hands it over: its items, then its options."""
+
+    def __init__(self, items: Sequence[Fields], options: ResponseOptions) -> None:
+        self.options = options
+        self._items = _inputs(items)
+
+    def __aiter__(self) -> _WithOptions:
+        return self
+
+    async def __anext__(self) -> Fields:
+        return await anext(self._items)
+
+
+async def test_a_replys_own_instructions_hold_for_it_alone(
+    cache: Path, hf: tuple[Any, Any]
+) -> None:
+    new = 6
+    engine = LlmEngine(LlmArgs(cache_dir=cache, max_new_tokens=new, min_new_tokens=new))
+    await engine.start()
+    try:
+        options = ResponseOptions(instructions="Shout.")
+        outputs = [o async for o in engine.generate("s#1", _WithOptions([{"text": "Hi"}], options))]
+        first = [int(o["token_ids"]) for o in outputs]
+        user = hf[1].encode("<|im_start|>user\nHi<|im_end|>\n", add_special_tokens=False)
+        system = hf[1].encode("<|im_start|>system\nShout.<|im_end|>\n", add_special_tokens=False)
+        opening = hf[1].encode("<|im_start|>assistant\n", add_special_tokens=False)
+        assert first == _reference(hf, [*user, *system, *opening], new)
+        # The conversation keeps the reply, not the instructions.
+        second = await _reply(engine, "s#1", [{"text": "Again"}])
+        again = hf[1].encode(
+            "<|im_end|>\n<|im_start|>user\nAgain<|im_end|>\n<|im_start|>assistant\n",
+            add_special_tokens=False,
+        )
+        assert second == _reference(hf, [*user, *opening, *first, *again], new)
     finally:
         await engine.stop()

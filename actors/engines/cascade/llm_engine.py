@@ -282,6 +282,18 @@ class _Response(Response[Checkpoint]):
     def encode(self, text: str) -> list[int]:
         return list(self.engine.encode(text))
 
+    async def instruct_reply(self, instructions: str, tools: str | None = None) -> None:
+        if tools is not None and tools != "[]":
+            raise ValueError("the cascade's LLM takes no tools yet; leave tools unset")
+        await self._instruct(self.engine.system_turn(instructions))
+
+    async def drop_instructions(self, before: Checkpoint) -> None:
+        conversation = self.conversation
+        reply = conversation.reply if self.decoding else None
+        conversation.restore(before)
+        if reply is not None:
+            await self.take_reply(reply.tokens)
+
     async def reply(self, options: ResponseOptions) -> AsyncGenerator[Fields, None]:
         engine, conversation, signal = self.engine, self.conversation, self.signal
         args = engine._args
