@@ -14,7 +14,9 @@ truncation moves the slot's length back, and nothing is copied per turn.
 A user turn's text is gathered as it arrives and prefilled once the turn is committed
 (a ``commit`` mark, or the end of the input, which opens the reply in the same forward):
 the chat template's turns (``<|im_start|>role\\n ... <|im_end|>\\n``, the release's
-tokenizer) as a Qwen3 release writes them. Tokens are greedy.
+tokenizer) as a Qwen3 release writes them. A response's own instructions are a system
+turn fed right before its reply and dropped once the reply is kept, as the thinker's
+are. Tokens are greedy; a reply never picks an id past its tokenizer's.
 """
 
 from __future__ import annotations
