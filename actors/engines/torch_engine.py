@@ -79,6 +79,15 @@ def resolve_device(name: str) -> torch.device:
 T = TypeVar("T")
 
 
+PRETRAINED_LOCK = threading.Lock()
+"""Held around transformers' ``from_pretrained`` in an engine's model thread.
+
+``from_pretrained`` switches process-wide state while it builds a model (the default
+device and init functions it patches to skip initialization), so two stages of one
+process loading at once (the cascade's recognizer and LLM) broke each other's models:
+tied weights came out on the meta device. Loads take turns; forwards do not wait."""
+
+
 def release_dir(default_model: str, args: WeightsArgs, stage: str) -> Path:
     """The release directory an engine of ``stage`` loads, from its arguments: ``model``
     if given (a directory, a Hub repo id or a family), else ``default_model``'s prepared

@@ -40,6 +40,7 @@ from pydantic import Field
 from omni_actors.actors.engines.asr.family import DEFAULT_TRANSCRIBER
 from omni_actors.actors.engines.contract import TURN_FIELD, Fields, Rule
 from omni_actors.actors.engines.torch_engine import (
+    PRETRAINED_LOCK,
     AbortSignal,
     DeviceArgs,
     TorchEngine,
@@ -104,8 +105,9 @@ class AsrEngine(TorchEngine):
     outputs: ClassVar[dict[str, Rule]] = dict(TRANSCRIBER_OUTPUTS)
     streams_input = True
 
-    def __init__(self, args: AsrArgs) -> None:
-        super().__init__(_checkpoint(args), "transcriber", args.device)
+    def __init__(self, args: AsrArgs, path: Path | None = None) -> None:
+        """``path``: the checkpoint, when a subclass locates it (else ``args`` name it)."""
+        super().__init__(path or _checkpoint(args), "transcriber", args.device)
         self._args = args
         self._processor: Any = None
         self._model: Any = None
@@ -117,7 +119,7 @@ class AsrEngine(TorchEngine):
         from omni_actors.actors.engines.asr.hf import AutoModelForSpeechSeq2Seq, AutoProcessor
         from omni_actors.actors.engines.qwen3_omni.configs import quiet_transformers
 
-        with quiet_transformers():  # no weight-loading bar on every start
+        with PRETRAINED_LOCK, quiet_transformers():  # no weight-loading bar on every start
             self._processor = AutoProcessor.from_pretrained(path)  # type: ignore[no-untyped-call,unused-ignore]
             model = AutoModelForSpeechSeq2Seq.from_pretrained(path, use_safetensors=True)
         # The engine bounds a transcript by its own argument, not the checkpoint's.

@@ -14,7 +14,9 @@ from __future__ import annotations
 import json
 import shutil
 import tempfile
+from collections.abc import Mapping
 from pathlib import Path
+from typing import Any
 
 from omni_actors.errors import ModelFileError
 from omni_actors.models.family import Progress
@@ -54,8 +56,18 @@ def _byte_chars() -> dict[int, str]:
     return chars
 
 
-def write_tiny_whisper(out_dir: Path, seed: int, progress: Progress | None = None) -> None:
+def write_tiny_whisper(
+    out_dir: Path,
+    seed: int,
+    progress: Progress | None = None,
+    *,
+    sizes: Mapping[str, int] | None = None,
+) -> None:
     """Write the tiny Whisper checkpoint drawn with ``seed`` into ``out_dir``.
+
+    ``sizes`` overrides ``WhisperConfig``'s sizes (``d_model``, layers, heads,
+    ``num_mel_bins``, ``vocab_size`` at least the tokenizer's): a release of a real
+    Whisper's shape with the same tokenizer, for GPU benches.
 
     The files are written into a staging directory beside ``out_dir`` first, then moved
     in, so an interrupted write leaves nothing that looks like a checkpoint.
@@ -93,16 +105,20 @@ def write_tiny_whisper(out_dir: Path, seed: int, progress: Progress | None = Non
             found = tokenizer.convert_tokens_to_ids(token)
             assert isinstance(found, int)
             ids[token] = found
+        shape: dict[str, Any] = {
+            "vocab_size": len(tokenizer),
+            "num_mel_bins": 80,
+            "encoder_layers": 1,
+            "decoder_layers": 1,
+            "encoder_attention_heads": 2,
+            "decoder_attention_heads": 2,
+            "d_model": 32,
+            "encoder_ffn_dim": 64,
+            "decoder_ffn_dim": 64,
+            **(sizes or {}),
+        }
         config = WhisperConfig(
-            vocab_size=len(tokenizer),
-            num_mel_bins=80,
-            encoder_layers=1,
-            decoder_layers=1,
-            encoder_attention_heads=2,
-            decoder_attention_heads=2,
-            d_model=32,
-            encoder_ffn_dim=64,
-            decoder_ffn_dim=64,
+            **shape,
             max_source_positions=1500,
             max_target_positions=448,  # as in every Whisper
             decoder_start_token_id=ids["<|startoftranscript|>"],
@@ -116,7 +132,9 @@ def write_tiny_whisper(out_dir: Path, seed: int, progress: Progress | None = Non
         model = WhisperForConditionalGeneration(config)
         model.eval()  # type: ignore[no-untyped-call,unused-ignore]
         # Random weights pick any id: only printable bytes (and the end) may be decoded.
-        unprintable = [i for i in range(len(tokenizer)) if i not in _PRINTABLE and i != ids[eot]]
+        unprintable = [
+            i for i in range(shape["vocab_size"]) if i not in _PRINTABLE and i != ids[eot]
+        ]
         model.generation_config = GenerationConfig(  # type: ignore[no-untyped-call,unused-ignore]
             decoder_start_token_id=ids["<|startoftranscript|>"],
             eos_token_id=ids[eot],
@@ -130,7 +148,7 @@ def write_tiny_whisper(out_dir: Path, seed: int, progress: Progress | None = Non
         )
         with quiet_transformers():  # the caller's ``progress`` reports the write
             model.save_pretrained(where)
-        extractor = WhisperFeatureExtractor(feature_size=80)  # type: ignore[no-untyped-call,unused-ignore]
+        extractor = WhisperFeatureExtractor(feature_size=shape["num_mel_bins"])  # type: ignore[no-untyped-call,unused-ignore]
         processor = WhisperProcessor(  # type: ignore[no-untyped-call,unused-ignore]
             feature_extractor=extractor, tokenizer=tokenizer
         )

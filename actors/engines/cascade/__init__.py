@@ -1,0 +1,2 @@
+"""The ``cascade`` model family: a speech recognizer, a text LLM and a speech
+synthesizer with its codec decoder, each a stage of its own (see ``family``)."""

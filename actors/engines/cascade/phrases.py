@@ -1,0 +1,80 @@
+"""``PhrasePolicy``: where a synthesizer cuts the text an LLM streams to it.
+
+The text chunk policy of the LLM -> synthesizer edge (the ``ChunkPolicy`` of codec
+frames has the same job on the synthesizer -> codec edge): the first phrase ends early,
+at a clause mark or after ``first_words`` words, so the first audio starts while the
+LLM still writes; every later phrase is a sentence (or ``max_words`` words, whichever
+comes first), which a synthesizer speaks with better prosody than a fragment.
+
+A mark or a word ends a phrase only once whitespace follows it: streamed text may go
+on right after it ("3." of "3.50", "two" of "twofold").
+
+Guarantees: the phrases, joined, are the text (whitespace between phrases aside); no
+phrase is empty; :meth:`PhrasePolicy.flush` gives what is left once the text ends.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from typing import Final
+
+__all__ = ["PhrasePolicy"]
+
+_SENTENCE: Final = re.compile(r"[.!?\u3002\uff01\uff1f]+[\"')\]]*(?=\s)")
+_CLAUSE: Final = re.compile(r"[,;:\u2014\u3001\uff0c]+(?=\s)")
+
+
+@dataclass
+class PhrasePolicy:
+    """Cuts streamed text into phrases (module docstring).
+
+    Args:
+        first_words: the first phrase ends after this many words, if no clause or
+            sentence mark came before.
+        max_words: a later phrase ends after this many words without a sentence mark.
+    """
+
+    first_words: int = 4
+    max_words: int = 30
+    _text: str = ""
+    _cut: int = field(default=0)
+
+    def __post_init__(self) -> None:
+        if self.first_words < 1 or self.max_words < 1:
+            raise ValueError(
+                f"first_words and max_words must be >= 1, got {self.first_words}, {self.max_words}"
+            )
+
+    def push(self, text: str) -> list[str]:
+        """Add ``text``; the phrases it completes, in order."""
+        self._text += text
+        phrases = []
+        while (phrase := self._next()) is not None:
+            phrases.append(phrase)
+        return phrases
+
+    def flush(self) -> str | None:
+        """What is left once the text ended (None: nothing)."""
+        rest, self._text = self._text.strip(), ""
+        if rest:
+            self._cut += 1
+        return rest or None
+
+    def _next(self) -> str | None:
+        text = self._text
+        first = self._cut == 0
+        marks = [_SENTENCE] + ([_CLAUSE] if first else [])
+        ends = [m.end() for mark in marks if (m := mark.search(text)) is not None]
+        limit = self.first_words if first else self.max_words
+        words = list(re.finditer(r"\S+(?=\s)", text))
+        if len(words) >= limit:
+            ends.append(words[limit - 1].end())
+        if not ends:
+            return None
+        end = min(ends)
+        phrase, self._text = text[:end].strip(), text[end:]
+        if not phrase:
+            return None
+        self._cut += 1
+        return phrase

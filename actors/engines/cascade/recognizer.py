@@ -1,0 +1,117 @@
+"""``RecognizerEngine`` (kind ``cascade.asr``): the cascade's entry, speech to the LLM's text.
+
+The caller's input comes here first. Audio is gathered per user turn and transcribed
+once the turn is committed (a ``commit`` mark, or the end of the input), by the
+``transformers.asr`` engine's model code (:class:`~omni_actors.actors.engines.asr.engine.AsrEngine`:
+Whisper, or any transformers speech-to-text checkpoint); its transcript goes on to the
+LLM as the turn's ``text`` (with ``transcript`` and ``item``), then the mark. Everything
+else the LLM takes passes through in order: text the caller typed, instructions, and
+the turn marks (``clear`` also drops the open turn's audio here; ``truncate`` and
+``reply`` are the LLM's). So the LLM starts on the transcript the moment it exists, and
+a text-only request never waits for the recognizer's model.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from typing import ClassVar, Final
+
+import torch
+
+from omni_actors.actors.engines.asr.engine import AsrArgs, AsrEngine, _Settings, _Turn
+from omni_actors.actors.engines.cascade.family import stage_checkpoint
+from omni_actors.actors.engines.cascade.llm_engine import LLM_INPUTS
+from omni_actors.actors.engines.contract import TURN_FIELD, Fields, Rule
+from omni_actors.actors.engines.torch_engine import AbortSignal
+from omni_actors.actors.engines.transcriber_ports import (
+    ITEM_FIELD,
+    LANGUAGE_FIELD,
+    PROMPT_FIELD,
+    TRANSCRIBER_INPUTS,
+    TRANSCRIPT_ERROR_FIELD,
+    TRANSCRIPT_FIELD,
+)
+from omni_actors.errors import EngineError
+from omni_actors.protocols.stage import SessionKey
+
+__all__ = ["RecognizerEngine", "TranscriptionError"]
+
+_PASSED: Final = tuple(name for name in LLM_INPUTS if name != "text")
+"""Input fields passed on to the LLM as they come (marks, their values, instructions)."""
+
+
+class TranscriptionError(EngineError):
+    """A user turn's audio could not be transcribed (the message says why)."""
+
+
+class RecognizerEngine(AsrEngine):
+    """Transcripts of the caller's audio turns, in line with the rest of its input."""
+
+    kind = "cascade.asr"
+    Args = AsrArgs
+    inputs: ClassVar[dict[str, Rule]] = {**TRANSCRIBER_INPUTS, **LLM_INPUTS}
+    outputs: ClassVar[dict[str, Rule]] = {
+        **LLM_INPUTS,
+        TRANSCRIPT_FIELD: "concat",
+        ITEM_FIELD: "replace",
+    }
+    streams_input = True
+
+    def __init__(self, args: AsrArgs) -> None:
+        super().__init__(args, stage_checkpoint(args, "asr"))
+
+    async def generate(
+        self, session: SessionKey, inputs: AsyncIterator[Fields]
+    ) -> AsyncIterator[Fields]:
+        """The input, its audio turns replaced by their transcripts (module docstring)."""
+        abort = self._aborts.setdefault(session, AbortSignal())
+        settings = self._settings.setdefault(session, _Settings())
+        parts: list[torch.Tensor] = []
+        item = ""
+        while (fields := await abort.next_input(inputs)) is not None:
+            for name in (LANGUAGE_FIELD, PROMPT_FIELD):
+                value = fields.get(name)
+                if isinstance(value, str):
+                    setattr(settings, name, value or None)
+            named = fields.get(ITEM_FIELD)
+            if isinstance(named, str):
+                item = named
+            audio = fields.get("audio")
+            if isinstance(audio, torch.Tensor) and audio.numel():
+                parts.append(audio)
+            mark = fields.get(TURN_FIELD)
+            text = fields.get("text")
+            if isinstance(text, str) and text and mark != "reply":
+                yield {"text": text}  # the user's: a reply mark's text is the assistant's
+            if mark in ("commit", "reply"):  # a reply mark commits the open turn first
+                async for out in self._said(parts, item, settings, abort):
+                    yield out
+                parts, item = [], ""
+            elif mark == "clear":
+                parts, item = [], ""
+            passed = {name: fields[name] for name in _PASSED if name in fields}
+            if mark == "reply" and "text" in fields:
+                passed["text"] = fields["text"]
+            if passed:
+                yield passed
+            if abort.aborted:
+                return
+        async for out in self._said(parts, item, settings, abort):
+            yield out
+
+    async def _said(
+        self, parts: list[torch.Tensor], item: str, settings: _Settings, abort: AbortSignal
+    ) -> AsyncIterator[Fields]:
+        """The transcript of the turn's audio ``parts`` as the LLM's text (nothing
+        without audio, or once aborted)."""
+        if not parts:
+            return
+        audio = torch.cat([p.reshape(-1).to(torch.float32) for p in parts])
+        turn = _Turn(item, audio, _Settings(settings.language, settings.prompt))
+        async for out in self._turn(turn, abort):
+            error = out.get(TRANSCRIPT_ERROR_FIELD)
+            if isinstance(error, str):
+                raise TranscriptionError(f"the user's audio could not be transcribed: {error}")
+            text = out.get(TRANSCRIPT_FIELD)
+            if isinstance(text, str) and text:
+                yield {"text": text, TRANSCRIPT_FIELD: text, ITEM_FIELD: item}

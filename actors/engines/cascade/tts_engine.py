@@ -1,0 +1,170 @@
+"""``SynthesizerEngine`` (kind ``cascade.tts``): Sesame CSM as a streaming synthesizer.
+
+Input: the reply's ``text`` as the LLM writes it. The engine cuts it into phrases as it
+arrives (:class:`~.phrases.PhrasePolicy`: the first at a clause or after a few words,
+then sentences), and speaks each phrase as soon as it is whole, while the text goes on
+arriving: the first frames leave long before the LLM's reply ends. Output: ``codes``
+[1, codebooks] int64, one per 80 ms frame, for the Mimi decoder stage (the edge's
+``ChunkPolicy`` windows them, as the talker's frames are windowed for code2wav).
+
+Each phrase is CSM's turn (``[speaker]text``) fed after the phrases spoken before it in
+the same reply, with their frames, so a reply is spoken as one utterance with its own
+context; each reply starts a fresh one (the slot is rewound: a conversation's replies
+do not grow the synthesizer's context without bound). A phrase ends at CSM's end frame
+(not sent on) or after ``max_frames_per_word`` frames per word of it.
+
+Every forward is work on the engine's :class:`~omni_actors.actors.engines.step_loop.StepLoop`
+(:class:`~.tts_model.SpeechModel`): a phrase's text is a prefill, each frame a decode
+row, and sessions speaking at once share steps, as the Qwen3-Omni talker's frames do.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, ClassVar, Final
+
+import torch
+from pydantic import Field
+
+from omni_actors.actors.engines.cascade.family import stage_checkpoint
+from omni_actors.actors.engines.cascade.phrases import PhrasePolicy
+from omni_actors.actors.engines.cascade.tts_model import Speech, SpeechChunk, SpeechModel
+from omni_actors.actors.engines.contract import Fields, Rule, response_options
+from omni_actors.actors.engines.step_loop import Request, RequestClosedError
+from omni_actors.actors.engines.stepped_engine import StepLoopArgs, SteppedTorchEngine
+from omni_actors.actors.engines.torch_engine import AbortSignal, DeviceArgs
+from omni_actors.models.family import WeightsArgs
+
+__all__ = ["SynthesizerArgs", "SynthesizerEngine"]
+
+FRAME_RATE: Final = 12.5
+"""CSM's frames per second (Mimi's)."""
+
+
+class SynthesizerArgs(WeightsArgs, DeviceArgs, StepLoopArgs):
+    """The synthesizer's arguments (``model``, ``seed``, ``cache_dir`` locate it).
+
+    Attributes:
+        speaker: the CSM speaker id a reply is spoken by (a response's ``voice``, when
+            it is a number, overrides it).
+        first_words: the first phrase ends after this many words at the latest.
+        max_words: a later phrase ends after this many words at the latest.
+        max_frames_per_word: a phrase's most frames, per word of it.
+        max_context: the most positions of a reply's context (its phrases and frames).
+    """
+
+    speaker: int = Field(0, ge=0)
+    first_words: int = Field(4, ge=1)
+    max_words: int = Field(30, ge=1)
+    max_frames_per_word: int = Field(10, ge=1)
+    max_context: int = Field(2048, ge=16)
+
+
+@dataclass
+class _Voice:
+    """One session's state: its request in the loop (its KV slot)."""
+
+    request: Request[Any, Any]
+    signal: AbortSignal | None = None
+
+
+class SynthesizerEngine(SteppedTorchEngine[_Voice, Speech, torch.Tensor | None]):
+    """Codec frames of streamed text (see the module docstring)."""
+
+    kind: ClassVar[str] = "cascade.tts"
+    Args: ClassVar[type[SynthesizerArgs]] = SynthesizerArgs
+    inputs: ClassVar[Mapping[str, Rule]] = {"text": "concat"}
+    outputs: ClassVar[Mapping[str, Rule]] = {"codes": "concat"}
+    streams_input: ClassVar[bool] = True
+
+    def __init__(self, args: SynthesizerArgs) -> None:
+        self._args = args
+        super().__init__(
+            stage_checkpoint(args, "tts"),
+            "tts",
+            args.device,
+            args=args,
+            max_context=args.max_context,
+        )
+
+    def _load(self, path: Path) -> None:
+        args = self._args
+        self.model = SpeechModel(
+            path, self.device, slots=args.max_sessions, max_context=args.max_context
+        )
+
+    def _step(self, chunks: list[SpeechChunk]) -> list[torch.Tensor | None]:
+        return self.model.step(chunks)
+
+    async def generate(self, session: str, inputs: AsyncIterator[Fields]) -> AsyncIterator[Fields]:
+        """One reply: its text's phrases spoken as they complete (module docstring)."""
+        voice = self._sessions.get(session)
+        if voice is None:
+            voice = self._sessions[session] = _Voice(self.loop.open(session))
+        if voice.signal is not None:
+            raise ValueError(f"session {session!r} is already generating")
+        signal = voice.signal = AbortSignal()
+        args = self._args
+        policy = PhrasePolicy(args.first_words, args.max_words)
+        phrases: asyncio.Queue[str | None] = asyncio.Queue()
+        reader = asyncio.create_task(_read(inputs, signal, policy, phrases), name=f"tts {session}")
+        self.loop.rewind(voice.request, 0)  # each reply is an utterance of its own
+        unfed: torch.Tensor | None = None
+        try:
+            speaker = args.speaker
+            while (phrase := await signal.until(phrases.get())) is not None:
+                voice_option = response_options(inputs).voice
+                if voice_option and voice_option.isdigit():
+                    speaker = int(voice_option)
+                limit = args.max_frames_per_word * max(1, len(phrase.split()))
+                work = Speech(self.model.prompt(phrase, speaker), unfed)
+                unfed = None
+                for _ in range(limit):
+                    frame = await self._frame(voice, work, signal)
+                    if frame is None or self.model.ends(frame):
+                        break
+                    yield {"codes": frame[None].to(torch.int64)}
+                    unfed = frame[None]
+                    work = Speech(frames=unfed)
+            if reader.done():
+                reader.result()  # a broken input stream fails the reply
+        finally:
+            voice.signal = None
+            reader.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await reader
+
+    async def _frame(self, voice: _Voice, work: Speech, signal: AbortSignal) -> torch.Tensor | None:
+        """The frame after ``work`` (None once aborted)."""
+        decode = work.length == 1
+        future = self.loop.submit(voice.request, work, work.length, decode=decode)
+        try:
+            outputs = await signal.until(future)
+        except RequestClosedError:
+            if signal.aborted:
+                return None
+            raise
+        return None if outputs is None else outputs[-1]
+
+
+async def _read(
+    inputs: AsyncIterator[Fields],
+    signal: AbortSignal,
+    policy: PhrasePolicy,
+    phrases: asyncio.Queue[str | None],
+) -> None:
+    """Cut the reply's text into ``phrases`` as it arrives (None: the end)."""
+    try:
+        while (fields := await signal.next_input(inputs)) is not None:
+            text = fields.get("text")
+            if isinstance(text, str):
+                for phrase in policy.push(text):
+                    phrases.put_nowait(phrase)
+        if (rest := policy.flush()) is not None:
+            phrases.put_nowait(rest)
+    finally:
+        phrases.put_nowait(None)

@@ -1,0 +1,57 @@
+"""``PhrasePolicy``: the text chunk policy of the LLM -> synthesizer edge."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from omni_actors.actors.engines.cascade.phrases import PhrasePolicy
+
+
+def _cut(policy: PhrasePolicy, pieces: list[str]) -> list[str]:
+    phrases = [p for piece in pieces for p in policy.push(piece)]
+    rest = policy.flush()
+    return [*phrases, *([rest] if rest else [])]
+
+
+def test_first_phrase_ends_early_then_sentences() -> None:
+    policy = PhrasePolicy(first_words=3, max_words=30)
+    tokens = "Well, I think that is a fine idea. Let us go there now! Fine"
+    pieces = [c for c in tokens]  # streamed character by character, as an LLM writes
+    assert _cut(policy, pieces) == [
+        "Well,",
+        "I think that is a fine idea.",
+        "Let us go there now!",
+        "Fine",
+    ]
+
+
+def test_first_phrase_after_first_words_without_a_mark() -> None:
+    policy = PhrasePolicy(first_words=2, max_words=4)
+    assert policy.push("one two") == []  # "two" may go on ("twofold")
+    assert policy.push(" three four five six seven") == ["one two", "three four five six"]
+    assert policy.flush() == "seven"
+    assert policy.flush() is None
+
+
+def test_a_phrase_is_never_cut_inside_a_number_or_an_abbreviation_mark() -> None:
+    policy = PhrasePolicy(first_words=10)
+    assert policy.push("It costs 3.50 dollars") == []
+    assert policy.push(". Yes") == ["It costs 3.50 dollars."]
+
+
+def test_bounds_are_checked() -> None:
+    with pytest.raises(ValueError, match="first_words"):
+        PhrasePolicy(first_words=0)
+
+
+@given(
+    st.lists(st.text(alphabet="ab ,.!?", max_size=12), max_size=12),
+    st.integers(1, 5),
+    st.integers(1, 8),
+)
+def test_phrases_join_to_the_text(pieces: list[str], first: int, most: int) -> None:
+    phrases = _cut(PhrasePolicy(first, most), pieces)
+    assert all(p and p == p.strip() for p in phrases)
+    assert " ".join(phrases).split() == "".join(pieces).split()

@@ -1,0 +1,119 @@
+"""tiny-cascade end to end: recognizer, LLM, synthesizer and decoder behind the pipeline."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import math
+from importlib import resources
+from pathlib import Path
+
+import pytest
+import torch
+from test_tiny_omni_pipeline import audio_of, collect, done, nothing_held, text_of
+
+from omni_actors.cli import main
+from omni_actors.models.cache import prepare
+from omni_actors.pipeline.omni_pipeline import OmniPipeline
+from omni_actors.pipeline.spec.pipeline import PipelineSpec, load_pipeline
+from omni_actors.protocols.events import AudioDelta, ResponseDone
+
+pytestmark = pytest.mark.integration
+
+
+@pytest.fixture(scope="module")
+def cache(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    root = tmp_path_factory.mktemp("weights")
+    prepare("tiny-cascade", cache_dir=root)
+    return root
+
+
+def spec_of(cache: Path, *, workers: bool = False) -> PipelineSpec:
+    """The preset on ``cache``'s weights; its worker stages in this process unless
+    ``workers`` (a worker's start imports torch again: seconds per stage)."""
+    spec = load_pipeline("tiny-cascade").with_weights(cache_dir=cache)
+    return spec if workers else spec.with_process_stages(False)
+
+
+def _tone(seconds: float = 0.5) -> torch.Tensor:
+    return torch.sin(torch.arange(int(16000 * seconds)) * 2 * math.pi * 330 / 16000) * 0.3
+
+
+async def test_text_in_text_and_audio_out_and_full_edges_say_the_same(cache: Path) -> None:
+    async with OmniPipeline(spec_of(cache)) as omni:
+        stream = await collect(omni, text="Hello, who are you?")
+        await nothing_held(omni)
+    async with OmniPipeline(spec_of(cache).with_full_edges()) as omni:
+        full = await collect(omni, text="Hello, who are you?")
+    text, audio = text_of(stream), audio_of(stream)
+    assert text
+    assert audio.numel() > 0
+    assert bool(torch.isfinite(audio).all())
+    assert done(stream).metrics.ttfa_ms is not None
+    # Phrases cut from the stream are the phrases cut from the whole text, and the
+    # decoder's windows reach back far enough: the same reply, the same audio.
+    assert text_of(full) == text
+    assert torch.allclose(audio_of(full), audio, atol=1e-4)
+
+
+async def test_a_voice_conversation_with_barge_in(cache: Path) -> None:
+    async with OmniPipeline(spec_of(cache, workers=True)) as omni:
+        async with omni.session() as session:
+            for piece in _tone().split(1600):  # 100 ms microphone frames
+                await session.send(audio=piece)
+            await session.end_segment()
+            first = [e async for e in session.events()]
+            assert isinstance(first[-1], ResponseDone)
+            assert text_of(first)
+            assert audio_of(first).numel() > 0
+            # The caller speaks over the second reply: it is cancelled on every stage.
+            for piece in _tone(0.3).split(1600):
+                await session.send(audio=piece)
+            second = await session.end_segment()
+            async for event in session.events():
+                if isinstance(event, AudioDelta):
+                    break
+            assert await session.cancel_response(second)
+            rest = [e async for e in session.events()]
+            assert isinstance(rest[-1], ResponseDone)
+            assert rest[-1].status == "cancelled"
+            # ... and the conversation goes on.
+            await session.send(text="And now?")
+            await session.finish()
+            last = [e async for e in session.events()]
+            done(last)
+            assert text_of(last)
+        await nothing_held(omni)
+
+
+async def test_abort_mid_stream_frees_every_stage(cache: Path) -> None:
+    async with OmniPipeline(spec_of(cache)) as omni:
+        async with contextlib.aclosing(omni.generate(text="Tell me a long story")) as events:
+            async for event in events:
+                if isinstance(event, AudioDelta):
+                    break
+        await nothing_held(omni)
+        done(await collect(omni, text="still serving"))
+
+
+def test_bench_pipeline_compares_stream_and_full_edges(
+    cache: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # The preset with every stage in this process (workers cost a start each).
+    preset = resources.files("omni_actors").joinpath("presets", "tiny-cascade.yaml")
+    local = tmp_path / "tiny-cascade.yaml"
+    local.write_text(preset.read_text().replace("process: true", "process: false"))
+    argv = ["bench", "pipeline", "--preset", str(local), "--json", "--cache-dir", str(cache)]
+    quick = ["--concurrency", "1", "--requests", "2", "--reply-tokens", "24", "--no-input-length"]
+    assert main([*argv, *quick]) == 0
+    report = json.loads(capsys.readouterr().out)
+    variants = report["variants"]
+    stream, full = variants["tiny-cascade"]["1"], variants["tiny-cascade-full"]["1"]
+    assert stream["errors"] == full["errors"] == 0
+    assert stream["ttfa_ms_p50"] > 0
+    assert full["ttfa_ms_p50"] > 0
+    # How far streaming gets ahead is a measurement (docs/cascade.md), not a test: the
+    # report says it.
+    assert report["stream_vs_full_ttfa"]["1"] == pytest.approx(
+        stream["ttfa_ms_p50"] / full["ttfa_ms_p50"], rel=1e-3
+    )

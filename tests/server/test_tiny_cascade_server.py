@@ -1,0 +1,100 @@
+"""The realtime server and chat completions on tiny-cascade: a spoken conversation with
+barge-in through the official ``openai`` client's wire, as on tiny-omni."""
+
+from __future__ import annotations
+
+import base64
+
+import pytest
+
+pytest.importorskip("transformers")
+
+from openai import AsyncOpenAI
+from realtime_client import b64, connect, silence, speech
+
+from omni_actors.models.cache import prepare
+from omni_actors.pipeline.spec.pipeline import PipelineSpec, load_pipeline
+from omni_actors.server.runner import run_server
+from omni_actors.server.settings import ServerSettings
+
+pytestmark = pytest.mark.integration
+
+FRAME = 480  # 20 ms at 24 kHz
+
+
+@pytest.fixture(scope="module")
+def spec(tmp_path_factory: pytest.TempPathFactory) -> PipelineSpec:
+    root = tmp_path_factory.mktemp("weights")
+    prepare("tiny-cascade", cache_dir=root)
+    return load_pipeline("tiny-cascade").with_weights(cache_dir=root)
+
+
+async def test_a_spoken_conversation_with_barge_in(spec: PipelineSpec) -> None:
+    pcm = speech(1.0, seed=3)
+    async with (
+        run_server(ServerSettings(port=0), pipeline=spec) as server,
+        connect(server.ws_url) as client,
+    ):
+        await client.send(
+            "session.update",
+            session={
+                "type": "realtime",
+                "instructions": "Answer briefly.",
+                "audio": {"input": {"turn_detection": None}},
+            },
+        )
+        await client.expect("session.updated")
+        for i in range(0, len(pcm), 2 * FRAME):
+            await client.send("input_audio_buffer.append", audio=b64(pcm[i : i + 2 * FRAME]))
+        await client.send("input_audio_buffer.commit")
+        await client.send("response.create")
+        events = await client.until("response.done", timeout=120)
+        reply = events[-1]["response"]
+        assert reply["status"] in ("completed", "incomplete"), reply
+        heard = b"".join(
+            base64.b64decode(e["delta"])
+            for e in events
+            if e["type"] == "response.output_audio.delta"
+        )
+        assert heard
+        transcript = next(
+            e["transcript"] for e in events if e["type"] == "response.output_audio_transcript.done"
+        )
+        assert transcript
+
+        # Barge-in: server VAD on, the user speaks over the reply; every stage stops.
+        await client.send(
+            "session.update",
+            session={"type": "realtime", "audio": {"input": {"turn_detection": {}}}},
+        )
+        await client.expect("session.updated")
+        await client.say(speech(0.6, seed=4) + silence(0.7), frame_s=0.02)
+        await client.until("response.output_audio.delta", timeout=120)
+        await client.say(speech(0.4, seed=5), frame_s=0.02)
+        done = await client.until("response.done", timeout=120)
+        assert done[-1]["response"]["status"] == "cancelled"
+        assert done[-1]["response"]["status_details"]["reason"] == "turn_detected"
+
+
+async def test_chat_completions_with_history_speak(spec: PipelineSpec) -> None:
+    async with run_server(ServerSettings(port=0), pipeline=spec) as server:
+        client = AsyncOpenAI(
+            base_url=server.url + "/v1", api_key="unused", max_retries=0, timeout=120
+        )
+        completion = await client.chat.completions.create(
+            model="tiny-cascade",
+            messages=[
+                {"role": "system", "content": "Be brief."},
+                {"role": "user", "content": "hello"},
+                {"role": "assistant", "content": "hi there"},
+                {"role": "user", "content": "how are you?"},
+            ],
+            modalities=["text", "audio"],
+            audio={"voice": "alloy", "format": "pcm16"},  # type: ignore[typeddict-item]
+        )
+        message = completion.choices[0].message
+        assert message.audio is not None
+        assert base64.b64decode(message.audio.data)
+        assert message.audio.transcript
+        assert completion.usage is not None
+        assert completion.usage.completion_tokens > 0
