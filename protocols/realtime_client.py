@@ -311,6 +311,10 @@ class ResponseCancel(_Event, tag="response.cancel", frozen=True, kw_only=True):
     response_id: str | None = None
 
 
+class OutputAudioBufferClear(_Event, tag="output_audio_buffer.clear", frozen=True, kw_only=True):
+    """Stop the reply playing in a call, cut where the caller is (WebRTC calls only)."""
+
+
 ClientEvent = (
     SessionUpdate
     | InputAudioBufferAppend
@@ -322,6 +326,7 @@ ClientEvent = (
     | ConversationItemDelete
     | ResponseCreate
     | ResponseCancel
+    | OutputAudioBufferClear
 )
 """Every client event the server acts on."""
 
@@ -338,6 +343,7 @@ CLIENT_EVENTS: dict[str, type[ClientEvent]] = {
         ConversationItemDelete,
         ResponseCreate,
         ResponseCancel,
+        OutputAudioBufferClear,
     )
 }
 """Event type -> struct."""

@@ -91,6 +91,7 @@ from omni_actors.protocols.realtime_client import (
     InputAudioBufferClear,
     InputAudioBufferCommit,
     ItemParam,
+    OutputAudioBufferClear,
     ResponseCancel,
     ResponseCreate,
     ResponseParams,
@@ -444,6 +445,8 @@ class RealtimeConnection:
                 await self._create_response(event)
             case ResponseCancel():
                 await self._cancel_requested(event)
+            case OutputAudioBufferClear():
+                await self._clear_output()
             case SessionUpdate():
                 await self._update(event)
             case ConversationItemCreate():
@@ -1196,6 +1199,31 @@ class RealtimeConnection:
                 realtime_code="response_cancel_not_active",
             )
         await self._interrupt("client_cancelled")
+
+    async def _clear_output(self) -> None:
+        """``output_audio_buffer.clear``: in a call, stop the reply playing (and the
+        response in flight) and cut its item to what the caller heard, as a barge-in
+        does; ``output_audio_buffer.cleared`` says so (at once if nothing was playing).
+
+        Raises:
+            RequestError: not a call (on a websocket the client plays the audio).
+        """
+        if self.audio is None:
+            raise RequestError(
+                "output_audio_buffer.clear is for WebRTC calls: on a websocket the client "
+                "holds the audio it plays (stop it there, then conversation.item.truncate)",
+                realtime_code="invalid_value",
+            )
+        reply = self.last_response
+        playing = reply is not None and self.audio.playing(reply.id)
+        if playing or self.active is not None:
+            await self._interrupt("client_cancelled")
+        if not playing:
+            await self.send(
+                OutputAudioBufferCleared(
+                    event_id=new_id("event"), response_id=reply.id if reply is not None else ""
+                )
+            )
 
     async def _interrupt(self, reason: CancelReason) -> None:
         """Cancel the response in flight (a barge-in, ``response.cancel``); in a call,

@@ -201,3 +201,21 @@ async def test_a_cancel_a_stuck_stage_never_ends_is_answered(
         done = (await client.until("response.done"))[-1]["response"]
         assert done["status"] == "cancelled", done
         await _answered(client)  # the connection goes on
+
+
+async def test_output_audio_buffer_clear_on_a_websocket_is_refused_and_loses_nothing(
+    echo: tuple[RunningServer, Echo],
+) -> None:
+    """The output buffer is the server's only in a WebRTC call; on a websocket the event
+    is refused by name, and the session goes on."""
+    server, engine = echo
+    async with connect(server.ws_url) as client:
+        await client.no_vad()
+        await client.send("output_audio_buffer.clear", event_id="clear1")
+        error = await client.error()
+        assert (error["code"], error["event_id"]) == ("invalid_value", "clear1")
+        assert "WebRTC" in error["message"]
+        await _said(client, engine, "hi")
+        await client.send("response.create", response={"output_modalities": ["text"]})
+        done = (await client.until("response.done"))[-1]["response"]
+        assert done["status"] == "completed", done

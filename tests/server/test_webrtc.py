@@ -89,8 +89,10 @@ async def test_a_call_hears_the_caller_and_plays_the_reply(tone: RunningServer) 
     [
         ("barge_in", 0.5, "cancelled"),  # while the reply is generated
         ("barge_in", 0.01, "completed"),  # generated, still playing
-        ("response_cancel", 0.5, "cancelled"),
-        ("response_cancel", 0.01, "completed"),  # generated, still playing
+        ("response.cancel", 0.5, "cancelled"),
+        ("response.cancel", 0.01, "completed"),  # generated, still playing
+        ("output_audio_buffer.clear", 0.5, "cancelled"),
+        ("output_audio_buffer.clear", 0.01, "completed"),
     ],
 )
 async def test_a_cut_reply_is_truncated_at_what_the_caller_heard(
@@ -110,7 +112,7 @@ async def test_a_cut_reply_is_truncated_at_what_the_caller_heard(
         if how == "barge_in":
             caller.mic.say(speech(2.0))  # its own reply comes well after the checks below
         else:
-            await caller.send("response.cancel")
+            await caller.send(how)
         events = await caller.until("conversation.item.truncated", timeout=40)
         heard_ms = caller.heard_ms
         types = [e["type"] for e in events]
