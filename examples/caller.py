@@ -31,7 +31,12 @@ def arguments(description: str) -> argparse.Namespace:
         default=os.environ.get("OMNI_ACTORS_API_KEY", "none"),
         help="the server's key (omni-actors serve --api-key); default $OMNI_ACTORS_API_KEY",
     )
-    parser.add_argument("--wav", type=Path, help="what the caller says (default: 0.6 s of a tone)")
+    parser.add_argument(
+        "--wav",
+        type=Path,
+        help="what the caller says, a WAV of speech (default: 0.6 s of a tone, which only a "
+        "server without Silero VAD, the turns extra, takes for speech)",
+    )
     parser.add_argument("--out", type=Path, default=Path("reply.wav"), help="the reply's audio")
     return parser.parse_args()
 
@@ -50,8 +55,9 @@ def served_model(url: str, api_key: str) -> str:
 
 def utterance(wav: Path | None) -> bytes:
     """What the caller says, as PCM16 at 24 kHz: ``wav`` (any rate, mono or stereo,
-    16-bit), or 0.6 s of a 220 Hz tone under noise, loud enough for voice activity
-    detection to take it for speech."""
+    16-bit), or 0.6 s of a 220 Hz tone under noise, loud enough for a frame-energy voice
+    activity detection to take it for speech (Silero VAD, which a server with the
+    ``turns`` extra runs, rightly hears none in it: give that one a recording)."""
     if wav is None:
         t = np.arange(int(0.6 * RATE)) / RATE
         noise = np.random.default_rng(0).standard_normal(t.size)

@@ -19,6 +19,7 @@ import websockets
 from caller import RATE, arguments, served_model, silence, utterance, write_wav
 
 FRAME = RATE // 50 * 2  # 20 ms of PCM16, as a microphone sends it
+REPLY_S = 60  # how long to wait for the reply
 
 
 async def main() -> None:
@@ -39,19 +40,26 @@ async def main() -> None:
             chunk = base64.b64encode(audio[i : i + FRAME]).decode()
             await send("input_audio_buffer.append", audio=chunk)
 
-        reply, transcript = bytearray(), ""
-        async for message in ws:
-            event = json.loads(message)
-            match event["type"]:
-                case "error":
-                    raise SystemExit(f"the server refused an event: {event['error']}")
-                case "response.output_audio.delta":
-                    reply += base64.b64decode(event["delta"])
-                case "response.output_audio_transcript.delta":
-                    transcript += event["delta"]
-                case "response.done":
-                    status = event["response"]["status"]
-                    break
+        reply, transcript, status = bytearray(), "", "not received"
+        try:
+            async with asyncio.timeout(REPLY_S):
+                async for message in ws:
+                    event = json.loads(message)
+                    match event["type"]:
+                        case "error":
+                            raise SystemExit(f"the server refused an event: {event['error']}")
+                        case "response.output_audio.delta":
+                            reply += base64.b64decode(event["delta"])
+                        case "response.output_audio_transcript.delta":
+                            transcript += event["delta"]
+                        case "response.done":
+                            status = event["response"]["status"]
+                            break
+        except TimeoutError:
+            raise SystemExit(
+                f"no reply within {REPLY_S} s: the server heard no turn end "
+                "(with Silero VAD, give --wav a recording of speech)"
+            ) from None
     write_wav(args.out, bytes(reply))
     print(f"reply {status}: {len(reply) / 2 / RATE:.2f} s of audio -> {args.out}")
     print(f"transcript: {transcript}")

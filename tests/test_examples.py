@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -19,6 +20,21 @@ from omni_actors.testing import eventually
 
 EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
 KEY = "example-key"
+SAID = "Hello there. Could you tell me what time it is?"
+
+
+@pytest.fixture(scope="module")
+def speech(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A WAV of speech (espeak-ng, ``make speech``): the servers run Silero VAD, which
+    hears no turn in the examples' default tone, as a real deployment would."""
+    espeak = shutil.which("espeak-ng")
+    if espeak is None:
+        pytest.skip("espeak-ng is not installed (make speech, or apt-get install espeak-ng)")
+    path = tmp_path_factory.mktemp("speech") / "said.wav"
+    subprocess.run([espeak, "-v", "en", "-s", "160", "-w", str(path), SAID], check=True)
+    return path
+
+
 SERVER_READY_S = 120.0
 
 
@@ -133,11 +149,18 @@ SCRIPTED_TRANSCRIPT = "transcript: " + " ".join(f"t{i}" for i in range(32))
 
 
 def test_realtime_client_speaks_a_turn_and_writes_the_reply(
-    scripted_server: str, tmp_path: Path
+    scripted_server: str, speech: Path, tmp_path: Path
 ) -> None:
     out = tmp_path / "reply.wav"
     lines = run_example(
-        "realtime_client.py", scripted_server, "--api-key", KEY, "--out", str(out)
+        "realtime_client.py",
+        scripted_server,
+        "--api-key",
+        KEY,
+        "--wav",
+        str(speech),
+        "--out",
+        str(out),
     ).splitlines()
     assert lines[0] == f"reply completed: 5.12 s of audio -> {out}"
     assert lines[1].rstrip() == SCRIPTED_TRANSCRIPT
@@ -145,11 +168,17 @@ def test_realtime_client_speaks_a_turn_and_writes_the_reply(
 
 
 def test_realtime_client_takes_the_key_from_the_environment(
-    scripted_server: str, tmp_path: Path
+    scripted_server: str, speech: Path, tmp_path: Path
 ) -> None:
     out = tmp_path / "reply.wav"
     stdout = run_example(
-        "realtime_client.py", scripted_server, "--out", str(out), OMNI_ACTORS_API_KEY=KEY
+        "realtime_client.py",
+        scripted_server,
+        "--wav",
+        str(speech),
+        "--out",
+        str(out),
+        OMNI_ACTORS_API_KEY=KEY,
     )
     assert stdout.startswith("reply completed: 5.12 s")
 
@@ -162,31 +191,41 @@ def test_realtime_client_takes_the_key_from_the_environment(
     ],
 )
 def test_a_framework_agent_gets_its_reply_from_the_server(
-    name: str, client: str, scripted_server: str, tmp_path: Path
+    name: str, client: str, scripted_server: str, speech: Path, tmp_path: Path
 ) -> None:
     pytest.importorskip(
         client, reason="needs the integrations extra: pip install omni-actors[integrations]"
     )
     out = tmp_path / "reply.wav"
     lines = run_example(
-        name, scripted_server, "--api-key", KEY, "--out", str(out), timeout=120
+        name,
+        scripted_server,
+        "--api-key",
+        KEY,
+        "--wav",
+        str(speech),
+        "--out",
+        str(out),
+        timeout=120,
     ).splitlines()
     assert lines[-2] == f"reply: 5.12 s of audio -> {out}"
     assert lines[-1].rstrip() == SCRIPTED_TRANSCRIPT
     assert wav_seconds(out) == pytest.approx(5.12)
 
 
-def test_a_custom_engine_is_served_to_a_realtime_client(parrot_server: str, tmp_path: Path) -> None:
-    # A WAV at another rate, in stereo: the client makes 24 kHz mono of it.
+def test_a_custom_engine_is_served_to_a_realtime_client(
+    parrot_server: str, speech: Path, tmp_path: Path
+) -> None:
+    # Speech at another rate, in stereo: the client makes 24 kHz mono of it.
     said = tmp_path / "said.wav"
-    rate = 16_000
-    t = np.arange(int(0.8 * rate)) / rate
-    tone = (0.3 * np.sin(2 * np.pi * 220 * t) * 32767).astype("<i2")
+    with wave.open(str(speech), "rb") as f:
+        rate = f.getframerate()
+        mono = np.frombuffer(f.readframes(f.getnframes()), dtype="<i2")
     with wave.open(str(said), "wb") as f:
         f.setnchannels(2)
         f.setsampwidth(2)
         f.setframerate(rate)
-        f.writeframes(np.repeat(tone, 2).tobytes())
+        f.writeframes(np.repeat(mono, 2).tobytes())
     out = tmp_path / "reply.wav"
     lines = run_example(
         "realtime_client.py",
