@@ -30,7 +30,7 @@ from tiny_omni_ids import (
 )
 
 from omni_actors.actors.engines.contract import Fields
-from omni_actors.actors.engines.qwen3_omni import configs
+from omni_actors.actors.engines.qwen3_omni import configs, talker_engine
 from omni_actors.actors.engines.qwen3_omni.frame_compile import (
     CompiledCodePredictor,
     FrameCompile,
@@ -532,3 +532,17 @@ def test_every_frame_key_compiles_past_dynamo_s_default_limit(
             model._frame_step(key[1], *model._static_inputs(key))
     assert len(layers.graphs) > 2
     assert model.compiled["layers"] == "compiled"
+
+
+@pytest.mark.parametrize("compile_frame", [True, False])
+async def test_a_talker_that_compiled_ends_the_compile_workers_when_it_stops(
+    cache_dir: Path, compile_frame: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Inductor's compile workers are subprocesses it keeps for the process's life: the
+    talker that compiled ends them as it stops (one that did not leaves them alone)."""
+    ended: list[bool] = []
+    monkeypatch.setattr(talker_engine, "end_compile_workers", lambda: ended.append(True))
+    extra = {"compile_frame": compile_frame, "compile_backend": "aot_eager"}
+    async with talker(cache_dir, **extra):
+        assert ended == []
+    assert ended == ([True] if compile_frame else [])

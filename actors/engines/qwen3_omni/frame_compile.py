@@ -150,6 +150,19 @@ span, the batch, whether a span is the whole slot); dynamo's default of 8 per re
 the later keys' layers uncompiled, inside their captured graphs, with one warning."""
 
 
+def end_compile_workers() -> None:
+    """End the compile workers inductor started in this process, if it started any.
+
+    Inductor compiles in a pool of subprocesses that it starts on its first compile and
+    otherwise keeps for the life of the process: in a stage that runs in the server's
+    own process (or a program's), they would outlive the engine that made them. The
+    engine that compiled ends them when it stops; a later compile starts a new pool.
+    """
+    async_compile = sys.modules.get("torch._inductor.async_compile")
+    if async_compile is not None:
+        async_compile.shutdown_compile_workers()
+
+
 def _compile(fn: Callable[..., Any], backend: Backend) -> Callable[..., Any]:
     """``torch.compile(fn)``, allowed :data:`RECOMPILE_LIMIT` graphs."""
     compiled = torch.compile(fn, backend=backend, dynamic=None)

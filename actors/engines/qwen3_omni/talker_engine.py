@@ -62,7 +62,10 @@ from pydantic import Field, field_validator, model_validator
 
 from omni_actors.actors.engines.contract import Fields, ResponseOptions, Rule, response_options
 from omni_actors.actors.engines.qwen3_omni.family import DEFAULT_RELEASE
-from omni_actors.actors.engines.qwen3_omni.frame_compile import FrameCompileArgs
+from omni_actors.actors.engines.qwen3_omni.frame_compile import (
+    FrameCompileArgs,
+    end_compile_workers,
+)
 from omni_actors.actors.engines.qwen3_omni.static_decode import StaticDecodeArgs
 from omni_actors.actors.engines.qwen3_omni.talker_input import ReplyInput, TalkerInputError
 from omni_actors.actors.engines.qwen3_omni.talker_model import (
@@ -189,6 +192,14 @@ class TalkerEngine(SteppedTorchEngine[Voice, TalkerFeed, Framed | None]):
                 f"{', '.join(sorted(model.speakers))}; set engine.args.speaker to one of them"
             )
         self._model = model
+
+    async def stop(self) -> None:
+        """Stop the step loop and the model thread, then the compile workers its frame
+        compile started (:func:`~.frame_compile.end_compile_workers`)."""
+        await super().stop()
+        model: TalkerModel | None = getattr(self, "_model", None)
+        if model is not None and any(region != "off" for region in model.compiled.values()):
+            end_compile_workers()
 
     @property
     def voices(self) -> list[str]:

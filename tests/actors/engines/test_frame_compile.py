@@ -5,6 +5,7 @@ talker tests)."""
 from __future__ import annotations
 
 import logging
+import os
 
 import pytest
 
@@ -16,8 +17,10 @@ from omni_actors.actors.engines.qwen3_omni.frame_compile import (
     CompileState,
     FrameCompile,
     FrameCompileArgs,
+    end_compile_workers,
 )
 from omni_actors.actors.engines.qwen3_omni.talker_engine import TalkerArgs
+from omni_actors.testing import eventually
 
 
 def test_the_frame_compiles_on_cuda_by_default_and_where_asked() -> None:
@@ -58,3 +61,30 @@ def test_out_of_memory_is_not_a_failed_compile() -> None:
     with pytest.raises(torch.OutOfMemoryError):
         state.fall_back(torch.OutOfMemoryError("CUDA out of memory"))
     assert state.failed is None
+
+
+def _children() -> set[int]:
+    """This process's live child processes, read from /proc."""
+    found = set()
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                with open(f"/proc/{entry}/stat") as f:
+                    parent = f.read().rsplit(")", 1)[1].split()[1]
+            except OSError:
+                continue
+            if int(parent) == os.getpid():
+                found.add(int(entry))
+    return found
+
+
+async def test_the_compile_workers_inductor_started_are_ended() -> None:
+    """What end_compile_workers ends: the subprocesses of inductor's compile pool."""
+    async_compile = pytest.importorskip("torch._inductor.async_compile")
+    before = _children()
+    async_compile.AsyncCompile.process_pool()
+    try:
+        await eventually(lambda: _children() - before, timeout=60, what="the compile workers")
+    finally:
+        end_compile_workers()
+    await eventually(lambda: not (_children() - before), timeout=60, what="no compile worker")
