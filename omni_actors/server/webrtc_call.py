@@ -69,13 +69,13 @@ class DataChannelTransport:
         self._inbox: asyncio.Queue[str | bytes | None] = asyncio.Queue()
         self._drained = asyncio.Event()
 
-    def attach(self, channel: RTCDataChannel) -> None:
+    def attach(self, data_channel: RTCDataChannel) -> None:
         """Take the channel the caller opened."""
-        self.channel = channel
-        channel.bufferedAmountLowThreshold = _BUFFERED // 2
-        channel.on("message", self._message)
-        channel.on("close", lambda: self._inbox.put_nowait(None))
-        channel.on("bufferedamountlow", self._drained.set)
+        self.channel = data_channel
+        data_channel.bufferedAmountLowThreshold = _BUFFERED // 2
+        data_channel.on("message", self._message)
+        data_channel.on("close", lambda: self._inbox.put_nowait(None))
+        data_channel.on("bufferedamountlow", self._drained.set)
         self.opened.set()
 
     def _message(self, data: str | bytes) -> None:
