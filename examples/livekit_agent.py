@@ -32,8 +32,8 @@ async def main() -> None:
         base_url=args.url,
         api_key=args.api_key,
         model=served_model(args.url, args.api_key),  # LiveKit names gpt-realtime unless told
-        # LiveKit's default, semantic_vad, is refused: the server detects turns by voice
-        # activity. (Its default transcription model is taken where the pipeline has a
+        # LiveKit's default, semantic_vad, needs the server's semantic-vad extra; server_vad
+        # runs on every server. (Its default transcription model is taken where the pipeline has a
         # transcriber; tiny-omni's is tiny-whisper. Off here: not every pipeline has one.)
         turn_detection=ServerVad(type="server_vad"),
         input_audio_transcription=None,
