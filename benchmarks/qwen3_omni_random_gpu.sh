@@ -13,7 +13,9 @@
 # it, not, and with the code predictor's projections fused ($COMPILE, default "off all fused");
 #   bash benchmarks/qwen3_omni_random_gpu.sh setup prepare-short
 # writes every stage with an 8-layer thinker ($THINKER_LAYERS), for `bench pipeline
-# --preset qwen3-omni-1gpu` on one GPU.
+# --preset qwen3-omni-1gpu` on one GPU ($STAGES: the stages written, default all three);
+#   STAGES=thinker bash benchmarks/qwen3_omni_random_gpu.sh setup prepare-short prefill
+# times and profiles the thinker's prefill against transformers' (thinker_prefill_profile.py).
 # Results go to $OUT (default benchmarks/results); the release to $RELEASE (/tmp/q3).
 # pipeline: $LEVELS (default 1 4 8 16 32), $REQUESTS_PER_LEVEL (default 4: each level
 # runs 4 x c requests, a closed loop as vllm-omni's CI runs it) or $REQUESTS per level,
@@ -58,8 +60,12 @@ from omni_actors.actors.engines.qwen3_omni.random_release import real_config, wr
 config = real_config(); layers = int(sys.argv[2])
 config["thinker_config"]["text_config"]["num_hidden_layers"] = layers
 config["talker_config"]["accept_hidden_layer"] = layers // 2
-write_random_release(Path(sys.argv[1]), config)' "$RELEASE" "${THINKER_LAYERS:-8}"
+write_random_release(Path(sys.argv[1]), config, stages=tuple(sys.argv[3].split()))' \
+        "$RELEASE" "${THINKER_LAYERS:-8}" "${STAGES:-thinker talker code2wav}"
       echo "prepare_s=$(( $(date +%s) - start ))"; du -sh "$RELEASE" ;;
+    prefill)
+      python3 benchmarks/thinker_prefill_profile.py "$RELEASE" --tokens ${PREFILL_TOKENS:-256 2500} \
+        | tee "$OUT/qwen3_omni_random_prefill_profile.jsonl" | grep -v '"top"' ;;
     decode-talker)
       for compile in $COMPILE; do
         omni bench decode --model "$RELEASE" --stage talker=cuda:0 --batch 1 8 32 --context 1024 \
