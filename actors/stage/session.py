@@ -512,15 +512,22 @@ class StageSession:
         host: Fields | None = None
         copy_wait = 0.0  # each outlet to the host waited for the one copy
         transfers = self.transfers
-        for outlet in self.outlets if outlets is None else outlets:
+        targets = self.outlets if outlets is None else tuple(outlets)
+        for outlet in targets:
             if transfers is None or outlet.takes_device:
                 pending = outlet.push(output)
             else:
                 if host is None:
-                    host = output
-                    if on_device(output):
+                    # Only the fields the host-bound outlets take cross to the host: the
+                    # caller's text must not wait for the copy of rows meant for a stage
+                    # on this device (a copy also waits for the step that made them).
+                    wanted = frozenset[str]().union(
+                        *(o.fields for o in targets if not o.takes_device)
+                    )
+                    host = {name: value for name, value in output.items() if name in wanted}
+                    if on_device(host):
                         started = time.monotonic()
-                        host = await transfers.to_host(output)
+                        host = await transfers.to_host(host)
                         copy_wait = time.monotonic() - started
                 outlet.copy_wait += copy_wait
                 pending = outlet.push(host)
