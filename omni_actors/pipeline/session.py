@@ -149,6 +149,7 @@ class Session:
             abort_stages=self._abort_stages,
             reopen=self._reopen,
             replay_s=_reopen_s(pipeline.spec),
+            entry_transcribes=pipeline.spec.side_transcriber != pipeline.spec.outputs.transcript,
         )
         self._admission: Admission | None = None
         self._drained = False  # the terminal event has been handed to the caller
@@ -313,16 +314,8 @@ class Session:
                 "transcription=True"
             )
         self._check_open()
-        was, self._input.transcribing = self._input.transcribing, enabled
-        if enabled:
-            settings: dict[str, torch.Tensor | str] = {
-                LANGUAGE_FIELD: language or "",
-                PROMPT_FIELD: prompt or "",
-            }
-            self._input.transcriber_settings = settings
-            await self._input.to_transcriber(settings)
-        elif was:
-            await self._input.to_transcriber({}, mark="clear")  # the turn under way is not
+        settings = {LANGUAGE_FIELD: language or "", PROMPT_FIELD: prompt or ""}
+        await self._input.transcribe(enabled, settings)
 
     async def clear(self) -> None:
         """Drop the input since the last commit; every stage rolls back what it prefilled.
