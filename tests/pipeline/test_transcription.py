@@ -293,10 +293,10 @@ async def test_a_pipeline_without_a_transcriber_refuses_transcription() -> None:
     ("over", "message"),
     [
         ({"transcript": "nobody"}, "outputs.transcript: no stage 'nobody'"),
-        ({"transcript": "echo"}, "'echo' is the entry stage"),
+        ({"transcript": "echo"}, "'echo' is an output of the reply too"),
     ],
 )
-def test_the_transcript_names_a_stage_beside_the_entry(over: dict[str, str], message: str) -> None:
+def test_the_transcript_names_a_stage_that_yields_transcripts(over: dict[str, str], message: str) -> None:
     outputs = {**spec_data()["outputs"], **over}
     with pytest.raises(ValueError, match=message):
         PipelineSpec.model_validate(spec_data(outputs=outputs))

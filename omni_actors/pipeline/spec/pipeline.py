@@ -244,6 +244,12 @@ class PipelineSpec(Spec):
         transcriber = self.outputs.transcript
         if transcriber is not None:
             _check_transcriber(transcriber, entry, self.edges, names)
+            if transcriber in (self.outputs.text, self.outputs.audio):
+                # The caller takes a stage's chunks as transcripts or as a reply, not both.
+                raise ValueError(
+                    f"outputs.transcript: stage {transcriber!r} is an output of the reply "
+                    "too; name a stage that yields the transcript alone"
+                )
         graph = self._graph()
         order = graph.order()
         reachable = graph.downstream(entry) | {entry, *([transcriber] if transcriber else [])}
@@ -256,12 +262,6 @@ class PipelineSpec(Spec):
                 raise ValueError(f"outputs.{kind}: no stage {stage!r}; stages: {few(names)}")
         if self.outputs.text is None and self.outputs.audio is None:
             raise ValueError("outputs: name the stage that yields text, audio, or both")
-        if transcriber is not None and transcriber in (self.outputs.text, self.outputs.audio):
-            # The caller takes a stage's chunks as transcripts or as a reply, not both.
-            raise ValueError(
-                f"outputs.transcript: stage {transcriber!r} is an output of the reply too; "
-                "name a stage that yields the transcript alone"
-            )
         placed = [s.name for s in self.stages if s.placement is not None]
         if placed and self.cluster is None:
             raise ValueError(f"stages {few(placed)} have a placement: declare the cluster")
