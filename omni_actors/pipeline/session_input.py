@@ -271,12 +271,12 @@ class SessionInput:
 
     async def transcribe(self, enabled: bool, settings: Mapping[str, torch.Tensor | str]) -> None:
         """Transcribe the caller's turns from now on with ``settings`` (language,
-        prompt), or (``enabled=False``) no more."""
+        prompt: "" for none), or (``enabled=False``) no more."""
         was, self.transcribing = self.transcribing, enabled
         if self.entry_transcribes:
             # It hears the turns for the stages after it whatever the caller asked: a
-            # turn under way stays, and without transcription it hears with defaults.
-            await self.send(settings if enabled else {name: "" for name in settings})
+            # turn under way stays, and the settings go with the input (and its replay).
+            await self.send(settings)
         elif enabled:
             self.transcriber_settings = dict(settings)
             await self.to_transcriber(settings)

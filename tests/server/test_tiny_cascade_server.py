@@ -20,8 +20,8 @@ from omni_actors.actors.engines.cascade.recognizer import RecognizerEngine
 from omni_actors.actors.engines.contract import Fields
 from omni_actors.audio.resample import CallerAudio
 from omni_actors.models.cache import prepare
-from omni_actors.protocols.stage import SessionKey
 from omni_actors.pipeline.spec.pipeline import PipelineSpec, load_pipeline
+from omni_actors.protocols.stage import SessionKey
 from omni_actors.server.runner import run_server
 from omni_actors.server.settings import ServerSettings
 
