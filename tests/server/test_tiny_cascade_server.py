@@ -177,3 +177,39 @@ async def test_the_callers_transcript_is_the_recognizers(spec: PipelineSpec) -> 
         assert len(deltas) > 1
         assert "".join(d.delta for d in deltas) == expected
         assert all(d.item_id == committed.item_id for d in deltas)
+
+
+async def test_a_turn_the_recognizer_cannot_transcribe_fails_its_transcript_and_reply(
+    spec: PipelineSpec,
+) -> None:
+    async with run_server(ServerSettings(port=0), pipeline=spec) as server:
+        client = AsyncOpenAI(
+            api_key="unused", websocket_base_url=server.ws_url.removesuffix("/realtime")
+        )
+        async with client.realtime.connect(model="tiny-cascade") as conn:
+            assert (await conn.recv()).type == "session.created"
+            # tiny-cascade's Whisper knows English only: the turn cannot be transcribed.
+            transcription = {"model": "tiny-cascade", "language": "xx"}
+            await conn.session.update(
+                session={
+                    "type": "realtime",
+                    "audio": {"input": {"turn_detection": None, "transcription": transcription}},
+                }
+            )
+            assert (await conn.recv()).type == "session.updated"
+            await conn.input_audio_buffer.append(audio=b64(speech(0.3, seed=7)))
+            await conn.input_audio_buffer.commit()
+            committed = await conn.recv()
+            assert committed.type == "input_audio_buffer.committed"
+            await conn.response.create()
+            events = []
+            async for event in conn:
+                events.append(event)
+                if event.type == "response.done":
+                    break
+        (failed,) = [e for e in events if "input_audio_transcription" in e.type]
+        assert failed.type == "conversation.item.input_audio_transcription.failed"
+        assert failed.item_id == committed.item_id
+        assert "xx" in failed.error.message
+        # The LLM has no text for the turn: the reply fails with it.
+        assert events[-1].response.status == "failed"
