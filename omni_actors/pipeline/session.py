@@ -149,7 +149,7 @@ class Session:
             abort_stages=self._abort_stages,
             reopen=self._reopen,
             replay_s=_reopen_s(pipeline.spec),
-            entry_transcribes=pipeline.spec.side_transcriber != pipeline.spec.outputs.transcript,
+            entry_transcribes=pipeline.spec.outputs.transcript == pipeline.spec.entry_stage,
         )
         self._admission: Admission | None = None
         self._drained = False  # the terminal event has been handed to the caller
@@ -301,7 +301,9 @@ class Session:
         ``TranscriptFailed``, as soon as it is transcribed (the replies never wait for
         it). A turn under way is transcribed from here on. ``language`` (an ISO-639-1
         code) and ``prompt`` (text that guides the transcription) apply to the turns
-        from now on.
+        from now on. An entry stage that transcribes (a cascade's recognizer) hears
+        every turn for the stages after it: it tells the caller those committed while
+        transcribing, and its settings are the reply's too.
 
         Raises:
             InvalidRequestError: the session was opened without transcription
