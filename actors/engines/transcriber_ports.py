@@ -5,7 +5,10 @@ entry stage (a fan-out: it is off the reply's path) and its outputs reach the ca
 transcript events, one per user turn. The session forwards it the caller's audio while
 transcription is on (``Session.transcribe``), each turn's ``item`` before the turn's
 ``commit``, and every segment's end; any engine that declares these ports serves the
-stage (``transformers.asr``, a scripted one in tests).
+stage (``transformers.asr``, a scripted one in tests). The entry stage may be the
+transcriber too (a cascade's recognizer, ``cascade.asr``): it hears every turn for the
+stages after it, and is told the ``item`` of each turn committed while transcription
+is on; those are the turns it tells the caller of.
 
 Inputs, any of them per chunk:
 

@@ -11,8 +11,9 @@ window of chunks per output stage, and a caller that stops reading makes the out
 stages wait. A chunk whose events are dropped (a cancelled or failed response), or that
 carries nothing for the caller, counts as taken at once.
 
-The transcriber's stream (``outputs.transcript``) is about the caller's turns, not a
-response: each of its chunks becomes a ``TranscriptDelta``, ``TranscriptDone`` or
+The transcriber's stream (``outputs.transcript``: a stage beside the entry, or the
+entry stage when it transcribes) is about the caller's turns, not a response: each of
+its chunks becomes a ``TranscriptDelta``, ``TranscriptDone`` or
 ``TranscriptFailed`` event at once, never held behind a response.
 """
 

@@ -21,6 +21,7 @@ from omni_actors._actor import Actor
 from omni_actors._props import Props
 from omni_actors._ref import ActorRef
 from omni_actors._state import CellState
+from omni_actors.actors.engines.transcriber_ports import TRANSCRIBER_OUTPUTS
 from omni_actors.actors.stage.actor import StageActor
 from omni_actors.errors import OmniError
 from omni_actors.pipeline.session_actor import SessionActor
@@ -222,8 +223,8 @@ class Orchestrator(Actor[OrchestratorMessage]):
             self.restarts[actor] = 0
         edges = [(e.source, e.to) for e in self.spec.edges]
         inputs = [(INPUT, self.spec.entry_stage)]
-        if self.spec.outputs.transcript is not None:
-            inputs.append((INPUT, self.spec.outputs.transcript))
+        if self.spec.side_transcriber is not None:
+            inputs.append((INPUT, self.spec.side_transcriber))
         for source, to in [*inputs, *edges]:
             key = f"{source}->{to}"
             if key in self.interposers:
@@ -284,8 +285,10 @@ class Orchestrator(Actor[OrchestratorMessage]):
         )
         # Each stage's least loaded replica serves the session for its whole life.
         chosen = {name: min(self.replicas[name], key=self.load.__getitem__) for name in path}
-        plan = self._plan(chosen, text=request.text, audio=request.audio)
-        transcriber = self.spec.outputs.transcript
+        plan = self._plan(
+            chosen, text=request.text, audio=request.audio, transcript=request.transcript
+        )
+        transcriber = self.spec.side_transcriber
         if transcriber not in chosen:
             transcriber = None
         n = next(self._keys)
@@ -316,7 +319,9 @@ class Orchestrator(Actor[OrchestratorMessage]):
         """Where ``source`` sends to ``stage``: its replica, or the harness's interposer."""
         return self.edge_refs.get((source, stage), self.stages[actor])
 
-    def _plan(self, chosen: dict[str, str], *, text: bool, audio: bool) -> dict[str, StagePlan]:
+    def _plan(
+        self, chosen: dict[str, str], *, text: bool, audio: bool, transcript: bool
+    ) -> dict[str, StagePlan]:
         spec = self.spec
         plan: dict[str, StagePlan] = {}
         for name, actor in chosen.items():
@@ -340,8 +345,8 @@ class Orchestrator(Actor[OrchestratorMessage]):
                 for kind, wanted in (("text", text), ("audio", audio))
                 if wanted and getattr(spec.outputs, kind) == name
             )
-            if name == spec.outputs.transcript:
-                emit = tuple(spec.ports(name).outputs)  # the caller gets all it says
+            if transcript and name == spec.outputs.transcript:
+                emit = (*emit, *TRANSCRIBER_OUTPUTS)  # beside the entry, or the entry
             plan[name] = StagePlan(self.stages[actor], sources or (INPUT,), targets, emit)
         return plan
 

@@ -149,6 +149,7 @@ class Session:
             abort_stages=self._abort_stages,
             reopen=self._reopen,
             replay_s=_reopen_s(pipeline.spec),
+            entry_transcribes=pipeline.spec.outputs.transcript == pipeline.spec.entry_stage,
         )
         self._admission: Admission | None = None
         self._drained = False  # the terminal event has been handed to the caller
@@ -300,7 +301,9 @@ class Session:
         ``TranscriptFailed``, as soon as it is transcribed (the replies never wait for
         it). A turn under way is transcribed from here on. ``language`` (an ISO-639-1
         code) and ``prompt`` (text that guides the transcription) apply to the turns
-        from now on.
+        from now on. An entry stage that transcribes (a cascade's recognizer) hears
+        every turn for the stages after it: it tells the caller those committed while
+        transcribing, and its settings are the reply's too.
 
         Raises:
             InvalidRequestError: the session was opened without transcription
@@ -313,16 +316,8 @@ class Session:
                 "transcription=True"
             )
         self._check_open()
-        was, self._input.transcribing = self._input.transcribing, enabled
-        if enabled:
-            settings: dict[str, torch.Tensor | str] = {
-                LANGUAGE_FIELD: language or "",
-                PROMPT_FIELD: prompt or "",
-            }
-            self._input.transcriber_settings = settings
-            await self._input.to_transcriber(settings)
-        elif was:
-            await self._input.to_transcriber({}, mark="clear")  # the turn under way is not
+        settings = {LANGUAGE_FIELD: language or "", PROMPT_FIELD: prompt or ""}
+        await self._input.transcribe(enabled, settings)
 
     async def clear(self) -> None:
         """Drop the input since the last commit; every stage rolls back what it prefilled.

@@ -43,7 +43,10 @@ beside the entry stage: its outputs become ``TranscriptDelta`` / ``TranscriptDon
 ``TranscriptFailed`` events at once (they belong to no response, so no segment holds
 them), its reports count for no response, and its failure — an engine error, a stream
 that broke, its death — fails transcription only (``TranscriptFailed`` with no item:
-the turns not transcribed yet), never a reply or the session.
+the turns not transcribed yet), never a reply or the session. An entry stage that
+transcribes (``outputs.transcript`` naming it: a cascade's recognizer) sends its
+transcripts here beside its output to the next stages; they become the same events,
+and the stage is the reply's in every other way.
 
 Flow control: the output stages' streams to the caller are a
 :class:`~omni_actors.pipeline.client_streams.ClientStreams`; the entry stage's credits
@@ -61,6 +64,7 @@ from typing import Any
 
 from omni_actors._actor import Actor
 from omni_actors._mailbox import MailboxConfig
+from omni_actors.actors.engines.transcriber_ports import TRANSCRIPT_FIELD
 from omni_actors.actors.stage.accumulate import ChunkGapError
 from omni_actors.actors.stage.flow import send_credit
 from omni_actors.errors import InvalidRequestError, OmniError, qualified_name
@@ -278,12 +282,14 @@ class SessionActor(Actor[SessionMessage]):
     def _streams(self) -> ClientStreams:
         """The output stages' streams of the current key (see ``ClientStreams``)."""
         senders = {name: p.ref for name, p in self.plan.items() if p.emit}
+        # The transcriber beside the entry, or an entry stage that transcribes.
+        transcripts = next((n for n, p in self.plan.items() if TRANSCRIPT_FIELD in p.emit), "")
         return ClientStreams(
             self.id,
             self.key,
             self.channel,
             senders,
-            self.transcriber,
+            transcripts,
             conversation=self.resumable,
         )
 

@@ -21,6 +21,12 @@ so both stages serve the same segments. The transcriber is sent to after the ent
 stage, and a transcriber that stops taking input loses its stream
 (``TranscriptFailed``), never the reply's input. A replayed conversation is not sent
 there again: its turns were transcribed once.
+
+An entry stage that transcribes (``outputs.transcript`` naming it: a cascade's
+recognizer) hears every turn already, for the stages after it: while ``transcribing``,
+each turn's item goes to it before the turn's ``commit`` (it tells the caller the
+transcripts of the turns it was told the item of), outside the conversation's log, so
+a replayed turn is not told again; the settings go to it with the rest of the input.
 """
 
 from __future__ import annotations
@@ -75,6 +81,8 @@ class SessionInput:
         replay_s: how long stages dying one after another under a replay may keep it
             from going through, from its first try (one restart and a prewarm:
             ``deadlines.start_s + admission_s``).
+        entry_transcribes: the entry stage is the pipeline's transcriber (see the module
+            docstring).
 
     Attributes:
         audio: the caller's audio, resampled as one stream.
@@ -94,6 +102,7 @@ class SessionInput:
         abort_stages: Callable[[str], Awaitable[None]],
         reopen: Callable[[], Awaitable[SessionKey]] | None = None,
         replay_s: float = 0.0,
+        entry_transcribes: bool = False,
     ) -> None:
         self.session = session
         self.channel = channel
@@ -103,6 +112,7 @@ class SessionInput:
         self._abort_stages = abort_stages
         self._reopen = reopen
         self.replay_s = replay_s
+        self.entry_transcribes = entry_transcribes
         self._reopening = asyncio.Lock()
         self.audio = CallerAudio(sample_rate)
         self.segment = 0
@@ -154,12 +164,15 @@ class SessionInput:
                 ``deadlines.inter_chunk_s``; the session has ended with that error.
         """
         assert self._entry is not None, "send after connect"
+        named = self.entry_transcribes and self.transcribing and mark == "commit"
         while True:
             if self.channel.stale or self._reopening.locked():
                 async with self._reopening:  # one replay; other senders wait for it
                     if self.channel.stale:
                         await self._replay()
             try:
+                if named:  # outside the log (see the module docstring)
+                    await self._send({ITEM_FIELD: turn}, "", "", 0, None)
                 await self._send(payload, end, mark, kept, options)
             except _Reopen:
                 continue  # a stage died while this waited: reopen, then send it
@@ -255,6 +268,20 @@ class SessionInput:
             # in its mailbox): the chunk went out under the key every stage dropped
             # (``SessionChannel.cut``). It goes again once the session is reopened.
             raise _Reopen
+
+    async def transcribe(self, enabled: bool, settings: Mapping[str, torch.Tensor | str]) -> None:
+        """Transcribe the caller's turns from now on with ``settings`` (language,
+        prompt: "" for none), or (``enabled=False``) no more."""
+        was, self.transcribing = self.transcribing, enabled
+        if self.entry_transcribes:
+            # It hears the turns for the stages after it whatever the caller asked: a
+            # turn under way stays, and the settings go with the input (and its replay).
+            await self.send(settings)
+        elif enabled:
+            self.transcriber_settings = dict(settings)
+            await self.to_transcriber(settings)
+        elif was:
+            await self.to_transcriber({}, mark="clear")  # the turn under way is not
 
     async def _fan_out(
         self, payload: Mapping[str, torch.Tensor | str], end: End, mark: Mark, item: str

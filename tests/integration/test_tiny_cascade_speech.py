@@ -121,13 +121,24 @@ async def test_recognizer_text_is_whisper_generate_and_marks_pass(release: Path)
             {"text": "typed"},
         ]
         outputs = [o async for o in engine.generate(SessionKey("s#1"), _inputs(fields))]
-        assert outputs == [
+        # A turn named by its item is the caller's too: its pieces as they are decoded
+        # and its whole, in fields the LLM does not take; the LLM gets the whole once.
+        pieces = [o for o in outputs if "transcript_delta" in o]
+        assert len(pieces) > 1
+        assert all(o.keys() == {"item", "transcript_delta"} and o["item"] == "a" for o in pieces)
+        assert "".join(o["transcript_delta"] for o in pieces) == expected
+        assert [o for o in outputs if "transcript_delta" not in o] == [
             {"instructions": "Be brief."},
-            {"text": expected, "transcript": expected, "item": "a"},
+            {"item": "a", "transcript": expected},
+            {"text": expected},
             {"turn": "commit"},
             {"turn": "clear"},
             {"text": "typed"},
         ]
+        # A turn named by none is the LLM's alone.
+        unnamed: list[Fields] = [{"audio": audio}, {"turn": "commit"}]
+        outputs = [o async for o in engine.generate(SessionKey("s#2"), _inputs(unnamed))]
+        assert outputs == [{"text": expected}, {"turn": "commit"}]
     finally:
         await engine.stop()
 

@@ -286,6 +286,78 @@ async def test_a_pipeline_without_a_transcriber_refuses_transcription() -> None:
             omni.session(transcription=True)
 
 
+# -- an entry stage that transcribes ------------------------------------------------------
+
+
+def recognizing(*, echo: str = "TurnEcho", process: bool = False) -> PipelineSpec:
+    """The recognizer as the entry stage and transcriber, the echo after it."""
+    return PipelineSpec.model_validate(
+        spec_data(
+            stages=[
+                {"name": "asr", "engine": {"kind": "transcriber_engines:CountingRecognizer"}},
+                {
+                    "name": "echo",
+                    "process": process,
+                    "engine": {"kind": f"conversation_engines:{echo}"},
+                },
+            ],
+            edges=[{"from": "asr", "to": "echo", "mode": "stream"}],
+            deadlines={"idle_s": 60.0, "inter_chunk_s": 30.0, "admission_s": 60.0},
+        )
+    )
+
+
+async def test_an_entry_that_transcribes_tells_the_turns_heard_while_transcribing() -> None:
+    spec = recognizing()
+    assert spec.side_transcriber is None
+    assert spec.without_transcriber().stages == spec.stages  # it is the reply's too
+    async with OmniPipeline(spec) as omni, omni.session(transcription=True) as session:
+        await session.send(audio=speech(300))
+        await session.commit(turn="before")
+        await session.transcribe(language="en")
+        await session.send(audio=speech(200))
+        await session.commit(turn="heard")
+        await session.send(text="hi")  # a turn with no audio: no transcript
+        await session.commit(turn="typed")
+        await session.transcribe(False)  # the turn is heard, its transcript not told
+        await session.send(audio=speech(900))
+        await session.commit(turn="after")
+        text, events, done = await reply_and_transcripts(session)
+        assert done.status == "completed"
+        told = [e for e in events if isinstance(e, TranscriptDone | TranscriptFailed)]
+        assert told == [
+            TranscriptDone(session=session.id, item="heard", transcript="200 samples en")
+        ]
+        # The next stage gets each turn's text once, and with the settings of its time.
+        assert text == "300 SAMPLES|200 SAMPLES EN|HI|900 SAMPLES"
+
+
+async def test_a_replayed_conversation_tells_no_transcript_again() -> None:
+    async with (
+        OmniPipeline(recognizing(echo="ReplayEcho", process=True)) as omni,
+        omni.session(transcription=True) as session,
+    ):
+        await session.transcribe(language="en")
+        await session.send(audio=speech(100))
+        await session.commit(turn="first")
+        _, events, _ = await reply_and_transcripts(session)
+        assert [e.item for e in events if isinstance(e, TranscriptDone)] == ["first"]
+        kill_worker((await omni.stages())["echo"])
+
+        async def told() -> None:
+            assert session.channel.stale
+
+        await eventually(told)
+        # The next input replays the conversation onto every stage (the entry hears the
+        # first turn again), then the new turn: only the new one is told.
+        await session.send(audio=speech(120))
+        await session.commit(turn="second")
+        _, events, done = await reply_and_transcripts(session)
+        assert done.status == "completed"
+        told_again = [(e.item, e.transcript) for e in events if isinstance(e, TranscriptDone)]
+        assert told_again == [("second", "120 samples en")]  # its settings replayed too
+
+
 # -- the definition ---------------------------------------------------------------------
 
 
@@ -293,10 +365,12 @@ async def test_a_pipeline_without_a_transcriber_refuses_transcription() -> None:
     ("over", "message"),
     [
         ({"transcript": "nobody"}, "outputs.transcript: no stage 'nobody'"),
-        ({"transcript": "echo"}, "'echo' is the entry stage"),
+        ({"transcript": "echo"}, "'echo' is an output of the reply too"),
     ],
 )
-def test_the_transcript_names_a_stage_beside_the_entry(over: dict[str, str], message: str) -> None:
+def test_the_transcript_names_a_stage_that_yields_transcripts(
+    over: dict[str, str], message: str
+) -> None:
     outputs = {**spec_data()["outputs"], **over}
     with pytest.raises(ValueError, match=message):
         PipelineSpec.model_validate(spec_data(outputs=outputs))

@@ -1,9 +1,14 @@
-"""A transcriber engine for the pipeline tests: each turn's transcript says how many
+"""Transcriber engines for the pipeline tests: each turn's transcript says how many
 samples it heard and the settings it was given.
 
-A turn named ``bad`` yields a transcript error (that turn fails); one named ``crash``
-makes ``generate`` raise (the engine fails the segment). While ``GATE`` is set and not
-open, each transcript waits for it (a slow transcriber).
+``CountingTranscriber`` serves a transcriber beside the entry stage. A turn named
+``bad`` yields a transcript error (that turn fails); one named ``crash`` makes
+``generate`` raise (the engine fails the segment). While ``GATE`` is set and not open,
+each transcript waits for it (a slow transcriber).
+
+``CountingRecognizer`` is an entry stage that transcribes, as a cascade's recognizer: a
+committed turn with audio goes on to the next stage as the text of its transcript and,
+for a turn named by its item, to the caller; the rest of the input passes on.
 """
 
 from __future__ import annotations
@@ -14,7 +19,7 @@ from typing import ClassVar
 
 import torch
 
-from omni_actors.actors.engines.contract import TURN_FIELD, Fields
+from omni_actors.actors.engines.contract import KEPT_FIELD, REPLY_FIELD, TURN_FIELD, Fields
 from omni_actors.actors.engines.transcriber_ports import TRANSCRIBER_INPUTS, TRANSCRIBER_OUTPUTS
 
 GATE: dict[str, asyncio.Event] = {}
@@ -78,3 +83,60 @@ class CountingTranscriber:
         if item == "bad":
             return {"item": item, "transcript_error": "this turn cannot be transcribed"}
         return {"item": item, "transcript": f"{samples} samples {language}".strip()}
+
+
+class CountingRecognizer:
+    inputs: ClassVar[dict[str, str]] = {
+        **TRANSCRIBER_INPUTS,
+        "text": "concat",
+        REPLY_FIELD: "concat",
+        KEPT_FIELD: "concat",
+    }
+    outputs: ClassVar[dict[str, str]] = {
+        **TRANSCRIBER_OUTPUTS,
+        "text": "concat",
+        TURN_FIELD: "concat",
+        REPLY_FIELD: "concat",
+        KEPT_FIELD: "concat",
+    }
+    streams_input = True
+
+    def __init__(self, args: object) -> None:
+        self.settings: dict[str, dict[str, str]] = {}
+
+    async def start(self) -> None: ...
+    async def stop(self) -> None: ...
+
+    async def abort(self, session: str) -> None:
+        self.settings.pop(session, None)
+
+    async def release(self, session: str) -> None:
+        self.settings.pop(session, None)
+
+    async def generate(self, session: str, inputs: AsyncIterator[Fields]) -> AsyncIterator[Fields]:
+        settings = self.settings.setdefault(session, {"language": "", "prompt": ""})
+        samples, item = 0, None
+        async for fields in inputs:
+            for name in ("language", "prompt"):
+                value = fields.get(name)
+                if isinstance(value, str):
+                    settings[name] = value
+            named = fields.get("item")
+            if isinstance(named, str):
+                item = named
+            audio = fields.get("audio")
+            if isinstance(audio, torch.Tensor):
+                samples += audio.numel()
+            mark = fields.get(TURN_FIELD)
+            if mark == "commit" and samples:
+                text = f"{samples} samples {settings['language']}".strip()
+                if item is not None:
+                    yield {"item": item, "transcript": text}
+                yield {"text": text}
+            if mark in ("commit", "clear"):
+                samples, item = 0, None
+            passed = {k: v for k, v in fields.items() if k not in TRANSCRIBER_INPUTS}
+            if isinstance(mark, str):
+                passed[TURN_FIELD] = mark
+            if passed:
+                yield passed

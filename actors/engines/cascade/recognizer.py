@@ -4,11 +4,18 @@ The caller's input comes here first. Audio is gathered per user turn and transcr
 once the turn is committed (a ``commit`` mark, or the end of the input), by the
 ``transformers.asr`` engine's model code (:class:`~omni_actors.actors.engines.asr.engine.AsrEngine`:
 Whisper, or any transformers speech-to-text checkpoint); its transcript goes on to the
-LLM as the turn's ``text`` (with ``transcript`` and ``item``), then the mark. Everything
-else the LLM takes passes through in order: text the caller typed, instructions, and
-the turn marks (``clear`` also drops the open turn's audio here; ``truncate`` and
-``reply`` are the LLM's). So the LLM starts on the transcript the moment it exists, and
-a text-only request never waits for the recognizer's model.
+LLM as the turn's ``text``, then the mark. Everything else the LLM takes passes through
+in order: text the caller typed, instructions, and the turn marks (``clear`` also drops
+the open turn's audio here; ``truncate`` and ``reply`` are the LLM's). So the LLM starts
+on the transcript the moment it exists, and a text-only request never waits for the
+recognizer's model.
+
+It declares the transcriber's ports too, so a pipeline names it its transcriber
+(``outputs.transcript``): a turn whose ``item`` it was told (the session tells it while
+the caller asks for transcripts) is told to the caller as a transcriber tells it
+(``transcript_delta`` pieces as they are decoded, then ``transcript``, or
+``transcript_error``), in fields the LLM does not take; the LLM gets the turn's whole
+text alone.
 """
 
 from __future__ import annotations
@@ -28,6 +35,7 @@ from omni_actors.actors.engines.transcriber_ports import (
     LANGUAGE_FIELD,
     PROMPT_FIELD,
     TRANSCRIBER_INPUTS,
+    TRANSCRIBER_OUTPUTS,
     TRANSCRIPT_ERROR_FIELD,
     TRANSCRIPT_FIELD,
 )
@@ -50,11 +58,7 @@ class RecognizerEngine(AsrEngine):
     kind = "cascade.asr"
     Args = AsrArgs
     inputs: ClassVar[dict[str, Rule]] = {**TRANSCRIBER_INPUTS, **LLM_INPUTS}
-    outputs: ClassVar[dict[str, Rule]] = {
-        **LLM_INPUTS,
-        TRANSCRIPT_FIELD: "concat",
-        ITEM_FIELD: "replace",
-    }
+    outputs: ClassVar[dict[str, Rule]] = {**LLM_INPUTS, **TRANSCRIBER_OUTPUTS}
     streams_input = True
 
     def __init__(self, args: AsrArgs) -> None:
@@ -67,7 +71,7 @@ class RecognizerEngine(AsrEngine):
         abort = self._aborts.setdefault(session, AbortSignal())
         settings = self._settings.setdefault(session, _Settings())
         parts: list[torch.Tensor] = []
-        item = ""
+        item: str | None = None  # the open turn's name, if it was told one
         while (fields := await abort.next_input(inputs)) is not None:
             for name in (LANGUAGE_FIELD, PROMPT_FIELD):
                 value = fields.get(name)
@@ -86,9 +90,9 @@ class RecognizerEngine(AsrEngine):
             if mark in ("commit", "reply"):  # a reply mark commits the open turn first
                 async for out in self._said(parts, item, settings, abort):
                     yield out
-                parts, item = [], ""
+                parts, item = [], None
             elif mark == "clear":
-                parts, item = [], ""
+                parts, item = [], None
             passed = {name: fields[name] for name in _PASSED if name in fields}
             if mark == "reply" and "text" in fields:
                 passed["text"] = fields["text"]
@@ -100,18 +104,20 @@ class RecognizerEngine(AsrEngine):
             yield out
 
     async def _said(
-        self, parts: list[torch.Tensor], item: str, settings: _Settings, abort: AbortSignal
+        self, parts: list[torch.Tensor], item: str | None, settings: _Settings, abort: AbortSignal
     ) -> AsyncIterator[Fields]:
-        """The transcript of the turn's audio ``parts`` as the LLM's text (nothing
-        without audio, or once aborted)."""
+        """The transcript of the turn's audio ``parts`` as the LLM's text, and, for a
+        turn named ``item``, as the caller's (nothing without audio, or once aborted)."""
         if not parts:
             return
         audio = torch.cat([p.reshape(-1).to(torch.float32) for p in parts])
-        turn = _Turn(item, audio, _Settings(settings.language, settings.prompt))
+        turn = _Turn(item or "", audio, _Settings(settings.language, settings.prompt))
         async for out in self._turn(turn, abort):
+            if item is not None:  # the caller's: its pieces, its whole, its error
+                yield out
             error = out.get(TRANSCRIPT_ERROR_FIELD)
             if isinstance(error, str):
                 raise TranscriptionError(f"the user's audio could not be transcribed: {error}")
             text = out.get(TRANSCRIPT_FIELD)
             if isinstance(text, str) and text:
-                yield {"text": text, TRANSCRIPT_FIELD: text, ITEM_FIELD: item}
+                yield {"text": text}  # the LLM's: the whole turn, never a piece of it

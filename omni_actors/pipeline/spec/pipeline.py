@@ -143,11 +143,12 @@ class OutputsSpec(Spec):
     """Which stage's output the caller receives as text, which as audio, and which as
     the transcript of what the caller said.
 
-    ``transcript`` names a stage fed by the caller's input beside the entry stage (a
-    fan-out: it has no edges, and the reply never waits for it), whose engine declares
-    the transcriber's ports (:mod:`omni_actors.actors.engines.transcriber_ports`). A
-    session that asks for transcripts (``Session.transcribe``) gets one event per user
-    turn from it.
+    ``transcript`` names a stage whose engine declares the transcriber's ports
+    (:mod:`omni_actors.actors.engines.transcriber_ports`): one fed by the caller's input
+    beside the entry stage (a fan-out: it has no edges, and the reply never waits for
+    it), or the entry stage itself when it transcribes the caller for the stages after
+    it (a cascade's recognizer). A session that asks for transcripts
+    (``Session.transcribe``) gets one event per user turn from it.
 
     ``sample_rate``: the rate of the audio the caller receives (``AudioDelta.sample_rate``),
     24000 by default, as Qwen3-Omni's code2wav writes it; when the engine of the
@@ -243,6 +244,12 @@ class PipelineSpec(Spec):
         transcriber = self.outputs.transcript
         if transcriber is not None:
             _check_transcriber(transcriber, entry, self.edges, names)
+            if transcriber in (self.outputs.text, self.outputs.audio):
+                # The caller takes a stage's chunks as transcripts or as a reply, not both.
+                raise ValueError(
+                    f"outputs.transcript: stage {transcriber!r} is an output of the reply "
+                    "too; name a stage that yields the transcript alone"
+                )
         graph = self._graph()
         order = graph.order()
         reachable = graph.downstream(entry) | {entry, *([transcriber] if transcriber else [])}
@@ -355,7 +362,7 @@ class PipelineSpec(Spec):
     def with_model(self, model: str) -> PipelineSpec:
         """A copy whose every stage with an engine that loads a model loads ``model``: a
         release directory, a Hugging Face repo id, or a family that prepares a release.
-        The transcriber (``outputs.transcript``) keeps its own model.
+        A transcriber beside the entry stage (``outputs.transcript``) keeps its own model.
 
         Raises:
             PipelineConfigError: no stage's engine loads a model.
@@ -363,7 +370,7 @@ class PipelineSpec(Spec):
         data = self.model_dump(by_alias=True)
         placed = 0
         for stage in data["stages"]:
-            if stage["name"] == self.outputs.transcript:
+            if stage["name"] == self.side_transcriber:
                 continue
             if "model" in engine_type(stage["engine"]["kind"]).args_model.model_fields:
                 stage["engine"]["args"] = {**stage["engine"]["args"], "model": model}
@@ -375,12 +382,12 @@ class PipelineSpec(Spec):
     def without_transcriber(self) -> PipelineSpec:
         """A copy without the transcriber (``outputs.transcript``): for a use that never
         transcribes (one request at a time, a benchmark of replies), which then neither
-        prepares nor loads its model. The same pipeline if it has none."""
-        name = self.outputs.transcript
-        if name is None:
+        prepares nor loads the model of a transcriber beside the entry stage (an entry
+        stage that transcribes stays, as the reply's). The same pipeline if it has none."""
+        if self.outputs.transcript is None:
             return self
         data = self.model_dump(by_alias=True)
-        data["stages"] = [stage for stage in data["stages"] if stage["name"] != name]
+        data["stages"] = [s for s in data["stages"] if s["name"] != self.side_transcriber]
         data["outputs"]["transcript"] = None
         return PipelineSpec.model_validate(data)
 
@@ -416,6 +423,13 @@ class PipelineSpec(Spec):
         """The stage that receives the request's input."""
         return self.entry or self.stages[0].name
 
+    @property
+    def side_transcriber(self) -> str | None:
+        """The transcriber fed by the caller's input beside the entry stage; None when
+        there is none, or when the entry stage transcribes (``outputs.transcript``)."""
+        name = self.outputs.transcript
+        return None if name == self.entry_stage else name
+
     def entry_inputs(self) -> frozenset[str]:
         """The fields the entry stage's engine takes from the caller: a caller checks
         here before sending an optional field (``INSTRUCTIONS_FIELD``) it may not take."""
@@ -450,14 +464,12 @@ class PipelineSpec(Spec):
 def _check_transcriber(
     transcriber: str, entry: str, edges: tuple[EdgeSpec, ...], names: list[str]
 ) -> None:
-    """``outputs.transcript`` names a stage the caller's input can fan out to."""
+    """``outputs.transcript`` names the entry stage, or a stage the caller's input can
+    fan out to."""
     if transcriber not in names:
         raise ValueError(f"outputs.transcript: no stage {transcriber!r}; stages: {few(names)}")
     if transcriber == entry:
-        raise ValueError(
-            f"outputs.transcript: {transcriber!r} is the entry stage; the transcriber is a "
-            "stage of its own, fed by the caller's input beside the entry"
-        )
+        return  # the entry stage transcribes what it takes for the stages after it
     wired = [f"{e.source}->{e.to}" for e in edges if transcriber in (e.source, e.to)]
     if wired:
         raise ValueError(
