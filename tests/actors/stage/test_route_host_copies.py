@@ -29,8 +29,7 @@ class Transfers:
             {k: tuple(v.shape) for k, v in fields.items() if isinstance(v, torch.Tensor)}
         )
         return {
-            k: torch.zeros(v.shape) if isinstance(v, torch.Tensor) else v
-            for k, v in fields.items()
+            k: torch.zeros(v.shape) if isinstance(v, torch.Tensor) else v for k, v in fields.items()
         }
 
 
