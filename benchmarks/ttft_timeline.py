@@ -10,12 +10,15 @@ the caller; a stage's first output against its sender's is its own start-up.
 
     python3 benchmarks/ttft_timeline.py PRESET MODEL|- TOKENS [TOKENS ...]
     python3 benchmarks/ttft_timeline.py qwen3-omni-1gpu /tmp/q3 16 2500
+
+``PROCESS=1`` runs every stage in a worker process of its own (``with_process_stages``).
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
+import os
 import sys
 import time
 from typing import Any
@@ -44,6 +47,8 @@ async def main(preset: str, model: str | None, lengths: list[int]) -> None:
     if model is not None:
         spec = spec.with_model(model)
     spec = fixed_frames(fixed_replies(prepared_spec(spec), 16), 2)
+    if os.environ.get("PROCESS") == "1":
+        spec = spec.with_process_stages()
     vocabulary = entry_vocabulary(spec)
     prompts = [(n, text) for n in lengths for text in RandomPrompts(vocabulary, n, 0).texts(5)]
     async with OmniPipeline(spec, max_sessions=1) as omni:
