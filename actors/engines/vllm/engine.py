@@ -34,9 +34,7 @@ rollback).
 
 **Text in, tokens out.** Text is tokenized with the model's tokenizer and turns are
 framed by its chat template (:class:`~.turns.TurnTemplate`); each reply token goes out
-as its id and the text it completes (:class:`~.reply_text.ReplyText`). A response
-closed before its reply drops the user turn it left open (nothing of it was heard back);
-the thinker, whose talker already holds that turn's rows, keeps it instead.
+as its id and the text it completes (:class:`~.reply_text.ReplyText`).
 """
 
 from __future__ import annotations
@@ -510,15 +508,7 @@ class ConversationResponse(Response[Mark], Generic[E]):
     def forget(self) -> None:
         """Nothing to do: ``abort`` ends the session's request and frees it."""
 
-    def closed_in_turn(self) -> None:
-        """Hook: the response was closed with a user turn open and no reply: the turn is
-        dropped (what a ``clear`` does), as the caller never heard a reply to it."""
-        self.history.restore(self.history.checkpoint())
-        self.engine._resync(self.state)
-
     async def finish(self, outcome: Outcome) -> Outcome:
-        if outcome == "cancelled" and not self.decoding and self.history.turn_start is not None:
-            self.closed_in_turn()
         if self.history.replying:
             # Closed or failed while vLLM still decodes: stop the request; the
             # conversation keeps the tokens yielded, and the next chunk reopens it.

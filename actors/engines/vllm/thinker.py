@@ -48,7 +48,7 @@ from typing import Any, ClassVar
 import torch
 
 from omni_actors.actors.engines.contract import TURN_FIELD, Fields, Rule
-from omni_actors.actors.engines.conversation import Response
+from omni_actors.actors.engines.conversation import Outcome, Response
 from omni_actors.actors.engines.rows_ahead import RowsAhead
 from omni_actors.actors.engines.thinker_ports import THINKER_INPUTS, THINKER_OUTPUTS
 from omni_actors.actors.engines.torch_engine import AbortSignal
@@ -207,7 +207,9 @@ class _Response(ConversationResponse[VllmThinkerEngine]):
         # (its windows sent already are in the open turn).
         self.clip.drop()
 
-    def closed_in_turn(self) -> None:
-        # Closed at rows of the open turn sent ahead: they are the talker's now, so the
-        # turn stays, committed without a reply (the rows of its end not sent).
-        self.history.commit(self.turns)
+    async def finish(self, outcome: Outcome) -> Outcome:
+        if outcome == "cancelled" and not self.decoding and self.history.turn_start is not None:
+            # Closed at rows of the open turn sent ahead: they are the talker's now, so
+            # the turn stays, committed without a reply (the rows of its end not sent).
+            self.history.commit(self.turns)
+        return await super().finish(outcome)
