@@ -94,7 +94,7 @@ async def respond(engine: Any, session: str, items: Iterable[Fields], **options:
     inputs = Inputs(items, ResponseOptions(**options))
     outputs = [out async for out in engine.generate(session, inputs)]
     assert all(out.keys() == {"token_ids", "text"} for out in outputs), outputs
-    return [int(out["token_ids"][0]) for out in outputs]  # type: ignore[index]
+    return [int(out["token_ids"][0]) for out in outputs]
 
 
 async def both(
