@@ -44,8 +44,9 @@ __all__ = [
 log = logging.getLogger(__name__)
 
 _MANIFEST = "prepared.json"
-# Bumped when what a prepare writes changes (6: tiny-omni's chat template renders tools).
-_FORMAT = 6
+# Bumped when what a prepare writes changes (6: tiny-omni's chat template renders tools;
+# 7: tiny-cascade's LLM has heads of 32, which vLLM's CPU attention takes).
+_FORMAT = 7
 
 
 class ModelNotPreparedError(OmniError):

@@ -5,7 +5,8 @@ Registered under the entry point group ``omni_actors.families`` (see ``pyproject
 - ``cascade``: four engines, one per stage of a voice agent's cascade, each loading a
   release of its own (``model:`` a directory or a Hub repo id): ``cascade.asr`` (a
   transformers speech recognizer, such as ``openai/whisper-large-v3-turbo``),
-  ``cascade.llm`` (a transformers causal LM, such as ``Qwen/Qwen3-8B``),
+  ``cascade.llm`` (a transformers causal LM, such as ``Qwen/Qwen3-8B``; or
+  ``cascade.llm-vllm``, the same on vLLM),
   ``cascade.tts`` (Sesame CSM, ``sesame/csm-1b``) and ``cascade.mimi`` (the Mimi codec's
   decoder: CSM's own, or ``kyutai/mimi``). Without a ``model`` they load their part of
   ``tiny-cascade``.
@@ -78,6 +79,8 @@ CASCADE = ModelFamily(
     engines={
         "cascade.asr": f"{_ENGINES}.recognizer:RecognizerEngine",
         "cascade.llm": f"{_ENGINES}.llm_engine:LlmEngine",
+        # The same LLM on vLLM (the omni-actors[vllm] extra), sharing the thinker's engine.
+        "cascade.llm-vllm": "omni_actors.actors.engines.vllm.llm:VllmLlmEngine",
         "cascade.tts": f"{_ENGINES}.tts_engine:SynthesizerEngine",
         "cascade.mimi": f"{_ENGINES}.mimi_engine:MimiEngine",
     },

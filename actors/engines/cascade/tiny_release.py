@@ -82,7 +82,7 @@ _TINY_LLM: Final[dict[str, Any]] = {
     "num_hidden_layers": 2,
     "num_attention_heads": 4,
     "num_key_value_heads": 2,
-    "head_dim": 8,
+    "head_dim": 32,  # vLLM's CPU attention takes heads of 32 and up (tiny-cascade-vllm)
     "max_position_embeddings": 4096,
     # Untied and drawn wide, as Qwen3-8B's head is its own: a tiny tied model's greedy
     # reply repeats one byte; this one writes varied words.

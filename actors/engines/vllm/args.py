@@ -1,4 +1,5 @@
-"""``VllmThinkerArgs``: what a pipeline's ``engine.args`` say to the ``vllm`` kind."""
+"""What a pipeline's ``engine.args`` say to the vLLM engines: ``VllmArgs``, and
+``VllmThinkerArgs`` (the ``vllm`` kind's)."""
 
 from __future__ import annotations
 
@@ -8,15 +9,16 @@ from pydantic import Field
 
 from omni_actors.models.family import WeightsArgs
 
-__all__ = ["VllmThinkerArgs"]
+__all__ = ["VllmArgs", "VllmThinkerArgs"]
 
 
-class VllmThinkerArgs(WeightsArgs):
-    """The vLLM thinker's arguments.
+class VllmArgs(WeightsArgs):
+    """A vLLM conversation engine's arguments.
 
     Attributes:
         model: the release: its directory, a Hugging Face repo id, or a generated
-            release's name (``tiny-omni``: prepared at ``seed`` in ``cache_dir``).
+            release's name (prepared at ``seed`` in ``cache_dir``); each engine says
+            what none means.
         dtype: the weights' dtype in vLLM (``auto``, ``float32``, ``bfloat16``...).
         max_model_len: the longest conversation, in tokens.
         max_num_seqs: the most requests (sessions) vLLM schedules at once.
@@ -35,7 +37,6 @@ class VllmThinkerArgs(WeightsArgs):
             a GPU.
     """
 
-    model: str
     dtype: str = "auto"
     max_model_len: int = Field(4096, ge=16)
     max_num_seqs: int = Field(16, ge=1)
@@ -45,3 +46,14 @@ class VllmThinkerArgs(WeightsArgs):
     request_timeout_s: float = Field(10.0, gt=0)
     allowed_token_ranges: list[tuple[int, int]] | None = None
     cpu_threads: int | None = Field(1, ge=1)
+
+
+class VllmThinkerArgs(VllmArgs):
+    """The vLLM thinker's arguments (:class:`VllmArgs`).
+
+    Attributes:
+        model: the release: its directory, a Hugging Face repo id, or a generated
+            release's name (``tiny-omni``: prepared at ``seed`` in ``cache_dir``).
+    """
+
+    model: str

@@ -12,7 +12,7 @@ import asyncio
 from typing import Any
 
 from omni_actors.actors.engines.torch_engine import AbortSignal
-from omni_actors.actors.engines.vllm.audio_input import AudioSpec, ClipStream, audio_items
+from omni_actors.actors.engines.vllm.audio_input import ClipStream, audio_items
 from omni_actors.actors.engines.vllm.conversation import Clip, History
 from omni_actors.actors.engines.vllm.hidden_states import take_states
 from omni_actors.actors.engines.vllm.request import Chunk, OpenRequest, RequestEndedError
@@ -24,7 +24,7 @@ __all__ = ["Session"]
 class Session:
     """One conversation: its token list, its open request and the response running."""
 
-    def __init__(self, clip: ClipStream) -> None:
+    def __init__(self, clip: ClipStream | None = None) -> None:
         self.history = History()
         self.request: OpenRequest | None = None
         self.fed = 0
@@ -35,7 +35,7 @@ class Session:
         """The reply the last response decoded, as far as it was yielded; None when it
         decoded none, failed or still runs (``VllmThinkerEngine.last_reply``)."""
         self.clip = clip
-        """The clip being received."""
+        """The clip being received (None: the engine takes no audio)."""
         self.sent: list[Clip] = []
         """Clips of the chunk in flight: their states are taken once it was prefilled."""
 
@@ -48,10 +48,17 @@ class Session:
         self.history.synced()
         return stale
 
-    def send(self, llm: Any, request_id: str, audio: AudioSpec, sampling: Any) -> OpenRequest:
+    def send(
+        self, llm: Any, request_id: str, placeholder: int | None, sampling: Any
+    ) -> OpenRequest:
         """Send what the open request lacks of the list, under ``sampling``; a new request
-        named ``request_id`` if none is open (call :meth:`resync` first)."""
-        ids, clips = self.history.sent_form(self.fed, audio.ids[1])
+        named ``request_id`` if none is open (call :meth:`resync` first). ``placeholder``:
+        the audio placeholder id (None: the list holds no clips)."""
+        clips: list[Clip] = []
+        if placeholder is None:
+            ids = self.history.tokens[self.fed :]
+        else:
+            ids, clips = self.history.sent_form(self.fed, placeholder)
         items = audio_items(clips) if clips else None
         chunk = Chunk(ids, sampling, items, tuple(clip.uuid for clip in clips))
         if self.request is None:

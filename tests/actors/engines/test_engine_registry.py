@@ -102,6 +102,17 @@ def test_the_vllm_kind_is_registered_and_imports_no_vllm_until_it_runs() -> None
     assert "vllm" not in sys.modules  # the server's process never loads vLLM itself
 
 
+def test_the_cascade_llm_on_vllm_has_the_torch_llms_ports_and_imports_no_vllm() -> None:
+    import sys
+
+    found = engine_type("cascade.llm-vllm")
+    torch_llm = engine_type("cascade.llm")
+    assert found.cls.__name__ == "VllmLlmEngine"
+    assert found.ports(found.args({})) == torch_llm.ports(torch_llm.args({}))
+    assert found.args({}).model is None  # tiny-cascade's LLM, as cascade.llm loads
+    assert "vllm" not in sys.modules
+
+
 def test_a_class_named_by_import_path_is_an_engine(write_module: WriteModule) -> None:
     module = write_module(ECHO)
     found = engine_type(f"{module}:Echo")
