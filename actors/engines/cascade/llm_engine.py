@@ -5,8 +5,10 @@ transcripts, or text the caller typed), the caller's turn marks and instructions
 replies with text, one output per token. It is the conversation engines' state machine
 (:func:`~omni_actors.actors.engines.conversation.respond`) on the conversation state the
 Qwen3-Omni thinker keeps (:class:`~omni_actors.actors.engines.qwen3_omni.conversation.Conversation`:
-a KV slot, a carry that closes the last reply, checkpoints that are positions), over a
-text LM on the engine's :class:`~omni_actors.actors.engines.step_loop.StepLoop` and
+a KV slot, a carry that closes the last reply, checkpoints that are positions), and
+what it does to that state is the thinker's too
+(:class:`~omni_actors.actors.engines.qwen3_omni.conversation_engine.ConversationEngine`),
+over a text LM on the engine's :class:`~omni_actors.actors.engines.step_loop.StepLoop` and
 :class:`~omni_actors.actors.engines.qwen3_omni.slot_cache.SlotCache`
 (:class:`~.llm_model.TextModel`): sessions share steps, a ``clear``, a failure or a
 truncation moves the slot's length back, and nothing is copied per turn.
