@@ -18,6 +18,10 @@ safetensors verifies there that every tensor's dtype, shape and offsets agree an
 tensors cover the file exactly, which catches a truncated file and a tampered header. A
 flipped bit inside tensor data is beyond a check of structure.
 
+A checkpoint generated here (a tiny release of seeded random weights) is written into a
+staging directory beside its own and moved in once whole (:func:`staging`), and its
+family's ``verify`` checks that each file it wrote is there (:func:`check_present`).
+
 safetensors, tokenizers and transformers come with the model extras: each function
 imports what it needs when called.
 """
@@ -25,7 +29,10 @@ imports what it needs when called.
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping
+import shutil
+import tempfile
+from collections.abc import Iterable, Iterator, Mapping
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Final
 
@@ -34,6 +41,7 @@ from omni_actors.errors import ModelFileError
 __all__ = [
     "INDEX",
     "PICKLE_SUFFIXES",
+    "check_present",
     "check_safetensors",
     "check_tokenizer",
     "load_tokenizer",
@@ -41,6 +49,7 @@ __all__ = [
     "read_json",
     "read_weight_map",
     "safetensors_weights",
+    "staging",
     "weight_map",
 ]
 
@@ -257,3 +266,33 @@ def load_tokenizer(directory: Path, *, remedy: str = "") -> Any:
         )
     except Exception as error:  # the files passed the checks, yet transformers refuses them
         raise ModelFileError(directory, f"holds no usable tokenizer ({error})", remedy) from error
+
+
+def check_present(paths: Iterable[Path]) -> None:
+    """Check that each of ``paths`` is a file with content, without reading it.
+
+    Raises:
+        ModelFileError: the first one that is missing or empty.
+    """
+    for path in paths:
+        if not path.is_file() or path.stat().st_size == 0:
+            raise ModelFileError(path, "is missing or empty")
+
+
+@contextmanager
+def staging(out_dir: Path, prefix: str) -> Iterator[Path]:
+    """A directory to write a checkpoint into, beside ``out_dir`` (named from ``prefix``).
+
+    Once the block ends without an error, each of its entries replaces the one of the
+    same name in ``out_dir``: an interrupted write leaves nothing that looks like a
+    checkpoint. The staging directory is removed either way.
+    """
+    out_dir.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(dir=out_dir.parent, prefix=prefix) as staged:
+        where = Path(staged)
+        yield where
+        for item in where.iterdir():
+            target = out_dir / item.name
+            if target.is_dir():
+                shutil.rmtree(target)
+            item.replace(target)

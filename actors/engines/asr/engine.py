@@ -96,6 +96,42 @@ class _Turn:
     settings: _Settings = field(default_factory=_Settings)
 
 
+@dataclass
+class _OpenTurn:
+    """The user turn being gathered: its audio as it arrives, and its item."""
+
+    parts: list[torch.Tensor] = field(default_factory=list)
+    item: str = ""
+
+    def take(self, fields: Fields, settings: _Settings) -> None:
+        """Take a chunk's transcription fields: the language and prompt into
+        ``settings`` (an empty one unsets it), the turn's item, its audio."""
+        for name in (LANGUAGE_FIELD, PROMPT_FIELD):
+            value = fields.get(name)
+            if isinstance(value, str):
+                setattr(settings, name, value or None)
+        named = fields.get(ITEM_FIELD)
+        if isinstance(named, str):
+            self.item = named
+        audio = fields.get("audio")
+        if isinstance(audio, torch.Tensor) and audio.numel():
+            self.parts.append(audio)
+
+    def close(self, settings: _Settings) -> _Turn | None:
+        """Commit the turn: what to transcribe, under ``settings`` as they are now (None
+        without audio); the next turn opens empty."""
+        turn = None
+        if self.parts:
+            audio = torch.cat([p.reshape(-1).to(torch.float32) for p in self.parts])
+            turn = _Turn(self.item, audio, _Settings(settings.language, settings.prompt))
+        self.drop()
+        return turn
+
+    def drop(self) -> None:
+        """Drop the turn (a ``clear``): the next one opens empty."""
+        self.parts, self.item = [], ""
+
+
 class AsrEngine(TorchEngine):
     """Transcripts of the caller's user turns (see the module docstring)."""
 
@@ -290,15 +326,11 @@ async def _read(
     turns: asyncio.Queue[_Turn | None],
 ) -> None:
     """Gather the segment's turns into ``turns`` as its input arrives (None: the end)."""
-    parts: list[torch.Tensor] = []
-    item = ""
+    turn = _OpenTurn()
 
     def commit() -> None:
-        nonlocal parts, item
-        if parts:
-            audio = torch.cat([p.reshape(-1).to(torch.float32) for p in parts])
-            turns.put_nowait(_Turn(item, audio, _Settings(settings.language, settings.prompt)))
-        parts, item = [], ""
+        if (closed := turn.close(settings)) is not None:
+            turns.put_nowait(closed)
 
     try:
         while (fields := await abort.next_input(inputs)) is not None:
@@ -306,19 +338,10 @@ async def _read(
             if mark == "commit":
                 commit()
             elif mark == "clear":
-                parts, item = [], ""
+                turn.drop()
             elif mark:
                 continue  # truncate, reply: about the assistant's turns
-            for name in (LANGUAGE_FIELD, PROMPT_FIELD):
-                value = fields.get(name)
-                if isinstance(value, str):
-                    setattr(settings, name, value or None)
-            named = fields.get(ITEM_FIELD)
-            if isinstance(named, str):
-                item = named
-            audio = fields.get("audio")
-            if isinstance(audio, torch.Tensor) and audio.numel():
-                parts.append(audio)
+            turn.take(fields, settings)
         commit()  # the segment's end commits what is open
     finally:
         turns.put_nowait(None)

@@ -12,14 +12,12 @@ transcript is random but readable text, the same for the same audio and seed.
 from __future__ import annotations
 
 import json
-import shutil
-import tempfile
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from omni_actors.errors import ModelFileError
 from omni_actors.models.family import Progress
+from omni_actors.models.files import check_present, staging
 
 __all__ = ["FILES", "SPECIALS", "verify", "write_tiny_whisper"]
 
@@ -84,9 +82,7 @@ def write_tiny_whisper(
     )
     from omni_actors.actors.engines.qwen3_omni.configs import quiet_transformers
 
-    out_dir.mkdir(parents=True, exist_ok=True)
-    with tempfile.TemporaryDirectory(dir=out_dir.parent, prefix=".tiny-whisper-") as staging:
-        where = Path(staging)
+    with staging(out_dir, ".tiny-whisper-") as where:
         chars = _byte_chars()
         (where / "vocab.json").write_text(json.dumps({chars[b]: b for b in range(256)}))
         (where / "merges.txt").write_text("#version: 0.2\n")
@@ -153,11 +149,6 @@ def write_tiny_whisper(
             feature_extractor=extractor, tokenizer=tokenizer
         )
         processor.save_pretrained(where)
-        for item in where.iterdir():
-            target = out_dir / item.name
-            if target.is_dir():
-                shutil.rmtree(target)
-            item.replace(target)
     if progress is not None:
         progress("tiny-whisper", 1, 1)
 
@@ -169,7 +160,4 @@ def verify(out_dir: Path) -> None:
     Raises:
         ModelFileError: the first missing or empty file.
     """
-    for name in FILES:
-        path = out_dir / name
-        if not path.is_file() or path.stat().st_size == 0:
-            raise ModelFileError(path, "is missing or empty")
+    check_present(out_dir / name for name in FILES)

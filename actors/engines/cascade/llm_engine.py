@@ -5,8 +5,10 @@ transcripts, or text the caller typed), the caller's turn marks and instructions
 replies with text, one output per token. It is the conversation engines' state machine
 (:func:`~omni_actors.actors.engines.conversation.respond`) on the conversation state the
 Qwen3-Omni thinker keeps (:class:`~omni_actors.actors.engines.qwen3_omni.conversation.Conversation`:
-a KV slot, a carry that closes the last reply, checkpoints that are positions), over a
-text LM on the engine's :class:`~omni_actors.actors.engines.step_loop.StepLoop` and
+a KV slot, a carry that closes the last reply, checkpoints that are positions), and
+what it does to that state is the thinker's too
+(:class:`~omni_actors.actors.engines.qwen3_omni.conversation_engine.ConversationEngine`),
+over a text LM on the engine's :class:`~omni_actors.actors.engines.step_loop.StepLoop` and
 :class:`~omni_actors.actors.engines.qwen3_omni.slot_cache.SlotCache`
 (:class:`~.llm_model.TextModel`): sessions share steps, a ``clear``, a failure or a
 truncation moves the slot's length back, and nothing is copied per turn.
@@ -21,8 +23,8 @@ are. Tokens are greedy; a reply never picks an id past its tokenizer's.
 
 from __future__ import annotations
 
-import asyncio
-from collections.abc import AsyncGenerator, AsyncIterator, Callable, Mapping
+from collections.abc import AsyncGenerator, AsyncIterator, Mapping
+from contextlib import aclosing
 from pathlib import Path
 from types import MappingProxyType
 from typing import ClassVar, Final
@@ -41,14 +43,13 @@ from omni_actors.actors.engines.contract import (
     ResponseOptions,
     Rule,
 )
-from omni_actors.actors.engines.conversation import Outcome, Response, respond
-from omni_actors.actors.engines.qwen3_omni.conversation import (
-    Checkpoint,
-    Conversation,
-    ThinkerReply,
+from omni_actors.actors.engines.conversation import respond
+from omni_actors.actors.engines.qwen3_omni.conversation import Conversation
+from omni_actors.actors.engines.qwen3_omni.conversation_engine import (
+    ConversationEngine,
+    ConversationResponse,
 )
-from omni_actors.actors.engines.step_loop import RequestClosedError
-from omni_actors.actors.engines.stepped_engine import StepLoopArgs, SteppedTorchEngine
+from omni_actors.actors.engines.stepped_engine import StepLoopArgs
 from omni_actors.actors.engines.torch_engine import AbortSignal, DeviceArgs
 from omni_actors.models.family import WeightsArgs
 
@@ -86,7 +87,7 @@ class LlmArgs(WeightsArgs, DeviceArgs, StepLoopArgs):
     allowed_token_ranges: list[tuple[int, int]] | None = None
 
 
-class LlmEngine(SteppedTorchEngine[Conversation, Feeding, int | None]):
+class LlmEngine(ConversationEngine[Feeding, int | None]):
     """Text replies to text turns (see the module docstring)."""
 
     kind: ClassVar[str] = "cascade.llm"
@@ -133,76 +134,41 @@ class LlmEngine(SteppedTorchEngine[Conversation, Feeding, int | None]):
             return ()
         return self.encode(f"<|im_start|>system\n{instructions}<|im_end|>\n")
 
-    def last_reply(self, session: str) -> tuple[int, ...] | None:
-        """The token ids of the reply ``session``'s last ``generate`` decoded (None: none)."""
-        conversation = self._sessions.get(session)
-        return None if conversation is None else conversation.decoded
-
-    def prompt_tokens(self, session: str) -> int | None:
-        """The tokens the last reply of ``session`` was decoded after."""
-        conversation = self._sessions.get(session)
-        if conversation is None or conversation.decoded is None or conversation.reply is None:
-            return None
-        return conversation.reply.start
-
     def generate(self, session: str, inputs: AsyncIterator[Fields]) -> AsyncIterator[Fields]:
         """One response: the input's turns and marks, then the reply, one token each."""
         return respond(lambda: self._respond(session), inputs)
 
-    def _respond(self, session: str) -> _Response:
-        conversation = self._sessions.get(session)
-        if conversation is None:
-            request = self.loop.open(session)
-            conversation = self._sessions[session] = Conversation(request, self.loop)
-        if conversation.signal is not None:
-            raise ValueError(f"session {session!r} is already generating")
-        conversation.signal = AbortSignal()
-        conversation.decoded = None
-        return _Response(self, session, conversation, conversation.signal)
+    def _response(self, session: str, conversation: Conversation, signal: AbortSignal) -> _Response:
+        return _Response(self, session, conversation, signal)
 
 
-class _Response(Response[Checkpoint]):
+class _Response(ConversationResponse[Feeding, int | None]):
     """One response of the LLM on the session's :class:`Conversation`."""
+
+    engine: LlmEngine
 
     def __init__(
         self, engine: LlmEngine, session: str, conversation: Conversation, signal: AbortSignal
     ) -> None:
-        super().__init__(signal, engine.model.vocab_size)
-        self.engine, self.session, self.conversation = engine, session, conversation
+        super().__init__(engine, session, conversation, signal, engine.model.vocab_size)
         self.text: list[str] = []
         """The open user turn's text (None open while empty and not opened)."""
         self.opened = False
         self.waiting: tuple[int, ...] = ()
         """A system turn set while the user turn is open: fed right behind it."""
-        self.instructed: tuple[int, ...] = ()
-        self.step: asyncio.Future[list[int | None]] | None = None
-        self.decoding = False
 
-    def checkpoint(self) -> Checkpoint:
-        return self.conversation.checkpoint()
+    def _feeding(self, ids: list[int], pick: bool = False) -> Feeding:
+        """Feed ``ids``; with ``pick``, the token after them."""
+        return Feeding(tuple(ids), pick=pick, allow_end=self.engine._args.min_new_tokens == 0)
 
-    async def roll_back(self, start: Checkpoint) -> None:
-        self.conversation.restore(start)
-        if self.instructed:
-            self.conversation.queue_system(self.instructed)
+    def _pick(self, out: int | None) -> int:
+        assert out is not None, "a decode step picks"
+        return out
 
-    async def _feed(
-        self, ids: tuple[int, ...], then: Callable[[list[int | None]], None], pick: bool = False
-    ) -> int | None:
-        """Feed ``ids`` behind nothing else (``then`` settles the conversation); the
-        token picked after them when ``pick`` (None if aborted meanwhile)."""
-        if not ids:
-            then([])
-            return None
-        allow_end = self.engine._args.min_new_tokens == 0
-        feeding = Feeding(ids, pick=pick, allow_end=allow_end)
-        try:
-            outputs = await self.engine.feed(self.conversation, feeding, len(ids), then)
-        except RequestClosedError:
-            if self.signal.aborted:
-                return None
-            raise
-        return outputs[-1]
+    def _drop_turn(self) -> tuple[int, ...]:
+        waiting = self.waiting
+        self.text, self.opened, self.waiting = [], False, ()
+        return waiting
 
     def _user_turn(self) -> tuple[int, ...]:
         engine = self.engine
@@ -226,15 +192,6 @@ class _Response(Response[Checkpoint]):
         await self._instruct(system)
         return True
 
-    async def _instruct(self, system: tuple[int, ...]) -> None:
-        conversation = self.conversation
-
-        def then(_: list[int | None]) -> None:
-            conversation.carry = []
-            conversation.system = (*conversation.system, *system)
-
-        await self._feed((*conversation.carry, *system), then)
-
     async def take(self, fields: Fields) -> None:
         text = fields.get("text")
         if isinstance(text, str) and text:
@@ -245,7 +202,7 @@ class _Response(Response[Checkpoint]):
         if not self.opened:
             return None
         conversation, system = self.conversation, self.waiting
-        ids = (*conversation.carry, *self._user_turn())
+        ids = [*conversation.carry, *self._user_turn()]
 
         def then(_: list[int | None]) -> None:
             conversation.carry = []
@@ -254,32 +211,11 @@ class _Response(Response[Checkpoint]):
                 conversation.system = (*conversation.system, *system)
 
         self.text, self.opened, self.waiting = [], False, ()
-        await self._feed(ids, then)
+        await self._feed(self._feeding(ids), then)
         return None
-
-    async def clear(self, committed: Checkpoint) -> None:
-        waiting = self.waiting
-        self.conversation.restore(committed)
-        self.text, self.opened, self.waiting = [], False, ()
-        if waiting:
-            await self._instruct(waiting)
-
-    async def truncate(self, kept: int) -> None:
-        self.conversation.truncate(kept, self.engine.close_turn)
 
     def moved_start(self) -> None:
         self.instructed = ()
-
-    async def take_reply(self, tokens: tuple[int, ...]) -> None:
-        conversation, engine = self.conversation, self.engine
-
-        def then(_: list[int | None]) -> None:
-            conversation.carry = [*engine.close_turn]
-            start = conversation.position - len(tokens)
-            conversation.reply = ThinkerReply(start, tokens, len(tokens))
-            conversation.turns_since_reply, conversation.system = 0, ()
-
-        await self._feed((*conversation.carry, *engine.assistant_opening, *tokens), then)
 
     def encode(self, text: str) -> list[int]:
         return list(self.engine.encode(text))
@@ -289,21 +225,14 @@ class _Response(Response[Checkpoint]):
             raise ValueError("the cascade's LLM takes no tools yet; leave tools unset")
         await self._instruct(self.engine.system_turn(instructions))
 
-    async def drop_instructions(self, before: Checkpoint) -> None:
-        conversation = self.conversation
-        reply = conversation.reply if self.decoding else None
-        conversation.restore(before)
-        if reply is not None:
-            await self.take_reply(reply.tokens)
-
     async def reply(self, options: ResponseOptions) -> AsyncGenerator[Fields, None]:
-        engine, conversation, signal = self.engine, self.conversation, self.signal
+        engine, conversation = self.engine, self.conversation
         args = engine._args
         max_tokens = options.max_tokens or args.max_new_tokens
         min_tokens = min(args.min_new_tokens, max_tokens)
         turn = self._user_turn() if self.opened else ()
         system = self.waiting
-        ids = (*conversation.carry, *turn, *engine.assistant_opening)
+        ids = [*conversation.carry, *turn, *engine.assistant_opening]
 
         def opened(_: list[int | None]) -> None:
             conversation.carry = []
@@ -313,70 +242,23 @@ class _Response(Response[Checkpoint]):
                 conversation.system = (*conversation.system, *system)
 
         self.text, self.opened, self.waiting = [], False, ()
-        token = await self._feed(ids, opened, pick=True)
-        if token is None:
-            return
-        reply = conversation.reply = ThinkerReply(conversation.position, (), 0)
-        self.decoding = True
-        conversation.turns_since_reply, conversation.system = 0, ()
+        outputs = await self._feed(self._feeding(ids, pick=True), opened)
+        if not outputs:
+            return  # aborted
         tokenizer, said = engine.model.tokenizer, ""
-        while token != engine.model.end and not signal.aborted:
-            tokens = (*reply.tokens, token)
-            text = tokenizer.decode(list(tokens), skip_special_tokens=True)
-            piece = ""
-            if not text.endswith("\ufffd") and text.startswith(said):
-                piece, said = text[len(said) :], text
-            reply = conversation.reply = ThinkerReply(reply.start, tokens, reply.fed)
-            if len(tokens) < max_tokens:
-                feeding = Feeding((token,), pick=True, allow_end=len(tokens) >= min_tokens)
-                self.step = engine.loop.submit(conversation.request, feeding, 1, decode=True)
-            yield {"token_ids": torch.tensor([token]), "text": piece}
-            if self.step is None:
-                break
-            try:
-                (picked,) = await self.step
-            except RequestClosedError:
-                if signal.aborted:
-                    break
-                raise
-            self.step = None
-            assert picked is not None, "a decode step picks"
-            token = picked
-            reply = conversation.reply = ThinkerReply(reply.start, reply.tokens, reply.fed + 1)
-
-    def end(self) -> None:
-        self.conversation.signal = None
-
-    def held(self) -> bool:
-        return self.engine._sessions.get(self.session) is self.conversation
-
-    def forget(self) -> None:
-        if self.step is not None:
-            self.step.cancel()
-        if self.held():
-            del self.engine._sessions[self.session]
-
-    async def finish(self, outcome: Outcome) -> Outcome:
-        if self.step is not None:
-            # The decode step in flight writes the cache: wait for it, so the cache
-            # holds exactly the tokens yielded.
-            try:
-                await self.step
-            except Exception:
-                outcome = "failed"
-            except BaseException:
-                del self.engine._sessions[self.session]
-                raise
-            else:
-                reply = self.conversation.reply
-                assert reply is not None, "a decode step only runs in a reply"
-                self.conversation.reply = ThinkerReply(reply.start, reply.tokens, reply.fed + 1)
-        return outcome
-
-    def keep_reply(self) -> None:
-        if self.decoding:
-            reply = self.conversation.reply
-            assert reply is not None, "a response's reply is the conversation's last"
-            close = self.engine.close_turn
-            self.conversation.carry = [*reply.tokens[reply.fed :], *close]
-            self.conversation.decoded = reply.tokens
+        decoded: list[int] = []
+        tokens = self._decode(
+            outputs[-1],
+            end=engine.model.end,
+            max_tokens=max_tokens,
+            min_tokens=min_tokens,
+            decode=lambda token, allow_end: Feeding((token,), pick=True, allow_end=allow_end),
+        )
+        async with aclosing(tokens):
+            async for token, _ in tokens:
+                decoded.append(token)
+                text = tokenizer.decode(decoded, skip_special_tokens=True)
+                piece = ""
+                if not text.endswith("\ufffd") and text.startswith(said):
+                    piece, said = text[len(said) :], text
+                yield {"token_ids": torch.tensor([token]), "text": piece}

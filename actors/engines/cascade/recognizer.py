@@ -23,17 +23,12 @@ from __future__ import annotations
 from collections.abc import AsyncIterator
 from typing import ClassVar, Final
 
-import torch
-
-from omni_actors.actors.engines.asr.engine import AsrArgs, AsrEngine, _Settings, _Turn
+from omni_actors.actors.engines.asr.engine import AsrArgs, AsrEngine, _OpenTurn, _Settings, _Turn
 from omni_actors.actors.engines.cascade.family import stage_checkpoint
 from omni_actors.actors.engines.cascade.llm_engine import LLM_INPUTS
 from omni_actors.actors.engines.contract import TURN_FIELD, Fields, Rule
 from omni_actors.actors.engines.torch_engine import AbortSignal
 from omni_actors.actors.engines.transcriber_ports import (
-    ITEM_FIELD,
-    LANGUAGE_FIELD,
-    PROMPT_FIELD,
     TRANSCRIBER_INPUTS,
     TRANSCRIBER_OUTPUTS,
     TRANSCRIPT_ERROR_FIELD,
@@ -70,29 +65,18 @@ class RecognizerEngine(AsrEngine):
         """The input, its audio turns replaced by their transcripts (module docstring)."""
         abort = self._aborts.setdefault(session, AbortSignal())
         settings = self._settings.setdefault(session, _Settings())
-        parts: list[torch.Tensor] = []
-        item: str | None = None  # the open turn's name, if it was told one
+        turn = _OpenTurn()
         while (fields := await abort.next_input(inputs)) is not None:
-            for name in (LANGUAGE_FIELD, PROMPT_FIELD):
-                value = fields.get(name)
-                if isinstance(value, str):
-                    setattr(settings, name, value or None)
-            named = fields.get(ITEM_FIELD)
-            if isinstance(named, str):
-                item = named
-            audio = fields.get("audio")
-            if isinstance(audio, torch.Tensor) and audio.numel():
-                parts.append(audio)
+            turn.take(fields, settings)
             mark = fields.get(TURN_FIELD)
             text = fields.get("text")
             if isinstance(text, str) and text and mark != "reply":
                 yield {"text": text}  # the user's: a reply mark's text is the assistant's
             if mark in ("commit", "reply"):  # a reply mark commits the open turn first
-                async for out in self._said(parts, item, settings, abort):
+                async for out in self._said(turn.close(settings), abort):
                     yield out
-                parts, item = [], None
             elif mark == "clear":
-                parts, item = [], None
+                turn.drop()
             passed = {name: fields[name] for name in _PASSED if name in fields}
             if mark == "reply" and "text" in fields:
                 passed["text"] = fields["text"]
@@ -100,20 +84,16 @@ class RecognizerEngine(AsrEngine):
                 yield passed
             if abort.aborted:
                 return
-        async for out in self._said(parts, item, settings, abort):
+        async for out in self._said(turn.close(settings), abort):
             yield out
 
-    async def _said(
-        self, parts: list[torch.Tensor], item: str | None, settings: _Settings, abort: AbortSignal
-    ) -> AsyncIterator[Fields]:
-        """The transcript of the turn's audio ``parts`` as the LLM's text, and, for a
-        turn named ``item``, as the caller's (nothing without audio, or once aborted)."""
-        if not parts:
+    async def _said(self, turn: _Turn | None, abort: AbortSignal) -> AsyncIterator[Fields]:
+        """The transcript of the committed ``turn`` as the LLM's text, and, for a turn
+        with an item, as the caller's (nothing without one, or once aborted)."""
+        if turn is None:
             return
-        audio = torch.cat([p.reshape(-1).to(torch.float32) for p in parts])
-        turn = _Turn(item or "", audio, _Settings(settings.language, settings.prompt))
         async for out in self._turn(turn, abort):
-            if item is not None:  # the caller's: its pieces, its whole, its error
+            if turn.item:  # the caller's: its pieces, its whole, its error
                 yield out
             error = out.get(TRANSCRIPT_ERROR_FIELD)
             if isinstance(error, str):

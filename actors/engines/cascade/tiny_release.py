@@ -18,15 +18,13 @@ The synthesizer's codebooks are exactly the codec's (its ``vocab_size`` is the c
 
 from __future__ import annotations
 
-import shutil
-import tempfile
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Final
 
-from omni_actors.errors import ModelFileError
 from omni_actors.models.family import Progress
+from omni_actors.models.files import check_present, staging
 
 __all__ = [
     "CODEBOOKS",
@@ -112,9 +110,7 @@ def write_tiny_cascade(
     """
     from omni_actors.actors.engines.asr.tiny_whisper import write_tiny_whisper
 
-    out_dir.mkdir(parents=True, exist_ok=True)
-    with tempfile.TemporaryDirectory(dir=out_dir.parent, prefix=".tiny-cascade-") as staging:
-        where = Path(staging)
+    with staging(out_dir, ".tiny-cascade-") as where:
         write_tiny_whisper(where / "asr", seed, sizes=WHISPER_TURBO if full_size else None)
         _report(progress, "asr")
         _write_llm(where / "llm", seed, full_size)
@@ -122,11 +118,6 @@ def write_tiny_cascade(
         _write_tts(where / "tts", where / "mimi", seed, full_size)
         _report(progress, "tts")
         _report(progress, "mimi")
-        for item in where.iterdir():
-            target = out_dir / item.name
-            if target.is_dir():
-                shutil.rmtree(target)
-            item.replace(target)
 
 
 @contextmanager
@@ -282,8 +273,4 @@ def verify(out_dir: Path) -> None:
     Raises:
         ModelFileError: the first missing or empty file.
     """
-    for stage, names in _FILES.items():
-        for name in names:
-            path = out_dir / stage / name
-            if not path.is_file() or path.stat().st_size == 0:
-                raise ModelFileError(path, "is missing or empty")
+    check_present(out_dir / stage / name for stage, names in _FILES.items() for name in names)

@@ -71,9 +71,9 @@ for it was cancelled meanwhile: the cache and the conversation never disagree.
 
 from __future__ import annotations
 
-import asyncio
 import functools
-from collections.abc import AsyncGenerator, AsyncIterator, Callable, Mapping
+from collections.abc import AsyncGenerator, AsyncIterator, Mapping
+from contextlib import aclosing
 from pathlib import Path
 from typing import ClassVar
 
@@ -90,11 +90,11 @@ from omni_actors.actors.engines.contract import (
     ResponseOptions,
     Rule,
 )
-from omni_actors.actors.engines.conversation import Outcome, Response, respond
-from omni_actors.actors.engines.qwen3_omni.conversation import (
-    Checkpoint,
-    Conversation,
-    ThinkerReply,
+from omni_actors.actors.engines.conversation import Outcome, respond
+from omni_actors.actors.engines.qwen3_omni.conversation import Conversation
+from omni_actors.actors.engines.qwen3_omni.conversation_engine import (
+    ConversationEngine,
+    ConversationResponse,
 )
 from omni_actors.actors.engines.qwen3_omni.family import DEFAULT_RELEASE
 from omni_actors.actors.engines.qwen3_omni.sampling import Sampling, sampling_for, session_seed
@@ -105,12 +105,10 @@ from omni_actors.actors.engines.qwen3_omni.thinker_model import (
     Pick,
     ThinkerChunk,
     ThinkerModel,
-    Token,
 )
 from omni_actors.actors.engines.qwen3_omni.user_turn import Feed, UserTurn
 from omni_actors.actors.engines.qwen3_omni.vocabulary import Vocabulary
-from omni_actors.actors.engines.step_loop import RequestClosedError
-from omni_actors.actors.engines.stepped_engine import StepLoopArgs, SteppedTorchEngine
+from omni_actors.actors.engines.stepped_engine import StepLoopArgs
 from omni_actors.actors.engines.thinker_ports import THINKER_INPUTS, THINKER_OUTPUTS
 from omni_actors.actors.engines.tool_template import ToolTemplate
 from omni_actors.actors.engines.torch_engine import AbortSignal, DeviceArgs, release_dir
@@ -143,7 +141,7 @@ class ThinkerArgs(WeightsArgs, DeviceArgs, StaticDecodeArgs, StepLoopArgs):
     allowed_token_ranges: list[tuple[int, int]] | None = None
 
 
-class ThinkerEngine(SteppedTorchEngine[Conversation, Feeding, Fed]):
+class ThinkerEngine(ConversationEngine[Feeding, Fed]):
     """Text replies with streaming prefill (see the module docstring).
 
     Its ports are the thinker stage's (:mod:`omni_actors.actors.engines.thinker_ports`): a
@@ -193,6 +191,8 @@ class ThinkerEngine(SteppedTorchEngine[Conversation, Feeding, Fed]):
             graphs=graphs,
             warm=graphs and args.warm_graphs,
         )
+        self.close_turn = self._model.vocabulary.close_turn
+        self.assistant_opening = self._model.vocabulary.assistant_opening
 
     def _step(self, chunks: list[ThinkerChunk]) -> list[Fed]:
         return self._model.step(chunks)
@@ -221,27 +221,6 @@ class ThinkerEngine(SteppedTorchEngine[Conversation, Feeding, Fed]):
         conversation = self._sessions.get(session)
         return 0 if conversation is None else conversation.position
 
-    def last_reply(self, session: str) -> tuple[int, ...] | None:
-        """The token ids of the reply ``session``'s last ``generate`` decoded.
-
-        A cancelled reply's as far as it was yielded; ``()`` for one that ended at once
-        (``<|im_end|>`` first: the turn is in the conversation); None when that call
-        decoded no reply (cancelled before its first token, or still running), failed,
-        or the session is unknown. Replies taken from ``reply`` marks are not counted: the
-        caller has them already.
-        """
-        conversation = self._sessions.get(session)
-        return None if conversation is None else conversation.decoded
-
-    def prompt_tokens(self, session: str) -> int | None:
-        """The tokens the reply of ``session``'s last ``generate`` was decoded after
-        (the conversation so far and the reply's opening: its prompt); None when
-        :meth:`last_reply` is None."""
-        conversation = self._sessions.get(session)
-        if conversation is None or conversation.decoded is None or conversation.reply is None:
-            return None
-        return conversation.reply.start
-
     # -- the engine protocol --------------------------------------------------------------
 
     def generate(self, session: str, inputs: AsyncIterator[Fields]) -> AsyncIterator[Fields]:
@@ -260,17 +239,8 @@ class ThinkerEngine(SteppedTorchEngine[Conversation, Feeding, Fed]):
         """
         return respond(lambda: self._respond(session), inputs)
 
-    def _respond(self, session: str) -> _Response:
-        """Start a response of ``session``: its conversation (made on its first)."""
-        conversation = self._sessions.get(session)
-        if conversation is None:
-            request = self.loop.open(session)
-            conversation = self._sessions[session] = Conversation(request, self.loop)
-        if conversation.signal is not None:
-            raise ValueError(f"session {session!r} is already generating")
-        conversation.signal = AbortSignal()
-        conversation.decoded = None
-        return _Response(self, session, conversation, conversation.signal)
+    def _response(self, session: str, conversation: Conversation, signal: AbortSignal) -> _Response:
+        return _Response(self, session, conversation, signal)
 
     async def truncate(self, session: str, kept: int) -> int:
         """Cut ``session``'s last reply to its first ``kept`` tokens (between responses).
@@ -303,62 +273,36 @@ class ThinkerEngine(SteppedTorchEngine[Conversation, Feeding, Fed]):
         return conversation.generator
 
 
-class _Response(Response[Checkpoint]):
+class _Response(ConversationResponse[Feeding, Fed]):
     """One response of the thinker: the steps of ``respond`` on the session's
     :class:`Conversation` and on the user turn being received (:class:`UserTurn`)."""
+
+    engine: ThinkerEngine
 
     def __init__(
         self, engine: ThinkerEngine, session: str, conversation: Conversation, signal: AbortSignal
     ) -> None:
-        super().__init__(signal, engine._model.text_config.vocab_size)
-        self.engine = engine
+        super().__init__(
+            engine, session, conversation, signal, engine._model.text_config.vocab_size
+        )
         self.model = engine._model
-        self.session = session
-        self.conversation = conversation
         self.vocabulary = engine.vocabulary
         self.turn = UserTurn(self.vocabulary)
-        self.instructed: tuple[int, ...] = ()
-        """The last instructions set since ``start``: a failure keeps them."""
-        self.step: asyncio.Future[list[Fed]] | None = None
-        """The decode step in flight in the model thread (it writes the cache)."""
-        self.decoding = False
-        """This response's reply is open."""
 
-    def checkpoint(self) -> Checkpoint:
-        return self.conversation.checkpoint()
+    def _feeding(self, ids: list[int]) -> Feeding:
+        return Feeding(ids)
 
-    async def roll_back(self, start: Checkpoint) -> None:
-        self.conversation.restore(start)
-        if self.instructed:
-            self.conversation.queue_system(self.instructed)
+    def _pick(self, out: Fed) -> int:
+        assert out.token is not None, "a step that picks gives a token"
+        return out.token[0]
+
+    def _drop_turn(self) -> tuple[int, ...]:
+        waiting = self.turn.system
+        # The talker's rows of the dropped turn go with the next output (``ahead``).
+        self.turn = UserTurn(self.vocabulary, ahead=self.turn.ahead.dropped())
+        return waiting
 
     # -- forwards: work on the engine's step loop ---------------------------------------
-
-    async def _feed(
-        self, feeding: Feeding, then: Callable[[list[Fed]], None] | None = None
-    ) -> list[Fed]:
-        """Feed ``feeding`` on the step loop (:meth:`SteppedTorchEngine.feed`); no
-        outputs if the session is aborted meanwhile (the caller ends there)."""
-        if not feeding.ids:
-            if then is not None:
-                then([])
-            return []
-        try:
-            return await self.engine.feed(self.conversation, feeding, len(feeding.ids), then)
-        except RequestClosedError:
-            if self.signal.aborted:
-                return []  # the session's request closed under it: the caller ends
-            raise
-
-    async def _instruct(self, system: tuple[int, ...]) -> None:
-        """Feed the system turn ``system`` behind the carry (no user turn is open)."""
-        conversation = self.conversation
-
-        def then(_: list[Fed]) -> None:
-            conversation.carry = []
-            conversation.system = (*conversation.system, *system)
-
-        await self._feed(Feeding([*conversation.carry, *system]), then)
 
     async def _prefill(
         self, turn: UserTurn, end_clip: bool, then: list[int], tail: int = 0
@@ -391,26 +335,9 @@ class _Response(Response[Checkpoint]):
         outputs = await self._feed(feeding, then)
         return outputs[-1] if outputs else None
 
-    async def _take_reply(self, tokens: tuple[int, ...]) -> None:
-        """Take ``tokens`` into the conversation as the assistant's turn, as if decoded.
-
-        One feed of the carry, ``<|im_start|> assistant \\n`` and the tokens; the turn
-        is then left as a completed reply leaves it (``<|im_end|> \\n`` in the carry, a
-        :class:`ThinkerReply` a truncation can cut, no user turn or system turn after it).
-        """
-        conversation, vocabulary = self.conversation, self.vocabulary
-
-        def then(_: list[Fed]) -> None:
-            conversation.carry = [*vocabulary.close_turn]
-            start = conversation.position - len(tokens)
-            conversation.reply = ThinkerReply(start, tokens, len(tokens))
-            conversation.turns_since_reply, conversation.system = 0, ()
-
-        opening = vocabulary.assistant_opening
-        await self._feed(Feeding([*conversation.carry, *opening, *tokens]), then)
-
-    async def _open_reply(self, turn: UserTurn | None, sampling: Sampling) -> Token | None:
-        """Close ``turn`` if one is open, open the reply, pick its first token.
+    async def _open_reply(self, turn: UserTurn | None, sampling: Sampling) -> Fed | None:
+        """Close ``turn`` if one is open, open the reply, pick its first token (the
+        output that picked it; None if the session was aborted meanwhile).
 
         One feed of what the turn still has pending (its clip's last window among it),
         ``<|im_end|> \\n``, the system turn set while it was open if any, then
@@ -436,7 +363,7 @@ class _Response(Response[Checkpoint]):
         if fed is None:
             return None
         assert fed.token is not None, "opening a reply picks its first token"
-        return fed.token
+        return fed
 
     # -- input ------------------------------------------------------------------------
 
@@ -506,22 +433,8 @@ class _Response(Response[Checkpoint]):
     def ahead(self) -> Fields | None:
         return self.turn.take_rows()
 
-    async def clear(self, committed: Checkpoint) -> None:
-        waiting = self.turn.system
-        self.conversation.restore(committed)
-        # The talker's rows of the dropped turn go with the next output (``ahead``).
-        self.turn = UserTurn(self.vocabulary, ahead=self.turn.ahead.dropped())
-        if waiting:  # no turn is open now for them to wait behind
-            await self._instruct(waiting)
-
-    async def truncate(self, kept: int) -> None:
-        self.conversation.truncate(kept, self.vocabulary.close_turn)
-
     def moved_start(self) -> None:
         self.instructed = self.turn.system  # those fed already are in the carry
-
-    async def take_reply(self, tokens: tuple[int, ...]) -> None:
-        await self._take_reply(tokens)
 
     def tool_calls_turn(self, message: torch.Tensor | str) -> tuple[int, ...]:
         return self.engine.tools.tool_calls_turn(_text(TOOL_CALLS_FIELD, message))
@@ -536,17 +449,6 @@ class _Response(Response[Checkpoint]):
             else _system_turn(self.vocabulary, instructions)
         )
         await self._instruct(system)
-
-    async def drop_instructions(self, before: Checkpoint) -> None:
-        conversation = self.conversation
-        reply = conversation.reply if self.decoding else None
-        generator = conversation.generator
-        rng = None if generator is None else generator.get_state()
-        conversation.restore(before)
-        if generator is not None and rng is not None:
-            generator.set_state(rng)  # the next sampled reply goes on from this one
-        if reply is not None:
-            await self._take_reply(reply.tokens)
 
     async def _close(self, turn: UserTurn) -> Fields | None:
         """Commit ``turn`` (nothing if it is not open); its rows as an output."""
@@ -574,67 +476,35 @@ class _Response(Response[Checkpoint]):
         opened = await self._open_reply(closing, sampling)
         if opened is None:
             return  # aborted
-        token, embed = opened
         last_rows = None if closing is None else closing.take_rows()
-        reply = conversation.reply = ThinkerReply(conversation.position, (), 0)
-        self.decoding = True
-        conversation.turns_since_reply, conversation.system = 0, ()
-        im_end, text = self.vocabulary.ids.im_end, self.vocabulary.detokenizer()
-        while token != im_end and not signal.aborted:
-            out: dict[str, torch.Tensor | str] = {
-                "token_ids": torch.tensor([token]),
-                "text": text.add(token),
-                "embed": embed,
-            }
-            if not reply.tokens:
-                out.update(last_rows or {})
-                out["opening"] = self.model.opening
-                out["tts"] = self.model.tts
-            reply = conversation.reply = ThinkerReply(
-                reply.start, (*reply.tokens, token), reply.fed
-            )
-            if len(reply.tokens) < sampling.max_tokens:
-                # Start the next step before handing this token out: the model thread
-                # works while the stage routes the output.
-                allow_end = len(reply.tokens) >= sampling.min_tokens
-                self.step = engine.loop.submit(
-                    conversation.request,
-                    Feeding([token], pick=Pick(allow_end, sampling)),
-                    1,
-                    decode=True,
-                )
-            yield out
-            if self.step is None:
-                break
-            try:
-                (fed,) = await self.step
-            except RequestClosedError:
-                if signal.aborted:
-                    break
-                raise
-            self.step = None
-            assert fed.token is not None, "a decode step picks"
-            token, embed = fed.token
-            reply = conversation.reply = ThinkerReply(reply.start, reply.tokens, reply.fed + 1)
+        text, first = self.vocabulary.detokenizer(), True
+        tokens = self._decode(
+            opened,
+            end=self.vocabulary.ids.im_end,
+            max_tokens=sampling.max_tokens,
+            min_tokens=sampling.min_tokens,
+            decode=lambda token, allow_end: Feeding([token], pick=Pick(allow_end, sampling)),
+        )
+        async with aclosing(tokens):
+            async for token, fed in tokens:
+                assert fed.token is not None, "a step that picks gives a token"
+                out: dict[str, torch.Tensor | str] = {
+                    "token_ids": torch.tensor([token]),
+                    "text": text.add(token),
+                    "embed": fed.token[1],
+                }
+                if first:
+                    out.update(last_rows or {})
+                    out["opening"] = self.model.opening
+                    out["tts"] = self.model.tts
+                    first = False
+                yield out
         if (rest := text.flush()) and not signal.aborted:
             yield {"text": rest}
 
     # -- settling ---------------------------------------------------------------------
 
-    def end(self) -> None:
-        self.conversation.signal = None
-
-    def held(self) -> bool:
-        return self.engine._sessions.get(self.session) is self.conversation
-
-    def forget(self) -> None:
-        if self.step is not None:
-            self.step.cancel()  # the thread finishes it; its cache goes with the session
-        if self.held():
-            del self.engine._sessions[self.session]
-
     async def finish(self, outcome: Outcome) -> Outcome:
-        sessions, session = self.engine._sessions, self.session
         if outcome == "cancelled" and not self.decoding and self.turn.opened:
             # Closed at rows of the open turn sent ahead: they are the talker's now, so
             # the turn stays, committed without a reply.
@@ -643,32 +513,9 @@ class _Response(Response[Checkpoint]):
             except Exception:
                 outcome = "failed"
             except BaseException:
-                del sessions[session]
+                del self.engine._sessions[self.session]
                 raise
-        if self.step is not None:
-            # A decode step runs in the model thread and writes the cache: wait for it,
-            # so the cache holds exactly the tokens yielded (it fed the last one).
-            try:
-                await self.step
-            except Exception:
-                outcome = "failed"
-            except BaseException:
-                del sessions[session]  # cancelled while waiting: an abort
-                raise
-            else:
-                reply = self.conversation.reply
-                assert reply is not None, "a decode step only runs in a reply"
-                self.conversation.reply = ThinkerReply(reply.start, reply.tokens, reply.fed + 1)
-        return outcome
-
-    def keep_reply(self) -> None:
-        if self.decoding:
-            reply = self.conversation.reply
-            assert reply is not None, "a response's reply is the conversation's last"
-            # Tokens yielded but not fed (the last one, at the token limit) close the
-            # turn before whatever comes next, with <|im_end|> \n.
-            self.conversation.carry = [*reply.tokens[reply.fed :], *self.vocabulary.close_turn]
-            self.conversation.decoded = reply.tokens
+        return await super().finish(outcome)
 
 
 _TOOLS_REMEDY = "omni-actors prepare tiny-omni --force rebuilds tiny-omni with one"
