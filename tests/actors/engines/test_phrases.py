@@ -55,7 +55,8 @@ def test_text_without_spaces_is_cut_by_its_length() -> None:
     assert policy.flush() == text[first + 2 * later :]
 
 
-def test_a_long_word_with_spaces_around_is_not_cut() -> None:
+def test_a_long_word_shorter_than_the_limits_characters_is_not_cut() -> None:
+    # 20 characters, below 4 x CHARS_PER_WORD: only a longer run is cut by length.
     policy = PhrasePolicy(first_words=4)
     assert policy.push("Internationalization matters a lot") == []
     assert policy.push(" here") == ["Internationalization matters a lot"]
