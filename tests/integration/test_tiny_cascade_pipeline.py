@@ -50,6 +50,9 @@ async def test_text_in_text_and_audio_out_and_full_edges_say_the_same(cache: Pat
     assert audio.numel() > 0
     assert bool(torch.isfinite(audio).all())
     assert done(stream).metrics.ttfa_ms is not None
+    # The first audio is the first frame alone (80 ms at 24 kHz): nothing waits for a second.
+    first = next(e for e in stream if isinstance(e, AudioDelta))
+    assert first.audio.numel() == 1920
     # Phrases cut from the stream are the phrases cut from the whole text, and the
     # decoder's windows reach back far enough: the same reply, the same audio.
     assert text_of(full) == text

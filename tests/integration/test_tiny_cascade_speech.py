@@ -69,6 +69,23 @@ async def test_synthesizer_frames_are_csm_generate(release: Path) -> None:
         await engine.stop()
 
 
+async def test_text_without_spaces_is_spoken_as_its_length_in_words(release: Path) -> None:
+    # A phrase with no whitespace (Chinese, Thai, random letters) is not one word:
+    # 20 characters speak for 4 words' worth of frames, as "Internationalization" does.
+    engine = SynthesizerEngine(
+        SynthesizerArgs(model=str(release), first_words=8, max_frames_per_word=2)
+    )
+    await engine.start()
+    try:
+        text = "internationalization"
+        outputs = [o async for o in engine.generate("s#1", _inputs([{"text": text}]))]
+        codes = torch.cat([o["codes"] for o in outputs])
+        assert codes.shape == (2 * 4, 4)
+        assert torch.equal(codes, _csm_codes(release, text, 2 * 4))
+    finally:
+        await engine.stop()
+
+
 async def test_mimi_windows_are_mimi_decode(release: Path) -> None:
     from transformers import MimiModel
 

@@ -7,7 +7,11 @@ LLM still writes; every later phrase is a sentence (or ``max_words`` words, whic
 comes first), which a synthesizer speaks with better prosody than a fragment.
 
 A mark or a word ends a phrase only once whitespace follows it: streamed text may go
-on right after it ("3." of "3.50", "two" of "twofold").
+on right after it ("3." of "3.50", "two" of "twofold"). Text written without spaces
+(Chinese, Japanese, Thai; a toy model's random letters) has no words to count: a run of
+``CHARS_PER_WORD`` characters per word of the limit with no whitespace in it ends the
+phrase right there, so its first phrase too is spoken after a few words' worth of text
+rather than at the reply's end. :func:`spoken_words` measures a phrase the same way.
 
 Guarantees: the phrases, joined, are the text (whitespace between phrases aside); no
 phrase is empty; :meth:`PhrasePolicy.flush` gives what is left once the text ends.
@@ -15,11 +19,16 @@ phrase is empty; :meth:`PhrasePolicy.flush` gives what is left once the text end
 
 from __future__ import annotations
 
+import math
 import re
 from dataclasses import dataclass, field
 from typing import Final
 
-__all__ = ["PhrasePolicy"]
+__all__ = ["CHARS_PER_WORD", "PhrasePolicy", "spoken_words"]
+
+CHARS_PER_WORD: Final = 6
+"""Characters that count as a word where text has no whitespace: an English word and
+its space, about (4.7 letters a word)."""
 
 _SENTENCE: Final = re.compile(r"[.!?\u3002\uff01\uff1f]+[\"')\]]*(?=\s)")
 _CLAUSE: Final = re.compile(r"[,;:\u2014\u3001\uff0c]+(?=\s)")
@@ -70,6 +79,9 @@ class PhrasePolicy:
         words = list(re.finditer(r"\S+(?=\s)", text))
         if len(words) >= limit:
             ends.append(words[limit - 1].end())
+        run = re.search(rf"\S{{{limit * CHARS_PER_WORD}}}", text)
+        if run is not None:  # no whitespace to cut at: cut by length
+            ends.append(run.end())
         if not ends:
             return None
         end = min(ends)
@@ -78,3 +90,10 @@ class PhrasePolicy:
             return None
         self._cut += 1
         return phrase
+
+
+def spoken_words(phrase: str) -> int:
+    """How many words ``phrase`` speaks, about: each of its words, a word of over
+    :data:`CHARS_PER_WORD` characters (or a run of text written without spaces) one per
+    ``CHARS_PER_WORD`` characters begun; at least 1."""
+    return max(1, sum(math.ceil(len(word) / CHARS_PER_WORD) for word in phrase.split()))

@@ -11,7 +11,8 @@ Each phrase is CSM's turn (``[speaker]text``) fed after the phrases spoken befor
 the same reply, with their frames, so a reply is spoken as one utterance with its own
 context; each reply starts a fresh one (the slot is rewound: a conversation's replies
 do not grow the synthesizer's context without bound). A phrase ends at CSM's end frame
-(not sent on) or after ``max_frames_per_word`` frames per word of it.
+(not sent on) or after ``max_frames_per_word`` frames per word of it (text without
+spaces counted in characters, :func:`~.phrases.spoken_words`).
 
 Every forward is work on the engine's :class:`~omni_actors.actors.engines.step_loop.StepLoop`
 (:class:`~.tts_model.SpeechModel`): a phrase's text is a prefill, each frame a decode
@@ -31,7 +32,7 @@ import torch
 from pydantic import Field
 
 from omni_actors.actors.engines.cascade.family import stage_checkpoint
-from omni_actors.actors.engines.cascade.phrases import PhrasePolicy
+from omni_actors.actors.engines.cascade.phrases import PhrasePolicy, spoken_words
 from omni_actors.actors.engines.cascade.tts_model import Speech, SpeechChunk, SpeechModel
 from omni_actors.actors.engines.contract import Fields, Rule, response_options
 from omni_actors.actors.engines.step_loop import Request, RequestClosedError
@@ -120,7 +121,7 @@ class SynthesizerEngine(SteppedTorchEngine[_Voice, Speech, torch.Tensor | None])
                 voice_option = response_options(inputs).voice
                 if voice_option and voice_option.isdigit():
                     speaker = int(voice_option)
-                limit = args.max_frames_per_word * max(1, len(phrase.split()))
+                limit = args.max_frames_per_word * spoken_words(phrase)
                 work = Speech(self.model.prompt(phrase, speaker), unfed)
                 unfed = None
                 for _ in range(limit):
