@@ -15,7 +15,8 @@
 # writes every stage with an 8-layer thinker ($THINKER_LAYERS), for `bench pipeline
 # --preset qwen3-omni-1gpu` on one GPU ($STAGES: the stages written, default all three);
 #   STAGES=thinker bash benchmarks/qwen3_omni_random_gpu.sh setup prepare-short prefill
-# times and profiles the thinker's prefill against transformers' (thinker_prefill_profile.py).
+# times and profiles the thinker's prefill against transformers' (thinker_prefill_profile.py);
+# `timeline` prints where each request's first text and audio go (ttft_timeline.py).
 # Results go to $OUT (default benchmarks/results); the release to $RELEASE (/tmp/q3).
 # pipeline: $LEVELS (default 1 4 8 16 32), $REQUESTS_PER_LEVEL (default 4: each level
 # runs 4 x c requests, a closed loop as vllm-omni's CI runs it) or $REQUESTS per level,
@@ -66,6 +67,16 @@ write_random_release(Path(sys.argv[1]), config, stages=tuple(sys.argv[3].split()
     prefill)
       python3 benchmarks/thinker_prefill_profile.py "$RELEASE" --tokens ${PREFILL_TOKENS:-256 2500} \
         | tee "$OUT/qwen3_omni_random_prefill_profile.jsonl" | grep -v '"top"' ;;
+    timeline)
+      # Where the first text and first audio go, stage by stage, one request at a time
+      # (16- and 2500-token prompts): the stages in this process, then each in a worker
+      # process of its own. $PRESET: qwen3-omni-1gpu (default) or qwen3-omni.
+      for place in inprocess process; do
+        PROCESS=$([ $place = process ] && echo 1 || echo 0) python3 benchmarks/ttft_timeline.py \
+          "${PRESET:-qwen3-omni-1gpu}" "$RELEASE" 16 2500 \
+          > "$OUT/qwen3_omni_random_timeline_$place.jsonl"
+        cut -c1-200 "$OUT/qwen3_omni_random_timeline_$place.jsonl"
+      done ;;
     decode-talker)
       for compile in $COMPILE; do
         omni bench decode --model "$RELEASE" --stage talker=cuda:0 --batch 1 8 32 --context 1024 \
