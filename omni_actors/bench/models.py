@@ -214,8 +214,12 @@ async def _measure(
     cpu, wall = tree_cpu_s(), time.perf_counter()
     results = await _drive(omni, count, concurrency, texts)
     wall_s, cpu_s = time.perf_counter() - wall, tree_cpu_s() - cpu
-    after = await _counts(omni)
-    return results, _Cost(
+    return results, _cost(wall_s, cpu_s, before, await _counts(omni))
+
+
+def _cost(wall_s: float, cpu_s: float, before: _Counts, after: _Counts) -> _Cost:
+    """A level's cost, its engine counters read ``before`` and ``after`` its requests."""
+    return _Cost(
         wall_s,
         cpu_s,
         _delta(before.busy_s, after.busy_s),

@@ -64,10 +64,11 @@ def test_the_qwen3_omni_table_sets_vllm_omnis_figures_beside_each_level() -> Non
 
 def test_a_level_reports_each_stage_s_eager_steps_over_its_requests() -> None:
     spec = load_pipeline("tiny-omni")
-    before: dict[str, int | None] = {"thinker": 5, "talker": 0, "code2wav": None}
-    after: dict[str, int | None] = {"thinker": 8, "talker": 0, "code2wav": None}
     busy_s: dict[str, float | None] = {"thinker": 1.0, "talker": 1.0, "code2wav": 1.0}
-    cost = models._Cost(2.0, 1.0, busy_s, models._delta(before, after))
+    before = models._Counts(busy_s, {"thinker": 5, "talker": 0, "code2wav": None})
+    later: dict[str, float | None] = {"thinker": 2.0, "talker": 2.0, "code2wav": 2.0}
+    after = models._Counts(later, {"thinker": 8, "talker": 0, "code2wav": None})
+    cost = models._cost(2.0, 1.0, before, after)
 
     busy = models._level([], cost, spec)["engine_busy"]
 
