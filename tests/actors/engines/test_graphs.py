@@ -285,7 +285,8 @@ def test_a_step_run_eager_for_want_of_a_graph_counts() -> None:
     x = torch.arange(5.0)
     assert torch.equal(graphs.run_eager(double, x), x * 2)
     assert graphs.eager_steps == 1
-    assert graphs.graphed == [] and graphs.eager == []  # no key was tried
+    assert graphs.graphed == []  # no key was tried
+    assert graphs.eager == []
 
 
 def test_inputs_unlike_the_captured_ones_are_refused() -> None:
