@@ -266,6 +266,9 @@ class StageState(msgspec.Struct, tag="stage-state", frozen=True, kw_only=True):
             difference of two readings over the wall time between them: how busy the
             engine, and its device, was); None for an engine that does not tell.
         max_sessions: the most sessions its engine holds at once; None: no limit.
+        eager_steps: steps its engine ran eager since it started although it replays
+            them from CUDA graphs (a step larger than its largest graph, a shape whose
+            graph failed or differed); None for an engine without graphs.
     """
 
     stage: str
@@ -275,6 +278,7 @@ class StageState(msgspec.Struct, tag="stage-state", frozen=True, kw_only=True):
     voice: str | None = None
     busy_s: float | None = None
     max_sessions: int | None = None
+    eager_steps: int | None = None
 
 
 class Inspect(msgspec.Struct, Request[StageState], tag="inspect", frozen=True, kw_only=True):
@@ -456,6 +460,9 @@ class StageHealth(msgspec.Struct, frozen=True, kw_only=True):
             or did not answer in time.
         max_sessions: the most sessions its engine holds at once
             (:attr:`StageState.max_sessions`); None: no limit, or no answer in time.
+        eager_steps: steps its engine ran eager although it has CUDA graphs
+            (:attr:`StageState.eager_steps`; a restarted stage's new engine counts from
+            0); None for an engine without graphs, or no answer in time.
     """
 
     stage: str
@@ -467,6 +474,7 @@ class StageHealth(msgspec.Struct, frozen=True, kw_only=True):
     voice: str | None = None
     busy_s: float | None = None
     max_sessions: int | None = None
+    eager_steps: int | None = None
 
 
 class PipelineHealth(msgspec.Struct, tag="pipeline-health", frozen=True, kw_only=True):

@@ -106,7 +106,10 @@ An engine that knows how long it has computed may expose ``busy_s``, the seconds
 spent in model calls since it started (torch engines: their model thread's time in
 calls); the stage reports it in its state and ``OmniPipeline.health()`` per stage
 (:func:`engine_busy_s`), so two readings give the fraction of a stretch of wall time
-the engine, and on a GPU its device, was busy.
+the engine, and on a GPU its device, was busy. One whose steps replay CUDA graphs may
+expose ``eager_steps``, the steps it ran eager since it started although it has graphs
+(more rows than its largest graph, a shape whose graph failed or differed): reported
+beside ``busy_s`` (:func:`engine_eager_steps`), 0 while every step replays.
 
 An engine whose model runs in processes of its own (vLLM's EngineCore) may expose
 ``died``, an ``asyncio.Future`` it resolves with an error when they exit: the stage then
@@ -174,6 +177,7 @@ __all__ = [
     "Rule",
     "Truncatable",
     "engine_busy_s",
+    "engine_eager_steps",
     "engine_max_new_tokens",
     "engine_max_sessions",
     "engine_prompt_tokens",
@@ -308,6 +312,14 @@ def engine_busy_s(engine: object) -> float | None:
     if isinstance(busy, bool) or not isinstance(busy, int | float):
         return None
     return float(busy)
+
+
+def engine_eager_steps(engine: object) -> int | None:
+    """The steps ``engine`` ran eager since it started although it replays them from
+    CUDA graphs: its ``eager_steps``; None for an engine without graphs (on the CPU,
+    turned off) or one that does not tell."""
+    steps = getattr(engine, "eager_steps", None)
+    return steps if isinstance(steps, int) and not isinstance(steps, bool) else None
 
 
 def output_overdue(inputs: AsyncIterator[Fields]) -> bool:

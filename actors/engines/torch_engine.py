@@ -9,7 +9,9 @@ pending when the thread frees up goes into the next call.
 Because every model call goes through that one thread, the time the thread spends in
 calls is the engine's busy time (:attr:`TorchEngine.busy_s`): busy time over wall time
 is how loaded the engine's device is. On a GPU a call returns once its results are on
-hand (a token, a frame), so it covers the kernels and their launches alike.
+hand (a token, a frame), so it covers the kernels and their launches alike. An engine
+whose steps replay CUDA graphs counts those that ran eager instead
+(:attr:`TorchEngine.eager_steps`).
 
 An engine computes on its ``device`` (:class:`DeviceArgs`). On a GPU, once the model is
 loaded, the thread's default device is set to it, so the tensors an engine makes for a
@@ -208,6 +210,14 @@ class TorchEngine:
         (loading excluded); 0 before. Read it twice: the difference over the wall time
         between the readings is the fraction of that time the engine was busy."""
         return 0.0 if self._busy is None else self._busy.seconds
+
+    @property
+    def eager_steps(self) -> int | None:
+        """Steps run eager although the engine replays them from CUDA graphs (more rows
+        than its largest graph, a shape whose graph failed or differed): 0 while every
+        step replays. None: the engine has no graphs (on the CPU, turned off), or is not
+        loaded yet. Engines with graphs override it."""
+        return None
 
     async def start(self) -> None:
         """Start the thread and load the model in it (then make its device the thread's

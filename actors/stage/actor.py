@@ -42,6 +42,7 @@ from omni_actors.actors.engines.contract import (
     Engine,
     Ports,
     engine_busy_s,
+    engine_eager_steps,
     engine_max_sessions,
     engine_voice,
     engine_voices,
@@ -312,6 +313,7 @@ class StageActor(Actor[StageMessage]):
                     voice=engine_voice(self.engine),
                     busy_s=engine_busy_s(self.engine),
                     max_sessions=engine_max_sessions(self.engine),
+                    eager_steps=engine_eager_steps(self.engine),
                 )
             case StreamCredit(key=key, receiver=receiver, n=n):
                 session = self.sessions.get(key)

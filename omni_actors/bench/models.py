@@ -31,9 +31,9 @@ from __future__ import annotations
 import gc
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from omni_actors.bench.input_length import (
     DEFAULT_INPUT_AUDIO_S,
@@ -163,26 +163,40 @@ def fixed_frames(spec: PipelineSpec, frames_per_token: int) -> PipelineSpec:
 
 @dataclass(frozen=True, slots=True)
 class _Cost:
-    """What one level's measured requests took: wall time, CPU of the process tree, and
-    each stage actor's engine busy seconds (None: its engine does not tell, or a
-    restart reset its count)."""
+    """What one level's measured requests took: wall time, CPU of the process tree,
+    each stage actor's engine busy seconds and the steps its engine ran eager although
+    it has CUDA graphs (None: its engine does not tell or has no graphs, or a restart
+    reset its count)."""
 
     wall_s: float
     cpu_s: float
     busy_s: dict[str, float | None]
+    eager_steps: dict[str, int | None] = field(default_factory=dict)
 
 
-async def _busy_s(omni: OmniPipeline) -> dict[str, float | None]:
+@dataclass(frozen=True, slots=True)
+class _Counts:
+    """One reading of every stage actor's engine counters (``OmniPipeline.health()``)."""
+
+    busy_s: dict[str, float | None]
+    eager_steps: dict[str, int | None]
+
+
+async def _counts(omni: OmniPipeline) -> _Counts:
     health = await omni.health(timeout=_HEALTH_TIMEOUT_S)
-    return {name: stage.busy_s for name, stage in health.stages.items()}
+    return _Counts(
+        busy_s={name: stage.busy_s for name, stage in health.stages.items()},
+        eager_steps={name: stage.eager_steps for name, stage in health.stages.items()},
+    )
 
 
-def _busy_delta(
-    before: dict[str, float | None], after: dict[str, float | None]
-) -> dict[str, float | None]:
-    """Busy seconds between two readings, per stage actor; None where either reading is
-    missing or the count went back (the stage restarted: its new engine counts anew)."""
-    delta: dict[str, float | None] = {}
+_N = TypeVar("_N", int, float)
+
+
+def _delta(before: dict[str, _N | None], after: dict[str, _N | None]) -> dict[str, _N | None]:
+    """A count's growth between two readings, per stage actor; None where either reading
+    is missing or the count went back (the stage restarted: its new engine counts anew)."""
+    delta: dict[str, _N | None] = {}
     for name, end in after.items():
         start = before.get(name)
         if start is None or end is None or end < start:
@@ -196,11 +210,21 @@ async def _measure(
     omni: OmniPipeline, count: int, concurrency: int, texts: Sequence[str]
 ) -> tuple[list[_Sample | str], _Cost]:
     """``count`` requests at ``concurrency``, and what they took."""
-    before = await _busy_s(omni)
+    before = await _counts(omni)
     cpu, wall = tree_cpu_s(), time.perf_counter()
     results = await _drive(omni, count, concurrency, texts)
     wall_s, cpu_s = time.perf_counter() - wall, tree_cpu_s() - cpu
-    return results, _Cost(wall_s, cpu_s, _busy_delta(before, await _busy_s(omni)))
+    return results, _cost(wall_s, cpu_s, before, await _counts(omni))
+
+
+def _cost(wall_s: float, cpu_s: float, before: _Counts, after: _Counts) -> _Cost:
+    """A level's cost, its engine counters read ``before`` and ``after`` its requests."""
+    return _Cost(
+        wall_s,
+        cpu_s,
+        _delta(before.busy_s, after.busy_s),
+        _delta(before.eager_steps, after.eager_steps),
+    )
 
 
 def _device(spec: PipelineSpec, actor: str) -> str:
@@ -256,6 +280,7 @@ def _level(
                 actor: {
                     "device": _device(spec, actor),
                     "busy_fraction": None if busy is None else round(busy / cost.wall_s, 4),
+                    "eager_steps": cost.eager_steps.get(actor),
                 }
                 for actor, busy in cost.busy_s.items()
             },
@@ -319,7 +344,9 @@ async def run_model_bench(
         ``underruns`` of a player 200 ms behind each reply (``SessionMetrics.pacing``),
         ``underruns_per_min`` of audio and their ``stall_ms``,
         ``output_tokens_per_s`` over the level, ``engine_busy`` per stage actor (its
-        device and ``busy_fraction``, None where the engine does not tell),
+        device, ``busy_fraction``, None where the engine does not tell, and
+        ``eager_steps``, the steps it ran eager over the level although it has CUDA
+        graphs, None where it has none),
         ``host_cpu_s_per_audio_s``, ``wall_s``, ``requests`` and ``errors``),
         ``stream_vs_full_ttfa`` per level (empty without ``full_edges``),
         ``input_length`` (TTFA and TTFT after the end of paced audio input, per input
@@ -485,7 +512,7 @@ def model_table(result: dict[str, Any]) -> list[str]:
         header += f"  {'1st audio mean/p50/p90':>22}  {'RTF mean/p50':>13}"
         header += f"  {'vllm-omni':>9}" if shown is not None else ""
         header += f"  {'text tok/s':>10}  {'underruns':>9}  {'busy ' + '/'.join(actors):>14}"
-        header += f"  {'CPU s/audio s':>13}"
+        header += f"  {'CPU s/audio s':>13}  {'eager ' + '/'.join(actors):>15}"
         lines.append(header)
         for c, level in levels.items():
             done = f"{level['requests'] - level['errors']}/{level['requests']}"
@@ -502,12 +529,15 @@ def model_table(result: dict[str, Any]) -> list[str]:
             row += f"  {_cell(level.get('output_tokens_per_s'), 1):>10}"
             row += f"  {_cell(level.get('underruns')):>9}  {fractions:>14}"
             row += f"  {_cell(level.get('host_cpu_s_per_audio_s'), 3):>13}"
+            eager = "/".join(_cell(busy.get(a, {}).get("eager_steps")) for a in actors)
+            row += f"  {eager:>15}"
             lines.append(row)
     if reference is not None:
         lines.append(f"vllm-omni: {reference['source']}")
     lines.append(
         "TTFT and first audio in ms; underruns: of a player 200 ms behind each reply; "
-        "busy: each engine's model calls over wall time"
+        "busy: each engine's model calls over wall time; eager: its steps run eager "
+        "although it has CUDA graphs (-: no graphs)"
     )
     return lines
 

@@ -7,6 +7,7 @@ from typing import Any
 
 import pytest
 
+from omni_actors.bench import models
 from omni_actors.bench.models import fixed_frames, model_table
 from omni_actors.bench.pipeline_targets import (
     QWEN3_OMNI_TARGETS,
@@ -30,9 +31,9 @@ def _level(ttft: float, rtf: float) -> dict[str, Any]:
         "output_tokens_per_s": 812.34,
         "underruns": 3,
         "engine_busy": {
-            "thinker": {"device": "cuda:0", "busy_fraction": 0.9312},
-            "talker": {"device": "cuda:1", "busy_fraction": None},
-            "code2wav": {"device": "cuda:1", "busy_fraction": 0.1},
+            "thinker": {"device": "cuda:0", "busy_fraction": 0.9312, "eager_steps": 0},
+            "talker": {"device": "cuda:1", "busy_fraction": None, "eager_steps": 7},
+            "code2wav": {"device": "cuda:1", "busy_fraction": 0.1, "eager_steps": None},
         },
         "host_cpu_s_per_audio_s": 0.0213,
     }
@@ -50,15 +51,40 @@ def test_the_qwen3_omni_table_sets_vllm_omnis_figures_beside_each_level() -> Non
     assert table[2].split() == [
         "c", "ok/req", "TTFT", "mean/p50", "vllm-omni", "1st", "audio", "mean/p50/p90", "RTF",
         "mean/p50", "vllm-omni", "text", "tok/s", "underruns", "busy",
-        "thinker/talker/code2wav", "CPU", "s/audio", "s",
+        "thinker/talker/code2wav", "CPU", "s/audio", "s", "eager", "thinker/talker/code2wav",
     ]  # fmt: skip
     assert table[3].split() == [
         "1", "7/8", "94/90", "96", "236/230/251", "0.101/0.091", "0.118", "812.3", "3",
-        "0.93/-/0.10", "0.021",
+        "0.93/-/0.10", "0.021", "0/7/-",
     ]  # fmt: skip
     assert table[4].split()[:4] == ["32", "7/8", "484/480", "508"]
     assert table[4].split()[6] == "0.420"
     assert table[5] == f"vllm-omni: {VLLM_OMNI_2XH100.source}"
+
+
+def test_a_level_reports_each_stage_s_eager_steps_over_its_requests() -> None:
+    spec = load_pipeline("tiny-omni")
+    busy_s: dict[str, float | None] = {"thinker": 1.0, "talker": 1.0, "code2wav": 1.0}
+    before = models._Counts(busy_s, {"thinker": 5, "talker": 0, "code2wav": None})
+    later: dict[str, float | None] = {"thinker": 2.0, "talker": 2.0, "code2wav": 2.0}
+    after = models._Counts(later, {"thinker": 8, "talker": 0, "code2wav": None})
+    cost = models._cost(2.0, 1.0, before, after)
+
+    busy = models._level([], cost, spec)["engine_busy"]
+
+    assert {actor: figures["eager_steps"] for actor, figures in busy.items()} == {
+        "thinker": 3,  # the steps of this level's requests, not since the engine started
+        "talker": 0,
+        "code2wav": None,  # no graphs
+    }
+    assert busy["thinker"]["busy_fraction"] == 0.5
+
+
+def test_a_stage_restarted_during_a_level_reports_no_count() -> None:
+    assert models._delta({"talker": 9, "code2wav": 1}, {"talker": 2, "code2wav": 1}) == {
+        "talker": None,  # its new engine counts from 0
+        "code2wav": 0,
+    }
 
 
 def test_other_presets_have_no_reference_column() -> None:

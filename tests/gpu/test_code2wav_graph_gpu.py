@@ -65,6 +65,7 @@ def test_graphed_windows_equal_eager_windows_for_every_bucket(cache: Path) -> No
     skips = {4: 0, 50: 25 - 1 - model.reach_frames}
     expected = {(b, frames, skip) for frames, skip in skips.items() for b in (1, 2, 4)}
     assert set(model.graphed) == expected  # nothing fell back to eager
+    assert model.eager_steps == 0
     # Each call's outputs are its own: a later replay leaves them as they were.
     codes = random_codes((1, model.quantizers, 50), model.codebook, 100)
     ((audio, held),) = model.decode(codes, [model.start(25)], common=True)

@@ -35,6 +35,7 @@ def test_graphed_frames_equal_eager_frames_for_every_batch(talker_dir: Path) -> 
         assert torch.equal(replayed[0], eager[0]), batch
         assert torch.equal(replayed[1], eager[1]), batch
     assert graphed.graphed == [1, 2, 3]
+    assert graphed.eager_steps == 0
     # Outputs are a frame's own: a later replay does not change an earlier frame's codes.
     first = graphed(hidden[:1], code0[:1])
     kept = first[0].clone()

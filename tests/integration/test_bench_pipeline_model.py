@@ -79,6 +79,7 @@ def test_random_prompts_set_replies_and_serving_figures(
             # The talker and code2wav report from their worker processes.
             assert busy["device"] == "cpu"
             assert 0 < busy["busy_fraction"] <= 1, stage
+            assert busy["eager_steps"] is None, stage  # no CUDA graphs on the CPU
         assert level["host_cpu_s_per_audio_s"] > 0
     expected = {
         "model": str(release),

@@ -144,8 +144,10 @@ def test_batches_above_the_largest_bucket_and_failed_captures_run_eager(
     codes = random_windows(model, 3, 9, seed=4)
     start = model.start(4)
     expected = model.decode(codes, [start] * 3)
+    assert model.eager_steps == 0  # a window that is not common is eager by design
     assert same(model.decode(codes, [start] * 3, common=True), expected)
     assert captures.shapes == []
+    assert model.eager_steps == 1  # a common one with no bucket to hold it is a fallback
 
     failing = Captures(fail=True)
     model = Code2WavModel(stage_dir, buckets=(1, 2, 4), capture=failing)
@@ -154,6 +156,9 @@ def test_batches_above_the_largest_bucket_and_failed_captures_run_eager(
     assert same(model.decode(codes, [start] * 3, common=True), expected)
     assert failing.shapes == [(4, model.quantizers, 9)]  # tried once, then eager
     assert model.graphed == []
+    assert model.eager_steps == 2
+    # Without buckets (the CPU, graphs off) there are no graphs to fall back from.
+    assert Code2WavModel(stage_dir).eager_steps is None
 
 
 def test_warm_captures_each_bucket_up_to_a_batch_size(stage_dir: Path) -> None:
@@ -171,6 +176,7 @@ def test_warm_captures_each_bucket_up_to_a_batch_size(stage_dir: Path) -> None:
     expected = model.decode(codes, [start] * 2)
     assert same(model.decode(codes, [start] * 2, common=True), expected)
     assert len(captures.shapes) == count  # warmed: no capture while decoding
+    assert model.eager_steps == 0  # replayed
     with pytest.raises(ValueError, match=r"left context must lie in \[0, 4\) frames, got 4"):
         model.warm(4, 4, rows=1)
     # Without buckets (the CPU, graphs off) warm-up does nothing.
@@ -211,6 +217,7 @@ def test_the_code_predictor_replays_stepping_s_frames(stage_dir: Path) -> None:
     codes, _ = failing(hidden, code0)
     assert torch.equal(codes, expected[0])
     assert failing.graphed == []
+    assert (graphed.eager_steps, failing.eager_steps) == (0, 1)
 
 
 def test_the_code_predictor_runs_a_batch_as_its_bucket(stage_dir: Path) -> None:

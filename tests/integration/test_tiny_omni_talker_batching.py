@@ -45,7 +45,7 @@ from omni_actors.actors.engines.qwen3_omni.talker_model import (
     TalkerModel,
 )
 from omni_actors.actors.engines.qwen3_omni.thinker_engine import ThinkerArgs, ThinkerEngine
-from omni_actors.actors.engines.step_loop import Request, StepLoop
+from omni_actors.actors.engines.step_loop import Chunk, Request, StepLoop, Work
 from omni_actors.models import cache as model_cache
 
 pytestmark = pytest.mark.integration
@@ -264,6 +264,7 @@ async def test_concurrent_sessions_share_steps(
         )
         assert engine.generating == set()
         stats = engine.loop.statistics()
+        assert engine.eager_steps is None  # on the CPU: no graphs to fall back from
     for outputs, codes in zip(sessions, replies, strict=True):
         assert codes.shape == (2 * tokens(outputs), configs.DEFAULT_NUM_CODE_GROUPS)
         assert int(codes.min()) >= 0
@@ -374,6 +375,60 @@ async def test_frames_replayed_from_graphs_give_each_session_its_solo_codes(
     for reply, alone in zip(together, solo, strict=True):
         assert len(reply.codes) == len(alone.codes) > 1
         assert torch.equal(torch.cat(reply.codes), torch.cat(alone.codes))
+
+
+def frame_chunks(model: TalkerModel, rows: int) -> list[TalkerChunk]:
+    """A frame-only step of ``rows`` sessions (slots 0 ..), each at position 0."""
+    loop = asyncio.get_running_loop()
+    width = int(model.text_config.hidden_size)
+    text = int(model.talker.config.thinker_hidden_size)
+    gen = torch.Generator().manual_seed(rows)
+    return [
+        Chunk(
+            Request(f"s{slot}", slot),
+            Work(
+                TalkerFeed(
+                    carry=torch.randn(1, 1, width, generator=gen),
+                    text=torch.randn(1, text, generator=gen),
+                    frame=True,
+                ),
+                1,
+                True,
+                loop.create_future(),
+            ),
+            offset=0,
+            length=1,
+            start=0,
+        )
+        for slot in range(rows)
+    ]
+
+
+async def test_frame_steps_run_eager_for_want_of_a_graph_are_counted(cache_dir: Path) -> None:
+    """A frame-only step with more rows than ``max_rows`` runs eager and counts; a
+    replay, or a step run eager on purpose, does not; a model without graphs counts
+    nothing (None)."""
+    path = cache_dir / "tiny-omni" / "seed-0"
+    graphed = TalkerModel(
+        path,
+        stop_at_codec_eos=True,
+        slots=4,
+        max_context=256,
+        max_rows=2,
+        graphs=True,
+        warm=True,
+        capture=Captures(),
+    )
+    assert graphed.eager_steps == 0
+    graphed.step(frame_chunks(graphed, 2))
+    graphed.step(frame_chunks(graphed, 1))
+    graphed.step(frame_chunks(graphed, 3), eager=True)
+    assert graphed.eager_steps == 0
+    graphed.step(frame_chunks(graphed, 3))
+    assert graphed.eager_steps == 1
+    plain = TalkerModel(path, stop_at_codec_eos=True, slots=4, max_context=256)
+    plain.step(frame_chunks(plain, 3))
+    assert plain.eager_steps is None
 
 
 class Backend:

@@ -23,7 +23,7 @@ import torch
 from graph_standins import Captures
 from tiny_omni_ids import PRINTABLE_RANGES, Tokens
 
-from omni_actors.actors.engines.contract import Fields
+from omni_actors.actors.engines.contract import Fields, engine_eager_steps
 from omni_actors.actors.engines.qwen3_omni import stepping
 from omni_actors.actors.engines.qwen3_omni.hf import DynamicCache
 from omni_actors.actors.engines.qwen3_omni.sampling import Sampling
@@ -36,10 +36,12 @@ from omni_actors.actors.engines.qwen3_omni.thinker_model import (
     ThinkerModel,
 )
 from omni_actors.actors.engines.step_loop import (
+    Chunk,
     ContextLengthError,
     Request,
     SlotsExhaustedError,
     StepLoop,
+    Work,
 )
 from omni_actors.models import cache as model_cache
 from omni_actors.testing import eventually
@@ -228,6 +230,72 @@ async def test_decode_steps_replayed_from_graphs_pick_as_eager(cache_dir: Path) 
     assert captures.replays > replays
 
 
+def decode_chunks(rows: int) -> list[ThinkerChunk]:
+    """A decode-only step of ``rows`` sessions (slots 0 ..), each at position 0."""
+    loop = asyncio.get_running_loop()
+    pick = Pick(True, Sampling(1, 0, 0.0, None))
+    return [
+        Chunk(
+            Request(f"s{slot}", slot),
+            Work(Feeding([40 + slot], pick=pick), 1, True, loop.create_future()),
+            offset=0,
+            length=1,
+            start=0,
+        )
+        for slot in range(rows)
+    ]
+
+
+class Differs(Captures):
+    """Graphs whose replays are a little off eager's: each is dropped at its check."""
+
+    def __call__(self, fn: Any, inputs: tuple[torch.Tensor, ...]) -> Any:
+        graph = super().__call__(fn, inputs)
+        replay = graph.replay
+
+        def off() -> None:
+            replay()
+            for output in graph.outputs:
+                output.add_(1e-3)
+
+        graph.replay = off  # type: ignore[method-assign]
+        return graph
+
+
+async def test_decode_steps_run_eager_for_want_of_a_graph_are_counted(cache_dir: Path) -> None:
+    """A decode-only step with more rows than ``max_rows``, or of a shape whose graph
+    differs from eager, runs eager and counts; a replay, or a step run eager on purpose,
+    does not; a model without graphs counts nothing (None)."""
+    path = cache_dir / "tiny-omni" / "seed-0"
+    common: dict[str, Any] = {"allowed_token_ranges": PRINTABLE_RANGES, "slots": 4}
+    graphed = ThinkerModel(
+        path, **common, max_context=256, max_rows=2, graphs=True, warm=True, capture=Captures()
+    )
+    assert graphed.eager_steps == 0
+    graphed.step(decode_chunks(2))
+    graphed.step(decode_chunks(1))
+    assert graphed.eager_steps == 0  # replayed
+    graphed.step(decode_chunks(3), eager=True)
+    graphed.step(decode_chunks(2), eager=True)
+    assert graphed.eager_steps == 0  # eager on purpose
+    graphed.step(decode_chunks(3))
+    assert graphed.eager_steps == 1  # more rows than max_rows
+    graphed.step(decode_chunks(4))
+    assert graphed.eager_steps == 2
+
+    differs = ThinkerModel(
+        path, **common, max_context=256, max_rows=2, graphs=True, capture=Differs()
+    )
+    differs.step(decode_chunks(1))  # its graph, captured now, differs: eager
+    differs.step(decode_chunks(1))
+    assert differs.graphed == []
+    assert differs.eager_steps == 2
+
+    plain = ThinkerModel(path, **common, max_context=256)
+    plain.step(decode_chunks(3))
+    assert plain.eager_steps is None
+
+
 # -- through the engine: structure ---------------------------------------------------------
 
 
@@ -276,6 +344,14 @@ async def test_concurrent_sessions_share_steps(cache_dir: Path) -> None:
     assert stats.decode_rows == sum(len(ids) - 1 + (len(ids) < 32) for ids in replies)
     assert stats.largest_step > 1
     assert stats.steps < 0.75 * (stats.decode_rows + stats.prefill_chunks)
+
+
+async def test_an_engine_without_graphs_reports_no_eager_steps(cache_dir: Path) -> None:
+    """On the CPU no step replays a graph: eager steps are not applicable (None), not 0."""
+    async with thinker(cache_dir, max_new_tokens=4) as engine:
+        await reply(engine, "a", "Hi")
+        assert engine.eager_steps is None
+        assert engine_eager_steps(engine) is None
 
 
 async def test_a_session_past_max_sessions_fails_alone_with_a_typed_error(

@@ -223,6 +223,13 @@ class Code2WavEngine(SteppedTorchEngine[_Session, _Window, Piece]):
             raise EngineStoppedError("code2wav is not started")
         return self._model
 
+    @property
+    def eager_steps(self) -> int | None:
+        """Windows of a recurring shape run eager for want of a graph
+        (:attr:`Code2WavModel.eager_steps`); None without graphs or before the model is
+        loaded."""
+        return None if self._model is None else self._model.eager_steps
+
     def _step(self, chunks: list[Chunk[_Window, Piece]]) -> list[Piece]:
         """Model thread: one forward per window length in the step (module docstring)."""
         assert self._model is not None

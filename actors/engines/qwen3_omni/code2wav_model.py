@@ -150,6 +150,13 @@ class Code2WavModel:
         """The window shapes replayed from a graph, in the order they were captured."""
         return self._graphs.graphed
 
+    @property
+    def eager_steps(self) -> int | None:
+        """Windows of a recurring shape run eager for want of a graph (more rows than
+        the largest bucket, a shape whose graph failed or differed; an utterance's last
+        chunk is eager by design, uncounted); None without graphs."""
+        return self._graphs.eager_steps if self._buckets else None
+
     def start(self, context: int) -> int:
         """The first sample a window with ``context`` frames of left context emits: the
         first of the samples the previous window held back (0 without context)."""
@@ -166,12 +173,14 @@ class Code2WavModel:
         if it is the first of its shape. Otherwise, or above the largest bucket, eager.
         """
         skip = self._skip(min(starts))
+        step = functools.partial(self._forward, skip=skip)
         size = bucket(codes.shape[0], self._buckets) if common and self._buckets else None
-        if size is None:
+        if not (common and self._buckets):
             wav = self._forward(codes, skip)
+        elif size is None:  # more rows than the largest bucket: a fallback, counted
+            wav = self._graphs.run_eager(step, codes)
         else:
             key = (size, codes.shape[-1], skip)
-            step = functools.partial(self._forward, skip=skip)
             wav = self._graphs(key, step, pad_rows(codes, size))[: codes.shape[0]]
         cut = wav.shape[-1] - self.pending
         offset = skip * self.per_frame

@@ -70,6 +70,11 @@ class GraphedCodePredictor:
         """Batch sizes replayed from a graph."""
         return sorted(self._graphs.graphed)
 
+    @property
+    def eager_steps(self) -> int:
+        """Frames run eager because their batch size's graph failed or differed."""
+        return self._graphs.eager_steps
+
     def __call__(
         self, hidden: torch.Tensor, code0: torch.Tensor
     ) -> tuple[torch.Tensor, torch.Tensor]:

@@ -11,7 +11,9 @@ Each graph is checked when it is captured: on the capture's inputs, its replay m
 the eager step's outputs bit for bit. A graph that differs, or a step that cannot be
 captured (an op that reads the device from the host, an allocation that fails), leaves
 that key eager for good, and says so in the log once. The result is then never wrong,
-only slower.
+only slower; every such eager call is counted (:attr:`ShapeGraphs.eager_steps`), as are
+the steps a caller runs eager for want of a graph (:meth:`ShapeGraphs.run_eager`: more
+rows than its largest graph holds), so a server can tell it lost its graphs.
 
 What a captured step must be: a function of its input tensors (same shapes, dtypes and
 device at every call with its key) that returns a tensor or a tuple of tensors, reads no
@@ -216,6 +218,10 @@ class ShapeGraphs(Generic[K]):
         self._graphs: dict[K, _Captured | None] = {}  # None: that key stays eager
         self.capture_s: dict[K, float] = {}
         """Seconds each key took to capture and check (eager ones included)."""
+        self.eager_steps = 0
+        """Calls that ran eager for want of a graph: a key that could not be captured
+        or whose graph differed from eager (its first call included), and
+        :meth:`run_eager`'s. A first call whose graph is captured is not one."""
 
     @property
     def graphed(self) -> list[K]:
@@ -239,17 +245,26 @@ class ShapeGraphs(Generic[K]):
         """
         if key not in self._graphs:
             eager, self._graphs[key] = self._try(key, fn, inputs)
+            if self._graphs[key] is None:
+                self.eager_steps += 1
             return eager
         captured = self._graphs[key]
         if captured is None:
-            with torch.no_grad():
-                return fn(*inputs)
+            return self.run_eager(fn, *inputs)
         if [_spec(t) for t in inputs] != [_spec(t) for t in captured.inputs]:
             raise ValueError(
                 f"{self.name} {key!r}: captured for inputs "
                 f"{[_spec(t) for t in captured.inputs]}, got {[_spec(t) for t in inputs]}"
             )
         return cast(Out, captured.run(inputs))
+
+    def run_eager(self, fn: Callable[..., Out], *inputs: torch.Tensor) -> Out:
+        """``fn(*inputs)`` eager, counted in :attr:`eager_steps`: for a step the caller
+        has no graph for (more rows than its largest graph holds). A step run eager on
+        purpose (a benchmark's comparison) calls ``fn`` itself, uncounted."""
+        self.eager_steps += 1
+        with torch.no_grad():
+            return fn(*inputs)
 
     def capture(self, key: K, fn: Callable[..., Out], *inputs: torch.Tensor) -> bool:
         """Capture ``key``'s graph now, on ``inputs``, unless it was tried already (so no

@@ -214,6 +214,13 @@ class TalkerEngine(SteppedTorchEngine[Voice, TalkerFeed, Framed | None]):
     def _step(self, chunks: list[TalkerChunk]) -> list[Framed | None]:
         return self._model.step(chunks)
 
+    @property
+    def eager_steps(self) -> int | None:
+        """Steps run eager for want of a graph (:attr:`TalkerModel.eager_steps`); None
+        on the CPU, or before the model is loaded."""
+        model: TalkerModel | None = getattr(self, "_model", None)
+        return None if model is None else model.eager_steps
+
     async def _prefill_user(self, voice: Voice, rows: torch.Tensor, mask: torch.Tensor) -> None:
         """Append user rows to the session's user parts."""
         voice.crop()

@@ -247,6 +247,16 @@ class TalkerModel:
         return sorted(self._graphs.graphed) if self._graphs is not None else []
 
     @property
+    def eager_steps(self) -> int | None:
+        """Steps run eager for want of a graph: frame-only steps (more rows than
+        ``max_rows``, a shape whose graph failed or differed; not ``step(eager=True)``)
+        and the code predictor of mixed steps on a GPU (a batch size whose graph failed
+        or differed); None without graphs."""
+        graphed = self._code_frame if isinstance(self._code_frame, GraphedCodePredictor) else None
+        counts = [part.eager_steps for part in (self._graphs, graphed) if part is not None]
+        return sum(counts) if counts else None
+
+    @property
     def capture_s(self) -> dict[tuple[int, int], float]:
         """Seconds each (row bucket, span) took to capture and check."""
         return dict(self._graphs.capture_s) if self._graphs is not None else {}
@@ -325,8 +335,11 @@ class TalkerModel:
             text = torch.cat((text, text[-1:].expand(pad, *text.shape[1:])))
         given = [torch.tensor(v, device=self.device) for v in (slots, starts)] + [carry, text]
         key = (rows, span)
-        if eager or self._graphs is None or count > self.max_rows:
+        if eager or self._graphs is None:
             codes, carries = self._frame_step(span, *given)
+        elif count > self.max_rows:
+            step = functools.partial(self._frame_step, span)
+            codes, carries = self._graphs.run_eager(step, *given)
         else:
             static = self._static_inputs(key)
             for buffer, value in zip(static, given, strict=True):

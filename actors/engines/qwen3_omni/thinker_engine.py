@@ -198,6 +198,13 @@ class ThinkerEngine(ConversationEngine[Feeding, Fed]):
         return self._model.step(chunks)
 
     @property
+    def eager_steps(self) -> int | None:
+        """Decode-only steps run eager for want of a graph (:attr:`ThinkerModel.eager_steps`);
+        None on the CPU, with ``static_cache`` off, or before the model is loaded."""
+        model: ThinkerModel | None = getattr(self, "_model", None)
+        return None if model is None else model.eager_steps
+
+    @property
     def vocabulary(self) -> Vocabulary:
         """The loaded release's tokenizer and special ids (once started)."""
         return self._model.vocabulary

@@ -207,6 +207,13 @@ class ThinkerModel:
         """(row bucket, span) pairs replayed from a graph."""
         return sorted(self._graphs.graphed) if self._graphs is not None else []
 
+    @property
+    def eager_steps(self) -> int | None:
+        """Decode-only steps run eager for want of a graph (more rows than ``max_rows``,
+        a shape whose graph failed or differed; not ``step(eager=True)``); None
+        without graphs."""
+        return self._graphs.eager_steps if self._graphs is not None else None
+
     @torch.no_grad()
     def warm(self) -> list[tuple[int, int]]:
         """Capture every decode graph now (at load, while nothing else runs on the
@@ -268,8 +275,10 @@ class ThinkerModel:
         starts = [c.start for c in chunks] + [0] * (rows - count)
         ids = [c.work.payload.ids[0] for c in chunks] + [0] * (rows - count)
         given = [torch.tensor(v, device=self.device) for v in (slots, starts, ids)]
-        if eager or self._graphs is None or count > self.max_rows:
+        if eager or self._graphs is None:
             (logits,) = self._decode(span, *given)
+        elif count > self.max_rows:
+            (logits,) = self._graphs.run_eager(functools.partial(self._decode, span), *given)
         else:
             static = self._static_inputs(key)
             for buffer, value in zip(static, given, strict=True):

@@ -1,6 +1,7 @@
 """``ShapeGraphs`` around its graphs, on the CPU: a key is captured once and replayed,
 each call gets its own outputs, a capture that fails or a graph that differs from eager
-leaves its key eager (said in the log, never retried), and batches map onto buckets.
+leaves its key eager (said in the log, never retried, each eager call counted), and
+batches map onto buckets.
 
 CUDA graphs cannot run here; a stand-in capture plays the graph: its replay runs the step
 on the static inputs and writes the static outputs in place, as a graph does.
@@ -253,6 +254,39 @@ def test_capture_warms_a_key_once() -> None:
     assert len(captures.graphs) == 1
     assert torch.equal(graphs(2, double, torch.ones(2)), torch.full((2,), 2.0))
     assert len(captures.graphs) == 1
+
+
+def test_calls_replayed_from_their_graph_are_not_counted_eager() -> None:
+    graphs: ShapeGraphs[int] = ShapeGraphs("double", capture=Captures())
+    x = torch.arange(3.0)
+    graphs(3, double, x)  # captured: its eager result is the capture's check, not a fallback
+    graphs(3, double, x)
+    graphs(3, double, x)
+    assert graphs.eager_steps == 0
+
+
+@pytest.mark.parametrize(
+    "captures", [Captures(fail=True), Captures(skew=1e-6)], ids=["fails", "differs"]
+)
+def test_each_call_of_a_key_without_a_good_graph_counts_eager(captures: Captures) -> None:
+    graphs: ShapeGraphs[int] = ShapeGraphs("double", capture=captures)
+    x = torch.arange(3.0)
+    assert graphs.capture(2, double, x[:2]) is False  # warming a key runs no step
+    assert graphs.eager_steps == 0
+    graphs(3, double, x)  # its first call: the capture failed or differed
+    assert graphs.eager_steps == 1
+    graphs(3, double, x)
+    graphs(2, double, x[:2])
+    assert graphs.eager_steps == 3
+
+
+def test_a_step_run_eager_for_want_of_a_graph_counts() -> None:
+    graphs: ShapeGraphs[int] = ShapeGraphs("double", capture=Captures())
+    x = torch.arange(5.0)
+    assert torch.equal(graphs.run_eager(double, x), x * 2)
+    assert graphs.eager_steps == 1
+    assert graphs.graphed == []  # no key was tried
+    assert graphs.eager == []
 
 
 def test_inputs_unlike_the_captured_ones_are_refused() -> None:
