@@ -1,0 +1,174 @@
+"""The synthesizer's graphed frames on tiny-cascade, on the CPU.
+
+CUDA graphs cannot run here; the stand-in capture plays each graph (its replay runs the
+step on the static inputs it was captured with). What is checked is everything around
+the graphs: steps of frame rows alone replay one graph per (row bucket, span), captured
+at load, and give CSM's own ``generate``'s frames; sessions batched into a bucket with a
+padding row get their frames alone; a mixed step's depth decoder replays per row
+bucket; a step of more rows than the largest graph runs eagerly.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("transformers")
+
+import torch
+from graph_standins import Captures
+
+from omni_actors.actors.engines.cascade.tts_model import Speech, SpeechChunk, SpeechModel
+from omni_actors.actors.engines.step_loop import StepLoop
+from omni_actors.models.cache import prepare
+
+pytestmark = pytest.mark.integration
+
+FRAMES = 6
+TEXTS = ("Hello there,", "A longer phrase to speak,", "Hi")
+
+
+@pytest.fixture(scope="module")
+def path(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return prepare("tiny-cascade", cache_dir=tmp_path_factory.mktemp("weights"), seed=0) / "tts"
+
+
+def _csm_codes(path: Path, text: str, frames: int) -> torch.Tensor:
+    """HF's greedy frames [frames, codebooks] for ``text`` by speaker 0."""
+    from transformers import AutoTokenizer, CsmForConditionalGeneration
+
+    model = CsmForConditionalGeneration.from_pretrained(path).eval()
+    tokenizer = AutoTokenizer.from_pretrained(path)
+    ids = [model.config.bos_token_id, *tokenizer.encode(f"[0]{text}", add_special_tokens=False)]
+    ids.append(tokenizer.eos_token_id)
+    out = model.generate(
+        torch.tensor([ids]), max_new_tokens=frames, do_sample=False, depth_decoder_do_sample=False
+    )
+    return out[0]
+
+
+def _loop(model: SpeechModel, rows: int) -> StepLoop[Speech, torch.Tensor | None]:
+    async def execute(chunks: list[SpeechChunk]) -> list[torch.Tensor | None]:
+        return model.step(chunks)
+
+    return StepLoop(
+        execute,
+        slots=model.cache.slots,
+        max_context=model.cache.max_len,
+        max_tokens_per_step=512,
+        max_chunk=512,
+        max_rows=rows,
+    )
+
+
+async def _speak(
+    loop: StepLoop[Speech, torch.Tensor | None], model: SpeechModel, text: str
+) -> torch.Tensor:
+    """The text's first ``FRAMES`` frames, fed back one decode row each: [FRAMES, codebooks]."""
+    request = loop.open(text)
+    work = Speech(model.prompt(text, 0))
+    frames = []
+    for _ in range(FRAMES):
+        outputs = await loop.submit(request, work, work.length, decode=work.length == 1)
+        frame = outputs[-1]
+        assert frame is not None
+        frames.append(frame)
+        work = Speech(frames=frame[None])
+    loop.close(request)
+    return torch.stack(frames)
+
+
+async def _together(model: SpeechModel, rows: int) -> list[torch.Tensor]:
+    """Every text spoken at once, sharing steps of up to ``rows`` rows."""
+    loop = _loop(model, rows)
+    loop.start()
+    try:
+        return list(await asyncio.gather(*(_speak(loop, model, text) for text in TEXTS)))
+    finally:
+        await loop.stop()
+
+
+def _rows(captures: Captures, inputs: int) -> dict[int, int]:
+    """Replays per row count of the graphs of ``inputs`` inputs (3: frame steps, 2: the
+    mixed steps' depth decoder)."""
+    found: dict[int, int] = {}
+    for graph in captures.graphs:
+        if len(graph.inputs) == inputs:
+            rows = int(graph.inputs[0].shape[0])
+            found[rows] = found.get(rows, 0) + graph.replays
+    return found
+
+
+async def test_graphed_frames_are_csm_generate_and_batched_sessions_get_theirs(
+    path: Path,
+) -> None:
+    captures = Captures()
+    model = SpeechModel(
+        path,
+        torch.device("cpu"),
+        slots=4,
+        max_context=512,
+        max_rows=4,
+        graphs=True,
+        warm=True,
+        capture=captures,
+    )
+    # Every frame shape and depth bucket captured at load: none waits for a capture.
+    assert model.graphed == model.frame_keys() == [(r, s) for r in (1, 2, 4) for s in (256, 512)]
+    assert model.depth_graphed == [1, 2, 4]
+    captured = len(captures.graphs)
+    frames, depths = _rows(captures, 3), _rows(captures, 2)  # the checks' replays
+
+    # A session alone speaks CSM's own frames through the graphs.
+    loop = _loop(model, 4)
+    loop.start()
+    alone = [await _speak(loop, model, text) for text in TEXTS]
+    await loop.stop()
+    assert torch.equal(alone[0], _csm_codes(path, TEXTS[0], FRAMES))
+    replayed = _rows(captures, 3)[1] - frames[1]
+    assert replayed == len(TEXTS) * (FRAMES - 1)  # every frame step
+
+    # Three sessions at once: their frame steps run as the bucket of 4, one row of
+    # padding (on the scratch slot), and their prefills' depth decoder as its bucket.
+    together = await _together(model, 4)
+    for text, mine, solo in zip(TEXTS, together, alone, strict=True):
+        assert torch.equal(mine, solo), text
+    assert _rows(captures, 3)[4] - frames[4] == FRAMES - 1
+    assert _rows(captures, 2)[4] - depths[4] == 1  # the three prefills' step
+    assert len(captures.graphs) == captured  # nothing captured while speaking
+
+    # And eager gives the same frames.
+    eager = SpeechModel(path, torch.device("cpu"), slots=4, max_context=512)
+    assert [torch.equal(a, b) for a, b in zip(await _together(eager, 4), alone, strict=True)] == [
+        True
+    ] * len(TEXTS)
+
+
+async def test_a_step_past_the_largest_graph_runs_eagerly(path: Path) -> None:
+    captures = Captures()
+    model = SpeechModel(
+        path,
+        torch.device("cpu"),
+        slots=4,
+        max_context=256,
+        max_rows=2,
+        graphs=True,
+        warm=True,
+        capture=captures,
+    )
+    assert model.graphed == [(1, 256), (2, 256)]
+    graphs = len(captures.graphs)
+    # The loop runs three frame rows a step; the model's graphs hold two at most.
+    together = await _together(model, 3)
+    assert len(captures.graphs) == graphs  # no graph of three rows
+    assert all(graph.replays == 1 for graph in captures.graphs)  # each capture's check
+    eager = SpeechModel(path, torch.device("cpu"), slots=4, max_context=256)
+    for text, mine, expected in zip(TEXTS, together, await _together(eager, 3), strict=True):
+        assert torch.equal(mine, expected), text
+
+
+def test_graphs_need_a_cuda_device_or_a_capture(path: Path) -> None:
+    with pytest.raises(ValueError, match="graphs need a CUDA device"):
+        SpeechModel(path, torch.device("cpu"), slots=1, max_context=256, graphs=True)
