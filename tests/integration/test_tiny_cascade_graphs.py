@@ -90,6 +90,14 @@ async def _together(model: SpeechModel, rows: int) -> list[torch.Tensor]:
         await loop.stop()
 
 
+def _held(model: SpeechModel, slot: int, text: str) -> torch.Tensor:
+    """The keys and values ``slot`` holds once ``text`` was spoken in it (its prompt and
+    every frame fed back), of every layer."""
+    length = len(model.prompt(text, 0)) + FRAMES - 1
+    cache = model.cache
+    return torch.stack([t[slot, :, :length] for t in (*cache.keys, *cache.values)])
+
+
 def _rows(captures: Captures, inputs: int) -> dict[int, int]:
     """Replays per row count of the graphs of ``inputs`` inputs (3: frame steps, 2: the
     mixed steps' depth decoder)."""
@@ -124,7 +132,10 @@ async def test_graphed_frames_are_csm_generate_and_batched_sessions_get_theirs(
     # A session alone speaks CSM's own frames through the graphs.
     loop = _loop(model, 4)
     loop.start()
-    alone = [await _speak(loop, model, text) for text in TEXTS]
+    alone, held = [], []
+    for text in TEXTS:  # one after the other, each in slot 0
+        alone.append(await _speak(loop, model, text))
+        held.append(_held(model, 0, text))
     await loop.stop()
     assert torch.equal(alone[0], _csm_codes(path, TEXTS[0], FRAMES))
     replayed = _rows(captures, 3)[1] - frames[1]
@@ -133,17 +144,18 @@ async def test_graphed_frames_are_csm_generate_and_batched_sessions_get_theirs(
     # Three sessions at once: their frame steps run as the bucket of 4, one row of
     # padding (on the scratch slot), and their prefills' depth decoder as its bucket.
     together = await _together(model, 4)
-    for text, mine, solo in zip(TEXTS, together, alone, strict=True):
+    for slot, (text, mine, solo) in enumerate(zip(TEXTS, together, alone, strict=True)):
         assert torch.equal(mine, solo), text
+        # Its slot holds what it held alone: the padding row wrote none of it.
+        assert torch.allclose(_held(model, slot, text), held[slot], atol=1e-5), text
     assert _rows(captures, 3)[4] - frames[4] == FRAMES - 1
     assert _rows(captures, 2)[4] - depths[4] == 1  # the three prefills' step
     assert len(captures.graphs) == captured  # nothing captured while speaking
 
     # And eager gives the same frames.
     eager = SpeechModel(path, torch.device("cpu"), slots=4, max_context=512)
-    assert [torch.equal(a, b) for a, b in zip(await _together(eager, 4), alone, strict=True)] == [
-        True
-    ] * len(TEXTS)
+    for text, mine, expected in zip(TEXTS, together, await _together(eager, 4), strict=True):
+        assert torch.equal(mine, expected), text
 
 
 async def test_a_step_past_the_largest_graph_runs_eagerly(path: Path) -> None:
