@@ -5,20 +5,24 @@ step on the static inputs it was captured with). What is checked is everything a
 the graphs: steps of frame rows alone replay one graph per (row bucket, span), captured
 at load, and give CSM's own ``generate``'s frames; sessions batched into a bucket with a
 padding row get their frames alone; a mixed step's depth decoder replays per row
-bucket; a step of more rows than the largest graph runs eagerly.
+bucket; a step of more rows than the largest graph runs eagerly; and nothing a graph
+holds reads a tensor back to the host, which a CUDA capture would refuse.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
+from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 pytest.importorskip("transformers")
 
 import torch
-from graph_standins import Captures
+from graph_standins import Captures, StandIn
 
 from omni_actors.actors.engines.cascade.tts_model import Speech, SpeechChunk, SpeechModel
 from omni_actors.actors.engines.step_loop import StepLoop
@@ -184,3 +188,53 @@ async def test_a_step_past_the_largest_graph_runs_eagerly(path: Path) -> None:
 def test_graphs_need_a_cuda_device_or_a_capture(path: Path) -> None:
     with pytest.raises(ValueError, match="graphs need a CUDA device"):
         SpeechModel(path, torch.device("cpu"), slots=1, max_context=256, graphs=True)
+
+
+class HostReads(Captures):
+    """A stand-in capture that records each read of a tensor's value by the host while
+    the step it captures runs (a CUDA capture fails on such a read)."""
+
+    READS = ("__bool__", "__int__", "__float__", "__index__", "item", "tolist", "cpu", "numpy")
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.reads: list[str] = []
+
+    def __call__(self, fn: Any, inputs: tuple[torch.Tensor, ...]) -> StandIn:
+        with self._spying():
+            return super().__call__(fn, inputs)
+
+    @contextlib.contextmanager
+    def _spying(self) -> Iterator[None]:
+        saved = {name: getattr(torch.Tensor, name) for name in self.READS}
+
+        def spy(name: str) -> Any:
+            def read(tensor: torch.Tensor, *args: Any, **kwargs: Any) -> Any:
+                self.reads.append(name)
+                return saved[name](tensor, *args, **kwargs)
+
+            return read
+
+        for name in self.READS:
+            setattr(torch.Tensor, name, spy(name))
+        try:
+            yield
+        finally:
+            for name, method in saved.items():
+                setattr(torch.Tensor, name, method)
+
+
+def test_the_captured_steps_read_nothing_back_to_the_host(path: Path) -> None:
+    captures = HostReads()
+    model = SpeechModel(
+        path,
+        torch.device("cpu"),
+        slots=2,
+        max_context=256,
+        graphs=True,
+        warm=True,
+        capture=captures,
+    )
+    assert model.graphed == [(1, 256), (2, 256)]
+    assert model.depth_graphed == [1, 2]
+    assert captures.reads == []
