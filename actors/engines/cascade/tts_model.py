@@ -204,7 +204,7 @@ class SpeechModel:
     def step(self, chunks: list[SpeechChunk], *, eager: bool = False) -> list[torch.Tensor | None]:
         """One backbone forward over every chunk, then the depth decoder over the rows
         that pick; each picking chunk's frame [codebooks] (None for the others).
-        ``eager`` runs a frame-only step without its graph (a benchmark compares)."""
+        ``eager`` runs a frame-only step without its graph (to compare the two)."""
         if all(_frame_row(c) for c in chunks):
             return self._frames_step(chunks, eager)
         model = self._model
@@ -234,7 +234,9 @@ class SpeechModel:
     def _frames_step(self, chunks: list[SpeechChunk], eager: bool) -> list[torch.Tensor | None]:
         """Frame rows alone: a graph per (row bucket, span) where there is one."""
         count = len(chunks)
-        rows = bucket(count, row_buckets(self.max_rows)) or count
+        graphs = None if eager or count > self.max_rows else self._graphs
+        # Padded to its row bucket for a graph only: eagerly, a padding row is waste.
+        rows = (bucket(count, row_buckets(self.max_rows)) or count) if graphs else count
         span = span_for(max(c.start for c in chunks) + 1, self.cache.max_len)
         pad = rows - count
         slots = [c.request.slot for c in chunks] + [self.cache.scratch] * pad
@@ -245,13 +247,13 @@ class SpeechModel:
         given = [torch.tensor(v, device=self.device) for v in (slots, starts)]
         given.append(frames.to(self.device))
         key = (rows, span)
-        if eager or self._graphs is None or count > self.max_rows:
+        if graphs is None:
             (codes,) = self._frame_step(span, *given)
         else:
             static = self._static_inputs(key)
             for buffer, value in zip(static, given, strict=True):
                 buffer.copy_(value)
-            (codes,) = self._graphs(key, functools.partial(self._frame_step, span), *static)
+            (codes,) = graphs(key, functools.partial(self._frame_step, span), *static)
         return list(codes[:count].cpu())
 
     def _static_inputs(self, key: tuple[int, int]) -> list[torch.Tensor]:
