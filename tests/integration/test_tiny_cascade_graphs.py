@@ -141,7 +141,8 @@ async def test_graphed_frames_are_csm_generate_and_batched_sessions_get_theirs(
         alone.append(await _speak(loop, model, text))
         held.append(_held(model, 0, text))
     await loop.stop()
-    assert torch.equal(alone[0], _csm_codes(path, TEXTS[0], FRAMES))
+    for text, frames_alone in zip(TEXTS, alone, strict=True):
+        assert torch.equal(frames_alone, _csm_codes(path, text, FRAMES)), text
     replayed = _rows(captures, 3)[1] - frames[1]
     assert replayed == len(TEXTS) * (FRAMES - 1)  # every frame step
 
