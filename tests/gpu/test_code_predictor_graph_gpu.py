@@ -24,7 +24,7 @@ def talker_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def test_graphed_frames_equal_eager_frames_for_every_batch(talker_dir: Path) -> None:
     torch.cuda.set_device(DEVICE)
     talker = weights.load(talker_dir, "talker", device=DEVICE)
-    graphed = GraphedCodePredictor(talker)
+    graphed = GraphedCodePredictor.of_talker(talker)
     width = int(talker.config.text_config.hidden_size)
     gen = torch.Generator(device=DEVICE).manual_seed(0)
     for batch in (1, 3, 1, 2, 3):

@@ -206,14 +206,14 @@ def _gives_stepping_s_frames(
 def test_the_code_predictor_replays_stepping_s_frames(stage_dir: Path) -> None:
     talker = weights.load(stage_dir, "talker")
     captures = Captures()
-    graphed = GraphedCodePredictor(talker, capture=captures)
+    graphed = GraphedCodePredictor.of_talker(talker, capture=captures)
     graphed.warm(2)
     assert graphed.graphed == [2]
     hidden, code0, expected = _gives_stepping_s_frames(talker, graphed, (1, 3, 1, 2), seed=0)
     assert graphed.graphed == [1, 2, 3]
     assert [shape[0] for shape in captures.shapes] == [2, 1, 3]
 
-    failing = GraphedCodePredictor(talker, capture=Captures(fail=True))
+    failing = GraphedCodePredictor.of_talker(talker, capture=Captures(fail=True))
     codes, _ = failing(hidden, code0)
     assert torch.equal(codes, expected[0])
     assert failing.graphed == []
@@ -225,7 +225,7 @@ def test_the_code_predictor_runs_a_batch_as_its_bucket(stage_dir: Path) -> None:
     row: the rows' own frames come back, and no batch size gets a graph of its own."""
     talker = weights.load(stage_dir, "talker")
     captures = Captures()
-    graphed = GraphedCodePredictor(talker, buckets=(1, 2, 4), capture=captures)
+    graphed = GraphedCodePredictor.of_talker(talker, buckets=(1, 2, 4), capture=captures)
     for rows in (1, 2, 4):
         graphed.warm(rows)
     _gives_stepping_s_frames(talker, graphed, (3, 1, 4, 2, 3), seed=2)

@@ -16,7 +16,8 @@ spaces counted in characters, :func:`~.phrases.spoken_words`).
 
 Every forward is work on the engine's :class:`~omni_actors.actors.engines.step_loop.StepLoop`
 (:class:`~.tts_model.SpeechModel`): a phrase's text is a prefill, each frame a decode
-row, and sessions speaking at once share steps, as the Qwen3-Omni talker's frames do.
+row, and sessions speaking at once share steps, as the Qwen3-Omni talker's frames do;
+on a GPU a step of frames is replayed from a CUDA graph, as the talker's is.
 """
 
 from __future__ import annotations
@@ -35,6 +36,7 @@ from omni_actors.actors.engines.cascade.family import stage_checkpoint
 from omni_actors.actors.engines.cascade.phrases import PhrasePolicy, spoken_words
 from omni_actors.actors.engines.cascade.tts_model import Speech, SpeechChunk, SpeechModel
 from omni_actors.actors.engines.contract import Fields, Rule, response_options
+from omni_actors.actors.engines.qwen3_omni.static_decode import StaticDecodeArgs
 from omni_actors.actors.engines.step_loop import Request, RequestClosedError
 from omni_actors.actors.engines.stepped_engine import StepLoopArgs, SteppedTorchEngine
 from omni_actors.actors.engines.torch_engine import AbortSignal, DeviceArgs
@@ -46,8 +48,13 @@ FRAME_RATE: Final = 12.5
 """CSM's frames per second (Mimi's)."""
 
 
-class SynthesizerArgs(WeightsArgs, DeviceArgs, StepLoopArgs):
+class SynthesizerArgs(WeightsArgs, DeviceArgs, StaticDecodeArgs, StepLoopArgs):
     """The synthesizer's arguments (``model``, ``seed``, ``cache_dir`` locate it).
+
+    On a GPU a step of frames alone replays from a CUDA graph per (row bucket, span), up
+    to ``max_batch`` rows, and a mixed step's depth decoder per row bucket
+    (``static_cache``: None, on a GPU; False, eager), every graph captured at load with
+    ``warm_graphs`` (:class:`StaticDecodeArgs`). On a CPU everything runs eagerly.
 
     Attributes:
         speaker: the CSM speaker id a reply is spoken by (a response's ``voice``, when
@@ -94,12 +101,26 @@ class SynthesizerEngine(SteppedTorchEngine[_Voice, Speech, torch.Tensor | None])
 
     def _load(self, path: Path) -> None:
         args = self._args
+        graphs = self.device.type == "cuda" and args.static_cache is not False
         self.model = SpeechModel(
-            path, self.device, slots=args.max_sessions, max_context=args.max_context
+            path,
+            self.device,
+            slots=args.max_sessions,
+            max_context=args.max_context,
+            max_rows=args.max_batch,
+            graphs=graphs,
+            warm=graphs and args.warm_graphs,
         )
 
     def _step(self, chunks: list[SpeechChunk]) -> list[torch.Tensor | None]:
         return self.model.step(chunks)
+
+    @property
+    def eager_steps(self) -> int | None:
+        """Steps run eager for want of a graph (:attr:`SpeechModel.eager_steps`); None
+        on the CPU, with ``static_cache`` off, or before the model is loaded."""
+        model: SpeechModel | None = getattr(self, "model", None)
+        return None if model is None else model.eager_steps
 
     async def generate(self, session: str, inputs: AsyncIterator[Fields]) -> AsyncIterator[Fields]:
         """One reply: its text's phrases spoken as they complete (module docstring)."""

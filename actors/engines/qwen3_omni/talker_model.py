@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import contextlib
 import functools
-from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Final, cast
@@ -24,7 +23,10 @@ from typing import Any, Final, cast
 import torch
 
 from omni_actors.actors.engines.qwen3_omni import layout, stepping, weights
-from omni_actors.actors.engines.qwen3_omni.code_predictor_graph import GraphedCodePredictor
+from omni_actors.actors.engines.qwen3_omni.code_predictor_graph import (
+    CodeFrame,
+    GraphedCodePredictor,
+)
 from omni_actors.actors.engines.qwen3_omni.frame_compile import (
     CompiledCodePredictor,
     CompiledLayers,
@@ -156,9 +158,9 @@ class TalkerModel:
         # Steps that mix prefills with frames run eagerly; their code predictor is
         # launch-bound on a GPU: replay it from CUDA graphs there, per row bucket (as
         # the frame-only steps), compiled as theirs is.
-        self._code_frame: Callable[[torch.Tensor, torch.Tensor], tuple[torch.Tensor, torch.Tensor]]
+        self._code_frame: CodeFrame
         if device.type == "cuda":
-            graphed = GraphedCodePredictor(
+            graphed = GraphedCodePredictor.of_talker(
                 talker, buckets=row_buckets(self.max_rows), frame=self._predictor
             )
             graphed.warm(1)  # a lone session's first frame does not wait for a capture
