@@ -117,15 +117,19 @@ fails as a whole and its supervisor restarts it (a new engine), as when a stage'
 process dies.
 
 **Replay.** A session remembers its conversation (what the caller sent, and the replies
-as the entry engine generated them) so that when a stage on its path dies and restarts,
-the conversation is not lost: the session opens again on every stage and sends the
-whole history through the entry stage before the caller's next input, the caller's
-chunks and marks as they were sent, each reply as a ``reply`` mark (:data:`REPLY_FIELD`)
-after the ``commit`` that closed its user turn. The entry engine takes a reply mark into
-its conversation as the assistant's turn, exactly as if it had generated it (the cache
-ends as it did: a later ``truncate`` can cut it), and yields nothing for it; the stages
-after it rebuild their state from what the entry stage sends on, as they built it the
-first time. It implements :class:`Replayable` so that the session learns each reply.
+as the engine that writes them generated them) so that when a stage on its path dies
+and restarts, the conversation is not lost: the session opens again on every stage and
+sends the whole history through the entry stage before the caller's next input, the
+caller's chunks and marks as they were sent, each reply as a ``reply`` mark
+(:data:`REPLY_FIELD`) after the ``commit`` that closed its user turn. The engine that
+holds the conversation takes a reply mark into it as the assistant's turn, exactly as if
+it had generated it (the cache ends as it did: a later ``truncate`` can cut it), and
+yields nothing for it; the stages after it rebuild their state from what it sends on, as
+they built it the first time. It implements :class:`Replayable` so that the session
+learns each reply. That engine is the entry's, or the text output stage's when the entry
+passes the conversation on to it (a cascade's recognizer declares the marks and
+:data:`REPLY_FIELD` among its inputs and outputs, and its LLM holds the conversation:
+``PipelineSpec.reply_stage``).
 
 The caller adds an assistant turn of its own the same way (``Session.add_reply``: a
 history a chat client holds, an assistant item of the realtime API): a ``reply`` mark
@@ -214,8 +218,9 @@ REPLY_FIELD = "reply"
 turn as the engine generated it earlier, to take back into the conversation as that turn
 (nothing is generated). A reply mark may carry ``text`` instead (an assistant turn the
 caller gives by its words). An entry engine that declares it among its inputs implements
-:class:`Replayable`: a session then replays its conversation onto the engine's stage when
-that stage restarts (module docstring)."""
+:class:`Replayable`, or passes the mark on to the stage that does (a cascade's
+recognizer): a session then replays its conversation onto its stages when one of them
+restarts (module docstring)."""
 
 INSTRUCTIONS_FIELD = "instructions"
 """A text field setting the conversation's instructions (its system prompt) from now on;
@@ -374,7 +379,8 @@ class Engine(Protocol):
 
 
 class Replayable(Protocol):
-    """An entry engine that can take a stored reply back (see the module docstring)."""
+    """An engine that holds the conversation and can take a stored reply back (see the
+    module docstring)."""
 
     def last_reply(self, session: SessionKey) -> tuple[int, ...] | None:
         """The token ids of the reply ``session``'s last ``generate`` produced.

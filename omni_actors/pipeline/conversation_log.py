@@ -4,19 +4,22 @@ A stage that dies loses every session's state on it; the stages around it still 
 theirs, but their streams to and from the dead instance are broken. A conversation is
 worth more than its turn in flight, so a session remembers the conversation as it
 stands — every chunk its caller sent to the entry stage (input and turn marks, as sent,
-assistant turns the caller added among them) and, per response, the reply the entry
-engine generated (its token ids, as the entry stage reported them:
-``StageReport.reply``) — and after a restart opens again on every stage under a new key
-and sends it all through the entry stage before the caller's next input. The stages
-rebuild their state from it as they built it the first time; the replies are stored,
-not generated again, so the conversation is what the user heard.
+assistant turns the caller added among them) and, per response, the reply generated
+by the stage that writes the replies (its token ids, as that stage reported them:
+``StageReport.reply``; ``PipelineSpec.reply_stage``: the entry, or the text output stage
+after an entry that passes the conversation on, as a cascade's LLM after its
+recognizer) — and after a restart opens again on every stage under a new key and sends
+it all through the entry stage before the caller's next input. The stages rebuild their
+state from it as they built it the first time; the replies are stored, not generated
+again, so the conversation is what the user heard.
 
-What a response's end did to the entry engine's state decides what is kept of it:
+What a response's end did to the conversation decides what is kept of it:
 
 - completed or cancelled: its input stays, closed by a ``commit``, then its reply (if
-  the engine generated one) as a ``reply`` mark;
-- failed by the entry engine (its state went back to where the response started): only
-  what outlives such a rollback stays — truncations, and instructions;
+  one was generated) as a ``reply`` mark;
+- failed by the engine that writes the replies, or by the entry (its state went back to
+  where the response started): only what outlives such a rollback stays — truncations,
+  and instructions;
 - failed because a stage on the path died: its input stays, committed (the caller may
   ``respond`` again), without a reply.
 
@@ -114,9 +117,9 @@ class ConversationLog:
         reply: tuple[int, ...] | None,
         rolled_back: bool = False,
     ) -> None:
-        """``segment``'s response is done: the entry engine generated ``reply`` (None:
-        no reply kept), or failed it and went back to where it started (``rolled_back``).
-        """
+        """``segment``'s response is done: the stage that writes the replies generated
+        ``reply`` (None: no reply kept), or a stage failed it and went back to where it
+        started (``rolled_back``)."""
         if self.lost or not self.records:
             return
         entry = self._segments.setdefault(segment, _Segment(ended=True))

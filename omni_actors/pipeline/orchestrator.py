@@ -303,6 +303,7 @@ class Orchestrator(Actor[OrchestratorMessage]):
             request.admission_deadline,
             request.channel,
             transcriber or "",
+            self.spec.reply_stage,
             name=f"session-{n}",
         )
         self.context.watch(ref)

@@ -34,12 +34,12 @@ class PendingResponse:
         "audio_samples",
         "code",
         "done_at",
-        "entry_reply",
         "error_type",
         "finished",
         "first_audio",
         "first_text",
         "held",
+        "kept_reply",
         "last_audio",
         "message",
         "playout",
@@ -67,10 +67,10 @@ class PendingResponse:
         self.finished = False  # the session's last segment
         self.done_at: float | None = None  # every stage has reported it
         self.held: list[tuple[TextDelta | AudioDelta, str]] = []  # with their sources
-        # What the entry engine kept of it, for the conversation's replay: the reply
-        # tokens it generated, or that it failed the response and went back to where it
-        # started.
-        self.entry_reply: tuple[int, ...] | None = None
+        # What the conversation keeps of it, for its replay: the reply tokens the stage
+        # that writes the replies generated, or that it (or the entry) failed the
+        # response and went back to where it started.
+        self.kept_reply: tuple[int, ...] | None = None
         self.rolled_back = False
         # Each text chunk that reached the caller, as (its stage, its number, its text):
         # what a truncation keeps of the reply's text (``heard``).
@@ -153,6 +153,6 @@ class PendingResponse:
         if self.status == "completed":
             self.status, self.code = "failed", code
             self.message, self.stage = message, stage
-            self.entry_reply = None  # a failed response is not part of the conversation
+            self.kept_reply = None  # a failed response is not part of the conversation
         self.held = [(event, "") for event, _ in self.held]
         self.done_at = now

@@ -331,8 +331,9 @@ class Session:
         """Add an assistant turn saying ``text`` to the conversation; nothing is generated.
 
         For a history the caller holds (earlier replies of a chat, an assistant item):
-        the open user turn is committed, then the entry engine takes ``text`` into the
-        conversation as its chat template renders an assistant turn, exactly as if it
+        the open user turn is committed, then the engine that holds the conversation
+        (the entry's, or the one the entry passes it on to: a cascade's LLM) takes
+        ``text`` into it as its chat template renders an assistant turn, exactly as if it
         had said it (a later :meth:`truncate` can cut it; a conversation replayed after a
         stage restart keeps it). The stages after the entry get what a generated reply
         leaves them for later turns (Qwen3-Omni's talker conditions on user turns only).
@@ -493,8 +494,8 @@ class Session:
     @property
     def deletes_turns(self) -> bool:
         """Whether :meth:`delete` can take turns out of the conversation: the entry
-        engine rebuilds its conversation from a replay (it takes its replies back), or
-        keeps none."""
+        engine rebuilds its conversation from a replay (it takes its replies back, or
+        passes them on to the stage that does), or keeps none."""
         history = self.channel.history
         return history is not None and not history.lost
 

@@ -118,6 +118,9 @@ class SessionActor(Actor[SessionMessage]):
         channel: where events go.
         transcriber: the stage of ``plan`` that transcribes the caller's input ("" if
             none is on the path): see the module docstring.
+        replier: the stage that writes the replies (``PipelineSpec.reply_stage``), whose
+            reports say what the conversation keeps of each response ("" or a stage not
+            on the path: the entry stage).
     """
 
     receives_now = frozenset({Chunk})  # the output stages' stream (see ``receive_now``)
@@ -134,6 +137,7 @@ class SessionActor(Actor[SessionMessage]):
         admission_deadline: float,
         channel: SessionChannel,
         transcriber: str = "",
+        replier: str = "",
     ) -> None:
         self.id = session
         self.transcriber = transcriber
@@ -146,6 +150,7 @@ class SessionActor(Actor[SessionMessage]):
         self.entry = next(
             name for name, p in plan.items() if INPUT in p.sources and name != transcriber
         )
+        self.replier = replier if replier in plan else self.entry
         self.plan = plan
         self.path = SessionPath(session, key, plan, transcriber)
         self.deadlines = deadlines
@@ -339,8 +344,11 @@ class SessionActor(Actor[SessionMessage]):
         reply = self._reply(report.segment)
         if reply is None:
             return
-        if report.stage == self.entry:
-            reply.entry_reply = report.reply
+        if report.stage == self.replier:
+            reply.kept_reply = report.reply
+        if report.stage in (self.entry, self.replier):
+            # The stage failed the response and went back to where it started: the
+            # writer of the replies, or an entry stage that passes the input on to it.
             reply.rolled_back |= report.end == "failed"
         if report.end == "failed":  # a notice: the stage's report of the end follows
             if reply.status == "completed":
@@ -385,7 +393,7 @@ class SessionActor(Actor[SessionMessage]):
             )
             if self.channel.history is not None:
                 self.channel.history.answered(
-                    self.segment, reply=reply.entry_reply, rolled_back=reply.rolled_back
+                    self.segment, reply=reply.kept_reply, rolled_back=reply.rolled_back
                 )
             self._last = reply
             self.segment += 1

@@ -412,7 +412,7 @@ class ChatCompletionReply(Response):
             return "stop"
         done = self._done
         report = (
-            None if done is None else done.metrics.stages.get(self.state.pipeline.spec.entry_stage)
+            None if done is None else done.metrics.stages.get(self.state.pipeline.spec.reply_stage)
         )
         if report is not None and report.finish_reason is not None:
             return report.finish_reason
@@ -421,8 +421,8 @@ class ChatCompletionReply(Response):
 
     def _usage(self) -> Usage:
         done = self._done
-        entry = self.state.pipeline.spec.entry_stage
-        usage = token_usage(done.metrics if done is not None else None, entry, self._tokens)
+        writer = self.state.pipeline.spec.reply_stage
+        usage = token_usage(done.metrics if done is not None else None, writer, self._tokens)
         return Usage(
             prompt_tokens=usage.prompt,
             completion_tokens=usage.completion,

@@ -1126,7 +1126,7 @@ class RealtimeConnection:
             metadata=params.metadata if params is not None else None,
             tools=[t.name for t in offered] if self._takes_tools else None,
             item_ids=lambda: new_id("item"),
-            entry_stage=self.state.pipeline.spec.entry_stage,
+            reply_stage=self.state.pipeline.spec.reply_stage,
         )
         self.active = stream
         self.streams[stream.id] = stream

@@ -110,7 +110,8 @@ class ResponseStream:
         tools: the names of the tools offered, when the pipeline takes tools (its reply
             is then read for calls); None when it takes none.
         item_ids: makes a new item's id (for the function calls).
-        entry_stage: the pipeline's entry stage, whose report counts the tokens.
+        reply_stage: the stage that writes the reply (``PipelineSpec.reply_stage``), whose
+            report counts the tokens and says whether the reply was cut at its most.
     """
 
     def __init__(
@@ -125,7 +126,7 @@ class ResponseStream:
         metadata: dict[str, str] | None = None,
         tools: Iterable[str] | None = None,
         item_ids: Callable[[], str] | None = None,
-        entry_stage: str = "",
+        reply_stage: str = "",
     ) -> None:
         self.id = response_id
         self.item_id = item_id
@@ -147,7 +148,7 @@ class ResponseStream:
         self._open: FunctionCallItem | None = None  # the call being written, if any
         self._arguments: list[str] = []  # its arguments so far
         self.failure: ErrorDetail | None = None  # set by ``fail``: it ends failed
-        self._entry_stage = entry_stage
+        self._reply_stage = reply_stage
         self._usage = TokenUsage(prompt=0, completion=0)
         self._tokens = 0  # the reply's text deltas, tool calls' included
 
@@ -406,7 +407,7 @@ class ResponseStream:
         if self.ended:
             return []
         metrics = event.metrics if event is not None else None
-        self._usage = token_usage(metrics, self._entry_stage, self._tokens)
+        self._usage = token_usage(metrics, self._reply_stage, self._tokens)
         events: list[ServerEvent] = []
         completed = event is not None and event.status == "completed"
         if completed and self.reader is not None and self.failure is None:
@@ -424,7 +425,7 @@ class ResponseStream:
         elif completed and self.cancel_reason is None:
             status = "completed"
             details = None
-            if _cut_at_max_tokens(event, self._entry_stage):
+            if _cut_at_max_tokens(event, self._reply_stage):
                 # As OpenAI ends a reply cut at max_output_tokens.
                 status = "incomplete"
                 details = ResponseStatusDetails(type="incomplete", reason="max_output_tokens")
@@ -483,9 +484,9 @@ class ResponseStream:
         return events
 
 
-def _cut_at_max_tokens(event: PipelineResponseDone | None, entry_stage: str) -> bool:
-    """Whether the entry stage reports the reply cut at its most tokens."""
-    report = None if event is None else event.metrics.stages.get(entry_stage)
+def _cut_at_max_tokens(event: PipelineResponseDone | None, reply_stage: str) -> bool:
+    """Whether the stage that writes the reply reports it cut at its most tokens."""
+    report = None if event is None else event.metrics.stages.get(reply_stage)
     return report is not None and report.finish_reason == "length"
 
 

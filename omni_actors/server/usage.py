@@ -1,12 +1,13 @@
-"""``TokenUsage``: a response's prompt and completion tokens, as its entry engine counted
-them.
+"""``TokenUsage``: a response's prompt and completion tokens, as the engine that wrote
+the reply counted them.
 
-The entry stage (the thinker) reports, at the end of each response, the tokens of the
-context its reply was generated from and the token ids it yielded
+The stage that writes the reply (``PipelineSpec.reply_stage``: the thinker, the entry;
+a cascade's LLM, after its recognizer) reports, at the end of each response, the tokens
+of the context its reply was generated from and the token ids it yielded
 (``StageMetrics.prompt_tokens``/``completion_tokens``, in ``ResponseDone.metrics``): the
-server reads them there rather than tokenizing anything again. An entry engine that
-does not count (a text-free pipeline's, say) leaves the prompt at 0 and the completion
-at the text deltas the server saw (one per token).
+server reads them there rather than tokenizing anything again. An engine that does not
+count (a text-free pipeline's, say) leaves the prompt at 0 and the completion at the
+text deltas the server saw (one per token).
 """
 
 from __future__ import annotations
@@ -32,10 +33,10 @@ class TokenUsage:
         return self.prompt + self.completion
 
 
-def token_usage(metrics: SessionMetrics | None, entry_stage: str, deltas: int) -> TokenUsage:
-    """The usage of a response from its metrics' ``entry_stage`` report, else ``deltas``
+def token_usage(metrics: SessionMetrics | None, reply_stage: str, deltas: int) -> TokenUsage:
+    """The usage of a response from its metrics' ``reply_stage`` report, else ``deltas``
     text deltas and no prompt."""
-    report = metrics.stages.get(entry_stage) if metrics is not None else None
+    report = metrics.stages.get(reply_stage) if metrics is not None else None
     prompt = report.prompt_tokens if report is not None else None
     completion = report.completion_tokens if report is not None else None
     return TokenUsage(prompt=prompt or 0, completion=deltas if completion is None else completion)

@@ -15,8 +15,10 @@ from test_tiny_omni_pipeline import audio_of, collect, done, nothing_held, text_
 from omni_actors.cli import main
 from omni_actors.models.cache import prepare
 from omni_actors.pipeline.omni_pipeline import OmniPipeline
+from omni_actors.pipeline.session import Session
 from omni_actors.pipeline.spec.pipeline import PipelineSpec, load_pipeline
 from omni_actors.protocols.events import AudioDelta, ResponseDone
+from omni_actors.testing import eventually, kill_worker
 
 pytestmark = pytest.mark.integration
 
@@ -87,6 +89,41 @@ async def test_a_voice_conversation_with_barge_in(cache: Path) -> None:
             done(last)
             assert text_of(last)
         await nothing_held(omni)
+
+
+async def _turn(session: Session, text: str) -> tuple[str, int | None]:
+    """The reply to a typed user turn, and the prompt the LLM answered it from."""
+    await session.send(text=text)
+    response = await session.respond()
+    said = text_of([e async for e in response.events()])
+    assert isinstance(response.done, ResponseDone)
+    assert response.done.status == "completed", response.done
+    return said, response.done.metrics.stages["llm"].prompt_tokens
+
+
+async def test_the_llm_restarted_under_a_conversation_holds_its_replies(cache: Path) -> None:
+    # The recognizer passes the conversation on; the LLM holds it and writes the
+    # replies. Its worker dies between two turns: the replay gives it back the user
+    # turns and the replies the caller received, so the third turn is answered from the
+    # same prompt, with the same reply, as in the conversation nothing interrupted.
+    spec = spec_of(cache)
+    assert spec.reply_stage == "llm"
+    stages = tuple(s.model_copy(update={"process": s.name == "llm"}) for s in spec.stages)
+    turns = ("Hello, who are you?", "And what do you do?", "Tell me more.")
+    async with OmniPipeline(spec.model_copy(update={"stages": stages})) as omni:
+        async with omni.session(modalities=("text",)) as session:
+            whole = [await _turn(session, text) for text in turns]
+        async with omni.session(modalities=("text",)) as session:
+            before = [await _turn(session, text) for text in turns[:2]]
+            kill_worker((await omni.stages())["llm"])
+
+            async def told() -> None:
+                assert session.channel.stale
+
+            await eventually(told)
+            after = await _turn(session, turns[2])
+    assert before == whole[:2]
+    assert after == whole[2]
 
 
 async def test_abort_mid_stream_frees_every_stage(cache: Path) -> None:

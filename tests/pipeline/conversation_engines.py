@@ -13,6 +13,9 @@ its input, as a thinker sends a user turn's rows ahead of its commit.
 ``ReplayEcho`` is a ``TurnEcho`` that takes its replies back (``REPLY_FIELD``; each
 character is a token id, its code point), so a session can replay its conversation
 onto it after a restart, and takes an assistant turn the caller gives by its text.
+``Relay`` is an entry stage that keeps no conversation and writes no reply: it passes
+the caller's text, turn marks and replies on in order, as a cascade's recognizer passes
+them to its LLM, so the stage after it holds the conversation and writes the reply.
 """
 
 from __future__ import annotations
@@ -203,6 +206,28 @@ class _Replies:
             self.c.history.append("a:" + said)
             self.c.unanswered = []
             self.engine.replayed[self.session] = self.engine.replayed.get(self.session, 0) + 1
+
+
+class Relay:
+    inputs: ClassVar[dict[str, str]] = {
+        "text": "concat",
+        TURN_FIELD: "concat",
+        KEPT_FIELD: "concat",
+        REPLY_FIELD: "concat",
+    }
+    outputs: ClassVar[dict[str, str]] = inputs
+
+    def __init__(self, args: object) -> None: ...
+    async def start(self) -> None: ...
+    async def stop(self) -> None: ...
+    async def abort(self, session: str) -> None: ...
+    async def release(self, session: str) -> None: ...
+
+    async def generate(self, session: str, inputs: AsyncIterator[Fields]) -> AsyncIterator[Fields]:
+        async for fields in inputs:
+            passed = {name: value for name, value in fields.items() if name in self.inputs}
+            if passed:
+                yield passed
 
 
 class SpeakerArgs(BaseModel):

@@ -42,17 +42,23 @@ def spec(
     backoff_s: float | None = None,
     max_restarts: int | None = None,
     speaker_hold: pathlib.Path | None = None,
+    relay: bool = False,
 ) -> PipelineSpec:
+    """Echo then the speaker; with ``relay``, a ``Relay`` entry before echo (echo still
+    holds the conversation and writes the reply, as a cascade's LLM after its
+    recognizer)."""
     inputs = {} if history_bytes is None else {"max_history_bytes": history_bytes}
     supervision: dict[str, float] = {}
     if backoff_s is not None:
         supervision["backoff_min_s"] = backoff_s
     if max_restarts is not None:
         supervision["max_restarts"] = max_restarts
+    entry = {"name": "relay", "process": process, "engine": {"kind": "conversation_engines:Relay"}}
     return PipelineSpec.model_validate(
         {
             "name": "replay",
             "stages": [
+                *([entry] if relay else []),
                 {
                     "name": "echo",
                     "process": process,
@@ -67,7 +73,10 @@ def spec(
                     },
                 },
             ],
-            "edges": [{"from": "echo", "to": "speaker"}],
+            "edges": [
+                *([{"from": "relay", "to": "echo"}] if relay else []),
+                {"from": "echo", "to": "speaker"},
+            ],
             "inputs": inputs,
             "supervision": supervision,
             "outputs": {"text": "echo", "audio": "speaker", "sample_rate": 1000},
@@ -159,6 +168,53 @@ async def test_a_killed_stage_costs_the_turn_in_flight_not_the_conversation(kill
         assert await two_turns(omni, session, kill) == expected
         await session.send(text="third")  # and it goes on
         assert (await reply(session))[0] == "THIRD"
+
+
+def test_the_replies_kept_are_the_text_stages_if_it_takes_them_back_else_the_entrys() -> None:
+    assert spec().reply_stage == "echo"
+    assert spec(relay=True).reply_stage == "echo"
+    assert spec(kind="TurnEcho", relay=True).reply_stage == "relay"
+
+
+@pytest.mark.parametrize("kill", ["relay", "echo", "speaker"])
+async def test_the_replies_of_a_stage_after_the_entry_are_replayed(kill: str) -> None:
+    # The entry passes the conversation on (a cascade's recognizer): echo, the stage
+    # that writes the replies, holds it. A restart of any stage replays the replies it
+    # wrote, not only the user turns: it does not answer them again.
+    async with conversation(spec(relay=True)) as (omni, session):
+        expected = f"u:hello a:HELLO u:{SECOND} a:{SECOND.upper()}"
+        assert await two_turns(omni, session, kill) == expected
+        await session.send(text="third")
+        assert (await reply(session))[0] == "THIRD"
+
+
+async def test_a_reply_the_stage_after_the_entry_failed_is_not_replayed() -> None:
+    # Echo fails the reply and rolls its turn back; the entry did not fail: the turn is
+    # gone from the conversation, after a restart too.
+    async with conversation(spec(relay=True)) as (omni, session):
+        await session.send(text="hello")
+        assert (await reply(session))[0] == "HELLO"
+        await session.send(text="FAIL")
+        _, _, failed = await reply(session)
+        assert (failed.status, failed.code, failed.stage) == ("failed", "engine_error", "echo")
+        kill_worker((await omni.stages())["echo"])
+
+        async def told() -> None:
+            assert session.channel.stale
+
+        await eventually(told)
+        assert await history(session) == "u:hello a:HELLO"
+
+
+async def test_a_reply_of_a_stage_after_the_entry_can_be_deleted() -> None:
+    async with conversation(spec(relay=True, process=False)) as (_, session):
+        assert session.deletes_turns
+        await session.send(text="one")
+        _, _, first = await reply(session)
+        await session.send(text="two")
+        await reply(session)
+        assert await session.delete(first.response)
+        assert await history(session) == "u:one u:two a:TWO"
 
 
 async def test_an_assistant_turn_the_caller_adds_is_history_and_outlives_a_restart() -> None:

@@ -59,6 +59,7 @@ async def test_a_spoken_conversation_with_barge_in(spec: PipelineSpec) -> None:
         events = await client.until("response.done", timeout=120)
         reply = events[-1]["response"]
         assert reply["status"] in ("completed", "incomplete"), reply
+        assert reply["usage"]["input_tokens"] > 0  # the LLM's prompt: it writes the reply
         # Transcription is off (as OpenAI's default): the recognizer's text is the LLM's.
         assert not [e for e in events if "input_audio_transcription" in e["type"]]
         heard = b"".join(
@@ -108,6 +109,12 @@ async def test_chat_completions_with_history_speak(spec: PipelineSpec) -> None:
         assert message.audio.transcript
         assert completion.usage is not None
         assert completion.usage.completion_tokens > 0
+        # Counted by the LLM, which writes the reply (the recognizer counts nothing), and
+        # cut at its most tokens as the LLM says.
+        assert completion.usage.prompt_tokens > 0
+        most = spec.stage("llm").engine.args["max_new_tokens"]
+        cut = completion.usage.completion_tokens == most
+        assert completion.choices[0].finish_reason == ("length" if cut else "stop")
 
 
 async def _recognized(spec: PipelineSpec, pcm: bytes) -> str:

@@ -6,12 +6,16 @@ at a clause mark or after ``first_words`` words, so the first audio starts while
 LLM still writes; every later phrase is a sentence (or ``max_words`` words, whichever
 comes first), which a synthesizer speaks with better prosody than a fragment.
 
-A mark or a word ends a phrase only once whitespace follows it: streamed text may go
-on right after it ("3." of "3.50", "two" of "twofold"). Text written without spaces
-(Chinese, Japanese, Thai; a toy model's random letters) has no words to count: a run of
-``CHARS_PER_WORD`` characters per word of the limit with no whitespace in it ends the
-phrase right there, so its first phrase too is spoken after a few words' worth of text
-rather than at the reply's end. :func:`spoken_words` measures a phrase the same way.
+An ASCII mark or a word ends a phrase only once whitespace follows it: streamed text
+may go on right after it ("3." of "3.50", "two" of "twofold"). Chinese and Japanese
+write no whitespace after their full-width marks (sentence ``。`` ``！`` ``？``, clause
+``，`` ``、`` ``；`` ``：``): such a mark ends a phrase once any character follows it
+but another mark or a closing quote or bracket (``」`` ``』`` ``”`` ``）`` ...), which
+stays with the phrase it closes. Text written without spaces (Chinese, Japanese, Thai; a
+toy model's random letters) has no words to count: a run of ``CHARS_PER_WORD``
+characters per word of the limit with no whitespace in it ends the phrase right there,
+so a phrase without marks too is spoken after a few words' worth of text rather than at
+the reply's end. :func:`spoken_words` measures a phrase the same way.
 
 Guarantees: the phrases, joined, are the text (whitespace between phrases aside); no
 phrase is empty; :meth:`PhrasePolicy.flush` gives what is left once the text ends.
@@ -30,8 +34,28 @@ CHARS_PER_WORD: Final = 6
 """Characters that count as a word where text has no whitespace: an English word and
 its space, about (4.7 letters a word)."""
 
-_SENTENCE: Final = re.compile(r"[.!?\u3002\uff01\uff1f]+[\"')\]]*(?=\s)")
-_CLAUSE: Final = re.compile(r"[,;:\u2014\u3001\uff0c]+(?=\s)")
+_CLOSERS: Final = "\"')\\]\u2019\u201d\u3009\u300b\u300d\u300f\u3011\uff09"
+"""What closes a quote or a bracket after a mark, and stays with it: ASCII, curly
+quotes, and the full-width brackets (``〉`` ``》`` ``」`` ``』`` ``】`` ``）``)."""
+
+_FULL_STOPS: Final = "\u3002\uff01\uff1f"  # 。！？
+_FULL_PAUSES: Final = "\u3001\uff0c\uff1b\uff1a"  # 、，；：
+
+
+def _mark(ascii_marks: str, full_marks: str) -> re.Pattern[str]:
+    """Where a run of these marks ends a phrase: ASCII marks (and the closers after
+    them) once whitespace follows, full-width ones once anything but a mark or a closer
+    follows (module docstring). The full-width run takes every mark and closer there is
+    (possessive: ``*+``), so a run the text has not gone past yet ends nothing."""
+    return re.compile(
+        rf"[{ascii_marks}]+[{_CLOSERS}]*(?=\s)"
+        rf"|[{full_marks}][{ascii_marks}{full_marks}]*+[{_CLOSERS}]*+(?=.)",
+        re.DOTALL,
+    )
+
+
+_SENTENCE: Final = _mark(r".!?", _FULL_STOPS)
+_CLAUSE: Final = _mark(",;:\u2014", _FULL_PAUSES)
 
 
 @dataclass

@@ -23,7 +23,7 @@ from typing import Annotated, Any, Literal
 import yaml
 from pydantic import Field, PrivateAttr, ValidationError, model_validator
 
-from omni_actors.actors.engines.contract import Ports, Rule
+from omni_actors.actors.engines.contract import REPLY_FIELD, Ports, Rule
 from omni_actors.actors.engines.registry import engine_type
 from omni_actors.actors.engines.torch_engine import DEVICE_PATTERN
 from omni_actors.actors.stage.chunk_policy import ChunkPolicy
@@ -429,6 +429,17 @@ class PipelineSpec(Spec):
         there is none, or when the entry stage transcribes (``outputs.transcript``)."""
         name = self.outputs.transcript
         return None if name == self.entry_stage else name
+
+    @property
+    def reply_stage(self) -> str:
+        """The stage that writes the conversation's replies, whose replies a session
+        keeps to replay (``omni_actors.pipeline.conversation_log``): the text output
+        stage when its engine takes replies back (``REPLY_FIELD``; a cascade's LLM, after
+        a recognizer that passes the conversation on), else the entry stage."""
+        text = self.outputs.text
+        if text is not None and REPLY_FIELD in self.ports(text).inputs:
+            return text
+        return self.entry_stage
 
     def entry_inputs(self) -> frozenset[str]:
         """The fields the entry stage's engine takes from the caller: a caller checks
