@@ -10,13 +10,16 @@ from pathlib import Path
 
 import pytest
 import torch
+from pydantic import ValidationError
 from test_tiny_omni_pipeline import audio_of, collect, done, nothing_held, text_of
 
+from omni_actors.actors.engines.cascade.tts_engine import SynthesizerArgs
 from omni_actors.cli import main
 from omni_actors.models.cache import prepare
 from omni_actors.pipeline.omni_pipeline import OmniPipeline
 from omni_actors.pipeline.session import Session
 from omni_actors.pipeline.spec.pipeline import PipelineSpec, load_pipeline
+from omni_actors.pipeline.voices import UnknownVoiceError
 from omni_actors.protocols.events import AudioDelta, ResponseDone
 from omni_actors.testing import eventually, kill_worker
 
@@ -59,6 +62,38 @@ async def test_text_in_text_and_audio_out_and_full_edges_say_the_same(cache: Pat
     # decoder's windows reach back far enough: the same reply, the same audio.
     assert text_of(full) == text
     assert torch.allclose(audio_of(full), audio, atol=1e-4)
+
+
+async def _spoken(session: Session, voice: str) -> torch.Tensor:
+    await session.send(text="Hello, who are you?")
+    response = await session.respond(voice=voice)
+    events = [e async for e in response.events()]
+    assert isinstance(response.done, ResponseDone)
+    assert response.done.status == "completed", response.done
+    return audio_of(events)
+
+
+async def test_csm_speakers_are_the_voices_and_openai_names_map_onto_them(cache: Path) -> None:
+    async with OmniPipeline(spec_of(cache)) as omni:
+        voices = await omni.voices()
+        assert voices.speakers == ("0", "1")  # the synthesizer's speakers argument
+        assert (voices.speaker("alloy"), voices.speaker("ash")) == ("0", "1")
+        said = {}
+        for voice in ("1", "ash"):
+            async with omni.session() as session:
+                said[voice] = await _spoken(session, voice)
+        assert torch.equal(said["ash"], said["1"])  # the speaker it maps to
+        async with omni.session() as session:
+            await session.send(text="Hello")
+            with pytest.raises(UnknownVoiceError, match="unknown voice '7'"):
+                await session.respond(voice="7")
+        await nothing_held(omni)
+
+
+def test_a_default_speaker_past_the_speakers_is_refused() -> None:
+    with pytest.raises(ValidationError, match="speaker 2 is not one of the 2 speakers"):
+        SynthesizerArgs(speaker=2)
+    assert SynthesizerArgs(speaker=2, speakers=3).speaker == 2
 
 
 async def test_a_voice_conversation_with_barge_in(cache: Path) -> None:

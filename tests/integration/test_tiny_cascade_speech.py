@@ -12,8 +12,12 @@ import torch
 from omni_actors.actors.engines.asr.engine import AsrArgs
 from omni_actors.actors.engines.cascade.mimi_engine import MimiArgs, MimiEngine
 from omni_actors.actors.engines.cascade.recognizer import RecognizerEngine
-from omni_actors.actors.engines.cascade.tts_engine import SynthesizerArgs, SynthesizerEngine
-from omni_actors.actors.engines.contract import CONTEXT_FIELD, Fields
+from omni_actors.actors.engines.cascade.tts_engine import (
+    SynthesizerArgs,
+    SynthesizerEngine,
+    SynthesizerInputError,
+)
+from omni_actors.actors.engines.contract import CONTEXT_FIELD, Fields, ResponseOptions
 from omni_actors.models.cache import prepare
 from omni_actors.protocols.stage import SessionKey
 
@@ -30,14 +34,17 @@ async def _inputs(fields: Sequence[Fields]) -> AsyncIterator[Fields]:
         yield item
 
 
-def _csm_codes(release: Path, text: str, frames: int) -> torch.Tensor:
-    """HF's greedy frames [frames, codebooks] for ``text`` by speaker 0."""
+def _csm_codes(release: Path, text: str, frames: int, speaker: int = 0) -> torch.Tensor:
+    """HF's greedy frames [frames, codebooks] for ``text`` by ``speaker``."""
     from transformers import AutoTokenizer, CsmForConditionalGeneration
 
     path = release / "tts"
     model = CsmForConditionalGeneration.from_pretrained(path).eval()
     tokenizer = AutoTokenizer.from_pretrained(path)
-    ids = [model.config.bos_token_id, *tokenizer.encode(f"[0]{text}", add_special_tokens=False)]
+    ids = [
+        model.config.bos_token_id,
+        *tokenizer.encode(f"[{speaker}]{text}", add_special_tokens=False),
+    ]
     ids.append(tokenizer.eos_token_id)
     out = model.generate(
         torch.tensor([ids]), max_new_tokens=frames, do_sample=False, depth_decoder_do_sample=False
@@ -65,6 +72,41 @@ async def test_synthesizer_frames_are_csm_generate(release: Path) -> None:
         ]
         for outputs in both:
             assert torch.equal(torch.cat([o["codes"] for o in outputs]), first)
+    finally:
+        await engine.stop()
+
+
+class _Respond:
+    """A response's input as a stage hands it over: its fields, and its options."""
+
+    def __init__(self, fields: Sequence[Fields], voice: str) -> None:
+        self._fields = iter(fields)
+        self.options = ResponseOptions(voice=voice)
+
+    def __aiter__(self) -> _Respond:
+        return self
+
+    async def __anext__(self) -> Fields:
+        try:
+            return next(self._fields)
+        except StopIteration:
+            raise StopAsyncIteration from None
+
+
+async def test_a_responses_voice_is_the_csm_speaker_it_names(release: Path) -> None:
+    engine = SynthesizerEngine(SynthesizerArgs(model=str(release), max_frames_per_word=4))
+    await engine.start()
+    try:
+        assert (engine.voices, engine.voice) == (["0", "1"], "0")
+        text = "Hello, who are you?"
+        said = [o async for o in engine.generate("s#1", _Respond([{"text": text}], "1"))]
+        codes = torch.cat([o["codes"] for o in said])
+        # The first phrase, "Hello,": one word, four frames, spoken by speaker 1.
+        assert torch.equal(codes[:4], _csm_codes(release, "Hello,", 4, speaker=1))
+        assert not torch.equal(codes[:4], _csm_codes(release, "Hello,", 4, speaker=0))
+        with pytest.raises(SynthesizerInputError, match="unknown voice '7'"):
+            async for _ in engine.generate("s#2", _Respond([{"text": text}], "7")):
+                pass
     finally:
         await engine.stop()
 

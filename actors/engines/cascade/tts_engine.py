@@ -30,7 +30,7 @@ from pathlib import Path
 from typing import Any, ClassVar, Final
 
 import torch
-from pydantic import Field
+from pydantic import Field, model_validator
 
 from omni_actors.actors.engines.cascade.family import stage_checkpoint
 from omni_actors.actors.engines.cascade.phrases import PhrasePolicy, spoken_words
@@ -40,9 +40,10 @@ from omni_actors.actors.engines.qwen3_omni.static_decode import StaticDecodeArgs
 from omni_actors.actors.engines.step_loop import Request, RequestClosedError
 from omni_actors.actors.engines.stepped_engine import StepLoopArgs, SteppedTorchEngine
 from omni_actors.actors.engines.torch_engine import AbortSignal, DeviceArgs
+from omni_actors.errors import EngineError
 from omni_actors.models.family import WeightsArgs
 
-__all__ = ["SynthesizerArgs", "SynthesizerEngine"]
+__all__ = ["SynthesizerArgs", "SynthesizerEngine", "SynthesizerInputError"]
 
 FRAME_RATE: Final = 12.5
 """CSM's frames per second (Mimi's)."""
@@ -57,19 +58,35 @@ class SynthesizerArgs(WeightsArgs, DeviceArgs, StaticDecodeArgs, StepLoopArgs):
     ``warm_graphs`` (:class:`StaticDecodeArgs`). On a CPU everything runs eagerly.
 
     Attributes:
-        speaker: the CSM speaker id a reply is spoken by (a response's ``voice``, when
-            it is a number, overrides it).
+        speakers: CSM's speaker ids a response's ``voice`` may name: ``0`` to
+            ``speakers - 1`` (the engine's voices; the server maps OpenAI's voice names
+            onto them).
+        speaker: the speaker a reply is spoken by when its response names no voice.
         first_words: the first phrase ends after this many words at the latest.
         max_words: a later phrase ends after this many words at the latest.
         max_frames_per_word: a phrase's most frames, per word of it.
         max_context: the most positions of a reply's context (its phrases and frames).
     """
 
+    speakers: int = Field(2, ge=1, le=1024)
     speaker: int = Field(0, ge=0)
     first_words: int = Field(4, ge=1)
     max_words: int = Field(30, ge=1)
     max_frames_per_word: int = Field(10, ge=1)
     max_context: int = Field(2048, ge=16)
+
+    @model_validator(mode="after")
+    def _speaker_is_a_voice(self) -> SynthesizerArgs:
+        if self.speaker >= self.speakers:
+            raise ValueError(
+                f"speaker {self.speaker} is not one of the {self.speakers} speakers "
+                f"(0 to {self.speakers - 1}): raise speakers or pick one of them"
+            )
+        return self
+
+
+class SynthesizerInputError(EngineError, ValueError):
+    """A response names a voice the synthesizer does not speak with."""
 
 
 @dataclass
@@ -116,6 +133,25 @@ class SynthesizerEngine(SteppedTorchEngine[_Voice, Speech, torch.Tensor | None])
         return self.model.step(chunks)
 
     @property
+    def voices(self) -> list[str]:
+        """The voices a response's ``voice`` may name: CSM's speaker ids, ``0`` to
+        ``speakers - 1``."""
+        return [str(speaker) for speaker in range(self._args.speakers)]
+
+    @property
+    def voice(self) -> str:
+        """The voice a response naming none speaks with (``speaker``)."""
+        return str(self._args.speaker)
+
+    def _speaker(self, voice: str) -> int:
+        if voice not in self.voices:
+            raise SynthesizerInputError(
+                f"unknown voice {voice!r}: this synthesizer speaks with CSM's speakers "
+                f"{', '.join(self.voices)} (its speakers argument)"
+            )
+        return int(voice)
+
+    @property
     def eager_steps(self) -> int | None:
         """Steps run eager for want of a graph (:attr:`SpeechModel.eager_steps`); None
         on the CPU, with ``static_cache`` off, or before the model is loaded."""
@@ -139,9 +175,8 @@ class SynthesizerEngine(SteppedTorchEngine[_Voice, Speech, torch.Tensor | None])
         try:
             speaker = args.speaker
             while (phrase := await signal.until(phrases.get())) is not None:
-                voice_option = response_options(inputs).voice
-                if voice_option and voice_option.isdigit():
-                    speaker = int(voice_option)
+                if voice_option := response_options(inputs).voice:
+                    speaker = self._speaker(voice_option)
                 limit = args.max_frames_per_word * spoken_words(phrase)
                 work = Speech(self.model.prompt(phrase, speaker), unfed)
                 unfed = None
