@@ -118,7 +118,7 @@ class SynthesizerEngine(SteppedTorchEngine[_Voice, Speech, torch.Tensor | None])
 
     def _load(self, path: Path) -> None:
         args = self._args
-        graphs = self.device.type == "cuda" and args.static_cache is not False
+        graphs = args.graphs_on(self.device)
         self.model = SpeechModel(
             path,
             self.device,

@@ -62,6 +62,11 @@ class StaticDecodeArgs(BaseModel):
     max_context: int = Field(4096, ge=2)
     warm_graphs: bool = Field(True, strict=True)
 
+    def graphs_on(self, device: torch.device) -> bool:
+        """Whether steps replay from CUDA graphs on ``device``: on a GPU, unless
+        ``static_cache`` is False."""
+        return device.type == "cuda" and self.static_cache is not False
+
 
 @dataclass(frozen=True, slots=True)
 class StaticPlan:
@@ -79,7 +84,7 @@ class StaticPlan:
         enabled = device.type == "cuda" if args.static_cache is None else args.static_cache
         if not enabled:
             return None
-        graphs = device.type == "cuda"
+        graphs = args.graphs_on(device)
         return StaticPlan(slots, args.max_context, graphs=graphs, warm=graphs and args.warm_graphs)
 
 

@@ -174,7 +174,7 @@ class TalkerEngine(SteppedTorchEngine[Voice, TalkerFeed, Framed | None]):
 
     def _load(self, path: Path) -> None:
         args = self._args
-        graphs = self.device.type == "cuda" and args.static_cache is not False
+        graphs = args.graphs_on(self.device)
         model = TalkerModel(
             path,
             self.device,

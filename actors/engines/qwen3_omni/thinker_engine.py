@@ -180,7 +180,7 @@ class ThinkerEngine(ConversationEngine[Feeding, Fed]):
 
     def _load(self, path: Path) -> None:
         args = self._args
-        graphs = self.device.type == "cuda" and args.static_cache is not False
+        graphs = args.graphs_on(self.device)
         self._model = ThinkerModel(
             path,
             self.device,

@@ -20,3 +20,8 @@ def test_a_plan_is_on_for_cuda_by_default_and_graphs_only_there() -> None:
     forced = StaticDecodeArgs(static_cache=True, max_context=64)
     assert StaticPlan.of(forced, cpu, 2) == StaticPlan(2, 64, graphs=False)
     assert StaticPlan.of(StaticDecodeArgs(static_cache=False), cuda, 8) is None
+    # What the engines ask of it when they load: graphs on a GPU unless turned off.
+    assert StaticDecodeArgs().graphs_on(cuda)
+    assert not StaticDecodeArgs().graphs_on(cpu)
+    assert not forced.graphs_on(cpu)
+    assert not StaticDecodeArgs(static_cache=False).graphs_on(cuda)
