@@ -361,7 +361,8 @@ class Truncated(msgspec.Struct, frozen=True, kw_only=True):
     Attributes:
         kept: how many outputs the entry stage keeps.
         text: the reply's text the user heard (the text of the outputs kept), when the
-            entry stage writes the reply's text; None when another stage does.
+            stage that writes the replies (``PipelineSpec.reply_stage``) writes the
+            reply's text; None otherwise.
     """
 
     kept: int

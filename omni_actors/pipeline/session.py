@@ -466,8 +466,9 @@ class Session:
         text that was spoken), so the next reply follows the conversation as heard.
 
         Returns:
-            The reply's text as heard: the text of what the entry stage keeps (None
-            when another stage writes the reply's text).
+            The reply's text as heard: the text of what the stage that writes the
+            replies keeps (the entry, or the cascade's LLM; None when that stage
+            writes no text to the caller).
 
         Raises:
             SessionClosedError: the session has ended.

@@ -421,7 +421,7 @@ class SessionActor(Actor[SessionMessage]):
 
     async def _truncate(self, audio_ms: float) -> Truncated | InvalidRequestError:
         """How many outputs the entry stage keeps once every later stage kept what the
-        user heard of the last reply (see the module docstring), and their text."""
+        user heard of the last reply (see the module docstring), and the text heard."""
         last = self._last
         if self._pending or last is None:
             why = "a response is in flight" if self._pending else "no response has ended yet"
@@ -429,11 +429,16 @@ class SessionActor(Actor[SessionMessage]):
                 why = f"{self._cut_by} since the last reply"
             return InvalidRequestError(f"session {self.id}: nothing to truncate ({why})")
         samples = max(0, min(round(audio_ms * self.channel.sample_rate / 1e3), last.audio_samples))
-        kept = await self.path.truncate(samples)
-        if not isinstance(kept, int):
-            return InvalidRequestError(f"session {self.id}: {kept}")
-        writes_text = "text" in self.plan[self.entry].emit
-        return Truncated(kept=kept, text=last.heard(self.entry, kept) if writes_text else None)
+        keeps = await self.path.truncate(samples)
+        if isinstance(keeps, str):
+            return InvalidRequestError(f"session {self.id}: {keeps}")
+        # The text heard is the reply stage's (the entry's, or the stage after it that
+        # writes the replies: the cascade's LLM), of the outputs it keeps.
+        writer = self.replier
+        text = None
+        if writer in keeps and "text" in self.plan[writer].emit:
+            text = last.heard(writer, keeps[writer])
+        return Truncated(kept=keeps[self.entry], text=text)
 
     async def _rebuild(self, reason: str) -> bool | InvalidRequestError:
         """Free the session on every stage so that it is reopened and replayed (see

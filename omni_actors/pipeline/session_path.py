@@ -141,15 +141,17 @@ class SessionPath:
             if name != self.transcriber:
                 await p.ref.tell(Cancel(key=self.key, segment=segment))
 
-    async def truncate(self, samples: int) -> int | str:
+    async def truncate(self, samples: int) -> dict[str, int] | str:
         """Walk a truncation back from the audio: each stage keeps what the user heard of
         the last reply (the audio stage ``samples``) and answers what its sources keep.
 
         Returns:
-            What the entry stage keeps (its caller sends that in a truncate mark), or
+            What each stage on the way from the entry to the audio keeps of the last
+            reply's outputs (the entry's: what its caller sends in a truncate mark), or
             why the truncation cannot be made.
         """
         answers: dict[str, int] = {}  # per stage: what its sources keep
+        keeps: dict[str, int] = {}
         for name in reversed(self.plan):  # the plan is in topological order
             plan = self.plan[name]
             if "audio" in plan.emit:
@@ -159,8 +161,9 @@ class SessionPath:
                 if not shares:
                     continue  # not on the way to the audio
                 kept = min(shares)
+            keeps[name] = kept
             if INPUT in plan.sources:
-                return kept
+                return keeps
             try:
                 answer = await plan.ref.ask(Truncate(key=self.key, kept=kept), timeout=_ASK_TIMEOUT)
             except (OmniError, TimeoutError) as exc:  # the stage died, or is restarting

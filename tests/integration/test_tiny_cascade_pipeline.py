@@ -161,6 +161,41 @@ async def test_the_llm_restarted_under_a_conversation_holds_its_replies(cache: P
     assert after == whole[2]
 
 
+async def _reply_then_turn(session: Session, heard_ms: float | None) -> tuple[str, str | None, int]:
+    """A spoken reply, truncated to ``heard_ms`` of it if given, then the next turn:
+    the reply's text, the text heard, and the prompt the LLM answered the turn from."""
+    await session.send(text="Hello, who are you?")
+    response = await session.respond()
+    said = text_of([e async for e in response.events()])
+    heard = None if heard_ms is None else await session.truncate(audio_ms=heard_ms)
+    await session.send(text="And you?")
+    following = await session.respond()
+    [e async for e in following.events()]
+    assert isinstance(following.done, ResponseDone)
+    prompt = following.done.metrics.stages["llm"].prompt_tokens
+    assert prompt is not None
+    return said, heard, prompt
+
+
+async def test_truncate_keeps_the_text_the_user_heard_and_the_llm_goes_on_from_it(
+    cache: Path,
+) -> None:
+    # The user heard three frames (240 ms) of the first phrase: four frames a word, its
+    # 18 characters three words' worth, so about a quarter of its characters.
+    async with OmniPipeline(spec_of(cache)) as omni:
+        async with omni.session() as session:
+            whole, _, uncut = await _reply_then_turn(session, None)
+        async with omni.session() as session:
+            said, heard, cut = await _reply_then_turn(session, 240)
+        await nothing_held(omni)
+    assert said == whole
+    assert heard is not None
+    assert 0 < len(heard) < len(said)
+    assert said.startswith(heard)
+    # tiny-cascade's LLM writes a character a token: its conversation lost the rest.
+    assert uncut - cut == len(said) - len(heard)
+
+
 async def test_abort_mid_stream_frees_every_stage(cache: Path) -> None:
     async with OmniPipeline(spec_of(cache)) as omni:
         async with contextlib.aclosing(omni.generate(text="Tell me a long story")) as events:

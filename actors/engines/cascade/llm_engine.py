@@ -141,6 +141,24 @@ class LlmEngine(ConversationEngine[Feeding, int | None]):
     def _response(self, session: str, conversation: Conversation, signal: AbortSignal) -> _Response:
         return _Response(self, session, conversation, signal)
 
+    async def truncate(self, session: str, kept: int) -> int:
+        """The user heard the first ``kept`` tokens of the last reply (what the
+        synthesizer answered): that count, capped at the reply's. Nothing is cut here:
+        the truncate mark the caller then sends the entry carries the count, and the
+        recognizer passes it on to this stage's conversation, in order with the turns.
+
+        Raises:
+            ValueError: the session has no reply, is generating, or ``kept`` is negative.
+        """
+        conversation = self._sessions.get(session)
+        if conversation is None or conversation.reply is None:
+            raise ValueError(f"LLM session {session!r} has no reply to truncate")
+        if conversation.signal is not None:
+            raise ValueError(f"LLM session {session!r} is generating: cancel it first")
+        if kept < 0:
+            raise ValueError(f"cannot keep {kept} tokens; pass 0 or more")
+        return min(kept, len(conversation.reply.tokens))
+
 
 class _Response(ConversationResponse[Feeding, int | None]):
     """One response of the LLM on the session's :class:`Conversation`."""

@@ -7,10 +7,11 @@ rate (24 kHz), exactly the samples of the window's new frames (1920 per frame): 
 decoder is causal, so a window's new samples need only the frames before them, which
 the left context carries. A window whose context covers every earlier frame (a ``full``
 edge's one window) is ``MimiModel.decode`` of the whole utterance, sample for sample.
+A truncation maps the samples the user heard to the frames they depend on.
 
 ``model:`` a Mimi checkpoint (``kyutai/mimi``), a CSM release (its ``codec_model``), or
-nothing (tiny-cascade's). Mimi keeps no state between windows: each is decoded whole,
-on the engine's model thread.
+nothing (tiny-cascade's). Mimi keeps no state between windows (each is decoded whole,
+on the engine's model thread) but the count of the last utterance's frames.
 """
 
 from __future__ import annotations
@@ -51,6 +52,9 @@ class MimiEngine(TorchEngine):
     def __init__(self, args: MimiArgs) -> None:
         super().__init__(stage_checkpoint(args, "mimi"), "mimi", args.device)
         self._signals: dict[str, AbortSignal] = {}
+        # Frames of each session's last utterance (completed or cancelled): what a
+        # truncation maps heard samples onto.
+        self._frames: dict[str, int] = {}
 
     def _load(self, path: Path) -> None:
         from omni_actors.actors.engines.cascade.hf import AutoConfig, MimiModel
@@ -86,6 +90,8 @@ class MimiEngine(TorchEngine):
     async def generate(self, session: str, inputs: AsyncIterator[Fields]) -> AsyncIterator[Fields]:
         """One utterance: each window's new samples, as the windows arrive."""
         signal = self._signals[session] = AbortSignal()
+        frames = 0
+        failed = False
         try:
             while (fields := await signal.next_input(inputs)) is not None:
                 codes = fields.get("codes")
@@ -101,15 +107,40 @@ class MimiEngine(TorchEngine):
                 audio = await signal.until(self.call(self._decode, codes, context))
                 if audio is None:
                     return
+                frames += codes.shape[0] - context
                 yield {"audio": audio}
+        except Exception:
+            failed = True
+            raise
         finally:
-            self._signals.pop(session, None)
+            if self._signals.pop(session, None) is signal and not failed:
+                self._frames[session] = frames
+
+    async def truncate(self, session: str, kept: int) -> int:
+        """The user heard the first ``kept`` samples of the last utterance: the frames
+        they depend on, which is what the synthesizer keeps. Mimi's decoder is causal
+        and holds nothing back, so frame ``n`` makes samples ``per_frame * n`` to
+        ``per_frame * (n + 1)``: ``kept`` samples depend on the first
+        ``ceil(kept / per_frame)`` frames, capped at the utterance's.
+
+        Raises:
+            ValueError: the session has no utterance to truncate, or ``kept`` is negative.
+        """
+        frames = self._frames.get(session)
+        if frames is None:
+            raise ValueError(f"mimi session {session!r} has no reply to truncate")
+        if kept < 0:
+            raise ValueError(f"cannot keep {kept} samples; pass 0 or more")
+        self._frames[session] = min(-(-kept // self.samples_per_frame), frames)
+        return self._frames[session]
 
     async def abort(self, session: str) -> None:
-        """End ``session``'s utterance now."""
+        """End ``session``'s utterance now, and forget it."""
+        self._frames.pop(session, None)
         signal = self._signals.pop(session, None)
         if signal is not None:
             signal.abort()
 
     async def release(self, session: str) -> None:
-        """Nothing is kept between utterances."""
+        """Forget the session's last utterance (its frames, for a truncation)."""
+        self._frames.pop(session, None)

@@ -95,6 +95,9 @@ class _Voice:
 
     request: Request[Any, Any]
     signal: AbortSignal | None = None
+    reply: list[tuple[int, int]] | None = None
+    """The last reply's phrases, each as (input chunks read through it, frames spoken
+    of it): what a truncation maps heard frames onto."""
 
 
 class SynthesizerEngine(SteppedTorchEngine[_Voice, Speech, torch.Tensor | None]):
@@ -168,32 +171,73 @@ class SynthesizerEngine(SteppedTorchEngine[_Voice, Speech, torch.Tensor | None])
         signal = voice.signal = AbortSignal()
         args = self._args
         policy = PhrasePolicy(args.first_words, args.max_words)
-        phrases: asyncio.Queue[str | None] = asyncio.Queue()
+        phrases: asyncio.Queue[tuple[str, int] | None] = asyncio.Queue()
         reader = asyncio.create_task(_read(inputs, signal, policy, phrases), name=f"tts {session}")
         self.loop.rewind(voice.request, 0)  # each reply is an utterance of its own
         unfed: torch.Tensor | None = None
+        said: list[tuple[int, int]] = []
+        failed = False
         try:
             speaker = args.speaker
-            while (phrase := await signal.until(phrases.get())) is not None:
+            while (cut := await signal.until(phrases.get())) is not None:
+                phrase, through = cut
                 if voice_option := response_options(inputs).voice:
                     speaker = self._speaker(voice_option)
                 limit = args.max_frames_per_word * spoken_words(phrase)
                 work = Speech(self.model.prompt(phrase, speaker), unfed)
                 unfed = None
+                said.append((through, 0))
                 for _ in range(limit):
                     frame = await self._frame(voice, work, signal)
                     if frame is None or self.model.ends(frame):
                         break
+                    said[-1] = (through, said[-1][1] + 1)
                     yield {"codes": frame[None].to(torch.int64)}
                     unfed = frame[None]
                     work = Speech(frames=unfed)
             if reader.done():
                 reader.result()  # a broken input stream fails the reply
+        except Exception:
+            failed = True
+            raise
         finally:
+            if not failed and self._sessions.get(session) is voice:
+                voice.reply = said  # completed, or cancelled at a yield
             voice.signal = None
             reader.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await reader
+
+    async def truncate(self, session: str, kept: int) -> int:
+        """The user heard the first ``kept`` frames of the last reply: the LLM outputs
+        (input chunks, a token each on a stream edge) they voiced, which is what the LLM
+        keeps. Every phrase whose frames were all heard keeps the chunks read through
+        it; of the phrase the cut falls in, a share of its chunks as large as the share
+        of its frames heard, rounded up. The reply is cut there for later truncations.
+
+        Raises:
+            ValueError: the session has no reply to truncate, or ``kept`` is negative.
+        """
+        voice = self._sessions.get(session)
+        if voice is None or voice.reply is None:
+            raise ValueError(f"synthesizer session {session!r} has no reply to truncate")
+        if kept < 0:
+            raise ValueError(f"cannot keep {kept} frames; pass 0 or more")
+        chunks, before, left = 0, 0, kept
+        heard: list[tuple[int, int]] = []
+        for through, frames in voice.reply:
+            if left <= 0:
+                break
+            if left >= frames:
+                chunks, left = through, left - frames
+                heard.append((through, frames))
+            else:
+                chunks = before + -(-(through - before) * left // frames)
+                heard.append((chunks, left))
+                left = 0
+            before = through
+        voice.reply = heard
+        return chunks
 
     async def _frame(self, voice: _Voice, work: Speech, signal: AbortSignal) -> torch.Tensor | None:
         """The frame after ``work`` (None once aborted)."""
@@ -212,16 +256,19 @@ async def _read(
     inputs: AsyncIterator[Fields],
     signal: AbortSignal,
     policy: PhrasePolicy,
-    phrases: asyncio.Queue[str | None],
+    phrases: asyncio.Queue[tuple[str, int] | None],
 ) -> None:
-    """Cut the reply's text into ``phrases`` as it arrives (None: the end)."""
+    """Cut the reply's text into ``phrases`` as it arrives, each with the count of input
+    chunks read when it was cut (None: the end)."""
+    read = 0
     try:
         while (fields := await signal.next_input(inputs)) is not None:
             text = fields.get("text")
             if isinstance(text, str):
+                read += 1
                 for phrase in policy.push(text):
-                    phrases.put_nowait(phrase)
+                    phrases.put_nowait((phrase, read))
         if (rest := policy.flush()) is not None:
-            phrases.put_nowait(rest)
+            phrases.put_nowait((rest, read))
     finally:
         phrases.put_nowait(None)
