@@ -12,12 +12,15 @@ the caller; a stage's first output against its sender's is its own start-up.
     python3 benchmarks/ttft_timeline.py qwen3-omni-1gpu /tmp/q3 16 2500
 
 ``PROCESS=1`` runs every stage in a worker process of its own (``with_process_stages``).
+``LOG_STEPS=1`` also logs every engine step to stderr (its rows, positions and time: the
+step loops' debug lines, workers' included).
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import os
 import sys
 import time
@@ -77,5 +80,8 @@ async def main(preset: str, model: str | None, lengths: list[int]) -> None:
 
 
 if __name__ == "__main__":
+    if os.environ.get("LOG_STEPS") == "1":
+        logging.basicConfig(level=logging.WARNING, format="%(relativeCreated)d %(message)s")
+        logging.getLogger("omni_actors").setLevel(logging.DEBUG)  # workers take this level
     model = None if sys.argv[2] == "-" else sys.argv[2]
     asyncio.run(main(sys.argv[1], model, [int(n) for n in sys.argv[3:]]))

@@ -137,6 +137,10 @@ class Response(ABC, Generic[C]):
     def __init__(self, signal: AbortSignal, vocab_size: int) -> None:
         self.signal = signal
         self.vocab_size = vocab_size
+        self.last_input = False
+        """Whether the input chunk :meth:`take` is given is the segment's last (the
+        reply, or the segment's end, comes next): an engine may queue its prefill
+        rather than wait for it, so that the reply's opening shares its forward."""
 
     # -- checkpoints ---------------------------------------------------------------------
 
@@ -335,6 +339,8 @@ async def respond(
                     fields.get(INSTRUCTIONS_FIELD), fields.get(TOOLS_FIELD)
                 ):
                     committed = response.checkpoint()  # a clear keeps them
+                # A stage's inputs know when every source has ended the segment.
+                response.last_input = bool(getattr(inputs, "all_read", False))
                 await response.take(fields)
             elif mark == "commit":
                 rows = await response.commit()

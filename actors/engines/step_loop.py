@@ -6,9 +6,10 @@ in steps shaped as vLLM v1's engine core runs them:
 
 1. *schedule*: one row from every request whose next work is a decode (a single
    position), then prefill chunks of requests whose next work is a prefill, oldest
-   first, while the step's token budget lasts (``max_tokens_per_step``), each chunk at
-   most ``max_chunk`` positions, so a long prompt never holds the running sessions'
-   decode back for more than one chunk;
+   first, while the step's token budget lasts (``max_tokens_per_step``), at most
+   ``max_chunk`` positions per request, so a long prompt never holds the running
+   sessions' decode back for more than one chunk; a request's prefills queued back to
+   back (a prompt, then the reply's opening) run in the same step, in order;
 2. *execute*: the whole step is one call of the model (one forward over every row and
    chunk), in the engine's model thread;
 3. *update*: each request's computed length moves on by what the step fed it, each
@@ -41,6 +42,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections import deque
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
@@ -352,12 +354,21 @@ class StepLoop(Generic[P, Out]):
                 chunks.append(Chunk(request, work, 0, 1, request.computed))
                 budget -= 1
         for request in live:
-            work = request.queue[0]
-            if work.decode or budget <= 0:
-                continue
-            length = min(work.length - work.done, self.max_chunk, budget)
-            chunks.append(Chunk(request, work, work.done, length, request.computed))
-            budget -= length
+            # A request's prefills queued back to back (a turn's prompt, then the reply's
+            # opening) share the step: each forward costs a fixed launch overhead on a
+            # GPU, whatever its length, and the second would wait a step for nothing.
+            room = min(self.max_chunk, budget)
+            start = request.computed
+            for work in request.queue:
+                if work.decode or work.rewind is not None or work.future.done() or room <= 0:
+                    break
+                length = min(work.length - work.done, room)
+                chunks.append(Chunk(request, work, work.done, length, start))
+                start += length
+                room -= length
+                budget -= length
+                if work.done + length < work.length:
+                    break  # the rest of this work comes in a later step
         return chunks
 
     async def _step(self, chunks: list[Chunk[P, Out]]) -> None:
@@ -370,6 +381,7 @@ class StepLoop(Generic[P, Out]):
         self._tokens += sum(c.length for c in chunks if not c.work.decode)
         self._largest = max(self._largest, len(chunks))
         self._mixed += 0 < decodes < len(chunks)
+        started = time.perf_counter()
         try:
             outputs = await self._execute(chunks)
             if len(outputs) != len(chunks):
@@ -388,6 +400,16 @@ class StepLoop(Generic[P, Out]):
                 _fail(work.future, exc)
             return
         self._release(chunks)
+        if log.isEnabledFor(logging.DEBUG):  # where a step's time goes, one line per step
+            log.debug(
+                "%s: step %d, %d decode rows, %d prefill chunks of %d positions, %.1f ms",
+                self.name,
+                self._steps,
+                decodes,
+                len(chunks) - decodes,
+                sum(c.length for c in chunks if not c.work.decode),
+                (time.perf_counter() - started) * 1e3,
+            )
         for chunk, output in zip(chunks, outputs, strict=True):
             self._update(chunk, output)
 

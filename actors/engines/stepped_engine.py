@@ -172,6 +172,22 @@ class SteppedTorchEngine(TorchEngine, Generic[S, P, Out]):
         Raises:
             RequestClosedError: the session was aborted or released meanwhile.
         """
+        return await asyncio.shield(self.queue(state, payload, length, then))
+
+    def queue(
+        self,
+        state: S,
+        payload: P,
+        length: int,
+        then: Callable[[list[Out]], None] | None = None,
+    ) -> asyncio.Future[list[Out]]:
+        """:meth:`feed` without waiting: the work's future (``then`` runs as it
+        resolves). Work queued after it on the session runs after it, in the same step
+        where the step has room.
+
+        Raises:
+            RequestClosedError: the session was aborted or released.
+        """
         future = self.loop.submit(state.request, payload, length)
         if then is not None:
             apply = then
@@ -181,4 +197,4 @@ class SteppedTorchEngine(TorchEngine, Generic[S, P, Out]):
                     apply(done.result())
 
             future.add_done_callback(settle)
-        return await asyncio.shield(future)
+        return future

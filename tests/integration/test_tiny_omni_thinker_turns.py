@@ -416,3 +416,63 @@ async def test_prompt_tokens_are_the_conversation_each_reply_was_made_from(
         await respond(engine, "s", {"text": "there"})
         conversation = [*user("Hi"), *assistant(first), *user("there")]
         assert engine.prompt_tokens("s") == len(conversation) + len(ASSISTANT_OPENING)
+
+
+# -- one-shot requests ----------------------------------------------------------------
+
+
+class OneShot(Inputs):
+    """Inputs that say, as a stage's do (``all_read``), when the item handed out is the
+    last: the reply is asked for with it."""
+
+    def __init__(self, steps: list[Fields]) -> None:
+        super().__init__(steps)
+        self.left = len(steps)
+        self.all_read = False
+
+    async def __anext__(self) -> Fields:
+        fields = await super().__anext__()
+        self.left -= 1
+        self.all_read = self.left == 0
+        return fields
+
+
+async def test_a_one_shot_prompt_and_the_reply_s_opening_share_one_forward(
+    cache_dir: Path, model: Any
+) -> None:
+    async with thinker(cache_dir) as engine:
+        before = engine.loop.statistics()
+        got = [out async for out in engine.generate("s", OneShot([{"text": "Hi"}]))]
+        after = engine.loop.statistics()
+    decodes = after.decode_rows - before.decode_rows
+    assert after.steps - before.steps - decodes == 1  # one step of prefills
+    assert after.prefill_chunks - before.prefill_chunks == 2  # the turn, the opening
+    assert ids(got) == reference(model, user("Hi"), 6)
+    # The turn's rows (not sent ahead: nothing comes between) go with the first token.
+    assert "token_ids" in got[0]
+    table = model.get_input_embeddings()
+    assert torch.equal(talker_rows(got), table(torch.tensor(user("Hi"))))
+
+
+async def test_a_failed_one_shot_forward_fails_the_response_and_rolls_back(
+    cache_dir: Path, model: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    async with thinker(cache_dir) as engine:
+        first = ids(await respond(engine, "s", {"text": "Hi"}))
+        before = engine.cached_tokens("s")
+        step = engine._model.step
+
+        def failing(chunks: Any, **kw: Any) -> Any:
+            if len(chunks) > 1:
+                raise RuntimeError("prefill broke")
+            return step(chunks, **kw)
+
+        with monkeypatch.context() as patch:
+            patch.setattr(engine._model, "step", failing)
+            with pytest.raises(RuntimeError, match="prefill broke"):
+                async for _ in engine.generate("s", OneShot([{"text": "lost"}])):
+                    pass
+        assert engine.cached_tokens("s") == before
+        assert engine.active_sessions == {"s"}
+        after = await respond(engine, "s", {"text": "And?"})
+    assert ids(after) == reference(model, [*user("Hi"), *assistant(first), *user("And?")], 6)

@@ -17,6 +17,7 @@ import asyncio
 from collections.abc import AsyncGenerator, Callable, Sequence
 from typing import Generic, Protocol, TypeVar
 
+from omni_actors.actors.engines.contract import Fields
 from omni_actors.actors.engines.conversation import Outcome, Response
 from omni_actors.actors.engines.qwen3_omni.conversation import (
     Checkpoint,
@@ -130,6 +131,8 @@ class ConversationResponse(Response[Checkpoint], Generic[P, Out]):
         """The decode step in flight in the model thread (it writes the cache)."""
         self.decoding = False
         """This response's reply is open."""
+        self.deferred: list[tuple[P, Callable[[list[Out]], None]]] = []
+        """Feeds to submit with the next one (:meth:`_defer`)."""
 
     # -- what the model differs in ---------------------------------------------------
 
@@ -165,11 +168,45 @@ class ConversationResponse(Response[Checkpoint], Generic[P, Out]):
                 then([])
             return []
         try:
-            return await self.engine.feed(self.conversation, feeding, len(feeding.ids), then)
+            earlier = self._submit_deferred()
+            outputs = await self.engine.feed(self.conversation, feeding, len(feeding.ids), then)
+            for future in earlier:  # they ran before this one: a failure of theirs is ours
+                await future
         except RequestClosedError:
             if self.signal.aborted:
                 return []  # the session's request closed under it: the caller ends
             raise
+        return outputs
+
+    def _defer(self, feeding: P, then: Callable[[list[Out]], None]) -> None:
+        """Feed ``feeding`` with the next feed, in the same step (a text turn, with the
+        reply's opening behind it: one forward where there were two, and each costs a
+        fixed launch overhead on a GPU). Anything else that reads the state ``then``
+        changes feeds it first (:meth:`before_input`, :meth:`finish`)."""
+        self.deferred.append((feeding, then))
+
+    def _submit_deferred(self) -> list[asyncio.Future[list[Out]]]:
+        deferred, self.deferred = self.deferred, []
+        futures = []
+        for feeding, then in deferred:
+            if feeding.ids:
+                engine = self.engine
+                futures.append(engine.queue(self.conversation, feeding, len(feeding.ids), then))
+            else:
+                then([])
+        return futures
+
+    async def _feed_deferred(self) -> None:
+        """Feed what :meth:`_defer` holds, and wait for it."""
+        try:
+            for future in self._submit_deferred():
+                await asyncio.shield(future)
+        except RequestClosedError:
+            if not self.signal.aborted:
+                raise
+
+    async def before_input(self, fields: Fields) -> None:
+        await self._feed_deferred()
 
     async def _instruct(self, system: tuple[int, ...]) -> None:
         """Feed the system turn ``system`` behind the carry (no user turn is open)."""
@@ -281,6 +318,13 @@ class ConversationResponse(Response[Checkpoint], Generic[P, Out]):
             del self.engine._sessions[self.session]
 
     async def finish(self, outcome: Outcome) -> Outcome:
+        try:
+            await self._feed_deferred()
+        except Exception:
+            outcome = "failed"
+        except BaseException:
+            del self.engine._sessions[self.session]  # cancelled while waiting: an abort
+            raise
         if self.step is not None:
             # A decode step runs in the model thread and writes the cache: wait for it,
             # so the cache holds exactly the tokens yielded (it fed the last one).

@@ -72,7 +72,7 @@ for it was cancelled meanwhile: the cache and the conversation never disagree.
 from __future__ import annotations
 
 import functools
-from collections.abc import AsyncGenerator, AsyncIterator, Mapping
+from collections.abc import AsyncGenerator, AsyncIterator, Callable, Mapping
 from contextlib import aclosing
 from pathlib import Path
 from typing import ClassVar
@@ -328,6 +328,13 @@ class _Response(ConversationResponse[Feeding, Fed]):
     async def _feed_turn(self, turn: UserTurn, feed: Feed, pick: Pick | None = None) -> Fed | None:
         """One feed of the turn; its talker rows go to the turn. The last chunk's output
         (None if the session was aborted meanwhile)."""
+        outputs = await self._feed(*self._turn_feeding(turn, feed, pick))
+        return outputs[-1] if outputs else None
+
+    def _turn_feeding(
+        self, turn: UserTurn, feed: Feed, pick: Pick | None = None
+    ) -> tuple[Feeding, Callable[[list[Fed]], None]]:
+        """The work of one feed of the turn, and what its outputs do to the turn."""
         conversation = self.conversation
         audio_pad = self.vocabulary.ids.audio_pad
 
@@ -338,9 +345,7 @@ class _Response(ConversationResponse[Feeding, Fed]):
             placeholders = torch.tensor(feed.ids) == audio_pad
             turn.keep(feed, rows[0] if len(rows) == 1 else torch.cat(rows), placeholders)
 
-        feeding = Feeding(feed.ids, feed.audio, rows=True, pick=pick)
-        outputs = await self._feed(feeding, then)
-        return outputs[-1] if outputs else None
+        return Feeding(feed.ids, feed.audio, rows=True, pick=pick), then
 
     async def _open_reply(self, turn: UserTurn | None, sampling: Sampling) -> Fed | None:
         """Close ``turn`` if one is open, open the reply, pick its first token (the
@@ -417,7 +422,12 @@ class _Response(ConversationResponse[Feeding, Fed]):
             if turn.clip is None:
                 turn.clip = self.model.clip()
             turn.clip.push(audio.detach().to(torch.float32).reshape(-1).cpu().numpy())
-        if said:
+        if said and turn.clip is None and self.last_input:
+            # Deferred: the reply (asked for with it, as a one-shot request asks) opens
+            # in the same forward as this text. Its rows go to the talker with the first
+            # token, not ahead: nothing else comes to overlap them with.
+            self._defer(*self._turn_feeding(turn, turn.next_feed(None, True, ids, 0)))
+        elif said:
             await self._prefill(turn, True, ids)
         elif turn.clip is not None and turn.clip.ready():
             await self._prefill(turn, False, [])

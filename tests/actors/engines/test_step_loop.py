@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 
@@ -216,3 +217,45 @@ async def test_stop_fails_queued_work_and_refuses_new_work() -> None:
 def test_a_loop_needs_room(make: Callable[[Model], object]) -> None:
     with pytest.raises(ValueError, match=">= "):
         make(Model())
+
+
+async def test_each_step_logs_its_shape_and_time_at_debug(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """A deployer finds where a stage's time goes from the debug log: one line per step."""
+    model = Model()
+    caplog.set_level(logging.DEBUG, logger="omni_actors.actors.engines.step_loop")
+    async with running(model, budget=8, chunk=4) as loop:
+        a, b = loop.open("a"), loop.open("b")
+        await loop.submit(a, "prompt", 3)
+        await asyncio.gather(loop.submit(a, "t", 1, decode=True), loop.submit(b, "p", 2))
+    lines = [r.getMessage() for r in caplog.records if "step " in r.getMessage()]
+    assert len(lines) == len(model.steps) == 2
+    assert lines[0].startswith("step loop: step 1, 0 decode rows, 1 prefill chunks of 3 ")
+    assert lines[1].startswith("step loop: step 2, 1 decode rows, 1 prefill chunks of 2 ")
+    assert lines[1].endswith(" ms")
+
+
+async def test_a_request_s_prefills_queued_back_to_back_share_a_step() -> None:
+    """A prompt and the reply's opening queued together cost one forward, not two; the
+    per-request cap still splits what does not fit, and a decode ends the run."""
+    model = Model()
+    model.hold = asyncio.Event()
+    async with running(model, budget=16, chunk=6) as loop:
+        held, a = loop.open("held"), loop.open("a")
+        first = loop.submit(held, "p", 1)
+        await eventually(lambda: model.steps)
+        works = [
+            loop.submit(a, "prompt", 3),
+            loop.submit(a, "opening", 2),
+            loop.submit(a, "more", 4),
+            loop.submit(a, "t", 1, decode=True),
+        ]
+        model.hold.set()
+        await first
+        outputs = await asyncio.gather(*works)
+    assert model.steps[1] == [("a", 0, 3, False), ("a", 3, 2, False), ("a", 5, 1, False)]
+    assert model.steps[2] == [("a", 6, 3, False)]
+    assert model.steps[3] == [("a", 9, 1, True)]
+    assert outputs == [["prompt@0+3"], ["opening@3+2"], ["more@5+1", "more@6+3"], ["t@9+1"]]
+    assert a.computed == 10
