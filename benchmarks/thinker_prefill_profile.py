@@ -5,8 +5,11 @@ step loop) and times one prompt of each ``--tokens`` length prefilled through th
 in one chunk, beside transformers' own text model on the same weights (``use_cache``
 off, as ``../shared`` prefill probes ran it). Then one prefill of each under
 ``torch.profiler``: the top device kernels and host ops, and the number of host syncs
-(``cudaStreamSynchronize``, ``cudaMemcpy`` device to host) per forward. One JSON object
-per line on stdout. Run from the repository root on a GPU machine:
+(``cudaStreamSynchronize``, ``cudaMemcpy`` device to host) per forward. Each is done
+for every ``--moe`` variant in turn (the engine's ``moe`` argument: ``transformers``,
+then ``lean`` swapped in on the same weights; every line names its ``moe``), with one
+``experts`` line timing the first layer's experts forward alone under each. One JSON
+object per line on stdout. Run from the repository root on a GPU machine:
 
     python3 benchmarks/thinker_prefill_profile.py /tmp/q3 --tokens 256 2500
 
@@ -17,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import functools
 import json
 import os
 import statistics
@@ -27,6 +31,7 @@ from typing import Any
 import torch
 from torch.profiler import ProfilerActivity, profile
 
+from omni_actors.actors.engines.qwen3_omni.moe import install as moe_install
 from omni_actors.actors.engines.qwen3_omni.sampling import Sampling
 from omni_actors.actors.engines.qwen3_omni.thinker_model import (
     Fed,
@@ -88,15 +93,22 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("release", type=Path)
     parser.add_argument("--tokens", type=int, nargs="+", default=[256, 2500])
+    parser.add_argument(
+        "--moe", nargs="+", choices=["transformers", "lean"], default=["transformers", "lean"]
+    )
     ns = parser.parse_args()
     dry = os.environ.get("DRY") == "1"
     device = torch.device("cpu" if dry else "cuda:0")
     if device.type == "cuda":
         torch.cuda.set_device(device)
     longest = max(ns.tokens)
-    thinker = ThinkerModel(ns.release, device, slots=2, max_context=longest + 64)
+    thinker = ThinkerModel(
+        ns.release, device, slots=2, max_context=longest + 64, moe="transformers"
+    )
     text = thinker._thinker.model
     config = thinker.text_config
+    # The first MoE layer's block, to time its experts alone.
+    block = next(m for m in text.modules() if hasattr(m, "experts") and hasattr(m, "gate"))
     out(
         what="config",
         layers=int(config.num_hidden_layers),
@@ -104,6 +116,7 @@ def main() -> None:
         attention=str(getattr(config, "_attn_implementation", None)),
         gpu=torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
         torch=torch.__version__,
+        moe=ns.moe,
     )
     vocab = int(config.vocab_size)
     generator = torch.Generator().manual_seed(0)
@@ -123,49 +136,67 @@ def main() -> None:
         )
         loop.start()
         request = loop.open("s")
-        for tokens in ns.tokens:
-            ids = torch.randint(0, vocab, (tokens,), generator=generator, device="cpu").tolist()
+        prompts = {
+            tokens: torch.randint(0, vocab, (tokens,), generator=generator, device="cpu").tolist()
+            for tokens in ns.tokens
+        }
+        for moe in ns.moe:
+            if moe == "lean":
+                moe_install(text)
+            for tokens, ids in prompts.items():
 
-            async def engine_prefill(ids: list[int] = ids) -> None:
-                request.computed = 0
-                await loop.submit(request, Feeding(ids, pick=greedy), len(ids))
+                async def engine_prefill(ids: list[int] = ids) -> None:
+                    request.computed = 0
+                    await loop.submit(request, Feeding(ids, pick=greedy), len(ids))
 
-            def hf_prefill(ids: list[int] = ids) -> None:
-                with torch.no_grad():
-                    text(input_ids=torch.tensor([ids], device=device), use_cache=False)
+                def hf_prefill(ids: list[int] = ids) -> None:
+                    with torch.no_grad():
+                        text(input_ids=torch.tensor([ids], device=device), use_cache=False)
 
-            times = []
-            for index in range(7):
-                sync(device)
-                started = time.perf_counter()
-                await engine_prefill()
-                sync(device)
-                if index >= 2:
-                    times.append((time.perf_counter() - started) * 1e3)
-            engine_ms = round(statistics.median(times), 2)
-            hf_ms = timed(hf_prefill, device)
-            out(what="prefill", tokens=tokens, engine_ms=engine_ms, transformers_ms=hf_ms)
-            activities = [ProfilerActivity.CPU]
-            if device.type == "cuda":
-                activities.append(ProfilerActivity.CUDA)
-            with profile(activities=activities) as prof:
-                await engine_prefill()
-                sync(device)
-            out(
-                what="engine_profile",
-                tokens=tokens,
-                syncs=host_syncs(prof),
-                top=table(prof, device),
-            )
-            with profile(activities=activities) as prof:
-                hf_prefill()
-                sync(device)
-            out(
-                what="transformers_profile",
-                tokens=tokens,
-                syncs=host_syncs(prof),
-                top=table(prof, device),
-            )
+                times = []
+                for index in range(7):
+                    sync(device)
+                    started = time.perf_counter()
+                    await engine_prefill()
+                    sync(device)
+                    if index >= 2:
+                        times.append((time.perf_counter() - started) * 1e3)
+                engine_ms = round(statistics.median(times), 2)
+                hf_ms = timed(hf_prefill, device)
+                out(
+                    what="prefill",
+                    moe=moe,
+                    tokens=tokens,
+                    engine_ms=engine_ms,
+                    transformers_ms=hf_ms,
+                )
+                hidden = torch.randn(tokens, int(config.hidden_size), dtype=thinker.tts.dtype)
+                _, weights, index = block.gate(hidden)
+                experts_ms = timed(functools.partial(block.experts, hidden, index, weights), device)
+                out(what="experts", moe=moe, tokens=tokens, layer_ms=experts_ms)
+                activities = [ProfilerActivity.CPU]
+                if device.type == "cuda":
+                    activities.append(ProfilerActivity.CUDA)
+                with profile(activities=activities) as prof:
+                    await engine_prefill()
+                    sync(device)
+                out(
+                    what="engine_profile",
+                    moe=moe,
+                    tokens=tokens,
+                    syncs=host_syncs(prof),
+                    top=table(prof, device),
+                )
+                with profile(activities=activities) as prof:
+                    hf_prefill()
+                    sync(device)
+                out(
+                    what="transformers_profile",
+                    moe=moe,
+                    tokens=tokens,
+                    syncs=host_syncs(prof),
+                    top=table(prof, device),
+                )
         await loop.stop()
 
     with torch.no_grad(), torch.device(device):

@@ -11,10 +11,12 @@ Some classes below are public by name but not in their module's ``__all__``:
 ``Qwen3OmniMoeCode2WavConfig`` (code2wav's own config: tiny-omni builds and loads that
 stage on its own), and building blocks tiny-omni adjusts or inspects rather than only
 calls: ``Qwen3OmniMoeTalkerTextExperts`` and ``Qwen3OmniMoeTalkerTextTopKRouter``
-(initialized by ``weights``), ``Qwen3OmniMoeCausalTransConvNet`` (its tail trim turned off
-by ``code2wav_model``), and the decoder layers ``code2wav_reach`` measures. Each use
-checks the model afterwards (finite weights; the decoded prefix unchanged; the emitted
-samples unchanged), so a release that changes them fails loudly, not silently.
+(initialized by ``weights``), ``Qwen3OmniMoeThinkerTextExperts`` and the talker's
+experts (swapped by ``moe``, whose tests compare their output with theirs),
+``Qwen3OmniMoeCausalTransConvNet`` (its tail trim turned off by ``code2wav_model``), and
+the decoder layers ``code2wav_reach`` measures. Each use checks the model afterwards
+(finite weights; the decoded prefix unchanged; the emitted samples unchanged), so a
+release that changes them fails loudly, not silently.
 """
 
 from __future__ import annotations
@@ -48,6 +50,7 @@ try:
         Qwen3OmniMoeTalkerTextExperts,
         Qwen3OmniMoeTalkerTextTopKRouter,
         Qwen3OmniMoeThinkerForConditionalGeneration,
+        Qwen3OmniMoeThinkerTextExperts,
     )
     from transformers.utils import logging as hf_logging
 except ImportError as exc:
@@ -77,6 +80,7 @@ __all__ = [
     "Qwen3OmniMoeTalkerTextTopKRouter",
     "Qwen3OmniMoeThinkerConfig",
     "Qwen3OmniMoeThinkerForConditionalGeneration",
+    "Qwen3OmniMoeThinkerTextExperts",
     "WhisperFeatureExtractor",
     "hf_logging",
 ]

@@ -66,6 +66,7 @@ from omni_actors.actors.engines.qwen3_omni.frame_compile import (
     FrameCompileArgs,
     end_compile_workers,
 )
+from omni_actors.actors.engines.qwen3_omni.moe import MoeArgs
 from omni_actors.actors.engines.qwen3_omni.static_decode import StaticDecodeArgs
 from omni_actors.actors.engines.qwen3_omni.talker_input import ReplyInput, TalkerInputError
 from omni_actors.actors.engines.qwen3_omni.talker_model import (
@@ -84,10 +85,13 @@ from omni_actors.models.family import WeightsArgs
 __all__ = ["TalkerArgs", "TalkerEngine", "TalkerInputError"]
 
 
-class TalkerArgs(WeightsArgs, DeviceArgs, StaticDecodeArgs, FrameCompileArgs, StepLoopArgs):
+class TalkerArgs(
+    WeightsArgs, DeviceArgs, StaticDecodeArgs, FrameCompileArgs, StepLoopArgs, MoeArgs
+):
     """The talker's arguments: ``seed`` and ``cache_dir`` locate its weights; the static
-    slot cache's (:class:`StaticDecodeArgs`) and its frame step's compile
-    (:class:`FrameCompileArgs`: on a GPU by default).
+    slot cache's (:class:`StaticDecodeArgs`), its frame step's compile
+    (:class:`FrameCompileArgs`: on a GPU by default) and its experts' forward
+    (:class:`MoeArgs`).
 
     Attributes:
         frames_per_token: cap a reply at that many codec frames per thinker token (the
@@ -185,6 +189,7 @@ class TalkerEngine(SteppedTorchEngine[Voice, TalkerFeed, Framed | None]):
             graphs=graphs,
             warm=graphs and args.warm_graphs,
             frame_compile=args.frame_compile(self.device),
+            moe=args.moe,
         )
         if self.speaker not in model.speakers:
             raise ValueError(

@@ -37,6 +37,8 @@ from omni_actors.actors.engines.qwen3_omni.hf import (
     PreTrainedConfig,
     Qwen3OmniMoeTalkerForConditionalGeneration,
 )
+from omni_actors.actors.engines.qwen3_omni.moe import MoeImplementation
+from omni_actors.actors.engines.qwen3_omni.moe import install as moe_install
 from omni_actors.actors.engines.qwen3_omni.slot_cache import (
     Segment,
     SlotCache,
@@ -120,6 +122,7 @@ class TalkerModel:
         capture: how graphs are captured (tests pass a stand-in on a machine without a GPU).
         frame_compile: what of the frame-only step to ``torch.compile`` before its graphs
             are captured (None: nothing; :mod:`.frame_compile`).
+        moe: whose forward the MoE experts run (:mod:`.moe`).
 
     Attributes:
         text_config: the text model's config.
@@ -141,10 +144,14 @@ class TalkerModel:
         warm: bool = False,
         capture: Capture | None = None,
         frame_compile: FrameCompile | None = None,
+        moe: MoeImplementation = "lean",
     ) -> None:
         device = device or torch.device("cpu")
         talker = weights.load(path, "talker", device=device)
         assert isinstance(talker, Qwen3OmniMoeTalkerForConditionalGeneration)
+        if moe == "lean":
+            # Before the layers are compiled: they trace the experts' forward.
+            moe_install(talker.model)
         self._layers: CompiledLayers | None = None
         self._predictor: CompiledCodePredictor | None = None
         if frame_compile is not None:

@@ -97,6 +97,7 @@ from omni_actors.actors.engines.qwen3_omni.conversation_engine import (
     ConversationResponse,
 )
 from omni_actors.actors.engines.qwen3_omni.family import DEFAULT_RELEASE
+from omni_actors.actors.engines.qwen3_omni.moe import MoeArgs
 from omni_actors.actors.engines.qwen3_omni.sampling import Sampling, sampling_for, session_seed
 from omni_actors.actors.engines.qwen3_omni.static_decode import StaticDecodeArgs
 from omni_actors.actors.engines.qwen3_omni.thinker_model import (
@@ -117,8 +118,9 @@ from omni_actors.models.family import WeightsArgs
 __all__ = ["ThinkerArgs", "ThinkerEngine"]
 
 
-class ThinkerArgs(WeightsArgs, DeviceArgs, StaticDecodeArgs, StepLoopArgs):
-    """The thinker's arguments: ``seed`` and ``cache_dir`` locate its weights.
+class ThinkerArgs(WeightsArgs, DeviceArgs, StaticDecodeArgs, StepLoopArgs, MoeArgs):
+    """The thinker's arguments: ``seed`` and ``cache_dir`` locate its weights; ``moe``
+    picks its experts' forward (:class:`MoeArgs`).
 
     The KV cache is planned at load: ``max_sessions`` slots of ``max_context``
     positions; the steps' sizes are :class:`StepLoopArgs`'. ``static_cache`` (None: on a
@@ -190,6 +192,7 @@ class ThinkerEngine(ConversationEngine[Feeding, Fed]):
             max_rows=args.max_batch,
             graphs=graphs,
             warm=graphs and args.warm_graphs,
+            moe=args.moe,
         )
         self.close_turn = self._model.vocabulary.close_turn
         self.assistant_opening = self._model.vocabulary.assistant_opening

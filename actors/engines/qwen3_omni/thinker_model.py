@@ -28,6 +28,8 @@ from omni_actors.actors.engines.qwen3_omni.hf import (
     WhisperFeatureExtractor,
 )
 from omni_actors.actors.engines.qwen3_omni.log_mel import LogMel
+from omni_actors.actors.engines.qwen3_omni.moe import MoeImplementation
+from omni_actors.actors.engines.qwen3_omni.moe import install as moe_install
 from omni_actors.actors.engines.qwen3_omni.sampling import Sampling, pick
 from omni_actors.actors.engines.qwen3_omni.slot_cache import (
     Segment,
@@ -100,6 +102,7 @@ class ThinkerModel:
         graphs: replay decode-only steps from CUDA graphs (CUDA only).
         warm: capture every decode graph at load.
         capture: how graphs are captured (tests pass a stand-in on a machine without a GPU).
+        moe: whose forward the MoE experts run (:mod:`.moe`).
 
     Raises:
         ModelFileError: a file of the stage, its tokenizer or front end, or the composite
@@ -128,11 +131,14 @@ class ThinkerModel:
         graphs: bool = False,
         warm: bool = False,
         capture: Capture | None = None,
+        moe: MoeImplementation = "lean",
     ) -> None:
         device = device or torch.device("cpu")
         release = Release.open(path, remedy=layout.remedy(path))
         thinker = weights.load(path, "thinker", device=device, release=release)
         assert isinstance(thinker, Qwen3OmniMoeThinkerForConditionalGeneration)
+        if moe == "lean":
+            moe_install(thinker.model)
         self._thinker = thinker
         self._accept_layer = layout.accept_hidden_layer(release.config, path / "config.json")
         # After the config's own checks: AutoTokenizer reads config.json too, and would

@@ -1,0 +1,123 @@
+"""The MoE experts forward alone: transformers' (its ``grouped_mm`` implementation) against
+the engines' lean one (:mod:`~omni_actors.actors.engines.qwen3_omni.moe`).
+
+For tiny-omni's shape and Qwen3-Omni's thinker and talker widths, random weights and a
+softmax-top-k routing of ``--tokens`` tokens: the median time of each forward, their
+largest difference, and (on a GPU) whether the lean forward replays from a CUDA graph
+with the output of its eager run. One JSON object per line on stdout:
+
+    python3 benchmarks/moe_experts.py --tokens 1 256 2500          # a GPU
+    DRY=1 python3 benchmarks/moe_experts.py --tokens 2500          # the CPU
+"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import json
+import os
+import statistics
+import time
+from collections.abc import Callable
+from typing import Any
+
+import torch
+from transformers.models.qwen3_omni_moe.configuration_qwen3_omni_moe import (
+    Qwen3OmniMoeTextConfig,
+)
+
+from omni_actors.actors.engines.qwen3_omni.hf import Qwen3OmniMoeThinkerTextExperts
+from omni_actors.actors.engines.qwen3_omni.moe import LeanExperts
+
+# name: hidden, intermediate, experts, top-k
+SHAPES = {
+    "tiny": (64, 64, 4, 2),
+    "talker": (1024, 384, 128, 6),
+    "thinker": (2048, 768, 128, 8),
+}
+
+
+def out(**fields: Any) -> None:
+    print(json.dumps(fields), flush=True)
+
+
+def timed(fn: Callable[[], Any], device: torch.device, n: int) -> float:
+    for _ in range(2):
+        fn()
+    times = []
+    for _ in range(n):
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+        started = time.perf_counter()
+        fn()
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+        times.append((time.perf_counter() - started) * 1e3)
+    return round(statistics.median(times), 3)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--tokens", type=int, nargs="+", default=[1, 256, 2500])
+    parser.add_argument("--shapes", nargs="+", choices=list(SHAPES), default=list(SHAPES))
+    parser.add_argument("--dtype", choices=["bfloat16", "float32"], default="bfloat16")
+    parser.add_argument("--repeat", type=int, default=10)
+    ns = parser.parse_args()
+    device = torch.device("cpu" if os.environ.get("DRY") == "1" else "cuda:0")
+    dtype = getattr(torch, ns.dtype)
+    out(what="config", device=str(device), torch=torch.__version__, dtype=ns.dtype)
+    generator = torch.Generator(device).manual_seed(0)
+    for name in ns.shapes:
+        hidden_size, intermediate, experts, top_k = SHAPES[name]
+        config = Qwen3OmniMoeTextConfig(
+            hidden_size=hidden_size,
+            moe_intermediate_size=intermediate,
+            num_experts=experts,
+            num_experts_per_tok=top_k,
+        )
+        config._experts_implementation = "grouped_mm"
+        with torch.device(device):
+            theirs = Qwen3OmniMoeThinkerTextExperts(config)
+        with torch.no_grad():
+            for param in (theirs.gate_up_proj, theirs.down_proj):
+                param.normal_(0.0, 0.02, generator=generator)
+        theirs = theirs.to(dtype).requires_grad_(False)
+        lean = LeanExperts(theirs)
+        for tokens in ns.tokens:
+            hidden = torch.randn(tokens, hidden_size, device=device, generator=generator)
+            logits = torch.randn(tokens, experts, device=device, generator=generator)
+            weights, index = torch.softmax(logits, -1).topk(top_k, -1)
+            hidden, weights = hidden.to(dtype), (weights / weights.sum(-1, keepdim=True)).to(dtype)
+            with torch.no_grad():
+                ours_out = lean(hidden, index, weights)
+                diff = (ours_out.float() - theirs(hidden, index, weights).float()).abs().max()
+                row: dict[str, Any] = {
+                    "what": "experts",
+                    "shape": name,
+                    "tokens": tokens,
+                    "transformers_ms": timed(
+                        functools.partial(theirs, hidden, index, weights), device, ns.repeat
+                    ),
+                    "lean_ms": timed(
+                        functools.partial(lean, hidden, index, weights), device, ns.repeat
+                    ),
+                    "max_abs_diff": float(diff),
+                }
+                if device.type == "cuda":
+                    graph = torch.cuda.CUDAGraph()
+                    stream = torch.cuda.Stream()
+                    stream.wait_stream(torch.cuda.current_stream())
+                    with torch.cuda.stream(stream):
+                        lean(hidden, index, weights)  # warm-up off the capture
+                    torch.cuda.current_stream().wait_stream(stream)
+                    with torch.cuda.graph(graph):
+                        captured = lean(hidden, index, weights)
+                    graph.replay()
+                    torch.cuda.synchronize(device)
+                    row["graph_equal"] = bool(torch.equal(captured, ours_out))
+                    row["graph_ms"] = timed(graph.replay, device, ns.repeat)
+            out(**row)
+
+
+if __name__ == "__main__":
+    main()
