@@ -99,10 +99,38 @@ from omni_actors.actors.engines.contract import (
 from omni_actors.actors.engines.torch_engine import AbortSignal
 from omni_actors.actors.engines.turn_marks import TurnMarkError, kept_of, reply_of
 
-__all__ = ["Checkpoint", "Outcome", "Response", "respond"]
+__all__ = ["Checkpoint", "Outcome", "Response", "respond", "settings"]
 
 Outcome = Literal["done", "cancelled", "failed", "dropped"]
 """How a response ended (module docstring)."""
+
+
+def settings(
+    current: tuple[str, str],
+    instructions: torch.Tensor | str | None,
+    tools: torch.Tensor | str | None,
+    error: type[ValueError] = ValueError,
+) -> tuple[str, str] | None:
+    """The conversation's (instructions, tools) after an input that sets them: each kept
+    until set again. None for the same tools again without instructions: the system turn
+    stands, nothing is fed.
+
+    Raises:
+        error: a value is not text.
+    """
+
+    def text(name: str, value: torch.Tensor | str) -> str:
+        if not isinstance(value, str):
+            raise error(f"{name!r} must be text (a str), got a tensor")
+        return value
+
+    kept_instructions, kept_tools = current
+    if instructions is None and tools is not None and text(TOOLS_FIELD, tools) == kept_tools:
+        return None
+    return (
+        kept_instructions if instructions is None else text(INSTRUCTIONS_FIELD, instructions),
+        kept_tools if tools is None else text(TOOLS_FIELD, tools),
+    )
 
 
 class Checkpoint(Protocol):

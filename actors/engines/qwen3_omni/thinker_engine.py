@@ -84,13 +84,12 @@ from omni_actors.actors.engines.contract import (
     INSTRUCTIONS_FIELD,
     TOOL_CALLS_FIELD,
     TOOL_RESULT_FIELD,
-    TOOLS_FIELD,
     TURN_FIELD,
     Fields,
     ResponseOptions,
     Rule,
 )
-from omni_actors.actors.engines.conversation import Outcome, respond
+from omni_actors.actors.engines.conversation import Outcome, respond, settings
 from omni_actors.actors.engines.qwen3_omni.conversation import Conversation
 from omni_actors.actors.engines.qwen3_omni.conversation_engine import (
     ConversationEngine,
@@ -386,16 +385,10 @@ class _Response(ConversationResponse[Feeding, Fed]):
         self, instructions: torch.Tensor | str | None, tools: torch.Tensor | str | None = None
     ) -> bool:
         conversation = self.conversation
-        if (
-            instructions is None
-            and tools is not None
-            and _text(TOOLS_FIELD, tools) == (conversation.tools)
-        ):
-            return False  # the same tools again: the system turn stands
-        if instructions is not None:
-            conversation.instructions = _text(INSTRUCTIONS_FIELD, instructions)
-        if tools is not None:
-            conversation.tools = _text(TOOLS_FIELD, tools)
+        now = settings((conversation.instructions, conversation.tools), instructions, tools)
+        if now is None:
+            return False
+        conversation.instructions, conversation.tools = now
         self.instructed = self.engine._system_turn(conversation.instructions, conversation.tools)
         if self.turn.opened:
             self.turn.system = self.instructed  # prefilled behind the turn's end

@@ -51,13 +51,12 @@ from omni_actors.actors.engines.contract import (
     INSTRUCTIONS_FIELD,
     TOOL_CALLS_FIELD,
     TOOL_RESULT_FIELD,
-    TOOLS_FIELD,
     TURN_FIELD,
     Fields,
     ResponseOptions,
     Rule,
 )
-from omni_actors.actors.engines.conversation import Outcome, Response, respond
+from omni_actors.actors.engines.conversation import Outcome, Response, respond, settings
 from omni_actors.actors.engines.tool_template import ToolTemplate, ToolTemplateError
 from omni_actors.actors.engines.torch_engine import AbortSignal
 from omni_actors.actors.engines.turn_marks import TurnMarkError
@@ -382,16 +381,10 @@ class ConversationResponse(Response[Mark], Generic[E]):
         self, instructions: torch.Tensor | str | None, tools: torch.Tensor | str | None = None
     ) -> bool:
         history, engine = self.history, self.engine
-        if (
-            instructions is None
-            and tools is not None
-            and _text(TOOLS_FIELD, tools) == (history.tools)
-        ):
-            return False  # the same tools again: the system turn stands
-        if instructions is not None:
-            history.instructions = _text(INSTRUCTIONS_FIELD, instructions)
-        if tools is not None:
-            history.tools = _text(TOOLS_FIELD, tools)
+        now = settings((history.instructions, history.tools), instructions, tools, VllmInputError)
+        if now is None:
+            return False
+        history.instructions, history.tools = now
         try:
             system = engine.tools.system_turn(history.instructions, history.tools)
         except ToolTemplateError as exc:

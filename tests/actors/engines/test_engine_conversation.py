@@ -25,7 +25,7 @@ from omni_actors.actors.engines.contract import (
     Fields,
     ResponseOptions,
 )
-from omni_actors.actors.engines.conversation import Response, respond
+from omni_actors.actors.engines.conversation import Response, respond, settings
 from omni_actors.actors.engines.torch_engine import AbortSignal
 from omni_actors.actors.engines.turn_marks import TurnMarkError, check_truncatable
 from omni_actors.errors import EngineError
@@ -547,3 +547,17 @@ async def test_dropped_by_an_abort_mid_reply_keeps_nothing_of_it() -> None:
     assert [out async for out in outputs] == [{"text": "thanks"}]  # the fake does not stop
     assert chat.decoded is None  # not a reply that ended: the session is gone
     assert chat.signal is None
+
+
+def test_settings_keep_what_is_not_set_again_and_stand_for_the_same_tools() -> None:
+    given = '[{"name": "f"}]'
+    assert settings(("be brief", "[]"), None, given) == ("be brief", given)
+    assert settings(("be brief", "[t]"), "be kind", None) == ("be kind", "[t]")
+    assert settings(("be brief", "[t]"), None, "[t]") is None  # the system turn stands
+    assert settings(("be brief", "[t]"), "be brief", "[t]") == ("be brief", "[t]")
+
+    class Refused(ValueError):
+        pass
+
+    with pytest.raises(Refused, match="'tools' must be text"):
+        settings(("", "[]"), None, torch.zeros(1), Refused)
