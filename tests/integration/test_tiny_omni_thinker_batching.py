@@ -267,7 +267,7 @@ async def test_decode_steps_run_eager_for_want_of_a_graph_are_counted(cache_dir:
     differs from eager, runs eager and counts; a replay, or a step run eager on purpose,
     does not; a model without graphs counts nothing (None)."""
     path = cache_dir / "tiny-omni" / "seed-0"
-    common: dict[str, Any] = {"allowed_token_ranges": PRINTABLE_RANGES, "slots": 4}
+    common: dict[str, Any] = {"allowed_token_ranges": PRINTABLE_RANGES, "slots": 8}
     graphed = ThinkerModel(
         path, **common, max_context=256, max_rows=2, graphs=True, warm=True, capture=Captures()
     )
@@ -385,3 +385,36 @@ async def test_an_abort_in_the_middle_of_a_prefill_frees_the_slot(cache_dir: Pat
         await asyncio.wait_for(started, 30.0)  # ends where it waits, without a reply
         await eventually(lambda: engine.loop.statistics().free_slots == 32, timeout=30.0)
         assert await reply(engine, "s", "Tell me about the sea") == fresh
+
+
+async def test_prefill_chunks_that_fit_a_graph_replay_it_and_pick_as_eager(
+    cache_dir: Path,
+) -> None:
+    """A step whose positions fit the largest decode graph (a reply's opening, chunks of
+    a prompt, beside decode rows) replays it, one row per position: the tokens and the
+    talker's rows are the one-shot prefill's; longer chunks run the prefill forward."""
+    path = cache_dir / "tiny-omni" / "seed-0"
+    captures = Captures()
+    common: dict[str, Any] = {"allowed_token_ranges": PRINTABLE_RANGES, "slots": 8}
+    graphed = ThinkerModel(
+        path, **common, max_context=256, max_rows=8, graphs=True, capture=captures
+    )
+    eager = ThinkerModel(path, **common, max_context=256)
+    want = await alone(eager)
+    chunked = await alone(graphed, max_chunk=5, budget=8)
+    replays = captures.replays
+    # Every step replayed: the prompts' chunks of 5 (10 + 4 + 18) and the decode steps.
+    assert replays == 10 + 4 + 18 + 3 * STEPS
+    whole = await alone(graphed)  # prompts longer than 8 positions: the prefill forward
+    assert captures.replays - replays == 3 * STEPS
+    # Sessions together: one's chunks beside the others' decode rows, in one replay.
+    loop = loop_over(graphed, max_chunk=3, budget=8)
+    loop.start()
+    pairs = enumerate(zip(PROMPTS, picks(), strict=True))
+    together = await asyncio.gather(*(session(loop, f"t{i}", p, pick) for i, (p, pick) in pairs))
+    await loop.stop()
+    assert loop.statistics().mixed_steps > 0
+    for got in (chunked, whole, together):
+        for (tokens, rows), (want_tokens, want_rows) in zip(got, want, strict=True):
+            assert tokens == want_tokens
+            torch.testing.assert_close(rows, want_rows, rtol=1e-4, atol=1e-5)

@@ -236,7 +236,9 @@ class ThinkerModel:
         """One forward over every chunk (module docstring); one output per chunk.
         ``eager`` runs a decode-only step without its graph (a benchmark compares)."""
         if all(chunk.work.decode for chunk in chunks):
-            return self._decode_step(chunks, eager)
+            return self._rows_step(chunks, eager)
+        if not eager and self._as_rows(chunks):
+            return self._rows_step(chunks, eager)
         segments = [Segment(c.request.slot, c.start, c.length) for c in chunks]
         ids = [i for c in chunks for i in c.work.payload.ids[c.offset : c.offset + c.length]]
         device = self.device
@@ -271,16 +273,42 @@ class ThinkerModel:
             offset += chunk.length
         return fed
 
-    def _decode_step(self, chunks: list[ThinkerChunk], eager: bool) -> list[Fed]:
-        """Decode rows alone: a graph per (row bucket, span) where there is one."""
-        count = len(chunks)
+    def _as_rows(self, chunks: list[ThinkerChunk]) -> bool:
+        """Whether a step with prefill chunks may run as single positions, one row each,
+        through the decode graphs: on graphs, text only, no more positions than the
+        largest graph's rows. A forward costs a fixed launch overhead on a GPU whatever
+        its length (a reply's opening of 5 positions as much as a 2500-token prompt);
+        a graph replays it for a decode step's cost. A row at position ``p`` of a slot
+        sees the rows before it in the same step, as a chunk's positions see each other:
+        every row's key is written before any row attends (:class:`.SlotStep`)."""
+        if self._graphs is None or sum(c.length for c in chunks) > self.max_rows:
+            return False
+        pad = self.vocabulary.ids.audio_pad
+        return all(
+            c.work.payload.audio is None
+            and pad not in c.work.payload.ids[c.offset : c.offset + c.length]
+            for c in chunks
+        )
+
+    def _rows_step(self, chunks: list[ThinkerChunk], eager: bool) -> list[Fed]:
+        """Every position of the step a row of its own (decode rows, and prefill chunks
+        :meth:`_as_rows` takes): a graph per (row bucket, span) where there is one."""
+        slots: list[int] = []
+        starts: list[int] = []
+        ids: list[int] = []
+        last: list[int] = []  # each chunk's last row
+        for c in chunks:
+            slots += [c.request.slot] * c.length
+            starts += range(c.start, c.start + c.length)
+            ids += c.work.payload.ids[c.offset : c.offset + c.length]
+            last.append(len(ids) - 1)
+        count = len(ids)
         rows = bucket(count, row_buckets(self.max_rows)) or count
-        span = span_for(max(c.start for c in chunks) + 1, self.cache.max_len)
+        span = span_for(max(starts) + 1, self.cache.max_len)
         key = (rows, span)
-        slots = [c.request.slot for c in chunks] + [self.cache.scratch] * (rows - count)
-        starts = [c.start for c in chunks] + [0] * (rows - count)
-        ids = [c.work.payload.ids[0] for c in chunks] + [0] * (rows - count)
-        given = [torch.tensor(v, device=self.device) for v in (slots, starts, ids)]
+        pad = rows - count
+        slots, starts = slots + [self.cache.scratch] * pad, starts + [0] * pad
+        given = [torch.tensor(v, device=self.device) for v in (slots, starts, ids + [0] * pad)]
         if eager or self._graphs is None:
             (logits,) = self._decode(span, *given)
         elif count > self.max_rows:
@@ -290,7 +318,16 @@ class ThinkerModel:
             for buffer, value in zip(static, given, strict=True):
                 buffer.copy_(value)
             (logits,) = self._graphs(key, functools.partial(self._decode, span), *static)
-        return [Fed(None, token) for token in self._picks(logits[:count], chunks)]
+        index = torch.tensor(last, device=self.device)
+        picks = self._picks(logits.index_select(0, index), chunks)
+        fed: list[Fed] = []
+        for chunk, token, end in zip(chunks, picks, last, strict=True):
+            rows_of = None
+            if chunk.work.payload.rows:  # text: the talker's rows are the input embeddings
+                first = end + 1 - chunk.length
+                rows_of = self._embedding(given[2][first : end + 1])
+            fed.append(Fed(rows_of, token))
+        return fed
 
     def _static_inputs(self, key: tuple[int, int]) -> list[torch.Tensor]:
         static = self._decode_inputs.get(key)
