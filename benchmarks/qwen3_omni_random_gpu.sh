@@ -16,7 +16,9 @@
 # --preset qwen3-omni-1gpu` on one GPU ($STAGES: the stages written, default all three);
 #   STAGES=thinker bash benchmarks/qwen3_omni_random_gpu.sh setup prepare-short prefill
 # times and profiles the thinker's prefill against transformers' (thinker_prefill_profile.py);
-# `timeline` prints where each request's first text and audio go (ttft_timeline.py).
+# `timeline` prints where each request's first text and audio go (ttft_timeline.py);
+# `pipeline-1gpu` runs `bench pipeline --preset qwen3-omni-1gpu` on that release
+# ($LEVELS_1GPU, default 1 8: two levels take about five minutes).
 # Results go to $OUT (default benchmarks/results); the release to $RELEASE (/tmp/q3).
 # pipeline: $LEVELS (default 1 4 8 16 32), $REQUESTS_PER_LEVEL (default 4: each level
 # runs 4 x c requests, a closed loop as vllm-omni's CI runs it) or $REQUESTS per level,
@@ -100,16 +102,18 @@ write_random_release(Path(sys.argv[1]), config, stages=tuple(sys.argv[3].split()
     run)
       omni run --preset benchmarks/qwen3_omni_random.yaml --model "$RELEASE" --text "Hello, who are you?" \
         --out "$OUT/qwen3_omni_random_reply.wav" 2>&1 | tail -20 ;;
-    pipeline)
+    pipeline|pipeline-1gpu)
       # $REQUESTS, when set, replaces the K x c requests of each level.
       if [ -n "${REQUESTS:-}" ]; then counts=(--requests "$REQUESTS")
       else counts=(--requests-per-level "$REQUESTS_PER_LEVEL"); fi
-      # shellcheck disable=SC2086  # LEVELS is a list of words on purpose
-      omni bench pipeline --preset qwen3-omni --model "$RELEASE" --input-tokens 2500 \
+      preset=qwen3-omni levels=$LEVELS
+      if [ "$step" = pipeline-1gpu ]; then preset=qwen3-omni-1gpu levels=${LEVELS_1GPU:-1 8}; fi
+      # shellcheck disable=SC2086  # levels is a list of words on purpose
+      omni bench pipeline --preset "$preset" --model "$RELEASE" --input-tokens 2500 \
         --output-tokens 256 --frames-per-token "$FRAMES_PER_TOKEN" --streaming-only \
-        --no-input-length --concurrency $LEVELS "${counts[@]}" --json \
-        > "$OUT/qwen3_omni_random_pipeline.json"
+        --no-input-length --concurrency $levels "${counts[@]}" --json \
+        > "$OUT/qwen3_omni_random_$step.json"
       python3 -c 'import json, sys; from omni_actors.bench.models import model_table
-print("\n".join(model_table(json.load(open(sys.argv[1])))))' "$OUT/qwen3_omni_random_pipeline.json" ;;
+print("\n".join(model_table(json.load(open(sys.argv[1])))))' "$OUT/qwen3_omni_random_$step.json" ;;
   esac
 done
