@@ -37,20 +37,6 @@ COMPILE_CHOICES: Final = ("default", "off", "layers", "predictor", "all", "fused
 """What of the talker's static frame step to compile (module docstring)."""
 
 
-def _timed(step: Callable[[], object], device: torch.device, steps: int) -> float:
-    """Median milliseconds of ``step`` over ``steps`` runs."""
-    times = []
-    for _ in range(steps):
-        if device.type == "cuda":
-            torch.cuda.synchronize(device)
-        started = time.perf_counter()
-        step()
-        if device.type == "cuda":
-            torch.cuda.synchronize(device)
-        times.append((time.perf_counter() - started) * 1e3)
-    return round(statistics.median(times), 3)
-
-
 def _thinker(
     model: Path, device: torch.device, batches: Sequence[int], context: int, steps: int, plan: Any
 ) -> dict[str, Any]:
