@@ -318,6 +318,8 @@ class ConversationResponse(Response[Checkpoint], Generic[P, Out]):
             del self.engine._sessions[self.session]
 
     async def finish(self, outcome: Outcome) -> Outcome:
+        if outcome == "dropped":
+            self.deferred.clear()  # the conversation goes with the session (forget)
         try:
             await self._feed_deferred()
         except Exception:
