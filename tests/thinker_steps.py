@@ -44,6 +44,27 @@ async def respond(engine: Any, session: str, *steps: Step) -> list[Fields]:
     return [out async for out in engine.generate(session, items(steps))]
 
 
+class OneShot:
+    """Input items that say, as a stage's ``SegmentInputs`` do (``all_read``), when the
+    item handed out is the last: the reply is asked for with it, as a one-shot request."""
+
+    def __init__(self, steps: Sequence[Fields]) -> None:
+        self._items = iter(steps)
+        self._left = len(steps)
+        self.all_read = False
+
+    def __aiter__(self) -> OneShot:
+        return self
+
+    async def __anext__(self) -> Fields:
+        fields = next(self._items, None)
+        if fields is None:
+            raise StopAsyncIteration
+        self._left -= 1
+        self.all_read = self._left == 0
+        return fields
+
+
 async def broken() -> None:
     """A step that breaks the input stream."""
     raise RuntimeError("input broke")

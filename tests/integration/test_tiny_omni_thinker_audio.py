@@ -17,7 +17,7 @@ pytest.importorskip("transformers")
 
 import torch
 from thinker_driving import thinker
-from thinker_steps import ids, respond
+from thinker_steps import OneShot, ids, respond
 from tiny_omni_ids import (
     ASSISTANT_OPENING,
     PRINTABLE,
@@ -161,3 +161,22 @@ async def test_work_left_at_the_end_of_input_does_not_grow_with_its_length(
     # <|im_end|> \n; never more than a window and a chunk.
     assert left[12.0] == left[36.0] == 52 + 3
     assert left[36.0] <= WINDOW_TOKENS + 13 + 3
+
+
+async def test_a_one_shot_clip_and_the_reply_s_opening_share_one_forward(
+    cache_dir: Path,
+) -> None:
+    """A clip sent whole with the reply asked for (a one-shot request) is encoded once,
+    at the end of input, and fed with the reply's opening: one prefill step, the same
+    rows and tokens as the clip taken before the reply."""
+    samples = torch.from_numpy(speech(8.5))
+    async with thinker(cache_dir) as engine:
+        taken = await respond(engine, "taken", {"audio": samples})
+        before = engine.loop.statistics()
+        one_shot = [out async for out in engine.generate("one-shot", OneShot([{"audio": samples}]))]
+        after = engine.loop.statistics()
+    assert after.steps - before.steps - (after.decode_rows - before.decode_rows) == 1
+    assert ids(one_shot) == ids(taken)
+    rows, mask = user_rows(one_shot)
+    assert torch.equal(mask, user_rows(taken)[1])
+    torch.testing.assert_close(rows, user_rows(taken)[0], rtol=0, atol=1e-5)

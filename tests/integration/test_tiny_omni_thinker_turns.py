@@ -20,7 +20,7 @@ pytest.importorskip("transformers")
 
 import torch
 from thinker_driving import thinker
-from thinker_steps import ids, talker_rows, tensor, truncate
+from thinker_steps import OneShot, ids, talker_rows, tensor, truncate
 from tiny_omni_ids import (
     ASSISTANT_OPENING,
     PRINTABLE,
@@ -419,22 +419,6 @@ async def test_prompt_tokens_are_the_conversation_each_reply_was_made_from(
 
 
 # -- one-shot requests ----------------------------------------------------------------
-
-
-class OneShot(Inputs):
-    """Inputs that say, as a stage's do (``all_read``), when the item handed out is the
-    last: the reply is asked for with it."""
-
-    def __init__(self, steps: list[Fields]) -> None:
-        super().__init__(steps)
-        self.left = len(steps)
-        self.all_read = False
-
-    async def __anext__(self) -> Fields:
-        fields = await super().__anext__()
-        self.left -= 1
-        self.all_read = self.left == 0
-        return fields
 
 
 async def test_a_one_shot_prompt_and_the_reply_s_opening_share_one_forward(

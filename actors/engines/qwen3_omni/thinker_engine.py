@@ -425,7 +425,9 @@ class _Response(ConversationResponse[Feeding, Fed]):
             self._defer(*self._turn_feeding(turn, turn.next_feed(None, True, ids, 0)))
         elif said:
             await self._prefill(turn, True, ids)
-        elif turn.clip is not None and turn.clip.ready():
+        elif turn.clip is not None and turn.clip.ready() and not self.last_input:
+            # (The last input's windows are encoded with the clip's end, at the reply's
+            # opening: one encoder call and one forward.)
             await self._prefill(turn, False, [])
 
     async def after_input(self, fields: Fields) -> None:
