@@ -377,6 +377,35 @@ async def test_frames_replayed_from_graphs_give_each_session_its_solo_codes(
         assert torch.equal(torch.cat(reply.codes), torch.cat(alone.codes))
 
 
+async def test_openings_that_fit_a_graph_replay_it_and_give_the_solo_codes(
+    cache_dir: Path, said: list[list[Fields]], solo: list[SteppedReply]
+) -> None:
+    """A step of prefills (the replies' openings, opened together) whose positions fit
+    the largest graph runs each position as a row of a replayed graph: every session's
+    frames are still its solo eager frames; a step past the largest graph runs the
+    prefill forward."""
+    path = cache_dir / "tiny-omni" / "seed-0"
+    captures = Captures()
+    common: dict[str, Any] = {"stop_at_codec_eos": True, "max_context": 512}
+    graphed = TalkerModel(path, **common, slots=64, max_rows=64, graphs=True, capture=captures)
+    for group in ([0], [1], [2], [0, 2]):  # alone, then two openings in one step
+        loop = loop_over(graphed)
+        before = captures.replays
+        replies = await open_replies(graphed, loop, [said[n] for n in group])
+        assert captures.replays > before  # the opening step replayed a graph
+        await speak_in(loop, replies, [list(range(len(replies)))])
+        await loop.stop()
+        for reply, n in zip(replies, group, strict=True):
+            assert torch.equal(torch.cat(reply.codes), torch.cat(solo[n].codes))
+    small = TalkerModel(path, **common, slots=4, max_rows=4, graphs=True, capture=captures)
+    loop = loop_over(small)
+    before = captures.replays
+    (reply,) = await open_replies(small, loop, [said[0]])
+    assert captures.replays == before  # more positions than rows: the prefill forward
+    await loop.stop()
+    assert torch.equal(reply.codes[0], solo[0].codes[0])
+
+
 def frame_chunks(model: TalkerModel, rows: int) -> list[TalkerChunk]:
     """A frame-only step of ``rows`` sessions (slots 0 ..), each at position 0."""
     loop = asyncio.get_running_loop()

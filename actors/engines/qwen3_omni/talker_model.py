@@ -9,7 +9,9 @@ forward over the :class:`~.slot_cache.SlotCache`, the talker's only KV cache, th
 codec head and the code predictor over every row that makes a frame (batched: its cache
 is fresh per frame and as long for every row). A step of frames alone is one CUDA graph
 per (row bucket, span) on a GPU: the talker step, its codec head, the first code and the
-code predictor's loop.
+code predictor's loop. A step with prefill chunks whose positions fit the largest graph
+runs its backbone as one row per position, replayed from a graph per (row bucket, span)
+captured on first use; its frames' code predictor replays its own graphs.
 """
 
 from __future__ import annotations
@@ -199,6 +201,15 @@ class TalkerModel:
             ShapeGraphs("talker frame", capture=capture) if graphs else None
         )
         self._frame_inputs: dict[tuple[int, int], list[torch.Tensor]] = {}
+        # Steps with prefill chunks that fit the largest graph (a reply's opening, user
+        # rows sent ahead, beside frames or not): each position a row of the backbone's
+        # decode step, replayed per (row bucket, span), captured on first use. A forward
+        # costs a fixed launch overhead on a GPU whatever its length (55-62 ms for an
+        # 11-position opening on an H200).
+        self._rows_graphs: ShapeGraphs[tuple[int, int]] | None = (
+            ShapeGraphs("talker rows", capture=capture) if graphs else None
+        )
+        self._rows_inputs: dict[tuple[int, int], list[torch.Tensor]] = {}
         if self._graphs is not None and warm:
             self.warm()
 
@@ -262,7 +273,8 @@ class TalkerModel:
         and the code predictor of mixed steps on a GPU (a batch size whose graph failed
         or differed); None without graphs."""
         graphed = self._code_frame if isinstance(self._code_frame, GraphedCodePredictor) else None
-        counts = [part.eager_steps for part in (self._graphs, graphed) if part is not None]
+        parts = (self._graphs, self._rows_graphs, graphed)
+        counts = [part.eager_steps for part in parts if part is not None]
         return sum(counts) if counts else None
 
     @property
@@ -308,26 +320,74 @@ class TalkerModel:
                 assert given is not None, "a prefill feeds inputs"
                 parts.append(given[chunk.offset : chunk.offset + chunk.length])
         embeds = torch.cat(parts).to(self._dtype)
-        step = self.cache.step([Segment(c.request.slot, c.start, c.length) for c in chunks])
-        with step.active(self._configs):
-            out = talker.model(
-                inputs_embeds=embeds[None],
-                position_ids=step.positions[None],
-                attention_mask=step.mask,
-                past_key_values=step,
-                use_cache=True,
-            )
+        if self._rows_graphs is not None and not eager and embeds.shape[0] <= self.max_rows:
+            states = self._rows_step(chunks, embeds)
+        else:
+            step = self.cache.step([Segment(c.request.slot, c.start, c.length) for c in chunks])
+            with step.active(self._configs):
+                out = talker.model(
+                    inputs_embeds=embeds[None],
+                    position_ids=step.positions[None],
+                    attention_mask=step.mask,
+                    past_key_values=step,
+                    use_cache=True,
+                )
+            states = out.last_hidden_state[0]
         wanted = [n for n, c in enumerate(chunks) if c.last and c.work.payload.frame]
         results: list[Framed | None] = [None] * len(chunks)
         if not wanted:
             return results
         ends = torch.tensor([c.length for c in chunks]).cumsum(0) - 1
         index = ends[torch.tensor(wanted)].to(self.device)
-        hidden = out.last_hidden_state[0].index_select(0, index)[:, None]
+        hidden = states.index_select(0, index)[:, None]
         frames = self._complete(hidden, talker.codec_head(hidden)[:, -1])
         for n, frame in zip(wanted, frames, strict=True):
             results[n] = Framed(frame)
         return results
+
+    def _rows_step(self, chunks: list[TalkerChunk], embeds: torch.Tensor) -> torch.Tensor:
+        """The backbone's last states [T, Ht] over the step's ``embeds`` [T, Ht], each
+        position a row of its own (a row sees the rows of its slot before it: every
+        key is written before any row attends), replayed from a graph per (row
+        bucket, span)."""
+        slots = [c.request.slot for c in chunks for _ in range(c.length)]
+        starts = [p for c in chunks for p in range(c.start, c.start + c.length)]
+        count = len(starts)
+        rows = bucket(count, row_buckets(self.max_rows)) or count
+        span = span_for(max(starts) + 1, self.cache.max_len)
+        pad = rows - count
+        padding = embeds.new_zeros(pad, embeds.shape[1])
+        given = [
+            torch.tensor(slots + [self.cache.scratch] * pad, device=self.device),
+            torch.tensor(starts + [0] * pad, device=self.device),
+            torch.cat((embeds, padding)),
+        ]
+        key = (rows, span)
+        static = self._rows_inputs.get(key)
+        if static is None:
+            static = self._rows_inputs[key] = [t.clone() for t in given]
+        for buffer, value in zip(static, given, strict=True):
+            buffer.copy_(value)
+        assert self._rows_graphs is not None
+        (states,) = self._rows_graphs(key, functools.partial(self._backbone_rows, span), *static)
+        return states[:count]
+
+    def _backbone_rows(
+        self, span: int, slots: torch.Tensor, starts: torch.Tensor, embeds: torch.Tensor
+    ) -> tuple[torch.Tensor, ...]:
+        """The backbone over single-position rows (capturable: a function of its input
+        tensors, nothing read back to the host)."""
+        step = self.cache.decode_step(slots, starts, span)
+        layers = self._layers.active() if self._layers is not None else contextlib.nullcontext()
+        with step.active(self._configs), layers:
+            out = self._talker.model(
+                inputs_embeds=embeds[None],
+                position_ids=starts[None],
+                attention_mask=step.mask,
+                past_key_values=step,
+                use_cache=True,
+            )
+        return (out.last_hidden_state[0],)
 
     def _frames_step(self, chunks: list[TalkerChunk], eager: bool) -> list[Framed | None]:
         """Frame rows alone: a graph per (row bucket, span) where there is one."""
