@@ -450,17 +450,8 @@ class TalkerModel:
         function of its input tensors, nothing read back to the host."""
         talker = self._talker
         inputs = carry + talker.text_projection(text[:, None])
-        step = self.cache.decode_step(slots, starts, span)
-        layers = self._layers.active() if self._layers is not None else contextlib.nullcontext()
-        with step.active(self._configs), layers:
-            out = talker.model(
-                inputs_embeds=inputs.reshape(1, -1, inputs.shape[-1]),
-                position_ids=starts[None],
-                attention_mask=step.mask,
-                past_key_values=step,
-                use_cache=True,
-            )
-        hidden = out.last_hidden_state.transpose(0, 1)  # [B, 1, Ht]
+        (states,) = self._backbone_rows(span, slots, starts, inputs.reshape(-1, inputs.shape[-1]))
+        hidden = states[:, None]  # [B, 1, Ht]
         masked = stepping.mask_codec_logits(
             talker.codec_head(hidden)[:, -1], self._vocab, self._codec_eos
         )
