@@ -10,7 +10,8 @@
 # On a machine with one GPU (and a 64 GiB disk, too small for the 66 GiB release):
 #   bash benchmarks/qwen3_omni_random_gpu.sh setup prepare-talker decode-talker
 # writes the release's talker alone and times its frame, compiled as the engine compiles
-# it, not, and with the code predictor's projections fused ($COMPILE, default "off all fused");
+# it (the code predictor's projections fused), not, and with those projections apart
+# ($COMPILE, default "off all apart");
 #   bash benchmarks/qwen3_omni_random_gpu.sh setup prepare-short
 # writes every stage with an 8-layer thinker ($THINKER_LAYERS), for `bench pipeline
 # --preset qwen3-omni-1gpu` on one GPU ($STAGES: the stages written, default all three);
@@ -28,7 +29,7 @@ set -euo pipefail
 OUT=${OUT:-benchmarks/results}
 RELEASE=${RELEASE:-/tmp/q3}
 LEVELS=${LEVELS:-1 4 8 16 32}
-COMPILE=${COMPILE:-off all fused}
+COMPILE=${COMPILE:-off all apart}
 FRAMES_PER_TOKEN=${FRAMES_PER_TOKEN:-2}
 REQUESTS_PER_LEVEL=${REQUESTS_PER_LEVEL:-4}
 export PYTHONPATH=/tmp/site

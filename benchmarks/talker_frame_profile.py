@@ -2,10 +2,11 @@
 
 Loads the talker of a release (``RELEASE``, default ``/tmp/q3``) as ``bench decode`` does,
 compiled as its engine compiles it on a GPU (``COMPILE=off``: the step as before;
-``COMPILE=fused``: the code predictor's projections fused too),
+``COMPILE=apart``: the code predictor's projections apart, not fused),
 opens ``B`` sessions of 1024 positions, steps two frames (graph capture), then profiles
 10 frames and prints one JSON line per batch size: kernels per frame, GPU busy ms per
-frame, and the kernels that take the most time (name, calls per frame, ms per frame).
+frame, wall ms per frame (the step loop's whole frame, unprofiled), and the kernels that
+take the most time (name, calls per frame, ms per frame).
 ``DRY=1`` runs on the CPU (``RELEASE`` then a tiny-omni one: checks the script).
 
     python3 benchmarks/talker_frame_profile.py 1 32
@@ -17,6 +18,7 @@ import asyncio
 import json
 import os
 import sys
+import time
 from collections import defaultdict
 from pathlib import Path
 from typing import Any
@@ -43,7 +45,7 @@ def main() -> None:
     batches = [int(b) for b in sys.argv[1:]] or [1, 32]
     backend = "aot_eager" if dry else "inductor"
     choice = os.environ.get("COMPILE", "all")
-    compiled = None if choice == "off" else FrameCompile(backend, fused=choice == "fused")
+    compiled = None if choice == "off" else FrameCompile(backend, fused=choice != "apart")
     if not dry:
         torch.cuda.set_device(device)
     talker = TalkerModel(
@@ -100,6 +102,14 @@ def main() -> None:
             loop, state = runner.run(opened(batch))
             for _ in range(2):
                 runner.run(frames(loop, state))
+            if not dry:
+                torch.cuda.synchronize(device)
+            started = time.perf_counter()
+            for _ in range(FRAMES):
+                runner.run(frames(loop, state))
+            if not dry:
+                torch.cuda.synchronize(device)
+            wall = (time.perf_counter() - started) * 1e3 / FRAMES
             activities = [ProfilerActivity.CPU] if dry else [ProfilerActivity.CUDA]
             with profile(activities=activities) as prof:
                 for _ in range(FRAMES):
@@ -113,12 +123,13 @@ def main() -> None:
                     kernels[event.name].append(event.device_time if on_device else 0.0)
             per_frame = sum(len(v) for v in kernels.values()) / FRAMES
             busy = sum(sum(v) for v in kernels.values()) / FRAMES / 1e3
-            top = sorted(kernels.items(), key=lambda kv: -sum(kv[1]))[:15]
+            top = sorted(kernels.items(), key=lambda kv: -sum(kv[1]))[:25]
             print(
                 json.dumps(
                     {
                         "batch": batch,
                         "compiled": talker.compiled,
+                        "wall_ms_per_frame": round(wall, 3),
                         "kernels_per_frame": round(per_frame, 1),
                         "gpu_busy_ms_per_frame": round(busy, 3),
                         "top": [

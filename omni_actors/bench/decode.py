@@ -15,7 +15,8 @@ talker, code predictor included; real time needs one frame per 80 ms).
 
 The talker's static frame step is compiled as its engine compiles it (``compile``
 ``default``: on a GPU), or as ``compile`` says (``off``, ``layers``, ``predictor``,
-``all``, ``fused``: ``all`` with the code predictor's projections fused;
+``all``: both, the code predictor's projections fused, as the engine compiles it;
+``apart``: ``all`` with those projections apart;
 :mod:`~omni_actors.actors.engines.qwen3_omni.frame_compile`); ``load_s`` is the
 time to build the stage, which with ``warm`` includes capturing (and compiling) every
 graph at load, as the engine does.
@@ -33,7 +34,7 @@ import torch
 
 __all__ = ["COMPILE_CHOICES", "run_decode_bench"]
 
-COMPILE_CHOICES: Final = ("default", "off", "layers", "predictor", "all", "fused")
+COMPILE_CHOICES: Final = ("default", "off", "layers", "predictor", "all", "apart")
 """What of the talker's static frame step to compile (module docstring)."""
 
 
@@ -161,7 +162,7 @@ def _frame_compile(choice: str, backend: str, device: torch.device) -> Any:
         backend,
         backbone=choice != "predictor",
         predictor=choice != "layers",
-        fused=choice == "fused",
+        fused=choice != "apart",
     )
 
 

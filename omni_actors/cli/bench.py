@@ -555,11 +555,11 @@ def _add_decode_options(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--talker-compile",
-        choices=("default", "off", "layers", "predictor", "all", "fused"),  # as COMPILE_CHOICES
+        choices=("default", "off", "layers", "predictor", "all", "apart"),  # as COMPILE_CHOICES
         default="default",
         help="what of the talker's static frame step to torch.compile: its decoder layers, "
-        "its code-predictor step, both, both with the predictor's projections fused, or as "
-        "its engine does (default: both on a GPU)",
+        "its code-predictor step, both (the predictor's projections fused), both with those "
+        "projections apart, or as its engine does (default: all, on a GPU)",
     )
     parser.add_argument(
         "--compile-backend", default="inductor", help="the torch.compile backend (inductor)"
