@@ -13,8 +13,9 @@ a whole step, picks and read-backs included, with the device synchronised: what 
 session waits per token (the thinker's TPOT at that batch) or per codec frame (the
 talker, code predictor included; real time needs one frame per 80 ms).
 
-The talker's static frame step is compiled as its engine compiles it (``compile``
-``default``: on a GPU), or as ``compile`` says (``off``, ``layers``, ``predictor``,
+The thinker's decode layers are compiled as its engine compiles them (on a GPU), or not
+(``thinker_compile``). The talker's static frame step is compiled as its engine compiles
+it (``compile`` ``default``: on a GPU), or as ``compile`` says (``off``, ``layers``, ``predictor``,
 ``all``: both, the code predictor's projections fused, as the engine compiles it;
 ``apart``: ``all`` with those projections apart;
 :mod:`~omni_actors.actors.engines.qwen3_omni.frame_compile`); ``load_s`` is the
@@ -39,7 +40,13 @@ COMPILE_CHOICES: Final = ("default", "off", "layers", "predictor", "all", "apart
 
 
 def _thinker(
-    model: Path, device: torch.device, batches: Sequence[int], context: int, steps: int, plan: Any
+    model: Path,
+    device: torch.device,
+    batches: Sequence[int],
+    context: int,
+    steps: int,
+    plan: Any,
+    compile_layers: Any,
 ) -> dict[str, Any]:
     import asyncio
 
@@ -63,6 +70,7 @@ def _thinker(
         # full-size thinker's batched step replays a few bits off eager (cuBLAS picks its
         # kernels per capture), so it would time eager; the engine warms at load too.
         warm=plan.graphs,
+        compile_layers=compile_layers,
     )
     vocab = int(thinker.text_config.vocab_size)
     greedy = Pick(True, Sampling(1 << 30, 0, 0.0, None))
@@ -113,6 +121,7 @@ def _thinker(
         rows = asyncio.run(run_all())
     graphs = thinker._graphs
     return {
+        "compiled": thinker.compiled,
         "batches": rows,
         "graphed": [list(key) for key in thinker.graphed],
         "capture_s": {}
@@ -274,13 +283,16 @@ def run_decode_bench(
     steps: int,
     max_context: int,
     talker_compile: str = "default",
+    thinker_compile: bool | None = None,
     compile_backend: str = "inductor",
     warm: bool = False,
 ) -> dict[str, Any]:
     """Eager and static step times per batch size for each stage in ``stages`` (stage
     name -> device: ``thinker``, ``talker``); the talker's frame step compiled as
-    ``talker_compile`` (one of :data:`COMPILE_CHOICES`) says, with ``compile_backend``;
-    ``warm`` captures every graph when a stage loads."""
+    ``talker_compile`` (one of :data:`COMPILE_CHOICES`) says, the thinker's decode
+    layers as ``thinker_compile`` says (None: as its engine does, on a GPU), with
+    ``compile_backend``; ``warm`` captures every graph when a stage loads."""
+    from omni_actors.actors.engines.qwen3_omni.frame_compile import DecodeCompileArgs
     from omni_actors.actors.engines.qwen3_omni.static_decode import StaticPlan
     from omni_actors.actors.engines.torch_engine import resolve_device
 
@@ -302,7 +314,11 @@ def run_decode_bench(
             graphs = device.type == "cuda"
             plan = StaticPlan(max(batches), max_context, graphs=graphs, warm=graphs and warm)
             if stage == "thinker":
-                measured = _thinker(model, device, batches, context, steps, plan)
+                args = DecodeCompileArgs(
+                    compile_decode=thinker_compile, compile_backend=compile_backend
+                )
+                layers = args.decode_compile(device)
+                measured = _thinker(model, device, batches, context, steps, plan, layers)
             else:
                 compiled = _frame_compile(talker_compile, compile_backend, device)
                 measured = _talker(model, device, batches, context, steps, plan, compiled)

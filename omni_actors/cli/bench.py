@@ -562,6 +562,13 @@ def _add_decode_options(parser: argparse.ArgumentParser) -> None:
         "projections apart, or as its engine does (default: all, on a GPU)",
     )
     parser.add_argument(
+        "--thinker-compile",
+        choices=("default", "off", "on"),
+        default="default",
+        help="torch.compile the thinker's decode layers: as its engine does (default: on a "
+        "GPU), never, or always",
+    )
+    parser.add_argument(
         "--compile-backend", default="inductor", help="the torch.compile backend (inductor)"
     )
     parser.add_argument(
@@ -588,6 +595,7 @@ def _bench_decode(ns: argparse.Namespace) -> dict[str, Any]:
             steps=ns.steps,
             max_context=ns.max_context,
             talker_compile=ns.talker_compile,
+            thinker_compile={"default": None, "off": False, "on": True}[ns.thinker_compile],
             compile_backend=ns.compile_backend,
             warm=ns.warm,
         )

@@ -3,6 +3,7 @@ define its own ``cache_dir`` or ``model`` instead)."""
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -23,3 +24,14 @@ def model(cache_dir: Path) -> Any:
     from thinker_driving import thinker_model
 
     return thinker_model(cache_dir)
+
+
+@pytest.fixture
+def fresh_compiles() -> Iterator[None]:
+    """Compiled code and the sizes torch.compile saw made dynamic are process-wide: each
+    test compiles from scratch, and leaves nothing for the next."""
+    import torch
+
+    torch._dynamo.reset()
+    yield
+    torch._dynamo.reset()

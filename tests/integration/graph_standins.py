@@ -1,4 +1,5 @@
-"""A stand-in for CUDA graph capture, for the step loops' graph paths on a CPU."""
+"""Stand-ins for CUDA graph capture and for a ``torch.compile`` backend, for the step
+loops' graph and compile paths on a CPU."""
 
 from __future__ import annotations
 
@@ -32,3 +33,18 @@ class Captures:
     @property
     def replays(self) -> int:
         return sum(graph.replays for graph in self.graphs)
+
+
+class Backend:
+    """A ``torch.compile`` backend: ``aot_eager`` (no compiler needed, the same ops), noting
+    the input shapes of each graph it compiles; ``fail`` raises as a compile that fails."""
+
+    def __init__(self, *, fail: bool = False) -> None:
+        self.fail = fail
+        self.graphs: list[tuple[Any, ...]] = []
+
+    def __call__(self, graph: torch.fx.GraphModule, inputs: list[Any]) -> Any:
+        if self.fail:
+            raise RuntimeError("no C++ compiler found")
+        self.graphs.append(tuple(str(x.shape) if torch.is_tensor(x) else str(x) for x in inputs))
+        return torch._dynamo.lookup_backend("aot_eager")(graph, inputs)

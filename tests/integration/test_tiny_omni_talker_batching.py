@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import AsyncIterator, Iterable, Iterator
+from collections.abc import AsyncIterator, Iterable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -23,7 +23,7 @@ import pytest
 pytest.importorskip("transformers")
 
 import torch
-from graph_standins import Captures
+from graph_standins import Backend, Captures
 from tiny_omni_ids import (
     PRINTABLE_RANGES,
     TINY_TALKER,
@@ -458,30 +458,6 @@ async def test_frame_steps_run_eager_for_want_of_a_graph_are_counted(cache_dir: 
     plain = TalkerModel(path, stop_at_codec_eos=True, slots=4, max_context=256)
     plain.step(frame_chunks(plain, 3))
     assert plain.eager_steps is None
-
-
-class Backend:
-    """A ``torch.compile`` backend: ``aot_eager`` (no compiler needed, the same ops), noting
-    the input shapes of each graph it compiles; ``fail`` raises as a compile that fails."""
-
-    def __init__(self, *, fail: bool = False) -> None:
-        self.fail = fail
-        self.graphs: list[tuple[Any, ...]] = []
-
-    def __call__(self, graph: torch.fx.GraphModule, inputs: list[Any]) -> Any:
-        if self.fail:
-            raise RuntimeError("no C++ compiler found")
-        self.graphs.append(tuple(str(x.shape) if torch.is_tensor(x) else str(x) for x in inputs))
-        return torch._dynamo.lookup_backend("aot_eager")(graph, inputs)
-
-
-@pytest.fixture
-def fresh_compiles() -> Iterator[None]:
-    """Compiled code and the sizes torch.compile saw made dynamic are process-wide: each
-    test compiles from scratch, and leaves nothing for the next."""
-    torch._dynamo.reset()
-    yield
-    torch._dynamo.reset()
 
 
 @pytest.mark.usefixtures("fresh_compiles")

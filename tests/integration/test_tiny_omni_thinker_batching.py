@@ -20,7 +20,7 @@ import pytest
 pytest.importorskip("transformers")
 
 import torch
-from graph_standins import Captures
+from graph_standins import Backend, Captures
 from tiny_omni_ids import PRINTABLE_RANGES, Tokens
 
 from omni_actors.actors.engines.contract import Fields, engine_eager_steps
@@ -228,6 +228,71 @@ async def test_decode_steps_replayed_from_graphs_pick_as_eager(cache_dir: Path) 
 
     assert await run(graphed) == await run(eager)
     assert captures.replays > replays
+
+
+@pytest.mark.usefixtures("fresh_compiles")
+async def test_decode_steps_with_compiled_layers_pick_as_uncompiled(cache_dir: Path) -> None:
+    """Decode steps (and short prefills run as rows) with the decoder layers compiled,
+    replayed from graphs, pick the uncompiled model's tokens, sessions joining and
+    leaving; every layer runs one shared compiled graph per shape, never one per layer,
+    and prefill forwards are not compiled."""
+    path = cache_dir / "tiny-omni" / "seed-0"
+    backend = Backend()
+    common: dict[str, Any] = {"allowed_token_ranges": PRINTABLE_RANGES, "slots": 4}
+    compiled = ThinkerModel(
+        path,
+        **common,
+        max_context=256,
+        max_rows=3,
+        graphs=True,
+        capture=Captures(),
+        compile_layers=backend,
+    )
+    plain = ThinkerModel(path, **common, max_context=256)
+
+    async def run(model: ThinkerModel) -> list[list[int]]:
+        loop = loop_over(model)
+        loop.start()
+        got = await asyncio.gather(
+            *(
+                session(loop, f"s{i}", p, pick)
+                for i, (p, pick) in enumerate(zip(PROMPTS, picks(), strict=True))
+            )
+        )
+        await loop.stop()
+        return [tokens for tokens, _ in got]
+
+    assert await run(compiled) == await run(plain)
+    assert compiled.compiled == "compiled"
+    assert plain.compiled == "off"
+    layers = len(compiled._thinker.model.layers)
+    assert 1 <= len(backend.graphs) < 2 * layers
+    # Only decode steps' shapes: one position per row, never a prompt's length.
+    assert not any(str(len(p)) in " ".join(g) for g in backend.graphs for p in PROMPTS)
+
+
+@pytest.mark.usefixtures("fresh_compiles")
+async def test_a_decode_compile_that_fails_logs_once_and_runs_uncompiled(
+    cache_dir: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    path = cache_dir / "tiny-omni" / "seed-0"
+    common: dict[str, Any] = {"allowed_token_ranges": PRINTABLE_RANGES, "slots": 4}
+    failing = ThinkerModel(path, **common, max_context=256, compile_layers=Backend(fail=True))
+    plain = ThinkerModel(path, **common, max_context=256)
+
+    async def run(model: ThinkerModel) -> list[int]:
+        loop = loop_over(model)
+        loop.start()
+        tokens, _ = await session(loop, "s", PROMPTS[0], picks()[0])
+        await loop.stop()
+        return tokens
+
+    with caplog.at_level("WARNING"):
+        assert await run(failing) == await run(plain)
+    assert failing.compiled.startswith("failed: ")
+    assert "no C++ compiler found" in failing.compiled
+    warned = [r for r in caplog.records if "thinker layers: torch.compile failed" in r.message]
+    assert len(warned) == 1
 
 
 def decode_chunks(rows: int) -> list[ThinkerChunk]:

@@ -11,7 +11,9 @@ shape), so the regions compiled here are small and shape-stable:
 - each backbone decoder layer by itself (:class:`CompiledLayers`): the layers share
   their code, and each is called with its own part of the slot cache
   (:meth:`~.static_decode.StepCache.layer`), so no layer index reaches the graph and one
-  compiled graph serves every layer;
+  compiled graph serves every layer. The thinker's decode step compiles its layers the
+  same way (:class:`DecodeCompileArgs`): a decode step of one row per session is as
+  launch-bound, 48 MoE layers at full size;
 - one code-predictor step (:class:`CompiledCodePredictor`): the predictor writes its keys
   and values into a buffer of one position per codebook group and attends through a
   mask, one position per step, so every step has the same shapes and one compiled graph
@@ -62,6 +64,7 @@ __all__ = [
     "CompileState",
     "CompiledCodePredictor",
     "CompiledLayers",
+    "DecodeCompileArgs",
     "FrameCompile",
     "FrameCompileArgs",
 ]
@@ -90,6 +93,26 @@ class FrameCompileArgs(BaseModel):
         """What these arguments compile on ``device`` (None: nothing)."""
         enabled = device.type == "cuda" if self.compile_frame is None else self.compile_frame
         return FrameCompile(self.compile_backend) if enabled else None
+
+
+class DecodeCompileArgs(BaseModel):
+    """The arguments of a thinker whose decode step may be compiled.
+
+    Attributes:
+        compile_decode: ``torch.compile`` each decoder layer of the decode step over the
+            slot cache (:class:`CompiledLayers`, one compiled graph for every layer)
+            before its graphs are captured; None: on a GPU only. Prefill forwards are
+            not compiled (their lengths vary step to step).
+        compile_backend: the ``torch.compile`` backend (as :class:`FrameCompileArgs`').
+    """
+
+    compile_decode: bool | None = Field(None, strict=True)
+    compile_backend: str = Field("inductor", min_length=1)
+
+    def decode_compile(self, device: torch.device) -> Backend | None:
+        """The backend the decode step's layers compile with on ``device`` (None: none)."""
+        enabled = device.type == "cuda" if self.compile_decode is None else self.compile_decode
+        return self.compile_backend if enabled else None
 
 
 @dataclass(frozen=True, slots=True)

@@ -96,6 +96,10 @@ from omni_actors.actors.engines.qwen3_omni.conversation_engine import (
     ConversationResponse,
 )
 from omni_actors.actors.engines.qwen3_omni.family import DEFAULT_RELEASE
+from omni_actors.actors.engines.qwen3_omni.frame_compile import (
+    DecodeCompileArgs,
+    end_compile_workers,
+)
 from omni_actors.actors.engines.qwen3_omni.moe import MoeArgs
 from omni_actors.actors.engines.qwen3_omni.sampling import Sampling, sampling_for, session_seed
 from omni_actors.actors.engines.qwen3_omni.static_decode import StaticDecodeArgs
@@ -117,14 +121,17 @@ from omni_actors.models.family import WeightsArgs
 __all__ = ["ThinkerArgs", "ThinkerEngine"]
 
 
-class ThinkerArgs(WeightsArgs, DeviceArgs, StaticDecodeArgs, StepLoopArgs, MoeArgs):
+class ThinkerArgs(
+    WeightsArgs, DeviceArgs, StaticDecodeArgs, DecodeCompileArgs, StepLoopArgs, MoeArgs
+):
     """The thinker's arguments: ``seed`` and ``cache_dir`` locate its weights; ``moe``
     picks its experts' forward (:class:`MoeArgs`).
 
     The KV cache is planned at load: ``max_sessions`` slots of ``max_context``
     positions; the steps' sizes are :class:`StepLoopArgs`'. ``static_cache`` (None: on a
     GPU) replays decode-only steps from CUDA graphs, captured at load with
-    ``warm_graphs``.
+    ``warm_graphs``, their layers compiled first (:class:`DecodeCompileArgs`: on a GPU
+    by default).
 
     Attributes:
         max_new_tokens: a reply's most tokens (a response's ``max_tokens`` overrides it).
@@ -192,12 +199,21 @@ class ThinkerEngine(ConversationEngine[Feeding, Fed]):
             graphs=graphs,
             warm=graphs and args.warm_graphs,
             moe=args.moe,
+            compile_layers=args.decode_compile(self.device),
         )
         self.close_turn = self._model.vocabulary.close_turn
         self.assistant_opening = self._model.vocabulary.assistant_opening
 
     def _step(self, chunks: list[ThinkerChunk]) -> list[Fed]:
         return self._model.step(chunks)
+
+    async def stop(self) -> None:
+        """Stop the step loop and the model thread, then the compile workers its decode
+        compile started (:func:`~.frame_compile.end_compile_workers`)."""
+        await super().stop()
+        model: ThinkerModel | None = getattr(self, "_model", None)
+        if model is not None and model.compiled != "off":
+            end_compile_workers()
 
     @property
     def eager_steps(self) -> int | None:

@@ -12,15 +12,18 @@ picked from its last position. A step of decode rows alone replays a CUDA graph 
 
 from __future__ import annotations
 
+import contextlib
 import functools
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Final, cast
+from typing import Any, Final, cast
 
 import torch
 
 from omni_actors.actors.engines.qwen3_omni import configs, layout, stepping, weights
 from omni_actors.actors.engines.qwen3_omni.audio_stream import AudioClip
+from omni_actors.actors.engines.qwen3_omni.frame_compile import Backend, CompiledLayers
 from omni_actors.actors.engines.qwen3_omni.graphs import Capture, ShapeGraphs, bucket
 from omni_actors.actors.engines.qwen3_omni.hf import (
     PreTrainedConfig,
@@ -103,6 +106,9 @@ class ThinkerModel:
         warm: capture every decode graph at load.
         capture: how graphs are captured (tests pass a stand-in on a machine without a GPU).
         moe: whose forward the MoE experts run (:mod:`.moe`).
+        compile_layers: the ``torch.compile`` backend its decode steps' layers compile
+            with before their graphs are captured (:class:`.frame_compile.CompiledLayers`);
+            None: not compiled.
 
     Raises:
         ModelFileError: a file of the stage, its tokenizer or front end, or the composite
@@ -132,13 +138,20 @@ class ThinkerModel:
         warm: bool = False,
         capture: Capture | None = None,
         moe: MoeImplementation = "lean",
+        compile_layers: Backend | None = None,
     ) -> None:
         device = device or torch.device("cpu")
         release = Release.open(path, remedy=layout.remedy(path))
         thinker = weights.load(path, "thinker", device=device, release=release)
         assert isinstance(thinker, Qwen3OmniMoeThinkerForConditionalGeneration)
         if moe == "lean":
+            # Before the layers are compiled: they trace the experts' forward.
             moe_install(thinker.model)
+        self._layers = (
+            CompiledLayers(thinker.model.layers, compile_layers, name="thinker layers")
+            if compile_layers is not None
+            else None
+        )
         self._thinker = thinker
         self._accept_layer = layout.accept_hidden_layer(release.config, path / "config.json")
         # After the config's own checks: AutoTokenizer reads config.json too, and would
@@ -214,6 +227,15 @@ class ThinkerModel:
         return sorted(self._graphs.graphed) if self._graphs is not None else []
 
     @property
+    def compiled(self) -> str:
+        """Its decode step's layers: ``compiled``, ``off``, or why they run uncompiled
+        after their compile failed."""
+        if self._layers is None:
+            return "off"
+        failed = self._layers.state.failed
+        return "compiled" if failed is None else f"failed: {failed}"
+
+    @property
     def eager_steps(self) -> int | None:
         """Decode-only steps run eager for want of a graph (more rows than ``max_rows``,
         a shape whose graph failed or differed; not ``step(eager=True)``); None
@@ -249,18 +271,21 @@ class ThinkerModel:
             embeds = embeds.masked_scatter(pads[:, None].expand_as(embeds), audio.to(embeds))
         step = self.cache.step(segments)
         want_rows = any(c.work.payload.rows for c in chunks)
-        with step.active(self._configs):
+        with step.active(self._configs), self._accept_states(want_rows) as states:
             out = self._thinker.model(
                 inputs_embeds=embeds[None],
                 position_ids=step.positions[None],
                 attention_mask=step.mask,
                 past_key_values=step,
                 use_cache=True,
-                output_hidden_states=want_rows,
             )
         ends = torch.tensor([c.length for c in chunks]).cumsum(0) - 1
         logits = self._thinker.lm_head(out.last_hidden_state[0, ends.to(device)])
-        accept = out.hidden_states[self._accept_layer][0] if want_rows else None
+        accept = None
+        if want_rows:
+            accept = (states[0] if states else out.last_hidden_state)[0]
+            if self._accept_layer == 0:
+                accept = embeds
         picks = self._picks(logits, chunks)
         fed: list[Fed] = []
         offset = 0
@@ -272,6 +297,32 @@ class ThinkerModel:
             fed.append(Fed(rows, token))
             offset += chunk.length
         return fed
+
+    @contextlib.contextmanager
+    def _accept_states(self, wanted: bool) -> Iterator[list[torch.Tensor]]:
+        """Meanwhile, the output of the layer before ``accept_hidden_layer`` (HF's
+        ``hidden_states[accept_hidden_layer]``) is appended to the list yielded, when
+        ``wanted`` and that layer is not the last (the last is the normed
+        ``last_hidden_state``, as HF ties it; 0 is the input embeddings).
+
+        A hook on that one layer, not ``output_hidden_states``: that installs
+        transformers' output-capturing hooks on every attention and router module for
+        good, and each would break a compiled decode layer's graph (a ``ContextVar``
+        read dynamo cannot trace)."""
+        states: list[torch.Tensor] = []
+        layers = self._thinker.model.layers
+        if not wanted or not 0 < self._accept_layer < len(layers):
+            yield states
+            return
+
+        def keep(module: torch.nn.Module, args: Any, output: Any) -> None:
+            states.append(output[0] if isinstance(output, tuple) else output)
+
+        handle = layers[self._accept_layer - 1].register_forward_hook(keep)
+        try:
+            yield states
+        finally:
+            handle.remove()
 
     def _as_rows(self, chunks: list[ThinkerChunk]) -> bool:
         """Whether a step with prefill chunks may run as single positions, one row each,
@@ -345,7 +396,8 @@ class ThinkerModel:
         """The decode-only step: logits [B, vocab] of each row's next token (capturable:
         a function of its input tensors, nothing read back to the host)."""
         step = self.cache.decode_step(slots, starts, span)
-        with step.active(self._configs):
+        layers = self._layers.active() if self._layers is not None else contextlib.nullcontext()
+        with step.active(self._configs), layers:
             out = self._thinker.model(
                 input_ids=ids[None],
                 position_ids=starts[None],
