@@ -406,6 +406,36 @@ async def test_openings_that_fit_a_graph_replay_it_and_give_the_solo_codes(
     assert torch.equal(reply.codes[0], solo[0].codes[0])
 
 
+async def test_warm_captures_the_rows_graphs_so_an_opening_captures_nothing(
+    cache_dir: Path, said: list[list[Fields]], solo: list[SteppedReply]
+) -> None:
+    """``warm`` captures a rows graph for every (row bucket, span) with the frame graphs,
+    at load: a reply's opening then replays one, captures none, and gives the solo
+    codes."""
+    path = cache_dir / "tiny-omni" / "seed-0"
+    captures = Captures()
+    graphed = TalkerModel(
+        path,
+        stop_at_codec_eos=True,
+        max_context=512,
+        slots=64,
+        max_rows=64,
+        graphs=True,
+        warm=True,
+        capture=captures,
+    )
+    assert graphed._rows_graphs is not None
+    assert sorted(graphed._rows_graphs.graphed) == graphed.frame_keys() == graphed.graphed
+    captured, before = len(captures.graphs), captures.replays
+    loop = loop_over(graphed)
+    (reply,) = await open_replies(graphed, loop, [said[1]])
+    assert captures.replays > before  # the opening replayed a rows graph
+    await speak_in(loop, [reply], [[0]])
+    await loop.stop()
+    assert len(captures.graphs) == captured
+    assert torch.equal(torch.cat(reply.codes), torch.cat(solo[1].codes))
+
+
 def frame_chunks(model: TalkerModel, rows: int) -> list[TalkerChunk]:
     """A frame-only step of ``rows`` sessions (slots 0 ..), each at position 0."""
     loop = asyncio.get_running_loop()

@@ -11,7 +11,8 @@ is fresh per frame and as long for every row). A step of frames alone is one CUD
 per (row bucket, span) on a GPU: the talker step, its codec head, the first code and the
 code predictor's loop. A step with prefill chunks whose positions fit the largest graph
 runs its backbone as one row per position, replayed from a graph per (row bucket, span)
-captured on first use; its frames' code predictor replays its own graphs.
+(captured at load with the frame graphs, else on first use); its frames' code predictor
+replays its own graphs.
 """
 
 from __future__ import annotations
@@ -203,7 +204,8 @@ class TalkerModel:
         self._frame_inputs: dict[tuple[int, int], list[torch.Tensor]] = {}
         # Steps with prefill chunks that fit the largest graph (a reply's opening, user
         # rows sent ahead, beside frames or not): each position a row of the backbone's
-        # decode step, replayed per (row bucket, span), captured on first use. A forward
+        # decode step, replayed per (row bucket, span), captured at load with the frame
+        # graphs (``warm``), else on first use. A forward
         # costs a fixed launch overhead on a GPU whatever its length (55-62 ms for an
         # 11-position opening on an H200).
         self._rows_graphs: ShapeGraphs[tuple[int, int]] | None = (
@@ -284,13 +286,20 @@ class TalkerModel:
 
     @torch.no_grad()
     def warm(self) -> list[tuple[int, int]]:
-        """Capture every frame graph now (at load, while nothing else runs on the
-        device): steps the scratch row only."""
+        """Capture every frame graph and every rows graph now (at load, while nothing
+        else runs on the device): steps the scratch row only."""
         if self._graphs is None:
             return []
         for key in self.frame_keys():
             static = self._static_inputs(key)
             self._graphs.capture(key, functools.partial(self._frame_step, key[1]), *static)
+        if self._rows_graphs is not None:
+            # Steps of prefill rows (a reply's opening) too: the first one captured while
+            # serving compiled its layers again for the new inputs, 5.4 s of the first
+            # reply's first packet on an H200.
+            for key in self.frame_keys():
+                rows = functools.partial(self._backbone_rows, key[1])
+                self._rows_graphs.capture(key, rows, *self._rows_static(key))
         if isinstance(self._code_frame, GraphedCodePredictor):  # the mixed steps'
             for rows in row_buckets(self.max_rows):
                 self._code_frame.warm(rows)
@@ -363,14 +372,27 @@ class TalkerModel:
             torch.cat((embeds, padding)),
         ]
         key = (rows, span)
-        static = self._rows_inputs.get(key)
-        if static is None:
-            static = self._rows_inputs[key] = [t.clone() for t in given]
+        static = self._rows_static(key)
         for buffer, value in zip(static, given, strict=True):
             buffer.copy_(value)
         assert self._rows_graphs is not None
         (states,) = self._rows_graphs(key, functools.partial(self._backbone_rows, span), *static)
         return states[:count]
+
+    def _rows_static(self, key: tuple[int, int]) -> list[torch.Tensor]:
+        """The rows graph's inputs for ``key``: slots (scratch), starts, embeddings."""
+        static = self._rows_inputs.get(key)
+        if static is None:
+            rows = key[0]
+            width = int(self.text_config.hidden_size)
+            with torch.device(self.device):
+                static = [
+                    torch.full((rows,), self.cache.scratch, dtype=torch.long),
+                    torch.zeros(rows, dtype=torch.long),
+                    torch.zeros(rows, width, dtype=self._dtype),
+                ]
+            self._rows_inputs[key] = static
+        return static
 
     def _backbone_rows(
         self, span: int, slots: torch.Tensor, starts: torch.Tensor, embeds: torch.Tensor
