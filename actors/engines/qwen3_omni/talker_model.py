@@ -298,8 +298,8 @@ class TalkerModel:
             # serving compiled its layers again for the new inputs, 5.4 s of the first
             # reply's first packet on an H200.
             for key in self.frame_keys():
-                rows = functools.partial(self._backbone_rows, key[1])
-                self._rows_graphs.capture(key, rows, *self._rows_static(key))
+                backbone = functools.partial(self._backbone_rows, key[1])
+                self._rows_graphs.capture(key, backbone, *self._rows_static(key))
         if isinstance(self._code_frame, GraphedCodePredictor):  # the mixed steps'
             for rows in row_buckets(self.max_rows):
                 self._code_frame.warm(rows)
