@@ -9,6 +9,13 @@ the session's own ``torch.Generator``, seeded from the engine's ``seed`` and the
 key by BLAKE2b (Python's ``hash`` is salted per process): the same pipeline seed and
 session key draw the same replies on every run, and no two sessions share a random
 stream, so one session's traffic never changes another's samples.
+
+The generator is a CPU one and gives one uniform number per token; the pick is made on
+the logits' device by inverse CDF (:func:`draw`): every sampled row of a step in one
+pass, read back with the greedy ones in one host read, not a vocabulary's worth of
+probabilities copied to the host per session per token. The same uniforms are drawn on
+every device; where two devices round a cumulative sum differently, a draw that falls
+on the boundary of two tokens may pick the other.
 """
 
 from __future__ import annotations
@@ -21,7 +28,7 @@ import torch
 
 from omni_actors.actors.engines.contract import ResponseOptions
 
-__all__ = ["Sampling", "pick", "sampling_for", "session_seed"]
+__all__ = ["Sampling", "draw", "sampling_for", "session_seed"]
 
 
 class Sampling(NamedTuple):
@@ -70,12 +77,21 @@ def session_seed(seed: int, session: str) -> int:
     return int.from_bytes(digest, "little") & (2**63 - 1)
 
 
-def pick(logits: torch.Tensor, allowed: torch.Tensor, sampling: Sampling) -> int:
-    """The next token from ``logits`` [vocab]; ``allowed`` is 0 where a token may be
-    picked and ``-inf`` elsewhere."""
-    masked = logits + allowed
-    if sampling.temperature > 0:
-        probs = torch.softmax(masked / sampling.temperature, dim=-1)
-        # The session's generator is a CPU one: the same draws on every device.
-        return int(torch.multinomial(probs.cpu(), 1, generator=sampling.generator))
-    return int(masked.argmax())
+def draw(
+    logits: torch.Tensor,
+    allowed: torch.Tensor,
+    temperatures: torch.Tensor,
+    generators: list[torch.Generator | None],
+) -> torch.Tensor:
+    """One token per row of ``logits`` [n, vocab], sampled (module docstring): ``allowed``
+    [n, vocab] is 0 where a token may be picked and ``-inf`` elsewhere, ``temperatures``
+    [n] > 0, each row drawn with its session's generator. [n] token ids, on the device
+    of ``logits``; nothing is read back to the host."""
+    probs = torch.softmax((logits.float() + allowed) / temperatures[:, None], dim=-1)
+    cdf = probs.cumsum(dim=-1)
+    uniform = torch.cat([torch.rand(1, generator=g) for g in generators])
+    # u in [0, 1): the first token whose cumulative sum passes u * total has a
+    # probability > 0 (right=True skips the disallowed tokens' flat runs).
+    target = uniform.to(cdf.device, non_blocking=True) * cdf[:, -1]
+    tokens = torch.searchsorted(cdf, target[:, None].contiguous(), right=True)[:, 0]
+    return tokens.clamp_(max=logits.shape[-1] - 1)

@@ -33,7 +33,7 @@ from omni_actors.actors.engines.qwen3_omni.hf import (
 from omni_actors.actors.engines.qwen3_omni.log_mel import LogMel
 from omni_actors.actors.engines.qwen3_omni.moe import MoeImplementation
 from omni_actors.actors.engines.qwen3_omni.moe import install as moe_install
-from omni_actors.actors.engines.qwen3_omni.sampling import Sampling, pick
+from omni_actors.actors.engines.qwen3_omni.sampling import Sampling, draw
 from omni_actors.actors.engines.qwen3_omni.slot_cache import (
     Segment,
     SlotCache,
@@ -421,27 +421,39 @@ class ThinkerModel:
         return torch.cat(parts) if parts else None
 
     def _picks(self, logits: torch.Tensor, chunks: list[ThinkerChunk]) -> list[Token | None]:
-        """The token of each chunk that ends a picking work: the greedy ones in one pass
-        (one read back to the host), the sampled ones each with its own generator."""
+        """The token of each chunk that ends a picking work: the greedy ones in one pass,
+        the sampled ones in another (each with its own generator), all read back to the
+        host at once."""
         wanted = [row for row, c in enumerate(chunks) if c.last and c.work.payload.pick is not None]
         picks: list[Token | None] = [None] * len(chunks)
         if not wanted:
             return picks
-        choices = [c.work.payload.pick for c in chunks]
-        index = torch.tensor(wanted, device=logits.device)
-        ends = torch.tensor(
-            [bool(choices[row] and choices[row].allow_end) for row in wanted],  # type: ignore[union-attr]
-            device=logits.device,
-        )
-        rows = logits.index_select(0, index).float()
-        tokens = (rows + self._allow[ends.long()]).argmax(dim=-1).tolist()
-        for n, row in enumerate(wanted):
-            choice = choices[row]
+        choices: list[Pick] = []
+        for row in wanted:
+            choice = chunks[row].work.payload.pick
             assert choice is not None
-            if choice.sampling.temperature > 0:
-                allowed = self._allow_end if choice.allow_end else self._allow_text
-                tokens[n] = pick(rows[n], allowed, choice.sampling)
-        embeds = self._embedding(torch.tensor(tokens, device=logits.device))
+            choices.append(choice)
+        device = logits.device
+        index = torch.tensor(wanted, device=device)
+        ends = torch.tensor([choice.allow_end for choice in choices], device=device)
+        rows = logits.index_select(0, index).float()
+        allowed = self._allow[ends.long()]
+        chosen = (rows + allowed).argmax(dim=-1)
+        sampled = [n for n, choice in enumerate(choices) if choice.sampling.temperature > 0]
+        if sampled:
+            at = torch.tensor(sampled, device=device)
+            temperatures = torch.tensor(
+                [choices[n].sampling.temperature for n in sampled], device=device
+            )
+            drawn = draw(
+                rows.index_select(0, at),
+                allowed.index_select(0, at),
+                temperatures,
+                [choices[n].sampling.generator for n in sampled],
+            )
+            chosen = chosen.index_copy(0, at, drawn)
+        tokens = chosen.tolist()
+        embeds = self._embedding(chosen)
         for n, row in enumerate(wanted):
             picks[row] = (tokens[n], embeds[n : n + 1])
         return picks
