@@ -38,6 +38,7 @@ from omni_actors.actors.engines.qwen3_omni.frame_compile import (
 from omni_actors.actors.engines.qwen3_omni.talker_engine import TalkerArgs, TalkerEngine
 from omni_actors.actors.engines.qwen3_omni.talker_input import ReplyInput
 from omni_actors.actors.engines.qwen3_omni.talker_model import (
+    ROWS_PIECES,
     Frame,
     Framed,
     TalkerChunk,
@@ -382,8 +383,8 @@ async def test_openings_that_fit_a_graph_replay_it_and_give_the_solo_codes(
 ) -> None:
     """A step of prefills (the replies' openings, opened together) whose positions fit
     the largest graph runs each position as a row of a replayed graph: every session's
-    frames are still its solo eager frames; a step past the largest graph runs the
-    prefill forward."""
+    frames are still its solo eager frames; past the largest graph, in pieces of its rows
+    (up to ``ROWS_PIECES``); past that, the prefill forward."""
     path = cache_dir / "tiny-omni" / "seed-0"
     captures = Captures()
     common: dict[str, Any] = {"stop_at_codec_eos": True, "max_context": 512}
@@ -397,11 +398,33 @@ async def test_openings_that_fit_a_graph_replay_it_and_give_the_solo_codes(
         await loop.stop()
         for reply, n in zip(replies, group, strict=True):
             assert torch.equal(torch.cat(reply.codes), torch.cat(solo[n].codes))
-    small = TalkerModel(path, **common, slots=4, max_rows=4, graphs=True, capture=captures)
+    # An opening of more positions than the largest graph's rows: replayed in pieces of
+    # max_rows positions, in order, up to ROWS_PIECES of them; past that, the prefill
+    # forward.
+    got = reply_input(said[0])
+    rows, _ = got.take_user()
+    positions = rows.shape[0] + 9  # the user rows and the assistant prefix
+    for pieces in (3, ROWS_PIECES):
+        max_rows = -(-positions // pieces)
+        assert -(-positions // max_rows) == pieces
+        model = TalkerModel(
+            path, **common, slots=max_rows, max_rows=max_rows, graphs=True, capture=captures
+        )
+        loop = loop_over(model)
+        before = captures.replays
+        (reply,) = await open_replies(model, loop, [said[0]])
+        assert captures.replays - before == pieces
+        await speak_in(loop, [reply], [[0]])
+        await loop.stop()
+        assert torch.equal(torch.cat(reply.codes), torch.cat(solo[0].codes))
+    max_rows = -(-positions // (ROWS_PIECES + 1))
+    small = TalkerModel(
+        path, **common, slots=max_rows, max_rows=max_rows, graphs=True, capture=captures
+    )
     loop = loop_over(small)
     before = captures.replays
     (reply,) = await open_replies(small, loop, [said[0]])
-    assert captures.replays == before  # more positions than rows: the prefill forward
+    assert captures.replays == before  # more pieces than ROWS_PIECES: the prefill forward
     await loop.stop()
     assert torch.equal(reply.codes[0], solo[0].codes[0])
 

@@ -9,10 +9,10 @@ forward over the :class:`~.slot_cache.SlotCache`, the talker's only KV cache, th
 codec head and the code predictor over every row that makes a frame (batched: its cache
 is fresh per frame and as long for every row). A step of frames alone is one CUDA graph
 per (row bucket, span) on a GPU: the talker step, its codec head, the first code and the
-code predictor's loop. A step with prefill chunks whose positions fit the largest graph
-runs its backbone as one row per position, replayed from a graph per (row bucket, span)
-(captured at load with the frame graphs, else on first use); its frames' code predictor
-replays its own graphs.
+code predictor's loop. A step with prefill chunks whose positions fit
+:data:`ROWS_PIECES` replays of the largest graph runs its backbone as one row per
+position, replayed from a graph per (row bucket, span) (captured at load with the frame
+graphs, else on first use); its frames' code predictor replays its own graphs.
 """
 
 from __future__ import annotations
@@ -109,6 +109,14 @@ class Framed:
 
 
 TalkerChunk = Chunk[TalkerFeed, Framed | None]
+
+
+ROWS_PIECES: Final = 4
+"""A step of prefill positions (and frames) runs as rows of the rows graphs, one replay
+per ``max_rows`` of them, when it needs at most this many replays; more, and it runs the
+prefill forward. On one H200 at full size the forward cost 55-62 ms for a reply's
+11-position opening (launches, whatever its length), a whole frame at batch 32 (its
+backbone replayed as 32 rows, then the code predictor) 11.5 ms."""
 
 
 class TalkerModel:
@@ -329,7 +337,8 @@ class TalkerModel:
                 assert given is not None, "a prefill feeds inputs"
                 parts.append(given[chunk.offset : chunk.offset + chunk.length])
         embeds = torch.cat(parts).to(self._dtype)
-        if self._rows_graphs is not None and not eager and embeds.shape[0] <= self.max_rows:
+        pieces = -(-embeds.shape[0] // self.max_rows)
+        if self._rows_graphs is not None and not eager and pieces <= ROWS_PIECES:
             states = self._rows_step(chunks, embeds)
         else:
             step = self.cache.step([Segment(c.request.slot, c.start, c.length) for c in chunks])
@@ -358,9 +367,24 @@ class TalkerModel:
         """The backbone's last states [T, Ht] over the step's ``embeds`` [T, Ht], each
         position a row of its own (a row sees the rows of its slot before it: every
         key is written before any row attends), replayed from a graph per (row
-        bucket, span)."""
+        bucket, span); in pieces of ``max_rows`` positions, in order, where there are
+        more (a piece's rows see the keys the pieces before it wrote)."""
         slots = [c.request.slot for c in chunks for _ in range(c.length)]
         starts = [p for c in chunks for p in range(c.start, c.start + c.length)]
+        states = [
+            self._rows_piece(
+                slots[first : first + self.max_rows],
+                starts[first : first + self.max_rows],
+                embeds[first : first + self.max_rows],
+            )
+            for first in range(0, len(starts), self.max_rows)
+        ]
+        return states[0] if len(states) == 1 else torch.cat(states)
+
+    def _rows_piece(
+        self, slots: list[int], starts: list[int], embeds: torch.Tensor
+    ) -> torch.Tensor:
+        """One replay of a rows graph: at most ``max_rows`` positions."""
         count = len(starts)
         rows = bucket(count, row_buckets(self.max_rows)) or count
         span = span_for(max(starts) + 1, self.cache.max_len)
