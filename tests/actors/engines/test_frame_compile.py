@@ -15,11 +15,13 @@ import torch
 
 from omni_actors.actors.engines.qwen3_omni.frame_compile import (
     CompileState,
+    DecodeCompileArgs,
     FrameCompile,
     FrameCompileArgs,
     end_compile_workers,
 )
 from omni_actors.actors.engines.qwen3_omni.talker_engine import TalkerArgs
+from omni_actors.actors.engines.qwen3_omni.thinker_engine import ThinkerArgs
 from omni_actors.testing import eventually
 
 
@@ -37,6 +39,20 @@ def test_the_frame_compiles_on_cuda_by_default_and_where_asked() -> None:
     )
     with pytest.raises(ValueError, match="compile_frame"):
         TalkerArgs.model_validate({"compile_frame": "yes"})
+
+
+def test_the_thinker_s_decode_layers_compile_on_cuda_by_default_and_where_asked() -> None:
+    cpu, cuda = torch.device("cpu"), torch.device("cuda", 0)
+    assert DecodeCompileArgs().decode_compile(cuda) == "inductor"
+    assert DecodeCompileArgs().decode_compile(cpu) is None
+    assert DecodeCompileArgs(compile_decode=False).decode_compile(cuda) is None
+    forced = ThinkerArgs(compile_decode=True, compile_backend="aot_eager")
+    assert forced.decode_compile(cpu) == "aot_eager"
+    assert ThinkerArgs.model_validate({"compile_decode": False}).decode_compile(cuda) is None
+    with pytest.raises(ValueError, match="compile_decode"):
+        ThinkerArgs.model_validate({"compile_decode": "yes"})
+    with pytest.raises(ValueError, match="compile_backend"):
+        ThinkerArgs.model_validate({"compile_backend": ""})
 
 
 def test_a_failed_compile_is_told_once_with_its_cause(caplog: pytest.LogCaptureFixture) -> None:
