@@ -29,6 +29,7 @@ from omni_actors.actors.engines.qwen3_omni.hf import DynamicCache
 from omni_actors.actors.engines.qwen3_omni.sampling import Sampling
 from omni_actors.actors.engines.qwen3_omni.thinker_engine import ThinkerArgs, ThinkerEngine
 from omni_actors.actors.engines.qwen3_omni.thinker_model import (
+    ROWS_PIECES,
     Fed,
     Feeding,
     Pick,
@@ -457,7 +458,8 @@ async def test_prefill_chunks_that_fit_a_graph_replay_it_and_pick_as_eager(
 ) -> None:
     """A step whose positions fit the largest decode graph (a reply's opening, chunks of
     a prompt, beside decode rows) replays it, one row per position: the tokens and the
-    talker's rows are the one-shot prefill's; longer chunks run the prefill forward."""
+    talker's rows are the one-shot prefill's; chunks of up to ``ROWS_PIECES`` graphs'
+    positions replay in pieces, in order; longer ones run the prefill forward."""
     path = cache_dir / "tiny-omni" / "seed-0"
     captures = Captures()
     common: dict[str, Any] = {"allowed_token_ranges": PRINTABLE_RANGES, "slots": 8}
@@ -470,7 +472,12 @@ async def test_prefill_chunks_that_fit_a_graph_replay_it_and_pick_as_eager(
     replays = captures.replays
     # Every step replayed: the prompts' chunks of 5 (10 + 4 + 18) and the decode steps.
     assert replays == 10 + 4 + 18 + 3 * STEPS
-    whole = await alone(graphed)  # prompts longer than 8 positions: the prefill forward
+    # Chunks of 16: two replays of the 8-row graph each, in order (ROWS_PIECES).
+    pieces = await alone(graphed, max_chunk=16, budget=16)
+    assert ROWS_PIECES == 2
+    assert captures.replays - replays == (2 * 3 + 1) + (2 + 1) + (2 * 5 + 2) + 3 * STEPS
+    replays = captures.replays
+    whole = await alone(graphed)  # prompts of more than 16 positions: the prefill forward
     assert captures.replays - replays == 3 * STEPS
     # Sessions together: one's chunks beside the others' decode rows, in one replay.
     loop = loop_over(graphed, max_chunk=3, budget=8)
@@ -479,7 +486,7 @@ async def test_prefill_chunks_that_fit_a_graph_replay_it_and_pick_as_eager(
     together = await asyncio.gather(*(session(loop, f"t{i}", p, pick) for i, (p, pick) in pairs))
     await loop.stop()
     assert loop.statistics().mixed_steps > 0
-    for got in (chunked, whole, together):
+    for got in (chunked, pieces, whole, together):
         for (tokens, rows), (want_tokens, want_rows) in zip(got, want, strict=True):
             assert tokens == want_tokens
             torch.testing.assert_close(rows, want_rows, rtol=1e-4, atol=1e-5)

@@ -52,6 +52,13 @@ __all__ = ["Fed", "Feeding", "Pick", "ThinkerModel", "Token"]
 
 _PREPROCESSOR: Final = "preprocessor_config.json"
 
+ROWS_PIECES: Final = 2
+"""A step with prefill chunks (text) runs as rows of the decode graphs, one replay per
+``max_rows`` positions, when it needs at most this many replays; more, and it runs the
+prefill forward. On one H200 an 8-layer thinker's forward cost 23 ms for 19 positions
+(about 95 ms at full size, whatever the length up to thousands), its 32-row decode step
+7 ms compiled: two replays stay under one forward at either size."""
+
 Token = tuple[int, torch.Tensor]
 """A picked token and its [1, H] input embedding."""
 
@@ -326,13 +333,15 @@ class ThinkerModel:
 
     def _as_rows(self, chunks: list[ThinkerChunk]) -> bool:
         """Whether a step with prefill chunks may run as single positions, one row each,
-        through the decode graphs: on graphs, text only, no more positions than the
-        largest graph's rows. A forward costs a fixed launch overhead on a GPU whatever
-        its length (a reply's opening of 5 positions as much as a 2500-token prompt);
-        a graph replays it for a decode step's cost. A row at position ``p`` of a slot
-        sees the rows before it in the same step, as a chunk's positions see each other:
-        every row's key is written before any row attends (:class:`.SlotStep`)."""
-        if self._graphs is None or sum(c.length for c in chunks) > self.max_rows:
+        through the decode graphs: on graphs, text only, no more positions than
+        :data:`ROWS_PIECES` replays of the largest graph hold. A forward costs a fixed
+        launch overhead on a GPU whatever its length (a reply's opening of 5 positions
+        as much as a 2500-token prompt); a graph replays it for a decode step's cost. A
+        row at position ``p`` of a slot sees the rows before it in the same step, as a
+        chunk's positions see each other: every row's key is written before any row
+        attends (:class:`.SlotStep`)."""
+        pieces = -(-sum(c.length for c in chunks) // self.max_rows)
+        if self._graphs is None or pieces > ROWS_PIECES:
             return False
         pad = self.vocabulary.ids.audio_pad
         return all(
@@ -343,7 +352,10 @@ class ThinkerModel:
 
     def _rows_step(self, chunks: list[ThinkerChunk], eager: bool) -> list[Fed]:
         """Every position of the step a row of its own (decode rows, and prefill chunks
-        :meth:`_as_rows` takes): a graph per (row bucket, span) where there is one."""
+        :meth:`_as_rows` takes): a graph per (row bucket, span) where there is one; a
+        step with prefill chunks of more positions than the largest graph's rows runs
+        in pieces of ``max_rows`` positions, in order (a piece's rows see the keys the
+        pieces before it wrote)."""
         slots: list[int] = []
         starts: list[int] = []
         ids: list[int] = []
@@ -353,6 +365,32 @@ class ThinkerModel:
             starts += range(c.start, c.start + c.length)
             ids += c.work.payload.ids[c.offset : c.offset + c.length]
             last.append(len(ids) - 1)
+        if eager or self._graphs is None or all(c.work.decode for c in chunks):
+            logits = self._rows_logits(slots, starts, ids, eager)
+        else:
+            size = self.max_rows
+            pieces = [
+                self._rows_logits(slots[n : n + size], starts[n : n + size], ids[n : n + size])
+                for n in range(0, len(ids), size)
+            ]
+            logits = pieces[0] if len(pieces) == 1 else torch.cat(pieces)
+        index = torch.tensor(last, device=self.device)
+        picks = self._picks(logits.index_select(0, index), chunks)
+        fed: list[Fed] = []
+        given = torch.tensor(ids, device=self.device)
+        for chunk, token, end in zip(chunks, picks, last, strict=True):
+            rows_of = None
+            if chunk.work.payload.rows:  # text: the talker's rows are the input embeddings
+                first = end + 1 - chunk.length
+                rows_of = self._embedding(given[first : end + 1])
+            fed.append(Fed(rows_of, token))
+        return fed
+
+    def _rows_logits(
+        self, slots: list[int], starts: list[int], ids: list[int], eager: bool = False
+    ) -> torch.Tensor:
+        """Logits [n, vocab] of single-position rows: replayed from the graph of their
+        (row bucket, span), eager past the largest graph (counted) or when asked."""
         count = len(ids)
         rows = bucket(count, row_buckets(self.max_rows)) or count
         span = span_for(max(starts) + 1, self.cache.max_len)
@@ -369,16 +407,7 @@ class ThinkerModel:
             for buffer, value in zip(static, given, strict=True):
                 buffer.copy_(value)
             (logits,) = self._graphs(key, functools.partial(self._decode, span), *static)
-        index = torch.tensor(last, device=self.device)
-        picks = self._picks(logits.index_select(0, index), chunks)
-        fed: list[Fed] = []
-        for chunk, token, end in zip(chunks, picks, last, strict=True):
-            rows_of = None
-            if chunk.work.payload.rows:  # text: the talker's rows are the input embeddings
-                first = end + 1 - chunk.length
-                rows_of = self._embedding(given[2][first : end + 1])
-            fed.append(Fed(rows_of, token))
-        return fed
+        return logits[:count]
 
     def _static_inputs(self, key: tuple[int, int]) -> list[torch.Tensor]:
         static = self._decode_inputs.get(key)
