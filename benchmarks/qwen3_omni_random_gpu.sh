@@ -19,7 +19,11 @@
 # times and profiles the thinker's prefill against transformers' (thinker_prefill_profile.py);
 # `timeline` prints where each request's first text and audio go (ttft_timeline.py);
 # `pipeline-1gpu` runs `bench pipeline --preset qwen3-omni-1gpu` on that release
-# ($LEVELS_1GPU, default 1 8: two levels take about five minutes).
+# ($LEVELS_1GPU, default 1 8: two levels take about five minutes); `decode-thinker` times
+# its thinker's decode step with its layers compiled as the engine compiles them, and not
+# ($THINKER_COMPILE, default "default off"); after `prepare-talker`, `profile-talker`
+# lists the kernels of a talker frame per batch size (talker_frame_profile.py;
+# $PROFILE_COMPILE: all, the engine's, by default, or apart or off).
 # Results go to $OUT (default benchmarks/results); the release to $RELEASE (/tmp/q3).
 # pipeline: $LEVELS (default 1 4 8 16 32), $REQUESTS_PER_LEVEL (default 4: each level
 # runs 4 x c requests, a closed loop as vllm-omni's CI runs it) or $REQUESTS per level,
@@ -87,6 +91,16 @@ write_random_release(Path(sys.argv[1]), config, stages=tuple(sys.argv[3].split()
           > "$OUT/qwen3_omni_random_decode_talker_$compile.json"
         cat "$OUT/qwen3_omni_random_decode_talker_$compile.json"; echo
       done ;;
+    decode-thinker)
+      for compile in ${THINKER_COMPILE:-default off}; do
+        omni bench decode --model "$RELEASE" --stage thinker=cuda:0 --batch 1 8 32 --context 1024 \
+          --steps 20 --max-context 2048 --thinker-compile "$compile" --json --quiet \
+          > "$OUT/qwen3_omni_random_decode_thinker_$compile.json"
+        cat "$OUT/qwen3_omni_random_decode_thinker_$compile.json"; echo
+      done ;;
+    profile-talker)
+      COMPILE=${PROFILE_COMPILE:-all} RELEASE=$RELEASE python3 benchmarks/talker_frame_profile.py 1 8 32 \
+        | tee "$OUT/qwen3_omni_random_talker_frame_profile.jsonl" | cut -c1-400 ;;
     load)
       omni bench load --model "$RELEASE" --stage thinker=cuda:0 --stage talker=cuda:1 \
         --stage code2wav=cuda:1 --json --quiet > "$OUT/qwen3_omni_random_load.json"
