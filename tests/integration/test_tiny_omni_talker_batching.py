@@ -621,13 +621,10 @@ async def test_an_engine_speaks_as_each_session_alone_and_again_on_the_same_voic
 
 
 @pytest.mark.usefixtures("fresh_compiles")
-def test_every_frame_key_compiles_past_dynamo_s_default_limit(
-    cache_dir: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
+def test_every_frame_key_compiles_past_dynamo_s_default_limit(cache_dir: Path) -> None:
     """Each (row bucket, span) of the frame-only step may compile its own graph of the
     backbone layer: the region's own limit holds them all, where dynamo's (8 by default,
     2 here) would run the later keys' layers uncompiled without failing."""
-    monkeypatch.setattr(torch._dynamo.config, "recompile_limit", 2)
     path = cache_dir / "tiny-omni" / "seed-0"
     layers = Backend()
     model = TalkerModel(
@@ -640,9 +637,13 @@ def test_every_frame_key_compiles_past_dynamo_s_default_limit(
     keys = model.frame_keys()
     assert len({rows for rows, _ in keys}) > 2
     assert len({span for _, span in keys}) > 1
-    with torch.no_grad():
+    default = torch._dynamo.config.recompile_limit
+    # dynamo's own patch, not monkeypatch: undoing a setattr on its config module
+    # deletes the setting, and every later compile in the process then fails.
+    with torch.no_grad(), torch._dynamo.config.patch(recompile_limit=2):
         for key in keys:
             model._frame_step(key[1], *model._static_inputs(key))
+    assert torch._dynamo.config.recompile_limit == default
     assert len(layers.graphs) > 2
     assert model.compiled["layers"] == "compiled"
 
