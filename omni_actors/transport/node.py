@@ -337,7 +337,8 @@ class Node:
             except (msgspec.DecodeError, msgspec.ValidationError, RecursionError) as exc:
                 self.refusals.refuse("malformed frame", exc)
                 continue
-            if type(envelope) is wire.Batch:
+            messages: list[wire.Single]
+            if isinstance(envelope, wire.Batch):
                 messages, buffers = envelope.messages, []  # a batch carries no buffers
             else:
                 messages, buffers = [envelope], [frame.buffer for frame in frames[1:]]
