@@ -16,7 +16,8 @@
 # writes every stage with an 8-layer thinker ($THINKER_LAYERS), for `bench pipeline
 # --preset qwen3-omni-1gpu` on one GPU ($STAGES: the stages written, default all three);
 #   STAGES=thinker bash benchmarks/qwen3_omni_random_gpu.sh setup prepare-short prefill
-# times and profiles the thinker's prefill against transformers' (thinker_prefill_profile.py);
+# times and profiles the thinker's prefill against transformers' (thinker_prefill_profile.py;
+# $PREFILL_MOE, default "lean compiled": the engine's forward, then its layers compiled);
 # `timeline` prints where each request's first text and audio go (ttft_timeline.py);
 # `pipeline-1gpu` runs `bench pipeline --preset qwen3-omni-1gpu` on that release
 # ($LEVELS_1GPU, default 1 8: two levels take about five minutes); `decode-thinker` times
@@ -73,7 +74,7 @@ write_random_release(Path(sys.argv[1]), config, stages=tuple(sys.argv[3].split()
       echo "prepare_s=$(( $(date +%s) - start ))"; du -sh "$RELEASE" ;;
     prefill)
       python3 benchmarks/thinker_prefill_profile.py "$RELEASE" --tokens ${PREFILL_TOKENS:-256 2500} \
-        | tee "$OUT/qwen3_omni_random_prefill_profile.jsonl" | grep -v '"top"' ;;
+        --moe ${PREFILL_MOE:-lean compiled} | tee "$OUT/qwen3_omni_random_prefill_profile.jsonl" | grep -v '"top"' ;;
     timeline)
       # Where the first text and first audio go, stage by stage, one request at a time
       # (16- and 2500-token prompts): the stages in this process, then each in a worker

@@ -7,11 +7,14 @@ off, as ``../shared`` prefill probes ran it). Then one prefill of each under
 ``torch.profiler``: the top device kernels and host ops, and the number of host syncs
 (``cudaStreamSynchronize``, ``cudaMemcpy`` device to host) per forward. Each is done
 for every ``--moe`` variant in turn (the engine's ``moe`` argument: ``transformers``,
-then ``lean`` swapped in on the same weights; every line names its ``moe``), with one
+then ``lean`` swapped in on the same weights; ``compiled``: ``lean`` with the prefill
+forwards' layers compiled, the engine's ``compile_prefill``, on a thinker loaded again
+whose compile time at load is reported; every line names its ``moe``), with one
 ``experts`` line timing the first layer's experts forward alone under each. One JSON
 object per line on stdout. Run from the repository root on a GPU machine:
 
-    python3 benchmarks/thinker_prefill_profile.py /tmp/q3 --tokens 256 2500
+    python3 benchmarks/thinker_prefill_profile.py /tmp/q3 --tokens 256 2500 \
+        --moe lean compiled
 
 ``DRY=1`` runs it on the CPU (checks the script on tiny-omni's release path given).
 """
@@ -94,7 +97,10 @@ def main() -> None:
     parser.add_argument("release", type=Path)
     parser.add_argument("--tokens", type=int, nargs="+", default=[256, 2500])
     parser.add_argument(
-        "--moe", nargs="+", choices=["transformers", "lean"], default=["transformers", "lean"]
+        "--moe",
+        nargs="+",
+        choices=["transformers", "lean", "compiled"],
+        default=["transformers", "lean"],
     )
     ns = parser.parse_args()
     dry = os.environ.get("DRY") == "1"
@@ -123,19 +129,6 @@ def main() -> None:
     greedy = Pick(True, Sampling(1 << 30, 0, 0.0, None))
 
     async def run() -> None:
-        async def execute(chunks: list[ThinkerChunk]) -> list[Fed]:
-            return thinker.step(chunks)
-
-        loop: StepLoop[Feeding, Fed] = StepLoop(
-            execute,
-            slots=2,
-            max_context=longest + 64,
-            max_tokens_per_step=longest,
-            max_chunk=longest,
-            name="prefill profile",
-        )
-        loop.start()
-        request = loop.open("s")
         prompts = {
             tokens: torch.randint(0, vocab, (tokens,), generator=generator, device="cpu").tolist()
             for tokens in ns.tokens
@@ -143,9 +136,41 @@ def main() -> None:
         for moe in ns.moe:
             if moe == "lean":
                 moe_install(text)
+            model = thinker
+            if moe == "compiled":
+                started = time.perf_counter()
+                model = ThinkerModel(
+                    ns.release,
+                    device,
+                    slots=2,
+                    max_context=longest + 64,
+                    compile_prefill=os.environ.get("COMPILE_BACKEND", "inductor"),
+                )
+                out(
+                    what="load",
+                    moe=moe,
+                    load_s=round(time.perf_counter() - started, 1),
+                    compiled=model.prefill_compiled,
+                )
+
+            async def execute(chunks: list[ThinkerChunk], model: ThinkerModel = model) -> list[Fed]:
+                return model.step(chunks)
+
+            loop: StepLoop[Feeding, Fed] = StepLoop(
+                execute,
+                slots=2,
+                max_context=longest + 64,
+                max_tokens_per_step=longest,
+                max_chunk=longest,
+                name="prefill profile",
+            )
+            loop.start()
+            request = loop.open("s")
             for tokens, ids in prompts.items():
 
-                async def engine_prefill(ids: list[int] = ids) -> None:
+                async def engine_prefill(
+                    ids: list[int] = ids, loop: Any = loop, request: Any = request
+                ) -> None:
                     request.computed = 0
                     await loop.submit(request, Feeding(ids, pick=greedy), len(ids))
 
@@ -197,7 +222,7 @@ def main() -> None:
                     syncs=host_syncs(prof),
                     top=table(prof, device),
                 )
-        await loop.stop()
+            await loop.stop()
 
     with torch.no_grad(), torch.device(device):
         asyncio.run(run())

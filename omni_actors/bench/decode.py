@@ -292,7 +292,7 @@ def run_decode_bench(
     ``talker_compile`` (one of :data:`COMPILE_CHOICES`) says, the thinker's decode
     layers as ``thinker_compile`` says (None: as its engine does, on a GPU), with
     ``compile_backend``; ``warm`` captures every graph when a stage loads."""
-    from omni_actors.actors.engines.qwen3_omni.frame_compile import DecodeCompileArgs
+    from omni_actors.actors.engines.qwen3_omni.frame_compile import ThinkerCompileArgs
     from omni_actors.actors.engines.qwen3_omni.static_decode import StaticPlan
     from omni_actors.actors.engines.torch_engine import resolve_device
 
@@ -314,7 +314,7 @@ def run_decode_bench(
             graphs = device.type == "cuda"
             plan = StaticPlan(max(batches), max_context, graphs=graphs, warm=graphs and warm)
             if stage == "thinker":
-                args = DecodeCompileArgs(
+                args = ThinkerCompileArgs(
                     compile_decode=thinker_compile, compile_backend=compile_backend
                 )
                 layers = args.decode_compile(device)

@@ -42,9 +42,17 @@ class Backend:
     def __init__(self, *, fail: bool = False) -> None:
         self.fail = fail
         self.graphs: list[tuple[Any, ...]] = []
+        self.runs = 0
+        """Calls of the graphs it compiled."""
 
     def __call__(self, graph: torch.fx.GraphModule, inputs: list[Any]) -> Any:
         if self.fail:
             raise RuntimeError("no C++ compiler found")
         self.graphs.append(tuple(str(x.shape) if torch.is_tensor(x) else str(x) for x in inputs))
-        return torch._dynamo.lookup_backend("aot_eager")(graph, inputs)
+        compiled = torch._dynamo.lookup_backend("aot_eager")(graph, inputs)
+
+        def run(*args: Any) -> Any:
+            self.runs += 1
+            return compiled(*args)
+
+        return run

@@ -296,6 +296,65 @@ async def test_a_decode_compile_that_fails_logs_once_and_runs_uncompiled(
     assert len(warned) == 1
 
 
+@pytest.mark.usefixtures("fresh_compiles")
+async def test_prefill_forwards_with_compiled_layers_compute_the_uncompiled_ones(
+    cache_dir: Path,
+) -> None:
+    """Prefill forwards through decoder layers compiled at load for any length and any
+    segments (chunks starting mid-slot, several sessions' chunks beside decode rows)
+    pick the uncompiled model's tokens and rows, and serving compiles nothing more."""
+    path = cache_dir / "tiny-omni" / "seed-0"
+    backend = Backend()
+    common: dict[str, Any] = {"allowed_token_ranges": PRINTABLE_RANGES, "slots": 4}
+    compiled = ThinkerModel(path, **common, max_context=256, compile_prefill=backend)
+    plain = ThinkerModel(path, **common, max_context=256)
+    assert compiled.prefill_compiled == "compiled"
+    assert (compiled.compiled, plain.prefill_compiled) == ("off", "off")
+    at_load = list(backend.graphs)
+    assert at_load  # compiled at load, not in a first prompt's time
+
+    async def run(model: ThinkerModel) -> list[tuple[list[int], torch.Tensor]]:
+        results = await alone(model, max_chunk=7, budget=9)
+        loop = loop_over(model, max_chunk=8, budget=12)
+        loop.start()
+        together = await asyncio.gather(
+            *(
+                session(loop, f"s{i}", p, pick)
+                for i, (p, pick) in enumerate(zip(PROMPTS, picks(), strict=True))
+            )
+        )
+        stats = loop.statistics()
+        await loop.stop()
+        assert stats.mixed_steps > 0
+        return [*results, *together]
+
+    runs = backend.runs
+    got, want = await run(compiled), await run(plain)
+    for (tokens, rows), (want_tokens, want_rows) in zip(got, want, strict=True):
+        assert tokens == want_tokens
+        torch.testing.assert_close(rows, want_rows, rtol=1e-4, atol=1e-5)
+    assert backend.runs > runs  # the prefills ran the compiled layers
+    assert backend.graphs == at_load
+
+
+@pytest.mark.usefixtures("fresh_compiles")
+async def test_a_prefill_compile_that_fails_logs_once_and_runs_uncompiled(
+    cache_dir: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    path = cache_dir / "tiny-omni" / "seed-0"
+    common: dict[str, Any] = {"allowed_token_ranges": PRINTABLE_RANGES, "slots": 4}
+    with caplog.at_level("WARNING"):
+        failing = ThinkerModel(path, **common, max_context=256, compile_prefill=Backend(fail=True))
+        got = await alone(failing, max_chunk=7, budget=9)
+    plain = ThinkerModel(path, **common, max_context=256)
+    want = await alone(plain, max_chunk=7, budget=9)
+    assert [tokens for tokens, _ in got] == [tokens for tokens, _ in want]
+    assert failing.prefill_compiled.startswith("failed: ")
+    assert "no C++ compiler found" in failing.prefill_compiled
+    warned = [r for r in caplog.records if "thinker prefill: torch.compile failed" in r.message]
+    assert len(warned) == 1
+
+
 def decode_chunks(rows: int) -> list[ThinkerChunk]:
     """A decode-only step of ``rows`` sessions (slots 0 ..), each at position 0."""
     loop = asyncio.get_running_loop()

@@ -12,8 +12,9 @@ shape), so the regions compiled here are small and shape-stable:
   their code, and each is called with its own part of the slot cache
   (:meth:`~.static_decode.StepCache.layer`), so no layer index reaches the graph and one
   compiled graph serves every layer. The thinker's decode step compiles its layers the
-  same way (:class:`DecodeCompileArgs`): a decode step of one row per session is as
-  launch-bound, 48 MoE layers at full size;
+  same way (:class:`ThinkerCompileArgs`): a decode step of one row per session is as
+  launch-bound, 48 MoE layers at full size; so may its prefill forwards, over one graph
+  of dynamic sizes (``CompiledLayers(prefill=True)``, below);
 - one code-predictor step (:class:`CompiledCodePredictor`): the predictor writes its keys
   and values into a buffer of one position per codebook group and attends through a
   mask, one position per step, so every step has the same shapes and one compiled graph
@@ -64,9 +65,9 @@ __all__ = [
     "CompileState",
     "CompiledCodePredictor",
     "CompiledLayers",
-    "DecodeCompileArgs",
     "FrameCompile",
     "FrameCompileArgs",
+    "ThinkerCompileArgs",
 ]
 
 log = logging.getLogger(__name__)
@@ -95,24 +96,31 @@ class FrameCompileArgs(BaseModel):
         return FrameCompile(self.compile_backend) if enabled else None
 
 
-class DecodeCompileArgs(BaseModel):
-    """The arguments of a thinker whose decode step may be compiled.
+class ThinkerCompileArgs(BaseModel):
+    """The arguments of a thinker whose forwards may be compiled.
 
     Attributes:
         compile_decode: ``torch.compile`` each decoder layer of the decode step over the
             slot cache (:class:`CompiledLayers`, one compiled graph for every layer)
-            before its graphs are captured; None: on a GPU only. Prefill forwards are
-            not compiled (their lengths vary step to step).
+            before its graphs are captured; None: on a GPU only.
+        compile_prefill: ``torch.compile`` the decoder layers of prefill forwards too,
+            for any length and any segments (one graph with dynamic sizes, compiled at
+            load; the chunks' attention runs as one opaque op); off unless asked.
         compile_backend: the ``torch.compile`` backend (as :class:`FrameCompileArgs`').
     """
 
     compile_decode: bool | None = Field(None, strict=True)
+    compile_prefill: bool = Field(False, strict=True)
     compile_backend: str = Field("inductor", min_length=1)
 
     def decode_compile(self, device: torch.device) -> Backend | None:
         """The backend the decode step's layers compile with on ``device`` (None: none)."""
         enabled = device.type == "cuda" if self.compile_decode is None else self.compile_decode
         return self.compile_backend if enabled else None
+
+    def prefill_compile(self) -> Backend | None:
+        """The backend prefill forwards' layers compile with (None: none)."""
+        return self.compile_backend if self.compile_prefill else None
 
 
 @dataclass(frozen=True, slots=True)
@@ -188,13 +196,22 @@ def end_compile_workers() -> None:
         async_compile.shutdown_compile_workers()
 
 
-def _compile(fn: Callable[..., Any], backend: Backend) -> Callable[..., Any]:
+def _compile(
+    fn: Callable[..., Any], backend: Backend, *, dynamic: bool | None = None
+) -> Callable[..., Any]:
     """``torch.compile(fn)``, allowed :data:`RECOMPILE_LIMIT` graphs."""
-    compiled = torch.compile(fn, backend=backend, dynamic=None)
+    compiled = torch.compile(fn, backend=backend, dynamic=dynamic)
+    # Dynamic from the first call, each size its own symbol: duck sizing would make
+    # sizes equal at the first call (a prompt's length and its step's) equal for good.
+    duck = not dynamic
+    shapes: Any = torch.fx.experimental._config  # a config module: ``patch`` is made at import
 
     def limited(*args: Any, **kwargs: Any) -> Any:
-        # Scoped to the call: dynamo reads the limit when a call misses its graphs.
-        with torch._dynamo.config.patch(recompile_limit=RECOMPILE_LIMIT):
+        # Scoped to the call: dynamo reads both when a call misses its graphs.
+        with (
+            torch._dynamo.config.patch(recompile_limit=RECOMPILE_LIMIT),
+            shapes.patch(use_duck_shape=duck),
+        ):
             return compiled(*args, **kwargs)
 
     return limited
@@ -202,6 +219,12 @@ def _compile(fn: Callable[..., Any], backend: Backend) -> Callable[..., Any]:
 
 def _layer_forward(layer: torch.nn.Module, *args: Any, **kwargs: Any) -> Any:
     """A decoder layer's own forward (what :class:`CompiledLayers` compiles)."""
+    return type(layer).forward(layer, *args, **kwargs)
+
+
+def _prefill_layer_forward(layer: torch.nn.Module, *args: Any, **kwargs: Any) -> Any:
+    """The same forward for prefill steps: another function, so that dynamo keeps its
+    graphs apart from the decode step's (whose shapes are guarded and captured)."""
     return type(layer).forward(layer, *args, **kwargs)
 
 
@@ -214,14 +237,26 @@ class CompiledLayers:
         layers: the model's decoder layers, in order (a layer's index in its cache).
         backend: the ``torch.compile`` backend.
         name: the region, for the log.
+        prefill: for prefill forwards over a :class:`~.slot_cache.SlotStep` of chunks:
+            every size dynamic from the first compile, the step's segment count left
+            unbacked (one alone or many), so one graph serves every length and layout.
     """
 
     def __init__(
-        self, layers: Iterable[torch.nn.Module], backend: Backend, name: str = "talker layers"
+        self,
+        layers: Iterable[torch.nn.Module],
+        backend: Backend,
+        name: str = "talker layers",
+        *,
+        prefill: bool = False,
     ) -> None:
         self._layers = list(layers)
         self._index = {id(layer): index for index, layer in enumerate(self._layers)}
-        self._compiled = _compile(_layer_forward, backend)
+        self._prefill = prefill
+        if prefill:
+            self._compiled = _compile(_prefill_layer_forward, backend, dynamic=True)
+        else:
+            self._compiled = _compile(_layer_forward, backend)
         self.state = CompileState(name)
 
     @contextmanager
@@ -249,6 +284,11 @@ class CompiledLayers:
     ) -> Any:
         if self.state.failed is None and isinstance(past_key_values, (StepCache, SlotStep)):
             part = past_key_values.layer(self._index[id(layer)])
+            mask = kwargs.get("attention_mask")
+            if self._prefill and mask is not None:
+                # Segments per step: any count, one alone included (only the chunks'
+                # attention reads it, opaque to the graph).
+                torch._dynamo.decorators.mark_unbacked(mask, 0)
             try:
                 return self._compiled(layer, *args, past_key_values=part, **kwargs)
             except Exception as error:

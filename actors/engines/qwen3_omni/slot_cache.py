@@ -225,7 +225,7 @@ class SlotStep:
         # by itself); a decode step is built from tensors alone and has none. Worked out
         # once here, not in each layer's attention.
         self.segments = tuple(segments) if segments is not None else None
-        self.chunks: list[tuple[int, slice, int]] = []  # (row, its tokens, start)
+        self.chunks: list[tuple[int, slice, int]] = []  # (slot, its tokens, start)
         self.single_rows: torch.Tensor | None = None  # segments of one position
         self.single_tokens: torch.Tensor | None = None  # and where their tokens are
         if self.segments is not None:
@@ -235,7 +235,7 @@ class SlotStep:
                     rows.append(row)
                     tokens.append(offset)
                 else:
-                    self.chunks.append((row, slice(offset, offset + seg.length), seg.start))
+                    self.chunks.append((seg.slot, slice(offset, offset + seg.length), seg.start))
                 offset += seg.length
             if rows:
                 self.single_rows = torch.tensor(rows, device=starts.device)
@@ -248,7 +248,9 @@ class SlotStep:
         offsets = torch.arange(longest, device=starts.device)
         seen = starts[:, None] + offsets[None, :]  # [B, longest] each query's position
         keys = torch.arange(span, device=starts.device)
-        self.mask = (keys[None, None, :] <= seen[:, :, None])[:, None]
+        # A tensor of its own, not a view of one: a compiled layer guards on a view's
+        # base, whose sizes it cannot leave dynamic (:mod:`.frame_compile`).
+        self.mask = keys[None, None, None, :] <= seen[:, None, :, None]
 
     @contextmanager
     def active(self, configs: Sequence[Any]) -> Iterator[None]:
@@ -276,6 +278,10 @@ class SlotStep:
     ) -> tuple[torch.Tensor, torch.Tensor]:
         keys[self.token_slot, :, self.positions] = key[0].transpose(0, 1).to(keys.dtype)
         values[self.token_slot, :, self.positions] = value[0].transpose(0, 1).to(values.dtype)
+        if not self.decode_only:
+            # The whole layer: each prefill chunk attends a view of its own slot (no
+            # gathered copy of every segment's span, and no span in a compiled graph).
+            return keys, values
         return (
             keys.index_select(0, self.slots)[:, :, : self.span],
             values.index_select(0, self.slots)[:, :, : self.span],
@@ -318,24 +324,61 @@ def _slot_attention(
     **_: Any,
 ) -> tuple[torch.Tensor, None]:
     """Attention of a :class:`SlotStep`'s segments over their slots (module docstring):
-    ``query`` [1, heads, T, dim], ``key``/``value`` [B, kv_heads, span, dim]."""
+    ``query`` [1, heads, T, dim]; ``key``/``value`` the segments' spans [B, kv_heads, span,
+    dim] in a step of single positions, else the layer's whole cache."""
     assert attention_mask is not None, "a slot step passes its mask"
     flat = query[0].transpose(0, 1)  # [T, heads, dim]
     if attention_mask.shape[2] == 1:
         # One position per segment: nothing read from the step but its mask, so a
         # compiled layer (and a captured graph) sees tensors only.
         return _single_positions(flat, key, value, attention_mask, scaling)[None], None
+    if torch.compiler.is_compiling():
+        # Opaque to a compiled prefill layer (:mod:`.frame_compile`): traced, the step's
+        # host layout (each chunk's slot, tokens and start) would be constants of the
+        # graph, and every new layout another compile.
+        out = torch.ops.omni_actors.slot_chunks_attention(flat, key, value, scaling)
+    else:
+        out = _chunks_attention(flat, key, value, scaling)
+    return out[None], None
+
+
+@torch.library.custom_op("omni_actors::slot_chunks_attention", mutates_args=())
+def _chunks_attention_op(
+    flat: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, scaling: float | None
+) -> torch.Tensor:
+    """:func:`_chunks_attention` as one op of a compiled graph."""
+    return _chunks_attention(flat, keys, values, scaling)
+
+
+@_chunks_attention_op.register_fake
+def _chunks_attention_shape(
+    flat: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, scaling: float | None
+) -> torch.Tensor:
+    return torch.empty_like(flat)
+
+
+def _chunks_attention(
+    flat: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, scaling: float | None
+) -> torch.Tensor:
+    """The current step's segments (prefill chunks, and single positions beside them)
+    over their slots: ``flat`` [T, heads, dim], ``keys``/``values`` the layer's cache
+    [slots + 1, kv_heads, max_len, dim]; [T, heads, dim]."""
     step: SlotStep = _current.step
     assert step.segments is not None, "a step with prefill chunks is built from its segments"
     out = torch.empty_like(flat)
-    for row, tokens, start in step.chunks:
-        out[tokens] = _chunk(flat[tokens], key[row], value[row], start, scaling)
+    for slot, tokens, start in step.chunks:
+        out[tokens] = _chunk(flat[tokens], keys[slot], values[slot], start, scaling)
     if step.single_rows is not None and step.single_tokens is not None:
         rows, at = step.single_rows, step.single_tokens
+        slots, span = step.slots.index_select(0, rows), step.span
         out[at] = _single_positions(
-            flat[at], key[rows], value[rows], attention_mask[rows][:, :, :1], scaling
+            flat[at],
+            keys.index_select(0, slots)[:, :, :span],
+            values.index_select(0, slots)[:, :, :span],
+            step.mask[rows][:, :, :1],
+            scaling,
         )
-    return out[None], None
+    return out
 
 
 def _single_positions(

@@ -97,7 +97,7 @@ from omni_actors.actors.engines.qwen3_omni.conversation_engine import (
 )
 from omni_actors.actors.engines.qwen3_omni.family import DEFAULT_RELEASE
 from omni_actors.actors.engines.qwen3_omni.frame_compile import (
-    DecodeCompileArgs,
+    ThinkerCompileArgs,
     end_compile_workers,
 )
 from omni_actors.actors.engines.qwen3_omni.moe import MoeArgs
@@ -122,7 +122,7 @@ __all__ = ["ThinkerArgs", "ThinkerEngine"]
 
 
 class ThinkerArgs(
-    WeightsArgs, DeviceArgs, StaticDecodeArgs, DecodeCompileArgs, StepLoopArgs, MoeArgs
+    WeightsArgs, DeviceArgs, StaticDecodeArgs, ThinkerCompileArgs, StepLoopArgs, MoeArgs
 ):
     """The thinker's arguments: ``seed`` and ``cache_dir`` locate its weights; ``moe``
     picks its experts' forward (:class:`MoeArgs`).
@@ -130,8 +130,8 @@ class ThinkerArgs(
     The KV cache is planned at load: ``max_sessions`` slots of ``max_context``
     positions; the steps' sizes are :class:`StepLoopArgs`'. ``static_cache`` (None: on a
     GPU) replays decode-only steps from CUDA graphs, captured at load with
-    ``warm_graphs``, their layers compiled first (:class:`DecodeCompileArgs`: on a GPU
-    by default).
+    ``warm_graphs``, their layers compiled first (:class:`ThinkerCompileArgs`: on a GPU
+    by default; prefill forwards' layers when ``compile_prefill`` asks).
 
     Attributes:
         max_new_tokens: a reply's most tokens (a response's ``max_tokens`` overrides it).
@@ -200,6 +200,7 @@ class ThinkerEngine(ConversationEngine[Feeding, Fed]):
             warm=graphs and args.warm_graphs,
             moe=args.moe,
             compile_layers=args.decode_compile(self.device),
+            compile_prefill=args.prefill_compile(),
         )
         self.close_turn = self._model.vocabulary.close_turn
         self.assistant_opening = self._model.vocabulary.assistant_opening

@@ -116,6 +116,8 @@ class ThinkerModel:
         compile_layers: the ``torch.compile`` backend its decode steps' layers compile
             with before their graphs are captured (:class:`.frame_compile.CompiledLayers`);
             None: not compiled.
+        compile_prefill: the backend its prefill forwards' layers compile with, for any
+            length and any segments (compiled at load); None: not compiled.
 
     Raises:
         ModelFileError: a file of the stage, its tokenizer or front end, or the composite
@@ -146,6 +148,7 @@ class ThinkerModel:
         capture: Capture | None = None,
         moe: MoeImplementation = "lean",
         compile_layers: Backend | None = None,
+        compile_prefill: Backend | None = None,
     ) -> None:
         device = device or torch.device("cpu")
         release = Release.open(path, remedy=layout.remedy(path))
@@ -157,6 +160,11 @@ class ThinkerModel:
         self._layers = (
             CompiledLayers(thinker.model.layers, compile_layers, name="thinker layers")
             if compile_layers is not None
+            else None
+        )
+        self._prefill_layers = (
+            CompiledLayers(thinker.model.layers, compile_prefill, "thinker prefill", prefill=True)
+            if compile_prefill is not None
             else None
         )
         self._thinker = thinker
@@ -208,6 +216,13 @@ class ThinkerModel:
         self._decode_inputs: dict[tuple[int, int], list[torch.Tensor]] = {}
         if self._graphs is not None and warm:
             self.warm()
+        if self._prefill_layers is not None:
+            # Now, not in a first prompt's time: one forward of two segments compiles
+            # the graph every later prefill runs (dynamic lengths, any segments).
+            scratch = self.cache.scratch
+            segments = [Segment(scratch, 0, 2), Segment(scratch, 2, 3)]
+            with torch.no_grad():
+                self._prefill(segments, self.tts.repeat(2, 1)[:5])
 
     def clip(self) -> AudioClip:
         """A new audio clip, windowed as this thinker's audio encoder attends."""
@@ -237,10 +252,12 @@ class ThinkerModel:
     def compiled(self) -> str:
         """Its decode step's layers: ``compiled``, ``off``, or why they run uncompiled
         after their compile failed."""
-        if self._layers is None:
-            return "off"
-        failed = self._layers.state.failed
-        return "compiled" if failed is None else f"failed: {failed}"
+        return _compiled(self._layers)
+
+    @property
+    def prefill_compiled(self) -> str:
+        """Its prefill forwards' layers, as :attr:`compiled` says the decode step's."""
+        return _compiled(self._prefill_layers)
 
     @property
     def eager_steps(self) -> int | None:
@@ -276,21 +293,14 @@ class ThinkerModel:
         pads = torch.tensor(ids, device=device) == self.vocabulary.ids.audio_pad
         if audio is not None:
             embeds = embeds.masked_scatter(pads[:, None].expand_as(embeds), audio.to(embeds))
-        step = self.cache.step(segments)
         want_rows = any(c.work.payload.rows for c in chunks)
-        with step.active(self._configs), self._accept_states(want_rows) as states:
-            out = self._thinker.model(
-                inputs_embeds=embeds[None],
-                position_ids=step.positions[None],
-                attention_mask=step.mask,
-                past_key_values=step,
-                use_cache=True,
-            )
+        with self._accept_states(want_rows) as states:
+            last = self._prefill(segments, embeds)
         ends = torch.tensor([c.length for c in chunks]).cumsum(0) - 1
-        logits = self._thinker.lm_head(out.last_hidden_state[0, ends.to(device)])
+        logits = self._thinker.lm_head(last[0, ends.to(device)])
         accept = None
         if want_rows:
-            accept = (states[0] if states else out.last_hidden_state)[0]
+            accept = (states[0] if states else last)[0]
             if self._accept_layer == 0:
                 accept = embeds
         picks = self._picks(logits, chunks)
@@ -304,6 +314,27 @@ class ThinkerModel:
             fed.append(Fed(rows, token))
             offset += chunk.length
         return fed
+
+    def _prefill(self, segments: list[Segment], embeds: torch.Tensor) -> torch.Tensor:
+        """The text model's forward over ``segments``' positions, their inputs ``embeds``
+        [T, H] in token order: the last hidden states [1, T, H]."""
+        step = self.cache.step(segments)
+        # Not a step of single positions (only where graphs are off): its attention is
+        # the decode step's, another graph, for a step that costs little.
+        layers = None if step.decode_only else self._prefill_layers
+        compiled = layers.active() if layers is not None else contextlib.nullcontext()
+        with step.active(self._configs), compiled:
+            out = self._thinker.model(
+                # A tensor of its own, not a view: a compiled layer guards on its input's
+                # base, and the first layer would compile apart from the others.
+                inputs_embeds=embeds.unsqueeze(0).clone() if layers is not None else embeds[None],
+                position_ids=step.positions[None],
+                attention_mask=step.mask,
+                past_key_values=step,
+                use_cache=True,
+            )
+        last: torch.Tensor = out.last_hidden_state
+        return last
 
     @contextlib.contextmanager
     def _accept_states(self, wanted: bool) -> Iterator[list[torch.Tensor]]:
@@ -489,6 +520,13 @@ class ThinkerModel:
 
     def _encode(self, mel: torch.Tensor) -> torch.Tensor:
         return stepping.encode_audio(self._thinker, mel)
+
+
+def _compiled(layers: CompiledLayers | None) -> str:
+    if layers is None:
+        return "off"
+    failed = layers.state.failed
+    return "compiled" if failed is None else f"failed: {failed}"
 
 
 def _feature_extractor(path: Path) -> WhisperFeatureExtractor:

@@ -15,9 +15,9 @@ import torch
 
 from omni_actors.actors.engines.qwen3_omni.frame_compile import (
     CompileState,
-    DecodeCompileArgs,
     FrameCompile,
     FrameCompileArgs,
+    ThinkerCompileArgs,
     end_compile_workers,
 )
 from omni_actors.actors.engines.qwen3_omni.talker_engine import TalkerArgs
@@ -43,9 +43,9 @@ def test_the_frame_compiles_on_cuda_by_default_and_where_asked() -> None:
 
 def test_the_thinker_s_decode_layers_compile_on_cuda_by_default_and_where_asked() -> None:
     cpu, cuda = torch.device("cpu"), torch.device("cuda", 0)
-    assert DecodeCompileArgs().decode_compile(cuda) == "inductor"
-    assert DecodeCompileArgs().decode_compile(cpu) is None
-    assert DecodeCompileArgs(compile_decode=False).decode_compile(cuda) is None
+    assert ThinkerCompileArgs().decode_compile(cuda) == "inductor"
+    assert ThinkerCompileArgs().decode_compile(cpu) is None
+    assert ThinkerCompileArgs(compile_decode=False).decode_compile(cuda) is None
     forced = ThinkerArgs(compile_decode=True, compile_backend="aot_eager")
     assert forced.decode_compile(cpu) == "aot_eager"
     assert ThinkerArgs.model_validate({"compile_decode": False}).decode_compile(cuda) is None
@@ -53,6 +53,14 @@ def test_the_thinker_s_decode_layers_compile_on_cuda_by_default_and_where_asked(
         ThinkerArgs.model_validate({"compile_decode": "yes"})
     with pytest.raises(ValueError, match="compile_backend"):
         ThinkerArgs.model_validate({"compile_backend": ""})
+
+
+def test_the_thinker_s_prefill_layers_compile_only_where_asked() -> None:
+    assert ThinkerCompileArgs().prefill_compile() is None
+    asked = ThinkerArgs(compile_prefill=True, compile_backend="aot_eager")
+    assert asked.prefill_compile() == "aot_eager"
+    with pytest.raises(ValueError, match="compile_prefill"):
+        ThinkerArgs.model_validate({"compile_prefill": "yes"})
 
 
 def test_a_failed_compile_is_told_once_with_its_cause(caplog: pytest.LogCaptureFixture) -> None:
