@@ -550,6 +550,34 @@ def test_compiled_static_frames_give_the_uncompiled_codes(
 
 
 @pytest.mark.usefixtures("fresh_compiles")
+def test_prefills_through_compiled_layers_give_the_uncompiled_codes(
+    cache_dir: Path, said: list[list[Fields]], solo: list[SteppedReply]
+) -> None:
+    """The backbone's prefill forwards (three sessions' openings in one step) through
+    layers compiled at load for any length and layout give each session its solo
+    codes; serving compiles nothing more."""
+    path = cache_dir / "tiny-omni" / "seed-0"
+    backend = Backend()
+    model = TalkerModel(path, stop_at_codec_eos=True, slots=3, compile_prefill=backend)
+    assert model.prefill_compiled == "compiled"
+    at_load, runs = list(backend.graphs), backend.runs
+    assert at_load
+
+    async def run() -> list[SteppedReply]:
+        loop = loop_over(model)
+        replies = await open_replies(model, loop, said)
+        await speak_in(loop, replies, [[0, 1], [2]])
+        await loop.stop()
+        return replies
+
+    together = asyncio.run(run())
+    for reply, alone in zip(together, solo, strict=True):
+        assert torch.equal(torch.cat(reply.codes), torch.cat(alone.codes))
+    assert backend.runs > runs
+    assert backend.graphs == at_load
+
+
+@pytest.mark.usefixtures("fresh_compiles")
 def test_a_compile_that_fails_logs_once_and_runs_uncompiled(
     cache_dir: Path,
     said: list[list[Fields]],
@@ -648,15 +676,22 @@ def test_every_frame_key_compiles_past_dynamo_s_default_limit(cache_dir: Path) -
     assert model.compiled["layers"] == "compiled"
 
 
-@pytest.mark.parametrize("compile_frame", [True, False])
+@pytest.mark.parametrize(
+    ("compiles", "compiled"),
+    [
+        ({"compile_frame": True}, True),
+        ({"compile_frame": False, "compile_prefill": True}, True),
+        ({"compile_frame": False}, False),
+    ],
+    ids=["frame", "prefill", "none"],
+)
 async def test_a_talker_that_compiled_ends_the_compile_workers_when_it_stops(
-    cache_dir: Path, compile_frame: bool, monkeypatch: pytest.MonkeyPatch
+    cache_dir: Path, compiles: dict[str, bool], compiled: bool, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Inductor's compile workers are subprocesses it keeps for the process's life: the
     talker that compiled ends them as it stops (one that did not leaves them alone)."""
     ended: list[bool] = []
     monkeypatch.setattr(talker_engine, "end_compile_workers", lambda: ended.append(True))
-    extra = {"compile_frame": compile_frame, "compile_backend": "aot_eager"}
-    async with talker(cache_dir, **extra):
+    async with talker(cache_dir, **compiles, compile_backend="aot_eager"):
         assert ended == []
-    assert ended == ([True] if compile_frame else [])
+    assert ended == ([True] if compiled else [])

@@ -41,6 +41,7 @@ predictor as ``stepping.code_predictor_frame``.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import logging
 import sys
@@ -53,7 +54,7 @@ import torch
 from pydantic import BaseModel, Field
 
 from omni_actors.actors.engines.qwen3_omni import stepping
-from omni_actors.actors.engines.qwen3_omni.slot_cache import SlotStep
+from omni_actors.actors.engines.qwen3_omni.slot_cache import Segment, SlotCache, SlotStep
 from omni_actors.actors.engines.qwen3_omni.static_decode import (
     StepCache,
     attention_configs,
@@ -67,7 +68,10 @@ __all__ = [
     "CompiledLayers",
     "FrameCompile",
     "FrameCompileArgs",
+    "PrefillCompileArgs",
     "ThinkerCompileArgs",
+    "prefill_forward",
+    "warm_prefill",
 ]
 
 log = logging.getLogger(__name__)
@@ -76,19 +80,36 @@ Backend = str | Callable[..., Any]
 """A ``torch.compile`` backend: a name (``inductor``, ``aot_eager``) or a callable."""
 
 
-class FrameCompileArgs(BaseModel):
+class PrefillCompileArgs(BaseModel):
+    """The arguments of an engine whose prefill forwards may be compiled.
+
+    Attributes:
+        compile_prefill: ``torch.compile`` the decoder layers of prefill forwards over
+            the slot cache, for any length and any segments (one graph with dynamic
+            sizes, compiled at load; the chunks' attention runs as one opaque op); off
+            unless asked.
+        compile_backend: the ``torch.compile`` backend (``inductor``; ``aot_eager``
+            needs no compiler, to check that a model traces).
+    """
+
+    compile_prefill: bool = Field(False, strict=True)
+    compile_backend: str = Field("inductor", min_length=1)
+
+    def prefill_compile(self) -> Backend | None:
+        """The backend prefill forwards' layers compile with (None: none)."""
+        return self.compile_backend if self.compile_prefill else None
+
+
+class FrameCompileArgs(PrefillCompileArgs):
     """The arguments of an engine whose static frame step may be compiled.
 
     Attributes:
         compile_frame: ``torch.compile`` the frame step over the static slot cache (its
             backbone layers and code-predictor step) before its graphs are captured;
             None: on a GPU only. Frames stepped another way are not compiled.
-        compile_backend: the ``torch.compile`` backend (``inductor``; ``aot_eager``
-            needs no compiler, to check that a model traces).
     """
 
     compile_frame: bool | None = Field(None, strict=True)
-    compile_backend: str = Field("inductor", min_length=1)
 
     def frame_compile(self, device: torch.device) -> FrameCompile | None:
         """What these arguments compile on ``device`` (None: nothing)."""
@@ -96,31 +117,21 @@ class FrameCompileArgs(BaseModel):
         return FrameCompile(self.compile_backend) if enabled else None
 
 
-class ThinkerCompileArgs(BaseModel):
+class ThinkerCompileArgs(PrefillCompileArgs):
     """The arguments of a thinker whose forwards may be compiled.
 
     Attributes:
         compile_decode: ``torch.compile`` each decoder layer of the decode step over the
             slot cache (:class:`CompiledLayers`, one compiled graph for every layer)
             before its graphs are captured; None: on a GPU only.
-        compile_prefill: ``torch.compile`` the decoder layers of prefill forwards too,
-            for any length and any segments (one graph with dynamic sizes, compiled at
-            load; the chunks' attention runs as one opaque op); off unless asked.
-        compile_backend: the ``torch.compile`` backend (as :class:`FrameCompileArgs`').
     """
 
     compile_decode: bool | None = Field(None, strict=True)
-    compile_prefill: bool = Field(False, strict=True)
-    compile_backend: str = Field("inductor", min_length=1)
 
     def decode_compile(self, device: torch.device) -> Backend | None:
         """The backend the decode step's layers compile with on ``device`` (None: none)."""
         enabled = device.type == "cuda" if self.compile_decode is None else self.compile_decode
         return self.compile_backend if enabled else None
-
-    def prefill_compile(self) -> Backend | None:
-        """The backend prefill forwards' layers compile with (None: none)."""
-        return self.compile_backend if self.compile_prefill else None
 
 
 @dataclass(frozen=True, slots=True)
@@ -294,6 +305,49 @@ class CompiledLayers:
             except Exception as error:
                 self.state.fall_back(error)
         return _layer_forward(layer, *args, past_key_values=past_key_values, **kwargs)
+
+
+def prefill_forward(
+    model: torch.nn.Module,
+    step: SlotStep,
+    configs: list[Any],
+    embeds: torch.Tensor,
+    layers: CompiledLayers | None,
+) -> torch.Tensor:
+    """A text model's forward over a step with prefill chunks, inputs ``embeds`` [T, H] in
+    token order, its layers compiled by ``layers`` (a prefill :class:`CompiledLayers`)
+    where given: the last hidden states [1, T, H]."""
+    # Not a step of single positions (only where graphs are off): its attention is the
+    # decode step's, another graph, for a step that costs little.
+    layers = None if step.decode_only else layers
+    compiled = layers.active() if layers is not None else contextlib.nullcontext()
+    with step.active(configs), compiled:
+        out = model(
+            # A tensor of its own, not a view: a compiled layer guards on its input's
+            # base, and the first layer would compile apart from the others.
+            inputs_embeds=embeds.unsqueeze(0).clone() if layers is not None else embeds[None],
+            position_ids=step.positions[None],
+            attention_mask=step.mask,
+            past_key_values=step,
+            use_cache=True,
+        )
+    last: torch.Tensor = out.last_hidden_state
+    return last
+
+
+@torch.no_grad()
+def warm_prefill(
+    model: torch.nn.Module,
+    cache: SlotCache,
+    configs: list[Any],
+    row: torch.Tensor,
+    layers: CompiledLayers,
+) -> None:
+    """Compile ``layers`` now (at load, not in a first prompt's time): one forward of two
+    segments at the scratch slot, inputs ``row`` [1, H] repeated, compiles the graph
+    every later prefill runs."""
+    segments = [Segment(cache.scratch, 0, 2), Segment(cache.scratch, 2, 3)]
+    prefill_forward(model, cache.step(segments), configs, row.expand(5, -1), layers)
 
 
 def _predictor_step(

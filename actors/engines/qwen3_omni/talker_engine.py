@@ -190,6 +190,7 @@ class TalkerEngine(SteppedTorchEngine[Voice, TalkerFeed, Framed | None]):
             warm=graphs and args.warm_graphs,
             frame_compile=args.frame_compile(self.device),
             moe=args.moe,
+            compile_prefill=args.prefill_compile(),
         )
         if self.speaker not in model.speakers:
             raise ValueError(
@@ -200,10 +201,13 @@ class TalkerEngine(SteppedTorchEngine[Voice, TalkerFeed, Framed | None]):
 
     async def stop(self) -> None:
         """Stop the step loop and the model thread, then the compile workers its frame
-        compile started (:func:`~.frame_compile.end_compile_workers`)."""
+        and prefill compiles started (:func:`~.frame_compile.end_compile_workers`)."""
         await super().stop()
         model: TalkerModel | None = getattr(self, "_model", None)
-        if model is not None and any(region != "off" for region in model.compiled.values()):
+        if model is None:
+            return
+        regions = [*model.compiled.values(), model.prefill_compiled]
+        if any(region != "off" for region in regions):
             end_compile_workers()
 
     @property

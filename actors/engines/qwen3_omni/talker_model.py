@@ -31,9 +31,12 @@ from omni_actors.actors.engines.qwen3_omni.code_predictor_graph import (
     GraphedCodePredictor,
 )
 from omni_actors.actors.engines.qwen3_omni.frame_compile import (
+    Backend,
     CompiledCodePredictor,
     CompiledLayers,
     FrameCompile,
+    prefill_forward,
+    warm_prefill,
 )
 from omni_actors.actors.engines.qwen3_omni.graphs import Capture, ShapeGraphs, bucket
 from omni_actors.actors.engines.qwen3_omni.hf import (
@@ -134,6 +137,8 @@ class TalkerModel:
         frame_compile: what of the frame-only step to ``torch.compile`` before its graphs
             are captured (None: nothing; :mod:`.frame_compile`).
         moe: whose forward the MoE experts run (:mod:`.moe`).
+        compile_prefill: the backend its backbone's prefill forwards' layers compile
+            with, for any length and any segments (compiled at load); None: not compiled.
 
     Attributes:
         text_config: the text model's config.
@@ -156,6 +161,7 @@ class TalkerModel:
         capture: Capture | None = None,
         frame_compile: FrameCompile | None = None,
         moe: MoeImplementation = "lean",
+        compile_prefill: Backend | None = None,
     ) -> None:
         device = device or torch.device("cpu")
         talker = weights.load(path, "talker", device=device)
@@ -172,6 +178,11 @@ class TalkerModel:
                 self._predictor = CompiledCodePredictor(
                     talker, frame_compile.backend, fused=frame_compile.fused
                 )
+        self._prefill_layers = (
+            CompiledLayers(talker.model.layers, compile_prefill, "talker prefill", prefill=True)
+            if compile_prefill is not None
+            else None
+        )
         self.max_rows = min(max_rows or slots, slots)
         # Steps that mix prefills with frames run eagerly; their code predictor is
         # launch-bound on a GPU: replay it from CUDA graphs there, per row bucket (as
@@ -222,6 +233,11 @@ class TalkerModel:
         self._rows_inputs: dict[tuple[int, int], list[torch.Tensor]] = {}
         if self._graphs is not None and warm:
             self.warm()
+        if self._prefill_layers is not None:
+            row = torch.zeros(1, int(self.text_config.hidden_size), dtype=self._dtype)
+            warm_prefill(
+                talker.model, self.cache, self._configs, row.to(device), self._prefill_layers
+            )
 
     @property
     def talker(self) -> Qwen3OmniMoeTalkerForConditionalGeneration:
@@ -241,6 +257,15 @@ class TalkerModel:
             else f"failed: {region.state.failed}"
             for name, region in regions.items()
         }
+
+    @property
+    def prefill_compiled(self) -> str:
+        """Its backbone's prefill forwards' layers: ``compiled``, ``off``, or why they run
+        uncompiled after their compile failed."""
+        layers = self._prefill_layers
+        if layers is None:
+            return "off"
+        return "compiled" if layers.state.failed is None else f"failed: {layers.state.failed}"
 
     @torch.no_grad()
     def user_inputs(self, rows: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
@@ -342,15 +367,8 @@ class TalkerModel:
             states = self._rows_step(chunks, embeds)
         else:
             step = self.cache.step([Segment(c.request.slot, c.start, c.length) for c in chunks])
-            with step.active(self._configs):
-                out = talker.model(
-                    inputs_embeds=embeds[None],
-                    position_ids=step.positions[None],
-                    attention_mask=step.mask,
-                    past_key_values=step,
-                    use_cache=True,
-                )
-            states = out.last_hidden_state[0]
+            layers = self._prefill_layers
+            states = prefill_forward(talker.model, step, self._configs, embeds, layers)[0]
         wanted = [n for n, c in enumerate(chunks) if c.last and c.work.payload.frame]
         results: list[Framed | None] = [None] * len(chunks)
         if not wanted:

@@ -210,10 +210,10 @@ class ThinkerEngine(ConversationEngine[Feeding, Fed]):
 
     async def stop(self) -> None:
         """Stop the step loop and the model thread, then the compile workers its decode
-        compile started (:func:`~.frame_compile.end_compile_workers`)."""
+        and prefill compiles started (:func:`~.frame_compile.end_compile_workers`)."""
         await super().stop()
         model: ThinkerModel | None = getattr(self, "_model", None)
-        if model is not None and model.compiled != "off":
+        if model is not None and (model.compiled, model.prefill_compiled) != ("off", "off"):
             end_compile_workers()
 
     @property

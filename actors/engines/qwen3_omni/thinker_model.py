@@ -23,7 +23,12 @@ import torch
 
 from omni_actors.actors.engines.qwen3_omni import configs, layout, stepping, weights
 from omni_actors.actors.engines.qwen3_omni.audio_stream import AudioClip
-from omni_actors.actors.engines.qwen3_omni.frame_compile import Backend, CompiledLayers
+from omni_actors.actors.engines.qwen3_omni.frame_compile import (
+    Backend,
+    CompiledLayers,
+    prefill_forward,
+    warm_prefill,
+)
 from omni_actors.actors.engines.qwen3_omni.graphs import Capture, ShapeGraphs, bucket
 from omni_actors.actors.engines.qwen3_omni.hf import (
     PreTrainedConfig,
@@ -217,12 +222,9 @@ class ThinkerModel:
         if self._graphs is not None and warm:
             self.warm()
         if self._prefill_layers is not None:
-            # Now, not in a first prompt's time: one forward of two segments compiles
-            # the graph every later prefill runs (dynamic lengths, any segments).
-            scratch = self.cache.scratch
-            segments = [Segment(scratch, 0, 2), Segment(scratch, 2, 3)]
-            with torch.no_grad():
-                self._prefill(segments, self.tts.repeat(2, 1)[:5])
+            warm_prefill(
+                thinker.model, self.cache, self._configs, self.tts[:1], self._prefill_layers
+            )
 
     def clip(self) -> AudioClip:
         """A new audio clip, windowed as this thinker's audio encoder attends."""
@@ -319,22 +321,8 @@ class ThinkerModel:
         """The text model's forward over ``segments``' positions, their inputs ``embeds``
         [T, H] in token order: the last hidden states [1, T, H]."""
         step = self.cache.step(segments)
-        # Not a step of single positions (only where graphs are off): its attention is
-        # the decode step's, another graph, for a step that costs little.
-        layers = None if step.decode_only else self._prefill_layers
-        compiled = layers.active() if layers is not None else contextlib.nullcontext()
-        with step.active(self._configs), compiled:
-            out = self._thinker.model(
-                # A tensor of its own, not a view: a compiled layer guards on its input's
-                # base, and the first layer would compile apart from the others.
-                inputs_embeds=embeds.unsqueeze(0).clone() if layers is not None else embeds[None],
-                position_ids=step.positions[None],
-                attention_mask=step.mask,
-                past_key_values=step,
-                use_cache=True,
-            )
-        last: torch.Tensor = out.last_hidden_state
-        return last
+        model = self._thinker.model
+        return prefill_forward(model, step, self._configs, embeds, self._prefill_layers)
 
     @contextlib.contextmanager
     def _accept_states(self, wanted: bool) -> Iterator[list[torch.Tensor]]:
