@@ -20,7 +20,8 @@
 # $PREFILL_MOE, default "lean compiled": the engine's forward, then its layers compiled);
 # `timeline` prints where each request's first text and audio go (ttft_timeline.py);
 # `pipeline-1gpu` runs `bench pipeline --preset qwen3-omni-1gpu` on that release
-# ($LEVELS_1GPU, default 1 8: two levels take about five minutes); `decode-thinker` times
+# ($LEVELS_1GPU, default 1 8: two levels take about five minutes; COMPILE_PREFILL=1 with
+# the thinker's and talker's prefill layers compiled, as `pipeline` does); `decode-thinker` times
 # its thinker's decode step with its layers compiled as the engine compiles them, and not
 # ($THINKER_COMPILE, default "default off"); after `prepare-talker`, `profile-talker`
 # lists the kernels of a talker frame per batch size (talker_frame_profile.py;
@@ -124,12 +125,23 @@ write_random_release(Path(sys.argv[1]), config, stages=tuple(sys.argv[3].split()
       else counts=(--requests-per-level "$REQUESTS_PER_LEVEL"); fi
       preset=qwen3-omni levels=$LEVELS
       if [ "$step" = pipeline-1gpu ]; then preset=qwen3-omni-1gpu levels=${LEVELS_1GPU:-1 8}; fi
+      if [ -n "${COMPILE_PREFILL:-}" ]; then
+        # The preset with the thinker's and talker's prefill layers compiled.
+        python3 -c 'import sys, yaml
+spec = yaml.safe_load(open(sys.argv[1]))
+for stage in spec["stages"]:
+    if stage["name"] in ("thinker", "talker"):
+        stage["engine"]["args"]["compile_prefill"] = True
+yaml.safe_dump(spec, open(sys.argv[2], "w"))' "omni_actors/presets/$preset.yaml" /tmp/prefill.yaml
+        preset=/tmp/prefill.yaml
+      fi
       # shellcheck disable=SC2086  # levels is a list of words on purpose
       omni bench pipeline --preset "$preset" --model "$RELEASE" --input-tokens 2500 \
         --output-tokens 256 --frames-per-token "$FRAMES_PER_TOKEN" --streaming-only \
         --no-input-length --concurrency $levels "${counts[@]}" --json \
-        > "$OUT/qwen3_omni_random_$step.json"
+        > "$OUT/qwen3_omni_random_$step${COMPILE_PREFILL:+_compile_prefill}.json"
       python3 -c 'import json, sys; from omni_actors.bench.models import model_table
-print("\n".join(model_table(json.load(open(sys.argv[1])))))' "$OUT/qwen3_omni_random_$step.json" ;;
+print("\n".join(model_table(json.load(open(sys.argv[1])))))' \
+        "$OUT/qwen3_omni_random_$step${COMPILE_PREFILL:+_compile_prefill}.json" ;;
   esac
 done

@@ -24,7 +24,7 @@ from graph_standins import Backend, Captures
 from tiny_omni_ids import PRINTABLE_RANGES, Tokens
 
 from omni_actors.actors.engines.contract import Fields, engine_eager_steps
-from omni_actors.actors.engines.qwen3_omni import stepping
+from omni_actors.actors.engines.qwen3_omni import stepping, thinker_engine
 from omni_actors.actors.engines.qwen3_omni.hf import DynamicCache
 from omni_actors.actors.engines.qwen3_omni.sampling import Sampling
 from omni_actors.actors.engines.qwen3_omni.thinker_engine import ThinkerArgs, ThinkerEngine
@@ -469,6 +469,31 @@ async def test_concurrent_sessions_share_steps(cache_dir: Path) -> None:
     assert stats.decode_rows == sum(len(ids) - 1 + (len(ids) < 32) for ids in replies)
     assert stats.largest_step > 1
     assert stats.steps < 0.75 * (stats.decode_rows + stats.prefill_chunks)
+
+
+@pytest.mark.usefixtures("fresh_compiles")
+async def test_an_engine_asked_to_compile_its_prefills_replies_as_one_that_does_not(
+    cache_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``compile_prefill`` through the engine's args: the same replies to concurrent
+    sessions prefilled in chunks, and its stop ends the compile workers it started."""
+    ended: list[bool] = []
+    monkeypatch.setattr(thinker_engine, "end_compile_workers", lambda: ended.append(True))
+    texts = [f"request number {i}" for i in range(3)]
+    common: dict[str, Any] = {"max_new_tokens": 12, "max_prefill_chunk": 8}
+
+    async def replies(**extra: Any) -> list[list[int]]:
+        async with thinker(cache_dir, **common, **extra) as engine:
+            if extra:
+                assert engine._model.prefill_compiled == "compiled"
+            return await asyncio.wait_for(
+                asyncio.gather(*(reply(engine, f"s{i}", t) for i, t in enumerate(texts))), 60.0
+            )
+
+    plain = await replies()
+    assert ended == []
+    assert await replies(compile_prefill=True, compile_backend="aot_eager") == plain
+    assert ended == [True]
 
 
 async def test_an_engine_without_graphs_reports_no_eager_steps(cache_dir: Path) -> None:
