@@ -236,9 +236,9 @@ async def test_decode_steps_with_compiled_layers_pick_as_uncompiled(cache_dir: P
     """Decode steps (and short prefills run as rows) with the decoder layers compiled,
     replayed from graphs, pick the uncompiled model's tokens, sessions joining and
     leaving; every layer runs one shared compiled graph per shape, never one per layer,
-    and prefill forwards are not compiled."""
+    and prefill forwards run their own compiled layers (where asked), not these."""
     path = cache_dir / "tiny-omni" / "seed-0"
-    backend = Backend()
+    backend, prefills = Backend(), Backend()
     common: dict[str, Any] = {"allowed_token_ranges": PRINTABLE_RANGES, "slots": 4}
     compiled = ThinkerModel(
         path,
@@ -248,7 +248,9 @@ async def test_decode_steps_with_compiled_layers_pick_as_uncompiled(cache_dir: P
         graphs=True,
         capture=Captures(),
         compile_layers=backend,
+        compile_prefill=prefills,
     )
+    prefill_runs = prefills.runs
     plain = ThinkerModel(path, **common, max_context=256)
 
     async def run(model: ThinkerModel) -> list[list[int]]:
@@ -270,6 +272,7 @@ async def test_decode_steps_with_compiled_layers_pick_as_uncompiled(cache_dir: P
     assert 1 <= len(backend.graphs) < 2 * layers
     # Only decode steps' shapes: one position per row, never a prompt's length.
     assert not any(str(len(p)) in " ".join(g) for g in backend.graphs for p in PROMPTS)
+    assert prefills.runs > prefill_runs  # the prompts' forwards ran the prefill graph
 
 
 @pytest.mark.usefixtures("fresh_compiles")
