@@ -25,7 +25,9 @@
 # its thinker's decode step with its layers compiled as the engine compiles them, and not
 # ($THINKER_COMPILE, default "default off"); after `prepare-talker`, `profile-talker`
 # lists the kernels of a talker frame per batch size (talker_frame_profile.py;
-# $PROFILE_COMPILE: all, the engine's, by default, or apart or off).
+# $PROFILE_COMPILE: all, the engine's, by default, or apart or off; $PROFILE_SDPA: the
+# attention kernel, default flash efficient math or cudnn; TORCHINDUCTOR_MAX_AUTOTUNE=1
+# compiles with inductor's autotuned matmuls; each run appends its lines).
 # Results go to $OUT (default benchmarks/results); the release to $RELEASE (/tmp/q3).
 # pipeline: $LEVELS (default 1 4 8 16 32), $REQUESTS_PER_LEVEL (default 4: each level
 # runs 4 x c requests, a closed loop as vllm-omni's CI runs it) or $REQUESTS per level,
@@ -101,8 +103,9 @@ write_random_release(Path(sys.argv[1]), config, stages=tuple(sys.argv[3].split()
         cat "$OUT/qwen3_omni_random_decode_thinker_$compile.json"; echo
       done ;;
     profile-talker)
-      COMPILE=${PROFILE_COMPILE:-all} RELEASE=$RELEASE python3 benchmarks/talker_frame_profile.py 1 8 32 \
-        | tee "$OUT/qwen3_omni_random_talker_frame_profile.jsonl" | cut -c1-400 ;;
+      COMPILE=${PROFILE_COMPILE:-all} SDPA=${PROFILE_SDPA:-default} RELEASE=$RELEASE \
+        python3 benchmarks/talker_frame_profile.py 1 8 32 \
+        | tee -a "$OUT/qwen3_omni_random_talker_frame_profile.jsonl" | cut -c1-400 ;;
     load)
       omni bench load --model "$RELEASE" --stage thinker=cuda:0 --stage talker=cuda:1 \
         --stage code2wav=cuda:1 --json --quiet > "$OUT/qwen3_omni_random_load.json"

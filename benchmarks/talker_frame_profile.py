@@ -6,7 +6,11 @@ compiled as its engine compiles it on a GPU (``COMPILE=off``: the step as before
 opens ``B`` sessions of 1024 positions, steps two frames (graph capture), then profiles
 10 frames and prints one JSON line per batch size: kernels per frame, GPU busy ms per
 frame, wall ms per frame (the step loop's whole frame, unprofiled), and the kernels that
-take the most time (name, calls per frame, ms per frame).
+take the most time (name, calls per frame, ms per frame). ``SDPA`` picks the attention
+kernel PyTorch's scaled-dot-product attention may use (``default``: its own choice, cuDNN
+on an H200; ``flash``, ``efficient`` or ``math``): the code predictor's 80 attentions a
+frame over at most 16 positions each run cuDNN's kernel and a memset. Inductor's own
+environment applies too (``TORCHINDUCTOR_MAX_AUTOTUNE=1``: its autotuned matmul templates).
 ``DRY=1`` runs on the CPU (``RELEASE`` then a tiny-omni one: checks the script).
 
     python3 benchmarks/talker_frame_profile.py 1 32
@@ -46,6 +50,16 @@ def main() -> None:
     backend = "aot_eager" if dry else "inductor"
     choice = os.environ.get("COMPILE", "all")
     compiled = None if choice == "off" else FrameCompile(backend, fused=choice != "apart")
+    sdpa = os.environ.get("SDPA", "default")
+    if sdpa != "default":
+        kinds = ("flash", "efficient", "math", "cudnn")
+        if sdpa not in kinds:
+            raise SystemExit(f"SDPA is default or one of {', '.join(kinds)}, not {sdpa!r}")
+        # Every kernel off but the one asked for: math stays as the fallback of last resort.
+        torch.backends.cuda.enable_flash_sdp(sdpa == "flash")
+        torch.backends.cuda.enable_mem_efficient_sdp(sdpa == "efficient")
+        torch.backends.cuda.enable_cudnn_sdp(sdpa == "cudnn")
+        torch.backends.cuda.enable_math_sdp(True)
     if not dry:
         torch.cuda.set_device(device)
     talker = TalkerModel(
@@ -129,6 +143,8 @@ def main() -> None:
                     {
                         "batch": batch,
                         "compiled": talker.compiled,
+                        "sdpa": sdpa,
+                        "max_autotune": os.environ.get("TORCHINDUCTOR_MAX_AUTOTUNE") == "1",
                         "wall_ms_per_frame": round(wall, 3),
                         "kernels_per_frame": round(per_frame, 1),
                         "gpu_busy_ms_per_frame": round(busy, 3),
