@@ -70,6 +70,7 @@ __all__ = [
     "FrameCompileArgs",
     "PrefillCompileArgs",
     "ThinkerCompileArgs",
+    "compile_status",
     "prefill_forward",
     "warm_prefill",
 ]
@@ -171,6 +172,15 @@ class CompileState:
             raise error
         self.failed = _reason(error)
         log.warning("%s: torch.compile failed (%s); runs uncompiled", self.name, self.failed)
+
+
+def compile_status(region: CompiledLayers | CompiledCodePredictor | None) -> str:
+    """A compiled region's state: ``compiled``, ``off`` (no region), or why it runs
+    uncompiled after its compile failed."""
+    if region is None:
+        return "off"
+    failed = region.state.failed
+    return "compiled" if failed is None else f"failed: {failed}"
 
 
 def _capturing() -> bool:

@@ -35,6 +35,7 @@ from omni_actors.actors.engines.qwen3_omni.frame_compile import (
     CompiledCodePredictor,
     CompiledLayers,
     FrameCompile,
+    compile_status,
     prefill_forward,
     warm_prefill,
 )
@@ -248,24 +249,16 @@ class TalkerModel:
     def compiled(self) -> dict[str, str]:
         """Per region of the frame-only step (``layers``, ``code_predictor``):
         ``compiled``, ``off``, or why it runs uncompiled after its compile failed."""
-        regions = {"layers": self._layers, "code_predictor": self._predictor}
         return {
-            name: "off"
-            if region is None
-            else "compiled"
-            if region.state.failed is None
-            else f"failed: {region.state.failed}"
-            for name, region in regions.items()
+            "layers": compile_status(self._layers),
+            "code_predictor": compile_status(self._predictor),
         }
 
     @property
     def prefill_compiled(self) -> str:
         """Its backbone's prefill forwards' layers: ``compiled``, ``off``, or why they run
         uncompiled after their compile failed."""
-        layers = self._prefill_layers
-        if layers is None:
-            return "off"
-        return "compiled" if layers.state.failed is None else f"failed: {layers.state.failed}"
+        return compile_status(self._prefill_layers)
 
     @torch.no_grad()
     def user_inputs(self, rows: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:

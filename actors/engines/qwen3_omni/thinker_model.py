@@ -26,6 +26,7 @@ from omni_actors.actors.engines.qwen3_omni.audio_stream import AudioClip
 from omni_actors.actors.engines.qwen3_omni.frame_compile import (
     Backend,
     CompiledLayers,
+    compile_status,
     prefill_forward,
     warm_prefill,
 )
@@ -254,12 +255,12 @@ class ThinkerModel:
     def compiled(self) -> str:
         """Its decode step's layers: ``compiled``, ``off``, or why they run uncompiled
         after their compile failed."""
-        return _compiled(self._layers)
+        return compile_status(self._layers)
 
     @property
     def prefill_compiled(self) -> str:
         """Its prefill forwards' layers, as :attr:`compiled` says the decode step's."""
-        return _compiled(self._prefill_layers)
+        return compile_status(self._prefill_layers)
 
     @property
     def eager_steps(self) -> int | None:
@@ -508,13 +509,6 @@ class ThinkerModel:
 
     def _encode(self, mel: torch.Tensor) -> torch.Tensor:
         return stepping.encode_audio(self._thinker, mel)
-
-
-def _compiled(layers: CompiledLayers | None) -> str:
-    if layers is None:
-        return "off"
-    failed = layers.state.failed
-    return "compiled" if failed is None else f"failed: {failed}"
 
 
 def _feature_extractor(path: Path) -> WhisperFeatureExtractor:
