@@ -29,6 +29,10 @@
 # attention kernel, default flash efficient math or cudnn; TORCHINDUCTOR_MAX_AUTOTUNE=1
 # compiles with inductor's autotuned matmuls; each run appends its lines).
 # Results go to $OUT (default benchmarks/results); the release to $RELEASE (/tmp/q3).
+# On one GPU at full size, when its memory filesystem holds the thinker:
+#   bash benchmarks/qwen3_omni_random_gpu.sh setup prepare-split pipeline-split
+# writes the thinker to $SHM_RELEASE and the rest to $RELEASE, and runs `bench pipeline
+# --preset qwen3-omni-1gpu` with each stage on its own release ($LEVELS_1GPU).
 # pipeline: $LEVELS (default 1 4 8 16 32), $REQUESTS_PER_LEVEL (default 4: each level
 # runs 4 x c requests, a closed loop as vllm-omni's CI runs it) or $REQUESTS per level,
 # $FRAMES_PER_TOKEN (default 2: random weights never pick codec EOS, so the audio of each
@@ -36,6 +40,7 @@
 set -euo pipefail
 OUT=${OUT:-benchmarks/results}
 RELEASE=${RELEASE:-/tmp/q3}
+SHM_RELEASE=${SHM_RELEASE:-/dev/shm/q3-thinker}
 LEVELS=${LEVELS:-1 4 8 16 32}
 COMPILE=${COMPILE:-off all apart}
 FRAMES_PER_TOKEN=${FRAMES_PER_TOKEN:-2}
@@ -122,29 +127,42 @@ write_random_release(Path(sys.argv[1]), config, stages=tuple(sys.argv[3].split()
     run)
       omni run --preset benchmarks/qwen3_omni_random.yaml --model "$RELEASE" --text "Hello, who are you?" \
         --out "$OUT/qwen3_omni_random_reply.wav" 2>&1 | tail -20 ;;
-    pipeline|pipeline-1gpu)
+    prepare-split)
+      # The whole full-size release on a machine whose disk cannot hold it (one H200's
+      # 64 GiB): the thinker's 59 GiB in memory ($SHM_RELEASE, default /dev/shm/q3-thinker;
+      # its filesystem needs 62 GiB free), the talker and code2wav on disk ($RELEASE).
+      avail=$(df --output=avail -BG "$(dirname "$SHM_RELEASE")" | tail -1 | tr -dc 0-9)
+      echo "$(dirname "$SHM_RELEASE"): ${avail}G free"
+      [ "$avail" -ge 62 ] || { echo "too small for the thinker (62G)"; exit 1; }
+      start=$(date +%s)
+      for part in "thinker $SHM_RELEASE" "talker code2wav $RELEASE"; do
+        python3 -c 'import sys; from pathlib import Path
+from omni_actors.actors.engines.qwen3_omni.random_release import real_config, write_random_release
+write_random_release(Path(sys.argv[-1]), real_config(), stages=tuple(sys.argv[1:-1]))' $part
+      done
+      echo "prepare_s=$(( $(date +%s) - start ))"; du -sh "$SHM_RELEASE" "$RELEASE"; free -g | head -2 ;;
+    pipeline|pipeline-1gpu|pipeline-split)
       # $REQUESTS, when set, replaces the K x c requests of each level.
       if [ -n "${REQUESTS:-}" ]; then counts=(--requests "$REQUESTS")
       else counts=(--requests-per-level "$REQUESTS_PER_LEVEL"); fi
-      preset=qwen3-omni levels=$LEVELS
-      if [ "$step" = pipeline-1gpu ]; then preset=qwen3-omni-1gpu levels=${LEVELS_1GPU:-1 8}; fi
-      if [ -n "${COMPILE_PREFILL:-}" ]; then
-        # The preset with the thinker's and talker's prefill layers compiled.
-        python3 -c 'import sys, yaml
-spec = yaml.safe_load(open(sys.argv[1]))
-for stage in spec["stages"]:
-    if stage["name"] in ("thinker", "talker"):
-        stage["engine"]["args"]["compile_prefill"] = True
-yaml.safe_dump(spec, open(sys.argv[2], "w"))' "omni_actors/presets/$preset.yaml" /tmp/prefill.yaml
-        preset=/tmp/prefill.yaml
+      preset=qwen3-omni levels=$LEVELS sets=() model=(--model "$RELEASE")
+      if [ "$step" != pipeline ]; then preset=qwen3-omni-1gpu levels=${LEVELS_1GPU:-1 8}; fi
+      if [ "$step" = pipeline-split ]; then
+        # Each stage its own release (prepare-split): no --model for them all.
+        sets+=(--set "thinker.model=$SHM_RELEASE" --set "talker.model=$RELEASE")
+        sets+=(--set "code2wav.model=$RELEASE") model=()
       fi
+      if [ -n "${COMPILE_PREFILL:-}" ]; then
+        # The thinker's and talker's prefill layers compiled.
+        sets+=(--set thinker.compile_prefill=true --set talker.compile_prefill=true)
+      fi
+      python3 benchmarks/preset_variant.py "$preset" /tmp/variant.yaml "${sets[@]}"
+      result="$OUT/qwen3_omni_random_$step${COMPILE_PREFILL:+_compile_prefill}.json"
       # shellcheck disable=SC2086  # levels is a list of words on purpose
-      omni bench pipeline --preset "$preset" --model "$RELEASE" --input-tokens 2500 \
+      omni bench pipeline --preset /tmp/variant.yaml "${model[@]}" --input-tokens 2500 \
         --output-tokens 256 --frames-per-token "$FRAMES_PER_TOKEN" --streaming-only \
-        --no-input-length --concurrency $levels "${counts[@]}" --json \
-        > "$OUT/qwen3_omni_random_$step${COMPILE_PREFILL:+_compile_prefill}.json"
+        --no-input-length --concurrency $levels "${counts[@]}" --json > "$result"
       python3 -c 'import json, sys; from omni_actors.bench.models import model_table
-print("\n".join(model_table(json.load(open(sys.argv[1])))))' \
-        "$OUT/qwen3_omni_random_$step${COMPILE_PREFILL:+_compile_prefill}.json" ;;
+print("\n".join(model_table(json.load(open(sys.argv[1])))))' "$result" ;;
   esac
 done
