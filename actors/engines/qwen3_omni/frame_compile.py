@@ -220,22 +220,24 @@ def end_compile_workers() -> None:
 def _compile(
     fn: Callable[..., Any], backend: Backend, *, dynamic: bool | None = None
 ) -> Callable[..., Any]:
-    """``torch.compile(fn)``, allowed :data:`RECOMPILE_LIMIT` graphs."""
-    compiled = torch.compile(fn, backend=backend, dynamic=dynamic)
-    # Dynamic from the first call, each size its own symbol: duck sizing would make
-    # sizes equal at the first call (a prompt's length and its step's) equal for good.
-    duck = not dynamic
-    shapes: Any = torch.fx.experimental._config  # a config module: ``patch`` is made at import
+    """``torch.compile(fn)``: called under :func:`_settings`."""
+    return torch.compile(fn, backend=backend, dynamic=dynamic)
 
-    def limited(*args: Any, **kwargs: Any) -> Any:
-        # Scoped to the call: dynamo reads both when a call misses its graphs.
-        with (
-            torch._dynamo.config.patch(recompile_limit=RECOMPILE_LIMIT),
-            shapes.patch(use_duck_shape=duck),
-        ):
-            return compiled(*args, **kwargs)
 
-    return limited
+@contextmanager
+def _settings(dynamic: bool) -> Iterator[None]:
+    """Meanwhile, what dynamo reads when a call misses its graphs: a region may compile
+    :data:`RECOMPILE_LIMIT` graphs; a ``dynamic`` one gives each size its own symbol
+    (duck sizing would make sizes equal at the first call, a prompt's length and its
+    step's, equal for good). Entered once per forward or frame, not per call: each
+    patch costs tens of microseconds of host time."""
+    with torch._dynamo.config.patch(recompile_limit=RECOMPILE_LIMIT):
+        if dynamic:
+            shapes: Any = torch.fx.experimental._config  # ``patch`` is made at import
+            with shapes.patch(use_duck_shape=False):
+                yield
+        else:
+            yield
 
 
 def _layer_forward(layer: torch.nn.Module, *args: Any, **kwargs: Any) -> Any:
@@ -295,7 +297,8 @@ class CompiledLayers:
         for layer in self._layers:
             vars(layer)["forward"] = functools.partial(self._forward, layer)
         try:
-            yield
+            with _settings(self._prefill):
+                yield
         finally:
             for layer in self._layers:
                 vars(layer).pop("forward", None)
@@ -495,7 +498,8 @@ class CompiledCodePredictor:
         ``code0`` [B, 1]."""
         if self.state.failed is None:
             try:
-                return self.frame(hidden, code0, self._compiled)
+                with _settings(False):
+                    return self.frame(hidden, code0, self._compiled)
             except Exception as error:
                 self.state.fall_back(error)
         return stepping.code_predictor_frame(self._talker, hidden, code0)
