@@ -462,6 +462,11 @@ async def run_model_bench(
             "full_edges": full_edges,
             "input_audio_s": sorted(input_audio_s),
             "input_repeats": input_repeats,
+            # What each stage's engine ran with: a preset's variant says itself.
+            "engines": {
+                stage.name: {"kind": stage.engine.kind, **stage.engine.args}
+                for stage in stream.stages
+            },
         },
         "wall_s": round(time.perf_counter() - started, 1),
     }

@@ -91,6 +91,11 @@ def test_random_prompts_set_replies_and_serving_figures(
         "requests_per_level": 1,
     }
     assert {key: report["parameters"][key] for key in expected} == expected
+    engines = report["parameters"]["engines"]
+    assert set(engines) == {"thinker", "talker", "code2wav"}  # the transcriber is not run
+    assert engines["thinker"]["kind"] == "qwen3-omni.thinker"
+    assert engines["thinker"]["model"] == str(release)
+    assert engines["thinker"]["max_new_tokens"] == OUTPUT_TOKENS
     table = model_table(report)
     assert table[1] == "tiny-omni (engines: thinker cpu, talker cpu, code2wav cpu)"
     assert [row.split()[0] for row in table[3:5]] == ["1", "2"]
