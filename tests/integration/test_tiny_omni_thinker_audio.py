@@ -96,9 +96,22 @@ def test_streamed_windows_equal_the_one_shot_encoder(model: Any, seconds: float)
     assert torch.allclose(streamed, one_shot, atol=1e-7, rtol=0)
 
 
-async def test_streamed_audio_turn_equals_the_one_shot_forward(cache_dir: Path, model: Any) -> None:
+@pytest.mark.parametrize(
+    "compiled",
+    [{}, {"compile_prefill": True, "compile_backend": "aot_eager"}],
+    ids=["eager", "compiled-prefill"],
+)
+async def test_streamed_audio_turn_equals_the_one_shot_forward(
+    cache_dir: Path, model: Any, compiled: dict[str, Any], request: pytest.FixtureRequest
+) -> None:
+    """The turn's rows and reply equal HF's one-shot forward, its prefill forwards' layers
+    compiled or not (the audio rows scattered in, the talker's rows from the accept
+    layer's hook)."""
+    if compiled:
+        request.getfixturevalue("fresh_compiles")
     samples = speech(8.5)
-    async with thinker(cache_dir) as engine:
+    async with thinker(cache_dir, **compiled) as engine:
+        assert engine._model.prefill_compiled == ("compiled" if compiled else "off")
         streamed = await respond(engine, "streamed", *frames(samples), {"text": "?"})
         at_once = await respond(
             engine, "at-once", {"audio": torch.from_numpy(samples)}, {"text": "?"}
