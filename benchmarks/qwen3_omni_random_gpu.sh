@@ -32,7 +32,9 @@
 # On one GPU at full size, when its memory filesystem holds the thinker:
 #   bash benchmarks/qwen3_omni_random_gpu.sh setup prepare-split pipeline-split
 # writes the thinker to $SHM_RELEASE and the rest to $RELEASE, and runs `bench pipeline
-# --preset qwen3-omni-1gpu` with each stage on its own release ($LEVELS_1GPU).
+# --preset qwen3-omni-1gpu` with each stage on its own release ($LEVELS_1GPU); with
+# THINKER_RELEASE=/dev/shm/q3-thinker, `decode-thinker` and `prefill` time the full-size
+# thinker.
 # pipeline: $LEVELS (default 1 4 8 16 32), $REQUESTS_PER_LEVEL (default 4: each level
 # runs 4 x c requests, a closed loop as vllm-omni's CI runs it) or $REQUESTS per level,
 # $FRAMES_PER_TOKEN (default 2: random weights never pick codec EOS, so the audio of each
@@ -41,6 +43,8 @@ set -euo pipefail
 OUT=${OUT:-benchmarks/results}
 RELEASE=${RELEASE:-/tmp/q3}
 SHM_RELEASE=${SHM_RELEASE:-/dev/shm/q3-thinker}
+# The release the thinker-only steps (prefill, decode-thinker) load.
+THINKER_RELEASE=${THINKER_RELEASE:-$RELEASE}
 LEVELS=${LEVELS:-1 4 8 16 32}
 COMPILE=${COMPILE:-off all apart}
 FRAMES_PER_TOKEN=${FRAMES_PER_TOKEN:-2}
@@ -81,7 +85,7 @@ write_random_release(Path(sys.argv[1]), config, stages=tuple(sys.argv[3].split()
         "$RELEASE" "${THINKER_LAYERS:-8}" "${STAGES:-thinker talker code2wav}"
       echo "prepare_s=$(( $(date +%s) - start ))"; du -sh "$RELEASE" ;;
     prefill)
-      python3 benchmarks/thinker_prefill_profile.py "$RELEASE" --tokens ${PREFILL_TOKENS:-256 2500} \
+      python3 benchmarks/thinker_prefill_profile.py "$THINKER_RELEASE" --tokens ${PREFILL_TOKENS:-256 2500} \
         --moe ${PREFILL_MOE:-lean compiled} | tee "$OUT/qwen3_omni_random_prefill_profile.jsonl" | grep -v '"top"' ;;
     timeline)
       # Where the first text and first audio go, stage by stage, one request at a time
@@ -102,7 +106,7 @@ write_random_release(Path(sys.argv[1]), config, stages=tuple(sys.argv[3].split()
       done ;;
     decode-thinker)
       for compile in ${THINKER_COMPILE:-default off}; do
-        omni bench decode --model "$RELEASE" --stage thinker=cuda:0 --batch 1 8 32 --context 1024 \
+        omni bench decode --model "$THINKER_RELEASE" --stage thinker=cuda:0 --batch 1 8 32 --context 1024 \
           --steps 20 --max-context 2048 --thinker-compile "$compile" --json --quiet \
           > "$OUT/qwen3_omni_random_decode_thinker_$compile.json"
         cat "$OUT/qwen3_omni_random_decode_thinker_$compile.json"; echo

@@ -8,8 +8,8 @@ off, as ``../shared`` prefill probes ran it). Then one prefill of each under
 (``cudaStreamSynchronize``, ``cudaMemcpy`` device to host) per forward. Each is done
 for every ``--moe`` variant in turn (the engine's ``moe`` argument: ``transformers``,
 then ``lean`` swapped in on the same weights; ``compiled``: ``lean`` with the prefill
-forwards' layers compiled, the engine's ``compile_prefill``, on a thinker loaded again
-whose compile time at load is reported; every line names its ``moe``), with one
+forwards' layers compiled as the engine's ``compile_prefill`` compiles them at load, its
+compile time reported; every line names its ``moe``), with one
 ``experts`` line timing the first layer's experts forward alone under each. One JSON
 object per line on stdout. Run from the repository root on a GPU machine:
 
@@ -34,6 +34,7 @@ from typing import Any
 import torch
 from torch.profiler import ProfilerActivity, profile
 
+from omni_actors.actors.engines.qwen3_omni.frame_compile import CompiledLayers, warm_prefill
 from omni_actors.actors.engines.qwen3_omni.moe import install as moe_install
 from omni_actors.actors.engines.qwen3_omni.sampling import Sampling
 from omni_actors.actors.engines.qwen3_omni.thinker_model import (
@@ -134,24 +135,23 @@ def main() -> None:
             for tokens in ns.tokens
         }
         for moe in ns.moe:
-            if moe == "lean":
-                moe_install(text)
-            model = thinker
+            if moe in ("lean", "compiled"):
+                moe_install(text)  # a no-op once swapped
             if moe == "compiled":
+                # The same weights, their prefill layers compiled as the engine's
+                # ``compile_prefill`` compiles them at load (one model on the GPU, not two).
                 started = time.perf_counter()
-                model = ThinkerModel(
-                    ns.release,
-                    device,
-                    slots=2,
-                    max_context=longest + 64,
-                    compile_prefill=os.environ.get("COMPILE_BACKEND", "inductor"),
-                )
+                backend = os.environ.get("COMPILE_BACKEND", "inductor")
+                layers = CompiledLayers(text.layers, backend, "thinker prefill", prefill=True)
+                warm_prefill(text, thinker.cache, thinker._configs, thinker.tts[:1], layers)
+                thinker._prefill_layers = layers
                 out(
-                    what="load",
+                    what="compile",
                     moe=moe,
-                    load_s=round(time.perf_counter() - started, 1),
-                    compiled=model.prefill_compiled,
+                    compile_s=round(time.perf_counter() - started, 1),
+                    compiled=thinker.prefill_compiled,
                 )
+            model = thinker
 
             async def execute(chunks: list[ThinkerChunk], model: ThinkerModel = model) -> list[Fed]:
                 return model.step(chunks)
