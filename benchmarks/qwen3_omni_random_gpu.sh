@@ -20,8 +20,9 @@
 # $PREFILL_MOE, default "lean compiled": the engine's forward, then its layers compiled);
 # `timeline` prints where each request's first text and audio go (ttft_timeline.py);
 # `pipeline-1gpu` runs `bench pipeline --preset qwen3-omni-1gpu` on that release
-# ($LEVELS_1GPU, default 1 8: two levels take about five minutes; COMPILE_PREFILL=1 with
-# the thinker's and talker's prefill layers compiled, as `pipeline` does); `decode-thinker` times
+# ($LEVELS_1GPU, default 1 8: two levels take about five minutes; COMPILE_PREFILL=0, as
+# `pipeline` takes it too, without the thinker's and talker's prefill layers compiled, which
+# they are by default on a GPU); `decode-thinker` times
 # its thinker's decode step with its layers compiled as the engine compiles them, and not
 # ($THINKER_COMPILE, default "default off"); after `prepare-talker`, `profile-talker`
 # lists the kernels of a talker frame per batch size (talker_frame_profile.py;
@@ -156,12 +157,12 @@ write_random_release(Path(sys.argv[-1]), real_config(), stages=tuple(sys.argv[1:
         sets+=(--set "thinker.model=$SHM_RELEASE" --set "talker.model=$RELEASE")
         sets+=(--set "code2wav.model=$RELEASE") model=()
       fi
-      if [ -n "${COMPILE_PREFILL:-}" ]; then
-        # The thinker's and talker's prefill layers compiled.
-        sets+=(--set thinker.compile_prefill=true --set talker.compile_prefill=true)
+      if [ "${COMPILE_PREFILL:-}" = 0 ]; then
+        # The thinker's and talker's prefill layers not compiled (on a GPU they are).
+        sets+=(--set thinker.compile_prefill=false --set talker.compile_prefill=false)
       fi
       python3 benchmarks/preset_variant.py "$preset" /tmp/variant.yaml "${sets[@]}"
-      result="$OUT/qwen3_omni_random_$step${COMPILE_PREFILL:+_compile_prefill}.json"
+      result="$OUT/qwen3_omni_random_$step${COMPILE_PREFILL:+_compile_prefill_$COMPILE_PREFILL}.json"
       # shellcheck disable=SC2086  # levels is a list of words on purpose
       omni bench pipeline --preset /tmp/variant.yaml "${model[@]}" --input-tokens 2500 \
         --output-tokens 256 --frames-per-token "$FRAMES_PER_TOKEN" --streaming-only \

@@ -87,18 +87,20 @@ class PrefillCompileArgs(BaseModel):
     Attributes:
         compile_prefill: ``torch.compile`` the decoder layers of prefill forwards over
             the slot cache, for any length and any segments (one graph with dynamic
-            sizes, compiled at load; the chunks' attention runs as one opaque op); off
-            unless asked.
+            sizes, compiled at load; the chunks' attention runs as one opaque op); None:
+            on a GPU only (at full size on two H200s it took the first token 25-30%
+            earlier, docs/benchmarks.md).
         compile_backend: the ``torch.compile`` backend (``inductor``; ``aot_eager``
             needs no compiler, to check that a model traces).
     """
 
-    compile_prefill: bool = Field(False, strict=True)
+    compile_prefill: bool | None = Field(None, strict=True)
     compile_backend: str = Field("inductor", min_length=1)
 
-    def prefill_compile(self) -> Backend | None:
-        """The backend prefill forwards' layers compile with (None: none)."""
-        return self.compile_backend if self.compile_prefill else None
+    def prefill_compile(self, device: torch.device) -> Backend | None:
+        """The backend prefill forwards' layers compile with on ``device`` (None: none)."""
+        enabled = device.type == "cuda" if self.compile_prefill is None else self.compile_prefill
+        return self.compile_backend if enabled else None
 
 
 class FrameCompileArgs(PrefillCompileArgs):

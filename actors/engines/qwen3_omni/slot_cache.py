@@ -46,8 +46,10 @@ from dataclasses import dataclass
 from typing import Any, Final
 
 import torch
+from torch.nn.attention.bias import causal_lower_right
 
 from omni_actors.actors.engines.qwen3_omni.hf import AttentionInterface, PreTrainedConfig
+from omni_actors.actors.engines.qwen3_omni.static_decode import grouped_attention_of
 
 __all__ = ["ATTENTION", "Segment", "SlotCache", "SlotStep", "row_buckets", "span_for"]
 
@@ -390,10 +392,7 @@ def _single_positions(
 ) -> torch.Tensor:
     """Row ``i``'s one query [heads, dim] over its slot's ``key``/``value`` [kv_heads,
     span, dim] under ``mask`` [rows, 1, 1, span]; [rows, heads, dim]."""
-    out = torch.nn.functional.scaled_dot_product_attention(
-        flat[:, :, None], key, value, attn_mask=mask, scale=scaling, enable_gqa=True
-    )
-    return out[:, :, 0]
+    return grouped_attention_of(flat[:, :, None], key, value, mask, scaling)[:, :, 0]
 
 
 def _chunk(
@@ -408,16 +407,13 @@ def _chunk(
     length = flat.shape[0]
     end = start + length
     query, key, value = flat.transpose(0, 1)[None], key[None, :, :end], value[None, :, :end]
-    if start == 0:
-        out = torch.nn.functional.scaled_dot_product_attention(
-            query, key, value, is_causal=True, scale=scaling, enable_gqa=True
-        )
-    else:
-        seen = torch.arange(start, end, device=flat.device)
-        mask = torch.arange(end, device=flat.device)[None, :] <= seen[:, None]  # [L, end]
-        out = torch.nn.functional.scaled_dot_product_attention(
-            query, key, value, attn_mask=mask[None, None], scale=scaling, enable_gqa=True
-        )
+    # Causal from the lower right: query t sees positions 0 .. start + t. Not a mask
+    # tensor: a masked grouped-query attention runs PyTorch's math kernel on CUDA (keys
+    # repeated per query head, scores of every pair in float32), while this runs the
+    # flash kernel, which reads the grouped heads as they are (plain causal at start 0).
+    out = torch.nn.functional.scaled_dot_product_attention(
+        query, key, value, attn_mask=causal_lower_right(length, end), scale=scaling, enable_gqa=True
+    )
     return out[0].transpose(0, 1)
 
 

@@ -36,6 +36,7 @@ __all__ = [
     "StepCache",
     "attention_configs",
     "grouped_attention",
+    "grouped_attention_of",
     "grouped_decode_attention",
 ]
 
@@ -158,13 +159,34 @@ def grouped_decode_attention(
     **_: Any,
 ) -> tuple[torch.Tensor, None]:
     """One-position attention with grouped query heads (module docstring)."""
+    assert attention_mask is not None, "a static step passes its mask"
+    return grouped_attention_of(query, key, value, attention_mask, scaling).transpose(1, 2), None
+
+
+def grouped_attention_of(
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    mask: torch.Tensor,
+    scaling: float | None,
+) -> torch.Tensor:
+    """``query`` [B, heads, 1, dim] over ``key``/``value`` [B, kv_heads, span, dim] under
+    ``mask`` [B, 1, 1, span], each key head's query heads grouped along the query axis
+    (module docstring); [B, heads, 1, dim].
+
+    PyTorch's own grouped-query attention (``enable_gqa``) under a mask runs its math
+    kernel on CUDA: the keys and values repeated per query head and the scores in
+    float32, which was most of a talker frame at batch 32 on an H200
+    (benchmarks/results/qwen3_omni_random_talker_frame_profile_sdpa_h200.jsonl).
+    Grouped, the masked kernels (cuDNN, memory-efficient) take it as it is.
+    """
     batch, heads, length, dim = query.shape
     kv_heads = key.shape[1]
     grouped = query.reshape(batch, kv_heads, heads // kv_heads * length, dim)
     out = torch.nn.functional.scaled_dot_product_attention(
-        grouped, key, value, attn_mask=attention_mask, scale=scaling
+        grouped, key, value, attn_mask=mask, scale=scaling
     )
-    return out.reshape(batch, heads, length, dim).transpose(1, 2), None
+    return out.reshape(batch, heads, length, dim)
 
 
 AttentionInterface.register(_ATTENTION, grouped_decode_attention)

@@ -190,7 +190,7 @@ class TalkerEngine(SteppedTorchEngine[Voice, TalkerFeed, Framed | None]):
             warm=graphs and args.warm_graphs,
             frame_compile=args.frame_compile(self.device),
             moe=args.moe,
-            compile_prefill=args.prefill_compile(),
+            compile_prefill=args.prefill_compile(self.device),
         )
         if self.speaker not in model.speakers:
             raise ValueError(

@@ -131,7 +131,7 @@ class ThinkerArgs(
     positions; the steps' sizes are :class:`StepLoopArgs`'. ``static_cache`` (None: on a
     GPU) replays decode-only steps from CUDA graphs, captured at load with
     ``warm_graphs``, their layers compiled first (:class:`ThinkerCompileArgs`: on a GPU
-    by default; prefill forwards' layers when ``compile_prefill`` asks).
+    by default, prefill forwards' layers too).
 
     Attributes:
         max_new_tokens: a reply's most tokens (a response's ``max_tokens`` overrides it).
@@ -200,7 +200,7 @@ class ThinkerEngine(ConversationEngine[Feeding, Fed]):
             warm=graphs and args.warm_graphs,
             moe=args.moe,
             compile_layers=args.decode_compile(self.device),
-            compile_prefill=args.prefill_compile(),
+            compile_prefill=args.prefill_compile(self.device),
         )
         self.close_turn = self._model.vocabulary.close_turn
         self.assistant_opening = self._model.vocabulary.assistant_opening

@@ -55,10 +55,13 @@ def test_the_thinker_s_decode_layers_compile_on_cuda_by_default_and_where_asked(
         ThinkerArgs.model_validate({"compile_backend": ""})
 
 
-def test_the_thinker_s_prefill_layers_compile_only_where_asked() -> None:
-    assert ThinkerCompileArgs().prefill_compile() is None
+def test_the_thinker_s_prefill_layers_compile_on_a_gpu_or_where_asked() -> None:
+    cpu, gpu = torch.device("cpu"), torch.device("cuda:0")
+    assert ThinkerCompileArgs().prefill_compile(cpu) is None
+    assert ThinkerCompileArgs().prefill_compile(gpu) == "inductor"
+    assert ThinkerCompileArgs(compile_prefill=False).prefill_compile(gpu) is None
     asked = ThinkerArgs(compile_prefill=True, compile_backend="aot_eager")
-    assert asked.prefill_compile() == "aot_eager"
+    assert asked.prefill_compile(cpu) == "aot_eager"
     with pytest.raises(ValueError, match="compile_prefill"):
         ThinkerArgs.model_validate({"compile_prefill": "yes"})
 
