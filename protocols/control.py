@@ -86,6 +86,7 @@ __all__ = [
     "StageHealth",
     "StageMessage",
     "StageState",
+    "StepCounts",
     "StreamCredit",
     "Target",
     "Truncate",
@@ -250,6 +251,36 @@ class Truncate(msgspec.Struct, Request[int | Refused], tag="truncate", frozen=Tr
     kept: int
 
 
+class StepCounts(msgspec.Struct, frozen=True, kw_only=True):
+    """What a stage's step loop has run since its engine started: counters, so the
+    difference of two readings is what ran between them (``bench pipeline`` reports it
+    per level).
+
+    Attributes:
+        steps: steps run (each one call of the model over every session's rows).
+        decode_rows: single-position rows (decode steps, frames) over all steps.
+        prefill_tokens: positions fed by prefill chunks.
+        prefill_steps: steps that ran prefill chunks.
+        step_s: seconds in steps; ``prefill_step_s`` of them in steps with prefill chunks.
+        prefill_works: prefills (a prompt, a turn's rows) whose first chunk has run.
+        prefill_wait_s: their waits summed, each from its submission to the start of the
+            step of its first chunk: how long prompts queue before the stage computes
+            them.
+        decode_wait_s: each decode row's wait summed, from its submission to the start
+            of its step.
+    """
+
+    steps: int
+    decode_rows: int
+    prefill_tokens: int
+    prefill_steps: int
+    step_s: float
+    prefill_step_s: float
+    prefill_works: int
+    prefill_wait_s: float
+    decode_wait_s: float
+
+
 class StageState(msgspec.Struct, tag="stage-state", frozen=True, kw_only=True):
     """Stage → asker, the reply to :class:`Inspect`: the sessions the stage holds.
 
@@ -269,6 +300,8 @@ class StageState(msgspec.Struct, tag="stage-state", frozen=True, kw_only=True):
         eager_steps: steps its engine ran eager since it started although it replays
             them from CUDA graphs (a step larger than its largest graph, a shape whose
             graph failed or differed); None for an engine without graphs.
+        steps: what its engine's step loop has run since it started; None for an
+            engine without one.
     """
 
     stage: str
@@ -279,6 +312,7 @@ class StageState(msgspec.Struct, tag="stage-state", frozen=True, kw_only=True):
     busy_s: float | None = None
     max_sessions: int | None = None
     eager_steps: int | None = None
+    steps: StepCounts | None = None
 
 
 class Inspect(msgspec.Struct, Request[StageState], tag="inspect", frozen=True, kw_only=True):
@@ -464,6 +498,9 @@ class StageHealth(msgspec.Struct, frozen=True, kw_only=True):
         eager_steps: steps its engine ran eager although it has CUDA graphs
             (:attr:`StageState.eager_steps`; a restarted stage's new engine counts from
             0); None for an engine without graphs, or no answer in time.
+        steps: what its engine's step loop has run (:attr:`StageState.steps`; a
+            restarted stage's new engine counts from 0); None for an engine without
+            one, or no answer in time.
     """
 
     stage: str
@@ -476,6 +513,7 @@ class StageHealth(msgspec.Struct, frozen=True, kw_only=True):
     busy_s: float | None = None
     max_sessions: int | None = None
     eager_steps: int | None = None
+    steps: StepCounts | None = None
 
 
 class PipelineHealth(msgspec.Struct, tag="pipeline-health", frozen=True, kw_only=True):

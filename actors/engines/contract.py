@@ -109,7 +109,10 @@ calls); the stage reports it in its state and ``OmniPipeline.health()`` per stag
 the engine, and on a GPU its device, was busy. One whose steps replay CUDA graphs may
 expose ``eager_steps``, the steps it ran eager since it started although it has graphs
 (more rows than its largest graph, a shape whose graph failed or differed): reported
-beside ``busy_s`` (:func:`engine_eager_steps`), 0 while every step replays.
+beside ``busy_s`` (:func:`engine_eager_steps`), 0 while every step replays. One that
+runs its sessions' forwards in steps may expose ``step_counts``
+(:class:`~omni_actors.protocols.control.StepCounts`: its steps, their rows and time, and
+how long work queued for them), reported beside them (:func:`engine_step_counts`).
 
 An engine whose model runs in processes of its own (vLLM's EngineCore) may expose
 ``died``, an ``asyncio.Future`` it resolves with an error when they exit: the stage then
@@ -159,7 +162,7 @@ from typing import Protocol, get_args
 
 import torch
 
-from omni_actors.protocols.control import AccumulateRule
+from omni_actors.protocols.control import AccumulateRule, StepCounts
 from omni_actors.protocols.stage import ResponseOptions, SessionKey
 
 __all__ = [
@@ -182,6 +185,7 @@ __all__ = [
     "Truncatable",
     "engine_busy_s",
     "engine_eager_steps",
+    "engine_step_counts",
     "engine_max_new_tokens",
     "engine_max_sessions",
     "engine_prompt_tokens",
@@ -325,6 +329,13 @@ def engine_eager_steps(engine: object) -> int | None:
     turned off) or one that does not tell."""
     steps = getattr(engine, "eager_steps", None)
     return steps if isinstance(steps, int) and not isinstance(steps, bool) else None
+
+
+def engine_step_counts(engine: object) -> StepCounts | None:
+    """What ``engine``'s step loop has run since it started: its ``step_counts``; None
+    for an engine without one."""
+    counts = getattr(engine, "step_counts", None)
+    return counts if isinstance(counts, StepCounts) else None
 
 
 def output_overdue(inputs: AsyncIterator[Fields]) -> bool:

@@ -95,6 +95,8 @@ class Work(Generic[P, Out]):
     done: int = 0
     """Positions fed so far (a prefill runs in chunks)."""
     outputs: list[Out] = field(default_factory=list)
+    submitted: float = 0.0
+    """When it was queued (the loop's clock): its first chunk's wait counts from here."""
 
 
 @dataclass(eq=False, slots=True)
@@ -142,6 +144,20 @@ class StepLoopStats:
     """Steps that ran decode rows and prefill chunks together."""
     requests: int
     free_slots: int
+    prefill_steps: int = 0
+    """Steps that ran prefill chunks (with decode rows or not)."""
+    step_s: float = 0.0
+    """Seconds spent in steps (the model's calls, awaited)."""
+    prefill_step_s: float = 0.0
+    """Of ``step_s``, the seconds of steps that ran prefill chunks."""
+    prefill_works: int = 0
+    """Prefills whose first chunk has run."""
+    prefill_wait_s: float = 0.0
+    """Their waits summed, each from its submission to the start of the step of its
+    first chunk: how long prompts queue before the stage computes them."""
+    decode_wait_s: float = 0.0
+    """Each decode row's wait summed, from its submission to the start of its step (a
+    row queued while a step runs waits for it)."""
 
 
 class StepLoop(Generic[P, Out]):
@@ -157,6 +173,7 @@ class StepLoop(Generic[P, Out]):
         max_rows: the most decode rows in one step (a graph's largest batch).
         wait_s: how long an idle loop, once woken, gathers work before its first step.
         name: the loop task's name, for debugging.
+        clock: the seconds its statistics' times are read from.
     """
 
     def __init__(
@@ -170,6 +187,7 @@ class StepLoop(Generic[P, Out]):
         max_rows: int | None = None,
         wait_s: float = 0.0,
         name: str = "step loop",
+        clock: Callable[[], float] = time.perf_counter,
     ) -> None:
         if min(slots, max_context, max_tokens_per_step, max_chunk) < 1:
             raise ValueError(
@@ -180,6 +198,7 @@ class StepLoop(Generic[P, Out]):
             raise ValueError(f"wait_s must be >= 0, got {wait_s}")
         self.wait_s = wait_s
         self._execute = execute
+        self._clock = clock
         self.slots, self.max_context, self.name = slots, max_context, name
         self.max_tokens_per_step, self.max_chunk = max_tokens_per_step, max_chunk
         self.max_rows = slots if max_rows is None else max_rows
@@ -190,7 +209,8 @@ class StepLoop(Generic[P, Out]):
         self._task: asyncio.Task[None] | None = None
         self._closing = False
         self._steps = self._decode_rows = self._chunks = self._tokens = 0
-        self._largest = self._mixed = 0
+        self._largest = self._mixed = self._prefill_steps = self._prefill_works = 0
+        self._step_s = self._prefill_step_s = self._prefill_wait_s = self._decode_wait_s = 0.0
 
     # -- requests -----------------------------------------------------------------------
 
@@ -268,7 +288,7 @@ class StepLoop(Generic[P, Out]):
                 f"max_context of {self.max_context}: raise max_context or start a new "
                 "conversation"
             )
-        request.queue.append(Work(payload, length, decode, future))
+        request.queue.append(Work(payload, length, decode, future, submitted=self._clock()))
         self._waiting.append(request)  # schedule() drops repeats
         self._wake.set()
         return future
@@ -289,6 +309,12 @@ class StepLoop(Generic[P, Out]):
             mixed_steps=self._mixed,
             requests=len(self._requests),
             free_slots=len(self._free),
+            prefill_steps=self._prefill_steps,
+            step_s=self._step_s,
+            prefill_step_s=self._prefill_step_s,
+            prefill_works=self._prefill_works,
+            prefill_wait_s=self._prefill_wait_s,
+            decode_wait_s=self._decode_wait_s,
         )
 
     # -- the loop -----------------------------------------------------------------------
@@ -381,7 +407,13 @@ class StepLoop(Generic[P, Out]):
         self._tokens += sum(c.length for c in chunks if not c.work.decode)
         self._largest = max(self._largest, len(chunks))
         self._mixed += 0 < decodes < len(chunks)
-        started = time.perf_counter()
+        started = self._clock()
+        for chunk in chunks:
+            if chunk.work.decode:
+                self._decode_wait_s += started - chunk.work.submitted
+            elif chunk.offset == 0:
+                self._prefill_works += 1
+                self._prefill_wait_s += started - chunk.work.submitted
         try:
             outputs = await self._execute(chunks)
             if len(outputs) != len(chunks):
@@ -400,6 +432,11 @@ class StepLoop(Generic[P, Out]):
                 _fail(work.future, exc)
             return
         self._release(chunks)
+        took = self._clock() - started
+        self._step_s += took
+        if decodes < len(chunks):
+            self._prefill_steps += 1
+            self._prefill_step_s += took
         if log.isEnabledFor(logging.DEBUG):  # where a step's time goes, one line per step
             log.debug(
                 "%s: step %d, %d decode rows, %d prefill chunks of %d positions, %.1f ms",
@@ -408,7 +445,7 @@ class StepLoop(Generic[P, Out]):
                 decodes,
                 len(chunks) - decodes,
                 sum(c.length for c in chunks if not c.work.decode),
-                (time.perf_counter() - started) * 1e3,
+                took * 1e3,
             )
         for chunk, output in zip(chunks, outputs, strict=True):
             self._update(chunk, output)

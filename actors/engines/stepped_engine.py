@@ -26,6 +26,7 @@ from pydantic import BaseModel, Field
 
 from omni_actors.actors.engines.step_loop import Chunk, Request, StepLoop
 from omni_actors.actors.engines.torch_engine import AbortSignal, TorchEngine
+from omni_actors.protocols.control import StepCounts
 
 __all__ = ["SessionState", "StepLoopArgs", "SteppedTorchEngine"]
 
@@ -114,6 +115,22 @@ class SteppedTorchEngine(TorchEngine, Generic[S, P, Out]):
     def _step(self, chunks: list[Chunk[P, Out]]) -> list[Out]:
         """Model thread: one step over ``chunks``; one output per chunk, in order."""
         raise NotImplementedError
+
+    @property
+    def step_counts(self) -> StepCounts:
+        """What the step loop has run since the engine started (the stage reports it)."""
+        stats = self.loop.statistics()
+        return StepCounts(
+            steps=stats.steps,
+            decode_rows=stats.decode_rows,
+            prefill_tokens=stats.prefill_tokens,
+            prefill_steps=stats.prefill_steps,
+            step_s=stats.step_s,
+            prefill_step_s=stats.prefill_step_s,
+            prefill_works=stats.prefill_works,
+            prefill_wait_s=stats.prefill_wait_s,
+            decode_wait_s=stats.decode_wait_s,
+        )
 
     async def _execute(self, chunks: list[Chunk[P, Out]]) -> list[Out]:
         return await self.call(self._step, chunks)

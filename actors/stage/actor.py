@@ -44,6 +44,7 @@ from omni_actors.actors.engines.contract import (
     engine_busy_s,
     engine_eager_steps,
     engine_max_sessions,
+    engine_step_counts,
     engine_voice,
     engine_voices,
 )
@@ -314,6 +315,7 @@ class StageActor(Actor[StageMessage]):
                     busy_s=engine_busy_s(self.engine),
                     max_sessions=engine_max_sessions(self.engine),
                     eager_steps=engine_eager_steps(self.engine),
+                    steps=engine_step_counts(self.engine),
                 )
             case StreamCredit(key=key, receiver=receiver, n=n):
                 session = self.sessions.get(key)

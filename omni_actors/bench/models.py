@@ -58,6 +58,7 @@ from omni_actors.bench.steps import Progress, Steps
 from omni_actors.models.cache import prepare
 from omni_actors.pipeline.omni_pipeline import OmniPipeline
 from omni_actors.pipeline.spec.pipeline import PipelineConfigError, PipelineSpec, load_pipeline
+from omni_actors.protocols.control import StepCounts
 
 __all__ = [
     "MODEL_CONCURRENCY",
@@ -172,6 +173,7 @@ class _Cost:
     cpu_s: float
     busy_s: dict[str, float | None]
     eager_steps: dict[str, int | None] = field(default_factory=dict)
+    steps: dict[str, StepCounts | None] = field(default_factory=dict)
 
 
 @dataclass(frozen=True, slots=True)
@@ -180,6 +182,7 @@ class _Counts:
 
     busy_s: dict[str, float | None]
     eager_steps: dict[str, int | None]
+    steps: dict[str, StepCounts | None] = field(default_factory=dict)
 
 
 async def _counts(omni: OmniPipeline) -> _Counts:
@@ -187,6 +190,7 @@ async def _counts(omni: OmniPipeline) -> _Counts:
     return _Counts(
         busy_s={name: stage.busy_s for name, stage in health.stages.items()},
         eager_steps={name: stage.eager_steps for name, stage in health.stages.items()},
+        steps={name: stage.steps for name, stage in health.stages.items()},
     )
 
 
@@ -204,6 +208,46 @@ def _delta(before: dict[str, _N | None], after: dict[str, _N | None]) -> dict[st
         else:
             delta[name] = end - start
     return delta
+
+
+def _steps_delta(
+    before: dict[str, StepCounts | None], after: dict[str, StepCounts | None]
+) -> dict[str, StepCounts | None]:
+    """What each stage actor's step loop ran between two readings (:func:`_delta`'s
+    rules: None where either is missing or the loop restarted)."""
+    delta: dict[str, StepCounts | None] = {}
+    for name, end in after.items():
+        start = before.get(name)
+        if start is None or end is None or end.steps < start.steps:
+            delta[name] = None
+        else:
+            fields = StepCounts.__struct_fields__
+            delta[name] = StepCounts(**{f: getattr(end, f) - getattr(start, f) for f in fields})
+    return delta
+
+
+def _step_figures(counts: StepCounts | None, wall_s: float) -> dict[str, Any] | None:
+    """A level's steps of one stage (``engine_busy[actor]["steps"]``); None: no loop."""
+    if counts is None:
+        return None
+
+    def ms(seconds: float, n: int) -> float | None:
+        return _ms(seconds * 1e3 / n) if n else None
+
+    decode_only = counts.steps - counts.prefill_steps
+    return {
+        "steps": counts.steps,
+        "steps_per_s": round(counts.steps / wall_s, 2) if wall_s > 0 else None,
+        "decode_rows_per_step": round(counts.decode_rows / counts.steps, 2)
+        if counts.steps
+        else None,
+        "prefill_tokens": counts.prefill_tokens,
+        "prefill_steps": counts.prefill_steps,
+        "prefill_step_ms_mean": ms(counts.prefill_step_s, counts.prefill_steps),
+        "decode_step_ms_mean": ms(counts.step_s - counts.prefill_step_s, decode_only),
+        "prefill_wait_ms_mean": ms(counts.prefill_wait_s, counts.prefill_works),
+        "decode_wait_ms_mean": ms(counts.decode_wait_s, counts.decode_rows),
+    }
 
 
 async def _measure(
@@ -224,6 +268,7 @@ def _cost(wall_s: float, cpu_s: float, before: _Counts, after: _Counts) -> _Cost
         cpu_s,
         _delta(before.busy_s, after.busy_s),
         _delta(before.eager_steps, after.eager_steps),
+        _steps_delta(before.steps, after.steps),
     )
 
 
@@ -281,6 +326,7 @@ def _level(
                     "device": _device(spec, actor),
                     "busy_fraction": None if busy is None else round(busy / cost.wall_s, 4),
                     "eager_steps": cost.eager_steps.get(actor),
+                    "steps": _step_figures(cost.steps.get(actor), cost.wall_s),
                 }
                 for actor, busy in cost.busy_s.items()
             },
@@ -346,7 +392,11 @@ async def run_model_bench(
         ``output_tokens_per_s`` over the level, ``engine_busy`` per stage actor (its
         device, ``busy_fraction``, None where the engine does not tell, and
         ``eager_steps``, the steps it ran eager over the level although it has CUDA
-        graphs, None where it has none),
+        graphs, None where it has none, and ``steps``, what its step loop ran over the
+        level, None where it has none: steps and steps per second, decode rows per
+        step, prefill tokens and steps, the mean time of a step with prefill chunks
+        and of one without, and the mean wait of a prefill before its first chunk ran
+        and of a decode row before its step),
         ``host_cpu_s_per_audio_s``, ``wall_s``, ``requests`` and ``errors``),
         ``stream_vs_full_ttfa`` per level (empty without ``full_edges``),
         ``input_length`` (TTFA and TTFT after the end of paced audio input, per input
@@ -537,14 +587,41 @@ def model_table(result: dict[str, Any]) -> list[str]:
             eager = "/".join(_cell(busy.get(a, {}).get("eager_steps")) for a in actors)
             row += f"  {eager:>15}"
             lines.append(row)
+        lines += _steps_table(levels, actors)
     if reference is not None:
         lines.append(f"vllm-omni: {reference['source']}")
     lines.append(
         "TTFT and first audio in ms; underruns: of a player 200 ms behind each reply; "
         "busy: each engine's model calls over wall time; eager: its steps run eager "
-        "although it has CUDA graphs (-: no graphs)"
+        "although it has CUDA graphs (-: no graphs); steps: each step loop's steps per "
+        "second, decode rows per step, steps with prefill chunks of all, the mean step "
+        "with prefill and without, and the mean wait of a prefill for its first chunk "
+        "and of a decode row for its step"
     )
     return lines
+
+
+def _steps_table(levels: dict[str, Any], actors: list[str]) -> list[str]:
+    """Each level's steps per stage actor with a step loop (``engine_busy[a].steps``):
+    where its time went and how long work queued for it; none without loops."""
+    rows = []
+    for c, level in levels.items():
+        for actor in actors:
+            steps = level.get("engine_busy", {}).get(actor, {}).get("steps")
+            if steps is None:
+                continue
+            prefill = f"{steps['prefill_steps']}/{steps['steps']}"
+            step_ms = _pair(steps, "prefill_step_ms_mean", "decode_step_ms_mean", digits=1)
+            wait_ms = _pair(steps, "prefill_wait_ms_mean", "decode_wait_ms_mean", digits=1)
+            row = f"{c:>4}  {actor:<10}  {_cell(steps['steps_per_s'], 1):>7}"
+            row += f"  {_cell(steps['decode_rows_per_step'], 1):>9}  {prefill:>13}"
+            row += f"  {step_ms:>21}  {wait_ms:>21}"
+            rows.append(row)
+    if not rows:
+        return []
+    header = f"{'c':>4}  {'steps':<10}  {'per s':>7}  {'rows/step':>9}  {'prefill/all':>13}"
+    header += f"  {'ms prefill/decode':>21}  {'wait ms prefill/row':>21}"
+    return [header, *rows]
 
 
 def _pair(level: dict[str, Any], *keys: str, digits: int = 0) -> str:

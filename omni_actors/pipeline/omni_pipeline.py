@@ -249,8 +249,9 @@ class OmniPipeline:
     async def health(self, timeout: float = 2.0) -> PipelineHealth:
         """Every stage actor's state, restarts, sessions, backlog (``queued``), the
         voices its engine speaks with (``voices``: a talker's, for a server to list) and
-        the seconds its engine has computed (``busy_s``) and the steps it ran eager
-        although it has CUDA graphs (``eager_steps``).
+        the seconds its engine has computed (``busy_s``), the steps it ran eager
+        although it has CUDA graphs (``eager_steps``) and what its step loop ran
+        (``steps``).
 
         The orchestrator reports states, restarts and sessions; each running stage is
         asked for its backlog, ``timeout`` seconds at most, all at once. A stage that
@@ -279,6 +280,7 @@ class OmniPipeline:
                     busy_s=answer.busy_s,
                     max_sessions=answer.max_sessions,
                     eager_steps=answer.eager_steps,
+                    steps=answer.steps,
                 )
             elif not isinstance(answer, Exception):
                 raise answer  # cancelled: this call is

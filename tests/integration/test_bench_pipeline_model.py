@@ -80,6 +80,17 @@ def test_random_prompts_set_replies_and_serving_figures(
             assert busy["device"] == "cpu"
             assert 0 < busy["busy_fraction"] <= 1, stage
             assert busy["eager_steps"] is None, stage  # no CUDA graphs on the CPU
+            steps = busy["steps"]  # every stage runs a step loop
+            assert steps["steps"] > 0, stage
+            assert steps["steps_per_s"] > 0, stage
+            assert steps["prefill_steps"] <= steps["steps"], stage
+        thinker = level["engine_busy"]["thinker"]["steps"]
+        # Warm-ups ran before the level: its own prompts, each prefilled once.
+        assert thinker["prefill_tokens"] >= int(c) * INPUT_TOKENS
+        assert thinker["prefill_wait_ms_mean"] >= 0
+        assert thinker["prefill_step_ms_mean"] > 0
+        assert thinker["decode_step_ms_mean"] > 0
+        assert thinker["decode_rows_per_step"] > 0
         assert level["host_cpu_s_per_audio_s"] > 0
     expected = {
         "model": str(release),
@@ -99,4 +110,7 @@ def test_random_prompts_set_replies_and_serving_figures(
     table = model_table(report)
     assert table[1] == "tiny-omni (engines: thinker cpu, talker cpu, code2wav cpu)"
     assert [row.split()[0] for row in table[3:5]] == ["1", "2"]
+    assert table[5].split()[:2] == ["c", "steps"]  # each level's step loops below
+    stages = [row.split()[:2] for row in table[6:12]]
+    assert stages == [[c, a] for c in ("1", "2") for a in ("thinker", "talker", "code2wav")]
     assert "vllm-omni" not in "\n".join(table)

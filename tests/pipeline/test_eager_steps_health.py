@@ -1,6 +1,8 @@
 """An engine's ``eager_steps`` (the steps it ran eager although it replays CUDA graphs)
 reaches a stage's ``Inspect`` answer and ``OmniPipeline.health()``, beside ``busy_s``;
-an engine that does not tell, or tells something else than a count, reports None."""
+an engine that does not tell, or tells something else than a count, reports None. So
+do a step loop's ``step_counts`` (``bench pipeline`` reads them through a pipeline of
+torch engines)."""
 
 from __future__ import annotations
 
@@ -8,9 +10,10 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import ClassVar
 
-from omni_actors.actors.engines.contract import Fields, engine_eager_steps
+from omni_actors.actors.engines.contract import Fields, engine_eager_steps, engine_step_counts
 from omni_actors.actors.engines.torch_engine import TorchEngine
 from omni_actors.pipeline.omni_pipeline import OmniPipeline
+from omni_actors.protocols.control import StepCounts
 from omni_actors.protocols.events import Done
 from omni_actors.testing import engine_pipeline
 
@@ -52,6 +55,7 @@ async def test_a_scripted_pipeline_reports_none() -> None:
     async with OmniPipeline("scripted-omni") as omni:
         health = await omni.health()
     assert {stage.eager_steps for stage in health.stages.values()} == {None}
+    assert {stage.steps for stage in health.stages.values()} == {None}  # no step loops
 
 
 def test_only_a_count_is_reported() -> None:
@@ -68,3 +72,27 @@ def test_only_a_count_is_reported() -> None:
 
 def test_a_torch_engine_without_graphs_reports_none() -> None:
     assert engine_eager_steps(TorchEngine(Path("unused"), "plain")) is None
+
+
+def test_only_step_counts_are_reported() -> None:
+    counts = StepCounts(
+        steps=2,
+        decode_rows=1,
+        prefill_tokens=5,
+        prefill_steps=1,
+        step_s=0.5,
+        prefill_step_s=0.3,
+        prefill_works=1,
+        prefill_wait_s=0.1,
+        decode_wait_s=0.0,
+    )
+
+    class Counted:
+        step_counts = counts
+
+    class Odd:
+        step_counts = "2 steps"  # not the protocol's counts
+
+    assert engine_step_counts(Counted()) is counts
+    assert engine_step_counts(Odd()) is None
+    assert engine_step_counts(object()) is None

@@ -32,6 +32,7 @@ from omni_actors.protocols.control import (
     StageHealth,
     StageMessage,
     StageState,
+    StepCounts,
     StreamCredit,
     Target,
     Truncate,
@@ -60,9 +61,23 @@ def _examples(owner: ActorRef[Any], downstream: ActorRef[Any]) -> list[msgspec.S
         accumulate={"hidden": "concat", "speaker": "replace"},
     )
     health = StageHealth(stage="talker", state="restarting", restarts=2, sessions=1)
-    running = StageHealth(stage="thinker", state="running", restarts=0, sessions=1, queued=4)
+    steps = StepCounts(
+        steps=12,
+        decode_rows=40,
+        prefill_tokens=2505,
+        prefill_steps=1,
+        step_s=0.4,
+        prefill_step_s=0.1,
+        prefill_works=1,
+        prefill_wait_s=0.002,
+        decode_wait_s=0.05,
+    )
+    running = StageHealth(
+        stage="thinker", state="running", restarts=0, sessions=1, queued=4, steps=steps
+    )
     return [
         DEADLINES,
+        steps,
         target,
         Prewarm(
             key=KEY,
@@ -83,7 +98,7 @@ def _examples(owner: ActorRef[Any], downstream: ActorRef[Any]) -> list[msgspec.S
         Truncated(kept=3, text="Hello, wor"),
         Refused(reason="cannot truncate"),
         Inspect(),
-        StageState(stage="talker", keys=[KEY], queued=3),
+        StageState(stage="talker", keys=[KEY], queued=3, steps=steps),
         OpenSession(),
         AbortSession(reason="disconnected"),
         StageFailed(stage="talker", error="WorkerDiedError: killed", at=12.5),

@@ -61,6 +61,7 @@ async def test_liveness_and_readiness_of_an_idle_server(server: RunningServer) -
                 "busy_s": None,  # scripted engines do not tell
                 "max_sessions": None,  # nor hold sessions in slots
                 "eager_steps": None,  # nor replay CUDA graphs
+                "steps": None,  # nor run step loops
             }
             for name in STAGES
         },

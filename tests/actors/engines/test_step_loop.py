@@ -259,3 +259,41 @@ async def test_a_request_s_prefills_queued_back_to_back_share_a_step() -> None:
     assert model.steps[3] == [("a", 9, 1, True)]
     assert outputs == [["prompt@0+3"], ["opening@3+2"], ["more@5+1", "more@6+3"], ["t@9+1"]]
     assert a.computed == 10
+
+
+async def test_statistics_time_the_steps_and_how_long_work_queued_for_them() -> None:
+    """What ``bench pipeline`` reads per level: time in steps (with prefill chunks or
+    not), and each prefill's wait before its first chunk and each decode row's before its
+    step, on the loop's clock (here advanced 5 s by every step)."""
+    now = [0.0]
+    model = Model()
+    model.hold = asyncio.Event()
+
+    async def timed(chunks: list[Chunk[str, str]]) -> list[str]:
+        outputs = await model(chunks)
+        now[0] += 5.0
+        return outputs
+
+    loop: StepLoop[str, str] = StepLoop(
+        timed, slots=4, max_context=64, max_tokens_per_step=8, max_chunk=4, clock=lambda: now[0]
+    )
+    loop.start()
+    try:
+        a, b, c = (loop.open(name) for name in "abc")
+        first = loop.submit(a, "p", 3)  # step 1 starts at 0: no wait
+        await eventually(lambda: model.steps)
+        now[0] = 2.0
+        later = [loop.submit(b, "prompt", 10), loop.submit(c, "t", 1, decode=True)]
+        model.hold.set()
+        await first
+        await asyncio.gather(*later)  # steps 2-4 from 7: b in three chunks, c in the first
+        await loop.submit(a, "t", 1, decode=True)  # step 5, decode alone
+        stats = loop.statistics()
+    finally:
+        await loop.stop()
+    assert [len(step) for step in model.steps] == [1, 2, 1, 1, 1]
+    assert (stats.steps, stats.prefill_steps, stats.decode_rows) == (5, 4, 2)
+    assert (stats.step_s, stats.prefill_step_s) == (27.0, 22.0)  # step 1 ran 0 .. 7
+    assert stats.prefill_works == 2  # a and b, once each whatever their chunks
+    assert stats.prefill_wait_s == 5.0  # b, queued at 2, first ran at 7
+    assert stats.decode_wait_s == 5.0  # c likewise; a's row ran as it was queued
