@@ -22,7 +22,8 @@
 # `pipeline-1gpu` runs `bench pipeline --preset qwen3-omni-1gpu` on that release
 # ($LEVELS_1GPU, default 1 8: two levels take about five minutes; COMPILE_PREFILL=0, as
 # `pipeline` takes it too, without the thinker's and talker's prefill layers compiled, which
-# they are by default on a GPU); `decode-thinker` times
+# they are by default on a GPU; ROWS_AHEAD=0 with a one-shot prompt's talker rows sent with
+# its first token, not before its forward); `decode-thinker` times
 # its thinker's decode step with its layers compiled as the engine compiles them, and not
 # ($THINKER_COMPILE, default "default off"); after `prepare-talker`, `profile-talker`
 # lists the kernels of a talker frame per batch size (talker_frame_profile.py;
@@ -161,8 +162,13 @@ write_random_release(Path(sys.argv[-1]), real_config(), stages=tuple(sys.argv[1:
         # The thinker's and talker's prefill layers not compiled (on a GPU they are).
         sets+=(--set thinker.compile_prefill=false --set talker.compile_prefill=false)
       fi
+      if [ "${ROWS_AHEAD:-}" = 0 ]; then
+        # A one-shot prompt's talker rows with its first token, not before its forward.
+        sets+=(--set thinker.rows_ahead=false)
+      fi
       python3 benchmarks/preset_variant.py "$preset" /tmp/variant.yaml "${sets[@]}"
-      result="$OUT/qwen3_omni_random_$step${COMPILE_PREFILL:+_compile_prefill_$COMPILE_PREFILL}.json"
+      result="$OUT/qwen3_omni_random_$step${COMPILE_PREFILL:+_compile_prefill_$COMPILE_PREFILL}"
+      result="$result${ROWS_AHEAD:+_rows_ahead_$ROWS_AHEAD}.json"
       # shellcheck disable=SC2086  # levels is a list of words on purpose
       omni bench pipeline --preset /tmp/variant.yaml "${model[@]}" --input-tokens 2500 \
         --output-tokens 256 --frames-per-token "$FRAMES_PER_TOKEN" --streaming-only \

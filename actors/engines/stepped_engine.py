@@ -119,18 +119,8 @@ class SteppedTorchEngine(TorchEngine, Generic[S, P, Out]):
     @property
     def step_counts(self) -> StepCounts:
         """What the step loop has run since the engine started (the stage reports it)."""
-        stats = self.loop.statistics()
-        return StepCounts(
-            steps=stats.steps,
-            decode_rows=stats.decode_rows,
-            prefill_tokens=stats.prefill_tokens,
-            prefill_steps=stats.prefill_steps,
-            step_s=stats.step_s,
-            prefill_step_s=stats.prefill_step_s,
-            prefill_works=stats.prefill_works,
-            prefill_wait_s=stats.prefill_wait_s,
-            decode_wait_s=stats.decode_wait_s,
-        )
+        stats = self.loop.statistics()  # its fields are the counts' and more
+        return StepCounts(**{name: getattr(stats, name) for name in StepCounts.__struct_fields__})
 
     async def _execute(self, chunks: list[Chunk[P, Out]]) -> list[Out]:
         return await self.call(self._step, chunks)

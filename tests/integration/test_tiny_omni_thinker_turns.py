@@ -10,6 +10,7 @@ response — must leave the engine answering exactly as that conversation does.
 from __future__ import annotations
 
 import asyncio
+import threading
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
 from pathlib import Path
 from typing import Any
@@ -421,10 +422,11 @@ async def test_prompt_tokens_are_the_conversation_each_reply_was_made_from(
 # -- one-shot requests ----------------------------------------------------------------
 
 
+@pytest.mark.parametrize("ahead", [True, False])
 async def test_a_one_shot_prompt_and_the_reply_s_opening_share_one_forward(
-    cache_dir: Path, model: Any
+    cache_dir: Path, model: Any, ahead: bool
 ) -> None:
-    async with thinker(cache_dir) as engine:
+    async with thinker(cache_dir, rows_ahead=ahead) as engine:
         before = engine.loop.statistics()
         got = [out async for out in engine.generate("s", OneShot([{"text": "Hi"}]))]
         after = engine.loop.statistics()
@@ -432,10 +434,48 @@ async def test_a_one_shot_prompt_and_the_reply_s_opening_share_one_forward(
     assert after.steps - before.steps - decodes == 1  # one step of prefills
     assert after.prefill_chunks - before.prefill_chunks == 2  # the turn, the opening
     assert ids(got) == reference(model, user("Hi"), 6)
-    # The turn's rows (not sent ahead: nothing comes between) go with the first token.
-    assert "token_ids" in got[0]
+    if ahead:
+        # The text's rows are its input embeddings: they go ahead, before the forward
+        # (the talker prefills them meanwhile); the turn's end comes with the first token.
+        assert set(got[0]) == {"user", "user_mask", USER_EDITS_FIELD}
+        assert "token_ids" in got[1]
+        assert got[1]["user"].shape[0] == len(user("Hi")) - got[0]["user"].shape[0] == 2
+    else:  # all with the first token: the talker opens in one forward
+        assert "token_ids" in got[0]
     table = model.get_input_embeddings()
     assert torch.equal(talker_rows(got), table(torch.tensor(user("Hi"))))
+    assert not talker_rows(got, "user_mask").any()
+
+
+async def test_a_one_shot_text_s_rows_leave_before_its_forward_runs(
+    cache_dir: Path, model: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The talker may prefill a one-shot prompt while the thinker's forward of it runs
+    (or waits for its step): the prompt's rows come out while that forward is held."""
+    async with thinker(cache_dir) as engine:
+        step, held = engine._model.step, threading.Event()
+
+        def holding(chunks: Any, **kw: Any) -> Any:
+            if not all(chunk.work.decode for chunk in chunks):
+                assert held.wait(timeout=30), "the test never let the forward go"
+            return step(chunks, **kw)
+
+        monkeypatch.setattr(engine._model, "step", holding)
+        got: list[Fields] = []
+
+        async def run() -> None:
+            async for out in engine.generate("s", OneShot([{"text": "Hi"}])):
+                got.append(out)
+
+        task = asyncio.create_task(run())
+        try:
+            await eventually(lambda: bool(got))
+            assert set(got[0]) == {"user", "user_mask", USER_EDITS_FIELD}
+            assert engine.loop.statistics().prefill_steps == 0  # its forward has not ended
+        finally:
+            held.set()
+            await task
+    assert ids(got) == reference(model, user("Hi"), 6)
 
 
 async def test_a_failed_one_shot_forward_fails_the_response_and_rolls_back(

@@ -24,7 +24,10 @@ tells the session the tokens of the reply the last response decoded, to replay i
 The end of input commits the open turn: its rows went to the talker as it was
 prefilled, so one forward over its tail, ``<|im_end|> \\n`` and the reply's opening
 picks the first token, which carries the tail's rows. That forward is all the work
-between the end of the input and the first token. A response closed (``aclose``) at
+between the end of the input and the first token. A one-shot text prompt (the reply
+asked for with it) shares that forward with the reply's opening; its rows are its input
+embeddings, which no forward changes, so they leave before the forward (``rows_ahead``)
+and the talker prefills them meanwhile. A response closed (``aclose``) at
 rows of its open turn sent ahead while its input went on leaves the turn committed
 without a reply: its rows are the talker's already (the rows of its tail, computed on
 closing, are not sent); a stage closes a response only once its input has ended. A
@@ -142,11 +145,17 @@ class ThinkerArgs(
             (``<|im_end|>`` is allowed once ``min_new_tokens`` are reached); none: any.
             For a model whose random weights would pick unprintable ids (tiny-omni:
             printable bytes only). The vLLM thinker's argument of the same name.
+        rows_ahead: a text prompt asked to be answered with it (a one-shot request)
+            sends its talker rows (its input embeddings) before its forward, so that
+            the talker prefills them while that forward waits and runs; False: with the
+            first token, in the talker's one forward with the reply's opening (where
+            both stages share one GPU, their two prefills do not run at once).
     """
 
     max_new_tokens: int = Field(48, ge=1)
     min_new_tokens: int = Field(8, ge=0)
     allowed_token_ranges: list[tuple[int, int]] | None = None
+    rows_ahead: bool = Field(True, strict=True)
 
 
 class ThinkerEngine(ConversationEngine[Feeding, Fed]):
@@ -174,6 +183,7 @@ class ThinkerEngine(ConversationEngine[Feeding, Fed]):
 
     def __init__(self, args: ThinkerArgs) -> None:
         self.max_new_tokens = args.max_new_tokens
+        self.rows_ahead = args.rows_ahead
         self.min_new_tokens = min(args.min_new_tokens, args.max_new_tokens)
         self.seed = args.seed
         self.allowed_token_ranges = args.allowed_token_ranges
@@ -351,20 +361,23 @@ class _Response(ConversationResponse[Feeding, Fed]):
         return outputs[-1] if outputs else None
 
     def _turn_feeding(
-        self, turn: UserTurn, feed: Feed, pick: Pick | None = None
+        self, turn: UserTurn, feed: Feed, pick: Pick | None = None, *, kept: bool = False
     ) -> tuple[Feeding, Callable[[list[Fed]], None]]:
-        """The work of one feed of the turn, and what its outputs do to the turn."""
+        """The work of one feed of the turn, and what its outputs do to the turn
+        (``kept``: the turn holds the feed's rows already, text's, taken before it)."""
         conversation = self.conversation
         audio_pad = self.vocabulary.ids.audio_pad
 
         def then(outputs: list[Fed]) -> None:
             if feed.skip:
                 conversation.carry = []
+            if kept:
+                return
             rows = [fed.rows for fed in outputs if fed.rows is not None]
             placeholders = torch.tensor(feed.ids) == audio_pad
             turn.keep(feed, rows[0] if len(rows) == 1 else torch.cat(rows), placeholders)
 
-        return Feeding(feed.ids, feed.audio, rows=True, pick=pick), then
+        return Feeding(feed.ids, feed.audio, rows=not kept, pick=pick), then
 
     async def _open_reply(self, turn: UserTurn | None, sampling: Sampling) -> Fed | None:
         """Close ``turn`` if one is open, open the reply, pick its first token (the
@@ -437,9 +450,17 @@ class _Response(ConversationResponse[Feeding, Fed]):
             turn.clip.push(audio.detach().to(torch.float32).reshape(-1).cpu().numpy())
         if said and turn.clip is None and self.last_input:
             # Deferred: the reply (asked for with it, as a one-shot request asks) opens
-            # in the same forward as this text. Its rows go to the talker with the first
-            # token, not ahead: nothing else comes to overlap them with.
-            self._defer(*self._turn_feeding(turn, turn.next_feed(None, True, ids, 0)))
+            # in the same forward as this text. The text's rows are its input embeddings,
+            # which need no forward: they go to the talker now (``ahead``), so that it
+            # prefills the turn while this forward waits for its step and runs, not
+            # after the first token.
+            feed = turn.next_feed(None, True, ids, 0)
+            if not self.engine.rows_ahead or self.vocabulary.ids.audio_pad in feed.ids:
+                self._defer(*self._turn_feeding(turn, feed))  # rows with the first token
+                return
+            rows = await self.engine.call(self.model.text_rows, feed.ids)
+            turn.keep(feed, rows, torch.zeros(len(feed.ids), dtype=torch.bool))
+            self._defer(*self._turn_feeding(turn, feed, kept=True))
         elif said:
             await self._prefill(turn, True, ids)
         elif turn.clip is not None and turn.clip.ready() and not self.last_input:

@@ -281,6 +281,13 @@ class ThinkerModel:
         return self.graphed
 
     @torch.no_grad()
+    def text_rows(self, ids: list[int]) -> torch.Tensor:
+        """[L, H] the talker's rows of text positions ``ids``: their input embeddings,
+        which no forward changes (:attr:`Fed.rows`), so they may go before it."""
+        rows: torch.Tensor = self._embedding(torch.tensor(ids, device=self.device))
+        return rows
+
+    @torch.no_grad()
     def step(self, chunks: list[ThinkerChunk], *, eager: bool = False) -> list[Fed]:
         """One forward over every chunk (module docstring); one output per chunk.
         ``eager`` runs a decode-only step without its graph (a benchmark compares)."""
