@@ -23,7 +23,8 @@
 # ($LEVELS_1GPU, default 1 8: two levels take about five minutes; COMPILE_PREFILL=0, as
 # `pipeline` takes it too, without the thinker's and talker's prefill layers compiled, which
 # they are by default on a GPU; ROWS_AHEAD=0 with a one-shot prompt's talker rows sent with
-# its first token, not before its forward); `decode-thinker` times
+# its first token, not before its forward; PREFILL_GRAPHS=1 with the thinker's fresh prefill
+# graphs); `decode-thinker` times
 # its thinker's decode step with its layers compiled as the engine compiles them, and not
 # ($THINKER_COMPILE, default "default off"); after `prepare-talker`, `profile-talker`
 # lists the kernels of a talker frame per batch size (talker_frame_profile.py;
@@ -114,7 +115,8 @@ write_random_release(Path(sys.argv[1]), config, stages=tuple(sys.argv[3].split()
         cat "$OUT/qwen3_omni_random_decode_thinker_$compile.json"; echo
       done ;;
     profile-talker)
-      COMPILE=${PROFILE_COMPILE:-all} SDPA=${PROFILE_SDPA:-default} RELEASE=$RELEASE \
+      # $FUSED_MIN_BLOCKS as for decode (DECODE_FUSED_MIN_BLOCKS of the script).
+      DECODE_FUSED_MIN_BLOCKS=${FUSED_MIN_BLOCKS:-} COMPILE=${PROFILE_COMPILE:-all} SDPA=${PROFILE_SDPA:-default} RELEASE=$RELEASE \
         python3 benchmarks/talker_frame_profile.py 1 8 32 \
         | tee -a "$OUT/qwen3_omni_random_talker_frame_profile.jsonl" | cut -c1-400 ;;
     load)
@@ -126,10 +128,12 @@ write_random_release(Path(sys.argv[1]), config, stages=tuple(sys.argv[3].split()
         --json --quiet > "$OUT/qwen3_omni_random_boundary.json"
       cat "$OUT/qwen3_omni_random_boundary.json" ;;
     decode)
+      # $FUSED_MIN_BLOCKS: the decode attention's fused-kernel threshold (0: always fused).
       omni bench decode --model "$RELEASE" --stage thinker=cuda:0 --stage talker=cuda:1 \
         --batch 1 8 32 --context 1024 --steps 20 --max-context 2048 --json --quiet \
-        > "$OUT/qwen3_omni_random_decode.json"
-      cat "$OUT/qwen3_omni_random_decode.json" ;;
+        ${FUSED_MIN_BLOCKS:+--fused-min-blocks "$FUSED_MIN_BLOCKS"} \
+        > "$OUT/qwen3_omni_random_decode${FUSED_MIN_BLOCKS:+_fused_min_$FUSED_MIN_BLOCKS}.json"
+      cat "$OUT/qwen3_omni_random_decode${FUSED_MIN_BLOCKS:+_fused_min_$FUSED_MIN_BLOCKS}.json" ;;
     run)
       omni run --preset benchmarks/qwen3_omni_random.yaml --model "$RELEASE" --text "Hello, who are you?" \
         --out "$OUT/qwen3_omni_random_reply.wav" 2>&1 | tail -20 ;;
@@ -162,13 +166,17 @@ write_random_release(Path(sys.argv[-1]), real_config(), stages=tuple(sys.argv[1:
         # The thinker's and talker's prefill layers not compiled (on a GPU they are).
         sets+=(--set thinker.compile_prefill=false --set talker.compile_prefill=false)
       fi
+      if [ "${PREFILL_GRAPHS:-}" = 1 ]; then
+        # A session's first prompt replays the thinker's prefill graph of its length.
+        sets+=(--set thinker.prefill_graphs=true)
+      fi
       if [ "${ROWS_AHEAD:-}" = 0 ]; then
         # A one-shot prompt's talker rows with its first token, not before its forward.
         sets+=(--set thinker.rows_ahead=false)
       fi
       python3 benchmarks/preset_variant.py "$preset" /tmp/variant.yaml "${sets[@]}"
       result="$OUT/qwen3_omni_random_$step${COMPILE_PREFILL:+_compile_prefill_$COMPILE_PREFILL}"
-      result="$result${ROWS_AHEAD:+_rows_ahead_$ROWS_AHEAD}.json"
+      result="$result${ROWS_AHEAD:+_rows_ahead_$ROWS_AHEAD}${PREFILL_GRAPHS:+_prefill_graphs_$PREFILL_GRAPHS}.json"
       # shellcheck disable=SC2086  # levels is a list of words on purpose
       omni bench pipeline --preset /tmp/variant.yaml "${model[@]}" --input-tokens 2500 \
         --output-tokens 256 --frames-per-token "$FRAMES_PER_TOKEN" --streaming-only \

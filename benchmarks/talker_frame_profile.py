@@ -11,7 +11,9 @@ kernel PyTorch's scaled-dot-product attention may use (``default``: its own choi
 on an H200; ``flash``, ``efficient`` or ``math``): the code predictor's 80 attentions a
 frame over at most 16 positions each run cuDNN's kernel and a memset. Inductor's own
 environment applies too (``TORCHINDUCTOR_MAX_AUTOTUNE=1``: its autotuned matmul templates).
-``DRY=1`` runs on the CPU (``RELEASE`` then a tiny-omni one: checks the script).
+``DECODE_FUSED_MIN_BLOCKS`` replaces the engines' threshold of the fused decode attention
+(:data:`~omni_actors.actors.engines.qwen3_omni.static_decode.FUSED_MIN_BLOCKS`; 0: always
+fused). ``DRY=1`` runs on the CPU (``RELEASE`` then a tiny-omni one: checks the script).
 
     python3 benchmarks/talker_frame_profile.py 1 32
 """
@@ -30,6 +32,7 @@ from typing import Any
 import torch
 from torch.profiler import ProfilerActivity, profile
 
+from omni_actors.actors.engines.qwen3_omni import static_decode
 from omni_actors.actors.engines.qwen3_omni.frame_compile import FrameCompile
 from omni_actors.actors.engines.qwen3_omni.talker_model import (
     Framed,
@@ -51,6 +54,9 @@ def main() -> None:
     choice = os.environ.get("COMPILE", "all")
     compiled = None if choice == "off" else FrameCompile(backend, fused=choice != "apart")
     sdpa = os.environ.get("SDPA", "default")
+    blocks = os.environ.get("DECODE_FUSED_MIN_BLOCKS")
+    if blocks:
+        static_decode.FUSED_MIN_BLOCKS = int(blocks)
     if sdpa != "default":
         kinds = ("flash", "efficient", "math", "cudnn")
         if sdpa not in kinds:
@@ -144,6 +150,7 @@ def main() -> None:
                         "batch": batch,
                         "compiled": talker.compiled,
                         "sdpa": sdpa,
+                        "fused_min_blocks": static_decode.FUSED_MIN_BLOCKS,
                         "max_autotune": os.environ.get("TORCHINDUCTOR_MAX_AUTOTUNE") == "1",
                         "wall_ms_per_frame": round(wall, 3),
                         "kernels_per_frame": round(per_frame, 1),

@@ -286,12 +286,58 @@ def run_decode_bench(
     thinker_compile: bool | None = None,
     compile_backend: str = "inductor",
     warm: bool = False,
+    fused_min_blocks: int | None = None,
 ) -> dict[str, Any]:
     """Eager and static step times per batch size for each stage in ``stages`` (stage
     name -> device: ``thinker``, ``talker``); the talker's frame step compiled as
     ``talker_compile`` (one of :data:`COMPILE_CHOICES`) says, the thinker's decode
     layers as ``thinker_compile`` says (None: as its engine does, on a GPU), with
-    ``compile_backend``; ``warm`` captures every graph when a stage loads."""
+    ``compile_backend``; ``warm`` captures every graph when a stage loads;
+    ``fused_min_blocks`` replaces :data:`.static_decode.FUSED_MIN_BLOCKS` meanwhile."""
+    from omni_actors.actors.engines.qwen3_omni import static_decode
+
+    if fused_min_blocks is not None and fused_min_blocks < 0:
+        raise ValueError(f"fused_min_blocks must be >= 0, got {fused_min_blocks}")
+    saved = static_decode.FUSED_MIN_BLOCKS
+    if fused_min_blocks is not None:
+        static_decode.FUSED_MIN_BLOCKS = fused_min_blocks
+    try:
+        report = _run_decode_bench(
+            model,
+            stages=stages,
+            batches=batches,
+            context=context,
+            steps=steps,
+            max_context=max_context,
+            talker_compile=talker_compile,
+            thinker_compile=thinker_compile,
+            compile_backend=compile_backend,
+            warm=warm,
+        )
+    finally:
+        static_decode.FUSED_MIN_BLOCKS = saved
+    return {
+        **report,
+        "fused_min_blocks": static_decode.FUSED_MIN_BLOCKS
+        if fused_min_blocks is None
+        else fused_min_blocks,
+    }
+
+
+def _run_decode_bench(
+    model: Path,
+    *,
+    stages: dict[str, str],
+    batches: Sequence[int],
+    context: int,
+    steps: int,
+    max_context: int,
+    talker_compile: str,
+    thinker_compile: bool | None,
+    compile_backend: str,
+    warm: bool,
+) -> dict[str, Any]:
+    """:func:`run_decode_bench` under the attention setting it chose."""
     from omni_actors.actors.engines.qwen3_omni.frame_compile import ThinkerCompileArgs
     from omni_actors.actors.engines.qwen3_omni.static_decode import StaticPlan
     from omni_actors.actors.engines.torch_engine import resolve_device

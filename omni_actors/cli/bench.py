@@ -572,6 +572,14 @@ def _add_decode_options(parser: argparse.ArgumentParser) -> None:
         "--compile-backend", default="inductor", help="the torch.compile backend (inductor)"
     )
     parser.add_argument(
+        "--fused-min-blocks",
+        type=int,
+        default=None,
+        metavar="N",
+        help="decode attention runs PyTorch's fused kernel from N (row, key head) pairs up, "
+        "and two matrix products below (default: the engines' own, 64; 0: always fused)",
+    )
+    parser.add_argument(
         "--warm",
         action="store_true",
         help="the talker captures every batch bucket and span's graph at load, as its "
@@ -598,6 +606,7 @@ def _bench_decode(ns: argparse.Namespace) -> dict[str, Any]:
             thinker_compile={"default": None, "off": False, "on": True}[ns.thinker_compile],
             compile_backend=ns.compile_backend,
             warm=ns.warm,
+            fused_min_blocks=ns.fused_min_blocks,
         )
     except (OmniError, ValueError) as exc:
         raise SystemExit(f"omni-actors bench decode: {exc}") from None

@@ -60,7 +60,14 @@ def _attend(step: SlotStep, tokens: int) -> tuple[torch.Tensor, set[str]]:
 
 
 @pytest.mark.parametrize("kind", ["decode", "mixed"])
-def test_slot_attention_runs_fused_kernels_on_cuda(kind: str) -> None:
+def test_slot_attention_runs_fused_kernels_on_cuda(
+    kind: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from omni_actors.actors.engines.qwen3_omni import static_decode
+
+    # Decode rows on the fused kernel however few (by default few rows take two matrix
+    # products, which run no attention kernel at all: checked at the end).
+    monkeypatch.setattr(static_decode, "FUSED_MIN_BLOCKS", 0)
     cache = _cache()
     if kind == "decode":
         slots = torch.tensor([2, 0, 3], device="cuda:0")
@@ -82,3 +89,7 @@ def test_slot_attention_runs_fused_kernels_on_cuda(kind: str) -> None:
         math, ops = _attend(step, tokens)
     assert MATH in ops  # the profile sees the math kernel where it runs
     torch.testing.assert_close(out.float(), math.float(), atol=2e-2, rtol=2e-2)
+    monkeypatch.undo()
+    products, ops = _attend(step, tokens)
+    assert MATH not in ops
+    torch.testing.assert_close(products.float(), math.float(), atol=2e-2, rtol=2e-2)

@@ -424,6 +424,88 @@ async def test_decode_steps_run_eager_for_want_of_a_graph_are_counted(cache_dir:
     assert plain.eager_steps is None
 
 
+async def test_first_prompts_replay_a_fresh_prefill_graph_and_pick_as_eager(
+    cache_dir: Path,
+) -> None:
+    """With ``prefill_graphs``, a request's chunks from the start of its slot replay the
+    prefill graph of their length bucket (padded at the end), alone or beside other
+    sessions' decode rows and later chunks, which run as before: every session's tokens
+    and talker rows are the eager model's; a graph that differs from eager leaves its
+    length eager, counted."""
+    path = cache_dir / "tiny-omni" / "seed-0"
+    common: dict[str, Any] = {"allowed_token_ranges": PRINTABLE_RANGES, "slots": 8}
+    graphs: dict[str, Any] = {"graphs": True, "prefill_graphs": True, "prefill_bucket": 32}
+    captures = Captures()
+    graphed = ThinkerModel(path, **common, max_context=256, capture=captures, **graphs)
+    assert graphed.prefill_sizes() == [32, 64, 96, 128, 160, 192, 224, 256]
+    eager = ThinkerModel(path, **common, max_context=256)
+    want = await alone(eager)
+    whole = await alone(graphed)  # prompts of 50, 17 and 90: the 64, 32 and 96 graphs
+    assert graphed.prefill_graphed == [32, 64, 96]
+
+    def replays() -> dict[int, int]:
+        # The prefill graphs' outputs: last hidden states and the talker's source rows.
+        fresh = [g for g in captures.graphs if len(g.outputs) == 2]
+        return {g.outputs[0].shape[0]: g.replays for g in fresh}
+
+    # Each first call ran eager and captured its graph, which replayed once (its check).
+    assert replays() == {64: 1, 32: 1, 96: 1}
+    chunked = await alone(graphed, max_chunk=20, budget=24)  # a fresh first chunk, then not
+    assert replays() == {64: 1, 32: 1 + 3, 96: 1}
+    # Sessions together: fresh prompts beside others' decode rows, one step.
+    loop = loop_over(graphed, max_chunk=128, budget=64)
+    loop.start()
+    pairs = enumerate(zip(PROMPTS, picks(), strict=True))
+    together = await asyncio.gather(*(session(loop, f"t{i}", p, pick) for i, (p, pick) in pairs))
+    await loop.stop()
+    assert loop.statistics().mixed_steps > 0
+    assert graphed.eager_steps == 0
+    for got in (whole, chunked, together):
+        for (tokens, rows), (want_tokens, want_rows) in zip(got, want, strict=True):
+            assert tokens == want_tokens
+            torch.testing.assert_close(rows, want_rows, rtol=1e-4, atol=1e-5)
+
+    differs = ThinkerModel(path, **common, max_context=256, capture=Differs(), **graphs)
+    for (tokens, _), (want_tokens, _) in zip(await alone(differs), want, strict=True):
+        assert tokens == want_tokens
+    assert differs.prefill_graphed == []
+    # Each prompt's fresh step and each decode step (their graphs differ too) ran eager.
+    assert differs.eager_steps == 3 + 3 * STEPS
+
+
+@pytest.mark.usefixtures("fresh_compiles")
+async def test_fresh_prefill_graphs_captured_at_load_run_the_compiled_layers(
+    cache_dir: Path,
+) -> None:
+    """Warm, every fresh prefill length is captured at load through the compiled prefill
+    layers (after their compile), and serving compiles nothing more: the tokens and rows
+    are the eager model's."""
+    path = cache_dir / "tiny-omni" / "seed-0"
+    common: dict[str, Any] = {"allowed_token_ranges": PRINTABLE_RANGES, "slots": 4}
+    backend = Backend()
+    graphed = ThinkerModel(
+        path,
+        **common,
+        max_context=128,
+        graphs=True,
+        warm=True,
+        capture=Captures(),
+        compile_prefill=backend,
+        prefill_graphs=True,
+        prefill_bucket=64,
+    )
+    assert graphed.prefill_graphed == [64, 128]
+    assert graphed.prefill_compiled == "compiled"
+    at_load, runs = list(backend.graphs), backend.runs
+    want = await alone(ThinkerModel(path, **common, max_context=128))
+    for (tokens, rows), (want_tokens, want_rows) in zip(await alone(graphed), want, strict=True):
+        assert tokens == want_tokens
+        torch.testing.assert_close(rows, want_rows, rtol=1e-4, atol=1e-5)
+    assert backend.runs > runs  # the replays ran the compiled layers
+    assert backend.graphs == at_load
+    assert graphed.eager_steps == 0
+
+
 # -- through the engine: structure ---------------------------------------------------------
 
 

@@ -51,12 +51,22 @@ from torch.nn.attention.bias import causal_lower_right
 from omni_actors.actors.engines.qwen3_omni.hf import AttentionInterface, PreTrainedConfig
 from omni_actors.actors.engines.qwen3_omni.static_decode import grouped_attention_of
 
-__all__ = ["ATTENTION", "Segment", "SlotCache", "SlotStep", "row_buckets", "span_for"]
+__all__ = [
+    "ATTENTION",
+    "FRESH_ATTENTION",
+    "FreshStep",
+    "Segment",
+    "SlotCache",
+    "SlotStep",
+    "row_buckets",
+    "span_for",
+]
 
 GraphKey = tuple[int, int]
 """(row bucket, span): the shape of a step of single positions, one graph each."""
 
 ATTENTION: Final = "omni-actors-slot-step"
+FRESH_ATTENTION: Final = "omni-actors-slot-fresh"
 
 _current = threading.local()
 
@@ -177,6 +187,15 @@ class SlotCache:
             span=span,
         )
 
+    def fresh_step(self, slot: torch.Tensor, length: int) -> FreshStep:
+        """The ``past_key_values`` of one forward over ``length`` positions from the start
+        of slot ``slot`` [1] (built from tensors only: capturable)."""
+        if not 0 < length <= self.max_len:
+            raise ValueError(
+                f"a fresh chunk of {length} positions does not fit a slot of {self.max_len}"
+            )
+        return FreshStep(self, slot, length)
+
 
 def row_buckets(largest: int) -> tuple[int, ...]:
     """The row counts a step of single positions is captured for: powers of two below
@@ -208,6 +227,7 @@ class SlotStep:
     """
 
     is_compileable: Final = False
+    _attention: str = ATTENTION
 
     def __init__(
         self,
@@ -260,7 +280,7 @@ class SlotStep:
         model thread is the model's only user: nothing else sees the swap)."""
         saved = [config._attn_implementation for config in configs]
         for config in configs:
-            config._attn_implementation = ATTENTION
+            config._attn_implementation = self._attention
         _current.step = self
         try:
             yield
@@ -314,6 +334,64 @@ class _SlotLayer(SlotStep):
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """Store the step's keys and values in this layer, whatever ``layer_idx``."""
         return self._write(self._keys, self._values, key, value)
+
+
+class FreshStep(SlotStep):
+    """A forward over one chunk at the start of its slot (a conversation's first prompt,
+    and what follows it in the same step), built from tensors alone, so that it can be
+    replayed from a CUDA graph per length: its keys and values are written to the slot
+    as any step's are, and its attention reads the chunk's own (plain causal attention,
+    :data:`FRESH_ATTENTION`), nothing of the slot. A chunk padded at its end computes
+    what the chunk alone computes at its first positions: causal attention never lets a
+    position see the padding after it, and the padding's keys land past the slot's
+    computed length, which nothing reads and the next feed overwrites."""
+
+    _attention = FRESH_ATTENTION
+
+    def __init__(self, cache: SlotCache, slot: torch.Tensor, length: int) -> None:
+        positions = torch.arange(length, device=slot.device)
+        rows = torch.zeros_like(positions)
+        super().__init__(
+            cache,
+            slots=slot,
+            starts=torch.zeros_like(slot),
+            token_row=rows,
+            token_col=positions,
+            positions=positions,
+            longest=length,
+            span=length,
+        )
+
+    def _write(
+        self, keys: torch.Tensor, values: torch.Tensor, key: torch.Tensor, value: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        super()._write(keys, values, key, value)
+        return key, value
+
+    def layer(self, index: int) -> SlotStep:
+        """Layer ``index``'s part alone (:meth:`SlotStep.layer`)."""
+        return _FreshLayer(self, index)
+
+
+class _FreshLayer(_SlotLayer, FreshStep):
+    """One layer of a :class:`FreshStep`: :class:`_SlotLayer`'s tensors, the fresh write."""
+
+
+def _fresh_attention(
+    module: torch.nn.Module,
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    attention_mask: torch.Tensor | None,
+    scaling: float | None = None,
+    **_: Any,
+) -> tuple[torch.Tensor, None]:
+    """A :class:`FreshStep`'s attention: ``query`` [1, heads, T, dim] over the chunk's own
+    ``key``/``value`` [1, kv_heads, T, dim], causally; [1, T, heads, dim]."""
+    out = torch.nn.functional.scaled_dot_product_attention(
+        query, key, value, is_causal=True, scale=scaling, enable_gqa=True
+    )
+    return out.transpose(1, 2), None
 
 
 def _slot_attention(
@@ -418,3 +496,4 @@ def _chunk(
 
 
 AttentionInterface.register(ATTENTION, _slot_attention)
+AttentionInterface.register(FRESH_ATTENTION, _fresh_attention)

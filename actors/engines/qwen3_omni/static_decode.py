@@ -31,6 +31,7 @@ from omni_actors.actors.engines.qwen3_omni.hf import (
 )
 
 __all__ = [
+    "FUSED_MIN_BLOCKS",
     "StaticDecodeArgs",
     "StaticPlan",
     "StepCache",
@@ -38,6 +39,7 @@ __all__ = [
     "grouped_attention",
     "grouped_attention_of",
     "grouped_decode_attention",
+    "matmul_attention",
 ]
 
 _ATTENTION: Final = "omni-actors-static-decode"
@@ -163,6 +165,25 @@ def grouped_decode_attention(
     return grouped_attention_of(query, key, value, attention_mask, scaling).transpose(1, 2), None
 
 
+FUSED_MIN_BLOCKS = 64
+"""The fewest (row, key head) pairs a decode step's attention runs PyTorch's fused
+kernel for; below, it runs :func:`matmul_attention`.
+
+The fused kernels (cuDNN's, flash) spread one query block of one head over one thread
+block and walk its keys in order: a step of one row has as many blocks at work as the
+layer has key heads (4 for the thinker, 2 for the talker on an H200's 132 SMs), each
+reading 1-2 thousand keys alone. Two matrix products spread their work over the keys
+instead. On two H200s (``bench decode``, 1024-position contexts), fused at every batch:
+a thinker step 10.2 / 18.7 / 31.5 ms at batch 1 / 8 / 32, a talker frame 8.3 / 9.4 /
+11.2 ms (benchmarks/results/qwen3_omni_random_decode_fused_h200x2.json); with the
+products below this threshold: 8.1 / 17.0 / 32.5 and 7.1 / 8.6 / 11.3 ms
+(``..._decode_split_h200x2.json``), and the pipeline's RTF at one session 0.138 -> 0.106.
+At batch 32 the fused kernel is what made a 60 ms eager frame 11 ms. A module
+attribute, read when a step is traced, so a benchmark can move it (``bench decode
+--fused-min-blocks``, ``DECODE_FUSED_MIN_BLOCKS`` of benchmarks/talker_frame_profile.py).
+"""
+
+
 def grouped_attention_of(
     query: torch.Tensor,
     key: torch.Tensor,
@@ -178,15 +199,37 @@ def grouped_attention_of(
     kernel on CUDA: the keys and values repeated per query head and the scores in
     float32, which was most of a talker frame at batch 32 on an H200
     (benchmarks/results/qwen3_omni_random_talker_frame_profile_sdpa_h200.jsonl).
-    Grouped, the masked kernels (cuDNN, memory-efficient) take it as it is.
+    Grouped, the masked kernels (cuDNN, memory-efficient) take it as it is; with few
+    rows, :func:`matmul_attention` does (:data:`FUSED_MIN_BLOCKS`).
     """
     batch, heads, length, dim = query.shape
     kv_heads = key.shape[1]
     grouped = query.reshape(batch, kv_heads, heads // kv_heads * length, dim)
-    out = torch.nn.functional.scaled_dot_product_attention(
-        grouped, key, value, attn_mask=mask, scale=scaling
-    )
+    if batch * kv_heads < FUSED_MIN_BLOCKS:
+        out = matmul_attention(grouped, key, value, mask, scaling)
+    else:
+        out = torch.nn.functional.scaled_dot_product_attention(
+            grouped, key, value, attn_mask=mask, scale=scaling
+        )
     return out.reshape(batch, heads, length, dim)
+
+
+def matmul_attention(
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    mask: torch.Tensor,
+    scaling: float | None,
+) -> torch.Tensor:
+    """Attention of ``query`` [B, kv_heads, Q, dim] over ``key``/``value`` [B, kv_heads,
+    span, dim] under the boolean ``mask`` (broadcast to [B, kv_heads, Q, span]) as two
+    batched matrix products, the softmax in float32 as transformers' eager attention
+    computes it; [B, kv_heads, Q, dim]. Every row must see at least one key."""
+    scale = query.shape[-1] ** -0.5 if scaling is None else scaling
+    scores = torch.matmul(query, key.transpose(-2, -1)).float() * scale
+    scores = scores.masked_fill(~mask, torch.finfo(scores.dtype).min)
+    weights = torch.softmax(scores, dim=-1).to(value.dtype)
+    return torch.matmul(weights, value)
 
 
 AttentionInterface.register(_ATTENTION, grouped_decode_attention)

@@ -150,12 +150,21 @@ class ThinkerArgs(
             the talker prefills them while that forward waits and runs; False: with the
             first token, in the talker's one forward with the reply's opening (where
             both stages share one GPU, their two prefills do not run at once).
+        prefill_graphs: on CUDA graphs, a session's chunks from the start of its slot
+            (a conversation's first prompt, the reply's opening after it) replay a CUDA
+            graph per length bucket of ``prefill_bucket`` positions, captured at load
+            with ``warm_graphs`` (the full-size thinker's 2500-position forward is
+            bound by its launches: about half of its 90 ms on one H200 is kernels).
+            Off by default until measured on a GPU.
+        prefill_bucket: those buckets' step in positions.
     """
 
     max_new_tokens: int = Field(48, ge=1)
     min_new_tokens: int = Field(8, ge=0)
     allowed_token_ranges: list[tuple[int, int]] | None = None
     rows_ahead: bool = Field(True, strict=True)
+    prefill_graphs: bool = Field(False, strict=True)
+    prefill_bucket: int = Field(256, ge=1)
 
 
 class ThinkerEngine(ConversationEngine[Feeding, Fed]):
@@ -211,6 +220,8 @@ class ThinkerEngine(ConversationEngine[Feeding, Fed]):
             moe=args.moe,
             compile_layers=args.decode_compile(self.device),
             compile_prefill=args.prefill_compile(self.device),
+            prefill_graphs=args.prefill_graphs,
+            prefill_bucket=args.prefill_bucket,
         )
         self.close_turn = self._model.vocabulary.close_turn
         self.assistant_opening = self._model.vocabulary.assistant_opening

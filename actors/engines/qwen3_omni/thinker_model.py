@@ -30,7 +30,7 @@ from omni_actors.actors.engines.qwen3_omni.frame_compile import (
     prefill_forward,
     warm_prefill,
 )
-from omni_actors.actors.engines.qwen3_omni.graphs import Capture, ShapeGraphs, bucket
+from omni_actors.actors.engines.qwen3_omni.graphs import Capture, ShapeGraphs, bucket, pad_rows
 from omni_actors.actors.engines.qwen3_omni.hf import (
     PreTrainedConfig,
     Qwen3OmniMoeThinkerForConditionalGeneration,
@@ -57,6 +57,10 @@ from omni_actors.models.release import Release
 __all__ = ["Fed", "Feeding", "Pick", "ThinkerModel", "Token"]
 
 _PREPROCESSOR: Final = "preprocessor_config.json"
+
+PREFILL_BUCKET: Final = 256
+"""Fresh prefill graphs (``prefill_graphs``) are captured for every multiple of this many
+positions up to the slot's length: a chunk runs as the smallest that holds it."""
 
 ROWS_PIECES: Final = 2
 """A step with prefill chunks (text) runs as rows of the decode graphs, one replay per
@@ -124,6 +128,11 @@ class ThinkerModel:
             None: not compiled.
         compile_prefill: the backend its prefill forwards' layers compile with, for any
             length and any segments (compiled at load); None: not compiled.
+        prefill_graphs: on graphs, a request's chunks that start its slot (a
+            conversation's first prompt and the reply's opening after it) run as a CUDA
+            graph per length bucket of ``prefill_bucket`` positions (captured at load
+            when ``warm``), apart from the step's other rows (:meth:`step`).
+        prefill_bucket: the length buckets' step.
 
     Raises:
         ModelFileError: a file of the stage, its tokenizer or front end, or the composite
@@ -155,8 +164,12 @@ class ThinkerModel:
         moe: MoeImplementation = "lean",
         compile_layers: Backend | None = None,
         compile_prefill: Backend | None = None,
+        prefill_graphs: bool = False,
+        prefill_bucket: int = PREFILL_BUCKET,
     ) -> None:
         device = device or torch.device("cpu")
+        if prefill_bucket < 1:
+            raise ValueError(f"prefill_bucket must be >= 1, got {prefill_bucket}")
         release = Release.open(path, remedy=layout.remedy(path))
         thinker = weights.load(path, "thinker", device=device, release=release)
         assert isinstance(thinker, Qwen3OmniMoeThinkerForConditionalGeneration)
@@ -220,12 +233,20 @@ class ThinkerModel:
             ShapeGraphs("thinker decode", capture=capture) if graphs else None
         )
         self._decode_inputs: dict[tuple[int, int], list[torch.Tensor]] = {}
+        self._prefill_bucket = prefill_bucket
+        self._fresh_graphs: ShapeGraphs[int] | None = (
+            ShapeGraphs("thinker prefill", capture=capture)
+            if graphs and prefill_graphs and self.prefill_sizes()
+            else None
+        )
         if self._graphs is not None and warm:
             self.warm()
         if self._prefill_layers is not None:
             warm_prefill(
                 thinker.model, self.cache, self._configs, self.tts[:1], self._prefill_layers
             )
+        if warm:
+            self.warm_prefill_graphs()
 
     def clip(self) -> AudioClip:
         """A new audio clip, windowed as this thinker's audio encoder attends."""
@@ -267,7 +288,20 @@ class ThinkerModel:
         """Decode-only steps run eager for want of a graph (more rows than ``max_rows``,
         a shape whose graph failed or differed; not ``step(eager=True)``); None
         without graphs."""
-        return self._graphs.eager_steps if self._graphs is not None else None
+        if self._graphs is None:
+            return None
+        fresh = self._fresh_graphs.eager_steps if self._fresh_graphs is not None else 0
+        return self._graphs.eager_steps + fresh
+
+    def prefill_sizes(self) -> list[int]:
+        """The lengths fresh prefill graphs are captured for, smallest first."""
+        step = self._prefill_bucket
+        return list(range(step, self.cache.max_len + 1, step))
+
+    @property
+    def prefill_graphed(self) -> list[int]:
+        """Lengths whose fresh prefill replays from a graph."""
+        return sorted(self._fresh_graphs.graphed) if self._fresh_graphs is not None else []
 
     @torch.no_grad()
     def warm(self) -> list[tuple[int, int]]:
@@ -281,6 +315,17 @@ class ThinkerModel:
         return self.graphed
 
     @torch.no_grad()
+    def warm_prefill_graphs(self) -> list[int]:
+        """Capture every fresh prefill graph now (after the prefill layers compiled), over
+        the scratch slot."""
+        if self._fresh_graphs is not None:
+            slot = torch.tensor([self.cache.scratch], device=self.device)
+            for size in self.prefill_sizes():
+                embeds = self.tts[:1].expand(size, -1).contiguous()
+                self._fresh_graphs.capture(size, self._fresh, embeds, slot)
+        return self.prefill_graphed
+
+    @torch.no_grad()
     def text_rows(self, ids: list[int]) -> torch.Tensor:
         """[L, H] the talker's rows of text positions ``ids``: their input embeddings,
         which no forward changes (:attr:`Fed.rows`), so they may go before it."""
@@ -291,11 +336,33 @@ class ThinkerModel:
     def step(self, chunks: list[ThinkerChunk], *, eager: bool = False) -> list[Fed]:
         """One forward over every chunk (module docstring); one output per chunk.
         ``eager`` runs a decode-only step without its graph (a benchmark compares)."""
+        if not eager and self._fresh_graphs is not None:
+            runs = self._fresh_runs(chunks)
+            if runs:
+                return self._with_fresh(chunks, runs)
+        return self._step(chunks, eager)
+
+    def _step(self, chunks: list[ThinkerChunk], eager: bool) -> list[Fed]:
+        """:meth:`step` without fresh prefill graphs."""
         if all(chunk.work.decode for chunk in chunks):
             return self._rows_step(chunks, eager)
         if not eager and self._as_rows(chunks):
             return self._rows_step(chunks, eager)
         segments = [Segment(c.request.slot, c.start, c.length) for c in chunks]
+        embeds, pads = self._inputs(chunks)
+        want_rows = any(c.work.payload.rows for c in chunks)
+        with self._accept_states(want_rows) as states:
+            last = self._prefill(segments, embeds)
+        accept = None
+        if want_rows:
+            accept = (states[0] if states else last)[0]
+            if self._accept_layer == 0:
+                accept = embeds
+        return self._outputs(chunks, last[0], accept, embeds, pads)
+
+    def _inputs(self, chunks: list[ThinkerChunk]) -> tuple[torch.Tensor, torch.Tensor]:
+        """The input embeddings [T, H] of the chunks' positions in token order (audio
+        embeddings at AUDIO_PADs), and where the AUDIO_PADs are [T]."""
         ids = [i for c in chunks for i in c.work.payload.ids[c.offset : c.offset + c.length]]
         device = self.device
         embeds = self._embedding(torch.tensor(ids, device=device))
@@ -303,16 +370,20 @@ class ThinkerModel:
         pads = torch.tensor(ids, device=device) == self.vocabulary.ids.audio_pad
         if audio is not None:
             embeds = embeds.masked_scatter(pads[:, None].expand_as(embeds), audio.to(embeds))
-        want_rows = any(c.work.payload.rows for c in chunks)
-        with self._accept_states(want_rows) as states:
-            last = self._prefill(segments, embeds)
+        return embeds, pads
+
+    def _outputs(
+        self,
+        chunks: list[ThinkerChunk],
+        last: torch.Tensor,
+        accept: torch.Tensor | None,
+        embeds: torch.Tensor,
+        pads: torch.Tensor,
+    ) -> list[Fed]:
+        """Each chunk's output from the forward's last hidden states [T, H] and the
+        talker's source rows ``accept`` [T, H] (None: no chunk wants rows)."""
         ends = torch.tensor([c.length for c in chunks]).cumsum(0) - 1
-        logits = self._thinker.lm_head(last[0, ends.to(device)])
-        accept = None
-        if want_rows:
-            accept = (states[0] if states else last)[0]
-            if self._accept_layer == 0:
-                accept = embeds
+        logits = self._thinker.lm_head(last[ends.to(self.device)])
         picks = self._picks(logits, chunks)
         fed: list[Fed] = []
         offset = 0
@@ -324,6 +395,69 @@ class ThinkerModel:
             fed.append(Fed(rows, token))
             offset += chunk.length
         return fed
+
+    def _fresh_runs(self, chunks: list[ThinkerChunk]) -> list[list[int]]:
+        """The indices of each request's chunks that start its slot: all of its chunks
+        in the step, back to back from position 0, no longer than the largest fresh
+        graph."""
+        sizes = self.prefill_sizes()
+        by_request: dict[int, list[int]] = {}
+        for index, chunk in enumerate(chunks):
+            by_request.setdefault(id(chunk.request), []).append(index)
+        runs = []
+        for indices in by_request.values():
+            run = [chunks[i] for i in indices]
+            starts = [c.start for c in run]
+            ends = [c.start + c.length for c in run]
+            if (
+                starts[0] == 0
+                and not any(c.work.decode for c in run)
+                and starts[1:] == ends[:-1]
+                and ends[-1] <= sizes[-1]
+            ):
+                runs.append(indices)
+        return runs
+
+    def _with_fresh(self, chunks: list[ThinkerChunk], runs: list[list[int]]) -> list[Fed]:
+        """A step some of whose requests start their slots: each such run replays its
+        length's prefill graph, the step's other chunks run as a step of their own
+        (they read other slots: the order does not matter)."""
+        fed: list[Fed | None] = [None] * len(chunks)
+        for indices in runs:
+            for index, out in zip(
+                indices, self._fresh_run([chunks[i] for i in indices]), strict=True
+            ):
+                fed[index] = out
+        rest = [i for i, out in enumerate(fed) if out is None]
+        if rest:
+            for index, out in zip(rest, self._step([chunks[i] for i in rest], False), strict=True):
+                fed[index] = out
+        return [out for out in fed if out is not None]
+
+    def _fresh_run(self, run: list[ThinkerChunk]) -> list[Fed]:
+        """One request's chunks from the start of its slot, from the fresh prefill graph
+        of the smallest length that holds them (padded with copies of the last input)."""
+        assert self._fresh_graphs is not None
+        embeds, pads = self._inputs(run)
+        length = embeds.shape[0]
+        size = -(-length // self._prefill_bucket) * self._prefill_bucket
+        slot = torch.tensor([run[0].request.slot], device=self.device)
+        last, accept = self._fresh_graphs(size, self._fresh, pad_rows(embeds, size), slot)
+        want_rows = any(c.work.payload.rows for c in run)
+        return self._outputs(
+            run, last[:length], accept[:length] if want_rows else None, embeds, pads
+        )
+
+    def _fresh(self, embeds: torch.Tensor, slot: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """The forward over ``embeds`` [L, H] from the start of slot ``slot`` [1]: the last
+        hidden states and the talker's source rows, [L, H] each (capturable)."""
+        step = self.cache.fresh_step(slot, embeds.shape[0])
+        with self._accept_states(True) as states:
+            last = prefill_forward(
+                self._thinker.model, step, self._configs, embeds, self._prefill_layers
+            )
+        accept = embeds if self._accept_layer == 0 else (states[0] if states else last)[0]
+        return last[0], accept
 
     def _prefill(self, segments: list[Segment], embeds: torch.Tensor) -> torch.Tensor:
         """The text model's forward over ``segments``' positions, their inputs ``embeds``
