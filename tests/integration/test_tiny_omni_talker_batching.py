@@ -695,3 +695,22 @@ async def test_a_talker_that_compiled_ends_the_compile_workers_when_it_stops(
     async with talker(cache_dir, **compiles, compile_backend="aot_eager"):
         assert ended == []
     assert ended == ([True] if compiled else [])
+
+
+async def test_sessions_with_their_next_token_at_hand_make_every_frame_step(
+    cache_dir: Path, said: list[list[Fields]]
+) -> None:
+    """A session whose next frame needs a token that already arrived reads it and queues
+    that frame within the turn its frame came back in (a buffered input is taken without
+    a turn of the event loop), so the step loop's next step has it: four sessions of one
+    reply, started together, make every frame step together."""
+    outputs = said[1]
+    async with talker(cache_dir) as engine:
+        replies = await asyncio.wait_for(
+            asyncio.gather(*(frames(engine, f"s{i}", outputs) for i in range(4))), 60.0
+        )
+        stats = engine.loop.statistics()
+    rows = sum(len(codes) - 1 for codes in replies)  # frame 0 comes with each opening
+    assert stats.decode_rows == rows
+    frame_steps = stats.steps - stats.prefill_steps
+    assert rows / frame_steps > 3.5, (rows, frame_steps)
