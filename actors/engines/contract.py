@@ -191,6 +191,7 @@ __all__ = [
     "engine_prompt_tokens",
     "engine_voice",
     "engine_voices",
+    "input_at_hand",
     "output_overdue",
     "response_options",
 ]
@@ -347,6 +348,16 @@ def output_overdue(inputs: AsyncIterator[Fields]) -> bool:
     is overdue.
     """
     return getattr(inputs, "output_overdue", False) is True
+
+
+def input_at_hand(inputs: AsyncIterator[Fields]) -> bool:
+    """Whether the next read of ``inputs`` returns without waiting for input to come
+    (the next chunk, or the input's end, is already there): an engine may take it before
+    handing out an output, whose routing may take turns of the event loop.
+
+    A stage's input iterator carries it as ``at_hand``; any other iterator never says so.
+    """
+    return getattr(inputs, "at_hand", False) is True
 
 
 @dataclass(frozen=True, slots=True)

@@ -619,6 +619,12 @@ class SegmentInputs(AsyncIterator[Fields]):
         return len(self.ended) >= len(self.session.sources)
 
     @property
+    def at_hand(self) -> bool:
+        """Whether the next read returns without waiting for a chunk to come
+        (``omni_actors.actors.engines.contract.input_at_hand``)."""
+        return self._first is not None or self.all_read or bool(self.session.queued)
+
+    @property
     def output_overdue(self) -> bool:
         """Whether the engine's first output is overdue: the stage is cancelling its
         ``generate`` (``omni_actors.actors.engines.contract.output_overdue``)."""

@@ -60,7 +60,13 @@ from typing import ClassVar
 import torch
 from pydantic import Field, field_validator, model_validator
 
-from omni_actors.actors.engines.contract import Fields, ResponseOptions, Rule, response_options
+from omni_actors.actors.engines.contract import (
+    Fields,
+    ResponseOptions,
+    Rule,
+    input_at_hand,
+    response_options,
+)
 from omni_actors.actors.engines.qwen3_omni.family import DEFAULT_RELEASE
 from omni_actors.actors.engines.qwen3_omni.frame_compile import (
     FrameCompileArgs,
@@ -309,6 +315,12 @@ class TalkerEngine(SteppedTorchEngine[Voice, TalkerFeed, Framed | None]):
             while frame is not None and not signal.aborted:
                 codes, carry = frame
                 produced += 1
+                # The next frame's token, if it already came: taken now, the frame is
+                # queued before this one goes out (its routing may take turns of the
+                # event loop, and the step loop schedules after one).
+                while not got.known(produced) and not got.ended and input_at_hand(inputs):
+                    if not await self._read(signal, inputs, got):
+                        return
                 if got.known(produced) and not self._done(got, produced):
                     # Start the next frame before handing this one out (see the thinker).
                     step = self._frame(voice, carry, got.text(produced))
