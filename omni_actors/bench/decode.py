@@ -295,53 +295,12 @@ def run_decode_bench(
     ``compile_backend``; ``warm`` captures every graph when a stage loads;
     ``fused_min_blocks`` replaces :data:`.static_decode.FUSED_MIN_BLOCKS` meanwhile."""
     from omni_actors.actors.engines.qwen3_omni import static_decode
-
-    if fused_min_blocks is not None and fused_min_blocks < 0:
-        raise ValueError(f"fused_min_blocks must be >= 0, got {fused_min_blocks}")
-    saved = static_decode.FUSED_MIN_BLOCKS
-    if fused_min_blocks is not None:
-        static_decode.FUSED_MIN_BLOCKS = fused_min_blocks
-    try:
-        report = _run_decode_bench(
-            model,
-            stages=stages,
-            batches=batches,
-            context=context,
-            steps=steps,
-            max_context=max_context,
-            talker_compile=talker_compile,
-            thinker_compile=thinker_compile,
-            compile_backend=compile_backend,
-            warm=warm,
-        )
-    finally:
-        static_decode.FUSED_MIN_BLOCKS = saved
-    return {
-        **report,
-        "fused_min_blocks": static_decode.FUSED_MIN_BLOCKS
-        if fused_min_blocks is None
-        else fused_min_blocks,
-    }
-
-
-def _run_decode_bench(
-    model: Path,
-    *,
-    stages: dict[str, str],
-    batches: Sequence[int],
-    context: int,
-    steps: int,
-    max_context: int,
-    talker_compile: str,
-    thinker_compile: bool | None,
-    compile_backend: str,
-    warm: bool,
-) -> dict[str, Any]:
-    """:func:`run_decode_bench` under the attention setting it chose."""
     from omni_actors.actors.engines.qwen3_omni.frame_compile import ThinkerCompileArgs
     from omni_actors.actors.engines.qwen3_omni.static_decode import StaticPlan
     from omni_actors.actors.engines.torch_engine import resolve_device
 
+    if fused_min_blocks is not None and fused_min_blocks < 0:
+        raise ValueError(f"fused_min_blocks must be >= 0, got {fused_min_blocks}")
     unknown = set(stages) - {"thinker", "talker"}
     if unknown:
         raise ValueError(f"bench decode measures the thinker and the talker, not {sorted(unknown)}")
@@ -351,26 +310,33 @@ def _run_decode_bench(
         raise ValueError(f"context {context} leaves no room for {steps} steps in {max_context}")
     if talker_compile not in COMPILE_CHOICES:
         raise ValueError(f"talker_compile is one of {', '.join(COMPILE_CHOICES)}")
+    saved = static_decode.FUSED_MIN_BLOCKS
+    blocks = saved if fused_min_blocks is None else fused_min_blocks
     report: dict[str, Any] = {"model": str(model), "context": context, "steps": steps}
-    for stage, name in stages.items():
-        device = resolve_device(name)
-        if device.type == "cuda":  # as an engine's model thread does
-            torch.cuda.set_device(device)
-        with torch.no_grad():
-            graphs = device.type == "cuda"
-            plan = StaticPlan(max(batches), max_context, graphs=graphs, warm=graphs and warm)
-            if stage == "thinker":
-                args = ThinkerCompileArgs(
-                    compile_decode=thinker_compile, compile_backend=compile_backend
-                )
-                layers = args.decode_compile(device)
-                measured = _thinker(model, device, batches, context, steps, plan, layers)
-            else:
-                compiled = _frame_compile(talker_compile, compile_backend, device)
-                measured = _talker(model, device, batches, context, steps, plan, compiled)
-                measured = {"compile": talker_compile, **measured}
-            report[stage] = {"device": str(device), **measured}
-        if device.type == "cuda":
-            report[stage]["gpu"] = torch.cuda.get_device_name(device)
-            torch.cuda.empty_cache()
+    report["fused_min_blocks"] = blocks
+    static_decode.FUSED_MIN_BLOCKS = blocks
+    try:
+        for stage, name in stages.items():
+            device = resolve_device(name)
+            if device.type == "cuda":  # as an engine's model thread does
+                torch.cuda.set_device(device)
+            with torch.no_grad():
+                graphs = device.type == "cuda"
+                plan = StaticPlan(max(batches), max_context, graphs=graphs, warm=graphs and warm)
+                if stage == "thinker":
+                    args = ThinkerCompileArgs(
+                        compile_decode=thinker_compile, compile_backend=compile_backend
+                    )
+                    layers = args.decode_compile(device)
+                    measured = _thinker(model, device, batches, context, steps, plan, layers)
+                else:
+                    compiled = _frame_compile(talker_compile, compile_backend, device)
+                    measured = _talker(model, device, batches, context, steps, plan, compiled)
+                    measured = {"compile": talker_compile, **measured}
+                report[stage] = {"device": str(device), **measured}
+            if device.type == "cuda":
+                report[stage]["gpu"] = torch.cuda.get_device_name(device)
+                torch.cuda.empty_cache()
+    finally:
+        static_decode.FUSED_MIN_BLOCKS = saved
     return report
