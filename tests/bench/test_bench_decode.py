@@ -8,7 +8,7 @@ import pytest
 
 pytest.importorskip("transformers")
 
-from omni_actors.actors.engines.qwen3_omni import static_decode
+from omni_actors.actors.engines.qwen3_omni import slot_cache, static_decode
 from omni_actors.bench.decode import run_decode_bench
 from omni_actors.models import cache as model_cache
 
@@ -30,8 +30,19 @@ def test_a_run_moves_the_fused_attention_threshold_and_puts_it_back(
         seen.append(static_decode.FUSED_MIN_BLOCKS)
         return grouped(*args)
 
+    # The backbone's decode rows (the slot cache's attention) and the code predictor's.
+    monkeypatch.setattr(slot_cache, "grouped_attention_of", spy)
     monkeypatch.setattr(static_decode, "grouped_attention_of", spy)
-    common = dict(stages={"talker": "cpu"}, batches=[1], context=8, steps=2, max_context=64)
+    # Uncompiled: each frame calls the attention (a compiled frame calls it only while
+    # traced, and another test may have traced it already).
+    common = dict(
+        stages={"talker": "cpu"},
+        batches=[1],
+        context=8,
+        steps=2,
+        max_context=64,
+        talker_compile="off",
+    )
     default = static_decode.FUSED_MIN_BLOCKS
     report = run_decode_bench(release, **common, fused_min_blocks=0)  # type: ignore[arg-type]
     assert report["fused_min_blocks"] == 0
