@@ -156,10 +156,16 @@ class AbortSignal:
 
         self._future.add_done_callback(on_abort)
         try:
-            return await awaitable
+            result = await awaitable
+            # Aborted as it completed (the cancel not delivered yet): dropped too.
+            return None if self.aborted else result
         except asyncio.CancelledError:
             # Ours alone (no other cancel of the task pending): the abort's None.
             if cancelled and task.uncancel() == 0:
+                return None
+            raise
+        except Exception:
+            if self.aborted:  # failed by the abort (its work withdrawn): dropped
                 return None
             raise
         finally:
