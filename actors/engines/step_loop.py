@@ -9,7 +9,11 @@ in steps shaped as vLLM v1's engine core runs them:
    first, while the step's token budget lasts (``max_tokens_per_step``), at most
    ``max_chunk`` positions per request, so a long prompt never holds the running
    sessions' decode back for more than one chunk; a request's prefills queued back to
-   back (a prompt, then the reply's opening) run in the same step, in order;
+   back (a prompt, then the reply's opening) run in the same step, in order; under
+   ``whole_fresh_prefills`` a prompt that would start its slot and fits one chunk is
+   not split by what is left of the budget (the model replays a graph per such
+   prompt, and the part left over would cost a forward of its own): it waits for the
+   next step, and so does every younger prompt;
 2. *execute*: the whole step is one call of the model (one forward over every row and
    chunk), in the engine's model thread;
 3. *update*: each request's computed length moves on by what the step fed it, each
@@ -171,6 +175,9 @@ class StepLoop(Generic[P, Out]):
         max_tokens_per_step: the step's token budget (decode rows count one each).
         max_chunk: the most positions of one prefill fed in one step.
         max_rows: the most decode rows in one step (a graph's largest batch).
+        whole_fresh_prefills: leave a request's prefills that start its slot for the
+            next step, rather than split them, when they fit one chunk but not the
+            budget this step has left (a model that replays a graph per fresh prompt).
         wait_s: how long an idle loop, once woken, gathers work before its first step.
         name: the loop task's name, for debugging.
         clock: the seconds its statistics' times are read from.
@@ -185,6 +192,7 @@ class StepLoop(Generic[P, Out]):
         max_tokens_per_step: int,
         max_chunk: int,
         max_rows: int | None = None,
+        whole_fresh_prefills: bool = False,
         wait_s: float = 0.0,
         name: str = "step loop",
         clock: Callable[[], float] = time.perf_counter,
@@ -202,6 +210,7 @@ class StepLoop(Generic[P, Out]):
         self.slots, self.max_context, self.name = slots, max_context, name
         self.max_tokens_per_step, self.max_chunk = max_tokens_per_step, max_chunk
         self.max_rows = slots if max_rows is None else max_rows
+        self.whole_fresh_prefills = whole_fresh_prefills
         self._free = list(range(slots - 1, -1, -1))  # pop() hands out the lowest first
         self._requests: dict[str, Request[P, Out]] = {}
         self._waiting: deque[Request[P, Out]] = deque()  # requests with work, oldest first
@@ -379,23 +388,41 @@ class StepLoop(Generic[P, Out]):
             if work.decode and len(chunks) < self.max_rows and budget > 0:
                 chunks.append(Chunk(request, work, 0, 1, request.computed))
                 budget -= 1
+        prefills = False
         for request in live:
             # A request's prefills queued back to back (a turn's prompt, then the reply's
             # opening) share the step: each forward costs a fixed launch overhead on a
             # GPU, whatever its length, and the second would wait a step for nothing.
             room = min(self.max_chunk, budget)
             start = request.computed
+            if prefills and self._defer_fresh(request, room):
+                break  # oldest first: nothing younger passes it
             for work in request.queue:
                 if work.decode or work.rewind is not None or work.future.done() or room <= 0:
                     break
                 length = min(work.length - work.done, room)
                 chunks.append(Chunk(request, work, work.done, length, start))
+                prefills = True
                 start += length
                 room -= length
                 budget -= length
                 if work.done + length < work.length:
                     break  # the rest of this work comes in a later step
         return chunks
+
+    def _defer_fresh(self, request: Request[P, Out], room: int) -> bool:
+        """Whether ``request``'s prefills start its slot and, whole, fit one chunk but
+        not ``room``, under ``whole_fresh_prefills``."""
+        if not self.whole_fresh_prefills or request.computed or not request.queue:
+            return False
+        if request.queue[0].done:
+            return False  # already split: the rest is not from the slot's start
+        length = 0
+        for work in request.queue:
+            if work.decode or work.rewind is not None or work.future.done():
+                break
+            length += work.length
+        return room < length <= self.max_chunk
 
     async def _step(self, chunks: list[Chunk[P, Out]]) -> None:
         for chunk in chunks:

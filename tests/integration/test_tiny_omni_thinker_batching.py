@@ -502,6 +502,11 @@ async def test_fresh_prefill_graphs_captured_at_load_run_the_compiled_layers(
         assert tokens == want_tokens
         torch.testing.assert_close(rows, want_rows, rtol=1e-4, atol=1e-5)
     assert backend.runs > runs  # the replays ran the compiled layers
+    # A prompt in chunks: its first replays, the rest run the compiled prefill forward.
+    for (tokens, _), (want_tokens, _) in zip(
+        await alone(graphed, max_chunk=20, budget=24), want, strict=True
+    ):
+        assert tokens == want_tokens
     assert backend.graphs == at_load
     assert graphed.eager_steps == 0
 
@@ -536,6 +541,17 @@ async def reply(engine: ThinkerEngine, session: str, text: str) -> list[int]:
         if isinstance(token, torch.Tensor):
             ids.append(int(token))
     return ids
+
+
+@pytest.mark.parametrize("prefill_graphs", [False, True])
+def test_a_thinker_with_prefill_graphs_keeps_first_prompts_whole(
+    cache_dir: Path, prefill_graphs: bool
+) -> None:
+    """A first prompt split by a step's budget would replay its graph for one part and
+    run the rest as a forward of its own: with fresh prefill graphs the loop keeps it
+    whole."""
+    args = ThinkerArgs(seed=0, cache_dir=str(cache_dir), prefill_graphs=prefill_graphs)
+    assert ThinkerEngine(args).loop.whole_fresh_prefills is prefill_graphs
 
 
 async def test_concurrent_sessions_share_steps(cache_dir: Path) -> None:

@@ -204,6 +204,9 @@ class ThinkerEngine(ConversationEngine[Feeding, Fed]):
             args=args,
             max_context=args.max_context,
         )
+        # A fresh prompt split by the step's budget would replay its graph for the first
+        # part and run the rest as an eager forward, a forward's fixed cost for a part.
+        self.loop.whole_fresh_prefills = args.prefill_graphs
 
     def _load(self, path: Path) -> None:
         args = self._args

@@ -49,6 +49,7 @@ async def running(
     chunk: int = 4,
     context: int = 64,
     wait_s: float = 0.0,
+    whole_fresh: bool = False,
 ) -> AsyncIterator[StepLoop[str, str]]:
     loop: StepLoop[str, str] = StepLoop(
         model,
@@ -57,6 +58,7 @@ async def running(
         max_tokens_per_step=budget,
         max_chunk=chunk,
         wait_s=wait_s,
+        whole_fresh_prefills=whole_fresh,
     )
     loop.start()
     try:
@@ -259,6 +261,56 @@ async def test_a_request_s_prefills_queued_back_to_back_share_a_step() -> None:
     assert model.steps[3] == [("a", 9, 1, True)]
     assert outputs == [["prompt@0+3"], ["opening@3+2"], ["more@5+1", "more@6+3"], ["t@9+1"]]
     assert a.computed == 10
+
+
+@pytest.mark.parametrize("whole_fresh", [False, True])
+async def test_whole_fresh_prefills_wait_a_step_rather_than_split(whole_fresh: bool) -> None:
+    """Under ``whole_fresh_prefills`` a prompt from its slot's start that fits one chunk
+    but not the budget left waits for the next step, and so do younger ones; a step's
+    first prompt, one longer than a chunk and the rest of a split one still split."""
+    model = Model()
+    model.hold = asyncio.Event()
+    async with running(model, budget=8, chunk=6, slots=6, whole_fresh=whole_fresh) as loop:
+        held, a, b, c, d = (loop.open(name) for name in ("held", "a", "b", "c", "d"))
+        first = loop.submit(held, "p", 1)
+        await eventually(lambda: model.steps)
+        works = [
+            loop.submit(a, "prompt", 5),
+            loop.submit(b, "prompt", 4),
+            loop.submit(b, "opening", 1),  # b's 5 positions from its start, together
+            loop.submit(c, "prompt", 7),  # longer than a chunk: split either way
+            loop.submit(d, "prompt", 2),
+        ]
+        model.hold.set()
+        await first
+        await asyncio.gather(*works)
+        prompts = model.steps[1:]
+        # A step's first prompt is never left: three decode rows leave 5 of the budget.
+        model.hold = asyncio.Event()
+        second = loop.submit(held, "t", 1, decode=True)
+        await eventually(lambda: len(model.steps) > len(prompts) + 1)
+        e = loop.open("e")
+        rows = [loop.submit(r, "t", 1, decode=True) for r in (a, b, c)]
+        works = [*rows, loop.submit(e, "prompt", 6)]
+        model.hold.set()
+        await second
+        await asyncio.gather(*works)
+    if whole_fresh:
+        assert prompts == [
+            [("a", 0, 5, False)],  # b's 5 do not fit the 3 left: b, c and d wait
+            [("b", 0, 4, False), ("b", 4, 1, False), ("c", 0, 3, False)],
+            [("c", 3, 4, False), ("d", 0, 2, False)],
+        ]
+    else:
+        assert prompts == [
+            [("a", 0, 5, False), ("b", 0, 3, False)],
+            [("b", 3, 1, False), ("b", 4, 1, False), ("c", 0, 6, False)],
+            [("c", 6, 1, False), ("d", 0, 2, False)],
+        ]
+    assert model.steps[-2:] == [
+        [("a", 5, 1, True), ("b", 5, 1, True), ("c", 7, 1, True), ("e", 0, 5, False)],
+        [("e", 5, 1, False)],
+    ]
 
 
 async def test_statistics_time_the_steps_and_how_long_work_queued_for_them() -> None:
