@@ -279,6 +279,22 @@ def _device(spec: PipelineSpec, actor: str) -> str:
     return stage.device or str(stage.engine.args.get("device", "cpu"))
 
 
+def _samples(samples: list[_Sample]) -> list[dict[str, Any]]:
+    """Each request's figures in the order they were sent, ``sent_ms`` after the first:
+    whether a tail is a level's first burst or spread over it."""
+    first = min(s.started_s for s in samples)
+    return [
+        {
+            "sent_ms": _ms((s.started_s - first) * 1e3),
+            "ttft_ms": _ms(s.ttft_ms),
+            "ttfa_ms": _ms(s.ttfa_ms),
+            "rtf": round(s.rtf, 4),
+            "underruns": s.underruns,
+        }
+        for s in sorted(samples, key=lambda s: s.started_s)
+    ]
+
+
 def _level(
     results: list[_Sample | str],
     cost: _Cost | None = None,
@@ -312,6 +328,7 @@ def _level(
             "underruns": underruns,
             "underruns_per_min": round(underruns * 60.0 / audio_s, 3) if audio_s else None,
             "stall_ms": round(sum(s.stall_ms for s in samples), 1),
+            "samples": _samples(samples),
         }
     if cost is not None and spec is not None:
         audio_s = sum(s.audio_s for s in samples)

@@ -150,6 +150,8 @@ class _Sample:
     """Times a player 200 ms behind would have run dry (``SessionMetrics.pacing``)."""
     stall_ms: float = 0.0
     """The silence those underruns cost."""
+    started_s: float = 0.0
+    """When it was sent (``time.perf_counter()``), to place it among its level's."""
 
 
 async def _request(omni: OmniPipeline, text: str = "hello") -> _Sample | str:
@@ -179,6 +181,7 @@ async def _request(omni: OmniPipeline, text: str = "hello") -> _Sample | str:
                         m.audio_s,
                         pacing.underruns,
                         pacing.stall_ms,
+                        started,
                     )
             elif isinstance(event, SessionError):
                 outcome = f"{event.code} at {event.stage or 'pipeline'}: {event.message}"

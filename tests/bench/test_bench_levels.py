@@ -112,6 +112,16 @@ async def test_a_model_level_reports_means_p50s_and_underruns(slow_audio: Path) 
             level["underruns"] * 60 / audio_s, rel=1e-3
         )
         assert level["host_cpu_s_per_audio_s"] > 0
+        # Each request's own figures, in the order sent, so a tail can be placed.
+        samples = level["samples"]
+        assert len(samples) == level["requests"]
+        assert samples[0]["sent_ms"] == 0.0
+        assert [s["sent_ms"] for s in samples] == sorted(s["sent_ms"] for s in samples)
+        assert sum(s["ttft_ms"] for s in samples) / len(samples) == pytest.approx(
+            level["ttft_ms_mean"], abs=1e-2
+        )
+        assert sum(s["underruns"] for s in samples) == level["underruns"]
+        assert all(s["ttfa_ms"] >= s["ttft_ms"] and s["rtf"] > 0 for s in samples)
 
 
 @pytest.mark.parametrize(

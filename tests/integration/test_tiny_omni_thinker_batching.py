@@ -507,6 +507,14 @@ async def test_fresh_prefill_graphs_captured_at_load_run_the_compiled_layers(
         await alone(graphed, max_chunk=20, budget=24), want, strict=True
     ):
         assert tokens == want_tokens
+    # Sessions together: replays beside later chunks and others' decode rows in one step.
+    loop = loop_over(graphed, max_chunk=40, budget=48)
+    loop.start()
+    pairs = enumerate(zip(PROMPTS, picks(), strict=True))
+    together = await asyncio.gather(*(session(loop, f"t{i}", p, pick) for i, (p, pick) in pairs))
+    await loop.stop()
+    assert loop.statistics().mixed_steps > 0
+    assert [tokens for tokens, _ in together] == [tokens for tokens, _ in want]
     assert backend.graphs == at_load
     assert graphed.eager_steps == 0
 
