@@ -42,6 +42,8 @@
 # runs 4 x c requests, a closed loop as vllm-omni's CI runs it) or $REQUESTS per level,
 # $FRAMES_PER_TOKEN (default 2: random weights never pick codec EOS, so the audio of each
 # 256-token reply is set to 512 frames, 41 s, as benchmarks/qwen3_omni_random.yaml sets it).
+# SETS="thinker.max_tokens_per_step=4096 ..." sets more engine args of the preset
+# (benchmarks/preset_variant.py); TAG names the run in its result file.
 set -euo pipefail
 OUT=${OUT:-benchmarks/results}
 RELEASE=${RELEASE:-/tmp/q3}
@@ -174,9 +176,12 @@ write_random_release(Path(sys.argv[-1]), real_config(), stages=tuple(sys.argv[1:
         # A one-shot prompt's talker rows with its first token, not before its forward.
         sets+=(--set thinker.rows_ahead=false)
       fi
+      # $SETS: more engine args, "stage.arg=value ..." (named in the result by $TAG).
+      for set in ${SETS:-}; do sets+=(--set "$set"); done
       python3 benchmarks/preset_variant.py "$preset" /tmp/variant.yaml "${sets[@]}"
       result="$OUT/qwen3_omni_random_$step${COMPILE_PREFILL:+_compile_prefill_$COMPILE_PREFILL}"
-      result="$result${ROWS_AHEAD:+_rows_ahead_$ROWS_AHEAD}${PREFILL_GRAPHS:+_prefill_graphs_$PREFILL_GRAPHS}.json"
+      result="$result${ROWS_AHEAD:+_rows_ahead_$ROWS_AHEAD}${PREFILL_GRAPHS:+_prefill_graphs_$PREFILL_GRAPHS}"
+      result="$result${TAG:+_$TAG}.json"
       # shellcheck disable=SC2086  # levels is a list of words on purpose
       omni bench pipeline --preset /tmp/variant.yaml "${model[@]}" --input-tokens 2500 \
         --output-tokens 256 --frames-per-token "$FRAMES_PER_TOKEN" --streaming-only \
