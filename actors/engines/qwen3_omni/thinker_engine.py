@@ -155,7 +155,8 @@ class ThinkerArgs(
             graph per length bucket of ``prefill_bucket`` positions, captured at load
             with ``warm_graphs`` (the full-size thinker's 2500-position forward is
             bound by its launches: about half of its 90 ms on one H200 is kernels).
-            Off by default until measured on a GPU.
+            Off by default: it halves a lone prompt's TTFT on two H200s, but a few
+            prompts of a burst waited seconds (docs/gpus.md).
         prefill_bucket: those buckets' step in positions.
     """
 
