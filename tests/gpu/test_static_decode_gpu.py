@@ -98,8 +98,11 @@ def test_thinker_graphs_replay_the_eager_steps(release: Path) -> None:
     assert {rows for rows, _ in graphed.graphed} == {1, 2, 4}
 
 
-def talker_codes(model: TalkerModel) -> list[list[torch.Tensor]]:
-    """Five sessions opened, then frames in ``ROUNDS`` (rows join, leave and regroup)."""
+def talker_codes(
+    model: TalkerModel, stepped: list[Framed] | None = None
+) -> list[list[torch.Tensor]]:
+    """Five sessions opened, then frames in ``ROUNDS`` (rows join, leave and regroup);
+    each frame step's output joins ``stepped``."""
     gen = torch.Generator(device=DEVICE).manual_seed(0)
     width = int(model.talker.config.thinker_hidden_size)
 
@@ -140,6 +143,8 @@ def talker_codes(model: TalkerModel) -> list[list[torch.Tensor]]:
                 (framed,) = await step
                 assert framed is not None
                 assert framed.frame is not None
+                if stepped is not None:
+                    stepped.append(framed)
                 codes[i].append(framed.frame[0])
                 carries[i] = framed.frame[1]
         await loop.stop()
@@ -159,6 +164,27 @@ def test_talker_graphs_replay_the_eager_frames(release: Path) -> None:
     for got, want in pairs:
         assert torch.equal(torch.cat(got), torch.cat(want))
     assert {rows for rows, _ in graphed.graphed} == {1, 2, 4}
+
+
+def test_talker_frame_steps_read_codec_eos_back_behind_the_step(release: Path) -> None:
+    """A frame-only step returns each row's codec EOS flag as a copy to pinned host
+    memory with the event recorded after it: once it completes, the flag is the frame's."""
+    torch.cuda.set_device(DEVICE)
+    model = TalkerModel(
+        release, DEVICE, stop_at_codec_eos=True, slots=5, max_context=512, max_rows=4, graphs=True
+    )
+    stepped: list[Framed] = []
+    with torch.device(DEVICE):
+        talker_codes(model, stepped)
+    assert len(stepped) == sum(len(group) for group in ROUNDS)
+    for framed in stepped:
+        assert isinstance(framed.ready, torch.cuda.Event)
+        assert framed.eos is not None
+        assert framed.eos.device.type == "cpu"
+        assert framed.eos.is_pinned()
+        assert framed.frame is not None
+        framed.ready.synchronize()
+        assert framed.at_eos() == (int(framed.frame[0][0, 0]) == model._codec_eos)
 
 
 def test_engines_on_cuda_decode_over_graphed_slots_by_default(release: Path) -> None:

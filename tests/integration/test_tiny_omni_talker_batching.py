@@ -12,11 +12,12 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import threading
 from collections.abc import AsyncIterator, Iterable
 from contextlib import asynccontextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import pytest
 
@@ -150,7 +151,7 @@ class SteppedReply:
 
     def take(self, framed: Framed | None) -> None:
         assert framed is not None, "a frame step makes a frame"
-        self.frame = framed.frame
+        self.frame = framed.settled()
         if self.frame is not None:
             self.codes.append(self.frame[0])
 
@@ -754,3 +755,102 @@ async def test_sessions_with_their_next_token_at_hand_make_every_frame_step(
         assert per_step > 3.5, per_step
     else:
         assert per_step < 3, per_step
+
+
+class StepEvent:
+    """Stands in for the CUDA event after a frame-only step: complete once a later step
+    has run (the device computed the frame while the host queued the next one), else
+    at a deadline, which a host that waits for each frame before queuing the next hits."""
+
+    def __init__(self) -> None:
+        self._done = threading.Event()
+        self._lock = threading.Lock()
+        self.overlapped = False
+
+    def release(self) -> None:
+        with self._lock:
+            if not self._done.is_set():
+                self.overlapped = True
+                self._done.set()
+
+    def query(self) -> bool:
+        return self._done.is_set()
+
+    def synchronize(self) -> None:
+        if not self._done.wait(timeout=0.5):
+            with self._lock:
+                self._done.set()  # past its deadline: a later step no longer counts
+
+
+def with_events(step: Any, events: list[StepEvent]) -> Any:
+    def stepping(chunks: list[TalkerChunk], **kwargs: Any) -> Any:
+        for event in events:
+            if not event.query():
+                event.release()
+        out = step(chunks, **kwargs)
+        if not all(chunk.work.decode for chunk in chunks):
+            return out
+        events.append(event := StepEvent())
+        return [replace(framed, ready=cast(torch.cuda.Event, event)) for framed in out]
+
+    return stepping
+
+
+async def test_a_session_queues_its_next_frame_before_its_last_is_read_back(
+    cache_dir: Path, said: list[list[Fields]]
+) -> None:
+    """A frame step returns before the device has run it; the session queues its next
+    frame before it waits for the last one's codec EOS flag, so the device is never
+    idle between a session's frames while the host hands one out."""
+
+    async def spoken(engine: TalkerEngine, session: str) -> torch.Tensor:
+        inputs = AtHand(edge(said[2]), says=True)  # each token there when it is needed
+        got = [out["codes"] async for out in engine.generate(session, inputs)]
+        return torch.cat([codes for codes in got if isinstance(codes, torch.Tensor)])
+
+    async with talker(cache_dir) as engine:
+        alone = await spoken(engine, "plain")
+        events: list[StepEvent] = []
+        with pytest.MonkeyPatch.context() as patch:
+            patch.setattr(engine._model, "step", with_events(engine._model.step, events))
+            codes = await asyncio.wait_for(spoken(engine, "s"), 60.0)
+    assert torch.equal(codes, alone)
+    assert len(events) == len(codes) - 1  # every frame after the opening's
+    assert all(event.overlapped for event in events[:-1])  # the last has no next frame
+
+
+async def test_a_frame_queued_past_codec_eos_is_dropped_with_the_reply(
+    cache_dir: Path, said: list[list[Fields]]
+) -> None:
+    """With its tokens at hand a session queues its next frame before the last one is
+    known not to be codec EOS. At EOS that frame is dropped with the reply's part of the
+    slot: the session's next reply is the one it makes after a reply of the same frames
+    that ended at ``max_frames``, where no frame is queued past the last."""
+
+    async def conversation(**extra: Any) -> tuple[list[torch.Tensor], int]:
+        async with talker(cache_dir, **extra) as engine:
+            queued = 0
+            queue = engine._frame
+
+            def counted(*args: Any) -> Any:
+                nonlocal queued
+                queued += 1
+                return queue(*args)
+
+            replies = []
+            with pytest.MonkeyPatch.context() as patch:
+                patch.setattr(engine, "_frame", counted)
+                for outputs in (said[1], said[0]):  # the first reply ends at codec EOS
+                    inputs = AtHand(edge(outputs), says=True)
+                    got = [out["codes"] async for out in engine.generate("s", inputs)]
+                    replies.append(torch.cat([c for c in got if isinstance(c, torch.Tensor)]))
+        return replies, queued
+
+    ahead, queued = await asyncio.wait_for(conversation(stop_at_codec_eos=True), 60.0)
+    spoken = ahead[0].shape[0]
+    assert spoken < 2 * tokens(said[1])  # ended at codec EOS
+    # Every frame after the openings' was queued, and one past the first reply's EOS.
+    assert queued == spoken + ahead[1].shape[0]
+    capped, _ = await asyncio.wait_for(conversation(max_frames=spoken), 60.0)
+    assert torch.equal(capped[0], ahead[0])
+    assert torch.equal(capped[1], ahead[1][: capped[1].shape[0]])

@@ -23,6 +23,7 @@ import torch
 from graph_standins import Backend, Captures
 from tiny_omni_ids import PRINTABLE_RANGES, Tokens
 
+from omni_actors.actors.engines import torch_engine
 from omni_actors.actors.engines.contract import Fields, engine_eager_steps
 from omni_actors.actors.engines.qwen3_omni import stepping, thinker_engine
 from omni_actors.actors.engines.qwen3_omni.hf import DynamicCache
@@ -551,15 +552,29 @@ async def reply(engine: ThinkerEngine, session: str, text: str) -> list[int]:
     return ids
 
 
-@pytest.mark.parametrize("prefill_graphs", [False, True])
-def test_a_thinker_with_prefill_graphs_keeps_first_prompts_whole(
-    cache_dir: Path, prefill_graphs: bool
-) -> None:
+def test_a_thinker_with_prefill_graphs_keeps_first_prompts_whole(cache_dir: Path) -> None:
     """A first prompt split by a step's budget would replay its graph for one part and
-    run the rest as a forward of its own: with fresh prefill graphs the loop keeps it
-    whole."""
-    args = ThinkerArgs(seed=0, cache_dir=str(cache_dir), prefill_graphs=prefill_graphs)
-    assert ThinkerEngine(args).loop.whole_fresh_prefills is prefill_graphs
+    run the rest as a forward of its own: with fresh prefill graphs (by default wherever
+    steps replay graphs) the loop keeps it whole; elsewhere nothing replays, and it
+    splits prompts by the budget."""
+    cuda, cpu = torch.device("cuda", 0), torch.device("cpu")
+    assert ThinkerArgs().prefill_graphs_on(cuda)
+    assert not ThinkerArgs(prefill_graphs=False).prefill_graphs_on(cuda)
+    assert not ThinkerArgs(static_cache=False).prefill_graphs_on(cuda)
+    assert not ThinkerArgs().prefill_graphs_on(cpu)
+    args = ThinkerArgs(seed=0, cache_dir=str(cache_dir))
+    assert ThinkerEngine(args).loop.whole_fresh_prefills is False  # on the CPU
+
+
+def test_the_thinker_on_a_gpu_keeps_first_prompts_whole(
+    cache_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The engine sets its loop by where it computes (its device resolved, not loaded)."""
+    monkeypatch.setattr(thinker_engine, "release_dir", lambda *_: cache_dir)
+    monkeypatch.setattr(torch_engine, "resolve_device", lambda _: torch.device("cuda", 0))
+    assert ThinkerEngine(ThinkerArgs(device="cuda")).loop.whole_fresh_prefills is True
+    off = ThinkerArgs(device="cuda", prefill_graphs=False)
+    assert ThinkerEngine(off).loop.whole_fresh_prefills is False
 
 
 async def test_concurrent_sessions_share_steps(cache_dir: Path) -> None:

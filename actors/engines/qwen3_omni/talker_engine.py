@@ -86,6 +86,7 @@ from omni_actors.actors.engines.step_loop import RequestClosedError
 from omni_actors.actors.engines.stepped_engine import StepLoopArgs, SteppedTorchEngine
 from omni_actors.actors.engines.thinker_ports import USER_EDITS_FIELD
 from omni_actors.actors.engines.torch_engine import AbortSignal, DeviceArgs, release_dir
+from omni_actors.cuda import EventWaiter
 from omni_actors.models.family import WeightsArgs
 
 __all__ = ["TalkerArgs", "TalkerEngine", "TalkerInputError"]
@@ -174,6 +175,8 @@ class TalkerEngine(SteppedTorchEngine[Voice, TalkerFeed, Framed | None]):
         self.stop_at_codec_eos = args.stop_at_codec_eos
         self.speaker = args.speaker
         self._args = args
+        # Frame steps' codec EOS flags, read back behind the steps (``_at_eos``).
+        self._readback = EventWaiter(name="talker codec EOS")
         super().__init__(
             release_dir(DEFAULT_RELEASE, args, "talker"),
             "talker",
@@ -209,6 +212,8 @@ class TalkerEngine(SteppedTorchEngine[Voice, TalkerFeed, Framed | None]):
         """Stop the step loop and the model thread, then the compile workers its frame
         and prefill compiles started (:func:`~.frame_compile.end_compile_workers`)."""
         await super().stop()
+        readback, self._readback = self._readback, EventWaiter(name="talker codec EOS")
+        await readback.close()  # (a fresh one for a restart: a closed waiter takes none)
         model: TalkerModel | None = getattr(self, "_model", None)
         if model is None:
             return
@@ -310,10 +315,10 @@ class TalkerEngine(SteppedTorchEngine[Voice, TalkerFeed, Framed | None]):
             feed = TalkerFeed(inputs=prefix, frame=True)
             (*_, first) = await self.feed(voice, feed, prefix.shape[0], lambda _: opened())
             assert first is not None, "an opening makes frame 0"
-            frame = first.frame
+            framed = first
             produced = 0
-            while frame is not None and not signal.aborted:
-                codes, carry = frame
+            while framed.frame is not None and not signal.aborted:
+                codes, carry = framed.frame
                 produced += 1
                 # The next frame's token, if it already came: taken now, the frame is
                 # queued before this one goes out (its routing may take turns of the
@@ -322,8 +327,13 @@ class TalkerEngine(SteppedTorchEngine[Voice, TalkerFeed, Framed | None]):
                     if not await self._read(signal, inputs, got):
                         return
                 if got.known(produced) and not self._done(got, produced):
-                    # Start the next frame before handing this one out (see the thinker).
+                    # Start the next frame before handing this one out (see the thinker),
+                    # and before this one is known not to be codec EOS: the device runs
+                    # it while the host waits for that. A frame queued past EOS only
+                    # extends the reply's part of the slot, which the next reply drops.
                     step = self._frame(voice, carry, got.text(produced))
+                if await self._at_eos(framed):
+                    return
                 yield {"codes": codes}
                 if step is None:
                     if not await self._wait_for(signal, inputs, got, produced):
@@ -331,10 +341,10 @@ class TalkerEngine(SteppedTorchEngine[Voice, TalkerFeed, Framed | None]):
                     if self._done(got, produced):
                         return
                     step = self._frame(voice, carry, got.text(produced))
-                (framed,) = await step
+                (stepped,) = await step
                 step = None
-                assert framed is not None, "a frame step makes a frame"
-                frame = framed.frame
+                assert stepped is not None, "a frame step makes a frame"
+                framed = stepped
         except RequestClosedError:
             if not signal.aborted:
                 failed = True
@@ -369,6 +379,13 @@ class TalkerEngine(SteppedTorchEngine[Voice, TalkerFeed, Framed | None]):
                 rows, mask = got.take_user()
                 await self._prefill_user(voice, rows, mask)
         return not signal.aborted
+
+    async def _at_eos(self, framed: Framed) -> bool:
+        """Whether ``framed`` is codec EOS, read back without blocking the event loop
+        (the model thread meanwhile queues the steps submitted before)."""
+        if framed.ready is not None:
+            await self._readback.wait(framed.ready)
+        return framed.at_eos()
 
     def _frame(
         self, voice: Voice, carry: torch.Tensor, text: torch.Tensor

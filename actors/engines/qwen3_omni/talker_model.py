@@ -107,9 +107,35 @@ class TalkerFeed:
 
 @dataclass(frozen=True, slots=True)
 class Framed:
-    """A frame made at a chunk's last position."""
+    """A frame made at a chunk's last position.
+
+    A step of frames alone returns before the device has computed them: ``frame`` is
+    set even where its first code turns out to be codec EOS, and :meth:`at_eos` says
+    which once ``ready`` has completed (a frame-only step reads back nothing, so the
+    host queues the next step while the device runs this one). Other steps know at
+    once: ``frame`` is None at EOS and ``eos`` is None.
+    """
 
     frame: Frame
+    eos: torch.Tensor | None = None
+    """A bool on the host: the frame is codec EOS (valid once ``ready`` completed)."""
+    ready: torch.cuda.Event | None = None
+    """Recorded after ``eos`` was copied to the host; None: it is there already."""
+
+    def at_eos(self) -> bool:
+        """Whether the frame is codec EOS (waits for ``ready`` if it has not
+        completed: await the event first where blocking matters)."""
+        if self.frame is None:
+            return True
+        if self.eos is None:
+            return False
+        if self.ready is not None:
+            self.ready.synchronize()
+        return bool(self.eos.item())
+
+    def settled(self) -> Frame:
+        """The frame, or None at codec EOS (waits as :meth:`at_eos` does)."""
+        return None if self.at_eos() else self.frame
 
 
 TalkerChunk = Chunk[TalkerFeed, Framed | None]
@@ -454,12 +480,12 @@ class TalkerModel:
         pad = rows - count
         slots = [c.request.slot for c in chunks] + [self.cache.scratch] * pad
         starts = [c.start for c in chunks] + [0] * pad
-        carry = torch.cat([_carry(c) for c in chunks]).to(self._dtype)
-        text = torch.cat([_text(c) for c in chunks]).to(self._dtype)
+        carry = torch.cat([_carry(c) for c in chunks]).to(self.device, self._dtype)
+        text = torch.cat([_text(c) for c in chunks]).to(self.device, self._dtype)
         if pad:
             carry = torch.cat((carry, carry[-1:].expand(pad, *carry.shape[1:])))
             text = torch.cat((text, text[-1:].expand(pad, *text.shape[1:])))
-        given = [torch.tensor(v, device=self.device) for v in (slots, starts)] + [carry, text]
+        given = [_on_device(v, self.device) for v in (slots, starts)] + [carry, text]
         key = (rows, span)
         if eager or self._graphs is None:
             codes, carries = self._frame_step(span, *given)
@@ -472,11 +498,19 @@ class TalkerModel:
                 buffer.copy_(value)
             graph = functools.partial(self._frame_step, span)
             codes, carries = self._graphs(key, graph, *static)
-        ends = (codes[:count, 0] == self._codec_eos).tolist()
-        return [
-            Framed(None if end else (codes[row : row + 1], carries[row : row + 1]))
-            for row, end in enumerate(ends)
-        ]
+        frames = [(codes[row : row + 1], carries[row : row + 1]) for row in range(count)]
+        if not self._stop_at_codec_eos:
+            return [Framed(frame) for frame in frames]  # EOS is masked: never at EOS
+        # Read back which rows are at EOS without waiting for the step: the caller
+        # waits for ``ready`` once it has queued what it can (the next frames).
+        eos = codes[:count, 0] == self._codec_eos
+        ready = None
+        if eos.is_cuda:
+            host = torch.empty(eos.shape, dtype=torch.bool, pin_memory=True)
+            eos = host.copy_(eos, non_blocking=True)
+            ready = torch.cuda.Event()  # type: ignore[no-untyped-call]
+            ready.record()
+        return [Framed(frame, eos[row], ready) for row, frame in enumerate(frames)]
 
     def _static_inputs(self, key: tuple[int, int]) -> list[torch.Tensor]:
         static = self._frame_inputs.get(key)
@@ -537,6 +571,15 @@ class TalkerModel:
         for index, row in enumerate(rows):
             frames[row] = (codes[index : index + 1], carry[index : index + 1])
         return frames
+
+
+def _on_device(values: list[int], device: torch.device) -> torch.Tensor:
+    """``values`` as a tensor on ``device``, copied from pinned memory without waiting
+    for the work queued on the device (a plain copy would wait for the step before)."""
+    host = torch.tensor(values)
+    if device.type != "cuda":
+        return host.to(device)
+    return host.pin_memory().to(device, non_blocking=True)
 
 
 def _carry(chunk: TalkerChunk) -> torch.Tensor:

@@ -154,9 +154,9 @@ class ThinkerArgs(
             (a conversation's first prompt, the reply's opening after it) replay a CUDA
             graph per length bucket of ``prefill_bucket`` positions, captured at load
             with ``warm_graphs`` (the full-size thinker's 2500-position forward is
-            bound by its launches: about half of its 90 ms on one H200 is kernels).
-            Off by default: it halves a lone prompt's TTFT on two H200s, but a few
-            prompts of a burst waited seconds (docs/gpus.md).
+            bound by its launches: about half of its 90 ms on one H200 is kernels),
+            and the step loop keeps such a prompt whole (``whole_fresh_prefills``).
+            On by default wherever steps replay graphs (:meth:`prefill_graphs_on`).
         prefill_bucket: those buckets' step in positions.
     """
 
@@ -164,8 +164,13 @@ class ThinkerArgs(
     min_new_tokens: int = Field(8, ge=0)
     allowed_token_ranges: list[tuple[int, int]] | None = None
     rows_ahead: bool = Field(True, strict=True)
-    prefill_graphs: bool = Field(False, strict=True)
+    prefill_graphs: bool = Field(True, strict=True)
     prefill_bucket: int = Field(256, ge=1)
+
+    def prefill_graphs_on(self, device: torch.device) -> bool:
+        """Whether first prompts replay fresh prefill graphs on ``device``: with
+        ``prefill_graphs``, where steps replay graphs (:meth:`graphs_on`)."""
+        return self.prefill_graphs and self.graphs_on(device)
 
 
 class ThinkerEngine(ConversationEngine[Feeding, Fed]):
@@ -207,7 +212,7 @@ class ThinkerEngine(ConversationEngine[Feeding, Fed]):
         )
         # A fresh prompt split by the step's budget would replay its graph for the first
         # part and run the rest as an eager forward, a forward's fixed cost for a part.
-        self.loop.whole_fresh_prefills = args.prefill_graphs
+        self.loop.whole_fresh_prefills = args.prefill_graphs_on(self.device)
 
     def _load(self, path: Path) -> None:
         args = self._args
@@ -224,7 +229,7 @@ class ThinkerEngine(ConversationEngine[Feeding, Fed]):
             moe=args.moe,
             compile_layers=args.decode_compile(self.device),
             compile_prefill=args.prefill_compile(self.device),
-            prefill_graphs=args.prefill_graphs,
+            prefill_graphs=args.prefill_graphs_on(self.device),
             prefill_bucket=args.prefill_bucket,
         )
         self.close_turn = self._model.vocabulary.close_turn
