@@ -23,8 +23,8 @@
 # ($LEVELS_1GPU, default 1 8: two levels take about five minutes; COMPILE_PREFILL=0, as
 # `pipeline` takes it too, without the thinker's and talker's prefill layers compiled, which
 # they are by default on a GPU; ROWS_AHEAD=0 with a one-shot prompt's talker rows sent with
-# its first token, not before its forward; PREFILL_GRAPHS=1 with the thinker's fresh prefill
-# graphs); `decode-thinker` times
+# its first token, not before its forward; PREFILL_GRAPHS=0 without the thinker's fresh
+# prefill graphs, on by default); `decode-thinker` times
 # its thinker's decode step with its layers compiled as the engine compiles them, and not
 # ($THINKER_COMPILE, default "default off"); after `prepare-talker`, `profile-talker`
 # lists the kernels of a talker frame per batch size (talker_frame_profile.py;
@@ -168,9 +168,11 @@ write_random_release(Path(sys.argv[-1]), real_config(), stages=tuple(sys.argv[1:
         # The thinker's and talker's prefill layers not compiled (on a GPU they are).
         sets+=(--set thinker.compile_prefill=false --set talker.compile_prefill=false)
       fi
-      if [ "${PREFILL_GRAPHS:-}" = 1 ]; then
-        # A session's first prompt replays the thinker's prefill graph of its length.
-        sets+=(--set thinker.prefill_graphs=true)
+      if [ -n "${PREFILL_GRAPHS:-}" ]; then
+        # 0: a session's first prompt runs the thinker's prefill forward, not the prefill
+        # graph of its length (which it replays by default on a GPU).
+        graphs=false; [ "$PREFILL_GRAPHS" = 1 ] && graphs=true
+        sets+=(--set "thinker.prefill_graphs=$graphs")
       fi
       if [ "${ROWS_AHEAD:-}" = 0 ]; then
         # A one-shot prompt's talker rows with its first token, not before its forward.

@@ -381,8 +381,12 @@ class TalkerEngine(SteppedTorchEngine[Voice, TalkerFeed, Framed | None]):
         return not signal.aborted
 
     async def _at_eos(self, framed: Framed) -> bool:
-        """Whether ``framed`` is codec EOS, read back without blocking the event loop
-        (the model thread meanwhile queues the steps submitted before)."""
+        """Whether ``framed`` is codec EOS, once its step is done on the device, waited
+        for without blocking the event loop (the model thread meanwhile queues the step
+        submitted before). Waiting for it even where EOS is masked keeps the device's
+        queue one frame ahead, not the whole reply: a talker that ran ahead unbounded
+        took the thinker's tokens and its GPU's time from the other work there (RTF
+        0.110 against 0.099 at c=1 on two H200s)."""
         if framed.ready is not None:
             await self._readback.wait(framed.ready)
         return framed.at_eos()

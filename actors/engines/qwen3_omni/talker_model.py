@@ -118,9 +118,11 @@ class Framed:
 
     frame: Frame
     eos: torch.Tensor | None = None
-    """A bool on the host: the frame is codec EOS (valid once ``ready`` completed)."""
+    """A bool on the host: the frame is codec EOS (valid once ``ready`` completed);
+    None: it is not (EOS masked, or known at once)."""
     ready: torch.cuda.Event | None = None
-    """Recorded after ``eos`` was copied to the host; None: it is there already."""
+    """Recorded after the frame-only step on a GPU (and ``eos``'s copy to the host);
+    None: nothing to wait for."""
 
     def at_eos(self) -> bool:
         """Whether the frame is codec EOS (waits for ``ready`` if it has not
@@ -499,18 +501,25 @@ class TalkerModel:
             graph = functools.partial(self._frame_step, span)
             codes, carries = self._graphs(key, graph, *static)
         frames = [(codes[row : row + 1], carries[row : row + 1]) for row in range(count)]
-        if not self._stop_at_codec_eos:
-            return [Framed(frame) for frame in frames]  # EOS is masked: never at EOS
         # Read back which rows are at EOS without waiting for the step: the caller
-        # waits for ``ready`` once it has queued what it can (the next frames).
-        eos = codes[:count, 0] == self._codec_eos
+        # waits for ``ready`` once it has queued what it can (the next frames). With
+        # EOS masked nothing is read back, but ``ready`` still says when the step is
+        # done: a session waits for it before it queues a second frame ahead, so the
+        # device's queue holds one step behind the one it runs, not the whole reply.
+        eos: torch.Tensor | None = None
+        if self._stop_at_codec_eos:
+            eos = codes[:count, 0] == self._codec_eos
         ready = None
-        if eos.is_cuda:
-            host = torch.empty(eos.shape, dtype=torch.bool, pin_memory=True)
-            eos = host.copy_(eos, non_blocking=True)
+        if codes.is_cuda:
+            if eos is not None:
+                host = torch.empty(eos.shape, dtype=torch.bool, device="cpu", pin_memory=True)
+                eos = host.copy_(eos, non_blocking=True)
             ready = torch.cuda.Event()  # type: ignore[no-untyped-call]
             ready.record()
-        return [Framed(frame, eos[row], ready) for row, frame in enumerate(frames)]
+        return [
+            Framed(frame, None if eos is None else eos[row], ready)
+            for row, frame in enumerate(frames)
+        ]
 
     def _static_inputs(self, key: tuple[int, int]) -> list[torch.Tensor]:
         static = self._frame_inputs.get(key)
@@ -576,7 +585,7 @@ class TalkerModel:
 def _on_device(values: list[int], device: torch.device) -> torch.Tensor:
     """``values`` as a tensor on ``device``, copied from pinned memory without waiting
     for the work queued on the device (a plain copy would wait for the step before)."""
-    host = torch.tensor(values)
+    host = torch.tensor(values, device="cpu")
     if device.type != "cuda":
         return host.to(device)
     return host.pin_memory().to(device, non_blocking=True)
