@@ -760,12 +760,14 @@ async def test_sessions_with_their_next_token_at_hand_make_every_frame_step(
 class StepEvent:
     """Stands in for the CUDA event after a frame-only step: complete once a later step
     has run (the device computed the frame while the host queued the next one), else
-    at a deadline, which a host that waits for each frame before queuing the next hits."""
+    at a deadline, which a host that waits for each frame before queuing the next hits.
+    ``seen``: the host has found it complete."""
 
     def __init__(self) -> None:
         self._done = threading.Event()
         self._lock = threading.Lock()
         self.overlapped = False
+        self.seen = False
 
     def release(self) -> None:
         with self._lock:
@@ -774,21 +776,29 @@ class StepEvent:
                 self._done.set()
 
     def query(self) -> bool:
-        return self._done.is_set()
+        self.seen = self.seen or self._done.is_set()
+        return self.seen
 
     def synchronize(self) -> None:
         if not self._done.wait(timeout=0.5):
             with self._lock:
                 self._done.set()  # past its deadline: a later step no longer counts
+        self.seen = True
 
 
-def with_events(step: Any, events: list[StepEvent]) -> Any:
+def with_events(step: Any, events: list[StepEvent], bounded: list[bool]) -> Any:
+    """``step`` with a :class:`StepEvent` as each frame-only step's ``ready``; each
+    frame-only step adds to ``bounded`` whether the host had seen the step two before
+    it complete (the device's queue then held at most the step it ran and this one)."""
+
     def stepping(chunks: list[TalkerChunk], **kwargs: Any) -> Any:
         for event in events:
-            if not event.query():
-                event.release()
+            event.release()
+        frames = all(chunk.work.decode for chunk in chunks)
+        if frames:
+            bounded.append(len(events) < 2 or events[-2].seen)
         out = step(chunks, **kwargs)
-        if not all(chunk.work.decode for chunk in chunks):
+        if not frames:
             return out
         events.append(event := StepEvent())
         return [replace(framed, ready=cast(torch.cuda.Event, event)) for framed in out]
@@ -800,8 +810,10 @@ async def test_a_session_queues_its_next_frame_before_its_last_is_read_back(
     cache_dir: Path, said: list[list[Fields]]
 ) -> None:
     """A frame step returns before the device has run it; the session queues its next
-    frame before it waits for the last one's codec EOS flag, so the device is never
-    idle between a session's frames while the host hands one out."""
+    frame before it waits for the last one's step (and codec EOS flag), so the device
+    is never idle between a session's frames while the host hands one out; and it
+    waits for that step, EOS masked or not, before it queues another, so the device's
+    queue holds one frame ahead, not the reply."""
 
     async def spoken(engine: TalkerEngine, session: str) -> torch.Tensor:
         inputs = AtHand(edge(said[2]), says=True)  # each token there when it is needed
@@ -811,12 +823,16 @@ async def test_a_session_queues_its_next_frame_before_its_last_is_read_back(
     async with talker(cache_dir) as engine:
         alone = await spoken(engine, "plain")
         events: list[StepEvent] = []
+        bounded: list[bool] = []
         with pytest.MonkeyPatch.context() as patch:
-            patch.setattr(engine._model, "step", with_events(engine._model.step, events))
+            stepping = with_events(engine._model.step, events, bounded)
+            patch.setattr(engine._model, "step", stepping)
             codes = await asyncio.wait_for(spoken(engine, "s"), 60.0)
     assert torch.equal(codes, alone)
     assert len(events) == len(codes) - 1  # every frame after the opening's
     assert all(event.overlapped for event in events[:-1])  # the last has no next frame
+    assert len(bounded) == len(events)
+    assert all(bounded)
 
 
 async def test_a_frame_queued_past_codec_eos_is_dropped_with_the_reply(
