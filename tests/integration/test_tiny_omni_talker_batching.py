@@ -24,12 +24,13 @@ import pytest
 pytest.importorskip("transformers")
 
 import torch
-from graph_standins import Backend, Captures
+from graph_standins import Backend, Captures, Differs
 from tiny_omni_ids import (
     PRINTABLE_RANGES,
     TINY_TALKER,
 )
 
+from omni_actors.actors.engines import torch_engine
 from omni_actors.actors.engines.contract import Fields
 from omni_actors.actors.engines.qwen3_omni import configs, talker_engine
 from omni_actors.actors.engines.qwen3_omni.frame_compile import (
@@ -428,6 +429,141 @@ async def test_openings_that_fit_a_graph_replay_it_and_give_the_solo_codes(
     assert captures.replays == before  # more pieces than ROWS_PIECES: the prefill forward
     await loop.stop()
     assert torch.equal(reply.codes[0], solo[0].codes[0])
+
+
+async def test_fresh_prefills_replay_a_prefill_graph_and_give_the_solo_codes(
+    cache_dir: Path, said: list[list[Fields]], solo: list[SteppedReply]
+) -> None:
+    """With ``prefill_graphs``, a request's chunks from the start of its slot (here a
+    reply's whole opening: its user rows and the assistant prefix) replay the fresh
+    prefill graph of their length bucket (padded at the end): alone, several in one
+    step, chunked (the first chunk replays, the rest runs as before) and beside other
+    sessions' frames, every session's frames are its solo eager frames; a graph that
+    differs from eager leaves its length eager, counted."""
+    path = cache_dir / "tiny-omni" / "seed-0"
+    common: dict[str, Any] = {"stop_at_codec_eos": True, "slots": 4, "max_context": 512}
+    fresh: dict[str, Any] = {"graphs": True, "prefill_graphs": True, "prefill_bucket": 32}
+    captures = Captures()
+    graphed = TalkerModel(path, **common, capture=captures, **fresh)
+    assert graphed.prefill_sizes() == list(range(32, 513, 32))
+
+    def replays() -> dict[int, int]:
+        # The fresh prefill graphs: one output, the backbone's states of 32 rows or more.
+        graphs = [g for g in captures.graphs if g.outputs[0].shape[0] >= 32]
+        return {g.outputs[0].shape[0]: g.replays for g in graphs}
+
+    def same(replies: list[SteppedReply], indices: Iterable[int]) -> None:
+        for reply, n in zip(replies, indices, strict=True):
+            assert len(reply.codes) == len(solo[n].codes) > 1
+            assert torch.equal(torch.cat(reply.codes), torch.cat(solo[n].codes))
+
+    lengths = []
+    for n, outputs in enumerate(said):  # alone
+        loop = loop_over(graphed)
+        (reply,) = await open_replies(graphed, loop, [outputs])
+        lengths.append(reply.request.computed)
+        await speak_in(loop, [reply], [[0]])
+        await loop.stop()
+        same([reply], [n])
+    buckets = sorted({-(-length // 32) * 32 for length in lengths})
+    assert graphed.prefill_graphed == buckets
+    assert set(replays()) == set(buckets)
+    # Several in one step, then a prompt in chunks: its first chunk replays.
+    loop = loop_over(graphed)
+    together = await open_replies(graphed, loop, said)
+    await speak_in(loop, together, [[0, 1, 2]])
+    await loop.stop()
+    same(together, range(3))
+    assert loop.statistics().largest_step == 3
+    before = replays()
+    loop = Loop(
+        graphed_step(graphed), slots=4, max_context=512, max_tokens_per_step=24, max_chunk=20
+    )
+    loop.start()
+    (chunked,) = await open_replies(graphed, loop, [said[0]])
+    await speak_in(loop, [chunked], [[0]])
+    await loop.stop()
+    same([chunked], [0])
+    assert replays()[32] == before.get(32, 0) + 1  # the first chunk alone
+    # An opening beside other sessions' frames, in one step.
+    loop = loop_over(graphed)
+    first = await open_replies(graphed, loop, said[:2])
+    live = [(reply, feed) for reply in first if (feed := reply.feed()) is not None]
+    frames = [loop.submit(reply.request, feed, 1, decode=True) for reply, feed in live]
+    got = reply_input(said[2])
+    rows, mask = got.take_user()
+    assert got.opening is not None
+    assert got.tts is not None
+    speaker = graphed.speakers["chelsie"]
+    opening = graphed.opening_inputs(rows, mask, got.opening, got.tts, got.embeds[0], speaker)
+    late = SteppedReply(got, loop.open("late"), None, [])
+    opened = loop.submit(late.request, TalkerFeed(opening, frame=True), len(opening))
+    for (reply, _), future in zip(live, frames, strict=True):
+        reply.take((await future)[0])
+    late.take((await opened)[-1])
+    await speak_in(loop, [*first, late], [[0, 1, 2]])
+    await loop.stop()
+    assert loop.statistics().mixed_steps > 0
+    same([*first, late], range(3))
+    assert graphed.eager_steps == 0
+
+    differs = TalkerModel(path, **common, capture=Differs(), **fresh)
+    loop = loop_over(differs)
+    (reply,) = await open_replies(differs, loop, [said[0]])
+    await speak_in(loop, [reply], [[0]])
+    await loop.stop()
+    same([reply], [0])
+    assert differs.prefill_graphed == []
+    assert (differs.eager_steps or 0) >= 1
+
+
+async def test_fresh_prefill_graphs_are_captured_at_load(
+    cache_dir: Path, said: list[list[Fields]], solo: list[SteppedReply]
+) -> None:
+    """Warm, every fresh prefill length is captured at load, and an opening captures
+    nothing more."""
+    captures = Captures()
+    graphed = TalkerModel(
+        cache_dir / "tiny-omni" / "seed-0",
+        stop_at_codec_eos=True,
+        slots=2,
+        max_context=256,
+        graphs=True,
+        warm=True,
+        capture=captures,
+        prefill_graphs=True,
+        prefill_bucket=128,
+    )
+    assert graphed.prefill_graphed == [128, 256]
+    captured = len(captures.graphs)
+    loop = loop_over(graphed)
+    (reply,) = await open_replies(graphed, loop, [said[1]])
+    await speak_in(loop, [reply], [[0]])
+    await loop.stop()
+    assert len(captures.graphs) == captured
+    assert torch.equal(torch.cat(reply.codes), torch.cat(solo[1].codes))
+
+
+def test_the_talker_replays_fresh_prefill_graphs_when_asked(
+    cache_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Off by default (the thinker's are on); asked for, on a GPU, the engine's loop
+    keeps first prompts whole, as the thinker's does; on the CPU nothing replays."""
+    assert not TalkerArgs().prefill_graphs_on(torch.device("cuda", 0))
+    assert TalkerArgs(prefill_graphs=True).prefill_graphs_on(torch.device("cuda", 0))
+    assert not TalkerArgs(prefill_graphs=True).prefill_graphs_on(torch.device("cpu"))
+    monkeypatch.setattr(talker_engine, "release_dir", lambda *_: cache_dir)
+    monkeypatch.setattr(torch_engine, "resolve_device", lambda _: torch.device("cuda", 0))
+    asked = TalkerArgs(device="cuda", prefill_graphs=True)
+    assert TalkerEngine(asked).loop.whole_fresh_prefills is True
+    assert TalkerEngine(TalkerArgs(device="cuda")).loop.whole_fresh_prefills is False
+
+
+def graphed_step(model: TalkerModel) -> Any:
+    async def execute(chunks: list[TalkerChunk]) -> list[Framed | None]:
+        return model.step(chunks)
+
+    return execute
 
 
 async def test_warm_captures_the_rows_graphs_so_an_opening_captures_nothing(

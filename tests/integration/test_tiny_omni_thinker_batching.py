@@ -20,7 +20,7 @@ import pytest
 pytest.importorskip("transformers")
 
 import torch
-from graph_standins import Backend, Captures
+from graph_standins import Backend, Captures, Differs
 from tiny_omni_ids import PRINTABLE_RANGES, Tokens
 
 from omni_actors.actors.engines import torch_engine
@@ -373,22 +373,6 @@ def decode_chunks(rows: int) -> list[ThinkerChunk]:
         )
         for slot in range(rows)
     ]
-
-
-class Differs(Captures):
-    """Graphs whose replays are a little off eager's: each is dropped at its check."""
-
-    def __call__(self, fn: Any, inputs: tuple[torch.Tensor, ...]) -> Any:
-        graph = super().__call__(fn, inputs)
-        replay = graph.replay
-
-        def off() -> None:
-            replay()
-            for output in graph.outputs:
-                output.add_(1e-3)
-
-        graph.replay = off  # type: ignore[method-assign]
-        return graph
 
 
 async def test_decode_steps_run_eager_for_want_of_a_graph_are_counted(cache_dir: Path) -> None:

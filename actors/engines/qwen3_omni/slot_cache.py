@@ -40,10 +40,10 @@ let the graph read them in place.
 from __future__ import annotations
 
 import threading
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Any, Final
+from typing import TYPE_CHECKING, Any, Final, TypeVar
 
 import torch
 from torch.nn.attention.bias import causal_lower_right
@@ -51,16 +51,30 @@ from torch.nn.attention.bias import causal_lower_right
 from omni_actors.actors.engines.qwen3_omni.hf import AttentionInterface, PreTrainedConfig
 from omni_actors.actors.engines.qwen3_omni.static_decode import grouped_attention_of
 
+if TYPE_CHECKING:
+    from omni_actors.actors.engines.step_loop import Chunk
+
+C = TypeVar("C", bound="Chunk[Any, Any]")
+Out = TypeVar("Out")
+
 __all__ = [
     "ATTENTION",
     "FRESH_ATTENTION",
+    "PREFILL_BUCKET",
     "FreshStep",
     "Segment",
     "SlotCache",
     "SlotStep",
+    "fresh_apart",
+    "fresh_runs",
+    "fresh_sizes",
     "row_buckets",
     "span_for",
 ]
+
+PREFILL_BUCKET: Final = 256
+"""Fresh prefill graphs (``prefill_graphs``) are captured for every multiple of this many
+positions up to the slot's length: a chunk runs as the smallest that holds it."""
 
 GraphKey = tuple[int, int]
 """(row bucket, span): the shape of a step of single positions, one graph each."""
@@ -195,6 +209,56 @@ class SlotCache:
                 f"a fresh chunk of {length} positions does not fit a slot of {self.max_len}"
             )
         return FreshStep(self, slot, length)
+
+
+def fresh_sizes(bucket: int, max_len: int) -> list[int]:
+    """The lengths fresh prefill graphs are captured for, smallest first: every multiple
+    of ``bucket`` up to ``max_len``."""
+    return list(range(bucket, max_len + 1, bucket))
+
+
+def fresh_runs(chunks: Sequence[Chunk[Any, Any]], largest: int) -> list[list[int]]:
+    """The indices of each request's chunks in a step that start its slot: all of its
+    chunks in the step, prefills back to back from position 0, ``largest`` positions at
+    most (a fresh prefill graph's length). Each run is one :class:`FreshStep`."""
+    by_request: dict[int, list[int]] = {}
+    for index, chunk in enumerate(chunks):
+        by_request.setdefault(id(chunk.request), []).append(index)
+    runs = []
+    for indices in by_request.values():
+        run = [chunks[i] for i in indices]
+        starts = [c.start for c in run]
+        ends = [c.start + c.length for c in run]
+        if (
+            starts[0] == 0
+            and not any(c.work.decode for c in run)
+            and starts[1:] == ends[:-1]
+            and ends[-1] <= largest
+        ):
+            runs.append(indices)
+    return runs
+
+
+def fresh_apart(
+    chunks: list[C],
+    largest: int,
+    fresh: Callable[[list[C]], list[Out]],
+    rest: Callable[[list[C]], list[Out]],
+) -> list[Out] | None:
+    """One output per chunk of a step some of whose requests start their slots: each
+    such run (:func:`fresh_runs`) through ``fresh``, the step's other chunks through
+    ``rest`` as a step of their own (they read other slots: the order does not
+    matter); None where no request starts its slot."""
+    runs = fresh_runs(chunks, largest)
+    if not runs:
+        return None
+    outputs: dict[int, Out] = {}
+    for indices in runs:
+        outputs.update(zip(indices, fresh([chunks[i] for i in indices]), strict=True))
+    others = [i for i in range(len(chunks)) if i not in outputs]
+    if others:
+        outputs.update(zip(others, rest([chunks[i] for i in others]), strict=True))
+    return [outputs[i] for i in range(len(chunks))]
 
 
 def row_buckets(largest: int) -> tuple[int, ...]:

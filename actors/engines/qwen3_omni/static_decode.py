@@ -32,6 +32,7 @@ from omni_actors.actors.engines.qwen3_omni.hf import (
 
 __all__ = [
     "FUSED_MIN_BLOCKS",
+    "PrefillGraphArgs",
     "StaticDecodeArgs",
     "StaticPlan",
     "StepCache",
@@ -69,6 +70,30 @@ class StaticDecodeArgs(BaseModel):
         """Whether steps replay from CUDA graphs on ``device``: on a GPU, unless
         ``static_cache`` is False."""
         return device.type == "cuda" and self.static_cache is not False
+
+
+class PrefillGraphArgs(StaticDecodeArgs):
+    """:class:`StaticDecodeArgs` with fresh prefill graphs: a session's chunks from the
+    start of its slot (a conversation's first prompt, what follows it in the same step)
+    replay a CUDA graph per length bucket, where steps replay graphs.
+
+    Attributes:
+        prefill_graphs: replay them (a graph per ``prefill_bucket`` positions up to
+            ``max_context``, captured at load with ``warm_graphs``); the engine's step
+            loop then keeps such a prompt whole rather than split it by what is left of
+            a step's budget (``whole_fresh_prefills``). A forward at full size is bound
+            by its launches (about half of the thinker's 90 ms for 2500 positions on one
+            H200 is kernels), which a replay does not pay.
+        prefill_bucket: those buckets' step in positions.
+    """
+
+    prefill_graphs: bool = Field(True, strict=True)
+    prefill_bucket: int = Field(256, ge=1)
+
+    def prefill_graphs_on(self, device: torch.device) -> bool:
+        """Whether fresh prefills replay graphs on ``device``: with ``prefill_graphs``,
+        where steps replay graphs (:meth:`graphs_on`)."""
+        return self.prefill_graphs and self.graphs_on(device)
 
 
 @dataclass(frozen=True, slots=True)

@@ -73,7 +73,7 @@ from omni_actors.actors.engines.qwen3_omni.frame_compile import (
     end_compile_workers,
 )
 from omni_actors.actors.engines.qwen3_omni.moe import MoeArgs
-from omni_actors.actors.engines.qwen3_omni.static_decode import StaticDecodeArgs
+from omni_actors.actors.engines.qwen3_omni.static_decode import PrefillGraphArgs
 from omni_actors.actors.engines.qwen3_omni.talker_input import ReplyInput, TalkerInputError
 from omni_actors.actors.engines.qwen3_omni.talker_model import (
     Framed,
@@ -93,12 +93,12 @@ __all__ = ["TalkerArgs", "TalkerEngine", "TalkerInputError"]
 
 
 class TalkerArgs(
-    WeightsArgs, DeviceArgs, StaticDecodeArgs, FrameCompileArgs, StepLoopArgs, MoeArgs
+    WeightsArgs, DeviceArgs, PrefillGraphArgs, FrameCompileArgs, StepLoopArgs, MoeArgs
 ):
     """The talker's arguments: ``seed`` and ``cache_dir`` locate its weights; the static
-    slot cache's (:class:`StaticDecodeArgs`), its frame step's compile
-    (:class:`FrameCompileArgs`: on a GPU by default) and its experts' forward
-    (:class:`MoeArgs`).
+    slot cache's and its fresh prefill graphs' (:class:`PrefillGraphArgs`), its frame
+    step's compile (:class:`FrameCompileArgs`: on a GPU by default) and its experts'
+    forward (:class:`MoeArgs`).
 
     Attributes:
         frames_per_token: cap a reply at that many codec frames per thinker token (the
@@ -114,6 +114,9 @@ class TalkerArgs(
             reply whose EOS never comes ends there.
         max_context: the most positions a session holds: its user turns and a reply's
             frames (one position each, ``max_frames`` at most).
+        prefill_graphs: a session's first user rows (and a one-shot reply's opening)
+            replay a fresh prefill graph of their length; off by default until measured
+            on a GPU (the thinker's are on).
     """
 
     frames_per_token: int | None = Field(None, ge=1)
@@ -121,6 +124,7 @@ class TalkerArgs(
     stop_at_codec_eos: bool = Field(True, strict=True)
     max_frames: int = Field(4096, ge=1)
     max_context: int = Field(8192, ge=2)
+    prefill_graphs: bool = Field(False, strict=True)
 
     @model_validator(mode="after")
     def _ends(self) -> TalkerArgs:
@@ -184,6 +188,9 @@ class TalkerEngine(SteppedTorchEngine[Voice, TalkerFeed, Framed | None]):
             args=args,
             max_context=args.max_context,
         )
+        # A fresh prefill split by the step's budget would replay its graph for the
+        # first part and run the rest as a forward of its own (the thinker's reason).
+        self.loop.whole_fresh_prefills = args.prefill_graphs_on(self.device)
 
     def _load(self, path: Path) -> None:
         args = self._args
@@ -200,6 +207,8 @@ class TalkerEngine(SteppedTorchEngine[Voice, TalkerFeed, Framed | None]):
             frame_compile=args.frame_compile(self.device),
             moe=args.moe,
             compile_prefill=args.prefill_compile(self.device),
+            prefill_graphs=args.prefill_graphs_on(self.device),
+            prefill_bucket=args.prefill_bucket,
         )
         if self.speaker not in model.speakers:
             raise ValueError(

@@ -39,7 +39,7 @@ from omni_actors.actors.engines.qwen3_omni.frame_compile import (
     prefill_forward,
     warm_prefill,
 )
-from omni_actors.actors.engines.qwen3_omni.graphs import Capture, ShapeGraphs, bucket
+from omni_actors.actors.engines.qwen3_omni.graphs import Capture, ShapeGraphs, bucket, pad_rows
 from omni_actors.actors.engines.qwen3_omni.hf import (
     PreTrainedConfig,
     Qwen3OmniMoeTalkerForConditionalGeneration,
@@ -47,8 +47,11 @@ from omni_actors.actors.engines.qwen3_omni.hf import (
 from omni_actors.actors.engines.qwen3_omni.moe import MoeImplementation
 from omni_actors.actors.engines.qwen3_omni.moe import install as moe_install
 from omni_actors.actors.engines.qwen3_omni.slot_cache import (
+    PREFILL_BUCKET,
     Segment,
     SlotCache,
+    fresh_apart,
+    fresh_sizes,
     row_buckets,
     span_for,
 )
@@ -168,6 +171,11 @@ class TalkerModel:
         moe: whose forward the MoE experts run (:mod:`.moe`).
         compile_prefill: the backend its backbone's prefill forwards' layers compile
             with, for any length and any segments (compiled at load); None: not compiled.
+        prefill_graphs: on graphs, a request's chunks that start its slot (a session's
+            first user rows, or a one-shot reply's whole opening) run as a CUDA graph per
+            length bucket of ``prefill_bucket`` positions (captured at load when
+            ``warm``), apart from the step's other rows (:meth:`step`).
+        prefill_bucket: the length buckets' step.
 
     Attributes:
         text_config: the text model's config.
@@ -191,8 +199,12 @@ class TalkerModel:
         frame_compile: FrameCompile | None = None,
         moe: MoeImplementation = "lean",
         compile_prefill: Backend | None = None,
+        prefill_graphs: bool = False,
+        prefill_bucket: int = PREFILL_BUCKET,
     ) -> None:
         device = device or torch.device("cpu")
+        if prefill_bucket < 1:
+            raise ValueError(f"prefill_bucket must be >= 1, got {prefill_bucket}")
         talker = weights.load(path, "talker", device=device)
         assert isinstance(talker, Qwen3OmniMoeTalkerForConditionalGeneration)
         if moe == "lean":
@@ -260,6 +272,12 @@ class TalkerModel:
             ShapeGraphs("talker rows", capture=capture) if graphs else None
         )
         self._rows_inputs: dict[tuple[int, int], list[torch.Tensor]] = {}
+        self._prefill_bucket = prefill_bucket
+        self._fresh_graphs: ShapeGraphs[int] | None = (
+            ShapeGraphs("talker prefill", capture=capture)
+            if graphs and prefill_graphs and self.prefill_sizes()
+            else None
+        )
         if self._graphs is not None and warm:
             self.warm()
         if self._prefill_layers is not None:
@@ -267,6 +285,8 @@ class TalkerModel:
             warm_prefill(
                 talker.model, self.cache, self._configs, row.to(device), self._prefill_layers
             )
+        if warm:
+            self.warm_prefill_graphs()
 
     @property
     def talker(self) -> Qwen3OmniMoeTalkerForConditionalGeneration:
@@ -329,9 +349,18 @@ class TalkerModel:
         and the code predictor of mixed steps on a GPU (a batch size whose graph failed
         or differed); None without graphs."""
         graphed = self._code_frame if isinstance(self._code_frame, GraphedCodePredictor) else None
-        parts = (self._graphs, self._rows_graphs, graphed)
+        parts = (self._graphs, self._rows_graphs, graphed, self._fresh_graphs)
         counts = [part.eager_steps for part in parts if part is not None]
         return sum(counts) if counts else None
+
+    def prefill_sizes(self) -> list[int]:
+        """The lengths fresh prefill graphs are captured for, smallest first."""
+        return fresh_sizes(self._prefill_bucket, self.cache.max_len)
+
+    @property
+    def prefill_graphed(self) -> list[int]:
+        """Lengths whose fresh prefill replays from a graph."""
+        return sorted(self._fresh_graphs.graphed) if self._fresh_graphs is not None else []
 
     @property
     def capture_s(self) -> dict[tuple[int, int], float]:
@@ -360,10 +389,53 @@ class TalkerModel:
         return self.graphed
 
     @torch.no_grad()
+    def warm_prefill_graphs(self) -> list[int]:
+        """Capture every fresh prefill graph now (after the prefill layers compiled), over
+        the scratch slot."""
+        if self._fresh_graphs is not None:
+            slot = torch.tensor([self.cache.scratch], device=self.device)
+            width = int(self.text_config.hidden_size)
+            for size in self.prefill_sizes():
+                embeds = torch.zeros(size, width, dtype=self._dtype, device=self.device)
+                self._fresh_graphs.capture(size, self._fresh, embeds, slot)
+        return self.prefill_graphed
+
+    @torch.no_grad()
     def step(self, chunks: list[TalkerChunk], *, eager: bool = False) -> list[Framed | None]:
         """One forward over every chunk (module docstring); one output per chunk: the
         frame where a chunk ends a work that makes one. ``eager`` runs a frame-only
-        step without its graph (a benchmark compares)."""
+        step without its graph (a benchmark compares). With fresh prefill graphs, each
+        request's chunks that start its slot replay the graph of their length, and the
+        step's other chunks run as a step of their own (they read other slots: the
+        order does not matter)."""
+        rest = functools.partial(self._step, eager=eager)
+        if not eager and self._fresh_graphs is not None:
+            largest = self.prefill_sizes()[-1]
+            apart = fresh_apart(chunks, largest, self._fresh_run, rest)
+            if apart is not None:
+                return apart
+        return rest(chunks)
+
+    def _fresh_run(self, run: list[TalkerChunk]) -> list[Framed | None]:
+        """One request's chunks from the start of its slot, from the fresh prefill graph
+        of the smallest length that holds them (padded with copies of the last input)."""
+        assert self._fresh_graphs is not None
+        embeds = torch.cat([_inputs(c) for c in run]).to(self.device, self._dtype)
+        length = embeds.shape[0]
+        size = -(-length // self._prefill_bucket) * self._prefill_bucket
+        slot = torch.tensor([run[0].request.slot], device=self.device)
+        (states,) = self._fresh_graphs(size, self._fresh, pad_rows(embeds, size), slot)
+        return self._framed(run, states[:length])
+
+    def _fresh(self, embeds: torch.Tensor, slot: torch.Tensor) -> tuple[torch.Tensor]:
+        """The backbone over ``embeds`` [L, Ht] from the start of slot ``slot`` [1]: its
+        last states [L, Ht] (capturable)."""
+        step = self.cache.fresh_step(slot, embeds.shape[0])
+        model = self._talker.model
+        return (prefill_forward(model, step, self._configs, embeds, self._prefill_layers)[0],)
+
+    def _step(self, chunks: list[TalkerChunk], eager: bool) -> list[Framed | None]:
+        """:meth:`step` without fresh prefill graphs."""
         if all(chunk.work.decode for chunk in chunks):
             return self._frames_step(chunks, eager)
         talker = self._talker
@@ -374,14 +446,7 @@ class TalkerModel:
             text = torch.cat([_text(c) for c in decodes])
             inputs = carry + talker.text_projection(text[:, None])
             stepped = {id(c): inputs[n, 0:1] for n, c in enumerate(decodes)}
-        parts = []
-        for chunk in chunks:
-            if chunk.work.decode:
-                parts.append(stepped[id(chunk)])
-            else:
-                given = chunk.work.payload.inputs
-                assert given is not None, "a prefill feeds inputs"
-                parts.append(given[chunk.offset : chunk.offset + chunk.length])
+        parts = [stepped[id(c)] if c.work.decode else _inputs(c) for c in chunks]
         embeds = torch.cat(parts).to(self._dtype)
         pieces = -(-embeds.shape[0] // self.max_rows)
         if self._rows_graphs is not None and not eager and pieces <= ROWS_PIECES:
@@ -390,6 +455,11 @@ class TalkerModel:
             step = self.cache.step([Segment(c.request.slot, c.start, c.length) for c in chunks])
             layers = self._prefill_layers
             states = prefill_forward(talker.model, step, self._configs, embeds, layers)[0]
+        return self._framed(chunks, states)
+
+    def _framed(self, chunks: list[TalkerChunk], states: torch.Tensor) -> list[Framed | None]:
+        """Each chunk's output from the backbone's last states [T, Ht] over the chunks'
+        positions in order: the frame of each chunk that ends a work making one."""
         wanted = [n for n, c in enumerate(chunks) if c.last and c.work.payload.frame]
         results: list[Framed | None] = [None] * len(chunks)
         if not wanted:
@@ -397,7 +467,7 @@ class TalkerModel:
         ends = torch.tensor([c.length for c in chunks]).cumsum(0) - 1
         index = ends[torch.tensor(wanted)].to(self.device)
         hidden = states.index_select(0, index)[:, None]
-        frames = self._complete(hidden, talker.codec_head(hidden)[:, -1])
+        frames = self._complete(hidden, self._talker.codec_head(hidden)[:, -1])
         for n, frame in zip(wanted, frames, strict=True):
             results[n] = Framed(frame)
         return results
@@ -589,6 +659,13 @@ def _on_device(values: list[int], device: torch.device) -> torch.Tensor:
     if device.type != "cuda":
         return host.to(device)
     return host.pin_memory().to(device, non_blocking=True)
+
+
+def _inputs(chunk: TalkerChunk) -> torch.Tensor:
+    """The input embeddings of a prefill chunk's positions [length, Ht]."""
+    given = chunk.work.payload.inputs
+    assert given is not None, "a prefill feeds inputs"
+    return given[chunk.offset : chunk.offset + chunk.length]
 
 
 def _carry(chunk: TalkerChunk) -> torch.Tensor:

@@ -105,7 +105,7 @@ from omni_actors.actors.engines.qwen3_omni.frame_compile import (
 )
 from omni_actors.actors.engines.qwen3_omni.moe import MoeArgs
 from omni_actors.actors.engines.qwen3_omni.sampling import Sampling, sampling_for, session_seed
-from omni_actors.actors.engines.qwen3_omni.static_decode import StaticDecodeArgs
+from omni_actors.actors.engines.qwen3_omni.static_decode import PrefillGraphArgs
 from omni_actors.actors.engines.qwen3_omni.thinker_model import (
     Fed,
     Feeding,
@@ -125,7 +125,7 @@ __all__ = ["ThinkerArgs", "ThinkerEngine"]
 
 
 class ThinkerArgs(
-    WeightsArgs, DeviceArgs, StaticDecodeArgs, ThinkerCompileArgs, StepLoopArgs, MoeArgs
+    WeightsArgs, DeviceArgs, PrefillGraphArgs, ThinkerCompileArgs, StepLoopArgs, MoeArgs
 ):
     """The thinker's arguments: ``seed`` and ``cache_dir`` locate its weights; ``moe``
     picks its experts' forward (:class:`MoeArgs`).
@@ -134,7 +134,8 @@ class ThinkerArgs(
     positions; the steps' sizes are :class:`StepLoopArgs`'. ``static_cache`` (None: on a
     GPU) replays decode-only steps from CUDA graphs, captured at load with
     ``warm_graphs``, their layers compiled first (:class:`ThinkerCompileArgs`: on a GPU
-    by default, prefill forwards' layers too).
+    by default, prefill forwards' layers too), and a session's first prompt replays a
+    fresh prefill graph of its length (:class:`PrefillGraphArgs`: on by default there).
 
     Attributes:
         max_new_tokens: a reply's most tokens (a response's ``max_tokens`` overrides it).
@@ -150,27 +151,12 @@ class ThinkerArgs(
             the talker prefills them while that forward waits and runs; False: with the
             first token, in the talker's one forward with the reply's opening (where
             both stages share one GPU, their two prefills do not run at once).
-        prefill_graphs: on CUDA graphs, a session's chunks from the start of its slot
-            (a conversation's first prompt, the reply's opening after it) replay a CUDA
-            graph per length bucket of ``prefill_bucket`` positions, captured at load
-            with ``warm_graphs`` (the full-size thinker's 2500-position forward is
-            bound by its launches: about half of its 90 ms on one H200 is kernels),
-            and the step loop keeps such a prompt whole (``whole_fresh_prefills``).
-            On by default wherever steps replay graphs (:meth:`prefill_graphs_on`).
-        prefill_bucket: those buckets' step in positions.
     """
 
     max_new_tokens: int = Field(48, ge=1)
     min_new_tokens: int = Field(8, ge=0)
     allowed_token_ranges: list[tuple[int, int]] | None = None
     rows_ahead: bool = Field(True, strict=True)
-    prefill_graphs: bool = Field(True, strict=True)
-    prefill_bucket: int = Field(256, ge=1)
-
-    def prefill_graphs_on(self, device: torch.device) -> bool:
-        """Whether first prompts replay fresh prefill graphs on ``device``: with
-        ``prefill_graphs``, where steps replay graphs (:meth:`graphs_on`)."""
-        return self.prefill_graphs and self.graphs_on(device)
 
 
 class ThinkerEngine(ConversationEngine[Feeding, Fed]):

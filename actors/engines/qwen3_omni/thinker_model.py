@@ -41,8 +41,11 @@ from omni_actors.actors.engines.qwen3_omni.moe import MoeImplementation
 from omni_actors.actors.engines.qwen3_omni.moe import install as moe_install
 from omni_actors.actors.engines.qwen3_omni.sampling import Sampling, draw
 from omni_actors.actors.engines.qwen3_omni.slot_cache import (
+    PREFILL_BUCKET,
     Segment,
     SlotCache,
+    fresh_apart,
+    fresh_sizes,
     row_buckets,
     span_for,
 )
@@ -57,10 +60,6 @@ from omni_actors.models.release import Release
 __all__ = ["Fed", "Feeding", "Pick", "ThinkerModel", "Token"]
 
 _PREPROCESSOR: Final = "preprocessor_config.json"
-
-PREFILL_BUCKET: Final = 256
-"""Fresh prefill graphs (``prefill_graphs``) are captured for every multiple of this many
-positions up to the slot's length: a chunk runs as the smallest that holds it."""
 
 ROWS_PIECES: Final = 2
 """A step with prefill chunks (text) runs as rows of the decode graphs, one replay per
@@ -295,8 +294,7 @@ class ThinkerModel:
 
     def prefill_sizes(self) -> list[int]:
         """The lengths fresh prefill graphs are captured for, smallest first."""
-        step = self._prefill_bucket
-        return list(range(step, self.cache.max_len + 1, step))
+        return fresh_sizes(self._prefill_bucket, self.cache.max_len)
 
     @property
     def prefill_graphed(self) -> list[int]:
@@ -336,11 +334,13 @@ class ThinkerModel:
     def step(self, chunks: list[ThinkerChunk], *, eager: bool = False) -> list[Fed]:
         """One forward over every chunk (module docstring); one output per chunk.
         ``eager`` runs a decode-only step without its graph (a benchmark compares)."""
+        rest = functools.partial(self._step, eager=eager)
         if not eager and self._fresh_graphs is not None:
-            runs = self._fresh_runs(chunks)
-            if runs:
-                return self._with_fresh(chunks, runs)
-        return self._step(chunks, eager)
+            largest = self.prefill_sizes()[-1]
+            apart = fresh_apart(chunks, largest, self._fresh_run, rest)
+            if apart is not None:
+                return apart
+        return rest(chunks)
 
     def _step(self, chunks: list[ThinkerChunk], eager: bool) -> list[Fed]:
         """:meth:`step` without fresh prefill graphs."""
@@ -395,44 +395,6 @@ class ThinkerModel:
             fed.append(Fed(rows, token))
             offset += chunk.length
         return fed
-
-    def _fresh_runs(self, chunks: list[ThinkerChunk]) -> list[list[int]]:
-        """The indices of each request's chunks that start its slot: all of its chunks
-        in the step, back to back from position 0, no longer than the largest fresh
-        graph."""
-        sizes = self.prefill_sizes()
-        by_request: dict[int, list[int]] = {}
-        for index, chunk in enumerate(chunks):
-            by_request.setdefault(id(chunk.request), []).append(index)
-        runs = []
-        for indices in by_request.values():
-            run = [chunks[i] for i in indices]
-            starts = [c.start for c in run]
-            ends = [c.start + c.length for c in run]
-            if (
-                starts[0] == 0
-                and not any(c.work.decode for c in run)
-                and starts[1:] == ends[:-1]
-                and ends[-1] <= sizes[-1]
-            ):
-                runs.append(indices)
-        return runs
-
-    def _with_fresh(self, chunks: list[ThinkerChunk], runs: list[list[int]]) -> list[Fed]:
-        """A step some of whose requests start their slots: each such run replays its
-        length's prefill graph, the step's other chunks run as a step of their own
-        (they read other slots: the order does not matter)."""
-        fed: list[Fed | None] = [None] * len(chunks)
-        for indices in runs:
-            for index, out in zip(
-                indices, self._fresh_run([chunks[i] for i in indices]), strict=True
-            ):
-                fed[index] = out
-        rest = [i for i, out in enumerate(fed) if out is None]
-        if rest:
-            for index, out in zip(rest, self._step([chunks[i] for i in rest], False), strict=True):
-                fed[index] = out
-        return [out for out in fed if out is not None]
 
     def _fresh_run(self, run: list[ThinkerChunk]) -> list[Fed]:
         """One request's chunks from the start of its slot, from the fresh prefill graph
