@@ -14,6 +14,7 @@ from omni_actors.actors.engines.qwen3_omni import weights
 from omni_actors.actors.engines.qwen3_omni.sampling import Sampling
 from omni_actors.actors.engines.qwen3_omni.static_decode import StaticPlan
 from omni_actors.actors.engines.qwen3_omni.talker_model import (
+    ROWS_PIECES,
     Framed,
     TalkerChunk,
     TalkerFeed,
@@ -120,10 +121,13 @@ def talker_codes(
         speaker = next(iter(model.speakers.values()))
         requests, carries, codes = [], [], []
         for n in range(5):
-            mask = torch.zeros(3 * (n + 1), dtype=torch.bool, device=DEVICE)
-            inputs = model.opening_inputs(
-                rows(3 * (n + 1)), mask, rows(3), rows(3), rows(1), speaker
-            )
+            # Openings longer than ROWS_PIECES replays of the largest graph's rows: both
+            # models run them as the prefill forward (a graphed model's shorter ones
+            # replay the rows graphs, whose float sums differ from the forward's in the
+            # last bits, and a near tie could then pick another code).
+            users = ROWS_PIECES * 4 + 3 * (n + 1)
+            mask = torch.zeros(users, dtype=torch.bool, device=DEVICE)
+            inputs = model.opening_inputs(rows(users), mask, rows(3), rows(3), rows(1), speaker)
             request = loop.open(f"s{n}")
             (*_, first) = await loop.submit(request, TalkerFeed(inputs, frame=True), len(inputs))
             assert first is not None
