@@ -48,6 +48,7 @@ from typing import TYPE_CHECKING, Any, Final, TypeVar
 import torch
 from torch.nn.attention.bias import causal_lower_right
 
+from omni_actors.actors.engines.qwen3_omni.graphs import Capture, ShapeGraphs, pad_rows
 from omni_actors.actors.engines.qwen3_omni.hf import AttentionInterface, PreTrainedConfig
 from omni_actors.actors.engines.qwen3_omni.static_decode import grouped_attention_of
 
@@ -65,9 +66,8 @@ __all__ = [
     "Segment",
     "SlotCache",
     "SlotStep",
-    "fresh_apart",
+    "FreshGraphs",
     "fresh_runs",
-    "fresh_sizes",
     "row_buckets",
     "span_for",
 ]
@@ -211,10 +211,85 @@ class SlotCache:
         return FreshStep(self, slot, length)
 
 
-def fresh_sizes(bucket: int, max_len: int) -> list[int]:
-    """The lengths fresh prefill graphs are captured for, smallest first: every multiple
-    of ``bucket`` up to ``max_len``."""
-    return list(range(bucket, max_len + 1, bucket))
+class FreshGraphs:
+    """A stage's fresh prefill graphs: ``forward(embeds [L, H], slot [1])`` (a
+    :class:`FreshStep` over ``L`` positions from the start of the slot, returning
+    tensors of ``L`` rows), replayed from a CUDA graph per length bucket, every multiple
+    of ``bucket`` positions up to the slot's length. A run of chunks is padded at its
+    end to its bucket (with copies of its last input: see :class:`FreshStep` for why
+    the padding changes nothing) and its outputs cut back.
+
+    Args:
+        name: the graphs' name, for the log.
+        cache: the slots the forward writes.
+        bucket: the buckets' step in positions.
+        forward: the capturable forward.
+        capture: how graphs are captured (tests pass a stand-in).
+    """
+
+    def __init__(
+        self,
+        name: str,
+        cache: SlotCache,
+        bucket: int,
+        forward: Callable[[torch.Tensor, torch.Tensor], tuple[torch.Tensor, ...]],
+        capture: Capture | None = None,
+    ) -> None:
+        if bucket < 1:
+            raise ValueError(f"prefill_bucket must be >= 1, got {bucket}")
+        self.sizes = list(range(bucket, cache.max_len + 1, bucket))
+        """The lengths captured, smallest first."""
+        self._cache = cache
+        self._bucket = bucket
+        self._forward = forward
+        self._graphs: ShapeGraphs[int] = ShapeGraphs(name, capture=capture)
+
+    @property
+    def graphed(self) -> list[int]:
+        """Lengths that replay from a graph."""
+        return sorted(self._graphs.graphed)
+
+    @property
+    def eager_steps(self) -> int:
+        """Runs that went eager because their length's graph failed or differed."""
+        return self._graphs.eager_steps
+
+    def warm(self, row: torch.Tensor) -> list[int]:
+        """Capture every length now, over the scratch slot, on copies of ``row`` [1, H]."""
+        slot = torch.tensor([self._cache.scratch], device=row.device)
+        for size in self.sizes:
+            self._graphs.capture(size, self._forward, row.expand(size, -1).contiguous(), slot)
+        return self.graphed
+
+    def __call__(self, embeds: torch.Tensor, slot: int) -> tuple[torch.Tensor, ...]:
+        """``forward`` over ``embeds`` [L, H] from the start of ``slot``, replayed from
+        the graph of the smallest bucket that holds it: its outputs' first ``L`` rows."""
+        length = embeds.shape[0]
+        size = -(-length // self._bucket) * self._bucket
+        given = torch.tensor([slot], device=embeds.device)
+        outputs = self._graphs(size, self._forward, pad_rows(embeds, size), given)
+        return tuple(output[:length] for output in outputs)
+
+    def apart(
+        self,
+        chunks: list[C],
+        fresh: Callable[[list[C]], list[Out]],
+        rest: Callable[[list[C]], list[Out]],
+    ) -> list[Out] | None:
+        """One output per chunk of a step some of whose requests start their slots: each
+        such run (:func:`fresh_runs`, at most the largest bucket) through ``fresh``, the
+        step's other chunks through ``rest`` as a step of their own (they read other
+        slots: the order does not matter); None where no request starts its slot."""
+        runs = fresh_runs(chunks, self.sizes[-1]) if self.sizes else []
+        if not runs:
+            return None
+        outputs: dict[int, Out] = {}
+        for indices in runs:
+            outputs.update(zip(indices, fresh([chunks[i] for i in indices]), strict=True))
+        others = [i for i in range(len(chunks)) if i not in outputs]
+        if others:
+            outputs.update(zip(others, rest([chunks[i] for i in others]), strict=True))
+        return [outputs[i] for i in range(len(chunks))]
 
 
 def fresh_runs(chunks: Sequence[Chunk[Any, Any]], largest: int) -> list[list[int]]:
@@ -237,28 +312,6 @@ def fresh_runs(chunks: Sequence[Chunk[Any, Any]], largest: int) -> list[list[int
         ):
             runs.append(indices)
     return runs
-
-
-def fresh_apart(
-    chunks: list[C],
-    largest: int,
-    fresh: Callable[[list[C]], list[Out]],
-    rest: Callable[[list[C]], list[Out]],
-) -> list[Out] | None:
-    """One output per chunk of a step some of whose requests start their slots: each
-    such run (:func:`fresh_runs`) through ``fresh``, the step's other chunks through
-    ``rest`` as a step of their own (they read other slots: the order does not
-    matter); None where no request starts its slot."""
-    runs = fresh_runs(chunks, largest)
-    if not runs:
-        return None
-    outputs: dict[int, Out] = {}
-    for indices in runs:
-        outputs.update(zip(indices, fresh([chunks[i] for i in indices]), strict=True))
-    others = [i for i in range(len(chunks)) if i not in outputs]
-    if others:
-        outputs.update(zip(others, rest([chunks[i] for i in others]), strict=True))
-    return [outputs[i] for i in range(len(chunks))]
 
 
 def row_buckets(largest: int) -> tuple[int, ...]:

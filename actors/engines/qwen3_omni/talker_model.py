@@ -39,7 +39,7 @@ from omni_actors.actors.engines.qwen3_omni.frame_compile import (
     prefill_forward,
     warm_prefill,
 )
-from omni_actors.actors.engines.qwen3_omni.graphs import Capture, ShapeGraphs, bucket, pad_rows
+from omni_actors.actors.engines.qwen3_omni.graphs import Capture, ShapeGraphs, bucket
 from omni_actors.actors.engines.qwen3_omni.hf import (
     PreTrainedConfig,
     Qwen3OmniMoeTalkerForConditionalGeneration,
@@ -48,10 +48,9 @@ from omni_actors.actors.engines.qwen3_omni.moe import MoeImplementation
 from omni_actors.actors.engines.qwen3_omni.moe import install as moe_install
 from omni_actors.actors.engines.qwen3_omni.slot_cache import (
     PREFILL_BUCKET,
+    FreshGraphs,
     Segment,
     SlotCache,
-    fresh_apart,
-    fresh_sizes,
     row_buckets,
     span_for,
 )
@@ -272,12 +271,11 @@ class TalkerModel:
             ShapeGraphs("talker rows", capture=capture) if graphs else None
         )
         self._rows_inputs: dict[tuple[int, int], list[torch.Tensor]] = {}
-        self._prefill_bucket = prefill_bucket
-        self._fresh_graphs: ShapeGraphs[int] | None = (
-            ShapeGraphs("talker prefill", capture=capture)
-            if graphs and prefill_graphs and self.prefill_sizes()
-            else None
-        )
+        self._fresh_graphs: FreshGraphs | None = None
+        if graphs and prefill_graphs and prefill_bucket <= max_context:
+            self._fresh_graphs = FreshGraphs(
+                "talker prefill", self.cache, prefill_bucket, self._fresh, capture
+            )
         if self._graphs is not None and warm:
             self.warm()
         if self._prefill_layers is not None:
@@ -355,12 +353,12 @@ class TalkerModel:
 
     def prefill_sizes(self) -> list[int]:
         """The lengths fresh prefill graphs are captured for, smallest first."""
-        return fresh_sizes(self._prefill_bucket, self.cache.max_len)
+        return self._fresh_graphs.sizes if self._fresh_graphs is not None else []
 
     @property
     def prefill_graphed(self) -> list[int]:
         """Lengths whose fresh prefill replays from a graph."""
-        return sorted(self._fresh_graphs.graphed) if self._fresh_graphs is not None else []
+        return self._fresh_graphs.graphed if self._fresh_graphs is not None else []
 
     @property
     def capture_s(self) -> dict[tuple[int, int], float]:
@@ -393,11 +391,8 @@ class TalkerModel:
         """Capture every fresh prefill graph now (after the prefill layers compiled), over
         the scratch slot."""
         if self._fresh_graphs is not None:
-            slot = torch.tensor([self.cache.scratch], device=self.device)
             width = int(self.text_config.hidden_size)
-            for size in self.prefill_sizes():
-                embeds = torch.zeros(size, width, dtype=self._dtype, device=self.device)
-                self._fresh_graphs.capture(size, self._fresh, embeds, slot)
+            self._fresh_graphs.warm(torch.zeros(1, width, dtype=self._dtype, device=self.device))
         return self.prefill_graphed
 
     @torch.no_grad()
@@ -410,8 +405,7 @@ class TalkerModel:
         order does not matter)."""
         rest = functools.partial(self._step, eager=eager)
         if not eager and self._fresh_graphs is not None:
-            largest = self.prefill_sizes()[-1]
-            apart = fresh_apart(chunks, largest, self._fresh_run, rest)
+            apart = self._fresh_graphs.apart(chunks, self._fresh_run, rest)
             if apart is not None:
                 return apart
         return rest(chunks)
@@ -421,11 +415,8 @@ class TalkerModel:
         of the smallest length that holds them (padded with copies of the last input)."""
         assert self._fresh_graphs is not None
         embeds = torch.cat([_inputs(c) for c in run]).to(self.device, self._dtype)
-        length = embeds.shape[0]
-        size = -(-length // self._prefill_bucket) * self._prefill_bucket
-        slot = torch.tensor([run[0].request.slot], device=self.device)
-        (states,) = self._fresh_graphs(size, self._fresh, pad_rows(embeds, size), slot)
-        return self._framed(run, states[:length])
+        (states,) = self._fresh_graphs(embeds, run[0].request.slot)
+        return self._framed(run, states)
 
     def _fresh(self, embeds: torch.Tensor, slot: torch.Tensor) -> tuple[torch.Tensor]:
         """The backbone over ``embeds`` [L, Ht] from the start of slot ``slot`` [1]: its

@@ -30,7 +30,7 @@ from omni_actors.actors.engines.qwen3_omni.frame_compile import (
     prefill_forward,
     warm_prefill,
 )
-from omni_actors.actors.engines.qwen3_omni.graphs import Capture, ShapeGraphs, bucket, pad_rows
+from omni_actors.actors.engines.qwen3_omni.graphs import Capture, ShapeGraphs, bucket
 from omni_actors.actors.engines.qwen3_omni.hf import (
     PreTrainedConfig,
     Qwen3OmniMoeThinkerForConditionalGeneration,
@@ -42,10 +42,9 @@ from omni_actors.actors.engines.qwen3_omni.moe import install as moe_install
 from omni_actors.actors.engines.qwen3_omni.sampling import Sampling, draw
 from omni_actors.actors.engines.qwen3_omni.slot_cache import (
     PREFILL_BUCKET,
+    FreshGraphs,
     Segment,
     SlotCache,
-    fresh_apart,
-    fresh_sizes,
     row_buckets,
     span_for,
 )
@@ -232,12 +231,11 @@ class ThinkerModel:
             ShapeGraphs("thinker decode", capture=capture) if graphs else None
         )
         self._decode_inputs: dict[tuple[int, int], list[torch.Tensor]] = {}
-        self._prefill_bucket = prefill_bucket
-        self._fresh_graphs: ShapeGraphs[int] | None = (
-            ShapeGraphs("thinker prefill", capture=capture)
-            if graphs and prefill_graphs and self.prefill_sizes()
-            else None
-        )
+        self._fresh_graphs: FreshGraphs | None = None
+        if graphs and prefill_graphs and prefill_bucket <= max_context:
+            self._fresh_graphs = FreshGraphs(
+                "thinker prefill", self.cache, prefill_bucket, self._fresh, capture
+            )
         if self._graphs is not None and warm:
             self.warm()
         if self._prefill_layers is not None:
@@ -294,12 +292,12 @@ class ThinkerModel:
 
     def prefill_sizes(self) -> list[int]:
         """The lengths fresh prefill graphs are captured for, smallest first."""
-        return fresh_sizes(self._prefill_bucket, self.cache.max_len)
+        return self._fresh_graphs.sizes if self._fresh_graphs is not None else []
 
     @property
     def prefill_graphed(self) -> list[int]:
         """Lengths whose fresh prefill replays from a graph."""
-        return sorted(self._fresh_graphs.graphed) if self._fresh_graphs is not None else []
+        return self._fresh_graphs.graphed if self._fresh_graphs is not None else []
 
     @torch.no_grad()
     def warm(self) -> list[tuple[int, int]]:
@@ -317,10 +315,7 @@ class ThinkerModel:
         """Capture every fresh prefill graph now (after the prefill layers compiled), over
         the scratch slot."""
         if self._fresh_graphs is not None:
-            slot = torch.tensor([self.cache.scratch], device=self.device)
-            for size in self.prefill_sizes():
-                embeds = self.tts[:1].expand(size, -1).contiguous()
-                self._fresh_graphs.capture(size, self._fresh, embeds, slot)
+            self._fresh_graphs.warm(self.tts[:1])
         return self.prefill_graphed
 
     @torch.no_grad()
@@ -336,8 +331,7 @@ class ThinkerModel:
         ``eager`` runs a decode-only step without its graph (a benchmark compares)."""
         rest = functools.partial(self._step, eager=eager)
         if not eager and self._fresh_graphs is not None:
-            largest = self.prefill_sizes()[-1]
-            apart = fresh_apart(chunks, largest, self._fresh_run, rest)
+            apart = self._fresh_graphs.apart(chunks, self._fresh_run, rest)
             if apart is not None:
                 return apart
         return rest(chunks)
@@ -401,14 +395,9 @@ class ThinkerModel:
         of the smallest length that holds them (padded with copies of the last input)."""
         assert self._fresh_graphs is not None
         embeds, pads = self._inputs(run)
-        length = embeds.shape[0]
-        size = -(-length // self._prefill_bucket) * self._prefill_bucket
-        slot = torch.tensor([run[0].request.slot], device=self.device)
-        last, accept = self._fresh_graphs(size, self._fresh, pad_rows(embeds, size), slot)
+        last, accept = self._fresh_graphs(embeds, run[0].request.slot)
         want_rows = any(c.work.payload.rows for c in run)
-        return self._outputs(
-            run, last[:length], accept[:length] if want_rows else None, embeds, pads
-        )
+        return self._outputs(run, last, accept if want_rows else None, embeds, pads)
 
     def _fresh(self, embeds: torch.Tensor, slot: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """The forward over ``embeds`` [L, H] from the start of slot ``slot`` [1]: the last
