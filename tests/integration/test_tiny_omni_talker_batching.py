@@ -50,6 +50,7 @@ from omni_actors.actors.engines.qwen3_omni.talker_model import (
 from omni_actors.actors.engines.qwen3_omni.thinker_engine import ThinkerArgs, ThinkerEngine
 from omni_actors.actors.engines.step_loop import Chunk, Request, StepLoop, Work
 from omni_actors.models import cache as model_cache
+from omni_actors.testing import eventually
 
 pytestmark = pytest.mark.integration
 
@@ -1006,3 +1007,51 @@ async def test_a_frame_queued_past_codec_eos_is_dropped_with_the_reply(
     capped, _ = await asyncio.wait_for(conversation(max_frames=spoken), 60.0)
     assert torch.equal(capped[0], ahead[0])
     assert torch.equal(capped[1], ahead[1][: capped[1].shape[0]])
+
+
+class HeldEvent:
+    """Stands in for a frame step's CUDA event that completes when the test says (or at
+    a deadline)."""
+
+    def __init__(self, done: threading.Event) -> None:
+        self._done = done
+
+    def query(self) -> bool:
+        return self._done.is_set()
+
+    def synchronize(self) -> None:
+        self._done.wait(timeout=10.0)
+
+
+async def test_a_frame_whose_step_completes_after_an_abort_is_not_handed_out(
+    cache_dir: Path, said: list[list[Fields]]
+) -> None:
+    """A session waiting for its last frame's step when it is aborted ends there: that
+    frame does not go out, nor does the one queued behind it."""
+    done = threading.Event()
+    async with talker(cache_dir) as engine:
+        step = engine._model.step
+
+        def held(chunks: list[TalkerChunk], **kwargs: Any) -> Any:
+            out = step(chunks, **kwargs)
+            if not all(chunk.work.decode for chunk in chunks):
+                return out
+            event = cast(torch.cuda.Event, HeldEvent(done))
+            return [replace(framed, ready=event) for framed in out]
+
+        got: list[Fields] = []
+
+        async def speak() -> None:
+            async for out in engine.generate("s", AtHand(edge(said[2]), says=True)):
+                got.append(out)
+
+        with pytest.MonkeyPatch.context() as patch:
+            patch.setattr(engine._model, "step", held)
+            task = asyncio.create_task(speak())
+            await eventually(lambda: engine._readback.pending == 1, what="a wait for a step")
+            assert len(got) == 1  # the opening's frame
+            await engine.abort("s")
+            done.set()
+            await asyncio.wait_for(task, 10.0)
+        assert len(got) == 1
+        assert engine.generating == set()

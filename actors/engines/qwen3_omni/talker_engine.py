@@ -341,8 +341,8 @@ class TalkerEngine(SteppedTorchEngine[Voice, TalkerFeed, Framed | None]):
                     # it while the host waits for that. A frame queued past EOS only
                     # extends the reply's part of the slot, which the next reply drops.
                     step = self._frame(voice, carry, got.text(produced))
-                if await self._at_eos(framed):
-                    return
+                if await self._at_eos(framed) or signal.aborted:
+                    return  # (aborted while the device finished the frame: not handed out)
                 yield {"codes": codes}
                 if step is None:
                     if not await self._wait_for(signal, inputs, got, produced):
