@@ -12,7 +12,13 @@ per (row bucket, span) on a GPU: the talker step, its codec head, the first code
 code predictor's loop. A step with prefill chunks whose positions fit
 :data:`ROWS_PIECES` replays of the largest graph runs its backbone as one row per
 position, replayed from a graph per (row bucket, span) (captured at load with the frame
-graphs, else on first use); its frames' code predictor replays its own graphs.
+graphs, else on first use); its frames' code predictor replays its own graphs. With
+fresh prefill graphs, a session's chunks from the start of its slot replay the graph of
+their length beside the rest of the step (:class:`~.slot_cache.FreshGraphs`).
+
+A step of frames alone reads nothing back: it returns once queued, each row's codec EOS
+flag copied to pinned host memory behind it with an event recorded after (:class:`Framed`),
+so the engine can queue a session's next frame before it waits for the last one.
 """
 
 from __future__ import annotations
@@ -536,7 +542,8 @@ class TalkerModel:
         return (out.last_hidden_state[0],)
 
     def _frames_step(self, chunks: list[TalkerChunk], eager: bool) -> list[Framed | None]:
-        """Frame rows alone: a graph per (row bucket, span) where there is one."""
+        """Frame rows alone: a graph per (row bucket, span) where there is one; returns
+        once queued (codec EOS read back behind it, see :class:`Framed`)."""
         count = len(chunks)
         rows = bucket(count, row_buckets(self.max_rows)) or count
         span = span_for(max(c.start for c in chunks) + 1, self.cache.max_len)
