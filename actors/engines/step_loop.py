@@ -9,7 +9,9 @@ in steps shaped as vLLM v1's engine core runs them:
    first, while the step's token budget lasts (``max_tokens_per_step``), at most
    ``max_chunk`` positions per request, so a long prompt never holds the running
    sessions' decode back for more than one chunk; a request's prefills queued back to
-   back (a prompt, then the reply's opening) run in the same step, in order; under
+   back (a prompt, then the reply's opening) run in the same step, in order; a request
+   with urgent work queued (``submit(urgent=True)``: an output someone waits for) goes
+   before the others' prefills; under
    ``whole_fresh_prefills`` a prompt that would start its slot and fits one chunk is
    not split by what is left of the budget (the model replays a graph per such
    prompt, and the part left over would cost a forward of its own): it waits for the
@@ -101,6 +103,8 @@ class Work(Generic[P, Out]):
     outputs: list[Out] = field(default_factory=list)
     submitted: float = 0.0
     """When it was queued (the loop's clock): its first chunk's wait counts from here."""
+    urgent: bool = False
+    """Its request's prefills go before other requests' (``StepLoop.submit``)."""
 
 
 @dataclass(eq=False, slots=True)
@@ -274,11 +278,20 @@ class StepLoop(Generic[P, Out]):
         request.computed = position
 
     def submit(
-        self, request: Request[P, Out], payload: P, length: int, *, decode: bool = False
+        self,
+        request: Request[P, Out],
+        payload: P,
+        length: int,
+        *,
+        decode: bool = False,
+        urgent: bool = False,
     ) -> asyncio.Future[list[Out]]:
         """Queue ``length`` positions of ``payload`` on ``request``; the future gets one
         output per chunk it ran in (a decode: one), or the error of a failed step.
-        Cancel the future to withdraw work not started yet.
+        Cancel the future to withdraw work not started yet. An ``urgent`` prefill (one
+        whose output a caller is waiting for, as a reply's first audio waits for the
+        talker's opening) takes its request's queue before other requests' prefills,
+        older ones included; among urgent requests, and among the rest, oldest first.
 
         Raises:
             ContextLengthError: the request's slot cannot hold the positions (checked
@@ -297,7 +310,8 @@ class StepLoop(Generic[P, Out]):
                 f"max_context of {self.max_context}: raise max_context or start a new "
                 "conversation"
             )
-        request.queue.append(Work(payload, length, decode, future, submitted=self._clock()))
+        work = Work(payload, length, decode, future, submitted=self._clock(), urgent=urgent)
+        request.queue.append(work)
         self._waiting.append(request)  # schedule() drops repeats
         self._wake.set()
         return future
@@ -389,7 +403,8 @@ class StepLoop(Generic[P, Out]):
                 chunks.append(Chunk(request, work, 0, 1, request.computed))
                 budget -= 1
         prefills = False
-        for request in live:
+        # Urgent requests first (sorted is stable: oldest first within each group).
+        for request in sorted(live, key=lambda r: not any(w.urgent for w in r.queue)):
             # A request's prefills queued back to back (a turn's prompt, then the reply's
             # opening) share the step: each forward costs a fixed launch overhead on a
             # GPU, whatever its length, and the second would wait a step for nothing.

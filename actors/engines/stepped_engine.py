@@ -167,9 +167,12 @@ class SteppedTorchEngine(TorchEngine, Generic[S, P, Out]):
         payload: P,
         length: int,
         then: Callable[[list[Out]], None] | None = None,
+        *,
+        urgent: bool = False,
     ) -> list[Out]:
         """Feed ``length`` positions of ``payload`` to ``state``'s request; one output
-        per chunk it ran in.
+        per chunk it ran in. ``urgent``: before other sessions' prefills
+        (:meth:`~.step_loop.StepLoop.submit`).
 
         ``then(outputs)`` runs as the step's update resolves the work, before this
         returns, even if the caller is cancelled meanwhile: the work runs on, so what it
@@ -179,7 +182,7 @@ class SteppedTorchEngine(TorchEngine, Generic[S, P, Out]):
         Raises:
             RequestClosedError: the session was aborted or released meanwhile.
         """
-        return await asyncio.shield(self.queue(state, payload, length, then))
+        return await asyncio.shield(self.queue(state, payload, length, then, urgent=urgent))
 
     def queue(
         self,
@@ -187,6 +190,8 @@ class SteppedTorchEngine(TorchEngine, Generic[S, P, Out]):
         payload: P,
         length: int,
         then: Callable[[list[Out]], None] | None = None,
+        *,
+        urgent: bool = False,
     ) -> asyncio.Future[list[Out]]:
         """:meth:`feed` without waiting: the work's future (``then`` runs as it
         resolves). Work queued after it on the session runs after it, in the same step
@@ -195,7 +200,7 @@ class SteppedTorchEngine(TorchEngine, Generic[S, P, Out]):
         Raises:
             RequestClosedError: the session was aborted or released.
         """
-        future = self.loop.submit(state.request, payload, length)
+        future = self.loop.submit(state.request, payload, length, urgent=urgent)
         if then is not None:
             apply = then
 

@@ -40,6 +40,7 @@ from omni_actors.actors.engines.qwen3_omni.frame_compile import (
 from omni_actors.actors.engines.qwen3_omni.talker_engine import TalkerArgs, TalkerEngine
 from omni_actors.actors.engines.qwen3_omni.talker_input import ReplyInput
 from omni_actors.actors.engines.qwen3_omni.talker_model import (
+    PREFIX,
     ROWS_PIECES,
     Frame,
     Framed,
@@ -1055,3 +1056,29 @@ async def test_a_frame_whose_step_completes_after_an_abort_is_not_handed_out(
             await asyncio.wait_for(task, 10.0)
         assert len(got) == 1
         assert engine.generating == set()
+
+
+async def test_a_reply_s_opening_goes_before_other_sessions_user_rows(
+    cache_dir: Path, said: list[list[Fields]]
+) -> None:
+    """The opening, whose frame is the reply's first audio, is queued urgent: it passes
+    other sessions' user rows queued before it (the step loop's order); the user rows
+    sent ahead of the first token are not."""
+    async with talker(cache_dir) as engine:
+        queued: list[tuple[int, bool, bool]] = []
+        submit = engine.loop.submit
+
+        def recorded(*args: Any, **kwargs: Any) -> Any:
+            queued.append((args[2], kwargs.get("decode", False), kwargs.get("urgent", False)))
+            return submit(*args, **kwargs)
+
+        with pytest.MonkeyPatch.context() as patch:
+            patch.setattr(engine.loop, "submit", recorded)
+            codes = await frames(engine, "s", said[0])
+    prefills = [(length, urgent) for length, decode, urgent in queued if not decode]
+    # The user rows sent ahead of the first token, then the opening: the rows left and
+    # the assistant prefix.
+    assert [urgent for _, urgent in prefills] == [False, True]
+    rows = reply_input(said[0]).take_user()[0].shape[0]
+    assert sum(length for length, _ in prefills) == rows + PREFIX
+    assert len(queued) == 2 + len(codes) - 1  # and a frame row per frame after the first

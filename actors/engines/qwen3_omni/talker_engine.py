@@ -322,7 +322,10 @@ class TalkerEngine(SteppedTorchEngine[Voice, TalkerFeed, Framed | None]):
                 voice.user += rows.shape[0]
 
             feed = TalkerFeed(inputs=prefix, frame=True)
-            (*_, first) = await self.feed(voice, feed, prefix.shape[0], lambda _: opened())
+            # Urgent: its frame is the reply's first audio, which is being waited for;
+            # other sessions' user rows, queued earlier, wait for their first tokens.
+            length = prefix.shape[0]
+            (*_, first) = await self.feed(voice, feed, length, lambda _: opened(), urgent=True)
             assert first is not None, "an opening makes frame 0"
             framed = first
             produced = 0

@@ -313,6 +313,37 @@ async def test_whole_fresh_prefills_wait_a_step_rather_than_split(whole_fresh: b
     ]
 
 
+async def test_an_urgent_prefill_goes_before_older_ones() -> None:
+    """An urgent work takes its request's queue (the prefill before it included) ahead of
+    other requests' prefills, older ones too; urgent requests among themselves, and the
+    rest, keep oldest first; decode rows still come first."""
+    model = Model()
+    model.hold = asyncio.Event()
+    async with running(model, budget=8, chunk=8, slots=6) as loop:
+        held, a, b, c, d = (loop.open(name) for name in ("held", "a", "b", "c", "d"))
+        first = loop.submit(held, "p", 1)
+        await eventually(lambda: model.steps)
+        works = [
+            loop.submit(a, "rows", 6),
+            loop.submit(b, "rows", 6),
+            loop.submit(c, "rows", 2),
+            loop.submit(c, "opening", 2, urgent=True),
+            loop.submit(d, "opening", 2, urgent=True),
+            loop.submit(held, "t", 1, decode=True),
+        ]
+        model.hold.set()
+        await first
+        await asyncio.gather(*works)
+    assert model.steps[1] == [
+        ("held", 1, 1, True),
+        ("c", 0, 2, False),
+        ("c", 2, 2, False),
+        ("d", 0, 2, False),
+        ("a", 0, 1, False),
+    ]
+    assert model.steps[2:] == [[("a", 1, 5, False), ("b", 0, 3, False)], [("b", 3, 3, False)]]
+
+
 async def test_statistics_time_the_steps_and_how_long_work_queued_for_them() -> None:
     """What ``bench pipeline`` reads per level: time in steps (with prefill chunks or
     not), and each prefill's wait before its first chunk and each decode row's before its
