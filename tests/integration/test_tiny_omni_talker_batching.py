@@ -13,11 +13,12 @@ from __future__ import annotations
 import asyncio
 import logging
 import threading
+import time
 from collections.abc import AsyncIterator, Iterable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any, cast
+from typing import Any
 
 import pytest
 
@@ -939,7 +940,7 @@ def with_events(step: Any, events: list[StepEvent], bounded: list[bool]) -> Any:
         if not frames:
             return out
         events.append(event := StepEvent())
-        return [replace(framed, ready=cast(torch.cuda.Event, event)) for framed in out]
+        return [replace(framed, ready=event) for framed in out]
 
     return stepping
 
@@ -971,6 +972,62 @@ async def test_a_session_queues_its_next_frame_before_its_last_is_read_back(
     assert all(event.overlapped for event in events[:-1])  # the last has no next frame
     assert len(bounded) == len(events)
     assert all(bounded)
+
+
+class QueuedEvent:
+    """Stands in for the CUDA event after a frame-only step on a device that runs its
+    steps in order, each ``seconds`` long: complete that long after the step was queued
+    or the one before it completed, whichever is later."""
+
+    def __init__(self, after: QueuedEvent | None, seconds: float) -> None:
+        start = time.monotonic() if after is None else max(time.monotonic(), after.at)
+        self.at = start + seconds
+
+    def query(self) -> bool:
+        return time.monotonic() >= self.at
+
+    def synchronize(self) -> None:
+        threading.Event().wait(max(0.0, self.at - time.monotonic()))
+
+
+def on_a_device(step: Any, seconds: float) -> Any:
+    """``step`` with each frame-only step's ``ready`` a :class:`QueuedEvent`."""
+    last: list[QueuedEvent] = []
+
+    def stepping(chunks: list[TalkerChunk], **kwargs: Any) -> Any:
+        out = step(chunks, **kwargs)
+        if not all(chunk.work.decode for chunk in chunks):
+            return out
+        last[:] = [QueuedEvent(last[0] if last else None, seconds)]
+        return [replace(framed, ready=last[0]) for framed in out]
+
+    return stepping
+
+
+async def test_sessions_whose_frame_steps_return_before_the_device_share_every_step(
+    cache_dir: Path, said: list[list[Fields]]
+) -> None:
+    """Frame steps that return before the device has run them do not split the
+    sessions: each step returns once the device has run the one before it, and a session
+    queues its next frame as that step returns, before the frame it hands out goes out
+    (three turns of the event loop here), so every session's frame is in the next step.
+    A loop that went on as soon as a step was queued ran whoever had queued by then: a
+    step for every session or two."""
+    outputs = edge(said[1])
+    async with talker(cache_dir) as engine:
+        with pytest.MonkeyPatch.context() as patch:
+            patch.setattr(engine._model, "step", on_a_device(engine._model.step, 0.02))
+            counts = await asyncio.wait_for(
+                asyncio.gather(
+                    *(routed_frames(engine, f"s{i}", AtHand(outputs, says=True)) for i in range(4))
+                ),
+                60.0,
+            )
+        stats = engine.loop.statistics()
+    rows = sum(count - 1 for count in counts)  # frame 0: the opening's
+    assert stats.decode_rows == rows
+    per_step = rows / (stats.steps - stats.prefill_steps)
+    assert per_step > 3.8, per_step
 
 
 async def test_a_frame_queued_past_codec_eos_is_dropped_with_the_reply(
@@ -1012,15 +1069,17 @@ async def test_a_frame_queued_past_codec_eos_is_dropped_with_the_reply(
 
 class HeldEvent:
     """Stands in for a frame step's CUDA event that completes when the test says (or at
-    a deadline)."""
+    a deadline); ``waited`` is set once something waits for it."""
 
-    def __init__(self, done: threading.Event) -> None:
+    def __init__(self, done: threading.Event, waited: threading.Event) -> None:
         self._done = done
+        self._waited = waited
 
     def query(self) -> bool:
         return self._done.is_set()
 
     def synchronize(self) -> None:
+        self._waited.set()
         self._done.wait(timeout=10.0)
 
 
@@ -1029,7 +1088,7 @@ async def test_a_frame_whose_step_completes_after_an_abort_is_not_handed_out(
 ) -> None:
     """A session waiting for its last frame's step when it is aborted ends there: that
     frame does not go out, nor does the one queued behind it."""
-    done = threading.Event()
+    done, waited = threading.Event(), threading.Event()
     async with talker(cache_dir) as engine:
         step = engine._model.step
 
@@ -1037,8 +1096,7 @@ async def test_a_frame_whose_step_completes_after_an_abort_is_not_handed_out(
             out = step(chunks, **kwargs)
             if not all(chunk.work.decode for chunk in chunks):
                 return out
-            event = cast(torch.cuda.Event, HeldEvent(done))
-            return [replace(framed, ready=event) for framed in out]
+            return [replace(framed, ready=HeldEvent(done, waited)) for framed in out]
 
         got: list[Fields] = []
 
@@ -1049,7 +1107,7 @@ async def test_a_frame_whose_step_completes_after_an_abort_is_not_handed_out(
         with pytest.MonkeyPatch.context() as patch:
             patch.setattr(engine._model, "step", held)
             task = asyncio.create_task(speak())
-            await eventually(lambda: engine._readback.pending == 1, what="a wait for a step")
+            await eventually(waited.is_set, what="a wait for a frame step")
             assert len(got) == 1  # the opening's frame
             await engine.abort("s")
             done.set()

@@ -63,6 +63,7 @@ from omni_actors.actors.engines.qwen3_omni.slot_cache import (
 from omni_actors.actors.engines.qwen3_omni.static_decode import attention_configs
 from omni_actors.actors.engines.step_loop import Chunk, Request, StepLoop
 from omni_actors.actors.engines.torch_engine import AbortSignal
+from omni_actors.cuda import Completable
 from omni_actors.errors import ModelFileError
 
 __all__ = ["PREFIX", "Frame", "Framed", "TalkerChunk", "TalkerFeed", "TalkerModel", "Voice"]
@@ -128,7 +129,7 @@ class Framed:
     eos: torch.Tensor | None = None
     """A bool on the host: the frame is codec EOS (valid once ``ready`` completed);
     None: it is not (EOS masked, or known at once)."""
-    ready: torch.cuda.Event | None = None
+    ready: Completable | None = None
     """Recorded after the frame-only step on a GPU (and ``eos``'s copy to the host);
     None: nothing to wait for."""
 
@@ -572,8 +573,8 @@ class TalkerModel:
         # Read back which rows are at EOS without waiting for the step: the caller
         # waits for ``ready`` once it has queued what it can (the next frames). With
         # EOS masked nothing is read back, but ``ready`` still says when the step is
-        # done: a session waits for it before it queues a second frame ahead, so the
-        # device's queue holds one step behind the one it runs, not the whole reply.
+        # done: the engine's next step waits for it, so the device's queue holds one
+        # step behind the one it runs, not the whole reply.
         eos: torch.Tensor | None = None
         if self._stop_at_codec_eos:
             eos = codes[:count, 0] == self._codec_eos
