@@ -270,19 +270,19 @@ class FreshGraphs:
         outputs = self._graphs(size, self._forward, pad_rows(embeds, size), given)
         return tuple(output[:length] for output in outputs)
 
-    def apart(
+    def step(
         self,
         chunks: list[C],
         fresh: Callable[[list[C]], list[Out]],
         rest: Callable[[list[C]], list[Out]],
-    ) -> list[Out] | None:
-        """One output per chunk of a step some of whose requests start their slots: each
-        such run (:func:`fresh_runs`, at most the largest bucket) through ``fresh``, the
-        step's other chunks through ``rest`` as a step of their own (they read other
-        slots: the order does not matter); None where no request starts its slot."""
+    ) -> list[Out]:
+        """One output per chunk of a step: each request's run that starts its slot
+        (:func:`fresh_runs`, at most the largest bucket) through ``fresh``, the step's
+        other chunks through ``rest`` as a step of their own (they read other slots: the
+        order does not matter); the whole step through ``rest`` where none starts."""
         runs = fresh_runs(chunks, self.sizes[-1]) if self.sizes else []
         if not runs:
-            return None
+            return rest(chunks)
         outputs: dict[int, Out] = {}
         for indices in runs:
             outputs.update(zip(indices, fresh([chunks[i] for i in indices]), strict=True))

@@ -411,11 +411,9 @@ class TalkerModel:
         step's other chunks run as a step of their own (they read other slots: the
         order does not matter)."""
         rest = functools.partial(self._step, eager=eager)
-        if not eager and self._fresh_graphs is not None:
-            apart = self._fresh_graphs.apart(chunks, self._fresh_run, rest)
-            if apart is not None:
-                return apart
-        return rest(chunks)
+        if eager or self._fresh_graphs is None:
+            return rest(chunks)
+        return self._fresh_graphs.step(chunks, self._fresh_run, rest)
 
     def _fresh_run(self, run: list[TalkerChunk]) -> list[Framed | None]:
         """One request's chunks from the start of its slot, from the fresh prefill graph

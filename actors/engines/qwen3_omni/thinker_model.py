@@ -330,11 +330,9 @@ class ThinkerModel:
         """One forward over every chunk (module docstring); one output per chunk.
         ``eager`` runs a decode-only step without its graph (a benchmark compares)."""
         rest = functools.partial(self._step, eager=eager)
-        if not eager and self._fresh_graphs is not None:
-            apart = self._fresh_graphs.apart(chunks, self._fresh_run, rest)
-            if apart is not None:
-                return apart
-        return rest(chunks)
+        if eager or self._fresh_graphs is None:
+            return rest(chunks)
+        return self._fresh_graphs.step(chunks, self._fresh_run, rest)
 
     def _step(self, chunks: list[ThinkerChunk], eager: bool) -> list[Fed]:
         """:meth:`step` without fresh prefill graphs."""
