@@ -547,19 +547,20 @@ async def test_fresh_prefill_graphs_are_captured_at_load(
     assert torch.equal(torch.cat(reply.codes), torch.cat(solo[1].codes))
 
 
-def test_the_talker_replays_fresh_prefill_graphs_when_asked(
+def test_the_talker_replays_fresh_prefill_graphs_on_a_gpu_by_default(
     cache_dir: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """Off by default (the thinker's are on); asked for, on a GPU, the engine's loop
-    keeps first prompts whole, as the thinker's does; on the CPU nothing replays."""
-    assert not TalkerArgs().prefill_graphs_on(torch.device("cuda", 0))
-    assert TalkerArgs(prefill_graphs=True).prefill_graphs_on(torch.device("cuda", 0))
-    assert not TalkerArgs(prefill_graphs=True).prefill_graphs_on(torch.device("cpu"))
+    """On by default where steps replay graphs, as the thinker's: the engine's loop then
+    keeps first prompts whole; turned off, or on the CPU, nothing replays."""
+    assert TalkerArgs().prefill_graphs_on(torch.device("cuda", 0))
+    assert not TalkerArgs(prefill_graphs=False).prefill_graphs_on(torch.device("cuda", 0))
+    assert not TalkerArgs(static_cache=False).prefill_graphs_on(torch.device("cuda", 0))
+    assert not TalkerArgs().prefill_graphs_on(torch.device("cpu"))
     monkeypatch.setattr(talker_engine, "release_dir", lambda *_: cache_dir)
     monkeypatch.setattr(torch_engine, "resolve_device", lambda _: torch.device("cuda", 0))
-    asked = TalkerArgs(device="cuda", prefill_graphs=True)
-    assert TalkerEngine(asked).loop.whole_fresh_prefills is True
-    assert TalkerEngine(TalkerArgs(device="cuda")).loop.whole_fresh_prefills is False
+    assert TalkerEngine(TalkerArgs(device="cuda")).loop.whole_fresh_prefills is True
+    off = TalkerArgs(device="cuda", prefill_graphs=False)
+    assert TalkerEngine(off).loop.whole_fresh_prefills is False
 
 
 def graphed_step(model: TalkerModel) -> Any:

@@ -115,8 +115,8 @@ class TalkerArgs(
         max_context: the most positions a session holds: its user turns and a reply's
             frames (one position each, ``max_frames`` at most).
         prefill_graphs: a session's first user rows (and a one-shot reply's opening)
-            replay a fresh prefill graph of their length; off by default until measured
-            on a GPU (the thinker's are on).
+            replay a fresh prefill graph of their length (on by default where steps
+            replay graphs, as the thinker's).
     """
 
     frames_per_token: int | None = Field(None, ge=1)
@@ -124,7 +124,6 @@ class TalkerArgs(
     stop_at_codec_eos: bool = Field(True, strict=True)
     max_frames: int = Field(4096, ge=1)
     max_context: int = Field(8192, ge=2)
-    prefill_graphs: bool = Field(False, strict=True)
 
     @model_validator(mode="after")
     def _ends(self) -> TalkerArgs:
