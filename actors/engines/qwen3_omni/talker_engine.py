@@ -42,6 +42,13 @@ pins the codes of sessions stepped together against solo runs with the model dri
 directly; through the engine, where timing decides the steps, tests assert structure).
 A failed step fails every session in it, each rolled back as above.
 
+On a GPU a frame-only step returns before the device has run it (its codec EOS flags
+come back behind it: :class:`~.talker_model.Framed`), but only once the step before it
+has run (``_step``): the device holds one step behind the one it runs, and the loop's
+steps come at the device's pace, not the host's. A session queues its next frame before
+it hands out the one it has, in the turn of the event loop that step's results come in,
+so every session whose token has come is in the next step.
+
 A reply ends at codec EOS, as HF and a real checkpoint end their speech (or at
 ``max_frames``). tiny-omni's presets instead mask EOS and cap the reply at
 ``frames_per_token * N`` frames (``stop_at_codec_eos: false``), a length tests and
