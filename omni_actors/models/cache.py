@@ -45,8 +45,9 @@ log = logging.getLogger(__name__)
 
 _MANIFEST = "prepared.json"
 # Bumped when what a prepare writes changes (6: tiny-omni's chat template renders tools;
-# 7: tiny-cascade's LLM has heads of 32, which vLLM's CPU attention takes).
-_FORMAT = 7
+# 7: tiny-cascade's LLM has heads of 32, which vLLM's CPU attention takes; 8: tiny-whisper's
+# weights are drawn from the seed and each tensor's name, not the global RNG).
+_FORMAT = 8
 
 
 class ModelNotPreparedError(OmniError):

@@ -124,3 +124,38 @@ async def test_a_transcript_has_at_most_max_transcript_tokens_with_or_without_a_
     finally:
         await engine.release(SessionKey("s#1"))
         await engine.stop()
+
+
+def test_tiny_whisper_s_weights_do_not_depend_on_other_threads_drawing(tmp_path: Path) -> None:
+    """A transcriber prepares tiny-whisper on first use while the pipeline's other
+    stages load in threads of the same process; drawing from the global RNG there made
+    its weights (and so its transcripts) differ now and then. They depend on the seed
+    alone."""
+    import threading
+
+    from safetensors.torch import load_file
+
+    from omni_actors.actors.engines.asr.tiny_whisper import write_tiny_whisper
+
+    def written(where: Path) -> dict[str, torch.Tensor]:
+        write_tiny_whisper(where, seed=0)
+        return load_file(str(where / "model.safetensors"))
+
+    alone = written(tmp_path / "alone")
+    drawing, stop = threading.Event(), threading.Event()
+
+    def draw() -> None:
+        while not stop.is_set():
+            torch.randn(64)
+            drawing.set()
+
+    other = threading.Thread(target=draw, name="another stage loading")
+    other.start()
+    try:
+        assert drawing.wait(10.0)
+        beside = written(tmp_path / "beside")
+    finally:
+        stop.set()
+        other.join(10.0)
+    assert alone.keys() == beside.keys()
+    assert all(torch.equal(alone[name], beside[name]) for name in alone)

@@ -70,8 +70,6 @@ def write_tiny_whisper(
     The files are written into a staging directory beside ``out_dir`` first, then moved
     in, so an interrupted write leaves nothing that looks like a checkpoint.
     """
-    import torch
-
     from omni_actors.actors.engines.asr.hf import (
         GenerationConfig,
         WhisperConfig,
@@ -81,6 +79,7 @@ def write_tiny_whisper(
         WhisperTokenizer,
     )
     from omni_actors.actors.engines.qwen3_omni.configs import quiet_transformers
+    from omni_actors.models.seeded import redraw
 
     with staging(out_dir, ".tiny-whisper-") as where:
         chars = _byte_chars()
@@ -124,9 +123,12 @@ def write_tiny_whisper(
             begin_suppress_tokens=None,
             suppress_tokens=None,
         )
-        torch.manual_seed(seed)
         model = WhisperForConditionalGeneration(config)
         model.eval()  # type: ignore[no-untyped-call,unused-ignore]
+        # Its initializers drew from the global RNG, which other threads share (a
+        # transcriber prepares this on first use while the pipeline's other stages
+        # load): every weight is drawn again from the seed and its name alone.
+        redraw(model, seed, keep=("model.encoder.embed_positions.weight",))  # sinusoids
         # Random weights pick any id: only printable bytes (and the end) may be decoded.
         unprintable = [
             i for i in range(shape["vocab_size"]) if i not in _PRINTABLE and i != ids[eot]

@@ -8,17 +8,14 @@ each stage's module is built on the ``meta`` device for its tensor names and sha
 each tensor is drawn alone (on the GPU when there is one), then written into shards of
 the release's size, code2wav alone in the last one. The host holds one shard at a time.
 
-A tensor's values depend only on the seed and its name, never on the order of writing:
-norm weights are ones, biases zeros, snake activations' ``alpha``/``beta`` zeros (their
-log-scale identity), layer scales 0.01, and every other tensor is drawn from a normal of
-standard deviation 0.02 (the config's ``initializer_range``).
+A tensor's values depend only on the seed and its name, never on the order of writing
+(:func:`omni_actors.models.seeded.seeded_tensor`).
 """
 
 from __future__ import annotations
 
 import json
 import tempfile
-import zlib
 from collections.abc import Mapping, Sequence
 from importlib import resources
 from pathlib import Path
@@ -27,6 +24,7 @@ from typing import Any, Final
 import torch
 
 from omni_actors.models.release import ReleaseWriter
+from omni_actors.models.seeded import seeded_tensor
 
 from .configs import quiet_transformers
 from .layout import STAGES
@@ -48,34 +46,12 @@ this module): every size, special id and speaker as the release has them."""
 RELEASE_SHARD_BYTES: Final = 5_000_000_000
 """The release's shard size: its 66 GiB in 14 shards, then code2wav's own."""
 
-_STD: Final = 0.02
-
 
 def real_config(name: str = QWEN3_OMNI_30B_A3B) -> dict[str, Any]:
     """A shipped release ``config.json``, as a dict."""
     text = resources.files(__package__).joinpath(name).read_text()
     config: dict[str, Any] = json.loads(text)
     return config
-
-
-def _draw(
-    name: str, shape: torch.Size, dtype: torch.dtype, device: torch.device, seed: int
-) -> torch.Tensor:
-    """Tensor ``name``'s random values (module docstring), the same for the same seed."""
-    leaf = name.rsplit(".", 2)
-    last = leaf[-1]
-    module = leaf[-2] if len(leaf) > 1 else ""
-    if last == "bias" or last in ("alpha", "beta"):
-        return torch.zeros(shape, dtype=dtype, device=device)
-    if ("norm" in module and last == "weight") or module in ("ln_q", "ln_post"):
-        return torch.ones(shape, dtype=dtype, device=device)
-    if last == "scale":
-        return torch.full(shape, 0.01, dtype=dtype, device=device)
-    generator = torch.Generator(device=device).manual_seed(
-        seed * 1_000_003 + zlib.crc32(name.encode())
-    )
-    values = torch.empty(shape, dtype=torch.float32, device=device)
-    return values.normal_(0.0, _STD, generator=generator).to(dtype)
 
 
 def write_random_release(
@@ -115,7 +91,7 @@ def write_random_release(
             if stage == "code2wav":
                 writer.new_shard()
             for name, meta in release_tensors(stage, model.state_dict()):
-                writer.add(name, _draw(name, meta.shape, dtype, where, seed).cpu())
+                writer.add(name, seeded_tensor(name, meta.shape, dtype, where, seed).cpu())
             if progress is not None:
                 progress(stage, done, len(stages))
         writer.write_json("config.json", stored)
