@@ -251,11 +251,14 @@ class TalkerEngine(SteppedTorchEngine[Voice, TalkerFeed, Framed | None]):
     def _step(self, chunks: list[TalkerChunk]) -> list[Framed | None]:
         out = self._model.step(chunks)
         # A frame step returns before the device runs it; the step loop is paced by the
-        # device all the same: this one returns once the step before it has run. A loop
-        # that went on as soon as a step was queued ran whoever had queued by then, a
-        # step for every session or two (1.65 frames a step at c=8 on two H200s, RTF
-        # 0.47 against 0.18), while each step that waits keeps the device one step
-        # ahead and every session's next frame in the next step (``generate``).
+        # device all the same: this one returns once the step before it has run, so the
+        # device holds one step behind the one it runs and every session's next frame
+        # joins the next step (``generate``). A loop that went on as soon as a step was
+        # queued ran whoever had queued by then, a step for every session or two (1.65
+        # frames a step at c=8 on two H200s, RTF 0.47 against 0.18); a talker whose
+        # queue was not bounded ran through the whole reply, taking the thinker's
+        # tokens and its GPU's time from the other work there (RTF 0.110 against 0.099
+        # at c=1).
         ready = next((f.ready for f in out if f is not None and f.ready is not None), None)
         behind, self._behind = self._behind, ready
         if behind is not None:
@@ -439,12 +442,9 @@ class TalkerEngine(SteppedTorchEngine[Voice, TalkerFeed, Framed | None]):
         return self._frame(voice, carry, got.text(frame))
 
     async def _at_eos(self, framed: Framed) -> bool:
-        """Whether ``framed`` is codec EOS, once its step is done on the device, waited
-        for without blocking the event loop (the model thread meanwhile queues the step
-        submitted before). Waiting for it even where EOS is masked keeps the device's
-        queue one frame ahead, not the whole reply: a talker that ran ahead unbounded
-        took the thinker's tokens and its GPU's time from the other work there (RTF
-        0.110 against 0.099 at c=1 on two H200s)."""
+        """Whether ``framed`` is codec EOS, once its step has run on the device: where it
+        has not yet, waited for on the engine's event waiter thread, without blocking
+        the event loop."""
         if not _settled(framed):
             assert framed.ready is not None
             await self._readback.wait(framed.ready)
