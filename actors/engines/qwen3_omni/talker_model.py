@@ -581,7 +581,11 @@ class TalkerModel:
             if eos is not None:
                 host = torch.empty(eos.shape, dtype=torch.bool, device="cpu", pin_memory=True)
                 eos = host.copy_(eos, non_blocking=True)
-            ready = torch.cuda.Event()  # type: ignore[no-untyped-call]
+            # Blocking: the threads that wait for it (the step loop's pacing, the
+            # sessions' event waiter) sleep until the device is done rather than spin
+            # a core each; the device does not wait for their wake-up, as the next step
+            # is queued behind this one by then.
+            ready = torch.cuda.Event(blocking=True)  # type: ignore[no-untyped-call]
             ready.record()
         return [
             Framed(frame, None if eos is None else eos[row], ready)
