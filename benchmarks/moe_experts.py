@@ -7,6 +7,7 @@ largest difference, and (on a GPU) whether the lean forward replays from a CUDA 
 with the output of its eager run. One JSON object per line on stdout:
 
     python3 benchmarks/moe_experts.py --tokens 1 256 2500          # a GPU
+    python3 benchmarks/moe_experts.py --compiled inductor          # and compiled
     DRY=1 python3 benchmarks/moe_experts.py --tokens 2500          # the CPU
 """
 
@@ -62,6 +63,9 @@ def main() -> None:
     parser.add_argument("--shapes", nargs="+", choices=list(SHAPES), default=list(SHAPES))
     parser.add_argument("--dtype", choices=["bfloat16", "float32"], default="bfloat16")
     parser.add_argument("--repeat", type=int, default=10)
+    parser.add_argument(
+        "--compiled", default="", help="also time the lean forward compiled by this backend"
+    )
     ns = parser.parse_args()
     device = torch.device("cpu" if os.environ.get("DRY") == "1" else "cuda:0")
     dtype = getattr(torch, ns.dtype)
@@ -103,6 +107,14 @@ def main() -> None:
                     ),
                     "max_abs_diff": float(diff),
                 }
+                if ns.compiled:
+                    # As the engines' compiled layers run it: traced, its weighing fused.
+                    compiled = torch.compile(lean, backend=ns.compiled, fullgraph=True)
+                    traced = compiled(hidden, index, weights)
+                    row["compiled_ms"] = timed(
+                        functools.partial(compiled, hidden, index, weights), device, ns.repeat
+                    )
+                    row["compiled_max_abs_diff"] = float((traced - ours_out).abs().max())
                 if device.type == "cuda":
                     graph = torch.cuda.CUDAGraph()
                     stream = torch.cuda.Stream()

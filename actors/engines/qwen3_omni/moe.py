@@ -85,7 +85,9 @@ def experts_forward(
     """
     tokens, top_k = top_k_index.shape
     experts = gate_up_proj.shape[0]
-    flat = top_k_index.reshape(-1)
+    # Sorted as the narrowest integers that hold them: the device's radix sort makes a
+    # pass per byte of its keys, eight for int64 ids that carry one byte (128 experts).
+    flat = top_k_index.reshape(-1).to(_key_dtype(experts))
     # Stable: rows of one expert keep their token order, whatever the device's sort.
     sorted_ids, order = torch.sort(flat, stable=True)
     # End offset of each expert's rows: how many ids are <= it (an expert without
@@ -101,10 +103,24 @@ def experts_forward(
     # inverting the permutation scatters one int per row.
     positions = torch.arange(order.numel(), device=order.device)
     inverse = torch.empty_like(order).scatter_(0, order, positions)
-    unsorted = out.index_select(0, inverse)
-    weights = top_k_weights.to(out.dtype).unsqueeze(1)  # [T, 1, K]
-    combined = torch.bmm(weights, unsorted.view(tokens, top_k, -1))  # [T, 1, H]
+    unsorted = out.index_select(0, inverse).view(tokens, top_k, -1)
+    weights = top_k_weights.to(out.dtype)
+    if torch.compiler.is_compiling():
+        # Traced, the gather, the weighing and the sum fuse into one kernel that reads
+        # each row once, where ``bmm`` reads a gathered copy (at 2500 tokens the two row
+        # gathers and the ``bmm`` took 8 of a thinker prefill's 46 ms of kernels
+        # on an H200). The same products summed in float32.
+        summed = (unsorted.float() * weights.float().unsqueeze(-1)).sum(1)
+        return summed.to(hidden.dtype)
+    combined = torch.bmm(weights.unsqueeze(1), unsorted)  # [T, 1, H]
     return combined.view(tokens, -1).to(hidden.dtype)
+
+
+def _key_dtype(experts: int) -> torch.dtype:
+    """The narrowest integer type that holds ids ``0 .. experts - 1``."""
+    if experts <= 256:
+        return torch.uint8
+    return torch.int16 if experts <= 32768 else torch.int32
 
 
 def _grouped_mm(rows: torch.Tensor, weight: torch.Tensor, offsets: torch.Tensor) -> torch.Tensor:

@@ -113,6 +113,22 @@ def test_the_loop_without_the_grouped_kernel_gives_the_same(
         torch.testing.assert_close(looped, grouped, rtol=1e-6, atol=1e-6)
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+def test_traced_the_same_sum(dtype: torch.dtype) -> None:
+    """Compiled layers trace a fusable weighing of the experts' rows instead of ``bmm``:
+    the same products, summed in float32."""
+    hidden, index, weights = routing(37, seed=3)
+    hidden, weights = hidden.to(dtype), weights.to(dtype)
+    lean = LeanExperts(experts("eager", dtype))
+    eager = lean(hidden, index, weights)
+    traced = torch.compile(lean, backend="aot_eager", fullgraph=True)(hidden, index, weights)
+    assert traced.dtype == dtype
+    if dtype == torch.float32:
+        torch.testing.assert_close(traced, eager, rtol=1e-6, atol=1e-6)
+    else:  # one rounding of sums that may differ in their last float32 bit
+        torch.testing.assert_close(traced, eager, rtol=8e-3, atol=1e-5)
+
+
 # The ops that wait for the device to tell the host a value or a size: ``.item()`` /
 # ``.tolist()`` (``_local_scalar_dense``) and the ops whose output size is data.
 SYNCING = {
