@@ -108,7 +108,7 @@ def main() -> None:
                     "max_abs_diff": float(diff),
                 }
                 if ns.compiled:
-                    # As the engines' compiled layers run it: traced, its weighing fused.
+                    # As the engines' compiled layers run it.
                     compiled = torch.compile(lean, backend=ns.compiled, fullgraph=True)
                     traced = compiled(hidden, index, weights)
                     row["compiled_ms"] = timed(

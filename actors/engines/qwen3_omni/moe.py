@@ -105,13 +105,6 @@ def experts_forward(
     inverse = torch.empty_like(order).scatter_(0, order, positions)
     unsorted = out.index_select(0, inverse).view(tokens, top_k, -1)
     weights = top_k_weights.to(out.dtype)
-    if torch.compiler.is_compiling():
-        # Traced, the gather, the weighing and the sum fuse into one kernel that reads
-        # each row once, where ``bmm`` reads a gathered copy (at 2500 tokens the two row
-        # gathers and the ``bmm`` took 8 of a thinker prefill's 46 ms of kernels
-        # on an H200). The same products summed in float32.
-        summed = (unsorted.float() * weights.float().unsqueeze(-1)).sum(1)
-        return summed.to(hidden.dtype)
     combined = torch.bmm(weights.unsqueeze(1), unsorted)  # [T, 1, H]
     return combined.view(tokens, -1).to(hidden.dtype)
 

@@ -113,20 +113,41 @@ def test_the_loop_without_the_grouped_kernel_gives_the_same(
         torch.testing.assert_close(looped, grouped, rtol=1e-6, atol=1e-6)
 
 
+def test_expert_ids_past_a_byte_sort_as_wider_integers() -> None:
+    """Ids are sorted as the narrowest integers that hold them: bytes up to 256 experts,
+    wider past that."""
+    config = Qwen3OmniMoeTextConfig(
+        hidden_size=8, moe_intermediate_size=4, num_experts=300, num_experts_per_tok=2
+    )
+    config._experts_implementation = "eager"
+    reference = Qwen3OmniMoeThinkerTextExperts(config)  # type: ignore[arg-type]  # as above
+    generator = torch.Generator().manual_seed(4)
+    with torch.no_grad():
+        for param in (reference.gate_up_proj, reference.down_proj):
+            param.copy_(torch.randn(param.shape, generator=generator))
+    hidden = torch.randn(16, 8, generator=generator)
+    # 256 and 0 (299 and 43) share their low byte: sorted as bytes, they would mix.
+    index = torch.tensor([[256, 255], [0, 299], [255, 256], [1, 43]] * 4)
+    weights = torch.full((16, 2), 0.5)
+    torch.testing.assert_close(
+        LeanExperts(reference)(hidden, index, weights),
+        reference(hidden, index, weights),
+        rtol=1e-5,
+        atol=1e-5,
+    )
+
+
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
-def test_traced_the_same_sum(dtype: torch.dtype) -> None:
-    """Compiled layers trace a fusable weighing of the experts' rows instead of ``bmm``:
-    the same products, summed in float32."""
+def test_traced_whole_the_same_sum(dtype: torch.dtype) -> None:
+    """Compiled layers trace the experts' forward in one graph (the byte sort included)
+    and get what it gives eager."""
     hidden, index, weights = routing(37, seed=3)
     hidden, weights = hidden.to(dtype), weights.to(dtype)
     lean = LeanExperts(experts("eager", dtype))
     eager = lean(hidden, index, weights)
     traced = torch.compile(lean, backend="aot_eager", fullgraph=True)(hidden, index, weights)
     assert traced.dtype == dtype
-    if dtype == torch.float32:
-        torch.testing.assert_close(traced, eager, rtol=1e-6, atol=1e-6)
-    else:  # one rounding of sums that may differ in their last float32 bit
-        torch.testing.assert_close(traced, eager, rtol=8e-3, atol=1e-5)
+    torch.testing.assert_close(traced, eager, rtol=1e-6, atol=1e-6)
 
 
 # The ops that wait for the device to tell the host a value or a size: ``.item()`` /
