@@ -8,6 +8,7 @@ with the output of its eager run. One JSON object per line on stdout:
 
     python3 benchmarks/moe_experts.py --tokens 1 256 2500          # a GPU
     python3 benchmarks/moe_experts.py --compiled inductor          # and compiled
+    python3 benchmarks/moe_experts.py --tokens 2500 --profile      # and its kernels
     DRY=1 python3 benchmarks/moe_experts.py --tokens 2500          # the CPU
 """
 
@@ -23,6 +24,8 @@ from collections.abc import Callable
 from typing import Any
 
 import torch
+from thinker_prefill_profile import table  # this directory's, run as a script
+from torch.profiler import ProfilerActivity, profile
 from transformers.models.qwen3_omni_moe.configuration_qwen3_omni_moe import (
     Qwen3OmniMoeTextConfig,
 )
@@ -65,6 +68,11 @@ def main() -> None:
     parser.add_argument("--repeat", type=int, default=10)
     parser.add_argument(
         "--compiled", default="", help="also time the lean forward compiled by this backend"
+    )
+    parser.add_argument(
+        "--profile",
+        action="store_true",
+        help="also list the device kernels of the lean forward (from its graph on a GPU)",
     )
     ns = parser.parse_args()
     device = torch.device("cpu" if os.environ.get("DRY") == "1" else "cuda:0")
@@ -128,7 +136,33 @@ def main() -> None:
                     torch.cuda.synchronize(device)
                     row["graph_equal"] = bool(torch.equal(captured, ours_out))
                     row["graph_ms"] = timed(graph.replay, device, ns.repeat)
+                if ns.profile:
+                    run = functools.partial(lean, hidden, index, weights)
+                    if device.type == "cuda":
+                        run = graph.replay
+                    row["top"] = kernels(run, device, ns.repeat)
+                    if ns.compiled:
+                        row["compiled_top"] = kernels(
+                            functools.partial(compiled, hidden, index, weights), device, ns.repeat
+                        )
             out(**row)
+
+
+def kernels(fn: Callable[[], Any], device: torch.device, n: int) -> list[dict[str, Any]]:
+    """The top kernels (ops on the CPU) of ``n`` calls of ``fn``, by time per call."""
+    activities = [ProfilerActivity.CPU]
+    if device.type == "cuda":
+        activities.append(ProfilerActivity.CUDA)
+    fn()
+    with profile(activities=activities) as prof:
+        for _ in range(n):
+            fn()
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+    return [
+        {**row, "calls": row["calls"] / n, "self_ms": round(row["self_ms"] / n, 4)}
+        for row in table(prof, device)
+    ]
 
 
 if __name__ == "__main__":

@@ -12,6 +12,8 @@
 # writes the release's talker alone and times its frame, compiled as the engine compiles
 # it (the code predictor's projections fused), not, and with those projections apart
 # ($COMPILE, default "off all apart");
+#   bash benchmarks/qwen3_omni_random_gpu.sh setup experts
+# times the MoE experts alone (no release; `experts` below).
 #   bash benchmarks/qwen3_omni_random_gpu.sh setup prepare-short
 # writes every stage with an 8-layer thinker ($THINKER_LAYERS), for `bench pipeline
 # --preset qwen3-omni-1gpu` on one GPU ($STAGES: the stages written, default all three);
@@ -89,6 +91,11 @@ config["talker_config"]["accept_hidden_layer"] = layers // 2
 write_random_release(Path(sys.argv[1]), config, stages=tuple(sys.argv[3].split()))' \
         "$RELEASE" "${THINKER_LAYERS:-8}" "${STAGES:-thinker talker code2wav}"
       echo "prepare_s=$(( $(date +%s) - start ))"; du -sh "$RELEASE" ;;
+    experts)
+      # The MoE experts alone at the thinker's and talker's widths (random weights, no
+      # release): eager, from a graph, compiled, and the graph's kernels.
+      python3 benchmarks/moe_experts.py --tokens 1 32 2500 --shapes thinker talker \
+        --compiled inductor --profile | tee "$OUT/moe_experts.jsonl" | cut -c1-400 ;;
     prefill)
       python3 benchmarks/thinker_prefill_profile.py "$THINKER_RELEASE" --tokens ${PREFILL_TOKENS:-256 2500} \
         --moe ${PREFILL_MOE:-lean compiled} | tee "$OUT/qwen3_omni_random_prefill_profile.jsonl" | grep -v '"top"' ;;
