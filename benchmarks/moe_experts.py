@@ -9,6 +9,7 @@ with the output of its eager run. One JSON object per line on stdout:
     python3 benchmarks/moe_experts.py --tokens 1 256 2500          # a GPU
     python3 benchmarks/moe_experts.py --compiled inductor          # and compiled
     python3 benchmarks/moe_experts.py --tokens 2500 --profile      # and its kernels
+    python3 benchmarks/moe_experts.py --triton-combine             # moe_combine_triton's
     DRY=1 python3 benchmarks/moe_experts.py --tokens 2500          # the CPU
 """
 
@@ -30,6 +31,7 @@ from transformers.models.qwen3_omni_moe.configuration_qwen3_omni_moe import (
     Qwen3OmniMoeTextConfig,
 )
 
+from omni_actors.actors.engines.qwen3_omni import moe
 from omni_actors.actors.engines.qwen3_omni.hf import Qwen3OmniMoeThinkerTextExperts
 from omni_actors.actors.engines.qwen3_omni.moe import LeanExperts
 
@@ -68,6 +70,11 @@ def main() -> None:
     parser.add_argument("--repeat", type=int, default=10)
     parser.add_argument(
         "--compiled", default="", help="also time the lean forward compiled by this backend"
+    )
+    parser.add_argument(
+        "--triton-combine",
+        action="store_true",
+        help="also time the lean forward ending in moe_combine_triton's kernel (a GPU)",
     )
     parser.add_argument(
         "--profile",
@@ -124,16 +131,7 @@ def main() -> None:
                     )
                     row["compiled_max_abs_diff"] = float((traced - ours_out).abs().max())
                 if device.type == "cuda":
-                    graph = torch.cuda.CUDAGraph()
-                    stream = torch.cuda.Stream()
-                    stream.wait_stream(torch.cuda.current_stream())
-                    with torch.cuda.stream(stream):
-                        lean(hidden, index, weights)  # warm-up off the capture
-                    torch.cuda.current_stream().wait_stream(stream)
-                    with torch.cuda.graph(graph):
-                        captured = lean(hidden, index, weights)
-                    graph.replay()
-                    torch.cuda.synchronize(device)
+                    graph, captured = capture(functools.partial(lean, hidden, index, weights))
                     row["graph_equal"] = bool(torch.equal(captured, ours_out))
                     row["graph_ms"] = timed(graph.replay, device, ns.repeat)
                 if ns.profile:
@@ -145,7 +143,56 @@ def main() -> None:
                         row["compiled_top"] = kernels(
                             functools.partial(compiled, hidden, index, weights), device, ns.repeat
                         )
+                if ns.triton_combine:
+                    row.update(triton_combined(lean, hidden, index, weights, ours_out, ns))
             out(**row)
+
+
+def capture(fn: Callable[[], torch.Tensor]) -> tuple[torch.cuda.CUDAGraph, torch.Tensor]:
+    """``fn`` captured in a CUDA graph (after a warm-up off the capture), replayed once."""
+    graph = torch.cuda.CUDAGraph()
+    stream = torch.cuda.Stream()  # type: ignore[no-untyped-call]
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        fn()
+    torch.cuda.current_stream().wait_stream(stream)
+    with torch.cuda.graph(graph):
+        captured = fn()
+    graph.replay()
+    torch.cuda.synchronize()
+    return graph, captured
+
+
+def triton_combined(
+    lean: LeanExperts,
+    hidden: torch.Tensor,
+    index: torch.Tensor,
+    weights: torch.Tensor,
+    reference: torch.Tensor,
+    ns: argparse.Namespace,
+) -> dict[str, Any]:
+    """The lean forward with its last step by ``moe_combine_triton``: eager, from a graph,
+    its largest difference from ``reference``, and (``--profile``) the graph's kernels."""
+    from moe_combine_triton import combine  # this directory's; needs triton
+
+    device = hidden.device
+    run = functools.partial(lean, hidden, index, weights)
+    plain = moe._combine
+    moe._combine = combine
+    try:
+        combined = run()
+        row: dict[str, Any] = {
+            "triton_ms": timed(run, device, ns.repeat),
+            "triton_max_abs_diff": float((combined.float() - reference.float()).abs().max()),
+        }
+        graph, captured = capture(run)
+        row["triton_graph_equal"] = bool(torch.equal(captured, combined))
+        row["triton_graph_ms"] = timed(graph.replay, device, ns.repeat)
+        if ns.profile:
+            row["triton_top"] = kernels(graph.replay, device, ns.repeat)
+    finally:
+        moe._combine = plain
+    return row
 
 
 def kernels(fn: Callable[[], Any], device: torch.device, n: int) -> list[dict[str, Any]]:

@@ -103,10 +103,16 @@ def experts_forward(
     # inverting the permutation scatters one int per row.
     positions = torch.arange(order.numel(), device=order.device)
     inverse = torch.empty_like(order).scatter_(0, order, positions)
-    unsorted = out.index_select(0, inverse).view(tokens, top_k, -1)
-    weights = top_k_weights.to(out.dtype)
+    return _combine(out, inverse, top_k_weights.to(out.dtype)).to(hidden.dtype)
+
+
+def _combine(rows: torch.Tensor, inverse: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
+    """``sum_k weights[t, k] * rows[inverse[t * K + k]]`` for each token ``t``, summed in
+    float32: [T, H] in ``rows``' dtype, for ``rows`` [T * K, H] in expert order."""
+    tokens, top_k = weights.shape
+    unsorted = rows.index_select(0, inverse).view(tokens, top_k, -1)
     combined = torch.bmm(weights.unsqueeze(1), unsorted)  # [T, 1, H]
-    return combined.view(tokens, -1).to(hidden.dtype)
+    return combined.view(tokens, -1)
 
 
 def _key_dtype(experts: int) -> torch.dtype:
