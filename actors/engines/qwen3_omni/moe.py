@@ -83,7 +83,7 @@ def experts_forward(
     Returns:
         [T, H] in ``hidden``'s dtype.
     """
-    tokens, top_k = top_k_index.shape
+    top_k = top_k_index.shape[1]
     experts = gate_up_proj.shape[0]
     # Sorted as the narrowest integers that hold them: the device's radix sort makes a
     # pass per byte of its keys, eight for int64 ids that carry one byte (128 experts).
