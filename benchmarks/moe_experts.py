@@ -144,7 +144,10 @@ def main() -> None:
                             functools.partial(compiled, hidden, index, weights), device, ns.repeat
                         )
                 if ns.triton_combine:
-                    row.update(triton_combined(lean, hidden, index, weights, ours_out, ns))
+                    try:
+                        row.update(triton_combined(lean, hidden, index, weights, ours_out, ns))
+                    except Exception as exc:  # a kernel that fails is a result here
+                        row["triton_error"] = repr(exc)[:400]
             out(**row)
 
 

@@ -93,9 +93,10 @@ write_random_release(Path(sys.argv[1]), config, stages=tuple(sys.argv[3].split()
       echo "prepare_s=$(( $(date +%s) - start ))"; du -sh "$RELEASE" ;;
     experts)
       # The MoE experts alone at the thinker's and talker's widths (random weights, no
-      # release): eager, from a graph, compiled, and the graph's kernels.
+      # release): eager, from a graph, compiled, ending in moe_combine_triton's kernel,
+      # and the graphs' kernels.
       python3 benchmarks/moe_experts.py --tokens 1 32 2500 --shapes thinker talker \
-        --compiled inductor --profile | tee "$OUT/moe_experts.jsonl" | cut -c1-400 ;;
+        --compiled inductor --triton-combine --profile | tee "$OUT/moe_experts.jsonl" | cut -c1-400 ;;
     prefill)
       python3 benchmarks/thinker_prefill_profile.py "$THINKER_RELEASE" --tokens ${PREFILL_TOKENS:-256 2500} \
         --moe ${PREFILL_MOE:-lean compiled} | tee "$OUT/qwen3_omni_random_prefill_profile.jsonl" | grep -v '"top"' ;;
