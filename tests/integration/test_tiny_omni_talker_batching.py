@@ -469,7 +469,7 @@ async def test_fresh_prefills_replay_a_prefill_graph_and_give_the_solo_codes(
         await loop.stop()
         same([reply], [n])
     buckets = sorted({-(-length // 32) * 32 for length in lengths})
-    assert graphed.prefill_graphed == buckets
+    assert graphed.prefill_graphed == [(1, size) for size in buckets]
     assert set(replays()) == set(buckets)
     # Several in one step, then a prompt in chunks: its first chunk replays.
     loop = loop_over(graphed)
@@ -537,7 +537,7 @@ async def test_fresh_prefill_graphs_are_captured_at_load(
         prefill_graphs=True,
         prefill_bucket=128,
     )
-    assert graphed.prefill_graphed == [128, 256]
+    assert graphed.prefill_graphed == [(1, 128), (1, 256)]
     captured = len(captures.graphs)
     loop = loop_over(graphed)
     (reply,) = await open_replies(graphed, loop, [said[1]])

@@ -426,7 +426,7 @@ async def test_first_prompts_replay_a_fresh_prefill_graph_and_pick_as_eager(
     eager = ThinkerModel(path, **common, max_context=256)
     want = await alone(eager)
     whole = await alone(graphed)  # prompts of 50, 17 and 90: the 64, 32 and 96 graphs
-    assert graphed.prefill_graphed == [32, 64, 96]
+    assert graphed.prefill_graphed == [(1, 32), (1, 64), (1, 96)]
 
     def replays() -> dict[int, int]:
         # The prefill graphs' outputs: last hidden states and the talker's source rows.
@@ -458,13 +458,47 @@ async def test_first_prompts_replay_a_fresh_prefill_graph_and_pick_as_eager(
     assert differs.eager_steps == 3 + 3 * STEPS
 
 
+async def test_first_prompts_of_one_bucket_share_a_fresh_graph_and_pick_as_alone(
+    cache_dir: Path,
+) -> None:
+    """With ``prefill_batch``, first prompts of one length bucket in one step run as one
+    forward, replayed from the graph of their count: every session's tokens and talker
+    rows are those it gets alone and eager; more prompts than ``prefill_batch`` split
+    into forwards of at most that many."""
+    path = cache_dir / "tiny-omni" / "seed-0"
+    common: dict[str, Any] = {"allowed_token_ranges": PRINTABLE_RANGES, "slots": 8}
+    graphs: dict[str, Any] = {"graphs": True, "prefill_graphs": True, "prefill_bucket": 128}
+    want = await alone(ThinkerModel(path, **common, max_context=256))
+
+    async def together(model: ThinkerModel) -> list[tuple[list[int], torch.Tensor]]:
+        loop = loop_over(model, max_chunk=128, budget=512)
+        loop.start()
+        pairs = enumerate(zip(PROMPTS, picks(), strict=True))
+        got = await asyncio.gather(*(session(loop, f"t{i}", p, pick) for i, (p, pick) in pairs))
+        await loop.stop()
+        assert model.eager_steps == 0
+        return list(got)
+
+    for batch, shapes in ((3, [(3, 128)]), (2, [(1, 128), (2, 128)])):
+        captures = Captures()
+        model = ThinkerModel(
+            path, **common, max_context=256, capture=captures, prefill_batch=batch, **graphs
+        )
+        got = await together(model)  # prompts of 50, 17 and 90: all in the 128 bucket
+        assert model.prefill_graphed == shapes
+        for (tokens, rows), (want_tokens, want_rows) in zip(got, want, strict=True):
+            assert tokens == want_tokens
+            torch.testing.assert_close(rows, want_rows, rtol=1e-4, atol=1e-5)
+
+
 @pytest.mark.usefixtures("fresh_compiles")
 async def test_fresh_prefill_graphs_captured_at_load_run_the_compiled_layers(
     cache_dir: Path,
 ) -> None:
-    """Warm, every fresh prefill length is captured at load through the compiled prefill
-    layers (after their compile), and serving compiles nothing more: the tokens and rows
-    are the eager model's."""
+    """Warm, every fresh prefill shape (length, and runs of one length up to
+    ``prefill_batch``) is captured at load through the compiled prefill layers (after
+    their compile), and serving compiles nothing more: the tokens and rows are the eager
+    model's."""
     path = cache_dir / "tiny-omni" / "seed-0"
     common: dict[str, Any] = {"allowed_token_ranges": PRINTABLE_RANGES, "slots": 4}
     backend = Backend()
@@ -478,8 +512,9 @@ async def test_fresh_prefill_graphs_captured_at_load_run_the_compiled_layers(
         compile_prefill=backend,
         prefill_graphs=True,
         prefill_bucket=64,
+        prefill_batch=2,
     )
-    assert graphed.prefill_graphed == [64, 128]
+    assert graphed.prefill_graphed == [(1, 64), (1, 128), (2, 64), (2, 128)]
     assert graphed.prefill_compiled == "compiled"
     at_load, runs = list(backend.graphs), backend.runs
     want = await alone(ThinkerModel(path, **common, max_context=128))
@@ -499,6 +534,13 @@ async def test_fresh_prefill_graphs_captured_at_load_run_the_compiled_layers(
     together = await asyncio.gather(*(session(loop, f"t{i}", p, pick) for i, (p, pick) in pairs))
     await loop.stop()
     assert loop.statistics().mixed_steps > 0
+    assert [tokens for tokens, _ in together] == [tokens for tokens, _ in want]
+    # First prompts together: the two of the 64 bucket in one replay.
+    loop = loop_over(graphed, max_chunk=128, budget=512)
+    loop.start()
+    pairs = enumerate(zip(PROMPTS, picks(), strict=True))
+    together = await asyncio.gather(*(session(loop, f"u{i}", p, pick) for i, (p, pick) in pairs))
+    await loop.stop()
     assert [tokens for tokens, _ in together] == [tokens for tokens, _ in want]
     assert backend.graphs == at_load
     assert graphed.eager_steps == 0

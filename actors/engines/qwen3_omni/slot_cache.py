@@ -201,23 +201,27 @@ class SlotCache:
             span=span,
         )
 
-    def fresh_step(self, slot: torch.Tensor, length: int) -> FreshStep:
+    def fresh_step(self, slots: torch.Tensor, length: int) -> FreshStep:
         """The ``past_key_values`` of one forward over ``length`` positions from the start
-        of slot ``slot`` [1] (built from tensors only: capturable)."""
+        of each slot of ``slots`` [K] (built from tensors only: capturable)."""
         if not 0 < length <= self.max_len:
             raise ValueError(
                 f"a fresh chunk of {length} positions does not fit a slot of {self.max_len}"
             )
-        return FreshStep(self, slot, length)
+        return FreshStep(self, slots, length)
 
 
 class FreshGraphs:
-    """A stage's fresh prefill graphs: ``forward(embeds [L, H], slot [1])`` (a
-    :class:`FreshStep` over ``L`` positions from the start of the slot, returning
-    tensors of ``L`` rows), replayed from a CUDA graph per length bucket, every multiple
-    of ``bucket`` positions up to the slot's length. A run of chunks is padded at its
-    end to its bucket (with copies of its last input: see :class:`FreshStep` for why
-    the padding changes nothing) and its outputs cut back.
+    """A stage's fresh prefill graphs: ``forward(embeds [K * L, H], slots [K])`` (a
+    :class:`FreshStep` over ``K`` runs of ``L`` positions, each from the start of its
+    slot, returning tensors of ``K * L`` rows), replayed from a CUDA graph per (``K``,
+    ``L``): ``L`` every multiple of ``bucket`` positions up to the slot's length, ``K``
+    from one up to ``batch``, where ``K`` runs that long fit ``max_tokens`` (the step's
+    budget). Each run is padded at its end to its bucket (with copies of its last input:
+    see :class:`FreshStep` for why the padding changes nothing) and its outputs cut back.
+
+    Runs of one bucket share a forward: the experts of a MoE layer read their weights
+    once for all of them, where a forward per run reads them per run (docs/engines.md).
 
     Args:
         name: the graphs' name, for the log.
@@ -225,6 +229,8 @@ class FreshGraphs:
         bucket: the buckets' step in positions.
         forward: the capturable forward.
         capture: how graphs are captured (tests pass a stand-in).
+        batch: the most runs one forward takes.
+        max_tokens: the most positions a step feeds (None: no limit).
     """
 
     def __init__(
@@ -234,58 +240,93 @@ class FreshGraphs:
         bucket: int,
         forward: Callable[[torch.Tensor, torch.Tensor], tuple[torch.Tensor, ...]],
         capture: Capture | None = None,
+        *,
+        batch: int = 1,
+        max_tokens: int | None = None,
     ) -> None:
-        if bucket < 1:
-            raise ValueError(f"prefill_bucket must be >= 1, got {bucket}")
+        if bucket < 1 or batch < 1:
+            raise ValueError(
+                f"prefill_bucket and prefill_batch must be >= 1, got {bucket}, {batch}"
+            )
         self.sizes = list(range(bucket, cache.max_len + 1, bucket))
         """The lengths captured, smallest first."""
+        # A bucket's runs are at least ``size - bucket + 1`` positions long: as many of
+        # them as the step's budget holds can come in one step.
+        self._counts = {
+            size: max(1, min(batch, (max_tokens or batch * size) // (size - bucket + 1)))
+            for size in self.sizes
+        }
         self._cache = cache
         self._bucket = bucket
         self._forward = forward
-        self._graphs: ShapeGraphs[int] = ShapeGraphs(name, capture=capture)
+        self._graphs: ShapeGraphs[tuple[int, int]] = ShapeGraphs(name, capture=capture)
 
     @property
-    def graphed(self) -> list[int]:
-        """Lengths that replay from a graph."""
+    def keys(self) -> list[tuple[int, int]]:
+        """The (runs, length) shapes captured at :meth:`warm`."""
+        return [(n, size) for size in self.sizes for n in range(1, self._counts[size] + 1)]
+
+    @property
+    def graphed(self) -> list[tuple[int, int]]:
+        """(runs, length) shapes that replay from a graph."""
         return sorted(self._graphs.graphed)
 
     @property
     def eager_steps(self) -> int:
-        """Runs that went eager because their length's graph failed or differed."""
+        """Runs that went eager because their shape's graph failed or differed."""
         return self._graphs.eager_steps
 
-    def warm(self, row: torch.Tensor) -> list[int]:
-        """Capture every length now, over the scratch slot, on copies of ``row`` [1, H]."""
-        slot = torch.tensor([self._cache.scratch], device=row.device)
-        for size in self.sizes:
-            self._graphs.capture(size, self._forward, row.expand(size, -1).contiguous(), slot)
+    def warm(self, row: torch.Tensor) -> list[tuple[int, int]]:
+        """Capture every shape now, over the scratch slot, on copies of ``row`` [1, H]."""
+        for count, size in self.keys:
+            slots = torch.full((count,), self._cache.scratch, device=row.device)
+            inputs = row.expand(count * size, -1).contiguous()
+            self._graphs.capture((count, size), self._forward, inputs, slots)
         return self.graphed
 
-    def __call__(self, embeds: torch.Tensor, slot: int) -> tuple[torch.Tensor, ...]:
-        """``forward`` over ``embeds`` [L, H] from the start of ``slot``, replayed from
-        the graph of the smallest bucket that holds it: its outputs' first ``L`` rows."""
-        length = embeds.shape[0]
-        size = -(-length // self._bucket) * self._bucket
-        given = torch.tensor([slot], device=embeds.device)
-        outputs = self._graphs(size, self._forward, pad_rows(embeds, size), given)
-        return tuple(output[:length] for output in outputs)
+    def __call__(
+        self, embeds: Sequence[torch.Tensor], slots: Sequence[int]
+    ) -> list[tuple[torch.Tensor, ...]]:
+        """``forward`` over runs ``embeds`` [L_i, H] (one bucket's, at most its count),
+        each from the start of its slot in ``slots``, replayed from the graph of their
+        shape: each run's outputs, its first ``L_i`` rows."""
+        lengths = [run.shape[0] for run in embeds]
+        size = -(-max(lengths) // self._bucket) * self._bucket
+        padded = torch.cat([pad_rows(run, size) for run in embeds])
+        given = torch.tensor(list(slots), device=padded.device)
+        outputs = self._graphs((len(lengths), size), self._forward, padded, given)
+        return [
+            tuple(output[n * size : n * size + length] for output in outputs)
+            for n, length in enumerate(lengths)
+        ]
 
     def step(
         self,
         chunks: list[C],
-        fresh: Callable[[list[C]], list[Out]],
+        fresh: Callable[[list[list[C]]], list[Out]],
         rest: Callable[[list[C]], list[Out]],
     ) -> list[Out]:
-        """One output per chunk of a step: each request's run that starts its slot
-        (:func:`fresh_runs`, at most the largest bucket) through ``fresh``, the step's
-        other chunks through ``rest`` as a step of their own (they read other slots: the
-        order does not matter); the whole step through ``rest`` where none starts."""
+        """One output per chunk of a step: the runs that start their slots
+        (:func:`fresh_runs`, at most the largest bucket), those of one bucket together
+        (at most its count at a time), through ``fresh`` (an output per chunk of its
+        runs, in order); the step's other chunks through ``rest`` as a step of their own
+        (they read other slots: the order does not matter); the whole step through
+        ``rest`` where none starts."""
         runs = fresh_runs(chunks, self.sizes[-1]) if self.sizes else []
         if not runs:
             return rest(chunks)
+        by_size: dict[int, list[list[int]]] = {}
+        for run in runs:
+            length = sum(chunks[i].length for i in run)
+            by_size.setdefault(-(-length // self._bucket) * self._bucket, []).append(run)
         outputs: dict[int, Out] = {}
-        for indices in runs:
-            outputs.update(zip(indices, fresh([chunks[i] for i in indices]), strict=True))
+        for size, same in by_size.items():
+            count = self._counts[size]
+            for first in range(0, len(same), count):
+                group = same[first : first + count]
+                flat = [i for run in group for i in run]
+                results = fresh([[chunks[i] for i in run] for run in group])
+                outputs.update(zip(flat, results, strict=True))
         others = [i for i in range(len(chunks)) if i not in outputs]
         if others:
             outputs.update(zip(others, rest([chunks[i] for i in others]), strict=True))
@@ -295,7 +336,8 @@ class FreshGraphs:
 def fresh_runs(chunks: Sequence[Chunk[Any, Any]], largest: int) -> list[list[int]]:
     """The indices of each request's chunks in a step that start its slot: all of its
     chunks in the step, prefills back to back from position 0, ``largest`` positions at
-    most (a fresh prefill graph's length). Each run is one :class:`FreshStep`."""
+    most (a fresh prefill graph's length). Runs of one length bucket share a
+    :class:`FreshStep`."""
     by_request: dict[int, list[int]] = {}
     for index, chunk in enumerate(chunks):
         by_request.setdefault(id(chunk.request), []).append(index)
@@ -454,24 +496,25 @@ class _SlotLayer(SlotStep):
 
 
 class FreshStep(SlotStep):
-    """A forward over one chunk at the start of its slot (a conversation's first prompt,
-    and what follows it in the same step), built from tensors alone, so that it can be
-    replayed from a CUDA graph per length: its keys and values are written to the slot
-    as any step's are, and its attention reads the chunk's own (plain causal attention,
-    :data:`FRESH_ATTENTION`), nothing of the slot. A chunk padded at its end computes
-    what the chunk alone computes at its first positions: causal attention never lets a
-    position see the padding after it, and the padding's keys land past the slot's
-    computed length, which nothing reads and the next feed overwrites."""
+    """A forward over runs of ``length`` positions, each at the start of its own slot (a
+    conversation's first prompt, and what follows it in the same step), built from
+    tensors alone, so that it can be replayed from a CUDA graph per (runs, length): its
+    keys and values are written to the slots as any step's are, and each run's attention
+    reads the run's own (plain causal attention, :data:`FRESH_ATTENTION`, the runs as a
+    batch), nothing of the slot. A run padded at its end computes what the run alone
+    computes at its first positions: causal attention never lets a position see the
+    padding after it, and the padding's keys land past the slot's computed length, which
+    nothing reads and the next feed overwrites."""
 
     _attention = FRESH_ATTENTION
 
-    def __init__(self, cache: SlotCache, slot: torch.Tensor, length: int) -> None:
-        positions = torch.arange(length, device=slot.device)
-        rows = torch.zeros_like(positions)
+    def __init__(self, cache: SlotCache, slots: torch.Tensor, length: int) -> None:
+        positions = torch.arange(length, device=slots.device).repeat(slots.shape[0])
+        rows = torch.arange(slots.shape[0], device=slots.device).repeat_interleave(length)
         super().__init__(
             cache,
-            slots=slot,
-            starts=torch.zeros_like(slot),
+            slots=slots,
+            starts=torch.zeros_like(slots),
             token_row=rows,
             token_col=positions,
             positions=positions,
@@ -503,12 +546,49 @@ def _fresh_attention(
     scaling: float | None = None,
     **_: Any,
 ) -> tuple[torch.Tensor, None]:
-    """A :class:`FreshStep`'s attention: ``query`` [1, heads, T, dim] over the chunk's own
-    ``key``/``value`` [1, kv_heads, T, dim], causally; [1, T, heads, dim]."""
+    """A :class:`FreshStep`'s attention: ``query`` [1, heads, K * L, dim] of ``K`` runs
+    of ``L`` positions (the mask's first size) over the runs' own ``key``/``value`` [1,
+    kv_heads, K * L, dim], each run causally; [1, K * L, heads, dim]."""
+    assert attention_mask is not None, "a fresh step passes its mask"
+    if torch.compiler.is_compiling():
+        # Opaque to a compiled prefill layer: the run count is the mask's unbacked first
+        # size (:class:`~.frame_compile.CompiledLayers`), which a traced view cannot split by.
+        out = torch.ops.omni_actors.slot_fresh_attention(query, key, value, attention_mask, scaling)
+    else:
+        out = _runs_attention(query, key, value, attention_mask, scaling)
+    return out, None
+
+
+@torch.library.custom_op("omni_actors::slot_fresh_attention", mutates_args=())
+def _runs_attention(
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    mask: torch.Tensor,
+    scaling: float | None,
+) -> torch.Tensor:
+    """:func:`_fresh_attention`'s runs, ``mask.shape[0]`` of them, as one batch of the
+    flash kernel; [1, K * L, heads, dim]."""
+    runs = mask.shape[0]
+    # [1, heads, K * L, dim] -> [K, heads, L, dim]: the runs as the batch.
+    query, key, value = (
+        t[0].view(t.shape[1], runs, -1, t.shape[3]).transpose(0, 1) for t in (query, key, value)
+    )
     out = torch.nn.functional.scaled_dot_product_attention(
         query, key, value, is_causal=True, scale=scaling, enable_gqa=True
     )
-    return out.transpose(1, 2), None
+    return out.transpose(1, 2).flatten(0, 1)[None]
+
+
+@_runs_attention.register_fake
+def _runs_attention_shape(
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    mask: torch.Tensor,
+    scaling: float | None,
+) -> torch.Tensor:
+    return query.new_empty((1, query.shape[2], query.shape[1], query.shape[3]))
 
 
 def _slot_attention(

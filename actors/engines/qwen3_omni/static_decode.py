@@ -85,10 +85,16 @@ class PrefillGraphArgs(StaticDecodeArgs):
             by its launches (about half of the thinker's 90 ms for 2500 positions on one
             H200 is kernels), which a replay does not pay.
         prefill_bucket: those buckets' step in positions.
+        prefill_batch: the most such prompts of one bucket that share a forward, as a
+            graph per count (where that many fit a step's ``max_tokens_per_step``): a
+            MoE layer's experts read their weights once for all of them (at full size,
+            a 2500-position prompt gives each of 128 experts about 156 rows, where the
+            experts' matmuls are bound by reading the weights).
     """
 
     prefill_graphs: bool = Field(True, strict=True)
     prefill_bucket: int = Field(256, ge=1)
+    prefill_batch: int = Field(4, ge=1)
 
     def prefill_graphs_on(self, device: torch.device) -> bool:
         """Whether fresh prefills replay graphs on ``device``: with ``prefill_graphs``,

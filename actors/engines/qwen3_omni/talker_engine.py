@@ -217,6 +217,8 @@ class TalkerEngine(SteppedTorchEngine[Voice, TalkerFeed, Framed | None]):
             compile_prefill=args.prefill_compile(self.device),
             prefill_graphs=args.prefill_graphs_on(self.device),
             prefill_bucket=args.prefill_bucket,
+            prefill_batch=args.prefill_batch,
+            step_tokens=args.max_tokens_per_step,
         )
         if self.speaker not in model.speakers:
             raise ValueError(

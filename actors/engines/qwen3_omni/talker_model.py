@@ -182,6 +182,9 @@ class TalkerModel:
             length bucket of ``prefill_bucket`` positions (captured at load when
             ``warm``), apart from the step's other rows (:meth:`step`).
         prefill_bucket: the length buckets' step.
+        prefill_batch: the most such runs of one bucket that share a forward (a graph
+            per count, where that many fit ``step_tokens``).
+        step_tokens: the most positions a step feeds (the step loop's budget).
 
     Attributes:
         text_config: the text model's config.
@@ -207,6 +210,8 @@ class TalkerModel:
         compile_prefill: Backend | None = None,
         prefill_graphs: bool = False,
         prefill_bucket: int = PREFILL_BUCKET,
+        prefill_batch: int = 1,
+        step_tokens: int | None = None,
     ) -> None:
         device = device or torch.device("cpu")
         if prefill_bucket < 1:
@@ -281,7 +286,13 @@ class TalkerModel:
         self._fresh_graphs: FreshGraphs | None = None
         if graphs and prefill_graphs and prefill_bucket <= max_context:
             self._fresh_graphs = FreshGraphs(
-                "talker prefill", self.cache, prefill_bucket, self._fresh, capture
+                "talker prefill",
+                self.cache,
+                prefill_bucket,
+                self._fresh,
+                capture,
+                batch=prefill_batch,
+                max_tokens=step_tokens,
             )
         if self._graphs is not None and warm:
             self.warm()
@@ -363,8 +374,8 @@ class TalkerModel:
         return self._fresh_graphs.sizes if self._fresh_graphs is not None else []
 
     @property
-    def prefill_graphed(self) -> list[int]:
-        """Lengths whose fresh prefill replays from a graph."""
+    def prefill_graphed(self) -> list[tuple[int, int]]:
+        """(runs, length) shapes whose fresh prefill replays from a graph."""
         return self._fresh_graphs.graphed if self._fresh_graphs is not None else []
 
     @property
@@ -394,7 +405,7 @@ class TalkerModel:
         return self.graphed
 
     @torch.no_grad()
-    def warm_prefill_graphs(self) -> list[int]:
+    def warm_prefill_graphs(self) -> list[tuple[int, int]]:
         """Capture every fresh prefill graph now (after the prefill layers compiled), over
         the scratch slot."""
         if self._fresh_graphs is not None:
@@ -413,20 +424,22 @@ class TalkerModel:
         rest = functools.partial(self._step, eager=eager)
         if eager or self._fresh_graphs is None:
             return rest(chunks)
-        return self._fresh_graphs.step(chunks, self._fresh_run, rest)
+        return self._fresh_graphs.step(chunks, self._fresh_runs, rest)
 
-    def _fresh_run(self, run: list[TalkerChunk]) -> list[Framed | None]:
-        """One request's chunks from the start of its slot, from the fresh prefill graph
-        of the smallest length that holds them (padded with copies of the last input)."""
+    def _fresh_runs(self, runs: list[list[TalkerChunk]]) -> list[Framed | None]:
+        """Requests' chunks from the start of their slots, one length bucket's, from the
+        fresh prefill graph of that bucket and their count (each run padded with copies
+        of its last input): an output per chunk, in order."""
         assert self._fresh_graphs is not None
-        embeds = torch.cat([_inputs(c) for c in run]).to(self.device, self._dtype)
-        (states,) = self._fresh_graphs(embeds, run[0].request.slot)
-        return self._framed(run, states)
+        embeds = [torch.cat([_inputs(c) for c in run]).to(self.device, self._dtype) for run in runs]
+        outputs = self._fresh_graphs(embeds, [run[0].request.slot for run in runs])
+        states = torch.cat([output[0] for output in outputs])
+        return self._framed([chunk for run in runs for chunk in run], states)
 
-    def _fresh(self, embeds: torch.Tensor, slot: torch.Tensor) -> tuple[torch.Tensor]:
-        """The backbone over ``embeds`` [L, Ht] from the start of slot ``slot`` [1]: its
-        last states [L, Ht] (capturable)."""
-        step = self.cache.fresh_step(slot, embeds.shape[0])
+    def _fresh(self, embeds: torch.Tensor, slots: torch.Tensor) -> tuple[torch.Tensor]:
+        """The backbone over ``embeds`` [K * L, Ht], ``K`` runs of ``L`` positions each from
+        the start of its slot of ``slots`` [K]: its last states [K * L, Ht] (capturable)."""
+        step = self.cache.fresh_step(slots, embeds.shape[0] // slots.shape[0])
         model = self._talker.model
         return (prefill_forward(model, step, self._configs, embeds, self._prefill_layers)[0],)
 

@@ -217,6 +217,8 @@ class ThinkerEngine(ConversationEngine[Feeding, Fed]):
             compile_prefill=args.prefill_compile(self.device),
             prefill_graphs=args.prefill_graphs_on(self.device),
             prefill_bucket=args.prefill_bucket,
+            prefill_batch=args.prefill_batch,
+            step_tokens=args.max_tokens_per_step,
         )
         self.close_turn = self._model.vocabulary.close_turn
         self.assistant_opening = self._model.vocabulary.assistant_opening

@@ -131,6 +131,9 @@ class ThinkerModel:
             graph per length bucket of ``prefill_bucket`` positions (captured at load
             when ``warm``), apart from the step's other rows (:meth:`step`).
         prefill_bucket: the length buckets' step.
+        prefill_batch: the most such runs of one bucket that share a forward (a graph
+            per count, where that many fit ``step_tokens``).
+        step_tokens: the most positions a step feeds (the step loop's budget).
 
     Raises:
         ModelFileError: a file of the stage, its tokenizer or front end, or the composite
@@ -164,6 +167,8 @@ class ThinkerModel:
         compile_prefill: Backend | None = None,
         prefill_graphs: bool = False,
         prefill_bucket: int = PREFILL_BUCKET,
+        prefill_batch: int = 1,
+        step_tokens: int | None = None,
     ) -> None:
         device = device or torch.device("cpu")
         if prefill_bucket < 1:
@@ -234,7 +239,13 @@ class ThinkerModel:
         self._fresh_graphs: FreshGraphs | None = None
         if graphs and prefill_graphs and prefill_bucket <= max_context:
             self._fresh_graphs = FreshGraphs(
-                "thinker prefill", self.cache, prefill_bucket, self._fresh, capture
+                "thinker prefill",
+                self.cache,
+                prefill_bucket,
+                self._fresh,
+                capture,
+                batch=prefill_batch,
+                max_tokens=step_tokens,
             )
         if self._graphs is not None and warm:
             self.warm()
@@ -295,8 +306,8 @@ class ThinkerModel:
         return self._fresh_graphs.sizes if self._fresh_graphs is not None else []
 
     @property
-    def prefill_graphed(self) -> list[int]:
-        """Lengths whose fresh prefill replays from a graph."""
+    def prefill_graphed(self) -> list[tuple[int, int]]:
+        """(runs, length) shapes whose fresh prefill replays from a graph."""
         return self._fresh_graphs.graphed if self._fresh_graphs is not None else []
 
     @torch.no_grad()
@@ -311,7 +322,7 @@ class ThinkerModel:
         return self.graphed
 
     @torch.no_grad()
-    def warm_prefill_graphs(self) -> list[int]:
+    def warm_prefill_graphs(self) -> list[tuple[int, int]]:
         """Capture every fresh prefill graph now (after the prefill layers compiled), over
         the scratch slot."""
         if self._fresh_graphs is not None:
@@ -332,7 +343,7 @@ class ThinkerModel:
         rest = functools.partial(self._step, eager=eager)
         if eager or self._fresh_graphs is None:
             return rest(chunks)
-        return self._fresh_graphs.step(chunks, self._fresh_run, rest)
+        return self._fresh_graphs.step(chunks, self._fresh_runs, rest)
 
     def _step(self, chunks: list[ThinkerChunk], eager: bool) -> list[Fed]:
         """:meth:`step` without fresh prefill graphs."""
@@ -388,19 +399,28 @@ class ThinkerModel:
             offset += chunk.length
         return fed
 
-    def _fresh_run(self, run: list[ThinkerChunk]) -> list[Fed]:
-        """One request's chunks from the start of its slot, from the fresh prefill graph
-        of the smallest length that holds them (padded with copies of the last input)."""
+    def _fresh_runs(self, runs: list[list[ThinkerChunk]]) -> list[Fed]:
+        """Requests' chunks from the start of their slots, one length bucket's, from the
+        fresh prefill graph of that bucket and their count (each run padded with copies
+        of its last input): an output per chunk, in order."""
         assert self._fresh_graphs is not None
-        embeds, pads = self._inputs(run)
-        last, accept = self._fresh_graphs(embeds, run[0].request.slot)
-        want_rows = any(c.work.payload.rows for c in run)
-        return self._outputs(run, last, accept if want_rows else None, embeds, pads)
+        chunks = [chunk for run in runs for chunk in run]
+        embeds, pads = self._inputs(chunks)
+        lengths = [sum(chunk.length for chunk in run) for run in runs]
+        runs_embeds = torch.split(embeds, lengths)
+        outputs = self._fresh_graphs(runs_embeds, [run[0].request.slot for run in runs])
+        last = torch.cat([output[0] for output in outputs])
+        want_rows = any(c.work.payload.rows for c in chunks)
+        accept = torch.cat([output[1] for output in outputs]) if want_rows else None
+        return self._outputs(chunks, last, accept, embeds, pads)
 
-    def _fresh(self, embeds: torch.Tensor, slot: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """The forward over ``embeds`` [L, H] from the start of slot ``slot`` [1]: the last
-        hidden states and the talker's source rows, [L, H] each (capturable)."""
-        step = self.cache.fresh_step(slot, embeds.shape[0])
+    def _fresh(
+        self, embeds: torch.Tensor, slots: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """The forward over ``embeds`` [K * L, H], ``K`` runs of ``L`` positions each from
+        the start of its slot of ``slots`` [K]: the last hidden states and the talker's
+        source rows, [K * L, H] each (capturable)."""
+        step = self.cache.fresh_step(slots, embeds.shape[0] // slots.shape[0])
         with self._accept_states(True) as states:
             last = prefill_forward(
                 self._thinker.model, step, self._configs, embeds, self._prefill_layers

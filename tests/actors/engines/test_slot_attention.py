@@ -1,6 +1,7 @@
 """The slot cache's attention against attention written out by hand: every segment kind
 of a step (a prefill chunk at the start of its slot, a later chunk, decode rows beside
-them, padding rows) and a decode step, with grouped key/value heads."""
+them, padding rows), a decode step and a fresh step of several runs, with grouped
+key/value heads."""
 
 from __future__ import annotations
 
@@ -11,9 +12,11 @@ import pytest
 torch = pytest.importorskip("torch")
 
 from omni_actors.actors.engines.qwen3_omni.slot_cache import (  # noqa: E402
+    FreshGraphs,
     Segment,
     SlotCache,
     SlotStep,
+    _fresh_attention,
     _slot_attention,
 )
 
@@ -112,3 +115,40 @@ def test_a_decode_step_built_from_tensors_attends_like_the_hand_written_one() ->
     out = _run(step, query, (key, value))
     segments = [Segment(int(s), int(p), 1) for s, p in zip(slots, starts, strict=True)]
     torch.testing.assert_close(out, _by_hand(cache, segments, query))
+
+
+def test_a_fresh_step_of_several_runs_attends_each_run_causally_in_its_slot() -> None:
+    """Runs of one length from the start of their slots: each run's keys land in its slot,
+    and each query attends its own run's positions up to its own, as the op a compiled
+    layer calls does too."""
+    cache = _cache()
+    slots, length = torch.tensor([3, 0, 2]), 6
+    query, key, value = _inputs(3 * length)
+    step = cache.fresh_step(slots, length)
+    written = step.update(key, value, 0)
+    flat = query.transpose(0, 1)[None]  # [1, heads, T, dim]
+    with step.active([]):
+        out, _ = _fresh_attention(torch.nn.Module(), flat, *written, step.mask, DIM**-0.5)
+    for n, slot in enumerate(slots.tolist()):
+        run = slice(n * length, (n + 1) * length)
+        torch.testing.assert_close(cache.keys[0][slot, :, :length], key[0][:, run])
+    segments = [Segment(int(slot), 0, length) for slot in slots]
+    expected = _by_hand(cache, segments, query)
+    torch.testing.assert_close(out[0], expected)
+    op = torch.ops.omni_actors.slot_fresh_attention(flat, key, value, step.mask, DIM**-0.5)
+    torch.testing.assert_close(op[0], expected)
+
+
+def test_fresh_graphs_take_as_many_runs_of_a_length_as_a_step_holds() -> None:
+    """A graph per (runs, length): up to ``batch`` runs, where that many of the bucket's
+    shortest fit the step's budget; one run of every length whatever the budget."""
+
+    def forward(embeds: torch.Tensor, slots: torch.Tensor) -> tuple[torch.Tensor]:
+        return (embeds,)
+
+    graphs = FreshGraphs("test", _cache(), 16, forward, batch=4, max_tokens=40)
+    assert graphs.sizes == [16, 32, 48, 64]
+    assert graphs.keys == [(1, 16), (2, 16), (3, 16), (4, 16), (1, 32), (2, 32), (1, 48), (1, 64)]
+    assert FreshGraphs("test", _cache(), 32, forward).keys == [(1, 32), (1, 64)]
+    with pytest.raises(ValueError, match="prefill_batch"):
+        FreshGraphs("test", _cache(), 32, forward, batch=0)
