@@ -124,6 +124,11 @@ class TalkerArgs(
         prefill_graphs: a session's first user rows (and a one-shot reply's opening)
             replay a fresh prefill graph of their length (on by default where steps
             replay graphs, as the thinker's).
+        prefill_batch: one prompt per forward by default, unlike the thinker's: the
+            talker's experts are a quarter of the thinker's width, so a forward shared by
+            several prompts saves little of their reading, and at c=32 on two H200s its
+            prefill steps took 4.7 s in all with four, against 3.1 s with one
+            (docs/benchmarks.md).
     """
 
     frames_per_token: int | None = Field(None, ge=1)
@@ -131,6 +136,7 @@ class TalkerArgs(
     stop_at_codec_eos: bool = Field(True, strict=True)
     max_frames: int = Field(4096, ge=1)
     max_context: int = Field(8192, ge=2)
+    prefill_batch: int = Field(1, ge=1)
 
     @model_validator(mode="after")
     def _ends(self) -> TalkerArgs:
