@@ -9,7 +9,7 @@ with the output of its eager run. One JSON object per line on stdout:
     python3 benchmarks/moe_experts.py --tokens 1 256 2500          # a GPU
     python3 benchmarks/moe_experts.py --compiled inductor          # and compiled
     python3 benchmarks/moe_experts.py --tokens 2500 --profile      # and its kernels
-    python3 benchmarks/moe_experts.py --triton-combine             # moe_combine_triton's
+    python3 benchmarks/moe_experts.py --triton-combine             # moe_combine='triton'
     DRY=1 python3 benchmarks/moe_experts.py --tokens 2500          # the CPU
 """
 
@@ -31,7 +31,7 @@ from transformers.models.qwen3_omni_moe.configuration_qwen3_omni_moe import (
     Qwen3OmniMoeTextConfig,
 )
 
-from omni_actors.actors.engines.qwen3_omni import moe
+from omni_actors.actors.engines.qwen3_omni import moe_combine
 from omni_actors.actors.engines.qwen3_omni.hf import Qwen3OmniMoeThinkerTextExperts
 from omni_actors.actors.engines.qwen3_omni.moe import LeanExperts
 
@@ -74,7 +74,7 @@ def main() -> None:
     parser.add_argument(
         "--triton-combine",
         action="store_true",
-        help="also time the lean forward ending in moe_combine_triton's kernel (a GPU)",
+        help="also time the lean forward ending in moe_combine's Triton kernel (a GPU)",
     )
     parser.add_argument(
         "--profile",
@@ -174,27 +174,33 @@ def triton_combined(
     reference: torch.Tensor,
     ns: argparse.Namespace,
 ) -> dict[str, Any]:
-    """The lean forward with its last step by ``moe_combine_triton``: eager, from a graph,
-    its largest difference from ``reference``, and (``--profile``) the graph's kernels."""
-    from moe_combine_triton import combine  # this directory's; needs triton
-
+    """The lean forward with ``moe_combine="triton"`` (its Triton kernel from 64 tokens
+    on): eager, from a graph, compiled (``--compiled``), its largest difference from
+    ``reference``, and (``--profile``) the graph's kernels."""
     device = hidden.device
     run = functools.partial(lean, hidden, index, weights)
-    plain = moe._combine
-    moe._combine = combine
+    lean.combine = "triton"
     try:
         combined = run()
         row: dict[str, Any] = {
+            "triton_serves": moe_combine.serves(combined, hidden.shape[0]),
             "triton_ms": timed(run, device, ns.repeat),
             "triton_max_abs_diff": float((combined.float() - reference.float()).abs().max()),
         }
         graph, captured = capture(run)
         row["triton_graph_equal"] = bool(torch.equal(captured, combined))
         row["triton_graph_ms"] = timed(graph.replay, device, ns.repeat)
+        if ns.compiled:
+            compiled = torch.compile(lean, backend=ns.compiled, fullgraph=True)
+            traced = compiled(hidden, index, weights)
+            row["triton_compiled_ms"] = timed(
+                functools.partial(compiled, hidden, index, weights), device, ns.repeat
+            )
+            row["triton_compiled_max_abs_diff"] = float((traced - combined).abs().max())
         if ns.profile:
             row["triton_top"] = kernels(graph.replay, device, ns.repeat)
     finally:
-        moe._combine = plain
+        lean.combine = "gather"
     return row
 
 

@@ -93,7 +93,7 @@ write_random_release(Path(sys.argv[1]), config, stages=tuple(sys.argv[3].split()
       echo "prepare_s=$(( $(date +%s) - start ))"; du -sh "$RELEASE" ;;
     experts)
       # The MoE experts alone at the thinker's and talker's widths (random weights, no
-      # release): eager, from a graph, compiled, ending in moe_combine_triton's kernel,
+      # release): eager, from a graph, compiled, ending in moe_combine's Triton kernel,
       # and the graphs' kernels.
       python3 benchmarks/moe_experts.py --tokens 1 32 2500 --shapes thinker talker \
         --compiled inductor --triton-combine --profile | tee "$OUT/moe_experts.jsonl" | cut -c1-400 ;;

@@ -220,6 +220,7 @@ class TalkerEngine(SteppedTorchEngine[Voice, TalkerFeed, Framed | None]):
             warm=graphs and args.warm_graphs,
             frame_compile=args.frame_compile(self.device),
             moe=args.moe,
+            moe_combine=args.moe_combine,
             compile_prefill=args.prefill_compile(self.device),
             prefill_graphs=args.prefill_graphs_on(self.device),
             prefill_bucket=args.prefill_bucket,

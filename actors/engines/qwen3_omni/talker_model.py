@@ -50,7 +50,7 @@ from omni_actors.actors.engines.qwen3_omni.hf import (
     PreTrainedConfig,
     Qwen3OmniMoeTalkerForConditionalGeneration,
 )
-from omni_actors.actors.engines.qwen3_omni.moe import MoeImplementation
+from omni_actors.actors.engines.qwen3_omni.moe import MoeCombine, MoeImplementation
 from omni_actors.actors.engines.qwen3_omni.moe import install as moe_install
 from omni_actors.actors.engines.qwen3_omni.slot_cache import (
     PREFILL_BUCKET,
@@ -175,6 +175,7 @@ class TalkerModel:
         frame_compile: what of the frame-only step to ``torch.compile`` before its graphs
             are captured (None: nothing; :mod:`.frame_compile`).
         moe: whose forward the MoE experts run (:mod:`.moe`).
+        moe_combine: how the lean experts weigh their rows (:data:`.moe.MoeCombine`).
         compile_prefill: the backend its backbone's prefill forwards' layers compile
             with, for any length and any segments (compiled at load); None: not compiled.
         prefill_graphs: on graphs, a request's chunks that start its slot (a session's
@@ -207,6 +208,7 @@ class TalkerModel:
         capture: Capture | None = None,
         frame_compile: FrameCompile | None = None,
         moe: MoeImplementation = "lean",
+        moe_combine: MoeCombine = "gather",
         compile_prefill: Backend | None = None,
         prefill_graphs: bool = False,
         prefill_bucket: int = PREFILL_BUCKET,
@@ -220,7 +222,7 @@ class TalkerModel:
         assert isinstance(talker, Qwen3OmniMoeTalkerForConditionalGeneration)
         if moe == "lean":
             # Before the layers are compiled: they trace the experts' forward.
-            moe_install(talker.model)
+            moe_install(talker.model, moe_combine)
         self._layers: CompiledLayers | None = None
         self._predictor: CompiledCodePredictor | None = None
         if frame_compile is not None:

@@ -213,6 +213,7 @@ class ThinkerEngine(ConversationEngine[Feeding, Fed]):
             graphs=graphs,
             warm=graphs and args.warm_graphs,
             moe=args.moe,
+            moe_combine=args.moe_combine,
             compile_layers=args.decode_compile(self.device),
             compile_prefill=args.prefill_compile(self.device),
             prefill_graphs=args.prefill_graphs_on(self.device),

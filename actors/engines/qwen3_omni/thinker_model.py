@@ -37,7 +37,7 @@ from omni_actors.actors.engines.qwen3_omni.hf import (
     WhisperFeatureExtractor,
 )
 from omni_actors.actors.engines.qwen3_omni.log_mel import LogMel
-from omni_actors.actors.engines.qwen3_omni.moe import MoeImplementation
+from omni_actors.actors.engines.qwen3_omni.moe import MoeCombine, MoeImplementation
 from omni_actors.actors.engines.qwen3_omni.moe import install as moe_install
 from omni_actors.actors.engines.qwen3_omni.sampling import Sampling, draw
 from omni_actors.actors.engines.qwen3_omni.slot_cache import (
@@ -121,6 +121,7 @@ class ThinkerModel:
         warm: capture every decode graph at load.
         capture: how graphs are captured (tests pass a stand-in on a machine without a GPU).
         moe: whose forward the MoE experts run (:mod:`.moe`).
+        moe_combine: how the lean experts weigh their rows (:data:`.moe.MoeCombine`).
         compile_layers: the ``torch.compile`` backend its decode steps' layers compile
             with before their graphs are captured (:class:`.frame_compile.CompiledLayers`);
             None: not compiled.
@@ -163,6 +164,7 @@ class ThinkerModel:
         warm: bool = False,
         capture: Capture | None = None,
         moe: MoeImplementation = "lean",
+        moe_combine: MoeCombine = "gather",
         compile_layers: Backend | None = None,
         compile_prefill: Backend | None = None,
         prefill_graphs: bool = False,
@@ -178,7 +180,7 @@ class ThinkerModel:
         assert isinstance(thinker, Qwen3OmniMoeThinkerForConditionalGeneration)
         if moe == "lean":
             # Before the layers are compiled: they trace the experts' forward.
-            moe_install(thinker.model)
+            moe_install(thinker.model, moe_combine)
         self._layers = (
             CompiledLayers(thinker.model.layers, compile_layers, name="thinker layers")
             if compile_layers is not None

@@ -15,7 +15,7 @@ from transformers.models.qwen3_omni_moe.configuration_qwen3_omni_moe import (
     Qwen3OmniMoeTextConfig,
 )
 
-from omni_actors.actors.engines.qwen3_omni import moe
+from omni_actors.actors.engines.qwen3_omni import moe, moe_combine
 from omni_actors.actors.engines.qwen3_omni.hf import (
     Qwen3OmniMoeTalkerTextExperts,
     Qwen3OmniMoeThinkerTextExperts,
@@ -217,3 +217,26 @@ def test_engines_run_lean_experts_unless_told_otherwise() -> None:
     assert ThinkerArgs.model_validate({"moe": "transformers"}).moe == "transformers"
     with pytest.raises(ValidationError, match="moe"):
         TalkerArgs.model_validate({"moe": "fast"})
+
+
+def test_the_triton_combine_falls_back_to_the_gather_where_it_does_not_serve() -> None:
+    """``moe_combine="triton"`` on a CPU (or without Triton, or below its fewest tokens)
+    computes the gather's sum; an engine's arg says which, ``gather`` unless told."""
+    hidden, index, weights = routing(80, seed=4)
+    reference = experts("eager")
+    lean = LeanExperts(reference, combine="triton")
+    assert not moe_combine.serves(hidden, 80)
+    assert not moe_combine.serves(hidden.to("meta"), moe_combine.MIN_TOKENS)
+    torch.testing.assert_close(
+        lean(hidden, index, weights), LeanExperts(reference)(hidden, index, weights)
+    )
+    model = torch.nn.ModuleDict({"experts": experts("eager")})
+    assert install(model, "triton") == 1
+    assert isinstance(model["experts"], LeanExperts)
+    assert model["experts"].combine == "triton"
+    assert (
+        MoeArgs().moe_combine == ThinkerArgs().moe_combine == TalkerArgs().moe_combine == "gather"
+    )
+    assert ThinkerArgs.model_validate({"moe_combine": "triton"}).moe_combine == "triton"
+    with pytest.raises(ValidationError, match="moe_combine"):
+        TalkerArgs.model_validate({"moe_combine": "fused"})
