@@ -124,11 +124,8 @@ class TalkerArgs(
         prefill_graphs: a session's first user rows (and a one-shot reply's opening)
             replay a fresh prefill graph of their length (on by default where steps
             replay graphs, as the thinker's).
-        prefill_batch: one prompt per forward by default, unlike the thinker's: the
-            talker's experts are a quarter of the thinker's width, so a forward shared by
-            several prompts saves little of their reading, and at c=32 on two H200s its
-            prefill steps took 4.7 s in all with four, against 3.1 s with one
-            (docs/benchmarks.md).
+        prefill_batch: 1 by default, unlike the thinker's 4: batching the talker's
+            prompts is not settled by measurement yet (docs/gpus.md).
     """
 
     frames_per_token: int | None = Field(None, ge=1)
