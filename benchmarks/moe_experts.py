@@ -10,6 +10,7 @@ with the output of its eager run. One JSON object per line on stdout:
     python3 benchmarks/moe_experts.py --compiled inductor          # and compiled
     python3 benchmarks/moe_experts.py --tokens 2500 --profile      # and its kernels
     python3 benchmarks/moe_experts.py --triton-combine             # moe_combine='triton'
+    python3 benchmarks/moe_experts.py --triton-fused 64x128x64x4x3 # moe_fused_triton's
     DRY=1 python3 benchmarks/moe_experts.py --tokens 2500          # the CPU
 """
 
@@ -75,6 +76,13 @@ def main() -> None:
         "--triton-combine",
         action="store_true",
         help="also time the lean forward ending in moe_combine's Triton kernel (a GPU)",
+    )
+    parser.add_argument(
+        "--triton-fused",
+        nargs="*",
+        metavar="MxNxKxWARPSxSTAGES",
+        help="also time moe_fused_triton's kernels with each block config (a GPU; none "
+        "given: 64x128x64x4x3)",
     )
     parser.add_argument(
         "--profile",
@@ -143,6 +151,14 @@ def main() -> None:
                         row["compiled_top"] = kernels(
                             functools.partial(compiled, hidden, index, weights), device, ns.repeat
                         )
+                if ns.triton_fused is not None:
+                    for config in ns.triton_fused or ["64x128x64x4x3"]:
+                        try:
+                            row.update(
+                                triton_fused(theirs, hidden, index, weights, ours_out, config, ns)
+                            )
+                        except Exception as exc:  # a kernel that fails is a result here
+                            row[f"fused_{config}_error"] = repr(exc)[:400]
                 if ns.triton_combine:
                     try:
                         row.update(triton_combined(lean, hidden, index, weights, ours_out, ns))
@@ -164,6 +180,50 @@ def capture(fn: Callable[[], torch.Tensor]) -> tuple[torch.cuda.CUDAGraph, torch
     graph.replay()
     torch.cuda.synchronize()
     return graph, captured
+
+
+def triton_fused(
+    experts: Qwen3OmniMoeThinkerTextExperts,
+    hidden: torch.Tensor,
+    index: torch.Tensor,
+    weights: torch.Tensor,
+    reference: torch.Tensor,
+    config: str,
+    ns: argparse.Namespace,
+) -> dict[str, Any]:
+    """``moe_fused_triton.fused_experts`` with block config ``config``: eager, from a graph,
+    its largest difference from the lean forward's ``reference``, and (``--profile``) the
+    graph's kernels, each key prefixed ``fused_<config>_``."""
+    from moe_fused_triton import fused_experts  # this directory's; needs triton
+
+    block_m, block_n, block_k, warps, stages = (int(part) for part in config.split("x"))
+    run = functools.partial(
+        fused_experts,
+        experts.gate_up_proj,
+        experts.down_proj,
+        hidden,
+        index,
+        weights,
+        block_m=block_m,
+        block_n=block_n,
+        block_k=block_k,
+        num_warps=warps,
+        num_stages=stages,
+    )
+    device = hidden.device
+    result = run()
+    key = f"fused_{config}_"
+    row: dict[str, Any] = {
+        key + "ms": timed(run, device, ns.repeat),
+        key + "max_abs_diff": float((result.float() - reference.float()).abs().max()),
+    }
+    if device.type == "cuda":
+        graph, captured = capture(run)
+        row[key + "graph_equal"] = bool(torch.equal(captured, result))
+        row[key + "graph_ms"] = timed(graph.replay, device, ns.repeat)
+        if ns.profile:
+            row[key + "top"] = kernels(graph.replay, device, ns.repeat)
+    return row
 
 
 def triton_combined(

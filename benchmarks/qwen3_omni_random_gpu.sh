@@ -94,9 +94,12 @@ write_random_release(Path(sys.argv[1]), config, stages=tuple(sys.argv[3].split()
     experts)
       # The MoE experts alone at the thinker's and talker's widths (random weights, no
       # release): eager, from a graph, compiled, ending in moe_combine's Triton kernel,
-      # and the graphs' kernels.
-      python3 benchmarks/moe_experts.py --tokens 1 32 2500 --shapes thinker talker \
-        --compiled inductor --triton-combine --profile | tee "$OUT/moe_experts.jsonl" | cut -c1-400 ;;
+      # as moe_fused_triton's two kernels per block config ($FUSED_BLOCKS), and the
+      # graphs' kernels.
+      python3 benchmarks/moe_experts.py --tokens 1 32 2500 7500 --shapes thinker talker \
+        --compiled inductor --triton-combine --profile \
+        --triton-fused ${FUSED_BLOCKS:-16x128x64x4x3 64x128x64x4x3 128x128x64x8x3 64x64x64x4x4} \
+        | tee "$OUT/moe_experts.jsonl" | cut -c1-400 ;;
     prefill)
       python3 benchmarks/thinker_prefill_profile.py "$THINKER_RELEASE" --tokens ${PREFILL_TOKENS:-256 2500} \
         --moe ${PREFILL_MOE:-lean compiled} | tee "$OUT/qwen3_omni_random_prefill_profile.jsonl" | grep -v '"top"' ;;
