@@ -45,7 +45,9 @@
 # $FRAMES_PER_TOKEN (default 2: random weights never pick codec EOS, so the audio of each
 # 256-token reply is set to 512 frames, 41 s, as benchmarks/qwen3_omni_random.yaml sets it).
 # SETS="thinker.max_tokens_per_step=4096 ..." sets more engine args of the preset
-# (benchmarks/preset_variant.py); TAG names the run in its result file.
+# (benchmarks/preset_variant.py); TAG names the run in its result file; TRACE=1 writes
+# every stage's steps to $OUT/steps (OMNI_ACTORS_STEP_TRACE) and prints where each
+# session's first audio waited (benchmarks/step_timeline.py).
 set -euo pipefail
 OUT=${OUT:-benchmarks/results}
 RELEASE=${RELEASE:-/tmp/q3}
@@ -195,11 +197,16 @@ write_random_release(Path(sys.argv[-1]), real_config(), stages=tuple(sys.argv[1:
       result="$OUT/qwen3_omni_random_$step${COMPILE_PREFILL:+_compile_prefill_$COMPILE_PREFILL}"
       result="$result${ROWS_AHEAD:+_rows_ahead_$ROWS_AHEAD}${PREFILL_GRAPHS:+_prefill_graphs_$PREFILL_GRAPHS}"
       result="$result${TAG:+_$TAG}.json"
+      if [ "${TRACE:-}" = 1 ]; then export OMNI_ACTORS_STEP_TRACE="$OUT/steps"; fi
       # shellcheck disable=SC2086  # levels is a list of words on purpose
       omni bench pipeline --preset /tmp/variant.yaml "${model[@]}" --input-tokens 2500 \
         --output-tokens 256 --frames-per-token "$FRAMES_PER_TOKEN" --streaming-only \
         --no-input-length --concurrency $levels "${counts[@]}" --json > "$result"
       python3 -c 'import json, sys; from omni_actors.bench.models import model_table
-print("\n".join(model_table(json.load(open(sys.argv[1])))))' "$result" ;;
+print("\n".join(model_table(json.load(open(sys.argv[1])))))' "$result"
+      if [ "${TRACE:-}" = 1 ]; then
+        python3 benchmarks/step_timeline.py "$OUT/steps" > "$OUT/step_timeline.txt"
+        tail -4 "$OUT/step_timeline.txt"
+      fi ;;
   esac
 done

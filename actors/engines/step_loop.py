@@ -42,21 +42,32 @@ the step that is running is computed and dropped. Its slot goes back to the free
 only once no running step holds it. A failed step fails the works that had a chunk in
 it (their requests may hold partly written positions past ``computed``: nothing reads
 them, and the next work overwrites them), not the loop.
+
+Where :data:`STEP_TRACE_ENV` names a directory (``OMNI_ACTORS_STEP_TRACE=DIR omni-actors
+bench pipeline ...``; worker processes inherit it), every loop writes each step there as
+one JSON line, to ``<name>-<pid>.jsonl``: when it started (``t``, Unix seconds), how long
+it took (``ms``), the requests it gave a decode row (``decode``) and the prefill chunks
+it ran (``prefill``: request, start position, length). Merged by ``t``, the files of a
+run are a timeline of every stage's steps and of each session through them.
 """
 
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
+import os
 import time
 from collections import deque
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
-from typing import Generic, TypeVar, cast
+from pathlib import Path
+from typing import Final, Generic, TextIO, TypeVar, cast
 
 from omni_actors.errors import EngineError
 
 __all__ = [
+    "STEP_TRACE_ENV",
     "Chunk",
     "ContextLengthError",
     "Request",
@@ -68,6 +79,9 @@ __all__ = [
 ]
 
 log = logging.getLogger(__name__)
+
+STEP_TRACE_ENV: Final = "OMNI_ACTORS_STEP_TRACE"
+"""The environment variable naming the directory step loops trace their steps to."""
 
 P = TypeVar("P")
 Out = TypeVar("Out")
@@ -185,6 +199,8 @@ class StepLoop(Generic[P, Out]):
         wait_s: how long an idle loop, once woken, gathers work before its first step.
         name: the loop task's name, for debugging.
         clock: the seconds its statistics' times are read from.
+        trace_dir: where to write its steps while it runs (module docstring); None: the
+            directory :data:`STEP_TRACE_ENV` names, if set, else nowhere.
     """
 
     def __init__(
@@ -200,6 +216,7 @@ class StepLoop(Generic[P, Out]):
         wait_s: float = 0.0,
         name: str = "step loop",
         clock: Callable[[], float] = time.perf_counter,
+        trace_dir: str | os.PathLike[str] | None = None,
     ) -> None:
         if min(slots, max_context, max_tokens_per_step, max_chunk) < 1:
             raise ValueError(
@@ -224,6 +241,9 @@ class StepLoop(Generic[P, Out]):
         self._steps = self._decode_rows = self._chunks = self._tokens = 0
         self._largest = self._mixed = self._prefill_steps = self._prefill_works = 0
         self._step_s = self._prefill_step_s = self._prefill_wait_s = self._decode_wait_s = 0.0
+        traced = trace_dir if trace_dir is not None else os.environ.get(STEP_TRACE_ENV)
+        self._trace_dir = Path(traced) if traced else None
+        self._trace: TextIO | None = None  # open while the loop runs
 
     # -- requests -----------------------------------------------------------------------
 
@@ -348,8 +368,18 @@ class StepLoop(Generic[P, Out]):
         return self._task is not None and not self._closing
 
     def start(self) -> None:
-        """Start the loop task (owned by this object; :meth:`stop` ends it)."""
+        """Start the loop task (owned by this object; :meth:`stop` ends it), and open its
+        step trace where one is asked for.
+
+        Raises:
+            OSError: the trace's directory cannot be made, or its file opened.
+        """
         if self._task is None:
+            if self._trace_dir is not None and self._trace is None:
+                self._trace_dir.mkdir(parents=True, exist_ok=True)
+                name = "".join(c if c.isalnum() or c in "-_." else "_" for c in self.name)
+                path = self._trace_dir / f"{name}-{os.getpid()}.jsonl"
+                self._trace = path.open("a", encoding="utf-8", buffering=1)
             self._closing = False
             self._task = asyncio.get_running_loop().create_task(self._run(), name=self.name)
 
@@ -372,6 +402,9 @@ class StepLoop(Generic[P, Out]):
             log.exception("%s had failed", self.name)
         finally:
             self._task = None
+            if self._trace is not None:
+                self._trace.close()
+                self._trace = None
 
     async def _run(self) -> None:
         while not self._closing:
@@ -450,6 +483,7 @@ class StepLoop(Generic[P, Out]):
         self._largest = max(self._largest, len(chunks))
         self._mixed += 0 < decodes < len(chunks)
         started = self._clock()
+        began = time.time()
         for chunk in chunks:
             if chunk.work.decode:
                 self._decode_wait_s += started - chunk.work.submitted
@@ -479,6 +513,8 @@ class StepLoop(Generic[P, Out]):
         if decodes < len(chunks):
             self._prefill_steps += 1
             self._prefill_step_s += took
+        if self._trace is not None:
+            self._write_trace(chunks, began, took)
         if log.isEnabledFor(logging.DEBUG):  # where a step's time goes, one line per step
             log.debug(
                 "%s: step %d, %d decode rows, %d prefill chunks of %d positions, %.1f ms",
@@ -491,6 +527,17 @@ class StepLoop(Generic[P, Out]):
             )
         for chunk, output in zip(chunks, outputs, strict=True):
             self._update(chunk, output)
+
+    def _write_trace(self, chunks: list[Chunk[P, Out]], began: float, took: float) -> None:
+        assert self._trace is not None
+        step = {
+            "t": round(began, 6),
+            "ms": round(took * 1e3, 3),
+            "loop": self.name,
+            "decode": [c.request.id for c in chunks if c.work.decode],
+            "prefill": [[c.request.id, c.start, c.length] for c in chunks if not c.work.decode],
+        }
+        self._trace.write(json.dumps(step) + "\n")
 
     def _release(self, chunks: list[Chunk[P, Out]]) -> None:
         for chunk in chunks:

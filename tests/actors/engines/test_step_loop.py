@@ -3,13 +3,17 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
+import os
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
+from pathlib import Path
 
 import pytest
 
 from omni_actors.actors.engines.step_loop import (
+    STEP_TRACE_ENV,
     Chunk,
     ContextLengthError,
     RequestClosedError,
@@ -380,3 +384,43 @@ async def test_statistics_time_the_steps_and_how_long_work_queued_for_them() -> 
     assert stats.prefill_works == 2  # a and b, once each whatever their chunks
     assert stats.prefill_wait_s == 5.0  # b, queued at 2, first ran at 7
     assert stats.decode_wait_s == 5.0  # c likewise; a's row ran as it was queued
+
+
+async def test_a_traced_loop_writes_each_step_as_a_json_line_while_it_runs(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """With the trace's directory in the environment, each step is one line (its
+    start, time, decode rows and prefill chunks by request), in a file of the loop's own,
+    closed when the loop stops; an unusable directory fails the start."""
+    monkeypatch.setenv(STEP_TRACE_ENV, str(tmp_path / "steps"))
+    model = Model()
+    loop: StepLoop[str, str] = StepLoop(
+        model, slots=2, max_context=64, max_tokens_per_step=8, max_chunk=4, name="talker steps"
+    )
+    loop.start()
+    a, b = loop.open("a"), loop.open("b")
+    await loop.submit(a, "p", 6)
+    await asyncio.gather(loop.submit(a, "d", 1, decode=True), loop.submit(b, "q", 3))
+    await loop.stop()
+    (path,) = (tmp_path / "steps").iterdir()
+    assert path.name == f"talker_steps-{os.getpid()}.jsonl"
+    steps = [json.loads(line) for line in path.read_text().splitlines()]
+    assert len(steps) == len(model.steps) == 3
+    assert [s["prefill"] for s in steps] == [[["a", 0, 4]], [["a", 4, 2]], [["b", 0, 3]]]
+    assert [s["decode"] for s in steps] == [[], [], ["a"]]
+    assert all(s["loop"] == "talker steps" and s["ms"] >= 0 for s in steps)
+    assert steps[0]["t"] <= steps[1]["t"] <= steps[2]["t"]
+    assert loop._trace is None  # closed with the loop
+
+    (tmp_path / "file").write_text("")
+    broken: StepLoop[str, str] = StepLoop(
+        Model(),
+        slots=1,
+        max_context=8,
+        max_tokens_per_step=8,
+        max_chunk=4,
+        trace_dir=tmp_path / "file" / "steps",
+    )
+    with pytest.raises(OSError, match="file"):
+        broken.start()
+    assert not broken.running

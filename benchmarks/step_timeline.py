@@ -1,0 +1,132 @@
+"""Where each session's first audio waits, from the step loops' traces of a run.
+
+Run a pipeline with ``OMNI_ACTORS_STEP_TRACE=DIR`` (every step loop, in every worker
+process, writes its steps to ``DIR``: ``actors/engines/step_loop.py``), then::
+
+    python3 benchmarks/step_timeline.py DIR
+
+For each session (by the time its prompt's prefill started), in ms from that start:
+when the thinker's step that ends its prompt ended (its first token), when its first
+decode step ended (the second token), when the talker's first prefill of it started and
+its last prefill before its first frame row ended (its user rows, then the reply's
+opening, which makes frame 0), when its third frame row ended (frame 3: the first
+packet's four frames), and when code2wav's first window of it ended. Then the medians,
+and for each stage the share of its time in steps with prefill chunks.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+from collections import defaultdict
+from pathlib import Path
+from typing import Any
+
+
+def load(directory: Path) -> list[dict[str, Any]]:
+    """Every step of every trace file in ``directory``, by start time."""
+    steps = []
+    for path in sorted(directory.glob("*.jsonl")):
+        for line in path.read_text(encoding="utf-8").splitlines():
+            if line.strip():
+                steps.append(json.loads(line))
+    return sorted(steps, key=lambda step: step["t"])
+
+
+def stage_of(step: dict[str, Any]) -> str:
+    """The stage a step loop serves: its name's first word (``thinker steps``)."""
+    name: str = step["loop"]
+    return name.split()[0]
+
+
+def sessions(steps: list[dict[str, Any]]) -> dict[str, dict[str, float]]:
+    """Each session's milestones (module docstring), in Unix seconds."""
+    events: dict[str, dict[str, list[tuple[str, float, float]]]] = defaultdict(
+        lambda: defaultdict(list)
+    )
+    for step in steps:
+        stage, start = stage_of(step), step["t"]
+        end = start + step["ms"] / 1e3
+        for request in step["decode"]:
+            events[request][stage].append(("decode", start, end))
+        for request, _, _ in step["prefill"]:
+            events[request][stage].append(("prefill", start, end))
+    found: dict[str, dict[str, float]] = {}
+    for request, by_stage in events.items():
+        thinker = by_stage.get("thinker", [])
+        prefills = [e for e in thinker if e[0] == "prefill"]
+        if not prefills:
+            continue
+        marks = {"start": prefills[0][1]}
+        first_decode = next((e for e in thinker if e[0] == "decode"), None)
+        before = [e for e in prefills if first_decode is None or e[1] < first_decode[1]]
+        marks["first_token"] = before[-1][2]
+        if first_decode is not None:
+            marks["second_token"] = first_decode[2]
+        talker = by_stage.get("talker", [])
+        talker_prefills = [e for e in talker if e[0] == "prefill"]
+        frames = [e for e in talker if e[0] == "decode"]
+        if talker_prefills:
+            marks["talker_rows"] = talker_prefills[0][1]
+            opening = [e for e in talker_prefills if not frames or e[1] < frames[0][1]]
+            if opening:
+                marks["opening"] = opening[-1][2]
+        if len(frames) >= 3:
+            marks["frame_3"] = frames[2][2]
+        code2wav = by_stage.get("code2wav", [])
+        if code2wav:
+            marks["first_window"] = code2wav[0][2]
+        found[request] = marks
+    return found
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("directory", type=Path)
+    parser.add_argument("--json", action="store_true", help="one JSON object")
+    ns = parser.parse_args()
+    steps = load(ns.directory)
+    found = sessions(steps)
+    columns = [
+        "first_token",
+        "second_token",
+        "talker_rows",
+        "opening",
+        "frame_3",
+        "first_window",
+    ]
+    rows = []
+    for request, marks in sorted(found.items(), key=lambda item: item[1]["start"]):
+        start = marks["start"]
+        row = {"session": request, "start_s": round(start - steps[0]["t"], 3)}
+        row.update({c: round((marks[c] - start) * 1e3, 1) for c in columns if c in marks})
+        rows.append(row)
+    medians = {
+        c: round(statistics.median(r[c] for r in rows if c in r), 1)
+        for c in columns
+        if any(c in r for r in rows)
+    }
+    busy: dict[str, dict[str, float]] = defaultdict(lambda: {"prefill_s": 0.0, "decode_s": 0.0})
+    for step in steps:
+        kind = "prefill_s" if step["prefill"] else "decode_s"
+        busy[stage_of(step)][kind] += step["ms"] / 1e3
+    if ns.json:
+        print(json.dumps({"sessions": rows, "medians": medians, "busy": busy}))
+        return
+    print("session  start s  " + "  ".join(f"{c:>12}" for c in columns) + "   (ms from start)")
+    for row in rows:
+        cells = "  ".join(f"{row.get(c, float('nan')):>12.1f}" for c in columns)
+        print(f"{row['session'][-8:]:>8} {row['start_s']:>8.3f}  {cells}")
+    print(
+        "median            " + "  ".join(f"{medians.get(c, float('nan')):>12.1f}" for c in columns)
+    )
+    for stage, times in busy.items():
+        print(
+            f"{stage}: {times['prefill_s']:.2f} s in steps with prefill, "
+            f"{times['decode_s']:.2f} s in the others"
+        )
+
+
+if __name__ == "__main__":
+    main()
