@@ -11,7 +11,10 @@ in steps shaped as vLLM v1's engine core runs them:
    sessions' decode back for more than one chunk; a request's prefills queued back to
    back (a prompt, then the reply's opening) run in the same step, in order; a request
    with urgent work queued (``submit(urgent=True)``: an output someone waits for) goes
-   before the others' prefills; under
+   before the others' prefills, and a step with urgent work takes no other request's
+   prefill (work queued ahead of need, a talker's user rows sent before their reply,
+   would make what is waited for wait for it; a reply's opening holds those of its rows
+   not yet prefilled); under
    ``whole_fresh_prefills`` a prompt that would start its slot and fits one chunk is
    not split by what is left of the budget (the model replays a graph per such
    prompt, and the part left over would cost a forward of its own): it waits for the
@@ -27,9 +30,13 @@ loop only counts positions. A request waits in the loop only while it has work; 
 session between responses holds its request (and so its slot) but costs no step.
 
 Work submitted while a step runs joins the next one. After each step the loop lets the
-event loop turn once, so that a session woken by the step's results can queue its next
-work before the next schedule: without that turn, sessions answered by one step and
-those that queued during it settle into two half steps that alternate. An idle loop
+event loop turn twice, so that a session woken by the step's results can queue its next
+work before the next schedule: without that, sessions answered by one step and those
+that queued during it settle into two half steps that alternate. Twice, because a
+session that awaits its work through ``asyncio.shield`` (an engine's ``feed``: a cancel
+of the caller leaves the work running) wakes a turn after the work resolves; with one
+turn its next work (a reply's first decode row after its prompt) missed the next step and
+waited for the one after, a whole prefill step in a wave of prompts. An idle loop
 that is woken may gather for ``wait_s`` before its first step, so sessions that start
 together share it. A request's computed length is only moved by the loop itself (the step's
 update) and by :meth:`StepLoop.rewind` (a clear, a rollback or a truncation), which
@@ -79,6 +86,9 @@ __all__ = [
 ]
 
 log = logging.getLogger(__name__)
+
+_TURNS_AFTER_STEP: Final = 2
+"""Turns of the event loop after a step, before the next schedule (module docstring)."""
 
 STEP_TRACE_ENV: Final = "OMNI_ACTORS_STEP_TRACE"
 """The environment variable naming the directory step loops trace their steps to."""
@@ -414,7 +424,8 @@ class StepLoop(Generic[P, Out]):
                 await asyncio.sleep(self.wait_s)  # sessions starting together share a step
             while not self._closing and (chunks := self.schedule()):
                 await self._step(chunks)
-                await asyncio.sleep(0)  # sessions answered by the step queue their next
+                for _ in range(_TURNS_AFTER_STEP):
+                    await asyncio.sleep(0)  # sessions answered by the step queue their next
 
     def schedule(self) -> list[Chunk[P, Out]]:
         """The next step: a decode row of every request whose next work is a decode,
@@ -435,9 +446,12 @@ class StepLoop(Generic[P, Out]):
             if work.decode and len(chunks) < self.max_rows and budget > 0:
                 chunks.append(Chunk(request, work, 0, 1, request.computed))
                 budget -= 1
-        prefills = False
+        prefills = urgent = False
         # Urgent requests first (sorted is stable: oldest first within each group).
         for request in sorted(live, key=lambda r: not any(w.urgent for w in r.queue)):
+            if urgent and not any(w.urgent for w in request.queue):
+                break  # what is waited for does not wait for work ahead of need
+            urgent = urgent or any(w.urgent for w in request.queue)
             # A request's prefills queued back to back (a turn's prompt, then the reply's
             # opening) share the step: each forward costs a fixed launch overhead on a
             # GPU, whatever its length, and the second would wait a step for nothing.

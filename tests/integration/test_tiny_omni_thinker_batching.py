@@ -136,11 +136,24 @@ async def test_sessions_joining_and_leaving_mid_decode_get_their_tokens_alone(
     """Session 0 decodes; 1 joins with its prefill in chunks mixed into 0's decode
     steps; 2 joins later; each leaves when done: every one's tokens are its own alone."""
     want = [tokens for tokens, _ in await alone(model)]
-    loop = loop_over(model, max_chunk=8, budget=12)
+    decoding = asyncio.Event()
+
+    async def execute(chunks: list[ThinkerChunk]) -> list[Fed]:
+        if any(c.work.decode and c.request.id == "s0" for c in chunks):
+            decoding.set()  # 1 joins while 0's first decode step runs
+        return model.step(chunks)
+
+    loop: StepLoop[Feeding, Fed] = StepLoop(
+        execute,
+        slots=model.cache.slots,
+        max_context=model.cache.max_len,
+        max_tokens_per_step=12,
+        max_chunk=8,
+    )
     loop.start()
     samplers = picks()
     first = asyncio.ensure_future(session(loop, "s0", PROMPTS[0], samplers[0]))
-    await eventually(lambda: "s0" in loop.requests)  # opened with its prefill queued
+    await asyncio.wait_for(decoding.wait(), timeout=30)
     second = asyncio.ensure_future(session(loop, "s1", PROMPTS[1], samplers[1]))
     got0, _ = await first
     got2, _ = await session(loop, "s2", PROMPTS[2], samplers[2])

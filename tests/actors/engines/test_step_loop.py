@@ -319,8 +319,9 @@ async def test_whole_fresh_prefills_wait_a_step_rather_than_split(whole_fresh: b
 
 async def test_an_urgent_prefill_goes_before_older_ones() -> None:
     """An urgent work takes its request's queue (the prefill before it included) ahead of
-    other requests' prefills, older ones too; urgent requests among themselves, and the
-    rest, keep oldest first; decode rows still come first."""
+    other requests' prefills, older ones too, in a step of its own with the decode rows
+    (the others' prefills wait for the next, however much budget is left); urgent
+    requests among themselves, and the rest, keep oldest first."""
     model = Model()
     model.hold = asyncio.Event()
     async with running(model, budget=8, chunk=8, slots=6) as loop:
@@ -343,9 +344,8 @@ async def test_an_urgent_prefill_goes_before_older_ones() -> None:
         ("c", 0, 2, False),
         ("c", 2, 2, False),
         ("d", 0, 2, False),
-        ("a", 0, 1, False),
     ]
-    assert model.steps[2:] == [[("a", 1, 5, False), ("b", 0, 3, False)], [("b", 3, 3, False)]]
+    assert model.steps[2:] == [[("a", 0, 6, False), ("b", 0, 2, False)], [("b", 2, 4, False)]]
 
 
 async def test_statistics_time_the_steps_and_how_long_work_queued_for_them() -> None:
@@ -424,3 +424,25 @@ async def test_a_traced_loop_writes_each_step_as_a_json_line_while_it_runs(
     with pytest.raises(OSError, match="file"):
         broken.start()
     assert not broken.running
+
+
+async def test_a_caller_woken_through_a_shield_queues_its_next_work_in_the_next_step() -> None:
+    """A session that awaits its prompt through ``asyncio.shield`` (as an engine's
+    ``feed`` does, so that its cancel leaves the work running) wakes a turn of the event
+    loop after one that awaits the work itself: its first decode row still joins the
+    step that follows, beside the work queued meanwhile, not the one after."""
+    model = Model()
+    model.hold = asyncio.Event()
+    async with running(model, budget=8, chunk=8) as loop:
+        a, b = loop.open("a"), loop.open("b")
+
+        async def session() -> None:
+            await asyncio.shield(loop.submit(a, "prompt", 2))
+            await loop.submit(a, "d", 1, decode=True)
+
+        task = asyncio.create_task(session())
+        await eventually(lambda: model.steps)  # the prompt's step runs
+        later = loop.submit(b, "other", 4)
+        model.hold.set()
+        await asyncio.gather(task, later)
+    assert model.steps == [[("a", 0, 2, False)], [("a", 2, 1, True), ("b", 0, 4, False)]]
