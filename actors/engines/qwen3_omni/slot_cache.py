@@ -221,7 +221,7 @@ class FreshGraphs:
     see :class:`FreshStep` for why the padding changes nothing) and its outputs cut back.
 
     Runs of one bucket share a forward: the experts of a MoE layer read their weights
-    once for all of them, where a forward per run reads them per run (docs/engines.md).
+    once for all of them, where a forward per run reads them per run (docs/gpus.md).
 
     Args:
         name: the graphs' name, for the log.
