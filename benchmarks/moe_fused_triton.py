@@ -30,6 +30,17 @@ import triton.language as tl
 
 
 @triton.jit
+def _tile(tile_expert, tile_start, tile_stop, block_m: tl.constexpr):  # type: ignore[no-untyped-def]
+    """This program's tile: its first and end rows, its expert, its rows and which are in."""
+    tile = tl.program_id(0)
+    start = tl.load(tile_start + tile)
+    stop = tl.load(tile_stop + tile)
+    expert = tl.load(tile_expert + tile).to(tl.int64)
+    rows = start + tl.arange(0, block_m)
+    return start, stop, expert, rows, rows < stop
+
+
+@triton.jit
 def _gate_up_kernel(  # type: ignore[no-untyped-def]
     hidden,
     weight,
@@ -46,14 +57,9 @@ def _gate_up_kernel(  # type: ignore[no-untyped-def]
     block_k: tl.constexpr,
     precision: tl.constexpr,
 ):
-    tile = tl.program_id(0)
-    start = tl.load(tile_start + tile)
-    stop = tl.load(tile_stop + tile)
+    start, stop, expert, rows, row_ok = _tile(tile_expert, tile_start, tile_stop, block_m)
     if start >= stop:
         return
-    expert = tl.load(tile_expert + tile).to(tl.int64)
-    rows = start + tl.arange(0, block_m)
-    row_ok = rows < stop
     pairs = tl.load(order + rows, mask=row_ok, other=0)
     tokens = (pairs // top_k).to(tl.int64)
     cols = tl.program_id(1) * block_n + tl.arange(0, block_n)
@@ -99,14 +105,9 @@ def _down_kernel(  # type: ignore[no-untyped-def]
     block_k: tl.constexpr,
     precision: tl.constexpr,
 ):
-    tile = tl.program_id(0)
-    start = tl.load(tile_start + tile)
-    stop = tl.load(tile_stop + tile)
+    start, stop, expert, rows, row_ok = _tile(tile_expert, tile_start, tile_stop, block_m)
     if start >= stop:
         return
-    expert = tl.load(tile_expert + tile).to(tl.int64)
-    rows = start + tl.arange(0, block_m)
-    row_ok = rows < stop
     cols = tl.program_id(1) * block_n + tl.arange(0, block_n)
     col_ok = cols < width
     base = weight + expert * (width * size)
