@@ -68,14 +68,14 @@ class MoeArgs(BaseModel):
     Attributes:
         moe: ``lean`` runs the experts with :func:`experts_forward`; ``transformers``
             with transformers' configured implementation (to compare the two).
-        moe_combine: ``triton`` ends the lean forward of 64 tokens or more on a GPU with
-            one Triton kernel (:mod:`.moe_combine`: 13% off a 2500-token layer's experts
-            on an H200, measured alone); ``gather``, the default until the pipeline is
-            measured with it, with a gather and a ``bmm``.
+        moe_combine: ``triton`` (the default) ends the lean forward of 64 tokens or more
+            on a GPU with one Triton kernel (:mod:`.moe_combine`: 13% off a 2500-token
+            layer's experts on an H200, 18% at 7500), elsewhere with a gather and a
+            ``bmm``; ``gather`` always with the gather and ``bmm``.
     """
 
     moe: MoeImplementation = "lean"
-    moe_combine: MoeCombine = "gather"
+    moe_combine: MoeCombine = "triton"
 
 
 def experts_forward(
@@ -196,7 +196,7 @@ class LeanExperts(torch.nn.Module):
     ``combine`` says): the same parameter objects under the same names (``gate_up_proj``,
     ``down_proj``), so the state dict is unchanged."""
 
-    def __init__(self, source: ExpertsModule, combine: MoeCombine = "gather") -> None:
+    def __init__(self, source: ExpertsModule, combine: MoeCombine = "triton") -> None:
         super().__init__()
         self.combine: MoeCombine = combine
         if getattr(source, "is_transposed", False):
@@ -224,7 +224,7 @@ class LeanExperts(torch.nn.Module):
         )
 
 
-def install(model: torch.nn.Module, combine: MoeCombine = "gather") -> int:
+def install(model: torch.nn.Module, combine: MoeCombine = "triton") -> int:
     """Swap every thinker or talker experts module under ``model`` for a
     :class:`LeanExperts` weighing its rows as ``combine`` says; returns how many were
     swapped."""

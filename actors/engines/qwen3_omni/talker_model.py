@@ -208,7 +208,7 @@ class TalkerModel:
         capture: Capture | None = None,
         frame_compile: FrameCompile | None = None,
         moe: MoeImplementation = "lean",
-        moe_combine: MoeCombine = "gather",
+        moe_combine: MoeCombine = "triton",
         compile_prefill: Backend | None = None,
         prefill_graphs: bool = False,
         prefill_bucket: int = PREFILL_BUCKET,

@@ -164,7 +164,7 @@ class ThinkerModel:
         warm: bool = False,
         capture: Capture | None = None,
         moe: MoeImplementation = "lean",
-        moe_combine: MoeCombine = "gather",
+        moe_combine: MoeCombine = "triton",
         compile_layers: Backend | None = None,
         compile_prefill: Backend | None = None,
         prefill_graphs: bool = False,

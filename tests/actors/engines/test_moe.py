@@ -235,8 +235,8 @@ def test_the_triton_combine_falls_back_to_the_gather_where_it_does_not_serve() -
     assert isinstance(model["experts"], LeanExperts)
     assert model["experts"].combine == "triton"
     assert (
-        MoeArgs().moe_combine == ThinkerArgs().moe_combine == TalkerArgs().moe_combine == "gather"
+        MoeArgs().moe_combine == ThinkerArgs().moe_combine == TalkerArgs().moe_combine == "triton"
     )
-    assert ThinkerArgs.model_validate({"moe_combine": "triton"}).moe_combine == "triton"
+    assert ThinkerArgs.model_validate({"moe_combine": "gather"}).moe_combine == "gather"
     with pytest.raises(ValidationError, match="moe_combine"):
         TalkerArgs.model_validate({"moe_combine": "fused"})
