@@ -27,15 +27,17 @@ tensor written again later is marked again by the call that writes it.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any, Protocol
 
+import msgspec
 import torch
 
 __all__ = ["Waits", "cat_ready", "mark_step", "step_mark", "wait_ready"]
 
 _MARK = "_omni_step_ready"
-_DEPTH = 4  # containers nested this deep are searched for tensors: (rows, (token, embed))
+_DEPTH = 4  # containers nested this deep are searched: [Fed(rows, (token, embed))]
 
 
 class Waits(Protocol):
@@ -51,19 +53,30 @@ class Waits(Protocol):
 def _tensors(value: object, depth: int) -> Iterable[torch.Tensor]:
     if isinstance(value, torch.Tensor):
         yield value
-    elif depth > 0 and isinstance(value, Mapping):
+    elif depth <= 0:
+        return
+    elif isinstance(value, Mapping):
         for item in value.values():
             yield from _tensors(item, depth - 1)
-    elif depth > 0 and isinstance(value, list | tuple):
+    elif isinstance(value, list | tuple):
         for item in value:
             yield from _tensors(item, depth - 1)
+    elif dataclasses.is_dataclass(value) and not isinstance(value, type):
+        # A step's outputs are often records (a thinker chunk's rows and token): their
+        # tensors unmarked, every copy of them would wait behind the next step.
+        for item in dataclasses.fields(value):
+            yield from _tensors(getattr(value, item.name), depth - 1)
+    elif isinstance(value, msgspec.Struct):
+        for name in value.__struct_fields__:
+            yield from _tensors(getattr(value, name), depth - 1)
 
 
 def mark_step(
     result: object, device: torch.device, record: Callable[[], object] | None = None
 ) -> object | None:
-    """Mark the tensors on ``device`` in ``result`` (a tensor, or mappings, lists and
-    tuples of them, a few levels deep) with one event recorded after the step.
+    """Mark the tensors on ``device`` in ``result`` (a tensor, or mappings, lists, tuples,
+    dataclasses and msgspec structs of them, a few levels deep) with one event recorded
+    after the step.
 
     Call it on the thread that queued the step, right after it. ``record`` makes the
     event (default: a new event recorded on the thread's current stream of ``device``);

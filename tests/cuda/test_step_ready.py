@@ -6,8 +6,10 @@ after the concatenation, which waited on the parts' marks)."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
+import msgspec
 import torch
 
 from omni_actors.cuda.step_ready import cat_ready, mark_step, step_mark, wait_ready
@@ -45,6 +47,44 @@ def test_a_step_marks_every_tensor_of_its_result_on_its_device() -> None:
     for tensor in (token, embed, rows):
         assert step_mark(tensor) == "E"
     assert step_mark(elsewhere) is None  # another device: not this step's stream
+
+
+@dataclass(frozen=True, slots=True)
+class _Output:
+    rows: torch.Tensor | None
+    token: tuple[int, torch.Tensor] | None
+
+
+class _Message(msgspec.Struct):
+    hidden: Any
+    text: str
+
+
+def test_a_step_marks_the_tensors_of_the_records_it_returns() -> None:
+    """A step loop's outputs are records, one per chunk (the thinker's rows and token):
+    each of their tensors carries the step's mark, so a copy of a session's rows waits
+    for that step, not for the next one the model thread has queued since."""
+    with torch.inference_mode():
+        rows, embed, hidden = torch.randn(3, 4), torch.randn(1, 4), torch.randn(2, 4)
+    result = [_Output(rows, (5, embed)), _Output(None, None), _Message(hidden, "hi"), None]
+    assert mark_step(result, CPU, lambda: "E") == "E"
+    for tensor in (rows, embed, hidden):
+        assert step_mark(tensor) == "E"
+    assert step_mark(rows[1]) == "E"  # the session's own rows, sliced on the loop
+    copy = Recorder()
+    assert wait_ready(copy, [rows[1:], embed], "compute stream")
+    assert copy.waits == [("event", "E")]
+    assert mark_step([_Output], CPU, lambda: "class") is None  # a class holds no tensors
+
+
+def test_the_qwen3_omni_engines_outputs_are_marked() -> None:
+    from omni_actors.actors.engines.qwen3_omni.talker_model import Framed
+    from omni_actors.actors.engines.qwen3_omni.thinker_model import Fed
+
+    with torch.inference_mode():
+        rows, embed, codes, hidden = (torch.randn(2, 4) for _ in range(4))
+    assert mark_step([Fed(rows, (3, embed)), Framed((codes, hidden))], CPU, lambda: "E") == "E"
+    assert all(step_mark(t) == "E" for t in (rows, embed, codes, hidden))
 
 
 def test_nothing_to_mark_records_nothing() -> None:

@@ -4,8 +4,10 @@ the copy of an output without a mark waits for everything queued before it."""
 
 from __future__ import annotations
 
+import pytest
 import torch
 
+from omni_actors.actors.engines.qwen3_omni.thinker_model import Fed
 from omni_actors.cuda import HostStaging
 from omni_actors.cuda.ipc import DeviceLink
 from omni_actors.cuda.step_ready import mark_step
@@ -28,13 +30,16 @@ def slot_bytes(link: DeviceLink, slot: int, nbytes: int) -> torch.Tensor:
     return link.buffer.tensor[start : start + nbytes].cpu()
 
 
-async def test_a_marked_output_is_copied_while_the_next_step_still_runs() -> None:
+@pytest.mark.parametrize("returned", ["mapping", "records"])
+async def test_a_marked_output_is_copied_while_the_next_step_still_runs(returned: str) -> None:
+    """As a mapping, or as a step loop's records (the thinker's ``Fed`` per chunk)."""
     link = DeviceLink(DEVICE, slots=2, slot_bytes=1 << 20)
     staging = HostStaging(DEVICE, slots=2, slot_bytes=1 << 20)
     try:
         out = torch.randn(64, 64, device=DEVICE)
         expected = out.cpu()
-        assert mark_step({"out": out}, DEVICE) is not None
+        result = {"out": out} if returned == "mapping" else [Fed(out, None), Fed(None, None)]
+        assert mark_step(result, DEVICE) is not None
         running = next_step()
 
         slices, _ = link.put({"row": out[3:4]})
