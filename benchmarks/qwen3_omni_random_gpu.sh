@@ -47,7 +47,7 @@
 # SETS="thinker.max_tokens_per_step=4096 ..." sets more engine args of the preset
 # (benchmarks/preset_variant.py); TAG names the run in its result file; TRACE=1 writes
 # every stage's steps to $OUT/steps (OMNI_ACTORS_STEP_TRACE) and prints where each
-# session's first audio waited (benchmarks/step_timeline.py).
+# session's first audio waited and the slowest steps (benchmarks/step_timeline.py).
 set -euo pipefail
 OUT=${OUT:-benchmarks/results}
 RELEASE=${RELEASE:-/tmp/q3}
@@ -206,7 +206,7 @@ write_random_release(Path(sys.argv[-1]), real_config(), stages=tuple(sys.argv[1:
 print("\n".join(model_table(json.load(open(sys.argv[1])))))' "$result"
       if [ "${TRACE:-}" = 1 ]; then
         python3 benchmarks/step_timeline.py "$OUT/steps" > "$OUT/step_timeline.txt"
-        tail -4 "$OUT/step_timeline.txt"
+        sed -n '/^median/,$p' "$OUT/step_timeline.txt" | head -16 | cut -c1-240
       fi ;;
   esac
 done

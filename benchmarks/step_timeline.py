@@ -11,7 +11,11 @@ decode step ended (the second token), when the talker's first prefill of it star
 its last prefill before its first frame row ended (its user rows, then the reply's
 opening, which makes frame 0), when its third frame row ended (frame 3: the first
 packet's four frames), and when code2wav's first window of it ended. Then the medians,
-and for each stage the share of its time in steps with prefill chunks.
+and for each stage the share of its time in steps with prefill chunks. Last, the slow
+steps: those that took more than twice the median of their shape (stage, decode rows
+in eights, and each prefill chunk's length and whether it starts its slot) and at least
+20 ms more, each with the other stages' steps that ran meanwhile: a step that waits on
+another stage's device work lasts as long as that stage's step.
 """
 
 from __future__ import annotations
@@ -81,6 +85,49 @@ def sessions(steps: list[dict[str, Any]]) -> dict[str, dict[str, float]]:
     return found
 
 
+def shape_of(step: dict[str, Any]) -> tuple[Any, ...]:
+    """What a step's time mostly depends on: its stage, its decode rows (in eights) and
+    its prefill chunks (each one's length, and whether it starts its slot)."""
+    chunks = sorted((start == 0, length) for _, start, length in step["prefill"])
+    return stage_of(step), len(step["decode"]) // 8, tuple(chunks)
+
+
+def slow_steps(steps: list[dict[str, Any]], limit: int = 30) -> list[dict[str, Any]]:
+    """Steps over twice their shape's median and 20 ms more (module docstring), those
+    the longest over it first, at most ``limit``; times in ms from the first step."""
+    by_shape: dict[tuple[Any, ...], list[float]] = defaultdict(list)
+    for step in steps:
+        by_shape[shape_of(step)].append(step["ms"])
+    medians = {shape: statistics.median(times) for shape, times in by_shape.items()}
+    origin = steps[0]["t"] if steps else 0.0
+    found = []
+    for step in steps:
+        usual = medians[shape_of(step)]
+        if step["ms"] <= 2 * usual or step["ms"] < usual + 20:
+            continue
+        start, end = step["t"], step["t"] + step["ms"] / 1e3
+        meanwhile = [
+            f"{stage_of(other)} {(other['t'] - origin) * 1e3:.0f}+{other['ms']:.0f}"
+            for other in steps
+            if stage_of(other) != stage_of(step)
+            and other["t"] < end
+            and other["t"] + other["ms"] / 1e3 > start
+            and other["ms"] >= 20
+        ]
+        found.append(
+            {
+                "stage": stage_of(step),
+                "at_ms": round((start - origin) * 1e3, 1),
+                "ms": round(step["ms"], 1),
+                "usual_ms": round(usual, 1),
+                "decode_rows": len(step["decode"]),
+                "prefill": [[start_, length] for _, start_, length in step["prefill"]],
+                "meanwhile": meanwhile,
+            }
+        )
+    return sorted(found, key=lambda slow: slow["usual_ms"] - slow["ms"])[:limit]
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("directory", type=Path)
@@ -111,8 +158,9 @@ def main() -> None:
     for step in steps:
         kind = "prefill_s" if step["prefill"] else "decode_s"
         busy[stage_of(step)][kind] += step["ms"] / 1e3
+    slow = slow_steps(steps)
     if ns.json:
-        print(json.dumps({"sessions": rows, "medians": medians, "busy": busy}))
+        print(json.dumps({"sessions": rows, "medians": medians, "busy": busy, "slow": slow}))
         return
     print("session  start s  " + "  ".join(f"{c:>12}" for c in columns) + "   (ms from start)")
     for row in rows:
@@ -125,6 +173,14 @@ def main() -> None:
         print(
             f"{stage}: {times['prefill_s']:.2f} s in steps with prefill, "
             f"{times['decode_s']:.2f} s in the others"
+        )
+    print("slow steps (at ms: ms against the usual of their shape; other stages meanwhile)")
+    for step in slow:
+        chunks = " ".join(f"{start}+{length}" for start, length in step["prefill"])
+        print(
+            f"  {step['stage']} at {step['at_ms']:.0f}: {step['ms']:.0f} ms (usual "
+            f"{step['usual_ms']:.0f}), {step['decode_rows']} decode rows, prefill [{chunks}]; "
+            f"meanwhile: {', '.join(step['meanwhile']) or '-'}"
         )
 
 

@@ -1,0 +1,50 @@
+"""``benchmarks/step_timeline.py``'s slow steps: a step far over its shape's usual time is
+listed with the other stages' steps that ran meanwhile; steps of its usual time, and
+another shape's longer ones, are not."""
+
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+SCRIPT = Path(__file__).resolve().parents[2] / "benchmarks" / "step_timeline.py"
+
+
+def _script() -> ModuleType:
+    spec = importlib.util.spec_from_file_location("step_timeline", SCRIPT)
+    assert spec is not None
+    assert spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def _step(loop: str, t: float, ms: float, decode: int = 0, prefill: Any = ()) -> dict[str, Any]:
+    rows = [f"s{i}" for i in range(decode)]
+    return {"t": t, "ms": ms, "loop": loop, "decode": rows, "prefill": [list(p) for p in prefill]}
+
+
+def test_a_step_far_over_its_shapes_usual_time_is_listed_with_what_ran_meanwhile() -> None:
+    timeline = _script()
+    frames = [_step("talker steps", 0.03 * i, 10.0, decode=4) for i in range(9)]
+    waiting = _step("talker steps", 0.30, 150.0, decode=4)  # waits on the thinker's step
+    prompt = _step("thinker steps", 0.29, 160.0, decode=3, prefill=[("a", 0, 2503)])
+    prompts = [
+        _step("thinker steps", 1 + 0.2 * i, 165.0, decode=3, prefill=[("b", 0, 2503)])
+        for i in range(3)
+    ]
+    user_rows = [  # the talker's prefill: another shape, longer as a rule
+        _step("talker steps", 2 + 0.1 * i, 60.0, decode=4, prefill=[("c", 0, 2503)])
+        for i in range(3)
+    ]
+    steps = sorted([*frames, waiting, prompt, *prompts, *user_rows], key=lambda step: step["t"])
+
+    slow = timeline.slow_steps(steps)
+
+    assert [(s["stage"], s["ms"], s["usual_ms"]) for s in slow] == [("talker", 150.0, 10.0)]
+    assert slow[0]["at_ms"] == 300.0
+    assert slow[0]["meanwhile"] == ["thinker 290+160"]
+    assert slow[0]["decode_rows"] == 4
+    assert slow[0]["prefill"] == []
