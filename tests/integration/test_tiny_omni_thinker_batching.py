@@ -504,6 +504,67 @@ async def test_first_prompts_of_one_bucket_share_a_fresh_graph_and_pick_as_alone
             torch.testing.assert_close(rows, want_rows, rtol=1e-4, atol=1e-5)
 
 
+@pytest.mark.parametrize("compiled", [False, True])
+async def test_decode_rows_ride_in_a_fresh_prefill_graph_and_pick_as_alone(
+    cache_dir: Path, monkeypatch: pytest.MonkeyPatch, compiled: bool
+) -> None:
+    """With ``prefill_rows``, a step's decode rows beside first prompts run in the first
+    prompts' fresh forward (every fresh graph takes that many rows, padded), its layers
+    compiled or not: every session's tokens and talker rows are those it gets alone and
+    eager, and no such step runs a forward of its rows apart."""
+    path = cache_dir / "tiny-omni" / "seed-0"
+    common: dict[str, Any] = {"allowed_token_ranges": PRINTABLE_RANGES, "slots": 8}
+    want = await alone(ThinkerModel(path, **common, max_context=256))
+    extra: dict[str, Any] = {"compile_prefill": Backend()} if compiled else {}
+    captures = Captures()
+    model = ThinkerModel(
+        path,
+        **common,
+        max_context=256,
+        graphs=True,
+        capture=captures,
+        prefill_graphs=True,
+        prefill_bucket=32,
+        prefill_rows=4,
+        **extra,
+    )
+    apart: set[int] = set()  # the chunks run by a forward of rows
+    rows_step = model._rows_step
+
+    def counted(chunks: list[ThinkerChunk], eager: bool) -> list[Fed]:
+        apart.update(id(chunk) for chunk in chunks)
+        return rows_step(chunks, eager)
+
+    monkeypatch.setattr(model, "_rows_step", counted)
+    steps: list[list[ThinkerChunk]] = []
+
+    async def execute(chunks: list[ThinkerChunk]) -> list[Fed]:
+        steps.append(chunks)
+        return model.step(chunks)
+
+    # The 50-position prompt first; the others, one a step, beside its decode rows.
+    loop = StepLoop(execute, slots=8, max_context=256, max_tokens_per_step=60, max_chunk=128)
+    loop.start()
+    pairs = enumerate(zip(PROMPTS, picks(), strict=True))
+    together = await asyncio.gather(*(session(loop, f"t{i}", p, pick) for i, (p, pick) in pairs))
+    await loop.stop()
+    beside = [
+        chunks
+        for chunks in steps
+        if any(c.work.decode for c in chunks) and any(c.start == 0 for c in chunks)
+    ]
+    assert beside, "no step ran a first prompt beside decode rows"
+    assert not any(id(c) in apart for chunks in beside for c in chunks if c.work.decode)
+    assert all(id(c) in apart for chunks in steps[-3:] for c in chunks)  # decode alone
+    assert model.eager_steps == 0
+    for (tokens, rows), (want_tokens, want_rows) in zip(together, want, strict=True):
+        assert tokens == want_tokens
+        torch.testing.assert_close(rows, want_rows, rtol=1e-4, atol=1e-5)
+    # Every fresh graph took the rows: four more than its runs' positions.
+    fresh = [g for g in captures.graphs if len(g.outputs) == 2]
+    assert {g.outputs[0].shape[0] % 32 for g in fresh} == {4}
+
+
 @pytest.mark.usefixtures("fresh_compiles")
 async def test_fresh_prefill_graphs_captured_at_load_run_the_compiled_layers(
     cache_dir: Path,

@@ -62,6 +62,8 @@ __all__ = [
     "ATTENTION",
     "FRESH_ATTENTION",
     "PREFILL_BUCKET",
+    "FRESH_ROWS_ATTENTION",
+    "FreshRowsStep",
     "FreshStep",
     "Segment",
     "SlotCache",
@@ -81,6 +83,7 @@ GraphKey = tuple[int, int]
 
 ATTENTION: Final = "omni-actors-slot-step"
 FRESH_ATTENTION: Final = "omni-actors-slot-fresh"
+FRESH_ROWS_ATTENTION: Final = "omni-actors-slot-fresh-rows"
 
 _current = threading.local()
 
@@ -210,6 +213,17 @@ class SlotCache:
             )
         return FreshStep(self, slots, length)
 
+    def fresh_rows_step(
+        self, slots: torch.Tensor, length: int, row_slots: torch.Tensor, row_starts: torch.Tensor
+    ) -> FreshRowsStep:
+        """:meth:`fresh_step` with single-position rows after the runs: row ``i`` at
+        ``row_starts[i]`` of ``row_slots[i]`` (built from tensors only: capturable)."""
+        if not 0 < length <= self.max_len:
+            raise ValueError(
+                f"a fresh chunk of {length} positions does not fit a slot of {self.max_len}"
+            )
+        return FreshRowsStep(self, slots, length, row_slots, row_starts)
+
 
 class FreshGraphs:
     """A stage's fresh prefill graphs: ``forward(embeds [K * L, H], slots [K])`` (a
@@ -222,6 +236,10 @@ class FreshGraphs:
 
     Runs of one bucket share a forward: the experts of a MoE layer read their weights
     once for all of them, where a forward per run reads them per run (docs/gpus.md).
+    With ``rows``, every forward also takes that many single-position rows after its
+    runs, ``forward(embeds [K * L + R, H], slots [K], row_slots [R], row_starts [R])`` (a
+    :class:`FreshRowsStep`): a step's decode rows ride in its first fresh forward
+    (padded with rows at the scratch slot), not in a forward of their own.
 
     Args:
         name: the graphs' name, for the log.
@@ -231,6 +249,8 @@ class FreshGraphs:
         capture: how graphs are captured (tests pass a stand-in).
         batch: the most runs one forward takes.
         max_tokens: the most positions a step feeds (None: no limit).
+        rows: the most decode rows a forward takes beside its runs (0: none, they run
+            as a step of their own).
     """
 
     def __init__(
@@ -238,16 +258,21 @@ class FreshGraphs:
         name: str,
         cache: SlotCache,
         bucket: int,
-        forward: Callable[[torch.Tensor, torch.Tensor], tuple[torch.Tensor, ...]],
+        forward: Callable[..., tuple[torch.Tensor, ...]],
         capture: Capture | None = None,
         *,
         batch: int = 1,
         max_tokens: int | None = None,
+        rows: int = 0,
     ) -> None:
         if bucket < 1 or batch < 1:
             raise ValueError(
                 f"prefill_bucket and prefill_batch must be >= 1, got {bucket}, {batch}"
             )
+        if rows < 0:
+            raise ValueError(f"prefill_rows must be >= 0, got {rows}")
+        self.rows = rows
+        """The decode rows each forward takes after its runs."""
         self.sizes = list(range(bucket, cache.max_len + 1, bucket))
         """The lengths captured, smallest first."""
         # A bucket's runs are at least ``size - bucket + 1`` positions long: as many of
@@ -280,38 +305,69 @@ class FreshGraphs:
         """Capture every shape now, over the scratch slot, on copies of ``row`` [1, H]."""
         for count, size in self.keys:
             slots = torch.full((count,), self._cache.scratch, device=row.device)
-            inputs = row.expand(count * size, -1).contiguous()
-            self._graphs.capture((count, size), self._forward, inputs, slots)
+            inputs = row.expand(count * size + self.rows, -1).contiguous()
+            self._graphs.capture((count, size), self._forward, inputs, slots, *self._rows(slots))
         return self.graphed
 
+    def _rows(
+        self, like: torch.Tensor, slots: Sequence[int] = (), starts: Sequence[int] = ()
+    ) -> tuple[torch.Tensor, ...]:
+        """The forward's row inputs (none without ``rows``): ``slots`` and ``starts``
+        padded to ``rows`` with position 0 of the scratch slot."""
+        if not self.rows:
+            return ()
+        pad = self.rows - len(slots)
+        given = [list(slots) + [self._cache.scratch] * pad, list(starts) + [0] * pad]
+        return tuple(torch.tensor(v, device=like.device, dtype=torch.long) for v in given)
+
     def __call__(
-        self, embeds: Sequence[torch.Tensor], slots: Sequence[int]
+        self,
+        embeds: Sequence[torch.Tensor],
+        slots: Sequence[int],
+        rows: tuple[torch.Tensor, Sequence[int], Sequence[int]] | None = None,
     ) -> list[tuple[torch.Tensor, ...]]:
         """``forward`` over runs ``embeds`` [L_i, H] (one bucket's, at most its count),
         each from the start of its slot in ``slots``, replayed from the graph of their
-        shape: each run's outputs, its first ``L_i`` rows."""
+        shape: each run's outputs, its first ``L_i`` rows; then, where ``rows`` gives
+        decode rows (their inputs [R, H], slots and positions; at most :attr:`rows`),
+        theirs."""
         lengths = [run.shape[0] for run in embeds]
         size = -(-max(lengths) // self._bucket) * self._bucket
-        padded = torch.cat([pad_rows(run, size) for run in embeds])
+        row_embeds, row_slots, row_starts = rows if rows is not None else (None, (), ())
+        if len(row_slots) > self.rows:
+            raise ValueError(f"{len(row_slots)} decode rows, more than the {self.rows} taken")
+        parts = [pad_rows(run, size) for run in embeds]
+        if self.rows:
+            given_rows = row_embeds if row_embeds is not None else embeds[0][:0]
+            parts.append(
+                torch.cat([given_rows, embeds[0][-1:].expand(self.rows - len(row_slots), -1)])
+            )
+        padded = torch.cat(parts)
         given = torch.tensor(list(slots), device=padded.device)
-        outputs = self._graphs((len(lengths), size), self._forward, padded, given)
-        return [
+        extra = self._rows(given, row_slots, row_starts)
+        outputs = self._graphs((len(lengths), size), self._forward, padded, given, *extra)
+        results = [
             tuple(output[n * size : n * size + length] for output in outputs)
             for n, length in enumerate(lengths)
         ]
+        if rows is not None:
+            end = len(lengths) * size
+            results.append(tuple(output[end : end + len(row_slots)] for output in outputs))
+        return results
 
     def step(
         self,
         chunks: list[C],
-        fresh: Callable[[list[list[C]]], list[Out]],
+        fresh: Callable[[list[list[C]], list[C]], list[Out]],
         rest: Callable[[list[C]], list[Out]],
     ) -> list[Out]:
         """One output per chunk of a step: the runs that start their slots
         (:func:`fresh_runs`, at most the largest bucket), those of one bucket together
         (at most its count at a time), through ``fresh`` (an output per chunk of its
-        runs, in order); the step's other chunks through ``rest`` as a step of their own
-        (they read other slots: the order does not matter); the whole step through
-        ``rest`` where none starts."""
+        runs, in order, then one per decode row given with them: the step's decode rows
+        go with its first fresh forward where :attr:`rows` holds them); the step's other
+        chunks through ``rest`` as a step of their own (they read other slots: the order
+        does not matter); the whole step through ``rest`` where none starts."""
         runs = fresh_runs(chunks, self.sizes[-1]) if self.sizes else []
         if not runs:
             return rest(chunks)
@@ -319,14 +375,25 @@ class FreshGraphs:
         for run in runs:
             length = sum(chunks[i].length for i in run)
             by_size.setdefault(-(-length // self._bucket) * self._bucket, []).append(run)
+        in_runs = {i for run in runs for i in run}
+        rows = [
+            i
+            for i, chunk in enumerate(chunks)
+            if i not in in_runs and chunk.work.decode and chunk.length == 1
+        ]
+        if not 0 < len(rows) <= self.rows:
+            rows = []
         outputs: dict[int, Out] = {}
         for size, same in by_size.items():
             count = self._counts[size]
             for first in range(0, len(same), count):
                 group = same[first : first + count]
-                flat = [i for run in group for i in run]
-                results = fresh([[chunks[i] for i in run] for run in group])
+                flat = [i for run in group for i in run] + rows
+                results = fresh(
+                    [[chunks[i] for i in run] for run in group], [chunks[i] for i in rows]
+                )
                 outputs.update(zip(flat, results, strict=True))
+                rows = []
         others = [i for i in range(len(chunks)) if i not in outputs]
         if others:
             outputs.update(zip(others, rest([chunks[i] for i in others]), strict=True))
@@ -537,6 +604,52 @@ class _FreshLayer(_SlotLayer, FreshStep):
     """One layer of a :class:`FreshStep`: :class:`_SlotLayer`'s tensors, the fresh write."""
 
 
+class FreshRowsStep(FreshStep):
+    """A :class:`FreshStep` whose forward also runs single-position rows of other slots
+    (the step's decode rows), after the runs' ``K * L`` positions: row ``i`` at
+    ``row_starts[i]`` of ``row_slots[i]``, attending its slot as a decode step's row
+    does, over the whole slot (the span is the slot's length: one graph serves every
+    position). Built from tensors alone, so that it replays from a CUDA graph per (runs,
+    length) as a :class:`FreshStep` does.
+
+    Why one forward: a decode step beside a first prompt otherwise costs a forward of
+    its own, its MoE layers reading every expert's weights again (at full size on an
+    H200, 15-28 ms beside the 123 ms of three 2500-position prompts), where here the
+    rows ride on the runs' reads. Every token's key and value is written first (one
+    indexed write, as any step's); the attention then reads each run's own back from its
+    slot, and each row its slot's span (:data:`FRESH_ROWS_ATTENTION`).
+    """
+
+    _attention = FRESH_ROWS_ATTENTION
+
+    def __init__(
+        self,
+        cache: SlotCache,
+        slots: torch.Tensor,
+        length: int,
+        row_slots: torch.Tensor,
+        row_starts: torch.Tensor,
+    ) -> None:
+        super().__init__(cache, slots, length)
+        self.runs, self.length = int(slots.shape[0]), length
+        self.row_slots, self.row_starts = row_slots, row_starts
+        self.span = cache.max_len
+        keys = torch.arange(self.span, device=row_starts.device)
+        self.row_mask = keys[None, None, None, :] <= row_starts[:, None, None, None]
+        self.token_slot = torch.cat([self.token_slot, row_slots])
+        self.positions = torch.cat([self.positions, row_starts])
+
+    _write = SlotStep._write  # the whole layer: the attention reads runs and rows back
+
+    def layer(self, index: int) -> SlotStep:
+        """Layer ``index``'s part alone (:meth:`SlotStep.layer`)."""
+        return _FreshRowsLayer(self, index)
+
+
+class _FreshRowsLayer(_SlotLayer, FreshRowsStep):
+    """One layer of a :class:`FreshRowsStep`: :class:`_SlotLayer`'s tensors, its write."""
+
+
 def _fresh_attention(
     module: torch.nn.Module,
     query: torch.Tensor,
@@ -590,6 +703,70 @@ def _runs_attention_shape(
     scaling: float | None,
 ) -> torch.Tensor:
     return query.new_empty((1, query.shape[2], query.shape[1], query.shape[3]))
+
+
+def _fresh_rows_attention(
+    module: torch.nn.Module,
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    attention_mask: torch.Tensor | None,
+    scaling: float | None = None,
+    **_: Any,
+) -> tuple[torch.Tensor, None]:
+    """A :class:`FreshRowsStep`'s attention: ``query`` [1, heads, K * L + R, dim];
+    ``key``/``value`` the layer's whole cache, where the step's keys were just written;
+    [1, K * L + R, heads, dim]."""
+    flat = query[0].transpose(0, 1)  # [T, heads, dim]
+    if torch.compiler.is_compiling():
+        # Opaque to a compiled prefill layer, as the chunks' attention is: it reads the
+        # step's runs and rows, not the layer's inputs.
+        out = torch.ops.omni_actors.slot_fresh_rows_attention(flat, key, value, scaling)
+    else:
+        out = _runs_and_rows(flat, key, value, scaling)
+    return out[None], None
+
+
+@torch.library.custom_op("omni_actors::slot_fresh_rows_attention", mutates_args=())
+def _runs_and_rows_op(
+    flat: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, scaling: float | None
+) -> torch.Tensor:
+    """:func:`_runs_and_rows` as one op of a compiled graph."""
+    return _runs_and_rows(flat, keys, values, scaling)
+
+
+@_runs_and_rows_op.register_fake
+def _runs_and_rows_shape(
+    flat: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, scaling: float | None
+) -> torch.Tensor:
+    return torch.empty_like(flat)
+
+
+def _runs_and_rows(
+    flat: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, scaling: float | None
+) -> torch.Tensor:
+    """The current :class:`FreshRowsStep`'s runs (one batch of the flash kernel, each
+    causal over its own slot's first ``L`` positions) and rows (a decode step's
+    attention): ``flat`` [T, heads, dim], ``keys``/``values`` the layer's cache; [T,
+    heads, dim]."""
+    step: FreshRowsStep = _current.step
+    runs, length = step.runs, step.length
+    size = runs * length
+    heads, dim = flat.shape[1], flat.shape[2]
+    query = flat[:size].reshape(runs, length, heads, dim).transpose(1, 2)
+    key = keys.index_select(0, step.slots)[:, :, :length]
+    value = values.index_select(0, step.slots)[:, :, :length]
+    out = torch.nn.functional.scaled_dot_product_attention(
+        query, key, value, is_causal=True, scale=scaling, enable_gqa=True
+    )
+    rows = _single_positions(
+        flat[size:],
+        keys.index_select(0, step.row_slots),
+        values.index_select(0, step.row_slots),
+        step.row_mask,
+        scaling,
+    )
+    return torch.cat([out.transpose(1, 2).reshape(size, heads, dim), rows])
 
 
 def _slot_attention(
@@ -695,3 +872,4 @@ def _chunk(
 
 AttentionInterface.register(ATTENTION, _slot_attention)
 AttentionInterface.register(FRESH_ATTENTION, _fresh_attention)
+AttentionInterface.register(FRESH_ROWS_ATTENTION, _fresh_rows_attention)

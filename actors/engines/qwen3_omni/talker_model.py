@@ -428,11 +428,16 @@ class TalkerModel:
             return rest(chunks)
         return self._fresh_graphs.step(chunks, self._fresh_runs, rest)
 
-    def _fresh_runs(self, runs: list[list[TalkerChunk]]) -> list[Framed | None]:
+    def _fresh_runs(
+        self, runs: list[list[TalkerChunk]], rows: list[TalkerChunk]
+    ) -> list[Framed | None]:
         """Requests' chunks from the start of their slots, one length bucket's, from the
         fresh prefill graph of that bucket and their count (each run padded with copies
-        of its last input): an output per chunk, in order."""
+        of its last input): an output per chunk, in order. A frame row runs the code
+        predictor after the backbone, so none rides in a fresh forward (``rows`` is
+        empty: the graphs take none)."""
         assert self._fresh_graphs is not None
+        assert not rows, "frame rows never ride in a fresh forward"
         embeds = [torch.cat([_inputs(c) for c in run]).to(self.device, self._dtype) for run in runs]
         outputs = self._fresh_graphs(embeds, [run[0].request.slot for run in runs])
         states = torch.cat([output[0] for output in outputs])

@@ -135,6 +135,10 @@ class ThinkerModel:
         prefill_batch: the most such runs of one bucket that share a forward (a graph
             per count, where that many fit ``step_tokens``).
         step_tokens: the most positions a step feeds (the step loop's budget).
+        prefill_rows: the most decode rows a fresh prefill graph runs beside its
+            prompts, in the same forward (each graph then takes that many, padded, and
+            those rows attend the slot's whole ``max_context``); 0: they run as a
+            decode step of their own. At most ``max_rows``.
 
     Raises:
         ModelFileError: a file of the stage, its tokenizer or front end, or the composite
@@ -171,6 +175,7 @@ class ThinkerModel:
         prefill_bucket: int = PREFILL_BUCKET,
         prefill_batch: int = 1,
         step_tokens: int | None = None,
+        prefill_rows: int = 0,
     ) -> None:
         device = device or torch.device("cpu")
         if prefill_bucket < 1:
@@ -248,6 +253,7 @@ class ThinkerModel:
                 capture,
                 batch=prefill_batch,
                 max_tokens=step_tokens,
+                rows=min(prefill_rows, self.max_rows),
             )
         if self._graphs is not None and warm:
             self.warm()
@@ -401,28 +407,42 @@ class ThinkerModel:
             offset += chunk.length
         return fed
 
-    def _fresh_runs(self, runs: list[list[ThinkerChunk]]) -> list[Fed]:
+    def _fresh_runs(self, runs: list[list[ThinkerChunk]], rows: list[ThinkerChunk]) -> list[Fed]:
         """Requests' chunks from the start of their slots, one length bucket's, from the
         fresh prefill graph of that bucket and their count (each run padded with copies
-        of its last input): an output per chunk, in order."""
+        of its last input), and decode ``rows`` in the same forward: an output per chunk
+        of the runs, in order, then one per row."""
         assert self._fresh_graphs is not None
-        chunks = [chunk for run in runs for chunk in run]
+        chunks = [chunk for run in runs for chunk in run] + rows
         embeds, pads = self._inputs(chunks)
         lengths = [sum(chunk.length for chunk in run) for run in runs]
-        runs_embeds = torch.split(embeds, lengths)
-        outputs = self._fresh_graphs(runs_embeds, [run[0].request.slot for run in runs])
+        runs_embeds = torch.split(embeds, [*lengths, len(rows)])
+        given = None
+        if rows:
+            given = (runs_embeds[-1], [r.request.slot for r in rows], [r.start for r in rows])
+        slots = [run[0].request.slot for run in runs]
+        outputs = self._fresh_graphs(runs_embeds[: len(runs)], slots, given)
         last = torch.cat([output[0] for output in outputs])
         want_rows = any(c.work.payload.rows for c in chunks)
         accept = torch.cat([output[1] for output in outputs]) if want_rows else None
         return self._outputs(chunks, last, accept, embeds, pads)
 
     def _fresh(
-        self, embeds: torch.Tensor, slots: torch.Tensor
+        self,
+        embeds: torch.Tensor,
+        slots: torch.Tensor,
+        row_slots: torch.Tensor | None = None,
+        row_starts: torch.Tensor | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        """The forward over ``embeds`` [K * L, H], ``K`` runs of ``L`` positions each from
-        the start of its slot of ``slots`` [K]: the last hidden states and the talker's
-        source rows, [K * L, H] each (capturable)."""
-        step = self.cache.fresh_step(slots, embeds.shape[0] // slots.shape[0])
+        """The forward over ``embeds`` [K * L + R, H], ``K`` runs of ``L`` positions each
+        from the start of its slot of ``slots`` [K], then ``R`` decode rows at
+        ``row_starts`` of ``row_slots`` (none without them): the last hidden states and
+        the talker's source rows, [K * L + R, H] each (capturable)."""
+        if row_slots is None or row_starts is None:
+            step = self.cache.fresh_step(slots, embeds.shape[0] // slots.shape[0])
+        else:
+            length = (embeds.shape[0] - row_slots.shape[0]) // slots.shape[0]
+            step = self.cache.fresh_rows_step(slots, length, row_slots, row_starts)
         with self._accept_states(True) as states:
             last = prefill_forward(
                 self._thinker.model, step, self._configs, embeds, self._prefill_layers

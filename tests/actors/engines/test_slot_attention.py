@@ -1,7 +1,7 @@
 """The slot cache's attention against attention written out by hand: every segment kind
 of a step (a prefill chunk at the start of its slot, a later chunk, decode rows beside
-them, padding rows), a decode step and a fresh step of several runs, with grouped
-key/value heads."""
+them, padding rows), a decode step, a fresh step of several runs, and one with decode
+rows after its runs, with grouped key/value heads."""
 
 from __future__ import annotations
 
@@ -17,6 +17,7 @@ from omni_actors.actors.engines.qwen3_omni.slot_cache import (  # noqa: E402
     SlotCache,
     SlotStep,
     _fresh_attention,
+    _fresh_rows_attention,
     _slot_attention,
 )
 
@@ -139,6 +140,32 @@ def test_a_fresh_step_of_several_runs_attends_each_run_causally_in_its_slot() ->
     torch.testing.assert_close(op[0], expected)
 
 
+def test_decode_rows_after_a_fresh_steps_runs_attend_their_slots_as_a_decode_step() -> None:
+    """Runs from the start of their slots, then single-position rows of other slots (and
+    a padding row at the scratch slot): every key lands in its slot, each run attends
+    its own positions causally and each row its slot up to its position, as the op a
+    compiled layer calls does too."""
+    cache = _cache()
+    slots, length = torch.tensor([3, 0]), 6
+    row_slots, row_starts = torch.tensor([1, 2, cache.scratch]), torch.tensor([20, 41, 0])
+    tokens = 2 * length + 3
+    query, key, value = _inputs(tokens)
+    step = cache.fresh_rows_step(slots, length, row_slots, row_starts)
+    written = step.update(key, value, 0)
+    flat = query.transpose(0, 1)[None]  # [1, heads, T, dim]
+    with step.active([]):
+        out, _ = _fresh_rows_attention(torch.nn.Module(), flat, *written, step.mask, DIM**-0.5)
+        op = torch.ops.omni_actors.slot_fresh_rows_attention(query, *written, DIM**-0.5)
+    torch.testing.assert_close(cache.keys[0][1, :, 20], key[0][:, 2 * length])
+    torch.testing.assert_close(cache.values[0][2, :, 41], value[0][:, 2 * length + 1])
+    segments = [Segment(3, 0, length), Segment(0, 0, length), Segment(1, 20, 1), Segment(2, 41, 1)]
+    expected = _by_hand(cache, segments, query)
+    torch.testing.assert_close(out[0, : tokens - 1], expected)
+    torch.testing.assert_close(op[: tokens - 1], expected)
+    with pytest.raises(ValueError, match="does not fit"):
+        cache.fresh_rows_step(slots, MAX_LEN + 1, row_slots, row_starts)
+
+
 def test_fresh_graphs_take_as_many_runs_of_a_length_as_a_step_holds() -> None:
     """A graph per (runs, length): up to ``batch`` runs, where that many of the bucket's
     shortest fit the step's budget; one run of every length whatever the budget."""
@@ -152,3 +179,5 @@ def test_fresh_graphs_take_as_many_runs_of_a_length_as_a_step_holds() -> None:
     assert FreshGraphs("test", _cache(), 32, forward).keys == [(1, 32), (1, 64)]
     with pytest.raises(ValueError, match="prefill_batch"):
         FreshGraphs("test", _cache(), 32, forward, batch=0)
+    with pytest.raises(ValueError, match="prefill_rows"):
+        FreshGraphs("test", _cache(), 32, forward, rows=-1)
