@@ -509,7 +509,7 @@ async def test_decode_rows_ride_in_a_fresh_prefill_graph_and_pick_as_alone(
     cache_dir: Path, monkeypatch: pytest.MonkeyPatch, compiled: bool
 ) -> None:
     """With ``prefill_rows``, a step's decode rows beside first prompts run in the first
-    prompts' fresh forward (every fresh graph takes that many rows, padded), its layers
+    prompts' fresh forward (a graph per shape that takes that many rows, padded), its layers
     compiled or not: every session's tokens and talker rows are those it gets alone and
     eager, and no such step runs a forward of its rows apart."""
     path = cache_dir / "tiny-omni" / "seed-0"
@@ -560,9 +560,11 @@ async def test_decode_rows_ride_in_a_fresh_prefill_graph_and_pick_as_alone(
     for (tokens, rows), (want_tokens, want_rows) in zip(together, want, strict=True):
         assert tokens == want_tokens
         torch.testing.assert_close(rows, want_rows, rtol=1e-4, atol=1e-5)
-    # Every fresh graph took the rows: four more than its runs' positions.
+    # A step with decode rows replayed a graph taking four more than its runs' positions;
+    # the first step, without, one of its runs' alone.
     fresh = [g for g in captures.graphs if len(g.outputs) == 2]
-    assert {g.outputs[0].shape[0] % 32 for g in fresh} == {4}
+    assert {g.outputs[0].shape[0] % 32 for g in fresh} == {0, 4}
+    assert (1, 64, 4) in model.prefill_graphed
 
 
 @pytest.mark.usefixtures("fresh_compiles")

@@ -284,15 +284,19 @@ class FreshGraphs:
         self._cache = cache
         self._bucket = bucket
         self._forward = forward
-        self._graphs: ShapeGraphs[tuple[int, int]] = ShapeGraphs(name, capture=capture)
+        self._graphs: ShapeGraphs[tuple[int, ...]] = ShapeGraphs(name, capture=capture)
 
     @property
-    def keys(self) -> list[tuple[int, int]]:
-        """The (runs, length) shapes captured at :meth:`warm`."""
-        return [(n, size) for size in self.sizes for n in range(1, self._counts[size] + 1)]
+    def keys(self) -> list[tuple[int, ...]]:
+        """The (runs, length) shapes captured at :meth:`warm`, then with :attr:`rows`
+        each (runs, length, rows): a step without decode rows pays for none."""
+        keys: list[tuple[int, ...]] = [
+            (n, size) for size in self.sizes for n in range(1, self._counts[size] + 1)
+        ]
+        return keys + [(*key, self.rows) for key in keys] if self.rows else keys
 
     @property
-    def graphed(self) -> list[tuple[int, int]]:
+    def graphed(self) -> list[tuple[int, ...]]:
         """(runs, length) shapes that replay from a graph."""
         return sorted(self._graphs.graphed)
 
@@ -301,21 +305,21 @@ class FreshGraphs:
         """Runs that went eager because their shape's graph failed or differed."""
         return self._graphs.eager_steps
 
-    def warm(self, row: torch.Tensor) -> list[tuple[int, int]]:
+    def warm(self, row: torch.Tensor) -> list[tuple[int, ...]]:
         """Capture every shape now, over the scratch slot, on copies of ``row`` [1, H]."""
-        for count, size in self.keys:
+        for key in self.keys:
+            count, size, *rows = key
             slots = torch.full((count,), self._cache.scratch, device=row.device)
-            inputs = row.expand(count * size + self.rows, -1).contiguous()
-            self._graphs.capture((count, size), self._forward, inputs, slots, *self._rows(slots))
+            inputs = row.expand(count * size + sum(rows), -1).contiguous()
+            extra = self._rows(slots) if rows else ()
+            self._graphs.capture(key, self._forward, inputs, slots, *extra)
         return self.graphed
 
     def _rows(
         self, like: torch.Tensor, slots: Sequence[int] = (), starts: Sequence[int] = ()
     ) -> tuple[torch.Tensor, ...]:
-        """The forward's row inputs (none without ``rows``): ``slots`` and ``starts``
-        padded to ``rows`` with position 0 of the scratch slot."""
-        if not self.rows:
-            return ()
+        """The forward's row inputs: ``slots`` and ``starts`` padded to :attr:`rows`
+        with position 0 of the scratch slot."""
         pad = self.rows - len(slots)
         given = [list(slots) + [self._cache.scratch] * pad, list(starts) + [0] * pad]
         return tuple(torch.tensor(v, device=like.device, dtype=torch.long) for v in given)
@@ -333,19 +337,18 @@ class FreshGraphs:
         theirs."""
         lengths = [run.shape[0] for run in embeds]
         size = -(-max(lengths) // self._bucket) * self._bucket
-        row_embeds, row_slots, row_starts = rows if rows is not None else (None, (), ())
-        if len(row_slots) > self.rows:
-            raise ValueError(f"{len(row_slots)} decode rows, more than the {self.rows} taken")
         parts = [pad_rows(run, size) for run in embeds]
-        if self.rows:
-            given_rows = row_embeds if row_embeds is not None else embeds[0][:0]
-            parts.append(
-                torch.cat([given_rows, embeds[0][-1:].expand(self.rows - len(row_slots), -1)])
-            )
+        key: tuple[int, ...] = (len(lengths), size)
+        if rows is not None:
+            row_embeds, row_slots, row_starts = rows
+            if not 0 < len(row_slots) <= self.rows:
+                raise ValueError(f"{len(row_slots)} decode rows, not 1 to {self.rows}")
+            parts.append(pad_rows(row_embeds, self.rows))
+            key = (*key, self.rows)
         padded = torch.cat(parts)
         given = torch.tensor(list(slots), device=padded.device)
-        extra = self._rows(given, row_slots, row_starts)
-        outputs = self._graphs((len(lengths), size), self._forward, padded, given, *extra)
+        extra = self._rows(given, row_slots, row_starts) if rows is not None else ()
+        outputs = self._graphs(key, self._forward, padded, given, *extra)
         results = [
             tuple(output[n * size : n * size + length] for output in outputs)
             for n, length in enumerate(lengths)

@@ -376,7 +376,7 @@ class TalkerModel:
         return self._fresh_graphs.sizes if self._fresh_graphs is not None else []
 
     @property
-    def prefill_graphed(self) -> list[tuple[int, int]]:
+    def prefill_graphed(self) -> list[tuple[int, ...]]:
         """(runs, length) shapes whose fresh prefill replays from a graph."""
         return self._fresh_graphs.graphed if self._fresh_graphs is not None else []
 
@@ -407,7 +407,7 @@ class TalkerModel:
         return self.graphed
 
     @torch.no_grad()
-    def warm_prefill_graphs(self) -> list[tuple[int, int]]:
+    def warm_prefill_graphs(self) -> list[tuple[int, ...]]:
         """Capture every fresh prefill graph now (after the prefill layers compiled), over
         the scratch slot."""
         if self._fresh_graphs is not None:

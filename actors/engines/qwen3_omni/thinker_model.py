@@ -314,8 +314,9 @@ class ThinkerModel:
         return self._fresh_graphs.sizes if self._fresh_graphs is not None else []
 
     @property
-    def prefill_graphed(self) -> list[tuple[int, int]]:
-        """(runs, length) shapes whose fresh prefill replays from a graph."""
+    def prefill_graphed(self) -> list[tuple[int, ...]]:
+        """(runs, length) shapes whose fresh prefill replays from a graph; (runs,
+        length, rows) those with decode rows beside them."""
         return self._fresh_graphs.graphed if self._fresh_graphs is not None else []
 
     @torch.no_grad()
@@ -330,7 +331,7 @@ class ThinkerModel:
         return self.graphed
 
     @torch.no_grad()
-    def warm_prefill_graphs(self) -> list[tuple[int, int]]:
+    def warm_prefill_graphs(self) -> list[tuple[int, ...]]:
         """Capture every fresh prefill graph now (after the prefill layers compiled), over
         the scratch slot."""
         if self._fresh_graphs is not None:

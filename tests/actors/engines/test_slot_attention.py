@@ -177,6 +177,8 @@ def test_fresh_graphs_take_as_many_runs_of_a_length_as_a_step_holds() -> None:
     assert graphs.sizes == [16, 32, 48, 64]
     assert graphs.keys == [(1, 16), (2, 16), (3, 16), (4, 16), (1, 32), (2, 32), (1, 48), (1, 64)]
     assert FreshGraphs("test", _cache(), 32, forward).keys == [(1, 32), (1, 64)]
+    with_rows = FreshGraphs("test", _cache(), 32, forward, rows=2)
+    assert with_rows.keys == [(1, 32), (1, 64), (1, 32, 2), (1, 64, 2)]
     with pytest.raises(ValueError, match="prefill_batch"):
         FreshGraphs("test", _cache(), 32, forward, batch=0)
     with pytest.raises(ValueError, match="prefill_rows"):
