@@ -43,11 +43,12 @@ import threading
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Final, TypeVar
+from typing import TYPE_CHECKING, Any, Final, Literal, TypeVar
 
 import torch
 from torch.nn.attention.bias import causal_lower_right
 
+from omni_actors.actors.engines.qwen3_omni import slot_decode
 from omni_actors.actors.engines.qwen3_omni.graphs import Capture, ShapeGraphs, pad_rows
 from omni_actors.actors.engines.qwen3_omni.hf import AttentionInterface, PreTrainedConfig
 from omni_actors.actors.engines.qwen3_omni.static_decode import grouped_attention_of
@@ -60,6 +61,7 @@ Out = TypeVar("Out")
 
 __all__ = [
     "ATTENTION",
+    "DecodeAttention",
     "FRESH_ATTENTION",
     "PREFILL_BUCKET",
     "FRESH_ROWS_ATTENTION",
@@ -77,6 +79,9 @@ __all__ = [
 PREFILL_BUCKET: Final = 256
 """Fresh prefill graphs (``prefill_graphs``) are captured for every multiple of this many
 positions up to the slot's length: a chunk runs as the smallest that holds it."""
+
+DecodeAttention = Literal["gather", "triton"]
+"""How single-position rows attend their slots (:class:`SlotCache`)."""
 
 GraphKey = tuple[int, int]
 """(row bucket, span): the shape of a step of single positions, one graph each."""
@@ -104,6 +109,10 @@ class SlotCache:
         config: the text model's config (layers, key/value heads, head dim).
         slots: sessions the cache holds at once.
         max_len: the most positions one slot holds.
+        decode_attention: how single-position rows attend their slots: ``gather``
+            copies each row's span, then attends the copy; ``triton`` reads the rows'
+            keys in place up to each row's position (:mod:`.slot_decode`), where it
+            serves (else the gather).
     """
 
     def __init__(
@@ -114,6 +123,7 @@ class SlotCache:
         max_len: int,
         device: torch.device,
         dtype: torch.dtype,
+        decode_attention: DecodeAttention = "gather",
     ) -> None:
         if slots < 1 or max_len < 1:
             raise ValueError(f"need slots >= 1 and max_len >= 1, got {slots}, {max_len}")
@@ -126,6 +136,10 @@ class SlotCache:
         shape = (slots + 1, heads, max_len, dim)
         self.keys = [torch.zeros(shape, device=device, dtype=dtype) for _ in range(layers)]
         self.values = [torch.zeros(shape, device=device, dtype=dtype) for _ in range(layers)]
+        self.in_place = decode_attention == "triton" and slot_decode.serves(
+            self.keys[0], int(config.num_attention_heads)
+        )
+        """Whether single-position rows attend in place (``decode_attention``)."""
 
     @property
     def scratch(self) -> int:
@@ -202,6 +216,7 @@ class SlotCache:
             positions=starts,
             longest=1,
             span=span,
+            in_place=self.in_place,
         )
 
     def fresh_step(self, slots: torch.Tensor, length: int) -> FreshStep:
@@ -470,6 +485,7 @@ class SlotStep:
         longest: int,
         span: int,
         segments: Sequence[Segment] | None = None,
+        in_place: bool = False,
     ) -> None:
         self._cache = cache
         # The host's view of the segments, for a step with prefill chunks (each attends
@@ -502,6 +518,11 @@ class SlotStep:
         # A tensor of its own, not a view of one: a compiled layer guards on a view's
         # base, whose sizes it cannot leave dynamic (:mod:`.frame_compile`).
         self.mask = keys[None, None, None, :] <= seen[:, None, :, None]
+        self.in_place = in_place and self.decode_only
+        if self.in_place:
+            # Not a mask: the rows' (slot, position) pairs [B, 1, 1, 2], what the in-place
+            # attention reads (transformers passes a 4D mask to the attention as it is).
+            self.mask = torch.stack([slots, starts], 1)[:, None, None, :]
 
     @contextmanager
     def active(self, configs: Sequence[Any]) -> Iterator[None]:
@@ -529,9 +550,10 @@ class SlotStep:
     ) -> tuple[torch.Tensor, torch.Tensor]:
         keys[self.token_slot, :, self.positions] = key[0].transpose(0, 1).to(keys.dtype)
         values[self.token_slot, :, self.positions] = value[0].transpose(0, 1).to(values.dtype)
-        if not self.decode_only:
+        if not self.decode_only or self.in_place:
             # The whole layer: each prefill chunk attends a view of its own slot (no
-            # gathered copy of every segment's span, and no span in a compiled graph).
+            # gathered copy of every segment's span, and no span in a compiled graph),
+            # and in-place rows their slots as they lie.
             return keys, values
         return (
             keys.index_select(0, self.slots)[:, :, : self.span],
@@ -762,12 +784,8 @@ def _runs_and_rows(
     out = torch.nn.functional.scaled_dot_product_attention(
         query, key, value, is_causal=True, scale=scaling, enable_gqa=True
     )
-    rows = _single_positions(
-        flat[size:],
-        keys.index_select(0, step.row_slots),
-        values.index_select(0, step.row_slots),
-        step.row_mask,
-        scaling,
+    rows = _rows_over_slots(
+        flat[size:], keys, values, step.row_slots, step.row_starts, step.row_mask, scaling
     )
     return torch.cat([out.transpose(1, 2).reshape(size, heads, dim), rows])
 
@@ -786,6 +804,11 @@ def _slot_attention(
     dim] in a step of single positions, else the layer's whole cache."""
     assert attention_mask is not None, "a slot step passes its mask"
     flat = query[0].transpose(0, 1)  # [T, heads, dim]
+    if attention_mask.dtype == torch.long:
+        # An in-place decode step's (slot, position) pairs, ``key``/``value`` the layer.
+        slots, starts = attention_mask[:, 0, 0, 0], attention_mask[:, 0, 0, 1]
+        span = key.shape[2]
+        return slot_decode.attend(flat, key, value, slots, starts, scaling, span)[None], None
     if attention_mask.shape[2] == 1:
         # One position per segment: nothing read from the step but its mask, so a
         # compiled layer (and a captured graph) sees tensors only.
@@ -828,15 +851,31 @@ def _chunks_attention(
         out[tokens] = _chunk(flat[tokens], keys[slot], values[slot], start, scaling)
     if step.single_rows is not None and step.single_tokens is not None:
         rows, at = step.single_rows, step.single_tokens
-        slots, span = step.slots.index_select(0, rows), step.span
-        out[at] = _single_positions(
-            flat[at],
-            keys.index_select(0, slots)[:, :, :span],
-            values.index_select(0, slots)[:, :, :span],
-            step.mask[rows][:, :, :1],
-            scaling,
-        )
+        slots, starts = step.slots.index_select(0, rows), step.starts.index_select(0, rows)
+        mask = step.mask[rows][:, :, :1, : step.span]
+        out[at] = _rows_over_slots(flat[at], keys, values, slots, starts, mask, scaling)
     return out
+
+
+def _rows_over_slots(
+    flat: torch.Tensor,
+    keys: torch.Tensor,
+    values: torch.Tensor,
+    slots: torch.Tensor,
+    starts: torch.Tensor,
+    mask: torch.Tensor,
+    scaling: float | None,
+) -> torch.Tensor:
+    """Single positions [R, heads, dim] over their slots of the layer's cache
+    ``keys``/``values``, row ``i`` at ``starts[i]`` of ``slots[i]`` under ``mask`` [R, 1, 1,
+    span] (its span): in place where the current step's cache says so, else over a
+    gathered copy of the span; [R, heads, dim]."""
+    step: SlotStep = _current.step
+    if step._cache.in_place:
+        return slot_decode.attend(flat, keys, values, slots, starts, scaling, keys.shape[2])
+    span = mask.shape[-1]
+    key, value = (t.index_select(0, slots)[:, :, :span] for t in (keys, values))
+    return _single_positions(flat, key, value, mask, scaling)
 
 
 def _single_positions(

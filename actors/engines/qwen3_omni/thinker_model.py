@@ -42,6 +42,7 @@ from omni_actors.actors.engines.qwen3_omni.moe import install as moe_install
 from omni_actors.actors.engines.qwen3_omni.sampling import Sampling, draw
 from omni_actors.actors.engines.qwen3_omni.slot_cache import (
     PREFILL_BUCKET,
+    DecodeAttention,
     FreshGraphs,
     Segment,
     SlotCache,
@@ -139,6 +140,8 @@ class ThinkerModel:
             prompts, in the same forward (each graph then takes that many, padded, and
             those rows attend the slot's whole ``max_context``); 0: they run as a
             decode step of their own. At most ``max_rows``.
+        decode_attention: how single-position rows attend their slots
+            (:class:`.SlotCache`): ``gather`` or ``triton`` (in place).
 
     Raises:
         ModelFileError: a file of the stage, its tokenizer or front end, or the composite
@@ -176,6 +179,7 @@ class ThinkerModel:
         prefill_batch: int = 1,
         step_tokens: int | None = None,
         prefill_rows: int = 0,
+        decode_attention: DecodeAttention = "gather",
     ) -> None:
         device = device or torch.device("cpu")
         if prefill_bucket < 1:
@@ -232,7 +236,12 @@ class ThinkerModel:
             self.opening = self._embedding(torch.tensor(vocabulary.assistant_opening))
         self.device = device
         self.cache = SlotCache(
-            self.text_config, slots=slots, max_len=max_context, device=device, dtype=self.tts.dtype
+            self.text_config,
+            slots=slots,
+            max_len=max_context,
+            device=device,
+            dtype=self.tts.dtype,
+            decode_attention=decode_attention,
         )
         self.max_rows = min(max_rows or slots, slots)
         # The attention of every module of the text model reads the step's slots.
