@@ -28,7 +28,9 @@
 # its first token, not before its forward; PREFILL_GRAPHS=0 without the thinker's fresh
 # prefill graphs, on by default); `decode-thinker` times
 # its thinker's decode step with its layers compiled as the engine compiles them, and not
-# ($THINKER_COMPILE, default "default off"); after `prepare-talker`, `profile-talker`
+# ($THINKER_COMPILE, default "default off"), its rows' attention gathered or in place
+# ($DECODE_ATTENTION, default gather; "gather triton" both), at $DECODE_CONTEXT positions
+# (1024) of slots of $DECODE_MAX_CONTEXT (2048); after `prepare-talker`, `profile-talker`
 # lists the kernels of a talker frame per batch size (talker_frame_profile.py;
 # $PROFILE_COMPILE: all, the engine's, by default, or apart or off; $PROFILE_SDPA: the
 # attention kernel, default flash efficient math or cudnn; TORCHINDUCTOR_MAX_AUTOTUNE=1
@@ -124,10 +126,14 @@ write_random_release(Path(sys.argv[1]), config, stages=tuple(sys.argv[3].split()
       done ;;
     decode-thinker)
       for compile in ${THINKER_COMPILE:-default off}; do
-        omni bench decode --model "$THINKER_RELEASE" --stage thinker=cuda:0 --batch 1 8 32 --context 1024 \
-          --steps 20 --max-context 2048 --thinker-compile "$compile" --json --quiet \
-          > "$OUT/qwen3_omni_random_decode_thinker_$compile.json"
-        cat "$OUT/qwen3_omni_random_decode_thinker_$compile.json"; echo
+        for attention in ${DECODE_ATTENTION:-gather}; do
+          name=$compile; [ "$attention" = gather ] || name=${compile}_$attention
+          omni bench decode --model "$THINKER_RELEASE" --stage thinker=cuda:0 --batch 1 8 32 \
+            --context ${DECODE_CONTEXT:-1024} --steps 20 --max-context ${DECODE_MAX_CONTEXT:-2048} \
+            --thinker-compile "$compile" --decode-attention "$attention" --json --quiet \
+            > "$OUT/qwen3_omni_random_decode_thinker_$name.json"
+          cat "$OUT/qwen3_omni_random_decode_thinker_$name.json"; echo
+        done
       done ;;
     profile-talker)
       # $FUSED_MIN_BLOCKS as for decode (DECODE_FUSED_MIN_BLOCKS of the script).

@@ -47,6 +47,7 @@ def _thinker(
     steps: int,
     plan: Any,
     compile_layers: Any,
+    decode_attention: str = "gather",
 ) -> dict[str, Any]:
     import asyncio
 
@@ -71,6 +72,7 @@ def _thinker(
         # kernels per capture), so it would time eager; the engine warms at load too.
         warm=plan.graphs,
         compile_layers=compile_layers,
+        decode_attention=decode_attention,  # type: ignore[arg-type]
     )
     vocab = int(thinker.text_config.vocab_size)
     greedy = Pick(True, Sampling(1 << 30, 0, 0.0, None))
@@ -122,6 +124,8 @@ def _thinker(
     graphs = thinker._graphs
     return {
         "compiled": thinker.compiled,
+        "decode_attention": decode_attention,
+        "in_place": thinker.cache.in_place,
         "batches": rows,
         "graphed": [list(key) for key in thinker.graphed],
         "capture_s": {}
@@ -287,13 +291,16 @@ def run_decode_bench(
     compile_backend: str = "inductor",
     warm: bool = False,
     fused_min_blocks: int | None = None,
+    decode_attention: str = "gather",
 ) -> dict[str, Any]:
     """Eager and static step times per batch size for each stage in ``stages`` (stage
     name -> device: ``thinker``, ``talker``); the talker's frame step compiled as
     ``talker_compile`` (one of :data:`COMPILE_CHOICES`) says, the thinker's decode
     layers as ``thinker_compile`` says (None: as its engine does, on a GPU), with
     ``compile_backend``; ``warm`` captures every graph when a stage loads;
-    ``fused_min_blocks`` replaces :data:`.static_decode.FUSED_MIN_BLOCKS` meanwhile."""
+    ``fused_min_blocks`` replaces :data:`.static_decode.FUSED_MIN_BLOCKS` meanwhile;
+    ``decode_attention`` is the thinker's (``gather``, or ``triton``: in place, where it
+    serves; the report's ``in_place`` says whether it did)."""
     from omni_actors.actors.engines.qwen3_omni import static_decode
     from omni_actors.actors.engines.qwen3_omni.frame_compile import ThinkerCompileArgs
     from omni_actors.actors.engines.qwen3_omni.static_decode import StaticPlan
@@ -308,6 +315,8 @@ def run_decode_bench(
         raise ValueError("batches, context and steps must be positive")
     if context + steps * 2 + 2 >= max_context:
         raise ValueError(f"context {context} leaves no room for {steps} steps in {max_context}")
+    if decode_attention not in ("gather", "triton"):
+        raise ValueError(f"decode_attention is gather or triton, not {decode_attention!r}")
     if talker_compile not in COMPILE_CHOICES:
         raise ValueError(f"talker_compile is one of {', '.join(COMPILE_CHOICES)}")
     saved = static_decode.FUSED_MIN_BLOCKS
@@ -328,7 +337,9 @@ def run_decode_bench(
                         compile_decode=thinker_compile, compile_backend=compile_backend
                     )
                     layers = args.decode_compile(device)
-                    measured = _thinker(model, device, batches, context, steps, plan, layers)
+                    measured = _thinker(
+                        model, device, batches, context, steps, plan, layers, decode_attention
+                    )
                 else:
                     compiled = _frame_compile(talker_compile, compile_backend, device)
                     measured = _talker(model, device, batches, context, steps, plan, compiled)

@@ -572,6 +572,13 @@ def _add_decode_options(parser: argparse.ArgumentParser) -> None:
         "--compile-backend", default="inductor", help="the torch.compile backend (inductor)"
     )
     parser.add_argument(
+        "--decode-attention",
+        choices=("gather", "triton"),
+        default="gather",
+        help="how the thinker's decode rows attend their slots: a gathered copy of each "
+        "span (default), or read in place by a Triton kernel where it serves",
+    )
+    parser.add_argument(
         "--fused-min-blocks",
         type=int,
         default=None,
@@ -607,6 +614,7 @@ def _bench_decode(ns: argparse.Namespace) -> dict[str, Any]:
             compile_backend=ns.compile_backend,
             warm=ns.warm,
             fused_min_blocks=ns.fused_min_blocks,
+            decode_attention=ns.decode_attention,
         )
     except (OmniError, ValueError) as exc:
         raise SystemExit(f"omni-actors bench decode: {exc}") from None

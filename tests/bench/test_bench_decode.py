@@ -8,7 +8,9 @@ import pytest
 
 pytest.importorskip("transformers")
 
-from omni_actors.actors.engines.qwen3_omni import slot_cache, static_decode
+import torch
+
+from omni_actors.actors.engines.qwen3_omni import slot_cache, slot_decode, static_decode
 from omni_actors.bench.decode import run_decode_bench
 from omni_actors.models import cache as model_cache
 
@@ -57,3 +59,15 @@ def test_a_run_moves_the_fused_attention_threshold_and_puts_it_back(
     with pytest.raises(ValueError, match="fused_min_blocks"):
         run_decode_bench(release, **common, fused_min_blocks=-1)  # type: ignore[arg-type]
     assert default == static_decode.FUSED_MIN_BLOCKS
+
+
+def test_the_thinker_reads_rows_in_place_only_where_the_kernel_serves(release: Path) -> None:
+    """``decode_attention`` reaches the thinker's slot cache; on a CPU without Triton's
+    interpreter the kernel does not serve, and the report says the rows were gathered."""
+    common = dict(stages={"thinker": "cpu"}, batches=[2], context=8, steps=2, max_context=64)
+    report = run_decode_bench(release, **common, decode_attention="triton")  # type: ignore[arg-type]
+    assert report["thinker"]["decode_attention"] == "triton"
+    assert report["thinker"]["in_place"] is slot_decode.serves(torch.zeros(1, 2, 1, 32), 4)
+    assert report["thinker"]["batches"]["2"]["static_ms"] > 0
+    with pytest.raises(ValueError, match="decode_attention"):
+        run_decode_bench(release, **common, decode_attention="paged")  # type: ignore[arg-type]
