@@ -33,7 +33,7 @@ from tiny_omni_ids import (
 
 from omni_actors.actors.engines import torch_engine
 from omni_actors.actors.engines.contract import Fields
-from omni_actors.actors.engines.qwen3_omni import configs, talker_engine
+from omni_actors.actors.engines.qwen3_omni import configs, slot_decode, talker_engine
 from omni_actors.actors.engines.qwen3_omni.frame_compile import (
     CompiledCodePredictor,
     FrameCompile,
@@ -55,6 +55,8 @@ from omni_actors.models import cache as model_cache
 from omni_actors.testing import eventually
 
 pytestmark = pytest.mark.integration
+
+DEVICE = torch.device("cuda" if torch.cuda.is_available() else "cpu")
 
 # Each text with its reply's token limits (min, max). With the seed-0 weights the talker
 # picks codec EOS before the end of the second reply and not in the others: with
@@ -381,6 +383,33 @@ async def test_frames_replayed_from_graphs_give_each_session_its_solo_codes(
     for reply, alone in zip(together, solo, strict=True):
         assert len(reply.codes) == len(alone.codes) > 1
         assert torch.equal(torch.cat(reply.codes), torch.cat(alone.codes))
+
+
+@pytest.mark.skipif(
+    not slot_decode.serves(torch.zeros(1, 1, 1, 16, device=DEVICE), 1),
+    reason="Triton runs on a GPU or in its interpreter (TRITON_INTERPRET=1)",
+)
+@pytest.mark.parametrize("groups", [[[0, 1, 2]], [[0, 1], [2]]], ids=["three", "two-one"])
+async def test_frames_with_rows_read_in_place_give_each_session_its_solo_codes(
+    cache_dir: Path, said: list[list[Fields]], solo: list[SteppedReply], groups: list[list[int]]
+) -> None:
+    """With ``decode_attention="triton"`` the backbone's frame rows attend their slots in
+    place (eagerly and from graphs): each session's codes are its solo eager frames'."""
+    path = cache_dir / "tiny-omni" / "seed-0"
+    common: dict[str, Any] = {"stop_at_codec_eos": True, "slots": 4, "max_context": 512}
+    for graphs in (False, True):
+        extra: dict[str, Any] = {"graphs": True, "warm": True, "capture": Captures()}
+        model = TalkerModel(
+            path, **common, max_rows=3, decode_attention="triton", **(extra if graphs else {})
+        )
+        assert model.cache.in_place
+        loop = loop_over(model)
+        together = await open_replies(model, loop, said)
+        await speak_in(loop, together, groups)
+        await loop.stop()
+        for reply, alone in zip(together, solo, strict=True):
+            assert len(reply.codes) == len(alone.codes) > 1
+            assert torch.equal(torch.cat(reply.codes), torch.cat(alone.codes))
 
 
 async def test_openings_that_fit_a_graph_replay_it_and_give_the_solo_codes(

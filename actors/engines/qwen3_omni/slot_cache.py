@@ -46,6 +46,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Final, Literal, TypeVar
 
 import torch
+from pydantic import BaseModel
 from torch.nn.attention.bias import causal_lower_right
 
 from omni_actors.actors.engines.qwen3_omni import slot_decode
@@ -62,6 +63,7 @@ Out = TypeVar("Out")
 __all__ = [
     "ATTENTION",
     "DecodeAttention",
+    "DecodeAttentionArgs",
     "FRESH_ATTENTION",
     "PREFILL_BUCKET",
     "FRESH_ROWS_ATTENTION",
@@ -82,6 +84,20 @@ positions up to the slot's length: a chunk runs as the smallest that holds it.""
 
 DecodeAttention = Literal["gather", "triton"]
 """How single-position rows attend their slots (:class:`SlotCache`)."""
+
+
+class DecodeAttentionArgs(BaseModel):
+    """The arguments of an engine whose decode rows attend a :class:`SlotCache`.
+
+    Attributes:
+        decode_attention: ``gather`` copies each row's span of its slot in every layer,
+            then attends the copy; ``triton`` reads the rows' keys and values in place, up
+            to each row's own position (:mod:`.slot_decode`; on a GPU with Triton, else
+            the gather). Not yet measured on a GPU: ``gather`` by default.
+    """
+
+    decode_attention: DecodeAttention = "gather"
+
 
 GraphKey = tuple[int, int]
 """(row bucket, span): the shape of a step of single positions, one graph each."""

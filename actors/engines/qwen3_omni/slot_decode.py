@@ -141,6 +141,43 @@ if triton is not None:
         tl.store(top + at * block_g + g, best)
         tl.store(total + at * block_g + g, sums)
 
+    @triton.jit  # type: ignore[misc,untyped-decorator,unused-ignore]
+    def _merge_kernel(  # type: ignore[no-untyped-def,unused-ignore]
+        acc,
+        top,
+        total,
+        out,
+        group: tl.constexpr,
+        block_g: tl.constexpr,
+        dim: tl.constexpr,
+        parts: tl.constexpr,
+        block_p: tl.constexpr,
+    ):
+        row = tl.program_id(0).to(tl.int64)
+        head = tl.program_id(1).to(tl.int64)
+        kv_heads = tl.num_programs(1)
+        p = tl.arange(0, block_p)
+        g = tl.arange(0, block_g)
+        d = tl.arange(0, dim)
+        at = (row * kv_heads + head) * parts + p
+        inside = p < parts
+        offsets = at[:, None] * block_g + g[None, :]
+        best = tl.load(top + offsets, mask=inside[:, None], other=float("-inf"))
+        sums = tl.load(total + offsets, mask=inside[:, None], other=0.0)
+        weight = tl.exp(best - tl.max(best, 0)[None, :])  # a part that read nothing: 0
+        weighted = tl.load(
+            acc + offsets[:, :, None] * dim + d[None, None, :],
+            mask=inside[:, None, None],
+            other=0.0,
+        )
+        merged = tl.sum(weighted * weight[:, :, None], 0) / tl.sum(sums * weight, 0)[:, None]
+        q_heads = head * group + g
+        tl.store(
+            out + (row * kv_heads * group + q_heads)[:, None] * dim + d[None, :],
+            merged.to(out.dtype.element_ty),
+            mask=(g < group)[:, None],
+        )
+
     @torch.library.triton_op("omni_actors::slot_decode_attention", mutates_args=())
     def _attend_op(
         query: torch.Tensor,
@@ -183,8 +220,10 @@ if triton is not None:
             dim,
             parts,
         )
-        # The parts merged by their maxima: a part past the row's position has none
-        # (-inf), and weighs nothing.
-        weight = torch.exp(top - top.amax(2, keepdim=True))
-        out = (acc * weight[..., None]).sum(2) / (total * weight).sum(2)[..., None]
-        return out[:, :, :group].reshape(rows, heads, dim).to(query.dtype)
+        # The parts merged by their maxima, one program per (row, key head): a part past
+        # the row's position read nothing (its maximum -inf) and weighs nothing.
+        out = query.new_empty((rows, heads, dim))
+        torch.library.wrap_triton(_merge_kernel)[(rows, kv_heads)](
+            acc, top, total, out, group, block_g, dim, parts, triton.next_power_of_2(parts)
+        )
+        return out

@@ -80,6 +80,7 @@ from omni_actors.actors.engines.qwen3_omni.frame_compile import (
     end_compile_workers,
 )
 from omni_actors.actors.engines.qwen3_omni.moe import MoeArgs
+from omni_actors.actors.engines.qwen3_omni.slot_cache import DecodeAttentionArgs
 from omni_actors.actors.engines.qwen3_omni.static_decode import PrefillGraphArgs
 from omni_actors.actors.engines.qwen3_omni.talker_input import ReplyInput, TalkerInputError
 from omni_actors.actors.engines.qwen3_omni.talker_model import (
@@ -100,10 +101,17 @@ __all__ = ["TalkerArgs", "TalkerEngine", "TalkerInputError"]
 
 
 class TalkerArgs(
-    WeightsArgs, DeviceArgs, PrefillGraphArgs, FrameCompileArgs, StepLoopArgs, MoeArgs
+    WeightsArgs,
+    DeviceArgs,
+    PrefillGraphArgs,
+    DecodeAttentionArgs,
+    FrameCompileArgs,
+    StepLoopArgs,
+    MoeArgs,
 ):
     """The talker's arguments: ``seed`` and ``cache_dir`` locate its weights; the static
-    slot cache's and its fresh prefill graphs' (:class:`PrefillGraphArgs`), its frame
+    slot cache's and its fresh prefill graphs' (:class:`PrefillGraphArgs`), its frames'
+    backbone attention (:class:`DecodeAttentionArgs`), its frame
     step's compile (:class:`FrameCompileArgs`: on a GPU by default) and its experts'
     forward (:class:`MoeArgs`).
 
@@ -223,6 +231,7 @@ class TalkerEngine(SteppedTorchEngine[Voice, TalkerFeed, Framed | None]):
             prefill_bucket=args.prefill_bucket,
             prefill_batch=args.prefill_batch,
             step_tokens=args.max_tokens_per_step,
+            decode_attention=args.decode_attention,
         )
         if self.speaker not in model.speakers:
             raise ValueError(

@@ -54,6 +54,7 @@ from omni_actors.actors.engines.qwen3_omni.moe import MoeCombine, MoeImplementat
 from omni_actors.actors.engines.qwen3_omni.moe import install as moe_install
 from omni_actors.actors.engines.qwen3_omni.slot_cache import (
     PREFILL_BUCKET,
+    DecodeAttention,
     FreshGraphs,
     Segment,
     SlotCache,
@@ -186,6 +187,8 @@ class TalkerModel:
         prefill_batch: the most such runs of one bucket that share a forward (a graph
             per count, where that many fit ``step_tokens``).
         step_tokens: the most positions a step feeds (the step loop's budget).
+        decode_attention: how a frame's backbone rows attend their slots
+            (:class:`.SlotCache`): ``gather`` or ``triton`` (in place).
 
     Attributes:
         text_config: the text model's config.
@@ -214,6 +217,7 @@ class TalkerModel:
         prefill_bucket: int = PREFILL_BUCKET,
         prefill_batch: int = 1,
         step_tokens: int | None = None,
+        decode_attention: DecodeAttention = "gather",
     ) -> None:
         device = device or torch.device("cpu")
         if prefill_bucket < 1:
@@ -264,7 +268,12 @@ class TalkerModel:
         self.device = device
         self._dtype = next(talker.parameters()).dtype
         self.cache = SlotCache(
-            self.text_config, slots=slots, max_len=max_context, device=device, dtype=self._dtype
+            self.text_config,
+            slots=slots,
+            max_len=max_context,
+            device=device,
+            dtype=self._dtype,
+            decode_attention=decode_attention,
         )
         # The attention of the backbone reads the step's slots (not the code
         # predictor's, a model of its own with its own fresh cache per frame).

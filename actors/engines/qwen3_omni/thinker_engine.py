@@ -105,7 +105,7 @@ from omni_actors.actors.engines.qwen3_omni.frame_compile import (
 )
 from omni_actors.actors.engines.qwen3_omni.moe import MoeArgs
 from omni_actors.actors.engines.qwen3_omni.sampling import Sampling, sampling_for, session_seed
-from omni_actors.actors.engines.qwen3_omni.slot_cache import DecodeAttention
+from omni_actors.actors.engines.qwen3_omni.slot_cache import DecodeAttentionArgs
 from omni_actors.actors.engines.qwen3_omni.static_decode import PrefillGraphArgs
 from omni_actors.actors.engines.qwen3_omni.thinker_model import (
     Fed,
@@ -126,7 +126,13 @@ __all__ = ["ThinkerArgs", "ThinkerEngine"]
 
 
 class ThinkerArgs(
-    WeightsArgs, DeviceArgs, PrefillGraphArgs, ThinkerCompileArgs, StepLoopArgs, MoeArgs
+    WeightsArgs,
+    DeviceArgs,
+    PrefillGraphArgs,
+    DecodeAttentionArgs,
+    ThinkerCompileArgs,
+    StepLoopArgs,
+    MoeArgs,
 ):
     """The thinker's arguments: ``seed`` and ``cache_dir`` locate its weights; ``moe``
     picks its experts' forward (:class:`MoeArgs`).
@@ -157,10 +163,6 @@ class ThinkerArgs(
             run as a forward of their own beside the replay. Riding along, they do not
             read the experts' weights again: a step of three 2500-position prompts took
             15-28 ms longer with 8-32 decode rows apart (two H200s, full size).
-        decode_attention: how decode rows attend their slots: ``gather`` copies each
-            row's span in every layer and attends the copy; ``triton`` reads it in place,
-            up to the row's position (:mod:`.slot_decode`; on a GPU with Triton, else the
-            gather). Not yet measured on a GPU: ``gather`` by default.
     """
 
     max_new_tokens: int = Field(48, ge=1)
@@ -168,7 +170,6 @@ class ThinkerArgs(
     allowed_token_ranges: list[tuple[int, int]] | None = None
     rows_ahead: bool = Field(True, strict=True)
     prefill_rows: int = Field(32, ge=0)
-    decode_attention: DecodeAttention = "gather"
 
 
 class ThinkerEngine(ConversationEngine[Feeding, Fed]):
