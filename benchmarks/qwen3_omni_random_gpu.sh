@@ -11,7 +11,7 @@
 #   bash benchmarks/qwen3_omni_random_gpu.sh setup prepare-talker decode-talker
 # writes the release's talker alone and times its frame, compiled as the engine compiles
 # it (the code predictor's projections fused), not, and with those projections apart
-# ($COMPILE, default "off all apart");
+# ($COMPILE, default "off all apart"), its rows' attention as $DECODE_ATTENTION below says;
 #   bash benchmarks/qwen3_omni_random_gpu.sh setup experts
 # times the MoE experts alone (no release; `experts` below).
 #   bash benchmarks/qwen3_omni_random_gpu.sh setup prepare-short
@@ -119,10 +119,13 @@ write_random_release(Path(sys.argv[1]), config, stages=tuple(sys.argv[3].split()
       done ;;
     decode-talker)
       for compile in $COMPILE; do
-        omni bench decode --model "$RELEASE" --stage talker=cuda:0 --batch 1 8 32 --context 1024 \
-          --steps 20 --max-context 2048 --talker-compile "$compile" --warm --json --quiet \
-          > "$OUT/qwen3_omni_random_decode_talker_$compile.json"
-        cat "$OUT/qwen3_omni_random_decode_talker_$compile.json"; echo
+        for attention in ${DECODE_ATTENTION:-gather}; do
+          name=$compile; [ "$attention" = gather ] || name=${compile}_$attention
+          omni bench decode --model "$RELEASE" --stage talker=cuda:0 --batch 1 8 32 --context 1024 \
+            --steps 20 --max-context 2048 --talker-compile "$compile" --warm --json --quiet \
+            --decode-attention "$attention" > "$OUT/qwen3_omni_random_decode_talker_$name.json"
+          cat "$OUT/qwen3_omni_random_decode_talker_$name.json"; echo
+        done
       done ;;
     decode-thinker)
       for compile in ${THINKER_COMPILE:-default off}; do

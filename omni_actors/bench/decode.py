@@ -187,6 +187,7 @@ def _talker(
     steps: int,
     plan: Any,
     frame_compile: Any = None,
+    decode_attention: str = "gather",
 ) -> dict[str, Any]:
     import asyncio
 
@@ -208,6 +209,7 @@ def _talker(
         graphs=plan.graphs,
         warm=plan.warm,
         frame_compile=frame_compile,
+        decode_attention=decode_attention,  # type: ignore[arg-type]
     )
     load_s = round(time.perf_counter() - started, 1)
     width = int(talker.talker.config.thinker_hidden_size)
@@ -271,6 +273,8 @@ def _talker(
     return {
         "load_s": load_s,
         "compiled": talker.compiled,
+        "decode_attention": decode_attention,
+        "in_place": talker.cache.in_place,
         "batches": rows,
         "graphed": [list(key) for key in talker.graphed],
         "capture_s": {f"{b}x{s}": round(t, 3) for (b, s), t in talker.capture_s.items()},
@@ -299,7 +303,7 @@ def run_decode_bench(
     layers as ``thinker_compile`` says (None: as its engine does, on a GPU), with
     ``compile_backend``; ``warm`` captures every graph when a stage loads;
     ``fused_min_blocks`` replaces :data:`.static_decode.FUSED_MIN_BLOCKS` meanwhile;
-    ``decode_attention`` is the thinker's (``gather``, or ``triton``: in place, where it
+    ``decode_attention`` is both stages' (``gather``, or ``triton``: in place, where it
     serves; the report's ``in_place`` says whether it did)."""
     from omni_actors.actors.engines.qwen3_omni import static_decode
     from omni_actors.actors.engines.qwen3_omni.frame_compile import ThinkerCompileArgs
@@ -342,7 +346,9 @@ def run_decode_bench(
                     )
                 else:
                     compiled = _frame_compile(talker_compile, compile_backend, device)
-                    measured = _talker(model, device, batches, context, steps, plan, compiled)
+                    measured = _talker(
+                        model, device, batches, context, steps, plan, compiled, decode_attention
+                    )
                     measured = {"compile": talker_compile, **measured}
                 report[stage] = {"device": str(device), **measured}
             if device.type == "cuda":

@@ -575,7 +575,7 @@ def _add_decode_options(parser: argparse.ArgumentParser) -> None:
         "--decode-attention",
         choices=("gather", "triton"),
         default="gather",
-        help="how the thinker's decode rows attend their slots: a gathered copy of each "
+        help="how decode rows (thinker and talker) attend their slots: a gathered copy of each "
         "span (default), or read in place by a Triton kernel where it serves",
     )
     parser.add_argument(

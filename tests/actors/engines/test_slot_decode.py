@@ -47,10 +47,22 @@ def _gathered(
     return _single_positions(query, key, value, mask, DIM**-0.5)
 
 
+def test_few_rows_split_their_span_into_short_parts() -> None:
+    """Parts are multiples of the kernel's block, from one block (one row of four key
+    heads over 4096 positions: 64 parts) to ``PART`` (32 rows: 8 parts)."""
+    assert slot_decode._part(1, 4, 4096) == 64
+    assert slot_decode._part(8, 4, 4096) == 256
+    assert slot_decode._part(32, 4, 4096) == slot_decode.PART
+    assert slot_decode._part(1, 4, 100) == 64
+    assert slot_decode._part(3, 4, 4096) == 128
+
+
+@pytest.mark.parametrize("programs", [1, 512], ids=["long_parts", "short_parts"])
 @pytest.mark.parametrize("span", [256, 1024])
 def test_each_row_attends_its_slot_up_to_its_position_as_the_gathered_attention(
-    span: int,
+    span: int, programs: int, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    monkeypatch.setattr(slot_decode, "_PROGRAMS", programs)
     generator = torch.Generator().manual_seed(span)
     draw = lambda *shape: torch.randn(shape, generator=generator).to(DEVICE, DTYPE)  # noqa: E731
     keys, values = draw(SLOTS, KV_HEADS, MAX_LEN, DIM), draw(SLOTS, KV_HEADS, MAX_LEN, DIM)
