@@ -41,7 +41,14 @@ def main() -> None:
         for attention in args.attention:
             profiles: list[Any] = []
 
-            async def profiled(step: Any, device: Any, steps: int, eager: Any, *rest: Any) -> float:
+            async def profiled(
+                step: Any,
+                device: Any,
+                steps: int,
+                eager: Any,
+                *rest: Any,
+                profiles: list[Any] = profiles,
+            ) -> float:
                 if rest[0]:  # the eager steps: not profiled
                     return await timed(step, device, steps, eager, *rest)
                 with profile(activities=activities) as prof:
