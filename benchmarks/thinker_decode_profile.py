@@ -69,7 +69,7 @@ def main() -> None:
                     decode_attention=attention,
                 )
             finally:
-                decode._timed_async = timed  # type: ignore[assignment]
+                decode._timed_async = timed
             kernels: dict[str, list[float]] = defaultdict(lambda: [0, 0.0])
             for event in profiles[0].key_averages():
                 busy = event.device_time_total if not args.dry else event.cpu_time_total
