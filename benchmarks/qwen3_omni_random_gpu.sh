@@ -29,7 +29,7 @@
 # prefill graphs, on by default); `decode-thinker` times
 # its thinker's decode step with its layers compiled as the engine compiles them, and not
 # ($THINKER_COMPILE, default "default off"), its rows' attention gathered or in place
-# ($DECODE_ATTENTION, default gather; "gather triton" both), at $DECODE_CONTEXT positions
+# ($DECODE_ATTENTION, default triton, the engines'; "gather triton" both), at $DECODE_CONTEXT positions
 # (1024) of slots of $DECODE_MAX_CONTEXT (2048); after `prepare-talker`, `profile-talker`
 # lists the kernels of a talker frame per batch size (talker_frame_profile.py;
 # $PROFILE_COMPILE: all, the engine's, by default, or apart or off; $PROFILE_SDPA: the
@@ -119,8 +119,8 @@ write_random_release(Path(sys.argv[1]), config, stages=tuple(sys.argv[3].split()
       done ;;
     decode-talker)
       for compile in $COMPILE; do
-        for attention in ${DECODE_ATTENTION:-gather}; do
-          name=$compile; [ "$attention" = gather ] || name=${compile}_$attention
+        for attention in ${DECODE_ATTENTION:-triton}; do
+          name=$compile; [ "$attention" = triton ] || name=${compile}_$attention
           omni bench decode --model "$RELEASE" --stage talker=cuda:0 --batch 1 8 32 --context 1024 \
             --steps 20 --max-context 2048 --talker-compile "$compile" --warm --json --quiet \
             --decode-attention "$attention" > "$OUT/qwen3_omni_random_decode_talker_$name.json"
@@ -129,8 +129,8 @@ write_random_release(Path(sys.argv[1]), config, stages=tuple(sys.argv[3].split()
       done ;;
     decode-thinker)
       for compile in ${THINKER_COMPILE:-default off}; do
-        for attention in ${DECODE_ATTENTION:-gather}; do
-          name=$compile; [ "$attention" = gather ] || name=${compile}_$attention
+        for attention in ${DECODE_ATTENTION:-triton}; do
+          name=$compile; [ "$attention" = triton ] || name=${compile}_$attention
           omni bench decode --model "$THINKER_RELEASE" --stage thinker=cuda:0 --batch 1 8 32 \
             --context ${DECODE_CONTEXT:-1024} --steps 20 --max-context ${DECODE_MAX_CONTEXT:-2048} \
             --thinker-compile "$compile" --decode-attention "$attention" --json --quiet \

@@ -47,7 +47,7 @@ def _thinker(
     steps: int,
     plan: Any,
     compile_layers: Any,
-    decode_attention: str = "gather",
+    decode_attention: str = "triton",
 ) -> dict[str, Any]:
     import asyncio
 
@@ -187,7 +187,7 @@ def _talker(
     steps: int,
     plan: Any,
     frame_compile: Any = None,
-    decode_attention: str = "gather",
+    decode_attention: str = "triton",
 ) -> dict[str, Any]:
     import asyncio
 
@@ -295,7 +295,7 @@ def run_decode_bench(
     compile_backend: str = "inductor",
     warm: bool = False,
     fused_min_blocks: int | None = None,
-    decode_attention: str = "gather",
+    decode_attention: str = "triton",
 ) -> dict[str, Any]:
     """Eager and static step times per batch size for each stage in ``stages`` (stage
     name -> device: ``thinker``, ``talker``); the talker's frame step compiled as
@@ -303,8 +303,8 @@ def run_decode_bench(
     layers as ``thinker_compile`` says (None: as its engine does, on a GPU), with
     ``compile_backend``; ``warm`` captures every graph when a stage loads;
     ``fused_min_blocks`` replaces :data:`.static_decode.FUSED_MIN_BLOCKS` meanwhile;
-    ``decode_attention`` is both stages' (``gather``, or ``triton``: in place, where it
-    serves; the report's ``in_place`` says whether it did)."""
+    ``decode_attention`` is both stages' (``triton``, the engines' default: in place,
+    where it serves, the report's ``in_place`` says whether it did; or ``gather``)."""
     from omni_actors.actors.engines.qwen3_omni import static_decode
     from omni_actors.actors.engines.qwen3_omni.frame_compile import ThinkerCompileArgs
     from omni_actors.actors.engines.qwen3_omni.static_decode import StaticPlan

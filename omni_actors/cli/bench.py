@@ -574,9 +574,10 @@ def _add_decode_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--decode-attention",
         choices=("gather", "triton"),
-        default="gather",
-        help="how decode rows (thinker and talker) attend their slots: a gathered copy of each "
-        "span (default), or read in place by a Triton kernel where it serves",
+        default="triton",
+        help="how decode rows (thinker and talker) attend their slots: read in place by a "
+        "Triton kernel where it serves (default, as the engines), or a gathered copy of each "
+        "span",
     )
     parser.add_argument(
         "--fused-min-blocks",

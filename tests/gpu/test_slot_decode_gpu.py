@@ -11,6 +11,7 @@ import pytest
 torch = pytest.importorskip("torch")
 pytest.importorskip("triton")
 
+from omni_actors.actors.engines.qwen3_omni.frame_compile import end_compile_workers  # noqa: E402
 from omni_actors.actors.engines.qwen3_omni.slot_cache import (  # noqa: E402
     SlotCache,
     _slot_attention,
@@ -119,5 +120,8 @@ def test_a_compiled_caller_runs_the_kernel_as_eager_does() -> None:
         return slot_decode.attend(query * 1.0, keys, values, slots, starts, DIM**-0.5, MAX_LEN)
 
     eager = attend(query)
-    compiled = torch.compile(attend, fullgraph=True)(query)
+    try:
+        compiled = torch.compile(attend, fullgraph=True)(query)
+    finally:
+        end_compile_workers()  # inductor's pool would outlive the test
     torch.testing.assert_close(compiled, eager, rtol=1e-2, atol=1e-2)

@@ -42,7 +42,7 @@ async def test_in_place_decode_rows_pick_as_the_gathered_ones(
         "max_context": 256,
         "device": device,
     }
-    want = await alone(ThinkerModel(path, **common))
+    want = await alone(ThinkerModel(path, **common, decode_attention="gather"))
     extra: dict[str, Any] = {"compile_layers": Backend()} if compiled else {}
     model = ThinkerModel(
         path,

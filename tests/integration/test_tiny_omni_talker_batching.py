@@ -338,8 +338,10 @@ STATIC_FRAMES = 16
 
 @pytest.fixture(scope="module")
 def solo(cache_dir: Path, said: list[list[Fields]]) -> list[SteppedReply]:
-    """Each session's first frames, stepped alone and eagerly."""
-    eager = TalkerModel(cache_dir / "tiny-omni" / "seed-0", stop_at_codec_eos=True)
+    """Each session's first frames, stepped alone and eagerly (rows gathered)."""
+    eager = TalkerModel(
+        cache_dir / "tiny-omni" / "seed-0", stop_at_codec_eos=True, decode_attention="gather"
+    )
 
     async def run() -> list[SteppedReply]:
         replies = []

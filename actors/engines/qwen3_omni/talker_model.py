@@ -217,7 +217,7 @@ class TalkerModel:
         prefill_bucket: int = PREFILL_BUCKET,
         prefill_batch: int = 1,
         step_tokens: int | None = None,
-        decode_attention: DecodeAttention = "gather",
+        decode_attention: DecodeAttention = "triton",
     ) -> None:
         device = device or torch.device("cpu")
         if prefill_bucket < 1:

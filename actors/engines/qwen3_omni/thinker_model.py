@@ -179,7 +179,7 @@ class ThinkerModel:
         prefill_batch: int = 1,
         step_tokens: int | None = None,
         prefill_rows: int = 0,
-        decode_attention: DecodeAttention = "gather",
+        decode_attention: DecodeAttention = "triton",
     ) -> None:
         device = device or torch.device("cpu")
         if prefill_bucket < 1:

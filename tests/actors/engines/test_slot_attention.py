@@ -33,7 +33,12 @@ def _cache(slots: int = 4) -> SlotCache:
         num_attention_heads=HEADS,
     )
     cache = SlotCache(
-        config, slots=slots, max_len=MAX_LEN, device=torch.device("cpu"), dtype=torch.float64
+        config,
+        slots=slots,
+        max_len=MAX_LEN,
+        device=torch.device("cpu"),
+        dtype=torch.float64,
+        decode_attention="gather",  # the hand-written attention is the gathered one
     )
     generator = torch.Generator().manual_seed(1)
     # What earlier steps left in the slots: a later chunk and a decode row read it.
@@ -155,7 +160,7 @@ def test_decode_rows_after_a_fresh_steps_runs_attend_their_slots_as_a_decode_ste
     flat = query.transpose(0, 1)[None]  # [1, heads, T, dim]
     with step.active([]):
         out, _ = _fresh_rows_attention(torch.nn.Module(), flat, *written, step.mask, DIM**-0.5)
-        op = torch.ops.omni_actors.slot_fresh_rows_attention(query, *written, DIM**-0.5)
+        op = torch.ops.omni_actors.slot_step_attention(query, *written, DIM**-0.5)
     torch.testing.assert_close(cache.keys[0][1, :, 20], key[0][:, 2 * length])
     torch.testing.assert_close(cache.values[0][2, :, 41], value[0][:, 2 * length + 1])
     segments = [Segment(3, 0, length), Segment(0, 0, length), Segment(1, 20, 1), Segment(2, 41, 1)]
@@ -183,3 +188,25 @@ def test_fresh_graphs_take_as_many_runs_of_a_length_as_a_step_holds() -> None:
         FreshGraphs("test", _cache(), 32, forward, batch=0)
     with pytest.raises(ValueError, match="prefill_rows"):
         FreshGraphs("test", _cache(), 32, forward, rows=-1)
+
+
+def test_rows_are_read_in_place_by_default_only_where_the_kernel_serves() -> None:
+    """``triton`` is the engines' default; a cache whose kernel does not serve (a CPU
+    without Triton's interpreter) gathers, and ``gather`` always does."""
+    from omni_actors.actors.engines.qwen3_omni import slot_decode
+    from omni_actors.actors.engines.qwen3_omni.talker_engine import TalkerArgs
+    from omni_actors.actors.engines.qwen3_omni.thinker_engine import ThinkerArgs
+
+    assert ThinkerArgs().decode_attention == "triton"
+    assert TalkerArgs().decode_attention == "triton"
+    config = SimpleNamespace(
+        num_hidden_layers=1,
+        num_key_value_heads=KV_HEADS,
+        head_dim=DIM,
+        hidden_size=HEADS * DIM,
+        num_attention_heads=HEADS,
+    )
+    common = dict(slots=2, max_len=MAX_LEN, device=torch.device("cpu"), dtype=torch.float32)
+    default = SlotCache(config, **common)  # type: ignore[arg-type]
+    assert default.in_place is slot_decode.serves(default.keys[0], HEADS)
+    assert not SlotCache(config, **common, decode_attention="gather").in_place  # type: ignore[arg-type]
