@@ -24,16 +24,18 @@ from omni_actors.actors.engines.qwen3_omni.slot_cache import (  # noqa: E402
 HEADS, KV_HEADS, DIM, MAX_LEN = 8, 2, 16, 64
 
 
+CONFIG = SimpleNamespace(
+    num_hidden_layers=1,
+    num_key_value_heads=KV_HEADS,
+    head_dim=DIM,
+    hidden_size=HEADS * DIM,
+    num_attention_heads=HEADS,
+)
+
+
 def _cache(slots: int = 4) -> SlotCache:
-    config = SimpleNamespace(
-        num_hidden_layers=1,
-        num_key_value_heads=KV_HEADS,
-        head_dim=DIM,
-        hidden_size=HEADS * DIM,
-        num_attention_heads=HEADS,
-    )
     cache = SlotCache(
-        config,
+        CONFIG,  # type: ignore[arg-type]
         slots=slots,
         max_len=MAX_LEN,
         device=torch.device("cpu"),
@@ -199,14 +201,7 @@ def test_rows_are_read_in_place_by_default_only_where_the_kernel_serves() -> Non
 
     assert ThinkerArgs().decode_attention == "triton"
     assert TalkerArgs().decode_attention == "triton"
-    config = SimpleNamespace(
-        num_hidden_layers=1,
-        num_key_value_heads=KV_HEADS,
-        head_dim=DIM,
-        hidden_size=HEADS * DIM,
-        num_attention_heads=HEADS,
-    )
     common = dict(slots=2, max_len=MAX_LEN, device=torch.device("cpu"), dtype=torch.float32)
-    default = SlotCache(config, **common)  # type: ignore[arg-type]
+    default = SlotCache(CONFIG, **common)  # type: ignore[arg-type]
     assert default.in_place is slot_decode.serves(default.keys[0], HEADS)
-    assert not SlotCache(config, **common, decode_attention="gather").in_place  # type: ignore[arg-type]
+    assert not SlotCache(CONFIG, **common, decode_attention="gather").in_place  # type: ignore[arg-type]
