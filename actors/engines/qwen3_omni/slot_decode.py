@@ -13,9 +13,8 @@ Each program takes one (row, key head, part of the span): the row's query heads 
 key head (grouped-query attention: a key head's query heads read its keys once) over at
 most :data:`PART` positions (fewer where there are few rows, so that the programs fill
 the GPU), keeping a running maximum and sum (flash decoding). The parts are then merged
-by their maxima. Every shape depends on the rows and the span
-alone, never on the rows' positions: a CUDA graph captures it, and replays it for any
-positions within the span.
+by their maxima. Every shape depends on the rows and the span alone, never on the rows'
+positions: a CUDA graph captures it, and replays it for any positions within the span.
 
 It is a ``torch.library.triton_op``: a compiled layer calls it as a kernel of its own.
 Where Triton is not installed (the CPU build's machines) nothing here is defined but
