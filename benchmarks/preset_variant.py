@@ -4,7 +4,10 @@
         --set thinker.model=/dev/shm/q3-thinker --set talker.compile_prefill=true
 
 Each ``--set STAGE.ARG=VALUE`` sets one engine arg of one stage (the value read as YAML:
-``true``, ``8``, a path). The preset is a name under ``omni_actors/presets`` or a path.
+``true``, ``8``, a path), or the stage's own field where ``ARG`` names one (``device``,
+``devices``, ``replicas``, ``process``): ``--set "thinker.devices=[cuda:0, cuda:1]"``
+runs a thinker replica on each GPU (the stage's ``device`` goes). The preset is a name
+under ``omni_actors/presets`` or a path.
 """
 
 from __future__ import annotations
@@ -13,6 +16,8 @@ import argparse
 from pathlib import Path
 
 import yaml
+
+from omni_actors.pipeline.spec.stage import StageSpec
 
 
 def main() -> None:
@@ -31,7 +36,14 @@ def main() -> None:
         name, _, arg = target.partition(".")
         if name not in stages or not arg or not value:
             raise SystemExit(f"--set {item!r}: want STAGE.ARG=VALUE, STAGE one of {list(stages)}")
-        stages[name]["engine"].setdefault("args", {})[arg] = yaml.safe_load(value)
+        if arg in ("name", "engine"):
+            raise SystemExit(f"--set {item!r}: a stage's {arg} is not set here")
+        if arg not in StageSpec.model_fields:
+            stages[name]["engine"].setdefault("args", {})[arg] = yaml.safe_load(value)
+            continue
+        stages[name][arg] = yaml.safe_load(value)
+        if arg == "devices":
+            stages[name].pop("device", None)
     ns.out.write_text(yaml.safe_dump(spec, sort_keys=False))
 
 

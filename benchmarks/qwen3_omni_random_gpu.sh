@@ -46,7 +46,8 @@
 # runs 4 x c requests, a closed loop as vllm-omni's CI runs it) or $REQUESTS per level,
 # $FRAMES_PER_TOKEN (default 2: random weights never pick codec EOS, so the audio of each
 # 256-token reply is set to 512 frames, 41 s, as benchmarks/qwen3_omni_random.yaml sets it).
-# SETS="thinker.max_tokens_per_step=4096 ..." sets more engine args of the preset
+# SETS="thinker.max_tokens_per_step=4096 ..." sets more engine args of the preset, or
+# stage fields ("thinker.devices=[cuda:0,cuda:1]": a thinker replica on each GPU)
 # (benchmarks/preset_variant.py); TAG names the run in its result file; TRACE=1 writes
 # every stage's steps to $OUT/steps (OMNI_ACTORS_STEP_TRACE) and prints where each
 # session's first audio waited and the slowest steps (benchmarks/step_timeline.py).

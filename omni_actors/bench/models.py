@@ -274,8 +274,12 @@ def _cost(wall_s: float, cpu_s: float, before: _Counts, after: _Counts) -> _Cost
 
 def _device(spec: PipelineSpec, actor: str) -> str:
     """Where stage actor ``actor`` (a stage, or a replica ``<stage>-<i>``) computes."""
-    names = {name: stage for stage in spec.stages for name in stage.replica_names()}
-    stage = names[actor] if actor in names else spec.stage(actor.rsplit("-", 1)[0])
+    for stage in spec.stages:
+        names = stage.replica_names()
+        if actor in names:
+            index = names.index(actor)
+            return stage.replica_devices()[index] or str(stage.engine.args.get("device", "cpu"))
+    stage = spec.stage(actor.rsplit("-", 1)[0])
     return stage.device or str(stage.engine.args.get("device", "cpu"))
 
 

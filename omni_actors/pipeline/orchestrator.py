@@ -193,13 +193,13 @@ class Orchestrator(Actor[OrchestratorMessage]):
                     cls = self.stage_classes.get(name, StageActor)
                     names = stage.replica_names()
                     self.replicas[name] = names
-                    for actor in names:
+                    for index, actor in enumerate(names):
                         spawns[actor] = group.create_task(
                             ctx.spawn(
                                 cls,
                                 name,
                                 stage.engine.kind,
-                                dict(stage.engine.args),
+                                stage.replica_args(index),
                                 staging=stage.staging.model_dump(),
                                 name=actor,
                                 props=Props(

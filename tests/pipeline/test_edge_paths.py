@@ -39,6 +39,9 @@ def spec(tmp_path: Path, talker: dict[str, Any], code2wav: dict[str, Any], **edg
         ({"device": "cuda:0", "process": True}, {"device": "cuda:1", "process": True}, "device"),
         ({"device": "auto", "process": True}, {"device": "auto", "process": True}, "device"),
         ({"device": "cuda", "process": True}, {"process": True}, "host"),
+        # Replicas on two GPUs, one beside the receiver and one not: a link from each.
+        ({"devices": ["cuda:0", "cuda:1"], "process": True}, {"device": "cuda:1"}, "device"),
+        ({"devices": ["cuda:0", "cpu"], "process": True}, {"device": "cuda:1"}, "host"),
         ({"process": True}, {}, "host"),
     ],
 )
@@ -48,6 +51,8 @@ def test_the_path_follows_the_placement(
     chosen, why = edge_paths(spec(tmp_path, talker, code2wav))[("talker", "code2wav")]
     assert chosen == path
     assert why.startswith("talker (")
+    if "devices" in talker:
+        assert why.startswith(f"talker ({', '.join(talker['devices'])}) -> code2wav (cuda:1)")
 
 
 def test_the_yaml_can_force_the_host(tmp_path: Path) -> None:

@@ -25,9 +25,10 @@ __all__ = ["EdgePath", "edge_path", "edge_paths"]
 EdgePath = Literal["object", "device", "host"]
 
 
-def _gpu(stage: StageSpec) -> bool:
-    # ``auto`` is a GPU where there is one; its link offer finds out (and falls back).
-    return stage.device is not None and stage.device != "cpu"
+def _where(stage: StageSpec) -> str:
+    if stage.devices is not None:
+        return ", ".join(stage.devices)
+    return stage.device or "cpu"
 
 
 def edge_path(source: StageSpec, target: StageSpec, edge: EdgeSpec) -> tuple[EdgePath, str]:
@@ -36,9 +37,9 @@ def edge_path(source: StageSpec, target: StageSpec, edge: EdgeSpec) -> tuple[Edg
     Raises:
         PipelineConfigError: the edge asks for ``device`` where no device link can exist.
     """
-    where = f"{source.name} ({source.device or 'cpu'}) -> {target.name} ({target.device or 'cpu'})"
+    where = f"{source.name} ({_where(source)}) -> {target.name} ({_where(target)})"
     same_process = not source.process and not target.process
-    both_gpu = _gpu(source) and _gpu(target)
+    both_gpu = source.computes_on_gpu() and target.computes_on_gpu()
     if edge.path == "device" and (same_process or not both_gpu):
         why = "they share a process" if same_process else "not both stages are on GPUs"
         raise PipelineConfigError(f"edge {edge.source}->{edge.to}: path device, but {why}")

@@ -405,6 +405,7 @@ class PipelineSpec(Spec):
         for stage in data["stages"]:
             if "device" in engine_type(stage["engine"]["kind"]).args_model.model_fields:
                 stage["device"] = device
+                stage["devices"] = None  # one device for every replica now
                 stage["engine"]["args"].pop("device", None)
                 placed += 1
         if not placed:

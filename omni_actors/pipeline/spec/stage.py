@@ -5,7 +5,7 @@ Part of :mod:`omni_actors.pipeline.spec.pipeline` (which exports these names too
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import Field, model_validator
 
@@ -52,7 +52,9 @@ class StageSpec(Spec):
     (restarted after a failure, not after a normal stop) or ``temporary`` (never).
     ``device`` places the engine (``cpu``, ``cuda``, ``cuda:1``, or ``auto``: a GPU if
     there is one); it becomes the engine's ``device`` argument, so only engines that
-    take one accept it. ``staging`` sizes the host memory of its GPU transfers.
+    take one accept it. ``devices`` places each replica instead, one device apiece
+    (``[cuda:0, cuda:1]``: two replicas; ``replicas`` may be left out). ``staging``
+    sizes the host memory of its GPU transfers.
     ``placement`` puts its workers on the pipeline's cluster (``cluster_spec``); they
     are worker processes there, whatever ``process`` says.
     """
@@ -63,6 +65,9 @@ class StageSpec(Spec):
     replicas: int = Field(1, ge=1, le=64)
     restart: RestartType = "permanent"
     device: str | None = Field(None, pattern=DEVICE_PATTERN)
+    devices: tuple[Annotated[str, Field(pattern=DEVICE_PATTERN)], ...] | None = Field(
+        None, min_length=1, max_length=64
+    )
     staging: StagingSpec = StagingSpec()
     placement: PlacementSpec | None = None
 
@@ -73,11 +78,33 @@ class StageSpec(Spec):
             return [self.name]
         return [f"{self.name}-{i}" for i in range(self.replicas)]
 
+    def replica_devices(self) -> list[str | None]:
+        """Where each replica computes, in :meth:`replica_names` order (None: where its
+        engine's arguments say)."""
+        if self.devices is not None:
+            return list(self.devices)
+        return [self.device] * self.replicas
+
+    def replica_args(self, index: int) -> dict[str, Any]:
+        """The engine arguments of replica ``index``: the stage's, with that replica's
+        device where ``devices`` places each replica."""
+        args = dict(self.engine.args)
+        if self.devices is not None:
+            args["device"] = self.devices[index]
+        return args
+
+    def computes_on_gpu(self) -> bool:
+        """Whether every replica is placed on a GPU (``auto`` counts: its link offer
+        finds out, and falls back)."""
+        return all(d is not None and d != "cpu" for d in self.replica_devices())
+
     @model_validator(mode="after")
     def _place_engine(self) -> StageSpec:
         if self.placement is not None:
             # Placed on a cluster: its workers are processes there, whatever ``process``.
             object.__setattr__(self, "process", True)
+        if self.devices is not None:
+            return self._place_replicas(self.devices)
         # The device reaches the engine as its ``device`` argument: one value, one place.
         if self.device is None:
             return self
@@ -88,4 +115,24 @@ class StageSpec(Spec):
             )
         args = {**self.engine.args, "device": self.device}
         object.__setattr__(self, "engine", self.engine.model_copy(update={"args": args}))
+        return self
+
+    def _place_replicas(self, devices: tuple[str, ...]) -> StageSpec:
+        # Each replica's device reaches its engine as ``device`` when it is spawned
+        # (``replica_args``); one value per replica, so no other may be given.
+        if self.device is not None:
+            raise ValueError(
+                "device and devices are both set: devices places each replica, device "
+                "all of them; keep one"
+            )
+        if "device" in self.engine.args:
+            raise ValueError(
+                "devices places each replica, so engine.args.device cannot be set too; remove it"
+            )
+        if "replicas" in self.model_fields_set and self.replicas != len(devices):
+            raise ValueError(
+                f"replicas is {self.replicas} but devices names {len(devices)}: one device "
+                "per replica (replicas may be left out)"
+            )
+        object.__setattr__(self, "replicas", len(devices))
         return self

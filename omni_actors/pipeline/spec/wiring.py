@@ -81,10 +81,12 @@ def wire(stages: Sequence[StageSpec], edges: Sequence[EdgeSpec]) -> Wiring:
                 "in this process (process: false)"
             )
             continue
-        if stage.device is not None and "device" not in found.args_model.model_fields:
+        placed = stage.device is not None or stage.devices is not None
+        if placed and "device" not in found.args_model.model_fields:
+            field = "device" if stage.devices is None else "devices"
             problems.append(
-                f"stages[{stage.name}].device: engine {stage.engine.kind!r} takes no device "
-                "(it places itself); remove the stage's device"
+                f"stages[{stage.name}].{field}: engine {stage.engine.kind!r} takes no device "
+                f"(it places itself); remove the stage's {field}"
             )
             continue
         try:
