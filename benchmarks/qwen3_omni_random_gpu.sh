@@ -50,7 +50,10 @@
 # stage fields ("thinker.devices=[cuda:0,cuda:1]": a thinker replica on each GPU)
 # (benchmarks/preset_variant.py); TAG names the run in its result file; TRACE=1 writes
 # every stage's steps to $OUT/steps (OMNI_ACTORS_STEP_TRACE) and prints where each
-# session's first audio waited and the slowest steps (benchmarks/step_timeline.py).
+# session's first audio waited, which stage paced the replies and the slowest steps
+# (benchmarks/step_timeline.py); with SPY=1 too, py-spy samples each traced worker for
+# $SPY_S seconds once the thinker has run $SPY_AFTER steps (benchmarks/spy_steps.sh:
+# $OUT/spy_summary.txt; its wheel in .whl/, e.g. py_spy-0.4.3 manylinux).
 set -euo pipefail
 OUT=${OUT:-benchmarks/results}
 RELEASE=${RELEASE:-/tmp/q3}
@@ -208,6 +211,12 @@ write_random_release(Path(sys.argv[-1]), real_config(), stages=tuple(sys.argv[1:
       result="$result${ROWS_AHEAD:+_rows_ahead_$ROWS_AHEAD}${PREFILL_GRAPHS:+_prefill_graphs_$PREFILL_GRAPHS}"
       result="$result${TAG:+_$TAG}.json"
       if [ "${TRACE:-}" = 1 ]; then export OMNI_ACTORS_STEP_TRACE="$OUT/steps"; fi
+      if [ "${TRACE:-}" = 1 ] && [ "${SPY:-}" = 1 ]; then
+        # py-spy samples every traced worker once the level is under way (spy_steps.sh).
+        SPY=$(command -v py-spy || echo /tmp/site/bin/py-spy) bash benchmarks/spy_steps.sh \
+          "$OUT/steps" "$OUT" "${SPY_S:-6}" "${SPY_AFTER:-300}" &
+        spy=$!
+      fi
       # shellcheck disable=SC2086  # levels is a list of words on purpose
       omni bench pipeline --preset /tmp/variant.yaml "${model[@]}" --input-tokens 2500 \
         --output-tokens 256 --frames-per-token "$FRAMES_PER_TOKEN" --streaming-only \
@@ -215,6 +224,10 @@ write_random_release(Path(sys.argv[-1]), real_config(), stages=tuple(sys.argv[1:
       python3 -c 'import json, sys; from omni_actors.bench.models import model_table
 print("\n".join(model_table(json.load(open(sys.argv[1])))))' "$result"
       if [ "${TRACE:-}" = 1 ]; then
+        if [ -n "${spy:-}" ]; then  # a level shorter than its wait: the spy gives up
+          for _ in $(seq 1 $(( ${SPY_S:-6} + 20 ))); do kill -0 "$spy" 2>/dev/null || break; sleep 1; done
+          kill "$spy" 2>/dev/null; wait "$spy" 2>/dev/null || true
+        fi
         python3 benchmarks/step_timeline.py "$OUT/steps" > "$OUT/step_timeline.txt"
         sed -n '/^median/,$p' "$OUT/step_timeline.txt" | head -16 | cut -c1-240
       fi ;;

@@ -11,7 +11,12 @@ decode step ended (the second token), when the talker's first prefill of it star
 its last prefill before its first frame row ended (its user rows, then the reply's
 opening, which makes frame 0), when its third frame row ended (frame 3: the first
 packet's four frames), and when code2wav's first window of it ended. Then the medians,
-and for each stage the share of its time in steps with prefill chunks. Last, the slow
+and for each stage the share of its time in steps with prefill chunks. Then which stage
+paced the replies: per session, the thinker's decode rows (tokens, ms between them) and
+the talker's frame rows while the thinker was still decoding that session (each frame
+takes one of its tokens, so there the thinker sets the pace) and after it (the talker
+alone), with the median ms between two frames in each phase; their medians over the
+sessions are printed. Last, the slow
 steps: those that took more than twice the median of their shape (stage, decode rows
 in eights, and each prefill chunk's length and whether it starts its slot) and at least
 20 ms more, each with the other stages' steps that ran meanwhile: a step that waits on
@@ -21,6 +26,7 @@ another stage's device work lasts as long as that stage's step.
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import statistics
 from collections import defaultdict
@@ -83,6 +89,49 @@ def sessions(steps: list[dict[str, Any]]) -> dict[str, dict[str, float]]:
             marks["first_window"] = code2wav[0][2]
         found[request] = marks
     return found
+
+
+def _spacing(ends: list[float]) -> float | None:
+    """The median ms between consecutive times (Unix seconds); None for fewer than two."""
+    if len(ends) < 2:
+        return None
+    return statistics.median((b - a) * 1e3 for a, b in itertools.pairwise(ends))
+
+
+def reply_phases(steps: list[dict[str, Any]]) -> dict[str, dict[str, float | None]]:
+    """Each session's reply pace (module docstring): its thinker tokens and talker frames
+    while the thinker decoded it and after, with the median ms between two of each."""
+    ends: dict[str, dict[str, list[float]]] = defaultdict(lambda: defaultdict(list))
+    for step in steps:
+        end = step["t"] + step["ms"] / 1e3
+        for request in step["decode"]:
+            ends[request][stage_of(step)].append(end)
+    found: dict[str, dict[str, float | None]] = {}
+    for request, by_stage in ends.items():
+        tokens, frames = by_stage.get("thinker", []), by_stage.get("talker", [])
+        if len(tokens) < 2 or not frames:
+            continue
+        during = [end for end in frames if end <= tokens[-1]]
+        after = [end for end in frames if end > tokens[-1]]
+        found[request] = {
+            "tokens": len(tokens),
+            "token_ms": _spacing(tokens),
+            "frames_during": len(during),
+            "frame_ms_during": _spacing(during),
+            "frames_after": len(after),
+            "frame_ms_after": _spacing(after),
+        }
+    return found
+
+
+def pace_medians(phases: dict[str, dict[str, float | None]]) -> dict[str, float | None]:
+    """Each figure of :func:`reply_phases` as its median over the sessions that have it."""
+    keys = ("tokens", "token_ms", "frames_during", "frame_ms_during", "frames_after")
+    medians: dict[str, float | None] = {}
+    for key in (*keys, "frame_ms_after"):
+        values = [value for phase in phases.values() if (value := phase[key]) is not None]
+        medians[key] = round(statistics.median(values), 2) if values else None
+    return medians
 
 
 def shape_of(step: dict[str, Any]) -> tuple[Any, ...]:
@@ -159,8 +208,14 @@ def main() -> None:
         kind = "prefill_s" if step["prefill"] else "decode_s"
         busy[stage_of(step)][kind] += step["ms"] / 1e3
     slow = slow_steps(steps)
+    phases = reply_phases(steps)
+    paces = pace_medians(phases)
     if ns.json:
-        print(json.dumps({"sessions": rows, "medians": medians, "busy": busy, "slow": slow}))
+        print(
+            json.dumps(
+                {"sessions": rows, "medians": medians, "busy": busy, "paces": paces, "slow": slow}
+            )
+        )
         return
     print("session  start s  " + "  ".join(f"{c:>12}" for c in columns) + "   (ms from start)")
     for row in rows:
@@ -174,6 +229,12 @@ def main() -> None:
             f"{stage}: {times['prefill_s']:.2f} s in steps with prefill, "
             f"{times['decode_s']:.2f} s in the others"
         )
+    print(
+        f"reply pace (median of {len(phases)} sessions): {paces['tokens']} thinker tokens, "
+        f"{paces['token_ms']} ms apart; talker frames while the thinker decodes: "
+        f"{paces['frames_during']}, {paces['frame_ms_during']} ms apart; after: "
+        f"{paces['frames_after']}, {paces['frame_ms_after']} ms apart"
+    )
     print("slow steps (at ms: ms against the usual of their shape; other stages meanwhile)")
     for step in slow:
         chunks = " ".join(f"{start}+{length}" for start, length in step["prefill"])

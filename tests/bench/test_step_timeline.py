@@ -48,3 +48,30 @@ def test_a_step_far_over_its_shapes_usual_time_is_listed_with_what_ran_meanwhile
     assert slow[0]["meanwhile"] == ["thinker 290+160"]
     assert slow[0]["decode_rows"] == 4
     assert slow[0]["prefill"] == []
+
+
+def test_reply_pace_splits_frames_at_the_thinkers_last_token() -> None:
+    timeline = _script()
+    # Session a: five tokens 10 ms apart, a frame after each (paced by the tokens), then
+    # three frames 7 ms apart. Session b: no frames, skipped.
+    tokens = [_step("thinker steps", 0.010 * i, 2.0, decode=1) for i in range(5)]
+    lone = _step("thinker steps", 0.2, 2.0)
+    lone["decode"] = ["b", "b"]
+    during = [_step("talker steps", 0.010 * i + 0.003, 1.0, decode=1) for i in range(5)]
+    after = [_step("talker steps", 0.050 + 0.007 * i, 1.0, decode=1) for i in range(3)]
+    for step in [*tokens, *during, *after]:
+        step["decode"] = ["a"]
+    steps = sorted([*tokens, lone, *during, *after], key=lambda step: step["t"])
+
+    phases = timeline.reply_phases(steps)
+
+    assert list(phases) == ["a"]
+    pace = phases["a"]
+    assert (pace["tokens"], pace["frames_during"], pace["frames_after"]) == (5, 4, 4)
+    assert round(pace["token_ms"], 3) == 10.0
+    assert round(pace["frame_ms_during"], 3) == 10.0
+    # The fifth frame ends after the last token: the talker's own pace from there on.
+    assert round(pace["frame_ms_after"], 3) == 7.0
+    medians = timeline.pace_medians(phases)
+    assert medians["tokens"] == 5
+    assert medians["frame_ms_during"] == 10.0
