@@ -4,21 +4,14 @@ another shape's longer ones, are not."""
 
 from __future__ import annotations
 
-import importlib.util
-from pathlib import Path
 from types import ModuleType
 from typing import Any
 
-SCRIPT = Path(__file__).resolve().parents[2] / "benchmarks" / "step_timeline.py"
+from bench_scripts import load_script
 
 
 def _script() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("step_timeline", SCRIPT)
-    assert spec is not None
-    assert spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_script("step_timeline")
 
 
 def _step(loop: str, t: float, ms: float, decode: int = 0, prefill: Any = ()) -> dict[str, Any]:
