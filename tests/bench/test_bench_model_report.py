@@ -80,6 +80,28 @@ def test_a_level_reports_each_stage_s_eager_steps_over_its_requests() -> None:
     assert busy["thinker"]["busy_fraction"] == 0.5
 
 
+def test_each_replica_reports_its_own_device() -> None:
+    spec = load_pipeline("qwen3-omni")
+    thinker = spec.stage("thinker").model_dump(by_alias=True)
+    thinker.update(devices=["cuda:0", "cuda:1"], device=None)
+    del thinker["replicas"]  # one per device
+    thinker["engine"]["args"].pop("device")
+    data = spec.model_dump(by_alias=True)
+    data["stages"] = [thinker, *data["stages"][1:]]
+    placed = type(spec).model_validate(data)
+    busy_s: dict[str, float | None] = {"thinker-0": 1.0, "thinker-1": 1.0, "talker": 1.0}
+    counts = models._Counts(busy_s, dict.fromkeys(busy_s, 0))
+    cost = models._cost(2.0, 1.0, counts, counts)
+
+    busy = models._level([], cost, placed)["engine_busy"]
+
+    assert {actor: figures["device"] for actor, figures in busy.items()} == {
+        "thinker-0": "cuda:0",
+        "thinker-1": "cuda:1",
+        "talker": "cuda:1",
+    }
+
+
 def test_a_stage_restarted_during_a_level_reports_no_count() -> None:
     assert models._delta({"talker": 9, "code2wav": 1}, {"talker": 2, "code2wav": 1}) == {
         "talker": None,  # its new engine counts from 0
