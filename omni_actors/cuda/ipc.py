@@ -17,6 +17,7 @@ host path instead, so a slow or dead receiver costs speed, never a hang.
 from __future__ import annotations
 
 import functools
+import logging
 import os
 import secrets
 import socket
@@ -33,7 +34,7 @@ from omni_actors.cuda.driver import (
     mapped_tensor,
     open_ipc,
 )
-from omni_actors.cuda.step_ready import wait_ready
+from omni_actors.cuda.step_ready import step_mark, wait_ready
 from omni_actors.protocols.address import ActorAddress
 from omni_actors.protocols.device import (
     DeviceLinkAnswer,
@@ -45,6 +46,8 @@ from omni_actors.protocols.device import (
 from omni_actors.protocols.tensors import TORCH_DTYPES, TORCH_NAMES
 
 __all__ = ["DeviceLink", "DeviceLinkImport", "gpu_uuid", "host_identity", "map_offer"]
+
+log = logging.getLogger(__name__)
 
 _ALIGN = 512  # slots and the tensors in them: aligned for any dtype and vector loads
 _DTYPES = TORCH_DTYPES
@@ -95,6 +98,9 @@ class DeviceLink:
         self._free = list(range(self.slots - 1, -1, -1))
         self.sent = 0
         self.fallbacks = 0
+        # Puts whose copy waited on everything the caller had queued (a tensor without a
+        # step mark): each may have waited for a step that made none of it.
+        self.unmarked = 0
         self.closed = False
 
     def offer(
@@ -147,7 +153,16 @@ class DeviceLink:
             slot = self._free.pop()
         # After the step that made the tensors (their marks), else after all the caller
         # has queued on the device so far.
-        wait_ready(self.stream, placed.values(), torch.cuda.current_stream(self.device))
+        if not wait_ready(self.stream, placed.values(), torch.cuda.current_stream(self.device)):
+            self.unmarked += 1
+            if self.unmarked == 1:
+                unmarked = [k for k, v in placed.items() if step_mark(v) is None]
+                log.warning(
+                    "device link %x: %s carry no step mark: their copies wait for all "
+                    "queued before them",
+                    self.id,
+                    unmarked,
+                )
         slices: dict[str, DeviceSlice] = {}
         base = slot * self.slot_bytes
         with torch.cuda.stream(self.stream):

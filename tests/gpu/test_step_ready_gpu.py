@@ -50,6 +50,7 @@ async def test_a_marked_output_is_copied_while_the_next_step_still_runs(returned
         host = (await transfer.wait(staging.waiter))["out"]
 
         assert not running.query()  # both copies are done; the next step still runs
+        assert link.unmarked == 0
         row = expected[3:4].contiguous().view(-1).view(torch.uint8)
         assert torch.equal(slot_bytes(link, slices["row"].slot, row.numel()), row)
         assert torch.equal(host, expected)
@@ -71,5 +72,6 @@ async def test_an_unmarked_output_waits_for_everything_queued_before_its_copy() 
         copied.synchronize()
 
         assert running.query()  # the copy waited for the kernel queued before it
+        assert link.unmarked == 1  # counted, so a stage's unmarked outputs show
     finally:
         link.close()

@@ -12,7 +12,9 @@ from pathlib import Path
 import pytest
 import torch
 
+from omni_actors.actors.engines.qwen3_omni.thinker_model import ThinkerModel
 from omni_actors.actors.stage.actor import StageActor
+from omni_actors.cuda.ipc import DeviceLink
 from omni_actors.models.cache import prepare
 from omni_actors.pipeline.omni_pipeline import OmniPipeline
 from omni_actors.pipeline.spec.pipeline import PipelineSpec, load_pipeline
@@ -74,6 +76,8 @@ async def test_text_and_audio_from_a_pipeline_on_the_gpu(cache: Path, process: b
         links = list(thinker.device_links._out.values())
         if process:  # thinker -> talker crossed processes on a device link
             assert [out.link is not None and out.link.sent > 0 for out in links] == [True]
+            # Every tensor sent carried its step's mark: no copy waited for later steps.
+            assert [out.link.unmarked for out in links if out.link is not None] == [0]
         else:
             assert links == []
 
@@ -106,3 +110,24 @@ async def test_the_device_link_and_the_host_path_give_the_same_reply(cache: Path
         hosted = await reply(omni, text="One path or the other.")
     assert linked[0] == hosted[0]
     assert torch.equal(linked[1], hosted[1])
+
+
+def test_the_thinkers_constant_rows_carry_a_mark(cache: Path) -> None:
+    """Every reply's first output carries the thinker's ``opening`` and ``tts`` rows, made
+    at load: marked then, a copy of them waits for nothing queued since."""
+    path = cache / "tiny-omni" / "seed-0"
+    model = ThinkerModel(path, device=torch.device("cuda", 0), slots=2, max_context=64)
+    torch.cuda._sleep(2_000_000_000)  # the next step, queued on the same stream
+    running = torch.cuda.Event()
+    running.record()
+    link = DeviceLink(torch.device("cuda", 0), slots=2, slot_bytes=1 << 20)
+    try:
+        link.put({"opening": model.opening, "tts": model.tts})
+        copied = torch.cuda.Event()
+        copied.record(link.stream)
+        copied.synchronize()
+        assert not running.query()
+        assert link.unmarked == 0
+        running.synchronize()
+    finally:
+        link.close()

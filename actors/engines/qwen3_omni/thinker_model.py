@@ -53,6 +53,7 @@ from omni_actors.actors.engines.qwen3_omni.static_decode import attention_config
 from omni_actors.actors.engines.qwen3_omni.user_turn import UserTurn
 from omni_actors.actors.engines.qwen3_omni.vocabulary import Vocabulary
 from omni_actors.actors.engines.step_loop import Chunk
+from omni_actors.cuda.step_ready import mark_step
 from omni_actors.errors import ModelFileError
 from omni_actors.models.files import read_json
 from omni_actors.models.release import Release
@@ -234,6 +235,11 @@ class ThinkerModel:
             tts = torch.tensor([ids.tts_bos, ids.tts_eos, ids.tts_pad])
             self.tts = self._embedding(tts)
             self.opening = self._embedding(torch.tensor(vocabulary.assistant_opening))
+        if device.type == "cuda":
+            # Every reply's first output carries these: unmarked, its copy to the talker
+            # would wait for all the thinker had queued by then (a whole prefill step of
+            # other prompts in a wave), and the talker's step reading it with it.
+            mark_step((self.tts, self.opening), device)
         self.device = device
         self.cache = SlotCache(
             self.text_config,
