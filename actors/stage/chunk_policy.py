@@ -20,11 +20,15 @@ carries exactly the context frames that precede it.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
 
-__all__ = ["ChunkPolicy", "FrameChunk", "FrameWindow"]
+Cat = Callable[[list[torch.Tensor]], torch.Tensor]
+"""Joins tensors along dim 0."""
+
+__all__ = ["Cat", "ChunkPolicy", "FrameChunk", "FrameWindow"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -64,9 +68,9 @@ class ChunkPolicy:
             return self.ramp[chunk - 1]
         return self.frames
 
-    def window(self) -> FrameWindow:
-        """A fresh window for one session's frame stream."""
-        return FrameWindow(self)
+    def window(self, cat: Cat = torch.cat) -> FrameWindow:
+        """A fresh window for one session's frame stream (``cat``: see :class:`FrameWindow`)."""
+        return FrameWindow(self, cat)
 
 
 @dataclass(frozen=True, slots=True)
@@ -95,11 +99,15 @@ class FrameWindow:
     """Turns a stream of frame batches into chunks, following a :class:`ChunkPolicy`.
 
     Keeps only the frames it may still need (pending ones plus the left context), so a
-    long session does not grow memory.
+    long session does not grow memory. ``cat`` joins the frames pushed since the last
+    chunk (a GPU stage's ``StageTransfers.concat``: joined once the steps that made them
+    are done and marked so, where ``torch.cat`` on the event loop would queue behind the
+    next step and leave the chunk's copy waiting for it too).
     """
 
-    def __init__(self, policy: ChunkPolicy) -> None:
+    def __init__(self, policy: ChunkPolicy, cat: Cat = torch.cat) -> None:
         self.policy = policy
+        self.cat = cat
         self._kept: torch.Tensor | None = None
         self._parts: list[torch.Tensor] = []  # pushed after _kept, joined only to emit
         self._received = 0
@@ -145,7 +153,7 @@ class FrameWindow:
     def _emit(self, size: int, *, final: bool) -> FrameChunk:
         if self._parts:
             parts = self._parts if self._kept is None else [self._kept, *self._parts]
-            self._kept = parts[0] if len(parts) == 1 else torch.cat(parts)
+            self._kept = parts[0] if len(parts) == 1 else self.cat(parts)
             self._parts = []
         kept = self._kept
         assert kept is not None

@@ -24,7 +24,7 @@ from omni_actors import remoting
 from omni_actors._ref import ActorRef
 from omni_actors.actors.engines.contract import Fields
 from omni_actors.actors.stage.accumulate import Accumulator
-from omni_actors.actors.stage.chunk_policy import ChunkPolicy, FrameChunk, FrameWindow
+from omni_actors.actors.stage.chunk_policy import Cat, ChunkPolicy, FrameChunk, FrameWindow
 from omni_actors.actors.stage.device_links import Outgoing
 from omni_actors.actors.stage.flow import BackpressureError, CreditWindow
 from omni_actors.actors.stage.steps import Route
@@ -101,6 +101,7 @@ class Outlet:
         self._clock = clock
         self._credit_wait_s = credit_wait_s
         self._policy = ChunkPolicy(*window) if window is not None else None
+        self._cat: Cat = torch.cat  # a GPU stage's own once it links (use_link)
         self._window: FrameWindow | None = self._policy.window() if self._policy else None
         self._acc = Accumulator(accumulate) if mode == "full" else None
         self._seq = 0
@@ -214,7 +215,7 @@ class Outlet:
         if self._window is not None:
             chunks = self._window.finish()
             assert self._policy is not None
-            self._window = self._policy.window()  # the next segment starts a new stream
+            self._window = self._policy.window(self._cat)  # the next segment: a new stream
             if chunks:
                 name = next(iter(self.fields))
                 for chunk in chunks[:-1]:
@@ -271,6 +272,9 @@ class Outlet:
         then, and whenever its slots are all taken, through host memory."""
         self._link = link
         self._transfers = transfers
+        self._cat = transfers.concat
+        if self._window is not None:
+            self._window.cat = transfers.concat
         self.takes_device = True  # device tensors reach :meth:`_send`, which places them
 
     async def _place(self, fields: Fields) -> tuple[Fields, DeviceChunk | None]:

@@ -399,7 +399,7 @@ class _Response(ConversationResponse[Feeding, Fed]):
                 return
             rows = [fed.rows for fed in outputs if fed.rows is not None]
             placeholders = torch.tensor(feed.ids) == audio_pad
-            turn.keep(feed, rows[0] if len(rows) == 1 else torch.cat(rows), placeholders)
+            turn.keep(feed, rows[0] if len(rows) == 1 else self.model.cat_rows(rows), placeholders)
 
         return Feeding(feed.ids, feed.audio, rows=not kept, pick=pick), then
 
@@ -508,7 +508,7 @@ class _Response(ConversationResponse[Feeding, Fed]):
         return rows
 
     def ahead(self) -> Fields | None:
-        return self.turn.take_rows()
+        return self.turn.take_rows(self.model.cat_rows)
 
     def moved_start(self) -> None:
         self.instructed = self.turn.system  # those fed already are in the carry
@@ -534,7 +534,7 @@ class _Response(ConversationResponse[Feeding, Fed]):
         then, system = [*self.vocabulary.close_turn, *turn.system], len(turn.system)
         await self._prefill(turn, True, then, system)
         self.conversation.turns_since_reply += 1
-        return turn.take_rows()
+        return turn.take_rows(self.model.cat_rows)
 
     # -- the reply --------------------------------------------------------------------
 
@@ -553,7 +553,7 @@ class _Response(ConversationResponse[Feeding, Fed]):
         opened = await self._open_reply(closing, sampling)
         if opened is None:
             return  # aborted
-        last_rows = None if closing is None else closing.take_rows()
+        last_rows = None if closing is None else closing.take_rows(self.model.cat_rows)
         text, first = self.vocabulary.detokenizer(), True
         tokens = self._decode(
             opened,

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Final, cast
@@ -53,7 +53,7 @@ from omni_actors.actors.engines.qwen3_omni.static_decode import attention_config
 from omni_actors.actors.engines.qwen3_omni.user_turn import UserTurn
 from omni_actors.actors.engines.qwen3_omni.vocabulary import Vocabulary
 from omni_actors.actors.engines.step_loop import Chunk
-from omni_actors.cuda.step_ready import mark_step
+from omni_actors.cuda.step_ready import cat_ready, mark_step
 from omni_actors.errors import ModelFileError
 from omni_actors.models.files import read_json
 from omni_actors.models.release import Release
@@ -235,6 +235,11 @@ class ThinkerModel:
             tts = torch.tensor([ids.tts_bos, ids.tts_eos, ids.tts_pad])
             self.tts = self._embedding(tts)
             self.opening = self._embedding(torch.tensor(vocabulary.assistant_opening))
+        self._cat_stream = (
+            torch.cuda.Stream(device)  # type: ignore[no-untyped-call]
+            if device.type == "cuda"
+            else None
+        )
         if device.type == "cuda":
             # Every reply's first output carries these: unmarked, its copy to the talker
             # would wait for all the thinker had queued by then (a whole prefill step of
@@ -352,6 +357,15 @@ class ThinkerModel:
         if self._fresh_graphs is not None:
             self._fresh_graphs.warm(self.tts[:1])
         return self.prefill_graphed
+
+    def cat_rows(self, parts: Sequence[torch.Tensor]) -> torch.Tensor:
+        """``parts`` joined along dim 0, on the event loop: on a GPU on a stream of the
+        thinker's own once the steps that made them are done, the result marked
+        (:func:`~omni_actors.cuda.step_ready.cat_ready`), so that its copy to the talker
+        waits for those steps, not for the one queued since."""
+        if self._cat_stream is None or not parts[0].is_cuda:
+            return torch.cat(list(parts))
+        return cat_ready(parts, self._cat_stream, torch.cuda.current_stream(self.device))
 
     @torch.no_grad()
     def text_rows(self, ids: list[int]) -> torch.Tensor:

@@ -21,6 +21,7 @@ turn, and the user turn's rows never include it).
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import torch
@@ -29,7 +30,11 @@ from omni_actors.actors.engines.qwen3_omni.audio_stream import AudioClip
 from omni_actors.actors.engines.qwen3_omni.vocabulary import Vocabulary
 from omni_actors.actors.engines.rows_ahead import RowsAhead
 
-__all__ = ["Feed", "UserTurn"]
+__all__ = ["Cat", "Feed", "UserTurn"]
+
+Cat = Callable[[list[torch.Tensor]], torch.Tensor]
+"""Joins tensors along dim 0 (``torch.cat``, or a GPU engine's own, which marks the result
+as ready: :meth:`~.thinker_model.ThinkerModel.cat_rows`)."""
 
 
 @dataclass(frozen=True)
@@ -133,14 +138,21 @@ class UserTurn:
         self.ahead.take_back()
         return Feed(ids, torch.cat(audio) if audio else None, len(carry))
 
-    def take_rows(self) -> dict[str, torch.Tensor | str] | None:
+    def take_rows(self, cat: Cat = torch.cat) -> dict[str, torch.Tensor | str] | None:
         """The rows not taken yet, as an output; None if there is nothing to send.
 
         ``user`` [n, H] and ``user_mask`` [n] with ``user_edits``
-        (:meth:`~omni_actors.actors.engines.rows_ahead.RowsAhead.output`).
+        (:meth:`~omni_actors.actors.engines.rows_ahead.RowsAhead.output`). ``cat`` joins
+        the pieces of each, when there are several.
         """
         if not self.rows:
             return self.ahead.output(None, None)
-        user, mask = torch.cat(self.rows), torch.cat(self.masks)
+        user, mask = _joined(self.rows, cat), _joined(self.masks, cat)
         self.rows, self.masks = [], []
         return self.ahead.output(user, mask)
+
+
+def _joined(parts: list[torch.Tensor], cat: Cat) -> torch.Tensor:
+    # One piece goes as it is: a view of the step's output keeps that step's mark
+    # (omni_actors.cuda.step_ready), where a copy made here would carry none.
+    return parts[0] if len(parts) == 1 else cat(parts)

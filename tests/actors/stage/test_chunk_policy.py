@@ -114,3 +114,26 @@ def test_bad_policies_and_misuse_are_errors() -> None:
     with pytest.raises(RuntimeError, match="after finish"):
         window.push(torch.zeros(1, 2))
     assert window.finish() == []
+
+
+def test_frames_pushed_one_by_one_are_joined_by_the_windows_cat() -> None:
+    """A GPU stage joins them with its own concatenation (marked ready, on a stream of
+    its own): every join goes through it, and the chunks are the same as torch.cat's."""
+    joins: list[int] = []
+
+    def cat(parts: list[torch.Tensor]) -> torch.Tensor:
+        joins.append(len(parts))
+        return torch.cat(parts)
+
+    policy = ChunkPolicy(initial_frames=4, frames=8, left_context=2)
+    window = policy.window(cat)
+    stream = torch.arange(24).reshape(12, 2)
+    chunks = [c for row in range(12) for c in window.push(stream[row : row + 1])]
+    chunks += window.finish()
+    assert joins == [4, 9]  # the first chunk's 4 frames; the kept context and 8 more
+    plain = policy.window()
+    expected = [c for row in range(12) for c in plain.push(stream[row : row + 1])]
+    expected += plain.finish()
+    assert [(c.frames.tolist(), c.context) for c in chunks] == [
+        (c.frames.tolist(), c.context) for c in expected
+    ]
