@@ -72,6 +72,7 @@ __all__ = [
     "EdgeMode",
     "Health",
     "Inspect",
+    "LinkCounts",
     "ListSessions",
     "ListStages",
     "OpenSession",
@@ -281,6 +282,25 @@ class StepCounts(msgspec.Struct, frozen=True, kw_only=True):
     decode_wait_s: float
 
 
+class LinkCounts(msgspec.Struct, frozen=True, kw_only=True):
+    """What a GPU stage's device links have sent since it started: counters, so the
+    difference of two readings is what was sent between them (``bench pipeline``
+    reports it per level).
+
+    Attributes:
+        placed: messages whose device tensors were copied into a link's slot.
+        host: messages on an edge with a device link that took the host path: no link
+            up yet, no free slot, or too big for one (``staging.slot_bytes`` sizes them).
+        unmarked: placed messages with a tensor that carried no step mark
+            (:mod:`omni_actors.cuda.step_ready`): their copy waited for everything the
+            stage had queued on its device by then, the next step included.
+    """
+
+    placed: int
+    host: int
+    unmarked: int
+
+
 class StageState(msgspec.Struct, tag="stage-state", frozen=True, kw_only=True):
     """Stage → asker, the reply to :class:`Inspect`: the sessions the stage holds.
 
@@ -302,6 +322,7 @@ class StageState(msgspec.Struct, tag="stage-state", frozen=True, kw_only=True):
             graph failed or differed); None for an engine without graphs.
         steps: what its engine's step loop has run since it started; None for an
             engine without one.
+        links: what its device links have sent; None for a stage without one.
     """
 
     stage: str
@@ -313,6 +334,7 @@ class StageState(msgspec.Struct, tag="stage-state", frozen=True, kw_only=True):
     max_sessions: int | None = None
     eager_steps: int | None = None
     steps: StepCounts | None = None
+    links: LinkCounts | None = None
 
 
 class Inspect(msgspec.Struct, Request[StageState], tag="inspect", frozen=True, kw_only=True):
@@ -501,6 +523,8 @@ class StageHealth(msgspec.Struct, frozen=True, kw_only=True):
         steps: what its engine's step loop has run (:attr:`StageState.steps`; a
             restarted stage's new engine counts from 0); None for an engine without
             one, or no answer in time.
+        links: what its device links have sent (:attr:`StageState.links`; a restarted
+            stage counts from 0); None without one, or no answer in time.
     """
 
     stage: str
@@ -514,6 +538,7 @@ class StageHealth(msgspec.Struct, frozen=True, kw_only=True):
     max_sessions: int | None = None
     eager_steps: int | None = None
     steps: StepCounts | None = None
+    links: LinkCounts | None = None
 
 
 class PipelineHealth(msgspec.Struct, tag="pipeline-health", frozen=True, kw_only=True):

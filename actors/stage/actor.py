@@ -316,6 +316,7 @@ class StageActor(Actor[StageMessage]):
                     max_sessions=engine_max_sessions(self.engine),
                     eager_steps=engine_eager_steps(self.engine),
                     steps=engine_step_counts(self.engine),
+                    links=None if self.device_links is None else self.device_links.counts(),
                 )
             case StreamCredit(key=key, receiver=receiver, n=n):
                 session = self.sessions.get(key)

@@ -28,6 +28,7 @@ from omni_actors.cuda.driver import IpcUnavailableError
 from omni_actors.cuda.ipc import DeviceLink, DeviceLinkImport, map_offer
 from omni_actors.errors import OmniError
 from omni_actors.protocols.address import ActorAddress
+from omni_actors.protocols.control import LinkCounts
 from omni_actors.protocols.device import (
     DeviceChunk,
     DeviceLinkAnswer,
@@ -59,6 +60,8 @@ class Outgoing:
     link: DeviceLink | None = None
     closed: bool = False
     pending: DeviceLink | None = field(default=None, repr=False)
+    unlinked: int = 0
+    """Messages put while the link was not up: they took the host path."""
 
     def put(self, fields: Mapping[str, Any]) -> tuple[DeviceChunk | None, dict[str, Any]]:
         """The device tensors of ``fields`` in one slot of the link (``DeviceLink.put``),
@@ -67,6 +70,7 @@ class Outgoing:
         host path."""
         link = self.link
         if link is None or self.closed:
+            self.unlinked += 1
             return None, dict(fields)
         slices, rest = link.put(fields)
         if not slices:
@@ -107,6 +111,7 @@ class DeviceLinks:
         self.slot_bytes = slot_bytes
         self._out: dict[str, Outgoing] = {}  # by the receiver's path
         self._by_id: dict[int, DeviceLink] = {}
+        self._gone = LinkCounts(placed=0, host=0, unmarked=0)  # links and edges closed
         self._in: dict[int, DeviceLinkImport] = {}
 
     # -- sending ----------------------------------------------------------------------
@@ -157,6 +162,21 @@ class DeviceLinks:
             link.slot_bytes,
         )
 
+    def counts(self) -> LinkCounts | None:
+        """What the links have sent since the stage started (closed ones included);
+        None if it never sent on an edge with a device link."""
+        if (
+            not self._out
+            and not self._by_id
+            and self._gone == LinkCounts(placed=0, host=0, unmarked=0)
+        ):
+            return None
+        return _sum(
+            self._gone,
+            *(_counts(link) for link in self._by_id.values()),
+            *(LinkCounts(placed=0, host=out.unlinked, unmarked=0) for out in self._out.values()),
+        )
+
     def slots_free(self, message: SlotsFree) -> None:
         """The receiver gave slots back."""
         link = self._by_id.get(message.link)
@@ -169,10 +189,12 @@ class DeviceLinks:
         link = self._by_id.pop(message.link, None)
         if link is None:
             return
+        self._gone = _sum(self._gone, _counts(link))
         for path, out in list(self._out.items()):
             if out.link is link:
                 out.closed = True
                 del self._out[path]
+                self._gone = _sum(self._gone, LinkCounts(placed=0, host=out.unlinked, unmarked=0))
                 log.warning(
                     "%s -> %s: device link lost (%s)", self.stage, out.receiver, message.reason
                 )
@@ -258,6 +280,18 @@ class DeviceLinks:
         for link in self._by_id.values():
             link.close()
         self._by_id.clear()
+
+
+def _counts(link: DeviceLink) -> LinkCounts:
+    return LinkCounts(placed=link.sent, host=link.fallbacks, unmarked=link.unmarked)
+
+
+def _sum(*counts: LinkCounts) -> LinkCounts:
+    return LinkCounts(
+        placed=sum(c.placed for c in counts),
+        host=sum(c.host for c in counts),
+        unmarked=sum(c.unmarked for c in counts),
+    )
 
 
 def _slots(device: DeviceChunk) -> tuple[int, ...]:

@@ -35,6 +35,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
 
+import msgspec
+
 from omni_actors.bench.input_length import (
     DEFAULT_INPUT_AUDIO_S,
     TTFA_RATIO_LIMIT,
@@ -58,7 +60,7 @@ from omni_actors.bench.steps import Progress, Steps
 from omni_actors.models.cache import prepare
 from omni_actors.pipeline.omni_pipeline import OmniPipeline
 from omni_actors.pipeline.spec.pipeline import PipelineConfigError, PipelineSpec, load_pipeline
-from omni_actors.protocols.control import StepCounts
+from omni_actors.protocols.control import LinkCounts, StepCounts
 
 __all__ = [
     "MODEL_CONCURRENCY",
@@ -174,6 +176,7 @@ class _Cost:
     busy_s: dict[str, float | None]
     eager_steps: dict[str, int | None] = field(default_factory=dict)
     steps: dict[str, StepCounts | None] = field(default_factory=dict)
+    links: dict[str, LinkCounts | None] = field(default_factory=dict)
 
 
 @dataclass(frozen=True, slots=True)
@@ -183,6 +186,7 @@ class _Counts:
     busy_s: dict[str, float | None]
     eager_steps: dict[str, int | None]
     steps: dict[str, StepCounts | None] = field(default_factory=dict)
+    links: dict[str, LinkCounts | None] = field(default_factory=dict)
 
 
 async def _counts(omni: OmniPipeline) -> _Counts:
@@ -191,6 +195,7 @@ async def _counts(omni: OmniPipeline) -> _Counts:
         busy_s={name: stage.busy_s for name, stage in health.stages.items()},
         eager_steps={name: stage.eager_steps for name, stage in health.stages.items()},
         steps={name: stage.steps for name, stage in health.stages.items()},
+        links={name: stage.links for name, stage in health.stages.items()},
     )
 
 
@@ -224,6 +229,27 @@ def _steps_delta(
             fields = StepCounts.__struct_fields__
             delta[name] = StepCounts(**{f: getattr(end, f) - getattr(start, f) for f in fields})
     return delta
+
+
+def _links_delta(
+    before: dict[str, LinkCounts | None], after: dict[str, LinkCounts | None]
+) -> dict[str, LinkCounts | None]:
+    """What each stage actor's device links sent between two readings; a stage whose
+    first link came up meanwhile counts from 0 (None where the second reading is
+    missing or a count went back: the stage restarted)."""
+    delta: dict[str, LinkCounts | None] = {}
+    zero = LinkCounts(placed=0, host=0, unmarked=0)
+    for name, end in after.items():
+        start = before.get(name) or zero
+        if end is None or any(getattr(end, f) < getattr(start, f) for f in _LINK_FIELDS):
+            delta[name] = None
+        else:
+            grown = {f: getattr(end, f) - getattr(start, f) for f in _LINK_FIELDS}
+            delta[name] = LinkCounts(**grown)
+    return delta
+
+
+_LINK_FIELDS: tuple[str, ...] = LinkCounts.__struct_fields__
 
 
 def _step_figures(counts: StepCounts | None, wall_s: float) -> dict[str, Any] | None:
@@ -269,6 +295,7 @@ def _cost(wall_s: float, cpu_s: float, before: _Counts, after: _Counts) -> _Cost
         _delta(before.busy_s, after.busy_s),
         _delta(before.eager_steps, after.eager_steps),
         _steps_delta(before.steps, after.steps),
+        _links_delta(before.links, after.links),
     )
 
 
@@ -348,6 +375,7 @@ def _level(
                     "busy_fraction": None if busy is None else round(busy / cost.wall_s, 4),
                     "eager_steps": cost.eager_steps.get(actor),
                     "steps": _step_figures(cost.steps.get(actor), cost.wall_s),
+                    "links": _link_figures(cost.links.get(actor)),
                 }
                 for actor, busy in cost.busy_s.items()
             },
@@ -616,10 +644,18 @@ def model_table(result: dict[str, Any]) -> list[str]:
         "busy: each engine's model calls over wall time; eager: its steps run eager "
         "although it has CUDA graphs (-: no graphs); steps: each step loop's steps per "
         "second, decode rows per step, steps with prefill chunks of all, the mean step "
-        "with prefill and without, and the mean wait of a prefill for its first chunk "
-        "and of a decode row for its step"
+        "with prefill and without, the mean wait of a prefill for its first chunk "
+        "and of a decode row for its step, and the messages its device links placed in "
+        "a slot, sent through the host (no slot free, or too big for one) and copied "
+        "unmarked (waiting for the steps queued after theirs)"
     )
     return lines
+
+
+def _link_figures(counts: LinkCounts | None) -> dict[str, int] | None:
+    """A level's messages over one stage's device links (``engine_busy[actor]["links"]``);
+    None: the stage has none."""
+    return None if counts is None else msgspec.structs.asdict(counts)
 
 
 def _steps_table(levels: dict[str, Any], actors: list[str]) -> list[str]:
@@ -628,7 +664,8 @@ def _steps_table(levels: dict[str, Any], actors: list[str]) -> list[str]:
     rows = []
     for c, level in levels.items():
         for actor in actors:
-            steps = level.get("engine_busy", {}).get(actor, {}).get("steps")
+            busy = level.get("engine_busy", {}).get(actor, {})
+            steps, links = busy.get("steps"), busy.get("links")
             if steps is None:
                 continue
             prefill = f"{steps['prefill_steps']}/{steps['steps']}"
@@ -637,11 +674,13 @@ def _steps_table(levels: dict[str, Any], actors: list[str]) -> list[str]:
             row = f"{c:>4}  {actor:<10}  {_cell(steps['steps_per_s'], 1):>7}"
             row += f"  {_cell(steps['decode_rows_per_step'], 1):>9}  {prefill:>13}"
             row += f"  {step_ms:>21}  {wait_ms:>21}"
+            row += f"  {'-' if links is None else _pair(links, *_LINK_FIELDS):>22}"
             rows.append(row)
     if not rows:
         return []
     header = f"{'c':>4}  {'steps':<10}  {'per s':>7}  {'rows/step':>9}  {'prefill/all':>13}"
     header += f"  {'ms prefill/decode':>21}  {'wait ms prefill/row':>21}"
+    header += f"  {'link placed/host/unm.':>22}"
     return [header, *rows]
 
 

@@ -250,8 +250,8 @@ class OmniPipeline:
         """Every stage actor's state, restarts, sessions, backlog (``queued``), the
         voices its engine speaks with (``voices``: a talker's, for a server to list) and
         the seconds its engine has computed (``busy_s``), the steps it ran eager
-        although it has CUDA graphs (``eager_steps``) and what its step loop ran
-        (``steps``).
+        although it has CUDA graphs (``eager_steps``), what its step loop ran
+        (``steps``) and what its device links sent (``links``).
 
         The orchestrator reports states, restarts and sessions; each running stage is
         asked for its backlog, ``timeout`` seconds at most, all at once. A stage that
@@ -281,6 +281,7 @@ class OmniPipeline:
                     max_sessions=answer.max_sessions,
                     eager_steps=answer.eager_steps,
                     steps=answer.steps,
+                    links=answer.links,
                 )
             elif not isinstance(answer, Exception):
                 raise answer  # cancelled: this call is

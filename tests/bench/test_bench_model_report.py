@@ -15,6 +15,7 @@ from omni_actors.bench.pipeline_targets import (
     qwen3_omni_targets,
 )
 from omni_actors.pipeline.spec.pipeline import PipelineConfigError, load_pipeline
+from omni_actors.protocols.control import LinkCounts
 
 
 def _level(ttft: float, rtf: float) -> dict[str, Any]:
@@ -159,3 +160,67 @@ def test_fixed_frames_makes_every_talker_speak_a_set_length(preset: str) -> None
 def test_fixed_frames_needs_a_talker() -> None:
     with pytest.raises(PipelineConfigError, match="no stage's engine takes frames_per_token"):
         fixed_frames(load_pipeline("scripted-omni"), 2)
+
+
+def test_a_level_reports_what_each_stage_s_device_links_sent() -> None:
+    spec = load_pipeline("tiny-omni")
+    busy_s: dict[str, float | None] = {"thinker": 1.0, "talker": 1.0, "code2wav": 1.0}
+    eager: dict[str, int | None] = dict.fromkeys(busy_s, 0)
+    before = models._Counts(
+        busy_s,
+        eager,
+        links={
+            "thinker": LinkCounts(placed=10, host=3, unmarked=0),
+            "talker": None,  # its link to code2wav not offered yet
+            "code2wav": None,
+        },
+    )
+    after = models._Counts(
+        busy_s,
+        eager,
+        links={
+            "thinker": LinkCounts(placed=25, host=7, unmarked=2),
+            "talker": LinkCounts(placed=40, host=1, unmarked=0),
+            "code2wav": None,
+        },
+    )
+
+    busy = models._level([], models._cost(2.0, 1.0, before, after), spec)["engine_busy"]
+
+    assert {actor: figures["links"] for actor, figures in busy.items()} == {
+        "thinker": {"placed": 15, "host": 4, "unmarked": 2},  # this level's, not since start
+        "talker": {"placed": 40, "host": 1, "unmarked": 0},  # its link came up meanwhile
+        "code2wav": None,  # it sends on no device link
+    }
+    restarted = models._links_delta(
+        {"thinker": LinkCounts(placed=9, host=0, unmarked=0)},
+        {"thinker": LinkCounts(placed=2, host=0, unmarked=0)},
+    )
+    assert restarted == {"thinker": None}  # a new stage counts from 0
+
+
+def test_the_steps_table_shows_each_stage_s_link_messages() -> None:
+    level = _level(90.2, 0.101)
+    steps = {
+        "steps": 10,
+        "steps_per_s": 5.0,
+        "decode_rows_per_step": 2.0,
+        "prefill_steps": 1,
+        "prefill_step_ms_mean": 50.0,
+        "decode_step_ms_mean": 9.0,
+        "prefill_wait_ms_mean": 1.0,
+        "decode_wait_ms_mean": 0.5,
+    }
+    level["engine_busy"]["thinker"] |= {
+        "steps": steps,
+        "links": {"placed": 15, "host": 4, "unmarked": 2},
+    }
+    level["engine_busy"]["code2wav"] |= {"steps": steps, "links": None}
+
+    table = model_table({"variants": {"tiny-omni": {"1": level}}})
+
+    assert table[4].split()[-1] == "placed/host/unm."
+    assert table[5].split()[1] == "thinker"
+    assert table[5].split()[-1] == "15/4/2"
+    assert table[6].split()[1] == "code2wav"
+    assert table[6].split()[-1] == "-"

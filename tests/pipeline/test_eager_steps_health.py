@@ -56,6 +56,7 @@ async def test_a_scripted_pipeline_reports_none() -> None:
         health = await omni.health()
     assert {stage.eager_steps for stage in health.stages.values()} == {None}
     assert {stage.steps for stage in health.stages.values()} == {None}  # no step loops
+    assert {stage.links for stage in health.stages.values()} == {None}  # no device links
 
 
 def test_only_a_count_is_reported() -> None:

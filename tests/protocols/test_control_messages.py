@@ -19,6 +19,7 @@ from omni_actors.protocols.control import (
     Deadlines,
     Health,
     Inspect,
+    LinkCounts,
     ListSessions,
     ListStages,
     OpenSession,
@@ -72,12 +73,20 @@ def _examples(owner: ActorRef[Any], downstream: ActorRef[Any]) -> list[msgspec.S
         prefill_wait_s=0.002,
         decode_wait_s=0.05,
     )
+    links = LinkCounts(placed=30, host=2, unmarked=1)
     running = StageHealth(
-        stage="thinker", state="running", restarts=0, sessions=1, queued=4, steps=steps
+        stage="thinker",
+        state="running",
+        restarts=0,
+        sessions=1,
+        queued=4,
+        steps=steps,
+        links=links,
     )
     return [
         DEADLINES,
         steps,
+        links,
         target,
         Prewarm(
             key=KEY,

@@ -14,6 +14,7 @@ from omni_actors._task_scope import TaskScope
 from omni_actors.actors.stage.actor import StageActor
 from omni_actors.actors.stage.device_links import DeviceLinkLostError, DeviceLinks
 from omni_actors.cuda import EventWaiter
+from omni_actors.protocols.control import LinkCounts
 from omni_actors.protocols.device import (
     DeviceChunk,
     DeviceLinkAnswer,
@@ -83,6 +84,10 @@ async def test_without_cuda_a_new_edge_stays_on_the_host(caplog: pytest.LogCaptu
             assert made.outgoing("talker", receiver.ref) is out  # one link per receiver
             await kit.eventually(lambda: "no device link" in caplog.text)
         assert out.link is None
+        assert made.counts() == LinkCounts(placed=0, host=0, unmarked=0)
+        codes = torch.zeros(2)
+        assert out.put({"codes": codes}) == (None, {"codes": codes})
+        assert made.counts() == LinkCounts(placed=0, host=1, unmarked=0)  # no link up
         made.lost(DeviceLinkLost(link=123))  # an unknown link: nothing to close
         made.close()
         await tasks.cancel(1.0, "test over")
@@ -100,3 +105,38 @@ async def test_a_cpu_stage_refuses_an_offer_with_its_reason() -> None:
         assert answer == DeviceLinkAnswer(
             accepted=False, reason="stage code2wav does not compute on a GPU"
         )
+
+
+class _SentLink:
+    """What ``DeviceLinks.counts`` reads of a ``DeviceLink`` (which needs CUDA IPC)."""
+
+    def __init__(self, link: int, sent: int, fallbacks: int, unmarked: int) -> None:
+        self.id, self.sent, self.fallbacks, self.unmarked = link, sent, fallbacks, unmarked
+        self.closed = False
+
+    def close(self) -> None:
+        self.closed = True
+
+
+async def test_the_counts_sum_every_link_a_lost_one_included() -> None:
+    async with ActorTestKit() as kit:
+        me, receiver = await kit.create_probe(), await kit.create_probe()
+        made, tasks = links(me.ref)
+        assert made.counts() is None  # it never sent on a linked edge
+        out = made.outgoing("code2wav", receiver.ref)
+        first = _SentLink(7, sent=10, fallbacks=2, unmarked=1)
+        made._by_id[7] = first  # type: ignore[assignment]
+        out.link = first  # type: ignore[assignment]
+        out.unlinked = 3  # sent before the receiver accepted
+        assert made.counts() == LinkCounts(placed=10, host=5, unmarked=1)
+
+        made.lost(DeviceLinkLost(link=7, reason="receiver restarted"))
+        assert first.closed
+        again = made.outgoing("code2wav", receiver.ref)  # a new link is offered
+        assert again is not out
+        second = _SentLink(8, sent=4, fallbacks=0, unmarked=0)
+        made._by_id[8] = second  # type: ignore[assignment]
+        again.link = second  # type: ignore[assignment]
+        assert made.counts() == LinkCounts(placed=14, host=5, unmarked=1)  # since it started
+        made.close()
+        await tasks.cancel(1.0, "test over")
