@@ -112,9 +112,11 @@ async def test_the_device_link_and_the_host_path_give_the_same_reply(cache: Path
     assert torch.equal(linked[1], hosted[1])
 
 
-def test_the_thinkers_constant_rows_carry_a_mark(cache: Path) -> None:
+def test_the_thinkers_constant_and_text_rows_carry_a_mark(cache: Path) -> None:
     """Every reply's first output carries the thinker's ``opening`` and ``tts`` rows, made
-    at load: marked then, a copy of them waits for nothing queued since."""
+    at load: marked then, a copy of them waits for nothing queued since; a prompt's text
+    rows are looked up on the thinker's own stream, beside the step queued on its main
+    one, and marked there."""
     path = cache / "tiny-omni" / "seed-0"
     model = ThinkerModel(path, device=torch.device("cuda", 0), slots=2, max_context=64)
     torch.cuda._sleep(2_000_000_000)  # the next step, queued on the same stream
@@ -122,12 +124,15 @@ def test_the_thinkers_constant_rows_carry_a_mark(cache: Path) -> None:
     running.record()
     link = DeviceLink(torch.device("cuda", 0), slots=2, slot_bytes=1 << 20)
     try:
-        link.put({"opening": model.opening, "tts": model.tts})
+        rows = model.text_rows([40, 41, 42])
+        link.put({"opening": model.opening, "tts": model.tts, "user": rows})
         copied = torch.cuda.Event()
         copied.record(link.stream)
         copied.synchronize()
         assert not running.query()
         assert link.unmarked == 0
+        table = model._embedding.weight
+        assert torch.equal(rows, table[torch.tensor([40, 41, 42], device=table.device)])
         running.synchronize()
     finally:
         link.close()

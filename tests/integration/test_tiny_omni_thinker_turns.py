@@ -478,6 +478,34 @@ async def test_a_one_shot_text_s_rows_leave_before_its_forward_runs(
     assert ids(got) == reference(model, user("Hi"), 6)
 
 
+async def test_a_one_shot_text_s_rows_leave_while_the_model_thread_is_busy(
+    cache_dir: Path, model: Any
+) -> None:
+    """Its rows are a lookup, not a step: they do not queue behind what the model thread
+    runs (on a GPU, a wave's prefill step), and neither does the prompt they go ahead of."""
+    async with thinker(cache_dir) as engine:
+        held = threading.Event()
+        busy = asyncio.create_task(engine.call(held.wait, 30))
+        got: list[Fields] = []
+
+        async def run() -> None:
+            async for out in engine.generate("s", OneShot([{"text": "Hi"}])):
+                got.append(out)
+
+        task = asyncio.create_task(run())
+        try:
+            await eventually(lambda: bool(got))
+            assert set(got[0]) == {"user", "user_mask", USER_EDITS_FIELD}
+            assert not busy.done()  # the model thread is still held
+        finally:
+            held.set()
+            await busy
+            await task
+    assert ids(got) == reference(model, user("Hi"), 6)
+    table = model.get_input_embeddings()
+    assert torch.equal(talker_rows(got), table(torch.tensor(user("Hi"))))
+
+
 async def test_a_failed_one_shot_forward_fails_the_response_and_rolls_back(
     cache_dir: Path, model: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:

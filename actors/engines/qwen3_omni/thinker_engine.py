@@ -482,7 +482,7 @@ class _Response(ConversationResponse[Feeding, Fed]):
             if not self.engine.rows_ahead or self.vocabulary.ids.audio_pad in feed.ids:
                 self._defer(*self._turn_feeding(turn, feed))  # rows with the first token
                 return
-            rows = await self.engine.call(self.model.text_rows, feed.ids)
+            rows = self.model.text_rows(feed.ids)  # not behind the model thread's step
             turn.keep(feed, rows, torch.zeros(len(feed.ids), dtype=torch.bool))
             self._defer(*self._turn_feeding(turn, feed, kept=True))
         elif said:

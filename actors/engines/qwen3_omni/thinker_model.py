@@ -235,7 +235,7 @@ class ThinkerModel:
             tts = torch.tensor([ids.tts_bos, ids.tts_eos, ids.tts_pad])
             self.tts = self._embedding(tts)
             self.opening = self._embedding(torch.tensor(vocabulary.assistant_opening))
-        self._cat_stream = (
+        self._side_stream = (
             torch.cuda.Stream(device)  # type: ignore[no-untyped-call]
             if device.type == "cuda"
             else None
@@ -363,15 +363,27 @@ class ThinkerModel:
         thinker's own once the steps that made them are done, the result marked
         (:func:`~omni_actors.cuda.step_ready.cat_ready`), so that its copy to the talker
         waits for those steps, not for the one queued since."""
-        if self._cat_stream is None or not parts[0].is_cuda:
+        if self._side_stream is None or not parts[0].is_cuda:
             return torch.cat(list(parts))
-        return cat_ready(parts, self._cat_stream, torch.cuda.current_stream(self.device))
+        return cat_ready(parts, self._side_stream, torch.cuda.current_stream(self.device))
 
     @torch.no_grad()
     def text_rows(self, ids: list[int]) -> torch.Tensor:
         """[L, H] the talker's rows of text positions ``ids``: their input embeddings,
-        which no forward changes (:attr:`Fed.rows`), so they may go before it."""
-        rows: torch.Tensor = self._embedding(torch.tensor(ids, device=self.device))
+        which no forward changes (:attr:`Fed.rows`), so they may go before it.
+
+        Called on the event loop, not in the model thread: a lookup queued behind the
+        step the model thread runs (a wave's prefill, 120 ms at full size) would hold the
+        prompt's rows, and the prompt, that long. On a GPU it runs on a stream of the
+        thinker's own and is marked there (:mod:`omni_actors.cuda.step_ready`), so their
+        copy to the talker waits for it alone.
+        """
+        if self._side_stream is None:
+            rows: torch.Tensor = self._embedding(torch.tensor(ids, device=self.device))
+            return rows
+        with torch.cuda.stream(self._side_stream):
+            rows = self._embedding(torch.tensor(ids, device=self.device))
+            mark_step(rows, self.device)
         return rows
 
     @torch.no_grad()
