@@ -157,11 +157,13 @@ class DeviceLink:
             self.unmarked += 1
             if self.unmarked == 1:
                 unmarked = [k for k, v in placed.items() if step_mark(v) is None]
+                # With the stack: where the unmarked tensors were sent from.
                 log.warning(
                     "device link %x: %s carry no step mark: their copies wait for all "
                     "queued before them",
                     self.id,
                     unmarked,
+                    stack_info=True,
                 )
         slices: dict[str, DeviceSlice] = {}
         base = slot * self.slot_bytes
