@@ -111,7 +111,7 @@ class DeviceLinks:
         self.slot_bytes = slot_bytes
         self._out: dict[str, Outgoing] = {}  # by the receiver's path
         self._by_id: dict[int, DeviceLink] = {}
-        self._gone = LinkCounts(placed=0, host=0, unmarked=0)  # links and edges closed
+        self._gone = _NONE_SENT  # what links and edges closed since sent
         self._in: dict[int, DeviceLinkImport] = {}
 
     # -- sending ----------------------------------------------------------------------
@@ -165,16 +165,12 @@ class DeviceLinks:
     def counts(self) -> LinkCounts | None:
         """What the links have sent since the stage started (closed ones included);
         None if it never sent on an edge with a device link."""
-        if (
-            not self._out
-            and not self._by_id
-            and self._gone == LinkCounts(placed=0, host=0, unmarked=0)
-        ):
+        if not self._out and not self._by_id and self._gone == _NONE_SENT:
             return None
         return _sum(
             self._gone,
             *(_counts(link) for link in self._by_id.values()),
-            *(LinkCounts(placed=0, host=out.unlinked, unmarked=0) for out in self._out.values()),
+            *(_unlinked(out) for out in self._out.values()),
         )
 
     def slots_free(self, message: SlotsFree) -> None:
@@ -194,7 +190,7 @@ class DeviceLinks:
             if out.link is link:
                 out.closed = True
                 del self._out[path]
-                self._gone = _sum(self._gone, LinkCounts(placed=0, host=out.unlinked, unmarked=0))
+                self._gone = _sum(self._gone, _unlinked(out))
                 log.warning(
                     "%s -> %s: device link lost (%s)", self.stage, out.receiver, message.reason
                 )
@@ -282,8 +278,15 @@ class DeviceLinks:
         self._by_id.clear()
 
 
+_NONE_SENT = LinkCounts(placed=0, host=0, unmarked=0)
+
+
 def _counts(link: DeviceLink) -> LinkCounts:
     return LinkCounts(placed=link.sent, host=link.fallbacks, unmarked=link.unmarked)
+
+
+def _unlinked(out: Outgoing) -> LinkCounts:
+    return LinkCounts(placed=0, host=out.unlinked, unmarked=0)
 
 
 def _sum(*counts: LinkCounts) -> LinkCounts:

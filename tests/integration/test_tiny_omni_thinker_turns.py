@@ -461,21 +461,32 @@ async def test_a_one_shot_text_s_rows_leave_before_its_forward_runs(
             return step(chunks, **kw)
 
         monkeypatch.setattr(engine._model, "step", holding)
-        got: list[Fields] = []
-
-        async def run() -> None:
-            async for out in engine.generate("s", OneShot([{"text": "Hi"}])):
-                got.append(out)
-
-        task = asyncio.create_task(run())
+        got, task = await rows_first(engine)
         try:
-            await eventually(lambda: bool(got))
-            assert set(got[0]) == {"user", "user_mask", USER_EDITS_FIELD}
             assert engine.loop.statistics().prefill_steps == 0  # its forward has not ended
         finally:
             held.set()
             await task
     assert ids(got) == reference(model, user("Hi"), 6)
+
+
+async def rows_first(engine: ThinkerEngine) -> tuple[list[Fields], asyncio.Task[None]]:
+    """A one-shot "Hi" under way, its outputs so far once its first (its rows sent
+    ahead) is out, and the task that takes the rest."""
+    got: list[Fields] = []
+
+    async def run() -> None:
+        async for out in engine.generate("s", OneShot([{"text": "Hi"}])):
+            got.append(out)
+
+    task = asyncio.create_task(run())
+    try:
+        await eventually(lambda: bool(got))
+    except BaseException:
+        task.cancel()
+        raise
+    assert set(got[0]) == {"user", "user_mask", USER_EDITS_FIELD}
+    return got, task
 
 
 async def test_a_one_shot_text_s_rows_leave_while_the_model_thread_is_busy(
@@ -486,21 +497,13 @@ async def test_a_one_shot_text_s_rows_leave_while_the_model_thread_is_busy(
     async with thinker(cache_dir) as engine:
         held = threading.Event()
         busy = asyncio.create_task(engine.call(held.wait, 30))
-        got: list[Fields] = []
-
-        async def run() -> None:
-            async for out in engine.generate("s", OneShot([{"text": "Hi"}])):
-                got.append(out)
-
-        task = asyncio.create_task(run())
         try:
-            await eventually(lambda: bool(got))
-            assert set(got[0]) == {"user", "user_mask", USER_EDITS_FIELD}
+            got, task = await rows_first(engine)
             assert not busy.done()  # the model thread is still held
         finally:
             held.set()
             await busy
-            await task
+        await task
     assert ids(got) == reference(model, user("Hi"), 6)
     table = model.get_input_embeddings()
     assert torch.equal(talker_rows(got), table(torch.tensor(user("Hi"))))
