@@ -62,6 +62,7 @@ async def test_liveness_and_readiness_of_an_idle_server(server: RunningServer) -
                 "max_sessions": None,  # nor hold sessions in slots
                 "eager_steps": None,  # nor replay CUDA graphs
                 "steps": None,  # nor run step loops
+                "links": None,  # nor send over device links
             }
             for name in STAGES
         },
