@@ -79,6 +79,7 @@ __all__ = ["StageActor"]
 log = logging.getLogger(__name__)
 
 _ABORTED_MEMORY = 4096  # aborted session keys remembered, to refuse a late prewarm
+_LINK_SLOTS = 32  # as StagingSpec.link_slots, for a stage made without a spec
 
 
 class StageActor(Actor[StageMessage]):
@@ -89,7 +90,7 @@ class StageActor(Actor[StageMessage]):
         kind: engine kind (a registered name or ``package.module:Class``).
         args: the engine's arguments from the pipeline definition.
         staging: how its GPU transfers copy (``StagingSpec`` fields: ``slots``,
-            ``slot_bytes``, ``copies``).
+            ``slot_bytes``, ``link_slots``, ``copies``).
     """
 
     replies = StageState | bool | int | Refused | DeviceLinkAnswer | None
@@ -132,14 +133,16 @@ class StageActor(Actor[StageMessage]):
         self.engine = engine
         device = getattr(engine, "device", None)
         if isinstance(device, torch.device) and device.type == "cuda":
-            self.transfers = StageTransfers(device, **self.staging)
+            staging = dict(self.staging)
+            link_slots = staging.pop("link_slots", _LINK_SLOTS)
+            self.transfers = StageTransfers(device, **staging)
             self.device_links = DeviceLinks(
                 self.name,
                 device,
                 self.context.self_ref,
                 self.context.tasks,
                 self.transfers.outbound.waiter,
-                slots=self.transfers.outbound.pool.slots,
+                slots=link_slots,
                 slot_bytes=self.transfers.outbound.pool.slot_bytes,
             )
         died = getattr(engine, "died", None)

@@ -25,7 +25,7 @@ import torch
 from omni_actors._task_scope import TaskScope
 from omni_actors.cuda import EventWaiter
 from omni_actors.cuda.driver import IpcUnavailableError
-from omni_actors.cuda.ipc import DeviceLink, DeviceLinkImport, map_offer
+from omni_actors.cuda.ipc import DeviceLink, DeviceLinkImport, covered_slots, map_offer
 from omni_actors.errors import OmniError
 from omni_actors.protocols.address import ActorAddress
 from omni_actors.protocols.control import LinkCounts
@@ -240,7 +240,9 @@ class DeviceLinks:
         except ValueError as exc:
             self.drop(device)  # nothing was copied: the slots are free at once
             raise DeviceLinkLostError(f"stage {self.stage}: {exc}") from None
-        slots = _slots(device)
+        slots = covered_slots(
+            device.slices.values(), imported.offer.slot_bytes, imported.offer.slots
+        )
         self.tasks.create_task(
             self._give_back(imported.offer.sender, device.link, slots, done),
             name=f"{self.stage} slots back",
@@ -250,7 +252,14 @@ class DeviceLinks:
     def drop(self, device: DeviceChunk) -> None:
         """Give back the slots of a chunk, or a step, that will not be read (its sessions
         are gone)."""
-        free = SlotsFree(link=device.link, slots=_slots(device))
+        imported = self._in.get(device.link)
+        pieces = device.slices.values()
+        slots = (
+            covered_slots(pieces, imported.offer.slot_bytes, imported.offer.slots)
+            if imported is not None
+            else tuple(sorted({piece.slot for piece in pieces}))
+        )
+        free = SlotsFree(link=device.link, slots=slots)
         self.tasks.create_task(_tell(device.sender, free), name=f"{self.stage} slots back")
 
     async def _give_back(
@@ -295,10 +304,6 @@ def _sum(*counts: LinkCounts) -> LinkCounts:
         host=sum(c.host for c in counts),
         unmarked=sum(c.unmarked for c in counts),
     )
-
-
-def _slots(device: DeviceChunk) -> tuple[int, ...]:
-    return tuple(sorted({piece.slot for piece in device.slices.values()}))
 
 
 async def _tell(ref: ActorAddress[Any], message: object) -> None:

@@ -23,11 +23,13 @@ From a GPU stage the packing runs on its copy stream once the steps that made th
 are done (their marks), and the packed tensor carries a mark of its own
 (``HostStaging.concat``): its copy waits for that, not for the next step the engine
 queued meanwhile. Over a device link (an edge on the ``device`` path, the link accepted)
-a step's device fields are packed (a field even one member carries) and put into one of
-the link's slots with one ``put`` (``StepChunks.device``); the receiver copies them out
-once for the step and slices each member's rows as views, and gives the slot back once,
-whichever of its sessions are gone by then. A step whose fields do not fit a free slot
-takes the host path, that step only; a lone chunk goes as a ``Chunk`` with its own slot.
+a step's device fields are packed (a field even one member carries) and put into the
+link's slots with one ``put`` (``StepChunks.device``); the receiver copies them out
+once for the step and slices each member's rows as views, and gives the slots back once,
+whichever of its sessions are gone by then. A step whose fields do not fit the free
+slots goes member by member: each chunk that fits as a ``Chunk`` in slots of its own,
+the others together through the host, that step only (a wave of prompts sends their
+talker rows, 10 MB each at full size, in one turn); a lone chunk goes as a ``Chunk``.
 
 Order and waits. A receiver's messages leave in the order their chunks were handed
 over, so every stream's chunks arrive in sequence. A message goes at once if the
@@ -86,6 +88,10 @@ class Sender(Protocol):
 
     def fail(self, error: BaseException) -> None:
         """A message with one of its chunks could not be delivered."""
+
+
+Member = tuple[Sender, Chunk]
+"""A chunk a route was handed, and the outlet that handed it."""
 
 
 def pack(
@@ -214,9 +220,9 @@ class Route:
         """The device link to the receiver (an edge on the ``device`` path), if any."""
         # A receiver in another process gets packed steps, with host tensors only.
         self.host = not (isinstance(ref, ActorRef) and remoting.in_process(ref))
-        self._turn: list[tuple[Sender, Chunk]] = []
+        self._turn: list[Member] = []
         # Messages waiting for room, in order; None: not built yet (host copies due).
-        self._backlog: deque[tuple[list[tuple[Sender, Chunk]], Routed | None]] = deque()
+        self._backlog: deque[tuple[list[Member], Routed | None]] = deque()
         self._task: asyncio.Task[None] | None = None
         self._waiters: list[asyncio.Future[None]] = []
         self.messages = 0
@@ -252,7 +258,7 @@ class Route:
                 self._try_send(members)
         self._maybe_settle()
 
-    def _try_send(self, members: list[tuple[Sender, Chunk]]) -> None:
+    def _try_send(self, members: list[Member]) -> None:
         try:
             message = self._message(members)
             sent = self.ref.try_tell(message)
@@ -265,7 +271,7 @@ class Route:
             self._backlog.append((members, message))
             self._start()
 
-    def _message(self, members: list[tuple[Sender, Chunk]]) -> Routed:
+    def _message(self, members: list[Member]) -> Routed:
         if len(members) == 1:
             return members[0][1]
         chunks = [chunk for _, chunk in members]
@@ -274,27 +280,38 @@ class Route:
         transfers = self._router.transfers
         return pack(chunks, cat=transfers.concat if transfers is not None else None)
 
-    def _placed(self, members: list[tuple[Sender, Chunk]]) -> Routed:
-        """The message of ``members`` with its device fields in one slot of the device
-        link, if the route has one that is up and they fit; else as :meth:`_message`
-        (then :meth:`_on_host` copies them to the host)."""
+    def _placed(self, members: list[Member]) -> list[tuple[list[Member], Routed]]:
+        """The messages of ``members``, each with the members it carries: one, with its
+        device fields in the device link, if the route has one that is up and they fit
+        a run of its free slots; else, if the link is up, each member that fits it in a
+        message of its own and the rest together; else one as :meth:`_message` (then
+        :meth:`_on_host` copies the device fields to the host)."""
         link = self.link
         transfers = self._router.transfers
         if link is None or link.link is None or link.closed or transfers is None:
-            return self._message(members)
+            return [(members, self._message(members))]
         if len(members) == 1:
-            chunk = members[0][1]
-            device, rest = link.put(chunk.tensors)
-            if device is None:
-                return chunk
-            return msgspec.structs.replace(chunk, tensors=rest, device=device)
+            return [(members, _put(link, members[0][1]))]
         # Every device field packed, even one only one member carries: what is left out
-        # of the slot would cross through the host.
+        # of the slots would cross through the host.
         step = pack([chunk for _, chunk in members], least=1, cat=transfers.concat)
         device, rest = link.put(step.packed)
-        if device is None:  # no free slot, or too big for one: the host path, this step
-            return step
-        return msgspec.structs.replace(step, packed=rest, device=device)
+        if device is not None:
+            return [(members, msgspec.structs.replace(step, packed=rest, device=device))]
+        # Too big for the free slots as one: a wave of prompts' talker rows (hundreds of
+        # MB) would otherwise cross through the host at once, page-locked memory for it
+        # allocated on the event loop. Each member that fits goes on its own.
+        parts: list[tuple[list[Member], Routed]] = []
+        left: list[Member] = []
+        for member in members:
+            message = _put(link, member[1])
+            if message is member[1]:
+                left.append(member)
+            else:
+                parts.append(([member], message))
+        if left:
+            parts.append((left, self._message(left)))
+        return parts
 
     def _start(self) -> None:
         if self._task is None:
@@ -306,25 +323,40 @@ class Route:
         try:
             while self._backlog:
                 members, message = self._backlog.popleft()
+                if message is not None:
+                    await self._tell(members, message)
+                    continue
+                members = [(s, c) for s, c in members if not s.closed]
+                if not members:
+                    continue
                 try:
-                    if message is None:
-                        members = [(s, c) for s, c in members if not s.closed]
-                        if not members:
-                            continue
-                        placed = self._placed(members)
-                        started = time.monotonic()
-                        message = await self._on_host(placed)
-                        if message is not placed:  # copied: each member's chunk waited
-                            waited = time.monotonic() - started
-                            for outlet, _ in members:
-                                outlet.copy_wait += waited
-                    await self.ref.tell(message)
-                    self.messages += 1
-                except Exception as exc:  # the receiver is gone: its senders hear of it
+                    parts = self._placed(members)
+                except Exception as exc:  # the link failed: this step's senders hear of it
                     _fail(members, exc)
+                    continue
+                for part, placed in parts:
+                    started = time.monotonic()
+                    try:
+                        message = await self._on_host(placed)
+                    except Exception as exc:
+                        _fail(part, exc)
+                        continue
+                    if message is not placed:  # copied: each member's chunk waited
+                        waited = time.monotonic() - started
+                        for outlet, _ in part:
+                            outlet.copy_wait += waited
+                    await self._tell(part, message)
         finally:
             self._task = None
             self._maybe_settle()
+
+    async def _tell(self, members: list[Member], message: Routed) -> None:
+        try:
+            await self.ref.tell(message)
+        except Exception as exc:  # the receiver is gone: its senders hear of it
+            _fail(members, exc)
+            return
+        self.messages += 1
 
     async def _on_host(self, message: Routed) -> Routed:
         """``message`` with its device tensors copied to the host: the packed ones with
@@ -367,11 +399,19 @@ class Route:
         self._settle()
 
 
-def _on_device(members: list[tuple[Sender, Chunk]]) -> bool:
+def _on_device(members: list[Member]) -> bool:
     return any(on_device(chunk.tensors) for _, chunk in members)
 
 
-def _fail(members: list[tuple[Sender, Chunk]], error: BaseException) -> None:
+def _put(link: Outgoing, chunk: Chunk) -> Chunk:
+    """``chunk`` with its device fields in the link's slots, or itself if they do not fit."""
+    device, rest = link.put(chunk.tensors)
+    if device is None:
+        return chunk
+    return msgspec.structs.replace(chunk, tensors=rest, device=device)
+
+
+def _fail(members: list[Member], error: BaseException) -> None:
     for sender, _ in members:
         sender.fail(error)
 

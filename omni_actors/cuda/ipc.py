@@ -2,27 +2,30 @@
 
 The sending side (:class:`DeviceLink`) owns a pool of device slots allocated once per
 receiver, an IPC event, and a copy stream. Putting a message's device tensors copies
-each into a free slot on the copy stream (after the step that made them, see
+them, one after another, into a run of as many free slots as they need (one, usually)
+on the copy stream (after the step that made them, see
 :mod:`~omni_actors.cuda.step_ready`) and records the event; the chunk then names the
-slots. The receiving side (:class:`DeviceLinkImport`) has mapped the pool once, on the
-pool's GPU; it makes its own stream there wait on the event, copies the slots out into
-tensors of its own (a peer copy when it computes on another GPU), and its compute
-stream waits for that copy. The slots go back to the sender once the copy has
-completed (``SlotsFree``).
+run's first slot and each tensor's offset from it. The receiving side
+(:class:`DeviceLinkImport`) has mapped the pool once, on the pool's GPU; it makes its
+own stream there wait on the event, copies the slots out into tensors of its own (a
+peer copy when it computes on another GPU), and its compute stream waits for that copy.
+The slots go back to the sender once the copy has completed (``SlotsFree``).
 
-Nothing waits for a slot: a message whose tensors do not fit the free slots takes the
-host path instead, so a slow or dead receiver costs speed, never a hang.
+Nothing waits for a slot: a message whose tensors do not fit a run of free slots takes
+the host path instead, so a slow or dead receiver costs speed, never a hang. The
+receiver gives back every slot a message's bytes cover (:func:`covered_slots`).
 """
 
 from __future__ import annotations
 
 import functools
 import logging
+import math
 import os
 import secrets
 import socket
 import threading
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 import torch
@@ -45,13 +48,22 @@ from omni_actors.protocols.device import (
 )
 from omni_actors.protocols.tensors import TORCH_DTYPES, TORCH_NAMES
 
-__all__ = ["DeviceLink", "DeviceLinkImport", "gpu_uuid", "host_identity", "map_offer"]
+__all__ = [
+    "DeviceLink",
+    "DeviceLinkImport",
+    "SlotRuns",
+    "covered_slots",
+    "gpu_uuid",
+    "host_identity",
+    "map_offer",
+]
 
 log = logging.getLogger(__name__)
 
 _ALIGN = 512  # slots and the tensors in them: aligned for any dtype and vector loads
 _DTYPES = TORCH_DTYPES
 _NAMES = TORCH_NAMES
+_ITEM_BYTES = {dtype: torch.empty(0, dtype=dtype).element_size() for dtype in _DTYPES.values()}
 
 
 @functools.cache
@@ -75,6 +87,64 @@ def _bytes_of(tensor: torch.Tensor) -> torch.Tensor:
     return flat if flat.dtype is torch.uint8 else flat.view(torch.uint8)
 
 
+class SlotRuns:
+    """Which of a link's ``slots`` slots are free, taken as runs of neighbours.
+
+    A message takes the first run of free slots long enough for its bytes, so one too
+    big for a slot (a prompt's rows, say) still crosses the link whole. Thread-safe, as
+    the link is.
+    """
+
+    def __init__(self, slots: int) -> None:
+        self.slots = slots
+        self._free = [True] * slots
+        self._lock = threading.Lock()
+
+    @property
+    def busy(self) -> int:
+        """Slots taken and not given back."""
+        with self._lock:
+            return self._free.count(False)
+
+    def take(self, count: int) -> int | None:
+        """The first slot of ``count`` free neighbours, now taken; None if there is no
+        such run."""
+        with self._lock:
+            free = self._free
+            run = 0
+            for slot in range(self.slots):
+                run = run + 1 if free[slot] else 0
+                if run == count:
+                    start = slot - count + 1
+                    free[start : slot + 1] = [False] * count
+                    return start
+        return None
+
+    def release(self, slots: Iterable[int]) -> None:
+        """Give ``slots`` back (numbers outside the pool are ignored)."""
+        with self._lock:
+            for slot in slots:
+                if 0 <= slot < self.slots:
+                    self._free[slot] = True
+
+
+def covered_slots(slices: Iterable[DeviceSlice], slot_bytes: int, slots: int) -> tuple[int, ...]:
+    """The slots of a pool of ``slots`` that ``slices`` occupy: each one's named slot and
+    every slot its bytes reach into (a message of many slots names its first; its
+    tensors' offsets go past it)."""
+    covered: set[int] = set()
+    for piece in slices:
+        covered.add(piece.slot)
+        dtype = _DTYPES.get(piece.dtype)
+        numel = math.prod(piece.shape)
+        if dtype is None or numel <= 0 or piece.offset < 0:
+            continue
+        start = piece.slot * slot_bytes + piece.offset
+        end = start + numel * _ITEM_BYTES[dtype]
+        covered.update(range(start // slot_bytes, min(-(-end // slot_bytes), slots)))
+    return tuple(sorted(covered))
+
+
 class DeviceLink:
     """The sending side of a link: a pool of ``slots`` device slots of ``slot_bytes``.
 
@@ -94,8 +164,8 @@ class DeviceLink:
         self.buffer = DeviceBuffer(device, self.slots * self.slot_bytes)
         self.event = torch.cuda.Event(interprocess=True)  # type: ignore[no-untyped-call]
         self.stream = torch.cuda.Stream(device)  # type: ignore[no-untyped-call]
-        self._lock = threading.Lock()
-        self._free = list(range(self.slots - 1, -1, -1))
+        self._lock = threading.Lock()  # a put against close()
+        self.runs = SlotRuns(self.slots)
         self.sent = 0
         self.fallbacks = 0
         # Puts whose copy waited on everything the caller had queued (a tensor without a
@@ -122,16 +192,16 @@ class DeviceLink:
     @property
     def busy(self) -> int:
         """Slots the receiver still holds."""
-        with self._lock:
-            return self.slots - len(self._free)
+        return self.runs.busy
 
     def put(self, fields: Mapping[str, Any]) -> tuple[dict[str, DeviceSlice], dict[str, Any]]:
-        """Copy the device tensors of ``fields`` into one free slot, one after another.
+        """Copy the device tensors of ``fields`` into a run of free slots, one after
+        another (one slot if they fit it).
 
         Returns:
             The slices placed, and the fields left (host tensors, texts, and every device
-            tensor if they do not fit a slot or none is free: then nothing is placed,
-            counted in :attr:`fallbacks`, and they take the host path).
+            tensor if no run of free slots holds them: then nothing is placed, counted in
+            :attr:`fallbacks`, and they take the host path).
         """
         placed = {
             k: v
@@ -142,15 +212,17 @@ class DeviceLink:
         if not placed:
             return {}, rest
         sizes = {k: v.numel() * v.element_size() for k, v in placed.items()}
-        offsets, end = {}, 0
+        offsets, end, used = {}, 0, 0
         for name, size in sizes.items():
             offsets[name] = end
+            used = end + size  # the padding after the last is not the receiver's to free
             end += -(-size // _ALIGN) * _ALIGN
+        count = max(1, -(-used // self.slot_bytes))
         with self._lock:
-            if self.closed or end > self.slot_bytes or not self._free:
+            first = None if self.closed or count > self.slots else self.runs.take(count)
+            if first is None:
                 self.fallbacks += 1
                 return {}, dict(fields)
-            slot = self._free.pop()
         # After the step that made the tensors (their marks), else after all the caller
         # has queued on the device so far.
         if not wait_ready(self.stream, placed.values(), torch.cuda.current_stream(self.device)):
@@ -166,7 +238,7 @@ class DeviceLink:
                     stack_info=True,
                 )
         slices: dict[str, DeviceSlice] = {}
-        base = slot * self.slot_bytes
+        base = first * self.slot_bytes
         with torch.cuda.stream(self.stream):
             for name, tensor in placed.items():
                 start = base + offsets[name]
@@ -174,17 +246,16 @@ class DeviceLink:
                     self.buffer.tensor[start : start + sizes[name]].copy_(_bytes_of(tensor))
                 tensor.record_stream(self.stream)
                 dtype = _NAMES[tensor.dtype]
-                slices[name] = DeviceSlice(self.id, slot, dtype, tuple(tensor.shape), offsets[name])
+                slices[name] = DeviceSlice(
+                    self.id, first, dtype, tuple(tensor.shape), offsets[name]
+                )
             self.event.record(self.stream)
         self.sent += 1
         return slices, rest
 
     def release(self, slots: tuple[int, ...]) -> None:
         """The receiver is done with ``slots`` (invalid numbers are ignored)."""
-        with self._lock:
-            for slot in slots:
-                if 0 <= slot < self.slots and slot not in self._free:
-                    self._free.append(slot)
+        self.runs.release(slots)
 
     def close(self) -> None:
         """Free the pool once the copies into it are done. Receivers must have unmapped
@@ -270,9 +341,13 @@ class DeviceLinkImport:
             numel = 1
             for d in piece.shape:
                 numel *= d
-            nbytes = numel * torch.empty(0, dtype=dtype).element_size()
-            if piece.offset < 0 or piece.offset + nbytes > offer.slot_bytes:
-                raise ValueError(f"slice {name} of {nbytes} bytes at {piece.offset} exceeds a slot")
+            nbytes = numel * _ITEM_BYTES[dtype]
+            start = piece.slot * offer.slot_bytes + piece.offset
+            if piece.offset < 0 or start + nbytes > offer.slots * offer.slot_bytes:
+                raise ValueError(
+                    f"slice {name} of {nbytes} bytes at {piece.offset} past slot {piece.slot} "
+                    "exceeds the pool"
+                )
             plan.append((name, piece, dtype, nbytes))
         compute = torch.cuda.current_stream(self.device)
         self.stream.wait_event(self.event)

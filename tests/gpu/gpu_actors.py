@@ -6,7 +6,7 @@ import msgspec
 import torch
 
 from omni_actors import Actor
-from omni_actors.cuda.ipc import DeviceLinkImport, map_offer
+from omni_actors.cuda.ipc import DeviceLinkImport, covered_slots, map_offer
 from omni_actors.protocols.device import DeviceLinkAnswer, DeviceLinkOffer, DeviceSlice
 
 
@@ -42,7 +42,8 @@ class LinkReceiver(Actor[DeviceLinkOffer | Carry]):
                 tensors, done = self.link.take(slices)
                 host = {k: v.cpu() for k, v in tensors.items()}  # on the compute stream
                 done.synchronize()
-                return Carried(host, tuple({s.slot for s in slices.values()}))
+                offer = self.link.offer
+                return Carried(host, covered_slots(slices.values(), offer.slot_bytes, offer.slots))
         raise AssertionError(message)
 
     async def on_stop(self) -> None:

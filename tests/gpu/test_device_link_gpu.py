@@ -1,7 +1,7 @@
 """Device links between two processes, on one GPU and (with two GPUs) across them: every
-dtype arrives bit-exact through the slots, slots are reused under load without
-corrupting data, and an offer the driver refuses leaves the link closed with its
-reason (the host path then serves)."""
+dtype arrives bit-exact through the slots, a message bigger than a slot through a run of
+them, slots are reused under load without corrupting data, and an offer the driver
+refuses leaves the link closed with its reason (the host path then serves)."""
 
 from __future__ import annotations
 
@@ -59,6 +59,39 @@ async def test_every_dtype_crosses_a_device_link_bit_exact(
             assert len(carried.slots) == 1
             link.release(carried.slots)
             assert link.busy == 0
+        finally:
+            await kit.system.stop(receiver)
+            link.close()
+
+
+async def test_a_message_bigger_than_a_slot_takes_a_run_of_free_ones() -> None:
+    async with ActorTestKit() as kit:
+        probe = await kit.create_probe()
+        receiver = await kit.spawn(LinkReceiver, name="receiver", props=Props(process=True))
+        link = DeviceLink(DEVICE, slots=6, slot_bytes=1 << 20)
+        try:
+            assert (await receiver.ask(link.offer("talker", probe.ref), timeout=30)).accepted
+            small = random_bits(torch.int32, (1024,), seed=1, device=DEVICE)
+            rows = random_bits(torch.bfloat16, (1536, 1024), seed=2, device=DEVICE)  # 3 MiB
+            first, _ = link.put({"small": small})
+            second, _ = link.put({"rows": rows, "small": small})
+            assert (first["small"].slot, second["rows"].slot) == (0, 1)
+            assert link.busy == 5  # 3 MiB and 4 KiB: slots 1 to 4
+            third, rest = link.put({"rows": rows})  # one slot left: the host path
+            assert third == {}
+            assert "rows" in rest
+            assert link.fallbacks == 1
+            carried = await receiver.ask(Carry(second), timeout=30)
+            assert isinstance(carried, Carried)
+            assert carried.slots == (1, 2, 3, 4)
+            assert same_bits(carried.tensors["rows"], rows.cpu())
+            assert same_bits(carried.tensors["small"], small.cpu())
+            link.release(carried.slots)
+            again, _ = link.put({"rows": rows})
+            assert again["rows"].slot == 1
+            carried = await receiver.ask(Carry(again), timeout=30)
+            assert carried.slots == (1, 2, 3)
+            assert same_bits(carried.tensors["rows"], rows.cpu())
         finally:
             await kit.system.stop(receiver)
             link.close()

@@ -33,11 +33,14 @@ def _load(tmp_path: Path, data: dict[str, Any]) -> Any:
 
 
 def test_a_stage_device_becomes_its_engine_device_argument(tmp_path: Path) -> None:
-    spec = _load(tmp_path, _tiny(device="cuda:1", staging={"slots": 4, "slot_bytes": 1 << 20}))
+    staging = {"slots": 4, "slot_bytes": 1 << 20, "link_slots": 64}
+    spec = _load(tmp_path, _tiny(device="cuda:1", staging=staging))
     stage = spec.stage("code2wav")
     assert stage.engine.args["device"] == "cuda:1"
     assert Code2WavArgs.model_validate(stage.engine.args).device == "cuda:1"
     assert (stage.staging.slots, stage.staging.slot_bytes) == (4, 1 << 20)
+    assert stage.staging.link_slots == 64
+    assert _load(tmp_path, _tiny()).stage("code2wav").staging.link_slots == 32
 
 
 def test_without_a_device_the_engine_keeps_its_default(tmp_path: Path) -> None:
@@ -59,6 +62,7 @@ def test_without_a_device_the_engine_keeps_its_default(tmp_path: Path) -> None:
             "contradicts engine.args.device",
         ),
         ({"staging": {"slots": 0}}, r"staging\.slots"),
+        ({"staging": {"link_slots": 0}}, r"staging\.link_slots"),
     ],
 )
 def test_bad_placements_are_named(tmp_path: Path, stage: dict[str, Any], message: str) -> None:

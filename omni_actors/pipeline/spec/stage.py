@@ -35,13 +35,15 @@ class StagingSpec(Spec):
 
     Allocated once when the stage starts, page-locked: ``slots`` slots of
     ``slot_bytes``. A tensor that finds no free slot, or is bigger than one, gets an
-    allocation of its own (slower, never blocked). ``copies: sync`` turns the streams
-    off (``.cpu()`` and ``.to(device)`` where the tensors cross), the baseline to
-    measure against.
+    allocation of its own (slower, never blocked). Each device link the stage sends on
+    has ``link_slots`` slots of ``slot_bytes`` on its GPU; a message takes a run of
+    them. ``copies: sync`` turns the streams off (``.cpu()`` and ``.to(device)`` where
+    the tensors cross), the baseline to measure against.
     """
 
     slots: int = Field(8, ge=1, le=4096)
     slot_bytes: int = Field(2 << 20, ge=4096, le=1 << 34)
+    link_slots: int = Field(32, ge=1, le=65536)
     copies: Literal["async", "sync"] = "async"
 
 

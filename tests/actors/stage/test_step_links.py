@@ -5,8 +5,9 @@ tensor off the host into one slot (``meta`` tensors stand for the GPU's), and a 
 receiving side that copies slices out of a store the test fills. A step's device fields
 go into one slot with one ``put``; the receiver copies them out once and each session
 gets its own rows, in order; a session aborted on either side gets none, and the slot
-still comes back once; a step that does not fit takes the host path, that step only; a
-link that fails fails the sessions of its step, not the others.
+still comes back once; a step that does not fit goes member by member, each that fits
+in a slot of its own and the rest through the host, that step only; a link that fails
+fails the sessions of its step, not the others.
 """
 
 from __future__ import annotations
@@ -211,10 +212,10 @@ async def test_a_session_aborted_within_the_turn_puts_no_rows() -> None:
         await tasks.cancel(1.0, "test over")
 
 
-async def test_a_step_that_does_not_fit_the_link_takes_the_host_path_alone() -> None:
+async def test_a_step_that_does_not_fit_the_link_goes_member_by_member() -> None:
     async with ActorTestKit() as kit:
         down, me = await kit.create_probe(), await kit.create_probe()
-        link = FakeLink(slots=1, slot_bytes=8 * 16 * 5)  # five rows of codes
+        link = FakeLink(slots=2, slot_bytes=8 * 16 * 5)  # five rows of codes a slot
         route, transfers, tasks = linked_route(down, link, me.ref)
         senders = [Sender() for _ in KEYS]
 
@@ -223,31 +224,42 @@ async def test_a_step_that_does_not_fit_the_link_takes_the_host_path_alone() -> 
                 route.add(sender, on_device(key, seq, rows))
 
         step(0, 2)  # eight rows: more than a slot holds
-        big = await down.expect_message(StepChunks)
-        assert big.device is None
-        assert link.puts == []
-        assert transfers.copies == [{"codes": (8, 16)}]  # one host copy for the step
-        assert big.packed["codes"].device.type == "cpu"
-        assert big.rows == {"codes": (2, 2, 2, 2)}
-        assert [c.seq for c in unpack(big)] == [0] * len(KEYS)
-        # Each session's outlet waited for the step's one copy (its hop's copy_wait_ms).
+        # The two members the free slots hold go each in its own, as a chunk ...
+        for key in KEYS[:2]:
+            alone = await down.expect_message(Chunk)
+            assert alone.key == key
+            assert alone.seq == 0
+            assert alone.device is not None
+            assert alone.tensors == {}
+        assert link.puts == [{"codes": (2, 16)}, {"codes": (2, 16)}]
+        # ... the others together through the host: one copy for them.
+        rest = await down.expect_message(StepChunks)
+        assert rest.device is None
+        assert transfers.copies == [{"codes": (4, 16)}]
+        assert rest.packed["codes"].device.type == "cpu"
+        assert rest.rows == {"codes": (2, 2)}
+        assert [(c.key, c.seq) for c in unpack(rest)] == [(k, 0) for k in KEYS[2:]]
+        # Only their outlets waited for a copy (a hop's copy_wait_ms).
         waited = [sender.copy_wait for sender in senders]
-        assert all(w > 0 for w in waited)
-        step(1, 1)  # four rows fit the link's one slot
+        assert waited[:2] == [0.0, 0.0]
+        assert all(w > 0 for w in waited[2:])
+        link.free.extend((0, 1))  # the receiver gave both back
+        step(1, 1)  # four rows fit one slot: one message, one put
         fits = await down.expect_message(StepChunks)
         assert fits.device is not None
-        assert len(link.puts) == 1
+        assert len(link.puts) == 3
         assert [sender.copy_wait for sender in senders] == waited  # no copy: no wait
-        step(2, 1)  # the slot is still taken: the host path again, this step only
+        step(2, 1)
+        await down.expect_message(StepChunks)  # the last free slot
+        step(3, 1)  # none free: the whole step through the host, this step only
         held = await down.expect_message(StepChunks)
         assert held.device is None
         assert len(transfers.copies) == 2
-        link.free.append(0)  # the receiver gave it back
-        step(3, 1)
+        link.free.append(0)
+        step(4, 1)
         again = await down.expect_message(StepChunks)
         assert again.device is not None
-        assert len(link.puts) == 2
-        for message, seq in ((fits, 1), (held, 2), (again, 3)):
+        for message, seq in ((fits, 1), (held, 3), (again, 4)):
             assert [(c.key, c.seq) for c in message.chunks] == [(k, seq) for k in KEYS]
         await tasks.cancel(1.0, "test over")
 
