@@ -531,3 +531,27 @@ async def test_a_failed_one_shot_forward_fails_the_response_and_rolls_back(
         assert engine.active_sessions == {"s"}
         after = await respond(engine, "s", {"text": "And?"})
     assert ids(after) == reference(model, [*user("Hi"), *assistant(first), *user("And?")], 6)
+
+
+async def test_a_long_text_is_encoded_off_the_event_loop(
+    cache_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A prompt's encoding (6 ms for 2500 tokens at full size; a wave of 32 arrives at
+    once) runs in a worker thread, the tokenizer letting go of the GIL: the event loop
+    goes on meanwhile. A short text stays on the loop (a thread hop would cost more)."""
+    async with thinker(cache_dir) as engine:
+        tokenizer = engine.vocabulary.tokenizer
+        encode = tokenizer.encode
+        threads: list[int] = []
+
+        def recorded(text: str, **kw: Any) -> Any:
+            threads.append(threading.get_ident())
+            return encode(text, **kw)
+
+        monkeypatch.setattr(tokenizer, "encode", recorded)
+        loop = threading.get_ident()
+        long = " ".join(["Hi there"] * 300)  # 2699 characters
+        assert ids(await respond(engine, "long", {"text": long})) != []
+        assert threads[-1] != loop
+        assert ids(await respond(engine, "short", {"text": "Hi"})) != []
+        assert threads[-1] == loop

@@ -462,7 +462,7 @@ class _Response(ConversationResponse[Feeding, Fed]):
             result = _text(TOOL_RESULT_FIELD, fields[TOOL_RESULT_FIELD])
             ids += self.engine.tools.tool_result(result, first=not turn.opened)
         if isinstance(text, str) and text:
-            ids += self.vocabulary.encode(text)
+            ids += await self.vocabulary.encode_apart(text)
         heard = isinstance(audio, torch.Tensor) and audio.numel() > 0
         said = bool(ids)
         if not (heard or said):
