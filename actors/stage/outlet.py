@@ -101,7 +101,7 @@ class Outlet:
         self._clock = clock
         self._credit_wait_s = credit_wait_s
         self._policy = ChunkPolicy(*window) if window is not None else None
-        self._cat: Cat = torch.cat  # a GPU stage's own once it links (use_link)
+        self._cat: Cat = torch.cat  # a GPU stage's own once it links or routes (_join_with)
         self._window: FrameWindow | None = self._policy.window() if self._policy else None
         self._acc = Accumulator(accumulate) if mode == "full" else None
         self._seq = 0
@@ -137,6 +137,9 @@ class Outlet:
         link's slots, or copied to the host."""
         self._route = route
         self.takes_device = True
+        transfers = route.transfers
+        if transfers is not None:  # from a GPU: frames joined on its copy stream, marked
+            self._join_with(transfers.concat)
 
     def fail(self, error: BaseException) -> None:
         """A chunk handed to the route was not delivered: the stream is broken."""
@@ -272,10 +275,16 @@ class Outlet:
         then, and whenever its slots are all taken, through host memory."""
         self._link = link
         self._transfers = transfers
-        self._cat = transfers.concat
-        if self._window is not None:
-            self._window.cat = transfers.concat
+        self._join_with(transfers.concat)
         self.takes_device = True  # device tensors reach :meth:`_send`, which places them
+
+    def _join_with(self, cat: Cat) -> None:
+        """Join a window's frames with ``cat`` (a GPU stage's ``StageTransfers.concat``):
+        ``torch.cat`` on the event loop leaves the frames unmarked, and their copy into a
+        device link or to the host then waits for the step queued after them."""
+        self._cat = cat
+        if self._window is not None:
+            self._window.cat = cat
 
     async def _place(self, fields: Fields) -> tuple[Fields, DeviceChunk | None]:
         """``fields`` with their device tensors in the link's slots (returned apart) or,

@@ -235,6 +235,11 @@ class Route:
             self._router._due(self)
         turn.append((sender, chunk))
 
+    @property
+    def transfers(self) -> StageTransfers | None:
+        """The sending stage's transfers (None for a CPU stage)."""
+        return self._router.transfers
+
     def settled(self) -> Awaitable[None] | None:
         """What to await until every chunk handed over so far was delivered to the
         receiver's mailbox (or failed its sender); None if that is so already."""

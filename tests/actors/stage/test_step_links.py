@@ -22,6 +22,7 @@ import torch
 from omni_actors._task_scope import TaskScope
 from omni_actors.actors.stage.actor import StageActor
 from omni_actors.actors.stage.device_links import DeviceLinks, Outgoing
+from omni_actors.actors.stage.outlet import Outlet
 from omni_actors.actors.stage.steps import Route, StepRouter, unpack
 from omni_actors.cuda import EventWaiter
 from omni_actors.errors import ProtocolError
@@ -489,3 +490,23 @@ def test_a_step_with_its_device_part_still_on_is_not_unpacked() -> None:
     )
     with pytest.raises(ProtocolError, match="device part"):
         unpack(step)
+
+
+async def test_a_windowed_outlet_on_a_route_joins_frames_with_the_stages_concat() -> None:
+    """A talker's frames, windowed into code2wav's chunks and routed per step, are joined
+    by its transfers (on its copy stream, marked), not by ``torch.cat`` on the event loop:
+    an unmarked chunk's copy into the link waits for the step queued after its frames."""
+    async with ActorTestKit() as kit:
+        down, me = await kit.create_probe(), await kit.create_probe()
+        route, transfers, tasks = linked_route(down, FakeLink(), me.ref)
+        outlet = Outlet(KEYS[0], "talker", "code2wav", down.ref, ("codes",), window=(2, 4, 0, ()))
+        outlet.use_route(route)
+        for seq in range(6):
+            frame = torch.full((1, 16), seq, dtype=torch.int64, device="meta")
+            sent = outlet.push({"codes": frame})
+            if sent is not None:
+                await sent
+        step = await down.expect_message(StepChunks)  # both chunks, handed over in one turn
+        assert step.rows == {"codes": (2, 4)}
+        assert transfers.concats == 3  # each chunk's frames joined, then the step packed
+        await tasks.cancel(1.0, "test over")
