@@ -53,7 +53,9 @@
 # session's first audio waited, which stage paced the replies and the slowest steps
 # (benchmarks/step_timeline.py); with SPY=1 too, py-spy samples each traced worker for
 # $SPY_S seconds once the thinker has run $SPY_AFTER steps (benchmarks/spy_steps.sh:
-# $OUT/spy_summary.txt; its wheel in .whl/, e.g. py_spy-0.4.3 manylinux).
+# $OUT/spy_summary.txt; its wheel in .whl/, e.g. py_spy-0.4.3 manylinux); SPY_TIMELINE=1
+# keeps the samples in order instead (benchmarks/spy_timeline.py; SPY_AFTER=250 SPY_S=5
+# covers a level's first wave: its warm-up runs about 257 thinker steps).
 set -euo pipefail
 OUT=${OUT:-benchmarks/results}
 RELEASE=${RELEASE:-/tmp/q3}
