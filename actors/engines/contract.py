@@ -373,12 +373,16 @@ class Ports:
             whatever the pipeline's ``outputs.sample_rate`` says). The stage that gives
             the caller audio sets the pipeline's ``outputs.sample_rate`` by it, and one
             that disagrees with it is refused when the pipeline loads.
+        host_inputs: inputs it reads on the host (row counts, flags): a GPU stage leaves
+            them in host memory, where reading them back from its device would wait for
+            everything queued there (a running step).
     """
 
     inputs: Mapping[str, Rule]
     outputs: Mapping[str, Rule]
     streams_input: bool = True
     audio_rate: int | None = None
+    host_inputs: frozenset[str] = frozenset()
 
 
 class Engine(Protocol):

@@ -101,11 +101,15 @@ class EngineType:
                 outputs=self._rules("outputs"),
                 streams_input=getattr(self.cls, "streams_input", True),
                 audio_rate=getattr(self.cls, "audio_rate", None),
+                host_inputs=frozenset(getattr(self.cls, "host_inputs", ())),
             )
         for side in (ports.inputs, ports.outputs):
             bad = {f: r for f, r in side.items() if r not in RULES or not isinstance(f, str)}
             if bad:
                 raise self._malformed(f"fields {bad} need a rule of {' or '.join(RULES)}")
+        if not ports.host_inputs <= ports.inputs.keys():
+            apart = sorted(ports.host_inputs - ports.inputs.keys())
+            raise self._malformed(f"host_inputs {apart} are not among its inputs")
         if not isinstance(ports.streams_input, bool):
             raise self._malformed("streams_input must be True or False")
         rate = ports.audio_rate

@@ -114,6 +114,7 @@ class StageActor(Actor[StageMessage]):
         self.device_links: DeviceLinks | None = None
         self.router: StepRouter | None = None
         self.takes_marks = False
+        self.host_inputs: frozenset[str] = frozenset()
         self.voiced_apart: frozenset[str] | None = None  # see StageSession's ``spoken``
         self.sessions: dict[SessionKey, StageSession] = {}
         # Aborted, their task still ending (the engine freeing them): still held.
@@ -152,6 +153,7 @@ class StageActor(Actor[StageMessage]):
             self.context.tasks.create_task(self._fail_when(died), name=f"stage {self.name} engine")
         ports = self._ports()
         self.takes_marks = TURN_FIELD in ports.inputs
+        self.host_inputs = ports.host_inputs
         if TOOLS_FIELD in ports.inputs:
             self.voiced_apart = frozenset(k for k, r in ports.outputs.items() if r == "replace")
         self.router = StepRouter(self.context.tasks, self.transfers)
@@ -351,6 +353,7 @@ class StageActor(Actor[StageMessage]):
             outputs=self.outputs,
             takes_marks=self.takes_marks,
             spoken=self.voiced_apart,
+            host_inputs=self.host_inputs,
             transfers=self.transfers,
             device_links=self.device_links,
             router=self.router,

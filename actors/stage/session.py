@@ -144,6 +144,7 @@ class StageSession:
         outputs: Collection[str],
         takes_marks: bool = False,
         spoken: Collection[str] | None = None,
+        host_inputs: Collection[str] = (),
         transfers: StageTransfers | None = None,
         device_links: DeviceLinks | None = None,
         router: StepRouter | None = None,
@@ -152,6 +153,7 @@ class StageSession:
         self.takes_marks = takes_marks
         self.spoken = None if spoken is None else frozenset(spoken)
         self.outputs = frozenset(outputs)
+        self.host_inputs = frozenset(host_inputs)
         # A Replayable engine tells the session each reply it generated (to replay).
         last_reply = getattr(engine, "last_reply", None) if takes_marks else None
         self._last_reply: Callable[[SessionKey], tuple[int, ...] | None] | None = last_reply
@@ -701,7 +703,7 @@ class SegmentInputs(AsyncIterator[Fields]):
                 if chunk.has_payload:
                     fields: dict[str, Any] = chunk.fields()
                     if s.transfers is not None:
-                        fields = s.transfers.load(fields)
+                        fields = s.transfers.load(fields, host=s.host_inputs)
                     if chunk.context:
                         fields[CONTEXT_FIELD] = torch.tensor(chunk.context)
                     return fields

@@ -18,7 +18,7 @@ tests them.
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from typing import Any, Literal
 
 import torch
@@ -189,8 +189,9 @@ class DeviceInbound:
         self._prune()
         return len(self._inflight)
 
-    def load(self, fields: Mapping[str, Any]) -> dict[str, Any]:
-        """``fields`` with every tensor on this stage's device.
+    def load(self, fields: Mapping[str, Any], host: Collection[str] = ()) -> dict[str, Any]:
+        """``fields`` with every tensor on this stage's device, but those named in
+        ``host`` (read on the host: left where they are).
 
         Call it on the thread that then computes with them: its current stream waits on
         the copies (on the GPU, not on the host).
@@ -198,7 +199,7 @@ class DeviceInbound:
         copy_stream = self._stream
         if copy_stream is None or self.pool is None:
             return {
-                k: v.to(self.device) if isinstance(v, torch.Tensor) else v
+                k: v.to(self.device) if isinstance(v, torch.Tensor) and k not in host else v
                 for k, v in fields.items()
             }
         self._prune()
@@ -207,7 +208,11 @@ class DeviceInbound:
         compute = torch.cuda.current_stream(self.device)
         with torch.cuda.stream(copy_stream):
             for name, value in fields.items():
-                if isinstance(value, torch.Tensor) and value.device != self.device:
+                if (
+                    isinstance(value, torch.Tensor)
+                    and value.device != self.device
+                    and name not in host
+                ):
                     if value.device.type == "cpu" and not value.is_pinned():
                         staged = host_tensor(self.pool, value)
                         staged.copy_(value)
@@ -259,14 +264,16 @@ class StageTransfers:
         self.inbound = DeviceInbound(device, slots=slots, slot_bytes=slot_bytes)
         self.outbound = HostStaging(device, slots=slots, slot_bytes=slot_bytes)
 
-    def load(self, fields: Mapping[str, Any]) -> dict[str, Any]:
-        """``fields`` with their tensors on the stage's device (see :class:`DeviceInbound`)."""
+    def load(self, fields: Mapping[str, Any], host: Collection[str] = ()) -> dict[str, Any]:
+        """``fields`` with their tensors on the stage's device, but those named in ``host``
+        (see :class:`DeviceInbound`)."""
         if self.copies == "sync":
             device = self.inbound.device
             return {
-                k: v.to(device) if isinstance(v, torch.Tensor) else v for k, v in fields.items()
+                k: v.to(device) if isinstance(v, torch.Tensor) and k not in host else v
+                for k, v in fields.items()
             }
-        return self.inbound.load(fields)
+        return self.inbound.load(fields, host)
 
     def concat(self, parts: Sequence[torch.Tensor]) -> torch.Tensor:
         """``parts`` concatenated along dim 0, marked ready (see :meth:`HostStaging.concat`)."""

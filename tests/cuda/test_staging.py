@@ -10,7 +10,14 @@ import threading
 import pytest
 import torch
 
-from omni_actors.cuda import DeviceInbound, HostStaging, SlotPool, cuda_device, on_device
+from omni_actors.cuda import (
+    DeviceInbound,
+    HostStaging,
+    SlotPool,
+    StageTransfers,
+    cuda_device,
+    on_device,
+)
 from omni_actors.testing.tensors import SENDABLE_DTYPES, random_bits, same_bits
 
 DTYPES = SENDABLE_DTYPES
@@ -104,6 +111,18 @@ def test_inbound_on_the_cpu_hands_tensors_over_as_they_are() -> None:
     assert out["x"] is x
     assert out["n"] == 3
     assert inbound.inflight == 0
+
+
+@pytest.mark.parametrize("copies", ["async", "sync"])
+def test_inputs_read_on_the_host_stay_there(copies: str) -> None:
+    """A stage moves its inputs to its device (``meta`` stands for a GPU here) but those
+    its engine reads on the host: reading them back would wait for the device's queue."""
+    transfers = StageTransfers("meta", copies=copies)  # type: ignore[arg-type]
+    edits = torch.tensor([3, -1])
+    out = transfers.load({"rows": torch.ones(2, 4), "user_edits": edits}, host={"user_edits"})
+    assert out["rows"].device.type == "meta"
+    assert out["user_edits"] is edits
+    assert transfers.load({"user_edits": edits})["user_edits"].device.type == "meta"
 
 
 def test_on_device_sees_only_tensors_outside_host_memory() -> None:

@@ -189,6 +189,9 @@ class TalkerEngine(SteppedTorchEngine[Voice, TalkerFeed, Framed | None]):
     }
     outputs: ClassVar[dict[str, Rule]] = {"codes": "concat"}
     streams_input: ClassVar[bool] = True
+    # Row counts, read as a list when rows arrive: from the device that read would wait
+    # for the running frame step, on the event loop.
+    host_inputs: ClassVar[frozenset[str]] = frozenset({USER_EDITS_FIELD})
 
     def __init__(self, args: TalkerArgs) -> None:
         self.frames_per_token = args.frames_per_token

@@ -113,6 +113,13 @@ def test_the_cascade_llm_on_vllm_has_the_torch_llms_ports_and_imports_no_vllm() 
     assert "vllm" not in sys.modules
 
 
+def test_the_talker_reads_its_row_counts_on_the_host() -> None:
+    found = engine_type("qwen3-omni.talker")
+    assert found.ports(found.args({})).host_inputs == {"user_edits"}
+    thinker = engine_type("qwen3-omni.thinker")
+    assert thinker.ports(thinker.args({})).host_inputs == frozenset()
+
+
 def test_a_class_named_by_import_path_is_an_engine(write_module: WriteModule) -> None:
     module = write_module(ECHO)
     found = engine_type(f"{module}:Echo")
@@ -148,6 +155,10 @@ LIFECYCLE = """
         ("inputs = {'text': 'concat'}", "declare outputs"),
         ("inputs = {'text': 'append'}\n    outputs = {}", "need a rule of concat or replace"),
         ("Args = dict\n    inputs = outputs = {}", "Args must be a pydantic BaseModel"),
+        (
+            "inputs = {'text': 'concat'}\n    outputs = {}\n    host_inputs = {'count'}",
+            "host_inputs \\['count'\\] are not among its inputs",
+        ),
         (
             "inputs = outputs = {}\n    @classmethod\n    def ports(cls, args): return {}",
             "ports\\(\\) returned dict",

@@ -510,3 +510,35 @@ async def test_a_windowed_outlet_on_a_route_joins_frames_with_the_stages_concat(
         assert step.rows == {"codes": (2, 4)}
         assert transfers.concats == 3  # each chunk's frames joined, then the step packed
         await tasks.cancel(1.0, "test over")
+
+
+class LoadRecorder:
+    """A GPU stage's transfers as its sessions' inputs see them: ``load`` recorded."""
+
+    def __init__(self) -> None:
+        self.loads: list[tuple[set[str], frozenset[str]]] = []
+
+    def load(self, fields: Mapping[str, Any], host: frozenset[str] = frozenset()) -> Any:
+        self.loads.append((set(fields), frozenset(host)))
+        return dict(fields)
+
+
+async def test_inputs_the_engine_reads_on_the_host_are_not_loaded_to_its_device() -> None:
+    """The talker's ``user_edits`` (row counts) read back from its GPU waited for the
+    running frame step, on the event loop: a stage leaves its engine's ``host_inputs``
+    in host memory."""
+    async with ActorTestKit() as kit:
+        owner, down = await kit.create_probe(), await kit.create_probe()
+        stage = await kit.spawn(
+            StageActor, "talker", "scripted", {"outputs_per_input": 1, "fields": ["codes"]}
+        )
+        instance = actor_instance(stage)
+        assert isinstance(instance, StageActor)
+        recorder = LoadRecorder()
+        instance.transfers = recorder  # type: ignore[assignment]
+        instance.host_inputs = frozenset({"count"})
+        assert await stage.ask(prewarm(owner, KEYS[0], down.ref)) is True
+        chunk = Chunk(key=KEYS[0], source=INPUT, seq=0, tensors={"count": torch.tensor([2])})
+        await stage.tell(chunk)
+        await eventually(lambda: bool(recorder.loads), what="the chunk's load")
+        assert recorder.loads[0] == ({"count"}, frozenset({"count"}))
