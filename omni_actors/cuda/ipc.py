@@ -63,7 +63,6 @@ log = logging.getLogger(__name__)
 _ALIGN = 512  # slots and the tensors in them: aligned for any dtype and vector loads
 _DTYPES = TORCH_DTYPES
 _NAMES = TORCH_NAMES
-_ITEM_BYTES = {dtype: torch.empty(0, dtype=dtype).element_size() for dtype in _DTYPES.values()}
 
 
 @functools.cache
@@ -140,7 +139,7 @@ def covered_slots(slices: Iterable[DeviceSlice], slot_bytes: int, slots: int) ->
         if dtype is None or numel <= 0 or piece.offset < 0:
             continue
         start = piece.slot * slot_bytes + piece.offset
-        end = start + numel * _ITEM_BYTES[dtype]
+        end = start + numel * dtype.itemsize
         covered.update(range(start // slot_bytes, min(-(-end // slot_bytes), slots)))
     return tuple(sorted(covered))
 
@@ -341,7 +340,7 @@ class DeviceLinkImport:
             numel = 1
             for d in piece.shape:
                 numel *= d
-            nbytes = numel * _ITEM_BYTES[dtype]
+            nbytes = numel * dtype.itemsize
             start = piece.slot * offer.slot_bytes + piece.offset
             if piece.offset < 0 or start + nbytes > offer.slots * offer.slot_bytes:
                 raise ValueError(
