@@ -110,6 +110,15 @@ async def say(worker: PipelineWorker, replies: Replies, seconds: float, seed: in
     await worker.queue_frames(frames(silence(1.0)))
 
 
+async def whole(replies: Replies, index: int) -> None:
+    """Wait until reply ``index`` has as many bytes as a whole reply. The service notes
+    ``response.done`` as it reads it, while the audio frames it pushed before still queue
+    on their way down the pipeline: the status comes first, the last frames after."""
+    await eventually(
+        lambda: replies.audio[index] >= REPLY_AUDIO_BYTES, WAIT_S, f"reply {index}'s audio"
+    )
+
+
 def frames(audio: bytes) -> list[Frame]:
     return [
         InputAudioRawFrame(audio=audio[i : i + FRAME_BYTES], sample_rate=RATE, num_channels=1)
@@ -157,6 +166,7 @@ async def test_a_pipecat_pipeline_talks_with_the_server_and_is_barged_in_on() ->
             # The user speaks; the server's VAD ends the turn and the reply comes back.
             await say(worker, replies, 0.6, seed=0)
             await eventually(lambda: service.statuses == [("completed", None)], WAIT_S, "a reply")
+            await whole(replies, 0)
             assert replies.audio == [REPLY_AUDIO_BYTES]
 
             # A second turn; the user speaks again over its first audio.
@@ -175,5 +185,6 @@ async def test_a_pipecat_pipeline_talks_with_the_server_and_is_barged_in_on() ->
             )
             assert len(replies.audio) == 3
             assert 0 < replies.audio[1] < REPLY_AUDIO_BYTES
+            await whole(replies, 2)
             assert replies.audio[2] == REPLY_AUDIO_BYTES
         assert errors.errors == replies.errors == []
