@@ -41,7 +41,9 @@
 # writes the thinker to $SHM_RELEASE and the rest to $RELEASE, and runs `bench pipeline
 # --preset qwen3-omni-1gpu` with each stage on its own release ($LEVELS_1GPU); with
 # THINKER_RELEASE=/dev/shm/q3-thinker, `decode-thinker` and `prefill` time the full-size
-# thinker.
+# thinker; `prepare-thinker` writes the thinker alone there, and `step-profile` times and
+# profiles its steps of first prompts as the pipeline replays them (one H200 is enough:
+#   bash benchmarks/qwen3_omni_random_gpu.sh setup prepare-thinker step-profile).
 # pipeline: $LEVELS (default 1 4 8 16 32), $REQUESTS_PER_LEVEL (default 4: each level
 # runs 4 x c requests, a closed loop as vllm-omni's CI runs it) or $REQUESTS per level,
 # $FRAMES_PER_TOKEN (default 2: random weights never pick codec EOS, so the audio of each
@@ -68,6 +70,17 @@ FRAMES_PER_TOKEN=${FRAMES_PER_TOKEN:-2}
 REQUESTS_PER_LEVEL=${REQUESTS_PER_LEVEL:-4}
 export PYTHONPATH=/tmp/site
 omni() { python3 -m omni_actors.cli "$@"; }
+# write_stages STAGE... DIR: those stages of the full-size random release into DIR.
+write_stages() {
+  python3 -c 'import sys; from pathlib import Path
+from omni_actors.actors.engines.qwen3_omni.random_release import real_config, write_random_release
+write_random_release(Path(sys.argv[-1]), real_config(), stages=tuple(sys.argv[1:-1]))' "$@"
+}
+shm_room() {  # the thinker's 59 GiB need 62 GiB free where $SHM_RELEASE goes
+  avail=$(df --output=avail -BG "$(dirname "$SHM_RELEASE")" | tail -1 | tr -dc 0-9)
+  echo "$(dirname "$SHM_RELEASE"): ${avail}G free"
+  [ "$avail" -ge 62 ] || { echo "too small for the thinker (62G)"; exit 1; }
+}
 steps=("$@")
 [ $# -gt 0 ] || steps=(setup prepare load boundary decode run)
 for step in "${steps[@]}"; do
@@ -84,9 +97,7 @@ for step in "${steps[@]}"; do
       du -sh "$RELEASE"; ls "$RELEASE" | tr '\n' ' '; echo ;;
     prepare-talker)
       start=$(date +%s)
-      python3 -c 'import sys; from pathlib import Path
-from omni_actors.actors.engines.qwen3_omni.random_release import real_config, write_random_release
-write_random_release(Path(sys.argv[1]), real_config(), stages=("talker",))' "$RELEASE"
+      write_stages talker "$RELEASE"
       echo "prepare_s=$(( $(date +%s) - start ))"; du -sh "$RELEASE" ;;
     prepare-short)
       # The whole release with a thinker of $THINKER_LAYERS layers (default 8; the talker
@@ -171,16 +182,24 @@ write_random_release(Path(sys.argv[1]), config, stages=tuple(sys.argv[3].split()
       # The whole full-size release on a machine whose disk cannot hold it (one H200's
       # 64 GiB): the thinker's 59 GiB in memory ($SHM_RELEASE, default /dev/shm/q3-thinker;
       # its filesystem needs 62 GiB free), the talker and code2wav on disk ($RELEASE).
-      avail=$(df --output=avail -BG "$(dirname "$SHM_RELEASE")" | tail -1 | tr -dc 0-9)
-      echo "$(dirname "$SHM_RELEASE"): ${avail}G free"
-      [ "$avail" -ge 62 ] || { echo "too small for the thinker (62G)"; exit 1; }
+      shm_room
       start=$(date +%s)
-      for part in "thinker $SHM_RELEASE" "talker code2wav $RELEASE"; do
-        python3 -c 'import sys; from pathlib import Path
-from omni_actors.actors.engines.qwen3_omni.random_release import real_config, write_random_release
-write_random_release(Path(sys.argv[-1]), real_config(), stages=tuple(sys.argv[1:-1]))' $part
-      done
+      write_stages thinker "$SHM_RELEASE"
+      write_stages talker code2wav "$RELEASE"
       echo "prepare_s=$(( $(date +%s) - start ))"; du -sh "$SHM_RELEASE" "$RELEASE"; free -g | head -2 ;;
+    prepare-thinker)
+      # The full-size thinker alone, in memory ($SHM_RELEASE), for `step-profile`.
+      shm_room
+      start=$(date +%s)
+      write_stages thinker "$SHM_RELEASE"
+      echo "prepare_s=$(( $(date +%s) - start ))"; du -sh "$SHM_RELEASE" ;;
+    step-profile)
+      # Steps of 1, 2 and 3 first prompts ($STEP_PROMPTS) of 2508 positions, replayed
+      # from the fresh prefill graphs as the engine builds them: wall and device time,
+      # kernel time by kind (thinker_step_profile.py), on $SHM_RELEASE's thinker.
+      python3 benchmarks/thinker_step_profile.py "$SHM_RELEASE" \
+        --prompts ${STEP_PROMPTS:-1 2 3} | tee "$OUT/qwen3_omni_random_thinker_step_profile.jsonl" \
+        | cut -c1-1500 ;;
     pipeline|pipeline-1gpu|pipeline-split)
       # $REQUESTS, when set, replaces the K x c requests of each level.
       if [ -n "${REQUESTS:-}" ]; then counts=(--requests "$REQUESTS")

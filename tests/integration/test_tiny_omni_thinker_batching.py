@@ -654,6 +654,30 @@ async def reply(engine: ThinkerEngine, session: str, text: str) -> list[int]:
     return ids
 
 
+def test_chosen_fresh_prefill_graphs_are_captured_and_unknown_shapes_refused(
+    cache_dir: Path,
+) -> None:
+    """``warm_prefill_graphs(keys)`` captures those shapes alone (a profile of one shape
+    does not capture every other); a shape the model has no graph for is refused."""
+    path = cache_dir / "tiny-omni" / "seed-0"
+    model = ThinkerModel(
+        path,
+        allowed_token_ranges=PRINTABLE_RANGES,
+        slots=4,
+        max_context=128,
+        graphs=True,
+        capture=Captures(),
+        prefill_graphs=True,
+        prefill_bucket=64,
+        prefill_batch=2,
+        prefill_rows=2,
+    )
+    assert model.warm_prefill_graphs([(2, 64), (1, 128, 2)]) == [(1, 128, 2), (2, 64)]
+    with pytest.raises(ValueError, match=r"no fresh prefill graph has the shapes \[\(3, 64\)\]"):
+        model.warm_prefill_graphs([(3, 64)])
+    assert model.prefill_graphed == [(1, 128, 2), (2, 64)]
+
+
 def test_a_thinker_with_prefill_graphs_keeps_first_prompts_whole(cache_dir: Path) -> None:
     """A first prompt split by a step's budget would replay its graph for one part and
     run the rest as a forward of its own: with fresh prefill graphs (by default wherever

@@ -337,9 +337,15 @@ class FreshGraphs:
         """Runs that went eager because their shape's graph failed or differed."""
         return self._graphs.eager_steps
 
-    def warm(self, row: torch.Tensor) -> list[tuple[int, ...]]:
-        """Capture every shape now, over the scratch slot, on copies of ``row`` [1, H]."""
-        for key in self.keys:
+    def warm(
+        self, row: torch.Tensor, keys: Sequence[tuple[int, ...]] | None = None
+    ) -> list[tuple[int, ...]]:
+        """Capture every shape now (or those of ``keys``, each one of :attr:`keys`), over
+        the scratch slot, on copies of ``row`` [1, H]."""
+        unknown = sorted(set(keys or ()) - set(self.keys))
+        if unknown:
+            raise ValueError(f"no fresh prefill graph has the shapes {unknown}")
+        for key in self.keys if keys is None else keys:
             count, size, *rows = key
             slots = torch.full((count,), self._cache.scratch, device=row.device)
             inputs = row.expand(count * size + sum(rows), -1).contiguous()

@@ -122,7 +122,7 @@ from omni_actors.actors.engines.tool_template import ToolTemplate
 from omni_actors.actors.engines.torch_engine import AbortSignal, DeviceArgs, release_dir
 from omni_actors.models.family import WeightsArgs
 
-__all__ = ["ThinkerArgs", "ThinkerEngine"]
+__all__ = ["ThinkerArgs", "ThinkerEngine", "load_model"]
 
 
 class ThinkerArgs(
@@ -172,6 +172,35 @@ class ThinkerArgs(
     prefill_rows: int = Field(32, ge=0)
 
 
+def load_model(
+    path: Path, device: torch.device, args: ThinkerArgs, *, warm: bool | None = None
+) -> ThinkerModel:
+    """The thinker's model at ``path`` on ``device``, built as :class:`ThinkerEngine`
+    builds it from ``args``; ``warm`` False captures no graph at load (each shape is
+    captured at its first step, or by the caller), None as ``warm_graphs`` says."""
+    graphs = args.graphs_on(device)
+    return ThinkerModel(
+        path,
+        device,
+        allowed_token_ranges=args.allowed_token_ranges,
+        slots=args.max_sessions,
+        max_context=args.max_context,
+        max_rows=args.max_batch,
+        graphs=graphs,
+        warm=graphs and (args.warm_graphs if warm is None else warm),
+        moe=args.moe,
+        moe_combine=args.moe_combine,
+        compile_layers=args.decode_compile(device),
+        compile_prefill=args.prefill_compile(device),
+        prefill_graphs=args.prefill_graphs_on(device),
+        prefill_bucket=args.prefill_bucket,
+        prefill_batch=args.prefill_batch,
+        step_tokens=args.max_tokens_per_step,
+        prefill_rows=args.prefill_rows,
+        decode_attention=args.decode_attention,
+    )
+
+
 class ThinkerEngine(ConversationEngine[Feeding, Fed]):
     """Text replies with streaming prefill (see the module docstring).
 
@@ -214,28 +243,7 @@ class ThinkerEngine(ConversationEngine[Feeding, Fed]):
         self.loop.whole_fresh_prefills = args.prefill_graphs_on(self.device)
 
     def _load(self, path: Path) -> None:
-        args = self._args
-        graphs = args.graphs_on(self.device)
-        self._model = ThinkerModel(
-            path,
-            self.device,
-            allowed_token_ranges=self.allowed_token_ranges,
-            slots=args.max_sessions,
-            max_context=args.max_context,
-            max_rows=args.max_batch,
-            graphs=graphs,
-            warm=graphs and args.warm_graphs,
-            moe=args.moe,
-            moe_combine=args.moe_combine,
-            compile_layers=args.decode_compile(self.device),
-            compile_prefill=args.prefill_compile(self.device),
-            prefill_graphs=args.prefill_graphs_on(self.device),
-            prefill_bucket=args.prefill_bucket,
-            prefill_batch=args.prefill_batch,
-            step_tokens=args.max_tokens_per_step,
-            prefill_rows=args.prefill_rows,
-            decode_attention=args.decode_attention,
-        )
+        self._model = load_model(path, self.device, self._args)
         self.close_turn = self._model.vocabulary.close_turn
         self.assistant_opening = self._model.vocabulary.assistant_opening
 

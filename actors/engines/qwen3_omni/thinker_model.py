@@ -351,11 +351,14 @@ class ThinkerModel:
         return self.graphed
 
     @torch.no_grad()
-    def warm_prefill_graphs(self) -> list[tuple[int, ...]]:
-        """Capture every fresh prefill graph now (after the prefill layers compiled), over
-        the scratch slot."""
+    def warm_prefill_graphs(
+        self, keys: Sequence[tuple[int, ...]] | None = None
+    ) -> list[tuple[int, ...]]:
+        """Capture every fresh prefill graph now (after the prefill layers compiled), or
+        those of ``keys`` (``(runs, length)``, or ``(runs, length, rows)``), over the
+        scratch slot."""
         if self._fresh_graphs is not None:
-            self._fresh_graphs.warm(self.tts[:1])
+            self._fresh_graphs.warm(self.tts[:1], keys)
         return self.prefill_graphed
 
     def cat_rows(self, parts: Sequence[torch.Tensor]) -> torch.Tensor:
