@@ -269,6 +269,8 @@ class StepCounts(msgspec.Struct, frozen=True, kw_only=True):
             them.
         decode_wait_s: each decode row's wait summed, from its submission to the start
             of its step.
+        ahead_steps: decode-only steps run ahead of prefill chunks for young replies
+            (``decode_ahead``).
     """
 
     steps: int
@@ -280,6 +282,7 @@ class StepCounts(msgspec.Struct, frozen=True, kw_only=True):
     prefill_works: int
     prefill_wait_s: float
     decode_wait_s: float
+    ahead_steps: int = 0
 
 
 class LinkCounts(msgspec.Struct, frozen=True, kw_only=True):

@@ -18,7 +18,11 @@ in steps shaped as vLLM v1's engine core runs them:
    ``whole_fresh_prefills`` a prompt that would start its slot and fits one chunk is
    not split by what is left of the budget (the model replays a graph per such
    prompt, and the part left over would cost a forward of its own): it waits for the
-   next step, and so does every younger prompt;
+   next step, and so does every younger prompt; with ``decode_ahead``, a step that
+   would run other requests' prefill chunks beside the decode row of a young reply
+   (one of the first ``decode_ahead`` decode rows after its request's last prefill)
+   runs the decode rows alone first, and the prefills with the next step's rows after
+   it (below);
 2. *execute*: the whole step is one call of the model (one forward over every row and
    chunk), in the engine's model thread;
 3. *update*: each request's computed length moves on by what the step fed it, each
@@ -28,6 +32,16 @@ in steps shaped as vLLM v1's engine core runs them:
 The model side (what a work's payload is, how a step is computed) is the engine's: the
 loop only counts positions. A request waits in the loop only while it has work; a
 session between responses holds its request (and so its slot) but costs no step.
+
+Why ``decode_ahead``: a reply's first outputs are what someone waits for (a talker's
+first audio packet needs its thinker's first few tokens), and a decode row beside a
+wave's prompts gets its token only when their whole forward ends (at full size, three
+2500-position prompts take about 130 ms). A decode-only step ahead of such a step gives
+every decode row its token at once (a step of rows costs a fraction of a prompt's), and
+the step after it runs the prefills with the rows queued by then: each young reply
+gets two tokens in that pair of steps instead of one, its first ones sooner, for the
+decode step's time added to the prompts' (their first tokens come that much later).
+Never two such steps in a row, so prefills always advance.
 
 Work submitted while a step runs joins the next one. After each step the loop lets the
 event loop turn twice, so that a session woken by the step's results can queue its next
@@ -143,6 +157,9 @@ class Request(Generic[P, Out]):
     closed: bool = False
     stepping: int = 0
     """Chunks of this request in the step now running."""
+    young: int = 0
+    """Decode rows left before its reply is no longer young (``decode_ahead``): set by
+    each prefill work that completes, one less per decode row."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -184,6 +201,8 @@ class StepLoopStats:
     """Of ``step_s``, the seconds of steps that ran prefill chunks."""
     prefill_works: int = 0
     """Prefills whose first chunk has run."""
+    ahead_steps: int = 0
+    """Decode-only steps run ahead of prefill chunks for young replies (``decode_ahead``)."""
     prefill_wait_s: float = 0.0
     """Their waits summed, each from its submission to the start of the step of its
     first chunk: how long prompts queue before the stage computes them."""
@@ -206,6 +225,10 @@ class StepLoop(Generic[P, Out]):
         whole_fresh_prefills: leave a request's prefills that start its slot for the
             next step, rather than split them, when they fit one chunk but not the
             budget this step has left (a model that replays a graph per fresh prompt).
+        decode_ahead: a reply's first decode rows (this many after its request's last
+            prefill) do not wait for other requests' prefill chunks: a step that would
+            run them beside such chunks runs the decode rows alone first (module
+            docstring); 0: never.
         wait_s: how long an idle loop, once woken, gathers work before its first step.
         name: the loop task's name, for debugging.
         clock: the seconds its statistics' times are read from.
@@ -223,6 +246,7 @@ class StepLoop(Generic[P, Out]):
         max_chunk: int,
         max_rows: int | None = None,
         whole_fresh_prefills: bool = False,
+        decode_ahead: int = 0,
         wait_s: float = 0.0,
         name: str = "step loop",
         clock: Callable[[], float] = time.perf_counter,
@@ -235,6 +259,8 @@ class StepLoop(Generic[P, Out]):
             )
         if wait_s < 0:
             raise ValueError(f"wait_s must be >= 0, got {wait_s}")
+        if decode_ahead < 0:
+            raise ValueError(f"decode_ahead must be >= 0, got {decode_ahead}")
         self.wait_s = wait_s
         self._execute = execute
         self._clock = clock
@@ -242,6 +268,8 @@ class StepLoop(Generic[P, Out]):
         self.max_tokens_per_step, self.max_chunk = max_tokens_per_step, max_chunk
         self.max_rows = slots if max_rows is None else max_rows
         self.whole_fresh_prefills = whole_fresh_prefills
+        self.decode_ahead = decode_ahead
+        self._ahead = False  # the last step was a decode step ahead of prefills
         self._free = list(range(slots - 1, -1, -1))  # pop() hands out the lowest first
         self._requests: dict[str, Request[P, Out]] = {}
         self._waiting: deque[Request[P, Out]] = deque()  # requests with work, oldest first
@@ -251,6 +279,7 @@ class StepLoop(Generic[P, Out]):
         self._steps = self._decode_rows = self._chunks = self._tokens = 0
         self._largest = self._mixed = self._prefill_steps = self._prefill_works = 0
         self._step_s = self._prefill_step_s = self._prefill_wait_s = self._decode_wait_s = 0.0
+        self._ahead_steps = 0
         traced = trace_dir if trace_dir is not None else os.environ.get(STEP_TRACE_ENV)
         self._trace_dir = Path(traced) if traced else None
         self._trace: TextIO | None = None  # open while the loop runs
@@ -366,6 +395,7 @@ class StepLoop(Generic[P, Out]):
             step_s=self._step_s,
             prefill_step_s=self._prefill_step_s,
             prefill_works=self._prefill_works,
+            ahead_steps=self._ahead_steps,
             prefill_wait_s=self._prefill_wait_s,
             decode_wait_s=self._decode_wait_s,
         )
@@ -470,7 +500,21 @@ class StepLoop(Generic[P, Out]):
                 budget -= length
                 if work.done + length < work.length:
                     break  # the rest of this work comes in a later step
-        return chunks
+        return self._ahead_of_prefills(chunks)
+
+    def _ahead_of_prefills(self, chunks: list[Chunk[P, Out]]) -> list[Chunk[P, Out]]:
+        """``chunks``, or their decode rows alone where ``decode_ahead`` runs them ahead
+        of the prefills: a young reply's row among them, and the last step not such a
+        step (module docstring)."""
+        rows = sum(chunk.work.decode for chunk in chunks)  # the rows come first
+        ahead = (
+            self.decode_ahead > 0
+            and not self._ahead
+            and 0 < rows < len(chunks)
+            and any(chunk.request.young for chunk in chunks[:rows])
+        )
+        self._ahead = ahead
+        return chunks[:rows] if ahead else chunks
 
     def _defer_fresh(self, request: Request[P, Out], room: int) -> bool:
         """Whether ``request``'s prefills start its slot and, whole, fit one chunk but
@@ -527,6 +571,8 @@ class StepLoop(Generic[P, Out]):
         if decodes < len(chunks):
             self._prefill_steps += 1
             self._prefill_step_s += took
+        elif self._ahead:
+            self._ahead_steps += 1
         if self._trace is not None:
             self._write_trace(chunks, began, took)
         if log.isEnabledFor(logging.DEBUG):  # where a step's time goes, one line per step
@@ -567,8 +613,12 @@ class StepLoop(Generic[P, Out]):
         request.computed = chunk.start + chunk.length
         work.done += chunk.length
         work.outputs.append(output)
+        if work.decode:
+            request.young = max(request.young - 1, 0)
         if work.done < work.length:
             return
+        if not work.decode:
+            request.young = self.decode_ahead
         request.queue.popleft()
         if not work.future.done():
             work.future.set_result(work.outputs)

@@ -42,6 +42,10 @@ class StepLoopArgs(BaseModel):
         max_tokens_per_step: a step's budget: single-position rows (one each) and
             prefill chunks together.
         max_prefill_chunk: the most positions of one prefill in one step.
+        decode_ahead: a reply's first decode rows (this many after its session's last
+            prefill) run in a step ahead of other sessions' prefill chunks rather than
+            beside them (``StepLoop``'s ``decode_ahead``): its first tokens come
+            sooner, the prompts' a step later; 0: never.
     """
 
     # A forward of the full-size thinker costs ~95 ms whatever its length up to ~2500
@@ -53,6 +57,7 @@ class StepLoopArgs(BaseModel):
     max_sessions: int = Field(32, ge=1)
     max_tokens_per_step: int = Field(8192, ge=1)
     max_prefill_chunk: int = Field(4096, ge=1)
+    decode_ahead: int = Field(0, ge=0)
 
 
 class SessionState(Protocol):
@@ -107,6 +112,7 @@ class SteppedTorchEngine(TorchEngine, Generic[S, P, Out]):
             max_tokens_per_step=args.max_tokens_per_step,
             max_chunk=args.max_prefill_chunk,
             max_rows=args.max_batch,
+            decode_ahead=args.decode_ahead,
             wait_s=wait_s,
             name=f"{name} steps",
         )

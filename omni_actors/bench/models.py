@@ -273,6 +273,7 @@ def _step_figures(counts: StepCounts | None, wall_s: float) -> dict[str, Any] | 
         "decode_step_ms_mean": ms(counts.step_s - counts.prefill_step_s, decode_only),
         "prefill_wait_ms_mean": ms(counts.prefill_wait_s, counts.prefill_works),
         "decode_wait_ms_mean": ms(counts.decode_wait_s, counts.decode_rows),
+        "ahead_steps": counts.ahead_steps,
     }
 
 

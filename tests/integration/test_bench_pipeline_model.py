@@ -91,6 +91,7 @@ def test_random_prompts_set_replies_and_serving_figures(
         assert thinker["prefill_step_ms_mean"] > 0
         assert thinker["decode_step_ms_mean"] > 0
         assert thinker["decode_rows_per_step"] > 0
+        assert thinker["ahead_steps"] == 0  # decode_ahead is off by default
         assert level["host_cpu_s_per_audio_s"] > 0
     expected = {
         "model": str(release),

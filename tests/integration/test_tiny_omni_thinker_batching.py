@@ -692,6 +692,13 @@ def test_a_thinker_with_prefill_graphs_keeps_first_prompts_whole(cache_dir: Path
     assert ThinkerEngine(args).loop.whole_fresh_prefills is False  # on the CPU
 
 
+def test_the_thinker_s_loop_runs_young_rows_ahead_as_its_args_say(cache_dir: Path) -> None:
+    args = ThinkerArgs(seed=0, cache_dir=str(cache_dir))
+    assert ThinkerEngine(args).loop.decode_ahead == 0
+    ahead = ThinkerArgs(seed=0, cache_dir=str(cache_dir), decode_ahead=3)
+    assert ThinkerEngine(ahead).loop.decode_ahead == 3
+
+
 def test_the_thinker_on_a_gpu_keeps_first_prompts_whole(
     cache_dir: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -54,6 +54,7 @@ async def running(
     context: int = 64,
     wait_s: float = 0.0,
     whole_fresh: bool = False,
+    decode_ahead: int = 0,
 ) -> AsyncIterator[StepLoop[str, str]]:
     loop: StepLoop[str, str] = StepLoop(
         model,
@@ -63,6 +64,7 @@ async def running(
         max_chunk=chunk,
         wait_s=wait_s,
         whole_fresh_prefills=whole_fresh,
+        decode_ahead=decode_ahead,
     )
     loop.start()
     try:
@@ -218,6 +220,9 @@ async def test_stop_fails_queued_work_and_refuses_new_work() -> None:
         lambda m: StepLoop(
             m, slots=1, max_context=8, max_tokens_per_step=4, max_chunk=4, wait_s=-1
         ),
+        lambda m: StepLoop(
+            m, slots=1, max_context=8, max_tokens_per_step=4, max_chunk=4, decode_ahead=-1
+        ),
     ],
 )
 def test_a_loop_needs_room(make: Callable[[Model], object]) -> None:
@@ -315,6 +320,53 @@ async def test_whole_fresh_prefills_wait_a_step_rather_than_split(whole_fresh: b
         [("a", 5, 1, True), ("b", 5, 1, True), ("c", 7, 1, True), ("e", 0, 5, False)],
         [("e", 5, 1, False)],
     ]
+
+
+@pytest.mark.parametrize("ahead", [0, 2])
+async def test_a_young_reply_s_decode_rows_run_ahead_of_other_prompts(ahead: int) -> None:
+    """With ``decode_ahead``, the first decode rows after a request's prefill do not wait
+    for other requests' prompts: a step that would run them beside prompts runs the rows
+    alone, then the prompts with the next rows (never two such steps in a row); a reply
+    past its first ``decode_ahead`` rows runs beside prompts. Without, rows and prompts
+    share every step."""
+    model = Model()
+    model.hold = asyncio.Event()
+
+    async def release(steps: int) -> None:
+        """Let the held step end; hold the next, the ``steps``-th."""
+        held, model.hold = model.hold, asyncio.Event()
+        held.set()
+        await eventually(lambda: len(model.steps) == steps)
+
+    async with running(model, budget=16, chunk=8, slots=6, decode_ahead=ahead) as loop:
+        a, b, c, d = (loop.open(name) for name in "abcd")
+        works = [loop.submit(a, "prompt", 4)]
+        await eventually(lambda: len(model.steps) == 1)
+        works += [loop.submit(a, "t", 1, decode=True) for _ in range(3)]
+        works += [loop.submit(b, "prompt", 4), loop.submit(c, "prompt", 4)]
+        await release(2)
+        await release(3)
+        works.append(loop.submit(d, "prompt", 4))
+        await release(4)
+        model.hold.set()
+        await asyncio.gather(*works)
+        stats = loop.statistics()
+    prompts = [("b", 0, 4, False), ("c", 0, 4, False)]
+    if ahead:
+        assert model.steps[1:] == [
+            [("a", 4, 1, True)],  # a's first row, ahead of b's and c's prompts
+            [("a", 5, 1, True), *prompts],  # then the prompts, a's next row beside them
+            [("a", 6, 1, True), ("d", 0, 4, False)],  # a's third row: past its first two
+        ]
+        assert stats.ahead_steps == 1
+    else:
+        assert model.steps[1:] == [
+            [("a", 4, 1, True), *prompts],
+            [("a", 5, 1, True)],
+            [("a", 6, 1, True), ("d", 0, 4, False)],
+        ]
+        assert stats.ahead_steps == 0
+    assert (a.young, b.young, c.young, d.young) == (0, ahead, ahead, ahead)
 
 
 async def test_an_urgent_prefill_goes_before_older_ones() -> None:
